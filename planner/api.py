@@ -1,0 +1,125 @@
+"""The public entry points: plan() searches, evaluate_layout() checks one layout."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import UserError
+from .hardware import GpuSpec
+from .layouts import Layout, SearchSpace, grad_accum_for, reject_reason
+from .model import ModelSpec, ParamCount, count_params
+from .search import Candidate, SearchResult, gpu_counts, search
+from .training import MAX_GPUS, TrainingSetup
+
+N_ALTERNATIVES = 5
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PlanResult:
+    """What `plan` answers: the chosen candidate (None when nothing fits), alternatives,
+    and the search that found them."""
+
+    model: ModelSpec
+    params: ParamCount
+    gpu: GpuSpec
+    setup: TrainingSetup
+    best: Candidate | None
+    alternatives: tuple[Candidate, ...]
+    result: SearchResult
+    capacity_bytes: int
+    fixed: bool = False           # the user fixed every choice: one layout evaluated
+
+    @property
+    def fits(self) -> bool:
+        return self.best is not None and self.best.fits
+
+
+def capacity_bytes(gpu: GpuSpec, setup: TrainingSetup) -> int:
+    return int(gpu.memory_bytes * setup.usable_memory_fraction)
+
+
+def _shape(c: Candidate) -> tuple:
+    lay = c.layout
+    return (lay.tp, lay.pp, lay.cp, lay.ep, lay.sharding, lay.zero_stage, lay.vp)
+
+
+def pick_alternatives(fitting: tuple[Candidate, ...], best: Candidate, k: int = N_ALTERNATIVES) -> tuple[Candidate, ...]:
+    """The best candidate of each other layout shape (degrees and sharding), best first."""
+    seen = {_shape(best)}
+    out = []
+    for c in fitting:
+        if _shape(c) not in seen:
+            seen.add(_shape(c))
+            out.append(c)
+        if len(out) == k:
+            break
+    return tuple(out)
+
+
+def plan(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, space: SearchSpace = SearchSpace(),
+         n_gpus: int | None = None, max_gpus: int = 16_384) -> PlanResult:
+    """Search GPU counts (smallest first) and layouts; return the best fitting plan.
+
+    With every degree and choice fixed, this evaluates exactly that layout.
+    """
+    if n_gpus is not None and not 1 <= n_gpus <= MAX_GPUS:
+        raise UserError(f"--n-gpus {n_gpus} is outside 1..{MAX_GPUS}")
+    fixed_degrees = [space.dp, space.tp, space.pp, space.cp, space.ep]
+    if n_gpus is None and all(d is not None for d in fixed_degrees):
+        n_gpus = space.dp * space.tp * space.pp * space.cp * space.ep  # type: ignore[operator]
+    counts = [n_gpus] if n_gpus is not None else gpu_counts(gpu.gpus_per_node, max_gpus)
+    cap = capacity_bytes(gpu, setup)
+    res = search(m, setup, cap, gpu.gpus_per_node, counts, space)
+    pc = count_params(m)
+    if res.fitting:
+        best = res.fitting[0]
+        alts = pick_alternatives(res.fitting, best)
+    else:
+        best, alts = None, ()
+    return PlanResult(model=m, params=pc, gpu=gpu, setup=setup, best=best, alternatives=alts,
+                      result=res, capacity_bytes=cap)
+
+
+def evaluate_layout(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, lay: Layout) -> PlanResult:
+    """Evaluate one fully specified layout; a layout that cannot run is a UserError."""
+    reason = reject_reason(m, setup, lay, gpu.gpus_per_node)
+    if reason:
+        raise UserError(f"layout {lay.describe()} cannot run: {reason}")
+    from .search import evaluate
+
+    cap = capacity_bytes(gpu, setup)
+    (cand,) = evaluate(m, setup, [lay], cap)
+    res = SearchResult(n_gpus=lay.n_gpus, fitting=(cand,) if cand.fits else (), smallest=cand,
+                       rejected=(), counts_tried=(lay.n_gpus,))
+    return PlanResult(model=m, params=count_params(m), gpu=gpu, setup=setup, best=cand,
+                      alternatives=(), result=res, capacity_bytes=cap, fixed=True)
+
+
+def fixed_layout(space: SearchSpace, setup: TrainingSetup, n_gpus: int | None) -> Layout | None:
+    """The one layout the user's options pin down, or None when something is left open."""
+    s = space
+    degrees = [s.dp, s.tp, s.pp, s.cp, s.ep]
+    if any(d is None for d in degrees) or len(s.micro_batches) != 1 or len(s.recomputes) != 1:
+        return None
+    if s.zero_stage is None and s.fsdp is None:
+        return None
+    dp, tp, pp, cp, ep = degrees  # type: ignore[misc]
+    if n_gpus is not None and n_gpus != dp * tp * pp * cp * ep:
+        raise UserError(f"--n-gpus {n_gpus} differs from dp x tp x pp x cp x ep = {dp * tp * pp * cp * ep}")
+    mb = s.micro_batches[0]
+    ga = grad_accum_for(setup, mb, dp, ep)
+    if ga is None:
+        raise UserError(f"--global-batch {setup.global_batch} is not a multiple of micro-batch {mb} "
+                        f"x data-parallel {dp * ep}; change --global-batch or --micro-batch")
+    if s.fsdp is not None:
+        from .layouts import FSDP_STAGE
+        sharding = f"fsdp-{s.fsdp}"
+        if s.zero_stage is not None and s.zero_stage != FSDP_STAGE[sharding]:
+            raise UserError(f"--fsdp {s.fsdp} shards like ZeRO-{FSDP_STAGE[sharding]}; drop --zero {s.zero_stage}")
+        stage = FSDP_STAGE[sharding]
+    else:
+        sharding, stage = "zero", s.zero_stage
+    return Layout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero_stage=stage, sharding=sharding,  # type: ignore[arg-type]
+                  sp=s.sp if s.sp is not None else tp > 1, vp=s.vp or 1, micro_batch=mb,
+                  grad_accum=ga, seq_len=setup.seq_len, recompute=s.recomputes[0])
+

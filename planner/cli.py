@@ -1,0 +1,234 @@
+"""The command line. Only this module knows click; it parses, calls the API, prints.
+
+User errors end with one line on stderr and exit status 2; internal errors with a
+short message, a hint to report them, and exit status 1. No traceback reaches a user.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from .errors import UserError
+from .training import (ATTENTION, KERNELS, MAX_GLOBAL_BATCH, MAX_GPUS, MAX_MICRO_BATCH,
+                       MAX_SEQ_LEN, OPTIMIZERS, PRECISIONS, RECOMPUTE)
+
+ISSUES_HINT = "this is a bug in planner; please report it with the command you ran"
+
+
+def _degree(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    return click.option(f"--{name}", type=click.IntRange(1, MAX_GPUS), default=None,
+                        help=f"Fix the {name.upper()} degree (default: searched).")
+
+
+def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """Options shared by `plan` and the commands that take a layout."""
+    opts = [
+        click.option("--model", "model_name", metavar="NAME|PATH",
+                     help="A preset (`plan models`) or a Hugging Face config.json."),
+        click.option("--gpus", "gpu_name", metavar="NAME", help="GPU type (`plan gpus`), e.g. h100."),
+        click.option("--n-gpus", type=click.IntRange(1, MAX_GPUS), default=None,
+                     help="Fix the GPU count (default: the smallest that fits)."),
+        click.option("--max-gpus", type=click.IntRange(1, MAX_GPUS), default=16_384, show_default=True,
+                     help="The largest GPU count the search tries."),
+        _degree("dp"), _degree("tp"), _degree("pp"), _degree("cp"), _degree("ep"),
+        click.option("--zero", type=click.IntRange(0, 3), default=None, help="Fix the ZeRO stage (0-3)."),
+        click.option("--fsdp", type=click.Choice(["full", "grad-op", "hybrid"]), default=None,
+                     help="Shard with PyTorch FSDP instead of ZeRO."),
+        click.option("--vp", type=click.IntRange(1, 64), default=None,
+                     help="Virtual stages per pipeline rank (interleaved 1F1B)."),
+        click.option("--sp/--no-sp", default=None, help="Sequence parallelism with tp (default: on when tp > 1)."),
+        click.option("--micro-batch", type=click.IntRange(1, MAX_MICRO_BATCH), default=None,
+                     help="Fix the micro-batch (default: searched over 1, 2, 4, 8)."),
+        click.option("--seq-len", type=click.IntRange(1, MAX_SEQ_LEN), default=4096, show_default=True,
+                     help="Sequence length in tokens."),
+        click.option("--global-batch", type=click.IntRange(1, MAX_GLOBAL_BATCH), default=None,
+                     help="Sequences per optimizer step  [default: 1024]."),
+        click.option("--grad-accum", type=click.IntRange(1, MAX_GLOBAL_BATCH), default=None,
+                     help="Gradient-accumulation steps (sets the global batch; needs --micro-batch and --dp)."),
+        click.option("--recompute", type=click.Choice(RECOMPUTE), default=None,
+                     help="Activation recomputation (default: searched)."),
+        click.option("--precision", type=click.Choice(PRECISIONS), default="bf16-mixed", show_default=True),
+        click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adamw", show_default=True),
+        click.option("--attention", type=click.Choice(ATTENTION), default="flash", show_default=True,
+                     help="flash/SDPA, or eager that materialises the s x s scores."),
+        click.option("--kernels", type=click.Choice(KERNELS), default="auto", show_default=True,
+                     help="eager PyTorch ops (Hugging Face models) or fused Megatron kernels; auto: fused with tp/pp/cp."),
+        click.option("--fragmentation", type=click.FloatRange(0, 1), default=None,
+                     help="Allocator fragmentation as a fraction of tensor memory  [default: 0.10]."),
+        click.option("--usable-memory", type=click.FloatRange(0.05, 1), default=1.0, show_default=True,
+                     help="Fraction of the GPU's memory a plan may use."),
+        click.option("--json", "as_json", is_flag=True, help="Print one JSON object (schema in the README)."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def run_safely(fn: Callable[[], None]) -> None:
+    """Turn user errors into exit 2 and anything unexpected into exit 1, never a traceback."""
+    try:
+        fn()
+    except UserError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    except click.exceptions.Exit:
+        raise
+    except click.ClickException:
+        raise
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    except Exception as e:  # noqa: BLE001 - the last line of defence
+        click.echo(f"internal error: {type(e).__name__}: {e} ({ISSUES_HINT})", err=True)
+        sys.exit(1)
+
+
+def build_request(kw: dict[str, Any]):
+    """Options -> (model, gpu, setup, space, n_gpus); raises UserError on bad input."""
+    from dataclasses import replace
+
+    from .hardware import get_gpu
+    from .layouts import SearchSpace
+    from .model import load_model
+    from .training import Overheads, TrainingSetup
+
+    if not kw["model_name"]:
+        raise UserError("missing --model; pass a preset name (`plan models`) or a config.json path")
+    if not kw["gpu_name"]:
+        raise UserError("missing --gpus; pass a GPU type (`plan gpus`), e.g. --gpus h100")
+    if "," in kw["gpu_name"]:
+        raise UserError("--gpus takes one GPU type here; run one plan per type to compare them")
+    m = load_model(kw["model_name"])
+    gpu = get_gpu(kw["gpu_name"])
+    if kw["ep"] and kw["ep"] > 1 and not m.is_moe:
+        raise UserError(f"--ep {kw['ep']} needs a mixture-of-experts model; {m.name} is dense")
+    if kw["zero"] is not None and kw["fsdp"] is not None:
+        from .layouts import FSDP_STAGE
+        if FSDP_STAGE[f"fsdp-{kw['fsdp']}"] != kw["zero"]:
+            raise UserError(f"--zero {kw['zero']} and --fsdp {kw['fsdp']} contradict each other; give one of them")
+    global_batch = kw["global_batch"]
+    if kw["grad_accum"] is not None:
+        if kw["micro_batch"] is None or kw["dp"] is None:
+            raise UserError("--grad-accum needs --micro-batch and --dp (or give --global-batch instead)")
+        implied = kw["grad_accum"] * kw["micro_batch"] * kw["dp"] * (kw["ep"] or 1)
+        if global_batch is not None and global_batch != implied:
+            raise UserError(f"--global-batch {global_batch} contradicts --grad-accum x --micro-batch x --dp "
+                            f"= {implied}; give one of them")
+        global_batch = implied
+    setup = TrainingSetup(seq_len=kw["seq_len"], global_batch=global_batch or 1024,
+                          precision=kw["precision"], optimizer=kw["optimizer"],
+                          attention=kw["attention"], kernels=kw["kernels"],
+                          usable_memory_fraction=kw["usable_memory"])
+    if kw["fragmentation"] is not None:
+        setup = replace(setup, overheads=Overheads(fragmentation=kw["fragmentation"]))
+    space = SearchSpace(
+        dp=kw["dp"], tp=kw["tp"], pp=kw["pp"], cp=kw["cp"], ep=kw["ep"], zero_stage=kw["zero"],
+        fsdp=kw["fsdp"], vp=kw["vp"], sp=kw["sp"],
+        micro_batches=(kw["micro_batch"],) if kw["micro_batch"] else SearchSpace().micro_batches,
+        recomputes=(kw["recompute"],) if kw["recompute"] else SearchSpace().recomputes,
+    )
+    if not m.is_moe and space.ep is None:
+        space = replace(space, ep=1)
+    return m, gpu, setup, space, kw["n_gpus"]
+
+
+class PlanGroup(click.Group):
+    """`plan [OPTIONS]` plans; `plan COMMAND` runs a subcommand."""
+
+    def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        formatter.write_usage("plan", "--model NAME|PATH --gpus NAME [OPTIONS]\n       plan COMMAND [ARGS]")
+
+
+@click.group(cls=PlanGroup, invoke_without_command=True,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@layout_options
+@click.version_option(package_name="planner", prog_name="planner")
+@click.pass_context
+def cli(ctx: click.Context, **kw: Any) -> None:
+    """Plan a distributed training run: how many GPUs, which layout, and the memory
+    per rank by category.
+
+    \b
+      plan --model 70b --gpus h100
+      plan --model llama3.1-8b --gpus a100 --dp 8 --zero 3 --micro-batch 2 --recompute none
+      plan --model ./config.json --gpus h100 --json
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    if not kw["model_name"] and not kw["gpu_name"]:
+        click.echo(ctx.get_help())
+        return
+    run_safely(lambda: _plan(kw))
+
+
+def _plan(kw: dict[str, Any]) -> None:
+    from . import api, report
+
+    m, gpu, setup, space, n_gpus = build_request(kw)
+    lay = api.fixed_layout(space, setup, n_gpus)
+    if lay is not None:
+        result = api.evaluate_layout(m, gpu, setup, lay)
+    else:
+        result = api.plan(m, gpu, setup, space, n_gpus=n_gpus, max_gpus=kw["max_gpus"])
+    if kw["as_json"]:
+        click.echo(report.to_json(result))
+    else:
+        click.echo(report.to_text(result))
+    if result.best is None and not kw["as_json"]:
+        sys.exit(2)
+
+
+@cli.command("models")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def models_cmd(as_json: bool) -> None:
+    """List the model presets with their parameter counts."""
+    def go() -> None:
+        from .model import count_params, load_preset, load_presets
+        rows = []
+        for name, p in load_presets().items():
+            pc = count_params(load_preset(name))
+            rows.append({"name": name, "n_params": pc.total, "n_active_params": pc.active,
+                         "aliases": list(p.aliases), "description": p.description, "source": p.source})
+        if as_json:
+            click.echo(json.dumps(rows, indent=2))
+            return
+        click.echo(f"{'name':<16} {'parameters':>17} {'active':>17}  aliases")
+        for r in rows:
+            active = f"{r['n_active_params']:,}" if r["n_active_params"] != r["n_params"] else ""
+            click.echo(f"{r['name']:<16} {r['n_params']:>17,} {active:>17}  {', '.join(r['aliases'])}")
+    run_safely(go)
+
+
+@cli.command("gpus")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def gpus_cmd(as_json: bool) -> None:
+    """List the GPU catalog."""
+    def go() -> None:
+        from .hardware import list_gpus
+        from .units import GiB
+        gpus = list_gpus()
+        if as_json:
+            click.echo(json.dumps([{
+                "name": g.name, "full_name": g.full_name, "memory_bytes": g.memory_bytes,
+                "bf16_flops_per_s": g.bf16_flops_per_s, "hbm_bytes_per_s": g.hbm_bytes_per_s,
+                "gpus_per_node": g.gpus_per_node, "intra_node_link": g.intra_node_link,
+                "source": g.source} for g in gpus], indent=2))
+            return
+        click.echo(f"{'name':<10} {'memory':>10} {'bf16 TFLOP/s':>13} {'HBM TB/s':>9} {'per node':>9}  link / full name")
+        for g in gpus:
+            click.echo(f"{g.name:<10} {g.memory_bytes / GiB:>6.1f} GiB {g.bf16_flops_per_s / 1e12:>13.1f} "
+                       f"{g.hbm_bytes_per_s / 1e12:>9.2f} {g.gpus_per_node:>9}  {g.intra_node_link}; {g.full_name}")
+    run_safely(go)
+
+
+def main() -> None:
+    cli(prog_name="plan")
+
+
+if __name__ == "__main__":
+    main()

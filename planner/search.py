@@ -1,0 +1,108 @@
+"""The search: GPU counts and layouts, scored by per-rank memory, best first."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .layouts import Layout, SearchSpace, enumerate_layouts
+from .memory import RankMemory, per_rank_memory
+from .model import ModelSpec, ParamCount, count_params
+from .training import TrainingSetup
+
+RECOMPUTE_COST = {"none": 0, "selective": 1, "full": 2}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Candidate:
+    """A valid layout on a GPU count, with its memory and whether it fits."""
+
+    layout: Layout
+    memory: RankMemory
+    capacity_bytes: int
+
+    @property
+    def n_gpus(self) -> int:
+        return self.layout.n_gpus
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.total <= self.capacity_bytes
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.capacity_bytes - self.memory.total
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Rejected:
+    layout: Layout
+    reason: str
+
+
+def gpu_counts(gpus_per_node: int, max_gpus: int) -> list[int]:
+    """GPU counts the search tries: 1, 2, 4 ... below one node, then whole nodes
+    (every count up to 16 nodes, then 1.5x and 2x steps: 24, 32, 48, 64 ... nodes)."""
+    counts = [n for n in (1, 2, 4) if n < gpus_per_node]
+    nodes = list(range(1, 17))
+    step = 16
+    while step * gpus_per_node < max_gpus:
+        nodes += [step + step // 2, step * 2]
+        step *= 2
+    counts += [n * gpus_per_node for n in nodes]
+    return sorted(c for c in set(counts) if c <= max_gpus)
+
+
+def rank_key(c: Candidate) -> tuple:
+    """Order among fitting layouts on the same GPU count, until a step-time model
+    ranks them: recompute less, keep tensor and pipeline parallelism small (their
+    communication is on the critical path), shard less, take larger micro-batches."""
+    lay = c.layout
+    return (RECOMPUTE_COST[lay.recompute], lay.pp, lay.cp, lay.tp, lay.zero_stage,
+            lay.is_fsdp, -lay.micro_batch, lay.vp, -c.headroom_bytes)
+
+
+def evaluate(m: ModelSpec, setup: TrainingSetup, layouts: Iterable[Layout], capacity_bytes: int,
+             pc: ParamCount | None = None) -> list[Candidate]:
+    pc = pc or count_params(m)
+    return [Candidate(layout=lay, memory=per_rank_memory(m, setup, lay, pc), capacity_bytes=capacity_bytes)
+            for lay in layouts]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchResult:
+    """The fitting candidates on the smallest GPU count that has one (best first), the
+    least-memory candidate seen when none fits, and the rejected layouts with reasons."""
+
+    n_gpus: int | None
+    fitting: tuple[Candidate, ...]
+    smallest: Candidate | None        # the least memory of any valid layout tried
+    rejected: tuple[Rejected, ...]
+    counts_tried: tuple[int, ...]
+
+
+def search(m: ModelSpec, setup: TrainingSetup, capacity_bytes: int, gpus_per_node: int,
+           counts: Iterable[int], space: SearchSpace = SearchSpace()) -> SearchResult:
+    """Walk the GPU counts in order and stop at the first that has a fitting layout."""
+    pc = count_params(m)
+    smallest: Candidate | None = None
+    rejected: list[Rejected] = []
+    tried: list[int] = []
+    for n in counts:
+        tried.append(n)
+        valid = []
+        for lay, reason in enumerate_layouts(m, setup, n, gpus_per_node, space):
+            if reason is None:
+                valid.append(lay)
+            elif len(rejected) < 10_000:
+                rejected.append(Rejected(layout=lay, reason=reason))
+        cands = evaluate(m, setup, valid, capacity_bytes, pc)
+        for c in cands:
+            if smallest is None or c.memory.total < smallest.memory.total:
+                smallest = c
+        fitting = sorted((c for c in cands if c.fits), key=rank_key)
+        if fitting:
+            return SearchResult(n_gpus=n, fitting=tuple(fitting), smallest=smallest,
+                                rejected=tuple(rejected), counts_tried=tuple(tried))
+    return SearchResult(n_gpus=None, fitting=(), smallest=smallest, rejected=tuple(rejected),
+                        counts_tried=tuple(tried))
