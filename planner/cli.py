@@ -105,6 +105,8 @@ def build_request(kw: dict[str, Any]):
         raise UserError("--gpus takes one GPU type here; run one plan per type to compare them")
     m = load_model(kw["model_name"])
     gpu = get_gpu(kw["gpu_name"])
+    if kw["precision"].startswith("bf16") and gpu.bf16_flops_per_s is None:
+        raise UserError(f"{gpu.full_name} has no bf16 support; use --precision fp16-mixed or fp32")
     if kw["ep"] and kw["ep"] > 1 and not m.is_moe:
         raise UserError(f"--ep {kw['ep']} needs a mixture-of-experts model; {m.name} is dense")
     if kw["zero"] is not None and kw["fsdp"] is not None:
@@ -221,7 +223,8 @@ def gpus_cmd(as_json: bool) -> None:
             return
         click.echo(f"{'name':<10} {'memory':>10} {'bf16 TFLOP/s':>13} {'HBM TB/s':>9} {'per node':>9}  link / full name")
         for g in gpus:
-            click.echo(f"{g.name:<10} {g.memory_bytes / GiB:>6.1f} GiB {g.bf16_flops_per_s / 1e12:>13.1f} "
+            bf16 = f"{g.bf16_flops_per_s / 1e12:.1f}" if g.bf16_flops_per_s else "-"
+            click.echo(f"{g.name:<10} {g.memory_bytes / GiB:>6.1f} GiB {bf16:>13} "
                        f"{g.hbm_bytes_per_s / 1e12:>9.2f} {g.gpus_per_node:>9}  {g.intra_node_link}; {g.full_name}")
     run_safely(go)
 

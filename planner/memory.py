@@ -94,8 +94,9 @@ class RankParams:
 
     dense: int
     expert: int
-    largest_unit: int     # the largest FSDP/ZeRO-3 gather unit (a block or the embedding+head)
+    block_unit: int       # one transformer block: the unit FSDP and ZeRO-3 gather
     root_unit: int        # embedding + final norm + LM head: FSDP2's root unit
+    largest_module: int   # the largest single module DeepSpeed ZeRO-3 gathers at once
 
     @property
     def total(self) -> int:
@@ -132,8 +133,10 @@ def rank_params(m: ModelSpec, pc: ParamCount, lay: Layout, stage: int, n_layers:
             head += ceil_div(m.vocab_size * h, tp)
         root += head
     dense += root
-    largest = max(dense_layer + expert_layer if n_layers else 0, root)
-    return RankParams(dense=dense, expert=n_layers * expert_layer, largest_unit=largest, root_unit=root)
+    block = dense_layer + expert_layer if n_layers else 0
+    largest_module = max(block, ceil_div(m.vocab_size * h, tp) if (first or last) else 0)
+    return RankParams(dense=dense, expert=n_layers * expert_layer, block_unit=block,
+                      root_unit=root, largest_module=largest_module)
 
 
 # ---------------------------------------------------------------------- model states
@@ -355,11 +358,15 @@ def buffer_bytes(
     """Communication buffers the engine allocates beside the model states.
 
     ZeRO-1/2 (DeepSpeed): the gradient reduce bucket, min(bucket, params) 16-bit
-    elements (DeepSpeed config "reduce_bucket_size"). ZeRO-3 and FSDP full/hybrid: the
-    gathered 16-bit copy of the unit being computed and of the one prefetched
-    (FSDP2 all-gathers one unit ahead; DeepSpeed "stage3_prefetch_bucket_size"), plus
-    FSDP2's root unit (embedding, final norm, LM head), which it does not reshard between
-    forward and backward, and the unsharded gradients of one unit before reduce-scatter.
+    elements (DeepSpeed config "reduce_bucket_size"). DeepSpeed ZeRO-3: the gathered
+    16-bit copy of the module being computed and of the one prefetched (the largest
+    module: a block, or the word embedding; "stage3_prefetch_bucket_size") and the
+    reduce bucket. FSDP2 full/hybrid at the start of backward: the root unit (embedding,
+    final norm, LM head), which FSDP2 does not reshard between forward and backward,
+    and the last block, gathered again for its backward (FSDPMemTracker's "unsharded
+    params" and "all-gather" at the peak of a Llama-3-8B step, shared/notes/FACTS.md).
+    The unsharded gradients of a unit before its reduce-scatter come later in backward,
+    when most activations are freed.
     Pipeline stages: send and receive buffers of one activation tensor each.
     """
     out = 0
@@ -368,14 +375,10 @@ def buffer_bytes(
     if lay.sharding == "zero" and stage in (1, 2):
         out += min(setup.buffers.zero_bucket_numel, rp.total) * precision.grad_bytes
     if stage == 3:
-        unit = rp.largest_unit
         if lay.is_fsdp:
-            grad_unit = 4 if precision.is_mixed else precision.grad_bytes
-            out += (rp.root_unit + 2 * unit) * wb + unit * grad_unit
+            out += (rp.root_unit + rp.block_unit) * wb
         else:
-            out += 2 * unit * wb + min(setup.buffers.zero_bucket_numel, rp.total) * precision.grad_bytes
-    if lay.sharding == "fsdp-grad-op":
-        out += rp.largest_unit * (4 if precision.is_mixed else precision.grad_bytes)
+            out += 2 * rp.largest_module * wb + min(setup.buffers.zero_bucket_numel, rp.total) * precision.grad_bytes
     if lay.pp > 1:
         act = lay.micro_batch * (lay.seq_len // lay.cp) * m.d_model * precision.activation_bytes
         out += 2 * ceil_div(act, lay.tp if lay.sp else 1)

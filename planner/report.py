@@ -101,7 +101,7 @@ def memory_table(c: Candidate) -> list[str]:
     lines = [f"  {'category':<38} {'per rank':>12}   share of {gib(cap)}"]
     for cat in CATEGORIES:
         v = getattr(bd, cat)
-        bar = "#" * round(width * v / cap) if cap else ""
+        bar = "#" * min(width, round(width * v / cap)) + (">" if v > cap else "")
         lines.append(f"  {LABELS[cat]:<38} {gib(v):>12}   {bar}")
     verdict = "fits" if c.fits else "DOES NOT FIT"
     lines.append(f"  {'total':<38} {gib(bd.total):>12}   {100 * bd.total / cap:.0f}% of the GPU: {verdict}")
