@@ -9,9 +9,12 @@ from .hardware import GpuSpec
 from .layouts import Layout, SearchSpace, grad_accum_for, reject_reason
 from .model import ModelSpec, ParamCount, count_params
 from .search import Candidate, SearchResult, gpu_counts, search
+from .memory import min_model_state_bytes_per_param
 from .training import MAX_GPUS, TrainingSetup
+from .units import ceil_div
 
 N_ALTERNATIVES = 5
+MAX_SEARCH_GPUS = 16_384
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -28,6 +31,8 @@ class PlanResult:
     result: SearchResult
     capacity_bytes: int
     fixed: bool = False           # the user fixed every choice: one layout evaluated
+    fits_from_gpus: int | None = None   # when nothing fits: the smallest count that would
+    min_gpus_for_states: int = 1        # model states alone need at least this many GPUs
 
     @property
     def fits(self) -> bool:
@@ -57,7 +62,7 @@ def pick_alternatives(fitting: tuple[Candidate, ...], best: Candidate, k: int = 
 
 
 def plan(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, space: SearchSpace = SearchSpace(),
-         n_gpus: int | None = None, max_gpus: int = 16_384) -> PlanResult:
+         n_gpus: int | None = None, max_gpus: int = MAX_SEARCH_GPUS) -> PlanResult:
     """Search GPU counts (smallest first) and layouts; return the best fitting plan.
 
     With every degree and choice fixed, this evaluates exactly that layout.
@@ -71,13 +76,19 @@ def plan(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, space: SearchSpace = 
     cap = capacity_bytes(gpu, setup)
     res = search(m, setup, cap, gpu.gpus_per_node, counts, space)
     pc = count_params(m)
+    floor = ceil_div(int(min_model_state_bytes_per_param(setup) * pc.total), cap)
+    fits_from = None
     if res.fitting:
         best = res.fitting[0]
         alts = pick_alternatives(res.fitting, best)
     else:
         best, alts = None, ()
+        wider = [c for c in gpu_counts(gpu.gpus_per_node, MAX_SEARCH_GPUS) if c > max(counts)]
+        if wider:
+            fits_from = search(m, setup, cap, gpu.gpus_per_node, wider, space).n_gpus
     return PlanResult(model=m, params=pc, gpu=gpu, setup=setup, best=best, alternatives=alts,
-                      result=res, capacity_bytes=cap)
+                      result=res, capacity_bytes=cap, fits_from_gpus=fits_from,
+                      min_gpus_for_states=max(1, floor))
 
 
 def evaluate_layout(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, lay: Layout) -> PlanResult:
@@ -88,7 +99,7 @@ def evaluate_layout(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, lay: Layou
     from .search import evaluate
 
     cap = capacity_bytes(gpu, setup)
-    (cand,) = evaluate(m, setup, [lay], cap)
+    (cand,) = evaluate(m, setup, [lay], cap, gpus_per_node=gpu.gpus_per_node)
     res = SearchResult(n_gpus=lay.n_gpus, fitting=(cand,) if cand.fits else (), smallest=cand,
                        rejected=(), counts_tried=(lay.n_gpus,))
     return PlanResult(model=m, params=count_params(m), gpu=gpu, setup=setup, best=cand,

@@ -8,7 +8,8 @@ tracker can see is outside ``overhead``; ``overhead`` holds only what no tracker
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from .layouts import Layout
 from .model import ModelSpec, ParamCount, count_params
@@ -67,7 +68,6 @@ class RankMemory:
     n_layers_on_stage: int
     in_flight: float            # micro-batches whose activations the stage holds
     kernels: str
-    stage_totals: tuple[int, ...] = field(default_factory=tuple)
 
     @property
     def total(self) -> int:
@@ -388,7 +388,7 @@ def buffer_bytes(
 # ------------------------------------------------------------------------ the rank
 
 def per_rank_memory(m: ModelSpec, setup: TrainingSetup, lay: Layout,
-                    pc: ParamCount | None = None) -> RankMemory:
+                    pc: ParamCount | None = None, gpus_per_node: int = 8) -> RankMemory:
     """The peak memory of the most loaded rank of ``lay``, by category.
 
     The peak is at the start of backward (all in-flight activations held) unless the
@@ -401,23 +401,21 @@ def per_rank_memory(m: ModelSpec, setup: TrainingSetup, lay: Layout,
     pc = pc or count_params(m)
     prec = setup.precision_spec
     kernels = resolve_kernels(setup, lay)
-    if setup.optimizer == "adafactor":
-        opt_pp = adafactor_bytes_per_param(m)
-    else:
-        opt_pp = optimizer_state_bytes_per_param(setup.optimizer)
-    layer_act = layer_activation_bytes(m, setup, lay, kernels)
-    full_layer = (layer_activation_bytes(m, setup, _no_recompute(lay), kernels)
-                  if lay.recompute != "none" else layer_act)
+    opt_pp = _optimizer_bytes_per_param(m, setup.optimizer)
+    layer_act, full_layer = _block_activations(m, setup, _activation_key(lay), kernels)
     dropout_embed = (lay.micro_batch * (lay.seq_len // lay.cp) * m.d_model
                      if m.hidden_dropout > 0 else 0)
+    hybrid = _hybrid_degree(lay, gpus_per_node)
+    persistent_grads = lay.grad_accum > 1 or lay.pp > 1 or (
+        not lay.is_fsdp and lay.dense_shard_degree > 1)
+    distributed = lay.n_gpus > 1
 
     best: RankMemory | None = None
-    totals = []
     counts = stage_layers(m.n_layers, lay.pp)
-    distributed = lay.n_gpus > 1
-    for stage, n_layers in enumerate(counts):
+    for stage in _stages_to_check(counts):
+        n_layers = counts[stage]
         rp = rank_params(m, pc, lay, stage, n_layers)
-        ms = model_state_bytes(rp.dense, rp.expert, prec, opt_pp, lay, _hybrid_degree(lay))
+        ms = model_state_bytes(rp.dense, rp.expert, prec, opt_pp, lay, hybrid)
         held = in_flight_microbatches(lay, stage)
         acts = int(n_layers * layer_act * held)
         if n_layers:
@@ -428,8 +426,6 @@ def per_rank_memory(m: ModelSpec, setup: TrainingSetup, lay: Layout,
         buffers = buffer_bytes(m, setup, lay, rp, prec)
         weights = ms.weights + ms.unsharded_weights
 
-        persistent_grads = lay.grad_accum > 1 or lay.pp > 1 or (
-            not lay.is_fsdp and lay.dense_shard_degree > 1)
         start = (weights + (ms.gradients if persistent_grads else 0) + ms.optimizer
                  + acts + logits + buffers)
         end = weights + ms.gradients + ms.optimizer + (full_layer if n_layers else 0) + buffers
@@ -441,27 +437,65 @@ def per_rank_memory(m: ModelSpec, setup: TrainingSetup, lay: Layout,
         overhead = setup.overheads.fixed_bytes(distributed) + int(tracked * setup.overheads.fragmentation)
         bd = MemoryBreakdown(weights=weights, gradients=grads, optimizer=ms.optimizer,
                              activations=act_at, logits=logits_at, buffers=buffers, overhead=overhead)
-        totals.append(bd.total)
-        rm = RankMemory(breakdown=bd, stage=stage, phase=phase, n_layers_on_stage=n_layers,
-                        in_flight=held, kernels=kernels)
         if best is None or bd.total > best.total:
-            best = rm
+            best = RankMemory(breakdown=bd, stage=stage, phase=phase, n_layers_on_stage=n_layers,
+                              in_flight=held, kernels=kernels)
     assert best is not None
-    return RankMemory(breakdown=best.breakdown, stage=best.stage, phase=best.phase,
-                      n_layers_on_stage=best.n_layers_on_stage, in_flight=best.in_flight,
-                      kernels=kernels, stage_totals=tuple(totals))
+    return best
 
 
-def _no_recompute(lay: Layout) -> Layout:
-    from dataclasses import replace
-    return replace(lay, recompute="none")
+def _stages_to_check(counts: list[int]) -> list[int]:
+    """The stages that can be the most loaded: the first, the last, and the earliest
+    middle stage of each layer count (later ones hold fewer in-flight micro-batches)."""
+    last = len(counts) - 1
+    picked = {0, last}
+    seen: set[int] = set()
+    for i in range(1, last):
+        if counts[i] not in seen:
+            seen.add(counts[i])
+            picked.add(i)
+    return sorted(picked)
 
 
-def _hybrid_degree(lay: Layout) -> int | None:
-    """FSDP hybrid shards inside one node's data ranks (HSDP): at most 8 // (tp * pp)."""
+def _activation_key(lay: Layout) -> Layout:
+    """The fields of a layout that block activations depend on (a cache key)."""
+    return Layout(tp=lay.tp, sp=lay.sp, cp=lay.cp, micro_batch=lay.micro_batch,
+                  seq_len=lay.seq_len, recompute=lay.recompute)
+
+
+@lru_cache(maxsize=4096)
+def _block_activations(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str) -> tuple[int, int]:
+    """(bytes a block keeps under the layout's recomputation, bytes without recomputation)."""
+    kept = layer_activation_bytes(m, setup, key, kernels)
+    full = kept if key.recompute == "none" else layer_activation_bytes(
+        m, setup, replace(key, recompute="none"), kernels)
+    return kept, full
+
+
+@lru_cache(maxsize=256)
+def _optimizer_bytes_per_param(m: ModelSpec, optimizer: str) -> float:
+    if optimizer == "adafactor":
+        return adafactor_bytes_per_param(m)
+    return optimizer_state_bytes_per_param(optimizer)
+
+
+def min_model_state_bytes_per_param(setup: TrainingSetup) -> float:
+    """The fewest bytes per parameter that weights, gradients and optimizer states take
+    summed over all ranks, under any sharding: each state exists at least once."""
+    p = setup.precision_spec
+    opt = optimizer_state_bytes_per_param(setup.optimizer) if setup.optimizer != "adafactor" else 0.0
+    zero = p.weight_bytes + p.grad_bytes + p.master_bytes + opt
+    fsdp = (8 if p.is_mixed else p.weight_bytes + p.grad_bytes) + opt
+    return min(zero, fsdp)
+
+
+def _hybrid_degree(lay: Layout, gpus_per_node: int) -> int | None:
+    """FSDP hybrid shards over the data ranks inside one node (HSDP) and replicates
+    across nodes: the shard group is the largest divisor of dp*cp*ep that fits in
+    gpus_per_node // tp (PyTorch FSDP HYBRID_SHARD docs)."""
     if lay.sharding != "fsdp-hybrid":
         return None
-    inside = max(1, 8 // (lay.tp * lay.cp))
+    inside = max(1, gpus_per_node // lay.tp)
     d = lay.dense_shard_degree
     while d > inside or lay.dense_shard_degree % d:
         d -= 1

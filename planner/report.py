@@ -83,8 +83,11 @@ def plan_json(r: PlanResult) -> dict[str, Any]:
         "alternatives": [candidate_json(c) for c in r.alternatives],
         "assumptions": assumptions(r),
     }
-    if r.best is None and r.result.smallest is not None:
-        out["least_memory"] = candidate_json(r.result.smallest)
+    if r.best is None:
+        if r.result.smallest is not None:
+            out["least_memory"] = candidate_json(r.result.smallest)
+        out["fits_from_gpus"] = r.fits_from_gpus
+        out["min_gpus_for_model_states"] = r.min_gpus_for_states
     return out
 
 
@@ -124,6 +127,27 @@ def assumptions_text(r: PlanResult) -> list[str]:
     ]
 
 
+def no_fit_text(r: PlanResult) -> list[str]:
+    """Why nothing fits, the least memory any layout needs, and what would make it fit."""
+    tried = r.result.counts_tried
+    span = f"{tried[0]}" if len(tried) == 1 else f"{tried[0]} to {tried[-1]}"
+    out = [f"No layout fits on {span} x {r.gpu.name} ({gib(r.capacity_bytes)} each)."]
+    sm = r.result.smallest
+    if sm is not None:
+        out.append(f"The least memory any layout needs: {gib(sm.memory.total)} per rank on "
+                   f"{sm.n_gpus} GPUs ({sm.layout.describe()}):")
+        out += memory_table(sm)
+    else:
+        out.append(f"Weights, gradients and optimizer states alone need at least "
+                   f"{r.min_gpus_for_states} x {r.gpu.name}, even fully sharded.")
+    if r.fits_from_gpus:
+        out.append(f"It fits from {r.fits_from_gpus} x {r.gpu.name}: raise --max-gpus (or drop --n-gpus), "
+                   f"or use a GPU with more memory.")
+    else:
+        out.append("Try more GPUs, a GPU with more memory, full recomputation, or a shorter sequence.")
+    return out
+
+
 def to_text(r: PlanResult) -> str:
     m, pc = r.model, r.params
     active = f" ({params_text(pc.active)} active per token)" if m.is_moe else ""
@@ -131,13 +155,7 @@ def to_text(r: PlanResult) -> str:
     out += assumptions_text(r)
     out.append("")
     if r.best is None:
-        sm = r.result.smallest
-        tried = r.result.counts_tried
-        out.append(f"No layout fits on {tried[0]}..{tried[-1]} GPUs." if tried else "No layout to try.")
-        if sm is not None:
-            out.append(f"The least memory any layout needs: {gib(sm.memory.total)} per rank with "
-                       f"{sm.n_gpus} GPUs ({sm.layout.describe()}), against {gib(sm.capacity_bytes)}.")
-            out += memory_table(sm)
+        out += no_fit_text(r)
         return "\n".join(out)
     b = r.best
     title = "The layout you gave" if r.fixed else f"Smallest GPU count that fits: {b.n_gpus} x {r.gpu.name}"

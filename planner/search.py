@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .layouts import Layout, SearchSpace, enumerate_layouts
-from .memory import RankMemory, per_rank_memory
+from .memory import RankMemory, min_model_state_bytes_per_param, per_rank_memory
 from .model import ModelSpec, ParamCount, count_params
 from .training import TrainingSetup
 
@@ -63,9 +63,10 @@ def rank_key(c: Candidate) -> tuple:
 
 
 def evaluate(m: ModelSpec, setup: TrainingSetup, layouts: Iterable[Layout], capacity_bytes: int,
-             pc: ParamCount | None = None) -> list[Candidate]:
+             pc: ParamCount | None = None, gpus_per_node: int = 8) -> list[Candidate]:
     pc = pc or count_params(m)
-    return [Candidate(layout=lay, memory=per_rank_memory(m, setup, lay, pc), capacity_bytes=capacity_bytes)
+    return [Candidate(layout=lay, memory=per_rank_memory(m, setup, lay, pc, gpus_per_node),
+                      capacity_bytes=capacity_bytes)
             for lay in layouts]
 
 
@@ -88,15 +89,20 @@ def search(m: ModelSpec, setup: TrainingSetup, capacity_bytes: int, gpus_per_nod
     smallest: Candidate | None = None
     rejected: list[Rejected] = []
     tried: list[int] = []
+    floor_per_param = min_model_state_bytes_per_param(setup)
     for n in counts:
         tried.append(n)
+        # Each parameter's states exist at least once across the n GPUs, so some rank
+        # holds at least this much: counts below it need no enumeration.
+        if floor_per_param * pc.total / n > capacity_bytes:
+            continue
         valid = []
         for lay, reason in enumerate_layouts(m, setup, n, gpus_per_node, space):
             if reason is None:
                 valid.append(lay)
             elif len(rejected) < 10_000:
                 rejected.append(Rejected(layout=lay, reason=reason))
-        cands = evaluate(m, setup, valid, capacity_bytes, pc)
+        cands = evaluate(m, setup, valid, capacity_bytes, pc, gpus_per_node)
         for c in cands:
             if smallest is None or c.memory.total < smallest.memory.total:
                 smallest = c
