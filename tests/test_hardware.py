@@ -1,0 +1,191 @@
+"""The GPU catalog: it loads, names resolve, and figures match the vendor data sheets."""
+
+import pytest
+
+from planner.errors import UserError
+from planner.hardware import GpuSpec, get_gpu, list_gpus, load_gpus, parse_gpus
+from planner.units import GB, GiB, MiB
+
+SHORT_NAMES = ["h100", "h100-pcie", "h200", "b200", "a100", "a100-40gb", "l40s", "a10g", "4090", "v100",
+               "mi300x", "gb200"]
+TFLOPS = 1e12
+
+
+def test_catalog_loads_every_short_name():
+    assert set(SHORT_NAMES) <= set(load_gpus())
+    assert [g.name for g in list_gpus()] == list(load_gpus())
+    assert load_gpus() is load_gpus()                       # cached
+    assert all(isinstance(g, GpuSpec) for g in list_gpus())
+
+
+@pytest.mark.parametrize("name", SHORT_NAMES)
+def test_short_names_resolve_in_any_case(name):
+    assert get_gpu(name).name == name
+    assert get_gpu(name.upper()).name == name
+    assert get_gpu(f"  {name} ").name == name
+
+
+def test_every_alias_resolves_to_its_gpu():
+    for gpu in list_gpus():
+        for alias in gpu.aliases:
+            assert get_gpu(alias) is gpu
+            assert get_gpu(alias.swapcase()) is gpu
+
+
+@pytest.mark.parametrize("typo, close", [("h10", "h100"), ("a100-80", "a100"), ("mi300", "mi300x")])
+def test_unknown_name_lists_close_names(typo, close):
+    with pytest.raises(UserError) as err:
+        get_gpu(typo)
+    message = str(err.value)
+    assert "unknown GPU" in message and close in message and "`plan gpus`" in message
+
+
+# Vendor figures, dense (no sparsity). Sources are in gpus.toml; the data-sheet line is repeated here.
+@pytest.mark.parametrize("name, dtype, tflops", [
+    ("h100", "bf16", 989.4),        # H100 whitepaper Table 3, SXM5: BF16 989.4 / 1978.9 sparse
+    ("h100", "fp8", 1978.9),        # ... FP8 1978.9 / 3957.8 sparse
+    ("h100", "tf32", 494.7),
+    ("h100", "fp32", 66.9),
+    ("h100-pcie", "bf16", 756.5),   # H100 datasheet, PCIe: BF16 1,513 with sparsity
+    ("h200", "bf16", 989.4),        # H200 datasheet: BF16 1,979 with sparsity (same GH100)
+    ("b200", "bf16", 2250),         # HGX B200: 36 PFLOPS BF16 sparse over 8 GPUs
+    ("b200", "fp8", 4500),
+    ("gb200", "bf16", 2500),        # GB200 NVL72: 360 PFLOPS BF16 sparse over 72 GPUs
+    ("a100", "bf16", 312),          # A100 datasheet: BF16 312 / 624 sparse
+    ("a100", "tf32", 156),
+    ("a100", "fp32", 19.5),
+    ("a100-40gb", "fp16", 312),
+    ("l40s", "bf16", 362.05),       # L40S datasheet: BF16 362.05 / 733 sparse
+    ("l40s", "fp8", 733),
+    ("a10g", "bf16", 125),          # A10 datasheet (proxy for A10G): BF16 125 / 250 sparse
+    ("4090", "bf16", 165.2),        # Ada whitepaper App. A: 165.2 with FP32 accumulate
+    ("4090", "fp8", 330.3),
+    ("v100", "fp16", 125),          # V100 datasheet: 125 tensor TFLOPS (SXM2)
+    ("v100", "fp32", 15.7),
+    ("mi300x", "bf16", 1307.4),     # AMD MI300X page: BF16 1307.4 / 2614.9 sparse
+    ("mi300x", "fp8", 2614.9),
+])
+def test_peak_flops_match_data_sheets(name, dtype, tflops):
+    assert get_gpu(name).peak_flops_per_s(dtype) == pytest.approx(tflops * TFLOPS)
+
+
+@pytest.mark.parametrize("name, hbm_tb_per_s", [
+    ("h100", 3.35),                 # H100 SXM: HBM3 3.35 TB/s
+    ("h100-pcie", 2.0),
+    ("h200", 4.8),                  # H200: HBM3e 4.8 TB/s
+    ("b200", 8.0),                  # DGX B200: 64 TB/s over 8 GPUs
+    ("a100", 2.039),                # A100 80GB SXM: 2,039 GB/s
+    ("a100-40gb", 1.555),           # A100 40GB: 1,555 GB/s
+    ("l40s", 0.864),
+    ("a10g", 0.600),
+    ("4090", 1.008),
+    ("v100", 0.900),
+    ("mi300x", 5.3),
+])
+def test_memory_bandwidth_matches_data_sheets(name, hbm_tb_per_s):
+    assert get_gpu(name).hbm_bytes_per_s == pytest.approx(hbm_tb_per_s * 1e12)
+
+
+@pytest.mark.parametrize("name, memory_bytes", [
+    ("h100", 81559 * MiB),          # nvidia-smi memory.total on H100 80GB HBM3
+    ("h100-pcie", 81559 * MiB),
+    ("h200", 143771 * MiB),         # nvidia-smi on H200 ("141 GB")
+    ("b200", 183359 * MiB),         # nvidia-smi on B200 ("180 GB")
+    ("a100", 81920 * MiB),          # nvidia-smi on A100-SXM4-80GB
+    ("a100-40gb", 40960 * MiB),
+    ("l40s", 46068 * MiB),
+    ("a10g", 23028 * MiB),
+    ("4090", 24564 * MiB),
+    ("v100", 32 * GiB),             # vendor 32 GB HBM2
+    ("mi300x", 192 * GiB),          # vendor 192 GB HBM3
+])
+def test_memory_capacity(name, memory_bytes):
+    gpu = get_gpu(name)
+    assert isinstance(gpu.memory_bytes, int)
+    assert gpu.memory_bytes == memory_bytes
+
+
+@pytest.mark.parametrize("name, nvlink_gb_per_s, nic_gbit_per_s", [
+    ("h100", 900, 400),             # NVLink 4: 900 GB/s both directions; DGX H100: 400 Gb/s NIC per GPU
+    ("h200", 900, 400),
+    ("b200", 1800, 400),            # NVLink 5: 1.8 TB/s
+    ("gb200", 1800, 400),
+    ("a100", 600, 200),             # NVLink 3: 600 GB/s; DGX A100: 200 Gb/s HDR per GPU
+    ("v100", 300, 50),              # NVLink 2: 300 GB/s; DGX-1: 4x 100 Gb/s per 8 GPUs
+    ("mi300x", 896, 400),           # 7 Infinity Fabric links x 128 GB/s both directions
+])
+def test_link_bandwidths_are_per_direction(name, nvlink_gb_per_s, nic_gbit_per_s):
+    gpu = get_gpu(name)
+    assert gpu.intra_node_bytes_per_s == pytest.approx(nvlink_gb_per_s / 2 * GB)
+    assert gpu.inter_node_bytes_per_s == pytest.approx(nic_gbit_per_s * GB / 8)
+
+
+def test_pcie_only_gpus_report_pcie_links():
+    assert get_gpu("l40s").intra_node_link == "pcie4"
+    assert get_gpu("l40s").intra_node_bytes_per_s == 32 * GB    # Gen4 x16: 64 GB/s both directions
+    assert get_gpu("4090").intra_node_link == "pcie4"
+
+
+def test_missing_precisions_raise_a_clear_error():
+    with pytest.raises(UserError, match="no bf16"):
+        get_gpu("v100").peak_flops_per_s("bf16")
+    with pytest.raises(UserError, match="no fp8"):
+        get_gpu("a100").peak_flops_per_s("fp8")
+    with pytest.raises(UserError, match="unknown dtype"):
+        get_gpu("h100").peak_flops_per_s("int4")
+
+
+def test_every_entry_has_sources_and_consistent_rates():
+    for gpu in list_gpus():
+        assert "http" in gpu.source or "whitepaper" in gpu.source, gpu.name
+        assert gpu.fp16_flops_per_s > gpu.fp32_flops_per_s
+        if gpu.fp8_flops_per_s is not None:   # fp8 doubles fp16 (L40S sheet: 733 vs 2 x 362.05, so 2%)
+            assert gpu.fp8_flops_per_s == pytest.approx(2 * gpu.fp16_flops_per_s, rel=0.02)
+
+
+def test_default_topologies_exist_and_use_this_gpu():
+    from planner.topology import load_topology
+
+    for gpu in list_gpus():
+        if gpu.default_topology is not None:
+            top = load_topology(gpu.default_topology)
+            assert top.gpu == gpu.name
+            assert top.gpus_per_node == gpu.gpus_per_node
+
+
+ENTRY = """
+[[gpu]]
+name = "x"
+full_name = "X"
+aliases = []
+memory_gib = 1
+fp16_tflops = 1.0
+fp32_tflops = 0.5
+hbm_gb_per_s = 1
+gpus_per_node = 1
+intra_node_link = "pcie4"
+intra_node_gb_per_s = 1
+inter_node_gbit_per_s = 1
+tdp_w = 1
+source = "test"
+"""
+
+
+def test_parse_converts_units_once():
+    gpu = parse_gpus(ENTRY)["x"]
+    assert gpu.memory_bytes == GiB
+    assert gpu.fp16_flops_per_s == 1e12
+    assert gpu.inter_node_bytes_per_s == 1e9 / 8
+    assert gpu.bf16_flops_per_s is None and gpu.default_topology is None
+
+
+@pytest.mark.parametrize("text, message", [
+    (ENTRY + "hbm_gbps = 3\n", "unknown keys"),
+    (ENTRY.replace('tdp_w = 1\n', ''), "missing keys"),
+    (ENTRY + "memory_gb = 2\n", "exactly one of"),
+    (ENTRY + ENTRY, "defined twice"),
+    (ENTRY + "[other]\nx = 1\n", "unknown top-level"),
+])
+def test_parse_rejects_bad_catalogs(text, message):
+    with pytest.raises(UserError, match=message):
+        parse_gpus(text)

@@ -1,0 +1,225 @@
+"""Topologies: the shipped files load, graphs are built, and bandwidths computed on the graph
+match the vendors' figures."""
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner.errors import UserError
+from planner.topology import (
+    ClusterTopology,
+    _solve_max_flow,
+    axis_bandwidths_bytes_per_s,
+    build_graph,
+    group_bandwidth_bytes_per_s,
+    list_topologies,
+    load_topology,
+    nvlink_domain_size,
+    pair_bandwidth_bytes_per_s,
+    place_groups,
+)
+from planner.units import GB
+
+SHIPPED = ["dgx-a100", "dgx-h100", "hgx-h200", "hgx-b200", "gb200-nvl72", "l40s-8x-pcie-ethernet", "aws-p4d",
+           "aws-p5", "aws-g5.48xlarge", "rtx4090-4x-workstation", "mi300x-8x"]
+
+
+def gbps(bytes_per_s: float) -> float:
+    return bytes_per_s / GB
+
+
+def test_every_shipped_topology_loads():
+    assert sorted(t.name for t in list_topologies()) == sorted(SHIPPED)
+    for name in SHIPPED:
+        top = load_topology(name)
+        assert isinstance(top, ClusterTopology) and top.name == name
+        assert load_topology(name.upper()) is top
+        for part in (top, top.intra_node, top.pcie, top.network):
+            assert part.source
+
+
+def test_unknown_topology_lists_close_names():
+    with pytest.raises(UserError, match=r"unknown topology 'dgx-h10'.*dgx-h100.*`plan topologies`"):
+        load_topology("dgx-h10")
+
+
+def test_load_by_path_and_reject_unknown_keys(tmp_path):
+    text = (load_topology_text("dgx-h100"))
+    path = tmp_path / "mine.toml"
+    path.write_text(text)
+    assert load_topology(path).name == "dgx-h100"
+    assert load_topology(str(path)).gpu == "h100"
+
+    path.write_text(text.replace("oversubscription = 1.0", "oversubscription = 1.0\nbisection = 1"))
+    with pytest.raises(UserError, match=r"\[network\].*unknown keys \['bisection'\]"):
+        load_topology(path)
+    path.write_text(text.replace('fabric = "nvswitch"', 'fabric = "pcie"'))
+    with pytest.raises(UserError, match="unknown keys"):      # NVSwitch keys do not apply to PCIe
+        load_topology(path)
+    path.write_text(text.replace('gpu = "h100"', 'gpu = "h1000"'))
+    with pytest.raises(UserError, match="unknown GPU"):
+        load_topology(path)
+    with pytest.raises(UserError, match="not found"):
+        load_topology(tmp_path / "missing.toml")
+
+
+def load_topology_text(name: str) -> str:
+    import importlib.resources
+
+    return (importlib.resources.files("planner") / "presets" / "topologies" / f"{name}.toml").read_text()
+
+
+def test_graph_has_the_parts_of_a_dgx_h100_pair():
+    g = build_graph(load_topology("dgx-h100"), 2)
+    kinds = [k for _, k in g.nodes(data="kind")]
+    # per node: 8 GPUs, 4 NVSwitches, 8 PCIe (GPU-NIC) switches, 8 NICs; 8 rail leaves; one spine vertex
+    assert {k: kinds.count(k) for k in set(kinds)} == {
+        "gpu": 16, "nvswitch": 8, "pcie_switch": 16, "nic": 16, "leaf": 8, "spine": 1}
+    for _, _, e in g.edges(data=True):
+        assert e["bandwidth_bytes_per_s"] > 0 and e["latency_s"] >= 0
+    assert g.nodes[9]["node"] == 1 and g.nodes[9]["local"] == 1
+    with pytest.raises(UserError, match="1 to 32 nodes"):
+        build_graph(load_topology("dgx-h100"), 33)
+
+
+@pytest.mark.parametrize("name, size", [
+    ("dgx-h100", 8), ("dgx-a100", 8), ("hgx-b200", 8), ("aws-p5", 8),
+    ("gb200-nvl72", 72),                    # GB200 NVL72: one 72-GPU NVLink domain
+    ("mi300x-8x", 8),                       # Infinity Fabric full mesh
+    ("l40s-8x-pcie-ethernet", 1), ("aws-g5.48xlarge", 1), ("rtx4090-4x-workstation", 1),   # no NVLink
+])
+def test_nvlink_domain_size_read_from_the_graph(name, size):
+    assert nvlink_domain_size(load_topology(name)) == size
+
+
+# Ring bus bandwidth per GPU (per direction) against vendor figures.
+# Intra-node: the GPU's NVLink / Infinity Fabric / PCIe bandwidth, per direction.
+# Across nodes: a node's NICs carry every ring that leaves it, so busbw <= NICs x rate per node.
+@pytest.mark.parametrize("name, n_nodes, expected_gb_per_s", [
+    ("dgx-a100", 1, 300),           # NVLink 3: 600 GB/s both directions
+    ("dgx-a100", 2, 200),           # 8x 200 Gb/s HDR = 200 GB/s out of each node
+    ("dgx-h100", 1, 450),           # NVLink 4: 900 GB/s both directions
+    ("dgx-h100", 2, 400),           # 8x 400 Gb/s NDR = 400 GB/s out of each node (< 450 NVLink)
+    ("hgx-h200", 1, 450),
+    ("hgx-h200", 2, 400),
+    ("hgx-b200", 1, 900),           # NVLink 5: 1.8 TB/s both directions
+    ("hgx-b200", 2, 400),
+    ("gb200-nvl72", 18, 900),       # all 72 GPUs of a rack over NVLink 5
+    ("gb200-nvl72", 36, 900),       # 2 racks: 72 NICs x 400 Gb/s = 3.6 TB/s leave a rack, NVLink binds
+    ("gb200-nvl72", 144, 900),      # the whole 8-rack scalable unit
+    ("aws-p4d", 1, 300),            # NVSwitch 600 GB/s both directions
+    ("aws-p4d", 2, 50),             # 400 Gbps EFA per instance
+    ("aws-p5", 1, 450),
+    ("aws-p5", 2, 400),             # 3200 Gbps EFAv2 per instance
+    ("aws-g5.48xlarge", 1, 32),     # PCIe Gen4 x16, no NVLink
+    ("aws-g5.48xlarge", 2, 12.5),   # 100 Gbps per instance
+    ("l40s-8x-pcie-ethernet", 1, 32),   # L40S: no NVLink -> PCIe Gen4 x16 (64 GB/s both directions)
+    ("l40s-8x-pcie-ethernet", 2, 32),   # 4x 100 GbE = 50 GB/s per node, PCIe still binds
+    ("rtx4090-4x-workstation", 1, 32),
+    ("mi300x-8x", 1, 448),          # 7 Infinity Fabric links x 64 GB/s per direction
+    ("mi300x-8x", 2, 400),          # 8x 400 Gb/s per node
+])
+def test_whole_nodes_ring_bandwidth(name, n_nodes, expected_gb_per_s):
+    top = load_topology(name)
+    g = build_graph(top, n_nodes)
+    assert gbps(group_bandwidth_bytes_per_s(g, range(n_nodes * top.gpus_per_node))) == pytest.approx(expected_gb_per_s)
+
+
+@pytest.mark.parametrize("name, a, b, expected_gb_per_s", [
+    ("dgx-h100", 0, 1, 450),        # NVLink 4 between two GPUs of a node
+    ("dgx-h100", 0, 8, 50),         # same rail, two nodes: one 400 Gb/s NIC
+    ("dgx-h100", 0, 11, 50),        # different rails: through the spine, still one NIC each end
+    ("dgx-a100", 0, 8, 25),         # one 200 Gb/s HDR NIC
+    ("mi300x-8x", 0, 1, 64),        # one Infinity Fabric link; other GPUs do not relay
+    ("l40s-8x-pcie-ethernet", 0, 1, 32),    # same PCIe switch
+    ("l40s-8x-pcie-ethernet", 0, 7, 32),    # across sockets: the GPU's own link binds
+    ("aws-p4d", 0, 8, 12.5),        # one 100 Gbps EFA NIC per GPU pair
+    ("gb200-nvl72", 0, 71, 900),    # other end of the rack, still NVLink
+])
+def test_pair_bandwidth(name, a, b, expected_gb_per_s):
+    g = build_graph(load_topology(name), 18 if name == "gb200-nvl72" else 2)
+    assert gbps(pair_bandwidth_bytes_per_s(g, a, b)) == pytest.approx(expected_gb_per_s)
+
+
+def test_concurrent_groups_share_the_nics():
+    # tp=8 inside each DGX H100, dp=2 across two nodes: the 8 dp pairs share the 8 NICs,
+    # 8 x 400 Gb/s / 8 = 50 GB/s each -- the per-GPU NIC bandwidth.
+    g = build_graph(load_topology("dgx-h100"), 2)
+    bw = axis_bandwidths_bytes_per_s(g, place_groups(16, tp=8, dp=2))
+    assert gbps(bw["tp"]) == pytest.approx(450)
+    assert gbps(bw["dp"]) == pytest.approx(50)
+    assert bw["pp"] == bw["cp"] == bw["ep"] == math.inf     # size-1 axes send nothing
+
+
+def test_concurrent_groups_on_a_full_scalable_unit():
+    g = build_graph(load_topology("dgx-h100"), 32)
+    bw = axis_bandwidths_bytes_per_s(g, place_groups(256, tp=4, dp=16, pp=4))
+    assert gbps(bw["tp"]) == pytest.approx(450)
+    assert gbps(bw["dp"]) == pytest.approx(100)     # 4 dp groups leave each node: 400 GB/s / 4
+    assert gbps(bw["pp"]) == pytest.approx(50)      # 8 pp groups leave each node
+
+
+def test_shared_nics_on_p4d():
+    # p4d: 2 GPUs share each 100 Gbps EFA NIC -> 6.25 GB/s per GPU when all 8 talk across nodes
+    g = build_graph(load_topology("aws-p4d"), 2)
+    assert gbps(axis_bandwidths_bytes_per_s(g, place_groups(16, tp=8, dp=2))["dp"]) == pytest.approx(6.25)
+
+
+def test_oversubscribed_leaves_limit_cross_leaf_rings(tmp_path):
+    text = load_topology_text("dgx-h100")
+    text = (text.replace("rail_optimized = true", "rail_optimized = false")
+                .replace("nodes_per_leaf = 32", "nodes_per_leaf = 2")
+                .replace("oversubscription = 1.0", "oversubscription = 4.0"))
+    path = tmp_path / "oversubscribed.toml"
+    path.write_text(text)
+    g = build_graph(load_topology(path), 4)
+    # inside one leaf (2 nodes): node NICs bind, 400 GB/s
+    assert gbps(group_bandwidth_bytes_per_s(g, range(16))) == pytest.approx(400)
+    # across leaves: a leaf's 2 x 8 x 50 GB/s down-links / 4 = 200 GB/s up to the spine
+    assert gbps(group_bandwidth_bytes_per_s(g, range(32))) == pytest.approx(200)
+    # 8 dp groups leave each leaf at once: 200 / 8
+    assert gbps(axis_bandwidths_bytes_per_s(g, place_groups(32, tp=8, dp=4))["dp"]) == pytest.approx(25)
+
+
+def test_place_groups_puts_tp_innermost():
+    groups = place_groups(16, tp=2, dp=4, pp=2)
+    assert groups["tp"][:2] == [[0, 1], [2, 3]]
+    assert groups["dp"][0] == [0, 2, 4, 6]
+    assert groups["pp"][0] == [0, 8]
+    assert groups["cp"] == [[i] for i in range(16)]
+    for axis, size in (("tp", 2), ("dp", 4), ("pp", 2)):
+        assert sorted(v for grp in groups[axis] for v in grp) == list(range(16))
+        assert all(len(grp) == size for grp in groups[axis])
+    assert place_groups(16, tp=2, dp=4, pp=2, order=("dp", "tp", "cp", "ep", "pp"))["dp"][0] == [0, 1, 2, 3]
+
+
+def test_place_groups_rejects_bad_sizes():
+    with pytest.raises(UserError, match="must equal n_gpus"):
+        place_groups(16, tp=8, dp=3)
+    with pytest.raises(UserError, match="order"):
+        place_groups(8, tp=8, order=("tp", "dp"))
+
+
+def test_a_gpu_in_two_groups_of_one_axis_is_an_error():
+    g = build_graph(load_topology("dgx-h100"), 1)
+    with pytest.raises(UserError, match="two groups"):
+        axis_bandwidths_bytes_per_s(g, {"tp": [[0, 1], [1, 2]]})
+    with pytest.raises(UserError, match="not in this graph"):
+        group_bandwidth_bytes_per_s(g, [0, 99])
+
+
+@settings(max_examples=40, deadline=None)
+@given(name=st.sampled_from(["dgx-h100", "aws-p4d", "l40s-8x-pcie-ethernet", "mi300x-8x"]),
+       picks=st.lists(st.integers(0, 23), min_size=2, max_size=10, unique=True), split=st.integers(1, 9))
+def test_cached_flows_equal_fresh_ones(name, picks, split):
+    # The max-flow cache keys on where GPUs sit; nodes are alike, so a fresh solve must agree.
+    g = build_graph(load_topology(name), 3)
+    sources, sinks = set(picks[:split]), set(picks[split:]) or {picks[-1]} - set(picks[:split])
+    if not sinks:
+        return
+    from planner.topology import _max_flow_bytes_per_s
+
+    one_island = len({g.nodes[v]["island"] for v in sources | sinks}) == 1
+    assert _max_flow_bytes_per_s(g, sources, sinks) == pytest.approx(_solve_max_flow(g, sources, sinks, one_island))
