@@ -170,7 +170,7 @@ def adafactor_bytes_per_param(m: ModelSpec) -> float:
 
 def model_state_bytes(
     n_dense: int, n_expert: int, precision: Precision, optimizer_bytes_per_param: float,
-    lay: Layout, shard_degree_dense: int | None = None,
+    lay: Layout, shard_degree_dense: int | None = None, amp: bool = False,
 ) -> ModelStates:
     """Weights, gradients and optimizer state of one rank (ZeRO paper, Sec. 5).
 
@@ -205,6 +205,11 @@ def model_state_bytes(
             optimizer=shard(n_dense * opt, n_expert * opt, True),
             unsharded_weights=unsharded,
         )
+    if amp:
+        # torch.autocast: the parameters stay fp32 (they are the master copy), gradients
+        # are fp32, and 16-bit copies of the weights are made per forward (activations)
+        return ModelStates(weights=(n_dense + n_expert) * 4, gradients=(n_dense + n_expert) * 4,
+                           optimizer=int((n_dense + n_expert) * optimizer_bytes_per_param))
     opt = precision.master_bytes + optimizer_bytes_per_param
     return ModelStates(
         weights=shard(n_dense * precision.weight_bytes, n_expert * precision.weight_bytes, stage >= 3),
@@ -216,9 +221,16 @@ def model_state_bytes(
 # ----------------------------------------------------------------------- activations
 
 def resolve_kernels(setup: TrainingSetup, lay: Layout) -> str:
-    if setup.kernels != "auto":
-        return setup.kernels
-    return "fused" if (lay.tp > 1 or lay.pp > 1 or lay.cp > 1) else "eager"
+    """fused (Megatron-style), eager (PyTorch ops in the compute dtype, as under FSDP's or
+    DeepSpeed's 16-bit parameters) or amp (eager ops under torch.autocast with fp32
+    parameters: what DDP and the Hugging Face Trainer run for replicated mixed precision)."""
+    kernels = setup.kernels
+    if kernels == "auto":
+        kernels = "fused" if (lay.tp > 1 or lay.pp > 1 or lay.cp > 1) else "eager"
+    if (kernels == "eager" and lay.sharding == "zero" and lay.zero_stage == 0
+            and setup.precision_spec.is_mixed):
+        return "amp"
+    return kernels
 
 
 def layer_activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) -> list[ActivationTerm]:
@@ -248,7 +260,7 @@ def layer_activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, kern
     h, q, kv, f = m.d_model, m.q_dim, m.kv_dim, m.d_ff
     tp = lay.tp
     sp_div = tp if lay.sp else 1
-    eager = kernels == "eager"
+    eager = kernels != "fused"
     terms: list[ActivationTerm] = []
 
     def add(name: str, width_bytes: float, divisor: int, selective: bool = False) -> None:
@@ -256,11 +268,10 @@ def layer_activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, kern
                                     selective=selective))
 
     # norms: every norm keeps its input; eager RMSNorm keeps an fp32 copy of it and the
-    # normalised 16-bit tensor it multiplies by the weight
-    if m.norm == "rmsnorm" and eager:
-        add("norm inputs (fp32 copy) and normalised outputs", m.norms_per_layer * h * (4 + a), sp_div)
-    else:
-        add("norm inputs", m.norms_per_layer * h * a, sp_div)
+    # normalised tensor it multiplies by the weight; under autocast the residual stream
+    # between blocks stays fp32 (its parameters are fp32), so norms see fp32 tensors
+    add("norm inputs" + (" (fp32 copy) and normalised outputs" if m.norm == "rmsnorm" and eager else ""),
+        m.norms_per_layer * h * norm_saved_bytes(m, a, kernels), sp_div)
     add("attention input (norm output)", h * a, sp_div)
     if not m.parallel_block:
         add("MLP input (norm output)", h * a, sp_div)
@@ -269,7 +280,9 @@ def layer_activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, kern
     if setup.attention == "eager":
         add("Q, K, V (K, V expanded to all heads)", 3 * q * a, tp)
         s_kv = lay.seq_len
-        add("softmax output (b x heads x s x s)", m.n_heads * s_kv * a, tp, selective=True)
+        # Hugging Face's eager attention runs softmax in fp32 and casts it back: both kept
+        score_bytes = (4 + (a if a < 4 else 0)) if eager else a
+        add("softmax output (b x heads x s x s)", m.n_heads * s_kv * score_bytes, tp, selective=True)
         if m.attention_dropout > 0:
             add("attention dropout mask and output", m.n_heads * s_kv * (1 + a), tp, selective=True)
         add("attention output (input of the output projection)", q * a, tp)
@@ -277,8 +290,6 @@ def layer_activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, kern
         add("Q, K, V", (q + 2 * kv) * a, tp)
         add("attention output (flash output, projection input)", q * a, tp)
         add("log-sum-exp per head and row (fp32)", m.n_heads * 4, tp)
-        if eager:
-            add("attention output made contiguous for the projection", q * a, tp)
     if m.hidden_dropout > 0:
         add("dropout mask after attention", h * 1, sp_div)
 
@@ -295,6 +306,19 @@ def layer_activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, kern
     if m.hidden_dropout > 0:
         add("dropout mask after the MLP", h * 1, sp_div)
     return terms
+
+
+def norm_saved_bytes(m: ModelSpec, a: int, kernels: str) -> int:
+    """Bytes per element a norm keeps: its input (fused kernels, LayerNorm), or for
+    Hugging Face's RMSNorm the fp32 upcast of its input and the normalised tensor.
+    Under autocast ("amp") the residual stream is fp32 (measured with MemTracker on a
+    Llama model: replicated bf16 autocast keeps 4 more bytes per element per norm)."""
+    stream = 4 if kernels == "amp" else a
+    if kernels == "fused":
+        return a
+    if m.norm == "rmsnorm":
+        return 4 + stream
+    return stream
 
 
 def layer_activation_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) -> int:
@@ -329,24 +353,28 @@ def in_flight_microbatches(lay: Layout, stage: int) -> float:
 
 
 def logits_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) -> int:
-    """The output layer and loss on the last stage, for one micro-batch.
+    """The output layer and loss on the last stage, for one micro-batch, at the start
+    of backward.
 
     Fused (Megatron-LM's vocab-parallel cross entropy): the final norm input and the LM
     head input, sbh each (split under sp), and the logits in fp32, 4sbv/t (Korthikanti
-    et al. Sec. 4.3). Eager (Hugging Face): the 16-bit logits the model returns, the
-    fp32 copy the loss upcasts, and log-softmax's fp32 output kept for backward.
+    et al. Sec. 4.3). Eager (Hugging Face loss on PyTorch ops): the final norm as in the
+    blocks, the fp32 logits the loss keeps for backward, and the two fp32 logit-sized
+    gradients the loss's backward creates, 12 bytes per token and vocabulary entry.
+    Measured with FSDPMemTracker on Llama-3-8B (s=2048): 1.05e9 B kept plus 2.10e9 B of
+    temporaries, 4sv and 8sv. The 16-bit logits the model returns are freed before
+    backward, as the Hugging Face Trainer and torchtitan do.
     """
     b, s = lay.micro_batch, lay.seq_len // lay.cp
     a = setup.precision_spec.activation_bytes
     tokens = b * s
     sp_div = lay.tp if lay.sp else 1
-    norm_in = 0 if not m.final_norm else ceil_div(tokens * m.d_model * a, sp_div)
+    eager = kernels != "fused"
+    norm_width = norm_saved_bytes(m, a, kernels)
+    norm_in = 0 if not m.final_norm else ceil_div(tokens * m.d_model * norm_width, sp_div)
     head_in = ceil_div(tokens * m.d_model * a, sp_div)
     v = ceil_div(m.vocab_size, lay.tp)
-    if kernels == "eager":
-        per_vocab = a + 4 + 4 if a == 2 else 4 + 4
-    else:
-        per_vocab = 4
+    per_vocab = 12 if eager else 4
     return norm_in + head_in + tokens * v * per_vocab
 
 
@@ -361,12 +389,12 @@ def buffer_bytes(
     elements (DeepSpeed config "reduce_bucket_size"). DeepSpeed ZeRO-3: the gathered
     16-bit copy of the module being computed and of the one prefetched (the largest
     module: a block, or the word embedding; "stage3_prefetch_bucket_size") and the
-    reduce bucket. FSDP2 full/hybrid at the start of backward: the root unit (embedding,
-    final norm, LM head), which FSDP2 does not reshard between forward and backward,
-    and the last block, gathered again for its backward (FSDPMemTracker's "unsharded
-    params" and "all-gather" at the peak of a Llama-3-8B step, shared/notes/FACTS.md).
-    The unsharded gradients of a unit before its reduce-scatter come later in backward,
-    when most activations are freed.
+    reduce bucket. FSDP2 full/hybrid at the start of backward: the last block, gathered
+    again for its backward (FSDPMemTracker's "all-gather" at the peak of a Llama-3-8B
+    step: 436,224,512 B, one block in bf16). The root unit FSDP2 keeps gathered is
+    counted with the weights, where the tracker puts it. The unsharded gradients of a
+    unit before its reduce-scatter come later in backward, when most activations are
+    freed.
     Pipeline stages: send and receive buffers of one activation tensor each.
     """
     out = 0
@@ -376,7 +404,7 @@ def buffer_bytes(
         out += min(setup.buffers.zero_bucket_numel, rp.total) * precision.grad_bytes
     if stage == 3:
         if lay.is_fsdp:
-            out += (rp.root_unit + rp.block_unit) * wb
+            out += rp.block_unit * wb
         else:
             out += 2 * rp.largest_module * wb + min(setup.buffers.zero_bucket_numel, rp.total) * precision.grad_bytes
     if lay.pp > 1:
@@ -391,18 +419,20 @@ def per_rank_memory(m: ModelSpec, setup: TrainingSetup, lay: Layout,
                     pc: ParamCount | None = None, gpus_per_node: int = 8) -> RankMemory:
     """The peak memory of the most loaded rank of ``lay``, by category.
 
-    The peak is at the start of backward (all in-flight activations held) unless the
-    gradients appear only during backward (one micro-batch per step, no persistent
-    gradient buffers: plain PyTorch or FSDP with set_to_none), in which case the larger
-    of backward-start (activations, no gradients) and backward-end (gradients, one
-    block's activations) is taken. Overhead adds the fixed CUDA/NCCL costs and the
-    allocator's fragmentation on top of the tracked bytes.
+    Three moments can be the peak, and the largest is taken: the start of backward (all
+    in-flight activations and the loss held; gradients only if they persist, i.e. with
+    gradient accumulation, pipelining, or DDP/ZeRO gradient buffers), the end of
+    backward (all gradients, one block's activations), and the optimizer step (all
+    gradients and the step's temporaries, no activations). The categories are those
+    of that moment, as a memory tracker reports them at its peak. Overhead adds the
+    fixed CUDA/NCCL costs and the allocator's fragmentation on top of the tracked bytes.
     """
     pc = pc or count_params(m)
     prec = setup.precision_spec
     kernels = resolve_kernels(setup, lay)
     opt_pp = _optimizer_bytes_per_param(m, setup.optimizer)
     layer_act, full_layer = _block_activations(m, setup, _activation_key(lay), kernels)
+    score_grad = eager_score_gradient_bytes(m, setup, lay, kernels)
     dropout_embed = (lay.micro_batch * (lay.seq_len // lay.cp) * m.d_model
                      if m.hidden_dropout > 0 else 0)
     hybrid = _hybrid_degree(lay, gpus_per_node)
@@ -415,33 +445,75 @@ def per_rank_memory(m: ModelSpec, setup: TrainingSetup, lay: Layout,
     for stage in _stages_to_check(counts):
         n_layers = counts[stage]
         rp = rank_params(m, pc, lay, stage, n_layers)
-        ms = model_state_bytes(rp.dense, rp.expert, prec, opt_pp, lay, hybrid)
+        ms = model_state_bytes(rp.dense, rp.expert, prec, opt_pp, lay, hybrid, amp=kernels == "amp")
         held = in_flight_microbatches(lay, stage)
         acts = int(n_layers * layer_act * held)
-        if n_layers:
-            acts += full_layer - layer_act   # one block's recomputed tensors during its backward
         if stage == 0:
             acts += int(dropout_embed * held)
+        if kernels == "amp":
+            # autocast's 16-bit copies of every matmul weight, kept for backward
+            acts += 2 * (rp.total - (ceil_div(m.vocab_size * m.d_model, lay.tp) if stage == 0 else 0)
+                         - n_layers * pc.norms_per_layer)
+        # inside the last block's backward: its recomputed tensors and its gradients'
+        # working set (the eager attention's fp32 score gradients)
+        working = (full_layer - layer_act) + (score_grad if n_layers else 0) if n_layers else 0
         logits = logits_bytes(m, setup, lay, kernels) if stage == lay.pp - 1 else 0
         buffers = buffer_bytes(m, setup, lay, rp, prec)
         weights = ms.weights + ms.unsharded_weights
+        if lay.is_fsdp and lay.zero_stage == 3:
+            weights += rp.root_unit * prec.weight_bytes   # FSDP2 keeps the root unit gathered
+        step_transient = optimizer_step_transient_bytes(m, setup, lay, rp, hybrid)
 
-        start = (weights + (ms.gradients if persistent_grads else 0) + ms.optimizer
-                 + acts + logits + buffers)
-        end = weights + ms.gradients + ms.optimizer + (full_layer if n_layers else 0) + buffers
-        if persistent_grads or start >= end:
-            phase, grads, act_at, logits_at = "backward-start", (ms.gradients if persistent_grads else 0), acts, logits
-        else:
-            phase, grads, act_at, logits_at = "backward-end", ms.gradients, (full_layer if n_layers else 0), 0
-        tracked = weights + grads + ms.optimizer + act_at + logits_at + buffers
+        g_held = ms.gradients if persistent_grads else 0
+        phases = {
+            "backward-start": (g_held, acts, logits, buffers, 0),
+            "block-backward": (g_held, acts + working, 0, buffers, 0),
+            "backward-end": (ms.gradients, full_layer if n_layers else 0, 0, buffers, 0),
+            "optimizer-step": (ms.gradients, 0, 0, 0, step_transient),
+        }
+        phase = max(phases, key=lambda k: sum(phases[k]))
+        grads, act_at, logits_at, buf_at, transient = phases[phase]
+        tracked = weights + grads + ms.optimizer + transient + act_at + logits_at + buf_at
         overhead = setup.overheads.fixed_bytes(distributed) + int(tracked * setup.overheads.fragmentation)
-        bd = MemoryBreakdown(weights=weights, gradients=grads, optimizer=ms.optimizer,
-                             activations=act_at, logits=logits_at, buffers=buffers, overhead=overhead)
+        bd = MemoryBreakdown(weights=weights, gradients=grads, optimizer=ms.optimizer + transient,
+                             activations=act_at, logits=logits_at, buffers=buf_at, overhead=overhead)
         if best is None or bd.total > best.total:
             best = RankMemory(breakdown=bd, stage=stage, phase=phase, n_layers_on_stage=n_layers,
                               in_flight=held, kernels=kernels)
     assert best is not None
     return best
+
+
+def eager_score_gradient_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) -> int:
+    """Extra bytes while eager attention's backward runs: the fp32 gradients of the
+    softmax output and of the scores, 8 bytes per score element, less the scores the
+    block keeps (or recomputes), which backward frees as it goes (measured with MemTracker on a Llama model: 8.4 bytes per element of
+    temporaries at the peak)."""
+    if setup.attention != "eager":
+        return 0
+    a = setup.precision_spec.activation_bytes
+    kept = (4 + (a if a < 4 else 0)) if kernels != "fused" else a
+    elems = lay.micro_batch * (lay.seq_len // lay.cp) * lay.seq_len * m.n_heads
+    return ceil_div(elems * max(0, 8 - kept), lay.tp)
+
+
+def optimizer_step_transient_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout,
+                                   rp: RankParams, hybrid: int | None) -> int:
+    """Temporaries inside optimizer.step(), beside the states.
+
+    PyTorch's multi-tensor ("foreach", the default on CUDA) Adam/AdamW builds the
+    square root of the second moments for every local parameter at once: one fp32 copy
+    of the local parameters (torch/optim/adamw.py, _multi_tensor_adamw: _foreach_sqrt).
+    The single-tensor path needs two fp32 temporaries of the largest local tensor (the
+    word embedding or LM head): measured 4.2e9 B on Llama-3-8B (2 x 525M x 4 B) with
+    MemTracker. SGD and Adafactor are counted like the single-tensor path.
+    """
+    sharded = lay.zero_stage >= 1
+    d = (hybrid or lay.dense_shard_degree) if sharded else 1
+    if setup.optimizer_foreach and setup.optimizer in ("adamw", "adam8bit"):
+        return 4 * ceil_div(rp.total, d)
+    largest = max(ceil_div(m.vocab_size * m.d_model, lay.tp), ceil_div(m.d_ff * m.d_model, lay.tp))
+    return 2 * 4 * ceil_div(largest, d)
 
 
 def _stages_to_check(counts: list[int]) -> list[int]:

@@ -115,6 +115,7 @@ class TrainingSetup:
     global_batch: int = 1024          # sequences per optimizer step
     precision: str = "bf16-mixed"
     optimizer: str = "adamw"
+    optimizer_foreach: bool = True    # PyTorch's multi-tensor optimizer path, its default on CUDA
     attention: str = "flash"
     # eager: PyTorch ops as Hugging Face models run them under FSDP/DeepSpeed;
     # fused: Megatron-LM/Transformer Engine kernels (fused norms, SwiGLU, cross entropy);
