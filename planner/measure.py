@@ -646,6 +646,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m planner.measure", description=main.__doc__)
     parser.add_argument("setup", help="MeasureSetup as JSON (hf_config holds the config.json dict)")
     parser.add_argument("--worker-out", help=argparse.SUPPRESS)  # set by run_distributed_cuda
+    parser.add_argument("--nproc", type=int, default=0,
+                        help="real CUDA run on this many local GPUs (torchrun); prints the most loaded rank")
     args = parser.parse_args(argv)
     try:
         setup = MeasureSetup.from_json(args.setup)
@@ -654,6 +656,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.worker_out:
         _distributed_worker(setup, args.worker_out)
+        return 0
+    if args.nproc:
+        ranks = run_distributed_cuda(setup, args.nproc)
+        print(max(ranks, key=lambda r: r.max_allocated_bytes or r.peak_bytes).to_json())
         return 0
     print(measure(setup).to_json())
     return 0

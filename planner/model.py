@@ -403,6 +403,17 @@ def load_model(name_or_path: str) -> ModelSpec:
     raise unknown_name("model", name_or_path, [*presets, *aliases], "`plan models`")
 
 
+def load_hf_config(name_or_path: str) -> dict[str, Any]:
+    """The config.json dict behind a preset name, alias or path (for measurement)."""
+    key = name_or_path.strip().lower()
+    aliases = _aliases()
+    if key in load_presets() or key in aliases:
+        return preset_config(aliases.get(key, key))
+    path = Path(name_or_path)
+    load_config_file(path)   # the same checks and errors as for planning
+    return json.loads((path / "config.json" if path.is_dir() else path).read_text())
+
+
 def load_config_file(path: Path) -> ModelSpec:
     """Read a Hugging Face config.json (or a directory holding one)."""
     if path.is_dir():

@@ -1,0 +1,47 @@
+"""The planner against PyTorch's memory trackers on real transformers models.
+
+Each case runs two real training steps under FakeTensorMode with a fake process group
+(planner/measure.py) and fails when the predicted per-rank total (less the overhead no
+tracker sees) drifts out of +-10% of the tracker's peak. The full grid is
+bench/accuracy.py -> docs/accuracy.md.
+"""
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from planner import accuracy  # noqa: E402
+from planner.errors import UserError  # noqa: E402
+from planner.layouts import Layout  # noqa: E402
+from planner.model import load_hf_config, load_model  # noqa: E402
+from planner.training import TrainingSetup  # noqa: E402
+
+CASES = [
+    # model, dp, zero, precision, seq, micro-batch, recompute
+    ("qwen2.5-0.5b", 8, 3, "bf16-mixed", 1024, 1, "none"),
+    ("qwen2.5-0.5b", 64, 2, "bf16-mixed", 2048, 2, "full"),
+    ("gpt2", 1, 0, "fp32", 512, 2, "none"),
+    ("llama3.1-8b", 8, 3, "bf16-mixed", 1024, 1, "none"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_total_within_ten_percent(case):
+    name, dp, zero, precision, seq, mb, rc = case
+    setup = TrainingSetup(seq_len=seq, global_batch=mb * dp, precision=precision)
+    lay = Layout(dp=dp, zero_stage=zero, micro_batch=mb, grad_accum=1, seq_len=seq, recompute=rc)
+    cmp = accuracy.compare(load_model(name), load_hf_config(name), setup, lay)
+    assert abs(cmp.total_error) <= 0.10, [(r.category, r.predicted_bytes, r.measured_bytes) for r in cmp.rows]
+
+
+@pytest.mark.parametrize("kw, needle", [
+    ({"tp": 2}, "--tp 2 cannot be measured"),
+    ({"pp": 2}, "--pp 2 cannot be measured"),
+    ({"zero_stage": 1, "dp": 8}, "ZeRO-1 has no FSDP2 equivalent"),
+    ({"recompute": "selective"}, "selective cannot be measured"),
+])
+def test_unmeasurable_layouts_say_why(kw, needle):
+    m = load_model("llama3.1-8b")
+    with pytest.raises(UserError, match=needle):
+        accuracy.measurable(m, TrainingSetup(), Layout(**kw))
