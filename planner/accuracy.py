@@ -92,10 +92,17 @@ def measured_layout(lay: Layout) -> Layout:
     return replace(lay, sharding=sharding, grad_accum=1)
 
 
-def measured_setup(setup: TrainingSetup, lay: Layout) -> TrainingSetup:
+def measured_setup(setup: TrainingSetup, lay: Layout, m: ModelSpec, fake: bool) -> TrainingSetup:
     """The measurement runs Hugging Face's eager ops with single-tensor optimizers
-    (foreach=False: multi-tensor optimizers are mis-counted under fake tensors)."""
-    return replace(setup, kernels="eager", optimizer_foreach=False,
+    (foreach=False: multi-tensor optimizers are mis-counted under fake tensors). On the
+    CPU, PyTorch's scaled_dot_product_attention has no fused kernel with dropout and
+    falls back to the math kernel, which keeps the s x s probabilities, as eager
+    attention does; GPUs run dropout inside the flash kernel. The prediction for a CPU
+    measurement of a model with attention dropout therefore uses eager attention."""
+    attention = setup.attention
+    if fake and attention == "flash" and m.attention_dropout > 0:
+        attention = "eager"
+    return replace(setup, kernels="eager", optimizer_foreach=False, attention=attention,
                    global_batch=lay.micro_batch * lay.dp * lay.ep)
 
 
@@ -131,9 +138,9 @@ def compare(m: ModelSpec, hf_config: dict[str, Any], setup: TrainingSetup, lay: 
     """Predict and measure the same step; rows per category and the total."""
     sharding = measurable(m, setup, lay)
     lay = measured_layout(lay)
-    setup = measured_setup(setup, lay)
-    pred = per_rank_memory(m, setup, lay)
     got = run_measurement(hf_config, lay, setup, sharding, fake=fake)
+    setup = measured_setup(setup, lay, m, fake)
+    pred = per_rank_memory(m, setup, lay)
     bd = pred.breakdown
     measured = {
         "weights": got["weights_bytes"],

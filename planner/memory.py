@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
+from .finetune import RankSplit, activation_layers, lora_activation_terms, rank_split
 from .layouts import Layout
 from .model import ModelSpec, ParamCount, count_params
 from .training import Precision, TrainingSetup, optimizer_state_bytes_per_param
@@ -68,10 +69,23 @@ class RankMemory:
     n_layers_on_stage: int
     in_flight: float            # micro-batches whose activations the stage holds
     kernels: str
+    # offload (ZeRO-Offload, ZeRO-Infinity, FSDP CPU offload): what this rank keeps in CPU
+    # memory and on NVMe, and how many ranks share a node's CPU memory and drives
+    host_bytes: int = 0
+    nvme_bytes: int = 0
+    ranks_per_node: int = 1
 
     @property
     def total(self) -> int:
         return self.breakdown.total
+
+    @property
+    def host_bytes_per_node(self) -> int:
+        return self.host_bytes * self.ranks_per_node
+
+    @property
+    def nvme_bytes_per_node(self) -> int:
+        return self.nvme_bytes * self.ranks_per_node
 
 
 # --------------------------------------------------------------------------- params
@@ -262,6 +276,9 @@ def layer_activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, kern
     sp_div = tp if lay.sp else 1
     eager = kernels != "fused"
     terms: list[ActivationTerm] = []
+    # LoRA/QLoRA freeze the base: autograd keeps an operand only for a gradient it computes,
+    # so the inputs that only the frozen weights' gradients need are not kept (Hu et al. 2021)
+    frozen = setup.finetune.freezes_base
 
     def add(name: str, width_bytes: float, divisor: int, selective: bool = False) -> None:
         terms.append(ActivationTerm(name=name, bytes=ceil_div(int(tokens * width_bytes), divisor),
@@ -271,9 +288,10 @@ def layer_activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, kern
     # normalised tensor it multiplies by the weight; under autocast the residual stream
     # between blocks stays fp32 (its parameters are fp32), so norms see fp32 tensors
     add("norm inputs" + (" (fp32 copy) and normalised outputs" if m.norm == "rmsnorm" and eager else ""),
-        m.norms_per_layer * h * norm_saved_bytes(m, a, kernels), sp_div)
-    add("attention input (norm output)", h * a, sp_div)
-    if not m.parallel_block:
+        m.norms_per_layer * h * norm_saved_bytes(m, a, kernels, frozen), sp_div)
+    if not frozen:
+        add("attention input (norm output)", h * a, sp_div)
+    if not m.parallel_block and not frozen:
         add("MLP input (norm output)", h * a, sp_div)
 
     # attention core, inside the tensor-parallel region
@@ -285,7 +303,8 @@ def layer_activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, kern
         add("softmax output (b x heads x s x s)", m.n_heads * s_kv * score_bytes, tp, selective=True)
         if m.attention_dropout > 0:
             add("attention dropout mask and output", m.n_heads * s_kv * (1 + a), tp, selective=True)
-        add("attention output (input of the output projection)", q * a, tp)
+        if not frozen:
+            add("attention output (input of the output projection)", q * a, tp)
     else:
         add("Q, K, V", (q + 2 * kv) * a, tp)
         add("attention output (flash output, projection input)", q * a, tp)
@@ -297,27 +316,59 @@ def layer_activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, kern
     k = m.n_experts_per_token if m.is_moe else 1
     if m.gated_mlp:
         add("MLP gate, up, activation and product" if eager else "MLP [gate, up] and product",
-            k * (4 if eager else 3) * f * a, tp)
+            k * ((4 if eager else 3) - frozen) * f * a, tp)   # frozen: the product is not kept
     else:
-        add("MLP activation input and second linear input", k * 2 * f * a, tp)
-    if m.is_moe:
+        add("MLP activation input and second linear input", k * (2 - frozen) * f * a, tp)
+        extra = PYTHON_ACTIVATION_SAVES.get(m.activation, 0) if eager else 0
+        if extra:
+            add(f"{m.activation} written in Python ops: its saved intermediates", k * extra * f * a, tp)
+    if m.is_moe and not frozen:
         add("tokens permuted to their experts", k * h * a, sp_div)
         add("router probabilities (fp32)", m.n_experts * 4, 1)
     if m.hidden_dropout > 0:
         add("dropout mask after the MLP", h * 1, sp_div)
+    if setup.finetune.is_lora:
+        for t in lora_activation_terms(m, setup.finetune, a, lora_cast_bytes(setup, lay, kernels)):
+            add(t.name, t.bytes_per_token, tp)
     return terms
 
 
-def norm_saved_bytes(m: ModelSpec, a: int, kernels: str) -> int:
+def lora_cast_bytes(setup: TrainingSetup, lay: Layout, kernels: str) -> int | None:
+    """Bytes per element of the copy of its input each adapted layer keeps, or None when
+    the adapters compute in the activations' dtype and layers reading one tensor share it.
+
+    PEFT keeps adapters in fp32 (LoraConfig's autocast_adapter_dtype) and casts each
+    layer's input to them (peft/tuners/tuners_utils.py, _cast_input_dtype): under autocast
+    (replicated mixed precision) the matmul then keeps a 16-bit copy, in pure 16-bit
+    training an fp32 copy. DeepSpeed ZeRO >= 1, FSDP's mixed precision and Megatron run the
+    whole model in 16 bits, QLoRA's adapters are 16-bit, and fp32 needs no cast: no copy.
+    """
+    ft, p = setup.finetune, setup.precision_spec
+    if ft.adapter_bits == 16 or lay.zero_stage > 0 or lay.is_fsdp or kernels == "fused":
+        return None
+    if p.activation_bytes == 4:
+        return None
+    return 2 if p.is_mixed else 4
+
+
+# Activations written as several PyTorch ops save intermediates a fused kernel would
+# not. transformers' NewGELUActivation ("gelu_new", GPT-2) computes
+# 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): beyond its input, autograd keeps the
+# tanh output, 0.5 x and (1 + tanh), three d_ff-wide tensors.
+PYTHON_ACTIVATION_SAVES = {"gelu_new": 3}
+
+
+def norm_saved_bytes(m: ModelSpec, a: int, kernels: str, frozen: bool = False) -> int:
     """Bytes per element a norm keeps: its input (fused kernels, LayerNorm), or for
     Hugging Face's RMSNorm the fp32 upcast of its input and the normalised tensor.
     Under autocast ("amp") the residual stream is fp32 (measured with MemTracker on a
-    Llama model: replicated bf16 autocast keeps 4 more bytes per element per norm)."""
+    Llama model: replicated bf16 autocast keeps 4 more bytes per element per norm).
+    A frozen RMSNorm weight needs no gradient, so the normalised tensor is not kept."""
     stream = 4 if kernels == "amp" else a
     if kernels == "fused":
         return a
     if m.norm == "rmsnorm":
-        return 4 + stream
+        return 4 + (0 if frozen else stream)
     return stream
 
 
@@ -363,16 +414,19 @@ def logits_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) 
     gradients the loss's backward creates, 12 bytes per token and vocabulary entry.
     Measured with FSDPMemTracker on Llama-3-8B (s=2048): 1.05e9 B kept plus 2.10e9 B of
     temporaries, 4sv and 8sv. The 16-bit logits the model returns are freed before
-    backward, as the Hugging Face Trainer and torchtitan do.
+    backward, as the Hugging Face Trainer and torchtitan do. Fine-tuning methods other than
+    full freeze the final norm and the LM head: their inputs are kept only for the input
+    gradients (the normalised tensor and the head's input are not).
     """
     b, s = lay.micro_batch, lay.seq_len // lay.cp
     a = setup.precision_spec.activation_bytes
     tokens = b * s
     sp_div = lay.tp if lay.sp else 1
     eager = kernels != "fused"
-    norm_width = norm_saved_bytes(m, a, kernels)
+    frozen_head = not setup.finetune.is_full
+    norm_width = norm_saved_bytes(m, a, kernels, frozen_head)
     norm_in = 0 if not m.final_norm else ceil_div(tokens * m.d_model * norm_width, sp_div)
-    head_in = ceil_div(tokens * m.d_model * a, sp_div)
+    head_in = 0 if frozen_head else ceil_div(tokens * m.d_model * a, sp_div)
     v = ceil_div(m.vocab_size, lay.tp)
     per_vocab = 12 if eager else 4
     return norm_in + head_in + tokens * v * per_vocab
@@ -382,6 +436,7 @@ def logits_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) 
 
 def buffer_bytes(
     m: ModelSpec, setup: TrainingSetup, lay: Layout, rp: RankParams, precision: Precision,
+    split: RankSplit | None = None,
 ) -> int:
     """Communication buffers the engine allocates beside the model states.
 
@@ -396,17 +451,28 @@ def buffer_bytes(
     unit before its reduce-scatter come later in backward, when most activations are
     freed.
     Pipeline stages: send and receive buffers of one activation tensor each.
+    With a frozen base (``split`` from planner.finetune) only trainable parameters have
+    gradients to bucket, gathered blocks are as large as their stored (maybe quantized)
+    weights, and bitsandbytes dequantizes one quantized weight at a time to 16 bits
+    (its matmul's forward and backward: ``dequantize_4bit`` then a 16-bit matmul).
     """
     out = 0
     wb = precision.weight_bytes
     stage = lay.zero_stage
+    grads = rp.total if split is None else split.trainable
+    block_bytes = rp.block_unit * wb
+    module_bytes = rp.largest_module * wb
+    if split is not None and setup.finetune.method != "full":
+        block_bytes = split.block_frozen_bytes + split.block_trainable * wb
+        module_bytes = max(block_bytes, module_bytes if rp.largest_module > rp.block_unit else 0)
+        out += split.dequant_bytes
     if lay.sharding == "zero" and stage in (1, 2):
-        out += min(setup.buffers.zero_bucket_numel, rp.total) * precision.grad_bytes
+        out += min(setup.buffers.zero_bucket_numel, grads) * precision.grad_bytes
     if stage == 3:
         if lay.is_fsdp:
-            out += rp.block_unit * wb
+            out += block_bytes
         else:
-            out += 2 * rp.largest_module * wb + min(setup.buffers.zero_bucket_numel, rp.total) * precision.grad_bytes
+            out += 2 * module_bytes + min(setup.buffers.zero_bucket_numel, grads) * precision.grad_bytes
     if lay.pp > 1:
         act = lay.micro_batch * (lay.seq_len // lay.cp) * m.d_model * precision.activation_bytes
         out += 2 * ceil_div(act, lay.tp if lay.sp else 1)
@@ -429,8 +495,18 @@ def per_rank_memory(m: ModelSpec, setup: TrainingSetup, lay: Layout,
     """
     pc = pc or count_params(m)
     prec = setup.precision_spec
+    ft = setup.finetune
     kernels = resolve_kernels(setup, lay)
-    opt_pp = _optimizer_bytes_per_param(m, setup.optimizer)
+    # autocast keeps trainable parameters in fp32 (PEFT's adapters too); a frozen base loaded
+    # in 16 bits gives a 16-bit residual stream, so its activations are those of eager kernels
+    amp_states = kernels == "amp" and not (ft.is_lora and ft.adapter_bits == 16)
+    if kernels == "amp" and not ft.is_full:
+        kernels = "eager"
+    # QLoRA: 16-bit adapters with no master copy, updated by paged 8-bit AdamW
+    state_prec = Precision.named("bf16") if ft.is_lora and ft.adapter_bits == 16 else prec
+    opt_pp = _optimizer_bytes_per_param(m, "adam8bit" if ft.paged_8bit_optimizer else setup.optimizer)
+    if setup.optimizer_state_bytes is not None:
+        opt_pp = setup.optimizer_state_bytes
     layer_act, full_layer = _block_activations(m, setup, _activation_key(lay), kernels)
     score_grad = eager_score_gradient_bytes(m, setup, lay, kernels)
     dropout_embed = (lay.micro_batch * (lay.seq_len // lay.cp) * m.d_model
@@ -439,56 +515,68 @@ def per_rank_memory(m: ModelSpec, setup: TrainingSetup, lay: Layout,
     persistent_grads = lay.grad_accum > 1 or lay.pp > 1 or (
         not lay.is_fsdp and lay.dense_shard_degree > 1)
     distributed = lay.n_gpus > 1
+    ranks_per_node = min(lay.n_gpus, gpus_per_node)
 
     best: RankMemory | None = None
     counts = stage_layers(m.n_layers, lay.pp)
     for stage in _stages_to_check(counts):
         n_layers = counts[stage]
         rp = rank_params(m, pc, lay, stage, n_layers)
-        ms = model_state_bytes(rp.dense, rp.expert, prec, opt_pp, lay, hybrid, amp=kernels == "amp")
+        # blocks that keep activations: all of them, but with ``freeze`` the frozen blocks
+        # before the first trainable one keep none (nothing there needs a gradient)
+        n_act_layers = activation_layers(ft, m.n_layers, sum(counts[:stage]), n_layers)
+        split = rank_split(m, pc, ft, lay, rp.dense, rp.expert, rp.root_unit, n_layers, n_act_layers,
+                           stage == lay.pp - 1, prec.weight_bytes, _largest_tensor(m, lay))
+        ms = model_state_bytes(split.trainable_dense, split.trainable_expert, state_prec, opt_pp, lay,
+                               hybrid, amp=amp_states)
         held = in_flight_microbatches(lay, stage)
-        acts = int(n_layers * layer_act * held)
-        if stage == 0:
+        acts = int(n_act_layers * layer_act * held)
+        if stage == 0 and ft.is_full:
             acts += int(dropout_embed * held)
         if kernels == "amp":
             # autocast's 16-bit copies of every matmul weight, kept for backward
             acts += 2 * (rp.total - (ceil_div(m.vocab_size * m.d_model, lay.tp) if stage == 0 else 0)
                          - n_layers * pc.norms_per_layer)
+        elif amp_states:
+            acts += 2 * split.trainable    # autocast's copies of the fp32 trainable weights
         # inside the last block's backward: its recomputed tensors and its gradients'
         # working set (the eager attention's fp32 score gradients)
-        working = (full_layer - layer_act) + (score_grad if n_layers else 0) if n_layers else 0
+        working = (full_layer - layer_act) + score_grad if n_act_layers else 0
         logits = logits_bytes(m, setup, lay, kernels) if stage == lay.pp - 1 else 0
-        buffers = buffer_bytes(m, setup, lay, rp, prec)
-        weights = ms.weights + ms.unsharded_weights
+        buffers = buffer_bytes(m, setup, lay, rp, prec, split)
+        off = offload_bytes(setup, lay, ms, _sharded_frozen_bytes(split, lay, hybrid), split, prec, hybrid)
+        weights = off.weights + ms.unsharded_weights
         if lay.is_fsdp and lay.zero_stage == 3:
             weights += rp.root_unit * prec.weight_bytes   # FSDP2 keeps the root unit gathered
-        step_transient = optimizer_step_transient_bytes(m, setup, lay, rp, hybrid)
+        step_transient = 0 if off.step_on_host else optimizer_step_transient_bytes(m, setup, lay, rp, hybrid, split)
 
-        g_held = ms.gradients if persistent_grads else 0
-        end_w, end_a, end_b = fsdp_backward_end_bytes(lay, rp, prec) if n_layers else (0, 0, 0)
-        last_block = full_layer if n_layers else 0
+        g_held = off.gradients if persistent_grads else 0
+        end_w, end_a, end_b = fsdp_backward_end_bytes(lay, rp, prec, split) if n_act_layers else (0, 0, 0)
+        last_block = full_layer if n_act_layers else 0
         # phase: (extra weights, gradients, activations, logits, buffers, optimizer transient)
         phases = {
             "backward-start": (0, g_held, acts, logits, buffers, 0),
             "block-backward": (0, g_held, acts + working, 0, buffers, 0),
-            "backward-end": (end_w, ms.gradients, last_block + end_a, 0, max(buffers, end_b), 0),
-            "optimizer-step": (0, ms.gradients, 0, 0, 0, step_transient),
+            "backward-end": (end_w, off.gradients, last_block + end_a, 0, max(buffers, end_b), 0),
+            "optimizer-step": (0, off.gradients, 0, 0, 0, step_transient),
         }
         phase = max(phases, key=lambda k: sum(phases[k]))
         w_extra, grads, act_at, logits_at, buf_at, transient = phases[phase]
         weights += w_extra
-        tracked = weights + grads + ms.optimizer + transient + act_at + logits_at + buf_at
+        tracked = weights + grads + off.optimizer + transient + act_at + logits_at + buf_at
         overhead = setup.overheads.fixed_bytes(distributed) + int(tracked * setup.overheads.fragmentation)
-        bd = MemoryBreakdown(weights=weights, gradients=grads, optimizer=ms.optimizer + transient,
+        bd = MemoryBreakdown(weights=weights, gradients=grads, optimizer=off.optimizer + transient,
                              activations=act_at, logits=logits_at, buffers=buf_at, overhead=overhead)
         if best is None or bd.total > best.total:
             best = RankMemory(breakdown=bd, stage=stage, phase=phase, n_layers_on_stage=n_layers,
-                              in_flight=held, kernels=kernels)
+                              in_flight=held, kernels=kernels, host_bytes=off.host_bytes,
+                              nvme_bytes=off.nvme_bytes, ranks_per_node=ranks_per_node)
     assert best is not None
     return best
 
 
-def fsdp_backward_end_bytes(lay: Layout, rp: RankParams, prec: Precision) -> tuple[int, int, int]:
+def fsdp_backward_end_bytes(lay: Layout, rp: RankParams, prec: Precision,
+                            split: RankSplit | None = None) -> tuple[int, int, int]:
     """FSDP2 near the end of backward: (weights, activations, buffers) beyond the states.
 
     The block in backward is gathered (weights, 16-bit), the next one is prefetched
@@ -497,15 +585,21 @@ def fsdp_backward_end_bytes(lay: Layout, rp: RankParams, prec: Precision) -> tup
     input is fp32 under mixed precision (PyTorch FSDP2 MixedPrecisionPolicy,
     reduce_dtype). Measured with FSDPMemTracker on Mixtral-8x7B (8 ranks, sequence 1024,
     peak in the experts' backward of block 1): 2.6 GiB gathered, 2.6 GiB prefetched,
-    5.3 GiB reduce-scatter input for a 1.41B-parameter block.
+    5.3 GiB reduce-scatter input for a 1.41B-parameter block. With a frozen base the
+    gathered block holds its stored (maybe quantized) weights and only the trainable
+    parameters have gradients.
     """
     if not lay.is_fsdp:
         return 0, 0, 0
     unit = rp.block_unit
     wb = prec.weight_bytes
     reduce_bytes = 4 if prec.is_mixed else prec.grad_bytes
-    gathered = unit * wb if lay.zero_stage == 3 else 0   # shard-grad-op keeps every block gathered
-    prefetch = unit * wb if lay.zero_stage == 3 else 0
+    block_bytes = unit * wb
+    if split is not None and split.frozen_bytes:
+        block_bytes = split.block_frozen_bytes + split.block_trainable * wb
+        unit = split.block_trainable
+    gathered = block_bytes if lay.zero_stage == 3 else 0   # shard-grad-op keeps every block gathered
+    prefetch = block_bytes if lay.zero_stage == 3 else 0
     return gathered, unit * wb, prefetch + unit * reduce_bytes
 
 
@@ -523,7 +617,7 @@ def eager_score_gradient_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, 
 
 
 def optimizer_step_transient_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout,
-                                   rp: RankParams, hybrid: int | None) -> int:
+                                   rp: RankParams, hybrid: int | None, split: RankSplit | None = None) -> int:
     """Temporaries inside optimizer.step(), beside the states.
 
     PyTorch's multi-tensor ("foreach", the default on CUDA) Adam/AdamW builds the
@@ -531,14 +625,103 @@ def optimizer_step_transient_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layo
     of the local parameters (torch/optim/adamw.py, _multi_tensor_adamw: _foreach_sqrt).
     The single-tensor path needs two fp32 temporaries of the largest local tensor (the
     word embedding or LM head): measured 4.2e9 B on Llama-3-8B (2 x 525M x 4 B) with
-    MemTracker. SGD and Adafactor are counted like the single-tensor path.
+    MemTracker. SGD and Adafactor are counted like the single-tensor path. Only
+    trainable parameters (``split``) take part in the step.
     """
     sharded = lay.zero_stage >= 1
     d = (hybrid or lay.dense_shard_degree) if sharded else 1
+    n = rp.total if split is None else split.trainable
     if setup.optimizer_foreach and setup.optimizer in ("adamw", "adam8bit"):
-        return 4 * ceil_div(rp.total, d)
-    largest = max(ceil_div(m.vocab_size * m.d_model, lay.tp), ceil_div(m.d_ff * m.d_model, lay.tp))
+        return 4 * ceil_div(n, d)
+    largest = _largest_tensor(m, lay) if split is None else split.largest_trainable
     return 2 * 4 * ceil_div(largest, d)
+
+
+def _largest_tensor(m: ModelSpec, lay: Layout) -> int:
+    """Elements of the largest local tensor: the word embedding (or LM head) or an MLP matrix."""
+    return max(ceil_div(m.vocab_size * m.d_model, lay.tp), ceil_div(m.d_ff * m.d_model, lay.tp))
+
+
+def _sharded_frozen_bytes(split: RankSplit, lay: Layout, hybrid: int | None) -> int:
+    """The frozen base's weights on one rank: sharded over the data ranks under ZeRO-3 and
+    FSDP full/hybrid sharding (as the trainable weights are), replicated otherwise."""
+    if lay.zero_stage < 3:
+        return split.frozen_bytes
+    d_dense = hybrid or lay.dense_shard_degree
+    d_expert = max(1, lay.expert_shard_degree if hybrid is None else min(lay.expert_shard_degree, hybrid))
+    return ceil_div(split.frozen_dense_bytes, d_dense) + ceil_div(split.frozen_expert_bytes, d_expert)
+
+
+# ------------------------------------------------------------------------ offload
+
+# DeepSpeed's NVMe offload defaults (DeepSpeed configuration docs, "Parameter offloading"
+# and "Optimizer offloading"; deepspeed/runtime/zero/offload_config.py): parameters swap
+# through buffer_count = 5 pinned buffers of buffer_size = 1e8 elements; optimizer states
+# through buffer_count = 4 pinned fp32 buffers, each one sub-group (sub_group_size = 1e9
+# elements, zero_optimization) or the rank's partition when smaller.
+NVME_PARAM_BUFFERS = 5
+NVME_PARAM_BUFFER_NUMEL = 100_000_000
+NVME_OPTIMIZER_BUFFERS = 4
+ZERO_SUB_GROUP_NUMEL = 1_000_000_000
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OffloadSplit:
+    """Model states left on the GPU, and what went to CPU memory and NVMe (bytes, per rank)."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    host_bytes: int
+    nvme_bytes: int
+    step_on_host: bool      # the optimizer step runs on the CPU: no GPU temporaries
+
+
+def offload_bytes(setup: TrainingSetup, lay: Layout, ms: ModelStates, frozen_weight_bytes: int,
+                  split: RankSplit, prec: Precision, hybrid: int | None) -> OffloadSplit:
+    """Where the model states of one rank live under ``setup.offload_*``.
+
+    ZeRO-Offload (Ren et al. 2021, arXiv:2101.06840, Sec. 4.1): the optimizer partition
+    (fp32 master weights and Adam's moments) lives in CPU memory and CPU Adam updates it; the
+    reduced gradients go to the CPU as fp32 (4 B per parameter of the partition). Under
+    ZeRO-2 and ZeRO-3 the GPU keeps only the reduce buckets; under ZeRO-1 it still
+    accumulates the 16-bit gradients. ZeRO-Infinity (Rajbhandari et al. 2021,
+    arXiv:2104.07857, Sec. 5): with ZeRO-3 the 16-bit parameter shards move too, to CPU
+    memory or NVMe, and the GPU holds only the gathered working set (the buffers); NVMe
+    offload keeps pinned CPU buffers (NVME_* above). FSDP2's CPUOffloadPolicy: sharded
+    parameters, sharded gradients and the optimizer states all live in CPU memory and the
+    optimizer step runs there (PyTorch FSDP2 docs, fully_shard(offload_policy=...)).
+    """
+    weights = ms.weights + frozen_weight_bytes
+    grads, opt = ms.gradients, ms.optimizer
+    host = nvme = 0
+    step_on_host = False
+    if lay.is_fsdp:
+        if setup.offload_params == "cpu":
+            host, weights, grads, opt, step_on_host = weights + grads + opt, 0, 0, 0, True
+        return OffloadSplit(weights=weights, gradients=grads, optimizer=opt, host_bytes=host,
+                            nvme_bytes=0, step_on_host=step_on_host)
+    d = (hybrid or lay.dense_shard_degree) if lay.zero_stage >= 1 else 1
+    if setup.offload_optimizer != "none":
+        partition = ceil_div(split.trainable, d)
+        host += 4 * partition                     # CPU Adam's fp32 gradient partition
+        if setup.offload_optimizer == "cpu":
+            host += opt
+        else:
+            nvme += opt
+            host += NVME_OPTIMIZER_BUFFERS * min(ZERO_SUB_GROUP_NUMEL, partition) * 4
+        if lay.zero_stage >= 2:
+            grads = 0
+        opt, step_on_host = 0, True
+    if setup.offload_params != "none":
+        if setup.offload_params == "cpu":
+            host += weights
+        else:
+            nvme += weights
+            host += NVME_PARAM_BUFFERS * NVME_PARAM_BUFFER_NUMEL * prec.weight_bytes
+        weights = 0
+    return OffloadSplit(weights=weights, gradients=grads, optimizer=opt, host_bytes=host,
+                        nvme_bytes=nvme, step_on_host=step_on_host)
 
 
 def _stages_to_check(counts: list[int]) -> list[int]:
@@ -578,9 +761,20 @@ def _optimizer_bytes_per_param(m: ModelSpec, optimizer: str) -> float:
 
 def min_model_state_bytes_per_param(setup: TrainingSetup) -> float:
     """The fewest bytes per parameter that weights, gradients and optimizer states take
-    summed over all ranks, under any sharding: each state exists at least once."""
+    summed over all ranks, under any sharding: each state exists at least once. What is
+    offloaded leaves the GPUs; a frozen base (LoRA, QLoRA, freeze) keeps only its weights,
+    quantized or in 16 bits, a lower bound that ignores the adapters."""
     p = setup.precision_spec
+    if setup.offload_params != "none":
+        return 0.0
+    ft = setup.finetune
+    if not ft.is_full:
+        return {"nf4": 0.5, "int4": 0.5, "int8": 1.0}.get(ft.quant, float(p.weight_bytes))
     opt = optimizer_state_bytes_per_param(setup.optimizer) if setup.optimizer != "adafactor" else 0.0
+    if setup.optimizer_state_bytes is not None:
+        opt = setup.optimizer_state_bytes
+    if setup.offload_optimizer != "none":
+        return float(p.weight_bytes)
     zero = p.weight_bytes + p.grad_bytes + p.master_bytes + opt
     fsdp = (8 if p.is_mixed else p.weight_bytes + p.grad_bytes) + opt
     return min(zero, fsdp)

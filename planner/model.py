@@ -45,6 +45,7 @@ class ModelSpec:
     position: str = "rope"          # rope | learned | alibi
     tied_embeddings: bool = False
     gated_mlp: bool = True          # SwiGLU/GeGLU: three d_model x d_ff matrices
+    activation: str = "silu"        # the config's hidden_act / activation_function
     norm: str = "rmsnorm"           # rmsnorm (weight) | layernorm (weight + bias)
     norms_per_layer: int = 2
     qkv_bias: bool = False
@@ -211,6 +212,9 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str, where: str, source: str 
             f"{where}: unsupported model_type {mt!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
     common: dict[str, Any] = {"name": name, "model_type": mt, "source": source}
+    if mt != "gpt2":
+        act = cfg.get("hidden_activation") or cfg.get("hidden_act")
+        common["activation"] = str(act) if act else ("gelu" if mt in ("bert", "falcon", "bloom", "gpt_neox") else "silu")
 
     if mt in ("llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2"):
         h = _int(cfg, "hidden_size", where)
@@ -246,6 +250,7 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str, where: str, source: str 
             max_positions=_int(cfg, "n_positions", where, "max_position_embeddings"),
             position="learned", tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
             gated_mlp=False, norm="layernorm", qkv_bias=True, out_bias=True, mlp_bias=True,
+            activation=str(cfg.get("activation_function", "gelu_new")),
             hidden_dropout=_float(cfg, "resid_pdrop", 0.1),
             attention_dropout=_float(cfg, "attn_pdrop", 0.1),
         )

@@ -1,0 +1,193 @@
+"""ds_config.json for a plan, and DeepSpeed's own check of it.
+
+``to_deepspeed_config`` returns a plain dict; ``validate_deepspeed_config`` parses it with
+``deepspeed.runtime.config.DeepSpeedConfig`` at the plan's data-parallel size (deepspeed
+is imported there, lazily; see shared/notes/FACTS.md for why dist is patched).
+
+Field names and meanings: DeepSpeed's config reference ("ZeRO optimizations",
+"Batch size", "BFLOAT16/FP16 training", "Activation checkpointing") and its pydantic
+models in deepspeed/runtime/zero/config.py and offload_config.py.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..layouts import Layout
+from ..memory import rank_params, stage_layers
+from . import EmitOptions, chosen
+
+if TYPE_CHECKING:
+    from ..api import PlanResult
+
+# DeepSpeed's default dynamic loss scaling for fp16 (DeepSpeed config docs, "FP16 training")
+FP16_LOSS_SCALING = {"loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
+                     "hysteresis": 2, "min_loss_scale": 1}
+# parameters below this size stay gathered under ZeRO-3 (norm weights); DeepSpeed's default
+PARAM_PERSISTENCE_THRESHOLD = 100_000
+
+
+def data_parallel_size(lay: Layout) -> int:
+    """The ranks that read different data: DeepSpeed's data-parallel world size.
+
+    Expert-parallel ranks read different data too (layouts.py), so DeepSpeed's batch
+    arithmetic runs over dp x ep; context-parallel ranks share a sequence.
+    """
+    return lay.dp * lay.ep
+
+
+def largest_module_params(r: PlanResult) -> int:
+    """Parameters of the largest module ZeRO-3 gathers on the most loaded stage (a block
+    or the tp-split word embedding), as memory.buffer_bytes counts it."""
+    lay = r.best.layout  # type: ignore[union-attr]
+    counts = stage_layers(r.model.n_layers, lay.pp)
+    return max(rank_params(r.model, r.params, lay, s, counts[s]).largest_module for s in range(lay.pp))
+
+
+def _precision(r: PlanResult) -> dict[str, Any]:
+    p = r.setup.precision
+    if p == "bf16-mixed":
+        return {"bf16": {"enabled": True}}
+    if p == "bf16":
+        # pure bf16: no fp32 master copy; DeepSpeed keeps master weights and gradients in
+        # bf16 under ZeRO (bf16_master_weights_and_grads), optimizer states stay fp32
+        return {"bf16": {"enabled": True, "bf16_master_weights_and_grads": True}}
+    if p == "fp16-mixed":
+        return {"fp16": {"enabled": True, **FP16_LOSS_SCALING}}
+    return {}   # fp32: neither bf16 nor fp16
+
+
+def _optimizer(r: PlanResult, opts: EmitOptions) -> dict[str, Any]:
+    """The optimizer section; optimizers DeepSpeed does not build are passed by the script
+    (deepspeed.initialize(optimizer=...)) and allowed with zero_allow_untested_optimizer."""
+    opt = r.setup.optimizer
+    if opt == "adamw":
+        return {"optimizer": {"type": "AdamW", "params": {
+            "lr": opts.lr, "betas": list(opts.betas), "eps": opts.eps, "weight_decay": opts.weight_decay}}}
+    if opt == "sgd":    # torch.optim.SGD, which DeepSpeed builds by name
+        return {"optimizer": {"type": "SGD", "params": {
+            "lr": opts.lr, "momentum": opts.sgd_momentum, "weight_decay": opts.weight_decay}},
+            "zero_allow_untested_optimizer": True}
+    if opt == "adafactor":   # torch.optim.Adafactor (PyTorch >= 2.5)
+        return {"optimizer": {"type": "Adafactor", "params": {"lr": opts.lr, "weight_decay": opts.weight_decay}},
+                "zero_allow_untested_optimizer": True}
+    # adam8bit: bitsandbytes' Adam8bit, built by the training script
+    return {"zero_allow_untested_optimizer": True}
+
+
+def _offload(device: str, opts: EmitOptions) -> dict[str, Any]:
+    out: dict[str, Any] = {"device": device, "pin_memory": True}
+    if device == "nvme":
+        out["nvme_path"] = opts.nvme_path
+    return out
+
+
+def _zero(r: PlanResult, opts: EmitOptions) -> dict[str, Any]:
+    """zero_optimization, with buffers sized as memory.buffer_bytes counts them.
+
+    ZeRO-1/2: the memory model counts one reduce bucket of ``zero_bucket_numel``
+    elements. With overlap_comm DeepSpeed double-buffers the reduce bucket
+    (stage_1_and_2.py: "Use double buffers to avoid data access conflict when
+    overlap_comm is enabled"), so each buffer gets half. ZeRO-3: one reduce bucket of
+    ``zero_bucket_numel``, and the gathered module plus one prefetched module of the
+    largest size: stage3_prefetch_bucket_size = the largest module, and
+    stage3_max_live_parameters = two of them.
+    """
+    lay = r.best.layout  # type: ignore[union-attr]
+    stage = lay.zero_stage
+    bucket = r.setup.buffers.zero_bucket_numel
+    z: dict[str, Any] = {"stage": stage}
+    if stage == 0:
+        return z
+    z["contiguous_gradients"] = True
+    z["overlap_comm"] = True
+    if stage in (1, 2):
+        half = max(1, bucket // 2)
+        z["reduce_bucket_size"] = half
+        z["allgather_bucket_size"] = half
+        z["reduce_scatter"] = True
+    else:
+        largest = largest_module_params(r)
+        z["reduce_bucket_size"] = max(1, bucket)
+        z["stage3_prefetch_bucket_size"] = largest
+        z["stage3_max_live_parameters"] = 2 * largest
+        z["stage3_max_reuse_distance"] = 2 * largest
+        z["stage3_param_persistence_threshold"] = PARAM_PERSISTENCE_THRESHOLD
+        z["stage3_gather_16bit_weights_on_model_save"] = True
+    if opts.offload_optimizer != "none":
+        z["offload_optimizer"] = _offload(opts.offload_optimizer, opts)
+    if opts.offload_params != "none":
+        z["offload_param"] = _offload(opts.offload_params, opts)
+    return z
+
+
+def _activation_checkpointing(lay: Layout) -> dict[str, Any]:
+    """deepspeed.checkpointing's settings (used by Megatron-DeepSpeed; Hugging Face models
+    turn recomputation on with gradient_checkpointing_enable()). Under sequence
+    parallelism the memory model splits each kept block input over tp, which is what
+    partition_activations does."""
+    return {
+        "partition_activations": lay.recompute == "full" and lay.sp,
+        "cpu_checkpointing": False,
+        "contiguous_memory_optimization": False,
+        "synchronize_checkpoint_boundary": False,
+        "profile": False,
+    }
+
+
+def to_deepspeed_config(r: PlanResult, opts: EmitOptions = EmitOptions()) -> dict[str, Any]:
+    """ds_config.json for the chosen plan, as a dict.
+
+    DeepSpeed checks train_batch_size = micro-batch x accumulation steps x data-parallel
+    world size (runtime/config.py, _batch_assertion); the planner's global batch is that
+    product with the data-parallel size dp x ep.
+    """
+    lay = chosen(r).layout
+    cfg: dict[str, Any] = {
+        "train_batch_size": lay.micro_batch * lay.grad_accum * data_parallel_size(lay),
+        "train_micro_batch_size_per_gpu": lay.micro_batch,
+        "gradient_accumulation_steps": lay.grad_accum,
+        "gradient_clipping": opts.grad_clip,
+        **_precision(r),
+        **_optimizer(r, opts),
+        "zero_optimization": _zero(r, opts),
+    }
+    if lay.recompute != "none":
+        cfg["activation_checkpointing"] = _activation_checkpointing(lay)
+    if opts.offload_optimizer == "nvme" or opts.offload_params == "nvme":
+        # DeepSpeed's asynchronous I/O defaults (config docs, "Asynchronous I/O")
+        cfg["aio"] = {"block_size": 1_048_576, "queue_depth": 8, "single_submit": False,
+                      "overlap_events": True}
+    return cfg
+
+
+class _DataParallelMpu:
+    """The one method DeepSpeedConfig asks a model-parallel unit for."""
+
+    def __init__(self, dp: int) -> None:
+        self.dp = dp
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.dp
+
+
+def validate_deepspeed_config(cfg: dict[str, Any], data_parallel: int, n_gpus: int | None = None) -> Any:
+    """Parse ``cfg`` with DeepSpeed's own DeepSpeedConfig at ``data_parallel`` ranks.
+
+    Without a process group DeepSpeedConfig assumes a world of one rank, so
+    deepspeed.runtime.config.dist.get_rank/get_world_size are patched for the call and
+    an mpu reports the data-parallel size (shared/notes/FACTS.md). Raises what DeepSpeed
+    raises (AssertionError, pydantic.ValidationError) for a config it rejects; returns
+    the parsed DeepSpeedConfig. Imports deepspeed (about 2 s; set DS_ACCELERATOR=cpu
+    first to skip its accelerator probe).
+    """
+    from unittest import mock
+
+    from ..crosscheck import import_deepspeed
+
+    ds_config = import_deepspeed("deepspeed.runtime.config")
+
+    world = n_gpus or data_parallel
+    with mock.patch.object(ds_config.dist, "get_rank", return_value=0), \
+            mock.patch.object(ds_config.dist, "get_world_size", return_value=world):
+        return ds_config.DeepSpeedConfig(dict(cfg), mpu=_DataParallelMpu(data_parallel))

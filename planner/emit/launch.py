@@ -1,0 +1,130 @@
+"""The cluster side: a hostfile and a launch script with the multi-node command.
+
+DeepSpeed plans launch with the ``deepspeed`` launcher (deepspeed/launcher/runner.py:
+``--hostfile``, ``--num_nodes``, ``--num_gpus``, ``--master_addr``, ``--master_port``;
+its hostfile has one ``HOST slots=N`` line per node). FSDP plans launch with accelerate or
+torchrun, Megatron-LM plans with torchrun running pretrain_gpt.py; both are run on every
+node (torchrun's c10d rendezvous joins them).
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import TYPE_CHECKING
+
+from . import EmitOptions, chosen, engine, node_shape
+
+if TYPE_CHECKING:
+    from ..api import PlanResult
+
+
+def host_names(n_nodes: int) -> list[str]:
+    return [f"node-{i}" for i in range(n_nodes)]
+
+
+def to_hostfile(r: PlanResult) -> str:
+    """DeepSpeed's hostfile: one line per node, ``HOST slots=GPUS``. The names are
+    placeholders (node-0, node-1, ...) to replace with the cluster's host names."""
+    lay = chosen(r).layout
+    n_nodes, per_node = node_shape(lay.n_gpus, r.gpu.gpus_per_node)
+    lines = ["# DeepSpeed hostfile: replace node-0, node-1, ... with your hosts' names",
+             f"# {lay.n_gpus} GPUs: {n_nodes} node(s) x {per_node} {r.gpu.name}"]
+    lines += [f"{h} slots={per_node}" for h in host_names(n_nodes)]
+    return "\n".join(lines) + "\n"
+
+
+def to_deepspeed_command(r: PlanResult, opts: EmitOptions = EmitOptions(),
+                         config_path: str = "ds_config.json", hostfile_path: str = "hostfile") -> list[str]:
+    """The deepspeed launcher over the hostfile; the script gets --deepspeed_config.
+    Its master address reads $MASTER_ADDR in the launch script."""
+    lay = chosen(r).layout
+    n_nodes, per_node = node_shape(lay.n_gpus, r.gpu.gpus_per_node)
+    cmd = ["deepspeed"]
+    if n_nodes > 1:
+        cmd += ["--hostfile", hostfile_path, "--num_nodes", str(n_nodes),
+                "--master_addr", "${MASTER_ADDR}", "--master_port", str(opts.master_port)]
+    cmd += ["--num_gpus", str(per_node), opts.script, "--deepspeed", "--deepspeed_config", config_path]
+    return cmd
+
+
+def _shell_word(word: str) -> str:
+    """Quote for bash, keeping ${VAR} references expandable."""
+    if "${" in word:
+        return '"' + word.replace('"', '\\"') + '"'
+    return shlex.quote(word)
+
+
+def shell_command(cmd: list[str], extra: str = '"$@"') -> str:
+    """A command as one bash line per flag, with ``extra`` (the script's own arguments) last."""
+    lines, cur = [], _shell_word(cmd[0])
+    for w in cmd[1:]:
+        if w.startswith("-") or w.endswith(".py"):   # a flag, or the script: a new line
+            lines.append(cur)
+            cur = _shell_word(w)
+        else:
+            cur += " " + _shell_word(w)
+    lines.append(cur + (" " + extra if extra else ""))
+    return " \\\n    ".join(lines)
+
+
+def to_launch_script(r: PlanResult, opts: EmitOptions = EmitOptions()) -> str:
+    """A bash script that launches the plan on the cluster, from the directory it sits in."""
+    from .fsdp import to_fsdp2_settings, to_torchrun_command
+
+    cand = chosen(r)
+    lay = cand.layout
+    eng = engine(lay)
+    n_nodes, per_node = node_shape(lay.n_gpus, r.gpu.gpus_per_node)
+    head = [
+        "#!/usr/bin/env bash",
+        f"# Written by planner: {r.model.name} on {lay.n_gpus} x {r.gpu.name} "
+        f"({n_nodes} node(s) x {per_node} GPUs)",
+        f"# Layout: {lay.describe()}",
+        f"# Global batch {lay.global_batch} sequences of {lay.seq_len} tokens, {r.setup.precision}, "
+        f"{r.setup.optimizer}; the memory per rank is in plan.json.",
+    ]
+    if opts.offloads:
+        head.append(f"# Offload: optimizer -> {opts.offload_optimizer}, parameters -> {opts.offload_params}")
+    head += [
+        "set -euo pipefail",
+        'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
+        f'MASTER_ADDR="${{MASTER_ADDR:-{opts.master_addr}}}"',
+    ]
+    body: list[str] = []
+    if eng == "deepspeed":
+        if n_nodes > 1:
+            body.append("# Run once, on node-0: the deepspeed launcher starts every node listed in hostfile (pdsh).")
+        if lay.recompute != "none":
+            body.append(f"# The plan recomputes activations ({lay.recompute}): call "
+                        f"model.gradient_checkpointing_enable() in {opts.script}.")
+        cmd = to_deepspeed_command(r, opts, '${HERE}/ds_config.json', '${HERE}/hostfile')
+        body.append(shell_command(cmd))
+    elif eng == "fsdp":
+        s = to_fsdp2_settings(r, opts)
+        body += [
+            "# Run on every node (e.g. with srun or pdsh). LAUNCHER=accelerate (default) or torchrun.",
+            f"# With torchrun, {opts.script} applies FSDP2 itself: fully_shard each {s['wrap']} and then the root,",
+            f"#   mesh {s['mesh']}, reshard_after_forward={s['reshard_after_forward']},",
+            f"#   mp_policy={s['mp_policy']}, offload_policy={s['offload_policy']}, "
+            f"activation checkpointing: {s['activation_checkpointing']}.",
+            'NODE_RANK="${NODE_RANK:-0}"',
+            'if [ "${LAUNCHER:-accelerate}" = accelerate ]; then',
+            "  " + shell_command(["accelerate", "launch", "--config_file", "${HERE}/accelerate_config.yaml",
+                                  "--machine_rank", "${NODE_RANK}", "--main_process_ip", "${MASTER_ADDR}",
+                                  opts.script]),
+            "else",
+            "  " + shell_command(to_torchrun_command(r, opts)),
+            "fi",
+        ]
+    else:
+        script = "pretrain_bert.py" if r.model.model_type == "bert" else "pretrain_gpt.py"
+        body += [
+            "# Run on every node (e.g. with srun or pdsh), from a Megatron-LM checkout.",
+            "# Add your data and tokenizer arguments (--data-path, --tokenizer-type, ...) after the script name.",
+            "# MEGATRON points at the checkout; megatron_args.txt holds the plan's arguments.",
+            'MEGATRON="${MEGATRON:-.}"',
+            'mapfile -t MEGATRON_ARGS < <(grep -v "^#" "$HERE/megatron_args.txt")',
+            shell_command(to_torchrun_command(r, opts, script=f"${{MEGATRON}}/{script}"),
+                          extra='"${MEGATRON_ARGS[@]}" "$@"'),
+        ]
+    return "\n".join(head + [""] + body) + "\n"
