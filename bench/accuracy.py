@@ -17,7 +17,6 @@ import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 
 from planner import accuracy
@@ -129,18 +128,37 @@ def write_markdown(results: list[dict], path: Path) -> tuple[float, float]:
     return median, worst
 
 
+def _key(r: dict) -> tuple:
+    return (r["model"], r["dp"], r["zero"], r["precision"], r["seq_len"], r["micro_batch"], r["recompute"])
+
+
+def _case_key(c: tuple) -> tuple:
+    return tuple(c)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--only", default="", help="run only the models whose name contains this")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "accuracy.md")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the other rows of the existing docs/accuracy.json (with --only)")
     args = ap.parse_args()
     grid = [c for c in GRID if args.only in c[0]]
     results: list[dict] = []
+    old: dict[tuple, dict] = {}
+    if args.merge and args.out.with_suffix(".json").exists():
+        for r in json.loads(args.out.with_suffix(".json").read_text()):
+            old[_key(r)] = r
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         for case, res in zip(grid, pool.map(run_one, grid)):
             results.append(res)
             print(f"{case}: total {pct(res['rows']['total']['error'])} ({res['wall_s']} s)", flush=True)
+    if old:
+        fresh = {_key(r): r for r in results}
+        results = [fresh.get(_key(r), r) for r in (old[_case_key(c)] if _case_key(c) in old else
+                                                      fresh[_case_key(c)] for c in GRID
+                                                      if _case_key(c) in old or _case_key(c) in fresh)]
     median, worst = write_markdown(results, args.out)
     args.out.with_suffix(".json").write_text(json.dumps(results, indent=1))
     print(f"median |error| {100 * median:.1f}%, worst {100 * worst:+.1f}% -> {args.out}")

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .errors import UserError
+from .finetune import FinetuneSpec
 from .hardware import GpuSpec
 from .layouts import Layout, SearchSpace, grad_accum_for, reject_reason
 from .model import ModelSpec, ParamCount, count_params
 from .search import Candidate, SearchResult, gpu_counts, search
 from .memory import min_model_state_bytes_per_param
+from .timing import Cluster, Efficiency, cluster_for, scale_up_domain_gpus, step_time
 from .training import MAX_GPUS, TrainingSetup
 from .units import ceil_div
 
@@ -33,6 +35,12 @@ class PlanResult:
     fixed: bool = False           # the user fixed every choice: one layout evaluated
     fits_from_gpus: int | None = None   # when nothing fits: the smallest count that would
     min_gpus_for_states: int = 1        # model states alone need at least this many GPUs
+    cluster: Cluster | None = None      # the GPU and topology the step times assume
+    efficiency: Efficiency = Efficiency()   # the step-time model's named parameters
+    tokens: float | None = None         # tokens to train on, for train_time_s
+    host_capacity_bytes: int | None = None   # a node's CPU memory (topology), for offload
+    nvme_capacity_bytes: int | None = None   # a node's NVMe (topology), for NVMe offload
+    methods_tried: tuple[str, ...] = ()      # --method auto: the methods compared, preferred first
 
     @property
     def fits(self) -> bool:
@@ -41,6 +49,14 @@ class PlanResult:
 
 def capacity_bytes(gpu: GpuSpec, setup: TrainingSetup) -> int:
     return int(gpu.memory_bytes * setup.usable_memory_fraction)
+
+
+def host_capacities(cluster: Cluster) -> tuple[int | None, int | None]:
+    """A node's CPU memory and NVMe from the cluster's topology, or None where not given."""
+    host = cluster.topology.host if cluster.topology is not None else None
+    if host is None:
+        return None, None
+    return host.memory_bytes, host.nvme_bytes
 
 
 def _shape(c: Candidate) -> tuple:
@@ -62,8 +78,11 @@ def pick_alternatives(fitting: tuple[Candidate, ...], best: Candidate, k: int = 
 
 
 def plan(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, space: SearchSpace = SearchSpace(),
-         n_gpus: int | None = None, max_gpus: int = MAX_SEARCH_GPUS) -> PlanResult:
-    """Search GPU counts (smallest first) and layouts; return the best fitting plan.
+         n_gpus: int | None = None, max_gpus: int = MAX_SEARCH_GPUS, cluster: Cluster | None = None,
+         efficiency: Efficiency = Efficiency(), tokens: float | None = None) -> PlanResult:
+    """Search GPU counts (smallest first) and layouts; return the fastest fitting layout
+    on the smallest GPU count that has one (step times from planner.timing on ``cluster``,
+    by default the GPU's default topology).
 
     With every degree and choice fixed, this evaluates exactly that layout.
     """
@@ -74,8 +93,17 @@ def plan(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, space: SearchSpace = 
         n_gpus = space.dp * space.tp * space.pp * space.cp * space.ep  # type: ignore[operator]
     counts = [n_gpus] if n_gpus is not None else gpu_counts(gpu.gpus_per_node, max_gpus)
     cap = capacity_bytes(gpu, setup)
-    res = search(m, setup, cap, gpu.gpus_per_node, counts, space)
+    cluster = cluster or cluster_for(gpu)
     pc = count_params(m)
+    if space.max_tp is None:    # tp may span the NVLink domain (72 GPUs on an NVL72 rack)
+        space = replace(space, max_tp=max(gpu.gpus_per_node, scale_up_domain_gpus(cluster)))
+
+    def timer(lay: Layout):  # noqa: ANN202
+        return step_time(m, setup, lay, cluster, efficiency, pc)
+
+    host_cap, nvme_cap = host_capacities(cluster)
+    res = search(m, setup, cap, gpu.gpus_per_node, counts, space, timer=timer,
+                 host_capacity_bytes=host_cap, nvme_capacity_bytes=nvme_cap)
     floor = ceil_div(int(min_model_state_bytes_per_param(setup) * pc.total), cap)
     fits_from = None
     if res.fitting:
@@ -85,25 +113,61 @@ def plan(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, space: SearchSpace = 
         best, alts = None, ()
         wider = [c for c in gpu_counts(gpu.gpus_per_node, MAX_SEARCH_GPUS) if c > max(counts)]
         if wider:
-            fits_from = search(m, setup, cap, gpu.gpus_per_node, wider, space).n_gpus
+            fits_from = search(m, setup, cap, gpu.gpus_per_node, wider, space,
+                               host_capacity_bytes=host_cap, nvme_capacity_bytes=nvme_cap).n_gpus
     return PlanResult(model=m, params=pc, gpu=gpu, setup=setup, best=best, alternatives=alts,
                       result=res, capacity_bytes=cap, fits_from_gpus=fits_from,
-                      min_gpus_for_states=max(1, floor))
+                      min_gpus_for_states=max(1, floor), cluster=cluster, efficiency=efficiency,
+                      tokens=tokens, host_capacity_bytes=host_cap, nvme_capacity_bytes=nvme_cap)
 
 
-def evaluate_layout(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, lay: Layout) -> PlanResult:
-    """Evaluate one fully specified layout; a layout that cannot run is a UserError."""
+AUTO_METHODS = ("full", "lora", "qlora")
+
+
+def plan_methods(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, methods: tuple[FinetuneSpec, ...],
+                 space: SearchSpace = SearchSpace(), n_gpus: int | None = None,
+                 max_gpus: int = MAX_SEARCH_GPUS, cluster: Cluster | None = None,
+                 efficiency: Efficiency = Efficiency(), tokens: float | None = None) -> PlanResult:
+    """``--method auto``: plan each method (in order of preference, e.g. full, LoRA, QLoRA)
+    and keep the one that fits on the fewest GPUs; on the same count the earlier method
+    wins, so full training is chosen whenever it fits where the others do. A later method
+    is only searched up to the count an earlier one needed."""
+    best: PlanResult | None = None
+    for ft in methods:
+        limit = max_gpus if best is None or best.best is None else best.best.n_gpus - 1
+        if limit < 1 or (n_gpus is not None and best is not None and best.fits):
+            break
+        r = plan(m, gpu, replace(setup, finetune=ft), space, n_gpus=n_gpus,
+                 max_gpus=max(1, min(max_gpus, limit)), cluster=cluster, efficiency=efficiency, tokens=tokens)
+        if best is None or (r.fits and (not best.fits or r.best.n_gpus < best.best.n_gpus)):  # type: ignore[union-attr]
+            best = r
+    assert best is not None
+    return replace(best, methods_tried=tuple(ft.method for ft in methods))
+
+
+def evaluate_layout(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, lay: Layout,
+                    cluster: Cluster | None = None, efficiency: Efficiency = Efficiency(),
+                    tokens: float | None = None) -> PlanResult:
+    """Evaluate one fully specified layout (memory, and step time when it fits); a
+    layout that cannot run is a UserError."""
     reason = reject_reason(m, setup, lay, gpu.gpus_per_node)
     if reason:
         raise UserError(f"layout {lay.describe()} cannot run: {reason}")
     from .search import evaluate
 
     cap = capacity_bytes(gpu, setup)
-    (cand,) = evaluate(m, setup, [lay], cap, gpus_per_node=gpu.gpus_per_node)
+    cluster = cluster or cluster_for(gpu)
+    host_cap, nvme_cap = host_capacities(cluster)
+    (cand,) = evaluate(m, setup, [lay], cap, gpus_per_node=gpu.gpus_per_node,
+                       host_capacity_bytes=host_cap, nvme_capacity_bytes=nvme_cap)
+    if cand.fits:
+        cand = replace(cand, time=step_time(m, setup, lay, cluster, efficiency))
     res = SearchResult(n_gpus=lay.n_gpus, fitting=(cand,) if cand.fits else (), smallest=cand,
                        rejected=(), counts_tried=(lay.n_gpus,))
     return PlanResult(model=m, params=count_params(m), gpu=gpu, setup=setup, best=cand,
-                      alternatives=(), result=res, capacity_bytes=cap, fixed=True)
+                      alternatives=(), result=res, capacity_bytes=cap, fixed=True, cluster=cluster,
+                      efficiency=efficiency, tokens=tokens, host_capacity_bytes=host_cap,
+                      nvme_capacity_bytes=nvme_cap)
 
 
 def fixed_layout(space: SearchSpace, setup: TrainingSetup, n_gpus: int | None) -> Layout | None:

@@ -9,13 +9,19 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from .errors import UserError
 from .training import (ATTENTION, KERNELS, MAX_GLOBAL_BATCH, MAX_GPUS, MAX_MICRO_BATCH,
                        MAX_SEQ_LEN, OPTIMIZERS, PRECISIONS, RECOMPUTE)
+
+if TYPE_CHECKING:
+    from .api import PlanResult
+    from .crosscheck import Crosscheck
+    from .emit import EmitOptions
 
 ISSUES_HINT = "this is a bug in planner; please report it with the command you ran"
 
@@ -63,6 +69,59 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--usable-memory", type=click.FloatRange(0.05, 1), default=1.0, show_default=True,
                      help="Fraction of the GPU's memory a plan may use."),
         click.option("--json", "as_json", is_flag=True, help="Print one JSON object (schema in the README)."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def output_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """Options of the main `plan` command: configs to write, and DeepSpeed's cross-check."""
+    offload = click.Choice(["none", "cpu", "nvme"])
+    opts = [
+        click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
+                     help="Write the plan's configs here: ds_config.json, accelerate_config.yaml, "
+                          "megatron_args.txt, hostfile, launch.sh, plan.json."),
+        click.option("--force", is_flag=True, help="With --out, overwrite existing files."),
+        click.option("--crosscheck", is_flag=True,
+                     help="Compare model states with DeepSpeed's own estimators (imports deepspeed, ~2 s)."),
+        click.option("--offload-optimizer", type=offload, default="none", show_default=True,
+                     help="Offload optimizer states in the written configs and the cross-check "
+                          "(memory figures do not subtract them yet)."),
+        click.option("--offload-params", type=offload, default="none", show_default=True,
+                     help="Offload parameters (ZeRO-3 or FSDP) in the written configs and the cross-check."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+class TokenCount(click.ParamType):
+    """A token count: 2e12, 2000000000000, or with a suffix: 300B, 2T, 15.6T."""
+
+    name = "N"
+    SUFFIXES = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        text = str(value).strip().replace("_", "").replace(",", "")
+        scale = self.SUFFIXES.get(text[-1:].lower(), 1.0)
+        try:
+            n = float(text[:-1] if scale != 1.0 else text) * scale
+        except ValueError:
+            self.fail(f"{value!r} is not a token count (e.g. 2e12, 300B, 15T)", param, ctx)
+        if not 0 < n < 1e18:
+            self.fail(f"{value!r} must be between 1 and 1e18 tokens", param, ctx)
+        return n
+
+
+def time_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """Options of the step-time model: the cluster's wiring and the tokens to train on."""
+    opts = [
+        click.option("--topology", metavar="NAME|PATH", default=None,
+                     help="Cluster topology: a shipped one (`plan topologies`) or a TOML file  "
+                          "[default: the GPU's own, e.g. dgx-h100 for h100]."),
+        click.option("--tokens", type=TokenCount(), default=None,
+                     help="Tokens to train on (2e12, 300B): adds the time to train."),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -149,6 +208,8 @@ class PlanGroup(click.Group):
 @click.group(cls=PlanGroup, invoke_without_command=True,
              context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @layout_options
+@time_options
+@output_options
 @click.version_option(package_name="planner", prog_name="planner")
 @click.pass_context
 def cli(ctx: click.Context, **kw: Any) -> None:
@@ -174,15 +235,62 @@ def _plan(kw: dict[str, Any]) -> None:
     m, gpu, setup, space, n_gpus = build_request(kw)
     lay = api.fixed_layout(space, setup, n_gpus)
     if lay is not None:
-        result = api.evaluate_layout(m, gpu, setup, lay)
+        result = api.evaluate_layout(m, gpu, setup, lay, **_timing(kw, gpu))
     else:
-        result = api.plan(m, gpu, setup, space, n_gpus=n_gpus, max_gpus=kw["max_gpus"])
+        result = api.plan(m, gpu, setup, space, n_gpus=n_gpus, max_gpus=kw["max_gpus"], **_timing(kw, gpu))
+    opts = _emit_options(kw)
+    if opts.offloads and result.best is not None:
+        from .emit import check_options
+        check_options(result, opts)
+    crosscheck = None
+    if kw["crosscheck"]:
+        import os
+
+        from .crosscheck import crosscheck as run_crosscheck
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")   # estimators need no accelerator; skip its probe
+        crosscheck = run_crosscheck(result, opts.offload_optimizer, opts.offload_params)
+    written, not_written = [], None
+    if kw["out"] is not None:
+        if result.best is not None and result.best.fits:
+            written = _write_out(result, kw, opts, crosscheck)   # before printing: errors come alone
+        else:
+            not_written = UserError(f"no plan fits, so nothing was written to --out {kw['out']}")
     if kw["as_json"]:
-        click.echo(report.to_json(result))
+        click.echo(report.to_json(result, crosscheck))
     else:
-        click.echo(report.to_text(result))
+        click.echo(report.to_text(result, crosscheck))
+    if written:
+        click.echo(f"wrote {', '.join(p.name for p in written)} to {kw['out']}", err=kw["as_json"])
+    if not_written is not None:
+        raise not_written
     if result.best is None and not kw["as_json"]:
         sys.exit(2)
+
+
+def _timing(kw: dict[str, Any], gpu: Any) -> dict[str, Any]:
+    """The cluster (--topology, else the GPU's default) and --tokens for the step times."""
+    from .timing import cluster_for
+
+    return {"cluster": cluster_for(gpu, kw["topology"]), "tokens": kw["tokens"]}
+
+
+def _emit_options(kw: dict[str, Any]) -> EmitOptions:
+    from .emit import EmitOptions
+
+    if kw["force"] and kw["out"] is None:
+        raise UserError("--force needs --out DIR")
+    return EmitOptions(offload_optimizer=kw["offload_optimizer"], offload_params=kw["offload_params"])
+
+
+def _write_out(result: PlanResult, kw: dict[str, Any], opts: EmitOptions,
+               crosscheck: Crosscheck | None) -> list[Path]:
+    """Write the chosen plan's configs to --out (atomically; existing files need --force)."""
+    from . import report
+    from .emit import plan_files
+    from .emit.write import write_files
+
+    files = plan_files(result, opts, report.plan_json(result, crosscheck))
+    return write_files(kw["out"], files, force=kw["force"])
 
 
 @cli.command("models")
@@ -227,6 +335,70 @@ def gpus_cmd(as_json: bool) -> None:
             click.echo(f"{g.name:<10} {g.memory_bytes / GiB:>6.1f} GiB {bf16:>13} "
                        f"{g.hbm_bytes_per_s / 1e12:>9.2f} {g.gpus_per_node:>9}  {g.intra_node_link}; {g.full_name}")
     run_safely(go)
+
+
+@cli.command("topologies")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def topologies_cmd(as_json: bool) -> None:
+    """List the shipped cluster topologies (pass one with --topology NAME, or your own file
+    with --topology PATH; see topologies/README.md)."""
+    def go() -> None:
+        from . import report
+        rows = report.topologies_json()
+        click.echo(json.dumps(rows, indent=2) if as_json else report.topologies_text(rows))
+    run_safely(go)
+
+
+@cli.command("measure")
+@layout_options
+@click.option("--real", is_flag=True,
+              help="Run on this machine's CUDA GPUs for real (torchrun, one process per GPU) "
+                   "instead of fake tensors on the CPU.")
+def measure_cmd(real: bool, **kw: Any) -> None:
+    """Run real training steps of the model under PyTorch's memory trackers and print the
+    planner's prediction beside the measurement, per category.
+
+    \b
+    Without GPUs the step runs under fake tensors with a fake process group of the
+    planned data-parallel size, so a 70B model costs no real memory. Measurable: data
+    parallelism with --zero 0 (replicated), --zero 2 / --fsdp grad-op, --zero 3 /
+    --fsdp full; tensor, pipeline, context and expert parallelism are not (transformers'
+    models are not split across ranks).
+
+    \b
+      plan measure --model llama3.1-8b --gpus h100 --dp 8 --zero 3 --seq-len 2048 --micro-batch 1
+    """
+    run_safely(lambda: _measure(kw, real))
+
+
+def _measure(kw: dict[str, Any], real: bool) -> None:
+    from . import accuracy, report
+    from .model import load_hf_config
+
+    for axis in ("dp", "tp", "pp", "cp", "ep"):
+        kw[axis] = kw[axis] or 1
+    if kw["zero"] is None and kw["fsdp"] is None:
+        kw["zero"] = 0
+    kw["micro_batch"] = kw["micro_batch"] or 1
+    kw["recompute"] = kw["recompute"] or "none"
+    if not kw["gpu_name"]:
+        kw["gpu_name"] = "h100"
+    m, gpu, setup, space, n_gpus = build_request(kw)
+    from dataclasses import replace
+    from .api import fixed_layout
+    from .layouts import reject_reason
+
+    setup = replace(setup, global_batch=kw["micro_batch"] * kw["dp"] * kw["ep"])
+    lay = fixed_layout(space, setup, n_gpus)
+    assert lay is not None
+    reason = reject_reason(m, setup, lay, gpu.gpus_per_node)
+    if reason:
+        raise UserError(f"layout {lay.describe()} cannot run: {reason}")
+    cmp = accuracy.compare(m, load_hf_config(kw["model_name"]), setup, lay, fake=not real)
+    if kw["as_json"]:
+        click.echo(json.dumps(report.comparison_json(m, gpu, cmp), indent=2))
+    else:
+        click.echo(report.comparison_text(m, gpu, cmp))
 
 
 def main() -> None:

@@ -124,8 +124,23 @@ def reject_reason(m: ModelSpec, setup: TrainingSetup, lay: Layout, gpus_per_node
         return f"FSDP {lay.sharding[5:]} shards like ZeRO-{FSDP_STAGE[lay.sharding]}, not ZeRO-{lay.zero_stage}"
     if not 0 <= lay.zero_stage <= 3:
         return f"ZeRO stage {lay.zero_stage} does not exist (0 to 3)"
-    if lay.zero_stage > 0 and lay.dense_shard_degree == 1:
-        return "ZeRO/FSDP sharding needs more than one data-parallel rank"
+    offloads = setup.offload_optimizer != "none" or setup.offload_params != "none"
+    if lay.zero_stage > 0 and lay.dense_shard_degree == 1 and not offloads:
+        return "ZeRO/FSDP sharding needs more than one data-parallel rank (or offload)"
+    if setup.offload_params != "none" and lay.zero_stage != 3:
+        return "parameter offload needs ZeRO-3 or FSDP full sharding (ZeRO-Infinity, FSDP CPU offload)"
+    if setup.offload_optimizer != "none" and lay.zero_stage == 0:
+        return "optimizer offload needs ZeRO-1 or higher (ZeRO-Offload moves the optimizer's partition)"
+    if lay.is_fsdp and setup.offload_optimizer != "none":
+        return "FSDP offloads parameters, gradients and the optimizer step together (offload parameters to cpu)"
+    if lay.is_fsdp and setup.offload_params == "nvme":
+        return "FSDP offloads to CPU memory only"
+    if "nvme" in (setup.offload_optimizer, setup.offload_params) and lay.zero_stage != 3:
+        return "NVMe offload (ZeRO-Infinity) needs ZeRO-3"
+    if setup.offload_params != "none" and (lay.tp > 1 or lay.pp > 1 or lay.cp > 1):
+        return "Megatron-LM does not offload parameters; offload them under pure data parallelism"
+    if setup.finetune.quant != "none" and (lay.tp > 1 or lay.pp > 1 or lay.cp > 1):
+        return "quantized base weights (bitsandbytes) run under data parallelism only, not tp, pp or cp"
     if lay.sharding == "zero" and lay.zero_stage >= 2 and lay.pp > 1:
         return "DeepSpeed's pipeline engine supports ZeRO stage 0 or 1 only"
     if lay.sharding == "fsdp-hybrid" and lay.dense_shard_degree <= gpus_per_node // (lay.tp * lay.pp):

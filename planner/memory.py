@@ -620,14 +620,21 @@ def optimizer_step_transient_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layo
                                    rp: RankParams, hybrid: int | None, split: RankSplit | None = None) -> int:
     """Temporaries inside optimizer.step(), beside the states.
 
-    PyTorch's multi-tensor ("foreach", the default on CUDA) Adam/AdamW builds the
+    Only PyTorch's own optimizers (under FSDP or DDP) count here. PyTorch's multi-tensor ("foreach", the default on CUDA) Adam/AdamW builds the
     square root of the second moments for every local parameter at once: one fp32 copy
     of the local parameters (torch/optim/adamw.py, _multi_tensor_adamw: _foreach_sqrt).
     The single-tensor path needs two fp32 temporaries of the largest local tensor (the
     word embedding or LM head): measured 4.2e9 B on Llama-3-8B (2 x 525M x 4 B) with
     MemTracker. SGD and Adafactor are counted like the single-tensor path. Only
-    trainable parameters (``split``) take part in the step.
+    trainable parameters (``split``) take part in the step. bitsandbytes' paged 8-bit
+    AdamW (QLoRA) updates its blocks in place with fused kernels: no temporaries counted.
     """
+    if setup.finetune.paged_8bit_optimizer:
+        return 0     # bitsandbytes' 8-bit step updates each block of states in place
+    if not (lay.is_fsdp or resolve_kernels(setup, lay) == "amp"):
+        # DeepSpeed and Megatron-LM step with fused multi-tensor kernels that work in
+        # small chunks (DeepSpeed/apex FusedAdam, multi_tensor_applier): no full copy
+        return 0
     sharded = lay.zero_stage >= 1
     d = (hybrid or lay.dense_shard_degree) if sharded else 1
     n = rp.total if split is None else split.trainable

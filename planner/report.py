@@ -8,9 +8,11 @@ from dataclasses import asdict
 from typing import Any
 
 from .api import PlanResult
+from .crosscheck import Crosscheck, crosscheck_json
 from .layouts import Layout
 from .memory import CATEGORIES
 from .search import Candidate
+from .timing import StepTime
 from .units import GiB
 
 LABELS = {
@@ -46,7 +48,22 @@ def layout_json(lay: Layout) -> dict[str, Any]:
     }
 
 
-def candidate_json(c: Candidate) -> dict[str, Any]:
+def time_json(t: StepTime | None, tokens: float | None = None) -> dict[str, Any]:
+    """Step-time fields of a candidate (None when it was not timed: it does not fit)."""
+    if t is None:
+        out: dict[str, Any] = {"step_time_s": None, "tokens_per_s": None, "tflops_per_gpu": None, "mfu": None}
+    else:
+        out = {"step_time_s": t.step_time_s, "tokens_per_s": t.tokens_per_s,
+               "tflops_per_gpu": t.model_flops_per_s_per_gpu / 1e12, "mfu": t.mfu,
+               "time": {"compute_s": t.compute_s, "comm_s": dict(t.comm_s), "bubble_s": t.bubble_s,
+                        "optimizer_s": t.optimizer_s, "hardware_tflops_per_gpu": t.hardware_flops_per_s_per_gpu / 1e12,
+                        "placement": list(t.placement)}}
+    if tokens is not None:
+        out["train_time_s"] = t.train_time_s(tokens) if t is not None else None
+    return out
+
+
+def candidate_json(c: Candidate, tokens: float | None = None) -> dict[str, Any]:
     mem = c.memory
     return {
         "n_gpus": c.n_gpus,
@@ -56,7 +73,38 @@ def candidate_json(c: Candidate) -> dict[str, Any]:
         "capacity_bytes": c.capacity_bytes,
         "peak": {"stage": mem.stage, "phase": mem.phase, "layers_on_stage": mem.n_layers_on_stage,
                  "in_flight_micro_batches": mem.in_flight, "kernels": mem.kernels},
+        "offload": offload_json(c),
+        **time_json(c.time, tokens),
     }
+
+
+def offload_json(c: Candidate) -> dict[str, Any]:
+    """What offload keeps off the GPU: CPU memory and NVMe per rank and per node, and the
+    node's capacities when the topology gives them (None: not checked)."""
+    mem = c.memory
+    return {"host_bytes_per_rank": mem.host_bytes, "nvme_bytes_per_rank": mem.nvme_bytes,
+            "host_bytes_per_node": mem.host_bytes_per_node, "nvme_bytes_per_node": mem.nvme_bytes_per_node,
+            "host_capacity_bytes": c.host_capacity_bytes, "nvme_capacity_bytes": c.nvme_capacity_bytes,
+            "host_fits": c.host_fits}
+
+
+def method_json(r: PlanResult) -> dict[str, Any]:
+    """The fine-tuning method and its settings (planner.finetune)."""
+    from .finetune import n_trainable_params
+
+    ft = r.setup.finetune
+    out = ft.as_dict(r.model) | {"n_trainable_params": n_trainable_params(r.model, ft, r.params),
+                                 "optimizer": "adam8bit (paged)" if ft.paged_8bit_optimizer else r.setup.optimizer,
+                                 "offload_optimizer": r.setup.offload_optimizer,
+                                 "offload_params": r.setup.offload_params}
+    if r.methods_tried:
+        out["methods_tried"] = list(r.methods_tried)
+    return out
+
+
+def topology_name(r: PlanResult) -> str | None:
+    top = r.cluster.topology if r.cluster is not None else None
+    return top.name if top is not None else None
 
 
 def assumptions(r: PlanResult) -> dict[str, Any]:
@@ -72,30 +120,71 @@ def assumptions(r: PlanResult) -> dict[str, Any]:
         "overheads": asdict(s.overheads),
         "buffers": asdict(s.buffers),
         "gpu_counts_tried": list(r.result.counts_tried),
+        "method": r.setup.finetune.method,
+        "offload_optimizer": s.offload_optimizer,
+        "offload_params": s.offload_params,
+        "topology": topology_name(r),
+        "step_time_model": asdict(r.efficiency),
+        "tokens": r.tokens,
     }
 
 
-def plan_json(r: PlanResult) -> dict[str, Any]:
+def plan_json(r: PlanResult, crosscheck: Crosscheck | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "model": {"name": r.model.name, "n_params": r.params.total, "n_active_params": r.params.active},
+        "model": {"name": r.model.name, "n_params": r.params.total, "n_active_params": r.params.active,
+                  "n_trainable_params": method_json(r)["n_trainable_params"]},
         "gpu": {"name": r.gpu.name, "memory_bytes": r.gpu.memory_bytes},
-        "plan": candidate_json(r.best) if r.best else None,
-        "alternatives": [candidate_json(c) for c in r.alternatives],
+        "plan": candidate_json(r.best, r.tokens) if r.best else None,
+        "alternatives": [candidate_json(c, r.tokens) for c in r.alternatives],
         "assumptions": assumptions(r),
     }
+    if out["plan"] is not None:
+        out["plan"]["method"] = method_json(r)
     if r.best is None:
         if r.result.smallest is not None:
             out["least_memory"] = candidate_json(r.result.smallest)
         out["fits_from_gpus"] = r.fits_from_gpus
         out["min_gpus_for_model_states"] = r.min_gpus_for_states
+    out["crosscheck"] = crosscheck_json(crosscheck)
     return out
 
 
-def to_json(r: PlanResult) -> str:
-    return json.dumps(plan_json(r), indent=2)
+def to_json(r: PlanResult, crosscheck: Crosscheck | None = None) -> str:
+    return json.dumps(plan_json(r, crosscheck), indent=2)
+
+
+def topologies_json() -> list[dict[str, Any]]:
+    """`plan topologies --json`: the shipped cluster topologies."""
+    from .hardware import get_gpu
+    from .timing import Cluster, scale_up_domain_gpus
+    from .topology import list_topologies
+
+    rows = []
+    for t in list_topologies():
+        gpu = get_gpu(t.gpu)
+        rows.append({
+            "name": t.name, "gpu": t.gpu, "gpus_per_node": t.gpus_per_node, "max_nodes": t.max_nodes,
+            "nvlink_domain_gpus": scale_up_domain_gpus(Cluster(gpu=gpu, topology=t)),
+            "intra_node_fabric": t.intra_node.fabric,
+            "nic_bytes_per_s_per_node": t.network.nics_per_node * t.network.nic_bytes_per_s,
+            "default_for": [gpu.name] if gpu.default_topology == t.name else [],
+            "description": t.description, "source": t.source})
+    return rows
 
 
 # ------------------------------------------------------------------------------ text
+
+def topologies_text(rows: list[dict[str, Any]]) -> str:
+    out = [f"{'name':<24} {'gpu':<10} {'per node':>8} {'nodes':>6} {'NVLink':>7} {'NICs GB/s':>10}  fabric"]
+    for r in rows:
+        default = f"  (default for {r['gpu']})" if r["default_for"] else ""
+        out.append(f"{r['name']:<24} {r['gpu']:<10} {r['gpus_per_node']:>8} {r['max_nodes']:>6} "
+                   f"{r['nvlink_domain_gpus']:>7} {r['nic_bytes_per_s_per_node'] / 1e9:>10,.0f}  "
+                   f"{r['intra_node_fabric']}{default}")
+    out.append("NVLink: GPUs per NVLink domain, read from the graph; NICs: scale-out bandwidth per node, "
+               "per direction. Pass one with --topology NAME, or your own file with --topology PATH.")
+    return "\n".join(out)
+
 
 def memory_table(c: Candidate) -> list[str]:
     bd = c.memory.breakdown
@@ -112,6 +201,12 @@ def memory_table(c: Candidate) -> list[str]:
     where = f"pipeline stage {m.stage} ({m.n_layers_on_stage} layers)" if c.layout.pp > 1 else "every rank"
     lines.append(f"  peak at {m.phase.replace('-', ' ')}, on {where}, "
                  f"{m.in_flight:g} micro-batch(es) of activations held, {m.kernels} kernels")
+    if m.host_bytes or m.nvme_bytes:
+        cap_text = f" of {gib(c.host_capacity_bytes)}" if c.host_capacity_bytes else " (no topology figure to check)"
+        line = f"  offloaded: {gib(m.host_bytes_per_node)} of CPU memory per node{cap_text}"
+        if m.nvme_bytes:
+            line += f", {gib(m.nvme_bytes_per_node)} on NVMe per node"
+        lines.append(line + ("" if c.host_fits else ": MORE THAN THE NODE HAS"))
     return lines
 
 
@@ -124,6 +219,8 @@ def assumptions_text(r: PlanResult) -> list[str]:
         f"  overheads: CUDA context {gib(o.cuda_context_bytes)}, workspaces {gib(o.library_workspace_bytes)}, "
         f"NCCL {gib(o.nccl_bytes)}, fragmentation {o.fragmentation:.0%} of tensor memory",
         f"  GPU: {r.gpu.full_name}, {gib(r.gpu.memory_bytes)}, {r.gpu.gpus_per_node} per node",
+        f"  cluster: {topology_name(r) or 'no topology file (bandwidths from the GPU catalog)'}; "
+        f"step times: {r.efficiency.name} overlap settings",
     ]
 
 
@@ -148,10 +245,64 @@ def no_fit_text(r: PlanResult) -> list[str]:
     return out
 
 
-def to_text(r: PlanResult) -> str:
+def duration(seconds: float) -> str:
+    for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= 2 * size:
+            return f"{seconds / size:,.1f} {unit}"
+    return f"{seconds:.3g} s"
+
+
+def time_text(t: StepTime | None, tokens: float | None) -> list[str]:
+    """The predicted step time, throughput and utilisation, and where the time goes."""
+    if t is None:
+        return []
+    out = [f"  step {duration(t.step_time_s)}, {t.tokens_per_s:,.0f} tokens/s, "
+           f"{t.model_flops_per_s_per_gpu / 1e12:,.0f} TFLOP/s per GPU, MFU {t.mfu:.1%}"]
+    comm = ", ".join(f"{ax} {duration(v)}" for ax, v in t.comm_s.items() if v > 0) or "none"
+    out.append(f"  per step: compute {duration(t.compute_s)}, exposed communication {comm}, "
+               f"pipeline bubble {duration(t.bubble_s)}, optimizer {duration(t.optimizer_s)}; "
+               f"groups placed {'-'.join(t.placement)} (innermost first)")
+    if tokens is not None:
+        out.append(f"  {params_text(int(tokens))} tokens in {duration(t.train_time_s(tokens))} "
+                   f"on {t.n_gpus} GPUs")
+    return out
+
+
+def crosscheck_text(c: Crosscheck) -> list[str]:
+    """DeepSpeed's estimate beside the planner's figures, and why they differ."""
+    d = c.deepspeed
+    if d is None:
+        return [f"Cross-check with DeepSpeed skipped: {c.reason}"]
+    i = d.inputs
+    off = "optimizer" if i.cpu_offload else ""
+    off += (" and parameters" if off else "parameters") if i.cpu_offload_params else ""
+    agree = "agrees to the byte" if d.planner_as_deepspeed == d.deepspeed else "differs"
+    return [
+        f"Cross-check with DeepSpeed's {d.estimator} ({i.num_nodes} node(s) x {i.num_gpus_per_node} GPUs, "
+        f"offload: {off or 'none'}):",
+        f"  {'DeepSpeed, model states per GPU':<44} {gib(d.deepspeed.gpu_bytes):>12}",
+        f"  {'DeepSpeed, CPU memory per node':<44} {gib(d.deepspeed.cpu_bytes):>12}",
+        f"  {'planner, weights + gradients + optimizer':<44} {gib(d.planner_model_state_bytes):>12}",
+        f"  {'planner, communication buffers':<44} {gib(d.planner_buffer_bytes):>12}",
+        f"  {'planner, total per rank':<44} {gib(d.planner_total_bytes):>12}",
+        f"  the planner's formulas under DeepSpeed's assumptions: {gib(d.planner_as_deepspeed.gpu_bytes)} per GPU, "
+        f"{gib(d.planner_as_deepspeed.cpu_bytes)} CPU per node ({agree})",
+        "  why they differ:",
+    ] + [f"    - {n}" for n in d.notes]
+
+
+def to_text(r: PlanResult, crosscheck: Crosscheck | None = None) -> str:
     m, pc = r.model, r.params
     active = f" ({params_text(pc.active)} active per token)" if m.is_moe else ""
-    out = [f"{m.name}: {pc.total:,} parameters{active} on {r.gpu.name}", "", "Assumptions:"]
+    out = [f"{m.name}: {pc.total:,} parameters{active} on {r.gpu.name}"]
+    ft = r.setup.finetune
+    if not ft.is_full or r.methods_tried:
+        from .finetune import n_trainable_params
+        n_train = n_trainable_params(m, ft, pc)
+        tried = f" (--method auto chose it among {', '.join(r.methods_tried)})" if r.methods_tried else ""
+        out.append(f"method: {ft.describe(m)}{tried}")
+        out.append(f"  {n_train:,} trainable parameters ({100 * n_train / pc.total:.3g}% of the model)")
+    out += ["", "Assumptions:"]
     out += assumptions_text(r)
     out.append("")
     if r.best is None:
@@ -161,10 +312,56 @@ def to_text(r: PlanResult) -> str:
     title = "The layout you gave" if r.fixed else f"Smallest GPU count that fits: {b.n_gpus} x {r.gpu.name}"
     out.append(f"{title}")
     out.append(f"  {b.layout.describe()}")
+    out += time_text(b.time, r.tokens)
     out.append("")
     out += memory_table(b)
     if r.alternatives:
         out += ["", f"Alternatives on {b.n_gpus} GPUs:"]
         for c in r.alternatives:
-            out.append(f"  {gib(c.memory.total):>12}  {c.layout.describe()}")
+            step = f"{duration(c.time.step_time_s):>10}/step" if c.time else ""
+            out.append(f"  {gib(c.memory.total):>12} {step}  {c.layout.describe()}")
+    if crosscheck is not None:
+        out += [""] + crosscheck_text(crosscheck)
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------------- measurement
+
+def comparison_json(m: Any, gpu: Any, cmp: Any) -> dict[str, Any]:
+    """``plan measure --json``: prediction, measurement and error per category."""
+    meas = cmp.measured
+    return {
+        "model": {"name": m.name},
+        "gpu": {"name": gpu.name, "memory_bytes": gpu.memory_bytes},
+        "layout": layout_json(cmp.layout),
+        "rows": [{"category": r.category, "predicted_bytes": r.predicted_bytes,
+                  "measured_bytes": r.measured_bytes, "error": r.error} for r in cmp.rows],
+        "predicted": {"memory_bytes": cmp.predicted.as_dict(), "phase": cmp.predicted_phase},
+        "measured": {k: meas[k] for k in ("peak_bytes", "peak_phase", "peak_step", "peak_module",
+                                          "tracker", "device", "fake", "wall_s", "raw",
+                                          "max_allocated_bytes", "max_reserved_bytes") if k in meas},
+        "note": "total is the planner's total less overhead (what no tensor tracker sees) against the tracker's peak",
+    }
+
+
+def comparison_text(m: Any, gpu: Any, cmp: Any) -> str:
+    meas = cmp.measured
+    how = "fake tensors on the CPU, fake process group" if meas.get("fake") else f"real run on {meas.get('device')}"
+    out = [f"{m.name}: {cmp.layout.describe()}, sequence {cmp.layout.seq_len}, {cmp.setup.precision}, "
+           f"{cmp.setup.optimizer}",
+           f"measured with {meas.get('tracker')} ({how}) in {meas.get('wall_s', 0):.1f} s", "",
+           f"  {'category (at the peak)':<26} {'predicted':>12} {'measured':>12} {'error':>8}"]
+    for r in cmp.rows:
+        err = "-" if r.error is None else f"{100 * r.error:+.1f}%"
+        label = "total (less overhead)" if r.category == "total" else LABELS.get(r.category, r.category)
+        if r.category == "activations":
+            label = "activations and loss"
+        out.append(f"  {label:<26} {gib(r.predicted_bytes):>12} {gib(r.measured_bytes):>12} {err:>8}")
+    out.append("")
+    out.append(f"  peak: predicted at {cmp.predicted_phase.replace('-', ' ')}; measured in "
+               f"{meas.get('peak_phase')} of step {meas.get('peak_step')} ({meas.get('peak_module') or 'outside modules'})")
+    out.append(f"  overhead not seen by the tracker (CUDA context, NCCL, fragmentation): "
+               f"{gib(cmp.predicted.overhead)}; planner total {gib(cmp.predicted.total)} of {gib(gpu.memory_bytes)}")
+    if meas.get("max_allocated_bytes"):
+        out.append(f"  CUDA max allocated {gib(meas['max_allocated_bytes'])}, max reserved {gib(meas['max_reserved_bytes'])}")
     return "\n".join(out)

@@ -1,13 +1,14 @@
-"""The search: GPU counts and layouts, scored by per-rank memory, best first."""
+"""The search: GPU counts and layouts; layouts that fit are ranked by predicted step time."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 
 from .layouts import Layout, SearchSpace, enumerate_layouts
 from .memory import RankMemory, min_model_state_bytes_per_param, per_rank_memory
 from .model import ModelSpec, ParamCount, count_params
+from .timing import StepTime
 from .training import TrainingSetup
 
 RECOMPUTE_COST = {"none": 0, "selective": 1, "full": 2}
@@ -15,19 +16,30 @@ RECOMPUTE_COST = {"none": 0, "selective": 1, "full": 2}
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Candidate:
-    """A valid layout on a GPU count, with its memory and whether it fits."""
+    """A valid layout on a GPU count, with its memory, whether it fits, and (for layouts
+    that fit) its predicted step time."""
 
     layout: Layout
     memory: RankMemory
     capacity_bytes: int
+    time: StepTime | None = None
+    host_capacity_bytes: int | None = None   # a node's CPU memory, when the topology gives it
+    nvme_capacity_bytes: int | None = None   # a node's local NVMe, when the topology gives it
 
     @property
     def n_gpus(self) -> int:
         return self.layout.n_gpus
 
     @property
+    def host_fits(self) -> bool:
+        """What offload puts in CPU memory fits a node's (unchecked without a figure)."""
+        host = self.host_capacity_bytes is None or self.memory.host_bytes_per_node <= self.host_capacity_bytes
+        nvme = self.nvme_capacity_bytes is None or self.memory.nvme_bytes_per_node <= self.nvme_capacity_bytes
+        return host and nvme
+
+    @property
     def fits(self) -> bool:
-        return self.memory.total <= self.capacity_bytes
+        return self.memory.total <= self.capacity_bytes and self.host_fits
 
     @property
     def headroom_bytes(self) -> int:
@@ -54,19 +66,23 @@ def gpu_counts(gpus_per_node: int, max_gpus: int) -> list[int]:
 
 
 def rank_key(c: Candidate) -> tuple:
-    """Order among fitting layouts on the same GPU count, until a step-time model
-    ranks them: recompute less, keep tensor and pipeline parallelism small (their
-    communication is on the critical path), shard less, take larger micro-batches."""
+    """Order among fitting layouts on the same GPU count: the shortest predicted step
+    first (planner.timing). Ties, and layouts without a step time (no timer given), go
+    to the one that recomputes less, keeps pp, cp, tp and sharding small, takes larger
+    micro-batches and leaves more memory free."""
     lay = c.layout
-    return (RECOMPUTE_COST[lay.recompute], lay.pp, lay.cp, lay.tp, lay.zero_stage,
+    step = c.time.step_time_s if c.time is not None else float("inf")
+    return (step, RECOMPUTE_COST[lay.recompute], lay.pp, lay.cp, lay.tp, lay.zero_stage,
             lay.is_fsdp, -lay.micro_batch, lay.vp, -c.headroom_bytes)
 
 
 def evaluate(m: ModelSpec, setup: TrainingSetup, layouts: Iterable[Layout], capacity_bytes: int,
-             pc: ParamCount | None = None, gpus_per_node: int = 8) -> list[Candidate]:
+             pc: ParamCount | None = None, gpus_per_node: int = 8,
+             host_capacity_bytes: int | None = None, nvme_capacity_bytes: int | None = None) -> list[Candidate]:
     pc = pc or count_params(m)
     return [Candidate(layout=lay, memory=per_rank_memory(m, setup, lay, pc, gpus_per_node),
-                      capacity_bytes=capacity_bytes)
+                      capacity_bytes=capacity_bytes, host_capacity_bytes=host_capacity_bytes,
+                      nvme_capacity_bytes=nvme_capacity_bytes)
             for lay in layouts]
 
 
@@ -83,8 +99,15 @@ class SearchResult:
 
 
 def search(m: ModelSpec, setup: TrainingSetup, capacity_bytes: int, gpus_per_node: int,
-           counts: Iterable[int], space: SearchSpace = SearchSpace()) -> SearchResult:
-    """Walk the GPU counts in order and stop at the first that has a fitting layout."""
+           counts: Iterable[int], space: SearchSpace = SearchSpace(),
+           timer: Callable[[Layout], StepTime] | None = None,
+           host_capacity_bytes: int | None = None, nvme_capacity_bytes: int | None = None) -> SearchResult:
+    """Walk the GPU counts in order and stop at the first that has a fitting layout.
+
+    ``timer`` predicts the step time of a layout; it runs on the fitting layouts only,
+    which are then ranked by it (rank_key). ``host_capacity_bytes`` is a node's CPU
+    memory (``nvme_capacity_bytes`` its NVMe): a layout whose offloaded states need more
+    per node does not fit."""
     pc = count_params(m)
     smallest: Candidate | None = None
     rejected: list[Rejected] = []
@@ -102,11 +125,15 @@ def search(m: ModelSpec, setup: TrainingSetup, capacity_bytes: int, gpus_per_nod
                 valid.append(lay)
             elif len(rejected) < 10_000:
                 rejected.append(Rejected(layout=lay, reason=reason))
-        cands = evaluate(m, setup, valid, capacity_bytes, pc, gpus_per_node)
+        cands = evaluate(m, setup, valid, capacity_bytes, pc, gpus_per_node, host_capacity_bytes,
+                         nvme_capacity_bytes)
         for c in cands:
             if smallest is None or c.memory.total < smallest.memory.total:
                 smallest = c
-        fitting = sorted((c for c in cands if c.fits), key=rank_key)
+        fitting = [c for c in cands if c.fits]
+        if timer is not None:
+            fitting = [replace(c, time=timer(c.layout)) for c in fitting]
+        fitting.sort(key=rank_key)
         if fitting:
             return SearchResult(n_gpus=n, fitting=tuple(fitting), smallest=smallest,
                                 rejected=tuple(rejected), counts_tried=tuple(tried))

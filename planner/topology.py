@@ -25,7 +25,7 @@ import networkx as nx
 
 from .errors import UserError, unknown_name
 from .hardware import get_gpu
-from .units import GB
+from .units import GB, GiB
 
 US = 1e-6               # microseconds -> seconds
 AXES = ("tp", "cp", "ep", "dp", "pp")
@@ -81,6 +81,15 @@ class ScaleOutNetwork:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class HostMemory:
+    """A node's CPU memory and local NVMe, where offloaded optimizer states and parameters go."""
+
+    memory_bytes: int
+    nvme_bytes: int | None        # None: not given
+    source: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ClusterTopology:
     """One scalable unit of a cluster: up to max_nodes identical nodes of gpus_per_node GPUs."""
 
@@ -93,6 +102,7 @@ class ClusterTopology:
     pcie: PcieTree
     network: ScaleOutNetwork
     source: str
+    host: HostMemory | None = None   # None: the file gives no CPU memory; offload is not checked
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,10 +189,19 @@ def _parse_network(t: Mapping[str, Any], where: str) -> ScaleOutNetwork:
     )
 
 
+def _parse_host(t: Mapping[str, Any], where: str) -> HostMemory:
+    t = _table(t, {"memory_gib", "source"}, {"nvme_gb"}, where)
+    if t["memory_gib"] <= 0 or t.get("nvme_gb", 1) <= 0:
+        raise UserError(f"{where}: memory_gib and nvme_gb must be positive")
+    nvme = t.get("nvme_gb")
+    return HostMemory(memory_bytes=int(t["memory_gib"] * GiB), nvme_bytes=None if nvme is None else int(nvme * GB),
+                      source=_clean(t["source"]))
+
+
 def parse_topology(text: str, where: str = "<topology>") -> ClusterTopology:
     """Parse one topology description (TOML text); see topologies/README.md for the schema."""
     t = _table(tomllib.loads(text), {"name", "description", "gpu", "gpus_per_node", "max_nodes",
-                                     "intra_node", "pcie", "network", "source"}, set(), where)
+                                     "intra_node", "pcie", "network", "source"}, {"host"}, where)
     gpu = get_gpu(t["gpu"]).name            # an unknown GPU name fails here, with suggestions
     gpn = t["gpus_per_node"]
     intra = _parse_intra(t["intra_node"], gpn, f"{where} [intra_node]")
@@ -198,7 +217,8 @@ def parse_topology(text: str, where: str = "<topology>") -> ClusterTopology:
                         f"({intra.domain_gpus // gpn} nodes each)")
     return ClusterTopology(name=t["name"], description=_clean(t["description"]), gpu=gpu, gpus_per_node=gpn,
                            max_nodes=t["max_nodes"], intra_node=intra, pcie=pcie, network=network,
-                           source=_clean(t["source"]))
+                           source=_clean(t["source"]),
+                           host=_parse_host(t["host"], f"{where} [host]") if "host" in t else None)
 
 
 def _shipped_dir() -> Any:

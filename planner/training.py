@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .finetune import FinetuneSpec
 from .units import MiB
 
 PRECISIONS = ("bf16-mixed", "fp16-mixed", "fp32", "bf16")
@@ -16,6 +17,7 @@ OPTIMIZERS = ("adamw", "sgd", "adafactor", "adam8bit")
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "eager")
 KERNELS = ("auto", "eager", "fused")
+OFFLOAD = ("none", "cpu", "nvme")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -124,6 +126,14 @@ class TrainingSetup:
     overheads: Overheads = field(default_factory=Overheads)
     buffers: Buffers = field(default_factory=Buffers)
     usable_memory_fraction: float = 1.0   # keep headroom below the card's capacity
+    # what trains: full, LoRA, QLoRA or the last blocks (planner.finetune)
+    finetune: FinetuneSpec = field(default_factory=FinetuneSpec)
+    # ZeRO-Offload / ZeRO-Infinity / FSDP CPU offload: where optimizer states and parameters live
+    offload_optimizer: str = "none"       # none | cpu | nvme
+    offload_params: str = "none"          # none | cpu | nvme
+    # bytes per parameter of optimizer state, overriding the optimizer's default (e.g. 4 for
+    # Adam moments kept in 16 bits, as torch.optim.AdamW keeps them for 16-bit parameters)
+    optimizer_state_bytes: float | None = None
 
     @property
     def precision_spec(self) -> Precision:

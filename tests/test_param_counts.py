@@ -16,6 +16,7 @@ Totals from transformers 5.24.0 on the meta device, for reference:
     llama2-7b               6,738,415,616
     llama2-13b             13,015,864,320
     llama2-70b             68,976,648,192
+    llama-65b              65,285,660,672
     llama3.1-8b             8,030,261,248
     llama3.1-70b           70,553,706,496
     llama3.1-405b         405,853,388,800
