@@ -55,7 +55,7 @@ GRID = [
     ("mixtral-8x7b", 8, 3, "bf16-mixed", 2048, 1, "full"),
     ("mixtral-8x7b", 64, 3, "bf16-mixed", 4096, 1, "full"),
     ("mixtral-8x7b", 64, 2, "bf16-mixed", 1024, 2, "none"),
-    ("mixtral-8x7b", 8, 2, "fp32", 1024, 1, "full"),
+    ("mixtral-8x7b", 8, 2, "bf16-mixed", 1024, 1, "full"),
 ]
 
 

@@ -79,6 +79,12 @@ def measurable(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> str:
         raise UserError("--recompute selective cannot be measured (transformers checkpoints whole blocks); use none or full")
     if setup.precision == "fp16-mixed":
         raise UserError("--precision fp16-mixed cannot be measured; use bf16-mixed, bf16 or fp32")
+    if setup.finetune.method == "qlora" or setup.finetune.quant != "none":
+        raise UserError("quantized bases (--method qlora, --quant) need bitsandbytes' GPU kernels and cannot "
+                        "be measured here; measure --method lora (the same adapters over a 16-bit base)")
+    if m.is_moe and setup.precision == "fp32":
+        raise UserError("an MoE model in fp32 cannot be measured: transformers' grouped expert matmul "
+                        "(torch._grouped_mm) takes bf16 only; measure --precision bf16-mixed")
     if setup.optimizer == "adam8bit":
         raise UserError("--optimizer adam8bit cannot be measured (it needs bitsandbytes and a GPU); use adamw, sgd or adafactor")
     if lay.micro_batch * lay.seq_len > 1 << 22:
@@ -107,7 +113,8 @@ def measured_setup(setup: TrainingSetup, lay: Layout, m: ModelSpec, fake: bool) 
 
 
 def run_measurement(hf_config: dict[str, Any], lay: Layout, setup: TrainingSetup, sharding: str,
-                    fake: bool = True, timeout_s: float = 900) -> dict[str, Any]:
+                    fake: bool = True, timeout_s: float = 900,
+                    lora_targets: list[str] | str | None = None) -> dict[str, Any]:
     """Run planner.measure in a fresh Python process (so peaks start from zero)."""
     payload = {
         "hf_config": hf_config, "dp": lay.dp, "sharding": sharding, "micro_batch": lay.micro_batch,
@@ -115,6 +122,9 @@ def run_measurement(hf_config: dict[str, Any], lay: Layout, setup: TrainingSetup
         "recompute": lay.recompute, "attention": "sdpa" if setup.attention == "flash" else "eager",
         "fake": fake,
     }
+    payload |= finetune_payload(setup)
+    if lora_targets is not None and payload.get("method") == "lora":
+        payload["lora_targets"] = lora_targets
     cmd = [sys.executable, "-m", "planner.measure", json.dumps(payload)]
     if not fake and sharding != "none" and lay.dp > 1:
         cmd.insert(3, f"--nproc={lay.dp}")   # one process per GPU, NCCL (torchrun)
@@ -133,12 +143,44 @@ def run_measurement(hf_config: dict[str, Any], lay: Layout, setup: TrainingSetup
     return json.loads(out.stdout)
 
 
+def finetune_payload(setup: TrainingSetup) -> dict[str, Any]:
+    """MeasureSetup's method fields for the planner's FinetuneSpec (LoRA targets as given;
+    compare() passes them as PEFT names)."""
+    ft = setup.finetune
+    if ft.method == "full":
+        return {}
+    if ft.method == "freeze":
+        return {"method": "freeze", "trainable_layers": ft.trainable_layers}
+    out: dict[str, Any] = {"method": "lora", "lora_rank": ft.lora_rank, "lora_alpha": ft.lora_alpha,
+                           "lora_dropout": ft.lora_dropout}
+    if ft.lora_targets:
+        out["lora_targets"] = list(ft.lora_targets)
+    return out
+
+
+def peft_targets(m: ModelSpec, setup: TrainingSetup) -> list[str] | str | None:
+    """The planner's LoRA targets as PEFT target_modules: None (PEFT's default for the
+    architecture), "all-linear", or the resolved module names (expert projections by
+    their transformers 4 names w1, w2, w3, which PEFT maps onto the fused experts)."""
+    from .finetune import resolve_targets
+
+    ft = setup.finetune
+    if not ft.lora_targets:
+        return None
+    if ft.lora_targets == ("all-linear",):
+        return "all-linear"
+    names: list[str] = []
+    for lin in resolve_targets(m, ft):
+        names += list(lin.aliases) if lin.expert else [lin.name]
+    return names
+
+
 def compare(m: ModelSpec, hf_config: dict[str, Any], setup: TrainingSetup, lay: Layout,
             fake: bool = True) -> Comparison:
     """Predict and measure the same step; rows per category and the total."""
     sharding = measurable(m, setup, lay)
     lay = measured_layout(lay)
-    got = run_measurement(hf_config, lay, setup, sharding, fake=fake)
+    got = run_measurement(hf_config, lay, setup, sharding, fake=fake, lora_targets=peft_targets(m, setup))
     setup = measured_setup(setup, lay, m, fake)
     pred = per_rank_memory(m, setup, lay)
     bd = pred.breakdown
