@@ -112,10 +112,9 @@ def measured_setup(setup: TrainingSetup, lay: Layout, m: ModelSpec, fake: bool) 
                    global_batch=lay.micro_batch * lay.dp * lay.ep)
 
 
-def run_measurement(hf_config: dict[str, Any], lay: Layout, setup: TrainingSetup, sharding: str,
-                    fake: bool = True, timeout_s: float = 900,
-                    lora_targets: list[str] | str | None = None) -> dict[str, Any]:
-    """Run planner.measure in a fresh Python process (so peaks start from zero)."""
+def measure_payload(hf_config: dict[str, Any], lay: Layout, setup: TrainingSetup, sharding: str,
+                    fake: bool = True, lora_targets: list[str] | str | None = None) -> dict[str, Any]:
+    """The MeasureSetup fields (planner.measure) for one layout and set-up."""
     payload = {
         "hf_config": hf_config, "dp": lay.dp, "sharding": sharding, "micro_batch": lay.micro_batch,
         "seq_len": lay.seq_len, "precision": setup.precision, "optimizer": setup.optimizer,
@@ -125,6 +124,14 @@ def run_measurement(hf_config: dict[str, Any], lay: Layout, setup: TrainingSetup
     payload |= finetune_payload(setup)
     if lora_targets is not None and payload.get("method") == "lora":
         payload["lora_targets"] = lora_targets
+    return payload
+
+
+def run_measurement(hf_config: dict[str, Any], lay: Layout, setup: TrainingSetup, sharding: str,
+                    fake: bool = True, timeout_s: float = 900,
+                    lora_targets: list[str] | str | None = None) -> dict[str, Any]:
+    """Run planner.measure in a fresh Python process (so peaks start from zero)."""
+    payload = measure_payload(hf_config, lay, setup, sharding, fake, lora_targets)
     cmd = [sys.executable, "-m", "planner.measure", json.dumps(payload)]
     if not fake and sharding != "none" and lay.dp > 1:
         cmd.insert(3, f"--nproc={lay.dp}")   # one process per GPU, NCCL (torchrun)
@@ -137,6 +144,8 @@ def run_measurement(hf_config: dict[str, Any], lay: Layout, setup: TrainingSetup
         raise UserError(out.stderr.strip().splitlines()[-1].removeprefix("error: "))
     if out.returncode != 0:
         tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        if "No module named 'peft'" in out.stderr:
+            raise UserError("plan measure --method lora needs peft: pip install -c constraints.txt -e '.[measure]'")
         if "No module named 'torch'" in out.stderr or "No module named 'transformers'" in out.stderr:
             raise UserError("plan measure needs torch and transformers: pip install -c constraints.txt -e '.[measure]'")
         raise RuntimeError(f"the measurement failed: {tail}")
@@ -176,11 +185,20 @@ def peft_targets(m: ModelSpec, setup: TrainingSetup) -> list[str] | str | None:
 
 
 def compare(m: ModelSpec, hf_config: dict[str, Any], setup: TrainingSetup, lay: Layout,
-            fake: bool = True) -> Comparison:
-    """Predict and measure the same step; rows per category and the total."""
+            fake: bool = True, in_process: bool = False) -> Comparison:
+    """Predict and measure the same step; rows per category and the total. ``in_process``
+    measures in this process (the tracker's peaks are fresh per call; only CUDA's own
+    maxima need a fresh process), saving the start-up of a new one."""
     sharding = measurable(m, setup, lay)
     lay = measured_layout(lay)
-    got = run_measurement(hf_config, lay, setup, sharding, fake=fake, lora_targets=peft_targets(m, setup))
+    if in_process:
+        import dataclasses
+
+        from .measure import MeasureSetup, measure
+        payload = measure_payload(hf_config, lay, setup, sharding, fake, peft_targets(m, setup))
+        got = dataclasses.asdict(measure(MeasureSetup(**payload)))
+    else:
+        got = run_measurement(hf_config, lay, setup, sharding, fake=fake, lora_targets=peft_targets(m, setup))
     setup = measured_setup(setup, lay, m, fake)
     pred = per_rank_memory(m, setup, lay)
     bd = pred.breakdown

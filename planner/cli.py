@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from .errors import UserError
+from .finetune import METHODS, QUANTS
 from .training import (ATTENTION, KERNELS, MAX_GLOBAL_BATCH, MAX_GPUS, MAX_MICRO_BATCH,
                        MAX_SEQ_LEN, OPTIMIZERS, PRECISIONS, RECOMPUTE)
 
@@ -24,6 +25,16 @@ if TYPE_CHECKING:
     from .emit import EmitOptions
 
 ISSUES_HINT = "this is a bug in planner; please report it with the command you ran"
+
+
+class FiniteFloatRange(click.FloatRange):
+    """click.FloatRange that also refuses nan (which passes every range comparison)."""
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        out = super().convert(value, param, ctx)
+        if out != out:
+            self.fail(f"{value!r} is not a number", param, ctx)
+        return out
 
 
 def _degree(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -64,15 +75,77 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="flash/SDPA, or eager that materialises the s x s scores."),
         click.option("--kernels", type=click.Choice(KERNELS), default="auto", show_default=True,
                      help="eager PyTorch ops (Hugging Face models) or fused Megatron kernels; auto: fused with tp/pp/cp."),
-        click.option("--fragmentation", type=click.FloatRange(0, 1), default=None,
+        click.option("--fragmentation", type=FiniteFloatRange(0, 1), default=None,
                      help="Allocator fragmentation as a fraction of tensor memory  [default: 0.10]."),
-        click.option("--usable-memory", type=click.FloatRange(0.05, 1), default=1.0, show_default=True,
+        click.option("--usable-memory", type=FiniteFloatRange(0.05, 1), default=1.0, show_default=True,
                      help="Fraction of the GPU's memory a plan may use."),
         click.option("--json", "as_json", is_flag=True, help="Print one JSON object (schema in the README)."),
     ]
     for opt in reversed(opts):
         f = opt(f)
     return f
+
+
+def method_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The fine-tuning method (planner.finetune), for `plan` and `plan measure`."""
+    opts = [
+        click.option("--method", type=click.Choice([*METHODS, "auto"]), default="full", show_default=True,
+                     help="What trains: full; lora (16-bit frozen base, adapters); qlora (4-bit NF4 base, "
+                          "16-bit adapters, paged 8-bit AdamW); freeze (only the last blocks); auto: full, "
+                          "lora or qlora, whichever fits on the fewest GPUs (full first on a tie)."),
+        click.option("--lora-rank", type=click.IntRange(1, 65536), default=None,
+                     help="LoRA rank r  [default: 8; qlora: 64]."),
+        click.option("--lora-alpha", type=click.IntRange(1, 1 << 20), default=None,
+                     help="LoRA alpha (scales the update, costs no memory)  [default: 8; qlora: 16]."),
+        click.option("--lora-targets", metavar="LIST", default=None,
+                     help="Comma-separated layers to adapt: attention, mlp, all-linear, or module names "
+                          "(q_proj,v_proj)  [default: PEFT's for the architecture; qlora: all-linear]."),
+        click.option("--lora-dropout", type=FiniteFloatRange(0, 1, max_open=True), default=None,
+                     help="LoRA dropout; > 0 keeps a mask and a copy of each adapted input  [default: 0]."),
+        click.option("--quant", type=click.Choice(QUANTS), default=None,
+                     help="Store the frozen base's linear weights as int8, int4 or nf4 (--method lora, "
+                          "or --task load)  [default: none; qlora: nf4]."),
+        click.option("--trainable-layers", type=click.IntRange(1, 1 << 20), default=None,
+                     help="With --method freeze: how many of the last blocks train  [default: 2]."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def task_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """`plan --task load`: inference memory instead of a training plan."""
+    return click.option(
+        "--task", type=click.Choice(["train", "load"]), default="train", show_default=True,
+        help="train: a training plan; load: the memory to hold the model for inference (weights at "
+             "--precision or --quant, KV cache for --micro-batch sequences of --seq-len tokens).")(f)
+
+
+def finetune_spec(kw: dict[str, Any], method: str | None = None):  # noqa: ANN201 - FinetuneSpec
+    """--method and its options -> FinetuneSpec (``method`` overrides --method, for auto)."""
+    from .finetune import FinetuneSpec
+
+    name = method or kw.get("method") or "full"
+    targets = None
+    if kw.get("lora_targets"):
+        targets = tuple(t.strip() for t in kw["lora_targets"].split(",") if t.strip())
+        if not targets:
+            raise UserError("--lora-targets is empty; give module names or attention, mlp, all-linear")
+    lora_opts = [o for o in ("lora_rank", "lora_alpha", "lora_targets", "lora_dropout") if kw.get(o) is not None]
+    if name in ("full", "freeze") and lora_opts and method is None:
+        raise UserError(f"--{lora_opts[0].replace('_', '-')} needs --method lora or qlora")
+    if kw.get("trainable_layers") is not None and name != "freeze" and method is None:
+        raise UserError("--trainable-layers needs --method freeze")
+    quant = kw.get("quant")
+    if quant is not None and name not in ("lora", "qlora") and method is None:
+        raise UserError(f"--quant {quant} stores a frozen base: use it with --method lora (or qlora), "
+                        f"or with --task load")
+    if name == "qlora" and quant not in (None, "nf4"):
+        raise UserError(f"--method qlora stores the base as nf4; for an {quant} base use --method lora --quant {quant}")
+    return FinetuneSpec.named(name, rank=kw.get("lora_rank"), alpha=kw.get("lora_alpha"), targets=targets,
+                              dropout=kw.get("lora_dropout"),
+                              quant=quant if name in ("lora", "qlora") else None,
+                              trainable_layers=kw.get("trainable_layers"))
 
 
 def output_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -86,10 +159,11 @@ def output_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--crosscheck", is_flag=True,
                      help="Compare model states with DeepSpeed's own estimators (imports deepspeed, ~2 s)."),
         click.option("--offload-optimizer", type=offload, default="none", show_default=True,
-                     help="Offload optimizer states in the written configs and the cross-check "
-                          "(memory figures do not subtract them yet)."),
+                     help="ZeRO-Offload: optimizer states (and fp32 gradients) in CPU memory or on NVMe; "
+                          "the GPU memory left and the CPU memory per node are planned (ZeRO-1 or higher)."),
         click.option("--offload-params", type=offload, default="none", show_default=True,
-                     help="Offload parameters (ZeRO-3 or FSDP) in the written configs and the cross-check."),
+                     help="ZeRO-Infinity / FSDP CPU offload: parameters in CPU memory or on NVMe "
+                          "(ZeRO-3 or FSDP full sharding; FSDP also moves gradients and optimizer states)."),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -121,7 +195,45 @@ def time_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Cluster topology: a shipped one (`plan topologies`) or a TOML file  "
                           "[default: the GPU's own, e.g. dgx-h100 for h100]."),
         click.option("--tokens", type=TokenCount(), default=None,
-                     help="Tokens to train on (2e12, 300B): adds the time to train."),
+                     help="Tokens to train on (2e12, 300B): the plan then minimises the cost (or time) of "
+                          "training on them, over GPU counts (and the GPU types --gpus lists), by an ILP."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+class Dollars(click.ParamType):
+    """An amount in US dollars: 250000, 250k, 1.5M, $2M."""
+
+    name = "USD"
+    SUFFIXES = {"k": 1e3, "m": 1e6, "b": 1e9}
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        text = str(value).strip().lstrip("$").replace("_", "").replace(",", "")
+        scale = self.SUFFIXES.get(text[-1:].lower(), 1.0)
+        try:
+            usd = float(text[:-1] if scale != 1.0 else text) * scale
+        except ValueError:
+            self.fail(f"{value!r} is not an amount in dollars (e.g. 250000, 250k, 1.5M)", param, ctx)
+        if not 0 < usd < 1e15:
+            self.fail(f"{value!r} must be a positive amount in dollars", param, ctx)
+        return usd
+
+
+def cost_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """Options of the cost objective (`plan --tokens`): constraints, prices, the solver."""
+    opts = [
+        click.option("--deadline", metavar="DURATION|DATE", default=None,
+                     help="With --tokens: finish within this long (30d, 12h, 2w) or by this date (2026-03-01)."),
+        click.option("--budget", type=Dollars(), default=None,
+                     help="With --tokens: spend at most this many US dollars (250k, 1.5M)."),
+        click.option("--objective", type=click.Choice(["cost", "time"]), default=None,
+                     help="With --tokens: what to minimise  [default: cost]."),
+        click.option("--prices", "prices_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                     metavar="PATH", help="A TOML file overriding entries of the price catalog (`plan gpus`)."),
+        click.option("--solver", type=click.Choice(["auto", "highs", "cbc"]), default="auto", show_default=True,
+                     help="The ILP solver: HiGHS when highspy is installed (auto), else PuLP's bundled CBC."),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -161,7 +273,8 @@ def build_request(kw: dict[str, Any]):
     if not kw["gpu_name"]:
         raise UserError("missing --gpus; pass a GPU type (`plan gpus`), e.g. --gpus h100")
     if "," in kw["gpu_name"]:
-        raise UserError("--gpus takes one GPU type here; run one plan per type to compare them")
+        raise UserError("--gpus takes one GPU type without --tokens; give --tokens N to let the planner "
+                        "choose among several (--gpus h100,a100) by cost")
     m = load_model(kw["model_name"])
     gpu = get_gpu(kw["gpu_name"])
     if kw["precision"].startswith("bf16") and gpu.bf16_flops_per_s is None:
@@ -184,7 +297,10 @@ def build_request(kw: dict[str, Any]):
     setup = TrainingSetup(seq_len=kw["seq_len"], global_batch=global_batch or 1024,
                           precision=kw["precision"], optimizer=kw["optimizer"],
                           attention=kw["attention"], kernels=kw["kernels"],
-                          usable_memory_fraction=kw["usable_memory"])
+                          usable_memory_fraction=kw["usable_memory"],
+                          finetune=finetune_spec(kw, "full" if kw.get("method") == "auto" else None),
+                          offload_optimizer=kw.get("offload_optimizer") or "none",
+                          offload_params=kw.get("offload_params") or "none")
     if kw["fragmentation"] is not None:
         setup = replace(setup, overheads=Overheads(fragmentation=kw["fragmentation"]))
     space = SearchSpace(
@@ -208,7 +324,10 @@ class PlanGroup(click.Group):
 @click.group(cls=PlanGroup, invoke_without_command=True,
              context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @layout_options
+@method_options
+@task_options
 @time_options
+@cost_options
 @output_options
 @click.version_option(package_name="planner", prog_name="planner")
 @click.pass_context
@@ -232,9 +351,29 @@ def cli(ctx: click.Context, **kw: Any) -> None:
 def _plan(kw: dict[str, Any]) -> None:
     from . import api, report
 
+    if kw.get("task") == "load":
+        _load(kw)
+        return
+    if kw.get("tokens") is not None:
+        _plan_cost(kw)
+        return
+    for name in ("deadline", "budget", "objective"):
+        if kw.get(name) is not None:
+            raise UserError(f"--{name} needs --tokens N: the time and cost of a plan depend on the tokens to train on")
     m, gpu, setup, space, n_gpus = build_request(kw)
     lay = api.fixed_layout(space, setup, n_gpus)
-    if lay is not None:
+    if kw.get("method") == "auto":
+        specs = tuple(finetune_spec(kw, name) for name in api.AUTO_METHODS)
+        if lay is not None:
+            from dataclasses import replace
+            results = [api.evaluate_layout(m, gpu, replace(setup, finetune=ft), lay, **_timing(kw, gpu))
+                       for ft in specs]
+            result = next((r for r in results if r.fits), results[-1])
+            result = replace(result, methods_tried=api.AUTO_METHODS)
+        else:
+            result = api.plan_methods(m, gpu, setup, specs, space, n_gpus=n_gpus, max_gpus=kw["max_gpus"],
+                                      **_timing(kw, gpu))
+    elif lay is not None:
         result = api.evaluate_layout(m, gpu, setup, lay, **_timing(kw, gpu))
     else:
         result = api.plan(m, gpu, setup, space, n_gpus=n_gpus, max_gpus=kw["max_gpus"], **_timing(kw, gpu))
@@ -264,6 +403,112 @@ def _plan(kw: dict[str, Any]) -> None:
     if not_written is not None:
         raise not_written
     if result.best is None and not kw["as_json"]:
+        sys.exit(2)
+
+
+def _plan_cost(kw: dict[str, Any]) -> None:
+    """`plan --tokens N`: the plan that minimises the cost (or time) of training on N tokens,
+    chosen by an ILP over GPU types, counts and layouts (planner.costplan)."""
+    from datetime import datetime, timezone
+
+    from . import api, report
+    from .cost import load_prices
+    from .costplan import plan_cost
+    from .hardware import get_gpu
+    from .jobs import parse_when_s
+    from .layouts import reject_reason
+    from .solve import Limits
+
+    if not kw["model_name"]:
+        raise UserError("missing --model; pass a preset name (`plan models`) or a config.json path")
+    names = [g.strip() for g in (kw["gpu_name"] or "").split(",") if g.strip()]
+    if not names:
+        raise UserError("missing --gpus; pass one GPU type or several (--gpus h100,a100), see `plan gpus`")
+    gpus = [get_gpu(n) for n in names]
+    if len({g.name for g in gpus}) != len(gpus):
+        raise UserError(f"--gpus {kw['gpu_name']} names a GPU type twice")
+    if kw.get("method") == "auto":
+        raise UserError("--method auto picks the method on the fewest GPUs; with --tokens give one method "
+                        "(full, lora, qlora, freeze) and compare them by running the plan per method")
+    m, _, setup, space, n_gpus = build_request({**kw, "gpu_name": gpus[0].name})
+    deadline_s = None
+    if kw["deadline"] is not None:
+        deadline_s, _ = parse_when_s(kw["deadline"], "--deadline", datetime.now(timezone.utc))
+        if deadline_s <= 0:
+            raise UserError(f"--deadline {kw['deadline']} is in the past; give a later date or a duration (30d)")
+    lay = api.fixed_layout(space, setup, n_gpus)
+    if lay is not None:
+        for gpu in gpus:
+            reason = reject_reason(m, setup, lay, gpu.gpus_per_node)
+            if reason:
+                raise UserError(f"layout {lay.describe()} cannot run: {reason}")
+        n_gpus = lay.n_gpus
+    r = plan_cost(m, gpus, setup, kw["tokens"], load_prices(kw["prices_path"]), space,
+                  objective=kw["objective"] or "cost",
+                  limits=Limits(deadline_s=deadline_s, budget_usd=kw["budget"], max_gpus=kw["max_gpus"]),
+                  n_gpus=n_gpus, topology=kw["topology"], solver=kw["solver"])
+    result = r.result
+    opts = _emit_options(kw)
+    if opts.offloads and result.best is not None:
+        from .emit import check_options
+        check_options(result, opts)
+    crosscheck = None
+    if kw["crosscheck"] and result.best is not None:
+        import os
+
+        from .crosscheck import crosscheck as run_crosscheck
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        crosscheck = run_crosscheck(result, opts.offload_optimizer, opts.offload_params)
+    written = []
+    if kw["out"] is not None:
+        if result.best is None:
+            raise UserError(f"no plan satisfies the constraints, so nothing was written to --out {kw['out']}")
+        written = _write_out(result, kw, opts, crosscheck)
+    if kw["as_json"]:
+        click.echo(json.dumps(report.cost_json(r, crosscheck), indent=2))
+    else:
+        click.echo(report.cost_text(r, crosscheck))
+    if written:
+        click.echo(f"wrote {', '.join(p.name for p in written)} to {kw['out']}", err=kw["as_json"])
+    if r.chosen is None and not kw["as_json"]:
+        sys.exit(2)
+
+
+def _load(kw: dict[str, Any]) -> None:
+    """`plan --task load`: weights, KV cache and working memory on the fewest GPUs."""
+    from dataclasses import replace
+
+    from . import report
+    from .hardware import get_gpu
+    from .inference import LoadSetup, plan_load
+    from .model import load_model
+    from .training import Overheads
+
+    if not kw["model_name"] or not kw["gpu_name"]:
+        raise UserError("--task load needs --model and --gpus")
+    if kw.get("method") not in (None, "full"):
+        raise UserError("--task load sizes a model for inference; drop --method (use --quant for quantized weights)")
+    for name in ("dp", "cp", "ep", "zero", "fsdp", "recompute", "grad_accum", "global_batch"):
+        if kw.get(name) is not None:
+            raise UserError(f"--{name.replace('_', '-')} is a training option; --task load takes --tp, --pp, "
+                            f"--micro-batch (sequences held at once) and --seq-len (their context)")
+    m, gpu = load_model(kw["model_name"]), get_gpu(kw["gpu_name"])
+    wb = 4 if kw["precision"] == "fp32" else 2
+    setup = LoadSetup(weight_bytes=wb, quant=kw.get("quant") or "none", batch=kw["micro_batch"] or 1,
+                      context=kw["seq_len"], kv_bytes=wb, usable_memory_fraction=kw["usable_memory"])
+    if kw["fragmentation"] is not None:
+        setup = replace(setup, overheads=Overheads(fragmentation=kw["fragmentation"]))
+    tp, pp = kw["tp"], kw["pp"]
+    if kw["n_gpus"] is not None and tp is None and pp is None:
+        tp, pp = (kw["n_gpus"], 1) if kw["n_gpus"] <= gpu.gpus_per_node else (gpu.gpus_per_node,
+                                                                              kw["n_gpus"] // gpu.gpus_per_node)
+    if tp is not None and (m.n_heads % tp or (m.n_kv_heads % tp and tp % m.n_kv_heads)):
+        raise UserError(f"--tp {tp} does not split the {m.n_heads} heads ({m.n_kv_heads} KV heads) evenly")
+    if pp is not None and pp > m.n_layers:
+        raise UserError(f"--pp {pp} exceeds the {m.n_layers} layers")
+    result = plan_load(m, gpu, setup, tp=tp, pp=pp, max_gpus=kw["max_gpus"])
+    click.echo(report.load_json(result) if kw["as_json"] else report.load_text(result))
+    if not result.fits and not kw["as_json"]:
         sys.exit(2)
 
 
@@ -316,25 +561,81 @@ def models_cmd(as_json: bool) -> None:
 
 @cli.command("gpus")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def gpus_cmd(as_json: bool) -> None:
-    """List the GPU catalog."""
+@click.option("--prices", "prices_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              metavar="PATH", help="A TOML file overriding entries of the price catalog.")
+def gpus_cmd(as_json: bool, prices_path: Path | None) -> None:
+    """List the GPU catalog with its prices: rental per GPU-hour, a node's purchase price
+    and power (presets/prices.toml, each with its source and date)."""
     def go() -> None:
+        from . import report
+        from .cost import load_prices
         from .hardware import list_gpus
         from .units import GiB
         gpus = list_gpus()
+        prices = load_prices(prices_path)
+        priced = report.prices_json(prices, [g.name for g in gpus])
         if as_json:
             click.echo(json.dumps([{
                 "name": g.name, "full_name": g.full_name, "memory_bytes": g.memory_bytes,
                 "bf16_flops_per_s": g.bf16_flops_per_s, "hbm_bytes_per_s": g.hbm_bytes_per_s,
                 "gpus_per_node": g.gpus_per_node, "intra_node_link": g.intra_node_link,
-                "source": g.source} for g in gpus], indent=2))
+                "source": g.source, "prices": priced[g.name]} for g in gpus], indent=2))
             return
-        click.echo(f"{'name':<10} {'memory':>10} {'bf16 TFLOP/s':>13} {'HBM TB/s':>9} {'per node':>9}  link / full name")
+        click.echo(f"{'name':<10} {'memory':>10} {'bf16 TFLOP/s':>13} {'HBM TB/s':>9} {'per node':>9} "
+                   f"{'$/GPU-h':>8} {'node $':>9} {'node kW':>8}  link / full name")
         for g in gpus:
             bf16 = f"{g.bf16_flops_per_s / 1e12:.1f}" if g.bf16_flops_per_s else "-"
             click.echo(f"{g.name:<10} {g.memory_bytes / GiB:>6.1f} GiB {bf16:>13} "
-                       f"{g.hbm_bytes_per_s / 1e12:>9.2f} {g.gpus_per_node:>9}  {g.intra_node_link}; {g.full_name}")
+                       f"{g.hbm_bytes_per_s / 1e12:>9.2f} {g.gpus_per_node:>9} "
+                       f"{report.gpu_price_cells(prices.for_gpu(g.name))}  {g.intra_node_link}; {g.full_name}")
+        click.echo("")
+        click.echo(report.price_sources_text(prices, [g.name for g in gpus]))
     run_safely(go)
+
+
+@cli.command("buy")
+@click.argument("jobs_path", metavar="JOBS.yaml", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--gpus", "gpu_names", metavar="LIST", default=None,
+              help="GPU types to choose from, e.g. h100,h200,b200  [default: the file's gpus, else h100,h200,b200].")
+@click.option("--budget", type=Dollars(), default=None, help="Spend at most this much over the horizon (purchase + power).")
+@click.option("--horizon", metavar="DURATION", default=None,
+              help="How long the cluster is owned and powered (365d, 52w)  [default: the file's horizon, else 365d].")
+@click.option("--max-gpus", type=click.IntRange(1, MAX_GPUS), default=4096, show_default=True,
+              help="The most GPUs one job may use.")
+@click.option("--prices", "prices_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              metavar="PATH", help="A TOML file overriding entries of the price catalog (`plan gpus`).")
+@click.option("--solver", type=click.Choice(["auto", "highs", "cbc"]), default="auto", show_default=True,
+              help="The ILP solver: HiGHS when highspy is installed (auto), else PuLP's bundled CBC.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def buy_cmd(jobs_path: Path, gpu_names: str | None, budget: float | None, horizon: str | None, max_gpus: int,
+            prices_path: Path | None, solver: str, as_json: bool) -> None:
+    """Size a cluster purchase: how many nodes of each GPU type to buy so that every job of
+    JOBS.yaml meets its deadline, at the least cost of ownership (purchase plus power over
+    the horizon), by an ILP. Jobs that overlap in time share the cluster's GPUs.
+
+    \b
+      plan buy examples/jobs.yaml
+      plan buy jobs.yaml --gpus h100,b200 --budget 20M --horizon 2y
+    """
+    run_safely(lambda: _buy(jobs_path, gpu_names, budget, horizon, max_gpus, prices_path, solver, as_json))
+
+
+def _buy(jobs_path: Path, gpu_names: str | None, budget: float | None, horizon: str | None, max_gpus: int,
+         prices_path: Path | None, solver: str, as_json: bool) -> None:
+    from . import report
+    from .cost import DAY_S, load_prices
+    from .costplan import plan_purchase
+    from .jobs import load_jobs, parse_duration_s
+
+    jobs = load_jobs(jobs_path)
+    names = [g.strip() for g in gpu_names.split(",") if g.strip()] if gpu_names else list(jobs.gpus)
+    names = names or ["h100", "h200", "b200"]
+    horizon_s = (parse_duration_s(horizon, "--horizon") if horizon is not None
+                 else jobs.horizon_s if jobs.horizon_s is not None else 365 * DAY_S)
+    r = plan_purchase(jobs, names, load_prices(prices_path), horizon_s, budget, max_gpus, solver=solver)
+    click.echo(json.dumps(report.buy_json(r), indent=2) if as_json else report.buy_text(r))
+    if not r.feasible and not as_json:
+        sys.exit(2)
 
 
 @cli.command("topologies")
@@ -351,6 +652,7 @@ def topologies_cmd(as_json: bool) -> None:
 
 @cli.command("measure")
 @layout_options
+@method_options
 @click.option("--real", is_flag=True,
               help="Run on this machine's CUDA GPUs for real (torchrun, one process per GPU) "
                    "instead of fake tensors on the CPU.")
@@ -383,6 +685,8 @@ def _measure(kw: dict[str, Any], real: bool) -> None:
     kw["recompute"] = kw["recompute"] or "none"
     if not kw["gpu_name"]:
         kw["gpu_name"] = "h100"
+    if kw.get("method") == "auto":
+        raise UserError("plan measure runs one method: give --method full, lora or freeze")
     m, gpu, setup, space, n_gpus = build_request(kw)
     from dataclasses import replace
     from .api import fixed_layout

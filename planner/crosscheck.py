@@ -186,6 +186,9 @@ def not_described(r: PlanResult) -> str | None:
                 f"({lay.sharding})")
     if lay.zero_stage not in ESTIMATORS:
         return f"DeepSpeed's estimators describe ZeRO-2 and ZeRO-3; this plan uses ZeRO-{lay.zero_stage}"
+    if not r.setup.finetune.is_full:
+        return (f"DeepSpeed's estimators size full training (every parameter with its optimizer states); "
+                f"this plan fine-tunes with {r.setup.finetune.method}")
     return None
 
 

@@ -103,6 +103,7 @@ from typing import Any
 from planner.errors import UserError
 
 SHARDINGS = ("none", "grad-op", "full")
+METHODS = ("full", "lora", "freeze")
 PRECISIONS = ("fp32", "bf16-mixed", "bf16")
 OPTIMIZERS = ("adamw", "sgd", "adafactor")
 RECOMPUTES = ("none", "full")
@@ -147,6 +148,11 @@ class MeasureSetup:
     n_steps: training steps run under the tracker; the peak is over all of them, so with the
         default 2 the optimizer state exists for the whole of the second step. (The first step
         creates AdamW's states lazily inside its optimizer step.)
+    method: "full"; "lora" (peft.get_peft_model with LoraConfig(r=lora_rank,
+        lora_alpha=lora_alpha, target_modules=lora_targets or PEFT's default,
+        lora_dropout=lora_dropout) over a base built in 16 bits, or fp32 for "fp32"; PEFT keeps
+        the adapters in fp32); "freeze" (the base in 16 bits, only the last ``trainable_layers``
+        blocks train, upcast to fp32 as LLaMA-Factory's freeze tuning does).
     """
 
     hf_config: dict[str, Any]
@@ -160,9 +166,16 @@ class MeasureSetup:
     attention: str = "sdpa"
     fake: bool = True
     n_steps: int = 2
+    method: str = "full"
+    lora_rank: int = 8
+    lora_alpha: int = 8
+    lora_targets: list[str] | None = None
+    lora_dropout: float = 0.0
+    trainable_layers: int = 2
 
     def __post_init__(self) -> None:
         for name, value, allowed in (
+            ("method", self.method, METHODS),
             ("sharding", self.sharding, SHARDINGS),
             ("precision", self.precision, PRECISIONS),
             ("optimizer", self.optimizer, OPTIMIZERS),
@@ -347,7 +360,7 @@ def _measure_rank(setup: MeasureSetup, device: Any, *, mesh: Any, rank: int, ddp
         torch.cuda.reset_peak_memory_stats(device)
     fake_mode = FakeTensorMode() if setup.fake else contextlib.nullcontext()
     with fake_mode, _unpacked_sequences(), _separate_dtensor_propagation(setup.fake):
-        model = _build_model(setup, device)
+        model = _build_model(setup, device) if setup.method == "full" else _build_finetuned(setup, device)
         n_params = sum(p.numel() for p in model.parameters())
         vocab_size = model.config.vocab_size
         if setup.recompute == "full":
@@ -435,6 +448,66 @@ def _build_model(setup: MeasureSetup, device: Any) -> Any:
         model = auto_cls.from_config(config, attn_implementation=setup.attention, dtype=dtype)
     model.train()
     return model
+
+
+def _build_finetuned(setup: MeasureSetup, device: Any) -> Any:
+    """The base model in 16 bits (fp32 for "fp32") with LoRA adapters (peft) or with only its
+    last blocks trainable (in fp32). Under fake tensors the model is built on the meta device
+    and then given fake storage, since module dtype casts cannot swap fake parameters."""
+    import torch
+
+    base_dtype = torch.float32 if setup.precision == "fp32" else torch.bfloat16
+    build_device = torch.device("meta") if setup.fake else device
+    with _outside_fake_mode():
+        model = _build_model(replace_dtype(setup, base_dtype), build_device)
+        if setup.method == "lora":
+            from peft import LoraConfig, get_peft_model
+
+            config = LoraConfig(r=setup.lora_rank, lora_alpha=setup.lora_alpha, lora_dropout=setup.lora_dropout,
+                                target_modules=setup.lora_targets)
+            model = get_peft_model(model, config)
+        else:
+            for p in model.parameters():
+                p.requires_grad_(False)
+            for block in _blocks(model)[-setup.trainable_layers:]:
+                block.float()
+                for p in block.parameters():
+                    p.requires_grad_(True)
+    if setup.fake:
+        made: dict[int, Any] = {}
+
+        def fake_like(t: Any) -> Any:   # one storage per original tensor: tied weights stay tied
+            if id(t) not in made:
+                made[id(t)] = torch.empty(t.shape, dtype=t.dtype, device=device)
+            return made[id(t)]
+
+        places: dict[int, list[tuple[Any, str]]] = {}
+        for module in model.modules():
+            for name, p in module.named_parameters(recurse=False):
+                places.setdefault(id(p), []).append((module, name))
+        model = model._apply(fake_like)
+        for where in places.values():        # re-tie: _apply gives each module its own Parameter
+            first = getattr(where[0][0], where[0][1])
+            for module, name in where[1:]:
+                setattr(module, name, first)
+    model.train()
+    return model
+
+
+def replace_dtype(setup: MeasureSetup, dtype: Any) -> MeasureSetup:
+    """The setup whose _build_model dtype is ``dtype`` (bf16 -> "bf16", fp32 -> "fp32")."""
+    import torch
+
+    return dataclasses.replace(setup, precision="bf16" if dtype == torch.bfloat16 else "fp32")
+
+
+@contextlib.contextmanager
+def _outside_fake_mode() -> Iterator[None]:
+    """Leave any active FakeTensorMode (meta-device building must not produce fake tensors)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        yield
 
 
 def _checkpoint_blocks(model: Any) -> None:
@@ -547,6 +620,14 @@ def _make_tracker(model: Any, optimizer: Any, ids: Any, *, sharded: bool) -> Any
             self.peak_phase = ""
             self.peak_module = ""
 
+        def _track_module_params_and_buffers(self, module: Any, install_grad_hooks: bool = True) -> Any:
+            # frozen parameters (LoRA's base, freeze) never get a gradient, and
+            # Tensor.register_hook refuses them: give them no-op handles so none is installed
+            for p in module.parameters():
+                if not p.requires_grad and self._param_to_grad_hook_handles.get(p) is None:
+                    self._param_to_grad_hook_handles[p] = (_NoHandle(), _NoHandle())
+            return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
         def _update_peak_stats(self, peak_state: Any) -> None:  # called after every op
             peak_before = dict(self._peak_mem)
             super()._update_peak_stats(peak_state)
@@ -572,6 +653,13 @@ def _make_tracker(model: Any, optimizer: Any, ids: Any, *, sharded: bool) -> Any
         tracker = _MaxTracker()
         tracker.track_external(model, optimizer, ids)
     return tracker
+
+
+class _NoHandle:
+    """A hook handle for a hook never installed (MemTracker removes its handles on exit)."""
+
+    def remove(self) -> None:
+        pass
 
 
 def _named(snap: Mapping[Any, int]) -> dict[str, int]:

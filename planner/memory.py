@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from .finetune import RankSplit, activation_layers, lora_activation_terms, rank_split
+from .finetune import FinetuneSpec, RankSplit, activation_layers, lora_activation_terms, rank_split
 from .layouts import Layout
 from .model import ModelSpec, ParamCount, count_params
 from .training import Precision, TrainingSetup, optimizer_state_bytes_per_param
@@ -185,6 +185,7 @@ def adafactor_bytes_per_param(m: ModelSpec) -> float:
 def model_state_bytes(
     n_dense: int, n_expert: int, precision: Precision, optimizer_bytes_per_param: float,
     lay: Layout, shard_degree_dense: int | None = None, amp: bool = False,
+    expert_padding: float = 1.0,
 ) -> ModelStates:
     """Weights, gradients and optimizer state of one rank (ZeRO paper, Sec. 5).
 
@@ -195,7 +196,8 @@ def model_state_bytes(
     policy keeps the sharded parameters in fp32 (they are the master copy) and fp32
     gradients, and gathers 16-bit copies for compute (PyTorch FSDP2 docs,
     MixedPrecisionPolicy); shard-grad-op keeps the gathered copies from forward to
-    backward.
+    backward. ``expert_padding`` (see fsdp_expert_padding) scales the expert shards FSDP2
+    stores when it cannot split the experts' first dimension evenly.
     """
     d_dense = shard_degree_dense or lay.dense_shard_degree
     d_expert = max(1, lay.expert_shard_degree if shard_degree_dense is None
@@ -212,7 +214,9 @@ def model_state_bytes(
         stored = 4 if precision.is_mixed else precision.weight_bytes
         grad = 4 if precision.is_mixed else precision.grad_bytes
         opt = optimizer_bytes_per_param
-        unsharded = (n_dense + n_expert) * precision.weight_bytes if lay.sharding == "fsdp-grad-op" else 0
+        unsharded = (int((n_dense + n_expert * expert_padding) * precision.weight_bytes)
+                     if lay.sharding == "fsdp-grad-op" else 0)
+        n_expert = int(n_expert * expert_padding)
         return ModelStates(
             weights=shard(n_dense * stored, n_expert * stored, True),
             gradients=shard(n_dense * grad, n_expert * grad, True),
@@ -497,17 +501,28 @@ def per_rank_memory(m: ModelSpec, setup: TrainingSetup, lay: Layout,
     prec = setup.precision_spec
     ft = setup.finetune
     kernels = resolve_kernels(setup, lay)
-    # autocast keeps trainable parameters in fp32 (PEFT's adapters too); a frozen base loaded
-    # in 16 bits gives a 16-bit residual stream, so its activations are those of eager kernels
-    amp_states = kernels == "amp" and not (ft.is_lora and ft.adapter_bits == 16)
-    if kernels == "amp" and not ft.is_full:
+    autocast = kernels == "amp"      # replicated mixed precision runs under torch.autocast
+    # trainable parameters kept in fp32 with fp32 gradients: everything under autocast; and
+    # with a frozen base on replicated ranks, PEFT's adapters (autocast_adapter_dtype) and
+    # freeze's trainable blocks (upcast, as LLaMA-Factory does) whatever the precision.
+    # QLoRA's adapters are 16-bit. A frozen base loaded in 16 bits gives a 16-bit residual
+    # stream, so its activations are those of eager kernels.
+    replicated = lay.sharding == "zero" and lay.zero_stage == 0 and kernels != "fused"
+    fp32_trainables = not ft.is_full and not (ft.is_lora and ft.adapter_bits == 16) and replicated
+    amp_states = (autocast and not (ft.is_lora and ft.adapter_bits == 16)) or fp32_trainables
+    if autocast and not ft.is_full:
         kernels = "eager"
     # QLoRA: 16-bit adapters with no master copy, updated by paged 8-bit AdamW
     state_prec = Precision.named("bf16") if ft.is_lora and ft.adapter_bits == 16 else prec
     opt_pp = _optimizer_bytes_per_param(m, "adam8bit" if ft.paged_8bit_optimizer else setup.optimizer)
     if setup.optimizer_state_bytes is not None:
         opt_pp = setup.optimizer_state_bytes
-    layer_act, full_layer = _block_activations(m, setup, _activation_key(lay), kernels)
+    # freeze on replicated ranks upcasts the trainable blocks to fp32: in pure 16-bit
+    # training (no autocast) their activations are fp32 too
+    act_setup = setup
+    if ft.method == "freeze" and fp32_trainables and not autocast and prec.activation_bytes < 4:
+        act_setup = replace(setup, precision="fp32")
+    layer_act, full_layer = _block_activations(m, act_setup, _activation_key(lay, ft.is_lora), kernels)
     score_grad = eager_score_gradient_bytes(m, setup, lay, kernels)
     dropout_embed = (lay.micro_batch * (lay.seq_len // lay.cp) * m.d_model
                      if m.hidden_dropout > 0 else 0)
@@ -527,8 +542,12 @@ def per_rank_memory(m: ModelSpec, setup: TrainingSetup, lay: Layout,
         n_act_layers = activation_layers(ft, m.n_layers, sum(counts[:stage]), n_layers)
         split = rank_split(m, pc, ft, lay, rp.dense, rp.expert, rp.root_unit, n_layers, n_act_layers,
                            stage == lay.pp - 1, prec.weight_bytes, _largest_tensor(m, lay))
+        pad = fsdp_expert_padding(m, lay, hybrid)
         ms = model_state_bytes(split.trainable_dense, split.trainable_expert, state_prec, opt_pp, lay,
-                               hybrid, amp=amp_states)
+                               hybrid, amp=amp_states, expert_padding=pad)
+        if pad > 1 and n_layers:
+            # gathered blocks carry the padded experts too
+            rp = replace(rp, block_unit=rp.block_unit + int(rp.expert / n_layers * (pad - 1)))
         held = in_flight_microbatches(lay, stage)
         acts = int(n_act_layers * layer_act * held)
         if stage == 0 and ft.is_full:
@@ -537,7 +556,7 @@ def per_rank_memory(m: ModelSpec, setup: TrainingSetup, lay: Layout,
             # autocast's 16-bit copies of every matmul weight, kept for backward
             acts += 2 * (rp.total - (ceil_div(m.vocab_size * m.d_model, lay.tp) if stage == 0 else 0)
                          - n_layers * pc.norms_per_layer)
-        elif amp_states:
+        elif autocast and amp_states:
             acts += 2 * split.trainable    # autocast's copies of the fp32 trainable weights
         # inside the last block's backward: its recomputed tensors and its gradients'
         # working set (the eager attention's fp32 score gradients)
@@ -573,6 +592,23 @@ def per_rank_memory(m: ModelSpec, setup: TrainingSetup, lay: Layout,
                               nvme_bytes=off.nvme_bytes, ranks_per_node=ranks_per_node)
     assert best is not None
     return best
+
+
+def fsdp_expert_padding(m: ModelSpec, lay: Layout, hybrid: int | None) -> float:
+    """How much larger FSDP2's expert shards and gathers are than an even split.
+
+    FSDP2 shards every parameter on dim 0 and pads it to a multiple of the shard degree
+    D (PyTorch FSDP2 docs, fully_shard: "dim-0 per-parameter sharding"). transformers
+    stores an MoE layer's experts as one (E, ...) tensor, so with D > E each rank holds
+    ceil(E/D) whole experts and an all-gather returns D x ceil(E/D) of them: a factor
+    D ceil(E/D) / E. Measured with FSDPMemTracker on Mixtral-8x7B (E = 8) at D = 64:
+    sharded fp32 parameters 22.6 GB per rank, one eighth of the model, not 1/64.
+    """
+    if not (lay.is_fsdp and m.is_moe and lay.ep == 1):
+        return 1.0
+    d = hybrid or lay.expert_shard_degree
+    e = m.n_experts
+    return d * ceil_div(e, d) / e
 
 
 def fsdp_backward_end_bytes(lay: Layout, rp: RankParams, prec: Precision,
@@ -651,12 +687,16 @@ def _largest_tensor(m: ModelSpec, lay: Layout) -> int:
 
 def _sharded_frozen_bytes(split: RankSplit, lay: Layout, hybrid: int | None) -> int:
     """The frozen base's weights on one rank: sharded over the data ranks under ZeRO-3 and
-    FSDP full/hybrid sharding (as the trainable weights are), replicated otherwise."""
-    if lay.zero_stage < 3:
+    FSDP (as the trainable weights are; FSDP shard-grad-op also keeps the gathered weights
+    from forward to backward), replicated otherwise."""
+    if lay.zero_stage < 3 and not lay.is_fsdp:
         return split.frozen_bytes
     d_dense = hybrid or lay.dense_shard_degree
     d_expert = max(1, lay.expert_shard_degree if hybrid is None else min(lay.expert_shard_degree, hybrid))
-    return ceil_div(split.frozen_dense_bytes, d_dense) + ceil_div(split.frozen_expert_bytes, d_expert)
+    sharded = ceil_div(split.frozen_dense_bytes, d_dense) + ceil_div(split.frozen_expert_bytes, d_expert)
+    if lay.sharding == "fsdp-grad-op":
+        sharded += split.frozen_bytes     # FSDP shards, and keeps the gathered copy through backward
+    return sharded
 
 
 # ------------------------------------------------------------------------ offload
@@ -744,8 +784,13 @@ def _stages_to_check(counts: list[int]) -> list[int]:
     return sorted(picked)
 
 
-def _activation_key(lay: Layout) -> Layout:
-    """The fields of a layout that block activations depend on (a cache key)."""
+def _activation_key(lay: Layout, sharded_dtype: bool = False) -> Layout:
+    """The fields of a layout that block activations depend on (a cache key). With
+    ``sharded_dtype`` (LoRA: whether the engine casts the adapters to 16 bits) also the
+    sharding (planner.memory.lora_cast_bytes)."""
+    if sharded_dtype:
+        return Layout(tp=lay.tp, sp=lay.sp, cp=lay.cp, micro_batch=lay.micro_batch, seq_len=lay.seq_len,
+                      recompute=lay.recompute, zero_stage=lay.zero_stage, sharding=lay.sharding)
     return Layout(tp=lay.tp, sp=lay.sp, cp=lay.cp, micro_batch=lay.micro_batch,
                   seq_len=lay.seq_len, recompute=lay.recompute)
 
@@ -798,3 +843,95 @@ def _hybrid_degree(lay: Layout, gpus_per_node: int) -> int | None:
     while d > inside or lay.dense_shard_degree % d:
         d -= 1
     return max(d, 1)
+
+
+def activation_floor_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> int:
+    """A lower bound on per_rank_memory(m, setup, lay).total whatever the sharding: at the
+    start of backward a stage holds its blocks' activations for every in-flight
+    micro-batch, and the overhead adds the fixed costs and fragmentation on at least those
+    bytes. A search can drop a layout shape whose floor exceeds the GPU without sizing it."""
+    return overhead_floor_bytes(setup, lay, held_activation_floor_bytes(m, setup, lay))
+
+
+def overhead_floor_bytes(setup: TrainingSetup, lay: Layout, tracked_bytes: int) -> int:
+    """The total per_rank_memory() reports when the tracked tensors come to at least
+    ``tracked_bytes``: fixed costs plus fragmentation on top."""
+    return setup.overheads.fixed_bytes(lay.n_gpus > 1) + tracked_bytes + int(tracked_bytes * setup.overheads.fragmentation)
+
+
+def held_activation_floor_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> int:
+    """The block activations the most loaded stage holds at the start of backward (the
+    largest over the stages per_rank_memory checks), a part of its tracked bytes then."""
+    ft = setup.finetune
+    kernels = resolve_kernels(setup, lay)
+    if kernels == "amp" and not ft.is_full:
+        kernels = "eager"
+    layer_act, _ = _block_activations(m, setup, _activation_key(lay), kernels)
+    return max(int(n_act * layer_act * in_flight_microbatches(lay, s))
+               for s, n_act in _activation_stages(m.n_layers, lay.pp, ft))
+
+
+@lru_cache(maxsize=1024)
+def _activation_stages(n_layers: int, pp: int, ft: FinetuneSpec) -> tuple[tuple[int, int], ...]:
+    """(stage, blocks that keep activations) of the stages per_rank_memory checks."""
+    counts = stage_layers(n_layers, pp)
+    return tuple((s, activation_layers(ft, n_layers, sum(counts[:s]), counts[s])) for s in _stages_to_check(counts))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StateFloor:
+    """Lower bounds on the model states a rank of a layout holds, read from its degrees and
+    sharding alone (bytes): at the optimizer step (weights, gradients and optimizer states
+    of the most loaded stage), and at the start of backward on whichever stage peaks there
+    (weights and optimizer states; the gradients, held then when they persist)."""
+
+    at_step: int
+    weights_and_optimizer: int = 0
+    gradients: int = 0
+    fsdp: bool = False           # the sharding is FSDP's (gradients persist under DDP/ZeRO only)
+
+    def tracked_floor_bytes(self, lay: Layout, held_activations: int) -> int:
+        """Tracked bytes at the peak of a layout with ``lay``'s degrees, micro-batches and this
+        floor's sharding (``lay``'s own sharding is not read) are at least this."""
+        persistent = lay.grad_accum > 1 or lay.pp > 1 or (not self.fsdp and lay.dense_shard_degree > 1)
+        start = held_activations + self.weights_and_optimizer + (self.gradients if persistent else 0)
+        return max(self.at_step, start)
+
+
+def model_state_floor(m: ModelSpec, setup: TrainingSetup, lay: Layout, pc: ParamCount | None = None,
+                      gpus_per_node: int = 8) -> StateFloor:
+    """StateFloor of ``lay``. For full training without offload or autocast the states are
+    model_state_bytes() of each stage's parameters, as per_rank_memory counts them;
+    otherwise each state exists at least once over the ranks that share the rank's
+    parameters (min_model_state_bytes_per_param), which bounds the optimizer step only."""
+    pc = pc or count_params(m)
+    plain = (setup.finetune.is_full and setup.offload_optimizer == "none" and setup.offload_params == "none"
+             and resolve_kernels(setup, lay) != "amp")
+    hybrid = _hybrid_degree(lay, gpus_per_node)
+    opt_pp = (setup.optimizer_state_bytes if setup.optimizer_state_bytes is not None
+              else _optimizer_bytes_per_param(m, setup.optimizer))
+    per_param = min_model_state_bytes_per_param(setup)
+    counts = stage_layers(m.n_layers, lay.pp)
+    at_step, w_o, grads = 0, [], []
+    for stage in _stages_to_check(counts):
+        rp = rank_params(m, pc, lay, stage, counts[stage])
+        if plain:
+            ms = model_state_bytes(rp.dense, rp.expert, setup.precision_spec, opt_pp, lay, hybrid,
+                                   expert_padding=fsdp_expert_padding(m, lay, hybrid))
+            at_step = max(at_step, ms.total)
+            w_o.append(ms.weights + ms.unsharded_weights + ms.optimizer)
+            grads.append(ms.gradients)
+        else:
+            at_step = max(at_step, int(rp.dense * per_param / lay.dense_shard_degree
+                                       + rp.expert * per_param / lay.expert_shard_degree))
+    return StateFloor(at_step=at_step, weights_and_optimizer=min(w_o, default=0), gradients=min(grads, default=0),
+                      fsdp=lay.is_fsdp)
+
+
+def memory_floor_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, pc: ParamCount | None = None,
+                       gpus_per_node: int = 8) -> int:
+    """A lower bound on per_rank_memory(m, setup, lay, pc, gpus_per_node).total from the
+    model states (model_state_floor) and the held activations, without the phases,
+    buffers, logits and temporaries."""
+    floor = model_state_floor(m, setup, lay, pc, gpus_per_node)
+    return overhead_floor_bytes(setup, lay, floor.tracked_floor_bytes(lay, held_activation_floor_bytes(m, setup, lay)))

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UserError, unknown_name
+from .limits import MAX_CONFIG_BYTES, MAX_PARAMS, check_config_types
 
 SUPPORTED_MODEL_TYPES = (
     "llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2",
@@ -211,6 +212,9 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str, where: str, source: str 
         raise UserError(
             f"{where}: unsupported model_type {mt!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
+    bad = check_config_types(cfg, where)
+    if bad:
+        raise UserError(bad)
     common: dict[str, Any] = {"name": name, "model_type": mt, "source": source}
     if mt != "gpt2":
         act = cfg.get("hidden_activation") or cfg.get("hidden_act")
@@ -334,6 +338,10 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str, where: str, source: str 
 
 
 def _check_shape(m: ModelSpec, where: str) -> None:
+    for key in ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff", "vocab_size"):
+        if getattr(m, key) < 1:
+            raise UserError(f"{where}: {key} = {getattr(m, key)} must be at least 1 (check the config's "
+                            f"sizes; head_dim is hidden_size // num_attention_heads unless given)")
     if m.n_heads % m.n_kv_heads:
         raise UserError(
             f"{where}: num_attention_heads ({m.n_heads}) must be a multiple of "
@@ -345,6 +353,10 @@ def _check_shape(m: ModelSpec, where: str) -> None:
         v = getattr(m, key)
         if v > 10**7:
             raise UserError(f"{where}: {key} = {v} is beyond the planner's limit of 10,000,000")
+    n_params = count_params(m).total
+    if n_params > MAX_PARAMS:
+        raise UserError(f"{where}: {n_params:.3g} parameters is beyond the planner's limit of {MAX_PARAMS:.0e}; "
+                        f"check hidden_size, intermediate_size, num_hidden_layers and vocab_size")
 
 
 # ------------------------------------------------------------------------ presets
@@ -426,10 +438,14 @@ def load_config_file(path: Path) -> ModelSpec:
     if not path.is_file():
         raise UserError(f"model file {str(path)!r} not found; pass a preset name (`plan models`) or a config.json path")
     try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise UserError(f"{path}: {path.stat().st_size:,} bytes is too large for a config.json "
+                            f"(limit {MAX_CONFIG_BYTES:,}); pass the model's config.json, not its weights")
         raw = path.read_bytes()
         cfg = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"{path}: not valid JSON ({e}); expected a Hugging Face config.json") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        why = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+        raise UserError(f"{path}: not valid JSON ({why}); expected a Hugging Face config.json") from None
     except OSError as e:
         raise UserError(f"{path}: cannot read ({e.strerror})") from None
     name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem

@@ -138,8 +138,8 @@ def plan_json(r: PlanResult, crosscheck: Crosscheck | None = None) -> dict[str, 
         "alternatives": [candidate_json(c, r.tokens) for c in r.alternatives],
         "assumptions": assumptions(r),
     }
-    if out["plan"] is not None:
-        out["plan"]["method"] = method_json(r)
+    for shaped_like_plan in ([out["plan"]] if out["plan"] is not None else []) + out["alternatives"]:
+        shaped_like_plan["method"] = method_json(r)
     if r.best is None:
         if r.result.smallest is not None:
             out["least_memory"] = candidate_json(r.result.smallest)
@@ -221,7 +221,9 @@ def assumptions_text(r: PlanResult) -> list[str]:
         f"  GPU: {r.gpu.full_name}, {gib(r.gpu.memory_bytes)}, {r.gpu.gpus_per_node} per node",
         f"  cluster: {topology_name(r) or 'no topology file (bandwidths from the GPU catalog)'}; "
         f"step times: {r.efficiency.name} overlap settings",
-    ]
+    ] + ([f"  offload: optimizer states -> {s.offload_optimizer}, parameters -> {s.offload_params}; "
+          f"CPU memory per node: {gib(r.host_capacity_bytes) if r.host_capacity_bytes else 'not given by the topology'}"]
+         if s.offload_optimizer != "none" or s.offload_params != "none" else [])
 
 
 def no_fit_text(r: PlanResult) -> list[str]:
@@ -325,6 +327,45 @@ def to_text(r: PlanResult, crosscheck: Crosscheck | None = None) -> str:
     return "\n".join(out)
 
 
+# --------------------------------------------------------------------- --task load
+
+LOAD_LABELS = {"weights": "weights", "kv_cache": "KV cache", "activations": "prefill working set",
+               "overhead": "overhead (CUDA, NCCL, fragmentation)"}
+
+
+def load_json(r: Any) -> str:
+    """`plan --task load --json`: the split, the memory of the most loaded GPU, the settings."""
+    s = r.setup
+    return json.dumps({
+        "task": "load",
+        "model": {"name": r.model.name, "n_params": r.params.total},
+        "gpu": {"name": r.gpu.name, "memory_bytes": r.gpu.memory_bytes},
+        "load": {"n_gpus": r.n_gpus, "tp": r.tp, "pp": r.pp, "fits": r.fits, "capacity_bytes": r.capacity_bytes,
+                 "memory_bytes": r.memory.as_dict()},
+        "assumptions": {"weight_bytes": s.weight_bytes, "quant": s.quant, "batch": s.batch, "context": s.context,
+                        "kv_bytes": s.kv_bytes, "usable_memory_fraction": s.usable_memory_fraction,
+                        "overheads": asdict(s.overheads)},
+    }, indent=2)
+
+
+def load_text(r: Any) -> str:
+    s, m = r.setup, r.model
+    fmt = {"none": f"{8 * s.weight_bytes}-bit", "int8": "int8 (LLM.int8)", "int4": "int4 (group 128)",
+           "nf4": "NF4 (4-bit, double-quantized constants)"}[s.quant]
+    out = [f"{m.name}: {r.params.total:,} parameters, held for inference on {r.gpu.name}",
+           f"  weights {fmt}" + (", embeddings and LM head in 16 bits" if s.quant != "none" else "")
+           + f"; KV cache for {s.batch} sequence(s) of {s.context:,} tokens, {8 * s.kv_bytes}-bit", ""]
+    head = "The split you gave" if r.fixed else ("Fewest GPUs that hold it" if r.fits else "Nothing fits; the least memory tried")
+    out.append(f"{head}: {r.n_gpus} x {r.gpu.name} (tp={r.tp}, pp={r.pp})")
+    cap = r.capacity_bytes
+    for key, label in LOAD_LABELS.items():
+        out.append(f"  {label:<38} {gib(getattr(r.memory, key)):>12}")
+    verdict = "fits" if r.fits else "DOES NOT FIT"
+    out.append(f"  {'total per GPU':<38} {gib(r.memory.total):>12}   {100 * r.memory.total / cap:.0f}% of "
+               f"{gib(cap)}: {verdict}")
+    return "\n".join(out)
+
+
 # ------------------------------------------------------------------- measurement
 
 def comparison_json(m: Any, gpu: Any, cmp: Any) -> dict[str, Any]:
@@ -334,6 +375,7 @@ def comparison_json(m: Any, gpu: Any, cmp: Any) -> dict[str, Any]:
         "model": {"name": m.name},
         "gpu": {"name": gpu.name, "memory_bytes": gpu.memory_bytes},
         "layout": layout_json(cmp.layout),
+        "method": cmp.setup.finetune.as_dict(m),
         "rows": [{"category": r.category, "predicted_bytes": r.predicted_bytes,
                   "measured_bytes": r.measured_bytes, "error": r.error} for r in cmp.rows],
         "predicted": {"memory_bytes": cmp.predicted.as_dict(), "phase": cmp.predicted_phase},
@@ -347,8 +389,10 @@ def comparison_json(m: Any, gpu: Any, cmp: Any) -> dict[str, Any]:
 def comparison_text(m: Any, gpu: Any, cmp: Any) -> str:
     meas = cmp.measured
     how = "fake tensors on the CPU, fake process group" if meas.get("fake") else f"real run on {meas.get('device')}"
+    ft = cmp.setup.finetune
+    method = "" if ft.is_full else f"\n{ft.describe(m)}"
     out = [f"{m.name}: {cmp.layout.describe()}, sequence {cmp.layout.seq_len}, {cmp.setup.precision}, "
-           f"{cmp.setup.optimizer}",
+           f"{cmp.setup.optimizer}{method}",
            f"measured with {meas.get('tracker')} ({how}) in {meas.get('wall_s', 0):.1f} s", "",
            f"  {'category (at the peak)':<26} {'predicted':>12} {'measured':>12} {'error':>8}"]
     for r in cmp.rows:
@@ -364,4 +408,228 @@ def comparison_text(m: Any, gpu: Any, cmp: Any) -> str:
                f"{gib(cmp.predicted.overhead)}; planner total {gib(cmp.predicted.total)} of {gib(gpu.memory_bytes)}")
     if meas.get("max_allocated_bytes"):
         out.append(f"  CUDA max allocated {gib(meas['max_allocated_bytes'])}, max reserved {gib(meas['max_reserved_bytes'])}")
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------- cost (plan --tokens)
+
+def _cost_fields(p: Any) -> dict[str, Any]:
+    """cost_usd, train_time_s and gpu_hours of a priced plan (planner.costplan.PricedPlan)."""
+    return {"cost_usd": p.cost_usd, "train_time_s": p.train_time_s, "gpu_hours": p.gpu_hours}
+
+
+def _limits_json(r: Any) -> dict[str, Any]:
+    lim = r.limits
+    return {"deadline_s": lim.deadline_s, "budget_usd": lim.budget_usd, "max_gpus": lim.max_gpus}
+
+
+def _meets(r: Any, p: Any) -> list[str]:
+    """The constraints a priced plan breaks (deadline, budget)."""
+    lim, out = r.limits, []
+    if lim.deadline_s is not None and p.train_time_s > lim.deadline_s:
+        out.append("deadline")
+    if lim.budget_usd is not None and (p.cost_usd or 0.0) > lim.budget_usd:
+        out.append("budget")
+    return out
+
+
+def prices_json(prices: Any, gpu_names: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in gpu_names:
+        p = prices.for_gpu(name)
+        out[name] = {"rent_usd_per_gpu_hour": p.rent_usd_per_gpu_hour, "rent_source": p.rent_source,
+                     "rent_date": p.rent_date, "node_purchase_usd": p.node_purchase_usd,
+                     "purchase_source": p.purchase_source, "purchase_date": p.purchase_date,
+                     "node_power_kw": p.node_power_kw, "power_source": p.power_source}
+    return out
+
+
+def cost_json(r: Any, crosscheck: Crosscheck | None = None) -> dict[str, Any]:
+    """`plan --tokens --json`: the plain plan's object, each plan with cost_usd, train_time_s
+    and gpu_hours, the table by GPU count, the constraints and the solver."""
+    out = plan_json(r.result, crosscheck)
+    if r.chosen is not None:
+        from .costplan import price_plan
+        out["plan"].update({"gpu": r.chosen.gpu.name, **_cost_fields(r.chosen)})
+        for alt, c in zip(out["alternatives"], r.result.alternatives):
+            alt.update({"gpu": r.chosen.gpu.name, **_cost_fields(price_plan(r.chosen.gpu, c, r.tokens, r.prices))})
+    out["objective"] = r.objective
+    out["tokens"] = r.tokens
+    out["constraints"] = _limits_json(r)
+    out["gpus_considered"] = [g.name for g in r.gpus]
+    out["by_gpu_count"] = [{"gpu": p.gpu.name, "n_gpus": p.n_gpus, **_cost_fields(p),
+                            "step_time_s": p.candidate.time.step_time_s, "mfu": p.candidate.time.mfu,
+                            "layout": layout_json(p.candidate.layout), "breaks": _meets(r, p),
+                            "chosen": r.chosen is not None and p.candidate is r.chosen.candidate}
+                           for p in r.by_count]
+    out["solver"] = {**r.solver.as_dict(), "n_candidates": r.n_options}
+    out["prices"] = prices_json(r.prices, [g.name for g in r.gpus])
+    out["prices"]["electricity"] = {"usd_per_kwh": r.prices.electricity_usd_per_kwh, "pue": r.prices.pue}
+    out["prices_overrides"] = r.prices.overrides
+    d = r.diagnosis
+    out["infeasible"] = None if d is None else {
+        "binding": list(d.binding), "fits_from_gpus": d.fits_from_gpus,
+        "deadline_needs_gpus": d.deadline_needs_gpus, "budget_allows_gpus": d.budget_allows_gpus,
+        "message": " ".join(d.lines)}
+    out["search_s"] = r.search_s
+    return out
+
+
+def _rent_text(r: Any) -> list[str]:
+    out = []
+    for g in r.gpus:
+        p = r.prices.for_gpu(g.name)
+        if p.rent_usd_per_gpu_hour is None:
+            out.append(f"  {g.name}: no rental price")
+        else:
+            date = f", {p.rent_date}" if p.rent_date else ""
+            out.append(f"  {g.name}: ${p.rent_usd_per_gpu_hour:,.2f} per GPU-hour ({p.rent_source}{date})")
+    return out
+
+
+def cost_table(r: Any) -> list[str]:
+    """The fastest (so cheapest) plan at each GPU type and count."""
+    from .costplan import usd
+    lines = [f"  {'':1} {'gpu':<9} {'GPUs':>6} {'cost':>10} {'time':>12} {'GPU-hours':>12} {'MFU':>6}  layout"]
+    for p in r.by_count:
+        mark = "*" if r.chosen is not None and p.candidate is r.chosen.candidate else " "
+        broken = _meets(r, p)
+        cost = usd(p.cost_usd) if p.cost_usd is not None else "-"
+        note = f"  (over {' and '.join(broken)})" if broken else ""
+        lines.append(f"  {mark} {p.gpu.name:<9} {p.n_gpus:>6} {cost:>10} {duration(p.train_time_s):>12} "
+                     f"{p.gpu_hours:>12,.0f} {p.candidate.time.mfu:>6.1%}  {p.candidate.layout.describe()}{note}")
+    return lines
+
+
+def cost_text(r: Any, crosscheck: Crosscheck | None = None) -> str:
+    """`plan --tokens`: the chosen plan, its cost and time, the table by GPU count, the solver."""
+    from .costplan import usd
+    res = r.result
+    m, pc = res.model, res.params
+    lim = r.limits
+    goal = "the cost" if r.objective == "cost" else "the time"
+    out = [f"{m.name}: {pc.total:,} parameters; {params_text(int(r.tokens))} tokens; minimising {goal}"]
+    cons = [f"deadline {duration(lim.deadline_s)}" if lim.deadline_s is not None else "no deadline",
+            f"budget {usd(lim.budget_usd)}" if lim.budget_usd is not None else "no budget",
+            f"at most {lim.max_gpus:,} GPUs"]
+    out.append(f"  GPU types {', '.join(g.name for g in r.gpus)}; {'; '.join(cons)}")
+    ft = res.setup.finetune
+    if not ft.is_full:
+        out.append(f"  method: {ft.describe(m)}")
+    out += ["", "Prices (override with --prices FILE):"] + _rent_text(r)
+    out += ["", "Assumptions:"] + assumptions_text(res) + [""]
+    if r.chosen is None:
+        out.append("No plan satisfies the constraints.")
+        out += [f"  {line}" for line in (r.diagnosis.lines if r.diagnosis else ())]
+    else:
+        c = r.chosen
+        what = "Cheapest plan" if r.objective == "cost" else "Fastest plan"
+        cost = usd(c.cost_usd) if c.cost_usd is not None else "no price"
+        out.append(f"{what}: {c.n_gpus} x {c.gpu.name}, {cost}, {duration(c.train_time_s)} "
+                   f"({c.gpu_hours:,.0f} GPU-hours)")
+        out.append(f"  {c.candidate.layout.describe()}")
+        out += time_text(c.candidate.time, r.tokens)
+        out.append("")
+        out += memory_table(c.candidate)
+    if r.by_count:
+        out += ["", "The fastest layout at each GPU count, its cost and time (* chosen):"] + cost_table(r)
+    s = r.solver
+    proved = "optimality proved" if s.optimal else "optimality NOT proved"
+    out += ["", f"Solver: {s.name} on an ILP of {r.n_options} candidates (binary choice, named constraints), "
+                f"status {s.status}, {proved} (gap {s.gap_rel:g}, limit {s.time_limit_s:g} s), "
+                f"{s.solve_s:.3f} s; search {r.search_s:.1f} s"]
+    if crosscheck is not None:
+        out += [""] + crosscheck_text(crosscheck)
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------- plan buy
+
+def buy_json(r: Any) -> dict[str, Any]:
+    pools = {p.gpu: p for p in r.pools}
+    return {
+        "jobs_file": r.path, "start_date": r.start_date, "horizon_s": r.horizon_s, "budget_usd": r.budget_usd,
+        "feasible": r.feasible,
+        "nodes": {g: {"nodes": n, "gpus": n * pools[g].gpus_per_node, "capex_usd": n * pools[g].capex_usd,
+                      "opex_usd": n * pools[g].opex_usd} for g, n in r.nodes.items()},
+        "capex_usd": r.capex_usd, "opex_usd": r.opex_usd, "tco_usd": r.tco_usd,
+        "jobs": [{"name": j.name, "model": j.model.name, "gpu": j.gpu.name, "n_gpus": j.n_gpus,
+                  "layout": layout_json(j.candidate.layout), "start_s": j.start_s, "finish_s": j.finish_s,
+                  "deadline_s": j.deadline_s, "train_time_s": j.finish_s - j.start_s, "tokens": j.tokens,
+                  "gpu_hours": j.n_gpus * (j.finish_s - j.start_s) / 3600,
+                  "step_time_s": j.candidate.time.step_time_s, "mfu": j.candidate.time.mfu} for j in r.plans],
+        "solver": {**r.solver.as_dict(), "n_candidates": r.n_options},
+        "prices": prices_json(r.prices, [p.gpu for p in r.pools])
+        | {"electricity": {"usd_per_kwh": r.prices.electricity_usd_per_kwh, "pue": r.prices.pue,
+                           "source": r.prices.electricity_source, "pue_source": r.prices.pue_source}},
+        "infeasible": None if r.feasible else " ".join(r.lines),
+        "search_s": r.search_s,
+    }
+
+
+def buy_text(r: Any) -> str:
+    from datetime import date, timedelta
+
+    from .costplan import usd
+    day0 = date.fromisoformat(r.start_date)
+
+    def when(seconds: float) -> str:
+        return f"day {seconds / 86400:,.1f} ({(day0 + timedelta(seconds=seconds)).isoformat()})"
+
+    p = r.prices
+    out = [f"Cluster purchase for {len(r.plans) or 'the'} jobs of {r.path}: horizon {duration(r.horizon_s)} "
+           f"from {r.start_date}" + (f", budget {usd(r.budget_usd)}" if r.budget_usd is not None else ""),
+           f"  power: {p.electricity_usd_per_kwh:g} $/kWh ({p.electricity_source}), PUE {p.pue:g} ({p.pue_source})"]
+    for pool in r.pools:
+        g = p.for_gpu(pool.gpu)
+        out.append(f"  {pool.gpu} node ({pool.gpus_per_node} GPUs): {usd(pool.capex_usd)} ({g.purchase_source}, "
+                   f"{g.purchase_date}) + {usd(pool.opex_usd)} power over the horizon ({g.node_power_kw:g} kW: "
+                   f"{g.power_source})")
+    out.append("")
+    if not r.feasible:
+        out.append("No purchase satisfies the constraints.")
+        out += [f"  {line}" for line in r.lines]
+    else:
+        out.append(f"Buy: " + ", ".join(f"{n} x {g} node{'s' if n != 1 else ''}" for g, n in r.nodes.items() if n)
+                   + f"; capex {usd(r.capex_usd)}, opex {usd(r.opex_usd)}, total {usd(r.tco_usd)}")
+        for pool in r.pools:
+            out.append(f"  {pool.gpu:<9} {r.nodes[pool.gpu]:>4} nodes = {r.nodes[pool.gpu] * pool.gpus_per_node:>6} GPUs")
+        out += ["", "Jobs:"]
+        for j in r.plans:
+            out.append(f"  {j.name}: {j.model.name}, {params_text(int(j.tokens))} tokens on {j.n_gpus} x {j.gpu.name}, "
+                       f"{when(j.start_s)} to {when(j.finish_s)} ({duration(j.finish_s - j.start_s)}; deadline "
+                       f"{when(j.deadline_s)})")
+            out.append(f"    {j.candidate.layout.describe()}; step {duration(j.candidate.time.step_time_s)}, "
+                       f"MFU {j.candidate.time.mfu:.1%}")
+    s = r.solver
+    proved = "optimality proved" if s.optimal else "optimality NOT proved"
+    out += ["", f"Solver: {s.name} on an ILP of {s.n_variables} variables ({r.n_options} job options, integer "
+                f"nodes per type) and {s.n_constraints} named constraints, status {s.status}, {proved} "
+                f"(gap {s.gap_rel:g}, limit {s.time_limit_s:g} s), {s.solve_s:.3f} s; search {r.search_s:.1f} s"]
+    return "\n".join(out)
+
+
+def gpu_price_cells(p: Any) -> str:
+    """`plan gpus` columns: rent per GPU-hour, node purchase price, node power."""
+    from .costplan import usd
+    rent = f"{p.rent_usd_per_gpu_hour:.2f}" if p.rent_usd_per_gpu_hour is not None else "-"
+    node = usd(p.node_purchase_usd) if p.node_purchase_usd is not None else "-"
+    kw = f"{p.node_power_kw:g}" if p.node_power_kw is not None else "-"
+    return f"{rent:>8} {node:>9} {kw:>8}"
+
+
+def price_sources_text(prices: Any, gpu_names: Any) -> str:
+    """Where every price comes from (and the --prices file, when one overrides them)."""
+    out = ["Price sources" + (f" (with {prices.overrides} on top)" if prices.overrides else
+                              " (override any entry with --prices FILE; see planner/presets/prices.toml)") + ":"]
+    for name in gpu_names:
+        p = prices.for_gpu(name)
+        if p.rent_usd_per_gpu_hour is None and p.node_purchase_usd is None:
+            continue
+        out.append(f"  {name}: rent: {p.rent_source or '-'}" + (f" ({p.rent_date})" if p.rent_date else ""))
+        out.append(f"  {' ' * len(name)}  node: {p.purchase_source or '-'}"
+                   + (f" ({p.purchase_date})" if p.purchase_date else "") + f"; power: {p.power_source or '-'}")
+    out.append(f"  electricity: {prices.electricity_usd_per_kwh:g} $/kWh, {prices.electricity_source}"
+               + (f" ({prices.electricity_date})" if prices.electricity_date else ""))
+    out.append(f"  PUE {prices.pue:g}: {prices.pue_source}")
     return "\n".join(out)

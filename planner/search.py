@@ -86,6 +86,62 @@ def evaluate(m: ModelSpec, setup: TrainingSetup, layouts: Iterable[Layout], capa
             for lay in layouts]
 
 
+VECTORISE_FROM = 64     # layouts per GPU count from which planner.fastscore pays for itself
+MAX_REJECTED = 10_000   # rejected layouts kept, with their reasons
+
+
+def size_count(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node: int, space: SearchSpace,
+               capacity_bytes: int, pc: ParamCount, host_capacity_bytes: int | None = None,
+               nvme_capacity_bytes: int | None = None,
+               rejected: list[Rejected] | None = None) -> tuple[list[Candidate], Candidate | None]:
+    """The valid layouts on ``n_gpus`` that may fit (every one that fits, in enumeration
+    order; maybe more) as candidates, and the one needing the least memory (the first of
+    equals), or None when no layout is valid.
+
+    Set-ups planner.fastscore covers (full training, with or without offload) are
+    enumerated and sized as arrays (its layouts and totals equal enumerate_layouts' and
+    per_rank_memory's; tests/test_properties.py), and full breakdowns are built only for
+    the layouts that fit and the least (for all of them when fewer than VECTORISE_FROM);
+    rejected layouts then go unrecorded. Other set-ups (LoRA, QLoRA, freeze), or a total
+    that disagrees with per_rank_memory's (checked on every candidate built), take the
+    per-layout path, which appends up to MAX_REJECTED rejected layouts with their reasons
+    to ``rejected``."""
+    def one_by_one(valid: list[Layout] | None = None) -> tuple[list[Candidate], Candidate | None]:
+        if valid is None:
+            valid = []
+            for lay, reason in enumerate_layouts(m, setup, n_gpus, gpus_per_node, space):
+                if reason is None:
+                    valid.append(lay)
+                elif rejected is not None and len(rejected) < MAX_REJECTED:
+                    rejected.append(Rejected(layout=lay, reason=reason))
+        cands = evaluate(m, setup, valid, capacity_bytes, pc, gpus_per_node, host_capacity_bytes,
+                         nvme_capacity_bytes)
+        least = None
+        for c in cands:
+            if least is None or c.memory.total < least.memory.total:
+                least = c
+        return cands, least
+
+    from . import fastscore
+
+    if not fastscore.supports(setup):
+        return one_by_one()
+    try:
+        arrays = fastscore.valid_layouts(m, setup, n_gpus, gpus_per_node, space)
+        if len(arrays) < VECTORISE_FROM:
+            return one_by_one([arrays.layout(i, setup.seq_len) for i in range(len(arrays))])
+        totals = fastscore.peak_bytes(m, setup, arrays, pc, gpus_per_node)
+    except fastscore.Unsupported:
+        return one_by_one()
+    least_i = int(totals.argmin())
+    picked = sorted({least_i, *(int(i) for i in (totals <= capacity_bytes).nonzero()[0])})
+    cands = evaluate(m, setup, [arrays.layout(i, setup.seq_len) for i in picked], capacity_bytes, pc,
+                     gpus_per_node, host_capacity_bytes, nvme_capacity_bytes)
+    if any(c.memory.total != totals[i] for c, i in zip(cands, picked)):
+        return one_by_one()      # fastscore has drifted from planner.memory: trust the latter
+    return cands, cands[picked.index(least_i)]
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SearchResult:
     """The fitting candidates on the smallest GPU count that has one (best first), the
@@ -119,17 +175,10 @@ def search(m: ModelSpec, setup: TrainingSetup, capacity_bytes: int, gpus_per_nod
         # holds at least this much: counts below it need no enumeration.
         if floor_per_param * pc.total / n > capacity_bytes:
             continue
-        valid = []
-        for lay, reason in enumerate_layouts(m, setup, n, gpus_per_node, space):
-            if reason is None:
-                valid.append(lay)
-            elif len(rejected) < 10_000:
-                rejected.append(Rejected(layout=lay, reason=reason))
-        cands = evaluate(m, setup, valid, capacity_bytes, pc, gpus_per_node, host_capacity_bytes,
-                         nvme_capacity_bytes)
-        for c in cands:
-            if smallest is None or c.memory.total < smallest.memory.total:
-                smallest = c
+        cands, least = size_count(m, setup, n, gpus_per_node, space, capacity_bytes, pc,
+                                  host_capacity_bytes, nvme_capacity_bytes, rejected)
+        if least is not None and (smallest is None or least.memory.total < smallest.memory.total):
+            smallest = least
         fitting = [c for c in cands if c.fits]
         if timer is not None:
             fitting = [replace(c, time=timer(c.layout)) for c in fitting]

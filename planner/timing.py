@@ -27,7 +27,7 @@ from functools import lru_cache
 
 from .hardware import GpuSpec
 from .layouts import Layout
-from .memory import rank_params, stage_layers
+from .memory import RankParams, rank_params, stage_layers
 from .model import ModelSpec, ParamCount, count_params
 from .placement import (FALLBACK_INTRA_LATENCY_S, AxisLink, Cluster,  # noqa: F401 - re-exported
                         axis_links, cluster_for, scale_up_domain_gpus)
@@ -516,9 +516,47 @@ def _hide(comm_s: float, window_s: float, overlap: float) -> tuple[float, float]
     return comm_s - hidden, hidden
 
 
-def _step_time(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster, eff: Efficiency,
-               pc: ParamCount | None, order: tuple[str, ...]) -> StepTime:
-    pc = pc or count_params(m)
+def _block_comm(lt: LayerTime, lay: Layout, links: dict[str, AxisLink], eff: Efficiency) -> tuple[float, ...]:
+    """The tp, cp and ep communication of one block for one micro-batch: (tp exposed, tp
+    hidden, cp exposed, cp hidden, ep exposed, ep hidden) seconds.
+    (With sp each all-reduce is an all-gather plus a reduce-scatter: the same bytes.)"""
+    tp_all = lt.tp_collectives * all_reduce_s(lt.tp_bytes, lay.tp, links["tp"], eff)
+    cp_all = lt.cp_passes * (lay.cp - 1) * send_s(lt.cp_bytes, links["cp"], eff)
+    cp_block, cp_hidden = _hide(cp_all, lt.attention_fwd_s * lt.cp_passes, eff.cp_overlap)
+    ep_all = lt.ep_all_to_alls * gather_s(lt.ep_bytes, lay.ep, links["ep"], eff)
+    return (tp_all * (1 - eff.tp_overlap), tp_all * eff.tp_overlap, cp_block, cp_hidden,
+            ep_all * (1 - eff.ep_overlap), ep_all * eff.ep_overlap)
+
+
+def _p2p_s(m: ModelSpec, setup: TrainingSetup, lay: Layout, links: dict[str, AxisLink],
+           eff: Efficiency) -> tuple[float, float]:
+    """(exposed, hidden) seconds of one micro-batch's pipeline sends on a rank."""
+    if lay.pp == 1:
+        return 0.0, 0.0
+    tokens = lay.micro_batch * lay.seq_len / lay.cp
+    p2p_bytes = tokens * m.d_model * setup.precision_spec.activation_bytes / lay.tp   # sp, or Megatron's scatter-gather
+    p2p_all = 2 * lay.vp * send_s(p2p_bytes, links["pp"], eff)
+    return p2p_all * (1 - eff.pp_overlap), p2p_all * eff.pp_overlap
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Pipeline:
+    """What a step's time on one placement owes to everything but the sharding: one
+    micro-batch on the slowest stage, the bubble, and the tp/cp/ep/pp communication."""
+
+    links: dict[str, AxisLink]
+    rates: Rates
+    t_mb: float
+    fwd_mb: float
+    bwd_mb: float
+    bubble_s: float
+    comm_s: dict[str, float]
+    slow_stage: int
+    n_slow: int
+
+
+def _pipeline(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster, eff: Efficiency,
+              order: tuple[str, ...]) -> _Pipeline:
     gpu = cluster.gpu
     prec: Precision = setup.precision_spec
     kernels = _kernels(setup, lay)
@@ -529,13 +567,7 @@ def _step_time(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
     tokens = lay.micro_batch * lay.seq_len / lay.cp
 
     # tp / cp / ep communication of one block, exposed and hidden
-    # (with sp each all-reduce is an all-gather plus a reduce-scatter: the same bytes)
-    tp_all = lt.tp_collectives * all_reduce_s(lt.tp_bytes, lay.tp, links["tp"], eff)
-    tp_block, tp_hidden = tp_all * (1 - eff.tp_overlap), tp_all * eff.tp_overlap
-    cp_all = lt.cp_passes * (lay.cp - 1) * send_s(lt.cp_bytes, links["cp"], eff)
-    cp_block, cp_hidden = _hide(cp_all, lt.attention_fwd_s * lt.cp_passes, eff.cp_overlap)
-    ep_all = lt.ep_all_to_alls * gather_s(lt.ep_bytes, lay.ep, links["ep"], eff)
-    ep_block, ep_hidden = ep_all * (1 - eff.ep_overlap), ep_all * eff.ep_overlap
+    tp_block, tp_hidden, cp_block, cp_hidden, ep_block, ep_hidden = _block_comm(lt, lay, links, eff)
 
     # per stage: blocks, embedding (first), LM head and loss (last)
     counts = stage_layers(m.n_layers, lay.pp)
@@ -566,18 +598,68 @@ def _step_time(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
     comm["cp"] = n_mb * n_slow * cp_block
     comm["ep"] = n_mb * n_slow * ep_block
     if lay.pp > 1:
-        p2p_bytes = tokens * m.d_model * a / lay.tp        # sp, or Megatron's scatter-gather
-        p2p_all = 2 * lay.vp * send_s(p2p_bytes, links["pp"], eff)
-        p2p = p2p_all * (1 - eff.pp_overlap)
-        hidden_mb += p2p_all * eff.pp_overlap
+        p2p, p2p_hidden = _p2p_s(m, setup, lay, links, eff)
+        hidden_mb += p2p_hidden
         t_mb += p2p
         comm["pp"] = n_mb * p2p
     # hidden communication still takes the SMs and HBM bandwidth its kernels use
     t_mb += eff.overlap_slowdown * hidden_mb
     bubble = (lay.pp - 1) / lay.vp * t_mb if lay.pp > 1 else 0.0
+    return _Pipeline(links=links, rates=r, t_mb=t_mb, fwd_mb=fwd_mb, bwd_mb=bwd_mb, bubble_s=bubble,
+                     comm_s=comm, slow_stage=slow_stage, n_slow=n_slow)
+
+
+def _step_time(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster, eff: Efficiency,
+               pc: ParamCount | None, order: tuple[str, ...]) -> StepTime:
+    return _finish(m, setup, lay, cluster, eff, pc or count_params(m), order,
+                   _pipeline(m, setup, lay, cluster, eff, order))
+
+
+@lru_cache(maxsize=4096)
+def _flops_per_step(m: ModelSpec, seq_len: int, n_sequences: int, recompute: str) -> StepFlops:
+    return flops_per_step(m, seq_len, n_sequences, recompute)
+
+
+def _finish(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster, eff: Efficiency,
+            pc: ParamCount, order: tuple[str, ...], p: _Pipeline) -> StepTime:
+    """The step of ``lay`` on a placement whose sharding-independent part is ``p``: adds the
+    data-parallel communication and the optimizer update, which depend on the sharding."""
+    gpu = cluster.gpu
+    prec: Precision = setup.precision_spec
+    links, r, fwd_mb, bwd_mb = p.links, p.rates, p.fwd_mb, p.bwd_mb
+    n_mb = lay.grad_accum
+    comm = dict(p.comm_s)
 
     # data parallel: gradients and (ZeRO/FSDP) parameters of the most loaded rank
-    rp = rank_params(m, pc, lay, slow_stage, n_slow)
+    rp = rank_params(m, pc, lay, p.slow_stage, p.n_slow)
+    parts = _dp_parts(lay, rp, links, eff, gpu, prec, fwd_mb, bwd_mb)
+    dp_exposed = sum(e * (n_mb if per_mb else 1) for e, _, per_mb in parts)
+    dp_slowdown = eff.overlap_slowdown * sum(h * (n_mb if per_mb else 1) for _, h, per_mb in parts)
+    comm["dp"] = dp_exposed
+
+    optimizer_s = optimizer_time_s(rp.dense, rp.expert, lay, setup, r)
+    compute = n_mb * (fwd_mb + bwd_mb)
+    step = n_mb * p.t_mb + p.bubble_s + dp_exposed + dp_slowdown + optimizer_s
+    total_sequences = lay.micro_batch * lay.grad_accum * lay.dp * lay.ep
+    fl = _flops_per_step(m, lay.seq_len, total_sequences, lay.recompute)
+    return StepTime(compute_s=compute, comm_s=comm, bubble_s=p.bubble_s, optimizer_s=optimizer_s,
+                    micro_batch_s=p.t_mb, step_time_s=step, tokens_per_step=total_sequences * lay.seq_len, n_gpus=lay.n_gpus,
+                    model_flops=fl.model_flops, hardware_flops=fl.hardware_flops,
+                    peak_flops_per_s=gpu.peak_flops_per_s(prec.compute_dtype), placement=order)
+
+
+def _dp_parts(lay: Layout, rp: RankParams, links: dict[str, AxisLink], eff: Efficiency, gpu: GpuSpec,
+              prec: Precision, fwd_mb: float, bwd_mb: float) -> list[tuple[float, float, bool]]:
+    """The data-parallel communication of a step as (exposed, hidden, once per micro-batch
+    rather than once per step) parts, for the rank's parameters ``rp``."""
+    return [(*_hide(comm, fwd_mb if window == "fwd" else bwd_mb, overlap), per_mb)
+            for comm, window, overlap, per_mb in _dp_comms(lay, rp, links, eff, gpu, prec)]
+
+
+def _dp_comms(lay: Layout, rp: RankParams, links: dict[str, AxisLink], eff: Efficiency, gpu: GpuSpec,
+              prec: Precision) -> list[tuple[float, str, float, bool]]:
+    """The data-parallel collectives of a step as (seconds, the compute they may hide
+    under: "fwd" or "bwd" of a micro-batch, the overlap fraction, once per micro-batch)."""
     n_dense, n_expert = lay.dense_shard_degree, lay.expert_shard_degree
     link = links["dp"] if lay.dp > 1 else (links["cp"] if lay.cp > 1 else links["ep"])
     g_b, w_b = eff.grad_reduce_bytes or prec.grad_bytes, prec.weight_bytes
@@ -585,7 +667,7 @@ def _step_time(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
     def over_dp(fn, per_param: int) -> float:        # noqa: ANN001
         return fn(rp.dense * per_param, n_dense, link, eff) + fn(rp.expert * per_param, n_expert, link, eff)
 
-    parts: list[tuple[float, float, int]] = []       # (exposed, hidden, times per step)
+    comms: list[tuple[float, str, float, bool]] = []
     if lay.zero_stage == 3:
         if lay.sharding == "fsdp-hybrid":
             inside = _hybrid_shard(lay, gpu.gpus_per_node)
@@ -593,31 +675,19 @@ def _step_time(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
             ag = gather_s(rp.total * w_b, inside, intra, eff)
             rs = gather_s(rp.total * g_b, inside, intra, eff)
             across = all_reduce_s(rp.total * g_b / inside, max(1, n_dense // inside), link, eff)
-            parts.append((*_hide(across, bwd_mb, eff.dp_overlap), 1))
+            comms.append((across, "bwd", eff.dp_overlap, False))
         else:
             ag, rs = over_dp(gather_s, w_b), over_dp(gather_s, g_b)
-        parts += [(*_hide(ag, fwd_mb, eff.zero3_overlap), n_mb), (*_hide(ag + rs, bwd_mb, eff.zero3_overlap), n_mb)]
+        comms += [(ag, "fwd", eff.zero3_overlap, True), (ag + rs, "bwd", eff.zero3_overlap, True)]
     elif lay.zero_stage == 2 and lay.is_fsdp:
         ag, rs = over_dp(gather_s, w_b), over_dp(gather_s, g_b)
-        parts += [(*_hide(ag, fwd_mb, eff.zero3_overlap), n_mb), (*_hide(rs, bwd_mb, eff.zero3_overlap), n_mb)]
+        comms += [(ag, "fwd", eff.zero3_overlap, True), (rs, "bwd", eff.zero3_overlap, True)]
     elif lay.zero_stage in (1, 2):
         rs, ag = over_dp(gather_s, g_b), over_dp(gather_s, w_b)
-        parts += [(*_hide(rs, bwd_mb, eff.dp_overlap), 1), (*_hide(ag, fwd_mb, eff.param_gather_overlap), 1)]
+        comms += [(rs, "bwd", eff.dp_overlap, False), (ag, "fwd", eff.param_gather_overlap, False)]
     else:
-        parts.append((*_hide(over_dp(all_reduce_s, g_b), bwd_mb, eff.dp_overlap), 1))
-    dp_exposed = sum(e * k for e, _, k in parts)
-    dp_slowdown = eff.overlap_slowdown * sum(h * k for _, h, k in parts)
-    comm["dp"] = dp_exposed
-
-    optimizer_s = optimizer_time_s(rp.dense, rp.expert, lay, setup, r)
-    compute = n_mb * (fwd_mb + bwd_mb)
-    step = n_mb * t_mb + bubble + dp_exposed + dp_slowdown + optimizer_s
-    total_sequences = lay.micro_batch * lay.grad_accum * lay.dp * lay.ep
-    fl = flops_per_step(m, lay.seq_len, total_sequences, lay.recompute)
-    return StepTime(compute_s=compute, comm_s=comm, bubble_s=bubble, optimizer_s=optimizer_s,
-                    micro_batch_s=t_mb, step_time_s=step, tokens_per_step=total_sequences * lay.seq_len, n_gpus=lay.n_gpus,
-                    model_flops=fl.model_flops, hardware_flops=fl.hardware_flops,
-                    peak_flops_per_s=gpu.peak_flops_per_s(prec.compute_dtype), placement=order)
+        comms.append((over_dp(all_reduce_s, g_b), "bwd", eff.dp_overlap, False))
+    return comms
 
 
 def optimizer_time_s(n_dense: int, n_expert: int, lay: Layout, setup: TrainingSetup, r: Rates) -> float:
@@ -639,3 +709,132 @@ def _hybrid_shard(lay: Layout, gpus_per_node: int) -> int:
     while d > inside or lay.dense_shard_degree % d:
         d -= 1
     return max(d, 1)
+
+
+
+def step_times(m: ModelSpec, setup: TrainingSetup, lays: Sequence[Layout], cluster: Cluster,
+               eff: Efficiency = Efficiency(), pc: ParamCount | None = None,
+               orders: Sequence[tuple[str, ...]] = PLACEMENT_ORDERS) -> list[StepTime]:
+    """step_time() of layouts that differ only in their sharding (ZeRO stage, FSDP): the
+    pipeline part of the step is worked out once per placement and shared."""
+    if not lays:
+        return []
+    pc = pc or count_params(m)
+    first = lays[0]
+    sizes = {"tp": first.tp, "cp": first.cp, "ep": first.ep, "dp": first.dp, "pp": first.pp}
+    best: list[StepTime | None] = [None] * len(lays)
+    seen: set[tuple[str, ...]] = set()
+    for order in orders:
+        used = tuple(ax for ax in order if sizes[ax] > 1)
+        if used in seen:
+            continue
+        seen.add(used)
+        p = _pipeline(m, setup, first, cluster, eff, tuple(order))
+        for i, lay in enumerate(lays):
+            t = _finish(m, setup, lay, cluster, eff, pc, tuple(order), p)
+            if best[i] is None or t.step_time_s < best[i].step_time_s:  # type: ignore[union-attr]
+                best[i] = t
+    return best  # type: ignore[return-value]
+
+
+def micro_batch_floor_s(m: ModelSpec, setup: TrainingSetup, lay: Layout, lt: LayerTime,
+                        placements: Sequence[dict[str, AxisLink]], eff: Efficiency) -> float:
+    """A lower bound on one micro-batch's time on the slowest stage (_pipeline's t_mb) on
+    any of ``placements``: the fullest stage's blocks with their exposed tp/cp/ep
+    communication, the hidden communication's slowdown on the emptiest stage's blocks,
+    and the pipeline sends; the embedding, the LM head and the loss are left out (>= 0)."""
+    n_max, n_min = -(-m.n_layers // lay.pp), m.n_layers // lay.pp
+    best = math.inf
+    blocks: dict[tuple[AxisLink, ...], tuple[float, ...]] = {}
+    for links in placements:
+        inner = (links["tp"], links["cp"], links["ep"])
+        if inner not in blocks:
+            blocks[inner] = _block_comm(lt, lay, links, eff)
+        tp_b, tp_h, cp_b, cp_h, ep_b, ep_h = blocks[inner]
+        p2p, p2p_hidden = _p2p_s(m, setup, lay, links, eff)
+        best = min(best, n_max * (lt.fwd_s + lt.bwd_s + tp_b + cp_b + ep_b) + p2p
+                   + eff.overlap_slowdown * (n_min * (tp_h + cp_h + ep_h) + p2p_hidden))
+    return best
+
+
+def step_time_floor_s(lay: Layout, micro_batch_floor: float) -> float:
+    """A lower bound on step_time(...).step_time_s from a lower bound on one micro-batch's
+    time: step = m t_mb + (p-1)/v t_mb + exposed dp communication + optimizer, the last
+    two >= 0, whatever the sharding. With micro_batch_floor_s() taken as the least over
+    the placements step_time() tries, this bounds the step on any of them."""
+    bubble_mb = (lay.pp - 1) / lay.vp if lay.pp > 1 else 0.0
+    return (lay.grad_accum + bubble_mb) * micro_batch_floor
+
+
+def layout_floor_s(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster,
+                   eff: Efficiency = Efficiency(), orders: Sequence[tuple[str, ...]] = PLACEMENT_ORDERS) -> float:
+    """step_time_floor_s() of one layout, looking up its block time and placements."""
+    lt = layer_time(m, setup, _layer_key(lay), _kernels(setup, lay), cluster.gpu, eff)
+    sizes = (lay.tp, lay.cp, lay.ep, lay.dp, lay.pp)
+    placements = [axis_links(cluster, sizes, tuple(o)) for o in orders]
+    return step_time_floor_s(lay, micro_batch_floor_s(m, setup, lay, lt, placements, eff))
+
+
+@dataclass(frozen=True, slots=True)
+class DpFloorTerm:
+    """One sharding on one placement and one stage that can be the slowest: its
+    data-parallel collectives (_dp_comms) and its optimizer update (seconds)."""
+
+    comms: tuple[tuple[float, str, float, bool], ...]
+    optimizer_s: float
+
+
+def dp_floor_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, placements: Sequence[dict[str, AxisLink]],
+                   gpu: GpuSpec, eff: Efficiency, pc: ParamCount,
+                   shardings: Sequence[tuple[str, int]]) -> list[DpFloorTerm]:
+    """The data-parallel collectives and the optimizer update of ``lay``'s degrees under
+    each sharding, on each placement in ``placements``, for the parameters of each stage
+    that can be the slowest (the first, the last, the fullest); see dp_floor_s."""
+    counts = stage_layers(m.n_layers, lay.pp)
+    stages = sorted({0, len(counts) - 1, counts.index(max(counts))})
+    rps = [rank_params(m, pc, lay, st, counts[st]) for st in stages]
+    prec = setup.precision_spec
+    r = rates(gpu, prec.compute_dtype, eff)
+    out = []
+    for sharding, stage in shardings:
+        sl = Layout(dp=lay.dp, tp=lay.tp, pp=lay.pp, cp=lay.cp, ep=lay.ep, zero_stage=stage, sharding=sharding)
+        for rp in rps:
+            o = optimizer_time_s(rp.dense, rp.expert, sl, setup, r)
+            for links in placements:
+                out.append(DpFloorTerm(comms=tuple(_dp_comms(sl, rp, links, eff, gpu, prec)), optimizer_s=o))
+    return out
+
+
+def dp_floor_s(terms: Sequence[DpFloorTerm], grad_accum: int, fwd_mb_max: float, bwd_mb_max: float,
+               eff: Efficiency) -> float:
+    """A lower bound on what the data-parallel communication and the optimizer add to a
+    step (dp_exposed + dp_slowdown + optimizer_s in _finish) under any of ``terms``, when
+    a micro-batch's forward and backward on the slowest stage take at most ``fwd_mb_max``
+    and ``bwd_mb_max`` seconds. A collective of c seconds under a window w exposes
+    c - h and slows compute by s h, h = min(c, overlap w): at most that for s <= 1 the
+    longer the window (for s > 1 the least is c itself)."""
+    s = eff.overlap_slowdown
+    best = math.inf
+    for t in terms:
+        total = t.optimizer_s
+        for c, window, overlap, per_mb in t.comms:
+            w = fwd_mb_max if window == "fwd" else bwd_mb_max
+            h = min(c, max(0.0, overlap * w)) if s <= 1 else 0.0
+            total += (c - h + s * h) * (grad_accum if per_mb else 1)
+        best = min(best, total)
+    return 0.0 if best == math.inf else best
+
+
+def micro_batch_max_s(m: ModelSpec, setup: TrainingSetup, lay: Layout, lt: LayerTime, eff: Efficiency,
+                      gpu: GpuSpec) -> tuple[float, float]:
+    """Upper bounds on one micro-batch's forward and backward compute on the slowest stage
+    (_pipeline's fwd_mb, bwd_mb): the fullest stage's blocks plus the LM head and loss."""
+    prec = setup.precision_spec
+    r = rates(gpu, prec.compute_dtype, eff)
+    tokens = lay.micro_batch * lay.seq_len / lay.cp
+    head_fwd = gemm_time_s(tokens, m.vocab_size / lay.tp, m.d_model, r.matmul_flops_per_s,
+                           r.hbm_bytes_per_s, prec.weight_bytes)
+    loss_s = tokens * m.vocab_size / lay.tp * CROSS_ENTROPY_BYTES_PER_LOGIT / r.hbm_bytes_per_s
+    n_max = -(-m.n_layers // lay.pp)
+    return (n_max * lt.fwd_s + head_fwd + loss_s * CROSS_ENTROPY_FORWARD_SHARE,
+            n_max * lt.bwd_s + 2 * head_fwd + loss_s * (1 - CROSS_ENTROPY_FORWARD_SHARE))

@@ -24,6 +24,7 @@ from typing import Any
 import networkx as nx
 
 from .errors import UserError, unknown_name
+from .limits import MAX_CONFIG_BYTES, check_topology_types
 from .hardware import get_gpu
 from .units import GB, GiB
 
@@ -110,12 +111,17 @@ class ClusterTopology:
 
 
 def _table(data: Mapping[str, Any], required: set[str], optional: set[str], where: str) -> dict[str, Any]:
+    if not isinstance(data, Mapping):
+        raise UserError(f"{where}: expected a table of keys, got {type(data).__name__}")
     unknown = data.keys() - required - optional
     if unknown:
         raise UserError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(required | optional)}")
     missing = required - data.keys()
     if missing:
         raise UserError(f"{where}: missing keys {sorted(missing)}")
+    bad = check_topology_types(data, where)
+    if bad:
+        raise UserError(bad)
     return dict(data)
 
 
@@ -130,6 +136,8 @@ def _parse_intra(t: Mapping[str, Any], gpus_per_node: int, where: str) -> IntraN
     if fabric == "nvswitch":
         t = _table(t, {"fabric", "gpu_link_gb_per_s", "switches", "latency_us", "source"}, {"domain_gpus"}, where)
         domain = t.get("domain_gpus", gpus_per_node)
+        if t["switches"] < 1:
+            raise UserError(f"{where}: an NVSwitch fabric needs switches >= 1")
         if domain % gpus_per_node:
             raise UserError(f"{where}: domain_gpus {domain} is not a multiple of gpus_per_node {gpus_per_node}")
     elif fabric == "mesh":
@@ -200,7 +208,11 @@ def _parse_host(t: Mapping[str, Any], where: str) -> HostMemory:
 
 def parse_topology(text: str, where: str = "<topology>") -> ClusterTopology:
     """Parse one topology description (TOML text); see topologies/README.md for the schema."""
-    t = _table(tomllib.loads(text), {"name", "description", "gpu", "gpus_per_node", "max_nodes",
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"{where}: not valid TOML ({e}); see topologies/README.md for the schema") from None
+    t = _table(data, {"name", "description", "gpu", "gpus_per_node", "max_nodes",
                                      "intra_node", "pcie", "network", "source"}, {"host"}, where)
     gpu = get_gpu(t["gpu"]).name            # an unknown GPU name fails here, with suggestions
     gpn = t["gpus_per_node"]
@@ -243,7 +255,15 @@ def load_topology(name_or_path: str | Path) -> ClusterTopology:
     if path.suffix == ".toml" or path.is_file():
         if not path.is_file():
             raise UserError(f"topology file {str(path)!r} not found")
-        return parse_topology(path.read_text(encoding="utf-8"), str(path))
+        try:
+            if path.stat().st_size > MAX_CONFIG_BYTES:
+                raise UserError(f"topology file {str(path)!r} is larger than {MAX_CONFIG_BYTES:,} bytes")
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise UserError(f"topology file {str(path)!r} is not UTF-8 text; expected TOML") from None
+        except OSError as e:
+            raise UserError(f"topology file {str(path)!r}: cannot read ({e.strerror})") from None
+        return parse_topology(text, str(path))
     top = _shipped().get(str(name_or_path).strip().lower())
     if top is None:
         raise unknown_name("topology", str(name_or_path), _shipped().keys(), "`plan topologies`")

@@ -7,6 +7,7 @@ with a default and its source, so a report can print it and a user can change it
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from .finetune import FinetuneSpec
@@ -39,6 +40,7 @@ class Precision:
     compute_dtype: str         # which tensor-core rate applies: bf16, fp16, fp32
 
     @staticmethod
+    @lru_cache(maxsize=16)
     def named(name: str) -> "Precision":
         if name in ("bf16-mixed", "fp16-mixed"):
             return Precision(name=name, weight_bytes=2, grad_bytes=2, master_bytes=4,

@@ -1,0 +1,373 @@
+"""How fast the planner answers, and how its cost grows.
+
+    python bench/speed.py                  # everything (first run installs llm-analysis, minutes)
+    python bench/speed.py --quick          # fewer repeats, no llm-analysis
+    python bench/speed.py --json out.json  # also write the numbers
+
+Prints, on this machine:
+  1. layouts scored per second: the memory model as arrays (planner.fastscore), the same
+     model one layout at a time (planner.memory.per_rank_memory), and the step-time model
+     (planner.timing.step_time, one layout at a time: the search times only layouts that fit);
+  2. the wall time of `plan --help` and of `plan --model 70b --gpus h100` (best of several
+     runs, in fresh processes), and whether torch or deepspeed was imported;
+  3. a full search for llama3.1-405b: every catalogued GPU type, every GPU count the search
+     tries up to 16,384, every layout, micro-batch and recomputation option, sized by the
+     memory model; then the plan (fastest fitting layout on the smallest count) per GPU type;
+  4. how search time grows with the number of GPU counts and of layouts;
+  5. llm-analysis (cli99/llm-analysis 0.2.2, installed by this script in its own virtual
+     environment under --cache-dir, since it pins transformers<5) scoring the same Llama-2-70B
+     layouts in the same run, and the ratio of layouts per second.
+
+Goals (issue 9): >= 1,000,000 layouts/s; the 405B full search < 2 s; `plan --help` < 0.3 s
+and `plan --model 70b --gpus h100` < 1.5 s; >= 1,000x llm-analysis's layouts per second.
+docs/performance.md records a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from planner import api
+from planner.fastscore import LayoutArrays, peak_bytes, valid_layouts
+from planner.hardware import list_gpus
+from planner.layouts import Layout, SearchSpace, reject_reason
+from planner.memory import per_rank_memory
+from planner.model import count_params, load_model
+from planner.placement import scale_up_domain_gpus
+from planner.search import gpu_counts
+from planner.timing import cluster_for, step_time
+from planner.training import TrainingSetup
+
+LLM_ANALYSIS = "llm-analysis==0.2.2"
+LLM_ANALYSIS_MODEL = "upstage_Llama-2-70b-instruct-v2"     # its own Llama-2-70B config
+LLM_ANALYSIS_GPU = "h100-sxm-80gb"
+
+
+CPU_TIMES: list[float] = []     # CPU seconds of the last best_of's best run (this process and children)
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and of its finished children (user + system)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def best_of(fn: Callable[[], object], repeats: int) -> float:
+    """The shortest wall time of ``repeats`` calls (the machine's other load only adds);
+    the CPU time of that run goes to CPU_TIMES[-1], a figure other processes hardly move."""
+    best, best_cpu = float("inf"), 0.0
+    for _ in range(repeats):
+        c, t = cpu_seconds(), time.perf_counter()
+        fn()
+        wall, cpu = time.perf_counter() - t, cpu_seconds() - c
+        if wall < best:
+            best, best_cpu = wall, cpu
+    CPU_TIMES.append(best_cpu)
+    return best
+
+
+def row(label: str, value: str, goal: str = "") -> None:
+    print(f"  {label:<58} {value:>16}  {goal}")
+
+
+# ------------------------------------------------------------------ 1. scoring rates
+
+def all_layouts(m, setup: TrainingSetup, gpus_per_node: int, max_tp: int, max_gpus: int = 16_384) -> LayoutArrays:
+    counts = gpu_counts(gpus_per_node, max_gpus)
+    return LayoutArrays.concat([valid_layouts(m, setup, n, gpus_per_node, SearchSpace(max_tp=max_tp))
+                                for n in counts])
+
+
+def scoring_rates(repeats: int) -> dict:
+    print("1. layouts scored per second (llama3.1-405b, 8-GPU nodes, counts up to 16,384)")
+    m, setup = load_model("llama3.1-405b"), TrainingSetup()
+    pc = count_params(m)
+    arrays = all_layouts(m, setup, 8, 8)
+    peak_bytes(m, setup, arrays, pc)      # warm the per-shape tables, as a search would
+    t_vec = best_of(lambda: peak_bytes(m, setup, arrays, pc), repeats)
+    vec = len(arrays) / t_vec
+    vec_cpu = len(arrays) / max(CPU_TIMES[-1], 1e-9)
+    sample = [arrays.layout(i, setup.seq_len) for i in range(0, len(arrays), max(1, len(arrays) // 2000))]
+    t_mem = best_of(lambda: [per_rank_memory(m, setup, lay, pc) for lay in sample], max(1, repeats // 2))
+    cluster = cluster_for(load_gpu("h100"))
+    timed = sample[:: max(1, len(sample) // 200)]
+    step_time(m, setup, timed[0], cluster, pc=pc)
+    t_time = best_of(lambda: [step_time(m, setup, lay, cluster, pc=pc) for lay in timed], 1)
+    out = {"layouts": len(arrays), "memory_vectorised_per_s": vec, "memory_vectorised_per_cpu_s": vec_cpu,
+           "memory_per_layout_per_s": len(sample) / t_mem, "time_per_layout_per_s": len(timed) / t_time}
+    row(f"memory model, as arrays ({len(arrays):,} layouts)", f"{vec:,.0f}/s",
+        f"goal >= 1,000,000/s ({vec_cpu:,.0f} per CPU second)")
+    row(f"memory model, one layout at a time ({len(sample):,})", f"{out['memory_per_layout_per_s']:,.0f}/s")
+    row(f"step-time model, one layout at a time ({len(timed):,})", f"{out['time_per_layout_per_s']:,.0f}/s")
+    return out
+
+
+def load_gpu(name: str):
+    from planner.hardware import get_gpu
+    return get_gpu(name)
+
+
+# --------------------------------------------------------------------- 2. start-up
+
+def plan_command() -> list[str]:
+    script = Path(sys.executable).with_name("plan")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "planner"]
+
+
+def startup(repeats: int) -> dict:
+    print("2. wall time of a fresh process (best of several)")
+    out = {}
+    for label, args, goal in (("plan --help", ["--help"], 0.3),
+                              ("plan --model 70b --gpus h100", ["--model", "70b", "--gpus", "h100"], 1.5)):
+        cmd = plan_command() + args
+        t = best_of(lambda cmd=cmd: subprocess.run(cmd, capture_output=True, check=True), repeats)
+        out[label] = {"wall_s": t, "cpu_s": CPU_TIMES[-1]}
+        row(label, f"{t:.3f} s", f"goal < {goal} s wall ({CPU_TIMES[-1]:.3f} s CPU)")
+    probe = subprocess.run([sys.executable, "-X", "importtime", "-m", "planner", "--model", "70b", "--gpus", "h100"],
+                           capture_output=True, text=True, check=False)
+    heavy = sorted({line.split("|")[-1].strip().split(".")[0] for line in probe.stderr.splitlines()
+                    if line.split("|")[-1].strip().split(".")[0] in ("torch", "deepspeed", "transformers")})
+    out["heavy_imports"] = heavy
+    row("torch / deepspeed / transformers imported by a plain plan", ", ".join(heavy) or "none")
+    return out
+
+
+# ------------------------------------------------------------- 3. the 405B full search
+
+def full_search(repeats: int) -> dict:
+    """Every GPU type, every count up to 16,384, every layout, micro-batch and
+    recomputation option. Per-rank memory depends on the GPU type only through the GPUs
+    per node and the widest tensor-parallel group (the NVLink domain), so GPU types that
+    share those are sized once and compared with each one's capacity."""
+    print("3. full search, llama3.1-405b, every GPU type x every count up to 16,384 x every layout")
+    m = load_model("llama3.1-405b")
+    pc = count_params(m)
+    gpus = list_gpus()
+
+    def memory_pass() -> dict:
+        groups: dict[tuple, tuple] = {}
+        found = {}
+        for gpu in gpus:
+            cluster = cluster_for(gpu)
+            max_tp = max(gpu.gpus_per_node, scale_up_domain_gpus(cluster))
+            precision = "bf16-mixed" if gpu.bf16_flops_per_s else "fp16-mixed"
+            setup = TrainingSetup(precision=precision)
+            key = (gpu.gpus_per_node, max_tp, precision)
+            if key not in groups:
+                counts = gpu_counts(gpu.gpus_per_node, 16_384)
+                parts = [valid_layouts(m, setup, n, gpu.gpus_per_node, SearchSpace(max_tp=max_tp)) for n in counts]
+                arrays = LayoutArrays.concat(parts)
+                totals = peak_bytes(m, setup, arrays, pc, gpu.gpus_per_node)
+                n_gpus = arrays.dp * arrays.tp * arrays.pp * arrays.cp * arrays.ep
+                groups[key] = (arrays, totals, n_gpus)
+            arrays, totals, n_gpus = groups[key]
+            fits = totals <= api.capacity_bytes(gpu, TrainingSetup())
+            found[gpu.name] = {"layouts": len(arrays), "fitting": int(fits.sum()),
+                               "smallest_count": int(n_gpus[fits].min()) if fits.any() else None}
+        return found
+
+    memory_pass()                                   # warm caches (topologies, per-shape tables)
+    t_mem = best_of(memory_pass, repeats)
+    cpu_mem = CPU_TIMES[-1]
+    found = memory_pass()
+    n_layouts = sum(f["layouts"] for f in found.values())
+
+    def plans() -> dict:
+        out = {}
+        for gpu in gpus:
+            precision = "bf16-mixed" if gpu.bf16_flops_per_s else "fp16-mixed"
+            r = api.plan(m, gpu, TrainingSetup(precision=precision))
+            out[gpu.name] = r.best.n_gpus if r.fits else None
+        return out
+
+    t_plans = best_of(plans, 1)
+    row(f"memory over {n_layouts:,} layouts on {len(gpus)} GPU types", f"{t_mem:.2f} s",
+        f"goal < 2 s ({cpu_mem:.2f} s CPU)")
+    row(f"plans (smallest count, fastest layout) for {len(gpus)} GPU types", f"{t_plans:.2f} s",
+        f"({CPU_TIMES[-1]:.2f} s CPU)")
+    for name, f in found.items():
+        print(f"      {name:<10} {f['layouts']:>9,} layouts, {f['fitting']:>9,} fit; smallest count {f['smallest_count']}")
+    return {"layouts": n_layouts, "memory_s": t_mem, "memory_cpu_s": cpu_mem, "plans_s": t_plans,
+            "plans_cpu_s": CPU_TIMES[-1], "per_gpu": found}
+
+
+# ----------------------------------------------------------------- 4. how cost grows
+
+def scaling(repeats: int) -> dict:
+    print("4. search time against GPU counts and layouts (llama3.1-405b on h100, memory of every layout)")
+    m, setup = load_model("llama3.1-405b"), TrainingSetup()
+    pc = count_params(m)
+    out = {"by_counts": [], "by_layouts": []}
+    print(f"      {'max GPUs':>9} {'counts':>7} {'layouts':>10} {'seconds':>9} {'us/layout':>10}")
+    for max_gpus in (64, 256, 1024, 4096, 16_384):
+        counts = gpu_counts(8, max_gpus)
+
+        def run(counts: list[int] = counts) -> int:
+            a = LayoutArrays.concat([valid_layouts(m, setup, n, 8, SearchSpace(max_tp=8)) for n in counts])
+            peak_bytes(m, setup, a, pc)
+            return len(a)
+        n = run()
+        t = best_of(run, repeats)
+        out["by_counts"].append({"max_gpus": max_gpus, "counts": len(counts), "layouts": n, "s": t})
+        print(f"      {max_gpus:>9,} {len(counts):>7} {n:>10,} {t:>9.3f} {1e6 * t / max(n, 1):>10.2f}")
+    print(f"      {'micro-batches':>22} {'layouts':>10} {'seconds':>9} {'us/layout':>10}")
+    counts = gpu_counts(8, 16_384)
+    for mbs in ((1,), (1, 2), (1, 2, 4, 8), (1, 2, 3, 4, 5, 6, 7, 8), tuple(range(1, 17))):
+        space = SearchSpace(max_tp=8, micro_batches=mbs)
+
+        def run_mb(space: SearchSpace = space) -> int:
+            a = LayoutArrays.concat([valid_layouts(m, setup, n, 8, space) for n in counts])
+            peak_bytes(m, setup, a, pc)
+            return len(a)
+        n = run_mb()
+        t = best_of(run_mb, repeats)
+        out["by_layouts"].append({"micro_batches": len(mbs), "layouts": n, "s": t})
+        print(f"      {len(mbs):>22} {n:>10,} {t:>9.3f} {1e6 * t / max(n, 1):>10.2f}")
+    return out
+
+
+# ------------------------------------------------------------------ 5. llm-analysis
+
+DRIVER = r'''
+import json, sys, time
+from llm_analysis.analysis import train
+layouts = json.load(sys.stdin)
+def score(lay):
+    return train(model_name=MODEL, gpu_name=GPU, tp_size=lay["tp"], pp_size=lay["pp"], dp_size=lay["dp"],
+                 ds_zero=lay["zero"], batch_size_per_gpu=lay["mb"], gradient_accumulation_steps=lay["ga"],
+                 seq_len=lay["seq"], activation_recomputation=lay["rc"], flash_attn=True, log_level="ERROR")
+score(layouts[0])
+t = time.perf_counter()
+done = 0
+for lay in layouts:
+    score(lay)
+    done += 1
+    if time.perf_counter() - t > BUDGET_S:
+        break
+print(json.dumps({"scored": done, "seconds": time.perf_counter() - t}))
+'''
+
+
+def llm_analysis_python(cache_dir: Path) -> Path | None:
+    """The python of a virtual environment holding llm-analysis 0.2.2, made on first use."""
+    env = cache_dir / "llm-analysis-0.2.2"
+    py = env / ("Scripts" if os.name == "nt" else "bin") / "python"
+    ok = env / ".installed"
+    if ok.exists():
+        return py
+    print(f"  installing {LLM_ANALYSIS} into {env} (its own venv: it pins transformers<5; minutes)...", flush=True)
+    try:
+        subprocess.run([sys.executable, "-m", "venv", str(env)], check=True, capture_output=True)
+        subprocess.run([str(py), "-m", "pip", "install", "-q", LLM_ANALYSIS], check=True, capture_output=True,
+                       timeout=1800)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as e:
+        tail = getattr(e, "stderr", b"") or b""
+        print(f"  could not install {LLM_ANALYSIS}: {e}\n  {tail.decode(errors='replace')[-500:]}")
+        return None
+    ok.write_text(LLM_ANALYSIS)
+    return py
+
+
+def comparison_layouts() -> list[Layout]:
+    """Llama-2-70B layouts both tools can express: DeepSpeed ZeRO 0-3 (ZeRO-2/3 without
+    pipelining), tp up to 8 with sequence parallelism, pp, micro-batches 1-8, the three
+    recomputation modes, global batch 1024 of 4,096 tokens, on 8 to 512 GPUs."""
+    m, setup = load_model("llama2-70b"), TrainingSetup()
+    out = []
+    for n in (8, 16, 32, 64, 128, 256, 512):
+        for tp in (1, 2, 4, 8):
+            for pp in (1, 2, 4, 5, 8, 10, 16, 20):
+                if n % (tp * pp):
+                    continue
+                dp = n // (tp * pp)
+                for zero in range(4):
+                    for mb in (1, 2, 4, 8):
+                        if 1024 % (mb * dp):
+                            continue
+                        for rc in ("none", "selective", "full"):
+                            lay = Layout(dp=dp, tp=tp, pp=pp, zero_stage=zero, sp=tp > 1, micro_batch=mb,
+                                         grad_accum=1024 // (mb * dp), seq_len=4096, recompute=rc)
+                            if reject_reason(m, setup, lay, 8) is None:
+                                out.append(lay)
+    return out
+
+
+def llm_analysis_comparison(cache_dir: Path, planner_rates: dict, budget_s: float) -> dict:
+    print(f"5. llm-analysis ({LLM_ANALYSIS}) against the planner, the same Llama-2-70B layouts, this run")
+    py = llm_analysis_python(cache_dir)
+    if py is None:
+        return {"installed": False}
+    m, setup = load_model("llama2-70b"), TrainingSetup()
+    pc = count_params(m)
+    lays = comparison_layouts()
+    payload = json.dumps([{"tp": x.tp, "pp": x.pp, "dp": x.dp, "zero": x.zero_stage, "mb": x.micro_batch,
+                           "ga": x.grad_accum, "seq": x.seq_len,
+                           "rc": {"none": 0, "selective": 1, "full": 2}[x.recompute]} for x in lays])
+    driver = (DRIVER.replace("MODEL", repr(LLM_ANALYSIS_MODEL)).replace("GPU", repr(LLM_ANALYSIS_GPU))
+              .replace("BUDGET_S", repr(budget_s)))
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(driver)
+    try:
+        p = subprocess.run([str(py), f.name], input=payload, capture_output=True, text=True, timeout=600, check=False)
+    finally:
+        os.unlink(f.name)
+    if p.returncode != 0:
+        print(f"  llm-analysis failed: {p.stderr[-500:]}")
+        return {"installed": True, "error": p.stderr[-500:]}
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    theirs = res["scored"] / res["seconds"]
+    arrays = LayoutArrays.from_layouts(lays)
+    peak_bytes(m, setup, arrays, pc)
+    ours_vec = len(lays) / best_of(lambda: peak_bytes(m, setup, arrays, pc), 5)
+    ours_mem = len(lays) / best_of(lambda: [per_rank_memory(m, setup, x, pc) for x in lays], 1)
+    cluster = cluster_for(load_gpu("h100"))
+    few = lays[:: max(1, len(lays) // 200)]
+    for x in few:
+        step_time(m, setup, x, cluster, pc=pc)
+    ours_both = len(few) / best_of(lambda: [(per_rank_memory(m, setup, x, pc), step_time(m, setup, x, cluster, pc=pc))
+                                            for x in few], 1)
+    row(f"llm-analysis, memory and time, one call per layout ({res['scored']:,})", f"{theirs:,.0f}/s")
+    row(f"planner, memory as arrays ({len(lays):,})", f"{ours_vec:,.0f}/s",
+        f"{ours_vec / theirs:,.0f}x  (goal >= 1,000x)")
+    row("planner, memory one layout at a time", f"{ours_mem:,.0f}/s", f"{ours_mem / theirs:,.1f}x")
+    row(f"planner, memory and step time one at a time ({len(few)})", f"{ours_both:,.0f}/s", f"{ours_both / theirs:,.1f}x")
+    return {"installed": True, "layouts": len(lays), "llm_analysis_per_s": theirs, "planner_vectorised_per_s": ours_vec,
+            "planner_memory_per_s": ours_mem, "planner_memory_and_time_per_s": ours_both,
+            "ratio_vectorised": ours_vec / theirs}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer repeats, and no llm-analysis")
+    ap.add_argument("--no-llm-analysis", action="store_true", help="skip the llm-analysis comparison")
+    ap.add_argument("--cache-dir", type=Path,
+                    default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "planner-bench",
+                    help="where llm-analysis's virtual environment lives")
+    ap.add_argument("--json", type=Path, help="write the numbers here")
+    args = ap.parse_args()
+    repeats = 2 if args.quick else 5
+    print(f"planner speed, {platform.python_implementation()} {platform.python_version()}, "
+          f"{os.cpu_count()} CPUs, {platform.machine()}\n")
+    out = {"python": platform.python_version(), "cpus": os.cpu_count()}
+    out["scoring"] = scoring_rates(repeats)
+    out["startup"] = startup(repeats)
+    out["full_search"] = full_search(repeats)
+    out["scaling"] = scaling(max(1, repeats // 2))
+    if not (args.quick or args.no_llm_analysis):
+        out["llm_analysis"] = llm_analysis_comparison(args.cache_dir, out["scoring"], budget_s=10.0)
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

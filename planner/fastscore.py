@@ -1,0 +1,467 @@
+"""Valid layouts and their peak memory, many at once, as numpy arrays.
+
+planner.memory.per_rank_memory builds a breakdown object per layout (about 100 us) and
+layouts.enumerate_layouts a Layout and a reject reason per candidate (about 20 us); a
+search over thousands of GPU counts and layouts spends its time there. Here:
+
+- valid_layouts() returns the layouts enumerate_layouts() accepts, in its order, as one
+  int64 array per field: the parallel degrees are walked in Python, and each rule of
+  layouts.reject_reason is an array operation on the axes it reads (degrees, sharding,
+  virtual stages, micro-batch) broadcast over the grid;
+- peak_bytes() returns per_rank_memory(...).total for each of them. What depends on a
+  layout's shape (a block's activations, the loss, a stage's parameters) is computed once
+  per distinct shape by planner.memory's own functions; model states, buffers and optimizer
+  temporaries once per distinct (degrees, sharding); the rest (in-flight micro-batches,
+  the four peak moments, fragmentation) is array arithmetic that mirrors per_rank_memory
+  line by line, with the same integer and float rounding.
+
+Both are equal to planner.layouts and planner.memory to the layout and the byte
+(tests/test_properties.py checks random models, set-ups, counts and search spaces); the
+search (planner.search.size_count) builds full breakdowns only for layouts that fit, and
+re-checks each of those totals against per_rank_memory. Covered: full training (every
+sharding, precision, optimizer, kernel and attention choice, ZeRO-Offload, ZeRO-Infinity
+and FSDP CPU offload); LoRA, QLoRA, freeze, and numbers so large that int64 could
+overflow raise Unsupported, and the caller falls back to the per-layout path. numpy is
+imported only here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .layouts import FSDP_STAGE, SHARDINGS, Layout, SearchSpace, _degrees, _shardings
+from .memory import (
+    _activation_key,
+    _block_activations,
+    _optimizer_bytes_per_param,
+    _stages_to_check,
+    eager_score_gradient_bytes,
+    logits_bytes,
+    rank_params,
+    stage_layers,
+)
+from .model import ModelSpec, ParamCount, count_params
+from .training import TrainingSetup
+
+RECOMPUTES = ("none", "selective", "full")
+KERNELS = ("fused", "eager", "amp")
+SAFE_BYTES = 2**58          # every table value below this keeps int64 sums exact
+
+
+class Unsupported(Exception):
+    """The set-up or the numbers are outside what peak_bytes() mirrors; use per_rank_memory."""
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutArrays:
+    """Layouts as one int64 array per field (struct of arrays). ``sharding`` indexes
+    layouts.SHARDINGS and ``recompute`` RECOMPUTES; ``sp`` is 0 or 1."""
+
+    dp: np.ndarray
+    tp: np.ndarray
+    pp: np.ndarray
+    cp: np.ndarray
+    ep: np.ndarray
+    zero_stage: np.ndarray
+    sharding: np.ndarray
+    sp: np.ndarray
+    vp: np.ndarray
+    micro_batch: np.ndarray
+    grad_accum: np.ndarray
+    recompute: np.ndarray
+
+    FIELDS = ("dp", "tp", "pp", "cp", "ep", "zero_stage", "sharding", "sp", "vp", "micro_batch",
+              "grad_accum", "recompute")
+
+    def __len__(self) -> int:
+        return len(self.dp)
+
+    @staticmethod
+    def from_layouts(layouts: Sequence[Layout]) -> LayoutArrays:
+        rows = [(x.dp, x.tp, x.pp, x.cp, x.ep, x.zero_stage, SHARDINGS.index(x.sharding), x.sp, x.vp,
+                 x.micro_batch, x.grad_accum, RECOMPUTES.index(x.recompute)) for x in layouts]
+        a = np.array(rows, dtype=np.int64).reshape(-1, 12)
+        return LayoutArrays(*(a[:, i].copy() for i in range(12)))
+
+    @staticmethod
+    def concat(parts: Sequence[LayoutArrays]) -> LayoutArrays:
+        if not parts:
+            return LayoutArrays.from_layouts([])
+        return LayoutArrays(*(np.concatenate([getattr(p, f) for p in parts]) for f in LayoutArrays.FIELDS))
+
+    def layout(self, i: int, seq_len: int) -> Layout:
+        return Layout(dp=int(self.dp[i]), tp=int(self.tp[i]), pp=int(self.pp[i]), cp=int(self.cp[i]),
+                      ep=int(self.ep[i]), zero_stage=int(self.zero_stage[i]),
+                      sharding=SHARDINGS[int(self.sharding[i])], sp=bool(self.sp[i]), vp=int(self.vp[i]),
+                      micro_batch=int(self.micro_batch[i]), grad_accum=int(self.grad_accum[i]),
+                      seq_len=seq_len, recompute=RECOMPUTES[int(self.recompute[i])])
+
+
+def supports(setup: TrainingSetup) -> bool:
+    """Whether peak_bytes() and valid_layouts() mirror planner.memory and planner.layouts
+    for this set-up."""
+    return (setup.finetune.method == "full" and not setup.finetune.paged_8bit_optimizer
+            and setup.finetune.quant == "none")
+
+
+def valid_layouts(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node: int,
+                  space: SearchSpace | None = None) -> LayoutArrays:
+    """The layouts layouts.enumerate_layouts() yields with no reject reason, in the same
+    order, as arrays. The parallel degrees are walked in Python (a few hundred
+    combinations); sharding, virtual stages, micro-batch and recomputation form a grid
+    whose rules (layouts.reject_reason, one mask per rule) are array operations."""
+    if not supports(setup):
+        raise Unsupported("only full training is vectorised")
+    space = space or SearchSpace()
+    shapes = []            # (tp, cp, ep, pp, dp) in enumerate_layouts' order
+    max_tp = space.max_tp or gpus_per_node
+    for tp in _degrees(space.tp, n_gpus, max_tp if space.tp is None else n_gpus):
+        for cp in _degrees(space.cp, n_gpus // tp, space.max_cp if space.cp is None else n_gpus):
+            ep_cap = m.n_experts if m.is_moe else 1
+            for ep in _degrees(space.ep, n_gpus // (tp * cp), ep_cap if space.ep is None else n_gpus):
+                for pp in _degrees(space.pp, n_gpus // (tp * cp * ep), m.n_layers if space.pp is None else n_gpus):
+                    dp = n_gpus // (tp * cp * ep * pp)
+                    if space.dp is None or space.dp == dp:
+                        shapes.append((tp, cp, ep, pp, dp))
+    shardings = _shardings(space)
+    vps = [space.vp] if space.vp is not None else [1, 2]
+    mbs, rcs = list(space.micro_batches), [RECOMPUTES.index(r) for r in space.recomputes]
+    if not shapes or not mbs or not rcs:
+        return LayoutArrays.from_layouts([])
+    # Each rule is computed on the axes it reads, (shape, sharding, vp, micro-batch)
+    # broadcast; recomputation is read by no rule. S, K, V, M: shapes, shardings, vps, mbs.
+    sh = np.array(shapes, dtype=np.int64)
+    tp, cp, ep, pp, dp = (sh[:, i][:, None, None, None] for i in range(5))          # (S,1,1,1)
+    sharding = np.array([SHARDINGS.index(name) for name, _ in shardings], dtype=np.int64)[None, :, None, None]
+    zero = np.array([stage for _, stage in shardings], dtype=np.int64)[None, :, None, None]   # (1,K,1,1)
+    vp = np.array(vps, dtype=np.int64)[None, None, :, None]                          # (1,1,V,1)
+    mb = np.array(mbs, dtype=np.int64)[None, None, None, :]                          # (1,1,1,M)
+    sp = (tp > 1) if space.sp is None else np.full(tp.shape, bool(space.sp))
+    per_step = mb * dp * ep                                                          # (S,1,1,M)
+    ga = setup.global_batch // per_step
+    seq, L = setup.seq_len, m.n_layers
+    fsdp = sharding > 0
+    dense_deg = dp * cp * ep
+    # grad_accum_for, then layouts.reject_reason's rules in its order
+    ok_sm = (setup.global_batch % per_step == 0) & (ga >= 1) & (mb >= 1) & (mb * ga * dp * ep == setup.global_batch)
+    ok_s = ((m.n_heads % tp == 0) & ((m.n_kv_heads % tp == 0) | (tp % m.n_kv_heads == 0)) & (m.d_ff % tp == 0)
+            & ~(sp & (tp == 1)) & (pp <= L) & ~((cp > 1) & (seq % (2 * cp) != 0)) & ~((ep > 1) & (not m.is_moe))
+            & (seq % (cp * np.where(sp, tp, 1)) == 0))
+    if m.is_moe:
+        ok_s &= ~((ep > 1) & (m.n_experts % ep != 0))
+    keep_v = (vp == 1) | (pp > 1) if space.vp is None else np.ones((1, 1, 1, 1), dtype=bool)   # vps per pp
+    ok_sv = keep_v & (vp >= 1) & ~((vp > 1) & (pp == 1)) & (pp * vp <= L)
+    ok_svm = ~((vp > 1) & (ga % pp != 0))
+    ok_k = ~(fsdp & (zero != np.array([FSDP_STAGE.get(x, -1) for x in SHARDINGS])[sharding])) & (zero >= 0) & (zero <= 3)
+    off_opt, off_params = setup.offload_optimizer, setup.offload_params
+    ok_sk = ~((zero > 0) & (dense_deg == 1)) if off_opt == "none" and off_params == "none" else np.ones((1,), bool)
+    if off_params != "none":
+        ok_sk = ok_sk & (zero == 3) & (tp == 1) & (pp == 1) & (cp == 1) & ~(fsdp & (off_params == "nvme"))
+    if off_opt != "none":
+        ok_sk = ok_sk & (zero != 0) & ~fsdp
+    if "nvme" in (off_opt, off_params):
+        ok_sk = ok_sk & (zero == 3)
+    ok_sk = (ok_sk & ~((sharding == 0) & (zero >= 2) & (pp > 1))
+             & ~((sharding == SHARDINGS.index("fsdp-hybrid")) & (dense_deg <= gpus_per_node // (tp * pp))))
+    ok = ok_s & ok_sm & ok_sv & ok_svm & ok_k & ok_sk                                 # (S,K,V,M)
+    i_s, i_k, i_v, i_m, i_r = np.nonzero(np.broadcast_to(ok[..., None], ok.shape + (len(rcs),)))
+    ga_sm = np.broadcast_to(ga, (len(shapes), 1, 1, len(mbs)))[:, 0, 0, :]
+    sp_s = np.broadcast_to(sp, tp.shape)[:, 0, 0, 0]
+    return LayoutArrays(dp=sh[i_s, 4], tp=sh[i_s, 0], pp=sh[i_s, 3], cp=sh[i_s, 1], ep=sh[i_s, 2],
+                        zero_stage=zero[0, :, 0, 0][i_k], sharding=sharding[0, :, 0, 0][i_k],
+                        sp=sp_s[i_s].astype(np.int64), vp=vp[0, 0, :, 0][i_v],
+                        micro_batch=mb[0, 0, 0, :][i_m], grad_accum=ga_sm[i_s, i_m],
+                        recompute=np.array(rcs, dtype=np.int64)[i_r])
+
+
+_MEMO: dict[tuple, dict[tuple, tuple[int, ...]]] = {}
+
+
+def _memo(*key: object) -> dict[tuple, tuple[int, ...]]:
+    """A table of per-shape figures for one model and set-up, kept across calls (the search
+    asks for the same shapes on every GPU count)."""
+    if len(_MEMO) > 64:
+        _MEMO.clear()
+    return _MEMO.setdefault(key, {})
+
+
+def _per_unique(columns: Sequence[np.ndarray], fn: Callable[..., tuple[int, ...]], n_out: int,
+                memo: dict[tuple, tuple[int, ...]] | None = None, inverse_only: bool = False) -> list[np.ndarray]:
+    """fn(*row) for each distinct row of ``columns``, spread back over every element:
+    the expensive per-shape work runs once per shape, in planner.memory's own code
+    (and once per model and set-up with ``memo``)."""
+    # one int64 key per row (mixed radix over the columns' ranges): a 1-D unique is fast
+    key = np.zeros(len(columns[0]), dtype=np.int64)
+    scale = 1
+    for col in columns:
+        lo, hi = int(col.min()), int(col.max())
+        if scale * (hi - lo + 1) >= 2**62:
+            raise Unsupported("shape columns too wide to pack into one key")
+        key += (col - lo) * scale
+        scale *= hi - lo + 1
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    if inverse_only:
+        return [inverse]
+    rows = np.stack([col[first] for col in columns], axis=1).tolist()
+    if memo is None:
+        memo = {}
+    out = []
+    for row in rows:
+        t = tuple(row)
+        if t not in memo:
+            memo[t] = fn(*row)
+        out.append(memo[t])
+    table = np.array(out, dtype=object).reshape(len(rows), n_out)
+    if len(rows) and max(int(v) for v in table.ravel()) >= SAFE_BYTES:
+        raise Unsupported("a per-shape figure is too large for exact int64 arithmetic")
+    return [table[:, j].astype(np.int64)[inverse] for j in range(n_out)]
+
+
+def _hybrid(a: LayoutArrays, gpus_per_node: int) -> np.ndarray:
+    """memory._hybrid_degree for every layout: the largest divisor of dp*cp*ep that fits in
+    gpus_per_node // tp for FSDP hybrid sharding, 0 (None) otherwise."""
+    hybrid = a.sharding == SHARDINGS.index("fsdp-hybrid")
+    out = np.zeros(len(a), dtype=np.int64)
+    if not hybrid.any():
+        return out
+
+    def degree(dense: int, tp: int) -> tuple[int]:
+        inside = max(1, gpus_per_node // tp)
+        d = dense
+        while d > inside or dense % d:
+            d -= 1
+        return (max(d, 1),)
+
+    idx = np.nonzero(hybrid)[0]
+    (deg,) = _per_unique([(a.dp * a.cp * a.ep)[idx], a.tp[idx]], degree, 1, _memo("hybrid", gpus_per_node))
+    out[idx] = deg
+    return out
+
+
+def _ceil_div(n: np.ndarray, d: np.ndarray) -> np.ndarray:
+    return -(-n // d)
+
+
+def _trunc(x: np.ndarray) -> np.ndarray:
+    """int() elementwise: floats toward zero, integers unchanged."""
+    x = np.asarray(x)
+    return x.astype(np.int64) if x.dtype.kind == "f" else x
+
+
+def peak_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCount | None = None,
+               gpus_per_node: int = 8) -> np.ndarray:
+    """per_rank_memory(m, setup, layout, pc, gpus_per_node).total for every layout of
+    ``a`` (all valid: layouts.reject_reason gives None, and seq_len = setup.seq_len), in
+    bytes, as int64. Raises Unsupported where per_rank_memory must answer instead."""
+    if not supports(setup):
+        raise Unsupported("only full training is vectorised")
+    n = len(a)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    pc = pc or count_params(m)
+    prec = setup.precision_spec
+    seq = setup.seq_len
+    h = m.d_model
+    if pc.total * 64 >= SAFE_BYTES:
+        raise Unsupported("model states too large for exact int64 arithmetic")
+
+    # memory.resolve_kernels: fused / eager / amp (autocast for replicated mixed precision)
+    def kernels_of(x: LayoutArrays) -> np.ndarray:
+        if setup.kernels == "auto":
+            kern = np.where((x.tp > 1) | (x.pp > 1) | (x.cp > 1), 0, 1)
+        else:
+            kern = np.full(len(x), KERNELS.index(setup.kernels))
+        if prec.is_mixed:
+            kern = np.where((kern == 1) & (x.sharding == 0) & (x.zero_stage == 0), 2, kern)
+        return kern
+
+    opt_pp = _optimizer_bytes_per_param(m, setup.optimizer)
+    if setup.optimizer_state_bytes is not None:
+        opt_pp = setup.optimizer_state_bytes
+    foreach = setup.optimizer_foreach and setup.optimizer in ("adamw", "adam8bit")
+    bucket = setup.buffers.zero_bucket_numel
+    wb, gb = prec.weight_bytes, prec.grad_bytes
+    moe = m.is_moe
+
+    # ---- per layout shape: a block's activations, the eager score gradients, the loss
+    def shape_figures(tp: int, sp: int, cp: int, mb: int, rc: int, k: int) -> tuple[int, ...]:
+        lay = Layout(tp=tp, sp=bool(sp), cp=cp, micro_batch=mb, seq_len=seq, recompute=RECOMPUTES[rc])
+        kernels = KERNELS[k]
+        kept, full = _block_activations(m, setup, _activation_key(lay), kernels)
+        return (kept, full, eager_score_gradient_bytes(m, setup, lay, kernels),
+                logits_bytes(m, setup, lay, kernels))
+
+    layer_act, full_layer, score_grad, logits_all = _per_unique(
+        [a.tp, a.sp, a.cp, a.micro_batch, a.recompute, kernels_of(a)], shape_figures, 4, _memo("shape", m, setup))
+    tokens_local = a.micro_batch * (seq // a.cp)
+    dropout_embed = tokens_local * h if m.hidden_dropout > 0 else np.zeros(n, dtype=np.int64)
+    dense_deg = a.dp * a.cp * a.ep                     # Layout.dense_shard_degree
+    persistent = (a.grad_accum > 1) | (a.pp > 1) | ((a.sharding == 0) & (dense_deg > 1))
+    n_gpus = dense_deg * a.tp * a.pp
+    fixed = setup.overheads.fixed_bytes(True) * (n_gpus > 1) + setup.overheads.fixed_bytes(False) * (n_gpus <= 1)
+    pp_buffer = np.where(a.pp > 1, 2 * _ceil_div(tokens_local * h * prec.activation_bytes,
+                                                 np.where(a.sp == 1, a.tp, 1)), 0)
+
+    # ---- per pipeline depth: the stages that can be the most loaded (memory._stages_to_check)
+    pp_uniq, pp_inv = np.unique(a.pp, return_inverse=True)
+    pp_inv = pp_inv.reshape(-1)
+    slots = []
+    for p in pp_uniq.tolist():
+        counts = stage_layers(m.n_layers, p)
+        slots.append([(s, counts[s]) for s in _stages_to_check(counts)])
+    n_slots = max(len(s) for s in slots)
+    stage_of = np.full((len(pp_uniq), n_slots), -1, dtype=np.int64)
+    layers_of = np.zeros((len(pp_uniq), n_slots), dtype=np.int64)
+    for i, row in enumerate(slots):
+        for j, (s, c) in enumerate(row):
+            stage_of[i, j], layers_of[i, j] = s, c
+
+    # ---- per (tp, ep, pp) and stage slot: the rank's parameters (memory.rank_params)
+    (combo_inv,) = _per_unique([a.tp, a.ep, a.pp], lambda *row: (0,), 1, None, inverse_only=True)
+    combos = np.stack([a.tp, a.ep, a.pp], axis=1)[np.unique(combo_inv, return_index=True)[1]].tolist()
+    memo = _memo("stage", m, pc)
+    params = np.zeros((len(combos), n_slots, 5), dtype=np.int64)
+    for c, (tp_c, ep_c, pp_c) in enumerate(combos):
+        p_idx = int(np.searchsorted(pp_uniq, pp_c))
+        for j in range(n_slots):
+            stage_j, layers_j = int(stage_of[p_idx, j]), int(layers_of[p_idx, j])
+            if stage_j < 0:
+                continue
+            key = (tp_c, ep_c, pp_c, stage_j, layers_j)
+            if key not in memo:
+                rp = rank_params(m, pc, Layout(tp=tp_c, ep=ep_c, pp=pp_c), stage_j, layers_j)
+                memo[key] = (rp.dense, rp.expert, rp.block_unit, rp.root_unit, rp.largest_module)
+            params[c, j] = memo[key]
+    if params.size and int(params.max()) * 64 >= SAFE_BYTES:
+        raise Unsupported("a stage's parameters are too many for exact int64 arithmetic")
+
+    # ---- per state. Model states, buffers and the optimizer's temporaries do not depend on
+    # the micro-batch, accumulation, virtual stages or recomputation: size them once per
+    # distinct (tp, ep, pp, cp, dp, sharding, ZeRO stage) and spread them over the layouts.
+    (state_inv,) = _per_unique([combo_inv, a.dp, a.cp, a.sharding, a.zero_stage], lambda *r: (0,), 1,
+                               inverse_only=True)
+    state_rows = np.unique(state_inv, return_index=True)[1]
+    st = LayoutArrays(*(getattr(a, f)[state_rows] for f in LayoutArrays.FIELDS))
+    s_fsdp = st.sharding > 0
+    s_amp = kernels_of(st) == 2
+    s_grad_op = st.sharding == SHARDINGS.index("fsdp-grad-op")
+    s_full_shard = s_fsdp & (st.zero_stage == 3)
+    s_dense_deg, s_expert_deg = st.dp * st.cp * st.ep, st.dp * st.cp
+    hybrid = _hybrid(st, gpus_per_node)                 # memory._hybrid_degree, 0 for None
+    s_dd = np.where(hybrid > 0, hybrid, s_dense_deg)
+    s_de = np.maximum(1, np.where(hybrid > 0, np.minimum(s_expert_deg, hybrid), s_expert_deg))
+    if moe:                                             # memory.fsdp_expert_padding
+        d_pad = np.where(hybrid > 0, hybrid, s_expert_deg)
+        s_pad = np.where(s_fsdp & (st.ep == 1), d_pad * _ceil_div(np.int64(m.n_experts), d_pad) / m.n_experts, 1.0)
+    else:
+        s_pad = np.ones(len(st))
+    s_d_step = np.where(st.zero_stage >= 1, s_dd, 1)
+    s_step_applies = s_fsdp | s_amp
+    s_vocab_shard = _ceil_div(np.int64(m.vocab_size * h), st.tp)
+    largest_tensor = np.maximum(s_vocab_shard, _ceil_div(np.int64(m.d_ff * h), st.tp))
+    s_largest_step = 2 * 4 * _ceil_div(largest_tensor, s_d_step)
+    stored = 4 if prec.is_mixed else wb
+    fgrad = 4 if prec.is_mixed else gb
+    reduce_bytes = 4 if prec.is_mixed else gb
+    z_opt_pp = prec.master_bytes + opt_pp
+
+    def shard(nd_bytes: np.ndarray, ne_bytes: np.ndarray, sharded: np.ndarray | bool) -> np.ndarray:
+        # dense models hold no expert bytes: int(nd + 0) = int(nd), and 0 shards to 0
+        split = whole = None
+        if sharded is not False:
+            split = _ceil_div(_trunc(nd_bytes), s_dd)
+            if moe:
+                split = split + _ceil_div(_trunc(ne_bytes), s_de)
+        if sharded is not True:
+            whole = _trunc(nd_bytes + ne_bytes) if moe else _trunc(nd_bytes)
+        return split if whole is None else whole if split is None else np.where(sharded, split, whole)
+
+    best = np.full(n, -1, dtype=np.int64)
+    for j in range(n_slots):
+        # ---- per state (memory.model_state_bytes, buffer_bytes, optimizer_step_transient_bytes,
+        # fsdp_backward_end_bytes), at this stage slot
+        s_stage = np.maximum(stage_of[pp_inv[state_rows], j], 0)
+        s_layers = layers_of[pp_inv[state_rows], j]
+        slot = params[combo_inv[state_rows], j]
+        dense, expert, block_unit, root_unit, largest_module = (slot[:, k] for k in range(5))
+        total_params = dense + expert
+        # FSDP's expert padding
+        expert_padded = np.where(s_fsdp, _trunc(expert * s_pad), expert)
+        block_unit = np.where((s_pad > 1) & (s_layers > 0),
+                              block_unit + _trunc(expert / np.maximum(s_layers, 1) * (s_pad - 1)), block_unit)
+        f_weights = shard(dense * stored, expert_padded * stored, True)
+        f_grads = shard(dense * fgrad, expert_padded * fgrad, True)
+        f_opt = shard(dense * opt_pp, expert_padded * opt_pp, True)
+        f_unsharded = np.where(s_grad_op, _trunc((dense + expert * s_pad) * wb), 0)
+        a_weights = total_params * 4
+        a_opt = _trunc(total_params * opt_pp)
+        z_weights = shard(dense * wb, expert * wb, st.zero_stage >= 3)
+        z_grads = shard(dense * gb, expert * gb, st.zero_stage >= 2)
+        z_opt = shard(dense * z_opt_pp, expert * z_opt_pp, st.zero_stage >= 1)
+        # offload (memory.offload_bytes): what moves to CPU memory or NVMe leaves the GPU
+        zeros = np.zeros(len(st), dtype=np.int64)
+        if setup.offload_params == "cpu":     # FSDP: parameters, gradients, optimizer states
+            f_weights = f_grads = f_opt = zeros
+        if setup.offload_optimizer != "none":  # ZeRO-Offload: the optimizer partition (and grads)
+            z_grads = np.where(st.zero_stage >= 2, 0, z_grads)
+            z_opt = zeros
+        if setup.offload_params != "none":     # ZeRO-Infinity: the parameter shards
+            z_weights = zeros
+        ms_grads = np.where(s_fsdp, f_grads, np.where(s_amp, a_weights, z_grads))
+        ms_opt = np.where(s_fsdp, f_opt, np.where(s_amp, a_opt, z_opt))
+        weights = (np.where(s_fsdp, f_weights + f_unsharded, np.where(s_amp, a_weights, z_weights))
+                   + np.where(s_full_shard, root_unit * wb, 0))
+        buffers = np.where((st.sharding == 0) & ((st.zero_stage == 1) | (st.zero_stage == 2)),
+                           np.minimum(bucket, total_params) * gb, 0)
+        buffers = buffers + np.where(st.zero_stage == 3,
+                                     np.where(s_fsdp, block_unit * wb,
+                                              2 * (largest_module * wb) + np.minimum(bucket, total_params) * gb), 0)
+        transient = 4 * _ceil_div(total_params, s_d_step) if foreach else s_largest_step
+        transient = np.where(s_step_applies, transient, 0)
+        if setup.offload_params == "cpu":     # FSDP's CPU offload: its optimizer steps on the CPU
+            transient = np.where(s_fsdp, 0, transient)
+        end_on = s_fsdp & (s_layers > 0)
+        end_w = np.where(end_on & (st.zero_stage == 3), block_unit * wb, 0)
+        end_a = np.where(end_on, block_unit * wb, 0)
+        end_b = np.where(end_on, end_w + block_unit * reduce_bytes, 0)
+        # autocast's 16-bit copies of the weights, kept for backward (an activation)
+        amp_copies = np.where(s_amp, 2 * (total_params - np.where(s_stage == 0, s_vocab_shard, 0)
+                                          - s_layers * pc.norms_per_layer), 0)
+        # the parts of the backward-end and optimizer-step moments that hold no activations
+        end_fixed = end_w + ms_grads + end_a
+        step_moment = ms_grads + transient
+        base = weights + ms_opt
+        (g_base, g_grads, g_buffers, g_end_fixed, g_end_b, g_step, g_amp) = (
+            x[state_inv] for x in (base, ms_grads, buffers, end_fixed, end_b, step_moment, amp_copies))
+
+        # ---- per layout: activations, loss, pipeline buffers (memory.per_rank_memory)
+        stage = stage_of[pp_inv, j]
+        valid = stage >= 0
+        stage = np.where(valid, stage, 0)
+        n_layers = layers_of[pp_inv, j]
+        has_layers = n_layers > 0
+        held = np.where(a.pp == 1, 1.0, np.minimum(a.pp - stage, a.grad_accum).astype(np.float64))
+        held = np.where((a.pp > 1) & (a.vp > 1), held * (1 + (a.pp - 1) / (a.pp * a.vp)), held)
+        acts = _trunc((n_layers * layer_act) * held) + np.where(stage == 0, _trunc(dropout_embed * held), 0) + g_amp
+        working = np.where(has_layers, (full_layer - layer_act) + score_grad, 0)
+        logits = np.where(stage == a.pp - 1, logits_all, 0)
+        buffers_all = g_buffers + pp_buffer
+        g_held = np.where(persistent, g_grads, 0)
+        last_block = np.where(has_layers, full_layer, 0)
+        # the four moments per_rank_memory compares; the tracked bytes are the weights and
+        # optimizer states plus the largest moment's other parts (which moment wins a tie
+        # changes the breakdown, not the total)
+        moment = np.maximum.reduce([
+            g_held + acts + np.maximum(logits, working) + buffers_all,        # backward-start, block-backward
+            g_end_fixed + last_block + np.maximum(buffers_all, g_end_b),      # backward-end
+            g_step,                                                           # optimizer-step
+        ])
+        tracked = g_base + moment
+        overhead = fixed + _trunc(tracked * setup.overheads.fragmentation)
+        total = np.where(valid, tracked + overhead, -1)
+        best = np.maximum(best, total)
+    return best

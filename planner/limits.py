@@ -1,0 +1,132 @@
+"""Input limits: the largest values the planner accepts, and why.
+
+Each limit sits far above anything trained today, so no real model or cluster meets it,
+and low enough that a typo (an extra zero, a pasted exponent) is refused at once with a
+message instead of making the planner search for minutes or build huge objects. The
+README's "Input limits" table lists them; tests/test_fuzz_cli.py holds the planner to
+them. Limits on command-line options (GPU counts, sequence length, batch sizes) live
+next to their options in planner.training and planner.api.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+# A model's widths and counts (config.json): hidden size, MLP width, vocabulary, heads,
+# head width, layers, experts. The largest published models stay below 1e6 in each
+# (Llama 3.1 405B: hidden 16,384, MLP 53,248, vocabulary 128,256, 126 layers).
+MAX_MODEL_DIM = 10**7
+# Learned or rotary positions a config may declare (Llama 4 Scout declares 10,485,760).
+MAX_POSITIONS = 2**31 - 1
+# Total parameters: about 500 times Llama 3.1 405B's 4.05e11 (1e15 is still accepted).
+MAX_PARAMS = 10**15
+# A config.json or topology file is a few KiB; a larger file is the wrong file (weights).
+MAX_CONFIG_BYTES = 16 * 2**20
+# Jobs in one `plan buy` file: each is searched on every GPU type and count (about a second
+# each) and adds options to the purchase ILP.
+MAX_JOBS = 256
+
+# config.json keys the loader reads, by the type each must have (None: use the default).
+CONFIG_INT_KEYS = (
+    "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "num_hidden_layers",
+    "intermediate_size", "vocab_size", "max_position_embeddings", "num_local_experts",
+    "num_experts_per_tok", "n_embd", "n_head", "n_layer", "n_inner", "n_positions",
+    "type_vocab_size", "num_kv_heads", "ffn_hidden_size", "n_embed",
+)
+CONFIG_BOOL_KEYS = (
+    "attention_bias", "mlp_bias", "tie_word_embeddings", "new_decoder_architecture", "multi_query",
+    "parallel_attn", "alibi", "bias", "use_parallel_residual",
+)
+CONFIG_PROBABILITY_KEYS = (
+    "attention_dropout", "resid_pdrop", "attn_pdrop", "hidden_dropout_prob",
+    "attention_probs_dropout_prob", "hidden_dropout",
+)
+CONFIG_STR_KEYS = ("model_type", "hidden_act", "hidden_activation", "activation_function")
+
+
+def check_config_types(cfg: Mapping[str, Any], where: str) -> str | None:
+    """The first key of a config.json dict whose value has the wrong type or range, as a
+    message naming the key, the value and what is expected; None when all are fine.
+
+    Integers must be JSON integers (not true/false, not 4096.0) between 0 and their limit;
+    flags must be true or false; dropout probabilities numbers in [0, 1]; activation
+    names strings. A key set to null takes the architecture's default."""
+    for key in CONFIG_INT_KEYS:
+        v = cfg.get(key)
+        if v is None:
+            continue
+        cap = MAX_POSITIONS if key in ("max_position_embeddings", "n_positions") else MAX_MODEL_DIM
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= cap:
+            return f"{where}: key {key!r} must be an integer from 0 to {cap:,}, got {_show(v)}"
+    for key in CONFIG_BOOL_KEYS:
+        v = cfg.get(key)
+        if v is not None and not isinstance(v, bool):
+            return f"{where}: key {key!r} must be true or false, got {_show(v)}"
+    for key in CONFIG_PROBABILITY_KEYS:
+        v = cfg.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and 0 <= v <= 1):
+            return f"{where}: key {key!r} must be a probability from 0 to 1, got {_show(v)}"
+    for key in CONFIG_STR_KEYS:
+        v = cfg.get(key)
+        if v is not None and not isinstance(v, str):
+            return f"{where}: key {key!r} must be a string, got {_show(v)}"
+    return None
+
+
+# Topology files (topologies/README.md): each key's type and range. The bounds keep the
+# graph the planner builds (planner.topology.build_graph, a few nodes of the cluster) to
+# thousands of vertices: an NVL576 domain, 64 NICs or switch chips per node, 100,000 nodes.
+_INT, _NUM, _BOOL, _STR, _TABLE = "an integer", "a number", "true or false", "a string", "a table"
+TOPOLOGY_KEY_RULES: dict[str, tuple[str, float, float]] = {
+    "name": (_STR, 0, 0), "description": (_STR, 0, 0), "gpu": (_STR, 0, 0), "fabric": (_STR, 0, 0),
+    "source": (_STR, 0, 0),
+    "gpus_per_node": (_INT, 1, 256),
+    "max_nodes": (_INT, 1, 100_000),
+    "domain_gpus": (_INT, 1, 1024),
+    "switches": (_INT, 0, 64),
+    "sockets": (_INT, 1, 16),
+    "nics_per_node": (_INT, 1, 64),
+    "nodes_per_leaf": (_INT, 1, 100_000),
+    "gpu_link_gb_per_s": (_NUM, 1e-3, 1e6), "peer_link_gb_per_s": (_NUM, 1e-3, 1e6),
+    "link_gb_per_s": (_NUM, 1e-3, 1e6), "uplink_gb_per_s": (_NUM, 1e-3, 1e6),
+    "socket_link_gb_per_s": (_NUM, 1e-3, 1e6), "nic_gbit_per_s": (_NUM, 1e-3, 1e7),
+    "latency_us": (_NUM, 0, 1e6), "switch_latency_us": (_NUM, 0, 1e6),
+    "oversubscription": (_NUM, 1, 1e3),
+    "memory_gib": (_NUM, 1e-3, 1e9), "nvme_gb": (_NUM, 1e-3, 1e12),
+    "rail_optimized": (_BOOL, 0, 0),
+    "intra_node": (_TABLE, 0, 0), "pcie": (_TABLE, 0, 0), "network": (_TABLE, 0, 0), "host": (_TABLE, 0, 0),
+}
+
+
+def check_topology_types(table: Mapping[str, Any], where: str) -> str | None:
+    """The first key of a topology table whose value has the wrong type or is out of
+    range (TOPOLOGY_KEY_RULES), as a message; None when all are fine. Unknown keys are
+    left to the caller, which names the allowed ones."""
+    for key, v in table.items():
+        rule = TOPOLOGY_KEY_RULES.get(key)
+        if rule is None:
+            continue
+        kind, lo, hi = rule
+        if kind == _STR:
+            ok = isinstance(v, str)
+        elif kind == _BOOL:
+            ok = isinstance(v, bool)
+        elif kind == _TABLE:
+            ok = isinstance(v, Mapping)
+        else:
+            number = isinstance(v, int) if kind == _INT else isinstance(v, (int, float))
+            ok = number and not isinstance(v, bool) and math.isfinite(v) and lo <= v <= hi
+            kind = f"{kind} from {lo:g} to {hi:g}"
+        if not ok:
+            return f"{where}: {key} must be {kind}, got {_show(v)}"
+    return None
+
+
+def _show(v: Any) -> str:
+    """A value for an error message, cut short (a fuzzed file may hold megabytes)."""
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."

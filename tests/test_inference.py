@@ -1,0 +1,89 @@
+"""``--task load`` (planner.inference): the memory to hold a model for inference.
+
+The KV cache is checked against the cache transformers itself builds; weights against the
+parameter count at each storage format; the GPU counts against the arithmetic.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from planner.cli import cli
+from planner.hardware import get_gpu
+from planner.inference import LoadSetup, kv_cache_bytes, load_memory, plan_load
+from planner.model import count_params, load_model, spec_from_hf_config
+from planner.units import GiB
+
+TINY_GQA = {
+    "model_type": "llama", "hidden_size": 128, "intermediate_size": 344, "num_hidden_layers": 3,
+    "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 500,
+    "max_position_embeddings": 512, "tie_word_embeddings": False,
+}
+
+
+@pytest.mark.parametrize("dtype_name, kv_bytes", [("float32", 4), ("bfloat16", 2)])
+def test_kv_cache_equals_transformers_cache(dtype_name, kv_bytes):
+    torch = pytest.importorskip("torch")
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = dict(TINY_GQA)
+    config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype_name)).eval()
+    batch, context = 2, 40
+    with torch.no_grad():
+        out = model(input_ids=torch.randint(0, 500, (batch, context)), use_cache=True)
+    cache = out.past_key_values
+    stored = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+    m = spec_from_hf_config(TINY_GQA, "tiny-gqa", "test")
+    # 2 x 3 layers x 2 KV heads x 16 head_dim x 40 tokens x 2 sequences x bytes
+    assert kv_cache_bytes(m, batch, context, kv_bytes) == stored == 2 * 3 * 2 * 16 * 40 * 2 * kv_bytes
+
+
+def test_llama3_8b_kv_cache_is_one_gib_at_8k():
+    # 2 x 32 layers x 8 KV heads x 128 x 8192 tokens x 2 B = 1 GiB; GQA saves 4x over 32 heads
+    assert kv_cache_bytes(load_model("llama3.1-8b"), 1, 8192) == GiB
+
+
+def test_weights_at_each_format():
+    m = load_model("llama3.1-70b")
+    n = count_params(m).total
+    assert load_memory(m, LoadSetup()).weights == 2 * n
+    assert load_memory(m, LoadSetup(weight_bytes=4)).weights == 4 * n
+    int8 = load_memory(m, LoadSetup(quant="int8")).weights
+    nf4 = load_memory(m, LoadSetup(quant="nf4")).weights
+    embeddings = 2 * 128256 * 8192                    # input embedding and LM head, kept 16-bit
+    assert 1.0 < (int8 - 2 * embeddings) / (n - embeddings) < 1.01     # 1 B + a scale per row
+    assert nf4 < int8 < 2 * n
+
+
+def test_fewest_gpus():
+    h100 = get_gpu("h100")
+    assert plan_load(load_model("llama3.1-8b"), h100, LoadSetup()).n_gpus == 1
+    seventy = plan_load(load_model("llama3.1-70b"), h100, LoadSetup())
+    assert (seventy.tp, seventy.pp) == (2, 1) and seventy.fits       # 141 GB of bf16 weights
+    assert plan_load(load_model("llama3.1-70b"), h100, LoadSetup(quant="nf4")).n_gpus == 1
+    assert plan_load(load_model("llama3.1-405b"), h100, LoadSetup()).n_gpus > 8
+
+
+def test_tensor_parallel_replicates_kv_heads_beyond_their_count():
+    m = load_model("llama3.1-8b")            # 8 KV heads
+    assert kv_cache_bytes(m, 1, 4096, tp=8) == kv_cache_bytes(m, 1, 4096) // 8
+    assert kv_cache_bytes(m, 1, 4096, tp=16) == kv_cache_bytes(m, 1, 4096, tp=8)
+
+
+def test_cli_task_load_json():
+    res = CliRunner().invoke(cli, ["--task", "load", "--model", "llama3.1-8b", "--gpus", "l40s", "--quant", "nf4",
+                                   "--micro-batch", "4", "--seq-len", "8192", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["task"] == "load" and out["load"]["n_gpus"] == 1 and out["load"]["fits"]
+    assert out["load"]["memory_bytes"]["kv_cache"] == 4 * GiB
+    assert out["assumptions"]["quant"] == "nf4"
+
+
+def test_cli_task_load_rejects_training_options():
+    res = CliRunner().invoke(cli, ["--task", "load", "--model", "llama3.1-8b", "--gpus", "h100", "--zero", "3"])
+    assert res.exit_code == 2 and "training option" in res.output

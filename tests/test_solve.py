@@ -1,0 +1,199 @@
+"""The ILPs of planner.solve against brute force on random small instances (hypothesis),
+feasible and infeasible, on both solvers; and explicit cases with their named constraints."""
+
+import itertools
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from planner.errors import UserError
+from planner.solve import (JobOption, JobWindow, Limits, Option, Pool, nodes_needed, solve_one_job,
+                           solve_purchase)
+
+SOLVERS = ["highs", "cbc"]
+FAST = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SLOW = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6)
+
+
+# ------------------------------------------------------------------------ one job
+
+@st.composite
+def one_job_instances(draw):
+    n = draw(st.integers(1, 12))
+    gpus = ["h100", "a100", "l40s"]
+    options = []
+    for i in range(n):
+        gpu = draw(st.sampled_from(gpus))
+        options.append(Option(
+            key=f"o{i}_{gpu}", gpu=gpu, n_gpus=draw(st.sampled_from([1, 2, 4, 8, 16, 24, 64])),
+            cost_usd=draw(st.integers(1, 1000)) * 100.0, time_s=draw(st.integers(1, 1000)) * 3600.0,
+            memory_bytes=draw(st.integers(10, 100)), capacity_bytes={"h100": 80, "a100": 80, "l40s": 45}[gpu]))
+    limits = Limits(
+        deadline_s=draw(st.none() | st.integers(1, 1000).map(lambda h: h * 3600.0)),
+        budget_usd=draw(st.none() | st.integers(1, 1000).map(lambda c: c * 100.0)),
+        max_gpus=draw(st.none() | st.sampled_from([1, 4, 8, 16, 32, 64])))
+    return options, limits, draw(st.sampled_from(["cost", "time"]))
+
+
+def brute_one_job(options, limits, objective):
+    ok = [o for o in options if o.fits
+          and (limits.deadline_s is None or o.time_s <= limits.deadline_s)
+          and (limits.budget_usd is None or o.cost_usd <= limits.budget_usd)
+          and (limits.max_gpus is None or o.n_gpus <= limits.max_gpus)]
+    if not ok:
+        return None
+    return min(o.cost_usd if objective == "cost" else o.time_s for o in ok)
+
+
+def check_one_job(options, limits, objective, solver):
+    sol = solve_one_job(options, objective, limits, solver=solver)
+    best = brute_one_job(options, limits, objective)
+    if best is None:
+        assert sol.choice is None and sol.solver.status == "Infeasible"
+        return
+    c = sol.choice
+    assert c is not None and sol.solver.optimal and sol.solver.status == "Optimal"
+    assert close(c.cost_usd if objective == "cost" else c.time_s, best)
+    assert c.fits
+    assert limits.deadline_s is None or c.time_s <= limits.deadline_s
+    assert limits.budget_usd is None or c.cost_usd <= limits.budget_usd
+    assert limits.max_gpus is None or c.n_gpus <= limits.max_gpus
+    # ties on the objective go to the best on the other measure
+    other = [o for o in options if brute_one_job([o], limits, objective) is not None
+             and close(o.cost_usd if objective == "cost" else o.time_s, best)]
+    second = min(o.time_s if objective == "cost" else o.cost_usd for o in other)
+    assert close(c.time_s if objective == "cost" else c.cost_usd, second)
+
+
+@FAST
+@given(one_job_instances())
+def test_one_job_ilp_equals_brute_force_highs(instance):
+    check_one_job(*instance, "highs")
+
+
+@SLOW
+@given(one_job_instances())
+def test_one_job_ilp_equals_brute_force_cbc(instance):
+    check_one_job(*instance, "cbc")
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_one_job_explicit(solver):
+    opts = [Option(key="h8", gpu="h100", n_gpus=8, cost_usd=1000, time_s=100),
+            Option(key="h16", gpu="h100", n_gpus=16, cost_usd=1200, time_s=50),
+            Option(key="a16", gpu="a100", n_gpus=16, cost_usd=900, time_s=120),
+            Option(key="a32", gpu="a100", n_gpus=32, cost_usd=950, time_s=60, memory_bytes=90, capacity_bytes=80)]
+    assert solve_one_job(opts, solver=solver).choice.key == "a16"                    # cheapest
+    assert solve_one_job(opts, "time", solver=solver).choice.key == "h16"            # fastest (a32 does not fit)
+    sol = solve_one_job(opts, limits=Limits(deadline_s=110, max_gpus=8), solver=solver)
+    assert sol.choice.key == "h8"
+    assert set(sol.solver.constraint_names) == {"exactly_one_plan", "deadline_s", "max_gpus", "fits_memory_a100"}
+    sol = solve_one_job(opts, limits=Limits(deadline_s=60, budget_usd=1100), solver=solver)
+    assert sol.choice is None and sol.solver.status == "Infeasible" and not sol.solver.optimal
+    assert solve_one_job([], solver=solver).choice is None
+
+
+def test_one_job_rejects_bad_input():
+    with pytest.raises(UserError, match="objective"):
+        solve_one_job([], "speed")
+    with pytest.raises(UserError, match="solver"):
+        solve_one_job([], solver="gurobi")
+
+
+# ------------------------------------------------------------------ cluster purchase
+
+@st.composite
+def purchase_instances(draw):
+    n_pools = draw(st.integers(1, 3))
+    pools = [Pool(gpu=f"g{i}", gpus_per_node=draw(st.sampled_from([1, 2, 4, 8])),
+                  capex_usd=draw(st.integers(1, 50)) * 1000.0, opex_usd=draw(st.integers(0, 10)) * 100.0)
+             for i in range(n_pools)]
+    jobs, options = [], []
+    for j in range(draw(st.integers(1, 3))):
+        start = draw(st.integers(0, 20)) * 1.0
+        jobs.append(JobWindow(name=f"job {j}", start_s=start, deadline_s=start + draw(st.integers(1, 30))))
+        for k in range(draw(st.integers(0, 4))):
+            pool = draw(st.sampled_from(pools))
+            options.append(JobOption(job=f"job {j}", gpu=pool.gpu, n_gpus=draw(st.integers(1, 16)),
+                                     duration_s=float(draw(st.integers(1, 30))), key=f"o{k}",
+                                     memory_bytes=draw(st.integers(0, 10)), capacity_bytes=8))
+    budget = draw(st.none() | st.integers(1, 300).map(lambda b: b * 1000.0))
+    return pools, jobs, options, budget
+
+
+def brute_purchase(pools, jobs, options, budget):
+    per_job = [[o for o in options if o.job == j.name and o.fits and j.start_s + o.duration_s <= j.deadline_s]
+               for j in jobs]
+    by_gpu = {p.gpu: p for p in pools}
+    best = None
+    for combo in itertools.product(*per_job):
+        choices = {j.name: o for j, o in zip(jobs, combo)}
+        nodes = nodes_needed(pools, jobs, choices)
+        cost = sum(by_gpu[g].node_usd * n for g, n in nodes.items())
+        if budget is not None and cost > budget:
+            continue
+        best = cost if best is None else min(best, cost)
+    return best
+
+
+def check_purchase(pools, jobs, options, budget, solver):
+    sol = solve_purchase(pools, jobs, options, budget, solver=solver)
+    best = brute_purchase(pools, jobs, options, budget)
+    if best is None:
+        assert sol.cost_usd is None and not sol.choices and sol.solver.status == "Infeasible"
+        return
+    assert sol.solver.optimal and close(sol.cost_usd, best)
+    # the solution is what it claims: every job in its window, the nodes hold the GPUs in use
+    for j in jobs:
+        o = sol.choices[j.name]
+        assert o.job == j.name and o.fits and j.start_s + o.duration_s <= j.deadline_s
+    need = nodes_needed(pools, jobs, sol.choices)
+    assert all(sol.nodes[g] >= need[g] for g in need)
+
+
+@FAST
+@given(purchase_instances())
+def test_purchase_ilp_equals_brute_force_highs(instance):
+    check_purchase(*instance, "highs")
+
+
+@SLOW
+@given(purchase_instances())
+def test_purchase_ilp_equals_brute_force_cbc(instance):
+    check_purchase(*instance, "cbc")
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_purchase_explicit(solver):
+    pools = [Pool(gpu="h100", gpus_per_node=8, capex_usd=100, opex_usd=10),
+             Pool(gpu="a100", gpus_per_node=8, capex_usd=60, opex_usd=5)]
+    jobs = [JobWindow(name="x", start_s=0, deadline_s=100), JobWindow(name="y", start_s=50, deadline_s=200)]
+    opts = [JobOption(job="x", gpu="h100", n_gpus=8, duration_s=80, key="h8"),
+            JobOption(job="x", gpu="a100", n_gpus=16, duration_s=60, key="a16"),
+            JobOption(job="y", gpu="a100", n_gpus=8, duration_s=100, key="a8"),
+            JobOption(job="y", gpu="h100", n_gpus=8, duration_s=70, key="h8")]
+    # x on h100 (0-80) and y on a100 (50-150): one node of each, 110 + 65; both on h100
+    # overlap at t=50 and need two nodes (220); both on a100 need three at t=50 (195)
+    sol = solve_purchase(pools, jobs, opts, solver=solver)
+    assert sol.cost_usd == 175 and sol.nodes == {"h100": 1, "a100": 1}
+    assert sol.choices["x"].key == "h8" and sol.choices["y"].key == "a8"
+    names = set(sol.solver.constraint_names)
+    assert {"one_option_0_x", "deadline_0_x", "one_option_1_y", "deadline_1_y"} <= names
+    assert any(n.startswith("gpus_h100_at_") for n in names)
+    # a later start frees the nodes: y from t=90 shares x's h100 node
+    late = [jobs[0], JobWindow(name="y", start_s=90, deadline_s=300)]
+    sol = solve_purchase(pools, late, opts, solver=solver)
+    assert sol.cost_usd == 110 and sol.nodes == {"h100": 1, "a100": 0}
+    # the budget binds
+    sol = solve_purchase(pools, jobs, opts, budget_usd=150, solver=solver)
+    assert sol.cost_usd is None and sol.solver.status == "Infeasible"
+    assert "budget_usd" in sol.solver.constraint_names
+    # a job with no option at all
+    sol = solve_purchase(pools, jobs + [JobWindow(name="z", start_s=0, deadline_s=10)], opts, solver=solver)
+    assert sol.cost_usd is None and not sol.choices

@@ -1,0 +1,92 @@
+"""planner.sweep keeps the fastest fitting layouts per GPU count without timing them all:
+it must find exactly what timing them all finds, and its floors must be floors."""
+
+import random
+
+import pytest
+
+from planner import api
+from planner.finetune import FinetuneSpec
+from planner.hardware import get_gpu
+from planner.layouts import SearchSpace, enumerate_layouts
+from planner.memory import activation_floor_bytes, memory_floor_bytes, per_rank_memory
+from planner.model import load_model
+from planner.placement import axis_links, link_ceilings
+from planner.search import search
+from planner.sweep import sweep
+from planner.timing import PLACEMENT_ORDERS, cluster_for, layout_floor_s, step_time
+from planner.training import TrainingSetup
+
+
+def brute(m, setup, gpu, cluster, space, n, keep):
+    """Every fitting layout on n GPUs timed and ranked, as the plain search does."""
+    res = search(m, setup, api.capacity_bytes(gpu, setup), gpu.gpus_per_node, [n], space,
+                 timer=lambda lay: step_time(m, setup, lay, cluster))
+    return [c.time.step_time_s for c in res.fitting[:keep]]
+
+
+@pytest.mark.parametrize("model, gpu_name, counts, setup", [
+    ("70b", "h100", [16, 24, 64], TrainingSetup()),
+    ("8b", "a100", [1, 4, 24], TrainingSetup()),
+    ("8b", "l40s", [8, 48], TrainingSetup(seq_len=8192, global_batch=512)),
+    ("mixtral-8x7b", "h100", [16, 32], TrainingSetup()),
+    ("gpt2", "4090", [1, 2, 8], TrainingSetup(seq_len=1024)),
+    ("8b", "h100", [2, 8], TrainingSetup(finetune=FinetuneSpec.named("lora"))),
+    ("8b", "a100-40gb", [8], TrainingSetup(offload_optimizer="cpu")),
+])
+def test_sweep_finds_what_timing_everything_finds(model, gpu_name, counts, setup):
+    m, gpu = load_model(model), get_gpu(gpu_name)
+    cluster = cluster_for(gpu)
+    space = SearchSpace(ep=None if m.is_moe else 1, max_tp=max(gpu.gpus_per_node, api.scale_up_domain_gpus(cluster)))
+    found = sweep(m, setup, cluster, counts, api.capacity_bytes(gpu, setup), space, keep=3)
+    for n, cb in zip(counts, found):
+        assert cb.n_gpus == n
+        assert [c.time.step_time_s for c in cb.fastest] == pytest.approx(brute(m, setup, gpu, cluster, space, n, 3),
+                                                                         rel=1e-12)
+        assert all(c.fits for c in cb.fastest)
+
+
+def test_sweep_with_a_pinned_space():
+    m, gpu = load_model("8b"), get_gpu("h100")
+    cluster = cluster_for(gpu)
+    space = SearchSpace(ep=1, tp=2, micro_batches=(2,), recomputes=("none",), max_tp=8)
+    (cb,) = sweep(m, TrainingSetup(), cluster, [16], api.capacity_bytes(gpu, TrainingSetup()), space, keep=2)
+    assert all(c.layout.tp == 2 and c.layout.micro_batch == 2 for c in cb.fastest)
+    assert [c.time.step_time_s for c in cb.fastest] == pytest.approx(
+        brute(m, TrainingSetup(), gpu, cluster, space, 16, 2))
+
+
+SETUPS = [TrainingSetup(), TrainingSetup(precision="fp32"), TrainingSetup(optimizer="adafactor"),
+          TrainingSetup(finetune=FinetuneSpec.named("qlora")), TrainingSetup(finetune=FinetuneSpec.named("freeze")),
+          TrainingSetup(offload_optimizer="cpu"), TrainingSetup(attention="eager", kernels="eager")]
+
+
+@pytest.mark.parametrize("setup", SETUPS)
+def test_memory_floors_are_floors(setup):
+    rng = random.Random(5)
+    for name in ("8b", "mixtral-8x7b", "gpt2"):
+        m = load_model(name)
+        for n in (1, 8, 32):
+            lays = [lay for lay, reason in enumerate_layouts(m, setup, n, 8, SearchSpace()) if reason is None]
+            for lay in rng.sample(lays, min(40, len(lays))):
+                total = per_rank_memory(m, setup, lay).total
+                assert activation_floor_bytes(m, setup, lay) <= total
+                assert memory_floor_bytes(m, setup, lay) <= total
+
+
+@pytest.mark.parametrize("model, gpu_name, n", [("70b", "h100", 64), ("8b", "a100", 24), ("mixtral-8x7b", "h100", 32),
+                                                ("8b", "l40s", 16), ("8b", "gb200", 72)])
+def test_step_time_floors_are_floors(model, gpu_name, n):
+    m, gpu = load_model(model), get_gpu(gpu_name)
+    cluster, setup = cluster_for(gpu), TrainingSetup()
+    rng = random.Random(7)
+    lays = [lay for lay, reason in enumerate_layouts(m, setup, n, gpu.gpus_per_node, SearchSpace(max_tp=72))
+            if reason is None]
+    for lay in rng.sample(lays, min(60, len(lays))):
+        assert layout_floor_s(m, setup, lay, cluster) <= step_time(m, setup, lay, cluster).step_time_s
+        sizes = (lay.tp, lay.cp, lay.ep, lay.dp, lay.pp)
+        for order in PLACEMENT_ORDERS:
+            exact, ceiling = axis_links(cluster, sizes, tuple(order)), link_ceilings(cluster, sizes, tuple(order))
+            for ax in exact:
+                assert ceiling[ax].bus_bytes_per_s >= exact[ax].bus_bytes_per_s
+                assert ceiling[ax].latency_s <= exact[ax].latency_s
