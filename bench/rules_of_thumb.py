@@ -97,7 +97,7 @@ def rows() -> list[Row]:
                    f"eager attention, AdamW: {_gb(eager)} (activations {_gb(bd['activations'])}, loss and "
                    f"logits {_gb(bd['logits'])})", eager,
                    "Scores are B x heads x S x S per layer (8 heads, not H = 512 channels): 0.5 GB per layer for "
-                   "the softmax, 128x less than the rule's tensor; the 30,522-word MLM loss over 32,768 tokens "
+                   "the softmax, 64x (H / heads) less than the rule's tensor; the 30,522-word MLM loss over 32,768 tokens "
                    "(fp32 logits and their gradients, 12 GB) is what dominates.", share))
 
     # 3. Solar 10.7B, the "4N" rule
@@ -250,9 +250,10 @@ def to_markdown(rs: list[Row], measured: list[tuple[str, str, float, float, floa
         "The planner counts the overhead as named parts (training.Overheads): the CUDA context",
         "(0.75 GiB), library workspaces (0.25 GiB), NCCL buffers (0.5 GiB, distributed runs only) and",
         "allocator fragmentation (10% of tensor memory). The column \"overhead / tensors\" above shows",
-        "what that adds: about 10-12% on jobs whose tensors fill a large GPU, more on small jobs where",
-        "the fixed 1-1.5 GiB weighs more. \"Up to 30%\" holds for a model of a few GB; on a 24-80 GB",
-        "card filled by a large model, the fixed part is a few percent and fragmentation the rest.",
+        "what that adds: 10% to 19% in these rows. The fixed part makes the share larger the smaller",
+        "the job: on one GPU, 5 GB of tensors get 1.07 GB + 0.5 GB of overhead, about 30%; a GPU filled",
+        "by a large model gets a few percent of fixed costs plus the 10% of fragmentation. So \"up to",
+        "30%\" is the right order for small jobs and too much for large ones.",
         "",
     ]
     if measured:

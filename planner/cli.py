@@ -47,7 +47,8 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
     opts = [
         click.option("--model", "model_name", metavar="NAME|PATH",
                      help="A preset (`plan models`) or a Hugging Face config.json."),
-        click.option("--gpus", "gpu_name", metavar="NAME", help="GPU type (`plan gpus`), e.g. h100."),
+        click.option("--gpus", "gpu_name", metavar="NAME", help="GPU type (`plan gpus`), e.g. h100; with --tokens "
+                                                                "a list to choose from, e.g. h100,a100."),
         click.option("--n-gpus", type=click.IntRange(1, MAX_GPUS), default=None,
                      help="Fix the GPU count (default: the smallest that fits)."),
         click.option("--max-gpus", type=click.IntRange(1, MAX_GPUS), default=16_384, show_default=True,
@@ -254,7 +255,13 @@ def run_safely(fn: Callable[[], None]) -> None:
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(130)
+    except BrokenPipeError:
+        _reader_left()
     except Exception as e:  # noqa: BLE001 - the last line of defence
+        import os
+
+        if os.environ.get("PLANNER_TRACEBACK"):     # for a bug report: where it happened
+            raise
         click.echo(f"internal error: {type(e).__name__}: {e} ({ISSUES_HINT})", err=True)
         sys.exit(1)
 
@@ -442,6 +449,10 @@ def _plan_cost(kw: dict[str, Any]) -> None:
             reason = reject_reason(m, setup, lay, gpu.gpus_per_node)
             if reason:
                 raise UserError(f"layout {lay.describe()} cannot run: {reason}")
+            fixed = api.evaluate_layout(m, gpu, setup, lay, **_timing(kw, gpu))
+            if not fixed.fits:
+                raise UserError(f"layout {lay.describe()} does not fit on {gpu.name}; run the plan without "
+                                f"--tokens to see its memory by category")
         n_gpus = lay.n_gpus
     r = plan_cost(m, gpus, setup, kw["tokens"], load_prices(kw["prices_path"]), space,
                   objective=kw["objective"] or "cost",
@@ -705,8 +716,29 @@ def _measure(kw: dict[str, Any], real: bool) -> None:
         click.echo(report.comparison_text(m, gpu, cmp))
 
 
+def _reader_left() -> None:
+    """The reader of stdout went away (`plan ... | head`): stop quietly, status 0. Python
+    would flush stdout again at exit and print a BrokenPipeError; point it at devnull."""
+    import os
+
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    sys.exit(0)
+
+
 def main() -> None:
-    cli(prog_name="plan")
+    try:
+        cli(prog_name="plan")
+    except BrokenPipeError:
+        _reader_left()
+    except SystemExit as e:
+        # click meets a closed stdout itself while printing help or usage: it wraps stdout
+        # in its PacifyFlushWrapper and exits 1; that is no error of ours either
+        if e.code == 1 and type(sys.stdout).__name__.endswith("PacifyFlushWrapper"):
+            _reader_left()
+        raise
 
 
 if __name__ == "__main__":

@@ -77,11 +77,19 @@ _SOURCE_OF = {"rent_usd_per_gpu_hour": "rent_source", "node_purchase_usd": "purc
               "node_power_kw": "power_source", "electricity_usd_per_kwh": "electricity_source", "pue": "pue_source"}
 
 
+# Far above any real price (an H100 rents for a few dollars an hour, a DGX node costs about
+# $0.4M and draws about 10 kW; an NVL72 rack about 120 kW): a larger figure is a typo, and
+# its costs would be too large for the ILP solver's arithmetic (HiGHS fails on 1e17 $/h).
+_MAXIMA = {"rent_usd_per_gpu_hour": 1e4, "node_purchase_usd": 1e9, "node_power_kw": 1e4,
+           "electricity_usd_per_kwh": 1e2, "pue": 1e1}
+
+
 def _check_numbers(table: dict[str, Any], where: str) -> None:
     for key in _NUMBERS & table.keys():
         v = table[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            raise UserError(f"{where}: {key} must be a number >= 0, not {v!r}")
+        if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0
+                or v > _MAXIMA[key]):
+            raise UserError(f"{where}: {key} must be a number >= 0 and at most {_MAXIMA[key]:g}, not {v!r}")
     if "pue" in table and table["pue"] < 1:
         raise UserError(f"{where}: pue must be >= 1 (facility power over IT power), not {table['pue']}")
 

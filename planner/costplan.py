@@ -15,7 +15,12 @@ ILP sizes the nodes to buy.
 from __future__ import annotations
 
 import math
+import multiprocessing
+import os
+import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 
 from .api import MAX_SEARCH_GPUS, PlanResult, capacity_bytes, host_capacities
@@ -34,15 +39,24 @@ from .training import TrainingSetup
 KEEP = 3          # fastest layouts kept per GPU type and count (the ILP needs only the first)
 
 
+COARSE_NODES = 16   # above this many nodes the cost search tries powers of two only
+
+
 def cost_counts(gpus_per_node: int, max_gpus: int) -> list[int]:
     """GPU counts the cost search tries: 1, 2 and 4 GPUs below a node, then 1, 2, 3, 4, 6,
-    8, 12, 16, ... nodes (powers of two and 1.5 times them), up to ``max_gpus``, and
-    ``max_gpus`` itself when the plain search would try it (a whole number of nodes)."""
+    8, 12 and 16 nodes, then powers of two (32, 64, ... nodes), up to ``max_gpus``, and
+    ``max_gpus`` itself when the plain search would try it (a whole number of nodes).
+
+    Fewer counts than the plain search walks (every node count to 16, then 1.5x and 2x):
+    the cost curve is flat to a few percent between neighbouring counts, and on large
+    topologies a count with a factor of 3 (pp = 3 puts data-parallel rings at a stride of 3
+    GPUs, which no smaller graph reproduces) costs minutes of max-flow for its bandwidths.
+    --n-gpus tries any one count."""
     def coarse(c: int) -> bool:
         if c < gpus_per_node:
             return True
         nodes = c // gpus_per_node
-        odd = nodes // 3 if nodes % 3 == 0 else nodes
+        odd = nodes // 3 if nodes % 3 == 0 and nodes <= COARSE_NODES else nodes
         return odd & (odd - 1) == 0
     counts = gpu_counts(gpus_per_node, max_gpus)
     return [c for c in counts if coarse(c) or c == max_gpus]
@@ -138,6 +152,37 @@ class _Pool:
         return [self.found[n] for n in counts]
 
 
+def _sweep_task(task: tuple[_Pool, list[int], float, float]) -> dict[int, CountBest]:
+    """Sweep ``counts`` of a pool in order, stopping after the first count whose fastest
+    layout trains ``tokens`` within ``window_s`` (math.inf: no stop)."""
+    pool, counts, tokens, window_s = task
+    for n in counts:
+        (cb,) = pool.at([n])
+        if cb.fastest and cb.fastest[0].time.train_time_s(tokens) <= window_s:  # type: ignore[union-attr]
+            break
+    return dict(pool.found)
+
+
+def _sweep_all(tasks: list[tuple[_Pool, list[int], float, float]]) -> None:
+    """Run _sweep_task for each task, in worker processes when there are several and the
+    machine has the cores (the GPU types are independent), and keep what they found in
+    their pools. Where processes cannot be forked, one after the other."""
+    tasks = [t for t in tasks if any(n not in t[0].found for n in t[1])]
+    workers = min(len(tasks), os.cpu_count() or 1)
+    results = None
+    if workers > 1:
+        try:
+            ctx = multiprocessing.get_context("fork")
+            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as ex:
+                results = list(ex.map(_sweep_task, tasks))
+        except (OSError, ValueError, RuntimeError, BrokenProcessPool):
+            results = None
+    if results is None:
+        results = [_sweep_task(t) for t in tasks]
+    for task, found in zip(tasks, results):
+        task[0].found.update(found)
+
+
 def _pools(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, space: SearchSpace,
            topology: str | None, eff: Efficiency, keep: int) -> list[_Pool]:
     if topology is not None and len(gpus) > 1:
@@ -160,8 +205,6 @@ def plan_cost(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, token
     """The plan that minimises the cost (or time) of training ``m`` on ``tokens`` tokens, over
     GPU types ``gpus`` and the GPU counts of cost_counts() up to limits.max_gpus (or
     ``n_gpus`` alone), under the deadline and budget of ``limits``."""
-    import time
-
     t0 = time.perf_counter()
     if objective == "cost" or limits.budget_usd is not None:
         for gpu in gpus:
@@ -171,9 +214,11 @@ def plan_cost(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, token
         raise UserError(f"--n-gpus {n_gpus} exceeds --max-gpus {max_gpus}")
     pools = _pools(m, gpus, setup, space, topology, efficiency, KEEP)
     plans: list[PricedPlan] = []
+    counts = {pool.gpu.name: [n_gpus] if n_gpus is not None else cost_counts(pool.gpu.gpus_per_node, max_gpus)
+              for pool in pools}
+    _sweep_all([(pool, counts[pool.gpu.name], tokens, math.inf) for pool in pools])
     for pool in pools:
-        counts = [n_gpus] if n_gpus is not None else cost_counts(pool.gpu.gpus_per_node, max_gpus)
-        for cb in pool.at(counts):
+        for cb in pool.at(counts[pool.gpu.name]):
             plans += [price_plan(pool.gpu, c, tokens, prices) for c in cb.fastest]
     options = [Option(key=p.key, gpu=p.gpu.name, n_gpus=p.n_gpus, cost_usd=p.cost_usd or 0.0,
                       time_s=p.train_time_s, memory_bytes=p.candidate.memory.total,
@@ -306,20 +351,25 @@ def _diagnose(plans: list[PricedPlan], pools: Sequence[_Pool], limits: Limits, m
             facts.append(f"the budget ({usd(budget)}) is below the cheapest plan "
                          f"({usd(cheapest.cost_usd or 0.0)}, {cheapest.n_gpus} x {cheapest.gpu.name})")
     lines.append("No plan meets every constraint: " + "; ".join(facts) + ".")
+    advice = []
     if deadline is not None and budget is not None and in_time and in_budget:
         binding += ["deadline", "budget"]
         cheapest_in_time = min(in_time, key=lambda p: p.cost_usd or 0.0)
         fastest_in_budget = min(in_budget, key=lambda p: p.train_time_s)
-        lines.append(f"Raise --budget to {usd(cheapest_in_time.cost_usd or 0.0)} (the cheapest plan that meets "
-                     f"the deadline: {cheapest_in_time.n_gpus} x {cheapest_in_time.gpu.name}), or move the "
-                     f"deadline to {days(fastest_in_budget.train_time_s)} (the fastest plan within budget: "
-                     f"{fastest_in_budget.n_gpus} x {fastest_in_budget.gpu.name}).")
-    elif "max_gpus" in binding and needs is not None:
-        lines.append(f"Raise {cap_name.split()[0]} to {needs}, or move the deadline.")
-    elif "deadline" in binding:
-        lines.append("Move the deadline, train on fewer tokens, or add a faster GPU type to --gpus.")
-    elif "budget" in binding:
-        lines.append("Raise --budget, train on fewer tokens, or add a cheaper GPU type to --gpus.")
+        advice.append(f"raise --budget to {usd(cheapest_in_time.cost_usd or 0.0)} (the cheapest plan that meets the "
+                      f"deadline: {cheapest_in_time.n_gpus} x {cheapest_in_time.gpu.name}), or move the deadline to "
+                      f"{days(fastest_in_budget.train_time_s)} (the fastest plan within budget: "
+                      f"{fastest_in_budget.n_gpus} x {fastest_in_budget.gpu.name})")
+    if "max_gpus" in binding and needs is not None:
+        advice.append(f"raise {cap_name.split()[0]} to {needs} or move the deadline")
+    elif "deadline" in binding and not in_time:
+        advice.append("move the deadline, train on fewer tokens, or add a faster GPU type to --gpus")
+    if "budget" in binding and not in_budget:
+        cheapest = min(plans, key=lambda p: p.cost_usd or 0.0)
+        advice.append(f"raise --budget to at least {usd(cheapest.cost_usd or 0.0)}, train on fewer tokens, "
+                      f"or add a cheaper GPU type to --gpus")
+    if advice:
+        lines.append("To satisfy them: " + "; ".join(advice) + ".")
     return Diagnosis(binding=tuple(dict.fromkeys(binding)), fits_from_gpus=fits_from, deadline_needs_gpus=needs,
                      budget_allows_gpus=allows, lines=tuple(lines))
 
@@ -392,8 +442,6 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
     count whose nodes alone cost no more than C0 (or the budget): no optimal purchase holds
     a job on more. Of those, a count is kept only when it finishes sooner than every
     smaller one (fewer GPUs for less time is never worse)."""
-    import time
-
     t0 = time.perf_counter()
     jobs = jobs_file.jobs
     gpus = [get_gpu(g) for g in gpu_names]
@@ -424,6 +472,8 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
     counts = {g.name: cost_counts(g.gpus_per_node, max_gpus) for g in gpus}
     seen: dict[tuple[str, str], list[tuple[int, Candidate]]] = {}
     first_ok: dict[tuple[str, str], int] = {}
+    _sweep_all([(search(job, g), counts[g.name], job.tokens, job.deadline_s - job.start_s)
+                for job in jobs for g in gpus])
     for job in jobs:                                        # phase 1: up to the first count in time
         window = job.deadline_s - job.start_s
         for g in gpus:
@@ -452,13 +502,21 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
         c0 = sum(min(math.ceil(first_ok[j.name, g.name] / g.gpus_per_node) * pool_of[g.name].node_usd
                      for g in gpus if (j.name, g.name) in first_ok) for j in jobs)
         limit = min(c0, budget_usd) if budget_usd is not None else c0
+        more: dict[tuple[str, str], list[int]] = {}
         for job in jobs:                                    # phase 2: counts an optimum may use
             for g in gpus:
-                if (job.name, g.name) not in first_ok:
-                    continue
-                more = [n for n in counts[g.name] if n > first_ok[job.name, g.name]
+                if (job.name, g.name) in first_ok:
+                    more[job.name, g.name] = [
+                        n for n in counts[g.name] if n > first_ok[job.name, g.name]
                         and math.ceil(n / g.gpus_per_node) * pool_of[g.name].node_usd <= limit]
-                for cb in search(job, g).at(more):
+        wanted: dict[int, tuple[_Pool, set[int]]] = {}
+        for (jn, gn), ns in more.items():
+            pool = search(next(j for j in jobs if j.name == jn), get_gpu(gn))
+            wanted.setdefault(id(pool), (pool, set()))[1].update(ns)
+        _sweep_all([(pool, sorted(ns), 1.0, math.inf) for pool, ns in wanted.values()])
+        for (jn, gn), ns in more.items():
+            job, g = next(j for j in jobs if j.name == jn), get_gpu(gn)
+            for cb in search(job, g).at(ns):
                     if cb.fastest:
                         seen[job.name, g.name].append((cb.n_gpus, cb.fastest[0]))
     options: list[JobOption] = []

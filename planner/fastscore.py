@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -188,13 +189,14 @@ def _memo(*key: object) -> dict[tuple, tuple[int, ...]]:
     return _MEMO.setdefault(key, {})
 
 
-def _per_unique(columns: Sequence[np.ndarray], fn: Callable[..., tuple[int, ...]], n_out: int,
-                memo: dict[tuple, tuple[int, ...]] | None = None, inverse_only: bool = False) -> list[np.ndarray]:
-    """fn(*row) for each distinct row of ``columns``, spread back over every element:
-    the expensive per-shape work runs once per shape, in planner.memory's own code
-    (and once per model and set-up with ``memo``)."""
-    # one int64 key per row (mixed radix over the columns' ranges): a 1-D unique is fast
-    key = np.zeros(len(columns[0]), dtype=np.int64)
+def _group(columns: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(inverse, representatives): the group of each row by its values in ``columns``
+    (groups in increasing order of the packed key), and one row index per group.
+
+    The columns are packed into one int64 key (mixed radix over their ranges); a small key
+    range is grouped through a lookup table, with no sort."""
+    n = len(columns[0])
+    key = np.zeros(n, dtype=np.int64)
     scale = 1
     for col in columns:
         lo, hi = int(col.min()), int(col.max())
@@ -202,10 +204,25 @@ def _per_unique(columns: Sequence[np.ndarray], fn: Callable[..., tuple[int, ...]
             raise Unsupported("shape columns too wide to pack into one key")
         key += (col - lo) * scale
         scale *= hi - lo + 1
+    if scale <= max(1 << 16, 4 * n):
+        present = np.zeros(scale, dtype=bool)
+        present[key] = True
+        keys = np.flatnonzero(present)
+        rank = np.zeros(scale, dtype=np.int64)
+        rank[keys] = np.arange(len(keys))
+        rep = np.zeros(scale, dtype=np.int64)
+        rep[key] = np.arange(n)             # any row of a group stands for it: they agree
+        return rank[key], rep[keys]
     _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    if inverse_only:
-        return [inverse]
+    return inverse.reshape(-1), first
+
+
+def _per_unique(columns: Sequence[np.ndarray], fn: Callable[..., tuple[int, ...]], n_out: int,
+                memo: dict[tuple, tuple[int, ...]] | None = None) -> list[np.ndarray]:
+    """fn(*row) for each distinct row of ``columns``, spread back over every element:
+    the expensive per-shape work runs once per shape, in planner.memory's own code
+    (and once per model and set-up with ``memo``)."""
+    inverse, first = _group(columns)
     rows = np.stack([col[first] for col in columns], axis=1).tolist()
     if memo is None:
         memo = {}
@@ -240,6 +257,14 @@ def _hybrid(a: LayoutArrays, gpus_per_node: int) -> np.ndarray:
     (deg,) = _per_unique([(a.dp * a.cp * a.ep)[idx], a.tp[idx]], degree, 1, _memo("hybrid", gpus_per_node))
     out[idx] = deg
     return out
+
+
+@lru_cache(maxsize=4096)
+def _stage_slots(n_layers: int, pp: int) -> tuple[tuple[int, int], ...]:
+    """(stage, layers on it) for the stages that can be the most loaded
+    (memory._stages_to_check)."""
+    counts = stage_layers(n_layers, pp)
+    return tuple((s, counts[s]) for s in _stages_to_check(counts))
 
 
 def _ceil_div(n: np.ndarray, d: np.ndarray) -> np.ndarray:
@@ -307,12 +332,9 @@ def peak_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCou
                                                  np.where(a.sp == 1, a.tp, 1)), 0)
 
     # ---- per pipeline depth: the stages that can be the most loaded (memory._stages_to_check)
-    pp_uniq, pp_inv = np.unique(a.pp, return_inverse=True)
-    pp_inv = pp_inv.reshape(-1)
-    slots = []
-    for p in pp_uniq.tolist():
-        counts = stage_layers(m.n_layers, p)
-        slots.append([(s, counts[s]) for s in _stages_to_check(counts)])
+    pp_inv, pp_rep = _group([a.pp])
+    pp_uniq = a.pp[pp_rep]
+    slots = [_stage_slots(m.n_layers, p) for p in pp_uniq.tolist()]
     n_slots = max(len(s) for s in slots)
     stage_of = np.full((len(pp_uniq), n_slots), -1, dtype=np.int64)
     layers_of = np.zeros((len(pp_uniq), n_slots), dtype=np.int64)
@@ -321,12 +343,12 @@ def peak_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCou
             stage_of[i, j], layers_of[i, j] = s, c
 
     # ---- per (tp, ep, pp) and stage slot: the rank's parameters (memory.rank_params)
-    (combo_inv,) = _per_unique([a.tp, a.ep, a.pp], lambda *row: (0,), 1, None, inverse_only=True)
-    combos = np.stack([a.tp, a.ep, a.pp], axis=1)[np.unique(combo_inv, return_index=True)[1]].tolist()
+    combo_inv, combo_rep = _group([a.tp, a.ep, a.pp])
+    combos = np.stack([a.tp, a.ep, a.pp], axis=1)[combo_rep].tolist()
     memo = _memo("stage", m, pc)
     params = np.zeros((len(combos), n_slots, 5), dtype=np.int64)
     for c, (tp_c, ep_c, pp_c) in enumerate(combos):
-        p_idx = int(np.searchsorted(pp_uniq, pp_c))
+        p_idx = int(pp_inv[combo_rep[c]])
         for j in range(n_slots):
             stage_j, layers_j = int(stage_of[p_idx, j]), int(layers_of[p_idx, j])
             if stage_j < 0:
@@ -342,9 +364,7 @@ def peak_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCou
     # ---- per state. Model states, buffers and the optimizer's temporaries do not depend on
     # the micro-batch, accumulation, virtual stages or recomputation: size them once per
     # distinct (tp, ep, pp, cp, dp, sharding, ZeRO stage) and spread them over the layouts.
-    (state_inv,) = _per_unique([combo_inv, a.dp, a.cp, a.sharding, a.zero_stage], lambda *r: (0,), 1,
-                               inverse_only=True)
-    state_rows = np.unique(state_inv, return_index=True)[1]
+    state_inv, state_rows = _group([combo_inv, a.dp, a.cp, a.sharding, a.zero_stage])
     st = LayoutArrays(*(getattr(a, f)[state_rows] for f in LayoutArrays.FIELDS))
     s_fsdp = st.sharding > 0
     s_amp = kernels_of(st) == 2

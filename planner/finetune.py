@@ -193,8 +193,8 @@ class FinetuneSpec:
         """A method with its published defaults, each overridable.
 
         qlora: NF4 with double quantization, 16-bit adapters, paged 8-bit AdamW, and the
-        QLoRA paper's adapter settings: r = 64, alpha = 16, every linear layer (Dettmers et
-        al. 2023, Sec. 4 and Appendix B.2: "LoRA r = 64, alpha = 16 ... on all linear layers").
+        adapter settings QLoRA trained Guanaco with: r = 64, alpha = 16 on every linear layer
+        (Dettmers et al. 2023, arXiv:2305.14314; dropout 0.1 up to 13B, 0.05 for 33B and 65B).
         """
         if method == "qlora":
             return FinetuneSpec(method="qlora", lora_rank=rank or 64, lora_alpha=alpha or 16,
@@ -241,7 +241,7 @@ class FinetuneSpec:
             return f"freeze: the last {min(self.trainable_layers, m.n_layers)} blocks train, the rest is frozen"
         names = ", ".join(lin.name.rsplit(".", 1)[-1] if not lin.expert else lin.name.split(".", 1)[-1]
                           for lin in resolve_targets(m, self))
-        base = {"none": "16-bit", "nf4": "NF4 (4-bit, double-quantized constants)" if self.double_quant
+        base = {"none": "unquantized", "nf4": "NF4 (4-bit, double-quantized constants)" if self.double_quant
                 else "NF4 (4-bit)", "int8": "int8", "int4": "int4"}[self.quant]
         opt = ", paged 8-bit AdamW" if self.paged_8bit_optimizer else ""
         return (f"{self.method}: rank {self.lora_rank}, alpha {self.lora_alpha} on {names}; "

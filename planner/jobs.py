@@ -1,6 +1,6 @@
 """Durations, dates, token counts, and the jobs file of `plan buy`.
 
-A duration is a number with a unit: 90s, 45min, 12h, 30d, 2w (also 1.5d); a date is ISO
+A duration is a number with a unit: 90s, 45min, 12h, 30d, 2w, 1y = 365d (also 1.5d); a date is ISO
 8601 (2026-03-01, or 2026-03-01T12:00, UTC unless it names a zone). The jobs file is
 YAML (or TOML or JSON, by extension); examples/jobs.yaml documents it:
 
@@ -36,9 +36,10 @@ from .limits import MAX_JOBS
 from .training import MAX_GLOBAL_BATCH, MAX_SEQ_LEN
 
 UNITS_S = {"s": 1.0, "sec": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0, "hr": 3600.0, "d": 86400.0,
-           "day": 86400.0, "days": 86400.0, "w": 604800.0, "wk": 604800.0, "weeks": 604800.0}
+           "day": 86400.0, "days": 86400.0, "w": 604800.0, "wk": 604800.0, "weeks": 604800.0,
+           "y": 365 * 86400.0, "yr": 365 * 86400.0}
 TOKEN_SUFFIXES = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
-DURATION_HINT = "a number with s, min, h, d or w (90min, 12h, 30d, 2w)"
+DURATION_HINT = "a number with s, min, h, d, w or y (90min, 12h, 30d, 2w, 1y)"
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]+)\s*$", re.IGNORECASE)
 
 

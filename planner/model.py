@@ -215,6 +215,7 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str, where: str, source: str 
     bad = check_config_types(cfg, where)
     if bad:
         raise UserError(bad)
+    cfg = {k: v for k, v in cfg.items() if v is not None}    # a key set to null takes its default
     common: dict[str, Any] = {"name": name, "model_type": mt, "source": source}
     if mt != "gpt2":
         act = cfg.get("hidden_activation") or cfg.get("hidden_act")

@@ -590,10 +590,11 @@ def buy_text(r: Any) -> str:
         out.append("No purchase satisfies the constraints.")
         out += [f"  {line}" for line in r.lines]
     else:
-        out.append(f"Buy: " + ", ".join(f"{n} x {g} node{'s' if n != 1 else ''}" for g, n in r.nodes.items() if n)
-                   + f"; capex {usd(r.capex_usd)}, opex {usd(r.opex_usd)}, total {usd(r.tco_usd)}")
+        bought = ", ".join(f"{n} x {g} node{'s' if n != 1 else ''}" for g, n in r.nodes.items() if n)
+        out.append(f"Buy: {bought}; capex {usd(r.capex_usd)}, opex {usd(r.opex_usd)}, total {usd(r.tco_usd)}")
         for pool in r.pools:
-            out.append(f"  {pool.gpu:<9} {r.nodes[pool.gpu]:>4} nodes = {r.nodes[pool.gpu] * pool.gpus_per_node:>6} GPUs")
+            n = r.nodes[pool.gpu]
+            out.append(f"  {pool.gpu:<9} {n:>4} nodes = {n * pool.gpus_per_node:>6} GPUs")
         out += ["", "Jobs:"]
         for j in r.plans:
             out.append(f"  {j.name}: {j.model.name}, {params_text(int(j.tokens))} tokens on {j.n_gpus} x {j.gpu.name}, "

@@ -292,10 +292,11 @@ def solve_purchase(pools: Sequence[Pool], jobs: Sequence[JobWindow], options: Se
 
     Variables: nodes[g] (integer >= 0) per pool; run[j, o] (binary) per job option.
     Constraints, each named: every job picks exactly one option (``one_option_<job>``) that
-    fits in memory (``fits_memory_<job>``); it finishes by its deadline (``deadline_<job>``: start + the option's duration); at the
-    start of every job, on every pool, the GPUs of the jobs running then fit in what is
-    bought (``gpus_<pool>_at_<job>``: a job runs from its start for its option's duration,
-    and the GPUs in use only rise when a job starts, so checking at the starts suffices);
+    fits in memory (``fits_memory_<job>``); it finishes by its deadline (``deadline_<job>``:
+    start + the option's duration); at the start of every job, on every pool, the GPUs of
+    the jobs running then fit in what is bought (``gpus_<pool>_at_<job>``: a job runs from
+    its start for its option's duration, and the GPUs in use only rise when a job starts,
+    so checking at the starts suffices);
     the budget, when given (``budget_usd``). Objective: the nodes' purchase plus their power
     over the horizon.
     """
@@ -337,8 +338,8 @@ def solve_purchase(pools: Sequence[Pool], jobs: Sequence[JobWindow], options: Se
     for j in jobs:
         choices[j.name] = next(o for o in by_job[j.name] if (run[j.name, o.key].value() or 0) > 0.5)
     bought = {p.gpu: int(round(nodes[p.gpu].value() or 0)) for p in pools}
-    return PurchaseSolution(nodes=bought, choices=choices, cost_usd=sum(pool_of[g].node_usd * n for g, n in bought.items()),
-                            solver=info)
+    cost = sum(pool_of[g].node_usd * n for g, n in bought.items())
+    return PurchaseSolution(nodes=bought, choices=choices, cost_usd=cost, solver=info)
 
 
 def nodes_needed(pools: Sequence[Pool], jobs: Sequence[JobWindow], choices: dict[str, JobOption]) -> dict[str, int]:

@@ -643,7 +643,8 @@ def _finish(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster, e
     total_sequences = lay.micro_batch * lay.grad_accum * lay.dp * lay.ep
     fl = _flops_per_step(m, lay.seq_len, total_sequences, lay.recompute)
     return StepTime(compute_s=compute, comm_s=comm, bubble_s=p.bubble_s, optimizer_s=optimizer_s,
-                    micro_batch_s=p.t_mb, step_time_s=step, tokens_per_step=total_sequences * lay.seq_len, n_gpus=lay.n_gpus,
+                    micro_batch_s=p.t_mb, step_time_s=step, tokens_per_step=total_sequences * lay.seq_len,
+                    n_gpus=lay.n_gpus,
                     model_flops=fl.model_flops, hardware_flops=fl.hardware_flops,
                     peak_flops_per_s=gpu.peak_flops_per_s(prec.compute_dtype), placement=order)
 

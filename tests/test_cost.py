@@ -123,7 +123,7 @@ def test_bad_jobs_files(tmp_path, body, match):
 
 
 def test_cost_counts():
-    assert cost_counts(8, 1024) == [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024]
+    assert cost_counts(8, 1024) == [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024]
     assert cost_counts(8, 40)[-2:] == [32, 40]          # the cap itself, a whole number of nodes
 
 
@@ -258,3 +258,23 @@ def test_gpus_shows_prices(tmp_path):
     r = run("gpus", "--prices", str(path))
     assert "2.99" in r.output and "our contract" in r.output
     assert math.isfinite(load_prices(path).for_gpu("h100").rent_usd_per_gpu_hour)
+
+
+def test_cost_plan_writes_the_chosen_plans_configs(tmp_path):
+    out = tmp_path / "out"
+    r = run("--model", "8b", "--gpus", "h100", "--tokens", "100B", "--max-gpus", "16", "--out", str(out))
+    assert r.exit_code == 0, r.output
+    written = json.loads((out / "plan.json").read_text())
+    assert written["plan"]["n_gpus"] == int(r.output.split("Cheapest plan: ")[1].split(" x ")[0])
+
+
+def test_cost_of_a_fixed_layout():
+    r = run("--model", "8b", "--gpus", "h100", "--tokens", "100B", "--dp", "8", "--tp", "1", "--pp", "1",
+            "--cp", "1", "--zero", "3", "--micro-batch", "1", "--recompute", "full", "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["plan"]["n_gpus"] == 8 and d["plan"]["layout"]["zero_stage"] == 3
+    assert d["solver"]["n_candidates"] == 1 and d["plan"]["cost_usd"] > 0
+    r = run("--model", "8b", "--gpus", "h100", "--tokens", "100B", "--dp", "8", "--tp", "1", "--pp", "1",
+            "--cp", "1", "--zero", "1", "--micro-batch", "1", "--recompute", "none")
+    assert r.exit_code == 2 and "does not fit on h100" in r.output

@@ -167,6 +167,26 @@ def test_config_values_of_wrong_type_or_range(tmp_path, over, needle):
     assert len(r.output.strip().splitlines()) == 1, r.output
 
 
+@pytest.mark.parametrize("value", [None, "delete"])
+def test_every_preset_key_set_to_null_or_deleted(tmp_path, value):
+    # null means "the default" (as a missing key does); a missing required key is a UserError
+    from planner.errors import UserError
+    from planner.model import load_config_file, load_presets
+
+    path = tmp_path / "config.json"
+    for name in load_presets():
+        base = preset_config(name)
+        for key in base:
+            cfg = {k: v for k, v in base.items() if not (k == key and value == "delete")}
+            if value is None:
+                cfg[key] = None
+            path.write_text(json.dumps(cfg))
+            try:
+                load_config_file(path)
+            except UserError:
+                pass
+
+
 def test_mixtral_with_infinite_experts(tmp_path):
     cfg = {**preset_config("mixtral-8x7b"), "num_local_experts": 1e300}
     path = write(tmp_path, "config.json", json.dumps(cfg))
@@ -443,6 +463,54 @@ def test_malformed_jobs_files(tmp_path, name, content):
     assert r.exit_code == 2 and "jobs file" in r.output
 
 
+# ------------------------------------------------------------------------- prices files
+
+PRICES = """electricity_usd_per_kwh = 0.12
+pue = 1.3
+[[gpu]]
+name = "h100"
+rent_usd_per_gpu_hour = 2.99
+rent_source = "our contract"
+node_purchase_usd = 300000
+node_power_kw = 10.2
+"""
+
+
+@st.composite
+def mutated_prices(draw) -> str:
+    lines = PRICES.splitlines()
+    for _ in range(draw(st.integers(1, 2))):
+        i = draw(st.sampled_from([i for i, line in enumerate(lines) if "=" in line]))
+        key = lines[i].split("=")[0].strip()
+        action = draw(st.sampled_from(["set", "set", "set", "drop", "unknown key"]))
+        if action == "set":
+            lines[i] = f"{key} = {draw(WEIRD_TOML)}"
+        elif action == "drop":
+            lines[i] = ""
+        else:
+            lines[i] += "\nbogus = 1"
+    return "\n".join(lines)
+
+
+@settings(FUZZ, max_examples=max(10, EXAMPLES // 2))
+@given(text=mutated_prices(), plan=st.booleans())
+def test_fuzzed_prices_files_never_crash(text, plan):
+    with tempfile.TemporaryDirectory() as d:
+        path = write(Path(d), "prices.toml", text)
+        args = (["--model", "gpt2", "--gpus", "h100", "--tokens", "1B", "--max-gpus", "8"] if plan else ["gpus"])
+        args += ["--prices", str(path)]
+        assert_clean(invoke(args), args)
+
+
+def test_an_absurd_price_is_refused_before_the_solver(tmp_path):
+    # 1e17 $/GPU-hour made HiGHS fail inside PuLP (IndexError): refused as input now
+    path = write(tmp_path, "prices.toml", PRICES.replace("2.99", "99999999999999999"))
+    args = ["--model", "gpt2", "--gpus", "h100", "--tokens", "1B", "--max-gpus", "8", "--prices", str(path)]
+    r = invoke(args)
+    assert_clean(r, args)
+    assert r.exit_code == 2 and "rent_usd_per_gpu_hour must be a number >= 0 and at most 10000" in r.output
+
+
 # ------------------------------------------------------------- what a terminal shows
 
 @pytest.mark.parametrize("setup", ["binary-config", "bad-topology", "nan-option", "huge-model"])
@@ -463,3 +531,17 @@ def test_no_traceback_reaches_the_terminal(tmp_path, setup):
                        timeout=60, check=False)
     assert p.returncode == 2, p.stderr
     assert "Traceback" not in p.stderr + p.stdout and p.stderr.strip()
+
+
+@pytest.mark.parametrize("args", [["models"], ["--model", "gpt2", "--gpus", "h100", "--json"], ["--help"]])
+def test_a_reader_that_goes_away_is_not_an_error(args):
+    # `plan ... | head -1`: the pipe closes before plan writes; it stops quietly, status 0
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        p = subprocess.run([sys.executable, "-m", "planner", *args], stdout=write_end, stderr=subprocess.PIPE,
+                           timeout=60, check=False)
+    finally:
+        os.close(write_end)
+    assert p.returncode == 0, p.stderr
+    assert b"Traceback" not in p.stderr and b"BrokenPipe" not in p.stderr, p.stderr
