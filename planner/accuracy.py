@@ -98,17 +98,18 @@ def measured_layout(lay: Layout) -> Layout:
     return replace(lay, sharding=sharding, grad_accum=1)
 
 
-def measured_setup(setup: TrainingSetup, lay: Layout, m: ModelSpec, fake: bool) -> TrainingSetup:
+def measured_setup(setup: TrainingSetup, lay: Layout) -> TrainingSetup:
     """The measurement runs Hugging Face's eager ops with single-tensor optimizers
-    (foreach=False: multi-tensor optimizers are mis-counted under fake tensors). On the
-    CPU, PyTorch's scaled_dot_product_attention has no fused kernel with dropout and
-    falls back to the math kernel, which keeps the s x s probabilities, as eager
-    attention does; GPUs run dropout inside the flash kernel. The prediction for a CPU
-    measurement of a model with attention dropout therefore uses eager attention."""
-    attention = setup.attention
-    if fake and attention == "flash" and m.attention_dropout > 0:
-        attention = "eager"
-    return replace(setup, kernels="eager", optimizer_foreach=False, attention=attention,
+    (foreach=False: multi-tensor optimizers are mis-counted under fake tensors).
+
+    Attention is the plan's own: "flash" runs PyTorch's scaled_dot_product_attention,
+    "eager" Hugging Face's eager attention. Models with dropout (GPT-2) used to be
+    predicted with eager attention here, because on the CPU scaled_dot_product_attention
+    has no fused kernel with dropout and falls back to the math kernel (s x s
+    probabilities); and CPU dropout keeps a noise tensor of the input's dtype, not a bool
+    mask. Both are CPU-only: the measurement runs dropout as CUDA does
+    (planner.measure._gpu_dropout_kernels), so the prediction needs no switch."""
+    return replace(setup, kernels="eager", optimizer_foreach=False,
                    global_batch=lay.micro_batch * lay.dp * lay.ep)
 
 
@@ -184,6 +185,21 @@ def peft_targets(m: ModelSpec, setup: TrainingSetup) -> list[str] | str | None:
     return names
 
 
+def predicted_rows(bd: MemoryBreakdown) -> dict[str, int]:
+    """The planner's figures in ROWS' categories (the logits count as activations, the total
+    leaves out the overhead no tracker sees), bytes."""
+    return {"weights": bd.weights, "gradients": bd.gradients, "optimizer": bd.optimizer,
+            "activations": bd.activations + bd.logits, "buffers": bd.buffers, "total": bd.tracked}
+
+
+def predict(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> tuple[dict[str, int], str]:
+    """What compare() predicts for ``lay``, without measuring: (ROWS in bytes, peak phase).
+    bench/accuracy.py --repredict uses it to redo the table from stored measurements."""
+    lay = measured_layout(lay)
+    pred = per_rank_memory(m, measured_setup(setup, lay), lay)
+    return predicted_rows(pred.breakdown), pred.phase
+
+
 def compare(m: ModelSpec, hf_config: dict[str, Any], setup: TrainingSetup, lay: Layout,
             fake: bool = True, in_process: bool = False) -> Comparison:
     """Predict and measure the same step; rows per category and the total. ``in_process``
@@ -199,9 +215,10 @@ def compare(m: ModelSpec, hf_config: dict[str, Any], setup: TrainingSetup, lay: 
         got = dataclasses.asdict(measure(MeasureSetup(**payload)))
     else:
         got = run_measurement(hf_config, lay, setup, sharding, fake=fake, lora_targets=peft_targets(m, setup))
-    setup = measured_setup(setup, lay, m, fake)
+    setup = measured_setup(setup, lay)
     pred = per_rank_memory(m, setup, lay)
     bd = pred.breakdown
+    predicted = predicted_rows(bd)
     measured = {
         "weights": got["weights_bytes"],
         "gradients": got["gradients_bytes"],
@@ -209,10 +226,6 @@ def compare(m: ModelSpec, hf_config: dict[str, Any], setup: TrainingSetup, lay: 
         "activations": got["activations_bytes"] + got["temporaries_bytes"] + got["inputs_bytes"],
         "buffers": got["buffers_bytes"],
         "total": got["peak_bytes"],
-    }
-    predicted = {
-        "weights": bd.weights, "gradients": bd.gradients, "optimizer": bd.optimizer,
-        "activations": bd.activations + bd.logits, "buffers": bd.buffers, "total": bd.tracked,
     }
     rows = tuple(Row(category=c, predicted_bytes=predicted[c], measured_bytes=measured[c]) for c in ROWS)
     return Comparison(layout=lay, setup=setup, predicted=bd, predicted_phase=pred.phase, rows=rows,

@@ -79,6 +79,12 @@ The trackers label a storage when it is created, by who created it, and relabel 
 The training loop drops the model's output (and with it the bf16 logits) before backward and
 keeps only the loss, as torchtitan and the HF Trainer do.
 
+Dropout runs as it does on a GPU (``_gpu_dropout_kernels``): a 1-byte mask per dropout, and,
+under fake tensors, attention with dropout through the fused kernel. The CPU's own dropout
+keeps a noise tensor of the input's dtype, and its scaled_dot_product_attention falls back to
+the math kernel's s x s probabilities when dropout is on: tensors no GPU keeps (GPT-2 large,
+fp32, 4 x 1024 tokens: 9.5 GiB over its 36 blocks).
+
 Only this module imports torch and transformers, and only inside functions: importing
 ``planner.measure`` costs nothing.
 
@@ -359,7 +365,8 @@ def _measure_rank(setup: MeasureSetup, device: Any, *, mesh: Any, rank: int, ddp
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     fake_mode = FakeTensorMode() if setup.fake else contextlib.nullcontext()
-    with fake_mode, _unpacked_sequences(), _separate_dtensor_propagation(setup.fake):
+    with (fake_mode, _unpacked_sequences(), _separate_dtensor_propagation(setup.fake),
+          _gpu_dropout_kernels(device, fake=setup.fake)):
         model = _build_model(setup, device) if setup.method == "full" else _build_finetuned(setup, device)
         n_params = sum(p.numel() for p in model.parameters())
         vocab_size = model.config.vocab_size
@@ -383,6 +390,61 @@ def _measure_rank(setup: MeasureSetup, device: Any, *, mesh: Any, rank: int, ddp
         snapshots = tracker.get_tracker_snapshot("peak")
     return _result(setup, tracker, snapshots, device, n_params=n_params, rank=rank,
                    wall_s=time.perf_counter() - t0)
+
+
+@contextlib.contextmanager
+def _gpu_dropout_kernels(device: Any, *, fake: bool) -> Iterator[None]:
+    """On the CPU, run dropout the way a GPU does, so the tracker sees a GPU's tensors.
+
+    The planner predicts GPU memory; two CPU code paths keep more for backward than CUDA's:
+
+    - ``F.dropout``: ATen's ``dropout`` takes the fused ``native_dropout`` kernel only on
+      CUDA (and XPU, lazy, privateuse1 devices; aten/src/ATen/native/Dropout.cpp,
+      ``is_fused_kernel_acceptable``). On the CPU it multiplies by a noise tensor of the
+      input's dtype and autograd keeps that: 4 bytes per element in fp32 instead of CUDA's
+      1-byte bool mask. Measured on GPT-2 large (fp32, 4 x 1024 tokens): 270 MiB per block
+      more than a GPU keeps, 9.5 GiB over 36 blocks. Here ``F.dropout`` calls
+      ``torch.native_dropout`` (which has a CPU kernel too, with a bool mask).
+    - ``F.scaled_dot_product_attention`` with ``dropout_p > 0``: the CPU's fused (flash)
+      kernel refuses dropout, so PyTorch falls back to the math kernel, which keeps the
+      b x heads x s x s probabilities, the dropout noise and the dropped-out probabilities.
+      CUDA's flash and memory-efficient kernels apply dropout inside the kernel and keep
+      only the output, a fp32 log-sum-exp per head and row, and the RNG seed and offset
+      (Dao et al. 2022, arXiv:2205.14135, Sec. 3.1 and Alg. 2). Under fake tensors the
+      call goes to the CPU flash op (``_scaled_dot_product_flash_attention_for_cpu``)
+      whose fake kernel ignores dropout: the tensors a GPU's flash kernel keeps, less its
+      16 bytes of RNG state. A real CPU run cannot do this (that kernel refuses dropout),
+      so it keeps the math kernel.
+
+    Nothing changes on a GPU, nor for models without dropout.
+    """
+    if device.type != "cpu":
+        yield
+        return
+    from unittest import mock
+
+    import torch
+    import torch.nn.functional as F
+
+    cpu_dropout, cpu_sdpa = F.dropout, F.scaled_dot_product_attention
+
+    def dropout(x: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
+        if not training or inplace or not 0.0 < p < 1.0:
+            return cpu_dropout(x, p, training, inplace)
+        return torch.native_dropout(x, p, True)[0]
+
+    def sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
+             is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False) -> Any:
+        if not fake or dropout_p == 0.0 or enable_gqa or query.shape[1] != key.shape[1]:
+            return cpu_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                            is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
+
+    # module attributes, not a TorchFunctionMode: checkpoint's recompute in backward runs
+    # outside a mode entered in forward and would rebuild different tensors
+    with mock.patch.object(F, "dropout", dropout), mock.patch.object(F, "scaled_dot_product_attention", sdpa):
+        yield
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import Any
 
 from .finetune import FinetuneSpec, RankSplit, activation_layers, lora_activation_terms, rank_split
 from .layouts import Layout
@@ -486,7 +487,8 @@ def buffer_bytes(
 # ------------------------------------------------------------------------ the rank
 
 def per_rank_memory(m: ModelSpec, setup: TrainingSetup, lay: Layout,
-                    pc: ParamCount | None = None, gpus_per_node: int = 8) -> RankMemory:
+                    pc: ParamCount | None = None, gpus_per_node: int = 8,
+                    trace: dict[str, Any] | None = None) -> RankMemory:
     """The peak memory of the most loaded rank of ``lay``, by category.
 
     Three moments can be the peak, and the largest is taken: the start of backward (all
@@ -496,6 +498,18 @@ def per_rank_memory(m: ModelSpec, setup: TrainingSetup, lay: Layout,
     gradients and the step's temporaries, no activations). The categories are those
     of that moment, as a memory tracker reports them at its peak. Overhead adds the
     fixed CUDA/NCCL costs and the allocator's fragmentation on top of the tracked bytes.
+
+    FSDP2 frees as it goes, so its moments differ (each checked with FSDPMemTracker on
+    Mixtral-8x7B and Llama-3-8B, docs/accuracy.md): "backward-end" is inside the backward
+    of one block (fsdp_blocks_done: near the end under full shard, the second block under
+    shard-grad-op), with the gradients of the blocks done only; "forward-end" is the last
+    block's all-gather in forward, two all-gather buffers at once (fsdp_forward_bytes);
+    at the optimizer step every unit is resharded, so no gathered weights are left; and
+    the LM head's unsharded gradient is held through backward (the root unit is reduced
+    last).
+
+    ``trace``, when given, is filled with the parts each category of the peak is summed
+    from and their inputs (planner.explain prints them; its tests check they add up).
     """
     pc = pc or count_params(m)
     prec = setup.precision_spec
@@ -545,51 +559,95 @@ def per_rank_memory(m: ModelSpec, setup: TrainingSetup, lay: Layout,
         pad = fsdp_expert_padding(m, lay, hybrid)
         ms = model_state_bytes(split.trainable_dense, split.trainable_expert, state_prec, opt_pp, lay,
                                hybrid, amp=amp_states, expert_padding=pad)
+        grad_unit = rp.block_unit     # a block's gradients have its parameters' shapes: never padded
         if pad > 1 and n_layers:
             # gathered blocks carry the padded experts too
             rp = replace(rp, block_unit=rp.block_unit + int(rp.expert / n_layers * (pad - 1)))
         held = in_flight_microbatches(lay, stage)
-        acts = int(n_act_layers * layer_act * held)
-        if stage == 0 and ft.is_full:
-            acts += int(dropout_embed * held)
+        block_acts = int(n_act_layers * layer_act * held)
+        embed_acts = int(dropout_embed * held) if stage == 0 and ft.is_full else 0
+        amp_copies = 0
         if kernels == "amp":
             # autocast's 16-bit copies of every matmul weight, kept for backward
-            acts += 2 * (rp.total - (ceil_div(m.vocab_size * m.d_model, lay.tp) if stage == 0 else 0)
-                         - n_layers * pc.norms_per_layer)
+            amp_copies = 2 * (rp.total - (ceil_div(m.vocab_size * m.d_model, lay.tp) if stage == 0 else 0)
+                              - n_layers * pc.norms_per_layer)
         elif autocast and amp_states:
-            acts += 2 * split.trainable    # autocast's copies of the fp32 trainable weights
+            amp_copies = 2 * split.trainable    # autocast's copies of the fp32 trainable weights
+        acts = block_acts + embed_acts + amp_copies
         # inside the last block's backward: its recomputed tensors and its gradients'
         # working set (the eager attention's fp32 score gradients)
         working = (full_layer - layer_act) + score_grad if n_act_layers else 0
         logits = logits_bytes(m, setup, lay, kernels) if stage == lay.pp - 1 else 0
         buffers = buffer_bytes(m, setup, lay, rp, prec, split)
         off = offload_bytes(setup, lay, ms, _sharded_frozen_bytes(split, lay, hybrid), split, prec, hybrid)
-        weights = off.weights + ms.unsharded_weights
-        if lay.is_fsdp and lay.zero_stage == 3:
-            weights += rp.root_unit * prec.weight_bytes   # FSDP2 keeps the root unit gathered
+        # FSDP2 keeps the root unit gathered
+        root_gathered = rp.root_unit * prec.weight_bytes if lay.is_fsdp and lay.zero_stage == 3 else 0
+        weights = off.weights + ms.unsharded_weights + root_gathered
         step_transient = 0 if off.step_on_host else optimizer_step_transient_bytes(m, setup, lay, rp, hybrid, split)
 
         g_held = off.gradients if persistent_grads else 0
-        end_w, end_a, end_b = fsdp_backward_end_bytes(lay, rp, prec, split) if n_act_layers else (0, 0, 0)
+        end_w, end_a, end_b = (fsdp_backward_end_bytes(lay, rp, prec, split, grad_unit) if n_act_layers
+                               else (0, 0, 0))
         last_block = full_layer if n_act_layers else 0
+        # FSDP2 reduce-scatters the root unit (embedding, final norm, LM head) in its own
+        # post-backward, after every block: the LM head's unsharded gradient, made first in
+        # backward, is held to the end of it (FSDPMemTracker on Llama-3-8B cut to 4 blocks,
+        # fp32, 8 ranks: 3.10 GiB of temporaries in every block's backward, 1.47 GiB less
+        # with a quarter of the vocabulary: (128,256 - 32,064) x 4096 x 4 B)
+        head_grad = (ceil_div(m.vocab_size * m.d_model, lay.tp) * prec.weight_bytes
+                     if lay.is_fsdp and ft.is_full and stage == lay.pp - 1 and n_act_layers else 0)
+        end_grads, end_acts = off.gradients, last_block + end_a
+        # FSDP2 reshards every unit after its backward, the root and shard-grad-op's blocks
+        # too (reshard_after_backward): no gathered weights are left at the optimizer step
+        step_freed = ms.unsharded_weights + root_gathered if lay.is_fsdp else 0
+        if lay.is_fsdp and n_act_layers:
+            # FSDP2's moment is inside one block's backward (fsdp_blocks_done): the blocks done
+            # have freed their activations, and only they have reduced (sharded) gradients
+            done = fsdp_blocks_done(lay, n_act_layers)
+            end_acts = acts - done * layer_act + working + end_a + head_grad
+            if not persistent_grads and ft.is_full and off.gradients:
+                block_dense, block_expert = (rp.dense - rp.root_unit) // n_layers, rp.expert // n_layers
+                end_grads = model_state_bytes(done * block_dense, done * block_expert, state_prec, opt_pp, lay,
+                                              hybrid, expert_padding=pad).gradients
         # phase: (extra weights, gradients, activations, logits, buffers, optimizer transient)
         phases = {
             "backward-start": (0, g_held, acts, logits, buffers, 0),
-            "block-backward": (0, g_held, acts + working, 0, buffers, 0),
-            "backward-end": (end_w, off.gradients, last_block + end_a, 0, max(buffers, end_b), 0),
-            "optimizer-step": (0, off.gradients, 0, 0, 0, step_transient),
+            "block-backward": (0, g_held, acts + working + head_grad, 0, buffers, 0),
+            "backward-end": (end_w, end_grads, end_acts, 0, max(buffers, end_b), 0),
+            "optimizer-step": (-step_freed, off.gradients, 0, 0, 0, step_transient),
         }
+        if lay.is_fsdp and n_act_layers:
+            fwd_w, fwd_b = fsdp_forward_bytes(lay, rp, prec, split)
+            phases["forward-end"] = (fwd_w, g_held, acts - layer_act, 0, max(buffers, fwd_b), 0)
         phase = max(phases, key=lambda k: sum(phases[k]))
         w_extra, grads, act_at, logits_at, buf_at, transient = phases[phase]
         weights += w_extra
         tracked = weights + grads + off.optimizer + transient + act_at + logits_at + buf_at
-        overhead = setup.overheads.fixed_bytes(distributed) + int(tracked * setup.overheads.fragmentation)
+        fixed, fragmentation = setup.overheads.fixed_bytes(distributed), int(tracked * setup.overheads.fragmentation)
+        overhead = fixed + fragmentation
         bd = MemoryBreakdown(weights=weights, gradients=grads, optimizer=off.optimizer + transient,
                              activations=act_at, logits=logits_at, buffers=buf_at, overhead=overhead)
         if best is None or bd.total > best.total:
             best = RankMemory(breakdown=bd, stage=stage, phase=phase, n_layers_on_stage=n_layers,
                               in_flight=held, kernels=kernels, host_bytes=off.host_bytes,
                               nvme_bytes=off.nvme_bytes, ranks_per_node=ranks_per_node)
+            if trace is not None:
+                trace.clear()
+                trace.update(
+                    stage=stage, phase=phase, phases=phases, rank_params=rp, split=split, states=ms,
+                    offload=off, root_gathered=root_gathered, held=held, n_act_layers=n_act_layers,
+                    layer_act=layer_act, full_layer=full_layer, block_acts=block_acts, embed_acts=embed_acts,
+                    dropout_embed=dropout_embed, amp_copies=amp_copies, working=working, score_grad=score_grad,
+                    last_block=last_block, fsdp_end=(end_w, end_a, end_b), step_transient=step_transient,
+                    end_acts=end_acts, end_grads=end_grads, head_grad=head_grad, step_freed=step_freed,
+                    fsdp_done=fsdp_blocks_done(lay, n_act_layers) if lay.is_fsdp and n_act_layers else 0,
+                    fsdp_forward=(fsdp_forward_bytes(lay, rp, prec, split) if lay.is_fsdp and n_act_layers
+                                  else (0, 0)),
+                    persistent_grads=persistent_grads, logits=logits, buffers=buffers, tracked=tracked,
+                    fixed_overhead=fixed, fragmentation=fragmentation, distributed=distributed,
+                    kernels=kernels, act_setup=act_setup, state_precision=state_prec,
+                    optimizer_bytes_per_param=opt_pp, amp_states=amp_states, hybrid=hybrid,
+                    expert_padding=pad)
     assert best is not None
     return best
 
@@ -602,7 +660,10 @@ def fsdp_expert_padding(m: ModelSpec, lay: Layout, hybrid: int | None) -> float:
     stores an MoE layer's experts as one (E, ...) tensor, so with D > E each rank holds
     ceil(E/D) whole experts and an all-gather returns D x ceil(E/D) of them: a factor
     D ceil(E/D) / E. Measured with FSDPMemTracker on Mixtral-8x7B (E = 8) at D = 64:
-    sharded fp32 parameters 22.6 GB per rank, one eighth of the model, not 1/64.
+    sharded fp32 parameters 22.6 GB per rank, one eighth of the model, not 1/64. The
+    padding is in FSDP2's own buffers (shards, all-gather outputs and the unsharded
+    parameters' storage, which views them, and reduce-scatter inputs); the gradients
+    autograd makes have the parameters' shapes, E experts (fsdp_backward_end_bytes).
     """
     if not (lay.is_fsdp and m.is_moe and lay.ep == 1):
         return 1.0
@@ -611,32 +672,89 @@ def fsdp_expert_padding(m: ModelSpec, lay: Layout, hybrid: int | None) -> float:
     return d * ceil_div(e, d) / e
 
 
-def fsdp_backward_end_bytes(lay: Layout, rp: RankParams, prec: Precision,
-                            split: RankSplit | None = None) -> tuple[int, int, int]:
-    """FSDP2 near the end of backward: (weights, activations, buffers) beyond the states.
+def fsdp_blocks_done(lay: Layout, n_blocks: int) -> int:
+    """Blocks whose backward is over at FSDP2's backward peak (the "backward-end" moment).
 
-    The block in backward is gathered (weights, 16-bit), the next one is prefetched
-    (all-gather buffer), the block's full 16-bit gradients exist before the
-    reduce-scatter (a working set, counted with activations), and the reduce-scatter
-    input is fp32 under mixed precision (PyTorch FSDP2 MixedPrecisionPolicy,
-    reduce_dtype). Measured with FSDPMemTracker on Mixtral-8x7B (8 ranks, sequence 1024,
-    peak in the experts' backward of block 1): 2.6 GiB gathered, 2.6 GiB prefetched,
-    5.3 GiB reduce-scatter input for a 1.41B-parameter block. With a frozen base the
-    gathered block holds its stored (maybe quantized) weights and only the trainable
-    parameters have gradients.
+    PyTorch FSDP2 (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py, post_backward)
+    reshards a block as soon as its backward is over (reshard_after_backward defaults to
+    True, whatever reshard_after_forward is), then copies its gradients into a
+    reduce-scatter input that stays allocated until the next block's post-backward
+    (reduce_scatter_max_input_buffers = 1). So the peak is inside the backward of the
+    block after the first one that is reduced:
+
+    - full shard (ZeRO-3): the second-to-last block in backward (block 1), with block 0
+      prefetched and every later block reduced: n_blocks - 2 done. Block 0 has nothing
+      to prefetch, and each block done adds only its sharded gradients;
+    - shard-grad-op (ZeRO-2): the second block in backward (block n - 2): 1 done. Every
+      block done frees its gathered 16-bit weights (2 bytes per parameter, or 4 in fp32)
+      and adds sharded gradients of 4/dp bytes or less, so the total only falls after.
+
+    Measured with FSDPMemTracker on Mixtral-8x7B (bf16-mixed): full shard on 64 ranks peaks
+    in block 1's experts' backward with 30 of 32 blocks' sharded gradients; shard-grad-op
+    on 8 ranks in block 30's with one block's gradients and one block's gathered weights
+    freed.
+    """
+    if lay.zero_stage == 3:
+        return max(0, n_blocks - 2)
+    return 1 if n_blocks >= 2 else 0
+
+
+def fsdp_backward_end_bytes(lay: Layout, rp: RankParams, prec: Precision,
+                            split: RankSplit | None = None, grad_unit: int | None = None) -> tuple[int, int, int]:
+    """FSDP2 at its backward peak (fsdp_blocks_done): (weights, activations, buffers) beyond
+    the states.
+
+    Full shard: the block in backward is gathered (weights, 16-bit), the next one is
+    prefetched (all-gather buffer). Shard-grad-op: one block (the first in backward) is
+    resharded already (weights below the states: negative), nothing is prefetched. Both:
+    the block's full 16-bit gradients exist before its reduce-scatter (a working set,
+    counted with activations), and the previous block's reduce-scatter input is held, in
+    fp32 under mixed precision (PyTorch FSDP2 MixedPrecisionPolicy, reduce_dtype).
+
+    Gathered, prefetched and reduce-scatter buffers are FSDP2's padded flat buffers (``rp``
+    with the expert padding, see fsdp_expert_padding); the gradients autograd makes have
+    the parameters' own shapes, ``grad_unit`` parameters (the block unpadded; default
+    ``rp.block_unit``). Measured with FSDPMemTracker on Mixtral-8x7B (64 ranks, each
+    holding one of the 8 experts: padding 8): 21.1 GiB gathered, 21.1 GiB prefetched,
+    42.2 GiB reduce-scatter input, but 2.7 GiB of block gradients (1.45B parameters in
+    bf16), where counting them padded gave 21.1 GiB and a total 11.5% too high.
+    With a frozen base the gathered block holds its stored (maybe quantized) weights and
+    only the trainable parameters have gradients.
     """
     if not lay.is_fsdp:
         return 0, 0, 0
     unit = rp.block_unit
+    grads = rp.block_unit if grad_unit is None else grad_unit
     wb = prec.weight_bytes
     reduce_bytes = 4 if prec.is_mixed else prec.grad_bytes
     block_bytes = unit * wb
     if split is not None and split.frozen_bytes:
         block_bytes = split.block_frozen_bytes + split.block_trainable * wb
-        unit = split.block_trainable
-    gathered = block_bytes if lay.zero_stage == 3 else 0   # shard-grad-op keeps every block gathered
+        unit = grads = split.block_trainable
+    gathered = block_bytes if lay.zero_stage == 3 else -block_bytes   # grad-op: resharded after its backward
     prefetch = block_bytes if lay.zero_stage == 3 else 0
-    return gathered, unit * wb, prefetch + unit * reduce_bytes
+    return gathered, grads * wb, prefetch + unit * reduce_bytes
+
+
+def fsdp_forward_bytes(lay: Layout, rp: RankParams, prec: Precision,
+                       split: RankSplit | None = None) -> tuple[int, int]:
+    """FSDP2 in forward, at the last block's all-gather: (weights, buffers) beyond the states.
+
+    In forward FSDP2 keeps a block's all-gather output until the next block's all-gather
+    has been copied out (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py,
+    wait_for_unshard, all_gather_state: it lets the copy-out overlap the next all-gather),
+    so two padded all-gather buffers exist at once. Under full shard the block before is
+    gathered too (weights); under shard-grad-op every block gathered so far stays
+    gathered, which the states already count. Measured with FSDPMemTracker on
+    Mixtral-8x7B, 64 ranks, shard-grad-op, micro-batch 2: the peak is in the last block's
+    forward, with two 21.1 GiB all-gather buffers beside every gathered block.
+    """
+    if not lay.is_fsdp:
+        return 0, 0
+    block_bytes = rp.block_unit * prec.weight_bytes
+    if split is not None and split.frozen_bytes:
+        block_bytes = split.block_frozen_bytes + split.block_trainable * prec.weight_bytes
+    return (block_bytes if lay.zero_stage == 3 else 0), 2 * block_bytes
 
 
 def eager_score_gradient_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) -> int:

@@ -122,6 +122,22 @@ def test_recompute_and_attention_change_activations():
     assert measure(tiny(n_steps=1, attention="eager")).max_activations_bytes > base.max_activations_bytes
 
 
+def test_dropout_keeps_what_a_gpu_keeps():
+    # CUDA's dropout keeps a 1-byte mask, and its flash / memory-efficient attention drops out
+    # inside the kernel; fake CPU runs do the same (planner.measure._gpu_dropout_kernels). So
+    # dropout 0.1 adds exactly two masks per block and one after the embeddings, b s h x 1 B
+    # each: (2 x 2 + 1) x 2 x 256 x 128 = 327,680 B. (As the CPU runs them: 12.9 MB, fp32
+    # noise and the math attention kernel's s x s probabilities.)
+    def gpt2(p: float) -> MeasureSetup:
+        cfg = {"model_type": "gpt2", "n_embd": 128, "n_head": 4, "n_layer": 2, "vocab_size": 1000,
+               "n_positions": 512, "attn_pdrop": p, "resid_pdrop": p, "embd_pdrop": p,
+               "bos_token_id": 0, "eos_token_id": 0}
+        return MeasureSetup(hf_config=cfg, seq_len=256, micro_batch=2, precision="fp32")
+
+    with_dropout, without = measure(gpt2(0.1)), measure(gpt2(0.0))
+    assert with_dropout.peak_bytes - without.peak_bytes == (2 * 2 + 1) * 2 * 256 * 128
+
+
 def test_repeated_calls_leave_no_process_group():
     import torch.distributed as dist
 
