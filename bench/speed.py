@@ -3,11 +3,13 @@
     python bench/speed.py                  # everything (first run installs llm-analysis, minutes)
     python bench/speed.py --quick          # fewer repeats, no llm-analysis
     python bench/speed.py --json out.json  # also write the numbers
+    python bench/speed.py --only llm-analysis   # one section (repeatable)
 
 Prints, on this machine:
-  1. layouts scored per second: the memory model as arrays (planner.fastscore), the same
-     model one layout at a time (planner.memory.per_rank_memory), and the step-time model
-     (planner.timing.step_time, one layout at a time: the search times only layouts that fit);
+  1. layouts scored per second: the memory model as arrays (planner.fastscore), the
+     step-time model as arrays (planner.fasttime), both together (fasttime.score), and the
+     same models one layout at a time (planner.memory.per_rank_memory,
+     planner.timing.step_time);
   2. the wall time of `plan --help` and of `plan --model 70b --gpus h100` (best of several
      runs, in fresh processes), and whether torch or deepspeed was imported;
   3. a full search for llama3.1-405b: every catalogued GPU type, every GPU count the search
@@ -16,7 +18,8 @@ Prints, on this machine:
   4. how search time grows with the number of GPU counts and of layouts;
   5. llm-analysis (cli99/llm-analysis 0.2.2, installed by this script in its own virtual
      environment under --cache-dir, since it pins transformers<5) scoring the same Llama-2-70B
-     layouts in the same run, and the ratio of layouts per second.
+     layouts in the same run (memory and step time, one call per layout), and the ratio of
+     layouts per second: the planner's memory and step time of every layout, as arrays.
 
 Goals (issue 9): >= 1,000,000 layouts/s; the 405B full search < 2 s; `plan --help` < 0.3 s
 and `plan --model 70b --gpus h100` < 1.5 s; >= 1,000x llm-analysis's layouts per second.
@@ -40,6 +43,7 @@ from pathlib import Path
 
 from planner import api
 from planner.fastscore import LayoutArrays, peak_bytes, valid_layouts
+from planner.fasttime import score, step_times_s
 from planner.hardware import list_gpus
 from planner.layouts import Layout, SearchSpace
 from planner.memory import per_rank_memory
@@ -90,24 +94,27 @@ def all_layouts(m, setup: TrainingSetup, gpus_per_node: int, max_tp: int, max_gp
 
 
 def scoring_rates(repeats: int) -> dict:
-    print("1. layouts scored per second (llama3.1-405b, 8-GPU nodes, counts up to 16,384)")
+    print("1. layouts scored per second (llama3.1-405b on h100, 8-GPU nodes, counts up to 16,384)")
     m, setup = load_model("llama3.1-405b"), TrainingSetup()
     pc = count_params(m)
+    cluster = cluster_for(load_gpu("h100"))
     arrays = all_layouts(m, setup, 8, 8)
-    peak_bytes(m, setup, arrays, pc)      # warm the per-shape tables, as a search would
-    t_vec = best_of(lambda: peak_bytes(m, setup, arrays, pc), repeats)
-    vec = len(arrays) / t_vec
-    vec_cpu = len(arrays) / max(CPU_TIMES[-1], 1e-9)
+    score(m, setup, arrays, cluster, pc=pc)   # warm the per-shape tables and topology links, as a search would
+    out: dict = {"layouts": len(arrays)}
+    for key, label, fn in (
+            ("memory_vectorised", "memory model, as arrays", lambda: peak_bytes(m, setup, arrays, pc)),
+            ("time_vectorised", "step-time model, as arrays", lambda: step_times_s(m, setup, arrays, cluster, pc=pc)),
+            ("both_vectorised", "memory and step time, as arrays", lambda: score(m, setup, arrays, cluster, pc=pc))):
+        t = best_of(fn, repeats)
+        out[f"{key}_per_s"], out[f"{key}_per_cpu_s"] = len(arrays) / t, len(arrays) / max(CPU_TIMES[-1], 1e-9)
+        row(f"{label} ({len(arrays):,} layouts)", f"{len(arrays) / t:,.0f}/s",
+            f"goal >= 1,000,000/s ({out[f'{key}_per_cpu_s']:,.0f} per CPU second)")
     sample = [arrays.layout(i, setup.seq_len) for i in range(0, len(arrays), max(1, len(arrays) // 2000))]
     t_mem = best_of(lambda: [per_rank_memory(m, setup, lay, pc) for lay in sample], max(1, repeats // 2))
-    cluster = cluster_for(load_gpu("h100"))
     timed = sample[:: max(1, len(sample) // 200)]
     step_time(m, setup, timed[0], cluster, pc=pc)
     t_time = best_of(lambda: [step_time(m, setup, lay, cluster, pc=pc) for lay in timed], 1)
-    out = {"layouts": len(arrays), "memory_vectorised_per_s": vec, "memory_vectorised_per_cpu_s": vec_cpu,
-           "memory_per_layout_per_s": len(sample) / t_mem, "time_per_layout_per_s": len(timed) / t_time}
-    row(f"memory model, as arrays ({len(arrays):,} layouts)", f"{vec:,.0f}/s",
-        f"goal >= 1,000,000/s ({vec_cpu:,.0f} per CPU second)")
+    out["memory_per_layout_per_s"], out["time_per_layout_per_s"] = len(sample) / t_mem, len(timed) / t_time
     row(f"memory model, one layout at a time ({len(sample):,})", f"{out['memory_per_layout_per_s']:,.0f}/s")
     row(f"step-time model, one layout at a time ({len(timed):,})", f"{out['time_per_layout_per_s']:,.0f}/s")
     return out
@@ -309,7 +316,7 @@ def comparison_layouts() -> list[Layout]:
     return lays
 
 
-def llm_analysis_comparison(cache_dir: Path, planner_rates: dict, budget_s: float) -> dict:
+def llm_analysis_comparison(cache_dir: Path, budget_s: float, repeats: int) -> dict:
     print(f"5. llm-analysis ({LLM_ANALYSIS}) against the planner, the same Llama-2-70B layouts, this run")
     py = llm_analysis_python(cache_dir)
     if py is None:
@@ -334,24 +341,36 @@ def llm_analysis_comparison(cache_dir: Path, planner_rates: dict, budget_s: floa
     res = json.loads(p.stdout.strip().splitlines()[-1])
     theirs = res["scored"] / res["seconds"]
     arrays = LayoutArrays.from_layouts(lays)
-    peak_bytes(m, setup, arrays, pc)
-    ours_vec = len(lays) / best_of(lambda: peak_bytes(m, setup, arrays, pc), 5)
-    ours_mem = len(lays) / best_of(lambda: [per_rank_memory(m, setup, x, pc) for x in lays], 1)
     cluster = cluster_for(load_gpu("h100"))
+    score(m, setup, arrays, cluster, pc=pc)       # warm the per-shape tables and topology links
+    fast_repeats = 4 * repeats                    # a call takes milliseconds
+    ours_both = len(lays) / best_of(lambda: score(m, setup, arrays, cluster, pc=pc), fast_repeats)
+    cpu_both = len(lays) / max(CPU_TIMES[-1], 1e-9)
+    ours_vec = len(lays) / best_of(lambda: peak_bytes(m, setup, arrays, pc), fast_repeats)
+    ours_time = len(lays) / best_of(lambda: step_times_s(m, setup, arrays, cluster, pc=pc), fast_repeats)
+    ours_mem = len(lays) / best_of(lambda: [per_rank_memory(m, setup, x, pc) for x in lays], 1)
     few = lays[:: max(1, len(lays) // 200)]
     for x in few:
         step_time(m, setup, x, cluster, pc=pc)
-    ours_both = len(few) / best_of(lambda: [(per_rank_memory(m, setup, x, pc), step_time(m, setup, x, cluster, pc=pc))
-                                            for x in few], 1)
+    ours_one = len(few) / best_of(lambda: [(per_rank_memory(m, setup, x, pc), step_time(m, setup, x, cluster, pc=pc))
+                                           for x in few], 1)
     row(f"llm-analysis, memory and time, one call per layout ({res['scored']:,})", f"{theirs:,.0f}/s",
         f"({res['refused']:,} refused as not fitting)")
-    row(f"planner, memory as arrays ({len(lays):,})", f"{ours_vec:,.0f}/s",
-        f"{ours_vec / theirs:,.0f}x  (goal >= 1,000x)")
+    row(f"planner, memory and step time as arrays ({len(lays):,})", f"{ours_both:,.0f}/s",
+        f"{ours_both / theirs:,.0f}x  (goal >= 1,000x; {cpu_both:,.0f} per CPU second)")
+    row("planner, memory as arrays", f"{ours_vec:,.0f}/s", f"{ours_vec / theirs:,.0f}x")
+    row("planner, step time as arrays", f"{ours_time:,.0f}/s", f"{ours_time / theirs:,.0f}x")
     row("planner, memory one layout at a time", f"{ours_mem:,.0f}/s", f"{ours_mem / theirs:,.1f}x")
-    row(f"planner, memory and step time one at a time ({len(few)})", f"{ours_both:,.0f}/s", f"{ours_both / theirs:,.1f}x")
-    return {"installed": True, "layouts": len(lays), "llm_analysis_per_s": theirs, "planner_vectorised_per_s": ours_vec,
-            "planner_memory_per_s": ours_mem, "planner_memory_and_time_per_s": ours_both,
-            "ratio_vectorised": ours_vec / theirs}
+    row(f"planner, memory and step time one at a time ({len(few)})", f"{ours_one:,.0f}/s", f"{ours_one / theirs:,.1f}x")
+    return {"installed": True, "layouts": len(lays), "llm_analysis_per_s": theirs,
+            "llm_analysis_scored": res["scored"], "llm_analysis_refused": res["refused"],
+            "planner_memory_and_time_vectorised_per_s": ours_both, "planner_memory_and_time_vectorised_per_cpu_s": cpu_both,
+            "planner_vectorised_per_s": ours_vec, "planner_time_vectorised_per_s": ours_time,
+            "planner_memory_per_s": ours_mem, "planner_memory_and_time_per_s": ours_one,
+            "ratio_memory_and_time_vectorised": ours_both / theirs, "ratio_vectorised": ours_vec / theirs}
+
+
+SECTIONS = ("scoring", "startup", "search", "scaling", "llm-analysis")
 
 
 def main() -> None:
@@ -362,17 +381,23 @@ def main() -> None:
                     default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "planner-bench",
                     help="where llm-analysis's virtual environment lives")
     ap.add_argument("--json", type=Path, help="write the numbers here")
+    ap.add_argument("--only", choices=SECTIONS, action="append", help="run only this section (repeatable)")
     args = ap.parse_args()
     repeats = 2 if args.quick else 5
+    run = set(args.only or SECTIONS) - ({"llm-analysis"} if args.quick or args.no_llm_analysis else set())
     print(f"planner speed, {platform.python_implementation()} {platform.python_version()}, "
           f"{os.cpu_count()} CPUs, {platform.machine()}\n")
-    out = {"python": platform.python_version(), "cpus": os.cpu_count()}
-    out["scoring"] = scoring_rates(repeats)
-    out["startup"] = startup(repeats)
-    out["full_search"] = full_search(repeats)
-    out["scaling"] = scaling(max(1, repeats // 2))
-    if not (args.quick or args.no_llm_analysis):
-        out["llm_analysis"] = llm_analysis_comparison(args.cache_dir, out["scoring"], budget_s=10.0)
+    out: dict = {"python": platform.python_version(), "cpus": os.cpu_count()}
+    if "scoring" in run:
+        out["scoring"] = scoring_rates(repeats)
+    if "startup" in run:
+        out["startup"] = startup(repeats)
+    if "search" in run:
+        out["full_search"] = full_search(repeats)
+    if "scaling" in run:
+        out["scaling"] = scaling(max(1, repeats // 2))
+    if "llm-analysis" in run:
+        out["llm_analysis"] = llm_analysis_comparison(args.cache_dir, budget_s=10.0, repeats=repeats)
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))
 

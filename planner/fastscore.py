@@ -50,6 +50,15 @@ from .training import TrainingSetup
 RECOMPUTES = ("none", "selective", "full")
 KERNELS = ("fused", "eager", "amp")
 SAFE_BYTES = 2**58          # every table value below this keeps int64 sums exact
+NO_SLOT = -(2**61)          # a stage slot the pipeline does not have: below any moment
+
+# glibc gives freed heap memory back to the OS whenever more than 128 KiB lie free at the
+# top of the heap, so a call that holds a few MiB of temporaries faults every page of
+# them in again, call after call: about half the time of sizing ten thousand layouts.
+# Freeing one block of 16 MiB raises glibc's dynamic mmap and trim thresholds to 16 and
+# 32 MiB (mallopt(3), M_MMAP_THRESHOLD), after which the heap keeps its pages. Elsewhere
+# this is one short-lived allocation.
+np.empty(16 << 20, dtype=np.uint8)
 
 
 class Unsupported(Exception):
@@ -189,32 +198,76 @@ def _memo(*key: object) -> dict[tuple, tuple[int, ...]]:
     return _MEMO.setdefault(key, {})
 
 
+def _renumber(values: np.ndarray, span: int) -> tuple[np.ndarray, int]:
+    """The distinct values of ``values`` (0 <= values < span) numbered 0, 1, ... in
+    increasing order, through a lookup table of ``span`` entries: (numbers, how many)."""
+    present = np.zeros(span, dtype=bool)
+    present[values] = True
+    number = np.cumsum(present) - 1
+    return number[values], int(number[-1]) + 1
+
+
 def _group(columns: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """(inverse, representatives): the group of each row by its values in ``columns``
     (groups in increasing order of the packed key), and one row index per group.
 
-    The columns are packed into one int64 key (mixed radix over their ranges); a small key
-    range is grouped through a lookup table, with no sort."""
+    The columns are packed into one int64 key (mixed radix, the first column least
+    significant; a column with one value is left out). A wide column (a dp of up to
+    16,384) has its values numbered first, and the columns packed so far are numbered by
+    their distinct values whenever the key range would outgrow a lookup table; both keep
+    the order of the keys. A small key range is grouped through a lookup table, with no
+    sort."""
     n = len(columns[0])
-    key = np.zeros(n, dtype=np.int64)
-    scale = 1
+    limit = max(1 << 16, 4 * n)
+    key, scale = None, 1
     for col in columns:
         lo, hi = int(col.min()), int(col.max())
-        if scale * (hi - lo + 1) >= 2**62:
+        span = hi - lo + 1
+        if span == 1:
+            continue
+        if lo:
+            col = col - lo
+        if 64 < span <= limit and (key is None and span > 1024 or scale * span > limit):
+            col, span = _renumber(col, span)
+        if key is None:
+            key, scale = col, span
+            continue
+        if scale * span > limit and scale <= limit:
+            key, scale = _renumber(key, scale)
+        if scale * span >= 2**62:
             raise Unsupported("shape columns too wide to pack into one key")
-        key += (col - lo) * scale
-        scale *= hi - lo + 1
-    if scale <= max(1 << 16, 4 * n):
-        present = np.zeros(scale, dtype=bool)
-        present[key] = True
-        keys = np.flatnonzero(present)
-        rank = np.zeros(scale, dtype=np.int64)
-        rank[keys] = np.arange(len(keys))
-        rep = np.zeros(scale, dtype=np.int64)
-        rep[key] = np.arange(n)             # any row of a group stands for it: they agree
-        return rank[key], rep[keys]
+        key = key + col * scale
+        scale *= span
+    if key is None:
+        return np.zeros(n, dtype=np.int64), np.zeros(1, dtype=np.int64)
+    if scale <= limit:
+        inverse, count = _renumber(key, scale)
+        rep = np.empty(count, dtype=np.int64)
+        rep[inverse] = np.arange(n)           # any row of a group stands for it: they agree
+        return inverse, rep
     _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     return inverse.reshape(-1), first
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutGroups:
+    """The groups of a LayoutArrays that peak_bytes() and planner.fasttime share: by
+    degrees (D: tp, cp, ep, dp, pp) and by pipeline shape (P: D, sp, vp, micro-batch,
+    recomputation, and the accumulation where it does not follow from them), each as
+    (inverse, representatives) (_group)."""
+
+    d_inv: np.ndarray
+    d_rep: np.ndarray
+    p_inv: np.ndarray
+    p_rep: np.ndarray
+
+    @staticmethod
+    def of(a: LayoutArrays) -> LayoutGroups:
+        d_inv, d_rep = _group([a.tp, a.cp, a.ep, a.dp, a.pp])
+        p_inv, p_rep = _group([d_inv, a.sp, a.vp, a.micro_batch, a.recompute])
+        if not np.array_equal(a.grad_accum[p_rep][p_inv], a.grad_accum):   # valid layouts: ga = B / (mb dp ep)
+            p_inv, p_rep = _group([d_inv, a.sp, a.vp, a.micro_batch, a.recompute, a.grad_accum])
+        return LayoutGroups(d_inv, d_rep, p_inv, p_rep)
 
 
 def _per_unique(columns: Sequence[np.ndarray], fn: Callable[..., tuple[int, ...]], n_out: int,
@@ -232,10 +285,10 @@ def _per_unique(columns: Sequence[np.ndarray], fn: Callable[..., tuple[int, ...]
         if t not in memo:
             memo[t] = fn(*row)
         out.append(memo[t])
-    table = np.array(out, dtype=object).reshape(len(rows), n_out)
-    if len(rows) and max(int(v) for v in table.ravel()) >= SAFE_BYTES:
+    if out and max(max(row) for row in out) >= SAFE_BYTES:
         raise Unsupported("a per-shape figure is too large for exact int64 arithmetic")
-    return [table[:, j].astype(np.int64)[inverse] for j in range(n_out)]
+    table = np.array(out, dtype=np.int64).reshape(len(rows), n_out)
+    return list(np.take(np.ascontiguousarray(table.T), inverse, axis=1))
 
 
 def _hybrid(a: LayoutArrays, gpus_per_node: int) -> np.ndarray:
@@ -259,6 +312,9 @@ def _hybrid(a: LayoutArrays, gpus_per_node: int) -> np.ndarray:
     return out
 
 
+MAX_SLOTS = 4   # the first and last stage, and the earliest middle one of each of two layer counts
+
+
 @lru_cache(maxsize=4096)
 def _stage_slots(n_layers: int, pp: int) -> tuple[tuple[int, int], ...]:
     """(stage, layers on it) for the stages that can be the most loaded
@@ -278,10 +334,11 @@ def _trunc(x: np.ndarray) -> np.ndarray:
 
 
 def peak_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCount | None = None,
-               gpus_per_node: int = 8) -> np.ndarray:
+               gpus_per_node: int = 8, groups: LayoutGroups | None = None) -> np.ndarray:
     """per_rank_memory(m, setup, layout, pc, gpus_per_node).total for every layout of
     ``a`` (all valid: layouts.reject_reason gives None, and seq_len = setup.seq_len), in
-    bytes, as int64. Raises Unsupported where per_rank_memory must answer instead."""
+    bytes, as int64. ``groups``: LayoutGroups.of(a), when the caller has it. Raises
+    Unsupported where per_rank_memory must answer instead."""
     if not supports(setup):
         raise Unsupported("only full training is vectorised")
     n = len(a)
@@ -293,6 +350,8 @@ def peak_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCou
     h = m.d_model
     if pc.total * 64 >= SAFE_BYTES:
         raise Unsupported("model states too large for exact int64 arithmetic")
+    if setup.overheads.fragmentation < 0:
+        raise Unsupported("the total is taken on the largest tracked bytes, which needs fragmentation >= 0")
 
     # memory.resolve_kernels: fused / eager / amp (autocast for replicated mixed precision)
     def kernels_of(x: LayoutArrays) -> np.ndarray:
@@ -320,57 +379,100 @@ def peak_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCou
         return (kept, full, eager_score_gradient_bytes(m, setup, lay, kernels),
                 logits_bytes(m, setup, lay, kernels))
 
-    layer_act, full_layer, score_grad, logits_all = _per_unique(
-        [a.tp, a.sp, a.cp, a.micro_batch, a.recompute, kernels_of(a)], shape_figures, 4, _memo("shape", m, setup))
-    tokens_local = a.micro_batch * (seq // a.cp)
-    dropout_embed = tokens_local * h if m.hidden_dropout > 0 else np.zeros(n, dtype=np.int64)
-    dense_deg = a.dp * a.cp * a.ep                     # Layout.dense_shard_degree
-    persistent = (a.grad_accum > 1) | (a.pp > 1) | ((a.sharding == 0) & (dense_deg > 1))
-    n_gpus = dense_deg * a.tp * a.pp
-    fixed = setup.overheads.fixed_bytes(True) * (n_gpus > 1) + setup.overheads.fixed_bytes(False) * (n_gpus <= 1)
-    pp_buffer = np.where(a.pp > 1, 2 * _ceil_div(tokens_local * h * prec.activation_bytes,
-                                                 np.where(a.sp == 1, a.tp, 1)), 0)
+    # ---- groups. Model states, buffers and the optimizer's temporaries do not depend on
+    # the micro-batch, accumulation, virtual stages or recomputation: they are sized once per
+    # state, a distinct (tp, cp, ep, dp, pp, sharding, ZeRO stage). Activations, the loss and
+    # the pipeline's buffers are sized once per activation shape, a distinct (tp, cp, ep, dp,
+    # pp, sp, vp, micro-batch, accumulation, recomputation, kernels). Both build on
+    # LayoutGroups' degrees and pipeline shapes.
+    g = groups or LayoutGroups.of(a)
+    d_inv, d_rep = g.d_inv, g.d_rep
+    state_inv, state_rows = _group([d_inv, a.sharding, a.zero_stage])
+    st = LayoutArrays(*(getattr(a, f)[state_rows] for f in LayoutArrays.FIELDS))
+    s_kern = kernels_of(st)
+    act_inv, act_rows = _group([g.p_inv, (s_kern == 2)[state_inv]])
+    tp_a, sp_a, cp_a, pp_a, vp_a, mb_a, ga_a, rc_a = (
+        x[act_rows] for x in (a.tp, a.sp, a.cp, a.pp, a.vp, a.micro_batch, a.grad_accum, a.recompute))
 
-    # ---- per pipeline depth: the stages that can be the most loaded (memory._stages_to_check)
-    pp_inv, pp_rep = _group([a.pp])
-    pp_uniq = a.pp[pp_rep]
-    slots = [_stage_slots(m.n_layers, p) for p in pp_uniq.tolist()]
-    n_slots = max(len(s) for s in slots)
-    stage_of = np.full((len(pp_uniq), n_slots), -1, dtype=np.int64)
-    layers_of = np.zeros((len(pp_uniq), n_slots), dtype=np.int64)
+    # ---- per pipeline depth: the stages that can be the most loaded (memory._stages_to_check),
+    # as (slot, D) tables; stage -1 where the pipeline has fewer slots
+    tp_d, ep_d, pp_d = a.tp[d_rep], a.ep[d_rep], a.pp[d_rep]
+    pp_inv, pp_rep = _group([pp_d])
+    slots = [_stage_slots(m.n_layers, p) for p in pp_d[pp_rep].tolist()]
+    n_slots = max(len(row) for row in slots)
+    stage_d = np.full((n_slots, len(pp_rep)), -1, dtype=np.int64)
+    layers_d = np.zeros((n_slots, len(pp_rep)), dtype=np.int64)
     for i, row in enumerate(slots):
         for j, (s, c) in enumerate(row):
-            stage_of[i, j], layers_of[i, j] = s, c
+            stage_d[j, i], layers_d[j, i] = s, c
+    stage_d, layers_d = stage_d[:, pp_inv], layers_d[:, pp_inv]
+    s_d = d_inv[state_rows]
+    s_stage_of, s_layers_of = stage_d[:, s_d], layers_d[:, s_d]             # (slots, states)
 
     # ---- per (tp, ep, pp) and stage slot: the rank's parameters (memory.rank_params)
-    combo_inv, combo_rep = _group([a.tp, a.ep, a.pp])
-    combos = np.stack([a.tp, a.ep, a.pp], axis=1)[combo_rep].tolist()
+    combo_inv, combo_rep = _group([tp_d, ep_d, pp_d])
     memo = _memo("stage", m, pc)
-    params = np.zeros((len(combos), n_slots, 5), dtype=np.int64)
-    for c, (tp_c, ep_c, pp_c) in enumerate(combos):
-        p_idx = int(pp_inv[combo_rep[c]])
-        for j in range(n_slots):
-            stage_j, layers_j = int(stage_of[p_idx, j]), int(layers_of[p_idx, j])
-            if stage_j < 0:
-                continue
-            key = (tp_c, ep_c, pp_c, stage_j, layers_j)
-            if key not in memo:
+    rows = []
+    for key in zip(tp_d[combo_rep].tolist(), ep_d[combo_rep].tolist(), pp_d[combo_rep].tolist()):
+        figures = memo.get(key)
+        if figures is None:
+            tp_c, ep_c, pp_c = key
+            figures = ()
+            for stage_j, layers_j in _stage_slots(m.n_layers, pp_c):
                 rp = rank_params(m, pc, Layout(tp=tp_c, ep=ep_c, pp=pp_c), stage_j, layers_j)
-                memo[key] = (rp.dense, rp.expert, rp.block_unit, rp.root_unit, rp.largest_module)
-            params[c, j] = memo[key]
-    if params.size and int(params.max()) * 64 >= SAFE_BYTES:
+                figures += (rp.dense, rp.expert, rp.block_unit, rp.root_unit, rp.largest_module)
+            figures = memo[key] = figures + (0,) * (5 * MAX_SLOTS - len(figures))
+        rows.append(figures)
+    params = np.array(rows, dtype=np.int64).reshape(len(rows), MAX_SLOTS, 5)[:, :n_slots]
+    if int(params.max()) * 64 >= SAFE_BYTES:
         raise Unsupported("a stage's parameters are too many for exact int64 arithmetic")
+    s_params = np.ascontiguousarray(params[combo_inv[s_d]].transpose(2, 1, 0))   # (5, slots, states)
 
-    # ---- per state. Model states, buffers and the optimizer's temporaries do not depend on
-    # the micro-batch, accumulation, virtual stages or recomputation: size them once per
-    # distinct (tp, ep, pp, cp, dp, sharding, ZeRO stage) and spread them over the layouts.
-    state_inv, state_rows = _group([combo_inv, a.dp, a.cp, a.sharding, a.zero_stage])
-    st = LayoutArrays(*(getattr(a, f)[state_rows] for f in LayoutArrays.FIELDS))
+    # ---- per activation shape: a block's activations, the eager score gradients, the loss,
+    # the pipeline's buffers; per stage slot, the activations held at the start of backward
+    # with the larger of the logits and the last block's working set, and the last block
+    layer_act, full_layer, score_grad, logits_all = _per_unique(
+        [tp_a, sp_a, cp_a, mb_a, rc_a, s_kern[state_inv[act_rows]]], shape_figures, 4, _memo("shape", m, setup))
+    tokens_local = mb_a * (seq // cp_a)
+    pp_buffer = np.where(pp_a > 1, 2 * _ceil_div(tokens_local * h * prec.activation_bytes,
+                                                 np.where(sp_a == 1, tp_a, 1)), 0)
+    a_d = d_inv[act_rows]
+    layers_a = layers_d[:, a_d]
+    working_all = (full_layer - layer_act) + score_grad
+    # the micro-batches each slot holds (memory.in_flight_microbatches) follow from the
+    # depth, the virtual stages and the accumulation: per distinct (pp, vp, accumulation)
+    held_inv, held_rep = _group([pp_a, vp_a, ga_a])
+    pp_h, vp_h, ga_h = pp_a[held_rep], vp_a[held_rep], ga_a[held_rep]
+    stage_h = np.maximum(stage_d[:, a_d[held_rep]], 0)
+    held_h = np.where(pp_h == 1, 1.0, np.minimum(pp_h - stage_h, ga_h).astype(np.float64))
+    held_h = np.where((pp_h > 1) & (vp_h > 1), held_h * (1 + (pp_h - 1) / (pp_h * vp_h)), held_h)
+    held = np.take(held_h, held_inv, axis=1)
+    # FSDP's moments (memory.per_rank_memory): the held activations, the loss and the
+    # working set apart, since FSDP adds the LM head's gradient to the working set.
+    # Every stage slot at once: (slot, activation shape) arrays
+    has_layers = layers_a > 0
+    acts = _trunc((layers_a * layer_act) * held)
+    if m.hidden_dropout > 0:
+        acts = acts + np.where((stage_d <= 0)[:, a_d], _trunc(tokens_local * h * held), 0)
+    x_logits = np.where((stage_d == (pp_d - 1))[:, a_d], logits_all, 0)
+    x_working = np.where(has_layers, working_all, 0)
+    x_acts = acts + np.maximum(x_logits, x_working) + pp_buffer
+    x_last_block = np.where(has_layers, full_layer, 0)
+    fsdp_any = bool((st.sharding > 0).any())
+    x_held, x_block = acts, np.where(has_layers, layer_act, 0) if fsdp_any else None
+    persistent = ((ga_a > 1) | (pp_a > 1))[act_inv]
+
+    # ---- per state (memory.per_rank_memory's fixed overhead, memory.model_state_bytes ...)
+    s_dense_deg = st.dp * st.cp * st.ep                 # Layout.dense_shard_degree
+    persistent |= ((st.sharding == 0) & (s_dense_deg > 1))[state_inv]
+    s_n_gpus = s_dense_deg * st.tp * st.pp
+    fixed = (setup.overheads.fixed_bytes(True) * (s_n_gpus > 1)
+             + setup.overheads.fixed_bytes(False) * (s_n_gpus <= 1))[state_inv]
     s_fsdp = st.sharding > 0
-    s_amp = kernels_of(st) == 2
+    s_amp = s_kern == 2
     s_grad_op = st.sharding == SHARDINGS.index("fsdp-grad-op")
     s_full_shard = s_fsdp & (st.zero_stage == 3)
-    s_dense_deg, s_expert_deg = st.dp * st.cp * st.ep, st.dp * st.cp
+    s_expert_deg = st.dp * st.cp
     hybrid = _hybrid(st, gpus_per_node)                 # memory._hybrid_degree, 0 for None
     s_dd = np.where(hybrid > 0, hybrid, s_dense_deg)
     s_de = np.maximum(1, np.where(hybrid > 0, np.minimum(s_expert_deg, hybrid), s_expert_deg))
@@ -400,15 +502,22 @@ def peak_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCou
             whole = _trunc(nd_bytes + ne_bytes) if moe else _trunc(nd_bytes)
         return split if whole is None else whole if split is None else np.where(sharded, split, whole)
 
-    best = np.full(n, -1, dtype=np.int64)
-    for j in range(n_slots):
-        # ---- per state (memory.model_state_bytes, buffer_bytes, optimizer_step_transient_bytes,
-        # fsdp_backward_end_bytes), at this stage slot
-        s_stage = np.maximum(stage_of[pp_inv[state_rows], j], 0)
-        s_layers = layers_of[pp_inv[state_rows], j]
-        slot = params[combo_inv[state_rows], j]
-        dense, expert, block_unit, root_unit, largest_module = (slot[:, k] for k in range(5))
-        total_params = dense + expert
+    # ---- per state (memory.model_state_bytes, buffer_bytes, optimizer_step_transient_bytes,
+    # fsdp_backward_end_bytes), every stage slot at once: (slot, state) arrays. Out come
+    # the parts of the moments per_rank_memory compares that belong to the state (a slot
+    # the pipeline does not have gets NO_SLOT, below any other moment) and, for FSDP
+    # (memory.fsdp_blocks_done, fsdp_forward_bytes), the backward moment's gradients of the
+    # blocks done and their count, the LM head's gradient and the forward moment
+    s_stage = np.maximum(s_stage_of, 0)
+    s_layers = s_layers_of
+    dense, expert, block_unit, root_unit, largest_module = s_params
+    total_params = dense + expert
+    grad_unit = block_unit                          # gradients are never padded
+    amp_any = bool(s_amp.any())
+    # (without an FSDP or autocast state, the np.where(s_fsdp, ...) and np.where(s_amp,
+    # ...) below pick neither, and their operands are left out)
+    f_weights = f_grads = f_opt = f_unsharded = a_opt = 0
+    if fsdp_any:
         # FSDP's expert padding
         expert_padded = np.where(s_fsdp, _trunc(expert * s_pad), expert)
         block_unit = np.where((s_pad > 1) & (s_layers > 0),
@@ -417,71 +526,110 @@ def peak_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCou
         f_grads = shard(dense * fgrad, expert_padded * fgrad, True)
         f_opt = shard(dense * opt_pp, expert_padded * opt_pp, True)
         f_unsharded = np.where(s_grad_op, _trunc((dense + expert * s_pad) * wb), 0)
-        a_weights = total_params * 4
+    a_weights = total_params * 4
+    if amp_any:
         a_opt = _trunc(total_params * opt_pp)
-        z_weights = shard(dense * wb, expert * wb, st.zero_stage >= 3)
-        z_grads = shard(dense * gb, expert * gb, st.zero_stage >= 2)
-        z_opt = shard(dense * z_opt_pp, expert * z_opt_pp, st.zero_stage >= 1)
-        # offload (memory.offload_bytes): what moves to CPU memory or NVMe leaves the GPU
-        zeros = np.zeros(len(st), dtype=np.int64)
-        if setup.offload_params == "cpu":     # FSDP: parameters, gradients, optimizer states
-            f_weights = f_grads = f_opt = zeros
-        if setup.offload_optimizer != "none":  # ZeRO-Offload: the optimizer partition (and grads)
-            z_grads = np.where(st.zero_stage >= 2, 0, z_grads)
-            z_opt = zeros
-        if setup.offload_params != "none":     # ZeRO-Infinity: the parameter shards
-            z_weights = zeros
-        ms_grads = np.where(s_fsdp, f_grads, np.where(s_amp, a_weights, z_grads))
-        ms_opt = np.where(s_fsdp, f_opt, np.where(s_amp, a_opt, z_opt))
-        weights = (np.where(s_fsdp, f_weights + f_unsharded, np.where(s_amp, a_weights, z_weights))
-                   + np.where(s_full_shard, root_unit * wb, 0))
-        buffers = np.where((st.sharding == 0) & ((st.zero_stage == 1) | (st.zero_stage == 2)),
-                           np.minimum(bucket, total_params) * gb, 0)
-        buffers = buffers + np.where(st.zero_stage == 3,
-                                     np.where(s_fsdp, block_unit * wb,
-                                              2 * (largest_module * wb) + np.minimum(bucket, total_params) * gb), 0)
-        transient = 4 * _ceil_div(total_params, s_d_step) if foreach else s_largest_step
-        transient = np.where(s_step_applies, transient, 0)
-        if setup.offload_params == "cpu":     # FSDP's CPU offload: its optimizer steps on the CPU
-            transient = np.where(s_fsdp, 0, transient)
+    z_weights = shard(dense * wb, expert * wb, st.zero_stage >= 3)
+    z_grads = shard(dense * gb, expert * gb, st.zero_stage >= 2)
+    z_opt = shard(dense * z_opt_pp, expert * z_opt_pp, st.zero_stage >= 1)
+    # offload (memory.offload_bytes): what moves to CPU memory or NVMe leaves the GPU
+    zeros = np.zeros(len(st), dtype=np.int64)
+    if setup.offload_params == "cpu":     # FSDP: parameters, gradients, optimizer states
+        f_weights = f_grads = f_opt = zeros
+    if setup.offload_optimizer != "none":  # ZeRO-Offload: the optimizer partition (and grads)
+        z_grads = np.where(st.zero_stage >= 2, 0, z_grads)
+        z_opt = zeros
+    if setup.offload_params != "none":     # ZeRO-Infinity: the parameter shards
+        z_weights = zeros
+    ms_grads, ms_opt, weights = z_grads, z_opt, z_weights
+    if amp_any:
+        ms_grads = np.where(s_amp, a_weights, ms_grads)
+        ms_opt = np.where(s_amp, a_opt, ms_opt)
+        weights = np.where(s_amp, a_weights, weights)
+    if fsdp_any:
+        ms_grads = np.where(s_fsdp, f_grads, ms_grads)
+        ms_opt = np.where(s_fsdp, f_opt, ms_opt)
+        weights = np.where(s_fsdp, f_weights + f_unsharded, weights) + np.where(s_full_shard, root_unit * wb, 0)
+    buffers = np.where((st.sharding == 0) & ((st.zero_stage == 1) | (st.zero_stage == 2)),
+                       np.minimum(bucket, total_params) * gb, 0)
+    buffers = buffers + np.where(st.zero_stage == 3,
+                                 np.where(s_fsdp, block_unit * wb,
+                                          2 * (largest_module * wb) + np.minimum(bucket, total_params) * gb), 0)
+    transient = 4 * _ceil_div(total_params, s_d_step) if foreach else s_largest_step
+    transient = np.where(s_step_applies, transient, 0)
+    if setup.offload_params == "cpu":     # FSDP's CPU offload: its optimizer steps on the CPU
+        transient = np.where(s_fsdp, 0, transient)
+    s_z3 = st.zero_stage == 3
+    if fsdp_any:
         end_on = s_fsdp & (s_layers > 0)
-        end_w = np.where(end_on & (st.zero_stage == 3), block_unit * wb, 0)
-        end_a = np.where(end_on, block_unit * wb, 0)
-        end_b = np.where(end_on, end_w + block_unit * reduce_bytes, 0)
-        # autocast's 16-bit copies of the weights, kept for backward (an activation)
+        end_w = np.where(end_on, np.where(s_z3, block_unit * wb, -(block_unit * wb)), 0)
+        end_a = np.where(end_on, grad_unit * wb, 0)
+        end_b = np.where(end_on, np.where(s_z3, block_unit * wb, 0) + block_unit * reduce_bytes, 0)
+        done = np.where(end_on, np.where(s_z3, np.maximum(0, s_layers - 2), np.where(s_layers >= 2, 1, 0)), 0)
+        n_l = np.maximum(s_layers, 1)
+        done_grads = shard(done * ((dense - root_unit) // n_l) * fgrad,
+                           _trunc(done * (expert // n_l) * s_pad) * fgrad, True)
+        if setup.offload_params == "cpu":
+            done_grads = zeros
+        f_end_grads = np.where(end_on, done_grads, ms_grads)
+        f_head = np.where(end_on & (s_stage == st.pp - 1), s_vocab_shard * wb, 0)
+        fwd_buffers = np.where(end_on, 2 * (block_unit * wb), 0)
+        step_freed = np.where(s_fsdp, f_unsharded + np.where(s_full_shard, root_unit * wb, 0), 0)
+    else:       # no FSDP state: no backward-end or forward moment of its own
+        end_on = np.zeros(s_stage_of.shape, dtype=bool)
+        end_w = end_a = end_b = done = f_head = fwd_buffers = step_freed = 0
+        f_end_grads = ms_grads
+    f_on, f_done = end_on, done
+    # autocast's 16-bit copies of the weights, kept for backward (an activation)
+    amp_copies = 0
+    if amp_any:
         amp_copies = np.where(s_amp, 2 * (total_params - np.where(s_stage == 0, s_vocab_shard, 0)
                                           - s_layers * pc.norms_per_layer), 0)
-        # the parts of the backward-end and optimizer-step moments that hold no activations
-        end_fixed = end_w + ms_grads + end_a
-        step_moment = ms_grads + transient
-        base = weights + ms_opt
-        (g_base, g_grads, g_buffers, g_end_fixed, g_end_b, g_step, g_amp) = (
-            x[state_inv] for x in (base, ms_grads, buffers, end_fixed, end_b, step_moment, amp_copies))
+    # the parts of the moments that hold no activations: the weights and optimizer
+    # states always; at the start of backward autocast's copies and the buffers; at
+    # the end of backward FSDP's gathered block and gradients; at the optimizer step
+    # the gradients and the step's temporaries
+    base = weights + ms_opt + np.where(s_stage_of >= 0, 0, NO_SLOT)
+    base_start = base + amp_copies + buffers
+    base_end = base + end_w + ms_grads + end_a
+    base_step = base + ms_grads + transient - step_freed
+    base_fwd = np.where(end_on, base + np.where(s_z3, block_unit * wb, 0), NO_SLOT) if fsdp_any else NO_SLOT
+    held_grads, buffer_parts, end_buffers = ms_grads, buffers, end_b
+    (base_start, base_end, base_step, base_fwd, held_grads, buffer_parts, end_buffers, f_on, f_done, f_end_grads,
+     f_head, fwd_buffers) = (np.broadcast_to(x, s_stage_of.shape) for x in (
+        base_start, base_end, base_step, base_fwd, held_grads, buffer_parts, end_buffers, f_on, f_done,
+        f_end_grads, f_head, fwd_buffers))
 
-        # ---- per layout: activations, loss, pipeline buffers (memory.per_rank_memory)
-        stage = stage_of[pp_inv, j]
-        valid = stage >= 0
-        stage = np.where(valid, stage, 0)
-        n_layers = layers_of[pp_inv, j]
-        has_layers = n_layers > 0
-        held = np.where(a.pp == 1, 1.0, np.minimum(a.pp - stage, a.grad_accum).astype(np.float64))
-        held = np.where((a.pp > 1) & (a.vp > 1), held * (1 + (a.pp - 1) / (a.pp * a.vp)), held)
-        acts = _trunc((n_layers * layer_act) * held) + np.where(stage == 0, _trunc(dropout_embed * held), 0) + g_amp
-        working = np.where(has_layers, (full_layer - layer_act) + score_grad, 0)
-        logits = np.where(stage == a.pp - 1, logits_all, 0)
-        buffers_all = g_buffers + pp_buffer
-        g_held = np.where(persistent, g_grads, 0)
-        last_block = np.where(has_layers, full_layer, 0)
-        # the four moments per_rank_memory compares; the tracked bytes are the weights and
-        # optimizer states plus the largest moment's other parts (which moment wins a tie
-        # changes the breakdown, not the total)
-        moment = np.maximum.reduce([
-            g_held + acts + np.maximum(logits, working) + buffers_all,        # backward-start, block-backward
-            g_end_fixed + last_block + np.maximum(buffers_all, g_end_b),      # backward-end
-            g_step,                                                           # optimizer-step
-        ])
-        tracked = g_base + moment
-        overhead = fixed + _trunc(tracked * setup.overheads.fragmentation)
-        total = np.where(valid, tracked + overhead, -1)
-        best = np.maximum(best, total)
-    return best
+
+    # ---- per layout: the four moments per_rank_memory compares (backward-start and
+    # block-backward, backward-end, optimizer-step), in integers, so the parts add in any
+    # order; the tracked bytes are the largest, over the stage slots. Which moment or slot
+    # wins a tie changes the breakdown, not the total, and the total grows with the
+    # tracked bytes (fragmentation >= 0), so it is taken once, on the largest. The
+    # optimizer-step moment is the state's alone, its largest over the slots taken per
+    # state; without FSDP the backward-end moment holds no buffers of its own (end_b = 0),
+    # so the larger of them and the other buffers is the latter, and its parts add up per
+    # state and per activation shape ahead of the pass (FSDP's moments replace it).
+    end_state = base_end + buffer_parts
+    end_act = x_last_block + pp_buffer
+    pp_buffer = pp_buffer[act_inv]
+    tracked = base_step.max(axis=0)[state_inv]
+    fsdp_any = bool(f_on.any())
+    for j in range(n_slots):
+        at_start = base_start[j][state_inv] + persistent * held_grads[j][state_inv] + x_acts[j][act_inv]
+        at_end = end_state[j][state_inv] + end_act[j][act_inv]
+        on = f_on[j][state_inv] > 0 if fsdp_any else None
+        if on is not None and on.any():    # FSDP: the LM head's gradient in the working set, the blocks done, forward
+            head, held = f_head[j][state_inv], x_held[j][act_inv]
+            g_held = persistent * held_grads[j][state_inv]
+            at_start = np.where(on, base_start[j][state_inv] + g_held + held + pp_buffer
+                                + np.maximum(x_logits[j][act_inv], x_working[j][act_inv] + head), at_start)
+            grads_end = np.where(persistent, held_grads[j][state_inv], f_end_grads[j][state_inv])
+            at_fsdp_end = (base_end[j][state_inv] - held_grads[j][state_inv] + grads_end + held
+                           - f_done[j][state_inv] * x_block[j][act_inv] + x_working[j][act_inv] + head
+                           + np.maximum(buffer_parts[j][state_inv] + pp_buffer, end_buffers[j][state_inv]))
+            at_fwd = (base_fwd[j][state_inv] + g_held + held - x_block[j][act_inv]
+                      + np.maximum(buffer_parts[j][state_inv] + pp_buffer, fwd_buffers[j][state_inv]))
+            at_end = np.where(on, np.maximum(at_fsdp_end, at_fwd), at_end)
+        tracked = np.maximum(tracked, np.maximum(at_start, at_end))
+    return tracked + (fixed + _trunc(tracked * setup.overheads.fragmentation))

@@ -1,0 +1,408 @@
+"""Step times of many layouts at once, as numpy arrays.
+
+planner.timing.step_time() times one layout (about 150 us once its placements are
+cached): it builds a LayerTime, the links of each placement, a _Pipeline and a StepTime
+object per layout. step_times_s() returns the same step_time_s for every layout of a
+LayoutArrays (planner.fastscore), and score() memory and step time together; in three
+levels:
+
+- per distinct degrees (D: tp, cp, ep, dp, pp): each axis's bus bandwidth and hop
+  latency over the topology graph on each placement order (placement.axis_links), the
+  stages that can be the slowest and their ranks' parameters (memory.rank_params), the
+  data-parallel collectives of every sharding and the optimizer update;
+- per distinct degrees, sp, vp, micro-batch and recomputation (P): one block's compute
+  time and collective volumes (timing.layer_time, once per block shape), then the tensor-,
+  context- and expert-parallel communication, the slowest stage, the pipeline sends and
+  the bubble;
+- per layout: what its sharding's data-parallel collectives leave exposed under the
+  slowest stage's forward or backward, the slowdown of what they hide, and the optimizer
+  update; the faster of the placement orders.
+
+What depends on a few distinct values is computed by planner.timing's and
+planner.memory's own functions; the rest is array arithmetic that mirrors timing._pipeline
+and timing._finish with the same operations in the same order, so the floats are the
+same, not just close (tests/test_fasttime.py checks equality on random models, GPUs,
+topologies, set-ups, efficiencies and layouts). Integers enter the float arithmetic as
+float64 arrays, which hold them exactly as Python's int-to-float conversion does. Step
+time does not depend on what trains (full, LoRA, QLoRA, freeze) nor on offload, so every
+set-up is covered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import lru_cache
+from typing import NamedTuple
+
+import numpy as np
+
+from .fastscore import RECOMPUTES, LayoutArrays, LayoutGroups, Unsupported, _group, peak_bytes
+from .layouts import SHARDINGS, Layout
+from .memory import rank_params, stage_layers
+from .model import ModelSpec, ParamCount, count_params
+from .placement import FALLBACK_INTRA_LATENCY_S, Cluster, axis_links
+from .timing import (CROSS_ENTROPY_BYTES_PER_LOGIT, CROSS_ENTROPY_FORWARD_SHARE, PLACEMENT_ORDERS, Efficiency,
+                     _hybrid_shard, gemm_time_s, layer_time, rates)
+from .topology import AXES
+from .training import TrainingSetup, optimizer_state_bytes_per_param
+
+EXACT_INT = 2**53          # integers below this convert to float64 exactly
+SLOTS = 3                  # the stages timing._pipeline compares: first, last, fullest
+
+# timing._dp_comms' branches, in the order of its if/elif chain: plain data parallelism
+# (all-reduce), ZeRO-1/2, FSDP shard-grad-op, ZeRO-3 or FSDP full shard, FSDP hybrid
+ALL_REDUCE, ZERO_12, FSDP_GRAD_OP, SHARD_3, FSDP_HYBRID = range(5)
+
+
+def _branches() -> np.ndarray:
+    """The branch of each (ZeRO stage, sharding), indexed by 4 x stage + SHARDINGS index."""
+    out = np.zeros(4 * len(SHARDINGS), dtype=np.int64)
+    for stage in range(4):
+        for i, name in enumerate(SHARDINGS):
+            if stage == 3:
+                b = FSDP_HYBRID if name == "fsdp-hybrid" else SHARD_3
+            elif stage == 2 and name.startswith("fsdp"):
+                b = FSDP_GRAD_OP
+            elif stage in (1, 2):
+                b = ZERO_12
+            else:
+                b = ALL_REDUCE
+            out[len(SHARDINGS) * stage + i] = b
+    return out
+
+
+BRANCH = _branches()
+
+
+# ------------------------------------------------------------------ memoised tables
+
+class _Rows:
+    """Figures per distinct key, kept across calls (a search asks for the same degrees
+    and block shapes on every GPU count): key -> a row of a table."""
+
+    def __init__(self, width: int, dtype: type) -> None:
+        self.index: dict[tuple, int] = {}
+        self.rows: list[tuple] = []
+        self.table = np.zeros((0, width), dtype=dtype)
+        self.dtype = dtype
+
+    def lookup(self, keys: list[tuple], fn: Callable[..., tuple]) -> np.ndarray:
+        """The rows of ``keys`` (len(keys) x width), computing fn(*key) for new keys."""
+        get = self.index.get
+        idx = [get(k) for k in keys]
+        if None in idx:
+            for i, k in enumerate(keys):
+                if idx[i] is None:
+                    j = get(k)
+                    if j is None:
+                        j = self.index[k] = len(self.rows)
+                        self.rows.append(fn(*k))
+                    idx[i] = j
+            self.table = np.array(self.rows, dtype=self.dtype).reshape(len(self.rows), -1)
+        return self.table[idx]
+
+
+_ROWS: dict[tuple, _Rows] = {}
+
+
+def _rows(width: int, dtype: type, *key: object) -> _Rows:
+    if len(_ROWS) > 64:
+        _ROWS.clear()
+    rows = _ROWS.get(key)
+    if rows is None:
+        rows = _ROWS[key] = _Rows(width, dtype)
+    return rows
+
+
+def _distinct_rows(columns: Sequence[np.ndarray], rows: _Rows, fn: Callable[..., tuple]) -> np.ndarray:
+    """rows.lookup() of each distinct row of ``columns``, spread over every element, as a
+    (width, elements) array whose rows are contiguous."""
+    inverse, first = _group(columns)
+    keys = list(zip(*(col[first].tolist() for col in columns)))
+    return np.take(np.ascontiguousarray(rows.lookup(keys, fn).T), inverse, axis=1)
+
+
+@lru_cache(maxsize=4096)
+def _stage_slots(n_layers: int, pp: int) -> tuple[tuple[int, int], ...]:
+    """(stage, layers) of the stages timing._pipeline compares, in increasing stage order."""
+    counts = stage_layers(n_layers, pp)
+    return tuple((s, counts[s]) for s in sorted({0, len(counts) - 1, counts.index(max(counts))}))
+
+
+# --------------------------------------------------- timing's collectives, on arrays
+
+class _Ring(NamedTuple):
+    """The parts of timing.all_reduce_s (steps 2) or gather_s (steps 1) that depend on the
+    group alone: the time of S bytes is latency + volume x S / bandwidth, written in that
+    order as timing writes it, and 0 where ``on`` is false (one rank) or S <= 0."""
+
+    latency: np.ndarray        # steps (n-1) x hop latency
+    volume: np.ndarray         # steps (n-1) / n
+    bandwidth: np.ndarray      # bus bandwidth x Efficiency.bus_fraction
+    on: np.ndarray             # n > 1
+
+    @staticmethod
+    def of(n: np.ndarray, bw: np.ndarray | float, lat: np.ndarray | float, bus: float, steps: int) -> _Ring:
+        n_f = n.astype(np.float64)
+        return _Ring(steps * (n_f - 1) * lat, steps * (n_f - 1) / n_f, bw * bus, n > 1)
+
+    def take(self, idx: np.ndarray) -> _Ring:
+        return _Ring(*(x[idx] for x in self))
+
+    def time_s(self, n_bytes: np.ndarray) -> np.ndarray:
+        return np.where(self.on & (n_bytes > 0), self.latency + self.volume * n_bytes / self.bandwidth, 0.0)
+
+
+def _send_s(n_bytes: np.ndarray, bw: np.ndarray, lat: np.ndarray, bus: float) -> np.ndarray:
+    """timing.send_s."""
+    return np.where((n_bytes > 0) & ~np.isinf(lat), lat + n_bytes / (bw * bus), 0.0)
+
+
+def _hide(comm_s: np.ndarray, window_s: np.ndarray, overlap: float | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """timing._hide: (exposed, hidden). The windows are sums of non-negative times, so
+    with overlap 1 max(0, overlap x window) is the window itself."""
+    if isinstance(overlap, float) and overlap == 1.0:
+        hidden = np.minimum(comm_s, window_s)
+    else:
+        hidden = np.minimum(comm_s, np.maximum(0.0, overlap * window_s))
+    return comm_s - hidden, hidden
+
+
+# ------------------------------------------------------------------------ the step
+
+_BLOCK_FIELDS = ("fwd_s", "bwd_s", "attention_fwd_s", "tp_bytes", "tp_collectives", "cp_bytes", "cp_passes",
+                 "ep_bytes", "ep_all_to_alls")
+
+
+def _block_row(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Efficiency, kernels: str, tp: int,
+               sp: int, cp: int, ep: int, mb: int, rc: int) -> tuple[float, ...]:
+    """One block shape's LayerTime fields, then what timing._pipeline derives from the
+    micro-batch alone: the LM head and loss added to the last stage's forward and
+    backward, the bytes of the tp all-reduce at each pipeline edge and of a pipeline send."""
+    gpu, prec = cluster.gpu, setup.precision_spec
+    seq, h, a = setup.seq_len, m.d_model, prec.activation_bytes
+    key = Layout(tp=tp, sp=bool(sp), cp=cp, ep=ep, micro_batch=mb, seq_len=seq, recompute=RECOMPUTES[rc])
+    lt = layer_time(m, setup, key, kernels, gpu, eff)
+    r = rates(gpu, prec.compute_dtype, eff)
+    tokens = mb * seq / cp
+    head_fwd = gemm_time_s(tokens, m.vocab_size / tp, h, r.matmul_flops_per_s, r.hbm_bytes_per_s, prec.weight_bytes)
+    loss_s = tokens * m.vocab_size / tp * CROSS_ENTROPY_BYTES_PER_LOGIT / r.hbm_bytes_per_s
+    return (*(float(getattr(lt, f)) for f in _BLOCK_FIELDS),
+            head_fwd + loss_s * CROSS_ENTROPY_FORWARD_SHARE, 2 * head_fwd + loss_s * (1 - CROSS_ENTROPY_FORWARD_SHARE),
+            tokens * h * a, tokens * h * a / tp)
+
+
+def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Cluster,
+                 eff: Efficiency = Efficiency(), pc: ParamCount | None = None,
+                 orders: Sequence[tuple[str, ...]] = PLACEMENT_ORDERS, groups: LayoutGroups | None = None
+                 ) -> np.ndarray:
+    """timing.step_time(m, setup, layout, cluster, eff, pc, orders).step_time_s for every
+    layout of ``a`` (sequence length setup.seq_len), in seconds, as float64. ``groups``:
+    LayoutGroups.of(a), when the caller has it. Raises Unsupported for parameter counts
+    too large to convert to floats exactly."""
+    n = len(a)
+    if n == 0:
+        return np.zeros(0)
+    pc = pc or count_params(m)
+    if pc.total * 8 >= EXACT_INT:
+        raise Unsupported("parameter bytes too large for exact float conversion")
+    gpu = cluster.gpu
+    prec = setup.precision_spec
+    r = rates(gpu, prec.compute_dtype, eff)
+    bus, slowdown = eff.bus_fraction, eff.overlap_slowdown
+    orders = [tuple(o) for o in orders]
+
+    g = groups or LayoutGroups.of(a)
+    d_inv, d_rep, p_inv, p_rep = g.d_inv, g.d_rep, g.p_inv, g.p_rep
+    tp, cp, ep, dp, pp = (x[d_rep] for x in (a.tp, a.cp, a.ep, a.dp, a.pp))
+    n_d = len(d_rep)
+
+    # ---- per D: the stages that can be the slowest, their ranks' parameters, the links;
+    # (slots, D) tables
+    def stages_of(tp_: int, ep_: int, pp_: int) -> tuple[int, ...]:
+        """Per slot: the stage (-1: none), its layers, and its rank's dense and expert
+        parameters."""
+        out = [-1] * SLOTS + [0] * (3 * SLOTS)
+        for j, (s, c) in enumerate(_stage_slots(m.n_layers, pp_)):
+            rp = rank_params(m, pc, Layout(tp=tp_, ep=ep_, pp=pp_), s, c)
+            out[j], out[SLOTS + j], out[2 * SLOTS + j], out[3 * SLOTS + j] = s, c, rp.dense, rp.expert
+        return tuple(out)
+
+    stage_d, layers_d, dense, expert = np.split(
+        _distinct_rows([tp, ep, pp], _rows(4 * SLOTS, np.int64, "stages", m, pc), stages_of), 4)
+    if int(dense.max()) * 8 >= EXACT_INT or int(expert.max()) * 8 >= EXACT_INT:
+        raise Unsupported("a stage's parameter bytes are too large for exact float conversion")
+    dense, expert = dense.astype(np.float64), expert.astype(np.float64)
+
+    def links_of(*sizes: int) -> tuple[float, ...]:
+        out: list[float] = []
+        for order in orders:
+            lk = axis_links(cluster, sizes, order)
+            out += [x for ax in AXES for x in (lk[ax].bus_bytes_per_s, lk[ax].latency_s)]
+        return tuple(out)
+
+    keys = list(zip(tp.tolist(), cp.tolist(), ep.tolist(), dp.tolist(), pp.tolist()))
+    every = np.ascontiguousarray(_rows(10 * len(orders), np.float64, "links", cluster, tuple(orders))
+                                 .lookup(keys, links_of).T)
+    links = [every[10 * i:10 * i + 10] for i in range(len(orders))]      # per order: bw, lat of each axis
+
+    # ---- per D: the optimizer update unsharded and sharded (timing.optimizer_time_s), as
+    # (2, slots, D) flattened
+    moe = m.is_moe
+    n_dense, n_expert = dp * cp * ep, dp * cp
+    nd_f, ne_f = n_dense.astype(np.float64), n_expert.astype(np.float64)
+    state = prec.master_bytes + optimizer_state_bytes_per_param(setup.optimizer)
+    per_param = 2 * state + prec.grad_bytes + prec.weight_bytes
+    unsharded = dense + expert if moe else dense
+    sharded = dense / nd_f + expert / ne_f if moe else dense / nd_f
+    optimizer_s = np.concatenate([(unsharded * per_param / r.hbm_bytes_per_s).ravel(),
+                                  (sharded * per_param / r.hbm_bytes_per_s).ravel()])
+    g_b, w_b = eff.grad_reduce_bytes or prec.grad_bytes, prec.weight_bytes
+    hybrid = None
+    if bool((a.sharding == SHARDINGS.index("fsdp-hybrid")).any()):
+        (inside,) = _distinct_rows([tp, n_dense], _rows(1, np.int64, "hybrid", gpu.gpus_per_node),
+                                   lambda tp_, dd: (_hybrid_shard(Layout(tp=tp_, dp=dd), gpu.gpus_per_node),))
+        hybrid = (inside.astype(np.float64), np.maximum(1, n_dense // inside),
+                  _Ring.of(inside, gpu.intra_node_bytes_per_s, FALLBACK_INTRA_LATENCY_S, bus, 1))
+
+    def dp_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """timing._dp_comms per (order, branch, slot, D), flattened: c0 once a step under
+        the backward, c1 under the forward, c2 under the backward."""
+        pick, cols = np.where(dp > 1, 6, np.where(cp > 1, 2, 4)), np.arange(n_d)   # dp, else cp, else ep link
+        bw = np.stack([lk[pick, cols] for lk in links])[:, None, :]          # (orders, 1, D)
+        lat = np.stack([lk[pick + 1, cols] for lk in links])[:, None, :]
+        ring_d = _Ring.of(n_dense, bw, lat, bus, 1)
+
+        def over_dp(ring: _Ring, ring_e: _Ring | None, per: int) -> np.ndarray:
+            out = ring.time_s(dense * per)
+            return out + ring_e.time_s(expert * per) if ring_e is not None else out
+
+        ring_e = _Ring.of(n_expert, bw, lat, bus, 1) if moe else None
+        ag = over_dp(ring_d, ring_e, w_b)
+        rs = ag if g_b == w_b else over_dp(ring_d, ring_e, g_b)
+        ar = over_dp(_Ring.of(n_dense, bw, lat, bus, 2), _Ring.of(n_expert, bw, lat, bus, 2) if moe else None, g_b)
+        zero = np.zeros_like(ag)
+        c0, c1, c2 = [ar, rs, zero, zero, zero], [zero, ag, ag, ag, zero], [zero, zero, rs, ag + rs, zero]
+        if hybrid is not None:
+            inside_f, across, intra = hybrid          # hybrid_shard ranks inside, replicas across
+            total = dense + expert
+            ag_h, rs_h = intra.time_s(total * w_b), intra.time_s(total * g_b)
+            c0[FSDP_HYBRID] = _Ring.of(across, bw, lat, bus, 2).time_s(total * g_b / inside_f)
+            c1[FSDP_HYBRID], c2[FSDP_HYBRID] = ag_h, ag_h + rs_h
+        return tuple(np.stack([np.broadcast_to(x, ag.shape) for x in c], axis=1).ravel()  # type: ignore[return-value]
+                     for c in (c0, c1, c2))
+
+    # ---- per P: a block (timing.layer_time) and the head, per distinct block shape, and
+    # each stage slot's layers, pipeline edges (embedding, LM head) and whether it is the
+    # last stage, as (slots, P) tables; a slot the pipeline does not have gets -inf
+    pd = d_inv[p_rep]
+    ptp, pcp, pep, ppp = tp[pd], cp[pd], ep[pd], pp[pd]
+    pvp, pga = a.vp[p_rep], a.grad_accum[p_rep]
+    if setup.kernels != "auto":
+        kern, kernel_names = np.zeros(len(pd), dtype=np.int64), (setup.kernels,)
+    else:
+        kern, kernel_names = ((ptp > 1) | (ppp > 1) | (pcp > 1)).astype(np.int64), ("eager", "fused")
+    (lt_fwd, lt_bwd, lt_attn, lt_tp_bytes, lt_tp_coll, lt_cp_bytes, lt_cp_passes, lt_ep_bytes, lt_ep_a2a,
+     head_fwd_add, head_bwd_add, edge_bytes, p2p_bytes) = _distinct_rows(
+        [ptp, a.sp[p_rep], pcp, pep, a.micro_batch[p_rep], a.recompute[p_rep], kern],
+        _rows(13, np.float64, "block", m, setup, cluster, eff),
+        lambda tp_, sp_, cp_, ep_, mb_, rc_, k_: _block_row(m, setup, cluster, eff, kernel_names[k_], tp_, sp_,
+                                                            cp_, ep_, mb_, rc_))
+    n_slots = int((stage_d >= 0).any(axis=1).sum())
+    last = stage_d[:n_slots] == pp - 1
+    per_slot = np.take(np.concatenate([layers_d[:n_slots].astype(np.float64),
+                                       (stage_d[:n_slots] == 0) + last.astype(np.float64), last.astype(np.float64),
+                                       np.where(stage_d[:n_slots] >= 0, 0.0, -np.inf)]), pd, axis=1)
+    layers_p, edges_p, last_p, absent_p = (per_slot[i * n_slots:(i + 1) * n_slots] for i in range(4))
+    use_cp, use_ep = bool((cp > 1).any()), bool((ep > 1).any())
+
+    def slowest(lk: np.ndarray, sel: np.ndarray | slice) -> tuple[np.ndarray, ...]:
+        """(t, fwd, bwd, hidden, slot) of the slowest stage of the P rows ``sel``, before
+        the pipeline sends, as timing._pipeline's max() over (time, fwd, bwd, comm,
+        hidden, stage) picks it."""
+        d = pd[sel]
+        ring_tp = _Ring.of(tp, lk[0], lk[1], bus, 2).take(d)
+        tp_all = lt_tp_coll[sel] * ring_tp.time_s(lt_tp_bytes[sel])
+        comm_b, hidden_b = tp_all * (1 - eff.tp_overlap), tp_all * eff.tp_overlap
+        if use_cp:
+            passes = lt_cp_passes[sel]
+            cp_all = passes * (pcp[sel] - 1) * _send_s(lt_cp_bytes[sel], lk[2][d], lk[3][d], bus)
+            cp_block, cp_hidden = _hide(cp_all, lt_attn[sel] * passes, eff.cp_overlap)
+            comm_b, hidden_b = comm_b + cp_block, hidden_b + cp_hidden
+        if use_ep:
+            ep_all = lt_ep_a2a[sel] * _Ring.of(ep, lk[4], lk[5], bus, 1).take(d).time_s(lt_ep_bytes[sel])
+            comm_b, hidden_b = comm_b + ep_all * (1 - eff.ep_overlap), hidden_b + ep_all * eff.ep_overlap
+        edge_all = ring_tp.time_s(edge_bytes[sel])
+        layers, edges, is_last = layers_p[:, sel], edges_p[:, sel], last_p[:, sel]
+        fwd = layers * lt_fwd[sel] + is_last * head_fwd_add[sel]      # + 0.0 where not the last stage: exact
+        bwd = layers * lt_bwd[sel] + is_last * head_bwd_add[sel]
+        comm = layers * comm_b + edges * (edge_all * (1 - eff.tp_overlap))
+        hidden = layers * hidden_b + edges * edge_all * eff.tp_overlap
+        t = fwd + bwd + comm + absent_p[:, sel]
+        cols = np.arange(t.shape[1])
+        slot = t.argmax(axis=0)
+        if (t == t[slot, cols]).sum(axis=0).max() > 1:    # tied times: the next fields decide,
+            slot = np.zeros(len(cols), dtype=np.int64)   # equal in all, the later stage wins
+            for j in range(1, n_slots):
+                b = slot, cols
+                win = (t[j] > t[b]) | (t[j] == t[b]) & ((fwd[j] > fwd[b]) | (fwd[j] == fwd[b]) & (
+                    (bwd[j] > bwd[b]) | (bwd[j] == bwd[b]) & ((comm[j] > comm[b]) | (comm[j] == comm[b])
+                                                              & (hidden[j] >= hidden[b]))))
+                slot = np.where(win, j, slot)
+        b = slot, cols
+        return t[b], fwd[b], bwd[b], hidden[b], slot
+
+    # ---- per layout: its sharding's branch of the data-parallel collectives, hidden under
+    # the slowest stage's forward or backward or not, and the optimizer update (timing._finish)
+    branch = BRANCH[len(SHARDINGS) * a.zero_stage + a.sharding]
+    per_mb = branch >= FSDP_GRAD_OP                 # the forward gather runs once per micro-batch
+    ga_f = a.grad_accum.astype(np.float64)
+    m1 = np.where(per_mb, ga_f, 1.0)
+    overlap1 = np.where(per_mb, eff.zero3_overlap, eff.param_gather_overlap)
+    row = branch * (SLOTS * n_d) + d_inv
+    opt_row = (a.zero_stage >= 1) * (SLOTS * n_d) + d_inv
+    p2p_sends = 2 * pvp.astype(np.float64)
+    bubble_share = (ppp - 1) / pvp.astype(np.float64)
+    pga_f = pga.astype(np.float64)
+    best_step = None
+    inner: np.ndarray | None = None
+    p_stage: tuple[np.ndarray, ...] = ()
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        c0, c1, c2 = dp_tables()
+        for i, lk in enumerate(links):
+            if inner is None or not np.array_equal(inner, lk[:6]):          # tp, cp, ep links
+                if inner is None:
+                    p_stage = slowest(lk, slice(None))
+                else:                       # placements that change these links: redo their rows
+                    sel = np.flatnonzero((inner != lk[:6]).any(axis=0)[pd])
+                    p_stage = tuple(x.copy() for x in p_stage)
+                    for x, y in zip(p_stage, slowest(lk, sel)):
+                        x[sel] = y
+                inner = lk[:6]
+                t_p, fwd_p, bwd_p, hidden_p, slot_p = p_stage
+                slot = slot_p[p_inv] * n_d
+                fwd_mb, bwd_mb = fwd_p[p_inv], bwd_p[p_inv]
+                c_row = row + slot
+                opt = optimizer_s[opt_row + slot]
+            on_pp = ((pp > 1) & ~np.isinf(lk[9]))[pd]
+            p2p_all = p2p_sends * np.where(on_pp & (p2p_bytes > 0), lk[9][pd] + p2p_bytes / (lk[8] * bus)[pd], 0.0)
+            t_mb = t_p + p2p_all * (1 - eff.pp_overlap)            # + 0.0 without a pipeline: exact
+            t_mb = t_mb + slowdown * (hidden_p + p2p_all * eff.pp_overlap)
+            pipeline = (pga_f * t_mb + bubble_share * t_mb)[p_inv]
+            at = c_row + i * (5 * SLOTS * n_d) if i else c_row
+            e0, h0 = _hide(c0[at], bwd_mb, eff.dp_overlap)
+            e1, h1 = _hide(c1[at], fwd_mb, overlap1)
+            e2, h2 = _hide(c2[at], bwd_mb, eff.zero3_overlap)
+            step = pipeline + (e0 + e1 * m1 + e2 * ga_f) + slowdown * (h0 + h1 * m1 + h2 * ga_f) + opt
+            best_step = step if best_step is None else np.minimum(best_step, step)
+    return best_step
+
+
+def score(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Cluster, eff: Efficiency = Efficiency(),
+          pc: ParamCount | None = None, orders: Sequence[tuple[str, ...]] = PLACEMENT_ORDERS
+          ) -> tuple[np.ndarray, np.ndarray]:
+    """(peak bytes, step seconds) of every layout of ``a`` on ``cluster``: what
+    fastscore.peak_bytes() and step_times_s() give, grouping the layouts once for both."""
+    groups = LayoutGroups.of(a)
+    return (peak_bytes(m, setup, a, pc, cluster.gpu.gpus_per_node, groups),
+            step_times_s(m, setup, a, cluster, eff, pc, orders, groups))

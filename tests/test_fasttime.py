@@ -1,0 +1,161 @@
+"""planner.fasttime scores step times as arrays; they must be timing.step_time's, layout
+for layout (hypothesis: random models, set-ups, efficiencies, GPUs, topologies, GPU counts
+and search spaces).
+
+The arrays mirror timing's arithmetic operation by operation, so the floats come out the
+same; the tests allow a relative 1e-12 all the same, far below anything a plan reads.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from planner import fastscore, fasttime
+from planner.finetune import FinetuneSpec
+from planner.hardware import get_gpu, list_gpus
+from planner.layouts import SearchSpace, enumerate_layouts
+from planner.memory import per_rank_memory
+from planner.model import ModelSpec, count_params, load_model
+from planner.placement import Cluster
+from planner.timing import (
+    MEGATRON_2021,
+    MEGATRON_CORE,
+    Efficiency,
+    cluster_for,
+    step_time,
+)
+from planner.topology import list_topologies
+from planner.training import TrainingSetup
+
+EXAMPLES = int(os.environ.get("PLANNER_HYPOTHESIS_EXAMPLES", "40"))
+PROPS = settings(max_examples=EXAMPLES, deadline=None, derandomize="PLANNER_HYPOTHESIS_EXAMPLES" not in os.environ,
+                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+GPU_NAMES = [g.name for g in list_gpus()]
+TOPOLOGIES = list_topologies()
+REL = 1e-12
+
+
+@st.composite
+def models(draw) -> ModelSpec:
+    """Decoders with GQA or not, gated or GeLU MLPs, MoE, tied embeddings, parallel blocks."""
+    n_kv = draw(st.sampled_from([1, 2, 4, 8]))
+    n_heads = n_kv * draw(st.sampled_from([1, 2, 4]))
+    head_dim = draw(st.sampled_from([32, 64, 128]))
+    moe = draw(st.booleans())
+    n_experts = draw(st.sampled_from([4, 8])) if moe else 0
+    return ModelSpec(
+        name="random", model_type="llama", n_layers=draw(st.integers(1, 40)),
+        d_model=n_heads * head_dim, n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim,
+        d_ff=64 * draw(st.integers(1, 300)), vocab_size=draw(st.integers(1000, 160_000)),
+        tied_embeddings=draw(st.booleans()), gated_mlp=draw(st.booleans()),
+        parallel_block=draw(st.booleans()), causal=draw(st.booleans()),
+        n_experts=n_experts, n_experts_per_token=min(2, n_experts) if moe else 0,
+        hidden_dropout=draw(st.sampled_from([0.0, 0.1])), attention_dropout=draw(st.sampled_from([0.0, 0.1])),
+    )
+
+
+@st.composite
+def setups(draw) -> TrainingSetup:
+    method = draw(st.sampled_from(["full", "full", "lora", "freeze"]))   # step time ignores what trains
+    return TrainingSetup(
+        seq_len=draw(st.sampled_from([256, 1024, 2048, 4096])),
+        global_batch=draw(st.sampled_from([8, 24, 64, 256, 1024])),
+        precision=draw(st.sampled_from(["bf16-mixed", "fp16-mixed", "fp32", "bf16"])),
+        optimizer=draw(st.sampled_from(["adamw", "sgd", "adam8bit", "adafactor"])),
+        attention=draw(st.sampled_from(["flash", "eager"])),
+        kernels=draw(st.sampled_from(["auto", "eager", "fused"])),
+        finetune=FinetuneSpec(method=method),
+    )
+
+
+@st.composite
+def efficiencies(draw) -> Efficiency:
+    base = draw(st.sampled_from([Efficiency(), MEGATRON_2021, MEGATRON_CORE]))
+    if draw(st.booleans()):
+        return base
+    fraction = st.sampled_from([0.0, 0.25, 0.5, 0.75, 1.0])
+    return replace(base, tp_overlap=draw(fraction), cp_overlap=draw(fraction), ep_overlap=draw(fraction),
+                   pp_overlap=draw(fraction), dp_overlap=draw(fraction), param_gather_overlap=draw(fraction),
+                   zero3_overlap=draw(fraction), overlap_slowdown=draw(st.sampled_from([0.0, 0.2, 0.5, 1.5])),
+                   bus_fraction=draw(st.sampled_from([0.5, 0.8, 1.0])),
+                   grad_reduce_bytes=draw(st.sampled_from([None, 2, 4])),
+                   matmul_fraction=draw(st.sampled_from([None, 0.6])))
+
+
+@st.composite
+def clusters(draw) -> Cluster:
+    """A shipped topology (its own GPU), or a GPU without one (the GpuSpec's figures)."""
+    top = draw(st.sampled_from([None, *TOPOLOGIES]))
+    if top is None:
+        return Cluster(gpu=get_gpu(draw(st.sampled_from(GPU_NAMES))), topology=None)
+    return cluster_for(get_gpu(top.gpu), top)
+
+
+@st.composite
+def cases(draw):
+    """A model, set-up, efficiency, cluster, and the valid layouts of one search space on
+    a GPU count (every sharding, vp, sp, cp and ep choice the space allows)."""
+    m, setup, eff, cluster = draw(models()), draw(setups()), draw(efficiencies()), draw(clusters())
+    gpu = cluster.gpu
+    if setup.precision.startswith("bf16"):
+        assume(gpu.bf16_flops_per_s is not None)
+    n = draw(st.sampled_from([1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 96, 256, 1024]))
+    space = SearchSpace(max_tp=draw(st.sampled_from([gpu.gpus_per_node, 2 * gpu.gpus_per_node])),
+                        micro_batches=tuple(draw(st.sets(st.sampled_from([1, 2, 3, 4, 8]), min_size=1))),
+                        fsdp=draw(st.sampled_from([None, None, "full", "grad-op", "hybrid"])),
+                        vp=draw(st.sampled_from([None, None, 2, 3])), max_cp=draw(st.sampled_from([1, 2, 4])),
+                        sp=draw(st.sampled_from([None, None, True, False])))
+    lays = [lay for lay, why in enumerate_layouts(m, setup, n, gpu.gpus_per_node, space) if why is None]
+    assume(lays)
+    if len(lays) > 300:         # keep the scalar reference quick: a fixed sample
+        lays = lays[:: len(lays) // 300 + 1]
+    return m, setup, eff, cluster, lays
+
+
+@PROPS
+@given(cases())
+def test_step_times_equal_step_time(case):
+    m, setup, eff, cluster, lays = case
+    pc = count_params(m)
+    got = fasttime.step_times_s(m, setup, fastscore.LayoutArrays.from_layouts(lays), cluster, eff, pc)
+    want = [step_time(m, setup, lay, cluster, eff, pc).step_time_s for lay in lays]
+    assert got.tolist() == pytest.approx(want, rel=REL, abs=0)
+
+
+@PROPS
+@given(cases(), st.sampled_from([(("tp", "cp", "ep", "dp", "pp"),), (("tp", "cp", "ep", "pp", "dp"),),
+                                 (("pp", "dp", "ep", "cp", "tp"), ("tp", "cp", "ep", "dp", "pp"))]))
+def test_other_placement_orders(case, orders):
+    m, setup, eff, cluster, lays = case
+    got = fasttime.step_times_s(m, setup, fastscore.LayoutArrays.from_layouts(lays), cluster, eff, orders=orders)
+    want = [step_time(m, setup, lay, cluster, eff, orders=orders).step_time_s for lay in lays]
+    assert got.tolist() == pytest.approx(want, rel=REL, abs=0)
+
+
+def test_score_is_memory_and_time_on_a_preset():
+    # Llama-2-70B on the dgx-h100 topology, the layouts a search sizes on 96 and 1024 GPUs
+    m, setup = load_model("llama2-70b"), TrainingSetup()
+    cluster = cluster_for(get_gpu("h100"))
+    pc = count_params(m)
+    a = fastscore.LayoutArrays.concat([fastscore.valid_layouts(m, setup, n, 8, SearchSpace(max_tp=8))
+                                       for n in (96, 1024)])
+    peak, step = fasttime.score(m, setup, a, cluster, pc=pc)
+    sample = range(0, len(a), 37)
+    lays = [a.layout(i, setup.seq_len) for i in sample]
+    assert peak[list(sample)].tolist() == [per_rank_memory(m, setup, lay, pc).total for lay in lays]
+    assert step[list(sample)].tolist() == pytest.approx(
+        [step_time(m, setup, lay, cluster, pc=pc).step_time_s for lay in lays], rel=REL, abs=0)
+    assert np.array_equal(peak, fastscore.peak_bytes(m, setup, a, pc))
+    assert np.array_equal(step, fasttime.step_times_s(m, setup, a, cluster, pc=pc))
+
+
+def test_no_layouts():
+    m = load_model("llama3.1-8b")
+    empty = fastscore.LayoutArrays.from_layouts([])
+    assert len(fasttime.step_times_s(m, TrainingSetup(), empty, cluster_for(get_gpu("a100")))) == 0
