@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from .errors import UserError
@@ -79,12 +80,15 @@ def pick_alternatives(fitting: tuple[Candidate, ...], best: Candidate, k: int = 
 
 def plan(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, space: SearchSpace = SearchSpace(),
          n_gpus: int | None = None, max_gpus: int = MAX_SEARCH_GPUS, cluster: Cluster | None = None,
-         efficiency: Efficiency = Efficiency(), tokens: float | None = None) -> PlanResult:
+         efficiency: Efficiency = Efficiency(), tokens: float | None = None,
+         progress: Callable[[int, int, int], None] | None = None) -> PlanResult:
     """Search GPU counts (smallest first) and layouts; return the fastest fitting layout
     on the smallest GPU count that has one (step times from planner.timing on ``cluster``,
     by default the GPU's default topology).
 
     With every degree and choice fixed, this evaluates exactly that layout.
+    ``progress(n_gpus, i, n_counts)`` is told of each GPU count before it is searched
+    (planner.search.search), for a progress bar.
     """
     if n_gpus is not None and not 1 <= n_gpus <= MAX_GPUS:
         raise UserError(f"--n-gpus {n_gpus} is outside 1..{MAX_GPUS}")
@@ -103,7 +107,7 @@ def plan(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, space: SearchSpace = 
 
     host_cap, nvme_cap = host_capacities(cluster)
     res = search(m, setup, cap, gpu.gpus_per_node, counts, space, timer=timer,
-                 host_capacity_bytes=host_cap, nvme_capacity_bytes=nvme_cap)
+                 host_capacity_bytes=host_cap, nvme_capacity_bytes=nvme_cap, progress=progress)
     floor = ceil_div(int(min_model_state_bytes_per_param(setup) * pc.total), cap)
     fits_from = None
     if res.fitting:
@@ -114,11 +118,36 @@ def plan(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, space: SearchSpace = 
         wider = [c for c in gpu_counts(gpu.gpus_per_node, MAX_SEARCH_GPUS) if c > max(counts)]
         if wider:
             fits_from = search(m, setup, cap, gpu.gpus_per_node, wider, space,
-                               host_capacity_bytes=host_cap, nvme_capacity_bytes=nvme_cap).n_gpus
+                               host_capacity_bytes=host_cap, nvme_capacity_bytes=nvme_cap,
+                               progress=progress).n_gpus
     return PlanResult(model=m, params=pc, gpu=gpu, setup=setup, best=best, alternatives=alts,
                       result=res, capacity_bytes=cap, fits_from_gpus=fits_from,
                       min_gpus_for_states=max(1, floor), cluster=cluster, efficiency=efficiency,
                       tokens=tokens, host_capacity_bytes=host_cap, nvme_capacity_bytes=nvme_cap)
+
+
+SCALING_STEPS = 7      # `plan --plot`: the chosen count and six doublings (n, 2n ... 64n)
+
+
+def scaling(r: PlanResult, space: SearchSpace = SearchSpace(),
+            max_gpus: int = MAX_SEARCH_GPUS) -> tuple[Candidate, ...]:
+    """The fastest fitting layout on the chosen GPU count and its doublings up to
+    ``max_gpus`` (r.best first, then planner.sweep's), for `plan --plot`'s time against
+    GPU count; counts where nothing fits are left out. Empty when nothing fits."""
+    if r.best is None or not r.best.fits:
+        return ()
+    if r.fixed:                 # the user fixed every choice: that one layout
+        return (r.best,)
+    from .sweep import sweep
+
+    n = r.best.n_gpus
+    counts = [n * 2**k for k in range(1, SCALING_STEPS) if n * 2**k <= max_gpus]
+    cluster = r.cluster or cluster_for(r.gpu)
+    if space.max_tp is None:
+        space = replace(space, max_tp=max(r.gpu.gpus_per_node, scale_up_domain_gpus(cluster)))
+    found = sweep(r.model, r.setup, cluster, counts, r.capacity_bytes, space, r.efficiency, keep=1,
+                  host_capacity_bytes=r.host_capacity_bytes, nvme_capacity_bytes=r.nvme_capacity_bytes)
+    return (r.best, *(cb.fastest[0] for cb in found if cb.fastest))
 
 
 AUTO_METHODS = ("full", "lora", "qlora")
@@ -127,7 +156,8 @@ AUTO_METHODS = ("full", "lora", "qlora")
 def plan_methods(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, methods: tuple[FinetuneSpec, ...],
                  space: SearchSpace = SearchSpace(), n_gpus: int | None = None,
                  max_gpus: int = MAX_SEARCH_GPUS, cluster: Cluster | None = None,
-                 efficiency: Efficiency = Efficiency(), tokens: float | None = None) -> PlanResult:
+                 efficiency: Efficiency = Efficiency(), tokens: float | None = None,
+                 progress: Callable[[int, int, int], None] | None = None) -> PlanResult:
     """``--method auto``: plan each method (in order of preference, e.g. full, LoRA, QLoRA)
     and keep the one that fits on the fewest GPUs; on the same count the earlier method
     wins, so full training is chosen whenever it fits where the others do. A later method
@@ -138,7 +168,8 @@ def plan_methods(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, methods: tupl
         if limit < 1 or (n_gpus is not None and best is not None and best.fits):
             break
         r = plan(m, gpu, replace(setup, finetune=ft), space, n_gpus=n_gpus,
-                 max_gpus=max(1, min(max_gpus, limit)), cluster=cluster, efficiency=efficiency, tokens=tokens)
+                 max_gpus=max(1, min(max_gpus, limit)), cluster=cluster, efficiency=efficiency, tokens=tokens,
+                 progress=progress)
         if best is None or (r.fits and (not best.fits or r.best.n_gpus < best.best.n_gpus)):  # type: ignore[union-attr]
             best = r
     assert best is not None

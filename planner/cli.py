@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from .errors import UserError
+from .errors import UserError, contradicting_options, degree_conflict
 from .finetune import METHODS, QUANTS
 from .training import (ATTENTION, KERNELS, MAX_GLOBAL_BATCH, MAX_GPUS, MAX_MICRO_BATCH,
                        MAX_SEQ_LEN, OPTIMIZERS, PRECISIONS, RECOMPUTE)
@@ -37,6 +37,55 @@ class FiniteFloatRange(click.FloatRange):
         return out
 
 
+def _complete_names(load: Callable[[], list[str]], incomplete: str, paths: bool = False,
+                    lists: bool = False) -> list[Any]:
+    """Shell completion: the catalog names ``load`` gives that start with what was typed (with
+    ``lists``, the last item of a comma-separated list); with ``paths``, a path completes as a
+    file. A catalog that fails to load completes nothing rather than print into the shell."""
+    from click.shell_completion import CompletionItem
+
+    if paths and (incomplete.startswith((".", "/", "~")) or "/" in incomplete):
+        return [CompletionItem(incomplete, type="file")]
+    head, _, last = incomplete.rpartition(",") if lists else ("", "", incomplete)
+    prefix = head + "," if head else ""
+    try:
+        names = sorted(set(load()))
+    except Exception:   # completion must never print a traceback into the shell
+        return []
+    return [CompletionItem(prefix + n) for n in names if n.startswith(last.lower())]
+
+
+def _model_names() -> list[str]:
+    from .model import load_presets
+
+    return [n for p in load_presets().values() for n in (p.name, *p.aliases)]
+
+
+def _gpu_names() -> list[str]:
+    from .hardware import list_gpus
+
+    return [n for g in list_gpus() for n in (g.name, *g.aliases)]
+
+
+def _topology_names() -> list[str]:
+    import importlib.resources    # the file names, without topology.py's networkx
+
+    files = importlib.resources.files("planner") / "presets" / "topologies"
+    return [f.name[:-5] for f in files.iterdir() if f.name.endswith(".toml")]
+
+
+def _complete_models(ctx: Any, param: Any, incomplete: str) -> list[Any]:
+    return _complete_names(_model_names, incomplete, paths=True)
+
+
+def _complete_gpus(ctx: Any, param: Any, incomplete: str) -> list[Any]:
+    return _complete_names(_gpu_names, incomplete, lists=True)
+
+
+def _complete_topologies(ctx: Any, param: Any, incomplete: str) -> list[Any]:
+    return _complete_names(_topology_names, incomplete, paths=True)
+
+
 def _degree(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return click.option(f"--{name}", type=click.IntRange(1, MAX_GPUS), default=None,
                         help=f"Fix the {name.upper()} degree (default: searched).")
@@ -45,9 +94,9 @@ def _degree(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """Options shared by `plan` and the commands that take a layout."""
     opts = [
-        click.option("--model", "model_name", metavar="NAME|PATH",
+        click.option("--model", "model_name", metavar="NAME|PATH", shell_complete=_complete_models,
                      help="A preset (`plan models`) or a Hugging Face config.json."),
-        click.option("--gpus", "gpu_name", metavar="NAME", help="GPU type (`plan gpus`), e.g. h100; with --tokens "
+        click.option("--gpus", "gpu_name", metavar="NAME", shell_complete=_complete_gpus, help="GPU type (`plan gpus`), e.g. h100; with --tokens "
                                                                 "a list to choose from, e.g. h100,a100."),
         click.option("--n-gpus", type=click.IntRange(1, MAX_GPUS), default=None,
                      help="Fix the GPU count (default: the smallest that fits)."),
@@ -156,7 +205,10 @@ def output_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
                      help="Write the plan's configs here: ds_config.json, accelerate_config.yaml, "
                           "megatron_args.txt, hostfile, launch.sh, plan.json."),
-        click.option("--force", is_flag=True, help="With --out, overwrite existing files."),
+        click.option("--force", is_flag=True, help="With --out or --plot, overwrite existing files."),
+        click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
+                     help="Draw the plan into FILE (.png or .svg): memory per rank by category against the "
+                          "GPU's capacity, and time (with --tokens, cost) against GPU count."),
         click.option("--crosscheck", is_flag=True,
                      help="Compare model states with DeepSpeed's own estimators (imports deepspeed, ~2 s)."),
         click.option("--offload-optimizer", type=offload, default="none", show_default=True,
@@ -192,7 +244,7 @@ class TokenCount(click.ParamType):
 def time_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """Options of the step-time model: the cluster's wiring and the tokens to train on."""
     opts = [
-        click.option("--topology", metavar="NAME|PATH", default=None,
+        click.option("--topology", metavar="NAME|PATH", default=None, shell_complete=_complete_topologies,
                      help="Cluster topology: a shipped one (`plan topologies`) or a TOML file  "
                           "[default: the GPU's own, e.g. dgx-h100 for h100]."),
         click.option("--tokens", type=TokenCount(), default=None,
@@ -266,6 +318,42 @@ def run_safely(fn: Callable[[], None]) -> None:
         sys.exit(1)
 
 
+def quiet_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    """--quiet: the answer on one line, for scripts."""
+    return click.option("--quiet", "-q", "quiet", is_flag=True,
+                        help="Print only the answer, on one line (not with --json).")(f)
+
+
+def _check_quiet(quiet: bool | None, as_json: bool) -> None:
+    if quiet and as_json:
+        raise UserError("--quiet and --json cannot be used together; give one of them")
+
+
+def _aside(kw: dict[str, Any]) -> bool:
+    """Notes (files written) go to stderr when stdout holds JSON or the one-line answer."""
+    return bool(kw.get("as_json") or kw.get("quiet"))
+
+
+def _show(parts: list[Any]) -> None:
+    """Print a human report (planner.term) on stdout: colour only on a terminal."""
+    from . import term
+
+    screen = term.screen_for(sys.stdout)
+    click.echo(term.render(parts, screen), color=screen.colour)
+
+
+def _progress(kw: dict[str, Any], description: str) -> Any:
+    """A progress bar on stderr for work that may run past a second; none with --json or --quiet."""
+    from . import term
+
+    return term.progress(description, enabled=not _aside(kw))
+
+
+def _per_count(update: Any, gpu_name: str) -> Callable[[int, int, int], None]:
+    """api.plan's progress(n_gpus, i, n_counts) -> the bar."""
+    return lambda n, i, total: update(i, total, f"searching layouts on {n:,} x {gpu_name}")
+
+
 def build_request(kw: dict[str, Any]):
     """Options -> (model, gpu, setup, space, n_gpus); raises UserError on bad input."""
     from dataclasses import replace
@@ -282,6 +370,9 @@ def build_request(kw: dict[str, Any]):
     if "," in kw["gpu_name"]:
         raise UserError("--gpus takes one GPU type without --tokens; give --tokens N to let the planner "
                         "choose among several (--gpus h100,a100) by cost")
+    clash = contradicting_options(kw)
+    if clash:
+        raise UserError(clash)
     m = load_model(kw["model_name"])
     gpu = get_gpu(kw["gpu_name"])
     if kw["precision"].startswith("bf16") and gpu.bf16_flops_per_s is None:
@@ -310,6 +401,9 @@ def build_request(kw: dict[str, Any]):
                           offload_params=kw.get("offload_params") or "none")
     if kw["fragmentation"] is not None:
         setup = replace(setup, overheads=Overheads(fragmentation=kw["fragmentation"]))
+    clash = degree_conflict(m, setup, kw)
+    if clash:
+        raise UserError(clash)
     space = SearchSpace(
         dp=kw["dp"], tp=kw["tp"], pp=kw["pp"], cp=kw["cp"], ep=kw["ep"], zero_stage=kw["zero"],
         fsdp=kw["fsdp"], vp=kw["vp"], sp=kw["sp"],
@@ -336,6 +430,7 @@ class PlanGroup(click.Group):
 @time_options
 @cost_options
 @output_options
+@quiet_option
 @click.version_option(package_name="planner", prog_name="planner")
 @click.pass_context
 def cli(ctx: click.Context, **kw: Any) -> None:
@@ -358,6 +453,12 @@ def cli(ctx: click.Context, **kw: Any) -> None:
 def _plan(kw: dict[str, Any]) -> None:
     from . import api, report
 
+    _check_quiet(kw.get("quiet"), kw["as_json"])
+    if kw.get("plot") is not None:      # a bad name or an existing file: refused before the search
+        from .plot import plot_format
+        if kw.get("task") == "load":
+            raise UserError("--plot draws a training plan; --task load has no plot")
+        plot_format(kw["plot"], kw["force"])
     if kw.get("task") == "load":
         _load(kw)
         return
@@ -378,12 +479,15 @@ def _plan(kw: dict[str, Any]) -> None:
             result = next((r for r in results if r.fits), results[-1])
             result = replace(result, methods_tried=api.AUTO_METHODS)
         else:
-            result = api.plan_methods(m, gpu, setup, specs, space, n_gpus=n_gpus, max_gpus=kw["max_gpus"],
-                                      **_timing(kw, gpu))
+            with _progress(kw, f"searching layouts on {gpu.name}") as bar:
+                result = api.plan_methods(m, gpu, setup, specs, space, n_gpus=n_gpus, max_gpus=kw["max_gpus"],
+                                          progress=_per_count(bar, gpu.name), **_timing(kw, gpu))
     elif lay is not None:
         result = api.evaluate_layout(m, gpu, setup, lay, **_timing(kw, gpu))
     else:
-        result = api.plan(m, gpu, setup, space, n_gpus=n_gpus, max_gpus=kw["max_gpus"], **_timing(kw, gpu))
+        with _progress(kw, f"searching layouts on {gpu.name}") as bar:
+            result = api.plan(m, gpu, setup, space, n_gpus=n_gpus, max_gpus=kw["max_gpus"],
+                              progress=_per_count(bar, gpu.name), **_timing(kw, gpu))
     opts = _emit_options(kw)
     if opts.offloads and result.best is not None:
         from .emit import check_options
@@ -401,12 +505,22 @@ def _plan(kw: dict[str, Any]) -> None:
             written = _write_out(result, kw, opts, crosscheck)   # before printing: errors come alone
         else:
             not_written = UserError(f"no plan fits, so nothing was written to --out {kw['out']}")
+    plotted = None
+    if kw.get("plot") is not None:
+        from . import plot
+        fig = plot.plan_figure(result, api.scaling(result, space, kw["max_gpus"]))
+        plotted = plot.save(fig, kw["plot"], force=kw["force"])
     if kw["as_json"]:
         click.echo(report.to_json(result, crosscheck))
+    elif kw.get("quiet"):
+        click.echo(report.quiet_line(result))
     else:
-        click.echo(report.to_text(result, crosscheck))
+        from .term import plan_view
+        _show(plan_view(result, crosscheck))
     if written:
-        click.echo(f"wrote {', '.join(p.name for p in written)} to {kw['out']}", err=kw["as_json"])
+        click.echo(f"wrote {', '.join(p.name for p in written)} to {kw['out']}", err=_aside(kw))
+    if plotted is not None:
+        click.echo(f"wrote the plot to {plotted}", err=_aside(kw))
     if not_written is not None:
         raise not_written
     if result.best is None and not kw["as_json"]:
@@ -454,10 +568,11 @@ def _plan_cost(kw: dict[str, Any]) -> None:
                 raise UserError(f"layout {lay.describe()} does not fit on {gpu.name}; run the plan without "
                                 f"--tokens to see its memory by category")
         n_gpus = lay.n_gpus
-    r = plan_cost(m, gpus, setup, kw["tokens"], load_prices(kw["prices_path"]), space,
-                  objective=kw["objective"] or "cost",
-                  limits=Limits(deadline_s=deadline_s, budget_usd=kw["budget"], max_gpus=kw["max_gpus"]),
-                  n_gpus=n_gpus, topology=kw["topology"], solver=kw["solver"])
+    with _progress(kw, f"sweeping GPU counts of {', '.join(g.name for g in gpus)} and solving the ILP"):
+        r = plan_cost(m, gpus, setup, kw["tokens"], load_prices(kw["prices_path"]), space,
+                      objective=kw["objective"] or "cost",
+                      limits=Limits(deadline_s=deadline_s, budget_usd=kw["budget"], max_gpus=kw["max_gpus"]),
+                      n_gpus=n_gpus, topology=kw["topology"], solver=kw["solver"])
     result = r.result
     opts = _emit_options(kw)
     if opts.offloads and result.best is not None:
@@ -475,12 +590,21 @@ def _plan_cost(kw: dict[str, Any]) -> None:
         if result.best is None:
             raise UserError(f"no plan satisfies the constraints, so nothing was written to --out {kw['out']}")
         written = _write_out(result, kw, opts, crosscheck)
+    plotted = None
+    if kw.get("plot") is not None:
+        from . import plot
+        plotted = plot.save(plot.cost_figure(r), kw["plot"], force=kw["force"])
     if kw["as_json"]:
         click.echo(json.dumps(report.cost_json(r, crosscheck), indent=2))
+    elif kw.get("quiet"):
+        click.echo(report.cost_quiet_line(r))
     else:
-        click.echo(report.cost_text(r, crosscheck))
+        from .term import cost_view
+        _show(cost_view(r, crosscheck))
     if written:
-        click.echo(f"wrote {', '.join(p.name for p in written)} to {kw['out']}", err=kw["as_json"])
+        click.echo(f"wrote {', '.join(p.name for p in written)} to {kw['out']}", err=_aside(kw))
+    if plotted is not None:
+        click.echo(f"wrote the plot to {plotted}", err=_aside(kw))
     if r.chosen is None and not kw["as_json"]:
         sys.exit(2)
 
@@ -518,7 +642,13 @@ def _load(kw: dict[str, Any]) -> None:
     if pp is not None and pp > m.n_layers:
         raise UserError(f"--pp {pp} exceeds the {m.n_layers} layers")
     result = plan_load(m, gpu, setup, tp=tp, pp=pp, max_gpus=kw["max_gpus"])
-    click.echo(report.load_json(result) if kw["as_json"] else report.load_text(result))
+    if kw["as_json"]:
+        click.echo(report.load_json(result))
+    elif kw.get("quiet"):
+        click.echo(report.load_quiet_line(result))
+    else:
+        from .term import load_view
+        _show(load_view(result))
     if not result.fits and not kw["as_json"]:
         sys.exit(2)
 
@@ -533,8 +663,8 @@ def _timing(kw: dict[str, Any], gpu: Any) -> dict[str, Any]:
 def _emit_options(kw: dict[str, Any]) -> EmitOptions:
     from .emit import EmitOptions
 
-    if kw["force"] and kw["out"] is None:
-        raise UserError("--force needs --out DIR")
+    if kw["force"] and kw["out"] is None and kw.get("plot") is None:
+        raise UserError("--force needs --out DIR or --plot FILE")
     return EmitOptions(offload_optimizer=kw["offload_optimizer"], offload_params=kw["offload_params"])
 
 
@@ -606,7 +736,7 @@ def gpus_cmd(as_json: bool, prices_path: Path | None) -> None:
 
 @cli.command("buy")
 @click.argument("jobs_path", metavar="JOBS.yaml", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--gpus", "gpu_names", metavar="LIST", default=None,
+@click.option("--gpus", "gpu_names", metavar="LIST", default=None, shell_complete=_complete_gpus,
               help="GPU types to choose from, e.g. h100,h200,b200  [default: the file's gpus, else h100,h200,b200].")
 @click.option("--budget", type=Dollars(), default=None, help="Spend at most this much over the horizon (purchase + power).")
 @click.option("--horizon", metavar="DURATION", default=None,
@@ -618,8 +748,13 @@ def gpus_cmd(as_json: bool, prices_path: Path | None) -> None:
 @click.option("--solver", type=click.Choice(["auto", "highs", "cbc"]), default="auto", show_default=True,
               help="The ILP solver: HiGHS when highspy is installed (auto), else PuLP's bundled CBC.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
+              help="Draw the purchase into FILE (.png or .svg): GPUs and dollars per GPU type, each job's run.")
+@click.option("--force", is_flag=True, help="With --plot, overwrite an existing file.")
+@quiet_option
 def buy_cmd(jobs_path: Path, gpu_names: str | None, budget: float | None, horizon: str | None, max_gpus: int,
-            prices_path: Path | None, solver: str, as_json: bool) -> None:
+            prices_path: Path | None, solver: str, as_json: bool, plot: Path | None, force: bool,
+            quiet: bool = False) -> None:
     """Size a cluster purchase: how many nodes of each GPU type to buy so that every job of
     JOBS.yaml meets its deadline, at the least cost of ownership (purchase plus power over
     the horizon), by an ILP. Jobs that overlap in time share the cluster's GPUs.
@@ -628,23 +763,46 @@ def buy_cmd(jobs_path: Path, gpu_names: str | None, budget: float | None, horizo
       plan buy examples/jobs.yaml
       plan buy jobs.yaml --gpus h100,b200 --budget 20M --horizon 2y
     """
-    run_safely(lambda: _buy(jobs_path, gpu_names, budget, horizon, max_gpus, prices_path, solver, as_json))
+    run_safely(lambda: _buy(jobs_path, gpu_names, budget, horizon, max_gpus, prices_path, solver, as_json,
+                            plot, force, quiet))
 
 
 def _buy(jobs_path: Path, gpu_names: str | None, budget: float | None, horizon: str | None, max_gpus: int,
-         prices_path: Path | None, solver: str, as_json: bool) -> None:
+         prices_path: Path | None, solver: str, as_json: bool, plot: Path | None = None, force: bool = False,
+         quiet: bool = False) -> None:
     from . import report
     from .cost import DAY_S, load_prices
     from .costplan import plan_purchase
     from .jobs import load_jobs, parse_duration_s
 
+    _check_quiet(quiet, as_json)
+
+    if plot is not None:                # a bad name or an existing file: refused before the search
+        from .plot import plot_format
+        plot_format(plot, force)
+    elif force:
+        raise UserError("--force needs --plot FILE")
     jobs = load_jobs(jobs_path)
     names = [g.strip() for g in gpu_names.split(",") if g.strip()] if gpu_names else list(jobs.gpus)
     names = names or ["h100", "h200", "b200"]
     horizon_s = (parse_duration_s(horizon, "--horizon") if horizon is not None
                  else jobs.horizon_s if jobs.horizon_s is not None else 365 * DAY_S)
-    r = plan_purchase(jobs, names, load_prices(prices_path), horizon_s, budget, max_gpus, solver=solver)
-    click.echo(json.dumps(report.buy_json(r), indent=2) if as_json else report.buy_text(r))
+    with _progress({"as_json": as_json, "quiet": quiet}, f"sweeping GPU counts of {', '.join(names)} per job "
+                   f"and solving the ILP"):
+        r = plan_purchase(jobs, names, load_prices(prices_path), horizon_s, budget, max_gpus, solver=solver)
+    plotted = None
+    if plot is not None:
+        from . import plot as plots
+        plotted = plots.save(plots.buy_figure(r), plot, force=force)
+    if as_json:
+        click.echo(json.dumps(report.buy_json(r), indent=2))
+    elif quiet:
+        click.echo(report.buy_quiet_line(r))
+    else:
+        from .term import buy_view
+        _show(buy_view(r))
+    if plotted is not None:
+        click.echo(f"wrote the plot to {plotted}", err=as_json or quiet)
     if not r.feasible and not as_json:
         sys.exit(2)
 
@@ -667,6 +825,7 @@ def topologies_cmd(as_json: bool) -> None:
 @click.option("--real", is_flag=True,
               help="Run on this machine's CUDA GPUs for real (torchrun, one process per GPU) "
                    "instead of fake tensors on the CPU.")
+@quiet_option
 def measure_cmd(real: bool, **kw: Any) -> None:
     """Run real training steps of the model under PyTorch's memory trackers and print the
     planner's prediction beside the measurement, per category.
@@ -688,6 +847,7 @@ def _measure(kw: dict[str, Any], real: bool) -> None:
     from . import accuracy, report
     from .model import load_hf_config
 
+    _check_quiet(kw.get("quiet"), kw["as_json"])
     for axis in ("dp", "tp", "pp", "cp", "ep"):
         kw[axis] = kw[axis] or 1
     if kw["zero"] is None and kw["fsdp"] is None:
@@ -709,11 +869,91 @@ def _measure(kw: dict[str, Any], real: bool) -> None:
     reason = reject_reason(m, setup, lay, gpu.gpus_per_node)
     if reason:
         raise UserError(f"layout {lay.describe()} cannot run: {reason}")
-    cmp = accuracy.compare(m, load_hf_config(kw["model_name"]), setup, lay, fake=not real)
+    how = "on this machine's GPUs" if real else "under fake tensors"
+    with _progress(kw, f"measuring a training step of {m.name} {how}"):
+        cmp = accuracy.compare(m, load_hf_config(kw["model_name"]), setup, lay, fake=not real)
     if kw["as_json"]:
         click.echo(json.dumps(report.comparison_json(m, gpu, cmp), indent=2))
+    elif kw.get("quiet"):
+        click.echo(report.comparison_quiet_line(m, cmp))
     else:
-        click.echo(report.comparison_text(m, gpu, cmp))
+        from .term import comparison_view
+        _show(comparison_view(m, gpu, cmp))
+
+
+@cli.command("explain")
+@layout_options
+@method_options
+@time_options
+@click.option("--offload-optimizer", type=click.Choice(["none", "cpu", "nvme"]), default="none",
+              show_default=True, help="As for `plan`: optimizer states in CPU memory or on NVMe.")
+@click.option("--offload-params", type=click.Choice(["none", "cpu", "nvme"]), default="none",
+              show_default=True, help="As for `plan`: parameters in CPU memory or on NVMe.")
+def explain_cmd(**kw: Any) -> None:
+    """Every term of the memory and step-time models for one layout: its formula, its
+    inputs, its value and its source (paper, data sheet), to check the arithmetic by hand.
+
+    \b
+    The layout is the one `plan` picks for the same options (fix it with --dp, --tp, --pp,
+    --zero or --fsdp, --micro-batch, --recompute); the terms add up to what `plan` reports.
+    When nothing fits, the layout that needs the least memory is explained.
+
+    \b
+      plan explain --model 8b --gpus h100 --dp 8 --zero 3
+      plan explain --model 70b --gpus h100 --dp 2 --tp 8 --pp 4 --zero 1 --recompute full --json
+    """
+    run_safely(lambda: _explain(kw))
+
+
+def _explain(kw: dict[str, Any]) -> None:
+    from . import api
+    from .explain import explain, to_json, to_text
+
+    if kw.get("method") == "auto":
+        raise UserError("plan explain explains one method: give --method full, lora, qlora or freeze")
+    m, gpu, setup, space, n_gpus = build_request(kw)
+    lay = api.fixed_layout(space, setup, n_gpus)
+    if lay is not None:
+        result = api.evaluate_layout(m, gpu, setup, lay, **_timing(kw, gpu))
+    else:
+        result = api.plan(m, gpu, setup, space, n_gpus=n_gpus, max_gpus=kw["max_gpus"], **_timing(kw, gpu))
+    cand = result.best or result.result.smallest
+    if cand is None:
+        raise UserError(f"no layout of {m.name} fits on up to {kw['max_gpus']} x {gpu.name}, and none was sized; "
+                        f"fix one with --dp, --tp, --pp, --zero (or --fsdp), --micro-batch and --recompute to "
+                        f"explain it anyway, or raise --max-gpus")
+    if setup.offload_optimizer != "none" or setup.offload_params != "none":
+        from .emit import EmitOptions, check_options
+        check_options(result, EmitOptions(offload_optimizer=setup.offload_optimizer,
+                                          offload_params=setup.offload_params))
+    ex = explain(m, gpu, setup, cand.layout, result.cluster, result.efficiency, result.capacity_bytes,
+                 kw["tokens"])
+    if kw["as_json"]:
+        click.echo(json.dumps(to_json(ex), indent=2))
+        return
+    if result.best is None:
+        click.echo(f"No layout fits; this is the one that needs the least memory on {cand.n_gpus} GPUs.\n")
+    click.echo(to_text(ex))
+
+
+SHELLS = ("bash", "zsh", "fish")
+
+
+@cli.command("completion")
+@click.argument("shell", type=click.Choice(SHELLS))
+def completion_cmd(shell: str) -> None:
+    """Print the shell completion script for SHELL (model, GPU and topology names complete).
+
+    \b
+      eval "$(plan completion bash)"            # in ~/.bashrc
+      eval "$(plan completion zsh)"             # in ~/.zshrc
+      plan completion fish > ~/.config/fish/completions/plan.fish
+    """
+    from click.shell_completion import get_completion_class
+
+    cls = get_completion_class(shell)
+    assert cls is not None
+    click.echo(cls(cli, {}, "plan", "_PLAN_COMPLETE").source())
 
 
 def _reader_left() -> None:

@@ -226,7 +226,7 @@ def plan_cost(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, token
     sol = solve_one_job(options, objective, replace(limits, max_gpus=max_gpus), solver)
     search_s = time.perf_counter() - t0
     chosen = next((p for p in plans if sol.choice is not None and p.key == sol.choice.key), None)
-    by_count = _fastest_per_count(plans)
+    by_count = _fastest_per_count(plans, chosen)
     diagnosis = None
     if chosen is None:
         diagnosis = _diagnose(plans, pools, limits, max_gpus, n_gpus, tokens, prices)
@@ -238,11 +238,14 @@ def plan_cost(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, token
                           search_s=search_s)
 
 
-def _fastest_per_count(plans: Sequence[PricedPlan]) -> tuple[PricedPlan, ...]:
+def _fastest_per_count(plans: Sequence[PricedPlan], chosen: PricedPlan | None = None) -> tuple[PricedPlan, ...]:
+    """The fastest plan per GPU type and count; on a tie in time, the chosen one, so that
+    the table of counts always shows the plan the ILP picked."""
     best: dict[tuple[str, int], PricedPlan] = {}
     for p in plans:
         k = (p.gpu.name, p.n_gpus)
-        if k not in best or p.train_time_s < best[k].train_time_s:
+        if k not in best or p.train_time_s < best[k].train_time_s or (
+                p is chosen and p.train_time_s <= best[k].train_time_s):
             best[k] = p
     return tuple(sorted(best.values(), key=lambda p: (p.gpu.name, p.n_gpus)))
 

@@ -32,7 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UserError
+from .hardware import get_gpu
 from .limits import MAX_JOBS
+from .model import load_model
 from .training import MAX_GLOBAL_BATCH, MAX_SEQ_LEN
 
 UNITS_S = {"s": 1.0, "sec": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0, "hr": 3600.0, "d": 86400.0,
@@ -182,6 +184,11 @@ def load_jobs(path: str | Path, today: datetime | None = None) -> JobsFile:
         gpus = [g.strip() for g in gpus.split(",") if g.strip()]
     if not isinstance(gpus, (list, tuple)) or not all(isinstance(g, str) for g in gpus):
         raise UserError(f"{where}: gpus must be a list of GPU names (`plan gpus`), e.g. [h100, h200]")
+    for g in gpus:
+        try:
+            get_gpu(g)
+        except UserError as err:
+            raise UserError(f"{where}: gpus: {err}") from None
     entries = data["jobs"]
     if not isinstance(entries, list) or not entries:
         raise UserError(f"{where}: `jobs:` must be a non-empty list of jobs")
@@ -218,6 +225,10 @@ def load_jobs(path: str | Path, today: datetime | None = None) -> JobsFile:
         local = path.parent / model
         if (model.endswith(".json") or "/" in model) and local.exists():
             model = str(local)
+        try:
+            load_model(model)                # an unknown name or a bad config.json: say which job
+        except UserError as err:
+            raise UserError(f"{at}: model {e['model']!r}: {err}") from None
         method = str(e.get("method", "full"))
         if method not in METHODS:
             raise UserError(f"{at}: method {method!r} is not one of {', '.join(METHODS)}")

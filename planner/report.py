@@ -10,7 +10,6 @@ from typing import Any
 from .api import PlanResult
 from .crosscheck import Crosscheck, crosscheck_json
 from .layouts import Layout
-from .memory import CATEGORIES
 from .search import Candidate
 from .timing import StepTime
 from .units import GiB
@@ -186,30 +185,6 @@ def topologies_text(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def memory_table(c: Candidate) -> list[str]:
-    bd = c.memory.breakdown
-    cap = c.capacity_bytes
-    width = 30
-    lines = [f"  {'category':<38} {'per rank':>12}   share of {gib(cap)}"]
-    for cat in CATEGORIES:
-        v = getattr(bd, cat)
-        bar = "#" * min(width, round(width * v / cap)) + (">" if v > cap else "")
-        lines.append(f"  {LABELS[cat]:<38} {gib(v):>12}   {bar}")
-    verdict = "fits" if c.fits else "DOES NOT FIT"
-    lines.append(f"  {'total':<38} {gib(bd.total):>12}   {100 * bd.total / cap:.0f}% of the GPU: {verdict}")
-    m = c.memory
-    where = f"pipeline stage {m.stage} ({m.n_layers_on_stage} layers)" if c.layout.pp > 1 else "every rank"
-    lines.append(f"  peak at {m.phase.replace('-', ' ')}, on {where}, "
-                 f"{m.in_flight:g} micro-batch(es) of activations held, {m.kernels} kernels")
-    if m.host_bytes or m.nvme_bytes:
-        cap_text = f" of {gib(c.host_capacity_bytes)}" if c.host_capacity_bytes else " (no topology figure to check)"
-        line = f"  offloaded: {gib(m.host_bytes_per_node)} of CPU memory per node{cap_text}"
-        if m.nvme_bytes:
-            line += f", {gib(m.nvme_bytes_per_node)} on NVMe per node"
-        lines.append(line + ("" if c.host_fits else ": MORE THAN THE NODE HAS"))
-    return lines
-
-
 def assumptions_text(r: PlanResult) -> list[str]:
     s = r.setup
     o = s.overheads
@@ -226,26 +201,85 @@ def assumptions_text(r: PlanResult) -> list[str]:
          if s.offload_optimizer != "none" or s.offload_params != "none" else [])
 
 
-def no_fit_text(r: PlanResult) -> list[str]:
-    """Why nothing fits, the least memory any layout needs, and what would make it fit."""
-    tried = r.result.counts_tried
-    span = f"{tried[0]}" if len(tried) == 1 else f"{tried[0]} to {tried[-1]}"
-    out = [f"No layout fits on {span} x {r.gpu.name} ({gib(r.capacity_bytes)} each)."]
-    sm = r.result.smallest
-    if sm is not None:
-        out.append(f"The least memory any layout needs: {gib(sm.memory.total)} per rank on "
-                   f"{sm.n_gpus} GPUs ({sm.layout.describe()}):")
-        out += memory_table(sm)
-    else:
-        out.append(f"Weights, gradients and optimizer states alone need at least "
-                   f"{r.min_gpus_for_states} x {r.gpu.name}, even fully sharded.")
-    if r.fits_from_gpus:
-        out.append(f"It fits from {r.fits_from_gpus} x {r.gpu.name}: raise --max-gpus (or drop --n-gpus), "
-                   f"or use a GPU with more memory.")
-    else:
-        out.append("Try more GPUs, a GPU with more memory, full recomputation, or a shorter sequence.")
+# ------------------------------------------------------------------- --quiet
+
+def layout_compact(lay: Layout) -> str:
+    """The layout as space-separated key=value words, e.g. dp=16 tp=4+sp pp=1 zero=2 mb=1
+    ga=64 recompute=none (vp, cp, ep only when above 1; fsdp=full etc. for FSDP)."""
+    parts = [f"dp={lay.dp}", f"tp={lay.tp}" + ("+sp" if lay.sp else ""), f"pp={lay.pp}"]
+    parts += [f"{ax}={d}" for ax, d in (("vp", lay.vp), ("cp", lay.cp), ("ep", lay.ep)) if d > 1]
+    parts.append(f"zero={lay.zero_stage}" if lay.sharding == "zero" else f"fsdp={lay.sharding[5:]}")
+    parts += [f"mb={lay.micro_batch}", f"ga={lay.grad_accum}", f"recompute={lay.recompute}"]
+    return " ".join(parts)
+
+
+def _answer_line(name: str, gpu_name: str, c: Candidate) -> str:
+    """MODEL: N x GPU, LAYOUT, USED/CAPACITY GiB[ DOES NOT FIT], S s/step, MFU P%."""
+    mem = f"{c.memory.total / GiB:.2f}/{c.capacity_bytes / GiB:.2f} GiB" + ("" if c.fits else " DOES NOT FIT")
+    out = f"{name}: {c.n_gpus} x {gpu_name}, {layout_compact(c.layout)}, {mem}"
+    if c.time is not None:
+        t = c.time.step_time_s
+        out += f", {t:.3g} s/step" if t < 100 else f", {t:.0f} s/step"
+        out += f", MFU {c.time.mfu:.1%}"
     return out
 
+
+def _model_name(r: PlanResult) -> str:
+    ft = r.setup.finetune
+    return r.model.name if ft.is_full else f"{r.model.name} ({ft.method})"
+
+
+def quiet_line(r: PlanResult) -> str:
+    """`plan --quiet`: the answer on one line (a script's `cut -d' ' -f2` is the GPU count)."""
+    if r.best is None:
+        tried = r.result.counts_tried
+        span = f"{tried[0]}" if len(tried) == 1 else f"{tried[0]} to {tried[-1]}"
+        sm = r.result.smallest
+        least = f"; least memory {sm.memory.total / GiB:.2f} GiB per rank on {sm.n_gpus} GPUs" if sm else ""
+        return f"{_model_name(r)}: no layout fits on {span} x {r.gpu.name}{least}"
+    out = _answer_line(_model_name(r), r.gpu.name, r.best)
+    if r.tokens is not None and r.best.time is not None:
+        out += f", {duration(r.best.time.train_time_s(r.tokens))} for {params_text(int(r.tokens))} tokens"
+    return out
+
+
+def cost_quiet_line(r: Any) -> str:
+    """`plan --tokens --quiet`: the chosen plan, its cost and its training time."""
+    from .costplan import usd
+
+    if r.chosen is None:
+        return f"{_model_name(r.result)}: no plan satisfies the constraints"
+    c = r.chosen
+    cost = usd(c.cost_usd) if c.cost_usd is not None else "no price"
+    return (f"{_answer_line(_model_name(r.result), c.gpu.name, c.candidate)}, {cost}, "
+            f"{duration(c.train_time_s)} for {params_text(int(r.tokens))} tokens")
+
+
+def load_quiet_line(r: Any) -> str:
+    fits = "" if r.fits else " DOES NOT FIT"
+    return (f"{r.model.name}: {r.n_gpus} x {r.gpu.name}, tp={r.tp} pp={r.pp}, "
+            f"{r.memory.total / GiB:.2f}/{r.capacity_bytes / GiB:.2f} GiB{fits}")
+
+
+def buy_quiet_line(r: Any) -> str:
+    """`plan buy --quiet`: the nodes to buy and the total cost of ownership."""
+    from .costplan import usd
+
+    if not r.feasible:
+        return "no purchase satisfies the constraints" + (f": {r.lines[0]}" if r.lines else "")
+    bought = ", ".join(f"{n} x {g}" for g, n in r.nodes.items() if n)
+    return f"buy {bought} nodes: total {usd(r.tco_usd)} (capex {usd(r.capex_usd)}, opex {usd(r.opex_usd)})"
+
+
+def comparison_quiet_line(m: Any, cmp: Any) -> str:
+    """`plan measure --quiet`: the total predicted and measured, and the error."""
+    total = cmp.rows[-1]
+    err = "-" if total.error is None else f"{100 * total.error:+.1f}%"
+    return (f"{m.name}: {layout_compact(cmp.layout)}, predicted {total.predicted_bytes / GiB:.2f} GiB, "
+            f"measured {total.measured_bytes / GiB:.2f} GiB, error {err}")
+
+
+# ----------------------------------------------------------------------- text
 
 def duration(seconds: float) -> str:
     for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
@@ -254,77 +288,10 @@ def duration(seconds: float) -> str:
     return f"{seconds:.3g} s"
 
 
-def time_text(t: StepTime | None, tokens: float | None) -> list[str]:
-    """The predicted step time, throughput and utilisation, and where the time goes."""
-    if t is None:
-        return []
-    out = [f"  step {duration(t.step_time_s)}, {t.tokens_per_s:,.0f} tokens/s, "
-           f"{t.model_flops_per_s_per_gpu / 1e12:,.0f} TFLOP/s per GPU, MFU {t.mfu:.1%}"]
-    comm = ", ".join(f"{ax} {duration(v)}" for ax, v in t.comm_s.items() if v > 0) or "none"
-    out.append(f"  per step: compute {duration(t.compute_s)}, exposed communication {comm}, "
-               f"pipeline bubble {duration(t.bubble_s)}, optimizer {duration(t.optimizer_s)}; "
-               f"groups placed {'-'.join(t.placement)} (innermost first)")
-    if tokens is not None:
-        out.append(f"  {params_text(int(tokens))} tokens in {duration(t.train_time_s(tokens))} "
-                   f"on {t.n_gpus} GPUs")
-    return out
-
-
-def crosscheck_text(c: Crosscheck) -> list[str]:
-    """DeepSpeed's estimate beside the planner's figures, and why they differ."""
-    d = c.deepspeed
-    if d is None:
-        return [f"Cross-check with DeepSpeed skipped: {c.reason}"]
-    i = d.inputs
-    off = "optimizer" if i.cpu_offload else ""
-    off += (" and parameters" if off else "parameters") if i.cpu_offload_params else ""
-    agree = "agrees to the byte" if d.planner_as_deepspeed == d.deepspeed else "differs"
-    return [
-        f"Cross-check with DeepSpeed's {d.estimator} ({i.num_nodes} node(s) x {i.num_gpus_per_node} GPUs, "
-        f"offload: {off or 'none'}):",
-        f"  {'DeepSpeed, model states per GPU':<44} {gib(d.deepspeed.gpu_bytes):>12}",
-        f"  {'DeepSpeed, CPU memory per node':<44} {gib(d.deepspeed.cpu_bytes):>12}",
-        f"  {'planner, weights + gradients + optimizer':<44} {gib(d.planner_model_state_bytes):>12}",
-        f"  {'planner, communication buffers':<44} {gib(d.planner_buffer_bytes):>12}",
-        f"  {'planner, total per rank':<44} {gib(d.planner_total_bytes):>12}",
-        f"  the planner's formulas under DeepSpeed's assumptions: {gib(d.planner_as_deepspeed.gpu_bytes)} per GPU, "
-        f"{gib(d.planner_as_deepspeed.cpu_bytes)} CPU per node ({agree})",
-        "  why they differ:",
-    ] + [f"    - {n}" for n in d.notes]
-
-
 def to_text(r: PlanResult, crosscheck: Crosscheck | None = None) -> str:
-    m, pc = r.model, r.params
-    active = f" ({params_text(pc.active)} active per token)" if m.is_moe else ""
-    out = [f"{m.name}: {pc.total:,} parameters{active} on {r.gpu.name}"]
-    ft = r.setup.finetune
-    if not ft.is_full or r.methods_tried:
-        from .finetune import n_trainable_params
-        n_train = n_trainable_params(m, ft, pc)
-        tried = f" (--method auto chose it among {', '.join(r.methods_tried)})" if r.methods_tried else ""
-        out.append(f"method: {ft.describe(m)}{tried}")
-        out.append(f"  {n_train:,} trainable parameters ({100 * n_train / pc.total:.3g}% of the model)")
-    out += ["", "Assumptions:"]
-    out += assumptions_text(r)
-    out.append("")
-    if r.best is None:
-        out += no_fit_text(r)
-        return "\n".join(out)
-    b = r.best
-    title = "The layout you gave" if r.fixed else f"Smallest GPU count that fits: {b.n_gpus} x {r.gpu.name}"
-    out.append(f"{title}")
-    out.append(f"  {b.layout.describe()}")
-    out += time_text(b.time, r.tokens)
-    out.append("")
-    out += memory_table(b)
-    if r.alternatives:
-        out += ["", f"Alternatives on {b.n_gpus} GPUs:"]
-        for c in r.alternatives:
-            step = f"{duration(c.time.step_time_s):>10}/step" if c.time else ""
-            out.append(f"  {gib(c.memory.total):>12} {step}  {c.layout.describe()}")
-    if crosscheck is not None:
-        out += [""] + crosscheck_text(crosscheck)
-    return "\n".join(out)
+    """The plan as plain text, 100 columns (planner.term draws it)."""
+    from .term import plan_view, render
+    return render(plan_view(r, crosscheck))
 
 
 # --------------------------------------------------------------------- --task load
@@ -349,21 +316,8 @@ def load_json(r: Any) -> str:
 
 
 def load_text(r: Any) -> str:
-    s, m = r.setup, r.model
-    fmt = {"none": f"{8 * s.weight_bytes}-bit", "int8": "int8 (LLM.int8)", "int4": "int4 (group 128)",
-           "nf4": "NF4 (4-bit, double-quantized constants)"}[s.quant]
-    out = [f"{m.name}: {r.params.total:,} parameters, held for inference on {r.gpu.name}",
-           f"  weights {fmt}" + (", embeddings and LM head in 16 bits" if s.quant != "none" else "")
-           + f"; KV cache for {s.batch} sequence(s) of {s.context:,} tokens, {8 * s.kv_bytes}-bit", ""]
-    head = "The split you gave" if r.fixed else ("Fewest GPUs that hold it" if r.fits else "Nothing fits; the least memory tried")
-    out.append(f"{head}: {r.n_gpus} x {r.gpu.name} (tp={r.tp}, pp={r.pp})")
-    cap = r.capacity_bytes
-    for key, label in LOAD_LABELS.items():
-        out.append(f"  {label:<38} {gib(getattr(r.memory, key)):>12}")
-    verdict = "fits" if r.fits else "DOES NOT FIT"
-    out.append(f"  {'total per GPU':<38} {gib(r.memory.total):>12}   {100 * r.memory.total / cap:.0f}% of "
-               f"{gib(cap)}: {verdict}")
-    return "\n".join(out)
+    from .term import load_view, render
+    return render(load_view(r))
 
 
 # ------------------------------------------------------------------- measurement
@@ -387,28 +341,8 @@ def comparison_json(m: Any, gpu: Any, cmp: Any) -> dict[str, Any]:
 
 
 def comparison_text(m: Any, gpu: Any, cmp: Any) -> str:
-    meas = cmp.measured
-    how = "fake tensors on the CPU, fake process group" if meas.get("fake") else f"real run on {meas.get('device')}"
-    ft = cmp.setup.finetune
-    method = "" if ft.is_full else f"\n{ft.describe(m)}"
-    out = [f"{m.name}: {cmp.layout.describe()}, sequence {cmp.layout.seq_len}, {cmp.setup.precision}, "
-           f"{cmp.setup.optimizer}{method}",
-           f"measured with {meas.get('tracker')} ({how}) in {meas.get('wall_s', 0):.1f} s", "",
-           f"  {'category (at the peak)':<26} {'predicted':>12} {'measured':>12} {'error':>8}"]
-    for r in cmp.rows:
-        err = "-" if r.error is None else f"{100 * r.error:+.1f}%"
-        label = "total (less overhead)" if r.category == "total" else LABELS.get(r.category, r.category)
-        if r.category == "activations":
-            label = "activations and loss"
-        out.append(f"  {label:<26} {gib(r.predicted_bytes):>12} {gib(r.measured_bytes):>12} {err:>8}")
-    out.append("")
-    out.append(f"  peak: predicted at {cmp.predicted_phase.replace('-', ' ')}; measured in "
-               f"{meas.get('peak_phase')} of step {meas.get('peak_step')} ({meas.get('peak_module') or 'outside modules'})")
-    out.append(f"  overhead not seen by the tracker (CUDA context, NCCL, fragmentation): "
-               f"{gib(cmp.predicted.overhead)}; planner total {gib(cmp.predicted.total)} of {gib(gpu.memory_bytes)}")
-    if meas.get("max_allocated_bytes"):
-        out.append(f"  CUDA max allocated {gib(meas['max_allocated_bytes'])}, max reserved {gib(meas['max_reserved_bytes'])}")
-    return "\n".join(out)
+    from .term import comparison_view, render
+    return render(comparison_view(m, gpu, cmp))
 
 
 # ------------------------------------------------------------- cost (plan --tokens)
@@ -423,7 +357,7 @@ def _limits_json(r: Any) -> dict[str, Any]:
     return {"deadline_s": lim.deadline_s, "budget_usd": lim.budget_usd, "max_gpus": lim.max_gpus}
 
 
-def _meets(r: Any, p: Any) -> list[str]:
+def broken_limits(r: Any, p: Any) -> list[str]:
     """The constraints a priced plan breaks (deadline, budget)."""
     lim, out = r.limits, []
     if lim.deadline_s is not None and p.train_time_s > lim.deadline_s:
@@ -459,7 +393,7 @@ def cost_json(r: Any, crosscheck: Crosscheck | None = None) -> dict[str, Any]:
     out["gpus_considered"] = [g.name for g in r.gpus]
     out["by_gpu_count"] = [{"gpu": p.gpu.name, "n_gpus": p.n_gpus, **_cost_fields(p),
                             "step_time_s": p.candidate.time.step_time_s, "mfu": p.candidate.time.mfu,
-                            "layout": layout_json(p.candidate.layout), "breaks": _meets(r, p),
+                            "layout": layout_json(p.candidate.layout), "breaks": broken_limits(r, p),
                             "chosen": r.chosen is not None and p.candidate is r.chosen.candidate}
                            for p in r.by_count]
     out["solver"] = {**r.solver.as_dict(), "n_candidates": r.n_options}
@@ -475,7 +409,7 @@ def cost_json(r: Any, crosscheck: Crosscheck | None = None) -> dict[str, Any]:
     return out
 
 
-def _rent_text(r: Any) -> list[str]:
+def rent_lines(r: Any) -> list[str]:
     out = []
     for g in r.gpus:
         p = r.prices.for_gpu(g.name)
@@ -487,60 +421,19 @@ def _rent_text(r: Any) -> list[str]:
     return out
 
 
-def cost_table(r: Any) -> list[str]:
-    """The fastest (so cheapest) plan at each GPU type and count."""
-    from .costplan import usd
-    lines = [f"  {'':1} {'gpu':<9} {'GPUs':>6} {'cost':>10} {'time':>12} {'GPU-hours':>12} {'MFU':>6}  layout"]
-    for p in r.by_count:
-        mark = "*" if r.chosen is not None and p.candidate is r.chosen.candidate else " "
-        broken = _meets(r, p)
-        cost = usd(p.cost_usd) if p.cost_usd is not None else "-"
-        note = f"  (over {' and '.join(broken)})" if broken else ""
-        lines.append(f"  {mark} {p.gpu.name:<9} {p.n_gpus:>6} {cost:>10} {duration(p.train_time_s):>12} "
-                     f"{p.gpu_hours:>12,.0f} {p.candidate.time.mfu:>6.1%}  {p.candidate.layout.describe()}{note}")
-    return lines
-
-
 def cost_text(r: Any, crosscheck: Crosscheck | None = None) -> str:
-    """`plan --tokens`: the chosen plan, its cost and time, the table by GPU count, the solver."""
-    from .costplan import usd
-    res = r.result
-    m, pc = res.model, res.params
-    lim = r.limits
-    goal = "the cost" if r.objective == "cost" else "the time"
-    out = [f"{m.name}: {pc.total:,} parameters; {params_text(int(r.tokens))} tokens; minimising {goal}"]
-    cons = [f"deadline {duration(lim.deadline_s)}" if lim.deadline_s is not None else "no deadline",
-            f"budget {usd(lim.budget_usd)}" if lim.budget_usd is not None else "no budget",
-            f"at most {lim.max_gpus:,} GPUs"]
-    out.append(f"  GPU types {', '.join(g.name for g in r.gpus)}; {'; '.join(cons)}")
-    ft = res.setup.finetune
-    if not ft.is_full:
-        out.append(f"  method: {ft.describe(m)}")
-    out += ["", "Prices (override with --prices FILE):"] + _rent_text(r)
-    out += ["", "Assumptions:"] + assumptions_text(res) + [""]
-    if r.chosen is None:
-        out.append("No plan satisfies the constraints.")
-        out += [f"  {line}" for line in (r.diagnosis.lines if r.diagnosis else ())]
-    else:
-        c = r.chosen
-        what = "Cheapest plan" if r.objective == "cost" else "Fastest plan"
-        cost = usd(c.cost_usd) if c.cost_usd is not None else "no price"
-        out.append(f"{what}: {c.n_gpus} x {c.gpu.name}, {cost}, {duration(c.train_time_s)} "
-                   f"({c.gpu_hours:,.0f} GPU-hours)")
-        out.append(f"  {c.candidate.layout.describe()}")
-        out += time_text(c.candidate.time, r.tokens)
-        out.append("")
-        out += memory_table(c.candidate)
-    if r.by_count:
-        out += ["", "The fastest layout at each GPU count, its cost and time (* chosen):"] + cost_table(r)
+    """`plan --tokens` as plain text (planner.term draws it)."""
+    from .term import cost_view, render
+    return render(cost_view(r, crosscheck))
+
+
+def solver_lines(r: Any) -> list[str]:
+    """`plan --tokens`: the solver, the ILP's size, its status and times."""
     s = r.solver
     proved = "optimality proved" if s.optimal else "optimality NOT proved"
-    out += ["", f"Solver: {s.name} on an ILP of {r.n_options} candidates (binary choice, named constraints), "
-                f"status {s.status}, {proved} (gap {s.gap_rel:g}, limit {s.time_limit_s:g} s), "
-                f"{s.solve_s:.3f} s; search {r.search_s:.1f} s"]
-    if crosscheck is not None:
-        out += [""] + crosscheck_text(crosscheck)
-    return "\n".join(out)
+    return [f"{s.name} on an ILP of {r.n_options} candidates (binary choice, named constraints)",
+            f"status {s.status}, {proved} (gap {s.gap_rel:g}, limit {s.time_limit_s:g} s), {s.solve_s:.3f} s; "
+            f"search {r.search_s:.1f} s"]
 
 
 # ---------------------------------------------------------------------- plan buy
@@ -568,46 +461,19 @@ def buy_json(r: Any) -> dict[str, Any]:
 
 
 def buy_text(r: Any) -> str:
-    from datetime import date, timedelta
+    """`plan buy` as plain text (planner.term draws it)."""
+    from .term import buy_view, render
+    return render(buy_view(r))
 
-    from .costplan import usd
-    day0 = date.fromisoformat(r.start_date)
 
-    def when(seconds: float) -> str:
-        return f"day {seconds / 86400:,.1f} ({(day0 + timedelta(seconds=seconds)).isoformat()})"
-
-    p = r.prices
-    out = [f"Cluster purchase for {len(r.plans) or 'the'} jobs of {r.path}: horizon {duration(r.horizon_s)} "
-           f"from {r.start_date}" + (f", budget {usd(r.budget_usd)}" if r.budget_usd is not None else ""),
-           f"  power: {p.electricity_usd_per_kwh:g} $/kWh ({p.electricity_source}), PUE {p.pue:g} ({p.pue_source})"]
-    for pool in r.pools:
-        g = p.for_gpu(pool.gpu)
-        out.append(f"  {pool.gpu} node ({pool.gpus_per_node} GPUs): {usd(pool.capex_usd)} ({g.purchase_source}, "
-                   f"{g.purchase_date}) + {usd(pool.opex_usd)} power over the horizon ({g.node_power_kw:g} kW: "
-                   f"{g.power_source})")
-    out.append("")
-    if not r.feasible:
-        out.append("No purchase satisfies the constraints.")
-        out += [f"  {line}" for line in r.lines]
-    else:
-        bought = ", ".join(f"{n} x {g} node{'s' if n != 1 else ''}" for g, n in r.nodes.items() if n)
-        out.append(f"Buy: {bought}; capex {usd(r.capex_usd)}, opex {usd(r.opex_usd)}, total {usd(r.tco_usd)}")
-        for pool in r.pools:
-            n = r.nodes[pool.gpu]
-            out.append(f"  {pool.gpu:<9} {n:>4} nodes = {n * pool.gpus_per_node:>6} GPUs")
-        out += ["", "Jobs:"]
-        for j in r.plans:
-            out.append(f"  {j.name}: {j.model.name}, {params_text(int(j.tokens))} tokens on {j.n_gpus} x {j.gpu.name}, "
-                       f"{when(j.start_s)} to {when(j.finish_s)} ({duration(j.finish_s - j.start_s)}; deadline "
-                       f"{when(j.deadline_s)})")
-            out.append(f"    {j.candidate.layout.describe()}; step {duration(j.candidate.time.step_time_s)}, "
-                       f"MFU {j.candidate.time.mfu:.1%}")
+def buy_solver_lines(r: Any) -> list[str]:
+    """`plan buy`: the solver, the ILP's size, its status and times."""
     s = r.solver
     proved = "optimality proved" if s.optimal else "optimality NOT proved"
-    out += ["", f"Solver: {s.name} on an ILP of {s.n_variables} variables ({r.n_options} job options, integer "
-                f"nodes per type) and {s.n_constraints} named constraints, status {s.status}, {proved} "
-                f"(gap {s.gap_rel:g}, limit {s.time_limit_s:g} s), {s.solve_s:.3f} s; search {r.search_s:.1f} s"]
-    return "\n".join(out)
+    return [f"{s.name} on an ILP of {s.n_variables} variables ({r.n_options} job options, integer nodes per type)",
+            f"and {s.n_constraints} named constraints",
+            f"status {s.status}, {proved} (gap {s.gap_rel:g}, limit {s.time_limit_s:g} s), {s.solve_s:.3f} s; "
+            f"search {r.search_s:.1f} s"]
 
 
 def gpu_price_cells(p: Any) -> str:

@@ -157,19 +157,24 @@ class SearchResult:
 def search(m: ModelSpec, setup: TrainingSetup, capacity_bytes: int, gpus_per_node: int,
            counts: Iterable[int], space: SearchSpace = SearchSpace(),
            timer: Callable[[Layout], StepTime] | None = None,
-           host_capacity_bytes: int | None = None, nvme_capacity_bytes: int | None = None) -> SearchResult:
+           host_capacity_bytes: int | None = None, nvme_capacity_bytes: int | None = None,
+           progress: Callable[[int, int, int], None] | None = None) -> SearchResult:
     """Walk the GPU counts in order and stop at the first that has a fitting layout.
 
     ``timer`` predicts the step time of a layout; it runs on the fitting layouts only,
     which are then ranked by it (rank_key). ``host_capacity_bytes`` is a node's CPU
     memory (``nvme_capacity_bytes`` its NVMe): a layout whose offloaded states need more
-    per node does not fit."""
+    per node does not fit. ``progress(n_gpus, i, n_counts)`` is called before the i-th
+    count (from 0) is searched, for a progress bar."""
+    counts = list(counts)
     pc = count_params(m)
     smallest: Candidate | None = None
     rejected: list[Rejected] = []
     tried: list[int] = []
     floor_per_param = min_model_state_bytes_per_param(setup)
     for n in counts:
+        if progress is not None:
+            progress(n, len(tried), len(counts))
         tried.append(n)
         # Each parameter's states exist at least once across the n GPUs, so some rank
         # holds at least this much: counts below it need no enumeration.

@@ -214,7 +214,10 @@ def parse_topology(text: str, where: str = "<topology>") -> ClusterTopology:
         raise UserError(f"{where}: not valid TOML ({e}); see topologies/README.md for the schema") from None
     t = _table(data, {"name", "description", "gpu", "gpus_per_node", "max_nodes",
                                      "intra_node", "pcie", "network", "source"}, {"host"}, where)
-    gpu = get_gpu(t["gpu"]).name            # an unknown GPU name fails here, with suggestions
+    try:
+        gpu = get_gpu(t["gpu"]).name        # an unknown GPU name fails here, with suggestions
+    except UserError as e:
+        raise UserError(f"{where}: gpu = {t['gpu']!r}: {e}") from None
     gpn = t["gpus_per_node"]
     intra = _parse_intra(t["intra_node"], gpn, f"{where} [intra_node]")
     pcie = _parse_pcie(t["pcie"], intra.fabric, f"{where} [pcie]")

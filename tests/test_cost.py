@@ -134,7 +134,7 @@ def test_issue_command_70b_h100_a100():
     assert r.exit_code == 0, r.output
     assert "Cheapest plan:" in r.output and "The fastest layout at each GPU count" in r.output
     assert "optimality proved" in r.output and "(over deadline)" in r.output
-    rows = [line for line in r.output.splitlines() if line.startswith("  * ")]
+    rows = [line for line in r.output.splitlines() if line.startswith("* ")]   # the chosen row of the table
     assert len(rows) == 1
 
 
