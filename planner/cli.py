@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from .errors import UserError, contradicting_options, degree_conflict
+from .advice import contradicting_options, degree_conflict
+from .errors import UserError
 from .finetune import METHODS, QUANTS
 from .training import (ATTENTION, KERNELS, MAX_GLOBAL_BATCH, MAX_GPUS, MAX_MICRO_BATCH,
                        MAX_SEQ_LEN, OPTIMIZERS, PRECISIONS, RECOMPUTE)

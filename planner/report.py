@@ -288,10 +288,7 @@ def duration(seconds: float) -> str:
     return f"{seconds:.3g} s"
 
 
-def to_text(r: PlanResult, crosscheck: Crosscheck | None = None) -> str:
-    """The plan as plain text, 100 columns (planner.term draws it)."""
-    from .term import plan_view, render
-    return render(plan_view(r, crosscheck))
+
 
 
 # --------------------------------------------------------------------- --task load
@@ -315,9 +312,7 @@ def load_json(r: Any) -> str:
     }, indent=2)
 
 
-def load_text(r: Any) -> str:
-    from .term import load_view, render
-    return render(load_view(r))
+
 
 
 # ------------------------------------------------------------------- measurement
@@ -340,9 +335,7 @@ def comparison_json(m: Any, gpu: Any, cmp: Any) -> dict[str, Any]:
     }
 
 
-def comparison_text(m: Any, gpu: Any, cmp: Any) -> str:
-    from .term import comparison_view, render
-    return render(comparison_view(m, gpu, cmp))
+
 
 
 # ------------------------------------------------------------- cost (plan --tokens)
@@ -421,10 +414,7 @@ def rent_lines(r: Any) -> list[str]:
     return out
 
 
-def cost_text(r: Any, crosscheck: Crosscheck | None = None) -> str:
-    """`plan --tokens` as plain text (planner.term draws it)."""
-    from .term import cost_view, render
-    return render(cost_view(r, crosscheck))
+
 
 
 def solver_lines(r: Any) -> list[str]:
@@ -460,10 +450,7 @@ def buy_json(r: Any) -> dict[str, Any]:
     }
 
 
-def buy_text(r: Any) -> str:
-    """`plan buy` as plain text (planner.term draws it)."""
-    from .term import buy_view, render
-    return render(buy_view(r))
+
 
 
 def buy_solver_lines(r: Any) -> list[str]:

@@ -352,7 +352,7 @@ def no_fit_view(r: PlanResult) -> list[Any]:
     """Why nothing fits, the least memory any layout needs, and what would make it fit."""
     tried = r.result.counts_tried
     span = f"{tried[0]}" if len(tried) == 1 else f"{tried[0]} to {tried[-1]}"
-    from .errors import fit_advice     # the least memory, and the ways out (planner.errors)
+    from .advice import fit_advice     # the least memory, and the ways out (planner.advice)
     least, *ways = fit_advice(r)
     sm = r.result.smallest
     rows: list[tuple[str, Any]] = [("least", least)] + [("advice" if i == 0 else "", w) for i, w in enumerate(ways)]
@@ -735,3 +735,28 @@ def progress(description: str, enabled: bool = True) -> Iterator[Update]:
         yield p.update
     finally:
         p.close()
+
+
+# ------------------------------------------------- the reports as plain text (tests, scripts)
+
+def to_text(r: PlanResult, crosscheck: Crosscheck | None = None) -> str:
+    """The plan as plain text, 100 columns when not on a terminal."""
+    return render(plan_view(r, crosscheck))
+
+
+def load_text(r: Any) -> str:
+    return render(load_view(r))
+
+
+def comparison_text(m: Any, gpu: Any, cmp: Any) -> str:
+    return render(comparison_view(m, gpu, cmp))
+
+
+def cost_text(r: Any, crosscheck: Crosscheck | None = None) -> str:
+    """`plan --tokens` as plain text."""
+    return render(cost_view(r, crosscheck))
+
+
+def buy_text(r: Any) -> str:
+    """`plan buy` as plain text."""
+    return render(buy_view(r))

@@ -26,7 +26,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from planner import api, report
+from planner import api, report, term
 from planner.hardware import get_gpu, list_gpus
 from planner.layouts import SearchSpace, enumerate_layouts, reject_reason
 from planner.memory import per_rank_memory
@@ -138,7 +138,7 @@ def test_evaluating_a_layout_never_raises(case):
     if r.best.fits:
         assert r.best.time is not None and math.isfinite(r.best.time.step_time_s)
     json.loads(report.to_json(r))
-    assert report.to_text(r)
+    assert term.to_text(r)
 
 
 # ------------------------------------------------------------------------- monotonic

@@ -102,12 +102,12 @@ def test_ascii_output_where_the_stream_cannot_encode_blocks():
 
 
 def test_to_text_is_the_plain_report():
-    from planner import api, report
+    from planner import api
     from planner.hardware import get_gpu
     from planner.model import load_model
     from planner.training import TrainingSetup
 
-    text = report.to_text(api.plan(load_model("8b"), get_gpu("h100"), TrainingSetup()))
+    text = term.to_text(api.plan(load_model("8b"), get_gpu("h100"), TrainingSetup()))
     assert ESC not in text and "Smallest GPU count that fits: " in text and "Memory per rank" in text
 
 
