@@ -23,9 +23,12 @@ planner.memory's own functions; the rest is array arithmetic that mirrors timing
 and timing._finish with the same operations in the same order, so the floats are the
 same, not just close (tests/test_fasttime.py checks equality on random models, GPUs,
 topologies, set-ups, efficiencies and layouts). Integers enter the float arithmetic as
-float64 arrays, which hold them exactly as Python's int-to-float conversion does. Step
-time does not depend on what trains (full, LoRA, QLoRA, freeze) nor on offload, so every
-set-up is covered.
+float64 arrays, which hold them exactly as Python's int-to-float conversion does. What
+trains (full, LoRA, QLoRA, freeze) enters through timing's own functions: layer_time
+(frozen base GEMMs, adapters, dequantization), backward_layers (freeze's blocks without
+backward), trained_split (the trainable parameters the gradient reductions and the
+optimizer cover, the frozen bytes ZeRO-3/FSDP gathers), optimizer_bytes_per_param and
+head_backward_gemms. Step time does not depend on offload, so every set-up is covered.
 """
 
 from __future__ import annotations
@@ -38,13 +41,14 @@ import numpy as np
 
 from .fastscore import RECOMPUTES, LayoutArrays, LayoutGroups, Unsupported, _group, peak_bytes
 from .layouts import SHARDINGS, Layout
-from .memory import rank_params, stage_layers
+from .memory import stage_layers
 from .model import ModelSpec, ParamCount, count_params
 from .placement import FALLBACK_INTRA_LATENCY_S, Cluster, axis_links
 from .timing import (CROSS_ENTROPY_BYTES_PER_LOGIT, CROSS_ENTROPY_FORWARD_SHARE, PLACEMENT_ORDERS, Efficiency,
-                     _hybrid_shard, gemm_time_s, layer_time, rates)
+                     _hybrid_shard, backward_layers, gemm_time_s, head_backward_gemms, layer_time,
+                     optimizer_bytes_per_param, rates, trained_split)
 from .topology import AXES
-from .training import TrainingSetup, optimizer_state_bytes_per_param
+from .training import TrainingSetup
 
 EXACT_INT = 2**53          # integers below this convert to float64 exactly
 SLOTS = 3                  # the stages timing._pipeline compares: first, last, fullest
@@ -187,8 +191,10 @@ def _block_row(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Effici
     tokens = mb * seq / cp
     head_fwd = gemm_time_s(tokens, m.vocab_size / tp, h, r.matmul_flops_per_s, r.hbm_bytes_per_s, prec.weight_bytes)
     loss_s = tokens * m.vocab_size / tp * CROSS_ENTROPY_BYTES_PER_LOGIT / r.hbm_bytes_per_s
+    head_bwd = head_backward_gemms(setup.finetune)
     return (*(float(getattr(lt, f)) for f in _BLOCK_FIELDS),
-            head_fwd + loss_s * CROSS_ENTROPY_FORWARD_SHARE, 2 * head_fwd + loss_s * (1 - CROSS_ENTROPY_FORWARD_SHARE),
+            head_fwd + loss_s * CROSS_ENTROPY_FORWARD_SHARE,
+            head_bwd * head_fwd + loss_s * (1 - CROSS_ENTROPY_FORWARD_SHARE),
             tokens * h * a, tokens * h * a / tp)
 
 
@@ -219,20 +225,30 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
 
     # ---- per D: the stages that can be the slowest, their ranks' parameters, the links;
     # (slots, D) tables
+    ft = setup.finetune
+    wb = prec.weight_bytes
+
     def stages_of(tp_: int, ep_: int, pp_: int) -> tuple[int, ...]:
-        """Per slot: the stage (-1: none), its layers, and its rank's dense and expert
-        parameters."""
-        out = [-1] * SLOTS + [0] * (3 * SLOTS)
+        """Per slot: the stage (-1: none), its layers, its blocks with a backward pass, its
+        rank's trainable dense and expert parameters, and its frozen dense and expert bytes
+        (timing.trained_split)."""
+        out = [-1] * SLOTS + [0] * (6 * SLOTS)
+        counts = stage_layers(m.n_layers, pp_)
         for j, (s, c) in enumerate(_stage_slots(m.n_layers, pp_)):
-            rp = rank_params(m, pc, Layout(tp=tp_, ep=ep_, pp=pp_), s, c)
-            out[j], out[SLOTS + j], out[2 * SLOTS + j], out[3 * SLOTS + j] = s, c, rp.dense, rp.expert
+            sp = trained_split(m, pc, setup, Layout(tp=tp_, ep=ep_, pp=pp_), s, c)
+            n_bwd = backward_layers(ft, m.n_layers, sum(counts[:s]), c)
+            for i, x in enumerate((s, c, n_bwd, sp.trainable_dense, sp.trainable_expert, sp.frozen_dense_bytes,
+                                   sp.frozen_expert_bytes)):
+                out[i * SLOTS + j] = x
         return tuple(out)
 
-    stage_d, layers_d, dense, expert = np.split(
-        _distinct_rows([tp, ep, pp], _rows(4 * SLOTS, np.int64, "stages", m, pc), stages_of), 4)
-    if int(dense.max()) * 8 >= EXACT_INT or int(expert.max()) * 8 >= EXACT_INT:
+    stage_d, layers_d, bwd_layers_d, dense, expert, frozen_dense, frozen_expert = np.split(
+        _distinct_rows([tp, ep, pp], _rows(7 * SLOTS, np.int64, "stages", m, pc, ft, wb), stages_of), 7)
+    if max(int(dense.max()), int(expert.max())) * 8 >= EXACT_INT or \
+            max(int(frozen_dense.max()), int(frozen_expert.max())) * 2 >= EXACT_INT:
         raise Unsupported("a stage's parameter bytes are too large for exact float conversion")
-    dense, expert = dense.astype(np.float64), expert.astype(np.float64)
+    dense, expert = dense.astype(np.float64), expert.astype(np.float64)       # trainable
+    frozen_dense, frozen_expert = frozen_dense.astype(np.float64), frozen_expert.astype(np.float64)
 
     def links_of(*sizes: int) -> tuple[float, ...]:
         out: list[float] = []
@@ -251,13 +267,13 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
     moe = m.is_moe
     n_dense, n_expert = dp * cp * ep, dp * cp
     nd_f, ne_f = n_dense.astype(np.float64), n_expert.astype(np.float64)
-    state = prec.master_bytes + optimizer_state_bytes_per_param(setup.optimizer)
-    per_param = 2 * state + prec.grad_bytes + prec.weight_bytes
+    per_param = optimizer_bytes_per_param(setup)
     unsharded = dense + expert if moe else dense
     sharded = dense / nd_f + expert / ne_f if moe else dense / nd_f
     optimizer_s = np.concatenate([(unsharded * per_param / r.hbm_bytes_per_s).ravel(),
                                   (sharded * per_param / r.hbm_bytes_per_s).ravel()])
     g_b, w_b = eff.grad_reduce_bytes or prec.grad_bytes, prec.weight_bytes
+    has_frozen = bool(frozen_dense.any() or frozen_expert.any())
     hybrid = None
     if bool((a.sharding == SHARDINGS.index("fsdp-hybrid")).any()):
         (inside,) = _distinct_rows([tp, n_dense], _rows(1, np.int64, "hybrid", gpu.gpus_per_node),
@@ -273,20 +289,25 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
         lat = np.stack([lk[pick + 1, cols] for lk in links])[:, None, :]
         ring_d = _Ring.of(n_dense, bw, lat, bus, 1)
 
-        def over_dp(ring: _Ring, ring_e: _Ring | None, per: int) -> np.ndarray:
-            out = ring.time_s(dense * per)
-            return out + ring_e.time_s(expert * per) if ring_e is not None else out
+        def over_dp(ring: _Ring, ring_e: _Ring | None, per: int, frozen: bool = False) -> np.ndarray:
+            """Trainable parameters x ``per`` bytes, plus the frozen base's bytes."""
+            out = ring.time_s(frozen_dense + dense * per if frozen else dense * per)
+            if ring_e is None:
+                return out
+            return out + ring_e.time_s(frozen_expert + expert * per if frozen else expert * per)
 
         ring_e = _Ring.of(n_expert, bw, lat, bus, 1) if moe else None
-        ag = over_dp(ring_d, ring_e, w_b)
+        ag = over_dp(ring_d, ring_e, w_b)                   # the trainable weights (ZeRO-1/2)
+        ag_all = over_dp(ring_d, ring_e, w_b, True) if has_frozen else ag   # and the frozen (ZeRO-3, FSDP)
         rs = ag if g_b == w_b else over_dp(ring_d, ring_e, g_b)
         ar = over_dp(_Ring.of(n_dense, bw, lat, bus, 2), _Ring.of(n_expert, bw, lat, bus, 2) if moe else None, g_b)
         zero = np.zeros_like(ag)
-        c0, c1, c2 = [ar, rs, zero, zero, zero], [zero, ag, ag, ag, zero], [zero, zero, rs, ag + rs, zero]
+        c0, c1, c2 = [ar, rs, zero, zero, zero], [zero, ag, ag_all, ag_all, zero], [zero, zero, rs, ag_all + rs, zero]
         if hybrid is not None:
             inside_f, across, intra = hybrid          # hybrid_shard ranks inside, replicas across
             total = dense + expert
-            ag_h, rs_h = intra.time_s(total * w_b), intra.time_s(total * g_b)
+            ag_h = intra.time_s((frozen_dense + frozen_expert) + total * w_b if has_frozen else total * w_b)
+            rs_h = intra.time_s(total * g_b)
             c0[FSDP_HYBRID] = _Ring.of(across, bw, lat, bus, 2).time_s(total * g_b / inside_f)
             c1[FSDP_HYBRID], c2[FSDP_HYBRID] = ag_h, ag_h + rs_h
         return tuple(np.stack([np.broadcast_to(x, ag.shape) for x in c], axis=1).ravel()  # type: ignore[return-value]
@@ -312,8 +333,9 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
     last = stage_d[:n_slots] == pp - 1
     per_slot = np.take(np.concatenate([layers_d[:n_slots].astype(np.float64),
                                        (stage_d[:n_slots] == 0) + last.astype(np.float64), last.astype(np.float64),
-                                       np.where(stage_d[:n_slots] >= 0, 0.0, -np.inf)]), pd, axis=1)
-    layers_p, edges_p, last_p, absent_p = (per_slot[i * n_slots:(i + 1) * n_slots] for i in range(4))
+                                       np.where(stage_d[:n_slots] >= 0, 0.0, -np.inf),
+                                       bwd_layers_d[:n_slots].astype(np.float64)]), pd, axis=1)
+    layers_p, edges_p, last_p, absent_p, bwd_layers_p = (per_slot[i * n_slots:(i + 1) * n_slots] for i in range(5))
     use_cp, use_ep = bool((cp > 1).any()), bool((ep > 1).any())
 
     def slowest(lk: np.ndarray, sel: np.ndarray | slice) -> tuple[np.ndarray, ...]:
@@ -335,7 +357,7 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
         edge_all = ring_tp.time_s(edge_bytes[sel])
         layers, edges, is_last = layers_p[:, sel], edges_p[:, sel], last_p[:, sel]
         fwd = layers * lt_fwd[sel] + is_last * head_fwd_add[sel]      # + 0.0 where not the last stage: exact
-        bwd = layers * lt_bwd[sel] + is_last * head_bwd_add[sel]
+        bwd = bwd_layers_p[:, sel] * lt_bwd[sel] + is_last * head_bwd_add[sel]
         comm = layers * comm_b + edges * (edge_all * (1 - eff.tp_overlap))
         hidden = layers * hidden_b + edges * edge_all * eff.tp_overlap
         t = fwd + bwd + comm + absent_p[:, sel]

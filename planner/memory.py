@@ -600,6 +600,7 @@ def per_rank_memory(m: ModelSpec, setup: TrainingSetup, lay: Layout,
         # FSDP2 reshards every unit after its backward, the root and shard-grad-op's blocks
         # too (reshard_after_backward): no gathered weights are left at the optimizer step
         step_freed = ms.unsharded_weights + root_gathered if lay.is_fsdp else 0
+        end_grad_params = None     # (dense, expert) parameters whose sharded gradients exist at backward-end
         if lay.is_fsdp and n_act_layers:
             # FSDP2's moment is inside one block's backward (fsdp_blocks_done): the blocks done
             # have freed their activations, and only they have reduced (sharded) gradients
@@ -607,7 +608,8 @@ def per_rank_memory(m: ModelSpec, setup: TrainingSetup, lay: Layout,
             end_acts = acts - done * layer_act + working + end_a + head_grad
             if not persistent_grads and ft.is_full and off.gradients:
                 block_dense, block_expert = (rp.dense - rp.root_unit) // n_layers, rp.expert // n_layers
-                end_grads = model_state_bytes(done * block_dense, done * block_expert, state_prec, opt_pp, lay,
+                end_grad_params = (done * block_dense, done * block_expert)
+                end_grads = model_state_bytes(*end_grad_params, state_prec, opt_pp, lay,
                                               hybrid, expert_padding=pad).gradients
         # phase: (extra weights, gradients, activations, logits, buffers, optimizer transient)
         phases = {
@@ -639,7 +641,8 @@ def per_rank_memory(m: ModelSpec, setup: TrainingSetup, lay: Layout,
                     layer_act=layer_act, full_layer=full_layer, block_acts=block_acts, embed_acts=embed_acts,
                     dropout_embed=dropout_embed, amp_copies=amp_copies, working=working, score_grad=score_grad,
                     last_block=last_block, fsdp_end=(end_w, end_a, end_b), step_transient=step_transient,
-                    end_acts=end_acts, end_grads=end_grads, head_grad=head_grad, step_freed=step_freed,
+                    end_acts=end_acts, end_grads=end_grads, end_grad_params=end_grad_params, grad_unit=grad_unit,
+                    head_grad=head_grad, step_freed=step_freed,
                     fsdp_done=fsdp_blocks_done(lay, n_act_layers) if lay.is_fsdp and n_act_layers else 0,
                     fsdp_forward=(fsdp_forward_bytes(lay, rp, prec, split) if lay.is_fsdp and n_act_layers
                                   else (0, 0)),

@@ -25,9 +25,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from .finetune import (FinetuneSpec, RankSplit, activation_layers, block_linears, linear_weight_bytes,
+                       rank_split, resolve_targets)
 from .hardware import GpuSpec
 from .layouts import Layout
-from .memory import RankParams, rank_params, stage_layers
+from .memory import rank_params, stage_layers
 from .model import ModelSpec, ParamCount, count_params
 from .placement import (FALLBACK_INTRA_LATENCY_S, AxisLink, Cluster,  # noqa: F401 - re-exported
                         axis_links, cluster_for, scale_up_domain_gpus)
@@ -101,7 +103,12 @@ class StepFlops:
 
 
 def flops_per_step(m: ModelSpec, seq_len: int, n_sequences: int, recompute: str = "none") -> StepFlops:
-    """FLOPs of one optimizer step over ``n_sequences`` sequences of ``seq_len`` tokens."""
+    """FLOPs of one optimizer step over ``n_sequences`` sequences of ``seq_len`` tokens.
+
+    Whatever trains, these count full training's FLOPs (6N per token for the weights, as
+    Kaplan's and PaLM's MFU do): under LoRA, QLoRA and freeze the GPUs skip the frozen
+    weights' gradients (layer_time), so MFU and HFU there compare the step with full
+    training's work, not with the work the GPUs did."""
     tokens = n_sequences * seq_len
     return StepFlops(model_flops=tokens * model_flops_per_token(m, seq_len),
                      hardware_flops=tokens * hardware_flops_per_token(m, seq_len, recompute))
@@ -346,6 +353,12 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
     (elementwise_bytes_per_token; eager kernels x Efficiency.unfused_elementwise_factor).
     Recomputation adds forward work: full the whole block, selective the
     attention core (Korthikanti et al. 2022, Sec. 4.2-4.3).
+
+    Fine-tuning (setup.finetune, see frozen_block_extra_s): under LoRA and QLoRA the base
+    weights are frozen, so each base GEMM runs one backward GEMM (the input gradient)
+    instead of two, and the adapters add their own GEMMs (forward, and twice that in
+    backward). Under freeze a block either trains in full or runs no backward at all
+    (_pipeline counts which: backward_layers()), so its times are full training's.
     """
     r = rates(gpu, setup.precision_spec.compute_dtype, eff)
     prec = setup.precision_spec
@@ -385,6 +398,10 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
     gemm_fwd = dense + mlp
     fwd = gemm_fwd + attn_fwd + elem_fwd
     bwd = 2 * gemm_fwd + attn_bwd + elem_bwd
+    if setup.finetune.freezes_base:
+        adapter_fwd, dequant = frozen_block_extra_s(m, setup.finetune, key, r, e)
+        fwd = gemm_fwd + attn_fwd + elem_fwd + adapter_fwd + dequant
+        bwd = gemm_fwd + attn_bwd + elem_bwd + 2 * adapter_fwd + dequant
     if key.recompute == "full":
         bwd += fwd
     elif key.recompute == "selective":
@@ -401,6 +418,87 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
                      cp_bytes=cp_bytes, cp_passes=(3 + (1 if key.recompute == "full" else 0)) if cp > 1 else 0,
                      ep_bytes=ep_bytes,
                      ep_all_to_alls=(4 + (2 if key.recompute == "full" else 0)) if ep_bytes else 0)
+
+
+def frozen_block_extra_s(m: ModelSpec, ft: FinetuneSpec, key: Layout, r: Rates, elem_bytes: int
+                         ) -> tuple[float, float]:
+    """(adapter GEMMs' forward, one dequantization pass) of one block under LoRA/QLoRA, for
+    one micro-batch on one rank, in seconds.
+
+    Adapters: every adapted linear layer d_in -> d_out runs x A (T x d_in x r) then (x A) B
+    (T x r x d_out), r the rank (times PEFT's factor on fused expert projections), expert
+    layers on the tokens routed to each local expert (Hu et al. 2021, arXiv:2106.09685,
+    Sec. 4.1). Adapters split by tp as the layers they adapt (finetune.rank_split), here as
+    d_in / tp into A and d_out / tp out of B. Backward runs both gradients of A and B: twice
+    the forward (layer_time). Adapters outside the blocks (BERT's MLM transform) and dropout
+    on the adapter path are not counted.
+
+    Dequantization: a quantized base (QLoRA's NF4, Dettmers et al. 2023, arXiv:2305.14314,
+    Sec. 3: bitsandbytes dequantizes each NF4 block, double-dequantizing its 8-bit absmax
+    constant first, to a 16-bit weight and runs a 16-bit GEMM) reads the stored weight
+    (finetune.linear_weight_bytes) and writes the 16-bit copy before every GEMM call that
+    uses it: forward, backward (the input gradient needs W) and a recomputed forward. The
+    GEMM's read of the 16-bit copy is already in gemm_time_s. One memory-bound pass at the
+    HBM rate per call, on the rank's share (1/tp, experts 1/ep); the same pass is assumed
+    for int8 and int4 bases.
+    """
+    tp, ep = key.tp, key.ep
+    tokens = key.micro_batch * key.seq_len / key.cp
+    mm, hbm = r.matmul_flops_per_s, r.hbm_bytes_per_s
+    k = m.n_experts_per_token if m.is_moe else 1
+    adapters = 0.0
+    for lin in resolve_targets(m, ft):
+        if lin.group == "outside":
+            continue
+        rank = ft.lora_rank * lin.rank_factor
+        local = lin.n_copies / ep if lin.expert else 1
+        rows = tokens * k / (m.n_experts / ep) if lin.expert else tokens
+        adapters += (gemm_time_s(rows, rank, lin.d_in / tp, mm, hbm, elem_bytes, local)
+                     + gemm_time_s(rows, lin.d_out / tp, rank, mm, hbm, elem_bytes, local))
+    dequant = 0.0
+    if ft.quant != "none":
+        for lin in block_linears(m):
+            if lin.group == "router":       # not quantized (finetune.frozen_block_bytes)
+                continue
+            stored = linear_weight_bytes(lin, ft.quant, elem_bytes, ft.double_quant)
+            share = tp * (ep if lin.expert else 1)
+            dequant += (stored + lin.weight_numel * elem_bytes) / share / hbm
+    return adapters, dequant
+
+
+def head_backward_gemms(ft: FinetuneSpec) -> int:
+    """Backward GEMMs per forward GEMM of the LM head: 2 (input and weight gradients), 1
+    when it is frozen (LoRA, QLoRA, freeze: only the input gradient)."""
+    return 2 if ft.is_full else 1
+
+
+def backward_layers(ft: FinetuneSpec, n_layers_total: int, first_layer: int, n_layers: int) -> int:
+    """Blocks of a stage (layers first_layer ..) that run a backward pass. Under freeze
+    (the last blocks train, finetune.FinetuneSpec) autograd stops at the first trainable
+    block: the frozen blocks before it, and the embedding, need no gradient, and keep no
+    activations either (finetune.activation_layers, which this is). LoRA adapters sit in
+    every block, so every block runs backward."""
+    return activation_layers(ft, n_layers_total, first_layer, n_layers)
+
+
+@lru_cache(maxsize=4096)
+def _rank_split(m: ModelSpec, pc: ParamCount, ft: FinetuneSpec, tp: int, ep: int, pp: int, stage: int,
+                n_layers: int, weight_bytes: int) -> RankSplit:
+    rp = rank_params(m, pc, Layout(tp=tp, ep=ep, pp=pp), stage, n_layers)
+    first = sum(stage_layers(m.n_layers, pp)[:stage])
+    return rank_split(m, pc, ft, Layout(tp=tp, ep=ep, pp=pp), rp.dense, rp.expert, rp.root_unit, n_layers,
+                      backward_layers(ft, m.n_layers, first, n_layers), stage == pp - 1, weight_bytes, 0)
+
+
+def trained_split(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, lay: Layout, stage: int,
+                  n_layers: int) -> RankSplit:
+    """The parameters of one rank of ``stage`` split into those that train and the frozen
+    base (finetune.rank_split, as memory.per_rank_memory splits them): the data-parallel
+    gradient reductions and the optimizer update cover the trainable ones; ZeRO-3/FSDP
+    gathers the frozen base too, at its stored bytes (4-bit under QLoRA). Full training:
+    every parameter trains, nothing is frozen."""
+    return _rank_split(m, pc, setup.finetune, lay.tp, lay.ep, lay.pp, stage, n_layers,
+                       setup.precision_spec.weight_bytes)
 
 
 def all_reduce_s(n_bytes: float, n: int, link: AxisLink, eff: Efficiency) -> float:
@@ -553,6 +651,7 @@ class _Pipeline:
     comm_s: dict[str, float]
     slow_stage: int
     n_slow: int
+    n_slow_bwd: int = -1      # blocks of the slowest stage with a backward pass (backward_layers)
 
 
 def _pipeline(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster, eff: Efficiency,
@@ -576,10 +675,13 @@ def _pipeline(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster,
     loss_s = tokens * m.vocab_size / lay.tp * CROSS_ENTROPY_BYTES_PER_LOGIT / r.hbm_bytes_per_s
     edge_all = all_reduce_s(tokens * m.d_model * a, lay.tp, links["tp"], eff)
     edge_tp = edge_all * (1 - eff.tp_overlap)
+    ft = setup.finetune
+    head_bwd = head_backward_gemms(ft)
     stage_times = []
     for stage in sorted({0, len(counts) - 1, counts.index(max(counts))}):
         n = counts[stage]
-        fwd, bwd = n * lt.fwd_s, n * lt.bwd_s
+        n_bwd = backward_layers(ft, m.n_layers, sum(counts[:stage]), n)
+        fwd, bwd = n * lt.fwd_s, n_bwd * lt.bwd_s
         comm = n * (tp_block + cp_block + ep_block)
         hidden = n * (tp_hidden + cp_hidden + ep_hidden)
         edges = (stage == 0) + (stage == lay.pp - 1)
@@ -587,10 +689,11 @@ def _pipeline(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster,
         hidden += edges * edge_all * eff.tp_overlap
         if stage == lay.pp - 1:
             fwd += head_fwd + loss_s * CROSS_ENTROPY_FORWARD_SHARE
-            bwd += 2 * head_fwd + loss_s * (1 - CROSS_ENTROPY_FORWARD_SHARE)
+            bwd += head_bwd * head_fwd + loss_s * (1 - CROSS_ENTROPY_FORWARD_SHARE)
         stage_times.append((fwd + bwd + comm, fwd, bwd, comm, hidden, stage))
     t_mb, fwd_mb, bwd_mb, comm_mb, hidden_mb, slow_stage = max(stage_times)
     n_slow = counts[slow_stage]
+    n_slow_bwd = backward_layers(ft, m.n_layers, sum(counts[:slow_stage]), n_slow)
 
     comm: dict[str, float] = {ax: 0.0 for ax in AXES}
     n_mb = lay.grad_accum
@@ -606,7 +709,7 @@ def _pipeline(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster,
     t_mb += eff.overlap_slowdown * hidden_mb
     bubble = (lay.pp - 1) / lay.vp * t_mb if lay.pp > 1 else 0.0
     return _Pipeline(links=links, rates=r, t_mb=t_mb, fwd_mb=fwd_mb, bwd_mb=bwd_mb, bubble_s=bubble,
-                     comm_s=comm, slow_stage=slow_stage, n_slow=n_slow)
+                     comm_s=comm, slow_stage=slow_stage, n_slow=n_slow, n_slow_bwd=n_slow_bwd)
 
 
 def _step_time(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster, eff: Efficiency,
@@ -631,13 +734,13 @@ def _finish(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster, e
     comm = dict(p.comm_s)
 
     # data parallel: gradients and (ZeRO/FSDP) parameters of the most loaded rank
-    rp = rank_params(m, pc, lay, p.slow_stage, p.n_slow)
+    rp = trained_split(m, pc, setup, lay, p.slow_stage, p.n_slow)
     parts = _dp_parts(lay, rp, links, eff, gpu, prec, fwd_mb, bwd_mb)
     dp_exposed = sum(e * (n_mb if per_mb else 1) for e, _, per_mb in parts)
     dp_slowdown = eff.overlap_slowdown * sum(h * (n_mb if per_mb else 1) for _, h, per_mb in parts)
     comm["dp"] = dp_exposed
 
-    optimizer_s = optimizer_time_s(rp.dense, rp.expert, lay, setup, r)
+    optimizer_s = optimizer_time_s(rp.trainable_dense, rp.trainable_expert, lay, setup, r)
     compute = n_mb * (fwd_mb + bwd_mb)
     step = n_mb * p.t_mb + p.bubble_s + dp_exposed + dp_slowdown + optimizer_s
     total_sequences = lay.micro_batch * lay.grad_accum * lay.dp * lay.ep
@@ -649,7 +752,7 @@ def _finish(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster, e
                     peak_flops_per_s=gpu.peak_flops_per_s(prec.compute_dtype), placement=order)
 
 
-def _dp_parts(lay: Layout, rp: RankParams, links: dict[str, AxisLink], eff: Efficiency, gpu: GpuSpec,
+def _dp_parts(lay: Layout, rp: RankSplit, links: dict[str, AxisLink], eff: Efficiency, gpu: GpuSpec,
               prec: Precision, fwd_mb: float, bwd_mb: float) -> list[tuple[float, float, bool]]:
     """The data-parallel communication of a step as (exposed, hidden, once per micro-batch
     rather than once per step) parts, for the rank's parameters ``rp``."""
@@ -657,47 +760,72 @@ def _dp_parts(lay: Layout, rp: RankParams, links: dict[str, AxisLink], eff: Effi
             for comm, window, overlap, per_mb in _dp_comms(lay, rp, links, eff, gpu, prec)]
 
 
-def _dp_comms(lay: Layout, rp: RankParams, links: dict[str, AxisLink], eff: Efficiency, gpu: GpuSpec,
+def _dp_comms(lay: Layout, rp: RankSplit, links: dict[str, AxisLink], eff: Efficiency, gpu: GpuSpec,
               prec: Precision) -> list[tuple[float, str, float, bool]]:
     """The data-parallel collectives of a step as (seconds, the compute they may hide
-    under: "fwd" or "bwd" of a micro-batch, the overlap fraction, once per micro-batch)."""
+    under: "fwd" or "bwd" of a micro-batch, the overlap fraction, once per micro-batch).
+
+    ``rp`` splits the rank's parameters into trainable and frozen (trained_split):
+    gradients are reduced, and ZeRO-1/2 gathers updated weights, for the trainable ones
+    only; ZeRO-3/FSDP also gathers the frozen base, at its stored bytes (QLoRA: NF4 with
+    its constants, finetune.linear_weight_bytes), before the forward and again before the
+    backward (frozen weights still give the input gradient). Under freeze the frozen
+    blocks that run no backward are counted in the backward gather too (an overestimate).
+    Full training: every parameter trains, so weights and gradients cover them all."""
     n_dense, n_expert = lay.dense_shard_degree, lay.expert_shard_degree
     link = links["dp"] if lay.dp > 1 else (links["cp"] if lay.cp > 1 else links["ep"])
     g_b, w_b = eff.grad_reduce_bytes or prec.grad_bytes, prec.weight_bytes
+    grads = (rp.trainable_dense * g_b, rp.trainable_expert * g_b)
+    trained = (rp.trainable_dense * w_b, rp.trainable_expert * w_b)
+    weights = (rp.frozen_dense_bytes + rp.trainable_dense * w_b, rp.frozen_expert_bytes + rp.trainable_expert * w_b)
 
-    def over_dp(fn, per_param: int) -> float:        # noqa: ANN001
-        return fn(rp.dense * per_param, n_dense, link, eff) + fn(rp.expert * per_param, n_expert, link, eff)
+    def over_dp(fn, n_bytes: tuple[int, int]) -> float:        # noqa: ANN001
+        return fn(n_bytes[0], n_dense, link, eff) + fn(n_bytes[1], n_expert, link, eff)
 
     comms: list[tuple[float, str, float, bool]] = []
     if lay.zero_stage == 3:
         if lay.sharding == "fsdp-hybrid":
             inside = _hybrid_shard(lay, gpu.gpus_per_node)
             intra = AxisLink(bus_bytes_per_s=gpu.intra_node_bytes_per_s, latency_s=FALLBACK_INTRA_LATENCY_S)
-            ag = gather_s(rp.total * w_b, inside, intra, eff)
-            rs = gather_s(rp.total * g_b, inside, intra, eff)
-            across = all_reduce_s(rp.total * g_b / inside, max(1, n_dense // inside), link, eff)
+            ag = gather_s(rp.frozen_bytes + rp.trainable * w_b, inside, intra, eff)
+            rs = gather_s(rp.trainable * g_b, inside, intra, eff)
+            across = all_reduce_s(rp.trainable * g_b / inside, max(1, n_dense // inside), link, eff)
             comms.append((across, "bwd", eff.dp_overlap, False))
         else:
-            ag, rs = over_dp(gather_s, w_b), over_dp(gather_s, g_b)
+            ag, rs = over_dp(gather_s, weights), over_dp(gather_s, grads)
         comms += [(ag, "fwd", eff.zero3_overlap, True), (ag + rs, "bwd", eff.zero3_overlap, True)]
     elif lay.zero_stage == 2 and lay.is_fsdp:
-        ag, rs = over_dp(gather_s, w_b), over_dp(gather_s, g_b)
+        ag, rs = over_dp(gather_s, weights), over_dp(gather_s, grads)
         comms += [(ag, "fwd", eff.zero3_overlap, True), (rs, "bwd", eff.zero3_overlap, True)]
     elif lay.zero_stage in (1, 2):
-        rs, ag = over_dp(gather_s, g_b), over_dp(gather_s, w_b)
+        rs, ag = over_dp(gather_s, grads), over_dp(gather_s, trained)
         comms += [(rs, "bwd", eff.dp_overlap, False), (ag, "fwd", eff.param_gather_overlap, False)]
     else:
-        comms.append((over_dp(all_reduce_s, g_b), "bwd", eff.dp_overlap, False))
+        comms.append((over_dp(all_reduce_s, grads), "bwd", eff.dp_overlap, False))
     return comms
 
 
-def optimizer_time_s(n_dense: int, n_expert: int, lay: Layout, setup: TrainingSetup, r: Rates) -> float:
-    """The optimizer update is memory bound: per parameter it reads and writes the fp32
-    master copy and the optimizer states, reads the gradient and writes the 16-bit weight
-    (AdamW mixed precision: 2 x (4 + 8) + 2 + 2 = 28 bytes), on the rank's shard."""
+def optimizer_bytes_per_param(setup: TrainingSetup) -> float:
+    """HBM bytes the optimizer update moves per trainable parameter: it reads and writes
+    the fp32 master copy and the optimizer states, reads the gradient and writes the
+    16-bit weight (AdamW mixed precision: 2 x (4 + 8) + 2 + 2 = 28 bytes). QLoRA's 16-bit
+    adapters keep no master copy and its paged 8-bit AdamW two int8 states (Dettmers et al.
+    2023, arXiv:2305.14314, Sec. 3), as memory.per_rank_memory counts them:
+    2 x (2 + 8/2048) + 2 + 2 = 8.0 bytes."""
+    ft = setup.finetune
     prec = setup.precision_spec
-    state = prec.master_bytes + optimizer_state_bytes_per_param(setup.optimizer)
-    per_param = 2 * state + prec.grad_bytes + prec.weight_bytes
+    if ft.is_lora and ft.adapter_bits == 16:
+        prec = Precision.named("bf16")
+    optimizer = "adam8bit" if ft.paged_8bit_optimizer else setup.optimizer
+    state = prec.master_bytes + optimizer_state_bytes_per_param(optimizer)
+    return 2 * state + prec.grad_bytes + prec.weight_bytes
+
+
+def optimizer_time_s(n_dense: int, n_expert: int, lay: Layout, setup: TrainingSetup, r: Rates) -> float:
+    """The optimizer update is memory bound: optimizer_bytes_per_param() per trainable
+    parameter (``n_dense``, ``n_expert``: trained_split's, all of them in full training;
+    LoRA's adapters, freeze's trainable blocks) on the rank's shard, at the HBM rate."""
+    per_param = optimizer_bytes_per_param(setup)
     shard_dense = lay.dense_shard_degree if lay.zero_stage >= 1 else 1
     shard_expert = lay.expert_shard_degree if lay.zero_stage >= 1 else 1
     params = n_dense / shard_dense + n_expert / shard_expert
@@ -745,6 +873,10 @@ def micro_batch_floor_s(m: ModelSpec, setup: TrainingSetup, lay: Layout, lt: Lay
     communication, the hidden communication's slowdown on the emptiest stage's blocks,
     and the pipeline sends; the embedding, the LM head and the loss are left out (>= 0)."""
     n_max, n_min = -(-m.n_layers // lay.pp), m.n_layers // lay.pp
+    counts = stage_layers(m.n_layers, lay.pp)
+    # blocks with a backward pass on the fullest stage, at least (freeze: only the trainable ones)
+    n_bwd = min(backward_layers(setup.finetune, m.n_layers, sum(counts[:i]), n)
+                for i, n in enumerate(counts) if n == n_max)
     best = math.inf
     blocks: dict[tuple[AxisLink, ...], tuple[float, ...]] = {}
     for links in placements:
@@ -753,7 +885,9 @@ def micro_batch_floor_s(m: ModelSpec, setup: TrainingSetup, lay: Layout, lt: Lay
             blocks[inner] = _block_comm(lt, lay, links, eff)
         tp_b, tp_h, cp_b, cp_h, ep_b, ep_h = blocks[inner]
         p2p, p2p_hidden = _p2p_s(m, setup, lay, links, eff)
-        best = min(best, n_max * (lt.fwd_s + lt.bwd_s + tp_b + cp_b + ep_b) + p2p
+        work = (n_max * (lt.fwd_s + lt.bwd_s + tp_b + cp_b + ep_b) if n_bwd == n_max
+                else n_max * (lt.fwd_s + tp_b + cp_b + ep_b) + n_bwd * lt.bwd_s)
+        best = min(best, work + p2p
                    + eff.overlap_slowdown * (n_min * (tp_h + cp_h + ep_h) + p2p_hidden))
     return best
 
@@ -793,14 +927,14 @@ def dp_floor_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, placements: 
     that can be the slowest (the first, the last, the fullest); see dp_floor_s."""
     counts = stage_layers(m.n_layers, lay.pp)
     stages = sorted({0, len(counts) - 1, counts.index(max(counts))})
-    rps = [rank_params(m, pc, lay, st, counts[st]) for st in stages]
+    rps = [trained_split(m, pc, setup, lay, st, counts[st]) for st in stages]
     prec = setup.precision_spec
     r = rates(gpu, prec.compute_dtype, eff)
     out = []
     for sharding, stage in shardings:
         sl = Layout(dp=lay.dp, tp=lay.tp, pp=lay.pp, cp=lay.cp, ep=lay.ep, zero_stage=stage, sharding=sharding)
         for rp in rps:
-            o = optimizer_time_s(rp.dense, rp.expert, sl, setup, r)
+            o = optimizer_time_s(rp.trainable_dense, rp.trainable_expert, sl, setup, r)
             for links in placements:
                 out.append(DpFloorTerm(comms=tuple(_dp_comms(sl, rp, links, eff, gpu, prec)), optimizer_s=o))
     return out
@@ -838,4 +972,5 @@ def micro_batch_max_s(m: ModelSpec, setup: TrainingSetup, lay: Layout, lt: Layer
     loss_s = tokens * m.vocab_size / lay.tp * CROSS_ENTROPY_BYTES_PER_LOGIT / r.hbm_bytes_per_s
     n_max = -(-m.n_layers // lay.pp)
     return (n_max * lt.fwd_s + head_fwd + loss_s * CROSS_ENTROPY_FORWARD_SHARE,
-            n_max * lt.bwd_s + 2 * head_fwd + loss_s * (1 - CROSS_ENTROPY_FORWARD_SHARE))
+            n_max * lt.bwd_s + head_backward_gemms(setup.finetune) * head_fwd
+            + loss_s * (1 - CROSS_ENTROPY_FORWARD_SHARE))

@@ -8,12 +8,12 @@ import pytest
 from click.testing import CliRunner
 
 from planner.cli import cli
-from planner.explain import explain
+from planner.explain import MOMENTS, explain, memory_terms
 from planner.finetune import FinetuneSpec
 from planner.hardware import get_gpu
 from planner.layouts import Layout
 from planner.memory import CATEGORIES, per_rank_memory
-from planner.model import load_model
+from planner.model import count_params, load_model
 from planner.timing import cluster_for, step_time
 from planner.training import TrainingSetup
 
@@ -47,6 +47,61 @@ CASES = {
     "fsdp cpu offload": ("llama3.1-8b", "h100", {"offload_params": "cpu"}, lay(sharding="fsdp-full")),
 }
 
+# FSDP2 (planner.memory.fsdp_blocks_done, fsdp_forward_bytes): a case peaking at each moment, for
+# shard-grad-op (ZeRO-2) and full shard (ZeRO-3), Mixtral-8x7B on 8 and 64 ranks and dense models.
+# MEASURED is what docs/accuracy.md runs (planner.accuracy.measured_setup: eager ops, single-tensor
+# AdamW), one micro-batch per step unless grad_accum says otherwise; the rows marked "accuracy.md"
+# are its measured configurations.
+MEASURED = {"kernels": "eager", "optimizer_foreach": False}
+
+
+def fsdp(sharding: str, dp: int, seq_len: int, micro_batch: int, recompute: str, grad_accum: int = 1) -> Layout:
+    return Layout(dp=dp, sharding=sharding, zero_stage=3 if sharding == "fsdp-full" else 2, seq_len=seq_len,
+                  micro_batch=micro_batch, grad_accum=grad_accum, recompute=recompute)
+
+
+FSDP_CASES = {
+    # accuracy.md rows: the peak in block 30's backward, one block resharded (a negative weight term)
+    "mixtral grad-op dp8 backward-end": ("mixtral-8x7b", "h200", MEASURED, fsdp("fsdp-grad-op", 8, 1024, 1, "full"),
+                                         "backward-end"),
+    # accuracy.md: the last block's forward, two all-gather outputs
+    "mixtral grad-op dp64 forward-end": ("mixtral-8x7b", "h200", MEASURED, fsdp("fsdp-grad-op", 64, 1024, 2, "none"),
+                                         "forward-end"),
+    "mixtral grad-op dp8 backward-start": ("mixtral-8x7b", "h200", MEASURED,
+                                           fsdp("fsdp-grad-op", 8, 4096, 2, "none", grad_accum=4), "backward-start"),
+    # accuracy.md rows: block 1's backward, 30 blocks' sharded gradients, padded experts on 64 ranks
+    "mixtral full dp8 backward-end": ("mixtral-8x7b", "h200", MEASURED, fsdp("fsdp-full", 8, 1024, 1, "none"),
+                                      "backward-end"),
+    "mixtral full dp64 backward-end": ("mixtral-8x7b", "h200", MEASURED, fsdp("fsdp-full", 64, 4096, 1, "full"),
+                                       "backward-end"),
+    "mixtral full dp8 forward-end": ("mixtral-8x7b", "h200", MEASURED,
+                                     fsdp("fsdp-full", 8, 1024, 1, "none", grad_accum=4), "forward-end"),
+    "mixtral full dp64 forward-end": ("mixtral-8x7b", "h200", MEASURED,
+                                      fsdp("fsdp-full", 64, 1024, 4, "none", grad_accum=4), "forward-end"),
+    # foreach AdamW's fp32 temporaries at the step, the gathered weights resharded (negative)
+    "mixtral full dp8 optimizer-step": ("mixtral-8x7b", "h200", {}, fsdp("fsdp-full", 8, 1024, 1, "none"),
+                                        "optimizer-step"),
+    "llama full dp8 backward-end": ("llama3.1-8b", "h100", {}, fsdp("fsdp-full", 8, 1024, 1, "full"), "backward-end"),
+    "llama full dp64 backward-start": ("llama3.1-8b", "h100", {}, fsdp("fsdp-full", 64, 1024, 1, "none"),
+                                       "backward-start"),
+    "llama full dp8 fp32 block-backward": ("llama3.1-8b", "h100", {"precision": "fp32"},
+                                           fsdp("fsdp-full", 8, 1024, 1, "none"), "block-backward"),
+    "llama grad-op dp8 backward-end": ("llama3.1-8b", "h100", {}, fsdp("fsdp-grad-op", 8, 1024, 1, "none"),
+                                       "backward-end"),
+    "llama grad-op dp64 backward-end": ("llama3.1-8b", "h100", {}, fsdp("fsdp-grad-op", 64, 1024, 1, "none"),
+                                        "backward-end"),
+    "qwen grad-op dp8 backward-start": ("qwen2.5-1.5b", "h100", {}, fsdp("fsdp-grad-op", 8, 1024, 1, "none"),
+                                        "backward-start"),
+    "qwen full dp8 fp32 backward-end": ("qwen2.5-1.5b", "h100", {"precision": "fp32"},
+                                        fsdp("fsdp-full", 8, 1024, 1, "full"), "backward-end"),
+    # a frozen base: gathered blocks at their stored bytes, gradients for the adapters only
+    "llama lora grad-op dp8 backward-start": ("llama3.1-8b", "h100", {"finetune": FinetuneSpec.named("lora")},
+                                              fsdp("fsdp-grad-op", 8, 1024, 1, "none"), "backward-start"),
+    "llama qlora full dp8 backward-start": ("llama3.1-8b", "h100", {"finetune": FinetuneSpec.named("qlora")},
+                                            fsdp("fsdp-full", 8, 1024, 1, "full"), "backward-start"),
+}
+CASES.update({f"fsdp2 {k}": v[:4] for k, v in FSDP_CASES.items()})
+
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_terms_add_up_to_the_models(name):
@@ -66,7 +121,72 @@ def test_terms_add_up_to_the_models(name):
     assert ex.summed("time") == pytest.approx(st.step_time_s, rel=1e-9)
     for t in ex.terms:
         assert t.formula and t.source and math.isfinite(t.value), t
-        assert t.value >= 0 or t.section == "time", t
+        # negative memory terms are what a moment frees (FSDP2 reshards, saved tensors freed)
+        assert t.value >= 0 or t.section == "time" or t.name.startswith("minus "), t
+
+
+def test_fsdp_cases_peak_where_they_are_meant_to():
+    # each FSDP2 moment is covered at the peak by some case of each sharding
+    for name, (model, gpu_name, extra, layout, phase) in FSDP_CASES.items():
+        setup = TrainingSetup(seq_len=layout.seq_len, global_batch=layout.global_batch, **extra)
+        got = per_rank_memory(load_model(model), setup, layout, gpus_per_node=get_gpu(gpu_name).gpus_per_node)
+        assert got.phase == phase, name
+    for sharding in ("grad-op", "full"):
+        assert {c[4] for k, c in FSDP_CASES.items() if sharding in k} >= {"forward-end", "backward-start",
+                                                                          "backward-end"}
+    assert set(MOMENTS) == {c[4] for c in FSDP_CASES.values()}
+
+
+@pytest.mark.parametrize("name", list(FSDP_CASES))
+def test_fsdp_terms_add_up_at_every_moment(name):
+    # at every moment per_rank_memory compares, not only the peak, each category is the sum of
+    # its terms: the weights and optimizer states every moment holds plus the moment's parts
+    model, gpu_name, extra, layout, _ = FSDP_CASES[name]
+    m, gpu = load_model(model), get_gpu(gpu_name)
+    pc = count_params(m)
+    setup = TrainingSetup(seq_len=layout.seq_len, global_batch=layout.global_batch, **extra)
+    trace: dict = {}
+    mem = per_rank_memory(m, setup, layout, pc, gpu.gpus_per_node, trace=trace)
+    bd, peak = mem.breakdown, trace["phases"][trace["phase"]]
+    assert set(trace["phases"]) == set(MOMENTS)
+    for phase, (w_extra, grads, acts, logits, buffers, transient) in trace["phases"].items():
+        want = {"weights": bd.weights - peak[0] + w_extra, "gradients": grads,
+                "optimizer": bd.optimizer - peak[5] + transient, "activations": acts, "logits": logits,
+                "buffers": buffers}
+        if phase == trace["phase"]:
+            want["overhead"] = bd.overhead
+            assert want == {c: getattr(bd, c) for c in CATEGORIES}
+        terms = [t for t in memory_terms(m, setup, layout, pc, mem, trace, phase=phase) if t.summed]
+        assert not [t.name for t in terms if "not itemised" in t.name], phase
+        for cat, total in want.items():
+            assert sum(t.value for t in terms if t.category == cat) == total, (phase, cat)
+        for t in terms:
+            assert t.value >= 0 or t.name.startswith("minus "), (phase, t.name)
+            assert t.formula and t.source, t
+
+
+def test_fsdp_terms_name_the_moments_parts():
+    # the shard-grad-op row of docs/accuracy.md: block 30's backward, one block resharded, one
+    # block's sharded gradients, its reduce-scatter input; FSDP2 and the measurement are cited
+    model, gpu_name, extra, layout, _ = FSDP_CASES["mixtral grad-op dp8 backward-end"]
+    ex = explain(load_model(model), get_gpu(gpu_name), TrainingSetup(seq_len=1024, global_batch=8, **extra), layout)
+    names = {t.name: t for t in ex.terms if t.section == "memory" and t.summed}
+    freed = names["minus the first block in backward, resharded after it (freed, shard-grad-op)"]
+    assert freed.value == ex.memory.breakdown.weights - sum(
+        t.value for t in names.values() if t.category == "weights" and t is not freed) < 0
+    assert "fully_shard" in freed.source and "docs/accuracy.md" in freed.source
+    assert names["sharded gradients of the 1 block done in backward (the other blocks' are not made yet)"].value \
+        == ex.memory.breakdown.gradients
+    assert {"the previous block's reduce-scatter input", "the block's 16-bit gradients before its reduce-scatter",
+            "the LM head's unsharded gradient, held through backward (FSDP2)",
+            "minus the 1 block done in backward (their saved tensors freed)"} <= set(names)
+    # full shard on 64 ranks: the block in backward gathered, the next prefetched, 30 blocks done
+    model, gpu_name, extra, layout, _ = FSDP_CASES["mixtral full dp64 backward-end"]
+    ex = explain(load_model(model), get_gpu(gpu_name), TrainingSetup(seq_len=4096, global_batch=64, **extra), layout)
+    names = {t.name for t in ex.terms if t.section == "memory" and t.summed}
+    assert {"the block in backward, gathered for it (full shard)",
+            "the next block's all-gather, prefetched (full shard)",
+            "minus the 30 blocks done in backward (their saved tensors freed)"} <= names
 
 
 def test_cli_totals_equal_plan():
@@ -97,6 +217,25 @@ def test_cli_fixed_layout_pipeline_and_sources():
                    "Kaplan et al. 2020", "H100 datasheet", "topology dgx-h100", "pipeline bubble",
                    "tensor-parallel all-reduces", "GiB", "at its peak", "step time (sum of the terms)"):
         assert needle.lower() in out.lower(), needle
+
+
+@pytest.mark.parametrize("args, moment", [
+    (("--fsdp", "grad-op", "--dp", "8", "--seq-len", "1024", "--micro-batch", "1", "--recompute", "full"),
+     "backward end"),
+    (("--fsdp", "grad-op", "--dp", "64", "--seq-len", "1024", "--micro-batch", "2", "--recompute", "none"),
+     "forward end"),
+    (("--fsdp", "full", "--dp", "64", "--seq-len", "4096", "--micro-batch", "1", "--recompute", "full"),
+     "backward end"),
+])
+def test_cli_itemises_fsdp_moments(args, moment):
+    # the layouts of docs/accuracy.md's Mixtral FSDP rows, fixed (explained even when they do not fit)
+    dp = args[args.index("--dp") + 1]
+    r = run("explain", "--model", "mixtral-8x7b", "--gpus", "h200", "--n-gpus", dp, "--tp", "1", "--pp", "1",
+            "--cp", "1", "--ep", "1", "--grad-accum", "1", *args)
+    assert r.exit_code == 0, r.output
+    assert "not itemised" not in r.output
+    assert f"at its peak ({moment}" in r.output
+    assert "minus " in r.output and "fully_shard" in r.output
 
 
 def test_cli_explains_the_least_memory_layout_when_nothing_fits():

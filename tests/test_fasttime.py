@@ -62,7 +62,11 @@ def models(draw) -> ModelSpec:
 
 @st.composite
 def setups(draw) -> TrainingSetup:
-    method = draw(st.sampled_from(["full", "full", "lora", "freeze"]))   # step time ignores what trains
+    method = draw(st.sampled_from(["full", "full", "lora", "qlora", "freeze"]))
+    rank = draw(st.sampled_from([1, 8, 64]))
+    targets = draw(st.sampled_from([None, ("all-linear",), ("mlp",)]))
+    ft = FinetuneSpec.named(method, rank=rank, targets=targets, trainable_layers=draw(st.integers(1, 6)),
+                            quant=draw(st.sampled_from([None, "int8"])) if method == "lora" else None)
     return TrainingSetup(
         seq_len=draw(st.sampled_from([256, 1024, 2048, 4096])),
         global_batch=draw(st.sampled_from([8, 24, 64, 256, 1024])),
@@ -70,7 +74,7 @@ def setups(draw) -> TrainingSetup:
         optimizer=draw(st.sampled_from(["adamw", "sgd", "adam8bit", "adafactor"])),
         attention=draw(st.sampled_from(["flash", "eager"])),
         kernels=draw(st.sampled_from(["auto", "eager", "fused"])),
-        finetune=FinetuneSpec(method=method),
+        finetune=ft,
     )
 
 

@@ -9,7 +9,7 @@ from planner.layouts import Layout
 from planner.memory import (layer_activation_bytes, model_state_bytes, per_rank_memory, rank_params,
                             resolve_kernels)
 from planner.model import ModelSpec, count_params
-from planner.training import Precision, TrainingSetup, optimizer_state_bytes_per_param
+from planner.training import TrainingSetup, optimizer_state_bytes_per_param
 
 
 @st.composite
