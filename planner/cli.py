@@ -224,22 +224,33 @@ def output_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
-class TokenCount(click.ParamType):
-    """A token count: 2e12, 2000000000000, or with a suffix: 300B, 2T, 15.6T."""
+class ScaledNumber(click.ParamType):
+    """A positive number with an optional suffix (SUFFIXES), between 0 and UPPER
+    (exclusive); subclasses name it and say what a good value looks like."""
 
-    name = "N"
-    SUFFIXES = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+    SUFFIXES: dict[str, float] = {}
+    UPPER = 1e18
+    EXAMPLES = ""
+    STRIP = ""
 
     def convert(self, value: Any, param: Any, ctx: Any) -> float:
-        text = str(value).strip().replace("_", "").replace(",", "")
+        text = str(value).strip().lstrip(self.STRIP).replace("_", "").replace(",", "")
         scale = self.SUFFIXES.get(text[-1:].lower(), 1.0)
         try:
             n = float(text[:-1] if scale != 1.0 else text) * scale
         except ValueError:
-            self.fail(f"{value!r} is not a token count (e.g. 2e12, 300B, 15T)", param, ctx)
-        if not 0 < n < 1e18:
-            self.fail(f"{value!r} must be between 1 and 1e18 tokens", param, ctx)
+            self.fail(f"{value!r} is not {self.what} (e.g. {self.EXAMPLES})", param, ctx)
+        if not 0 < n < self.UPPER:
+            self.fail(f"{value!r} must be {self.bounds}", param, ctx)
         return n
+
+
+class TokenCount(ScaledNumber):
+    """A token count: 2e12, 2000000000000, or with a suffix: 300B, 2T, 15.6T."""
+
+    name = "N"
+    SUFFIXES = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+    what, EXAMPLES, bounds = "a token count", "2e12, 300B, 15T", "between 1 and 1e18 tokens"
 
 
 def time_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -257,22 +268,13 @@ def time_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
-class Dollars(click.ParamType):
+class Dollars(ScaledNumber):
     """An amount in US dollars: 250000, 250k, 1.5M, $2M."""
 
     name = "USD"
     SUFFIXES = {"k": 1e3, "m": 1e6, "b": 1e9}
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> float:
-        text = str(value).strip().lstrip("$").replace("_", "").replace(",", "")
-        scale = self.SUFFIXES.get(text[-1:].lower(), 1.0)
-        try:
-            usd = float(text[:-1] if scale != 1.0 else text) * scale
-        except ValueError:
-            self.fail(f"{value!r} is not an amount in dollars (e.g. 250000, 250k, 1.5M)", param, ctx)
-        if not 0 < usd < 1e15:
-            self.fail(f"{value!r} must be a positive amount in dollars", param, ctx)
-        return usd
+    UPPER, STRIP = 1e15, "$"
+    what, EXAMPLES, bounds = "an amount in dollars", "250000, 250k, 1.5M", "a positive amount in dollars"
 
 
 def cost_options(f: Callable[..., Any]) -> Callable[..., Any]:

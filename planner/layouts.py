@@ -199,30 +199,40 @@ def enumerate_layouts(
     space: SearchSpace = SearchSpace(),
 ) -> Iterator[tuple[Layout, str | None]]:
     """Every candidate layout on ``n_gpus`` with None or the reason it cannot run."""
+    for tp, cp, ep, pp, dp in degree_shapes(m, n_gpus, gpus_per_node, space):
+        sps = [space.sp] if space.sp is not None else [tp > 1]
+        vps = [space.vp] if space.vp is not None else ([1, 2] if pp > 1 else [1])
+        for sharding, stage in _shardings(space):
+            for vp in vps:
+                for sp in sps:
+                    for mb in space.micro_batches:
+                        ga = grad_accum_for(setup, mb, dp, ep)
+                        for rc in space.recomputes:
+                            lay = Layout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep,
+                                         zero_stage=stage, sharding=sharding, sp=sp,
+                                         vp=vp, micro_batch=mb, grad_accum=ga or 1,
+                                         seq_len=setup.seq_len, recompute=rc)
+                            if ga is None:
+                                yield lay, (f"global batch {setup.global_batch} is not a "
+                                            f"multiple of micro-batch {mb} x data-parallel {dp * ep}")
+                            else:
+                                yield lay, reject_reason(m, setup, lay, gpus_per_node)
+
+
+def degree_shapes(m: ModelSpec, n_gpus: int, gpus_per_node: int,
+                  space: SearchSpace = SearchSpace()) -> Iterator[tuple[int, int, int, int, int]]:
+    """The (tp, cp, ep, pp, dp) products equal to ``n_gpus`` the search visits, in its
+    order: tp up to ``space.max_tp`` (default: a node), cp up to ``space.max_cp``, ep up to
+    the number of experts, pp up to the number of layers; a fixed degree is taken as
+    given. Shared by enumerate_layouts, fastscore.valid_layouts and sweep's floors, so
+    that the three walk the same shapes."""
     max_tp = space.max_tp or gpus_per_node
+    ep_cap = m.n_experts if m.is_moe else 1
     for tp in _degrees(space.tp, n_gpus, max_tp if space.tp is None else n_gpus):
         for cp in _degrees(space.cp, n_gpus // tp, space.max_cp if space.cp is None else n_gpus):
-            ep_cap = m.n_experts if m.is_moe else 1
             for ep in _degrees(space.ep, n_gpus // (tp * cp), ep_cap if space.ep is None else n_gpus):
                 for pp in _degrees(space.pp, n_gpus // (tp * cp * ep), m.n_layers if space.pp is None else n_gpus):
                     dp = n_gpus // (tp * cp * ep * pp)
-                    if space.dp is not None and space.dp != dp:
-                        continue
-                    sps = [space.sp] if space.sp is not None else [tp > 1]
-                    vps = [space.vp] if space.vp is not None else ([1, 2] if pp > 1 else [1])
-                    for sharding, stage in _shardings(space):
-                        for vp in vps:
-                            for sp in sps:
-                                for mb in space.micro_batches:
-                                    ga = grad_accum_for(setup, mb, dp, ep)
-                                    for rc in space.recomputes:
-                                        lay = Layout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep,
-                                                     zero_stage=stage, sharding=sharding, sp=sp,
-                                                     vp=vp, micro_batch=mb, grad_accum=ga or 1,
-                                                     seq_len=setup.seq_len, recompute=rc)
-                                        if ga is None:
-                                            yield lay, (f"global batch {setup.global_batch} is not a "
-                                                        f"multiple of micro-batch {mb} x data-parallel {dp * ep}")
-                                        else:
-                                            yield lay, reject_reason(m, setup, lay, gpus_per_node)
+                    if space.dp is None or space.dp == dp:
+                        yield tp, cp, ep, pp, dp
 

@@ -20,7 +20,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from .layouts import Layout, SearchSpace, _degrees, _shardings, grad_accum_for, reject_reason
+from .layouts import Layout, SearchSpace, _shardings, degree_shapes, grad_accum_for, reject_reason
 from .memory import (StateFloor, held_activation_floor_bytes, min_model_state_bytes_per_param, model_state_floor,
                      overhead_floor_bytes)
 from .model import ModelSpec, ParamCount, count_params
@@ -115,38 +115,30 @@ def _shapes(m: ModelSpec, setup: TrainingSetup, n: int, gpus_per_node: int, spac
     no sharding can run with (layouts.reject_reason rejects every layout of theirs)."""
     out = []
     shardings = _shardings(space)
-    max_tp = space.max_tp or gpus_per_node
-    for tp in _degrees(space.tp, n, max_tp if space.tp is None else n):
-        for cp in _degrees(space.cp, n // tp, space.max_cp if space.cp is None else n):
-            ep_cap = m.n_experts if m.is_moe else 1
-            for ep in _degrees(space.ep, n // (tp * cp), ep_cap if space.ep is None else n):
-                for pp in _degrees(space.pp, n // (tp * cp * ep), m.n_layers if space.pp is None else n):
-                    dp = n // (tp * cp * ep * pp)
-                    if space.dp is not None and space.dp != dp:
+    for tp, cp, ep, pp, dp in degree_shapes(m, n, gpus_per_node, space):
+        group: _Group | None = None
+        sps = [space.sp] if space.sp is not None else [tp > 1]
+        vps = [space.vp] if space.vp is not None else ([1, 2] if pp > 1 else [1])
+        for vp in vps:
+            for sp in sps:
+                for mb in space.micro_batches:
+                    ga = grad_accum_for(setup, mb, dp, ep)
+                    if ga is None:
                         continue
-                    group: _Group | None = None
-                    sps = [space.sp] if space.sp is not None else [tp > 1]
-                    vps = [space.vp] if space.vp is not None else ([1, 2] if pp > 1 else [1])
-                    for vp in vps:
-                        for sp in sps:
-                            for mb in space.micro_batches:
-                                ga = grad_accum_for(setup, mb, dp, ep)
-                                if ga is None:
-                                    continue
-                                for rc in space.recomputes:
-                                    lay = Layout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, sp=sp, vp=vp, micro_batch=mb,
-                                                 grad_accum=ga, seq_len=setup.seq_len, recompute=rc)
-                                    if group is None:
-                                        group = _Group(m, setup, lay, cluster, shardings, gpus_per_node)
-                                    if not group.shardings:
-                                        continue
-                                    key = (tp, sp, cp, ep, mb, rc, pp > 1)
-                                    lt = blocks.get(key)
-                                    if lt is None:
-                                        lt = blocks[key] = layer_time(m, setup, _layer_key(lay), _kernels(setup, lay),
-                                                                      cluster.gpu, eff)
-                                    floor = _pipeline_floor_s(m, setup, lay, lt, group.ceilings, eff)
-                                    out.append((_Shape(floor_s=floor, lay=lay, block=lt), group))
+                    for rc in space.recomputes:
+                        lay = Layout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, sp=sp, vp=vp, micro_batch=mb,
+                                     grad_accum=ga, seq_len=setup.seq_len, recompute=rc)
+                        if group is None:
+                            group = _Group(m, setup, lay, cluster, shardings, gpus_per_node)
+                        if not group.shardings:
+                            continue
+                        key = (tp, sp, cp, ep, mb, rc, pp > 1)
+                        lt = blocks.get(key)
+                        if lt is None:
+                            lt = blocks[key] = layer_time(m, setup, _layer_key(lay), _kernels(setup, lay),
+                                                          cluster.gpu, eff)
+                        floor = _pipeline_floor_s(m, setup, lay, lt, group.ceilings, eff)
+                        out.append((_Shape(floor_s=floor, lay=lay, block=lt), group))
     out.sort(key=lambda t: t[0].floor_s)
     return out
 

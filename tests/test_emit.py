@@ -500,7 +500,7 @@ def test_cli_out_writes_configs_atomically_and_refuses_overwrite(tmp_path):
 
 
 @pytest.mark.parametrize("extra, needle", [
-    (("--zero", "2", "--offload-params", "cpu"), "offload needs ZeRO-3"),
+    (("--zero", "2", "--offload-params", "cpu"), "--offload-params cpu needs sharded parameters"),
     (("--zero", "0", "--offload-optimizer", "cpu"), "needs ZeRO-1"),
     (("--force",), "--force needs --out"),
 ])
