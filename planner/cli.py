@@ -514,7 +514,11 @@ def _plan(kw: dict[str, Any]) -> None:
         fig = plot.plan_figure(result, api.scaling(result, space, kw["max_gpus"]))
         plotted = plot.save(fig, kw["plot"], force=kw["force"])
     if kw["as_json"]:
-        click.echo(report.to_json(result, crosscheck))
+        d = report.plan_json(result, crosscheck)
+        if result.best is None:
+            from .advice import fit_advice
+            d["advice"] = fit_advice(result)
+        click.echo(json.dumps(d, indent=2))
     elif kw.get("quiet"):
         click.echo(report.quiet_line(result))
     else:
@@ -526,8 +530,8 @@ def _plan(kw: dict[str, Any]) -> None:
         click.echo(f"wrote the plot to {plotted}", err=_aside(kw))
     if not_written is not None:
         raise not_written
-    if result.best is None and not kw["as_json"]:
-        sys.exit(2)
+    if result.best is None:
+        sys.exit(2)                     # nothing fits: a user error, with --json too
 
 
 def _plan_cost(kw: dict[str, Any]) -> None:
@@ -608,7 +612,7 @@ def _plan_cost(kw: dict[str, Any]) -> None:
         click.echo(f"wrote {', '.join(p.name for p in written)} to {kw['out']}", err=_aside(kw))
     if plotted is not None:
         click.echo(f"wrote the plot to {plotted}", err=_aside(kw))
-    if r.chosen is None and not kw["as_json"]:
+    if r.chosen is None:
         sys.exit(2)
 
 
@@ -652,7 +656,7 @@ def _load(kw: dict[str, Any]) -> None:
     else:
         from .term import load_view
         _show(load_view(result))
-    if not result.fits and not kw["as_json"]:
+    if not result.fits:
         sys.exit(2)
 
 
@@ -806,7 +810,7 @@ def _buy(jobs_path: Path, gpu_names: str | None, budget: float | None, horizon: 
         _show(buy_view(r))
     if plotted is not None:
         click.echo(f"wrote the plot to {plotted}", err=as_json or quiet)
-    if not r.feasible and not as_json:
+    if not r.feasible:
         sys.exit(2)
 
 

@@ -158,6 +158,7 @@ def test_impossible_json_is_still_parseable():
     r = run("--model", "405b", "--gpus", "h100", "--max-gpus", "1", "--json")
     d = json.loads(r.stdout)
     assert d["plan"] is None and d["min_gpus_for_model_states"] == 76 and d["fits_from_gpus"] == 96
+    assert r.exit_code == 2 and any("It fits from 96 x h100" in a for a in d["advice"])
 
 
 @pytest.mark.parametrize("args, needles", [
