@@ -19,7 +19,9 @@ Prints, on this machine:
   5. llm-analysis (cli99/llm-analysis 0.2.2, installed by this script in its own virtual
      environment under --cache-dir, since it pins transformers<5) scoring the same Llama-2-70B
      layouts in the same run (memory and step time, one call per layout), and the ratio of
-     layouts per second: the planner's memory and step time of every layout, as arrays.
+     layouts per second: the planner's memory and step time of every layout, as arrays,
+     warm (every table kept from an earlier call), with its degree and state tables
+     rebuilt on every call, and on the first call (cold).
 
 Goals (issue 9): >= 1,000,000 layouts/s; the 405B full search < 2 s; `plan --help` < 0.3 s
 and `plan --model 70b --gpus h100` < 1.5 s; >= 1,000x llm-analysis's layouts per second.
@@ -34,6 +36,7 @@ import os
 import platform
 import random
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,7 +46,7 @@ from pathlib import Path
 
 from planner import api
 from planner.fastscore import LayoutArrays, peak_bytes, valid_layouts
-from planner.fasttime import score, step_times_s
+from planner.fasttime import forget_tables, score, step_times_s
 from planner.hardware import list_gpus
 from planner.layouts import Layout, SearchSpace
 from planner.memory import per_rank_memory
@@ -81,6 +84,23 @@ def best_of(fn: Callable[[], object], repeats: int) -> float:
     return best
 
 
+def interleaved(fns: dict[str, Callable[[], object]], rounds: int, repeats: int) -> dict[str, tuple[float, ...]]:
+    """(shortest wall time, the CPU time of that call, median wall time) of each of
+    ``fns``, over ``rounds`` rounds in which each makes ``repeats`` calls in turn, so that
+    the machine's quiet moments are shared among them."""
+    walls: dict[str, list[float]] = {k: [] for k in fns}
+    best = {k: (float("inf"), 0.0) for k in fns}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            for _ in range(repeats):
+                c, t = cpu_seconds(), time.perf_counter()
+                fn()
+                wall, cpu = time.perf_counter() - t, cpu_seconds() - c
+                walls[k].append(wall)
+                best[k] = min(best[k], (wall, cpu))
+    return {k: (best[k][0], best[k][1], statistics.median(walls[k])) for k in fns}
+
+
 def row(label: str, value: str, goal: str = "") -> None:
     print(f"  {label:<58} {value:>16}  {goal}")
 
@@ -99,7 +119,7 @@ def scoring_rates(repeats: int) -> dict:
     pc = count_params(m)
     cluster = cluster_for(load_gpu("h100"))
     arrays = all_layouts(m, setup, 8, 8)
-    score(m, setup, arrays, cluster, pc=pc)   # warm the per-shape tables and topology links, as a search would
+    score(m, setup, arrays, cluster, pc=pc)   # warm every table (per shape, links, degrees, states), as a search would
     out: dict = {"layouts": len(arrays)}
     for key, label, fn in (
             ("memory_vectorised", "memory model, as arrays", lambda: peak_bytes(m, setup, arrays, pc)),
@@ -109,6 +129,14 @@ def scoring_rates(repeats: int) -> dict:
         out[f"{key}_per_s"], out[f"{key}_per_cpu_s"] = len(arrays) / t, len(arrays) / max(CPU_TIMES[-1], 1e-9)
         row(f"{label} ({len(arrays):,} layouts)", f"{len(arrays) / t:,.0f}/s",
             f"goal >= 1,000,000/s ({out[f'{key}_per_cpu_s']:,.0f} per CPU second)")
+
+    def rebuilt() -> None:
+        forget_tables()
+        score(m, setup, arrays, cluster, pc=pc)
+    t = best_of(rebuilt, repeats)
+    out["both_rebuilt_per_s"], out["both_rebuilt_per_cpu_s"] = len(arrays) / t, len(arrays) / max(CPU_TIMES[-1], 1e-9)
+    row("both, degree and state tables rebuilt on every call", f"{len(arrays) / t:,.0f}/s",
+        f"({out['both_rebuilt_per_cpu_s']:,.0f} per CPU second)")
     sample = [arrays.layout(i, setup.seq_len) for i in range(0, len(arrays), max(1, len(arrays) // 2000))]
     t_mem = best_of(lambda: [per_rank_memory(m, setup, lay, pc) for lay in sample], max(1, repeats // 2))
     timed = sample[:: max(1, len(sample) // 200)]
@@ -342,12 +370,26 @@ def llm_analysis_comparison(cache_dir: Path, budget_s: float, repeats: int) -> d
     theirs = res["scored"] / res["seconds"]
     arrays = LayoutArrays.from_layouts(lays)
     cluster = cluster_for(load_gpu("h100"))
-    score(m, setup, arrays, cluster, pc=pc)       # warm the per-shape tables and topology links
-    fast_repeats = 4 * repeats                    # a call takes milliseconds
-    ours_both = len(lays) / best_of(lambda: score(m, setup, arrays, cluster, pc=pc), fast_repeats)
-    cpu_both = len(lays) / max(CPU_TIMES[-1], 1e-9)
-    ours_vec = len(lays) / best_of(lambda: peak_bytes(m, setup, arrays, pc), fast_repeats)
-    ours_time = len(lays) / best_of(lambda: step_times_s(m, setup, arrays, cluster, pc=pc), fast_repeats)
+    # cold: the first call for this model, set-up and cluster builds every table (block
+    # times, topology links, degree and state tables); one call, so one measurement
+    c0, t0 = cpu_seconds(), time.perf_counter()
+    score(m, setup, arrays, cluster, pc=pc)
+    ours_cold, cpu_cold = len(lays) / (time.perf_counter() - t0), len(lays) / max(cpu_seconds() - c0, 1e-9)
+
+    def rebuilt() -> None:
+        forget_tables()
+        score(m, setup, arrays, cluster, pc=pc)
+    # warm: every table kept (a search or sweep scoring the same GPU counts again); rebuilt:
+    # the degree and state tables built again on every call, the per-shape tables and
+    # links kept (what a call on GPU counts not scored before costs). A call takes
+    # milliseconds, and other jobs on a shared machine slow it for seconds at a time, so
+    # the four take turns, 20 calls each, for `repeats` rounds
+    timed = interleaved({"warm": lambda: score(m, setup, arrays, cluster, pc=pc), "rebuilt": rebuilt,
+                         "memory": lambda: peak_bytes(m, setup, arrays, pc),
+                         "time": lambda: step_times_s(m, setup, arrays, cluster, pc=pc)}, repeats, 20)
+    ours_both, cpu_both, median_both = (len(lays) / x for x in timed["warm"])
+    ours_rebuilt, cpu_rebuilt, _ = (len(lays) / x for x in timed["rebuilt"])
+    ours_vec, ours_time = len(lays) / timed["memory"][0], len(lays) / timed["time"][0]
     ours_mem = len(lays) / best_of(lambda: [per_rank_memory(m, setup, x, pc) for x in lays], 1)
     few = lays[:: max(1, len(lays) // 200)]
     for x in few:
@@ -356,8 +398,13 @@ def llm_analysis_comparison(cache_dir: Path, budget_s: float, repeats: int) -> d
                                            for x in few], 1)
     row(f"llm-analysis, memory and time, one call per layout ({res['scored']:,})", f"{theirs:,.0f}/s",
         f"({res['refused']:,} refused as not fitting)")
-    row(f"planner, memory and step time as arrays ({len(lays):,})", f"{ours_both:,.0f}/s",
-        f"{ours_both / theirs:,.0f}x  (goal >= 1,000x; {cpu_both:,.0f} per CPU second)")
+    row(f"planner, memory and step time as arrays, warm ({len(lays):,})", f"{ours_both:,.0f}/s",
+        f"{ours_both / theirs:,.0f}x  (goal >= 1,000x; {cpu_both:,.0f} per CPU second; "
+        f"median {median_both:,.0f}/s, {median_both / theirs:,.0f}x)")
+    row("planner, the same, degree and state tables rebuilt", f"{ours_rebuilt:,.0f}/s",
+        f"{ours_rebuilt / theirs:,.0f}x  ({cpu_rebuilt:,.0f} per CPU second)")
+    row("planner, the same, first call (cold, one run)", f"{ours_cold:,.0f}/s",
+        f"{ours_cold / theirs:,.1f}x  ({cpu_cold:,.0f} per CPU second)")
     row("planner, memory as arrays", f"{ours_vec:,.0f}/s", f"{ours_vec / theirs:,.0f}x")
     row("planner, step time as arrays", f"{ours_time:,.0f}/s", f"{ours_time / theirs:,.0f}x")
     row("planner, memory one layout at a time", f"{ours_mem:,.0f}/s", f"{ours_mem / theirs:,.1f}x")
@@ -365,6 +412,10 @@ def llm_analysis_comparison(cache_dir: Path, budget_s: float, repeats: int) -> d
     return {"installed": True, "layouts": len(lays), "llm_analysis_per_s": theirs,
             "llm_analysis_scored": res["scored"], "llm_analysis_refused": res["refused"],
             "planner_memory_and_time_vectorised_per_s": ours_both, "planner_memory_and_time_vectorised_per_cpu_s": cpu_both,
+            "planner_memory_and_time_vectorised_median_per_s": median_both,
+            "planner_memory_and_time_rebuilt_per_s": ours_rebuilt, "planner_memory_and_time_rebuilt_per_cpu_s": cpu_rebuilt,
+            "planner_memory_and_time_cold_per_s": ours_cold, "planner_memory_and_time_cold_per_cpu_s": cpu_cold,
+            "ratio_memory_and_time_rebuilt": ours_rebuilt / theirs, "ratio_memory_and_time_cold": ours_cold / theirs,
             "planner_vectorised_per_s": ours_vec, "planner_time_vectorised_per_s": ours_time,
             "planner_memory_per_s": ours_mem, "planner_memory_and_time_per_s": ours_one,
             "ratio_memory_and_time_vectorised": ours_both / theirs, "ratio_vectorised": ours_vec / theirs}

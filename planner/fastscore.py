@@ -11,9 +11,11 @@ search over thousands of GPU counts and layouts spends its time there. Here:
 - peak_bytes() returns per_rank_memory(...).total for each of them. What depends on a
   layout's shape (a block's activations, the loss, a stage's parameters) is computed once
   per distinct shape by planner.memory's own functions; model states, buffers and optimizer
-  temporaries once per distinct (degrees, sharding); the rest (in-flight micro-batches,
-  the four peak moments, fragmentation) is array arithmetic that mirrors per_rank_memory
-  line by line, with the same integer and float rounding.
+  temporaries once per distinct (degrees, sharding), in tables kept across calls for the
+  same model, set-up, GPUs per node and states (a least-recently-used cache of at most
+  32 entries and 64 MiB, _STATE_CACHE); the rest (in-flight micro-batches, the four peak moments,
+  fragmentation) is array arithmetic that mirrors per_rank_memory line by line, with
+  the same integer and float rounding.
 
 Both are equal to planner.layouts and planner.memory to the layout and the byte
 (tests/test_properties.py checks random models, set-ups, counts and search spaces); the
@@ -27,13 +29,15 @@ imported only here.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from .layouts import FSDP_STAGE, SHARDINGS, Layout, SearchSpace, _degrees, _shardings
+from .layouts import FSDP_STAGE, SHARDINGS, Layout, SearchSpace, _shardings, degree_shapes
 from .memory import (
     _activation_key,
     _block_activations,
@@ -126,16 +130,7 @@ def valid_layouts(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node
     if not supports(setup):
         raise Unsupported("only full training is vectorised")
     space = space or SearchSpace()
-    shapes = []            # (tp, cp, ep, pp, dp) in enumerate_layouts' order
-    max_tp = space.max_tp or gpus_per_node
-    for tp in _degrees(space.tp, n_gpus, max_tp if space.tp is None else n_gpus):
-        for cp in _degrees(space.cp, n_gpus // tp, space.max_cp if space.cp is None else n_gpus):
-            ep_cap = m.n_experts if m.is_moe else 1
-            for ep in _degrees(space.ep, n_gpus // (tp * cp), ep_cap if space.ep is None else n_gpus):
-                for pp in _degrees(space.pp, n_gpus // (tp * cp * ep), m.n_layers if space.pp is None else n_gpus):
-                    dp = n_gpus // (tp * cp * ep * pp)
-                    if space.dp is None or space.dp == dp:
-                        shapes.append((tp, cp, ep, pp, dp))
+    shapes = list(degree_shapes(m, n_gpus, gpus_per_node, space))   # enumerate_layouts' order
     shardings = _shardings(space)
     vps = [space.vp] if space.vp is not None else [1, 2]
     mbs, rcs = list(space.micro_batches), [RECOMPUTES.index(r) for r in space.recomputes]
@@ -203,13 +198,18 @@ def _renumber(values: np.ndarray, span: int) -> tuple[np.ndarray, int]:
     increasing order, through a lookup table of ``span`` entries: (numbers, how many)."""
     present = np.zeros(span, dtype=bool)
     present[values] = True
-    number = np.cumsum(present) - 1
-    return number[values], int(number[-1]) + 1
+    distinct = np.flatnonzero(present)
+    number = np.empty(span, dtype=np.int64)
+    number[distinct] = np.arange(len(distinct))
+    return number[values], len(distinct)
 
 
-def _group(columns: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def _group(columns: Sequence[np.ndarray], bounds: Sequence[tuple[int, int] | None] | None = None
+           ) -> tuple[np.ndarray, np.ndarray]:
     """(inverse, representatives): the group of each row by its values in ``columns``
     (groups in increasing order of the packed key), and one row index per group.
+    ``bounds``: (lowest, highest) possible value of each column where known (None
+    where not), which spares a pass over it for its minimum and maximum.
 
     The columns are packed into one int64 key (mixed radix, the first column least
     significant; a column with one value is left out). A wide column (a dp of up to
@@ -220,8 +220,8 @@ def _group(columns: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     n = len(columns[0])
     limit = max(1 << 16, 4 * n)
     key, scale = None, 1
-    for col in columns:
-        lo, hi = int(col.min()), int(col.max())
+    for i, col in enumerate(columns):
+        lo, hi = bounds[i] if bounds is not None and bounds[i] is not None else (int(col.min()), int(col.max()))
         span = hi - lo + 1
         if span == 1:
             continue
@@ -249,6 +249,15 @@ def _group(columns: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return inverse.reshape(-1), first
 
 
+def _group_packed(key: np.ndarray, span: int) -> tuple[np.ndarray, np.ndarray]:
+    """_group() of one column already packed into 0 <= key < span, for a span small
+    enough for a lookup table: (inverse, representatives), in increasing key order."""
+    inverse, count = _renumber(key, span)
+    rep = np.empty(count, dtype=np.int64)
+    rep[inverse] = np.arange(len(key))
+    return inverse, rep
+
+
 @dataclass(frozen=True, slots=True)
 class LayoutGroups:
     """The groups of a LayoutArrays that peak_bytes() and planner.fasttime share: by
@@ -260,22 +269,27 @@ class LayoutGroups:
     d_rep: np.ndarray
     p_inv: np.ndarray
     p_rep: np.ndarray
+    degrees: tuple[np.ndarray, ...]     # tp, cp, ep, dp, pp of each D
+    degrees_key: bytes                  # the same, as bytes: part of the cache keys of per-D tables
 
     @staticmethod
     def of(a: LayoutArrays) -> LayoutGroups:
         d_inv, d_rep = _group([a.tp, a.cp, a.ep, a.dp, a.pp])
-        p_inv, p_rep = _group([d_inv, a.sp, a.vp, a.micro_batch, a.recompute])
+        p_inv, p_rep = _group([d_inv, a.sp, a.vp, a.micro_batch, a.recompute],
+                              [(0, len(d_rep) - 1), (0, 1), None, None, (0, len(RECOMPUTES) - 1)])
         if not np.array_equal(a.grad_accum[p_rep][p_inv], a.grad_accum):   # valid layouts: ga = B / (mb dp ep)
             p_inv, p_rep = _group([d_inv, a.sp, a.vp, a.micro_batch, a.recompute, a.grad_accum])
-        return LayoutGroups(d_inv, d_rep, p_inv, p_rep)
+        degrees = np.stack([a.tp[d_rep], a.cp[d_rep], a.ep[d_rep], a.dp[d_rep], a.pp[d_rep]])
+        return LayoutGroups(d_inv, d_rep, p_inv, p_rep, tuple(degrees), degrees.tobytes())
 
 
 def _per_unique(columns: Sequence[np.ndarray], fn: Callable[..., tuple[int, ...]], n_out: int,
-                memo: dict[tuple, tuple[int, ...]] | None = None) -> list[np.ndarray]:
+                memo: dict[tuple, tuple[int, ...]] | None = None,
+                bounds: Sequence[tuple[int, int] | None] | None = None) -> list[np.ndarray]:
     """fn(*row) for each distinct row of ``columns``, spread back over every element:
     the expensive per-shape work runs once per shape, in planner.memory's own code
-    (and once per model and set-up with ``memo``)."""
-    inverse, first = _group(columns)
+    (and once per model and set-up with ``memo``). ``bounds``: as for _group()."""
+    inverse, first = _group(columns, bounds)
     rows = np.stack([col[first] for col in columns], axis=1).tolist()
     if memo is None:
         memo = {}
@@ -333,25 +347,94 @@ def _trunc(x: np.ndarray) -> np.ndarray:
     return x.astype(np.int64) if x.dtype.kind == "f" else x
 
 
-def peak_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCount | None = None,
-               gpus_per_node: int = 8, groups: LayoutGroups | None = None) -> np.ndarray:
-    """per_rank_memory(m, setup, layout, pc, gpus_per_node).total for every layout of
-    ``a`` (all valid: layouts.reject_reason gives None, and seq_len = setup.seq_len), in
-    bytes, as int64. ``groups``: LayoutGroups.of(a), when the caller has it. Raises
-    Unsupported where per_rank_memory must answer instead."""
-    if not supports(setup):
-        raise Unsupported("only full training is vectorised")
-    n = len(a)
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
-    pc = pc or count_params(m)
+class TableCache:
+    """Tables kept across calls, least recently used first out: at most ``max_entries``
+    of them and, beyond the most recent one, ``max_bytes`` of numpy arrays in all."""
+
+    def __init__(self, max_entries: int, max_bytes: int) -> None:
+        self.max_entries, self.max_bytes = max_entries, max_bytes
+        self.entries: OrderedDict[tuple, tuple[object, int]] = OrderedDict()
+        self.n_bytes = 0
+
+    def get(self, key: tuple) -> Any:
+        hit = self.entries.get(key)
+        if hit is None:
+            return None
+        self.entries.move_to_end(key)
+        return hit[0]
+
+    def put(self, key: tuple, tables: tuple) -> None:
+        arrays = _arrays(tables)
+        for x in arrays:               # later calls read them; none may write
+            x.flags.writeable = False
+        size = sum(x.nbytes for x in arrays)
+        self.entries[key] = (tables, size)
+        self.n_bytes += size
+        while len(self.entries) > 1 and (len(self.entries) > self.max_entries or self.n_bytes > self.max_bytes):
+            self.n_bytes -= self.entries.popitem(last=False)[1][1]
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.n_bytes = 0
+
+
+def _arrays(x: object) -> list[np.ndarray]:
+    if isinstance(x, np.ndarray):
+        return [x]
+    if isinstance(x, (tuple, list)):
+        return [a for y in x for a in _arrays(y)]
+    return []
+
+
+class _States(NamedTuple):
+    """What peak_bytes() reads per distinct degrees (D) and per state (a distinct degrees,
+    sharding and ZeRO stage): (slot, D) and (slot, state) tables."""
+
+    stage_d: np.ndarray        # (slot, D): the stage, -1 where the pipeline has fewer slots
+    layers_d: np.ndarray       # (slot, D): its layers
+    last_d: np.ndarray         # (slot, D): 1 where it is the last stage, else 0
+    kern: np.ndarray           # per state: KERNELS index (memory.resolve_kernels)
+    persistent: np.ndarray     # per state: gradients held across micro-batches in any case
+    fixed: np.ndarray          # per state: the fixed overhead
+    tracked: np.ndarray        # per state: the optimizer-step moment, largest over the slots
+    fsdp_any: bool             # some state has an FSDP moment (f_on)
+    parts: tuple[np.ndarray, ...]   # (slot, state): base_start, base_end, end_state, base_fwd, held_grads,
+    #                            buffer_parts, end_buffers, f_on, f_done, f_end_grads, f_head, fwd_buffers
+
+
+# Degree and state tables kept across calls, per (model, set-up, GPUs per node, distinct
+# states): a search scores the same GPU counts' states again for other micro-batches and
+# recomputation modes, and these tables are most of a call's fixed cost. Least recently
+# used first out.
+_STATE_CACHE = TableCache(max_entries=32, max_bytes=64 * 2**20)
+
+
+def _state_tables(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, gpus_per_node: int, a: LayoutArrays,
+                  g: LayoutGroups, state_rows: np.ndarray, state_key: np.ndarray) -> _States:
+    """_build_states() for the states of ``a`` (one row of each, ``state_rows``; their
+    degrees' index among g's, sharding and ZeRO stage packed in ``state_key``), or its
+    answer for the same model, set-up, GPUs per node, degrees and states from an earlier
+    call."""
+    key = (m, pc, setup, gpus_per_node, g.degrees_key, state_key[state_rows].tobytes())
+    hit = _STATE_CACHE.get(key)
+    if hit is not None:
+        return hit
+    st = LayoutArrays(*(getattr(a, f)[state_rows] for f in LayoutArrays.FIELDS))
+    tp_d, _, ep_d, _, pp_d = g.degrees
+    out = _build_states(m, pc, setup, gpus_per_node, st, g.d_inv[state_rows], (tp_d, ep_d, pp_d))
+    _STATE_CACHE.put(key, out)
+    return out
+
+
+def _build_states(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, gpus_per_node: int,
+                  st: LayoutArrays, s_d: np.ndarray, d_deg: tuple[np.ndarray, ...]) -> _States:
+    """Per distinct degrees (``d_deg``: tp, ep, pp) the stages that can be the most loaded;
+    per state (``st``, one layout standing for each, and ``s_d`` its degrees' index) the
+    rank's parameters, model states, buffers and optimizer temporaries, and the parts of
+    the moments per_rank_memory compares that belong to the state. Raises Unsupported for
+    numbers too large for exact int64 arithmetic."""
     prec = setup.precision_spec
-    seq = setup.seq_len
     h = m.d_model
-    if pc.total * 64 >= SAFE_BYTES:
-        raise Unsupported("model states too large for exact int64 arithmetic")
-    if setup.overheads.fragmentation < 0:
-        raise Unsupported("the total is taken on the largest tracked bytes, which needs fragmentation >= 0")
 
     # memory.resolve_kernels: fused / eager / amp (autocast for replicated mixed precision)
     def kernels_of(x: LayoutArrays) -> np.ndarray:
@@ -371,32 +454,9 @@ def peak_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCou
     wb, gb = prec.weight_bytes, prec.grad_bytes
     moe = m.is_moe
 
-    # ---- per layout shape: a block's activations, the eager score gradients, the loss
-    def shape_figures(tp: int, sp: int, cp: int, mb: int, rc: int, k: int) -> tuple[int, ...]:
-        lay = Layout(tp=tp, sp=bool(sp), cp=cp, micro_batch=mb, seq_len=seq, recompute=RECOMPUTES[rc])
-        kernels = KERNELS[k]
-        kept, full = _block_activations(m, setup, _activation_key(lay), kernels)
-        return (kept, full, eager_score_gradient_bytes(m, setup, lay, kernels),
-                logits_bytes(m, setup, lay, kernels))
-
-    # ---- groups. Model states, buffers and the optimizer's temporaries do not depend on
-    # the micro-batch, accumulation, virtual stages or recomputation: they are sized once per
-    # state, a distinct (tp, cp, ep, dp, pp, sharding, ZeRO stage). Activations, the loss and
-    # the pipeline's buffers are sized once per activation shape, a distinct (tp, cp, ep, dp,
-    # pp, sp, vp, micro-batch, accumulation, recomputation, kernels). Both build on
-    # LayoutGroups' degrees and pipeline shapes.
-    g = groups or LayoutGroups.of(a)
-    d_inv, d_rep = g.d_inv, g.d_rep
-    state_inv, state_rows = _group([d_inv, a.sharding, a.zero_stage])
-    st = LayoutArrays(*(getattr(a, f)[state_rows] for f in LayoutArrays.FIELDS))
-    s_kern = kernels_of(st)
-    act_inv, act_rows = _group([g.p_inv, (s_kern == 2)[state_inv]])
-    tp_a, sp_a, cp_a, pp_a, vp_a, mb_a, ga_a, rc_a = (
-        x[act_rows] for x in (a.tp, a.sp, a.cp, a.pp, a.vp, a.micro_batch, a.grad_accum, a.recompute))
-
     # ---- per pipeline depth: the stages that can be the most loaded (memory._stages_to_check),
     # as (slot, D) tables; stage -1 where the pipeline has fewer slots
-    tp_d, ep_d, pp_d = a.tp[d_rep], a.ep[d_rep], a.pp[d_rep]
+    tp_d, ep_d, pp_d = d_deg
     pp_inv, pp_rep = _group([pp_d])
     slots = [_stage_slots(m.n_layers, p) for p in pp_d[pp_rep].tolist()]
     n_slots = max(len(row) for row in slots)
@@ -406,7 +466,6 @@ def peak_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCou
         for j, (s, c) in enumerate(row):
             stage_d[j, i], layers_d[j, i] = s, c
     stage_d, layers_d = stage_d[:, pp_inv], layers_d[:, pp_inv]
-    s_d = d_inv[state_rows]
     s_stage_of, s_layers_of = stage_d[:, s_d], layers_d[:, s_d]             # (slots, states)
 
     # ---- per (tp, ep, pp) and stage slot: the rank's parameters (memory.rank_params)
@@ -428,46 +487,13 @@ def peak_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCou
         raise Unsupported("a stage's parameters are too many for exact int64 arithmetic")
     s_params = np.ascontiguousarray(params[combo_inv[s_d]].transpose(2, 1, 0))   # (5, slots, states)
 
-    # ---- per activation shape: a block's activations, the eager score gradients, the loss,
-    # the pipeline's buffers; per stage slot, the activations held at the start of backward
-    # with the larger of the logits and the last block's working set, and the last block
-    layer_act, full_layer, score_grad, logits_all = _per_unique(
-        [tp_a, sp_a, cp_a, mb_a, rc_a, s_kern[state_inv[act_rows]]], shape_figures, 4, _memo("shape", m, setup))
-    tokens_local = mb_a * (seq // cp_a)
-    pp_buffer = np.where(pp_a > 1, 2 * _ceil_div(tokens_local * h * prec.activation_bytes,
-                                                 np.where(sp_a == 1, tp_a, 1)), 0)
-    a_d = d_inv[act_rows]
-    layers_a = layers_d[:, a_d]
-    working_all = (full_layer - layer_act) + score_grad
-    # the micro-batches each slot holds (memory.in_flight_microbatches) follow from the
-    # depth, the virtual stages and the accumulation: per distinct (pp, vp, accumulation)
-    held_inv, held_rep = _group([pp_a, vp_a, ga_a])
-    pp_h, vp_h, ga_h = pp_a[held_rep], vp_a[held_rep], ga_a[held_rep]
-    stage_h = np.maximum(stage_d[:, a_d[held_rep]], 0)
-    held_h = np.where(pp_h == 1, 1.0, np.minimum(pp_h - stage_h, ga_h).astype(np.float64))
-    held_h = np.where((pp_h > 1) & (vp_h > 1), held_h * (1 + (pp_h - 1) / (pp_h * vp_h)), held_h)
-    held = np.take(held_h, held_inv, axis=1)
-    # FSDP's moments (memory.per_rank_memory): the held activations, the loss and the
-    # working set apart, since FSDP adds the LM head's gradient to the working set.
-    # Every stage slot at once: (slot, activation shape) arrays
-    has_layers = layers_a > 0
-    acts = _trunc((layers_a * layer_act) * held)
-    if m.hidden_dropout > 0:
-        acts = acts + np.where((stage_d <= 0)[:, a_d], _trunc(tokens_local * h * held), 0)
-    x_logits = np.where((stage_d == (pp_d - 1))[:, a_d], logits_all, 0)
-    x_working = np.where(has_layers, working_all, 0)
-    x_acts = acts + np.maximum(x_logits, x_working) + pp_buffer
-    x_last_block = np.where(has_layers, full_layer, 0)
+    s_kern = kernels_of(st)
     fsdp_any = bool((st.sharding > 0).any())
-    x_held, x_block = acts, np.where(has_layers, layer_act, 0) if fsdp_any else None
-    persistent = ((ga_a > 1) | (pp_a > 1))[act_inv]
-
     # ---- per state (memory.per_rank_memory's fixed overhead, memory.model_state_bytes ...)
     s_dense_deg = st.dp * st.cp * st.ep                 # Layout.dense_shard_degree
-    persistent |= ((st.sharding == 0) & (s_dense_deg > 1))[state_inv]
     s_n_gpus = s_dense_deg * st.tp * st.pp
     fixed = (setup.overheads.fixed_bytes(True) * (s_n_gpus > 1)
-             + setup.overheads.fixed_bytes(False) * (s_n_gpus <= 1))[state_inv]
+             + setup.overheads.fixed_bytes(False) * (s_n_gpus <= 1))
     s_fsdp = st.sharding > 0
     s_amp = s_kern == 2
     s_grad_op = st.sharding == SHARDINGS.index("fsdp-grad-op")
@@ -599,7 +625,99 @@ def peak_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCou
      f_head, fwd_buffers) = (np.broadcast_to(x, s_stage_of.shape) for x in (
         base_start, base_end, base_step, base_fwd, held_grads, buffer_parts, end_buffers, f_on, f_done,
         f_end_grads, f_head, fwd_buffers))
+    return _States(stage_d, layers_d, (stage_d == (pp_d - 1)).astype(np.int64), s_kern, (st.sharding == 0) & (s_dense_deg > 1), fixed,
+                   base_step.max(axis=0), bool(f_on.any()),
+                   (base_start, base_end, base_end + buffer_parts, base_fwd, held_grads, buffer_parts, end_buffers,
+                    f_on, f_done, f_end_grads, f_head, fwd_buffers))
 
+
+
+def peak_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCount | None = None,
+               gpus_per_node: int = 8, groups: LayoutGroups | None = None) -> np.ndarray:
+    """per_rank_memory(m, setup, layout, pc, gpus_per_node).total for every layout of
+    ``a`` (all valid: layouts.reject_reason gives None, and seq_len = setup.seq_len), in
+    bytes, as int64. ``groups``: LayoutGroups.of(a), when the caller has it. Raises
+    Unsupported where per_rank_memory must answer instead."""
+    if not supports(setup):
+        raise Unsupported("only full training is vectorised")
+    n = len(a)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    pc = pc or count_params(m)
+    prec = setup.precision_spec
+    seq = setup.seq_len
+    h = m.d_model
+    if pc.total * 64 >= SAFE_BYTES:
+        raise Unsupported("model states too large for exact int64 arithmetic")
+    if setup.overheads.fragmentation < 0:
+        raise Unsupported("the total is taken on the largest tracked bytes, which needs fragmentation >= 0")
+
+    # ---- per layout shape: a block's activations, the eager score gradients, the loss
+    def shape_figures(tp: int, sp: int, cp: int, mb: int, rc: int, k: int) -> tuple[int, ...]:
+        lay = Layout(tp=tp, sp=bool(sp), cp=cp, micro_batch=mb, seq_len=seq, recompute=RECOMPUTES[rc])
+        kernels = KERNELS[k]
+        kept, full = _block_activations(m, setup, _activation_key(lay), kernels)
+        return (kept, full, eager_score_gradient_bytes(m, setup, lay, kernels),
+                logits_bytes(m, setup, lay, kernels))
+
+    # ---- groups. Model states, buffers and the optimizer's temporaries do not depend on
+    # the micro-batch, accumulation, virtual stages or recomputation: they are sized once per
+    # state, a distinct (tp, cp, ep, dp, pp, sharding, ZeRO stage). Activations, the loss and
+    # the pipeline's buffers are sized once per activation shape, a distinct (tp, cp, ep, dp,
+    # pp, sp, vp, micro-batch, accumulation, recomputation, kernels). Both build on
+    # LayoutGroups' degrees and pipeline shapes.
+    g = groups or LayoutGroups.of(a)
+    d_inv, d_rep = g.d_inv, g.d_rep
+    n_k = 4 * len(SHARDINGS)                            # (sharding, ZeRO stage) pairs
+    state_key = d_inv * n_k + (4 * a.sharding + a.zero_stage)
+    if len(d_rep) * n_k <= max(1 << 16, 4 * n):
+        state_inv, state_rows = _group_packed(state_key, len(d_rep) * n_k)
+    else:
+        state_inv, state_rows = _group([d_inv, a.sharding, a.zero_stage])
+    sts = _state_tables(m, pc, setup, gpus_per_node, a, g, state_rows, state_key)
+    stage_d, layers_d, s_kern, n_slots = sts.stage_d, sts.layers_d, sts.kern, len(sts.stage_d)
+    amp = s_kern == 2
+    if amp.any():                                      # (pipeline shape, autocast)
+        act_inv, act_rows = _group_packed(2 * g.p_inv + amp[state_inv], 2 * len(g.p_rep))
+    else:
+        act_inv, act_rows = g.p_inv, g.p_rep
+    tp_a, sp_a, cp_a, pp_a, vp_a, mb_a, ga_a, rc_a = (
+        x[act_rows] for x in (a.tp, a.sp, a.cp, a.pp, a.vp, a.micro_batch, a.grad_accum, a.recompute))
+
+    # ---- per activation shape: a block's activations, the eager score gradients, the loss,
+    # the pipeline's buffers; per stage slot, the activations held at the start of backward
+    # with the larger of the logits and the last block's working set, and the last block
+    layer_act, full_layer, score_grad, logits_all = _per_unique(
+        [tp_a, sp_a, cp_a, mb_a, rc_a, s_kern[state_inv[act_rows]]], shape_figures, 4, _memo("shape", m, setup),
+        [None, (0, 1), None, None, (0, len(RECOMPUTES) - 1), (0, len(KERNELS) - 1)])
+    tokens_local = mb_a * (seq // cp_a)
+    pp_buffer = np.where(pp_a > 1, 2 * _ceil_div(tokens_local * h * prec.activation_bytes,
+                                                 np.where(sp_a == 1, tp_a, 1)), 0)
+    a_d = d_inv[act_rows]
+    layers_a = np.take(layers_d, a_d, axis=1)
+    working_all = (full_layer - layer_act) + score_grad
+    # the micro-batches each slot holds (memory.in_flight_microbatches) follow from the
+    # depth, the stage, the virtual stages and the accumulation
+    stage_a = np.maximum(np.take(stage_d, a_d, axis=1), 0)
+    held = np.where(pp_a == 1, 1.0, np.minimum(pp_a - stage_a, ga_a).astype(np.float64))
+    if int(vp_a.max()) > 1:
+        held = np.where((pp_a > 1) & (vp_a > 1), held * (1 + (pp_a - 1) / (pp_a * vp_a)), held)
+    # FSDP's moments (memory.per_rank_memory): the held activations, the loss and the
+    # working set apart, since FSDP adds the LM head's gradient to the working set.
+    # Every stage slot at once: (slot, activation shape) arrays
+    has_layers = layers_a > 0
+    acts = _trunc((layers_a * layer_act) * held)
+    if m.hidden_dropout > 0:
+        acts = acts + np.where((stage_d <= 0)[:, a_d], _trunc(tokens_local * h * held), 0)
+    x_logits = np.take(sts.last_d, a_d, axis=1) * logits_all      # last_d is 0 or 1: exact
+    x_working = np.where(has_layers, working_all, 0)
+    x_acts = acts + np.maximum(x_logits, x_working) + pp_buffer
+    x_last_block = np.where(has_layers, full_layer, 0)
+    x_held, x_block = acts, np.where(has_layers, layer_act, 0) if sts.fsdp_any else None
+    persistent = ((ga_a > 1) | (pp_a > 1))[act_inv] | sts.persistent[state_inv]
+    fixed = sts.fixed[state_inv]
+    (base_start, base_end, end_state, base_fwd, held_grads, buffer_parts, end_buffers, f_on, f_done, f_end_grads,
+     f_head, fwd_buffers) = sts.parts
 
     # ---- per layout: the four moments per_rank_memory compares (backward-start and
     # block-backward, backward-end, optimizer-step), in integers, so the parts add in any
@@ -610,16 +728,24 @@ def peak_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCou
     # state; without FSDP the backward-end moment holds no buffers of its own (end_b = 0),
     # so the larger of them and the other buffers is the latter, and its parts add up per
     # state and per activation shape ahead of the pass (FSDP's moments replace it).
-    end_state = base_end + buffer_parts
     end_act = x_last_block + pp_buffer
     pp_buffer = pp_buffer[act_inv]
-    tracked = base_step.max(axis=0)[state_inv]
-    fsdp_any = bool(f_on.any())
+    tracked = sts.tracked[state_inv]
+    fsdp_any = sts.fsdp_any
+    if not fsdp_any:
+        # the state's parts of the backward-start moment with and without the gradients
+        # held across micro-batches, one table, read at state + states x persistent
+        n_st = len(sts.tracked)
+        start = np.concatenate([base_start, base_start + held_grads], axis=1)
+        at_start = np.take(start, state_inv + n_st * persistent, axis=1) + np.take(x_acts, act_inv, axis=1)
+        at_end = np.take(end_state, state_inv, axis=1) + np.take(end_act, act_inv, axis=1)
+        tracked = np.maximum(tracked, np.maximum(at_start, at_end).max(axis=0))
+        return tracked + (fixed + _trunc(tracked * setup.overheads.fragmentation))
     for j in range(n_slots):
         at_start = base_start[j][state_inv] + persistent * held_grads[j][state_inv] + x_acts[j][act_inv]
         at_end = end_state[j][state_inv] + end_act[j][act_inv]
-        on = f_on[j][state_inv] > 0 if fsdp_any else None
-        if on is not None and on.any():    # FSDP: the LM head's gradient in the working set, the blocks done, forward
+        on = f_on[j][state_inv] > 0
+        if on.any():                       # FSDP: the LM head's gradient in the working set, the blocks done, forward
             head, held = f_head[j][state_inv], x_held[j][act_inv]
             g_held = persistent * held_grads[j][state_inv]
             at_start = np.where(on, base_start[j][state_inv] + g_held + held + pp_buffer

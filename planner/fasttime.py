@@ -18,12 +18,19 @@ levels:
   slowest stage's forward or backward, the slowdown of what they hide, and the optimizer
   update; the faster of the placement orders.
 
-What depends on a few distinct values is computed by planner.timing's and
-planner.memory's own functions; the rest is array arithmetic that mirrors timing._pipeline
-and timing._finish with the same operations in the same order, so the floats are the
-same, not just close (tests/test_fasttime.py checks equality on random models, GPUs,
-topologies, set-ups, efficiencies and layouts). Integers enter the float arithmetic as
-float64 arrays, which hold them exactly as Python's int-to-float conversion does. What
+The per-degree tables (links, stages, collectives, optimizer) are kept across calls, per
+model, set-up, cluster, efficiencies, placement orders and distinct degrees (a
+least-recently-used cache of at most 32 entries and 64 MiB; forget_tables() drops
+them), as fastscore keeps its per-state tables: a search or sweep that scores the same
+GPU counts again skips them. Where the second placement order gives the tensor-,
+context- and expert-parallel groups the same links as the first, the slowest stage is
+not worked out again, only for the pipeline shapes whose links change. What depends on
+a few distinct values is computed by planner.timing's and planner.memory's own
+functions; the rest is array arithmetic that mirrors timing._pipeline and timing._finish
+with the same operations in the same order, so the floats are the same, not just close
+(tests/test_fasttime.py checks equality on random models, GPUs, topologies, set-ups,
+efficiencies and layouts). Integers enter the float arithmetic as float64 arrays, which
+hold them exactly as Python's int-to-float conversion does. What
 trains (full, LoRA, QLoRA, freeze) enters through timing's own functions: layer_time
 (frozen base GEMMs, adapters, dequantization), backward_layers (freeze's blocks without
 backward), trained_split (the trainable parameters the gradient reductions and the
@@ -39,7 +46,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .fastscore import RECOMPUTES, LayoutArrays, LayoutGroups, Unsupported, _group, peak_bytes
+from .fastscore import (_STATE_CACHE, RECOMPUTES, LayoutArrays, LayoutGroups, TableCache, Unsupported, _group,
+                        peak_bytes)
 from .layouts import SHARDINGS, Layout
 from .memory import stage_layers
 from .model import ModelSpec, ParamCount, count_params
@@ -118,10 +126,11 @@ def _rows(width: int, dtype: type, *key: object) -> _Rows:
     return rows
 
 
-def _distinct_rows(columns: Sequence[np.ndarray], rows: _Rows, fn: Callable[..., tuple]) -> np.ndarray:
+def _distinct_rows(columns: Sequence[np.ndarray], rows: _Rows, fn: Callable[..., tuple],
+                   bounds: Sequence[tuple[int, int] | None] | None = None) -> np.ndarray:
     """rows.lookup() of each distinct row of ``columns``, spread over every element, as a
-    (width, elements) array whose rows are contiguous."""
-    inverse, first = _group(columns)
+    (width, elements) array whose rows are contiguous. ``bounds``: as for fastscore._group()."""
+    inverse, first = _group(columns, bounds)
     keys = list(zip(*(col[first].tolist() for col in columns)))
     return np.take(np.ascontiguousarray(rows.lookup(keys, fn).T), inverse, axis=1)
 
@@ -198,31 +207,55 @@ def _block_row(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Effici
             tokens * h * a, tokens * h * a / tp)
 
 
-def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Cluster,
-                 eff: Efficiency = Efficiency(), pc: ParamCount | None = None,
-                 orders: Sequence[tuple[str, ...]] = PLACEMENT_ORDERS, groups: LayoutGroups | None = None
-                 ) -> np.ndarray:
-    """timing.step_time(m, setup, layout, cluster, eff, pc, orders).step_time_s for every
-    layout of ``a`` (sequence length setup.seq_len), in seconds, as float64. ``groups``:
-    LayoutGroups.of(a), when the caller has it. Raises Unsupported for parameter counts
+class _Degrees(NamedTuple):
+    """What step_times_s() reads per distinct degrees (D: tp, cp, ep, dp, pp), as
+    (rows, D) tables."""
+
+    stage: np.ndarray          # (SLOTS, D): the stages timing._pipeline compares, -1: none
+    links: list[np.ndarray]    # per placement order (10, D): bus bandwidth, hop latency of each axis
+    optimizer_s: np.ndarray    # (2 x SLOTS x D): the optimizer update unsharded, sharded
+    c0: np.ndarray             # (orders x 5 branches x SLOTS x D): timing._dp_comms' three parts
+    c1: np.ndarray
+    c2: np.ndarray
+    n_slots: int               # the slots some pipeline has
+    per_slot: np.ndarray       # (5 x n_slots, D): layers, pipeline edges, last stage, -inf if absent, backward layers
+    kern: np.ndarray           # per D: the kernels, an index into ("eager", "fused") or 0 for setup.kernels
+    block: np.ndarray          # per D: its (tp, cp, ep, kernels) numbered 0, 1, ...
+    n_block: int
+
+
+# Degree tables kept across calls, per (model, set-up, cluster, efficiencies, placement
+# orders, distinct degrees): a search or a sweep scores the same GPU counts' layouts again
+# and again (other micro-batches, recomputation, ZeRO stages), and these tables are most
+# of a call's fixed cost. Least recently used first out.
+_DEGREE_CACHE = TableCache(max_entries=32, max_bytes=64 * 2**20)
+
+
+def _degree_tables(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: Cluster, eff: Efficiency,
+                   orders: list[tuple[str, ...]], degrees: tuple[np.ndarray, ...], degrees_key: bytes,
+                   any_hybrid: bool) -> _Degrees:
+    """_build_degrees(), or its answer for the same arguments from an earlier call
+    (``degrees_key``: LayoutGroups.degrees_key)."""
+    key = (m, pc, setup, cluster, eff, tuple(orders), any_hybrid, degrees_key)
+    hit = _DEGREE_CACHE.get(key)
+    if hit is not None:
+        return hit
+    out = _build_degrees(m, pc, setup, cluster, eff, orders, degrees, any_hybrid)
+    _DEGREE_CACHE.put(key, out)
+    return out
+
+
+def _build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: Cluster, eff: Efficiency,
+                   orders: list[tuple[str, ...]], degrees: tuple[np.ndarray, ...], any_hybrid: bool) -> _Degrees:
+    """Per distinct degrees: the stages that can be the slowest and their ranks'
+    parameters, each axis's links on each placement order, the optimizer update and the
+    data-parallel collectives of every sharding. Raises Unsupported for parameter bytes
     too large to convert to floats exactly."""
-    n = len(a)
-    if n == 0:
-        return np.zeros(0)
-    pc = pc or count_params(m)
-    if pc.total * 8 >= EXACT_INT:
-        raise Unsupported("parameter bytes too large for exact float conversion")
-    gpu = cluster.gpu
-    prec = setup.precision_spec
+    tp, cp, ep, dp, pp = degrees
+    n_d = len(tp)
+    gpu, prec = cluster.gpu, setup.precision_spec
     r = rates(gpu, prec.compute_dtype, eff)
-    bus, slowdown = eff.bus_fraction, eff.overlap_slowdown
-    orders = [tuple(o) for o in orders]
-
-    g = groups or LayoutGroups.of(a)
-    d_inv, d_rep, p_inv, p_rep = g.d_inv, g.d_rep, g.p_inv, g.p_rep
-    tp, cp, ep, dp, pp = (x[d_rep] for x in (a.tp, a.cp, a.ep, a.dp, a.pp))
-    n_d = len(d_rep)
-
+    bus = eff.bus_fraction
     # ---- per D: the stages that can be the slowest, their ranks' parameters, the links;
     # (slots, D) tables
     ft = setup.finetune
@@ -275,7 +308,7 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
     g_b, w_b = eff.grad_reduce_bytes or prec.grad_bytes, prec.weight_bytes
     has_frozen = bool(frozen_dense.any() or frozen_expert.any())
     hybrid = None
-    if bool((a.sharding == SHARDINGS.index("fsdp-hybrid")).any()):
+    if any_hybrid:
         (inside,) = _distinct_rows([tp, n_dense], _rows(1, np.int64, "hybrid", gpu.gpus_per_node),
                                    lambda tp_, dd: (_hybrid_shard(Layout(tp=tp_, dp=dd), gpu.gpus_per_node),))
         hybrid = (inside.astype(np.float64), np.maximum(1, n_dense // inside),
@@ -313,35 +346,78 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
         return tuple(np.stack([np.broadcast_to(x, ag.shape) for x in c], axis=1).ravel()  # type: ignore[return-value]
                      for c in (c0, c1, c2))
 
+    # each stage slot's layers, pipeline edges (embedding, LM head), whether it is the last
+    # stage, -inf for a slot the pipeline does not have, and its blocks with a backward pass
+    n_slots = int((stage_d >= 0).any(axis=1).sum())
+    last = stage_d[:n_slots] == pp - 1
+    per_slot = np.concatenate([layers_d[:n_slots].astype(np.float64),
+                               (stage_d[:n_slots] == 0) + last.astype(np.float64), last.astype(np.float64),
+                               np.where(stage_d[:n_slots] >= 0, 0.0, -np.inf),
+                               bwd_layers_d[:n_slots].astype(np.float64)])
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        c0, c1, c2 = dp_tables()
+    kern = (np.zeros(n_d, dtype=np.int64) if setup.kernels != "auto"
+            else ((tp > 1) | (pp > 1) | (cp > 1)).astype(np.int64))
+    block, _ = _group([tp, cp, ep, kern])
+    return _Degrees(stage_d, links, optimizer_s, c0, c1, c2, n_slots, per_slot, kern, block, int(block.max()) + 1)
+
+
+def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Cluster,
+                 eff: Efficiency = Efficiency(), pc: ParamCount | None = None,
+                 orders: Sequence[tuple[str, ...]] = PLACEMENT_ORDERS, groups: LayoutGroups | None = None
+                 ) -> np.ndarray:
+    """timing.step_time(m, setup, layout, cluster, eff, pc, orders).step_time_s for every
+    layout of ``a`` (sequence length setup.seq_len), in seconds, as float64. ``groups``:
+    LayoutGroups.of(a), when the caller has it. Raises Unsupported for parameter counts
+    too large to convert to floats exactly."""
+    n = len(a)
+    if n == 0:
+        return np.zeros(0)
+    pc = pc or count_params(m)
+    if pc.total * 8 >= EXACT_INT:
+        raise Unsupported("parameter bytes too large for exact float conversion")
+    bus, slowdown = eff.bus_fraction, eff.overlap_slowdown
+    orders = [tuple(o) for o in orders]
+
+    g = groups or LayoutGroups.of(a)
+    d_inv, d_rep, p_inv, p_rep = g.d_inv, g.d_rep, g.p_inv, g.p_rep
+    tp, cp, ep, _, pp = g.degrees
+    n_d = len(d_rep)
+
+    any_hybrid = bool((a.sharding == SHARDINGS.index("fsdp-hybrid")).any())
+    deg = _degree_tables(m, pc, setup, cluster, eff, orders, g.degrees, g.degrees_key, any_hybrid)
+    links, optimizer_s, n_slots, c0, c1, c2 = deg.links, deg.optimizer_s, deg.n_slots, deg.c0, deg.c1, deg.c2
+
     # ---- per P: a block (timing.layer_time) and the head, per distinct block shape, and
     # each stage slot's layers, pipeline edges (embedding, LM head) and whether it is the
     # last stage, as (slots, P) tables; a slot the pipeline does not have gets -inf
     pd = d_inv[p_rep]
-    ptp, pcp, pep, ppp = tp[pd], cp[pd], ep[pd], pp[pd]
+    pcp, ppp = cp[pd], pp[pd]
     pvp, pga = a.vp[p_rep], a.grad_accum[p_rep]
-    if setup.kernels != "auto":
-        kern, kernel_names = np.zeros(len(pd), dtype=np.int64), (setup.kernels,)
-    else:
-        kern, kernel_names = ((ptp > 1) | (ppp > 1) | (pcp > 1)).astype(np.int64), ("eager", "fused")
+    kernel_names = (setup.kernels,) if setup.kernels != "auto" else ("eager", "fused")
+    # the block shape (tp, sp, cp, ep, micro-batch, recomputation, kernels): its degrees'
+    # part numbered per D (_Degrees.block), the rest per P
+    sp_p, mb_p, rc_p = a.sp[p_rep], a.micro_batch[p_rep], a.recompute[p_rep]
+    b_inv, b_first = _group([deg.block[pd], sp_p, mb_p, rc_p],
+                            [(0, deg.n_block - 1), (0, 1), None, (0, len(RECOMPUTES) - 1)])
+    b_d = pd[b_first]
+    b_keys = list(zip(tp[b_d].tolist(), sp_p[b_first].tolist(), cp[b_d].tolist(), ep[b_d].tolist(),
+                      mb_p[b_first].tolist(), rc_p[b_first].tolist(), deg.kern[b_d].tolist()))
+    blocks = _rows(13, np.float64, "block", m, setup, cluster, eff).lookup(
+        b_keys, lambda tp_, sp_, cp_, ep_, mb_, rc_, k_: _block_row(m, setup, cluster, eff, kernel_names[k_], tp_,
+                                                                    sp_, cp_, ep_, mb_, rc_))
     (lt_fwd, lt_bwd, lt_attn, lt_tp_bytes, lt_tp_coll, lt_cp_bytes, lt_cp_passes, lt_ep_bytes, lt_ep_a2a,
-     head_fwd_add, head_bwd_add, edge_bytes, p2p_bytes) = _distinct_rows(
-        [ptp, a.sp[p_rep], pcp, pep, a.micro_batch[p_rep], a.recompute[p_rep], kern],
-        _rows(13, np.float64, "block", m, setup, cluster, eff),
-        lambda tp_, sp_, cp_, ep_, mb_, rc_, k_: _block_row(m, setup, cluster, eff, kernel_names[k_], tp_, sp_,
-                                                            cp_, ep_, mb_, rc_))
-    n_slots = int((stage_d >= 0).any(axis=1).sum())
-    last = stage_d[:n_slots] == pp - 1
-    per_slot = np.take(np.concatenate([layers_d[:n_slots].astype(np.float64),
-                                       (stage_d[:n_slots] == 0) + last.astype(np.float64), last.astype(np.float64),
-                                       np.where(stage_d[:n_slots] >= 0, 0.0, -np.inf),
-                                       bwd_layers_d[:n_slots].astype(np.float64)]), pd, axis=1)
+     head_fwd_add, head_bwd_add, edge_bytes, p2p_bytes) = np.take(np.ascontiguousarray(blocks.T), b_inv, axis=1)
+    per_slot = np.take(deg.per_slot, pd, axis=1)
     layers_p, edges_p, last_p, absent_p, bwd_layers_p = (per_slot[i * n_slots:(i + 1) * n_slots] for i in range(5))
     use_cp, use_ep = bool((cp > 1).any()), bool((ep > 1).any())
 
+    stage_compute: list[np.ndarray] = [np.zeros(0), np.zeros(0)]     # (slots, P): fwd, bwd
+
     def slowest(lk: np.ndarray, sel: np.ndarray | slice) -> tuple[np.ndarray, ...]:
-        """(t, fwd, bwd, hidden, slot) of the slowest stage of the P rows ``sel``, before
-        the pipeline sends, as timing._pipeline's max() over (time, fwd, bwd, comm,
-        hidden, stage) picks it."""
+        """(t, fwd, bwd, hidden, slot) of the slowest stage of the P rows ``sel`` (all of
+        them first, then a subset), before the pipeline sends, as timing._pipeline's max()
+        over (time, fwd, bwd, comm, hidden, stage) picks it."""
         d = pd[sel]
         ring_tp = _Ring.of(tp, lk[0], lk[1], bus, 2).take(d)
         tp_all = lt_tp_coll[sel] * ring_tp.time_s(lt_tp_bytes[sel])
@@ -355,24 +431,39 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
             ep_all = lt_ep_a2a[sel] * _Ring.of(ep, lk[4], lk[5], bus, 1).take(d).time_s(lt_ep_bytes[sel])
             comm_b, hidden_b = comm_b + ep_all * (1 - eff.ep_overlap), hidden_b + ep_all * eff.ep_overlap
         edge_all = ring_tp.time_s(edge_bytes[sel])
-        layers, edges, is_last = layers_p[:, sel], edges_p[:, sel], last_p[:, sel]
-        fwd = layers * lt_fwd[sel] + is_last * head_fwd_add[sel]      # + 0.0 where not the last stage: exact
-        bwd = bwd_layers_p[:, sel] * lt_bwd[sel] + is_last * head_bwd_add[sel]
-        comm = layers * comm_b + edges * (edge_all * (1 - eff.tp_overlap))
-        hidden = layers * hidden_b + edges * edge_all * eff.tp_overlap
+        layers, edges = layers_p[:, sel], edges_p[:, sel]
+        if isinstance(sel, slice):      # the stages' compute does not depend on the links: kept for other orders
+            fwd = stage_compute[0] = layers * lt_fwd + last_p * head_fwd_add   # + 0.0 where not the last stage: exact
+            bwd = stage_compute[1] = bwd_layers_p * lt_bwd + last_p * head_bwd_add
+        else:
+            fwd, bwd = stage_compute[0][:, sel], stage_compute[1][:, sel]
+        if eff.tp_overlap == 0.0:       # x * 1.0 is x; with finite times, x * 0.0 is 0.0 throughout
+            comm = layers * comm_b + edges * edge_all
+            hidden = None if not (use_cp or use_ep) and np.isfinite(tp_all).all() and np.isfinite(edge_all).all() \
+                else layers * hidden_b + edges * edge_all * eff.tp_overlap
+        else:
+            comm = layers * comm_b + edges * (edge_all * (1 - eff.tp_overlap))
+            hidden = layers * hidden_b + edges * edge_all * eff.tp_overlap
         t = fwd + bwd + comm + absent_p[:, sel]
-        cols = np.arange(t.shape[1])
+        width = t.shape[1]
         slot = t.argmax(axis=0)
-        if (t == t[slot, cols]).sum(axis=0).max() > 1:    # tied times: the next fields decide,
-            slot = np.zeros(len(cols), dtype=np.int64)   # equal in all, the later stage wins
+        at = slot * width + np.arange(width)                # (slot, column) in the flattened tables
+        t_max = np.take(t, at)
+        if (t == t_max).sum(axis=0).max() > 1:          # tied times: the next fields decide,
+            if hidden is None:
+                hidden = np.zeros_like(t)
+            cols = np.arange(width)
+            slot = np.zeros(width, dtype=np.int64)       # equal in all, the later stage wins
             for j in range(1, n_slots):
                 b = slot, cols
                 win = (t[j] > t[b]) | (t[j] == t[b]) & ((fwd[j] > fwd[b]) | (fwd[j] == fwd[b]) & (
                     (bwd[j] > bwd[b]) | (bwd[j] == bwd[b]) & ((comm[j] > comm[b]) | (comm[j] == comm[b])
                                                               & (hidden[j] >= hidden[b]))))
                 slot = np.where(win, j, slot)
-        b = slot, cols
-        return t[b], fwd[b], bwd[b], hidden[b], slot
+            at = slot * width + np.arange(width)
+            t_max = np.take(t, at)
+        return (t_max, np.take(fwd, at), np.take(bwd, at),
+                np.zeros(width) if hidden is None else np.take(hidden, at), slot)
 
     # ---- per layout: its sharding's branch of the data-parallel collectives, hidden under
     # the slowest stage's forward or backward or not, and the optimizer update (timing._finish)
@@ -390,22 +481,27 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
     inner: np.ndarray | None = None
     p_stage: tuple[np.ndarray, ...] = ()
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        c0, c1, c2 = dp_tables()
         for i, lk in enumerate(links):
             if inner is None or not np.array_equal(inner, lk[:6]):          # tp, cp, ep links
                 if inner is None:
                     p_stage = slowest(lk, slice(None))
-                else:                       # placements that change these links: redo their rows
-                    sel = np.flatnonzero((inner != lk[:6]).any(axis=0)[pd])
-                    p_stage = tuple(x.copy() for x in p_stage)
+                    t_p, fwd_p, bwd_p, hidden_p, slot_p = p_stage
+                    slot = (slot_p * n_d)[p_inv]
+                    fwd_mb, bwd_mb = fwd_p[p_inv], bwd_p[p_inv]
+                    c_row = row + slot
+                    opt = optimizer_s[opt_row + slot]
+                else:   # placements that change these links: redo their rows and layouts, in place
+                    changed = (inner != lk[:6]).any(axis=0)[pd]         # (the previous order's are used up)
+                    sel = np.flatnonzero(changed)
                     for x, y in zip(p_stage, slowest(lk, sel)):
                         x[sel] = y
+                    lays = np.flatnonzero(changed[p_inv])
+                    p_l = p_inv[lays]
+                    slot[lays] = slot_p[p_l] * n_d
+                    fwd_mb[lays], bwd_mb[lays] = fwd_p[p_l], bwd_p[p_l]
+                    c_row[lays] = row[lays] + slot[lays]
+                    opt[lays] = optimizer_s[opt_row[lays] + slot[lays]]
                 inner = lk[:6]
-                t_p, fwd_p, bwd_p, hidden_p, slot_p = p_stage
-                slot = slot_p[p_inv] * n_d
-                fwd_mb, bwd_mb = fwd_p[p_inv], bwd_p[p_inv]
-                c_row = row + slot
-                opt = optimizer_s[opt_row + slot]
             on_pp = ((pp > 1) & ~np.isinf(lk[9]))[pd]
             p2p_all = p2p_sends * np.where(on_pp & (p2p_bytes > 0), lk[9][pd] + p2p_bytes / (lk[8] * bus)[pd], 0.0)
             t_mb = t_p + p2p_all * (1 - eff.pp_overlap)            # + 0.0 without a pipeline: exact
@@ -418,6 +514,14 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
             step = pipeline + (e0 + e1 * m1 + e2 * ga_f) + slowdown * (h0 + h1 * m1 + h2 * ga_f) + opt
             best_step = step if best_step is None else np.minimum(best_step, step)
     return best_step
+
+
+def forget_tables() -> None:
+    """Drop the degree and state tables kept across calls (step_times_s's and
+    fastscore.peak_bytes's), so that the next call builds them again; the per-shape tables
+    and the topology's links stay. For benchmarks."""
+    _DEGREE_CACHE.clear()
+    _STATE_CACHE.clear()
 
 
 def score(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Cluster, eff: Efficiency = Efficiency(),

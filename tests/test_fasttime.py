@@ -159,6 +159,38 @@ def test_score_is_memory_and_time_on_a_preset():
     assert np.array_equal(step, fasttime.step_times_s(m, setup, a, cluster, pc=pc))
 
 
+def test_kept_tables_give_the_same_answers():
+    # the degree and state tables kept across calls: a second call on the same layouts, on
+    # a subset (the same degrees, fewer states), on a shuffled copy, on the same degrees
+    # with another set-up or efficiency, and after forget_tables(), answers as the first
+    m, setup = load_model("llama2-70b"), TrainingSetup()
+    cluster = cluster_for(get_gpu("h100"))
+    pc = count_params(m)
+    a = fastscore.LayoutArrays.concat([fastscore.valid_layouts(m, setup, n, 8, SearchSpace(max_tp=8))
+                                       for n in (64, 96)])
+    fasttime.forget_tables()
+    peak, step = fasttime.score(m, setup, a, cluster, pc=pc)
+
+    def pick(idx):
+        return fastscore.LayoutArrays(*(getattr(a, f)[idx] for f in fastscore.LayoutArrays.FIELDS))
+
+    for idx in (np.arange(len(a)), np.flatnonzero(a.zero_stage != 1), np.random.default_rng(0).permutation(len(a))):
+        p2, s2 = fasttime.score(m, setup, pick(idx), cluster, pc=pc)
+        assert np.array_equal(p2, peak[idx]) and np.array_equal(s2, step[idx])
+    fasttime.forget_tables()
+    p3, s3 = fasttime.score(m, setup, a, cluster, pc=pc)
+    assert np.array_equal(p3, peak) and np.array_equal(s3, step)
+    other, eff = TrainingSetup(global_batch=512), MEGATRON_CORE
+    fasttime.score(m, setup, a, cluster, pc=pc)
+    assert np.array_equal(fasttime.step_times_s(m, setup, a, cluster, eff, pc=pc),
+                          [step_time(m, setup, a.layout(i, setup.seq_len), cluster, eff, pc=pc).step_time_s
+                           for i in range(len(a))])
+    b = fastscore.valid_layouts(m, other, 96, 8, SearchSpace(max_tp=8))
+    lays = [b.layout(i, other.seq_len) for i in range(0, len(b), 7)]
+    assert fastscore.peak_bytes(m, other, b, pc)[::7].tolist() == [per_rank_memory(m, other, x, pc).total
+                                                                     for x in lays]
+
+
 def test_no_layouts():
     m = load_model("llama3.1-8b")
     empty = fastscore.LayoutArrays.from_layouts([])
