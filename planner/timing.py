@@ -21,7 +21,7 @@ exclude recomputation (MFU, Chowdhery et al. 2022, PaLM, App. B; Korthikanti et 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -587,20 +587,26 @@ def _kernels(setup: TrainingSetup, lay: Layout) -> str:
     return "fused" if (lay.tp > 1 or lay.pp > 1 or lay.cp > 1) else "eager"
 
 
+def distinct_orders(lay: Layout, orders: Sequence[tuple[str, ...]]) -> Iterator[tuple[str, ...]]:
+    """The placement ``orders`` that differ for ``lay``: two orders that differ only in
+    axes of size 1 place its groups alike, so only the first of them is kept."""
+    sizes = {"tp": lay.tp, "cp": lay.cp, "ep": lay.ep, "dp": lay.dp, "pp": lay.pp}
+    seen: set[tuple[str, ...]] = set()
+    for order in orders:
+        used = tuple(ax for ax in order if sizes[ax] > 1)
+        if used not in seen:
+            seen.add(used)
+            yield tuple(order)
+
+
 def step_time(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster,
               eff: Efficiency = Efficiency(), pc: ParamCount | None = None,
               orders: Sequence[tuple[str, ...]] = PLACEMENT_ORDERS) -> StepTime:
     """The step time of ``lay``, on the best of the placement ``orders`` (orders that
     differ only in axes of size 1 are tried once)."""
     best: StepTime | None = None
-    sizes = {"tp": lay.tp, "cp": lay.cp, "ep": lay.ep, "dp": lay.dp, "pp": lay.pp}
-    seen: set[tuple[str, ...]] = set()
-    for order in orders:
-        used = tuple(ax for ax in order if sizes[ax] > 1)
-        if used in seen:
-            continue
-        seen.add(used)
-        t = _step_time(m, setup, lay, cluster, eff, pc, tuple(order))
+    for order in distinct_orders(lay, orders):
+        t = _step_time(m, setup, lay, cluster, eff, pc, order)
         if best is None or t.step_time_s < best.step_time_s:
             best = t
     assert best is not None
@@ -850,17 +856,11 @@ def step_times(m: ModelSpec, setup: TrainingSetup, lays: Sequence[Layout], clust
         return []
     pc = pc or count_params(m)
     first = lays[0]
-    sizes = {"tp": first.tp, "cp": first.cp, "ep": first.ep, "dp": first.dp, "pp": first.pp}
     best: list[StepTime | None] = [None] * len(lays)
-    seen: set[tuple[str, ...]] = set()
-    for order in orders:
-        used = tuple(ax for ax in order if sizes[ax] > 1)
-        if used in seen:
-            continue
-        seen.add(used)
-        p = _pipeline(m, setup, first, cluster, eff, tuple(order))
+    for order in distinct_orders(first, orders):
+        p = _pipeline(m, setup, first, cluster, eff, order)
         for i, lay in enumerate(lays):
-            t = _finish(m, setup, lay, cluster, eff, pc, tuple(order), p)
+            t = _finish(m, setup, lay, cluster, eff, pc, order, p)
             if best[i] is None or t.step_time_s < best[i].step_time_s:  # type: ignore[union-attr]
                 best[i] = t
     return best  # type: ignore[return-value]
