@@ -332,6 +332,14 @@ def _check_quiet(quiet: bool | None, as_json: bool) -> None:
         raise UserError("--quiet and --json cannot be used together; give one of them")
 
 
+def _say_written(kw: dict[str, Any], written: list[Path], plotted: Path | None) -> None:
+    """Name the files --out and --plot wrote (on stderr when stdout is --json or --quiet)."""
+    if written:
+        click.echo(f"wrote {', '.join(p.name for p in written)} to {kw['out']}", err=_aside(kw))
+    if plotted is not None:
+        click.echo(f"wrote the plot to {plotted}", err=_aside(kw))
+
+
 def _aside(kw: dict[str, Any]) -> bool:
     """Notes (files written) go to stderr when stdout holds JSON or the one-line answer."""
     return bool(kw.get("as_json") or kw.get("quiet"))
@@ -524,10 +532,7 @@ def _plan(kw: dict[str, Any]) -> None:
     else:
         from .term import plan_view
         _show(plan_view(result, crosscheck))
-    if written:
-        click.echo(f"wrote {', '.join(p.name for p in written)} to {kw['out']}", err=_aside(kw))
-    if plotted is not None:
-        click.echo(f"wrote the plot to {plotted}", err=_aside(kw))
+    _say_written(kw, written, plotted)
     if not_written is not None:
         raise not_written
     if result.best is None:
@@ -608,10 +613,7 @@ def _plan_cost(kw: dict[str, Any]) -> None:
     else:
         from .term import cost_view
         _show(cost_view(r, crosscheck))
-    if written:
-        click.echo(f"wrote {', '.join(p.name for p in written)} to {kw['out']}", err=_aside(kw))
-    if plotted is not None:
-        click.echo(f"wrote the plot to {plotted}", err=_aside(kw))
+    _say_written(kw, written, plotted)
     if r.chosen is None:
         sys.exit(2)
 
