@@ -209,7 +209,8 @@ def _group(columns: Sequence[np.ndarray], bounds: Sequence[tuple[int, int] | Non
     """(inverse, representatives): the group of each row by its values in ``columns``
     (groups in increasing order of the packed key), and one row index per group.
     ``bounds``: (lowest, highest) possible value of each column where known (None
-    where not), which spares a pass over it for its minimum and maximum.
+    where not), which spares a pass over it for its minimum and maximum; (lowest, None)
+    spares the pass for the minimum.
 
     The columns are packed into one int64 key (mixed radix, the first column least
     significant; a column with one value is left out). A wide column (a dp of up to
@@ -221,7 +222,11 @@ def _group(columns: Sequence[np.ndarray], bounds: Sequence[tuple[int, int] | Non
     limit = max(1 << 16, 4 * n)
     key, scale = None, 1
     for i, col in enumerate(columns):
-        lo, hi = bounds[i] if bounds is not None and bounds[i] is not None else (int(col.min()), int(col.max()))
+        bound = bounds[i] if bounds is not None else None
+        if bound is None:
+            lo, hi = int(col.min()), int(col.max())
+        else:
+            lo, hi = bound[0], int(col.max()) if bound[1] is None else bound[1]
         span = hi - lo + 1
         if span == 1:
             continue
@@ -260,10 +265,16 @@ def _group_packed(key: np.ndarray, span: int) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass(frozen=True, slots=True)
 class LayoutGroups:
-    """The groups of a LayoutArrays that peak_bytes() and planner.fasttime share: by
-    degrees (D: tp, cp, ep, dp, pp) and by pipeline shape (P: D, sp, vp, micro-batch,
-    recomputation, and the accumulation where it does not follow from them), each as
-    (inverse, representatives) (_group)."""
+    """The groups of a LayoutArrays that peak_bytes() and planner.fasttime share, each as
+    (inverse, representatives) (_group):
+
+    - D, by degrees (tp, cp, ep, dp, pp);
+    - P, by pipeline shape (D, sp, vp, micro-batch, recomputation, and the accumulation
+      where it does not follow from them), with each P's columns;
+    - B, by block shape: P's tp, cp, ep, whether the kernels are fused under
+      kernels="auto" (tp, pp or cp above 1), sp, micro-batch and recomputation; a
+      block's activations (memory) and its times (timing.layer_time) depend on no more.
+    """
 
     d_inv: np.ndarray
     d_rep: np.ndarray
@@ -271,16 +282,34 @@ class LayoutGroups:
     p_rep: np.ndarray
     degrees: tuple[np.ndarray, ...]     # tp, cp, ep, dp, pp of each D
     degrees_key: bytes                  # the same, as bytes: part of the cache keys of per-D tables
+    p_d: np.ndarray                     # each P's D
+    p_cols: tuple[np.ndarray, ...]      # each P's sp, vp, micro-batch, recomputation, accumulation
+    fused_d: np.ndarray                 # per D: 1 where tp, pp or cp is above 1 (kernels="auto" fuses), else 0
+    b_inv: np.ndarray                   # each P's B
+    b_rep: np.ndarray                   # a P standing for each B
 
     @staticmethod
     def of(a: LayoutArrays) -> LayoutGroups:
-        d_inv, d_rep = _group([a.tp, a.cp, a.ep, a.dp, a.pp])
-        p_inv, p_rep = _group([d_inv, a.sp, a.vp, a.micro_batch, a.recompute],
-                              [(0, len(d_rep) - 1), (0, 1), None, None, (0, len(RECOMPUTES) - 1)])
-        if not np.array_equal(a.grad_accum[p_rep][p_inv], a.grad_accum):   # valid layouts: ga = B / (mb dp ep)
-            p_inv, p_rep = _group([d_inv, a.sp, a.vp, a.micro_batch, a.recompute, a.grad_accum])
+        # every degree and micro-batch is at least 1 and every count at least 0: only the
+        # largest value of a column is looked up
+        d_inv, d_rep = _group([a.tp, a.cp, a.ep, a.dp, a.pp], [(0, None)] * 5)
+        p_cols_of = (a.sp, a.vp, a.micro_batch, a.recompute)
+        p_inv, p_rep = _group([d_inv, *p_cols_of],
+                              [(0, len(d_rep) - 1), (0, 1), (0, None), (0, None), (0, len(RECOMPUTES) - 1)])
+        p_ga = a.grad_accum[p_rep]
+        if not np.array_equal(p_ga[p_inv], a.grad_accum):   # valid layouts: ga = B / (mb dp ep)
+            p_inv, p_rep = _group([d_inv, *p_cols_of, a.grad_accum])
+            p_ga = a.grad_accum[p_rep]
         degrees = np.stack([a.tp[d_rep], a.cp[d_rep], a.ep[d_rep], a.dp[d_rep], a.pp[d_rep]])
-        return LayoutGroups(d_inv, d_rep, p_inv, p_rep, tuple(degrees), degrees.tobytes())
+        tp, cp, ep, _, pp = degrees
+        p_d = d_inv[p_rep]
+        p_sp, p_vp, p_mb, p_rc = (x[p_rep] for x in p_cols_of)
+        fused = ((tp > 1) | (pp > 1) | (cp > 1)).astype(np.int64)
+        d_block, d_block_rep = _group([tp, cp, ep, fused], [(0, None), (0, None), (0, None), (0, 1)])
+        b_inv, b_rep = _group([d_block[p_d], p_sp, p_mb, p_rc],
+                              [(0, len(d_block_rep) - 1), (0, 1), (0, None), (0, len(RECOMPUTES) - 1)])
+        return LayoutGroups(d_inv, d_rep, p_inv, p_rep, tuple(degrees), degrees.tobytes(), p_d,
+                            (p_sp, p_vp, p_mb, p_rc, p_ga), fused, b_inv, b_rep)
 
 
 def _per_unique(columns: Sequence[np.ndarray], fn: Callable[..., tuple[int, ...]], n_out: int,
@@ -397,6 +426,8 @@ class _States(NamedTuple):
     persistent: np.ndarray     # per state: gradients held across micro-batches in any case
     fixed: np.ndarray          # per state: the fixed overhead
     tracked: np.ndarray        # per state: the optimizer-step moment, largest over the slots
+    end_max: np.ndarray | None  # per state: its part of the backward-end moment, largest over the slots
+    #                            (None where a slot may hold no layers)
     fsdp_any: bool             # some state has an FSDP moment (f_on)
     parts: tuple[np.ndarray, ...]   # (slot, state): base_start, base_end, end_state, base_fwd, held_grads,
     #                            buffer_parts, end_buffers, f_on, f_done, f_end_grads, f_head, fwd_buffers
@@ -621,12 +652,14 @@ def _build_states(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, gpus_per_n
     base_step = base + ms_grads + transient - step_freed
     base_fwd = np.where(end_on, base + np.where(s_z3, block_unit * wb, 0), NO_SLOT) if fsdp_any else NO_SLOT
     held_grads, buffer_parts, end_buffers = ms_grads, buffers, end_b
+    every_slot_has_layers = bool((s_layers_of[s_stage_of >= 0] > 0).all())
     (base_start, base_end, base_step, base_fwd, held_grads, buffer_parts, end_buffers, f_on, f_done, f_end_grads,
      f_head, fwd_buffers) = (np.broadcast_to(x, s_stage_of.shape) for x in (
         base_start, base_end, base_step, base_fwd, held_grads, buffer_parts, end_buffers, f_on, f_done,
         f_end_grads, f_head, fwd_buffers))
     return _States(stage_d, layers_d, (stage_d == (pp_d - 1)).astype(np.int64), s_kern, (st.sharding == 0) & (s_dense_deg > 1), fixed,
-                   base_step.max(axis=0), bool(f_on.any()),
+                   base_step.max(axis=0), (base_end + buffer_parts).max(axis=0) if every_slot_has_layers else None,
+                   bool(f_on.any()),
                    (base_start, base_end, base_end + buffer_parts, base_fwd, held_grads, buffer_parts, end_buffers,
                     f_on, f_done, f_end_grads, f_head, fwd_buffers))
 
@@ -676,24 +709,61 @@ def peak_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCou
         state_inv, state_rows = _group([d_inv, a.sharding, a.zero_stage])
     sts = _state_tables(m, pc, setup, gpus_per_node, a, g, state_rows, state_key)
     stage_d, layers_d, s_kern, n_slots = sts.stage_d, sts.layers_d, sts.kern, len(sts.stage_d)
-    amp = s_kern == 2
-    if amp.any():                                      # (pipeline shape, autocast)
-        act_inv, act_rows = _group_packed(2 * g.p_inv + amp[state_inv], 2 * len(g.p_rep))
+    # ---- per activation shape: a pipeline shape P, and for the layouts that run under
+    # autocast (memory.resolve_kernels: replicated mixed precision with eager kernels) the
+    # same P again with kernels "amp". A block's activations, the eager score gradients and
+    # the loss are looked up once per block shape (LayoutGroups' B) and kernels.
+    tp_d, cp_d, _, _, pp_d = g.degrees
+    p_d, (p_sp, p_vp, p_mb, p_rc, p_ga) = g.p_d, g.p_cols
+    n_p = len(p_d)
+    if setup.kernels == "auto":                         # KERNELS: fused 0, eager 1
+        k_d = 1 - g.fused_d
     else:
-        act_inv, act_rows = g.p_inv, g.p_rep
-    tp_a, sp_a, cp_a, pp_a, vp_a, mb_a, ga_a, rc_a = (
-        x[act_rows] for x in (a.tp, a.sp, a.cp, a.pp, a.vp, a.micro_batch, a.grad_accum, a.recompute))
+        k_d = np.full(len(d_rep), KERNELS.index(setup.kernels), dtype=np.int64)
+    memo = _memo("shape", m, setup)
 
-    # ---- per activation shape: a block's activations, the eager score gradients, the loss,
-    # the pipeline's buffers; per stage slot, the activations held at the start of backward
-    # with the larger of the logits and the last block's working set, and the last block
-    layer_act, full_layer, score_grad, logits_all = _per_unique(
-        [tp_a, sp_a, cp_a, mb_a, rc_a, s_kern[state_inv[act_rows]]], shape_figures, 4, _memo("shape", m, setup),
-        [None, (0, 1), None, None, (0, len(RECOMPUTES) - 1), (0, len(KERNELS) - 1)])
+    def figures(b: np.ndarray, k: np.ndarray) -> np.ndarray:
+        """(4, len(b)): shape_figures of the block shapes ``b`` under kernels ``k``."""
+        p, d = g.b_rep[b], p_d[g.b_rep[b]]
+        rows = []
+        for key in zip(tp_d[d].tolist(), p_sp[p].tolist(), cp_d[d].tolist(), p_mb[p].tolist(), p_rc[p].tolist(),
+                       k.tolist()):
+            row = memo.get(key)
+            if row is None:
+                row = memo[key] = shape_figures(*key)
+            rows.append(row)
+        table = np.array(rows, dtype=np.int64).reshape(len(rows), 4)
+        if len(rows) and int(table.max()) >= SAFE_BYTES:
+            raise Unsupported("a per-shape figure is too large for exact int64 arithmetic")
+        return np.ascontiguousarray(table.T)
+
+    n_b = len(g.b_rep)
+    shape_p = np.take(figures(np.arange(n_b), k_d[p_d[g.b_rep]]), g.b_inv, axis=1)     # (4, P)
+    amp_l = (s_kern == 2)[state_inv] if (s_kern == 2).any() else None
+    if amp_l is None:
+        act_inv, act_p = g.p_inv, None
+    else:
+        mark = np.zeros(n_p, dtype=bool)
+        mark[g.p_inv[amp_l]] = True
+        amp_p = np.flatnonzero(mark)
+        pos = np.zeros(n_p, dtype=np.int64)
+        pos[amp_p] = np.arange(n_p, n_p + len(amp_p))
+        act_inv = np.where(amp_l, pos[g.p_inv], g.p_inv)
+        act_p = np.concatenate([np.arange(n_p), amp_p])
+        b_amp, b_amp_inv = np.unique(g.b_inv[amp_p], return_inverse=True)
+        shape_amp = figures(b_amp, np.full(len(b_amp), KERNELS.index("amp"), dtype=np.int64))
+        shape_p = np.concatenate([shape_p, shape_amp[:, b_amp_inv.reshape(-1)]], axis=1)
+    layer_act, full_layer, score_grad, logits_all = shape_p
+    a_d = p_d if act_p is None else p_d[act_p]
+    tp_a, cp_a, pp_a = tp_d[a_d], cp_d[a_d], pp_d[a_d]
+    sp_a, vp_a, mb_a, ga_a = (x if act_p is None else x[act_p] for x in (p_sp, p_vp, p_mb, p_ga))
+
+    # ---- per activation shape: the pipeline's buffers; per stage slot, the activations
+    # held at the start of backward with the larger of the logits and the last block's
+    # working set, and the last block
     tokens_local = mb_a * (seq // cp_a)
     pp_buffer = np.where(pp_a > 1, 2 * _ceil_div(tokens_local * h * prec.activation_bytes,
                                                  np.where(sp_a == 1, tp_a, 1)), 0)
-    a_d = d_inv[act_rows]
     layers_a = np.take(layers_d, a_d, axis=1)
     working_all = (full_layer - layer_act) + score_grad
     # the micro-batches each slot holds (memory.in_flight_microbatches) follow from the
@@ -712,7 +782,6 @@ def peak_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCou
     x_logits = np.take(sts.last_d, a_d, axis=1) * logits_all      # last_d is 0 or 1: exact
     x_working = np.where(has_layers, working_all, 0)
     x_acts = acts + np.maximum(x_logits, x_working) + pp_buffer
-    x_last_block = np.where(has_layers, full_layer, 0)
     x_held, x_block = acts, np.where(has_layers, layer_act, 0) if sts.fsdp_any else None
     persistent = ((ga_a > 1) | (pp_a > 1))[act_inv] | sts.persistent[state_inv]
     fixed = sts.fixed[state_inv]
@@ -728,13 +797,22 @@ def peak_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCou
     # state; without FSDP the backward-end moment holds no buffers of its own (end_b = 0),
     # so the larger of them and the other buffers is the latter, and its parts add up per
     # state and per activation shape ahead of the pass (FSDP's moments replace it).
-    end_act = x_last_block + pp_buffer
-    pp_buffer = pp_buffer[act_inv]
     tracked = sts.tracked[state_inv]
-    fsdp_any = sts.fsdp_any
-    if not fsdp_any:
+    if not sts.fsdp_any and sts.end_max is not None:
         # the state's parts of the backward-start moment with and without the gradients
-        # held across micro-batches, one table, read at state + states x persistent
+        # held across micro-batches, one table, read at state + states x persistent. At the
+        # end of backward every stage holds its last block and the pipeline's buffer, the
+        # same bytes on each (every stage holds a block), so the state's part is taken at
+        # its largest over the slots
+        n_st = len(sts.tracked)
+        start = np.concatenate([base_start, base_start + held_grads], axis=1)
+        at_start = (np.take(start, state_inv + n_st * persistent, axis=1) + np.take(x_acts, act_inv, axis=1)).max(axis=0)
+        at_end = sts.end_max[state_inv] + (full_layer + pp_buffer)[act_inv]
+        tracked = np.maximum(tracked, np.maximum(at_start, at_end))
+        return tracked + (fixed + _trunc(tracked * setup.overheads.fragmentation))
+    end_act = np.where(has_layers, full_layer, 0) + pp_buffer    # the last block
+    pp_buffer = pp_buffer[act_inv]
+    if not sts.fsdp_any:
         n_st = len(sts.tracked)
         start = np.concatenate([base_start, base_start + held_grads], axis=1)
         at_start = np.take(start, state_inv + n_st * persistent, axis=1) + np.take(x_acts, act_inv, axis=1)

@@ -171,11 +171,17 @@ def _send_s(n_bytes: np.ndarray, bw: np.ndarray, lat: np.ndarray, bus: float) ->
     return np.where((n_bytes > 0) & ~np.isinf(lat), lat + n_bytes / (bw * bus), 0.0)
 
 
-def _hide(comm_s: np.ndarray, window_s: np.ndarray, overlap: float | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _hide(comm_s: np.ndarray, window_s: np.ndarray, overlap: float | np.ndarray,
+          overlap_min: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """timing._hide: (exposed, hidden). The windows are sums of non-negative times, so
-    with overlap 1 max(0, overlap x window) is the window itself."""
+    with overlap 1 max(0, overlap x window) is the window itself, and with a
+    non-negative overlap the product (``overlap_min``: the least overlap, where known)."""
+    if overlap_min is None:
+        overlap_min = float(np.min(overlap))
     if isinstance(overlap, float) and overlap == 1.0:
         hidden = np.minimum(comm_s, window_s)
+    elif overlap_min >= 0.0:
+        hidden = np.minimum(comm_s, overlap * window_s)
     else:
         hidden = np.minimum(comm_s, np.maximum(0.0, overlap * window_s))
     return comm_s - hidden, hidden
@@ -219,9 +225,6 @@ class _Degrees(NamedTuple):
     c2: np.ndarray
     n_slots: int               # the slots some pipeline has
     per_slot: np.ndarray       # (5 x n_slots, D): layers, pipeline edges, last stage, -inf if absent, backward layers
-    kern: np.ndarray           # per D: the kernels, an index into ("eager", "fused") or 0 for setup.kernels
-    block: np.ndarray          # per D: its (tp, cp, ep, kernels) numbered 0, 1, ...
-    n_block: int
 
 
 # Degree tables kept across calls, per (model, set-up, cluster, efficiencies, placement
@@ -356,10 +359,7 @@ def _build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: 
                                bwd_layers_d[:n_slots].astype(np.float64)])
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         c0, c1, c2 = dp_tables()
-    kern = (np.zeros(n_d, dtype=np.int64) if setup.kernels != "auto"
-            else ((tp > 1) | (pp > 1) | (cp > 1)).astype(np.int64))
-    block, _ = _group([tp, cp, ep, kern])
-    return _Degrees(stage_d, links, optimizer_s, c0, c1, c2, n_slots, per_slot, kern, block, int(block.max()) + 1)
+    return _Degrees(stage_d, links, optimizer_s, c0, c1, c2, n_slots, per_slot)
 
 
 def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Cluster,
@@ -380,7 +380,7 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
     orders = [tuple(o) for o in orders]
 
     g = groups or LayoutGroups.of(a)
-    d_inv, d_rep, p_inv, p_rep = g.d_inv, g.d_rep, g.p_inv, g.p_rep
+    d_inv, d_rep, p_inv = g.d_inv, g.d_rep, g.p_inv
     tp, cp, ep, _, pp = g.degrees
     n_d = len(d_rep)
 
@@ -391,18 +391,16 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
     # ---- per P: a block (timing.layer_time) and the head, per distinct block shape, and
     # each stage slot's layers, pipeline edges (embedding, LM head) and whether it is the
     # last stage, as (slots, P) tables; a slot the pipeline does not have gets -inf
-    pd = d_inv[p_rep]
+    pd = g.p_d
     pcp, ppp = cp[pd], pp[pd]
-    pvp, pga = a.vp[p_rep], a.grad_accum[p_rep]
+    sp_p, pvp, mb_p, rc_p, pga = g.p_cols
+    # the block shape (tp, sp, cp, ep, micro-batch, recomputation, kernels): LayoutGroups' B
     kernel_names = (setup.kernels,) if setup.kernels != "auto" else ("eager", "fused")
-    # the block shape (tp, sp, cp, ep, micro-batch, recomputation, kernels): its degrees'
-    # part numbered per D (_Degrees.block), the rest per P
-    sp_p, mb_p, rc_p = a.sp[p_rep], a.micro_batch[p_rep], a.recompute[p_rep]
-    b_inv, b_first = _group([deg.block[pd], sp_p, mb_p, rc_p],
-                            [(0, deg.n_block - 1), (0, 1), None, (0, len(RECOMPUTES) - 1)])
+    kern_d = g.fused_d if setup.kernels == "auto" else np.zeros(n_d, dtype=np.int64)
+    b_inv, b_first = g.b_inv, g.b_rep
     b_d = pd[b_first]
     b_keys = list(zip(tp[b_d].tolist(), sp_p[b_first].tolist(), cp[b_d].tolist(), ep[b_d].tolist(),
-                      mb_p[b_first].tolist(), rc_p[b_first].tolist(), deg.kern[b_d].tolist()))
+                      mb_p[b_first].tolist(), rc_p[b_first].tolist(), kern_d[b_d].tolist()))
     blocks = _rows(13, np.float64, "block", m, setup, cluster, eff).lookup(
         b_keys, lambda tp_, sp_, cp_, ep_, mb_, rc_, k_: _block_row(m, setup, cluster, eff, kernel_names[k_], tp_,
                                                                     sp_, cp_, ep_, mb_, rc_))
@@ -471,7 +469,8 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
     per_mb = branch >= FSDP_GRAD_OP                 # the forward gather runs once per micro-batch
     ga_f = a.grad_accum.astype(np.float64)
     m1 = np.where(per_mb, ga_f, 1.0)
-    overlap1 = np.where(per_mb, eff.zero3_overlap, eff.param_gather_overlap)
+    overlap1 = (eff.zero3_overlap if eff.zero3_overlap == eff.param_gather_overlap
+                else np.where(per_mb, eff.zero3_overlap, eff.param_gather_overlap))
     row = branch * (SLOTS * n_d) + d_inv
     opt_row = (a.zero_stage >= 1) * (SLOTS * n_d) + d_inv
     p2p_sends = 2 * pvp.astype(np.float64)
@@ -509,7 +508,7 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
             pipeline = (pga_f * t_mb + bubble_share * t_mb)[p_inv]
             at = c_row + i * (5 * SLOTS * n_d) if i else c_row
             e0, h0 = _hide(c0[at], bwd_mb, eff.dp_overlap)
-            e1, h1 = _hide(c1[at], fwd_mb, overlap1)
+            e1, h1 = _hide(c1[at], fwd_mb, overlap1, min(eff.zero3_overlap, eff.param_gather_overlap))
             e2, h2 = _hide(c2[at], bwd_mb, eff.zero3_overlap)
             step = pipeline + (e0 + e1 * m1 + e2 * ga_f) + slowdown * (h0 + h1 * m1 + h2 * ga_f) + opt
             best_step = step if best_step is None else np.minimum(best_step, step)
