@@ -47,7 +47,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .fastscore import (_STATE_CACHE, RECOMPUTES, LayoutArrays, LayoutGroups, TableCache, Unsupported, _group,
-                        peak_bytes)
+                        _group_packed, peak_bytes)
 from .layouts import SHARDINGS, Layout
 from .memory import stage_layers
 from .model import ModelSpec, ParamCount, count_params
@@ -225,6 +225,8 @@ class _Degrees(NamedTuple):
     c2: np.ndarray
     n_slots: int               # the slots some pipeline has
     per_slot: np.ndarray       # (5 x n_slots, D): layers, pipeline edges, last stage, -inf if absent, backward layers
+    q_d: np.ndarray            # per D: its pipeline depth and tp, cp, ep links on every order, numbered 0, 1, ...
+    n_q_d: int
 
 
 # Degree tables kept across calls, per (model, set-up, cluster, efficiencies, placement
@@ -359,7 +361,44 @@ def _build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: 
                                bwd_layers_d[:n_slots].astype(np.float64)])
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         c0, c1, c2 = dp_tables()
-    return _Degrees(stage_d, links, optimizer_s, c0, c1, c2, n_slots, per_slot)
+    # the degrees that give a stage the same time for the same block: the same depth (the
+    # stages and their layers) and the same tp, cp and ep links on every order
+    inner = np.concatenate([pp[None].astype(np.float64)] + [lk[:6] for lk in links]).T
+    numbers: dict[bytes, int] = {}
+    q_d = np.array([numbers.setdefault(row.tobytes(), len(numbers)) for row in inner], dtype=np.int64)
+    return _Degrees(stage_d, links, optimizer_s, c0, c1, c2, n_slots, per_slot, q_d, len(numbers))
+
+
+# the terms of timing._dp_comms each branch has (the others are 0.0 in its c0, c1, c2):
+# c0 under the backward once a step, c1 under the forward (per micro-batch for ZeRO-3 and
+# FSDP), c2 under the backward per micro-batch
+_TERMS = {ALL_REDUCE: (0,), ZERO_12: (0, 1), FSDP_GRAD_OP: (1, 2), SHARD_3: (1, 2), FSDP_HYBRID: (0, 1, 2)}
+
+
+def _dp_step(branch: int, at: np.ndarray, c0: np.ndarray, c1: np.ndarray, c2: np.ndarray, fwd: np.ndarray,
+             bwd: np.ndarray, ga: np.ndarray, eff: Efficiency, pipeline: np.ndarray, opt: np.ndarray) -> np.ndarray:
+    """timing._finish's step for one branch of the data-parallel collectives: pipeline +
+    exposed + overlap_slowdown x hidden + optimizer, with the collectives' rows ``at`` of
+    c0, c1, c2. The terms the branch lacks are 0.0 and add nothing: e + 0.0 is e and
+    0.0 + e is e for the non-negative times here, so only the branch's own are summed,
+    in timing's order (c0, c1 x per micro-batch, c2 x accumulation)."""
+    per_mb = branch >= FSDP_GRAD_OP
+    exposed = hidden = None
+    for term in _TERMS[branch]:
+        c, window, overlap = ((c0, bwd, eff.dp_overlap), (c1, fwd, eff.zero3_overlap if per_mb else
+                                                          eff.param_gather_overlap), (c2, bwd, eff.zero3_overlap))[term]
+        if overlap == 0.0:             # nothing hidden: min(c, 0.0 x window) is 0.0
+            e, h = c[at], None
+        else:
+            e, h = _hide(c[at], window, overlap)
+        if term == 2 or term == 1 and per_mb:      # (x 1.0 otherwise: x itself)
+            e, h = e * ga, None if h is None else h * ga
+        exposed = e if exposed is None else exposed + e
+        hidden = h if hidden is None else hidden if h is None else hidden + h
+    step = pipeline + exposed
+    if hidden is not None:             # (+ overlap_slowdown x 0.0 otherwise: nothing)
+        step = step + eff.overlap_slowdown * hidden
+    return step + opt
 
 
 def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Cluster,
@@ -380,7 +419,7 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
     orders = [tuple(o) for o in orders]
 
     g = groups or LayoutGroups.of(a)
-    d_inv, d_rep, p_inv = g.d_inv, g.d_rep, g.p_inv
+    d_rep, p_inv = g.d_rep, g.p_inv
     tp, cp, ep, _, pp = g.degrees
     n_d = len(d_rep)
 
@@ -388,11 +427,9 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
     deg = _degree_tables(m, pc, setup, cluster, eff, orders, g.degrees, g.degrees_key, any_hybrid)
     links, optimizer_s, n_slots, c0, c1, c2 = deg.links, deg.optimizer_s, deg.n_slots, deg.c0, deg.c1, deg.c2
 
-    # ---- per P: a block (timing.layer_time) and the head, per distinct block shape, and
-    # each stage slot's layers, pipeline edges (embedding, LM head) and whether it is the
-    # last stage, as (slots, P) tables; a slot the pipeline does not have gets -inf
+    # ---- per P: a block (timing.layer_time) and the head, per distinct block shape
     pd = g.p_d
-    pcp, ppp = cp[pd], pp[pd]
+    ppp = pp[pd]
     sp_p, pvp, mb_p, rc_p, pga = g.p_cols
     # the block shape (tp, sp, cp, ep, micro-batch, recomputation, kernels): LayoutGroups' B
     kernel_names = (setup.kernels,) if setup.kernels != "auto" else ("eager", "fused")
@@ -404,25 +441,40 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
     blocks = _rows(13, np.float64, "block", m, setup, cluster, eff).lookup(
         b_keys, lambda tp_, sp_, cp_, ep_, mb_, rc_, k_: _block_row(m, setup, cluster, eff, kernel_names[k_], tp_,
                                                                     sp_, cp_, ep_, mb_, rc_))
+    blocks_t = np.ascontiguousarray(blocks.T)
+    p2p_bytes = blocks_t[12][b_inv]
+    # ---- per Q: the P rows with the same block shape, pipeline depth and tp, cp and ep
+    # links on every order (_Degrees.q_d) have the same slowest stage, whatever their dp,
+    # vp and accumulation: it is worked out once per Q. Each stage slot's layers, pipeline
+    # edges (embedding, LM head) and whether it is the last stage, as (slots, Q) tables; a
+    # slot the pipeline does not have gets -inf
+    n_b = len(b_first)
+    q_key = b_inv + n_b * deg.q_d[pd]
+    if n_b * deg.n_q_d <= max(1 << 16, 4 * len(pd)):
+        q_inv, q_rep = _group_packed(q_key, n_b * deg.n_q_d)
+    else:
+        q_inv, q_rep = _group([q_key])
+    qd = pd[q_rep]                          # a D standing for each Q
     (lt_fwd, lt_bwd, lt_attn, lt_tp_bytes, lt_tp_coll, lt_cp_bytes, lt_cp_passes, lt_ep_bytes, lt_ep_a2a,
-     head_fwd_add, head_bwd_add, edge_bytes, p2p_bytes) = np.take(np.ascontiguousarray(blocks.T), b_inv, axis=1)
-    per_slot = np.take(deg.per_slot, pd, axis=1)
+     head_fwd_add, head_bwd_add, edge_bytes, _) = np.take(blocks_t, b_inv[q_rep], axis=1)
+    qcp = cp[qd]
+    per_slot = np.take(deg.per_slot, qd, axis=1)
     layers_p, edges_p, last_p, absent_p, bwd_layers_p = (per_slot[i * n_slots:(i + 1) * n_slots] for i in range(5))
     use_cp, use_ep = bool((cp > 1).any()), bool((ep > 1).any())
-
-    stage_compute: list[np.ndarray] = [np.zeros(0), np.zeros(0)]     # (slots, P): fwd, bwd
-
+    # the stages' compute does not depend on the links
+    stage_fwd = layers_p * lt_fwd + last_p * head_fwd_add       # + 0.0 where not the last stage: exact
+    stage_bwd = bwd_layers_p * lt_bwd + last_p * head_bwd_add
     def slowest(lk: np.ndarray, sel: np.ndarray | slice) -> tuple[np.ndarray, ...]:
-        """(t, fwd, bwd, hidden, slot) of the slowest stage of the P rows ``sel`` (all of
+        """(t, fwd, bwd, hidden, slot) of the slowest stage of the Q rows ``sel`` (all of
         them first, then a subset), before the pipeline sends, as timing._pipeline's max()
         over (time, fwd, bwd, comm, hidden, stage) picks it."""
-        d = pd[sel]
+        d = qd[sel]
         ring_tp = _Ring.of(tp, lk[0], lk[1], bus, 2).take(d)
         tp_all = lt_tp_coll[sel] * ring_tp.time_s(lt_tp_bytes[sel])
         comm_b, hidden_b = tp_all * (1 - eff.tp_overlap), tp_all * eff.tp_overlap
         if use_cp:
             passes = lt_cp_passes[sel]
-            cp_all = passes * (pcp[sel] - 1) * _send_s(lt_cp_bytes[sel], lk[2][d], lk[3][d], bus)
+            cp_all = passes * (qcp[sel] - 1) * _send_s(lt_cp_bytes[sel], lk[2][d], lk[3][d], bus)
             cp_block, cp_hidden = _hide(cp_all, lt_attn[sel] * passes, eff.cp_overlap)
             comm_b, hidden_b = comm_b + cp_block, hidden_b + cp_hidden
         if use_ep:
@@ -430,11 +482,7 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
             comm_b, hidden_b = comm_b + ep_all * (1 - eff.ep_overlap), hidden_b + ep_all * eff.ep_overlap
         edge_all = ring_tp.time_s(edge_bytes[sel])
         layers, edges = layers_p[:, sel], edges_p[:, sel]
-        if isinstance(sel, slice):      # the stages' compute does not depend on the links: kept for other orders
-            fwd = stage_compute[0] = layers * lt_fwd + last_p * head_fwd_add   # + 0.0 where not the last stage: exact
-            bwd = stage_compute[1] = bwd_layers_p * lt_bwd + last_p * head_bwd_add
-        else:
-            fwd, bwd = stage_compute[0][:, sel], stage_compute[1][:, sel]
+        fwd, bwd = stage_fwd[:, sel], stage_bwd[:, sel]
         if eff.tp_overlap == 0.0:       # x * 1.0 is x; with finite times, x * 0.0 is 0.0 throughout
             comm = layers * comm_b + edges * edge_all
             hidden = None if not (use_cp or use_ep) and np.isfinite(tp_all).all() and np.isfinite(edge_all).all() \
@@ -463,56 +511,49 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
         return (t_max, np.take(fwd, at), np.take(bwd, at),
                 np.zeros(width) if hidden is None else np.take(hidden, at), slot)
 
-    # ---- per layout: its sharding's branch of the data-parallel collectives, hidden under
-    # the slowest stage's forward or backward or not, and the optimizer update (timing._finish)
-    branch = BRANCH[len(SHARDINGS) * a.zero_stage + a.sharding]
-    per_mb = branch >= FSDP_GRAD_OP                 # the forward gather runs once per micro-batch
-    ga_f = a.grad_accum.astype(np.float64)
-    m1 = np.where(per_mb, ga_f, 1.0)
-    overlap1 = (eff.zero3_overlap if eff.zero3_overlap == eff.param_gather_overlap
-                else np.where(per_mb, eff.zero3_overlap, eff.param_gather_overlap))
-    row = branch * (SLOTS * n_d) + d_inv
-    opt_row = (a.zero_stage >= 1) * (SLOTS * n_d) + d_inv
+    # ---- per pipeline shape and kind of sharding: the data-parallel collectives of the
+    # sharding's branch, hidden under the slowest stage's forward or backward or not, and the
+    # optimizer update (timing._finish). Within a pipeline shape the layouts differ only in
+    # their sharding and ZeRO stage, and those enter only through the branch of
+    # timing._dp_comms and whether the optimizer's states are sharded: a (kind, P) table,
+    # each layout read off it at the end.
+    n_p = len(pd)
+    pair = len(SHARDINGS) * a.zero_stage + a.sharding
+    kinds = [(int(BRANCH[k]), int(k >= len(SHARDINGS))) for k in
+             np.flatnonzero(np.bincount(pair, minlength=4 * len(SHARDINGS)))]
+    kind_list = sorted(set(kinds))
+    kind_of = np.zeros(4 * len(SHARDINGS), dtype=np.int64)
+    for k, kind in zip(np.flatnonzero(np.bincount(pair, minlength=4 * len(SHARDINGS))), kinds):
+        kind_of[k] = kind_list.index(kind)
     p2p_sends = 2 * pvp.astype(np.float64)
     bubble_share = (ppp - 1) / pvp.astype(np.float64)
     pga_f = pga.astype(np.float64)
-    best_step = None
+    best: np.ndarray | None = None
     inner: np.ndarray | None = None
-    p_stage: tuple[np.ndarray, ...] = ()
+    q_stage: tuple[np.ndarray, ...] = ()
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         for i, lk in enumerate(links):
-            if inner is None or not np.array_equal(inner, lk[:6]):          # tp, cp, ep links
+            if inner is None or not np.array_equal(inner, lk[:6]):
                 if inner is None:
-                    p_stage = slowest(lk, slice(None))
-                    t_p, fwd_p, bwd_p, hidden_p, slot_p = p_stage
-                    slot = (slot_p * n_d)[p_inv]
-                    fwd_mb, bwd_mb = fwd_p[p_inv], bwd_p[p_inv]
-                    c_row = row + slot
-                    opt = optimizer_s[opt_row + slot]
-                else:   # placements that change these links: redo their rows and layouts, in place
-                    changed = (inner != lk[:6]).any(axis=0)[pd]         # (the previous order's are used up)
-                    sel = np.flatnonzero(changed)
-                    for x, y in zip(p_stage, slowest(lk, sel)):
+                    q_stage = slowest(lk, slice(None))
+                else:                       # tp, cp, ep links: redo the Q rows whose links change
+                    sel = np.flatnonzero((inner != lk[:6]).any(axis=0)[qd])
+                    for x, y in zip(q_stage, slowest(lk, sel)):
                         x[sel] = y
-                    lays = np.flatnonzero(changed[p_inv])
-                    p_l = p_inv[lays]
-                    slot[lays] = slot_p[p_l] * n_d
-                    fwd_mb[lays], bwd_mb[lays] = fwd_p[p_l], bwd_p[p_l]
-                    c_row[lays] = row[lays] + slot[lays]
-                    opt[lays] = optimizer_s[opt_row[lays] + slot[lays]]
+                t_p, fwd_p, bwd_p, hidden_p, slot_p = (x[q_inv] for x in q_stage)
                 inner = lk[:6]
             on_pp = ((pp > 1) & ~np.isinf(lk[9]))[pd]
             p2p_all = p2p_sends * np.where(on_pp & (p2p_bytes > 0), lk[9][pd] + p2p_bytes / (lk[8] * bus)[pd], 0.0)
             t_mb = t_p + p2p_all * (1 - eff.pp_overlap)            # + 0.0 without a pipeline: exact
             t_mb = t_mb + slowdown * (hidden_p + p2p_all * eff.pp_overlap)
-            pipeline = (pga_f * t_mb + bubble_share * t_mb)[p_inv]
-            at = c_row + i * (5 * SLOTS * n_d) if i else c_row
-            e0, h0 = _hide(c0[at], bwd_mb, eff.dp_overlap)
-            e1, h1 = _hide(c1[at], fwd_mb, overlap1, min(eff.zero3_overlap, eff.param_gather_overlap))
-            e2, h2 = _hide(c2[at], bwd_mb, eff.zero3_overlap)
-            step = pipeline + (e0 + e1 * m1 + e2 * ga_f) + slowdown * (h0 + h1 * m1 + h2 * ga_f) + opt
-            best_step = step if best_step is None else np.minimum(best_step, step)
-    return best_step
+            pipeline = pga_f * t_mb + bubble_share * t_mb
+            at = slot_p * n_d + pd                                 # (slot, D) of each P's slowest stage
+            step = np.empty((len(kind_list), n_p))
+            for row, (branch, sharded) in enumerate(kind_list):
+                step[row] = _dp_step(branch, at + (i * 5 + branch) * (SLOTS * n_d), c0, c1, c2, fwd_p, bwd_p, pga_f,
+                                     eff, pipeline, optimizer_s[at + sharded * (SLOTS * n_d)])
+            best = step if best is None else np.minimum(best, step)
+    return np.take(best.ravel(), kind_of[pair] * n_p + p_inv)
 
 
 def forget_tables() -> None:
