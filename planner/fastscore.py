@@ -54,6 +54,7 @@ from .training import TrainingSetup
 RECOMPUTES = ("none", "selective", "full")
 KERNELS = ("fused", "eager", "amp")
 SAFE_BYTES = 2**58          # every table value below this keeps int64 sums exact
+EXACT_FLOAT_INT = 2**53     # integers below this are exact as float64
 NO_SLOT = -(2**61)          # a stage slot the pipeline does not have: below any moment
 
 # glibc gives freed heap memory back to the OS whenever more than 128 KiB lie free at the
@@ -422,6 +423,8 @@ class _States(NamedTuple):
     stage_d: np.ndarray        # (slot, D): the stage, -1 where the pipeline has fewer slots
     layers_d: np.ndarray       # (slot, D): its layers
     last_d: np.ndarray         # (slot, D): 1 where it is the last stage, else 0
+    ahead_d: np.ndarray        # (slot, D): pp - stage, the most micro-batches the stage holds (pp where no slot)
+    pipelined_d: np.ndarray    # per D: 1 where pp > 1, else 0
     kern: np.ndarray           # per state: KERNELS index (memory.resolve_kernels)
     persistent: np.ndarray     # per state: gradients held across micro-batches in any case
     fixed: np.ndarray          # per state: the fixed overhead
@@ -657,7 +660,8 @@ def _build_states(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, gpus_per_n
      f_head, fwd_buffers) = (np.broadcast_to(x, s_stage_of.shape) for x in (
         base_start, base_end, base_step, base_fwd, held_grads, buffer_parts, end_buffers, f_on, f_done,
         f_end_grads, f_head, fwd_buffers))
-    return _States(stage_d, layers_d, (stage_d == (pp_d - 1)).astype(np.int64), s_kern, (st.sharding == 0) & (s_dense_deg > 1), fixed,
+    return _States(stage_d, layers_d, (stage_d == (pp_d - 1)).astype(np.int64), pp_d - np.maximum(stage_d, 0),
+                   (pp_d > 1).astype(np.int64), s_kern, (st.sharding == 0) & (s_dense_deg > 1), fixed,
                    base_step.max(axis=0), (base_end + buffer_parts).max(axis=0) if every_slot_has_layers else None,
                    bool(f_on.any()),
                    (base_start, base_end, base_end + buffer_parts, base_fwd, held_grads, buffer_parts, end_buffers,
@@ -690,8 +694,12 @@ def peak_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCou
         lay = Layout(tp=tp, sp=bool(sp), cp=cp, micro_batch=mb, seq_len=seq, recompute=RECOMPUTES[rc])
         kernels = KERNELS[k]
         kept, full = _block_activations(m, setup, _activation_key(lay), kernels)
+        # and a pipeline's buffers (memory.per_rank_memory): two micro-batches' activations
+        # at a stage boundary, split by tp under sequence parallelism
+        tokens_local = mb * (seq // cp)
         return (kept, full, eager_score_gradient_bytes(m, setup, lay, kernels),
-                logits_bytes(m, setup, lay, kernels))
+                logits_bytes(m, setup, lay, kernels),
+                2 * -(-(tokens_local * h * prec.activation_bytes) // (tp if sp == 1 else 1)))
 
     # ---- groups. Model states, buffers and the optimizer's temporaries do not depend on
     # the micro-batch, accumulation, virtual stages or recomputation: they are sized once per
@@ -723,7 +731,7 @@ def peak_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCou
     memo = _memo("shape", m, setup)
 
     def figures(b: np.ndarray, k: np.ndarray) -> np.ndarray:
-        """(4, len(b)): shape_figures of the block shapes ``b`` under kernels ``k``."""
+        """(5, len(b)): shape_figures of the block shapes ``b`` under kernels ``k``."""
         p, d = g.b_rep[b], p_d[g.b_rep[b]]
         rows = []
         for key in zip(tp_d[d].tolist(), p_sp[p].tolist(), cp_d[d].tolist(), p_mb[p].tolist(), p_rc[p].tolist(),
@@ -732,13 +740,13 @@ def peak_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCou
             if row is None:
                 row = memo[key] = shape_figures(*key)
             rows.append(row)
-        table = np.array(rows, dtype=np.int64).reshape(len(rows), 4)
+        table = np.array(rows, dtype=np.int64).reshape(len(rows), 5)
         if len(rows) and int(table.max()) >= SAFE_BYTES:
             raise Unsupported("a per-shape figure is too large for exact int64 arithmetic")
         return np.ascontiguousarray(table.T)
 
     n_b = len(g.b_rep)
-    shape_p = np.take(figures(np.arange(n_b), k_d[p_d[g.b_rep]]), g.b_inv, axis=1)     # (4, P)
+    shape_p = np.take(figures(np.arange(n_b), k_d[p_d[g.b_rep]]), g.b_inv, axis=1)     # (5, P)
     amp_l = (s_kern == 2)[state_inv] if (s_kern == 2).any() else None
     if amp_l is None:
         act_inv, act_p = g.p_inv, None
@@ -753,34 +761,43 @@ def peak_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCou
         b_amp, b_amp_inv = np.unique(g.b_inv[amp_p], return_inverse=True)
         shape_amp = figures(b_amp, np.full(len(b_amp), KERNELS.index("amp"), dtype=np.int64))
         shape_p = np.concatenate([shape_p, shape_amp[:, b_amp_inv.reshape(-1)]], axis=1)
-    layer_act, full_layer, score_grad, logits_all = shape_p
+    layer_act, full_layer, score_grad, logits_all, pp_buffer = shape_p
     a_d = p_d if act_p is None else p_d[act_p]
-    tp_a, cp_a, pp_a = tp_d[a_d], cp_d[a_d], pp_d[a_d]
-    sp_a, vp_a, mb_a, ga_a = (x if act_p is None else x[act_p] for x in (p_sp, p_vp, p_mb, p_ga))
+    cp_a, pp_a = cp_d[a_d], pp_d[a_d]
+    vp_a, mb_a, ga_a = (x if act_p is None else x[act_p] for x in (p_vp, p_mb, p_ga))
 
     # ---- per activation shape: the pipeline's buffers; per stage slot, the activations
     # held at the start of backward with the larger of the logits and the last block's
     # working set, and the last block
-    tokens_local = mb_a * (seq // cp_a)
-    pp_buffer = np.where(pp_a > 1, 2 * _ceil_div(tokens_local * h * prec.activation_bytes,
-                                                 np.where(sp_a == 1, tp_a, 1)), 0)
+    pp_buffer = pp_buffer * sts.pipelined_d[a_d]      # no buffers without a pipeline
     layers_a = np.take(layers_d, a_d, axis=1)
     working_all = (full_layer - layer_act) + score_grad
     # the micro-batches each slot holds (memory.in_flight_microbatches) follow from the
-    # depth, the stage, the virtual stages and the accumulation
-    stage_a = np.maximum(np.take(stage_d, a_d, axis=1), 0)
-    held = np.where(pp_a == 1, 1.0, np.minimum(pp_a - stage_a, ga_a).astype(np.float64))
+    # depth, the stage, the virtual stages and the accumulation: min(pp - stage, ga), which
+    # is 1 without a pipeline (stage 0, ga >= 1); integers while the product stays exact
+    # as a float (as memory multiplies them), floats with interleaving
+    ahead = np.minimum(np.take(sts.ahead_d, a_d, axis=1), ga_a)
     if int(vp_a.max()) > 1:
-        held = np.where((pp_a > 1) & (vp_a > 1), held * (1 + (pp_a - 1) / (pp_a * vp_a)), held)
+        held = np.where((pp_a > 1) & (vp_a > 1), ahead * (1 + (pp_a - 1) / (pp_a * vp_a)), ahead.astype(np.float64))
+        acts = _trunc((layers_a * layer_act) * held)
+    else:
+        held = ahead
+        if int(layers_d.max()) * int(layer_act.max(initial=0)) * int(ahead.max(initial=0)) < EXACT_FLOAT_INT:
+            acts = (layers_a * layer_act) * ahead
+        else:
+            acts = _trunc((layers_a * layer_act) * ahead.astype(np.float64))
+    if m.hidden_dropout > 0:
+        tokens_local = mb_a * (seq // cp_a)
+        acts = acts + np.where((stage_d <= 0)[:, a_d], _trunc(tokens_local * h * held.astype(np.float64)), 0)
+    x_logits = np.take(sts.last_d, a_d, axis=1) * logits_all      # last_d is 0 or 1: exact
     # FSDP's moments (memory.per_rank_memory): the held activations, the loss and the
     # working set apart, since FSDP adds the LM head's gradient to the working set.
-    # Every stage slot at once: (slot, activation shape) arrays
-    has_layers = layers_a > 0
-    acts = _trunc((layers_a * layer_act) * held)
-    if m.hidden_dropout > 0:
-        acts = acts + np.where((stage_d <= 0)[:, a_d], _trunc(tokens_local * h * held), 0)
-    x_logits = np.take(sts.last_d, a_d, axis=1) * logits_all      # last_d is 0 or 1: exact
-    x_working = np.where(has_layers, working_all, 0)
+    # Every stage slot at once: (slot, activation shape) arrays. A slot the pipeline does
+    # not have holds no layers; its moments are below any other (NO_SLOT), so where every
+    # stage holds layers its working set need not be zeroed.
+    fast = not sts.fsdp_any and sts.end_max is not None
+    has_layers = None if fast else layers_a > 0
+    x_working = working_all if fast else np.where(has_layers, working_all, 0)
     x_acts = acts + np.maximum(x_logits, x_working) + pp_buffer
     x_held, x_block = acts, np.where(has_layers, layer_act, 0) if sts.fsdp_any else None
     persistent = ((ga_a > 1) | (pp_a > 1))[act_inv] | sts.persistent[state_inv]
@@ -798,7 +815,7 @@ def peak_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCou
     # so the larger of them and the other buffers is the latter, and its parts add up per
     # state and per activation shape ahead of the pass (FSDP's moments replace it).
     tracked = sts.tracked[state_inv]
-    if not sts.fsdp_any and sts.end_max is not None:
+    if fast:
         # the state's parts of the backward-start moment with and without the gradients
         # held across micro-batches, one table, read at state + states x persistent. At the
         # end of backward every stage holds its last block and the pipeline's buffer, the
