@@ -3,30 +3,35 @@
 planner.timing.step_time() times one layout (about 150 us once its placements are
 cached): it builds a LayerTime, the links of each placement, a _Pipeline and a StepTime
 object per layout. step_times_s() returns the same step_time_s for every layout of a
-LayoutArrays (planner.fastscore), and score() memory and step time together; in three
+LayoutArrays (planner.fastscore), and score() memory and step time together; in four
 levels:
 
 - per distinct degrees (D: tp, cp, ep, dp, pp): each axis's bus bandwidth and hop
   latency over the topology graph on each placement order (placement.axis_links), the
   stages that can be the slowest and their ranks' parameters (memory.rank_params), the
   data-parallel collectives of every sharding and the optimizer update;
-- per distinct degrees, sp, vp, micro-batch and recomputation (P): one block's compute
-  time and collective volumes (timing.layer_time, once per block shape), then the tensor-,
-  context- and expert-parallel communication, the slowest stage, the pipeline sends and
-  the bubble;
-- per layout: what its sharding's data-parallel collectives leave exposed under the
-  slowest stage's forward or backward, the slowdown of what they hide, and the optimizer
-  update; the faster of the placement orders.
+- per block shape (fastscore.LayoutGroups' B: tp, cp, ep, kernels, sp, micro-batch,
+  recomputation) and pipeline depth with the same tp, cp and ep links (Q): one block's
+  compute time and collective volumes (timing.layer_time, once per block shape), the
+  tensor-, context- and expert-parallel communication and the slowest stage, which do
+  not depend on dp, vp or the accumulation;
+- per pipeline shape (P: D, sp, vp, micro-batch, recomputation): the pipeline sends and
+  the bubble; and per P and kind of sharding (timing._dp_comms' branch, and whether the
+  optimizer states are sharded; within a P the layouts differ in nothing else) what the
+  data-parallel collectives leave exposed under the slowest stage's forward or backward,
+  the slowdown of what they hide, and the optimizer update, on each placement order;
+- per layout: the faster of the placement orders, read off its kind and P.
 
 The per-degree tables (links, stages, collectives, optimizer) are kept across calls, per
 model, set-up, cluster, efficiencies, placement orders and distinct degrees (a
 least-recently-used cache of at most 32 entries and 64 MiB; forget_tables() drops
 them), as fastscore keeps its per-state tables: a search or sweep that scores the same
-GPU counts again skips them. Where the second placement order gives the tensor-,
-context- and expert-parallel groups the same links as the first, the slowest stage is
-not worked out again, only for the pipeline shapes whose links change. What depends on
-a few distinct values is computed by planner.timing's and planner.memory's own
-functions; the rest is array arithmetic that mirrors timing._pipeline and timing._finish
+GPU counts again skips them. With them, each Q's slowest stage (_SlowestMemo), so that
+only block shapes not seen before on those degrees are worked out. Where the second
+placement order gives the tensor-, context- and expert-parallel groups the same links as
+the first, the slowest stage is not worked out again, only for the Q rows whose links
+change. What depends on a few distinct values is computed by planner.timing's and
+planner.memory's own functions; the rest is array arithmetic that mirrors timing._pipeline and timing._finish
 with the same operations in the same order, so the floats are the same, not just close
 (tests/test_fasttime.py checks equality on random models, GPUs, topologies, set-ups,
 efficiencies and layouts). Integers enter the float arithmetic as float64 arrays, which
@@ -100,6 +105,11 @@ class _Rows:
 
     def lookup(self, keys: list[tuple], fn: Callable[..., tuple]) -> np.ndarray:
         """The rows of ``keys`` (len(keys) x width), computing fn(*key) for new keys."""
+        idx = self.ids(keys, fn)        # (builds the table anew for new keys)
+        return self.table[idx]
+
+    def ids(self, keys: list[tuple], fn: Callable[..., tuple]) -> np.ndarray:
+        """The row numbers of ``keys`` in ``table``, computing fn(*key) for new keys."""
         get = self.index.get
         idx = [get(k) for k in keys]
         if None in idx:
@@ -111,7 +121,45 @@ class _Rows:
                         self.rows.append(fn(*k))
                     idx[i] = j
             self.table = np.array(self.rows, dtype=self.dtype).reshape(len(self.rows), -1)
-        return self.table[idx]
+        return np.array(idx, dtype=np.int64)
+
+
+class _SlowestMemo:
+    """The slowest stage (timing._pipeline's max() over the stages) per block shape and
+    _Degrees.q_d, on each distinct set of tp, cp and ep links of the placement orders,
+    kept with a _Degrees entry: a search or sweep asks for the same ones again for other
+    micro-batches, accumulations and shardings. Block shapes are numbered in the order
+    they arrive (``local``: the block table's row -> that number)."""
+
+    def __init__(self, n_q_d: int, n_sets: int) -> None:
+        self.n_q_d, self.n_sets = n_q_d, n_sets
+        self.clear(None)
+
+    def clear(self, blocks: _Rows | None) -> None:
+        self.blocks = blocks                                # the block table whose rows these are
+        self.local = np.full(0, -1, dtype=np.int64)
+        self.n_local = 0
+        self.known = np.zeros(0, dtype=bool)
+        self.vals = np.zeros((self.n_sets, 4, 0))           # t, fwd, bwd, hidden
+        self.slot = np.zeros((self.n_sets, 0), dtype=np.int64)
+
+    def index(self, blocks: _Rows, block_rows: np.ndarray, q_d: np.ndarray) -> np.ndarray:
+        """Each (row of the block table ``blocks``, q_d)'s place in the tables, making room
+        for new ones (and starting afresh on another block table: _rows() makes a new one
+        when it is full)."""
+        if blocks is not self.blocks:
+            self.clear(blocks)
+        if len(self.local) <= int(block_rows.max()):
+            self.local = np.concatenate([self.local, np.full(int(block_rows.max()) + 1 - len(self.local), -1)])
+        new = np.unique(block_rows[self.local[block_rows] < 0])
+        if len(new):
+            self.local[new] = np.arange(self.n_local, self.n_local + len(new))
+            self.n_local += len(new)
+            more = len(new) * self.n_q_d
+            self.known = np.concatenate([self.known, np.zeros(more, dtype=bool)])
+            self.vals = np.concatenate([self.vals, np.zeros((self.n_sets, 4, more))], axis=2)
+            self.slot = np.concatenate([self.slot, np.zeros((self.n_sets, more), dtype=np.int64)], axis=1)
+        return self.local[block_rows] * self.n_q_d + q_d
 
 
 _ROWS: dict[tuple, _Rows] = {}
@@ -227,6 +275,8 @@ class _Degrees(NamedTuple):
     per_slot: np.ndarray       # (5 x n_slots, D): layers, pipeline edges, last stage, -inf if absent, backward layers
     q_d: np.ndarray            # per D: its pipeline depth and tp, cp, ep links on every order, numbered 0, 1, ...
     n_q_d: int
+    inner_of: tuple[int, ...]  # per order: its set of tp, cp, ep links (the first order with the same ones)
+    slowest: _SlowestMemo
 
 
 # Degree tables kept across calls, per (model, set-up, cluster, efficiencies, placement
@@ -366,7 +416,11 @@ def _build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: 
     inner = np.concatenate([pp[None].astype(np.float64)] + [lk[:6] for lk in links]).T
     numbers: dict[bytes, int] = {}
     q_d = np.array([numbers.setdefault(row.tobytes(), len(numbers)) for row in inner], dtype=np.int64)
-    return _Degrees(stage_d, links, optimizer_s, c0, c1, c2, n_slots, per_slot, q_d, len(numbers))
+    inner_of = []
+    for lk in links:
+        inner_of.append(next(j for j in range(len(links)) if np.array_equal(links[j][:6], lk[:6])))
+    return _Degrees(stage_d, links, optimizer_s, c0, c1, c2, n_slots, per_slot, q_d, len(numbers), tuple(inner_of),
+                    _SlowestMemo(len(numbers), len(links)))
 
 
 # the terms of timing._dp_comms each branch has (the others are 0.0 in its c0, c1, c2):
@@ -438,10 +492,10 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
     b_d = pd[b_first]
     b_keys = list(zip(tp[b_d].tolist(), sp_p[b_first].tolist(), cp[b_d].tolist(), ep[b_d].tolist(),
                       mb_p[b_first].tolist(), rc_p[b_first].tolist(), kern_d[b_d].tolist()))
-    blocks = _rows(13, np.float64, "block", m, setup, cluster, eff).lookup(
-        b_keys, lambda tp_, sp_, cp_, ep_, mb_, rc_, k_: _block_row(m, setup, cluster, eff, kernel_names[k_], tp_,
-                                                                    sp_, cp_, ep_, mb_, rc_))
-    blocks_t = np.ascontiguousarray(blocks.T)
+    block_rows = _rows(13, np.float64, "block", m, setup, cluster, eff)
+    b_row = block_rows.ids(b_keys, lambda tp_, sp_, cp_, ep_, mb_, rc_, k_: _block_row(
+        m, setup, cluster, eff, kernel_names[k_], tp_, sp_, cp_, ep_, mb_, rc_))
+    blocks_t = np.ascontiguousarray(block_rows.table[b_row].T)
     p2p_bytes = blocks_t[12][b_inv]
     # ---- per Q: the P rows with the same block shape, pipeline depth and tp, cp and ep
     # links on every order (_Degrees.q_d) have the same slowest stage, whatever their dp,
@@ -454,9 +508,12 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
         q_inv, q_rep = _group_packed(q_key, n_b * deg.n_q_d)
     else:
         q_inv, q_rep = _group([q_key])
-    qd = pd[q_rep]                          # a D standing for each Q
+    memo = deg.slowest
+    at_memo = memo.index(block_rows, b_row[b_inv[q_rep]], deg.q_d[pd[q_rep]])
+    miss = np.flatnonzero(~memo.known[at_memo])     # the Q rows not worked out before
+    qd = pd[q_rep[miss]]                            # a D standing for each of them
     (lt_fwd, lt_bwd, lt_attn, lt_tp_bytes, lt_tp_coll, lt_cp_bytes, lt_cp_passes, lt_ep_bytes, lt_ep_a2a,
-     head_fwd_add, head_bwd_add, edge_bytes, _) = np.take(blocks_t, b_inv[q_rep], axis=1)
+     head_fwd_add, head_bwd_add, edge_bytes, _) = np.take(blocks_t, b_inv[q_rep[miss]], axis=1)
     qcp = cp[qd]
     per_slot = np.take(deg.per_slot, qd, axis=1)
     layers_p, edges_p, last_p, absent_p, bwd_layers_p = (per_slot[i * n_slots:(i + 1) * n_slots] for i in range(5))
@@ -529,19 +586,26 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
     bubble_share = (ppp - 1) / pvp.astype(np.float64)
     pga_f = pga.astype(np.float64)
     best: np.ndarray | None = None
-    inner: np.ndarray | None = None
-    q_stage: tuple[np.ndarray, ...] = ()
+    at_p = at_memo[q_inv]
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        for i, lk in enumerate(links):
-            if inner is None or not np.array_equal(inner, lk[:6]):
-                if inner is None:
-                    q_stage = slowest(lk, slice(None))
-                else:                       # tp, cp, ep links: redo the Q rows whose links change
-                    sel = np.flatnonzero((inner != lk[:6]).any(axis=0)[qd])
-                    for x, y in zip(q_stage, slowest(lk, sel)):
+        if len(miss):
+            first = slowest(links[0], slice(None))
+            for j in sorted(set(deg.inner_of)):     # each set of tp, cp, ep links: redo the Q rows whose links change
+                q_stage = tuple(x.copy() for x in first)
+                if j:
+                    sel = np.flatnonzero((links[0][:6] != links[j][:6]).any(axis=0)[qd])
+                    for x, y in zip(q_stage, slowest(links[j], sel)):
                         x[sel] = y
-                t_p, fwd_p, bwd_p, hidden_p, slot_p = (x[q_inv] for x in q_stage)
-                inner = lk[:6]
+                at = at_memo[miss]
+                for k in range(4):
+                    memo.vals[j, k, at] = q_stage[k]
+                memo.slot[j, at] = q_stage[4]
+            memo.known[at_memo[miss]] = True
+        for i, lk in enumerate(links):
+            if i == 0 or deg.inner_of[i] != deg.inner_of[i - 1]:
+                j = deg.inner_of[i]
+                t_p, fwd_p, bwd_p, hidden_p = (memo.vals[j, k][at_p] for k in range(4))
+                slot_p = memo.slot[j][at_p]
             on_pp = ((pp > 1) & ~np.isinf(lk[9]))[pd]
             p2p_all = p2p_sends * np.where(on_pp & (p2p_bytes > 0), lk[9][pd] + p2p_bytes / (lk[8] * bus)[pd], 0.0)
             t_mb = t_p + p2p_all * (1 - eff.pp_overlap)            # + 0.0 without a pipeline: exact

@@ -191,6 +191,34 @@ def test_kept_tables_give_the_same_answers():
                                                                      for x in lays]
 
 
+def test_slowest_stages_kept_for_new_block_shapes():
+    # the slowest stage per block shape and degrees is kept with the degree tables: a call
+    # on one micro-batch size, then on all of them (the same degrees, new block shapes),
+    # then on another micro-batch's layouts alone, answers as timing.step_time does
+    m, setup = load_model("llama3.1-8b"), TrainingSetup(global_batch=64)
+    cluster = cluster_for(get_gpu("h100"))
+    pc = count_params(m)
+    a = fastscore.LayoutArrays.concat([fastscore.valid_layouts(m, setup, n, 8, SearchSpace(max_tp=8))
+                                       for n in (16, 32)])
+
+    def pick(mask):
+        return fastscore.LayoutArrays(*(getattr(a, f)[mask] for f in fastscore.LayoutArrays.FIELDS))
+
+    def check(part):
+        got = fasttime.step_times_s(m, setup, part, cluster, pc=pc)
+        assert got[::5].tolist() == [step_time(m, setup, part.layout(i, setup.seq_len), cluster, pc=pc).step_time_s
+                                     for i in range(0, len(part), 5)]
+
+    fasttime.forget_tables()
+    for part in (pick(a.micro_batch == 1), a, pick(a.micro_batch == 4)):
+        check(part)
+    # the block table starts afresh (fasttime._rows() does when it holds too many), the
+    # degree tables stay: the kept stages are dropped, not read under new block numbers
+    check(pick(a.recompute == 0))
+    fasttime._ROWS.clear()
+    check(pick(a.recompute == 2))
+
+
 def test_no_layouts():
     m = load_model("llama3.1-8b")
     empty = fastscore.LayoutArrays.from_layouts([])
