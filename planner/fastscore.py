@@ -211,7 +211,8 @@ def _group(columns: Sequence[np.ndarray], bounds: Sequence[tuple[int, int] | Non
     (groups in increasing order of the packed key), and one row index per group.
     ``bounds``: (lowest, highest) possible value of each column where known (None
     where not), which spares a pass over it for its minimum and maximum; (lowest, None)
-    spares the pass for the minimum.
+    spares the pass for the minimum (a column whose largest value is the lowest possible is
+    constant, and one with a positive lowest value is packed from 0 rather than shifted).
 
     The columns are packed into one int64 key (mixed radix, the first column least
     significant; a column with one value is left out). A wide column (a dp of up to
@@ -226,8 +227,13 @@ def _group(columns: Sequence[np.ndarray], bounds: Sequence[tuple[int, int] | Non
         bound = bounds[i] if bounds is not None else None
         if bound is None:
             lo, hi = int(col.min()), int(col.max())
+        elif bound[1] is None:      # only the lowest possible value known: a column at it is
+            lo, hi = bound[0], int(col.max())      # constant, else it is packed from 0 up
+            if hi == lo:
+                continue
+            lo = 0 if lo > 0 else lo
         else:
-            lo, hi = bound[0], int(col.max()) if bound[1] is None else bound[1]
+            lo, hi = bound
         span = hi - lo + 1
         if span == 1:
             continue
@@ -291,12 +297,12 @@ class LayoutGroups:
 
     @staticmethod
     def of(a: LayoutArrays) -> LayoutGroups:
-        # every degree and micro-batch is at least 1 and every count at least 0: only the
-        # largest value of a column is looked up
-        d_inv, d_rep = _group([a.tp, a.cp, a.ep, a.dp, a.pp], [(0, None)] * 5)
+        # every degree and micro-batch is at least 1: only the largest value of a column is
+        # looked up
+        d_inv, d_rep = _group([a.tp, a.cp, a.ep, a.dp, a.pp], [(1, None)] * 5)
         p_cols_of = (a.sp, a.vp, a.micro_batch, a.recompute)
         p_inv, p_rep = _group([d_inv, *p_cols_of],
-                              [(0, len(d_rep) - 1), (0, 1), (0, None), (0, None), (0, len(RECOMPUTES) - 1)])
+                              [(0, len(d_rep) - 1), (0, 1), (1, None), (1, None), (0, len(RECOMPUTES) - 1)])
         p_ga = a.grad_accum[p_rep]
         if not np.array_equal(p_ga[p_inv], a.grad_accum):   # valid layouts: ga = B / (mb dp ep)
             p_inv, p_rep = _group([d_inv, *p_cols_of, a.grad_accum])
@@ -306,9 +312,9 @@ class LayoutGroups:
         p_d = d_inv[p_rep]
         p_sp, p_vp, p_mb, p_rc = (x[p_rep] for x in p_cols_of)
         fused = ((tp > 1) | (pp > 1) | (cp > 1)).astype(np.int64)
-        d_block, d_block_rep = _group([tp, cp, ep, fused], [(0, None), (0, None), (0, None), (0, 1)])
+        d_block, d_block_rep = _group([tp, cp, ep, fused], [(1, None), (1, None), (1, None), (0, 1)])
         b_inv, b_rep = _group([d_block[p_d], p_sp, p_mb, p_rc],
-                              [(0, len(d_block_rep) - 1), (0, 1), (0, None), (0, len(RECOMPUTES) - 1)])
+                              [(0, len(d_block_rep) - 1), (0, 1), (1, None), (0, len(RECOMPUTES) - 1)])
         return LayoutGroups(d_inv, d_rep, p_inv, p_rep, tuple(degrees), degrees.tobytes(), p_d,
                             (p_sp, p_vp, p_mb, p_rc, p_ga), fused, b_inv, b_rep)
 
