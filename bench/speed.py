@@ -18,10 +18,12 @@ Prints, on this machine:
   4. how search time grows with the number of GPU counts and of layouts;
   5. llm-analysis (cli99/llm-analysis 0.2.2, installed by this script in its own virtual
      environment under --cache-dir, since it pins transformers<5) scoring the same Llama-2-70B
-     layouts in the same run (memory and step time, one call per layout), and the ratio of
-     layouts per second: the planner's memory and step time of every layout, as arrays,
-     warm (every table kept from an earlier call), with its degree and state tables
-     rebuilt on every call, and on the first call (cold).
+     layouts (memory and step time, one call per layout), taking turns with the planner in
+     rounds (llm-analysis for a second, then the planner's calls), so that both see the same
+     machine; the ratio of layouts per second in each round, and the median round: the
+     planner's memory and step time of every layout as arrays, warm (every table kept from
+     an earlier call), with its degree and state tables rebuilt on every call, and on the
+     first call (cold).
 
 Goals (issue 9): >= 1,000,000 layouts/s; the 405B full search < 2 s; `plan --help` < 0.3 s
 and `plan --model 70b --gpus h100` < 1.5 s; >= 1,000x llm-analysis's layouts per second.
@@ -82,23 +84,6 @@ def best_of(fn: Callable[[], object], repeats: int) -> float:
             best, best_cpu = wall, cpu
     CPU_TIMES.append(best_cpu)
     return best
-
-
-def interleaved(fns: dict[str, Callable[[], object]], rounds: int, repeats: int) -> dict[str, tuple[float, ...]]:
-    """(shortest wall time, the CPU time of that call, median wall time) of each of
-    ``fns``, over ``rounds`` rounds in which each makes ``repeats`` calls in turn, so that
-    the machine's quiet moments are shared among them."""
-    walls: dict[str, list[float]] = {k: [] for k in fns}
-    best = {k: (float("inf"), 0.0) for k in fns}
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            for _ in range(repeats):
-                c, t = cpu_seconds(), time.perf_counter()
-                fn()
-                wall, cpu = time.perf_counter() - t, cpu_seconds() - c
-                walls[k].append(wall)
-                best[k] = min(best[k], (wall, cpu))
-    return {k: (best[k][0], best[k][1], statistics.median(walls[k])) for k in fns}
 
 
 def row(label: str, value: str, goal: str = "") -> None:
@@ -283,7 +268,7 @@ def scaling(repeats: int) -> dict:
 DRIVER = r'''
 import json, sys, time
 from llm_analysis.analysis import train
-layouts = json.load(sys.stdin)
+layouts = json.loads(sys.stdin.readline())
 def score(lay):
     return train(model_name=MODEL, gpu_name=GPU, tp_size=lay["tp"], pp_size=lay["pp"], dp_size=lay["dp"],
                  ds_zero=lay["zero"], batch_size_per_gpu=lay["mb"], gradient_accumulation_steps=lay["ga"],
@@ -296,15 +281,23 @@ def attempt(lay):
         return 0
     except Exception:
         return 1
-attempt(layouts[0])
-t = time.perf_counter()
-done = refused = 0
-for lay in layouts:
-    refused += attempt(lay)
-    done += 1
-    if time.perf_counter() - t > BUDGET_S:
-        break
-print(json.dumps({"scored": done, "refused": refused, "seconds": time.perf_counter() - t}))
+# the layouts it scores in full (memory and step time), not refused as not fitting
+fits = [i for i, lay in enumerate(layouts) if attempt(lay) == 0]
+print(json.dumps({"fits": fits}), flush=True)
+subsets = {"all": list(range(len(layouts))), "fit": fits}
+cursor = {"all": 0, "fit": 0}
+for line in sys.stdin:          # one round: "all|fit seconds": score those layouts, in turn, for this long
+    which, budget_s = line.split()
+    subset, budget_s = subsets[which], float(budget_s)
+    done = refused = 0
+    t = time.perf_counter()
+    while True:
+        refused += attempt(layouts[subset[cursor[which] % len(subset)]])
+        cursor[which] += 1
+        done += 1
+        if time.perf_counter() - t >= budget_s:
+            break
+    print(json.dumps({"scored": done, "refused": refused, "seconds": time.perf_counter() - t}), flush=True)
 '''
 
 
@@ -344,8 +337,18 @@ def comparison_layouts() -> list[Layout]:
     return lays
 
 
-def llm_analysis_comparison(cache_dir: Path, budget_s: float, repeats: int) -> dict:
-    print(f"5. llm-analysis ({LLM_ANALYSIS}) against the planner, the same Llama-2-70B layouts, this run")
+def llm_analysis_comparison(cache_dir: Path, rounds: int, budget_s: float = 1.0) -> dict:
+    """llm-analysis and the planner on the same layouts, taking turns: in each of
+    ``rounds`` rounds llm-analysis scores layouts for ``budget_s`` seconds (in one process
+    kept across rounds, cycling through the shuffled list), then the planner makes its
+    calls (20 warm, 4 with the tables rebuilt, 5 each of memory and step time alone). A
+    shared machine's load drifts over seconds; within a round both see about the same
+    machine (and the same CPU: both are pinned to one), so each round gives a ratio, and
+    the median round is the figure. Twice: on
+    every layout (llm-analysis refuses most of them as not fitting, after sizing their
+    memory, which is quicker than scoring them), and on the layouts llm-analysis scores
+    in full (memory and step time), like for like."""
+    print(f"5. llm-analysis ({LLM_ANALYSIS}) against the planner, the same Llama-2-70B layouts, taking turns")
     py = llm_analysis_python(cache_dir)
     if py is None:
         return {"installed": False}
@@ -355,70 +358,139 @@ def llm_analysis_comparison(cache_dir: Path, budget_s: float, repeats: int) -> d
     payload = json.dumps([{"tp": x.tp, "pp": x.pp, "dp": x.dp, "zero": x.zero_stage, "mb": x.micro_batch,
                            "ga": x.grad_accum, "seq": x.seq_len,
                            "rc": {"none": 0, "selective": 1, "full": 2}[x.recompute]} for x in lays])
-    driver = (DRIVER.replace("MODEL", repr(LLM_ANALYSIS_MODEL)).replace("GPU", repr(LLM_ANALYSIS_GPU))
-              .replace("BUDGET_S", repr(budget_s)))
+    driver = DRIVER.replace("MODEL", repr(LLM_ANALYSIS_MODEL)).replace("GPU", repr(LLM_ANALYSIS_GPU))
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(driver)
-    try:
-        p = subprocess.run([str(py), f.name], input=payload, capture_output=True, text=True, timeout=600, check=False)
-    finally:
-        os.unlink(f.name)
-    if p.returncode != 0:
-        print(f"  llm-analysis failed: {p.stderr[-500:]}")
-        return {"installed": True, "error": p.stderr[-500:]}
-    res = json.loads(p.stdout.strip().splitlines()[-1])
-    theirs = res["scored"] / res["seconds"]
-    arrays = LayoutArrays.from_layouts(lays)
     cluster = cluster_for(load_gpu("h100"))
+    arrays = LayoutArrays.from_layouts(lays)
     # cold: the first call for this model, set-up and cluster builds every table (block
     # times, topology links, degree and state tables); one call, so one measurement
     c0, t0 = cpu_seconds(), time.perf_counter()
     score(m, setup, arrays, cluster, pc=pc)
-    ours_cold, cpu_cold = len(lays) / (time.perf_counter() - t0), len(lays) / max(cpu_seconds() - c0, 1e-9)
+    cold_s, cold_cpu_s = time.perf_counter() - t0, cpu_seconds() - c0
+    # both on one CPU, in turns: on a shared machine the CPUs are not equally loaded, and a
+    # process moved between them would see another machine from one second to the next
+    affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    if affinity:
+        os.sched_setaffinity(0, {min(affinity)})
+    proc = subprocess.Popen([str(py), f.name], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    theirs: dict[str, list[dict]] = {"all": [], "fit": []}
+    calls: dict[str, list[list[float]]] = {}
+    cpu: dict[str, float] = {}
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(payload + "\n")
+        proc.stdin.flush()
+        line = proc.stdout.readline()
+        fits = json.loads(line)["fits"] if line else []
+        fit_arrays = LayoutArrays.from_layouts([lays[i] for i in fits])
+        score(m, setup, fit_arrays, cluster, pc=pc)
 
-    def rebuilt() -> None:
-        forget_tables()
-        score(m, setup, arrays, cluster, pc=pc)
-    # warm: every table kept (a search or sweep scoring the same GPU counts again); rebuilt:
-    # the degree and state tables built again on every call, the per-shape tables and
-    # links kept (what a call on GPU counts not scored before costs). A call takes
-    # milliseconds, and other jobs on a shared machine slow it for seconds at a time, so
-    # the four take turns, 20 calls each, for `repeats` rounds
-    timed = interleaved({"warm": lambda: score(m, setup, arrays, cluster, pc=pc), "rebuilt": rebuilt,
-                         "memory": lambda: peak_bytes(m, setup, arrays, pc),
-                         "time": lambda: step_times_s(m, setup, arrays, cluster, pc=pc)}, repeats, 20)
-    ours_both, cpu_both, median_both = (len(lays) / x for x in timed["warm"])
-    ours_rebuilt, cpu_rebuilt, _ = (len(lays) / x for x in timed["rebuilt"])
-    ours_vec, ours_time = len(lays) / timed["memory"][0], len(lays) / timed["time"][0]
-    ours_mem = len(lays) / best_of(lambda: [per_rank_memory(m, setup, x, pc) for x in lays], 1)
-    few = lays[:: max(1, len(lays) // 200)]
+        def rebuilt() -> None:
+            forget_tables()
+            score(m, setup, arrays, cluster, pc=pc)
+        # warm: every table kept (a search or sweep scoring the same GPU counts again);
+        # rebuilt: the degree and state tables built again on every call, the per-shape
+        # tables and links kept (what a call on GPU counts not scored before costs)
+        ours = {"warm": (lambda: score(m, setup, arrays, cluster, pc=pc), 20), "rebuilt": (rebuilt, 4),
+                "memory": (lambda: peak_bytes(m, setup, arrays, pc), 5),
+                "time": (lambda: step_times_s(m, setup, arrays, cluster, pc=pc), 5),
+                "fit": (lambda: score(m, setup, fit_arrays, cluster, pc=pc), 20)}
+        calls = {k: [] for k in ours}
+        cpu = {k: float("inf") for k in ours}
+        for _ in range(rounds if fits else 0):
+            for which in ("all", "fit"):
+                proc.stdin.write(f"{which} {budget_s}\n")
+                proc.stdin.flush()
+                line = proc.stdout.readline()
+                if not line:
+                    break
+                theirs[which].append(json.loads(line))
+            for k, (fn, repeats) in ours.items():
+                walls = []
+                for _ in range(repeats):
+                    c, t = cpu_seconds(), time.perf_counter()
+                    fn()
+                    walls.append(time.perf_counter() - t)
+                    cpu[k] = min(cpu[k], cpu_seconds() - c)
+                calls[k].append(walls)
+        proc.stdin.close()
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.unlink(f.name)
+        if affinity:
+            os.sched_setaffinity(0, affinity)
+    if len(theirs["fit"]) < rounds:
+        err = proc.stderr.read()[-500:] if proc.stderr else ""
+        print(f"  llm-analysis failed: {err}")
+        return {"installed": True, "error": err}
+    n, n_fit = len(lays), len(fits)
+    rate = {w: [r["scored"] / r["seconds"] for r in theirs[w]] for w in theirs}
+    overall = {w: sum(r["scored"] for r in theirs[w]) / sum(r["seconds"] for r in theirs[w]) for w in theirs}
+    med = statistics.median
+
+    def rates(k: str, size: int, against: str) -> tuple[float, float, list[float]]:
+        """(median call's rate, best call's rate, each round's median call's rate over
+        llm-analysis's rate in that round)."""
+        flat = [w for walls in calls[k] for w in walls]
+        per_round = [size / med(walls) / r for walls, r in zip(calls[k], rate[against])]
+        return size / med(flat), size / min(flat), per_round
+
+    warm, warm_best, warm_ratios = rates("warm", n, "all")
+    reb, _, reb_ratios = rates("rebuilt", n, "all")
+    mem, _, mem_ratios = rates("memory", n, "all")
+    tim, _, time_ratios = rates("time", n, "all")
+    fit, fit_best, fit_ratios = rates("fit", n_fit, "fit")
+    ours_mem = n / best_of(lambda: [per_rank_memory(m, setup, x, pc) for x in lays], 1)
+    few = lays[:: max(1, n // 200)]
     for x in few:
         step_time(m, setup, x, cluster, pc=pc)
     ours_one = len(few) / best_of(lambda: [(per_rank_memory(m, setup, x, pc), step_time(m, setup, x, cluster, pc=pc))
                                            for x in few], 1)
-    row(f"llm-analysis, memory and time, one call per layout ({res['scored']:,})", f"{theirs:,.0f}/s",
-        f"({res['refused']:,} refused as not fitting)")
-    row(f"planner, memory and step time as arrays, warm ({len(lays):,})", f"{ours_both:,.0f}/s",
-        f"{ours_both / theirs:,.0f}x  (goal >= 1,000x; {cpu_both:,.0f} per CPU second; "
-        f"median {median_both:,.0f}/s, {median_both / theirs:,.0f}x)")
-    row("planner, the same, degree and state tables rebuilt", f"{ours_rebuilt:,.0f}/s",
-        f"{ours_rebuilt / theirs:,.0f}x  ({cpu_rebuilt:,.0f} per CPU second)")
-    row("planner, the same, first call (cold, one run)", f"{ours_cold:,.0f}/s",
-        f"{ours_cold / theirs:,.1f}x  ({cpu_cold:,.0f} per CPU second)")
-    row("planner, memory as arrays", f"{ours_vec:,.0f}/s", f"{ours_vec / theirs:,.0f}x")
-    row("planner, step time as arrays", f"{ours_time:,.0f}/s", f"{ours_time / theirs:,.0f}x")
-    row("planner, memory one layout at a time", f"{ours_mem:,.0f}/s", f"{ours_mem / theirs:,.1f}x")
-    row(f"planner, memory and step time one at a time ({len(few)})", f"{ours_one:,.0f}/s", f"{ours_one / theirs:,.1f}x")
-    return {"installed": True, "layouts": len(lays), "llm_analysis_per_s": theirs,
-            "llm_analysis_scored": res["scored"], "llm_analysis_refused": res["refused"],
-            "planner_memory_and_time_vectorised_per_s": ours_both, "planner_memory_and_time_vectorised_per_cpu_s": cpu_both,
-            "planner_memory_and_time_vectorised_median_per_s": median_both,
-            "planner_memory_and_time_rebuilt_per_s": ours_rebuilt, "planner_memory_and_time_rebuilt_per_cpu_s": cpu_rebuilt,
-            "planner_memory_and_time_cold_per_s": ours_cold, "planner_memory_and_time_cold_per_cpu_s": cpu_cold,
-            "ratio_memory_and_time_rebuilt": ours_rebuilt / theirs, "ratio_memory_and_time_cold": ours_cold / theirs,
-            "planner_vectorised_per_s": ours_vec, "planner_time_vectorised_per_s": ours_time,
+
+    def spread(xs: list[float], unit: str = "x") -> str:
+        return f"rounds {min(xs):,.0f}{unit}-{max(xs):,.0f}{unit}"
+    scored_all = sum(r["scored"] for r in theirs["all"])
+    refused_all = sum(r["refused"] for r in theirs["all"])
+    row(f"llm-analysis, every layout, one call each ({scored_all:,} calls)", f"{overall['all']:,.0f}/s",
+        f"({refused_all:,} refused as not fitting; {spread(rate['all'], '/s')})")
+    row(f"planner, memory and step time as arrays, warm ({n:,})", f"{warm:,.0f}/s",
+        f"{med(warm_ratios):,.0f}x  (goal >= 1,000x; {spread(warm_ratios)}; "
+        f"best call {warm_best:,.0f}/s; {n / cpu['warm']:,.0f} per CPU second)")
+    row("planner, the same, degree and state tables rebuilt", f"{reb:,.0f}/s",
+        f"{med(reb_ratios):,.0f}x  ({spread(reb_ratios)}; {n / cpu['rebuilt']:,.0f} per CPU second)")
+    row("planner, the same, first call (cold, one run)", f"{n / cold_s:,.0f}/s",
+        f"{n / cold_s / overall['all']:,.1f}x  ({n / cold_cpu_s:,.0f} per CPU second)")
+    row("planner, memory as arrays", f"{mem:,.0f}/s", f"{med(mem_ratios):,.0f}x")
+    row("planner, step time as arrays", f"{tim:,.0f}/s", f"{med(time_ratios):,.0f}x")
+    row("planner, memory one layout at a time", f"{ours_mem:,.0f}/s", f"{ours_mem / overall['all']:,.1f}x")
+    row(f"planner, memory and step time one at a time ({len(few)})", f"{ours_one:,.0f}/s",
+        f"{ours_one / overall['all']:,.1f}x")
+    row(f"llm-analysis, the layouts it scores in full ({n_fit:,} of {n:,})", f"{overall['fit']:,.0f}/s",
+        f"({spread(rate['fit'], '/s')})")
+    row(f"planner, the same {n_fit:,} layouts, warm", f"{fit:,.0f}/s",
+        f"{med(fit_ratios):,.0f}x  ({spread(fit_ratios)}; best call {fit_best:,.0f}/s)")
+    return {"installed": True, "layouts": n, "rounds": rounds, "round_s": budget_s,
+            "llm_analysis_per_s": overall["all"], "llm_analysis_round_per_s": rate["all"],
+            "llm_analysis_scored": scored_all, "llm_analysis_refused": refused_all,
+            "planner_memory_and_time_vectorised_per_s": warm, "planner_memory_and_time_best_call_per_s": warm_best,
+            "planner_memory_and_time_vectorised_per_cpu_s": n / cpu["warm"],
+            "ratio_memory_and_time_vectorised": med(warm_ratios), "ratio_memory_and_time_rounds": warm_ratios,
+            "planner_warm_round_median_ms": [med(w) * 1e3 for w in calls["warm"]],
+            "planner_memory_and_time_rebuilt_per_s": reb, "planner_memory_and_time_rebuilt_per_cpu_s": n / cpu["rebuilt"],
+            "ratio_memory_and_time_rebuilt": med(reb_ratios), "ratio_memory_and_time_rebuilt_rounds": reb_ratios,
+            "planner_memory_and_time_cold_per_s": n / cold_s, "planner_memory_and_time_cold_per_cpu_s": n / cold_cpu_s,
+            "ratio_memory_and_time_cold": n / cold_s / overall["all"],
+            "planner_vectorised_per_s": mem, "ratio_vectorised": med(mem_ratios),
+            "planner_time_vectorised_per_s": tim, "ratio_time_vectorised": med(time_ratios),
             "planner_memory_per_s": ours_mem, "planner_memory_and_time_per_s": ours_one,
-            "ratio_memory_and_time_vectorised": ours_both / theirs, "ratio_vectorised": ours_vec / theirs}
+            "fitting_layouts": n_fit, "llm_analysis_fitting_per_s": overall["fit"],
+            "llm_analysis_fitting_round_per_s": rate["fit"],
+            "planner_fitting_per_s": fit, "planner_fitting_best_call_per_s": fit_best,
+            "ratio_fitting": med(fit_ratios), "ratio_fitting_rounds": fit_ratios}
 
 
 SECTIONS = ("scoring", "startup", "search", "scaling", "llm-analysis")
@@ -448,7 +520,7 @@ def main() -> None:
     if "scaling" in run:
         out["scaling"] = scaling(max(1, repeats // 2))
     if "llm-analysis" in run:
-        out["llm_analysis"] = llm_analysis_comparison(args.cache_dir, budget_s=10.0, repeats=repeats)
+        out["llm_analysis"] = llm_analysis_comparison(args.cache_dir, rounds=2 * repeats)
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))
 
