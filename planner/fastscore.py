@@ -752,10 +752,11 @@ def peak_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCou
         return np.ascontiguousarray(table.T)
 
     n_b = len(g.b_rep)
-    shape_p = np.take(figures(np.arange(n_b), k_d[p_d[g.b_rep]]), g.b_inv, axis=1)     # (5, P)
+    table = figures(np.arange(n_b), k_d[p_d[g.b_rep]])        # (5, B)
     amp_l = (s_kern == 2)[state_inv] if (s_kern == 2).any() else None
     if amp_l is None:
         act_inv, act_p = g.p_inv, None
+        shape_p = np.take(table, g.b_inv, axis=1)              # (5, P)
     else:
         mark = np.zeros(n_p, dtype=bool)
         mark[g.p_inv[amp_l]] = True
@@ -765,8 +766,9 @@ def peak_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCou
         act_inv = np.where(amp_l, pos[g.p_inv], g.p_inv)
         act_p = np.concatenate([np.arange(n_p), amp_p])
         b_amp, b_amp_inv = np.unique(g.b_inv[amp_p], return_inverse=True)
-        shape_amp = figures(b_amp, np.full(len(b_amp), KERNELS.index("amp"), dtype=np.int64))
-        shape_p = np.concatenate([shape_p, shape_amp[:, b_amp_inv.reshape(-1)]], axis=1)
+        table = np.concatenate([table, figures(b_amp, np.full(len(b_amp), KERNELS.index("amp"), dtype=np.int64))],
+                               axis=1)
+        shape_p = np.take(table, np.concatenate([g.b_inv, n_b + b_amp_inv.reshape(-1)]), axis=1)   # (5, P + amp)
     layer_act, full_layer, score_grad, logits_all, pp_buffer = shape_p
     a_d = p_d if act_p is None else p_d[act_p]
     cp_a, pp_a = cp_d[a_d], pp_d[a_d]

@@ -613,9 +613,10 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
             pipeline = pga_f * t_mb + bubble_share * t_mb
             at = slot_p * n_d + pd                                 # (slot, D) of each P's slowest stage
             step = np.empty((len(kind_list), n_p))
+            opt = {sharded: optimizer_s[at + sharded * (SLOTS * n_d)] for sharded in {k[1] for k in kind_list}}
             for row, (branch, sharded) in enumerate(kind_list):
                 step[row] = _dp_step(branch, at + (i * 5 + branch) * (SLOTS * n_d), c0, c1, c2, fwd_p, bwd_p, pga_f,
-                                     eff, pipeline, optimizer_s[at + sharded * (SLOTS * n_d)])
+                                     eff, pipeline, opt[sharded])
             best = step if best is None else np.minimum(best, step)
     return np.take(best.ravel(), kind_of[pair] * n_p + p_inv)
 
