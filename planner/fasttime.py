@@ -582,6 +582,12 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
     kind_of = np.zeros(4 * len(SHARDINGS), dtype=np.int64)
     for k, kind in zip(np.flatnonzero(np.bincount(pair, minlength=4 * len(SHARDINGS))), kinds):
         kind_of[k] = kind_list.index(kind)
+    kind_l = kind_of[pair]
+    # the P rows that have layouts of each kind: a kind in few of them (ZeRO-3 runs without
+    # a pipeline only, for one) is summed on those alone
+    has = np.zeros((len(kind_list), n_p), dtype=bool)
+    has[kind_l, p_inv] = True
+    rows_of = [None if 2 * int(np.count_nonzero(h)) > n_p else np.flatnonzero(h) for h in has]
     p2p_sends = 2 * pvp.astype(np.float64)
     bubble_share = (ppp - 1) / pvp.astype(np.float64)
     pga_f = pga.astype(np.float64)
@@ -612,13 +618,21 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
             t_mb = t_mb + slowdown * (hidden_p + p2p_all * eff.pp_overlap)
             pipeline = pga_f * t_mb + bubble_share * t_mb
             at = slot_p * n_d + pd                                 # (slot, D) of each P's slowest stage
-            step = np.empty((len(kind_list), n_p))
-            opt = {sharded: optimizer_s[at + sharded * (SLOTS * n_d)] for sharded in {k[1] for k in kind_list}}
+            step = np.zeros((len(kind_list), n_p))         # (0.0 where a P has no layout of the kind)
+            opt = {sharded: optimizer_s[at + sharded * (SLOTS * n_d)]
+                   for (_, sharded), sel in zip(kind_list, rows_of) if sel is None}
             for row, (branch, sharded) in enumerate(kind_list):
-                step[row] = _dp_step(branch, at + (i * 5 + branch) * (SLOTS * n_d), c0, c1, c2, fwd_p, bwd_p, pga_f,
-                                     eff, pipeline, opt[sharded])
+                sel = rows_of[row]
+                if sel is None:
+                    step[row] = _dp_step(branch, at + (i * 5 + branch) * (SLOTS * n_d), c0, c1, c2, fwd_p, bwd_p,
+                                         pga_f, eff, pipeline, opt[sharded])
+                else:
+                    at_s = at[sel]
+                    step[row, sel] = _dp_step(branch, at_s + (i * 5 + branch) * (SLOTS * n_d), c0, c1, c2, fwd_p[sel],
+                                              bwd_p[sel], pga_f[sel], eff, pipeline[sel],
+                                              optimizer_s[at_s + sharded * (SLOTS * n_d)])
             best = step if best is None else np.minimum(best, step)
-    return np.take(best.ravel(), kind_of[pair] * n_p + p_inv)
+    return np.take(best.ravel(), kind_l * n_p + p_inv)
 
 
 def forget_tables() -> None:
