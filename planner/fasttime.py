@@ -151,15 +151,17 @@ class _SlowestMemo:
             self.clear(blocks)
         if len(self.local) <= int(block_rows.max()):
             self.local = np.concatenate([self.local, np.full(int(block_rows.max()) + 1 - len(self.local), -1)])
-        new = np.unique(block_rows[self.local[block_rows] < 0])
-        if len(new):
+        local = self.local[block_rows]
+        if local.min() < 0:
+            new = np.unique(block_rows[local < 0])
             self.local[new] = np.arange(self.n_local, self.n_local + len(new))
             self.n_local += len(new)
             more = len(new) * self.n_q_d
             self.known = np.concatenate([self.known, np.zeros(more, dtype=bool)])
             self.vals = np.concatenate([self.vals, np.zeros((self.n_sets, 4, more))], axis=2)
             self.slot = np.concatenate([self.slot, np.zeros((self.n_sets, more), dtype=np.int64)], axis=1)
-        return self.local[block_rows] * self.n_q_d + q_d
+            local = self.local[block_rows]
+        return local * self.n_q_d + q_d
 
 
 _ROWS: dict[tuple, _Rows] = {}
@@ -582,12 +584,12 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
     kind_of = np.zeros(4 * len(SHARDINGS), dtype=np.int64)
     for k, kind in zip(np.flatnonzero(np.bincount(pair, minlength=4 * len(SHARDINGS))), kinds):
         kind_of[k] = kind_list.index(kind)
-    kind_l = kind_of[pair]
+    at_kind = kind_of[pair] * n_p + p_inv              # each layout's place in the (kind, P) table
     # the P rows that have layouts of each kind: a kind in few of them (ZeRO-3 runs without
     # a pipeline only, for one) is summed on those alone
-    has = np.zeros((len(kind_list), n_p), dtype=bool)
-    has[kind_l, p_inv] = True
-    rows_of = [None if 2 * int(np.count_nonzero(h)) > n_p else np.flatnonzero(h) for h in has]
+    has = np.zeros(len(kind_list) * n_p, dtype=bool)
+    has[at_kind] = True
+    rows_of = [None if 2 * int(np.count_nonzero(h)) > n_p else np.flatnonzero(h) for h in has.reshape(-1, n_p)]
     p2p_sends = 2 * pvp.astype(np.float64)
     bubble_share = (ppp - 1) / pvp.astype(np.float64)
     pga_f = pga.astype(np.float64)
@@ -632,7 +634,7 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
                                               bwd_p[sel], pga_f[sel], eff, pipeline[sel],
                                               optimizer_s[at_s + sharded * (SLOTS * n_d)])
             best = step if best is None else np.minimum(best, step)
-    return np.take(best.ravel(), kind_l * n_p + p_inv)
+    return np.take(best.ravel(), at_kind)
 
 
 def forget_tables() -> None:
