@@ -499,6 +499,7 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
         m, setup, cluster, eff, kernel_names[k_], tp_, sp_, cp_, ep_, mb_, rc_))
     blocks_t = np.ascontiguousarray(block_rows.table[b_row].T)
     p2p_bytes = blocks_t[12][b_inv]
+    p2p_positive = bool((blocks_t[12] > 0).all() and np.isfinite(blocks_t[12]).all())
     # ---- per Q: the P rows with the same block shape, pipeline depth and tp, cp and ep
     # links on every order (_Degrees.q_d) have the same slowest stage, whatever their dp,
     # vp and accumulation: it is worked out once per Q. Each stage slot's layers, pipeline
@@ -614,8 +615,13 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
                 j = deg.inner_of[i]
                 t_p, fwd_p, bwd_p, hidden_p = (memo.vals[j, k][at_p] for k in range(4))
                 slot_p = memo.slot[j][at_p]
-            on_pp = ((pp > 1) & ~np.isinf(lk[9]))[pd]
-            p2p_all = p2p_sends * np.where(on_pp & (p2p_bytes > 0), lk[9][pd] + p2p_bytes / (lk[8] * bus)[pd], 0.0)
+            on_pp = (pp > 1) & ~np.isinf(lk[9])                  # per D
+            if p2p_positive:    # a D that sends nothing: latency 0.0 and bandwidth inf give 0.0 + x / inf = 0.0
+                p2p_all = p2p_sends * (np.where(on_pp, lk[9], 0.0)[pd]
+                                       + p2p_bytes / np.where(on_pp, lk[8] * bus, np.inf)[pd])
+            else:
+                p2p_all = p2p_sends * np.where(on_pp[pd] & (p2p_bytes > 0), lk[9][pd] + p2p_bytes / (lk[8] * bus)[pd],
+                                               0.0)
             t_mb = t_p + p2p_all * (1 - eff.pp_overlap)            # + 0.0 without a pipeline: exact
             t_mb = t_mb + slowdown * (hidden_p + p2p_all * eff.pp_overlap)
             pipeline = pga_f * t_mb + bubble_share * t_mb
