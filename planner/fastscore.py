@@ -298,8 +298,8 @@ class LayoutGroups:
     @staticmethod
     def of(a: LayoutArrays) -> LayoutGroups:
         # every degree and micro-batch is at least 1: only the largest value of a column is
-        # looked up
-        d_inv, d_rep = _group([a.tp, a.cp, a.ep, a.dp, a.pp], [(1, None)] * 5)
+        # looked up; the narrow degrees are packed before the wide dp
+        d_inv, d_rep = _group([a.tp, a.cp, a.ep, a.pp, a.dp], [(1, None)] * 5)
         p_cols_of = (a.sp, a.vp, a.micro_batch, a.recompute)
         p_inv, p_rep = _group([d_inv, *p_cols_of],
                               [(0, len(d_rep) - 1), (0, 1), (1, None), (1, None), (0, len(RECOMPUTES) - 1)])

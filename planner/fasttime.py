@@ -579,11 +579,11 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
     # each layout read off it at the end.
     n_p = len(pd)
     pair = len(SHARDINGS) * a.zero_stage + a.sharding
-    kinds = [(int(BRANCH[k]), int(k >= len(SHARDINGS))) for k in
-             np.flatnonzero(np.bincount(pair, minlength=4 * len(SHARDINGS)))]
+    pairs = np.flatnonzero(np.bincount(pair, minlength=4 * len(SHARDINGS)))
+    kinds = [(int(BRANCH[k]), int(k >= len(SHARDINGS))) for k in pairs]
     kind_list = sorted(set(kinds))
     kind_of = np.zeros(4 * len(SHARDINGS), dtype=np.int64)
-    for k, kind in zip(np.flatnonzero(np.bincount(pair, minlength=4 * len(SHARDINGS))), kinds):
+    for k, kind in zip(pairs, kinds):
         kind_of[k] = kind_list.index(kind)
     at_kind = kind_of[pair] * n_p + p_inv              # each layout's place in the (kind, P) table
     # the P rows that have layouts of each kind: a kind in few of them (ZeRO-3 runs without
