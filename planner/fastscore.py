@@ -194,6 +194,49 @@ def _memo(*key: object) -> dict[tuple, tuple[int, ...]]:
     return _MEMO.setdefault(key, {})
 
 
+class _Rows:
+    """Figures per distinct key, kept across calls (a search asks for the same degrees
+    and block shapes on every GPU count): key -> a row of a table."""
+
+    def __init__(self, width: int, dtype: type) -> None:
+        self.index: dict[tuple, int] = {}
+        self.rows: list[tuple] = []
+        self.table = np.zeros((0, width), dtype=dtype)
+        self.dtype = dtype
+
+    def lookup(self, keys: list[tuple], fn: Callable[..., tuple]) -> np.ndarray:
+        """The rows of ``keys`` (len(keys) x width), computing fn(*key) for new keys."""
+        idx = self.ids(keys, fn)        # (builds the table anew for new keys)
+        return self.table[idx]
+
+    def ids(self, keys: list[tuple], fn: Callable[..., tuple]) -> np.ndarray:
+        """The row numbers of ``keys`` in ``table``, computing fn(*key) for new keys."""
+        get = self.index.get
+        idx = [get(k) for k in keys]
+        if None in idx:
+            for i, k in enumerate(keys):
+                if idx[i] is None:
+                    j = get(k)
+                    if j is None:
+                        j = self.index[k] = len(self.rows)
+                        self.rows.append(fn(*k))
+                    idx[i] = j
+            self.table = np.array(self.rows, dtype=self.dtype).reshape(len(self.rows), -1)
+        return np.array(idx, dtype=np.int64)
+
+
+_ROWS: dict[tuple, _Rows] = {}
+
+
+def _rows(width: int, dtype: type, *key: object) -> _Rows:
+    if len(_ROWS) > 64:
+        _ROWS.clear()
+    rows = _ROWS.get(key)
+    if rows is None:
+        rows = _ROWS[key] = _Rows(width, dtype)
+    return rows
+
+
 def _renumber(values: np.ndarray, span: int) -> tuple[np.ndarray, int]:
     """The distinct values of ``values`` (0 <= values < span) numbered 0, 1, ... in
     increasing order, through a lookup table of ``span`` entries: (numbers, how many)."""
@@ -734,20 +777,15 @@ def peak_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCou
         k_d = 1 - g.fused_d
     else:
         k_d = np.full(len(d_rep), KERNELS.index(setup.kernels), dtype=np.int64)
-    memo = _memo("shape", m, setup)
+    shapes = _rows(5, np.int64, "shape", m, setup)
 
     def figures(b: np.ndarray, k: np.ndarray) -> np.ndarray:
         """(5, len(b)): shape_figures of the block shapes ``b`` under kernels ``k``."""
         p, d = g.b_rep[b], p_d[g.b_rep[b]]
-        rows = []
-        for key in zip(tp_d[d].tolist(), p_sp[p].tolist(), cp_d[d].tolist(), p_mb[p].tolist(), p_rc[p].tolist(),
-                       k.tolist()):
-            row = memo.get(key)
-            if row is None:
-                row = memo[key] = shape_figures(*key)
-            rows.append(row)
-        table = np.array(rows, dtype=np.int64).reshape(len(rows), 5)
-        if len(rows) and int(table.max()) >= SAFE_BYTES:
+        ids = shapes.ids(list(zip(tp_d[d].tolist(), p_sp[p].tolist(), cp_d[d].tolist(), p_mb[p].tolist(),
+                                  p_rc[p].tolist(), k.tolist())), shape_figures)
+        table = shapes.table[ids]
+        if len(ids) and int(table.max()) >= SAFE_BYTES:
             raise Unsupported("a per-shape figure is too large for exact int64 arithmetic")
         return np.ascontiguousarray(table.T)
 
@@ -764,15 +802,14 @@ def peak_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCou
         pos = np.zeros(n_p, dtype=np.int64)
         pos[amp_p] = np.arange(n_p, n_p + len(amp_p))
         act_inv = np.where(amp_l, pos[g.p_inv], g.p_inv)
-        act_p = np.concatenate([np.arange(n_p), amp_p])
+        act_p = amp_p                   # the P rows the activation shapes after the first n_p repeat
         b_amp, b_amp_inv = np.unique(g.b_inv[amp_p], return_inverse=True)
         table = np.concatenate([table, figures(b_amp, np.full(len(b_amp), KERNELS.index("amp"), dtype=np.int64))],
                                axis=1)
         shape_p = np.take(table, np.concatenate([g.b_inv, n_b + b_amp_inv.reshape(-1)]), axis=1)   # (5, P + amp)
     layer_act, full_layer, score_grad, logits_all, pp_buffer = shape_p
-    a_d = p_d if act_p is None else p_d[act_p]
+    a_d, vp_a, mb_a, ga_a = (x if act_p is None else np.concatenate([x, x[act_p]]) for x in (p_d, p_vp, p_mb, p_ga))
     cp_a, pp_a = cp_d[a_d], pp_d[a_d]
-    vp_a, mb_a, ga_a = (x if act_p is None else x[act_p] for x in (p_vp, p_mb, p_ga))
 
     # ---- per activation shape: the pipeline's buffers; per stage slot, the activations
     # held at the start of backward with the larger of the logits and the last block's

@@ -51,8 +51,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .fastscore import (_STATE_CACHE, RECOMPUTES, LayoutArrays, LayoutGroups, TableCache, Unsupported, _group,
-                        _group_packed, peak_bytes)
+from .fastscore import (_STATE_CACHE, RECOMPUTES, LayoutArrays, LayoutGroups, TableCache, Unsupported,
+                        _group, _group_packed, _Rows, _rows, peak_bytes)
 from .layouts import SHARDINGS, Layout
 from .memory import stage_layers
 from .model import ModelSpec, ParamCount, count_params
@@ -93,37 +93,6 @@ BRANCH = _branches()
 
 # ------------------------------------------------------------------ memoised tables
 
-class _Rows:
-    """Figures per distinct key, kept across calls (a search asks for the same degrees
-    and block shapes on every GPU count): key -> a row of a table."""
-
-    def __init__(self, width: int, dtype: type) -> None:
-        self.index: dict[tuple, int] = {}
-        self.rows: list[tuple] = []
-        self.table = np.zeros((0, width), dtype=dtype)
-        self.dtype = dtype
-
-    def lookup(self, keys: list[tuple], fn: Callable[..., tuple]) -> np.ndarray:
-        """The rows of ``keys`` (len(keys) x width), computing fn(*key) for new keys."""
-        idx = self.ids(keys, fn)        # (builds the table anew for new keys)
-        return self.table[idx]
-
-    def ids(self, keys: list[tuple], fn: Callable[..., tuple]) -> np.ndarray:
-        """The row numbers of ``keys`` in ``table``, computing fn(*key) for new keys."""
-        get = self.index.get
-        idx = [get(k) for k in keys]
-        if None in idx:
-            for i, k in enumerate(keys):
-                if idx[i] is None:
-                    j = get(k)
-                    if j is None:
-                        j = self.index[k] = len(self.rows)
-                        self.rows.append(fn(*k))
-                    idx[i] = j
-            self.table = np.array(self.rows, dtype=self.dtype).reshape(len(self.rows), -1)
-        return np.array(idx, dtype=np.int64)
-
-
 class _SlowestMemo:
     """The slowest stage (timing._pipeline's max() over the stages) per block shape and
     _Degrees.q_d, on each distinct set of tp, cp and ep links of the placement orders,
@@ -162,18 +131,6 @@ class _SlowestMemo:
             self.slot = np.concatenate([self.slot, np.zeros((self.n_sets, more), dtype=np.int64)], axis=1)
             local = self.local[block_rows]
         return local * self.n_q_d + q_d
-
-
-_ROWS: dict[tuple, _Rows] = {}
-
-
-def _rows(width: int, dtype: type, *key: object) -> _Rows:
-    if len(_ROWS) > 64:
-        _ROWS.clear()
-    rows = _ROWS.get(key)
-    if rows is None:
-        rows = _ROWS[key] = _Rows(width, dtype)
-    return rows
 
 
 def _distinct_rows(columns: Sequence[np.ndarray], rows: _Rows, fn: Callable[..., tuple],

@@ -212,10 +212,10 @@ def test_slowest_stages_kept_for_new_block_shapes():
     fasttime.forget_tables()
     for part in (pick(a.micro_batch == 1), a, pick(a.micro_batch == 4)):
         check(part)
-    # the block table starts afresh (fasttime._rows() does when it holds too many), the
+    # the block table starts afresh (fastscore._rows() does when it holds too many), the
     # degree tables stay: the kept stages are dropped, not read under new block numbers
     check(pick(a.recompute == 0))
-    fasttime._ROWS.clear()
+    fastscore._ROWS.clear()
     check(pick(a.recompute == 2))
 
 
