@@ -178,16 +178,13 @@ def _send_s(n_bytes: np.ndarray, bw: np.ndarray, lat: np.ndarray, bus: float) ->
     return np.where((n_bytes > 0) & ~np.isinf(lat), lat + n_bytes / (bw * bus), 0.0)
 
 
-def _hide(comm_s: np.ndarray, window_s: np.ndarray, overlap: float | np.ndarray,
-          overlap_min: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+def _hide(comm_s: np.ndarray, window_s: np.ndarray, overlap: float) -> tuple[np.ndarray, np.ndarray]:
     """timing._hide: (exposed, hidden). The windows are sums of non-negative times, so
     with overlap 1 max(0, overlap x window) is the window itself, and with a
-    non-negative overlap the product (``overlap_min``: the least overlap, where known)."""
-    if overlap_min is None:
-        overlap_min = float(np.min(overlap))
-    if isinstance(overlap, float) and overlap == 1.0:
+    non-negative overlap the product."""
+    if overlap == 1.0:
         hidden = np.minimum(comm_s, window_s)
-    elif overlap_min >= 0.0:
+    elif overlap >= 0.0:
         hidden = np.minimum(comm_s, overlap * window_s)
     else:
         hidden = np.minimum(comm_s, np.maximum(0.0, overlap * window_s))
