@@ -203,6 +203,20 @@ class _Rows:
         self.rows: list[tuple] = []
         self.table = np.zeros((0, width), dtype=dtype)
         self.dtype = dtype
+        self.known: dict[bytes, np.ndarray] = {}     # ids_of()'s answers: row numbers never change
+
+    def ids_of(self, columns: Sequence[np.ndarray], fn: Callable[..., tuple]) -> np.ndarray:
+        """ids() of the keys whose fields are ``columns`` (int64 arrays of equal length),
+        remembered per column contents: a search asks for the same block shapes again."""
+        packed = np.stack(columns)
+        blob = packed.tobytes() + bytes([len(columns)])
+        hit = self.known.get(blob)
+        if hit is None:
+            if len(self.known) > 256:
+                self.known.clear()
+            hit = self.known[blob] = self.ids(list(zip(*packed.tolist())), fn)
+            hit.flags.writeable = False
+        return hit
 
     def lookup(self, keys: list[tuple], fn: Callable[..., tuple]) -> np.ndarray:
         """The rows of ``keys`` (len(keys) x width), computing fn(*key) for new keys."""
@@ -296,21 +310,35 @@ def _group(columns: Sequence[np.ndarray], bounds: Sequence[tuple[int, int] | Non
     if key is None:
         return np.zeros(n, dtype=np.int64), np.zeros(1, dtype=np.int64)
     if scale <= limit:
-        inverse, count = _renumber(key, scale)
-        rep = np.empty(count, dtype=np.int64)
-        rep[inverse] = np.arange(n)           # any row of a group stands for it: they agree
-        return inverse, rep
+        return _group_packed(key, scale)
     _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     return inverse.reshape(-1), first
 
 
 def _group_packed(key: np.ndarray, span: int) -> tuple[np.ndarray, np.ndarray]:
     """_group() of one column already packed into 0 <= key < span, for a span small
-    enough for a lookup table: (inverse, representatives), in increasing key order."""
-    inverse, count = _renumber(key, span)
-    rep = np.empty(count, dtype=np.int64)
-    rep[inverse] = np.arange(len(key))
-    return inverse, rep
+    enough for a lookup table: (inverse, representatives), in increasing key order. One
+    pass writes each row's number into the table at its key (any row of a group stands
+    for it: they agree), which marks the keys present and gives the representatives; the
+    table then numbers the groups."""
+    table = np.full(span, -1, dtype=np.int64)
+    table[key] = _arange(len(key))
+    present = np.flatnonzero(table >= 0)
+    rep = table[present]
+    table[present] = _arange(len(present))
+    return table[key], rep
+
+
+_ARANGE = np.arange(0)
+
+
+def _arange(n: int) -> np.ndarray:
+    """np.arange(n), read-only, from one array kept across calls."""
+    global _ARANGE
+    if n > len(_ARANGE):
+        _ARANGE = np.arange(max(n, 2 * len(_ARANGE)))
+        _ARANGE.flags.writeable = False
+    return _ARANGE[:n]
 
 
 @dataclass(frozen=True, slots=True)
@@ -434,12 +462,20 @@ class TableCache:
         self.max_entries, self.max_bytes = max_entries, max_bytes
         self.entries: OrderedDict[tuple, tuple[object, int]] = OrderedDict()
         self.n_bytes = 0
+        self.last: tuple[tuple, object] | None = None   # the last key asked for and its tables
 
     def get(self, key: tuple) -> Any:
+        # the same key as the last call's, most often the same objects: a tuple compares
+        # identical items without calling their __eq__, where hashing a model or set-up
+        # hashes every field
+        last = self.last
+        if last is not None and last[0] == key:
+            return last[1]
         hit = self.entries.get(key)
         if hit is None:
             return None
         self.entries.move_to_end(key)
+        self.last = (key, hit[0])
         return hit[0]
 
     def put(self, key: tuple, tables: tuple) -> None:
@@ -455,6 +491,7 @@ class TableCache:
     def clear(self) -> None:
         self.entries.clear()
         self.n_bytes = 0
+        self.last = None
 
 
 def _arrays(x: object) -> list[np.ndarray]:
@@ -782,8 +819,7 @@ def peak_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCou
     def figures(b: np.ndarray, k: np.ndarray) -> np.ndarray:
         """(5, len(b)): shape_figures of the block shapes ``b`` under kernels ``k``."""
         p, d = g.b_rep[b], p_d[g.b_rep[b]]
-        ids = shapes.ids(list(zip(tp_d[d].tolist(), p_sp[p].tolist(), cp_d[d].tolist(), p_mb[p].tolist(),
-                                  p_rc[p].tolist(), k.tolist())), shape_figures)
+        ids = shapes.ids_of((tp_d[d], p_sp[p], cp_d[d], p_mb[p], p_rc[p], k), shape_figures)
         table = shapes.table[ids]
         if len(ids) and int(table.max()) >= SAFE_BYTES:
             raise Unsupported("a per-shape figure is too large for exact int64 arithmetic")
@@ -803,10 +839,12 @@ def peak_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCou
         pos[amp_p] = np.arange(n_p, n_p + len(amp_p))
         act_inv = np.where(amp_l, pos[g.p_inv], g.p_inv)
         act_p = amp_p                   # the P rows the activation shapes after the first n_p repeat
-        b_amp, b_amp_inv = np.unique(g.b_inv[amp_p], return_inverse=True)
+        b_of_amp = g.b_inv[amp_p]
+        b_amp_inv, b_amp_rep = _group_packed(b_of_amp, n_b)
+        b_amp = b_of_amp[b_amp_rep]
         table = np.concatenate([table, figures(b_amp, np.full(len(b_amp), KERNELS.index("amp"), dtype=np.int64))],
                                axis=1)
-        shape_p = np.take(table, np.concatenate([g.b_inv, n_b + b_amp_inv.reshape(-1)]), axis=1)   # (5, P + amp)
+        shape_p = np.take(table, np.concatenate([g.b_inv, n_b + b_amp_inv]), axis=1)   # (5, P + amp)
     layer_act, full_layer, score_grad, logits_all, pp_buffer = shape_p
     a_d, vp_a, mb_a, ga_a = (x if act_p is None else np.concatenate([x, x[act_p]]) for x in (p_d, p_vp, p_mb, p_ga))
     cp_a, pp_a = cp_d[a_d], pp_d[a_d]

@@ -411,66 +411,14 @@ def _dp_step(branch: int, at: np.ndarray, c0: np.ndarray, c1: np.ndarray, c2: np
     return step + opt
 
 
-def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Cluster,
-                 eff: Efficiency = Efficiency(), pc: ParamCount | None = None,
-                 orders: Sequence[tuple[str, ...]] = PLACEMENT_ORDERS, groups: LayoutGroups | None = None
-                 ) -> np.ndarray:
-    """timing.step_time(m, setup, layout, cluster, eff, pc, orders).step_time_s for every
-    layout of ``a`` (sequence length setup.seq_len), in seconds, as float64. ``groups``:
-    LayoutGroups.of(a), when the caller has it. Raises Unsupported for parameter counts
-    too large to convert to floats exactly."""
-    n = len(a)
-    if n == 0:
-        return np.zeros(0)
-    pc = pc or count_params(m)
-    if pc.total * 8 >= EXACT_INT:
-        raise Unsupported("parameter bytes too large for exact float conversion")
-    bus, slowdown = eff.bus_fraction, eff.overlap_slowdown
-    orders = [tuple(o) for o in orders]
-
-    g = groups or LayoutGroups.of(a)
-    d_rep, p_inv = g.d_rep, g.p_inv
-    tp, cp, ep, _, pp = g.degrees
-    n_d = len(d_rep)
-
-    any_hybrid = bool((a.sharding == SHARDINGS.index("fsdp-hybrid")).any())
-    deg = _degree_tables(m, pc, setup, cluster, eff, orders, g.degrees, g.degrees_key, any_hybrid)
-    links, optimizer_s, n_slots, c0, c1, c2 = deg.links, deg.optimizer_s, deg.n_slots, deg.c0, deg.c1, deg.c2
-
-    # ---- per P: a block (timing.layer_time) and the head, per distinct block shape
-    pd = g.p_d
-    ppp = pp[pd]
-    sp_p, pvp, mb_p, rc_p, pga = g.p_cols
-    # the block shape (tp, sp, cp, ep, micro-batch, recomputation, kernels): LayoutGroups' B
-    kernel_names = (setup.kernels,) if setup.kernels != "auto" else ("eager", "fused")
-    kern_d = g.fused_d if setup.kernels == "auto" else np.zeros(n_d, dtype=np.int64)
-    b_inv, b_first = g.b_inv, g.b_rep
-    b_d = pd[b_first]
-    b_keys = list(zip(tp[b_d].tolist(), sp_p[b_first].tolist(), cp[b_d].tolist(), ep[b_d].tolist(),
-                      mb_p[b_first].tolist(), rc_p[b_first].tolist(), kern_d[b_d].tolist()))
-    block_rows = _rows(13, np.float64, "block", m, setup, cluster, eff)
-    b_row = block_rows.ids(b_keys, lambda tp_, sp_, cp_, ep_, mb_, rc_, k_: _block_row(
-        m, setup, cluster, eff, kernel_names[k_], tp_, sp_, cp_, ep_, mb_, rc_))
-    blocks_t = np.ascontiguousarray(block_rows.table[b_row].T)
-    p2p_bytes = blocks_t[12][b_inv]
-    p2p_positive = bool((blocks_t[12] > 0).all() and np.isfinite(blocks_t[12]).all())
-    # ---- per Q: the P rows with the same block shape, pipeline depth and tp, cp and ep
-    # links on every order (_Degrees.q_d) have the same slowest stage, whatever their dp,
-    # vp and accumulation: it is worked out once per Q. Each stage slot's layers, pipeline
-    # edges (embedding, LM head) and whether it is the last stage, as (slots, Q) tables; a
-    # slot the pipeline does not have gets -inf
-    n_b = len(b_first)
-    q_key = b_inv + n_b * deg.q_d[pd]
-    if n_b * deg.n_q_d <= max(1 << 16, 4 * len(pd)):
-        q_inv, q_rep = _group_packed(q_key, n_b * deg.n_q_d)
-    else:
-        q_inv, q_rep = _group([q_key])
-    memo = deg.slowest
-    at_memo = memo.index(block_rows, b_row[b_inv[q_rep]], deg.q_d[pd[q_rep]])
-    miss = np.flatnonzero(~memo.known[at_memo])     # the Q rows not worked out before
-    qd = pd[q_rep[miss]]                            # a D standing for each of them
+def _fill_slowest(memo: _SlowestMemo, at_miss: np.ndarray, qd: np.ndarray, q_blocks: np.ndarray, deg: _Degrees,
+                  tp: np.ndarray, cp: np.ndarray, ep: np.ndarray, bus: float, eff: Efficiency) -> None:
+    """Work out the slowest stage of the Q rows not worked out before (their places
+    ``at_miss`` in ``memo``; ``qd``: a D standing for each, ``q_blocks``: its block's
+    row of the block table) on each set of tp, cp and ep links, into ``memo``."""
+    links, n_slots = deg.links, deg.n_slots
     (lt_fwd, lt_bwd, lt_attn, lt_tp_bytes, lt_tp_coll, lt_cp_bytes, lt_cp_passes, lt_ep_bytes, lt_ep_a2a,
-     head_fwd_add, head_bwd_add, edge_bytes, _) = np.take(blocks_t, b_inv[q_rep[miss]], axis=1)
+     head_fwd_add, head_bwd_add, edge_bytes, _) = q_blocks
     qcp = cp[qd]
     per_slot = np.take(deg.per_slot, qd, axis=1)
     layers_p, edges_p, last_p, absent_p, bwd_layers_p = (per_slot[i * n_slots:(i + 1) * n_slots] for i in range(5))
@@ -478,6 +426,7 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
     # the stages' compute does not depend on the links
     stage_fwd = layers_p * lt_fwd + last_p * head_fwd_add       # + 0.0 where not the last stage: exact
     stage_bwd = bwd_layers_p * lt_bwd + last_p * head_bwd_add
+
     def slowest(lk: np.ndarray, sel: np.ndarray | slice) -> tuple[np.ndarray, ...]:
         """(t, fwd, bwd, hidden, slot) of the slowest stage of the Q rows ``sel`` (all of
         them first, then a subset), before the pipeline sends, as timing._pipeline's max()
@@ -525,6 +474,81 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
         return (t_max, np.take(fwd, at), np.take(bwd, at),
                 np.zeros(width) if hidden is None else np.take(hidden, at), slot)
 
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        first = slowest(links[0], slice(None))
+        for j in sorted(set(deg.inner_of)):     # each set of tp, cp, ep links: redo the Q rows whose links change
+            q_stage = tuple(x.copy() for x in first)
+            if j:
+                sel = np.flatnonzero((links[0][:6] != links[j][:6]).any(axis=0)[qd])
+                for x, y in zip(q_stage, slowest(links[j], sel)):
+                    x[sel] = y
+            for k in range(4):
+                memo.vals[j, k, at_miss] = q_stage[k]
+            memo.slot[j, at_miss] = q_stage[4]
+        memo.known[at_miss] = True
+
+
+def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Cluster,
+                 eff: Efficiency = Efficiency(), pc: ParamCount | None = None,
+                 orders: Sequence[tuple[str, ...]] = PLACEMENT_ORDERS, groups: LayoutGroups | None = None
+                 ) -> np.ndarray:
+    """timing.step_time(m, setup, layout, cluster, eff, pc, orders).step_time_s for every
+    layout of ``a`` (sequence length setup.seq_len), in seconds, as float64. ``groups``:
+    LayoutGroups.of(a), when the caller has it. Raises Unsupported for parameter counts
+    too large to convert to floats exactly."""
+    n = len(a)
+    if n == 0:
+        return np.zeros(0)
+    pc = pc or count_params(m)
+    if pc.total * 8 >= EXACT_INT:
+        raise Unsupported("parameter bytes too large for exact float conversion")
+    bus, slowdown = eff.bus_fraction, eff.overlap_slowdown
+    orders = [tuple(o) for o in orders]
+
+    g = groups or LayoutGroups.of(a)
+    d_rep, p_inv = g.d_rep, g.p_inv
+    tp, cp, ep, _, pp = g.degrees
+    n_d = len(d_rep)
+
+    any_hybrid = bool((a.sharding == SHARDINGS.index("fsdp-hybrid")).any())
+    deg = _degree_tables(m, pc, setup, cluster, eff, orders, g.degrees, g.degrees_key, any_hybrid)
+    links, optimizer_s, c0, c1, c2 = deg.links, deg.optimizer_s, deg.c0, deg.c1, deg.c2
+
+    # ---- per P: a block (timing.layer_time) and the head, per distinct block shape
+    pd = g.p_d
+    ppp = pp[pd]
+    sp_p, pvp, mb_p, rc_p, pga = g.p_cols
+    # the block shape (tp, sp, cp, ep, micro-batch, recomputation, kernels): LayoutGroups' B
+    kernel_names = (setup.kernels,) if setup.kernels != "auto" else ("eager", "fused")
+    kern_d = g.fused_d if setup.kernels == "auto" else np.zeros(n_d, dtype=np.int64)
+    b_inv, b_first = g.b_inv, g.b_rep
+    b_d = pd[b_first]
+    block_rows = _rows(13, np.float64, "block", m, setup, cluster, eff)
+    b_row = block_rows.ids_of(
+        (tp[b_d], sp_p[b_first], cp[b_d], ep[b_d], mb_p[b_first], rc_p[b_first], kern_d[b_d]),
+        lambda tp_, sp_, cp_, ep_, mb_, rc_, k_: _block_row(m, setup, cluster, eff, kernel_names[k_], tp_, sp_, cp_,
+                                                          ep_, mb_, rc_))
+    blocks_t = np.ascontiguousarray(block_rows.table[b_row].T)
+    p2p_bytes = blocks_t[12][b_inv]
+    p2p_positive = bool((blocks_t[12] > 0).all() and np.isfinite(blocks_t[12]).all())
+    # ---- per Q: the P rows with the same block shape, pipeline depth and tp, cp and ep
+    # links on every order (_Degrees.q_d) have the same slowest stage, whatever their dp,
+    # vp and accumulation: it is worked out once per Q. Each stage slot's layers, pipeline
+    # edges (embedding, LM head) and whether it is the last stage, as (slots, Q) tables; a
+    # slot the pipeline does not have gets -inf
+    n_b = len(b_first)
+    q_key = b_inv + n_b * deg.q_d[pd]
+    if n_b * deg.n_q_d <= max(1 << 16, 4 * len(pd)):
+        q_inv, q_rep = _group_packed(q_key, n_b * deg.n_q_d)
+    else:
+        q_inv, q_rep = _group([q_key])
+    memo = deg.slowest
+    at_memo = memo.index(block_rows, b_row[b_inv[q_rep]], deg.q_d[pd[q_rep]])
+    miss = np.flatnonzero(~memo.known[at_memo])     # the Q rows not worked out before
+    if len(miss):
+        _fill_slowest(memo, at_memo[miss], pd[q_rep[miss]], np.take(blocks_t, b_inv[q_rep[miss]], axis=1), deg,
+                      tp, cp, ep, bus, eff)
+
     # ---- per pipeline shape and kind of sharding: the data-parallel collectives of the
     # sharding's branch, hidden under the slowest stage's forward or backward or not, and the
     # optimizer update (timing._finish). Within a pipeline shape the layouts differ only in
@@ -551,19 +575,6 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
     best: np.ndarray | None = None
     at_p = at_memo[q_inv]
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        if len(miss):
-            first = slowest(links[0], slice(None))
-            for j in sorted(set(deg.inner_of)):     # each set of tp, cp, ep links: redo the Q rows whose links change
-                q_stage = tuple(x.copy() for x in first)
-                if j:
-                    sel = np.flatnonzero((links[0][:6] != links[j][:6]).any(axis=0)[qd])
-                    for x, y in zip(q_stage, slowest(links[j], sel)):
-                        x[sel] = y
-                at = at_memo[miss]
-                for k in range(4):
-                    memo.vals[j, k, at] = q_stage[k]
-                memo.slot[j, at] = q_stage[4]
-            memo.known[at_memo[miss]] = True
         for i, lk in enumerate(links):
             if i == 0 or deg.inner_of[i] != deg.inner_of[i - 1]:
                 j = deg.inner_of[i]
