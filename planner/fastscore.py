@@ -203,19 +203,22 @@ class _Rows:
         self.rows: list[tuple] = []
         self.table = np.zeros((0, width), dtype=dtype)
         self.dtype = dtype
-        self.known: dict[bytes, np.ndarray] = {}     # ids_of()'s answers: row numbers never change
+        self.known: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}   # columns_of()'s answers
 
-    def ids_of(self, columns: Sequence[np.ndarray], fn: Callable[..., tuple]) -> np.ndarray:
-        """ids() of the keys whose fields are ``columns`` (int64 arrays of equal length),
-        remembered per column contents: a search asks for the same block shapes again."""
+    def columns_of(self, columns: Sequence[np.ndarray], fn: Callable[..., tuple]) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, rows): ids() of the keys whose fields are ``columns`` (int64 arrays of
+        equal length), and their rows as a (width, keys) array, remembered per column
+        contents (rows are never renumbered): a search asks for the same block shapes again."""
         packed = np.stack(columns)
         blob = packed.tobytes() + bytes([len(columns)])
         hit = self.known.get(blob)
         if hit is None:
             if len(self.known) > 256:
                 self.known.clear()
-            hit = self.known[blob] = self.ids(list(zip(*packed.tolist())), fn)
-            hit.flags.writeable = False
+            ids = self.ids(list(zip(*packed.tolist())), fn)
+            rows = np.ascontiguousarray(self.table[ids].T)
+            ids.flags.writeable = rows.flags.writeable = False
+            hit = self.known[blob] = (ids, rows)
         return hit
 
     def lookup(self, keys: list[tuple], fn: Callable[..., tuple]) -> np.ndarray:
@@ -351,7 +354,9 @@ class LayoutGroups:
       where it does not follow from them), with each P's columns;
     - B, by block shape: P's tp, cp, ep, whether the kernels are fused under
       kernels="auto" (tp, pp or cp above 1), sp, micro-batch and recomputation; a
-      block's activations (memory) and its times (timing.layer_time) depend on no more.
+      block's activations (memory) and its times (timing.layer_time) depend on no more;
+
+    and each layout's ZeRO stage and sharding as one number (``pair``).
     """
 
     d_inv: np.ndarray
@@ -365,6 +370,7 @@ class LayoutGroups:
     fused_d: np.ndarray                 # per D: 1 where tp, pp or cp is above 1 (kernels="auto" fuses), else 0
     b_inv: np.ndarray                   # each P's B
     b_rep: np.ndarray                   # a P standing for each B
+    pair: np.ndarray                    # per layout: len(SHARDINGS) x ZeRO stage + SHARDINGS index
 
     @staticmethod
     def of(a: LayoutArrays) -> LayoutGroups:
@@ -379,15 +385,35 @@ class LayoutGroups:
             p_inv, p_rep = _group([d_inv, *p_cols_of, a.grad_accum])
             p_ga = a.grad_accum[p_rep]
         degrees = np.stack([a.tp[d_rep], a.cp[d_rep], a.ep[d_rep], a.dp[d_rep], a.pp[d_rep]])
-        tp, cp, ep, _, pp = degrees
+        degrees_key = degrees.tobytes()
         p_d = d_inv[p_rep]
         p_sp, p_vp, p_mb, p_rc = (x[p_rep] for x in p_cols_of)
+        fused, d_block, n_d_block = _block_degrees(degrees, degrees_key)
+        b_inv, b_rep = _group([d_block[p_d], p_sp, p_mb, p_rc],
+                              [(0, n_d_block - 1), (0, 1), (1, None), (0, len(RECOMPUTES) - 1)])
+        return LayoutGroups(d_inv, d_rep, p_inv, p_rep, tuple(degrees), degrees_key, p_d,
+                            (p_sp, p_vp, p_mb, p_rc, p_ga), fused, b_inv, b_rep,
+                            len(SHARDINGS) * a.zero_stage + a.sharding)
+
+
+_BLOCK_DEGREES: dict[bytes, tuple[np.ndarray, np.ndarray, int]] = {}
+
+
+def _block_degrees(degrees: np.ndarray, degrees_key: bytes) -> tuple[np.ndarray, np.ndarray, int]:
+    """Per D (``degrees``: tp, cp, ep, dp, pp rows; ``degrees_key``: their bytes): 1
+    where kernels="auto" fuses (tp, pp or cp above 1), else 0; the group of its tp, cp,
+    ep and that; how many groups. Kept per distinct degrees: a search asks for the same
+    ones again."""
+    hit = _BLOCK_DEGREES.get(degrees_key)
+    if hit is None:
+        tp, cp, ep, _, pp = degrees
         fused = ((tp > 1) | (pp > 1) | (cp > 1)).astype(np.int64)
         d_block, d_block_rep = _group([tp, cp, ep, fused], [(1, None), (1, None), (1, None), (0, 1)])
-        b_inv, b_rep = _group([d_block[p_d], p_sp, p_mb, p_rc],
-                              [(0, len(d_block_rep) - 1), (0, 1), (1, None), (0, len(RECOMPUTES) - 1)])
-        return LayoutGroups(d_inv, d_rep, p_inv, p_rep, tuple(degrees), degrees.tobytes(), p_d,
-                            (p_sp, p_vp, p_mb, p_rc, p_ga), fused, b_inv, b_rep)
+        fused.flags.writeable = d_block.flags.writeable = False
+        if len(_BLOCK_DEGREES) > 64:
+            _BLOCK_DEGREES.clear()
+        hit = _BLOCK_DEGREES[degrees_key] = (fused, d_block, len(d_block_rep))
+    return hit
 
 
 def _per_unique(columns: Sequence[np.ndarray], fn: Callable[..., tuple[int, ...]], n_out: int,
@@ -796,11 +822,11 @@ def peak_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCou
     g = groups or LayoutGroups.of(a)
     d_inv, d_rep = g.d_inv, g.d_rep
     n_k = 4 * len(SHARDINGS)                            # (sharding, ZeRO stage) pairs
-    state_key = d_inv * n_k + (4 * a.sharding + a.zero_stage)
+    state_key = d_inv * n_k + g.pair
     if len(d_rep) * n_k <= max(1 << 16, 4 * n):
         state_inv, state_rows = _group_packed(state_key, len(d_rep) * n_k)
     else:
-        state_inv, state_rows = _group([d_inv, a.sharding, a.zero_stage])
+        state_inv, state_rows = _group([d_inv, g.pair])
     sts = _state_tables(m, pc, setup, gpus_per_node, a, g, state_rows, state_key)
     stage_d, layers_d, s_kern, n_slots = sts.stage_d, sts.layers_d, sts.kern, len(sts.stage_d)
     # ---- per activation shape: a pipeline shape P, and for the layouts that run under
@@ -819,11 +845,10 @@ def peak_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCou
     def figures(b: np.ndarray, k: np.ndarray) -> np.ndarray:
         """(5, len(b)): shape_figures of the block shapes ``b`` under kernels ``k``."""
         p, d = g.b_rep[b], p_d[g.b_rep[b]]
-        ids = shapes.ids_of((tp_d[d], p_sp[p], cp_d[d], p_mb[p], p_rc[p], k), shape_figures)
-        table = shapes.table[ids]
-        if len(ids) and int(table.max()) >= SAFE_BYTES:
+        _, table = shapes.columns_of((tp_d[d], p_sp[p], cp_d[d], p_mb[p], p_rc[p], k), shape_figures)
+        if table.size and int(table.max()) >= SAFE_BYTES:
             raise Unsupported("a per-shape figure is too large for exact int64 arithmetic")
-        return np.ascontiguousarray(table.T)
+        return table
 
     n_b = len(g.b_rep)
     table = figures(np.arange(n_b), k_d[p_d[g.b_rep]])        # (5, B)

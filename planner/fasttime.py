@@ -524,11 +524,10 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
     b_inv, b_first = g.b_inv, g.b_rep
     b_d = pd[b_first]
     block_rows = _rows(13, np.float64, "block", m, setup, cluster, eff)
-    b_row = block_rows.ids_of(
+    b_row, blocks_t = block_rows.columns_of(
         (tp[b_d], sp_p[b_first], cp[b_d], ep[b_d], mb_p[b_first], rc_p[b_first], kern_d[b_d]),
         lambda tp_, sp_, cp_, ep_, mb_, rc_, k_: _block_row(m, setup, cluster, eff, kernel_names[k_], tp_, sp_, cp_,
                                                           ep_, mb_, rc_))
-    blocks_t = np.ascontiguousarray(block_rows.table[b_row].T)
     p2p_bytes = blocks_t[12][b_inv]
     p2p_positive = bool((blocks_t[12] > 0).all() and np.isfinite(blocks_t[12]).all())
     # ---- per Q: the P rows with the same block shape, pipeline depth and tp, cp and ep
@@ -556,7 +555,7 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
     # timing._dp_comms and whether the optimizer's states are sharded: a (kind, P) table,
     # each layout read off it at the end.
     n_p = len(pd)
-    pair = len(SHARDINGS) * a.zero_stage + a.sharding
+    pair = g.pair
     pairs = np.flatnonzero(np.bincount(pair, minlength=4 * len(SHARDINGS)))
     kinds = [(int(BRANCH[k]), int(k >= len(SHARDINGS))) for k in pairs]
     kind_list = sorted(set(kinds))
