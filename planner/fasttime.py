@@ -52,7 +52,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .fastscore import (_STATE_CACHE, RECOMPUTES, LayoutArrays, LayoutGroups, TableCache, Unsupported,
-                        _group, _group_packed, _Rows, _rows, peak_bytes)
+                        _group, _Rows, _rows, peak_bytes)
 from .layouts import SHARDINGS, Layout
 from .memory import stage_layers
 from .model import ModelSpec, ParamCount, count_params
@@ -112,10 +112,10 @@ class _SlowestMemo:
         self.vals = np.zeros((self.n_sets, 4, 0))           # t, fwd, bwd, hidden
         self.slot = np.zeros((self.n_sets, 0), dtype=np.int64)
 
-    def index(self, blocks: _Rows, block_rows: np.ndarray, q_d: np.ndarray) -> np.ndarray:
-        """Each (row of the block table ``blocks``, q_d)'s place in the tables, making room
+    def numbers(self, blocks: _Rows, block_rows: np.ndarray) -> np.ndarray:
+        """The numbers of the rows ``block_rows`` of the block table ``blocks``, making room
         for new ones (and starting afresh on another block table: _rows() makes a new one
-        when it is full)."""
+        when it is full); a (block row, q_d)'s place in the tables is its number x n_q_d + q_d."""
         if blocks is not self.blocks:
             self.clear(blocks)
         if len(self.local) <= int(block_rows.max()):
@@ -130,7 +130,7 @@ class _SlowestMemo:
             self.vals = np.concatenate([self.vals, np.zeros((self.n_sets, 4, more))], axis=2)
             self.slot = np.concatenate([self.slot, np.zeros((self.n_sets, more), dtype=np.int64)], axis=1)
             local = self.local[block_rows]
-        return local * self.n_q_d + q_d
+        return local
 
 
 def _distinct_rows(columns: Sequence[np.ndarray], rows: _Rows, fn: Callable[..., tuple],
@@ -233,6 +233,9 @@ class _Degrees(NamedTuple):
     n_q_d: int
     inner_of: tuple[int, ...]  # per order: its set of tp, cp, ep links (the first order with the same ones)
     slowest: _SlowestMemo
+    pp_on: np.ndarray          # (orders, D): pp > 1 and a finite pipeline hop latency
+    pp_link: np.ndarray        # (2, orders, D): pipeline hop latency and bus bandwidth x bus fraction, and
+    pp_send: np.ndarray        # the same with latency 0.0 and bandwidth inf where not pp_on (sends add 0.0)
 
 
 # Degree tables kept across calls, per (model, set-up, cluster, efficiencies, placement
@@ -375,8 +378,12 @@ def _build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: 
     inner_of = []
     for lk in links:
         inner_of.append(next(j for j in range(len(links)) if np.array_equal(links[j][:6], lk[:6])))
+    every_order = np.stack(links)                                     # (orders, 10, D)
+    pp_on = (pp > 1) & ~np.isinf(every_order[:, 9])
+    pp_link = np.stack([every_order[:, 9], every_order[:, 8] * bus])
+    pp_send = np.stack([np.where(pp_on, pp_link[0], 0.0), np.where(pp_on, pp_link[1], np.inf)])
     return _Degrees(stage_d, links, optimizer_s, c0, c1, c2, n_slots, per_slot, q_d, len(numbers), tuple(inner_of),
-                    _SlowestMemo(len(numbers), len(links)))
+                    _SlowestMemo(len(numbers), len(links)), pp_on, pp_link, pp_send)
 
 
 # the terms of timing._dp_comms each branch has (the others are 0.0 in its c0, c1, c2):
@@ -510,7 +517,9 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
     tp, cp, ep, _, pp = g.degrees
     n_d = len(d_rep)
 
-    any_hybrid = bool((a.sharding == SHARDINGS.index("fsdp-hybrid")).any())
+    pair = g.pair
+    pairs = np.flatnonzero(np.bincount(pair, minlength=4 * len(SHARDINGS)))   # the (ZeRO stage, sharding)s present
+    any_hybrid = any(k % len(SHARDINGS) == SHARDINGS.index("fsdp-hybrid") for k in pairs.tolist())
     deg = _degree_tables(m, pc, setup, cluster, eff, orders, g.degrees, g.degrees_key, any_hybrid)
     links, optimizer_s, c0, c1, c2 = deg.links, deg.optimizer_s, deg.c0, deg.c1, deg.c2
 
@@ -532,21 +541,16 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
     p2p_positive = bool((blocks_t[12] > 0).all() and np.isfinite(blocks_t[12]).all())
     # ---- per Q: the P rows with the same block shape, pipeline depth and tp, cp and ep
     # links on every order (_Degrees.q_d) have the same slowest stage, whatever their dp,
-    # vp and accumulation: it is worked out once per Q. Each stage slot's layers, pipeline
-    # edges (embedding, LM head) and whether it is the last stage, as (slots, Q) tables; a
-    # slot the pipeline does not have gets -inf
-    n_b = len(b_first)
-    q_key = b_inv + n_b * deg.q_d[pd]
-    if n_b * deg.n_q_d <= max(1 << 16, 4 * len(pd)):
-        q_inv, q_rep = _group_packed(q_key, n_b * deg.n_q_d)
-    else:
-        q_inv, q_rep = _group([q_key])
+    # vp and accumulation: it is worked out once per Q, when first asked for, and kept
+    # (_SlowestMemo); each P reads its Q's
     memo = deg.slowest
-    at_memo = memo.index(block_rows, b_row[b_inv[q_rep]], deg.q_d[pd[q_rep]])
-    miss = np.flatnonzero(~memo.known[at_memo])     # the Q rows not worked out before
-    if len(miss):
-        _fill_slowest(memo, at_memo[miss], pd[q_rep[miss]], np.take(blocks_t, b_inv[q_rep[miss]], axis=1), deg,
-                      tp, cp, ep, bus, eff)
+    at_p = memo.numbers(block_rows, b_row)[b_inv] * memo.n_q_d + deg.q_d[pd]     # each P's Q in the memo
+    known = memo.known[at_p]
+    if not known.all():
+        miss = np.flatnonzero(~known)
+        at_miss, first = np.unique(at_p[miss], return_index=True)      # the Q rows not worked out before
+        p_of = miss[first]                                            # a P standing for each of them
+        _fill_slowest(memo, at_miss, pd[p_of], np.take(blocks_t, b_inv[p_of], axis=1), deg, tp, cp, ep, bus, eff)
 
     # ---- per pipeline shape and kind of sharding: the data-parallel collectives of the
     # sharding's branch, hidden under the slowest stage's forward or backward or not, and the
@@ -555,8 +559,6 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
     # timing._dp_comms and whether the optimizer's states are sharded: a (kind, P) table,
     # each layout read off it at the end.
     n_p = len(pd)
-    pair = g.pair
-    pairs = np.flatnonzero(np.bincount(pair, minlength=4 * len(SHARDINGS)))
     kinds = [(int(BRANCH[k]), int(k >= len(SHARDINGS))) for k in pairs]
     kind_list = sorted(set(kinds))
     kind_of = np.zeros(4 * len(SHARDINGS), dtype=np.int64)
@@ -571,39 +573,45 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
     p2p_sends = 2 * pvp.astype(np.float64)
     bubble_share = (ppp - 1) / pvp.astype(np.float64)
     pga_f = pga.astype(np.float64)
-    best: np.ndarray | None = None
-    at_p = at_memo[q_inv]
+    # every placement order at once: (order, P) arrays, each order reading its set of tp,
+    # cp, ep links' slowest stages; the same operations as one order at a time, element by
+    # element, so the same floats
+    n_o = len(links)
+    sets = list(deg.inner_of)
+    vals, slot_p = np.take(memo.vals, at_p, axis=2), np.take(memo.slot, at_p, axis=1)   # (set, 4, P), (set, P)
+    if sets != list(range(len(sets))):
+        vals, slot_p = vals[sets], slot_p[sets]
+    t_p, fwd_p, bwd_p, hidden_p = (vals[:, k] for k in range(4))
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        for i, lk in enumerate(links):
-            if i == 0 or deg.inner_of[i] != deg.inner_of[i - 1]:
-                j = deg.inner_of[i]
-                t_p, fwd_p, bwd_p, hidden_p = (memo.vals[j, k][at_p] for k in range(4))
-                slot_p = memo.slot[j][at_p]
-            on_pp = (pp > 1) & ~np.isinf(lk[9])                  # per D
-            if p2p_positive:    # a D that sends nothing: latency 0.0 and bandwidth inf give 0.0 + x / inf = 0.0
-                p2p_all = p2p_sends * (np.where(on_pp, lk[9], 0.0)[pd]
-                                       + p2p_bytes / np.where(on_pp, lk[8] * bus, np.inf)[pd])
+        if p2p_positive:    # a D that sends nothing: latency 0.0 and bandwidth inf give 0.0 + x / inf = 0.0
+            lat, bw = np.take(deg.pp_send, pd, axis=2)
+            p2p_all = p2p_sends * (lat + p2p_bytes / bw)
+        else:
+            lat, bw = np.take(deg.pp_link, pd, axis=2)
+            p2p_all = p2p_sends * np.where(np.take(deg.pp_on, pd, axis=1) & (p2p_bytes > 0), lat + p2p_bytes / bw,
+                                           0.0)
+        t_mb = t_p + p2p_all * (1 - eff.pp_overlap)            # + 0.0 without a pipeline: exact
+        t_mb = t_mb + slowdown * (hidden_p + p2p_all * eff.pp_overlap)
+        pipeline = pga_f * t_mb + bubble_share * t_mb
+        at = slot_p * n_d + pd                                 # (slot, D) of each P's slowest stage
+        order_at = np.arange(n_o)[:, None] * (5 * SLOTS * n_d)
+        best = np.zeros((len(kind_list), n_p))         # (0.0 where a P has no layout of the kind)
+        opt = {sharded: optimizer_s[at + sharded * (SLOTS * n_d)]
+               for (_, sharded), sel in zip(kind_list, rows_of) if sel is None}
+        for row, (branch, sharded) in enumerate(kind_list):
+            sel = rows_of[row]
+            if sel is None:
+                step = _dp_step(branch, at + (order_at + branch * (SLOTS * n_d)), c0, c1, c2, fwd_p, bwd_p,
+                                pga_f, eff, pipeline, opt[sharded])
             else:
-                p2p_all = p2p_sends * np.where(on_pp[pd] & (p2p_bytes > 0), lk[9][pd] + p2p_bytes / (lk[8] * bus)[pd],
-                                               0.0)
-            t_mb = t_p + p2p_all * (1 - eff.pp_overlap)            # + 0.0 without a pipeline: exact
-            t_mb = t_mb + slowdown * (hidden_p + p2p_all * eff.pp_overlap)
-            pipeline = pga_f * t_mb + bubble_share * t_mb
-            at = slot_p * n_d + pd                                 # (slot, D) of each P's slowest stage
-            step = np.zeros((len(kind_list), n_p))         # (0.0 where a P has no layout of the kind)
-            opt = {sharded: optimizer_s[at + sharded * (SLOTS * n_d)]
-                   for (_, sharded), sel in zip(kind_list, rows_of) if sel is None}
-            for row, (branch, sharded) in enumerate(kind_list):
-                sel = rows_of[row]
-                if sel is None:
-                    step[row] = _dp_step(branch, at + (i * 5 + branch) * (SLOTS * n_d), c0, c1, c2, fwd_p, bwd_p,
-                                         pga_f, eff, pipeline, opt[sharded])
-                else:
-                    at_s = at[sel]
-                    step[row, sel] = _dp_step(branch, at_s + (i * 5 + branch) * (SLOTS * n_d), c0, c1, c2, fwd_p[sel],
-                                              bwd_p[sel], pga_f[sel], eff, pipeline[sel],
-                                              optimizer_s[at_s + sharded * (SLOTS * n_d)])
-            best = step if best is None else np.minimum(best, step)
+                at_s = at[:, sel]
+                step = _dp_step(branch, at_s + (order_at + branch * (SLOTS * n_d)), c0, c1, c2, fwd_p[:, sel],
+                                bwd_p[:, sel], pga_f[sel], eff, pipeline[:, sel],
+                                optimizer_s[at_s + sharded * (SLOTS * n_d)])
+            fastest = step[0] if n_o == 1 else np.minimum(step[0], step[1])
+            for k in range(2, n_o):
+                fastest = np.minimum(fastest, step[k])
+            best[row if sel is None else (row, sel)] = fastest
     return np.take(best.ravel(), at_kind)
 
 
