@@ -871,8 +871,12 @@ def peak_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCou
                                axis=1)
         shape_p = np.take(table, np.concatenate([g.b_inv, n_b + b_amp_inv]), axis=1)   # (5, P + amp)
     layer_act, full_layer, score_grad, logits_all, pp_buffer = shape_p
-    a_d, vp_a, mb_a, ga_a = (x if act_p is None else np.concatenate([x, x[act_p]]) for x in (p_d, p_vp, p_mb, p_ga))
-    cp_a, pp_a = cp_d[a_d], pp_d[a_d]
+
+    def per_act(x: np.ndarray) -> np.ndarray:
+        """A per-P column, per activation shape."""
+        return x if act_p is None else np.concatenate([x, x[act_p]])
+
+    a_d, ga_a = per_act(p_d), per_act(p_ga)
 
     # ---- per activation shape: the pipeline's buffers; per stage slot, the activations
     # held at the start of backward with the larger of the logits and the last block's
@@ -885,7 +889,8 @@ def peak_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCou
     # is 1 without a pipeline (stage 0, ga >= 1); integers while the product stays exact
     # as a float (as memory multiplies them), floats with interleaving
     ahead = np.minimum(np.take(sts.ahead_d, a_d, axis=1), ga_a)
-    if int(vp_a.max()) > 1:
+    if int(p_vp.max()) > 1:
+        vp_a, pp_a = per_act(p_vp), pp_d[a_d]
         held = np.where((pp_a > 1) & (vp_a > 1), ahead * (1 + (pp_a - 1) / (pp_a * vp_a)), ahead.astype(np.float64))
         acts = _trunc((layers_a * layer_act) * held)
     else:
@@ -895,7 +900,7 @@ def peak_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCou
         else:
             acts = _trunc((layers_a * layer_act) * ahead.astype(np.float64))
     if m.hidden_dropout > 0:
-        tokens_local = mb_a * (seq // cp_a)
+        tokens_local = per_act(p_mb) * (seq // cp_d[a_d])
         acts = acts + np.where((stage_d <= 0)[:, a_d], _trunc(tokens_local * h * held.astype(np.float64)), 0)
     x_logits = np.take(sts.last_d, a_d, axis=1) * logits_all      # last_d is 0 or 1: exact
     # FSDP's moments (memory.per_rank_memory): the held activations, the loss and the
@@ -908,7 +913,8 @@ def peak_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCou
     x_working = working_all if fast else np.where(has_layers, working_all, 0)
     x_acts = acts + np.maximum(x_logits, x_working) + pp_buffer
     x_held, x_block = acts, np.where(has_layers, layer_act, 0) if sts.fsdp_any else None
-    persistent = ((ga_a > 1) | (pp_a > 1))[act_inv] | sts.persistent[state_inv]
+    # (an autocast activation shape has its P's accumulation and depth)
+    persistent = ((p_ga > 1) | (pp_d[p_d] > 1))[g.p_inv] | sts.persistent[state_inv]
     fixed = sts.fixed[state_inv]
     (base_start, base_end, end_state, base_fwd, held_grads, buffer_parts, end_buffers, f_on, f_done, f_end_grads,
      f_head, fwd_buffers) = sts.parts
