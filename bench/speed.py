@@ -337,17 +337,21 @@ def comparison_layouts() -> list[Layout]:
     return lays
 
 
-def llm_analysis_comparison(cache_dir: Path, rounds: int, budget_s: float = 1.0) -> dict:
-    """llm-analysis and the planner on the same layouts, taking turns: in each of
-    ``rounds`` rounds llm-analysis scores layouts for ``budget_s`` seconds (in one process
-    kept across rounds, cycling through the shuffled list), then the planner makes its
-    calls (20 warm, 4 with the tables rebuilt, 5 each of memory and step time alone). A
-    shared machine's load drifts over seconds; within a round both see about the same
-    machine (and the same CPU: both are pinned to one), so each round gives a ratio, and
-    the median round is the figure. Twice: on
-    every layout (llm-analysis refuses most of them as not fitting, after sizing their
-    memory, which is quicker than scoring them), and on the layouts llm-analysis scores
-    in full (memory and step time), like for like."""
+def llm_analysis_comparison(cache_dir: Path, rounds: int, budget_s: float = 1.0, turns: int = 10) -> dict:
+    """llm-analysis and the planner on the same layouts, taking turns: each of ``rounds``
+    rounds is ``turns`` turns, and in each turn llm-analysis scores layouts for
+    ``budget_s / turns`` seconds (in one process kept across rounds, cycling through the
+    shuffled list), then the planner makes its calls (1 after the switch, timed apart, 2
+    warm, 1 of memory or step time alone), then the same on the layouts llm-analysis
+    scores in full (1 after the switch, 2 warm); every
+    other turn, one call with the degree and state tables rebuilt. A round is so 20 warm
+    calls on each set, 5 each of memory, step time and rebuilt tables, and ``budget_s``
+    seconds of llm-analysis on each set. A shared machine's speed changes from one tenth of
+    a second to the next; within a round both see about the same machine (and the same
+    CPU: both are pinned to one), so each round gives a ratio, and the median round is the
+    figure. Twice: on every layout (llm-analysis refuses most of them as not fitting,
+    after sizing their memory, which is quicker than scoring them), and on the layouts
+    llm-analysis scores in full (memory and step time), like for like."""
     print(f"5. llm-analysis ({LLM_ANALYSIS}) against the planner, the same Llama-2-70B layouts, taking turns")
     py = llm_analysis_python(cache_dir)
     if py is None:
@@ -393,28 +397,57 @@ def llm_analysis_comparison(cache_dir: Path, rounds: int, budget_s: float = 1.0)
         # warm: every table kept (a search or sweep scoring the same GPU counts again);
         # rebuilt: the degree and state tables built again on every call, the per-shape
         # tables and links kept (what a call on GPU counts not scored before costs)
-        ours = {"warm": (lambda: score(m, setup, arrays, cluster, pc=pc), 20), "rebuilt": (rebuilt, 4),
-                "memory": (lambda: peak_bytes(m, setup, arrays, pc), 5),
-                "time": (lambda: step_times_s(m, setup, arrays, cluster, pc=pc), 5),
-                "fit": (lambda: score(m, setup, fit_arrays, cluster, pc=pc), 20)}
+        ours = {"warm": lambda: score(m, setup, arrays, cluster, pc=pc), "rebuilt": rebuilt,
+                "switch": lambda: score(m, setup, arrays, cluster, pc=pc),
+                "fit_switch": lambda: score(m, setup, fit_arrays, cluster, pc=pc),
+                "memory": lambda: peak_bytes(m, setup, arrays, pc),
+                "time": lambda: step_times_s(m, setup, arrays, cluster, pc=pc),
+                "fit": lambda: score(m, setup, fit_arrays, cluster, pc=pc)}
         calls = {k: [] for k in ours}
         cpu = {k: float("inf") for k in ours}
+
+        def timed(k: str, walls: list[float]) -> None:
+            c, t = cpu_seconds(), time.perf_counter()
+            ours[k]()
+            walls.append(time.perf_counter() - t)
+            cpu[k] = min(cpu[k], cpu_seconds() - c)
+
+        def theirs_for(which: str, seconds: float) -> dict | None:
+            proc.stdin.write(f"{which} {seconds}\n")
+            proc.stdin.flush()
+            line = proc.stdout.readline()
+            return json.loads(line) if line else None
+
+        # each round is `turns` short turns: llm-analysis on every layout, the planner's
+        # calls on them, llm-analysis on the layouts it scores in full, the planner's on
+        # those. A shared machine's speed changes within a second, so each tool's rate in a
+        # round is taken over the same stretch of time, not over two neighbouring ones.
+        # The planner's first call in a turn finds the CPU caches as llm-analysis left them,
+        # which a search in its own process does not: it is timed apart ("switch"), as
+        # llm-analysis's own first call in a turn is one of hundreds
         for _ in range(rounds if fits else 0):
-            for which in ("all", "fit"):
-                proc.stdin.write(f"{which} {budget_s}\n")
-                proc.stdin.flush()
-                line = proc.stdout.readline()
-                if not line:
-                    break
-                theirs[which].append(json.loads(line))
-            for k, (fn, repeats) in ours.items():
-                walls = []
-                for _ in range(repeats):
-                    c, t = cpu_seconds(), time.perf_counter()
-                    fn()
-                    walls.append(time.perf_counter() - t)
-                    cpu[k] = min(cpu[k], cpu_seconds() - c)
-                calls[k].append(walls)
+            walls: dict[str, list[float]] = {k: [] for k in ours}
+            got: dict[str, list[dict]] = {"all": [], "fit": []}
+            for turn in range(turns):
+                for which, mine in (("all", ("switch", "warm", "warm", "memory" if turn % 2 else "time")),
+                                    ("fit", ("fit_switch", "fit", "fit"))):
+                    r = theirs_for(which, budget_s / turns)
+                    if r is None:
+                        break
+                    got[which].append(r)
+                    for k in mine:
+                        timed(k, walls[k])
+                if turn % 2 == 0:           # the degree and state tables built anew, then every table warm again
+                    timed("rebuilt", walls["rebuilt"])
+                    ours["fit"]()
+            if len(got["fit"]) < turns:     # llm-analysis stopped: reported below
+                break
+            for which in got:
+                rs = got[which]
+                theirs[which].append({"scored": sum(r["scored"] for r in rs), "refused": sum(r["refused"] for r in rs),
+                                      "seconds": sum(r["seconds"] for r in rs)})
+            for k in ours:
+                calls[k].append(walls[k])
         proc.stdin.close()
         proc.wait(timeout=60)
     finally:
@@ -440,6 +473,7 @@ def llm_analysis_comparison(cache_dir: Path, rounds: int, budget_s: float = 1.0)
         return size / med(flat), size / min(flat), per_round
 
     warm, warm_best, warm_ratios = rates("warm", n, "all")
+    switch, _, switch_ratios = rates("switch", n, "all")
     reb, _, reb_ratios = rates("rebuilt", n, "all")
     mem, _, mem_ratios = rates("memory", n, "all")
     tim, _, time_ratios = rates("time", n, "all")
@@ -460,6 +494,8 @@ def llm_analysis_comparison(cache_dir: Path, rounds: int, budget_s: float = 1.0)
     row(f"planner, memory and step time as arrays, warm ({n:,})", f"{warm:,.0f}/s",
         f"{med(warm_ratios):,.0f}x  (goal >= 1,000x; {spread(warm_ratios)}; "
         f"best call {warm_best:,.0f}/s; {n / cpu['warm']:,.0f} per CPU second)")
+    row("planner, the same, first call after llm-analysis's turn", f"{switch:,.0f}/s",
+        f"{med(switch_ratios):,.0f}x  ({spread(switch_ratios)}; CPU caches as llm-analysis left them)")
     row("planner, the same, degree and state tables rebuilt", f"{reb:,.0f}/s",
         f"{med(reb_ratios):,.0f}x  ({spread(reb_ratios)}; {n / cpu['rebuilt']:,.0f} per CPU second)")
     row("planner, the same, first call (cold, one run)", f"{n / cold_s:,.0f}/s",
@@ -480,6 +516,8 @@ def llm_analysis_comparison(cache_dir: Path, rounds: int, budget_s: float = 1.0)
             "planner_memory_and_time_vectorised_per_cpu_s": n / cpu["warm"],
             "ratio_memory_and_time_vectorised": med(warm_ratios), "ratio_memory_and_time_rounds": warm_ratios,
             "planner_warm_round_median_ms": [med(w) * 1e3 for w in calls["warm"]],
+            "planner_after_switch_per_s": switch, "ratio_after_switch": med(switch_ratios),
+            "ratio_after_switch_rounds": switch_ratios, "turns_per_round": turns,
             "planner_memory_and_time_rebuilt_per_s": reb, "planner_memory_and_time_rebuilt_per_cpu_s": n / cpu["rebuilt"],
             "ratio_memory_and_time_rebuilt": med(reb_ratios), "ratio_memory_and_time_rebuilt_rounds": reb_ratios,
             "planner_memory_and_time_cold_per_s": n / cold_s, "planner_memory_and_time_cold_per_cpu_s": n / cold_cpu_s,
