@@ -142,13 +142,23 @@ def test_other_placement_orders(case, orders):
     assert got.tolist() == pytest.approx(want, rel=REL, abs=0)
 
 
+def search_layouts(m, setup, counts):
+    """The layouts a search sizes on these GPU counts (8-GPU nodes, tp up to 8), as arrays."""
+    return fastscore.LayoutArrays.concat([fastscore.valid_layouts(m, setup, n, 8, SearchSpace(max_tp=8))
+                                          for n in counts])
+
+
+def subset(a, idx):
+    """The layouts of ``a`` at ``idx`` (indices or a mask)."""
+    return fastscore.LayoutArrays(*(getattr(a, f)[idx] for f in fastscore.LayoutArrays.FIELDS))
+
+
 def test_score_is_memory_and_time_on_a_preset():
     # Llama-2-70B on the dgx-h100 topology, the layouts a search sizes on 96 and 1024 GPUs
     m, setup = load_model("llama2-70b"), TrainingSetup()
     cluster = cluster_for(get_gpu("h100"))
     pc = count_params(m)
-    a = fastscore.LayoutArrays.concat([fastscore.valid_layouts(m, setup, n, 8, SearchSpace(max_tp=8))
-                                       for n in (96, 1024)])
+    a = search_layouts(m, setup, (96, 1024))
     peak, step = fasttime.score(m, setup, a, cluster, pc=pc)
     sample = range(0, len(a), 37)
     lays = [a.layout(i, setup.seq_len) for i in sample]
@@ -166,16 +176,12 @@ def test_kept_tables_give_the_same_answers():
     m, setup = load_model("llama2-70b"), TrainingSetup()
     cluster = cluster_for(get_gpu("h100"))
     pc = count_params(m)
-    a = fastscore.LayoutArrays.concat([fastscore.valid_layouts(m, setup, n, 8, SearchSpace(max_tp=8))
-                                       for n in (64, 96)])
+    a = search_layouts(m, setup, (64, 96))
     fasttime.forget_tables()
     peak, step = fasttime.score(m, setup, a, cluster, pc=pc)
 
-    def pick(idx):
-        return fastscore.LayoutArrays(*(getattr(a, f)[idx] for f in fastscore.LayoutArrays.FIELDS))
-
     for idx in (np.arange(len(a)), np.flatnonzero(a.zero_stage != 1), np.random.default_rng(0).permutation(len(a))):
-        p2, s2 = fasttime.score(m, setup, pick(idx), cluster, pc=pc)
+        p2, s2 = fasttime.score(m, setup, subset(a, idx), cluster, pc=pc)
         assert np.array_equal(p2, peak[idx]) and np.array_equal(s2, step[idx])
     fasttime.forget_tables()
     p3, s3 = fasttime.score(m, setup, a, cluster, pc=pc)
@@ -198,11 +204,7 @@ def test_slowest_stages_kept_for_new_block_shapes():
     m, setup = load_model("llama3.1-8b"), TrainingSetup(global_batch=64)
     cluster = cluster_for(get_gpu("h100"))
     pc = count_params(m)
-    a = fastscore.LayoutArrays.concat([fastscore.valid_layouts(m, setup, n, 8, SearchSpace(max_tp=8))
-                                       for n in (16, 32)])
-
-    def pick(mask):
-        return fastscore.LayoutArrays(*(getattr(a, f)[mask] for f in fastscore.LayoutArrays.FIELDS))
+    a = search_layouts(m, setup, (16, 32))
 
     def check(part):
         got = fasttime.step_times_s(m, setup, part, cluster, pc=pc)
@@ -210,13 +212,13 @@ def test_slowest_stages_kept_for_new_block_shapes():
                                      for i in range(0, len(part), 5)]
 
     fasttime.forget_tables()
-    for part in (pick(a.micro_batch == 1), a, pick(a.micro_batch == 4)):
+    for part in (subset(a, a.micro_batch == 1), a, subset(a, a.micro_batch == 4)):
         check(part)
     # the block table starts afresh (fastscore._rows() does when it holds too many), the
     # degree tables stay: the kept stages are dropped, not read under new block numbers
-    check(pick(a.recompute == 0))
+    check(subset(a, a.recompute == 0))
     fastscore._ROWS.clear()
-    check(pick(a.recompute == 2))
+    check(subset(a, a.recompute == 2))
 
 
 def test_no_layouts():
