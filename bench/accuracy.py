@@ -1,6 +1,6 @@
 """The accuracy table: the planner's per-rank memory against PyTorch's memory trackers.
 
-Runs `plan measure` (planner.accuracy.compare) over a grid of configurations and writes
+Runs `plan measure` (planner.measure.accuracy.compare) over a grid of configurations and writes
 docs/accuracy.md (and docs/accuracy.json). Each measurement runs the real transformers
 model for two training steps under FakeTensorMode with a fake process group, so it needs
 no GPU and little memory; the whole grid takes 15-30 minutes on 2 cores.
@@ -21,10 +21,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from planner import accuracy
-from planner.layouts import Layout
-from planner.model import ModelSpec, load_hf_config, load_model
-from planner.training import TrainingSetup
+from planner.measure import accuracy
+from planner.layouts.layout import Layout
+from planner.models.spec import ModelSpec, load_hf_config, load_model
+from planner.training.setup import TrainingSetup
 from planner.units import GiB
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,7 +121,7 @@ def table(results: list[dict]) -> str:
         "ZeRO-2 rows run FSDP2 shard-grad-op, ZeRO-3 rows FSDP2 full shard, ZeRO-0 rows one",
         "replicated rank under torch.autocast (bf16-mixed) or in fp32. AdamW (single-tensor).",
         "",
-        "The measurement runs dropout as a GPU does (planner.measure._gpu_dropout_kernels). On the",
+        "The measurement runs dropout as a GPU does (planner.measure.trackers._gpu_dropout_kernels). On the",
         "CPU, PyTorch's dropout keeps a noise tensor of the input's dtype for backward (CUDA's fused",
         "kernel keeps a 1-byte mask), and scaled_dot_product_attention with dropout falls back to",
         "the math kernel, which keeps the b x heads x s x s probabilities, noise and dropped-out",

@@ -14,13 +14,13 @@ import time
 from pathlib import Path
 
 from planner import api
-from planner.crosscheck import (crosscheck, deepspeed_figures, estimator_inputs, not_described,
+from planner.measure.crosscheck import (crosscheck, deepspeed_figures, estimator_inputs, not_described,
                                 plan_model_states, planner_as_deepspeed)
-from planner.hardware import get_gpu
-from planner.layouts import Layout
-from planner.model import load_model
-from planner.report import gib
-from planner.training import TrainingSetup
+from planner.hardware.gpus import get_gpu
+from planner.layouts.layout import Layout
+from planner.models.spec import load_model
+from planner.report.text import gib
+from planner.training.setup import TrainingSetup
 
 MODELS = ["llama3.1-8b", "llama3.1-70b", "llama3.1-405b"]
 GPU_COUNTS = [8, 64, 512]

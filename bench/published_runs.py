@@ -3,7 +3,7 @@
 For each run the planner evaluates the published layout (tp, pp, dp, sequence parallelism,
 recomputation, ZeRO stage, micro-batch and interleaving where the source gives them) on the
 GPU's shipped topology, with the overlap settings of the engine the source used
-(planner.timing.MEGATRON_2021 or MEGATRON_CORE). Where the source leaves a choice open
+(planner.timing.model.MEGATRON_2021 or MEGATRON_CORE). Where the source leaves a choice open
 (micro-batch, virtual stages, recomputation), the planner makes it as its search does for a
 user: the fastest setting that fits in memory, among micro-batches 1-8, 1 or 2 virtual stages,
 and no, selective or full recomputation. It prints predicted against reported TFLOP/s per
@@ -23,13 +23,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner.hardware import get_gpu
-from planner.layouts import Layout, SearchSpace, reject_reason
-from planner.memory import per_rank_memory
-from planner.model import ModelSpec, count_params
-from planner.timing import MEGATRON_2021, MEGATRON_CORE, Cluster, Efficiency, StepTime, step_time
-from planner.topology import load_topology
-from planner.training import TrainingSetup
+from planner.hardware.gpus import get_gpu
+from planner.layouts.layout import Layout, SearchSpace, reject_reason
+from planner.memory.model import per_rank_memory
+from planner.models.spec import ModelSpec, count_params
+from planner.timing.model import MEGATRON_2021, MEGATRON_CORE, Cluster, Efficiency, StepTime, step_time
+from planner.hardware.topology import load_topology
+from planner.training.setup import TrainingSetup
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = ROOT / "tests" / "data" / "published_runs.json"

@@ -3,7 +3,7 @@
 Each row takes a worked example as its author gave it (model, precision, batch, sequence,
 the figure the rule produced), runs the same case through the planner, and says why the two
 differ. A second table measures LoRA and freeze fine-tuning with PyTorch's tracker on a real
-transformers model (planner.measure, fake tensors on the CPU) beside the planner's
+transformers model (planner.measure.trackers, fake tensors on the CPU) beside the planner's
 prediction. Both are written to docs/rules-of-thumb.md.
 
     python bench/rules_of_thumb.py             # print and rewrite docs/rules-of-thumb.md
@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from planner.api import plan
-from planner.finetune import FinetuneSpec, n_trainable_params
-from planner.hardware import get_gpu
-from planner.inference import LoadSetup, load_memory
-from planner.layouts import Layout
-from planner.memory import per_rank_memory
-from planner.model import ModelSpec, count_params, load_model, spec_from_hf_config
-from planner.training import TrainingSetup
+from planner.training.finetune import FinetuneSpec, n_trainable_params
+from planner.hardware.gpus import get_gpu
+from planner.memory.inference import LoadSetup, load_memory
+from planner.layouts.layout import Layout
+from planner.memory.model import per_rank_memory
+from planner.models.spec import ModelSpec, count_params, load_model, spec_from_hf_config
+from planner.training.setup import TrainingSetup
 from planner.units import GB, GiB
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -177,7 +177,7 @@ def rows() -> list[Row]:
 
 
 def _space(**fixed: object):  # noqa: ANN202 - SearchSpace
-    from planner.layouts import SearchSpace
+    from planner.layouts.layout import SearchSpace
 
     return SearchSpace(tp=1, pp=1, cp=1, zero_stage=fixed["zero_stage"], micro_batches=(fixed["micro_batch"],),
                        recomputes=(fixed["recompute"],))
@@ -207,7 +207,7 @@ MEASURED = [
 
 
 def measured_rows(progress: Callable[[str], None] = lambda s: None) -> list[tuple[str, str, float, float, float]]:
-    from planner import accuracy
+    from planner.measure import accuracy
 
     m = spec_from_hf_config(SMALL_LLAMA, "small-llama", "bench")
     out = []

@@ -4,7 +4,7 @@
     python bench/solve_scaling.py --quick    # fewer sizes
 
 One job: random candidates (GPU type x count x layout, with cost, time and memory) under a
-deadline, a budget and a GPU cap, solved by planner.solve.solve_one_job. The default search
+deadline, a budget and a GPU cap, solved by planner.cost.solve.solve_one_job. The default search
 space (`plan --model 70b --gpus h100,a100 --tokens 1e12`) gives it about 130 candidates: the
 three fastest layouts on each of ~21 GPU counts per type. Cluster purchase: random jobs
 with overlapping windows, each with options on three GPU types, solved by solve_purchase.
@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner.solve import JobOption, JobWindow, Limits, Option, Pool, solve_one_job, solve_purchase  # noqa: E402
+from planner.cost.solve import JobOption, JobWindow, Limits, Option, Pool, solve_one_job, solve_purchase  # noqa: E402
 
 GPUS = {"h100": (12.29, 8, 80), "a100": (5.12, 8, 80), "l40s": (3.77, 8, 45), "b200": (14.24, 8, 180)}
 

@@ -6,10 +6,10 @@
     python bench/speed.py --only llm-analysis   # one section (repeatable)
 
 Prints, on this machine:
-  1. layouts scored per second: the memory model as arrays (planner.fastscore), the
-     step-time model as arrays (planner.fasttime), both together (fasttime.score), and the
-     same models one layout at a time (planner.memory.per_rank_memory,
-     planner.timing.step_time);
+  1. layouts scored per second: the memory model as arrays (planner.memory.fast), the
+     step-time model as arrays (planner.timing.fast), both together (fasttime.score), and the
+     same models one layout at a time (planner.memory.model.per_rank_memory,
+     planner.timing.model.step_time);
   2. the wall time of `plan --help` and of `plan --model 70b --gpus h100` (best of several
      runs, in fresh processes), and whether torch or deepspeed was imported;
   3. a full search for llama3.1-405b: every catalogued GPU type, every GPU count the search
@@ -47,16 +47,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from planner import api
-from planner.fastscore import LayoutArrays, peak_bytes, valid_layouts
-from planner.fasttime import forget_tables, score, step_times_s
-from planner.hardware import list_gpus
-from planner.layouts import Layout, SearchSpace
-from planner.memory import per_rank_memory
-from planner.model import count_params, load_model
-from planner.placement import scale_up_domain_gpus
-from planner.search import gpu_counts
-from planner.timing import cluster_for, step_time
-from planner.training import TrainingSetup
+from planner.memory.fast import LayoutArrays, peak_bytes, valid_layouts
+from planner.timing.fast import forget_tables, score, step_times_s
+from planner.hardware.gpus import list_gpus
+from planner.layouts.layout import Layout, SearchSpace
+from planner.memory.model import per_rank_memory
+from planner.models.spec import count_params, load_model
+from planner.hardware.placement import scale_up_domain_gpus
+from planner.search.search import gpu_counts
+from planner.timing.model import cluster_for, step_time
+from planner.training.setup import TrainingSetup
 
 LLM_ANALYSIS = "llm-analysis==0.2.2"
 LLM_ANALYSIS_MODEL = "upstage_Llama-2-70b-instruct-v2"     # its own Llama-2-70B config
@@ -134,7 +134,7 @@ def scoring_rates(repeats: int) -> dict:
 
 
 def load_gpu(name: str):
-    from planner.hardware import get_gpu
+    from planner.hardware.gpus import get_gpu
     return get_gpu(name)
 
 

@@ -8,7 +8,7 @@ each measurement what a user gets from the tools they would otherwise reach for:
   `estimate_training_usage`) on the model it builds (transformers' `AutoModel` in fp32 on
   the meta device), without the Hub download. One device, no activations, no sharding.
 - DeepSpeed's `estimate_zero2_model_states_mem_needs` / `estimate_zero3_...`: model states
-  per GPU for ZeRO-2/3 (called through planner.crosscheck, with DeepSpeed's default buffer
+  per GPU for ZeRO-2/3 (called through planner.measure.crosscheck, with DeepSpeed's default buffer
   factor). No activations.
 - llm-analysis 0.2.2 (its own virtual environment, made by bench/speed.py's helper): its
   `train()` per-GPU total (weights, optimizer, gradients, activations) for the models it
@@ -30,10 +30,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from speed import llm_analysis_python  # noqa: E402  (the same llm-analysis environment)
 
-from planner.crosscheck import EstimatorInputs, deepspeed_figures  # noqa: E402
-from planner.layouts import Layout  # noqa: E402
-from planner.memory import rank_params  # noqa: E402
-from planner.model import count_params, load_hf_config, load_model  # noqa: E402
+from planner.measure.crosscheck import EstimatorInputs, deepspeed_figures  # noqa: E402
+from planner.layouts.layout import Layout  # noqa: E402
+from planner.memory.model import rank_params  # noqa: E402
+from planner.models.spec import count_params, load_hf_config, load_model  # noqa: E402
 from planner.units import GiB  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

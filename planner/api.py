@@ -5,16 +5,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from .errors import UserError
-from .finetune import FinetuneSpec
-from .hardware import GpuSpec
-from .layouts import Layout, SearchSpace, grad_accum_for, reject_reason
-from .model import ModelSpec, ParamCount, count_params
-from .search import Candidate, SearchResult, gpu_counts, search
-from .memory import min_model_state_bytes_per_param
-from .timing import Cluster, Efficiency, cluster_for, scale_up_domain_gpus, step_time
-from .training import MAX_GPUS, TrainingSetup
-from .units import ceil_div
+from planner.errors import UserError
+from planner.training.finetune import FinetuneSpec
+from planner.hardware.gpus import GpuSpec
+from planner.layouts.layout import Layout, SearchSpace, grad_accum_for, reject_reason
+from planner.models.spec import ModelSpec, ParamCount, count_params
+from planner.search.search import Candidate, SearchResult, gpu_counts, search
+from planner.memory.model import min_model_state_bytes_per_param
+from planner.timing.model import Cluster, Efficiency, cluster_for, scale_up_domain_gpus, step_time
+from planner.training.setup import MAX_GPUS, TrainingSetup
+from planner.units import ceil_div
 
 N_ALTERNATIVES = 5
 MAX_SEARCH_GPUS = 16_384
@@ -83,12 +83,12 @@ def plan(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, space: SearchSpace = 
          efficiency: Efficiency = Efficiency(), tokens: float | None = None,
          progress: Callable[[int, int, int], None] | None = None) -> PlanResult:
     """Search GPU counts (smallest first) and layouts; return the fastest fitting layout
-    on the smallest GPU count that has one (step times from planner.timing on ``cluster``,
+    on the smallest GPU count that has one (step times from planner.timing.model on ``cluster``,
     by default the GPU's default topology).
 
     With every degree and choice fixed, this evaluates exactly that layout.
     ``progress(n_gpus, i, n_counts)`` is told of each GPU count before it is searched
-    (planner.search.search), for a progress bar.
+    (planner.search.search.search), for a progress bar.
     """
     if n_gpus is not None and not 1 <= n_gpus <= MAX_GPUS:
         raise UserError(f"--n-gpus {n_gpus} is outside 1..{MAX_GPUS}")
@@ -132,13 +132,13 @@ SCALING_STEPS = 7      # `plan --plot`: the chosen count and six doublings (n, 2
 def scaling(r: PlanResult, space: SearchSpace = SearchSpace(),
             max_gpus: int = MAX_SEARCH_GPUS) -> tuple[Candidate, ...]:
     """The fastest fitting layout on the chosen GPU count and its doublings up to
-    ``max_gpus`` (r.best first, then planner.sweep's), for `plan --plot`'s time against
+    ``max_gpus`` (r.best first, then planner.search.sweep's), for `plan --plot`'s time against
     GPU count; counts where nothing fits are left out. Empty when nothing fits."""
     if r.best is None or not r.best.fits:
         return ()
     if r.fixed:                 # the user fixed every choice: that one layout
         return (r.best,)
-    from .sweep import sweep
+    from planner.search.sweep import sweep
 
     n = r.best.n_gpus
     counts = [n * 2**k for k in range(1, SCALING_STEPS) if n * 2**k <= max_gpus]
@@ -184,7 +184,7 @@ def evaluate_layout(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, lay: Layou
     reason = reject_reason(m, setup, lay, gpu.gpus_per_node)
     if reason:
         raise UserError(f"layout {lay.describe()} cannot run: {reason}")
-    from .search import evaluate
+    from planner.search.search import evaluate
 
     cap = capacity_bytes(gpu, setup)
     cluster = cluster or cluster_for(gpu)
@@ -218,7 +218,7 @@ def fixed_layout(space: SearchSpace, setup: TrainingSetup, n_gpus: int | None) -
         raise UserError(f"--global-batch {setup.global_batch} is not a multiple of micro-batch {mb} "
                         f"x data-parallel {dp * ep}; change --global-batch or --micro-batch")
     if s.fsdp is not None:
-        from .layouts import FSDP_STAGE
+        from planner.layouts.layout import FSDP_STAGE
         sharding = f"fsdp-{s.fsdp}"
         if s.zero_stage is not None and s.zero_stage != FSDP_STAGE[sharding]:
             raise UserError(f"--fsdp {s.fsdp} shards like ZeRO-{FSDP_STAGE[sharding]}; drop --zero {s.zero_stage}")

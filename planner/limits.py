@@ -5,7 +5,7 @@ and low enough that a typo (an extra zero, a pasted exponent) is refused at once
 message instead of making the planner search for minutes or build huge objects. The
 README's "Input limits" table lists them; tests/test_fuzz_cli.py holds the planner to
 them. Limits on command-line options (GPU counts, sequence length, batch sizes) live
-next to their options in planner.training and planner.api.
+next to their options in planner.training.setup and planner.api.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def check_config_types(cfg: Mapping[str, Any], where: str) -> str | None:
 
 
 # Topology files (topologies/README.md): each key's type and range. The bounds keep the
-# graph the planner builds (planner.topology.build_graph, a few nodes of the cluster) to
+# graph the planner builds (planner.hardware.topology.build_graph, a few nodes of the cluster) to
 # thousands of vertices: an NVL576 domain, 64 NICs or switch chips per node, 100,000 nodes.
 _INT, _NUM, _BOOL, _STR, _TABLE = "an integer", "a number", "true or false", "a string", "a table"
 TOPOLOGY_KEY_RULES: dict[str, tuple[str, float, float]] = {

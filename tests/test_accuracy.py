@@ -11,11 +11,11 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from planner import accuracy  # noqa: E402
+from planner.measure import accuracy  # noqa: E402
 from planner.errors import UserError  # noqa: E402
-from planner.layouts import Layout  # noqa: E402
-from planner.model import load_hf_config, load_model  # noqa: E402
-from planner.training import TrainingSetup  # noqa: E402
+from planner.layouts.layout import Layout  # noqa: E402
+from planner.models.spec import load_hf_config, load_model  # noqa: E402
+from planner.training.setup import TrainingSetup  # noqa: E402
 
 CASES = [
     # model, dp, zero, precision, seq, micro-batch, recompute

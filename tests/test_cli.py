@@ -7,7 +7,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from planner.cli import cli
+from planner.cli.main import cli
 
 
 def run(*args: str):
@@ -120,7 +120,7 @@ def test_models_and_gpus_lists():
 
 def test_python_m_planner_and_no_heavy_imports():
     # `plan --help` and a plain plan must not import torch or deepspeed
-    code = ("import sys; from planner.cli import main; sys.argv=['plan','--model','8b','--gpus','h100'];\n"
+    code = ("import sys; from planner.cli.main import main; sys.argv=['plan','--model','8b','--gpus','h100'];\n"
             "try:\n    main()\nexcept SystemExit:\n    pass\n"
             "assert 'torch' not in sys.modules and 'deepspeed' not in sys.modules, 'heavy import'")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

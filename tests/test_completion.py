@@ -10,7 +10,7 @@ import pytest
 from click.shell_completion import ShellComplete
 from click.testing import CliRunner
 
-from planner.cli import cli
+from planner.cli.main import cli
 
 
 def complete(args: list[str], incomplete: str) -> list[tuple[str, str]]:
@@ -55,7 +55,7 @@ def test_model_gpu_topology_names():
 def test_completion_imports_nothing_heavy():
     code = ("import sys\n"
             "from click.shell_completion import ShellComplete\n"
-            "from planner.cli import cli\n"
+            "from planner.cli.main import cli\n"
             "sc = ShellComplete(cli, {}, 'plan', '_PLAN_COMPLETE')\n"
             "for a, i in ((['--model'], 'll'), (['--gpus'], 'h'), (['--topology'], 'd')):\n"
             "    assert sc.get_completions(a, i)\n"

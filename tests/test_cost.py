@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from planner.cli import cli
-from planner.cost import load_prices, node_cost, node_energy_usd, rental_cost_usd
-from planner.costplan import cost_counts
+from planner.cli.main import cli
+from planner.cost.prices import load_prices, node_cost, node_energy_usd, rental_cost_usd
+from planner.cost.plan import cost_counts
 from planner.errors import UserError
-from planner.hardware import list_gpus
-from planner.jobs import load_jobs, parse_duration_s, parse_tokens, parse_when_s
+from planner.hardware.gpus import list_gpus
+from planner.cost.jobs import load_jobs, parse_duration_s, parse_tokens, parse_when_s
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "jobs.yaml"
@@ -201,7 +201,7 @@ def test_missing_price(tmp_path):
     path.write_text('[[gpu]]\nname = "h100"\nnode_power_kw = 9\n')
     r = run("--model", "8b", "--gpus", "h100", "--tokens", "1T", "--prices", str(path), "--max-gpus", "16")
     assert r.exit_code == 0                                   # the catalog still has the rent
-    from planner.cost import load_prices as lp
+    from planner.cost.prices import load_prices as lp
     prices = lp(path)
     assert prices.for_gpu("h100").node_power_kw == 9
 

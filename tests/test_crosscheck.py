@@ -15,15 +15,15 @@ import pytest
 from click.testing import CliRunner
 
 from planner import api
-from planner.cli import cli
-from planner.crosscheck import (ADAM_BYTES_PER_PARAM, EstimatorInputs, crosscheck, crosscheck_json,
+from planner.cli.main import cli
+from planner.measure.crosscheck import (ADAM_BYTES_PER_PARAM, EstimatorInputs, crosscheck, crosscheck_json,
                                 deepspeed_figures, deepspeed_precision, model_largest_layer,
                                 planner_as_deepspeed)
-from planner.hardware import get_gpu
-from planner.layouts import Layout
-from planner.memory import model_state_bytes
-from planner.model import count_params, load_model
-from planner.training import TrainingSetup
+from planner.hardware.gpus import get_gpu
+from planner.layouts.layout import Layout
+from planner.memory.model import model_state_bytes
+from planner.models.spec import count_params, load_model
+from planner.training.setup import TrainingSetup
 
 LLAMAS = ["llama3.1-8b", "llama3.1-70b", "llama3.1-405b"]
 H100 = get_gpu("h100")
@@ -130,7 +130,7 @@ def test_layouts_deepspeed_does_not_describe_say_why(lay, reason):
 def test_without_deepspeed_the_plan_runs_and_says_skipped():
     # a fresh interpreter in which `import deepspeed` fails, as when it is not installed
     code = ("import sys; sys.modules['deepspeed'] = None\n"
-            "from planner.cli import main\n"
+            "from planner.cli.main import main\n"
             "sys.argv = ['plan', '--model', '8b', '--gpus', 'h100', '--dp', '16', '--tp', '1', '--pp', '1',"
             " '--cp', '1', '--zero', '3', '--micro-batch', '1', '--recompute', 'full', '--json', '--crosscheck']\n"
             "main()")

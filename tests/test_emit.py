@@ -24,7 +24,7 @@ import pytest
 from click.testing import CliRunner
 
 from planner import api
-from planner.cli import cli
+from planner.cli.main import cli
 from planner.emit import EmitOptions, check_options, engine, node_shape, plan_files
 from planner.emit.deepspeed import largest_module_params, to_deepspeed_config
 from planner.emit.fsdp import DECODER_LAYER_CLASS, to_accelerate_config, to_torchrun_command, to_yaml
@@ -32,11 +32,11 @@ from planner.emit.launch import to_deepspeed_command, to_hostfile
 from planner.emit.megatron import pipeline_layout, to_megatron_args
 from planner.emit.write import write_files
 from planner.errors import UserError
-from planner.hardware import get_gpu
-from planner.layouts import Layout
-from planner.memory import stage_layers
-from planner.model import SUPPORTED_MODEL_TYPES, load_model
-from planner.training import TrainingSetup
+from planner.hardware.gpus import get_gpu
+from planner.layouts.layout import Layout
+from planner.memory.model import stage_layers
+from planner.models.spec import SUPPORTED_MODEL_TYPES, load_model
+from planner.training.setup import TrainingSetup
 
 H100 = get_gpu("h100")
 SMALL = load_model("qwen2.5-0.5b")      # 24 layers, 14 heads, 2 KV heads: everything fits
@@ -518,7 +518,7 @@ def test_cli_out_for_a_plan_that_does_not_fit(tmp_path):
 
 
 def test_plain_plan_with_out_stays_torch_free(tmp_path):
-    code = ("import sys; from planner.cli import main; "
+    code = ("import sys; from planner.cli.main import main; "
             f"sys.argv=['plan','--model','8b','--gpus','h100','--out',{str(tmp_path / 'o')!r}]\n"
             "try:\n    main()\nexcept SystemExit:\n    pass\n"
             "assert 'torch' not in sys.modules and 'deepspeed' not in sys.modules, 'heavy import'")

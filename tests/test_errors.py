@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from planner.cli import cli
+from planner.cli.main import cli
 
 TOPOLOGIES = Path(__file__).resolve().parents[1] / "planner" / "presets" / "topologies"
 
@@ -234,8 +234,8 @@ def test_click_usage_errors_exit_2():
     ("planner.api.evaluate_layout", ["explain", "--model", "8b", "--gpus", "h100", "--dp", "8", "--tp", "1",
                                      "--pp", "1", "--cp", "1", "--zero", "3", "--micro-batch", "1",
                                      "--recompute", "none"]),
-    ("planner.costplan.plan_purchase", ["buy", "examples/jobs.yaml"]),
-    ("planner.model.count_params", ["models"]),
+    ("planner.cost.plan.plan_purchase", ["buy", "examples/jobs.yaml"]),
+    ("planner.models.spec.count_params", ["models"]),
 ])
 def test_internal_error_exits_1_with_a_hint(monkeypatch, target, args):
     import importlib
@@ -267,7 +267,7 @@ def test_a_user_terminal_sees_no_traceback(tmp_path):
             "def boom(*a, **k): raise KeyError('x')\n"
             "api.plan = boom\n"
             "sys.argv = ['plan', '--model', '8b', '--gpus', 'h100']\n"
-            "from planner.cli import main\n"
+            "from planner.cli.main import main\n"
             "main()\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=120)
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr

@@ -7,15 +7,15 @@ import math
 import pytest
 from click.testing import CliRunner
 
-from planner.cli import cli
-from planner.explain import MOMENTS, explain, memory_terms
-from planner.finetune import FinetuneSpec
-from planner.hardware import get_gpu
-from planner.layouts import Layout
-from planner.memory import CATEGORIES, per_rank_memory
-from planner.model import count_params, load_model
-from planner.timing import cluster_for, step_time
-from planner.training import TrainingSetup
+from planner.cli.main import cli
+from planner.report.explain import MOMENTS, explain, memory_terms
+from planner.training.finetune import FinetuneSpec
+from planner.hardware.gpus import get_gpu
+from planner.layouts.layout import Layout
+from planner.memory.model import CATEGORIES, per_rank_memory
+from planner.models.spec import count_params, load_model
+from planner.timing.model import cluster_for, step_time
+from planner.training.setup import TrainingSetup
 
 
 def run(*args: str):
@@ -47,9 +47,9 @@ CASES = {
     "fsdp cpu offload": ("llama3.1-8b", "h100", {"offload_params": "cpu"}, lay(sharding="fsdp-full")),
 }
 
-# FSDP2 (planner.memory.fsdp_blocks_done, fsdp_forward_bytes): a case peaking at each moment, for
+# FSDP2 (planner.memory.model.fsdp_blocks_done, fsdp_forward_bytes): a case peaking at each moment, for
 # shard-grad-op (ZeRO-2) and full shard (ZeRO-3), Mixtral-8x7B on 8 and 64 ranks and dense models.
-# MEASURED is what docs/accuracy.md runs (planner.accuracy.measured_setup: eager ops, single-tensor
+# MEASURED is what docs/accuracy.md runs (planner.measure.accuracy.measured_setup: eager ops, single-tensor
 # AdamW), one micro-batch per step unless grad_accum says otherwise; the rows marked "accuracy.md"
 # are its measured configurations.
 MEASURED = {"kernels": "eager", "optimizer_foreach": False}

@@ -1,4 +1,4 @@
-"""planner.fasttime scores step times as arrays; they must be timing.step_time's, layout
+"""planner.timing.fast scores step times as arrays; they must be timing.step_time's, layout
 for layout (hypothesis: random models, set-ups, efficiencies, GPUs, topologies, GPU counts
 and search spaces).
 
@@ -16,22 +16,23 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from planner import fastscore, fasttime
-from planner.finetune import FinetuneSpec
-from planner.hardware import get_gpu, list_gpus
-from planner.layouts import SearchSpace, enumerate_layouts
-from planner.memory import per_rank_memory
-from planner.model import ModelSpec, count_params, load_model
-from planner.placement import Cluster
-from planner.timing import (
+from planner.memory import fast as fastscore
+from planner.timing import fast as fasttime
+from planner.training.finetune import FinetuneSpec
+from planner.hardware.gpus import get_gpu, list_gpus
+from planner.layouts.layout import SearchSpace, enumerate_layouts
+from planner.memory.model import per_rank_memory
+from planner.models.spec import ModelSpec, count_params, load_model
+from planner.hardware.placement import Cluster
+from planner.timing.model import (
     MEGATRON_2021,
     MEGATRON_CORE,
     Efficiency,
     cluster_for,
     step_time,
 )
-from planner.topology import list_topologies
-from planner.training import TrainingSetup
+from planner.hardware.topology import list_topologies
+from planner.training.setup import TrainingSetup
 
 EXAMPLES = int(os.environ.get("PLANNER_HYPOTHESIS_EXAMPLES", "40"))
 PROPS = settings(max_examples=EXAMPLES, deadline=None, derandomize="PLANNER_HYPOTHESIS_EXAMPLES" not in os.environ,

@@ -1,4 +1,4 @@
-"""Fine-tuning methods (planner.finetune): adapter counts against PEFT, quantized storage
+"""Fine-tuning methods (planner.training.finetune): adapter counts against PEFT, quantized storage
 against bitsandbytes, memory against published figures and against PyTorch's tracker,
 offload, and the search choosing a method.
 
@@ -17,13 +17,13 @@ import pytest
 
 from planner.api import plan, plan_methods
 from planner.errors import UserError
-from planner.finetune import (FinetuneSpec, block_linears, linear_weight_bytes, n_trainable_params,
+from planner.training.finetune import (FinetuneSpec, block_linears, linear_weight_bytes, n_trainable_params,
                               resolve_targets)
-from planner.hardware import get_gpu
-from planner.layouts import Layout, SearchSpace, reject_reason
-from planner.memory import per_rank_memory
-from planner.model import count_params, load_model, preset_config, spec_from_hf_config
-from planner.training import TrainingSetup
+from planner.hardware.gpus import get_gpu
+from planner.layouts.layout import Layout, SearchSpace, reject_reason
+from planner.memory.model import per_rank_memory
+from planner.models.spec import count_params, load_model, preset_config, spec_from_hf_config
+from planner.training.setup import TrainingSetup
 from planner.units import GB, GiB, TiB
 
 # ----------------------------------------------------------------------------- PEFT
@@ -122,7 +122,7 @@ def test_quantized_bytes_equal_bitsandbytes():
     pytest.importorskip("bitsandbytes")
     import bitsandbytes.functional as F
 
-    from planner.finetune import Linear
+    from planner.training.finetune import Linear
     lin = Linear(name="w", d_in=512, d_out=384, group="mlp")
     w = torch.randn(lin.d_out, lin.d_in, dtype=torch.bfloat16)
     q, st = F.quantize_4bit(w, blocksize=64, compress_statistics=True, quant_type="nf4")
@@ -217,13 +217,13 @@ SMALL_LLAMA = {   # GQA, SwiGLU, RMSNorm, as Llama 3; small enough for a fractio
 ], ids=["all-r16-autocast", "qv-fp32-dropout", "freeze-bf16"])
 def test_lora_memory_matches_the_tracker(precision, ft):
     """PEFT's LoRA (and frozen blocks) on a real transformers Llama under FakeTensorMode and
-    MemTracker (planner.measure): the planner's total within 10% of the tracker's peak.
+    MemTracker (planner.measure.trackers): the planner's total within 10% of the tracker's peak.
     Seen: +1.0%, +0.7%, +2.0%; more cases (pure bf16, ZeRO-2/3 via FSDP2, recompute) in
     docs/rules-of-thumb.md's measured table. MemTracker inspects every live tensor after
     every operation, so these take seconds even on a small model."""
     pytest.importorskip("torch")
     pytest.importorskip("peft")
-    from planner import accuracy
+    from planner.measure import accuracy
 
     m = spec_from_hf_config(SMALL_LLAMA, "small-llama", "test")
     setup = TrainingSetup(seq_len=256, global_batch=2, precision=precision, finetune=ft)
@@ -234,7 +234,7 @@ def test_lora_memory_matches_the_tracker(precision, ft):
 
 
 def test_qlora_cannot_be_measured_on_cpu():
-    from planner import accuracy
+    from planner.measure import accuracy
 
     setup = TrainingSetup(finetune=LLAMA_65B_QLORA)
     with pytest.raises(UserError, match="bitsandbytes"):
@@ -326,7 +326,7 @@ def _cli_json(*args: str) -> dict:
 
     from click.testing import CliRunner
 
-    from planner.cli import cli
+    from planner.cli.main import cli
     res = CliRunner().invoke(cli, [*args, "--json"])
     assert res.exit_code == 0, res.output
     return json.loads(res.output)
@@ -358,7 +358,7 @@ def test_cli_auto_and_offload():
 def test_cli_method_option_errors():
     from click.testing import CliRunner
 
-    from planner.cli import cli
+    from planner.cli.main import cli
     res = CliRunner().invoke(cli, ["--model", "llama2-7b", "--gpus", "a100", "--lora-rank", "16"])
     assert res.exit_code == 2 and "--method lora" in res.output
     res = CliRunner().invoke(cli, ["--model", "llama2-7b", "--gpus", "a100", "--method", "lora",

@@ -1,4 +1,4 @@
-"""Step time under LoRA, QLoRA and freeze (planner.timing with setup.finetune): frozen
+"""Step time under LoRA, QLoRA and freeze (planner.timing.model with setup.finetune): frozen
 weights need no weight gradient, only the adapters are updated and reduced, a quantized
 base is dequantized before each GEMM, and freeze's frozen blocks run no backward."""
 
@@ -6,15 +6,15 @@ from dataclasses import replace
 
 import pytest
 
-from planner.finetune import FinetuneSpec, n_trainable_params
-from planner.hardware import get_gpu
-from planner.layouts import Layout
-from planner.memory import rank_params
-from planner.model import count_params, load_model
-from planner.timing import (Efficiency, _dp_comms, _layer_key, all_reduce_s, axis_links, cluster_for,
+from planner.training.finetune import FinetuneSpec, n_trainable_params
+from planner.hardware.gpus import get_gpu
+from planner.layouts.layout import Layout
+from planner.memory.model import rank_params
+from planner.models.spec import count_params, load_model
+from planner.timing.model import (Efficiency, _dp_comms, _layer_key, all_reduce_s, axis_links, cluster_for,
                             frozen_block_extra_s, gemm_time_s, layer_time, optimizer_bytes_per_param, rates, step_time,
                             trained_split)
-from planner.training import TrainingSetup
+from planner.training.setup import TrainingSetup
 
 LORA16 = FinetuneSpec.named("lora", rank=16)
 EFF = Efficiency()

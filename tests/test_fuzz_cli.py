@@ -21,13 +21,13 @@ from click.testing import CliRunner, Result
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.cli import cli
+from planner.cli.main import cli
 from planner.limits import (
     CONFIG_BOOL_KEYS,
     CONFIG_INT_KEYS,
     CONFIG_PROBABILITY_KEYS,
 )
-from planner.model import preset_config
+from planner.models.spec import preset_config
 
 # PLANNER_HYPOTHESIS_EXAMPLES=1000 for a long hunt with fresh random examples
 EXAMPLES = int(os.environ.get("PLANNER_HYPOTHESIS_EXAMPLES", "40"))
@@ -171,7 +171,7 @@ def test_config_values_of_wrong_type_or_range(tmp_path, over, needle):
 def test_every_preset_key_set_to_null_or_deleted(tmp_path, value):
     # null means "the default" (as a missing key does); a missing required key is a UserError
     from planner.errors import UserError
-    from planner.model import load_config_file, load_presets
+    from planner.models.spec import load_config_file, load_presets
 
     path = tmp_path / "config.json"
     for name in load_presets():

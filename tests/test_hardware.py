@@ -3,7 +3,7 @@
 import pytest
 
 from planner.errors import UserError
-from planner.hardware import GpuSpec, get_gpu, list_gpus, load_gpus, parse_gpus
+from planner.hardware.gpus import GpuSpec, get_gpu, list_gpus, load_gpus, parse_gpus
 from planner.units import GB, GiB, MiB
 
 SHORT_NAMES = ["h100", "h100-pcie", "h200", "b200", "a100", "a100-40gb", "l40s", "a10g", "4090", "v100",
@@ -144,7 +144,7 @@ def test_every_entry_has_sources_and_consistent_rates():
 
 
 def test_default_topologies_exist_and_use_this_gpu():
-    from planner.topology import load_topology
+    from planner.hardware.topology import load_topology
 
     for gpu in list_gpus():
         if gpu.default_topology is not None:

@@ -1,4 +1,4 @@
-"""``--task load`` (planner.inference): the memory to hold a model for inference.
+"""``--task load`` (planner.memory.inference): the memory to hold a model for inference.
 
 The KV cache is checked against the cache transformers itself builds; weights against the
 parameter count at each storage format; the GPU counts against the arithmetic.
@@ -11,10 +11,10 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from planner.cli import cli
-from planner.hardware import get_gpu
-from planner.inference import LoadSetup, kv_cache_bytes, load_memory, plan_load
-from planner.model import count_params, load_model, spec_from_hf_config
+from planner.cli.main import cli
+from planner.hardware.gpus import get_gpu
+from planner.memory.inference import LoadSetup, kv_cache_bytes, load_memory, plan_load
+from planner.models.spec import count_params, load_model, spec_from_hf_config
 from planner.units import GiB
 
 TINY_GQA = {

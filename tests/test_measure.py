@@ -1,4 +1,4 @@
-"""planner.measure: one real training step under PyTorch's memory trackers.
+"""planner.measure.trackers: one real training step under PyTorch's memory trackers.
 
 Reference numbers: FACTS.md ("Measuring real per-rank memory on CPU"): transformers' Llama-3-8B,
 8 ranks, FSDP2 full sharding, bf16 mixed precision, sequence 2048, micro-batch 1: 29.3 GiB peak
@@ -17,7 +17,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from planner.errors import UserError  # noqa: E402
-from planner.measure import CATEGORIES, MeasuredMemory, MeasureSetup, measure  # noqa: E402
+from planner.measure.trackers import CATEGORIES, MeasuredMemory, MeasureSetup, measure  # noqa: E402
 
 GiB = 2**30
 REPO = Path(__file__).resolve().parents[1]
@@ -42,7 +42,7 @@ def tiny(**kw: object) -> MeasureSetup:
 
 
 def test_import_does_not_import_torch():
-    code = "import sys, planner.measure; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
+    code = "import sys, planner.measure.trackers; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO,
                    env={**os.environ, "PYTHONPATH": str(REPO)})
 
@@ -124,7 +124,7 @@ def test_recompute_and_attention_change_activations():
 
 def test_dropout_keeps_what_a_gpu_keeps():
     # CUDA's dropout keeps a 1-byte mask, and its flash / memory-efficient attention drops out
-    # inside the kernel; fake CPU runs do the same (planner.measure._gpu_dropout_kernels). So
+    # inside the kernel; fake CPU runs do the same (planner.measure.trackers._gpu_dropout_kernels). So
     # dropout 0.1 adds exactly two masks per block and one after the embeddings, b s h x 1 B
     # each: (2 x 2 + 1) x 2 x 256 x 128 = 327,680 B. (As the CPU runs them: 12.9 MB, fp32
     # noise and the math attention kernel's s x s probabilities.)
@@ -160,7 +160,7 @@ def test_bad_setups_are_user_errors():
 
 def test_cli_prints_measured_memory_json():
     setup = tiny(seq_len=32, micro_batch=1, n_steps=1)
-    out = subprocess.run([sys.executable, "-m", "planner.measure", setup.to_json()], check=True,
+    out = subprocess.run([sys.executable, "-m", "planner.measure.trackers", setup.to_json()], check=True,
                          capture_output=True, text=True, cwd=REPO,
                          env={**os.environ, "PYTHONPATH": str(REPO)}).stdout
     result = MeasuredMemory.from_json(out)

@@ -7,7 +7,7 @@ to planner/memory.py that moves one shows at once; ``python bench/accuracy.py --
 rewrites the table from the stored measurements in seconds.
 
 The FSDP2 cases below are probes of Mixtral-8x7B and Llama-3-8B cut to 4 blocks, measured with
-FSDPMemTracker (python -m planner.measure, fake process group, bf16-mixed unless said); the
+FSDPMemTracker (python -m planner.measure.trackers, fake process group, bf16-mixed unless said); the
 figures are the tracker's categories at its peak, in GiB.
 """
 
@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from planner import accuracy
-from planner.layouts import Layout
-from planner.memory import fsdp_blocks_done, per_rank_memory
-from planner.model import load_model
-from planner.training import TrainingSetup
+from planner.measure import accuracy
+from planner.layouts.layout import Layout
+from planner.memory.model import fsdp_blocks_done, per_rank_memory
+from planner.models.spec import load_model
+from planner.training.setup import TrainingSetup
 
 GiB = 2**30
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,11 +10,11 @@ from dataclasses import replace
 
 import pytest
 
-from planner.layouts import Layout
-from planner.memory import (in_flight_microbatches, layer_activation_bytes, model_state_bytes,
+from planner.layouts.layout import Layout
+from planner.memory.model import (in_flight_microbatches, layer_activation_bytes, model_state_bytes,
                             stage_layers)
-from planner.model import ModelSpec
-from planner.training import Precision, TrainingSetup, optimizer_state_bytes_per_param
+from planner.models.spec import ModelSpec
+from planner.training.setup import Precision, TrainingSetup, optimizer_state_bytes_per_param
 from planner.units import GB
 
 

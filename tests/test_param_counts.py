@@ -3,7 +3,7 @@
 For every preset in planner/presets/models.toml and every fixture in
 tests/data/hf_configs/, the same config.json is instantiated with transformers on
 the meta device (no memory, no weights) and its parameters are summed.  That sum
-is the ground truth for ``planner.model.count_params(...).total``.
+is the ground truth for ``planner.models.spec.count_params(...).total``.
 
 Causal LMs are built with AutoModelForCausalLM (the LM head is counted once when it
 is tied to the input embedding, as ``Module.parameters()`` removes duplicates).
@@ -64,7 +64,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from planner.model import count_params, load_model  # noqa: E402
+from planner.models.spec import count_params, load_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS_DIR = ROOT / "planner" / "presets"

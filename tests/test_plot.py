@@ -10,18 +10,19 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from planner import api, plot
-from planner.cli import cli
-from planner.cost import load_prices
-from planner.costplan import plan_cost, plan_purchase
+from planner import api
+from planner.report import plot
+from planner.cli.main import cli
+from planner.cost.prices import load_prices
+from planner.cost.plan import plan_cost, plan_purchase
 from planner.errors import UserError
-from planner.hardware import get_gpu
-from planner.jobs import load_jobs
-from planner.layouts import SearchSpace
-from planner.memory import CATEGORIES
-from planner.model import load_model
-from planner.solve import Limits
-from planner.training import TrainingSetup
+from planner.hardware.gpus import get_gpu
+from planner.cost.jobs import load_jobs
+from planner.layouts.layout import SearchSpace
+from planner.memory.model import CATEGORIES
+from planner.models.spec import load_model
+from planner.cost.solve import Limits
+from planner.training.setup import TrainingSetup
 
 pytest.importorskip("matplotlib")
 
@@ -223,7 +224,7 @@ def test_cli_buy_plot(tmp_path):
 
 
 def test_plain_plan_does_not_import_matplotlib():
-    code = ("import sys; from planner.cli import main; sys.argv=['plan','--model','gpt2','--gpus','h100'];\n"
+    code = ("import sys; from planner.cli.main import main; sys.argv=['plan','--model','gpt2','--gpus','h100'];\n"
             "try:\n    main()\nexcept SystemExit:\n    pass\n"
             "assert 'matplotlib' not in sys.modules, 'matplotlib imported'")
     res = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True)

@@ -5,7 +5,7 @@
 - monotonic: more usable memory never needs more GPUs, a deeper model never fewer, a
   larger global batch never a shorter step;
 - the same input gives the same output (also across Python hash seeds);
-- the vectorised layouts and memory (planner.fastscore) equal the per-layout ones.
+- the vectorised layouts and memory (planner.memory.fast) equal the per-layout ones.
 
 tests/test_solve.py checks the ILPs against brute force on random instances.
 
@@ -26,14 +26,16 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from planner import api, report, term
-from planner.hardware import get_gpu, list_gpus
-from planner.layouts import SearchSpace, enumerate_layouts, reject_reason
-from planner.memory import per_rank_memory
-from planner.model import ModelSpec, count_params
-from planner.timing import cluster_for, step_time
-from planner.topology import list_topologies
-from planner.training import TrainingSetup
+from planner import api
+from planner.report import text as report
+from planner.report import terminal as term
+from planner.hardware.gpus import get_gpu, list_gpus
+from planner.layouts.layout import SearchSpace, enumerate_layouts, reject_reason
+from planner.memory.model import per_rank_memory
+from planner.models.spec import ModelSpec, count_params
+from planner.timing.model import cluster_for, step_time
+from planner.hardware.topology import list_topologies
+from planner.training.setup import TrainingSetup
 
 # PLANNER_HYPOTHESIS_EXAMPLES=1000 for a long hunt with fresh random examples
 EXAMPLES = int(os.environ.get("PLANNER_HYPOTHESIS_EXAMPLES", "30"))
@@ -91,7 +93,7 @@ def clusters(draw):
 
 
 def _bare(gpu):
-    from planner.placement import Cluster
+    from planner.hardware.placement import Cluster
     return Cluster(gpu=gpu, topology=None)
 
 
@@ -218,7 +220,7 @@ def test_the_same_command_prints_the_same_bytes_under_any_hash_seed():
 
 @st.composite
 def fast_cases(draw):
-    """A model, a set-up planner.fastscore covers, a GPU count and a search space."""
+    """A model, a set-up planner.memory.fast covers, a GPU count and a search space."""
     m = draw(models())
     setup = replace(draw(setups()), optimizer_foreach=draw(st.booleans()),
                     global_batch=draw(st.sampled_from([8, 24, 64, 96, 512])))
@@ -238,7 +240,7 @@ def fast_cases(draw):
 @settings(PROPS, max_examples=EXAMPLES * 3)
 @given(fast_cases())
 def test_fastscore_equals_the_layout_by_layout_model(case):
-    from planner import fastscore
+    from planner.memory import fast as fastscore
 
     m, setup, n, gpn, space = case
     want = [lay for lay, why in enumerate_layouts(m, setup, n, gpn, space) if why is None]
@@ -250,8 +252,8 @@ def test_fastscore_equals_the_layout_by_layout_model(case):
 
 @pytest.mark.parametrize("name", ["llama3.1-405b", "mixtral-8x22b", "bert-large"])
 def test_fastscore_equals_per_rank_memory_on_presets(name):
-    from planner import fastscore
-    from planner.model import load_model
+    from planner.memory import fast as fastscore
+    from planner.models.spec import load_model
 
     m = load_model(name)
     for setup in (TrainingSetup(), TrainingSetup(precision="fp32", optimizer="sgd", attention="eager",
@@ -264,8 +266,8 @@ def test_fastscore_equals_per_rank_memory_on_presets(name):
 
 
 def test_the_search_gives_the_same_plans_with_and_without_fastscore(monkeypatch):
-    from planner import search
-    from planner.model import load_model
+    from planner.search import search
+    from planner.models.spec import load_model
 
     cases = [("llama3.1-70b", "h100", TrainingSetup()),
              ("mixtral-8x7b", "a100-40gb", TrainingSetup(seq_len=8192, global_batch=256)),

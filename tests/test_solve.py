@@ -1,4 +1,4 @@
-"""The ILPs of planner.solve against brute force on random small instances (hypothesis),
+"""The ILPs of planner.cost.solve against brute force on random small instances (hypothesis),
 feasible and infeasible, on both solvers; and explicit cases with their named constraints."""
 
 import itertools
@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner.errors import UserError
-from planner.solve import (JobOption, JobWindow, Limits, Option, Pool, nodes_needed, solve_one_job,
+from planner.cost.solve import (JobOption, JobWindow, Limits, Option, Pool, nodes_needed, solve_one_job,
                            solve_purchase)
 
 SOLVERS = ["highs", "cbc"]

@@ -1,4 +1,4 @@
-"""planner.sweep keeps the fastest fitting layouts per GPU count without timing them all:
+"""planner.search.sweep keeps the fastest fitting layouts per GPU count without timing them all:
 it must find exactly what timing them all finds, and its floors must be floors."""
 
 import random
@@ -6,16 +6,16 @@ import random
 import pytest
 
 from planner import api
-from planner.finetune import FinetuneSpec
-from planner.hardware import get_gpu
-from planner.layouts import SearchSpace, enumerate_layouts
-from planner.memory import activation_floor_bytes, memory_floor_bytes, per_rank_memory
-from planner.model import load_model
-from planner.placement import axis_links, link_ceilings
-from planner.search import search
-from planner.sweep import sweep
-from planner.timing import PLACEMENT_ORDERS, cluster_for, layout_floor_s, step_time
-from planner.training import TrainingSetup
+from planner.training.finetune import FinetuneSpec
+from planner.hardware.gpus import get_gpu
+from planner.layouts.layout import SearchSpace, enumerate_layouts
+from planner.memory.model import activation_floor_bytes, memory_floor_bytes, per_rank_memory
+from planner.models.spec import load_model
+from planner.hardware.placement import axis_links, link_ceilings
+from planner.search.search import search
+from planner.search.sweep import sweep
+from planner.timing.model import PLACEMENT_ORDERS, cluster_for, layout_floor_s, step_time
+from planner.training.setup import TrainingSetup
 
 
 def brute(m, setup, gpu, cluster, space, n, keep):

@@ -1,4 +1,4 @@
-"""The terminal report (planner.term): tables and bars, colour only where it belongs,
+"""The terminal report (planner.report.terminal): tables and bars, colour only where it belongs,
 --quiet's one line, and the progress bar that never reaches stdout."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from planner import term
-from planner.cli import cli
+from planner.report import terminal as term
+from planner.cli.main import cli
 
 PLAIN = {"NO_COLOR": None, "FORCE_COLOR": None, "COLUMNS": None, "TERM": "xterm-256color"}
 PLAN = ("--model", "70b", "--gpus", "h100")
@@ -92,9 +92,9 @@ def test_screen_for_a_terminal_and_a_pipe(monkeypatch):
 
 def test_ascii_output_where_the_stream_cannot_encode_blocks():
     from planner import api
-    from planner.hardware import get_gpu
-    from planner.model import load_model
-    from planner.training import TrainingSetup
+    from planner.hardware.gpus import get_gpu
+    from planner.models.spec import load_model
+    from planner.training.setup import TrainingSetup
 
     r = api.plan(load_model("8b"), get_gpu("h100"), TrainingSetup())
     text = term.render(term.plan_view(r), term.Screen(unicode=False))
@@ -103,9 +103,9 @@ def test_ascii_output_where_the_stream_cannot_encode_blocks():
 
 def test_to_text_is_the_plain_report():
     from planner import api
-    from planner.hardware import get_gpu
-    from planner.model import load_model
-    from planner.training import TrainingSetup
+    from planner.hardware.gpus import get_gpu
+    from planner.models.spec import load_model
+    from planner.training.setup import TrainingSetup
 
     text = term.to_text(api.plan(load_model("8b"), get_gpu("h100"), TrainingSetup()))
     assert ESC not in text and "Smallest GPU count that fits: " in text and "Memory per rank" in text
@@ -244,8 +244,8 @@ def test_rich_is_imported_only_to_draw():
     code = """
 import sys
 from click.testing import CliRunner
-import planner.cli as c
-assert 'rich' not in sys.modules, 'import planner.cli imports rich'
+import planner.cli.main as c
+assert 'rich' not in sys.modules, 'import planner.cli.main imports rich'
 for flag in ('--json', '-q'):
     r = CliRunner().invoke(c.cli, ['--model', '8b', '--gpus', 'h100', flag])
     assert r.exit_code == 0, r.output

@@ -13,15 +13,15 @@ import pytest
 from click.testing import CliRunner
 
 from planner import api
-from planner.cli import cli
-from planner.hardware import get_gpu
-from planner.layouts import Layout, SearchSpace
-from planner.model import ModelSpec, load_model
-from planner.timing import (MEGATRON_2021, Cluster, Efficiency, _layer_key, all_reduce_s, axis_links,
+from planner.cli.main import cli
+from planner.hardware.gpus import get_gpu
+from planner.layouts.layout import Layout, SearchSpace
+from planner.models.spec import ModelSpec, load_model
+from planner.timing.model import (MEGATRON_2021, Cluster, Efficiency, _layer_key, all_reduce_s, axis_links,
                             cluster_for, flops_per_step, hardware_flops_per_token, layer_flops, layer_time,
                             model_flops_per_token, scale_up_domain_gpus, step_time)
-from planner.topology import AXES, build_graph, load_topology, place_groups, ring_bandwidth_bytes_per_s
-from planner.training import TrainingSetup
+from planner.hardware.topology import AXES, build_graph, load_topology, place_groups, ring_bandwidth_bytes_per_s
+from planner.training.setup import TrainingSetup
 from planner.units import GB
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,7 +91,7 @@ def test_gqa_gated_and_moe_flops_per_op():
     mf = layer_flops(mixtral, s)
     assert mf.mlp == 2 * 3 * 2 * 4096 * 14336 + 2 * 4096 * 8  # k=2 active experts + the router
     # model FLOPs per token ~ 6 x active parameters (+ attention scores)
-    from planner.model import count_params
+    from planner.models.spec import count_params
     active = count_params(mixtral).active
     ratio = model_flops_per_token(mixtral, s) / (6 * active)
     assert 1.0 < ratio < 1.3

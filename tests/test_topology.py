@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.errors import UserError
-from planner.topology import (
+from planner.hardware.topology import (
     ClusterTopology,
     _solve_max_flow,
     axis_bandwidths_bytes_per_s,
@@ -219,7 +219,7 @@ def test_cached_flows_equal_fresh_ones(name, picks, split):
     sources, sinks = set(picks[:split]), set(picks[split:]) or {picks[-1]} - set(picks[:split])
     if not sinks:
         return
-    from planner.topology import _max_flow_bytes_per_s
+    from planner.hardware.topology import _max_flow_bytes_per_s
 
     one_island = len({g.nodes[v]["island"] for v in sources | sinks}) == 1
     assert _max_flow_bytes_per_s(g, sources, sinks) == pytest.approx(_solve_max_flow(g, sources, sinks, one_island))

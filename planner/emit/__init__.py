@@ -19,12 +19,12 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import UserError
-from ..layouts import Layout
+from planner.errors import UserError
+from planner.layouts.layout import Layout
 
 if TYPE_CHECKING:
-    from ..api import PlanResult
-    from ..search import Candidate
+    from planner.api import PlanResult
+    from planner.search.search import Candidate
 
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 ENGINES = ("deepspeed", "megatron", "fsdp")
@@ -136,10 +136,10 @@ def plan_files(r: PlanResult, opts: EmitOptions = EmitOptions(),
     accelerate_config.yaml for FSDP plans, megatron_args.txt for plans Megatron-LM runs,
     hostfile and launch.sh for every plan, plan.json when ``plan_json`` is given.
     """
-    from .deepspeed import to_deepspeed_config
-    from .fsdp import to_accelerate_config, to_yaml
-    from .launch import to_hostfile, to_launch_script
-    from .megatron import to_megatron_args
+    from planner.emit.deepspeed import to_deepspeed_config
+    from planner.emit.fsdp import to_accelerate_config, to_yaml
+    from planner.emit.launch import to_hostfile, to_launch_script
+    from planner.emit.megatron import to_megatron_args
 
     cand = chosen(r)
     check_options(r, opts)

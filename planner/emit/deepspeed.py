@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..layouts import Layout
-from ..memory import rank_params, stage_layers
-from . import EmitOptions, chosen
+from planner.layouts.layout import Layout
+from planner.memory.model import rank_params, stage_layers
+from planner.emit import EmitOptions, chosen
 
 if TYPE_CHECKING:
-    from ..api import PlanResult
+    from planner.api import PlanResult
 
 # DeepSpeed's default dynamic loss scaling for fp16 (DeepSpeed config docs, "FP16 training")
 FP16_LOSS_SCALING = {"loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
@@ -183,7 +183,7 @@ def validate_deepspeed_config(cfg: dict[str, Any], data_parallel: int, n_gpus: i
     """
     from unittest import mock
 
-    from ..crosscheck import import_deepspeed
+    from planner.measure.crosscheck import import_deepspeed
 
     ds_config = import_deepspeed("deepspeed.runtime.config")
 

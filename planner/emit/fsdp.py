@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from ..layouts import Layout
-from ..memory import _hybrid_degree
-from . import EmitOptions, chosen, node_shape
+from planner.layouts.layout import Layout
+from planner.memory.model import _hybrid_degree
+from planner.emit import EmitOptions, chosen, node_shape
 
 if TYPE_CHECKING:
-    from ..api import PlanResult
+    from planner.api import PlanResult
 
 # The block FSDP wraps as one unit, per Hugging Face model_type (transformers' modeling_*.py)
 DECODER_LAYER_CLASS = {

@@ -12,10 +12,10 @@ from __future__ import annotations
 import shlex
 from typing import TYPE_CHECKING
 
-from . import EmitOptions, chosen, engine, node_shape
+from planner.emit import EmitOptions, chosen, engine, node_shape
 
 if TYPE_CHECKING:
-    from ..api import PlanResult
+    from planner.api import PlanResult
 
 
 def host_names(n_nodes: int) -> list[str]:
@@ -69,7 +69,7 @@ def shell_command(cmd: list[str], extra: str = '"$@"') -> str:
 
 def to_launch_script(r: PlanResult, opts: EmitOptions = EmitOptions()) -> str:
     """A bash script that launches the plan on the cluster, from the directory it sits in."""
-    from .fsdp import to_fsdp2_settings, to_torchrun_command
+    from planner.emit.fsdp import to_fsdp2_settings, to_torchrun_command
 
     cand = chosen(r)
     lay = cand.layout

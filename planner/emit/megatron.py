@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..memory import stage_layers
-from . import EmitOptions, check_options, chosen
+from planner.memory.model import stage_layers
+from planner.emit import EmitOptions, check_options, chosen
 
 if TYPE_CHECKING:
-    from ..api import PlanResult
-    from ..layouts import Layout
-    from ..model import ModelSpec
+    from planner.api import PlanResult
+    from planner.layouts.layout import Layout
+    from planner.models.spec import ModelSpec
 
 POSITION = {"rope": "rope", "learned": "learned_absolute", "alibi": "none"}
 # ZeRO stage -> Megatron's data-parallel sharding: the distributed optimizer shards

@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..errors import UserError
+from planner.errors import UserError
 
 EXECUTABLE = ("launch.sh",)
 

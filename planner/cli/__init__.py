@@ -1,0 +1,1 @@
+"""The click commands (the only importer of click); no arithmetic."""

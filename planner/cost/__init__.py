@@ -1,0 +1,1 @@
+"""Prices, jobs files, the ILPs (the only importer of PuLP) and cost planning."""

@@ -1,0 +1,240 @@
+"""Durations, dates, token counts, and the jobs file of `plan buy`.
+
+A duration is a number with a unit: 90s, 45min, 12h, 30d, 2w, 1y = 365d (also 1.5d); a date is ISO
+8601 (2026-03-01, or 2026-03-01T12:00, UTC unless it names a zone). The jobs file is
+YAML (or TOML or JSON, by extension); examples/jobs.yaml documents it:
+
+    start: 2026-01-05        # optional: the day the cluster is ready; anchors dates (default: today)
+    horizon: 365d            # optional: how long the cluster is owned and powered (--horizon wins)
+    gpus: [h100, h200, b200] # optional: the GPU types to choose from (--gpus wins)
+    jobs:
+      - name: pretrain-8b    # required, unique
+        model: llama3.1-8b   # required: a preset or a config.json path (relative to the file)
+        tokens: 1T           # required: 1e12, 1T, 300B
+        deadline: 30d        # required: a duration from the job's start, or a date
+        start: 0d            # optional: a duration from the cluster's start, or a date (default 0d)
+        seq_len: 4096        # optional (default 4096)
+        global_batch: 1024   # optional, sequences per step (default 1024)
+        method: full         # optional: full, lora, qlora, freeze (default full)
+
+Jobs whose [start, finish) intervals overlap share the cluster's GPUs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import tomllib
+from dataclasses import dataclass, field
+from datetime import date, datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from planner.errors import UserError
+from planner.hardware.gpus import get_gpu
+from planner.limits import MAX_JOBS
+from planner.models.spec import load_model
+from planner.training.setup import MAX_GLOBAL_BATCH, MAX_SEQ_LEN
+
+UNITS_S = {"s": 1.0, "sec": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0, "hr": 3600.0, "d": 86400.0,
+           "day": 86400.0, "days": 86400.0, "w": 604800.0, "wk": 604800.0, "weeks": 604800.0,
+           "y": 365 * 86400.0, "yr": 365 * 86400.0}
+TOKEN_SUFFIXES = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+DURATION_HINT = "a number with s, min, h, d, w or y (90min, 12h, 30d, 2w, 1y)"
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]+)\s*$", re.IGNORECASE)
+
+
+def parse_duration_s(text: Any, what: str, allow_zero: bool = False) -> float:
+    """Seconds in a duration such as 30d, 12h, 2w, 90min; ``what`` names the input in errors."""
+    m = _DURATION.match(str(text))
+    unit = m.group(2).lower() if m else ""
+    if m is None or unit not in UNITS_S:
+        raise UserError(f"{what} {text!r} is not a duration; give {DURATION_HINT}")
+    seconds = float(m.group(1)) * UNITS_S[unit]
+    if not (0 <= seconds if allow_zero else 0 < seconds) or seconds >= 1e12:
+        raise UserError(f"{what} {text!r} must be longer than zero" if seconds < 1e12
+                        else f"{what} {text!r} is too long")
+    return seconds
+
+
+def parse_date(text: Any, what: str) -> datetime:
+    """An ISO 8601 date or date-time (UTC unless it names a zone)."""
+    if isinstance(text, datetime):
+        d = text
+    elif isinstance(text, date):
+        d = datetime(text.year, text.month, text.day)
+    else:
+        try:
+            d = datetime.fromisoformat(str(text).strip())
+        except ValueError:
+            raise UserError(f"{what} {text!r} is neither a duration ({DURATION_HINT}) nor an ISO date "
+                            f"(2026-03-01)") from None
+    return d if d.tzinfo is not None else d.replace(tzinfo=timezone.utc)
+
+
+def _looks_like_date(text: Any) -> bool:
+    return isinstance(text, (date, datetime)) or bool(re.match(r"^\s*\d{4}-\d{2}-\d{2}", str(text)))
+
+
+def parse_when_s(text: Any, what: str, anchor: datetime, allow_zero: bool = False) -> tuple[float, bool]:
+    """(seconds, is_date): a duration, or a date as seconds after ``anchor``."""
+    if _looks_like_date(text):
+        return (parse_date(text, what) - anchor).total_seconds(), True
+    m = _DURATION.match(str(text))
+    if m is None or m.group(2).lower() not in UNITS_S:
+        raise UserError(f"{what} {text!r} is neither a duration ({DURATION_HINT}) nor an ISO date (2026-03-01)")
+    return parse_duration_s(text, what, allow_zero), False
+
+
+def parse_tokens(text: Any, what: str) -> float:
+    """A token count: 2e12, 2000000000000, 300B, 2T, 15.6T."""
+    if isinstance(text, bool):
+        raise UserError(f"{what} {text!r} is not a token count (e.g. 2e12, 300B, 15T)")
+    if isinstance(text, (int, float)):
+        n = float(text)
+    else:
+        s = str(text).strip().replace("_", "").replace(",", "")
+        scale = TOKEN_SUFFIXES.get(s[-1:].lower(), 1.0)
+        try:
+            n = float(s[:-1] if scale != 1.0 else s) * scale
+        except ValueError:
+            raise UserError(f"{what} {text!r} is not a token count (e.g. 2e12, 300B, 15T)") from None
+    if not (math.isfinite(n) and 0 < n < 1e18):
+        raise UserError(f"{what} {text!r} must be a token count between 1 and 1e18")
+    return n
+
+
+# ------------------------------------------------------------------------ the jobs file
+
+JOB_KEYS = {"name", "model", "tokens", "deadline", "start", "seq_len", "global_batch", "method"}
+JOB_REQUIRED = ("name", "model", "tokens", "deadline")
+FILE_KEYS = {"jobs", "start", "horizon", "gpus"}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobSpec:
+    """One job of the file: what to train, and when (seconds from the cluster's start)."""
+
+    name: str
+    model: str                 # preset name or resolved config path
+    tokens: float
+    start_s: float
+    deadline_s: float          # absolute: the job must finish by then
+    seq_len: int = 4096
+    global_batch: int = 1024
+    method: str = "full"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobsFile:
+    jobs: tuple[JobSpec, ...]
+    start: datetime            # the cluster's day 0
+    horizon_s: float | None = None
+    gpus: tuple[str, ...] = field(default_factory=tuple)
+    path: str = ""
+
+
+def _read(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"jobs file {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"jobs file {path}: cannot read it ({e})") from None
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".toml":
+            return tomllib.loads(text)
+        if suffix == ".json":
+            return json.loads(text)
+        import yaml   # imported here: only `plan buy` reads YAML
+        return yaml.safe_load(text)
+    except Exception as e:  # noqa: BLE001 - yaml, toml and json each raise their own
+        raise UserError(f"jobs file {path}: not valid {suffix.lstrip('.').upper() or 'YAML'} "
+                        f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+
+
+def _positive_int(v: Any, where: str, key: str, maximum: int) -> int:
+    """A whole number from 1 to ``maximum`` (the same limit as the matching `plan` option)."""
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= maximum:
+        raise UserError(f"{where}: {key} must be a whole number from 1 to {maximum:,}, not {v!r}")
+    return v
+
+
+def load_jobs(path: str | Path, today: datetime | None = None) -> JobsFile:
+    """Read and check a jobs file (see the module docstring). Model paths are taken
+    relative to the file; dates are anchored at the file's ``start`` (default ``today``)."""
+    from planner.training.finetune import METHODS
+
+    path = Path(path)
+    data = _read(path)
+    where = f"jobs file {path}"
+    if not isinstance(data, dict) or "jobs" not in data:
+        raise UserError(f"{where}: expected a mapping with a `jobs:` list (see examples/jobs.yaml)")
+    unknown = set(data) - FILE_KEYS
+    if unknown:
+        raise UserError(f"{where}: unknown keys {sorted(map(str, unknown))}; allowed: {sorted(FILE_KEYS)}")
+    anchor = today or datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    if data.get("start") is not None:
+        anchor = parse_date(data["start"], f"{where}: start")
+    horizon = parse_duration_s(data["horizon"], f"{where}: horizon") if data.get("horizon") is not None else None
+    gpus = data.get("gpus") or ()
+    if isinstance(gpus, str):
+        gpus = [g.strip() for g in gpus.split(",") if g.strip()]
+    if not isinstance(gpus, (list, tuple)) or not all(isinstance(g, str) for g in gpus):
+        raise UserError(f"{where}: gpus must be a list of GPU names (`plan gpus`), e.g. [h100, h200]")
+    for g in gpus:
+        try:
+            get_gpu(g)
+        except UserError as err:
+            raise UserError(f"{where}: gpus: {err}") from None
+    entries = data["jobs"]
+    if not isinstance(entries, list) or not entries:
+        raise UserError(f"{where}: `jobs:` must be a non-empty list of jobs")
+    if len(entries) > MAX_JOBS:
+        raise UserError(f"{where}: {len(entries)} jobs; the planner sizes at most {MAX_JOBS} in one purchase "
+                        f"(group similar runs into one job, or split the file)")
+    jobs: list[JobSpec] = []
+    for i, e in enumerate(entries):
+        at = f"{where}, job #{i + 1}"
+        if not isinstance(e, dict):
+            raise UserError(f"{at}: a job is a mapping with {', '.join(JOB_REQUIRED)}")
+        if "name" in e:
+            at = f"{where}, job {e['name']!r}"
+        missing = [k for k in JOB_REQUIRED if e.get(k) is None]
+        if missing:
+            raise UserError(f"{at}: missing {', '.join(missing)} (a job needs {', '.join(JOB_REQUIRED)})")
+        unknown = set(e) - JOB_KEYS
+        if unknown:
+            raise UserError(f"{at}: unknown keys {sorted(map(str, unknown))}; allowed: {sorted(JOB_KEYS)}")
+        name = str(e["name"])
+        if any(j.name == name for j in jobs):
+            raise UserError(f"{at}: two jobs are named {name!r}; names must be unique")
+        start_s = 0.0
+        if e.get("start") is not None:
+            start_s, _ = parse_when_s(e["start"], f"{at}: start", anchor, allow_zero=True)
+            if start_s < 0:
+                raise UserError(f"{at}: start {e['start']} is before the cluster's start "
+                                f"{anchor.date().isoformat()}; move it or set the file's start")
+        deadline, is_date = parse_when_s(e["deadline"], f"{at}: deadline", anchor)
+        deadline_s = deadline if is_date else start_s + deadline
+        if deadline_s <= start_s:
+            raise UserError(f"{at}: deadline {e['deadline']} is not after the job's start")
+        model = str(e["model"])
+        local = path.parent / model
+        if (model.endswith(".json") or "/" in model) and local.exists():
+            model = str(local)
+        try:
+            load_model(model)                # an unknown name or a bad config.json: say which job
+        except UserError as err:
+            raise UserError(f"{at}: model {e['model']!r}: {err}") from None
+        method = str(e.get("method", "full"))
+        if method not in METHODS:
+            raise UserError(f"{at}: method {method!r} is not one of {', '.join(METHODS)}")
+        jobs.append(JobSpec(
+            name=name, model=model, tokens=parse_tokens(e["tokens"], f"{at}: tokens"), start_s=start_s,
+            deadline_s=deadline_s, method=method,
+            seq_len=_positive_int(e.get("seq_len", 4096), at, "seq_len", MAX_SEQ_LEN),
+            global_batch=_positive_int(e.get("global_batch", 1024), at, "global_batch", MAX_GLOBAL_BATCH)))
+    return JobsFile(jobs=tuple(jobs), start=anchor, horizon_s=horizon, gpus=tuple(gpus), path=str(path))

@@ -1,0 +1,568 @@
+"""What to rent for one job and what to buy for many: the candidates, their prices, the
+integer programs (planner.cost.solve), and, when nothing satisfies the constraints, which one
+binds and what would satisfy it.
+
+One job (`plan --tokens`): for each GPU type and GPU count, the fastest layouts that fit
+(planner.search.sweep: a slower layout on the same GPUs costs more and ends later, so it can
+never be chosen) are priced at the catalog's rental rate, and the ILP picks the one that
+minimises cost (or time) under the deadline, budget and GPU cap.
+
+Cluster purchase (`plan buy`): for each job and GPU type, the fastest layout at each GPU
+count (again, the others are dominated), keeping only counts that shorten the job; the
+ILP sizes the nodes to buy.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field, replace
+
+from planner.api import MAX_SEARCH_GPUS, PlanResult, capacity_bytes, host_capacities
+from planner.cost.prices import Prices, gpu_hours, node_cost, rental_cost_usd
+from planner.errors import UserError
+from planner.hardware.gpus import GpuSpec, get_gpu
+from planner.layouts.layout import SearchSpace
+from planner.models.spec import ModelSpec, count_params, load_model
+from planner.search.search import Candidate, SearchResult, gpu_counts
+from planner.cost.solve import (JobOption, JobWindow, Limits, Option, Pool, PurchaseSolution, SolverInfo, solve_one_job,
+                    solve_purchase)
+from planner.search.sweep import CountBest, sweep
+from planner.timing.model import Cluster, Efficiency, cluster_for, scale_up_domain_gpus
+from planner.training.setup import TrainingSetup
+
+KEEP = 3          # fastest layouts kept per GPU type and count (the ILP needs only the first)
+
+
+COARSE_NODES = 16   # above this many nodes the cost search tries powers of two only
+
+
+def cost_counts(gpus_per_node: int, max_gpus: int) -> list[int]:
+    """GPU counts the cost search tries: 1, 2 and 4 GPUs below a node, then 1, 2, 3, 4, 6,
+    8, 12 and 16 nodes, then powers of two (32, 64, ... nodes), up to ``max_gpus``, and
+    ``max_gpus`` itself when the plain search would try it (a whole number of nodes).
+
+    Fewer counts than the plain search walks (every node count to 16, then 1.5x and 2x):
+    the cost curve is flat to a few percent between neighbouring counts, and on large
+    topologies a count with a factor of 3 (pp = 3 puts data-parallel rings at a stride of 3
+    GPUs, which no smaller graph reproduces) costs minutes of max-flow for its bandwidths.
+    --n-gpus tries any one count."""
+    def coarse(c: int) -> bool:
+        if c < gpus_per_node:
+            return True
+        nodes = c // gpus_per_node
+        odd = nodes // 3 if nodes % 3 == 0 and nodes <= COARSE_NODES else nodes
+        return odd & (odd - 1) == 0
+    counts = gpu_counts(gpus_per_node, max_gpus)
+    return [c for c in counts if coarse(c) or c == max_gpus]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PricedPlan:
+    """A layout that fits, on one GPU type and count, with what training on the job's
+    tokens takes: time, GPU-hours and rental cost (None without a price)."""
+
+    gpu: GpuSpec
+    candidate: Candidate
+    train_time_s: float
+    gpu_hours: float
+    cost_usd: float | None
+
+    @property
+    def n_gpus(self) -> int:
+        return self.candidate.n_gpus
+
+    @property
+    def key(self) -> str:
+        return f"{self.gpu.name}_n{self.n_gpus}_{self.candidate.layout.key}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Diagnosis:
+    """Why no plan satisfies the constraints: what each one asks for, and the way out."""
+
+    binding: tuple[str, ...]                 # memory, max_gpus, deadline, budget
+    fits_from_gpus: int | None = None
+    deadline_needs_gpus: int | None = None
+    budget_allows_gpus: int | None = None
+    lines: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CostPlanResult:
+    """`plan --tokens`: the chosen plan (``result.best``), the fastest plan at every GPU
+    type and count (``by_count``, one per pair, as the table shows them), the solver's
+    report, and a diagnosis when nothing satisfies the constraints."""
+
+    result: PlanResult                       # for the chosen GPU type (the first one when none)
+    chosen: PricedPlan | None
+    by_count: tuple[PricedPlan, ...]
+    n_options: int
+    objective: str
+    tokens: float
+    limits: Limits
+    solver: SolverInfo
+    prices: Prices
+    gpus: tuple[GpuSpec, ...]
+    diagnosis: Diagnosis | None = None
+    search_s: float = 0.0
+
+
+def price_plan(gpu: GpuSpec, c: Candidate, tokens: float, prices: Prices) -> PricedPlan:
+    assert c.time is not None
+    t = c.time.train_time_s(tokens)
+    rate = prices.for_gpu(gpu.name).rent_usd_per_gpu_hour
+    return PricedPlan(gpu=gpu, candidate=c, train_time_s=t, gpu_hours=gpu_hours(c.n_gpus, t),
+                      cost_usd=rental_cost_usd(c.n_gpus, t, rate) if rate is not None else None)
+
+
+def _space_for(space: SearchSpace, gpu: GpuSpec, cluster: Cluster) -> SearchSpace:
+    if space.max_tp is None:
+        space = replace(space, max_tp=max(gpu.gpus_per_node, scale_up_domain_gpus(cluster)))
+    return space
+
+
+@dataclass
+class _Pool:
+    """One GPU type's search for one model and set-up: its cluster, its space, and the
+    fastest layouts per count found so far (swept on demand)."""
+
+    m: ModelSpec
+    gpu: GpuSpec
+    setup: TrainingSetup
+    space: SearchSpace
+    cluster: Cluster
+    eff: Efficiency
+    keep: int
+    found: dict[int, CountBest] = field(default_factory=dict)
+
+    def at(self, counts: Sequence[int]) -> list[CountBest]:
+        todo = [n for n in counts if n not in self.found]
+        if todo:
+            host, nvme = host_capacities(self.cluster)
+            for cb in sweep(self.m, self.setup, self.cluster, todo, capacity_bytes(self.gpu, self.setup),
+                            self.space, self.eff, keep=self.keep, host_capacity_bytes=host,
+                            nvme_capacity_bytes=nvme):
+                self.found[cb.n_gpus] = cb
+        return [self.found[n] for n in counts]
+
+
+def _sweep_task(task: tuple[_Pool, list[int], float, float]) -> dict[int, CountBest]:
+    """Sweep ``counts`` of a pool in order, stopping after the first count whose fastest
+    layout trains ``tokens`` within ``window_s`` (math.inf: no stop)."""
+    pool, counts, tokens, window_s = task
+    for n in counts:
+        (cb,) = pool.at([n])
+        if cb.fastest and cb.fastest[0].time.train_time_s(tokens) <= window_s:  # type: ignore[union-attr]
+            break
+    return dict(pool.found)
+
+
+def _sweep_all(tasks: list[tuple[_Pool, list[int], float, float]]) -> None:
+    """Run _sweep_task for each task, in worker processes when there are several and the
+    machine has the cores (the GPU types are independent), and keep what they found in
+    their pools. Where processes cannot be forked, one after the other."""
+    tasks = [t for t in tasks if any(n not in t[0].found for n in t[1])]
+    workers = min(len(tasks), os.cpu_count() or 1)
+    results = None
+    if workers > 1:
+        try:
+            ctx = multiprocessing.get_context("fork")
+            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as ex:
+                results = list(ex.map(_sweep_task, tasks))
+        except (OSError, ValueError, RuntimeError, BrokenProcessPool):
+            results = None
+    if results is None:
+        results = [_sweep_task(t) for t in tasks]
+    for task, found in zip(tasks, results):
+        task[0].found.update(found)
+
+
+def _pools(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, space: SearchSpace,
+           topology: str | None, eff: Efficiency, keep: int) -> list[_Pool]:
+    if topology is not None and len(gpus) > 1:
+        raise UserError("--topology describes one cluster; with several --gpus types each runs on its own "
+                        "default topology (drop --topology, or give one GPU type)")
+    out = []
+    for gpu in gpus:
+        if setup.precision.startswith("bf16") and gpu.bf16_flops_per_s is None:
+            raise UserError(f"{gpu.full_name} has no bf16 support; drop it from --gpus or use --precision fp16-mixed")
+        cluster = cluster_for(gpu, topology)
+        out.append(_Pool(m=m, gpu=gpu, setup=setup, space=_space_for(space, gpu, cluster), cluster=cluster,
+                         eff=eff, keep=keep))
+    return out
+
+
+def plan_cost(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, tokens: float, prices: Prices,
+              space: SearchSpace = SearchSpace(), objective: str = "cost", limits: Limits = Limits(),
+              n_gpus: int | None = None, topology: str | None = None, efficiency: Efficiency = Efficiency(),
+              solver: str = "auto") -> CostPlanResult:
+    """The plan that minimises the cost (or time) of training ``m`` on ``tokens`` tokens, over
+    GPU types ``gpus`` and the GPU counts of cost_counts() up to limits.max_gpus (or
+    ``n_gpus`` alone), under the deadline and budget of ``limits``."""
+    t0 = time.perf_counter()
+    if objective == "cost" or limits.budget_usd is not None:
+        for gpu in gpus:
+            prices.rent(gpu.name)          # a UserError naming the missing price, before any search
+    max_gpus = limits.max_gpus or MAX_SEARCH_GPUS
+    if n_gpus is not None and n_gpus > max_gpus:
+        raise UserError(f"--n-gpus {n_gpus} exceeds --max-gpus {max_gpus}")
+    pools = _pools(m, gpus, setup, space, topology, efficiency, KEEP)
+    plans: list[PricedPlan] = []
+    counts = {pool.gpu.name: [n_gpus] if n_gpus is not None else cost_counts(pool.gpu.gpus_per_node, max_gpus)
+              for pool in pools}
+    _sweep_all([(pool, counts[pool.gpu.name], tokens, math.inf) for pool in pools])
+    for pool in pools:
+        for cb in pool.at(counts[pool.gpu.name]):
+            plans += [price_plan(pool.gpu, c, tokens, prices) for c in cb.fastest]
+    options = [Option(key=p.key, gpu=p.gpu.name, n_gpus=p.n_gpus, cost_usd=p.cost_usd or 0.0,
+                      time_s=p.train_time_s, memory_bytes=p.candidate.memory.total,
+                      capacity_bytes=p.candidate.capacity_bytes) for p in plans]
+    sol = solve_one_job(options, objective, replace(limits, max_gpus=max_gpus), solver)
+    search_s = time.perf_counter() - t0
+    chosen = next((p for p in plans if sol.choice is not None and p.key == sol.choice.key), None)
+    by_count = _fastest_per_count(plans, chosen)
+    diagnosis = None
+    if chosen is None:
+        diagnosis = _diagnose(plans, pools, limits, max_gpus, n_gpus, tokens, prices)
+    gpu = chosen.gpu if chosen is not None else gpus[0]
+    result = _plan_result(m, gpu, setup, chosen, plans, pools, efficiency, tokens, diagnosis)
+    return CostPlanResult(result=result, chosen=chosen, by_count=by_count, n_options=len(options),
+                          objective=objective, tokens=tokens, limits=replace(limits, max_gpus=max_gpus),
+                          solver=sol.solver, prices=prices, gpus=tuple(gpus), diagnosis=diagnosis,
+                          search_s=search_s)
+
+
+def _fastest_per_count(plans: Sequence[PricedPlan], chosen: PricedPlan | None = None) -> tuple[PricedPlan, ...]:
+    """The fastest plan per GPU type and count; on a tie in time, the chosen one, so that
+    the table of counts always shows the plan the ILP picked."""
+    best: dict[tuple[str, int], PricedPlan] = {}
+    for p in plans:
+        k = (p.gpu.name, p.n_gpus)
+        if k not in best or p.train_time_s < best[k].train_time_s or (
+                p is chosen and p.train_time_s <= best[k].train_time_s):
+            best[k] = p
+    return tuple(sorted(best.values(), key=lambda p: (p.gpu.name, p.n_gpus)))
+
+
+def _plan_result(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, chosen: PricedPlan | None,
+                 plans: Sequence[PricedPlan], pools: Sequence[_Pool], eff: Efficiency, tokens: float,
+                 diagnosis: Diagnosis | None) -> PlanResult:
+    """A PlanResult (what the plain plan reports and --out writes) for the chosen plan: the
+    other fastest layouts on its GPU type and count are its alternatives."""
+    pool = next(p for p in pools if p.gpu.name == gpu.name)
+    cap = capacity_bytes(gpu, setup)
+    host, nvme = host_capacities(pool.cluster)
+    if chosen is None:
+        res = SearchResult(n_gpus=None, fitting=(), smallest=None, rejected=(), counts_tried=tuple(sorted(pool.found)))
+        return PlanResult(model=m, params=count_params(m), gpu=gpu, setup=setup, best=None, alternatives=(),
+                          result=res, capacity_bytes=cap, cluster=pool.cluster, efficiency=eff, tokens=tokens,
+                          fits_from_gpus=diagnosis.fits_from_gpus if diagnosis else None,
+                          host_capacity_bytes=host, nvme_capacity_bytes=nvme)
+    same = [p.candidate for p in plans if p.gpu.name == gpu.name and p.n_gpus == chosen.n_gpus]
+    alts = tuple(c for c in same if c is not chosen.candidate)
+    res = SearchResult(n_gpus=chosen.n_gpus, fitting=tuple(same), smallest=None, rejected=(),
+                       counts_tried=tuple(sorted(pool.found)))
+    return PlanResult(model=m, params=count_params(m), gpu=gpu, setup=setup, best=chosen.candidate,
+                      alternatives=alts, result=res, capacity_bytes=cap, cluster=pool.cluster, efficiency=eff,
+                      tokens=tokens, host_capacity_bytes=host, nvme_capacity_bytes=nvme)
+
+
+# ---------------------------------------------------------------------- diagnosis
+
+def usd(x: float) -> str:
+    """Dollars as a person reads them: $950, $12.3k, $1.25M."""
+    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= size:
+            return f"${x / size:,.3g}{unit}"
+    return f"${x:,.0f}"
+
+
+def days(seconds: float) -> str:
+    d = seconds / 86400
+    return f"{d:,.3g} days" if d >= 1 else f"{seconds / 3600:,.3g} h"
+
+
+def _diagnose(plans: list[PricedPlan], pools: Sequence[_Pool], limits: Limits, max_gpus: int,
+              n_gpus: int | None, tokens: float, prices: Prices) -> Diagnosis:
+    """What each constraint asks for on its own, searching past --max-gpus when needed."""
+    deadline, budget = limits.deadline_s, limits.budget_usd
+
+    def beyond(wanted: Callable[[PricedPlan], bool]) -> list[PricedPlan]:
+        """Per GPU type, the fastest plan at the smallest count above the cap (up to
+        MAX_SEARCH_GPUS) that is ``wanted``, counts swept in increasing order."""
+        out = []
+        for pool in pools:
+            start = n_gpus if n_gpus is not None else max_gpus
+            for n in (c for c in cost_counts(pool.gpu.gpus_per_node, MAX_SEARCH_GPUS) if c > start):
+                (cb,) = pool.at([n])
+                found = [price_plan(pool.gpu, c, tokens, prices) for c in cb.fastest[:1]]
+                if found and wanted(found[0]):
+                    out += found
+                    break
+        return out
+
+    cap_name = f"--n-gpus {n_gpus}" if n_gpus is not None else f"--max-gpus {max_gpus}"
+    lines: list[str] = []
+    binding: list[str] = []
+    if not plans:
+        more = beyond(lambda p: True)
+        fits_from = min((p.n_gpus for p in more), default=None)
+        binding = ["memory"] + (["max_gpus"] if fits_from is not None else [])
+        if fits_from is None:
+            lines.append(f"No layout fits in memory on any GPU count up to {MAX_SEARCH_GPUS} "
+                         f"({', '.join(p.gpu.name for p in pools)}): try a GPU with more memory, a shorter "
+                         f"sequence or a smaller model.")
+        else:
+            lines.append(f"No layout fits in memory within {cap_name}; it fits from {fits_from} GPUs: "
+                         f"raise {cap_name.split()[0]}.")
+        return Diagnosis(binding=tuple(binding), fits_from_gpus=fits_from, lines=tuple(lines))
+
+    fits_from = min(p.n_gpus for p in plans)
+    facts = [f"it fits from {fits_from} GPUs"]
+    in_time = [p for p in plans if deadline is None or p.train_time_s <= deadline]
+    in_budget = [p for p in plans if budget is None or (p.cost_usd or 0.0) <= budget]
+    needs = allows = None
+    if deadline is not None:
+        if in_time:
+            needs = min(p.n_gpus for p in in_time)
+            facts.append(f"the deadline ({days(deadline)}) needs {needs}")
+        else:
+            more = beyond(lambda p: p.train_time_s <= deadline)
+            if more:
+                needs = min(p.n_gpus for p in more)
+                binding += ["deadline", "max_gpus"]
+                facts.append(f"the deadline ({days(deadline)}) needs {needs}, more than {cap_name}")
+            else:
+                fastest = min(plans, key=lambda p: p.train_time_s)
+                binding.append("deadline")
+                facts.append(f"the deadline ({days(deadline)}) cannot be met on up to "
+                             f"{MAX_SEARCH_GPUS} GPUs (the fastest plan within {cap_name} takes "
+                             f"{days(fastest.train_time_s)} on {fastest.n_gpus} x {fastest.gpu.name})")
+    if budget is not None:
+        if in_budget:
+            allows = max(p.n_gpus for p in in_budget)
+            facts.append(f"the budget ({usd(budget)}) allows up to {allows}")
+        else:
+            cheapest = min(plans, key=lambda p: p.cost_usd or 0.0)
+            binding.append("budget")
+            facts.append(f"the budget ({usd(budget)}) is below the cheapest plan "
+                         f"({usd(cheapest.cost_usd or 0.0)}, {cheapest.n_gpus} x {cheapest.gpu.name})")
+    lines.append("No plan meets every constraint: " + "; ".join(facts) + ".")
+    advice = []
+    if deadline is not None and budget is not None and in_time and in_budget:
+        binding += ["deadline", "budget"]
+        cheapest_in_time = min(in_time, key=lambda p: p.cost_usd or 0.0)
+        fastest_in_budget = min(in_budget, key=lambda p: p.train_time_s)
+        advice.append(f"raise --budget to {usd(cheapest_in_time.cost_usd or 0.0)} (the cheapest plan that meets the "
+                      f"deadline: {cheapest_in_time.n_gpus} x {cheapest_in_time.gpu.name}), or move the deadline to "
+                      f"{days(fastest_in_budget.train_time_s)} (the fastest plan within budget: "
+                      f"{fastest_in_budget.n_gpus} x {fastest_in_budget.gpu.name})")
+    if "max_gpus" in binding and needs is not None:
+        advice.append(f"raise {cap_name.split()[0]} to {needs} or move the deadline")
+    elif "deadline" in binding and not in_time:
+        advice.append("move the deadline, train on fewer tokens, or add a faster GPU type to --gpus")
+    if "budget" in binding and not in_budget:
+        cheapest = min(plans, key=lambda p: p.cost_usd or 0.0)
+        advice.append(f"raise --budget to at least {usd(cheapest.cost_usd or 0.0)}, train on fewer tokens, "
+                      f"or add a cheaper GPU type to --gpus")
+    if advice:
+        lines.append("To satisfy them: " + "; ".join(advice) + ".")
+    return Diagnosis(binding=tuple(dict.fromkeys(binding)), fits_from_gpus=fits_from, deadline_needs_gpus=needs,
+                     budget_allows_gpus=allows, lines=tuple(lines))
+
+
+# ------------------------------------------------------------------ cluster purchase
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobPlan:
+    """How one job runs on the cluster bought."""
+
+    name: str
+    model: ModelSpec
+    gpu: GpuSpec
+    candidate: Candidate
+    start_s: float
+    finish_s: float
+    deadline_s: float
+    tokens: float
+
+    @property
+    def n_gpus(self) -> int:
+        return self.candidate.n_gpus
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BuyResult:
+    """`plan buy`: nodes to buy per GPU type, what they cost, how each job runs."""
+
+    path: str
+    start_date: str
+    horizon_s: float
+    pools: tuple[Pool, ...]
+    nodes: dict[str, int]
+    capex_usd: float
+    opex_usd: float
+    plans: tuple[JobPlan, ...]
+    solver: SolverInfo
+    n_options: int
+    budget_usd: float | None
+    prices: Prices
+    lines: tuple[str, ...] = ()              # why nothing satisfies the constraints, when so
+    search_s: float = 0.0
+
+    @property
+    def feasible(self) -> bool:
+        return bool(self.plans)
+
+    @property
+    def tco_usd(self) -> float:
+        return self.capex_usd + self.opex_usd
+
+
+def _job_setup(job, base: TrainingSetup) -> TrainingSetup:  # noqa: ANN001 - JobSpec
+    from planner.training.finetune import FinetuneSpec
+
+    return replace(base, seq_len=job.seq_len, global_batch=job.global_batch,
+                   finetune=FinetuneSpec.named(job.method))
+
+
+def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s: float,  # noqa: ANN001 - JobsFile
+                  budget_usd: float | None = None, max_gpus: int = MAX_SEARCH_GPUS,
+                  base_setup: TrainingSetup = TrainingSetup(), efficiency: Efficiency = Efficiency(),
+                  solver: str = "auto") -> BuyResult:
+    """The cheapest nodes to buy (purchase plus power over ``horizon_s``) on which every job
+    of ``jobs_file`` (planner.cost.jobs) finishes by its deadline.
+
+    Candidates per job and GPU type, on cost_counts() in increasing order: first up to the
+    smallest count that meets the deadline; then, with C0 the cost of giving every job its
+    own nodes at that count on its cheapest type (a purchase that always works), on to every
+    count whose nodes alone cost no more than C0 (or the budget): no optimal purchase holds
+    a job on more. Of those, a count is kept only when it finishes sooner than every
+    smaller one (fewer GPUs for less time is never worse)."""
+    t0 = time.perf_counter()
+    jobs = jobs_file.jobs
+    gpus = [get_gpu(g) for g in gpu_names]
+    if len({g.name for g in gpus}) != len(gpus):
+        raise UserError("--gpus names a GPU type twice")
+    late = [j for j in jobs if j.deadline_s > horizon_s]
+    if late:
+        raise UserError(f"job {late[0].name!r} ends after the horizon ({days(horizon_s)} from "
+                        f"{jobs_file.start.date().isoformat()}); lengthen --horizon to at least "
+                        f"{math.ceil(late[0].deadline_s / 86400)}d")
+    pools = []
+    for g in gpus:
+        nc = node_cost(g.name, horizon_s, prices)
+        pools.append(Pool(gpu=g.name, gpus_per_node=g.gpus_per_node, capex_usd=nc.capex_usd, opex_usd=nc.opex_usd))
+    pool_of = {p.gpu: p for p in pools}
+    models = {j.name: load_model(j.model) for j in jobs}
+    searches: dict[tuple, _Pool] = {}
+
+    def search(job, gpu: GpuSpec) -> _Pool:  # noqa: ANN001
+        setup = _job_setup(job, base_setup)
+        key = (models[job.name], setup, gpu.name)
+        if key not in searches:
+            m = models[job.name]
+            space = SearchSpace() if m.is_moe else SearchSpace(ep=1)
+            searches[key] = _pools(m, [gpu], setup, space, None, efficiency, 1)[0]
+        return searches[key]
+
+    counts = {g.name: cost_counts(g.gpus_per_node, max_gpus) for g in gpus}
+    seen: dict[tuple[str, str], list[tuple[int, Candidate]]] = {}
+    first_ok: dict[tuple[str, str], int] = {}
+    _sweep_all([(search(job, g), counts[g.name], job.tokens, job.deadline_s - job.start_s)
+                for job in jobs for g in gpus])
+    for job in jobs:                                        # phase 1: up to the first count in time
+        window = job.deadline_s - job.start_s
+        for g in gpus:
+            rows = seen.setdefault((job.name, g.name), [])
+            for n in counts[g.name]:
+                (cb,) = search(job, g).at([n])
+                if cb.fastest:
+                    rows.append((n, cb.fastest[0]))
+                    if cb.fastest[0].time.train_time_s(job.tokens) <= window:  # type: ignore[union-attr]
+                        first_ok[job.name, g.name] = n
+                        break
+    lines: list[str] = []
+    for job in jobs:
+        if not any((job.name, g.name) in first_ok for g in gpus):
+            rows = [(g, n, c) for g in gpus for n, c in seen[job.name, g.name]]
+            if not rows:
+                lines.append(f"job {job.name!r}: no layout fits in memory on up to {max_gpus} GPUs of "
+                             f"{', '.join(g.name for g in gpus)}")
+            else:
+                g, n, c = min(rows, key=lambda r: r[2].time.train_time_s(job.tokens))  # type: ignore[union-attr]
+                lines.append(f"job {job.name!r} cannot meet its deadline: it has {days(job.deadline_s - job.start_s)}, "
+                             f"the fastest plan on up to {max_gpus} GPUs takes "
+                             f"{days(c.time.train_time_s(job.tokens))} ({n} x {g.name}); move the deadline, "  # type: ignore[union-attr]
+                             f"raise --max-gpus or add a faster GPU type")
+    if not lines:
+        c0 = sum(min(math.ceil(first_ok[j.name, g.name] / g.gpus_per_node) * pool_of[g.name].node_usd
+                     for g in gpus if (j.name, g.name) in first_ok) for j in jobs)
+        limit = min(c0, budget_usd) if budget_usd is not None else c0
+        more: dict[tuple[str, str], list[int]] = {}
+        for job in jobs:                                    # phase 2: counts an optimum may use
+            for g in gpus:
+                if (job.name, g.name) in first_ok:
+                    more[job.name, g.name] = [
+                        n for n in counts[g.name] if n > first_ok[job.name, g.name]
+                        and math.ceil(n / g.gpus_per_node) * pool_of[g.name].node_usd <= limit]
+        wanted: dict[int, tuple[_Pool, set[int]]] = {}
+        for (jn, gn), ns in more.items():
+            pool = search(next(j for j in jobs if j.name == jn), get_gpu(gn))
+            wanted.setdefault(id(pool), (pool, set()))[1].update(ns)
+        _sweep_all([(pool, sorted(ns), 1.0, math.inf) for pool, ns in wanted.values()])
+        for (jn, gn), ns in more.items():
+            job, g = next(j for j in jobs if j.name == jn), get_gpu(gn)
+            for cb in search(job, g).at(ns):
+                    if cb.fastest:
+                        seen[job.name, g.name].append((cb.n_gpus, cb.fastest[0]))
+    options: list[JobOption] = []
+    by_key: dict[tuple[str, str], tuple[GpuSpec, Candidate]] = {}
+    for job in jobs:
+        for g in gpus:
+            best_time = math.inf
+            for n, c in sorted(seen.get((job.name, g.name), []), key=lambda r: r[0]):
+                d = c.time.train_time_s(job.tokens)  # type: ignore[union-attr]
+                if d >= best_time:
+                    continue                        # more GPUs for no less time: dominated
+                best_time = d
+                key = f"{g.name}_n{n}"
+                options.append(JobOption(job=job.name, gpu=g.name, n_gpus=n, duration_s=d, key=key,
+                                         memory_bytes=c.memory.total, capacity_bytes=c.capacity_bytes))
+                by_key[job.name, key] = (g, c)
+    windows = [JobWindow(name=j.name, start_s=j.start_s, deadline_s=j.deadline_s) for j in jobs]
+    sol: PurchaseSolution = solve_purchase(pools, windows, options, budget_usd, solver)
+    plans = []
+    if sol.choices:
+        for job in jobs:
+            o = sol.choices[job.name]
+            g, c = by_key[job.name, o.key]
+            plans.append(JobPlan(name=job.name, model=models[job.name], gpu=g, candidate=c, start_s=job.start_s,
+                                 finish_s=job.start_s + o.duration_s, deadline_s=job.deadline_s, tokens=job.tokens))
+    elif not lines:
+        lines.append(_buy_diagnosis(pools, windows, options, budget_usd, solver))
+    capex = sum(pool_of[g].capex_usd * n for g, n in sol.nodes.items())
+    opex = sum(pool_of[g].opex_usd * n for g, n in sol.nodes.items())
+    return BuyResult(path=jobs_file.path, start_date=jobs_file.start.date().isoformat(), horizon_s=horizon_s,
+                     pools=tuple(pools), nodes=sol.nodes, capex_usd=capex, opex_usd=opex, plans=tuple(plans),
+                     solver=sol.solver, n_options=len(options), budget_usd=budget_usd, prices=prices,
+                     lines=tuple(lines), search_s=time.perf_counter() - t0)
+
+
+def _buy_diagnosis(pools: Sequence[Pool], windows: Sequence[JobWindow], options: Sequence[JobOption],
+                   budget_usd: float | None, solver: str) -> str:
+    """Every job can meet its deadline, so the purchase is infeasible only by the budget:
+    say what the cheapest purchase costs."""
+    if budget_usd is None:
+        return "no purchase lets every job meet its deadline"
+    free = solve_purchase(pools, windows, options, None, solver)
+    if free.cost_usd is None:
+        return "no purchase lets every job meet its deadline"
+    return (f"the budget ({usd(budget_usd)}) is below the cheapest purchase that meets every deadline "
+            f"({usd(free.cost_usd)}): raise --budget to {usd(free.cost_usd)} or move deadlines")

@@ -1,0 +1,206 @@
+"""Prices (presets/prices.toml, overridable with --prices) and what plans cost: GPU-hours
+and rental for a training run, capital and power for owned nodes over a horizon.
+
+Every price carries its source and date into reports. Money is float US dollars, time is
+float seconds; only the functions here turn seconds into billed hours.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import math
+import tomllib
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from planner.errors import UserError
+from planner.hardware.gpus import get_gpu
+
+HOUR_S = 3600.0
+DAY_S = 86400.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GpuPrices:
+    """Prices of one GPU type; None where the catalog has no figure."""
+
+    name: str
+    rent_usd_per_gpu_hour: float | None = None
+    rent_source: str = ""
+    rent_date: str = ""
+    node_purchase_usd: float | None = None
+    purchase_source: str = ""
+    purchase_date: str = ""
+    node_power_kw: float | None = None
+    power_source: str = ""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Prices:
+    """The price catalog: per GPU, and the electricity every owned node pays."""
+
+    gpus: dict[str, GpuPrices]
+    electricity_usd_per_kwh: float
+    electricity_source: str
+    electricity_date: str
+    pue: float
+    pue_source: str
+    overrides: str | None = None      # the --prices file, when one was applied
+
+    def for_gpu(self, name: str) -> GpuPrices:
+        return self.gpus.get(name) or GpuPrices(name=name)
+
+    def rent(self, name: str) -> float:
+        """USD per GPU-hour of ``name``; a UserError naming the fix when unknown."""
+        p = self.for_gpu(name)
+        if p.rent_usd_per_gpu_hour is None:
+            raise UserError(f"no rental price for {name} in the price catalog; give rent_usd_per_gpu_hour "
+                            f"for it in a --prices file, or use --objective time")
+        return p.rent_usd_per_gpu_hour
+
+    def node(self, name: str) -> GpuPrices:
+        """The purchase and power figures of a ``name`` node; a UserError when missing."""
+        p = self.for_gpu(name)
+        missing = [k for k in ("node_purchase_usd", "node_power_kw") if getattr(p, k) is None]
+        if missing:
+            raise UserError(f"no {' or '.join(missing)} for {name} in the price catalog; give them in a --prices file")
+        return p
+
+
+_TOP_KEYS = {"electricity_usd_per_kwh", "electricity_source", "electricity_date", "pue", "pue_source", "gpu"}
+_GPU_KEYS = {"name", "rent_usd_per_gpu_hour", "rent_source", "rent_date", "node_purchase_usd",
+             "purchase_source", "purchase_date", "node_power_kw", "power_source"}
+_NUMBERS = {"rent_usd_per_gpu_hour", "node_purchase_usd", "node_power_kw", "electricity_usd_per_kwh", "pue"}
+_SOURCE_OF = {"rent_usd_per_gpu_hour": "rent_source", "node_purchase_usd": "purchase_source",
+              "node_power_kw": "power_source", "electricity_usd_per_kwh": "electricity_source", "pue": "pue_source"}
+
+
+# Far above any real price (an H100 rents for a few dollars an hour, a DGX node costs about
+# $0.4M and draws about 10 kW; an NVL72 rack about 120 kW): a larger figure is a typo, and
+# its costs would be too large for the ILP solver's arithmetic (HiGHS fails on 1e17 $/h).
+_MAXIMA = {"rent_usd_per_gpu_hour": 1e4, "node_purchase_usd": 1e9, "node_power_kw": 1e4,
+           "electricity_usd_per_kwh": 1e2, "pue": 1e1}
+
+
+def _check_numbers(table: dict[str, Any], where: str) -> None:
+    for key in _NUMBERS & table.keys():
+        v = table[key]
+        if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0
+                or v > _MAXIMA[key]):
+            raise UserError(f"{where}: {key} must be a number >= 0 and at most {_MAXIMA[key]:g}, not {v!r}")
+    if "pue" in table and table["pue"] < 1:
+        raise UserError(f"{where}: pue must be >= 1 (facility power over IT power), not {table['pue']}")
+
+
+def _apply(prices: Prices, data: dict[str, Any], where: str, is_override: bool) -> Prices:
+    """``data`` (a parsed prices file) on top of ``prices``. A figure overridden without its
+    source gets ``where`` as source, so reports never show a stale one."""
+    unknown = data.keys() - _TOP_KEYS
+    if unknown:
+        raise UserError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(_TOP_KEYS)}")
+    _check_numbers(data, where)
+    top = {k: v for k, v in data.items() if k != "gpu"}
+    for key, src in _SOURCE_OF.items():
+        if is_override and key in top and src not in top:
+            top[src] = where
+    if "electricity_usd_per_kwh" in top and "electricity_date" not in top and is_override:
+        top["electricity_date"] = ""
+    gpus = dict(prices.gpus)
+    entries = data.get("gpu", [])
+    if not isinstance(entries, list):
+        raise UserError(f"{where}: gpu must be a list of [[gpu]] tables")
+    for i, entry in enumerate(entries):
+        at = f"{where} [[gpu]] #{i + 1}"
+        if not isinstance(entry, dict) or "name" not in entry:
+            raise UserError(f"{at}: every [[gpu]] entry needs a name (a GPU from `plan gpus`)")
+        unknown = entry.keys() - _GPU_KEYS
+        if unknown:
+            raise UserError(f"{at} ({entry['name']}): unknown keys {sorted(unknown)}; allowed: {sorted(_GPU_KEYS)}")
+        _check_numbers(entry, f"{at} ({entry['name']})")
+        name = get_gpu(str(entry["name"])).name
+        fields = {k: v for k, v in entry.items() if k != "name"}
+        for key, src in _SOURCE_OF.items():
+            if is_override and key in fields and src not in fields:
+                fields[src] = where
+        for key in ("rent_usd_per_gpu_hour", "node_purchase_usd"):
+            date = "rent_date" if key.startswith("rent") else "purchase_date"
+            if is_override and key in fields and date not in fields:
+                fields[date] = ""
+        base = gpus.get(name, GpuPrices(name=name))
+        gpus[name] = replace(base, **{k: (float(v) if k in _NUMBERS else str(v)) for k, v in fields.items()})
+    return replace(prices, gpus=gpus, **{k: (float(v) if k in _NUMBERS else str(v)) for k, v in top.items()})
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"--prices {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"--prices {path}: cannot read it ({e})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"--prices {path}: not valid TOML ({e})") from None
+
+
+@functools.cache
+def _shipped() -> Prices:
+    text = (importlib.resources.files("planner") / "presets" / "prices.toml").read_text(encoding="utf-8")
+    data = tomllib.loads(text)
+    missing = {"electricity_usd_per_kwh", "electricity_source", "electricity_date", "pue", "pue_source"} - data.keys()
+    if missing:
+        raise UserError(f"prices.toml: missing {sorted(missing)}")
+    empty = Prices(gpus={}, electricity_usd_per_kwh=0.0, electricity_source="", electricity_date="", pue=1.0,
+                   pue_source="")
+    return _apply(empty, data, "prices.toml", is_override=False)
+
+
+def load_prices(path: str | Path | None = None) -> Prices:
+    """The shipped catalog, with the entries of the TOML file ``path`` (--prices) on top."""
+    prices = _shipped()
+    if path is None:
+        return prices
+    path = Path(path)
+    return replace(_apply(prices, _read(path), str(path), is_override=True), overrides=str(path))
+
+
+# ------------------------------------------------------------------------ arithmetic
+
+def gpu_hours(n_gpus: int, seconds: float) -> float:
+    """GPU-hours of ``n_gpus`` GPUs busy for ``seconds``."""
+    return n_gpus * seconds / HOUR_S
+
+
+def rental_cost_usd(n_gpus: int, seconds: float, usd_per_gpu_hour: float) -> float:
+    """Renting ``n_gpus`` GPUs for ``seconds`` at an hourly rate per GPU (billed by the second)."""
+    return gpu_hours(n_gpus, seconds) * usd_per_gpu_hour
+
+
+def node_energy_usd(power_kw: float, seconds: float, prices: Prices) -> float:
+    """Electricity of one node drawing ``power_kw`` for ``seconds``, facility overhead (PUE)
+    included: kW x PUE x hours x USD/kWh."""
+    return power_kw * prices.pue * seconds / HOUR_S * prices.electricity_usd_per_kwh
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NodeCost:
+    """What owning one node of a GPU type costs over a horizon."""
+
+    gpu: str
+    capex_usd: float          # purchase
+    opex_usd: float           # power over the horizon, PUE included
+
+    @property
+    def tco_usd(self) -> float:
+        return self.capex_usd + self.opex_usd
+
+
+def node_cost(gpu: str, horizon_s: float, prices: Prices) -> NodeCost:
+    """Total cost of ownership of one ``gpu`` node over ``horizon_s``: its purchase price
+    plus its power for the whole horizon (a bought node draws power whether or not a job
+    runs; the catalog's power is the draw under training load, an upper bound when idle)."""
+    p = prices.node(gpu)
+    assert p.node_purchase_usd is not None and p.node_power_kw is not None
+    return NodeCost(gpu=gpu, capex_usd=p.node_purchase_usd,
+                    opex_usd=node_energy_usd(p.node_power_kw, horizon_s, prices))

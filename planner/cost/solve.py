@@ -1,0 +1,355 @@
+"""The integer programs, in PuLP (the only module that imports it): which plan to rent for
+one job, and which nodes to buy for a set of jobs.
+
+Both are solved by HiGHS when highspy is installed, else by the CBC that ships with PuLP,
+always under a time limit and a relative gap. What a solver says is reported as it is:
+``status`` (PuLP's LpStatus) and ``optimal``, true only when the solver proved the optimum
+within the gap (PuLP's sol_status; after a time limit LpStatus can still read "Optimal").
+
+Inputs and outputs are small frozen records, so tests can build random instances and
+check the optimum against brute force (tests/test_solve.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import sys
+import time
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import pulp
+
+from planner.errors import UserError
+
+SOLVERS = ("auto", "highs", "cbc")
+TIME_LIMIT_S = 20.0
+GAP_REL = 1e-6
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SolverInfo:
+    """What the solver did: its name, PuLP's status, and whether optimality was proved."""
+
+    name: str
+    status: str
+    optimal: bool
+    solve_s: float
+    n_variables: int
+    n_constraints: int
+    time_limit_s: float
+    gap_rel: float
+    constraint_names: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, object]:
+        return {"name": self.name, "status": self.status, "optimal": self.optimal, "solve_s": self.solve_s,
+                "n_variables": self.n_variables, "n_constraints": self.n_constraints,
+                "time_limit_s": self.time_limit_s, "gap_rel": self.gap_rel}
+
+
+def _solver(name: str, time_limit_s: float, gap_rel: float) -> tuple[str, pulp.LpSolver]:
+    if name not in SOLVERS:
+        raise UserError(f"--solver {name!r}: choose one of {', '.join(SOLVERS)}")
+    if name in ("auto", "highs"):
+        highs = pulp.HiGHS(msg=False, timeLimit=time_limit_s, gapRel=gap_rel)
+        if highs.available():
+            return "HiGHS", highs
+        if name == "highs":
+            raise UserError("--solver highs needs highspy: pip install highspy (or use --solver cbc)")
+    with warnings.catch_warnings():     # PuLP 3.3 deprecates its bundled CBC for 4.0; it still ships
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return "CBC", pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=gap_rel)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence what solver libraries print from C (HiGHS prints a banner on stdout even with
+    msg=False), so --json output stays one JSON object."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = []
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for fd in (1, 2):
+            saved.append((fd, os.dup(fd)))
+            os.dup2(devnull, fd)
+        os.close(devnull)
+    except OSError:             # no real file descriptors (an embedding host): print through
+        pass
+    try:
+        yield
+    finally:
+        for fd, copy in saved:
+            os.dup2(copy, fd)
+            os.close(copy)
+
+
+def _run(prob: pulp.LpProblem, solver: str, time_limit_s: float, gap_rel: float) -> SolverInfo:
+    name, s = _solver(solver, time_limit_s, gap_rel)
+    t0 = time.perf_counter()
+    with _quiet():
+        prob.solve(s)
+    names = _constraint_names(prob)
+    return SolverInfo(name=name, status=pulp.LpStatus[prob.status],
+                      optimal=prob.sol_status == pulp.LpSolutionOptimal, solve_s=time.perf_counter() - t0,
+                      n_variables=len(prob.variables()), n_constraints=len(names),
+                      time_limit_s=time_limit_s, gap_rel=gap_rel, constraint_names=names)
+
+
+def _constraint_names(prob: pulp.LpProblem) -> tuple[str, ...]:
+    """PuLP 3.3 returns the constraints from prob.constraints() (a mapping before, deprecated)."""
+    cons = prob.constraints
+    if callable(cons):
+        return tuple(c.name for c in cons())
+    return tuple(cons)
+
+
+def _variable(prob: pulp.LpProblem, name: str, cat: str, low: float | None = None) -> pulp.LpVariable:
+    """A variable of ``prob``: PuLP 3.3 creates them through the problem (LpVariable(...)
+    is deprecated for 4.0); older PuLP only has LpVariable."""
+    if hasattr(prob, "add_variable"):
+        return prob.add_variable(name, lowBound=low, cat=cat)
+    return pulp.LpVariable(name, lowBound=low, cat=cat)
+
+
+def _no_model(solver: str, time_limit_s: float, gap_rel: float) -> SolverInfo:
+    """For an instance infeasible before any model: a job with no candidate at all."""
+    name, _ = _solver(solver, time_limit_s, gap_rel)
+    return SolverInfo(name=name, status="Infeasible", optimal=False, solve_s=0.0, n_variables=0, n_constraints=0,
+                      time_limit_s=time_limit_s, gap_rel=gap_rel)
+
+
+def _found(prob: pulp.LpProblem) -> bool:
+    """A solution is there to read (optimal, or feasible when a limit stopped the search)."""
+    return prob.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
+
+
+def ascii_name(text: str) -> str:
+    """A name PuLP and the LP file format accept: letters, digits and underscores."""
+    return re.sub(r"[^A-Za-z0-9_]", "_", text)[:60] or "_"
+
+
+# ---------------------------------------------------------------------- one job
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Option:
+    """One candidate plan of one job: a layout on ``n_gpus`` GPUs of type ``gpu`` that fits
+    in memory, with its cost and its time to train."""
+
+    key: str                  # ASCII, unique among the options
+    gpu: str
+    n_gpus: int
+    cost_usd: float
+    time_s: float
+    memory_bytes: int = 0     # per rank; with capacity_bytes, the model's memory constraint
+    capacity_bytes: float = math.inf
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_bytes <= self.capacity_bytes
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Limits:
+    """The user's constraints; None: no such constraint."""
+
+    deadline_s: float | None = None
+    budget_usd: float | None = None
+    max_gpus: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OneJobSolution:
+    choice: Option | None           # None: no option satisfies the constraints (or none was found)
+    solver: SolverInfo
+
+
+def solve_one_job(options: Sequence[Option], objective: str = "cost", limits: Limits = Limits(),
+                  solver: str = "auto", time_limit_s: float = TIME_LIMIT_S,
+                  gap_rel: float = GAP_REL) -> OneJobSolution:
+    """The cheapest (``objective`` "cost") or fastest ("time") option within the limits.
+
+    One binary per option; exactly one is picked; the deadline, budget and GPU cap are each
+    a named constraint on the picked option's time, cost and GPUs, and so is memory: no
+    option whose rank memory exceeds its GPU's capacity (``fits_memory_<gpu>``; the
+    planner passes only options that fit, so there it constrains nothing). Ties on the objective go
+    to the option best on the other one: a second solve fixes the objective at its optimum
+    and minimises the other (lexicographic).
+    """
+    if objective not in ("cost", "time"):
+        raise UserError(f"--objective {objective!r}: choose cost or time")
+
+    def value(o: Option, what: str) -> float:
+        return o.cost_usd if what == "cost" else o.time_s
+
+    def build(first_best: float | None) -> tuple[pulp.LpProblem, dict[str, pulp.LpVariable]]:
+        prob = pulp.LpProblem("one_job_" + objective, pulp.LpMinimize)
+        pick = {o.key: _variable(prob, f"pick_{ascii_name(o.key)}", pulp.LpBinary) for o in options}
+        other = "time" if objective == "cost" else "cost"
+        goal = objective if first_best is None else other
+        prob += pulp.lpSum(value(o, goal) * pick[o.key] for o in options), f"total_{goal}"
+        prob += pulp.lpSum(pick.values()) == 1, "exactly_one_plan"
+        if limits.deadline_s is not None:
+            prob += pulp.lpSum(o.time_s * pick[o.key] for o in options) <= limits.deadline_s, "deadline_s"
+        if limits.budget_usd is not None:
+            prob += pulp.lpSum(o.cost_usd * pick[o.key] for o in options) <= limits.budget_usd, "budget_usd"
+        if limits.max_gpus is not None:
+            prob += pulp.lpSum(o.n_gpus * pick[o.key] for o in options) <= limits.max_gpus, "max_gpus"
+        for gpu in sorted({o.gpu for o in options if not o.fits}):
+            prob += pulp.lpSum(pick[o.key] for o in options if o.gpu == gpu and not o.fits) == 0, \
+                f"fits_memory_{ascii_name(gpu)}"
+        if first_best is not None:
+            slack = abs(first_best) * 1e-9 + 1e-9
+            prob += (pulp.lpSum(value(o, objective) * pick[o.key] for o in options) <= first_best + slack,
+                     f"{objective}_at_optimum")
+        return prob, pick
+
+    if len({o.key for o in options}) != len(options):
+        raise ValueError("option keys must be unique")
+    if not options:
+        return OneJobSolution(choice=None, solver=_no_model(solver, time_limit_s, gap_rel))
+    prob, pick = build(None)
+    info = _run(prob, solver, time_limit_s, gap_rel)
+    if not _found(prob):
+        return OneJobSolution(choice=None, solver=info)
+    chosen = next(o for o in options if (pick[o.key].value() or 0) > 0.5)
+    if info.optimal:
+        prob2, pick2 = build(value(chosen, objective))
+        info2 = _run(prob2, solver, time_limit_s, gap_rel)
+        if _found(prob2):
+            chosen = next(o for o in options if (pick2[o.key].value() or 0) > 0.5)
+            info = SolverInfo(name=info.name, status=info.status, optimal=info.optimal and info2.optimal,
+                              solve_s=info.solve_s + info2.solve_s, n_variables=info.n_variables,
+                              n_constraints=info.n_constraints, time_limit_s=time_limit_s, gap_rel=gap_rel,
+                              constraint_names=info.constraint_names)
+    return OneJobSolution(choice=chosen, solver=info)
+
+
+# ------------------------------------------------------------------ cluster purchase
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Pool:
+    """A GPU type one may buy nodes of, and what one node costs over the horizon."""
+
+    gpu: str
+    gpus_per_node: int
+    capex_usd: float              # one node's purchase
+    opex_usd: float               # one node's power over the horizon
+
+    @property
+    def node_usd(self) -> float:
+        return self.capex_usd + self.opex_usd
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobWindow:
+    """When a job may run: it starts at ``start_s`` and must end by ``deadline_s``."""
+
+    name: str
+    start_s: float
+    deadline_s: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobOption:
+    """One way to run a job: a layout on ``n_gpus`` GPUs of pool ``gpu``, taking ``duration_s``."""
+
+    job: str
+    gpu: str
+    n_gpus: int
+    duration_s: float
+    key: str                      # ASCII, unique within the job
+    memory_bytes: int = 0         # per rank; must be within capacity_bytes
+    capacity_bytes: float = math.inf
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_bytes <= self.capacity_bytes
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PurchaseSolution:
+    nodes: dict[str, int]         # nodes to buy per GPU type (every pool, 0 included)
+    choices: dict[str, JobOption] # per job; empty when infeasible
+    cost_usd: float | None        # total cost of ownership; None when infeasible
+    solver: SolverInfo
+
+
+def busy_at(start_s: float, duration_s: float, t: float) -> bool:
+    """A job started at ``start_s`` running ``duration_s`` holds its GPUs at time ``t``."""
+    return start_s <= t < start_s + duration_s
+
+
+def solve_purchase(pools: Sequence[Pool], jobs: Sequence[JobWindow], options: Sequence[JobOption],
+                   budget_usd: float | None = None, solver: str = "auto", time_limit_s: float = TIME_LIMIT_S,
+                   gap_rel: float = GAP_REL) -> PurchaseSolution:
+    """The cheapest nodes to buy so that every job runs, each on one pool with one of its
+    options, by its deadline.
+
+    Variables: nodes[g] (integer >= 0) per pool; run[j, o] (binary) per job option.
+    Constraints, each named: every job picks exactly one option (``one_option_<job>``) that
+    fits in memory (``fits_memory_<job>``); it finishes by its deadline (``deadline_<job>``:
+    start + the option's duration); at the start of every job, on every pool, the GPUs of
+    the jobs running then fit in what is bought (``gpus_<pool>_at_<job>``: a job runs from
+    its start for its option's duration, and the GPUs in use only rise when a job starts,
+    so checking at the starts suffices);
+    the budget, when given (``budget_usd``). Objective: the nodes' purchase plus their power
+    over the horizon.
+    """
+    names = [j.name for j in jobs]
+    if len(set(names)) != len(names):
+        raise ValueError("job names must be unique")
+    pool_of = {p.gpu: p for p in pools}
+    by_job = {j.name: [o for o in options if o.job == j.name and o.gpu in pool_of] for j in jobs}
+    if not jobs or any(not by_job[j.name] for j in jobs):
+        return PurchaseSolution(nodes={p.gpu: 0 for p in pools}, choices={}, cost_usd=None if jobs else 0.0,
+                                solver=_no_model(solver, time_limit_s, gap_rel))
+    prob = pulp.LpProblem("cluster_purchase", pulp.LpMinimize)
+    nodes = {p.gpu: _variable(prob, f"nodes_{ascii_name(p.gpu)}", pulp.LpInteger, low=0) for p in pools}
+    run = {(o.job, o.key): _variable(prob, f"run_{i}_{ascii_name(o.job)}_{ascii_name(o.key)}", pulp.LpBinary)
+           for i, o in enumerate(o for j in jobs for o in by_job[j.name])}
+    total = pulp.lpSum(p.node_usd * nodes[p.gpu] for p in pools)
+    prob += total, "total_cost_of_ownership_usd"
+    for ji, j in enumerate(jobs):
+        tag = f"{ji}_{ascii_name(j.name)}"
+        mine = by_job[j.name]
+        prob += pulp.lpSum(run[j.name, o.key] for o in mine) == 1, f"one_option_{tag}"
+        if any(not o.fits for o in mine):
+            prob += pulp.lpSum(run[j.name, o.key] for o in mine if not o.fits) == 0, f"fits_memory_{tag}"
+        prob += (pulp.lpSum((j.start_s + o.duration_s) * run[j.name, o.key] for o in mine) <= j.deadline_s,
+                 f"deadline_{tag}")
+    for p in pools:
+        for ti, t in enumerate(jobs):
+            busy = [(j, o) for j in jobs for o in by_job[j.name]
+                    if o.gpu == p.gpu and busy_at(j.start_s, o.duration_s, t.start_s)]
+            if busy:
+                prob += (pulp.lpSum(o.n_gpus * run[j.name, o.key] for j, o in busy)
+                         <= p.gpus_per_node * nodes[p.gpu], f"gpus_{ascii_name(p.gpu)}_at_{ti}_{ascii_name(t.name)}")
+    if budget_usd is not None:
+        prob += total <= budget_usd, "budget_usd"
+    info = _run(prob, solver, time_limit_s, gap_rel)
+    if not _found(prob):
+        return PurchaseSolution(nodes={p.gpu: 0 for p in pools}, choices={}, cost_usd=None, solver=info)
+    choices = {}
+    for j in jobs:
+        choices[j.name] = next(o for o in by_job[j.name] if (run[j.name, o.key].value() or 0) > 0.5)
+    bought = {p.gpu: int(round(nodes[p.gpu].value() or 0)) for p in pools}
+    cost = sum(pool_of[g].node_usd * n for g, n in bought.items())
+    return PurchaseSolution(nodes=bought, choices=choices, cost_usd=cost, solver=info)
+
+
+def nodes_needed(pools: Sequence[Pool], jobs: Sequence[JobWindow], choices: dict[str, JobOption]) -> dict[str, int]:
+    """The fewest nodes per pool that hold ``choices`` (the peak GPUs in use, at some job's start)."""
+    out = {}
+    for p in pools:
+        peak = 0
+        for t in jobs:
+            peak = max(peak, sum(choices[j.name].n_gpus for j in jobs
+                                 if choices[j.name].gpu == p.gpu
+                                 and busy_at(j.start_s, choices[j.name].duration_s, t.start_s)))
+        out[p.gpu] = math.ceil(peak / p.gpus_per_node)
+    return out

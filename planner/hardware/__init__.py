@@ -1,0 +1,1 @@
+"""GPUs, cluster topologies (networkx) and the placement of parallel groups on them."""

@@ -1,0 +1,235 @@
+"""Where parallel groups sit on the cluster and what bandwidth each axis's collectives get.
+
+Placement follows topology.place_groups (tp innermost, then cp, ep, dp, pp, or another
+order); the bus bandwidth of each axis is read off the topology graph with every group of the
+axis running at once (topology.ring_bandwidth_bytes_per_s). Graphs and per-axis bandwidths
+are cached: the search asks for the same few placements thousands of times.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from planner.errors import UserError
+from planner.hardware.gpus import GpuSpec
+from planner.hardware.topology import (AXES, ClusterTopology, build_graph, load_topology, nvlink_domain_size,
+                       ring_bandwidth_bytes_per_s)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AxisLink:
+    """What one parallel axis's collectives see: bus bandwidth per GPU, per direction
+    (nccl-tests' busbw), and the latency of one hop between neighbouring ranks."""
+
+    bus_bytes_per_s: float
+    latency_s: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Cluster:
+    """The GPU and, when known, the topology whose graph gives the group bandwidths.
+    Without a topology, a group inside a node gets the GPU's intra-node bandwidth and a
+    group across nodes its per-GPU NIC bandwidth times the GPUs per node it can share."""
+
+    gpu: GpuSpec
+    topology: ClusterTopology | None = None
+
+
+# NCCL's per-hop latencies (NVIDIA/nccl src/graph/tuning.cc, hwLat, Ring/LL) for clusters
+# without a topology file.
+FALLBACK_INTRA_LATENCY_S = 0.6e-6
+FALLBACK_INTER_LATENCY_S = 3.7e-6
+
+
+@lru_cache(maxsize=64)
+def _graph(top: ClusterTopology, n_nodes: int):  # noqa: ANN202 - networkx graph
+    return build_graph(top, n_nodes)
+
+
+def _axis_groups(stride: int, size: int, n_gpus: int) -> list[list[int]]:
+    """The groups of one axis laid out with ``stride`` (the product of the inner axes'
+    sizes) on GPUs 0..n_gpus-1, as topology.place_groups makes them."""
+    return [[first + i * stride for i in range(size)]
+            for first in range(n_gpus) if (first // stride) % size == 0]
+
+
+def _fold_axis(stride: int, size: int, n_gpus: int, gpus_per_node: int, unit_gpus: int,
+               cap_gpus: int) -> tuple[int, int, int]:
+    """(stride, size, GPUs) of a smaller placement in which one axis's groups have the
+    same bandwidth as in the full one.
+
+    A group's ring bandwidth depends only on which node (NVLink domain, leaf group)
+    boundaries its rings cross and how many rings of the axis share each crossing
+    (topology.ring_bandwidth_bytes_per_s); the spine does not block, so replicas of the
+    pattern further out change nothing. So: a stride of whole units (nodes, or NVLink
+    domains when a domain spans nodes) folds to one unit (one GPU of the group per unit,
+    every GPU of the unit in a different group); a group
+    wider than cap_gpus (two nodes, or two NVLink domains or leaf groups when those
+    matter) keeps cap_gpus of it; and the GPUs laid out are the fewest that hold whole
+    units and whole groups. Strides that are neither a divisor nor a multiple of the unit
+    (3, 6, 12 GPUs on 8-GPU nodes) are laid out in full. Keeps the graphs small for clusters of
+    thousands of GPUs.
+    """
+    if stride >= unit_gpus and stride % unit_gpus == 0:
+        stride = unit_gpus
+    regular = unit_gpus % stride == 0 or stride % unit_gpus == 0
+    if regular and stride * size > cap_gpus:        # cap_gpus holds whole units
+        size = max(2, cap_gpus // stride)
+    span = stride * size
+    whole = math.lcm(span, unit_gpus)                 # whole units, whole groups
+    return stride, size, whole if whole <= n_gpus or not regular else span
+
+
+@lru_cache(maxsize=4096)
+def _graph_link(top: ClusterTopology, stride: int, size: int, n_gpus: int, min_nodes: int) -> AxisLink:
+    """One axis's link on a graph of at least ``min_nodes`` nodes: GPUs beyond n_gpus sit
+    idle and relay nothing, so every placement can share one graph and its max-flow cache."""
+    gpn = top.gpus_per_node
+    g = _graph(top, max(min_nodes, -(-n_gpus // gpn)))
+    groups = _axis_groups(stride, size, n_gpus)
+    intra = top.intra_node.latency_s if top.intra_node.fabric != "pcie" else top.pcie.latency_s
+    inter = top.network.latency_s + top.pcie.latency_s
+    one_island = all(len({g.nodes[v]["island"] for v in grp}) == 1 for grp in groups)
+    return AxisLink(bus_bytes_per_s=ring_bandwidth_bytes_per_s(g, groups), latency_s=intra if one_island else inter)
+
+
+def _fallback_links(gpu: GpuSpec, sizes: dict[str, int], order: Sequence[str]) -> dict[str, AxisLink]:
+    """Group bandwidths from the GpuSpec alone: inside a node the intra-node link; a ring
+    that leaves a node shares the node's NICs (gpus_per_node x per-GPU NIC bandwidth) with
+    the other groups of the same axis that leave it."""
+    gpn = gpu.gpus_per_node
+    links, stride = {}, 1
+    for axis in order:
+        n = sizes[axis]
+        if n == 1:
+            links[axis] = AxisLink(bus_bytes_per_s=math.inf, latency_s=0.0)
+        elif stride * n <= gpn:
+            links[axis] = AxisLink(bus_bytes_per_s=gpu.intra_node_bytes_per_s, latency_s=FALLBACK_INTRA_LATENCY_S)
+        else:
+            crossing = min(stride, gpn)          # groups of this axis leaving each node
+            bw = min(gpu.intra_node_bytes_per_s, gpn * gpu.inter_node_bytes_per_s / crossing)
+            links[axis] = AxisLink(bus_bytes_per_s=bw, latency_s=FALLBACK_INTER_LATENCY_S)
+        stride *= n
+    return links
+
+
+@lru_cache(maxsize=64)
+def optimistic_link(cluster: Cluster) -> AxisLink:
+    """A link that no axis's collectives beat on ``cluster``, for lower bounds on their
+    time: no latency, and as bus bandwidth the most one GPU can send at all. The graph's
+    ring bandwidth is at most the max flow out of a single GPU (one of the cuts
+    topology.ring_bandwidth_bytes_per_s takes), so at most the sum of that GPU's links;
+    the model without a topology gives at most the intra-node bandwidth."""
+    bw = cluster.gpu.intra_node_bytes_per_s
+    top = cluster.topology
+    if top is not None:
+        g = _graph(top, 1)
+        for v, kind in g.nodes(data="kind"):
+            if kind == "gpu":
+                bw = max(bw, sum(e["bandwidth_bytes_per_s"] for _, _, e in g.edges(v, data=True)))
+    return AxisLink(bus_bytes_per_s=bw, latency_s=0.0)
+
+
+@lru_cache(maxsize=16384)
+def link_ceilings(cluster: Cluster, sizes: tuple[int, ...], order: tuple[str, ...] = AXES) -> dict[str, AxisLink]:
+    """For each axis, a link at least as fast as the one axis_links() gives for the same
+    placement, worked out without the graph (for lower bounds on communication time).
+
+    Without a topology, axis_links' own model. With one: no latency, and a bus bandwidth
+    of at most what one GPU can send (optimistic_link); when the axis's groups leave their
+    NVLink domain (or PCIe node), at most the domain's NICs shared by the groups crossing
+    it, or the model without a topology, which axis_links falls back to on clusters larger
+    than the topology. (The first domain is one of the cuts ring_bandwidth_bytes_per_s
+    takes. Groups of stride s and size n fill blocks of s x n consecutive GPUs, s groups to
+    a block; when s x n exceeds a domain every group leaves it, and the first domain,
+    inside the first block, holds GPUs of min(s, domain GPUs) of them.)"""
+    named = dict(zip(AXES, sizes))
+    fallback = _fallback_links(cluster.gpu, named, order)
+    top = cluster.topology
+    if top is None:
+        return fallback
+    best = optimistic_link(cluster).bus_bytes_per_s
+    gpn = top.gpus_per_node
+    island = top.intra_node.domain_gpus if top.intra_node.fabric == "nvswitch" else gpn
+    island_nic = island // gpn * top.network.nics_per_node * top.network.nic_bytes_per_s
+    links, stride = {}, 1
+    for axis in order:
+        n = named[axis]
+        if n == 1:
+            links[axis] = AxisLink(bus_bytes_per_s=math.inf, latency_s=0.0)
+            continue
+        bw = best
+        if stride * n > island:
+            bw = min(best, max(island_nic / min(stride, island), fallback[axis].bus_bytes_per_s))
+        links[axis] = AxisLink(bus_bytes_per_s=bw, latency_s=0.0)
+        stride *= n
+    return links
+
+
+@lru_cache(maxsize=16384)
+def axis_links(cluster: Cluster, sizes: tuple[int, ...], order: tuple[str, ...] = AXES) -> dict[str, AxisLink]:
+    """Bus bandwidth and hop latency of each axis (tp, cp, ep, dp, pp sizes in AXES order)
+    when the groups are placed innermost-first along ``order`` (as topology.place_groups
+    places them: Megatron-LM's and torchtitan's device-mesh order by default).
+
+    With a topology, each axis's bandwidth is the graph's ring bandwidth with every group
+    of that axis running at once (topology.ring_bandwidth_bytes_per_s), on a folded
+    placement (_fold_axis). Clusters larger than one scalable unit of the topology are
+    taken as several units under a non-blocking spine; when even the folded placement
+    needs more nodes than the topology holds, the GpuSpec model (_fallback_links) answers.
+    """
+    named = dict(zip(AXES, sizes))
+    top = cluster.topology
+    if top is None:
+        return _fallback_links(cluster.gpu, named, order)
+    gpn = top.gpus_per_node
+    domain_nodes = max(1, top.intra_node.domain_gpus // gpn)
+    cap_nodes = max(2, 2 * domain_nodes)
+    if top.network.oversubscription > 1:
+        cap_nodes = max(cap_nodes, 2 * top.network.nodes_per_leaf)
+    n_gpus = math.prod(sizes)
+    cap_gpus = min(cap_nodes, top.max_nodes) * gpn
+    links, stride = {}, 1
+    for axis in order:
+        n = named[axis]
+        if n == 1:
+            links[axis] = AxisLink(bus_bytes_per_s=math.inf, latency_s=0.0)
+            continue
+        s_f, n_f, n_eval = _fold_axis(stride, n, n_gpus, gpn, domain_nodes * gpn, cap_gpus)
+        if -(-n_eval // gpn) > top.max_nodes:
+            return _fallback_links(cluster.gpu, named, order)
+        links[axis] = _graph_link(top, s_f, n_f, n_eval, min(cap_gpus // gpn, -(-n_gpus // gpn)))
+        stride *= n
+    return links
+
+
+# ------------------------------------------------------------------ clusters
+
+
+def cluster_for(gpu: GpuSpec, topology: str | ClusterTopology | None = None) -> Cluster:
+    """The cluster a plan runs on: ``topology`` (a ClusterTopology, or a shipped name or a
+    path), else the GPU's default topology, else no topology (group bandwidths from the
+    GpuSpec alone). A topology built for another GPU is an error."""
+    if topology is None:
+        top = load_topology(gpu.default_topology) if gpu.default_topology else None
+    elif isinstance(topology, ClusterTopology):
+        top = topology
+    else:
+        top = load_topology(topology)
+    if top is not None and top.gpu != gpu.name:
+        raise UserError(f"topology {top.name} is a cluster of {top.gpu}, not {gpu.name}; "
+                        f"pass --gpus {top.gpu} or a topology of {gpu.name} GPUs (`plan topologies`)")
+    return Cluster(gpu=gpu, topology=top)
+
+
+@lru_cache(maxsize=64)
+def scale_up_domain_gpus(cluster: Cluster) -> int:
+    """GPUs one NVLink (or Infinity Fabric) domain holds, read from the topology graph
+    (topology.nvlink_domain_size: 8 on a DGX, 72 on an NVL72 rack, 1 without NVLink);
+    without a topology, the GPUs of a node when the GPU has an NVLink-class link."""
+    if cluster.topology is not None:
+        return nvlink_domain_size(cluster.topology)
+    return cluster.gpu.gpus_per_node if "pcie" not in cluster.gpu.intra_node_link else 1

@@ -1,0 +1,527 @@
+"""Cluster topologies: TOML descriptions of one scalable unit, and the graph they describe.
+
+The schema is documented in topologies/README.md. Shipped descriptions live in
+planner/presets/topologies/ (package data); a user's own file is passed by path.
+
+build_graph() turns a description into a networkx graph (GPUs, NVSwitches, PCIe switches, CPU
+sockets, NICs, leaf and spine switches; edges carry bandwidth_bytes_per_s per direction and
+latency_s). Collective bandwidths are computed on that graph with max-flow over cuts, not
+looked up. This is the only module that imports networkx.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import math
+import tomllib
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+
+from planner.errors import UserError, unknown_name
+from planner.limits import MAX_CONFIG_BYTES, check_topology_types
+from planner.hardware.gpus import get_gpu
+from planner.units import GB, GiB
+
+US = 1e-6               # microseconds -> seconds
+AXES = ("tp", "cp", "ep", "dp", "pp")
+FABRICS = ("nvswitch", "mesh", "pcie")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class IntraNodeFabric:
+    """How GPUs inside a node (or NVLink domain) reach each other.
+
+    fabric: "nvswitch" (every GPU to every switch chip), "mesh" (a direct link per GPU pair,
+    e.g. AMD Infinity Fabric) or "pcie" (no GPU fabric; see PcieTree).
+    """
+
+    fabric: str
+    gpu_link_bytes_per_s: float | None    # nvswitch: one GPU's total into the switches, per direction
+    peer_link_bytes_per_s: float | None   # mesh: one GPU-to-GPU link, per direction
+    switches: int                         # nvswitch: switch chips per NVLink domain
+    domain_gpus: int                      # GPUs sharing one NVLink domain (1 for pcie)
+    latency_s: float                      # one GPU-to-GPU hop
+    source: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PcieTree:
+    """PCIe switches hosting GPUs and NICs (split evenly, in order), and the CPU sockets above them.
+
+    On NVLink nodes only the GPU-NIC affinity matters (GPU-GPU traffic takes NVLink), so the
+    uplink and socket fields are None there.
+    """
+
+    switches: int                           # per node; 0 = devices sit on CPU root ports
+    link_bytes_per_s: float                 # device <-> switch or root port, per direction
+    uplink_bytes_per_s: float | None        # switch <-> CPU socket, per direction
+    sockets: int
+    socket_link_bytes_per_s: float | None   # between CPU sockets, per direction
+    latency_s: float                        # one GPU-to-GPU hop through PCIe
+    source: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ScaleOutNetwork:
+    """NICs and the leaf/spine fabric between nodes (spines are drawn as one non-blocking vertex)."""
+
+    nics_per_node: int
+    nic_bytes_per_s: float
+    rail_optimized: bool          # NIC k of every node under a leaf goes to that leaf's rail-k switch
+    nodes_per_leaf: int
+    oversubscription: float       # leaf down-link / up-link bandwidth (1.0 = non-blocking)
+    latency_s: float              # one GPU-to-GPU hop through NICs and a leaf
+    switch_latency_s: float       # each further switch hop (leaf -> spine -> leaf)
+    source: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HostMemory:
+    """A node's CPU memory and local NVMe, where offloaded optimizer states and parameters go."""
+
+    memory_bytes: int
+    nvme_bytes: int | None        # None: not given
+    source: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ClusterTopology:
+    """One scalable unit of a cluster: up to max_nodes identical nodes of gpus_per_node GPUs."""
+
+    name: str
+    description: str
+    gpu: str
+    gpus_per_node: int
+    max_nodes: int
+    intra_node: IntraNodeFabric
+    pcie: PcieTree
+    network: ScaleOutNetwork
+    source: str
+    host: HostMemory | None = None   # None: the file gives no CPU memory; offload is not checked
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def _table(data: Mapping[str, Any], required: set[str], optional: set[str], where: str) -> dict[str, Any]:
+    if not isinstance(data, Mapping):
+        raise UserError(f"{where}: expected a table of keys, got {type(data).__name__}")
+    unknown = data.keys() - required - optional
+    if unknown:
+        raise UserError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(required | optional)}")
+    missing = required - data.keys()
+    if missing:
+        raise UserError(f"{where}: missing keys {sorted(missing)}")
+    bad = check_topology_types(data, where)
+    if bad:
+        raise UserError(bad)
+    return dict(data)
+
+
+def _clean(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _parse_intra(t: Mapping[str, Any], gpus_per_node: int, where: str) -> IntraNodeFabric:
+    fabric = t.get("fabric")
+    if fabric not in FABRICS:
+        raise UserError(f"{where}: fabric must be one of {FABRICS}, got {fabric!r}")
+    if fabric == "nvswitch":
+        t = _table(t, {"fabric", "gpu_link_gb_per_s", "switches", "latency_us", "source"}, {"domain_gpus"}, where)
+        domain = t.get("domain_gpus", gpus_per_node)
+        if t["switches"] < 1:
+            raise UserError(f"{where}: an NVSwitch fabric needs switches >= 1")
+        if domain % gpus_per_node:
+            raise UserError(f"{where}: domain_gpus {domain} is not a multiple of gpus_per_node {gpus_per_node}")
+    elif fabric == "mesh":
+        t = _table(t, {"fabric", "peer_link_gb_per_s", "latency_us", "source"}, set(), where)
+        domain = gpus_per_node
+    else:
+        t = _table(t, {"fabric", "source"}, set(), where)
+        domain = 1
+    return IntraNodeFabric(
+        fabric=fabric,
+        gpu_link_bytes_per_s=t["gpu_link_gb_per_s"] * GB if "gpu_link_gb_per_s" in t else None,
+        peer_link_bytes_per_s=t["peer_link_gb_per_s"] * GB if "peer_link_gb_per_s" in t else None,
+        switches=t.get("switches", 0),
+        domain_gpus=domain,
+        latency_s=t.get("latency_us", 0.0) * US,
+        source=_clean(t["source"]),
+    )
+
+
+def _parse_pcie(t: Mapping[str, Any], fabric: str, where: str) -> PcieTree:
+    required = {"switches", "link_gb_per_s", "latency_us", "source"}
+    if fabric == "pcie":
+        t = _table(t, required | {"sockets"}, {"uplink_gb_per_s", "socket_link_gb_per_s"}, where)
+        if t["switches"] and "uplink_gb_per_s" not in t:
+            raise UserError(f"{where}: uplink_gb_per_s is needed when switches > 0")
+        if t["sockets"] > 1 and "socket_link_gb_per_s" not in t:
+            raise UserError(f"{where}: socket_link_gb_per_s is needed when sockets > 1")
+    else:
+        t = _table(t, required, set(), where)
+        if t["switches"] < 1:
+            raise UserError(f"{where}: NVLink nodes need switches >= 1 (the GPU-NIC affinity groups)")
+    return PcieTree(
+        switches=t["switches"],
+        link_bytes_per_s=t["link_gb_per_s"] * GB,
+        uplink_bytes_per_s=t["uplink_gb_per_s"] * GB if "uplink_gb_per_s" in t else None,
+        sockets=t.get("sockets", 1),
+        socket_link_bytes_per_s=t["socket_link_gb_per_s"] * GB if "socket_link_gb_per_s" in t else None,
+        latency_s=t["latency_us"] * US,
+        source=_clean(t["source"]),
+    )
+
+
+def _parse_network(t: Mapping[str, Any], where: str) -> ScaleOutNetwork:
+    t = _table(t, {"nics_per_node", "nic_gbit_per_s", "rail_optimized", "nodes_per_leaf", "oversubscription",
+                   "latency_us", "switch_latency_us", "source"}, set(), where)
+    if t["oversubscription"] < 1:
+        raise UserError(f"{where}: oversubscription is down/up bandwidth and must be >= 1")
+    return ScaleOutNetwork(
+        nics_per_node=t["nics_per_node"],
+        nic_bytes_per_s=t["nic_gbit_per_s"] * GB / 8,      # bits -> bytes
+        rail_optimized=t["rail_optimized"],
+        nodes_per_leaf=t["nodes_per_leaf"],
+        oversubscription=float(t["oversubscription"]),
+        latency_s=t["latency_us"] * US,
+        switch_latency_s=t["switch_latency_us"] * US,
+        source=_clean(t["source"]),
+    )
+
+
+def _parse_host(t: Mapping[str, Any], where: str) -> HostMemory:
+    t = _table(t, {"memory_gib", "source"}, {"nvme_gb"}, where)
+    if t["memory_gib"] <= 0 or t.get("nvme_gb", 1) <= 0:
+        raise UserError(f"{where}: memory_gib and nvme_gb must be positive")
+    nvme = t.get("nvme_gb")
+    return HostMemory(memory_bytes=int(t["memory_gib"] * GiB), nvme_bytes=None if nvme is None else int(nvme * GB),
+                      source=_clean(t["source"]))
+
+
+def parse_topology(text: str, where: str = "<topology>") -> ClusterTopology:
+    """Parse one topology description (TOML text); see topologies/README.md for the schema."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"{where}: not valid TOML ({e}); see topologies/README.md for the schema") from None
+    t = _table(data, {"name", "description", "gpu", "gpus_per_node", "max_nodes",
+                                     "intra_node", "pcie", "network", "source"}, {"host"}, where)
+    try:
+        gpu = get_gpu(t["gpu"]).name        # an unknown GPU name fails here, with suggestions
+    except UserError as e:
+        raise UserError(f"{where}: gpu = {t['gpu']!r}: {e}") from None
+    gpn = t["gpus_per_node"]
+    intra = _parse_intra(t["intra_node"], gpn, f"{where} [intra_node]")
+    pcie = _parse_pcie(t["pcie"], intra.fabric, f"{where} [pcie]")
+    network = _parse_network(t["network"], f"{where} [network]")
+    for what, count in (("pcie.switches", pcie.switches), ("network.nics_per_node", network.nics_per_node)):
+        if count and gpn % count and count % gpn:
+            raise UserError(f"{where}: {what} = {count} must divide or be a multiple of gpus_per_node = {gpn}")
+    if t["max_nodes"] < 1:
+        raise UserError(f"{where}: max_nodes must be >= 1")
+    if network.nodes_per_leaf % (intra.domain_gpus // gpn or 1):
+        raise UserError(f"{where}: network.nodes_per_leaf must hold whole NVLink domains "
+                        f"({intra.domain_gpus // gpn} nodes each)")
+    return ClusterTopology(name=t["name"], description=_clean(t["description"]), gpu=gpu, gpus_per_node=gpn,
+                           max_nodes=t["max_nodes"], intra_node=intra, pcie=pcie, network=network,
+                           source=_clean(t["source"]),
+                           host=_parse_host(t["host"], f"{where} [host]") if "host" in t else None)
+
+
+def _shipped_dir() -> Any:
+    return importlib.resources.files("planner") / "presets" / "topologies"
+
+
+@functools.cache
+def _shipped() -> dict[str, ClusterTopology]:
+    tops = {}
+    for f in sorted(_shipped_dir().iterdir(), key=lambda f: f.name):
+        if f.name.endswith(".toml"):
+            top = parse_topology(f.read_text(encoding="utf-8"), f"topologies/{f.name}")
+            if f"{top.name}.toml" != f.name:
+                raise UserError(f"topologies/{f.name}: name {top.name!r} does not match the file name")
+            tops[top.name] = top
+    return tops
+
+
+def load_topology(name_or_path: str | Path) -> ClusterTopology:
+    """A shipped topology by name (any case), or a TOML file by path."""
+    path = Path(name_or_path)
+    if path.suffix == ".toml" or path.is_file():
+        if not path.is_file():
+            raise UserError(f"topology file {str(path)!r} not found")
+        try:
+            if path.stat().st_size > MAX_CONFIG_BYTES:
+                raise UserError(f"topology file {str(path)!r} is larger than {MAX_CONFIG_BYTES:,} bytes")
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise UserError(f"topology file {str(path)!r} is not UTF-8 text; expected TOML") from None
+        except OSError as e:
+            raise UserError(f"topology file {str(path)!r}: cannot read ({e.strerror})") from None
+        return parse_topology(text, str(path))
+    top = _shipped().get(str(name_or_path).strip().lower())
+    if top is None:
+        raise unknown_name("topology", str(name_or_path), _shipped().keys(), "`plan topologies`")
+    return top
+
+
+def list_topologies() -> list[ClusterTopology]:
+    """Every shipped topology, by name."""
+    return list(_shipped().values())
+
+
+# ---------------------------------------------------------------------------------------------
+# The graph
+
+SCALE_UP, PCIE, CPU, NETWORK = "scale_up", "pcie", "cpu", "network"     # edge kinds
+
+
+def _link(g: nx.Graph, a: Any, b: Any, bytes_per_s: float, latency_s: float, kind: str) -> None:
+    g.add_edge(a, b, bandwidth_bytes_per_s=bytes_per_s, latency_s=latency_s, kind=kind)
+
+
+def build_graph(top: ClusterTopology, n_nodes: int) -> nx.Graph:
+    """The graph of n_nodes nodes of `top`. GPUs are the integers 0..n_gpus-1, node-major.
+
+    Vertices have a `kind`: gpu, nvswitch, pcie_switch, cpu, nic, leaf, spine. Every GPU also
+    carries `node`, `local` (index in its node), `island` (the GPUs it reaches without the
+    network: its NVLink domain, or its node on PCIe-only machines), `leaf_group`, and `domains`
+    (the nested blocks a ring can be cut at: node, NVLink domain, PCIe switch, socket, leaf group).
+    Edges carry bandwidth_bytes_per_s (per direction; links are full duplex), latency_s and
+    `kind` (scale_up, pcie, cpu, network). The spine layer is one non-blocking vertex.
+    """
+    if not 1 <= n_nodes <= top.max_nodes:
+        raise UserError(f"topology {top.name} holds 1 to {top.max_nodes} nodes, not {n_nodes}")
+    gpn, intra, pcie, net = top.gpus_per_node, top.intra_node, top.pcie, top.network
+    n_gpus = n_nodes * gpn
+    g = nx.Graph(topology=top.name, n_gpus=n_gpus,
+                 intra_kinds=(PCIE, CPU) if intra.fabric == "pcie" else (SCALE_UP,))
+
+    for node in range(n_nodes):
+        leaf_group = node // net.nodes_per_leaf
+        sockets = [f"n{node}/cpu{c}" for c in range(pcie.sockets)] if intra.fabric == "pcie" else []
+        switches = [f"n{node}/pcie{s}" for s in range(pcie.switches)]
+        g.add_nodes_from(sockets, kind="cpu")
+        g.add_nodes_from(switches, kind="pcie_switch")
+        for a, b in zip(sockets, sockets[1:]):
+            _link(g, a, b, pcie.socket_link_bytes_per_s, 0.0, CPU)
+        for s, sw in enumerate(switches):
+            if sockets:
+                _link(g, sw, sockets[s * len(sockets) // len(switches)], pcie.uplink_bytes_per_s, 0.0, PCIE)
+        hosts = switches or sockets        # where GPUs and NICs plug in
+        for local in range(gpn):
+            gpu = node * gpn + local
+            h = local * len(hosts) // gpn
+            island = f"nvl{gpu // intra.domain_gpus}" if intra.fabric == "nvswitch" else f"node{node}"
+            domains = [f"node{node}", island, f"n{node}/host{h}", f"leaf{leaf_group}"]
+            if switches and sockets:
+                domains.append(f"n{node}/cpu{h * len(sockets) // len(switches)}")
+            g.add_node(gpu, kind="gpu", node=node, local=local, island=island, leaf_group=leaf_group,
+                       domains=tuple(dict.fromkeys(domains)))
+            _link(g, gpu, hosts[h], pcie.link_bytes_per_s, pcie.latency_s / 2, PCIE)
+        for k in range(net.nics_per_node):
+            nic, leaf = f"n{node}/nic{k}", f"leaf{leaf_group}/rail{k}" if net.rail_optimized else f"leaf{leaf_group}"
+            g.add_node(nic, kind="nic")
+            g.add_node(leaf, kind="leaf")
+            _link(g, nic, hosts[k * len(hosts) // net.nics_per_node], pcie.link_bytes_per_s, 0.0, PCIE)
+            _link(g, nic, leaf, net.nic_bytes_per_s, net.latency_s / 2, NETWORK)
+        if intra.fabric == "mesh":
+            first = node * gpn
+            for a in range(first, first + gpn):
+                for b in range(a + 1, first + gpn):
+                    _link(g, a, b, intra.peer_link_bytes_per_s, intra.latency_s, SCALE_UP)
+
+    if intra.fabric == "nvswitch":
+        for gpu in range(n_gpus):
+            for s in range(intra.switches):
+                sw = f"nvl{gpu // intra.domain_gpus}/nvswitch{s}"
+                g.add_node(sw, kind="nvswitch")
+                _link(g, gpu, sw, intra.gpu_link_bytes_per_s / intra.switches, intra.latency_s / 2, SCALE_UP)
+
+    # A leaf's up-links to the spine carry its full down-link bandwidth / oversubscription.
+    leaves = [v for v, kind in g.nodes(data="kind") if kind == "leaf"]
+    if len(leaves) > 1:
+        nics_per_leaf_per_node = 1 if net.rail_optimized else net.nics_per_node
+        uplink = net.nodes_per_leaf * nics_per_leaf_per_node * net.nic_bytes_per_s / net.oversubscription
+        g.add_node("spine", kind="spine")
+        for leaf in leaves:
+            _link(g, leaf, "spine", uplink, net.switch_latency_s, NETWORK)
+    return g
+
+
+# ---------------------------------------------------------------------------------------------
+# Bandwidth from the graph
+
+
+def _max_flow_bytes_per_s(g: nx.Graph, sources: set[int], sinks: set[int]) -> float:
+    """Max flow from `sources` to `sinks`, per direction, on the links NCCL would use.
+
+    GPUs outside sources | sinks are not relays. When every GPU involved sits in one island,
+    only intra-island links count (NVLink on NVLink machines, PCIe on PCIe ones), as NCCL never
+    routes such traffic through the network; otherwise every link counts.
+
+    Nodes of a built graph are alike, so the value depends only on where the GPUs sit (leaf
+    group, island, node, position in the node): it is cached in g.graph under that key, and
+    graphs from build_graph() must not be modified.
+    """
+    key = _placement_key(g, sources, sinks)
+    cache = g.graph.setdefault("max_flow_cache", {})
+    if key not in cache:
+        cache[key] = _solve_max_flow(g, sources, sinks, one_island=len(key) == 1 and len(key[0]) == 1)
+    return cache[key]
+
+
+def _placement_key(g: nx.Graph, sources: set[int], sinks: set[int]) -> tuple:
+    """Where sources and sinks sit, up to permutations of alike leaf groups, islands and nodes."""
+    tree: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(lambda: ([], []))))
+    for v in sorted(sources | sinks):
+        a = g.nodes[v]
+        tree[a["leaf_group"]][a["island"]][a["node"]][v in sinks].append(a["local"])
+    return tuple(sorted(
+        tuple(sorted(tuple(sorted((tuple(s), tuple(t)) for s, t in nodes.values())) for nodes in islands.values()))
+        for islands in tree.values()))
+
+
+def _solve_max_flow(g: nx.Graph, sources: set[int], sinks: set[int], one_island: bool) -> float:
+    involved = sources | sinks
+    kinds = g.graph["intra_kinds"] if one_island else (SCALE_UP, PCIE, CPU, NETWORK)
+    und = nx.Graph()
+    def usable(v: Any) -> bool:     # GPUs are the int vertices; only involved ones take part
+        return v in involved or not isinstance(v, int)
+
+    und.add_edges_from((a, b, {"capacity": e["bandwidth_bytes_per_s"]}) for a, b, e in g.edges(data=True)
+                       if e["kind"] in kinds and usable(a) and usable(b))
+    und.add_edges_from(("_source", s) for s in sources)      # no capacity attribute: unbounded
+    und.add_edges_from((t, "_sink") for t in sinks)
+    # Drop dead ends (a vertex with one neighbour can only send flow back): smaller flow problem, same value.
+    terminals = {"_source", "_sink"}
+    stack = [v for v in und if und.degree(v) < 2 and v not in terminals]
+    while stack:
+        v = stack.pop()
+        if v in und:
+            neighbours = list(und[v])
+            und.remove_node(v)
+            stack.extend(u for u in neighbours if u not in terminals and und.degree(u) < 2)
+    if not nx.has_path(und, "_source", "_sink"):
+        return 0.0
+    return nx.maximum_flow_value(und.to_directed(), "_source", "_sink")
+
+
+def ring_bandwidth_bytes_per_s(g: nx.Graph, groups: Iterable[Sequence[int]]) -> float:
+    """Bus bandwidth per GPU of ring collectives run at once, one per group, in bytes/s.
+
+    "Bus bandwidth" as nccl-tests define it (NVIDIA/nccl-tests doc/PERFORMANCE.md): the rate at
+    which each GPU sends to its ring neighbour, comparable to a link's per-direction bandwidth.
+
+    A ring over a group, ordered by GPU id, enters and leaves every contiguous block of it (a
+    GPU, PCIe switch, socket, node, NVLink domain, leaf group) once in each direction, so each
+    GPU can send at most  max_flow(block -> its groups' other GPUs) / (groups crossing the block).
+    As in NCCL's rings, a block inside an island (NVLink domain, or PCIe-only node) is cut against
+    the group's GPUs in the same island over intra-island links; a block holding all of its
+    groups' GPUs in its island is cut against the rest over every link (NICs and network).
+    The answer is the smallest bound; a ring with one channel per NIC reaches it on the
+    symmetric placements place_groups makes. Time for an all-reduce of S bytes is then
+    2 (n-1)/n * S / busbw; for all-gather or reduce-scatter (n-1)/n * S / busbw.
+
+    Bounds each GPU's NVLink use by its NVLink bandwidth alone, which is slightly conservative
+    when the same GPU also sends through its NIC. Returns math.inf when no group has two GPUs.
+    """
+    rings = [sorted(set(grp)) for grp in groups if len(set(grp)) > 1]
+    if not rings:
+        return math.inf
+    ring_of: dict[int, int] = {}
+    for i, ring in enumerate(rings):
+        for gpu in ring:
+            _check_gpu(g, gpu)
+            if ring_of.setdefault(gpu, i) != i:
+                raise UserError(f"GPU {gpu} is in two groups of the same axis")
+
+    blocks: dict[Any, set[int]] = defaultdict(set)
+    for gpu in ring_of:
+        blocks[gpu].add(gpu)
+        for label in g.nodes[gpu]["domains"]:
+            blocks[label].add(gpu)
+    cuts = set()
+    for inside in blocks.values():
+        islands = {g.nodes[v]["island"] for v in inside}
+        near_sinks: dict[int, list[int]] = {}       # group -> its GPUs outside the block, same island
+        far_sinks: dict[int, list[int]] = {}        # group -> its GPUs outside the block, when none is near
+        for i in {ring_of[v] for v in inside}:
+            outside = [v for v in rings[i] if v not in inside]
+            near = [v for v in outside if len(islands) == 1 and g.nodes[v]["island"] in islands]
+            if near:
+                near_sinks[i] = near
+            elif outside:
+                far_sinks[i] = outside
+        for sinks in (near_sinks, far_sinks):
+            if sinks:
+                cuts.add((frozenset(v for v in inside if ring_of[v] in sinks),
+                          frozenset(v for grp in sinks.values() for v in grp), len(sinks)))
+    return min(_max_flow_bytes_per_s(g, set(s), set(t)) / n for s, t, n in cuts)
+
+
+def _check_gpu(g: nx.Graph, gpu: int) -> None:
+    if gpu not in g or g.nodes[gpu]["kind"] != "gpu":
+        raise UserError(f"GPU {gpu} is not in this graph of {g.graph['n_gpus']} GPUs")
+
+
+def group_bandwidth_bytes_per_s(g: nx.Graph, gpu_ids: Sequence[int]) -> float:
+    """Bus bandwidth per GPU of one ring collective over `gpu_ids`, with the rest of the cluster idle."""
+    return ring_bandwidth_bytes_per_s(g, [gpu_ids])
+
+
+def pair_bandwidth_bytes_per_s(g: nx.Graph, a: int, b: int) -> float:
+    """Max flow from GPU a to GPU b, per direction, with no other GPU relaying."""
+    _check_gpu(g, a)
+    _check_gpu(g, b)
+    if a == b:
+        return math.inf
+    return _max_flow_bytes_per_s(g, {a}, {b})
+
+
+def nvlink_domain_size(top: ClusterTopology) -> int:
+    """GPUs reachable from GPU 0 over NVLink / Infinity Fabric alone, read from the graph (1 on PCIe-only machines)."""
+    per_domain_nodes = max(1, top.intra_node.domain_gpus // top.gpus_per_node)
+    g = build_graph(top, min(top.max_nodes, per_domain_nodes + 1))
+    scale_up = g.edge_subgraph((a, b) for a, b, k in g.edges(data="kind") if k == SCALE_UP)
+    if 0 not in scale_up:
+        return 1
+    return sum(1 for v in nx.node_connected_component(scale_up, 0) if g.nodes[v]["kind"] == "gpu")
+
+
+# ---------------------------------------------------------------------------------------------
+# Placement
+
+
+def place_groups(n_gpus: int, *, tp: int = 1, cp: int = 1, ep: int = 1, dp: int = 1, pp: int = 1,
+                 order: Sequence[str] = AXES) -> dict[str, list[list[int]]]:
+    """Rank groups of each parallel axis, the first axis of `order` innermost (adjacent GPU ids).
+
+    GPU id = sum over axes of index[axis] * stride[axis], strides growing along `order`, as in
+    Megatron-LM's and torchtitan's device meshes (tp innermost keeps it inside an NVLink domain).
+    """
+    sizes = {"tp": tp, "cp": cp, "ep": ep, "dp": dp, "pp": pp}
+    if sorted(order) != sorted(AXES):
+        raise UserError(f"order must list each of {AXES} once, got {tuple(order)}")
+    if any(s < 1 for s in sizes.values()) or math.prod(sizes.values()) != n_gpus:
+        raise UserError(f"tp*cp*ep*dp*pp = {math.prod(sizes.values())} must equal n_gpus = {n_gpus}")
+    strides, stride = {}, 1
+    for axis in order:
+        strides[axis] = stride
+        stride *= sizes[axis]
+    return {axis: [[first + i * strides[axis] for i in range(sizes[axis])]
+                   for first in range(n_gpus) if (first // strides[axis]) % sizes[axis] == 0]
+            for axis in AXES}
+
+
+def axis_bandwidths_bytes_per_s(g: nx.Graph, groups: Mapping[str, Sequence[Sequence[int]]]) -> dict[str, float]:
+    """Bus bandwidth per GPU of each axis's collectives, all groups of an axis running at once."""
+    return {axis: ring_bandwidth_bytes_per_s(g, grps) for axis, grps in groups.items()}

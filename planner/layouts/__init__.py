@@ -1,0 +1,1 @@
+"""Parallel layouts: what a layout is, which are valid, and the layouts as arrays."""

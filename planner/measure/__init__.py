@@ -1,0 +1,1 @@
+"""Measurement: a real PyTorch step under memory trackers, accuracy, DeepSpeed's estimators."""

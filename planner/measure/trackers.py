@@ -1,0 +1,819 @@
+"""Measure one rank's memory by running a real training step of a transformers model in PyTorch.
+
+The planner's formulas are estimates; this module is their referee. It builds the model from a
+Hugging Face ``config.json`` dict with ``transformers``, runs ``n_steps`` full training steps
+(forward with the model's own loss, backward, optimizer step, ``zero_grad(set_to_none=True)``)
+and reads PyTorch's own memory trackers (``torch.distributed._tools.mem_tracker.MemTracker`` and
+``torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker``), which attribute every tensor
+storage to a category (parameters, gradients, optimizer state, activations, temporaries, ...).
+
+By default (``fake=True``) the step runs under ``FakeTensorMode``: tensors carry shapes, dtypes
+and devices but no data, so a 70B model costs a few hundred MiB of host memory, while the tracker
+still sees every allocation. On a small model the fake result equals the real one to the byte.
+
+What can be measured this way
+-----------------------------
+Data parallelism on one rank, with a fake process group (``torch.distributed`` backend
+``"fake"``: collectives return at once and move no data) standing in for the other ranks:
+
+- ``sharding="none"``: replicated weights, gradients and optimizer state (DDP / ZeRO-0). One
+  replicated rank holds what a single device holds, so ``dp`` does not change the result. DDP's
+  own gradient buckets are *not* included: DDP's C++ reducer needs real storage and does not run
+  on fake tensors (``run_distributed_cuda`` on real GPUs wraps the model in DDP and does see them
+  in ``max_allocated_bytes``).
+- ``sharding="grad-op"``: FSDP2 ``fully_shard(reshard_after_forward=False)`` on each decoder
+  block and on the root; weights, gradients and optimizer state sharded over ``dp``, and the
+  all-gathered weights kept from forward until backward (ZeRO-2-like, FSDP's SHARD_GRAD_OP).
+- ``sharding="full"``: FSDP2 ``fully_shard`` (ZeRO-3 / FULL_SHARD): weights are all-gathered
+  block by block and freed again after each block's forward and backward.
+
+What cannot be measured this way
+--------------------------------
+- Tensor parallelism and pipeline parallelism: ``transformers`` models are built whole, and
+  nothing here splits their matrices across ranks (TP) or their layers across stages (PP, which
+  also needs a schedule deciding how many micro-batches' activations each stage holds). Running
+  the whole model would measure the wrong thing, so these layouts are left to the formulas.
+- Context parallelism (sequence split across ranks inside attention) and expert parallelism
+  (experts placed on different ranks, with all-to-all token routing) likewise need the model's
+  code rewritten for the split; plain ``transformers`` models do not do it.
+- Allocator effects (fragmentation, the caching allocator's reserved-but-unused memory, NCCL and
+  CUDA context memory) exist only on a real GPU: see ``max_reserved_bytes`` on the CUDA path.
+
+What each category holds
+------------------------
+The trackers label a storage when it is created, by who created it, and relabel a few later
+(gradients, FSDP buffers). In the planner's terms (CATEGORIES maps the names):
+
+- weights: "Parameter" (MemTracker: every module parameter, in its stored dtype: fp32 for "fp32"
+  and "bf16-mixed", bf16 for "bf16"); "Sharded Param" (FSDP2: this rank's fp32/bf16 shard, dim 0
+  padded to a multiple of dp) + "Unsharded Param" (FSDP2: the all-gathered full parameters of the
+  groups now unsharded, in the compute dtype, i.e. bf16 under bf16-mixed; the root group's
+  embedding, final norm and lm_head stay unsharded through forward and backward).
+  NOT here: autocast's bf16 weight copies in replicated bf16-mixed. Autocast casts each Linear
+  weight once per forward and the matmul saves the copy for backward, so they count as
+  activations (2 bytes per Linear weight element, embedding and norms excluded).
+- gradients: "Gradient" (param.grad, labelled by a hook as it is produced; before that it is a
+  temporary); "Unsharded Grad" (FSDP2: a group's full-size gradients, compute dtype, until they
+  are reduce-scattered) + "Sharded Grad" (this rank's shard, in reduce dtype fp32 under
+  bf16-mixed). With zero_grad(set_to_none=True) they are 0 during forward.
+- optimizer: "Optstate"/"OptState": every tensor in optimizer.state (AdamW exp_avg, exp_avg_sq
+  in the params' dtype, plus a 4-byte step per parameter tensor; SGD momentum; Adafactor row and
+  column statistics) AND every tensor allocated inside optimizer.step() (foreach=False: one
+  parameter's transients at a time, e.g. AdamW's denominator). So at a peak inside the step this
+  is the states plus the largest parameter's transients.
+- activations: "Activation": every tensor created by an op in forward (not only those autograd
+  saves) while it lives: saved inputs of each op, attention outputs/logsumexp (sdpa) or scores and
+  probabilities (eager), the causal mask and RoPE tables if built, the logits, their fp32 copy in
+  the loss, log-softmax, the loss itself; and, with recompute, the tensors rebuilt by the
+  recompute in backward.
+- temporaries: "Temp": every tensor created in backward outside a recompute: gradients of
+  activations (the loss's fp32 logits gradient first), gradients of parameters until labelled
+  "Gradient", FSDP2's cast/copy scratch in backward.
+- buffers: "Buffer" (module buffers, e.g. RoPE inv_freq) + "All Gather" (FSDP2: the flat
+  all-gather output before it is copied out into the unsharded parameters; a prefetched group's
+  sits here) + "Reduce Scatter" (FSDP2: the flat reduce-scatter input, gradients cast to the
+  reduce dtype).
+- inputs: "Other" (MemTracker: tensors given to track_external, i.e. the token ids, which are
+  also the labels) / "Inputs" (FSDPMemTracker.track_inputs).
+
+The training loop drops the model's output (and with it the bf16 logits) before backward and
+keeps only the loss, as torchtitan and the HF Trainer do.
+
+Dropout runs as it does on a GPU (``_gpu_dropout_kernels``): a 1-byte mask per dropout, and,
+under fake tensors, attention with dropout through the fused kernel. The CPU's own dropout
+keeps a noise tensor of the input's dtype, and its scaled_dot_product_attention falls back to
+the math kernel's s x s probabilities when dropout is on: tensors no GPU keeps (GPT-2 large,
+fp32, 4 x 1024 tokens: 9.5 GiB over its 36 blocks).
+
+Only this module imports torch and transformers, and only inside functions: importing
+``planner.measure.trackers`` costs nothing.
+
+Command line: ``python -m planner.measure.trackers '<MeasureSetup as JSON>'`` prints ``MeasuredMemory`` as
+JSON, so a caller can measure in a fresh process whose peak no earlier run has touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from planner.errors import UserError
+
+SHARDINGS = ("none", "grad-op", "full")
+METHODS = ("full", "lora", "freeze")
+PRECISIONS = ("fp32", "bf16-mixed", "bf16")
+OPTIMIZERS = ("adamw", "sgd", "adafactor")
+RECOMPUTES = ("none", "full")
+ATTENTIONS = ("sdpa", "eager")
+
+# Planner category -> the tracker categories it sums. MemTracker names first, then FSDPMemTracker's.
+CATEGORIES: dict[str, tuple[str, ...]] = {
+    "weights": ("Parameter", "Sharded Param", "Unsharded Param"),
+    "gradients": ("Gradient", "Sharded Grad", "Unsharded Grad"),
+    "optimizer": ("Optstate", "OptState"),
+    "activations": ("Activation",),
+    "temporaries": ("Temp",),
+    "buffers": ("Buffer", "All Gather", "Reduce Scatter"),
+    "inputs": ("Other", "Inputs"),
+}
+_TOTAL = "Total"
+
+# Learning rates only matter for values, never for memory.
+_LR = {"adamw": 1e-4, "sgd": 1e-2, "adafactor": 1e-2}
+_SGD_MOMENTUM = 0.9
+_BY_MODULE_DEPTH = 4  # "LlamaForCausalLM.model.layers.0" is depth 4
+_BY_MODULE_MAX_ENTRIES = 64
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MeasureSetup:
+    """One training step to measure, for one data-parallel rank.
+
+    hf_config: a Hugging Face ``config.json`` as a dict (must hold ``model_type``).
+    dp: data-parallel degree: the fake process group's world size when sharded. A replicated
+        rank holds the same whatever dp is, so with sharding "none" dp changes nothing here.
+    sharding: "none" (replicated, ZeRO-0), "grad-op" (FSDP2, reshard_after_forward=False,
+        ZeRO-2-like), "full" (FSDP2 fully_shard, ZeRO-3).
+    precision: "fp32"; "bf16-mixed" (fp32 params, bf16 compute: FSDP2
+        MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) when sharded,
+        torch.autocast(bf16) when not); "bf16" (pure bf16 params and optimizer state).
+    optimizer: "adamw", "sgd" (momentum 0.9) or "adafactor" (torch.optim.Adafactor).
+    recompute: "none" or "full" (checkpoint every decoder block, use_reentrant=False).
+    attention: "sdpa" or "eager" (the model's attention implementation).
+    fake: run under FakeTensorMode (no data, any size); False runs real tensors, on the
+        current CUDA device when there is one, else on the CPU.
+    n_steps: training steps run under the tracker; the peak is over all of them, so with the
+        default 2 the optimizer state exists for the whole of the second step. (The first step
+        creates AdamW's states lazily inside its optimizer step.)
+    method: "full"; "lora" (peft.get_peft_model with LoraConfig(r=lora_rank,
+        lora_alpha=lora_alpha, target_modules=lora_targets or PEFT's default,
+        lora_dropout=lora_dropout) over a base built in 16 bits, or fp32 for "fp32"; PEFT keeps
+        the adapters in fp32); "freeze" (the base in 16 bits, only the last ``trainable_layers``
+        blocks train, upcast to fp32 as LLaMA-Factory's freeze tuning does).
+    """
+
+    hf_config: dict[str, Any]
+    dp: int = 1
+    sharding: str = "none"
+    micro_batch: int = 1
+    seq_len: int = 1024
+    precision: str = "bf16-mixed"
+    optimizer: str = "adamw"
+    recompute: str = "none"
+    attention: str = "sdpa"
+    fake: bool = True
+    n_steps: int = 2
+    method: str = "full"
+    lora_rank: int = 8
+    lora_alpha: int = 8
+    lora_targets: list[str] | None = None
+    lora_dropout: float = 0.0
+    trainable_layers: int = 2
+
+    def __post_init__(self) -> None:
+        for name, value, allowed in (
+            ("method", self.method, METHODS),
+            ("sharding", self.sharding, SHARDINGS),
+            ("precision", self.precision, PRECISIONS),
+            ("optimizer", self.optimizer, OPTIMIZERS),
+            ("recompute", self.recompute, RECOMPUTES),
+            ("attention", self.attention, ATTENTIONS),
+        ):
+            if value not in allowed:
+                raise UserError(f"measure: unknown {name} {value!r}; choose one of {', '.join(allowed)}")
+        for name, value in (("dp", self.dp), ("micro_batch", self.micro_batch),
+                            ("seq_len", self.seq_len), ("n_steps", self.n_steps)):
+            if not isinstance(value, int) or value < 1:
+                raise UserError(f"measure: {name} must be a positive integer, got {value!r}")
+        if not isinstance(self.hf_config, Mapping) or "model_type" not in self.hf_config:
+            raise UserError("measure: hf_config must be a config.json dict with a 'model_type' key")
+        if self.optimizer == "adafactor" and self.sharded:
+            # torch.optim.Adafactor squares a row norm in place (norm(...).square_()); on FSDP2's
+            # DTensor shards that norm is a partial sum and DTensor refuses the in-place op.
+            raise UserError("measure: torch.optim.Adafactor does not run on FSDP2-sharded "
+                            "parameters; use sharding='none' or another optimizer")
+
+    @property
+    def sharded(self) -> bool:
+        """True when the step runs under FSDP2 (a process group and a device mesh)."""
+        return self.sharding != "none"
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> MeasureSetup:
+        data = json.loads(text)
+        unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise UserError(f"measure: unknown MeasureSetup keys {sorted(unknown)}")
+        return cls(**data)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MeasuredMemory:
+    """One rank's memory over the measured steps, in bytes.
+
+    ``*_bytes`` are the categories in the tracker's snapshot at the moment of the peak total; they
+    sum to ``peak_bytes``. ``max_*_bytes`` are each category's own maximum over the steps (reached
+    at different moments, so they do not sum to anything). See CATEGORIES for which tracker
+    categories each one sums, and the module docstring for what each tracker category holds.
+    ``raw`` / ``raw_max`` are the tracker's own categories (at the peak / each one's maximum).
+    ``by_module``: for each module down to depth 4 that the tracker followed (every module for
+    MemTracker, the FSDP-wrapped ones for FSDPMemTracker), the highest total seen while it ran.
+    ``peak_step`` (1-based), ``peak_phase`` ("forward", "backward" or "optimizer") and
+    ``peak_module`` (the innermost module running, "" outside any) say when the peak happened.
+    ``n_params``: the model's parameter count, unsharded.
+    ``max_allocated_bytes`` / ``max_reserved_bytes`` / ``device_stats``: CUDA runs only.
+    """
+
+    peak_bytes: int
+    weights_bytes: int
+    gradients_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    temporaries_bytes: int
+    buffers_bytes: int
+    inputs_bytes: int
+    max_weights_bytes: int
+    max_gradients_bytes: int
+    max_optimizer_bytes: int
+    max_activations_bytes: int
+    max_temporaries_bytes: int
+    max_buffers_bytes: int
+    max_inputs_bytes: int
+    raw: dict[str, int]
+    raw_max: dict[str, int]
+    by_module: dict[str, int]
+    n_params: int
+    peak_step: int
+    peak_phase: str
+    peak_module: str
+    tracker: str
+    device: str
+    fake: bool
+    rank: int = 0
+    wall_s: float = 0.0
+    max_allocated_bytes: int | None = None
+    max_reserved_bytes: int | None = None
+    device_stats: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> MeasuredMemory:
+        return cls(**json.loads(text))
+
+
+def measure(setup: MeasureSetup) -> MeasuredMemory:
+    """Run ``setup.n_steps`` training steps and return rank 0's memory by category (bytes).
+
+    Sharded setups create a fake process group of ``setup.dp`` ranks and destroy it afterwards,
+    so measure() can be called repeatedly in one process; it refuses to run when a process group
+    already exists. Peaks are the tracker's, which is fresh per call; for CUDA's own
+    max_memory_allocated, call it in a fresh process (``python -m planner.measure.trackers``).
+    """
+    import torch
+    import torch.distributed as dist
+
+    if setup.fake or not torch.cuda.is_available():
+        device = torch.device("cpu")
+    else:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if not setup.sharded:
+        return _measure_rank(setup, device, mesh=None, rank=0, ddp=False)
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise UserError("measure: a torch.distributed process group already exists; "
+                        "measure in a fresh process (python -m planner.measure.trackers)")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=setup.dp)
+    try:
+        mesh = init_device_mesh(device.type, (setup.dp,))
+        return _measure_rank(setup, device, mesh=mesh, rank=0, ddp=False)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_distributed_cuda(setup: MeasureSetup, nproc: int) -> list[MeasuredMemory]:
+    """Measure for real on ``nproc`` local GPUs with torchrun and NCCL; one result per rank.
+
+    Needs ``setup.fake`` False and ``setup.dp == nproc``. Each rank runs the same step as
+    measure() on its own GPU, with real collectives (DDP for sharding "none", FSDP2 otherwise),
+    and writes its MeasuredMemory as JSON; this function gathers them, rank order.
+    """
+    import subprocess
+    import tempfile
+
+    if setup.fake:
+        raise UserError("run_distributed_cuda: set fake=False (it measures real GPUs)")
+    if setup.dp != nproc:
+        raise UserError(f"run_distributed_cuda: dp={setup.dp} must equal nproc={nproc}")
+    repo_root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, env.get("PYTHONPATH")) if p)
+    with tempfile.TemporaryDirectory(prefix="planner-measure-") as out_dir:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={nproc}", "-m", "planner.measure.trackers",
+               "--worker-out", out_dir, setup.to_json()]
+        subprocess.run(cmd, check=True, env=env)
+        return [MeasuredMemory.from_json(Path(out_dir, f"rank{r}.json").read_text())
+                for r in range(nproc)]
+
+
+def _distributed_worker(setup: MeasureSetup, out_dir: str) -> None:
+    """One torchrun rank of run_distributed_cuda: NCCL, real tensors, its result to out_dir."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    device = torch.device("cuda", local_rank)
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", device_id=device)
+    try:
+        mesh = init_device_mesh("cuda", (world_size,)) if setup.sharded else None
+        result = _measure_rank(setup, device, mesh=mesh, rank=rank,
+                               ddp=not setup.sharded and world_size > 1)
+        Path(out_dir, f"rank{rank}.json").write_text(result.to_json())
+    finally:
+        dist.destroy_process_group()
+
+
+def _measure_rank(setup: MeasureSetup, device: Any, *, mesh: Any, rank: int, ddp: bool) -> MeasuredMemory:
+    """Build model, optimizer and inputs for one rank, run the steps under a tracker, read it."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    t0 = time.perf_counter()
+    on_cuda = device.type == "cuda"
+    if on_cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    fake_mode = FakeTensorMode() if setup.fake else contextlib.nullcontext()
+    with (fake_mode, _unpacked_sequences(), _separate_dtensor_propagation(setup.fake),
+          _gpu_dropout_kernels(device, fake=setup.fake)):
+        model = _build_model(setup, device) if setup.method == "full" else _build_finetuned(setup, device)
+        n_params = sum(p.numel() for p in model.parameters())
+        vocab_size = model.config.vocab_size
+        if setup.recompute == "full":
+            _checkpoint_blocks(model)
+        if mesh is not None:
+            _shard(model, setup, mesh)
+        elif ddp:
+            from torch.nn.parallel import DistributedDataParallel
+
+            model = DistributedDataParallel(model, device_ids=[device.index])
+        optimizer = _build_optimizer(model, setup)
+        ids = torch.randint(0, vocab_size, (setup.micro_batch, setup.seq_len), device=device)
+        tracker = _make_tracker(model, optimizer, ids, sharded=mesh is not None)
+        with tracker:
+            for step in range(setup.n_steps):
+                tracker.step = step + 1
+                if step:
+                    tracker.reset_mod_stats()  # the trackers refuse a second root forward otherwise
+                _train_step(model, optimizer, ids, setup, device)
+        snapshots = tracker.get_tracker_snapshot("peak")
+    return _result(setup, tracker, snapshots, device, n_params=n_params, rank=rank,
+                   wall_s=time.perf_counter() - t0)
+
+
+@contextlib.contextmanager
+def _gpu_dropout_kernels(device: Any, *, fake: bool) -> Iterator[None]:
+    """On the CPU, run dropout the way a GPU does, so the tracker sees a GPU's tensors.
+
+    The planner predicts GPU memory; two CPU code paths keep more for backward than CUDA's:
+
+    - ``F.dropout``: ATen's ``dropout`` takes the fused ``native_dropout`` kernel only on
+      CUDA (and XPU, lazy, privateuse1 devices; aten/src/ATen/native/Dropout.cpp,
+      ``is_fused_kernel_acceptable``). On the CPU it multiplies by a noise tensor of the
+      input's dtype and autograd keeps that: 4 bytes per element in fp32 instead of CUDA's
+      1-byte bool mask. Measured on GPT-2 large (fp32, 4 x 1024 tokens): 270 MiB per block
+      more than a GPU keeps, 9.5 GiB over 36 blocks. Here ``F.dropout`` calls
+      ``torch.native_dropout`` (which has a CPU kernel too, with a bool mask).
+    - ``F.scaled_dot_product_attention`` with ``dropout_p > 0``: the CPU's fused (flash)
+      kernel refuses dropout, so PyTorch falls back to the math kernel, which keeps the
+      b x heads x s x s probabilities, the dropout noise and the dropped-out probabilities.
+      CUDA's flash and memory-efficient kernels apply dropout inside the kernel and keep
+      only the output, a fp32 log-sum-exp per head and row, and the RNG seed and offset
+      (Dao et al. 2022, arXiv:2205.14135, Sec. 3.1 and Alg. 2). Under fake tensors the
+      call goes to the CPU flash op (``_scaled_dot_product_flash_attention_for_cpu``)
+      whose fake kernel ignores dropout: the tensors a GPU's flash kernel keeps, less its
+      16 bytes of RNG state. A real CPU run cannot do this (that kernel refuses dropout),
+      so it keeps the math kernel.
+
+    Nothing changes on a GPU, nor for models without dropout.
+    """
+    if device.type != "cpu":
+        yield
+        return
+    from unittest import mock
+
+    import torch
+    import torch.nn.functional as F
+
+    cpu_dropout, cpu_sdpa = F.dropout, F.scaled_dot_product_attention
+
+    def dropout(x: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
+        if not training or inplace or not 0.0 < p < 1.0:
+            return cpu_dropout(x, p, training, inplace)
+        return torch.native_dropout(x, p, True)[0]
+
+    def sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
+             is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False) -> Any:
+        if not fake or dropout_p == 0.0 or enable_gqa or query.shape[1] != key.shape[1]:
+            return cpu_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                            is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
+
+    # module attributes, not a TorchFunctionMode: checkpoint's recompute in backward runs
+    # outside a mode entered in forward and would rebuild different tensors
+    with mock.patch.object(F, "dropout", dropout), mock.patch.object(F, "scaled_dot_product_attention", sdpa):
+        yield
+
+
+@contextlib.contextmanager
+def _unpacked_sequences() -> Iterator[None]:
+    """Tell transformers our rows are not packed sequences, so fake and real runs match.
+
+    transformers' masking_utils.find_packed_sequence_indices reads the position ids' values to
+    decide whether a row packs several sequences. Fake tensors have no values, so it assumes they
+    might, and builds a (batch, 1, seq, seq) mask a real run never builds. Our inputs are one
+    sequence per row, so the answer is always "not packed" (None).
+    """
+    from unittest import mock
+
+    import transformers.masking_utils as masking_utils
+
+    if not hasattr(masking_utils, "find_packed_sequence_indices"):
+        yield
+        return
+    with mock.patch.object(masking_utils, "find_packed_sequence_indices", lambda position_ids: None):
+        yield
+
+
+@contextlib.contextmanager
+def _separate_dtensor_propagation(fake: bool) -> Iterator[None]:
+    """Give DTensor's shape propagation its own FakeTensorMode, as it has in a real run.
+
+    To learn an op's global output shape, DTensor runs the op on global-shape stand-ins inside
+    ``detect_fake_mode() or FakeTensorMode()``. In a real run that is a fresh fake mode, which
+    the trackers recognise and skip. Under our FakeTensorMode it finds ours, and the trackers
+    count the stand-ins (whole unsharded tensors, freed at once): spikes of a full parameter's
+    size in the optimizer step that a real run never has. A fake mode of its own removes them.
+    """
+    if not fake:
+        yield
+        return
+    from unittest import mock
+
+    import torch.distributed.tensor._sharding_prop as sharding_prop
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    if not hasattr(sharding_prop, "detect_fake_mode"):
+        yield
+        return
+    propagation_mode = FakeTensorMode()
+    with mock.patch.object(sharding_prop, "detect_fake_mode", lambda *args: propagation_mode):
+        yield
+
+
+def _build_model(setup: MeasureSetup, device: Any) -> Any:
+    """The transformers model for hf_config, in the params dtype, in train mode, on device."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
+
+    cfg = dict(setup.hf_config)
+    model_type = cfg.pop("model_type")
+    for key in ("_attn_implementation", "attn_implementation", "torch_dtype", "dtype"):
+        cfg.pop(key, None)
+    config = AutoConfig.for_model(model_type, **cfg)
+    config.use_cache = False
+    auto_cls = AutoModelForMaskedLM if model_type == "bert" else AutoModelForCausalLM
+    dtype = torch.bfloat16 if setup.precision == "bf16" else torch.float32
+    with torch.device(device):
+        model = auto_cls.from_config(config, attn_implementation=setup.attention, dtype=dtype)
+    model.train()
+    return model
+
+
+def _build_finetuned(setup: MeasureSetup, device: Any) -> Any:
+    """The base model in 16 bits (fp32 for "fp32") with LoRA adapters (peft) or with only its
+    last blocks trainable (in fp32). Under fake tensors the model is built on the meta device
+    and then given fake storage, since module dtype casts cannot swap fake parameters."""
+    import torch
+
+    base_dtype = torch.float32 if setup.precision == "fp32" else torch.bfloat16
+    build_device = torch.device("meta") if setup.fake else device
+    with _outside_fake_mode():
+        model = _build_model(replace_dtype(setup, base_dtype), build_device)
+        if setup.method == "lora":
+            from peft import LoraConfig, get_peft_model
+
+            config = LoraConfig(r=setup.lora_rank, lora_alpha=setup.lora_alpha, lora_dropout=setup.lora_dropout,
+                                target_modules=setup.lora_targets)
+            model = get_peft_model(model, config)
+        else:
+            for p in model.parameters():
+                p.requires_grad_(False)
+            for block in _blocks(model)[-setup.trainable_layers:]:
+                block.float()
+                for p in block.parameters():
+                    p.requires_grad_(True)
+    if setup.fake:
+        made: dict[int, Any] = {}
+
+        def fake_like(t: Any) -> Any:   # one storage per original tensor: tied weights stay tied
+            if id(t) not in made:
+                made[id(t)] = torch.empty(t.shape, dtype=t.dtype, device=device)
+            return made[id(t)]
+
+        places: dict[int, list[tuple[Any, str]]] = {}
+        for module in model.modules():
+            for name, p in module.named_parameters(recurse=False):
+                places.setdefault(id(p), []).append((module, name))
+        model = model._apply(fake_like)
+        for where in places.values():        # re-tie: _apply gives each module its own Parameter
+            first = getattr(where[0][0], where[0][1])
+            for module, name in where[1:]:
+                setattr(module, name, first)
+    model.train()
+    return model
+
+
+def replace_dtype(setup: MeasureSetup, dtype: Any) -> MeasureSetup:
+    """The setup whose _build_model dtype is ``dtype`` (bf16 -> "bf16", fp32 -> "fp32")."""
+    import torch
+
+    return dataclasses.replace(setup, precision="bf16" if dtype == torch.bfloat16 else "fp32")
+
+
+@contextlib.contextmanager
+def _outside_fake_mode() -> Iterator[None]:
+    """Leave any active FakeTensorMode (meta-device building must not produce fake tensors)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        yield
+
+
+def _checkpoint_blocks(model: Any) -> None:
+    """Recompute every decoder block in backward: torch.utils.checkpoint, use_reentrant=False.
+
+    transformers checkpoints each block's ``forward`` (not ``__call__``), so FSDP2's hooks stay
+    outside the checkpoint and do not all-gather a second time in the recompute.
+    """
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def _blocks(model: Any) -> list[Any]:
+    """The model's transformer blocks: the first ModuleList as long as num_hidden_layers."""
+    import torch
+
+    n_layers = model.config.num_hidden_layers
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == n_layers:
+            return list(module)
+    raise UserError(f"measure: no list of {n_layers} blocks found in {type(model).__name__}")
+
+
+def _shard(model: Any, setup: MeasureSetup, mesh: Any) -> None:
+    """FSDP2: fully_shard each block, then the root (torchtitan's order)."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    if setup.precision == "bf16-mixed":
+        mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    else:
+        mp_policy = MixedPrecisionPolicy()
+    reshard = setup.sharding == "full"
+    for block in _blocks(model):
+        fully_shard(block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard)
+
+
+def _build_optimizer(model: Any, setup: MeasureSetup) -> Any:
+    """foreach=False always: under FakeTensorMode with FSDP2 a foreach optimizer is over-counted
+    about 13x (FACTS.md), and per-tensor loops are what the formulas assume anyway."""
+    import torch
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    lr = _LR[setup.optimizer]
+    if setup.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=lr, foreach=False)
+    if setup.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=_SGD_MOMENTUM, foreach=False)
+    return torch.optim.Adafactor(params, lr=lr, foreach=False)
+
+
+def _train_step(model: Any, optimizer: Any, ids: Any, setup: MeasureSetup, device: Any) -> None:
+    """Forward with the model's own loss, backward, optimizer step, zero_grad(set_to_none)."""
+    import torch
+
+    autocast: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+    if setup.precision == "bf16-mixed" and not setup.sharded:
+        autocast = torch.autocast(device.type, dtype=torch.bfloat16)
+    with autocast:
+        out = model(input_ids=ids, labels=ids)
+    loss = out.loss
+    del out  # drop the logits, as a training loop that keeps only the loss does
+    loss.backward()
+    del loss
+    with _stub_scalars() if setup.fake else contextlib.nullcontext():
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def _stub_scalars() -> Any:
+    """A dispatch mode answering ``.item()`` with 1 inside the optimizer step under fake tensors.
+
+    Fake tensors hold no values, so ``.item()`` raises there; Adafactor calls it for its step
+    count and its relative step size (``param.norm(2).item()``). The value only scales the
+    update, never changes a tensor's size, so any number gives the same memory.
+    """
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _ScalarStub(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if func is torch.ops.aten._local_scalar_dense.default:
+                dtype = args[0].dtype
+                return True if dtype == torch.bool else (1.0 if dtype.is_floating_point else 1)
+            return func(*args, **(kwargs or {}))
+
+    return _ScalarStub()
+
+
+def _make_tracker(model: Any, optimizer: Any, ids: Any, *, sharded: bool) -> Any:
+    """A MemTracker (replicated) or FSDPMemTracker (FSDP2) that also keeps each category's max."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    base = FSDPMemTracker if sharded else MemTracker
+
+    class _MaxTracker(base):  # type: ignore[misc, valid-type]
+        """Adds category maxima: the trackers keep only the snapshot at the peak total."""
+
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            self.raw_max: dict[Any, dict[str, int]] = {}
+            self.category_max: dict[Any, dict[str, int]] = {}
+            self.step = 0  # set by the training loop, 1-based
+            self.peak_step = 0
+            self.peak_phase = ""
+            self.peak_module = ""
+
+        def _track_module_params_and_buffers(self, module: Any, install_grad_hooks: bool = True) -> Any:
+            # frozen parameters (LoRA's base, freeze) never get a gradient, and
+            # Tensor.register_hook refuses them: give them no-op handles so none is installed
+            for p in module.parameters():
+                if not p.requires_grad and self._param_to_grad_hook_handles.get(p) is None:
+                    self._param_to_grad_hook_handles[p] = (_NoHandle(), _NoHandle())
+            return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
+        def _update_peak_stats(self, peak_state: Any) -> None:  # called after every op
+            peak_before = dict(self._peak_mem)
+            super()._update_peak_stats(peak_state)
+            if self._peak_mem != peak_before:  # a new peak: note where the step was
+                self.peak_step = self.step
+                self.peak_phase = ("optimizer" if self._in_opt
+                                   else "backward" if self._mod_tracker.is_bw else "forward")
+                active = [m for m in self._mod_tracker.parents if m != "Global"]
+                self.peak_module = max(active, key=lambda m: m.count("."), default="")
+            for dev, snap in self._curr_mem_snap.items():
+                named = _named(snap)
+                raw_max = self.raw_max.setdefault(dev, {})
+                for name, n_bytes in named.items():
+                    raw_max[name] = max(raw_max.get(name, 0), n_bytes)
+                cat_max = self.category_max.setdefault(dev, {})
+                for cat, n_bytes in _categorize(named).items():
+                    cat_max[cat] = max(cat_max.get(cat, 0), n_bytes)
+
+    if sharded:
+        tracker = _MaxTracker(model, optimizer)
+        tracker.track_inputs((ids,))
+    else:
+        tracker = _MaxTracker()
+        tracker.track_external(model, optimizer, ids)
+    return tracker
+
+
+class _NoHandle:
+    """A hook handle for a hook never installed (MemTracker removes its handles on exit)."""
+
+    def remove(self) -> None:
+        pass
+
+
+def _named(snap: Mapping[Any, int]) -> dict[str, int]:
+    """A tracker snapshot with its enum keys turned into their names ("Parameter", "Total")."""
+    return {str(getattr(k, "value", k)): int(v) for k, v in snap.items()}
+
+
+def _categorize(named: Mapping[str, int]) -> dict[str, int]:
+    """Tracker categories summed into the planner's (CATEGORIES)."""
+    return {cat: sum(named.get(n, 0) for n in names) for cat, names in CATEGORIES.items()}
+
+
+def _by_module(tracker: Any, device: Any) -> dict[str, int]:
+    """Highest total seen while each module (depth <= 4) ran, forward or backward."""
+    by_module: dict[str, int] = {}
+    for stats in list(tracker.memory_tracking.values()):
+        fqn = stats.mod_fqn
+        if fqn.count(".") + 1 > _BY_MODULE_DEPTH:
+            continue
+        peak = 0
+        for state, snaps in stats.snapshots.items():
+            if "Peak" not in str(getattr(state, "value", state)):
+                continue
+            for snap in snaps:
+                peak = max(peak, int(snap.get(device, {}).get(_TOTAL, 0)))
+        by_module[fqn] = peak
+    return dict(list(by_module.items())[:_BY_MODULE_MAX_ENTRIES])
+
+
+def _result(setup: MeasureSetup, tracker: Any, snapshots: Mapping[Any, Mapping[Any, int]],
+            device: Any, *, n_params: int, rank: int, wall_s: float) -> MeasuredMemory:
+    import torch
+
+    # Fake tensors all live on the CPU; a real run may leave a few CPU tensors beside the GPU's.
+    dev = device if device in snapshots else max(snapshots, key=lambda d: snapshots[d].get(_TOTAL, 0))
+    raw = _named(snapshots[dev])
+    at_peak = _categorize(raw)
+    cat_max = tracker.category_max.get(dev) or at_peak
+    raw_max = tracker.raw_max.get(dev) or raw
+    cuda: dict[str, Any] = {}
+    if device.type == "cuda":
+        stats = torch.cuda.memory_stats(device)
+        cuda = {
+            "max_allocated_bytes": int(torch.cuda.max_memory_allocated(device)),
+            "max_reserved_bytes": int(torch.cuda.max_memory_reserved(device)),
+            "device_stats": {k: int(stats.get(k, 0)) for k in (
+                "allocated_bytes.all.peak", "reserved_bytes.all.peak", "active_bytes.all.peak",
+                "inactive_split_bytes.all.peak", "num_alloc_retries", "num_ooms")},
+        }
+    return MeasuredMemory(
+        peak_bytes=raw.get(_TOTAL, sum(at_peak.values())),
+        **{f"{cat}_bytes": n for cat, n in at_peak.items()},
+        **{f"max_{cat}_bytes": int(cat_max.get(cat, 0)) for cat in CATEGORIES},
+        raw=raw,
+        raw_max=raw_max,
+        by_module=_by_module(tracker, dev),
+        n_params=n_params,
+        peak_step=tracker.peak_step,
+        peak_phase=tracker.peak_phase,
+        peak_module=tracker.peak_module,
+        tracker=type(tracker).__mro__[1].__name__,
+        device=str(dev),
+        fake=setup.fake,
+        rank=rank,
+        wall_s=round(wall_s, 3),
+        **cuda,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m planner.measure.trackers '<MeasureSetup JSON>'``: print MeasuredMemory as JSON."""
+    parser = argparse.ArgumentParser(prog="python -m planner.measure.trackers", description=main.__doc__)
+    parser.add_argument("setup", help="MeasureSetup as JSON (hf_config holds the config.json dict)")
+    parser.add_argument("--worker-out", help=argparse.SUPPRESS)  # set by run_distributed_cuda
+    parser.add_argument("--nproc", type=int, default=0,
+                        help="real CUDA run on this many local GPUs (torchrun); prints the most loaded rank")
+    args = parser.parse_args(argv)
+    try:
+        setup = MeasureSetup.from_json(args.setup)
+    except (UserError, json.JSONDecodeError, TypeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.worker_out:
+        _distributed_worker(setup, args.worker_out)
+        return 0
+    if args.nproc:
+        ranks = run_distributed_cuda(setup, args.nproc)
+        print(max(ranks, key=lambda r: r.max_allocated_bytes or r.peak_bytes).to_json())
+        return 0
+    print(measure(setup).to_json())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Per-rank memory: model states, activations, loss, buffers, overhead, the peak moment."""

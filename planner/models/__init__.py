@@ -1,0 +1,1 @@
+"""Model architectures: ModelSpec, parameter counts, config.json loading, presets."""

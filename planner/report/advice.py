@@ -1,0 +1,135 @@
+"""Advice on a request that cannot run: options that contradict each other, degrees the
+model cannot be split by, and what would make an impossible plan fit. The CLI raises the
+first two as UserError; the report prints the third when nothing fits."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+
+def contradicting_options(kw: Mapping[str, Any]) -> str | None:
+    """The first pair of options of a plan that contradict each other, as a message naming
+    both and the way out, or None."""
+    def given(name: str) -> Any:
+        return kw.get(name)
+
+    tp, pp, cp, zero, fsdp = given("tp"), given("pp"), given("cp"), given("zero"), given("fsdp")
+    vp, sp = given("vp"), given("sp")
+    off_opt, off_par = given("offload_optimizer") or "none", given("offload_params") or "none"
+    if vp is not None and vp > 1 and pp == 1:
+        return (f"--vp {vp} interleaves the layers of each pipeline rank, but --pp 1 has no pipeline; "
+                f"give --pp 2 or more, or drop --vp")
+    if sp and tp == 1:
+        return "--sp splits the sequence over the tensor-parallel ranks, but --tp is 1; give --tp 2 or more, or drop --sp"
+    if off_par != "none":
+        if fsdp in ("grad-op",) or (fsdp is None and zero is not None and zero < 3):
+            what = f"--fsdp {fsdp}" if fsdp else f"--zero {zero}"
+            return (f"--offload-params {off_par} needs sharded parameters: {what} keeps them whole on each "
+                    f"rank; use --zero 3 or --fsdp full (ZeRO-Infinity, FSDP CPU offload)")
+        if fsdp is not None and off_par == "nvme":
+            return (f"--offload-params nvme with --fsdp {fsdp}: FSDP offloads to CPU memory only; "
+                    f"use --offload-params cpu, or --zero 3 for NVMe (ZeRO-Infinity)")
+        for axis, d in (("tp", tp), ("pp", pp), ("cp", cp)):
+            if d is not None and d > 1:
+                return (f"--offload-params {off_par} with --{axis} {d}: Megatron-LM does not offload "
+                        f"parameters; offload under pure data parallelism (--{axis} 1)")
+    if off_opt != "none":
+        if fsdp is not None:
+            return (f"--offload-optimizer {off_opt} with --fsdp {fsdp}: FSDP offloads parameters, gradients and "
+                    f"the optimizer step together; use --offload-params cpu instead")
+        if zero == 0:
+            return (f"--offload-optimizer {off_opt} needs ZeRO-1 or higher (ZeRO-Offload moves the optimizer's "
+                    f"partition), but --zero is 0; give --zero 1, 2 or 3")
+        if off_opt == "nvme" and zero is not None and zero < 3:
+            return f"--offload-optimizer nvme (ZeRO-Infinity) needs --zero 3, not --zero {zero}"
+    if zero is not None and zero >= 2 and fsdp is None and pp is not None and pp > 1:
+        return (f"--zero {zero} with --pp {pp}: DeepSpeed's pipeline engine supports ZeRO stage 0 or 1 only; "
+                f"give --zero 1, or --fsdp")
+    quant = given("quant")
+    if quant is not None or given("method") == "qlora":
+        for axis, d in (("tp", tp), ("pp", pp), ("cp", cp)):
+            if d is not None and d > 1:
+                what = f"--quant {quant}" if quant else "--method qlora"
+                return (f"{what} with --{axis} {d}: quantized base weights (bitsandbytes) run under data "
+                        f"parallelism only; drop --{axis} or the quantization")
+    n_gpus = given("n_gpus")
+    if n_gpus is not None:
+        fixed = {a: given(a) for a in ("dp", "tp", "pp", "cp", "ep") if given(a) is not None}
+        prod = 1
+        for d in fixed.values():
+            prod *= d
+        if fixed and n_gpus % prod:
+            names = " x ".join(f"--{a} {d}" for a, d in fixed.items())
+            return f"--n-gpus {n_gpus} is not a multiple of {names} = {prod}; change --n-gpus or the degrees"
+    return None
+
+
+def fit_advice(r: Any) -> list[str]:
+    """When nothing fits (``r``: an api.PlanResult without a plan): the least memory any
+    layout needs, and what would make it fit that the request does not use yet (more GPUs,
+    a GPU with more memory, offload, QLoRA, recomputation), one sentence each."""
+    from planner.hardware.gpus import list_gpus
+    from planner.memory.model import min_model_state_bytes_per_param
+    from planner.report.text import gib
+    from planner.training.setup import optimizer_state_bytes_per_param
+
+    gpu, setup, n = r.gpu, r.setup, r.params.total
+    sm = r.result.smallest
+    out = []
+    if sm is not None:
+        out.append(f"The least memory any layout needs is {gib(sm.memory.total)} per GPU, on {sm.n_gpus} x "
+                   f"{gpu.name} ({sm.layout.describe()}), against {gib(r.capacity_bytes)} usable.")
+    elif r.result.rejected and not r.fits_from_gpus:
+        why = Counter(x.reason for x in r.result.rejected).most_common(3)
+        out.append("No layout with these options can run: " + "; ".join(reason for reason, _ in why) + ".")
+    else:
+        per_param = min_model_state_bytes_per_param(setup)
+        out.append(f"Weights, gradients and optimizer states alone take {gib(per_param * n)} "
+                   f"({per_param:g} B per parameter x {n:,} parameters): at least {r.min_gpus_for_states} x "
+                   f"{gpu.name} of {gib(r.capacity_bytes)}, even fully sharded.")
+    if r.fits_from_gpus:
+        out.append(f"It fits from {r.fits_from_gpus} x {gpu.name}: raise --max-gpus (or drop --n-gpus).")
+    bigger = sorted((g for g in list_gpus() if g.memory_bytes > gpu.memory_bytes), key=lambda g: -g.memory_bytes)
+    if bigger:
+        out.append(f"A GPU with more memory: {', '.join(f'{g.name} ({gib(g.memory_bytes)})' for g in bigger[:3])}.")
+    ft = setup.finetune
+    if ft.is_full and setup.offload_optimizer == "none" and setup.offload_params == "none":
+        p = setup.precision_spec
+        opt = (p.master_bytes + optimizer_state_bytes_per_param(setup.optimizer)) * n
+        out.append(f"Offload: --offload-optimizer cpu (with ZeRO 1-3) moves the optimizer states ({gib(opt)} in "
+                   f"all) to CPU memory; --offload-params cpu with --zero 3 moves the weights too.")
+    if ft.is_full:
+        out.append(f"Fine-tune instead: --method qlora keeps a 4-bit base (about {gib(n / 2)}) and trains small "
+                   f"adapters; --method lora a 16-bit base ({gib(2 * n)}).")
+    if sm is not None and sm.layout.recompute != "full":
+        out.append("Fewer activations: --recompute full, a smaller --micro-batch or a shorter --seq-len.")
+    return out
+
+
+def degree_conflict(m: Any, setup: Any, kw: Mapping[str, Any]) -> str | None:
+    """Whether the degrees the options fix (--tp, --pp, --cp, --ep, --vp, --sp) cannot split
+    model ``m`` (heads, layers, experts, the sequence): layouts.reject_reason's rules on a
+    layout with only those degrees, as a message naming the options, or None."""
+    from dataclasses import replace
+
+    from planner.training.finetune import FinetuneSpec
+    from planner.layouts.layout import Layout, reject_reason
+
+    fixed = {a: kw[a] for a in ("tp", "pp", "cp", "ep") if kw.get(a) is not None}
+    if kw.get("vp") is not None and "pp" in fixed:     # vp and sp are read with the degree they split
+        fixed["vp"] = kw["vp"]
+    if not fixed:
+        return None
+    tp, pp, ep = fixed.get("tp", 1), fixed.get("pp", 1), fixed.get("ep", 1)
+    sp = kw["sp"] if kw.get("sp") is not None and "tp" in fixed else tp > 1
+    probe = Layout(tp=tp, pp=pp, cp=fixed.get("cp", 1), ep=ep, vp=fixed.get("vp", 1), sp=sp,
+                   micro_batch=1, grad_accum=pp, seq_len=setup.seq_len)
+    plain = replace(setup, global_batch=pp * ep, offload_optimizer="none", offload_params="none",
+                    finetune=FinetuneSpec())
+    reason = reject_reason(m, plain, probe, 1 << 20)
+    if reason is None:
+        return None
+    given = " ".join(f"--{a} {d}" for a, d in fixed.items())
+    return f"{given} cannot split {m.name}: {reason}"

@@ -1,0 +1,489 @@
+"""Reports: the text a person reads and the JSON a script reads. The only module that
+formats units (GiB = 2**30 bytes)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Any
+
+from planner.api import PlanResult
+from planner.measure.crosscheck import Crosscheck, crosscheck_json
+from planner.layouts.layout import Layout
+from planner.search.search import Candidate
+from planner.timing.model import StepTime
+from planner.units import GiB
+
+LABELS = {
+    "weights": "weights",
+    "gradients": "gradients",
+    "optimizer": "optimizer states",
+    "activations": "activations",
+    "logits": "logits and loss",
+    "buffers": "communication buffers",
+    "overhead": "overhead (CUDA, NCCL, fragmentation)",
+}
+
+
+def gib(n_bytes: float) -> str:
+    return f"{n_bytes / GiB:,.2f} GiB"
+
+
+def params_text(n: int) -> str:
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return str(n)
+
+
+# ------------------------------------------------------------------------------ JSON
+
+def layout_json(lay: Layout) -> dict[str, Any]:
+    return {
+        "dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep,
+        "zero_stage": lay.zero_stage, "sharding": lay.sharding, "sp": lay.sp, "vp": lay.vp,
+        "micro_batch": lay.micro_batch, "grad_accum": lay.grad_accum, "seq_len": lay.seq_len,
+        "recompute": lay.recompute,
+    }
+
+
+def time_json(t: StepTime | None, tokens: float | None = None) -> dict[str, Any]:
+    """Step-time fields of a candidate (None when it was not timed: it does not fit)."""
+    if t is None:
+        out: dict[str, Any] = {"step_time_s": None, "tokens_per_s": None, "tflops_per_gpu": None, "mfu": None}
+    else:
+        out = {"step_time_s": t.step_time_s, "tokens_per_s": t.tokens_per_s,
+               "tflops_per_gpu": t.model_flops_per_s_per_gpu / 1e12, "mfu": t.mfu,
+               "time": {"compute_s": t.compute_s, "comm_s": dict(t.comm_s), "bubble_s": t.bubble_s,
+                        "optimizer_s": t.optimizer_s, "hardware_tflops_per_gpu": t.hardware_flops_per_s_per_gpu / 1e12,
+                        "placement": list(t.placement)}}
+    if tokens is not None:
+        out["train_time_s"] = t.train_time_s(tokens) if t is not None else None
+    return out
+
+
+def candidate_json(c: Candidate, tokens: float | None = None) -> dict[str, Any]:
+    mem = c.memory
+    return {
+        "n_gpus": c.n_gpus,
+        "layout": layout_json(c.layout),
+        "memory_bytes": mem.breakdown.as_dict(),
+        "fits": c.fits,
+        "capacity_bytes": c.capacity_bytes,
+        "peak": {"stage": mem.stage, "phase": mem.phase, "layers_on_stage": mem.n_layers_on_stage,
+                 "in_flight_micro_batches": mem.in_flight, "kernels": mem.kernels},
+        "offload": offload_json(c),
+        **time_json(c.time, tokens),
+    }
+
+
+def offload_json(c: Candidate) -> dict[str, Any]:
+    """What offload keeps off the GPU: CPU memory and NVMe per rank and per node, and the
+    node's capacities when the topology gives them (None: not checked)."""
+    mem = c.memory
+    return {"host_bytes_per_rank": mem.host_bytes, "nvme_bytes_per_rank": mem.nvme_bytes,
+            "host_bytes_per_node": mem.host_bytes_per_node, "nvme_bytes_per_node": mem.nvme_bytes_per_node,
+            "host_capacity_bytes": c.host_capacity_bytes, "nvme_capacity_bytes": c.nvme_capacity_bytes,
+            "host_fits": c.host_fits}
+
+
+def method_json(r: PlanResult) -> dict[str, Any]:
+    """The fine-tuning method and its settings (planner.training.finetune)."""
+    from planner.training.finetune import n_trainable_params
+
+    ft = r.setup.finetune
+    out = ft.as_dict(r.model) | {"n_trainable_params": n_trainable_params(r.model, ft, r.params),
+                                 "optimizer": "adam8bit (paged)" if ft.paged_8bit_optimizer else r.setup.optimizer,
+                                 "offload_optimizer": r.setup.offload_optimizer,
+                                 "offload_params": r.setup.offload_params}
+    if r.methods_tried:
+        out["methods_tried"] = list(r.methods_tried)
+    return out
+
+
+def topology_name(r: PlanResult) -> str | None:
+    top = r.cluster.topology if r.cluster is not None else None
+    return top.name if top is not None else None
+
+
+def assumptions(r: PlanResult) -> dict[str, Any]:
+    s = r.setup
+    return {
+        "seq_len": s.seq_len,
+        "global_batch": s.global_batch,
+        "precision": s.precision,
+        "optimizer": s.optimizer,
+        "attention": s.attention,
+        "kernels": s.kernels,
+        "usable_memory_fraction": s.usable_memory_fraction,
+        "overheads": asdict(s.overheads),
+        "buffers": asdict(s.buffers),
+        "gpu_counts_tried": list(r.result.counts_tried),
+        "method": r.setup.finetune.method,
+        "offload_optimizer": s.offload_optimizer,
+        "offload_params": s.offload_params,
+        "topology": topology_name(r),
+        "step_time_model": asdict(r.efficiency),
+        "tokens": r.tokens,
+    }
+
+
+def plan_json(r: PlanResult, crosscheck: Crosscheck | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "model": {"name": r.model.name, "n_params": r.params.total, "n_active_params": r.params.active,
+                  "n_trainable_params": method_json(r)["n_trainable_params"]},
+        "gpu": {"name": r.gpu.name, "memory_bytes": r.gpu.memory_bytes},
+        "plan": candidate_json(r.best, r.tokens) if r.best else None,
+        "alternatives": [candidate_json(c, r.tokens) for c in r.alternatives],
+        "assumptions": assumptions(r),
+    }
+    for shaped_like_plan in ([out["plan"]] if out["plan"] is not None else []) + out["alternatives"]:
+        shaped_like_plan["method"] = method_json(r)
+    if r.best is None:
+        if r.result.smallest is not None:
+            out["least_memory"] = candidate_json(r.result.smallest)
+        out["fits_from_gpus"] = r.fits_from_gpus
+        out["min_gpus_for_model_states"] = r.min_gpus_for_states
+    out["crosscheck"] = crosscheck_json(crosscheck)
+    return out
+
+
+def to_json(r: PlanResult, crosscheck: Crosscheck | None = None) -> str:
+    return json.dumps(plan_json(r, crosscheck), indent=2)
+
+
+def topologies_json() -> list[dict[str, Any]]:
+    """`plan topologies --json`: the shipped cluster topologies."""
+    from planner.hardware.gpus import get_gpu
+    from planner.timing.model import Cluster, scale_up_domain_gpus
+    from planner.hardware.topology import list_topologies
+
+    rows = []
+    for t in list_topologies():
+        gpu = get_gpu(t.gpu)
+        rows.append({
+            "name": t.name, "gpu": t.gpu, "gpus_per_node": t.gpus_per_node, "max_nodes": t.max_nodes,
+            "nvlink_domain_gpus": scale_up_domain_gpus(Cluster(gpu=gpu, topology=t)),
+            "intra_node_fabric": t.intra_node.fabric,
+            "nic_bytes_per_s_per_node": t.network.nics_per_node * t.network.nic_bytes_per_s,
+            "default_for": [gpu.name] if gpu.default_topology == t.name else [],
+            "description": t.description, "source": t.source})
+    return rows
+
+
+# ------------------------------------------------------------------------------ text
+
+def topologies_text(rows: list[dict[str, Any]]) -> str:
+    out = [f"{'name':<24} {'gpu':<10} {'per node':>8} {'nodes':>6} {'NVLink':>7} {'NICs GB/s':>10}  fabric"]
+    for r in rows:
+        default = f"  (default for {r['gpu']})" if r["default_for"] else ""
+        out.append(f"{r['name']:<24} {r['gpu']:<10} {r['gpus_per_node']:>8} {r['max_nodes']:>6} "
+                   f"{r['nvlink_domain_gpus']:>7} {r['nic_bytes_per_s_per_node'] / 1e9:>10,.0f}  "
+                   f"{r['intra_node_fabric']}{default}")
+    out.append("NVLink: GPUs per NVLink domain, read from the graph; NICs: scale-out bandwidth per node, "
+               "per direction. Pass one with --topology NAME, or your own file with --topology PATH.")
+    return "\n".join(out)
+
+
+def assumptions_text(r: PlanResult) -> list[str]:
+    s = r.setup
+    o = s.overheads
+    return [
+        f"  sequence {s.seq_len}, global batch {s.global_batch} sequences, {s.precision}, {s.optimizer}, "
+        f"{s.attention} attention, {s.kernels} kernels",
+        f"  overheads: CUDA context {gib(o.cuda_context_bytes)}, workspaces {gib(o.library_workspace_bytes)}, "
+        f"NCCL {gib(o.nccl_bytes)}, fragmentation {o.fragmentation:.0%} of tensor memory",
+        f"  GPU: {r.gpu.full_name}, {gib(r.gpu.memory_bytes)}, {r.gpu.gpus_per_node} per node",
+        f"  cluster: {topology_name(r) or 'no topology file (bandwidths from the GPU catalog)'}; "
+        f"step times: {r.efficiency.name} overlap settings",
+    ] + ([f"  offload: optimizer states -> {s.offload_optimizer}, parameters -> {s.offload_params}; "
+          f"CPU memory per node: {gib(r.host_capacity_bytes) if r.host_capacity_bytes else 'not given by the topology'}"]
+         if s.offload_optimizer != "none" or s.offload_params != "none" else [])
+
+
+# ------------------------------------------------------------------- --quiet
+
+def layout_compact(lay: Layout) -> str:
+    """The layout as space-separated key=value words, e.g. dp=16 tp=4+sp pp=1 zero=2 mb=1
+    ga=64 recompute=none (vp, cp, ep only when above 1; fsdp=full etc. for FSDP)."""
+    parts = [f"dp={lay.dp}", f"tp={lay.tp}" + ("+sp" if lay.sp else ""), f"pp={lay.pp}"]
+    parts += [f"{ax}={d}" for ax, d in (("vp", lay.vp), ("cp", lay.cp), ("ep", lay.ep)) if d > 1]
+    parts.append(f"zero={lay.zero_stage}" if lay.sharding == "zero" else f"fsdp={lay.sharding[5:]}")
+    parts += [f"mb={lay.micro_batch}", f"ga={lay.grad_accum}", f"recompute={lay.recompute}"]
+    return " ".join(parts)
+
+
+def _answer_line(name: str, gpu_name: str, c: Candidate) -> str:
+    """MODEL: N x GPU, LAYOUT, USED/CAPACITY GiB[ DOES NOT FIT], S s/step, MFU P%."""
+    mem = f"{c.memory.total / GiB:.2f}/{c.capacity_bytes / GiB:.2f} GiB" + ("" if c.fits else " DOES NOT FIT")
+    out = f"{name}: {c.n_gpus} x {gpu_name}, {layout_compact(c.layout)}, {mem}"
+    if c.time is not None:
+        t = c.time.step_time_s
+        out += f", {t:.3g} s/step" if t < 100 else f", {t:.0f} s/step"
+        out += f", MFU {c.time.mfu:.1%}"
+    return out
+
+
+def _model_name(r: PlanResult) -> str:
+    ft = r.setup.finetune
+    return r.model.name if ft.is_full else f"{r.model.name} ({ft.method})"
+
+
+def quiet_line(r: PlanResult) -> str:
+    """`plan --quiet`: the answer on one line (a script's `cut -d' ' -f2` is the GPU count)."""
+    if r.best is None:
+        tried = r.result.counts_tried
+        span = f"{tried[0]}" if len(tried) == 1 else f"{tried[0]} to {tried[-1]}"
+        sm = r.result.smallest
+        least = f"; least memory {sm.memory.total / GiB:.2f} GiB per rank on {sm.n_gpus} GPUs" if sm else ""
+        return f"{_model_name(r)}: no layout fits on {span} x {r.gpu.name}{least}"
+    out = _answer_line(_model_name(r), r.gpu.name, r.best)
+    if r.tokens is not None and r.best.time is not None:
+        out += f", {duration(r.best.time.train_time_s(r.tokens))} for {params_text(int(r.tokens))} tokens"
+    return out
+
+
+def cost_quiet_line(r: Any) -> str:
+    """`plan --tokens --quiet`: the chosen plan, its cost and its training time."""
+    from planner.cost.plan import usd
+
+    if r.chosen is None:
+        return f"{_model_name(r.result)}: no plan satisfies the constraints"
+    c = r.chosen
+    cost = usd(c.cost_usd) if c.cost_usd is not None else "no price"
+    return (f"{_answer_line(_model_name(r.result), c.gpu.name, c.candidate)}, {cost}, "
+            f"{duration(c.train_time_s)} for {params_text(int(r.tokens))} tokens")
+
+
+def load_quiet_line(r: Any) -> str:
+    fits = "" if r.fits else " DOES NOT FIT"
+    return (f"{r.model.name}: {r.n_gpus} x {r.gpu.name}, tp={r.tp} pp={r.pp}, "
+            f"{r.memory.total / GiB:.2f}/{r.capacity_bytes / GiB:.2f} GiB{fits}")
+
+
+def buy_quiet_line(r: Any) -> str:
+    """`plan buy --quiet`: the nodes to buy and the total cost of ownership."""
+    from planner.cost.plan import usd
+
+    if not r.feasible:
+        return "no purchase satisfies the constraints" + (f": {r.lines[0]}" if r.lines else "")
+    bought = ", ".join(f"{n} x {g}" for g, n in r.nodes.items() if n)
+    return f"buy {bought} nodes: total {usd(r.tco_usd)} (capex {usd(r.capex_usd)}, opex {usd(r.opex_usd)})"
+
+
+def comparison_quiet_line(m: Any, cmp: Any) -> str:
+    """`plan measure --quiet`: the total predicted and measured, and the error."""
+    total = cmp.rows[-1]
+    err = "-" if total.error is None else f"{100 * total.error:+.1f}%"
+    return (f"{m.name}: {layout_compact(cmp.layout)}, predicted {total.predicted_bytes / GiB:.2f} GiB, "
+            f"measured {total.measured_bytes / GiB:.2f} GiB, error {err}")
+
+
+# ----------------------------------------------------------------------- text
+
+def duration(seconds: float) -> str:
+    for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= 2 * size:
+            return f"{seconds / size:,.1f} {unit}"
+    return f"{seconds:.3g} s"
+
+
+
+
+
+# --------------------------------------------------------------------- --task load
+
+LOAD_LABELS = {"weights": "weights", "kv_cache": "KV cache", "activations": "prefill working set",
+               "overhead": "overhead (CUDA, NCCL, fragmentation)"}
+
+
+def load_json(r: Any) -> str:
+    """`plan --task load --json`: the split, the memory of the most loaded GPU, the settings."""
+    s = r.setup
+    return json.dumps({
+        "task": "load",
+        "model": {"name": r.model.name, "n_params": r.params.total},
+        "gpu": {"name": r.gpu.name, "memory_bytes": r.gpu.memory_bytes},
+        "load": {"n_gpus": r.n_gpus, "tp": r.tp, "pp": r.pp, "fits": r.fits, "capacity_bytes": r.capacity_bytes,
+                 "memory_bytes": r.memory.as_dict()},
+        "assumptions": {"weight_bytes": s.weight_bytes, "quant": s.quant, "batch": s.batch, "context": s.context,
+                        "kv_bytes": s.kv_bytes, "usable_memory_fraction": s.usable_memory_fraction,
+                        "overheads": asdict(s.overheads)},
+    }, indent=2)
+
+
+
+
+
+# ------------------------------------------------------------------- measurement
+
+def comparison_json(m: Any, gpu: Any, cmp: Any) -> dict[str, Any]:
+    """``plan measure --json``: prediction, measurement and error per category."""
+    meas = cmp.measured
+    return {
+        "model": {"name": m.name},
+        "gpu": {"name": gpu.name, "memory_bytes": gpu.memory_bytes},
+        "layout": layout_json(cmp.layout),
+        "method": cmp.setup.finetune.as_dict(m),
+        "rows": [{"category": r.category, "predicted_bytes": r.predicted_bytes,
+                  "measured_bytes": r.measured_bytes, "error": r.error} for r in cmp.rows],
+        "predicted": {"memory_bytes": cmp.predicted.as_dict(), "phase": cmp.predicted_phase},
+        "measured": {k: meas[k] for k in ("peak_bytes", "peak_phase", "peak_step", "peak_module",
+                                          "tracker", "device", "fake", "wall_s", "raw",
+                                          "max_allocated_bytes", "max_reserved_bytes") if k in meas},
+        "note": "total is the planner's total less overhead (what no tensor tracker sees) against the tracker's peak",
+    }
+
+
+
+
+
+# ------------------------------------------------------------- cost (plan --tokens)
+
+def _cost_fields(p: Any) -> dict[str, Any]:
+    """cost_usd, train_time_s and gpu_hours of a priced plan (planner.cost.plan.PricedPlan)."""
+    return {"cost_usd": p.cost_usd, "train_time_s": p.train_time_s, "gpu_hours": p.gpu_hours}
+
+
+def _limits_json(r: Any) -> dict[str, Any]:
+    lim = r.limits
+    return {"deadline_s": lim.deadline_s, "budget_usd": lim.budget_usd, "max_gpus": lim.max_gpus}
+
+
+def broken_limits(r: Any, p: Any) -> list[str]:
+    """The constraints a priced plan breaks (deadline, budget)."""
+    lim, out = r.limits, []
+    if lim.deadline_s is not None and p.train_time_s > lim.deadline_s:
+        out.append("deadline")
+    if lim.budget_usd is not None and (p.cost_usd or 0.0) > lim.budget_usd:
+        out.append("budget")
+    return out
+
+
+def prices_json(prices: Any, gpu_names: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in gpu_names:
+        p = prices.for_gpu(name)
+        out[name] = {"rent_usd_per_gpu_hour": p.rent_usd_per_gpu_hour, "rent_source": p.rent_source,
+                     "rent_date": p.rent_date, "node_purchase_usd": p.node_purchase_usd,
+                     "purchase_source": p.purchase_source, "purchase_date": p.purchase_date,
+                     "node_power_kw": p.node_power_kw, "power_source": p.power_source}
+    return out
+
+
+def cost_json(r: Any, crosscheck: Crosscheck | None = None) -> dict[str, Any]:
+    """`plan --tokens --json`: the plain plan's object, each plan with cost_usd, train_time_s
+    and gpu_hours, the table by GPU count, the constraints and the solver."""
+    out = plan_json(r.result, crosscheck)
+    if r.chosen is not None:
+        from planner.cost.plan import price_plan
+        out["plan"].update({"gpu": r.chosen.gpu.name, **_cost_fields(r.chosen)})
+        for alt, c in zip(out["alternatives"], r.result.alternatives):
+            alt.update({"gpu": r.chosen.gpu.name, **_cost_fields(price_plan(r.chosen.gpu, c, r.tokens, r.prices))})
+    out["objective"] = r.objective
+    out["tokens"] = r.tokens
+    out["constraints"] = _limits_json(r)
+    out["gpus_considered"] = [g.name for g in r.gpus]
+    out["by_gpu_count"] = [{"gpu": p.gpu.name, "n_gpus": p.n_gpus, **_cost_fields(p),
+                            "step_time_s": p.candidate.time.step_time_s, "mfu": p.candidate.time.mfu,
+                            "layout": layout_json(p.candidate.layout), "breaks": broken_limits(r, p),
+                            "chosen": r.chosen is not None and p.candidate is r.chosen.candidate}
+                           for p in r.by_count]
+    out["solver"] = {**r.solver.as_dict(), "n_candidates": r.n_options}
+    out["prices"] = prices_json(r.prices, [g.name for g in r.gpus])
+    out["prices"]["electricity"] = {"usd_per_kwh": r.prices.electricity_usd_per_kwh, "pue": r.prices.pue}
+    out["prices_overrides"] = r.prices.overrides
+    d = r.diagnosis
+    out["infeasible"] = None if d is None else {
+        "binding": list(d.binding), "fits_from_gpus": d.fits_from_gpus,
+        "deadline_needs_gpus": d.deadline_needs_gpus, "budget_allows_gpus": d.budget_allows_gpus,
+        "message": " ".join(d.lines)}
+    out["search_s"] = r.search_s
+    return out
+
+
+def rent_lines(r: Any) -> list[str]:
+    out = []
+    for g in r.gpus:
+        p = r.prices.for_gpu(g.name)
+        if p.rent_usd_per_gpu_hour is None:
+            out.append(f"  {g.name}: no rental price")
+        else:
+            date = f", {p.rent_date}" if p.rent_date else ""
+            out.append(f"  {g.name}: ${p.rent_usd_per_gpu_hour:,.2f} per GPU-hour ({p.rent_source}{date})")
+    return out
+
+
+
+
+
+def solver_lines(r: Any) -> list[str]:
+    """`plan --tokens`: the solver, the ILP's size, its status and times."""
+    s = r.solver
+    proved = "optimality proved" if s.optimal else "optimality NOT proved"
+    return [f"{s.name} on an ILP of {r.n_options} candidates (binary choice, named constraints)",
+            f"status {s.status}, {proved} (gap {s.gap_rel:g}, limit {s.time_limit_s:g} s), {s.solve_s:.3f} s; "
+            f"search {r.search_s:.1f} s"]
+
+
+# ---------------------------------------------------------------------- plan buy
+
+def buy_json(r: Any) -> dict[str, Any]:
+    pools = {p.gpu: p for p in r.pools}
+    return {
+        "jobs_file": r.path, "start_date": r.start_date, "horizon_s": r.horizon_s, "budget_usd": r.budget_usd,
+        "feasible": r.feasible,
+        "nodes": {g: {"nodes": n, "gpus": n * pools[g].gpus_per_node, "capex_usd": n * pools[g].capex_usd,
+                      "opex_usd": n * pools[g].opex_usd} for g, n in r.nodes.items()},
+        "capex_usd": r.capex_usd, "opex_usd": r.opex_usd, "tco_usd": r.tco_usd,
+        "jobs": [{"name": j.name, "model": j.model.name, "gpu": j.gpu.name, "n_gpus": j.n_gpus,
+                  "layout": layout_json(j.candidate.layout), "start_s": j.start_s, "finish_s": j.finish_s,
+                  "deadline_s": j.deadline_s, "train_time_s": j.finish_s - j.start_s, "tokens": j.tokens,
+                  "gpu_hours": j.n_gpus * (j.finish_s - j.start_s) / 3600,
+                  "step_time_s": j.candidate.time.step_time_s, "mfu": j.candidate.time.mfu} for j in r.plans],
+        "solver": {**r.solver.as_dict(), "n_candidates": r.n_options},
+        "prices": prices_json(r.prices, [p.gpu for p in r.pools])
+        | {"electricity": {"usd_per_kwh": r.prices.electricity_usd_per_kwh, "pue": r.prices.pue,
+                           "source": r.prices.electricity_source, "pue_source": r.prices.pue_source}},
+        "infeasible": None if r.feasible else " ".join(r.lines),
+        "search_s": r.search_s,
+    }
+
+
+
+
+
+def buy_solver_lines(r: Any) -> list[str]:
+    """`plan buy`: the solver, the ILP's size, its status and times."""
+    s = r.solver
+    proved = "optimality proved" if s.optimal else "optimality NOT proved"
+    return [f"{s.name} on an ILP of {s.n_variables} variables ({r.n_options} job options, integer nodes per type)",
+            f"and {s.n_constraints} named constraints",
+            f"status {s.status}, {proved} (gap {s.gap_rel:g}, limit {s.time_limit_s:g} s), {s.solve_s:.3f} s; "
+            f"search {r.search_s:.1f} s"]
+
+
+def gpu_price_cells(p: Any) -> str:
+    """`plan gpus` columns: rent per GPU-hour, node purchase price, node power."""
+    from planner.cost.plan import usd
+    rent = f"{p.rent_usd_per_gpu_hour:.2f}" if p.rent_usd_per_gpu_hour is not None else "-"
+    node = usd(p.node_purchase_usd) if p.node_purchase_usd is not None else "-"
+    kw = f"{p.node_power_kw:g}" if p.node_power_kw is not None else "-"
+    return f"{rent:>8} {node:>9} {kw:>8}"
+
+
+def price_sources_text(prices: Any, gpu_names: Any) -> str:
+    """Where every price comes from (and the --prices file, when one overrides them)."""
+    out = ["Price sources" + (f" (with {prices.overrides} on top)" if prices.overrides else
+                              " (override any entry with --prices FILE; see planner/presets/prices.toml)") + ":"]
+    for name in gpu_names:
+        p = prices.for_gpu(name)
+        if p.rent_usd_per_gpu_hour is None and p.node_purchase_usd is None:
+            continue
+        out.append(f"  {name}: rent: {p.rent_source or '-'}" + (f" ({p.rent_date})" if p.rent_date else ""))
+        out.append(f"  {' ' * len(name)}  node: {p.purchase_source or '-'}"
+                   + (f" ({p.purchase_date})" if p.purchase_date else "") + f"; power: {p.power_source or '-'}")
+    out.append(f"  electricity: {prices.electricity_usd_per_kwh:g} $/kWh, {prices.electricity_source}"
+               + (f" ({prices.electricity_date})" if prices.electricity_date else ""))
+    out.append(f"  PUE {prices.pue:g}: {prices.pue_source}")
+    return "\n".join(out)

@@ -1,0 +1,1 @@
+"""The search over GPU counts and layouts, and the fastest layout per GPU count."""

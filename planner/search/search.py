@@ -1,0 +1,195 @@
+"""The search: GPU counts and layouts; layouts that fit are ranked by predicted step time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+
+from planner.layouts.layout import Layout, SearchSpace, enumerate_layouts
+from planner.memory.model import RankMemory, min_model_state_bytes_per_param, per_rank_memory
+from planner.models.spec import ModelSpec, ParamCount, count_params
+from planner.timing.model import StepTime
+from planner.training.setup import TrainingSetup
+
+RECOMPUTE_COST = {"none": 0, "selective": 1, "full": 2}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Candidate:
+    """A valid layout on a GPU count, with its memory, whether it fits, and (for layouts
+    that fit) its predicted step time."""
+
+    layout: Layout
+    memory: RankMemory
+    capacity_bytes: int
+    time: StepTime | None = None
+    host_capacity_bytes: int | None = None   # a node's CPU memory, when the topology gives it
+    nvme_capacity_bytes: int | None = None   # a node's local NVMe, when the topology gives it
+
+    @property
+    def n_gpus(self) -> int:
+        return self.layout.n_gpus
+
+    @property
+    def host_fits(self) -> bool:
+        """What offload puts in CPU memory fits a node's (unchecked without a figure)."""
+        host = self.host_capacity_bytes is None or self.memory.host_bytes_per_node <= self.host_capacity_bytes
+        nvme = self.nvme_capacity_bytes is None or self.memory.nvme_bytes_per_node <= self.nvme_capacity_bytes
+        return host and nvme
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.total <= self.capacity_bytes and self.host_fits
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.capacity_bytes - self.memory.total
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Rejected:
+    layout: Layout
+    reason: str
+
+
+def gpu_counts(gpus_per_node: int, max_gpus: int) -> list[int]:
+    """GPU counts the search tries: 1, 2, 4 ... below one node, then whole nodes
+    (every count up to 16 nodes, then 1.5x and 2x steps: 24, 32, 48, 64 ... nodes)."""
+    counts = [n for n in (1, 2, 4) if n < gpus_per_node]
+    nodes = list(range(1, 17))
+    step = 16
+    while step * gpus_per_node < max_gpus:
+        nodes += [step + step // 2, step * 2]
+        step *= 2
+    counts += [n * gpus_per_node for n in nodes]
+    return sorted(c for c in set(counts) if c <= max_gpus)
+
+
+def rank_key(c: Candidate) -> tuple:
+    """Order among fitting layouts on the same GPU count: the shortest predicted step
+    first (planner.timing.model). Ties, and layouts without a step time (no timer given), go
+    to the one that recomputes less, keeps pp, cp, tp and sharding small, takes larger
+    micro-batches and leaves more memory free."""
+    lay = c.layout
+    step = c.time.step_time_s if c.time is not None else float("inf")
+    return (step, RECOMPUTE_COST[lay.recompute], lay.pp, lay.cp, lay.tp, lay.zero_stage,
+            lay.is_fsdp, -lay.micro_batch, lay.vp, -c.headroom_bytes)
+
+
+def evaluate(m: ModelSpec, setup: TrainingSetup, layouts: Iterable[Layout], capacity_bytes: int,
+             pc: ParamCount | None = None, gpus_per_node: int = 8,
+             host_capacity_bytes: int | None = None, nvme_capacity_bytes: int | None = None) -> list[Candidate]:
+    pc = pc or count_params(m)
+    return [Candidate(layout=lay, memory=per_rank_memory(m, setup, lay, pc, gpus_per_node),
+                      capacity_bytes=capacity_bytes, host_capacity_bytes=host_capacity_bytes,
+                      nvme_capacity_bytes=nvme_capacity_bytes)
+            for lay in layouts]
+
+
+VECTORISE_FROM = 64     # layouts per GPU count from which planner.memory.fast pays for itself
+MAX_REJECTED = 10_000   # rejected layouts kept, with their reasons
+
+
+def size_count(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node: int, space: SearchSpace,
+               capacity_bytes: int, pc: ParamCount, host_capacity_bytes: int | None = None,
+               nvme_capacity_bytes: int | None = None,
+               rejected: list[Rejected] | None = None) -> tuple[list[Candidate], Candidate | None]:
+    """The valid layouts on ``n_gpus`` that may fit (every one that fits, in enumeration
+    order; maybe more) as candidates, and the one needing the least memory (the first of
+    equals), or None when no layout is valid.
+
+    Set-ups planner.memory.fast covers (full training, with or without offload) are
+    enumerated and sized as arrays (its layouts and totals equal enumerate_layouts' and
+    per_rank_memory's; tests/test_properties.py), and full breakdowns are built only for
+    the layouts that fit and the least (for all of them when fewer than VECTORISE_FROM);
+    rejected layouts then go unrecorded. Other set-ups (LoRA, QLoRA, freeze), or a total
+    that disagrees with per_rank_memory's (checked on every candidate built), take the
+    per-layout path, which appends up to MAX_REJECTED rejected layouts with their reasons
+    to ``rejected``."""
+    def one_by_one(valid: list[Layout] | None = None) -> tuple[list[Candidate], Candidate | None]:
+        if valid is None:
+            valid = []
+            for lay, reason in enumerate_layouts(m, setup, n_gpus, gpus_per_node, space):
+                if reason is None:
+                    valid.append(lay)
+                elif rejected is not None and len(rejected) < MAX_REJECTED:
+                    rejected.append(Rejected(layout=lay, reason=reason))
+        cands = evaluate(m, setup, valid, capacity_bytes, pc, gpus_per_node, host_capacity_bytes,
+                         nvme_capacity_bytes)
+        least = None
+        for c in cands:
+            if least is None or c.memory.total < least.memory.total:
+                least = c
+        return cands, least
+
+    from planner.memory import fast as fastscore
+
+    if not fastscore.supports(setup):
+        return one_by_one()
+    try:
+        arrays = fastscore.valid_layouts(m, setup, n_gpus, gpus_per_node, space)
+        if len(arrays) < VECTORISE_FROM:
+            return one_by_one([arrays.layout(i, setup.seq_len) for i in range(len(arrays))])
+        totals = fastscore.peak_bytes(m, setup, arrays, pc, gpus_per_node)
+    except fastscore.Unsupported:
+        return one_by_one()
+    least_i = int(totals.argmin())
+    picked = sorted({least_i, *(int(i) for i in (totals <= capacity_bytes).nonzero()[0])})
+    cands = evaluate(m, setup, [arrays.layout(i, setup.seq_len) for i in picked], capacity_bytes, pc,
+                     gpus_per_node, host_capacity_bytes, nvme_capacity_bytes)
+    if any(c.memory.total != totals[i] for c, i in zip(cands, picked)):
+        return one_by_one()      # fastscore has drifted from planner.memory.model: trust the latter
+    return cands, cands[picked.index(least_i)]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchResult:
+    """The fitting candidates on the smallest GPU count that has one (best first), the
+    least-memory candidate seen when none fits, and the rejected layouts with reasons."""
+
+    n_gpus: int | None
+    fitting: tuple[Candidate, ...]
+    smallest: Candidate | None        # the least memory of any valid layout tried
+    rejected: tuple[Rejected, ...]
+    counts_tried: tuple[int, ...]
+
+
+def search(m: ModelSpec, setup: TrainingSetup, capacity_bytes: int, gpus_per_node: int,
+           counts: Iterable[int], space: SearchSpace = SearchSpace(),
+           timer: Callable[[Layout], StepTime] | None = None,
+           host_capacity_bytes: int | None = None, nvme_capacity_bytes: int | None = None,
+           progress: Callable[[int, int, int], None] | None = None) -> SearchResult:
+    """Walk the GPU counts in order and stop at the first that has a fitting layout.
+
+    ``timer`` predicts the step time of a layout; it runs on the fitting layouts only,
+    which are then ranked by it (rank_key). ``host_capacity_bytes`` is a node's CPU
+    memory (``nvme_capacity_bytes`` its NVMe): a layout whose offloaded states need more
+    per node does not fit. ``progress(n_gpus, i, n_counts)`` is called before the i-th
+    count (from 0) is searched, for a progress bar."""
+    counts = list(counts)
+    pc = count_params(m)
+    smallest: Candidate | None = None
+    rejected: list[Rejected] = []
+    tried: list[int] = []
+    floor_per_param = min_model_state_bytes_per_param(setup)
+    for n in counts:
+        if progress is not None:
+            progress(n, len(tried), len(counts))
+        tried.append(n)
+        # Each parameter's states exist at least once across the n GPUs, so some rank
+        # holds at least this much: counts below it need no enumeration.
+        if floor_per_param * pc.total / n > capacity_bytes:
+            continue
+        cands, least = size_count(m, setup, n, gpus_per_node, space, capacity_bytes, pc,
+                                  host_capacity_bytes, nvme_capacity_bytes, rejected)
+        if least is not None and (smallest is None or least.memory.total < smallest.memory.total):
+            smallest = least
+        fitting = [c for c in cands if c.fits]
+        if timer is not None:
+            fitting = [replace(c, time=timer(c.layout)) for c in fitting]
+        fitting.sort(key=rank_key)
+        if fitting:
+            return SearchResult(n_gpus=n, fitting=tuple(fitting), smallest=smallest,
+                                rejected=tuple(rejected), counts_tried=tuple(tried))
+    return SearchResult(n_gpus=None, fitting=(), smallest=smallest, rejected=tuple(rejected),
+                        counts_tried=tuple(tried))

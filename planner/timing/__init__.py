@@ -1,0 +1,1 @@
+"""Step time: FLOPs, kernels, collectives, the pipeline, the data-parallel part."""

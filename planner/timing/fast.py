@@ -1,0 +1,633 @@
+"""Step times of many layouts at once, as numpy arrays.
+
+planner.timing.model.step_time() times one layout (about 150 us once its placements are
+cached): it builds a LayerTime, the links of each placement, a _Pipeline and a StepTime
+object per layout. step_times_s() returns the same step_time_s for every layout of a
+LayoutArrays (planner.memory.fast), and score() memory and step time together; in four
+levels:
+
+- per distinct degrees (D: tp, cp, ep, dp, pp): each axis's bus bandwidth and hop
+  latency over the topology graph on each placement order (placement.axis_links), the
+  stages that can be the slowest and their ranks' parameters (memory.rank_params), the
+  data-parallel collectives of every sharding and the optimizer update;
+- per block shape (fastscore.LayoutGroups' B: tp, cp, ep, kernels, sp, micro-batch,
+  recomputation) and pipeline depth with the same tp, cp and ep links (Q): one block's
+  compute time and collective volumes (timing.layer_time, once per block shape), the
+  tensor-, context- and expert-parallel communication and the slowest stage, which do
+  not depend on dp, vp or the accumulation;
+- per pipeline shape (P: D, sp, vp, micro-batch, recomputation): the pipeline sends and
+  the bubble; and per P and kind of sharding (timing._dp_comms' branch, and whether the
+  optimizer states are sharded; within a P the layouts differ in nothing else) what the
+  data-parallel collectives leave exposed under the slowest stage's forward or backward,
+  the slowdown of what they hide, and the optimizer update, on each placement order;
+- per layout: the faster of the placement orders, read off its kind and P.
+
+The per-degree tables (links, stages, collectives, optimizer) are kept across calls, per
+model, set-up, cluster, efficiencies, placement orders and distinct degrees (a
+least-recently-used cache of at most 32 entries and 64 MiB; forget_tables() drops
+them), as fastscore keeps its per-state tables: a search or sweep that scores the same
+GPU counts again skips them. With them, each Q's slowest stage (_SlowestMemo), so that
+only block shapes not seen before on those degrees are worked out. Where the second
+placement order gives the tensor-, context- and expert-parallel groups the same links as
+the first, the slowest stage is not worked out again, only for the Q rows whose links
+change. What depends on a few distinct values is computed by planner.timing.model's and
+planner.memory.model's own functions; the rest is array arithmetic that mirrors timing._pipeline and timing._finish
+with the same operations in the same order, so the floats are the same, not just close
+(tests/test_fasttime.py checks equality on random models, GPUs, topologies, set-ups,
+efficiencies and layouts). Integers enter the float arithmetic as float64 arrays, which
+hold them exactly as Python's int-to-float conversion does. What
+trains (full, LoRA, QLoRA, freeze) enters through timing's own functions: layer_time
+(frozen base GEMMs, adapters, dequantization), backward_layers (freeze's blocks without
+backward), trained_split (the trainable parameters the gradient reductions and the
+optimizer cover, the frozen bytes ZeRO-3/FSDP gathers), optimizer_bytes_per_param and
+head_backward_gemms. Step time does not depend on offload, so every set-up is covered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import lru_cache
+from typing import NamedTuple
+
+import numpy as np
+
+from planner.memory.fast import (_STATE_CACHE, RECOMPUTES, LayoutArrays, LayoutGroups, TableCache, Unsupported,
+                        _group, _Rows, _rows, peak_bytes)
+from planner.layouts.layout import SHARDINGS, Layout
+from planner.memory.model import stage_layers
+from planner.models.spec import ModelSpec, ParamCount, count_params
+from planner.hardware.placement import FALLBACK_INTRA_LATENCY_S, Cluster, axis_links
+from planner.timing.model import (CROSS_ENTROPY_BYTES_PER_LOGIT, CROSS_ENTROPY_FORWARD_SHARE, PLACEMENT_ORDERS, Efficiency,
+                     _hybrid_shard, backward_layers, gemm_time_s, head_backward_gemms, layer_time,
+                     optimizer_bytes_per_param, rates, trained_split)
+from planner.hardware.topology import AXES
+from planner.training.setup import TrainingSetup
+
+EXACT_INT = 2**53          # integers below this convert to float64 exactly
+SLOTS = 3                  # the stages timing._pipeline compares: first, last, fullest
+
+# timing._dp_comms' branches, in the order of its if/elif chain: plain data parallelism
+# (all-reduce), ZeRO-1/2, FSDP shard-grad-op, ZeRO-3 or FSDP full shard, FSDP hybrid
+ALL_REDUCE, ZERO_12, FSDP_GRAD_OP, SHARD_3, FSDP_HYBRID = range(5)
+
+
+def _branches() -> np.ndarray:
+    """The branch of each (ZeRO stage, sharding), indexed by 4 x stage + SHARDINGS index."""
+    out = np.zeros(4 * len(SHARDINGS), dtype=np.int64)
+    for stage in range(4):
+        for i, name in enumerate(SHARDINGS):
+            if stage == 3:
+                b = FSDP_HYBRID if name == "fsdp-hybrid" else SHARD_3
+            elif stage == 2 and name.startswith("fsdp"):
+                b = FSDP_GRAD_OP
+            elif stage in (1, 2):
+                b = ZERO_12
+            else:
+                b = ALL_REDUCE
+            out[len(SHARDINGS) * stage + i] = b
+    return out
+
+
+BRANCH = _branches()
+
+
+# ------------------------------------------------------------------ memoised tables
+
+class _SlowestMemo:
+    """The slowest stage (timing._pipeline's max() over the stages) per block shape and
+    _Degrees.q_d, on each distinct set of tp, cp and ep links of the placement orders,
+    kept with a _Degrees entry: a search or sweep asks for the same ones again for other
+    micro-batches, accumulations and shardings. Block shapes are numbered in the order
+    they arrive (``local``: the block table's row -> that number)."""
+
+    def __init__(self, n_q_d: int, n_sets: int) -> None:
+        self.n_q_d, self.n_sets = n_q_d, n_sets
+        self.clear(None)
+
+    def clear(self, blocks: _Rows | None) -> None:
+        self.blocks = blocks                                # the block table whose rows these are
+        self.local = np.full(0, -1, dtype=np.int64)
+        self.n_local = 0
+        self.known = np.zeros(0, dtype=bool)
+        self.vals = np.zeros((self.n_sets, 4, 0))           # t, fwd, bwd, hidden
+        self.slot = np.zeros((self.n_sets, 0), dtype=np.int64)
+
+    def numbers(self, blocks: _Rows, block_rows: np.ndarray) -> np.ndarray:
+        """The numbers of the rows ``block_rows`` of the block table ``blocks``, making room
+        for new ones (and starting afresh on another block table: _rows() makes a new one
+        when it is full); a (block row, q_d)'s place in the tables is its number x n_q_d + q_d."""
+        if blocks is not self.blocks:
+            self.clear(blocks)
+        if len(self.local) <= int(block_rows.max()):
+            self.local = np.concatenate([self.local, np.full(int(block_rows.max()) + 1 - len(self.local), -1)])
+        local = self.local[block_rows]
+        if local.min() < 0:
+            new = np.unique(block_rows[local < 0])
+            self.local[new] = np.arange(self.n_local, self.n_local + len(new))
+            self.n_local += len(new)
+            more = len(new) * self.n_q_d
+            self.known = np.concatenate([self.known, np.zeros(more, dtype=bool)])
+            self.vals = np.concatenate([self.vals, np.zeros((self.n_sets, 4, more))], axis=2)
+            self.slot = np.concatenate([self.slot, np.zeros((self.n_sets, more), dtype=np.int64)], axis=1)
+            local = self.local[block_rows]
+        return local
+
+
+def _distinct_rows(columns: Sequence[np.ndarray], rows: _Rows, fn: Callable[..., tuple],
+                   bounds: Sequence[tuple[int, int] | None] | None = None) -> np.ndarray:
+    """rows.lookup() of each distinct row of ``columns``, spread over every element, as a
+    (width, elements) array whose rows are contiguous. ``bounds``: as for fastscore._group()."""
+    inverse, first = _group(columns, bounds)
+    keys = list(zip(*(col[first].tolist() for col in columns)))
+    return np.take(np.ascontiguousarray(rows.lookup(keys, fn).T), inverse, axis=1)
+
+
+@lru_cache(maxsize=4096)
+def _stage_slots(n_layers: int, pp: int) -> tuple[tuple[int, int], ...]:
+    """(stage, layers) of the stages timing._pipeline compares, in increasing stage order."""
+    counts = stage_layers(n_layers, pp)
+    return tuple((s, counts[s]) for s in sorted({0, len(counts) - 1, counts.index(max(counts))}))
+
+
+# --------------------------------------------------- timing's collectives, on arrays
+
+class _Ring(NamedTuple):
+    """The parts of timing.all_reduce_s (steps 2) or gather_s (steps 1) that depend on the
+    group alone: the time of S bytes is latency + volume x S / bandwidth, written in that
+    order as timing writes it, and 0 where ``on`` is false (one rank) or S <= 0."""
+
+    latency: np.ndarray        # steps (n-1) x hop latency
+    volume: np.ndarray         # steps (n-1) / n
+    bandwidth: np.ndarray      # bus bandwidth x Efficiency.bus_fraction
+    on: np.ndarray             # n > 1
+
+    @staticmethod
+    def of(n: np.ndarray, bw: np.ndarray | float, lat: np.ndarray | float, bus: float, steps: int) -> _Ring:
+        n_f = n.astype(np.float64)
+        return _Ring(steps * (n_f - 1) * lat, steps * (n_f - 1) / n_f, bw * bus, n > 1)
+
+    def take(self, idx: np.ndarray) -> _Ring:
+        return _Ring(*(x[idx] for x in self))
+
+    def time_s(self, n_bytes: np.ndarray) -> np.ndarray:
+        return np.where(self.on & (n_bytes > 0), self.latency + self.volume * n_bytes / self.bandwidth, 0.0)
+
+
+def _send_s(n_bytes: np.ndarray, bw: np.ndarray, lat: np.ndarray, bus: float) -> np.ndarray:
+    """timing.send_s."""
+    return np.where((n_bytes > 0) & ~np.isinf(lat), lat + n_bytes / (bw * bus), 0.0)
+
+
+def _hide(comm_s: np.ndarray, window_s: np.ndarray, overlap: float) -> tuple[np.ndarray, np.ndarray]:
+    """timing._hide: (exposed, hidden). The windows are sums of non-negative times, so
+    with overlap 1 max(0, overlap x window) is the window itself, and with a
+    non-negative overlap the product."""
+    if overlap == 1.0:
+        hidden = np.minimum(comm_s, window_s)
+    elif overlap >= 0.0:
+        hidden = np.minimum(comm_s, overlap * window_s)
+    else:
+        hidden = np.minimum(comm_s, np.maximum(0.0, overlap * window_s))
+    return comm_s - hidden, hidden
+
+
+# ------------------------------------------------------------------------ the step
+
+_BLOCK_FIELDS = ("fwd_s", "bwd_s", "attention_fwd_s", "tp_bytes", "tp_collectives", "cp_bytes", "cp_passes",
+                 "ep_bytes", "ep_all_to_alls")
+
+
+def _block_row(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Efficiency, kernels: str, tp: int,
+               sp: int, cp: int, ep: int, mb: int, rc: int) -> tuple[float, ...]:
+    """One block shape's LayerTime fields, then what timing._pipeline derives from the
+    micro-batch alone: the LM head and loss added to the last stage's forward and
+    backward, the bytes of the tp all-reduce at each pipeline edge and of a pipeline send."""
+    gpu, prec = cluster.gpu, setup.precision_spec
+    seq, h, a = setup.seq_len, m.d_model, prec.activation_bytes
+    key = Layout(tp=tp, sp=bool(sp), cp=cp, ep=ep, micro_batch=mb, seq_len=seq, recompute=RECOMPUTES[rc])
+    lt = layer_time(m, setup, key, kernels, gpu, eff)
+    r = rates(gpu, prec.compute_dtype, eff)
+    tokens = mb * seq / cp
+    head_fwd = gemm_time_s(tokens, m.vocab_size / tp, h, r.matmul_flops_per_s, r.hbm_bytes_per_s, prec.weight_bytes)
+    loss_s = tokens * m.vocab_size / tp * CROSS_ENTROPY_BYTES_PER_LOGIT / r.hbm_bytes_per_s
+    head_bwd = head_backward_gemms(setup.finetune)
+    return (*(float(getattr(lt, f)) for f in _BLOCK_FIELDS),
+            head_fwd + loss_s * CROSS_ENTROPY_FORWARD_SHARE,
+            head_bwd * head_fwd + loss_s * (1 - CROSS_ENTROPY_FORWARD_SHARE),
+            tokens * h * a, tokens * h * a / tp)
+
+
+class _Degrees(NamedTuple):
+    """What step_times_s() reads per distinct degrees (D: tp, cp, ep, dp, pp), as
+    (rows, D) tables."""
+
+    stage: np.ndarray          # (SLOTS, D): the stages timing._pipeline compares, -1: none
+    links: list[np.ndarray]    # per placement order (10, D): bus bandwidth, hop latency of each axis
+    optimizer_s: np.ndarray    # (2 x SLOTS x D): the optimizer update unsharded, sharded
+    c0: np.ndarray             # (orders x 5 branches x SLOTS x D): timing._dp_comms' three parts
+    c1: np.ndarray
+    c2: np.ndarray
+    n_slots: int               # the slots some pipeline has
+    per_slot: np.ndarray       # (5 x n_slots, D): layers, pipeline edges, last stage, -inf if absent, backward layers
+    q_d: np.ndarray            # per D: its pipeline depth and tp, cp, ep links on every order, numbered 0, 1, ...
+    n_q_d: int
+    inner_of: tuple[int, ...]  # per order: its set of tp, cp, ep links (the first order with the same ones)
+    slowest: _SlowestMemo
+    pp_on: np.ndarray          # (orders, D): pp > 1 and a finite pipeline hop latency
+    pp_link: np.ndarray        # (2, orders, D): pipeline hop latency and bus bandwidth x bus fraction, and
+    pp_send: np.ndarray        # the same with latency 0.0 and bandwidth inf where not pp_on (sends add 0.0)
+
+
+# Degree tables kept across calls, per (model, set-up, cluster, efficiencies, placement
+# orders, distinct degrees): a search or a sweep scores the same GPU counts' layouts again
+# and again (other micro-batches, recomputation, ZeRO stages), and these tables are most
+# of a call's fixed cost. Least recently used first out.
+_DEGREE_CACHE = TableCache(max_entries=32, max_bytes=64 * 2**20)
+
+
+def _degree_tables(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: Cluster, eff: Efficiency,
+                   orders: list[tuple[str, ...]], degrees: tuple[np.ndarray, ...], degrees_key: bytes,
+                   any_hybrid: bool) -> _Degrees:
+    """_build_degrees(), or its answer for the same arguments from an earlier call
+    (``degrees_key``: LayoutGroups.degrees_key)."""
+    key = (m, pc, setup, cluster, eff, tuple(orders), any_hybrid, degrees_key)
+    hit = _DEGREE_CACHE.get(key)
+    if hit is not None:
+        return hit
+    out = _build_degrees(m, pc, setup, cluster, eff, orders, degrees, any_hybrid)
+    _DEGREE_CACHE.put(key, out)
+    return out
+
+
+def _build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: Cluster, eff: Efficiency,
+                   orders: list[tuple[str, ...]], degrees: tuple[np.ndarray, ...], any_hybrid: bool) -> _Degrees:
+    """Per distinct degrees: the stages that can be the slowest and their ranks'
+    parameters, each axis's links on each placement order, the optimizer update and the
+    data-parallel collectives of every sharding. Raises Unsupported for parameter bytes
+    too large to convert to floats exactly."""
+    tp, cp, ep, dp, pp = degrees
+    n_d = len(tp)
+    gpu, prec = cluster.gpu, setup.precision_spec
+    r = rates(gpu, prec.compute_dtype, eff)
+    bus = eff.bus_fraction
+    # ---- per D: the stages that can be the slowest, their ranks' parameters, the links;
+    # (slots, D) tables
+    ft = setup.finetune
+    wb = prec.weight_bytes
+
+    def stages_of(tp_: int, ep_: int, pp_: int) -> tuple[int, ...]:
+        """Per slot: the stage (-1: none), its layers, its blocks with a backward pass, its
+        rank's trainable dense and expert parameters, and its frozen dense and expert bytes
+        (timing.trained_split)."""
+        out = [-1] * SLOTS + [0] * (6 * SLOTS)
+        counts = stage_layers(m.n_layers, pp_)
+        for j, (s, c) in enumerate(_stage_slots(m.n_layers, pp_)):
+            sp = trained_split(m, pc, setup, Layout(tp=tp_, ep=ep_, pp=pp_), s, c)
+            n_bwd = backward_layers(ft, m.n_layers, sum(counts[:s]), c)
+            for i, x in enumerate((s, c, n_bwd, sp.trainable_dense, sp.trainable_expert, sp.frozen_dense_bytes,
+                                   sp.frozen_expert_bytes)):
+                out[i * SLOTS + j] = x
+        return tuple(out)
+
+    stage_d, layers_d, bwd_layers_d, dense, expert, frozen_dense, frozen_expert = np.split(
+        _distinct_rows([tp, ep, pp], _rows(7 * SLOTS, np.int64, "stages", m, pc, ft, wb), stages_of), 7)
+    if max(int(dense.max()), int(expert.max())) * 8 >= EXACT_INT or \
+            max(int(frozen_dense.max()), int(frozen_expert.max())) * 2 >= EXACT_INT:
+        raise Unsupported("a stage's parameter bytes are too large for exact float conversion")
+    dense, expert = dense.astype(np.float64), expert.astype(np.float64)       # trainable
+    frozen_dense, frozen_expert = frozen_dense.astype(np.float64), frozen_expert.astype(np.float64)
+
+    def links_of(*sizes: int) -> tuple[float, ...]:
+        out: list[float] = []
+        for order in orders:
+            lk = axis_links(cluster, sizes, order)
+            out += [x for ax in AXES for x in (lk[ax].bus_bytes_per_s, lk[ax].latency_s)]
+        return tuple(out)
+
+    keys = list(zip(tp.tolist(), cp.tolist(), ep.tolist(), dp.tolist(), pp.tolist()))
+    every = np.ascontiguousarray(_rows(10 * len(orders), np.float64, "links", cluster, tuple(orders))
+                                 .lookup(keys, links_of).T)
+    links = [every[10 * i:10 * i + 10] for i in range(len(orders))]      # per order: bw, lat of each axis
+
+    # ---- per D: the optimizer update unsharded and sharded (timing.optimizer_time_s), as
+    # (2, slots, D) flattened
+    moe = m.is_moe
+    n_dense, n_expert = dp * cp * ep, dp * cp
+    nd_f, ne_f = n_dense.astype(np.float64), n_expert.astype(np.float64)
+    per_param = optimizer_bytes_per_param(setup)
+    unsharded = dense + expert if moe else dense
+    sharded = dense / nd_f + expert / ne_f if moe else dense / nd_f
+    optimizer_s = np.concatenate([(unsharded * per_param / r.hbm_bytes_per_s).ravel(),
+                                  (sharded * per_param / r.hbm_bytes_per_s).ravel()])
+    g_b, w_b = eff.grad_reduce_bytes or prec.grad_bytes, prec.weight_bytes
+    has_frozen = bool(frozen_dense.any() or frozen_expert.any())
+    hybrid = None
+    if any_hybrid:
+        (inside,) = _distinct_rows([tp, n_dense], _rows(1, np.int64, "hybrid", gpu.gpus_per_node),
+                                   lambda tp_, dd: (_hybrid_shard(Layout(tp=tp_, dp=dd), gpu.gpus_per_node),))
+        hybrid = (inside.astype(np.float64), np.maximum(1, n_dense // inside),
+                  _Ring.of(inside, gpu.intra_node_bytes_per_s, FALLBACK_INTRA_LATENCY_S, bus, 1))
+
+    def dp_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """timing._dp_comms per (order, branch, slot, D), flattened: c0 once a step under
+        the backward, c1 under the forward, c2 under the backward."""
+        pick, cols = np.where(dp > 1, 6, np.where(cp > 1, 2, 4)), np.arange(n_d)   # dp, else cp, else ep link
+        bw = np.stack([lk[pick, cols] for lk in links])[:, None, :]          # (orders, 1, D)
+        lat = np.stack([lk[pick + 1, cols] for lk in links])[:, None, :]
+        ring_d = _Ring.of(n_dense, bw, lat, bus, 1)
+
+        def over_dp(ring: _Ring, ring_e: _Ring | None, per: int, frozen: bool = False) -> np.ndarray:
+            """Trainable parameters x ``per`` bytes, plus the frozen base's bytes."""
+            out = ring.time_s(frozen_dense + dense * per if frozen else dense * per)
+            if ring_e is None:
+                return out
+            return out + ring_e.time_s(frozen_expert + expert * per if frozen else expert * per)
+
+        ring_e = _Ring.of(n_expert, bw, lat, bus, 1) if moe else None
+        ag = over_dp(ring_d, ring_e, w_b)                   # the trainable weights (ZeRO-1/2)
+        ag_all = over_dp(ring_d, ring_e, w_b, True) if has_frozen else ag   # and the frozen (ZeRO-3, FSDP)
+        rs = ag if g_b == w_b else over_dp(ring_d, ring_e, g_b)
+        ar = over_dp(_Ring.of(n_dense, bw, lat, bus, 2), _Ring.of(n_expert, bw, lat, bus, 2) if moe else None, g_b)
+        zero = np.zeros_like(ag)
+        c0, c1, c2 = [ar, rs, zero, zero, zero], [zero, ag, ag_all, ag_all, zero], [zero, zero, rs, ag_all + rs, zero]
+        if hybrid is not None:
+            inside_f, across, intra = hybrid          # hybrid_shard ranks inside, replicas across
+            total = dense + expert
+            ag_h = intra.time_s((frozen_dense + frozen_expert) + total * w_b if has_frozen else total * w_b)
+            rs_h = intra.time_s(total * g_b)
+            c0[FSDP_HYBRID] = _Ring.of(across, bw, lat, bus, 2).time_s(total * g_b / inside_f)
+            c1[FSDP_HYBRID], c2[FSDP_HYBRID] = ag_h, ag_h + rs_h
+        return tuple(np.stack([np.broadcast_to(x, ag.shape) for x in c], axis=1).ravel()  # type: ignore[return-value]
+                     for c in (c0, c1, c2))
+
+    # each stage slot's layers, pipeline edges (embedding, LM head), whether it is the last
+    # stage, -inf for a slot the pipeline does not have, and its blocks with a backward pass
+    n_slots = int((stage_d >= 0).any(axis=1).sum())
+    last = stage_d[:n_slots] == pp - 1
+    per_slot = np.concatenate([layers_d[:n_slots].astype(np.float64),
+                               (stage_d[:n_slots] == 0) + last.astype(np.float64), last.astype(np.float64),
+                               np.where(stage_d[:n_slots] >= 0, 0.0, -np.inf),
+                               bwd_layers_d[:n_slots].astype(np.float64)])
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        c0, c1, c2 = dp_tables()
+    # the degrees that give a stage the same time for the same block: the same depth (the
+    # stages and their layers) and the same tp, cp and ep links on every order
+    inner = np.concatenate([pp[None].astype(np.float64)] + [lk[:6] for lk in links]).T
+    numbers: dict[bytes, int] = {}
+    q_d = np.array([numbers.setdefault(row.tobytes(), len(numbers)) for row in inner], dtype=np.int64)
+    inner_of = []
+    for lk in links:
+        inner_of.append(next(j for j in range(len(links)) if np.array_equal(links[j][:6], lk[:6])))
+    every_order = np.stack(links)                                     # (orders, 10, D)
+    pp_on = (pp > 1) & ~np.isinf(every_order[:, 9])
+    pp_link = np.stack([every_order[:, 9], every_order[:, 8] * bus])
+    pp_send = np.stack([np.where(pp_on, pp_link[0], 0.0), np.where(pp_on, pp_link[1], np.inf)])
+    return _Degrees(stage_d, links, optimizer_s, c0, c1, c2, n_slots, per_slot, q_d, len(numbers), tuple(inner_of),
+                    _SlowestMemo(len(numbers), len(links)), pp_on, pp_link, pp_send)
+
+
+# the terms of timing._dp_comms each branch has (the others are 0.0 in its c0, c1, c2):
+# c0 under the backward once a step, c1 under the forward (per micro-batch for ZeRO-3 and
+# FSDP), c2 under the backward per micro-batch
+_TERMS = {ALL_REDUCE: (0,), ZERO_12: (0, 1), FSDP_GRAD_OP: (1, 2), SHARD_3: (1, 2), FSDP_HYBRID: (0, 1, 2)}
+
+
+def _dp_step(branch: int, at: np.ndarray, c0: np.ndarray, c1: np.ndarray, c2: np.ndarray, fwd: np.ndarray,
+             bwd: np.ndarray, ga: np.ndarray, eff: Efficiency, pipeline: np.ndarray, opt: np.ndarray) -> np.ndarray:
+    """timing._finish's step for one branch of the data-parallel collectives: pipeline +
+    exposed + overlap_slowdown x hidden + optimizer, with the collectives' rows ``at`` of
+    c0, c1, c2. The terms the branch lacks are 0.0 and add nothing: e + 0.0 is e and
+    0.0 + e is e for the non-negative times here, so only the branch's own are summed,
+    in timing's order (c0, c1 x per micro-batch, c2 x accumulation)."""
+    per_mb = branch >= FSDP_GRAD_OP
+    exposed = hidden = None
+    for term in _TERMS[branch]:
+        c, window, overlap = ((c0, bwd, eff.dp_overlap), (c1, fwd, eff.zero3_overlap if per_mb else
+                                                          eff.param_gather_overlap), (c2, bwd, eff.zero3_overlap))[term]
+        if overlap == 0.0:             # nothing hidden: min(c, 0.0 x window) is 0.0
+            e, h = c[at], None
+        else:
+            e, h = _hide(c[at], window, overlap)
+        if term == 2 or term == 1 and per_mb:      # (x 1.0 otherwise: x itself)
+            e, h = e * ga, None if h is None else h * ga
+        exposed = e if exposed is None else exposed + e
+        hidden = h if hidden is None else hidden if h is None else hidden + h
+    step = pipeline + exposed
+    if hidden is not None:             # (+ overlap_slowdown x 0.0 otherwise: nothing)
+        step = step + eff.overlap_slowdown * hidden
+    return step + opt
+
+
+def _fill_slowest(memo: _SlowestMemo, at_miss: np.ndarray, qd: np.ndarray, q_blocks: np.ndarray, deg: _Degrees,
+                  tp: np.ndarray, cp: np.ndarray, ep: np.ndarray, bus: float, eff: Efficiency) -> None:
+    """Work out the slowest stage of the Q rows not worked out before (their places
+    ``at_miss`` in ``memo``; ``qd``: a D standing for each, ``q_blocks``: its block's
+    row of the block table) on each set of tp, cp and ep links, into ``memo``."""
+    links, n_slots = deg.links, deg.n_slots
+    (lt_fwd, lt_bwd, lt_attn, lt_tp_bytes, lt_tp_coll, lt_cp_bytes, lt_cp_passes, lt_ep_bytes, lt_ep_a2a,
+     head_fwd_add, head_bwd_add, edge_bytes, _) = q_blocks
+    qcp = cp[qd]
+    per_slot = np.take(deg.per_slot, qd, axis=1)
+    layers_p, edges_p, last_p, absent_p, bwd_layers_p = (per_slot[i * n_slots:(i + 1) * n_slots] for i in range(5))
+    use_cp, use_ep = bool((cp > 1).any()), bool((ep > 1).any())
+    # the stages' compute does not depend on the links
+    stage_fwd = layers_p * lt_fwd + last_p * head_fwd_add       # + 0.0 where not the last stage: exact
+    stage_bwd = bwd_layers_p * lt_bwd + last_p * head_bwd_add
+
+    def slowest(lk: np.ndarray, sel: np.ndarray | slice) -> tuple[np.ndarray, ...]:
+        """(t, fwd, bwd, hidden, slot) of the slowest stage of the Q rows ``sel`` (all of
+        them first, then a subset), before the pipeline sends, as timing._pipeline's max()
+        over (time, fwd, bwd, comm, hidden, stage) picks it."""
+        d = qd[sel]
+        ring_tp = _Ring.of(tp, lk[0], lk[1], bus, 2).take(d)
+        tp_all = lt_tp_coll[sel] * ring_tp.time_s(lt_tp_bytes[sel])
+        comm_b, hidden_b = tp_all * (1 - eff.tp_overlap), tp_all * eff.tp_overlap
+        if use_cp:
+            passes = lt_cp_passes[sel]
+            cp_all = passes * (qcp[sel] - 1) * _send_s(lt_cp_bytes[sel], lk[2][d], lk[3][d], bus)
+            cp_block, cp_hidden = _hide(cp_all, lt_attn[sel] * passes, eff.cp_overlap)
+            comm_b, hidden_b = comm_b + cp_block, hidden_b + cp_hidden
+        if use_ep:
+            ep_all = lt_ep_a2a[sel] * _Ring.of(ep, lk[4], lk[5], bus, 1).take(d).time_s(lt_ep_bytes[sel])
+            comm_b, hidden_b = comm_b + ep_all * (1 - eff.ep_overlap), hidden_b + ep_all * eff.ep_overlap
+        edge_all = ring_tp.time_s(edge_bytes[sel])
+        layers, edges = layers_p[:, sel], edges_p[:, sel]
+        fwd, bwd = stage_fwd[:, sel], stage_bwd[:, sel]
+        if eff.tp_overlap == 0.0:       # x * 1.0 is x; with finite times, x * 0.0 is 0.0 throughout
+            comm = layers * comm_b + edges * edge_all
+            hidden = None if not (use_cp or use_ep) and np.isfinite(tp_all).all() and np.isfinite(edge_all).all() \
+                else layers * hidden_b + edges * edge_all * eff.tp_overlap
+        else:
+            comm = layers * comm_b + edges * (edge_all * (1 - eff.tp_overlap))
+            hidden = layers * hidden_b + edges * edge_all * eff.tp_overlap
+        t = fwd + bwd + comm + absent_p[:, sel]
+        width = t.shape[1]
+        slot = t.argmax(axis=0)
+        at = slot * width + np.arange(width)                # (slot, column) in the flattened tables
+        t_max = np.take(t, at)
+        if (t == t_max).sum(axis=0).max() > 1:          # tied times: the next fields decide,
+            if hidden is None:
+                hidden = np.zeros_like(t)
+            cols = np.arange(width)
+            slot = np.zeros(width, dtype=np.int64)       # equal in all, the later stage wins
+            for j in range(1, n_slots):
+                b = slot, cols
+                win = (t[j] > t[b]) | (t[j] == t[b]) & ((fwd[j] > fwd[b]) | (fwd[j] == fwd[b]) & (
+                    (bwd[j] > bwd[b]) | (bwd[j] == bwd[b]) & ((comm[j] > comm[b]) | (comm[j] == comm[b])
+                                                              & (hidden[j] >= hidden[b]))))
+                slot = np.where(win, j, slot)
+            at = slot * width + np.arange(width)
+            t_max = np.take(t, at)
+        return (t_max, np.take(fwd, at), np.take(bwd, at),
+                np.zeros(width) if hidden is None else np.take(hidden, at), slot)
+
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        first = slowest(links[0], slice(None))
+        for j in sorted(set(deg.inner_of)):     # each set of tp, cp, ep links: redo the Q rows whose links change
+            q_stage = tuple(x.copy() for x in first)
+            if j:
+                sel = np.flatnonzero((links[0][:6] != links[j][:6]).any(axis=0)[qd])
+                for x, y in zip(q_stage, slowest(links[j], sel)):
+                    x[sel] = y
+            for k in range(4):
+                memo.vals[j, k, at_miss] = q_stage[k]
+            memo.slot[j, at_miss] = q_stage[4]
+        memo.known[at_miss] = True
+
+
+def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Cluster,
+                 eff: Efficiency = Efficiency(), pc: ParamCount | None = None,
+                 orders: Sequence[tuple[str, ...]] = PLACEMENT_ORDERS, groups: LayoutGroups | None = None
+                 ) -> np.ndarray:
+    """timing.step_time(m, setup, layout, cluster, eff, pc, orders).step_time_s for every
+    layout of ``a`` (sequence length setup.seq_len), in seconds, as float64. ``groups``:
+    LayoutGroups.of(a), when the caller has it. Raises Unsupported for parameter counts
+    too large to convert to floats exactly."""
+    n = len(a)
+    if n == 0:
+        return np.zeros(0)
+    pc = pc or count_params(m)
+    if pc.total * 8 >= EXACT_INT:
+        raise Unsupported("parameter bytes too large for exact float conversion")
+    bus, slowdown = eff.bus_fraction, eff.overlap_slowdown
+    orders = [tuple(o) for o in orders]
+
+    g = groups or LayoutGroups.of(a)
+    d_rep, p_inv = g.d_rep, g.p_inv
+    tp, cp, ep, _, pp = g.degrees
+    n_d = len(d_rep)
+
+    pair = g.pair
+    pairs = np.flatnonzero(np.bincount(pair, minlength=4 * len(SHARDINGS)))   # the (ZeRO stage, sharding)s present
+    any_hybrid = any(k % len(SHARDINGS) == SHARDINGS.index("fsdp-hybrid") for k in pairs.tolist())
+    deg = _degree_tables(m, pc, setup, cluster, eff, orders, g.degrees, g.degrees_key, any_hybrid)
+    links, optimizer_s, c0, c1, c2 = deg.links, deg.optimizer_s, deg.c0, deg.c1, deg.c2
+
+    # ---- per P: a block (timing.layer_time) and the head, per distinct block shape
+    pd = g.p_d
+    ppp = pp[pd]
+    sp_p, pvp, mb_p, rc_p, pga = g.p_cols
+    # the block shape (tp, sp, cp, ep, micro-batch, recomputation, kernels): LayoutGroups' B
+    kernel_names = (setup.kernels,) if setup.kernels != "auto" else ("eager", "fused")
+    kern_d = g.fused_d if setup.kernels == "auto" else np.zeros(n_d, dtype=np.int64)
+    b_inv, b_first = g.b_inv, g.b_rep
+    b_d = pd[b_first]
+    block_rows = _rows(13, np.float64, "block", m, setup, cluster, eff)
+    b_row, blocks_t = block_rows.columns_of(
+        (tp[b_d], sp_p[b_first], cp[b_d], ep[b_d], mb_p[b_first], rc_p[b_first], kern_d[b_d]),
+        lambda tp_, sp_, cp_, ep_, mb_, rc_, k_: _block_row(m, setup, cluster, eff, kernel_names[k_], tp_, sp_, cp_,
+                                                          ep_, mb_, rc_))
+    p2p_bytes = blocks_t[12][b_inv]
+    p2p_positive = bool((blocks_t[12] > 0).all() and np.isfinite(blocks_t[12]).all())
+    # ---- per Q: the P rows with the same block shape, pipeline depth and tp, cp and ep
+    # links on every order (_Degrees.q_d) have the same slowest stage, whatever their dp,
+    # vp and accumulation: it is worked out once per Q, when first asked for, and kept
+    # (_SlowestMemo); each P reads its Q's
+    memo = deg.slowest
+    at_p = memo.numbers(block_rows, b_row)[b_inv] * memo.n_q_d + deg.q_d[pd]     # each P's Q in the memo
+    known = memo.known[at_p]
+    if not known.all():
+        miss = np.flatnonzero(~known)
+        at_miss, first = np.unique(at_p[miss], return_index=True)      # the Q rows not worked out before
+        p_of = miss[first]                                            # a P standing for each of them
+        _fill_slowest(memo, at_miss, pd[p_of], np.take(blocks_t, b_inv[p_of], axis=1), deg, tp, cp, ep, bus, eff)
+
+    # ---- per pipeline shape and kind of sharding: the data-parallel collectives of the
+    # sharding's branch, hidden under the slowest stage's forward or backward or not, and the
+    # optimizer update (timing._finish). Within a pipeline shape the layouts differ only in
+    # their sharding and ZeRO stage, and those enter only through the branch of
+    # timing._dp_comms and whether the optimizer's states are sharded: a (kind, P) table,
+    # each layout read off it at the end.
+    n_p = len(pd)
+    kinds = [(int(BRANCH[k]), int(k >= len(SHARDINGS))) for k in pairs]
+    kind_list = sorted(set(kinds))
+    kind_of = np.zeros(4 * len(SHARDINGS), dtype=np.int64)
+    for k, kind in zip(pairs, kinds):
+        kind_of[k] = kind_list.index(kind)
+    at_kind = kind_of[pair] * n_p + p_inv              # each layout's place in the (kind, P) table
+    # the P rows that have layouts of each kind: a kind in few of them (ZeRO-3 runs without
+    # a pipeline only, for one) is summed on those alone
+    has = np.zeros(len(kind_list) * n_p, dtype=bool)
+    has[at_kind] = True
+    rows_of = [None if 2 * int(np.count_nonzero(h)) > n_p else np.flatnonzero(h) for h in has.reshape(-1, n_p)]
+    p2p_sends = 2 * pvp.astype(np.float64)
+    bubble_share = (ppp - 1) / pvp.astype(np.float64)
+    pga_f = pga.astype(np.float64)
+    # every placement order at once: (order, P) arrays, each order reading its set of tp,
+    # cp, ep links' slowest stages; the same operations as one order at a time, element by
+    # element, so the same floats
+    n_o = len(links)
+    sets = list(deg.inner_of)
+    vals, slot_p = np.take(memo.vals, at_p, axis=2), np.take(memo.slot, at_p, axis=1)   # (set, 4, P), (set, P)
+    if sets != list(range(len(sets))):
+        vals, slot_p = vals[sets], slot_p[sets]
+    t_p, fwd_p, bwd_p, hidden_p = (vals[:, k] for k in range(4))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        if p2p_positive:    # a D that sends nothing: latency 0.0 and bandwidth inf give 0.0 + x / inf = 0.0
+            lat, bw = np.take(deg.pp_send, pd, axis=2)
+            p2p_all = p2p_sends * (lat + p2p_bytes / bw)
+        else:
+            lat, bw = np.take(deg.pp_link, pd, axis=2)
+            p2p_all = p2p_sends * np.where(np.take(deg.pp_on, pd, axis=1) & (p2p_bytes > 0), lat + p2p_bytes / bw,
+                                           0.0)
+        t_mb = t_p + p2p_all * (1 - eff.pp_overlap)            # + 0.0 without a pipeline: exact
+        t_mb = t_mb + slowdown * (hidden_p + p2p_all * eff.pp_overlap)
+        pipeline = pga_f * t_mb + bubble_share * t_mb
+        at = slot_p * n_d + pd                                 # (slot, D) of each P's slowest stage
+        order_at = np.arange(n_o)[:, None] * (5 * SLOTS * n_d)
+        best = np.zeros((len(kind_list), n_p))         # (0.0 where a P has no layout of the kind)
+        opt = {sharded: optimizer_s[at + sharded * (SLOTS * n_d)]
+               for (_, sharded), sel in zip(kind_list, rows_of) if sel is None}
+        for row, (branch, sharded) in enumerate(kind_list):
+            sel = rows_of[row]
+            if sel is None:
+                step = _dp_step(branch, at + (order_at + branch * (SLOTS * n_d)), c0, c1, c2, fwd_p, bwd_p,
+                                pga_f, eff, pipeline, opt[sharded])
+            else:
+                at_s = at[:, sel]
+                step = _dp_step(branch, at_s + (order_at + branch * (SLOTS * n_d)), c0, c1, c2, fwd_p[:, sel],
+                                bwd_p[:, sel], pga_f[sel], eff, pipeline[:, sel],
+                                optimizer_s[at_s + sharded * (SLOTS * n_d)])
+            fastest = step[0] if n_o == 1 else np.minimum(step[0], step[1])
+            for k in range(2, n_o):
+                fastest = np.minimum(fastest, step[k])
+            best[row if sel is None else (row, sel)] = fastest
+    return np.take(best.ravel(), at_kind)
+
+
+def forget_tables() -> None:
+    """Drop the degree and state tables kept across calls (step_times_s's and
+    fastscore.peak_bytes's), so that the next call builds them again; the per-shape tables
+    and the topology's links stay. For benchmarks."""
+    _DEGREE_CACHE.clear()
+    _STATE_CACHE.clear()
+
+
+def score(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Cluster, eff: Efficiency = Efficiency(),
+          pc: ParamCount | None = None, orders: Sequence[tuple[str, ...]] = PLACEMENT_ORDERS
+          ) -> tuple[np.ndarray, np.ndarray]:
+    """(peak bytes, step seconds) of every layout of ``a`` on ``cluster``: what
+    fastscore.peak_bytes() and step_times_s() give, grouping the layouts once for both."""
+    groups = LayoutGroups.of(a)
+    return (peak_bytes(m, setup, a, pc, cluster.gpu.gpus_per_node, groups),
+            step_times_s(m, setup, a, cluster, eff, pc, orders, groups))

@@ -1,0 +1,1 @@
+"""What a run trains and how: precision, optimizer, overheads, fine-tuning methods."""

@@ -1,0 +1,538 @@
+"""Fine-tuning methods: which parameters train, and what the frozen ones cost.
+
+    full     every parameter trains (the planner's pretraining accounting)
+    lora     the base is frozen in 16 bits; low-rank adapters B·A train beside chosen linear
+             layers (Hu et al. 2021, "LoRA", arXiv:2106.09685, Sec. 4.1)
+    qlora    LoRA over a 4-bit NormalFloat base with double-quantized block constants,
+             16-bit adapters and paged 8-bit AdamW (Dettmers et al. 2023, "QLoRA",
+             arXiv:2305.14314, Sec. 3)
+    freeze   only the last blocks train, every other weight is frozen (LLaMA-Factory's
+             "freeze" tuning: freeze_trainable_layers, default 2)
+
+Adapter counts equal PEFT's for the same configuration (tests/test_finetune.py builds the
+transformers model on the meta device, wraps it with ``peft.get_peft_model`` and counts the
+parameters that require gradients): each adapted linear layer ``d_in -> d_out`` gains
+``lora_A`` (d_in x r) and ``lora_B`` (r x d_out), no biases, r (d_in + d_out) parameters.
+Target names are the module names transformers gives; a target matches a layer whose
+qualified name equals it or ends with "." + it, as PEFT's ``target_modules`` does.
+
+Quantized base weights (frozen, weight-only) follow the storage formats of the libraries
+that run them:
+
+    nf4   4-bit NormalFloat, 0.5 B per weight, one absmax constant per block of 64 weights:
+          fp32 (32/64 = 0.5 bit per weight), or with double quantization an 8-bit constant
+          per block plus an fp32 constant per 256 blocks (8/64 + 32/(64*256) = 0.127 bit)
+          (QLoRA Sec. 3, "Double Quantization"; bitsandbytes' Linear4bit)
+    int8  LLM.int8(): int8 weights and one fp32 scale per output row (Dettmers et al. 2022,
+          arXiv:2208.07339, Sec. 3.1, vector-wise quantization; bitsandbytes' Linear8bitLt)
+    int4  weight-only 4-bit with an fp16 scale and a 4-bit zero point per group of 128 input
+          weights, the GPTQ/AWQ storage format (Frantar et al. 2022, arXiv:2210.17323;
+          Lin et al. 2023, arXiv:2306.00978)
+
+Only the linear layers inside the blocks are quantized; embeddings, the LM head, norms and
+biases stay in 16 bits (bitsandbytes' integration in transformers skips the output
+embedding and quantizes only ``nn.Linear`` modules).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from planner.errors import UserError
+from planner.models.spec import ModelSpec, ParamCount, count_params
+from planner.units import ceil_div
+
+if TYPE_CHECKING:
+    from planner.layouts.layout import Layout
+
+METHODS = ("full", "lora", "qlora", "freeze")
+QUANTS = ("none", "int8", "int4", "nf4")
+TARGET_GROUPS = ("attention", "mlp", "all-linear")
+LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2")
+
+# PEFT's default target modules per model type (peft/utils/constants.py,
+# TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING)
+PEFT_DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
+    "llama": ("q_proj", "v_proj"), "mistral": ("q_proj", "v_proj"), "mixtral": ("q_proj", "v_proj"),
+    "qwen2": ("q_proj", "v_proj"), "gemma": ("q_proj", "v_proj"), "gemma2": ("q_proj", "v_proj"),
+    "gpt2": ("c_attn",), "bert": ("query", "value"), "falcon": ("query_key_value",),
+    "bloom": ("query_key_value",), "gpt_neox": ("query_key_value",),
+}
+
+NF4_BLOCK = 64                  # weights per absmax constant (QLoRA Sec. 3; bitsandbytes blocksize)
+NF4_DOUBLE_QUANT_BLOCK = 256    # first-level constants per second-level fp32 constant
+INT4_GROUP = 128                # GPTQ/AWQ group size
+FREEZE_TRAINABLE_LAYERS = 2     # LLaMA-Factory's freeze_trainable_layers default
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Linear:
+    """One linear layer of a transformer block (or, with ``outside``, beside the blocks).
+
+    ``name`` is its module path inside the block as transformers names it; ``aliases`` are
+    further names a target may use. ``n_copies`` counts experts (E for an MoE expert
+    projection). ``rank_factor``: PEFT raises the rank on fused expert projections (Mixtral's
+    w1 and w3 are one ``gate_up_proj`` in transformers 5, adapted at rank 2r:
+    peft/utils/transformers_weight_conversion.py).
+    """
+
+    name: str
+    d_in: int
+    d_out: int
+    group: str                  # attention | mlp | router | outside
+    bias: bool = False
+    n_copies: int = 1
+    rank_factor: int = 1
+    aliases: tuple[str, ...] = ()
+    expert: bool = False
+
+    @property
+    def weight_numel(self) -> int:
+        return self.d_in * self.d_out * self.n_copies
+
+    def matches(self, target: str) -> bool:
+        return any(n == target or n.endswith("." + target) for n in (self.name, *self.aliases))
+
+
+def block_linears(m: ModelSpec) -> tuple[Linear, ...]:
+    """The linear layers of one block of ``m``, with transformers' module names."""
+    h, q, kv, f = m.d_model, m.q_dim, m.kv_dim, m.d_ff
+    t = m.model_type
+    if t in LLAMA_LIKE:
+        att = (Linear(name="self_attn.q_proj", d_in=h, d_out=q, group="attention", bias=m.qkv_bias),
+               Linear(name="self_attn.k_proj", d_in=h, d_out=kv, group="attention", bias=m.qkv_bias),
+               Linear(name="self_attn.v_proj", d_in=h, d_out=kv, group="attention", bias=m.qkv_bias),
+               Linear(name="self_attn.o_proj", d_in=q, d_out=h, group="attention", bias=m.out_bias))
+        if m.is_moe:
+            e = m.n_experts
+            return att + (
+                Linear(name="mlp.gate", d_in=h, d_out=e, group="router"),
+                Linear(name="mlp.experts.gate_up_proj", d_in=h, d_out=2 * f, group="mlp", n_copies=e,
+                       rank_factor=2, aliases=("w1", "w3"), expert=True),
+                Linear(name="mlp.experts.down_proj", d_in=f, d_out=h, group="mlp", n_copies=e,
+                       aliases=("w2",), expert=True),
+            )
+        return att + (Linear(name="mlp.gate_proj", d_in=h, d_out=f, group="mlp", bias=m.mlp_bias),
+                      Linear(name="mlp.up_proj", d_in=h, d_out=f, group="mlp", bias=m.mlp_bias),
+                      Linear(name="mlp.down_proj", d_in=f, d_out=h, group="mlp", bias=m.mlp_bias))
+    if t == "gpt2":    # Conv1D layers; PEFT adapts c_attn as one h x 3h layer
+        return (Linear(name="attn.c_attn", d_in=h, d_out=3 * h, group="attention", bias=True),
+                Linear(name="attn.c_proj", d_in=h, d_out=h, group="attention", bias=True),
+                Linear(name="mlp.c_fc", d_in=h, d_out=f, group="mlp", bias=True),
+                Linear(name="mlp.c_proj", d_in=f, d_out=h, group="mlp", bias=True))
+    if t == "bert":
+        return (Linear(name="attention.self.query", d_in=h, d_out=h, group="attention", bias=True),
+                Linear(name="attention.self.key", d_in=h, d_out=h, group="attention", bias=True),
+                Linear(name="attention.self.value", d_in=h, d_out=h, group="attention", bias=True),
+                Linear(name="attention.output.dense", d_in=h, d_out=h, group="attention", bias=True),
+                Linear(name="intermediate.dense", d_in=h, d_out=f, group="mlp", bias=True),
+                Linear(name="output.dense", d_in=f, d_out=h, group="mlp", bias=True))
+    prefix = "attention" if t == "gpt_neox" else "self_attention"   # falcon, bloom
+    return (Linear(name=f"{prefix}.query_key_value", d_in=h, d_out=q + 2 * kv, group="attention",
+                   bias=m.qkv_bias),
+            Linear(name=f"{prefix}.dense", d_in=q, d_out=h, group="attention", bias=m.out_bias),
+            Linear(name="mlp.dense_h_to_4h", d_in=h, d_out=f, group="mlp", bias=m.mlp_bias),
+            Linear(name="mlp.dense_4h_to_h", d_in=f, d_out=h, group="mlp", bias=m.mlp_bias))
+
+
+def outside_linears(m: ModelSpec) -> tuple[Linear, ...]:
+    """Linear layers outside the blocks that PEFT may adapt (never the LM head):
+    BERT's masked-LM transform, ``cls.predictions.transform.dense``."""
+    if m.mlm_head:
+        return (Linear(name="cls.predictions.transform.dense", d_in=m.d_model, d_out=m.d_model,
+                       group="outside", bias=True),)
+    return ()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FinetuneSpec:
+    """What trains and how the frozen base is stored. The default is full training.
+
+    ``lora_targets`` empty means PEFT's default for the architecture (q_proj and v_proj on
+    Llama-family models); groups "attention", "mlp" and "all-linear" (PEFT's: every linear
+    layer except the LM head) expand per architecture. ``quant`` stores the frozen base's
+    linear weights quantized (lora and qlora only). ``paged_8bit_optimizer``: the adapters'
+    AdamW states in 8 bits (bitsandbytes' paged AdamW, QLoRA Sec. 3), 2 B per parameter
+    plus an fp32 absmax per 2,048; paging lets them spill to CPU memory under pressure, which
+    the planner does not count on: it keeps them on the GPU.
+    """
+
+    method: str = "full"
+    lora_rank: int = 8              # PEFT LoraConfig default r
+    lora_alpha: int = 8             # PEFT default; scales the update, costs no memory
+    lora_targets: tuple[str, ...] = ()
+    lora_dropout: float = 0.0       # PEFT default; > 0 keeps a dropout mask and output per target
+    quant: str = "none"
+    double_quant: bool = True
+    adapter_bits: int = 32          # PEFT keeps adapters in fp32 (autocast_adapter_dtype); QLoRA 16
+    paged_8bit_optimizer: bool = False
+    trainable_layers: int = FREEZE_TRAINABLE_LAYERS
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise UserError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
+        if self.quant not in QUANTS:
+            raise UserError(f"unknown quantization {self.quant!r}; choose one of {', '.join(QUANTS)}")
+        if self.quant != "none" and self.method not in ("lora", "qlora"):
+            raise UserError(f"--quant {self.quant} stores a frozen base: use it with --method lora "
+                            f"(or qlora), or with --task load")
+        if not 1 <= self.lora_rank <= 65536:
+            raise UserError(f"--lora-rank must be between 1 and 65536, got {self.lora_rank}")
+        if not 0 <= self.lora_dropout < 1:
+            raise UserError(f"--lora-dropout must be in [0, 1), got {self.lora_dropout}")
+        if self.trainable_layers < 1:
+            raise UserError(f"--trainable-layers must be >= 1, got {self.trainable_layers}")
+        if self.adapter_bits not in (16, 32):
+            raise UserError(f"adapter_bits must be 16 or 32, got {self.adapter_bits}")
+
+    @staticmethod
+    def named(method: str, *, rank: int | None = None, alpha: int | None = None,
+              targets: tuple[str, ...] | None = None, dropout: float | None = None,
+              quant: str | None = None, trainable_layers: int | None = None) -> "FinetuneSpec":
+        """A method with its published defaults, each overridable.
+
+        qlora: NF4 with double quantization, 16-bit adapters, paged 8-bit AdamW, and the
+        adapter settings QLoRA trained Guanaco with: r = 64, alpha = 16 on every linear layer
+        (Dettmers et al. 2023, arXiv:2305.14314; dropout 0.1 up to 13B, 0.05 for 33B and 65B).
+        """
+        if method == "qlora":
+            return FinetuneSpec(method="qlora", lora_rank=rank or 64, lora_alpha=alpha or 16,
+                                lora_targets=targets or ("all-linear",), lora_dropout=dropout or 0.0,
+                                quant=quant or "nf4", double_quant=True, adapter_bits=16,
+                                paged_8bit_optimizer=True)
+        return FinetuneSpec(method=method, lora_rank=rank or 8, lora_alpha=alpha or 8,
+                            lora_targets=targets or (), lora_dropout=dropout or 0.0,
+                            quant=quant or "none",
+                            trainable_layers=trainable_layers or FREEZE_TRAINABLE_LAYERS)
+
+    @property
+    def is_full(self) -> bool:
+        return self.method == "full"
+
+    @property
+    def is_lora(self) -> bool:
+        return self.method in ("lora", "qlora")
+
+    @property
+    def freezes_base(self) -> bool:
+        """Every block's base weights are frozen (LoRA, QLoRA)."""
+        return self.is_lora
+
+    def as_dict(self, m: ModelSpec | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.method}
+        if self.is_lora:
+            out |= {"lora_rank": self.lora_rank, "lora_alpha": self.lora_alpha,
+                    "lora_targets": list(self.lora_targets) or ["peft-default"],
+                    "lora_dropout": self.lora_dropout, "adapter_bits": self.adapter_bits,
+                    "paged_8bit_optimizer": self.paged_8bit_optimizer}
+            if m is not None:
+                out["lora_modules"] = [lin.name for lin in resolve_targets(m, self)]
+        if self.method == "freeze":
+            out["trainable_layers"] = self.trainable_layers
+        if self.quant != "none":
+            out |= {"quant": self.quant, "double_quant": self.double_quant and self.quant == "nf4"}
+        return out
+
+    def describe(self, m: ModelSpec) -> str:
+        if self.method == "full":
+            return "full fine-tuning (every parameter trains)"
+        if self.method == "freeze":
+            return f"freeze: the last {min(self.trainable_layers, m.n_layers)} blocks train, the rest is frozen"
+        names = ", ".join(lin.name.rsplit(".", 1)[-1] if not lin.expert else lin.name.split(".", 1)[-1]
+                          for lin in resolve_targets(m, self))
+        base = {"none": "unquantized", "nf4": "NF4 (4-bit, double-quantized constants)" if self.double_quant
+                else "NF4 (4-bit)", "int8": "int8", "int4": "int4"}[self.quant]
+        opt = ", paged 8-bit AdamW" if self.paged_8bit_optimizer else ""
+        return (f"{self.method}: rank {self.lora_rank}, alpha {self.lora_alpha} on {names}; "
+                f"{base} frozen base, {self.adapter_bits}-bit adapters{opt}")
+
+
+# ------------------------------------------------------------------------------ targets
+
+def resolve_targets(m: ModelSpec, spec: FinetuneSpec) -> tuple[Linear, ...]:
+    """The linear layers (block and outside) the adapters attach to; UserError for a name
+    that matches none of the architecture's layers."""
+    if not spec.is_lora:
+        return ()
+    targets = spec.lora_targets or PEFT_DEFAULT_TARGETS[m.model_type]
+    block, outside = block_linears(m), outside_linears(m)
+    layers = block + outside
+    picked: list[Linear] = []
+    for t in targets:
+        if t == "all-linear":
+            hit = list(layers)
+        elif t == "attention":
+            hit = [lin for lin in block if lin.group == "attention"]
+        elif t == "mlp":
+            hit = [lin for lin in block if lin.group == "mlp"]
+        else:
+            hit = [lin for lin in layers if lin.matches(t)]
+        if not hit:
+            names = sorted({lin.name.rsplit(".", 1)[-1] for lin in layers} | {a for lin in layers for a in lin.aliases})
+            raise UserError(f"--lora-targets {t!r} matches no linear layer of {m.name} ({m.model_type}); "
+                            f"use {', '.join(TARGET_GROUPS)} or module names: {', '.join(names)}")
+        picked += [lin for lin in hit if lin not in picked]
+    _check_fused(m, targets, picked)
+    return tuple(lin for lin in layers if lin in picked)
+
+
+def _check_fused(m: ModelSpec, targets: tuple[str, ...], picked: list[Linear]) -> None:
+    """PEFT refuses w1 without w3 (or the reverse): transformers 5 fuses them."""
+    named = {t for t in targets if t in ("w1", "w3")}
+    if len(named) == 1:
+        missing = ({"w1", "w3"} - named).pop()
+        raise UserError(f"{m.name}: w1 and w3 are one fused gate_up_proj in transformers 5; "
+                        f"target {missing} too (PEFT requires both)")
+
+
+def lora_layer_params(lin: Linear, rank: int) -> int:
+    """LoRA parameters on one linear layer: A (d_in x r') and B (r' x d_out) per copy, r' the
+    rank times PEFT's factor for fused projections (Hu et al. 2021, Sec. 4.1)."""
+    r = rank * lin.rank_factor
+    if lin.n_copies > 1:
+        # PEFT's ParamWrapper on a 3-D expert weight: lora_A is (r E) x d_in, lora_B d_out x (r E)
+        return r * lin.n_copies * (lin.d_in + lin.d_out)
+    return r * (lin.d_in + lin.d_out)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainableCount:
+    """Trainable parameters by where they sit: per block (dense part and expert part) and
+    outside the blocks (first stage: embedding; last: final norm, LM head, MLM head)."""
+
+    dense_per_layer: int
+    expert_per_layer: int
+    n_layers: int               # blocks that hold trainable parameters
+    outside: int
+
+    @property
+    def total(self) -> int:
+        return (self.dense_per_layer + self.expert_per_layer) * self.n_layers + self.outside
+
+
+def trainable_count(m: ModelSpec, spec: FinetuneSpec, pc: ParamCount | None = None) -> TrainableCount:
+    """How many parameters train under ``spec``: all of them (full), the adapters (LoRA,
+    QLoRA: equal to PEFT's ``print_trainable_parameters``), or the last blocks (freeze)."""
+    pc = pc or count_params(m)
+    if spec.method == "full":
+        expert = pc.expert_per_layer * pc.n_experts
+        return TrainableCount(dense_per_layer=pc.per_layer - expert, expert_per_layer=expert,
+                              n_layers=m.n_layers, outside=pc.embedding + pc.final)
+    if spec.method == "freeze":
+        expert = pc.expert_per_layer * pc.n_experts
+        return TrainableCount(dense_per_layer=pc.per_layer - expert, expert_per_layer=expert,
+                              n_layers=min(spec.trainable_layers, m.n_layers), outside=0)
+    dense = expert = outside = 0
+    for lin in resolve_targets(m, spec):
+        n = lora_layer_params(lin, spec.lora_rank)
+        if lin.group == "outside":
+            outside += n
+        elif lin.expert:
+            expert += n
+        else:
+            dense += n
+    return TrainableCount(dense_per_layer=dense, expert_per_layer=expert, n_layers=m.n_layers, outside=outside)
+
+
+def n_trainable_params(m: ModelSpec, spec: FinetuneSpec, pc: ParamCount | None = None) -> int:
+    return trainable_count(m, spec, pc).total
+
+
+# ------------------------------------------------------------------------ quantization
+
+def linear_weight_bytes(lin: Linear, quant: str, weight_bytes: int, double_quant: bool = True) -> float:
+    """Bytes of one linear layer's weight (all copies, no bias) stored as ``quant``.
+
+    nf4: 0.5 B per weight plus its absmax constants, 4 B per 64 weights, or with double
+    quantization 1 B per 64 weights and 4 B per 64 x 256 (QLoRA Sec. 3: 0.5 and 0.127 bit
+    per parameter). int8: 1 B per weight and a 4-byte scale per output row (LLM.int8()).
+    int4: 0.5 B per weight, and per group of 128 an fp16 scale and a 4-bit zero point.
+    """
+    n = lin.weight_numel
+    if quant == "none":
+        return float(n * weight_bytes)
+    if quant == "nf4":
+        blocks = ceil_div(n, NF4_BLOCK)
+        consts = blocks + 4 * ceil_div(blocks, NF4_DOUBLE_QUANT_BLOCK) if double_quant else 4 * blocks
+        return n / 2 + consts
+    if quant == "int8":
+        return float(n + 4 * lin.d_out * lin.n_copies)
+    return n / 2 + ceil_div(n, INT4_GROUP) * 2.5     # int4
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BlockBytes:
+    """One block's weights stored frozen: bytes per parameter of its dense and expert parts,
+    and its largest linear weight (the one bitsandbytes dequantizes at a time)."""
+
+    dense_bytes_per_param: float
+    expert_bytes_per_param: float
+    largest_linear_numel: int
+
+
+def frozen_block_bytes(m: ModelSpec, spec: FinetuneSpec, weight_bytes: int, pc: ParamCount | None = None) -> BlockBytes:
+    """Bytes per parameter of a frozen block: quantized linear weights where ``spec.quant``
+    says so, everything else (norms, biases, the router) at ``weight_bytes``."""
+    pc = pc or count_params(m)
+    expert_params = pc.expert_per_layer * pc.n_experts
+    dense_params = pc.per_layer - expert_params
+    dense_b = float(dense_params * weight_bytes)
+    expert_b = float(expert_params * weight_bytes)
+    quantizable = [lin for lin in block_linears(m) if lin.group != "router"]
+    if spec.quant != "none":
+        for lin in quantizable:
+            saved = lin.weight_numel * weight_bytes - linear_weight_bytes(lin, spec.quant, weight_bytes,
+                                                                          spec.double_quant)
+            if lin.expert:
+                expert_b -= saved
+            else:
+                dense_b -= saved
+    largest = max(lin.d_in * lin.d_out for lin in quantizable)
+    return BlockBytes(dense_bytes_per_param=dense_b / max(dense_params, 1),
+                      expert_bytes_per_param=expert_b / max(expert_params, 1),
+                      largest_linear_numel=largest)
+
+
+# ---------------------------------------------------------------------------- per rank
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankSplit:
+    """Parameters of one rank split into those that train and the frozen base (bytes).
+
+    ``trainable_*`` get weights, gradients and optimizer states; ``frozen_*_bytes`` only
+    weights, at their storage dtype (LoRA: Hu et al. 2021 Sec. 4.2, "we do not need to store
+    the optimizer states for the frozen parameters"). ``block_trainable`` and
+    ``block_frozen_bytes`` describe one block on this rank (the unit ZeRO-3/FSDP gathers).
+    """
+
+    trainable_dense: int
+    trainable_expert: int
+    frozen_dense_bytes: int
+    frozen_expert_bytes: int
+    block_trainable: int
+    block_frozen_bytes: int
+    largest_trainable: int       # elements of the largest trainable tensor on the rank
+    dequant_bytes: int = 0       # a dequantized 16-bit copy of the largest quantized weight
+
+    @property
+    def trainable(self) -> int:
+        return self.trainable_dense + self.trainable_expert
+
+    @property
+    def frozen_bytes(self) -> int:
+        return self.frozen_dense_bytes + self.frozen_expert_bytes
+
+
+def rank_split(m: ModelSpec, pc: ParamCount, spec: FinetuneSpec, lay: "Layout", dense: int, expert: int,
+               root: int, n_layers: int, n_trainable_layers: int, last_stage: bool,
+               weight_bytes: int, full_largest: int) -> RankSplit:
+    """Split one rank's parameters (``dense`` incl. ``root`` = embedding/head, ``expert``;
+    after tensor, pipeline and expert splitting, before ZeRO sharding) by ``spec``.
+
+    Adapters split like the layers they adapt (by tp, experts also by ep). ``freeze`` trains
+    ``n_trainable_layers`` of the stage's ``n_layers`` blocks.
+    """
+    tp, ep = lay.tp, lay.ep
+    layer_dense = (dense - root) // n_layers if n_layers else 0
+    layer_expert = expert // n_layers if n_layers else 0
+    block = layer_dense + layer_expert
+    if spec.method == "full":
+        return RankSplit(trainable_dense=dense, trainable_expert=expert, frozen_dense_bytes=0,
+                         frozen_expert_bytes=0, block_trainable=block, block_frozen_bytes=0,
+                         largest_trainable=full_largest)
+    if spec.method == "freeze":
+        k = n_trainable_layers
+        frozen_dense = dense - k * layer_dense
+        frozen_expert = expert - k * layer_expert
+        return RankSplit(trainable_dense=k * layer_dense, trainable_expert=k * layer_expert,
+                         frozen_dense_bytes=frozen_dense * weight_bytes,
+                         frozen_expert_bytes=frozen_expert * weight_bytes,
+                         # the block in backward first is the stage's last: trainable when any is
+                         block_trainable=block if k else 0,
+                         block_frozen_bytes=0 if k else block * weight_bytes,
+                         largest_trainable=ceil_div(m.d_ff * m.d_model, tp) if k else 0)
+    count = trainable_count(m, spec, pc)
+    bb = frozen_block_bytes(m, spec, weight_bytes, pc)
+    a_dense = ceil_div(count.dense_per_layer, tp)
+    a_expert = ceil_div(count.expert_per_layer, ep * tp)
+    outside = count.outside if last_stage else 0
+    frozen_dense = int((dense - root) * bb.dense_bytes_per_param) + root * weight_bytes
+    frozen_expert = int(expert * bb.expert_bytes_per_param)
+    targets = resolve_targets(m, spec)
+    largest = max((spec.lora_rank * lin.rank_factor * lin.n_copies * max(lin.d_in, lin.d_out) for lin in targets),
+                  default=0)
+    dequant = ceil_div(bb.largest_linear_numel, tp) * 2 if spec.quant != "none" and n_layers else 0
+    return RankSplit(trainable_dense=n_layers * a_dense + outside, trainable_expert=n_layers * a_expert,
+                     frozen_dense_bytes=frozen_dense, frozen_expert_bytes=frozen_expert,
+                     block_trainable=a_dense + a_expert,
+                     block_frozen_bytes=int(layer_dense * bb.dense_bytes_per_param
+                                            + layer_expert * bb.expert_bytes_per_param),
+                     largest_trainable=ceil_div(largest, tp), dequant_bytes=dequant)
+
+
+# ------------------------------------------------------------------------- activations
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AdapterActivation:
+    """What one block's adapters keep for backward, in bytes per token (before tp)."""
+
+    name: str
+    bytes_per_token: float
+
+
+def lora_activation_terms(m: ModelSpec, spec: FinetuneSpec, act_bytes: int, cast_bytes: int | None) -> list[AdapterActivation]:
+    """Tensors the LoRA path of one block keeps for backward, per token.
+
+    PEFT computes ``base(x) + B(A(dropout(x))) * alpha / r`` (peft/tuners/lora/layer.py,
+    Linear.forward). ``A``'s weight gradient needs its input and ``B``'s needs ``A(x)``
+    (r wide). When the adapters run in another dtype than the activations (PEFT keeps them
+    in fp32; under autocast the matmul casts back to 16 bits) every adapted layer keeps its
+    own cast copy of ``x``, ``cast_bytes`` per element; otherwise layers that read the same
+    tensor (q, k and v; gate and up) share it, at ``act_bytes``. Dropout > 0 adds, per
+    adapted layer, a 1-byte mask and a dropped copy of the input (measured with MemTracker
+    on a Llama model: 5.0 B per input element in fp32, 3.0 B under bf16 autocast).
+    """
+    out: list[AdapterActivation] = []
+    targets = [lin for lin in resolve_targets(m, spec) if lin.group != "outside"]
+    k = m.n_experts_per_token if m.is_moe else 1
+    inner = cast_bytes or act_bytes
+    shared_inputs: dict[int, int] = {}
+    for lin in targets:
+        visits = k if lin.expert else 1      # a token visits k experts
+        r = spec.lora_rank * lin.rank_factor
+        out.append(AdapterActivation(name=f"{lin.name}: A(x), rank {r}", bytes_per_token=visits * r * inner))
+        if spec.lora_dropout > 0:
+            out.append(AdapterActivation(name=f"{lin.name}: dropout mask and output",
+                                         bytes_per_token=visits * lin.d_in * (1 + inner)))
+        if cast_bytes is not None:
+            out.append(AdapterActivation(name=f"{lin.name}: input cast to the adapter dtype",
+                                         bytes_per_token=visits * lin.d_in * cast_bytes))
+        else:
+            key = _input_key(lin)
+            shared_inputs[key] = max(shared_inputs.get(key, 0), visits * lin.d_in * act_bytes)
+    if shared_inputs:
+        out.append(AdapterActivation(name="inputs of the adapted layers (shared)",
+                                     bytes_per_token=sum(shared_inputs.values())))
+    return out
+
+
+def _input_key(lin: Linear) -> int:
+    """Layers reading the same tensor: q/k/v (and fused qkv), gate/up, each other one alone."""
+    name = lin.name.rsplit(".", 1)[-1]
+    groups = {"q_proj": 1, "k_proj": 1, "v_proj": 1, "query": 1, "key": 1, "value": 1,
+              "c_attn": 1, "query_key_value": 1, "gate_proj": 2, "up_proj": 2, "gate": 2,
+              "gate_up_proj": 2, "c_fc": 2, "dense_h_to_4h": 2}
+    return groups.get(name, hash(lin.name))
+
+
+def activation_layers(spec: FinetuneSpec, n_layers_total: int, first_layer: int, n_layers: int) -> int:
+    """Blocks of a stage (layers first_layer .. first_layer + n_layers - 1) that keep
+    activations. Autograd saves nothing for operations whose inputs and weights need no
+    gradient, so with ``freeze`` the frozen blocks before the first trainable one keep none;
+    LoRA adapters sit in every block."""
+    if spec.method != "freeze":
+        return n_layers
+    first_trainable = n_layers_total - min(spec.trainable_layers, n_layers_total)
+    return max(0, first_layer + n_layers - max(first_layer, first_trainable))
+

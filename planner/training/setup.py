@@ -1,0 +1,152 @@
+"""The training set-up: precision, optimizer, recomputation, attention kernel, overheads.
+
+Every number that is not derived from the architecture lives here as a named field
+with a default and its source, so a report can print it and a user can change it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from planner.training.finetune import FinetuneSpec
+from planner.units import MiB
+
+PRECISIONS = ("bf16-mixed", "fp16-mixed", "fp32", "bf16")
+OPTIMIZERS = ("adamw", "sgd", "adafactor", "adam8bit")
+RECOMPUTE = ("none", "selective", "full")
+ATTENTION = ("flash", "eager")
+KERNELS = ("auto", "eager", "fused")
+OFFLOAD = ("none", "cpu", "nvme")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Precision:
+    """Bytes per parameter for each copy the training state keeps.
+
+    Mixed precision (Micikevicius et al. 2018, arXiv:1710.03740): 16-bit weights and
+    gradients used by the kernels, an fp32 master copy held by the optimizer. The ZeRO
+    paper's accounting (Rajbhandari et al. 2019, Sec. 3.1) counts 16-bit gradients;
+    FSDP2 with MixedPrecisionPolicy keeps fp32 sharded parameters (which are the
+    master copy) and fp32 gradients, and gathers 16-bit copies for compute.
+    """
+
+    name: str
+    weight_bytes: int          # the copy the forward pass reads
+    grad_bytes: int
+    master_bytes: int          # 0 when the weights are already fp32 or training is pure 16-bit
+    activation_bytes: int      # bytes per activation element
+    compute_dtype: str         # which tensor-core rate applies: bf16, fp16, fp32
+
+    @staticmethod
+    @lru_cache(maxsize=16)
+    def named(name: str) -> "Precision":
+        if name in ("bf16-mixed", "fp16-mixed"):
+            return Precision(name=name, weight_bytes=2, grad_bytes=2, master_bytes=4,
+                             activation_bytes=2, compute_dtype=name[:4])
+        if name == "fp32":
+            return Precision(name=name, weight_bytes=4, grad_bytes=4, master_bytes=0,
+                             activation_bytes=4, compute_dtype="fp32")
+        if name == "bf16":
+            return Precision(name=name, weight_bytes=2, grad_bytes=2, master_bytes=0,
+                             activation_bytes=2, compute_dtype="bf16")
+        raise ValueError(f"unknown precision {name!r}; choose one of {', '.join(PRECISIONS)}")
+
+    @property
+    def is_mixed(self) -> bool:
+        return self.master_bytes > 0
+
+
+def optimizer_state_bytes_per_param(optimizer: str) -> float:
+    """Optimizer state per parameter, excluding the fp32 master copy.
+
+    AdamW: first and second moments in fp32, 8 B (Kingma & Ba 2015; ZeRO paper K=12
+    counts them with the 4 B master). SGD with momentum: one fp32 buffer, 4 B.
+    8-bit Adam (Dettmers et al. 2022, arXiv:2110.02861): two int8 states plus one fp32
+    absmax per 2048-element block for each, 2 + 2*4/2048 B. Adafactor is factored per
+    matrix and is counted from the shapes in memory.optimizer_bytes (Shazeer & Stern 2018).
+    """
+    return {"adamw": 8.0, "sgd": 4.0, "adam8bit": 2.0 + 8 / 2048, "adafactor": 0.0}[optimizer]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Overheads:
+    """Memory no tensor tracker sees, as named parameters with their sources.
+
+    cuda_context_bytes: the CUDA context and the kernel images PyTorch loads; with CUDA
+    12 lazy loading it is several hundred MiB (PyTorch "CUDA semantics" notes; NVIDIA
+    "CUDA lazy loading" docs). library_workspace_bytes: cuBLAS workspaces (PyTorch keeps
+    32 MiB per handle on Hopper, CUBLAS_WORKSPACE_CONFIG) plus cuDNN/flash workspaces.
+    nccl_bytes: NCCL's own channel buffers per communicator (NCCL_BUFFSIZE = 4 MiB per
+    channel and peer; NCCL environment-variable docs). fragmentation: memory the caching
+    allocator reserves but does not hand out, as a fraction of what tensors use;
+    practitioners report 5-30% (PyTorch "Understanding CUDA memory usage";
+    expandable_segments reduces it).
+    """
+
+    cuda_context_bytes: int = 768 * MiB
+    library_workspace_bytes: int = 256 * MiB
+    nccl_bytes: int = 512 * MiB
+    fragmentation: float = 0.10
+
+    def fixed_bytes(self, distributed: bool) -> int:
+        return self.cuda_context_bytes + self.library_workspace_bytes + (self.nccl_bytes if distributed else 0)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Buffers:
+    """Communication-buffer sizes, in elements, as the engines configure them.
+
+    DeepSpeed's defaults are reduce_bucket_size = allgather_bucket_size = 5e8 elements
+    and stage3_prefetch_bucket_size = 5e7 (DeepSpeed config docs, "ZeRO optimizations");
+    the planner defaults to 2e8, which its DeepSpeed config then sets explicitly.
+    PyTorch DDP buckets gradients in 25 MiB buckets (DistributedDataParallel
+    bucket_cap_mb=25).
+    """
+
+    zero_bucket_numel: int = 200_000_000
+    ddp_bucket_bytes: int = 25 * MiB
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainingSetup:
+    """What the user trains with. Defaults: sequence 4096, global batch of 1024
+    sequences (4M tokens, as Llama 2/3 pretraining used: Touvron et al. 2023 Sec. 2.2),
+    bf16 mixed precision, AdamW, FlashAttention, no recomputation."""
+
+    seq_len: int = 4096
+    global_batch: int = 1024          # sequences per optimizer step
+    precision: str = "bf16-mixed"
+    optimizer: str = "adamw"
+    optimizer_foreach: bool = True    # PyTorch's multi-tensor optimizer path, its default on CUDA
+    attention: str = "flash"
+    # eager: PyTorch ops as Hugging Face models run them under FSDP/DeepSpeed;
+    # fused: Megatron-LM/Transformer Engine kernels (fused norms, SwiGLU, cross entropy);
+    # auto: fused for layouts with tp, pp or cp (which need Megatron-style engines), else eager.
+    kernels: str = "auto"
+    overheads: Overheads = field(default_factory=Overheads)
+    buffers: Buffers = field(default_factory=Buffers)
+    usable_memory_fraction: float = 1.0   # keep headroom below the card's capacity
+    # what trains: full, LoRA, QLoRA or the last blocks (planner.training.finetune)
+    finetune: FinetuneSpec = field(default_factory=FinetuneSpec)
+    # ZeRO-Offload / ZeRO-Infinity / FSDP CPU offload: where optimizer states and parameters live
+    offload_optimizer: str = "none"       # none | cpu | nvme
+    offload_params: str = "none"          # none | cpu | nvme
+    # bytes per parameter of optimizer state, overriding the optimizer's default (e.g. 4 for
+    # Adam moments kept in 16 bits, as torch.optim.AdamW keeps them for 16-bit parameters)
+    optimizer_state_bytes: float | None = None
+
+    @property
+    def precision_spec(self) -> Precision:
+        return Precision.named(self.precision)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+MAX_SEQ_LEN = 4 * 1024 * 1024
+MAX_GPUS = 1 << 17
+MAX_GLOBAL_BATCH = 1 << 24
+MAX_MICRO_BATCH = 4096
+
