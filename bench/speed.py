@@ -47,7 +47,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from planner import api
-from planner.memory.fast import LayoutArrays, peak_bytes, valid_layouts
+from planner.layouts.batch import LayoutArrays, valid_layouts
+from planner.memory.fast import peak_bytes
 from planner.timing.fast import forget_tables, score, step_times_s
 from planner.hardware.gpus import list_gpus
 from planner.layouts.layout import Layout, SearchSpace

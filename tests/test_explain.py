@@ -8,7 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 from planner.cli.main import cli
-from planner.report.explain import MOMENTS, explain, memory_terms
+from planner.report.explain import explain
+from planner.report.explain_memory import MOMENTS, memory_terms
 from planner.training.finetune import FinetuneSpec
 from planner.hardware.gpus import get_gpu
 from planner.layouts.layout import Layout

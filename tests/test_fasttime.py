@@ -17,6 +17,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from planner.memory import fast as fastscore
+from planner.layouts import batch as layout_batch
+from planner.layouts import groups as layout_groups
 from planner.timing import fast as fasttime
 from planner.training.finetune import FinetuneSpec
 from planner.hardware.gpus import get_gpu, list_gpus
@@ -128,7 +130,7 @@ def cases(draw):
 def test_step_times_equal_step_time(case):
     m, setup, eff, cluster, lays = case
     pc = count_params(m)
-    got = fasttime.step_times_s(m, setup, fastscore.LayoutArrays.from_layouts(lays), cluster, eff, pc)
+    got = fasttime.step_times_s(m, setup, layout_batch.LayoutArrays.from_layouts(lays), cluster, eff, pc)
     want = [step_time(m, setup, lay, cluster, eff, pc).step_time_s for lay in lays]
     assert got.tolist() == pytest.approx(want, rel=REL, abs=0)
 
@@ -138,20 +140,20 @@ def test_step_times_equal_step_time(case):
                                  (("pp", "dp", "ep", "cp", "tp"), ("tp", "cp", "ep", "dp", "pp"))]))
 def test_other_placement_orders(case, orders):
     m, setup, eff, cluster, lays = case
-    got = fasttime.step_times_s(m, setup, fastscore.LayoutArrays.from_layouts(lays), cluster, eff, orders=orders)
+    got = fasttime.step_times_s(m, setup, layout_batch.LayoutArrays.from_layouts(lays), cluster, eff, orders=orders)
     want = [step_time(m, setup, lay, cluster, eff, orders=orders).step_time_s for lay in lays]
     assert got.tolist() == pytest.approx(want, rel=REL, abs=0)
 
 
 def search_layouts(m, setup, counts):
     """The layouts a search sizes on these GPU counts (8-GPU nodes, tp up to 8), as arrays."""
-    return fastscore.LayoutArrays.concat([fastscore.valid_layouts(m, setup, n, 8, SearchSpace(max_tp=8))
+    return layout_batch.LayoutArrays.concat([layout_batch.valid_layouts(m, setup, n, 8, SearchSpace(max_tp=8))
                                           for n in counts])
 
 
 def subset(a, idx):
     """The layouts of ``a`` at ``idx`` (indices or a mask)."""
-    return fastscore.LayoutArrays(*(getattr(a, f)[idx] for f in fastscore.LayoutArrays.FIELDS))
+    return layout_batch.LayoutArrays(*(getattr(a, f)[idx] for f in layout_batch.LayoutArrays.FIELDS))
 
 
 def test_score_is_memory_and_time_on_a_preset():
@@ -192,7 +194,7 @@ def test_kept_tables_give_the_same_answers():
     assert np.array_equal(fasttime.step_times_s(m, setup, a, cluster, eff, pc=pc),
                           [step_time(m, setup, a.layout(i, setup.seq_len), cluster, eff, pc=pc).step_time_s
                            for i in range(len(a))])
-    b = fastscore.valid_layouts(m, other, 96, 8, SearchSpace(max_tp=8))
+    b = layout_batch.valid_layouts(m, other, 96, 8, SearchSpace(max_tp=8))
     lays = [b.layout(i, other.seq_len) for i in range(0, len(b), 7)]
     assert fastscore.peak_bytes(m, other, b, pc)[::7].tolist() == [per_rank_memory(m, other, x, pc).total
                                                                      for x in lays]
@@ -218,11 +220,11 @@ def test_slowest_stages_kept_for_new_block_shapes():
     # the block table starts afresh (fastscore._rows() does when it holds too many), the
     # degree tables stay: the kept stages are dropped, not read under new block numbers
     check(subset(a, a.recompute == 0))
-    fastscore._ROWS.clear()
+    layout_groups.ROWS.clear()
     check(subset(a, a.recompute == 2))
 
 
 def test_no_layouts():
     m = load_model("llama3.1-8b")
-    empty = fastscore.LayoutArrays.from_layouts([])
+    empty = layout_batch.LayoutArrays.from_layouts([])
     assert len(fasttime.step_times_s(m, TrainingSetup(), empty, cluster_for(get_gpu("a100")))) == 0

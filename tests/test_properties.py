@@ -241,10 +241,11 @@ def fast_cases(draw):
 @given(fast_cases())
 def test_fastscore_equals_the_layout_by_layout_model(case):
     from planner.memory import fast as fastscore
+    from planner.layouts import batch as layout_batch
 
     m, setup, n, gpn, space = case
     want = [lay for lay, why in enumerate_layouts(m, setup, n, gpn, space) if why is None]
-    arrays = fastscore.valid_layouts(m, setup, n, gpn, space)
+    arrays = layout_batch.valid_layouts(m, setup, n, gpn, space)
     assert [arrays.layout(i, setup.seq_len) for i in range(len(arrays))] == want
     totals = fastscore.peak_bytes(m, setup, arrays, gpus_per_node=gpn).tolist()
     assert totals == [per_rank_memory(m, setup, lay, gpus_per_node=gpn).total for lay in want]
@@ -253,13 +254,14 @@ def test_fastscore_equals_the_layout_by_layout_model(case):
 @pytest.mark.parametrize("name", ["llama3.1-405b", "mixtral-8x22b", "bert-large"])
 def test_fastscore_equals_per_rank_memory_on_presets(name):
     from planner.memory import fast as fastscore
+    from planner.layouts import batch as layout_batch
     from planner.models.spec import load_model
 
     m = load_model(name)
     for setup in (TrainingSetup(), TrainingSetup(precision="fp32", optimizer="sgd", attention="eager",
                                                  seq_len=2048, global_batch=512)):
         for n in (16, 512):
-            arrays = fastscore.valid_layouts(m, setup, n, 8, SearchSpace(max_tp=8))
+            arrays = layout_batch.valid_layouts(m, setup, n, 8, SearchSpace(max_tp=8))
             lays = [arrays.layout(i, setup.seq_len) for i in range(0, len(arrays), 11)]
             totals = fastscore.peak_bytes(m, setup, arrays)[::11].tolist()
             assert totals == [per_rank_memory(m, setup, lay).total for lay in lays]

@@ -184,7 +184,7 @@ def _degrees(fixed: int | None, n: int, cap: int) -> list[int]:
     return [d for d in divisors(n) if d <= cap]
 
 
-def _shardings(space: SearchSpace) -> list[tuple[str, int]]:
+def shardings_of(space: SearchSpace) -> list[tuple[str, int]]:
     if space.fsdp is not None:
         name = f"fsdp-{space.fsdp}"
         return [(name, FSDP_STAGE[name])]
@@ -202,7 +202,7 @@ def enumerate_layouts(
     for tp, cp, ep, pp, dp in degree_shapes(m, n_gpus, gpus_per_node, space):
         sps = [space.sp] if space.sp is not None else [tp > 1]
         vps = [space.vp] if space.vp is not None else ([1, 2] if pp > 1 else [1])
-        for sharding, stage in _shardings(space):
+        for sharding, stage in shardings_of(space):
             for vp in vps:
                 for sp in sps:
                     for mb in space.micro_batches:
@@ -224,7 +224,7 @@ def degree_shapes(m: ModelSpec, n_gpus: int, gpus_per_node: int,
     """The (tp, cp, ep, pp, dp) products equal to ``n_gpus`` the search visits, in its
     order: tp up to ``space.max_tp`` (default: a node), cp up to ``space.max_cp``, ep up to
     the number of experts, pp up to the number of layers; a fixed degree is taken as
-    given. Shared by enumerate_layouts, fastscore.valid_layouts and sweep's floors, so
+    given. Shared by enumerate_layouts, batch.valid_layouts and sweep's floors, so
     that the three walk the same shapes."""
     max_tp = space.max_tp or gpus_per_node
     ep_cap = m.n_experts if m.is_moe else 1

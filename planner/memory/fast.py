@@ -13,7 +13,7 @@ search over thousands of GPU counts and layouts spends its time there. Here:
   per distinct shape by planner.memory.model's own functions; model states, buffers and optimizer
   temporaries once per distinct (degrees, sharding), in tables kept across calls for the
   same model, set-up, GPUs per node and states (a least-recently-used cache of at most
-  32 entries and 64 MiB, _STATE_CACHE); the rest (in-flight micro-batches, the four peak moments,
+  32 entries and 64 MiB, STATE_CACHE); the rest (in-flight micro-batches, the four peak moments,
   fragmentation) is array arithmetic that mirrors per_rank_memory line by line, with
   the same integer and float rounding.
 
@@ -29,15 +29,19 @@ imported only here.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
-from planner.layouts.layout import FSDP_STAGE, SHARDINGS, Layout, SearchSpace, _shardings, degree_shapes
+from planner.layouts.batch import RECOMPUTES, LayoutArrays, Unsupported, supports
+from planner.layouts.groups import SAFE_BYTES, LayoutGroups, TableCache
+from planner.layouts.groups import group as _group
+from planner.layouts.groups import group_packed as _group_packed
+from planner.layouts.groups import memo as _memo
+from planner.layouts.groups import per_unique as _per_unique
+from planner.layouts.groups import rows as _rows
+from planner.layouts.layout import SHARDINGS, Layout
 from planner.memory.model import (
     _activation_key,
     _block_activations,
@@ -51,391 +55,14 @@ from planner.memory.model import (
 from planner.models.spec import ModelSpec, ParamCount, count_params
 from planner.training.setup import TrainingSetup
 
-RECOMPUTES = ("none", "selective", "full")
 KERNELS = ("fused", "eager", "amp")
-SAFE_BYTES = 2**58          # every table value below this keeps int64 sums exact
 EXACT_FLOAT_INT = 2**53     # integers below this are exact as float64
 NO_SLOT = -(2**61)          # a stage slot the pipeline does not have: below any moment
 
-# glibc gives freed heap memory back to the OS whenever more than 128 KiB lie free at the
-# top of the heap, so a call that holds a few MiB of temporaries faults every page of
-# them in again, call after call: about half the time of sizing ten thousand layouts.
-# Freeing one block of 16 MiB raises glibc's dynamic mmap and trim thresholds to 16 and
-# 32 MiB (mallopt(3), M_MMAP_THRESHOLD), after which the heap keeps its pages. Elsewhere
-# this is one short-lived allocation.
-np.empty(16 << 20, dtype=np.uint8)
 
 
-class Unsupported(Exception):
-    """The set-up or the numbers are outside what peak_bytes() mirrors; use per_rank_memory."""
 
 
-@dataclass(frozen=True, slots=True)
-class LayoutArrays:
-    """Layouts as one int64 array per field (struct of arrays). ``sharding`` indexes
-    layouts.SHARDINGS and ``recompute`` RECOMPUTES; ``sp`` is 0 or 1."""
-
-    dp: np.ndarray
-    tp: np.ndarray
-    pp: np.ndarray
-    cp: np.ndarray
-    ep: np.ndarray
-    zero_stage: np.ndarray
-    sharding: np.ndarray
-    sp: np.ndarray
-    vp: np.ndarray
-    micro_batch: np.ndarray
-    grad_accum: np.ndarray
-    recompute: np.ndarray
-
-    FIELDS = ("dp", "tp", "pp", "cp", "ep", "zero_stage", "sharding", "sp", "vp", "micro_batch",
-              "grad_accum", "recompute")
-
-    def __len__(self) -> int:
-        return len(self.dp)
-
-    @staticmethod
-    def from_layouts(layouts: Sequence[Layout]) -> LayoutArrays:
-        rows = [(x.dp, x.tp, x.pp, x.cp, x.ep, x.zero_stage, SHARDINGS.index(x.sharding), x.sp, x.vp,
-                 x.micro_batch, x.grad_accum, RECOMPUTES.index(x.recompute)) for x in layouts]
-        a = np.array(rows, dtype=np.int64).reshape(-1, 12)
-        return LayoutArrays(*(a[:, i].copy() for i in range(12)))
-
-    @staticmethod
-    def concat(parts: Sequence[LayoutArrays]) -> LayoutArrays:
-        if not parts:
-            return LayoutArrays.from_layouts([])
-        return LayoutArrays(*(np.concatenate([getattr(p, f) for p in parts]) for f in LayoutArrays.FIELDS))
-
-    def layout(self, i: int, seq_len: int) -> Layout:
-        return Layout(dp=int(self.dp[i]), tp=int(self.tp[i]), pp=int(self.pp[i]), cp=int(self.cp[i]),
-                      ep=int(self.ep[i]), zero_stage=int(self.zero_stage[i]),
-                      sharding=SHARDINGS[int(self.sharding[i])], sp=bool(self.sp[i]), vp=int(self.vp[i]),
-                      micro_batch=int(self.micro_batch[i]), grad_accum=int(self.grad_accum[i]),
-                      seq_len=seq_len, recompute=RECOMPUTES[int(self.recompute[i])])
-
-
-def supports(setup: TrainingSetup) -> bool:
-    """Whether peak_bytes() and valid_layouts() mirror planner.memory.model and planner.layouts.layout
-    for this set-up."""
-    return (setup.finetune.method == "full" and not setup.finetune.paged_8bit_optimizer
-            and setup.finetune.quant == "none")
-
-
-def valid_layouts(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node: int,
-                  space: SearchSpace | None = None) -> LayoutArrays:
-    """The layouts layouts.enumerate_layouts() yields with no reject reason, in the same
-    order, as arrays. The parallel degrees are walked in Python (a few hundred
-    combinations); sharding, virtual stages, micro-batch and recomputation form a grid
-    whose rules (layouts.reject_reason, one mask per rule) are array operations."""
-    if not supports(setup):
-        raise Unsupported("only full training is vectorised")
-    space = space or SearchSpace()
-    shapes = list(degree_shapes(m, n_gpus, gpus_per_node, space))   # enumerate_layouts' order
-    shardings = _shardings(space)
-    vps = [space.vp] if space.vp is not None else [1, 2]
-    mbs, rcs = list(space.micro_batches), [RECOMPUTES.index(r) for r in space.recomputes]
-    if not shapes or not mbs or not rcs:
-        return LayoutArrays.from_layouts([])
-    # Each rule is computed on the axes it reads, (shape, sharding, vp, micro-batch)
-    # broadcast; recomputation is read by no rule. S, K, V, M: shapes, shardings, vps, mbs.
-    sh = np.array(shapes, dtype=np.int64)
-    tp, cp, ep, pp, dp = (sh[:, i][:, None, None, None] for i in range(5))          # (S,1,1,1)
-    sharding = np.array([SHARDINGS.index(name) for name, _ in shardings], dtype=np.int64)[None, :, None, None]
-    zero = np.array([stage for _, stage in shardings], dtype=np.int64)[None, :, None, None]   # (1,K,1,1)
-    vp = np.array(vps, dtype=np.int64)[None, None, :, None]                          # (1,1,V,1)
-    mb = np.array(mbs, dtype=np.int64)[None, None, None, :]                          # (1,1,1,M)
-    sp = (tp > 1) if space.sp is None else np.full(tp.shape, bool(space.sp))
-    per_step = mb * dp * ep                                                          # (S,1,1,M)
-    ga = setup.global_batch // per_step
-    seq, L = setup.seq_len, m.n_layers
-    fsdp = sharding > 0
-    dense_deg = dp * cp * ep
-    # grad_accum_for, then layouts.reject_reason's rules in its order
-    ok_sm = (setup.global_batch % per_step == 0) & (ga >= 1) & (mb >= 1) & (mb * ga * dp * ep == setup.global_batch)
-    ok_s = ((m.n_heads % tp == 0) & ((m.n_kv_heads % tp == 0) | (tp % m.n_kv_heads == 0)) & (m.d_ff % tp == 0)
-            & ~(sp & (tp == 1)) & (pp <= L) & ~((cp > 1) & (seq % (2 * cp) != 0)) & ~((ep > 1) & (not m.is_moe))
-            & (seq % (cp * np.where(sp, tp, 1)) == 0))
-    if m.is_moe:
-        ok_s &= ~((ep > 1) & (m.n_experts % ep != 0))
-    keep_v = (vp == 1) | (pp > 1) if space.vp is None else np.ones((1, 1, 1, 1), dtype=bool)   # vps per pp
-    ok_sv = keep_v & (vp >= 1) & ~((vp > 1) & (pp == 1)) & (pp * vp <= L)
-    ok_svm = ~((vp > 1) & (ga % pp != 0))
-    ok_k = ~(fsdp & (zero != np.array([FSDP_STAGE.get(x, -1) for x in SHARDINGS])[sharding])) & (zero >= 0) & (zero <= 3)
-    off_opt, off_params = setup.offload_optimizer, setup.offload_params
-    ok_sk = ~((zero > 0) & (dense_deg == 1)) if off_opt == "none" and off_params == "none" else np.ones((1,), bool)
-    if off_params != "none":
-        ok_sk = ok_sk & (zero == 3) & (tp == 1) & (pp == 1) & (cp == 1) & ~(fsdp & (off_params == "nvme"))
-    if off_opt != "none":
-        ok_sk = ok_sk & (zero != 0) & ~fsdp
-    if "nvme" in (off_opt, off_params):
-        ok_sk = ok_sk & (zero == 3)
-    ok_sk = (ok_sk & ~((sharding == 0) & (zero >= 2) & (pp > 1))
-             & ~((sharding == SHARDINGS.index("fsdp-hybrid")) & (dense_deg <= gpus_per_node // (tp * pp))))
-    ok = ok_s & ok_sm & ok_sv & ok_svm & ok_k & ok_sk                                 # (S,K,V,M)
-    i_s, i_k, i_v, i_m, i_r = np.nonzero(np.broadcast_to(ok[..., None], ok.shape + (len(rcs),)))
-    ga_sm = np.broadcast_to(ga, (len(shapes), 1, 1, len(mbs)))[:, 0, 0, :]
-    sp_s = np.broadcast_to(sp, tp.shape)[:, 0, 0, 0]
-    return LayoutArrays(dp=sh[i_s, 4], tp=sh[i_s, 0], pp=sh[i_s, 3], cp=sh[i_s, 1], ep=sh[i_s, 2],
-                        zero_stage=zero[0, :, 0, 0][i_k], sharding=sharding[0, :, 0, 0][i_k],
-                        sp=sp_s[i_s].astype(np.int64), vp=vp[0, 0, :, 0][i_v],
-                        micro_batch=mb[0, 0, 0, :][i_m], grad_accum=ga_sm[i_s, i_m],
-                        recompute=np.array(rcs, dtype=np.int64)[i_r])
-
-
-_MEMO: dict[tuple, dict[tuple, tuple[int, ...]]] = {}
-
-
-def _memo(*key: object) -> dict[tuple, tuple[int, ...]]:
-    """A table of per-shape figures for one model and set-up, kept across calls (the search
-    asks for the same shapes on every GPU count)."""
-    if len(_MEMO) > 64:
-        _MEMO.clear()
-    return _MEMO.setdefault(key, {})
-
-
-class _Rows:
-    """Figures per distinct key, kept across calls (a search asks for the same degrees
-    and block shapes on every GPU count): key -> a row of a table."""
-
-    def __init__(self, width: int, dtype: type) -> None:
-        self.index: dict[tuple, int] = {}
-        self.rows: list[tuple] = []
-        self.table = np.zeros((0, width), dtype=dtype)
-        self.dtype = dtype
-        self.known: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}   # columns_of()'s answers
-
-    def columns_of(self, columns: Sequence[np.ndarray], fn: Callable[..., tuple]) -> tuple[np.ndarray, np.ndarray]:
-        """(ids, rows): ids() of the keys whose fields are ``columns`` (int64 arrays of
-        equal length), and their rows as a (width, keys) array, remembered per column
-        contents (rows are never renumbered): a search asks for the same block shapes again."""
-        packed = np.stack(columns)
-        blob = packed.tobytes() + bytes([len(columns)])
-        hit = self.known.get(blob)
-        if hit is None:
-            if len(self.known) > 256:
-                self.known.clear()
-            ids = self.ids(list(zip(*packed.tolist())), fn)
-            rows = np.ascontiguousarray(self.table[ids].T)
-            ids.flags.writeable = rows.flags.writeable = False
-            hit = self.known[blob] = (ids, rows)
-        return hit
-
-    def lookup(self, keys: list[tuple], fn: Callable[..., tuple]) -> np.ndarray:
-        """The rows of ``keys`` (len(keys) x width), computing fn(*key) for new keys."""
-        idx = self.ids(keys, fn)        # (builds the table anew for new keys)
-        return self.table[idx]
-
-    def ids(self, keys: list[tuple], fn: Callable[..., tuple]) -> np.ndarray:
-        """The row numbers of ``keys`` in ``table``, computing fn(*key) for new keys."""
-        get = self.index.get
-        idx = [get(k) for k in keys]
-        if None in idx:
-            for i, k in enumerate(keys):
-                if idx[i] is None:
-                    j = get(k)
-                    if j is None:
-                        j = self.index[k] = len(self.rows)
-                        self.rows.append(fn(*k))
-                    idx[i] = j
-            self.table = np.array(self.rows, dtype=self.dtype).reshape(len(self.rows), -1)
-        return np.array(idx, dtype=np.int64)
-
-
-_ROWS: dict[tuple, _Rows] = {}
-
-
-def _rows(width: int, dtype: type, *key: object) -> _Rows:
-    if len(_ROWS) > 64:
-        _ROWS.clear()
-    rows = _ROWS.get(key)
-    if rows is None:
-        rows = _ROWS[key] = _Rows(width, dtype)
-    return rows
-
-
-def _renumber(values: np.ndarray, span: int) -> tuple[np.ndarray, int]:
-    """The distinct values of ``values`` (0 <= values < span) numbered 0, 1, ... in
-    increasing order, through a lookup table of ``span`` entries: (numbers, how many)."""
-    present = np.zeros(span, dtype=bool)
-    present[values] = True
-    distinct = np.flatnonzero(present)
-    number = np.empty(span, dtype=np.int64)
-    number[distinct] = np.arange(len(distinct))
-    return number[values], len(distinct)
-
-
-def _group(columns: Sequence[np.ndarray], bounds: Sequence[tuple[int, int] | None] | None = None
-           ) -> tuple[np.ndarray, np.ndarray]:
-    """(inverse, representatives): the group of each row by its values in ``columns``
-    (groups in increasing order of the packed key), and one row index per group.
-    ``bounds``: (lowest, highest) possible value of each column where known (None
-    where not), which spares a pass over it for its minimum and maximum; (lowest, None)
-    spares the pass for the minimum (a column whose largest value is the lowest possible is
-    constant, and one with a positive lowest value is packed from 0 rather than shifted).
-
-    The columns are packed into one int64 key (mixed radix, the first column least
-    significant; a column with one value is left out). A wide column (a dp of up to
-    16,384) has its values numbered first, and the columns packed so far are numbered by
-    their distinct values whenever the key range would outgrow a lookup table; both keep
-    the order of the keys. A small key range is grouped through a lookup table, with no
-    sort."""
-    n = len(columns[0])
-    limit = max(1 << 16, 4 * n)
-    key, scale = None, 1
-    for i, col in enumerate(columns):
-        bound = bounds[i] if bounds is not None else None
-        if bound is None:
-            lo, hi = int(col.min()), int(col.max())
-        elif bound[1] is None:      # only the lowest possible value known: a column at it is
-            lo, hi = bound[0], int(col.max())      # constant, else it is packed from 0 up
-            if hi == lo:
-                continue
-            lo = 0 if lo > 0 else lo
-        else:
-            lo, hi = bound
-        span = hi - lo + 1
-        if span == 1:
-            continue
-        if lo:
-            col = col - lo
-        if 64 < span <= limit and (key is None and span > 1024 or scale * span > limit):
-            col, span = _renumber(col, span)
-        if key is None:
-            key, scale = col, span
-            continue
-        if scale * span > limit and scale <= limit:
-            key, scale = _renumber(key, scale)
-        if scale * span >= 2**62:
-            raise Unsupported("shape columns too wide to pack into one key")
-        key = key + col * scale
-        scale *= span
-    if key is None:
-        return np.zeros(n, dtype=np.int64), np.zeros(1, dtype=np.int64)
-    if scale <= limit:
-        return _group_packed(key, scale)
-    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-    return inverse.reshape(-1), first
-
-
-def _group_packed(key: np.ndarray, span: int) -> tuple[np.ndarray, np.ndarray]:
-    """_group() of one column already packed into 0 <= key < span, for a span small
-    enough for a lookup table: (inverse, representatives), in increasing key order. One
-    pass writes each row's number into the table at its key (any row of a group stands
-    for it: they agree), which marks the keys present and gives the representatives; the
-    table then numbers the groups."""
-    table = np.full(span, -1, dtype=np.int64)
-    table[key] = _arange(len(key))
-    present = np.flatnonzero(table >= 0)
-    rep = table[present]
-    table[present] = _arange(len(present))
-    return table[key], rep
-
-
-_ARANGE = np.arange(0)
-
-
-def _arange(n: int) -> np.ndarray:
-    """np.arange(n), read-only, from one array kept across calls."""
-    global _ARANGE
-    if n > len(_ARANGE):
-        _ARANGE = np.arange(max(n, 2 * len(_ARANGE)))
-        _ARANGE.flags.writeable = False
-    return _ARANGE[:n]
-
-
-@dataclass(frozen=True, slots=True)
-class LayoutGroups:
-    """The groups of a LayoutArrays that peak_bytes() and planner.timing.fast share, each as
-    (inverse, representatives) (_group):
-
-    - D, by degrees (tp, cp, ep, dp, pp);
-    - P, by pipeline shape (D, sp, vp, micro-batch, recomputation, and the accumulation
-      where it does not follow from them), with each P's columns;
-    - B, by block shape: P's tp, cp, ep, whether the kernels are fused under
-      kernels="auto" (tp, pp or cp above 1), sp, micro-batch and recomputation; a
-      block's activations (memory) and its times (timing.layer_time) depend on no more;
-
-    and each layout's ZeRO stage and sharding as one number (``pair``).
-    """
-
-    d_inv: np.ndarray
-    d_rep: np.ndarray
-    p_inv: np.ndarray
-    p_rep: np.ndarray
-    degrees: tuple[np.ndarray, ...]     # tp, cp, ep, dp, pp of each D
-    degrees_key: bytes                  # the same, as bytes: part of the cache keys of per-D tables
-    p_d: np.ndarray                     # each P's D
-    p_cols: tuple[np.ndarray, ...]      # each P's sp, vp, micro-batch, recomputation, accumulation
-    fused_d: np.ndarray                 # per D: 1 where tp, pp or cp is above 1 (kernels="auto" fuses), else 0
-    b_inv: np.ndarray                   # each P's B
-    b_rep: np.ndarray                   # a P standing for each B
-    pair: np.ndarray                    # per layout: len(SHARDINGS) x ZeRO stage + SHARDINGS index
-
-    @staticmethod
-    def of(a: LayoutArrays) -> LayoutGroups:
-        # every degree and micro-batch is at least 1: only the largest value of a column is
-        # looked up; the narrow degrees are packed before the wide dp
-        d_inv, d_rep = _group([a.tp, a.cp, a.ep, a.pp, a.dp], [(1, None)] * 5)
-        p_cols_of = (a.sp, a.vp, a.micro_batch, a.recompute)
-        p_inv, p_rep = _group([d_inv, *p_cols_of],
-                              [(0, len(d_rep) - 1), (0, 1), (1, None), (1, None), (0, len(RECOMPUTES) - 1)])
-        p_ga = a.grad_accum[p_rep]
-        if not np.array_equal(p_ga[p_inv], a.grad_accum):   # valid layouts: ga = B / (mb dp ep)
-            p_inv, p_rep = _group([d_inv, *p_cols_of, a.grad_accum])
-            p_ga = a.grad_accum[p_rep]
-        degrees = np.stack([a.tp[d_rep], a.cp[d_rep], a.ep[d_rep], a.dp[d_rep], a.pp[d_rep]])
-        degrees_key = degrees.tobytes()
-        p_d = d_inv[p_rep]
-        p_sp, p_vp, p_mb, p_rc = (x[p_rep] for x in p_cols_of)
-        fused, d_block, n_d_block = _block_degrees(degrees, degrees_key)
-        b_inv, b_rep = _group([d_block[p_d], p_sp, p_mb, p_rc],
-                              [(0, n_d_block - 1), (0, 1), (1, None), (0, len(RECOMPUTES) - 1)])
-        return LayoutGroups(d_inv, d_rep, p_inv, p_rep, tuple(degrees), degrees_key, p_d,
-                            (p_sp, p_vp, p_mb, p_rc, p_ga), fused, b_inv, b_rep,
-                            len(SHARDINGS) * a.zero_stage + a.sharding)
-
-
-_BLOCK_DEGREES: dict[bytes, tuple[np.ndarray, np.ndarray, int]] = {}
-
-
-def _block_degrees(degrees: np.ndarray, degrees_key: bytes) -> tuple[np.ndarray, np.ndarray, int]:
-    """Per D (``degrees``: tp, cp, ep, dp, pp rows; ``degrees_key``: their bytes): 1
-    where kernels="auto" fuses (tp, pp or cp above 1), else 0; the group of its tp, cp,
-    ep and that; how many groups. Kept per distinct degrees: a search asks for the same
-    ones again."""
-    hit = _BLOCK_DEGREES.get(degrees_key)
-    if hit is None:
-        tp, cp, ep, _, pp = degrees
-        fused = ((tp > 1) | (pp > 1) | (cp > 1)).astype(np.int64)
-        d_block, d_block_rep = _group([tp, cp, ep, fused], [(1, None), (1, None), (1, None), (0, 1)])
-        fused.flags.writeable = d_block.flags.writeable = False
-        if len(_BLOCK_DEGREES) > 64:
-            _BLOCK_DEGREES.clear()
-        hit = _BLOCK_DEGREES[degrees_key] = (fused, d_block, len(d_block_rep))
-    return hit
-
-
-def _per_unique(columns: Sequence[np.ndarray], fn: Callable[..., tuple[int, ...]], n_out: int,
-                memo: dict[tuple, tuple[int, ...]] | None = None,
-                bounds: Sequence[tuple[int, int] | None] | None = None) -> list[np.ndarray]:
-    """fn(*row) for each distinct row of ``columns``, spread back over every element:
-    the expensive per-shape work runs once per shape, in planner.memory.model's own code
-    (and once per model and set-up with ``memo``). ``bounds``: as for _group()."""
-    inverse, first = _group(columns, bounds)
-    rows = np.stack([col[first] for col in columns], axis=1).tolist()
-    if memo is None:
-        memo = {}
-    out = []
-    for row in rows:
-        t = tuple(row)
-        if t not in memo:
-            memo[t] = fn(*row)
-        out.append(memo[t])
-    if out and max(max(row) for row in out) >= SAFE_BYTES:
-        raise Unsupported("a per-shape figure is too large for exact int64 arithmetic")
-    table = np.array(out, dtype=np.int64).reshape(len(rows), n_out)
-    return list(np.take(np.ascontiguousarray(table.T), inverse, axis=1))
 
 
 def _hybrid(a: LayoutArrays, gpus_per_node: int) -> np.ndarray:
@@ -480,53 +107,6 @@ def _trunc(x: np.ndarray) -> np.ndarray:
     return x.astype(np.int64) if x.dtype.kind == "f" else x
 
 
-class TableCache:
-    """Tables kept across calls, least recently used first out: at most ``max_entries``
-    of them and, beyond the most recent one, ``max_bytes`` of numpy arrays in all."""
-
-    def __init__(self, max_entries: int, max_bytes: int) -> None:
-        self.max_entries, self.max_bytes = max_entries, max_bytes
-        self.entries: OrderedDict[tuple, tuple[object, int]] = OrderedDict()
-        self.n_bytes = 0
-        self.last: tuple[tuple, object] | None = None   # the last key asked for and its tables
-
-    def get(self, key: tuple) -> Any:
-        # the same key as the last call's, most often the same objects: a tuple compares
-        # identical items without calling their __eq__, where hashing a model or set-up
-        # hashes every field
-        last = self.last
-        if last is not None and last[0] == key:
-            return last[1]
-        hit = self.entries.get(key)
-        if hit is None:
-            return None
-        self.entries.move_to_end(key)
-        self.last = (key, hit[0])
-        return hit[0]
-
-    def put(self, key: tuple, tables: tuple) -> None:
-        arrays = _arrays(tables)
-        for x in arrays:               # later calls read them; none may write
-            x.flags.writeable = False
-        size = sum(x.nbytes for x in arrays)
-        self.entries[key] = (tables, size)
-        self.n_bytes += size
-        while len(self.entries) > 1 and (len(self.entries) > self.max_entries or self.n_bytes > self.max_bytes):
-            self.n_bytes -= self.entries.popitem(last=False)[1][1]
-
-    def clear(self) -> None:
-        self.entries.clear()
-        self.n_bytes = 0
-        self.last = None
-
-
-def _arrays(x: object) -> list[np.ndarray]:
-    if isinstance(x, np.ndarray):
-        return [x]
-    if isinstance(x, (tuple, list)):
-        return [a for y in x for a in _arrays(y)]
-    return []
-
 
 class _States(NamedTuple):
     """What peak_bytes() reads per distinct degrees (D) and per state (a distinct degrees,
@@ -552,7 +132,7 @@ class _States(NamedTuple):
 # states): a search scores the same GPU counts' states again for other micro-batches and
 # recomputation modes, and these tables are most of a call's fixed cost. Least recently
 # used first out.
-_STATE_CACHE = TableCache(max_entries=32, max_bytes=64 * 2**20)
+STATE_CACHE = TableCache(max_entries=32, max_bytes=64 * 2**20)
 
 
 def _state_tables(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, gpus_per_node: int, a: LayoutArrays,
@@ -562,13 +142,13 @@ def _state_tables(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, gpus_per_n
     answer for the same model, set-up, GPUs per node, degrees and states from an earlier
     call."""
     key = (m, pc, setup, gpus_per_node, g.degrees_key, state_key[state_rows].tobytes())
-    hit = _STATE_CACHE.get(key)
+    hit = STATE_CACHE.get(key)
     if hit is not None:
         return hit
     st = LayoutArrays(*(getattr(a, f)[state_rows] for f in LayoutArrays.FIELDS))
     tp_d, _, ep_d, _, pp_d = g.degrees
     out = _build_states(m, pc, setup, gpus_per_node, st, g.d_inv[state_rows], (tp_d, ep_d, pp_d))
-    _STATE_CACHE.put(key, out)
+    STATE_CACHE.put(key, out)
     return out
 
 

@@ -114,8 +114,8 @@ def degree_conflict(m: Any, setup: Any, kw: Mapping[str, Any]) -> str | None:
     layout with only those degrees, as a message naming the options, or None."""
     from dataclasses import replace
 
-    from planner.training.finetune import FinetuneSpec
     from planner.layouts.layout import Layout, reject_reason
+    from planner.training.finetune import FinetuneSpec
 
     fixed = {a: kw[a] for a in ("tp", "pp", "cp", "ep") if kw.get(a) is not None}
     if kw.get("vp") is not None and "pp" in fixed:     # vp and sp are read with the degree they split

@@ -20,8 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
-from planner.report import text as report
 from planner.memory.model import CATEGORIES
+from planner.report import text as report
 from planner.report.text import LABELS, duration, gib, params_text
 
 if TYPE_CHECKING:
@@ -352,7 +352,9 @@ def no_fit_view(r: PlanResult) -> list[Any]:
     """Why nothing fits, the least memory any layout needs, and what would make it fit."""
     tried = r.result.counts_tried
     span = f"{tried[0]}" if len(tried) == 1 else f"{tried[0]} to {tried[-1]}"
-    from planner.report.advice import fit_advice     # the least memory, and the ways out (planner.report.advice)
+    from planner.report.advice import (
+        fit_advice,  # the least memory, and the ways out (planner.report.advice)
+    )
     least, *ways = fit_advice(r)
     sm = r.result.smallest
     rows: list[tuple[str, Any]] = [("least", least)] + [("advice" if i == 0 else "", w) for i, w in enumerate(ways)]

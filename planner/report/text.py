@@ -8,8 +8,8 @@ from dataclasses import asdict
 from typing import Any
 
 from planner.api import PlanResult
-from planner.measure.crosscheck import Crosscheck, crosscheck_json
 from planner.layouts.layout import Layout
+from planner.measure.crosscheck import Crosscheck, crosscheck_json
 from planner.search.search import Candidate
 from planner.timing.model import StepTime
 from planner.units import GiB
@@ -155,8 +155,8 @@ def to_json(r: PlanResult, crosscheck: Crosscheck | None = None) -> str:
 def topologies_json() -> list[dict[str, Any]]:
     """`plan topologies --json`: the shipped cluster topologies."""
     from planner.hardware.gpus import get_gpu
-    from planner.timing.model import Cluster, scale_up_domain_gpus
     from planner.hardware.topology import list_topologies
+    from planner.timing.model import Cluster, scale_up_domain_gpus
 
     rows = []
     for t in list_topologies():

@@ -123,15 +123,16 @@ def size_count(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node: i
         return cands, least
 
     from planner.memory import fast as fastscore
+    from planner.layouts import batch as layout_batch
 
-    if not fastscore.supports(setup):
+    if not layout_batch.supports(setup):
         return one_by_one()
     try:
-        arrays = fastscore.valid_layouts(m, setup, n_gpus, gpus_per_node, space)
+        arrays = layout_batch.valid_layouts(m, setup, n_gpus, gpus_per_node, space)
         if len(arrays) < VECTORISE_FROM:
             return one_by_one([arrays.layout(i, setup.seq_len) for i in range(len(arrays))])
         totals = fastscore.peak_bytes(m, setup, arrays, pc, gpus_per_node)
-    except fastscore.Unsupported:
+    except layout_batch.Unsupported:
         return one_by_one()
     least_i = int(totals.argmin())
     picked = sorted({least_i, *(int(i) for i in (totals <= capacity_bytes).nonzero()[0])})

@@ -20,7 +20,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from planner.layouts.layout import Layout, SearchSpace, _shardings, degree_shapes, grad_accum_for, reject_reason
+from planner.layouts.layout import Layout, SearchSpace, degree_shapes, grad_accum_for, reject_reason, shardings_of
 from planner.memory.model import (StateFloor, held_activation_floor_bytes, min_model_state_bytes_per_param, model_state_floor,
                      overhead_floor_bytes)
 from planner.models.spec import ModelSpec, ParamCount, count_params
@@ -114,7 +114,7 @@ def _shapes(m: ModelSpec, setup: TrainingSetup, n: int, gpus_per_node: int, spac
     Left out: shapes whose micro-batch does not divide the batch, and shapes whose degrees
     no sharding can run with (layouts.reject_reason rejects every layout of theirs)."""
     out = []
-    shardings = _shardings(space)
+    shardings = shardings_of(space)
     for tp, cp, ep, pp, dp in degree_shapes(m, n, gpus_per_node, space):
         group: _Group | None = None
         sps = [space.sp] if space.sp is not None else [tp > 1]

@@ -51,16 +51,32 @@ from typing import NamedTuple
 
 import numpy as np
 
-from planner.memory.fast import (_STATE_CACHE, RECOMPUTES, LayoutArrays, LayoutGroups, TableCache, Unsupported,
-                        _group, _Rows, _rows, peak_bytes)
+from planner.hardware.placement import FALLBACK_INTRA_LATENCY_S, Cluster, axis_links
+from planner.hardware.topology import AXES
+from planner.layouts.batch import RECOMPUTES, LayoutArrays, Unsupported
+from planner.layouts.groups import LayoutGroups, TableCache
+from planner.layouts.groups import Rows as _Rows
+from planner.layouts.groups import group as _group
+from planner.layouts.groups import rows as _rows
 from planner.layouts.layout import SHARDINGS, Layout
+from planner.memory.fast import STATE_CACHE as _STATE_CACHE
+from planner.memory.fast import peak_bytes
 from planner.memory.model import stage_layers
 from planner.models.spec import ModelSpec, ParamCount, count_params
-from planner.hardware.placement import FALLBACK_INTRA_LATENCY_S, Cluster, axis_links
-from planner.timing.model import (CROSS_ENTROPY_BYTES_PER_LOGIT, CROSS_ENTROPY_FORWARD_SHARE, PLACEMENT_ORDERS, Efficiency,
-                     _hybrid_shard, backward_layers, gemm_time_s, head_backward_gemms, layer_time,
-                     optimizer_bytes_per_param, rates, trained_split)
-from planner.hardware.topology import AXES
+from planner.timing.model import (
+    CROSS_ENTROPY_BYTES_PER_LOGIT,
+    CROSS_ENTROPY_FORWARD_SHARE,
+    PLACEMENT_ORDERS,
+    Efficiency,
+    _hybrid_shard,
+    backward_layers,
+    gemm_time_s,
+    head_backward_gemms,
+    layer_time,
+    optimizer_bytes_per_param,
+    rates,
+    trained_split,
+)
 from planner.training.setup import TrainingSetup
 
 EXACT_INT = 2**53          # integers below this convert to float64 exactly

@@ -1,0 +1,328 @@
+"""Grouping of layout arrays by shape, and tables kept across calls: the batched models
+compute per-shape figures once per distinct shape and spread them back over the batch."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from planner.layouts.batch import RECOMPUTES, LayoutArrays, Unsupported
+from planner.layouts.layout import SHARDINGS
+
+SAFE_BYTES = 2**58          # every table value below this keeps int64 sums exact
+
+
+# glibc gives freed heap memory back to the OS whenever more than 128 KiB lie free at the
+# top of the heap, so a call that holds a few MiB of temporaries faults every page of
+# them in again, call after call: about half the time of sizing ten thousand layouts.
+# Freeing one block of 16 MiB raises glibc's dynamic mmap and trim thresholds to 16 and
+# 32 MiB (mallopt(3), M_MMAP_THRESHOLD), after which the heap keeps its pages. Elsewhere
+# this is one short-lived allocation.
+np.empty(16 << 20, dtype=np.uint8)
+
+
+
+_MEMO: dict[tuple, dict[tuple, tuple[int, ...]]] = {}
+
+
+def memo(*key: object) -> dict[tuple, tuple[int, ...]]:
+    """A table of per-shape figures for one model and set-up, kept across calls (the search
+    asks for the same shapes on every GPU count)."""
+    if len(_MEMO) > 64:
+        _MEMO.clear()
+    return _MEMO.setdefault(key, {})
+
+
+class Rows:
+    """Figures per distinct key, kept across calls (a search asks for the same degrees
+    and block shapes on every GPU count): key -> a row of a table."""
+
+    def __init__(self, width: int, dtype: type) -> None:
+        self.index: dict[tuple, int] = {}
+        self.rows: list[tuple] = []
+        self.table = np.zeros((0, width), dtype=dtype)
+        self.dtype = dtype
+        self.known: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}   # columns_of()'s answers
+
+    def columns_of(self, columns: Sequence[np.ndarray], fn: Callable[..., tuple]) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, rows): ids() of the keys whose fields are ``columns`` (int64 arrays of
+        equal length), and their rows as a (width, keys) array, remembered per column
+        contents (rows are never renumbered): a search asks for the same block shapes again."""
+        packed = np.stack(columns)
+        blob = packed.tobytes() + bytes([len(columns)])
+        hit = self.known.get(blob)
+        if hit is None:
+            if len(self.known) > 256:
+                self.known.clear()
+            ids = self.ids(list(zip(*packed.tolist())), fn)
+            rows = np.ascontiguousarray(self.table[ids].T)
+            ids.flags.writeable = rows.flags.writeable = False
+            hit = self.known[blob] = (ids, rows)
+        return hit
+
+    def lookup(self, keys: list[tuple], fn: Callable[..., tuple]) -> np.ndarray:
+        """The rows of ``keys`` (len(keys) x width), computing fn(*key) for new keys."""
+        idx = self.ids(keys, fn)        # (builds the table anew for new keys)
+        return self.table[idx]
+
+    def ids(self, keys: list[tuple], fn: Callable[..., tuple]) -> np.ndarray:
+        """The row numbers of ``keys`` in ``table``, computing fn(*key) for new keys."""
+        get = self.index.get
+        idx = [get(k) for k in keys]
+        if None in idx:
+            for i, k in enumerate(keys):
+                if idx[i] is None:
+                    j = get(k)
+                    if j is None:
+                        j = self.index[k] = len(self.rows)
+                        self.rows.append(fn(*k))
+                    idx[i] = j
+            self.table = np.array(self.rows, dtype=self.dtype).reshape(len(self.rows), -1)
+        return np.array(idx, dtype=np.int64)
+
+
+ROWS: dict[tuple, Rows] = {}
+
+
+def rows(width: int, dtype: type, *key: object) -> Rows:
+    if len(ROWS) > 64:
+        ROWS.clear()
+    rows = ROWS.get(key)
+    if rows is None:
+        rows = ROWS[key] = Rows(width, dtype)
+    return rows
+
+
+def renumber(values: np.ndarray, span: int) -> tuple[np.ndarray, int]:
+    """The distinct values of ``values`` (0 <= values < span) numbered 0, 1, ... in
+    increasing order, through a lookup table of ``span`` entries: (numbers, how many)."""
+    present = np.zeros(span, dtype=bool)
+    present[values] = True
+    distinct = np.flatnonzero(present)
+    number = np.empty(span, dtype=np.int64)
+    number[distinct] = np.arange(len(distinct))
+    return number[values], len(distinct)
+
+
+def group(columns: Sequence[np.ndarray], bounds: Sequence[tuple[int, int] | None] | None = None
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """(inverse, representatives): the group of each row by its values in ``columns``
+    (groups in increasing order of the packed key), and one row index per group.
+    ``bounds``: (lowest, highest) possible value of each column where known (None
+    where not), which spares a pass over it for its minimum and maximum; (lowest, None)
+    spares the pass for the minimum (a column whose largest value is the lowest possible is
+    constant, and one with a positive lowest value is packed from 0 rather than shifted).
+
+    The columns are packed into one int64 key (mixed radix, the first column least
+    significant; a column with one value is left out). A wide column (a dp of up to
+    16,384) has its values numbered first, and the columns packed so far are numbered by
+    their distinct values whenever the key range would outgrow a lookup table; both keep
+    the order of the keys. A small key range is grouped through a lookup table, with no
+    sort."""
+    n = len(columns[0])
+    limit = max(1 << 16, 4 * n)
+    key, scale = None, 1
+    for i, col in enumerate(columns):
+        bound = bounds[i] if bounds is not None else None
+        if bound is None:
+            lo, hi = int(col.min()), int(col.max())
+        elif bound[1] is None:      # only the lowest possible value known: a column at it is
+            lo, hi = bound[0], int(col.max())      # constant, else it is packed from 0 up
+            if hi == lo:
+                continue
+            lo = 0 if lo > 0 else lo
+        else:
+            lo, hi = bound
+        span = hi - lo + 1
+        if span == 1:
+            continue
+        if lo:
+            col = col - lo
+        if 64 < span <= limit and (key is None and span > 1024 or scale * span > limit):
+            col, span = renumber(col, span)
+        if key is None:
+            key, scale = col, span
+            continue
+        if scale * span > limit and scale <= limit:
+            key, scale = renumber(key, scale)
+        if scale * span >= 2**62:
+            raise Unsupported("shape columns too wide to pack into one key")
+        key = key + col * scale
+        scale *= span
+    if key is None:
+        return np.zeros(n, dtype=np.int64), np.zeros(1, dtype=np.int64)
+    if scale <= limit:
+        return group_packed(key, scale)
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    return inverse.reshape(-1), first
+
+
+def group_packed(key: np.ndarray, span: int) -> tuple[np.ndarray, np.ndarray]:
+    """group() of one column already packed into 0 <= key < span, for a span small
+    enough for a lookup table: (inverse, representatives), in increasing key order. One
+    pass writes each row's number into the table at its key (any row of a group stands
+    for it: they agree), which marks the keys present and gives the representatives; the
+    table then numbers the groups."""
+    table = np.full(span, -1, dtype=np.int64)
+    table[key] = arange(len(key))
+    present = np.flatnonzero(table >= 0)
+    rep = table[present]
+    table[present] = arange(len(present))
+    return table[key], rep
+
+
+_ARANGE = np.arange(0)
+
+
+def arange(n: int) -> np.ndarray:
+    """np.arange(n), read-only, from one array kept across calls."""
+    global _ARANGE
+    if n > len(_ARANGE):
+        _ARANGE = np.arange(max(n, 2 * len(_ARANGE)))
+        _ARANGE.flags.writeable = False
+    return _ARANGE[:n]
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutGroups:
+    """The groups of a LayoutArrays that peak_bytes() and planner.timing.fast share, each as
+    (inverse, representatives) (group):
+
+    - D, by degrees (tp, cp, ep, dp, pp);
+    - P, by pipeline shape (D, sp, vp, micro-batch, recomputation, and the accumulation
+      where it does not follow from them), with each P's columns;
+    - B, by block shape: P's tp, cp, ep, whether the kernels are fused under
+      kernels="auto" (tp, pp or cp above 1), sp, micro-batch and recomputation; a
+      block's activations (memory) and its times (timing.layer_time) depend on no more;
+
+    and each layout's ZeRO stage and sharding as one number (``pair``).
+    """
+
+    d_inv: np.ndarray
+    d_rep: np.ndarray
+    p_inv: np.ndarray
+    p_rep: np.ndarray
+    degrees: tuple[np.ndarray, ...]     # tp, cp, ep, dp, pp of each D
+    degrees_key: bytes                  # the same, as bytes: part of the cache keys of per-D tables
+    p_d: np.ndarray                     # each P's D
+    p_cols: tuple[np.ndarray, ...]      # each P's sp, vp, micro-batch, recomputation, accumulation
+    fused_d: np.ndarray                 # per D: 1 where tp, pp or cp is above 1 (kernels="auto" fuses), else 0
+    b_inv: np.ndarray                   # each P's B
+    b_rep: np.ndarray                   # a P standing for each B
+    pair: np.ndarray                    # per layout: len(SHARDINGS) x ZeRO stage + SHARDINGS index
+
+    @staticmethod
+    def of(a: LayoutArrays) -> LayoutGroups:
+        # every degree and micro-batch is at least 1: only the largest value of a column is
+        # looked up; the narrow degrees are packed before the wide dp
+        d_inv, d_rep = group([a.tp, a.cp, a.ep, a.pp, a.dp], [(1, None)] * 5)
+        p_cols_of = (a.sp, a.vp, a.micro_batch, a.recompute)
+        p_inv, p_rep = group([d_inv, *p_cols_of],
+                              [(0, len(d_rep) - 1), (0, 1), (1, None), (1, None), (0, len(RECOMPUTES) - 1)])
+        p_ga = a.grad_accum[p_rep]
+        if not np.array_equal(p_ga[p_inv], a.grad_accum):   # valid layouts: ga = B / (mb dp ep)
+            p_inv, p_rep = group([d_inv, *p_cols_of, a.grad_accum])
+            p_ga = a.grad_accum[p_rep]
+        degrees = np.stack([a.tp[d_rep], a.cp[d_rep], a.ep[d_rep], a.dp[d_rep], a.pp[d_rep]])
+        degrees_key = degrees.tobytes()
+        p_d = d_inv[p_rep]
+        p_sp, p_vp, p_mb, p_rc = (x[p_rep] for x in p_cols_of)
+        fused, d_block, n_d_block = block_degrees(degrees, degrees_key)
+        b_inv, b_rep = group([d_block[p_d], p_sp, p_mb, p_rc],
+                              [(0, n_d_block - 1), (0, 1), (1, None), (0, len(RECOMPUTES) - 1)])
+        return LayoutGroups(d_inv, d_rep, p_inv, p_rep, tuple(degrees), degrees_key, p_d,
+                            (p_sp, p_vp, p_mb, p_rc, p_ga), fused, b_inv, b_rep,
+                            len(SHARDINGS) * a.zero_stage + a.sharding)
+
+
+_BLOCK_DEGREES: dict[bytes, tuple[np.ndarray, np.ndarray, int]] = {}
+
+
+def block_degrees(degrees: np.ndarray, degrees_key: bytes) -> tuple[np.ndarray, np.ndarray, int]:
+    """Per D (``degrees``: tp, cp, ep, dp, pp rows; ``degrees_key``: their bytes): 1
+    where kernels="auto" fuses (tp, pp or cp above 1), else 0; the group of its tp, cp,
+    ep and that; how many groups. Kept per distinct degrees: a search asks for the same
+    ones again."""
+    hit = _BLOCK_DEGREES.get(degrees_key)
+    if hit is None:
+        tp, cp, ep, _, pp = degrees
+        fused = ((tp > 1) | (pp > 1) | (cp > 1)).astype(np.int64)
+        d_block, d_block_rep = group([tp, cp, ep, fused], [(1, None), (1, None), (1, None), (0, 1)])
+        fused.flags.writeable = d_block.flags.writeable = False
+        if len(_BLOCK_DEGREES) > 64:
+            _BLOCK_DEGREES.clear()
+        hit = _BLOCK_DEGREES[degrees_key] = (fused, d_block, len(d_block_rep))
+    return hit
+
+
+def per_unique(columns: Sequence[np.ndarray], fn: Callable[..., tuple[int, ...]], n_out: int,
+                memo: dict[tuple, tuple[int, ...]] | None = None,
+                bounds: Sequence[tuple[int, int] | None] | None = None) -> list[np.ndarray]:
+    """fn(*row) for each distinct row of ``columns``, spread back over every element:
+    the expensive per-shape work runs once per shape, in planner.memory.model's own code
+    (and once per model and set-up with ``memo``). ``bounds``: as for group()."""
+    inverse, first = group(columns, bounds)
+    rows = np.stack([col[first] for col in columns], axis=1).tolist()
+    if memo is None:
+        memo = {}
+    out = []
+    for row in rows:
+        t = tuple(row)
+        if t not in memo:
+            memo[t] = fn(*row)
+        out.append(memo[t])
+    if out and max(max(row) for row in out) >= SAFE_BYTES:
+        raise Unsupported("a per-shape figure is too large for exact int64 arithmetic")
+    table = np.array(out, dtype=np.int64).reshape(len(rows), n_out)
+    return list(np.take(np.ascontiguousarray(table.T), inverse, axis=1))
+
+class TableCache:
+    """Tables kept across calls, least recently used first out: at most ``max_entries``
+    of them and, beyond the most recent one, ``max_bytes`` of numpy arrays in all."""
+
+    def __init__(self, max_entries: int, max_bytes: int) -> None:
+        self.max_entries, self.max_bytes = max_entries, max_bytes
+        self.entries: OrderedDict[tuple, tuple[object, int]] = OrderedDict()
+        self.n_bytes = 0
+        self.last: tuple[tuple, object] | None = None   # the last key asked for and its tables
+
+    def get(self, key: tuple) -> Any:
+        # the same key as the last call's, most often the same objects: a tuple compares
+        # identical items without calling their __eq__, where hashing a model or set-up
+        # hashes every field
+        last = self.last
+        if last is not None and last[0] == key:
+            return last[1]
+        hit = self.entries.get(key)
+        if hit is None:
+            return None
+        self.entries.move_to_end(key)
+        self.last = (key, hit[0])
+        return hit[0]
+
+    def put(self, key: tuple, tables: tuple) -> None:
+        arrays = _arrays(tables)
+        for x in arrays:               # later calls read them; none may write
+            x.flags.writeable = False
+        size = sum(x.nbytes for x in arrays)
+        self.entries[key] = (tables, size)
+        self.n_bytes += size
+        while len(self.entries) > 1 and (len(self.entries) > self.max_entries or self.n_bytes > self.max_bytes):
+            self.n_bytes -= self.entries.popitem(last=False)[1][1]
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.n_bytes = 0
+        self.last = None
+
+
+def _arrays(x: object) -> list[np.ndarray]:
+    if isinstance(x, np.ndarray):
+        return [x]
+    if isinstance(x, (tuple, list)):
+        return [a for y in x for a in _arrays(y)]
+    return []

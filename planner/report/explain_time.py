@@ -1,0 +1,230 @@
+"""`plan explain`, time: the parts of the step-time model, named, with formulas and sources."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from planner.hardware.placement import Cluster
+from planner.layouts.layout import Layout
+from planner.models.spec import ModelSpec, ParamCount
+from planner.report.terms import (
+    BUBBLE,
+    FLASH,
+    FLOPS,
+    HBM,
+    KAPLAN,
+    LAYER_TIME,
+    MATMUL,
+    OPT_TIME,
+    OVERLAP,
+    RING,
+    TP_COMM,
+    ZERO,
+    Term,
+)
+from planner.report.terms import label as _label
+from planner.timing.model import (
+    FLASH_FRACTION,
+    FLASH_FRACTION_DEFAULT,
+    MATMUL_FRACTION,
+    MATMUL_FRACTION_DEFAULT,
+    Efficiency,
+    StepTime,
+    _dp_comms,
+    _dp_parts,
+    _kernels,
+    _layer_key,
+    _pipeline,
+    flops_per_step,
+    head_backward_gemms,
+    layer_time,
+    optimizer_bytes_per_param,
+    optimizer_time_s,
+    trained_split,
+)
+from planner.training.setup import TrainingSetup, optimizer_state_bytes_per_param
+
+# ----------------------------------------------------------------------------- time
+
+def _time(category: str, name: str, formula: str, value: float, source: str, unit: str = "s",
+          summed: bool = True, **inputs: Any) -> Term:
+    return Term(section="time", category=category, name=name, formula=formula,
+                inputs={_label(k): v for k, v in inputs.items()}, value=float(value), unit=unit,
+                source=source, summed=summed)
+
+
+DP_NAMES = {
+    "zero3-hybrid": ("gradient all-reduce across the replica groups (HSDP)",
+                     "parameter all-gather in forward (per micro-batch)",
+                     "parameter all-gather + gradient reduce-scatter in backward (per micro-batch)"),
+    "zero3": ("parameter all-gather in forward (per micro-batch)",
+              "parameter all-gather + gradient reduce-scatter in backward (per micro-batch)"),
+    "fsdp-grad-op": ("parameter all-gather in forward (per micro-batch)",
+                     "gradient reduce-scatter in backward (per micro-batch)"),
+    "zero12": ("gradient reduce-scatter (once per step)", "parameter all-gather after the step"),
+    "zero0": ("gradient all-reduce (once per step)",),
+}
+
+
+def _dp_kind(lay: Layout) -> str:
+    if lay.zero_stage == 3:
+        return "zero3-hybrid" if lay.sharding == "fsdp-hybrid" else "zero3"
+    if lay.zero_stage == 2 and lay.is_fsdp:
+        return "fsdp-grad-op"
+    return "zero12" if lay.zero_stage in (1, 2) else "zero0"
+
+
+def _link(links: dict[str, Any], axis: str) -> dict[str, Any]:
+    ln = links[axis]
+    return {f"{axis} bus bandwidth B (bytes/s)": ln.bus_bytes_per_s, f"{axis} hop latency alpha (s)": ln.latency_s}
+
+
+def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster, eff: Efficiency,
+               pc: ParamCount, st: StepTime) -> list[Term]:
+    """The parts of timing.step_time() for ``lay`` on the placement it chose."""
+    gpu = cluster.gpu
+    prec = setup.precision_spec
+    p = _pipeline(m, setup, lay, cluster, eff, st.placement)
+    lt = layer_time(m, setup, _layer_key(lay), _kernels(setup, lay), gpu, eff)
+    n_mb = lay.grad_accum
+    r = p.rates
+    top = cluster.topology
+    link_src = (f"topology {top.name}: {top.intra_node.source}; {top.network.source}" if top is not None
+                else f"GPU catalog (no topology): {gpu.source}")
+    out: list[Term] = []
+
+    # figures the summed terms use
+    dtype = prec.compute_dtype
+    peak = gpu.peak_flops_per_s(dtype)
+    fl = flops_per_step(m, lay.seq_len, lay.global_batch, lay.recompute)
+    n_active = pc.active
+    out += [
+        _time("flops", "model FLOPs per step (no recomputation)", "3 x tokens x (L x block forward + LM head), "
+              "2 FLOPs per multiply-add", fl.model_flops, FLOPS, unit="FLOPs", summed=False,
+              tokens_per_step=st.tokens_per_step, n_layers_L=m.n_layers, d_model_h=m.d_model,
+              seq_len_s=lay.seq_len, vocab_V=m.vocab_size),
+        _time("flops", f"hardware FLOPs per step (recompute {lay.recompute})", "model FLOPs + recomputed forward",
+              fl.hardware_flops, FLOPS, unit="FLOPs", summed=False),
+        _time("flops", "Kaplan's 6N estimate, for comparison", "6 x active params x tokens",
+              6 * n_active * st.tokens_per_step, KAPLAN, unit="FLOPs", summed=False,
+              active_params_N=n_active, tokens_per_step=st.tokens_per_step),
+        _time("rates", f"peak {dtype} FLOP/s of the GPU (dense)", "data sheet", peak, f"{gpu.full_name}: {gpu.source}",
+              unit="FLOP/s", summed=False),
+        _time("rates", "matmul rate", "peak x matmul fraction", r.matmul_flops_per_s, MATMUL, unit="FLOP/s",
+              summed=False, peak=peak, matmul_fraction=eff.matmul_fraction if eff.matmul_fraction is not None
+              else MATMUL_FRACTION.get(gpu.name, MATMUL_FRACTION_DEFAULT)),
+        _time("rates", "flash-attention rate", "peak x flash fraction", r.flash_flops_per_s, FLASH, unit="FLOP/s",
+              summed=False, peak=peak, flash_fraction=eff.flash_fraction if eff.flash_fraction is not None
+              else FLASH_FRACTION.get(gpu.name, FLASH_FRACTION_DEFAULT)),
+        _time("rates", "HBM rate of element-wise kernels", "HBM bandwidth x hbm fraction", r.hbm_bytes_per_s,
+              f"{HBM}; HBM bandwidth: {gpu.source}", unit="bytes/s", summed=False,
+              hbm_bytes_per_s=gpu.hbm_bytes_per_s, hbm_fraction=eff.hbm_fraction),
+        _time("compute", "one block, forward, one micro-batch", "GEMMs + attention + element-wise", lt.fwd_s,
+              LAYER_TIME, summed=False, micro_batch_b=lay.micro_batch, seq_len_s=lay.seq_len, tp_t=lay.tp,
+              cp=lay.cp),
+        _time("compute", f"one block, backward (recompute {lay.recompute}), one micro-batch",
+              "2 x forward GEMMs (1 x frozen GEMMs + 2 x adapter GEMMs under LoRA) + 2.5 x flash attention "
+              "+ element-wise (+ dequantization) (+ recomputed forward)", lt.bwd_s,
+              LAYER_TIME, summed=False),
+    ]
+    for axis in ("tp", "cp", "ep", "dp", "pp"):
+        size = {"tp": lay.tp, "cp": lay.cp, "ep": lay.ep, "dp": lay.dp, "pp": lay.pp}[axis]
+        if size > 1:
+            ln = p.links[axis]
+            out.append(_time("links", f"{axis} groups of {size}: bus bandwidth per GPU",
+                             "ring bandwidth of the topology graph, every group of the axis at once",
+                             ln.bus_bytes_per_s, link_src, unit="bytes/s", summed=False, latency_s=ln.latency_s,
+                             placement="-".join(st.placement)))
+
+    # the step: m (t_mb) + bubble + dp + optimizer
+    head = p.fwd_mb - p.n_slow * lt.fwd_s
+    out.append(_time("compute", "forward compute", "m x (L_stage x block forward + LM head and loss on the last stage)",
+                     n_mb * p.fwd_mb, LAYER_TIME, micro_batches_m=n_mb, blocks_on_slowest_stage=p.n_slow,
+                     block_forward_s=lt.fwd_s, head_and_loss_forward_s=head, slowest_stage=p.slow_stage))
+    out.append(_time("compute", f"backward compute (recompute {lay.recompute})",
+                     "m x (L_backward x block backward + LM head and loss backward)", n_mb * p.bwd_mb, LAYER_TIME,
+                     micro_batches_m=n_mb, blocks_with_backward=p.n_slow_bwd, block_backward_s=lt.bwd_s,
+                     head_backward_gemms=head_backward_gemms(setup.finetune),
+                     head_and_loss_backward_s=p.bwd_mb - p.n_slow_bwd * lt.bwd_s))
+    ar = "AR(S, n) = 2(n-1) alpha + 2(n-1)/n x S / (B x bus fraction)"
+    if lay.tp > 1:
+        out.append(_time("communication", "tensor-parallel all-reduces, exposed",
+                         f"m x (L_stage x k + edges) x AR(S, tp) x (1 - tp overlap); {ar}", p.comm_s["tp"],
+                         f"{TP_COMM}; {RING}; {link_src}", micro_batches_m=n_mb, blocks=p.n_slow,
+                         collectives_per_block_k=lt.tp_collectives, bytes_per_collective_S=lt.tp_bytes, tp=lay.tp,
+                         bus_fraction=eff.bus_fraction, tp_overlap=eff.tp_overlap, **_link(p.links, "tp")))
+    if lay.cp > 1:
+        out.append(_time("communication", "context-parallel K/V ring sends, exposed",
+                         "m x L_stage x max(0, passes x (cp-1) x send(S) - cp overlap x attention time); "
+                         "send(S) = alpha + S / (B x bus fraction)", p.comm_s["cp"],
+                         f"Liu et al. 2023, Ring Attention, arXiv:2310.01889; {link_src}", micro_batches_m=n_mb,
+                         blocks=p.n_slow, bytes_per_send_S=lt.cp_bytes, passes=lt.cp_passes, cp=lay.cp,
+                         cp_overlap=eff.cp_overlap, **_link(p.links, "cp")))
+    if lt.ep_bytes:
+        out.append(_time("communication", "expert-parallel all-to-alls, exposed",
+                         "m x L_stage x k x AG(S, ep) x (1 - ep overlap); AG(S, n) = (n-1) alpha + (n-1)/n S/(B f)",
+                         p.comm_s["ep"], f"{RING}; {link_src}", micro_batches_m=n_mb, blocks=p.n_slow,
+                         all_to_alls_per_block_k=lt.ep_all_to_alls, bytes_S=lt.ep_bytes, ep=lay.ep,
+                         ep_overlap=eff.ep_overlap, **_link(p.links, "ep")))
+    if lay.pp > 1:
+        out.append(_time("communication", "pipeline sends, exposed",
+                         "m x 2 v x send(b s h a / t) x (1 - pp overlap); send(S) = alpha + S / (B x bus fraction)",
+                         p.comm_s["pp"], f"{BUBBLE}; {link_src}", micro_batches_m=n_mb, vp=lay.vp,
+                         pp_overlap=eff.pp_overlap, **_link(p.links, "pp")))
+    exposed = sum(p.comm_s[ax] for ax in ("tp", "cp", "ep", "pp"))
+    slow_pipe = n_mb * p.t_mb - n_mb * (p.fwd_mb + p.bwd_mb) - exposed
+    if slow_pipe > 1e-12 * n_mb * p.t_mb:
+        out.append(_time("communication", "slowdown of compute under hidden tp/cp/ep/pp communication",
+                         "overlap slowdown x hidden seconds (= m x t_mb - compute - exposed)", slow_pipe, OVERLAP,
+                         overlap_slowdown=eff.overlap_slowdown, micro_batch_time_t_mb_s=p.t_mb))
+    if lay.pp > 1:
+        out.append(_time("bubble", "pipeline bubble", "(p - 1) / v x t_mb", p.bubble_s, BUBBLE, pp_p=lay.pp,
+                         vp_v=lay.vp, micro_batch_time_t_mb_s=p.t_mb))
+
+    rp = trained_split(m, pc, setup, lay, p.slow_stage, p.n_slow)
+    comms = _dp_comms(lay, rp, p.links, eff, gpu, prec)
+    parts = _dp_parts(lay, rp, p.links, eff, gpu, prec, p.fwd_mb, p.bwd_mb)
+    names = DP_NAMES[_dp_kind(lay)]
+    g_b = eff.grad_reduce_bytes or prec.grad_bytes
+    axis = "dp" if lay.dp > 1 else ("cp" if lay.cp > 1 else "ep")
+    hidden_total = 0.0
+    for i, ((exposed_s, hidden_s, per_mb), (raw_s, window, overlap, _)) in enumerate(zip(parts, comms)):
+        if raw_s == 0:
+            continue
+        times = n_mb if per_mb else 1
+        hidden_total += hidden_s * times
+        name = names[i] if len(names) == len(parts) else f"data-parallel collective {i + 1}"
+        out.append(_time("communication", f"{name}, exposed",
+                         f"{'m x ' if per_mb else ''}max(0, C - overlap x {window} time of a micro-batch); "
+                         "C = ring collective of Psi x bytes over N_d ranks: (n-1) alpha + (n-1)/n S/(B f) "
+                         "(all-reduce: twice)", exposed_s * times, f"{ZERO}; {RING}; {link_src}",
+                         collective_C_s=raw_s, overlap=overlap, window_s=p.fwd_mb if window == "fwd" else p.bwd_mb,
+                         times=times, trainable_dense_params=rp.trainable_dense,
+                         trainable_expert_params=rp.trainable_expert, frozen_weight_bytes=rp.frozen_bytes,
+                         bytes_per_weight=prec.weight_bytes, bytes_per_gradient=g_b,
+                         N_d=lay.dense_shard_degree, N_e=lay.expert_shard_degree,
+                         bus_fraction=eff.bus_fraction, **(_link(p.links, axis) if lay.n_gpus > 1 else {})))
+    if hidden_total:
+        out.append(_time("communication", "slowdown of compute under hidden data-parallel communication",
+                         "overlap slowdown x hidden seconds", eff.overlap_slowdown * hidden_total, OVERLAP,
+                         overlap_slowdown=eff.overlap_slowdown, hidden_s=hidden_total))
+    opt_s = optimizer_time_s(rp.trainable_dense, rp.trainable_expert, lay, setup, r)
+    sharded = lay.zero_stage >= 1
+    out.append(_time("optimizer", "optimizer update",
+                     "(Psi / N_d + Psi_e / N_e) x (2 x (master + optimizer state bytes) + gradient + weight bytes) "
+                     "/ HBM rate; Psi: trainable parameters", opt_s, OPT_TIME, Psi=rp.trainable_dense,
+                     Psi_e=rp.trainable_expert, bytes_per_param=optimizer_bytes_per_param(setup),
+                     N_d=lay.dense_shard_degree if sharded else 1, N_e=lay.expert_shard_degree if sharded else 1,
+                     master_bytes=prec.master_bytes, optimizer_state_bytes=optimizer_state_bytes_per_param(setup.optimizer),
+                     gradient_bytes=prec.grad_bytes, weight_bytes=prec.weight_bytes,
+                     hbm_rate_bytes_per_s=r.hbm_bytes_per_s))
+    rest = st.step_time_s - sum(t.value for t in out if t.summed)
+    if abs(rest) > 1e-9 * st.step_time_s:
+        out.append(_time("unexplained", "not itemised (planner.report.explain is behind planner.timing.model; please report it)",
+                         "step time - the terms above", rest, "planner.timing.model"))
+    out.append(_time("utilisation", "MFU", "model FLOPs / step time / GPUs / peak", st.mfu,
+                     "Chowdhery et al. 2022, PaLM, App. B", unit="fraction", summed=False,
+                     model_flops=st.model_flops, step_time_s=st.step_time_s, n_gpus=st.n_gpus, peak=peak))
+    return out
+
+
