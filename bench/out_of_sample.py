@@ -354,6 +354,8 @@ def _value(v: float, metric: str) -> str:
         return f"{v:.1%}"
     if metric == "tokens_per_s_per_gpu":
         return f"{v:,.0f}"
+    if metric == "step_time_s":
+        return f"{v:.2f}"
     return f"{v:.1f}"
 
 
@@ -397,7 +399,8 @@ def report(st: Study) -> str:
         "planner is too optimistic); 'shipped' is the planner as it ships (catalog efficiencies). Layouts",
         "are as published; open choices (micro-batch `mb`, virtual stages `vp`, recomputation `r`) are the",
         "planner's fastest that fit in memory at the in-sample parameters (`*`: no variant fits the",
-        "planner's memory model, though the run was trained; all variants were tried).",
+        "planner's memory model, though the run was trained; all variants were tried). 'step %' splits the",
+        "in-sample step: compute / exposed tp / exposed dp / exposed pp communication / pipeline bubble.",
         "",
         "## Fitted parameters",
         "",
@@ -444,21 +447,24 @@ def report(st: Study) -> str:
         "",
         "## Per run",
         "",
-        "| case | source | GPU | GPUs | layout | metric | reported | shipped | in-sample | error | out-of-sample | error |",
-        "|---|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|",
+        ("| case | source | GPU | GPUs | layout | metric | reported | shipped | in-sample | error | out-of-sample "
+         "| error | step % |"),
+        "|---|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for p in g.cases:
         c = p.case
         cid, metric = c["id"], c["reported"]["metric"]
-        lay, _ = best_time(p, efficiency(p, st.in_sample.matmul.get(p.family), st.in_sample.bus_fraction))
+        lay, t = best_time(p, efficiency(p, st.in_sample.matmul.get(p.family), st.in_sample.bus_fraction))
         desc = _describe(lay)
+        parts = "/".join(f"{100 * x / t.step_time_s:.0f}" for x in
+                         (t.compute_s, t.comm_s["tp"], t.comm_s["dp"], t.comm_s["pp"], t.bubble_s))
         e_in, e_out = st.in_sample_error(cid), st.out_of_sample_error(cid)
         rep = c["reported"]["value"]
         mark = "" if c["fit"] else " (not fitted)"
         lines.append(f"| {cid}{'' if p.fits_memory else ' *'}{mark} | {p.source} | {c['gpu']} | {c['n_gpus']} | "
                      f"{desc} | {_unit(metric)} | {_value(rep, metric)} | {_value(g.shipped[cid], metric)} | "
                      f"{_value(predicted_value(c, e_in), metric)} | {_pct(e_in)} | "
-                     f"{_value(predicted_value(c, e_out), metric)} | {_pct(e_out)} |")
+                     f"{_value(predicted_value(c, e_out), metric)} | {_pct(e_out)} | {parts} |")
     skipped = [p for p in g.cases if not p.case["fit"]]
     if skipped:
         lines += ["", "Not fitted and not in the statistics (kept and predicted with the in-sample parameters):", ""]
