@@ -48,7 +48,7 @@ def test_doc_is_current(study):
 def test_every_held_out_fit_excludes_its_source_and_uses_all_others(study):
     fitted = {p.case["id"]: p.source for p in study.fitted}
     sources = set(fitted.values())
-    assert len(sources) == 8
+    assert sources == set(oos.SOURCE_NAMES)
     for s in sources:
         f = study.held_out[s]
         assert f is not study.in_sample
@@ -84,7 +84,7 @@ def test_held_out_predictions_are_the_public_step_time_with_the_fitted_parameter
         _, t = oos.best_time(p, eff)
         value = oos.metric_of(p.case, t)
         assert value == pytest.approx(oos.predicted_value(p.case, study.out_of_sample_error(p.case["id"])), rel=1e-9)
-    assert len(seen) == 8
+    assert seen == set(oos.SOURCE_NAMES)
 
 
 def test_family_seen_in_one_source_only_keeps_the_catalog_value():
@@ -126,5 +126,6 @@ def test_more_cases_name_their_source_layout_and_figure():
 def test_quantiles_are_the_out_of_sample_residuals(study):
     errs = [study.out_of_sample_error(p.case["id"]) for p in study.fitted]
     lo, hi = np.quantile(errs, oos.QUANTILES)
-    assert sum(lo <= e <= hi for e in errs) / len(errs) >= 0.78
+    # interpolated quantiles of a few dozen runs: the band holds 80% of them, give or take a run per tail
+    assert sum(lo <= e <= hi for e in errs) >= 0.8 * len(errs) - 2
     assert f"{math.expm1(hi):+.1%}" in oos.report(study)
