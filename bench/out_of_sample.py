@@ -424,9 +424,15 @@ def report(st: Study) -> str:
         if f is st.in_sample:
             continue
         lines.append(f"| all but {s} | {_params(f)} | {len(f.train_ids)} | {f.train_median_abs_log:.3f} |")
+    fam_sources = {f: sorted({p.source for p in fitted if p.family == f}) for f in sorted(st.in_sample.matmul)}
+    single = [f for f, srcs in fam_sources.items() if len(srcs) == 1]
     lines += [
         "",
         f"Shipped: {_params(Fit((), {f: None for f in st.in_sample.matmul}, BUS_SHIPPED, 0.0))}.",
+        "",
+        "Sources per GPU family: " + "; ".join(f"{f} {len(s)} ({', '.join(s)})" for f, s in fam_sources.items())
+        + (". " + ", ".join(single) + " appear(s) in one source only: holding it out keeps the catalog value."
+           if single else ". Every family is in at least two sources, so no fold falls back to the catalog value."),
         "",
         "## Per source",
         "",
