@@ -472,6 +472,30 @@ def gpu_price_cells(p: Any) -> str:
     return f"{rent:>8} {node:>9} {kw:>8}"
 
 
+def models_text(rows: list[dict[str, Any]]) -> str:
+    """`plan models`: name, parameters, active parameters (when they differ) and aliases."""
+    lines = [f"{'name':<16} {'parameters':>17} {'active':>17}  aliases"]
+    for r in rows:
+        active = f"{r['n_active_params']:,}" if r["n_active_params"] != r["n_params"] else ""
+        lines.append(f"{r['name']:<16} {r['n_params']:>17,} {active:>17}  {', '.join(r['aliases'])}")
+    return "\n".join(lines)
+
+
+def gpus_text(gpus: Any, prices: Any) -> str:
+    """`plan gpus`: one line per GPU (memory, bf16 rate, HBM bandwidth, GPUs per node, prices,
+    link), then the prices' sources."""
+    lines = [f"{'name':<10} {'memory':>10} {'bf16 TFLOP/s':>13} {'HBM TB/s':>9} {'per node':>9} "
+             f"{'$/GPU-h':>8} {'node $':>9} {'node kW':>8}  link / full name"]
+    for g in gpus:
+        bf16 = f"{g.bf16_flops_per_s / 1e12:.1f}" if g.bf16_flops_per_s else "-"
+        lines.append(f"{g.name:<10} {g.memory_bytes / GiB:>6.1f} GiB {bf16:>13} "
+                     f"{g.hbm_bytes_per_s / 1e12:>9.2f} {g.gpus_per_node:>9} "
+                     f"{gpu_price_cells(prices.for_gpu(g.name))}  {g.intra_node_link}; {g.full_name}")
+    lines.append("")
+    lines.append(price_sources_text(prices, [g.name for g in gpus]))
+    return "\n".join(lines)
+
+
 def price_sources_text(prices: Any, gpu_names: Any) -> str:
     """Where every price comes from (and the --prices file, when one overrides them)."""
     out = ["Price sources" + (f" (with {prices.overrides} on top)" if prices.overrides else
