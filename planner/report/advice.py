@@ -70,9 +70,9 @@ def fit_advice(r: Any) -> list[str]:
     """When nothing fits (``r``: an api.PlanResult without a plan): the least memory any
     layout needs, and what would make it fit that the request does not use yet (more GPUs,
     a GPU with more memory, offload, QLoRA, recomputation), one sentence each."""
+    from planner.fmt import gib
     from planner.hardware.gpus import list_gpus
     from planner.memory.model import min_model_state_bytes_per_param
-    from planner.report.text import gib
     from planner.training.setup import optimizer_state_bytes_per_param
 
     gpu, setup, n = r.gpu, r.setup, r.params.total
