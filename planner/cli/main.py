@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from planner.cli.buy import buy_cmd
 from planner.cli.catalogs import completion_cmd, gpus_cmd, models_cmd, topologies_cmd
@@ -31,6 +32,7 @@ from planner.cli.options import (
     time_options,
 )
 from planner.cli.plan import plan
+from planner.errors import UserError
 
 
 class PlanGroup(click.Group):
@@ -38,6 +40,24 @@ class PlanGroup(click.Group):
 
     def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         formatter.write_usage("plan", "--model NAME|PATH --gpus NAME [OPTIONS]\n       plan COMMAND [ARGS]")
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        """click's main, but a usage error (an unknown option, a bad value) ends as every
+        other user error does: one line on stderr, status 2 (click would print three)."""
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.ClickException as e:
+            where = e.ctx.command_path if isinstance(e, click.UsageError) and e.ctx is not None else "plan"
+            message = " ".join(e.format_message().split()).rstrip(".")
+            click.echo(f"error: {message}; `{where} --help` lists the options", err=True)
+            sys.exit(e.exit_code)
+        except click.Abort:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+        sys.exit(rv if isinstance(rv, int) else 0)
 
 
 @click.group(cls=PlanGroup, invoke_without_command=True,
@@ -64,9 +84,20 @@ def cli(ctx: click.Context, **kw: Any) -> None:
         return
     o = Options.from_click(kw)
     if not o.model_name and not o.gpu_name:
-        click.echo(ctx.get_help())
-        return
+        given = [p for p in ctx.command.params if p.name and p.name in kw
+                 and ctx.get_parameter_source(p.name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)]
+        if not given:               # a bare `plan`: the help, status 0
+            click.echo(ctx.get_help())
+            return
+        flag = next((opt for opt in given[0].opts if opt.startswith("--")), given[0].opts[0])
+        run_safely(lambda: _missing_model(flag))
     run_safely(lambda: plan(o))
+
+
+def _missing_model(flag: str) -> None:
+    """`plan --json` (or any option) without --model and --gpus: an error, not the help."""
+    raise UserError(f"{flag} needs --model and --gpus (e.g. plan --model 8b --gpus h100 {flag}); "
+                    f"`plan --help` lists the options")
 
 
 for _command in (models_cmd, gpus_cmd, buy_cmd, topologies_cmd, measure_cmd, explain_cmd, completion_cmd):
@@ -74,6 +105,11 @@ for _command in (models_cmd, gpus_cmd, buy_cmd, topologies_cmd, measure_cmd, exp
 
 
 def main() -> None:
+    if sys.stdout is None:              # `plan ... >&-`: there is nowhere to print the answer
+        if sys.stderr is not None:
+            sys.stderr.write("error: stdout is closed, so there is nowhere to print the answer; "
+                             "send it to a file or a pipe\n")
+        sys.exit(2)
     with guarded_stdout():
         try:
             cli(prog_name="plan")

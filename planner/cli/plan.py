@@ -15,12 +15,19 @@ import click
 
 from planner.cli.common import check_quiet, per_count, progress, say_written, show
 from planner.cli.options import Options
-from planner.cli.request import build_request, emit_options, finetune_spec, timing
+from planner.cli.request import (
+    build_request,
+    check_names,
+    emit_options,
+    finetune_spec,
+    timing,
+)
 from planner.errors import UserError
 
 if TYPE_CHECKING:
     from planner.api import PlanResult
     from planner.emit import EmitOptions
+    from planner.layouts.layout import SearchSpace
     from planner.measure.crosscheck import Crosscheck
 
 Renders = Callable[["Crosscheck | None"], Any]
@@ -91,6 +98,9 @@ def plan_fewest(o: Options) -> Answer:
             result = api.plan(m, gpu, setup, space, n_gpus=n_gpus, max_gpus=o.max_gpus,
                               progress=per_count(bar, gpu.name), **timing(o, gpu))
 
+    if result.best is None and result.result.smallest is None:
+        result = with_least_memory(result, space)
+
     def as_json(crosscheck: Crosscheck | None) -> Any:
         d = report.plan_json(result, crosscheck)
         if result.best is None:
@@ -113,6 +123,28 @@ def plan_fewest(o: Options) -> Answer:
                   refuse_first=False, crosscheck_always=True)
 
 
+def with_least_memory(result: PlanResult, space: SearchSpace) -> PlanResult:
+    """When nothing fits and the search sized no layout (its floor, weights, gradients and
+    optimizer states alone, ruled out every count tried), the layout needing the least memory
+    on the largest count tried, so that the report and --json's ``least_memory`` can show it
+    (README: "least_memory then holds the layout that needs the least")."""
+    from planner.hardware.placement import scale_up_domain_gpus
+    from planner.search.search import size_count
+
+    counts = result.result.counts_tried
+    if not counts:
+        return result
+    gpu = result.gpu
+    if space.max_tp is None and result.cluster is not None:     # as api.plan widens it
+        space = replace(space, max_tp=max(gpu.gpus_per_node, scale_up_domain_gpus(result.cluster)))
+    _, least = size_count(result.model, result.setup, max(counts), gpu.gpus_per_node, space,
+                          result.capacity_bytes, result.params, result.host_capacity_bytes,
+                          result.nvme_capacity_bytes)
+    if least is None:
+        return result
+    return replace(result, result=replace(result.result, smallest=least))
+
+
 def plan_cost(o: Options) -> None:
     """`plan --tokens N`: the plan that minimises the cost (or time) of training on N tokens,
     chosen by an ILP over GPU types, counts and layouts (planner.cost.plan)."""
@@ -133,6 +165,7 @@ def cheapest(o: Options) -> Answer:
 
     if not o.model_name:
         raise UserError("missing --model; pass a preset name (`plan models`) or a config.json path")
+    check_names(o)
     names = [g.strip() for g in (o.gpu_name or "").split(",") if g.strip()]
     if not names:
         raise UserError("missing --gpus; pass one GPU type or several (--gpus h100,a100), see `plan gpus`")
@@ -244,6 +277,7 @@ def load(o: Options) -> None:
 
     if not o.model_name or not o.gpu_name:
         raise UserError("--task load needs --model and --gpus")
+    check_names(o)
     if o.method not in (None, "full"):
         raise UserError("--task load sizes a model for inference; drop --method (use --quant for quantized weights)")
     for name in ("dp", "cp", "ep", "zero", "fsdp", "recompute", "grad_accum", "global_batch"):

@@ -5,6 +5,7 @@ against another raises UserError naming both."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from planner.cli.options import Options
@@ -47,6 +48,50 @@ def finetune_spec(o: Options, method: str | None = None) -> FinetuneSpec:
                               trainable_layers=o.trainable_layers)
 
 
+def check_names(o: Options) -> None:
+    """Every name or path option within the file system's limits (planner.limits.check_name),
+    and a config.json --model whose numbers Python can read, before any file is touched."""
+    from planner.limits import check_name
+
+    for what, value in (("--model", o.model_name), ("--gpus", o.gpu_name), ("--topology", o.topology),
+                        ("--prices", o.prices_path), ("--out", o.out), ("--plot", o.plot)):
+        if value is not None:
+            check_name(str(value), what)
+    if o.model_name:
+        check_config_numbers(o.model_name)
+
+
+def check_config_numbers(name: str) -> None:
+    """A config.json path whose text holds an integer of more than 4,300 digits (Python's
+    limit on int(str), which json.loads meets as a ValueError): UserError naming the file.
+    Everything else about the file is left to planner.models.spec.load_config_file."""
+    import json
+    import os
+
+    from planner.limits import MAX_CONFIG_BYTES, read_input_file
+
+    path = Path(name)
+    try:
+        if path.is_dir():
+            path = path / "config.json"
+        if not (path.suffix == ".json" or "/" in name) or not path.is_file():
+            return
+    except OSError:
+        return
+    if os.stat(path).st_size > MAX_CONFIG_BYTES:
+        return                       # refused by the loader, with its own message
+    raw = read_input_file(path, f"model file {path}", MAX_CONFIG_BYTES)
+    try:
+        json.loads(raw.decode("utf-8", "replace"))
+    except RecursionError:
+        return
+    except ValueError as e:
+        if isinstance(e, json.JSONDecodeError):
+            return
+        raise UserError(f"{path}: not valid JSON (a number of more than 4,300 digits); "
+                        f"expected a Hugging Face config.json") from None
+
+
 def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, SearchSpace, int | None]:
     """Options -> (model, gpu, setup, space, n_gpus); raises UserError on bad input."""
     from planner.hardware.gpus import get_gpu
@@ -56,6 +101,7 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
 
     if not o.model_name:
         raise UserError("missing --model; pass a preset name (`plan models`) or a config.json path")
+    check_names(o)
     if not o.gpu_name:
         raise UserError("missing --gpus; pass a GPU type (`plan gpus`), e.g. --gpus h100")
     if "," in o.gpu_name:

@@ -132,8 +132,8 @@ def plan_json(r: PlanResult, crosscheck: Crosscheck | None = None) -> dict[str, 
     for shaped_like_plan in ([out["plan"]] if out["plan"] is not None else []) + out["alternatives"]:
         shaped_like_plan["method"] = method_json(r)
     if r.best is None:
-        if r.result.smallest is not None:
-            out["least_memory"] = candidate_json(r.result.smallest)
+        # README: least_memory holds the layout that needs the least (null: no layout is valid)
+        out["least_memory"] = candidate_json(r.result.smallest) if r.result.smallest is not None else None
         out["fits_from_gpus"] = r.fits_from_gpus
         out["min_gpus_for_model_states"] = r.min_gpus_for_states
     out["crosscheck"] = crosscheck_json(crosscheck)
