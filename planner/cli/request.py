@@ -4,6 +4,7 @@ against another raises UserError naming both."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,6 +58,9 @@ def check_names(o: Options) -> None:
                         ("--prices", o.prices_path), ("--out", o.out), ("--plot", o.plot)):
         if value is not None:
             check_name(str(value), what)
+    for what, path in (("--out", o.out), ("--plot", o.plot)):
+        if path is not None and os.fsencode(path) != str(path).encode("utf-8", "replace"):
+            raise UserError(f"{what} {str(path)!r} is not a UTF-8 name; give a file name in UTF-8")
     if o.model_name:
         check_config_numbers(o.model_name)
 
@@ -66,7 +70,6 @@ def check_config_numbers(name: str) -> None:
     limit on int(str), which json.loads meets as a ValueError): UserError naming the file.
     Everything else about the file is left to planner.models.spec.load_config_file."""
     import json
-    import os
 
     from planner.limits import MAX_CONFIG_BYTES, read_input_file
 
