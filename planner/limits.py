@@ -130,3 +130,161 @@ def _show(v: Any) -> str:
     """A value for an error message, cut short (a fuzzed file may hold megabytes)."""
     text = repr(v)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+# ------------------------------------------------------------------ input files and names
+#
+# Every file a user passes (config.json, topology TOML, jobs YAML/TOML/JSON, prices TOML) is
+# read through read_input_file: a regular file (not /dev/zero, a FIFO, a directory), at most
+# its size cap, read in one bounded read; parsed text goes through check_tree. A name that
+# cannot be a path on Linux (a component over NAME_MAX = 255 bytes, a path over PATH_MAX =
+# 4096 bytes: <linux/limits.h>) is refused before any file-system call sees it.
+
+# <linux/limits.h>: NAME_MAX 255 bytes per path component, PATH_MAX 4096 bytes per path.
+MAX_NAME_BYTES = 255
+MAX_PATH_BYTES = 4096
+# A jobs file of MAX_JOBS jobs at ~200 bytes each is ~50 KiB; a prices file a few KiB.
+MAX_JOBS_FILE_BYTES = 1 * 2**20
+MAX_PRICES_FILE_BYTES = 1 * 2**20
+# Tables and lists nest 3 deep in every schema (file -> jobs -> job); 32 is ample.
+MAX_NESTING = 32
+# Whole numbers beyond a signed 64-bit integer (about 9.2e18) mean nothing to the planner
+# (token counts stop at 1e18, bytes at exabytes) and overflow float() past 1.8e308.
+MAX_ABS_INT = 2**63 - 1
+
+
+def check_name(value: str, what: str) -> None:
+    """Refuse (UserError) a name or path no file system takes: NUL bytes, a component
+    longer than 255 bytes or a path longer than 4,096 (``what`` names the input)."""
+    from planner.errors import UserError
+
+    shown = value if len(value) <= 60 else value[:57] + "..."
+    if "\x00" in value:
+        raise UserError(f"{what} {shown!r} holds a NUL character; give a preset name or a file path")
+    raw = value.encode("utf-8", "surrogateescape")
+    if len(raw) > MAX_PATH_BYTES or any(len(part) > MAX_NAME_BYTES for part in raw.split(b"/")):
+        raise UserError(f"{what} {shown!r} ({len(raw):,} bytes) is too long for a name or a path "
+                        f"(at most {MAX_NAME_BYTES} bytes per path component); give a shorter one")
+
+
+def read_input_file(path: Any, what: str, max_bytes: int) -> bytes:
+    """The bytes of a user's input file, after checking that it is a regular file of at
+    most ``max_bytes``: a device (/dev/zero), a FIFO or a directory is refused before it is
+    opened, so nothing grows without end or blocks. ``what`` starts each error message."""
+    import os
+    import stat
+
+    from planner.errors import UserError
+
+    name = os.fspath(path)
+    check_name(name, what)
+    try:
+        st = os.stat(name)
+    except FileNotFoundError:
+        raise UserError(f"{what}: no such file") from None
+    except OSError as e:
+        raise UserError(f"{what}: cannot read it ({e.strerror or e})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise UserError(f"{what} is a directory; give a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise UserError(f"{what} is not a regular file (a device, FIFO or socket); give a file")
+    if st.st_size > max_bytes:
+        raise UserError(f"{what} is {st.st_size:,} bytes, more than the {max_bytes:,} such a file may hold")
+    try:
+        with open(name, "rb") as f:
+            data = f.read(max_bytes + 1)
+    except OSError as e:
+        raise UserError(f"{what}: cannot read it ({e.strerror or e})") from None
+    if len(data) > max_bytes:       # it grew after the check
+        raise UserError(f"{what} is more than the {max_bytes:,} bytes such a file may hold")
+    return data
+
+
+def decode_text(data: bytes, what: str, kind: str) -> str:
+    """UTF-8 text of an input file, or UserError naming the file and the format expected."""
+    from planner.errors import UserError
+
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{what} is not UTF-8 text; expected {kind}") from None
+
+
+def parse_toml(text: str, what: str) -> dict[str, Any]:
+    """A TOML document, checked by check_tree; every parse failure (bad syntax, an integer
+    of more than 4,300 digits, nesting that exhausts the parser) is a UserError."""
+    import tomllib
+
+    from planner.errors import UserError
+
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"{what}: not valid TOML ({e})") from None
+    except ValueError as e:         # Python's 4,300-digit limit on int(str)
+        raise UserError(f"{what}: not valid TOML ({parse_error_text(e)})") from None
+    except RecursionError:
+        raise UserError(f"{what}: not valid TOML (nested too deeply)") from None
+    check_tree(data, what)
+    return data
+
+
+def parse_json(text: str, what: str) -> Any:
+    """A JSON document, checked by check_tree; parse failures are UserErrors."""
+    import json
+
+    from planner.errors import UserError
+
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{what}: not valid JSON ({e})") from None
+    except ValueError as e:         # Python's 4,300-digit limit on int(str)
+        raise UserError(f"{what}: not valid JSON ({parse_error_text(e)})") from None
+    except RecursionError:
+        raise UserError(f"{what}: not valid JSON (nested too deeply)") from None
+    check_tree(data, what)
+    return data
+
+
+def parse_error_text(e: BaseException) -> str:
+    """A parser's error in one line for a user (Python's advice on its digit limit dropped)."""
+    text = str(e).splitlines()[0] if str(e) else type(e).__name__
+    if "integer string conversion" in text:
+        return "a whole number of more than 4,300 digits"
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def check_tree(data: Any, what: str) -> None:
+    """Refuse (UserError) parsed data nested deeper than MAX_NESTING, or holding a whole
+    number beyond MAX_ABS_INT (``1`` and 400 zeros: float() of it overflows) or a string
+    longer than MAX_PATH_BYTES characters. Each container is visited once (a YAML alias
+    refers to a shared one), so the walk is linear in the parsed size."""
+    from planner.errors import UserError
+
+    seen: set[int] = set()
+    stack: list[tuple[Any, str, int]] = [(data, "", 0)]
+    while stack:
+        v, where, depth = stack.pop()
+        at = where or "the top level"
+        if isinstance(v, bool):
+            continue
+        if isinstance(v, int):
+            if not -MAX_ABS_INT <= v <= MAX_ABS_INT:
+                raise UserError(f"{what}: {at} is a whole number of {len(str(abs(v))):,} digits, beyond "
+                                f"{MAX_ABS_INT:,}; give a number in range")
+            continue
+        if isinstance(v, str):
+            if len(v) > MAX_PATH_BYTES:
+                raise UserError(f"{what}: {at} is a string of {len(v):,} characters; at most {MAX_PATH_BYTES:,}")
+            continue
+        if isinstance(v, (dict, list, tuple)):
+            if depth >= MAX_NESTING:
+                raise UserError(f"{what}: nested more than {MAX_NESTING} levels deep (at {at})")
+            if id(v) in seen:
+                continue
+            seen.add(id(v))
+            items = v.items() if isinstance(v, dict) else enumerate(v)
+            for k, child in items:
+                key = str(k) if len(str(k)) <= 40 else str(k)[:37] + "..."
+                stack.append((child, f"{where}.{key}" if where else key, depth + 1))

@@ -461,7 +461,7 @@ def test_failed_write_leaves_no_file_and_no_temporary(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "fsync", failing_fsync)
     with pytest.raises(UserError, match="No space left"):
         write_files(tmp_path / "out", {"a.txt": "a", "b.txt": "b"})
-    assert list((tmp_path / "out").iterdir()) == []
+    assert list(tmp_path.iterdir()) == []       # no --out directory, no staging directory left
 
 
 def test_to_yaml_round_trips():

@@ -22,18 +22,26 @@ Jobs whose [start, finish) intervals overlap share the cluster's GPUs.
 
 from __future__ import annotations
 
-import json
 import math
 import re
-import tomllib
 from dataclasses import dataclass, field
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
 from planner.errors import UserError
 from planner.hardware.gpus import get_gpu
-from planner.limits import MAX_JOBS
+from planner.limits import (
+    MAX_JOBS,
+    MAX_JOBS_FILE_BYTES,
+    check_name,
+    check_tree,
+    decode_text,
+    parse_error_text,
+    parse_json,
+    parse_toml,
+    read_input_file,
+)
 from planner.models.spec import load_model
 from planner.training.setup import MAX_GLOBAL_BATCH, MAX_SEQ_LEN
 
@@ -70,7 +78,7 @@ def parse_date(text: Any, what: str) -> datetime:
         except ValueError:
             raise UserError(f"{what} {text!r} is neither a duration ({DURATION_HINT}) nor an ISO date "
                             f"(2026-03-01)") from None
-    return d if d.tzinfo is not None else d.replace(tzinfo=timezone.utc)
+    return d if d.tzinfo is not None else d.replace(tzinfo=UTC)
 
 
 def _looks_like_date(text: Any) -> bool:
@@ -100,7 +108,7 @@ def parse_tokens(text: Any, what: str) -> float:
             n = float(s[:-1] if scale != 1.0 else s) * scale
         except ValueError:
             raise UserError(f"{what} {text!r} is not a token count (e.g. 2e12, 300B, 15T)") from None
-    if not (math.isfinite(n) and 0 < n < 1e18):
+    if not (math.isfinite(n) and 1 <= n < 1e18):     # the same bounds as --tokens
         raise UserError(f"{what} {text!r} must be a token count between 1 and 1e18")
     return n
 
@@ -136,23 +144,45 @@ class JobsFile:
 
 
 def _read(path: Path) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"jobs file {path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"jobs file {path}: cannot read it ({e})") from None
+    """The parsed jobs file: a regular file of at most MAX_JOBS_FILE_BYTES (checked before
+    it is parsed, so a 12 MB list is refused at once), YAML without aliases (an alias bomb
+    of a few hundred bytes expands to gigabytes), nested and numbered within planner.limits'
+    bounds."""
+    what = f"jobs file {path}"
     suffix = path.suffix.lower()
+    kind = {".toml": "TOML", ".json": "JSON"}.get(suffix, "YAML")
+    text = decode_text(read_input_file(path, what, MAX_JOBS_FILE_BYTES), what, kind)
+    if suffix == ".toml":
+        return parse_toml(text, what)
+    if suffix == ".json":
+        return parse_json(text, what)
     try:
-        if suffix == ".toml":
-            return tomllib.loads(text)
-        if suffix == ".json":
-            return json.loads(text)
-        import yaml   # imported here: only `plan buy` reads YAML
-        return yaml.safe_load(text)
-    except Exception as e:  # noqa: BLE001 - yaml, toml and json each raise their own
-        raise UserError(f"jobs file {path}: not valid {suffix.lstrip('.').upper() or 'YAML'} "
-                        f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+        data = _load_yaml(text)
+    except Exception as e:  # noqa: BLE001 - yaml raises its own errors, ValueError past 4,300 digits
+        raise UserError(f"{what}: not valid YAML ({parse_error_text(e)})") from None
+    check_tree(data, what)
+    return data
+
+
+def _load_yaml(text: str) -> Any:
+    """yaml.safe_load, refusing aliases (``*name``): a jobs file has no use for them, and
+    nine levels of nine aliases of a list expand a file of under a kilobyte to 9**9 = 387,420,489
+    items."""
+    import yaml  # imported here: only `plan buy` reads YAML
+
+    class NoAliasLoader(yaml.SafeLoader):
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                raise yaml.YAMLError(f"aliases (*{event.anchor}) are not allowed in a jobs file, "
+                                     f"line {event.start_mark.line + 1}; write the value out")
+            return super().compose_node(parent, index)
+
+    loader = NoAliasLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 def _positive_int(v: Any, where: str, key: str, maximum: int) -> int:
@@ -175,7 +205,7 @@ def load_jobs(path: str | Path, today: datetime | None = None) -> JobsFile:
     unknown = set(data) - FILE_KEYS
     if unknown:
         raise UserError(f"{where}: unknown keys {sorted(map(str, unknown))}; allowed: {sorted(FILE_KEYS)}")
-    anchor = today or datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    anchor = today or datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     if data.get("start") is not None:
         anchor = parse_date(data["start"], f"{where}: start")
     horizon = parse_duration_s(data["horizon"], f"{where}: horizon") if data.get("horizon") is not None else None
@@ -222,6 +252,7 @@ def load_jobs(path: str | Path, today: datetime | None = None) -> JobsFile:
         if deadline_s <= start_s:
             raise UserError(f"{at}: deadline {e['deadline']} is not after the job's start")
         model = str(e["model"])
+        check_name(model, f"{at}: model")
         local = path.parent / model
         if (model.endswith(".json") or "/" in model) and local.exists():
             model = str(local)

@@ -17,6 +17,12 @@ from typing import Any
 
 from planner.errors import UserError
 from planner.hardware.gpus import get_gpu
+from planner.limits import (
+    MAX_PRICES_FILE_BYTES,
+    decode_text,
+    parse_toml,
+    read_input_file,
+)
 
 HOUR_S = 3600.0
 DAY_S = 86400.0
@@ -134,14 +140,11 @@ def _apply(prices: Prices, data: dict[str, Any], where: str, is_override: bool) 
 
 
 def _read(path: Path) -> dict[str, Any]:
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"--prices {path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"--prices {path}: cannot read it ({e})") from None
-    except tomllib.TOMLDecodeError as e:
-        raise UserError(f"--prices {path}: not valid TOML ({e})") from None
+    """The --prices file: a regular file of at most MAX_PRICES_FILE_BYTES, TOML, nested and
+    numbered within planner.limits' bounds."""
+    what = f"--prices {path}"
+    text = decode_text(read_input_file(path, what, MAX_PRICES_FILE_BYTES), what, "TOML")
+    return parse_toml(text, what)
 
 
 @functools.cache

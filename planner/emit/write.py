@@ -1,22 +1,39 @@
-"""Atomic writes of a plan's files into a directory.
+"""Writing a plan's set of files into a directory (--out DIR): all of them or none.
 
-Every file is written to a temporary file in the target directory and moved into place
-with os.replace, which is atomic on POSIX and Windows: a reader sees the old file or the
-new one, never half of one. All targets are checked before anything is written, so a
-refused overwrite leaves the directory untouched; all temporary files are complete
-before the first one is moved, so a failed write leaves no target changed.
+The set is written, flushed and fsynced into a staging directory beside DIR (same parent,
+so the same file system), then moved into place by rename(2), which POSIX makes atomic:
+
+- DIR absent (or an empty directory): the staging directory is renamed to DIR, so a reader
+  sees no DIR or the whole new set.
+- DIR holding only files of a plan (a previous --out, overwritten with --force): DIR is
+  renamed aside, the staging directory renamed to DIR, the old one removed; a reader sees
+  the old set, for an instant no DIR, or the new set, never a mix.
+- DIR holding other files too: the targets are replaced one by one, each old file kept as a
+  hard link in the staging directory until all are in place, and put back if one fails.
+
+Writers are serialised by an flock(2) on DIR's parent directory, held from the check for
+existing files to the last rename: of two concurrent `plan --out DIR` without --force, the
+second finds the first one's files and is refused. SIGINT, SIGTERM and SIGHUP are held
+back (pthread_sigmask) while the set is staged, moved and cleaned up (milliseconds for a
+plan's few KiB), so a signal lands before or after, and its default action (SIGTERM ends
+the process) finds nothing half done; on any failure the staging directory and any directory this call created are
+removed, so no .tmp file, no mixed set and no empty directory are left.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import signal
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from planner.errors import UserError
 
 EXECUTABLE = ("launch.sh",)
+_HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 
 
 def _check_names(files: Mapping[str, str]) -> None:
@@ -25,16 +42,85 @@ def _check_names(files: Mapping[str, str]) -> None:
             raise ValueError(f"not a plain file name: {name!r}")
 
 
+def _check_directory_name(directory: Path) -> None:
+    """A name the plan's files can refer to: UTF-8 (launch.sh and plan.json name DIR)."""
+    try:
+        os.fsencode(directory).decode("utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"--out {str(directory)!r} is not a UTF-8 name; give a directory name in UTF-8") from None
+
+
 def write_files(directory: Path, files: Mapping[str, str], force: bool = False) -> list[Path]:
-    """Write ``files`` (name -> text) into ``directory``, creating it if needed.
+    """Write ``files`` (name -> text) into ``directory``, all or none (module docstring).
 
     Refuses (UserError) when any target exists and ``force`` is False, before writing
     any. Returns the paths written, in the order given.
     """
     _check_names(files)
     directory = Path(directory)
+    _check_directory_name(directory)
     if directory.exists() and not directory.is_dir():
         raise UserError(f"--out {directory} is a file, not a directory")
+    with _signals_held():       # a signal lands before or after, never inside (module docstring)
+        created = _make_parents(directory.parent)
+        try:
+            with _locked(directory.parent):
+                targets = _check_targets(directory, files, force)
+                staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".tmp", dir=directory.parent))
+                try:
+                    _stage(staging, files)
+                    _move_into_place(staging, directory, list(files))
+                finally:
+                    shutil.rmtree(staging, ignore_errors=True)
+                _fsync_dir(directory.parent)
+        except OSError as e:
+            _remove_created(created)
+            raise UserError(f"cannot write to --out {directory}: {e.strerror or e}") from e
+        except BaseException:
+            _remove_created(created)
+            raise
+    return targets
+
+
+def _make_parents(parent: Path) -> list[Path]:
+    """Create the missing parents of DIR; return those created (deepest last) for cleanup."""
+    missing: list[Path] = []
+    p = parent
+    while not p.exists():
+        missing.append(p)
+        if p.parent == p:
+            break
+        p = p.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create --out {parent}: {e.strerror or e}") from e
+    return list(reversed(missing))
+
+
+def _remove_created(created: list[Path]) -> None:
+    for p in reversed(created):          # deepest first; only if still empty
+        with contextlib.suppress(OSError):
+            p.rmdir()
+
+
+@contextlib.contextmanager
+def _locked(parent: Path) -> Iterator[None]:
+    """An exclusive flock on the parent directory (POSIX); a no-op where flock is missing."""
+    try:
+        import fcntl
+    except ImportError:                  # Windows: no flock; renames are still atomic
+        yield
+        return
+    fd = os.open(parent, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)                     # closing releases the lock
+
+
+def _check_targets(directory: Path, files: Mapping[str, str], force: bool) -> list[Path]:
     targets = [directory / name for name in files]
     existing = [p for p in targets if p.exists() or p.is_symlink()]
     if existing and not force:
@@ -43,30 +129,86 @@ def write_files(directory: Path, files: Mapping[str, str], force: bool = False) 
     dirs = [p for p in existing if p.is_dir() and not p.is_symlink()]
     if dirs:
         raise UserError(f"{dirs[0]} is a directory; nothing written")
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"cannot create --out {directory}: {e.strerror or e}") from e
-
-    staged: list[tuple[str, Path]] = []
-    try:
-        for name, text in files.items():
-            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
-            staged.append((tmp, directory / name))
-            with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o755 if name in EXECUTABLE else 0o644)
-        for tmp, target in staged:
-            os.replace(tmp, target)
-    except OSError as e:
-        for tmp, _ in staged:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        raise UserError(f"cannot write to --out {directory}: {e.strerror or e}") from e
-    _fsync_dir(directory)
     return targets
+
+
+def _stage(staging: Path, files: Mapping[str, str]) -> None:
+    """Every file complete and on disk in the staging directory before any is moved."""
+    for name, text in files.items():
+        path = staging / name
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(path, 0o755 if name in EXECUTABLE else 0o644)
+    os.chmod(staging, 0o777 & ~_umask())
+    _fsync_dir(staging)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM/SIGHUP back (in this thread); they are delivered on exit."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _move_into_place(staging: Path, directory: Path, names: list[str]) -> None:
+    entries = set(os.listdir(directory)) if directory.is_dir() else None
+    if entries is None or (not entries and not directory.is_symlink()):
+        os.rename(staging, directory)            # onto nothing, or onto an empty directory
+    elif entries <= set(names) and not directory.is_symlink():
+        aside = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".old.tmp", dir=directory.parent))
+        os.rmdir(aside)
+        os.rename(directory, aside)
+        try:
+            os.rename(staging, directory)
+        except BaseException:
+            os.rename(aside, directory)
+            raise
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        _replace_each(staging, directory, names)
+
+
+def _replace_each(staging: Path, directory: Path, names: list[str]) -> None:
+    """Replace the targets one by one, keeping each old file as a link in the staging
+    directory (.old/NAME) until all are in place; on a failure put every old one back."""
+    backup = staging / ".old"
+    backup.mkdir()
+    done: list[tuple[str, bool]] = []        # (name, had an old file)
+    try:
+        for name in names:
+            target = directory / name
+            had_old = target.exists() or target.is_symlink()
+            if had_old:
+                try:
+                    os.link(target, backup / name, follow_symlinks=False)
+                except OSError:                      # no hard links here: a copy will do
+                    shutil.copy2(target, backup / name, follow_symlinks=False)
+            os.replace(staging / name, target)
+            done.append((name, had_old))
+    except BaseException:
+        for name, had_old in reversed(done):
+            if had_old:
+                os.replace(backup / name, directory / name)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(directory / name)
+        raise
+    _fsync_dir(directory)
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -24,8 +24,14 @@ from typing import Any
 import networkx as nx
 
 from planner.errors import UserError, unknown_name
-from planner.limits import MAX_CONFIG_BYTES, check_topology_types
 from planner.hardware.gpus import get_gpu
+from planner.limits import (
+    MAX_CONFIG_BYTES,
+    check_name,
+    check_topology_types,
+    check_tree,
+    parse_error_text,
+)
 from planner.units import GB, GiB
 
 US = 1e-6               # microseconds -> seconds
@@ -212,6 +218,11 @@ def parse_topology(text: str, where: str = "<topology>") -> ClusterTopology:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise UserError(f"{where}: not valid TOML ({e}); see topologies/README.md for the schema") from None
+    except ValueError as e:         # Python's 4,300-digit limit on int(str)
+        raise UserError(f"{where}: not valid TOML ({parse_error_text(e)})") from None
+    except RecursionError:
+        raise UserError(f"{where}: not valid TOML (nested too deeply)") from None
+    check_tree(data, where)         # nesting, integers beyond int64 (float() overflows), huge strings
     t = _table(data, {"name", "description", "gpu", "gpus_per_node", "max_nodes",
                                      "intra_node", "pcie", "network", "source"}, {"host"}, where)
     try:
@@ -254,6 +265,7 @@ def _shipped() -> dict[str, ClusterTopology]:
 
 def load_topology(name_or_path: str | Path) -> ClusterTopology:
     """A shipped topology by name (any case), or a TOML file by path."""
+    check_name(str(name_or_path), "--topology")
     path = Path(name_or_path)
     if path.suffix == ".toml" or path.is_file():
         if not path.is_file():

@@ -70,21 +70,23 @@ def fit_advice(r: Any) -> list[str]:
     """When nothing fits (``r``: an api.PlanResult without a plan): the least memory any
     layout needs, and what would make it fit that the request does not use yet (more GPUs,
     a GPU with more memory, offload, QLoRA, recomputation), one sentence each."""
+    from planner.fmt import gib
     from planner.hardware.gpus import list_gpus
     from planner.memory.model import min_model_state_bytes_per_param
-    from planner.report.text import gib
     from planner.training.setup import optimizer_state_bytes_per_param
 
     gpu, setup, n = r.gpu, r.setup, r.params.total
     sm = r.result.smallest
     out = []
+    none_valid = sm is None and bool(r.result.rejected) and not r.fits_from_gpus
     if sm is not None:
         out.append(f"The least memory any layout needs is {gib(sm.memory.total)} per GPU, on {sm.n_gpus} x "
                    f"{gpu.name} ({sm.layout.describe()}), against {gib(r.capacity_bytes)} usable.")
-    elif r.result.rejected and not r.fits_from_gpus:
+    elif none_valid:
         why = Counter(x.reason for x in r.result.rejected).most_common(3)
         out.append("No layout with these options can run: " + "; ".join(reason for reason, _ in why) + ".")
-    else:
+    # the model states alone need more GPUs than were tried (or than the least layout has)
+    if (sm is None and not none_valid) or (sm is not None and r.min_gpus_for_states > sm.n_gpus):
         per_param = min_model_state_bytes_per_param(setup)
         out.append(f"Weights, gradients and optimizer states alone take {gib(per_param * n)} "
                    f"({per_param:g} B per parameter x {n:,} parameters): at least {r.min_gpus_for_states} x "

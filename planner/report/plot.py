@@ -23,11 +23,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from planner.cost.prices import DAY_S
 from planner.errors import UserError
+from planner.fmt import DAY_S, days, duration, plural, to_gib, usd
 from planner.memory.model import CATEGORIES
 from planner.report.text import LABELS
-from planner.units import GiB
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -117,20 +116,6 @@ def _figure(width_in: float, height_in: float, ratios: Sequence[float]) -> tuple
     return fig, list(axes)
 
 
-def _usd(x: float) -> str:
-    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(x) >= size:
-            return f"${x / size:,.3g}{unit}"
-    return f"${x:,.0f}"
-
-
-def _duration(seconds: float) -> str:
-    for unit, size in (("days", DAY_S), ("h", 3600), ("min", 60)):
-        if seconds >= 2 * size:
-            return f"{seconds / size:,.1f} {unit}"
-    return f"{seconds:.3g} s"
-
-
 def layout_label(c: Candidate) -> str:
     """A layout in three short lines for a tick label: degrees, sharding and micro-batch,
     recomputation."""
@@ -183,10 +168,10 @@ def memory_panel(ax: Axes, bars: Sequence[tuple[str, Candidate]], gpu: GpuSpec, 
     x = list(range(len(bars)))
     bottom = [0.0] * len(bars)
     for cat in CATEGORIES:
-        heights = [getattr(c.memory.breakdown, cat) / GiB for _, c in bars]
+        heights = [to_gib(getattr(c.memory.breakdown, cat)) for _, c in bars]
         ax.bar(x, heights, 0.6, bottom=bottom, color=COLORS[cat], label=LABELS[cat])
         bottom = [b + h for b, h in zip(bottom, heights)]
-    gpu_gib, cap_gib = gpu.memory_bytes / GiB, capacity_bytes / GiB
+    gpu_gib, cap_gib = to_gib(gpu.memory_bytes), to_gib(capacity_bytes)
     y_max = max(gpu_gib, *bottom) * 1.1
     for i, top in enumerate(bottom):      # the total inside the bar's top, clear of the capacity line
         inside = top > 0.12 * y_max
@@ -226,10 +211,6 @@ def _no_fit_text(r: PlanResult) -> str:
     if r.fits_from_gpus:
         out += f"\nIt fits from {r.fits_from_gpus:,} x {r.gpu.name}: raise --max-gpus."
     return out
-
-
-def _gpus(n: int) -> str:
-    return f"{n:,} GPU{'s' if n != 1 else ''}"
 
 
 def _title(r: PlanResult) -> str:
@@ -283,14 +264,14 @@ def plan_figure(r: PlanResult, scaling: Sequence[Candidate] = ()) -> Figure:
         tput.plot(ns, tps, marker="o", color=GPU_COLORS[0], label=line)
         if len(ns) > 1:
             tput.plot(ns, [tps[0] * n / ns[0] for n in ns], ls="--", color="grey",
-                      label=f"linear scaling from {_gpus(ns[0])}")
+                      label=f"linear scaling from {plural(ns[0], 'GPU')}")
         for n, t in zip(ns, times):
             tput.annotate(f"MFU {t.mfu:.0%}", (n, t.tokens_per_s), textcoords="offset points", xytext=(4, -12),
                           fontsize=7)
         b = r.best
         if b is not None and b.time is not None:
             step.plot([b.n_gpus], [b.time.step_time_s], marker="*", ms=15, ls="none", color=CHOSEN,
-                      label=f"chosen: {_gpus(b.n_gpus)}, {_duration(b.time.step_time_s)}/step")
+                      label=f"chosen: {plural(b.n_gpus, 'GPU')}, {duration(b.time.step_time_s)}/step")
             tput.plot([b.n_gpus], [b.time.tokens_per_s], marker="*", ms=15, ls="none", color=CHOSEN,
                       label=f"chosen: {b.time.tokens_per_s:,.0f} tokens/s")
         for ax in (step, tput):
@@ -346,16 +327,16 @@ def cost_figure(r: CostPlanResult) -> Figure:
         ch = r.chosen
         if ch is not None:
             when.plot([ch.n_gpus], [ch.train_time_s / DAY_S], marker="*", ms=15, ls="none", color=CHOSEN,
-                      label=f"chosen: {ch.n_gpus:,} x {ch.gpu.name}, {_duration(ch.train_time_s)}")
+                      label=f"chosen: {ch.n_gpus:,} x {ch.gpu.name}, {duration(ch.train_time_s)}")
             y = ch.cost_usd if priced else ch.gpu_hours
             cost.plot([ch.n_gpus], [y], marker="*", ms=15, ls="none", color=CHOSEN,
-                      label=f"chosen: {_usd(y) if priced else f'{y:,.0f} GPU-hours'}")  # type: ignore[arg-type]
+                      label=f"chosen: {usd(y) if priced else f'{y:,.0f} GPU-hours'}")  # type: ignore[arg-type]
         if r.limits.deadline_s is not None:
             when.axhline(r.limits.deadline_s / DAY_S, color="black", ls="--", lw=1,
-                         label=f"deadline: {r.limits.deadline_s / DAY_S:,.1f} days")
+                         label=f"deadline: {days(r.limits.deadline_s)} days")
         if r.limits.budget_usd is not None and priced:
             cost.axhline(r.limits.budget_usd, color="black", ls="--", lw=1,
-                         label=f"budget: {_usd(r.limits.budget_usd)}")
+                         label=f"budget: {usd(r.limits.budget_usd)}")
         from matplotlib.ticker import FuncFormatter
         for ax in (when, cost):
             _gpu_count_axis(ax, counts)
@@ -365,7 +346,7 @@ def cost_figure(r: CostPlanResult) -> Figure:
         when.set_ylabel("time to train (days, log scale)")
         when.set_title(f"Time to train on {_tokens(r.tokens)} tokens")
         if priced:
-            cost.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: _usd(v)))
+            cost.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: usd(v)))
             cost.set_ylabel("rental cost (USD)")
         else:
             cost.set_ylabel("GPU-hours")
@@ -375,8 +356,8 @@ def cost_figure(r: CostPlanResult) -> Figure:
         _no_data(when, "Time to train", "no layout fits at any GPU count tried")
         _no_data(cost, cost_title, "no layout fits at any GPU count tried")
     ch = r.chosen
-    what = (f"{ch.n_gpus:,} x {ch.gpu.name}, {_usd(ch.cost_usd) + ', ' if ch.cost_usd is not None else ''}"
-            f"{_duration(ch.train_time_s)}; {ch.candidate.layout.describe()}" if ch is not None
+    what = (f"{ch.n_gpus:,} x {ch.gpu.name}, {usd(ch.cost_usd) + ', ' if ch.cost_usd is not None else ''}"
+            f"{duration(ch.train_time_s)}; {ch.candidate.layout.describe()}" if ch is not None
             else "no plan satisfies the constraints")
     fig.suptitle(f"{_title(res)}, {_tokens(r.tokens)} tokens, minimising {r.objective}: {what}", fontsize=11)
     if bars:
@@ -404,10 +385,10 @@ def buy_figure(r: BuyResult) -> Figure:
         dollars.bar(x, capex, 0.6, color=[colors[g] for g in names], label="purchase")
         dollars.bar(x, opex, 0.6, bottom=capex, color="#333333", label="power over the horizon")
         for i, (a, b) in enumerate(zip(capex, opex)):
-            dollars.text(i, a + b, _usd(a + b), ha="center", va="bottom", fontsize=8)
+            dollars.text(i, a + b, usd(a + b), ha="center", va="bottom", fontsize=8)
         dollars.set_ylim(0, max(max(a + b for a, b in zip(capex, opex)), 1) * 1.15)
         from matplotlib.ticker import FuncFormatter
-        dollars.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: _usd(v)))
+        dollars.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: usd(v)))
         from matplotlib.patches import Patch
         dollars.legend(handles=[Patch(color="#BBBBBB", label="purchase (colour: GPU type)"),
                                 Patch(color="#333333", label="power over the horizon")], fontsize=8, loc="upper right")
@@ -418,7 +399,7 @@ def buy_figure(r: BuyResult) -> Figure:
             ax.set_axisbelow(True)
         gpus.set_ylabel("GPUs bought")
         gpus.set_title("GPUs bought per type")
-        dollars.set_ylabel(f"cost over {r.horizon_s / DAY_S:,.0f} days (USD)")
+        dollars.set_ylabel(f"cost over {days(r.horizon_s, 0)} days (USD)")
         dollars.set_title("Cost per GPU type")
         rows = list(reversed(r.plans))     # the first job on top
         y = list(range(len(rows)))
@@ -441,8 +422,8 @@ def buy_figure(r: BuyResult) -> Figure:
         jobs.set_title("Jobs: run time and deadline")
         jobs.grid(True, axis="x", alpha=0.3)
         jobs.set_axisbelow(True)
-        title = (f"Cluster purchase for {len(r.plans)} jobs of {Path(r.path).name}: {_usd(r.tco_usd)} "
-                 f"(purchase {_usd(r.capex_usd)} + power {_usd(r.opex_usd)} over {r.horizon_s / DAY_S:,.0f} days)")
+        title = (f"Cluster purchase for {len(r.plans)} jobs of {Path(r.path).name}: {usd(r.tco_usd)} "
+                 f"(purchase {usd(r.capex_usd)} + power {usd(r.opex_usd)} over {days(r.horizon_s, 0)} days)")
     else:
         why = "\n".join(r.lines) or "no purchase satisfies the constraints"
         _no_data(gpus, "GPUs bought per type", "nothing bought")

@@ -6,7 +6,7 @@ rich is imported here only, and only inside the functions that draw, so `plan --
 and the JSON output never pay for it. Colour is on only where the output is a terminal
 (or FORCE_COLOR asks for it) and NO_COLOR is unset and TERM is not dumb; elsewhere the
 report is plain text at a fixed width (COLUMNS, else 100), so saved outputs are stable.
-Units are formatted by planner.report.text's helpers (gib, duration, usd), as everywhere.
+Units are formatted by planner.fmt (gib, duration, usd), as everywhere.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
+from planner.fmt import days, duration, gib, params, usd
 from planner.memory.model import CATEGORIES
 from planner.report import text as report
-from planner.report.text import LABELS, duration, gib, params_text
+from planner.report.text import LABELS
 
 if TYPE_CHECKING:
     from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
@@ -310,7 +311,7 @@ def _answer_rows(c: Candidate, tokens: float | None) -> list[tuple[str, Any]]:
     if c.time is not None:
         rows.append(("step", step_line(c.time)))
         if tokens is not None:
-            rows.append(("train", f"{params_text(int(tokens))} tokens in {duration(c.time.train_time_s(tokens))} "
+            rows.append(("train", f"{params(int(tokens))} tokens in {duration(c.time.train_time_s(tokens))} "
                                   f"on {c.time.n_gpus} GPUs"))
     return rows
 
@@ -319,7 +320,7 @@ def _answer_rows(c: Candidate, tokens: float | None) -> list[tuple[str, Any]]:
 
 def _title(r: PlanResult) -> list[Any]:
     m, pc = r.model, r.params
-    active = f" ({params_text(pc.active)} active per token)" if m.is_moe else ""
+    active = f" ({params(pc.active)} active per token)" if m.is_moe else ""
     out: list[Any] = [_text((f"{m.name}: {pc.total:,} parameters{active} on {r.gpu.name}", HEAD))]
     ft = r.setup.finetune
     if not ft.is_full or r.methods_tried:
@@ -416,7 +417,6 @@ def crosscheck_view(c: Crosscheck) -> list[Any]:
 
 def cost_table(r: Any) -> Any:
     """The fastest (so cheapest) plan at each GPU type and count; * marks the chosen one."""
-    from planner.cost.plan import usd
 
     t = _table("The fastest layout at each GPU count, its cost and time (* chosen):")
     for name, just in (("", "left"), ("gpu", "left"), ("GPUs", "right"), ("cost", "right"), ("time", "right"),
@@ -438,7 +438,6 @@ def cost_table(r: Any) -> Any:
 def cost_view(r: Any, crosscheck: Crosscheck | None = None) -> list[Any]:
     """`plan --tokens`: the chosen plan with its cost and time, its memory, the table by GPU
     count, the prices, the assumptions and the solver."""
-    from planner.cost.plan import usd
 
     res = r.result
     m, pc, lim = res.model, res.params, r.limits
@@ -446,7 +445,7 @@ def cost_view(r: Any, crosscheck: Crosscheck | None = None) -> list[Any]:
     cons = [f"deadline {duration(lim.deadline_s)}" if lim.deadline_s is not None else "no deadline",
             f"budget {usd(lim.budget_usd)}" if lim.budget_usd is not None else "no budget",
             f"at most {lim.max_gpus:,} GPUs"]
-    out: list[Any] = [_text((f"{m.name}: {pc.total:,} parameters; {params_text(int(r.tokens))} tokens; "
+    out: list[Any] = [_text((f"{m.name}: {pc.total:,} parameters; {params(int(r.tokens))} tokens; "
                              f"minimising {goal}", HEAD)),
                       _text(f"GPU types {', '.join(g.name for g in r.gpus)}; {'; '.join(cons)}")]
     ft = res.setup.finetune
@@ -480,7 +479,6 @@ def cost_view(r: Any, crosscheck: Crosscheck | None = None) -> list[Any]:
 def buy_view(r: Any) -> list[Any]:
     """`plan buy`: the nodes to buy and what they cost, each job's GPUs and schedule on a
     timeline, the node prices and the solver."""
-    from planner.cost.plan import usd
 
     p = r.prices
     budget = f", budget {usd(r.budget_usd)}" if r.budget_usd is not None else ""
@@ -526,17 +524,17 @@ def jobs_table(r: Any) -> Any:
     day0 = date.fromisoformat(r.start_date)
 
     def when(seconds: float) -> str:
-        return f"{(day0 + timedelta(seconds=seconds)).isoformat()}\nday {seconds / 86400:,.1f}"
+        return f"{(day0 + timedelta(seconds=seconds)).isoformat()}\nday {days(seconds)}"
 
     end_s = max((j.deadline_s for j in r.plans), default=1.0) or 1.0
     t = _table("Jobs:")
     for name, just in (("job / model", "left"), ("tokens", "right"), ("on", "left"), ("start", "left"),
                        ("finish", "left"), ("deadline", "left"), ("takes", "right")):
         t.add_column(name, justify=just, no_wrap=True)     # type: ignore[arg-type]
-    t.add_column(f"days 0 to {end_s / 86400:,.0f}", no_wrap=True)
+    t.add_column(f"days 0 to {days(end_s, 0)}", no_wrap=True)
     for j in r.plans:
         bar = Timeline(j.start_s / end_s, (j.finish_s - j.start_s) / end_s, (j.deadline_s - j.finish_s) / end_s, 16)
-        t.add_row(_text(j.name, (f"\n{j.model.name}", DIM)), params_text(int(j.tokens)), f"{j.n_gpus} x {j.gpu.name}",
+        t.add_row(_text(j.name, (f"\n{j.model.name}", DIM)), params(int(j.tokens)), f"{j.n_gpus} x {j.gpu.name}",
                   when(j.start_s), when(j.finish_s), when(j.deadline_s), duration(j.finish_s - j.start_s), bar)
     return t
 

@@ -1,5 +1,5 @@
-"""Reports: the text a person reads and the JSON a script reads. The only module that
-formats units (GiB = 2**30 bytes)."""
+"""Reports: the text a person reads and the JSON a script reads. Units are formatted by
+planner.fmt (GiB = 2**30 bytes), as in every report."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from dataclasses import asdict
 from typing import Any
 
 from planner.api import PlanResult
+from planner.fmt import HOUR_S, duration, gib, gib_number, gib_of, params, to_gib, usd
 from planner.layouts.layout import Layout
 from planner.measure.crosscheck import Crosscheck, crosscheck_json
 from planner.search.search import Candidate
 from planner.timing.model import StepTime
-from planner.units import GiB
 
 LABELS = {
     "weights": "weights",
@@ -25,15 +25,7 @@ LABELS = {
 }
 
 
-def gib(n_bytes: float) -> str:
-    return f"{n_bytes / GiB:,.2f} GiB"
-
-
-def params_text(n: int) -> str:
-    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= size:
-            return f"{n / size:.2f}{unit}"
-    return str(n)
+params_text = params     # the names the report modules have used; planner.fmt formats
 
 
 # ------------------------------------------------------------------------------ JSON
@@ -140,8 +132,8 @@ def plan_json(r: PlanResult, crosscheck: Crosscheck | None = None) -> dict[str, 
     for shaped_like_plan in ([out["plan"]] if out["plan"] is not None else []) + out["alternatives"]:
         shaped_like_plan["method"] = method_json(r)
     if r.best is None:
-        if r.result.smallest is not None:
-            out["least_memory"] = candidate_json(r.result.smallest)
+        # README: least_memory holds the layout that needs the least (null: no layout is valid)
+        out["least_memory"] = candidate_json(r.result.smallest) if r.result.smallest is not None else None
         out["fits_from_gpus"] = r.fits_from_gpus
         out["min_gpus_for_model_states"] = r.min_gpus_for_states
     out["crosscheck"] = crosscheck_json(crosscheck)
@@ -215,7 +207,7 @@ def layout_compact(lay: Layout) -> str:
 
 def _answer_line(name: str, gpu_name: str, c: Candidate) -> str:
     """MODEL: N x GPU, LAYOUT, USED/CAPACITY GiB[ DOES NOT FIT], S s/step, MFU P%."""
-    mem = f"{c.memory.total / GiB:.2f}/{c.capacity_bytes / GiB:.2f} GiB" + ("" if c.fits else " DOES NOT FIT")
+    mem = gib_of(c.memory.total, c.capacity_bytes) + ("" if c.fits else " DOES NOT FIT")
     out = f"{name}: {c.n_gpus} x {gpu_name}, {layout_compact(c.layout)}, {mem}"
     if c.time is not None:
         t = c.time.step_time_s
@@ -235,7 +227,7 @@ def quiet_line(r: PlanResult) -> str:
         tried = r.result.counts_tried
         span = f"{tried[0]}" if len(tried) == 1 else f"{tried[0]} to {tried[-1]}"
         sm = r.result.smallest
-        least = f"; least memory {sm.memory.total / GiB:.2f} GiB per rank on {sm.n_gpus} GPUs" if sm else ""
+        least = f"; least memory {gib_number(sm.memory.total)} GiB per rank on {sm.n_gpus} GPUs" if sm else ""
         return f"{_model_name(r)}: no layout fits on {span} x {r.gpu.name}{least}"
     out = _answer_line(_model_name(r), r.gpu.name, r.best)
     if r.tokens is not None and r.best.time is not None:
@@ -245,7 +237,6 @@ def quiet_line(r: PlanResult) -> str:
 
 def cost_quiet_line(r: Any) -> str:
     """`plan --tokens --quiet`: the chosen plan, its cost and its training time."""
-    from planner.cost.plan import usd
 
     if r.chosen is None:
         return f"{_model_name(r.result)}: no plan satisfies the constraints"
@@ -258,12 +249,11 @@ def cost_quiet_line(r: Any) -> str:
 def load_quiet_line(r: Any) -> str:
     fits = "" if r.fits else " DOES NOT FIT"
     return (f"{r.model.name}: {r.n_gpus} x {r.gpu.name}, tp={r.tp} pp={r.pp}, "
-            f"{r.memory.total / GiB:.2f}/{r.capacity_bytes / GiB:.2f} GiB{fits}")
+            f"{gib_of(r.memory.total, r.capacity_bytes)}{fits}")
 
 
 def buy_quiet_line(r: Any) -> str:
     """`plan buy --quiet`: the nodes to buy and the total cost of ownership."""
-    from planner.cost.plan import usd
 
     if not r.feasible:
         return "no purchase satisfies the constraints" + (f": {r.lines[0]}" if r.lines else "")
@@ -275,17 +265,12 @@ def comparison_quiet_line(m: Any, cmp: Any) -> str:
     """`plan measure --quiet`: the total predicted and measured, and the error."""
     total = cmp.rows[-1]
     err = "-" if total.error is None else f"{100 * total.error:+.1f}%"
-    return (f"{m.name}: {layout_compact(cmp.layout)}, predicted {total.predicted_bytes / GiB:.2f} GiB, "
-            f"measured {total.measured_bytes / GiB:.2f} GiB, error {err}")
+    return (f"{m.name}: {layout_compact(cmp.layout)}, predicted {gib_number(total.predicted_bytes)} GiB, "
+            f"measured {gib_number(total.measured_bytes)} GiB, error {err}")
 
 
 # ----------------------------------------------------------------------- text
 
-def duration(seconds: float) -> str:
-    for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= 2 * size:
-            return f"{seconds / size:,.1f} {unit}"
-    return f"{seconds:.3g} s"
 
 
 
@@ -439,7 +424,7 @@ def buy_json(r: Any) -> dict[str, Any]:
         "jobs": [{"name": j.name, "model": j.model.name, "gpu": j.gpu.name, "n_gpus": j.n_gpus,
                   "layout": layout_json(j.candidate.layout), "start_s": j.start_s, "finish_s": j.finish_s,
                   "deadline_s": j.deadline_s, "train_time_s": j.finish_s - j.start_s, "tokens": j.tokens,
-                  "gpu_hours": j.n_gpus * (j.finish_s - j.start_s) / 3600,
+                  "gpu_hours": j.n_gpus * (j.finish_s - j.start_s) / HOUR_S,
                   "step_time_s": j.candidate.time.step_time_s, "mfu": j.candidate.time.mfu} for j in r.plans],
         "solver": {**r.solver.as_dict(), "n_candidates": r.n_options},
         "prices": prices_json(r.prices, [p.gpu for p in r.pools])
@@ -465,11 +450,34 @@ def buy_solver_lines(r: Any) -> list[str]:
 
 def gpu_price_cells(p: Any) -> str:
     """`plan gpus` columns: rent per GPU-hour, node purchase price, node power."""
-    from planner.cost.plan import usd
     rent = f"{p.rent_usd_per_gpu_hour:.2f}" if p.rent_usd_per_gpu_hour is not None else "-"
     node = usd(p.node_purchase_usd) if p.node_purchase_usd is not None else "-"
     kw = f"{p.node_power_kw:g}" if p.node_power_kw is not None else "-"
     return f"{rent:>8} {node:>9} {kw:>8}"
+
+
+def models_text(rows: list[dict[str, Any]]) -> str:
+    """`plan models`: name, parameters, active parameters (when they differ) and aliases."""
+    lines = [f"{'name':<16} {'parameters':>17} {'active':>17}  aliases"]
+    for r in rows:
+        active = f"{r['n_active_params']:,}" if r["n_active_params"] != r["n_params"] else ""
+        lines.append(f"{r['name']:<16} {r['n_params']:>17,} {active:>17}  {', '.join(r['aliases'])}")
+    return "\n".join(lines)
+
+
+def gpus_text(gpus: Any, prices: Any) -> str:
+    """`plan gpus`: one line per GPU (memory, bf16 rate, HBM bandwidth, GPUs per node, prices,
+    link), then the prices' sources."""
+    lines = [f"{'name':<10} {'memory':>10} {'bf16 TFLOP/s':>13} {'HBM TB/s':>9} {'per node':>9} "
+             f"{'$/GPU-h':>8} {'node $':>9} {'node kW':>8}  link / full name"]
+    for g in gpus:
+        bf16 = f"{g.bf16_flops_per_s / 1e12:.1f}" if g.bf16_flops_per_s else "-"
+        lines.append(f"{g.name:<10} {to_gib(g.memory_bytes):>6.1f} GiB {bf16:>13} "
+                     f"{g.hbm_bytes_per_s / 1e12:>9.2f} {g.gpus_per_node:>9} "
+                     f"{gpu_price_cells(prices.for_gpu(g.name))}  {g.intra_node_link}; {g.full_name}")
+    lines.append("")
+    lines.append(price_sources_text(prices, [g.name for g in gpus]))
+    return "\n".join(lines)
 
 
 def price_sources_text(prices: Any, gpu_names: Any) -> str:

@@ -1,0 +1,336 @@
+"""The command line's options: click's decorators, the value types they parse, and the
+typed options object (Options) that every command builds once from click's values.
+
+A new option is one entry in a decorator list below plus one field of Options (with the
+default a command without that option sees); the commands read it as ``o.name``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, ClassVar
+
+import click
+
+from planner.cli.complete import complete_gpus, complete_models, complete_topologies
+from planner.training.finetune import METHODS, QUANTS
+from planner.training.setup import (
+    ATTENTION,
+    KERNELS,
+    MAX_GLOBAL_BATCH,
+    MAX_GPUS,
+    MAX_MICRO_BATCH,
+    MAX_SEQ_LEN,
+    OPTIMIZERS,
+    PRECISIONS,
+    RECOMPUTE,
+)
+
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+OFFLOAD = ("none", "cpu", "nvme")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Options:
+    """Every option of `plan`, `plan explain` and `plan measure`, as click parsed it; an
+    option a command does not take keeps its default here (None: not given)."""
+
+    # the model, the GPU and the layout (layout_options)
+    model_name: str | None = None
+    gpu_name: str | None = None
+    n_gpus: int | None = None
+    max_gpus: int = 16_384
+    dp: int | None = None
+    tp: int | None = None
+    pp: int | None = None
+    cp: int | None = None
+    ep: int | None = None
+    zero: int | None = None
+    fsdp: str | None = None
+    vp: int | None = None
+    sp: bool | None = None
+    micro_batch: int | None = None
+    seq_len: int = 4096
+    global_batch: int | None = None
+    grad_accum: int | None = None
+    recompute: str | None = None
+    precision: str = "bf16-mixed"
+    optimizer: str = "adamw"
+    attention: str = "flash"
+    kernels: str = "auto"
+    fragmentation: float | None = None
+    usable_memory: float = 1.0
+    as_json: bool = False
+    # fine-tuning (method_options)
+    method: str | None = None
+    lora_rank: int | None = None
+    lora_alpha: int | None = None
+    lora_targets: str | None = None
+    lora_dropout: float | None = None
+    quant: str | None = None
+    trainable_layers: int | None = None
+    # --task (task_options)
+    task: str = "train"
+    # step time and tokens (time_options)
+    topology: str | None = None
+    tokens: float | None = None
+    # the cost objective (cost_options)
+    deadline: str | None = None
+    budget: float | None = None
+    objective: str | None = None
+    prices_path: Path | None = None
+    solver: str = "auto"
+    # outputs (output_options)
+    out: Path | None = None
+    force: bool = False
+    plot: Path | None = None
+    crosscheck: bool = False
+    offload_optimizer: str = "none"
+    offload_params: str = "none"
+    quiet: bool = False
+
+    @classmethod
+    def from_click(cls, values: Mapping[str, Any]) -> Options:
+        """Options from click's keyword values; a value click leaves None keeps the default
+        where the default is not None (an option the command does not declare)."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise TypeError(f"Options has no field {unknown[0]!r}")
+        return cls(**{k: v for k, v in values.items() if v is not None or _default(k) is None})
+
+    def as_mapping(self) -> dict[str, Any]:
+        """The options by name (for planner.report.advice, which reads options by name)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @property
+    def aside(self) -> bool:
+        """Notes (files written, progress) leave stdout when it holds JSON or the one-line answer."""
+        return self.as_json or self.quiet
+
+
+def _default(name: str) -> Any:
+    return next(f.default for f in fields(Options) if f.name == name)
+
+
+def _apply(opts: list[Decorator], f: Callable[..., Any]) -> Callable[..., Any]:
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+class FiniteFloatRange(click.FloatRange):
+    """click.FloatRange that also refuses nan (which passes every range comparison)."""
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        out = super().convert(value, param, ctx)
+        if math.isnan(out):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        return out
+
+
+class ScaledNumber(click.ParamType):
+    """A positive number with an optional suffix (SUFFIXES), between LOWER (inclusive) and
+    UPPER (exclusive); subclasses name it and say what a good value looks like."""
+
+    SUFFIXES: ClassVar[dict[str, float]] = {}
+    LOWER = 0.0
+    UPPER = 1e18
+    EXAMPLES = ""
+    STRIP = ""
+    what = ""
+    bounds = ""
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        text = str(value).strip().lstrip(self.STRIP).replace("_", "").replace(",", "")
+        scale = self.SUFFIXES.get(text[-1:].lower(), 1.0)
+        if len(text) > 64:          # float() of a 5,000-digit string is slow and means nothing
+            self.fail(f"{str(value)[:40]!r}... is not {self.what} (e.g. {self.EXAMPLES})", param, ctx)
+        try:
+            n = float(text[:-1] if scale != 1.0 else text) * scale
+        except ValueError:
+            self.fail(f"{value!r} is not {self.what} (e.g. {self.EXAMPLES})", param, ctx)
+        if not (n > 0 and self.LOWER <= n < self.UPPER):
+            self.fail(f"{value!r} must be {self.bounds}", param, ctx)
+        return n
+
+
+class TokenCount(ScaledNumber):
+    """A token count: 2e12, 2000000000000, or with a suffix: 300B, 2T, 15.6T; from 1 to 1e18."""
+
+    name = "N"
+    SUFFIXES: ClassVar[dict[str, float]] = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+    LOWER = 1.0
+    what, EXAMPLES, bounds = "a token count", "2e12, 300B, 15T", "between 1 and 1e18 tokens"
+
+
+class Dollars(ScaledNumber):
+    """An amount in US dollars: 250000, 250k, 1.5M, $2M."""
+
+    name = "USD"
+    SUFFIXES: ClassVar[dict[str, float]] = {"k": 1e3, "m": 1e6, "b": 1e9}
+    UPPER, STRIP = 1e15, "$"
+    what, EXAMPLES, bounds = "an amount in dollars", "250000, 250k, 1.5M", "a positive amount in dollars"
+
+
+def _degree(name: str) -> Decorator:
+    return click.option(f"--{name}", type=click.IntRange(1, MAX_GPUS), default=None,
+                        help=f"Fix the {name.upper()} degree (default: searched).")
+
+
+def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """Options shared by `plan` and the commands that take a layout."""
+    return _apply([
+        click.option("--model", "model_name", metavar="NAME|PATH", shell_complete=complete_models,
+                     help="A preset (`plan models`) or a Hugging Face config.json."),
+        click.option("--gpus", "gpu_name", metavar="NAME", shell_complete=complete_gpus, help="GPU type (`plan gpus`), e.g. h100; with --tokens "
+                                                                "a list to choose from, e.g. h100,a100."),
+        click.option("--n-gpus", type=click.IntRange(1, MAX_GPUS), default=None,
+                     help="Fix the GPU count (default: the smallest that fits)."),
+        click.option("--max-gpus", type=click.IntRange(1, MAX_GPUS), default=16_384, show_default=True,
+                     help="The largest GPU count the search tries."),
+        _degree("dp"), _degree("tp"), _degree("pp"), _degree("cp"), _degree("ep"),
+        click.option("--zero", type=click.IntRange(0, 3), default=None, help="Fix the ZeRO stage (0-3)."),
+        click.option("--fsdp", type=click.Choice(["full", "grad-op", "hybrid"]), default=None,
+                     help="Shard with PyTorch FSDP instead of ZeRO."),
+        click.option("--vp", type=click.IntRange(1, 64), default=None,
+                     help="Virtual stages per pipeline rank (interleaved 1F1B)."),
+        click.option("--sp/--no-sp", default=None, help="Sequence parallelism with tp (default: on when tp > 1)."),
+        click.option("--micro-batch", type=click.IntRange(1, MAX_MICRO_BATCH), default=None,
+                     help="Fix the micro-batch (default: searched over 1, 2, 4, 8)."),
+        click.option("--seq-len", type=click.IntRange(1, MAX_SEQ_LEN), default=4096, show_default=True,
+                     help="Sequence length in tokens."),
+        click.option("--global-batch", type=click.IntRange(1, MAX_GLOBAL_BATCH), default=None,
+                     help="Sequences per optimizer step  [default: 1024]."),
+        click.option("--grad-accum", type=click.IntRange(1, MAX_GLOBAL_BATCH), default=None,
+                     help="Gradient-accumulation steps (sets the global batch; needs --micro-batch and --dp)."),
+        click.option("--recompute", type=click.Choice(RECOMPUTE), default=None,
+                     help="Activation recomputation (default: searched)."),
+        click.option("--precision", type=click.Choice(PRECISIONS), default="bf16-mixed", show_default=True),
+        click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adamw", show_default=True),
+        click.option("--attention", type=click.Choice(ATTENTION), default="flash", show_default=True,
+                     help="flash/SDPA, or eager that materialises the s x s scores."),
+        click.option("--kernels", type=click.Choice(KERNELS), default="auto", show_default=True,
+                     help="eager PyTorch ops (Hugging Face models) or fused Megatron kernels; auto: fused with tp/pp/cp."),
+        click.option("--fragmentation", type=FiniteFloatRange(0, 1), default=None,
+                     help="Allocator fragmentation as a fraction of tensor memory  [default: 0.10]."),
+        click.option("--usable-memory", type=FiniteFloatRange(0.05, 1), default=1.0, show_default=True,
+                     help="Fraction of the GPU's memory a plan may use."),
+        click.option("--json", "as_json", is_flag=True, help="Print one JSON object (schema in the README)."),
+    ], f)
+
+
+def method_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The fine-tuning method (planner.training.finetune), for `plan` and `plan measure`."""
+    return _apply([
+        click.option("--method", type=click.Choice([*METHODS, "auto"]), default="full", show_default=True,
+                     help="What trains: full; lora (16-bit frozen base, adapters); qlora (4-bit NF4 base, "
+                          "16-bit adapters, paged 8-bit AdamW); freeze (only the last blocks); auto: full, "
+                          "lora or qlora, whichever fits on the fewest GPUs (full first on a tie)."),
+        click.option("--lora-rank", type=click.IntRange(1, 65536), default=None,
+                     help="LoRA rank r  [default: 8; qlora: 64]."),
+        click.option("--lora-alpha", type=click.IntRange(1, 1 << 20), default=None,
+                     help="LoRA alpha (scales the update, costs no memory)  [default: 8; qlora: 16]."),
+        click.option("--lora-targets", metavar="LIST", default=None,
+                     help="Comma-separated layers to adapt: attention, mlp, all-linear, or module names "
+                          "(q_proj,v_proj)  [default: PEFT's for the architecture; qlora: all-linear]."),
+        click.option("--lora-dropout", type=FiniteFloatRange(0, 1, max_open=True), default=None,
+                     help="LoRA dropout; > 0 keeps a mask and a copy of each adapted input  [default: 0]."),
+        click.option("--quant", type=click.Choice(QUANTS), default=None,
+                     help="Store the frozen base's linear weights as int8, int4 or nf4 (--method lora, "
+                          "or --task load)  [default: none; qlora: nf4]."),
+        click.option("--trainable-layers", type=click.IntRange(1, 1 << 20), default=None,
+                     help="With --method freeze: how many of the last blocks train  [default: 2]."),
+    ], f)
+
+
+def task_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """`plan --task load`: inference memory instead of a training plan."""
+    return click.option(
+        "--task", type=click.Choice(["train", "load"]), default="train", show_default=True,
+        help="train: a training plan; load: the memory to hold the model for inference (weights at "
+             "--precision or --quant, KV cache for --micro-batch sequences of --seq-len tokens).")(f)
+
+
+def offload_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """--offload-optimizer and --offload-params as `plan explain` takes them."""
+    return _apply([
+        click.option("--offload-optimizer", type=click.Choice(OFFLOAD), default="none",
+                     show_default=True, help="As for `plan`: optimizer states in CPU memory or on NVMe."),
+        click.option("--offload-params", type=click.Choice(OFFLOAD), default="none",
+                     show_default=True, help="As for `plan`: parameters in CPU memory or on NVMe."),
+    ], f)
+
+
+def output_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """Options of the main `plan` command: configs to write, and DeepSpeed's cross-check."""
+    offload = click.Choice(OFFLOAD)
+    return _apply([
+        click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
+                     help="Write the plan's configs here: ds_config.json, accelerate_config.yaml, "
+                          "megatron_args.txt, hostfile, launch.sh, plan.json."),
+        click.option("--force", is_flag=True, help="With --out or --plot, overwrite existing files."),
+        click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
+                     help="Draw the plan into FILE (.png or .svg): memory per rank by category against the "
+                          "GPU's capacity, and time (with --tokens, cost) against GPU count."),
+        click.option("--crosscheck", is_flag=True,
+                     help="Compare model states with DeepSpeed's own estimators (imports deepspeed, ~2 s)."),
+        click.option("--offload-optimizer", type=offload, default="none", show_default=True,
+                     help="ZeRO-Offload: optimizer states (and fp32 gradients) in CPU memory or on NVMe; "
+                          "the GPU memory left and the CPU memory per node are planned (ZeRO-1 or higher)."),
+        click.option("--offload-params", type=offload, default="none", show_default=True,
+                     help="ZeRO-Infinity / FSDP CPU offload: parameters in CPU memory or on NVMe "
+                          "(ZeRO-3 or FSDP full sharding; FSDP also moves gradients and optimizer states)."),
+    ], f)
+
+
+def time_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """Options of the step-time model: the cluster's wiring and the tokens to train on."""
+    return _apply([
+        click.option("--topology", metavar="NAME|PATH", default=None, shell_complete=complete_topologies,
+                     help="Cluster topology: a shipped one (`plan topologies`) or a TOML file  "
+                          "[default: the GPU's own, e.g. dgx-h100 for h100]."),
+        click.option("--tokens", type=TokenCount(), default=None,
+                     help="Tokens to train on (2e12, 300B): the plan then minimises the cost (or time) of "
+                          "training on them, over GPU counts (and the GPU types --gpus lists), by an ILP."),
+    ], f)
+
+
+def prices_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--prices", "prices_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                        metavar="PATH", help="A TOML file overriding entries of the price catalog (`plan gpus`).")(f)
+
+
+def solver_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--solver", type=click.Choice(["auto", "highs", "cbc"]), default="auto", show_default=True,
+                        help="The ILP solver: HiGHS when highspy is installed (auto), else PuLP's bundled CBC.")(f)
+
+
+def cost_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """Options of the cost objective (`plan --tokens`): constraints, prices, the solver."""
+    return _apply([
+        click.option("--deadline", metavar="DURATION|DATE", default=None,
+                     help="With --tokens: finish within this long (30d, 12h, 2w) or by this date (2026-03-01)."),
+        click.option("--budget", type=Dollars(), default=None,
+                     help="With --tokens: spend at most this many US dollars (250k, 1.5M)."),
+        click.option("--objective", type=click.Choice(["cost", "time"]), default=None,
+                     help="With --tokens: what to minimise  [default: cost]."),
+        prices_option,
+        solver_option,
+    ], f)
+
+
+def quiet_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    """--quiet: the answer on one line, for scripts."""
+    return click.option("--quiet", "-q", "quiet", is_flag=True,
+                        help="Print only the answer, on one line (not with --json).")(f)
+
+
+def option_names(cmd: click.Command) -> Iterator[str]:
+    """The long option names a command declares (for tests and help checks)."""
+    for p in cmd.params:
+        if isinstance(p, click.Option):
+            yield from (o for o in p.opts if o.startswith("--"))

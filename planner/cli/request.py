@@ -1,0 +1,171 @@
+"""Options -> the planner's inputs: the model, the GPU, the training set-up, the search
+space, the cluster for step times, and what --out writes. Every check of an option
+against another raises UserError naming both."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from planner.cli.options import Options
+from planner.errors import UserError
+from planner.report.advice import contradicting_options, degree_conflict
+
+if TYPE_CHECKING:
+    from planner.emit import EmitOptions
+    from planner.hardware.gpus import GpuSpec
+    from planner.layouts.layout import SearchSpace
+    from planner.models.spec import ModelSpec
+    from planner.training.finetune import FinetuneSpec
+    from planner.training.setup import TrainingSetup
+
+
+def finetune_spec(o: Options, method: str | None = None) -> FinetuneSpec:
+    """--method and its options -> FinetuneSpec (``method`` overrides --method, for auto)."""
+    from planner.training.finetune import FinetuneSpec
+
+    name = method or o.method or "full"
+    targets = None
+    if o.lora_targets:
+        targets = tuple(t.strip() for t in o.lora_targets.split(",") if t.strip())
+        if not targets:
+            raise UserError("--lora-targets is empty; give module names or attention, mlp, all-linear")
+    lora_opts = [n for n in ("lora_rank", "lora_alpha", "lora_targets", "lora_dropout") if getattr(o, n) is not None]
+    if name in ("full", "freeze") and lora_opts and method is None:
+        raise UserError(f"--{lora_opts[0].replace('_', '-')} needs --method lora or qlora")
+    if o.trainable_layers is not None and name != "freeze" and method is None:
+        raise UserError("--trainable-layers needs --method freeze")
+    quant = o.quant
+    if quant is not None and name not in ("lora", "qlora") and method is None:
+        raise UserError(f"--quant {quant} stores a frozen base: use it with --method lora (or qlora), "
+                        f"or with --task load")
+    if name == "qlora" and quant not in (None, "nf4"):
+        raise UserError(f"--method qlora stores the base as nf4; for an {quant} base use --method lora --quant {quant}")
+    return FinetuneSpec.named(name, rank=o.lora_rank, alpha=o.lora_alpha, targets=targets,
+                              dropout=o.lora_dropout,
+                              quant=quant if name in ("lora", "qlora") else None,
+                              trainable_layers=o.trainable_layers)
+
+
+def check_names(o: Options) -> None:
+    """Every name or path option within the file system's limits (planner.limits.check_name),
+    and a config.json --model whose numbers Python can read, before any file is touched."""
+    from planner.limits import check_name
+
+    for what, value in (("--model", o.model_name), ("--gpus", o.gpu_name), ("--topology", o.topology),
+                        ("--prices", o.prices_path), ("--out", o.out), ("--plot", o.plot)):
+        if value is not None:
+            check_name(str(value), what)
+    for what, path in (("--out", o.out), ("--plot", o.plot)):
+        if path is not None and os.fsencode(path) != str(path).encode("utf-8", "replace"):
+            raise UserError(f"{what} {str(path)!r} is not a UTF-8 name; give a file name in UTF-8")
+    if o.model_name:
+        check_config_numbers(o.model_name)
+
+
+def check_config_numbers(name: str) -> None:
+    """A config.json path whose text holds an integer of more than 4,300 digits (Python's
+    limit on int(str), which json.loads meets as a ValueError): UserError naming the file.
+    Everything else about the file is left to planner.models.spec.load_config_file."""
+    import json
+
+    from planner.limits import MAX_CONFIG_BYTES, read_input_file
+
+    path = Path(name)
+    try:
+        if path.is_dir():
+            path = path / "config.json"
+        if not (path.suffix == ".json" or "/" in name) or not path.is_file():
+            return
+    except OSError:
+        return
+    if os.stat(path).st_size > MAX_CONFIG_BYTES:
+        return                       # refused by the loader, with its own message
+    raw = read_input_file(path, f"model file {path}", MAX_CONFIG_BYTES)
+    try:
+        json.loads(raw.decode("utf-8", "replace"))
+    except RecursionError:
+        return
+    except ValueError as e:
+        if isinstance(e, json.JSONDecodeError):
+            return
+        raise UserError(f"{path}: not valid JSON (a number of more than 4,300 digits); "
+                        f"expected a Hugging Face config.json") from None
+
+
+def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, SearchSpace, int | None]:
+    """Options -> (model, gpu, setup, space, n_gpus); raises UserError on bad input."""
+    from planner.hardware.gpus import get_gpu
+    from planner.layouts.layout import SearchSpace
+    from planner.models.spec import load_model
+    from planner.training.setup import Overheads, TrainingSetup
+
+    if not o.model_name:
+        raise UserError("missing --model; pass a preset name (`plan models`) or a config.json path")
+    check_names(o)
+    if not o.gpu_name:
+        raise UserError("missing --gpus; pass a GPU type (`plan gpus`), e.g. --gpus h100")
+    if "," in o.gpu_name:
+        raise UserError("--gpus takes one GPU type without --tokens; give --tokens N to let the planner "
+                        "choose among several (--gpus h100,a100) by cost")
+    clash = contradicting_options(o.as_mapping())
+    if clash:
+        raise UserError(clash)
+    m = load_model(o.model_name)
+    gpu = get_gpu(o.gpu_name)
+    if o.precision.startswith("bf16") and gpu.bf16_flops_per_s is None:
+        raise UserError(f"{gpu.full_name} has no bf16 support; use --precision fp16-mixed or fp32")
+    if o.ep and o.ep > 1 and not m.is_moe:
+        raise UserError(f"--ep {o.ep} needs a mixture-of-experts model; {m.name} is dense")
+    if o.zero is not None and o.fsdp is not None:
+        from planner.layouts.layout import FSDP_STAGE
+        if FSDP_STAGE[f"fsdp-{o.fsdp}"] != o.zero:
+            raise UserError(f"--zero {o.zero} and --fsdp {o.fsdp} contradict each other; give one of them")
+    global_batch = o.global_batch
+    if o.grad_accum is not None:
+        if o.micro_batch is None or o.dp is None:
+            raise UserError("--grad-accum needs --micro-batch and --dp (or give --global-batch instead)")
+        implied = o.grad_accum * o.micro_batch * o.dp * (o.ep or 1)
+        if global_batch is not None and global_batch != implied:
+            raise UserError(f"--global-batch {global_batch} contradicts --grad-accum x --micro-batch x --dp "
+                            f"= {implied}; give one of them")
+        global_batch = implied
+    setup = TrainingSetup(seq_len=o.seq_len, global_batch=global_batch or 1024,
+                          precision=o.precision, optimizer=o.optimizer,
+                          attention=o.attention, kernels=o.kernels,
+                          usable_memory_fraction=o.usable_memory,
+                          finetune=finetune_spec(o, "full" if o.method == "auto" else None),
+                          offload_optimizer=o.offload_optimizer or "none",
+                          offload_params=o.offload_params or "none")
+    if o.fragmentation is not None:
+        setup = replace(setup, overheads=Overheads(fragmentation=o.fragmentation))
+    clash = degree_conflict(m, setup, o.as_mapping())
+    if clash:
+        raise UserError(clash)
+    space = SearchSpace(
+        dp=o.dp, tp=o.tp, pp=o.pp, cp=o.cp, ep=o.ep, zero_stage=o.zero,
+        fsdp=o.fsdp, vp=o.vp, sp=o.sp,
+        micro_batches=(o.micro_batch,) if o.micro_batch else SearchSpace().micro_batches,
+        recomputes=(o.recompute,) if o.recompute else SearchSpace().recomputes,
+    )
+    if not m.is_moe and space.ep is None:
+        space = replace(space, ep=1)
+    return m, gpu, setup, space, o.n_gpus
+
+
+def timing(o: Options, gpu: Any) -> dict[str, Any]:
+    """The cluster (--topology, else the GPU's default) and --tokens for the step times."""
+    from planner.timing.model import cluster_for
+
+    return {"cluster": cluster_for(gpu, o.topology), "tokens": o.tokens}
+
+
+def emit_options(o: Options) -> EmitOptions:
+    """What --out writes beyond the plan itself (offload settings), checked against --force."""
+    from planner.emit import EmitOptions
+
+    if o.force and o.out is None and o.plot is None:
+        raise UserError("--force needs --out DIR or --plot FILE")
+    return EmitOptions(offload_optimizer=o.offload_optimizer, offload_params=o.offload_params)
