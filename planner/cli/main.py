@@ -836,8 +836,11 @@ def topologies_cmd(as_json: bool) -> None:
 @click.option("--real", is_flag=True,
               help="Run on this machine's CUDA GPUs for real (torchrun, one process per GPU) "
                    "instead of fake tensors on the CPU.")
+@click.option("--stack", type=click.Choice(["hf", "torchtitan"]), default="hf", show_default=True,
+              help="What runs the step: Hugging Face transformers' model, or torchtitan's own Llama 3 "
+                   "parallelised by torchtitan (FSDP2 and tensor parallel; deep models scaled from 2 and 4 blocks).")
 @quiet_option
-def measure_cmd(real: bool, **kw: Any) -> None:
+def measure_cmd(real: bool, stack: str, **kw: Any) -> None:
     """Run real training steps of the model under PyTorch's memory trackers and print the
     planner's prediction beside the measurement, per category.
 
@@ -850,11 +853,12 @@ def measure_cmd(real: bool, **kw: Any) -> None:
 
     \b
       plan measure --model llama3.1-8b --gpus h100 --dp 8 --zero 3 --seq-len 2048 --micro-batch 1
+      plan measure --stack torchtitan --model llama3.1-8b --gpus h100 --dp 2 --tp 2 --seq-len 2048 --recompute selective
     """
-    run_safely(lambda: _measure(kw, real))
+    run_safely(lambda: _measure(kw, real, stack))
 
 
-def _measure(kw: dict[str, Any], real: bool) -> None:
+def _measure(kw: dict[str, Any], real: bool, stack: str = "hf") -> None:
     from planner.measure import accuracy
     from planner.report import text as report
     from planner.models.spec import load_hf_config
@@ -863,7 +867,10 @@ def _measure(kw: dict[str, Any], real: bool) -> None:
     for axis in ("dp", "tp", "pp", "cp", "ep"):
         kw[axis] = kw[axis] or 1
     if kw["zero"] is None and kw["fsdp"] is None:
-        kw["zero"] = 0
+        if stack == "torchtitan":
+            kw["fsdp"] = "full"      # torchtitan always applies FSDP2 (parallelize_llama)
+        else:
+            kw["zero"] = 0
     kw["micro_batch"] = kw["micro_batch"] or 1
     kw["recompute"] = kw["recompute"] or "none"
     if not kw["gpu_name"]:
@@ -882,8 +889,12 @@ def _measure(kw: dict[str, Any], real: bool) -> None:
     if reason:
         raise UserError(f"layout {lay.describe()} cannot run: {reason}")
     how = "on this machine's GPUs" if real else "under fake tensors"
-    with _progress(kw, f"measuring a training step of {m.name} {how}"):
-        cmp = accuracy.compare(m, load_hf_config(kw["model_name"]), setup, lay, fake=not real)
+    with _progress(kw, f"measuring a training step of {m.name} ({stack}) {how}"):
+        if stack == "torchtitan":
+            from planner.measure import torchtitan
+            cmp = torchtitan.compare(m, load_hf_config(kw["model_name"]), setup, lay, fake=not real)
+        else:
+            cmp = accuracy.compare(m, load_hf_config(kw["model_name"]), setup, lay, fake=not real)
     if kw["as_json"]:
         click.echo(json.dumps(report.comparison_json(m, gpu, cmp), indent=2))
     elif kw.get("quiet"):

@@ -87,7 +87,11 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import UserError
+from planner.layouts.layout import Layout
+from planner.measure.accuracy import Comparison
 from planner.measure.trackers import CATEGORIES, MeasuredMemory
+from planner.models.spec import ModelSpec
+from planner.training.setup import TrainingSetup
 
 RECOMPUTES = ("none", "selective", "full")
 # FSDP2 reshard-after-forward: torchtitan's ParallelismConfig.fsdp_reshard_after_forward
@@ -490,6 +494,51 @@ class _BuildAs:
 
     def build(self, **kwargs: Any) -> Any:
         return self.cls(self.config, **kwargs)
+
+
+def compare(m: ModelSpec, hf_config: dict[str, Any], setup: TrainingSetup, lay: Layout, *, fake: bool = True,
+            blocks: tuple[int, ...] = (), timeout_s: float = 900) -> Comparison:
+    """The planner's prediction for ``lay`` beside torchtitan's measured step, per category (as
+    planner.measure.accuracy.compare does for Hugging Face models). The prediction is today's
+    planner model of the layout, which knows nothing of torchtitan's SelectiveAC or chunked loss."""
+    from planner.measure import accuracy
+    from planner.memory.model import per_rank_memory
+
+    titan_setup = titan_setup_for(hf_config, setup, lay, fake=fake, blocks=blocks)
+    got = run_measurement(titan_setup, timeout_s=timeout_s, nproc=0 if fake else lay.dp * lay.tp)
+    measured_lay = accuracy.measured_layout(lay)
+    measured_setup = accuracy.measured_setup(setup, measured_lay)
+    pred = per_rank_memory(m, measured_setup, measured_lay)
+    predicted = accuracy.predicted_rows(pred.breakdown)
+    mem = got.memory
+    measured = {"weights": mem.weights_bytes, "gradients": mem.gradients_bytes, "optimizer": mem.optimizer_bytes,
+                "activations": mem.activations_bytes + mem.temporaries_bytes + mem.inputs_bytes,
+                "buffers": mem.buffers_bytes, "total": mem.peak_bytes}
+    rows = tuple(accuracy.Row(category=c, predicted_bytes=predicted[c], measured_bytes=measured[c])
+                 for c in accuracy.ROWS)
+    info = dataclasses.asdict(mem) | {"stack": f"torchtitan {got.torchtitan_version}", "n_layers": got.n_layers,
+                                      "measured_layers": list(got.measured_layers), "scaled": got.scaled}
+    return Comparison(layout=measured_lay, setup=measured_setup, predicted=pred.breakdown,
+                      predicted_phase=pred.phase, rows=rows, measured=info)
+
+
+def titan_setup_for(hf_config: dict[str, Any], setup: TrainingSetup, lay: Layout, *, fake: bool = True,
+                    blocks: tuple[int, ...] = ()) -> TitanSetup:
+    """The TitanSetup for a planner layout, or a UserError naming what torchtitan cannot run here."""
+    if lay.zero_stage not in (2, 3) or lay.sharding == "fsdp-hybrid":
+        raise UserError("torchtitan shards with FSDP2: measure --fsdp full (ZeRO-3, its default) or --fsdp grad-op")
+    if setup.precision != "bf16-mixed":
+        raise UserError(f"--precision {setup.precision}: torchtitan's trainer runs bf16-mixed (bf16 params, "
+                        f"fp32 reduce); measure --precision bf16-mixed")
+    if setup.optimizer != "adamw":
+        raise UserError(f"--optimizer {setup.optimizer}: torchtitan's default is AdamW; measure --optimizer adamw")
+    if not setup.finetune.is_full:
+        raise UserError("--stack torchtitan measures full training; use --method full")
+    if lay.ep > 1:
+        raise UserError("--ep: torchtitan's Llama 3 has no experts; measure --ep 1")
+    return TitanSetup(hf_config=hf_config, dp=lay.dp, tp=lay.tp, cp=lay.cp, pp=lay.pp, micro_batch=lay.micro_batch,
+                      seq_len=lay.seq_len, recompute=lay.recompute, sharding="full" if lay.zero_stage == 3 else "grad-op",
+                      blocks=blocks, fake=fake)
 
 
 def run_measurement(setup: TitanSetup, timeout_s: float = 900, nproc: int = 0) -> TitanMeasurement:
