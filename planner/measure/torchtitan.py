@@ -497,15 +497,19 @@ class _BuildAs:
 
 
 def compare(m: ModelSpec, hf_config: dict[str, Any], setup: TrainingSetup, lay: Layout, *, fake: bool = True,
-            blocks: tuple[int, ...] = (), timeout_s: float = 900) -> Comparison:
+            blocks: tuple[int, ...] = (), timeout_s: float = 900, in_process: bool = False) -> Comparison:
     """The planner's prediction for ``lay`` beside torchtitan's measured step, per category (as
     planner.measure.accuracy.compare does for Hugging Face models). The prediction is today's
-    planner model of the layout, which knows nothing of torchtitan's SelectiveAC or chunked loss."""
+    planner model of the layout, which knows nothing of torchtitan's SelectiveAC or chunked loss.
+    ``in_process`` measures in this process (fake tensors only), saving a new process's start-up."""
     from planner.measure import accuracy
     from planner.memory.model import per_rank_memory
 
     titan_setup = titan_setup_for(hf_config, setup, lay, fake=fake, blocks=blocks)
-    got = run_measurement(titan_setup, timeout_s=timeout_s, nproc=0 if fake else lay.dp * lay.tp)
+    if in_process and fake:
+        got = measure(titan_setup)
+    else:
+        got = run_measurement(titan_setup, timeout_s=timeout_s, nproc=0 if fake else lay.dp * lay.tp)
     measured_lay = accuracy.measured_layout(lay)
     measured_setup = accuracy.measured_setup(setup, measured_lay)
     pred = per_rank_memory(m, measured_setup, measured_lay)
