@@ -38,15 +38,23 @@ What it took to run on a CPU (shared/notes/FACTS.md lists the six traps; each is
 6. DTensor's sharding propagation runs global-shape fake ops under the ambient fake mode, which
    the tracker would count; ``trackers.separate_dtensor_propagation`` gives it its own mode.
 
-What did not run
-----------------
-- Context parallelism: ``apply_cp_to_forward`` wraps the SDPA inner attention, and DTensor has
-  no sharding strategy for ``aten._scaled_dot_product_flash_attention_for_cpu`` (the CPU op);
-  flex attention, which does have one, needs inductor and a GPU. Refused with a UserError.
-- Pipeline parallelism: ``pipeline_llm`` (``distributed/pipeline_parallel.py``) builds the
-  schedule, but the schedule's P2P set-up reads stage shapes with ``.item()`` (no values under
-  fake tensors) and torchtitan 0.3.0 calls ``schedule.step`` with keyword names torch 2.13's
-  schedules lack. Refused with a UserError.
+What did not run (tried on torch 2.13.0, torchtitan 0.3.0)
+---------------------------------------------------------
+- Context parallelism: ``apply_cp_to_forward`` wraps the SDPA inner attention; its
+  ``cp_forward`` (torchtitan/distributed/context_parallel/api.py, line 96) calls
+  F.scaled_dot_product_attention on DTensors, which on the CPU is
+  ``aten._scaled_dot_product_flash_attention_for_cpu``, and DTensor raises ``NotImplementedError:
+  Operator aten._scaled_dot_product_flash_attention_for_cpu.default does not have a sharding
+  strategy registered`` (torch/distributed/tensor/_sharding_prop.py,
+  ``propagate_op_sharding_non_cached``). Flex attention, which has one, needs inductor and a GPU.
+- Pipeline parallelism: ``pipeline_llm`` (torchtitan/distributed/pipeline_parallel.py) builds the
+  1F1B schedule and its stages under a fake process group, but (a) torchtitan 0.3.0's trainer
+  calls ``schedule.step(arg_mbs=..., kwarg_mbs=..., target_mbs=...)``, names torch 2.13's
+  ``step(*args, target, losses, return_outputs, loss_kwargs, **kwargs)`` passes on to the model as
+  keyword inputs (``ValueError: Expecting 2 arg_mbs but got 1`` from ``_check_inputs``); and (b)
+  called with torch's own signature, the first step's ``_initialize_pp_stages`` ->
+  ``_warmup_p2p`` (torch/distributed/pipelining/schedules.py, line 372) reads ``result.item()``,
+  which fake tensors refuse: ``DataDependentOutputException: aten._local_scalar_dense.default``.
 
 Depth scaling
 -------------
@@ -139,13 +147,14 @@ class TitanSetup:
             if not isinstance(value, int) or value < 1:
                 raise UserError(f"measure --stack torchtitan: {name} must be a positive integer, got {value!r}")
         if self.cp > 1:
-            raise UserError("--cp cannot be measured with torchtitan on the CPU: DTensor has no sharding strategy "
-                            "for aten._scaled_dot_product_flash_attention_for_cpu, and flex attention needs a GPU; "
+            raise UserError("--cp cannot be measured with torchtitan on the CPU: torchtitan's context-parallel "
+                            "attention runs aten._scaled_dot_product_flash_attention_for_cpu on DTensors, which has "
+                            "no DTensor sharding strategy (NotImplementedError), and flex attention needs a GPU; "
                             "measure --cp 1")
         if self.pp > 1:
-            raise UserError("--pp cannot be measured with torchtitan under fake tensors: the pipeline schedule's P2P "
-                            "set-up calls .item(), and torchtitan 0.3.0 calls schedule.step with keywords torch 2.13 "
-                            "lacks; measure --pp 1")
+            raise UserError("--pp cannot be measured with torchtitan under fake tensors: torch's pipeline schedule "
+                            "reads .item() in its P2P warm-up (schedules.py _warmup_p2p), and torchtitan 0.3.0 calls "
+                            "schedule.step with keywords torch 2.13 does not take; measure --pp 1")
         if self.seq_len % (_CHUNKS * self.tp):
             raise UserError(f"--seq-len {self.seq_len} must be a multiple of {_CHUNKS * self.tp} (torchtitan's "
                             f"chunked loss splits the sequence in {_CHUNKS}; sequence parallelism by tp {self.tp})")
