@@ -129,11 +129,11 @@ def table(results: list[dict[str, Any]]) -> str:
         "temporaries and inputs). Context and pipeline parallelism do not run under fake tensors on",
         "the CPU (see planner/measure/torchtitan.py).",
         "",
-        f"**Total per rank: median |error| {100 * median:.1f}%, worst {100 * worst:+.1f}%, "
-        f"{within} of {len(results)} rows within +-10%.** Goal: every row within +-10%, median within +-5%.",
+        (f"**Total per rank: median |error| {100 * median:.1f}%, worst {100 * worst:+.1f}%, "
+         f"{within} of {len(results)} rows within +-10%.** Goal: every row within +-10%, median within +-5%."),
         "",
-        "| model | dp | tp | seq | mb | recompute | blocks | weights pred/meas | grads pred/meas "
-        "| optimizer pred/meas | act pred/meas | buffers pred/meas | total pred | total meas | error |",
+        ("| model | dp | tp | seq | mb | recompute | blocks | weights pred/meas | grads pred/meas "
+         "| optimizer pred/meas | act pred/meas | buffers pred/meas | total pred | total meas | error |"),
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
@@ -149,8 +149,8 @@ def table(results: list[dict[str, Any]]) -> str:
         "",
         "Regenerate: `pip install -c constraints.txt -e '.[test]' && python bench/accuracy_torchtitan.py`;",
         "after a change to the formulas only, `--repredict` keeps these measurements. One row:",
-        "`plan measure --stack torchtitan --model llama3.1-8b --gpus h100 --dp 2 --tp 2 --seq-len 2048 "
-        "--recompute selective`.",
+        ("`plan measure --stack torchtitan --model llama3.1-8b --gpus h100 --dp 2 --tp 2 --seq-len 2048 "
+         "--recompute selective`."),
         "",
     ]
     return "\n".join(lines)

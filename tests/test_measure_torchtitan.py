@@ -11,20 +11,21 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from planner.errors import UserError
+from planner.measure import torchtitan as titan  # imports no torch or torchtitan itself
+
 pytest.importorskip("triton", reason="torchtitan's models import triton (pip install triton)")
 pytest.importorskip("torchtitan.models.llama3", reason="torchtitan is not installed (pip install torchtitan)")
-
-from planner.errors import UserError  # noqa: E402
-from planner.measure import torchtitan as titan  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
 # a Llama-architecture config.json small enough to run in a second; every dim is even, so
 # FSDP2 (dp 2) and tensor parallelism (tp 2) split every tensor without padding
-TINY = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4,
+TINY: dict[str, Any] = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4,
         "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 512, "rope_theta": 10000.0,
         "tie_word_embeddings": False}
 SEQ = 128
