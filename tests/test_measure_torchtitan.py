@@ -139,3 +139,20 @@ def test_docs_table_measurement_is_current_for_one_row() -> None:
                                          tp=r["tp"], seq_len=r["seq_len"], micro_batch=r["micro_batch"],
                                          recompute=r["recompute"]))
     assert got.memory.peak_bytes == r["rows"]["total"]["measured"]
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--pp", "2"], "--pp cannot be measured"),
+    (["--zero", "0"], "torchtitan shards with FSDP2"),
+    (["--precision", "fp32"], "bf16-mixed"),
+])
+def test_plan_measure_stack_torchtitan_refuses_with_exit_2(extra: list[str], words: str) -> None:
+    from click.testing import CliRunner
+
+    from planner.cli.main import cli
+
+    args = ["measure", "--stack", "torchtitan", "--model", "llama3.1-8b", "--gpus", "h100", "--dp", "2",
+            "--tp", "2", "--seq-len", "2048", *extra]
+    got = CliRunner().invoke(cli, args, prog_name="plan")
+    assert got.exit_code == 2, got.output
+    assert words in got.output
