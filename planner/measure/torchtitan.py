@@ -122,6 +122,8 @@ class TitanSetup:
     sharding: "full" (reshard after forward, torchtitan's default) or "grad-op" ("never").
     blocks: the depths to run; () picks the full depth up to 4 blocks, else DEFAULT_BLOCKS
         scaled linearly to the full depth. One depth equal to the model's runs it whole.
+    grads_set_to_none: False keeps the gradients between steps, as torchtitan's trainer does
+        when it captures CUDA graphs (its GPU default).
     """
 
     hf_config: dict[str, Any]
@@ -136,6 +138,10 @@ class TitanSetup:
     blocks: tuple[int, ...] = ()
     fake: bool = True
     n_steps: int = 2
+    # torchtitan's trainer calls zero_grad(set_to_none=training.disable_cuda_graphs) (trainer.py,
+    # train_step): with CUDA graphs on (its default on a GPU) gradients are zeroed in place and
+    # live through the next step. We run eagerly, as with the flag set: False keeps them instead.
+    grads_set_to_none: bool = True
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTES:
@@ -487,7 +493,7 @@ def _measure_rank(setup: TitanSetup, n_layers: int) -> tuple[MeasuredMemory, dic
                 loss.backward()
                 del loss
                 optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
+                optimizer.zero_grad(set_to_none=setup.grads_set_to_none)
         snapshots = tracker.get_tracker_snapshot("peak")
     got = tracker_result(tracker, snapshots, device, fake=setup.fake, n_params=n_params,
                          rank=dist.get_rank(), wall_s=time.perf_counter() - t0)
