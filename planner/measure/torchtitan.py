@@ -106,7 +106,6 @@ RECOMPUTES = ("none", "selective", "full")
 SHARDINGS = {"full": "default", "grad-op": "never"}
 DEFAULT_BLOCKS = (2, 4)
 _CHUNKS = 8          # ChunkedLossWrapper.Config.num_chunks (components/loss.py, 0.3.0)
-_TRACKER_NAMES = {**{n: n for names in CATEGORIES.values() for n in names}, "Total": "Total"}
 _BUCKETS = ("forward", "loss", "backward-start", "backward-end", "optimizer")
 _LAYER_RE = re.compile(r"\.layers\.(\d+)(?:\.|$)")
 
