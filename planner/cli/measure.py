@@ -20,8 +20,11 @@ from planner.errors import UserError
 @click.option("--real", is_flag=True,
               help="Run on this machine's CUDA GPUs for real (torchrun, one process per GPU) "
                    "instead of fake tensors on the CPU.")
+@click.option("--stack", type=click.Choice(["hf", "torchtitan"]), default="hf", show_default=True,
+              help="What runs the step: Hugging Face transformers' model, or torchtitan's own Llama 3 "
+                   "parallelised by torchtitan (FSDP2 and tensor parallel; deep models scaled from 2 and 4 blocks).")
 @quiet_option
-def measure_cmd(real: bool, **kw: Any) -> None:
+def measure_cmd(real: bool, stack: str, **kw: Any) -> None:
     """Run real training steps of the model under PyTorch's memory trackers and print the
     planner's prediction beside the measurement, per category.
 
@@ -34,11 +37,12 @@ def measure_cmd(real: bool, **kw: Any) -> None:
 
     \b
       plan measure --model llama3.1-8b --gpus h100 --dp 8 --zero 3 --seq-len 2048 --micro-batch 1
+      plan measure --stack torchtitan --model llama3.1-8b --gpus h100 --dp 2 --tp 2 --seq-len 2048 --recompute selective
     """
-    run_safely(lambda: measure(Options.from_click(kw), real))
+    run_safely(lambda: measure(Options.from_click(kw), real, stack))
 
 
-def measure(o: Options, real: bool) -> None:
+def measure(o: Options, real: bool, stack: str = "hf") -> None:
     from planner.api import fixed_layout
     from planner.layouts.layout import reject_reason
     from planner.measure import accuracy
@@ -48,8 +52,11 @@ def measure(o: Options, real: bool) -> None:
     check_quiet(o)
     if o.method == "auto":
         raise UserError("plan measure runs one method: give --method full, lora or freeze")
+    if o.zero is None and o.fsdp is None:
+        # torchtitan always applies FSDP2 (parallelize_llama); Hugging Face models run replicated
+        o = replace(o, fsdp="full") if stack == "torchtitan" else replace(o, zero=0)
     o = replace(o, dp=o.dp or 1, tp=o.tp or 1, pp=o.pp or 1, cp=o.cp or 1, ep=o.ep or 1,
-                zero=0 if o.zero is None and o.fsdp is None else o.zero, micro_batch=o.micro_batch or 1,
+                micro_batch=o.micro_batch or 1,
                 recompute=o.recompute or "none", gpu_name=o.gpu_name or "h100")
     m, gpu, setup, space, n_gpus = build_request(o)
     assert o.micro_batch is not None and o.dp is not None and o.ep is not None
@@ -61,8 +68,13 @@ def measure(o: Options, real: bool) -> None:
         raise UserError(f"layout {lay.describe()} cannot run: {reason}")
     how = "on this machine's GPUs" if real else "under fake tensors"
     assert o.model_name is not None
-    with progress(o.aside, f"measuring a training step of {m.name} {how}"):
-        cmp = accuracy.compare(m, load_hf_config(o.model_name), setup, lay, fake=not real)
+    label = f" ({stack})" if stack != "hf" else ""
+    with progress(o.aside, f"measuring a training step of {m.name}{label} {how}"):
+        if stack == "torchtitan":
+            from planner.measure import torchtitan
+            cmp = torchtitan.compare(m, load_hf_config(o.model_name), setup, lay, fake=not real)
+        else:
+            cmp = accuracy.compare(m, load_hf_config(o.model_name), setup, lay, fake=not real)
     if o.as_json:
         click.echo(json.dumps(report.comparison_json(m, gpu, cmp), indent=2))
     elif o.quiet:

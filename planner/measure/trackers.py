@@ -365,7 +365,7 @@ def _measure_rank(setup: MeasureSetup, device: Any, *, mesh: Any, rank: int, ddp
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     fake_mode = FakeTensorMode() if setup.fake else contextlib.nullcontext()
-    with (fake_mode, _unpacked_sequences(), _separate_dtensor_propagation(setup.fake),
+    with (fake_mode, _unpacked_sequences(), separate_dtensor_propagation(setup.fake),
           _gpu_dropout_kernels(device, fake=setup.fake)):
         model = _build_model(setup, device) if setup.method == "full" else _build_finetuned(setup, device)
         n_params = sum(p.numel() for p in model.parameters())
@@ -380,7 +380,7 @@ def _measure_rank(setup: MeasureSetup, device: Any, *, mesh: Any, rank: int, ddp
             model = DistributedDataParallel(model, device_ids=[device.index])
         optimizer = _build_optimizer(model, setup)
         ids = torch.randint(0, vocab_size, (setup.micro_batch, setup.seq_len), device=device)
-        tracker = _make_tracker(model, optimizer, ids, sharded=mesh is not None)
+        tracker = make_tracker(model, optimizer, ids, sharded=mesh is not None)
         with tracker:
             for step in range(setup.n_steps):
                 tracker.step = step + 1
@@ -388,7 +388,7 @@ def _measure_rank(setup: MeasureSetup, device: Any, *, mesh: Any, rank: int, ddp
                     tracker.reset_mod_stats()  # the trackers refuse a second root forward otherwise
                 _train_step(model, optimizer, ids, setup, device)
         snapshots = tracker.get_tracker_snapshot("peak")
-    return _result(setup, tracker, snapshots, device, n_params=n_params, rank=rank,
+    return tracker_result(tracker, snapshots, device, fake=setup.fake, n_params=n_params, rank=rank,
                    wall_s=time.perf_counter() - t0)
 
 
@@ -468,7 +468,7 @@ def _unpacked_sequences() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _separate_dtensor_propagation(fake: bool) -> Iterator[None]:
+def separate_dtensor_propagation(fake: bool) -> Iterator[None]:
     """Give DTensor's shape propagation its own FakeTensorMode, as it has in a real run.
 
     To learn an op's global output shape, DTensor runs the op on global-shape stand-ins inside
@@ -663,14 +663,17 @@ def _stub_scalars() -> Any:
     return _ScalarStub()
 
 
-def _make_tracker(model: Any, optimizer: Any, ids: Any, *, sharded: bool) -> Any:
-    """A MemTracker (replicated) or FSDPMemTracker (FSDP2) that also keeps each category's max."""
+def make_tracker(model: Any, optimizer: Any, ids: Any, *, sharded: bool, mixins: tuple[type, ...] = ()) -> Any:
+    """A MemTracker (replicated) or FSDPMemTracker (FSDP2) that also keeps each category's max.
+
+    ``mixins`` are classes put before the tracker in the method order (planner.measure.torchtitan
+    uses one to let torchtitan's chunked loss call its FSDP-wrapped LM head several times)."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
 
     base = FSDPMemTracker if sharded else MemTracker
 
-    class _MaxTracker(base):  # type: ignore[misc, valid-type]
+    class _MaxTracker(*mixins, base):  # type: ignore[misc, valid-type]
         """Adds category maxima: the trackers keep only the snapshot at the peak total."""
 
         def __init__(self, *args: Any) -> None:
@@ -751,8 +754,9 @@ def _by_module(tracker: Any, device: Any) -> dict[str, int]:
     return dict(list(by_module.items())[:_BY_MODULE_MAX_ENTRIES])
 
 
-def _result(setup: MeasureSetup, tracker: Any, snapshots: Mapping[Any, Mapping[Any, int]],
-            device: Any, *, n_params: int, rank: int, wall_s: float) -> MeasuredMemory:
+def tracker_result(tracker: Any, snapshots: Mapping[Any, Mapping[Any, int]], device: Any, *,
+                   fake: bool, n_params: int, rank: int, wall_s: float) -> MeasuredMemory:
+    """MeasuredMemory from a tracker made by make_tracker, after its steps ran (bytes)."""
     import torch
 
     # Fake tensors all live on the CPU; a real run may leave a few CPU tensors beside the GPU's.
@@ -782,9 +786,9 @@ def _result(setup: MeasureSetup, tracker: Any, snapshots: Mapping[Any, Mapping[A
         peak_step=tracker.peak_step,
         peak_phase=tracker.peak_phase,
         peak_module=tracker.peak_module,
-        tracker=type(tracker).__mro__[1].__name__,
+        tracker=next(c.__name__ for c in type(tracker).__mro__ if c.__name__ in ("FSDPMemTracker", "MemTracker")),
         device=str(dev),
-        fake=setup.fake,
+        fake=fake,
         rank=rank,
         wall_s=round(wall_s, 3),
         **cuda,

@@ -1,0 +1,158 @@
+"""torchtitan's own Llama 3 step under FSDPMemTracker (planner.measure.torchtitan).
+
+The referees are outside the planner: transformers' LlamaForCausalLM counts the parameters,
+FSDP2's sharding rule (dim 0 split over the dp ranks, padded to a multiple of them) and
+torchtitan's tensor-parallel plan (torchtitan 0.3.0, models/llama3/sharding.py: every matrix
+split over tp, the RMSNorm weights replicated) give the bytes of this rank's shard, and AdamW
+keeps two fp32 states per parameter (Loshchilov & Hutter 2019, Algorithm 2).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from planner.errors import UserError
+from planner.measure import torchtitan as titan  # imports no torch or torchtitan itself
+
+pytest.importorskip("triton", reason="torchtitan's models import triton (pip install triton)")
+pytest.importorskip("torchtitan.models.llama3", reason="torchtitan is not installed (pip install torchtitan)")
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# a Llama-architecture config.json small enough to run in a second; every dim is even, so
+# FSDP2 (dp 2) and tensor parallelism (tp 2) split every tensor without padding
+TINY: dict[str, Any] = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 512, "rope_theta": 10000.0,
+        "tie_word_embeddings": False}
+SEQ = 128
+
+
+def hf_param_count(cfg: dict) -> int:
+    """transformers' own count of the same architecture (built on the meta device)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    kwargs = {k: v for k, v in cfg.items() if k != "model_type"}
+    with torch.device("meta"):
+        model = LlamaForCausalLM(LlamaConfig(**kwargs))
+    return sum(p.numel() for p in model.parameters())
+
+
+def run(cfg: dict = TINY, **kw: object) -> titan.TitanMeasurement:
+    return titan.measure(titan.TitanSetup(hf_config=cfg, seq_len=SEQ, **kw))  # type: ignore[arg-type]
+
+
+def test_fsdp2_shards_params_grads_and_adamw_states_over_dp() -> None:
+    got = run(dp=2, tp=1, recompute="none")
+    m = got.memory
+    n = hf_param_count(TINY)
+    assert m.n_params == n
+    assert not got.scaled and got.measured_layers == (2,)
+    # fp32 master weights, split in 2 by FSDP2 (torchtitan: training.dtype float32)
+    assert m.raw_max["Sharded Param"] == n * 4 // 2
+    # gradients reduce-scattered in fp32 (torchtitan: mixed_precision_reduce float32)
+    assert m.raw_max["Sharded Grad"] == n * 4 // 2
+    # AdamW exp_avg and exp_avg_sq in fp32 per shard, plus a 4-byte step per parameter tensor;
+    # inside the step (foreach=False) one parameter's transients on top, the largest being
+    # the embedding's or LM head's shard (512 x 128 / 2 fp32 values)
+    shard_bytes = TINY["vocab_size"] * TINY["hidden_size"] * 4 // 2
+    assert n * 8 // 2 <= m.max_optimizer_bytes <= n * 8 // 2 + 4 * shard_bytes
+    assert m.tracker == "FSDPMemTracker" and m.peak_step == 2
+
+
+def test_tensor_parallel_and_recompute_policies() -> None:
+    n = hf_param_count(TINY)
+    norms = (2 * TINY["num_hidden_layers"] + 1) * TINY["hidden_size"]   # replicated over tp
+    acts = {}
+    for rc in ("none", "selective", "full"):
+        m = run(dp=2, tp=2, recompute=rc).memory
+        assert m.raw_max["Sharded Param"] == (n - norms) * 4 // 4 + norms * 4 // 2
+        acts[rc] = m.max_activations_bytes
+    # torchtitan's SelectiveAC keeps fewer tensors than no checkpointing, FullAC fewer still
+    assert acts["none"] > acts["selective"] > acts["full"] > 0
+
+
+def test_scaling_from_two_depths_matches_the_full_depth() -> None:
+    cfg = TINY | {"num_hidden_layers": 6}
+    whole = run(cfg, dp=2, recompute="selective", blocks=(6,)).memory
+    scaled = run(cfg, dp=2, recompute="selective", blocks=(2, 4))
+    assert scaled.scaled and scaled.memory.n_params == whole.n_params == hf_param_count(cfg)
+    s = scaled.memory
+    assert s.peak_bytes == pytest.approx(whole.peak_bytes, rel=0.01)
+    for cat in ("weights", "gradients", "optimizer"):
+        assert getattr(s, f"max_{cat}_bytes") == pytest.approx(getattr(whole, f"max_{cat}_bytes"), rel=0.01)
+
+
+def test_llama3_8b_parameter_count_matches_transformers() -> None:
+    import torch
+
+    from planner.models.spec import load_hf_config
+
+    setup = titan.TitanSetup(hf_config=load_hf_config("llama3.1-8b"), seq_len=2048)
+    cfg = titan.trainer_config(setup, 32)
+    with torch.device("meta"):
+        model = cfg.model_spec.model.build()
+    # FACTS.md: transformers' Llama-3-8B has 8,030,261,248 parameters
+    assert sum(p.numel() for p in model.parameters()) == 8_030_261_248
+
+
+@pytest.mark.parametrize("kw, words", [
+    ({"cp": 2}, "--cp cannot be measured"),
+    ({"pp": 2}, "--pp cannot be measured"),
+    ({"seq_len": 100}, "must be a multiple of 8"),
+    ({"recompute": "op"}, "--recompute"),
+    ({"hf_config": TINY | {"model_type": "mistral"}}, "model_type 'llama'"),
+    ({"hf_config": TINY | {"attention_bias": True}}, "biases"),
+])
+def test_what_cannot_run_is_refused_with_the_reason(kw: dict, words: str) -> None:
+    args = {"hf_config": TINY, "seq_len": SEQ} | kw
+    with pytest.raises(UserError, match=words):
+        titan.TitanSetup(**args)  # type: ignore[arg-type]
+
+
+def test_docs_table_predictions_are_current() -> None:
+    """Every row's prediction is what the planner predicts today (no torch: seconds)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_titan", ROOT / "bench" / "accuracy_torchtitan.py")
+    assert spec and spec.loader
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = json.loads((ROOT / "docs" / "accuracy-torchtitan.json").read_text())
+    assert len(rows) == len(bench.GRID)
+    for r in rows:
+        assert bench.repredict(r)["rows"] == r["rows"], bench.key(r)
+    assert (ROOT / "docs" / "accuracy-torchtitan.md").read_text() == bench.table(rows)
+
+
+def test_docs_table_measurement_is_current_for_one_row() -> None:
+    """Re-measure the cheapest stored row (Llama 3.2 1B, dp 8, full recomputation)."""
+    rows = json.loads((ROOT / "docs" / "accuracy-torchtitan.json").read_text())
+    r = next(r for r in rows if r["model"] == "llama3.2-1b" and r["tp"] == 1 and r["recompute"] == "full")
+    from planner.models.spec import load_hf_config
+
+    got = titan.measure(titan.TitanSetup(hf_config=load_hf_config(str(ROOT / r["source"])), dp=r["dp"],
+                                         tp=r["tp"], seq_len=r["seq_len"], micro_batch=r["micro_batch"],
+                                         recompute=r["recompute"]))
+    assert got.memory.peak_bytes == r["rows"]["total"]["measured"]
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--pp", "2"], "--pp cannot be measured"),
+    (["--zero", "0"], "torchtitan shards with FSDP2"),
+    (["--precision", "fp32"], "bf16-mixed"),
+])
+def test_plan_measure_stack_torchtitan_refuses_with_exit_2(extra: list[str], words: str) -> None:
+    from click.testing import CliRunner
+
+    from planner.cli.main import cli
+
+    args = ["measure", "--stack", "torchtitan", "--model", "llama3.1-8b", "--gpus", "h100", "--dp", "2",
+            "--tp", "2", "--seq-len", "2048", *extra]
+    got = CliRunner().invoke(cli, args, prog_name="plan")
+    assert got.exit_code == 2, got.output
+    assert words in got.output
