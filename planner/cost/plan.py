@@ -15,23 +15,28 @@ ILP sizes the nodes to buy.
 from __future__ import annotations
 
 import math
-import multiprocessing
-import os
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 
 from planner.api import MAX_SEARCH_GPUS, PlanResult, capacity_bytes, host_capacities
 from planner.cost.prices import Prices, gpu_hours, node_cost, rental_cost_usd
+from planner.cost.solve import (
+    JobOption,
+    JobWindow,
+    Limits,
+    Option,
+    Pool,
+    PurchaseSolution,
+    SolverInfo,
+    solve_one_job,
+    solve_purchase,
+)
 from planner.errors import UserError
 from planner.hardware.gpus import GpuSpec, get_gpu
 from planner.layouts.layout import SearchSpace
 from planner.models.spec import ModelSpec, count_params, load_model
 from planner.search.search import Candidate, SearchResult, gpu_counts
-from planner.cost.solve import (JobOption, JobWindow, Limits, Option, Pool, PurchaseSolution, SolverInfo, solve_one_job,
-                    solve_purchase)
 from planner.search.sweep import CountBest, sweep
 from planner.timing.model import Cluster, Efficiency, cluster_for, scale_up_domain_gpus
 from planner.training.setup import TrainingSetup
@@ -158,29 +163,19 @@ def _sweep_task(task: tuple[_Pool, list[int], float, float]) -> dict[int, CountB
     pool, counts, tokens, window_s = task
     for n in counts:
         (cb,) = pool.at([n])
-        if cb.fastest and cb.fastest[0].time.train_time_s(tokens) <= window_s:  # type: ignore[union-attr]
+        if window_s < math.inf and cb.fastest and cb.fastest[0].time.train_time_s(tokens) <= window_s:  # type: ignore[union-attr]
             break
     return dict(pool.found)
 
 
 def _sweep_all(tasks: list[tuple[_Pool, list[int], float, float]]) -> None:
-    """Run _sweep_task for each task, in worker processes when there are several and the
-    machine has the cores (the GPU types are independent), and keep what they found in
-    their pools. Where processes cannot be forked, one after the other."""
-    tasks = [t for t in tasks if any(n not in t[0].found for n in t[1])]
-    workers = min(len(tasks), os.cpu_count() or 1)
-    results = None
-    if workers > 1:
-        try:
-            ctx = multiprocessing.get_context("fork")
-            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as ex:
-                results = list(ex.map(_sweep_task, tasks))
-        except (OSError, ValueError, RuntimeError, BrokenProcessPool):
-            results = None
-    if results is None:
-        results = [_sweep_task(t) for t in tasks]
-    for task, found in zip(tasks, results):
-        task[0].found.update(found)
+    """Run _sweep_task for each task, one after the other, keeping what they find in their
+    pools. (Worker processes, one per GPU type, were slower once the sweep timed each
+    count's layouts as one batch: on the 2-core machine forking and sending the candidates
+    back cost more than the sweeps; docs/performance.md.)"""
+    for task in tasks:
+        if any(n not in task[0].found for n in task[1]):
+            task[0].found.update(_sweep_task(task))
 
 
 def _pools(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, space: SearchSpace,
@@ -425,14 +420,14 @@ class BuyResult:
         return self.capex_usd + self.opex_usd
 
 
-def _job_setup(job, base: TrainingSetup) -> TrainingSetup:  # noqa: ANN001 - JobSpec
+def _job_setup(job, base: TrainingSetup) -> TrainingSetup:
     from planner.training.finetune import FinetuneSpec
 
     return replace(base, seq_len=job.seq_len, global_batch=job.global_batch,
                    finetune=FinetuneSpec.named(job.method))
 
 
-def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s: float,  # noqa: ANN001 - JobsFile
+def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s: float,
                   budget_usd: float | None = None, max_gpus: int = MAX_SEARCH_GPUS,
                   base_setup: TrainingSetup = TrainingSetup(), efficiency: Efficiency = Efficiency(),
                   solver: str = "auto") -> BuyResult:
@@ -463,7 +458,7 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
     models = {j.name: load_model(j.model) for j in jobs}
     searches: dict[tuple, _Pool] = {}
 
-    def search(job, gpu: GpuSpec) -> _Pool:  # noqa: ANN001
+    def search(job, gpu: GpuSpec) -> _Pool:
         setup = _job_setup(job, base_setup)
         key = (models[job.name], setup, gpu.name)
         if key not in searches:
