@@ -116,59 +116,6 @@ def _fallback_links(gpu: GpuSpec, sizes: dict[str, int], order: Sequence[str]) -
     return links
 
 
-@lru_cache(maxsize=64)
-def optimistic_link(cluster: Cluster) -> AxisLink:
-    """A link that no axis's collectives beat on ``cluster``, for lower bounds on their
-    time: no latency, and as bus bandwidth the most one GPU can send at all. The graph's
-    ring bandwidth is at most the max flow out of a single GPU (one of the cuts
-    topology.ring_bandwidth_bytes_per_s takes), so at most the sum of that GPU's links;
-    the model without a topology gives at most the intra-node bandwidth."""
-    bw = cluster.gpu.intra_node_bytes_per_s
-    top = cluster.topology
-    if top is not None:
-        g = _graph(top, 1)
-        for v, kind in g.nodes(data="kind"):
-            if kind == "gpu":
-                bw = max(bw, sum(e["bandwidth_bytes_per_s"] for _, _, e in g.edges(v, data=True)))
-    return AxisLink(bus_bytes_per_s=bw, latency_s=0.0)
-
-
-@lru_cache(maxsize=16384)
-def link_ceilings(cluster: Cluster, sizes: tuple[int, ...], order: tuple[str, ...] = AXES) -> dict[str, AxisLink]:
-    """For each axis, a link at least as fast as the one axis_links() gives for the same
-    placement, worked out without the graph (for lower bounds on communication time).
-
-    Without a topology, axis_links' own model. With one: no latency, and a bus bandwidth
-    of at most what one GPU can send (optimistic_link); when the axis's groups leave their
-    NVLink domain (or PCIe node), at most the domain's NICs shared by the groups crossing
-    it, or the model without a topology, which axis_links falls back to on clusters larger
-    than the topology. (The first domain is one of the cuts ring_bandwidth_bytes_per_s
-    takes. Groups of stride s and size n fill blocks of s x n consecutive GPUs, s groups to
-    a block; when s x n exceeds a domain every group leaves it, and the first domain,
-    inside the first block, holds GPUs of min(s, domain GPUs) of them.)"""
-    named = dict(zip(AXES, sizes))
-    fallback = _fallback_links(cluster.gpu, named, order)
-    top = cluster.topology
-    if top is None:
-        return fallback
-    best = optimistic_link(cluster).bus_bytes_per_s
-    gpn = top.gpus_per_node
-    island = top.intra_node.domain_gpus if top.intra_node.fabric == "nvswitch" else gpn
-    island_nic = island // gpn * top.network.nics_per_node * top.network.nic_bytes_per_s
-    links, stride = {}, 1
-    for axis in order:
-        n = named[axis]
-        if n == 1:
-            links[axis] = AxisLink(bus_bytes_per_s=math.inf, latency_s=0.0)
-            continue
-        bw = best
-        if stride * n > island:
-            bw = min(best, max(island_nic / min(stride, island), fallback[axis].bus_bytes_per_s))
-        links[axis] = AxisLink(bus_bytes_per_s=bw, latency_s=0.0)
-        stride *= n
-    return links
-
-
 @lru_cache(maxsize=16384)
 def axis_links(cluster: Cluster, sizes: tuple[int, ...], order: tuple[str, ...] = AXES) -> dict[str, AxisLink]:
     """Bus bandwidth and hop latency of each axis (tp, cp, ep, dp, pp sizes in AXES order)

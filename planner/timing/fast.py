@@ -59,8 +59,6 @@ from planner.layouts.groups import Rows as _Rows
 from planner.layouts.groups import group as _group
 from planner.layouts.groups import rows as _rows
 from planner.layouts.layout import SHARDINGS, Layout
-from planner.memory.fast import STATE_CACHE as _STATE_CACHE
-from planner.memory.fast import peak_bytes
 from planner.memory.model import stage_layers
 from planner.models.spec import ModelSpec, ParamCount, count_params
 from planner.timing.model import (
@@ -632,18 +630,6 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
 
 
 def forget_tables() -> None:
-    """Drop the degree and state tables kept across calls (step_times_s's and
-    fastscore.peak_bytes's), so that the next call builds them again; the per-shape tables
-    and the topology's links stay. For benchmarks."""
+    """Drop the degree tables kept across calls, so that the next call builds them again;
+    the per-shape tables and the topology's links stay. For benchmarks."""
     _DEGREE_CACHE.clear()
-    _STATE_CACHE.clear()
-
-
-def score(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Cluster, eff: Efficiency = Efficiency(),
-          pc: ParamCount | None = None, orders: Sequence[tuple[str, ...]] = PLACEMENT_ORDERS
-          ) -> tuple[np.ndarray, np.ndarray]:
-    """(peak bytes, step seconds) of every layout of ``a`` on ``cluster``: what
-    fastscore.peak_bytes() and step_times_s() give, grouping the layouts once for both."""
-    groups = LayoutGroups.of(a)
-    return (peak_bytes(m, setup, a, pc, cluster.gpu.gpus_per_node, groups),
-            step_times_s(m, setup, a, cluster, eff, pc, orders, groups))
