@@ -25,16 +25,33 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from planner.training.finetune import (FinetuneSpec, RankSplit, activation_layers, block_linears, linear_weight_bytes,
-                       rank_split, resolve_targets)
 from planner.hardware.gpus import GpuSpec
+from planner.hardware.placement import (  # noqa: F401 - re-exported
+    FALLBACK_INTRA_LATENCY_S,
+    AxisLink,
+    Cluster,
+    axis_links,
+    cluster_for,
+    scale_up_domain_gpus,
+)
+from planner.hardware.topology import AXES
 from planner.layouts.layout import Layout
 from planner.memory.model import rank_params, stage_layers
 from planner.models.spec import ModelSpec, ParamCount, count_params
-from planner.hardware.placement import (FALLBACK_INTRA_LATENCY_S, AxisLink, Cluster,  # noqa: F401 - re-exported
-                        axis_links, cluster_for, scale_up_domain_gpus)
-from planner.hardware.topology import AXES
-from planner.training.setup import Precision, TrainingSetup, optimizer_state_bytes_per_param
+from planner.training.finetune import (
+    FinetuneSpec,
+    RankSplit,
+    activation_layers,
+    block_linears,
+    linear_weight_bytes,
+    rank_split,
+    resolve_targets,
+)
+from planner.training.setup import (
+    Precision,
+    TrainingSetup,
+    optimizer_state_bytes_per_param,
+)
 
 # ------------------------------------------------------------------------- FLOPs
 
@@ -358,7 +375,7 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
     weights are frozen, so each base GEMM runs one backward GEMM (the input gradient)
     instead of two, and the adapters add their own GEMMs (forward, and twice that in
     backward). Under freeze a block either trains in full or runs no backward at all
-    (_pipeline counts which: backward_layers()), so its times are full training's.
+    (pipeline_part counts which: backward_layers()), so its times are full training's.
     """
     r = rates(gpu, setup.precision_spec.compute_dtype, eff)
     prec = setup.precision_spec
@@ -576,12 +593,15 @@ class StepTime:
         return tokens / self.tokens_per_s
 
 
-def _layer_key(lay: Layout) -> Layout:
+def layer_key(lay: Layout) -> Layout:
+    """The fields of ``lay`` a block's time depends on (layer_time's cache key)."""
     return Layout(tp=lay.tp, sp=lay.sp, cp=lay.cp, ep=lay.ep, micro_batch=lay.micro_batch,
                   seq_len=lay.seq_len, recompute=lay.recompute)
 
 
-def _kernels(setup: TrainingSetup, lay: Layout) -> str:
+def block_kernels(setup: TrainingSetup, lay: Layout) -> str:
+    """The kernels a block runs: the set-up's, or under "auto" fused kernels (Megatron-LM,
+    Transformer Engine) where tp, pp or cp exceeds 1 and eager PyTorch otherwise."""
     if setup.kernels != "auto":
         return setup.kernels
     return "fused" if (lay.tp > 1 or lay.pp > 1 or lay.cp > 1) else "eager"
@@ -644,7 +664,7 @@ def _p2p_s(m: ModelSpec, setup: TrainingSetup, lay: Layout, links: dict[str, Axi
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class _Pipeline:
+class PipelinePart:
     """What a step's time on one placement owes to everything but the sharding: one
     micro-batch on the slowest stage, the bubble, and the tp/cp/ep/pp communication."""
 
@@ -660,13 +680,13 @@ class _Pipeline:
     n_slow_bwd: int = -1      # blocks of the slowest stage with a backward pass (backward_layers)
 
 
-def _pipeline(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster, eff: Efficiency,
-              order: tuple[str, ...]) -> _Pipeline:
+def pipeline_part(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster, eff: Efficiency,
+              order: tuple[str, ...]) -> PipelinePart:
     gpu = cluster.gpu
     prec: Precision = setup.precision_spec
-    kernels = _kernels(setup, lay)
+    kernels = block_kernels(setup, lay)
     links = axis_links(cluster, (lay.tp, lay.cp, lay.ep, lay.dp, lay.pp), order)
-    lt = layer_time(m, setup, _layer_key(lay), kernels, gpu, eff)
+    lt = layer_time(m, setup, layer_key(lay), kernels, gpu, eff)
     r = rates(gpu, prec.compute_dtype, eff)
     a = prec.activation_bytes
     tokens = lay.micro_batch * lay.seq_len / lay.cp
@@ -714,14 +734,13 @@ def _pipeline(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster,
     # hidden communication still takes the SMs and HBM bandwidth its kernels use
     t_mb += eff.overlap_slowdown * hidden_mb
     bubble = (lay.pp - 1) / lay.vp * t_mb if lay.pp > 1 else 0.0
-    return _Pipeline(links=links, rates=r, t_mb=t_mb, fwd_mb=fwd_mb, bwd_mb=bwd_mb, bubble_s=bubble,
-                     comm_s=comm, slow_stage=slow_stage, n_slow=n_slow, n_slow_bwd=n_slow_bwd)
+    return PipelinePart(links=links, rates=r, t_mb=t_mb, fwd_mb=fwd_mb, bwd_mb=bwd_mb, bubble_s=bubble,
+                           comm_s=comm, slow_stage=slow_stage, n_slow=n_slow, n_slow_bwd=n_slow_bwd)
 
 
 def _step_time(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster, eff: Efficiency,
                pc: ParamCount | None, order: tuple[str, ...]) -> StepTime:
-    return _finish(m, setup, lay, cluster, eff, pc or count_params(m), order,
-                   _pipeline(m, setup, lay, cluster, eff, order))
+    return step_parts(m, setup, lay, cluster, eff, pc, order).step_time()
 
 
 @lru_cache(maxsize=4096)
@@ -729,33 +748,101 @@ def _flops_per_step(m: ModelSpec, seq_len: int, n_sequences: int, recompute: str
     return flops_per_step(m, seq_len, n_sequences, recompute)
 
 
-def _finish(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster, eff: Efficiency,
-            pc: ParamCount, order: tuple[str, ...], p: _Pipeline) -> StepTime:
-    """The step of ``lay`` on a placement whose sharding-independent part is ``p``: adds the
-    data-parallel communication and the optimizer update, which depend on the sharding."""
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DpCollective:
+    """One data-parallel collective of a step (dp_collectives), and what of it the compute
+    window hides (_hide): seconds per occurrence; once per micro-batch or once per step."""
+
+    seconds: float           # the collective alone
+    window: str              # the compute it may hide under: "fwd" or "bwd" of a micro-batch
+    overlap: float           # the share of that window it may use
+    per_micro_batch: bool
+    exposed_s: float
+    hidden_s: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepParts:
+    """The named parts of one layout's step on one placement (seconds unless named), from
+    which StepTime is read and which `plan explain` prints as they are:
+
+    step = m t_mb + bubble + dp exposed + dp slowdown + optimizer, with t_mb the slowest
+    stage's micro-batch (pipeline: compute, exposed tp/cp/ep/pp communication and the
+    slowdown of what is hidden; Narayanan et al. 2021, Sec. 2.2)."""
+
+    placement: tuple[str, ...]
+    pipeline: PipelinePart
+    block: LayerTime            # one block, one micro-batch (layer_time)
+    trained: RankSplit          # the slowest stage's rank: trainable and frozen parameters
+    dp: tuple[DpCollective, ...]
+    grad_accum: int
+    optimizer_s: float
+    flops: StepFlops
+    tokens_per_step: int
+    n_gpus: int
+    peak_flops_per_s: float
+    dp_slowdown_factor: float   # Efficiency.overlap_slowdown
+
+    def occurrences(self, c: DpCollective) -> int:
+        """How often ``c`` runs in a step: every micro-batch, or once."""
+        return self.grad_accum if c.per_micro_batch else 1
+
+    @property
+    def compute_s(self) -> float:
+        return self.grad_accum * (self.pipeline.fwd_mb + self.pipeline.bwd_mb)
+
+    @property
+    def dp_exposed_s(self) -> float:
+        return sum(c.exposed_s * self.occurrences(c) for c in self.dp)
+
+    @property
+    def dp_hidden_s(self) -> float:
+        return sum(c.hidden_s * self.occurrences(c) for c in self.dp)
+
+    def step_time(self) -> StepTime:
+        p, n_mb = self.pipeline, self.grad_accum
+        dp_exposed = self.dp_exposed_s
+        dp_slowdown = self.dp_slowdown_s
+        comm = dict(p.comm_s)
+        comm["dp"] = dp_exposed
+        step = n_mb * p.t_mb + p.bubble_s + dp_exposed + dp_slowdown + self.optimizer_s
+        return StepTime(compute_s=self.compute_s, comm_s=comm, bubble_s=p.bubble_s, optimizer_s=self.optimizer_s,
+                        micro_batch_s=p.t_mb, step_time_s=step, tokens_per_step=self.tokens_per_step,
+                        n_gpus=self.n_gpus, model_flops=self.flops.model_flops,
+                        hardware_flops=self.flops.hardware_flops, peak_flops_per_s=self.peak_flops_per_s,
+                        placement=self.placement)
+
+    @property
+    def dp_slowdown_s(self) -> float:
+        """Efficiency.overlap_slowdown x the data-parallel seconds hidden under compute."""
+        return self.dp_slowdown_factor * self.dp_hidden_s
+
+
+def step_parts(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster, eff: Efficiency = Efficiency(),
+               pc: ParamCount | None = None, order: tuple[str, ...] = AXES) -> StepParts:
+    """The parts of the step of ``lay`` with its groups placed along ``order``: the
+    pipeline part (pipeline_part), then the data-parallel communication and the optimizer
+    update, which depend on the sharding."""
+    pc = pc or count_params(m)
+    p = pipeline_part(m, setup, lay, cluster, eff, order)
     gpu = cluster.gpu
     prec: Precision = setup.precision_spec
-    links, r, fwd_mb, bwd_mb = p.links, p.rates, p.fwd_mb, p.bwd_mb
-    n_mb = lay.grad_accum
-    comm = dict(p.comm_s)
-
     # data parallel: gradients and (ZeRO/FSDP) parameters of the most loaded rank
     rp = trained_split(m, pc, setup, lay, p.slow_stage, p.n_slow)
-    parts = _dp_parts(lay, rp, links, eff, gpu, prec, fwd_mb, bwd_mb)
-    dp_exposed = sum(e * (n_mb if per_mb else 1) for e, _, per_mb in parts)
-    dp_slowdown = eff.overlap_slowdown * sum(h * (n_mb if per_mb else 1) for _, h, per_mb in parts)
-    comm["dp"] = dp_exposed
-
-    optimizer_s = optimizer_time_s(rp.trainable_dense, rp.trainable_expert, lay, setup, r)
-    compute = n_mb * (fwd_mb + bwd_mb)
-    step = n_mb * p.t_mb + p.bubble_s + dp_exposed + dp_slowdown + optimizer_s
+    dp = tuple(DpCollective(seconds=comm, window=window, overlap=overlap, per_micro_batch=per_mb,
+                            exposed_s=exposed, hidden_s=hidden)
+               for (comm, window, overlap, per_mb), (exposed, hidden, _) in
+               zip(dp_collectives(lay, rp, p.links, eff, gpu, prec),
+                   _dp_parts(lay, rp, p.links, eff, gpu, prec, p.fwd_mb, p.bwd_mb)))
     total_sequences = lay.micro_batch * lay.grad_accum * lay.dp * lay.ep
-    fl = _flops_per_step(m, lay.seq_len, total_sequences, lay.recompute)
-    return StepTime(compute_s=compute, comm_s=comm, bubble_s=p.bubble_s, optimizer_s=optimizer_s,
-                    micro_batch_s=p.t_mb, step_time_s=step, tokens_per_step=total_sequences * lay.seq_len,
-                    n_gpus=lay.n_gpus,
-                    model_flops=fl.model_flops, hardware_flops=fl.hardware_flops,
-                    peak_flops_per_s=gpu.peak_flops_per_s(prec.compute_dtype), placement=order)
+    return StepParts(placement=order, pipeline=p, block=layer_time(m, setup, layer_key(lay),
+                                                                    block_kernels(setup, lay), gpu, eff),
+                     trained=rp, dp=dp, grad_accum=lay.grad_accum,
+                     optimizer_s=optimizer_time_s(rp.trainable_dense, rp.trainable_expert, lay, setup, p.rates),
+                     flops=_flops_per_step(m, lay.seq_len, total_sequences, lay.recompute),
+                     tokens_per_step=total_sequences * lay.seq_len, n_gpus=lay.n_gpus,
+                     peak_flops_per_s=gpu.peak_flops_per_s(prec.compute_dtype),
+                     dp_slowdown_factor=eff.overlap_slowdown)
 
 
 def _dp_parts(lay: Layout, rp: RankSplit, links: dict[str, AxisLink], eff: Efficiency, gpu: GpuSpec,
@@ -763,10 +850,10 @@ def _dp_parts(lay: Layout, rp: RankSplit, links: dict[str, AxisLink], eff: Effic
     """The data-parallel communication of a step as (exposed, hidden, once per micro-batch
     rather than once per step) parts, for the rank's parameters ``rp``."""
     return [(*_hide(comm, fwd_mb if window == "fwd" else bwd_mb, overlap), per_mb)
-            for comm, window, overlap, per_mb in _dp_comms(lay, rp, links, eff, gpu, prec)]
+            for comm, window, overlap, per_mb in dp_collectives(lay, rp, links, eff, gpu, prec)]
 
 
-def _dp_comms(lay: Layout, rp: RankSplit, links: dict[str, AxisLink], eff: Efficiency, gpu: GpuSpec,
+def dp_collectives(lay: Layout, rp: RankSplit, links: dict[str, AxisLink], eff: Efficiency, gpu: GpuSpec,
               prec: Precision) -> list[tuple[float, str, float, bool]]:
     """The data-parallel collectives of a step as (seconds, the compute they may hide
     under: "fwd" or "bwd" of a micro-batch, the overlap fraction, once per micro-batch).
@@ -785,7 +872,7 @@ def _dp_comms(lay: Layout, rp: RankSplit, links: dict[str, AxisLink], eff: Effic
     trained = (rp.trainable_dense * w_b, rp.trainable_expert * w_b)
     weights = (rp.frozen_dense_bytes + rp.trainable_dense * w_b, rp.frozen_expert_bytes + rp.trainable_expert * w_b)
 
-    def over_dp(fn, n_bytes: tuple[int, int]) -> float:        # noqa: ANN001
+    def over_dp(fn, n_bytes: tuple[int, int]) -> float:
         return fn(n_bytes[0], n_dense, link, eff) + fn(n_bytes[1], n_expert, link, eff)
 
     comms: list[tuple[float, str, float, bool]] = []
