@@ -8,6 +8,9 @@ are cached: the search asks for the same few placements thousands of times.
 
 from __future__ import annotations
 
+import hashlib
+import importlib.resources
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,8 +18,14 @@ from functools import lru_cache
 
 from planner.errors import UserError
 from planner.hardware.gpus import GpuSpec
-from planner.hardware.topology import (AXES, ClusterTopology, build_graph, load_topology, nvlink_domain_size,
-                       ring_bandwidth_bytes_per_s)
+from planner.hardware.topology import (
+    AXES,
+    ClusterTopology,
+    build_graph,
+    load_topology,
+    nvlink_domain_size,
+    ring_bandwidth_bytes_per_s,
+)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -45,7 +54,7 @@ FALLBACK_INTER_LATENCY_S = 3.7e-6
 
 
 @lru_cache(maxsize=64)
-def _graph(top: ClusterTopology, n_nodes: int):  # noqa: ANN202 - networkx graph
+def _graph(top: ClusterTopology, n_nodes: int):
     return build_graph(top, n_nodes)
 
 
@@ -83,8 +92,40 @@ def _fold_axis(stride: int, size: int, n_gpus: int, gpus_per_node: int, unit_gpu
     return stride, size, whole if whole <= n_gpus or not regular else span
 
 
+LINK_TABLE = "links.json"      # under planner/presets/: graph links of the shipped topologies
+
+
+def topology_fingerprint(top: ClusterTopology) -> str:
+    """A digest of every field of ``top``: a link table entry answers only for the very
+    topology it was computed on."""
+    return hashlib.sha256(repr(top).encode()).hexdigest()[:16]
+
+
+@lru_cache(maxsize=64)
+def shipped_links(top: ClusterTopology) -> dict[tuple[int, int, int, int], AxisLink]:
+    """The links graph_link() gave on a shipped topology, as recorded in
+    planner/presets/links.json (bench/link_table.py writes it; tests/test_link_table.py
+    recomputes its entries), keyed by (stride, size, n_gpus, min_nodes); empty when ``top``
+    is not the topology the table was recorded on (another file, or an edited one)."""
+    path = importlib.resources.files("planner") / "presets" / LINK_TABLE
+    if not path.is_file():
+        return {}
+    entry = json.loads(path.read_text(encoding="utf-8")).get(top.name)
+    if entry is None or entry["fingerprint"] != topology_fingerprint(top):
+        return {}
+    return {(st, sz, n, mn): AxisLink(bus_bytes_per_s=bw, latency_s=lat) for st, sz, n, mn, bw, lat in entry["links"]}
+
+
 @lru_cache(maxsize=4096)
 def _graph_link(top: ClusterTopology, stride: int, size: int, n_gpus: int, min_nodes: int) -> AxisLink:
+    """graph_link(), read off the shipped table where it has the answer: the max-flow
+    problems behind one link take milliseconds each, and a cost sweep over five GPU
+    types asks for about eighty links (half its time without the table)."""
+    known = shipped_links(top).get((stride, size, n_gpus, min_nodes))
+    return known if known is not None else graph_link(top, stride, size, n_gpus, min_nodes)
+
+
+def graph_link(top: ClusterTopology, stride: int, size: int, n_gpus: int, min_nodes: int) -> AxisLink:
     """One axis's link on a graph of at least ``min_nodes`` nodes: GPUs beyond n_gpus sit
     idle and relay nothing, so every placement can share one graph and its max-flow cache."""
     gpn = top.gpus_per_node
