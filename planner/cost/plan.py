@@ -38,9 +38,16 @@ from planner.layouts.layout import SearchSpace
 from planner.models.spec import ModelSpec, count_params, load_model
 from planner.search.search import Candidate, SearchResult, gpu_counts
 from planner.search.sweep import CountBest, sweep
-from planner.timing.model import Cluster, Efficiency, cluster_for, scale_up_domain_gpus
+from planner.timing.model import (
+    DEFAULT_EFFICIENCY,
+    Cluster,
+    Efficiency,
+    cluster_for,
+    scale_up_domain_gpus,
+)
 from planner.training.setup import TrainingSetup
 
+DEFAULT_SPACE, DEFAULT_SETUP, NO_LIMITS = SearchSpace(), TrainingSetup(), Limits()
 KEEP = 3          # fastest layouts kept per GPU type and count (the ILP needs only the first)
 
 
@@ -194,8 +201,8 @@ def _pools(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, space: S
 
 
 def plan_cost(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, tokens: float, prices: Prices,
-              space: SearchSpace = SearchSpace(), objective: str = "cost", limits: Limits = Limits(),
-              n_gpus: int | None = None, topology: str | None = None, efficiency: Efficiency = Efficiency(),
+              space: SearchSpace = DEFAULT_SPACE, objective: str = "cost", limits: Limits = NO_LIMITS,
+              n_gpus: int | None = None, topology: str | None = None, efficiency: Efficiency = DEFAULT_EFFICIENCY,
               solver: str = "auto") -> CostPlanResult:
     """The plan that minimises the cost (or time) of training ``m`` on ``tokens`` tokens, over
     GPU types ``gpus`` and the GPU counts of cost_counts() up to limits.max_gpus (or
@@ -429,7 +436,7 @@ def _job_setup(job, base: TrainingSetup) -> TrainingSetup:
 
 def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s: float,
                   budget_usd: float | None = None, max_gpus: int = MAX_SEARCH_GPUS,
-                  base_setup: TrainingSetup = TrainingSetup(), efficiency: Efficiency = Efficiency(),
+                  base_setup: TrainingSetup = DEFAULT_SETUP, efficiency: Efficiency = DEFAULT_EFFICIENCY,
                   solver: str = "auto") -> BuyResult:
     """The cheapest nodes to buy (purchase plus power over ``horizon_s``) on which every job
     of ``jobs_file`` (planner.cost.jobs) finishes by its deadline.
@@ -486,12 +493,12 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
     lines: list[str] = []
     for job in jobs:
         if not any((job.name, g.name) in first_ok for g in gpus):
-            rows = [(g, n, c) for g in gpus for n, c in seen[job.name, g.name]]
-            if not rows:
+            slowest = [(g, n, c) for g in gpus for n, c in seen[job.name, g.name]]
+            if not slowest:
                 lines.append(f"job {job.name!r}: no layout fits in memory on up to {max_gpus} GPUs of "
                              f"{', '.join(g.name for g in gpus)}")
             else:
-                g, n, c = min(rows, key=lambda r: r[2].time.train_time_s(job.tokens))  # type: ignore[union-attr]
+                g, n, c = min(slowest, key=lambda r: r[2].time.train_time_s(job.tokens))  # type: ignore[union-attr]
                 lines.append(f"job {job.name!r} cannot meet its deadline: it has {days(job.deadline_s - job.start_s)}, "
                              f"the fastest plan on up to {max_gpus} GPUs takes "
                              f"{days(c.time.train_time_s(job.tokens))} ({n} x {g.name}); move the deadline, "  # type: ignore[union-attr]

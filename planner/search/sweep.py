@@ -26,10 +26,10 @@ from planner.memory.model import min_model_state_bytes_per_param
 from planner.models.spec import ModelSpec, ParamCount, count_params
 from planner.search.search import Candidate, evaluate, rank_key
 from planner.timing.fast import step_times_s
-from planner.timing.model import Efficiency, step_time
+from planner.timing.model import DEFAULT_EFFICIENCY, Efficiency, step_time
 from planner.training.setup import TrainingSetup
 
-
+DEFAULT_SPACE = SearchSpace()
 NEAR = 1e-9        # relative: batched step times within this of the bar are checked one by one
 
 
@@ -109,7 +109,7 @@ def _fastest_on_count(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, n: i
 
 
 def sweep(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, counts: Iterable[int], capacity_bytes: int,
-          space: SearchSpace = SearchSpace(), eff: Efficiency = Efficiency(), keep: int = 3,
+          space: SearchSpace = DEFAULT_SPACE, eff: Efficiency = DEFAULT_EFFICIENCY, keep: int = 3,
           host_capacity_bytes: int | None = None, nvme_capacity_bytes: int | None = None) -> list[CountBest]:
     """For each GPU count, the ``keep`` fastest layouts that fit (step times on ``cluster``).
 

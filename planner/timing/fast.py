@@ -64,6 +64,7 @@ from planner.models.spec import ModelSpec, ParamCount, count_params
 from planner.timing.model import (
     CROSS_ENTROPY_BYTES_PER_LOGIT,
     CROSS_ENTROPY_FORWARD_SHARE,
+    DEFAULT_EFFICIENCY,
     PLACEMENT_ORDERS,
     Efficiency,
     _hybrid_shard,
@@ -178,7 +179,7 @@ class _Ring(NamedTuple):
     @staticmethod
     def of(n: np.ndarray, bw: np.ndarray | float, lat: np.ndarray | float, bus: float, steps: int) -> _Ring:
         n_f = n.astype(np.float64)
-        return _Ring(steps * (n_f - 1) * lat, steps * (n_f - 1) / n_f, bw * bus, n > 1)
+        return _Ring(steps * (n_f - 1) * lat, steps * (n_f - 1) / n_f, np.asarray(bw * bus), n > 1)
 
     def take(self, idx: np.ndarray) -> _Ring:
         return _Ring(*(x[idx] for x in self))
@@ -510,7 +511,7 @@ def _fill_slowest(memo: _SlowestMemo, at_miss: np.ndarray, qd: np.ndarray, q_blo
 
 
 def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Cluster,
-                 eff: Efficiency = Efficiency(), pc: ParamCount | None = None,
+                 eff: Efficiency = DEFAULT_EFFICIENCY, pc: ParamCount | None = None,
                  orders: Sequence[tuple[str, ...]] = PLACEMENT_ORDERS, groups: LayoutGroups | None = None
                  ) -> np.ndarray:
     """timing.step_time(m, setup, layout, cluster, eff, pc, orders).step_time_s for every
@@ -623,8 +624,8 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
                                 bwd_p[:, sel], pga_f[sel], eff, pipeline[:, sel],
                                 optimizer_s[at_s + sharded * (SLOTS * n_d)])
             fastest = step[0] if n_o == 1 else np.minimum(step[0], step[1])
-            for k in range(2, n_o):
-                fastest = np.minimum(fastest, step[k])
+            for o in range(2, n_o):
+                fastest = np.minimum(fastest, step[o])
             best[row if sel is None else (row, sel)] = fastest
     return np.take(best.ravel(), at_kind)
 

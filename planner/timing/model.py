@@ -219,6 +219,9 @@ class Efficiency:
     name: str = "default"
 
 
+DEFAULT_EFFICIENCY = Efficiency()      # the defaults above, as the default argument of the models
+
+
 # Engines whose overlap settings the published runs document (bench/published_runs.py).
 MEGATRON_2021 = Efficiency(dp_overlap=0.0, name="megatron-lm 2021 (no comm overlap)")
 MEGATRON_CORE = Efficiency(tp_overlap=0.75, pp_overlap=1.0, dp_overlap=1.0, param_gather_overlap=1.0,
@@ -708,15 +711,15 @@ def pipeline_part(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Clus
         n = counts[stage]
         n_bwd = backward_layers(ft, m.n_layers, sum(counts[:stage]), n)
         fwd, bwd = n * lt.fwd_s, n_bwd * lt.bwd_s
-        comm = n * (tp_block + cp_block + ep_block)
+        stage_comm = n * (tp_block + cp_block + ep_block)
         hidden = n * (tp_hidden + cp_hidden + ep_hidden)
         edges = (stage == 0) + (stage == lay.pp - 1)
-        comm += edges * edge_tp
+        stage_comm += edges * edge_tp
         hidden += edges * edge_all * eff.tp_overlap
         if stage == lay.pp - 1:
             fwd += head_fwd + loss_s * CROSS_ENTROPY_FORWARD_SHARE
             bwd += head_bwd * head_fwd + loss_s * (1 - CROSS_ENTROPY_FORWARD_SHARE)
-        stage_times.append((fwd + bwd + comm, fwd, bwd, comm, hidden, stage))
+        stage_times.append((fwd + bwd + stage_comm, fwd, bwd, stage_comm, hidden, stage))
     t_mb, fwd_mb, bwd_mb, comm_mb, hidden_mb, slow_stage = max(stage_times)
     n_slow = counts[slow_stage]
     n_slow_bwd = backward_layers(ft, m.n_layers, sum(counts[:slow_stage]), n_slow)
@@ -735,7 +738,7 @@ def pipeline_part(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Clus
     t_mb += eff.overlap_slowdown * hidden_mb
     bubble = (lay.pp - 1) / lay.vp * t_mb if lay.pp > 1 else 0.0
     return PipelinePart(links=links, rates=r, t_mb=t_mb, fwd_mb=fwd_mb, bwd_mb=bwd_mb, bubble_s=bubble,
-                           comm_s=comm, slow_stage=slow_stage, n_slow=n_slow, n_slow_bwd=n_slow_bwd)
+                        comm_s=comm, slow_stage=slow_stage, n_slow=n_slow, n_slow_bwd=n_slow_bwd)
 
 
 def _step_time(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster, eff: Efficiency,
