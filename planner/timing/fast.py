@@ -67,10 +67,10 @@ from planner.timing.model import (
     DEFAULT_EFFICIENCY,
     PLACEMENT_ORDERS,
     Efficiency,
-    _hybrid_shard,
     backward_layers,
     gemm_time_s,
     head_backward_gemms,
+    hybrid_shard,
     layer_time,
     optimizer_bytes_per_param,
     rates,
@@ -339,7 +339,7 @@ def _build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: 
     hybrid = None
     if any_hybrid:
         (inside,) = _distinct_rows([tp, n_dense], _rows(1, np.int64, "hybrid", gpu.gpus_per_node),
-                                   lambda tp_, dd: (_hybrid_shard(Layout(tp=tp_, dp=dd), gpu.gpus_per_node),))
+                                   lambda tp_, dd: (hybrid_shard(Layout(tp=tp_, dp=dd), gpu.gpus_per_node),))
         hybrid = (inside.astype(np.float64), np.maximum(1, n_dense // inside),
                   _Ring.of(inside, gpu.intra_node_bytes_per_s, FALLBACK_INTRA_LATENCY_S, bus, 1))
 
