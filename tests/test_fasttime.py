@@ -227,3 +227,22 @@ def test_no_layouts():
     m = load_model("llama3.1-8b")
     empty = layout_batch.LayoutArrays.from_layouts([])
     assert len(fasttime.step_times_s(m, TrainingSetup(), empty, cluster_for(get_gpu("a100")))) == 0
+
+
+@PROPS
+@given(cases(), st.randoms(use_true_random=False))
+def test_a_batch_of_one_is_a_row_of_the_batch_in_any_order(case, rng):
+    # the batched step time of a layout does not depend on what else is in the batch, nor
+    # on its order: each layout alone, and the batch shuffled, give the batch's own floats
+    m, setup, eff, cluster, lays = case
+    a = layout_batch.LayoutArrays.from_layouts(lays)
+    whole = fasttime.step_times_s(m, setup, a, cluster, eff)
+    for i in rng.sample(range(len(lays)), min(5, len(lays))):
+        fasttime.forget_tables()
+        alone = fasttime.step_times_s(m, setup, layout_batch.LayoutArrays.from_layouts([lays[i]]), cluster, eff)
+        assert alone.tolist() == [whole[i]]
+    order = list(range(len(lays)))
+    rng.shuffle(order)
+    shuffled = fasttime.step_times_s(m, setup, layout_batch.LayoutArrays.from_layouts([lays[i] for i in order]),
+                                     cluster, eff)
+    assert shuffled.tolist() == whole[order].tolist()
