@@ -238,8 +238,9 @@ def finetune_rates(repeats: int) -> dict:
 # --------------------------------------------------------------------- 2. start-up
 
 def plan_command() -> list[str]:
-    script = Path(sys.executable).with_name("plan")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "planner"]
+    """`plan` as `python -m planner` (the `plan` script of a shared venv may import another
+    checkout's planner; this one is the one on sys.path, as PYTHONPATH gives it)."""
+    return [sys.executable, "-m", "planner"]
 
 
 def startup(repeats: int) -> dict:
