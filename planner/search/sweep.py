@@ -22,7 +22,7 @@ import numpy as np
 from planner.hardware.placement import Cluster
 from planner.layouts.batch import LayoutArrays, Unsupported, supports, valid_layouts
 from planner.layouts.layout import SearchSpace, enumerate_layouts
-from planner.memory.model import min_model_state_bytes_per_param
+from planner.memory.model import memory_floor_bytes, min_model_state_bytes_per_param
 from planner.models.spec import ModelSpec, ParamCount, count_params
 from planner.search.search import Candidate, evaluate, rank_key
 from planner.timing.fast import step_times_s
@@ -97,6 +97,8 @@ def _fastest_on_count(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, n: i
         if len(best) >= keep and times[i] > best[keep - 1].time.step_time_s * (1 + NEAR):  # type: ignore[union-attr]
             break
         lay = arrays_fit.layout(i, setup.seq_len)
+        if totals is None and memory_floor_bytes(m, setup, lay, pc, gpn) > capacity_bytes:
+            continue            # a tenth of per_rank_memory's time, and a lower bound on its total
         (c,) = evaluate(m, setup, [lay], capacity_bytes, pc, gpn, host_capacity_bytes, nvme_capacity_bytes)
         sized += 1
         if not c.fits:
