@@ -7,14 +7,18 @@ import random
 import pytest
 
 from planner import api
-from planner.training.finetune import FinetuneSpec
 from planner.hardware.gpus import get_gpu
 from planner.layouts.layout import SearchSpace, enumerate_layouts
-from planner.memory.model import activation_floor_bytes, memory_floor_bytes, per_rank_memory
+from planner.memory.model import (
+    activation_floor_bytes,
+    memory_floor_bytes,
+    per_rank_memory,
+)
 from planner.models.spec import load_model
 from planner.search.search import search
 from planner.search.sweep import sweep
 from planner.timing.model import cluster_for, step_time
+from planner.training.finetune import FinetuneSpec
 from planner.training.setup import TrainingSetup
 
 
@@ -72,3 +76,17 @@ def test_memory_floors_are_floors(setup):
                 total = per_rank_memory(m, setup, lay).total
                 assert activation_floor_bytes(m, setup, lay) <= total
                 assert memory_floor_bytes(m, setup, lay) <= total
+
+
+@pytest.mark.parametrize("method", ["lora", "qlora", "freeze"])
+@pytest.mark.parametrize("model, n", [("8b", 8), ("mixtral-8x7b", 16), ("70b", 64)])
+def test_count_layouts_are_enumerate_layouts(method, model, n):
+    # the sweep enumerates a fine-tuning set-up's layouts as arrays: the full-training
+    # layouts, less those a quantized base rules out; the same layouts in the same order as
+    # enumerate_layouts() keeps
+    from planner.search.sweep import count_layouts
+    m, setup = load_model(model), TrainingSetup(finetune=FinetuneSpec.named(method))
+    space = SearchSpace(max_tp=8, ep=None if m.is_moe else 1)
+    a = count_layouts(m, setup, n, 8, space)
+    want = [lay for lay, reason in enumerate_layouts(m, setup, n, 8, space) if reason is None]
+    assert [a.layout(i, setup.seq_len) for i in range(len(a))] == want

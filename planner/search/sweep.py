@@ -27,9 +27,11 @@ from planner.models.spec import ModelSpec, ParamCount, count_params
 from planner.search.search import Candidate, evaluate, rank_key
 from planner.timing.fast import step_times_s
 from planner.timing.model import DEFAULT_EFFICIENCY, Efficiency, step_time
+from planner.training.finetune import FinetuneSpec
 from planner.training.setup import TrainingSetup
 
 DEFAULT_SPACE = SearchSpace()
+FULL_TRAINING = FinetuneSpec()
 NEAR = 1e-9        # relative: batched step times within this of the bar are checked one by one
 
 
@@ -44,15 +46,27 @@ class CountBest:
     n_sized: int = 0         # layouts whose full memory breakdown was built
 
 
-def _count_layouts(m: ModelSpec, setup: TrainingSetup, n: int, gpus_per_node: int,
+def count_layouts(m: ModelSpec, setup: TrainingSetup, n: int, gpus_per_node: int,
                    space: SearchSpace) -> LayoutArrays:
-    """The valid layouts on ``n`` GPUs, in enumerate_layouts' order, as arrays: built as
-    arrays where planner.layouts.batch covers the set-up, else layout by layout."""
-    if supports(setup):
-        try:
+    """The valid layouts on ``n`` GPUs, in enumerate_layouts' order, as arrays.
+
+    layouts.batch.valid_layouts builds them as arrays for full training; the rules of
+    layouts.reject_reason read what trains in one place only (a quantized base runs
+    under data parallelism alone), so for LoRA, QLoRA and freeze the full-training
+    layouts are taken and that rule applied as a mask. Where the arrays do not cover the
+    set-up, layout by layout."""
+    try:
+        if supports(setup):
             return valid_layouts(m, setup, n, gpus_per_node, space)
-        except Unsupported:
-            pass
+        full = replace(setup, finetune=FULL_TRAINING)
+        if supports(full):
+            a = valid_layouts(m, full, n, gpus_per_node, space)
+            if setup.finetune.quant == "none":
+                return a
+            keep = np.flatnonzero((a.tp == 1) & (a.pp == 1) & (a.cp == 1))
+            return LayoutArrays(*(getattr(a, f)[keep] for f in LayoutArrays.FIELDS))
+    except Unsupported:
+        pass
     return LayoutArrays.from_layouts([lay for lay, reason in enumerate_layouts(m, setup, n, gpus_per_node, space)
                                       if reason is None])
 
@@ -74,7 +88,7 @@ def _fastest_on_count(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, n: i
                       space: SearchSpace, eff: Efficiency, keep: int, pc: ParamCount,
                       host_capacity_bytes: int | None, nvme_capacity_bytes: int | None) -> CountBest:
     gpn = cluster.gpu.gpus_per_node
-    arrays = _count_layouts(m, setup, n, gpn, space)
+    arrays = count_layouts(m, setup, n, gpn, space)
     if not len(arrays):
         return CountBest(n_gpus=n, fastest=())
     totals = _batch_totals(m, setup, arrays, pc, gpn)
