@@ -1,33 +1,38 @@
 """How fast the planner answers, and how its cost grows.
 
-    python bench/speed.py                  # everything (first run installs llm-analysis, minutes)
+    python bench/speed.py                  # everything but llm-analysis unless it is installed
     python bench/speed.py --quick          # fewer repeats, no llm-analysis
     python bench/speed.py --json out.json  # also write the numbers
-    python bench/speed.py --only llm-analysis   # one section (repeatable)
+    python bench/speed.py --only mission   # one section (repeatable)
+    python bench/speed.py --install-llm-analysis   # make llm-analysis's venv first (minutes)
 
 Prints, on this machine:
-  1. layouts scored per second: the memory model as arrays (planner.memory.fast), the
-     step-time model as arrays (planner.timing.fast), both together (fasttime.score), and the
-     same models one layout at a time (planner.memory.model.per_rank_memory,
-     planner.timing.model.step_time);
+  0. the mission commands as a user runs them (fresh processes, median of several runs, with
+     the CPU time and the load average): `plan --help`, `plan --model 70b --gpus h100`,
+     `plan --model 405b --gpus h100,h200,b200,a100,mi300x --tokens 15T --deadline 90d` and
+     `plan buy examples/jobs.yaml`;
+  1. layouts scored per second through the code the sweep runs (planner.search.sweep):
+     the memory model as arrays (planner.memory.fast.peak_bytes), the step-time model as
+     arrays (planner.timing.fast.step_times_s), both together, and the same models one
+     layout at a time (planner.memory.model.per_rank_memory, planner.timing.model.step_time);
+     then the same for LoRA, QLoRA and freeze, whose memory the sweep sizes one layout at a
+     time (the batched memory model does not cover them) and whose step time it takes as
+     arrays;
   2. the wall time of `plan --help` and of `plan --model 70b --gpus h100` (best of several
      runs, in fresh processes), and whether torch or deepspeed was imported;
   3. a full search for llama3.1-405b: every catalogued GPU type, every GPU count the search
      tries up to 16,384, every layout, micro-batch and recomputation option, sized by the
      memory model; then the plan (fastest fitting layout on the smallest count) per GPU type;
   4. how search time grows with the number of GPU counts and of layouts;
-  5. llm-analysis (cli99/llm-analysis 0.2.2, installed by this script in its own virtual
-     environment under --cache-dir, since it pins transformers<5) scoring the same Llama-2-70B
-     layouts (memory and step time, one call per layout), taking turns with the planner in
-     rounds (llm-analysis for a second, then the planner's calls), so that both see the same
-     machine; the ratio of layouts per second in each round, and the median round: the
-     planner's memory and step time of every layout as arrays, warm (every table kept from
-     an earlier call), with its degree and state tables rebuilt on every call, and on the
-     first call (cold).
+  5. llm-analysis (cli99/llm-analysis 0.2.2, in its own virtual environment under
+     --cache-dir, since it pins transformers<5; skipped with a message when absent, made by
+     --install-llm-analysis) scoring the same Llama-2-70B layouts (memory and step time, one
+     call per layout), taking turns with the planner in rounds, so that both see the same
+     machine; the ratio of layouts per second in each round, and the median round.
 
-Goals (issue 9): >= 1,000,000 layouts/s; the 405B full search < 2 s; `plan --help` < 0.3 s
-and `plan --model 70b --gpus h100` < 1.5 s; >= 1,000x llm-analysis's layouts per second.
-docs/performance.md records a run.
+Goals (issue 15): the 405B cost plan and `plan buy examples/jobs.yaml` < 1.5 s, the 70B plan
+< 0.8 s, >= 1,000,000 layouts/s for memory and step time together. docs/performance.md
+records a run.
 """
 
 from __future__ import annotations
@@ -45,23 +50,41 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from planner import api
-from planner.layouts.batch import LayoutArrays, valid_layouts
-from planner.memory.fast import peak_bytes
-from planner.timing.fast import forget_tables, score, step_times_s
 from planner.hardware.gpus import list_gpus
-from planner.layouts.layout import Layout, SearchSpace
+from planner.hardware.placement import Cluster, scale_up_domain_gpus
+from planner.layouts.batch import LayoutArrays, Unsupported, valid_layouts
+from planner.layouts.layout import Layout, SearchSpace, enumerate_layouts
+from planner.memory.fast import STATE_CACHE, peak_bytes
 from planner.memory.model import per_rank_memory
-from planner.models.spec import count_params, load_model
-from planner.hardware.placement import scale_up_domain_gpus
+from planner.models.spec import ModelSpec, ParamCount, count_params, load_model
 from planner.search.search import gpu_counts
+from planner.timing.fast import forget_tables as forget_time_tables
+from planner.timing.fast import step_times_s
 from planner.timing.model import cluster_for, step_time
+from planner.training.finetune import FinetuneSpec
 from planner.training.setup import TrainingSetup
 
 LLM_ANALYSIS = "llm-analysis==0.2.2"
 LLM_ANALYSIS_MODEL = "upstage_Llama-2-70b-instruct-v2"     # its own Llama-2-70B config
 LLM_ANALYSIS_GPU = "h100-sxm-80gb"
+
+
+def score(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Cluster, pc: ParamCount
+          ) -> tuple[np.ndarray, np.ndarray]:
+    """Memory and step time of every layout of ``a``, as the sweep takes them on a count
+    (planner.search.sweep: peak_bytes, then step_times_s)."""
+    return peak_bytes(m, setup, a, pc), step_times_s(m, setup, a, cluster, pc=pc)
+
+
+def forget_tables() -> None:
+    """Drop the degree and state tables the batched models keep across calls."""
+    forget_time_tables()
+    STATE_CACHE.clear()
 
 
 CPU_TIMES: list[float] = []     # CPU seconds of the last best_of's best run (this process and children)
@@ -105,12 +128,12 @@ def scoring_rates(repeats: int) -> dict:
     pc = count_params(m)
     cluster = cluster_for(load_gpu("h100"))
     arrays = all_layouts(m, setup, 8, 8)
-    score(m, setup, arrays, cluster, pc=pc)   # warm every table (per shape, links, degrees, states), as a search would
+    score(m, setup, arrays, cluster, pc)   # warm every table (per shape, links, degrees, states), as a search would
     out: dict = {"layouts": len(arrays)}
     for key, label, fn in (
             ("memory_vectorised", "memory model, as arrays", lambda: peak_bytes(m, setup, arrays, pc)),
             ("time_vectorised", "step-time model, as arrays", lambda: step_times_s(m, setup, arrays, cluster, pc=pc)),
-            ("both_vectorised", "memory and step time, as arrays", lambda: score(m, setup, arrays, cluster, pc=pc))):
+            ("both_vectorised", "memory and step time, as arrays", lambda: score(m, setup, arrays, cluster, pc))):
         t = best_of(fn, repeats)
         out[f"{key}_per_s"], out[f"{key}_per_cpu_s"] = len(arrays) / t, len(arrays) / max(CPU_TIMES[-1], 1e-9)
         row(f"{label} ({len(arrays):,} layouts)", f"{len(arrays) / t:,.0f}/s",
@@ -118,7 +141,7 @@ def scoring_rates(repeats: int) -> dict:
 
     def rebuilt() -> None:
         forget_tables()
-        score(m, setup, arrays, cluster, pc=pc)
+        score(m, setup, arrays, cluster, pc)
     t = best_of(rebuilt, repeats)
     out["both_rebuilt_per_s"], out["both_rebuilt_per_cpu_s"] = len(arrays) / t, len(arrays) / max(CPU_TIMES[-1], 1e-9)
     row("both, degree and state tables rebuilt on every call", f"{len(arrays) / t:,.0f}/s",
@@ -139,20 +162,96 @@ def load_gpu(name: str):
     return get_gpu(name)
 
 
+# ------------------------------------------------------------- 0. the mission commands
+
+MISSION = (("plan --help", ["--help"], None),
+           ("plan --model 70b --gpus h100", ["--model", "70b", "--gpus", "h100"], 0.8),
+           ("plan --model 405b --gpus h100,h200,b200,a100,mi300x --tokens 15T --deadline 90d",
+            ["--model", "405b", "--gpus", "h100,h200,b200,a100,mi300x", "--tokens", "15T", "--deadline", "90d"], 1.5),
+           ("plan buy examples/jobs.yaml", ["buy", str(Path(__file__).resolve().parent.parent / "examples" / "jobs.yaml")],
+            1.5))
+
+
+def mission(repeats: int) -> dict:
+    print("0. the mission commands, fresh processes (median of several runs)")
+    out = {}
+    for label, args, goal in MISSION:
+        cmd = plan_command() + args
+        walls, cpus = [], []
+        load = os.getloadavg()[0]
+        for _ in range(repeats):
+            c, t = cpu_seconds(), time.perf_counter()
+            subprocess.run(cmd, capture_output=True, check=True)
+            walls.append(time.perf_counter() - t)
+            cpus.append(cpu_seconds() - c)
+        med = statistics.median(walls)
+        out[label] = {"wall_median_s": med, "wall_s": walls, "cpu_median_s": statistics.median(cpus),
+                      "load_average_1min": load}
+        row(label[:58], f"{med:.2f} s", (f"goal < {goal} s; " if goal else "")
+            + f"CPU {statistics.median(cpus):.2f} s; runs {min(walls):.2f}-{max(walls):.2f} s; load {load:.1f}")
+    return out
+
+
+def finetune_rates(repeats: int) -> dict:
+    """Layouts per second of memory and step time together, as the sweep scores a count's
+    layouts, for full training and for LoRA, QLoRA and freeze (Llama-3-8B on H100, every
+    count up to 1,024 GPUs)."""
+    print("1b. memory and step time together, by what trains (llama3-8b on h100, counts up to 1,024)")
+    m, gpu = load_model("8b"), load_gpu("h100")
+    cluster, pc = cluster_for(gpu), count_params(m)
+    space = SearchSpace(max_tp=8)
+    out = {}
+    for method in ("full", "lora", "qlora", "freeze"):
+        setup = TrainingSetup(finetune=FinetuneSpec.named(method)) if method != "full" else TrainingSetup()
+        lays = [lay for n in gpu_counts(8, 1024) for lay, reason in enumerate_layouts(m, setup, n, 8, space)
+                if reason is None]
+        arrays = LayoutArrays.from_layouts(lays)
+        step_times_s(m, setup, arrays, cluster, pc=pc)
+        def times(s_: TrainingSetup = setup, a_: LayoutArrays = arrays) -> None:
+            step_times_s(m, s_, a_, cluster, pc=pc)
+
+        def memory(s_: TrainingSetup = setup, a_: LayoutArrays = arrays) -> None:
+            peak_bytes(m, s_, a_, pc)
+
+        t_time = best_of(times, repeats)
+        try:
+            memory()
+            t_mem = best_of(memory, repeats)
+            how = "as arrays"
+        except Unsupported:         # the sweep sizes these one layout at a time
+            sample = lays[:: max(1, len(lays) // 500)]
+
+            def one_by_one(s_: TrainingSetup = setup, x_: list[Layout] = sample) -> None:
+                for x in x_:
+                    per_rank_memory(m, s_, x, pc)
+            t_mem = best_of(one_by_one, 1)
+            t_mem *= len(lays) / len(sample)
+            how = "one at a time"
+        both = len(lays) / (t_time + t_mem)
+        out[method] = {"layouts": len(lays), "time_per_s": len(lays) / t_time, "memory_per_s": len(lays) / t_mem,
+                       "memory": how, "both_per_s": both}
+        row(f"{method}: {len(lays):,} layouts, memory {how}", f"{both:,.0f}/s",
+            f"step time alone {len(lays) / t_time:,.0f}/s, memory alone {len(lays) / t_mem:,.0f}/s")
+    return out
+
+
 # --------------------------------------------------------------------- 2. start-up
 
 def plan_command() -> list[str]:
-    script = Path(sys.executable).with_name("plan")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "planner"]
+    """`plan` as `python -m planner` (the `plan` script of a shared venv may import another
+    checkout's planner; this one is the one on sys.path, as PYTHONPATH gives it)."""
+    return [sys.executable, "-m", "planner"]
 
 
 def startup(repeats: int) -> dict:
     print("2. wall time of a fresh process (best of several)")
-    out = {}
+    out: dict[str, Any] = {}
     for label, args, goal in (("plan --help", ["--help"], 0.3),
                               ("plan --model 70b --gpus h100", ["--model", "70b", "--gpus", "h100"], 1.5)):
         cmd = plan_command() + args
-        t = best_of(lambda cmd=cmd: subprocess.run(cmd, capture_output=True, check=True), repeats)
+        def run(cmd: list[str] = cmd) -> None:
+            subprocess.run(cmd, capture_output=True, check=True)
+        t = best_of(run, repeats)
         out[label] = {"wall_s": t, "cpu_s": CPU_TIMES[-1]}
         row(label, f"{t:.3f} s", f"goal < {goal} s wall ({CPU_TIMES[-1]:.3f} s CPU)")
     probe = subprocess.run([sys.executable, "-X", "importtime", "-m", "planner", "--model", "70b", "--gpus", "h100"],
@@ -213,7 +312,7 @@ def full_search(repeats: int) -> dict:
         for gpu in gpus:
             precision = "bf16-mixed" if gpu.bf16_flops_per_s else "fp16-mixed"
             r = api.plan(m, gpu, TrainingSetup(precision=precision))
-            out[gpu.name] = r.best.n_gpus if r.fits else None
+            out[gpu.name] = r.best.n_gpus if r.fits and r.best is not None else None
         return out
 
     t_plans = best_of(plans, 1)
@@ -235,7 +334,7 @@ def scaling(repeats: int) -> dict:
     print("4. search time against GPU counts and layouts (llama3.1-405b on h100, memory of every layout)")
     m, setup = load_model("llama3.1-405b"), TrainingSetup()
     pc = count_params(m)
-    out = {"by_counts": [], "by_layouts": []}
+    out: dict[str, list[dict]] = {"by_counts": [], "by_layouts": []}
     print(f"      {'max GPUs':>9} {'counts':>7} {'layouts':>10} {'seconds':>9} {'us/layout':>10}")
     for max_gpus in (64, 256, 1024, 4096, 16_384):
         counts = gpu_counts(8, max_gpus)
@@ -302,13 +401,17 @@ for line in sys.stdin:          # one round: "all|fit seconds": score those layo
 '''
 
 
-def llm_analysis_python(cache_dir: Path) -> Path | None:
-    """The python of a virtual environment holding llm-analysis 0.2.2, made on first use."""
+def llm_analysis_python(cache_dir: Path, install: bool = False) -> Path | None:
+    """The python of a virtual environment holding llm-analysis 0.2.2; made here only with
+    ``install`` (otherwise None when absent)."""
     env = cache_dir / "llm-analysis-0.2.2"
     py = env / ("Scripts" if os.name == "nt" else "bin") / "python"
     ok = env / ".installed"
     if ok.exists():
         return py
+    if not install:
+        print(f"  llm-analysis is not installed under {env}: skipped (--install-llm-analysis makes it)")
+        return None
     print(f"  installing {LLM_ANALYSIS} into {env} (its own venv: it pins transformers<5; minutes)...", flush=True)
     try:
         subprocess.run([sys.executable, "-m", "venv", str(env)], check=True, capture_output=True)
@@ -338,7 +441,8 @@ def comparison_layouts() -> list[Layout]:
     return lays
 
 
-def llm_analysis_comparison(cache_dir: Path, rounds: int, budget_s: float = 1.0, turns: int = 10) -> dict:
+def llm_analysis_comparison(cache_dir: Path, rounds: int, budget_s: float = 1.0, turns: int = 10,
+                            install: bool = False) -> dict:
     """llm-analysis and the planner on the same layouts, taking turns: each of ``rounds``
     rounds is ``turns`` turns, and in each turn llm-analysis scores layouts for
     ``budget_s / turns`` seconds (in one process kept across rounds, cycling through the
@@ -354,7 +458,7 @@ def llm_analysis_comparison(cache_dir: Path, rounds: int, budget_s: float = 1.0,
     after sizing their memory, which is quicker than scoring them), and on the layouts
     llm-analysis scores in full (memory and step time), like for like."""
     print(f"5. llm-analysis ({LLM_ANALYSIS}) against the planner, the same Llama-2-70B layouts, taking turns")
-    py = llm_analysis_python(cache_dir)
+    py = llm_analysis_python(cache_dir, install)
     if py is None:
         return {"installed": False}
     m, setup = load_model("llama2-70b"), TrainingSetup()
@@ -371,7 +475,7 @@ def llm_analysis_comparison(cache_dir: Path, rounds: int, budget_s: float = 1.0,
     # cold: the first call for this model, set-up and cluster builds every table (block
     # times, topology links, degree and state tables); one call, so one measurement
     c0, t0 = cpu_seconds(), time.perf_counter()
-    score(m, setup, arrays, cluster, pc=pc)
+    score(m, setup, arrays, cluster, pc)
     cold_s, cold_cpu_s = time.perf_counter() - t0, cpu_seconds() - c0
     # both on one CPU, in turns: on a shared machine the CPUs are not equally loaded, and a
     # process moved between them would see another machine from one second to the next
@@ -390,20 +494,20 @@ def llm_analysis_comparison(cache_dir: Path, rounds: int, budget_s: float = 1.0,
         line = proc.stdout.readline()
         fits = json.loads(line)["fits"] if line else []
         fit_arrays = LayoutArrays.from_layouts([lays[i] for i in fits])
-        score(m, setup, fit_arrays, cluster, pc=pc)
+        score(m, setup, fit_arrays, cluster, pc)
 
         def rebuilt() -> None:
             forget_tables()
-            score(m, setup, arrays, cluster, pc=pc)
+            score(m, setup, arrays, cluster, pc)
         # warm: every table kept (a search or sweep scoring the same GPU counts again);
         # rebuilt: the degree and state tables built again on every call, the per-shape
         # tables and links kept (what a call on GPU counts not scored before costs)
-        ours = {"warm": lambda: score(m, setup, arrays, cluster, pc=pc), "rebuilt": rebuilt,
-                "switch": lambda: score(m, setup, arrays, cluster, pc=pc),
-                "fit_switch": lambda: score(m, setup, fit_arrays, cluster, pc=pc),
+        ours = {"warm": lambda: score(m, setup, arrays, cluster, pc), "rebuilt": rebuilt,
+                "switch": lambda: score(m, setup, arrays, cluster, pc),
+                "fit_switch": lambda: score(m, setup, fit_arrays, cluster, pc),
                 "memory": lambda: peak_bytes(m, setup, arrays, pc),
                 "time": lambda: step_times_s(m, setup, arrays, cluster, pc=pc),
-                "fit": lambda: score(m, setup, fit_arrays, cluster, pc=pc)}
+                "fit": lambda: score(m, setup, fit_arrays, cluster, pc)}
         calls = {k: [] for k in ours}
         cpu = {k: float("inf") for k in ours}
 
@@ -414,6 +518,7 @@ def llm_analysis_comparison(cache_dir: Path, rounds: int, budget_s: float = 1.0,
             cpu[k] = min(cpu[k], cpu_seconds() - c)
 
         def theirs_for(which: str, seconds: float) -> dict | None:
+            assert proc.stdin is not None and proc.stdout is not None
             proc.stdin.write(f"{which} {seconds}\n")
             proc.stdin.flush()
             line = proc.stdout.readline()
@@ -443,8 +548,7 @@ def llm_analysis_comparison(cache_dir: Path, rounds: int, budget_s: float = 1.0,
                     ours["fit"]()
             if len(got["fit"]) < turns:     # llm-analysis stopped: reported below
                 break
-            for which in got:
-                rs = got[which]
+            for which, rs in got.items():
                 theirs[which].append({"scored": sum(r["scored"] for r in rs), "refused": sum(r["refused"] for r in rs),
                                       "seconds": sum(r["seconds"] for r in rs)})
             for k in ours:
@@ -532,7 +636,7 @@ def llm_analysis_comparison(cache_dir: Path, rounds: int, budget_s: float = 1.0,
             "ratio_fitting": med(fit_ratios), "ratio_fitting_rounds": fit_ratios}
 
 
-SECTIONS = ("scoring", "startup", "search", "scaling", "llm-analysis")
+SECTIONS = ("mission", "scoring", "finetune", "startup", "search", "scaling", "llm-analysis")
 
 
 def main() -> None:
@@ -543,6 +647,8 @@ def main() -> None:
                     default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "planner-bench",
                     help="where llm-analysis's virtual environment lives")
     ap.add_argument("--json", type=Path, help="write the numbers here")
+    ap.add_argument("--install-llm-analysis", action="store_true",
+                    help="make llm-analysis's virtual environment when it is absent (pip, minutes)")
     ap.add_argument("--only", choices=SECTIONS, action="append", help="run only this section (repeatable)")
     args = ap.parse_args()
     repeats = 2 if args.quick else 5
@@ -550,8 +656,12 @@ def main() -> None:
     print(f"planner speed, {platform.python_implementation()} {platform.python_version()}, "
           f"{os.cpu_count()} CPUs, {platform.machine()}\n")
     out: dict = {"python": platform.python_version(), "cpus": os.cpu_count()}
+    if "mission" in run:
+        out["mission"] = mission(repeats)
     if "scoring" in run:
         out["scoring"] = scoring_rates(repeats)
+    if "finetune" in run:
+        out["finetune"] = finetune_rates(repeats)
     if "startup" in run:
         out["startup"] = startup(repeats)
     if "search" in run:
@@ -559,7 +669,8 @@ def main() -> None:
     if "scaling" in run:
         out["scaling"] = scaling(max(1, repeats // 2))
     if "llm-analysis" in run:
-        out["llm_analysis"] = llm_analysis_comparison(args.cache_dir, rounds=2 * repeats)
+        out["llm_analysis"] = llm_analysis_comparison(args.cache_dir, rounds=2 * repeats,
+                                                     install=args.install_llm_analysis)
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))
 

@@ -156,20 +156,18 @@ def subset(a, idx):
     return layout_batch.LayoutArrays(*(getattr(a, f)[idx] for f in layout_batch.LayoutArrays.FIELDS))
 
 
-def test_score_is_memory_and_time_on_a_preset():
+def test_memory_and_time_on_a_preset():
     # Llama-2-70B on the dgx-h100 topology, the layouts a search sizes on 96 and 1024 GPUs
     m, setup = load_model("llama2-70b"), TrainingSetup()
     cluster = cluster_for(get_gpu("h100"))
     pc = count_params(m)
     a = search_layouts(m, setup, (96, 1024))
-    peak, step = fasttime.score(m, setup, a, cluster, pc=pc)
+    peak, step = fastscore.peak_bytes(m, setup, a, pc), fasttime.step_times_s(m, setup, a, cluster, pc=pc)
     sample = range(0, len(a), 37)
     lays = [a.layout(i, setup.seq_len) for i in sample]
     assert peak[list(sample)].tolist() == [per_rank_memory(m, setup, lay, pc).total for lay in lays]
     assert step[list(sample)].tolist() == pytest.approx(
         [step_time(m, setup, lay, cluster, pc=pc).step_time_s for lay in lays], rel=REL, abs=0)
-    assert np.array_equal(peak, fastscore.peak_bytes(m, setup, a, pc))
-    assert np.array_equal(step, fasttime.step_times_s(m, setup, a, cluster, pc=pc))
 
 
 def test_kept_tables_give_the_same_answers():
@@ -181,16 +179,17 @@ def test_kept_tables_give_the_same_answers():
     pc = count_params(m)
     a = search_layouts(m, setup, (64, 96))
     fasttime.forget_tables()
-    peak, step = fasttime.score(m, setup, a, cluster, pc=pc)
+    peak, step = fastscore.peak_bytes(m, setup, a, pc), fasttime.step_times_s(m, setup, a, cluster, pc=pc)
 
     for idx in (np.arange(len(a)), np.flatnonzero(a.zero_stage != 1), np.random.default_rng(0).permutation(len(a))):
-        p2, s2 = fasttime.score(m, setup, subset(a, idx), cluster, pc=pc)
-        assert np.array_equal(p2, peak[idx]) and np.array_equal(s2, step[idx])
+        s2 = fasttime.step_times_s(m, setup, subset(a, idx), cluster, pc=pc)
+        assert np.array_equal(fastscore.peak_bytes(m, setup, subset(a, idx), pc), peak[idx])
+        assert np.array_equal(s2, step[idx])
     fasttime.forget_tables()
-    p3, s3 = fasttime.score(m, setup, a, cluster, pc=pc)
-    assert np.array_equal(p3, peak) and np.array_equal(s3, step)
+    s3 = fasttime.step_times_s(m, setup, a, cluster, pc=pc)
+    assert np.array_equal(fastscore.peak_bytes(m, setup, a, pc), peak) and np.array_equal(s3, step)
     other, eff = TrainingSetup(global_batch=512), MEGATRON_CORE
-    fasttime.score(m, setup, a, cluster, pc=pc)
+    fasttime.step_times_s(m, setup, a, cluster, pc=pc)
     assert np.array_equal(fasttime.step_times_s(m, setup, a, cluster, eff, pc=pc),
                           [step_time(m, setup, a.layout(i, setup.seq_len), cluster, eff, pc=pc).step_time_s
                            for i in range(len(a))])
@@ -228,3 +227,22 @@ def test_no_layouts():
     m = load_model("llama3.1-8b")
     empty = layout_batch.LayoutArrays.from_layouts([])
     assert len(fasttime.step_times_s(m, TrainingSetup(), empty, cluster_for(get_gpu("a100")))) == 0
+
+
+@PROPS
+@given(cases(), st.randoms(use_true_random=False))
+def test_a_batch_of_one_is_a_row_of_the_batch_in_any_order(case, rng):
+    # the batched step time of a layout does not depend on what else is in the batch, nor
+    # on its order: each layout alone, and the batch shuffled, give the batch's own floats
+    m, setup, eff, cluster, lays = case
+    a = layout_batch.LayoutArrays.from_layouts(lays)
+    whole = fasttime.step_times_s(m, setup, a, cluster, eff)
+    for i in rng.sample(range(len(lays)), min(5, len(lays))):
+        fasttime.forget_tables()
+        alone = fasttime.step_times_s(m, setup, layout_batch.LayoutArrays.from_layouts([lays[i]]), cluster, eff)
+        assert alone.tolist() == [whole[i]]
+    order = list(range(len(lays)))
+    rng.shuffle(order)
+    shuffled = fasttime.step_times_s(m, setup, layout_batch.LayoutArrays.from_layouts([lays[i] for i in order]),
+                                     cluster, eff)
+    assert shuffled.tolist() == whole[order].tolist()

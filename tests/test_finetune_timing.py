@@ -11,7 +11,7 @@ from planner.hardware.gpus import get_gpu
 from planner.layouts.layout import Layout
 from planner.memory.model import rank_params
 from planner.models.spec import count_params, load_model
-from planner.timing.model import (Efficiency, _dp_comms, _layer_key, all_reduce_s, axis_links, cluster_for,
+from planner.timing.model import (Efficiency, dp_collectives, layer_key, all_reduce_s, axis_links, cluster_for,
                             frozen_block_extra_s, gemm_time_s, layer_time, optimizer_bytes_per_param, rates, step_time,
                             trained_split)
 from planner.training.setup import TrainingSetup
@@ -44,7 +44,7 @@ def test_frozen_gemms_run_one_backward_gemm():
     # a GEMM-bound shape (70B, short sequence, fused kernels, no recomputation): full
     # training's backward is about twice its forward; with a frozen base about once
     m, gpu = load_model("llama3.1-70b"), get_gpu("h100")
-    key = _layer_key(Layout(tp=1, micro_batch=4, seq_len=512, recompute="none"))
+    key = layer_key(Layout(tp=1, micro_batch=4, seq_len=512, recompute="none"))
     full = layer_time(m, _setup(FinetuneSpec(), 512), key, "fused", gpu, EFF)
     lora = layer_time(m, _setup(LORA16, 512), key, "fused", gpu, EFF)
     assert full.bwd_s / full.fwd_s == pytest.approx(2.0, abs=0.15)
@@ -78,7 +78,7 @@ def test_qlora_adds_the_dequantization_pass():
     m, gpu = load_model("llama3.1-70b"), get_gpu("l40s")
     qlora = FinetuneSpec.named("qlora", rank=16)
     lora = replace(qlora, method="lora", quant="none")
-    key = _layer_key(Layout(tp=1, micro_batch=1, seq_len=512, recompute="full"))
+    key = layer_key(Layout(tp=1, micro_batch=1, seq_len=512, recompute="full"))
     lq = layer_time(m, _setup(qlora, 512), key, "eager", gpu, EFF)
     ll = layer_time(m, _setup(lora, 512), key, "eager", gpu, EFF)
     r = rates(gpu, "bf16", EFF)
@@ -101,7 +101,7 @@ def test_data_parallel_gradients_are_the_adapters():
     assert sp.trainable == n_trainable_params(m, LORA16)
     links = axis_links(cluster_for(gpu), (1, 1, 1, 8, 1))
     prec = setup.precision_spec
-    ((ar, window, _, _),) = _dp_comms(lay, sp, links, EFF, gpu, prec)
+    ((ar, window, _, _),) = dp_collectives(lay, sp, links, EFF, gpu, prec)
     assert window == "bwd"
     assert ar == all_reduce_s(sp.trainable * prec.grad_bytes, 8, links["dp"], EFF)
 
@@ -115,8 +115,8 @@ def test_zero3_gathers_the_4bit_base():
     # blocks at NF4 (about 0.5 B per weight), embedding and LM head in 16 bits
     assert 0.27 * 2 * pc.total < sp.frozen_bytes < 0.35 * 2 * pc.total
     links = axis_links(cluster_for(gpu), (1, 1, 1, 8, 1))
-    comms = _dp_comms(lay, sp, links, EFF, gpu, _setup(qlora).precision_spec)
-    full = _dp_comms(lay, trained_split(m, pc, _setup(FinetuneSpec()), lay, 0, m.n_layers), links, EFF, gpu,
+    comms = dp_collectives(lay, sp, links, EFF, gpu, _setup(qlora).precision_spec)
+    full = dp_collectives(lay, trained_split(m, pc, _setup(FinetuneSpec()), lay, 0, m.n_layers), links, EFF, gpu,
                      _setup(FinetuneSpec()).precision_spec)
     assert comms[0][0] < 0.4 * full[0][0]
 
@@ -137,7 +137,7 @@ def test_freeze_runs_backward_on_the_trainable_blocks_only():
     cluster = cluster_for(gpu)
     freeze = step_time(m, _setup(FinetuneSpec.named("freeze", trainable_layers=2)), lay, cluster)
     full = step_time(m, _setup(FinetuneSpec()), lay, cluster)
-    lt = layer_time(m, _setup(FinetuneSpec()), _layer_key(lay), "eager", gpu, EFF)
+    lt = layer_time(m, _setup(FinetuneSpec()), layer_key(lay), "eager", gpu, EFF)
     # 30 of 32 blocks skip their backward; the frozen LM head runs one backward GEMM, not two
     r = rates(gpu, "bf16", EFF)
     head_fwd = gemm_time_s(2048, m.vocab_size, m.d_model, r.matmul_flops_per_s, r.hbm_bytes_per_s, 2)

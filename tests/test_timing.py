@@ -17,7 +17,7 @@ from planner.cli.main import cli
 from planner.hardware.gpus import get_gpu
 from planner.layouts.layout import Layout, SearchSpace
 from planner.models.spec import ModelSpec, load_model
-from planner.timing.model import (MEGATRON_2021, Cluster, Efficiency, _layer_key, all_reduce_s, axis_links,
+from planner.timing.model import (MEGATRON_2021, Cluster, Efficiency, layer_key, all_reduce_s, axis_links,
                             cluster_for, flops_per_step, hardware_flops_per_token, layer_flops, layer_time,
                             model_flops_per_token, scale_up_domain_gpus, step_time)
 from planner.hardware.topology import AXES, build_graph, load_topology, place_groups, ring_bandwidth_bytes_per_s
@@ -138,7 +138,7 @@ def test_korthikanti_table4_per_layer_times(sp, recompute, fwd_ms, bwd_ms):
     c = CASES["korthikanti-t5-22b"]
     m, setup, gpu = bench.gpt_spec(c), bench.setup_of(c), get_gpu("a100")
     lay = Layout(tp=8, sp=sp, micro_batch=4, seq_len=2048, recompute=recompute)
-    lt = layer_time(m, setup, _layer_key(lay), "fused", gpu, MEGATRON_2021)
+    lt = layer_time(m, setup, layer_key(lay), "fused", gpu, MEGATRON_2021)
     link = axis_links(cluster_for(gpu), (8, 1, 1, 1, 1))["tp"]
     ar = all_reduce_s(lt.tp_bytes, 8, link, MEGATRON_2021)
     fwd, bwd = lt.fwd_s + 2 * ar, lt.bwd_s + (lt.tp_collectives - 2) * ar

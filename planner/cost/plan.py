@@ -15,27 +15,39 @@ ILP sizes the nodes to buy.
 from __future__ import annotations
 
 import math
-import multiprocessing
-import os
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 
 from planner.api import MAX_SEARCH_GPUS, PlanResult, capacity_bytes, host_capacities
 from planner.cost.prices import Prices, gpu_hours, node_cost, rental_cost_usd
+from planner.cost.solve import (
+    JobOption,
+    JobWindow,
+    Limits,
+    Option,
+    Pool,
+    PurchaseSolution,
+    SolverInfo,
+    solve_one_job,
+    solve_purchase,
+)
 from planner.errors import UserError
 from planner.hardware.gpus import GpuSpec, get_gpu
 from planner.layouts.layout import SearchSpace
 from planner.models.spec import ModelSpec, count_params, load_model
 from planner.search.search import Candidate, SearchResult, gpu_counts
-from planner.cost.solve import (JobOption, JobWindow, Limits, Option, Pool, PurchaseSolution, SolverInfo, solve_one_job,
-                    solve_purchase)
 from planner.search.sweep import CountBest, sweep
-from planner.timing.model import Cluster, Efficiency, cluster_for, scale_up_domain_gpus
+from planner.timing.model import (
+    DEFAULT_EFFICIENCY,
+    Cluster,
+    Efficiency,
+    cluster_for,
+    scale_up_domain_gpus,
+)
 from planner.training.setup import TrainingSetup
 
+DEFAULT_SPACE, DEFAULT_SETUP, NO_LIMITS = SearchSpace(), TrainingSetup(), Limits()
 KEEP = 3          # fastest layouts kept per GPU type and count (the ILP needs only the first)
 
 
@@ -158,29 +170,19 @@ def _sweep_task(task: tuple[_Pool, list[int], float, float]) -> dict[int, CountB
     pool, counts, tokens, window_s = task
     for n in counts:
         (cb,) = pool.at([n])
-        if cb.fastest and cb.fastest[0].time.train_time_s(tokens) <= window_s:  # type: ignore[union-attr]
+        if window_s < math.inf and cb.fastest and cb.fastest[0].time.train_time_s(tokens) <= window_s:  # type: ignore[union-attr]
             break
     return dict(pool.found)
 
 
 def _sweep_all(tasks: list[tuple[_Pool, list[int], float, float]]) -> None:
-    """Run _sweep_task for each task, in worker processes when there are several and the
-    machine has the cores (the GPU types are independent), and keep what they found in
-    their pools. Where processes cannot be forked, one after the other."""
-    tasks = [t for t in tasks if any(n not in t[0].found for n in t[1])]
-    workers = min(len(tasks), os.cpu_count() or 1)
-    results = None
-    if workers > 1:
-        try:
-            ctx = multiprocessing.get_context("fork")
-            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as ex:
-                results = list(ex.map(_sweep_task, tasks))
-        except (OSError, ValueError, RuntimeError, BrokenProcessPool):
-            results = None
-    if results is None:
-        results = [_sweep_task(t) for t in tasks]
-    for task, found in zip(tasks, results):
-        task[0].found.update(found)
+    """Run _sweep_task for each task, one after the other, keeping what they find in their
+    pools. (Worker processes, one per GPU type, were slower once the sweep timed each
+    count's layouts as one batch: on the 2-core machine forking and sending the candidates
+    back cost more than the sweeps; docs/performance.md.)"""
+    for task in tasks:
+        if any(n not in task[0].found for n in task[1]):
+            task[0].found.update(_sweep_task(task))
 
 
 def _pools(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, space: SearchSpace,
@@ -199,8 +201,8 @@ def _pools(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, space: S
 
 
 def plan_cost(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, tokens: float, prices: Prices,
-              space: SearchSpace = SearchSpace(), objective: str = "cost", limits: Limits = Limits(),
-              n_gpus: int | None = None, topology: str | None = None, efficiency: Efficiency = Efficiency(),
+              space: SearchSpace = DEFAULT_SPACE, objective: str = "cost", limits: Limits = NO_LIMITS,
+              n_gpus: int | None = None, topology: str | None = None, efficiency: Efficiency = DEFAULT_EFFICIENCY,
               solver: str = "auto") -> CostPlanResult:
     """The plan that minimises the cost (or time) of training ``m`` on ``tokens`` tokens, over
     GPU types ``gpus`` and the GPU counts of cost_counts() up to limits.max_gpus (or
@@ -425,16 +427,16 @@ class BuyResult:
         return self.capex_usd + self.opex_usd
 
 
-def _job_setup(job, base: TrainingSetup) -> TrainingSetup:  # noqa: ANN001 - JobSpec
+def _job_setup(job, base: TrainingSetup) -> TrainingSetup:
     from planner.training.finetune import FinetuneSpec
 
     return replace(base, seq_len=job.seq_len, global_batch=job.global_batch,
                    finetune=FinetuneSpec.named(job.method))
 
 
-def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s: float,  # noqa: ANN001 - JobsFile
+def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s: float,
                   budget_usd: float | None = None, max_gpus: int = MAX_SEARCH_GPUS,
-                  base_setup: TrainingSetup = TrainingSetup(), efficiency: Efficiency = Efficiency(),
+                  base_setup: TrainingSetup = DEFAULT_SETUP, efficiency: Efficiency = DEFAULT_EFFICIENCY,
                   solver: str = "auto") -> BuyResult:
     """The cheapest nodes to buy (purchase plus power over ``horizon_s``) on which every job
     of ``jobs_file`` (planner.cost.jobs) finishes by its deadline.
@@ -463,7 +465,7 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
     models = {j.name: load_model(j.model) for j in jobs}
     searches: dict[tuple, _Pool] = {}
 
-    def search(job, gpu: GpuSpec) -> _Pool:  # noqa: ANN001
+    def search(job, gpu: GpuSpec) -> _Pool:
         setup = _job_setup(job, base_setup)
         key = (models[job.name], setup, gpu.name)
         if key not in searches:
@@ -491,12 +493,12 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
     lines: list[str] = []
     for job in jobs:
         if not any((job.name, g.name) in first_ok for g in gpus):
-            rows = [(g, n, c) for g in gpus for n, c in seen[job.name, g.name]]
-            if not rows:
+            slowest = [(g, n, c) for g in gpus for n, c in seen[job.name, g.name]]
+            if not slowest:
                 lines.append(f"job {job.name!r}: no layout fits in memory on up to {max_gpus} GPUs of "
                              f"{', '.join(g.name for g in gpus)}")
             else:
-                g, n, c = min(rows, key=lambda r: r[2].time.train_time_s(job.tokens))  # type: ignore[union-attr]
+                g, n, c = min(slowest, key=lambda r: r[2].time.train_time_s(job.tokens))  # type: ignore[union-attr]
                 lines.append(f"job {job.name!r} cannot meet its deadline: it has {days(job.deadline_s - job.start_s)}, "
                              f"the fastest plan on up to {max_gpus} GPUs takes "
                              f"{days(c.time.train_time_s(job.tokens))} ({n} x {g.name}); move the deadline, "  # type: ignore[union-attr]

@@ -8,6 +8,9 @@ are cached: the search asks for the same few placements thousands of times.
 
 from __future__ import annotations
 
+import hashlib
+import importlib.resources
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,8 +18,14 @@ from functools import lru_cache
 
 from planner.errors import UserError
 from planner.hardware.gpus import GpuSpec
-from planner.hardware.topology import (AXES, ClusterTopology, build_graph, load_topology, nvlink_domain_size,
-                       ring_bandwidth_bytes_per_s)
+from planner.hardware.topology import (
+    AXES,
+    ClusterTopology,
+    build_graph,
+    load_topology,
+    nvlink_domain_size,
+    ring_bandwidth_bytes_per_s,
+)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -45,7 +54,7 @@ FALLBACK_INTER_LATENCY_S = 3.7e-6
 
 
 @lru_cache(maxsize=64)
-def _graph(top: ClusterTopology, n_nodes: int):  # noqa: ANN202 - networkx graph
+def _graph(top: ClusterTopology, n_nodes: int):
     return build_graph(top, n_nodes)
 
 
@@ -83,8 +92,40 @@ def _fold_axis(stride: int, size: int, n_gpus: int, gpus_per_node: int, unit_gpu
     return stride, size, whole if whole <= n_gpus or not regular else span
 
 
+LINK_TABLE = "links.json"      # under planner/presets/: graph links of the shipped topologies
+
+
+def topology_fingerprint(top: ClusterTopology) -> str:
+    """A digest of every field of ``top``: a link table entry answers only for the very
+    topology it was computed on."""
+    return hashlib.sha256(repr(top).encode()).hexdigest()[:16]
+
+
+@lru_cache(maxsize=64)
+def shipped_links(top: ClusterTopology) -> dict[tuple[int, int, int, int], AxisLink]:
+    """The links graph_link() gave on a shipped topology, as recorded in
+    planner/presets/links.json (bench/link_table.py writes it; tests/test_link_table.py
+    recomputes its entries), keyed by (stride, size, n_gpus, min_nodes); empty when ``top``
+    is not the topology the table was recorded on (another file, or an edited one)."""
+    path = importlib.resources.files("planner") / "presets" / LINK_TABLE
+    if not path.is_file():
+        return {}
+    entry = json.loads(path.read_text(encoding="utf-8")).get(top.name)
+    if entry is None or entry["fingerprint"] != topology_fingerprint(top):
+        return {}
+    return {(st, sz, n, mn): AxisLink(bus_bytes_per_s=bw, latency_s=lat) for st, sz, n, mn, bw, lat in entry["links"]}
+
+
 @lru_cache(maxsize=4096)
 def _graph_link(top: ClusterTopology, stride: int, size: int, n_gpus: int, min_nodes: int) -> AxisLink:
+    """graph_link(), read off the shipped table where it has the answer: the max-flow
+    problems behind one link take milliseconds each, and a cost sweep over five GPU
+    types asks for about eighty links (half its time without the table)."""
+    known = shipped_links(top).get((stride, size, n_gpus, min_nodes))
+    return known if known is not None else graph_link(top, stride, size, n_gpus, min_nodes)
+
+
+def graph_link(top: ClusterTopology, stride: int, size: int, n_gpus: int, min_nodes: int) -> AxisLink:
     """One axis's link on a graph of at least ``min_nodes`` nodes: GPUs beyond n_gpus sit
     idle and relay nothing, so every placement can share one graph and its max-flow cache."""
     gpn = top.gpus_per_node
@@ -112,59 +153,6 @@ def _fallback_links(gpu: GpuSpec, sizes: dict[str, int], order: Sequence[str]) -
             crossing = min(stride, gpn)          # groups of this axis leaving each node
             bw = min(gpu.intra_node_bytes_per_s, gpn * gpu.inter_node_bytes_per_s / crossing)
             links[axis] = AxisLink(bus_bytes_per_s=bw, latency_s=FALLBACK_INTER_LATENCY_S)
-        stride *= n
-    return links
-
-
-@lru_cache(maxsize=64)
-def optimistic_link(cluster: Cluster) -> AxisLink:
-    """A link that no axis's collectives beat on ``cluster``, for lower bounds on their
-    time: no latency, and as bus bandwidth the most one GPU can send at all. The graph's
-    ring bandwidth is at most the max flow out of a single GPU (one of the cuts
-    topology.ring_bandwidth_bytes_per_s takes), so at most the sum of that GPU's links;
-    the model without a topology gives at most the intra-node bandwidth."""
-    bw = cluster.gpu.intra_node_bytes_per_s
-    top = cluster.topology
-    if top is not None:
-        g = _graph(top, 1)
-        for v, kind in g.nodes(data="kind"):
-            if kind == "gpu":
-                bw = max(bw, sum(e["bandwidth_bytes_per_s"] for _, _, e in g.edges(v, data=True)))
-    return AxisLink(bus_bytes_per_s=bw, latency_s=0.0)
-
-
-@lru_cache(maxsize=16384)
-def link_ceilings(cluster: Cluster, sizes: tuple[int, ...], order: tuple[str, ...] = AXES) -> dict[str, AxisLink]:
-    """For each axis, a link at least as fast as the one axis_links() gives for the same
-    placement, worked out without the graph (for lower bounds on communication time).
-
-    Without a topology, axis_links' own model. With one: no latency, and a bus bandwidth
-    of at most what one GPU can send (optimistic_link); when the axis's groups leave their
-    NVLink domain (or PCIe node), at most the domain's NICs shared by the groups crossing
-    it, or the model without a topology, which axis_links falls back to on clusters larger
-    than the topology. (The first domain is one of the cuts ring_bandwidth_bytes_per_s
-    takes. Groups of stride s and size n fill blocks of s x n consecutive GPUs, s groups to
-    a block; when s x n exceeds a domain every group leaves it, and the first domain,
-    inside the first block, holds GPUs of min(s, domain GPUs) of them.)"""
-    named = dict(zip(AXES, sizes))
-    fallback = _fallback_links(cluster.gpu, named, order)
-    top = cluster.topology
-    if top is None:
-        return fallback
-    best = optimistic_link(cluster).bus_bytes_per_s
-    gpn = top.gpus_per_node
-    island = top.intra_node.domain_gpus if top.intra_node.fabric == "nvswitch" else gpn
-    island_nic = island // gpn * top.network.nics_per_node * top.network.nic_bytes_per_s
-    links, stride = {}, 1
-    for axis in order:
-        n = named[axis]
-        if n == 1:
-            links[axis] = AxisLink(bus_bytes_per_s=math.inf, latency_s=0.0)
-            continue
-        bw = best
-        if stride * n > island:
-            bw = min(best, max(island_nic / min(stride, island), fallback[axis].bus_bytes_per_s))
-        links[axis] = AxisLink(bus_bytes_per_s=bw, latency_s=0.0)
         stride *= n
     return links
 

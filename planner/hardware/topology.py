@@ -424,7 +424,12 @@ def _solve_max_flow(g: nx.Graph, sources: set[int], sinks: set[int], one_island:
             stack.extend(u for u in neighbours if u not in terminals and und.degree(u) < 2)
     if not nx.has_path(und, "_source", "_sink"):
         return 0.0
-    return nx.maximum_flow_value(und.to_directed(), "_source", "_sink")
+    # und.to_directed(), without its deep copies of every attribute dict (a float each):
+    # the same nodes and arcs in the same order, so the same flow, to the bit
+    directed = nx.DiGraph()
+    directed.add_nodes_from((v, dict(d)) for v, d in und.nodes(data=True))
+    directed.add_edges_from((a, b, dict(d)) for a, nbrs in und.adjacency() for b, d in nbrs.items())
+    return nx.maximum_flow_value(directed, "_source", "_sink")
 
 
 def ring_bandwidth_bytes_per_s(g: nx.Graph, groups: Iterable[Sequence[int]]) -> float:

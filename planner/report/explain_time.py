@@ -30,17 +30,9 @@ from planner.timing.model import (
     MATMUL_FRACTION_DEFAULT,
     Efficiency,
     StepTime,
-    _dp_comms,
-    _dp_parts,
-    _kernels,
-    _layer_key,
-    _pipeline,
-    flops_per_step,
     head_backward_gemms,
-    layer_time,
     optimizer_bytes_per_param,
-    optimizer_time_s,
-    trained_split,
+    step_parts,
 )
 from planner.training.setup import TrainingSetup, optimizer_state_bytes_per_param
 
@@ -84,8 +76,8 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
     """The parts of timing.step_time() for ``lay`` on the placement it chose."""
     gpu = cluster.gpu
     prec = setup.precision_spec
-    p = _pipeline(m, setup, lay, cluster, eff, st.placement)
-    lt = layer_time(m, setup, _layer_key(lay), _kernels(setup, lay), gpu, eff)
+    parts = step_parts(m, setup, lay, cluster, eff, pc, st.placement)
+    p, lt = parts.pipeline, parts.block
     n_mb = lay.grad_accum
     r = p.rates
     top = cluster.topology
@@ -96,7 +88,7 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
     # figures the summed terms use
     dtype = prec.compute_dtype
     peak = gpu.peak_flops_per_s(dtype)
-    fl = flops_per_step(m, lay.seq_len, lay.global_batch, lay.recompute)
+    fl = parts.flops
     n_active = pc.active
     out += [
         _time("flops", "model FLOPs per step (no recomputation)", "3 x tokens x (L x block forward + LM head), "
@@ -181,19 +173,19 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
         out.append(_time("bubble", "pipeline bubble", "(p - 1) / v x t_mb", p.bubble_s, BUBBLE, pp_p=lay.pp,
                          vp_v=lay.vp, micro_batch_time_t_mb_s=p.t_mb))
 
-    rp = trained_split(m, pc, setup, lay, p.slow_stage, p.n_slow)
-    comms = _dp_comms(lay, rp, p.links, eff, gpu, prec)
-    parts = _dp_parts(lay, rp, p.links, eff, gpu, prec, p.fwd_mb, p.bwd_mb)
+    rp = parts.trained
     names = DP_NAMES[_dp_kind(lay)]
     g_b = eff.grad_reduce_bytes or prec.grad_bytes
     axis = "dp" if lay.dp > 1 else ("cp" if lay.cp > 1 else "ep")
     hidden_total = 0.0
-    for i, ((exposed_s, hidden_s, per_mb), (raw_s, window, overlap, _)) in enumerate(zip(parts, comms)):
+    for i, c in enumerate(parts.dp):
+        exposed_s, hidden_s, per_mb = c.exposed_s, c.hidden_s, c.per_micro_batch
+        raw_s, window, overlap = c.seconds, c.window, c.overlap
         if raw_s == 0:
             continue
-        times = n_mb if per_mb else 1
+        times = parts.occurrences(c)
         hidden_total += hidden_s * times
-        name = names[i] if len(names) == len(parts) else f"data-parallel collective {i + 1}"
+        name = names[i] if len(names) == len(parts.dp) else f"data-parallel collective {i + 1}"
         out.append(_time("communication", f"{name}, exposed",
                          f"{'m x ' if per_mb else ''}max(0, C - overlap x {window} time of a micro-batch); "
                          "C = ring collective of Psi x bytes over N_d ranks: (n-1) alpha + (n-1)/n S/(B f) "
@@ -206,9 +198,9 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
                          bus_fraction=eff.bus_fraction, **(_link(p.links, axis) if lay.n_gpus > 1 else {})))
     if hidden_total:
         out.append(_time("communication", "slowdown of compute under hidden data-parallel communication",
-                         "overlap slowdown x hidden seconds", eff.overlap_slowdown * hidden_total, OVERLAP,
+                         "overlap slowdown x hidden seconds", parts.dp_slowdown_s, OVERLAP,
                          overlap_slowdown=eff.overlap_slowdown, hidden_s=hidden_total))
-    opt_s = optimizer_time_s(rp.trainable_dense, rp.trainable_expert, lay, setup, r)
+    opt_s = parts.optimizer_s
     sharded = lay.zero_stage >= 1
     out.append(_time("optimizer", "optimizer update",
                      "(Psi / N_d + Psi_e / N_e) x (2 x (master + optimizer state bytes) + gradient + weight bytes) "

@@ -1,7 +1,7 @@
 """Step times of many layouts at once, as numpy arrays.
 
 planner.timing.model.step_time() times one layout (about 150 us once its placements are
-cached): it builds a LayerTime, the links of each placement, a _Pipeline and a StepTime
+cached): it builds a LayerTime, the links of each placement, a PipelinePart and a StepTime
 object per layout. step_times_s() returns the same step_time_s for every layout of a
 LayoutArrays (planner.memory.fast), and score() memory and step time together; in four
 levels:
@@ -16,7 +16,7 @@ levels:
   tensor-, context- and expert-parallel communication and the slowest stage, which do
   not depend on dp, vp or the accumulation;
 - per pipeline shape (P: D, sp, vp, micro-batch, recomputation): the pipeline sends and
-  the bubble; and per P and kind of sharding (timing._dp_comms' branch, and whether the
+  the bubble; and per P and kind of sharding (timing.dp_collectives' branch, and whether the
   optimizer states are sharded; within a P the layouts differ in nothing else) what the
   data-parallel collectives leave exposed under the slowest stage's forward or backward,
   the slowdown of what they hide, and the optimizer update, on each placement order;
@@ -31,7 +31,7 @@ only block shapes not seen before on those degrees are worked out. Where the sec
 placement order gives the tensor-, context- and expert-parallel groups the same links as
 the first, the slowest stage is not worked out again, only for the Q rows whose links
 change. What depends on a few distinct values is computed by planner.timing.model's and
-planner.memory.model's own functions; the rest is array arithmetic that mirrors timing._pipeline and timing._finish
+planner.memory.model's own functions; the rest is array arithmetic that mirrors timing.pipeline_part and timing.step_parts
 with the same operations in the same order, so the floats are the same, not just close
 (tests/test_fasttime.py checks equality on random models, GPUs, topologies, set-ups,
 efficiencies and layouts). Integers enter the float arithmetic as float64 arrays, which
@@ -59,19 +59,18 @@ from planner.layouts.groups import Rows as _Rows
 from planner.layouts.groups import group as _group
 from planner.layouts.groups import rows as _rows
 from planner.layouts.layout import SHARDINGS, Layout
-from planner.memory.fast import STATE_CACHE as _STATE_CACHE
-from planner.memory.fast import peak_bytes
 from planner.memory.model import stage_layers
 from planner.models.spec import ModelSpec, ParamCount, count_params
 from planner.timing.model import (
     CROSS_ENTROPY_BYTES_PER_LOGIT,
     CROSS_ENTROPY_FORWARD_SHARE,
+    DEFAULT_EFFICIENCY,
     PLACEMENT_ORDERS,
     Efficiency,
-    _hybrid_shard,
     backward_layers,
     gemm_time_s,
     head_backward_gemms,
+    hybrid_shard,
     layer_time,
     optimizer_bytes_per_param,
     rates,
@@ -80,9 +79,9 @@ from planner.timing.model import (
 from planner.training.setup import TrainingSetup
 
 EXACT_INT = 2**53          # integers below this convert to float64 exactly
-SLOTS = 3                  # the stages timing._pipeline compares: first, last, fullest
+SLOTS = 3                  # the stages timing.pipeline_part compares: first, last, fullest
 
-# timing._dp_comms' branches, in the order of its if/elif chain: plain data parallelism
+# timing.dp_collectives' branches, in the order of its if/elif chain: plain data parallelism
 # (all-reduce), ZeRO-1/2, FSDP shard-grad-op, ZeRO-3 or FSDP full shard, FSDP hybrid
 ALL_REDUCE, ZERO_12, FSDP_GRAD_OP, SHARD_3, FSDP_HYBRID = range(5)
 
@@ -110,7 +109,7 @@ BRANCH = _branches()
 # ------------------------------------------------------------------ memoised tables
 
 class _SlowestMemo:
-    """The slowest stage (timing._pipeline's max() over the stages) per block shape and
+    """The slowest stage (timing.pipeline_part's max() over the stages) per block shape and
     _Degrees.q_d, on each distinct set of tp, cp and ep links of the placement orders,
     kept with a _Degrees entry: a search or sweep asks for the same ones again for other
     micro-batches, accumulations and shardings. Block shapes are numbered in the order
@@ -160,7 +159,7 @@ def _distinct_rows(columns: Sequence[np.ndarray], rows: _Rows, fn: Callable[...,
 
 @lru_cache(maxsize=4096)
 def _stage_slots(n_layers: int, pp: int) -> tuple[tuple[int, int], ...]:
-    """(stage, layers) of the stages timing._pipeline compares, in increasing stage order."""
+    """(stage, layers) of the stages timing.pipeline_part compares, in increasing stage order."""
     counts = stage_layers(n_layers, pp)
     return tuple((s, counts[s]) for s in sorted({0, len(counts) - 1, counts.index(max(counts))}))
 
@@ -180,7 +179,7 @@ class _Ring(NamedTuple):
     @staticmethod
     def of(n: np.ndarray, bw: np.ndarray | float, lat: np.ndarray | float, bus: float, steps: int) -> _Ring:
         n_f = n.astype(np.float64)
-        return _Ring(steps * (n_f - 1) * lat, steps * (n_f - 1) / n_f, bw * bus, n > 1)
+        return _Ring(steps * (n_f - 1) * lat, steps * (n_f - 1) / n_f, np.asarray(bw * bus), n > 1)
 
     def take(self, idx: np.ndarray) -> _Ring:
         return _Ring(*(x[idx] for x in self))
@@ -215,7 +214,7 @@ _BLOCK_FIELDS = ("fwd_s", "bwd_s", "attention_fwd_s", "tp_bytes", "tp_collective
 
 def _block_row(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Efficiency, kernels: str, tp: int,
                sp: int, cp: int, ep: int, mb: int, rc: int) -> tuple[float, ...]:
-    """One block shape's LayerTime fields, then what timing._pipeline derives from the
+    """One block shape's LayerTime fields, then what timing.pipeline_part derives from the
     micro-batch alone: the LM head and loss added to the last stage's forward and
     backward, the bytes of the tp all-reduce at each pipeline edge and of a pipeline send."""
     gpu, prec = cluster.gpu, setup.precision_spec
@@ -237,10 +236,10 @@ class _Degrees(NamedTuple):
     """What step_times_s() reads per distinct degrees (D: tp, cp, ep, dp, pp), as
     (rows, D) tables."""
 
-    stage: np.ndarray          # (SLOTS, D): the stages timing._pipeline compares, -1: none
+    stage: np.ndarray          # (SLOTS, D): the stages timing.pipeline_part compares, -1: none
     links: list[np.ndarray]    # per placement order (10, D): bus bandwidth, hop latency of each axis
     optimizer_s: np.ndarray    # (2 x SLOTS x D): the optimizer update unsharded, sharded
-    c0: np.ndarray             # (orders x 5 branches x SLOTS x D): timing._dp_comms' three parts
+    c0: np.ndarray             # (orders x 5 branches x SLOTS x D): timing.dp_collectives' three parts
     c1: np.ndarray
     c2: np.ndarray
     n_slots: int               # the slots some pipeline has
@@ -340,12 +339,12 @@ def _build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: 
     hybrid = None
     if any_hybrid:
         (inside,) = _distinct_rows([tp, n_dense], _rows(1, np.int64, "hybrid", gpu.gpus_per_node),
-                                   lambda tp_, dd: (_hybrid_shard(Layout(tp=tp_, dp=dd), gpu.gpus_per_node),))
+                                   lambda tp_, dd: (hybrid_shard(Layout(tp=tp_, dp=dd), gpu.gpus_per_node),))
         hybrid = (inside.astype(np.float64), np.maximum(1, n_dense // inside),
                   _Ring.of(inside, gpu.intra_node_bytes_per_s, FALLBACK_INTRA_LATENCY_S, bus, 1))
 
     def dp_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """timing._dp_comms per (order, branch, slot, D), flattened: c0 once a step under
+        """timing.dp_collectives per (order, branch, slot, D), flattened: c0 once a step under
         the backward, c1 under the forward, c2 under the backward."""
         pick, cols = np.where(dp > 1, 6, np.where(cp > 1, 2, 4)), np.arange(n_d)   # dp, else cp, else ep link
         bw = np.stack([lk[pick, cols] for lk in links])[:, None, :]          # (orders, 1, D)
@@ -402,7 +401,7 @@ def _build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: 
                     _SlowestMemo(len(numbers), len(links)), pp_on, pp_link, pp_send)
 
 
-# the terms of timing._dp_comms each branch has (the others are 0.0 in its c0, c1, c2):
+# the terms of timing.dp_collectives each branch has (the others are 0.0 in its c0, c1, c2):
 # c0 under the backward once a step, c1 under the forward (per micro-batch for ZeRO-3 and
 # FSDP), c2 under the backward per micro-batch
 _TERMS = {ALL_REDUCE: (0,), ZERO_12: (0, 1), FSDP_GRAD_OP: (1, 2), SHARD_3: (1, 2), FSDP_HYBRID: (0, 1, 2)}
@@ -410,7 +409,7 @@ _TERMS = {ALL_REDUCE: (0,), ZERO_12: (0, 1), FSDP_GRAD_OP: (1, 2), SHARD_3: (1, 
 
 def _dp_step(branch: int, at: np.ndarray, c0: np.ndarray, c1: np.ndarray, c2: np.ndarray, fwd: np.ndarray,
              bwd: np.ndarray, ga: np.ndarray, eff: Efficiency, pipeline: np.ndarray, opt: np.ndarray) -> np.ndarray:
-    """timing._finish's step for one branch of the data-parallel collectives: pipeline +
+    """timing.step_parts's step for one branch of the data-parallel collectives: pipeline +
     exposed + overlap_slowdown x hidden + optimizer, with the collectives' rows ``at`` of
     c0, c1, c2. The terms the branch lacks are 0.0 and add nothing: e + 0.0 is e and
     0.0 + e is e for the non-negative times here, so only the branch's own are summed,
@@ -452,7 +451,7 @@ def _fill_slowest(memo: _SlowestMemo, at_miss: np.ndarray, qd: np.ndarray, q_blo
 
     def slowest(lk: np.ndarray, sel: np.ndarray | slice) -> tuple[np.ndarray, ...]:
         """(t, fwd, bwd, hidden, slot) of the slowest stage of the Q rows ``sel`` (all of
-        them first, then a subset), before the pipeline sends, as timing._pipeline's max()
+        them first, then a subset), before the pipeline sends, as timing.pipeline_part's max()
         over (time, fwd, bwd, comm, hidden, stage) picks it."""
         d = qd[sel]
         ring_tp = _Ring.of(tp, lk[0], lk[1], bus, 2).take(d)
@@ -512,7 +511,7 @@ def _fill_slowest(memo: _SlowestMemo, at_miss: np.ndarray, qd: np.ndarray, q_blo
 
 
 def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Cluster,
-                 eff: Efficiency = Efficiency(), pc: ParamCount | None = None,
+                 eff: Efficiency = DEFAULT_EFFICIENCY, pc: ParamCount | None = None,
                  orders: Sequence[tuple[str, ...]] = PLACEMENT_ORDERS, groups: LayoutGroups | None = None
                  ) -> np.ndarray:
     """timing.step_time(m, setup, layout, cluster, eff, pc, orders).step_time_s for every
@@ -570,9 +569,9 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
 
     # ---- per pipeline shape and kind of sharding: the data-parallel collectives of the
     # sharding's branch, hidden under the slowest stage's forward or backward or not, and the
-    # optimizer update (timing._finish). Within a pipeline shape the layouts differ only in
+    # optimizer update (timing.step_parts). Within a pipeline shape the layouts differ only in
     # their sharding and ZeRO stage, and those enter only through the branch of
-    # timing._dp_comms and whether the optimizer's states are sharded: a (kind, P) table,
+    # timing.dp_collectives and whether the optimizer's states are sharded: a (kind, P) table,
     # each layout read off it at the end.
     n_p = len(pd)
     kinds = [(int(BRANCH[k]), int(k >= len(SHARDINGS))) for k in pairs]
@@ -625,25 +624,13 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
                                 bwd_p[:, sel], pga_f[sel], eff, pipeline[:, sel],
                                 optimizer_s[at_s + sharded * (SLOTS * n_d)])
             fastest = step[0] if n_o == 1 else np.minimum(step[0], step[1])
-            for k in range(2, n_o):
-                fastest = np.minimum(fastest, step[k])
+            for o in range(2, n_o):
+                fastest = np.minimum(fastest, step[o])
             best[row if sel is None else (row, sel)] = fastest
     return np.take(best.ravel(), at_kind)
 
 
 def forget_tables() -> None:
-    """Drop the degree and state tables kept across calls (step_times_s's and
-    fastscore.peak_bytes's), so that the next call builds them again; the per-shape tables
-    and the topology's links stay. For benchmarks."""
+    """Drop the degree tables kept across calls, so that the next call builds them again;
+    the per-shape tables and the topology's links stay. For benchmarks."""
     _DEGREE_CACHE.clear()
-    _STATE_CACHE.clear()
-
-
-def score(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Cluster, eff: Efficiency = Efficiency(),
-          pc: ParamCount | None = None, orders: Sequence[tuple[str, ...]] = PLACEMENT_ORDERS
-          ) -> tuple[np.ndarray, np.ndarray]:
-    """(peak bytes, step seconds) of every layout of ``a`` on ``cluster``: what
-    fastscore.peak_bytes() and step_times_s() give, grouping the layouts once for both."""
-    groups = LayoutGroups.of(a)
-    return (peak_bytes(m, setup, a, pc, cluster.gpu.gpus_per_node, groups),
-            step_times_s(m, setup, a, cluster, eff, pc, orders, groups))

@@ -1,0 +1,120 @@
+"""The named efficiency and overlap parameters of the step-time model, each with its source,
+the engines whose settings the published runs document, and the placement orders tried."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.hardware.topology import AXES
+
+# Sustained matmul FLOP/s of large BF16/FP16 GEMMs, as a fraction of the dense peak.
+# H100/H200: 0.711 = MSMF (maximum *sustainable* matmul FLOPS, power-saturated near TDP)
+# 702.9/989 measured on H200, the same GH100 die at the same 700 W (stas00/ml-engineering,
+# compute/accelerator/benchmarks/README.md, "What we measured"); their burst MAMF is
+# 792.1-828/989 but training runs saturated. B200: MSMF 1455.7/2250 = 0.647 (same table).
+# A100: its MAMF is 267.9/312 = 0.859 (ml-engineering, compute/accelerator/README.md,
+# "Maximum Achievable Matmul FLOPS comparison table") and no sustained figure is published;
+# 0.80 is the rate at which this model reproduces the measured per-layer forward and
+# backward times of Korthikanti et al. 2022, Table 4 (22B, A100) within 10%
+# (tests/test_timing.py). MI300X: MAMF 781.9/1300 = 0.601 (same table).
+MATMUL_FRACTION = {
+    "a100": 0.80, "a100-40gb": 0.80, "h100": 0.711, "h200": 0.711, "b200": 0.647,
+    "gb200": 0.647, "mi300x": 0.601,
+}
+MATMUL_FRACTION_DEFAULT = 0.75      # ASSUMPTION for GPUs not measured there (PCIe cards, V100)
+
+# Fused (FlashAttention-style) attention, forward and backward, as a fraction of the dense
+# peak on the FLOPs the kernel does (causal: half the s x s; backward 2.5x forward).
+# A100: FlashAttention-2 reaches 50-73% of peak (Dao 2023, arXiv:2307.08691, Sec. 4);
+# 0.60 for causal, head dim 128, forward and backward. Hopper and later: FlashAttention-2
+# reaches 35% of the H100's peak (Shah et al. 2024, FlashAttention-3, arXiv:2407.08608,
+# Sec. 1); FlashAttention-3 and cuDNN reach more, forward most of all, so 0.35 is the rate
+# of the kernels the published H100 runs (2024) used, and a floor for newer stacks.
+FLASH_FRACTION = {"a100": 0.60, "a100-40gb": 0.60, "h100": 0.35, "h200": 0.35, "b200": 0.35,
+                  "gb200": 0.35}
+FLASH_FRACTION_DEFAULT = 0.40       # ASSUMPTION: FlashAttention-2 on other GPUs
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Efficiency:
+    """The named efficiency and overlap parameters of the step-time model.
+
+    matmul_fraction / flash_fraction: None takes the GPU's measured value from
+    MATMUL_FRACTION / FLASH_FRACTION (sources there).
+    hbm_fraction: share of the HBM bandwidth that training's element-wise, normalisation
+    and loss kernels reach. Streaming copies reach 85-90% (BabelStream, Deakin et al.
+    2018); the kernels of transformer training, with reductions and short rows, run well
+    below that (Ivanov et al. 2021, "Data Movement Is All You Need", MLSys, Sec. 4-5); 0.70.
+    bus_fraction: NCCL bus bandwidth over the link bandwidth the graph gives; nccl-tests
+    all_reduce_perf on DGX A100 / H100 NVLink reports about 230/300 and 360-370/450 GB/s
+    busbw, on 8x HDR/NDR about 185/200 and 370/400 (NVIDIA/nccl-tests doc/PERFORMANCE.md
+    defines busbw; the DGX figures are NVIDIA's published nccl-tests results).
+    *_overlap: fraction of a communication that runs under compute. tp: Megatron-LM before
+    Transformer Engine ran tp collectives on the critical path (0); TE's userbuffer
+    comm-GEMM overlap (Megatron-Core --tp-comm-overlap) splits each GEMM into chunks
+    (typically 4) and sends one chunk while the next computes, so about one chunk in four
+    stays exposed: 0.75 (Wang et al. 2023, ASPLOS, "Overlap communication with dependent
+    computation via decomposition in large deep learning models"). dp: the share of the last micro-batch's backward
+    that gradient buckets overlap (PyTorch DDP, Li et al. 2020, VLDB, Sec. 3.2.3);
+    param_gather: ZeRO-1/2's parameter all-gather under the next forward (Megatron-Core
+    --overlap-param-gather); zero3: ZeRO-3/FSDP prefetch of the next unit's gather; cp:
+    ring attention sends the next K/V chunk while the current one computes (Liu et al.
+    2023, arXiv:2310.01889); pp: the pipeline sends under compute (Megatron-Core
+    --overlap-p2p-communication); ep: all-to-all under compute (0: on the critical path).
+    unfused_elementwise_factor: HBM traffic of eager PyTorch element-wise ops relative to
+    fused kernels (a Hugging Face RMSNorm runs six kernels, fp32 upcast included, where
+    Megatron/Apex run one; SiLU and multiply run as two).
+    grad_reduce_bytes: bytes per gradient element the data-parallel reduction moves; None
+    takes the precision's gradient bytes. Megatron-LM keeps fp32 main gradients and reduces
+    them in fp32 under bf16 (--accumulate-allreduce-grads-in-fp32, set by --bf16).
+    overlap_slowdown: compute time lost per second of communication hidden under it. NCCL
+    runs one thread block per channel on its own SM and moves data through HBM; with 16-32
+    channels on 108-132 SMs a collective takes roughly 15-25% of the SMs while it runs
+    (NCCL environment variables NCCL_MIN_NCHANNELS / NCCL_MAX_NCHANNELS; Rashidi et al.
+    2021, ISCA, "Enabling Compute-Communication Overlap in Distributed Deep Learning
+    Training Platforms", Sec. 2: overlapped collectives slow the compute kernels they share
+    the GPU with).
+    """
+
+    matmul_fraction: float | None = None
+    flash_fraction: float | None = None
+    hbm_fraction: float = 0.70
+    bus_fraction: float = 0.80
+    tp_overlap: float = 0.0
+    cp_overlap: float = 1.0
+    ep_overlap: float = 0.0
+    pp_overlap: float = 0.0
+    dp_overlap: float = 1.0
+    param_gather_overlap: float = 0.0
+    zero3_overlap: float = 1.0
+    unfused_elementwise_factor: float = 3.0
+    grad_reduce_bytes: int | None = None
+    overlap_slowdown: float = 0.2
+    name: str = "default"
+
+
+DEFAULT_EFFICIENCY = Efficiency()      # the defaults above, as the default argument of the models
+
+
+# Engines whose overlap settings the published runs document (bench/published_runs.py).
+MEGATRON_2021 = Efficiency(dp_overlap=0.0, name="megatron-lm 2021 (no comm overlap)")
+MEGATRON_CORE = Efficiency(tp_overlap=0.75, pp_overlap=1.0, dp_overlap=1.0, param_gather_overlap=1.0,
+                           grad_reduce_bytes=4,
+                           name="megatron-core (tp, dp, param-gather and p2p overlap)")
+
+
+# Megatron-LM's vocab-parallel cross entropy on fp32 logits, per logit (unfused, as in
+# Megatron-LM through Megatron-Core 0.8 and in Hugging Face's loss): forward casts the 16-bit
+# logits to fp32 (read 2, write 4), takes the max (read 4), subtracts it (read 4, write 4),
+# exponentiates (read 4, write 4), sums (read 4) and normalises (read 4, write 4): 38 bytes;
+# backward scales the saved softmax by the incoming gradient (read 4, write 4) and casts it
+# back (read 4, write 2): 14 bytes.
+CROSS_ENTROPY_BYTES_PER_LOGIT = 52
+CROSS_ENTROPY_FORWARD_SHARE = 38 / 52
+
+
+# The placements step_time() tries for each layout, keeping the faster (innermost axis first).
+PLACEMENT_ORDERS: tuple[tuple[str, ...], ...] = (
+    AXES,                                   # tp, cp, ep, dp, pp: Megatron-LM's default
+    ("tp", "cp", "ep", "pp", "dp"),         # pipeline neighbours closer than data replicas
+)

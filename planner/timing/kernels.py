@@ -1,0 +1,281 @@
+"""Compute time of one block and of the LM head on one rank: GEMMs at the achievable matmul
+rate, attention at a fused-kernel or batched-GEMM rate, element-wise kernels at HBM bandwidth;
+LoRA/QLoRA adapters and dequantization; which blocks run a backward pass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from planner.hardware.gpus import GpuSpec
+from planner.layouts.layout import Layout
+from planner.models.spec import ModelSpec
+from planner.timing.efficiency import (
+    FLASH_FRACTION,
+    FLASH_FRACTION_DEFAULT,
+    MATMUL_FRACTION,
+    MATMUL_FRACTION_DEFAULT,
+    Efficiency,
+)
+from planner.training.finetune import (
+    FinetuneSpec,
+    activation_layers,
+    block_linears,
+    linear_weight_bytes,
+    resolve_targets,
+)
+from planner.training.setup import (
+    TrainingSetup,
+)
+
+
+def gemm_time_s(m_rows: float, n_cols: float, k_inner: float, flops_per_s: float, bytes_per_s: float,
+                elem_bytes: int, batch: float = 1.0) -> float:
+    """Time of ``batch`` (m x k) @ (k x n) matrix multiplies: the math at the achievable
+    matmul rate plus one pass of the operands and the result through HBM.
+
+    A tiled GEMM reads A and B and writes C at least once (NVIDIA, "Matrix Multiplication
+    Background User's Guide", Math and Memory Bounds); the two are added rather than
+    overlapped because the load of the first tiles and the store of the last ones do not
+    hide under math, which is what makes narrow GEMMs (small k or n, as tensor
+    parallelism makes them) slower per FLOP (Anthony et al. 2024, "The Case for
+    Co-Designing Model Architectures with Hardware", arXiv:2401.14489, Sec. 3).
+    """
+    flops = 2 * batch * m_rows * n_cols * k_inner
+    traffic = elem_bytes * batch * (m_rows * k_inner + k_inner * n_cols + m_rows * n_cols)
+    return flops / flops_per_s + traffic / bytes_per_s
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Rates:
+    matmul_flops_per_s: float
+    flash_flops_per_s: float
+    hbm_bytes_per_s: float
+
+
+def rates(gpu: GpuSpec, dtype: str, eff: Efficiency) -> Rates:
+    """Achievable rates: dense peak x matmul fraction, x flash fraction, HBM x hbm fraction."""
+    peak = gpu.peak_flops_per_s(dtype)
+    mm = eff.matmul_fraction if eff.matmul_fraction is not None else MATMUL_FRACTION.get(
+        gpu.name, MATMUL_FRACTION_DEFAULT)
+    fl = eff.flash_fraction if eff.flash_fraction is not None else FLASH_FRACTION.get(
+        gpu.name, FLASH_FRACTION_DEFAULT)
+    return Rates(matmul_flops_per_s=peak * mm, flash_flops_per_s=peak * fl,
+                 hbm_bytes_per_s=gpu.hbm_bytes_per_s * eff.hbm_fraction)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LayerTime:
+    """One block, one micro-batch, one rank: compute seconds (forward, backward with its
+    recomputation) and the bytes each tensor-, context- and expert-parallel collective moves."""
+
+    fwd_s: float
+    bwd_s: float
+    attention_fwd_s: float         # the part of fwd_s that ring attention can hide K/V sends under
+    tp_bytes: float                # one activation (tokens x d_model) the tp collectives move
+    tp_collectives: float          # all-reduce equivalents per micro-batch, forward+backward+recompute
+    cp_bytes: float                # K and V of the local chunk, sent cp-1 times per pass
+    cp_passes: float
+    ep_bytes: float                # tokens routed out by one all-to-all
+    ep_all_to_alls: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ElementwiseBytes:
+    """HBM bytes of one block's element-wise kernels per token on one rank."""
+
+    fwd: float
+    bwd: float
+
+
+def elementwise_bytes_per_token(m: ModelSpec, lay: Layout, setup: TrainingSetup) -> ElementwiseBytes:
+    """HBM bytes the element-wise kernels of one block move per token, on one rank, for
+    fused kernels (Megatron-LM / Apex / Transformer Engine); a = activation bytes.
+
+    Each kernel reads its inputs and writes its outputs once:
+
+    ==========================  ==========================  ===============================
+    kernel                      forward                     backward
+    ==========================  ==========================  ===============================
+    norm (each)                 read x, write y: 2h a       read x, dy, write dx: 3h a
+    residual add (+bias,        read 2h, write h: 3h a,     read dy and mask, write dx:
+    dropout)                    + h mask bytes              2h a + h
+    GeLU (bias fused)           read, write f: 2f a         read x, dy, write dx: 3f a
+    SwiGLU                      read gate, up, write: 3f a  read gate, up, dy; write 2: 5f a
+    RoPE on q and k             2 (q + kv) a                2 (q + kv) a
+    MoE permute + unpermute     4 k h a                     4 k h a
+    eager softmax (scores S)    read, write: 2 S a          read y, dy, write dx: 3 S a
+    eager attention dropout     read, write, mask: S(2a+1)  read dy, mask, write dx: S(2a+1)
+    ==========================  ==========================  ===============================
+
+    S = n_heads x seq_len scores per token. Norms, residuals and their dropout run on the
+    full sequence on every tp rank unless sequence parallelism splits them (Korthikanti et
+    al. 2022, Sec. 4.2.2); the rest is split by tp.
+    """
+    a = setup.precision_spec.activation_bytes
+    h, q, kv, f = m.d_model, m.q_dim, m.kv_dim, m.d_ff
+    tp = lay.tp
+    h_div = tp if lay.sp else 1
+    k = m.n_experts_per_token if m.is_moe else 1
+    mask = h if m.hidden_dropout > 0 else 0
+    n_residual = 1 if m.parallel_block else 2
+    rep_f = m.norms_per_layer * 2 * h * a + n_residual * (3 * h * a + mask)
+    rep_b = m.norms_per_layer * 3 * h * a + n_residual * (2 * h * a + mask)
+    if m.is_moe:
+        rep_f += 4 * k * h * a
+        rep_b += 4 * k * h * a
+    split_f = k * (3 if m.gated_mlp else 2) * f * a
+    split_b = k * (5 if m.gated_mlp else 3) * f * a
+    if m.position == "rope":
+        split_f += 2 * (q + kv) * a
+        split_b += 2 * (q + kv) * a
+    if setup.attention == "eager":
+        scores = m.n_heads * lay.seq_len
+        split_f += 2 * scores * a
+        split_b += 3 * scores * a
+        if m.attention_dropout > 0:
+            split_f += scores * (2 * a + 1)
+            split_b += scores * (2 * a + 1)
+    return ElementwiseBytes(fwd=rep_f / h_div + split_f / tp, bwd=rep_b / h_div + split_b / tp)
+
+
+@lru_cache(maxsize=8192)
+def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gpu: GpuSpec,
+               eff: Efficiency) -> LayerTime:
+    """Compute time of one block for one micro-batch on one rank, and its collective volumes.
+
+    GEMMs (per rank, T = micro-batch x seq/cp tokens): QKV T x h x (q+2kv)/tp, output
+    T x q/tp x h, MLP T x h x f/tp (x2 gated) and T x f/tp x h; MoE experts see T k ep / E
+    tokens each, E/ep of them per rank. Backward runs two GEMMs per forward GEMM (input and
+    weight gradients). Attention: fused (flash) at the flash rate on the causal half, backward
+    2.5x forward (Dao 2023, Sec. 3.1: backward recomputes the scores); eager as two batched
+    GEMMs per head with k = head_dim and k = s. Element-wise kernels at HBM bandwidth
+    (elementwise_bytes_per_token; eager kernels x Efficiency.unfused_elementwise_factor).
+    Recomputation adds forward work: full the whole block, selective the
+    attention core (Korthikanti et al. 2022, Sec. 4.2-4.3).
+
+    Fine-tuning (setup.finetune, see frozen_block_extra_s): under LoRA and QLoRA the base
+    weights are frozen, so each base GEMM runs one backward GEMM (the input gradient)
+    instead of two, and the adapters add their own GEMMs (forward, and twice that in
+    backward). Under freeze a block either trains in full or runs no backward at all
+    (pipeline_part counts which: backward_layers()), so its times are full training's.
+    """
+    r = rates(gpu, setup.precision_spec.compute_dtype, eff)
+    prec = setup.precision_spec
+    e = prec.weight_bytes
+    tp, cp, ep = key.tp, key.cp, key.ep
+    s = key.seq_len
+    tokens = key.micro_batch * s / cp
+    h, q, kv, f, d = m.d_model, m.q_dim, m.kv_dim, m.d_ff, m.head_dim
+    mm, hbm = r.matmul_flops_per_s, r.hbm_bytes_per_s
+
+    def gemm(rows: float, cols: float, inner: float, batch: float = 1.0) -> float:
+        return gemm_time_s(rows, cols, inner, mm, hbm, e, batch)
+
+    dense = gemm(tokens, (q + 2 * kv) / tp, h) + gemm(tokens, h, q / tp)
+    mats_in = 2 if m.gated_mlp else 1
+    if m.is_moe:
+        k = m.n_experts_per_token
+        local = m.n_experts / ep
+        rows = tokens * k / local        # tokens routed to each local expert (balanced)
+        dense += gemm(tokens, m.n_experts, h)
+        mlp = gemm(rows, mats_in * f / tp, h, local) + gemm(rows, h, f / tp, local)
+    else:
+        mlp = gemm(tokens, mats_in * f / tp, h) + gemm(tokens, h, f / tp)
+    heads = m.n_heads / tp
+    if setup.attention == "flash":
+        causal = 0.5 if m.causal else 1.0
+        attn_flops = 4 * key.micro_batch * (s / cp) * s * d * heads * causal
+        attn_fwd = attn_flops / r.flash_flops_per_s
+        attn_bwd = 2.5 * attn_fwd
+    else:
+        batch = key.micro_batch * heads
+        attn_fwd = gemm(s / cp, s, d, batch) + gemm(s / cp, d, s, batch)
+        attn_bwd = 2 * attn_fwd
+    factor = 1.0 if kernels == "fused" else eff.unfused_elementwise_factor
+    elem = elementwise_bytes_per_token(m, key, setup)
+    elem_fwd, elem_bwd = (tokens * factor / hbm * x for x in (elem.fwd, elem.bwd))
+    gemm_fwd = dense + mlp
+    fwd = gemm_fwd + attn_fwd + elem_fwd
+    bwd = 2 * gemm_fwd + attn_bwd + elem_bwd
+    if setup.finetune.freezes_base:
+        adapter_fwd, dequant = frozen_block_extra_s(m, setup.finetune, key, r, e)
+        fwd = gemm_fwd + attn_fwd + elem_fwd + adapter_fwd + dequant
+        bwd = gemm_fwd + attn_bwd + elem_bwd + 2 * adapter_fwd + dequant
+    if key.recompute == "full":
+        bwd += fwd
+    elif key.recompute == "selective":
+        bwd += attn_fwd
+    # tp: 2 all-reduces (or all-gather + reduce-scatter pairs with sp) in forward, 2 in
+    # backward, 2 more when full recomputation reruns the forward (Shoeybi et al. 2019, Sec. 3).
+    tp_coll = (4 + (2 if key.recompute == "full" else 0)) if tp > 1 else 0
+    a = prec.activation_bytes
+    cp_bytes = tokens * 2 * kv * a / tp if cp > 1 else 0.0
+    k_ = m.n_experts_per_token if m.is_moe else 1
+    ep_bytes = tokens * k_ * h * a / (tp if key.sp else 1) if (m.is_moe and ep > 1) else 0.0
+    return LayerTime(fwd_s=fwd, bwd_s=bwd, attention_fwd_s=attn_fwd,
+                     tp_bytes=tokens * h * a, tp_collectives=tp_coll,
+                     cp_bytes=cp_bytes, cp_passes=(3 + (1 if key.recompute == "full" else 0)) if cp > 1 else 0,
+                     ep_bytes=ep_bytes,
+                     ep_all_to_alls=(4 + (2 if key.recompute == "full" else 0)) if ep_bytes else 0)
+
+
+def frozen_block_extra_s(m: ModelSpec, ft: FinetuneSpec, key: Layout, r: Rates, elem_bytes: int
+                         ) -> tuple[float, float]:
+    """(adapter GEMMs' forward, one dequantization pass) of one block under LoRA/QLoRA, for
+    one micro-batch on one rank, in seconds.
+
+    Adapters: every adapted linear layer d_in -> d_out runs x A (T x d_in x r) then (x A) B
+    (T x r x d_out), r the rank (times PEFT's factor on fused expert projections), expert
+    layers on the tokens routed to each local expert (Hu et al. 2021, arXiv:2106.09685,
+    Sec. 4.1). Adapters split by tp as the layers they adapt (finetune.rank_split), here as
+    d_in / tp into A and d_out / tp out of B. Backward runs both gradients of A and B: twice
+    the forward (layer_time). Adapters outside the blocks (BERT's MLM transform) and dropout
+    on the adapter path are not counted.
+
+    Dequantization: a quantized base (QLoRA's NF4, Dettmers et al. 2023, arXiv:2305.14314,
+    Sec. 3: bitsandbytes dequantizes each NF4 block, double-dequantizing its 8-bit absmax
+    constant first, to a 16-bit weight and runs a 16-bit GEMM) reads the stored weight
+    (finetune.linear_weight_bytes) and writes the 16-bit copy before every GEMM call that
+    uses it: forward, backward (the input gradient needs W) and a recomputed forward. The
+    GEMM's read of the 16-bit copy is already in gemm_time_s. One memory-bound pass at the
+    HBM rate per call, on the rank's share (1/tp, experts 1/ep); the same pass is assumed
+    for int8 and int4 bases.
+    """
+    tp, ep = key.tp, key.ep
+    tokens = key.micro_batch * key.seq_len / key.cp
+    mm, hbm = r.matmul_flops_per_s, r.hbm_bytes_per_s
+    k = m.n_experts_per_token if m.is_moe else 1
+    adapters = 0.0
+    for lin in resolve_targets(m, ft):
+        if lin.group == "outside":
+            continue
+        rank = ft.lora_rank * lin.rank_factor
+        local = lin.n_copies / ep if lin.expert else 1
+        rows = tokens * k / (m.n_experts / ep) if lin.expert else tokens
+        adapters += (gemm_time_s(rows, rank, lin.d_in / tp, mm, hbm, elem_bytes, local)
+                     + gemm_time_s(rows, lin.d_out / tp, rank, mm, hbm, elem_bytes, local))
+    dequant = 0.0
+    if ft.quant != "none":
+        for lin in block_linears(m):
+            if lin.group == "router":       # not quantized (finetune.frozen_block_bytes)
+                continue
+            stored = linear_weight_bytes(lin, ft.quant, elem_bytes, ft.double_quant)
+            share = tp * (ep if lin.expert else 1)
+            dequant += (stored + lin.weight_numel * elem_bytes) / share / hbm
+    return adapters, dequant
+
+
+def head_backward_gemms(ft: FinetuneSpec) -> int:
+    """Backward GEMMs per forward GEMM of the LM head: 2 (input and weight gradients), 1
+    when it is frozen (LoRA, QLoRA, freeze: only the input gradient)."""
+    return 2 if ft.is_full else 1
+
+
+def backward_layers(ft: FinetuneSpec, n_layers_total: int, first_layer: int, n_layers: int) -> int:
+    """Blocks of a stage (layers first_layer ..) that run a backward pass. Under freeze
+    (the last blocks train, finetune.FinetuneSpec) autograd stops at the first trainable
+    block: the frozen blocks before it, and the embedding, need no gradient, and keep no
+    activations either (finetune.activation_layers, which this is). LoRA adapters sit in
+    every block, so every block runs backward."""
+    return activation_layers(ft, n_layers_total, first_layer, n_layers)
