@@ -204,8 +204,8 @@ def output_options(f: Callable[..., Any]) -> Callable[..., Any]:
     offload = click.Choice(["none", "cpu", "nvme"])
     opts = [
         click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
-                     help="Write the plan's configs here: ds_config.json, accelerate_config.yaml, "
-                          "megatron_args.txt, hostfile, launch.sh, plan.json."),
+                     help="Write the plan's configs here, only those its stack reads: ds_config.json and hostfile, accelerate_config.yaml, torchtitan_job.py, "
+                          "megatron_args.txt; launch.sh, slurm.sbatch, pytorchjob.yaml, plan.json."),
         click.option("--force", is_flag=True, help="With --out or --plot, overwrite existing files."),
         click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
                      help="Draw the plan into FILE (.png or .svg): memory per rank by category against the "
@@ -218,6 +218,12 @@ def output_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--offload-params", type=offload, default="none", show_default=True,
                      help="ZeRO-Infinity / FSDP CPU offload: parameters in CPU memory or on NVMe "
                           "(ZeRO-3 or FSDP full sharding; FSDP also moves gradients and optimizer states)."),
+        # emit (issue 19): which stack --out writes for, and which scheduler files
+        click.option("--stack", type=click.Choice(["hf", "torchtitan", "megatron", "deepspeed"]), default=None,
+                     help="The training stack --out writes configs for  [default: what fits the layout: hf for "
+                          "FSDP, torchtitan for FSDP with pp, megatron for tp/pp/cp, deepspeed for ZeRO]."),
+        click.option("--scheduler", type=click.Choice(["both", "slurm", "kubernetes", "none"]), default="both",
+                     show_default=True, help="Scheduler files --out writes: slurm.sbatch, pytorchjob.yaml (Kubeflow)."),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -335,7 +341,8 @@ def _check_quiet(quiet: bool | None, as_json: bool) -> None:
 def _say_written(kw: dict[str, Any], written: list[Path], plotted: Path | None) -> None:
     """Name the files --out and --plot wrote (on stderr when stdout is --json or --quiet)."""
     if written:
-        click.echo(f"wrote {', '.join(p.name for p in written)} to {kw['out']}", err=_aside(kw))
+        stack = f" (stack: {kw['stack_used']})" if kw.get("stack_used") else ""
+        click.echo(f"wrote {', '.join(p.name for p in written)} to {kw['out']}{stack}", err=_aside(kw))
     if plotted is not None:
         click.echo(f"wrote the plot to {plotted}", err=_aside(kw))
 
@@ -524,6 +531,9 @@ def _plan(kw: dict[str, Any]) -> None:
         plotted = plot.save(fig, kw["plot"], force=kw["force"])
     if kw["as_json"]:
         d = report.plan_json(result, crosscheck)
+        if result.best is not None and result.best.fits:
+            from planner.emit import stack_json
+            d["stack"] = stack_json(result, opts)       # the stack --out writes for (issue 19)
         if result.best is None:
             from planner.report.advice import fit_advice
             d["advice"] = fit_advice(result)
@@ -676,7 +686,8 @@ def _emit_options(kw: dict[str, Any]) -> EmitOptions:
 
     if kw["force"] and kw["out"] is None and kw.get("plot") is None:
         raise UserError("--force needs --out DIR or --plot FILE")
-    return EmitOptions(offload_optimizer=kw["offload_optimizer"], offload_params=kw["offload_params"])
+    return EmitOptions(offload_optimizer=kw["offload_optimizer"], offload_params=kw["offload_params"],
+                       stack=kw.get("stack"), scheduler=kw.get("scheduler") or "both")
 
 
 def _write_out(result: PlanResult, kw: dict[str, Any], opts: EmitOptions,
@@ -686,7 +697,10 @@ def _write_out(result: PlanResult, kw: dict[str, Any], opts: EmitOptions,
     from planner.emit import plan_files
     from planner.emit.write import write_files
 
+    from planner.emit import stack_for
+
     files = plan_files(result, opts, report.plan_json(result, crosscheck))
+    kw["stack_used"] = stack_for(result, opts)
     return write_files(kw["out"], files, force=kw["force"])
 
 
