@@ -105,6 +105,8 @@ def training(r: PlanResult, opts: EmitOptions) -> dict[str, object]:
         "steps": steps,
         "max_norm": opts.grad_clip,
         "enable_cpu_offload": opts.offload_params == "cpu",
+        # Trainer.Config._validate_cuda_graphs: "CUDA graphs do not support pipeline parallelism yet"
+        "disable_cuda_graphs": lay.pp > 1,
         "mixed_precision_param": "bfloat16" if r.setup.precision == "bf16-mixed" else "float32",
     }
 
