@@ -489,6 +489,7 @@ def _plan(kw: dict[str, Any]) -> None:
             raise UserError(f"--{name} needs --tokens N: the time and cost of a plan depend on the tokens to train on")
     m, gpu, setup, space, n_gpus = build_request(kw)
     lay = api.fixed_layout(space, setup, n_gpus)
+    _within_topology(kw, gpu, lay.n_gpus if lay is not None else n_gpus)
     if kw.get("method") == "auto":
         specs = tuple(finetune_spec(kw, name) for name in api.AUTO_METHODS)
         if lay is not None:
@@ -582,6 +583,8 @@ def _plan_cost(kw: dict[str, Any]) -> None:
         if deadline_s <= 0:
             raise UserError(f"--deadline {kw['deadline']} is in the past; give a later date or a duration (30d)")
     lay = api.fixed_layout(space, setup, n_gpus)
+    for g in gpus:      # a count beyond a topology is refused; the sweep's answer is checked below
+        _within_topology({**kw}, g, lay.n_gpus if lay is not None else n_gpus)
     if lay is not None:
         for gpu in gpus:
             reason = reject_reason(m, setup, lay, gpu.gpus_per_node)
@@ -598,6 +601,11 @@ def _plan_cost(kw: dict[str, Any]) -> None:
                       limits=Limits(deadline_s=deadline_s, budget_usd=kw["budget"], max_gpus=kw["max_gpus"]),
                       n_gpus=n_gpus, topology=kw["topology"], solver=kw["solver"])
     result = r.result
+    if result.best is not None:
+        from planner.hardware.topology import check_covers
+        top = cluster_for_plan(result)
+        if top is not None:
+            check_covers(top, result.best.n_gpus, flag="--max-gpus")
     opts = _emit_options(kw)
     if opts.offloads and result.best is not None:
         from planner.emit import check_options
@@ -672,6 +680,25 @@ def _load(kw: dict[str, Any]) -> None:
         _show(load_view(result))
     if not result.fits:
         sys.exit(2)
+
+
+def cluster_for_plan(result: PlanResult) -> Any:
+    """The topology the plan's step times used (None without one)."""
+    return result.cluster.topology if result.cluster is not None else None
+
+
+def _within_topology(kw: dict[str, Any], gpu: Any, n_gpus: int | None) -> None:
+    """A plan never runs past what its topology describes (issue 19): refuse a GPU count
+    beyond it, and search no further than it (kw["max_gpus"] is lowered)."""
+    from planner.hardware.topology import check_covers, max_covered_gpus
+    from planner.timing.model import cluster_for
+
+    top = cluster_for(gpu, kw["topology"]).topology
+    if top is None:
+        return
+    if n_gpus is not None:
+        check_covers(top, n_gpus)
+    kw["max_gpus"] = min(kw["max_gpus"], max_covered_gpus(top))
 
 
 def _timing(kw: dict[str, Any], gpu: Any) -> dict[str, Any]:
