@@ -15,7 +15,6 @@ import os
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")   # before deepspeed is imported (FACTS.md)
 
-import argparse
 import itertools
 import json
 import re
@@ -38,7 +37,7 @@ from planner.errors import UserError
 from planner.hardware.gpus import get_gpu
 from planner.layouts.layout import Layout
 from planner.memory.model import stage_layers
-from planner.models.spec import SUPPORTED_MODEL_TYPES, count_params, load_model
+from planner.models.spec import SUPPORTED_MODEL_TYPES, load_model
 from planner.stacks import default_stack
 from planner.stacks.megatron import LaunchEnv, megatron_args_errors, parse_args as megatron_parse
 from planner.training.setup import TrainingSetup

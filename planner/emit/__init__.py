@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from planner.errors import UserError
-from planner.layouts.layout import Layout
 from planner.stacks import STACKS, check_stack, default_stack
 
 if TYPE_CHECKING:

@@ -118,7 +118,7 @@ def stack_refusal(stack: str, m: ModelSpec, lay: Layout) -> str | None:
         return (f"--stack deepspeed runs ZeRO data parallelism here; this layout ({d}) splits the model "
                 f"(tp/pp/cp): use --stack megatron or torchtitan")
     if stack == "deepspeed" and lay.is_fsdp:
-        return f"--stack deepspeed shards with ZeRO stages, not FSDP2; plan with --zero N, or use --stack hf"
+        return "--stack deepspeed shards with ZeRO stages, not FSDP2; plan with --zero N, or use --stack hf"
     if stack == "torchtitan":
         why = torchtitan_builds(m)
         if why is not None:
