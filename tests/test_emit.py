@@ -37,7 +37,7 @@ from planner.errors import UserError
 from planner.hardware.gpus import get_gpu
 from planner.layouts.layout import Layout
 from planner.memory.model import stage_layers
-from planner.models.spec import SUPPORTED_MODEL_TYPES, load_model
+from planner.models.spec import SUPPORTED_MODEL_TYPES, count_params, load_model
 from planner.stacks import default_stack
 from planner.stacks.megatron import LaunchEnv, megatron_args_errors, parse_args as megatron_parse
 from planner.training.setup import TrainingSetup
@@ -397,16 +397,18 @@ def test_plan_files_per_stack_and_launch_scripts_parse(kind, tmp_path):
     """Write only what the stack reads: no ds_config.json for Megatron plans (issue 19)."""
     if kind == "deepspeed":
         r = evaluate(SMALL, zero_layout(8, 3, 1))
-        expect = {"ds_config.json", "hostfile", "launch.sh"}
+        expect = {"ds_config.json", "hostfile", "config.json", "launch.sh"}
     elif kind == "hf":
         r = fsdp_plan("fsdp-hybrid")
-        expect = {"accelerate_config.yaml", "launch.sh"}
+        expect = {"accelerate_config.yaml", "config.json", "launch.sh"}
     else:
         r = _mp_plan(*MODEL_PARALLEL[0])
         expect = {"megatron_args.txt", "launch.sh"}
     assert default_stack(r.model, r.best.layout) == kind
     files = plan_files(r)
     assert set(files) == expect | SCHEDULER_FILES
+    from planner.stacks import load_stacks
+    assert set(load_stacks()[kind].files) == expect          # the catalog says the same
     paths = write_files(tmp_path, files)
     sh = tmp_path / "launch.sh"
     assert sh in paths and sh.stat().st_mode & 0o111
@@ -461,7 +463,7 @@ def test_cli_out_writes_configs_atomically_and_refuses_overwrite(tmp_path):
     r = run(*BASE, "--json", "--out", str(out), "--offload-optimizer", "cpu")
     assert r.exit_code == 0, r.output
     printed = json.loads(r.stdout)
-    assert sorted(p.name for p in out.iterdir()) == ["ds_config.json", "hostfile", "launch.sh", "plan.json",
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "ds_config.json", "hostfile", "launch.sh", "plan.json",
                                                      "pytorchjob.yaml", "slurm.sbatch"]
     assert json.loads((out / "plan.json").read_text()) == printed
     ds = json.loads((out / "ds_config.json").read_text())
@@ -502,3 +504,26 @@ def test_plain_plan_with_out_stays_torch_free(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert (Path(tmp_path) / "o" / "launch.sh").exists()
+
+
+@pytest.mark.parametrize("name", ["llama3.1-8b", "mixtral-8x7b", "qwen2.5-0.5b", "gpt2-xl", "bert-base"])
+def test_hf_config_written_for_deepspeed_and_accelerate_builds_the_planners_model(name, tmp_path):
+    """config.json is what a transformers script under DeepSpeed or accelerate reads: built
+    on the meta device by transformers, it has the planner's parameter count."""
+    pytest.importorskip("transformers")
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
+
+    m = load_model(name)
+    lay = zero_layout(8, 3, 1)
+    lay = Layout(**{**{f: getattr(lay, f) for f in lay.__dataclass_fields__}, "seq_len": min(2048, m.max_positions or 2048)})
+    r = api.evaluate_layout(m, get_gpu("h200"), TrainingSetup(seq_len=lay.seq_len, global_batch=lay.global_batch), lay)
+    files = plan_files(r, EmitOptions(scheduler="none"))
+    assert {"ds_config.json", "config.json"} <= set(files)
+    write_files(tmp_path, files)
+    cfg = AutoConfig.from_pretrained(str(tmp_path))
+    auto = AutoModelForMaskedLM if m.model_type == "bert" else AutoModelForCausalLM   # as test_param_counts
+    with torch.device("meta"):
+        model = auto.from_config(cfg)
+    n = sum(p.numel() for p in model.parameters())
+    assert n == count_params(m).total

@@ -4,6 +4,7 @@ LoRA plans, each accepted by the program that reads it:
     ds_config.json          DeepSpeed's DeepSpeedConfig at the plan's data-parallel size
     hostfile                DeepSpeed's launcher (_parse_hostfile)
     accelerate_config.yaml  accelerate's load_config_from_file
+    config.json             transformers' AutoConfig (the model a DeepSpeed/accelerate script builds)
     megatron_args.txt       Megatron-LM's validate_args rules (planner/stacks/megatron.py) under
                             the launch.sh environment, and megatron-core's TransformerConfig
     torchtitan_job.py       torchtitan 0.3.0's ConfigManager
@@ -60,6 +61,20 @@ def check_deepspeed(out: Path, lay: dict) -> str:
     return "DeepSpeedConfig, deepspeed _parse_hostfile"
 
 
+def check_hf_config(out: Path, plan: dict) -> str:
+    pytest.importorskip("transformers")
+    from transformers import AutoConfig
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    cfg = AutoConfig.from_pretrained(str(out))
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    assert sum(p.numel() for p in model.parameters()) == plan["model"]["n_params"]
+    return "transformers AutoConfig + AutoModelForCausalLM (parameter count)"
+
+
 def check_accelerate(out: Path, lay: dict) -> str:
     from accelerate.commands.config.config_args import load_config_from_file
 
@@ -113,6 +128,8 @@ def test_every_emitted_file_is_accepted_by_its_reader(name, tmp_path):
         accepted[f] = "bash -n"
     jsonschema.validate(yaml.safe_load((out / "pytorchjob.yaml").read_text()), schema())
     accepted["pytorchjob.yaml"] = "PyTorchJob schema (jsonschema)"
+    if stack in ("deepspeed", "hf"):
+        accepted["config.json"] = check_hf_config(out, plan)
     if stack == "deepspeed":
         pytest.importorskip("deepspeed")
         accepted["ds_config.json"] = accepted["hostfile"] = check_deepspeed(out, lay)

@@ -148,7 +148,8 @@ def plan_files(r: PlanResult, opts: EmitOptions = EmitOptions(),
                plan_json: dict[str, Any] | None = None) -> dict[str, str]:
     """Every file to write for the chosen plan, name -> text: only what its stack reads.
 
-    deepspeed: ds_config.json, hostfile; hf: accelerate_config.yaml; megatron:
+    deepspeed: ds_config.json, hostfile, config.json (the model's Hugging Face config); hf:
+    accelerate_config.yaml, config.json; megatron:
     megatron_args.txt; torchtitan: torchtitan_job.py; every stack: launch.sh, and the
     scheduler files (slurm.sbatch, pytorchjob.yaml) that ``opts.scheduler`` asks for;
     plan.json (with the stack named) when ``plan_json`` is given.
@@ -167,8 +168,10 @@ def plan_files(r: PlanResult, opts: EmitOptions = EmitOptions(),
     if stack == "deepspeed":
         files["ds_config.json"] = json.dumps(to_deepspeed_config(r, opts), indent=2) + "\n"
         files["hostfile"] = to_hostfile(r)
+        files.update(hf_model_config(r))
     elif stack == "hf":
         files["accelerate_config.yaml"] = to_yaml(to_accelerate_config(r, opts))
+        files.update(hf_model_config(r))
     elif stack == "megatron":
         files["megatron_args.txt"] = "\n".join(to_megatron_args(r, opts)) + "\n"
     else:
@@ -184,6 +187,19 @@ def plan_files(r: PlanResult, opts: EmitOptions = EmitOptions(),
     if plan_json is not None:
         files["plan.json"] = json.dumps({**plan_json, "stack": stack_json(r, opts)}, indent=2) + "\n"
     return files
+
+
+def hf_model_config(r: PlanResult) -> dict[str, str]:
+    """config.json: the model's Hugging Face config, which a transformers script under
+    DeepSpeed or accelerate builds the model from (``AutoConfig.from_pretrained(DIR)``); the
+    preset's shipped file or the user's own. Empty when the model came from neither."""
+    from planner.models.spec import load_hf_config, load_presets
+
+    m = r.model
+    key = m.name if m.name in load_presets() else m.source
+    if not key:
+        return {}
+    return {"config.json": json.dumps(load_hf_config(key), indent=2) + "\n"}
 
 
 def stack_json(r: PlanResult, opts: EmitOptions) -> dict[str, Any]:
