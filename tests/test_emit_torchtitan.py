@@ -9,6 +9,7 @@ Llama-3-8B 8,030,261,248, Llama-2-7B 6,738,415,616).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -70,6 +71,9 @@ def test_torchtitan_loads_the_job_with_the_plans_layout_and_model(argv, parallel
     assert res.exit_code == 0, res.output
     names = {p.name for p in out.iterdir()}
     assert names == {"torchtitan_job.py", "launch.sh", "slurm.sbatch", "pytorchjob.yaml", "plan.json"}
+    printed = json.loads(res.stdout)
+    assert printed["stack"]["name"] == "torchtitan" and printed["stack"]["chosen"] == "--stack"
+    assert json.loads((out / "plan.json").read_text())["stack"] == printed["stack"]
     config = _load(out)
     for key, value in parallel.items():
         assert getattr(config.parallelism, key) == value, key
