@@ -111,31 +111,33 @@ def stack_refusal(stack: str, m: ModelSpec, lay: Layout) -> str | None:
     if stack == "hf":
         if not lay.is_fsdp:
             return (f"--stack hf runs FSDP2 plans (accelerate); this layout ({d}) shards with ZeRO-{lay.zero_stage}: "
-                    f"use --stack deepspeed or megatron, or plan with --fsdp full")
+                    f"plan with --fsdp full")
         if lay.pp > 1:
-            return f"--stack hf has no pipeline parallelism; this layout has pp={lay.pp}: use --stack torchtitan or megatron"
+            return f"--stack hf has no pipeline parallelism; this layout has pp={lay.pp}"
     if stack == "deepspeed" and (lay.tp > 1 or lay.pp > 1 or lay.cp > 1):
         return (f"--stack deepspeed runs ZeRO data parallelism here; this layout ({d}) splits the model "
-                f"(tp/pp/cp): use --stack megatron or torchtitan")
+                f"(tp/pp/cp)")
     if stack == "deepspeed" and lay.is_fsdp:
-        return "--stack deepspeed shards with ZeRO stages, not FSDP2; plan with --zero N, or use --stack hf"
+        return "--stack deepspeed shards with ZeRO stages, not FSDP2; plan with --zero N"
     if stack == "torchtitan":
         why = torchtitan_builds(m)
         if why is not None:
-            return f"--stack torchtitan: {why}; use --stack megatron or hf"
+            return f"--stack torchtitan: {why}"
         if not lay.is_fsdp and lay.zero_stage > 0:
             return (f"--stack torchtitan shards with FSDP2, not ZeRO-{lay.zero_stage}: plan with --fsdp full "
-                    f"(or --zero 0), or use --stack megatron or deepspeed")
+                    f"(or --zero 0)")
         if lay.ep > 1:
             return "--stack torchtitan: its Llama 3 model has no experts to split over ep"
     return None
 
 
 def check_stack(stack: str, m: ModelSpec, lay: Layout) -> None:
+    """UserError when ``stack`` cannot run the plan, naming the stacks that can."""
     get_stack(stack)
     why = stack_refusal(stack, m, lay)
     if why is not None:
-        raise UserError(why)
+        others = [s for s in STACKS if s != stack and stack_refusal(s, m, lay) is None]
+        raise UserError(f"{why} (stacks that run this plan: {', '.join(others) or 'none'})")
 
 
 def stack_summary(stack: str, chosen_by: str) -> dict[str, Any]:
