@@ -3,7 +3,10 @@
 ds_config.json: DeepSpeed's own DeepSpeedConfig at the plan's data-parallel size.
 accelerate's YAML: accelerate's config loader and its launch-argument handling.
 torchrun and deepspeed commands: torch.distributed.run's and DeepSpeed's argument parsers.
-Megatron-LM arguments: a cited copy of Megatron-LM's argument names (see that test).
+Megatron-LM arguments: a cited copy of Megatron-LM's parser and of the validate_args rules
+that concern our flags (planner/stacks/megatron.py), and megatron-core's own
+TransformerConfig, OptimizerConfig and DistributedDataParallelConfig built from the args,
+whose parameter count is compared with the planner's.
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ import os
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")   # before deepspeed is imported (FACTS.md)
 
-import argparse
 import itertools
 import json
 import re
@@ -25,7 +27,7 @@ from click.testing import CliRunner
 
 from planner import api
 from planner.cli.main import cli
-from planner.emit import EmitOptions, check_options, engine, node_shape, plan_files
+from planner.emit import EmitOptions, check_options, node_shape, plan_files
 from planner.emit.deepspeed import largest_module_params, to_deepspeed_config
 from planner.emit.fsdp import DECODER_LAYER_CLASS, to_accelerate_config, to_torchrun_command, to_yaml
 from planner.emit.launch import to_deepspeed_command, to_hostfile
@@ -35,7 +37,9 @@ from planner.errors import UserError
 from planner.hardware.gpus import get_gpu
 from planner.layouts.layout import Layout
 from planner.memory.model import stage_layers
-from planner.models.spec import SUPPORTED_MODEL_TYPES, load_model
+from planner.models.spec import SUPPORTED_MODEL_TYPES, count_params, load_model
+from planner.stacks import default_stack
+from planner.stacks.megatron import LaunchEnv, megatron_args_errors, parse_args as megatron_parse
 from planner.training.setup import TrainingSetup
 
 H100 = get_gpu("h100")
@@ -166,49 +170,10 @@ def test_model_parallel_ds_config_is_accepted_at_dp_times_ep(name, kw):
 
 # --------------------------------------------------------------------- Megatron
 
-# Megatron-LM's argument names, types and choices, copied from its own parser:
-# NVIDIA/Megatron-LM, megatron/training/arguments.py (commit 000c4ac24f61159c138b0975def722c65245983c),
-# functions _add_network_size_args, _add_regularization_args, _add_training_args,
-# _add_learning_rate_args, _add_mixed_precision_args, _add_distributed_args, _add_data_args,
-# _add_moe_args. FLAG means action='store_true'.
-FLAG = "flag"
-MEGATRON_ARGUMENTS: dict[str, object] = {
-    "--num-layers": int, "--hidden-size": int, "--ffn-hidden-size": int, "--num-attention-heads": int,
-    "--kv-channels": int, "--group-query-attention": FLAG, "--num-query-groups": int,
-    "--max-position-embeddings": int,
-    "--position-embedding-type": ["learned_absolute", "rope", "mrope", "relative", "none"],
-    "--normalization": ["LayerNorm", "RMSNorm"], "--swiglu": FLAG,
-    "--untie-embeddings-and-output-weights": FLAG,
-    "--attention-backend": ["flash", "fused", "unfused", "local", "auto"],
-    "--attention-dropout": float, "--hidden-dropout": float, "--weight-decay": float, "--clip-grad": float,
-    "--adam-beta1": float, "--adam-beta2": float, "--adam-eps": float, "--sgd-momentum": float,
-    "--micro-batch-size": int, "--global-batch-size": int, "--recompute-activations": FLAG,
-    "--recompute-granularity": ["full", "selective"], "--recompute-method": ["uniform", "block"],
-    "--recompute-num-layers": int, "--sequence-parallel": FLAG,
-    "--optimizer": ["adam", "sgd", "muon", "dist_muon"], "--optimizer-cpu-offload": FLAG,
-    "--disable-bias-linear": FLAG, "--add-qkv-bias": FLAG, "--use-flash-attn": FLAG,
-    "--lr": float, "--fp16": FLAG, "--bf16": FLAG,
-    "--tensor-model-parallel-size": int, "--pipeline-model-parallel-size": int,
-    "--pipeline-model-parallel-layout": str, "--num-layers-per-virtual-pipeline-stage": int,
-    "--num-virtual-stages-per-pipeline-rank": int, "--overlap-grad-reduce": FLAG,
-    "--overlap-param-gather": FLAG, "--use-distributed-optimizer": FLAG, "--use-megatron-fsdp": FLAG,
-    "--data-parallel-sharding-strategy": ["no_shard", "optim", "optim_grads", "optim_grads_params"],
-    "--use-torch-fsdp2": FLAG, "--torch-fsdp2-no-reshard-after-forward": FLAG,
-    "--context-parallel-size": int, "--seq-length": int,
-    "--expert-model-parallel-size": int, "--num-experts": int, "--moe-router-topk": int,
-}
-
-
-def megatron_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
-    for name, kind in MEGATRON_ARGUMENTS.items():
-        if kind == FLAG:
-            p.add_argument(name, action="store_true")
-        elif isinstance(kind, list):
-            p.add_argument(name, choices=kind)
-        else:
-            p.add_argument(name, type=kind)
-    return p
+def megatron_parser():
+    """Megatron-LM's parser for the flags planner emits (planner/stacks/megatron.py, cited there)."""
+    from planner.stacks.megatron import parser
+    return parser()
 
 
 def parse_pipeline_layout(text: str) -> list[str]:
@@ -263,17 +228,24 @@ def test_megatron_args_are_megatrons_own_and_match_the_plan(name, kw):
     assert args.bf16
 
 
-def test_fsdp_with_pipeline_parallelism_runs_under_megatron():
+def test_fsdp_with_pipeline_parallelism_runs_under_megatron_fsdp_not_torch_fsdp2():
+    """Megatron-LM's validate_args: '--use-torch-fsdp2 is not supported with pipeline
+    parallelism'. Qwen2.5 (tied, a qwen2 model torchtitan does not build) goes to Megatron,
+    which shards it with Megatron FSDP instead."""
     lay = Layout(dp=4, pp=2, zero_stage=3, sharding="fsdp-full", micro_batch=1, grad_accum=8,
                  seq_len=2048, recompute="full")
     r = evaluate(SMALL, lay)
-    assert engine(lay) == "megatron"
-    assert set(plan_files(r)) == {"megatron_args.txt", "hostfile", "launch.sh"}
-    args = megatron_parser().parse_args(to_megatron_args(r))
-    assert args.use_torch_fsdp2 and not args.use_distributed_optimizer
+    assert default_stack(SMALL, lay) == "megatron"
+    assert set(plan_files(r, EmitOptions(scheduler="none"))) == {"megatron_args.txt", "launch.sh"}
+    argv = to_megatron_args(r)
+    args = megatron_parse(argv)
+    assert not args.use_torch_fsdp2 and args.use_megatron_fsdp
+    assert args.data_parallel_sharding_strategy == "optim_grads_params"
     assert args.global_batch_size == 32 and args.pipeline_model_parallel_size == 2
+    assert megatron_args_errors(argv, LaunchEnv(world_size=8, cuda_device_max_connections=None,
+                                                device_arch_major=9)) == []
     with pytest.raises(UserError, match="does not offload parameters"):
-        check_options(r, EmitOptions(offload_params="cpu"))
+        check_options(r, EmitOptions(offload_params="cpu", stack="megatron"))
 
 
 def test_pipeline_layout_string():
@@ -417,20 +389,26 @@ def test_deepspeed_launcher_and_hostfile(dp):
 
 # --------------------------------------------------------------- files and writes
 
-@pytest.mark.parametrize("kind", ["deepspeed", "fsdp", "megatron"])
-def test_plan_files_per_engine_and_launch_scripts_parse(kind, tmp_path):
+SCHEDULER_FILES = {"slurm.sbatch", "pytorchjob.yaml"}
+
+
+@pytest.mark.parametrize("kind", ["deepspeed", "hf", "megatron"])
+def test_plan_files_per_stack_and_launch_scripts_parse(kind, tmp_path):
+    """Write only what the stack reads: no ds_config.json for Megatron plans (issue 19)."""
     if kind == "deepspeed":
         r = evaluate(SMALL, zero_layout(8, 3, 1))
-        expect = {"ds_config.json", "hostfile", "launch.sh"}
-    elif kind == "fsdp":
+        expect = {"ds_config.json", "hostfile", "config.json", "launch.sh"}
+    elif kind == "hf":
         r = fsdp_plan("fsdp-hybrid")
-        expect = {"accelerate_config.yaml", "hostfile", "launch.sh"}
+        expect = {"accelerate_config.yaml", "config.json", "launch.sh"}
     else:
         r = _mp_plan(*MODEL_PARALLEL[0])
-        expect = {"ds_config.json", "megatron_args.txt", "hostfile", "launch.sh"}
-    assert engine(r.best.layout) == kind
+        expect = {"megatron_args.txt", "launch.sh"}
+    assert default_stack(r.model, r.best.layout) == kind
     files = plan_files(r)
-    assert set(files) == expect
+    assert set(files) == expect | SCHEDULER_FILES
+    from planner.stacks import load_stacks
+    assert set(load_stacks()[kind].files) == expect          # the catalog says the same
     paths = write_files(tmp_path, files)
     sh = tmp_path / "launch.sh"
     assert sh in paths and sh.stat().st_mode & 0o111
@@ -485,7 +463,8 @@ def test_cli_out_writes_configs_atomically_and_refuses_overwrite(tmp_path):
     r = run(*BASE, "--json", "--out", str(out), "--offload-optimizer", "cpu")
     assert r.exit_code == 0, r.output
     printed = json.loads(r.stdout)
-    assert sorted(p.name for p in out.iterdir()) == ["ds_config.json", "hostfile", "launch.sh", "plan.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "ds_config.json", "hostfile", "launch.sh", "plan.json",
+                                                     "pytorchjob.yaml", "slurm.sbatch"]
     assert json.loads((out / "plan.json").read_text()) == printed
     ds = json.loads((out / "ds_config.json").read_text())
     assert ds["zero_optimization"]["stage"] == 3 and ds["train_batch_size"] == 1024
@@ -525,3 +504,26 @@ def test_plain_plan_with_out_stays_torch_free(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert (Path(tmp_path) / "o" / "launch.sh").exists()
+
+
+@pytest.mark.parametrize("name", ["llama3.1-8b", "mixtral-8x7b", "qwen2.5-0.5b", "gpt2-xl", "bert-base"])
+def test_hf_config_written_for_deepspeed_and_accelerate_builds_the_planners_model(name, tmp_path):
+    """config.json is what a transformers script under DeepSpeed or accelerate reads: built
+    on the meta device by transformers, it has the planner's parameter count."""
+    pytest.importorskip("transformers")
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
+
+    m = load_model(name)
+    lay = zero_layout(8, 3, 1)
+    lay = Layout(**{**{f: getattr(lay, f) for f in lay.__dataclass_fields__}, "seq_len": min(2048, m.max_positions or 2048)})
+    r = api.evaluate_layout(m, get_gpu("h200"), TrainingSetup(seq_len=lay.seq_len, global_batch=lay.global_batch), lay)
+    files = plan_files(r, EmitOptions(scheduler="none"))
+    assert {"ds_config.json", "config.json"} <= set(files)
+    write_files(tmp_path, files)
+    cfg = AutoConfig.from_pretrained(str(tmp_path))
+    auto = AutoModelForMaskedLM if m.model_type == "bert" else AutoModelForCausalLM   # as test_param_counts
+    with torch.device("meta"):
+        model = auto.from_config(cfg)
+    n = sum(p.numel() for p in model.parameters())
+    assert n == count_params(m).total

@@ -97,10 +97,12 @@ def check_quiet(o: Options) -> None:
         raise UserError("--quiet and --json cannot be used together; give one of them")
 
 
-def say_written(o: Options, written: list[Path], plotted: Path | None) -> None:
-    """Name the files --out and --plot wrote (on stderr when stdout is --json or --quiet)."""
+def say_written(o: Options, written: list[Path], plotted: Path | None, stack: str | None = None) -> None:
+    """Name the files --out and --plot wrote, and the stack they are for (on stderr when stdout
+    is --json or --quiet)."""
     if written:
-        click.echo(f"wrote {', '.join(p.name for p in written)} to {o.out}", err=o.aside)
+        used = f" (stack: {stack})" if stack else ""
+        click.echo(f"wrote {', '.join(p.name for p in written)} to {o.out}{used}", err=o.aside)
     if plotted is not None:
         click.echo(f"wrote the plot to {plotted}", err=o.aside)
 

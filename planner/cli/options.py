@@ -90,6 +90,8 @@ class Options:
     crosscheck: bool = False
     offload_optimizer: str = "none"
     offload_params: str = "none"
+    stack: str | None = None          # --out's stack (planner.stacks); None: what fits the layout
+    scheduler: str = "both"           # --out's scheduler files
     quiet: bool = False
 
     @classmethod
@@ -270,8 +272,9 @@ def output_options(f: Callable[..., Any]) -> Callable[..., Any]:
     offload = click.Choice(OFFLOAD)
     return _apply([
         click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
-                     help="Write the plan's configs here: ds_config.json, accelerate_config.yaml, "
-                          "megatron_args.txt, hostfile, launch.sh, plan.json."),
+                     help="Write the plan's configs here, only those its stack reads: ds_config.json and hostfile, "
+                          "accelerate_config.yaml, torchtitan_job.py, megatron_args.txt; launch.sh, slurm.sbatch, "
+                          "pytorchjob.yaml, plan.json."),
         click.option("--force", is_flag=True, help="With --out or --plot, overwrite existing files."),
         click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
                      help="Draw the plan into FILE (.png or .svg): memory per rank by category against the "
@@ -284,6 +287,12 @@ def output_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--offload-params", type=offload, default="none", show_default=True,
                      help="ZeRO-Infinity / FSDP CPU offload: parameters in CPU memory or on NVMe "
                           "(ZeRO-3 or FSDP full sharding; FSDP also moves gradients and optimizer states)."),
+        # emit (issue 19): which stack --out writes for, and which scheduler files
+        click.option("--stack", type=click.Choice(["hf", "torchtitan", "megatron", "deepspeed"]), default=None,
+                     help="The training stack --out writes configs for  [default: what fits the layout: hf for "
+                          "FSDP, torchtitan for FSDP with pp, megatron for tp/pp/cp, deepspeed for ZeRO]."),
+        click.option("--scheduler", type=click.Choice(["both", "slurm", "kubernetes", "none"]), default="both",
+                     show_default=True, help="Scheduler files --out writes: slurm.sbatch, pytorchjob.yaml (Kubeflow)."),
     ], f)
 
 

@@ -21,6 +21,7 @@ from planner.cli.request import (
     emit_options,
     finetune_spec,
     timing,
+    within_topology,
 )
 from planner.errors import UserError
 
@@ -80,6 +81,7 @@ def plan_fewest(o: Options) -> Answer:
 
     m, gpu, setup, space, n_gpus = build_request(o)
     lay = api.fixed_layout(space, setup, n_gpus)
+    o = within_topology(o, gpu, lay.n_gpus if lay is not None else n_gpus)
     if o.method == "auto":
         specs = tuple(finetune_spec(o, name) for name in api.AUTO_METHODS)
         if lay is not None:
@@ -103,6 +105,9 @@ def plan_fewest(o: Options) -> Answer:
 
     def as_json(crosscheck: Crosscheck | None) -> Any:
         d = report.plan_json(result, crosscheck)
+        if result.best is not None and result.best.fits:
+            from planner.emit import stack_json
+            d["stack"] = stack_json(result, emit_options(o))     # the stack --out writes for (issue 19)
         if result.best is None:
             from planner.report.advice import fit_advice
             d["advice"] = fit_advice(result)
@@ -182,6 +187,8 @@ def cheapest(o: Options) -> Answer:
         if deadline_s <= 0:
             raise UserError(f"--deadline {o.deadline} is in the past; give a later date or a duration (30d)")
     lay = api.fixed_layout(space, setup, n_gpus)
+    for g in gpus:      # a count beyond a topology is refused; the sweep's answer is checked below
+        within_topology(o, g, lay.n_gpus if lay is not None else n_gpus)
     if lay is not None:
         for gpu in gpus:
             reason = reject_reason(m, setup, lay, gpu.gpus_per_node)
@@ -208,6 +215,9 @@ def cheapest(o: Options) -> Answer:
         return plot.cost_figure(r)
 
     result = r.result
+    if result.best is not None and result.cluster is not None and result.cluster.topology is not None:
+        from planner.hardware.topology import check_covers
+        check_covers(result.cluster.topology, result.best.n_gpus, flag="--max-gpus")
     refusal = (f"no plan satisfies the constraints, so nothing was written to --out {o.out}"
                if result.best is None else None)
     return Answer(result=result, json_of=lambda cc: report.cost_json(r, cc),
@@ -232,9 +242,12 @@ def finish(o: Options, a: Answer) -> None:
         crosscheck = run_crosscheck(result, opts.offload_optimizer, opts.offload_params)
     written: list[Path] = []
     not_written = None
+    stack_used = None
     if o.out is not None:
         if a.out_refusal is None:
+            from planner.emit import stack_for
             written = write_out(result, o, opts, crosscheck)
+            stack_used = stack_for(result, opts)
         elif a.refuse_first:
             raise UserError(a.out_refusal)
         else:
@@ -249,7 +262,7 @@ def finish(o: Options, a: Answer) -> None:
         click.echo(a.quiet_of(crosscheck))
     else:
         show(a.view_of(crosscheck))
-    say_written(o, written, plotted)
+    say_written(o, written, plotted, stack_used)
     if not_written is not None:
         raise not_written
     if a.failed:

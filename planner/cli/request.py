@@ -168,4 +168,19 @@ def emit_options(o: Options) -> EmitOptions:
 
     if o.force and o.out is None and o.plot is None:
         raise UserError("--force needs --out DIR or --plot FILE")
-    return EmitOptions(offload_optimizer=o.offload_optimizer, offload_params=o.offload_params)
+    return EmitOptions(offload_optimizer=o.offload_optimizer, offload_params=o.offload_params,
+                       stack=o.stack, scheduler=o.scheduler)
+
+
+def within_topology(o: Options, gpu: Any, n_gpus: int | None) -> Options:
+    """A plan never runs past what its topology describes (issue 19): refuse a GPU count
+    beyond it, and search no further than it (the options with --max-gpus lowered)."""
+    from planner.hardware.topology import check_covers, max_covered_gpus
+    from planner.timing.model import cluster_for
+
+    top = cluster_for(gpu, o.topology).topology
+    if top is None:
+        return o
+    if n_gpus is not None:
+        check_covers(top, n_gpus)
+    return replace(o, max_gpus=min(o.max_gpus, max_covered_gpus(top)))

@@ -200,6 +200,15 @@ def _pools(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, space: S
     return out
 
 
+def covered_gpus(cluster: Cluster, max_gpus: int) -> int:
+    """The largest GPU count a sweep on ``cluster`` tries: ``max_gpus``, or fewer where the
+    cluster's topology describes fewer GPUs (a plan never runs past its topology, issue 19)."""
+    if cluster.topology is None:
+        return max_gpus
+    from planner.hardware.topology import max_covered_gpus
+    return min(max_gpus, max_covered_gpus(cluster.topology))
+
+
 def plan_cost(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, tokens: float, prices: Prices,
               space: SearchSpace = DEFAULT_SPACE, objective: str = "cost", limits: Limits = NO_LIMITS,
               n_gpus: int | None = None, topology: str | None = None, efficiency: Efficiency = DEFAULT_EFFICIENCY,
@@ -216,7 +225,8 @@ def plan_cost(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, token
         raise UserError(f"--n-gpus {n_gpus} exceeds --max-gpus {max_gpus}")
     pools = _pools(m, gpus, setup, space, topology, efficiency, KEEP)
     plans: list[PricedPlan] = []
-    counts = {pool.gpu.name: [n_gpus] if n_gpus is not None else cost_counts(pool.gpu.gpus_per_node, max_gpus)
+    counts = {pool.gpu.name: [n_gpus] if n_gpus is not None
+              else cost_counts(pool.gpu.gpus_per_node, covered_gpus(pool.cluster, max_gpus))
               for pool in pools}
     _sweep_all([(pool, counts[pool.gpu.name], tokens, math.inf) for pool in pools])
     for pool in pools:
@@ -474,7 +484,7 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
             searches[key] = _pools(m, [gpu], setup, space, None, efficiency, 1)[0]
         return searches[key]
 
-    counts = {g.name: cost_counts(g.gpus_per_node, max_gpus) for g in gpus}
+    counts = {g.name: cost_counts(g.gpus_per_node, covered_gpus(cluster_for(g), max_gpus)) for g in gpus}
     seen: dict[tuple[str, str], list[tuple[int, Candidate]]] = {}
     first_ok: dict[tuple[str, str], int] = {}
     _sweep_all([(search(job, g), counts[g.name], job.tokens, job.deadline_s - job.start_s)

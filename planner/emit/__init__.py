@@ -1,16 +1,21 @@
 """Configs and launch files for a chosen plan: one module per target, each returning plain data.
 
-    deepspeed.py  ds_config.json (to_deepspeed_config)
-    fsdp.py       accelerate's config YAML with its fsdp_config, and the torchrun command for FSDP2
-    megatron.py   Megatron-LM's command-line arguments
-    launch.py     a hostfile and the multi-node launch script
-    write.py      atomic writes to a directory (the only module here that touches files)
+    deepspeed.py   ds_config.json (to_deepspeed_config)
+    fsdp.py        accelerate's config YAML with its fsdp_config, and the torchrun command for FSDP2
+    megatron.py    Megatron-LM's command-line arguments
+    torchtitan.py  a torchtitan 0.3.0 job (a config_registry module its ConfigManager loads)
+    launch.py      a hostfile and the multi-node launch script
+    slurm.py       a Slurm batch script (srun + torchrun's c10d rendezvous)
+    kubernetes.py  a Kubeflow training-operator PyTorchJob (schemas/ holds its JSON schema)
+    write.py       atomic writes to a directory (the only module here that touches files)
 
-Which engine runs a plan follows its layout: FSDP sharding without pipeline parallelism
-runs under PyTorch FSDP2 (accelerate, whose parallelism config also takes tp and cp, or
-torchrun); tensor, pipeline or context parallelism otherwise runs under Megatron-LM (its
-distributed optimizer, Megatron FSDP for ZeRO-2/3, or --use-torch-fsdp2); pure data
-parallelism with ZeRO runs under DeepSpeed. ``plan_files`` returns every file for a plan.
+Which stack runs a plan is --stack, or by default what fits the layout
+(planner.stacks.default_stack): FSDP without pipeline parallelism runs under Hugging Face
++ accelerate (FSDP2; its parallelism config also takes tp and cp, or torchrun); FSDP with
+pipeline parallelism under torchtitan; tensor, pipeline or context parallelism otherwise
+under Megatron-LM (its distributed optimizer, Megatron FSDP for ZeRO-2/3, or
+--use-torch-fsdp2); pure data parallelism with ZeRO under DeepSpeed. Each stack gets only
+the files it reads (planner/stacks/catalog.toml). ``plan_files`` returns every file.
 """
 
 from __future__ import annotations
@@ -20,14 +25,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from planner.errors import UserError
-from planner.layouts.layout import Layout
+from planner.stacks import STACKS, check_stack, default_stack
 
 if TYPE_CHECKING:
     from planner.api import PlanResult
     from planner.search.search import Candidate
 
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
-ENGINES = ("deepspeed", "megatron", "fsdp")
+SCHEDULERS = ("both", "slurm", "kubernetes", "none")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -53,19 +58,24 @@ class EmitOptions:
     script: str = "train.py"             # the user's training script (FSDP, DeepSpeed)
     master_addr: str = "node-0"          # default rendezvous host; the launch script reads $MASTER_ADDR
     master_port: int = 29500
+    stack: str | None = None             # hf | torchtitan | megatron | deepspeed; None: default_stack
+    scheduler: str = "both"              # slurm | kubernetes | both | none
+    image: str = "REPLACE-WITH-YOUR-TRAINING-IMAGE"   # the container image of the Kubernetes job
 
     @property
     def offloads(self) -> bool:
         return self.offload_optimizer != "none" or self.offload_params != "none"
 
 
-def engine(lay: Layout) -> str:
-    """The program that runs ``lay``: fsdp, megatron or deepspeed (see module docstring)."""
-    if lay.is_fsdp and lay.pp == 1:
-        return "fsdp"
-    if lay.tp > 1 or lay.pp > 1 or lay.cp > 1:
-        return "megatron"
-    return "deepspeed"
+def stack_for(r: PlanResult, opts: EmitOptions) -> str:
+    """The stack that runs the chosen plan: --stack, checked against the layout, or the default."""
+    lay = chosen(r).layout
+    if opts.stack is None:
+        return default_stack(r.model, lay)
+    if opts.stack not in STACKS:
+        raise UserError(f"--stack {opts.stack!r}: choose one of {', '.join(STACKS)}")
+    check_stack(opts.stack, r.model, lay)
+    return opts.stack
 
 
 def node_shape(n_gpus: int, gpus_per_node: int) -> tuple[int, int]:
@@ -93,7 +103,7 @@ def check_options(r: PlanResult, opts: EmitOptions) -> None:
     if r.best is None:
         return
     lay = r.best.layout
-    eng = engine(lay)
+    eng = stack_for(r, opts) if r.best.fits else default_stack(r.model, lay)
     for name, device in (("--offload-optimizer", opts.offload_optimizer), ("--offload-params", opts.offload_params)):
         if device not in OFFLOAD_DEVICES:
             raise UserError(f"{name} {device!r}: choose one of {', '.join(OFFLOAD_DEVICES)}")
@@ -109,6 +119,9 @@ def check_options(r: PlanResult, opts: EmitOptions) -> None:
         raise UserError("Megatron-LM does not offload under FSDP; drop --offload-optimizer or plan without pp")
     if eng == "megatron" and opts.offload_optimizer == "nvme":
         raise UserError("Megatron-LM offloads the optimizer to CPU only; use --offload-optimizer cpu")
+    if eng == "torchtitan" and (opts.offload_optimizer != "none" or opts.offload_params == "nvme"):
+        raise UserError("torchtitan offloads parameters, gradients and optimizer states to CPU together "
+                        "(training.enable_cpu_offload): use --offload-params cpu only")
     if lay.is_fsdp and opts.offload_optimizer != "none":
         raise UserError("FSDP2 offloads parameters, gradients and the optimizer step together: "
                         "use --offload-params cpu instead of --offload-optimizer")
@@ -122,7 +135,10 @@ def check_options(r: PlanResult, opts: EmitOptions) -> None:
                         f"or plan without tp/pp/cp")
     if eng == "megatron" and r.setup.precision == "bf16":
         raise UserError("Megatron-LM keeps fp32 main weights under --bf16; plan with --precision bf16-mixed")
-    if eng != "fsdp" and r.setup.precision == "bf16" and lay.zero_stage == 0:
+    if eng == "torchtitan" and r.setup.precision not in ("bf16-mixed", "fp32"):
+        raise UserError(f"torchtitan trains with fp32 parameters and bf16 (or fp32) compute; "
+                        f"--precision {r.setup.precision} is not one of its choices: use bf16-mixed or fp32")
+    if eng not in ("hf", "torchtitan") and r.setup.precision == "bf16" and lay.zero_stage == 0:
         raise UserError("DeepSpeed keeps an fp32 master copy under bf16 unless ZeRO shards it "
                         "(bf16_master_weights_and_grads needs ZeRO-1 or higher); add --zero 1 "
                         "or use --precision bf16-mixed")
@@ -130,30 +146,65 @@ def check_options(r: PlanResult, opts: EmitOptions) -> None:
 
 def plan_files(r: PlanResult, opts: EmitOptions = EmitOptions(),
                plan_json: dict[str, Any] | None = None) -> dict[str, str]:
-    """Every file to write for the chosen plan, name -> text.
+    """Every file to write for the chosen plan, name -> text: only what its stack reads.
 
-    ds_config.json for ZeRO plans (DeepSpeed, or Megatron-DeepSpeed under tp/pp/cp),
-    accelerate_config.yaml for FSDP plans, megatron_args.txt for plans Megatron-LM runs,
-    hostfile and launch.sh for every plan, plan.json when ``plan_json`` is given.
+    deepspeed: ds_config.json, hostfile, config.json (the model's Hugging Face config); hf:
+    accelerate_config.yaml, config.json; megatron:
+    megatron_args.txt; torchtitan: torchtitan_job.py; every stack: launch.sh, and the
+    scheduler files (slurm.sbatch, pytorchjob.yaml) that ``opts.scheduler`` asks for;
+    plan.json (with the stack named) when ``plan_json`` is given.
     """
     from planner.emit.deepspeed import to_deepspeed_config
     from planner.emit.fsdp import to_accelerate_config, to_yaml
     from planner.emit.launch import to_hostfile, to_launch_script
     from planner.emit.megatron import to_megatron_args
 
-    cand = chosen(r)
+    chosen(r)
     check_options(r, opts)
-    lay = cand.layout
-    eng = engine(lay)
+    if opts.scheduler not in SCHEDULERS:
+        raise UserError(f"--scheduler {opts.scheduler!r}: choose one of {', '.join(SCHEDULERS)}")
+    stack = stack_for(r, opts)
     files: dict[str, str] = {}
-    if not lay.is_fsdp:
+    if stack == "deepspeed":
         files["ds_config.json"] = json.dumps(to_deepspeed_config(r, opts), indent=2) + "\n"
-    if eng == "fsdp":
+        files["hostfile"] = to_hostfile(r)
+        files.update(hf_model_config(r))
+    elif stack == "hf":
         files["accelerate_config.yaml"] = to_yaml(to_accelerate_config(r, opts))
-    if eng == "megatron":
+        files.update(hf_model_config(r))
+    elif stack == "megatron":
         files["megatron_args.txt"] = "\n".join(to_megatron_args(r, opts)) + "\n"
-    files["hostfile"] = to_hostfile(r)
-    files["launch.sh"] = to_launch_script(r, opts)
+    else:
+        from planner.emit.torchtitan import to_torchtitan_job
+        files["torchtitan_job.py"] = to_torchtitan_job(r, opts)
+    files["launch.sh"] = to_launch_script(r, opts, stack)
+    if opts.scheduler in ("both", "slurm"):
+        from planner.emit.slurm import to_slurm_script
+        files["slurm.sbatch"] = to_slurm_script(r, opts, stack)
+    if opts.scheduler in ("both", "kubernetes"):
+        from planner.emit.kubernetes import to_manifest_yaml
+        files["pytorchjob.yaml"] = to_manifest_yaml(r, opts, stack)
     if plan_json is not None:
-        files["plan.json"] = json.dumps(plan_json, indent=2) + "\n"
+        files["plan.json"] = json.dumps({**plan_json, "stack": stack_json(r, opts)}, indent=2) + "\n"
     return files
+
+
+def hf_model_config(r: PlanResult) -> dict[str, str]:
+    """config.json: the model's Hugging Face config, which a transformers script under
+    DeepSpeed or accelerate builds the model from (``AutoConfig.from_pretrained(DIR)``); the
+    preset's shipped file or the user's own. Empty when the model came from neither."""
+    from planner.models.spec import load_hf_config, load_presets
+
+    m = r.model
+    key = m.name if m.name in load_presets() else m.source
+    if not key:
+        return {}
+    return {"config.json": json.dumps(load_hf_config(key), indent=2) + "\n"}
+
+
+def stack_json(r: PlanResult, opts: EmitOptions) -> dict[str, Any]:
+    """The stack that runs the plan, as plan.json and --json give it."""
+    from planner.stacks import stack_summary
+
+    how = "--stack" if opts.stack is not None else "default for the layout (planner.stacks.default_stack)"
+    return stack_summary(stack_for(r, opts), how)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import shlex
 from typing import TYPE_CHECKING
 
-from planner.emit import EmitOptions, chosen, engine, node_shape
+from planner.emit import EmitOptions, chosen, node_shape
 
 if TYPE_CHECKING:
     from planner.api import PlanResult
@@ -67,29 +67,72 @@ def shell_command(cmd: list[str], extra: str = '"$@"') -> str:
     return " \\\n    ".join(lines)
 
 
-def to_launch_script(r: PlanResult, opts: EmitOptions = EmitOptions()) -> str:
+def stack_env(r: PlanResult, stack: str) -> dict[str, str]:
+    """Environment every rank of the plan needs, with the reason in the launch files.
+
+    CUDA_DEVICE_MAX_CONNECTIONS=1: Megatron-LM's validate_args requires it for tp or cp
+    before Blackwell without FSDP (planner.stacks.megatron). NCCL_DEBUG=WARN: NCCL's own
+    default level, set so that a failing collective says why (NCCL environment docs).
+    """
+    env = {"NCCL_DEBUG": "WARN"}
+    if stack == "megatron":
+        from planner.emit.megatron import megatron_env
+        env.update(megatron_env(r))
+    return env
+
+
+def worker_command(r: PlanResult, opts: EmitOptions, stack: str, here: str = "${HERE}") -> tuple[list[str], list[str]]:
+    """(torchrun's launcher flags' tail: the program and its arguments, extra shell words)
+    that every node runs under a scheduler: torchrun starts the stack's program.
+
+    hf: the user's script (FSDP2 applied by it, or accelerate's config is not needed under
+    torchrun); deepspeed: the script with --deepspeed_config (deepspeed.initialize reads
+    torchrun's environment); megatron: pretrain_gpt.py with megatron_args.txt; torchtitan:
+    ``-m torchtitan.train --module torchtitan_job --config planner_job``.
+    """
+    if stack == "deepspeed":
+        return [opts.script, "--deepspeed", "--deepspeed_config", f"{here}/ds_config.json"], []
+    if stack == "megatron":
+        script = "pretrain_bert.py" if r.model.model_type == "bert" else "pretrain_gpt.py"
+        return [f"${{MEGATRON}}/{script}"], ['"${MEGATRON_ARGS[@]}"']
+    if stack == "torchtitan":
+        from planner.emit.torchtitan import CONFIG, MODULE
+        return ["-m", "torchtitan.train", "--module", MODULE, "--config", CONFIG], []
+    return [opts.script], []
+
+
+def env_lines(env: dict[str, str]) -> list[str]:
+    return [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
+
+
+def to_launch_script(r: PlanResult, opts: EmitOptions = EmitOptions(), stack: str | None = None) -> str:
     """A bash script that launches the plan on the cluster, from the directory it sits in."""
+    from planner.emit import stack_for
     from planner.emit.fsdp import to_fsdp2_settings, to_torchrun_command
 
     cand = chosen(r)
     lay = cand.layout
-    eng = engine(lay)
+    eng = stack or stack_for(r, opts)
     n_nodes, per_node = node_shape(lay.n_gpus, r.gpu.gpus_per_node)
     head = [
         "#!/usr/bin/env bash",
         f"# Written by planner: {r.model.name} on {lay.n_gpus} x {r.gpu.name} "
-        f"({n_nodes} node(s) x {per_node} GPUs)",
+        f"({n_nodes} node(s) x {per_node} GPUs), stack: {eng}",
         f"# Layout: {lay.describe()}",
         f"# Global batch {lay.global_batch} sequences of {lay.seq_len} tokens, {r.setup.precision}, "
         f"{r.setup.optimizer}; the memory per rank is in plan.json.",
     ]
     if opts.offloads:
         head.append(f"# Offload: optimizer -> {opts.offload_optimizer}, parameters -> {opts.offload_params}")
+    env = stack_env(r, eng)
     head += [
         "set -euo pipefail",
         'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
         f'MASTER_ADDR="${{MASTER_ADDR:-{opts.master_addr}}}"',
     ]
+    if "CUDA_DEVICE_MAX_CONNECTIONS" in env:
+        head.append("# Megatron-LM (validate_args) requires one CUDA connection for tp/cp before Blackwell")
+    head += env_lines(env)
     body: list[str] = []
     if eng == "deepspeed":
         if n_nodes > 1:
@@ -99,7 +142,7 @@ def to_launch_script(r: PlanResult, opts: EmitOptions = EmitOptions()) -> str:
                         f"model.gradient_checkpointing_enable() in {opts.script}.")
         cmd = to_deepspeed_command(r, opts, '${HERE}/ds_config.json', '${HERE}/hostfile')
         body.append(shell_command(cmd))
-    elif eng == "fsdp":
+    elif eng == "hf":
         s = to_fsdp2_settings(r, opts)
         body += [
             "# Run on every node (e.g. with srun or pdsh). LAUNCHER=accelerate (default) or torchrun.",
@@ -115,6 +158,15 @@ def to_launch_script(r: PlanResult, opts: EmitOptions = EmitOptions()) -> str:
             "else",
             "  " + shell_command(to_torchrun_command(r, opts)),
             "fi",
+        ]
+    elif eng == "torchtitan":
+        prog, _ = worker_command(r, opts, eng)
+        body += [
+            "# Run on every node (e.g. with srun or pdsh), where torchtitan 0.3.0 is installed.",
+            "# torchtitan's ConfigManager imports torchtitan_job.py from this directory (PYTHONPATH).",
+            "# Point it at your tokenizer and data with overrides after the command, e.g. --hf_assets_path DIR.",
+            'export PYTHONPATH="${HERE}${PYTHONPATH:+:${PYTHONPATH}}"',
+            shell_command(to_torchrun_command(r, opts, script=prog[0], script_args=tuple(prog[1:]))),
         ]
     else:
         script = "pretrain_bert.py" if r.model.model_type == "bert" else "pretrain_gpt.py"

@@ -2,15 +2,26 @@
 
 Flag names and their choices are Megatron-LM's (megatron/training/arguments.py:
 _add_distributed_args, _add_training_args, _add_network_size_args, _add_moe_args, ...);
-tests/test_emit.py checks every flag emitted here against a cited list of them.
+planner/stacks/megatron.py holds a cited copy of them and of the validate_args rules that
+concern these flags, and tests/test_emit.py runs both and megatron-core's own config
+classes (TransformerConfig, OptimizerConfig, DistributedDataParallelConfig) on the output.
+
+Architecture facts that ModelSpec does not carry (rope base and scaling, norm epsilon)
+come from the model's config.json (planner/stacks/architecture.py). The vocabulary is
+given with --vocab-size and --make-vocab-size-divisible-by chosen so that Megatron's
+padding (_vocab_size_with_padding: a multiple of divisible-by x tp) keeps the model's own
+size wherever tp allows (see ``vocab_divisor``).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from planner.errors import UserError
 from planner.memory.model import stage_layers
 from planner.emit import EmitOptions, check_options, chosen
+from planner.stacks.architecture import architecture
+from planner.stacks.megatron import device_arch_major, needs_one_connection
 
 if TYPE_CHECKING:
     from planner.api import PlanResult
@@ -21,6 +32,41 @@ POSITION = {"rope": "rope", "learned": "learned_absolute", "alibi": "none"}
 # ZeRO stage -> Megatron's data-parallel sharding: the distributed optimizer shards
 # optimizer states (ZeRO-1); Megatron FSDP shards gradients too, or everything
 MEGATRON_FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
+# Megatron's default --make-vocab-size-divisible-by (_add_network_size_args)
+VOCAB_DIVISIBLE_BY = 128
+# Megatron's Llama 3.x rope scaling (megatron/core/models/common/embeddings/rope_utils.py,
+# apply_rope_scaling defaults): low/high frequency factors 1 and 4, original context 8192
+MEGATRON_LLAMA3_SCALING = (1.0, 4.0, 8192)
+
+
+def vocab_divisor(vocab_size: int, tp: int) -> int:
+    """The largest divisor d of 128 with d x tp dividing the vocabulary, so Megatron pads
+    nothing; 1 when tp itself does not divide it (Megatron then pads to a multiple of tp)."""
+    d = VOCAB_DIVISIBLE_BY
+    while d > 1 and vocab_size % (d * tp):
+        d //= 2
+    return d
+
+
+def padded_vocab_size(vocab_size: int, tp: int, divisor: int) -> int:
+    """Megatron's _vocab_size_with_padding: up to a multiple of divisor x tp."""
+    multiple = divisor * tp
+    return -(-vocab_size // multiple) * multiple
+
+
+def _unsupported(m: ModelSpec) -> str | None:
+    """Architectures Megatron-LM's GPT arguments cannot express, or None."""
+    if m.parallel_block:
+        return "parallel attention/MLP blocks"
+    if m.embedding_norm:
+        return "a norm after the word embedding"
+    if m.norms_per_layer != 2 and m.model_type != "bert":
+        return f"{m.norms_per_layer} norms per block"
+    if m.position == "alibi":
+        return "ALiBi position biases"
+    if m.gated_mlp and m.activation not in ("silu", "swish"):
+        return f"a gated MLP with {m.activation} (Megatron's gated MLP is SwiGLU)"
+    return None
 
 
 def pipeline_layout(n_layers: int, pp: int, vp: int) -> str:
@@ -44,20 +90,50 @@ def pipeline_layout(n_layers: int, pp: int, vp: int) -> str:
     return "|".join(parts)
 
 
-def _model_args(m: ModelSpec, seq_len: int) -> list[str]:
+def _rope_args(m: ModelSpec) -> list[str]:
+    arch = architecture(m)
+    theta = arch.rope_theta
+    if theta != int(theta):
+        raise UserError(f"Megatron-LM's --rotary-base is an integer; {m.name} has rope_theta {theta}")
+    args = ["--rotary-base", str(int(theta))]
+    sc = arch.rope_scaling
+    if sc is not None:
+        if sc.rope_type != "llama3" or (sc.low_freq_factor, sc.high_freq_factor,
+                                        sc.original_max_positions) != MEGATRON_LLAMA3_SCALING:
+            raise UserError(f"Megatron-LM's --use-rope-scaling is Llama 3.x scaling only; {m.name} has "
+                            f"rope_scaling {sc.rope_type!r}: no Megatron arguments written")
+        args += ["--use-rope-scaling", "--rope-scaling-factor", repr(sc.factor)]
+    return args
+
+
+def _model_args(m: ModelSpec, seq_len: int, tp: int = 1) -> list[str]:
+    why = _unsupported(m)
+    if why is not None:
+        raise UserError(f"Megatron-LM's arguments cannot express {m.name}'s {why}; "
+                        f"no Megatron files written (plan without tp/pp/cp, or use --stack hf)")
+    if m.position == "learned" and m.max_positions and seq_len > m.max_positions:
+        raise UserError(f"{m.name} has {m.max_positions} learned positions; a sequence of {seq_len} tokens "
+                        f"does not fit them (give --seq-len {m.max_positions} or less)")
+    div = vocab_divisor(m.vocab_size, tp)
     args = ["--num-layers", str(m.n_layers), "--hidden-size", str(m.d_model),
             "--ffn-hidden-size", str(m.d_ff), "--num-attention-heads", str(m.n_heads),
             "--seq-length", str(seq_len),
             "--max-position-embeddings", str(max(m.max_positions, seq_len)),
             "--position-embedding-type", POSITION.get(m.position, "none"),
             "--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm",
+            "--norm-epsilon", repr(architecture(m).norm_eps),
+            "--vocab-size", str(m.vocab_size), "--make-vocab-size-divisible-by", str(div),
             "--attention-dropout", repr(m.attention_dropout), "--hidden-dropout", repr(m.hidden_dropout)]
+    if m.position == "rope":
+        args += _rope_args(m)
     if m.n_kv_heads != m.n_heads:
         args += ["--group-query-attention", "--num-query-groups", str(m.n_kv_heads)]
     if m.head_dim * m.n_heads != m.d_model:
         args += ["--kv-channels", str(m.head_dim)]
     if m.gated_mlp:
         args += ["--swiglu"]
+    elif m.activation in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
+        args += ["--openai-gelu"]     # tanh-approximated GELU; Megatron's default is exact F.gelu
     if not m.tied_embeddings:
         args += ["--untie-embeddings-and-output-weights"]
     if not (m.out_bias or m.mlp_bias):
@@ -66,6 +142,9 @@ def _model_args(m: ModelSpec, seq_len: int) -> list[str]:
             args += ["--add-qkv-bias"]
     if m.is_moe:
         args += ["--num-experts", str(m.n_experts), "--moe-router-topk", str(m.n_experts_per_token)]
+        aux = architecture(m).router_aux_loss_coef
+        if aux is not None:
+            args += ["--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff", repr(aux)]
     return args
 
 
@@ -81,12 +160,27 @@ def _parallel_args(lay: Layout, n_layers: int) -> list[str]:
         args += ["--pipeline-model-parallel-layout", pipeline_layout(n_layers, lay.pp, lay.vp)]
     elif lay.vp > 1:
         args += ["--num-layers-per-virtual-pipeline-stage", str(n_layers // (lay.pp * lay.vp))]
+    if lay.vp > 1 and lay.pp <= 2:
+        args += ["--overlap-p2p-comm"]   # validate_args: interleaving over pp <= 2 needs it
     return args
 
 
-def _sharding_args(lay: Layout) -> list[str]:
-    if lay.is_fsdp:
-        args = ["--use-torch-fsdp2"]
+def uses_torch_fsdp2(lay: Layout, m: ModelSpec, precision: str) -> bool:
+    """FSDP layouts run under --use-torch-fsdp2 where validate_args allows it (pp = ep = 1,
+    untied embeddings, no fp16); elsewhere under Megatron FSDP, which shards the same way."""
+    return (lay.is_fsdp and lay.pp == 1 and lay.ep == 1 and not m.tied_embeddings
+            and precision != "fp16-mixed")
+
+
+def uses_fsdp(lay: Layout) -> bool:
+    """Torch or Megatron FSDP: either needs CUDA_DEVICE_MAX_CONNECTIONS unset or > 1."""
+    return lay.is_fsdp or lay.zero_stage >= 2
+
+
+def _sharding_args(lay: Layout, m: ModelSpec, precision: str) -> list[str]:
+    if uses_torch_fsdp2(lay, m, precision):
+        # validate_args: no gradient-accumulation fusion, torch_dist/torch_dcp checkpoints
+        args = ["--use-torch-fsdp2", "--no-gradient-accumulation-fusion", "--ckpt-format", "torch_dist"]
         if lay.sharding == "fsdp-grad-op":
             args += ["--torch-fsdp2-no-reshard-after-forward"]
         return args
@@ -94,8 +188,21 @@ def _sharding_args(lay: Layout) -> list[str]:
         return []
     args = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
     if lay.zero_stage >= 2:
-        args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", MEGATRON_FSDP_STRATEGY[lay.zero_stage]]
+        # FSDP layouts Megatron's torch FSDP2 refuses (pp or ep > 1, tied, fp16) shard as
+        # ZeRO-2/3 under Megatron FSDP, which wants fsdp_dtensor checkpoints
+        stage = 2 if lay.sharding == "fsdp-grad-op" else lay.zero_stage
+        args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", MEGATRON_FSDP_STRATEGY[stage],
+                 "--no-gradient-accumulation-fusion", "--ckpt-format", "fsdp_dtensor"]
     return args
+
+
+def megatron_env(r: PlanResult) -> dict[str, str]:
+    """Environment Megatron-LM's validate_args requires of the launch: CUDA_DEVICE_MAX_CONNECTIONS=1
+    for tp or cp on GPUs before Blackwell, unless FSDP runs (it needs more connections)."""
+    lay = chosen(r).layout
+    if needs_one_connection(lay.tp, lay.cp, uses_fsdp(lay), device_arch_major(r.gpu.name)):
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    return {}
 
 
 def _recompute_args(recompute: str) -> list[str]:
@@ -119,10 +226,10 @@ def to_megatron_args(r: PlanResult, opts: EmitOptions = EmitOptions()) -> list[s
     check_options(r, opts)
     lay = cand.layout
     s = r.setup
-    args = _model_args(r.model, lay.seq_len)
+    args = _model_args(r.model, lay.seq_len, lay.tp)
     args += _parallel_args(lay, r.model.n_layers)
     args += ["--micro-batch-size", str(lay.micro_batch), "--global-batch-size", str(lay.global_batch)]
-    args += _sharding_args(lay)
+    args += _sharding_args(lay, r.model, s.precision)
     args += _recompute_args(lay.recompute)
     if s.precision == "bf16-mixed":
         args += ["--bf16"]
@@ -136,5 +243,6 @@ def to_megatron_args(r: PlanResult, opts: EmitOptions = EmitOptions()) -> list[s
                  "--adam-eps", repr(opts.eps)]
     args += ["--lr", repr(opts.lr), "--weight-decay", repr(opts.weight_decay), "--clip-grad", repr(opts.grad_clip)]
     if opts.offload_optimizer == "cpu":
-        args += ["--optimizer-cpu-offload"]
+        # validate_args: the CPU offload runs through the precision-aware optimizer path
+        args += ["--optimizer-cpu-offload", "--use-precision-aware-optimizer"]
     return args

@@ -97,8 +97,23 @@ class HostMemory:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class ScalableUnits:
+    """How scalable units connect: up to ``max_units`` of them under a spine/core layer.
+
+    Only a non-blocking layer (non_blocking = true: a full fat tree, as in the DGX
+    SuperPOD reference architectures) is modelled: the group bandwidths then equal the
+    ones inside one unit's leaf/spine fabric (hardware/placement.axis_links folds
+    placements onto one unit). A file asking for a blocking core is refused.
+    """
+
+    max_units: int
+    source: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ClusterTopology:
-    """One scalable unit of a cluster: up to max_nodes identical nodes of gpus_per_node GPUs."""
+    """One scalable unit of a cluster: up to max_nodes identical nodes of gpus_per_node GPUs;
+    ``units`` says how many such units a plan may span (None: one)."""
 
     name: str
     description: str
@@ -110,6 +125,7 @@ class ClusterTopology:
     network: ScaleOutNetwork
     source: str
     host: HostMemory | None = None   # None: the file gives no CPU memory; offload is not checked
+    units: ScalableUnits | None = None   # None: one unit; plans beyond max_nodes are refused
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,6 +228,21 @@ def _parse_host(t: Mapping[str, Any], where: str) -> HostMemory:
                       source=_clean(t["source"]))
 
 
+MAX_UNITS = 100_000
+
+
+def _parse_units(t: Mapping[str, Any], where: str) -> ScalableUnits:
+    t = _table(t, {"max_units", "non_blocking", "source"}, set(), where)
+    n = t["max_units"]
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_UNITS:
+        raise UserError(f"{where}: max_units must be an integer from 1 to {MAX_UNITS:,}, got {n!r}")
+    if t["non_blocking"] is not True:
+        raise UserError(f"{where}: only a non-blocking spine/core between scalable units is modelled "
+                        f"(non_blocking = true); describe an oversubscribed cluster as one unit with "
+                        f"max_nodes and its [network] oversubscription instead")
+    return ScalableUnits(max_units=n, source=_clean(t["source"]))
+
+
 def parse_topology(text: str, where: str = "<topology>") -> ClusterTopology:
     """Parse one topology description (TOML text); see topologies/README.md for the schema."""
     try:
@@ -224,7 +255,7 @@ def parse_topology(text: str, where: str = "<topology>") -> ClusterTopology:
         raise UserError(f"{where}: not valid TOML (nested too deeply)") from None
     check_tree(data, where)         # nesting, integers beyond int64 (float() overflows), huge strings
     t = _table(data, {"name", "description", "gpu", "gpus_per_node", "max_nodes",
-                                     "intra_node", "pcie", "network", "source"}, {"host"}, where)
+                                     "intra_node", "pcie", "network", "source"}, {"host", "units"}, where)
     try:
         gpu = get_gpu(t["gpu"]).name        # an unknown GPU name fails here, with suggestions
     except UserError as e:
@@ -244,7 +275,8 @@ def parse_topology(text: str, where: str = "<topology>") -> ClusterTopology:
     return ClusterTopology(name=t["name"], description=_clean(t["description"]), gpu=gpu, gpus_per_node=gpn,
                            max_nodes=t["max_nodes"], intra_node=intra, pcie=pcie, network=network,
                            source=_clean(t["source"]),
-                           host=_parse_host(t["host"], f"{where} [host]") if "host" in t else None)
+                           host=_parse_host(t["host"], f"{where} [host]") if "host" in t else None,
+                           units=_parse_units(t["units"], f"{where} [units]") if "units" in t else None)
 
 
 def _shipped_dir() -> Any:
@@ -283,6 +315,27 @@ def load_topology(name_or_path: str | Path) -> ClusterTopology:
     if top is None:
         raise unknown_name("topology", str(name_or_path), _shipped().keys(), "`plan topologies`")
     return top
+
+
+def max_covered_gpus(top: ClusterTopology) -> int:
+    """The most GPUs a plan on ``top`` may use: its nodes, times its scalable units."""
+    units = top.units.max_units if top.units is not None else 1
+    return top.max_nodes * units * top.gpus_per_node
+
+
+def check_covers(top: ClusterTopology, n_gpus: int, flag: str = "--n-gpus") -> None:
+    """Refuse a plan of ``n_gpus`` that runs past what ``top`` describes (UserError, one line)."""
+    largest = max_covered_gpus(top)
+    if n_gpus <= largest:
+        return
+    nodes = -(-n_gpus // top.gpus_per_node)
+    units = top.units.max_units if top.units is not None else 1
+    described = (f"{units:,} scalable units of {top.max_nodes} nodes" if units > 1
+                 else f"{top.max_nodes} node{'s' if top.max_nodes > 1 else ''}")
+    raise UserError(f"{n_gpus:,} GPUs need {nodes:,} nodes; topology {top.name} describes {described} "
+                    f"({largest:,} GPUs): plan with {flag} {largest} or fewer, or describe a bigger "
+                    f"cluster in a topology file (max_nodes, [units] max_units; topologies/README.md) "
+                    f"and pass --topology PATH")
 
 
 def list_topologies() -> list[ClusterTopology]:

@@ -1,0 +1,146 @@
+"""What each training stack does: the files --out writes for it, how it launches, and its names.
+
+The facts are data (planner/stacks/catalog.toml, each entry with the stack's file and
+version); this module loads them and decides which stack runs a layout:
+
+    hf          Hugging Face transformers + accelerate, PyTorch FSDP2 (no pipeline parallelism)
+    deepspeed   DeepSpeed ZeRO data parallelism (ZeRO-0 to 3, no tensor/pipeline/context split)
+    megatron    Megatron-LM: tensor, sequence, pipeline, context and expert parallelism
+    torchtitan  torchtitan 0.3.0: FSDP2/HSDP with tensor, pipeline and context parallelism,
+                for Llama-architecture models
+
+``default_stack`` is the choice when the user gives none (the one the emitters made before
+--stack existed, except that FSDP with pipeline parallelism now runs under torchtitan, which
+supports it, where Megatron-LM's validate_args refuses --use-torch-fsdp2 with pp > 1).
+``stack_refusal`` says why a stack cannot run a plan, as one line a user can act on.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import tomllib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from planner.errors import UserError
+
+if TYPE_CHECKING:
+    from planner.layouts.layout import Layout
+    from planner.models.spec import ModelSpec
+
+STACKS = ("hf", "torchtitan", "megatron", "deepspeed")
+_KEYS = {"title", "version", "files", "launcher", "kernels", "recompute", "loss", "sharding", "layouts", "source"}
+
+# Hugging Face model types whose blocks torchtitan 0.3.0's Llama 3 model builds exactly:
+# RMSNorm, SwiGLU, RoPE, GQA, no biases (torchtitan/models/llama3/__init__.py,
+# _build_llama3_layers); Mistral 7B is the same block with another rope base.
+TORCHTITAN_MODEL_TYPES = ("llama", "mistral")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Stack:
+    """One stack's facts, as catalog.toml gives them."""
+
+    name: str
+    title: str
+    version: str
+    files: tuple[str, ...]          # what --out writes besides plan.json (and scheduler files)
+    launcher: str
+    kernels: str
+    recompute: dict[str, str]       # planner --recompute value -> the stack's name for it
+    loss: str
+    sharding: dict[str, str]        # planner sharding (zero-N, fsdp-*) -> the stack's setting
+    layouts: str
+    source: str
+
+
+@functools.cache
+def load_stacks() -> dict[str, Stack]:
+    """The stack catalog, by name (unknown or missing keys are an error in the catalog)."""
+    text = importlib.resources.files("planner.stacks").joinpath("catalog.toml").read_text(encoding="utf-8")
+    out: dict[str, Stack] = {}
+    for name, row in tomllib.loads(text)["stack"].items():
+        if set(row) != _KEYS:
+            raise ValueError(f"stacks/catalog.toml [{name}]: keys {sorted(set(row) ^ _KEYS)} wrong")
+        out[name] = Stack(name=name, **{**row, "files": tuple(row["files"])})
+    if tuple(sorted(out)) != tuple(sorted(STACKS)):
+        raise ValueError(f"stacks/catalog.toml: expected {STACKS}, found {sorted(out)}")
+    return out
+
+
+def get_stack(name: str) -> Stack:
+    if name not in STACKS:
+        raise UserError(f"--stack {name!r}: choose one of {', '.join(STACKS)}")
+    return load_stacks()[name]
+
+
+def torchtitan_builds(m: ModelSpec) -> str | None:
+    """None when torchtitan 0.3.0's Llama 3 model builds ``m`` exactly, else why not."""
+    if m.model_type not in TORCHTITAN_MODEL_TYPES or m.is_moe:
+        return (f"torchtitan 0.3.0 builds Llama-architecture models here ({', '.join(TORCHTITAN_MODEL_TYPES)}); "
+                f"{m.name} is a {m.model_type} model")
+    if m.qkv_bias or m.out_bias or m.mlp_bias or m.norm != "rmsnorm" or not m.gated_mlp or m.position != "rope":
+        return f"torchtitan's Llama 3 block has RMSNorm, SwiGLU, RoPE and no biases; {m.name} differs"
+    if m.head_dim * m.n_heads != m.d_model:
+        return f"torchtitan's Llama 3 attention uses head_dim = dim / n_heads; {m.name} has head_dim {m.head_dim}"
+    return None
+
+
+def default_stack(m: ModelSpec, lay: Layout) -> str:
+    """The stack that runs ``lay`` when the user names none.
+
+    FSDP without pipeline parallelism: hf (accelerate/torchrun, FSDP2; accelerate's
+    ParallelismConfig takes tp and cp). FSDP with pipeline parallelism: torchtitan when it
+    builds the model, else megatron (Megatron FSDP; its --use-torch-fsdp2 refuses pp > 1).
+    Tensor, pipeline or context parallelism otherwise: megatron. Pure data parallelism
+    with ZeRO: deepspeed.
+    """
+    if lay.is_fsdp and lay.pp == 1:
+        return "hf"
+    if lay.is_fsdp and torchtitan_builds(m) is None and lay.ep == 1:
+        return "torchtitan"
+    if lay.tp > 1 or lay.pp > 1 or lay.cp > 1 or lay.is_fsdp:
+        return "megatron"
+    return "deepspeed"
+
+
+def stack_refusal(stack: str, m: ModelSpec, lay: Layout) -> str | None:
+    """Why ``stack`` cannot run ``lay`` of ``m`` (one line naming the way out), or None."""
+    d = lay.describe()
+    if stack == "hf":
+        if not lay.is_fsdp:
+            return (f"--stack hf runs FSDP2 plans (accelerate); this layout ({d}) shards with ZeRO-{lay.zero_stage}: "
+                    f"plan with --fsdp full")
+        if lay.pp > 1:
+            return f"--stack hf has no pipeline parallelism; this layout has pp={lay.pp}"
+    if stack == "deepspeed" and (lay.tp > 1 or lay.pp > 1 or lay.cp > 1):
+        return (f"--stack deepspeed runs ZeRO data parallelism here; this layout ({d}) splits the model "
+                f"(tp/pp/cp)")
+    if stack == "deepspeed" and lay.is_fsdp:
+        return "--stack deepspeed shards with ZeRO stages, not FSDP2; plan with --zero N"
+    if stack == "torchtitan":
+        why = torchtitan_builds(m)
+        if why is not None:
+            return f"--stack torchtitan: {why}"
+        if not lay.is_fsdp and lay.zero_stage > 0:
+            return (f"--stack torchtitan shards with FSDP2, not ZeRO-{lay.zero_stage}: plan with --fsdp full "
+                    f"(or --zero 0)")
+        if lay.ep > 1:
+            return "--stack torchtitan: its Llama 3 model has no experts to split over ep"
+    return None
+
+
+def check_stack(stack: str, m: ModelSpec, lay: Layout) -> None:
+    """UserError when ``stack`` cannot run the plan, naming the stacks that can."""
+    get_stack(stack)
+    why = stack_refusal(stack, m, lay)
+    if why is not None:
+        others = [s for s in STACKS if s != stack and stack_refusal(s, m, lay) is None]
+        raise UserError(f"{why} (stacks that run this plan: {', '.join(others) or 'none'})")
+
+
+def stack_summary(stack: str, chosen_by: str) -> dict[str, Any]:
+    """What plan.json and --json say about the stack: its name, version and why it was chosen."""
+    s = get_stack(stack)
+    return {"name": s.name, "title": s.title, "version": s.version, "chosen": chosen_by, "source": s.source}
