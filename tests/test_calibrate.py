@@ -247,3 +247,35 @@ def test_the_calibration_example_prints_its_committed_output():
     actual = r.mask("\n".join(r.run_command(a) for a in r.read_commands(SAMPLES / "commands.sh")))
     want = r.mask((SAMPLES / "output.txt").read_text(encoding="utf-8"))
     assert actual == want, "examples/calibrate/output.txt is stale: regenerate it (README.md there says how)"
+
+
+def test_runs_file_fits_logs_of_three_layouts_jointly(tmp_path: Path):
+    out = tmp_path / "h100.toml"
+    r = run("calibrate", "--runs", SAMPLES / "runs.toml", "--gpus", "h100", "--out", out, "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert [lg["stack"] for lg in d["logs"]] == ["megatron", "torchtitan", "deepspeed"]
+    assert len({lg["layout"] for lg in d["logs"]}) == 3
+    # one fraction for three logs: it lies between the fractions each log alone gives
+    alone = []
+    for i in range(3):
+        single = tmp_path / f"run{i}.toml"
+        text = (SAMPLES / "runs.toml").read_text().split("[[run]]")
+        single.write_text("[[run]]" + text[i + 1].replace('log = "', f'log = "{SAMPLES}/'))
+        one = run("calibrate", "--runs", single, "--gpus", "h100", "--out", tmp_path / f"o{i}.toml", "--json")
+        assert one.exit_code == 0, one.output
+        alone.append(json.loads(one.output)["matmul_fraction"]["after"])
+    assert min(alone) < d["matmul_fraction"]["after"] < max(alone)
+    assert d["rms_log_error"]["after"] < d["rms_log_error"]["before"]
+
+
+@pytest.mark.parametrize("runs, why", [
+    ("[[run]]\nlog = 'megatron_llama2-7b_h100x8.log'\n", "exactly log"),
+    ("[[run]]\nlog = 'megatron_llama2-7b_h100x8.log'\noptions = '--model llama2-7b --dp nine'\n", "run 1"),
+    ("title = 'x'\n", "expected [[run]]"),
+])
+def test_bad_runs_file_is_one_line(tmp_path: Path, runs: str, why: str):
+    f = tmp_path / "runs.toml"
+    f.write_text(runs)
+    r = run("calibrate", "--runs", f, "--gpus", "h100", "--out", tmp_path / "o.toml")
+    assert r.exit_code == 2 and why in r.output and len(r.output.strip().splitlines()) == 1, r.output

@@ -32,5 +32,8 @@ plan calibrate examples/calibrate/hf-trainer_qwen2.5-1.5b_h100x8.log --model qwe
   --dp 8 --tp 1 --pp 1 --cp 1 --zero 0 --micro-batch 4 --global-batch 64 --seq-len 2048 \
   --recompute none --out /tmp/planner-calibrate-hf.toml --force --json
 
-# a calibration file is for the GPU type it was fitted on
-plan --model 70b --gpus a100 --calibration /tmp/planner-calibrate-megatron.toml
+# the three layouts above fitted jointly (least squares on log error over the three logs)
+plan calibrate --runs examples/calibrate/runs.toml --gpus h100 --out /tmp/planner-calibrate-h100.toml --force
+plan --model 70b --gpus h100 --quiet --calibration /tmp/planner-calibrate-h100.toml
+
+# (a file fitted on h100 logs is refused for another GPU type, exit 2: tests/test_calibrate.py)

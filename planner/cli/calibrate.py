@@ -20,77 +20,143 @@ from planner.errors import UserError
 
 if TYPE_CHECKING:
     from planner.measure.logs import TrainingLog
-    from planner.timing.calibrate import Calibration
+    from planner.timing.calibrate import Calibration, Observation
 
 MAX_LOGS = 64
 
 
 @click.command("calibrate")
-@click.argument("logs", metavar="LOG...", nargs=-1, required=True,
+@click.argument("logs", metavar="LOG...", nargs=-1, required=False,
                 type=click.Path(dir_okay=True, path_type=Path))
 @layout_options
 @method_options
 @click.option("--topology", metavar="NAME|PATH", default=None,
               help="The cluster the logs ran on (`plan topologies`)  [default: the GPU's own].")
+@click.option("--runs", "runs_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              metavar="FILE", help="A TOML file of [[run]] tables (log = PATH, options = \"--model ... --dp ...\"): "
+                                   "logs of other layouts, fitted jointly with the LOGs given.")
 @click.option("--out", "out_file", type=click.Path(path_type=Path), default=Path("calibration.toml"),
               show_default=True, metavar="FILE", help="Where to write the calibration file.")
 @click.option("--force", is_flag=True, help="Overwrite --out FILE if it exists.")
 @click.option("--warmup", type=click.IntRange(0, 1000), default=None,
               help="Logged step records to leave out at the start of each log  [default: 3].")
-def calibrate_cmd(logs: tuple[Path, ...], out_file: Path, force: bool, warmup: int | None, **kw: Any) -> None:
+def calibrate_cmd(logs: tuple[Path, ...], runs_file: Path | None, out_file: Path, force: bool, warmup: int | None,
+                  **kw: Any) -> None:
     """Fit the planner to your own training logs (torchtitan, Megatron-LM, DeepSpeed, the
     Hugging Face Trainer): the GPU's matmul fraction so that the planner's step time equals
     the logged one (least squares on log error over every log), and the allocator overhead
-    from the logs' peak reserved memory. Give the layout the logs ran with plan's options;
-    every log given here ran that layout.
+    from the logs' peak reserved memory. Give the layout the LOGs ran with plan's options
+    (every LOG ran that layout); logs of other layouts go in a --runs file.
 
     \b
-      plan calibrate train.log --model llama3.1-8b --gpus h100 --dp 8 --fsdp full \\
-          --micro-batch 2 --global-batch 16 --seq-len 8192 --recompute selective --out h100.toml
+      plan calibrate train.log --model llama3.1-8b --gpus h100 --dp 8 --tp 1 --pp 1 --cp 1 \\
+          --fsdp full --micro-batch 2 --global-batch 16 --seq-len 8192 --recompute selective --out h100.toml
+      plan calibrate --runs runs.toml --gpus h100 --out h100.toml
       plan --model 70b --gpus h100 --calibration h100.toml
     """
-    run_safely(lambda: calibrate(logs, Options.from_click(kw), out_file, force, warmup))
+    run_safely(lambda: calibrate(logs, Options.from_click(kw), out_file, force, warmup, runs_file))
 
 
-def calibrate(paths: tuple[Path, ...], o: Options, out_file: Path, force: bool, warmup: int | None) -> None:
+Run = tuple["TrainingLog", Options]
+
+
+def calibrate(paths: tuple[Path, ...], o: Options, out_file: Path, force: bool, warmup: int | None,
+              runs_file: Path | None = None) -> None:
     from planner import __version__
-    from planner.api import fixed_layout
-    from planner.layouts.layout import reject_reason
     from planner.measure.logs import WARMUP_RECORDS, read_log
-    from planner.memory.model import per_rank_memory
-    from planner.timing.calibrate import Observation, fit, to_toml
-    from planner.timing.model import Efficiency, cluster_for
+    from planner.timing.calibrate import fit, to_toml
+    from planner.timing.model import Efficiency
 
-    if len(paths) > MAX_LOGS:
-        raise UserError(f"{len(paths)} logs given; plan calibrate takes at most {MAX_LOGS}")
     if o.method == "auto":
         raise UserError("plan calibrate fits the method the logs ran: give --method full, lora, qlora or freeze")
+    if not paths and runs_file is None:
+        raise UserError("plan calibrate needs a log: give LOG... with the layout it ran, or --runs FILE")
     check_out(out_file, force)
-    logs = [read_log(p, WARMUP_RECORDS if warmup is None else warmup) for p in paths]
-    batches = {lg.global_batch for lg in logs if lg.global_batch is not None}
-    if o.global_batch is None and o.grad_accum is None and len(batches) == 1:
-        o = replace(o, global_batch=batches.pop())     # Megatron prints it on every iteration line
-    m, gpu, setup, space, n_gpus = build_request(o)
-    lay = fixed_layout(space, setup, n_gpus)
-    if lay is None:
-        raise UserError("plan calibrate needs the layout the logs ran: give --dp, --tp, --pp (and --cp, --ep), "
-                        "--zero or --fsdp, --micro-batch and --recompute")
-    reason = reject_reason(m, setup, lay, gpu.gpus_per_node)
-    if reason:
-        raise UserError(f"layout {lay.describe()} cannot run: {reason}")
-    cluster = cluster_for(gpu, o.topology)
-    tracked = per_rank_memory(m, setup, lay, gpus_per_node=gpu.gpus_per_node).breakdown.tracked
-    obs = [Observation(name=lg.path, stack=lg.stack, model=m, setup=setup, layout=lay, cluster=cluster,
-                       step_time_s=lg.step_time_s(setup.global_batch, setup.seq_len, lay.n_gpus),
-                       tracked_bytes=tracked, max_reserved_bytes=lg.max_reserved_bytes,
-                       max_allocated_bytes=lg.max_allocated_bytes) for lg in logs]
+    skip = WARMUP_RECORDS if warmup is None else warmup
+    runs: list[Run] = [(read_log(p, skip), o) for p in paths]
+    if runs_file is not None:
+        runs += read_runs(runs_file, o, skip)
+    if len(runs) > MAX_LOGS:
+        raise UserError(f"{len(runs)} logs given; plan calibrate takes at most {MAX_LOGS}")
+    obs = [observation(lg, opts) for lg, opts in runs]
     created = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     c = fit(obs, Efficiency(), __version__, created)
     write_atomically(out_file, to_toml(c))
+    logs = [lg for lg, _ in runs]
     if o.as_json:
         click.echo(json.dumps(summary_json(c, logs, out_file), indent=2))
     else:
         click.echo(summary_text(c, logs, out_file))
+
+
+def observation(lg: TrainingLog, o: Options) -> Observation:
+    """One log with the layout it ran: the planner's inputs, the logged step time, the memory."""
+    from planner.api import fixed_layout
+    from planner.layouts.layout import reject_reason
+    from planner.memory.model import per_rank_memory
+    from planner.timing.calibrate import Observation
+    from planner.timing.model import cluster_for
+
+    if o.global_batch is None and o.grad_accum is None and lg.global_batch is not None:
+        o = replace(o, global_batch=lg.global_batch)     # Megatron prints it on every iteration line
+    m, gpu, setup, space, n_gpus = build_request(o)
+    lay = fixed_layout(space, setup, n_gpus)
+    if lay is None:
+        raise UserError(f"plan calibrate needs the layout {lg.path} ran: give --dp, --tp, --pp, --cp (and --ep), "
+                        f"--zero or --fsdp, --micro-batch and --recompute")
+    reason = reject_reason(m, setup, lay, gpu.gpus_per_node)
+    if reason:
+        raise UserError(f"{lg.path}: layout {lay.describe()} cannot run: {reason}")
+    tracked = per_rank_memory(m, setup, lay, gpus_per_node=gpu.gpus_per_node).breakdown.tracked
+    return Observation(name=lg.path, stack=lg.stack, model=m, setup=setup, layout=lay,
+                       cluster=cluster_for(gpu, o.topology),
+                       step_time_s=lg.step_time_s(setup.global_batch, setup.seq_len, lay.n_gpus),
+                       tracked_bytes=tracked, max_reserved_bytes=lg.max_reserved_bytes,
+                       max_allocated_bytes=lg.max_allocated_bytes)
+
+
+MAX_RUNS_BYTES = 1 << 20
+
+
+def read_runs(path: Path, o: Options, warmup: int) -> list[Run]:
+    """--runs FILE: [[run]] tables of ``log`` (a path, relative to the file) and ``options``
+    (plan's layout options as one string); --gpus and --topology default to the command line's."""
+    import shlex
+
+    from planner.limits import decode_text, parse_toml, read_input_file
+    from planner.measure.logs import read_log
+
+    what = f"--runs {path}"
+    d = parse_toml(decode_text(read_input_file(path, what, MAX_RUNS_BYTES), what, "a runs TOML"), what)
+    entries = d.get("run")
+    if set(d) - {"run"} or not isinstance(entries, list) or not entries:
+        raise UserError(f"{what}: expected [[run]] tables, each with log = PATH and options = \"--model ...\"")
+    out: list[Run] = []
+    for i, e in enumerate(entries, start=1):
+        if not isinstance(e, dict) or set(e) != {"log", "options"} or not all(isinstance(v, str) for v in e.values()):
+            raise UserError(f"{what}: run {i} needs exactly log = PATH and options = \"...\" (strings)")
+        try:
+            args = shlex.split(e["options"])
+        except ValueError as err:
+            raise UserError(f"{what}: run {i}: options {e['options']!r}: {err}") from None
+        for flag, value in (("--gpus", o.gpu_name), ("--topology", o.topology)):
+            if flag not in args and value is not None:
+                args += [flag, value]
+        opts = run_options(args, f"{what}: run {i}")
+        out.append((read_log(path.parent / e["log"], warmup), opts))
+    return out
+
+
+def run_options(args: list[str], where: str) -> Options:
+    """plan's layout options from a --runs entry, parsed by this command's own click options."""
+    try:
+        ctx = calibrate_cmd.make_context("calibrate", list(args), resilient_parsing=False)
+    except click.ClickException as e:
+        raise UserError(f"{where}: {' '.join(e.format_message().split())}") from None
+    kw = {k: v for k, v in ctx.params.items() if k not in ("logs", "runs_file", "out_file", "force", "warmup")}
+    if ctx.params.get("logs") or ctx.params.get("runs_file"):
+        raise UserError(f"{where}: options hold a log or --runs; give the log as log = PATH")
+    return Options.from_click(kw)
 
 
 def check_out(path: Path, force: bool) -> None:
