@@ -293,3 +293,23 @@ def test_bad_runs_file_is_one_line(tmp_path: Path, runs: str, why: str):
     f.write_text(runs)
     r = run("calibrate", "--runs", f, "--gpus", "h100", "--out", tmp_path / "o.toml")
     assert r.exit_code == 2 and why in r.output and len(r.output.strip().splitlines()) == 1, r.output
+
+
+def test_explain_applies_and_names_the_calibration(tmp_path: Path):
+    out = _write_calibration(tmp_path)
+    cal = load_calibration(str(out))
+    args = ("explain", "--model", "8b", "--gpus", "h100", "--dp", "8", "--tp", "1", "--pp", "1", "--cp", "1",
+            "--zero", "3", "--micro-batch", "1", "--recompute", "selective", "--global-batch", "64")
+    text = run(*args, "--calibration", out).output
+    assert f"matmul fraction = {cal.matmul_fraction}" in text and f"calibration: {out}" in text
+    assert json.loads(run(*args, "--json", "--calibration", out).output)["calibration"] == str(out)
+    assert "calibration" not in json.loads(run(*args, "--json").output)
+
+
+def test_axes_not_given_are_not_split(tmp_path: Path):
+    # the DeepSpeed sample ran ZeRO-3 data parallelism alone: --tp/--pp/--cp/--ep may be left out
+    r = run("calibrate", SAMPLES / "deepspeed_llama2-7b_h100x8.log", "--model", "llama2-7b", "--gpus", "h100",
+            "--dp", "8", "--zero", "3", "--micro-batch", "2", "--global-batch", "64", "--recompute", "full",
+            "--out", tmp_path / "ds.toml", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["logs"][0]["layout"].startswith("dp=8, tp=1, pp=1")

@@ -49,8 +49,8 @@ def calibrate_cmd(logs: tuple[Path, ...], runs_file: Path | None, out_file: Path
     (every LOG ran that layout); logs of other layouts go in a --runs file.
 
     \b
-      plan calibrate train.log --model llama3.1-8b --gpus h100 --dp 8 --tp 1 --pp 1 --cp 1 \\
-          --fsdp full --micro-batch 2 --global-batch 16 --seq-len 8192 --recompute selective --out h100.toml
+      plan calibrate train.log --model llama3.1-8b --gpus h100 --dp 8 --fsdp full \\
+          --micro-batch 2 --global-batch 16 --seq-len 8192 --recompute selective --out h100.toml
       plan calibrate --runs runs.toml --gpus h100 --out h100.toml
       plan --model 70b --gpus h100 --calibration h100.toml
     """
@@ -99,11 +99,13 @@ def observation(lg: TrainingLog, o: Options) -> Observation:
 
     if o.global_batch is None and o.grad_accum is None and lg.global_batch is not None:
         o = replace(o, global_batch=lg.global_batch)     # Megatron prints it on every iteration line
+    # a log ran one layout: an axis not given is not split (as `plan measure` takes it)
+    o = replace(o, tp=o.tp or 1, pp=o.pp or 1, cp=o.cp or 1, ep=o.ep or 1)
     m, gpu, setup, space, n_gpus = build_request(o)
     lay = fixed_layout(space, setup, n_gpus)
     if lay is None:
-        raise UserError(f"plan calibrate needs the layout {lg.path} ran: give --dp, --tp, --pp, --cp (and --ep), "
-                        f"--zero or --fsdp, --micro-batch and --recompute")
+        raise UserError(f"plan calibrate needs the layout {lg.path} ran: give --dp, --zero or --fsdp, "
+                        f"--micro-batch and --recompute (and --tp, --pp, --cp, --ep where above 1)")
     reason = reject_reason(m, setup, lay, gpu.gpus_per_node)
     if reason:
         raise UserError(f"{lg.path}: layout {lay.describe()} cannot run: {reason}")
