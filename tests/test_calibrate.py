@@ -313,3 +313,12 @@ def test_axes_not_given_are_not_split(tmp_path: Path):
             "--out", tmp_path / "ds.toml", "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["logs"][0]["layout"].startswith("dp=8, tp=1, pp=1")
+
+
+def test_a_log_faster_than_any_matmul_fraction_says_so():
+    from planner.timing.model import Efficiency
+
+    # 0.5 s for a step the planner needs ~5 s for at the shipped fraction: even 1.0 cannot match
+    c = fit([_observation("fast.log", "llama2-7b", LAY_A, 64, 4096, 0.5)], Efficiency(), "0.1.0", "now")
+    assert c.at_bound and c.matmul_fraction == 1.0
+    assert "at_bound = true" in to_toml(c)
