@@ -42,6 +42,7 @@ class PlanResult:
     host_capacity_bytes: int | None = None   # a node's CPU memory (topology), for offload
     nvme_capacity_bytes: int | None = None   # a node's NVMe (topology), for NVMe offload
     methods_tried: tuple[str, ...] = ()      # --method auto: the methods compared, preferred first
+    calibration: str | None = None           # the `plan calibrate` file applied (--calibration)
 
     @property
     def fits(self) -> bool:

@@ -5,12 +5,19 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
 from planner.cli.common import progress, run_safely, show
 from planner.cli.complete import complete_gpus
-from planner.cli.options import Dollars, prices_option, quiet_option, solver_option
+from planner.cli.options import (
+    Dollars,
+    calibration_option,
+    prices_option,
+    quiet_option,
+    solver_option,
+)
 from planner.errors import UserError
 from planner.training.setup import MAX_GPUS
 
@@ -31,9 +38,10 @@ from planner.training.setup import MAX_GPUS
               help="Draw the purchase into FILE (.png or .svg): GPUs and dollars per GPU type, each job's run.")
 @click.option("--force", is_flag=True, help="With --plot, overwrite an existing file.")
 @quiet_option
+@calibration_option
 def buy_cmd(jobs_path: Path, gpu_names: str | None, budget: float | None, horizon: str | None, max_gpus: int,
             prices_path: Path | None, solver: str, as_json: bool, plot: Path | None, force: bool,
-            quiet: bool = False) -> None:
+            quiet: bool = False, calibration: Path | None = None) -> None:
     """Size a cluster purchase: how many nodes of each GPU type to buy so that every job of
     JOBS.yaml meets its deadline, at the least cost of ownership (purchase plus power over
     the horizon), by an ILP. Jobs that overlap in time share the cluster's GPUs.
@@ -43,12 +51,12 @@ def buy_cmd(jobs_path: Path, gpu_names: str | None, budget: float | None, horizo
       plan buy jobs.yaml --gpus h100,b200 --budget 20M --horizon 2y
     """
     run_safely(lambda: buy(jobs_path, gpu_names, budget, horizon, max_gpus, prices_path, solver, as_json,
-                           plot, force, quiet))
+                           plot, force, quiet, calibration))
 
 
 def buy(jobs_path: Path, gpu_names: str | None, budget: float | None, horizon: str | None, max_gpus: int,
         prices_path: Path | None, solver: str, as_json: bool, plot: Path | None = None, force: bool = False,
-        quiet: bool = False) -> None:
+        quiet: bool = False, calibration: Path | None = None) -> None:
     from planner.cost.jobs import load_jobs, parse_duration_s
     from planner.cost.plan import plan_purchase
     from planner.cost.prices import DAY_S, load_prices
@@ -66,9 +74,19 @@ def buy(jobs_path: Path, gpu_names: str | None, budget: float | None, horizon: s
     names = names or ["h100", "h200", "b200"]
     horizon_s = (parse_duration_s(horizon, "--horizon") if horizon is not None
                  else jobs.horizon_s if jobs.horizon_s is not None else 365 * DAY_S)
+    extra: dict[str, Any] = {}
+    if calibration is not None:     # its matmul fraction and fragmentation, on its GPU type only
+        from planner.timing.calibrate import check_gpu, load_calibration
+        from planner.timing.model import Efficiency
+        from planner.training.setup import TrainingSetup
+
+        c = load_calibration(str(calibration))
+        check_gpu(c, names)
+        extra = {"efficiency": c.efficiency(Efficiency()), "base_setup": c.setup(TrainingSetup())}
     with progress(as_json or quiet, f"sweeping GPU counts of {', '.join(names)} per job "
                   f"and solving the ILP"):
-        r = plan_purchase(jobs, names, load_prices(prices_path), horizon_s, budget, max_gpus, solver=solver)
+        r = plan_purchase(jobs, names, load_prices(prices_path), horizon_s, budget, max_gpus, solver=solver,
+                          **extra)
     plotted = None
     if plot is not None:
         from planner.report import plot as plots
@@ -80,6 +98,8 @@ def buy(jobs_path: Path, gpu_names: str | None, budget: float | None, horizon: s
     else:
         from planner.report.terminal import buy_view
         show(buy_view(r))
+    if calibration is not None:
+        click.echo(f"calibration: {calibration} applied to every {names[0]} job", err=as_json or quiet)
     if plotted is not None:
         click.echo(f"wrote the plot to {plotted}", err=as_json or quiet)
     if not r.feasible:

@@ -65,8 +65,13 @@ def explain(o: Options) -> None:
     ex = explain_terms(m, gpu, setup, cand.layout, result.cluster, result.efficiency, result.capacity_bytes,
                        o.tokens)
     if o.as_json:
-        click.echo(json.dumps(to_json(ex), indent=2))
+        d = to_json(ex)
+        if o.calibration is not None:       # only then: the JSON without it is as it was
+            d["calibration"] = str(o.calibration)
+        click.echo(json.dumps(d, indent=2))
         return
     if result.best is None:
         click.echo(f"No layout fits; this is the one that needs the least memory on {cand.n_gpus} GPUs.\n")
     click.echo(to_text(ex))
+    if o.calibration is not None:
+        click.echo(f"\ncalibration: {o.calibration} (its matmul fraction and fragmentation are the inputs above)")

@@ -17,6 +17,7 @@ import click
 from click.core import ParameterSource
 
 from planner.cli.buy import buy_cmd
+from planner.cli.calibrate import calibrate_cmd
 from planner.cli.catalogs import completion_cmd, gpus_cmd, models_cmd, topologies_cmd
 from planner.cli.common import guarded_stdout, reader_left, run_safely
 from planner.cli.explain import explain_cmd
@@ -100,7 +101,7 @@ def _missing_model(flag: str) -> None:
                     f"`plan --help` lists the options")
 
 
-for _command in (models_cmd, gpus_cmd, buy_cmd, topologies_cmd, measure_cmd, explain_cmd, completion_cmd):
+for _command in (models_cmd, gpus_cmd, buy_cmd, topologies_cmd, measure_cmd, explain_cmd, completion_cmd, calibrate_cmd):
     cli.add_command(_command)
 
 

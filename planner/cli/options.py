@@ -77,6 +77,7 @@ class Options:
     # step time and tokens (time_options)
     topology: str | None = None
     tokens: float | None = None
+    calibration: Path | None = None     # a `plan calibrate` file (planner.timing.calibrate)
     # the cost objective (cost_options)
     deadline: str | None = None
     budget: float | None = None
@@ -305,7 +306,15 @@ def time_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--tokens", type=TokenCount(), default=None,
                      help="Tokens to train on (2e12, 300B): the plan then minimises the cost (or time) of "
                           "training on them, over GPU counts (and the GPU types --gpus lists), by an ILP."),
+        calibration_option,
     ], f)
+
+
+def calibration_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    """--calibration FILE: the efficiency and overhead `plan calibrate` fitted to the user's logs."""
+    return click.option("--calibration", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                        metavar="FILE", help="Apply a `plan calibrate` file: its matmul fraction and "
+                                             "allocator overhead, fitted to your own logs (same GPU type).")(f)
 
 
 def prices_option(f: Callable[..., Any]) -> Callable[..., Any]:

@@ -18,6 +18,7 @@ from planner.cli.options import Options
 from planner.cli.request import (
     build_request,
     check_names,
+    efficiency_of,
     emit_options,
     finetune_spec,
     timing,
@@ -102,6 +103,8 @@ def plan_fewest(o: Options) -> Answer:
 
     if result.best is None and result.result.smallest is None:
         result = with_least_memory(result, space)
+    if o.calibration is not None:
+        result = replace(result, calibration=str(o.calibration))
 
     def as_json(crosscheck: Crosscheck | None) -> Any:
         d = report.plan_json(result, crosscheck)
@@ -204,7 +207,10 @@ def cheapest(o: Options) -> Answer:
         r = solve_cost(m, gpus, setup, o.tokens, load_prices(o.prices_path), space,
                        objective=o.objective or "cost",
                        limits=Limits(deadline_s=deadline_s, budget_usd=o.budget, max_gpus=o.max_gpus),
-                       n_gpus=n_gpus, topology=o.topology, solver=o.solver)
+                       n_gpus=n_gpus, topology=o.topology, efficiency=efficiency_of(o, [g.name for g in gpus]),
+                       solver=o.solver)
+    if o.calibration is not None:
+        r = replace(r, result=replace(r.result, calibration=str(o.calibration)))
 
     def view(crosscheck: Crosscheck | None) -> Any:
         from planner.report.terminal import cost_view

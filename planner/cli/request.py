@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from planner.hardware.gpus import GpuSpec
     from planner.layouts.layout import SearchSpace
     from planner.models.spec import ModelSpec
+    from planner.timing.calibrate import Calibration
+    from planner.timing.model import Efficiency
     from planner.training.finetune import FinetuneSpec
     from planner.training.setup import TrainingSetup
 
@@ -55,7 +57,8 @@ def check_names(o: Options) -> None:
     from planner.limits import check_name
 
     for what, value in (("--model", o.model_name), ("--gpus", o.gpu_name), ("--topology", o.topology),
-                        ("--prices", o.prices_path), ("--out", o.out), ("--plot", o.plot)):
+                        ("--prices", o.prices_path), ("--out", o.out), ("--plot", o.plot),
+                        ("--calibration", o.calibration)):
         if value is not None:
             check_name(str(value), what)
     for what, path in (("--out", o.out), ("--plot", o.plot)):
@@ -139,6 +142,9 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
                           finetune=finetune_spec(o, "full" if o.method == "auto" else None),
                           offload_optimizer=o.offload_optimizer or "none",
                           offload_params=o.offload_params or "none")
+    calibration = calibration_of(o, [gpu.name])
+    if calibration is not None:     # before --fragmentation, which overrides the file's
+        setup = calibration.setup(setup)
     if o.fragmentation is not None:
         setup = replace(setup, overheads=Overheads(fragmentation=o.fragmentation))
     clash = degree_conflict(m, setup, o.as_mapping())
@@ -156,10 +162,31 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
 
 
 def timing(o: Options, gpu: Any) -> dict[str, Any]:
-    """The cluster (--topology, else the GPU's default) and --tokens for the step times."""
+    """The cluster (--topology, else the GPU's default), --tokens and the step-time model's
+    efficiency (--calibration's, else the defaults) for the step times."""
     from planner.timing.model import cluster_for
 
-    return {"cluster": cluster_for(gpu, o.topology), "tokens": o.tokens}
+    return {"cluster": cluster_for(gpu, o.topology), "tokens": o.tokens,
+            "efficiency": efficiency_of(o, [gpu.name])}
+
+
+def calibration_of(o: Options, gpu_names: list[str]) -> Calibration | None:
+    """--calibration's file, checked against the GPU types planned on (None without one)."""
+    if o.calibration is None:
+        return None
+    from planner.timing.calibrate import check_gpu, load_calibration
+
+    c = load_calibration(str(o.calibration))
+    check_gpu(c, gpu_names)
+    return c
+
+
+def efficiency_of(o: Options, gpu_names: list[str]) -> Efficiency:
+    """The step-time model's parameters: Efficiency()'s, with --calibration's overrides."""
+    from planner.timing.model import Efficiency
+
+    c = calibration_of(o, gpu_names)
+    return Efficiency() if c is None else c.efficiency(Efficiency())
 
 
 def emit_options(o: Options) -> EmitOptions:

@@ -117,7 +117,7 @@ def assumptions(r: PlanResult) -> dict[str, Any]:
         "topology": topology_name(r),
         "step_time_model": asdict(r.efficiency),
         "tokens": r.tokens,
-    }
+    } | ({"calibration": r.calibration} if r.calibration is not None else {})
 
 
 def plan_json(r: PlanResult, crosscheck: Crosscheck | None = None) -> dict[str, Any]:
@@ -190,7 +190,9 @@ def assumptions_text(r: PlanResult) -> list[str]:
         f"step times: {r.efficiency.name} overlap settings",
     ] + ([f"  offload: optimizer states -> {s.offload_optimizer}, parameters -> {s.offload_params}; "
           f"CPU memory per node: {gib(r.host_capacity_bytes) if r.host_capacity_bytes else 'not given by the topology'}"]
-         if s.offload_optimizer != "none" or s.offload_params != "none" else [])
+         if s.offload_optimizer != "none" or s.offload_params != "none" else []) + (
+        [(f"  calibration: {r.calibration} (matmul fraction {r.efficiency.matmul_fraction}, "
+          f"fragmentation {o.fragmentation:.0%})")] if r.calibration is not None else [])
 
 
 # ------------------------------------------------------------------- --quiet

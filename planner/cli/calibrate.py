@@ -1,0 +1,228 @@
+"""`plan calibrate LOG... --out FILE`: fit the step-time model's matmul fraction and the
+allocator overhead to a user's own training logs (planner.measure.logs reads them,
+planner.timing.calibrate fits), and write the file `--calibration FILE` applies."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from planner.cli.common import run_safely
+from planner.cli.options import Options, layout_options, method_options
+from planner.cli.request import build_request
+from planner.errors import UserError
+
+if TYPE_CHECKING:
+    from planner.measure.logs import TrainingLog
+    from planner.timing.calibrate import Calibration, Observation
+
+MAX_LOGS = 64
+
+
+@click.command("calibrate")
+@click.argument("logs", metavar="LOG...", nargs=-1, required=False,
+                type=click.Path(dir_okay=True, path_type=Path))
+@layout_options
+@method_options
+@click.option("--topology", metavar="NAME|PATH", default=None,
+              help="The cluster the logs ran on (`plan topologies`)  [default: the GPU's own].")
+@click.option("--runs", "runs_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              metavar="FILE", help="A TOML file of [[run]] tables (log = PATH, options = \"--model ... --dp ...\"): "
+                                   "logs of other layouts, fitted jointly with the LOGs given.")
+@click.option("--out", "out_file", type=click.Path(path_type=Path), default=Path("calibration.toml"),
+              show_default=True, metavar="FILE", help="Where to write the calibration file.")
+@click.option("--force", is_flag=True, help="Overwrite --out FILE if it exists.")
+@click.option("--warmup", type=click.IntRange(0, 1000), default=None,
+              help="Logged step records to leave out at the start of each log  [default: 3].")
+def calibrate_cmd(logs: tuple[Path, ...], runs_file: Path | None, out_file: Path, force: bool, warmup: int | None,
+                  **kw: Any) -> None:
+    """Fit the planner to your own training logs (torchtitan, Megatron-LM, DeepSpeed, the
+    Hugging Face Trainer): the GPU's matmul fraction so that the planner's step time equals
+    the logged one (least squares on log error over every log), and the allocator overhead
+    from the logs' peak reserved memory. Give the layout the LOGs ran with plan's options
+    (every LOG ran that layout); logs of other layouts go in a --runs file.
+
+    \b
+      plan calibrate train.log --model llama3.1-8b --gpus h100 --dp 8 --fsdp full \\
+          --micro-batch 2 --global-batch 16 --seq-len 8192 --recompute selective --out h100.toml
+      plan calibrate --runs runs.toml --gpus h100 --out h100.toml
+      plan --model 70b --gpus h100 --calibration h100.toml
+    """
+    run_safely(lambda: calibrate(logs, Options.from_click(kw), out_file, force, warmup, runs_file))
+
+
+Run = tuple["TrainingLog", Options]
+
+
+def calibrate(paths: tuple[Path, ...], o: Options, out_file: Path, force: bool, warmup: int | None,
+              runs_file: Path | None = None) -> None:
+    from planner import __version__
+    from planner.measure.logs import WARMUP_RECORDS, read_log
+    from planner.timing.calibrate import fit, to_toml
+    from planner.timing.model import Efficiency
+
+    if o.method == "auto":
+        raise UserError("plan calibrate fits the method the logs ran: give --method full, lora, qlora or freeze")
+    if not paths and runs_file is None:
+        raise UserError("plan calibrate needs a log: give LOG... with the layout it ran, or --runs FILE")
+    check_out(out_file, force)
+    skip = WARMUP_RECORDS if warmup is None else warmup
+    runs: list[Run] = [(read_log(p, skip), o) for p in paths]
+    if runs_file is not None:
+        runs += read_runs(runs_file, o, skip)
+    if len(runs) > MAX_LOGS:
+        raise UserError(f"{len(runs)} logs given; plan calibrate takes at most {MAX_LOGS}")
+    obs = [observation(lg, opts) for lg, opts in runs]
+    created = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    c = fit(obs, Efficiency(), __version__, created)
+    write_atomically(out_file, to_toml(c))
+    logs = [lg for lg, _ in runs]
+    if o.as_json:
+        click.echo(json.dumps(summary_json(c, logs, out_file), indent=2))
+    else:
+        click.echo(summary_text(c, logs, out_file))
+
+
+def observation(lg: TrainingLog, o: Options) -> Observation:
+    """One log with the layout it ran: the planner's inputs, the logged step time, the memory."""
+    from planner.api import fixed_layout
+    from planner.layouts.layout import reject_reason
+    from planner.memory.model import per_rank_memory
+    from planner.timing.calibrate import Observation
+    from planner.timing.model import cluster_for
+
+    if o.global_batch is None and o.grad_accum is None and lg.global_batch is not None:
+        o = replace(o, global_batch=lg.global_batch)     # Megatron prints it on every iteration line
+    # a log ran one layout: an axis not given is not split (as `plan measure` takes it)
+    o = replace(o, tp=o.tp or 1, pp=o.pp or 1, cp=o.cp or 1, ep=o.ep or 1)
+    m, gpu, setup, space, n_gpus = build_request(o)
+    lay = fixed_layout(space, setup, n_gpus)
+    if lay is None:
+        raise UserError(f"plan calibrate needs the layout {lg.path} ran: give --dp, --zero or --fsdp, "
+                        f"--micro-batch and --recompute (and --tp, --pp, --cp, --ep where above 1)")
+    reason = reject_reason(m, setup, lay, gpu.gpus_per_node)
+    if reason:
+        raise UserError(f"{lg.path}: layout {lay.describe()} cannot run: {reason}")
+    tracked = per_rank_memory(m, setup, lay, gpus_per_node=gpu.gpus_per_node).breakdown.tracked
+    return Observation(name=lg.path, stack=lg.stack, model=m, setup=setup, layout=lay,
+                       cluster=cluster_for(gpu, o.topology),
+                       step_time_s=lg.step_time_s(setup.global_batch, setup.seq_len, lay.n_gpus),
+                       tracked_bytes=tracked, max_reserved_bytes=lg.max_reserved_bytes,
+                       max_allocated_bytes=lg.max_allocated_bytes)
+
+
+MAX_RUNS_BYTES = 1 << 20
+
+
+def read_runs(path: Path, o: Options, warmup: int) -> list[Run]:
+    """--runs FILE: [[run]] tables of ``log`` (a path, relative to the file) and ``options``
+    (plan's layout options as one string); --gpus and --topology default to the command line's."""
+    import shlex
+
+    from planner.limits import decode_text, parse_toml, read_input_file
+    from planner.measure.logs import read_log
+
+    what = f"--runs {path}"
+    d = parse_toml(decode_text(read_input_file(path, what, MAX_RUNS_BYTES), what, "a runs TOML"), what)
+    entries = d.get("run")
+    if set(d) - {"run"} or not isinstance(entries, list) or not entries:
+        raise UserError(f"{what}: expected [[run]] tables, each with log = PATH and options = \"--model ...\"")
+    out: list[Run] = []
+    for i, e in enumerate(entries, start=1):
+        if not isinstance(e, dict) or set(e) != {"log", "options"} or not all(isinstance(v, str) for v in e.values()):
+            raise UserError(f"{what}: run {i} needs exactly log = PATH and options = \"...\" (strings)")
+        try:
+            args = shlex.split(e["options"])
+        except ValueError as err:
+            raise UserError(f"{what}: run {i}: options {e['options']!r}: {err}") from None
+        for flag, value in (("--gpus", o.gpu_name), ("--topology", o.topology)):
+            if flag not in args and value is not None:
+                args += [flag, value]
+        opts = run_options(args, f"{what}: run {i}")
+        out.append((read_log(path.parent / e["log"], warmup), opts))
+    return out
+
+
+def run_options(args: list[str], where: str) -> Options:
+    """plan's layout options from a --runs entry, parsed by this command's own click options."""
+    try:
+        ctx = calibrate_cmd.make_context("calibrate", list(args), resilient_parsing=False)
+    except click.ClickException as e:
+        raise UserError(f"{where}: {' '.join(e.format_message().split())}") from None
+    kw = {k: v for k, v in ctx.params.items() if k not in ("logs", "runs_file", "out_file", "force", "warmup")}
+    if ctx.params.get("logs") or ctx.params.get("runs_file"):
+        raise UserError(f"{where}: options hold a log or --runs; give the log as log = PATH")
+    return Options.from_click(kw)
+
+
+def check_out(path: Path, force: bool) -> None:
+    """--out FILE: a name the file system takes, in an existing directory, new unless --force."""
+    from planner.limits import check_name
+
+    check_name(str(path), "--out")
+    if path.is_dir():
+        raise UserError(f"--out {path} is a directory; give a file name (calibration.toml)")
+    if not path.parent.is_dir():
+        raise UserError(f"--out {path}: directory {path.parent} does not exist; create it or give another")
+    if path.exists() and not force:
+        raise UserError(f"--out {path} exists; pass --force to overwrite it")
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write beside the target, then rename it into place: a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"--out {path}: cannot write it ({e.strerror or e})") from None
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:,.1f} ms" if s < 10 else f"{s:,.2f} s"
+
+
+def summary_text(c: Calibration, logs: list[TrainingLog], out_file: Path) -> str:
+    from planner.fmt import gib
+
+    lines = [f"Calibrated {c.gpu} on {len(c.logs)} log(s); wrote {out_file}",
+             f"  matmul fraction: {c.matmul_fraction_before:.3f} (shipped) -> {c.matmul_fraction:.3f} (fitted)"
+             + ("  [at the bound of the search: the logs are not explained by matmul speed alone]"
+                if c.at_bound else ""),
+             f"  step-time log error (rms): {c.rms_before:.1%} before -> {c.rms_after:.1%} after"]
+    if c.fragmentation is not None:
+        lines.append(f"  allocator overhead (fragmentation): {c.fragmentation:.1%} of tracked tensor memory")
+    for f, lg in zip(c.logs, logs, strict=True):
+        lines.append(f"  {f.name} ({f.stack}, {len(lg.measured)} steps after {lg.warmup_records} warm-up): "
+                     f"logged {_ms(f.logged_step_time_s)}, planner {_ms(f.before_step_time_s)} -> "
+                     f"{_ms(f.after_step_time_s)} ({f.before_log_error:+.1%} -> {f.after_log_error:+.1%} log error)")
+        if f.max_reserved_bytes is not None:
+            lines.append(f"    memory: peak reserved {gib(f.max_reserved_bytes)}, planner tracked "
+                         f"{gib(f.tracked_bytes)}, overhead {gib(f.overhead_bytes or 0)}")
+        elif f.max_allocated_bytes is not None:
+            lines.append(f"    memory: peak allocated {gib(f.max_allocated_bytes)}, planner tracked "
+                         f"{gib(f.tracked_bytes)} (no reserved line: overhead not fitted)")
+    return "\n".join(lines)
+
+
+def summary_json(c: Calibration, logs: list[TrainingLog], out_file: Path) -> dict[str, Any]:
+    return {
+        "calibration_file": str(out_file), "gpu": c.gpu,
+        "matmul_fraction": {"before": c.matmul_fraction_before, "after": c.matmul_fraction, "at_bound": c.at_bound},
+        "fragmentation": c.fragmentation,
+        "rms_log_error": {"before": round(c.rms_before, 4), "after": round(c.rms_after, 4)},
+        "logs": [{"path": f.name, "stack": f.stack, "layout": f.layout, "n_steps": len(lg.measured),
+                  "warmup_records": lg.warmup_records, "logged_step_time_s": round(f.logged_step_time_s, 6),
+                  "before_step_time_s": round(f.before_step_time_s, 6),
+                  "after_step_time_s": round(f.after_step_time_s, 6),
+                  "tracked_bytes": f.tracked_bytes, "max_reserved_bytes": f.max_reserved_bytes,
+                  "max_allocated_bytes": f.max_allocated_bytes, "overhead_bytes": f.overhead_bytes}
+                 for f, lg in zip(c.logs, logs, strict=True)],
+    }

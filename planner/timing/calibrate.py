@@ -1,0 +1,301 @@
+"""Calibration from a user's own runs: fit the step-time model's matmul fraction
+(Efficiency.matmul_fraction) to logged step times, and the allocator's overhead
+(Overheads.fragmentation) to logged peak reserved memory, then read and write the TOML
+file that `--calibration FILE` applies to later plans.
+
+The fit: one matmul fraction x for the GPU type that minimises the sum over logs of
+(ln t_planner(x) - ln t_logged)^2, where t_planner is planner.timing.model.step_time on the
+layout each log ran (least squares on log error, so a log of 10 s and one of 1 s weigh
+alike). t_planner falls as x rises, so the sum has one minimum on [MATMUL_MIN, MATMUL_MAX];
+a grid of GRID_STEP then golden-section refinement to 1e-4 finds it. Every other
+Efficiency parameter keeps the value given (the overlap settings of the stack).
+
+Memory: torch.cuda's peak reserved bytes (what Megatron's "max reserved", DeepSpeed's
+Max_CA and torchtitan's "memory" print) are the tensors the caching allocator handed out
+plus what it keeps cached; the CUDA context and NCCL's buffers are outside it (PyTorch
+"CUDA semantics", memory management). So the planner's tracked bytes (MemoryBreakdown.tracked)
+x (1 + fragmentation) is compared with the logged peak reserved, and fragmentation =
+exp(mean ln(reserved / tracked)) - 1 (least squares on log error again), clamped to [0, 1];
+the fixed CUDA/NCCL terms keep their defaults. A log with only peak allocated bytes
+(DeepSpeed's timer line) shows the tracked-memory error but fits nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from planner.errors import UserError
+from planner.layouts.layout import Layout
+from planner.models.spec import ModelSpec
+from planner.timing.model import (
+    MATMUL_FRACTION,
+    MATMUL_FRACTION_DEFAULT,
+    Cluster,
+    Efficiency,
+    step_time,
+)
+from planner.training.setup import Overheads, TrainingSetup
+
+MATMUL_MIN, MATMUL_MAX = 0.05, 1.0
+GRID_STEP = 0.01
+FRAGMENTATION_MAX = 1.0
+MAX_CALIBRATION_BYTES = 1 << 20
+FORMAT = 1
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Observation:
+    """One log: the run it measured and what it measured."""
+
+    name: str                                 # the log's path
+    stack: str
+    model: ModelSpec
+    setup: TrainingSetup
+    layout: Layout
+    cluster: Cluster
+    step_time_s: float                        # logged, mean after warm-up
+    tracked_bytes: int                        # the planner's MemoryBreakdown.tracked for the layout
+    max_reserved_bytes: int | None = None     # logged peak reserved (None: no such line)
+    max_allocated_bytes: int | None = None    # logged peak allocated
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LogFit:
+    """One log's residuals before and after the fit (log error: ln(planner / logged))."""
+
+    name: str
+    stack: str
+    layout: str
+    logged_step_time_s: float
+    before_step_time_s: float
+    after_step_time_s: float
+    tracked_bytes: int
+    max_reserved_bytes: int | None
+    max_allocated_bytes: int | None
+
+    @property
+    def before_log_error(self) -> float:
+        return math.log(self.before_step_time_s / self.logged_step_time_s)
+
+    @property
+    def after_log_error(self) -> float:
+        return math.log(self.after_step_time_s / self.logged_step_time_s)
+
+    @property
+    def overhead_bytes(self) -> int | None:
+        """Logged peak reserved less the planner's tracked bytes: allocator cache and what the
+        planner's tensor model misses."""
+        return None if self.max_reserved_bytes is None else self.max_reserved_bytes - self.tracked_bytes
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Calibration:
+    """What a calibration file holds (and `--calibration` applies)."""
+
+    gpu: str
+    matmul_fraction: float
+    matmul_fraction_before: float
+    fragmentation: float | None              # None: no log had a reserved-memory line
+    at_bound: bool                           # the fit hit MATMUL_MIN or MATMUL_MAX
+    logs: tuple[LogFit, ...]
+    planner_version: str
+    created: str
+    path: str | None = None                  # where it was read from
+
+    def efficiency(self, base: Efficiency) -> Efficiency:
+        return replace(base, matmul_fraction=self.matmul_fraction)
+
+    def setup(self, base: TrainingSetup) -> TrainingSetup:
+        if self.fragmentation is None:
+            return base
+        return replace(base, overheads=replace(base.overheads, fragmentation=self.fragmentation))
+
+    @property
+    def rms_before(self) -> float:
+        return _rms([f.before_log_error for f in self.logs])
+
+    @property
+    def rms_after(self) -> float:
+        return _rms([f.after_log_error for f in self.logs])
+
+
+def _rms(xs: Sequence[float]) -> float:
+    return math.sqrt(sum(x * x for x in xs) / len(xs)) if xs else 0.0
+
+
+def shipped_matmul_fraction(cluster: Cluster, eff: Efficiency) -> float:
+    """The matmul fraction the planner uses without calibration (Efficiency's, else the catalog's)."""
+    if eff.matmul_fraction is not None:
+        return eff.matmul_fraction
+    return MATMUL_FRACTION.get(cluster.gpu.name, MATMUL_FRACTION_DEFAULT)
+
+
+def _golden_min(f: Callable[[float], float], lo: float, hi: float, tol: float = 1e-4) -> float:
+    g = (math.sqrt(5) - 1) / 2
+    a, b = lo, hi
+    c, d = b - g * (b - a), a + g * (b - a)
+    fc, fd = f(c), f(d)
+    while b - a > tol:
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - g * (b - a)
+            fc = f(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + g * (b - a)
+            fd = f(d)
+    return (a + b) / 2
+
+
+def fit(obs: Sequence[Observation], base: Efficiency, planner_version: str, created: str) -> Calibration:
+    """The joint least-squares fit of the matmul fraction (and the fragmentation where a log
+    has peak reserved bytes) over ``obs``, all on one GPU type."""
+    if not obs:
+        raise UserError("plan calibrate needs at least one log")
+    gpus = sorted({o.cluster.gpu.name for o in obs})
+    if len(gpus) > 1:
+        raise UserError(f"the logs ran on {', '.join(gpus)}; calibrate one GPU type at a time")
+
+    def times(x: float) -> list[float]:
+        eff = replace(base, matmul_fraction=x)
+        return [step_time(o.model, o.setup, o.layout, o.cluster, eff).step_time_s for o in obs]
+
+    def loss(x: float) -> float:
+        return sum(math.log(t / o.step_time_s) ** 2 for t, o in zip(times(x), obs, strict=True))
+
+    n = round((MATMUL_MAX - MATMUL_MIN) / GRID_STEP)
+    grid = [MATMUL_MIN + i * GRID_STEP for i in range(n + 1)]
+    losses = [loss(x) for x in grid]
+    i = min(range(len(grid)), key=losses.__getitem__)
+    x = _golden_min(loss, grid[max(0, i - 1)], grid[min(n, i + 1)])
+    x = round(min(MATMUL_MAX, max(MATMUL_MIN, x)), 4)
+    at_bound = i in (0, n)
+    before = shipped_matmul_fraction(obs[0].cluster, base)
+    t_before, t_after = times(before), times(x)
+    fits = tuple(LogFit(name=o.name, stack=o.stack, layout=o.layout.describe(), logged_step_time_s=o.step_time_s,
+                        before_step_time_s=tb, after_step_time_s=ta, tracked_bytes=o.tracked_bytes,
+                        max_reserved_bytes=o.max_reserved_bytes, max_allocated_bytes=o.max_allocated_bytes)
+                 for o, tb, ta in zip(obs, t_before, t_after, strict=True))
+    ratios = [o.max_reserved_bytes / o.tracked_bytes for o in obs
+              if o.max_reserved_bytes is not None and o.tracked_bytes > 0]
+    frag = None
+    if ratios:
+        frag = round(min(FRAGMENTATION_MAX, max(0.0, math.exp(sum(map(math.log, ratios)) / len(ratios)) - 1)), 4)
+    return Calibration(gpu=gpus[0], matmul_fraction=x, matmul_fraction_before=before, fragmentation=frag,
+                       at_bound=at_bound, logs=fits, planner_version=planner_version, created=created)
+
+
+# ------------------------------------------------------------------------ the file
+
+
+def _s(v: str) -> str:
+    return json.dumps(v)        # a JSON string is a TOML basic string for printable text
+
+
+def to_toml(c: Calibration) -> str:
+    """The calibration file: what was fitted, on which logs, the residuals, the version and date."""
+    out = [
+        "# written by `plan calibrate`; apply it with `plan ... --calibration FILE`",
+        f"format = {FORMAT}",
+        f"planner_version = {_s(c.planner_version)}",
+        f"created = {_s(c.created)}",
+        f"gpu = {_s(c.gpu)}",
+        "",
+        "[efficiency]      # planner.timing.model.Efficiency fields this file overrides",
+        f"matmul_fraction = {c.matmul_fraction}",
+        "",
+        "[overheads]       # planner.training.setup.Overheads fields this file overrides",
+    ]
+    if c.fragmentation is not None:
+        out.append(f"fragmentation = {c.fragmentation}")
+    out += [
+        "",
+        "[fit]             # least squares on ln(planner / logged) step time over the logs",
+        f"matmul_fraction_before = {c.matmul_fraction_before}",
+        f"at_bound = {'true' if c.at_bound else 'false'}",
+        f"rms_log_error_before = {round(c.rms_before, 4)}",
+        f"rms_log_error_after = {round(c.rms_after, 4)}",
+    ]
+    for f in c.logs:
+        out += ["", "[[logs]]", f"path = {_s(f.name)}", f"stack = {_s(f.stack)}", f"layout = {_s(f.layout)}",
+                f"logged_step_time_s = {round(f.logged_step_time_s, 6)}",
+                f"before_step_time_s = {round(f.before_step_time_s, 6)}",
+                f"after_step_time_s = {round(f.after_step_time_s, 6)}",
+                f"log_error_before = {round(f.before_log_error, 4)}",
+                f"log_error_after = {round(f.after_log_error, 4)}",
+                f"tracked_bytes = {f.tracked_bytes}"]
+        if f.max_reserved_bytes is not None:
+            out.append(f"max_reserved_bytes = {f.max_reserved_bytes}")
+            out.append(f"overhead_bytes = {f.overhead_bytes}")
+        if f.max_allocated_bytes is not None:
+            out.append(f"max_allocated_bytes = {f.max_allocated_bytes}")
+    return "\n".join(out) + "\n"
+
+
+_TOP = {"format", "planner_version", "created", "gpu", "efficiency", "overheads", "fit", "logs"}
+_LOG_KEYS = {"path", "stack", "layout", "logged_step_time_s", "before_step_time_s", "after_step_time_s",
+             "log_error_before", "log_error_after", "tracked_bytes", "max_reserved_bytes", "overhead_bytes",
+             "max_allocated_bytes"}
+
+
+def load_calibration(path: str) -> Calibration:
+    """A calibration file, checked: known keys only, a matmul fraction in (0, 1], a
+    fragmentation in [0, 1]; every problem is a one-line UserError naming the file."""
+    from planner.limits import decode_text, parse_toml, read_input_file
+
+    what = f"--calibration {path}"
+    d = parse_toml(decode_text(read_input_file(path, what, MAX_CALIBRATION_BYTES), what, "a calibration TOML"),
+                   what)
+    unknown = sorted(set(d) - _TOP)
+    if unknown or "gpu" not in d or not isinstance(d.get("efficiency"), dict):
+        raise UserError(f"{what}: not a calibration file written by `plan calibrate` "
+                        f"({'unknown key ' + repr(unknown[0]) if unknown else 'no gpu or [efficiency]'})")
+    eff: dict[str, Any] = d["efficiency"]
+    over: dict[str, Any] = d.get("overheads", {})
+    if set(eff) - {"matmul_fraction"} or set(over) - {"fragmentation"}:
+        raise UserError(f"{what}: [efficiency] takes matmul_fraction and [overheads] fragmentation only")
+    mm = eff.get("matmul_fraction")
+    if not isinstance(mm, int | float) or isinstance(mm, bool) or not 0 < mm <= 1:
+        raise UserError(f"{what}: efficiency.matmul_fraction must be a number in (0, 1]")
+    frag = over.get("fragmentation")
+    if frag is not None and (not isinstance(frag, int | float) or isinstance(frag, bool) or not 0 <= frag <= 1):
+        raise UserError(f"{what}: overheads.fragmentation must be a number in [0, 1]")
+    if not isinstance(d["gpu"], str):
+        raise UserError(f"{what}: gpu must be a GPU name")
+    fit_t: dict[str, Any] = d.get("fit", {}) if isinstance(d.get("fit"), dict) else {}
+    logs = []
+    for entry in d.get("logs", []) if isinstance(d.get("logs"), list) else []:
+        if not isinstance(entry, dict) or set(entry) - _LOG_KEYS:
+            raise UserError(f"{what}: a [[logs]] entry has unknown keys")
+        try:
+            logs.append(LogFit(name=str(entry["path"]), stack=str(entry["stack"]), layout=str(entry["layout"]),
+                               logged_step_time_s=float(entry["logged_step_time_s"]),
+                               before_step_time_s=float(entry["before_step_time_s"]),
+                               after_step_time_s=float(entry["after_step_time_s"]),
+                               tracked_bytes=int(entry["tracked_bytes"]),
+                               max_reserved_bytes=entry.get("max_reserved_bytes"),
+                               max_allocated_bytes=entry.get("max_allocated_bytes")))
+        except (KeyError, TypeError, ValueError):
+            raise UserError(f"{what}: a [[logs]] entry lacks a field or holds a non-number") from None
+    return Calibration(gpu=d["gpu"], matmul_fraction=float(mm),
+                       matmul_fraction_before=float(fit_t.get("matmul_fraction_before", mm)),
+                       fragmentation=None if frag is None else float(frag),
+                       at_bound=bool(fit_t.get("at_bound", False)), logs=tuple(logs),
+                       planner_version=str(d.get("planner_version", "")), created=str(d.get("created", "")),
+                       path=path)
+
+
+def check_gpu(c: Calibration, gpu_names: Sequence[str]) -> None:
+    """Refuse a calibration for another GPU type (its matmul fraction is the die's)."""
+    other = [g for g in gpu_names if g != c.gpu]
+    if other:
+        raise UserError(f"--calibration {c.path} was fitted on {c.gpu} logs, not {other[0]}; plan with "
+                        f"--gpus {c.gpu}, or calibrate on logs from {other[0]}")
+
+
+def overheads_of(c: Calibration, base: Overheads) -> Overheads:
+    return base if c.fragmentation is None else replace(base, fragmentation=c.fragmentation)
