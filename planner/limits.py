@@ -34,10 +34,16 @@ CONFIG_INT_KEYS = (
     "intermediate_size", "vocab_size", "max_position_embeddings", "num_local_experts",
     "num_experts_per_tok", "n_embd", "n_head", "n_layer", "n_inner", "n_positions",
     "type_vocab_size", "num_kv_heads", "ffn_hidden_size", "n_embed",
+    # the 2024-2026 families (planner.models.recent)
+    "moe_intermediate_size", "num_experts", "n_routed_experts", "n_shared_experts", "q_lora_rank",
+    "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "first_k_dense_replace",
+    "decoder_sparse_step", "intermediate_size_mlp", "interleave_moe_layer_step", "sliding_window",
+    "attention_chunk_size", "num_nextn_predict_layers", "sliding_window_pattern", "max_window_layers",
+    "no_rope_layer_interval",
 )
 CONFIG_BOOL_KEYS = (
     "attention_bias", "mlp_bias", "tie_word_embeddings", "new_decoder_architecture", "multi_query",
-    "parallel_attn", "alibi", "bias", "use_parallel_residual",
+    "parallel_attn", "alibi", "bias", "use_parallel_residual", "use_sliding_window",
 )
 CONFIG_PROBABILITY_KEYS = (
     "attention_dropout", "resid_pdrop", "attn_pdrop", "hidden_dropout_prob",
