@@ -41,6 +41,8 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str, where: str, source: str 
     bad = check_config_types(cfg, where)
     if bad:
         raise UserError(bad)
+    if mt == "deepseek_v3" and "q_lora_rank" in cfg and cfg["q_lora_rank"] is None:
+        cfg = {**cfg, "q_lora_rank": 0}     # DeepseekV3Config: null means a full q_proj (DeepSeek-V2-Lite)
     cfg = {k: v for k, v in cfg.items() if v is not None}    # a key set to null takes its default
     common: dict[str, Any] = {"name": name, "model_type": mt, "source": source}
     if mt != "gpt2":

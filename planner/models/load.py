@@ -151,6 +151,9 @@ def hub_config_path(repo_id: str) -> Path:
         kind = "gated (log in with `hf auth login`)" if isinstance(e, huggingface_hub.errors.GatedRepoError) \
             else "not found on the Hugging Face Hub (or private)"
         raise UserError(f"--model {repo_id}: repository {kind}; check the name, or pass a config.json path") from None
+    except huggingface_hub.errors.LocalEntryNotFoundError as e:    # raised for no network, before the next
+        raise UserError(f"--model {repo_id}: not in the Hugging Face cache ({where}) and the Hub is unreachable "
+                        f"({type(e).__name__}); {fix}") from None
     except huggingface_hub.errors.EntryNotFoundError:
         raise UserError(f"--model {repo_id}: the repository has no config.json; pass a config.json path") from None
     except Exception as e:  # noqa: BLE001 -- no network: LocalEntryNotFoundError, httpx connection errors, timeouts
