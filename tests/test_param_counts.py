@@ -77,7 +77,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from planner.models.spec import count_params, load_model  # noqa: E402
+from planner.models.spec import count_params, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS_DIR = ROOT / "planner" / "presets"
@@ -99,7 +99,7 @@ def _read_config(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _hf_model(path: Path):
     """Build the transformers model for ``path`` on the meta device."""
     cfg = _read_config(path)
@@ -113,7 +113,7 @@ def _hf_model(path: Path):
         return auto.from_config(config)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _hf_total(path: Path) -> int:
     # parameters() de-duplicates shared (tied) tensors, so a tied head counts once.
     return sum(p.numel() for p in _hf_model(path).parameters())
