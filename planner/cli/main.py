@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from planner.cli.sizes import SeqLength, SequenceCount, TokenBatch, global_batch_from
 from planner.report.advice import contradicting_options, degree_conflict
 from planner.errors import UserError
 from planner.training.finetune import METHODS, QUANTS
@@ -112,10 +113,13 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--sp/--no-sp", default=None, help="Sequence parallelism with tp (default: on when tp > 1)."),
         click.option("--micro-batch", type=click.IntRange(1, MAX_MICRO_BATCH), default=None,
                      help="Fix the micro-batch (default: searched over 1, 2, 4, 8)."),
-        click.option("--seq-len", type=click.IntRange(1, MAX_SEQ_LEN), default=4096, show_default=True,
-                     help="Sequence length in tokens."),
-        click.option("--global-batch", type=click.IntRange(1, MAX_GLOBAL_BATCH), default=None,
+        click.option("--seq-len", type=SeqLength(MAX_SEQ_LEN), default=4096, show_default=True,
+                     help="Sequence length in tokens: 4096, 8k, 128k (k = 1,024)."),
+        click.option("--global-batch", type=SequenceCount(MAX_GLOBAL_BATCH), default=None,
                      help="Sequences per optimizer step  [default: 1024]."),
+        click.option("--global-batch-tokens", type=TokenBatch(), default=None,
+                     help="Tokens per optimizer step instead: 4M, 512k (binary: 4M = 4,194,304), "
+                          "divided by --seq-len to the nearest whole sequence."),
         click.option("--grad-accum", type=click.IntRange(1, MAX_GLOBAL_BATCH), default=None,
                      help="Gradient-accumulation steps (sets the global batch; needs --micro-batch and --dp)."),
         click.option("--recompute", type=click.Choice(RECOMPUTE), default=None,
@@ -394,7 +398,7 @@ def build_request(kw: dict[str, Any]):
         from planner.layouts.layout import FSDP_STAGE
         if FSDP_STAGE[f"fsdp-{kw['fsdp']}"] != kw["zero"]:
             raise UserError(f"--zero {kw['zero']} and --fsdp {kw['fsdp']} contradict each other; give one of them")
-    global_batch = kw["global_batch"]
+    global_batch = global_batch_from(kw, MAX_GLOBAL_BATCH)
     if kw["grad_accum"] is not None:
         if kw["micro_batch"] is None or kw["dp"] is None:
             raise UserError("--grad-accum needs --micro-batch and --dp (or give --global-batch instead)")
@@ -634,7 +638,7 @@ def _load(kw: dict[str, Any]) -> None:
         raise UserError("--task load needs --model and --gpus")
     if kw.get("method") not in (None, "full"):
         raise UserError("--task load sizes a model for inference; drop --method (use --quant for quantized weights)")
-    for name in ("dp", "cp", "ep", "zero", "fsdp", "recompute", "grad_accum", "global_batch"):
+    for name in ("dp", "cp", "ep", "zero", "fsdp", "recompute", "grad_accum", "global_batch", "global_batch_tokens"):
         if kw.get(name) is not None:
             raise UserError(f"--{name.replace('_', '-')} is a training option; --task load takes --tp, --pp, "
                             f"--micro-batch (sequences held at once) and --seq-len (their context)")
