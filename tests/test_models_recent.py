@@ -264,3 +264,22 @@ def test_cli_repo_id_plans_from_the_cache(hub: Path) -> None:
 ])
 def test_is_repo_id(text: str, expected: bool) -> None:
     assert is_repo_id(text) is expected
+
+
+# --------------------------------------------------------- today's memory and time models
+
+NEW_PRESETS = ["qwen3-0.6b", "qwen3-8b", "qwen3-32b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "kimi-k2",
+               "llama4-scout", "llama4-maverick", "gemma3-1b", "gemma3-27b", "gpt-oss-20b", "gpt-oss-120b"]
+
+
+@pytest.mark.parametrize("name", NEW_PRESETS)
+def test_every_new_preset_gets_a_plan(name: str) -> None:
+    # the memory and time models see the mean block (ParamCount); a plan or a clean
+    # "does not fit" must come out for every new architecture
+    r = CliRunner().invoke(cli, ["--model", name, "--gpus", "h200", "--quiet"])
+    assert r.exit_code in (0, 2), r.output
+    assert "Traceback" not in r.output
+    if r.exit_code == 2:
+        assert "fit" in r.output
+    else:
+        assert name in r.output and "GiB" in r.output
