@@ -107,6 +107,8 @@ def test_mean_block_fields_add_up() -> None:
     ("deepseek-v3", 671, 37, 0.02), ("qwen3-30b-a3b", 30.5, 3.3, 0.02), ("qwen3-235b-a22b", 235, 22, 0.02),
     ("kimi-k2", 1000, 32, 0.03), ("llama4-maverick", 400, 17, 0.02), ("llama4-scout", 109, 17, 0.02),
     ("gpt-oss-120b", 116.83, None, 0.001), ("gpt-oss-20b", 20.91, None, 0.001),
+    # OLMo-2-1124-7B model card: 7.3B; microsoft/phi-4 model page: 14.7B parameters
+    ("olmo2-7b", 7.3, None, 0.005), ("phi-4", 14.7, None, 0.005),
 ])
 def test_published_totals(name: str, total_b: float, active_b: float | None, rel: float) -> None:
     pc = count_params(load_model(name))
@@ -165,6 +167,8 @@ LORA_CASES = [
     ("llama4-maverick", 4, ("all-linear",), "all-linear"),        # router is an nn.Linear; shared expert
     ("gemma3-1b", 2, (), None),
     ("gpt-oss-20b", 2, ("all-linear",), "all-linear"),            # experts and router are not nn.Linear
+    ("phi-4", 2, ("all-linear",), "all-linear"),                  # fused qkv_proj and gate_up_proj
+    ("olmo2-7b", 2, ("attention",), ["q_proj", "k_proj", "v_proj", "o_proj"]),
 ]
 
 
@@ -269,7 +273,8 @@ def test_is_repo_id(text: str, expected: bool) -> None:
 # --------------------------------------------------------- today's memory and time models
 
 NEW_PRESETS = ["qwen3-0.6b", "qwen3-8b", "qwen3-32b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "kimi-k2",
-               "llama4-scout", "llama4-maverick", "gemma3-1b", "gemma3-27b", "gpt-oss-20b", "gpt-oss-120b"]
+               "llama4-scout", "llama4-maverick", "gemma3-1b", "gemma3-27b", "gpt-oss-20b", "gpt-oss-120b", "olmo2-7b",
+               "phi-4"]
 
 
 @pytest.mark.parametrize("name", NEW_PRESETS)

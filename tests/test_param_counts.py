@@ -54,6 +54,8 @@ Totals from transformers 5.24.0 on the meta device, for reference:
     gemma3-27b             27,009,346,304
     gpt-oss-20b            20,914,757,184         4,187,440,704
     gpt-oss-120b          116,829,156,672         5,711,982,912
+    olmo2-7b                7,298,617,344
+    phi-4                  14,659,507,200
     fixture gemma-2b        2,506,172,416
     fixture gemma-7b        8,537,680,896
     fixture llama-tiny-bias     2,597,280
