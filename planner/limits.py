@@ -34,10 +34,16 @@ CONFIG_INT_KEYS = (
     "intermediate_size", "vocab_size", "max_position_embeddings", "num_local_experts",
     "num_experts_per_tok", "n_embd", "n_head", "n_layer", "n_inner", "n_positions",
     "type_vocab_size", "num_kv_heads", "ffn_hidden_size", "n_embed",
+    # the 2024-2026 families (planner.models.recent)
+    "moe_intermediate_size", "num_experts", "n_routed_experts", "n_shared_experts", "q_lora_rank",
+    "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "first_k_dense_replace",
+    "decoder_sparse_step", "intermediate_size_mlp", "interleave_moe_layer_step", "sliding_window",
+    "attention_chunk_size", "num_nextn_predict_layers", "sliding_window_pattern", "max_window_layers",
+    "no_rope_layer_interval",
 )
 CONFIG_BOOL_KEYS = (
     "attention_bias", "mlp_bias", "tie_word_embeddings", "new_decoder_architecture", "multi_query",
-    "parallel_attn", "alibi", "bias", "use_parallel_residual",
+    "parallel_attn", "alibi", "bias", "use_parallel_residual", "use_sliding_window",
 )
 CONFIG_PROBABILITY_KEYS = (
     "attention_dropout", "resid_pdrop", "attn_pdrop", "hidden_dropout_prob",
@@ -102,12 +108,13 @@ TOPOLOGY_KEY_RULES: dict[str, tuple[str, float, float]] = {
 }
 
 
-def check_topology_types(table: Mapping[str, Any], where: str) -> str | None:
+def check_topology_types(table: Mapping[str, Any], where: str,
+                         rules: Mapping[str, tuple[str, float, float]] = TOPOLOGY_KEY_RULES) -> str | None:
     """The first key of a topology table whose value has the wrong type or is out of
-    range (TOPOLOGY_KEY_RULES), as a message; None when all are fine. Unknown keys are
-    left to the caller, which names the allowed ones."""
+    range (``rules``: TOPOLOGY_KEY_RULES), as a message; None when all are fine. Unknown
+    keys are left to the caller, which names the allowed ones."""
     for key, v in table.items():
-        rule = TOPOLOGY_KEY_RULES.get(key)
+        rule = rules.get(key)
         if rule is None:
             continue
         kind, lo, hi = rule
@@ -124,6 +131,30 @@ def check_topology_types(table: Mapping[str, Any], where: str) -> str | None:
         if not ok:
             return f"{where}: {key} must be {kind}, got {_show(v)}"
     return None
+
+
+# GPU files (presets/gpus.toml and a user's own, `--gpus ./my-gpu.toml`): each key's type and
+# range. The bounds sit far above any GPU sold (B300: 288 GB, 8 TB/s, 4.5 PFLOP/s dense FP8)
+# and refuse a unit slip (TB/s typed as GB/s, sparse rates typed in PFLOP/s as TFLOP/s).
+GPU_KEY_RULES: dict[str, tuple[str, float, float]] = {
+    "name": (_STR, 0, 0), "full_name": (_STR, 0, 0), "intra_node_link": (_STR, 0, 0), "source": (_STR, 0, 0),
+    "default_topology": (_STR, 0, 0),
+    "memory_mib": (_NUM, 1, 2**24), "memory_gib": (_NUM, 1e-3, 2**14), "memory_gb": (_NUM, 1e-3, 2**14),
+    "bf16_tflops": (_NUM, 1e-3, 1e6), "fp16_tflops": (_NUM, 1e-3, 1e6), "fp8_tflops": (_NUM, 1e-3, 1e6),
+    "tf32_tflops": (_NUM, 1e-3, 1e6), "fp32_tflops": (_NUM, 1e-3, 1e6),
+    "hbm_gb_per_s": (_NUM, 1e-3, 1e6), "intra_node_gb_per_s": (_NUM, 1e-3, 1e6),
+    "inter_node_gbit_per_s": (_NUM, 1e-3, 1e7), "tdp_w": (_NUM, 1, 1e5),
+    "gpus_per_node": (_INT, 1, 1024),
+}
+
+
+def check_gpu_types(table: Mapping[str, Any], where: str) -> str | None:
+    """The first key of a [[gpu]] table with the wrong type or out of range (GPU_KEY_RULES),
+    or an ``aliases`` that is not a list of strings, as a message; None when all are fine."""
+    aliases = table.get("aliases", [])
+    if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases) or len(aliases) > 64:
+        return f"{where}: aliases must be a list of strings, got {_show(aliases)}"
+    return check_topology_types({k: v for k, v in table.items() if k in GPU_KEY_RULES}, where, GPU_KEY_RULES)
 
 
 def _show(v: Any) -> str:

@@ -26,10 +26,20 @@ def run(*args: str):
 
 # ------------------------------------------------------------------------ prices
 
+# GPUs added to the catalog (models branch, issue 17) before anyone found sourced market
+# prices for them: `--objective time` plans them, `--tokens` cost plans skip them. A price
+# added to presets/prices.toml must take its GPU off this list.
+UNPRICED_GPUS = {"h100-nvl", "h20", "gh200", "b300", "gb300", "mi325x", "mi355x", "5090", "rtx-pro-6000",
+                 "l4", "a6000", "rtx6000-ada"}
+
+
 def test_every_gpu_has_sourced_prices():
     prices = load_prices()
     for g in list_gpus():
         p = prices.for_gpu(g.name)
+        if g.name in UNPRICED_GPUS:
+            assert p.rent_usd_per_gpu_hour is None and p.node_purchase_usd is None, g.name
+            continue
         assert p.rent_usd_per_gpu_hour and p.rent_source and p.rent_date, g.name
         assert p.node_purchase_usd and p.purchase_source and p.purchase_date, g.name
         assert p.node_power_kw and p.power_source, g.name

@@ -1,5 +1,7 @@
 """The GPU catalog: it loads, names resolve, and figures match the vendor data sheets."""
 
+from importlib import resources
+
 import pytest
 
 from planner.errors import UserError
@@ -7,7 +9,8 @@ from planner.hardware.gpus import GpuSpec, get_gpu, list_gpus, load_gpus, parse_
 from planner.units import GB, GiB, MiB
 
 SHORT_NAMES = ["h100", "h100-pcie", "h200", "b200", "a100", "a100-40gb", "l40s", "a10g", "4090", "v100",
-               "mi300x", "gb200"]
+               "mi300x", "gb200", "h100-nvl", "h20", "gh200", "b300", "gb300", "mi325x", "mi355x", "5090",
+               "rtx-pro-6000", "l4", "a6000", "rtx6000-ada"]
 TFLOPS = 1e12
 
 
@@ -64,6 +67,25 @@ def test_unknown_name_lists_close_names(typo, close):
     ("v100", "fp32", 15.7),
     ("mi300x", "bf16", 1307.4),     # AMD MI300X page: BF16 1307.4 / 2614.9 sparse
     ("mi300x", "fp8", 2614.9),
+    ("h100-nvl", "bf16", 1671 / 2),  # H100 datasheet, NVL: BF16 1,671 with sparsity
+    ("h100-nvl", "fp8", 3341 / 2),
+    ("h20", "bf16", 148),           # H20 (partners' briefs): FP16 148 dense
+    ("gh200", "bf16", 989.4),       # GH200 datasheet: FP16/BF16 1,979 with sparsity (H100 whitepaper: 989.4 dense)
+    ("b300", "bf16", 36000 / 8 / 2),  # HGX B300: FP16/BF16 36 PFLOPS sparse over 8 GPUs
+    ("b300", "fp8", 72000 / 8 / 2),
+    ("b300", "fp32", 600 / 8),      # HGX B300: FP32 600 TFLOPS over 8
+    ("gb300", "bf16", 360000 / 72 / 2),  # GB300 NVL72: 360 PFLOPS BF16 sparse over 72
+    ("mi325x", "bf16", 1307.4),     # AMD MI325X page: BF16 1307.4 dense
+    ("mi355x", "fp8", 5000),        # AMD (ISSCC 2026): FP8 5 PFLOPS dense
+    ("5090", "bf16", 209.5),        # RTX Blackwell whitepaper: 209.5 with FP32 accumulate
+    ("rtx-pro-6000", "fp32", 125),  # RTX PRO 6000 datasheet: 125 TFLOPS FP32
+    ("rtx-pro-6000", "fp8", 4000 / 2 / 2),  # 4,000 AI TOPS = FP4 with sparsity; FP8 dense a quarter
+    ("l4", "bf16", 242 / 2),        # L4 datasheet: BF16 242 with sparsity
+    ("l4", "fp8", 485 / 2),
+    ("a6000", "bf16", 309.7 / 2),   # RTX A6000 datasheet: Tensor 309.7 with sparsity
+    ("a6000", "fp32", 38.7),
+    ("rtx6000-ada", "fp8", 1457 / 2),  # RTX 6000 Ada datasheet: 1,457 FP8 with sparsity
+    ("rtx6000-ada", "fp32", 91.1),
 ])
 def test_peak_flops_match_data_sheets(name, dtype, tflops):
     assert get_gpu(name).peak_flops_per_s(dtype) == pytest.approx(tflops * TFLOPS)
@@ -81,6 +103,13 @@ def test_peak_flops_match_data_sheets(name, dtype, tflops):
     ("4090", 1.008),
     ("v100", 0.900),
     ("mi300x", 5.3),
+    ("h100-nvl", 3.9),              # H100 NVL: 3.9 TB/s
+    ("h20", 4.0),
+    ("gh200", 4.0),                 # GH200 HBM3 version: 4 TB/s
+    ("b300", 8.0), ("gb300", 8.0),  # GB300 NVL72: 576 TB/s over 72
+    ("mi325x", 6.0), ("mi355x", 8.0),
+    ("5090", 1.792), ("rtx-pro-6000", 1.792),   # GDDR7 28 Gbps x 512 bit
+    ("l4", 0.300), ("a6000", 0.768), ("rtx6000-ada", 0.960),
 ])
 def test_memory_bandwidth_matches_data_sheets(name, hbm_tb_per_s):
     assert get_gpu(name).hbm_bytes_per_s == pytest.approx(hbm_tb_per_s * 1e12)
@@ -98,6 +127,10 @@ def test_memory_bandwidth_matches_data_sheets(name, hbm_tb_per_s):
     ("4090", 24564 * MiB),
     ("v100", 32 * GiB),             # vendor 32 GB HBM2
     ("mi300x", 192 * GiB),          # vendor 192 GB HBM3
+    ("h100-nvl", 94 * GB),          # datasheet 94 GB, decimal (no nvidia-smi reading cited)
+    ("b300", 288 * GB),
+    ("mi325x", 256 * GiB), ("mi355x", 288 * GiB),
+    ("5090", 32 * GiB), ("rtx-pro-6000", 96 * GiB), ("l4", 24 * GB), ("a6000", 48 * GiB),
 ])
 def test_memory_capacity(name, memory_bytes):
     gpu = get_gpu(name)
@@ -189,3 +222,67 @@ def test_parse_converts_units_once():
 def test_parse_rejects_bad_catalogs(text, message):
     with pytest.raises(UserError, match=message):
         parse_gpus(text)
+
+
+# ------------------------------------------------------------ a user's own GPU (--gpus FILE)
+
+MY_GPU = ENTRY.replace('name = "x"', 'name = "my-gpu"').replace('full_name = "X"', 'full_name = "My GPU"')
+
+
+def test_gpu_file_loads_through_get_gpu(tmp_path):
+    path = tmp_path / "my-gpu.toml"
+    path.write_text(MY_GPU)
+    gpu = get_gpu(str(path))
+    assert gpu.name == "my-gpu" and gpu.memory_bytes == GiB and gpu.fp16_flops_per_s == 1e12
+
+
+@pytest.mark.parametrize("content, message", [
+    (MY_GPU + "hbm_gbps = 3\n", "unknown keys"),
+    (MY_GPU.replace("tdp_w = 1\n", 'tdp_w = "lots"\n'), "tdp_w must be a number"),
+    (MY_GPU.replace("gpus_per_node = 1", "gpus_per_node = 1.5"), "gpus_per_node must be an integer"),
+    (MY_GPU.replace("hbm_gb_per_s = 1", "hbm_gb_per_s = -3"), "hbm_gb_per_s must be a number from"),
+    (MY_GPU.replace("aliases = []", "aliases = [1]"), "aliases must be a list of strings"),
+    (MY_GPU + MY_GPU.replace('"my-gpu"', '"other"'), "exactly one"),
+    ("[[gpu]\nname=", "not valid TOML"),
+    ("", "exactly one"),
+])
+def test_gpu_file_errors_are_one_line(tmp_path, content, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(content)
+    with pytest.raises(UserError, match=message) as err:
+        get_gpu(str(path))
+    assert "\n" not in str(err.value) and "bad.toml" in str(err.value)
+
+
+def test_gpu_file_missing_big_or_binary(tmp_path):
+    with pytest.raises(UserError, match="not found"):
+        get_gpu(str(tmp_path / "absent.toml"))
+    with pytest.raises(UserError, match="not found"):           # a directory is not a regular file
+        (tmp_path / "dir.toml").mkdir()
+        get_gpu(str(tmp_path / "dir.toml"))
+    big = tmp_path / "big.toml"
+    big.write_text("# " + "x" * (16 * 2**20))
+    with pytest.raises(UserError, match="larger than"):
+        get_gpu(str(big))
+    binary = tmp_path / "bin.toml"
+    binary.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(UserError, match="not UTF-8"):
+        get_gpu(str(binary))
+
+
+def test_cli_plans_on_a_gpu_file(tmp_path):
+    from click.testing import CliRunner
+
+    from planner.cli.main import cli
+
+    path = tmp_path / "my-h100.toml"
+    # the shipped H100 entry under another name: the same plan as --gpus h100
+    text = resources.files("planner").joinpath("presets", "gpus.toml").read_text()
+    start = text.index("[[gpu]]\nname = \"h100\"")
+    entry = text[start:text.index("[[gpu]]", start + 7)]
+    path.write_text(entry.replace('name = "h100"', 'name = "my-h100"').replace('default_topology = "dgx-h100"\n', ""))
+    runner = CliRunner()
+    mine = runner.invoke(cli, ["--model", "8b", "--gpus", str(path), "--n-gpus", "8", "--quiet"])
+    assert mine.exit_code == 0, mine.output
+    bad = runner.invoke(cli, ["--model", "8b", "--gpus", str(tmp_path / "none.toml")])
+    assert bad.exit_code == 2 and "not found" in bad.output and "Traceback" not in bad.output

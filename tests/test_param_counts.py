@@ -41,6 +41,21 @@ Totals from transformers 5.24.0 on the meta device, for reference:
     bert-base                 109,514,298
     bert-large                335,174,458
     bert-small                 28,795,194
+    qwen3-0.6b                596,049,920
+    qwen3-8b                8,190,735,360
+    qwen3-32b              32,762,123,264
+    qwen3-30b-a3b          30,532,122,624         3,353,032,704
+    qwen3-235b-a22b       235,093,634,560        22,190,763,520
+    deepseek-v3           671,026,404,352        37,552,282,624
+    kimi-k2             1,026,408,209,408        32,861,477,888
+    llama4-scout          107,769,861,120        17,172,894,720
+    llama4-maverick       400,711,848,960        17,184,691,200
+    gemma3-1b                 999,885,952
+    gemma3-27b             27,009,346,304
+    gpt-oss-20b            20,914,757,184         4,187,440,704
+    gpt-oss-120b          116,829,156,672         5,711,982,912
+    olmo2-7b                7,298,617,344
+    phi-4                  14,659,507,200
     fixture gemma-2b        2,506,172,416
     fixture gemma-7b        8,537,680,896
     fixture llama-tiny-bias     2,597,280
@@ -64,7 +79,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from planner.models.spec import count_params, load_model  # noqa: E402
+from planner.models.spec import count_params, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS_DIR = ROOT / "planner" / "presets"
@@ -78,14 +93,15 @@ PRESET_NAMES = [p["name"] for p in PRESETS]
 PRESET_PATHS = {p["name"]: PRESETS_DIR / p["config"] for p in PRESETS}
 FIXTURES = sorted(FIXTURES_DIR.glob("*.json"))
 ALIASES = [(alias, p["name"]) for p in PRESETS for alias in p.get("aliases", [])]
-MOE_PRESETS = ["mixtral-8x7b", "mixtral-8x22b"]
+MOE_PRESETS = ["mixtral-8x7b", "mixtral-8x22b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "kimi-k2",
+               "llama4-scout", "llama4-maverick", "gpt-oss-20b", "gpt-oss-120b"]
 
 
 def _read_config(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _hf_model(path: Path):
     """Build the transformers model for ``path`` on the meta device."""
     cfg = _read_config(path)
@@ -99,7 +115,7 @@ def _hf_model(path: Path):
         return auto.from_config(config)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _hf_total(path: Path) -> int:
     # parameters() de-duplicates shared (tied) tensors, so a tied head counts once.
     return sum(p.numel() for p in _hf_model(path).parameters())
@@ -114,7 +130,7 @@ def _hf_one_expert(path: Path, num_experts: int) -> int:
     one = 0
     found = False
     for name, module in _hf_model(path).named_modules():
-        if not name.endswith("experts"):
+        if name.rsplit(".", 1)[-1] != "experts":     # routed experts, not DeepSeek's shared_experts
             continue
         found = True
         if isinstance(module, torch.nn.ModuleList):
@@ -156,10 +172,12 @@ def test_alias_resolves_to_preset(alias, name):
 @pytest.mark.parametrize("name", MOE_PRESETS)
 def test_moe_active_matches_transformers(name):
     path = PRESET_PATHS[name]
+    counts = count_params(load_model(name))
+    # experts per block and top-k: num_local_experts (Mixtral, Llama 4, gpt-oss), num_experts
+    # (Qwen3-MoE) or n_routed_experts (DeepSeek-V3); the config's own numbers, not the planner's
     cfg = _read_config(path)
-    experts = cfg["num_local_experts"]
+    experts = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg["n_routed_experts"]
     top_k = cfg["num_experts_per_tok"]
     expected = _hf_total(path) - (experts - top_k) * _hf_one_expert(path, experts)
-    counts = count_params(load_model(name))
     assert counts.total == _hf_total(path)
     assert counts.active == expected

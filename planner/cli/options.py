@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import click
 
 from planner.cli.complete import complete_gpus, complete_models, complete_topologies
+from planner.cli.sizes import SeqLength, SequenceCount, TokenBatch
 from planner.training.finetune import METHODS, QUANTS
 from planner.training.setup import (
     ATTENTION,
@@ -55,6 +56,7 @@ class Options:
     micro_batch: int | None = None
     seq_len: int = 4096
     global_batch: int | None = None
+    global_batch_tokens: float | None = None
     grad_accum: int | None = None
     recompute: str | None = None
     precision: str = "bf16-mixed"
@@ -204,10 +206,13 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--sp/--no-sp", default=None, help="Sequence parallelism with tp (default: on when tp > 1)."),
         click.option("--micro-batch", type=click.IntRange(1, MAX_MICRO_BATCH), default=None,
                      help="Fix the micro-batch (default: searched over 1, 2, 4, 8)."),
-        click.option("--seq-len", type=click.IntRange(1, MAX_SEQ_LEN), default=4096, show_default=True,
-                     help="Sequence length in tokens."),
-        click.option("--global-batch", type=click.IntRange(1, MAX_GLOBAL_BATCH), default=None,
+        click.option("--seq-len", type=SeqLength(MAX_SEQ_LEN), default=4096, show_default=True,
+                     help="Sequence length in tokens: 4096, 8k, 128k (k = 1,024)."),
+        click.option("--global-batch", type=SequenceCount(MAX_GLOBAL_BATCH), default=None,
                      help="Sequences per optimizer step  [default: 1024]."),
+        click.option("--global-batch-tokens", type=TokenBatch(), default=None,
+                     help="Tokens per optimizer step instead: 4M, 512k (binary: 4M = 4,194,304), "
+                          "divided by --seq-len to the nearest whole sequence."),
         click.option("--grad-accum", type=click.IntRange(1, MAX_GLOBAL_BATCH), default=None,
                      help="Gradient-accumulation steps (sets the global batch; needs --micro-batch and --dp)."),
         click.option("--recompute", type=click.Choice(RECOMPUTE), default=None,

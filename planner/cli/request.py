@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from planner.cli.options import Options
+from planner.cli.sizes import global_batch_from
 from planner.errors import UserError
 from planner.report.advice import contradicting_options, degree_conflict
+from planner.training.setup import MAX_GLOBAL_BATCH
 
 if TYPE_CHECKING:
     from planner.emit import EmitOptions
@@ -126,7 +128,7 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
         from planner.layouts.layout import FSDP_STAGE
         if FSDP_STAGE[f"fsdp-{o.fsdp}"] != o.zero:
             raise UserError(f"--zero {o.zero} and --fsdp {o.fsdp} contradict each other; give one of them")
-    global_batch = o.global_batch
+    global_batch = global_batch_from(o.as_mapping(), MAX_GLOBAL_BATCH)
     if o.grad_accum is not None:
         if o.micro_batch is None or o.dp is None:
             raise UserError("--grad-accum needs --micro-batch and --dp (or give --global-batch instead)")

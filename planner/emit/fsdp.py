@@ -33,6 +33,14 @@ DECODER_LAYER_CLASS = {
     "falcon": "FalconDecoderLayer",
     "bloom": "BloomBlock",
     "gpt_neox": "GPTNeoXLayer",
+    "qwen3": "Qwen3DecoderLayer",
+    "qwen3_moe": "Qwen3MoeDecoderLayer",
+    "deepseek_v3": "DeepseekV3DecoderLayer",
+    "llama4_text": "Llama4TextDecoderLayer",     # transformers/models/llama4/modeling_llama4.py
+    "gemma3_text": "Gemma3DecoderLayer",         # transformers/models/gemma3/modeling_gemma3.py
+    "gpt_oss": "GptOssDecoderLayer",
+    "phi3": "Phi3DecoderLayer",
+    "olmo2": "Olmo2DecoderLayer",
 }
 # accelerate's mixed_precision per planner precision; pure bf16 builds the model in bf16
 # (from_pretrained(torch_dtype=torch.bfloat16)) and needs no autocast or cast policy

@@ -10,9 +10,11 @@ import functools
 import importlib.resources
 import tomllib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from planner.errors import UserError, unknown_name
+from planner.limits import MAX_CONFIG_BYTES, check_gpu_types
 from planner.units import GB, GiB, MiB
 
 TFLOPS = 10**12
@@ -77,6 +79,8 @@ def _tflops(entry: dict[str, Any], key: str) -> float | None:
 
 
 def _parse_gpu(entry: dict[str, Any], where: str) -> GpuSpec:
+    if not isinstance(entry, dict):
+        raise UserError(f"{where}: each [[gpu]] must be a table")
     unknown = entry.keys() - _REQUIRED - _OPTIONAL
     if unknown:
         raise UserError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(_REQUIRED | _OPTIONAL)}")
@@ -86,6 +90,9 @@ def _parse_gpu(entry: dict[str, Any], where: str) -> GpuSpec:
     memory_keys = [k for k in _MEMORY_UNITS if k in entry]
     if len(memory_keys) != 1:
         raise UserError(f"{where}: give exactly one of {sorted(_MEMORY_UNITS)}, got {memory_keys}")
+    bad = check_gpu_types(entry, where)
+    if bad:
+        raise UserError(bad)
     memory_key = memory_keys[0]
     return GpuSpec(
         name=entry["name"],
@@ -110,12 +117,19 @@ def _parse_gpu(entry: dict[str, Any], where: str) -> GpuSpec:
 
 def parse_gpus(text: str, where: str = "gpus.toml") -> dict[str, GpuSpec]:
     """Parse a GPU catalog (TOML text with [[gpu]] tables) into {name: GpuSpec}."""
-    data = tomllib.loads(text)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"{where}: not valid TOML ({e})") from None
     if data.keys() - {"gpu"}:
         raise UserError(f"{where}: unknown top-level keys {sorted(data.keys() - {'gpu'})}; only [[gpu]] tables")
     gpus: dict[str, GpuSpec] = {}
-    for i, entry in enumerate(data.get("gpu", [])):
-        gpu = _parse_gpu(entry, f"{where} [[gpu]] #{i + 1} ({entry.get('name', '?')})")
+    tables = data.get("gpu", [])
+    if not isinstance(tables, list):
+        raise UserError(f"{where}: `gpu` must be [[gpu]] tables")
+    for i, entry in enumerate(tables):
+        label = entry.get("name", "?") if isinstance(entry, dict) else "?"
+        gpu = _parse_gpu(entry, f"{where} [[gpu]] #{i + 1} ({str(label)[:40]})")
         if gpu.name in gpus:
             raise UserError(f"{where}: GPU {gpu.name!r} defined twice")
         gpus[gpu.name] = gpu
@@ -140,8 +154,39 @@ def _by_lower_name() -> dict[str, GpuSpec]:
     return index
 
 
+def is_gpu_file(name: str) -> bool:
+    """``--gpus`` names a file (``./my-gpu.toml``) rather than a catalog entry."""
+    return name.strip().lower().endswith(".toml") or ("/" in name and Path(name).is_file())
+
+
+@functools.cache
+def load_gpu_file(path_text: str) -> GpuSpec:
+    """A user's own GPU: a TOML file with one [[gpu]] table of the catalog's schema (the keys
+    and units at the top of presets/gpus.toml), checked like a topology file: a regular
+    UTF-8 file of at most MAX_CONFIG_BYTES, unknown keys refused, every value typed and in
+    range; each failure is one line naming the file."""
+    path = Path(path_text)
+    if not path.is_file():
+        raise UserError(f"GPU file {path_text!r} not found (or not a regular file); pass a GPU name (`plan gpus`) "
+                        f"or a TOML file with one [[gpu]] table")
+    try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise UserError(f"GPU file {path_text!r} is larger than {MAX_CONFIG_BYTES:,} bytes")
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"GPU file {path_text!r} is not UTF-8 text; expected TOML") from None
+    except OSError as e:
+        raise UserError(f"GPU file {path_text!r}: cannot read ({e.strerror})") from None
+    gpus = parse_gpus(text, path_text)
+    if len(gpus) != 1:
+        raise UserError(f"GPU file {path_text!r}: expected exactly one [[gpu]] table, found {len(gpus)}")
+    return next(iter(gpus.values()))
+
+
 def get_gpu(name: str) -> GpuSpec:
-    """The GPU called `name` (short name or alias, any case)."""
+    """The GPU called `name` (short name or alias, any case), or the one in a TOML file."""
+    if is_gpu_file(name):
+        return load_gpu_file(name.strip())
     gpu = _by_lower_name().get(name.strip().lower())
     if gpu is None:
         raise unknown_name("GPU", name, load_gpus().keys(), "`plan gpus`")

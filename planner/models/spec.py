@@ -1,28 +1,19 @@
-"""Model architectures: ModelSpec, exact parameter counts, FLOPs, and the config.json loader.
+"""Model architectures: ModelSpec and its exact parameter count.
 
 A ModelSpec holds what the memory and time models need from an architecture. It is
-built from a Hugging Face ``config.json`` (shipped for every preset in
-``planner/presets/models/``), so that the same file drives both the planner and the
-transformers model that referees its parameter count (tests/test_param_counts.py).
+built from a Hugging Face ``config.json`` (planner.models.families, shipped for every
+preset in ``planner/presets/models/``), so that the same file drives both the planner and
+the transformers model that referees its parameter count (tests/test_param_counts.py).
+
+The loaders (presets, config files, the Hugging Face cache) live in planner.models.load;
+their names are still reachable here (``from planner.models.spec import load_model``) for
+the modules written before the split.
 """
 
 from __future__ import annotations
 
-import json
-import tomllib
-from dataclasses import dataclass, field
-from functools import cache
-from importlib import resources
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
-
-from planner.errors import UserError, unknown_name
-from planner.limits import MAX_CONFIG_BYTES, MAX_PARAMS, check_config_types
-
-SUPPORTED_MODEL_TYPES = (
-    "llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2",
-    "gpt2", "bert", "falcon", "bloom", "gpt_neox",
-)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -30,7 +21,23 @@ class ModelSpec:
     """A decoder (or BERT encoder) transformer, as far as memory and FLOPs go.
 
     Widths: ``d_model`` (h), query width ``n_heads * head_dim``, key/value width
-    ``n_kv_heads * head_dim`` (GQA), MLP width ``d_ff`` (per expert for MoE).
+    ``n_kv_heads * head_dim`` (GQA), MLP width ``d_ff`` (per routed expert for MoE).
+
+    Fields after ``source``'s block describe the architectures of 2024-2026. Their
+    defaults are the classic dense transformer, so a model that does not set them is
+    unchanged. The memory and time models see every block as the *mean* block (see
+    ParamCount); the per-layer-type terms these fields describe (multi-head latent
+    attention's saved tensors and latent KV cache, sliding-window and chunked attention,
+    shared experts, dispatch buffers) are not modelled there yet.
+
+    Multi-head latent attention (DeepSeek-V2, arXiv:2405.04434, Sec. 2.1; DeepSeek-V3,
+    arXiv:2412.19437, Sec. 2.1): ``kv_lora_rank`` > 0. Queries go through a rank
+    ``q_lora_rank`` bottleneck (0: a full q_proj), keys and values through a shared latent of
+    ``kv_lora_rank`` plus a decoupled rotary key of ``qk_rope_head_dim`` shared by all heads;
+    each head's query/key has ``head_dim = qk_nope_head_dim + qk_rope_head_dim`` dimensions
+    and its value ``v_head_dim``. ``n_kv_heads = n_heads``: transformers' implementation
+    (modeling_deepseek_v3.py) expands the latent to full per-head keys and values and
+    never absorbs the up-projections, so q_dim/kv_dim are what it materialises.
     """
 
     name: str
@@ -57,12 +64,29 @@ class ModelSpec:
     n_token_types: int = 0          # BERT's token_type_embeddings
     mlm_head: bool = False          # BERT's cls.predictions.transform (dense + norm) and bias
     parallel_block: bool = False    # attention and MLP read the same input (Falcon, GPT-J)
-    n_experts: int = 0              # 0: dense MLP
+    n_experts: int = 0              # routed experts per MoE block; 0: dense MLP
     n_experts_per_token: int = 0
     causal: bool = True
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
     source: str = ""
+    # ---- 2024-2026 architectures (defaults: the classic dense block)
+    qk_norm: str = ""               # "": none | "head": RMSNorm over head_dim on q and k (Qwen3, Gemma 3)
+    #                                 | "full": RMSNorm over the whole q and k widths (OLMo 2)
+    q_lora_rank: int = 0            # MLA query bottleneck; 0: a full q_proj
+    kv_lora_rank: int = 0           # MLA key/value latent; 0: not MLA
+    qk_rope_head_dim: int = 0       # MLA decoupled rotary part of head_dim, shared by all heads
+    v_head_dim: int = 0             # 0: head_dim
+    n_dense_layers: int = 0         # blocks of an MoE model with a dense MLP instead of experts
+    dense_d_ff: int = 0             # their MLP width (0: d_ff)
+    n_shared_experts: int = 0       # always-on experts beside the routed ones
+    shared_d_ff: int = 0            # total MLP width of the shared experts (DeepSeek: n_shared x moe width)
+    router_bias: bool = False       # gpt-oss's router has a bias
+    attention_sinks: bool = False   # gpt-oss: one learned sink logit per head and block
+    local_attention: str = ""       # "": none | "sliding" (Gemma 3, gpt-oss) | "chunked" (Llama 4)
+    attention_window: int = 0       # tokens a local layer sees: the sliding window or the chunk
+    n_local_layers: int = 0         # blocks with local attention; the others attend to every token
+    n_mtp_modules: int = 0          # DeepSeek-V3 multi-token prediction modules counted (0: as transformers)
 
     @property
     def q_dim(self) -> int:
@@ -76,14 +100,50 @@ class ModelSpec:
     def is_moe(self) -> bool:
         return self.n_experts > 0
 
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def value_head_dim(self) -> int:
+        return self.v_head_dim or self.head_dim
+
+    @property
+    def n_moe_layers(self) -> int:
+        return self.n_layers - self.n_dense_layers if self.is_moe else 0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BlockKind:
+    """The parameters of one kind of block (``n_layers`` of them): dense or MoE."""
+
+    kind: str               # "dense" | "moe"
+    n_layers: int
+    attention: int
+    routed: int             # all routed experts and the router
+    other_mlp: int          # a dense block's MLP; an MoE block's shared experts
+    norms: int
+
+    @property
+    def per_layer(self) -> int:
+        return self.attention + self.routed + self.other_mlp + self.norms
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ParamCount:
     """Exact parameter counts, split the way the memory model places them.
 
     ``embedding`` sits on the first pipeline stage, ``final`` (final norm, untied LM
-    head, MLM head) on the last; ``per_layer`` is one transformer block;
-    ``expert_per_layer`` is one expert's MLP inside a block (0 for dense models).
+    head, MLM head, multi-token prediction modules) on the last; ``blocks`` lists each
+    kind of transformer block exactly, and ``total``, ``layers`` and ``active`` are exact.
+
+    The per-layer fields describe the *mean* block, rounded down, for the memory and time
+    models, which see every block alike: ``per_layer`` (so ``per_layer * n_layers`` is
+    short of ``layers`` by less than ``n_layers``), ``expert_per_layer`` (one routed
+    expert, spread over all blocks), ``mlp_per_layer`` (the routed experts and the router
+    for MoE, the MLP for dense models; an MoE model's dense MLPs and shared experts are in
+    ``other_mlp_per_layer``). For a model whose blocks are all alike (Llama, Mixtral) the
+    mean block is the block.
     """
 
     embedding: int
@@ -95,11 +155,18 @@ class ParamCount:
     n_experts: int
     n_experts_per_token: int
     attention_per_layer: int
-    mlp_per_layer: int      # all experts and the router for MoE
+    mlp_per_layer: int      # all routed experts and the router for MoE
     norms_per_layer: int
+    other_mlp_per_layer: int = 0   # MoE models: dense blocks' MLPs and shared experts, per mean block
+    blocks: tuple[BlockKind, ...] = ()
+    one_expert: int = 0     # one routed expert of one MoE block, exact
+    mtp: int = 0            # multi-token prediction modules (in final)
+    mtp_idle_experts: int = 0   # routed expert parameters of the MTP modules a token skips
 
     @property
     def layers(self) -> int:
+        if self.blocks:
+            return sum(b.per_layer * b.n_layers for b in self.blocks)
         return self.per_layer * self.n_layers
 
     @property
@@ -107,15 +174,61 @@ class ParamCount:
         return self.embedding + self.layers + self.final
 
     @property
+    def n_moe_layers(self) -> int:
+        return sum(b.n_layers for b in self.blocks if b.kind == "moe")
+
+    @property
     def active(self) -> int:
-        """Parameters that touch one token: an MoE token visits k of E experts."""
-        idle = (self.n_experts - self.n_experts_per_token) * self.expert_per_layer
-        return self.total - idle * self.n_layers
+        """Parameters that touch one token: an MoE token visits k of E routed experts."""
+        idle = (self.n_experts - self.n_experts_per_token) * self.one_expert
+        return self.total - idle * self.n_moe_layers - self.mtp_idle_experts
 
     @property
     def largest_layer(self) -> int:
         """The largest single unit FSDP/ZeRO-3 gathers: a block, or the embedding."""
-        return max(self.per_layer, self.embedding, self.lm_head)
+        largest_block = max((b.per_layer for b in self.blocks), default=self.per_layer)
+        return max(largest_block, self.embedding, self.lm_head)
+
+
+def _linear(d_in: int, d_out: int, bias: bool) -> int:
+    return d_in * d_out + (d_out if bias else 0)
+
+
+def attention_params(m: ModelSpec) -> int:
+    """One block's attention: projections, QK norms, sinks (no block norms).
+
+    Standard/GQA: q (h x n_heads d), k and v (h x n_kv d), o (n_heads d x h).
+    MLA (transformers' DeepseekV3Attention): q_a_proj h x q_lora, q_a_layernorm q_lora,
+    q_b_proj q_lora x n_heads (nope + rope) (or q_proj h x n_heads (nope + rope) without a
+    query bottleneck); kv_a_proj_with_mqa h x (kv_lora + rope), kv_a_layernorm kv_lora,
+    kv_b_proj kv_lora x n_heads (nope + v); o_proj n_heads v x h. The a-projections and
+    o_proj carry attention_bias, the b-projections never do.
+    """
+    h = m.d_model
+    if m.is_mla:
+        bias = m.qkv_bias
+        qk, v = m.head_dim, m.value_head_dim
+        if m.q_lora_rank:
+            q = _linear(h, m.q_lora_rank, bias) + m.q_lora_rank + m.q_lora_rank * m.n_heads * qk
+        else:
+            q = _linear(h, m.n_heads * qk, False)
+        kv = (_linear(h, m.kv_lora_rank + m.qk_rope_head_dim, bias) + m.kv_lora_rank
+              + m.kv_lora_rank * m.n_heads * (qk - m.qk_rope_head_dim + v))
+        return q + kv + _linear(m.n_heads * v, h, m.out_bias)
+    q, kv = m.q_dim, m.kv_dim
+    out = _linear(h, q, m.qkv_bias) + 2 * _linear(h, kv, m.qkv_bias) + _linear(q, h, m.out_bias)
+    if m.qk_norm == "head":
+        out += 2 * m.head_dim
+    elif m.qk_norm == "full":
+        out += q + kv
+    if m.attention_sinks:
+        out += m.n_heads
+    return out
+
+
+def _mlp(m: ModelSpec, d_ff: int, bias: bool) -> int:
+    n_mats_in = 2 if m.gated_mlp else 1
+    return n_mats_in * _linear(m.d_model, d_ff, bias) + _linear(d_ff, m.d_model, bias)
 
 
 def count_params(m: ModelSpec) -> ParamCount:
@@ -125,27 +238,29 @@ def count_params(m: ModelSpec) -> ParamCount:
     transformers builds from the same config.json (tests/test_param_counts.py checks
     every preset). Linear layers are d_in x d_out plus d_out when biased; norms are
     one weight vector (RMSNorm) or weight and bias (LayerNorm); a tied LM head shares
-    the embedding's tensor and counts once.
+    the embedding's tensor and counts once. An MoE block holds E routed experts, a
+    router h x E (plus E with a bias, gpt-oss) and its shared experts; an MoE model's
+    dense blocks (DeepSeek-V3's first k, Llama 4's interleaved ones) hold one MLP of
+    ``dense_d_ff``. Buffers (DeepSeek-V3's e_score_correction_bias) are not parameters.
     """
     h = m.d_model
     norm = h * (2 if m.norm == "layernorm" else 1)
-
-    def linear(d_in: int, d_out: int, bias: bool) -> int:
-        return d_in * d_out + (d_out if bias else 0)
-
-    q, kv = m.q_dim, m.kv_dim
-    attention = (
-        linear(h, q, m.qkv_bias) + 2 * linear(h, kv, m.qkv_bias) + linear(q, h, m.out_bias)
-    )
-    n_mats_in = 2 if m.gated_mlp else 1
-    expert = n_mats_in * linear(h, m.d_ff, m.mlp_bias) + linear(m.d_ff, h, m.mlp_bias)
-    if m.is_moe:
-        router = h * m.n_experts           # Mixtral's gate: Linear(h, E, bias=False)
-        mlp = m.n_experts * expert + router
-    else:
-        mlp = expert
+    attention = attention_params(m)
     norms = m.norms_per_layer * norm
-    per_layer = attention + mlp + norms
+    expert = _mlp(m, m.d_ff, m.mlp_bias) if m.is_moe else 0
+    blocks: list[BlockKind] = []
+    if m.is_moe:
+        router = h * m.n_experts + (m.n_experts if m.router_bias else 0)
+        shared = _mlp(m, m.shared_d_ff, False) if m.shared_d_ff else 0
+        moe = BlockKind(kind="moe", n_layers=m.n_moe_layers, attention=attention,
+                        routed=m.n_experts * expert + router, other_mlp=shared, norms=norms)
+        if m.n_dense_layers:
+            blocks.append(BlockKind(kind="dense", n_layers=m.n_dense_layers, attention=attention, routed=0,
+                                    other_mlp=_mlp(m, m.dense_d_ff or m.d_ff, m.mlp_bias), norms=norms))
+        blocks.append(moe)
+    else:
+        blocks.append(BlockKind(kind="dense", n_layers=m.n_layers, attention=attention, routed=0,
+                                other_mlp=_mlp(m, m.d_ff, m.mlp_bias), norms=norms))
 
     embedding = m.vocab_size * h
     if m.position == "learned":
@@ -158,296 +273,59 @@ def count_params(m: ModelSpec) -> ParamCount:
     final = lm_head + (norm if m.final_norm else 0)
     if m.mlm_head:
         # BERT: cls.predictions.transform.dense (h x h + h), its LayerNorm, output bias (vocab)
-        final += linear(h, h, True) + norm + m.vocab_size
+        final += _linear(h, h, True) + norm + m.vocab_size
+    mtp = mtp_idle = 0
+    if m.n_mtp_modules:
+        # DeepSeek-V3 Sec. 2.2 and its checkpoint (model.layers.61): per module enorm and
+        # hnorm (h each), eh_proj (2h x h), one MoE block and shared_head.norm (h); the
+        # embedding and the output head are shared with the main model.
+        last = blocks[-1]
+        mtp = m.n_mtp_modules * (3 * norm + 2 * h * h + last.per_layer)
+        mtp_idle = m.n_mtp_modules * (m.n_experts - m.n_experts_per_token) * expert
+        final += mtp
+
+    n = m.n_layers
+    layers = sum(b.per_layer * b.n_layers for b in blocks)
+    n_moe = m.n_moe_layers
+    routed_all = sum(b.routed * b.n_layers for b in blocks)
+    other_all = sum(b.other_mlp * b.n_layers for b in blocks)
+    if m.is_moe:
+        mlp_mean, other_mean = routed_all // n, other_all // n
+    else:
+        mlp_mean, other_mean = other_all // n, 0
     return ParamCount(
         embedding=embedding,
-        per_layer=per_layer,
-        n_layers=m.n_layers,
+        per_layer=layers // n,
+        n_layers=n,
         final=final,
         lm_head=lm_head,
-        expert_per_layer=expert if m.is_moe else 0,
+        expert_per_layer=expert * n_moe // n if m.is_moe else 0,
         n_experts=m.n_experts,
         n_experts_per_token=m.n_experts_per_token,
         attention_per_layer=attention,
-        mlp_per_layer=mlp,
+        mlp_per_layer=mlp_mean,
         norms_per_layer=norms,
+        other_mlp_per_layer=other_mean,
+        blocks=tuple(blocks),
+        one_expert=expert,
+        mtp=mtp,
+        mtp_idle_experts=mtp_idle,
     )
 
 
-# ---------------------------------------------------------------- config.json loader
-
-def _need(cfg: dict[str, Any], key: str, where: str, *alts: str) -> Any:
-    for k in (key, *alts):
-        if k in cfg and cfg[k] is not None:
-            return cfg[k]
-    names = " or ".join(repr(k) for k in (key, *alts))
-    raise UserError(f"{where}: missing key {names}; it is required for model_type {cfg.get('model_type')!r}")
-
-
-def _int(cfg: dict[str, Any], key: str, where: str, *alts: str, minimum: int = 1) -> int:
-    v = _need(cfg, key, where, *alts)
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise UserError(f"{where}: key {key!r} must be an integer >= {minimum}, got {v!r}")
-    return v
+# Names that moved to planner.models.load and planner.models.families in the split;
+# resolved on first use so that neither module is imported before this one is complete.
+_MOVED = {
+    "load_model": "load", "load_preset": "load", "load_presets": "load", "preset_config": "load",
+    "load_config_file": "load", "load_hf_config": "load", "Preset": "load",
+    "spec_from_hf_config": "families", "SUPPORTED_MODEL_TYPES": "families",
+}
 
 
-def _float(cfg: dict[str, Any], key: str, default: float = 0.0) -> float:
-    v = cfg.get(key, default)
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else default
+def __getattr__(name: str) -> Any:
+    home = _MOVED.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
 
-
-def spec_from_hf_config(cfg: dict[str, Any], name: str, where: str, source: str = "") -> ModelSpec:
-    """Translate a Hugging Face config.json dict into a ModelSpec.
-
-    ``where`` names the file in error messages. Defaults follow transformers'
-    configuration classes (e.g. LlamaConfig.tie_word_embeddings=False,
-    GPT2Config.n_inner=None meaning 4h, FalconConfig.bias=False).
-    """
-    if not isinstance(cfg, dict):
-        raise UserError(f"{where}: expected a JSON object (a Hugging Face config.json)")
-    mt = cfg.get("model_type")
-    if mt is None:
-        raise UserError(f"{where}: missing key 'model_type'; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
-    if mt not in SUPPORTED_MODEL_TYPES:
-        raise UserError(
-            f"{where}: unsupported model_type {mt!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
-        )
-    bad = check_config_types(cfg, where)
-    if bad:
-        raise UserError(bad)
-    cfg = {k: v for k, v in cfg.items() if v is not None}    # a key set to null takes its default
-    common: dict[str, Any] = {"name": name, "model_type": mt, "source": source}
-    if mt != "gpt2":
-        act = cfg.get("hidden_activation") or cfg.get("hidden_act")
-        common["activation"] = str(act) if act else ("gelu" if mt in ("bert", "falcon", "bloom", "gpt_neox") else "silu")
-
-    if mt in ("llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2"):
-        h = _int(cfg, "hidden_size", where)
-        n_heads = _int(cfg, "num_attention_heads", where)
-        n_kv = cfg.get("num_key_value_heads") or n_heads
-        head_dim = cfg.get("head_dim") or h // n_heads
-        bias = bool(cfg.get("attention_bias", False))
-        spec = ModelSpec(
-            **common,
-            n_layers=_int(cfg, "num_hidden_layers", where),
-            d_model=h, n_heads=n_heads, n_kv_heads=int(n_kv), head_dim=int(head_dim),
-            d_ff=_int(cfg, "intermediate_size", where),
-            vocab_size=_int(cfg, "vocab_size", where),
-            max_positions=int(cfg.get("max_position_embeddings") or 0),
-            tied_embeddings=bool(cfg.get("tie_word_embeddings", mt in ("gemma", "gemma2"))),
-            qkv_bias=bias or mt == "qwen2",
-            out_bias=bias,
-            mlp_bias=bool(cfg.get("mlp_bias", False)),
-            norms_per_layer=4 if mt == "gemma2" else 2,
-            n_experts=int(cfg.get("num_local_experts") or 0) if mt == "mixtral" else 0,
-            n_experts_per_token=int(cfg.get("num_experts_per_tok") or 0) if mt == "mixtral" else 0,
-            attention_dropout=_float(cfg, "attention_dropout"),
-        )
-    elif mt == "gpt2":
-        h = _int(cfg, "n_embd", where, "hidden_size")
-        n_heads = _int(cfg, "n_head", where, "num_attention_heads")
-        spec = ModelSpec(
-            **common,
-            n_layers=_int(cfg, "n_layer", where, "num_hidden_layers"),
-            d_model=h, n_heads=n_heads, n_kv_heads=n_heads, head_dim=h // n_heads,
-            d_ff=int(cfg.get("n_inner") or 4 * h),
-            vocab_size=_int(cfg, "vocab_size", where),
-            max_positions=_int(cfg, "n_positions", where, "max_position_embeddings"),
-            position="learned", tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
-            gated_mlp=False, norm="layernorm", qkv_bias=True, out_bias=True, mlp_bias=True,
-            activation=str(cfg.get("activation_function", "gelu_new")),
-            hidden_dropout=_float(cfg, "resid_pdrop", 0.1),
-            attention_dropout=_float(cfg, "attn_pdrop", 0.1),
-        )
-    elif mt == "bert":
-        h = _int(cfg, "hidden_size", where)
-        n_heads = _int(cfg, "num_attention_heads", where)
-        spec = ModelSpec(
-            **common,
-            n_layers=_int(cfg, "num_hidden_layers", where),
-            d_model=h, n_heads=n_heads, n_kv_heads=n_heads, head_dim=h // n_heads,
-            d_ff=_int(cfg, "intermediate_size", where),
-            vocab_size=_int(cfg, "vocab_size", where),
-            max_positions=_int(cfg, "max_position_embeddings", where),
-            position="learned", tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
-            gated_mlp=False, norm="layernorm", qkv_bias=True, out_bias=True, mlp_bias=True,
-            embedding_norm=True, n_token_types=int(cfg.get("type_vocab_size", 2)),
-            mlm_head=True, causal=False, final_norm=False,
-            hidden_dropout=_float(cfg, "hidden_dropout_prob", 0.1),
-            attention_dropout=_float(cfg, "attention_probs_dropout_prob", 0.1),
-        )
-    elif mt == "falcon":
-        h = _int(cfg, "hidden_size", where)
-        n_heads = _int(cfg, "num_attention_heads", where, "n_head")
-        new_arch = bool(cfg.get("new_decoder_architecture", False))
-        if new_arch:
-            n_kv = int(cfg.get("num_kv_heads") or n_heads)
-        elif cfg.get("multi_query", True):
-            n_kv = 1
-        else:
-            n_kv = n_heads
-        parallel = bool(cfg.get("parallel_attn", True))
-        spec = ModelSpec(
-            **common,
-            n_layers=_int(cfg, "num_hidden_layers", where, "n_layer"),
-            d_model=h, n_heads=n_heads, n_kv_heads=n_kv, head_dim=h // n_heads,
-            d_ff=int(cfg.get("ffn_hidden_size") or 4 * h),
-            vocab_size=_int(cfg, "vocab_size", where),
-            max_positions=int(cfg.get("max_position_embeddings") or 0),
-            position="alibi" if cfg.get("alibi") else "rope",
-            tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
-            gated_mlp=False, norm="layernorm",
-            norms_per_layer=2 if (new_arch or not parallel) else 1,
-            qkv_bias=bool(cfg.get("bias", False)), out_bias=bool(cfg.get("bias", False)),
-            mlp_bias=bool(cfg.get("bias", False)), parallel_block=parallel,
-            hidden_dropout=_float(cfg, "hidden_dropout"),
-            attention_dropout=_float(cfg, "attention_dropout"),
-        )
-    elif mt == "bloom":
-        h = _int(cfg, "hidden_size", where, "n_embed")
-        n_heads = _int(cfg, "n_head", where, "num_attention_heads")
-        spec = ModelSpec(
-            **common,
-            n_layers=_int(cfg, "n_layer", where, "num_hidden_layers"),
-            d_model=h, n_heads=n_heads, n_kv_heads=n_heads, head_dim=h // n_heads,
-            d_ff=4 * h, vocab_size=_int(cfg, "vocab_size", where),
-            position="alibi", tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
-            gated_mlp=False, norm="layernorm", qkv_bias=True, out_bias=True, mlp_bias=True,
-            embedding_norm=True,
-            hidden_dropout=_float(cfg, "hidden_dropout"),
-            attention_dropout=_float(cfg, "attention_dropout"),
-        )
-    else:  # gpt_neox
-        h = _int(cfg, "hidden_size", where)
-        n_heads = _int(cfg, "num_attention_heads", where)
-        bias = bool(cfg.get("attention_bias", True))
-        spec = ModelSpec(
-            **common,
-            n_layers=_int(cfg, "num_hidden_layers", where),
-            d_model=h, n_heads=n_heads, n_kv_heads=n_heads, head_dim=h // n_heads,
-            d_ff=_int(cfg, "intermediate_size", where),
-            vocab_size=_int(cfg, "vocab_size", where),
-            max_positions=int(cfg.get("max_position_embeddings") or 0),
-            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            gated_mlp=False, norm="layernorm", qkv_bias=bias, out_bias=bias, mlp_bias=True,
-            parallel_block=bool(cfg.get("use_parallel_residual", True)),
-            hidden_dropout=_float(cfg, "hidden_dropout"),
-            attention_dropout=_float(cfg, "attention_dropout"),
-        )
-    _check_shape(spec, where)
-    return spec
-
-
-def _check_shape(m: ModelSpec, where: str) -> None:
-    for key in ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff", "vocab_size"):
-        if getattr(m, key) < 1:
-            raise UserError(f"{where}: {key} = {getattr(m, key)} must be at least 1 (check the config's "
-                            f"sizes; head_dim is hidden_size // num_attention_heads unless given)")
-    if m.n_heads % m.n_kv_heads:
-        raise UserError(
-            f"{where}: num_attention_heads ({m.n_heads}) must be a multiple of "
-            f"num_key_value_heads ({m.n_kv_heads})"
-        )
-    if m.is_moe and not 0 < m.n_experts_per_token <= m.n_experts:
-        raise UserError(f"{where}: num_experts_per_tok must be between 1 and num_local_experts")
-    for key in ("n_layers", "d_model", "vocab_size", "d_ff", "head_dim"):
-        v = getattr(m, key)
-        if v > 10**7:
-            raise UserError(f"{where}: {key} = {v} is beyond the planner's limit of 10,000,000")
-    n_params = count_params(m).total
-    if n_params > MAX_PARAMS:
-        raise UserError(f"{where}: {n_params:.3g} parameters is beyond the planner's limit of {MAX_PARAMS:.0e}; "
-                        f"check hidden_size, intermediate_size, num_hidden_layers and vocab_size")
-
-
-# ------------------------------------------------------------------------ presets
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Preset:
-    name: str
-    config: str
-    source: str
-    description: str = ""
-    aliases: tuple[str, ...] = field(default_factory=tuple)
-
-
-_PRESET_KEYS = {"name", "config", "source", "description", "aliases"}
-
-
-@cache
-def load_presets() -> dict[str, Preset]:
-    """The model catalog (planner/presets/models.toml), by name."""
-    text = resources.files("planner.presets").joinpath("models.toml").read_text()
-    out: dict[str, Preset] = {}
-    for row in tomllib.loads(text)["model"]:
-        extra = set(row) - _PRESET_KEYS
-        if extra:
-            raise ValueError(f"models.toml: unknown keys {sorted(extra)} in {row.get('name')}")
-        out[row["name"]] = Preset(**{**row, "aliases": tuple(row.get("aliases", ()))})
-    return out
-
-
-def _aliases() -> dict[str, str]:
-    return {a: p.name for p in load_presets().values() for a in p.aliases}
-
-
-def preset_config(name: str) -> dict[str, Any]:
-    """The shipped config.json dict of a preset."""
-    p = load_presets()[name]
-    return json.loads(resources.files("planner.presets").joinpath(p.config).read_text())
-
-
-@cache
-def load_preset(name: str) -> ModelSpec:
-    p = load_presets()[name]
-    return spec_from_hf_config(preset_config(name), name, f"preset {name}", p.source)
-
-
-def load_model(name_or_path: str) -> ModelSpec:
-    """A preset by name or alias, or a Hugging Face config.json by path.
-
-    Raises UserError naming the closest presets, the file, or the missing key.
-    """
-    key = name_or_path.strip().lower()
-    presets = load_presets()
-    if key in presets:
-        return load_preset(key)
-    aliases = _aliases()
-    if key in aliases:
-        return load_preset(aliases[key])
-    path = Path(name_or_path)
-    if path.suffix == ".json" or path.exists() or "/" in name_or_path:
-        return load_config_file(path)
-    raise unknown_name("model", name_or_path, [*presets, *aliases], "`plan models`")
-
-
-def load_hf_config(name_or_path: str) -> dict[str, Any]:
-    """The config.json dict behind a preset name, alias or path (for measurement)."""
-    key = name_or_path.strip().lower()
-    aliases = _aliases()
-    if key in load_presets() or key in aliases:
-        return preset_config(aliases.get(key, key))
-    path = Path(name_or_path)
-    load_config_file(path)   # the same checks and errors as for planning
-    return json.loads((path / "config.json" if path.is_dir() else path).read_text())
-
-
-def load_config_file(path: Path) -> ModelSpec:
-    """Read a Hugging Face config.json (or a directory holding one)."""
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
-        raise UserError(f"model file {str(path)!r} not found; pass a preset name (`plan models`) or a config.json path")
-    try:
-        if path.stat().st_size > MAX_CONFIG_BYTES:
-            raise UserError(f"{path}: {path.stat().st_size:,} bytes is too large for a config.json "
-                            f"(limit {MAX_CONFIG_BYTES:,}); pass the model's config.json, not its weights")
-        raw = path.read_bytes()
-        cfg = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        why = "nested too deeply" if isinstance(e, RecursionError) else str(e)
-        raise UserError(f"{path}: not valid JSON ({why}); expected a Hugging Face config.json") from None
-    except OSError as e:
-        raise UserError(f"{path}: cannot read ({e.strerror})") from None
-    name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
-    return spec_from_hf_config(cfg, name, str(path), source=str(path))
+    return getattr(importlib.import_module(f"planner.models.{home}"), name)

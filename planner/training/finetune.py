@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 METHODS = ("full", "lora", "qlora", "freeze")
 QUANTS = ("none", "int8", "int4", "nf4")
 TARGET_GROUPS = ("attention", "mlp", "all-linear")
-LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2")
+LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2", "qwen3", "gemma3_text", "olmo2")
 
 # PEFT's default target modules per model type (peft/utils/constants.py,
 # TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING)
@@ -58,6 +58,9 @@ PEFT_DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
     "qwen2": ("q_proj", "v_proj"), "gemma": ("q_proj", "v_proj"), "gemma2": ("q_proj", "v_proj"),
     "gpt2": ("c_attn",), "bert": ("query", "value"), "falcon": ("query_key_value",),
     "bloom": ("query_key_value",), "gpt_neox": ("query_key_value",),
+    "qwen3": ("q_proj", "v_proj"), "gemma3_text": ("q_proj", "v_proj"),
+    # PEFT 0.21 has no default for qwen3_moe, deepseek_v3, llama4_text, gpt_oss, phi3, olmo2:
+    # get_peft_model asks for target_modules, and so does the planner
 }
 
 NF4_BLOCK = 64                  # weights per absmax constant (QLoRA Sec. 3; bitsandbytes blocksize)
@@ -86,6 +89,8 @@ class Linear:
     rank_factor: int = 1
     aliases: tuple[str, ...] = ()
     expert: bool = False
+    n_blocks: int = 0           # blocks that hold this layer; 0: every block (see blocks_with)
+    adaptable: bool = True      # False: PEFT attaches no adapter to it under any target name
 
     @property
     def weight_numel(self) -> int:
@@ -95,10 +100,100 @@ class Linear:
         return any(n == target or n.endswith("." + target) for n in (self.name, *self.aliases))
 
 
+def blocks_with(m: ModelSpec, lin: Linear) -> int:
+    """How many of ``m``'s blocks hold ``lin`` (an MoE model's dense blocks differ from its MoE blocks)."""
+    return lin.n_blocks or m.n_layers
+
+
+def _recent_linears(m: ModelSpec) -> tuple[Linear, ...]:
+    """The nn.Linear modules of a block of the 2024-2026 MoE, MLA and fused families, named
+    as transformers 5 names them (modeling_<type>.py). Their routed experts are 3-D
+    parameters and their routers (except Llama 4's, an nn.Linear subclass) plain modules:
+    PEFT's LoRA adapts neither (its all-linear picks nn.Linear only, tuners_utils.py
+    _maybe_include_all_linear_layers) and bitsandbytes quantizes neither, so they are not
+    listed. ``n_blocks`` tells the dense blocks' MLP from the MoE blocks' shared experts."""
+    h, q, kv, f, t = m.d_model, m.q_dim, m.kv_dim, m.d_ff, m.model_type
+    n_dense, n_moe = (m.n_dense_layers, m.n_moe_layers) if m.is_moe else (0, 0)
+
+    def mlp(prefix: str, width: int, n_blocks: int, bias: bool = False) -> tuple[Linear, ...]:
+        return (Linear(name=f"{prefix}.gate_proj", d_in=h, d_out=width, group="mlp", bias=bias, n_blocks=n_blocks),
+                Linear(name=f"{prefix}.up_proj", d_in=h, d_out=width, group="mlp", bias=bias, n_blocks=n_blocks),
+                Linear(name=f"{prefix}.down_proj", d_in=width, d_out=h, group="mlp", bias=bias, n_blocks=n_blocks))
+
+    def qkvo(bias: bool) -> tuple[Linear, ...]:
+        return (Linear(name="self_attn.q_proj", d_in=h, d_out=q, group="attention", bias=bias),
+                Linear(name="self_attn.k_proj", d_in=h, d_out=kv, group="attention", bias=bias),
+                Linear(name="self_attn.v_proj", d_in=h, d_out=kv, group="attention", bias=bias),
+                Linear(name="self_attn.o_proj", d_in=q, d_out=h, group="attention", bias=bias))
+
+    if t == "deepseek_v3":      # DeepseekV3Attention, DeepseekV3MLP, DeepseekV3MoE.shared_experts
+        qk, v, b = m.head_dim, m.value_head_dim, m.qkv_bias
+        if m.q_lora_rank:
+            att: tuple[Linear, ...] = (
+                Linear(name="self_attn.q_a_proj", d_in=h, d_out=m.q_lora_rank, group="attention", bias=b),
+                Linear(name="self_attn.q_b_proj", d_in=m.q_lora_rank, d_out=m.n_heads * qk, group="attention"))
+        else:
+            att = (Linear(name="self_attn.q_proj", d_in=h, d_out=m.n_heads * qk, group="attention"),)
+        att += (Linear(name="self_attn.kv_a_proj_with_mqa", d_in=h, d_out=m.kv_lora_rank + m.qk_rope_head_dim,
+                       group="attention", bias=b),
+                Linear(name="self_attn.kv_b_proj", d_in=m.kv_lora_rank,
+                       d_out=m.n_heads * (qk - m.qk_rope_head_dim + v), group="attention"),
+                Linear(name="self_attn.o_proj", d_in=m.n_heads * v, d_out=h, group="attention", bias=m.out_bias))
+        if not m.is_moe:
+            return att + mlp("mlp", f, 0)
+        return att + _qwen2_moe_pattern(m, n_dense, n_moe, mlp)
+    if t == "qwen3_moe":        # Qwen3MoeDecoderLayer: Qwen3MoeMLP in mlp_only_layers
+        if not m.is_moe:
+            return qkvo(m.qkv_bias) + mlp("mlp", f, 0)
+        return qkvo(m.qkv_bias) + _qwen2_moe_pattern(m, n_dense, n_moe, mlp)
+    if t == "llama4_text":      # Llama4TextDecoderLayer.feed_forward: Llama4TextMLP or Llama4TextMoe
+        if not m.is_moe:
+            return qkvo(m.qkv_bias) + mlp("feed_forward", f, 0)
+        return (qkvo(m.qkv_bias) + (mlp("feed_forward", m.dense_d_ff, n_dense) if n_dense else ())
+                + (Linear(name="feed_forward.router", d_in=h, d_out=m.n_experts, group="router", n_blocks=n_moe),)
+                + mlp("feed_forward.shared_expert", m.shared_d_ff, n_moe))
+    if t == "gpt_oss":          # attention only: GptOssExperts and GptOssTopKRouter are not nn.Linear
+        return qkvo(True)
+    # phi3: fused qkv_proj and gate_up_proj (Phi3Attention, Phi3MLP)
+    return (Linear(name="self_attn.qkv_proj", d_in=h, d_out=q + 2 * kv, group="attention"),
+            Linear(name="self_attn.o_proj", d_in=q, d_out=h, group="attention"),
+            Linear(name="mlp.gate_up_proj", d_in=h, d_out=2 * f, group="mlp"),
+            Linear(name="mlp.down_proj", d_in=f, d_out=h, group="mlp"))
+
+
+def _qwen2_moe_pattern(m: ModelSpec, n_dense: int, n_moe: int, mlp: Any) -> tuple[Linear, ...]:
+    """The MLP side of qwen3_moe and deepseek_v3 blocks as PEFT 0.21 adapts it.
+
+    Both follow transformers 5's "qwen2_moe" conversion pattern (transformers/conversion_mapping.py),
+    and PEFT's conversion for it (peft/utils/transformers_weight_conversion.py,
+    _MOE_TARGET_MODULE_MAPPING["qwen2_moe"], _MOE_FUSED_TARGETS) turns the targets gate_proj +
+    up_proj, down_proj and gate into the routed experts' fused 3-D parameters (gate_up_proj at
+    rank 2r) and the router's weight, and drops them as module targets: the dense blocks' MLP
+    and the shared experts, though nn.Linear modules of the same names, get no adapter (checked
+    against get_peft_model in tests/test_models_recent.py). They stay listed, not adaptable,
+    for quantization.
+    """
+    h, f, e = m.d_model, m.d_ff, m.n_experts
+    out: tuple[Linear, ...] = (
+        Linear(name="mlp.gate", d_in=h, d_out=e, group="router", n_blocks=n_moe),
+        Linear(name="mlp.experts.gate_up_proj", d_in=h, d_out=2 * f, group="mlp", n_copies=e, rank_factor=2,
+               aliases=("gate_proj", "up_proj"), expert=True, n_blocks=n_moe),
+        Linear(name="mlp.experts.down_proj", d_in=f, d_out=h, group="mlp", n_copies=e, aliases=("down_proj",),
+               expert=True, n_blocks=n_moe),
+    )
+    frozen: tuple[Linear, ...] = mlp("mlp", m.dense_d_ff, n_dense) if n_dense else ()
+    if m.shared_d_ff:
+        frozen += mlp("mlp.shared_experts", m.shared_d_ff, n_moe)
+    return out + tuple(Linear(name=lin.name, d_in=lin.d_in, d_out=lin.d_out, group=lin.group,
+                              n_blocks=lin.n_blocks, adaptable=False) for lin in frozen)
+
+
 def block_linears(m: ModelSpec) -> tuple[Linear, ...]:
     """The linear layers of one block of ``m``, with transformers' module names."""
     h, q, kv, f = m.d_model, m.q_dim, m.kv_dim, m.d_ff
     t = m.model_type
+    if t in ("deepseek_v3", "qwen3_moe", "llama4_text", "gpt_oss", "phi3"):
+        return _recent_linears(m)
     if t in LLAMA_LIKE:
         att = (Linear(name="self_attn.q_proj", d_in=h, d_out=q, group="attention", bias=m.qkv_bias),
                Linear(name="self_attn.k_proj", d_in=h, d_out=kv, group="attention", bias=m.qkv_bias),
@@ -189,7 +284,7 @@ class FinetuneSpec:
     @staticmethod
     def named(method: str, *, rank: int | None = None, alpha: int | None = None,
               targets: tuple[str, ...] | None = None, dropout: float | None = None,
-              quant: str | None = None, trainable_layers: int | None = None) -> "FinetuneSpec":
+              quant: str | None = None, trainable_layers: int | None = None) -> FinetuneSpec:
         """A method with its published defaults, each overridable.
 
         qlora: NF4 with double quantization, 16-bit adapters, paged 8-bit AdamW, and the
@@ -255,8 +350,12 @@ def resolve_targets(m: ModelSpec, spec: FinetuneSpec) -> tuple[Linear, ...]:
     that matches none of the architecture's layers."""
     if not spec.is_lora:
         return ()
-    targets = spec.lora_targets or PEFT_DEFAULT_TARGETS[m.model_type]
-    block, outside = block_linears(m), outside_linears(m)
+    targets = spec.lora_targets or PEFT_DEFAULT_TARGETS.get(m.model_type, ())
+    if not targets:
+        raise UserError(f"{m.name}: PEFT has no default LoRA targets for model_type {m.model_type!r}; "
+                        f"pass --lora-targets (attention, mlp, all-linear or module names)")
+    block = tuple(lin for lin in block_linears(m) if lin.adaptable)
+    outside = outside_linears(m)
     layers = block + outside
     picked: list[Linear] = []
     for t in targets:
@@ -278,11 +377,13 @@ def resolve_targets(m: ModelSpec, spec: FinetuneSpec) -> tuple[Linear, ...]:
 
 
 def _check_fused(m: ModelSpec, targets: tuple[str, ...], picked: list[Linear]) -> None:
-    """PEFT refuses w1 without w3 (or the reverse): transformers 5 fuses them."""
-    named = {t for t in targets if t in ("w1", "w3")}
+    """PEFT refuses w1 without w3 (or the reverse), and on the qwen2_moe pattern gate_proj
+    without up_proj: transformers 5 fuses them."""
+    pair = ("gate_proj", "up_proj") if m.model_type in ("qwen3_moe", "deepseek_v3") and m.is_moe else ("w1", "w3")
+    named = {t for t in targets if t in pair}
     if len(named) == 1:
-        missing = ({"w1", "w3"} - named).pop()
-        raise UserError(f"{m.name}: w1 and w3 are one fused gate_up_proj in transformers 5; "
+        missing = (set(pair) - named).pop()
+        raise UserError(f"{m.name}: {pair[0]} and {pair[1]} are one fused gate_up_proj in transformers 5; "
                         f"target {missing} too (PEFT requires both)")
 
 
@@ -305,10 +406,11 @@ class TrainableCount:
     expert_per_layer: int
     n_layers: int               # blocks that hold trainable parameters
     outside: int
+    remainder: int = 0          # blocks unlike each other: total - the mean block x n_layers (< n_layers)
 
     @property
     def total(self) -> int:
-        return (self.dense_per_layer + self.expert_per_layer) * self.n_layers + self.outside
+        return (self.dense_per_layer + self.expert_per_layer) * self.n_layers + self.outside + self.remainder
 
 
 def trainable_count(m: ModelSpec, spec: FinetuneSpec, pc: ParamCount | None = None) -> TrainableCount:
@@ -323,16 +425,18 @@ def trainable_count(m: ModelSpec, spec: FinetuneSpec, pc: ParamCount | None = No
         expert = pc.expert_per_layer * pc.n_experts
         return TrainableCount(dense_per_layer=pc.per_layer - expert, expert_per_layer=expert,
                               n_layers=min(spec.trainable_layers, m.n_layers), outside=0)
-    dense = expert = outside = 0
+    dense = expert = outside = 0          # summed over every block
     for lin in resolve_targets(m, spec):
         n = lora_layer_params(lin, spec.lora_rank)
         if lin.group == "outside":
             outside += n
         elif lin.expert:
-            expert += n
+            expert += n * blocks_with(m, lin)
         else:
-            dense += n
-    return TrainableCount(dense_per_layer=dense, expert_per_layer=expert, n_layers=m.n_layers, outside=outside)
+            dense += n * blocks_with(m, lin)
+    n_l = m.n_layers
+    return TrainableCount(dense_per_layer=dense // n_l, expert_per_layer=expert // n_l, n_layers=n_l,
+                          outside=outside, remainder=dense % n_l + expert % n_l)
 
 
 def n_trainable_params(m: ModelSpec, spec: FinetuneSpec, pc: ParamCount | None = None) -> int:
@@ -384,6 +488,7 @@ def frozen_block_bytes(m: ModelSpec, spec: FinetuneSpec, weight_bytes: int, pc: 
         for lin in quantizable:
             saved = lin.weight_numel * weight_bytes - linear_weight_bytes(lin, spec.quant, weight_bytes,
                                                                           spec.double_quant)
+            saved = saved * blocks_with(m, lin) / m.n_layers     # per mean block
             if lin.expert:
                 expert_b -= saved
             else:
@@ -424,7 +529,7 @@ class RankSplit:
         return self.frozen_dense_bytes + self.frozen_expert_bytes
 
 
-def rank_split(m: ModelSpec, pc: ParamCount, spec: FinetuneSpec, lay: "Layout", dense: int, expert: int,
+def rank_split(m: ModelSpec, pc: ParamCount, spec: FinetuneSpec, lay: Layout, dense: int, expert: int,
                root: int, n_layers: int, n_trainable_layers: int, last_stage: bool,
                weight_bytes: int, full_largest: int) -> RankSplit:
     """Split one rank's parameters (``dense`` incl. ``root`` = embedding/head, ``expert``;

@@ -1,0 +1,193 @@
+"""Hugging Face config.json -> ModelSpec, for every supported model_type.
+
+The families before 2024 (Llama, Mistral, Mixtral, Qwen2, Gemma 1/2, GPT-2, BERT, Falcon,
+BLOOM, GPT-NeoX) are translated here; those of 2024-2026 in planner.models.recent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from planner.errors import UserError
+from planner.limits import MAX_PARAMS, check_config_types
+from planner.models.cfg import float_key, int_key
+from planner.models.recent import RECENT_MODEL_TYPES, recent_spec
+from planner.models.spec import ModelSpec, count_params
+
+SUPPORTED_MODEL_TYPES = (
+    "llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2",
+    "gpt2", "bert", "falcon", "bloom", "gpt_neox", *RECENT_MODEL_TYPES,
+)
+
+
+def spec_from_hf_config(cfg: dict[str, Any], name: str, where: str, source: str = "", mtp: bool = False) -> ModelSpec:
+    """Translate a Hugging Face config.json dict into a ModelSpec.
+
+    ``where`` names the file in error messages. Defaults follow transformers'
+    configuration classes (e.g. LlamaConfig.tie_word_embeddings=False,
+    GPT2Config.n_inner=None meaning 4h, FalconConfig.bias=False). ``mtp``: count
+    DeepSeek-V3's multi-token prediction modules (num_nextn_predict_layers), which
+    transformers does not build.
+    """
+    if not isinstance(cfg, dict):
+        raise UserError(f"{where}: expected a JSON object (a Hugging Face config.json)")
+    mt = cfg.get("model_type")
+    if mt is None:
+        raise UserError(f"{where}: missing key 'model_type'; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    if mt not in SUPPORTED_MODEL_TYPES:
+        raise UserError(
+            f"{where}: unsupported model_type {mt!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    bad = check_config_types(cfg, where)
+    if bad:
+        raise UserError(bad)
+    if mt == "deepseek_v3" and "q_lora_rank" in cfg and cfg["q_lora_rank"] is None:
+        cfg = {**cfg, "q_lora_rank": 0}     # DeepseekV3Config: null means a full q_proj (DeepSeek-V2-Lite)
+    cfg = {k: v for k, v in cfg.items() if v is not None}    # a key set to null takes its default
+    common: dict[str, Any] = {"name": name, "model_type": mt, "source": source}
+    if mt != "gpt2":
+        act = cfg.get("hidden_activation") or cfg.get("hidden_act")
+        common["activation"] = str(act) if act else ("gelu" if mt in ("bert", "falcon", "bloom", "gpt_neox") else "silu")
+
+    if mt in RECENT_MODEL_TYPES:
+        spec = recent_spec(cfg, mt, common, where, mtp=mtp)
+    elif mt in ("llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2"):
+        h = int_key(cfg, "hidden_size", where)
+        n_heads = int_key(cfg, "num_attention_heads", where)
+        n_kv = cfg.get("num_key_value_heads") or n_heads
+        head_dim = cfg.get("head_dim") or h // n_heads
+        bias = bool(cfg.get("attention_bias", False))
+        spec = ModelSpec(
+            **common,
+            n_layers=int_key(cfg, "num_hidden_layers", where),
+            d_model=h, n_heads=n_heads, n_kv_heads=int(n_kv), head_dim=int(head_dim),
+            d_ff=int_key(cfg, "intermediate_size", where),
+            vocab_size=int_key(cfg, "vocab_size", where),
+            max_positions=int(cfg.get("max_position_embeddings") or 0),
+            tied_embeddings=bool(cfg.get("tie_word_embeddings", mt in ("gemma", "gemma2"))),
+            qkv_bias=bias or mt == "qwen2",
+            out_bias=bias,
+            mlp_bias=bool(cfg.get("mlp_bias", False)),
+            norms_per_layer=4 if mt == "gemma2" else 2,
+            n_experts=int(cfg.get("num_local_experts") or 0) if mt == "mixtral" else 0,
+            n_experts_per_token=int(cfg.get("num_experts_per_tok") or 0) if mt == "mixtral" else 0,
+            attention_dropout=float_key(cfg, "attention_dropout"),
+        )
+    elif mt == "gpt2":
+        h = int_key(cfg, "n_embd", where, "hidden_size")
+        n_heads = int_key(cfg, "n_head", where, "num_attention_heads")
+        spec = ModelSpec(
+            **common,
+            n_layers=int_key(cfg, "n_layer", where, "num_hidden_layers"),
+            d_model=h, n_heads=n_heads, n_kv_heads=n_heads, head_dim=h // n_heads,
+            d_ff=int(cfg.get("n_inner") or 4 * h),
+            vocab_size=int_key(cfg, "vocab_size", where),
+            max_positions=int_key(cfg, "n_positions", where, "max_position_embeddings"),
+            position="learned", tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+            gated_mlp=False, norm="layernorm", qkv_bias=True, out_bias=True, mlp_bias=True,
+            activation=str(cfg.get("activation_function", "gelu_new")),
+            hidden_dropout=float_key(cfg, "resid_pdrop", 0.1),
+            attention_dropout=float_key(cfg, "attn_pdrop", 0.1),
+        )
+    elif mt == "bert":
+        h = int_key(cfg, "hidden_size", where)
+        n_heads = int_key(cfg, "num_attention_heads", where)
+        spec = ModelSpec(
+            **common,
+            n_layers=int_key(cfg, "num_hidden_layers", where),
+            d_model=h, n_heads=n_heads, n_kv_heads=n_heads, head_dim=h // n_heads,
+            d_ff=int_key(cfg, "intermediate_size", where),
+            vocab_size=int_key(cfg, "vocab_size", where),
+            max_positions=int_key(cfg, "max_position_embeddings", where),
+            position="learned", tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+            gated_mlp=False, norm="layernorm", qkv_bias=True, out_bias=True, mlp_bias=True,
+            embedding_norm=True, n_token_types=int(cfg.get("type_vocab_size", 2)),
+            mlm_head=True, causal=False, final_norm=False,
+            hidden_dropout=float_key(cfg, "hidden_dropout_prob", 0.1),
+            attention_dropout=float_key(cfg, "attention_probs_dropout_prob", 0.1),
+        )
+    elif mt == "falcon":
+        h = int_key(cfg, "hidden_size", where)
+        n_heads = int_key(cfg, "num_attention_heads", where, "n_head")
+        new_arch = bool(cfg.get("new_decoder_architecture", False))
+        if new_arch:
+            n_kv = int(cfg.get("num_kv_heads") or n_heads)
+        elif cfg.get("multi_query", True):
+            n_kv = 1
+        else:
+            n_kv = n_heads
+        parallel = bool(cfg.get("parallel_attn", True))
+        spec = ModelSpec(
+            **common,
+            n_layers=int_key(cfg, "num_hidden_layers", where, "n_layer"),
+            d_model=h, n_heads=n_heads, n_kv_heads=n_kv, head_dim=h // n_heads,
+            d_ff=int(cfg.get("ffn_hidden_size") or 4 * h),
+            vocab_size=int_key(cfg, "vocab_size", where),
+            max_positions=int(cfg.get("max_position_embeddings") or 0),
+            position="alibi" if cfg.get("alibi") else "rope",
+            tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+            gated_mlp=False, norm="layernorm",
+            norms_per_layer=2 if (new_arch or not parallel) else 1,
+            qkv_bias=bool(cfg.get("bias", False)), out_bias=bool(cfg.get("bias", False)),
+            mlp_bias=bool(cfg.get("bias", False)), parallel_block=parallel,
+            hidden_dropout=float_key(cfg, "hidden_dropout"),
+            attention_dropout=float_key(cfg, "attention_dropout"),
+        )
+    elif mt == "bloom":
+        h = int_key(cfg, "hidden_size", where, "n_embed")
+        n_heads = int_key(cfg, "n_head", where, "num_attention_heads")
+        spec = ModelSpec(
+            **common,
+            n_layers=int_key(cfg, "n_layer", where, "num_hidden_layers"),
+            d_model=h, n_heads=n_heads, n_kv_heads=n_heads, head_dim=h // n_heads,
+            d_ff=4 * h, vocab_size=int_key(cfg, "vocab_size", where),
+            position="alibi", tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+            gated_mlp=False, norm="layernorm", qkv_bias=True, out_bias=True, mlp_bias=True,
+            embedding_norm=True,
+            hidden_dropout=float_key(cfg, "hidden_dropout"),
+            attention_dropout=float_key(cfg, "attention_dropout"),
+        )
+    else:  # gpt_neox
+        h = int_key(cfg, "hidden_size", where)
+        n_heads = int_key(cfg, "num_attention_heads", where)
+        bias = bool(cfg.get("attention_bias", True))
+        spec = ModelSpec(
+            **common,
+            n_layers=int_key(cfg, "num_hidden_layers", where),
+            d_model=h, n_heads=n_heads, n_kv_heads=n_heads, head_dim=h // n_heads,
+            d_ff=int_key(cfg, "intermediate_size", where),
+            vocab_size=int_key(cfg, "vocab_size", where),
+            max_positions=int(cfg.get("max_position_embeddings") or 0),
+            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            gated_mlp=False, norm="layernorm", qkv_bias=bias, out_bias=bias, mlp_bias=True,
+            parallel_block=bool(cfg.get("use_parallel_residual", True)),
+            hidden_dropout=float_key(cfg, "hidden_dropout"),
+            attention_dropout=float_key(cfg, "attention_dropout"),
+        )
+    _check_shape(spec, where)
+    return spec
+
+
+def _check_shape(m: ModelSpec, where: str) -> None:
+    for key in ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff", "vocab_size"):
+        if getattr(m, key) < 1:
+            raise UserError(f"{where}: {key} = {getattr(m, key)} must be at least 1 (check the config's "
+                            f"sizes; head_dim is hidden_size // num_attention_heads unless given)")
+    if m.n_heads % m.n_kv_heads:
+        raise UserError(
+            f"{where}: num_attention_heads ({m.n_heads}) must be a multiple of "
+            f"num_key_value_heads ({m.n_kv_heads})"
+        )
+    if m.is_moe and not 0 < m.n_experts_per_token <= m.n_experts:
+        raise UserError(f"{where}: num_experts_per_tok must be between 1 and num_local_experts")
+    for key in ("n_layers", "d_model", "vocab_size", "d_ff", "head_dim", "dense_d_ff", "shared_d_ff",
+                "q_lora_rank", "kv_lora_rank", "v_head_dim", "n_experts"):
+        v = getattr(m, key)
+        if v > 10**7:
+            raise UserError(f"{where}: {key} = {v} is beyond the planner's limit of 10,000,000")
+    n_params = count_params(m).total
+    if n_params > MAX_PARAMS:
+        raise UserError(f"{where}: {n_params:.3g} parameters is beyond the planner's limit of {MAX_PARAMS:.0e}; "
+                        f"check hidden_size, intermediate_size, num_hidden_layers and vocab_size")
+
+

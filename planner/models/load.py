@@ -1,0 +1,183 @@
+"""Loading models: the preset catalog, config.json files, and the Hugging Face cache.
+
+``load_model`` takes a preset name or alias (planner/presets/models.toml), a path to a
+config.json (or a directory holding one), or a Hugging Face repository id ``ORG/NAME``,
+whose config.json comes from the local Hugging Face cache or, when the machine is
+online, from the Hub (huggingface_hub, imported only then).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from planner.errors import UserError, unknown_name
+from planner.limits import MAX_CONFIG_BYTES
+from planner.models.families import spec_from_hf_config
+from planner.models.spec import ModelSpec
+
+# ------------------------------------------------------------------------ presets
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Preset:
+    name: str
+    config: str
+    source: str
+    description: str = ""
+    aliases: tuple[str, ...] = field(default_factory=tuple)
+
+
+_PRESET_KEYS = {"name", "config", "source", "description", "aliases"}
+
+
+@cache
+def load_presets() -> dict[str, Preset]:
+    """The model catalog (planner/presets/models.toml), by name."""
+    text = resources.files("planner.presets").joinpath("models.toml").read_text()
+    out: dict[str, Preset] = {}
+    for row in tomllib.loads(text)["model"]:
+        extra = set(row) - _PRESET_KEYS
+        if extra:
+            raise ValueError(f"models.toml: unknown keys {sorted(extra)} in {row.get('name')}")
+        out[row["name"]] = Preset(**{**row, "aliases": tuple(row.get("aliases", ()))})
+    return out
+
+
+def _aliases() -> dict[str, str]:
+    return {a: p.name for p in load_presets().values() for a in p.aliases}
+
+
+def preset_config(name: str) -> dict[str, Any]:
+    """The shipped config.json dict of a preset."""
+    p = load_presets()[name]
+    return json.loads(resources.files("planner.presets").joinpath(p.config).read_text())
+
+
+@cache
+def load_preset(name: str) -> ModelSpec:
+    p = load_presets()[name]
+    return spec_from_hf_config(preset_config(name), name, f"preset {name}", p.source)
+
+
+def load_model(name_or_path: str) -> ModelSpec:
+    """A preset by name or alias, a Hugging Face config.json by path, or a Hugging Face
+    repository id (``ORG/NAME``, see hub_config_path).
+
+    Raises UserError naming the closest presets, the file, or the missing key.
+    """
+    key = name_or_path.strip().lower()
+    presets = load_presets()
+    if key in presets:
+        return load_preset(key)
+    aliases = _aliases()
+    if key in aliases:
+        return load_preset(aliases[key])
+    path = Path(name_or_path)
+    if is_repo_id(name_or_path) and not path.exists():
+        repo_id = name_or_path.strip()
+        return load_config_file(hub_config_path(repo_id), name=repo_id)
+    if path.suffix == ".json" or path.exists() or "/" in name_or_path:
+        return load_config_file(path)
+    raise unknown_name("model", name_or_path, [*presets, *aliases], "`plan models`")
+
+
+def load_hf_config(name_or_path: str) -> dict[str, Any]:
+    """The config.json dict behind a preset name, alias, path or repository id (for measurement)."""
+    key = name_or_path.strip().lower()
+    aliases = _aliases()
+    if key in load_presets() or key in aliases:
+        return preset_config(aliases.get(key, key))
+    path = Path(name_or_path)
+    if is_repo_id(name_or_path) and not path.exists():
+        path = hub_config_path(name_or_path.strip())
+    load_config_file(path)   # the same checks and errors as for planning
+    return json.loads((path / "config.json" if path.is_dir() else path).read_text())
+
+
+# ------------------------------------------------------------------ Hugging Face cache
+
+_REPO_PART = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+
+
+def is_repo_id(text: str) -> bool:
+    """``ORG/NAME`` as the Hub spells repository ids: one slash, letters, digits, ``-_.``,
+    neither part starting with a dot nor ending in ``.json`` (huggingface_hub's
+    validate_repo_id allows the same characters)."""
+    parts = text.strip().split("/")
+    return (len(parts) == 2 and all(p and set(p) <= _REPO_PART and not p.startswith(".") for p in parts)
+            and not parts[1].endswith(".json") and len(text) <= 96)
+
+
+def hub_cache_dir() -> Path:
+    """Where huggingface_hub keeps downloads: $HF_HUB_CACHE, else $HF_HOME/hub, else
+    ~/.cache/huggingface/hub (huggingface_hub/constants.py), read at each call."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface")
+    return Path(home).expanduser() / "hub"
+
+
+def hub_offline() -> bool:
+    """HF_HUB_OFFLINE set to a true value (huggingface_hub's _is_true: 1, ON, YES, TRUE)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+
+
+def hub_config_path(repo_id: str) -> Path:
+    """The config.json of ``repo_id``: from the Hugging Face cache
+    (models--ORG--NAME/snapshots/<revision of refs/main>/config.json), else downloaded
+    when online. Offline or unreachable: UserError saying where it looked and the ways out."""
+    import huggingface_hub
+
+    cache_dir = hub_cache_dir()
+    cached = huggingface_hub.try_to_load_from_cache(repo_id, "config.json", cache_dir=cache_dir)
+    if isinstance(cached, str):
+        return Path(cached)
+    where = cache_dir / f"models--{repo_id.replace('/', '--')}"
+    fix = (f"run `hf download {repo_id} config.json` on a machine with network access (with "
+           f"HF_HUB_CACHE={cache_dir}), or pass the config.json path")
+    if hub_offline():
+        raise UserError(f"--model {repo_id}: no config.json in the Hugging Face cache ({where}) and "
+                        f"HF_HUB_OFFLINE is set; unset it to download, {fix}")
+    try:
+        return Path(huggingface_hub.hf_hub_download(repo_id, "config.json", cache_dir=cache_dir, etag_timeout=10))
+    except (huggingface_hub.errors.RepositoryNotFoundError, huggingface_hub.errors.GatedRepoError) as e:
+        kind = "gated (log in with `hf auth login`)" if isinstance(e, huggingface_hub.errors.GatedRepoError) \
+            else "not found on the Hugging Face Hub (or private)"
+        raise UserError(f"--model {repo_id}: repository {kind}; check the name, or pass a config.json path") from None
+    except huggingface_hub.errors.LocalEntryNotFoundError as e:    # raised for no network, before the next
+        raise UserError(f"--model {repo_id}: not in the Hugging Face cache ({where}) and the Hub is unreachable "
+                        f"({type(e).__name__}); {fix}") from None
+    except huggingface_hub.errors.EntryNotFoundError:
+        raise UserError(f"--model {repo_id}: the repository has no config.json; pass a config.json path") from None
+    except Exception as e:  # noqa: BLE001 -- no network: LocalEntryNotFoundError, httpx connection errors, timeouts
+        raise UserError(f"--model {repo_id}: not in the Hugging Face cache ({where}) and the Hub is unreachable "
+                        f"({type(e).__name__}); {fix}") from None
+
+
+def load_config_file(path: Path, name: str | None = None) -> ModelSpec:
+    """Read a Hugging Face config.json (or a directory holding one)."""
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise UserError(f"model file {str(path)!r} not found; pass a preset name (`plan models`) or a config.json path")
+    try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise UserError(f"{path}: {path.stat().st_size:,} bytes is too large for a config.json "
+                            f"(limit {MAX_CONFIG_BYTES:,}); pass the model's config.json, not its weights")
+        raw = path.read_bytes()
+        cfg = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        why = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+        raise UserError(f"{path}: not valid JSON ({why}); expected a Hugging Face config.json") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror})") from None
+    if name is None:
+        name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
+    return spec_from_hf_config(cfg, name, str(path), source=str(path))

@@ -1,0 +1,165 @@
+"""The families of 2024-2026: Qwen3 (dense and MoE), DeepSeek-V3 (and Kimi K2), Llama 4,
+Gemma 3, gpt-oss, Phi-3 and OLMo 2, from their Hugging Face config.json.
+
+Each translator reads the keys transformers' configuration class reads and takes that
+class's default for a missing key (transformers 5.x, ``models/<type>/configuration_<type>.py``);
+the module layout each ModelSpec field stands for is the one in the same version's
+``modeling_<type>.py``, which tests/test_param_counts.py builds on the meta device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from planner.errors import UserError
+from planner.models.cfg import float_key, int_key, int_list, opt_int, str_list
+from planner.models.spec import ModelSpec
+
+RECENT_MODEL_TYPES = ("qwen3", "qwen3_moe", "deepseek_v3", "llama4_text", "gemma3_text", "gpt_oss", "phi3", "olmo2")
+
+
+def _attention(cfg: dict[str, Any], where: str, head_dim_default: int | None) -> dict[str, Any]:
+    """Width, heads and head_dim. ``head_dim_default`` None: hidden_size // heads (the
+    ``getattr(config, "head_dim", h // n_heads)`` of the modeling files)."""
+    h = int_key(cfg, "hidden_size", where)
+    n_heads = int_key(cfg, "num_attention_heads", where)
+    n_kv = opt_int(cfg, "num_key_value_heads", where, n_heads, minimum=1)
+    head_dim = opt_int(cfg, "head_dim", where, head_dim_default or h // n_heads, minimum=1)
+    return {"d_model": h, "n_heads": n_heads, "n_kv_heads": n_kv, "head_dim": head_dim}
+
+
+def _local_layers(types: list[str] | None, fallback: list[bool]) -> int:
+    """Blocks whose layer_types entry is a local (sliding or chunked) attention."""
+    if types is None:
+        return sum(fallback)
+    return sum(t in ("sliding_attention", "chunked_attention") for t in types)
+
+
+def recent_spec(cfg: dict[str, Any], mt: str, common: dict[str, Any], where: str, mtp: bool = False) -> ModelSpec:
+    """The ModelSpec of a config of one of RECENT_MODEL_TYPES (``cfg`` without nulls)."""
+    n_layers = int_key(cfg, "num_hidden_layers", where)
+    vocab = int_key(cfg, "vocab_size", where)
+    bias = bool(cfg.get("attention_bias", mt == "gpt_oss"))
+    base: dict[str, Any] = {
+        **common, "n_layers": n_layers, "vocab_size": vocab,
+        "max_positions": int(cfg.get("max_position_embeddings") or 0),
+        "tied_embeddings": bool(cfg.get("tie_word_embeddings", mt == "gemma3_text")),
+        "qkv_bias": bias, "out_bias": bias, "attention_dropout": float_key(cfg, "attention_dropout"),
+    }
+    if mt == "qwen3":
+        # Qwen3Config: head_dim 128; QK RMSNorm over head_dim (modeling_qwen3.py q_norm, k_norm);
+        # layer_types: sliding from max_window_layers on when use_sliding_window
+        att = _attention(cfg, where, 128)
+        window = opt_int(cfg, "sliding_window", where, 4096) if cfg.get("use_sliding_window") else 0
+        first = opt_int(cfg, "max_window_layers", where, 28)
+        local = _local_layers(str_list(cfg, "layer_types", where, n_layers),
+                              [bool(window) and i >= first for i in range(n_layers)])
+        return ModelSpec(**base, **att, d_ff=int_key(cfg, "intermediate_size", where), qk_norm="head",
+                         local_attention="sliding" if local else "", attention_window=window if local else 0,
+                         n_local_layers=local)
+    if mt == "qwen3_moe":
+        # Qwen3MoeConfig: 128 experts, top-8, moe_intermediate_size 768; a block is MoE when
+        # it is not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0 (Qwen3MoeDecoderLayer)
+        att = _attention(cfg, where, None)
+        n_exp = opt_int(cfg, "num_experts", where, 128)
+        step = opt_int(cfg, "decoder_sparse_step", where, 1, minimum=1)
+        only = set(int_list(cfg, "mlp_only_layers", where, n_layers) or [])
+        moe = [i not in only and n_exp > 0 and (i + 1) % step == 0 for i in range(n_layers)]
+        dense_ff = int_key(cfg, "intermediate_size", where)
+        if not any(moe):
+            return ModelSpec(**base, **att, d_ff=dense_ff, qk_norm="head")
+        return ModelSpec(**base, **att, d_ff=opt_int(cfg, "moe_intermediate_size", where, 768, minimum=1),
+                         qk_norm="head", n_experts=n_exp, n_experts_per_token=opt_int(cfg, "num_experts_per_tok", where, 8),
+                         n_dense_layers=moe.count(False), dense_d_ff=dense_ff)
+    if mt == "deepseek_v3":
+        # DeepseekV3Config defaults (the 671B model): MLA with q_lora_rank 1536, kv_lora_rank
+        # 512, rope 64 + nope 128 per head, v 128; 256 routed + 1 shared experts of 2048, top-8;
+        # the first 3 blocks dense (intermediate_size 18432)
+        h = int_key(cfg, "hidden_size", where)
+        n_heads = int_key(cfg, "num_attention_heads", where)
+        rope = opt_int(cfg, "qk_rope_head_dim", where, 64)
+        nope = opt_int(cfg, "qk_nope_head_dim", where, 128)
+        n_exp = opt_int(cfg, "n_routed_experts", where, 256)
+        moe_ff = opt_int(cfg, "moe_intermediate_size", where, 2048, minimum=1)
+        first_dense = min(opt_int(cfg, "first_k_dense_replace", where, 3), n_layers)
+        if rope + nope < 1:
+            raise UserError(f"{where}: qk_rope_head_dim + qk_nope_head_dim must be at least 1")
+        has_moe = n_exp > 0 and first_dense < n_layers
+        return ModelSpec(
+            **base, d_model=h, n_heads=n_heads, n_kv_heads=n_heads, head_dim=rope + nope,
+            d_ff=moe_ff if has_moe else int_key(cfg, "intermediate_size", where),
+            q_lora_rank=opt_int(cfg, "q_lora_rank", where, 1536),
+            kv_lora_rank=opt_int(cfg, "kv_lora_rank", where, 512, minimum=1),
+            qk_rope_head_dim=rope, v_head_dim=opt_int(cfg, "v_head_dim", where, 128, minimum=1),
+            n_experts=n_exp if has_moe else 0,
+            n_experts_per_token=opt_int(cfg, "num_experts_per_tok", where, 8) if has_moe else 0,
+            n_dense_layers=first_dense if has_moe else 0,
+            dense_d_ff=int_key(cfg, "intermediate_size", where) if has_moe else 0,
+            n_shared_experts=opt_int(cfg, "n_shared_experts", where, 1) if has_moe else 0,
+            shared_d_ff=moe_ff * opt_int(cfg, "n_shared_experts", where, 1) if has_moe else 0,
+            n_mtp_modules=opt_int(cfg, "num_nextn_predict_layers", where, 1) if mtp and has_moe else 0,
+        )
+    if mt == "llama4_text":
+        # Llama4TextConfig: experts of intermediate_size 8192 plus one shared expert of the same
+        # width, dense blocks of intermediate_size_mlp 16384; moe_layers default
+        # range(step - 1, n_layers, step); rotary blocks use chunked attention of
+        # attention_chunk_size (8192), every no_rope_layer_interval-th (4) block is global
+        # NoPE; the QK norm is a weightless L2 norm (Llama4TextL2Norm)
+        att = _attention(cfg, where, 128)
+        n_exp = opt_int(cfg, "num_local_experts", where, 16)
+        step = opt_int(cfg, "interleave_moe_layer_step", where, 1, minimum=1)
+        moe_layers = int_list(cfg, "moe_layers", where, n_layers)
+        moe_set = set(moe_layers if moe_layers is not None else range(step - 1, n_layers, step))
+        n_moe = sum(1 for i in range(n_layers) if i in moe_set) if n_exp else 0
+        ff = opt_int(cfg, "intermediate_size", where, 8192, minimum=1)
+        dense_ff = opt_int(cfg, "intermediate_size_mlp", where, 16384, minimum=1)
+        chunk = opt_int(cfg, "attention_chunk_size", where, 8192)
+        interval = opt_int(cfg, "no_rope_layer_interval", where, 4, minimum=1)
+        no_rope = int_list(cfg, "no_rope_layers", where, n_layers)
+        rope_layers = [bool(x) for x in no_rope] if no_rope else [(i + 1) % interval != 0 for i in range(n_layers)]
+        local = sum(rope_layers[:n_layers]) if chunk else 0
+        local_kw: dict[str, Any] = {"local_attention": "chunked", "attention_window": chunk,
+                                    "n_local_layers": local} if local else {}
+        if n_moe == 0:
+            return ModelSpec(**base, **att, d_ff=dense_ff, **local_kw)
+        return ModelSpec(**base, **att, d_ff=ff, n_experts=n_exp,
+                         n_experts_per_token=opt_int(cfg, "num_experts_per_tok", where, 1),
+                         n_dense_layers=n_layers - n_moe, dense_d_ff=dense_ff, n_shared_experts=1, shared_d_ff=ff,
+                         **local_kw)
+    if mt == "gemma3_text":
+        # Gemma3TextConfig: head_dim 256, vocabulary 262,208, tied; four norms per block and
+        # QK RMSNorm over head_dim; sliding_window 4096 on every block but each
+        # sliding_window_pattern-th (6) unless layer_types says otherwise
+        att = _attention(cfg, where, 256)
+        window = opt_int(cfg, "sliding_window", where, 4096)
+        pattern = opt_int(cfg, "sliding_window_pattern", where, 6, minimum=1)
+        local = _local_layers(str_list(cfg, "layer_types", where, n_layers),
+                              [bool((i + 1) % pattern) for i in range(n_layers)]) if window else 0
+        return ModelSpec(**base, **att, d_ff=int_key(cfg, "intermediate_size", where),
+                         norms_per_layer=4, qk_norm="head", local_attention="sliding" if local else "",
+                         attention_window=window if local else 0, n_local_layers=local)
+    if mt == "gpt_oss":
+        # GptOssConfig: 128 experts of 2880, top-4, biased experts and router, attention
+        # bias, one sink logit per head; sliding_window 128 on every other block
+        att = _attention(cfg, where, 64)
+        window = opt_int(cfg, "sliding_window", where, 128)
+        local = _local_layers(str_list(cfg, "layer_types", where, n_layers),
+                              [bool((i + 1) % 2) for i in range(n_layers)]) if window else 0
+        return ModelSpec(**base, **att, d_ff=int_key(cfg, "intermediate_size", where),
+                         n_experts=opt_int(cfg, "num_local_experts", where, 128, minimum=1),
+                         n_experts_per_token=opt_int(cfg, "num_experts_per_tok", where, 4),
+                         mlp_bias=True, router_bias=True, attention_sinks=True,
+                         local_attention="sliding" if local else "", attention_window=window if local else 0,
+                         n_local_layers=local)
+    if mt == "phi3":
+        # Phi3: fused qkv_proj and gate_up_proj (same counts as separate projections), no biases
+        att = _attention(cfg, where, None)
+        window = opt_int(cfg, "sliding_window", where, 0)
+        return ModelSpec(**{**base, "qkv_bias": False, "out_bias": False}, **att,
+                         d_ff=int_key(cfg, "intermediate_size", where),
+                         local_attention="sliding" if window else "", attention_window=window,
+                         n_local_layers=n_layers if window else 0)
+    # olmo2: post-norms only (post_attention_layernorm, post_feedforward_layernorm) and
+    # QK RMSNorm over the whole q and k widths (modeling_olmo2.py)
+    att = _attention(cfg, where, None)
+    return ModelSpec(**base, **att, d_ff=int_key(cfg, "intermediate_size", where), qk_norm="full")
