@@ -230,7 +230,11 @@ def test_merging_a_domains_switch_chips_keeps_every_bandwidth():
     # the switch chips as built (the graph's own edges, no merging), on every shipped topology.
     import networkx as nx
 
-    from planner.hardware.topology import _shipped, build_graph, pair_bandwidth_bytes_per_s
+    from planner.hardware.topology import (
+        _shipped,
+        build_graph,
+        pair_bandwidth_bytes_per_s,
+    )
 
     for top in _shipped().values():
         g = build_graph(top, min(top.max_nodes, 2))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import importlib.resources
+import itertools
 import math
 import tomllib
 from collections import defaultdict
@@ -323,7 +324,7 @@ def build_graph(top: ClusterTopology, n_nodes: int) -> nx.Graph:
         switches = [f"n{node}/pcie{s}" for s in range(pcie.switches)]
         g.add_nodes_from(sockets, kind="cpu")
         g.add_nodes_from(switches, kind="pcie_switch")
-        for a, b in zip(sockets, sockets[1:]):
+        for a, b in itertools.pairwise(sockets):
             _link(g, a, b, pcie.socket_link_bytes_per_s, 0.0, CPU)
         for s, sw in enumerate(switches):
             if sockets:
