@@ -37,10 +37,13 @@ def gib_number(n_bytes: float, digits: int = 2) -> str:
 
 def duration(seconds: float) -> str:
     """A duration in the largest unit it spans twice: ``3.5 days``, ``4.2 h``, ``12.0 min``;
-    shorter ones in seconds with three significant digits (``1.84 s``)."""
+    shorter ones in seconds with three significant digits, trailing zeros kept (``2.00 s``,
+    ``18.6 s``, ``119 s``, ``0.0123 s``)."""
     for unit, size in (("days", DAY_S), ("h", HOUR_S), ("min", MINUTE_S)):
         if seconds >= 2 * size:
             return f"{seconds / size:,.1f} {unit}"
+    if 1 <= seconds < 100:
+        return f"{seconds:.2f} s" if seconds < 10 else f"{seconds:.1f} s"
     return f"{seconds:.3g} s"
 
 
@@ -66,6 +69,13 @@ def count(n: float) -> str:
 def plural(n: int, noun: str, nouns: str | None = None) -> str:
     """``1 GPU``, ``8 GPUs``, ``1 micro-batch``: the count and the noun in the right number."""
     return f"{n:,} {noun if n == 1 else (nouns or noun + 's')}"
+
+
+def amount(x: float, noun: str, nouns: str) -> str:
+    """A count that may be fractional: ``1 micro-batch``, ``4 micro-batches``, ``2.5 micro-batches``."""
+    if float(x).is_integer():
+        return plural(int(x), noun, nouns)
+    return f"{x:,.2f} {nouns}"
 
 
 def params(n: int) -> str:

@@ -52,6 +52,11 @@ def assert_clean(r: Result, args: list[str]) -> None:
     assert "Traceback" not in r.output and "internal error" not in r.output, where
     if r.exit_code == 2:
         assert r.output.strip(), where
+        # the README's contract: a user error is one line on stderr (issue 20); a plan that
+        # does not fit prints its report on stdout and, at most, that line
+        err = r.stderr.strip()
+        assert len(err.splitlines()) <= 1 and (not err or err.startswith("error: ")), where
+        assert err or r.stdout.strip(), where
 
 
 def assert_out_dir_whole(out: Path, r: Result) -> None:
@@ -77,6 +82,9 @@ WEIRD_JSON = st.one_of(
     st.text(max_size=8),
     st.lists(st.integers(), max_size=3),
     st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+    # hostile values (issue 20): beyond float's range, beyond int64, long text, deep nesting
+    st.sampled_from([10**400, -10**400, 2**64, "x" * 5000, [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]],
+                     1e-300, 5e-324]),
 )
 CONFIG_KEYS = sorted({*CONFIG_INT_KEYS, *CONFIG_BOOL_KEYS, *CONFIG_PROBABILITY_KEYS, "model_type",
                       "hidden_act", "activation_function"})
@@ -325,8 +333,8 @@ OPTIONS: dict[str, list[str] | None] = {
     "--force": None, "--bogus-option": None,
 }
 MODELS = ["8b", "70b", "405b", "mixtral-8x7b", "gpt2", "bert-base", "falcon-40b", "gemma2-9b", "qwen2.5-0.5b",
-          "x", "ℵ", "/dev/null", "/nonexistent/config.json", "", "-1"]
-GPUS = ["h100", "a100", "4090", "mi300x", "v100", "a10g", "l40s", "b200", "x", "", "h100,a100", "ℵ"]
+          "x", "ℵ", "/dev/null", "/nonexistent/config.json", "", "-1", "x" * 300, "/dev/zero", "a/" + "b" * 300]
+GPUS = ["h100", "a100", "4090", "mi300x", "v100", "a10g", "l40s", "b200", "x", "", "h100,a100", "ℵ", "g" * 300]
 
 
 @st.composite

@@ -223,3 +223,33 @@ def test_cached_flows_equal_fresh_ones(name, picks, split):
 
     one_island = len({g.nodes[v]["island"] for v in sources | sinks}) == 1
     assert _max_flow_bytes_per_s(g, sources, sinks) == pytest.approx(_solve_max_flow(g, sources, sinks, one_island))
+
+
+def test_merging_a_domains_switch_chips_keeps_every_bandwidth():
+    # The max flow over one merged vertex per NVLink domain equals networkx's max flow over
+    # the switch chips as built (the graph's own edges, no merging), on every shipped topology.
+    import networkx as nx
+
+    from planner.hardware.topology import (
+        _shipped,
+        build_graph,
+        pair_bandwidth_bytes_per_s,
+    )
+
+    for top in _shipped().values():
+        g = build_graph(top, min(top.max_nodes, 2))
+        n = g.graph["n_gpus"]
+        for a, b in ((0, 1), (0, n - 1)):
+            if a == b:
+                continue
+            und = nx.Graph()
+            und.add_edges_from((u, v, {"capacity": e["bandwidth_bytes_per_s"]}) for u, v, e in g.edges(data=True)
+                               if not isinstance(u, int) or u in (a, b) if not isinstance(v, int) or v in (a, b))
+            und.add_edge("_s", a)
+            und.add_edge(b, "_t")
+            same_island = g.nodes[a]["island"] == g.nodes[b]["island"]
+            if same_island:      # NCCL keeps such traffic on intra-island links
+                keep = g.graph["intra_kinds"]
+                und.remove_edges_from([(u, v) for u, v, k in g.edges(data="kind") if k not in keep and und.has_edge(u, v)])
+            expected = nx.maximum_flow_value(und.to_directed(), "_s", "_t") if nx.has_path(und, "_s", "_t") else 0.0
+            assert pair_bandwidth_bytes_per_s(g, a, b) == pytest.approx(expected, rel=1e-12), (top.name, a, b)

@@ -124,10 +124,6 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
         raise UserError(f"{gpu.full_name} has no bf16 support; use --precision fp16-mixed or fp32")
     if o.ep and o.ep > 1 and not m.is_moe:
         raise UserError(f"--ep {o.ep} needs a mixture-of-experts model; {m.name} is dense")
-    if o.zero is not None and o.fsdp is not None:
-        from planner.layouts.layout import FSDP_STAGE
-        if FSDP_STAGE[f"fsdp-{o.fsdp}"] != o.zero:
-            raise UserError(f"--zero {o.zero} and --fsdp {o.fsdp} contradict each other; give one of them")
     global_batch = global_batch_from(o.as_mapping(), MAX_GLOBAL_BATCH)
     if o.grad_accum is not None:
         if o.micro_batch is None or o.dp is None:

@@ -55,6 +55,13 @@ def contradicting_options(kw: Mapping[str, Any]) -> str | None:
                 return (f"{what} with --{axis} {d}: quantized base weights (bitsandbytes) run under data "
                         f"parallelism only; drop --{axis} or the quantization")
     n_gpus = given("n_gpus")
+    max_gpus = given("max_gpus")
+    if n_gpus is not None and max_gpus is not None and n_gpus > max_gpus:
+        return (f"--n-gpus {n_gpus} is more than --max-gpus {max_gpus}; raise --max-gpus or lower --n-gpus "
+                f"(or drop one of them)")
+    if zero is not None and fsdp is not None:
+        return (f"--zero {zero} and --fsdp {fsdp} contradict each other: both choose how the states are sharded "
+                f"(ZeRO for DeepSpeed and Megatron, FSDP for PyTorch); give one of them")
     if n_gpus is not None:
         fixed = {a: given(a) for a in ("dp", "tp", "pp", "cp", "ep") if given(a) is not None}
         prod = 1

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
-from planner.fmt import days, duration, gib, params, usd
+from planner.fmt import amount, days, duration, gib, params, plural, usd
 from planner.memory.model import CATEGORIES
 from planner.report import text as report
 from planner.report.text import LABELS
@@ -254,7 +254,7 @@ def memory_table(c: Candidate, title: str = "Memory per rank") -> list[Any]:
     capacity; the total as a stacked bar; where and when the peak happens."""
     bd, cap, m = c.memory.breakdown, c.capacity_bytes, c.memory
     where = f"pipeline stage {m.stage} ({m.n_layers_on_stage} layers)" if c.layout.pp > 1 else "every rank"
-    caption = (f"peak at {m.phase.replace('-', ' ')}, on {where}, {m.in_flight:g} micro-batch(es) of "
+    caption = (f"peak at {m.phase.replace('-', ' ')}, on {where}, {amount(m.in_flight, 'micro-batch', 'micro-batches')} of "
                f"activations held, {m.kernels} kernels")
     t = _table(title, caption)
     t.add_column("category")
@@ -312,7 +312,7 @@ def _answer_rows(c: Candidate, tokens: float | None) -> list[tuple[str, Any]]:
         rows.append(("step", step_line(c.time)))
         if tokens is not None:
             rows.append(("train", f"{params(int(tokens))} tokens in {duration(c.time.train_time_s(tokens))} "
-                                  f"on {c.time.n_gpus} GPUs"))
+                                  f"on {plural(c.time.n_gpus, 'GPU')}"))
     return rows
 
 
@@ -335,7 +335,7 @@ def _title(r: PlanResult) -> list[Any]:
 def alternatives_table(r: PlanResult) -> Any:
     b = r.best
     assert b is not None
-    t = _table(f"Alternatives on {b.n_gpus} GPUs")
+    t = _table(f"Alternatives on {plural(b.n_gpus, 'GPU')}")
     t.add_column("memory", justify="right", no_wrap=True)
     t.add_column("", justify="right", no_wrap=True)
     t.add_column("step", justify="right", no_wrap=True)
@@ -361,7 +361,7 @@ def no_fit_view(r: PlanResult) -> list[Any]:
     rows: list[tuple[str, Any]] = [("least", least)] + [("advice" if i == 0 else "", w) for i, w in enumerate(ways)]
     out = [_panel(f"No layout fits on {span} x {r.gpu.name} ({gib(r.capacity_bytes)} each)", rows, BAD)]
     if sm is not None:
-        out += [_text("")] + memory_table(sm, f"The least memory any layout needs, on {sm.n_gpus} GPUs")
+        out += [_text("")] + memory_table(sm, f"The least memory any layout needs, on {plural(sm.n_gpus, 'GPU')}")
     return out
 
 

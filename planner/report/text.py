@@ -8,7 +8,17 @@ from dataclasses import asdict
 from typing import Any
 
 from planner.api import PlanResult
-from planner.fmt import HOUR_S, duration, gib, gib_number, gib_of, params, to_gib, usd
+from planner.fmt import (
+    HOUR_S,
+    duration,
+    gib,
+    gib_number,
+    gib_of,
+    params,
+    plural,
+    to_gib,
+    usd,
+)
 from planner.layouts.layout import Layout
 from planner.measure.crosscheck import Crosscheck, crosscheck_json
 from planner.search.search import Candidate
@@ -85,7 +95,7 @@ def method_json(r: PlanResult) -> dict[str, Any]:
 
     ft = r.setup.finetune
     out = ft.as_dict(r.model) | {"n_trainable_params": n_trainable_params(r.model, ft, r.params),
-                                 "optimizer": "adam8bit (paged)" if ft.paged_8bit_optimizer else r.setup.optimizer,
+                                 "optimizer": optimizer_name(r),
                                  "offload_optimizer": r.setup.offload_optimizer,
                                  "offload_params": r.setup.offload_params}
     if r.methods_tried:
@@ -177,14 +187,32 @@ def topologies_text(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+# A plan this full of the usable memory has no headroom but the fragmentation allowance.
+FULL_FRACTION = 0.95
+
+
+def optimizer_name(r: PlanResult) -> str:
+    """The optimizer that runs: QLoRA's paged 8-bit AdamW (bitsandbytes) replaces --optimizer."""
+    return "adam8bit (paged)" if r.setup.finetune.paged_8bit_optimizer else r.setup.optimizer
+
+
 def assumptions_text(r: PlanResult) -> list[str]:
     s = r.setup
     o = s.overheads
+    shown = r.best or r.result.smallest
+    # training/setup.py Overheads.fixed_bytes: NCCL's buffers only when the plan spans GPUs
+    nccl = (f"NCCL {gib(o.nccl_bytes)}" if shown is None or shown.n_gpus > 1
+            else "no NCCL buffers (one GPU)")
+    headroom = []
+    if r.best is not None and r.best.fits and r.best.memory.total >= FULL_FRACTION * r.best.capacity_bytes:
+        headroom = [f"  headroom: the plan fills {r.best.memory.total / r.best.capacity_bytes:.0%} of the usable "
+                    f"memory; its only margin is the fragmentation allowance, none for an error of the estimate"]
     return [
-        f"  sequence {s.seq_len}, global batch {s.global_batch} sequences, {s.precision}, {s.optimizer}, "
+        f"  sequence {s.seq_len}, global batch {s.global_batch} sequences, {s.precision}, {optimizer_name(r)}, "
         f"{s.attention} attention, {s.kernels} kernels",
         f"  overheads: CUDA context {gib(o.cuda_context_bytes)}, workspaces {gib(o.library_workspace_bytes)}, "
-        f"NCCL {gib(o.nccl_bytes)}, fragmentation {o.fragmentation:.0%} of tensor memory",
+        f"{nccl}, fragmentation {o.fragmentation:.0%} of tensor memory",
+        *headroom,
         f"  GPU: {r.gpu.full_name}, {gib(r.gpu.memory_bytes)}, {r.gpu.gpus_per_node} per node",
         f"  cluster: {topology_name(r) or 'no topology file (bandwidths from the GPU catalog)'}; "
         f"step times: {r.efficiency.name} overlap settings",
@@ -229,7 +257,7 @@ def quiet_line(r: PlanResult) -> str:
         tried = r.result.counts_tried
         span = f"{tried[0]}" if len(tried) == 1 else f"{tried[0]} to {tried[-1]}"
         sm = r.result.smallest
-        least = f"; least memory {gib_number(sm.memory.total)} GiB per rank on {sm.n_gpus} GPUs" if sm else ""
+        least = f"; least memory {gib_number(sm.memory.total)} GiB per rank on {plural(sm.n_gpus, 'GPU')}" if sm else ""
         return f"{_model_name(r)}: no layout fits on {span} x {r.gpu.name}{least}"
     out = _answer_line(_model_name(r), r.gpu.name, r.best)
     if r.tokens is not None and r.best.time is not None:
