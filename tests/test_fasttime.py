@@ -246,3 +246,37 @@ def test_a_batch_of_one_is_a_row_of_the_batch_in_any_order(case, rng):
     shuffled = fasttime.step_times_s(m, setup, layout_batch.LayoutArrays.from_layouts([lays[i] for i in order]),
                                      cluster, eff)
     assert shuffled.tolist() == whole[order].tolist()
+
+
+@PROPS
+@given(cases())
+def test_batched_step_times_are_step_time(case):
+    # fasttime.step_times (the search's batched timer) picks each layout's placement order
+    # from the batch and reads its StepTime off timing.step_parts on that order: the whole
+    # StepTime, placement included, is step_time()'s, not just close
+    m, setup, eff, cluster, lays = case
+    sample = lays[:: max(1, len(lays) // 40)]
+    got = fasttime.step_times(m, setup, sample, cluster, eff)
+    assert got == [step_time(m, setup, lay, cluster, eff) for lay in sample]
+
+
+def test_search_with_the_batched_timer_finds_what_the_per_layout_timer_finds():
+    # api.plan times a count's fitting layouts in one call (search(batch_timer=...)): the
+    # same candidates, times and ranking as timing each with step_time() (search(timer=...))
+    from planner import api
+    from planner.search.search import search
+
+    for name, gpu_name, setup in (("llama3.1-70b", "h100", TrainingSetup()),
+                                  ("llama3.1-8b", "a100", TrainingSetup(global_batch=64)),
+                                  ("llama3.1-8b", "h100", TrainingSetup(finetune=FinetuneSpec.named("qlora")))):
+        m, gpu = load_model(name), get_gpu(gpu_name)
+        r = api.plan(m, gpu, setup)
+        cluster, pc = r.cluster, count_params(m)
+        space = SearchSpace(max_tp=gpu.gpus_per_node)
+        host, nvme = api.host_capacities(cluster)
+        one_by_one = search(m, setup, r.capacity_bytes, gpu.gpus_per_node, r.result.counts_tried, space,
+                            timer=lambda lay, m=m, setup=setup, cluster=cluster, eff=r.efficiency, pc=pc:
+                            step_time(m, setup, lay, cluster, eff, pc),
+                            host_capacity_bytes=host, nvme_capacity_bytes=nvme)
+        assert one_by_one.n_gpus == r.result.n_gpus
+        assert one_by_one.fitting == r.result.fitting

@@ -67,13 +67,17 @@ from planner.timing.model import (
     DEFAULT_EFFICIENCY,
     PLACEMENT_ORDERS,
     Efficiency,
+    StepTime,
     backward_layers,
+    distinct_orders,
     gemm_time_s,
     head_backward_gemms,
     hybrid_shard,
     layer_time,
     optimizer_bytes_per_param,
     rates,
+    step_parts,
+    step_time,
     trained_split,
 )
 from planner.training.setup import TrainingSetup
@@ -518,9 +522,25 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
     layout of ``a`` (sequence length setup.seq_len), in seconds, as float64. ``groups``:
     LayoutGroups.of(a), when the caller has it. Raises Unsupported for parameter counts
     too large to convert to floats exactly."""
+    per_order = order_times_s(m, setup, a, cluster, eff, pc, orders, groups)
+    if per_order.shape[1] == 0:
+        return np.zeros(0)
+    fastest = per_order[0]
+    for o in range(1, len(per_order)):
+        fastest = np.minimum(fastest, per_order[o])
+    return fastest
+
+
+def order_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Cluster,
+                  eff: Efficiency = DEFAULT_EFFICIENCY, pc: ParamCount | None = None,
+                  orders: Sequence[tuple[str, ...]] = PLACEMENT_ORDERS, groups: LayoutGroups | None = None
+                  ) -> np.ndarray:
+    """The step time of every layout of ``a`` on each placement order, as an (orders, layouts)
+    float64 array (step_times_s() is its minimum over the orders). Orders that differ only in
+    a layout's axes of size 1 place its groups alike and have the same time."""
     n = len(a)
     if n == 0:
-        return np.zeros(0)
+        return np.zeros((len(orders), 0))
     pc = pc or count_params(m)
     if pc.total * 8 >= EXACT_INT:
         raise Unsupported("parameter bytes too large for exact float conversion")
@@ -610,7 +630,7 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
         pipeline = pga_f * t_mb + bubble_share * t_mb
         at = slot_p * n_d + pd                                 # (slot, D) of each P's slowest stage
         order_at = np.arange(n_o)[:, None] * (5 * SLOTS * n_d)
-        best = np.zeros((len(kind_list), n_p))         # (0.0 where a P has no layout of the kind)
+        best = np.zeros((n_o, len(kind_list), n_p))    # (0.0 where a P has no layout of the kind)
         opt = {sharded: optimizer_s[at + sharded * (SLOTS * n_d)]
                for (_, sharded), sel in zip(kind_list, rows_of) if sel is None}
         for row, (branch, sharded) in enumerate(kind_list):
@@ -623,14 +643,53 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
                 step = _dp_step(branch, at_s + (order_at + branch * (SLOTS * n_d)), c0, c1, c2, fwd_p[:, sel],
                                 bwd_p[:, sel], pga_f[sel], eff, pipeline[:, sel],
                                 optimizer_s[at_s + sharded * (SLOTS * n_d)])
-            fastest = step[0] if n_o == 1 else np.minimum(step[0], step[1])
-            for o in range(2, n_o):
-                fastest = np.minimum(fastest, step[o])
-            best[row if sel is None else (row, sel)] = fastest
-    return np.take(best.ravel(), at_kind)
+            if sel is None:
+                best[:, row] = step
+            else:
+                best[:, row, sel] = step
+    return np.take(best.reshape(n_o, -1), at_kind, axis=1)
 
 
 def forget_tables() -> None:
     """Drop the degree tables kept across calls, so that the next call builds them again;
     the per-shape tables and the topology's links stay. For benchmarks."""
     _DEGREE_CACHE.clear()
+
+
+# Orders whose batched time is within this share of the fastest are worked out again by
+# timing.step_parts (the batch agrees with it to 1e-12, tests/test_fasttime.py), so that the
+# one chosen is the one step_time() chooses.
+ORDER_TIE = 1e-9
+
+
+def step_times(m: ModelSpec, setup: TrainingSetup, layouts: Sequence[Layout], cluster: Cluster,
+               eff: Efficiency = DEFAULT_EFFICIENCY, pc: ParamCount | None = None,
+               orders: Sequence[tuple[str, ...]] = PLACEMENT_ORDERS) -> list[StepTime]:
+    """timing.step_time(m, setup, lay, cluster, eff, pc, orders) of every layout of
+    ``layouts``, from one batched call: order_times_s() picks each layout's placement
+    order (those within ORDER_TIE of its fastest), and its StepTime is read from
+    timing.step_parts on that order alone. Falls back to step_time() per layout where
+    the batch does not apply (Unsupported)."""
+    if not layouts:
+        return []
+    pc = pc or count_params(m)
+    orders = [tuple(o) for o in orders]
+    try:
+        per_order = order_times_s(m, setup, LayoutArrays.from_layouts(layouts), cluster, eff, pc, orders)
+    except Unsupported:
+        return [step_time(m, setup, lay, cluster, eff, pc, orders) for lay in layouts]
+    out = []
+    for i, lay in enumerate(layouts):
+        column = per_order[:, i]
+        fastest = float(column.min())
+        near = [o for o in distinct_orders(lay, orders)
+                if column[orders.index(o)] <= fastest + ORDER_TIE * abs(fastest)]
+        best: StepTime | None = None
+        for order in near:      # as step_time(): the first of equals
+            t = step_parts(m, setup, lay, cluster, eff, pc, order).step_time()
+            if best is None or t.step_time_s < best.step_time_s:
+                best = t
+        if best is None:        # (a NaN or inf time: let step_time() decide)
+            best = step_time(m, setup, lay, cluster, eff, pc, orders)
+        out.append(best)
+    return out
