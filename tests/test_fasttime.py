@@ -251,9 +251,9 @@ def test_a_batch_of_one_is_a_row_of_the_batch_in_any_order(case, rng):
 @PROPS
 @given(cases())
 def test_batched_step_times_are_step_time(case):
-    # fasttime.step_times (the search's batched timer) picks each layout's placement order
-    # from the batch and reads its StepTime off timing.step_parts on that order: the whole
-    # StepTime, placement included, is step_time()'s, not just close
+    # fasttime.step_times (the search's batched timer) reads each layout's StepTime off a row
+    # of the batch's named parts (step_arrays): the whole StepTime, every term and the
+    # placement included, is step_time()'s (timing.step_parts on the fastest order), not just close
     m, setup, eff, cluster, lays = case
     sample = lays[:: max(1, len(lays) // 40)]
     got = fasttime.step_times(m, setup, sample, cluster, eff)

@@ -69,21 +69,23 @@ from planner.timing.model import (
     Efficiency,
     StepTime,
     backward_layers,
-    distinct_orders,
+    flops_per_step,
     gemm_time_s,
     head_backward_gemms,
     hybrid_shard,
     layer_time,
     optimizer_bytes_per_param,
     rates,
-    step_parts,
     step_time,
     trained_split,
 )
+from planner.timing.parts import StepArrays
 from planner.training.setup import TrainingSetup
 
 EXACT_INT = 2**53          # integers below this convert to float64 exactly
 SLOTS = 3                  # the stages timing.pipeline_part compares: first, last, fullest
+N_VALS = 7                 # what _SlowestMemo keeps of a slowest stage: t, fwd, bwd, hidden, comm, and
+                           # one block's exposed cp and ep seconds
 
 # timing.dp_collectives' branches, in the order of its if/elif chain: plain data parallelism
 # (all-reduce), ZeRO-1/2, FSDP shard-grad-op, ZeRO-3 or FSDP full shard, FSDP hybrid
@@ -128,7 +130,7 @@ class _SlowestMemo:
         self.local = np.full(0, -1, dtype=np.int64)
         self.n_local = 0
         self.known = np.zeros(0, dtype=bool)
-        self.vals = np.zeros((self.n_sets, 4, 0))           # t, fwd, bwd, hidden
+        self.vals = np.zeros((self.n_sets, N_VALS, 0))      # t, fwd, bwd, hidden, comm, cp and ep per block
         self.slot = np.zeros((self.n_sets, 0), dtype=np.int64)
 
     def numbers(self, blocks: _Rows, block_rows: np.ndarray) -> np.ndarray:
@@ -146,7 +148,7 @@ class _SlowestMemo:
             self.n_local += len(new)
             more = len(new) * self.n_q_d
             self.known = np.concatenate([self.known, np.zeros(more, dtype=bool)])
-            self.vals = np.concatenate([self.vals, np.zeros((self.n_sets, 4, more))], axis=2)
+            self.vals = np.concatenate([self.vals, np.zeros((self.n_sets, N_VALS, more))], axis=2)
             self.slot = np.concatenate([self.slot, np.zeros((self.n_sets, more), dtype=np.int64)], axis=1)
             local = self.local[block_rows]
         return local
@@ -412,12 +414,14 @@ _TERMS = {ALL_REDUCE: (0,), ZERO_12: (0, 1), FSDP_GRAD_OP: (1, 2), SHARD_3: (1, 
 
 
 def _dp_step(branch: int, at: np.ndarray, c0: np.ndarray, c1: np.ndarray, c2: np.ndarray, fwd: np.ndarray,
-             bwd: np.ndarray, ga: np.ndarray, eff: Efficiency, pipeline: np.ndarray, opt: np.ndarray) -> np.ndarray:
+             bwd: np.ndarray, ga: np.ndarray, eff: Efficiency, pipeline: np.ndarray, opt: np.ndarray
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """timing.step_parts's step for one branch of the data-parallel collectives: pipeline +
     exposed + overlap_slowdown x hidden + optimizer, with the collectives' rows ``at`` of
     c0, c1, c2. The terms the branch lacks are 0.0 and add nothing: e + 0.0 is e and
     0.0 + e is e for the non-negative times here, so only the branch's own are summed,
-    in timing's order (c0, c1 x per micro-batch, c2 x accumulation)."""
+    in timing's order (c0, c1 x per micro-batch, c2 x accumulation). Returns (step, the
+    exposed data-parallel seconds, overlap_slowdown x the hidden ones)."""
     per_mb = branch >= FSDP_GRAD_OP
     exposed = hidden = None
     for term in _TERMS[branch]:
@@ -431,10 +435,13 @@ def _dp_step(branch: int, at: np.ndarray, c0: np.ndarray, c1: np.ndarray, c2: np
             e, h = e * ga, None if h is None else h * ga
         exposed = e if exposed is None else exposed + e
         hidden = h if hidden is None else hidden if h is None else hidden + h
+    assert exposed is not None
     step = pipeline + exposed
+    slow = np.zeros_like(step)
     if hidden is not None:             # (+ overlap_slowdown x 0.0 otherwise: nothing)
-        step = step + eff.overlap_slowdown * hidden
-    return step + opt
+        slow = eff.overlap_slowdown * hidden
+        step = step + slow
+    return step + opt, exposed, slow
 
 
 def _fill_slowest(memo: _SlowestMemo, at_miss: np.ndarray, qd: np.ndarray, q_blocks: np.ndarray, deg: _Degrees,
@@ -461,14 +468,18 @@ def _fill_slowest(memo: _SlowestMemo, at_miss: np.ndarray, qd: np.ndarray, q_blo
         ring_tp = _Ring.of(tp, lk[0], lk[1], bus, 2).take(d)
         tp_all = lt_tp_coll[sel] * ring_tp.time_s(lt_tp_bytes[sel])
         comm_b, hidden_b = tp_all * (1 - eff.tp_overlap), tp_all * eff.tp_overlap
+        width = len(comm_b)
+        cp_b = ep_b = np.zeros(width)
         if use_cp:
             passes = lt_cp_passes[sel]
             cp_all = passes * (qcp[sel] - 1) * _send_s(lt_cp_bytes[sel], lk[2][d], lk[3][d], bus)
             cp_block, cp_hidden = _hide(cp_all, lt_attn[sel] * passes, eff.cp_overlap)
             comm_b, hidden_b = comm_b + cp_block, hidden_b + cp_hidden
+            cp_b = cp_block
         if use_ep:
             ep_all = lt_ep_a2a[sel] * _Ring.of(ep, lk[4], lk[5], bus, 1).take(d).time_s(lt_ep_bytes[sel])
-            comm_b, hidden_b = comm_b + ep_all * (1 - eff.ep_overlap), hidden_b + ep_all * eff.ep_overlap
+            ep_b = ep_all * (1 - eff.ep_overlap)
+            comm_b, hidden_b = comm_b + ep_b, hidden_b + ep_all * eff.ep_overlap
         edge_all = ring_tp.time_s(edge_bytes[sel])
         layers, edges = layers_p[:, sel], edges_p[:, sel]
         fwd, bwd = stage_fwd[:, sel], stage_bwd[:, sel]
@@ -480,7 +491,6 @@ def _fill_slowest(memo: _SlowestMemo, at_miss: np.ndarray, qd: np.ndarray, q_blo
             comm = layers * comm_b + edges * (edge_all * (1 - eff.tp_overlap))
             hidden = layers * hidden_b + edges * edge_all * eff.tp_overlap
         t = fwd + bwd + comm + absent_p[:, sel]
-        width = t.shape[1]
         slot = t.argmax(axis=0)
         at = slot * width + np.arange(width)                # (slot, column) in the flattened tables
         t_max = np.take(t, at)
@@ -498,7 +508,7 @@ def _fill_slowest(memo: _SlowestMemo, at_miss: np.ndarray, qd: np.ndarray, q_blo
             at = slot * width + np.arange(width)
             t_max = np.take(t, at)
         return (t_max, np.take(fwd, at), np.take(bwd, at),
-                np.zeros(width) if hidden is None else np.take(hidden, at), slot)
+                np.zeros(width) if hidden is None else np.take(hidden, at), np.take(comm, at), cp_b, ep_b, slot)
 
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         first = slowest(links[0], slice(None))
@@ -508,9 +518,9 @@ def _fill_slowest(memo: _SlowestMemo, at_miss: np.ndarray, qd: np.ndarray, q_blo
                 sel = np.flatnonzero((links[0][:6] != links[j][:6]).any(axis=0)[qd])
                 for x, y in zip(q_stage, slowest(links[j], sel)):
                     x[sel] = y
-            for k in range(4):
+            for k in range(N_VALS):
                 memo.vals[j, k, at_miss] = q_stage[k]
-            memo.slot[j, at_miss] = q_stage[4]
+            memo.slot[j, at_miss] = q_stage[N_VALS]
         memo.known[at_miss] = True
 
 
@@ -538,9 +548,32 @@ def order_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: 
     """The step time of every layout of ``a`` on each placement order, as an (orders, layouts)
     float64 array (step_times_s() is its minimum over the orders). Orders that differ only in
     a layout's axes of size 1 place its groups alike and have the same time."""
-    n = len(a)
-    if n == 0:
+    if len(a) == 0:
         return np.zeros((len(orders), 0))
+    out = _evaluate(m, setup, a, cluster, eff, pc, orders, groups, False)
+    assert isinstance(out, np.ndarray)
+    return out
+
+
+def step_arrays(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Cluster,
+                eff: Efficiency = DEFAULT_EFFICIENCY, pc: ParamCount | None = None,
+                orders: Sequence[tuple[str, ...]] = PLACEMENT_ORDERS, groups: LayoutGroups | None = None
+                ) -> StepArrays:
+    """The named parts of every layout's step (StepArrays), each on its fastest placement
+    order; StepArrays.row(i) is timing.step_time() of layout i. Raises Unsupported as
+    step_times_s() does."""
+    if len(a) == 0:
+        raise Unsupported("no layouts")
+    out = _evaluate(m, setup, a, cluster, eff, pc, orders, groups, True)
+    assert isinstance(out, StepArrays)
+    return out
+
+
+def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Cluster, eff: Efficiency,
+              pc: ParamCount | None, orders: Sequence[tuple[str, ...]], groups: LayoutGroups | None,
+              parts: bool) -> np.ndarray | StepArrays:
+    """order_times_s(), or with ``parts`` step_arrays()."""
+    n = len(a)
     pc = pc or count_params(m)
     if pc.total * 8 >= EXACT_INT:
         raise Unsupported("parameter bytes too large for exact float conversion")
@@ -616,7 +649,7 @@ def order_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: 
     vals, slot_p = np.take(memo.vals, at_p, axis=2), np.take(memo.slot, at_p, axis=1)   # (set, 4, P), (set, P)
     if sets != list(range(len(sets))):
         vals, slot_p = vals[sets], slot_p[sets]
-    t_p, fwd_p, bwd_p, hidden_p = (vals[:, k] for k in range(4))
+    t_p, fwd_p, bwd_p, hidden_p, comm_p, cp_block_p, ep_block_p = (vals[:, k] for k in range(N_VALS))
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         if p2p_positive:    # a D that sends nothing: latency 0.0 and bandwidth inf give 0.0 + x / inf = 0.0
             lat, bw = np.take(deg.pp_send, pd, axis=2)
@@ -631,23 +664,64 @@ def order_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: 
         at = slot_p * n_d + pd                                 # (slot, D) of each P's slowest stage
         order_at = np.arange(n_o)[:, None] * (5 * SLOTS * n_d)
         best = np.zeros((n_o, len(kind_list), n_p))    # (0.0 where a P has no layout of the kind)
+        dp_exposed, dp_slow, opt_kind = (np.zeros_like(best) for _ in range(3)) if parts else (best, best, best)
         opt = {sharded: optimizer_s[at + sharded * (SLOTS * n_d)]
                for (_, sharded), sel in zip(kind_list, rows_of) if sel is None}
         for row, (branch, sharded) in enumerate(kind_list):
             sel = rows_of[row]
             if sel is None:
-                step = _dp_step(branch, at + (order_at + branch * (SLOTS * n_d)), c0, c1, c2, fwd_p, bwd_p,
-                                pga_f, eff, pipeline, opt[sharded])
+                opt_s = opt[sharded]
+                step, exposed, slow = _dp_step(branch, at + (order_at + branch * (SLOTS * n_d)), c0, c1, c2, fwd_p,
+                                               bwd_p, pga_f, eff, pipeline, opt_s)
+                where: tuple = (slice(None), row)
             else:
                 at_s = at[:, sel]
-                step = _dp_step(branch, at_s + (order_at + branch * (SLOTS * n_d)), c0, c1, c2, fwd_p[:, sel],
-                                bwd_p[:, sel], pga_f[sel], eff, pipeline[:, sel],
-                                optimizer_s[at_s + sharded * (SLOTS * n_d)])
-            if sel is None:
-                best[:, row] = step
-            else:
-                best[:, row, sel] = step
-    return np.take(best.reshape(n_o, -1), at_kind, axis=1)
+                opt_s = optimizer_s[at_s + sharded * (SLOTS * n_d)]
+                step, exposed, slow = _dp_step(branch, at_s + (order_at + branch * (SLOTS * n_d)), c0, c1, c2,
+                                               fwd_p[:, sel], bwd_p[:, sel], pga_f[sel], eff, pipeline[:, sel], opt_s)
+                where = (slice(None), row, sel)
+            best[where] = step
+            if parts:
+                dp_exposed[where], dp_slow[where], opt_kind[where] = exposed, slow, opt_s
+    step_o = np.take(best.reshape(n_o, -1), at_kind, axis=1)
+    if not parts:
+        return step_o
+    # ---- each layout on its fastest order (the first of equals, as step_time() keeps the
+    # earlier): the named parts of timing.pipeline_part and timing.step_parts
+    idx = np.argmin(step_o, axis=0)
+    cols = np.arange(n)
+
+    def of_kind(x: np.ndarray) -> np.ndarray:
+        return np.take(x.reshape(n_o, -1), at_kind, axis=1)[idx, cols]
+
+    def of_p(x: np.ndarray) -> np.ndarray:
+        return np.broadcast_to(x, (n_o, n_p))[:, p_inv][idx, cols]
+
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        n_slow = deg.per_slot[slot_p, pd]                      # the slowest stage's blocks, (order, P)
+        ga = pga_f[p_inv]
+        n_slow_l, cp_l, ep_l = of_p(n_slow), of_p(cp_block_p), of_p(ep_block_p)
+        fwd_l, bwd_l, t_mb_l = of_p(fwd_p), of_p(bwd_p), of_p(t_mb)
+        comm_tp = ga * (of_p(comm_p) - n_slow_l * (cp_l + ep_l))
+        comm_pp = ga * of_p(p2p_all * (1 - eff.pp_overlap))
+        compute = ga * (fwd_l + bwd_l)
+        bubble = bubble_share[p_inv] * t_mb_l
+    n_seq = a.micro_batch * a.grad_accum * a.dp * a.ep
+    flops = _distinct_rows([n_seq, a.recompute], _rows(2, np.float64, "flops", m, setup.seq_len),
+                           lambda n_, rc_: _flops_row(m, setup.seq_len, n_, rc_))
+    return StepArrays(orders=tuple(orders), order=idx, step_time_s=step_o[idx, cols], compute_s=compute,
+                      comm_tp_s=comm_tp, comm_cp_s=(ga * n_slow_l) * cp_l, comm_ep_s=(ga * n_slow_l) * ep_l,
+                      comm_dp_s=of_kind(dp_exposed), comm_pp_s=comm_pp, bubble_s=bubble,
+                      optimizer_s=of_kind(opt_kind), dp_slowdown_s=of_kind(dp_slow), micro_batch_s=t_mb_l,
+                      fwd_mb_s=fwd_l, bwd_mb_s=bwd_l, slow_stage=of_p(deg.stage[slot_p, pd]),
+                      n_slow=n_slow_l.astype(np.int64), tokens_per_step=n_seq * setup.seq_len,
+                      n_gpus=a.dp * a.tp * a.pp * a.cp * a.ep, model_flops=flops[0], hardware_flops=flops[1],
+                      peak_flops_per_s=cluster.gpu.peak_flops_per_s(setup.precision_spec.compute_dtype))
+
+
+def _flops_row(m: ModelSpec, seq_len: int, n_sequences: int, recompute: int) -> tuple[float, float]:
+    f = flops_per_step(m, seq_len, n_sequences, RECOMPUTES[recompute])
+    return f.model_flops, f.hardware_flops
 
 
 def forget_tables() -> None:
@@ -656,40 +730,15 @@ def forget_tables() -> None:
     _DEGREE_CACHE.clear()
 
 
-# Orders whose batched time is within this share of the fastest are worked out again by
-# timing.step_parts (the batch agrees with it to 1e-12, tests/test_fasttime.py), so that the
-# one chosen is the one step_time() chooses.
-ORDER_TIE = 1e-9
-
-
 def step_times(m: ModelSpec, setup: TrainingSetup, layouts: Sequence[Layout], cluster: Cluster,
                eff: Efficiency = DEFAULT_EFFICIENCY, pc: ParamCount | None = None,
                orders: Sequence[tuple[str, ...]] = PLACEMENT_ORDERS) -> list[StepTime]:
     """timing.step_time(m, setup, lay, cluster, eff, pc, orders) of every layout of
-    ``layouts``, from one batched call: order_times_s() picks each layout's placement
-    order (those within ORDER_TIE of its fastest), and its StepTime is read from
-    timing.step_parts on that order alone. Falls back to step_time() per layout where
-    the batch does not apply (Unsupported)."""
+    ``layouts``, from one batched call: the rows of step_arrays(). Falls back to
+    step_time() per layout where the batch does not apply (Unsupported)."""
     if not layouts:
         return []
-    pc = pc or count_params(m)
-    orders = [tuple(o) for o in orders]
     try:
-        per_order = order_times_s(m, setup, LayoutArrays.from_layouts(layouts), cluster, eff, pc, orders)
+        return step_arrays(m, setup, LayoutArrays.from_layouts(layouts), cluster, eff, pc, orders).rows()
     except Unsupported:
         return [step_time(m, setup, lay, cluster, eff, pc, orders) for lay in layouts]
-    out = []
-    for i, lay in enumerate(layouts):
-        column = per_order[:, i]
-        fastest = float(column.min())
-        near = [o for o in distinct_orders(lay, orders)
-                if column[orders.index(o)] <= fastest + ORDER_TIE * abs(fastest)]
-        best: StepTime | None = None
-        for order in near:      # as step_time(): the first of equals
-            t = step_parts(m, setup, lay, cluster, eff, pc, order).step_time()
-            if best is None or t.step_time_s < best.step_time_s:
-                best = t
-        if best is None:        # (a NaN or inf time: let step_time() decide)
-            best = step_time(m, setup, lay, cluster, eff, pc, orders)
-        out.append(best)
-    return out
