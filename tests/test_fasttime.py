@@ -1,9 +1,9 @@
-"""planner.timing.fast scores step times as arrays; they must be timing.step_time's, layout
-for layout (hypothesis: random models, set-ups, efficiencies, GPUs, topologies, GPU counts
-and search spaces).
-
-The arrays mirror timing's arithmetic operation by operation, so the floats come out the
-same; the tests allow a relative 1e-12 all the same, far below anything a plan reads.
+"""planner.timing.fast is the one step-time model, on a batch of layouts; timing.step_time()
+is its batch of one. A layout's terms must not depend on what else is in the batch nor on its
+order: on random models, set-ups, efficiencies, GPUs, topologies, GPU counts and search
+spaces (hypothesis), each layout's step time and whole StepTime from a big batch equal its
+batch of one's, exactly (the tests that allow a relative 1e-12 allow it all the same). The
+referee tests (papers, published runs) are in tests/test_timing.py and bench/.
 """
 
 from __future__ import annotations
@@ -253,7 +253,7 @@ def test_a_batch_of_one_is_a_row_of_the_batch_in_any_order(case, rng):
 def test_batched_step_times_are_step_time(case):
     # fasttime.step_times (the search's batched timer) reads each layout's StepTime off a row
     # of the batch's named parts (step_arrays): the whole StepTime, every term and the
-    # placement included, is step_time()'s (timing.step_parts on the fastest order), not just close
+    # placement included, is step_time()'s (the batch of one)
     m, setup, eff, cluster, lays = case
     sample = lays[:: max(1, len(lays) // 40)]
     got = fasttime.step_times(m, setup, sample, cluster, eff)

@@ -7,8 +7,9 @@ so it can never be the cheapest nor the fastest plan under any deadline, budget 
 sweep() keeps the ``keep`` fastest per count. On each count it enumerates the valid
 layouts as one batch (planner.layouts.batch), sizes them as one batch where the memory
 model can (_batch_totals) and times every one of them as one batch
-(planner.timing.fast.step_times_s); it then walks the layouts that fit in order of step
-time and builds full breakdowns (memory and StepTime) only for the few it keeps.
+(planner.timing.fast.step_arrays: each layout's step time and its named parts); it then
+walks the layouts that fit in order of step time, builds memory breakdowns only for the few
+it keeps and reads their StepTime off the batch's rows.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from planner.layouts.layout import SearchSpace, enumerate_layouts
 from planner.memory.model import memory_floor_bytes, min_model_state_bytes_per_param
 from planner.models.spec import ModelSpec, ParamCount, count_params
 from planner.search.search import Candidate, evaluate, rank_key
-from planner.timing.fast import step_times_s
-from planner.timing.model import DEFAULT_EFFICIENCY, Efficiency, step_time
+from planner.timing.fast import step_arrays
+from planner.timing.model import DEFAULT_EFFICIENCY, Efficiency
 from planner.training.finetune import FinetuneSpec
 from planner.training.setup import TrainingSetup
 
@@ -99,15 +100,15 @@ def _fastest_on_count(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, n: i
         arrays_fit = LayoutArrays(*(getattr(arrays, f)[may_fit] for f in LayoutArrays.FIELDS))
     else:
         arrays_fit = arrays
-    times = step_times_s(m, setup, arrays_fit, cluster, eff, pc)
+    parts = step_arrays(m, setup, arrays_fit, cluster, eff, pc)
+    times = parts.step_time_s
     order = np.argsort(times, kind="stable")           # ties: enumeration order
     best: list[Candidate] = []
     sized = 0
     for i in order.tolist():
         # rank_key orders by step time first: once ``keep`` are kept, a slower layout
-        # can displace none of them (the batch's times agree with step_time()'s to
-        # 1e-12, tests/test_fasttime.py: the walk goes on through the near-equal ones, and
-        # the kept ones are ranked by step_time()'s own)
+        # can displace none of them (the walk goes on through the near-equal ones, which
+        # rank_key's other fields may order differently)
         if len(best) >= keep and times[i] > best[keep - 1].time.step_time_s * (1 + NEAR):  # type: ignore[union-attr]
             break
         lay = arrays_fit.layout(i, setup.seq_len)
@@ -117,7 +118,7 @@ def _fastest_on_count(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, n: i
         sized += 1
         if not c.fits:
             continue
-        c = replace(c, time=step_time(m, setup, lay, cluster, eff, pc))
+        c = replace(c, time=parts.row(i))
         keys = [rank_key(b) for b in best]
         best.insert(bisect.bisect(keys, rank_key(c)), c)
         del best[keep:]

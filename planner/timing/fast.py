@@ -1,56 +1,69 @@
-"""Step times of many layouts at once, as numpy arrays.
+"""The step time of many layouts at once, as numpy arrays: the one step-time model.
 
-planner.timing.model.step_time() times one layout (about 150 us once its placements are
-cached): it builds a LayerTime, the links of each placement, a PipelinePart and a StepTime
-object per layout. step_times_s() returns the same step_time_s for every layout of a
-LayoutArrays (planner.memory.fast), and score() memory and step time together; in four
-levels:
+A step of a layout on one placement order is (Narayanan et al. 2021, arXiv:2104.04473,
+Sec. 2.2)
+
+    m t_mb + (p-1)/v t_mb + dp exposed + overlap slowdown x dp hidden + optimizer
+
+with m the micro-batches, p the stages, v the virtual stages and t_mb one micro-batch on the
+slowest of the first, the last and the fullest stage: its blocks' forward and backward
+(kernels.layer_time), the LM head and loss on the last stage, the exposed tensor-parallel
+all-reduces (two per pipeline edge besides the blocks'), context-parallel K/V ring sends
+(what the attention time does not hide) and expert-parallel all-to-alls, 2 v pipeline sends,
+and overlap slowdown x whatever of those is hidden. The data-parallel collectives are those
+of the sharding (ZeRO, Rajbhandari et al. 2020, arXiv:1910.02054, Sec. 5; FSDP, Zhao et al.
+2023, arXiv:2304.11277, Sec. 3; parts.DP_TERMS), each hidden under the slowest stage's
+forward or backward up to its overlap share; the optimizer update moves
+dp.optimizer_bytes_per_param() per trainable parameter of the rank's shard at the HBM rate.
+Each layout takes the fastest of the placement orders (the first of equals).
+step_arrays() returns every term (parts.StepArrays), step_times_s() the step time alone,
+step_time() one layout's StepTime (the batch of one). The work runs on four levels:
 
 - per distinct degrees (D: tp, cp, ep, dp, pp): each axis's bus bandwidth and hop
   latency over the topology graph on each placement order (placement.axis_links), the
   stages that can be the slowest and their ranks' parameters (memory.rank_params), the
   data-parallel collectives of every sharding and the optimizer update;
-- per block shape (fastscore.LayoutGroups' B: tp, cp, ep, kernels, sp, micro-batch,
+- per block shape (LayoutGroups' B: tp, cp, ep, kernels, sp, micro-batch,
   recomputation) and pipeline depth with the same tp, cp and ep links (Q): one block's
-  compute time and collective volumes (timing.layer_time, once per block shape), the
+  compute time and collective volumes (kernels.layer_time, once per block shape), the
   tensor-, context- and expert-parallel communication and the slowest stage, which do
   not depend on dp, vp or the accumulation;
 - per pipeline shape (P: D, sp, vp, micro-batch, recomputation): the pipeline sends and
-  the bubble; and per P and kind of sharding (timing.dp_collectives' branch, and whether the
+  the bubble; and per P and kind of sharding (the branch of parts.DP_TERMS, and whether the
   optimizer states are sharded; within a P the layouts differ in nothing else) what the
   data-parallel collectives leave exposed under the slowest stage's forward or backward,
   the slowdown of what they hide, and the optimizer update, on each placement order;
-- per layout: the faster of the placement orders, read off its kind and P.
+- per layout: the fastest of the placement orders, read off its kind and P.
 
 The per-degree tables (links, stages, collectives, optimizer) are kept across calls, per
 model, set-up, cluster, efficiencies, placement orders and distinct degrees (a
 least-recently-used cache of at most 32 entries and 64 MiB; forget_tables() drops
-them), as fastscore keeps its per-state tables: a search or sweep that scores the same
-GPU counts again skips them. With them, each Q's slowest stage (_SlowestMemo), so that
-only block shapes not seen before on those degrees are worked out. Where the second
-placement order gives the tensor-, context- and expert-parallel groups the same links as
-the first, the slowest stage is not worked out again, only for the Q rows whose links
-change. What depends on a few distinct values is computed by planner.timing.model's and
-planner.memory.model's own functions; the rest is array arithmetic that mirrors timing.pipeline_part and timing.step_parts
-with the same operations in the same order, so the floats are the same, not just close
-(tests/test_fasttime.py checks equality on random models, GPUs, topologies, set-ups,
-efficiencies and layouts). Integers enter the float arithmetic as float64 arrays, which
-hold them exactly as Python's int-to-float conversion does. What
-trains (full, LoRA, QLoRA, freeze) enters through timing's own functions: layer_time
-(frozen base GEMMs, adapters, dequantization), backward_layers (freeze's blocks without
-backward), trained_split (the trainable parameters the gradient reductions and the
-optimizer cover, the frozen bytes ZeRO-3/FSDP gathers), optimizer_bytes_per_param and
-head_backward_gemms. Step time does not depend on offload, so every set-up is covered.
+them): a search or sweep that times the same GPU counts again skips them. With them, each
+Q's slowest stage (_SlowestMemo), so that only block shapes not seen before on those
+degrees are worked out. Where the second placement order gives the tensor-, context- and
+expert-parallel groups the same links as the first, the slowest stage is not worked out
+again, only for the Q rows whose links change. None of this changes a float: a layout's
+terms do not depend on what else is in the batch (tests/test_fasttime.py: a batch of one
+is a row of the batch, in any order). Integers enter the float arithmetic as float64
+arrays, which hold them exactly (Unsupported beyond 2**53). What trains (full, LoRA,
+QLoRA, freeze) enters through the per-shape functions: layer_time (frozen base GEMMs,
+adapters, dequantization), backward_layers (freeze's blocks without backward),
+trained_split (the trainable parameters the gradient reductions and the optimizer cover,
+the frozen bytes ZeRO-3/FSDP gathers: QLoRA's NF4 base at its stored bytes, before the
+forward and again before the backward), optimizer_bytes_per_param and head_backward_gemms.
+Step time does not depend on offload, so every set-up is covered.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
 
+from planner.errors import UserError
 from planner.hardware.placement import FALLBACK_INTRA_LATENCY_S, Cluster, axis_links
 from planner.hardware.topology import AXES
 from planner.layouts.batch import RECOMPUTES, LayoutArrays, Unsupported
@@ -61,35 +74,40 @@ from planner.layouts.groups import rows as _rows
 from planner.layouts.layout import SHARDINGS, Layout
 from planner.memory.model import stage_layers
 from planner.models.spec import ModelSpec, ParamCount, count_params
-from planner.timing.model import (
+from planner.timing.collectives import Ring, hide, send_s
+from planner.timing.dp import hybrid_shard, optimizer_bytes_per_param, trained_split
+from planner.timing.efficiency import (
     CROSS_ENTROPY_BYTES_PER_LOGIT,
     CROSS_ENTROPY_FORWARD_SHARE,
     DEFAULT_EFFICIENCY,
     PLACEMENT_ORDERS,
     Efficiency,
-    StepTime,
+)
+from planner.timing.flops import flops_per_step
+from planner.timing.kernels import (
     backward_layers,
-    flops_per_step,
     gemm_time_s,
     head_backward_gemms,
-    hybrid_shard,
     layer_time,
-    optimizer_bytes_per_param,
     rates,
-    step_time,
-    trained_split,
 )
-from planner.timing.parts import StepArrays
+from planner.timing.parts import (
+    ALL_REDUCE,
+    DP_TERMS,
+    FSDP_GRAD_OP,
+    FSDP_HYBRID,
+    SHARD_3,
+    ZERO_12,
+    StepArrays,
+)
+from planner.timing.step import StepTime
 from planner.training.setup import TrainingSetup
 
 EXACT_INT = 2**53          # integers below this convert to float64 exactly
-SLOTS = 3                  # the stages timing.pipeline_part compares: first, last, fullest
+SLOTS = 3                  # the stages a pipeline's slowest can be: first, last, fullest
 N_VALS = 7                 # what _SlowestMemo keeps of a slowest stage: t, fwd, bwd, hidden, comm, and
                            # one block's exposed cp and ep seconds
 
-# timing.dp_collectives' branches, in the order of its if/elif chain: plain data parallelism
-# (all-reduce), ZeRO-1/2, FSDP shard-grad-op, ZeRO-3 or FSDP full shard, FSDP hybrid
-ALL_REDUCE, ZERO_12, FSDP_GRAD_OP, SHARD_3, FSDP_HYBRID = range(5)
 
 
 def _branches() -> np.ndarray:
@@ -115,7 +133,7 @@ BRANCH = _branches()
 # ------------------------------------------------------------------ memoised tables
 
 class _SlowestMemo:
-    """The slowest stage (timing.pipeline_part's max() over the stages) per block shape and
+    """The slowest stage (the max() of (time, fwd, bwd, comm, hidden, stage) over the stages) per block shape and
     _Degrees.q_d, on each distinct set of tp, cp and ep links of the placement orders,
     kept with a _Degrees entry: a search or sweep asks for the same ones again for other
     micro-batches, accumulations and shardings. Block shapes are numbered in the order
@@ -165,52 +183,12 @@ def _distinct_rows(columns: Sequence[np.ndarray], rows: _Rows, fn: Callable[...,
 
 @lru_cache(maxsize=4096)
 def _stage_slots(n_layers: int, pp: int) -> tuple[tuple[int, int], ...]:
-    """(stage, layers) of the stages timing.pipeline_part compares, in increasing stage order."""
+    """(stage, layers) of the stages a pipeline's slowest can be, in increasing stage order."""
     counts = stage_layers(n_layers, pp)
     return tuple((s, counts[s]) for s in sorted({0, len(counts) - 1, counts.index(max(counts))}))
 
 
 # --------------------------------------------------- timing's collectives, on arrays
-
-class _Ring(NamedTuple):
-    """The parts of timing.all_reduce_s (steps 2) or gather_s (steps 1) that depend on the
-    group alone: the time of S bytes is latency + volume x S / bandwidth, written in that
-    order as timing writes it, and 0 where ``on`` is false (one rank) or S <= 0."""
-
-    latency: np.ndarray        # steps (n-1) x hop latency
-    volume: np.ndarray         # steps (n-1) / n
-    bandwidth: np.ndarray      # bus bandwidth x Efficiency.bus_fraction
-    on: np.ndarray             # n > 1
-
-    @staticmethod
-    def of(n: np.ndarray, bw: np.ndarray | float, lat: np.ndarray | float, bus: float, steps: int) -> _Ring:
-        n_f = n.astype(np.float64)
-        return _Ring(steps * (n_f - 1) * lat, steps * (n_f - 1) / n_f, np.asarray(bw * bus), n > 1)
-
-    def take(self, idx: np.ndarray) -> _Ring:
-        return _Ring(*(x[idx] for x in self))
-
-    def time_s(self, n_bytes: np.ndarray) -> np.ndarray:
-        return np.where(self.on & (n_bytes > 0), self.latency + self.volume * n_bytes / self.bandwidth, 0.0)
-
-
-def _send_s(n_bytes: np.ndarray, bw: np.ndarray, lat: np.ndarray, bus: float) -> np.ndarray:
-    """timing.send_s."""
-    return np.where((n_bytes > 0) & ~np.isinf(lat), lat + n_bytes / (bw * bus), 0.0)
-
-
-def _hide(comm_s: np.ndarray, window_s: np.ndarray, overlap: float) -> tuple[np.ndarray, np.ndarray]:
-    """timing._hide: (exposed, hidden). The windows are sums of non-negative times, so
-    with overlap 1 max(0, overlap x window) is the window itself, and with a
-    non-negative overlap the product."""
-    if overlap == 1.0:
-        hidden = np.minimum(comm_s, window_s)
-    elif overlap >= 0.0:
-        hidden = np.minimum(comm_s, overlap * window_s)
-    else:
-        hidden = np.minimum(comm_s, np.maximum(0.0, overlap * window_s))
-    return comm_s - hidden, hidden
-
 
 # ------------------------------------------------------------------------ the step
 
@@ -220,7 +198,7 @@ _BLOCK_FIELDS = ("fwd_s", "bwd_s", "attention_fwd_s", "tp_bytes", "tp_collective
 
 def _block_row(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Efficiency, kernels: str, tp: int,
                sp: int, cp: int, ep: int, mb: int, rc: int) -> tuple[float, ...]:
-    """One block shape's LayerTime fields, then what timing.pipeline_part derives from the
+    """One block shape's LayerTime fields, then what the pipeline derives from the
     micro-batch alone: the LM head and loss added to the last stage's forward and
     backward, the bytes of the tp all-reduce at each pipeline edge and of a pipeline send."""
     gpu, prec = cluster.gpu, setup.precision_spec
@@ -242,10 +220,10 @@ class _Degrees(NamedTuple):
     """What step_times_s() reads per distinct degrees (D: tp, cp, ep, dp, pp), as
     (rows, D) tables."""
 
-    stage: np.ndarray          # (SLOTS, D): the stages timing.pipeline_part compares, -1: none
+    stage: np.ndarray          # (SLOTS, D): the stages a pipeline's slowest can be, -1: none
     links: list[np.ndarray]    # per placement order (10, D): bus bandwidth, hop latency of each axis
     optimizer_s: np.ndarray    # (2 x SLOTS x D): the optimizer update unsharded, sharded
-    c0: np.ndarray             # (orders x 5 branches x SLOTS x D): timing.dp_collectives' three parts
+    c0: np.ndarray             # (orders x 5 branches x SLOTS x D): the data-parallel collectives' three terms (parts.DP_TERMS)
     c1: np.ndarray
     c2: np.ndarray
     n_slots: int               # the slots some pipeline has
@@ -347,28 +325,28 @@ def _build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: 
         (inside,) = _distinct_rows([tp, n_dense], _rows(1, np.int64, "hybrid", gpu.gpus_per_node),
                                    lambda tp_, dd: (hybrid_shard(Layout(tp=tp_, dp=dd), gpu.gpus_per_node),))
         hybrid = (inside.astype(np.float64), np.maximum(1, n_dense // inside),
-                  _Ring.of(inside, gpu.intra_node_bytes_per_s, FALLBACK_INTRA_LATENCY_S, bus, 1))
+                  Ring.of(inside, gpu.intra_node_bytes_per_s, FALLBACK_INTRA_LATENCY_S, bus, 1))
 
     def dp_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """timing.dp_collectives per (order, branch, slot, D), flattened: c0 once a step under
+        """The data-parallel collectives per (order, branch, slot, D), flattened: c0 once a step under
         the backward, c1 under the forward, c2 under the backward."""
         pick, cols = np.where(dp > 1, 6, np.where(cp > 1, 2, 4)), np.arange(n_d)   # dp, else cp, else ep link
         bw = np.stack([lk[pick, cols] for lk in links])[:, None, :]          # (orders, 1, D)
         lat = np.stack([lk[pick + 1, cols] for lk in links])[:, None, :]
-        ring_d = _Ring.of(n_dense, bw, lat, bus, 1)
+        ring_d = Ring.of(n_dense, bw, lat, bus, 1)
 
-        def over_dp(ring: _Ring, ring_e: _Ring | None, per: int, frozen: bool = False) -> np.ndarray:
+        def over_dp(ring: Ring, ring_e: Ring | None, per: int, frozen: bool = False) -> np.ndarray:
             """Trainable parameters x ``per`` bytes, plus the frozen base's bytes."""
             out = ring.time_s(frozen_dense + dense * per if frozen else dense * per)
             if ring_e is None:
                 return out
             return out + ring_e.time_s(frozen_expert + expert * per if frozen else expert * per)
 
-        ring_e = _Ring.of(n_expert, bw, lat, bus, 1) if moe else None
+        ring_e = Ring.of(n_expert, bw, lat, bus, 1) if moe else None
         ag = over_dp(ring_d, ring_e, w_b)                   # the trainable weights (ZeRO-1/2)
         ag_all = over_dp(ring_d, ring_e, w_b, True) if has_frozen else ag   # and the frozen (ZeRO-3, FSDP)
         rs = ag if g_b == w_b else over_dp(ring_d, ring_e, g_b)
-        ar = over_dp(_Ring.of(n_dense, bw, lat, bus, 2), _Ring.of(n_expert, bw, lat, bus, 2) if moe else None, g_b)
+        ar = over_dp(Ring.of(n_dense, bw, lat, bus, 2), Ring.of(n_expert, bw, lat, bus, 2) if moe else None, g_b)
         zero = np.zeros_like(ag)
         c0, c1, c2 = [ar, rs, zero, zero, zero], [zero, ag, ag_all, ag_all, zero], [zero, zero, rs, ag_all + rs, zero]
         if hybrid is not None:
@@ -376,7 +354,7 @@ def _build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: 
             total = dense + expert
             ag_h = intra.time_s((frozen_dense + frozen_expert) + total * w_b if has_frozen else total * w_b)
             rs_h = intra.time_s(total * g_b)
-            c0[FSDP_HYBRID] = _Ring.of(across, bw, lat, bus, 2).time_s(total * g_b / inside_f)
+            c0[FSDP_HYBRID] = Ring.of(across, bw, lat, bus, 2).time_s(total * g_b / inside_f)
             c1[FSDP_HYBRID], c2[FSDP_HYBRID] = ag_h, ag_h + rs_h
         return tuple(np.stack([np.broadcast_to(x, ag.shape) for x in c], axis=1).ravel()  # type: ignore[return-value]
                      for c in (c0, c1, c2))
@@ -407,30 +385,30 @@ def _build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: 
                     _SlowestMemo(len(numbers), len(links)), pp_on, pp_link, pp_send)
 
 
-# the terms of timing.dp_collectives each branch has (the others are 0.0 in its c0, c1, c2):
-# c0 under the backward once a step, c1 under the forward (per micro-batch for ZeRO-3 and
-# FSDP), c2 under the backward per micro-batch
-_TERMS = {ALL_REDUCE: (0,), ZERO_12: (0, 1), FSDP_GRAD_OP: (1, 2), SHARD_3: (1, 2), FSDP_HYBRID: (0, 1, 2)}
 
 
 def _dp_step(branch: int, at: np.ndarray, c0: np.ndarray, c1: np.ndarray, c2: np.ndarray, fwd: np.ndarray,
-             bwd: np.ndarray, ga: np.ndarray, eff: Efficiency, pipeline: np.ndarray, opt: np.ndarray
+             bwd: np.ndarray, ga: np.ndarray, eff: Efficiency, pipeline: np.ndarray, opt: np.ndarray,
+             terms: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] | None = None
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """timing.step_parts's step for one branch of the data-parallel collectives: pipeline +
+    """The step for one branch of the data-parallel collectives (parts.DP_TERMS): pipeline +
     exposed + overlap_slowdown x hidden + optimizer, with the collectives' rows ``at`` of
     c0, c1, c2. The terms the branch lacks are 0.0 and add nothing: e + 0.0 is e and
     0.0 + e is e for the non-negative times here, so only the branch's own are summed,
     in timing's order (c0, c1 x per micro-batch, c2 x accumulation). Returns (step, the
-    exposed data-parallel seconds, overlap_slowdown x the hidden ones)."""
+    exposed data-parallel seconds, overlap_slowdown x the hidden ones); ``terms``, where
+    given, gets each collective's (term, seconds, exposed, hidden) once per occurrence."""
     per_mb = branch >= FSDP_GRAD_OP
     exposed = hidden = None
-    for term in _TERMS[branch]:
+    for term in DP_TERMS[branch]:
         c, window, overlap = ((c0, bwd, eff.dp_overlap), (c1, fwd, eff.zero3_overlap if per_mb else
                                                           eff.param_gather_overlap), (c2, bwd, eff.zero3_overlap))[term]
         if overlap == 0.0:             # nothing hidden: min(c, 0.0 x window) is 0.0
             e, h = c[at], None
         else:
-            e, h = _hide(c[at], window, overlap)
+            e, h = hide(c[at], window, overlap)
+        if terms is not None:
+            terms.append((term, c[at], e, np.zeros_like(e) if h is None else h))
         if term == 2 or term == 1 and per_mb:      # (x 1.0 otherwise: x itself)
             e, h = e * ga, None if h is None else h * ga
         exposed = e if exposed is None else exposed + e
@@ -462,22 +440,22 @@ def _fill_slowest(memo: _SlowestMemo, at_miss: np.ndarray, qd: np.ndarray, q_blo
 
     def slowest(lk: np.ndarray, sel: np.ndarray | slice) -> tuple[np.ndarray, ...]:
         """(t, fwd, bwd, hidden, slot) of the slowest stage of the Q rows ``sel`` (all of
-        them first, then a subset), before the pipeline sends, as timing.pipeline_part's max()
+        them first, then a subset), before the pipeline sends, as the max()
         over (time, fwd, bwd, comm, hidden, stage) picks it."""
         d = qd[sel]
-        ring_tp = _Ring.of(tp, lk[0], lk[1], bus, 2).take(d)
+        ring_tp = Ring.of(tp, lk[0], lk[1], bus, 2).take(d)
         tp_all = lt_tp_coll[sel] * ring_tp.time_s(lt_tp_bytes[sel])
         comm_b, hidden_b = tp_all * (1 - eff.tp_overlap), tp_all * eff.tp_overlap
         width = len(comm_b)
         cp_b = ep_b = np.zeros(width)
         if use_cp:
             passes = lt_cp_passes[sel]
-            cp_all = passes * (qcp[sel] - 1) * _send_s(lt_cp_bytes[sel], lk[2][d], lk[3][d], bus)
-            cp_block, cp_hidden = _hide(cp_all, lt_attn[sel] * passes, eff.cp_overlap)
+            cp_all = passes * (qcp[sel] - 1) * send_s(lt_cp_bytes[sel], lk[2][d], lk[3][d], bus)
+            cp_block, cp_hidden = hide(cp_all, lt_attn[sel] * passes, eff.cp_overlap)
             comm_b, hidden_b = comm_b + cp_block, hidden_b + cp_hidden
             cp_b = cp_block
         if use_ep:
-            ep_all = lt_ep_a2a[sel] * _Ring.of(ep, lk[4], lk[5], bus, 1).take(d).time_s(lt_ep_bytes[sel])
+            ep_all = lt_ep_a2a[sel] * Ring.of(ep, lk[4], lk[5], bus, 1).take(d).time_s(lt_ep_bytes[sel])
             ep_b = ep_all * (1 - eff.ep_overlap)
             comm_b, hidden_b = comm_b + ep_b, hidden_b + ep_all * eff.ep_overlap
         edge_all = ring_tp.time_s(edge_bytes[sel])
@@ -622,9 +600,9 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
 
     # ---- per pipeline shape and kind of sharding: the data-parallel collectives of the
     # sharding's branch, hidden under the slowest stage's forward or backward or not, and the
-    # optimizer update (timing.step_parts). Within a pipeline shape the layouts differ only in
+    # optimizer update. Within a pipeline shape the layouts differ only in
     # their sharding and ZeRO stage, and those enter only through the branch of
-    # timing.dp_collectives and whether the optimizer's states are sharded: a (kind, P) table,
+    # parts.DP_TERMS and whether the optimizer's states are sharded: a (kind, P) table,
     # each layout read off it at the end.
     n_p = len(pd)
     kinds = [(int(BRANCH[k]), int(k >= len(SHARDINGS))) for k in pairs]
@@ -665,6 +643,8 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
         order_at = np.arange(n_o)[:, None] * (5 * SLOTS * n_d)
         best = np.zeros((n_o, len(kind_list), n_p))    # (0.0 where a P has no layout of the kind)
         dp_exposed, dp_slow, opt_kind = (np.zeros_like(best) for _ in range(3)) if parts else (best, best, best)
+        dp_each = np.zeros((3, 3, *best.shape)) if parts else best     # (seconds, exposed, hidden) x term
+        terms: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] | None = [] if parts else None
         opt = {sharded: optimizer_s[at + sharded * (SLOTS * n_d)]
                for (_, sharded), sel in zip(kind_list, rows_of) if sel is None}
         for row, (branch, sharded) in enumerate(kind_list):
@@ -672,22 +652,27 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
             if sel is None:
                 opt_s = opt[sharded]
                 step, exposed, slow = _dp_step(branch, at + (order_at + branch * (SLOTS * n_d)), c0, c1, c2, fwd_p,
-                                               bwd_p, pga_f, eff, pipeline, opt_s)
+                                               bwd_p, pga_f, eff, pipeline, opt_s, terms)
                 where: tuple = (slice(None), row)
             else:
                 at_s = at[:, sel]
                 opt_s = optimizer_s[at_s + sharded * (SLOTS * n_d)]
                 step, exposed, slow = _dp_step(branch, at_s + (order_at + branch * (SLOTS * n_d)), c0, c1, c2,
-                                               fwd_p[:, sel], bwd_p[:, sel], pga_f[sel], eff, pipeline[:, sel], opt_s)
+                                               fwd_p[:, sel], bwd_p[:, sel], pga_f[sel], eff, pipeline[:, sel], opt_s,
+                                               terms)
                 where = (slice(None), row, sel)
             best[where] = step
-            if parts:
+            if terms is not None:
                 dp_exposed[where], dp_slow[where], opt_kind[where] = exposed, slow, opt_s
+                for t_i, *each in terms:
+                    for what, x in enumerate(each):
+                        dp_each[what, t_i][where] = x
+                terms.clear()
     step_o = np.take(best.reshape(n_o, -1), at_kind, axis=1)
     if not parts:
         return step_o
     # ---- each layout on its fastest order (the first of equals, as step_time() keeps the
-    # earlier): the named parts of timing.pipeline_part and timing.step_parts
+    # earlier): the named parts of parts.StepArrays
     idx = np.argmin(step_o, axis=0)
     cols = np.arange(n)
 
@@ -699,6 +684,7 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
 
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         n_slow = deg.per_slot[slot_p, pd]                      # the slowest stage's blocks, (order, P)
+        n_slow_bwd = deg.per_slot[4 * deg.n_slots + slot_p, pd]   # those with a backward pass
         ga = pga_f[p_inv]
         n_slow_l, cp_l, ep_l = of_p(n_slow), of_p(cp_block_p), of_p(ep_block_p)
         fwd_l, bwd_l, t_mb_l = of_p(fwd_p), of_p(bwd_p), of_p(t_mb)
@@ -714,7 +700,10 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
                       comm_dp_s=of_kind(dp_exposed), comm_pp_s=comm_pp, bubble_s=bubble,
                       optimizer_s=of_kind(opt_kind), dp_slowdown_s=of_kind(dp_slow), micro_batch_s=t_mb_l,
                       fwd_mb_s=fwd_l, bwd_mb_s=bwd_l, slow_stage=of_p(deg.stage[slot_p, pd]),
-                      n_slow=n_slow_l.astype(np.int64), tokens_per_step=n_seq * setup.seq_len,
+                      n_slow=n_slow_l.astype(np.int64), n_slow_bwd=of_p(n_slow_bwd).astype(np.int64),
+                      grad_accum=a.grad_accum, dp_branch=BRANCH[pair],
+                      dp_each=np.stack([np.stack([of_kind(dp_each[k, t]) for t in range(3)]) for k in range(3)]),
+                      efficiency=eff, tokens_per_step=n_seq * setup.seq_len,
                       n_gpus=a.dp * a.tp * a.pp * a.cp * a.ep, model_flops=flops[0], hardware_flops=flops[1],
                       peak_flops_per_s=cluster.gpu.peak_flops_per_s(setup.precision_spec.compute_dtype))
 
@@ -733,12 +722,27 @@ def forget_tables() -> None:
 def step_times(m: ModelSpec, setup: TrainingSetup, layouts: Sequence[Layout], cluster: Cluster,
                eff: Efficiency = DEFAULT_EFFICIENCY, pc: ParamCount | None = None,
                orders: Sequence[tuple[str, ...]] = PLACEMENT_ORDERS) -> list[StepTime]:
-    """timing.step_time(m, setup, lay, cluster, eff, pc, orders) of every layout of
-    ``layouts``, from one batched call: the rows of step_arrays(). Falls back to
-    step_time() per layout where the batch does not apply (Unsupported)."""
-    if not layouts:
-        return []
-    try:
-        return step_arrays(m, setup, LayoutArrays.from_layouts(layouts), cluster, eff, pc, orders).rows()
-    except Unsupported:
-        return [step_time(m, setup, lay, cluster, eff, pc, orders) for lay in layouts]
+    """The StepTime of every layout of ``layouts``, from one batched call per sequence length
+    (the layouts' own, which the search makes setup.seq_len): the rows of step_arrays(), each
+    on the fastest of the placement ``orders``."""
+    out: list[StepTime | None] = [None] * len(layouts)
+    for seq_len in sorted({lay.seq_len for lay in layouts}):
+        at = [i for i, lay in enumerate(layouts) if lay.seq_len == seq_len]
+        s = setup if seq_len == setup.seq_len else replace(setup, seq_len=seq_len)
+        try:
+            rows = step_arrays(m, s, LayoutArrays.from_layouts([layouts[i] for i in at]), cluster, eff, pc,
+                               orders).rows()
+        except Unsupported as e:
+            raise UserError(f"model {m.name}: {e}; the step-time model covers models below about 10^15 "
+                            "parameters") from None
+        for i, row in zip(at, rows):
+            out[i] = row
+    return [x for x in out if x is not None]
+
+
+def step_time(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster,
+              eff: Efficiency = DEFAULT_EFFICIENCY, pc: ParamCount | None = None,
+              orders: Sequence[tuple[str, ...]] = PLACEMENT_ORDERS) -> StepTime:
+    """The step time of ``lay`` on the fastest of the placement ``orders``: the batch of one."""
+    (st,) = step_times(m, setup, [lay], cluster, eff, pc, orders)
+    return st
