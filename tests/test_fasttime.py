@@ -280,3 +280,24 @@ def test_search_with_the_batched_timer_finds_what_the_per_layout_timer_finds():
                             host_capacity_bytes=host, nvme_capacity_bytes=nvme)
         assert one_by_one.n_gpus == r.result.n_gpus
         assert one_by_one.fitting == r.result.fitting
+
+
+@PROPS
+@given(cases())
+def test_named_parts_add_up_to_the_step(case):
+    # StepArrays' terms are the step's (Narayanan et al. 2021, Sec. 2.2): m t_mb + bubble
+    # + exposed data-parallel seconds + their overlap slowdown + optimizer, in that order
+    # (so exactly); m t_mb is the compute, the exposed tp/cp/ep/pp seconds and the slowdown
+    # of what they hide (>= 0); each data-parallel collective's exposed + hidden is itself
+    m, setup, eff, cluster, lays = case
+    p = fasttime.step_arrays(m, setup, layout_batch.LayoutArrays.from_layouts(lays), cluster, eff)
+    ga = p.grad_accum.astype(np.float64)
+    total = ga * p.micro_batch_s + p.bubble_s + p.comm_dp_s + p.dp_slowdown_s + p.optimizer_s
+    assert total.tolist() == p.step_time_s.tolist()
+    pipe = p.compute_s + p.comm_tp_s + p.comm_cp_s + p.comm_ep_s + p.comm_pp_s
+    assert (ga * p.micro_batch_s >= pipe * (1 - 1e-12)).all()
+    for i in range(0, len(lays), max(1, len(lays) // 10)):
+        dp = p.dp_collectives(i)
+        assert sum(c.exposed_s * c.times for c in dp) == pytest.approx(float(p.comm_dp_s[i]), rel=1e-12, abs=0)
+        for c in dp:
+            assert c.exposed_s + c.hidden_s == pytest.approx(c.seconds, rel=1e-12, abs=1e-300)
