@@ -56,335 +56,44 @@ Step time does not depend on offload, so every set-up is covered.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
-from functools import lru_cache
-from typing import NamedTuple
 
 import numpy as np
 
 from planner.errors import UserError
-from planner.hardware.placement import FALLBACK_INTRA_LATENCY_S, Cluster, axis_links
-from planner.hardware.topology import AXES
+from planner.hardware.placement import Cluster
 from planner.layouts.batch import RECOMPUTES, LayoutArrays, Unsupported
-from planner.layouts.groups import LayoutGroups, TableCache
-from planner.layouts.groups import Rows as _Rows
-from planner.layouts.groups import group as _group
+from planner.layouts.groups import LayoutGroups
 from planner.layouts.groups import rows as _rows
 from planner.layouts.layout import SHARDINGS, Layout
-from planner.memory.model import stage_layers
 from planner.models.spec import ModelSpec, ParamCount, count_params
 from planner.timing.collectives import Ring, hide, send_s
-from planner.timing.dp import hybrid_shard, optimizer_bytes_per_param, trained_split
+from planner.timing.degrees import (
+    BRANCH,
+    DEGREE_CACHE,
+    EXACT_INT,
+    N_VALS,
+    SLOTS,
+    Degrees,
+    SlowestMemo,
+    block_row,
+    degree_tables,
+    distinct_rows,
+)
 from planner.timing.efficiency import (
-    CROSS_ENTROPY_BYTES_PER_LOGIT,
-    CROSS_ENTROPY_FORWARD_SHARE,
     DEFAULT_EFFICIENCY,
     PLACEMENT_ORDERS,
     Efficiency,
 )
 from planner.timing.flops import flops_per_step
-from planner.timing.kernels import (
-    backward_layers,
-    gemm_time_s,
-    head_backward_gemms,
-    layer_time,
-    rates,
-)
 from planner.timing.parts import (
-    ALL_REDUCE,
     DP_TERMS,
     FSDP_GRAD_OP,
-    FSDP_HYBRID,
-    SHARD_3,
-    ZERO_12,
     StepArrays,
 )
 from planner.timing.step import StepTime
 from planner.training.setup import TrainingSetup
-
-EXACT_INT = 2**53          # integers below this convert to float64 exactly
-SLOTS = 3                  # the stages a pipeline's slowest can be: first, last, fullest
-N_VALS = 7                 # what _SlowestMemo keeps of a slowest stage: t, fwd, bwd, hidden, comm, and
-                           # one block's exposed cp and ep seconds
-
-
-
-def _branches() -> np.ndarray:
-    """The branch of each (ZeRO stage, sharding), indexed by 4 x stage + SHARDINGS index."""
-    out = np.zeros(4 * len(SHARDINGS), dtype=np.int64)
-    for stage in range(4):
-        for i, name in enumerate(SHARDINGS):
-            if stage == 3:
-                b = FSDP_HYBRID if name == "fsdp-hybrid" else SHARD_3
-            elif stage == 2 and name.startswith("fsdp"):
-                b = FSDP_GRAD_OP
-            elif stage in (1, 2):
-                b = ZERO_12
-            else:
-                b = ALL_REDUCE
-            out[len(SHARDINGS) * stage + i] = b
-    return out
-
-
-BRANCH = _branches()
-
-
-# ------------------------------------------------------------------ memoised tables
-
-class _SlowestMemo:
-    """The slowest stage (the max() of (time, fwd, bwd, comm, hidden, stage) over the stages) per block shape and
-    _Degrees.q_d, on each distinct set of tp, cp and ep links of the placement orders,
-    kept with a _Degrees entry: a search or sweep asks for the same ones again for other
-    micro-batches, accumulations and shardings. Block shapes are numbered in the order
-    they arrive (``local``: the block table's row -> that number)."""
-
-    def __init__(self, n_q_d: int, n_sets: int) -> None:
-        self.n_q_d, self.n_sets = n_q_d, n_sets
-        self.clear(None)
-
-    def clear(self, blocks: _Rows | None) -> None:
-        self.blocks = blocks                                # the block table whose rows these are
-        self.local = np.full(0, -1, dtype=np.int64)
-        self.n_local = 0
-        self.known = np.zeros(0, dtype=bool)
-        self.vals = np.zeros((self.n_sets, N_VALS, 0))      # t, fwd, bwd, hidden, comm, cp and ep per block
-        self.slot = np.zeros((self.n_sets, 0), dtype=np.int64)
-
-    def numbers(self, blocks: _Rows, block_rows: np.ndarray) -> np.ndarray:
-        """The numbers of the rows ``block_rows`` of the block table ``blocks``, making room
-        for new ones (and starting afresh on another block table: _rows() makes a new one
-        when it is full); a (block row, q_d)'s place in the tables is its number x n_q_d + q_d."""
-        if blocks is not self.blocks:
-            self.clear(blocks)
-        if len(self.local) <= int(block_rows.max()):
-            self.local = np.concatenate([self.local, np.full(int(block_rows.max()) + 1 - len(self.local), -1)])
-        local = self.local[block_rows]
-        if local.min() < 0:
-            new = np.unique(block_rows[local < 0])
-            self.local[new] = np.arange(self.n_local, self.n_local + len(new))
-            self.n_local += len(new)
-            more = len(new) * self.n_q_d
-            self.known = np.concatenate([self.known, np.zeros(more, dtype=bool)])
-            self.vals = np.concatenate([self.vals, np.zeros((self.n_sets, N_VALS, more))], axis=2)
-            self.slot = np.concatenate([self.slot, np.zeros((self.n_sets, more), dtype=np.int64)], axis=1)
-            local = self.local[block_rows]
-        return local
-
-
-def _distinct_rows(columns: Sequence[np.ndarray], rows: _Rows, fn: Callable[..., tuple],
-                   bounds: Sequence[tuple[int, int] | None] | None = None) -> np.ndarray:
-    """rows.lookup() of each distinct row of ``columns``, spread over every element, as a
-    (width, elements) array whose rows are contiguous. ``bounds``: as for fastscore._group()."""
-    inverse, first = _group(columns, bounds)
-    keys = list(zip(*(col[first].tolist() for col in columns)))
-    return np.take(np.ascontiguousarray(rows.lookup(keys, fn).T), inverse, axis=1)
-
-
-@lru_cache(maxsize=4096)
-def _stage_slots(n_layers: int, pp: int) -> tuple[tuple[int, int], ...]:
-    """(stage, layers) of the stages a pipeline's slowest can be, in increasing stage order."""
-    counts = stage_layers(n_layers, pp)
-    return tuple((s, counts[s]) for s in sorted({0, len(counts) - 1, counts.index(max(counts))}))
-
-
-# --------------------------------------------------- timing's collectives, on arrays
-
-# ------------------------------------------------------------------------ the step
-
-_BLOCK_FIELDS = ("fwd_s", "bwd_s", "attention_fwd_s", "tp_bytes", "tp_collectives", "cp_bytes", "cp_passes",
-                 "ep_bytes", "ep_all_to_alls")
-
-
-def _block_row(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Efficiency, kernels: str, tp: int,
-               sp: int, cp: int, ep: int, mb: int, rc: int) -> tuple[float, ...]:
-    """One block shape's LayerTime fields, then what the pipeline derives from the
-    micro-batch alone: the LM head and loss added to the last stage's forward and
-    backward, the bytes of the tp all-reduce at each pipeline edge and of a pipeline send."""
-    gpu, prec = cluster.gpu, setup.precision_spec
-    seq, h, a = setup.seq_len, m.d_model, prec.activation_bytes
-    key = Layout(tp=tp, sp=bool(sp), cp=cp, ep=ep, micro_batch=mb, seq_len=seq, recompute=RECOMPUTES[rc])
-    lt = layer_time(m, setup, key, kernels, gpu, eff)
-    r = rates(gpu, prec.compute_dtype, eff)
-    tokens = mb * seq / cp
-    head_fwd = gemm_time_s(tokens, m.vocab_size / tp, h, r.matmul_flops_per_s, r.hbm_bytes_per_s, prec.weight_bytes)
-    loss_s = tokens * m.vocab_size / tp * CROSS_ENTROPY_BYTES_PER_LOGIT / r.hbm_bytes_per_s
-    head_bwd = head_backward_gemms(setup.finetune)
-    return (*(float(getattr(lt, f)) for f in _BLOCK_FIELDS),
-            head_fwd + loss_s * CROSS_ENTROPY_FORWARD_SHARE,
-            head_bwd * head_fwd + loss_s * (1 - CROSS_ENTROPY_FORWARD_SHARE),
-            tokens * h * a, tokens * h * a / tp)
-
-
-class _Degrees(NamedTuple):
-    """What step_times_s() reads per distinct degrees (D: tp, cp, ep, dp, pp), as
-    (rows, D) tables."""
-
-    stage: np.ndarray          # (SLOTS, D): the stages a pipeline's slowest can be, -1: none
-    links: list[np.ndarray]    # per placement order (10, D): bus bandwidth, hop latency of each axis
-    optimizer_s: np.ndarray    # (2 x SLOTS x D): the optimizer update unsharded, sharded
-    c0: np.ndarray             # (orders x 5 branches x SLOTS x D): the data-parallel collectives' three terms (parts.DP_TERMS)
-    c1: np.ndarray
-    c2: np.ndarray
-    n_slots: int               # the slots some pipeline has
-    per_slot: np.ndarray       # (5 x n_slots, D): layers, pipeline edges, last stage, -inf if absent, backward layers
-    q_d: np.ndarray            # per D: its pipeline depth and tp, cp, ep links on every order, numbered 0, 1, ...
-    n_q_d: int
-    inner_of: tuple[int, ...]  # per order: its set of tp, cp, ep links (the first order with the same ones)
-    slowest: _SlowestMemo
-    pp_on: np.ndarray          # (orders, D): pp > 1 and a finite pipeline hop latency
-    pp_link: np.ndarray        # (2, orders, D): pipeline hop latency and bus bandwidth x bus fraction, and
-    pp_send: np.ndarray        # the same with latency 0.0 and bandwidth inf where not pp_on (sends add 0.0)
-
-
-# Degree tables kept across calls, per (model, set-up, cluster, efficiencies, placement
-# orders, distinct degrees): a search or a sweep scores the same GPU counts' layouts again
-# and again (other micro-batches, recomputation, ZeRO stages), and these tables are most
-# of a call's fixed cost. Least recently used first out.
-_DEGREE_CACHE = TableCache(max_entries=32, max_bytes=64 * 2**20)
-
-
-def _degree_tables(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: Cluster, eff: Efficiency,
-                   orders: list[tuple[str, ...]], degrees: tuple[np.ndarray, ...], degrees_key: bytes,
-                   any_hybrid: bool) -> _Degrees:
-    """_build_degrees(), or its answer for the same arguments from an earlier call
-    (``degrees_key``: LayoutGroups.degrees_key)."""
-    key = (m, pc, setup, cluster, eff, tuple(orders), any_hybrid, degrees_key)
-    hit = _DEGREE_CACHE.get(key)
-    if hit is not None:
-        return hit
-    out = _build_degrees(m, pc, setup, cluster, eff, orders, degrees, any_hybrid)
-    _DEGREE_CACHE.put(key, out)
-    return out
-
-
-def _build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: Cluster, eff: Efficiency,
-                   orders: list[tuple[str, ...]], degrees: tuple[np.ndarray, ...], any_hybrid: bool) -> _Degrees:
-    """Per distinct degrees: the stages that can be the slowest and their ranks'
-    parameters, each axis's links on each placement order, the optimizer update and the
-    data-parallel collectives of every sharding. Raises Unsupported for parameter bytes
-    too large to convert to floats exactly."""
-    tp, cp, ep, dp, pp = degrees
-    n_d = len(tp)
-    gpu, prec = cluster.gpu, setup.precision_spec
-    r = rates(gpu, prec.compute_dtype, eff)
-    bus = eff.bus_fraction
-    # ---- per D: the stages that can be the slowest, their ranks' parameters, the links;
-    # (slots, D) tables
-    ft = setup.finetune
-    wb = prec.weight_bytes
-
-    def stages_of(tp_: int, ep_: int, pp_: int) -> tuple[int, ...]:
-        """Per slot: the stage (-1: none), its layers, its blocks with a backward pass, its
-        rank's trainable dense and expert parameters, and its frozen dense and expert bytes
-        (timing.trained_split)."""
-        out = [-1] * SLOTS + [0] * (6 * SLOTS)
-        counts = stage_layers(m.n_layers, pp_)
-        for j, (s, c) in enumerate(_stage_slots(m.n_layers, pp_)):
-            sp = trained_split(m, pc, setup, Layout(tp=tp_, ep=ep_, pp=pp_), s, c)
-            n_bwd = backward_layers(ft, m.n_layers, sum(counts[:s]), c)
-            for i, x in enumerate((s, c, n_bwd, sp.trainable_dense, sp.trainable_expert, sp.frozen_dense_bytes,
-                                   sp.frozen_expert_bytes)):
-                out[i * SLOTS + j] = x
-        return tuple(out)
-
-    stage_d, layers_d, bwd_layers_d, dense, expert, frozen_dense, frozen_expert = np.split(
-        _distinct_rows([tp, ep, pp], _rows(7 * SLOTS, np.int64, "stages", m, pc, ft, wb), stages_of), 7)
-    if max(int(dense.max()), int(expert.max())) * 8 >= EXACT_INT or \
-            max(int(frozen_dense.max()), int(frozen_expert.max())) * 2 >= EXACT_INT:
-        raise Unsupported("a stage's parameter bytes are too large for exact float conversion")
-    dense, expert = dense.astype(np.float64), expert.astype(np.float64)       # trainable
-    frozen_dense, frozen_expert = frozen_dense.astype(np.float64), frozen_expert.astype(np.float64)
-
-    def links_of(*sizes: int) -> tuple[float, ...]:
-        out: list[float] = []
-        for order in orders:
-            lk = axis_links(cluster, sizes, order)
-            out += [x for ax in AXES for x in (lk[ax].bus_bytes_per_s, lk[ax].latency_s)]
-        return tuple(out)
-
-    keys = list(zip(tp.tolist(), cp.tolist(), ep.tolist(), dp.tolist(), pp.tolist()))
-    every = np.ascontiguousarray(_rows(10 * len(orders), np.float64, "links", cluster, tuple(orders))
-                                 .lookup(keys, links_of).T)
-    links = [every[10 * i:10 * i + 10] for i in range(len(orders))]      # per order: bw, lat of each axis
-
-    # ---- per D: the optimizer update unsharded and sharded (timing.optimizer_time_s), as
-    # (2, slots, D) flattened
-    moe = m.is_moe
-    n_dense, n_expert = dp * cp * ep, dp * cp
-    nd_f, ne_f = n_dense.astype(np.float64), n_expert.astype(np.float64)
-    per_param = optimizer_bytes_per_param(setup)
-    unsharded = dense + expert if moe else dense
-    sharded = dense / nd_f + expert / ne_f if moe else dense / nd_f
-    optimizer_s = np.concatenate([(unsharded * per_param / r.hbm_bytes_per_s).ravel(),
-                                  (sharded * per_param / r.hbm_bytes_per_s).ravel()])
-    g_b, w_b = eff.grad_reduce_bytes or prec.grad_bytes, prec.weight_bytes
-    has_frozen = bool(frozen_dense.any() or frozen_expert.any())
-    hybrid = None
-    if any_hybrid:
-        (inside,) = _distinct_rows([tp, n_dense], _rows(1, np.int64, "hybrid", gpu.gpus_per_node),
-                                   lambda tp_, dd: (hybrid_shard(Layout(tp=tp_, dp=dd), gpu.gpus_per_node),))
-        hybrid = (inside.astype(np.float64), np.maximum(1, n_dense // inside),
-                  Ring.of(inside, gpu.intra_node_bytes_per_s, FALLBACK_INTRA_LATENCY_S, bus, 1))
-
-    def dp_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The data-parallel collectives per (order, branch, slot, D), flattened: c0 once a step under
-        the backward, c1 under the forward, c2 under the backward."""
-        pick, cols = np.where(dp > 1, 6, np.where(cp > 1, 2, 4)), np.arange(n_d)   # dp, else cp, else ep link
-        bw = np.stack([lk[pick, cols] for lk in links])[:, None, :]          # (orders, 1, D)
-        lat = np.stack([lk[pick + 1, cols] for lk in links])[:, None, :]
-        ring_d = Ring.of(n_dense, bw, lat, bus, 1)
-
-        def over_dp(ring: Ring, ring_e: Ring | None, per: int, frozen: bool = False) -> np.ndarray:
-            """Trainable parameters x ``per`` bytes, plus the frozen base's bytes."""
-            out = ring.time_s(frozen_dense + dense * per if frozen else dense * per)
-            if ring_e is None:
-                return out
-            return out + ring_e.time_s(frozen_expert + expert * per if frozen else expert * per)
-
-        ring_e = Ring.of(n_expert, bw, lat, bus, 1) if moe else None
-        ag = over_dp(ring_d, ring_e, w_b)                   # the trainable weights (ZeRO-1/2)
-        ag_all = over_dp(ring_d, ring_e, w_b, True) if has_frozen else ag   # and the frozen (ZeRO-3, FSDP)
-        rs = ag if g_b == w_b else over_dp(ring_d, ring_e, g_b)
-        ar = over_dp(Ring.of(n_dense, bw, lat, bus, 2), Ring.of(n_expert, bw, lat, bus, 2) if moe else None, g_b)
-        zero = np.zeros_like(ag)
-        c0, c1, c2 = [ar, rs, zero, zero, zero], [zero, ag, ag_all, ag_all, zero], [zero, zero, rs, ag_all + rs, zero]
-        if hybrid is not None:
-            inside_f, across, intra = hybrid          # hybrid_shard ranks inside, replicas across
-            total = dense + expert
-            ag_h = intra.time_s((frozen_dense + frozen_expert) + total * w_b if has_frozen else total * w_b)
-            rs_h = intra.time_s(total * g_b)
-            c0[FSDP_HYBRID] = Ring.of(across, bw, lat, bus, 2).time_s(total * g_b / inside_f)
-            c1[FSDP_HYBRID], c2[FSDP_HYBRID] = ag_h, ag_h + rs_h
-        return tuple(np.stack([np.broadcast_to(x, ag.shape) for x in c], axis=1).ravel()  # type: ignore[return-value]
-                     for c in (c0, c1, c2))
-
-    # each stage slot's layers, pipeline edges (embedding, LM head), whether it is the last
-    # stage, -inf for a slot the pipeline does not have, and its blocks with a backward pass
-    n_slots = int((stage_d >= 0).any(axis=1).sum())
-    last = stage_d[:n_slots] == pp - 1
-    per_slot = np.concatenate([layers_d[:n_slots].astype(np.float64),
-                               (stage_d[:n_slots] == 0) + last.astype(np.float64), last.astype(np.float64),
-                               np.where(stage_d[:n_slots] >= 0, 0.0, -np.inf),
-                               bwd_layers_d[:n_slots].astype(np.float64)])
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        c0, c1, c2 = dp_tables()
-    # the degrees that give a stage the same time for the same block: the same depth (the
-    # stages and their layers) and the same tp, cp and ep links on every order
-    inner = np.concatenate([pp[None].astype(np.float64)] + [lk[:6] for lk in links]).T
-    numbers: dict[bytes, int] = {}
-    q_d = np.array([numbers.setdefault(row.tobytes(), len(numbers)) for row in inner], dtype=np.int64)
-    inner_of = []
-    for lk in links:
-        inner_of.append(next(j for j in range(len(links)) if np.array_equal(links[j][:6], lk[:6])))
-    every_order = np.stack(links)                                     # (orders, 10, D)
-    pp_on = (pp > 1) & ~np.isinf(every_order[:, 9])
-    pp_link = np.stack([every_order[:, 9], every_order[:, 8] * bus])
-    pp_send = np.stack([np.where(pp_on, pp_link[0], 0.0), np.where(pp_on, pp_link[1], np.inf)])
-    return _Degrees(stage_d, links, optimizer_s, c0, c1, c2, n_slots, per_slot, q_d, len(numbers), tuple(inner_of),
-                    _SlowestMemo(len(numbers), len(links)), pp_on, pp_link, pp_send)
-
-
 
 
 def _dp_step(branch: int, at: np.ndarray, c0: np.ndarray, c1: np.ndarray, c2: np.ndarray, fwd: np.ndarray,
@@ -422,7 +131,7 @@ def _dp_step(branch: int, at: np.ndarray, c0: np.ndarray, c1: np.ndarray, c2: np
     return step + opt, exposed, slow
 
 
-def _fill_slowest(memo: _SlowestMemo, at_miss: np.ndarray, qd: np.ndarray, q_blocks: np.ndarray, deg: _Degrees,
+def _fill_slowest(memo: SlowestMemo, at_miss: np.ndarray, qd: np.ndarray, q_blocks: np.ndarray, deg: Degrees,
                   tp: np.ndarray, cp: np.ndarray, ep: np.ndarray, bus: float, eff: Efficiency) -> None:
     """Work out the slowest stage of the Q rows not worked out before (their places
     ``at_miss`` in ``memo``; ``qd``: a D standing for each, ``q_blocks``: its block's
@@ -566,7 +275,7 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
     pair = g.pair
     pairs = np.flatnonzero(np.bincount(pair, minlength=4 * len(SHARDINGS)))   # the (ZeRO stage, sharding)s present
     any_hybrid = any(k % len(SHARDINGS) == SHARDINGS.index("fsdp-hybrid") for k in pairs.tolist())
-    deg = _degree_tables(m, pc, setup, cluster, eff, orders, g.degrees, g.degrees_key, any_hybrid)
+    deg = degree_tables(m, pc, setup, cluster, eff, orders, g.degrees, g.degrees_key, any_hybrid)
     links, optimizer_s, c0, c1, c2 = deg.links, deg.optimizer_s, deg.c0, deg.c1, deg.c2
 
     # ---- per P: a block (timing.layer_time) and the head, per distinct block shape
@@ -581,14 +290,14 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
     block_rows = _rows(13, np.float64, "block", m, setup, cluster, eff)
     b_row, blocks_t = block_rows.columns_of(
         (tp[b_d], sp_p[b_first], cp[b_d], ep[b_d], mb_p[b_first], rc_p[b_first], kern_d[b_d]),
-        lambda tp_, sp_, cp_, ep_, mb_, rc_, k_: _block_row(m, setup, cluster, eff, kernel_names[k_], tp_, sp_, cp_,
+        lambda tp_, sp_, cp_, ep_, mb_, rc_, k_: block_row(m, setup, cluster, eff, kernel_names[k_], tp_, sp_, cp_,
                                                           ep_, mb_, rc_))
     p2p_bytes = blocks_t[12][b_inv]
     p2p_positive = bool((blocks_t[12] > 0).all() and np.isfinite(blocks_t[12]).all())
     # ---- per Q: the P rows with the same block shape, pipeline depth and tp, cp and ep
-    # links on every order (_Degrees.q_d) have the same slowest stage, whatever their dp,
+    # links on every order (Degrees.q_d) have the same slowest stage, whatever their dp,
     # vp and accumulation: it is worked out once per Q, when first asked for, and kept
-    # (_SlowestMemo); each P reads its Q's
+    # (SlowestMemo); each P reads its Q's
     memo = deg.slowest
     at_p = memo.numbers(block_rows, b_row)[b_inv] * memo.n_q_d + deg.q_d[pd]     # each P's Q in the memo
     known = memo.known[at_p]
@@ -693,7 +402,7 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
         compute = ga * (fwd_l + bwd_l)
         bubble = bubble_share[p_inv] * t_mb_l
     n_seq = a.micro_batch * a.grad_accum * a.dp * a.ep
-    flops = _distinct_rows([n_seq, a.recompute], _rows(2, np.float64, "flops", m, setup.seq_len),
+    flops = distinct_rows([n_seq, a.recompute], _rows(2, np.float64, "flops", m, setup.seq_len),
                            lambda n_, rc_: _flops_row(m, setup.seq_len, n_, rc_))
     return StepArrays(orders=tuple(orders), order=idx, step_time_s=step_o[idx, cols], compute_s=compute,
                       comm_tp_s=comm_tp, comm_cp_s=(ga * n_slow_l) * cp_l, comm_ep_s=(ga * n_slow_l) * ep_l,
@@ -716,7 +425,7 @@ def _flops_row(m: ModelSpec, seq_len: int, n_sequences: int, recompute: int) -> 
 def forget_tables() -> None:
     """Drop the degree tables kept across calls, so that the next call builds them again;
     the per-shape tables and the topology's links stay. For benchmarks."""
-    _DEGREE_CACHE.clear()
+    DEGREE_CACHE.clear()
 
 
 def step_times(m: ModelSpec, setup: TrainingSetup, layouts: Sequence[Layout], cluster: Cluster,
