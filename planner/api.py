@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from planner.errors import UserError
@@ -12,7 +12,7 @@ from planner.layouts.layout import Layout, SearchSpace, grad_accum_for, reject_r
 from planner.models.spec import ModelSpec, ParamCount, count_params
 from planner.search.search import Candidate, SearchResult, gpu_counts, search
 from planner.memory.model import min_model_state_bytes_per_param
-from planner.timing.model import Cluster, Efficiency, cluster_for, scale_up_domain_gpus, step_time
+from planner.timing.model import Cluster, Efficiency, StepTime, cluster_for, scale_up_domain_gpus, step_time
 from planner.training.setup import MAX_GPUS, TrainingSetup
 from planner.units import ceil_div
 
@@ -103,11 +103,12 @@ def plan(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, space: SearchSpace = 
     if space.max_tp is None:    # tp may span the NVLink domain (72 GPUs on an NVL72 rack)
         space = replace(space, max_tp=max(gpu.gpus_per_node, scale_up_domain_gpus(cluster)))
 
-    def timer(lay: Layout):  # noqa: ANN202
-        return step_time(m, setup, lay, cluster, efficiency, pc)
+    def batch_timer(layouts: Sequence[Layout]) -> list[StepTime]:
+        from planner.timing.fast import step_times     # numpy: only once there is something to time
+        return step_times(m, setup, layouts, cluster, efficiency, pc)
 
     host_cap, nvme_cap = host_capacities(cluster)
-    res = search(m, setup, cap, gpu.gpus_per_node, counts, space, timer=timer,
+    res = search(m, setup, cap, gpu.gpus_per_node, counts, space, batch_timer=batch_timer,
                  host_capacity_bytes=host_cap, nvme_capacity_bytes=nvme_cap, progress=progress)
     floor = ceil_div(int(min_model_state_bytes_per_param(setup) * pc.total), cap)
     fits_from = None

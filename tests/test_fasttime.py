@@ -1,9 +1,9 @@
-"""planner.timing.fast scores step times as arrays; they must be timing.step_time's, layout
-for layout (hypothesis: random models, set-ups, efficiencies, GPUs, topologies, GPU counts
-and search spaces).
-
-The arrays mirror timing's arithmetic operation by operation, so the floats come out the
-same; the tests allow a relative 1e-12 all the same, far below anything a plan reads.
+"""planner.timing.fast is the one step-time model, on a batch of layouts; timing.step_time()
+is its batch of one. A layout's terms must not depend on what else is in the batch nor on its
+order: on random models, set-ups, efficiencies, GPUs, topologies, GPU counts and search
+spaces (hypothesis), each layout's step time and whole StepTime from a big batch equal its
+batch of one's, exactly (the tests that allow a relative 1e-12 allow it all the same). The
+referee tests (papers, published runs) are in tests/test_timing.py and bench/.
 """
 
 from __future__ import annotations
@@ -246,3 +246,58 @@ def test_a_batch_of_one_is_a_row_of_the_batch_in_any_order(case, rng):
     shuffled = fasttime.step_times_s(m, setup, layout_batch.LayoutArrays.from_layouts([lays[i] for i in order]),
                                      cluster, eff)
     assert shuffled.tolist() == whole[order].tolist()
+
+
+@PROPS
+@given(cases())
+def test_batched_step_times_are_step_time(case):
+    # fasttime.step_times (the search's batched timer) reads each layout's StepTime off a row
+    # of the batch's named parts (step_arrays): the whole StepTime, every term and the
+    # placement included, is step_time()'s (the batch of one)
+    m, setup, eff, cluster, lays = case
+    sample = lays[:: max(1, len(lays) // 40)]
+    got = fasttime.step_times(m, setup, sample, cluster, eff)
+    assert got == [step_time(m, setup, lay, cluster, eff) for lay in sample]
+
+
+def test_search_with_the_batched_timer_finds_what_the_per_layout_timer_finds():
+    # api.plan times a count's fitting layouts in one call (search(batch_timer=...)): the
+    # same candidates, times and ranking as timing each with step_time() (search(timer=...))
+    from planner import api
+    from planner.search.search import search
+
+    for name, gpu_name, setup in (("llama3.1-70b", "h100", TrainingSetup()),
+                                  ("llama3.1-8b", "a100", TrainingSetup(global_batch=64)),
+                                  ("llama3.1-8b", "h100", TrainingSetup(finetune=FinetuneSpec.named("qlora")))):
+        m, gpu = load_model(name), get_gpu(gpu_name)
+        r = api.plan(m, gpu, setup)
+        cluster, pc = r.cluster, count_params(m)
+        space = SearchSpace(max_tp=gpu.gpus_per_node)
+        host, nvme = api.host_capacities(cluster)
+        one_by_one = search(m, setup, r.capacity_bytes, gpu.gpus_per_node, r.result.counts_tried, space,
+                            timer=lambda lay, m=m, setup=setup, cluster=cluster, eff=r.efficiency, pc=pc:
+                            step_time(m, setup, lay, cluster, eff, pc),
+                            host_capacity_bytes=host, nvme_capacity_bytes=nvme)
+        assert one_by_one.n_gpus == r.result.n_gpus
+        assert one_by_one.fitting == r.result.fitting
+
+
+@PROPS
+@given(cases())
+def test_named_parts_add_up_to_the_step(case):
+    # StepArrays' terms are the step's (Narayanan et al. 2021, Sec. 2.2): m t_mb + bubble
+    # + exposed data-parallel seconds + their overlap slowdown + optimizer, in that order
+    # (so exactly); m t_mb is the compute, the exposed tp/cp/ep/pp seconds and the slowdown
+    # of what they hide (>= 0); each data-parallel collective's exposed + hidden is itself
+    m, setup, eff, cluster, lays = case
+    p = fasttime.step_arrays(m, setup, layout_batch.LayoutArrays.from_layouts(lays), cluster, eff)
+    ga = p.grad_accum.astype(np.float64)
+    total = ga * p.micro_batch_s + p.bubble_s + p.comm_dp_s + p.dp_slowdown_s + p.optimizer_s
+    assert total.tolist() == p.step_time_s.tolist()
+    pipe = p.compute_s + p.comm_tp_s + p.comm_cp_s + p.comm_ep_s + p.comm_pp_s
+    assert (ga * p.micro_batch_s >= pipe * (1 - 1e-12)).all()
+    for i in range(0, len(lays), max(1, len(lays) // 10)):
+        dp = p.dp_collectives(i)
+        assert sum(c.exposed_s * c.times for c in dp) == pytest.approx(float(p.comm_dp_s[i]), rel=1e-12, abs=0)
+        for c in dp:
+            assert c.exposed_s + c.hidden_s == pytest.approx(c.seconds, rel=1e-12, abs=1e-300)

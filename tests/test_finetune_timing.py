@@ -11,9 +11,10 @@ from planner.hardware.gpus import get_gpu
 from planner.layouts.layout import Layout
 from planner.memory.model import rank_params
 from planner.models.spec import count_params, load_model
-from planner.timing.model import (Efficiency, dp_collectives, layer_key, all_reduce_s, axis_links, cluster_for,
-                            frozen_block_extra_s, gemm_time_s, layer_time, optimizer_bytes_per_param, rates, step_time,
-                            trained_split)
+from planner.layouts.batch import LayoutArrays
+from planner.timing.model import (Efficiency, layer_key, all_reduce_s, axis_links, cluster_for,
+                            frozen_block_extra_s, gemm_time_s, layer_time, optimizer_bytes_per_param, rates, step_arrays,
+                            step_time, trained_split)
 from planner.training.setup import TrainingSetup
 
 LORA16 = FinetuneSpec.named("lora", rank=16)
@@ -101,9 +102,9 @@ def test_data_parallel_gradients_are_the_adapters():
     assert sp.trainable == n_trainable_params(m, LORA16)
     links = axis_links(cluster_for(gpu), (1, 1, 1, 8, 1))
     prec = setup.precision_spec
-    ((ar, window, _, _),) = dp_collectives(lay, sp, links, EFF, gpu, prec)
-    assert window == "bwd"
-    assert ar == all_reduce_s(sp.trainable * prec.grad_bytes, 8, links["dp"], EFF)
+    (ar,) = step_arrays(m, setup, LayoutArrays.from_layouts([lay]), cluster_for(gpu), EFF, pc).dp_collectives(0)
+    assert ar.window == "bwd" and ar.times == 1
+    assert ar.seconds == all_reduce_s(sp.trainable * prec.grad_bytes, 8, links["dp"], EFF)
 
 
 def test_zero3_gathers_the_4bit_base():
@@ -114,11 +115,11 @@ def test_zero3_gathers_the_4bit_base():
     sp = trained_split(m, pc, _setup(qlora), lay, 0, m.n_layers)
     # blocks at NF4 (about 0.5 B per weight), embedding and LM head in 16 bits
     assert 0.27 * 2 * pc.total < sp.frozen_bytes < 0.35 * 2 * pc.total
-    links = axis_links(cluster_for(gpu), (1, 1, 1, 8, 1))
-    comms = dp_collectives(lay, sp, links, EFF, gpu, _setup(qlora).precision_spec)
-    full = dp_collectives(lay, trained_split(m, pc, _setup(FinetuneSpec()), lay, 0, m.n_layers), links, EFF, gpu,
-                     _setup(FinetuneSpec()).precision_spec)
-    assert comms[0][0] < 0.4 * full[0][0]
+    # the forward all-gather of the 4-bit base against full training's 16-bit weights
+    comms, full = (step_arrays(m, _setup(ft, seq_len=512), LayoutArrays.from_layouts([lay]), cluster_for(gpu), EFF,
+                               pc).dp_collectives(0) for ft in (qlora, FinetuneSpec()))
+    assert comms[0].window == "fwd" and comms[0].times == 2
+    assert comms[0].seconds < 0.4 * full[0].seconds
 
 
 def test_full_training_split_is_every_parameter():

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from planner.hardware.placement import Cluster
+from planner.layouts.batch import LayoutArrays
 from planner.layouts.layout import Layout
 from planner.models.spec import ModelSpec, ParamCount
 from planner.report.terms import (
@@ -30,9 +31,15 @@ from planner.timing.model import (
     MATMUL_FRACTION_DEFAULT,
     Efficiency,
     StepTime,
+    axis_links,
+    block_kernels,
     head_backward_gemms,
+    layer_key,
+    layer_time,
     optimizer_bytes_per_param,
-    step_parts,
+    rates,
+    step_arrays,
+    trained_split,
 )
 from planner.training.setup import TrainingSetup, optimizer_state_bytes_per_param
 
@@ -73,13 +80,18 @@ def _link(links: dict[str, Any], axis: str) -> dict[str, Any]:
 
 def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster, eff: Efficiency,
                pc: ParamCount, st: StepTime) -> list[Term]:
-    """The parts of timing.step_time() for ``lay`` on the placement it chose."""
+    """The parts of timing.step_time() for ``lay`` on the placement it chose, read off the
+    batched model's named parts (timing.parts.StepArrays) for that one layout."""
     gpu = cluster.gpu
     prec = setup.precision_spec
-    parts = step_parts(m, setup, lay, cluster, eff, pc, st.placement)
-    p, lt = parts.pipeline, parts.block
+    parts = step_arrays(m, setup, LayoutArrays.from_layouts([lay]), cluster, eff, pc, [st.placement])
+    lt = layer_time(m, setup, layer_key(lay), block_kernels(setup, lay), gpu, eff)
+    links = axis_links(cluster, (lay.tp, lay.cp, lay.ep, lay.dp, lay.pp), st.placement)
+    fwd_mb, bwd_mb, t_mb = float(parts.fwd_mb_s[0]), float(parts.bwd_mb_s[0]), float(parts.micro_batch_s[0])
+    n_slow, n_slow_bwd, slow_stage = int(parts.n_slow[0]), int(parts.n_slow_bwd[0]), int(parts.slow_stage[0])
+    comm_s = {ax: float(parts.comm(ax)[0]) for ax in ("tp", "cp", "ep", "pp")}
     n_mb = lay.grad_accum
-    r = p.rates
+    r = rates(gpu, prec.compute_dtype, eff)
     top = cluster.topology
     link_src = (f"topology {top.name}: {top.intra_node.source}; {top.network.source}" if top is not None
                 else f"GPU catalog (no topology): {gpu.source}")
@@ -88,15 +100,14 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
     # figures the summed terms use
     dtype = prec.compute_dtype
     peak = gpu.peak_flops_per_s(dtype)
-    fl = parts.flops
     n_active = pc.active
     out += [
         _time("flops", "model FLOPs per step (no recomputation)", "3 x tokens x (L x block forward + LM head), "
-              "2 FLOPs per multiply-add", fl.model_flops, FLOPS, unit="FLOPs", summed=False,
+              "2 FLOPs per multiply-add", st.model_flops, FLOPS, unit="FLOPs", summed=False,
               tokens_per_step=st.tokens_per_step, n_layers_L=m.n_layers, d_model_h=m.d_model,
               seq_len_s=lay.seq_len, vocab_V=m.vocab_size),
         _time("flops", f"hardware FLOPs per step (recompute {lay.recompute})", "model FLOPs + recomputed forward",
-              fl.hardware_flops, FLOPS, unit="FLOPs", summed=False),
+              st.hardware_flops, FLOPS, unit="FLOPs", summed=False),
         _time("flops", "Kaplan's 6N estimate, for comparison", "6 x active params x tokens",
               6 * n_active * st.tokens_per_step, KAPLAN, unit="FLOPs", summed=False,
               active_params_N=n_active, tokens_per_step=st.tokens_per_step),
@@ -122,85 +133,86 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
     for axis in ("tp", "cp", "ep", "dp", "pp"):
         size = {"tp": lay.tp, "cp": lay.cp, "ep": lay.ep, "dp": lay.dp, "pp": lay.pp}[axis]
         if size > 1:
-            ln = p.links[axis]
+            ln = links[axis]
             out.append(_time("links", f"{axis} groups of {size}: bus bandwidth per GPU",
                              "ring bandwidth of the topology graph, every group of the axis at once",
                              ln.bus_bytes_per_s, link_src, unit="bytes/s", summed=False, latency_s=ln.latency_s,
                              placement="-".join(st.placement)))
 
     # the step: m (t_mb) + bubble + dp + optimizer
-    head = p.fwd_mb - p.n_slow * lt.fwd_s
+    head = fwd_mb - n_slow * lt.fwd_s
     out.append(_time("compute", "forward compute", "m x (L_stage x block forward + LM head and loss on the last stage)",
-                     n_mb * p.fwd_mb, LAYER_TIME, micro_batches_m=n_mb, blocks_on_slowest_stage=p.n_slow,
-                     block_forward_s=lt.fwd_s, head_and_loss_forward_s=head, slowest_stage=p.slow_stage))
+                     n_mb * fwd_mb, LAYER_TIME, micro_batches_m=n_mb, blocks_on_slowest_stage=n_slow,
+                     block_forward_s=lt.fwd_s, head_and_loss_forward_s=head, slowest_stage=slow_stage))
     out.append(_time("compute", f"backward compute (recompute {lay.recompute})",
-                     "m x (L_backward x block backward + LM head and loss backward)", n_mb * p.bwd_mb, LAYER_TIME,
-                     micro_batches_m=n_mb, blocks_with_backward=p.n_slow_bwd, block_backward_s=lt.bwd_s,
+                     "m x (L_backward x block backward + LM head and loss backward)", n_mb * bwd_mb, LAYER_TIME,
+                     micro_batches_m=n_mb, blocks_with_backward=n_slow_bwd, block_backward_s=lt.bwd_s,
                      head_backward_gemms=head_backward_gemms(setup.finetune),
-                     head_and_loss_backward_s=p.bwd_mb - p.n_slow_bwd * lt.bwd_s))
+                     head_and_loss_backward_s=bwd_mb - n_slow_bwd * lt.bwd_s))
     ar = "AR(S, n) = 2(n-1) alpha + 2(n-1)/n x S / (B x bus fraction)"
     if lay.tp > 1:
         out.append(_time("communication", "tensor-parallel all-reduces, exposed",
-                         f"m x (L_stage x k + edges) x AR(S, tp) x (1 - tp overlap); {ar}", p.comm_s["tp"],
-                         f"{TP_COMM}; {RING}; {link_src}", micro_batches_m=n_mb, blocks=p.n_slow,
+                         f"m x (L_stage x k + edges) x AR(S, tp) x (1 - tp overlap); {ar}", comm_s["tp"],
+                         f"{TP_COMM}; {RING}; {link_src}", micro_batches_m=n_mb, blocks=n_slow,
                          collectives_per_block_k=lt.tp_collectives, bytes_per_collective_S=lt.tp_bytes, tp=lay.tp,
-                         bus_fraction=eff.bus_fraction, tp_overlap=eff.tp_overlap, **_link(p.links, "tp")))
+                         bus_fraction=eff.bus_fraction, tp_overlap=eff.tp_overlap, **_link(links, "tp")))
     if lay.cp > 1:
         out.append(_time("communication", "context-parallel K/V ring sends, exposed",
                          "m x L_stage x max(0, passes x (cp-1) x send(S) - cp overlap x attention time); "
-                         "send(S) = alpha + S / (B x bus fraction)", p.comm_s["cp"],
+                         "send(S) = alpha + S / (B x bus fraction)", comm_s["cp"],
                          f"Liu et al. 2023, Ring Attention, arXiv:2310.01889; {link_src}", micro_batches_m=n_mb,
-                         blocks=p.n_slow, bytes_per_send_S=lt.cp_bytes, passes=lt.cp_passes, cp=lay.cp,
-                         cp_overlap=eff.cp_overlap, **_link(p.links, "cp")))
+                         blocks=n_slow, bytes_per_send_S=lt.cp_bytes, passes=lt.cp_passes, cp=lay.cp,
+                         cp_overlap=eff.cp_overlap, **_link(links, "cp")))
     if lt.ep_bytes:
         out.append(_time("communication", "expert-parallel all-to-alls, exposed",
                          "m x L_stage x k x AG(S, ep) x (1 - ep overlap); AG(S, n) = (n-1) alpha + (n-1)/n S/(B f)",
-                         p.comm_s["ep"], f"{RING}; {link_src}", micro_batches_m=n_mb, blocks=p.n_slow,
+                         comm_s["ep"], f"{RING}; {link_src}", micro_batches_m=n_mb, blocks=n_slow,
                          all_to_alls_per_block_k=lt.ep_all_to_alls, bytes_S=lt.ep_bytes, ep=lay.ep,
-                         ep_overlap=eff.ep_overlap, **_link(p.links, "ep")))
+                         ep_overlap=eff.ep_overlap, **_link(links, "ep")))
     if lay.pp > 1:
         out.append(_time("communication", "pipeline sends, exposed",
                          "m x 2 v x send(b s h a / t) x (1 - pp overlap); send(S) = alpha + S / (B x bus fraction)",
-                         p.comm_s["pp"], f"{BUBBLE}; {link_src}", micro_batches_m=n_mb, vp=lay.vp,
-                         pp_overlap=eff.pp_overlap, **_link(p.links, "pp")))
-    exposed = sum(p.comm_s[ax] for ax in ("tp", "cp", "ep", "pp"))
-    slow_pipe = n_mb * p.t_mb - n_mb * (p.fwd_mb + p.bwd_mb) - exposed
-    if slow_pipe > 1e-12 * n_mb * p.t_mb:
+                         comm_s["pp"], f"{BUBBLE}; {link_src}", micro_batches_m=n_mb, vp=lay.vp,
+                         pp_overlap=eff.pp_overlap, **_link(links, "pp")))
+    exposed = sum(comm_s[ax] for ax in ("tp", "cp", "ep", "pp"))
+    slow_pipe = n_mb * t_mb - n_mb * (fwd_mb + bwd_mb) - exposed
+    if slow_pipe > 1e-12 * n_mb * t_mb:
         out.append(_time("communication", "slowdown of compute under hidden tp/cp/ep/pp communication",
                          "overlap slowdown x hidden seconds (= m x t_mb - compute - exposed)", slow_pipe, OVERLAP,
-                         overlap_slowdown=eff.overlap_slowdown, micro_batch_time_t_mb_s=p.t_mb))
+                         overlap_slowdown=eff.overlap_slowdown, micro_batch_time_t_mb_s=t_mb))
     if lay.pp > 1:
-        out.append(_time("bubble", "pipeline bubble", "(p - 1) / v x t_mb", p.bubble_s, BUBBLE, pp_p=lay.pp,
-                         vp_v=lay.vp, micro_batch_time_t_mb_s=p.t_mb))
+        out.append(_time("bubble", "pipeline bubble", "(p - 1) / v x t_mb", st.bubble_s, BUBBLE, pp_p=lay.pp,
+                         vp_v=lay.vp, micro_batch_time_t_mb_s=t_mb))
 
-    rp = parts.trained
+    rp = trained_split(m, pc, setup, lay, slow_stage, n_slow)
+    dp = parts.dp_collectives(0)
     names = DP_NAMES[_dp_kind(lay)]
     g_b = eff.grad_reduce_bytes or prec.grad_bytes
     axis = "dp" if lay.dp > 1 else ("cp" if lay.cp > 1 else "ep")
     hidden_total = 0.0
-    for i, c in enumerate(parts.dp):
+    for i, c in enumerate(dp):
         exposed_s, hidden_s, per_mb = c.exposed_s, c.hidden_s, c.per_micro_batch
         raw_s, window, overlap = c.seconds, c.window, c.overlap
         if raw_s == 0:
             continue
-        times = parts.occurrences(c)
+        times = c.times
         hidden_total += hidden_s * times
-        name = names[i] if len(names) == len(parts.dp) else f"data-parallel collective {i + 1}"
+        name = names[i] if len(names) == len(dp) else f"data-parallel collective {i + 1}"
         out.append(_time("communication", f"{name}, exposed",
                          f"{'m x ' if per_mb else ''}max(0, C - overlap x {window} time of a micro-batch); "
                          "C = ring collective of Psi x bytes over N_d ranks: (n-1) alpha + (n-1)/n S/(B f) "
                          "(all-reduce: twice)", exposed_s * times, f"{ZERO}; {RING}; {link_src}",
-                         collective_C_s=raw_s, overlap=overlap, window_s=p.fwd_mb if window == "fwd" else p.bwd_mb,
+                         collective_C_s=raw_s, overlap=overlap, window_s=fwd_mb if window == "fwd" else bwd_mb,
                          times=times, trainable_dense_params=rp.trainable_dense,
                          trainable_expert_params=rp.trainable_expert, frozen_weight_bytes=rp.frozen_bytes,
                          bytes_per_weight=prec.weight_bytes, bytes_per_gradient=g_b,
                          N_d=lay.dense_shard_degree, N_e=lay.expert_shard_degree,
-                         bus_fraction=eff.bus_fraction, **(_link(p.links, axis) if lay.n_gpus > 1 else {})))
+                         bus_fraction=eff.bus_fraction, **(_link(links, axis) if lay.n_gpus > 1 else {})))
     if hidden_total:
         out.append(_time("communication", "slowdown of compute under hidden data-parallel communication",
-                         "overlap slowdown x hidden seconds", parts.dp_slowdown_s, OVERLAP,
+                         "overlap slowdown x hidden seconds", float(parts.dp_slowdown_s[0]), OVERLAP,
                          overlap_slowdown=eff.overlap_slowdown, hidden_s=hidden_total))
-    opt_s = parts.optimizer_s
+    opt_s = st.optimizer_s
     sharded = lay.zero_stage >= 1
     out.append(_time("optimizer", "optimizer update",
                      "(Psi / N_d + Psi_e / N_e) x (2 x (master + optimizer state bytes) + gradient + weight bytes) "

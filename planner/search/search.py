@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from planner.layouts.layout import Layout, SearchSpace, enumerate_layouts
@@ -159,11 +159,14 @@ def search(m: ModelSpec, setup: TrainingSetup, capacity_bytes: int, gpus_per_nod
            counts: Iterable[int], space: SearchSpace = SearchSpace(),
            timer: Callable[[Layout], StepTime] | None = None,
            host_capacity_bytes: int | None = None, nvme_capacity_bytes: int | None = None,
-           progress: Callable[[int, int, int], None] | None = None) -> SearchResult:
+           progress: Callable[[int, int, int], None] | None = None,
+           batch_timer: Callable[[Sequence[Layout]], Sequence[StepTime]] | None = None) -> SearchResult:
     """Walk the GPU counts in order and stop at the first that has a fitting layout.
 
     ``timer`` predicts the step time of a layout; it runs on the fitting layouts only,
-    which are then ranked by it (rank_key). ``host_capacity_bytes`` is a node's CPU
+    which are then ranked by it (rank_key). ``batch_timer``, where given, is used instead:
+    it predicts the step times of all the fitting layouts of a count in one call (in their
+    order; planner.timing.fast.step_times). ``host_capacity_bytes`` is a node's CPU
     memory (``nvme_capacity_bytes`` its NVMe): a layout whose offloaded states need more
     per node does not fit. ``progress(n_gpus, i, n_counts)`` is called before the i-th
     count (from 0) is searched, for a progress bar."""
@@ -186,7 +189,10 @@ def search(m: ModelSpec, setup: TrainingSetup, capacity_bytes: int, gpus_per_nod
         if least is not None and (smallest is None or least.memory.total < smallest.memory.total):
             smallest = least
         fitting = [c for c in cands if c.fits]
-        if timer is not None:
+        if batch_timer is not None and fitting:
+            times = batch_timer([c.layout for c in fitting])
+            fitting = [replace(c, time=t) for c, t in zip(fitting, times, strict=True)]
+        elif timer is not None:
             fitting = [replace(c, time=timer(c.layout)) for c in fitting]
         fitting.sort(key=rank_key)
         if fitting:

@@ -8,7 +8,8 @@ sweep() keeps the ``keep`` fastest per count. On each count it enumerates the va
 layouts as one batch (planner.layouts.batch), sizes them as one batch where the memory
 model can (_batch_totals) and times every one of them as one batch
 (planner.timing.fast.step_times_s); it then walks the layouts that fit in order of step
-time and builds full breakdowns (memory and StepTime) only for the few it keeps.
+time, builds memory breakdowns only for the few it keeps and reads their StepTime off one
+batch of every count's kept layouts (planner.timing.fast.step_times).
 """
 
 from __future__ import annotations
@@ -25,14 +26,13 @@ from planner.layouts.layout import SearchSpace, enumerate_layouts
 from planner.memory.model import memory_floor_bytes, min_model_state_bytes_per_param
 from planner.models.spec import ModelSpec, ParamCount, count_params
 from planner.search.search import Candidate, evaluate, rank_key
-from planner.timing.fast import step_times_s
-from planner.timing.model import DEFAULT_EFFICIENCY, Efficiency, step_time
+from planner.timing.fast import step_times, step_times_s
+from planner.timing.model import DEFAULT_EFFICIENCY, Efficiency
 from planner.training.finetune import FinetuneSpec
 from planner.training.setup import TrainingSetup
 
 DEFAULT_SPACE = SearchSpace()
 FULL_TRAINING = FinetuneSpec()
-NEAR = 1e-9        # relative: batched step times within this of the bar are checked one by one
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -101,14 +101,12 @@ def _fastest_on_count(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, n: i
         arrays_fit = arrays
     times = step_times_s(m, setup, arrays_fit, cluster, eff, pc)
     order = np.argsort(times, kind="stable")           # ties: enumeration order
-    best: list[Candidate] = []
+    best: list[tuple[tuple, int, Candidate]] = []      # (rank_key, row, candidate), best first
     sized = 0
     for i in order.tolist():
         # rank_key orders by step time first: once ``keep`` are kept, a slower layout
-        # can displace none of them (the batch's times agree with step_time()'s to
-        # 1e-12, tests/test_fasttime.py: the walk goes on through the near-equal ones, and
-        # the kept ones are ranked by step_time()'s own)
-        if len(best) >= keep and times[i] > best[keep - 1].time.step_time_s * (1 + NEAR):  # type: ignore[union-attr]
+        # can displace none of them (equal times go on: rank_key's other fields decide)
+        if len(best) >= keep and times[i] > best[keep - 1][0][0]:
             break
         lay = arrays_fit.layout(i, setup.seq_len)
         if totals is None and memory_floor_bytes(m, setup, lay, pc, gpn) > capacity_bytes:
@@ -117,11 +115,12 @@ def _fastest_on_count(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, n: i
         sized += 1
         if not c.fits:
             continue
-        c = replace(c, time=step_time(m, setup, lay, cluster, eff, pc))
-        keys = [rank_key(b) for b in best]
-        best.insert(bisect.bisect(keys, rank_key(c)), c)
+        key = (float(times[i]), *rank_key(c)[1:])       # rank_key of c with its step time
+        best.insert(bisect.bisect([k for k, _, _ in best], key), (key, i, c))
         del best[keep:]
-    return CountBest(n_gpus=n, fastest=tuple(best), n_shapes=len(arrays), n_timed=len(arrays_fit), n_sized=sized)
+    # (their StepTime: sweep() reads it off one batch of every count's kept layouts)
+    return CountBest(n_gpus=n, fastest=tuple(c for _, _, c in best), n_shapes=len(arrays), n_timed=len(arrays_fit),
+                     n_sized=sized)
 
 
 def sweep(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, counts: Iterable[int], capacity_bytes: int,
@@ -142,4 +141,7 @@ def sweep(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, counts: Iterable
             continue
         out.append(_fastest_on_count(m, setup, cluster, n, capacity_bytes, space, eff, keep, pc,
                                      host_capacity_bytes, nvme_capacity_bytes))
-    return out
+    # the kept layouts' StepTime, as rows of one batch (a row does not depend on the batch:
+    # each step time is the one the count was ranked by)
+    times = iter(step_times(m, setup, [c.layout for cb in out for c in cb.fastest], cluster, eff, pc))
+    return [replace(cb, fastest=tuple(replace(c, time=next(times)) for c in cb.fastest)) for cb in out]

@@ -1,439 +1,137 @@
-"""Step times of many layouts at once, as numpy arrays.
+"""The step time of many layouts at once, as numpy arrays: the one step-time model.
 
-planner.timing.model.step_time() times one layout (about 150 us once its placements are
-cached): it builds a LayerTime, the links of each placement, a PipelinePart and a StepTime
-object per layout. step_times_s() returns the same step_time_s for every layout of a
-LayoutArrays (planner.memory.fast), and score() memory and step time together; in four
-levels:
+A step of a layout on one placement order is (Narayanan et al. 2021, arXiv:2104.04473,
+Sec. 2.2)
+
+    m t_mb + (p-1)/v t_mb + dp exposed + overlap slowdown x dp hidden + optimizer
+
+with m the micro-batches, p the stages, v the virtual stages and t_mb one micro-batch on the
+slowest of the first, the last and the fullest stage: its blocks' forward and backward
+(kernels.layer_time), the LM head and loss on the last stage, the exposed tensor-parallel
+all-reduces (two per pipeline edge besides the blocks'), context-parallel K/V ring sends
+(what the attention time does not hide) and expert-parallel all-to-alls, 2 v pipeline sends,
+and overlap slowdown x whatever of those is hidden. The data-parallel collectives are those
+of the sharding (ZeRO, Rajbhandari et al. 2020, arXiv:1910.02054, Sec. 5; FSDP, Zhao et al.
+2023, arXiv:2304.11277, Sec. 3; parts.DP_TERMS), each hidden under the slowest stage's
+forward or backward up to its overlap share; the optimizer update moves
+dp.optimizer_bytes_per_param() per trainable parameter of the rank's shard at the HBM rate.
+Each layout takes the fastest of the placement orders (the first of equals).
+step_arrays() returns every term (parts.StepArrays), step_times_s() the step time alone,
+step_time() one layout's StepTime (the batch of one). The work runs on four levels:
 
 - per distinct degrees (D: tp, cp, ep, dp, pp): each axis's bus bandwidth and hop
   latency over the topology graph on each placement order (placement.axis_links), the
   stages that can be the slowest and their ranks' parameters (memory.rank_params), the
   data-parallel collectives of every sharding and the optimizer update;
-- per block shape (fastscore.LayoutGroups' B: tp, cp, ep, kernels, sp, micro-batch,
+- per block shape (LayoutGroups' B: tp, cp, ep, kernels, sp, micro-batch,
   recomputation) and pipeline depth with the same tp, cp and ep links (Q): one block's
-  compute time and collective volumes (timing.layer_time, once per block shape), the
+  compute time and collective volumes (kernels.layer_time, once per block shape), the
   tensor-, context- and expert-parallel communication and the slowest stage, which do
   not depend on dp, vp or the accumulation;
 - per pipeline shape (P: D, sp, vp, micro-batch, recomputation): the pipeline sends and
-  the bubble; and per P and kind of sharding (timing.dp_collectives' branch, and whether the
+  the bubble; and per P and kind of sharding (the branch of parts.DP_TERMS, and whether the
   optimizer states are sharded; within a P the layouts differ in nothing else) what the
   data-parallel collectives leave exposed under the slowest stage's forward or backward,
   the slowdown of what they hide, and the optimizer update, on each placement order;
-- per layout: the faster of the placement orders, read off its kind and P.
+- per layout: the fastest of the placement orders, read off its kind and P.
 
 The per-degree tables (links, stages, collectives, optimizer) are kept across calls, per
 model, set-up, cluster, efficiencies, placement orders and distinct degrees (a
 least-recently-used cache of at most 32 entries and 64 MiB; forget_tables() drops
-them), as fastscore keeps its per-state tables: a search or sweep that scores the same
-GPU counts again skips them. With them, each Q's slowest stage (_SlowestMemo), so that
-only block shapes not seen before on those degrees are worked out. Where the second
-placement order gives the tensor-, context- and expert-parallel groups the same links as
-the first, the slowest stage is not worked out again, only for the Q rows whose links
-change. What depends on a few distinct values is computed by planner.timing.model's and
-planner.memory.model's own functions; the rest is array arithmetic that mirrors timing.pipeline_part and timing.step_parts
-with the same operations in the same order, so the floats are the same, not just close
-(tests/test_fasttime.py checks equality on random models, GPUs, topologies, set-ups,
-efficiencies and layouts). Integers enter the float arithmetic as float64 arrays, which
-hold them exactly as Python's int-to-float conversion does. What
-trains (full, LoRA, QLoRA, freeze) enters through timing's own functions: layer_time
-(frozen base GEMMs, adapters, dequantization), backward_layers (freeze's blocks without
-backward), trained_split (the trainable parameters the gradient reductions and the
-optimizer cover, the frozen bytes ZeRO-3/FSDP gathers), optimizer_bytes_per_param and
-head_backward_gemms. Step time does not depend on offload, so every set-up is covered.
+them): a search or sweep that times the same GPU counts again skips them. With them, each
+Q's slowest stage (_SlowestMemo), so that only block shapes not seen before on those
+degrees are worked out. Where the second placement order gives the tensor-, context- and
+expert-parallel groups the same links as the first, the slowest stage is not worked out
+again, only for the Q rows whose links change. None of this changes a float: a layout's
+terms do not depend on what else is in the batch (tests/test_fasttime.py: a batch of one
+is a row of the batch, in any order). Integers enter the float arithmetic as float64
+arrays, which hold them exactly (Unsupported beyond 2**53). What trains (full, LoRA,
+QLoRA, freeze) enters through the per-shape functions: layer_time (frozen base GEMMs,
+adapters, dequantization), backward_layers (freeze's blocks without backward),
+trained_split (the trainable parameters the gradient reductions and the optimizer cover,
+the frozen bytes ZeRO-3/FSDP gathers: QLoRA's NF4 base at its stored bytes, before the
+forward and again before the backward), optimizer_bytes_per_param and head_backward_gemms.
+Step time does not depend on offload, so every set-up is covered.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from functools import lru_cache
-from typing import NamedTuple
+from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
-from planner.hardware.placement import FALLBACK_INTRA_LATENCY_S, Cluster, axis_links
-from planner.hardware.topology import AXES
+from planner.errors import UserError
+from planner.hardware.placement import Cluster
 from planner.layouts.batch import RECOMPUTES, LayoutArrays, Unsupported
-from planner.layouts.groups import LayoutGroups, TableCache
-from planner.layouts.groups import Rows as _Rows
-from planner.layouts.groups import group as _group
+from planner.layouts.groups import LayoutGroups
 from planner.layouts.groups import rows as _rows
 from planner.layouts.layout import SHARDINGS, Layout
-from planner.memory.model import stage_layers
 from planner.models.spec import ModelSpec, ParamCount, count_params
-from planner.timing.model import (
-    CROSS_ENTROPY_BYTES_PER_LOGIT,
-    CROSS_ENTROPY_FORWARD_SHARE,
+from planner.timing.collectives import Ring, hide, send_s
+from planner.timing.degrees import (
+    BRANCH,
+    DEGREE_CACHE,
+    EXACT_INT,
+    N_VALS,
+    SLOTS,
+    Degrees,
+    SlowestMemo,
+    block_row,
+    degree_tables,
+    distinct_rows,
+)
+from planner.timing.efficiency import (
     DEFAULT_EFFICIENCY,
     PLACEMENT_ORDERS,
     Efficiency,
-    backward_layers,
-    gemm_time_s,
-    head_backward_gemms,
-    hybrid_shard,
-    layer_time,
-    optimizer_bytes_per_param,
-    rates,
-    trained_split,
 )
+from planner.timing.flops import flops_per_step
+from planner.timing.parts import (
+    DP_TERMS,
+    FSDP_GRAD_OP,
+    StepArrays,
+)
+from planner.timing.step import StepTime
 from planner.training.setup import TrainingSetup
-
-EXACT_INT = 2**53          # integers below this convert to float64 exactly
-SLOTS = 3                  # the stages timing.pipeline_part compares: first, last, fullest
-
-# timing.dp_collectives' branches, in the order of its if/elif chain: plain data parallelism
-# (all-reduce), ZeRO-1/2, FSDP shard-grad-op, ZeRO-3 or FSDP full shard, FSDP hybrid
-ALL_REDUCE, ZERO_12, FSDP_GRAD_OP, SHARD_3, FSDP_HYBRID = range(5)
-
-
-def _branches() -> np.ndarray:
-    """The branch of each (ZeRO stage, sharding), indexed by 4 x stage + SHARDINGS index."""
-    out = np.zeros(4 * len(SHARDINGS), dtype=np.int64)
-    for stage in range(4):
-        for i, name in enumerate(SHARDINGS):
-            if stage == 3:
-                b = FSDP_HYBRID if name == "fsdp-hybrid" else SHARD_3
-            elif stage == 2 and name.startswith("fsdp"):
-                b = FSDP_GRAD_OP
-            elif stage in (1, 2):
-                b = ZERO_12
-            else:
-                b = ALL_REDUCE
-            out[len(SHARDINGS) * stage + i] = b
-    return out
-
-
-BRANCH = _branches()
-
-
-# ------------------------------------------------------------------ memoised tables
-
-class _SlowestMemo:
-    """The slowest stage (timing.pipeline_part's max() over the stages) per block shape and
-    _Degrees.q_d, on each distinct set of tp, cp and ep links of the placement orders,
-    kept with a _Degrees entry: a search or sweep asks for the same ones again for other
-    micro-batches, accumulations and shardings. Block shapes are numbered in the order
-    they arrive (``local``: the block table's row -> that number)."""
-
-    def __init__(self, n_q_d: int, n_sets: int) -> None:
-        self.n_q_d, self.n_sets = n_q_d, n_sets
-        self.clear(None)
-
-    def clear(self, blocks: _Rows | None) -> None:
-        self.blocks = blocks                                # the block table whose rows these are
-        self.local = np.full(0, -1, dtype=np.int64)
-        self.n_local = 0
-        self.known = np.zeros(0, dtype=bool)
-        self.vals = np.zeros((self.n_sets, 4, 0))           # t, fwd, bwd, hidden
-        self.slot = np.zeros((self.n_sets, 0), dtype=np.int64)
-
-    def numbers(self, blocks: _Rows, block_rows: np.ndarray) -> np.ndarray:
-        """The numbers of the rows ``block_rows`` of the block table ``blocks``, making room
-        for new ones (and starting afresh on another block table: _rows() makes a new one
-        when it is full); a (block row, q_d)'s place in the tables is its number x n_q_d + q_d."""
-        if blocks is not self.blocks:
-            self.clear(blocks)
-        if len(self.local) <= int(block_rows.max()):
-            self.local = np.concatenate([self.local, np.full(int(block_rows.max()) + 1 - len(self.local), -1)])
-        local = self.local[block_rows]
-        if local.min() < 0:
-            new = np.unique(block_rows[local < 0])
-            self.local[new] = np.arange(self.n_local, self.n_local + len(new))
-            self.n_local += len(new)
-            more = len(new) * self.n_q_d
-            self.known = np.concatenate([self.known, np.zeros(more, dtype=bool)])
-            self.vals = np.concatenate([self.vals, np.zeros((self.n_sets, 4, more))], axis=2)
-            self.slot = np.concatenate([self.slot, np.zeros((self.n_sets, more), dtype=np.int64)], axis=1)
-            local = self.local[block_rows]
-        return local
-
-
-def _distinct_rows(columns: Sequence[np.ndarray], rows: _Rows, fn: Callable[..., tuple],
-                   bounds: Sequence[tuple[int, int] | None] | None = None) -> np.ndarray:
-    """rows.lookup() of each distinct row of ``columns``, spread over every element, as a
-    (width, elements) array whose rows are contiguous. ``bounds``: as for fastscore._group()."""
-    inverse, first = _group(columns, bounds)
-    keys = list(zip(*(col[first].tolist() for col in columns)))
-    return np.take(np.ascontiguousarray(rows.lookup(keys, fn).T), inverse, axis=1)
-
-
-@lru_cache(maxsize=4096)
-def _stage_slots(n_layers: int, pp: int) -> tuple[tuple[int, int], ...]:
-    """(stage, layers) of the stages timing.pipeline_part compares, in increasing stage order."""
-    counts = stage_layers(n_layers, pp)
-    return tuple((s, counts[s]) for s in sorted({0, len(counts) - 1, counts.index(max(counts))}))
-
-
-# --------------------------------------------------- timing's collectives, on arrays
-
-class _Ring(NamedTuple):
-    """The parts of timing.all_reduce_s (steps 2) or gather_s (steps 1) that depend on the
-    group alone: the time of S bytes is latency + volume x S / bandwidth, written in that
-    order as timing writes it, and 0 where ``on`` is false (one rank) or S <= 0."""
-
-    latency: np.ndarray        # steps (n-1) x hop latency
-    volume: np.ndarray         # steps (n-1) / n
-    bandwidth: np.ndarray      # bus bandwidth x Efficiency.bus_fraction
-    on: np.ndarray             # n > 1
-
-    @staticmethod
-    def of(n: np.ndarray, bw: np.ndarray | float, lat: np.ndarray | float, bus: float, steps: int) -> _Ring:
-        n_f = n.astype(np.float64)
-        return _Ring(steps * (n_f - 1) * lat, steps * (n_f - 1) / n_f, np.asarray(bw * bus), n > 1)
-
-    def take(self, idx: np.ndarray) -> _Ring:
-        return _Ring(*(x[idx] for x in self))
-
-    def time_s(self, n_bytes: np.ndarray) -> np.ndarray:
-        return np.where(self.on & (n_bytes > 0), self.latency + self.volume * n_bytes / self.bandwidth, 0.0)
-
-
-def _send_s(n_bytes: np.ndarray, bw: np.ndarray, lat: np.ndarray, bus: float) -> np.ndarray:
-    """timing.send_s."""
-    return np.where((n_bytes > 0) & ~np.isinf(lat), lat + n_bytes / (bw * bus), 0.0)
-
-
-def _hide(comm_s: np.ndarray, window_s: np.ndarray, overlap: float) -> tuple[np.ndarray, np.ndarray]:
-    """timing._hide: (exposed, hidden). The windows are sums of non-negative times, so
-    with overlap 1 max(0, overlap x window) is the window itself, and with a
-    non-negative overlap the product."""
-    if overlap == 1.0:
-        hidden = np.minimum(comm_s, window_s)
-    elif overlap >= 0.0:
-        hidden = np.minimum(comm_s, overlap * window_s)
-    else:
-        hidden = np.minimum(comm_s, np.maximum(0.0, overlap * window_s))
-    return comm_s - hidden, hidden
-
-
-# ------------------------------------------------------------------------ the step
-
-_BLOCK_FIELDS = ("fwd_s", "bwd_s", "attention_fwd_s", "tp_bytes", "tp_collectives", "cp_bytes", "cp_passes",
-                 "ep_bytes", "ep_all_to_alls")
-
-
-def _block_row(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Efficiency, kernels: str, tp: int,
-               sp: int, cp: int, ep: int, mb: int, rc: int) -> tuple[float, ...]:
-    """One block shape's LayerTime fields, then what timing.pipeline_part derives from the
-    micro-batch alone: the LM head and loss added to the last stage's forward and
-    backward, the bytes of the tp all-reduce at each pipeline edge and of a pipeline send."""
-    gpu, prec = cluster.gpu, setup.precision_spec
-    seq, h, a = setup.seq_len, m.d_model, prec.activation_bytes
-    key = Layout(tp=tp, sp=bool(sp), cp=cp, ep=ep, micro_batch=mb, seq_len=seq, recompute=RECOMPUTES[rc])
-    lt = layer_time(m, setup, key, kernels, gpu, eff)
-    r = rates(gpu, prec.compute_dtype, eff)
-    tokens = mb * seq / cp
-    head_fwd = gemm_time_s(tokens, m.vocab_size / tp, h, r.matmul_flops_per_s, r.hbm_bytes_per_s, prec.weight_bytes)
-    loss_s = tokens * m.vocab_size / tp * CROSS_ENTROPY_BYTES_PER_LOGIT / r.hbm_bytes_per_s
-    head_bwd = head_backward_gemms(setup.finetune)
-    return (*(float(getattr(lt, f)) for f in _BLOCK_FIELDS),
-            head_fwd + loss_s * CROSS_ENTROPY_FORWARD_SHARE,
-            head_bwd * head_fwd + loss_s * (1 - CROSS_ENTROPY_FORWARD_SHARE),
-            tokens * h * a, tokens * h * a / tp)
-
-
-class _Degrees(NamedTuple):
-    """What step_times_s() reads per distinct degrees (D: tp, cp, ep, dp, pp), as
-    (rows, D) tables."""
-
-    stage: np.ndarray          # (SLOTS, D): the stages timing.pipeline_part compares, -1: none
-    links: list[np.ndarray]    # per placement order (10, D): bus bandwidth, hop latency of each axis
-    optimizer_s: np.ndarray    # (2 x SLOTS x D): the optimizer update unsharded, sharded
-    c0: np.ndarray             # (orders x 5 branches x SLOTS x D): timing.dp_collectives' three parts
-    c1: np.ndarray
-    c2: np.ndarray
-    n_slots: int               # the slots some pipeline has
-    per_slot: np.ndarray       # (5 x n_slots, D): layers, pipeline edges, last stage, -inf if absent, backward layers
-    q_d: np.ndarray            # per D: its pipeline depth and tp, cp, ep links on every order, numbered 0, 1, ...
-    n_q_d: int
-    inner_of: tuple[int, ...]  # per order: its set of tp, cp, ep links (the first order with the same ones)
-    slowest: _SlowestMemo
-    pp_on: np.ndarray          # (orders, D): pp > 1 and a finite pipeline hop latency
-    pp_link: np.ndarray        # (2, orders, D): pipeline hop latency and bus bandwidth x bus fraction, and
-    pp_send: np.ndarray        # the same with latency 0.0 and bandwidth inf where not pp_on (sends add 0.0)
-
-
-# Degree tables kept across calls, per (model, set-up, cluster, efficiencies, placement
-# orders, distinct degrees): a search or a sweep scores the same GPU counts' layouts again
-# and again (other micro-batches, recomputation, ZeRO stages), and these tables are most
-# of a call's fixed cost. Least recently used first out.
-_DEGREE_CACHE = TableCache(max_entries=32, max_bytes=64 * 2**20)
-
-
-def _degree_tables(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: Cluster, eff: Efficiency,
-                   orders: list[tuple[str, ...]], degrees: tuple[np.ndarray, ...], degrees_key: bytes,
-                   any_hybrid: bool) -> _Degrees:
-    """_build_degrees(), or its answer for the same arguments from an earlier call
-    (``degrees_key``: LayoutGroups.degrees_key)."""
-    key = (m, pc, setup, cluster, eff, tuple(orders), any_hybrid, degrees_key)
-    hit = _DEGREE_CACHE.get(key)
-    if hit is not None:
-        return hit
-    out = _build_degrees(m, pc, setup, cluster, eff, orders, degrees, any_hybrid)
-    _DEGREE_CACHE.put(key, out)
-    return out
-
-
-def _build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: Cluster, eff: Efficiency,
-                   orders: list[tuple[str, ...]], degrees: tuple[np.ndarray, ...], any_hybrid: bool) -> _Degrees:
-    """Per distinct degrees: the stages that can be the slowest and their ranks'
-    parameters, each axis's links on each placement order, the optimizer update and the
-    data-parallel collectives of every sharding. Raises Unsupported for parameter bytes
-    too large to convert to floats exactly."""
-    tp, cp, ep, dp, pp = degrees
-    n_d = len(tp)
-    gpu, prec = cluster.gpu, setup.precision_spec
-    r = rates(gpu, prec.compute_dtype, eff)
-    bus = eff.bus_fraction
-    # ---- per D: the stages that can be the slowest, their ranks' parameters, the links;
-    # (slots, D) tables
-    ft = setup.finetune
-    wb = prec.weight_bytes
-
-    def stages_of(tp_: int, ep_: int, pp_: int) -> tuple[int, ...]:
-        """Per slot: the stage (-1: none), its layers, its blocks with a backward pass, its
-        rank's trainable dense and expert parameters, and its frozen dense and expert bytes
-        (timing.trained_split)."""
-        out = [-1] * SLOTS + [0] * (6 * SLOTS)
-        counts = stage_layers(m.n_layers, pp_)
-        for j, (s, c) in enumerate(_stage_slots(m.n_layers, pp_)):
-            sp = trained_split(m, pc, setup, Layout(tp=tp_, ep=ep_, pp=pp_), s, c)
-            n_bwd = backward_layers(ft, m.n_layers, sum(counts[:s]), c)
-            for i, x in enumerate((s, c, n_bwd, sp.trainable_dense, sp.trainable_expert, sp.frozen_dense_bytes,
-                                   sp.frozen_expert_bytes)):
-                out[i * SLOTS + j] = x
-        return tuple(out)
-
-    stage_d, layers_d, bwd_layers_d, dense, expert, frozen_dense, frozen_expert = np.split(
-        _distinct_rows([tp, ep, pp], _rows(7 * SLOTS, np.int64, "stages", m, pc, ft, wb), stages_of), 7)
-    if max(int(dense.max()), int(expert.max())) * 8 >= EXACT_INT or \
-            max(int(frozen_dense.max()), int(frozen_expert.max())) * 2 >= EXACT_INT:
-        raise Unsupported("a stage's parameter bytes are too large for exact float conversion")
-    dense, expert = dense.astype(np.float64), expert.astype(np.float64)       # trainable
-    frozen_dense, frozen_expert = frozen_dense.astype(np.float64), frozen_expert.astype(np.float64)
-
-    def links_of(*sizes: int) -> tuple[float, ...]:
-        out: list[float] = []
-        for order in orders:
-            lk = axis_links(cluster, sizes, order)
-            out += [x for ax in AXES for x in (lk[ax].bus_bytes_per_s, lk[ax].latency_s)]
-        return tuple(out)
-
-    keys = list(zip(tp.tolist(), cp.tolist(), ep.tolist(), dp.tolist(), pp.tolist()))
-    every = np.ascontiguousarray(_rows(10 * len(orders), np.float64, "links", cluster, tuple(orders))
-                                 .lookup(keys, links_of).T)
-    links = [every[10 * i:10 * i + 10] for i in range(len(orders))]      # per order: bw, lat of each axis
-
-    # ---- per D: the optimizer update unsharded and sharded (timing.optimizer_time_s), as
-    # (2, slots, D) flattened
-    moe = m.is_moe
-    n_dense, n_expert = dp * cp * ep, dp * cp
-    nd_f, ne_f = n_dense.astype(np.float64), n_expert.astype(np.float64)
-    per_param = optimizer_bytes_per_param(setup)
-    unsharded = dense + expert if moe else dense
-    sharded = dense / nd_f + expert / ne_f if moe else dense / nd_f
-    optimizer_s = np.concatenate([(unsharded * per_param / r.hbm_bytes_per_s).ravel(),
-                                  (sharded * per_param / r.hbm_bytes_per_s).ravel()])
-    g_b, w_b = eff.grad_reduce_bytes or prec.grad_bytes, prec.weight_bytes
-    has_frozen = bool(frozen_dense.any() or frozen_expert.any())
-    hybrid = None
-    if any_hybrid:
-        (inside,) = _distinct_rows([tp, n_dense], _rows(1, np.int64, "hybrid", gpu.gpus_per_node),
-                                   lambda tp_, dd: (hybrid_shard(Layout(tp=tp_, dp=dd), gpu.gpus_per_node),))
-        hybrid = (inside.astype(np.float64), np.maximum(1, n_dense // inside),
-                  _Ring.of(inside, gpu.intra_node_bytes_per_s, FALLBACK_INTRA_LATENCY_S, bus, 1))
-
-    def dp_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """timing.dp_collectives per (order, branch, slot, D), flattened: c0 once a step under
-        the backward, c1 under the forward, c2 under the backward."""
-        pick, cols = np.where(dp > 1, 6, np.where(cp > 1, 2, 4)), np.arange(n_d)   # dp, else cp, else ep link
-        bw = np.stack([lk[pick, cols] for lk in links])[:, None, :]          # (orders, 1, D)
-        lat = np.stack([lk[pick + 1, cols] for lk in links])[:, None, :]
-        ring_d = _Ring.of(n_dense, bw, lat, bus, 1)
-
-        def over_dp(ring: _Ring, ring_e: _Ring | None, per: int, frozen: bool = False) -> np.ndarray:
-            """Trainable parameters x ``per`` bytes, plus the frozen base's bytes."""
-            out = ring.time_s(frozen_dense + dense * per if frozen else dense * per)
-            if ring_e is None:
-                return out
-            return out + ring_e.time_s(frozen_expert + expert * per if frozen else expert * per)
-
-        ring_e = _Ring.of(n_expert, bw, lat, bus, 1) if moe else None
-        ag = over_dp(ring_d, ring_e, w_b)                   # the trainable weights (ZeRO-1/2)
-        ag_all = over_dp(ring_d, ring_e, w_b, True) if has_frozen else ag   # and the frozen (ZeRO-3, FSDP)
-        rs = ag if g_b == w_b else over_dp(ring_d, ring_e, g_b)
-        ar = over_dp(_Ring.of(n_dense, bw, lat, bus, 2), _Ring.of(n_expert, bw, lat, bus, 2) if moe else None, g_b)
-        zero = np.zeros_like(ag)
-        c0, c1, c2 = [ar, rs, zero, zero, zero], [zero, ag, ag_all, ag_all, zero], [zero, zero, rs, ag_all + rs, zero]
-        if hybrid is not None:
-            inside_f, across, intra = hybrid          # hybrid_shard ranks inside, replicas across
-            total = dense + expert
-            ag_h = intra.time_s((frozen_dense + frozen_expert) + total * w_b if has_frozen else total * w_b)
-            rs_h = intra.time_s(total * g_b)
-            c0[FSDP_HYBRID] = _Ring.of(across, bw, lat, bus, 2).time_s(total * g_b / inside_f)
-            c1[FSDP_HYBRID], c2[FSDP_HYBRID] = ag_h, ag_h + rs_h
-        return tuple(np.stack([np.broadcast_to(x, ag.shape) for x in c], axis=1).ravel()  # type: ignore[return-value]
-                     for c in (c0, c1, c2))
-
-    # each stage slot's layers, pipeline edges (embedding, LM head), whether it is the last
-    # stage, -inf for a slot the pipeline does not have, and its blocks with a backward pass
-    n_slots = int((stage_d >= 0).any(axis=1).sum())
-    last = stage_d[:n_slots] == pp - 1
-    per_slot = np.concatenate([layers_d[:n_slots].astype(np.float64),
-                               (stage_d[:n_slots] == 0) + last.astype(np.float64), last.astype(np.float64),
-                               np.where(stage_d[:n_slots] >= 0, 0.0, -np.inf),
-                               bwd_layers_d[:n_slots].astype(np.float64)])
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        c0, c1, c2 = dp_tables()
-    # the degrees that give a stage the same time for the same block: the same depth (the
-    # stages and their layers) and the same tp, cp and ep links on every order
-    inner = np.concatenate([pp[None].astype(np.float64)] + [lk[:6] for lk in links]).T
-    numbers: dict[bytes, int] = {}
-    q_d = np.array([numbers.setdefault(row.tobytes(), len(numbers)) for row in inner], dtype=np.int64)
-    inner_of = []
-    for lk in links:
-        inner_of.append(next(j for j in range(len(links)) if np.array_equal(links[j][:6], lk[:6])))
-    every_order = np.stack(links)                                     # (orders, 10, D)
-    pp_on = (pp > 1) & ~np.isinf(every_order[:, 9])
-    pp_link = np.stack([every_order[:, 9], every_order[:, 8] * bus])
-    pp_send = np.stack([np.where(pp_on, pp_link[0], 0.0), np.where(pp_on, pp_link[1], np.inf)])
-    return _Degrees(stage_d, links, optimizer_s, c0, c1, c2, n_slots, per_slot, q_d, len(numbers), tuple(inner_of),
-                    _SlowestMemo(len(numbers), len(links)), pp_on, pp_link, pp_send)
-
-
-# the terms of timing.dp_collectives each branch has (the others are 0.0 in its c0, c1, c2):
-# c0 under the backward once a step, c1 under the forward (per micro-batch for ZeRO-3 and
-# FSDP), c2 under the backward per micro-batch
-_TERMS = {ALL_REDUCE: (0,), ZERO_12: (0, 1), FSDP_GRAD_OP: (1, 2), SHARD_3: (1, 2), FSDP_HYBRID: (0, 1, 2)}
 
 
 def _dp_step(branch: int, at: np.ndarray, c0: np.ndarray, c1: np.ndarray, c2: np.ndarray, fwd: np.ndarray,
-             bwd: np.ndarray, ga: np.ndarray, eff: Efficiency, pipeline: np.ndarray, opt: np.ndarray) -> np.ndarray:
-    """timing.step_parts's step for one branch of the data-parallel collectives: pipeline +
+             bwd: np.ndarray, ga: np.ndarray, eff: Efficiency, pipeline: np.ndarray, opt: np.ndarray,
+             terms: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] | None = None
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The step for one branch of the data-parallel collectives (parts.DP_TERMS): pipeline +
     exposed + overlap_slowdown x hidden + optimizer, with the collectives' rows ``at`` of
     c0, c1, c2. The terms the branch lacks are 0.0 and add nothing: e + 0.0 is e and
     0.0 + e is e for the non-negative times here, so only the branch's own are summed,
-    in timing's order (c0, c1 x per micro-batch, c2 x accumulation)."""
+    in timing's order (c0, c1 x per micro-batch, c2 x accumulation). Returns (step, the
+    exposed data-parallel seconds, overlap_slowdown x the hidden ones); ``terms``, where
+    given, gets each collective's (term, seconds, exposed, hidden) once per occurrence."""
     per_mb = branch >= FSDP_GRAD_OP
     exposed = hidden = None
-    for term in _TERMS[branch]:
+    for term in DP_TERMS[branch]:
         c, window, overlap = ((c0, bwd, eff.dp_overlap), (c1, fwd, eff.zero3_overlap if per_mb else
                                                           eff.param_gather_overlap), (c2, bwd, eff.zero3_overlap))[term]
         if overlap == 0.0:             # nothing hidden: min(c, 0.0 x window) is 0.0
             e, h = c[at], None
         else:
-            e, h = _hide(c[at], window, overlap)
+            e, h = hide(c[at], window, overlap)
+        if terms is not None:
+            terms.append((term, c[at], e, np.zeros_like(e) if h is None else h))
         if term == 2 or term == 1 and per_mb:      # (x 1.0 otherwise: x itself)
             e, h = e * ga, None if h is None else h * ga
         exposed = e if exposed is None else exposed + e
         hidden = h if hidden is None else hidden if h is None else hidden + h
+    assert exposed is not None
     step = pipeline + exposed
+    slow = np.zeros_like(step)
     if hidden is not None:             # (+ overlap_slowdown x 0.0 otherwise: nothing)
-        step = step + eff.overlap_slowdown * hidden
-    return step + opt
+        slow = eff.overlap_slowdown * hidden
+        step = step + slow
+    return step + opt, exposed, slow
 
 
-def _fill_slowest(memo: _SlowestMemo, at_miss: np.ndarray, qd: np.ndarray, q_blocks: np.ndarray, deg: _Degrees,
+def _fill_slowest(memo: SlowestMemo, at_miss: np.ndarray, qd: np.ndarray, q_blocks: np.ndarray, deg: Degrees,
                   tp: np.ndarray, cp: np.ndarray, ep: np.ndarray, bus: float, eff: Efficiency) -> None:
     """Work out the slowest stage of the Q rows not worked out before (their places
     ``at_miss`` in ``memo``; ``qd``: a D standing for each, ``q_blocks``: its block's
@@ -451,20 +149,24 @@ def _fill_slowest(memo: _SlowestMemo, at_miss: np.ndarray, qd: np.ndarray, q_blo
 
     def slowest(lk: np.ndarray, sel: np.ndarray | slice) -> tuple[np.ndarray, ...]:
         """(t, fwd, bwd, hidden, slot) of the slowest stage of the Q rows ``sel`` (all of
-        them first, then a subset), before the pipeline sends, as timing.pipeline_part's max()
+        them first, then a subset), before the pipeline sends, as the max()
         over (time, fwd, bwd, comm, hidden, stage) picks it."""
         d = qd[sel]
-        ring_tp = _Ring.of(tp, lk[0], lk[1], bus, 2).take(d)
+        ring_tp = Ring.of(tp, lk[0], lk[1], bus, 2).take(d)
         tp_all = lt_tp_coll[sel] * ring_tp.time_s(lt_tp_bytes[sel])
         comm_b, hidden_b = tp_all * (1 - eff.tp_overlap), tp_all * eff.tp_overlap
+        width = len(comm_b)
+        cp_b = ep_b = np.zeros(width)
         if use_cp:
             passes = lt_cp_passes[sel]
-            cp_all = passes * (qcp[sel] - 1) * _send_s(lt_cp_bytes[sel], lk[2][d], lk[3][d], bus)
-            cp_block, cp_hidden = _hide(cp_all, lt_attn[sel] * passes, eff.cp_overlap)
+            cp_all = passes * (qcp[sel] - 1) * send_s(lt_cp_bytes[sel], lk[2][d], lk[3][d], bus)
+            cp_block, cp_hidden = hide(cp_all, lt_attn[sel] * passes, eff.cp_overlap)
             comm_b, hidden_b = comm_b + cp_block, hidden_b + cp_hidden
+            cp_b = cp_block
         if use_ep:
-            ep_all = lt_ep_a2a[sel] * _Ring.of(ep, lk[4], lk[5], bus, 1).take(d).time_s(lt_ep_bytes[sel])
-            comm_b, hidden_b = comm_b + ep_all * (1 - eff.ep_overlap), hidden_b + ep_all * eff.ep_overlap
+            ep_all = lt_ep_a2a[sel] * Ring.of(ep, lk[4], lk[5], bus, 1).take(d).time_s(lt_ep_bytes[sel])
+            ep_b = ep_all * (1 - eff.ep_overlap)
+            comm_b, hidden_b = comm_b + ep_b, hidden_b + ep_all * eff.ep_overlap
         edge_all = ring_tp.time_s(edge_bytes[sel])
         layers, edges = layers_p[:, sel], edges_p[:, sel]
         fwd, bwd = stage_fwd[:, sel], stage_bwd[:, sel]
@@ -476,7 +178,6 @@ def _fill_slowest(memo: _SlowestMemo, at_miss: np.ndarray, qd: np.ndarray, q_blo
             comm = layers * comm_b + edges * (edge_all * (1 - eff.tp_overlap))
             hidden = layers * hidden_b + edges * edge_all * eff.tp_overlap
         t = fwd + bwd + comm + absent_p[:, sel]
-        width = t.shape[1]
         slot = t.argmax(axis=0)
         at = slot * width + np.arange(width)                # (slot, column) in the flattened tables
         t_max = np.take(t, at)
@@ -494,7 +195,7 @@ def _fill_slowest(memo: _SlowestMemo, at_miss: np.ndarray, qd: np.ndarray, q_blo
             at = slot * width + np.arange(width)
             t_max = np.take(t, at)
         return (t_max, np.take(fwd, at), np.take(bwd, at),
-                np.zeros(width) if hidden is None else np.take(hidden, at), slot)
+                np.zeros(width) if hidden is None else np.take(hidden, at), np.take(comm, at), cp_b, ep_b, slot)
 
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         first = slowest(links[0], slice(None))
@@ -504,9 +205,9 @@ def _fill_slowest(memo: _SlowestMemo, at_miss: np.ndarray, qd: np.ndarray, q_blo
                 sel = np.flatnonzero((links[0][:6] != links[j][:6]).any(axis=0)[qd])
                 for x, y in zip(q_stage, slowest(links[j], sel)):
                     x[sel] = y
-            for k in range(4):
+            for k in range(N_VALS):
                 memo.vals[j, k, at_miss] = q_stage[k]
-            memo.slot[j, at_miss] = q_stage[4]
+            memo.slot[j, at_miss] = q_stage[N_VALS]
         memo.known[at_miss] = True
 
 
@@ -518,9 +219,48 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
     layout of ``a`` (sequence length setup.seq_len), in seconds, as float64. ``groups``:
     LayoutGroups.of(a), when the caller has it. Raises Unsupported for parameter counts
     too large to convert to floats exactly."""
-    n = len(a)
-    if n == 0:
+    per_order = order_times_s(m, setup, a, cluster, eff, pc, orders, groups)
+    if per_order.shape[1] == 0:
         return np.zeros(0)
+    fastest = per_order[0]
+    for o in range(1, len(per_order)):
+        fastest = np.minimum(fastest, per_order[o])
+    return fastest
+
+
+def order_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Cluster,
+                  eff: Efficiency = DEFAULT_EFFICIENCY, pc: ParamCount | None = None,
+                  orders: Sequence[tuple[str, ...]] = PLACEMENT_ORDERS, groups: LayoutGroups | None = None
+                  ) -> np.ndarray:
+    """The step time of every layout of ``a`` on each placement order, as an (orders, layouts)
+    float64 array (step_times_s() is its minimum over the orders). Orders that differ only in
+    a layout's axes of size 1 place its groups alike and have the same time."""
+    if len(a) == 0:
+        return np.zeros((len(orders), 0))
+    out = _evaluate(m, setup, a, cluster, eff, pc, orders, groups, False)
+    assert isinstance(out, np.ndarray)
+    return out
+
+
+def step_arrays(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Cluster,
+                eff: Efficiency = DEFAULT_EFFICIENCY, pc: ParamCount | None = None,
+                orders: Sequence[tuple[str, ...]] = PLACEMENT_ORDERS, groups: LayoutGroups | None = None
+                ) -> StepArrays:
+    """The named parts of every layout's step (StepArrays), each on its fastest placement
+    order; StepArrays.row(i) is timing.step_time() of layout i. Raises Unsupported as
+    step_times_s() does."""
+    if len(a) == 0:
+        raise Unsupported("no layouts")
+    out = _evaluate(m, setup, a, cluster, eff, pc, orders, groups, True)
+    assert isinstance(out, StepArrays)
+    return out
+
+
+def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Cluster, eff: Efficiency,
+              pc: ParamCount | None, orders: Sequence[tuple[str, ...]], groups: LayoutGroups | None,
+              parts: bool) -> np.ndarray | StepArrays:
+    """order_times_s(), or with ``parts`` step_arrays()."""
+    n = len(a)
     pc = pc or count_params(m)
     if pc.total * 8 >= EXACT_INT:
         raise Unsupported("parameter bytes too large for exact float conversion")
@@ -535,7 +275,7 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
     pair = g.pair
     pairs = np.flatnonzero(np.bincount(pair, minlength=4 * len(SHARDINGS)))   # the (ZeRO stage, sharding)s present
     any_hybrid = any(k % len(SHARDINGS) == SHARDINGS.index("fsdp-hybrid") for k in pairs.tolist())
-    deg = _degree_tables(m, pc, setup, cluster, eff, orders, g.degrees, g.degrees_key, any_hybrid)
+    deg = degree_tables(m, pc, setup, cluster, eff, orders, g.degrees, g.degrees_key, any_hybrid)
     links, optimizer_s, c0, c1, c2 = deg.links, deg.optimizer_s, deg.c0, deg.c1, deg.c2
 
     # ---- per P: a block (timing.layer_time) and the head, per distinct block shape
@@ -550,14 +290,14 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
     block_rows = _rows(13, np.float64, "block", m, setup, cluster, eff)
     b_row, blocks_t = block_rows.columns_of(
         (tp[b_d], sp_p[b_first], cp[b_d], ep[b_d], mb_p[b_first], rc_p[b_first], kern_d[b_d]),
-        lambda tp_, sp_, cp_, ep_, mb_, rc_, k_: _block_row(m, setup, cluster, eff, kernel_names[k_], tp_, sp_, cp_,
+        lambda tp_, sp_, cp_, ep_, mb_, rc_, k_: block_row(m, setup, cluster, eff, kernel_names[k_], tp_, sp_, cp_,
                                                           ep_, mb_, rc_))
     p2p_bytes = blocks_t[12][b_inv]
     p2p_positive = bool((blocks_t[12] > 0).all() and np.isfinite(blocks_t[12]).all())
     # ---- per Q: the P rows with the same block shape, pipeline depth and tp, cp and ep
-    # links on every order (_Degrees.q_d) have the same slowest stage, whatever their dp,
+    # links on every order (Degrees.q_d) have the same slowest stage, whatever their dp,
     # vp and accumulation: it is worked out once per Q, when first asked for, and kept
-    # (_SlowestMemo); each P reads its Q's
+    # (SlowestMemo); each P reads its Q's
     memo = deg.slowest
     at_p = memo.numbers(block_rows, b_row)[b_inv] * memo.n_q_d + deg.q_d[pd]     # each P's Q in the memo
     known = memo.known[at_p]
@@ -569,9 +309,9 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
 
     # ---- per pipeline shape and kind of sharding: the data-parallel collectives of the
     # sharding's branch, hidden under the slowest stage's forward or backward or not, and the
-    # optimizer update (timing.step_parts). Within a pipeline shape the layouts differ only in
+    # optimizer update. Within a pipeline shape the layouts differ only in
     # their sharding and ZeRO stage, and those enter only through the branch of
-    # timing.dp_collectives and whether the optimizer's states are sharded: a (kind, P) table,
+    # parts.DP_TERMS and whether the optimizer's states are sharded: a (kind, P) table,
     # each layout read off it at the end.
     n_p = len(pd)
     kinds = [(int(BRANCH[k]), int(k >= len(SHARDINGS))) for k in pairs]
@@ -596,7 +336,7 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
     vals, slot_p = np.take(memo.vals, at_p, axis=2), np.take(memo.slot, at_p, axis=1)   # (set, 4, P), (set, P)
     if sets != list(range(len(sets))):
         vals, slot_p = vals[sets], slot_p[sets]
-    t_p, fwd_p, bwd_p, hidden_p = (vals[:, k] for k in range(4))
+    t_p, fwd_p, bwd_p, hidden_p, comm_p, cp_block_p, ep_block_p = (vals[:, k] for k in range(N_VALS))
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         if p2p_positive:    # a D that sends nothing: latency 0.0 and bandwidth inf give 0.0 + x / inf = 0.0
             lat, bw = np.take(deg.pp_send, pd, axis=2)
@@ -610,27 +350,108 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
         pipeline = pga_f * t_mb + bubble_share * t_mb
         at = slot_p * n_d + pd                                 # (slot, D) of each P's slowest stage
         order_at = np.arange(n_o)[:, None] * (5 * SLOTS * n_d)
-        best = np.zeros((len(kind_list), n_p))         # (0.0 where a P has no layout of the kind)
+        best = np.zeros((n_o, len(kind_list), n_p))    # (0.0 where a P has no layout of the kind)
+        dp_exposed, dp_slow, opt_kind = (np.zeros_like(best) for _ in range(3)) if parts else (best, best, best)
+        dp_each = np.zeros((3, 3, *best.shape)) if parts else best     # (seconds, exposed, hidden) x term
+        terms: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] | None = [] if parts else None
         opt = {sharded: optimizer_s[at + sharded * (SLOTS * n_d)]
                for (_, sharded), sel in zip(kind_list, rows_of) if sel is None}
         for row, (branch, sharded) in enumerate(kind_list):
             sel = rows_of[row]
             if sel is None:
-                step = _dp_step(branch, at + (order_at + branch * (SLOTS * n_d)), c0, c1, c2, fwd_p, bwd_p,
-                                pga_f, eff, pipeline, opt[sharded])
+                opt_s = opt[sharded]
+                step, exposed, slow = _dp_step(branch, at + (order_at + branch * (SLOTS * n_d)), c0, c1, c2, fwd_p,
+                                               bwd_p, pga_f, eff, pipeline, opt_s, terms)
+                where: tuple = (slice(None), row)
             else:
                 at_s = at[:, sel]
-                step = _dp_step(branch, at_s + (order_at + branch * (SLOTS * n_d)), c0, c1, c2, fwd_p[:, sel],
-                                bwd_p[:, sel], pga_f[sel], eff, pipeline[:, sel],
-                                optimizer_s[at_s + sharded * (SLOTS * n_d)])
-            fastest = step[0] if n_o == 1 else np.minimum(step[0], step[1])
-            for o in range(2, n_o):
-                fastest = np.minimum(fastest, step[o])
-            best[row if sel is None else (row, sel)] = fastest
-    return np.take(best.ravel(), at_kind)
+                opt_s = optimizer_s[at_s + sharded * (SLOTS * n_d)]
+                step, exposed, slow = _dp_step(branch, at_s + (order_at + branch * (SLOTS * n_d)), c0, c1, c2,
+                                               fwd_p[:, sel], bwd_p[:, sel], pga_f[sel], eff, pipeline[:, sel], opt_s,
+                                               terms)
+                where = (slice(None), row, sel)
+            best[where] = step
+            if terms is not None:
+                dp_exposed[where], dp_slow[where], opt_kind[where] = exposed, slow, opt_s
+                for t_i, *each in terms:
+                    for what, x in enumerate(each):
+                        dp_each[what, t_i][where] = x
+                terms.clear()
+    step_o = np.take(best.reshape(n_o, -1), at_kind, axis=1)
+    if not parts:
+        return step_o
+    # ---- each layout on its fastest order (the first of equals, as step_time() keeps the
+    # earlier): the named parts of parts.StepArrays
+    idx = np.argmin(step_o, axis=0)
+    cols = np.arange(n)
+
+    def of_kind(x: np.ndarray) -> np.ndarray:
+        return np.take(x.reshape(n_o, -1), at_kind, axis=1)[idx, cols]
+
+    def of_p(x: np.ndarray) -> np.ndarray:
+        return np.broadcast_to(x, (n_o, n_p))[:, p_inv][idx, cols]
+
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        n_slow = deg.per_slot[slot_p, pd]                      # the slowest stage's blocks, (order, P)
+        n_slow_bwd = deg.per_slot[4 * deg.n_slots + slot_p, pd]   # those with a backward pass
+        ga = pga_f[p_inv]
+        n_slow_l, cp_l, ep_l = of_p(n_slow), of_p(cp_block_p), of_p(ep_block_p)
+        fwd_l, bwd_l, t_mb_l = of_p(fwd_p), of_p(bwd_p), of_p(t_mb)
+        comm_tp = ga * (of_p(comm_p) - n_slow_l * (cp_l + ep_l))
+        comm_pp = ga * of_p(p2p_all * (1 - eff.pp_overlap))
+        compute = ga * (fwd_l + bwd_l)
+        bubble = bubble_share[p_inv] * t_mb_l
+    n_seq = a.micro_batch * a.grad_accum * a.dp * a.ep
+    flops = distinct_rows([n_seq, a.recompute], _rows(2, np.float64, "flops", m, setup.seq_len),
+                           lambda n_, rc_: _flops_row(m, setup.seq_len, n_, rc_))
+    return StepArrays(orders=tuple(orders), order=idx, step_time_s=step_o[idx, cols], compute_s=compute,
+                      comm_tp_s=comm_tp, comm_cp_s=(ga * n_slow_l) * cp_l, comm_ep_s=(ga * n_slow_l) * ep_l,
+                      comm_dp_s=of_kind(dp_exposed), comm_pp_s=comm_pp, bubble_s=bubble,
+                      optimizer_s=of_kind(opt_kind), dp_slowdown_s=of_kind(dp_slow), micro_batch_s=t_mb_l,
+                      fwd_mb_s=fwd_l, bwd_mb_s=bwd_l, slow_stage=of_p(deg.stage[slot_p, pd]),
+                      n_slow=n_slow_l.astype(np.int64), n_slow_bwd=of_p(n_slow_bwd).astype(np.int64),
+                      grad_accum=a.grad_accum, dp_branch=BRANCH[pair],
+                      dp_each=np.stack([np.stack([of_kind(dp_each[k, t]) for t in range(3)]) for k in range(3)]),
+                      efficiency=eff, tokens_per_step=n_seq * setup.seq_len,
+                      n_gpus=a.dp * a.tp * a.pp * a.cp * a.ep, model_flops=flops[0], hardware_flops=flops[1],
+                      peak_flops_per_s=cluster.gpu.peak_flops_per_s(setup.precision_spec.compute_dtype))
+
+
+def _flops_row(m: ModelSpec, seq_len: int, n_sequences: int, recompute: int) -> tuple[float, float]:
+    f = flops_per_step(m, seq_len, n_sequences, RECOMPUTES[recompute])
+    return f.model_flops, f.hardware_flops
 
 
 def forget_tables() -> None:
     """Drop the degree tables kept across calls, so that the next call builds them again;
     the per-shape tables and the topology's links stay. For benchmarks."""
-    _DEGREE_CACHE.clear()
+    DEGREE_CACHE.clear()
+
+
+def step_times(m: ModelSpec, setup: TrainingSetup, layouts: Sequence[Layout], cluster: Cluster,
+               eff: Efficiency = DEFAULT_EFFICIENCY, pc: ParamCount | None = None,
+               orders: Sequence[tuple[str, ...]] = PLACEMENT_ORDERS) -> list[StepTime]:
+    """The StepTime of every layout of ``layouts``, from one batched call per sequence length
+    (the layouts' own, which the search makes setup.seq_len): the rows of step_arrays(), each
+    on the fastest of the placement ``orders``."""
+    out: list[StepTime | None] = [None] * len(layouts)
+    for seq_len in sorted({lay.seq_len for lay in layouts}):
+        at = [i for i, lay in enumerate(layouts) if lay.seq_len == seq_len]
+        s = setup if seq_len == setup.seq_len else replace(setup, seq_len=seq_len)
+        try:
+            rows = step_arrays(m, s, LayoutArrays.from_layouts([layouts[i] for i in at]), cluster, eff, pc,
+                               orders).rows()
+        except Unsupported as e:
+            raise UserError(f"model {m.name}: {e}; the step-time model covers models below about 10^15 "
+                            "parameters") from None
+        for i, row in zip(at, rows):
+            out[i] = row
+    return [x for x in out if x is not None]
+
+
+def step_time(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster,
+              eff: Efficiency = DEFAULT_EFFICIENCY, pc: ParamCount | None = None,
+              orders: Sequence[tuple[str, ...]] = PLACEMENT_ORDERS) -> StepTime:
+    """The step time of ``lay`` on the fastest of the placement ``orders``: the batch of one."""
+    (st,) = step_times(m, setup, [lay], cluster, eff, pc, orders)
+    return st

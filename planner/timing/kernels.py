@@ -158,7 +158,7 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
     weights are frozen, so each base GEMM runs one backward GEMM (the input gradient)
     instead of two, and the adapters add their own GEMMs (forward, and twice that in
     backward). Under freeze a block either trains in full or runs no backward at all
-    (pipeline_part counts which: backward_layers()), so its times are full training's.
+    (timing.fast counts which: backward_layers()), so its times are full training's.
     """
     r = rates(gpu, setup.precision_spec.compute_dtype, eff)
     prec = setup.precision_spec
@@ -279,3 +279,17 @@ def backward_layers(ft: FinetuneSpec, n_layers_total: int, first_layer: int, n_l
     activations either (finetune.activation_layers, which this is). LoRA adapters sit in
     every block, so every block runs backward."""
     return activation_layers(ft, n_layers_total, first_layer, n_layers)
+
+
+def layer_key(lay: Layout) -> Layout:
+    """The fields of ``lay`` a block's time depends on (layer_time's cache key)."""
+    return Layout(tp=lay.tp, sp=lay.sp, cp=lay.cp, ep=lay.ep, micro_batch=lay.micro_batch,
+                  seq_len=lay.seq_len, recompute=lay.recompute)
+
+
+def block_kernels(setup: TrainingSetup, lay: Layout) -> str:
+    """The kernels a block runs: the set-up's, or under "auto" fused kernels (Megatron-LM,
+    Transformer Engine) where tp, pp or cp exceeds 1 and eager PyTorch otherwise."""
+    if setup.kernels != "auto":
+        return setup.kernels
+    return "fused" if (lay.tp > 1 or lay.pp > 1 or lay.cp > 1) else "eager"

@@ -18,8 +18,12 @@ exclude recomputation (MFU, Chowdhery et al. 2022, PaLM, App. B; Korthikanti et 
 "hardware" FLOPs include it (the convention of Narayanan et al.'s Table 1).
 
 The model lives in planner/timing/ by concern: flops.py, efficiency.py, kernels.py (block and
-head times per shape), collectives.py, pipeline.py, dp.py and step.py; this module gathers
-their public names, the ones the rest of the planner imports.
+head times per shape), dp.py (what a rank trains, the optimizer's bytes), degrees.py (the tables per
+distinct degrees and block shape), fast.py (the step of a batch of layouts: pipeline, data
+parallelism, each layout's fastest placement),
+parts.py (its named terms as arrays, StepArrays) and step.py (StepTime, a row of them);
+step_time() is the batch of one. This module gathers their public names, the ones the rest
+of the planner imports.
 """
 
 from planner.hardware.placement import (
@@ -30,18 +34,10 @@ from planner.hardware.placement import (
     cluster_for,
     scale_up_domain_gpus,
 )
-from planner.timing.collectives import (
-    all_reduce_s,
-    gather_s,
-    hide,
-    send_s,
-)
+from planner.timing.collectives import all_reduce_s, gather_s
 from planner.timing.dp import (
-    dp_collectives,
-    dp_parts,
     hybrid_shard,
     optimizer_bytes_per_param,
-    optimizer_time_s,
     trained_split,
 )
 from planner.timing.efficiency import (
@@ -57,6 +53,7 @@ from planner.timing.efficiency import (
     PLACEMENT_ORDERS,
     Efficiency,
 )
+from planner.timing.fast import step_arrays, step_time, step_times
 from planner.timing.flops import (
     LayerFlops,
     StepFlops,
@@ -71,27 +68,17 @@ from planner.timing.kernels import (
     LayerTime,
     Rates,
     backward_layers,
+    block_kernels,
     elementwise_bytes_per_token,
     frozen_block_extra_s,
     gemm_time_s,
     head_backward_gemms,
+    layer_key,
     layer_time,
     rates,
 )
-from planner.timing.pipeline import (
-    PipelinePart,
-    block_kernels,
-    layer_key,
-    pipeline_part,
-)
-from planner.timing.step import (
-    DpCollective,
-    StepParts,
-    StepTime,
-    distinct_orders,
-    step_parts,
-    step_time,
-)
+from planner.timing.parts import DpCollective, StepArrays
+from planner.timing.step import StepTime
 
 __all__ = [
     "CROSS_ENTROPY_BYTES_PER_LOGIT",
@@ -112,19 +99,15 @@ __all__ = [
     "ElementwiseBytes",
     "LayerFlops",
     "LayerTime",
-    "PipelinePart",
     "Rates",
+    "StepArrays",
     "StepFlops",
-    "StepParts",
     "StepTime",
     "all_reduce_s",
     "axis_links",
     "backward_layers",
     "block_kernels",
     "cluster_for",
-    "distinct_orders",
-    "dp_collectives",
-    "dp_parts",
     "elementwise_bytes_per_token",
     "flops_per_step",
     "frozen_block_extra_s",
@@ -133,19 +116,16 @@ __all__ = [
     "hardware_flops_per_token",
     "head_backward_gemms",
     "head_flops",
-    "hide",
     "hybrid_shard",
     "layer_flops",
     "layer_key",
     "layer_time",
     "model_flops_per_token",
     "optimizer_bytes_per_param",
-    "optimizer_time_s",
-    "pipeline_part",
     "rates",
     "scale_up_domain_gpus",
-    "send_s",
-    "step_parts",
+    "step_arrays",
     "step_time",
+    "step_times",
     "trained_split",
 ]

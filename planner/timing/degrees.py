@@ -1,0 +1,330 @@
+"""The step-time model's tables per distinct degrees (tp, cp, ep, dp, pp) and per block shape,
+which planner.timing.fast reads for a batch of layouts: each axis's links on each placement
+order, the stages that can be the slowest and their ranks' trainable and frozen parameters,
+the data-parallel collectives of every sharding and the optimizer update (Degrees, kept
+across calls in DEGREE_CACHE), one block shape's times and volumes (block_row), and the
+memo of slowest stages per block shape (SlowestMemo). See planner.timing.fast for the model.
+"""
+
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import lru_cache
+from typing import NamedTuple
+
+import numpy as np
+
+from planner.hardware.placement import FALLBACK_INTRA_LATENCY_S, Cluster, axis_links
+from planner.hardware.topology import AXES
+from planner.layouts.batch import RECOMPUTES, Unsupported
+from planner.layouts.groups import Rows as _Rows
+from planner.layouts.groups import TableCache
+from planner.layouts.groups import group as _group
+from planner.layouts.groups import rows as _rows
+from planner.layouts.layout import SHARDINGS, Layout
+from planner.memory.model import stage_layers
+from planner.models.spec import ModelSpec, ParamCount
+from planner.timing.collectives import Ring
+from planner.timing.dp import hybrid_shard, optimizer_bytes_per_param, trained_split
+from planner.timing.efficiency import (
+    CROSS_ENTROPY_BYTES_PER_LOGIT,
+    CROSS_ENTROPY_FORWARD_SHARE,
+    Efficiency,
+)
+from planner.timing.kernels import (
+    backward_layers,
+    gemm_time_s,
+    head_backward_gemms,
+    layer_time,
+    rates,
+)
+from planner.timing.parts import (
+    ALL_REDUCE,
+    FSDP_GRAD_OP,
+    FSDP_HYBRID,
+    SHARD_3,
+    ZERO_12,
+)
+from planner.training.setup import TrainingSetup
+
+EXACT_INT = 2**53          # integers below this convert to float64 exactly
+SLOTS = 3                  # the stages a pipeline's slowest can be: first, last, fullest
+N_VALS = 7                 # what SlowestMemo keeps of a slowest stage: t, fwd, bwd, hidden, comm, and
+                           # one block's exposed cp and ep seconds
+
+
+
+def branches() -> np.ndarray:
+    """The branch of each (ZeRO stage, sharding), indexed by 4 x stage + SHARDINGS index."""
+    out = np.zeros(4 * len(SHARDINGS), dtype=np.int64)
+    for stage in range(4):
+        for i, name in enumerate(SHARDINGS):
+            if stage == 3:
+                b = FSDP_HYBRID if name == "fsdp-hybrid" else SHARD_3
+            elif stage == 2 and name.startswith("fsdp"):
+                b = FSDP_GRAD_OP
+            elif stage in (1, 2):
+                b = ZERO_12
+            else:
+                b = ALL_REDUCE
+            out[len(SHARDINGS) * stage + i] = b
+    return out
+
+
+BRANCH = branches()
+
+
+# ------------------------------------------------------------------ memoised tables
+
+class SlowestMemo:
+    """The slowest stage (the max() of (time, fwd, bwd, comm, hidden, stage) over the stages) per block shape and
+    Degrees.q_d, on each distinct set of tp, cp and ep links of the placement orders,
+    kept with a Degrees entry: a search or sweep asks for the same ones again for other
+    micro-batches, accumulations and shardings. Block shapes are numbered in the order
+    they arrive (``local``: the block table's row -> that number)."""
+
+    def __init__(self, n_q_d: int, n_sets: int) -> None:
+        self.n_q_d, self.n_sets = n_q_d, n_sets
+        self.clear(None)
+
+    def clear(self, blocks: _Rows | None) -> None:
+        self.blocks = blocks                                # the block table whose rows these are
+        self.local = np.full(0, -1, dtype=np.int64)
+        self.n_local = 0
+        self.known = np.zeros(0, dtype=bool)
+        self.vals = np.zeros((self.n_sets, N_VALS, 0))      # t, fwd, bwd, hidden, comm, cp and ep per block
+        self.slot = np.zeros((self.n_sets, 0), dtype=np.int64)
+
+    def numbers(self, blocks: _Rows, block_rows: np.ndarray) -> np.ndarray:
+        """The numbers of the rows ``block_rows`` of the block table ``blocks``, making room
+        for new ones (and starting afresh on another block table: _rows() makes a new one
+        when it is full); a (block row, q_d)'s place in the tables is its number x n_q_d + q_d."""
+        if blocks is not self.blocks:
+            self.clear(blocks)
+        if len(self.local) <= int(block_rows.max()):
+            self.local = np.concatenate([self.local, np.full(int(block_rows.max()) + 1 - len(self.local), -1)])
+        local = self.local[block_rows]
+        if local.min() < 0:
+            new = np.unique(block_rows[local < 0])
+            self.local[new] = np.arange(self.n_local, self.n_local + len(new))
+            self.n_local += len(new)
+            more = len(new) * self.n_q_d
+            self.known = np.concatenate([self.known, np.zeros(more, dtype=bool)])
+            self.vals = np.concatenate([self.vals, np.zeros((self.n_sets, N_VALS, more))], axis=2)
+            self.slot = np.concatenate([self.slot, np.zeros((self.n_sets, more), dtype=np.int64)], axis=1)
+            local = self.local[block_rows]
+        return local
+
+
+def distinct_rows(columns: Sequence[np.ndarray], rows: _Rows, fn: Callable[..., tuple],
+                   bounds: Sequence[tuple[int, int] | None] | None = None) -> np.ndarray:
+    """rows.lookup() of each distinct row of ``columns``, spread over every element, as a
+    (width, elements) array whose rows are contiguous. ``bounds``: as for fastscore._group()."""
+    inverse, first = _group(columns, bounds)
+    keys = list(zip(*(col[first].tolist() for col in columns)))
+    return np.take(np.ascontiguousarray(rows.lookup(keys, fn).T), inverse, axis=1)
+
+
+@lru_cache(maxsize=4096)
+def stage_slots(n_layers: int, pp: int) -> tuple[tuple[int, int], ...]:
+    """(stage, layers) of the stages a pipeline's slowest can be, in increasing stage order."""
+    counts = stage_layers(n_layers, pp)
+    return tuple((s, counts[s]) for s in sorted({0, len(counts) - 1, counts.index(max(counts))}))
+
+
+# --------------------------------------------------- timing's collectives, on arrays
+
+# ------------------------------------------------------------------------ the step
+
+BLOCK_FIELDS = ("fwd_s", "bwd_s", "attention_fwd_s", "tp_bytes", "tp_collectives", "cp_bytes", "cp_passes",
+                 "ep_bytes", "ep_all_to_alls")
+
+
+def block_row(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Efficiency, kernels: str, tp: int,
+               sp: int, cp: int, ep: int, mb: int, rc: int) -> tuple[float, ...]:
+    """One block shape's LayerTime fields, then what the pipeline derives from the
+    micro-batch alone: the LM head and loss added to the last stage's forward and
+    backward, the bytes of the tp all-reduce at each pipeline edge and of a pipeline send."""
+    gpu, prec = cluster.gpu, setup.precision_spec
+    seq, h, a = setup.seq_len, m.d_model, prec.activation_bytes
+    key = Layout(tp=tp, sp=bool(sp), cp=cp, ep=ep, micro_batch=mb, seq_len=seq, recompute=RECOMPUTES[rc])
+    lt = layer_time(m, setup, key, kernels, gpu, eff)
+    r = rates(gpu, prec.compute_dtype, eff)
+    tokens = mb * seq / cp
+    head_fwd = gemm_time_s(tokens, m.vocab_size / tp, h, r.matmul_flops_per_s, r.hbm_bytes_per_s, prec.weight_bytes)
+    loss_s = tokens * m.vocab_size / tp * CROSS_ENTROPY_BYTES_PER_LOGIT / r.hbm_bytes_per_s
+    head_bwd = head_backward_gemms(setup.finetune)
+    return (*(float(getattr(lt, f)) for f in BLOCK_FIELDS),
+            head_fwd + loss_s * CROSS_ENTROPY_FORWARD_SHARE,
+            head_bwd * head_fwd + loss_s * (1 - CROSS_ENTROPY_FORWARD_SHARE),
+            tokens * h * a, tokens * h * a / tp)
+
+
+class Degrees(NamedTuple):
+    """What step_times_s() reads per distinct degrees (D: tp, cp, ep, dp, pp), as
+    (rows, D) tables."""
+
+    stage: np.ndarray          # (SLOTS, D): the stages a pipeline's slowest can be, -1: none
+    links: list[np.ndarray]    # per placement order (10, D): bus bandwidth, hop latency of each axis
+    optimizer_s: np.ndarray    # (2 x SLOTS x D): the optimizer update unsharded, sharded
+    c0: np.ndarray             # (orders x 5 branches x SLOTS x D): the data-parallel collectives' three terms (parts.DP_TERMS)
+    c1: np.ndarray
+    c2: np.ndarray
+    n_slots: int               # the slots some pipeline has
+    per_slot: np.ndarray       # (5 x n_slots, D): layers, pipeline edges, last stage, -inf if absent, backward layers
+    q_d: np.ndarray            # per D: its pipeline depth and tp, cp, ep links on every order, numbered 0, 1, ...
+    n_q_d: int
+    inner_of: tuple[int, ...]  # per order: its set of tp, cp, ep links (the first order with the same ones)
+    slowest: SlowestMemo
+    pp_on: np.ndarray          # (orders, D): pp > 1 and a finite pipeline hop latency
+    pp_link: np.ndarray        # (2, orders, D): pipeline hop latency and bus bandwidth x bus fraction, and
+    pp_send: np.ndarray        # the same with latency 0.0 and bandwidth inf where not pp_on (sends add 0.0)
+
+
+# Degree tables kept across calls, per (model, set-up, cluster, efficiencies, placement
+# orders, distinct degrees): a search or a sweep scores the same GPU counts' layouts again
+# and again (other micro-batches, recomputation, ZeRO stages), and these tables are most
+# of a call's fixed cost. Least recently used first out.
+DEGREE_CACHE = TableCache(max_entries=32, max_bytes=64 * 2**20)
+
+
+def degree_tables(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: Cluster, eff: Efficiency,
+                   orders: list[tuple[str, ...]], degrees: tuple[np.ndarray, ...], degrees_key: bytes,
+                   any_hybrid: bool) -> Degrees:
+    """build_degrees(), or its answer for the same arguments from an earlier call
+    (``degrees_key``: LayoutGroups.degrees_key)."""
+    key = (m, pc, setup, cluster, eff, tuple(orders), any_hybrid, degrees_key)
+    hit = DEGREE_CACHE.get(key)
+    if hit is not None:
+        return hit
+    out = build_degrees(m, pc, setup, cluster, eff, orders, degrees, any_hybrid)
+    DEGREE_CACHE.put(key, out)
+    return out
+
+
+def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: Cluster, eff: Efficiency,
+                   orders: list[tuple[str, ...]], degrees: tuple[np.ndarray, ...], any_hybrid: bool) -> Degrees:
+    """Per distinct degrees: the stages that can be the slowest and their ranks'
+    parameters, each axis's links on each placement order, the optimizer update and the
+    data-parallel collectives of every sharding. Raises Unsupported for parameter bytes
+    too large to convert to floats exactly."""
+    tp, cp, ep, dp, pp = degrees
+    n_d = len(tp)
+    gpu, prec = cluster.gpu, setup.precision_spec
+    r = rates(gpu, prec.compute_dtype, eff)
+    bus = eff.bus_fraction
+    # ---- per D: the stages that can be the slowest, their ranks' parameters, the links;
+    # (slots, D) tables
+    ft = setup.finetune
+    wb = prec.weight_bytes
+
+    def stages_of(tp_: int, ep_: int, pp_: int) -> tuple[int, ...]:
+        """Per slot: the stage (-1: none), its layers, its blocks with a backward pass, its
+        rank's trainable dense and expert parameters, and its frozen dense and expert bytes
+        (timing.trained_split)."""
+        out = [-1] * SLOTS + [0] * (6 * SLOTS)
+        counts = stage_layers(m.n_layers, pp_)
+        for j, (s, c) in enumerate(stage_slots(m.n_layers, pp_)):
+            sp = trained_split(m, pc, setup, Layout(tp=tp_, ep=ep_, pp=pp_), s, c)
+            n_bwd = backward_layers(ft, m.n_layers, sum(counts[:s]), c)
+            for i, x in enumerate((s, c, n_bwd, sp.trainable_dense, sp.trainable_expert, sp.frozen_dense_bytes,
+                                   sp.frozen_expert_bytes)):
+                out[i * SLOTS + j] = x
+        return tuple(out)
+
+    stage_d, layers_d, bwd_layers_d, dense, expert, frozen_dense, frozen_expert = np.split(
+        distinct_rows([tp, ep, pp], _rows(7 * SLOTS, np.int64, "stages", m, pc, ft, wb), stages_of), 7)
+    if max(int(dense.max()), int(expert.max())) * 8 >= EXACT_INT or \
+            max(int(frozen_dense.max()), int(frozen_expert.max())) * 2 >= EXACT_INT:
+        raise Unsupported("a stage's parameter bytes are too large for exact float conversion")
+    dense, expert = dense.astype(np.float64), expert.astype(np.float64)       # trainable
+    frozen_dense, frozen_expert = frozen_dense.astype(np.float64), frozen_expert.astype(np.float64)
+
+    def links_of(*sizes: int) -> tuple[float, ...]:
+        out: list[float] = []
+        for order in orders:
+            lk = axis_links(cluster, sizes, order)
+            out += [x for ax in AXES for x in (lk[ax].bus_bytes_per_s, lk[ax].latency_s)]
+        return tuple(out)
+
+    keys = list(zip(tp.tolist(), cp.tolist(), ep.tolist(), dp.tolist(), pp.tolist()))
+    every = np.ascontiguousarray(_rows(10 * len(orders), np.float64, "links", cluster, tuple(orders))
+                                 .lookup(keys, links_of).T)
+    links = [every[10 * i:10 * i + 10] for i in range(len(orders))]      # per order: bw, lat of each axis
+
+    # ---- per D: the optimizer update unsharded and sharded (timing.optimizer_time_s), as
+    # (2, slots, D) flattened
+    moe = m.is_moe
+    n_dense, n_expert = dp * cp * ep, dp * cp
+    nd_f, ne_f = n_dense.astype(np.float64), n_expert.astype(np.float64)
+    per_param = optimizer_bytes_per_param(setup)
+    unsharded = dense + expert if moe else dense
+    sharded = dense / nd_f + expert / ne_f if moe else dense / nd_f
+    optimizer_s = np.concatenate([(unsharded * per_param / r.hbm_bytes_per_s).ravel(),
+                                  (sharded * per_param / r.hbm_bytes_per_s).ravel()])
+    g_b, w_b = eff.grad_reduce_bytes or prec.grad_bytes, prec.weight_bytes
+    has_frozen = bool(frozen_dense.any() or frozen_expert.any())
+    hybrid = None
+    if any_hybrid:
+        (inside,) = distinct_rows([tp, n_dense], _rows(1, np.int64, "hybrid", gpu.gpus_per_node),
+                                   lambda tp_, dd: (hybrid_shard(Layout(tp=tp_, dp=dd), gpu.gpus_per_node),))
+        hybrid = (inside.astype(np.float64), np.maximum(1, n_dense // inside),
+                  Ring.of(inside, gpu.intra_node_bytes_per_s, FALLBACK_INTRA_LATENCY_S, bus, 1))
+
+    def dp_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The data-parallel collectives per (order, branch, slot, D), flattened: c0 once a step under
+        the backward, c1 under the forward, c2 under the backward."""
+        pick, cols = np.where(dp > 1, 6, np.where(cp > 1, 2, 4)), np.arange(n_d)   # dp, else cp, else ep link
+        bw = np.stack([lk[pick, cols] for lk in links])[:, None, :]          # (orders, 1, D)
+        lat = np.stack([lk[pick + 1, cols] for lk in links])[:, None, :]
+        ring_d = Ring.of(n_dense, bw, lat, bus, 1)
+
+        def over_dp(ring: Ring, ring_e: Ring | None, per: int, frozen: bool = False) -> np.ndarray:
+            """Trainable parameters x ``per`` bytes, plus the frozen base's bytes."""
+            out = ring.time_s(frozen_dense + dense * per if frozen else dense * per)
+            if ring_e is None:
+                return out
+            return out + ring_e.time_s(frozen_expert + expert * per if frozen else expert * per)
+
+        ring_e = Ring.of(n_expert, bw, lat, bus, 1) if moe else None
+        ag = over_dp(ring_d, ring_e, w_b)                   # the trainable weights (ZeRO-1/2)
+        ag_all = over_dp(ring_d, ring_e, w_b, True) if has_frozen else ag   # and the frozen (ZeRO-3, FSDP)
+        rs = ag if g_b == w_b else over_dp(ring_d, ring_e, g_b)
+        ar = over_dp(Ring.of(n_dense, bw, lat, bus, 2), Ring.of(n_expert, bw, lat, bus, 2) if moe else None, g_b)
+        zero = np.zeros_like(ag)
+        c0, c1, c2 = [ar, rs, zero, zero, zero], [zero, ag, ag_all, ag_all, zero], [zero, zero, rs, ag_all + rs, zero]
+        if hybrid is not None:
+            inside_f, across, intra = hybrid          # hybrid_shard ranks inside, replicas across
+            total = dense + expert
+            ag_h = intra.time_s((frozen_dense + frozen_expert) + total * w_b if has_frozen else total * w_b)
+            rs_h = intra.time_s(total * g_b)
+            c0[FSDP_HYBRID] = Ring.of(across, bw, lat, bus, 2).time_s(total * g_b / inside_f)
+            c1[FSDP_HYBRID], c2[FSDP_HYBRID] = ag_h, ag_h + rs_h
+        return tuple(np.stack([np.broadcast_to(x, ag.shape) for x in c], axis=1).ravel()  # type: ignore[return-value]
+                     for c in (c0, c1, c2))
+
+    # each stage slot's layers, pipeline edges (embedding, LM head), whether it is the last
+    # stage, -inf for a slot the pipeline does not have, and its blocks with a backward pass
+    n_slots = int((stage_d >= 0).any(axis=1).sum())
+    last = stage_d[:n_slots] == pp - 1
+    per_slot = np.concatenate([layers_d[:n_slots].astype(np.float64),
+                               (stage_d[:n_slots] == 0) + last.astype(np.float64), last.astype(np.float64),
+                               np.where(stage_d[:n_slots] >= 0, 0.0, -np.inf),
+                               bwd_layers_d[:n_slots].astype(np.float64)])
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        c0, c1, c2 = dp_tables()
+    # the degrees that give a stage the same time for the same block: the same depth (the
+    # stages and their layers) and the same tp, cp and ep links on every order
+    inner = np.concatenate([pp[None].astype(np.float64)] + [lk[:6] for lk in links]).T
+    numbers: dict[bytes, int] = {}
+    q_d = np.array([numbers.setdefault(row.tobytes(), len(numbers)) for row in inner], dtype=np.int64)
+    inner_of = []
+    for lk in links:
+        inner_of.append(next(j for j in range(len(links)) if np.array_equal(links[j][:6], lk[:6])))
+    every_order = np.stack(links)                                     # (orders, 10, D)
+    pp_on = (pp > 1) & ~np.isinf(every_order[:, 9])
+    pp_link = np.stack([every_order[:, 9], every_order[:, 8] * bus])
+    pp_send = np.stack([np.where(pp_on, pp_link[0], 0.0), np.where(pp_on, pp_link[1], np.inf)])
+    return Degrees(stage_d, links, optimizer_s, c0, c1, c2, n_slots, per_slot, q_d, len(numbers), tuple(inner_of),
+                    SlowestMemo(len(numbers), len(links)), pp_on, pp_link, pp_send)
