@@ -39,7 +39,7 @@ def test_16384_gpu_dgx_h100_plan_is_covered():
 
 @pytest.mark.parametrize("args, largest", [
     (("--model", "8b", "--gpus", "4090", "--n-gpus", "8"), "4"),
-    (("--model", "405b", "--gpus", "h100", "--n-gpus", "32768"), "16384"),
+    (("--model", "405b", "--gpus", "h100", "--n-gpus", "32768", "--max-gpus", "32768"), "16384"),
 ])
 def test_a_plan_larger_than_its_topology_is_refused_in_one_line(args, largest):
     r = run(*args)
