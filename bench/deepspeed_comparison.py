@@ -14,10 +14,16 @@ import time
 from pathlib import Path
 
 from planner import api
-from planner.measure.crosscheck import (crosscheck, deepspeed_figures, estimator_inputs, not_described,
-                                plan_model_states, planner_as_deepspeed)
 from planner.hardware.gpus import get_gpu
 from planner.layouts.layout import Layout
+from planner.measure.crosscheck import (
+    crosscheck,
+    deepspeed_figures,
+    estimator_inputs,
+    not_described,
+    plan_model_states,
+    planner_as_deepspeed,
+)
 from planner.models.spec import load_model
 from planner.report.text import gib
 from planner.training.setup import TrainingSetup

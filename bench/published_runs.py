@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from planner.hardware.gpus import get_gpu
+from planner.hardware.topology import load_topology
 from planner.layouts.layout import Layout, SearchSpace, reject_reason
 from planner.memory.model import per_rank_memory
 from planner.models.spec import ModelSpec, count_params
 from planner.timing.model import MEGATRON_2021, MEGATRON_CORE, Cluster, Efficiency, StepTime, step_time
-from planner.hardware.topology import load_topology
 from planner.training.setup import TrainingSetup
 
 ROOT = Path(__file__).resolve().parent.parent

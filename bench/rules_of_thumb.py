@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from planner.api import plan
-from planner.training.finetune import FinetuneSpec, n_trainable_params
 from planner.hardware.gpus import get_gpu
-from planner.memory.inference import LoadSetup, load_memory
 from planner.layouts.layout import Layout
+from planner.memory.inference import LoadSetup, load_memory
 from planner.memory.model import per_rank_memory
 from planner.models.spec import ModelSpec, count_params, load_model, spec_from_hf_config
+from planner.training.finetune import FinetuneSpec, n_trainable_params
 from planner.training.setup import TrainingSetup
 from planner.units import GB, GiB
 

@@ -39,7 +39,8 @@ from planner.layouts.layout import Layout
 from planner.memory.model import stage_layers
 from planner.models.spec import SUPPORTED_MODEL_TYPES, count_params, load_model
 from planner.stacks import default_stack
-from planner.stacks.megatron import LaunchEnv, megatron_args_errors, parse_args as megatron_parse
+from planner.stacks.megatron import LaunchEnv, megatron_args_errors
+from planner.stacks.megatron import parse_args as megatron_parse
 from planner.training.setup import TrainingSetup
 
 H100 = get_gpu("h100")

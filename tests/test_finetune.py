@@ -17,12 +17,17 @@ import pytest
 
 from planner.api import plan, plan_methods
 from planner.errors import UserError
-from planner.training.finetune import (FinetuneSpec, block_linears, linear_weight_bytes, n_trainable_params,
-                              resolve_targets)
 from planner.hardware.gpus import get_gpu
 from planner.layouts.layout import Layout, SearchSpace, reject_reason
 from planner.memory.model import per_rank_memory
 from planner.models.spec import count_params, load_model, preset_config, spec_from_hf_config
+from planner.training.finetune import (
+    FinetuneSpec,
+    block_linears,
+    linear_weight_bytes,
+    n_trainable_params,
+    resolve_targets,
+)
 from planner.training.setup import TrainingSetup
 from planner.units import GB, GiB, TiB
 
