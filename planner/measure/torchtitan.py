@@ -267,7 +267,7 @@ def trainer_config(setup: TitanSetup, n_layers: int) -> Any:
     p = cfg.parallelism
     p.spmd_backend = "partial_dtensor"               # trap 2
     p.data_parallel_shard_degree, p.tensor_parallel_degree = setup.dp, setup.tp
-    p.fsdp_reshard_after_forward = SHARDINGS[setup.sharding]   # type: ignore[assignment]
+    p.fsdp_reshard_after_forward = SHARDINGS[setup.sharding]
     cfg.training.seq_len, cfg.training.local_batch_size = setup.seq_len, setup.micro_batch
     cfg.training.disable_cuda_graphs = True
     model.update_from_config(config=cfg)             # sharding specs, RoPE cache at seq_len

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 from planner.fmt import amount, days, duration, gib, params, plural, usd
 from planner.memory.model import CATEGORIES
@@ -105,7 +105,7 @@ class _Buffer(io.StringIO):
         return self._encoding
 
 
-def _colour_system() -> str:
+def _colour_system() -> Literal["truecolor", "256", "standard"]:
     if os.environ.get("COLORTERM", "").lower() in ("truecolor", "24bit"):
         return "truecolor"
     return "256" if "256" in os.environ.get("TERM", "") else "standard"
