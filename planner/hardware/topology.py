@@ -388,7 +388,8 @@ def build_graph(top: ClusterTopology, n_nodes: int) -> nx.Graph:
             _link(g, a, b, _present(pcie.socket_link_bytes_per_s, "socket_link_bytes_per_s"), 0.0, CPU)
         for s, sw in enumerate(switches):
             if sockets:
-                _link(g, sw, sockets[s * len(sockets) // len(switches)], _present(pcie.uplink_bytes_per_s, "uplink_bytes_per_s"), 0.0, PCIE)
+                _link(g, sw, sockets[s * len(sockets) // len(switches)],
+                      _present(pcie.uplink_bytes_per_s, "uplink_bytes_per_s"), 0.0, PCIE)
         hosts = switches or sockets        # where GPUs and NICs plug in
         for local in range(gpn):
             gpu = node * gpn + local
@@ -410,7 +411,8 @@ def build_graph(top: ClusterTopology, n_nodes: int) -> nx.Graph:
             first = node * gpn
             for ga in range(first, first + gpn):
                 for gb in range(ga + 1, first + gpn):
-                    _link(g, ga, gb, _present(intra.peer_link_bytes_per_s, "peer_link_bytes_per_s"), intra.latency_s, SCALE_UP)
+                    _link(g, ga, gb, _present(intra.peer_link_bytes_per_s, "peer_link_bytes_per_s"),
+                          intra.latency_s, SCALE_UP)
 
     if intra.fabric == "nvswitch":
         # an nvswitch fabric always gives gpu_link_gb_per_s (checked where the topology is read)
