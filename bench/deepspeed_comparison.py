@@ -111,7 +111,8 @@ def chosen_plans() -> tuple[list[str], dict[str, tuple[str, ...]]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "docs" / "deepspeed-comparison.md")
+    ap.add_argument("--out", type=Path,
+                    default=Path(__file__).resolve().parent.parent / "docs" / "deepspeed-comparison.md")
     args = ap.parse_args()
     t0 = time.perf_counter()
     table1 = like_for_like()

@@ -220,7 +220,8 @@ def measured_rows(progress: Callable[[str], None] = lambda s: None) -> list[tupl
         shard = {0: "replicated", 2: "FSDP2 grad-op", 3: "FSDP2 full"}[lay.zero_stage]
         where = f"{shard}, dp={dp}" + (", full recompute" if lay.recompute == "full" else "")
         what = ft.describe(m).split(";")[0] + (f", dropout {ft.lora_dropout}" if ft.lora_dropout else "")
-        row = (f"{precision}, {where}", what, cmp.rows[-1].predicted_bytes, cmp.rows[-1].measured_bytes, cmp.total_error)
+        row = (f"{precision}, {where}", what, cmp.rows[-1].predicted_bytes, cmp.rows[-1].measured_bytes,
+               cmp.total_error)
         progress(f"{row[0]:<40} {row[1]:<70} {100 * row[4]:+.1f}%")
         out.append(row)
     return out

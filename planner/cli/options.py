@@ -191,7 +191,8 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return _apply([
         click.option("--model", "model_name", metavar="NAME|PATH", shell_complete=complete_models,
                      help="A preset (`plan models`) or a Hugging Face config.json."),
-        click.option("--gpus", "gpu_name", metavar="NAME", shell_complete=complete_gpus, help="GPU type (`plan gpus`), e.g. h100; with --tokens "
+        click.option("--gpus", "gpu_name", metavar="NAME", shell_complete=complete_gpus,
+                     help="GPU type (`plan gpus`), e.g. h100; with --tokens "
                                                                 "a list to choose from, e.g. h100,a100."),
         click.option("--n-gpus", type=click.IntRange(1, MAX_GPUS), default=None,
                      help="Fix the GPU count (default: the smallest that fits)."),

@@ -555,7 +555,8 @@ def titan_setup_for(hf_config: dict[str, Any], setup: TrainingSetup, lay: Layout
     if lay.ep > 1:
         raise UserError("--ep: torchtitan's Llama 3 has no experts; measure --ep 1")
     return TitanSetup(hf_config=hf_config, dp=lay.dp, tp=lay.tp, cp=lay.cp, pp=lay.pp, micro_batch=lay.micro_batch,
-                      seq_len=lay.seq_len, recompute=lay.recompute, sharding="full" if lay.zero_stage == 3 else "grad-op",
+                      seq_len=lay.seq_len, recompute=lay.recompute,
+                      sharding="full" if lay.zero_stage == 3 else "grad-op",
                       blocks=blocks, fake=fake)
 
 
