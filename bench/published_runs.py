@@ -146,7 +146,8 @@ def table(preds: list[Prediction]) -> str:
         "TFLOP/s (model) and MFU do not (Korthikanti et al. Eq. 7). The last column is per step: compute",
         "and the exposed tp, dp and pp communication, and the pipeline bubble.",
         "",
-        "| case | GPUs | layout | metric | predicted | reported | error | step (s) | compute / tp / dp / pp / bubble (s) |",
+        "| case | GPUs | layout | metric | predicted | reported | error | step (s) | compute / tp / dp / pp / bubble "
+        "(s) |",
         "|---|---:|---|---|---:|---:|---:|---:|---|",
     ]
     for p in preds:

@@ -97,7 +97,8 @@ def rows() -> list[Row]:
                    f"eager attention, AdamW: {_gb(eager)} (activations {_gb(bd['activations'])}, loss and "
                    f"logits {_gb(bd['logits'])})", eager,
                    "Scores are B x heads x S x S per layer (8 heads, not H = 512 channels): 0.5 GB per layer for "
-                   "the softmax, 64x (H / heads) less than the rule's tensor; the 30,522-word MLM loss over 32,768 tokens "
+                   "the softmax, 64x (H / heads) less than the rule's tensor; the 30,522-word MLM loss over 32,768 "
+                   "tokens "
                    "(fp32 logits and their gradients, 12 GB) is what dominates.", share))
 
     # 3. Solar 10.7B, the "4N" rule
@@ -155,7 +156,8 @@ def rows() -> list[Row]:
                        f"bf16 mixed precision, AdamW, sequence 2048: {full.n_gpus} x {gpu_name.upper()} "
                        f"({full.layout.describe()}); LoRA on {counts['lora'].n_gpus}, QLoRA on "  # type: ignore[union-attr]
                        f"{counts['qlora'].n_gpus}", full.memory.total * full.n_gpus,  # type: ignore[union-attr]
-                       f"{rule_gb / count_params(m).total * 1e9:.1f} B per parameter fits no optimizer: mixed-precision "
+                       f"{rule_gb / count_params(m).total * 1e9:.1f} B per parameter fits no optimizer: "
+                       f"mixed-precision "
                        "AdamW keeps 16 B per parameter. Dividing a total by the card's size also ignores what "
                        "every GPU holds on its own (activations, buffers, overhead) and how layers split.",
                        full.memory.breakdown.overhead / full.memory.breakdown.tracked))

@@ -324,7 +324,8 @@ def full_search(repeats: int) -> dict:
     row(f"plans (smallest count, fastest layout) for {len(gpus)} GPU types", f"{t_plans:.2f} s",
         f"({CPU_TIMES[-1]:.2f} s CPU)")
     for name, f in found.items():
-        print(f"      {name:<10} {f['layouts']:>9,} layouts, {f['fitting']:>9,} fit; smallest count {f['smallest_count']}")
+        print(f"      {name:<10} {f['layouts']:>9,} layouts, {f['fitting']:>9,} fit; smallest count "
+              f"{f['smallest_count']}")
     return {"layouts": n_layouts, "layouts_sized": sum(groups_seen.values()), "memory_s": t_mem,
             "memory_cpu_s": cpu_mem, "plans_s": t_plans,
             "plans_cpu_s": CPU_TIMES[-1], "per_gpu": found}

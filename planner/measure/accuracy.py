@@ -76,7 +76,8 @@ def measurable(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> str:
     if lay.zero_stage == 1:
         raise UserError("ZeRO-1 has no FSDP2 equivalent to measure; measure --zero 2 (grad-op) or --zero 3 (full)")
     if lay.recompute == "selective":
-        raise UserError("--recompute selective cannot be measured (transformers checkpoints whole blocks); use none or full")
+        raise UserError("--recompute selective cannot be measured (transformers checkpoints whole blocks); use none "
+                        "or full")
     if setup.precision == "fp16-mixed":
         raise UserError("--precision fp16-mixed cannot be measured; use bf16-mixed, bf16 or fp32")
     if setup.finetune.method == "qlora" or setup.finetune.quant != "none":
@@ -86,7 +87,8 @@ def measurable(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> str:
         raise UserError("an MoE model in fp32 cannot be measured: transformers' grouped expert matmul "
                         "(torch._grouped_mm) takes bf16 only; measure --precision bf16-mixed")
     if setup.optimizer == "adam8bit":
-        raise UserError("--optimizer adam8bit cannot be measured (it needs bitsandbytes and a GPU); use adamw, sgd or adafactor")
+        raise UserError("--optimizer adam8bit cannot be measured (it needs bitsandbytes and a GPU); use adamw, sgd "
+                        "or adafactor")
     if lay.micro_batch * lay.seq_len > 1 << 22:
         raise UserError("micro-batch x sequence above 4M tokens is too large to measure here")
     return {0: "none", 2: "grad-op", 3: "full"}[lay.zero_stage]

@@ -500,7 +500,8 @@ def buy_view(r: Any) -> list[Any]:
                                                              (f"total {usd(r.tco_usd)}", HEAD))),
                                              ("nodes", grid)]))
         out += [_text(""), jobs_table(r)]
-        out.append(_lines([f"{j.name}: {report.layout_compact(j.candidate.layout)}; step {duration(j.candidate.time.step_time_s)}, "
+        out.append(_lines([f"{j.name}: {report.layout_compact(j.candidate.layout)}; step "
+                           f"{duration(j.candidate.time.step_time_s)}, "
                            f"MFU {j.candidate.time.mfu:.1%}" for j in r.plans], DIM))
     t = _table("Nodes on offer (purchase + power over the horizon)",
                f"power: {p.electricity_usd_per_kwh:g} $/kWh ({p.electricity_source}), PUE {p.pue:g} ({p.pue_source})")
