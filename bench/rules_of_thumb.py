@@ -273,7 +273,8 @@ def to_markdown(rs: list[Row], measured: list[tuple[str, str, float, float, floa
             "|---|---|---:|---:|---:|",
         ]
         for where, what, pred, meas, err in measured:
-            lines.append(f"| {where} | {what} | {pred / 2**20:,.1f} MiB | {meas / 2**20:,.1f} MiB | {100 * err:+.1f}% |")
+            lines.append(f"| {where} | {what} | {pred / 2**20:,.1f} MiB | "
+                         f"{meas / 2**20:,.1f} MiB | {100 * err:+.1f}% |")
         lines.append("")
     return "\n".join(lines)
 

@@ -65,7 +65,8 @@ class Comparison:
 def measurable(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> str:
     """The measurement's sharding name, or a UserError saying why it cannot be measured."""
     if m.model_type not in MEASURABLE_TYPES:
-        raise UserError(f"model_type {m.model_type!r} cannot be measured here; measurable: {', '.join(MEASURABLE_TYPES)}")
+        raise UserError(f"model_type {m.model_type!r} cannot be measured here; "
+                        f"measurable: {', '.join(MEASURABLE_TYPES)}")
     for axis in ("tp", "pp", "cp", "ep"):
         if getattr(lay, axis) > 1:
             raise UserError(
@@ -142,7 +143,8 @@ def run_measurement(hf_config: dict[str, Any], lay: Layout, setup: TrainingSetup
         out = subprocess.run(cmd,
                              capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        raise UserError(f"the measurement ran past {timeout_s:.0f} s; try a shorter --seq-len or a smaller model") from None
+        raise UserError(f"the measurement ran past {timeout_s:.0f} s; "
+                        "try a shorter --seq-len or a smaller model") from None
     if out.returncode == 2:
         raise UserError(out.stderr.strip().splitlines()[-1].removeprefix("error: "))
     if out.returncode != 0:

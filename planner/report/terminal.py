@@ -254,7 +254,8 @@ def memory_table(c: Candidate, title: str = "Memory per rank") -> list[Any]:
     capacity; the total as a stacked bar; where and when the peak happens."""
     bd, cap, m = c.memory.breakdown, c.capacity_bytes, c.memory
     where = f"pipeline stage {m.stage} ({m.n_layers_on_stage} layers)" if c.layout.pp > 1 else "every rank"
-    caption = (f"peak at {m.phase.replace('-', ' ')}, on {where}, {amount(m.in_flight, 'micro-batch', 'micro-batches')} of "
+    caption = (f"peak at {m.phase.replace('-', ' ')}, on {where}, "
+               f"{amount(m.in_flight, 'micro-batch', 'micro-batches')} of "
                f"activations held, {m.kernels} kernels")
     t = _table(title, caption)
     t.add_column("category")
