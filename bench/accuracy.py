@@ -21,8 +21,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from planner.measure import accuracy
 from planner.layouts.layout import Layout
+from planner.measure import accuracy
 from planner.models.spec import ModelSpec, load_hf_config, load_model
 from planner.training.setup import TrainingSetup
 from planner.units import GiB

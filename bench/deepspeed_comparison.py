@@ -14,10 +14,16 @@ import time
 from pathlib import Path
 
 from planner import api
-from planner.measure.crosscheck import (crosscheck, deepspeed_figures, estimator_inputs, not_described,
-                                plan_model_states, planner_as_deepspeed)
 from planner.hardware.gpus import get_gpu
 from planner.layouts.layout import Layout
+from planner.measure.crosscheck import (
+    crosscheck,
+    deepspeed_figures,
+    estimator_inputs,
+    not_described,
+    plan_model_states,
+    planner_as_deepspeed,
+)
 from planner.models.spec import load_model
 from planner.report.text import gib
 from planner.training.setup import TrainingSetup
@@ -105,7 +111,8 @@ def chosen_plans() -> tuple[list[str], dict[str, tuple[str, ...]]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "docs" / "deepspeed-comparison.md")
+    ap.add_argument("--out", type=Path,
+                    default=Path(__file__).resolve().parent.parent / "docs" / "deepspeed-comparison.md")
     args = ap.parse_args()
     t0 = time.perf_counter()
     table1 = like_for_like()

@@ -22,11 +22,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from click.testing import CliRunner
-from test_fuzz_cli import GPUS, MODELS, OPTIONS
+from click.testing import CliRunner  # noqa: E402 (after the sys.path set-up above)
+from test_fuzz_cli import GPUS, MODELS, OPTIONS  # noqa: E402
 
-from planner.cli.main import cli
-from planner.models.spec import preset_config
+from planner.cli.main import cli  # noqa: E402
+from planner.models.spec import preset_config  # noqa: E402
 
 HOSTILE = [0, -1, 1, 2**63, 10**400, "1" + "0" * 5000, 1e308, 1e-300, "x" * 300, "", "ℵ", True, None, [], {}]
 TOPOLOGY = (REPO / "planner" / "presets" / "topologies" / "dgx-h100.toml").read_text()

@@ -55,7 +55,8 @@ def main() -> None:
     for i, (name, entry) in enumerate(table.items()):
         rows = ",\n".join("   " + json.dumps(row) for row in entry["links"])
         comma = "," if i < len(table) - 1 else ""
-        lines.append(f' {json.dumps(name)}: {{"fingerprint": {json.dumps(entry["fingerprint"])}, "links": [\n{rows}\n ]}}{comma}')
+        lines.append(f' {json.dumps(name)}: {{"fingerprint": {json.dumps(entry["fingerprint"])}, "links": '
+                     f'[\n{rows}\n ]}}{comma}')
     lines.append("}")
     out.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"{out}: {sum(len(e['links']) for e in table.values())} links on {len(table)} topologies")

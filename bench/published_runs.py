@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from planner.hardware.gpus import get_gpu
+from planner.hardware.topology import load_topology
 from planner.layouts.layout import Layout, SearchSpace, reject_reason
 from planner.memory.model import per_rank_memory
 from planner.models.spec import ModelSpec, count_params
 from planner.timing.model import MEGATRON_2021, MEGATRON_CORE, Cluster, Efficiency, StepTime, step_time
-from planner.hardware.topology import load_topology
 from planner.training.setup import TrainingSetup
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -146,7 +146,8 @@ def table(preds: list[Prediction]) -> str:
         "TFLOP/s (model) and MFU do not (Korthikanti et al. Eq. 7). The last column is per step: compute",
         "and the exposed tp, dp and pp communication, and the pipeline bubble.",
         "",
-        "| case | GPUs | layout | metric | predicted | reported | error | step (s) | compute / tp / dp / pp / bubble (s) |",
+        "| case | GPUs | layout | metric | predicted | reported | error | step (s) | compute / tp / dp / pp / bubble "
+        "(s) |",
         "|---|---:|---|---|---:|---:|---:|---:|---|",
     ]
     for p in preds:

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from planner.api import plan
-from planner.training.finetune import FinetuneSpec, n_trainable_params
 from planner.hardware.gpus import get_gpu
-from planner.memory.inference import LoadSetup, load_memory
 from planner.layouts.layout import Layout
+from planner.memory.inference import LoadSetup, load_memory
 from planner.memory.model import per_rank_memory
 from planner.models.spec import ModelSpec, count_params, load_model, spec_from_hf_config
+from planner.training.finetune import FinetuneSpec, n_trainable_params
 from planner.training.setup import TrainingSetup
 from planner.units import GB, GiB
 
@@ -97,7 +97,8 @@ def rows() -> list[Row]:
                    f"eager attention, AdamW: {_gb(eager)} (activations {_gb(bd['activations'])}, loss and "
                    f"logits {_gb(bd['logits'])})", eager,
                    "Scores are B x heads x S x S per layer (8 heads, not H = 512 channels): 0.5 GB per layer for "
-                   "the softmax, 64x (H / heads) less than the rule's tensor; the 30,522-word MLM loss over 32,768 tokens "
+                   "the softmax, 64x (H / heads) less than the rule's tensor; the 30,522-word MLM loss over 32,768 "
+                   "tokens "
                    "(fp32 logits and their gradients, 12 GB) is what dominates.", share))
 
     # 3. Solar 10.7B, the "4N" rule
@@ -155,7 +156,8 @@ def rows() -> list[Row]:
                        f"bf16 mixed precision, AdamW, sequence 2048: {full.n_gpus} x {gpu_name.upper()} "
                        f"({full.layout.describe()}); LoRA on {counts['lora'].n_gpus}, QLoRA on "  # type: ignore[union-attr]
                        f"{counts['qlora'].n_gpus}", full.memory.total * full.n_gpus,  # type: ignore[union-attr]
-                       f"{rule_gb / count_params(m).total * 1e9:.1f} B per parameter fits no optimizer: mixed-precision "
+                       f"{rule_gb / count_params(m).total * 1e9:.1f} B per parameter fits no optimizer: "
+                       f"mixed-precision "
                        "AdamW keeps 16 B per parameter. Dividing a total by the card's size also ignores what "
                        "every GPU holds on its own (activations, buffers, overhead) and how layers split.",
                        full.memory.breakdown.overhead / full.memory.breakdown.tracked))
@@ -220,7 +222,8 @@ def measured_rows(progress: Callable[[str], None] = lambda s: None) -> list[tupl
         shard = {0: "replicated", 2: "FSDP2 grad-op", 3: "FSDP2 full"}[lay.zero_stage]
         where = f"{shard}, dp={dp}" + (", full recompute" if lay.recompute == "full" else "")
         what = ft.describe(m).split(";")[0] + (f", dropout {ft.lora_dropout}" if ft.lora_dropout else "")
-        row = (f"{precision}, {where}", what, cmp.rows[-1].predicted_bytes, cmp.rows[-1].measured_bytes, cmp.total_error)
+        row = (f"{precision}, {where}", what, cmp.rows[-1].predicted_bytes, cmp.rows[-1].measured_bytes,
+               cmp.total_error)
         progress(f"{row[0]:<40} {row[1]:<70} {100 * row[4]:+.1f}%")
         out.append(row)
     return out
@@ -270,7 +273,8 @@ def to_markdown(rs: list[Row], measured: list[tuple[str, str, float, float, floa
             "|---|---|---:|---:|---:|",
         ]
         for where, what, pred, meas, err in measured:
-            lines.append(f"| {where} | {what} | {pred / 2**20:,.1f} MiB | {meas / 2**20:,.1f} MiB | {100 * err:+.1f}% |")
+            lines.append(f"| {where} | {what} | {pred / 2**20:,.1f} MiB | "
+                         f"{meas / 2**20:,.1f} MiB | {100 * err:+.1f}% |")
         lines.append("")
     return "\n".join(lines)
 

@@ -168,7 +168,8 @@ MISSION = (("plan --help", ["--help"], None),
            ("plan --model 70b --gpus h100", ["--model", "70b", "--gpus", "h100"], 0.8),
            ("plan --model 405b --gpus h100,h200,b200,a100,mi300x --tokens 15T --deadline 90d",
             ["--model", "405b", "--gpus", "h100,h200,b200,a100,mi300x", "--tokens", "15T", "--deadline", "90d"], 1.5),
-           ("plan buy examples/jobs.yaml", ["buy", str(Path(__file__).resolve().parent.parent / "examples" / "jobs.yaml")],
+           ("plan buy examples/jobs.yaml", ["buy",
+                                            str(Path(__file__).resolve().parent.parent / "examples" / "jobs.yaml")],
             1.5))
 
 
@@ -323,8 +324,10 @@ def full_search(repeats: int) -> dict:
     row(f"plans (smallest count, fastest layout) for {len(gpus)} GPU types", f"{t_plans:.2f} s",
         f"({CPU_TIMES[-1]:.2f} s CPU)")
     for name, f in found.items():
-        print(f"      {name:<10} {f['layouts']:>9,} layouts, {f['fitting']:>9,} fit; smallest count {f['smallest_count']}")
-    return {"layouts": n_layouts, "layouts_sized": sum(groups_seen.values()), "memory_s": t_mem, "memory_cpu_s": cpu_mem, "plans_s": t_plans,
+        print(f"      {name:<10} {f['layouts']:>9,} layouts, {f['fitting']:>9,} fit; smallest count "
+              f"{f['smallest_count']}")
+    return {"layouts": n_layouts, "layouts_sized": sum(groups_seen.values()), "memory_s": t_mem,
+            "memory_cpu_s": cpu_mem, "plans_s": t_plans,
             "plans_cpu_s": CPU_TIMES[-1], "per_gpu": found}
 
 
@@ -623,7 +626,8 @@ def llm_analysis_comparison(cache_dir: Path, rounds: int, budget_s: float = 1.0,
             "planner_warm_round_median_ms": [med(w) * 1e3 for w in calls["warm"]],
             "planner_after_switch_per_s": switch, "ratio_after_switch": med(switch_ratios),
             "ratio_after_switch_rounds": switch_ratios, "turns_per_round": turns,
-            "planner_memory_and_time_rebuilt_per_s": reb, "planner_memory_and_time_rebuilt_per_cpu_s": n / cpu["rebuilt"],
+            "planner_memory_and_time_rebuilt_per_s": reb,
+            "planner_memory_and_time_rebuilt_per_cpu_s": n / cpu["rebuilt"],
             "ratio_memory_and_time_rebuilt": med(reb_ratios), "ratio_memory_and_time_rebuilt_rounds": reb_ratios,
             "planner_memory_and_time_cold_per_s": n / cold_s, "planner_memory_and_time_cold_per_cpu_s": n / cold_cpu_s,
             "ratio_memory_and_time_cold": n / cold_s / overall["all"],

@@ -30,8 +30,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from speed import llm_analysis_python  # noqa: E402  (the same llm-analysis environment)
 
-from planner.measure.crosscheck import EstimatorInputs, deepspeed_figures  # noqa: E402
 from planner.layouts.layout import Layout  # noqa: E402
+from planner.measure.crosscheck import EstimatorInputs, deepspeed_figures  # noqa: E402
 from planner.memory.model import rank_params  # noqa: E402
 from planner.models.spec import count_params, load_hf_config, load_model  # noqa: E402
 from planner.units import GiB  # noqa: E402

@@ -6,13 +6,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from planner.errors import UserError
-from planner.training.finetune import FinetuneSpec
 from planner.hardware.gpus import GpuSpec
 from planner.layouts.layout import Layout, SearchSpace, grad_accum_for, reject_reason
+from planner.memory.model import min_model_state_bytes_per_param
 from planner.models.spec import ModelSpec, ParamCount, count_params
 from planner.search.search import Candidate, SearchResult, gpu_counts, search
-from planner.memory.model import min_model_state_bytes_per_param
 from planner.timing.model import Cluster, Efficiency, StepTime, cluster_for, scale_up_domain_gpus, step_time
+from planner.training.finetune import FinetuneSpec
 from planner.training.setup import MAX_GPUS, TrainingSetup
 from planner.units import ceil_div
 
@@ -66,7 +66,8 @@ def _shape(c: Candidate) -> tuple:
     return (lay.tp, lay.pp, lay.cp, lay.ep, lay.sharding, lay.zero_stage, lay.vp)
 
 
-def pick_alternatives(fitting: tuple[Candidate, ...], best: Candidate, k: int = N_ALTERNATIVES) -> tuple[Candidate, ...]:
+def pick_alternatives(fitting: tuple[Candidate, ...], best: Candidate,
+                      k: int = N_ALTERNATIVES) -> tuple[Candidate, ...]:
     """The best candidate of each other layout shape (degrees and sharding), best first."""
     seen = {_shape(best)}
     out = []
@@ -104,7 +105,7 @@ def plan(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, space: SearchSpace = 
         space = replace(space, max_tp=max(gpu.gpus_per_node, scale_up_domain_gpus(cluster)))
 
     def batch_timer(layouts: Sequence[Layout]) -> list[StepTime]:
-        from planner.timing.fast import step_times     # numpy: only once there is something to time
+        from planner.timing.fast import step_times  # numpy: only once there is something to time
         return step_times(m, setup, layouts, cluster, efficiency, pc)
 
     host_cap, nvme_cap = host_capacities(cluster)
@@ -206,12 +207,12 @@ def evaluate_layout(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, lay: Layou
 def fixed_layout(space: SearchSpace, setup: TrainingSetup, n_gpus: int | None) -> Layout | None:
     """The one layout the user's options pin down, or None when something is left open."""
     s = space
-    degrees = [s.dp, s.tp, s.pp, s.cp, s.ep]
-    if any(d is None for d in degrees) or len(s.micro_batches) != 1 or len(s.recomputes) != 1:
+    if (s.dp is None or s.tp is None or s.pp is None or s.cp is None or s.ep is None
+            or len(s.micro_batches) != 1 or len(s.recomputes) != 1):
         return None
     if s.zero_stage is None and s.fsdp is None:
         return None
-    dp, tp, pp, cp, ep = degrees  # type: ignore[misc]
+    dp, tp, pp, cp, ep = s.dp, s.tp, s.pp, s.cp, s.ep
     if n_gpus is not None and n_gpus != dp * tp * pp * cp * ep:
         raise UserError(f"--n-gpus {n_gpus} differs from dp x tp x pp x cp x ep = {dp * tp * pp * cp * ep}")
     mb = s.micro_batches[0]
@@ -226,8 +227,9 @@ def fixed_layout(space: SearchSpace, setup: TrainingSetup, n_gpus: int | None) -
             raise UserError(f"--fsdp {s.fsdp} shards like ZeRO-{FSDP_STAGE[sharding]}; drop --zero {s.zero_stage}")
         stage = FSDP_STAGE[sharding]
     else:
+        assert s.zero_stage is not None     # checked above: --zero or --fsdp is given
         sharding, stage = "zero", s.zero_stage
-    return Layout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero_stage=stage, sharding=sharding,  # type: ignore[arg-type]
+    return Layout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero_stage=stage, sharding=sharding,
                   sp=s.sp if s.sp is not None else tp > 1, vp=s.vp or 1, micro_batch=mb,
                   grad_accum=ga, seq_len=setup.seq_len, recompute=s.recomputes[0])
 

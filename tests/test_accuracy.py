@@ -11,9 +11,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from planner.measure import accuracy  # noqa: E402
 from planner.errors import UserError  # noqa: E402
 from planner.layouts.layout import Layout  # noqa: E402
+from planner.measure import accuracy  # noqa: E402
 from planner.models.spec import load_hf_config, load_model  # noqa: E402
 from planner.training.setup import TrainingSetup  # noqa: E402
 

@@ -34,7 +34,8 @@ def test_completion_command_rejects_other_shells():
 
 def test_installed_entry_point_prints_the_script():
     env = {**os.environ, "_PLAN_COMPLETE": "bash_source"}
-    r = subprocess.run([sys.executable, "-m", "planner"], env=env, capture_output=True, text=True, check=False, timeout=60)
+    r = subprocess.run([sys.executable, "-m", "planner"], env=env, capture_output=True, text=True, check=False,
+                       timeout=60)
     assert r.returncode == 0 and "complete -o nosort -F _plan_completion plan" in r.stdout
 
 

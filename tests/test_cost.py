@@ -3,18 +3,18 @@
 
 import json
 import math
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from planner.cli.main import cli
-from planner.cost.prices import load_prices, node_cost, node_energy_usd, rental_cost_usd
+from planner.cost.jobs import load_jobs, parse_duration_s, parse_tokens, parse_when_s
 from planner.cost.plan import cost_counts
+from planner.cost.prices import load_prices, node_cost, node_energy_usd, rental_cost_usd
 from planner.errors import UserError
 from planner.hardware.gpus import list_gpus
-from planner.cost.jobs import load_jobs, parse_duration_s, parse_tokens, parse_when_s
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "jobs.yaml"
@@ -94,7 +94,7 @@ def test_bad_durations(text):
 
 
 def test_dates_and_tokens():
-    anchor = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    anchor = datetime(2026, 1, 1, tzinfo=UTC)
     assert parse_when_s("2026-01-31", "deadline", anchor) == (30 * 86400, True)
     assert parse_when_s("10d", "deadline", anchor) == (10 * 86400, False)
     assert parse_tokens("2T", "tokens") == 2e12 and parse_tokens(3e11, "tokens") == 3e11

@@ -16,11 +16,18 @@ from click.testing import CliRunner
 
 from planner import api
 from planner.cli.main import cli
-from planner.measure.crosscheck import (ADAM_BYTES_PER_PARAM, EstimatorInputs, crosscheck, crosscheck_json,
-                                deepspeed_figures, deepspeed_precision, model_largest_layer,
-                                planner_as_deepspeed)
 from planner.hardware.gpus import get_gpu
 from planner.layouts.layout import Layout
+from planner.measure.crosscheck import (
+    ADAM_BYTES_PER_PARAM,
+    EstimatorInputs,
+    crosscheck,
+    crosscheck_json,
+    deepspeed_figures,
+    deepspeed_precision,
+    model_largest_layer,
+    planner_as_deepspeed,
+)
 from planner.memory.model import model_state_bytes
 from planner.models.spec import count_params, load_model
 from planner.training.setup import TrainingSetup

@@ -39,7 +39,8 @@ from planner.layouts.layout import Layout
 from planner.memory.model import stage_layers
 from planner.models.spec import SUPPORTED_MODEL_TYPES, count_params, load_model
 from planner.stacks import default_stack
-from planner.stacks.megatron import LaunchEnv, megatron_args_errors, parse_args as megatron_parse
+from planner.stacks.megatron import LaunchEnv, megatron_args_errors
+from planner.stacks.megatron import parse_args as megatron_parse
 from planner.training.setup import TrainingSetup
 
 H100 = get_gpu("h100")
@@ -145,7 +146,8 @@ MODEL_PARALLEL = [
     ("qwen2.5-0.5b", dict(dp=2, tp=1, pp=3, vp=2, zero_stage=1, micro_batch=1, grad_accum=6)),     # 24 = 3 x 2 x 4
     ("qwen2.5-0.5b", dict(dp=2, tp=2, cp=2, zero_stage=3, sp=True, micro_batch=1, grad_accum=4, recompute="full")),
     ("qwen2.5-0.5b", dict(dp=4, tp=2, zero_stage=2, sp=True, micro_batch=1, grad_accum=4)),
-    ("mixtral-8x7b", dict(dp=2, tp=2, pp=4, ep=2, zero_stage=1, sp=True, micro_batch=1, grad_accum=8, recompute="full")),
+    ("mixtral-8x7b", dict(dp=2, tp=2, pp=4, ep=2, zero_stage=1, sp=True, micro_batch=1, grad_accum=8,
+                          recompute="full")),
     ("llama3.1-8b", dict(dp=2, tp=4, pp=2, zero_stage=1, sp=True, micro_batch=1, grad_accum=16, recompute="full")),
 ]
 
@@ -464,7 +466,8 @@ def test_cli_out_writes_configs_atomically_and_refuses_overwrite(tmp_path):
     r = run(*BASE, "--json", "--out", str(out), "--offload-optimizer", "cpu")
     assert r.exit_code == 0, r.output
     printed = json.loads(r.stdout)
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "ds_config.json", "hostfile", "launch.sh", "plan.json",
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "ds_config.json", "hostfile", "launch.sh",
+                                                     "plan.json",
                                                      "pytorchjob.yaml", "slurm.sbatch"]
     assert json.loads((out / "plan.json").read_text()) == printed
     ds = json.loads((out / "ds_config.json").read_text())
@@ -517,7 +520,8 @@ def test_hf_config_written_for_deepspeed_and_accelerate_builds_the_planners_mode
 
     m = load_model(name)
     lay = zero_layout(8, 3, 1)
-    lay = Layout(**{**{f: getattr(lay, f) for f in lay.__dataclass_fields__}, "seq_len": min(2048, m.max_positions or 2048)})
+    lay = Layout(**{**{f: getattr(lay, f) for f in lay.__dataclass_fields__}, "seq_len": min(2048,
+                                                                                             m.max_positions or 2048)})
     r = api.evaluate_layout(m, get_gpu("h200"), TrainingSetup(seq_len=lay.seq_len, global_batch=lay.global_batch), lay)
     files = plan_files(r, EmitOptions(scheduler="none"))
     assert {"ds_config.json", "config.json"} <= set(files)

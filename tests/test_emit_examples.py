@@ -63,10 +63,8 @@ def check_deepspeed(out: Path, lay: dict) -> str:
 
 def check_hf_config(out: Path, plan: dict) -> str:
     pytest.importorskip("transformers")
-    from transformers import AutoConfig
-
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = AutoConfig.from_pretrained(str(out))
     with torch.device("meta"):
@@ -84,9 +82,9 @@ def check_accelerate(out: Path, lay: dict) -> str:
 
 
 def check_megatron(out: Path, lay: dict, gpu: str) -> str:
-    from planner.stacks.megatron import LaunchEnv, device_arch_major, env_from_script, megatron_args_errors
     from test_emit_megatron import transformer_config
-    from planner.stacks.megatron import parse_args
+
+    from planner.stacks.megatron import LaunchEnv, device_arch_major, env_from_script, megatron_args_errors, parse_args
 
     args = [w for w in (out / "megatron_args.txt").read_text().split()]
     env = env_from_script((out / "launch.sh").read_text())

@@ -26,21 +26,23 @@ from planner.errors import UserError
 from planner.hardware.gpus import get_gpu
 from planner.layouts.layout import Layout
 from planner.models.spec import count_params, load_model
-from planner.stacks.megatron import (LaunchEnv, device_arch_major, env_from_script, megatron_args_errors,
-                                     parse_args)
+from planner.stacks.megatron import LaunchEnv, device_arch_major, env_from_script, megatron_args_errors, parse_args
 from planner.training.setup import TrainingSetup
 
 PLANS = [
     # (model, layout, gpu)
-    ("llama3.1-8b", dict(dp=2, tp=4, pp=2, zero_stage=1, sp=True, micro_batch=1, grad_accum=16, recompute="full"), "h100"),
-    ("llama3.1-70b", dict(dp=1, tp=4, pp=4, zero_stage=0, sp=True, micro_batch=2, grad_accum=16, recompute="full"), "h100"),
+    ("llama3.1-8b", dict(dp=2, tp=4, pp=2, zero_stage=1, sp=True, micro_batch=1, grad_accum=16, recompute="full"),
+     "h100"),
+    ("llama3.1-70b", dict(dp=1, tp=4, pp=4, zero_stage=0, sp=True, micro_batch=2, grad_accum=16, recompute="full"),
+     "h100"),
     ("llama3.1-70b", dict(dp=2, tp=8, pp=3, zero_stage=3, sharding="fsdp-full", sp=True, micro_batch=1,
                           grad_accum=8, recompute="full"), "h100"),                        # FSDP + pp
     ("llama3.1-405b", dict(dp=2, tp=8, pp=16, vp=2, zero_stage=1, sp=True, micro_batch=1, grad_accum=16,
                            recompute="full"), "b200"),
     ("mixtral-8x7b", dict(dp=2, tp=2, pp=4, ep=2, zero_stage=1, sp=True, micro_batch=1, grad_accum=8,
                           recompute="full"), "h100"),
-    ("qwen2.5-0.5b", dict(dp=2, tp=2, cp=2, zero_stage=3, sp=True, micro_batch=1, grad_accum=4, recompute="full"), "h100"),
+    ("qwen2.5-0.5b", dict(dp=2, tp=2, cp=2, zero_stage=3, sp=True, micro_batch=1, grad_accum=4, recompute="full"),
+     "h100"),
     ("qwen2.5-0.5b", dict(dp=1, tp=1, pp=2, vp=2, zero_stage=0, micro_batch=1, grad_accum=8), "h100"),
     ("llama2-7b", dict(dp=4, tp=2, zero_stage=2, sp=True, micro_batch=1, grad_accum=4, recompute="selective"), "a100"),
     ("gpt2-xl", dict(dp=2, tp=1, pp=2, zero_stage=1, micro_batch=2, grad_accum=4), "a100"),

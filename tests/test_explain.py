@@ -8,14 +8,14 @@ import pytest
 from click.testing import CliRunner
 
 from planner.cli.main import cli
-from planner.report.explain import explain
-from planner.report.explain_memory import MOMENTS, memory_terms
-from planner.training.finetune import FinetuneSpec
 from planner.hardware.gpus import get_gpu
 from planner.layouts.layout import Layout
 from planner.memory.model import CATEGORIES, per_rank_memory
 from planner.models.spec import count_params, load_model
+from planner.report.explain import explain
+from planner.report.explain_memory import MOMENTS, memory_terms
 from planner.timing.model import cluster_for, step_time
+from planner.training.finetune import FinetuneSpec
 from planner.training.setup import TrainingSetup
 
 

@@ -16,16 +16,16 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from planner.memory import fast as fastscore
+from planner.hardware.gpus import get_gpu, list_gpus
+from planner.hardware.placement import Cluster
+from planner.hardware.topology import list_topologies
 from planner.layouts import batch as layout_batch
 from planner.layouts import groups as layout_groups
-from planner.timing import fast as fasttime
-from planner.training.finetune import FinetuneSpec
-from planner.hardware.gpus import get_gpu, list_gpus
 from planner.layouts.layout import SearchSpace, enumerate_layouts
+from planner.memory import fast as fastscore
 from planner.memory.model import per_rank_memory
 from planner.models.spec import ModelSpec, count_params, load_model
-from planner.hardware.placement import Cluster
+from planner.timing import fast as fasttime
 from planner.timing.model import (
     MEGATRON_2021,
     MEGATRON_CORE,
@@ -33,7 +33,7 @@ from planner.timing.model import (
     cluster_for,
     step_time,
 )
-from planner.hardware.topology import list_topologies
+from planner.training.finetune import FinetuneSpec
 from planner.training.setup import TrainingSetup
 
 EXAMPLES = int(os.environ.get("PLANNER_HYPOTHESIS_EXAMPLES", "40"))

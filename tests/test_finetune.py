@@ -17,12 +17,17 @@ import pytest
 
 from planner.api import plan, plan_methods
 from planner.errors import UserError
-from planner.training.finetune import (FinetuneSpec, block_linears, linear_weight_bytes, n_trainable_params,
-                              resolve_targets)
 from planner.hardware.gpus import get_gpu
 from planner.layouts.layout import Layout, SearchSpace, reject_reason
 from planner.memory.model import per_rank_memory
 from planner.models.spec import count_params, load_model, preset_config, spec_from_hf_config
+from planner.training.finetune import (
+    FinetuneSpec,
+    block_linears,
+    linear_weight_bytes,
+    n_trainable_params,
+    resolve_targets,
+)
 from planner.training.setup import TrainingSetup
 from planner.units import GB, GiB, TiB
 
@@ -175,7 +180,8 @@ def test_qlora_65b_fits_one_48_gb_gpu():
     average memory requirements of finetuning a 65B parameter model from >780GB of GPU
     memory to <48GB", on "a single 48GB GPU"; LoRA r = 64, alpha = 16 on all linear layers,
     dropout 0.05 for 65B, paged AdamW 8-bit, gradient checkpointing; one sequence of 512
-    tokens, as the paper's memory breakdown of LLaMA models assumes. The planner's whole figure, overheads included, must fit 48 GB and lie
+    tokens, as the paper's memory breakdown of LLaMA models assumes. The planner's whole
+    figure, overheads included, must fit 48 GB and lie
     within 15% of it; 16-bit full fine-tuning (bf16 weights and gradients, fp32 Adam
     moments: 12 B per parameter) within 15% of 780 GB."""
     lay = Layout(dp=1, micro_batch=1, grad_accum=1, seq_len=512, recompute="full")

@@ -6,15 +6,27 @@ from dataclasses import replace
 
 import pytest
 
-from planner.training.finetune import FinetuneSpec, n_trainable_params
 from planner.hardware.gpus import get_gpu
+from planner.layouts.batch import LayoutArrays
 from planner.layouts.layout import Layout
 from planner.memory.model import rank_params
 from planner.models.spec import count_params, load_model
-from planner.layouts.batch import LayoutArrays
-from planner.timing.model import (Efficiency, layer_key, all_reduce_s, axis_links, cluster_for,
-                            frozen_block_extra_s, gemm_time_s, layer_time, optimizer_bytes_per_param, rates, step_arrays,
-                            step_time, trained_split)
+from planner.timing.model import (
+    Efficiency,
+    all_reduce_s,
+    axis_links,
+    cluster_for,
+    frozen_block_extra_s,
+    gemm_time_s,
+    layer_key,
+    layer_time,
+    optimizer_bytes_per_param,
+    rates,
+    step_arrays,
+    step_time,
+    trained_split,
+)
+from planner.training.finetune import FinetuneSpec, n_trainable_params
 from planner.training.setup import TrainingSetup
 
 LORA16 = FinetuneSpec.named("lora", rank=16)

@@ -83,7 +83,8 @@ WEIRD_JSON = st.one_of(
     st.lists(st.integers(), max_size=3),
     st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
     # hostile values (issue 20): beyond float's range, beyond int64, long text, deep nesting
-    st.sampled_from([10**400, -10**400, 2**64, "x" * 5000, [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]],
+    st.sampled_from([10**400, -10**400, 2**64, "x" * 5000,
+                     [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]],
                      1e-300, 5e-324]),
 )
 CONFIG_KEYS = sorted({*CONFIG_INT_KEYS, *CONFIG_BOOL_KEYS, *CONFIG_PROBABILITY_KEYS, "model_type",

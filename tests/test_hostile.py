@@ -288,7 +288,8 @@ def test_a_signal_during_the_renames_leaves_all_old_or_all_new(tmp_path, sig, be
         out.mkdir()
         for name, text in before.items():
             (out / name).write_text(text)
-    p = subprocess.run([sys.executable, "-c", WRITER.format(sig=sig), str(out)], check=False, capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-c", WRITER.format(sig=sig), str(out)], check=False, capture_output=True,
+                       text=True,
                        env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
     assert p.returncode != 0                  # the signal was delivered, after the renames
     texts = {f.name: f.read_text() for f in out.iterdir()}

@@ -42,7 +42,8 @@ def tiny(**kw: object) -> MeasureSetup:
 
 
 def test_import_does_not_import_torch():
-    code = "import sys, planner.measure.trackers; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
+    code = ("import sys, planner.measure.trackers; "
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO,
                    env={**os.environ, "PYTHONPATH": str(REPO)})
 

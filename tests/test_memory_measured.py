@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from planner.measure import accuracy
 from planner.layouts.layout import Layout
+from planner.measure import accuracy
 from planner.memory.model import fsdp_blocks_done, per_rank_memory
 from planner.models.spec import load_model
 from planner.training.setup import TrainingSetup

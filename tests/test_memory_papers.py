@@ -11,8 +11,7 @@ from dataclasses import replace
 import pytest
 
 from planner.layouts.layout import Layout
-from planner.memory.model import (in_flight_microbatches, layer_activation_bytes, model_state_bytes,
-                            stage_layers)
+from planner.memory.model import in_flight_microbatches, layer_activation_bytes, model_state_bytes, stage_layers
 from planner.models.spec import ModelSpec
 from planner.training.setup import Precision, TrainingSetup, optimizer_state_bytes_per_param
 from planner.units import GB

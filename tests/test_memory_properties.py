@@ -6,8 +6,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.layouts.layout import Layout
-from planner.memory.model import (layer_activation_bytes, model_state_bytes, per_rank_memory, rank_params,
-                            resolve_kernels)
+from planner.memory.model import (
+    layer_activation_bytes,
+    model_state_bytes,
+    per_rank_memory,
+    rank_params,
+    resolve_kernels,
+)
 from planner.models.spec import ModelSpec, count_params
 from planner.training.setup import TrainingSetup, optimizer_state_bytes_per_param
 

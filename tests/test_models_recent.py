@@ -33,16 +33,19 @@ TINY: dict[str, dict[str, Any]] = {
     "qwen3": {"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
                   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 128},
     "qwen3-bias-tied": {"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
-                            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128, "attention_bias": True,
+                            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
+                        "attention_bias": True,
                             "tie_word_embeddings": True},
     "qwen3_moe-sparse-step": {"model_type": "qwen3_moe", "hidden_size": 64, "intermediate_size": 96,
                                   "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2,
-                                  "num_hidden_layers": 5, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                                  "num_hidden_layers": 5, "num_attention_heads": 4, "num_key_value_heads": 2,
+                              "head_dim": 16,
                                   "vocab_size": 128, "decoder_sparse_step": 2, "mlp_only_layers": [3]},
     "deepseek_v3-q-lora": {"model_type": "deepseek_v3", "hidden_size": 64, "intermediate_size": 96,
                                "moe_intermediate_size": 32, "n_routed_experts": 4, "n_shared_experts": 2,
                                "num_experts_per_tok": 2, "num_hidden_layers": 3, "num_attention_heads": 4,
-                               "num_key_value_heads": 4, "vocab_size": 128, "first_k_dense_replace": 1, "q_lora_rank": 24,
+                               "num_key_value_heads": 4, "vocab_size": 128, "first_k_dense_replace": 1,
+                           "q_lora_rank": 24,
                                "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 12, "v_head_dim": 10,
                                "n_group": 2, "topk_group": 1},
     "deepseek_v3-no-q-lora-bias": {"model_type": "deepseek_v3", "hidden_size": 64, "intermediate_size": 96,
@@ -54,12 +57,15 @@ TINY: dict[str, dict[str, Any]] = {
                                        "topk_group": 1},
     "llama4_text-interleaved": {"model_type": "llama4_text", "hidden_size": 64, "intermediate_size": 32,
                                     "intermediate_size_mlp": 96, "num_local_experts": 4, "num_experts_per_tok": 1,
-                                    "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                                    "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                "head_dim": 16,
                                     "vocab_size": 128, "interleave_moe_layer_step": 2},
     "gemma3_text": {"model_type": "gemma3_text", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 7,
-                        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 128, "sliding_window": 32},
+                        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 128,
+                    "sliding_window": 32},
     "gpt_oss": {"model_type": "gpt_oss", "hidden_size": 64, "intermediate_size": 32, "num_local_experts": 4,
-                    "num_experts_per_tok": 2, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                    "num_experts_per_tok": 2, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "num_key_value_heads": 2,
                     "head_dim": 16, "vocab_size": 128},
     "phi3": {"model_type": "phi3", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
                  "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128, "pad_token_id": 0},
@@ -193,7 +199,8 @@ def test_lora_needs_targets_where_peft_has_no_default() -> None:
 QWEN3_TINY = {**TINY["qwen3"], "architectures": ["Qwen3ForCausalLM"]}
 
 
-def _make_cache(root: Path, repo_id: str, cfg: dict[str, Any], rev: str = "0123456789abcdef0123456789abcdef01234567") -> Path:
+def _make_cache(root: Path, repo_id: str, cfg: dict[str, Any],
+                rev: str = "0123456789abcdef0123456789abcdef01234567") -> Path:
     """The hub's layout: models--ORG--NAME/refs/main holds the revision, snapshots/<rev>/config.json."""
     repo = root / f"models--{repo_id.replace('/', '--')}"
     (repo / "refs").mkdir(parents=True)

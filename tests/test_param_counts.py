@@ -79,7 +79,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from planner.models.spec import count_params, load_model
+from planner.models.spec import count_params, load_model  # noqa: E402 (after the importorskip guards)
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS_DIR = ROOT / "planner" / "presets"

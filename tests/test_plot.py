@@ -11,17 +11,17 @@ import pytest
 from click.testing import CliRunner
 
 from planner import api
-from planner.report import plot
 from planner.cli.main import cli
-from planner.cost.prices import load_prices
+from planner.cost.jobs import load_jobs
 from planner.cost.plan import plan_cost, plan_purchase
+from planner.cost.prices import load_prices
+from planner.cost.solve import Limits
 from planner.errors import UserError
 from planner.hardware.gpus import get_gpu
-from planner.cost.jobs import load_jobs
 from planner.layouts.layout import SearchSpace
 from planner.memory.model import CATEGORIES
 from planner.models.spec import load_model
-from planner.cost.solve import Limits
+from planner.report import plot
 from planner.training.setup import TrainingSetup
 
 pytest.importorskip("matplotlib")

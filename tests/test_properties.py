@@ -27,14 +27,14 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from planner import api
-from planner.report import text as report
-from planner.report import terminal as term
 from planner.hardware.gpus import get_gpu, list_gpus
+from planner.hardware.topology import list_topologies
 from planner.layouts.layout import SearchSpace, enumerate_layouts, reject_reason
 from planner.memory.model import per_rank_memory
 from planner.models.spec import ModelSpec, count_params
+from planner.report import terminal as term
+from planner.report import text as report
 from planner.timing.model import cluster_for, step_time
-from planner.hardware.topology import list_topologies
 from planner.training.setup import TrainingSetup
 
 # PLANNER_HYPOTHESIS_EXAMPLES=1000 for a long hunt with fresh random examples
@@ -240,8 +240,8 @@ def fast_cases(draw):
 @settings(PROPS, max_examples=EXAMPLES * 3)
 @given(fast_cases())
 def test_fastscore_equals_the_layout_by_layout_model(case):
-    from planner.memory import fast as fastscore
     from planner.layouts import batch as layout_batch
+    from planner.memory import fast as fastscore
 
     m, setup, n, gpn, space = case
     want = [lay for lay, why in enumerate_layouts(m, setup, n, gpn, space) if why is None]
@@ -253,8 +253,8 @@ def test_fastscore_equals_the_layout_by_layout_model(case):
 
 @pytest.mark.parametrize("name", ["llama3.1-405b", "mixtral-8x22b", "bert-large"])
 def test_fastscore_equals_per_rank_memory_on_presets(name):
-    from planner.memory import fast as fastscore
     from planner.layouts import batch as layout_batch
+    from planner.memory import fast as fastscore
     from planner.models.spec import load_model
 
     m = load_model(name)
@@ -268,8 +268,8 @@ def test_fastscore_equals_per_rank_memory_on_presets(name):
 
 
 def test_the_search_gives_the_same_plans_with_and_without_fastscore(monkeypatch):
-    from planner.search import search
     from planner.models.spec import load_model
+    from planner.search import search
 
     cases = [("llama3.1-70b", "h100", TrainingSetup()),
              ("mixtral-8x7b", "a100-40gb", TrainingSetup(seq_len=8192, global_batch=256)),

@@ -8,9 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from planner.cost.solve import JobOption, JobWindow, Limits, Option, Pool, nodes_needed, solve_one_job, solve_purchase
 from planner.errors import UserError
-from planner.cost.solve import (JobOption, JobWindow, Limits, Option, Pool, nodes_needed, solve_one_job,
-                           solve_purchase)
 
 SOLVERS = ["highs", "cbc"]
 FAST = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -12,8 +12,8 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from planner.report import terminal as term
 from planner.cli.main import cli
+from planner.report import terminal as term
 
 PLAIN = {"NO_COLOR": None, "FORCE_COLOR": None, "COLUMNS": None, "TERM": "xterm-256color"}
 PLAN = ("--model", "70b", "--gpus", "h100")

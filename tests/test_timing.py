@@ -15,12 +15,25 @@ from click.testing import CliRunner
 from planner import api
 from planner.cli.main import cli
 from planner.hardware.gpus import get_gpu
+from planner.hardware.topology import AXES, build_graph, load_topology, place_groups, ring_bandwidth_bytes_per_s
 from planner.layouts.layout import Layout, SearchSpace
 from planner.models.spec import ModelSpec, load_model
-from planner.timing.model import (MEGATRON_2021, Cluster, Efficiency, layer_key, all_reduce_s, axis_links,
-                            cluster_for, flops_per_step, hardware_flops_per_token, layer_flops, layer_time,
-                            model_flops_per_token, scale_up_domain_gpus, step_time)
-from planner.hardware.topology import AXES, build_graph, load_topology, place_groups, ring_bandwidth_bytes_per_s
+from planner.timing.model import (
+    MEGATRON_2021,
+    Cluster,
+    Efficiency,
+    all_reduce_s,
+    axis_links,
+    cluster_for,
+    flops_per_step,
+    hardware_flops_per_token,
+    layer_flops,
+    layer_key,
+    layer_time,
+    model_flops_per_token,
+    scale_up_domain_gpus,
+    step_time,
+)
 from planner.training.setup import TrainingSetup
 from planner.units import GB
 

@@ -250,6 +250,7 @@ def test_merging_a_domains_switch_chips_keeps_every_bandwidth():
             same_island = g.nodes[a]["island"] == g.nodes[b]["island"]
             if same_island:      # NCCL keeps such traffic on intra-island links
                 keep = g.graph["intra_kinds"]
-                und.remove_edges_from([(u, v) for u, v, k in g.edges(data="kind") if k not in keep and und.has_edge(u, v)])
+                und.remove_edges_from([(u, v) for u, v, k in g.edges(data="kind") if k not in keep and und.has_edge(u,
+                                                                                                                    v)])
             expected = nx.maximum_flow_value(und.to_directed(), "_s", "_t") if nx.has_path(und, "_s", "_t") else 0.0
             assert pair_bandwidth_bytes_per_s(g, a, b) == pytest.approx(expected, rel=1e-12), (top.name, a, b)

@@ -26,7 +26,8 @@ from planner.training.setup import MAX_GPUS
 @click.argument("jobs_path", metavar="JOBS.yaml", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--gpus", "gpu_names", metavar="LIST", default=None, shell_complete=complete_gpus,
               help="GPU types to choose from, e.g. h100,h200,b200  [default: the file's gpus, else h100,h200,b200].")
-@click.option("--budget", type=Dollars(), default=None, help="Spend at most this much over the horizon (purchase + power).")
+@click.option("--budget", type=Dollars(), default=None,
+              help="Spend at most this much over the horizon (purchase + power).")
 @click.option("--horizon", metavar="DURATION", default=None,
               help="How long the cluster is owned and powered (365d, 52w)  [default: the file's horizon, else 365d].")
 @click.option("--max-gpus", type=click.IntRange(1, MAX_GPUS), default=4096, show_default=True,

@@ -101,7 +101,8 @@ def _missing_model(flag: str) -> None:
                     f"`plan --help` lists the options")
 
 
-for _command in (models_cmd, gpus_cmd, buy_cmd, topologies_cmd, measure_cmd, explain_cmd, completion_cmd, calibrate_cmd):
+for _command in (models_cmd, gpus_cmd, buy_cmd, topologies_cmd, measure_cmd, explain_cmd, completion_cmd,
+                 calibrate_cmd):
     cli.add_command(_command)
 
 

@@ -191,7 +191,8 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return _apply([
         click.option("--model", "model_name", metavar="NAME|PATH", shell_complete=complete_models,
                      help="A preset (`plan models`) or a Hugging Face config.json."),
-        click.option("--gpus", "gpu_name", metavar="NAME", shell_complete=complete_gpus, help="GPU type (`plan gpus`), e.g. h100; with --tokens "
+        click.option("--gpus", "gpu_name", metavar="NAME", shell_complete=complete_gpus,
+                     help="GPU type (`plan gpus`), e.g. h100; with --tokens "
                                                                 "a list to choose from, e.g. h100,a100."),
         click.option("--n-gpus", type=click.IntRange(1, MAX_GPUS), default=None,
                      help="Fix the GPU count (default: the smallest that fits)."),
@@ -222,7 +223,8 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--attention", type=click.Choice(ATTENTION), default="flash", show_default=True,
                      help="flash/SDPA, or eager that materialises the s x s scores."),
         click.option("--kernels", type=click.Choice(KERNELS), default="auto", show_default=True,
-                     help="eager PyTorch ops (Hugging Face models) or fused Megatron kernels; auto: fused with tp/pp/cp."),
+                     help="eager PyTorch ops (Hugging Face models) or fused Megatron kernels; auto: fused with "
+                          "tp/pp/cp."),
         click.option("--fragmentation", type=FiniteFloatRange(0, 1), default=None,
                      help="Allocator fragmentation as a fraction of tensor memory  [default: 0.10]."),
         click.option("--usable-memory", type=FiniteFloatRange(0.05, 1), default=1.0, show_default=True,

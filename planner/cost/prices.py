@@ -135,8 +135,14 @@ def _apply(prices: Prices, data: dict[str, Any], where: str, is_override: bool) 
             if is_override and key in fields and date not in fields:
                 fields[date] = ""
         base = gpus.get(name, GpuPrices(name=name))
-        gpus[name] = replace(base, **{k: (float(v) if k in _NUMBERS else str(v)) for k, v in fields.items()})
-    return replace(prices, gpus=gpus, **{k: (float(v) if k in _NUMBERS else str(v)) for k, v in top.items()})
+        gpus[name] = replace(base, **_typed_fields(fields))
+    return replace(prices, gpus=gpus, **_typed_fields(top))
+
+
+def _typed_fields(table: dict[str, Any]) -> dict[str, Any]:
+    """A price table's entries as the dataclass fields take them: numbers as float, the rest as str
+    (typed Any: each key names a field of its own type, which mypy cannot follow through **)."""
+    return {k: (float(v) if k in _NUMBERS else str(v)) for k, v in table.items()}
 
 
 def _read(path: Path) -> dict[str, Any]:

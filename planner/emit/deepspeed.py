@@ -11,11 +11,15 @@ models in deepspeed/runtime/zero/config.py and offload_config.py.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import sys
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from planner.emit import EmitOptions, chosen
 from planner.layouts.layout import Layout
 from planner.memory.model import rank_params, stage_layers
-from planner.emit import EmitOptions, chosen
 
 if TYPE_CHECKING:
     from planner.api import PlanResult
@@ -25,6 +29,15 @@ FP16_LOSS_SCALING = {"loss_scale": 0, "initial_scale_power": 16, "loss_scale_win
                      "hysteresis": 2, "min_loss_scale": 1}
 # parameters below this size stay gathered under ZeRO-3 (norm weights); DeepSpeed's default
 PARAM_PERSISTENCE_THRESHOLD = 100_000
+
+
+def import_deepspeed(module: str) -> ModuleType:
+    """Import a deepspeed module with whatever it prints at import time (its accelerator
+    probe) sent to stderr, so that stdout stays one JSON object. Set DS_ACCELERATOR=cpu
+    beforehand to skip the probe (the CLI does). Lives here, below planner.measure, so that
+    both emit's validation and measure's cross-check can use it (imports run one way)."""
+    with contextlib.redirect_stdout(sys.stderr):
+        return importlib.import_module(module)
 
 
 def data_parallel_size(lay: Layout) -> int:
@@ -182,8 +195,6 @@ def validate_deepspeed_config(cfg: dict[str, Any], data_parallel: int, n_gpus: i
     first to skip its accelerator probe).
     """
     from unittest import mock
-
-    from planner.measure.crosscheck import import_deepspeed
 
     ds_config = import_deepspeed("deepspeed.runtime.config")
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from planner.emit import EmitOptions, check_options, chosen
 from planner.errors import UserError
 from planner.memory.model import stage_layers
-from planner.emit import EmitOptions, check_options, chosen
 from planner.stacks.architecture import architecture
 from planner.stacks.megatron import device_arch_major, needs_one_connection
 

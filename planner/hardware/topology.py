@@ -350,6 +350,13 @@ def list_topologies() -> list[ClusterTopology]:
 SCALE_UP, PCIE, CPU, NETWORK = "scale_up", "pcie", "cpu", "network"     # edge kinds
 
 
+def _present(value: float | None, what: str) -> float:
+    """A bandwidth the fabric needs; the topology reader fills it for that fabric."""
+    if value is None:
+        raise ValueError(f"topology: {what} missing for a fabric that uses it")
+    return value
+
+
 def _link(g: nx.Graph, a: Any, b: Any, bytes_per_s: float, latency_s: float, kind: str) -> None:
     g.add_edge(a, b, bandwidth_bytes_per_s=bytes_per_s, latency_s=latency_s, kind=kind)
 
@@ -378,10 +385,11 @@ def build_graph(top: ClusterTopology, n_nodes: int) -> nx.Graph:
         g.add_nodes_from(sockets, kind="cpu")
         g.add_nodes_from(switches, kind="pcie_switch")
         for a, b in itertools.pairwise(sockets):
-            _link(g, a, b, pcie.socket_link_bytes_per_s, 0.0, CPU)
+            _link(g, a, b, _present(pcie.socket_link_bytes_per_s, "socket_link_bytes_per_s"), 0.0, CPU)
         for s, sw in enumerate(switches):
             if sockets:
-                _link(g, sw, sockets[s * len(sockets) // len(switches)], pcie.uplink_bytes_per_s, 0.0, PCIE)
+                _link(g, sw, sockets[s * len(sockets) // len(switches)],
+                      _present(pcie.uplink_bytes_per_s, "uplink_bytes_per_s"), 0.0, PCIE)
         hosts = switches or sockets        # where GPUs and NICs plug in
         for local in range(gpn):
             gpu = node * gpn + local
@@ -401,16 +409,19 @@ def build_graph(top: ClusterTopology, n_nodes: int) -> nx.Graph:
             _link(g, nic, leaf, net.nic_bytes_per_s, net.latency_s / 2, NETWORK)
         if intra.fabric == "mesh":
             first = node * gpn
-            for a in range(first, first + gpn):
-                for b in range(a + 1, first + gpn):
-                    _link(g, a, b, intra.peer_link_bytes_per_s, intra.latency_s, SCALE_UP)
+            for ga in range(first, first + gpn):
+                for gb in range(ga + 1, first + gpn):
+                    _link(g, ga, gb, _present(intra.peer_link_bytes_per_s, "peer_link_bytes_per_s"),
+                          intra.latency_s, SCALE_UP)
 
     if intra.fabric == "nvswitch":
-        for gpu in range(n_gpus):
-            for s in range(intra.switches):
-                sw = f"nvl{gpu // intra.domain_gpus}/nvswitch{s}"
-                g.add_node(sw, kind="nvswitch")
-                _link(g, gpu, sw, intra.gpu_link_bytes_per_s / intra.switches, intra.latency_s / 2, SCALE_UP)
+        # an nvswitch fabric always gives gpu_link_gb_per_s (checked where the topology is read)
+        assert intra.gpu_link_bytes_per_s is not None
+        for gpu_i in range(n_gpus):
+            for sw_i in range(intra.switches):
+                nvsw = f"nvl{gpu_i // intra.domain_gpus}/nvswitch{sw_i}"
+                g.add_node(nvsw, kind="nvswitch")
+                _link(g, gpu_i, nvsw, intra.gpu_link_bytes_per_s / intra.switches, intra.latency_s / 2, SCALE_UP)
 
     # A leaf's up-links to the spine carry its full down-link bandwidth / oversubscription.
     leaves = [v for v, kind in g.nodes(data="kind") if kind == "leaf"]

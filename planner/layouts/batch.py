@@ -119,7 +119,8 @@ def valid_layouts(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node
     keep_v = (vp == 1) | (pp > 1) if space.vp is None else np.ones((1, 1, 1, 1), dtype=bool)   # vps per pp
     ok_sv = keep_v & (vp >= 1) & ~((vp > 1) & (pp == 1)) & (pp * vp <= L)
     ok_svm = ~((vp > 1) & (ga % pp != 0))
-    ok_k = ~(fsdp & (zero != np.array([FSDP_STAGE.get(x, -1) for x in SHARDINGS])[sharding])) & (zero >= 0) & (zero <= 3)
+    fsdp_stage = np.array([FSDP_STAGE.get(x, -1) for x in SHARDINGS])
+    ok_k = ~(fsdp & (zero != fsdp_stage[sharding])) & (zero >= 0) & (zero <= 3)
     off_opt, off_params = setup.offload_optimizer, setup.offload_params
     ok_sk = ~((zero > 0) & (dense_deg == 1)) if off_opt == "none" and off_params == "none" else np.ones((1,), bool)
     if off_params != "none":

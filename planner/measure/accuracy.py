@@ -65,7 +65,8 @@ class Comparison:
 def measurable(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> str:
     """The measurement's sharding name, or a UserError saying why it cannot be measured."""
     if m.model_type not in MEASURABLE_TYPES:
-        raise UserError(f"model_type {m.model_type!r} cannot be measured here; measurable: {', '.join(MEASURABLE_TYPES)}")
+        raise UserError(f"model_type {m.model_type!r} cannot be measured here; "
+                        f"measurable: {', '.join(MEASURABLE_TYPES)}")
     for axis in ("tp", "pp", "cp", "ep"):
         if getattr(lay, axis) > 1:
             raise UserError(
@@ -76,7 +77,8 @@ def measurable(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> str:
     if lay.zero_stage == 1:
         raise UserError("ZeRO-1 has no FSDP2 equivalent to measure; measure --zero 2 (grad-op) or --zero 3 (full)")
     if lay.recompute == "selective":
-        raise UserError("--recompute selective cannot be measured (transformers checkpoints whole blocks); use none or full")
+        raise UserError("--recompute selective cannot be measured (transformers checkpoints whole blocks); use none "
+                        "or full")
     if setup.precision == "fp16-mixed":
         raise UserError("--precision fp16-mixed cannot be measured; use bf16-mixed, bf16 or fp32")
     if setup.finetune.method == "qlora" or setup.finetune.quant != "none":
@@ -86,7 +88,8 @@ def measurable(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> str:
         raise UserError("an MoE model in fp32 cannot be measured: transformers' grouped expert matmul "
                         "(torch._grouped_mm) takes bf16 only; measure --precision bf16-mixed")
     if setup.optimizer == "adam8bit":
-        raise UserError("--optimizer adam8bit cannot be measured (it needs bitsandbytes and a GPU); use adamw, sgd or adafactor")
+        raise UserError("--optimizer adam8bit cannot be measured (it needs bitsandbytes and a GPU); use adamw, sgd "
+                        "or adafactor")
     if lay.micro_batch * lay.seq_len > 1 << 22:
         raise UserError("micro-batch x sequence above 4M tokens is too large to measure here")
     return {0: "none", 2: "grad-op", 3: "full"}[lay.zero_stage]
@@ -140,7 +143,8 @@ def run_measurement(hf_config: dict[str, Any], lay: Layout, setup: TrainingSetup
         out = subprocess.run(cmd,
                              capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        raise UserError(f"the measurement ran past {timeout_s:.0f} s; try a shorter --seq-len or a smaller model") from None
+        raise UserError(f"the measurement ran past {timeout_s:.0f} s; "
+                        "try a shorter --seq-len or a smaller model") from None
     if out.returncode == 2:
         raise UserError(out.stderr.strip().splitlines()[-1].removeprefix("error: "))
     if out.returncode != 0:

@@ -20,15 +20,19 @@ in emit/deepspeed.py, inside functions.
 
 from __future__ import annotations
 
-import contextlib
-import importlib
-import sys
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from planner.emit.deepspeed import import_deepspeed
 from planner.layouts.layout import Layout
-from planner.memory.model import (RankParams, _hybrid_degree, adafactor_bytes_per_param, buffer_bytes, model_state_bytes,
-                     rank_params)
+from planner.memory.model import (
+    RankParams,
+    _hybrid_degree,
+    adafactor_bytes_per_param,
+    buffer_bytes,
+    model_state_bytes,
+    rank_params,
+)
 from planner.models.spec import ModelSpec
 from planner.training.setup import Buffers, Precision, TrainingSetup, optimizer_state_bytes_per_param
 
@@ -89,14 +93,6 @@ class Crosscheck:
 
 
 # ----------------------------------------------------------------- DeepSpeed's side
-
-def import_deepspeed(module: str):
-    """Import a deepspeed module with whatever it prints at import time (its accelerator
-    probe) sent to stderr, so that stdout stays one JSON object. Set DS_ACCELERATOR=cpu
-    beforehand to skip the probe (the CLI does)."""
-    with contextlib.redirect_stdout(sys.stderr):
-        return importlib.import_module(module)
-
 
 def deepspeed_figures(inp: EstimatorInputs) -> Figures:
     """Call DeepSpeed's estimator with ``inp``; imports deepspeed (about 2 s)."""

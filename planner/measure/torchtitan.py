@@ -267,7 +267,7 @@ def trainer_config(setup: TitanSetup, n_layers: int) -> Any:
     p = cfg.parallelism
     p.spmd_backend = "partial_dtensor"               # trap 2
     p.data_parallel_shard_degree, p.tensor_parallel_degree = setup.dp, setup.tp
-    p.fsdp_reshard_after_forward = SHARDINGS[setup.sharding]   # type: ignore[assignment]
+    p.fsdp_reshard_after_forward = SHARDINGS[setup.sharding]
     cfg.training.seq_len, cfg.training.local_batch_size = setup.seq_len, setup.micro_batch
     cfg.training.disable_cuda_graphs = True
     model.update_from_config(config=cfg)             # sharding specs, RoPE cache at seq_len
@@ -555,7 +555,8 @@ def titan_setup_for(hf_config: dict[str, Any], setup: TrainingSetup, lay: Layout
     if lay.ep > 1:
         raise UserError("--ep: torchtitan's Llama 3 has no experts; measure --ep 1")
     return TitanSetup(hf_config=hf_config, dp=lay.dp, tp=lay.tp, cp=lay.cp, pp=lay.pp, micro_batch=lay.micro_batch,
-                      seq_len=lay.seq_len, recompute=lay.recompute, sharding="full" if lay.zero_stage == 3 else "grad-op",
+                      seq_len=lay.seq_len, recompute=lay.recompute,
+                      sharding="full" if lay.zero_stage == 3 else "grad-op",
                       blocks=blocks, fake=fake)
 
 

@@ -190,10 +190,10 @@ class MeasureSetup:
         ):
             if value not in allowed:
                 raise UserError(f"measure: unknown {name} {value!r}; choose one of {', '.join(allowed)}")
-        for name, value in (("dp", self.dp), ("micro_batch", self.micro_batch),
+        for name, count in (("dp", self.dp), ("micro_batch", self.micro_batch),
                             ("seq_len", self.seq_len), ("n_steps", self.n_steps)):
-            if not isinstance(value, int) or value < 1:
-                raise UserError(f"measure: {name} must be a positive integer, got {value!r}")
+            if not isinstance(count, int) or count < 1:
+                raise UserError(f"measure: {name} must be a positive integer, got {count!r}")
         if not isinstance(self.hf_config, Mapping) or "model_type" not in self.hf_config:
             raise UserError("measure: hf_config must be a config.json dict with a 'model_type' key")
         if self.optimizer == "adafactor" and self.sharded:
@@ -654,7 +654,7 @@ def _stub_scalars() -> Any:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class _ScalarStub(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if func is torch.ops.aten._local_scalar_dense.default:
                 dtype = args[0].dtype
                 return True if dtype == torch.bool else (1.0 if dtype.is_floating_point else 1)
@@ -775,10 +775,13 @@ def tracker_result(tracker: Any, snapshots: Mapping[Any, Mapping[Any, int]], dev
                 "allocated_bytes.all.peak", "reserved_bytes.all.peak", "active_bytes.all.peak",
                 "inactive_split_bytes.all.peak", "num_alloc_retries", "num_ooms")},
         }
+    # the per-category int fields by name; typed Any so that mypy does not match them against
+    # MeasuredMemory's dict-valued fields (raw, raw_max, by_module), which are passed by keyword
+    category_fields: dict[str, Any] = {f"{cat}_bytes": n for cat, n in at_peak.items()}
+    category_fields.update({f"max_{cat}_bytes": int(cat_max.get(cat, 0)) for cat in CATEGORIES})
     return MeasuredMemory(
         peak_bytes=raw.get(_TOTAL, sum(at_peak.values())),
-        **{f"{cat}_bytes": n for cat, n in at_peak.items()},
-        **{f"max_{cat}_bytes": int(cat_max.get(cat, 0)) for cat in CATEGORIES},
+        **category_fields,
         raw=raw,
         raw_max=raw_max,
         by_module=_by_module(tracker, dev),

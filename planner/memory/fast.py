@@ -517,7 +517,8 @@ def peak_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCou
         # its largest over the slots
         n_st = len(sts.tracked)
         start = np.concatenate([base_start, base_start + held_grads], axis=1)
-        at_start = (np.take(start, state_inv + n_st * persistent, axis=1) + np.take(x_acts, act_inv, axis=1)).max(axis=0)
+        at_start = (np.take(start, state_inv + n_st * persistent, axis=1)
+                    + np.take(x_acts, act_inv, axis=1)).max(axis=0)
         at_end = sts.end_max[state_inv] + (full_layer + pp_buffer)[act_inv]
         tracked = np.maximum(tracked, np.maximum(at_start, at_end))
         return tracked + (fixed + _trunc(tracked * setup.overheads.fragmentation))

@@ -12,9 +12,9 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
-from planner.training.finetune import FinetuneSpec, RankSplit, activation_layers, lora_activation_terms, rank_split
 from planner.layouts.layout import Layout
 from planner.models.spec import ModelSpec, ParamCount, count_params
+from planner.training.finetune import FinetuneSpec, RankSplit, activation_layers, lora_activation_terms, rank_split
 from planner.training.setup import Precision, TrainingSetup, optimizer_state_bytes_per_param
 from planner.units import ceil_div
 
@@ -763,7 +763,8 @@ def fsdp_forward_bytes(lay: Layout, rp: RankParams, prec: Precision,
 def eager_score_gradient_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) -> int:
     """Extra bytes while eager attention's backward runs: the fp32 gradients of the
     softmax output and of the scores, 8 bytes per score element, less the scores the
-    block keeps (or recomputes), which backward frees as it goes (measured with MemTracker on a Llama model: 8.4 bytes per element of
+    block keeps (or recomputes), which backward frees as it goes (measured with MemTracker on a
+    Llama model: 8.4 bytes per element of
     temporaries at the peak)."""
     if setup.attention != "eager":
         return 0
@@ -777,7 +778,8 @@ def optimizer_step_transient_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layo
                                    rp: RankParams, hybrid: int | None, split: RankSplit | None = None) -> int:
     """Temporaries inside optimizer.step(), beside the states.
 
-    Only PyTorch's own optimizers (under FSDP or DDP) count here. PyTorch's multi-tensor ("foreach", the default on CUDA) Adam/AdamW builds the
+    Only PyTorch's own optimizers (under FSDP or DDP) count here. PyTorch's multi-tensor
+    ("foreach", the default on CUDA) Adam/AdamW builds the
     square root of the second moments for every local parameter at once: one fp32 copy
     of the local parameters (torch/optim/adamw.py, _multi_tensor_adamw: _foreach_sqrt).
     The single-tensor path needs two fp32 temporaries of the largest local tensor (the

@@ -47,7 +47,8 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str, where: str, source: str 
     common: dict[str, Any] = {"name": name, "model_type": mt, "source": source}
     if mt != "gpt2":
         act = cfg.get("hidden_activation") or cfg.get("hidden_act")
-        common["activation"] = str(act) if act else ("gelu" if mt in ("bert", "falcon", "bloom", "gpt_neox") else "silu")
+        common["activation"] = str(act) if act else ("gelu" if mt in ("bert", "falcon", "bloom",
+                                                                      "gpt_neox") else "silu")
 
     if mt in RECENT_MODEL_TYPES:
         spec = recent_spec(cfg, mt, common, where, mtp=mtp)

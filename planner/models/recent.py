@@ -69,7 +69,8 @@ def recent_spec(cfg: dict[str, Any], mt: str, common: dict[str, Any], where: str
         if not any(moe):
             return ModelSpec(**base, **att, d_ff=dense_ff, qk_norm="head")
         return ModelSpec(**base, **att, d_ff=opt_int(cfg, "moe_intermediate_size", where, 768, minimum=1),
-                         qk_norm="head", n_experts=n_exp, n_experts_per_token=opt_int(cfg, "num_experts_per_tok", where, 8),
+                         qk_norm="head", n_experts=n_exp, n_experts_per_token=opt_int(cfg, "num_experts_per_tok",
+                                                                                      where, 8),
                          n_dense_layers=moe.count(False), dense_d_ff=dense_ff)
     if mt == "deepseek_v3":
         # DeepseekV3Config defaults (the 671B model): MLA with q_lora_rank 1536, kv_lora_rank

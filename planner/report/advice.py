@@ -22,7 +22,8 @@ def contradicting_options(kw: Mapping[str, Any]) -> str | None:
         return (f"--vp {vp} interleaves the layers of each pipeline rank, but --pp 1 has no pipeline; "
                 f"give --pp 2 or more, or drop --vp")
     if sp and tp == 1:
-        return "--sp splits the sequence over the tensor-parallel ranks, but --tp is 1; give --tp 2 or more, or drop --sp"
+        return ("--sp splits the sequence over the tensor-parallel ranks, but --tp is 1; give --tp 2 or more, "
+                "or drop --sp")
     if off_par != "none":
         if fsdp in ("grad-op",) or (fsdp is None and zero is not None and zero < 3):
             what = f"--fsdp {fsdp}" if fsdp else f"--zero {zero}"

@@ -184,7 +184,7 @@ def memory_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, pc: ParamCount
         rest = total - sum(t.value for t in out if t.category == cat and t.summed)
         if rest:
             out.append(_mem(cat, f"{cat}: not itemised (planner.report.explain is behind planner.memory.model; "
-                            "please report it)", "category total - the terms above", rest, "planner.memory.model"))
+                            "please report it)", "category total - the terms above", int(rest), "planner.memory.model"))
     return out
 
 

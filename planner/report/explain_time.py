@@ -219,12 +219,14 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
                      "/ HBM rate; Psi: trainable parameters", opt_s, OPT_TIME, Psi=rp.trainable_dense,
                      Psi_e=rp.trainable_expert, bytes_per_param=optimizer_bytes_per_param(setup),
                      N_d=lay.dense_shard_degree if sharded else 1, N_e=lay.expert_shard_degree if sharded else 1,
-                     master_bytes=prec.master_bytes, optimizer_state_bytes=optimizer_state_bytes_per_param(setup.optimizer),
+                     master_bytes=prec.master_bytes,
+                     optimizer_state_bytes=optimizer_state_bytes_per_param(setup.optimizer),
                      gradient_bytes=prec.grad_bytes, weight_bytes=prec.weight_bytes,
                      hbm_rate_bytes_per_s=r.hbm_bytes_per_s))
     rest = st.step_time_s - sum(t.value for t in out if t.summed)
     if abs(rest) > 1e-9 * st.step_time_s:
-        out.append(_time("unexplained", "not itemised (planner.report.explain is behind planner.timing.model; please report it)",
+        out.append(_time("unexplained", "not itemised (planner.report.explain is behind planner.timing.model; "
+                         "please report it)",
                          "step time - the terms above", rest, "planner.timing.model"))
     out.append(_time("utilisation", "MFU", "model FLOPs / step time / GPUs / peak", st.mfu,
                      "Chowdhery et al. 2022, PaLM, App. B", unit="fraction", summed=False,

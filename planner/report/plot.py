@@ -322,14 +322,16 @@ def cost_figure(r: CostPlanResult) -> Figure:
             color = GPU_COLORS[i % len(GPU_COLORS)]
             ns = [p.n_gpus for p in mine]
             when.plot(ns, [p.train_time_s / DAY_S for p in mine], marker="o", color=color, label=g.name)
-            cost.plot(ns, [(p.cost_usd if priced else p.gpu_hours) for p in mine], marker="o", color=color,
-                      label=g.name)
+            # priced: every plan has a cost_usd; matplotlib's stubs reject Optional y values anyway
+            cost.plot(ns, [(p.cost_usd if priced else p.gpu_hours) for p in mine],  # type: ignore[arg-type]
+                      marker="o", color=color, label=g.name)
         ch = r.chosen
         if ch is not None:
             when.plot([ch.n_gpus], [ch.train_time_s / DAY_S], marker="*", ms=15, ls="none", color=CHOSEN,
                       label=f"chosen: {ch.n_gpus:,} x {ch.gpu.name}, {duration(ch.train_time_s)}")
             y = ch.cost_usd if priced else ch.gpu_hours
-            cost.plot([ch.n_gpus], [y], marker="*", ms=15, ls="none", color=CHOSEN,
+            # priced: the chosen plan has a cost_usd; matplotlib's stubs reject an Optional y value
+            cost.plot([ch.n_gpus], [y], marker="*", ms=15, ls="none", color=CHOSEN,  # type: ignore[arg-type]
                       label=f"chosen: {usd(y) if priced else f'{y:,.0f} GPU-hours'}")  # type: ignore[arg-type]
         if r.limits.deadline_s is not None:
             when.axhline(r.limits.deadline_s / DAY_S, color="black", ls="--", lw=1,
@@ -409,9 +411,10 @@ def buy_figure(r: BuyResult) -> Figure:
             jobs.plot([j.deadline_s / DAY_S] * 2, [i - 0.35, i + 0.35], color="black", lw=2)
             jobs.text(max(j.finish_s, j.deadline_s) / DAY_S, i, f"  {j.n_gpus} x {j.gpu.name}, {length:,.1f} days",
                       va="center", fontsize=8)
+        from matplotlib.artist import Artist
         from matplotlib.lines import Line2D
         from matplotlib.patches import Patch
-        keys = [Line2D([], [], color="black", lw=2, label="deadline")]
+        keys: list[Artist] = [Line2D([], [], color="black", lw=2, label="deadline")]
         keys += [Patch(color=colors[g], label=f"on {g}") for g in names if any(j.gpu.name == g for j in rows)]
         jobs.legend(handles=keys, fontsize=8, loc="lower right")
         jobs.set_yticks(y, [f"{j.name}\n{j.model.name}" for j in rows], fontsize=8)

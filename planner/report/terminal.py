@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 from planner.fmt import amount, days, duration, gib, params, plural, usd
 from planner.memory.model import CATEGORIES
@@ -105,7 +105,7 @@ class _Buffer(io.StringIO):
         return self._encoding
 
 
-def _colour_system() -> str:
+def _colour_system() -> Literal["truecolor", "256", "standard"]:
     if os.environ.get("COLORTERM", "").lower() in ("truecolor", "24bit"):
         return "truecolor"
     return "256" if "256" in os.environ.get("TERM", "") else "standard"
@@ -254,7 +254,8 @@ def memory_table(c: Candidate, title: str = "Memory per rank") -> list[Any]:
     capacity; the total as a stacked bar; where and when the peak happens."""
     bd, cap, m = c.memory.breakdown, c.capacity_bytes, c.memory
     where = f"pipeline stage {m.stage} ({m.n_layers_on_stage} layers)" if c.layout.pp > 1 else "every rank"
-    caption = (f"peak at {m.phase.replace('-', ' ')}, on {where}, {amount(m.in_flight, 'micro-batch', 'micro-batches')} of "
+    caption = (f"peak at {m.phase.replace('-', ' ')}, on {where}, "
+               f"{amount(m.in_flight, 'micro-batch', 'micro-batches')} of "
                f"activations held, {m.kernels} kernels")
     t = _table(title, caption)
     t.add_column("category")
@@ -500,7 +501,8 @@ def buy_view(r: Any) -> list[Any]:
                                                              (f"total {usd(r.tco_usd)}", HEAD))),
                                              ("nodes", grid)]))
         out += [_text(""), jobs_table(r)]
-        out.append(_lines([f"{j.name}: {report.layout_compact(j.candidate.layout)}; step {duration(j.candidate.time.step_time_s)}, "
+        out.append(_lines([f"{j.name}: {report.layout_compact(j.candidate.layout)}; step "
+                           f"{duration(j.candidate.time.step_time_s)}, "
                            f"MFU {j.candidate.time.mfu:.1%}" for j in r.plans], DIM))
     t = _table("Nodes on offer (purchase + power over the horizon)",
                f"power: {p.electricity_usd_per_kwh:g} $/kWh ({p.electricity_source}), PUE {p.pue:g} ({p.pue_source})")

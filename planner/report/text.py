@@ -217,7 +217,8 @@ def assumptions_text(r: PlanResult) -> list[str]:
         f"  cluster: {topology_name(r) or 'no topology file (bandwidths from the GPU catalog)'}; "
         f"step times: {r.efficiency.name} overlap settings",
     ] + ([f"  offload: optimizer states -> {s.offload_optimizer}, parameters -> {s.offload_params}; "
-          f"CPU memory per node: {gib(r.host_capacity_bytes) if r.host_capacity_bytes else 'not given by the topology'}"]
+          "CPU memory per node: "
+          f"{gib(r.host_capacity_bytes) if r.host_capacity_bytes else 'not given by the topology'}"]
          if s.offload_optimizer != "none" or s.offload_params != "none" else []) + (
         [(f"  calibration: {r.calibration} (matmul fraction {r.efficiency.matmul_fraction}, "
           f"fragmentation {o.fragmentation:.0%})")] if r.calibration is not None else [])

@@ -122,8 +122,8 @@ def size_count(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node: i
                 least = c
         return cands, least
 
-    from planner.memory import fast as fastscore
     from planner.layouts import batch as layout_batch
+    from planner.memory import fast as fastscore
 
     if not layout_batch.supports(setup):
         return one_by_one()

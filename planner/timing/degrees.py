@@ -168,7 +168,8 @@ class Degrees(NamedTuple):
     stage: np.ndarray          # (SLOTS, D): the stages a pipeline's slowest can be, -1: none
     links: list[np.ndarray]    # per placement order (10, D): bus bandwidth, hop latency of each axis
     optimizer_s: np.ndarray    # (2 x SLOTS x D): the optimizer update unsharded, sharded
-    c0: np.ndarray             # (orders x 5 branches x SLOTS x D): the data-parallel collectives' three terms (parts.DP_TERMS)
+    # (orders x 5 branches x SLOTS x D): the data-parallel collectives' three terms (parts.DP_TERMS)
+    c0: np.ndarray
     c1: np.ndarray
     c2: np.ndarray
     n_slots: int               # the slots some pipeline has

@@ -104,7 +104,8 @@ class StepArrays:
             every = term == 2 or term == 1 and per_mb
             out.append(DpCollective(seconds=float(self.dp_each[0, term, i]), window=window, overlap=overlap,
                                     per_micro_batch=every, times=int(self.grad_accum[i]) if every else 1,
-                                    exposed_s=float(self.dp_each[1, term, i]), hidden_s=float(self.dp_each[2, term, i])))
+                                    exposed_s=float(self.dp_each[1, term, i]),
+                                    hidden_s=float(self.dp_each[2, term, i])))
         return tuple(out)
 
     def rows(self, which: Sequence[int] | None = None) -> list[StepTime]:

@@ -586,7 +586,8 @@ class AdapterActivation:
     bytes_per_token: float
 
 
-def lora_activation_terms(m: ModelSpec, spec: FinetuneSpec, act_bytes: int, cast_bytes: int | None) -> list[AdapterActivation]:
+def lora_activation_terms(m: ModelSpec, spec: FinetuneSpec, act_bytes: int,
+                          cast_bytes: int | None) -> list[AdapterActivation]:
     """Tensors the LoRA path of one block keeps for backward, per token.
 
     PEFT computes ``base(x) + B(A(dropout(x))) * alpha / r`` (peft/tuners/lora/layer.py,

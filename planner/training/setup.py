@@ -41,7 +41,7 @@ class Precision:
 
     @staticmethod
     @lru_cache(maxsize=16)
-    def named(name: str) -> "Precision":
+    def named(name: str) -> Precision:
         if name in ("bf16-mixed", "fp16-mixed"):
             return Precision(name=name, weight_bytes=2, grad_bytes=2, master_bytes=4,
                              activation_bytes=2, compute_dtype=name[:4])
