@@ -5,8 +5,13 @@ first two as UserError; the report prints the third when nothing fits."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from planner.layouts.layout import SearchSpace
+    from planner.models.spec import ModelSpec
+    from planner.training.setup import TrainingSetup
 
 
 def contradicting_options(kw: Mapping[str, Any]) -> str | None:
@@ -142,3 +147,41 @@ def degree_conflict(m: Any, setup: Any, kw: Mapping[str, Any]) -> str | None:
         return None
     given = " ".join(f"--{a} {d}" for a, d in fixed.items())
     return f"{given} cannot split {m.name}: {reason}"
+
+
+def no_valid_layout(m: ModelSpec, setup: TrainingSetup, space: SearchSpace, counts: Sequence[int],
+                    gpus_per_node: int) -> str | None:
+    """When no candidate layout on ``counts`` GPUs can run at all (an arithmetic rule, not
+    memory, rejects every one), one line naming the most common reject reason and the nearest
+    values that work; None when some layout is valid (issue 20: "no layout fits (memory)" was
+    reported for batches that do not divide)."""
+    from planner.layouts.layout import enumerate_layouts
+
+    reasons: Counter[str] = Counter()
+    steps: set[int] = set()
+    steps_dp: set[int] = set()
+    for n in counts:
+        for lay, reason in enumerate_layouts(m, setup, n, gpus_per_node, space):
+            if reason is None:
+                return None
+            reasons[reason] += 1
+            if reason.startswith("global batch"):
+                steps.add(lay.micro_batch * lay.dp * lay.ep)
+                steps_dp.add(lay.dp * lay.ep)
+    if not reasons:
+        return None
+    reason, _ = reasons.most_common(1)[0]
+    on = ", ".join(str(n) for n in counts)
+    line = f"no layout can run on {on} GPUs (not a memory limit): {reason}"
+    if reason.startswith("global batch") and steps:
+        step = min(steps)
+        gb = setup.global_batch
+        near = sorted({max(step, gb - gb % step), gb - gb % step + step})
+        line += f"; global batches that divide: {' or '.join(str(b) for b in near)} (--global-batch)"
+        dpep = min(steps_dp)
+        if gb % dpep == 0:
+            mbs = [b for b in range(1, gb // dpep + 1) if (gb // dpep) % b == 0][:4]
+            line += f", or micro-batches {', '.join(str(b) for b in mbs)} (--micro-batch)"
+    elif "hybrid" in reason:
+        line += f"; hybrid sharding needs more than {gpus_per_node} GPUs (--n-gpus {2 * gpus_per_node})"
+    return line
