@@ -26,3 +26,15 @@ def test_hybrid_in_one_node_names_rule() -> None:
     p = run("--fsdp", "hybrid", "--n-gpus", "4")
     assert p.returncode == 2
     assert "more than one node" in p.stderr + p.stdout
+
+
+def test_lora_on_4090_offers_the_cheap_ways_out() -> None:
+    """8B LoRA at 4096 on one RTX 4090 (24 GB, NVIDIA data sheet) needs ~25 GiB: advice names
+    QLoRA and a shorter sequence, and only GPUs of more than 24 GB."""
+    import json
+    p = subprocess.run([sys.executable, "-m", "planner", "--model", "8b", "--gpus", "4090", "--n-gpus", "1",
+                        "--method", "lora", "--seq-len", "4096", "--json"],
+                       check=False, capture_output=True, text=True, timeout=60)
+    advice = " ".join(json.loads(p.stdout)["advice"])
+    assert "--method qlora" in advice and "--seq-len (e.g. 2048)" in advice
+    assert "mi300x" not in advice or "enough memory" in advice

@@ -90,6 +90,7 @@ def fit_advice(r: Any) -> list[str]:
     gpu, setup, n = r.gpu, r.setup, r.params.total
     sm = r.result.smallest
     out = []
+    ft = setup.finetune
     none_valid = sm is None and bool(r.result.rejected) and not r.fits_from_gpus
     if sm is not None:
         out.append(f"The least memory any layout needs is {gib(sm.memory.total)} per GPU, on {sm.n_gpus} x "
@@ -105,10 +106,19 @@ def fit_advice(r: Any) -> list[str]:
                    f"{gpu.name} of {gib(r.capacity_bytes)}, even fully sharded.")
     if r.fits_from_gpus:
         out.append(f"It fits from {r.fits_from_gpus} x {gpu.name}: raise --max-gpus (or drop --n-gpus).")
-    bigger = sorted((g for g in list_gpus() if g.memory_bytes > gpu.memory_bytes), key=lambda g: -g.memory_bytes)
+    # only GPUs whose usable memory (the same usable fraction) holds the least layout's need,
+    # smallest first: "a GPU with more memory: mi300x" for 405B on one GPU misled (issue 20)
+    need = sm.memory.total if sm is not None else None
+    usable = r.capacity_bytes / gpu.memory_bytes if gpu.memory_bytes else 1.0
+    bigger = sorted((g for g in list_gpus() if g.memory_bytes > gpu.memory_bytes
+                     and need is not None and g.memory_bytes * usable >= need), key=lambda g: g.memory_bytes)
     if bigger:
-        out.append(f"A GPU with more memory: {', '.join(f'{g.name} ({gib(g.memory_bytes)})' for g in bigger[:3])}.")
-    ft = setup.finetune
+        on = sm.n_gpus if sm is not None else 1
+        out.append(f"A GPU with enough memory for that layout on {on} GPU{'s' if on > 1 else ''}: "
+                   f"{', '.join(f'{g.name} ({gib(g.memory_bytes)})' for g in bigger[:3])}.")
+    if ft.method == "lora":
+        out.append(f"Cheaper: --method qlora keeps the frozen base in 4 bits (about {gib(n / 2)} instead of "
+                   f"{gib(2 * n)}).")
     if ft.is_full and setup.offload_optimizer == "none" and setup.offload_params == "none":
         p = setup.precision_spec
         opt = (p.master_bytes + optimizer_state_bytes_per_param(setup.optimizer)) * n
@@ -119,6 +129,8 @@ def fit_advice(r: Any) -> list[str]:
                    f"adapters; --method lora a 16-bit base ({gib(2 * n)}).")
     if sm is not None and sm.layout.recompute != "full":
         out.append("Fewer activations: --recompute full, a smaller --micro-batch or a shorter --seq-len.")
+    elif sm is not None and setup.seq_len > 1024:
+        out.append(f"Fewer activations: a shorter --seq-len (e.g. {setup.seq_len // 2}) or a smaller --micro-batch.")
     return out
 
 
