@@ -101,6 +101,12 @@ def plan_fewest(o: Options) -> Answer:
             result = api.plan(m, gpu, setup, space, n_gpus=n_gpus, max_gpus=o.max_gpus,
                               progress=per_count(bar, gpu.name), **timing(o, gpu))
 
+    if result.best is None:
+        from planner.report.advice import no_valid_layout
+        why = no_valid_layout(m, setup, space, [lay.n_gpus if lay is not None else (n_gpus or gpu.gpus_per_node)],
+                              gpu.gpus_per_node)
+        if why is not None:
+            raise UserError(why)
     if result.best is None and result.result.smallest is None:
         result = with_least_memory(result, space)
     if o.calibration is not None:

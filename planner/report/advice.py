@@ -5,8 +5,13 @@ first two as UserError; the report prints the third when nothing fits."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from planner.layouts.layout import SearchSpace
+    from planner.models.spec import ModelSpec
+    from planner.training.setup import TrainingSetup
 
 
 def contradicting_options(kw: Mapping[str, Any]) -> str | None:
@@ -86,6 +91,7 @@ def fit_advice(r: Any) -> list[str]:
     gpu, setup, n = r.gpu, r.setup, r.params.total
     sm = r.result.smallest
     out = []
+    ft = setup.finetune
     none_valid = sm is None and bool(r.result.rejected) and not r.fits_from_gpus
     if sm is not None:
         out.append(f"The least memory any layout needs is {gib(sm.memory.total)} per GPU, on {sm.n_gpus} x "
@@ -101,10 +107,19 @@ def fit_advice(r: Any) -> list[str]:
                    f"{gpu.name} of {gib(r.capacity_bytes)}, even fully sharded.")
     if r.fits_from_gpus:
         out.append(f"It fits from {r.fits_from_gpus} x {gpu.name}: raise --max-gpus (or drop --n-gpus).")
-    bigger = sorted((g for g in list_gpus() if g.memory_bytes > gpu.memory_bytes), key=lambda g: -g.memory_bytes)
+    # only GPUs whose usable memory (the same usable fraction) holds the least layout's need,
+    # smallest first: "a GPU with more memory: mi300x" for 405B on one GPU misled (issue 20)
+    need = sm.memory.total if sm is not None else None
+    usable = r.capacity_bytes / gpu.memory_bytes if gpu.memory_bytes else 1.0
+    bigger = sorted((g for g in list_gpus() if g.memory_bytes > gpu.memory_bytes
+                     and need is not None and g.memory_bytes * usable >= need), key=lambda g: g.memory_bytes)
     if bigger:
-        out.append(f"A GPU with more memory: {', '.join(f'{g.name} ({gib(g.memory_bytes)})' for g in bigger[:3])}.")
-    ft = setup.finetune
+        on = sm.n_gpus if sm is not None else 1
+        out.append(f"A GPU with enough memory for that layout on {on} GPU{'s' if on > 1 else ''}: "
+                   f"{', '.join(f'{g.name} ({gib(g.memory_bytes)})' for g in bigger[:3])}.")
+    if ft.method == "lora":
+        out.append(f"Cheaper: --method qlora keeps the frozen base in 4 bits (about {gib(n / 2)} instead of "
+                   f"{gib(2 * n)}).")
     if ft.is_full and setup.offload_optimizer == "none" and setup.offload_params == "none":
         p = setup.precision_spec
         opt = (p.master_bytes + optimizer_state_bytes_per_param(setup.optimizer)) * n
@@ -115,6 +130,8 @@ def fit_advice(r: Any) -> list[str]:
                    f"adapters; --method lora a 16-bit base ({gib(2 * n)}).")
     if sm is not None and sm.layout.recompute != "full":
         out.append("Fewer activations: --recompute full, a smaller --micro-batch or a shorter --seq-len.")
+    elif sm is not None and setup.seq_len > 1024:
+        out.append(f"Fewer activations: a shorter --seq-len (e.g. {setup.seq_len // 2}) or a smaller --micro-batch.")
     return out
 
 
@@ -143,3 +160,41 @@ def degree_conflict(m: Any, setup: Any, kw: Mapping[str, Any]) -> str | None:
         return None
     given = " ".join(f"--{a} {d}" for a, d in fixed.items())
     return f"{given} cannot split {m.name}: {reason}"
+
+
+def no_valid_layout(m: ModelSpec, setup: TrainingSetup, space: SearchSpace, counts: Sequence[int],
+                    gpus_per_node: int) -> str | None:
+    """When no candidate layout on ``counts`` GPUs can run at all (an arithmetic rule, not
+    memory, rejects every one), one line naming the most common reject reason and the nearest
+    values that work; None when some layout is valid (issue 20: "no layout fits (memory)" was
+    reported for batches that do not divide)."""
+    from planner.layouts.layout import enumerate_layouts
+
+    reasons: Counter[str] = Counter()
+    steps: set[int] = set()
+    steps_dp: set[int] = set()
+    for n in counts:
+        for lay, reason in enumerate_layouts(m, setup, n, gpus_per_node, space):
+            if reason is None:
+                return None
+            reasons[reason] += 1
+            if reason.startswith("global batch"):
+                steps.add(lay.micro_batch * lay.dp * lay.ep)
+                steps_dp.add(lay.dp * lay.ep)
+    if not reasons:
+        return None
+    reason, _ = reasons.most_common(1)[0]
+    on = ", ".join(str(n) for n in counts)
+    line = f"no layout can run on {on} GPUs (not a memory limit): {reason}"
+    if reason.startswith("global batch") and steps:
+        step = min(steps)
+        gb = setup.global_batch
+        near = sorted({max(step, gb - gb % step), gb - gb % step + step})
+        line += f"; global batches that divide: {' or '.join(str(b) for b in near)} (--global-batch)"
+        dpep = min(steps_dp)
+        if gb % dpep == 0:
+            mbs = [b for b in range(1, gb // dpep + 1) if (gb // dpep) % b == 0][:4]
+            line += f", or micro-batches {', '.join(str(b) for b in mbs)} (--micro-batch)"
+    elif "hybrid" in reason:
+        line += f"; hybrid sharding needs more than {gpus_per_node} GPUs (--n-gpus {2 * gpus_per_node})"
+    return line
