@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from planner.layouts.layout import Layout, SearchSpace, degree_shapes, grad_accum_for, reject_reason, shardings_of
-from planner.memory.model import (StateFloor, held_activation_floor_bytes, min_model_state_bytes_per_param, model_state_floor,
+from planner.memory.model import (StateFloor, held_activation_floor_bytes, min_model_state_bytes_per_param, model_state_floors,
                      overhead_floor_bytes)
 from planner.models.spec import ModelSpec, ParamCount, count_params
 from planner.search.search import Candidate, evaluate, rank_key
@@ -78,8 +78,8 @@ class _Group:
             return
         self.prepared = True
         gpn = cluster.gpu.gpus_per_node
-        floors = {(sh, st): model_state_floor(m, setup, replace(self.lay, sharding=sh, zero_stage=st), pc, gpn)
-                  for sh, st in self.shardings}
+        floors = dict(zip(self.shardings, model_state_floors(
+            m, setup, [replace(self.lay, sharding=sh, zero_stage=st) for sh, st in self.shardings], pc, gpn)))
         self.shardings = [k for k in self.shardings if overhead_floor_bytes(setup, self.lay, floors[k].at_step)
                           <= capacity_bytes]
         self.state_floors = {k: floors[k] for k in self.shardings}
