@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from planner.emit import EmitOptions, chosen, node_shape
 from planner.layouts.layout import Layout
 from planner.memory.model import hybrid_shard_degree
-from planner.emit import EmitOptions, chosen, node_shape
 
 if TYPE_CHECKING:
     from planner.api import PlanResult

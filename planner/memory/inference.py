@@ -24,11 +24,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from planner.training.finetune import FinetuneSpec, frozen_block_bytes
 from planner.hardware.gpus import GpuSpec
 from planner.layouts.layout import Layout, divisors
 from planner.memory.model import rank_params, stage_layers
 from planner.models.spec import ModelSpec, ParamCount, count_params
+from planner.training.finetune import FinetuneSpec, frozen_block_bytes
 from planner.training.setup import Overheads
 from planner.units import ceil_div
 

@@ -20,15 +20,41 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from planner.layouts.layout import Layout, SearchSpace, degree_shapes, grad_accum_for, reject_reason, shardings_of
-from planner.memory.model import (StateFloor, held_activation_floor_bytes, min_model_state_bytes_per_param, model_state_floors,
-                     overhead_floor_bytes)
+from planner.hardware.placement import AxisLink, link_ceilings
+from planner.layouts.layout import (
+    Layout,
+    SearchSpace,
+    degree_shapes,
+    grad_accum_for,
+    reject_reason,
+    shardings_of,
+)
+from planner.memory.model import (
+    StateFloor,
+    held_activation_floor_bytes,
+    min_model_state_bytes_per_param,
+    model_state_floors,
+    overhead_floor_bytes,
+)
 from planner.models.spec import ModelSpec, ParamCount, count_params
 from planner.search.search import Candidate, evaluate, rank_key
-from planner.hardware.placement import AxisLink, link_ceilings
-from planner.timing.model import (PLACEMENT_ORDERS, Cluster, DpFloorTerm, Efficiency, LayerTime, _kernels, _layer_key,
-                     axis_links, dp_floor_s, dp_floor_terms, layer_time, micro_batch_floor_s, micro_batch_max_s,
-                     step_time_floor_s, step_times)
+from planner.timing.model import (
+    PLACEMENT_ORDERS,
+    Cluster,
+    DpFloorTerm,
+    Efficiency,
+    LayerTime,
+    _kernels,
+    _layer_key,
+    axis_links,
+    dp_floor_s,
+    dp_floor_terms,
+    layer_time,
+    micro_batch_floor_s,
+    micro_batch_max_s,
+    step_time_floor_s,
+    step_times,
+)
 from planner.training.setup import TrainingSetup
 
 
