@@ -27,6 +27,7 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -154,15 +155,29 @@ def _umask() -> int:
 
 @contextlib.contextmanager
 def _signals_held() -> Iterator[None]:
-    """Hold SIGINT/SIGTERM/SIGHUP back (in this thread); they are delivered on exit."""
-    if not hasattr(signal, "pthread_sigmask"):
+    """Hold SIGINT/SIGTERM/SIGHUP back; they are delivered on exit.
+
+    Blocking them with pthread_sigmask covers this thread only, and another thread (rich's
+    progress bar refreshes in one) would still take the signal's default action mid-write.
+    So, in the main thread, a handler that only records the signal is installed as well
+    (CPython runs Python handlers in the main thread, whichever thread the signal hit), and
+    the recorded signal is raised again once the old handlers are back."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_SIGNALS)
+    caught: list[int] = []
+    old_handlers = {sig: signal.signal(sig, lambda n, _f: caught.append(n)) for sig in _HELD_SIGNALS}
+    old_mask = (signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_SIGNALS)
+                if hasattr(signal, "pthread_sigmask") else None)
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        if old_mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)   # a pending signal is recorded now
+        for sig, handler in old_handlers.items():
+            signal.signal(sig, handler)
+        for signum in dict.fromkeys(caught):
+            signal.raise_signal(signum)
 
 
 def _move_into_place(staging: Path, directory: Path, names: list[str]) -> None:
