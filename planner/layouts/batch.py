@@ -12,13 +12,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.layouts.layout import (
-    FSDP_STAGE,
     SHARDINGS,
     Layout,
     SearchSpace,
     degree_shapes,
     shardings_of,
 )
+from planner.layouts.rules import RULES, RuleView, first_failing_index, valid_mask
 from planner.models.spec import ModelSpec
 from planner.training.setup import TrainingSetup
 
@@ -74,10 +74,48 @@ class LayoutArrays:
                       seq_len=seq_len, recompute=RECOMPUTES[int(self.recompute[i])])
 
 def supports(setup: TrainingSetup) -> bool:
-    """Whether peak_bytes() and valid_layouts() mirror planner.memory.model and planner.layouts.layout
-    for this set-up."""
-    return (setup.finetune.method == "full" and not setup.finetune.paged_8bit_optimizer
-            and setup.finetune.quant == "none")
+    """Whether the batched models cover this set-up: every set-up (kept for callers that
+    still ask)."""
+    return True
+
+
+def _grid(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node: int,
+          space: SearchSpace) -> tuple[RuleView, np.ndarray, list[tuple[int, ...]], list[int], list[int]] | None:
+    """enumerate_layouts()' candidates as a grid (shape, sharding, vp, micro-batch): the rules'
+    view broadcast over it, where enumeration visits a cell (its vps per pp), the degree
+    shapes and the recomputation modes; None when there is nothing to enumerate."""
+    shapes = list(degree_shapes(m, n_gpus, gpus_per_node, space))   # enumerate_layouts' order
+    shardings = shardings_of(space)
+    vps = [space.vp] if space.vp is not None else [1, 2]
+    mbs, rcs = list(space.micro_batches), [RECOMPUTES.index(r) for r in space.recomputes]
+    if not shapes or not mbs or not rcs:
+        return None
+    # S, K, V, M: shapes, shardings, vps, mbs; recomputation is read by no rule
+    sh = np.array(shapes, dtype=np.int64)
+    tp, cp, ep, pp, dp = (sh[:, i][:, None, None, None] for i in range(5))          # (S,1,1,1)
+    sharding = np.array([SHARDINGS.index(name) for name, _ in shardings], dtype=np.int64)[None, :, None, None]
+    zero = np.array([stage for _, stage in shardings], dtype=np.int64)[None, :, None, None]   # (1,K,1,1)
+    vp = np.array(vps, dtype=np.int64)[None, None, :, None]                          # (1,1,V,1)
+    mb = np.array(mbs, dtype=np.int64)[None, None, None, :]                          # (1,1,1,M)
+    sp = (tp > 1).astype(np.int64) if space.sp is None else np.full(tp.shape, int(bool(space.sp)))
+    per_step = np.maximum(mb * dp * ep, 1)
+    ga = np.where(setup.global_batch % per_step == 0, setup.global_batch // per_step, 1)   # grad_accum_for, or 1
+    view = RuleView(m=m, setup=setup, gpus_per_node=gpus_per_node, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep,
+                    zero_stage=zero, sharding=sharding, sp=sp, vp=vp, micro_batch=mb, grad_accum=ga, enumerated=1)
+    # enumerate_layouts visits vp 1 and 2 where pp > 1, vp 1 only otherwise (or the fixed vp)
+    visited = (vp == 1) | (pp > 1) if space.vp is None else np.ones((1, 1, 1, 1), dtype=bool)
+    return view, visited, shapes, vps, rcs
+
+
+def _cells(view: RuleView, shape: tuple[int, ...], i_s: np.ndarray, i_k: np.ndarray, i_v: np.ndarray,
+           i_m: np.ndarray, i_r: np.ndarray, rcs: list[int]) -> LayoutArrays:
+    def at(x: np.ndarray) -> np.ndarray:
+        return np.broadcast_to(x, shape)[i_s, i_k, i_v, i_m]
+
+    return LayoutArrays(dp=at(view.dp), tp=at(view.tp), pp=at(view.pp), cp=at(view.cp), ep=at(view.ep),
+                        zero_stage=at(view.zero_stage), sharding=at(view.sharding), sp=at(view.sp),
+                        vp=at(view.vp), micro_batch=at(view.micro_batch), grad_accum=at(view.grad_accum),
+                        recompute=np.array(rcs, dtype=np.int64)[i_r])
 
 
 def valid_layouts(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node: int,
@@ -85,58 +123,35 @@ def valid_layouts(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node
     """The layouts layouts.enumerate_layouts() yields with no reject reason, in the same
     order, as arrays. The parallel degrees are walked in Python (a few hundred
     combinations); sharding, virtual stages, micro-batch and recomputation form a grid
-    whose rules (layouts.reject_reason, one mask per rule) are array operations."""
-    if not supports(setup):
-        raise Unsupported("only full training is vectorised")
-    space = space or SearchSpace()
-    shapes = list(degree_shapes(m, n_gpus, gpus_per_node, space))   # enumerate_layouts' order
-    shardings = shardings_of(space)
-    vps = [space.vp] if space.vp is not None else [1, 2]
-    mbs, rcs = list(space.micro_batches), [RECOMPUTES.index(r) for r in space.recomputes]
-    if not shapes or not mbs or not rcs:
+    over which every rule of planner.layouts.rules.RULES is one array expression."""
+    grid = _grid(m, setup, n_gpus, gpus_per_node, space or SearchSpace())
+    if grid is None:
         return LayoutArrays.from_layouts([])
-    # Each rule is computed on the axes it reads, (shape, sharding, vp, micro-batch)
-    # broadcast; recomputation is read by no rule. S, K, V, M: shapes, shardings, vps, mbs.
-    sh = np.array(shapes, dtype=np.int64)
-    tp, cp, ep, pp, dp = (sh[:, i][:, None, None, None] for i in range(5))          # (S,1,1,1)
-    sharding = np.array([SHARDINGS.index(name) for name, _ in shardings], dtype=np.int64)[None, :, None, None]
-    zero = np.array([stage for _, stage in shardings], dtype=np.int64)[None, :, None, None]   # (1,K,1,1)
-    vp = np.array(vps, dtype=np.int64)[None, None, :, None]                          # (1,1,V,1)
-    mb = np.array(mbs, dtype=np.int64)[None, None, None, :]                          # (1,1,1,M)
-    sp = (tp > 1) if space.sp is None else np.full(tp.shape, bool(space.sp))
-    per_step = mb * dp * ep                                                          # (S,1,1,M)
-    ga = setup.global_batch // per_step
-    seq, L = setup.seq_len, m.n_layers
-    fsdp = sharding > 0
-    dense_deg = dp * cp * ep
-    # grad_accum_for, then layouts.reject_reason's rules in its order
-    ok_sm = (setup.global_batch % per_step == 0) & (ga >= 1) & (mb >= 1) & (mb * ga * dp * ep == setup.global_batch)
-    ok_s = ((m.n_heads % tp == 0) & ((m.n_kv_heads % tp == 0) | (tp % m.n_kv_heads == 0)) & (m.d_ff % tp == 0)
-            & ~(sp & (tp == 1)) & (pp <= L) & ~((cp > 1) & (seq % (2 * cp) != 0)) & ~((ep > 1) & (not m.is_moe))
-            & (seq % (cp * np.where(sp, tp, 1)) == 0))
-    if m.is_moe:
-        ok_s &= ~((ep > 1) & (m.n_experts % ep != 0))
-    keep_v = (vp == 1) | (pp > 1) if space.vp is None else np.ones((1, 1, 1, 1), dtype=bool)   # vps per pp
-    ok_sv = keep_v & (vp >= 1) & ~((vp > 1) & (pp == 1)) & (pp * vp <= L)
-    ok_svm = ~((vp > 1) & (ga % pp != 0))
-    fsdp_stage = np.array([FSDP_STAGE.get(x, -1) for x in SHARDINGS])
-    ok_k = ~(fsdp & (zero != fsdp_stage[sharding])) & (zero >= 0) & (zero <= 3)
-    off_opt, off_params = setup.offload_optimizer, setup.offload_params
-    ok_sk = ~((zero > 0) & (dense_deg == 1)) if off_opt == "none" and off_params == "none" else np.ones((1,), bool)
-    if off_params != "none":
-        ok_sk = ok_sk & (zero == 3) & (tp == 1) & (pp == 1) & (cp == 1) & ~(fsdp & (off_params == "nvme"))
-    if off_opt != "none":
-        ok_sk = ok_sk & (zero != 0) & ~fsdp
-    if "nvme" in (off_opt, off_params):
-        ok_sk = ok_sk & (zero == 3)
-    ok_sk = (ok_sk & ~((sharding == 0) & (zero >= 2) & (pp > 1))
-             & ~((sharding == SHARDINGS.index("fsdp-hybrid")) & (dense_deg <= gpus_per_node // (tp * pp))))
-    ok = ok_s & ok_sm & ok_sv & ok_svm & ok_k & ok_sk                                 # (S,K,V,M)
-    i_s, i_k, i_v, i_m, i_r = np.nonzero(np.broadcast_to(ok[..., None], ok.shape + (len(rcs),)))
-    ga_sm = np.broadcast_to(ga, (len(shapes), 1, 1, len(mbs)))[:, 0, 0, :]
-    sp_s = np.broadcast_to(sp, tp.shape)[:, 0, 0, 0]
-    return LayoutArrays(dp=sh[i_s, 4], tp=sh[i_s, 0], pp=sh[i_s, 3], cp=sh[i_s, 1], ep=sh[i_s, 2],
-                        zero_stage=zero[0, :, 0, 0][i_k], sharding=sharding[0, :, 0, 0][i_k],
-                        sp=sp_s[i_s].astype(np.int64), vp=vp[0, 0, :, 0][i_v],
-                        micro_batch=mb[0, 0, 0, :][i_m], grad_accum=ga_sm[i_s, i_m],
-                        recompute=np.array(rcs, dtype=np.int64)[i_r])
+    view, visited, shapes, vps, rcs = grid
+    ok = valid_mask(view) & visited                                                  # (S,K,V,M)
+    shape = (len(shapes), view.sharding.shape[1], len(vps), view.micro_batch.shape[3])
+    ok = np.broadcast_to(ok, shape)
+    i_s, i_k, i_v, i_m, i_r = np.nonzero(np.broadcast_to(ok[..., None], shape + (len(rcs),)))
+    return _cells(view, shape, i_s, i_k, i_v, i_m, i_r, rcs)
+
+
+def rejected_layouts(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node: int,
+                     space: SearchSpace | None = None, limit: int = 10_000) -> list[tuple[Layout, str]]:
+    """The first ``limit`` layouts enumerate_layouts() rejects, in its order, with their
+    reasons (the message of the first rule each breaks)."""
+    grid = _grid(m, setup, n_gpus, gpus_per_node, space or SearchSpace())
+    if grid is None or limit <= 0:
+        return []
+    view, visited, shapes, vps, rcs = grid
+    shape = (len(shapes), view.sharding.shape[1], len(vps), view.micro_batch.shape[3])
+    first = np.broadcast_to(first_failing_index(view), shape)
+    bad = np.broadcast_to((first < len(RULES)) & visited, shape)
+    i_s, i_k, i_v, i_m, i_r = (x[:limit] for x in np.nonzero(np.broadcast_to(bad[..., None], shape + (len(rcs),))))
+    cells = _cells(view, shape, i_s, i_k, i_v, i_m, i_r, rcs)
+    rule_i = first[i_s, i_k, i_v, i_m]
+    out = []
+    for j in range(len(cells)):
+        lay = cells.layout(j, setup.seq_len)
+        one = RuleView.of(m, setup, lay, gpus_per_node, enumerated=True)
+        out.append((lay, RULES[int(rule_i[j])].message(one)))
+    return out

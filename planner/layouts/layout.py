@@ -90,65 +90,12 @@ def divisors(n: int) -> list[int]:
 
 
 def reject_reason(m: ModelSpec, setup: TrainingSetup, lay: Layout, gpus_per_node: int) -> str | None:
-    """Why a layout cannot run, or None. One rule per ``if`` (calculon's style)."""
-    if min(lay.dp, lay.tp, lay.pp, lay.cp, lay.ep, lay.vp, lay.micro_batch, lay.grad_accum) < 1:
-        return "every degree, the micro-batch and the accumulation steps must be >= 1"
-    if m.n_heads % lay.tp:
-        return f"tp={lay.tp} does not divide the {m.n_heads} attention heads"
-    if m.n_kv_heads % lay.tp and lay.tp % m.n_kv_heads:
-        return f"tp={lay.tp} does not divide the {m.n_kv_heads} KV heads (nor is it a multiple of them)"
-    if m.d_ff % lay.tp:
-        return f"tp={lay.tp} does not divide the MLP width {m.d_ff}"
-    if lay.sp and lay.tp == 1:
-        return "sequence parallelism needs tp > 1"
-    if lay.pp > m.n_layers:
-        return f"pp={lay.pp} exceeds the {m.n_layers} layers"
-    if lay.vp > 1 and lay.pp == 1:
-        return "an interleaved schedule (vp > 1) needs pp > 1"
-    if lay.pp * lay.vp > m.n_layers:
-        return f"pp x vp = {lay.pp * lay.vp} model chunks exceed the {m.n_layers} layers"
-    if lay.vp > 1 and lay.grad_accum % lay.pp:
-        return (f"the interleaved schedule needs the {lay.grad_accum} micro-batches per step "
-                f"to be a multiple of pp={lay.pp} (Megatron-LM)")
-    if lay.cp > 1 and lay.seq_len % (2 * lay.cp):
-        return f"cp={lay.cp} needs the sequence {lay.seq_len} to split into 2 x cp equal chunks"
-    if lay.ep > 1 and not m.is_moe:
-        return f"ep={lay.ep} needs a mixture-of-experts model; {m.name} is dense"
-    if lay.ep > 1 and m.n_experts % lay.ep:
-        return f"ep={lay.ep} does not divide the {m.n_experts} experts"
-    if lay.seq_len % (lay.cp * (lay.tp if lay.sp else 1)):
-        return f"the sequence {lay.seq_len} does not split over cp x tp = {lay.cp * lay.tp} ranks"
-    if lay.sharding not in SHARDINGS:
-        return f"unknown sharding {lay.sharding!r}"
-    if lay.is_fsdp and lay.zero_stage != FSDP_STAGE[lay.sharding]:
-        return f"FSDP {lay.sharding[5:]} shards like ZeRO-{FSDP_STAGE[lay.sharding]}, not ZeRO-{lay.zero_stage}"
-    if not 0 <= lay.zero_stage <= 3:
-        return f"ZeRO stage {lay.zero_stage} does not exist (0 to 3)"
-    offloads = setup.offload_optimizer != "none" or setup.offload_params != "none"
-    if lay.zero_stage > 0 and lay.dense_shard_degree == 1 and not offloads:
-        return "ZeRO/FSDP sharding needs more than one data-parallel rank (or offload)"
-    if setup.offload_params != "none" and lay.zero_stage != 3:
-        return "parameter offload needs ZeRO-3 or FSDP full sharding (ZeRO-Infinity, FSDP CPU offload)"
-    if setup.offload_optimizer != "none" and lay.zero_stage == 0:
-        return "optimizer offload needs ZeRO-1 or higher (ZeRO-Offload moves the optimizer's partition)"
-    if lay.is_fsdp and setup.offload_optimizer != "none":
-        return "FSDP offloads parameters, gradients and the optimizer step together (offload parameters to cpu)"
-    if lay.is_fsdp and setup.offload_params == "nvme":
-        return "FSDP offloads to CPU memory only"
-    if "nvme" in (setup.offload_optimizer, setup.offload_params) and lay.zero_stage != 3:
-        return "NVMe offload (ZeRO-Infinity) needs ZeRO-3"
-    if setup.offload_params != "none" and (lay.tp > 1 or lay.pp > 1 or lay.cp > 1):
-        return "Megatron-LM does not offload parameters; offload them under pure data parallelism"
-    if setup.finetune.quant != "none" and (lay.tp > 1 or lay.pp > 1 or lay.cp > 1):
-        return "quantized base weights (bitsandbytes) run under data parallelism only, not tp, pp or cp"
-    if lay.sharding == "zero" and lay.zero_stage >= 2 and lay.pp > 1:
-        return "DeepSpeed's pipeline engine supports ZeRO stage 0 or 1 only"
-    if lay.sharding == "fsdp-hybrid" and lay.dense_shard_degree <= gpus_per_node // (lay.tp * lay.pp):
-        return "hybrid sharding needs data-parallel ranks on more than one node"
-    if lay.global_batch != setup.global_batch:
-        return (f"global batch {setup.global_batch} is not micro-batch {lay.micro_batch} x "
-                f"accumulation x data-parallel {lay.dp * lay.ep}")
-    return None
+    """Why a layout cannot run, or None: the message of the first rule of
+    planner.layouts.rules.RULES it breaks."""
+    from planner.layouts.rules import RuleView, first_failing
+
+    rule = first_failing(RuleView.of(m, setup, lay, gpus_per_node))
+    return None if rule is None else rule.message(RuleView.of(m, setup, lay, gpus_per_node))
 
 
 def grad_accum_for(setup: TrainingSetup, micro_batch: int, dp: int, ep: int) -> int | None:
@@ -198,7 +145,10 @@ def enumerate_layouts(
     m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node: int,
     space: SearchSpace = SearchSpace(),
 ) -> Iterator[tuple[Layout, str | None]]:
-    """Every candidate layout on ``n_gpus`` with None or the reason it cannot run."""
+    """Every candidate layout on ``n_gpus`` with None or the reason it cannot run (the
+    first rule of planner.layouts.rules.RULES it breaks)."""
+    from planner.layouts.rules import RuleView, first_failing
+
     for tp, cp, ep, pp, dp in degree_shapes(m, n_gpus, gpus_per_node, space):
         sps = [space.sp] if space.sp is not None else [tp > 1]
         vps = [space.vp] if space.vp is not None else ([1, 2] if pp > 1 else [1])
@@ -212,11 +162,9 @@ def enumerate_layouts(
                                          zero_stage=stage, sharding=sharding, sp=sp,
                                          vp=vp, micro_batch=mb, grad_accum=ga or 1,
                                          seq_len=setup.seq_len, recompute=rc)
-                            if ga is None:
-                                yield lay, (f"global batch {setup.global_batch} is not a "
-                                            f"multiple of micro-batch {mb} x data-parallel {dp * ep}")
-                            else:
-                                yield lay, reject_reason(m, setup, lay, gpus_per_node)
+                            view = RuleView.of(m, setup, lay, gpus_per_node, enumerated=True)
+                            rule = first_failing(view)
+                            yield lay, None if rule is None else rule.message(view)
 
 
 def degree_shapes(m: ModelSpec, n_gpus: int, gpus_per_node: int,

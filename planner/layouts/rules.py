@@ -1,0 +1,207 @@
+"""The rules a layout must follow, as one table of (rule, message).
+
+Each rule's ``fails`` reads a RuleView: the fields of one Layout (Python ints and bools)
+or of a batch of layouts (numpy arrays, broadcast against each other). It is written
+with comparisons, ``&`` and ``|`` only, so the same expression answers for one layout and
+for a batch (never ``not``, ``and``, ``or`` or ``~``, which mean something else on one
+of the two). A layout is valid when no rule fails; a rejected layout's reason is the
+message of the first rule that fails, in the table's order (planner.layouts.layout.
+reject_reason and enumerate_layouts, planner.layouts.batch.valid_layouts).
+
+Sources: Megatron-LM's argument checks (megatron/training/arguments.py: heads and the
+MLP width divisible by tp, sequence parallelism only with tp > 1, the interleaved
+schedule's micro-batch rule), DeepSpeed's pipeline engine (ZeRO stage 0 or 1 only),
+PyTorch FSDP2's sharding strategies and offload policy, DeepSpeed's ZeRO-Offload and
+ZeRO-Infinity (offload_config.py), bitsandbytes (data parallelism only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from planner.layouts.layout import SHARDINGS, Layout
+from planner.models.spec import ModelSpec
+from planner.training.setup import TrainingSetup
+
+FULL, GRAD_OP, HYBRID = (SHARDINGS.index(x) for x in ("fsdp-full", "fsdp-grad-op", "fsdp-hybrid"))
+
+
+@dataclass(frozen=True, slots=True)
+class RuleView:
+    """What the rules read: a model, a set-up, GPUs per node, and the layout fields, each
+    an int (one layout) or an int64 array (a batch). ``sharding`` indexes SHARDINGS (-1:
+    a name SHARDINGS lacks); ``sp`` is 0/1 or a bool. ``enumerated``: 1 where the layout
+    comes from enumeration, whose accumulation count comes from the micro-batch (and is
+    ``grad_accum`` = 1 with no such count), 0 for a layout given as is."""
+
+    m: ModelSpec
+    setup: TrainingSetup
+    gpus_per_node: int
+    dp: Any
+    tp: Any
+    pp: Any
+    cp: Any
+    ep: Any
+    zero_stage: Any
+    sharding: Any
+    sp: Any
+    vp: Any
+    micro_batch: Any
+    grad_accum: Any
+    enumerated: Any = 0
+    sharding_name: str = ""
+
+    @property
+    def fsdp(self) -> Any:
+        return self.sharding > 0
+
+    @property
+    def fsdp_stage(self) -> Any:
+        """The ZeRO stage an FSDP sharding shards like (layout.FSDP_STAGE), 0 for ZeRO."""
+        return (self.sharding == FULL) * 3 + (self.sharding == GRAD_OP) * 2 + (self.sharding == HYBRID) * 3
+
+    @property
+    def dense_shard_degree(self) -> Any:
+        return self.dp * self.cp * self.ep
+
+    @property
+    def seq_len(self) -> int:
+        return self.setup.seq_len
+
+    @property
+    def tp_sp(self) -> Any:
+        """tp under sequence parallelism, else 1."""
+        return self.tp * (self.sp > 0) + (self.sp <= 0)
+
+    @staticmethod
+    def of(m: ModelSpec, setup: TrainingSetup, lay: Layout, gpus_per_node: int, enumerated: bool = False) -> RuleView:
+        sharding = SHARDINGS.index(lay.sharding) if lay.sharding in SHARDINGS else -1
+        return RuleView(m=m, setup=setup, gpus_per_node=gpus_per_node, dp=lay.dp, tp=lay.tp, pp=lay.pp, cp=lay.cp,
+                        ep=lay.ep, zero_stage=lay.zero_stage, sharding=sharding, sp=int(lay.sp), vp=lay.vp,
+                        micro_batch=lay.micro_batch, grad_accum=lay.grad_accum, enumerated=int(enumerated),
+                        sharding_name=lay.sharding)
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One rule: ``fails(view)`` is true (elementwise) where a layout breaks it;
+    ``message(view)`` (one layout) says why, in one line."""
+
+    name: str
+    fails: Callable[[RuleView], Any]
+    message: Callable[[RuleView], str]
+
+
+def _offloads(v: RuleView) -> bool:
+    return v.setup.offload_optimizer != "none" or v.setup.offload_params != "none"
+
+
+def _nvme(v: RuleView) -> bool:
+    return "nvme" in (v.setup.offload_optimizer, v.setup.offload_params)
+
+
+def _per_step(v: RuleView) -> Any:
+    return v.micro_batch * v.dp * v.ep
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("batch-divides",   # enumeration: no accumulation count makes the global batch
+         lambda v: (v.enumerated > 0) & (v.setup.global_batch % _per_step(v) != 0),
+         lambda v: (f"global batch {v.setup.global_batch} is not a multiple of micro-batch {v.micro_batch} "
+                    f"x data-parallel {v.dp * v.ep}")),
+    Rule("positive",
+         lambda v: ((v.dp < 1) | (v.tp < 1) | (v.pp < 1) | (v.cp < 1) | (v.ep < 1) | (v.vp < 1)
+                    | (v.micro_batch < 1) | (v.grad_accum < 1)),
+         lambda v: "every degree, the micro-batch and the accumulation steps must be >= 1"),
+    Rule("tp-heads", lambda v: v.m.n_heads % v.tp != 0,
+         lambda v: f"tp={v.tp} does not divide the {v.m.n_heads} attention heads"),
+    Rule("tp-kv-heads", lambda v: (v.m.n_kv_heads % v.tp != 0) & (v.tp % v.m.n_kv_heads != 0),
+         lambda v: f"tp={v.tp} does not divide the {v.m.n_kv_heads} KV heads (nor is it a multiple of them)"),
+    Rule("tp-mlp", lambda v: v.m.d_ff % v.tp != 0,
+         lambda v: f"tp={v.tp} does not divide the MLP width {v.m.d_ff}"),
+    Rule("sp-needs-tp", lambda v: (v.sp > 0) & (v.tp == 1),
+         lambda v: "sequence parallelism needs tp > 1"),
+    Rule("pp-layers", lambda v: v.pp > v.m.n_layers,
+         lambda v: f"pp={v.pp} exceeds the {v.m.n_layers} layers"),
+    Rule("vp-needs-pp", lambda v: (v.vp > 1) & (v.pp == 1),
+         lambda v: "an interleaved schedule (vp > 1) needs pp > 1"),
+    Rule("chunks-layers", lambda v: v.pp * v.vp > v.m.n_layers,
+         lambda v: f"pp x vp = {v.pp * v.vp} model chunks exceed the {v.m.n_layers} layers"),
+    Rule("vp-micro-batches", lambda v: (v.vp > 1) & (v.grad_accum % v.pp != 0),
+         lambda v: (f"the interleaved schedule needs the {v.grad_accum} micro-batches per step "
+                    f"to be a multiple of pp={v.pp} (Megatron-LM)")),
+    Rule("cp-sequence", lambda v: (v.cp > 1) & (v.seq_len % (2 * v.cp) != 0),
+         lambda v: f"cp={v.cp} needs the sequence {v.seq_len} to split into 2 x cp equal chunks"),
+    Rule("ep-dense", lambda v: (v.ep > 1) & (not v.m.is_moe),
+         lambda v: f"ep={v.ep} needs a mixture-of-experts model; {v.m.name} is dense"),
+    Rule("ep-experts", lambda v: (v.ep > 1) & (v.m.is_moe) & (v.m.n_experts % v.ep != 0),
+         lambda v: f"ep={v.ep} does not divide the {v.m.n_experts} experts"),
+    Rule("sequence-split", lambda v: v.seq_len % (v.cp * v.tp_sp) != 0,
+         lambda v: f"the sequence {v.seq_len} does not split over cp x tp = {v.cp * v.tp} ranks"),
+    Rule("sharding-known", lambda v: v.sharding < 0,
+         lambda v: f"unknown sharding {v.sharding_name!r}"),
+    Rule("fsdp-stage", lambda v: v.fsdp & (v.zero_stage != v.fsdp_stage),
+         lambda v: (f"FSDP {SHARDINGS[v.sharding][5:]} shards like ZeRO-{v.fsdp_stage}, "
+                    f"not ZeRO-{v.zero_stage}")),
+    Rule("zero-stage", lambda v: (v.zero_stage < 0) | (v.zero_stage > 3),
+         lambda v: f"ZeRO stage {v.zero_stage} does not exist (0 to 3)"),
+    Rule("sharding-needs-dp", lambda v: (v.zero_stage > 0) & (v.dense_shard_degree == 1) & (not _offloads(v)),
+         lambda v: "ZeRO/FSDP sharding needs more than one data-parallel rank (or offload)"),
+    Rule("param-offload-stage", lambda v: (v.setup.offload_params != "none") & (v.zero_stage != 3),
+         lambda v: "parameter offload needs ZeRO-3 or FSDP full sharding (ZeRO-Infinity, FSDP CPU offload)"),
+    Rule("optimizer-offload-stage", lambda v: (v.setup.offload_optimizer != "none") & (v.zero_stage == 0),
+         lambda v: "optimizer offload needs ZeRO-1 or higher (ZeRO-Offload moves the optimizer's partition)"),
+    Rule("fsdp-optimizer-offload", lambda v: v.fsdp & (v.setup.offload_optimizer != "none"),
+         lambda v: ("FSDP offloads parameters, gradients and the optimizer step together "
+                    "(offload parameters to cpu)")),
+    Rule("fsdp-nvme", lambda v: v.fsdp & (v.setup.offload_params == "nvme"),
+         lambda v: "FSDP offloads to CPU memory only"),
+    Rule("nvme-stage", lambda v: _nvme(v) & (v.zero_stage != 3),
+         lambda v: "NVMe offload (ZeRO-Infinity) needs ZeRO-3"),
+    Rule("param-offload-dp-only",
+         lambda v: (v.setup.offload_params != "none") & ((v.tp > 1) | (v.pp > 1) | (v.cp > 1)),
+         lambda v: "Megatron-LM does not offload parameters; offload them under pure data parallelism"),
+    Rule("quant-dp-only",
+         lambda v: (v.setup.finetune.quant != "none") & ((v.tp > 1) | (v.pp > 1) | (v.cp > 1)),
+         lambda v: "quantized base weights (bitsandbytes) run under data parallelism only, not tp, pp or cp"),
+    Rule("deepspeed-pipeline-zero", lambda v: (v.sharding == 0) & (v.zero_stage >= 2) & (v.pp > 1),
+         lambda v: "DeepSpeed's pipeline engine supports ZeRO stage 0 or 1 only"),
+    Rule("hybrid-nodes",
+         lambda v: (v.sharding == HYBRID) & (v.dense_shard_degree <= v.gpus_per_node // (v.tp * v.pp)),
+         lambda v: "hybrid sharding needs data-parallel ranks on more than one node"),
+    Rule("global-batch",
+         lambda v: (v.enumerated <= 0) & (_per_step(v) * v.grad_accum != v.setup.global_batch),
+         lambda v: (f"global batch {v.setup.global_batch} is not micro-batch {v.micro_batch} x "
+                    f"accumulation x data-parallel {v.dp * v.ep}")),
+)
+
+
+def first_failing(v: RuleView) -> Rule | None:
+    """The first rule one layout's view breaks, or None."""
+    for rule in RULES:
+        if rule.fails(v):
+            return rule
+    return None
+
+
+def valid_mask(v: RuleView) -> Any:
+    """Where no rule fails (a batch's views: a bool array, broadcast over the fields' shapes)."""
+    import numpy as np
+
+    ok: Any = True
+    for rule in RULES:
+        ok = ok & ~np.asarray(rule.fails(v), dtype=bool)
+    return ok
+
+
+def first_failing_index(v: RuleView) -> Any:
+    """Per layout of a batch's view: the index in RULES of the first rule it breaks, or
+    len(RULES) where it breaks none."""
+    import numpy as np
+
+    idx: Any = np.int64(len(RULES))
+    for i in range(len(RULES) - 1, -1, -1):
+        idx = np.where(np.asarray(RULES[i].fails(v), dtype=bool), i, idx)
+    return idx
