@@ -146,18 +146,18 @@ def test_fsdp_terms_add_up_at_every_moment(name):
     m, gpu = load_model(model), get_gpu(gpu_name)
     pc = count_params(m)
     setup = TrainingSetup(seq_len=layout.seq_len, global_batch=layout.global_batch, **extra)
-    trace: dict = {}
-    mem = per_rank_memory(m, setup, layout, pc, gpu.gpus_per_node, trace=trace)
-    bd, peak = mem.breakdown, trace["phases"][trace["phase"]]
-    assert set(trace["phases"]) == set(MOMENTS)
-    for phase, (w_extra, grads, acts, logits, buffers, transient) in trace["phases"].items():
+    mem = per_rank_memory(m, setup, layout, pc, gpu.gpus_per_node)
+    tr = mem.terms.view(setup)
+    bd, peak = mem.breakdown, tr.phases[tr.phase]
+    assert set(tr.phases) == set(MOMENTS)
+    for phase, (w_extra, grads, acts, logits, buffers, transient) in tr.phases.items():
         want = {"weights": bd.weights - peak[0] + w_extra, "gradients": grads,
                 "optimizer": bd.optimizer - peak[5] + transient, "activations": acts, "logits": logits,
                 "buffers": buffers}
-        if phase == trace["phase"]:
+        if phase == tr.phase:
             want["overhead"] = bd.overhead
             assert want == {c: getattr(bd, c) for c in CATEGORIES}
-        terms = [t for t in memory_terms(m, setup, layout, pc, mem, trace, phase=phase) if t.summed]
+        terms = [t for t in memory_terms(m, setup, layout, pc, mem, phase=phase) if t.summed]
         assert not [t.name for t in terms if "not itemised" in t.name], phase
         for cat, total in want.items():
             assert sum(t.value for t in terms if t.category == cat) == total, (phase, cat)

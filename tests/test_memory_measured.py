@@ -81,9 +81,8 @@ def test_fsdp_pads_gathered_experts_not_their_gradients():
     assert got["weights"] == pytest.approx(2.650 + 21.567, rel=1e-3)     # sharded + block 1 and the root
     m = replace(load_model("mixtral-8x7b"), n_layers=4)
     lay = accuracy.measured_layout(Layout(dp=64, zero_stage=3, micro_batch=1, seq_len=4096, recompute="full"))
-    trace: dict = {}
-    per_rank_memory(m, TrainingSetup(seq_len=4096, global_batch=64), lay, trace=trace)
-    assert trace["fsdp_end"][1] / GiB == pytest.approx(2.703, rel=2e-3)
+    mem = per_rank_memory(m, TrainingSetup(seq_len=4096, global_batch=64), lay)
+    assert mem.terms.get("fsdp_end")[1] / GiB == pytest.approx(2.703, rel=2e-3)
 
 
 def test_shard_grad_op_reshards_each_block_after_its_backward():

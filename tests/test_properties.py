@@ -27,14 +27,15 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from planner import api
+from planner.report import text as report
+from planner.report import terminal as term
 from planner.hardware.gpus import get_gpu, list_gpus
-from planner.hardware.topology import list_topologies
 from planner.layouts.layout import SearchSpace, enumerate_layouts, reject_reason
 from planner.memory.model import per_rank_memory
 from planner.models.spec import ModelSpec, count_params
-from planner.report import terminal as term
-from planner.report import text as report
 from planner.timing.model import cluster_for, step_time
+from planner.hardware.topology import list_topologies
+from planner.training.finetune import FinetuneSpec
 from planner.training.setup import TrainingSetup
 
 # PLANNER_HYPOTHESIS_EXAMPLES=1000 for a long hunt with fresh random examples
@@ -216,16 +217,20 @@ def test_the_same_command_prints_the_same_bytes_under_any_hash_seed():
     assert outs[0] == outs[1]
 
 
-# ------------------------------------------------- vectorised sizing equals the scalar one
+# ------------------------------------- the batched model: a batch of one is a row of a batch
 
 @st.composite
 def fast_cases(draw):
-    """A model, a set-up planner.memory.fast covers, a GPU count and a search space."""
+    """A model, a set-up (full training, LoRA, QLoRA or freeze; any offload), a GPU count and a
+    search space."""
     m = draw(models())
     setup = replace(draw(setups()), optimizer_foreach=draw(st.booleans()),
                     global_batch=draw(st.sampled_from([8, 24, 64, 96, 512])))
     if draw(st.booleans()):
         setup = replace(setup, optimizer_state_bytes=draw(st.sampled_from([2, 4.0, 6.5])))
+    setup = replace(setup, finetune=draw(st.sampled_from(
+        [FinetuneSpec(), FinetuneSpec(), FinetuneSpec.named("lora"), FinetuneSpec.named("qlora"),
+         FinetuneSpec.named("freeze", trainable_layers=1)])))
     if draw(st.integers(0, 3)) == 0:
         setup = replace(setup, offload_optimizer=draw(st.sampled_from(["none", "cpu", "nvme"])),
                         offload_params=draw(st.sampled_from(["none", "cpu", "nvme"])))
@@ -238,46 +243,68 @@ def fast_cases(draw):
 
 
 @settings(PROPS, max_examples=EXAMPLES * 3)
-@given(fast_cases())
-def test_fastscore_equals_the_layout_by_layout_model(case):
+@given(fast_cases(), st.randoms(use_true_random=False))
+def test_a_batch_of_one_is_a_row_of_the_batch_and_order_does_not_matter(case, rnd):
+    # the rules table over a grid gives the layouts (and reasons) enumeration gives one by one;
+    # memory_batch of all of them at once equals per_rank_memory (a batch of one) row by row,
+    # and shuffling the batch shuffles the answers
     from planner.layouts import batch as layout_batch
-    from planner.memory import fast as fastscore
+    from planner.memory.model import rank_memories
+    from planner.memory.peak import memory_batch
 
     m, setup, n, gpn, space = case
-    want = [lay for lay, why in enumerate_layouts(m, setup, n, gpn, space) if why is None]
+    enumerated = list(enumerate_layouts(m, setup, n, gpn, space))
+    want = [lay for lay, why in enumerated if why is None]
     arrays = layout_batch.valid_layouts(m, setup, n, gpn, space)
     assert [arrays.layout(i, setup.seq_len) for i in range(len(arrays))] == want
-    totals = fastscore.peak_bytes(m, setup, arrays, gpus_per_node=gpn).tolist()
-    assert totals == [per_rank_memory(m, setup, lay, gpus_per_node=gpn).total for lay in want]
+    assert layout_batch.rejected_layouts(m, setup, n, gpn, space, 50) == [(x, r) for x, r in enumerated if r][:50]
+    batch = rank_memories(memory_batch(m, setup, arrays, gpus_per_node=gpn))
+    assert batch == [per_rank_memory(m, setup, lay, gpus_per_node=gpn) for lay in want]
+    order = list(range(len(want)))
+    rnd.shuffle(order)
+    shuffled = layout_batch.LayoutArrays.from_layouts([want[i] for i in order])
+    assert rank_memories(memory_batch(m, setup, shuffled, gpus_per_node=gpn)) == [batch[i] for i in order]
 
 
 @pytest.mark.parametrize("name", ["llama3.1-405b", "mixtral-8x22b", "bert-large"])
-def test_fastscore_equals_per_rank_memory_on_presets(name):
+def test_a_batch_of_one_is_a_row_of_the_batch_on_presets(name):
     from planner.layouts import batch as layout_batch
-    from planner.memory import fast as fastscore
+    from planner.memory.peak import memory_batch
     from planner.models.spec import load_model
 
     m = load_model(name)
     for setup in (TrainingSetup(), TrainingSetup(precision="fp32", optimizer="sgd", attention="eager",
-                                                 seq_len=2048, global_batch=512)):
+                                                 seq_len=2048, global_batch=512),
+                  TrainingSetup(finetune=FinetuneSpec.named("qlora"), global_batch=64)):
         for n in (16, 512):
             arrays = layout_batch.valid_layouts(m, setup, n, 8, SearchSpace(max_tp=8))
             lays = [arrays.layout(i, setup.seq_len) for i in range(0, len(arrays), 11)]
-            totals = fastscore.peak_bytes(m, setup, arrays)[::11].tolist()
+            totals = memory_batch(m, setup, arrays).total[::11].tolist()
             assert totals == [per_rank_memory(m, setup, lay).total for lay in lays]
 
 
-def test_the_search_gives_the_same_plans_with_and_without_fastscore(monkeypatch):
-    from planner.models.spec import load_model
+def test_the_search_gives_the_same_plans_as_layout_by_layout_sizing(monkeypatch):
+    # size_count sizes a GPU count's layouts as one batch; enumerating and sizing them one by
+    # one (per_rank_memory each) gives the same plans
     from planner.search import search
+    from planner.models.spec import load_model
 
-    cases = [("llama3.1-70b", "h100", TrainingSetup()),
+    def one_by_one(m, setup, n_gpus, gpus_per_node, space, capacity_bytes, pc, host_capacity_bytes=None,
+                   nvme_capacity_bytes=None, rejected=None):
+        valid = [lay for lay, why in enumerate_layouts(m, setup, n_gpus, gpus_per_node, space) if why is None]
+        cands = [search.Candidate(layout=lay, memory=per_rank_memory(m, setup, lay, pc, gpus_per_node),
+                                  capacity_bytes=capacity_bytes, host_capacity_bytes=host_capacity_bytes,
+                                  nvme_capacity_bytes=nvme_capacity_bytes) for lay in valid]
+        least = min(cands, key=lambda c: c.memory.total, default=None)
+        return [c for c in cands if c.fits or c is least], least
+
+    cases = [("llama3.1-8b", "h100", TrainingSetup(finetune=FinetuneSpec.named("lora"), global_batch=64)),
              ("mixtral-8x7b", "a100-40gb", TrainingSetup(seq_len=8192, global_batch=256)),
              ("gpt2-xl", "4090", TrainingSetup(attention="eager", usable_memory_fraction=0.5))]
     for name, gpu, setup in cases:
         m, g = load_model(name), get_gpu(gpu)
-        fast = report.to_json(api.plan(m, g, setup))
-        monkeypatch.setattr(search, "VECTORISE_FROM", 10**9)
-        slow = report.to_json(api.plan(m, g, setup))
+        batched = report.to_json(api.plan(m, g, setup))
+        monkeypatch.setattr(search, "size_count", one_by_one)
+        single = report.to_json(api.plan(m, g, setup))
         monkeypatch.undo()
-        assert fast == slow
+        assert batched == single

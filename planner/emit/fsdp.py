@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from planner.emit import EmitOptions, chosen, node_shape
 from planner.layouts.layout import Layout
-from planner.memory.model import _hybrid_degree
+from planner.memory.model import hybrid_shard_degree
 
 if TYPE_CHECKING:
     from planner.api import PlanResult
@@ -58,7 +58,7 @@ def mesh_shape(lay: Layout, gpus_per_node: int) -> dict[str, int]:
     data = lay.dp * lay.ep
     replicate = 1
     if lay.sharding == "fsdp-hybrid":
-        shard_group = _hybrid_degree(lay, gpus_per_node) or lay.dense_shard_degree
+        shard_group = hybrid_shard_degree(lay, gpus_per_node) or lay.dense_shard_degree
         replicate = lay.dense_shard_degree // shard_group
         if data % replicate:
             replicate = 1

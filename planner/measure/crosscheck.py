@@ -23,16 +23,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from planner.emit.deepspeed import import_deepspeed
+from planner.layouts.batch import LayoutArrays
 from planner.layouts.layout import Layout
-from planner.memory.model import (
-    RankParams,
-    _hybrid_degree,
-    adafactor_bytes_per_param,
-    buffer_bytes,
-    model_state_bytes,
-    rank_params,
-)
+from planner.memory.buffers import buffer_bytes
+from planner.memory.model import per_rank_memory
+from planner.memory.params import adafactor_bytes_per_param, rank_params
+from planner.memory.shapes import ParamsArrays, SplitArrays
+from planner.memory.states import model_state_bytes
 from planner.models.spec import ModelSpec
 from planner.training.setup import Buffers, Precision, TrainingSetup, optimizer_state_bytes_per_param
 
@@ -142,8 +142,11 @@ def planner_as_deepspeed(inp: EstimatorInputs, m: ModelSpec) -> Figures:
     """
     prec = deepspeed_precision(inp.stage)
     lay = Layout(dp=inp.n_gpus, zero_stage=inp.stage)
-    ms = model_state_bytes(inp.total_params, 0, prec, ADAM_BYTES_PER_PARAM, lay)
-    states = {"weights": ms.weights, "gradients": ms.gradients, "optimizer": ms.optimizer}
+    a = LayoutArrays.from_layouts([lay])
+    no_hybrid = np.zeros(1, dtype=np.int64)
+    ms = model_state_bytes(np.array([inp.total_params]), np.zeros(1, dtype=np.int64), prec, ADAM_BYTES_PER_PARAM, a,
+                           no_hybrid)
+    states = {"weights": int(ms.weights[0]), "gradients": int(ms.gradients[0]), "optimizer": int(ms.optimizer[0])}
     offloaded: set[str] = set()
     if inp.cpu_offload:
         offloaded |= {"gradients", "optimizer"}
@@ -152,9 +155,14 @@ def planner_as_deepspeed(inp: EstimatorInputs, m: ModelSpec) -> Figures:
     gpu = sum(v for k, v in states.items() if k not in offloaded)
     if inp.stage == 3:
         no_bucket = TrainingSetup(buffers=Buffers(zero_bucket_numel=0))
-        rp = RankParams(dense=inp.total_params, expert=0, block_unit=inp.largest_layer_params,
-                        root_unit=0, largest_module=inp.largest_layer_params)
-        gpu += buffer_bytes(m, no_bucket, lay, rp, prec)
+        one = np.ones(1, dtype=np.int64)
+        zero = np.zeros(1, dtype=np.int64)
+        rp = ParamsArrays(dense=one * inp.total_params, expert=zero, block_unit=one * inp.largest_layer_params,
+                          root_unit=zero, largest_module=one * inp.largest_layer_params)
+        split = SplitArrays(trainable_dense=rp.dense, trainable_expert=zero, frozen_dense_bytes=zero,
+                            frozen_expert_bytes=zero, block_trainable=rp.block_unit, block_frozen_bytes=zero,
+                            largest_trainable=zero, dequant_bytes=zero)
+        gpu += int(buffer_bytes(m, no_bucket, a, lay.seq_len, rp, prec, split)[0])
     if offloaded:
         cpu = inp.num_gpus_per_node * sum(states[k] for k in offloaded)
     elif inp.stage == 3 and inp.zero_init:
@@ -213,17 +221,16 @@ def _optimizer_bytes(r: PlanResult) -> float:
 
 def plan_model_states(r: PlanResult) -> tuple[int, int]:
     """(weights + gradients + optimizer states, communication buffers) of the plan's most
-    loaded rank, from memory.model_state_bytes and memory.buffer_bytes: the states as they
-    persist through the step, whichever moment the rank's peak falls on."""
-    lay = r.best.layout  # type: ignore[union-attr]
+    loaded rank, as the memory model counts them (states.model_state_bytes and
+    buffers.buffer_bytes, read from its terms): the states as they persist through the step,
+    whichever moment the rank's peak falls on."""
     mem = r.best.memory  # type: ignore[union-attr]
-    prec = r.setup.precision_spec
-    rp = rank_params(r.model, r.params, lay, mem.stage, mem.n_layers_on_stage)
-    ms = model_state_bytes(rp.dense, rp.expert, prec, _optimizer_state_bytes(r), lay,
-                           _hybrid_degree(lay, r.gpu.gpus_per_node), amp=mem.kernels == "amp")
-    return ms.total, buffer_bytes(r.model, r.setup, lay, rp, prec)
-
-
+    terms = mem.terms
+    if terms is None:
+        lay = r.best.layout  # type: ignore[union-attr]
+        terms = per_rank_memory(r.model, r.setup, lay, r.params, r.gpu.gpus_per_node).terms
+    assert terms is not None
+    return int(terms.get("states.total")), int(terms.get("buffers"))  # type: ignore[call-overload]
 def difference_notes(r: PlanResult, inp: EstimatorInputs, offload_optimizer: str = "none",
                      offload_params: str = "none") -> tuple[str, ...]:
     """One line per assumption in which DeepSpeed's estimate and the plan differ."""

@@ -2,7 +2,7 @@
 its inputs, its value and its source, so a user can check the arithmetic by hand.
 
 The values are never worked out here: the memory terms are the parts
-memory.per_rank_memory() itself adds up (its ``trace``), the time terms those of
+the memory model itself adds up (its terms, RankMemory.terms), the time terms those of
 timing.step_time() (its pipeline, data-parallel and optimizer parts, from the same
 functions). This module only names them, writes their formulas in words and symbols and
 cites where each comes from; tests/test_explain.py checks that the terms add up to what
@@ -49,10 +49,9 @@ def explain(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, lay: Layout, clust
     eff = eff or Efficiency()
     pc = count_params(m)
     cluster = cluster or cluster_for(gpu)
-    trace: dict[str, Any] = {}
-    mem = per_rank_memory(m, setup, lay, pc, gpu.gpus_per_node, trace=trace)
+    mem = per_rank_memory(m, setup, lay, pc, gpu.gpus_per_node)
     st = step_time(m, setup, lay, cluster, eff, pc)
-    terms = memory_terms(m, setup, lay, pc, mem, trace) + time_terms(m, setup, lay, cluster, eff, pc, st)
+    terms = memory_terms(m, setup, lay, pc, mem) + time_terms(m, setup, lay, cluster, eff, pc, st)
     if tokens is not None:
         terms.append(Term(section="time", category="training", name="time to train on the tokens",
                           formula="tokens / (tokens per step / step time)",

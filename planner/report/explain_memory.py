@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from planner.layouts.layout import Layout
-from planner.memory.model import CATEGORIES, RankMemory, layer_activation_terms
+from planner.memory.model import CATEGORIES, RankMemory, RankTerms, layer_activation_terms, per_rank_memory
 from planner.models.spec import ModelSpec, ParamCount
 from planner.report.terms import (
     AUTOCAST,
@@ -41,19 +41,21 @@ def _mem(category: str, name: str, formula: str, value: int, source: str, summed
 
 
 def memory_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, pc: ParamCount, mem: RankMemory,
-                 tr: dict[str, Any], phase: str | None = None) -> list[Term]:
-    """The parts per_rank_memory() summed for the peak of ``lay``'s most loaded rank, or for
-    another of the moments it compared (``phase``, a key of its trace's ``phases``: the
-    overhead, a share of the peak's tracked bytes, is itemised at the peak only)."""
-    peak = tr["phase"]
+                 phase: str | None = None) -> list[Term]:
+    """The parts the memory model summed for the peak of ``lay``'s most loaded rank (its
+    terms, ``mem.terms``: planner.memory.model.RankTerms), or for another of the moments it
+    compared (``phase``, a key of the terms' ``phases``: the overhead, a share of the
+    peak's tracked bytes, is itemised at the peak only)."""
+    tr = rank_terms(m, setup, lay, pc, mem)
+    peak = tr.phase
     phase = phase or peak
-    w_extra, grads, act_at, logits_at, buf_at, transient = tr["phases"][phase]
-    ms, off, split, rp = tr["states"], tr["offload"], tr["split"], tr["rank_params"]
-    prec, sprec = setup.precision_spec, tr["state_precision"]
-    d_dense = tr["hybrid"] or lay.dense_shard_degree
+    w_extra, grads, act_at, logits_at, buf_at, transient = tr.phases[phase]
+    ms, off, split, rp = tr.states, tr.offload, tr.split, tr.rank_params
+    prec, sprec = setup.precision_spec, tr.state_precision
+    d_dense = tr.hybrid or lay.dense_shard_degree
     d_expert = lay.expert_shard_degree
     fsdp = lay.is_fsdp
-    amp = tr["amp_states"] and not fsdp
+    amp = tr.amp_states and not fsdp
     w_bytes = 4 if (fsdp and prec.is_mixed) or amp else sprec.weight_bytes
     g_bytes = 4 if (fsdp and prec.is_mixed) or amp else sprec.grad_bytes
     w_sharded = fsdp or lay.zero_stage >= 3
@@ -64,7 +66,7 @@ def memory_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, pc: ParamCount
               **({"Psi_e (trainable expert params on the rank)": split.trainable_expert}
                  if split.trainable_expert else {})}
 
-    pad = tr["expert_padding"]       # FSDP2 pads the experts' dim 0 to the shard degree
+    pad = tr.expert_padding       # FSDP2 pads the experts' dim 0 to the shard degree
 
     def div(sharded: bool) -> str:
         if not sharded:
@@ -99,14 +101,14 @@ def memory_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, pc: ParamCount
                         ("(Psi + Psi_e x expert padding)" if split.trainable_expert else "Psi") + " x 16-bit bytes",
                         ms.unsharded_weights, FSDP2, **params, bytes_per_weight=prec.weight_bytes,
                         **({"expert padding": pad} if split.trainable_expert else {})))
-    if tr["root_gathered"]:
+    if tr.root_gathered:
         out.append(_mem("weights", "root unit kept gathered (embedding, final norm, LM head)",
-                        "root params x 16-bit bytes", tr["root_gathered"], FSDP2,
+                        "root params x 16-bit bytes", tr.root_gathered, FSDP2,
                         root_params=rp.root_unit, bytes_per_weight=prec.weight_bytes))
     out += _moment_weight_terms(lay, tr, phase, w_extra, prec.weight_bytes)
 
     moment = phase.replace("-", " ")
-    held_note = ("held: gradients persist (grad-accum > 1, pp > 1 or DDP/ZeRO buffers)" if tr["persistent_grads"]
+    held_note = ("held: gradients persist (grad-accum > 1, pp > 1 or DDP/ZeRO buffers)" if tr.persistent_grads
                  else "not yet held: created during backward")
     if off.gradients == 0 and setup.offload_optimizer != "none":
         out.append(_mem("gradients", "gradients: sent to the CPU (ZeRO-Offload keeps only the buckets)",
@@ -114,13 +116,13 @@ def memory_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, pc: ParamCount
     elif off.gradients == 0 and fsdp and setup.offload_params == "cpu":
         out.append(_mem("gradients", "gradients: sharded gradients in CPU memory (FSDP2 CPUOffloadPolicy)",
                         "0 on the GPU", 0, OFFLOAD))
-    elif phase == "backward-end" and tr["end_grad_params"] is not None:
-        dense_done, expert_done = tr["end_grad_params"]
-        out.append(_mem("gradients", f"sharded gradients of the {_blocks(tr['fsdp_done'])} done in backward "
+    elif phase == "backward-end" and tr.end_grad_params is not None:
+        dense_done, expert_done = tr.end_grad_params
+        out.append(_mem("gradients", f"sharded gradients of the {_blocks(tr.fsdp_done)} done in backward "
                         "(the other blocks' are not made yet)",
                         "dense params of the blocks done x bytes per gradient / N_d (+ their expert params"
                         + (" x expert padding" if pad > 1 else "") + " x bytes / N_e)", grads,
-                        f"{FSDP2_BLOCKS}; {MEASURED_END}", blocks_done=tr["fsdp_done"],
+                        f"{FSDP2_BLOCKS}; {MEASURED_END}", blocks_done=tr.fsdp_done,
                         dense_params_of_the_blocks_done=dense_done,
                         **({"expert params of the blocks done": expert_done} if expert_done else {}),
                         bytes_per_gradient=g_bytes, **shard))
@@ -141,7 +143,7 @@ def memory_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, pc: ParamCount
         out.append(_mem("optimizer", f"optimizer states ({opt_name}" + (", fp32 master copy)" if master else ")"),
                         f"Psi x (master bytes + optimizer bytes per param){div(o_sharded)}", off.optimizer,
                         states_src + "; Kingma & Ba 2015 (Adam: m and v in fp32)", **params,
-                        master_bytes=master, optimizer_bytes_per_param=tr["optimizer_bytes_per_param"],
+                        master_bytes=master, optimizer_bytes_per_param=tr.optimizer_bytes_per_param,
                         **(shard if o_sharded else {})))
     if transient:
         out.append(_mem("optimizer", "optimizer step temporaries", "fp32 copy of the local trainable params "
@@ -150,26 +152,26 @@ def memory_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, pc: ParamCount
 
     out += _activation_terms(m, setup, lay, tr, phase, act_at)
     if logits_at:
-        eager = tr["kernels"] != "fused"
+        eager = tr.kernels != "fused"
         out.append(_mem("logits", "logits and loss (last stage, one micro-batch)",
                         "final-norm input + LM-head input (b s h a, / t with sp) + b s V/t x "
                         + ("12 B (fp32 logits and two fp32 gradients)" if eager else "4 B (fp32 logits)"),
                         logits_at, LOGITS, micro_batch_b=lay.micro_batch, seq_len_s=lay.seq_len // lay.cp,
                         d_model_h=m.d_model, vocab_V=m.vocab_size, tp_t=lay.tp, sp=lay.sp,
-                        activation_bytes_a=prec.activation_bytes, kernels=tr["kernels"]))
+                        activation_bytes_a=prec.activation_bytes, kernels=tr.kernels))
     out += _buffer_terms(setup, lay, tr, phase, buf_at)
     if phase == peak:
         o = setup.overheads
         out.append(_mem("overhead", "fixed: CUDA context, library workspaces"
-                        + (", NCCL" if tr["distributed"] else ""),
-                        "context + workspaces (+ NCCL buffers when distributed)", tr["fixed_overhead"], OVERHEADS,
+                        + (", NCCL" if tr.distributed else ""),
+                        "context + workspaces (+ NCCL buffers when distributed)", tr.fixed_overhead, OVERHEADS,
                         cuda_context_bytes=o.cuda_context_bytes, library_workspace_bytes=o.library_workspace_bytes,
-                        nccl_bytes=o.nccl_bytes if tr["distributed"] else 0))
+                        nccl_bytes=o.nccl_bytes if tr.distributed else 0))
         out.append(_mem("overhead", "allocator fragmentation", "fragmentation x tracked bytes (all the above)",
-                        tr["fragmentation"], OVERHEADS, fragmentation=o.fragmentation, tracked_bytes=tr["tracked"]))
+                        tr.fragmentation, OVERHEADS, fragmentation=o.fragmentation, tracked_bytes=tr.tracked))
     # the peak: the moment whose tracked bytes are the largest
-    base = tr["tracked"] - sum(tr["phases"][peak])    # weights and optimizer states: every phase
-    for name, parts in sorted(tr["phases"].items(), key=lambda kv: MOMENTS.index(kv[0])):
+    base = tr.tracked - sum(tr.phases[peak])    # weights and optimizer states: every phase
+    for name, parts in sorted(tr.phases.items(), key=lambda kv: MOMENTS.index(kv[0])):
         out.append(_mem("peak", f"tracked bytes at {name.replace('-', ' ')}" + (" (the peak)" if name == peak
                                                                                    else ""),
                         "weights and optimizer states + this moment's extra weights, gradients, activations, "
@@ -178,7 +180,7 @@ def memory_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, pc: ParamCount
                         summed=False, states_every_phase=base, **dict(zip(
                             ("extra_weights", "gradients", "activations", "logits", "buffers", "step_temporaries"),
                             parts))))
-    # what the trace does not account for (none, unless the model changed under this module)
+    # what the terms do not account for (none, unless the model changed under this module)
     totals = phase_categories(mem, tr, phase)
     for cat, total in totals.items():
         rest = total - sum(t.value for t in out if t.category == cat and t.summed)
@@ -192,44 +194,51 @@ def memory_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, pc: ParamCount
 MOMENTS = ("forward-end", "backward-start", "block-backward", "backward-end", "optimizer-step")
 
 
-def phase_categories(mem: RankMemory, tr: dict[str, Any], phase: str) -> dict[str, int]:
-    """The categories per_rank_memory() sums at ``phase`` (bytes), read from its trace: at the
+def rank_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, pc: ParamCount, mem: RankMemory) -> RankTerms:
+    """The terms of ``mem`` (sized again for ``lay`` when ``mem`` carries none)."""
+    terms = mem.terms if mem.terms is not None else per_rank_memory(m, setup, lay, pc).terms
+    assert terms is not None
+    return terms.view(setup)
+
+
+def phase_categories(mem: RankMemory, tr: RankTerms, phase: str) -> dict[str, int]:
+    """The categories the memory model sums at ``phase`` (bytes), read from its terms: at the
     peak its breakdown; at another moment the weights and optimizer states every moment holds
     plus that moment's parts, and no overhead (which is a share of the peak's bytes)."""
     bd = mem.breakdown
-    if phase == tr["phase"]:
+    if phase == tr.phase:
         return {c: getattr(bd, c) for c in CATEGORIES}
-    at_peak, parts = tr["phases"][tr["phase"]], tr["phases"][phase]
+    at_peak, parts = tr.phases[tr.phase], tr.phases[phase]
     w_extra, grads, acts, logits, buffers, transient = parts
     return {"weights": bd.weights - at_peak[0] + w_extra, "gradients": grads,
             "optimizer": bd.optimizer - at_peak[5] + transient, "activations": acts, "logits": logits,
             "buffers": buffers}
 
 
-def _block_inputs(tr: dict[str, Any], weight_bytes: int) -> dict[str, Any]:
+def _block_inputs(tr: RankTerms, weight_bytes: int) -> dict[str, Any]:
     """The inputs of one FSDP2 block as it is gathered: its (padded) parameters, or with a
     frozen base its stored frozen bytes and its trainable parameters."""
-    split, rp = tr["split"], tr["rank_params"]
+    split, rp = tr.split, tr.rank_params
     if split.frozen_bytes:
         return {"block frozen bytes (as stored)": split.block_frozen_bytes,
                 "block trainable params": split.block_trainable, "bytes per weight": weight_bytes}
-    return {"block params (experts padded)" if tr["expert_padding"] > 1 else "block params": rp.block_unit,
+    return {"block params (experts padded)" if tr.expert_padding > 1 else "block params": rp.block_unit,
             "bytes per weight": weight_bytes,
-            **({"expert padding": tr["expert_padding"]} if tr["expert_padding"] > 1 else {})}
+            **({"expert padding": tr.expert_padding} if tr.expert_padding > 1 else {})}
 
 
 def _blocks(n: int) -> str:
     return f"{n} block" + ("" if n == 1 else "s")
 
 
-def _block_formula(tr: dict[str, Any]) -> str:
+def _block_formula(tr: RankTerms) -> str:
     """How one FSDP2 block's gathered bytes are counted (planner.memory.model.fsdp_backward_end_bytes)."""
-    if tr["split"].frozen_bytes:
+    if tr.split.frozen_bytes:
         return "block frozen bytes (as stored) + block trainable params x 16-bit bytes"
-    return "block params" + (" (experts padded)" if tr["expert_padding"] > 1 else "") + " x 16-bit bytes"
+    return "block params" + (" (experts padded)" if tr.expert_padding > 1 else "") + " x 16-bit bytes"
 
 
-def _moment_weight_terms(lay: Layout, tr: dict[str, Any], phase: str, w_extra: int,
+def _moment_weight_terms(lay: Layout, tr: RankTerms, phase: str, w_extra: int,
                          weight_bytes: int) -> list[Term]:
     """The weights one moment holds beyond (or, negative, below) those every moment holds:
     FSDP2's gathered blocks (planner.memory.model.fsdp_backward_end_bytes, fsdp_forward_bytes)."""
@@ -248,25 +257,25 @@ def _moment_weight_terms(lay: Layout, tr: dict[str, Any], phase: str, w_extra: i
     if phase == "optimizer-step":
         return [_mem("weights", "minus the gathered weights, resharded after backward (freed)",
                      "- (shard-grad-op's gathered blocks + the gathered root unit)", w_extra, FSDP2_STEP,
-                     gathered_blocks_bytes=tr["states"].unsharded_weights, gathered_root_bytes=tr["root_gathered"])]
+                     gathered_blocks_bytes=tr.states.unsharded_weights, gathered_root_bytes=tr.root_gathered)]
     return []
 
 
-def _activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, tr: dict[str, Any], phase: str,
+def _activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, tr: RankTerms, phase: str,
                       act_at: int) -> list[Term]:
     out: list[Term] = []
-    a = tr["act_setup"].precision_spec.activation_bytes
-    fsdp_moment = lay.is_fsdp and tr["n_act_layers"]     # FSDP2's backward-end frees as it goes
+    a = tr.act_setup.precision_spec.activation_bytes
+    fsdp_moment = lay.is_fsdp and tr.n_act_layers     # FSDP2's backward-end frees as it goes
     dims = {"micro_batch_b": lay.micro_batch, "seq_len_s": lay.seq_len // lay.cp, "d_model_h": m.d_model,
-            "n_heads": m.n_heads, "tp_t": lay.tp, "sp": lay.sp, "activation_bytes_a": a, "kernels": tr["kernels"]}
+            "n_heads": m.n_heads, "tp_t": lay.tp, "sp": lay.sp, "activation_bytes_a": a, "kernels": tr.kernels}
     if phase == "optimizer-step":
         return [_mem("activations", "activations at the optimizer step", "0: all freed by then", act_at,
                      "planner.memory.model.per_rank_memory")]
     if phase == "backward-end" and not fsdp_moment:
         out.append(_mem("activations", "the last block in backward (all its tensors)",
-                        "one block without recomputation", tr["last_block"], KORTHIKANTI,
-                        full_block_bytes=tr["full_layer"]))
-        if tr["fsdp_end"][1]:
+                        "one block without recomputation", tr.last_block, KORTHIKANTI,
+                        full_block_bytes=tr.full_layer))
+        if tr.fsdp_end[1]:
             out.append(_block_gradient_term(setup, tr))
         return out
     if lay.recompute == "full":
@@ -277,71 +286,71 @@ def _activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, tr: dict[
     else:
         per_block = ("the saved tensors below; for the paper's GPT block: s b h (34 + 5 n_heads s / h), "
                      "/ t with tp and sp (Eqs. 1, 4)")
-    out.append(_mem("activations", f"transformer blocks ({tr['n_act_layers']} on the stage)",
+    out.append(_mem("activations", f"transformer blocks ({tr.n_act_layers} on the stage)",
                     f"blocks x per-block bytes x micro-batches in flight; per block: {per_block}",
-                    tr["block_acts"], KORTHIKANTI + "; " + ONE_F_ONE_B,
-                    blocks_keeping_activations=tr["n_act_layers"], per_block_bytes=tr["layer_act"],
-                    in_flight_micro_batches=tr["held"], recompute=lay.recompute, pp=lay.pp, vp=lay.vp,
+                    tr.block_acts, KORTHIKANTI + "; " + ONE_F_ONE_B,
+                    blocks_keeping_activations=tr.n_act_layers, per_block_bytes=tr.layer_act,
+                    in_flight_micro_batches=tr.held, recompute=lay.recompute, pp=lay.pp, vp=lay.vp,
                     grad_accum_m=lay.grad_accum, **dims))
-    for t in layer_activation_terms(m, tr["act_setup"], lay, tr["kernels"]):
+    for t in layer_activation_terms(m, tr.act_setup, lay, tr.kernels):
         dropped = (lay.recompute == "full" or (lay.recompute == "selective" and t.selective))
         out.append(_mem("activations", f"  per block: {t.name}" + (" (recomputed, not kept)" if dropped else ""),
                         "b s x width x bytes, / t inside the tensor-parallel region", t.bytes,
                         KORTHIKANTI, summed=False))
-    if tr["embed_acts"]:
+    if tr.embed_acts:
         out.append(_mem("activations", "embedding dropout mask (first stage)",
-                        "b s h x 1 B x micro-batches in flight", tr["embed_acts"], KORTHIKANTI,
-                        mask_bytes_per_micro_batch=tr["dropout_embed"], in_flight_micro_batches=tr["held"]))
-    if tr["amp_copies"]:
+                        "b s h x 1 B x micro-batches in flight", tr.embed_acts, KORTHIKANTI,
+                        mask_bytes_per_micro_batch=tr.dropout_embed, in_flight_micro_batches=tr.held))
+    if tr.amp_copies:
         out.append(_mem("activations", "autocast's 16-bit copies of the matmul weights",
-                        "2 B x matmul params on the rank", tr["amp_copies"], AUTOCAST,
-                        params_on_the_rank=tr["rank_params"].total))
+                        "2 B x matmul params on the rank", tr.amp_copies, AUTOCAST,
+                        params_on_the_rank=tr.rank_params.total))
     if phase == "forward-end":
         out.append(_mem("activations", "minus the last block: in its forward, nothing saved yet",
-                        "- per-block bytes", -tr["layer_act"], f"{FSDP2_FORWARD}; {MEASURED_FORWARD}",
-                        per_block_bytes=tr["layer_act"]))
+                        "- per-block bytes", -tr.layer_act, f"{FSDP2_FORWARD}; {MEASURED_FORWARD}",
+                        per_block_bytes=tr.layer_act))
         return out
     if phase == "backward-end":
-        out.append(_mem("activations", f"minus the {_blocks(tr['fsdp_done'])} done in backward (their saved "
-                        "tensors freed)", "- blocks done x per-block bytes", -tr["fsdp_done"] * tr["layer_act"],
-                        f"{FSDP2_BLOCKS}; {MEASURED_END}", blocks_done=tr["fsdp_done"],
-                        per_block_bytes=tr["layer_act"]))
+        out.append(_mem("activations", f"minus the {_blocks(tr.fsdp_done)} done in backward (their saved "
+                        "tensors freed)", "- blocks done x per-block bytes", -tr.fsdp_done * tr.layer_act,
+                        f"{FSDP2_BLOCKS}; {MEASURED_END}", blocks_done=tr.fsdp_done,
+                        per_block_bytes=tr.layer_act))
     if phase in ("block-backward", "backward-end"):
         out.append(_mem("activations", "working set of the block in backward",
                         "recomputed tensors (full block - kept) + eager score gradients",
-                        tr["working"], KORTHIKANTI + "; MemTracker on a Llama model (8.4 B per score)",
-                        full_block_bytes=tr["full_layer"], kept_block_bytes=tr["layer_act"],
-                        score_gradient_bytes=tr["score_grad"]))
-    if phase == "backward-end" and tr["fsdp_end"][1]:
+                        tr.working, KORTHIKANTI + "; MemTracker on a Llama model (8.4 B per score)",
+                        full_block_bytes=tr.full_layer, kept_block_bytes=tr.layer_act,
+                        score_gradient_bytes=tr.score_grad))
+    if phase == "backward-end" and tr.fsdp_end[1]:
         out.append(_block_gradient_term(setup, tr))
-    if phase in ("block-backward", "backward-end") and tr["head_grad"]:
+    if phase in ("block-backward", "backward-end") and tr.head_grad:
         out.append(_mem("activations", "the LM head's unsharded gradient, held through backward (FSDP2)",
-                        "V / t x h x 16-bit bytes (the weights' compute dtype)", tr["head_grad"], FSDP2_HEAD,
+                        "V / t x h x 16-bit bytes (the weights' compute dtype)", tr.head_grad, FSDP2_HEAD,
                         vocab_V=m.vocab_size, d_model_h=m.d_model, tp_t=lay.tp,
                         bytes_per_weight=setup.precision_spec.weight_bytes))
     return out
 
 
-def _block_gradient_term(setup: TrainingSetup, tr: dict[str, Any]) -> Term:
+def _block_gradient_term(setup: TrainingSetup, tr: RankTerms) -> Term:
     """FSDP2: the block in backward's unsharded gradients, before its reduce-scatter."""
-    split = tr["split"]
+    split = tr.split
     if split.frozen_bytes:
         label, params = "block trainable params", split.block_trainable
     else:
-        label, params = "block params (their own shapes: experts unpadded)", tr["grad_unit"]
+        label, params = "block params (their own shapes: experts unpadded)", tr.grad_unit
     return _mem("activations", "the block's 16-bit gradients before its reduce-scatter", f"{label} x 16-bit bytes",
-                tr["fsdp_end"][1], f"{FSDP2_REDUCE}; {MEASURED_GRAD}", **{label: params},
+                tr.fsdp_end[1], f"{FSDP2_REDUCE}; {MEASURED_GRAD}", **{label: params},
                 bytes_per_weight=setup.precision_spec.weight_bytes)
 
 
-def _buffer_terms(setup: TrainingSetup, lay: Layout, tr: dict[str, Any], phase: str, buf_at: int) -> list[Term]:
+def _buffer_terms(setup: TrainingSetup, lay: Layout, tr: RankTerms, phase: str, buf_at: int) -> list[Term]:
     """The buffers at ``phase``: the engine's (buffer_bytes), or at FSDP2's backward-end and
     forward-end moments its all-gather and reduce-scatter buffers when they are larger."""
     if not buf_at:
         return []
-    prec, rp = setup.precision_spec, tr["rank_params"]
-    engine = tr["buffers"]
-    fsdp_moment = lay.is_fsdp and tr["n_act_layers"] and phase in ("backward-end", "forward-end")
+    prec, rp = setup.precision_spec, tr.rank_params
+    engine = tr.buffers
+    fsdp_moment = lay.is_fsdp and tr.n_act_layers and phase in ("backward-end", "forward-end")
     if buf_at == engine:
         note = (f"; at {phase.replace('-', ' ')} the larger of these and FSDP2's all-gather/reduce-scatter "
                 "buffers" if fsdp_moment else "")
@@ -356,16 +365,16 @@ def _buffer_terms(setup: TrainingSetup, lay: Layout, tr: dict[str, Any], phase: 
         return [_mem("buffers", "two all-gather outputs at once (the block before the last's and the last's)",
                      f"2 x {_block_formula(tr)}{larger}", buf_at, f"{FSDP2_FORWARD}; {MEASURED_FORWARD}",
                      **block)]
-    prefetch = tr["fsdp_end"][0] if lay.zero_stage == 3 else 0    # full shard: the gathered block's bytes
+    prefetch = tr.fsdp_end[0] if lay.zero_stage == 3 else 0    # full shard: the gathered block's bytes
     out = []
     if prefetch:
         out.append(_mem("buffers", "the next block's all-gather, prefetched (full shard)", _block_formula(tr),
                         prefetch, f"{FSDP2_BLOCKS}; {MEASURED_END}", **block))
-    split = tr["split"]
+    split = tr.split
     if split.frozen_bytes:
         label, params = "block trainable params", split.block_trainable
     else:
-        label = "block params" + (" (experts padded)" if tr["expert_padding"] > 1 else "")
+        label = "block params" + (" (experts padded)" if tr.expert_padding > 1 else "")
         params = rp.block_unit
     out.append(_mem("buffers", "the previous block's reduce-scatter input", f"{label} x reduce bytes{larger}",
                     buf_at - prefetch, f"{FSDP2_REDUCE}; {MEASURED_END}",

@@ -5,8 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from planner.layouts.layout import Layout, SearchSpace, enumerate_layouts
-from planner.memory.model import RankMemory, min_model_state_bytes_per_param, per_rank_memory
+from planner.layouts import batch as layout_batch
+from planner.layouts.layout import Layout, SearchSpace
+from planner.layouts.batch import LayoutArrays
+from planner.memory.model import RankMemory, min_model_state_bytes_per_param, rank_memories
+from planner.memory.peak import memory_batch
 from planner.models.spec import ModelSpec, ParamCount, count_params
 from planner.timing.model import StepTime
 from planner.training.setup import TrainingSetup
@@ -79,14 +82,21 @@ def rank_key(c: Candidate) -> tuple:
 def evaluate(m: ModelSpec, setup: TrainingSetup, layouts: Iterable[Layout], capacity_bytes: int,
              pc: ParamCount | None = None, gpus_per_node: int = 8,
              host_capacity_bytes: int | None = None, nvme_capacity_bytes: int | None = None) -> list[Candidate]:
+    """Candidates for ``layouts`` (valid ones), sized together by the batched memory model
+    (one batch per sequence length)."""
     pc = pc or count_params(m)
-    return [Candidate(layout=lay, memory=per_rank_memory(m, setup, lay, pc, gpus_per_node),
-                      capacity_bytes=capacity_bytes, host_capacity_bytes=host_capacity_bytes,
+    lays = list(layouts)
+    mems: list[RankMemory | None] = [None] * len(lays)
+    for seq in sorted({lay.seq_len for lay in lays}):
+        idx = [i for i, lay in enumerate(lays) if lay.seq_len == seq]
+        batch = memory_batch(m, setup, LayoutArrays.from_layouts([lays[i] for i in idx]), pc, gpus_per_node, seq)
+        for i, mem in zip(idx, rank_memories(batch)):
+            mems[i] = mem
+    return [Candidate(layout=lay, memory=mem, capacity_bytes=capacity_bytes, host_capacity_bytes=host_capacity_bytes,
                       nvme_capacity_bytes=nvme_capacity_bytes)
-            for lay in layouts]
+            for lay, mem in zip(lays, mems) if mem is not None]
 
 
-VECTORISE_FROM = 64     # layouts per GPU count from which planner.memory.fast pays for itself
 MAX_REJECTED = 10_000   # rejected layouts kept, with their reasons
 
 
@@ -94,52 +104,28 @@ def size_count(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node: i
                capacity_bytes: int, pc: ParamCount, host_capacity_bytes: int | None = None,
                nvme_capacity_bytes: int | None = None,
                rejected: list[Rejected] | None = None) -> tuple[list[Candidate], Candidate | None]:
-    """The valid layouts on ``n_gpus`` that may fit (every one that fits, in enumeration
-    order; maybe more) as candidates, and the one needing the least memory (the first of
-    equals), or None when no layout is valid.
+    """The valid layouts on ``n_gpus`` that fit (every one, in enumeration order) as
+    candidates, and the one needing the least memory (the first of equals), or None when no
+    layout is valid.
 
-    Set-ups planner.memory.fast covers (full training, with or without offload) are
-    enumerated and sized as arrays (its layouts and totals equal enumerate_layouts' and
-    per_rank_memory's; tests/test_properties.py), and full breakdowns are built only for
-    the layouts that fit and the least (for all of them when fewer than VECTORISE_FROM);
-    rejected layouts then go unrecorded. Other set-ups (LoRA, QLoRA, freeze), or a total
-    that disagrees with per_rank_memory's (checked on every candidate built), take the
-    per-layout path, which appends up to MAX_REJECTED rejected layouts with their reasons
-    to ``rejected``."""
-    def one_by_one(valid: list[Layout] | None = None) -> tuple[list[Candidate], Candidate | None]:
-        if valid is None:
-            valid = []
-            for lay, reason in enumerate_layouts(m, setup, n_gpus, gpus_per_node, space):
-                if reason is None:
-                    valid.append(lay)
-                elif rejected is not None and len(rejected) < MAX_REJECTED:
-                    rejected.append(Rejected(layout=lay, reason=reason))
-        cands = evaluate(m, setup, valid, capacity_bytes, pc, gpus_per_node, host_capacity_bytes,
-                         nvme_capacity_bytes)
-        least = None
-        for c in cands:
-            if least is None or c.memory.total < least.memory.total:
-                least = c
-        return cands, least
-
-    from planner.layouts import batch as layout_batch
-    from planner.memory import fast as fastscore
-
-    if not layout_batch.supports(setup):
-        return one_by_one()
-    try:
-        arrays = layout_batch.valid_layouts(m, setup, n_gpus, gpus_per_node, space)
-        if len(arrays) < VECTORISE_FROM:
-            return one_by_one([arrays.layout(i, setup.seq_len) for i in range(len(arrays))])
-        totals = fastscore.peak_bytes(m, setup, arrays, pc, gpus_per_node)
-    except layout_batch.Unsupported:
-        return one_by_one()
+    The valid layouts are enumerated as arrays (planner.layouts.batch.valid_layouts, the
+    rules table) and sized at once by the batched memory model (planner.memory.peak), for
+    every set-up; RankMemory views are built only for the layouts that fit and the least.
+    Up to MAX_REJECTED rejected layouts, with their reasons, are appended to ``rejected``."""
+    if rejected is not None and len(rejected) < MAX_REJECTED:
+        rejected += [Rejected(layout=lay, reason=reason) for lay, reason in
+                     layout_batch.rejected_layouts(m, setup, n_gpus, gpus_per_node, space,
+                                                   MAX_REJECTED - len(rejected))]
+    arrays = layout_batch.valid_layouts(m, setup, n_gpus, gpus_per_node, space)
+    if not len(arrays):
+        return [], None
+    batch = memory_batch(m, setup, arrays, pc, gpus_per_node)
+    totals = batch.total
     least_i = int(totals.argmin())
     picked = sorted({least_i, *(int(i) for i in (totals <= capacity_bytes).nonzero()[0])})
-    cands = evaluate(m, setup, [arrays.layout(i, setup.seq_len) for i in picked], capacity_bytes, pc,
-                     gpus_per_node, host_capacity_bytes, nvme_capacity_bytes)
-    if any(c.memory.total != totals[i] for c, i in zip(cands, picked)):
-        return one_by_one()      # fastscore has drifted from planner.memory.model: trust the latter
+    cands = [Candidate(layout=arrays.layout(i, setup.seq_len), memory=mem, capacity_bytes=capacity_bytes,
+                       host_capacity_bytes=host_capacity_bytes, nvme_capacity_bytes=nvme_capacity_bytes)
+             for i, mem in zip(picked, rank_memories(batch, picked))]
     return cands, cands[picked.index(least_i)]
 
 

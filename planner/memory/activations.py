@@ -1,0 +1,212 @@
+"""What one transformer block keeps for backward, per micro-batch, on one rank (per shape:
+the batched model computes it once per distinct block shape and kernels)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+from planner.layouts.layout import Layout
+from planner.models.spec import ModelSpec
+from planner.training.finetune import lora_activation_terms
+from planner.training.setup import TrainingSetup
+from planner.units import ceil_div
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ActivationTerm:
+    """One saved tensor of a transformer block, per micro-batch, on one rank.
+
+    ``selective``: True when selective recomputation drops it (the attention scores,
+    Korthikanti et al. 2022 Sec. 4.2).
+    """
+
+    name: str
+    bytes: int
+    selective: bool = False
+
+
+def resolve_kernels(setup: TrainingSetup, lay: Layout) -> str:
+    """fused (Megatron-style), eager (PyTorch ops in the compute dtype, as under FSDP's or
+    DeepSpeed's 16-bit parameters) or amp (eager ops under torch.autocast with fp32
+    parameters: what DDP and the Hugging Face Trainer run for replicated mixed precision)."""
+    kernels = setup.kernels
+    if kernels == "auto":
+        kernels = "fused" if (lay.tp > 1 or lay.pp > 1 or lay.cp > 1) else "eager"
+    if (kernels == "eager" and lay.sharding == "zero" and lay.zero_stage == 0
+            and setup.precision_spec.is_mixed):
+        return "amp"
+    return kernels
+
+
+def layer_activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) -> list[ActivationTerm]:
+    """Tensors one transformer block saves for backward, per micro-batch, on one rank.
+
+    Derived operation by operation; for the GPT block of Korthikanti et al. 2022
+    (arXiv:2205.05198, Sec. 4.1: 16-bit activations, LayerNorm, GeLU MLP of width 4h,
+    dropout, attention scores materialised) the terms add up to their
+    sbh(34 + 5as/h) per layer, sbh(10 + 24/t + 5as/(ht)) with tensor parallelism, and
+    sbh/t (34 + 5as/h) with sequence parallelism (their Eqs. 1-4). Tensors inside the
+    tensor-parallel region are split by tp; the rest (norm inputs, dropout masks, the
+    inputs of the first linear layers) only when sequence parallelism is on. Context
+    parallelism splits the sequence.
+
+    Beyond the paper: grouped-query attention (K and V are n_kv_heads wide, or
+    expanded to n_heads by the eager kernel's repeat_kv), FlashAttention (Dao et al.
+    2022: saves Q, K, V, the output and a fp32 log-sum-exp per head and row, never the
+    s x s scores, and regenerates its dropout mask), gated MLPs (three d_ff-wide tensors
+    with a fused SwiGLU, four with eager PyTorch ops: gate, up, act(gate), product), MoE
+    (each token visits k experts, so the expert-side tensors are k times larger; the
+    router keeps fp32 probabilities), eager RMSNorm (Hugging Face upcasts to fp32 and
+    keeps both the fp32 input and the normalised 16-bit output).
+    """
+    b, s = lay.micro_batch, lay.seq_len // lay.cp
+    tokens = b * s
+    a = setup.precision_spec.activation_bytes
+    h, q, kv, f = m.d_model, m.q_dim, m.kv_dim, m.d_ff
+    tp = lay.tp
+    sp_div = tp if lay.sp else 1
+    eager = kernels != "fused"
+    terms: list[ActivationTerm] = []
+    # LoRA/QLoRA freeze the base: autograd keeps an operand only for a gradient it computes,
+    # so the inputs that only the frozen weights' gradients need are not kept (Hu et al. 2021)
+    frozen = setup.finetune.freezes_base
+
+    def add(name: str, width_bytes: float, divisor: int, selective: bool = False) -> None:
+        terms.append(ActivationTerm(name=name, bytes=ceil_div(int(tokens * width_bytes), divisor),
+                                    selective=selective))
+
+    # norms: every norm keeps its input; eager RMSNorm keeps an fp32 copy of it and the
+    # normalised tensor it multiplies by the weight; under autocast the residual stream
+    # between blocks stays fp32 (its parameters are fp32), so norms see fp32 tensors
+    add("norm inputs" + (" (fp32 copy) and normalised outputs" if m.norm == "rmsnorm" and eager else ""),
+        m.norms_per_layer * h * norm_saved_bytes(m, a, kernels, frozen), sp_div)
+    if not frozen:
+        add("attention input (norm output)", h * a, sp_div)
+    if not m.parallel_block and not frozen:
+        add("MLP input (norm output)", h * a, sp_div)
+
+    # attention core, inside the tensor-parallel region
+    if setup.attention == "eager":
+        add("Q, K, V (K, V expanded to all heads)", 3 * q * a, tp)
+        s_kv = lay.seq_len
+        # Hugging Face's eager attention runs softmax in fp32 and casts it back: both kept
+        score_bytes = (4 + (a if a < 4 else 0)) if eager else a
+        add("softmax output (b x heads x s x s)", m.n_heads * s_kv * score_bytes, tp, selective=True)
+        if m.attention_dropout > 0:
+            add("attention dropout mask and output", m.n_heads * s_kv * (1 + a), tp, selective=True)
+        if not frozen:
+            add("attention output (input of the output projection)", q * a, tp)
+    else:
+        add("Q, K, V", (q + 2 * kv) * a, tp)
+        add("attention output (flash output, projection input)", q * a, tp)
+        add("log-sum-exp per head and row (fp32)", m.n_heads * 4, tp)
+    if m.hidden_dropout > 0:
+        add("dropout mask after attention", h * 1, sp_div)
+
+    # MLP: dense, or k experts per token
+    k = m.n_experts_per_token if m.is_moe else 1
+    if m.gated_mlp:
+        add("MLP gate, up, activation and product" if eager else "MLP [gate, up] and product",
+            k * ((4 if eager else 3) - frozen) * f * a, tp)   # frozen: the product is not kept
+    else:
+        add("MLP activation input and second linear input", k * (2 - frozen) * f * a, tp)
+        extra = PYTHON_ACTIVATION_SAVES.get(m.activation, 0) if eager else 0
+        if extra:
+            add(f"{m.activation} written in Python ops: its saved intermediates", k * extra * f * a, tp)
+    if m.is_moe and not frozen:
+        add("tokens permuted to their experts", k * h * a, sp_div)
+        add("router probabilities (fp32)", m.n_experts * 4, 1)
+    if m.hidden_dropout > 0:
+        add("dropout mask after the MLP", h * 1, sp_div)
+    if setup.finetune.is_lora:
+        for t in lora_activation_terms(m, setup.finetune, a, lora_cast_bytes(setup, lay, kernels)):
+            add(t.name, t.bytes_per_token, tp)
+    return terms
+
+
+def lora_cast_bytes(setup: TrainingSetup, lay: Layout, kernels: str) -> int | None:
+    """Bytes per element of the copy of its input each adapted layer keeps, or None when
+    the adapters compute in the activations' dtype and layers reading one tensor share it.
+
+    PEFT keeps adapters in fp32 (LoraConfig's autocast_adapter_dtype) and casts each
+    layer's input to them (peft/tuners/tuners_utils.py, _cast_input_dtype): under autocast
+    (replicated mixed precision) the matmul then keeps a 16-bit copy, in pure 16-bit
+    training an fp32 copy. DeepSpeed ZeRO >= 1, FSDP's mixed precision and Megatron run the
+    whole model in 16 bits, QLoRA's adapters are 16-bit, and fp32 needs no cast: no copy.
+    """
+    ft, p = setup.finetune, setup.precision_spec
+    if ft.adapter_bits == 16 or lay.zero_stage > 0 or lay.is_fsdp or kernels == "fused":
+        return None
+    if p.activation_bytes == 4:
+        return None
+    return 2 if p.is_mixed else 4
+
+
+# Activations written as several PyTorch ops save intermediates a fused kernel would
+# not. transformers' NewGELUActivation ("gelu_new", GPT-2) computes
+# 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): beyond its input, autograd keeps the
+# tanh output, 0.5 x and (1 + tanh), three d_ff-wide tensors.
+PYTHON_ACTIVATION_SAVES = {"gelu_new": 3}
+
+
+def norm_saved_bytes(m: ModelSpec, a: int, kernels: str, frozen: bool = False) -> int:
+    """Bytes per element a norm keeps: its input (fused kernels, LayerNorm), or for
+    Hugging Face's RMSNorm the fp32 upcast of its input and the normalised tensor.
+    Under autocast ("amp") the residual stream is fp32 (measured with MemTracker on a
+    Llama model: replicated bf16 autocast keeps 4 more bytes per element per norm).
+    A frozen RMSNorm weight needs no gradient, so the normalised tensor is not kept."""
+    stream = 4 if kernels == "amp" else a
+    if kernels == "fused":
+        return a
+    if m.norm == "rmsnorm":
+        return 4 + (0 if frozen else stream)
+    return stream
+
+
+def layer_activation_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) -> int:
+    """Bytes one block keeps for backward, per micro-batch, under ``lay.recompute``.
+
+    selective drops the attention-score terms (Korthikanti et al. Sec. 4.2); full keeps
+    only the block's input, split by tp under sequence parallelism (their Sec. 4.3:
+    2sbh per layer, 2sbh/t with sp).
+    """
+    if lay.recompute == "full":
+        a = setup.precision_spec.activation_bytes
+        return ceil_div(lay.micro_batch * (lay.seq_len // lay.cp) * m.d_model * a,
+                        lay.tp if lay.sp else 1)
+    terms = layer_activation_terms(m, setup, lay, kernels)
+    return sum(t.bytes for t in terms if not (lay.recompute == "selective" and t.selective))
+
+
+def eager_score_gradient_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) -> int:
+    """Extra bytes while eager attention's backward runs: the fp32 gradients of the
+    softmax output and of the scores, 8 bytes per score element, less the scores the
+    block keeps (or recomputes), which backward frees as it goes (measured with MemTracker on a Llama model: 8.4 bytes per element of
+    temporaries at the peak)."""
+    if setup.attention != "eager":
+        return 0
+    a = setup.precision_spec.activation_bytes
+    kept = (4 + (a if a < 4 else 0)) if kernels != "fused" else a
+    elems = lay.micro_batch * (lay.seq_len // lay.cp) * lay.seq_len * m.n_heads
+    return ceil_div(elems * max(0, 8 - kept), lay.tp)
+
+
+def activation_key(lay: Layout, sharded_dtype: bool = False) -> Layout:
+    """The fields of a layout that block activations depend on (a cache key). With
+    ``sharded_dtype`` (LoRA: whether the engine casts the adapters to 16 bits) also the
+    sharding (planner.memory.model.lora_cast_bytes)."""
+    if sharded_dtype:
+        return Layout(tp=lay.tp, sp=lay.sp, cp=lay.cp, micro_batch=lay.micro_batch, seq_len=lay.seq_len,
+                      recompute=lay.recompute, zero_stage=lay.zero_stage, sharding=lay.sharding)
+    return Layout(tp=lay.tp, sp=lay.sp, cp=lay.cp, micro_batch=lay.micro_batch,
+                  seq_len=lay.seq_len, recompute=lay.recompute)
+
+
+@lru_cache(maxsize=4096)
+def block_activations(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str) -> tuple[int, int]:
+    """(bytes a block keeps under the layout's recomputation, bytes without recomputation)."""
+    kept = layer_activation_bytes(m, setup, key, kernels)
+    full = kept if key.recompute == "none" else layer_activation_bytes(
+        m, setup, replace(key, recompute="none"), kernels)
+    return kept, full

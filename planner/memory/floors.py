@@ -1,0 +1,133 @@
+"""Lower bounds on a layout's peak memory, from its degrees and sharding alone: what the
+search and the sweep use to drop GPU counts and layout shapes without sizing them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from planner.layouts.batch import LayoutArrays
+from planner.layouts.layout import Layout
+from planner.memory.activations import activation_key, block_activations, resolve_kernels
+from planner.memory.params import optimizer_bytes_per_param, rank_params, stage_layers, stages_to_check
+from planner.memory.shapes import in_flight_microbatches
+from planner.memory.states import expert_padding, hybrid_degree, model_state_bytes
+from planner.models.spec import ModelSpec, ParamCount, count_params
+from planner.training.finetune import FinetuneSpec, activation_layers
+from planner.training.setup import TrainingSetup, optimizer_state_bytes_per_param
+
+
+def min_model_state_bytes_per_param(setup: TrainingSetup) -> float:
+    """The fewest bytes per parameter that weights, gradients and optimizer states take
+    summed over all ranks, under any sharding: each state exists at least once. What is
+    offloaded leaves the GPUs; a frozen base (LoRA, QLoRA, freeze) keeps only its weights,
+    quantized or in 16 bits, a lower bound that ignores the adapters."""
+    p = setup.precision_spec
+    if setup.offload_params != "none":
+        return 0.0
+    ft = setup.finetune
+    if not ft.is_full:
+        return {"nf4": 0.5, "int4": 0.5, "int8": 1.0}.get(ft.quant, float(p.weight_bytes))
+    opt = optimizer_state_bytes_per_param(setup.optimizer) if setup.optimizer != "adafactor" else 0.0
+    if setup.optimizer_state_bytes is not None:
+        opt = setup.optimizer_state_bytes
+    if setup.offload_optimizer != "none":
+        return float(p.weight_bytes)
+    zero = p.weight_bytes + p.grad_bytes + p.master_bytes + opt
+    fsdp = (8 if p.is_mixed else p.weight_bytes + p.grad_bytes) + opt
+    return min(zero, fsdp)
+
+
+def activation_floor_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> int:
+    """A lower bound on per_rank_memory(m, setup, lay).total whatever the sharding: at the
+    start of backward a stage holds its blocks' activations for every in-flight
+    micro-batch, and the overhead adds the fixed costs and fragmentation on at least those
+    bytes. A search can drop a layout shape whose floor exceeds the GPU without sizing it."""
+    return overhead_floor_bytes(setup, lay, held_activation_floor_bytes(m, setup, lay))
+
+
+def overhead_floor_bytes(setup: TrainingSetup, lay: Layout, tracked_bytes: int) -> int:
+    """The total per_rank_memory() reports when the tracked tensors come to at least
+    ``tracked_bytes``: fixed costs plus fragmentation on top."""
+    fixed = setup.overheads.fixed_bytes(lay.n_gpus > 1)
+    return fixed + tracked_bytes + int(tracked_bytes * setup.overheads.fragmentation)
+
+
+def held_activation_floor_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> int:
+    """The block activations the most loaded stage holds at the start of backward (the
+    largest over the stages per_rank_memory checks), a part of its tracked bytes then."""
+    ft = setup.finetune
+    kernels = resolve_kernels(setup, lay)
+    if kernels == "amp" and not ft.is_full:
+        kernels = "eager"
+    layer_act, _ = block_activations(m, setup, activation_key(lay), kernels)
+    return max(int(n_act * layer_act * float(in_flight_microbatches(lay, s)))  # type: ignore[arg-type]
+               for s, n_act in _activation_stages(m.n_layers, lay.pp, ft))
+
+
+@lru_cache(maxsize=1024)
+def _activation_stages(n_layers: int, pp: int, ft: FinetuneSpec) -> tuple[tuple[int, int], ...]:
+    """(stage, blocks that keep activations) of the stages per_rank_memory checks."""
+    counts = stage_layers(n_layers, pp)
+    return tuple((s, activation_layers(ft, n_layers, sum(counts[:s]), counts[s])) for s in stages_to_check(counts))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StateFloor:
+    """Lower bounds on the model states a rank of a layout holds, read from its degrees and
+    sharding alone (bytes): at the optimizer step (weights, gradients and optimizer states
+    of the most loaded stage), and at the start of backward on whichever stage peaks there
+    (weights and optimizer states; the gradients, held then when they persist)."""
+
+    at_step: int
+    weights_and_optimizer: int = 0
+    gradients: int = 0
+    fsdp: bool = False           # the sharding is FSDP's (gradients persist under DDP/ZeRO only)
+
+    def tracked_floor_bytes(self, lay: Layout, held_activations: int) -> int:
+        """Tracked bytes at the peak of a layout with ``lay``'s degrees, micro-batches and this
+        floor's sharding (``lay``'s own sharding is not read) are at least this."""
+        persistent = lay.grad_accum > 1 or lay.pp > 1 or (not self.fsdp and lay.dense_shard_degree > 1)
+        start = held_activations + self.weights_and_optimizer + (self.gradients if persistent else 0)
+        return max(self.at_step, start)
+
+
+def model_state_floor(m: ModelSpec, setup: TrainingSetup, lay: Layout, pc: ParamCount | None = None,
+                      gpus_per_node: int = 8) -> StateFloor:
+    """StateFloor of ``lay``. For full training without offload or autocast the states are
+    states.model_state_bytes() of each stage's parameters, as the model counts them;
+    otherwise each state exists at least once over the ranks that share the rank's
+    parameters (min_model_state_bytes_per_param), which bounds the optimizer step only."""
+    pc = pc or count_params(m)
+    plain = (setup.finetune.is_full and setup.offload_optimizer == "none" and setup.offload_params == "none"
+             and resolve_kernels(setup, lay) != "amp")
+    counts = stage_layers(m.n_layers, lay.pp)
+    picked = stages_to_check(counts)
+    rps = [rank_params(m, pc, lay, s, counts[s]) for s in picked]
+    if not plain:
+        per_param = min_model_state_bytes_per_param(setup)
+        at_step = max(int(rp.dense * per_param / lay.dense_shard_degree
+                          + rp.expert * per_param / lay.expert_shard_degree) for rp in rps)
+        return StateFloor(at_step=at_step, fsdp=lay.is_fsdp)
+    opt_pp = (setup.optimizer_state_bytes if setup.optimizer_state_bytes is not None
+              else optimizer_bytes_per_param(m, setup.optimizer))
+    a = LayoutArrays.from_layouts([lay])
+    hybrid = hybrid_degree(a, gpus_per_node)
+    dense = np.array([[rp.dense] for rp in rps], dtype=np.int64)
+    expert = np.array([[rp.expert] for rp in rps], dtype=np.int64)
+    ms = model_state_bytes(dense, expert, setup.precision_spec, opt_pp, a, hybrid,
+                           expert_padding=expert_padding(m, a, hybrid))
+    w_o = ms.weights + ms.unsharded_weights + ms.optimizer
+    return StateFloor(at_step=int(ms.total.max()), weights_and_optimizer=int(w_o.min()),
+                      gradients=int(ms.gradients.min()), fsdp=lay.is_fsdp)
+
+
+def memory_floor_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, pc: ParamCount | None = None,
+                       gpus_per_node: int = 8) -> int:
+    """A lower bound on per_rank_memory(m, setup, lay, pc, gpus_per_node).total from the
+    model states (model_state_floor) and the held activations, without the phases,
+    buffers, logits and temporaries."""
+    floor = model_state_floor(m, setup, lay, pc, gpus_per_node)
+    return overhead_floor_bytes(setup, lay, floor.tracked_floor_bytes(lay, held_activation_floor_bytes(m, setup, lay)))

@@ -1,0 +1,115 @@
+"""Parameters on one rank of a pipeline stage, after tensor, pipeline and expert splitting
+(per shape: the batched model computes them once per distinct (tp, ep, pp) and stage)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from planner.layouts.layout import Layout
+from planner.models.spec import ModelSpec, ParamCount
+from planner.training.setup import optimizer_state_bytes_per_param
+from planner.units import ceil_div
+
+
+def stage_layers(n_layers: int, pp: int) -> list[int]:
+    """Layers per pipeline stage. Uneven splits put the extra layers on the middle
+    stages first: the first stage holds the most in-flight activations and the
+    embedding, the last one the LM head (picotron and torchtitan split unevenly too)."""
+    base, extra = divmod(n_layers, pp)
+    counts = [base] * pp
+    order = sorted(range(pp), key=lambda i: (i == 0, i == pp - 1, -i))
+    for i in order[:extra]:
+        counts[i] += 1
+    return counts
+
+
+def stages_to_check(counts: list[int]) -> list[int]:
+    """The stages that can be the most loaded: the first, the last, and the earliest
+    middle stage of each layer count (later ones hold fewer in-flight micro-batches)."""
+    last = len(counts) - 1
+    picked = {0, last}
+    seen: set[int] = set()
+    for i in range(1, last):
+        if counts[i] not in seen:
+            seen.add(counts[i])
+            picked.add(i)
+    return sorted(picked)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankParams:
+    """Parameters held by one rank of a stage, before ZeRO/FSDP sharding over data ranks."""
+
+    dense: int
+    expert: int
+    block_unit: int       # one transformer block: the unit FSDP and ZeRO-3 gather
+    root_unit: int        # embedding + final norm + LM head: FSDP2's root unit
+    largest_module: int   # the largest single module DeepSpeed ZeRO-3 gathers at once
+
+    @property
+    def total(self) -> int:
+        return self.dense + self.expert
+
+
+def rank_params(m: ModelSpec, pc: ParamCount, lay: Layout, stage: int, n_layers: int) -> RankParams:
+    """Parameters on one rank of ``stage``.
+
+    Tensor parallelism splits every matrix of a block by tp and replicates the norms
+    (Shoeybi et al. 2019, Megatron-LM Sec. 3); the word embedding and the LM head are
+    split over the vocabulary. Expert weights are split over ep (and tp). With tied
+    embeddings and pp > 1, the last stage keeps its own copy of the embedding for the
+    LM head (Megatron-LM). Biases of row-parallel layers are replicated; they are
+    counted as split, an error of at most d_model parameters per layer.
+    """
+    tp, ep = lay.tp, lay.ep
+    norms = pc.norms_per_layer
+    expert_all = pc.expert_per_layer * pc.n_experts
+    router = pc.mlp_per_layer - expert_all if m.is_moe else 0
+    dense_layer = ceil_div(pc.per_layer - norms - expert_all - router, tp) + norms + router
+    expert_layer = ceil_div(expert_all, ep * tp) if m.is_moe else 0
+    dense = n_layers * dense_layer
+    root = 0
+    h = m.d_model
+    first, last = stage == 0, stage == lay.pp - 1
+    if first:
+        word = m.vocab_size * h
+        root += ceil_div(word, tp) + (pc.embedding - word)
+    if last:
+        head = pc.final - pc.lm_head
+        head += ceil_div(pc.lm_head, tp)
+        if m.tied_embeddings and lay.pp > 1:
+            head += ceil_div(m.vocab_size * h, tp)
+        root += head
+    dense += root
+    block = dense_layer + expert_layer if n_layers else 0
+    largest_module = max(block, ceil_div(m.vocab_size * h, tp) if (first or last) else 0)
+    return RankParams(dense=dense, expert=n_layers * expert_layer, block_unit=block,
+                      root_unit=root, largest_module=largest_module)
+
+
+def largest_tensor(m: ModelSpec, lay: Layout) -> int:
+    """Elements of the largest local tensor: the word embedding (or LM head) or an MLP matrix."""
+    return max(ceil_div(m.vocab_size * m.d_model, lay.tp), ceil_div(m.d_ff * m.d_model, lay.tp))
+
+
+def adafactor_bytes_per_param(m: ModelSpec) -> float:
+    """Adafactor's factored second moment, per parameter: one fp32 row and one column
+    vector per matrix, a full fp32 vector for each 1-D parameter, no first moment
+    (Shazeer & Stern 2018, arXiv:1804.04235, Alg. 4; torch.optim.Adafactor's default
+    beta1=None)."""
+    h, q, kv, f = m.d_model, m.q_dim, m.kv_dim, m.d_ff
+    mats = [(h, q), (h, kv), (h, kv), (q, h)]
+    mats += [(h, f)] * (2 if m.gated_mlp else 1) + [(f, h)]
+    experts = max(m.n_experts, 1)
+    state = sum(4 * (a + b) for a, b in mats[:4])
+    state += experts * sum(4 * (a + b) for a, b in mats[4:])
+    params = sum(a * b for a, b in mats[:4]) + experts * sum(a * b for a, b in mats[4:])
+    return state / params
+
+
+@lru_cache(maxsize=256)
+def optimizer_bytes_per_param(m: ModelSpec, optimizer: str) -> float:
+    if optimizer == "adafactor":
+        return adafactor_bytes_per_param(m)
+    return optimizer_state_bytes_per_param(optimizer)

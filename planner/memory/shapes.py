@@ -1,0 +1,197 @@
+"""Shape-dependent figures of the memory model, computed once per distinct shape of a batch
+and gathered over it: a block's saved tensors, the eager score gradients and the loss per
+(tp, sp, cp, micro-batch, recomputation, kernels); the stages that can be the most loaded,
+their parameters and their fine-tuning split per (tp, ep, pp). Tables are kept across calls
+for the same model and set-up (a search asks for the same shapes on every GPU count)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import numpy as np
+
+from planner.layouts.batch import RECOMPUTES, LayoutArrays
+from planner.layouts.layout import SHARDINGS, Layout
+from planner.memory.activations import activation_key, block_activations, eager_score_gradient_bytes
+from planner.memory.loss import logits_bytes
+from planner.memory.params import largest_tensor, optimizer_bytes_per_param, rank_params, stage_layers, stages_to_check
+from planner.models.spec import ModelSpec, ParamCount
+from planner.training.finetune import activation_layers, rank_split
+from planner.training.setup import TrainingSetup
+
+KERNELS = ("fused", "eager", "amp")
+FUSED, EAGER, AMP = 0, 1, 2
+MAX_SLOTS = 4   # the first and last stage, and the earliest middle one of each of two layer counts
+
+__all__ = ["KERNELS", "FUSED", "EAGER", "AMP", "ParamsArrays", "SplitArrays", "StageFigures", "ActivationFigures",
+           "activation_figures", "stage_figures", "in_flight_microbatches", "optimizer_bytes_per_param", "group"]
+
+
+@dataclass(frozen=True, slots=True)
+class ParamsArrays:
+    """params.RankParams as arrays: parameters on one rank of a stage, before ZeRO/FSDP."""
+
+    dense: np.ndarray
+    expert: np.ndarray
+    block_unit: np.ndarray
+    root_unit: np.ndarray
+    largest_module: np.ndarray
+
+    @property
+    def total(self) -> np.ndarray:
+        return self.dense + self.expert
+
+    def replace(self, **kw: np.ndarray) -> ParamsArrays:
+        return replace(self, **kw)
+
+
+@dataclass(frozen=True, slots=True)
+class SplitArrays:
+    """finetune.RankSplit as arrays: a rank's parameters split into trainable and frozen."""
+
+    trainable_dense: np.ndarray
+    trainable_expert: np.ndarray
+    frozen_dense_bytes: np.ndarray
+    frozen_expert_bytes: np.ndarray
+    block_trainable: np.ndarray
+    block_frozen_bytes: np.ndarray
+    largest_trainable: np.ndarray
+    dequant_bytes: np.ndarray
+
+    @property
+    def trainable(self) -> np.ndarray:
+        return self.trainable_dense + self.trainable_expert
+
+    @property
+    def frozen_bytes(self) -> np.ndarray:
+        return self.frozen_dense_bytes + self.frozen_expert_bytes
+
+
+def group(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(inverse, first row) of the distinct rows of non-negative int columns."""
+    key = np.zeros(len(columns[0]), dtype=np.int64)
+    for c in columns:
+        key = key * (int(c.max(initial=0)) + 1) + c
+    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    return inv.reshape(-1), first
+
+
+_TABLES: dict[tuple[object, ...], dict[tuple[int, ...], tuple[int, ...]]] = {}
+
+
+def _table(*key: object) -> dict[tuple[int, ...], tuple[int, ...]]:
+    if len(_TABLES) > 64:
+        _TABLES.clear()
+    return _TABLES.setdefault(key, {})
+
+
+def _gather(columns: list[np.ndarray], fn: object, memo: dict[tuple[int, ...], tuple[int, ...]],
+            width: int) -> np.ndarray:
+    """fn(*row) for each distinct row of ``columns``, as a (width, batch) int64 array."""
+    inv, first = group(columns)
+    rows = []
+    for key in zip(*(c[first].tolist() for c in columns)):
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = fn(*key)      # type: ignore[operator]
+        rows.append(hit)
+    table = np.array(rows, dtype=np.int64).reshape(len(rows), width)
+    return table[inv].T
+
+
+@dataclass(frozen=True, slots=True)
+class ActivationFigures:
+    """Per layout: bytes a block keeps under its recomputation (``layer_act``) and without
+    (``full_layer``), the eager attention's score gradients, and the loss on the last stage."""
+
+    layer_act: np.ndarray
+    full_layer: np.ndarray
+    score_grad: np.ndarray
+    logits: np.ndarray
+
+
+def activation_figures(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_len: int, kernels: np.ndarray,
+                       act_fp32: np.ndarray) -> ActivationFigures:
+    """activations.block_activations, eager_score_gradient_bytes and loss.logits_bytes per
+    distinct block shape; ``act_fp32``: where the trainable blocks run in fp32 (freeze on
+    replicated ranks), which sizes the blocks' activations in fp32. LoRA's blocks also
+    depend on the sharding (activations.lora_cast_bytes)."""
+    lora = setup.finetune.is_lora
+    fp32 = replace(setup, precision="fp32") if act_fp32.any() else setup
+
+    def figures(tp: int, sp: int, cp: int, mb: int, rc: int, k: int, f32: int, zero: int = 0,
+                sharding: int = 0) -> tuple[int, ...]:
+        lay = Layout(tp=tp, sp=bool(sp), cp=cp, micro_batch=mb, seq_len=seq_len, recompute=RECOMPUTES[rc],
+                     zero_stage=zero, sharding=SHARDINGS[sharding])
+        kern = KERNELS[k]
+        kept, full = block_activations(m, fp32 if f32 else setup, activation_key(lay, lora), kern)
+        return kept, full, eager_score_gradient_bytes(m, setup, lay, kern), logits_bytes(m, setup, lay, kern)
+
+    cols = [a.tp, a.sp, a.cp, a.micro_batch, a.recompute, kernels, act_fp32.astype(np.int64)]
+    if lora:
+        cols += [a.zero_stage, a.sharding]
+    out = _gather(cols, figures, _table("act", m, setup, seq_len), 4)
+    return ActivationFigures(*out)
+
+
+@dataclass(frozen=True, slots=True)
+class StageFigures:
+    """Per stage slot and layout ((slot, batch) arrays): whether the pipeline has the slot,
+    the stage, its layers, the layers that keep activations, the rank's parameters and their
+    fine-tuning split."""
+
+    valid: np.ndarray
+    stage: np.ndarray
+    n_layers: np.ndarray
+    n_act_layers: np.ndarray
+    rank_params: ParamsArrays
+    split: SplitArrays
+
+
+_N_PARAMS, _N_SPLIT = len(fields(ParamsArrays)), len(fields(SplitArrays))
+_WIDTH = 4 + _N_PARAMS + _N_SPLIT
+
+
+def stage_figures(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, a: LayoutArrays) -> StageFigures:
+    """The stages that can be the most loaded (params.stages_to_check) with their parameters
+    (params.rank_params) and fine-tuning split (finetune.rank_split), once per distinct
+    (tp, ep, pp)."""
+    ft = setup.finetune
+    wb = setup.precision_spec.weight_bytes
+
+    def figures(tp: int, ep: int, pp: int) -> tuple[int, ...]:
+        lay = Layout(tp=tp, ep=ep, pp=pp)
+        counts = stage_layers(m.n_layers, pp)
+        row: tuple[int, ...] = ()
+        for s in stages_to_check(counts):
+            n_layers = counts[s]
+            rp = rank_params(m, pc, lay, s, n_layers)
+            n_act = activation_layers(ft, m.n_layers, sum(counts[:s]), n_layers)
+            split = rank_split(m, pc, ft, lay, rp.dense, rp.expert, rp.root_unit, n_layers, n_act, s == pp - 1,
+                               wb, largest_tensor(m, lay))
+            row += (1, s, n_layers, n_act, rp.dense, rp.expert, rp.block_unit, rp.root_unit, rp.largest_module,
+                    split.trainable_dense, split.trainable_expert, split.frozen_dense_bytes,
+                    split.frozen_expert_bytes, split.block_trainable, split.block_frozen_bytes,
+                    split.largest_trainable, split.dequant_bytes)
+        return row + (0,) * (_WIDTH * MAX_SLOTS - len(row))
+
+    out = _gather([a.tp, a.ep, a.pp], figures, _table("stage", m, pc, ft, wb), _WIDTH * MAX_SLOTS)
+    n_slots = max(1, int(out.reshape(MAX_SLOTS, _WIDTH, -1)[:, 0].any(axis=1).sum()))
+    t = out.reshape(MAX_SLOTS, _WIDTH, -1)[:n_slots]           # (slot, field, batch)
+    rp = ParamsArrays(*(t[:, 4 + i] for i in range(_N_PARAMS)))
+    split = SplitArrays(*(t[:, 4 + _N_PARAMS + i] for i in range(_N_SPLIT)))
+    return StageFigures(valid=t[:, 0] > 0, stage=t[:, 1], n_layers=t[:, 2], n_act_layers=t[:, 3], rank_params=rp,
+                        split=split)
+
+
+def in_flight_microbatches(a: LayoutArrays, stage: np.ndarray) -> np.ndarray:
+    """Micro-batches whose activations a pipeline stage holds at once (float).
+
+    1F1B: stage i (from 0) holds min(pp - i, m) (Narayanan et al. 2021, Sec. 2.2.1).
+    Interleaved with v chunks: the first stage holds (1 + (p-1)/(p v)) times more
+    (Korthikanti et al. 2022, Sec. 4.2.3); applied to every stage, which can only
+    overestimate the later ones.
+    """
+    held = np.minimum(a.pp - stage, a.grad_accum).astype(np.float64)
+    held = np.where(a.vp > 1, held * (1 + (a.pp - 1) / (a.pp * a.vp)), held)
+    return np.where(a.pp == 1, 1.0, held)

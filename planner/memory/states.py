@@ -1,0 +1,261 @@
+"""Model states of one rank over a batch of layouts: weights, gradients and optimizer states,
+their ZeRO/FSDP sharding, where offload puts them, and the optimizer step's temporaries.
+
+Every function takes arrays over the batch (or (slot, batch) for the stage-dependent
+parameter counts, broadcast against the per-layout fields) and returns int64 arrays of
+bytes; Python's int() is astype(int64) (truncation, as int() does for these non-negative
+values), and the integer and float operations run in the order a scalar formula would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.layouts.batch import LayoutArrays
+from planner.layouts.layout import SHARDINGS
+from planner.models.spec import ModelSpec
+from planner.training.setup import Precision, TrainingSetup
+
+GRAD_OP = SHARDINGS.index("fsdp-grad-op")
+HYBRID = SHARDINGS.index("fsdp-hybrid")
+
+# DeepSpeed's NVMe offload defaults (DeepSpeed configuration docs, "Parameter offloading"
+# and "Optimizer offloading"; deepspeed/runtime/zero/offload_config.py): parameters swap
+# through buffer_count = 5 pinned buffers of buffer_size = 1e8 elements; optimizer states
+# through buffer_count = 4 pinned fp32 buffers, each one sub-group (sub_group_size = 1e9
+# elements, zero_optimization) or the rank's partition when smaller.
+NVME_PARAM_BUFFERS = 5
+NVME_PARAM_BUFFER_NUMEL = 100_000_000
+NVME_OPTIMIZER_BUFFERS = 4
+ZERO_SUB_GROUP_NUMEL = 1_000_000_000
+
+
+def ceil_div(n: np.ndarray, d: np.ndarray) -> np.ndarray:
+    return -(-n // d)
+
+
+def trunc(x: np.ndarray) -> np.ndarray:
+    """int() elementwise: floats toward zero, integers unchanged."""
+    x = np.asarray(x)
+    return x.astype(np.int64) if x.dtype.kind == "f" else x
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStates:
+    """Bytes of weights, gradients and optimizer states on one rank (arrays)."""
+
+    weights: np.ndarray
+    gradients: np.ndarray
+    optimizer: np.ndarray
+    unsharded_weights: np.ndarray   # FSDP shard-grad-op keeps gathered weights through backward
+
+    @property
+    def total(self) -> np.ndarray:
+        return self.weights + self.gradients + self.optimizer + self.unsharded_weights
+
+
+@dataclass(frozen=True, slots=True)
+class OffloadSplit:
+    """Model states left on the GPU, and what went to CPU memory and NVMe (bytes, per rank)."""
+
+    weights: np.ndarray
+    gradients: np.ndarray
+    optimizer: np.ndarray
+    host_bytes: np.ndarray
+    nvme_bytes: np.ndarray
+    step_on_host: np.ndarray      # bool: the optimizer step runs on the CPU, no GPU temporaries
+
+
+def hybrid_degree(a: LayoutArrays, gpus_per_node: int) -> np.ndarray:
+    """FSDP hybrid shards over the data ranks inside one node (HSDP) and replicates across
+    nodes: the shard group is the largest divisor of dp*cp*ep that fits in
+    gpus_per_node // tp (PyTorch FSDP HYBRID_SHARD docs). 0 where the sharding is not
+    hybrid."""
+    out = np.zeros(len(a), dtype=np.int64)
+    rows = np.flatnonzero(a.sharding == HYBRID)
+    if not len(rows):
+        return out
+    dense = (a.dp * a.cp * a.ep)[rows]
+    tp = a.tp[rows]
+    keys = np.stack([dense, tp], axis=1)
+    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+    degs = []
+    for d_all, t in uniq.tolist():
+        inside = max(1, gpus_per_node // t)
+        d = d_all
+        while d > inside or d_all % d:
+            d -= 1
+        degs.append(max(d, 1))
+    out[rows] = np.array(degs, dtype=np.int64)[inv.reshape(-1)]
+    return out
+
+
+def shard_degrees(a: LayoutArrays, hybrid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(ranks a dense weight is sharded over, ranks an expert weight is sharded over): dp*cp*ep
+    and dp*cp, or FSDP hybrid's shard group (at most dp*cp for experts)."""
+    dense_deg, expert_deg = a.dp * a.cp * a.ep, a.dp * a.cp
+    d_dense = np.where(hybrid > 0, hybrid, dense_deg)
+    d_expert = np.maximum(1, np.where(hybrid > 0, np.minimum(expert_deg, hybrid), expert_deg))
+    return d_dense, d_expert
+
+
+def expert_padding(m: ModelSpec, a: LayoutArrays, hybrid: np.ndarray) -> np.ndarray:
+    """How much larger FSDP2's expert shards and gathers are than an even split (float).
+
+    FSDP2 shards every parameter on dim 0 and pads it to a multiple of the shard degree
+    D (PyTorch FSDP2 docs, fully_shard: "dim-0 per-parameter sharding"). transformers
+    stores an MoE layer's experts as one (E, ...) tensor, so with D > E each rank holds
+    ceil(E/D) whole experts and an all-gather returns D x ceil(E/D) of them: a factor
+    D ceil(E/D) / E. Measured with FSDPMemTracker on Mixtral-8x7B (E = 8) at D = 64:
+    sharded fp32 parameters 22.6 GB per rank, one eighth of the model, not 1/64. The
+    padding is in FSDP2's own buffers (shards, all-gather outputs and the unsharded
+    parameters' storage, which views them, and reduce-scatter inputs); the gradients
+    autograd makes have the parameters' shapes, E experts (buffers.fsdp_backward_end_bytes).
+    """
+    if not m.is_moe:
+        return np.ones(len(a))
+    d = np.where(hybrid > 0, hybrid, a.dp * a.cp)
+    e = m.n_experts
+    return np.where((a.sharding > 0) & (a.ep == 1), d * ceil_div(np.int64(e), d) / e, 1.0)
+
+
+def model_state_bytes(n_dense: np.ndarray, n_expert: np.ndarray, precision: Precision,
+                      optimizer_bytes_per_param: float, a: LayoutArrays, hybrid: np.ndarray,
+                      amp: np.ndarray | bool = False, expert_padding: np.ndarray | float = 1.0) -> ModelStates:
+    """Weights, gradients and optimizer state of one rank (ZeRO paper, Sec. 5).
+
+    ZeRO-1 shards the optimizer states (with the fp32 master copy) over the data ranks,
+    ZeRO-2 also the gradients, ZeRO-3 also the weights: with Psi parameters, K=12 and
+    N_d ranks, (2+2+K)Psi, 2Psi+2Psi+K Psi/N_d, 2Psi+(2+K)Psi/N_d, (2+2+K)Psi/N_d
+    (Rajbhandari et al. 2019, arXiv:1910.02054, Fig. 1). FSDP2 with a mixed-precision
+    policy keeps the sharded parameters in fp32 (they are the master copy) and fp32
+    gradients, and gathers 16-bit copies for compute (PyTorch FSDP2 docs,
+    MixedPrecisionPolicy); shard-grad-op keeps the gathered copies from forward to
+    backward. ``expert_padding`` (states.expert_padding) scales the expert shards FSDP2
+    stores when it cannot split the experts' first dimension evenly. ``amp``: where
+    torch.autocast runs with fp32 parameters (they are the master copy), fp32 gradients,
+    and 16-bit copies of the weights made per forward (counted with the activations).
+    """
+    d_dense, d_expert = shard_degrees(a, hybrid)
+    stage = a.zero_stage
+    fsdp = a.sharding > 0
+
+    def shard(nd_bytes: np.ndarray, ne_bytes: np.ndarray, sharded: np.ndarray) -> np.ndarray:
+        split = ceil_div(trunc(nd_bytes), d_dense) + ceil_div(trunc(ne_bytes), d_expert)
+        return np.where(sharded, split, trunc(nd_bytes + ne_bytes))
+
+    # FSDP: the sharded parameter keeps the dtype it was built in, fp32 under mixed precision
+    stored = 4 if precision.is_mixed else precision.weight_bytes
+    grad = 4 if precision.is_mixed else precision.grad_bytes
+    opt_pp = optimizer_bytes_per_param
+    padded = trunc(n_expert * expert_padding)
+    f_unsharded = np.where(a.sharding == GRAD_OP, trunc((n_dense + n_expert * expert_padding) * precision.weight_bytes), 0)
+    f_weights = shard(n_dense * stored, padded * stored, True)
+    f_grads = shard(n_dense * grad, padded * grad, True)
+    f_opt = shard(n_dense * opt_pp, padded * opt_pp, True)
+    # ZeRO: K = the master copy + the optimizer's states
+    z_opt_pp = precision.master_bytes + opt_pp
+    weights = shard(n_dense * precision.weight_bytes, n_expert * precision.weight_bytes, stage >= 3)
+    grads = shard(n_dense * precision.grad_bytes, n_expert * precision.grad_bytes, stage >= 2)
+    opt = shard(n_dense * z_opt_pp, n_expert * z_opt_pp, stage >= 1)
+    if np.any(amp):
+        amp_w = (n_dense + n_expert) * 4
+        weights = np.where(amp, amp_w, weights)
+        grads = np.where(amp, amp_w, grads)
+        opt = np.where(amp, trunc((n_dense + n_expert) * opt_pp), opt)
+    return ModelStates(weights=np.where(fsdp, f_weights, weights), gradients=np.where(fsdp, f_grads, grads),
+                       optimizer=np.where(fsdp, f_opt, opt), unsharded_weights=np.where(fsdp, f_unsharded, 0))
+
+
+def sharded_frozen_bytes(split: object, a: LayoutArrays, hybrid: np.ndarray) -> np.ndarray:
+    """The frozen base's weights on one rank (``split``: shapes.SplitArrays): sharded over the
+    data ranks under ZeRO-3 and FSDP (as the trainable weights are; FSDP shard-grad-op also
+    keeps the gathered weights from forward to backward), replicated otherwise."""
+    fd, fe = split.frozen_dense_bytes, split.frozen_expert_bytes     # type: ignore[attr-defined]
+    whole = fd + fe
+    fsdp = a.sharding > 0
+    d_dense, d_expert = shard_degrees(a, hybrid)
+    sharded = ceil_div(fd, d_dense) + ceil_div(fe, d_expert) + np.where(a.sharding == GRAD_OP, whole, 0)
+    return np.where((a.zero_stage < 3) & ~fsdp, whole, sharded)
+
+
+def offload_bytes(setup: TrainingSetup, a: LayoutArrays, ms: ModelStates, frozen_weight_bytes: np.ndarray,
+                  split: object, prec: Precision, hybrid: np.ndarray) -> OffloadSplit:
+    """Where the model states of one rank live under ``setup.offload_*``.
+
+    ZeRO-Offload (Ren et al. 2021, arXiv:2101.06840, Sec. 4.1): the optimizer partition
+    (fp32 master weights and Adam's moments) lives in CPU memory and CPU Adam updates it; the
+    reduced gradients go to the CPU as fp32 (4 B per parameter of the partition). Under
+    ZeRO-2 and ZeRO-3 the GPU keeps only the reduce buckets; under ZeRO-1 it still
+    accumulates the 16-bit gradients. ZeRO-Infinity (Rajbhandari et al. 2021,
+    arXiv:2104.07857, Sec. 5): with ZeRO-3 the 16-bit parameter shards move too, to CPU
+    memory or NVMe, and the GPU holds only the gathered working set (the buffers); NVMe
+    offload keeps pinned CPU buffers (NVME_* above). FSDP2's CPUOffloadPolicy: sharded
+    parameters, sharded gradients and the optimizer states all live in CPU memory and the
+    optimizer step runs there (PyTorch FSDP2 docs, fully_shard(offload_policy=...)).
+    """
+    weights = ms.weights + frozen_weight_bytes
+    grads, opt = ms.gradients, ms.optimizer
+    zero = np.zeros_like(weights)
+    no = np.zeros(weights.shape, dtype=bool)
+    fsdp = np.broadcast_to(a.sharding > 0, weights.shape)
+    # FSDP2's CPU offload: parameters, gradients and the optimizer step in CPU memory
+    if setup.offload_params == "cpu":
+        f = (zero, zero, zero, weights + grads + opt, zero, ~no)
+    else:
+        f = (weights, grads, opt, zero, zero, no)
+    # DeepSpeed: ZeRO-Offload's optimizer partition, ZeRO-Infinity's parameter shards
+    host, nvme, step_on_host = zero, zero, no
+    if setup.offload_optimizer != "none":
+        d = np.where(a.zero_stage >= 1, np.where(hybrid > 0, hybrid, a.dp * a.cp * a.ep), 1)
+        partition = ceil_div(split.trainable, d)                      # type: ignore[attr-defined]
+        host = host + 4 * partition                     # CPU Adam's fp32 gradient partition
+        if setup.offload_optimizer == "cpu":
+            host = host + opt
+        else:
+            nvme = nvme + opt
+            host = host + NVME_OPTIMIZER_BUFFERS * np.minimum(ZERO_SUB_GROUP_NUMEL, partition) * 4
+        grads = np.where(a.zero_stage >= 2, 0, grads)
+        opt, step_on_host = zero, ~no
+    if setup.offload_params != "none":
+        if setup.offload_params == "cpu":
+            host = host + weights
+        else:
+            nvme = nvme + weights
+            host = host + NVME_PARAM_BUFFERS * NVME_PARAM_BUFFER_NUMEL * prec.weight_bytes
+        weights = zero
+    z = (weights, grads, opt, host, nvme, step_on_host)
+    w, g, o, h, nv, on_host = (np.where(fsdp, x, y) for x, y in zip(f, z))
+    return OffloadSplit(weights=w, gradients=g, optimizer=o, host_bytes=h, nvme_bytes=nv, step_on_host=on_host)
+
+
+def optimizer_step_transient_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, kernels: np.ndarray,
+                                   rp: object, hybrid: np.ndarray, split: object) -> np.ndarray:
+    """Temporaries inside optimizer.step(), beside the states.
+
+    Only PyTorch's own optimizers (under FSDP or DDP: ``kernels`` amp) count here. PyTorch's
+    multi-tensor ("foreach", the default on CUDA) Adam/AdamW builds the square root of the
+    second moments for every local parameter at once: one fp32 copy of the local
+    parameters (torch/optim/adamw.py, _multi_tensor_adamw: _foreach_sqrt). The
+    single-tensor path needs two fp32 temporaries of the largest local tensor (the word
+    embedding or LM head): measured 4.2e9 B on Llama-3-8B (2 x 525M x 4 B) with MemTracker.
+    SGD and Adafactor are counted like the single-tensor path. Only trainable parameters
+    (``split``) take part in the step. bitsandbytes' paged 8-bit AdamW (QLoRA) updates its
+    blocks in place with fused kernels: no temporaries counted. DeepSpeed and Megatron-LM
+    step with fused multi-tensor kernels that work in small chunks (DeepSpeed/apex
+    FusedAdam, multi_tensor_applier): no full copy.
+    """
+    from planner.memory.shapes import AMP
+
+    zero = np.zeros(np.broadcast_shapes(np.shape(split.trainable), a.dp.shape), dtype=np.int64)  # type: ignore[attr-defined]
+    if setup.finetune.paged_8bit_optimizer:
+        return zero
+    applies = (a.sharding > 0) | (kernels == AMP)
+    d = np.where(a.zero_stage >= 1, np.where(hybrid > 0, hybrid, a.dp * a.cp * a.ep), 1)
+    if setup.optimizer_foreach and setup.optimizer in ("adamw", "adam8bit"):
+        step = 4 * ceil_div(split.trainable, d)                       # type: ignore[attr-defined]
+    else:
+        step = 2 * 4 * ceil_div(split.largest_trainable, d)           # type: ignore[attr-defined]
+    return np.where(applies, step, zero)
