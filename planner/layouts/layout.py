@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 
 from planner.models.spec import ModelSpec
 from planner.training.setup import TrainingSetup
@@ -92,10 +93,16 @@ def divisors(n: int) -> list[int]:
 def reject_reason(m: ModelSpec, setup: TrainingSetup, lay: Layout, gpus_per_node: int) -> str | None:
     """Why a layout cannot run, or None: the message of the first rule of
     planner.layouts.rules.RULES it breaks."""
+    return _reject_reason(m, setup, lay, gpus_per_node)
+
+
+@lru_cache(maxsize=65536)
+def _reject_reason(m: ModelSpec, setup: TrainingSetup, lay: Layout, gpus_per_node: int) -> str | None:
     from planner.layouts.rules import RuleView, first_failing
 
-    rule = first_failing(RuleView.of(m, setup, lay, gpus_per_node))
-    return None if rule is None else rule.message(RuleView.of(m, setup, lay, gpus_per_node))
+    view = RuleView.of(m, setup, lay, gpus_per_node)
+    rule = first_failing(view)
+    return None if rule is None else rule.message(view)
 
 
 def grad_accum_for(setup: TrainingSetup, micro_batch: int, dp: int, ep: int) -> int | None:

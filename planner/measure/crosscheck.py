@@ -162,7 +162,7 @@ def planner_as_deepspeed(inp: EstimatorInputs, m: ModelSpec) -> Figures:
         split = SplitArrays(trainable_dense=rp.dense, trainable_expert=zero, frozen_dense_bytes=zero,
                             frozen_expert_bytes=zero, block_trainable=rp.block_unit, block_frozen_bytes=zero,
                             largest_trainable=zero, dequant_bytes=zero)
-        gpu += int(buffer_bytes(m, no_bucket, a, lay.seq_len, rp, prec, split)[0])
+        gpu += int(buffer_bytes(m, no_bucket, a, rp, prec, split)[0])
     if offloaded:
         cpu = inp.num_gpus_per_node * sum(states[k] for k in offloaded)
     elif inp.stage == 3 and inp.zero_init:

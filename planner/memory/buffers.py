@@ -4,16 +4,20 @@ stage-dependent parameter counts ``rp`` and ``split``, shapes.ParamsArrays and S
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from planner.layouts.batch import LayoutArrays
-from planner.memory.shapes import ParamsArrays, SplitArrays
-from planner.memory.states import ceil_div
+from planner.layouts.layout import Layout
 from planner.models.spec import ModelSpec
 from planner.training.setup import Precision, TrainingSetup
 
+if TYPE_CHECKING:
+    from planner.memory.shapes import ParamsArrays, SplitArrays
 
-def buffer_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_len: int, rp: ParamsArrays,
+
+def buffer_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, rp: ParamsArrays,
                  precision: Precision, split: SplitArrays) -> np.ndarray:
     """Communication buffers the engine allocates beside the model states.
 
@@ -27,7 +31,8 @@ def buffer_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_len: i
     counted with the weights, where the tracker puts it. The unsharded gradients of a
     unit before its reduce-scatter come later in backward, when most activations are
     freed.
-    Pipeline stages: send and receive buffers of one activation tensor each.
+    (Pipeline stages' send and receive buffers depend on the micro-batch:
+    peak.pipeline_buffer_bytes.)
     With a frozen base (``split``, planner.training.finetune.rank_split) only trainable
     parameters have gradients to bucket, gathered blocks are as large as their stored (maybe
     quantized) weights, and bitsandbytes dequantizes one quantized weight at a time to 16
@@ -45,10 +50,7 @@ def buffer_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_len: i
         out = out + split.dequant_bytes
     bucket = np.minimum(setup.buffers.zero_bucket_numel, grads) * precision.grad_bytes
     out = out + np.where((a.sharding == 0) & ((stage == 1) | (stage == 2)), bucket, 0)
-    out = out + np.where(stage == 3, np.where(a.sharding > 0, block_bytes, 2 * module_bytes + bucket), 0)
-    act = a.micro_batch * (seq_len // a.cp) * m.d_model * precision.activation_bytes
-    pipeline = 2 * ceil_div(act, np.where(a.sp > 0, a.tp, 1))
-    return out + np.where(a.pp > 1, pipeline, 0)
+    return out + np.where(stage == 3, np.where(a.sharding > 0, block_bytes, 2 * module_bytes + bucket), 0)
 
 
 def gathered_block_bytes(rp: ParamsArrays, prec: Precision, split: SplitArrays) -> np.ndarray:
@@ -109,3 +111,13 @@ def fsdp_forward_bytes(a: LayoutArrays, rp: ParamsArrays, prec: Precision,
     fsdp = a.sharding > 0
     block_bytes = gathered_block_bytes(rp, prec, split)
     return np.where(fsdp & (a.zero_stage == 3), block_bytes, 0), np.where(fsdp, 2 * block_bytes, 0)
+
+
+def pipeline_buffer_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> int:
+    """Pipeline stages' send and receive buffers: one activation tensor each (one
+    micro-batch, b s h a), split by tp under sequence parallelism; 0 without a pipeline
+    (per shape: planner.memory.shapes)."""
+    if lay.pp == 1:
+        return 0
+    act = lay.micro_batch * (lay.seq_len // lay.cp) * m.d_model * setup.precision_spec.activation_bytes
+    return 2 * -(-act // (lay.tp if lay.sp else 1))

@@ -96,32 +96,67 @@ class StateFloor:
 
 def model_state_floor(m: ModelSpec, setup: TrainingSetup, lay: Layout, pc: ParamCount | None = None,
                       gpus_per_node: int = 8) -> StateFloor:
-    """StateFloor of ``lay``. For full training without offload or autocast the states are
-    states.model_state_bytes() of each stage's parameters, as the model counts them;
-    otherwise each state exists at least once over the ranks that share the rank's
-    parameters (min_model_state_bytes_per_param), which bounds the optimizer step only."""
-    pc = pc or count_params(m)
-    plain = (setup.finetune.is_full and setup.offload_optimizer == "none" and setup.offload_params == "none"
-             and resolve_kernels(setup, lay) != "amp")
-    counts = stage_layers(m.n_layers, lay.pp)
-    picked = stages_to_check(counts)
-    rps = [rank_params(m, pc, lay, s, counts[s]) for s in picked]
-    if not plain:
+    """StateFloor of ``lay`` (model_state_floors of one layout)."""
+    return model_state_floors(m, setup, [lay], pc, gpus_per_node)[0]
+
+
+def model_state_floors(m: ModelSpec, setup: TrainingSetup, lays: list[Layout], pc: ParamCount | None = None,
+                       gpus_per_node: int = 8) -> list[StateFloor]:
+    """StateFloor of each of ``lays``, which share their degrees (the sweep asks for every
+    sharding of one shape), sized as one batch. For full training without offload or
+    autocast the states are states.model_state_bytes() of each stage's parameters, as the
+    model counts them; otherwise each state exists at least once over the ranks that share
+    the rank's parameters (min_model_state_bytes_per_param), which bounds the optimizer step
+    only. A floor reads the degrees and the sharding only: kept per distinct ones."""
+    keys = tuple(Layout(dp=x.dp, tp=x.tp, pp=x.pp, cp=x.cp, ep=x.ep, zero_stage=x.zero_stage, sharding=x.sharding)
+                 for x in lays)
+    return list(_model_state_floors(m, setup, keys, pc or count_params(m), gpus_per_node))
+
+
+@lru_cache(maxsize=8192)
+def _model_state_floors(m: ModelSpec, setup: TrainingSetup, lays: tuple[Layout, ...], pc: ParamCount,
+                        gpus_per_node: int) -> tuple[StateFloor, ...]:
+    out: list[StateFloor | None] = [None] * len(lays)
+    plain_rows = []
+    offload = setup.offload_optimizer != "none" or setup.offload_params != "none"
+    for i, lay in enumerate(lays):
+        if setup.finetune.is_full and not offload and resolve_kernels(setup, lay) != "amp":
+            plain_rows.append(i)
+            continue
         per_param = min_model_state_bytes_per_param(setup)
-        at_step = max(int(rp.dense * per_param / lay.dense_shard_degree
-                          + rp.expert * per_param / lay.expert_shard_degree) for rp in rps)
-        return StateFloor(at_step=at_step, fsdp=lay.is_fsdp)
-    opt_pp = (setup.optimizer_state_bytes if setup.optimizer_state_bytes is not None
-              else optimizer_bytes_per_param(m, setup.optimizer))
-    a = LayoutArrays.from_layouts([lay])
-    hybrid = hybrid_degree(a, gpus_per_node)
-    dense = np.array([[rp.dense] for rp in rps], dtype=np.int64)
-    expert = np.array([[rp.expert] for rp in rps], dtype=np.int64)
-    ms = model_state_bytes(dense, expert, setup.precision_spec, opt_pp, a, hybrid,
-                           expert_padding=expert_padding(m, a, hybrid))
-    w_o = ms.weights + ms.unsharded_weights + ms.optimizer
-    return StateFloor(at_step=int(ms.total.max()), weights_and_optimizer=int(w_o.min()),
-                      gradients=int(ms.gradients.min()), fsdp=lay.is_fsdp)
+        counts = stage_layers(m.n_layers, lay.pp)
+        rps = [rank_params(m, pc, lay, s, counts[s]) for s in stages_to_check(counts)]
+        out[i] = StateFloor(at_step=max(int(rp.dense * per_param / lay.dense_shard_degree
+                                            + rp.expert * per_param / lay.expert_shard_degree) for rp in rps),
+                            fsdp=lay.is_fsdp)
+    if plain_rows:
+        opt_pp = (setup.optimizer_state_bytes if setup.optimizer_state_bytes is not None
+                  else optimizer_bytes_per_param(m, setup.optimizer))
+        plain = [lays[i] for i in plain_rows]
+        a = LayoutArrays.from_layouts(plain)
+        hybrid = hybrid_degree(a, gpus_per_node)
+        # (slot, layout): the parameters of each stage that can be the most loaded
+        stage_params = []
+        for lay in plain:
+            counts = stage_layers(m.n_layers, lay.pp)
+            stage_params.append([rank_params(m, pc, lay, s, counts[s]) for s in stages_to_check(counts)])
+        n_slots = max(len(p) for p in stage_params)
+        dense = np.zeros((n_slots, len(plain)), dtype=np.int64)
+        expert = np.zeros((n_slots, len(plain)), dtype=np.int64)
+        valid = np.zeros((n_slots, len(plain)), dtype=bool)
+        for j, rps in enumerate(stage_params):
+            for k, rp in enumerate(rps):
+                dense[k, j], expert[k, j], valid[k, j] = rp.dense, rp.expert, True
+        ms = model_state_bytes(dense, expert, setup.precision_spec, opt_pp, a, hybrid,
+                               expert_padding=expert_padding(m, a, hybrid))
+        big = np.iinfo(np.int64).max
+        at_step = np.where(valid, ms.total, -1).max(axis=0)
+        w_o = np.where(valid, ms.weights + ms.unsharded_weights + ms.optimizer, big).min(axis=0)
+        grads = np.where(valid, ms.gradients, big).min(axis=0)
+        for j, i in enumerate(plain_rows):
+            out[i] = StateFloor(at_step=int(at_step[j]), weights_and_optimizer=int(w_o[j]), gradients=int(grads[j]),
+                                fsdp=lays[i].is_fsdp)
+    return tuple(x for x in out if x is not None)
 
 
 def memory_floor_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, pc: ParamCount | None = None,

@@ -34,6 +34,7 @@ from planner.memory.floors import (  # noqa: F401  (re-exported: the search's fl
     memory_floor_bytes,
     min_model_state_bytes_per_param,
     model_state_floor,
+    model_state_floors,
     overhead_floor_bytes,
 )
 from planner.memory.loss import logits_bytes  # noqa: F401
@@ -44,7 +45,8 @@ from planner.memory.params import (  # noqa: F401
     stage_layers,
     stages_to_check,
 )
-from planner.memory.peak import MOMENT_PARTS, MOMENTS, MemoryBatch, memory_batch
+from planner.memory.peak import ABSENT, MOMENT_PARTS, MOMENTS, MemoryBatch, memory_batch
+from planner.memory.peak import pick_terms
 from planner.memory.peak import fsdp_blocks_done as batched_blocks_done
 from planner.memory.shapes import KERNELS
 from planner.memory.shapes import in_flight_microbatches as batched_in_flight
@@ -127,10 +129,11 @@ class MemoryTerms:
     def get(self, name: str) -> object:
         """The term ``name`` of the row (dotted for nested terms: "states.weights"); ints and
         floats, tuples of them."""
-        x: object = self.batch.at
+        x: object = self.batch.slots
         for part in name.split("."):
             x = x[part] if isinstance(x, dict) else getattr(x, part)
-        return _scalar(x, self.row)
+        rows = np.array([self.row])
+        return _scalar(pick_terms(x, self.batch.pick(rows), rows, self.batch.state_inv[rows]), 0)
 
     def of_batch(self, name: str) -> object:
         """A per-layout fact of the batch (kernels, hybrid, persistent_grads ...) at the row."""
@@ -138,13 +141,13 @@ class MemoryTerms:
 
     @property
     def phase(self) -> str:
-        return MOMENTS[int(self.batch.at.phase[self.row])]
+        return MOMENTS[int(self.batch.pick_phase(np.array([self.row]))[0])]
 
     def moment(self, name: str) -> tuple[int, ...]:
         """The parts of moment ``name`` (peak.MOMENT_PARTS), or () where the layout has none."""
-        mo = self.batch.at.moments[name]
-        parts = tuple(int(getattr(mo, f)[self.row]) for f in MOMENT_PARTS)
-        return () if parts[1] < -(2**60) else parts
+        rows = np.array([self.row])
+        parts = tuple(int(self.batch.term(f"moments.{name}.{f}", rows)[0]) for f in MOMENT_PARTS)
+        return () if parts[1] <= ABSENT // 2 else parts
 
     def moments(self) -> dict[str, tuple[int, ...]]:
         """The moments the layout has, in peak.MOMENTS order (the order the peak is chosen in)."""
@@ -169,13 +172,14 @@ class MemoryTerms:
             amp_states=bool(self.of_batch("amp_states")), hybrid=int(self.of_batch("hybrid")) or None,  # type: ignore[call-overload]
             persistent_grads=bool(self.of_batch("persistent_grads")),
             distributed=bool(self.of_batch("distributed")),
-            fixed_overhead=int(self.of_batch("fixed_overhead")))  # type: ignore[call-overload]
+            fixed_overhead=int(self.of_batch("fixed_overhead")),  # type: ignore[call-overload]
+            tracked=int(self.of_batch("tracked")), fragmentation=int(self.of_batch("fragmentation")))  # type: ignore[call-overload]
 
 
 _STAGE_TERMS = ("n_act_layers", "held", "layer_act", "full_layer", "block_acts", "embed_acts", "dropout_embed",
                 "amp_copies", "working", "score_grad", "last_block", "fsdp_end", "fsdp_forward", "step_transient",
-                "grad_unit", "head_grad", "step_freed", "fsdp_done", "root_gathered", "logits", "buffers", "tracked",
-                "fragmentation", "expert_padding")
+                "grad_unit", "head_grad", "step_freed", "fsdp_done", "root_gathered", "logits", "buffers",
+                "expert_padding")
 
 
 def _fields(x: object) -> dict[str, object]:
@@ -260,7 +264,7 @@ class RankTerms:
 
 def _scalar(x: object, row: int) -> object:
     if isinstance(x, np.ndarray):
-        v = x[row] if x.ndim else x
+        v = x[row] if x.ndim else x[()]
         return v.item() if isinstance(v, np.generic) else v
     if isinstance(x, tuple):
         return tuple(_scalar(y, row) for y in x)
@@ -287,7 +291,7 @@ def rank_memories(batch: MemoryBatch, rows: list[int] | None = None, keep_terms:
     grads = cat["gradients"].tolist()
     opt = (term("offload.optimizer", idx) + cat["step_temporaries"]).tolist()
     acts, logits, bufs = cat["activations"].tolist(), cat["logits"].tolist(), cat["buffers"].tolist()
-    overhead = (batch.fixed_overhead[idx] + term("fragmentation", idx)).tolist()
+    overhead = (batch.fixed_overhead[idx] + batch.fragmentation[idx]).tolist()
     stage, n_layers, held = term("stage", idx).tolist(), term("n_layers", idx).tolist(), term("held", idx).tolist()
     kernels = batch.kernels[idx].tolist()
     host, nvme = term("offload.host_bytes", idx).tolist(), term("offload.nvme_bytes", idx).tolist()

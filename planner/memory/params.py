@@ -16,12 +16,18 @@ def stage_layers(n_layers: int, pp: int) -> list[int]:
     """Layers per pipeline stage. Uneven splits put the extra layers on the middle
     stages first: the first stage holds the most in-flight activations and the
     embedding, the last one the LM head (picotron and torchtitan split unevenly too)."""
+    return list(_stage_layers(n_layers, pp))
+
+
+@lru_cache(maxsize=4096)
+def _stage_layers(n_layers: int, pp: int) -> tuple[int, ...]:
+    """stage_layers, kept per (n_layers, pp)."""
     base, extra = divmod(n_layers, pp)
     counts = [base] * pp
     order = sorted(range(pp), key=lambda i: (i == 0, i == pp - 1, -i))
     for i in order[:extra]:
         counts[i] += 1
-    return counts
+    return tuple(counts)
 
 
 def stages_to_check(counts: list[int]) -> list[int]:

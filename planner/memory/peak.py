@@ -53,7 +53,7 @@ MOMENTS = ("backward-start", "block-backward", "backward-end", "optimizer-step",
 MOMENTS_IN_STEP_ORDER = ("forward-end", "backward-start", "block-backward", "backward-end", "optimizer-step")
 # what a moment holds beyond the weights and optimizer states every moment holds
 MOMENT_PARTS = ("extra_weights", "gradients", "activations", "logits", "buffers", "step_temporaries")
-ABSENT = -(2**62)     # a moment or stage a layout does not have: below any other
+ABSENT = -(2**60)     # a moment or stage a layout does not have: below any other
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,16 +61,20 @@ class Moment:
     """What one moment of the step holds beyond the weights and optimizer states (bytes,
     arrays over the batch; ABSENT in ``gradients`` where a layout has no such moment)."""
 
-    extra_weights: np.ndarray
+    extra_weights: np.ndarray | int       # 0: none at this moment
     gradients: np.ndarray
-    activations: np.ndarray
-    logits: np.ndarray
-    buffers: np.ndarray
-    step_temporaries: np.ndarray
+    activations: np.ndarray | int
+    logits: np.ndarray | int
+    buffers: np.ndarray | int
+    step_temporaries: np.ndarray | int
 
     def sum(self) -> np.ndarray:
-        return (self.extra_weights + self.gradients + self.activations + self.logits + self.buffers
-                + self.step_temporaries)
+        parts = [getattr(self, f) for f in MOMENT_PARTS]
+        out = parts[1] + parts[2]
+        for p in (parts[0], *parts[3:]):
+            if not (isinstance(p, int) and p == 0):
+                out = out + p
+        return out
 
     def take(self, idx: np.ndarray, cols: np.ndarray) -> Moment:
         return Moment(*(getattr(self, f)[idx, cols] for f in MOMENT_PARTS))
@@ -81,7 +85,7 @@ class StageMemory:
     """Every named term of the model on one stage of each layout of a batch (arrays over the
     batch, or (slot, batch) on the way): its parameters and their fine-tuning split, the
     model states and where offload puts them, the activations, the loss, the buffers, and
-    the moments. ``phase`` indexes MOMENTS."""
+    the moments."""
 
     stage: np.ndarray
     n_layers: np.ndarray
@@ -98,7 +102,7 @@ class StageMemory:
     score_grad: np.ndarray
     dropout_embed: np.ndarray
     block_acts: np.ndarray
-    embed_acts: np.ndarray
+    embed_acts: np.ndarray | int
     amp_copies: np.ndarray
     working: np.ndarray
     last_block: np.ndarray
@@ -114,23 +118,24 @@ class StageMemory:
     end_grad_params: tuple[np.ndarray, np.ndarray]            # (dense, expert), -1 where not counted
     moments: dict[str, Moment]
     weights: np.ndarray               # every moment's weights (before a moment's extra)
-    phase: np.ndarray
-    tracked: np.ndarray
-    fragmentation: np.ndarray
-    total: np.ndarray
+    moment_sums: tuple[np.ndarray, ...]   # each moment's parts summed, in MOMENTS order
+    tracked: np.ndarray               # the tracked bytes at the stage's peak moment (ABSENT: no such stage)
 
 
 @dataclass(frozen=True)
 class MemoryBatch:
     """The memory of the most loaded rank of each layout of a batch: every stage slot's
-    terms (``slots``, (slot, batch) arrays), the most loaded slot of each layout (``pick``),
-    and per layout the facts that do not depend on the stage. ``at`` holds the chosen
-    stage's terms (built on first use); ``term()`` picks one. ``kernels`` indexes
-    shapes.KERNELS; ``hybrid`` is 0 where FSDP does not shard hybrid."""
+    terms (``slots``, (slot, layout) arrays, or (slot, state) ones marked PerState), and per
+    layout the total, the tracked bytes and fragmentation of its most loaded stage, and the
+    facts that do not depend on the stage. ``term()`` picks one term of the most loaded
+    stage, ``at`` all of them (built on first use). ``kernels`` indexes shapes.KERNELS;
+    ``hybrid`` is 0 where FSDP does not shard hybrid."""
 
     slots: StageMemory
-    pick: np.ndarray
     total: np.ndarray
+    tracked: np.ndarray
+    fragmentation: np.ndarray
+    state_inv: np.ndarray      # each layout's state: the column of the per-state terms (PerState)
     kernels: np.ndarray
     act_fp32: np.ndarray
     amp_states: np.ndarray
@@ -141,83 +146,124 @@ class MemoryBatch:
     fixed_overhead: np.ndarray
     state_precision: Precision
     optimizer_bytes_per_param: float
+    fragmentation_share: float
 
     def __len__(self) -> int:
         return len(self.total)
 
+    def pick(self, rows: np.ndarray) -> np.ndarray:
+        """The most loaded stage slot of the layouts at ``rows``: the first of equals, in stage
+        order. The total grows with the tracked bytes (strictly, with a fragmentation share
+        >= 0), so the slot with the most tracked bytes has the largest total."""
+        t = self.slots.tracked[:, rows]
+        if self.fragmentation_share < 0:
+            t = t + (t * self.fragmentation_share).astype(np.int64)
+        return t.argmax(axis=0)
+
     def term(self, name: str, rows: np.ndarray | None = None) -> np.ndarray:
-        """The chosen stage's term ``name`` ("offload.host_bytes", "moments.backward-end.gradients"),
-        per layout (at ``rows``, default every layout)."""
+        """The most loaded stage's term ``name`` ("offload.host_bytes",
+        "moments.backward-end.gradients"), per layout (at ``rows``, default every layout)."""
         x: object = self.slots
         for part in name.split("."):
             x = x[part] if isinstance(x, dict) else getattr(x, part)
-        assert isinstance(x, np.ndarray)
         cols = np.arange(len(self)) if rows is None else rows
-        picked = _pick(x, self.pick[cols], cols)
+        if not isinstance(x, np.ndarray):
+            return np.full(len(cols), x)
+        picked = pick_terms(x, self.pick(cols), cols, self.state_inv[cols])
         assert isinstance(picked, np.ndarray)
         return picked
 
     def pick_phase(self, rows: np.ndarray) -> np.ndarray:
-        """The peak moment (an index into MOMENTS) of the chosen stage at ``rows``."""
-        return self.term("phase", rows)
+        """The peak moment (an index into MOMENTS) of the most loaded stage at ``rows``: the
+        first of equals, in MOMENTS order."""
+        slot = self.pick(rows)
+        return np.stack([s[slot, rows] for s in self.slots.moment_sums]).argmax(axis=0)
 
     @cached_property
     def at(self) -> StageMemory:
         cols = np.arange(len(self))
-        out = _pick(self.slots, self.pick, cols)
+        out = pick_terms(self.slots, self.pick(cols), cols, self.state_inv)
         assert isinstance(out, StageMemory)
         return out
 
 
-def _pick(x: object, idx: np.ndarray, cols: np.ndarray) -> object:
-    """Row ``idx[j]`` of column j of a (slot, batch) array (broadcast from (slot, 1) or
-    (1, batch)) or of every array in a tuple or dataclass of them; per-layout arrays as they
-    are."""
+def pick_terms(x: object, idx: np.ndarray, cols: np.ndarray, state_cols: np.ndarray) -> object:
+    """Row ``idx[j]`` of column j of a (slot, layout) array, or of column ``state_cols[j]``
+    of a (slot, state) one (PerState), or of every array in a tuple or dataclass of them;
+    per-layout arrays at ``cols``."""
+    if isinstance(x, PerState):
+        x = np.asarray(x)
+        return x[idx, state_cols] if x.ndim == 2 else x[state_cols]
     if isinstance(x, np.ndarray):
-        if x.ndim < 2:
-            return x[cols] if len(x) != len(cols) or len(cols) < len(x) else x
-        if x.shape[0] == 1:
-            return x[0, cols] if x.shape[1] > 1 else np.broadcast_to(x[0, 0], cols.shape)
-        return x[idx, 0] if x.shape[1] == 1 else x[idx, cols]
+        return x[idx, cols] if x.ndim == 2 else x[cols]
+    if isinstance(x, (int, float)):
+        return x
     if isinstance(x, tuple):
-        return tuple(_pick(v, idx, cols) for v in x)
+        return tuple(pick_terms(v, idx, cols, state_cols) for v in x)
     if isinstance(x, dict):
-        return {k: _pick(v, idx, cols) for k, v in x.items()}
+        return {k: pick_terms(v, idx, cols, state_cols) for k, v in x.items()}
     if isinstance(x, Moment):
-        return x.take(idx, cols)
-    return type(x)(**{f.name: _pick(getattr(x, f.name), idx, cols) for f in fields(x)})  # type: ignore[arg-type]
+        return Moment(*(pick_terms(getattr(x, f), idx, cols, state_cols) for f in MOMENT_PARTS))
+    return type(x)(**{f.name: pick_terms(getattr(x, f.name), idx, cols, state_cols) for f in fields(x)})  # type: ignore[arg-type]
+
+
+class PerState(np.ndarray):
+    """A term computed once per distinct state of a batch ((slot, state) or (state,)): read
+    per layout through MemoryBatch.state_inv."""
+
+
+def _per_state(x: object) -> object:
+    """``x`` (an array, or a tuple or dataclass of them) marked as per state."""
+    if isinstance(x, np.ndarray):
+        return x.view(PerState)
+    if isinstance(x, tuple):
+        return tuple(_per_state(v) for v in x)
+    return type(x)(**{f.name: _per_state(getattr(x, f.name)) for f in fields(x)})  # type: ignore[arg-type]
+
+
+# what a layout's model states, buffers and optimizer temporaries depend on (its "state"):
+# everything but the micro-batch, the accumulation, the virtual stages and recomputation
+STATE_FIELDS = ("tp", "cp", "ep", "dp", "pp", "sharding", "zero_stage", "sp")
 
 
 def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCount | None = None,
                  gpus_per_node: int = 8, seq_len: int | None = None) -> MemoryBatch:
     """The peak memory of the most loaded rank of every layout of ``a`` (valid layouts of
-    sequence ``seq_len``, default the set-up's), by term, moment and stage."""
+    sequence ``seq_len``, default the set-up's), by term, moment and stage.
+
+    Terms that depend only on a layout's state (STATE_FIELDS: degrees and sharding) are
+    computed once per distinct state (``sa``, (slot, state) arrays) and read per layout
+    through ``inv``; the rest per layout ((slot, layout) arrays)."""
     pc = pc or count_params(m)
     seq = setup.seq_len if seq_len is None else seq_len
     n = len(a)
     prec = setup.precision_spec
     ft = setup.finetune
     lora16 = ft.is_lora and ft.adapter_bits == 16
-    fsdp = a.sharding > 0
-    full_shard = fsdp & (a.zero_stage == 3)
-    dense_deg = a.dp * a.cp * a.ep
-    n_gpus = dense_deg * a.tp * a.pp
+    inv, first = sh.group([getattr(a, f) for f in STATE_FIELDS]) if n else (np.zeros(0, np.int64),) * 2
+    sa = LayoutArrays(*(getattr(a, f)[first] for f in LayoutArrays.FIELDS))
+
+    # ---- per state
+    fsdp = sa.sharding > 0
+    full_shard = fsdp & (sa.zero_stage == 3)
+    dense_deg = sa.dp * sa.cp * sa.ep
+    n_gpus = dense_deg * sa.tp * sa.pp
     # fused (Megatron-style), eager (PyTorch ops in the compute dtype, as under FSDP's or
     # DeepSpeed's 16-bit parameters) or amp (eager ops under torch.autocast with fp32
     # parameters: what DDP and the Hugging Face Trainer run for replicated mixed precision)
     if setup.kernels == "auto":
-        kern = np.where((a.tp > 1) | (a.pp > 1) | (a.cp > 1), sh.FUSED, sh.EAGER)
+        kern = np.where((sa.tp > 1) | (sa.pp > 1) | (sa.cp > 1), sh.FUSED, sh.EAGER)
     else:
-        kern = np.full(n, sh.KERNELS.index(setup.kernels), dtype=np.int64)
+        kern = np.full(len(sa), sh.KERNELS.index(setup.kernels), dtype=np.int64)
     if prec.is_mixed:
-        kern = np.where((kern == sh.EAGER) & (a.sharding == 0) & (a.zero_stage == 0), sh.AMP, kern)
+        kern = np.where((kern == sh.EAGER) & (sa.sharding == 0) & (sa.zero_stage == 0), sh.AMP, kern)
     autocast = kern == sh.AMP
     # trainable parameters kept in fp32 with fp32 gradients: everything under autocast; and
     # with a frozen base on replicated ranks, PEFT's adapters (autocast_adapter_dtype) and
     # freeze's trainable blocks (upcast, as LLaMA-Factory does) whatever the precision.
     # QLoRA's adapters are 16-bit. A frozen base loaded in 16 bits gives a 16-bit residual
     # stream, so its activations are those of eager kernels.
-    replicated = (a.sharding == 0) & (a.zero_stage == 0) & (kern != sh.FUSED)
+    replicated = (sa.sharding == 0) & (sa.zero_stage == 0) & (kern != sh.FUSED)
     fp32_trainables = replicated & (not ft.is_full and not lora16)
     amp_states = (autocast & (not lora16)) | fp32_trainables
     kernels = np.where(autocast, sh.EAGER, kern) if not ft.is_full else kern
@@ -231,23 +277,19 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     if ft.method == "freeze" and prec.activation_bytes < 4:
         act_fp32 = fp32_trainables & ~autocast
     else:
-        act_fp32 = np.zeros(n, dtype=bool)
-    act = sh.activation_figures(m, setup, a, seq, kernels, act_fp32)
-    hybrid = hybrid_degree(a, gpus_per_node)
-    persistent = (a.grad_accum > 1) | (a.pp > 1) | (~fsdp & (dense_deg > 1))
+        act_fp32 = np.zeros(len(sa), dtype=bool)
+    hybrid = hybrid_degree(sa, gpus_per_node)
     distributed = n_gpus > 1
     ranks_per_node = np.minimum(n_gpus, gpus_per_node)
     fixed = np.where(distributed, setup.overheads.fixed_bytes(True), setup.overheads.fixed_bytes(False))
-    dropout_embed = a.micro_batch * (seq // a.cp) * m.d_model if m.hidden_dropout > 0 else np.zeros(n, np.int64)
 
-    # ---- every stage that can be the most loaded: (slot, batch) arrays
-    st = sh.stage_figures(m, pc, setup, a)
-    valid = st.valid
+    # every stage that can be the most loaded: (slot, state) arrays
+    st = sh.stage_figures(m, pc, setup, sa)
     stage, n_layers, n_act = st.stage, st.n_layers, st.n_act_layers
     rp, split = st.rank_params, st.split
-    last = stage == a.pp - 1
-    pad = expert_padding(m, a, hybrid)
-    ms = model_state_bytes(split.trainable_dense, split.trainable_expert, state_prec, opt_pp, a, hybrid,
+    last = stage == sa.pp - 1
+    pad = expert_padding(m, sa, hybrid)
+    ms = model_state_bytes(split.trainable_dense, split.trainable_expert, state_prec, opt_pp, sa, hybrid,
                            amp=amp_states, expert_padding=pad)
     grad_unit = rp.block_unit     # a block's gradients have its parameters' shapes: never padded
     if m.is_moe:
@@ -255,92 +297,117 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
         padded = (pad > 1) & (n_layers > 0)
         extra = (rp.expert / np.maximum(n_layers, 1) * (pad - 1)).astype(np.int64)
         rp = rp.replace(block_unit=np.where(padded, rp.block_unit + extra, rp.block_unit))
-    held = sh.in_flight_microbatches(a, stage)
-    block_acts = (n_act * act.layer_act * held).astype(np.int64)
-    embed_acts = ((dropout_embed * held).astype(np.int64) * (stage == 0)) if ft.is_full else np.zeros_like(stage)
-    vocab_shard = -(-(m.vocab_size * m.d_model) // a.tp)
-    amp_copies = np.zeros_like(stage)
+    vocab_shard = -(-(m.vocab_size * m.d_model) // sa.tp)
     if ft.is_full:
         # autocast's 16-bit copies of every matmul weight, kept for backward
         amp_copies = np.where(kernels == sh.AMP, 2 * (rp.total - np.where(stage == 0, vocab_shard, 0)
                                                       - n_layers * pc.norms_per_layer), 0)
     else:
         amp_copies = np.where(autocast & amp_states, 2 * split.trainable, 0)   # copies of the fp32 trainables
-    acts = block_acts + embed_acts + amp_copies
     has_act = n_act > 0
-    # inside the last block's backward: its recomputed tensors and its gradients' working
-    # set (the eager attention's fp32 score gradients)
-    working = np.where(has_act, (act.full_layer - act.layer_act) + act.score_grad, 0)
-    logits = np.where(last, act.logits, 0)
-    buffers = buffer_bytes(m, setup, a, seq, rp, prec, split)
-    off = offload_bytes(setup, a, ms, sharded_frozen_bytes(split, a, hybrid), split, prec, hybrid)
+    engine_buffers = buffer_bytes(m, setup, sa, rp, prec, split)
+    off = offload_bytes(setup, sa, ms, sharded_frozen_bytes(split, sa, hybrid), split, prec, hybrid)
     # FSDP2 keeps the root unit gathered
     root_gathered = np.where(full_shard, rp.root_unit * prec.weight_bytes, 0)
     weights = off.weights + ms.unsharded_weights + root_gathered
     step_transient = np.where(off.step_on_host, 0,
-                              optimizer_step_transient_bytes(m, setup, a, kern, rp, hybrid, split))
-    g_held = np.where(persistent, off.gradients, 0)
-    end_w, end_a, end_b = (np.where(has_act, x, 0) for x in fsdp_backward_end_bytes(a, rp, prec, split, grad_unit))
-    last_block = np.where(has_act, act.full_layer, 0)
+                              optimizer_step_transient_bytes(m, setup, sa, kern, rp, hybrid, split))
+    end_w, end_a, end_b = (np.where(has_act, x, 0) for x in fsdp_backward_end_bytes(sa, rp, prec, split, grad_unit))
     # FSDP2 reduce-scatters the root unit (embedding, final norm, LM head) in its own
     # post-backward, after every block: the LM head's unsharded gradient, made first in
     # backward, is held to the end of it (FSDPMemTracker on Llama-3-8B cut to 4 blocks,
     # fp32, 8 ranks: 3.10 GiB of temporaries in every block's backward, 1.47 GiB less
     # with a quarter of the vocabulary: (128,256 - 32,064) x 4096 x 4 B)
-    head_grad = (np.where(fsdp & last & has_act, vocab_shard * prec.weight_bytes, 0) if ft.is_full
-                 else np.zeros_like(stage))
+    head_grad = np.where(fsdp & last & has_act, vocab_shard * prec.weight_bytes, 0) if ft.is_full else 0 * stage
     # FSDP2 reshards every unit after its backward, the root and shard-grad-op's blocks
     # too (reshard_after_backward): no gathered weights are left at the optimizer step
     step_freed = np.where(fsdp, ms.unsharded_weights + root_gathered, 0)
     # FSDP2's moment is inside one block's backward (fsdp_blocks_done): the blocks done
     # have freed their activations, and only they have reduced (sharded) gradients
     fsdp_moment = fsdp & has_act
-    done = np.where(fsdp_moment, fsdp_blocks_done(a, n_act), 0)
-    end_acts = np.where(fsdp_moment, acts - done * act.layer_act + working + end_a + head_grad, last_block + end_a)
-    end_grads = off.gradients
-    end_dense = end_expert = np.full_like(stage, -1)
-    if ft.is_full:
-        counted = fsdp_moment & ~persistent & (off.gradients != 0)
-        n_l = np.maximum(n_layers, 1)
-        end_dense = np.where(counted, done * ((rp.dense - rp.root_unit) // n_l), -1)
-        end_expert = np.where(counted, done * (rp.expert // n_l), -1)
-        done_grads = model_state_bytes(np.maximum(end_dense, 0), np.maximum(end_expert, 0), state_prec, opt_pp, a,
-                                       hybrid, expert_padding=pad).gradients
-        end_grads = np.where(counted, done_grads, off.gradients)
-    fwd_w, fwd_b = fsdp_forward_bytes(a, rp, prec, split)
+    done = np.where(fsdp_moment, fsdp_blocks_done(sa, n_act), 0)
+    n_l = np.maximum(n_layers, 1)
+    done_dense, done_expert = done * ((rp.dense - rp.root_unit) // n_l), done * (rp.expert // n_l)
+    done_grads = model_state_bytes(done_dense, done_expert, state_prec, opt_pp, sa, hybrid,
+                                   expert_padding=pad).gradients
+    fwd_w, fwd_b = (np.where(fsdp_moment, x, 0) for x in fsdp_forward_bytes(sa, rp, prec, split))
+    # the optimizer step holds no activations: every part is the state's
+    step_sum = -step_freed + off.gradients + step_transient
+    base = weights + off.optimizer
+
+    # ---- per layout: (slot, layout) arrays; state terms read through inv
+    def g(x: np.ndarray) -> np.ndarray:
+        return np.take(x, inv, axis=x.ndim - 1)
+
+    kernels_l = kernels[inv]
+    act = sh.activation_figures(m, setup, a, seq, kernels_l, act_fp32[inv])
+    persistent = (a.grad_accum > 1) | (a.pp > 1) | g(~fsdp & (dense_deg > 1))
+    stage_l, has_act_l, last_l = g(stage), g(has_act), g(last)
+    held = sh.in_flight_microbatches(a, stage_l)
+    block_acts = (g(n_act) * act.layer_act * held).astype(np.int64)
+    dropout_embed = a.micro_batch * (seq // a.cp) * m.d_model if m.hidden_dropout > 0 else np.zeros(n, np.int64)
+    acts = block_acts + g(amp_copies)
+    embed_acts: np.ndarray | int = 0
+    if ft.is_full and m.hidden_dropout > 0:
+        embed_acts = (dropout_embed * held).astype(np.int64) * (stage_l == 0)
+        acts = acts + embed_acts
+    # inside the last block's backward: its recomputed tensors and its gradients' working
+    # set (the eager attention's fp32 score gradients)
+    working = ((act.full_layer - act.layer_act) + act.score_grad) * has_act_l
+    logits = act.logits * last_l
+    buffers = g(engine_buffers) + act.pipeline_buffers
+    grads = g(off.gradients)
+    g_held = grads * persistent
+    last_block = act.full_layer * has_act_l
+    fsdp_l, head_l = g(fsdp_moment), g(head_grad)
+    any_fsdp = bool(fsdp.any())
+    end_a_l = g(end_a) if any_fsdp else 0
+    if any_fsdp:
+        end_acts = np.where(fsdp_l, acts - g(done) * act.layer_act + working + head_l, last_block) + end_a_l
+    else:
+        end_acts = last_block
+    counted = fsdp_l & ~persistent & (grads != 0) if ft.is_full and any_fsdp else None
+    end_grads = grads if counted is None else np.where(counted, g(done_grads), grads)
     moments = {
-        "backward-start": Moment(np.zeros_like(stage), g_held, acts, logits, buffers, np.zeros_like(stage)),
-        "block-backward": Moment(np.zeros_like(stage), g_held, acts + working + head_grad, np.zeros_like(stage),
-                                 buffers, np.zeros_like(stage)),
-        "backward-end": Moment(end_w, end_grads, end_acts, np.zeros_like(stage), np.maximum(buffers, end_b),
-                               np.zeros_like(stage)),
-        "optimizer-step": Moment(-step_freed, off.gradients, np.zeros_like(stage), np.zeros_like(stage),
-                                 np.zeros_like(stage), step_transient),
-        "forward-end": Moment(np.where(fsdp_moment, fwd_w, 0), np.where(fsdp_moment, g_held, ABSENT),
-                              acts - act.layer_act, np.zeros_like(stage), np.maximum(buffers, fwd_b),
-                              np.zeros_like(stage)),
+        "backward-start": Moment(0, g_held, acts, logits, buffers, 0),
+        "block-backward": Moment(0, g_held, acts + working + head_l if any_fsdp else acts + working, 0, buffers, 0),
+        "backward-end": Moment(g(end_w) if any_fsdp else 0, end_grads, end_acts, 0,
+                               np.maximum(buffers, g(end_b)) if any_fsdp else buffers, 0),
+        "optimizer-step": Moment(g(-step_freed) if any_fsdp else 0, grads, 0, 0, 0, g(step_transient)),
+        "forward-end": Moment(g(fwd_w) if any_fsdp else 0, np.where(fsdp_l, g_held, ABSENT),
+                              acts - act.layer_act, 0, np.maximum(buffers, g(fwd_b)) if any_fsdp else buffers, 0),
     }
-    sums = np.stack([moments[k].sum() for k in MOMENTS])                  # (moment, slot, batch)
-    phase = sums.argmax(axis=0)                                           # the first of equals
-    best = np.take_along_axis(sums, phase[None], axis=0)[0]
-    tracked = weights + off.optimizer + best
-    frag = (tracked * setup.overheads.fragmentation).astype(np.int64)
-    total = np.where(valid, tracked + fixed + frag, ABSENT)
+    sums = tuple(moments[k].sum() if k != "optimizer-step" else g(step_sum) for k in MOMENTS)
+    if not any_fsdp:
+        sums = sums[:-1] + (np.full(stage_l.shape, ABSENT),)
+    best = np.maximum.reduce(sums)
+    tracked_slots = np.where(g(st.valid), g(base) + best, ABSENT)
+    ps = _per_state
     slots = StageMemory(
-        stage=stage, n_layers=n_layers, n_act_layers=n_act, rank_params=rp, split=split, states=ms, offload=off,
-        expert_padding=pad, grad_unit=grad_unit, held=held, layer_act=act.layer_act, full_layer=act.full_layer,
-        score_grad=act.score_grad, dropout_embed=dropout_embed, block_acts=block_acts, embed_acts=embed_acts,
-        amp_copies=amp_copies, working=working, last_block=last_block, logits=logits, buffers=buffers,
-        root_gathered=root_gathered, step_transient=step_transient, fsdp_end=(end_w, end_a, end_b),
-        fsdp_forward=(np.where(fsdp_moment, fwd_w, 0), np.where(fsdp_moment, fwd_b, 0)), fsdp_done=done,
-        head_grad=head_grad, step_freed=step_freed, end_grad_params=(end_dense, end_expert), moments=moments,
-        weights=weights, phase=phase, tracked=tracked, fragmentation=frag, total=total)
-    # the most loaded stage: the first of equals, in stage order
-    pick = total.argmax(axis=0)
-    cols = np.arange(n)
-    return MemoryBatch(slots=slots, pick=pick, total=total[pick, cols], kernels=kernels, act_fp32=act_fp32, amp_states=amp_states, hybrid=hybrid,
-                       persistent_grads=persistent, distributed=distributed, ranks_per_node=ranks_per_node,
-                       fixed_overhead=fixed, state_precision=state_prec, optimizer_bytes_per_param=opt_pp)
+        stage=stage_l, n_layers=ps(n_layers), n_act_layers=ps(n_act), rank_params=ps(rp), split=ps(split),
+        states=ps(ms), offload=ps(off), expert_padding=ps(pad), grad_unit=ps(grad_unit), held=held,
+        layer_act=act.layer_act, full_layer=act.full_layer, score_grad=act.score_grad, dropout_embed=dropout_embed,
+        block_acts=block_acts, embed_acts=embed_acts, amp_copies=ps(amp_copies), working=working,
+        last_block=last_block, logits=logits, buffers=buffers, root_gathered=ps(root_gathered),
+        step_transient=ps(step_transient), fsdp_end=(ps(end_w), ps(end_a), ps(end_b)),
+        fsdp_forward=(ps(fwd_w), ps(fwd_b)), fsdp_done=ps(done), head_grad=ps(head_grad), step_freed=ps(step_freed),
+        end_grad_params=((np.where(counted, g(done_dense), -1), np.where(counted, g(done_expert), -1))
+                         if counted is not None else (-1, -1)),
+        moments=moments, weights=ps(weights), moment_sums=sums, tracked=tracked_slots)
+    # the most loaded stage's total (MemoryBatch.pick): fixed costs and fragmentation on top
+    # of its tracked bytes
+    share = setup.overheads.fragmentation
+    if share >= 0:
+        tracked = np.maximum.reduce(tracked_slots) if len(tracked_slots) > 1 else tracked_slots[0]
+    else:
+        slot_totals = tracked_slots + (tracked_slots * share).astype(np.int64)
+        tracked = tracked_slots[slot_totals.argmax(axis=0), np.arange(n)]
+    frag = (tracked * share).astype(np.int64)
+    return MemoryBatch(slots=slots, total=tracked + fixed[inv] + frag, tracked=tracked, fragmentation=frag,
+                       state_inv=inv, kernels=kernels_l, act_fp32=act_fp32[inv], amp_states=amp_states[inv],
+                       hybrid=hybrid[inv], persistent_grads=persistent, distributed=distributed[inv],
+                       ranks_per_node=ranks_per_node[inv], fixed_overhead=fixed[inv], state_precision=state_prec,
+                       optimizer_bytes_per_param=opt_pp, fragmentation_share=share)
 
 
 def fsdp_blocks_done(a: LayoutArrays, n_blocks: np.ndarray) -> np.ndarray:

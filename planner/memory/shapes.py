@@ -13,6 +13,7 @@ import numpy as np
 from planner.layouts.batch import RECOMPUTES, LayoutArrays
 from planner.layouts.layout import SHARDINGS, Layout
 from planner.memory.activations import activation_key, block_activations, eager_score_gradient_bytes
+from planner.memory.buffers import pipeline_buffer_bytes
 from planner.memory.loss import logits_bytes
 from planner.memory.params import largest_tensor, optimizer_bytes_per_param, rank_params, stage_layers, stages_to_check
 from planner.models.spec import ModelSpec, ParamCount
@@ -108,29 +109,32 @@ class ActivationFigures:
     full_layer: np.ndarray
     score_grad: np.ndarray
     logits: np.ndarray
+    pipeline_buffers: np.ndarray
 
 
 def activation_figures(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_len: int, kernels: np.ndarray,
                        act_fp32: np.ndarray) -> ActivationFigures:
-    """activations.block_activations, eager_score_gradient_bytes and loss.logits_bytes per
-    distinct block shape; ``act_fp32``: where the trainable blocks run in fp32 (freeze on
+    """activations.block_activations, eager_score_gradient_bytes, loss.logits_bytes and
+    buffers.pipeline_buffer_bytes per distinct block shape; ``act_fp32``: where the trainable blocks run in fp32 (freeze on
     replicated ranks), which sizes the blocks' activations in fp32. LoRA's blocks also
     depend on the sharding (activations.lora_cast_bytes)."""
     lora = setup.finetune.is_lora
     fp32 = replace(setup, precision="fp32") if act_fp32.any() else setup
 
-    def figures(tp: int, sp: int, cp: int, mb: int, rc: int, k: int, f32: int, zero: int = 0,
+    def figures(tp: int, sp: int, cp: int, mb: int, rc: int, k: int, f32: int, piped: int, zero: int = 0,
                 sharding: int = 0) -> tuple[int, ...]:
         lay = Layout(tp=tp, sp=bool(sp), cp=cp, micro_batch=mb, seq_len=seq_len, recompute=RECOMPUTES[rc],
-                     zero_stage=zero, sharding=SHARDINGS[sharding])
+                     zero_stage=zero, sharding=SHARDINGS[sharding], pp=1 + piped)
         kern = KERNELS[k]
         kept, full = block_activations(m, fp32 if f32 else setup, activation_key(lay, lora), kern)
-        return kept, full, eager_score_gradient_bytes(m, setup, lay, kern), logits_bytes(m, setup, lay, kern)
+        return (kept, full, eager_score_gradient_bytes(m, setup, lay, kern), logits_bytes(m, setup, lay, kern),
+                pipeline_buffer_bytes(m, setup, lay))
 
-    cols = [a.tp, a.sp, a.cp, a.micro_batch, a.recompute, kernels, act_fp32.astype(np.int64)]
+    cols = [a.tp, a.sp, a.cp, a.micro_batch, a.recompute, kernels, act_fp32.astype(np.int64),
+            (a.pp > 1).astype(np.int64)]
     if lora:
         cols += [a.zero_stage, a.sharding]
-    out = _gather(cols, figures, _table("act", m, setup, seq_len), 4)
+    out = _gather(cols, figures, _table("act", m, setup, seq_len), 5)
     return ActivationFigures(*out)
 
 
@@ -192,6 +196,7 @@ def in_flight_microbatches(a: LayoutArrays, stage: np.ndarray) -> np.ndarray:
     (Korthikanti et al. 2022, Sec. 4.2.3); applied to every stage, which can only
     overestimate the later ones.
     """
-    held = np.minimum(a.pp - stage, a.grad_accum).astype(np.float64)
-    held = np.where(a.vp > 1, held * (1 + (a.pp - 1) / (a.pp * a.vp)), held)
-    return np.where(a.pp == 1, 1.0, held)
+    held = np.minimum(a.pp - stage, a.grad_accum).astype(np.float64)   # 1 without a pipeline (stage 0)
+    if np.any(a.vp > 1):
+        held = np.where(a.vp > 1, held * (1 + (a.pp - 1) / (a.pp * a.vp)), held)
+    return held

@@ -5,11 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from planner.layouts import batch as layout_batch
 from planner.layouts.layout import Layout, SearchSpace
-from planner.layouts.batch import LayoutArrays
-from planner.memory.model import RankMemory, min_model_state_bytes_per_param, rank_memories
-from planner.memory.peak import memory_batch
+from planner.memory.floors import min_model_state_bytes_per_param
+from planner.memory.model import RankMemory
 from planner.models.spec import ModelSpec, ParamCount, count_params
 from planner.timing.model import StepTime
 from planner.training.setup import TrainingSetup
@@ -84,6 +82,10 @@ def evaluate(m: ModelSpec, setup: TrainingSetup, layouts: Iterable[Layout], capa
              host_capacity_bytes: int | None = None, nvme_capacity_bytes: int | None = None) -> list[Candidate]:
     """Candidates for ``layouts`` (valid ones), sized together by the batched memory model
     (one batch per sequence length)."""
+    from planner.layouts.batch import LayoutArrays
+    from planner.memory.model import rank_memories
+    from planner.memory.peak import memory_batch
+
     pc = pc or count_params(m)
     lays = list(layouts)
     mems: list[RankMemory | None] = [None] * len(lays)
@@ -112,6 +114,10 @@ def size_count(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node: i
     rules table) and sized at once by the batched memory model (planner.memory.peak), for
     every set-up; RankMemory views are built only for the layouts that fit and the least.
     Up to MAX_REJECTED rejected layouts, with their reasons, are appended to ``rejected``."""
+    from planner.layouts import batch as layout_batch
+    from planner.memory.model import rank_memories
+    from planner.memory.peak import memory_batch
+
     if rejected is not None and len(rejected) < MAX_REJECTED:
         rejected += [Rejected(layout=lay, reason=reason) for lay, reason in
                      layout_batch.rejected_layouts(m, setup, n_gpus, gpus_per_node, space,
