@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -80,7 +81,7 @@ def supports(setup: TrainingSetup) -> bool:
 
 
 def _grid(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node: int,
-          space: SearchSpace) -> tuple[RuleView, np.ndarray, list[tuple[int, ...]], list[int], list[int]] | None:
+          space: SearchSpace) -> tuple[RuleView, Any, list[tuple[int, int, int, int, int]], list[int], list[int]] | None:
     """enumerate_layouts()' candidates as a grid (shape, sharding, vp, micro-batch): the rules'
     view broadcast over it, where enumeration visits a cell (its vps per pp), the degree
     shapes and the recomputation modes; None when there is nothing to enumerate."""

@@ -44,7 +44,7 @@ class Rows:
     def __init__(self, width: int, dtype: type) -> None:
         self.index: dict[tuple, int] = {}
         self.rows: list[tuple] = []
-        self.table = np.zeros((0, width), dtype=dtype)
+        self.table: np.ndarray = np.zeros((0, width), dtype=dtype)
         self.dtype = dtype
         self.known: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}   # columns_of()'s answers
 
@@ -108,7 +108,7 @@ def renumber(values: np.ndarray, span: int) -> tuple[np.ndarray, int]:
     return number[values], len(distinct)
 
 
-def group(columns: Sequence[np.ndarray], bounds: Sequence[tuple[int, int] | None] | None = None
+def group(columns: Sequence[np.ndarray], bounds: Sequence[tuple[int, int | None] | None] | None = None
            ) -> tuple[np.ndarray, np.ndarray]:
     """(inverse, representatives): the group of each row by its values in ``columns``
     (groups in increasing order of the packed key), and one row index per group.
@@ -134,9 +134,9 @@ def group(columns: Sequence[np.ndarray], bounds: Sequence[tuple[int, int] | None
             lo, hi = bound[0], int(col.max())      # constant, else it is packed from 0 up
             if hi == lo:
                 continue
-            lo = 0 if lo > 0 else lo
+            lo = min(lo, 0)
         else:
-            lo, hi = bound
+            lo, hi = bound[0], int(bound[1])
         span = hi - lo + 1
         if span == 1:
             continue

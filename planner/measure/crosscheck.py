@@ -34,7 +34,12 @@ from planner.memory.params import adafactor_bytes_per_param, rank_params
 from planner.memory.shapes import ParamsArrays, SplitArrays
 from planner.memory.states import model_state_bytes
 from planner.models.spec import ModelSpec
-from planner.training.setup import Buffers, Precision, TrainingSetup, optimizer_state_bytes_per_param
+from planner.training.setup import (
+    Buffers,
+    Precision,
+    TrainingSetup,
+    optimizer_state_bytes_per_param,
+)
 
 if TYPE_CHECKING:
     from planner.api import PlanResult

@@ -10,8 +10,17 @@ import numpy as np
 
 from planner.layouts.batch import LayoutArrays
 from planner.layouts.layout import Layout
-from planner.memory.activations import activation_key, block_activations, resolve_kernels
-from planner.memory.params import optimizer_bytes_per_param, rank_params, stage_layers, stages_to_check
+from planner.memory.activations import (
+    activation_key,
+    block_activations,
+    resolve_kernels,
+)
+from planner.memory.params import (
+    optimizer_bytes_per_param,
+    rank_params,
+    stage_layers,
+    stages_to_check,
+)
 from planner.memory.shapes import in_flight_microbatches
 from planner.memory.states import expert_padding, hybrid_degree, model_state_bytes
 from planner.models.spec import ModelSpec, ParamCount, count_params

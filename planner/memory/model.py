@@ -14,6 +14,7 @@ tracker can see is outside ``overhead``; ``overhead`` holds only what no tracker
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, is_dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -45,8 +46,14 @@ from planner.memory.params import (  # noqa: F401
     stage_layers,
     stages_to_check,
 )
-from planner.memory.peak import ABSENT, MOMENT_PARTS, MOMENTS, MemoryBatch, memory_batch
-from planner.memory.peak import pick_terms
+from planner.memory.peak import (
+    ABSENT,
+    MOMENT_PARTS,
+    MOMENTS,
+    MemoryBatch,
+    memory_batch,
+    pick_terms,
+)
 from planner.memory.peak import fsdp_blocks_done as batched_blocks_done
 from planner.memory.shapes import KERNELS
 from planner.memory.shapes import in_flight_microbatches as batched_in_flight
@@ -158,7 +165,8 @@ class MemoryTerms:
         """The row's terms as one typed object of plain numbers (planner.report.explain_memory
         prints them); ``setup``: the set-up the batch was sized for."""
         b, g = self.batch, self.get
-        dense, expert = g("end_grad_params")  # type: ignore[misc]
+        end: Any = g("end_grad_params")
+        dense, expert = end
         return RankTerms(
             stage=int(g("stage")), phase=self.phase, phases=self.moments(),  # type: ignore[call-overload]
             rank_params=RankParams(**_fields(g("rank_params"))),
@@ -182,7 +190,7 @@ _STAGE_TERMS = ("n_act_layers", "held", "layer_act", "full_layer", "block_acts",
                 "expert_padding")
 
 
-def _fields(x: object) -> dict[str, object]:
+def _fields(x: Any) -> dict[str, Any]:
     return {f.name: getattr(x, f.name) for f in fields(x)}  # type: ignore[arg-type]
 
 

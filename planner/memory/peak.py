@@ -27,13 +27,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 
 from planner.layouts.batch import LayoutArrays
 from planner.layouts.layout import SHARDINGS
 from planner.memory import shapes as sh
-from planner.memory.buffers import buffer_bytes, fsdp_backward_end_bytes, fsdp_forward_bytes
+from planner.memory.buffers import (
+    buffer_bytes,
+    fsdp_backward_end_bytes,
+    fsdp_forward_bytes,
+)
 from planner.memory.states import (
     ModelStates,
     OffloadSplit,
@@ -115,7 +120,7 @@ class StageMemory:
     fsdp_done: np.ndarray
     head_grad: np.ndarray
     step_freed: np.ndarray
-    end_grad_params: tuple[np.ndarray, np.ndarray]            # (dense, expert), -1 where not counted
+    end_grad_params: tuple[np.ndarray | int, np.ndarray | int]   # (dense, expert), -1 where not counted
     moments: dict[str, Moment]
     weights: np.ndarray               # every moment's weights (before a moment's extra)
     moment_sums: tuple[np.ndarray, ...]   # each moment's parts summed, in MOMENTS order
@@ -187,7 +192,7 @@ class MemoryBatch:
         return out
 
 
-def pick_terms(x: object, idx: np.ndarray, cols: np.ndarray, state_cols: np.ndarray) -> object:
+def pick_terms(x: Any, idx: np.ndarray, cols: np.ndarray, state_cols: np.ndarray) -> Any:
     """Row ``idx[j]`` of column j of a (slot, layout) array, or of column ``state_cols[j]``
     of a (slot, state) one (PerState), or of every array in a tuple or dataclass of them;
     per-layout arrays at ``cols``."""
@@ -212,7 +217,7 @@ class PerState(np.ndarray):
     per layout through MemoryBatch.state_inv."""
 
 
-def _per_state(x: object) -> object:
+def _per_state(x: Any) -> Any:
     """``x`` (an array, or a tuple or dataclass of them) marked as per state."""
     if isinstance(x, np.ndarray):
         return x.view(PerState)
@@ -435,5 +440,14 @@ def fsdp_blocks_done(a: LayoutArrays, n_blocks: np.ndarray) -> np.ndarray:
     return np.where(a.zero_stage == 3, np.maximum(0, n_blocks - 2), np.where(n_blocks >= 2, 1, 0))
 
 
-__all__ = ["MOMENTS", "MOMENTS_IN_STEP_ORDER", "MOMENT_PARTS", "Moment", "StageMemory", "MemoryBatch",
-           "memory_batch", "fsdp_blocks_done", "SHARDINGS"]
+__all__ = [
+    "MOMENTS",
+    "MOMENTS_IN_STEP_ORDER",
+    "MOMENT_PARTS",
+    "SHARDINGS",
+    "MemoryBatch",
+    "Moment",
+    "StageMemory",
+    "fsdp_blocks_done",
+    "memory_batch",
+]

@@ -12,10 +12,20 @@ import numpy as np
 
 from planner.layouts.batch import RECOMPUTES, LayoutArrays
 from planner.layouts.layout import SHARDINGS, Layout
-from planner.memory.activations import activation_key, block_activations, eager_score_gradient_bytes
+from planner.memory.activations import (
+    activation_key,
+    block_activations,
+    eager_score_gradient_bytes,
+)
 from planner.memory.buffers import pipeline_buffer_bytes
 from planner.memory.loss import logits_bytes
-from planner.memory.params import largest_tensor, optimizer_bytes_per_param, rank_params, stage_layers, stages_to_check
+from planner.memory.params import (
+    largest_tensor,
+    optimizer_bytes_per_param,
+    rank_params,
+    stage_layers,
+    stages_to_check,
+)
 from planner.models.spec import ModelSpec, ParamCount
 from planner.training.finetune import activation_layers, rank_split
 from planner.training.setup import TrainingSetup
@@ -24,8 +34,21 @@ KERNELS = ("fused", "eager", "amp")
 FUSED, EAGER, AMP = 0, 1, 2
 MAX_SLOTS = 4   # the first and last stage, and the earliest middle one of each of two layer counts
 
-__all__ = ["KERNELS", "FUSED", "EAGER", "AMP", "ParamsArrays", "SplitArrays", "StageFigures", "ActivationFigures",
-           "activation_figures", "stage_figures", "in_flight_microbatches", "optimizer_bytes_per_param", "group"]
+__all__ = [
+    "AMP",
+    "EAGER",
+    "FUSED",
+    "KERNELS",
+    "ActivationFigures",
+    "ParamsArrays",
+    "SplitArrays",
+    "StageFigures",
+    "activation_figures",
+    "group",
+    "in_flight_microbatches",
+    "optimizer_bytes_per_param",
+    "stage_figures",
+]
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ values), and the integer and float operations run in the order a scalar formula 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -32,7 +33,7 @@ NVME_OPTIMIZER_BUFFERS = 4
 ZERO_SUB_GROUP_NUMEL = 1_000_000_000
 
 
-def ceil_div(n: np.ndarray, d: np.ndarray) -> np.ndarray:
+def ceil_div(n: Any, d: Any) -> Any:
     return -(-n // d)
 
 
@@ -142,7 +143,7 @@ def model_state_bytes(n_dense: np.ndarray, n_expert: np.ndarray, precision: Prec
     stage = a.zero_stage
     fsdp = a.sharding > 0
 
-    def shard(nd_bytes: np.ndarray, ne_bytes: np.ndarray, sharded: np.ndarray) -> np.ndarray:
+    def shard(nd_bytes: np.ndarray, ne_bytes: np.ndarray, sharded: np.ndarray | bool) -> np.ndarray:
         split = ceil_div(trunc(nd_bytes), d_dense) + ceil_div(trunc(ne_bytes), d_expert)
         return np.where(sharded, split, trunc(nd_bytes + ne_bytes))
 

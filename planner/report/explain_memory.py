@@ -5,7 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from planner.layouts.layout import Layout
-from planner.memory.model import CATEGORIES, RankMemory, RankTerms, layer_activation_terms, per_rank_memory
+from planner.memory.model import (
+    CATEGORIES,
+    RankMemory,
+    RankTerms,
+    layer_activation_terms,
+    per_rank_memory,
+)
 from planner.models.spec import ModelSpec, ParamCount
 from planner.report.terms import (
     AUTOCAST,
@@ -62,7 +68,7 @@ def memory_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, pc: ParamCount
     g_sharded = fsdp or lay.zero_stage >= 2
     o_sharded = fsdp or lay.zero_stage >= 1
     states_src = FSDP2 if fsdp else AUTOCAST if amp else ZERO
-    params = {"Psi (trainable dense params on the rank)": split.trainable_dense,
+    params: dict[str, Any] = {"Psi (trainable dense params on the rank)": split.trainable_dense,
               **({"Psi_e (trainable expert params on the rank)": split.trainable_expert}
                  if split.trainable_expert else {})}
 
@@ -75,7 +81,7 @@ def memory_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, pc: ParamCount
             return " / N_d"
         return f" / N_d (+ Psi_e{' x expert padding' if pad > 1 else ''} x bytes / N_e for experts)"
 
-    shard = {"N_d": d_dense, **({"N_e": d_expert} if split.trainable_expert else {}),
+    shard: dict[str, Any] = {"N_d": d_dense, **({"N_e": d_expert} if split.trainable_expert else {}),
              **({"expert padding": pad} if pad > 1 else {})} if lay.n_gpus > 1 else {}
     out: list[Term] = []
     frozen = off.weights - ms.weights
@@ -100,7 +106,7 @@ def memory_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, pc: ParamCount
         out.append(_mem("weights", "gathered 16-bit weights kept through backward (FSDP shard-grad-op)",
                         ("(Psi + Psi_e x expert padding)" if split.trainable_expert else "Psi") + " x 16-bit bytes",
                         ms.unsharded_weights, FSDP2, **params, bytes_per_weight=prec.weight_bytes,
-                        **({"expert padding": pad} if split.trainable_expert else {})))
+                        **({"expert padding": pad} if split.trainable_expert else {})))  # type: ignore[arg-type]
     if tr.root_gathered:
         out.append(_mem("weights", "root unit kept gathered (embedding, final norm, LM head)",
                         "root params x 16-bit bytes", tr.root_gathered, FSDP2,
@@ -124,7 +130,7 @@ def memory_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, pc: ParamCount
                         + (" x expert padding" if pad > 1 else "") + " x bytes / N_e)", grads,
                         f"{FSDP2_BLOCKS}; {MEASURED_END}", blocks_done=tr.fsdp_done,
                         dense_params_of_the_blocks_done=dense_done,
-                        **({"expert params of the blocks done": expert_done} if expert_done else {}),
+                        **({"expert params of the blocks done": expert_done} if expert_done else {}),  # type: ignore[arg-type]
                         bytes_per_gradient=g_bytes, **shard))
     elif not grads and phase != "optimizer-step":
         out.append(_mem("gradients", "gradients", f"0 at {moment} ({held_note})", 0, ZERO,
@@ -266,7 +272,7 @@ def _activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, tr: RankT
     out: list[Term] = []
     a = tr.act_setup.precision_spec.activation_bytes
     fsdp_moment = lay.is_fsdp and tr.n_act_layers     # FSDP2's backward-end frees as it goes
-    dims = {"micro_batch_b": lay.micro_batch, "seq_len_s": lay.seq_len // lay.cp, "d_model_h": m.d_model,
+    dims: dict[str, Any] = {"micro_batch_b": lay.micro_batch, "seq_len_s": lay.seq_len // lay.cp, "d_model_h": m.d_model,
             "n_heads": m.n_heads, "tp_t": lay.tp, "sp": lay.sp, "activation_bytes_a": a, "kernels": tr.kernels}
     if phase == "optimizer-step":
         return [_mem("activations", "activations at the optimizer step", "0: all freed by then", act_at,
@@ -339,7 +345,7 @@ def _block_gradient_term(setup: TrainingSetup, tr: RankTerms) -> Term:
     else:
         label, params = "block params (their own shapes: experts unpadded)", tr.grad_unit
     return _mem("activations", "the block's 16-bit gradients before its reduce-scatter", f"{label} x 16-bit bytes",
-                tr.fsdp_end[1], f"{FSDP2_REDUCE}; {MEASURED_GRAD}", **{label: params},
+                tr.fsdp_end[1], f"{FSDP2_REDUCE}; {MEASURED_GRAD}", **{label: params},  # type: ignore[arg-type]
                 bytes_per_weight=setup.precision_spec.weight_bytes)
 
 
@@ -378,7 +384,7 @@ def _buffer_terms(setup: TrainingSetup, lay: Layout, tr: RankTerms, phase: str, 
         params = rp.block_unit
     out.append(_mem("buffers", "the previous block's reduce-scatter input", f"{label} x reduce bytes{larger}",
                     buf_at - prefetch, f"{FSDP2_REDUCE}; {MEASURED_END}",
-                    **{label: params, "reduce bytes per param": 4 if prec.is_mixed else prec.grad_bytes}))
+                    **{label: params, "reduce bytes per param": 4 if prec.is_mixed else prec.grad_bytes}))  # type: ignore[arg-type]
     return out
 
 

@@ -148,7 +148,7 @@ class SearchResult:
 
 
 def search(m: ModelSpec, setup: TrainingSetup, capacity_bytes: int, gpus_per_node: int,
-           counts: Iterable[int], space: SearchSpace = SearchSpace(),
+           counts: Iterable[int], space: SearchSpace = SearchSpace(),  # noqa: B008 (frozen: never mutated)
            timer: Callable[[Layout], StepTime] | None = None,
            host_capacity_bytes: int | None = None, nvme_capacity_bytes: int | None = None,
            progress: Callable[[int, int, int], None] | None = None,
