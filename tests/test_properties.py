@@ -259,7 +259,8 @@ def test_a_batch_of_one_is_a_row_of_the_batch_and_order_does_not_matter(case, rn
     assert [arrays.layout(i, setup.seq_len) for i in range(len(arrays))] == want
     assert layout_batch.rejected_layouts(m, setup, n, gpn, space, 50) == [(x, r) for x, r in enumerated if r][:50]
     batch = rank_memories(memory_batch(m, setup, arrays, gpus_per_node=gpn))
-    assert batch == [per_rank_memory(m, setup, lay, gpus_per_node=gpn) for lay in want]
+    some = sorted(rnd.sample(range(len(want)), min(len(want), 12)))    # a batch of one each
+    assert [batch[i] for i in some] == [per_rank_memory(m, setup, want[i], gpus_per_node=gpn) for i in some]
     order = list(range(len(want)))
     rnd.shuffle(order)
     shuffled = layout_batch.LayoutArrays.from_layouts([want[i] for i in order])
@@ -278,8 +279,8 @@ def test_a_batch_of_one_is_a_row_of_the_batch_on_presets(name):
                   TrainingSetup(finetune=FinetuneSpec.named("qlora"), global_batch=64)):
         for n in (16, 512):
             arrays = layout_batch.valid_layouts(m, setup, n, 8, SearchSpace(max_tp=8))
-            lays = [arrays.layout(i, setup.seq_len) for i in range(0, len(arrays), 11)]
-            totals = memory_batch(m, setup, arrays).total[::11].tolist()
+            lays = [arrays.layout(i, setup.seq_len) for i in range(0, len(arrays), 23)]
+            totals = memory_batch(m, setup, arrays).total[::23].tolist()
             assert totals == [per_rank_memory(m, setup, lay).total for lay in lays]
 
 

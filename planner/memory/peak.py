@@ -378,7 +378,9 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
         "block-backward": Moment(0, g_held, acts + working + head_l if any_fsdp else acts + working, 0, buffers, 0),
         "backward-end": Moment(g(end_w) if any_fsdp else 0, end_grads, end_acts, 0,
                                np.maximum(buffers, g(end_b)) if any_fsdp else buffers, 0),
-        "optimizer-step": Moment(g(-step_freed) if any_fsdp else 0, grads, 0, 0, 0, g(step_transient)),
+        # (summed per state: step_sum; its parts are read per state)
+        "optimizer-step": Moment(_per_state(-step_freed) if any_fsdp else 0, _per_state(off.gradients), 0, 0, 0,
+                                 _per_state(step_transient)),
         "forward-end": Moment(g(fwd_w) if any_fsdp else 0, np.where(fsdp_l, g_held, ABSENT),
                               acts - act.layer_act, 0, np.maximum(buffers, g(fwd_b)) if any_fsdp else buffers, 0),
     }
@@ -386,7 +388,7 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     if not any_fsdp:
         sums = sums[:-1] + (np.full(stage_l.shape, ABSENT),)
     best = np.maximum.reduce(sums)
-    tracked_slots = np.where(g(st.valid), g(base) + best, ABSENT)
+    tracked_slots = g(np.where(st.valid, base, ABSENT)) + best     # ABSENT: a slot the pipeline lacks
     ps = _per_state
     slots = StageMemory(
         stage=stage_l, n_layers=ps(n_layers), n_act_layers=ps(n_act), rank_params=ps(rp), split=ps(split),
