@@ -12,7 +12,7 @@ Prints, on this machine:
      `plan --model 405b --gpus h100,h200,b200,a100,mi300x --tokens 15T --deadline 90d` and
      `plan buy examples/jobs.yaml`;
   1. layouts scored per second through the code the sweep runs (planner.search.sweep):
-     the memory model as arrays (planner.memory.fast.peak_bytes), the step-time model as
+     the memory model as arrays (planner.memory.peak.peak_bytes), the step-time model as
      arrays (planner.timing.fast.step_times_s), both together, and the same models one
      layout at a time (planner.memory.model.per_rank_memory, planner.timing.model.step_time);
      then the same for LoRA, QLoRA and freeze, whose memory the sweep sizes one layout at a
@@ -59,8 +59,9 @@ from planner.hardware.gpus import list_gpus
 from planner.hardware.placement import Cluster, scale_up_domain_gpus
 from planner.layouts.batch import LayoutArrays, Unsupported, valid_layouts
 from planner.layouts.layout import Layout, SearchSpace, enumerate_layouts
-from planner.memory.fast import STATE_CACHE, peak_bytes
 from planner.memory.model import per_rank_memory
+from planner.memory.peak import memory_batch
+from planner.memory.shapes import forget_tables as forget_memory_tables
 from planner.models.spec import ModelSpec, ParamCount, count_params, load_model
 from planner.search.search import gpu_counts
 from planner.timing.fast import forget_tables as forget_time_tables
@@ -81,10 +82,16 @@ def score(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Cluster,
     return peak_bytes(m, setup, a, pc), step_times_s(m, setup, a, cluster, pc=pc)
 
 
+def peak_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCount | None = None,
+               gpus_per_node: int = 8) -> np.ndarray:
+    """The peak bytes of every layout of ``a``: what the search and the sweep read."""
+    return memory_batch(m, setup, a, pc, gpus_per_node).total
+
+
 def forget_tables() -> None:
     """Drop the degree and state tables the batched models keep across calls."""
     forget_time_tables()
-    STATE_CACHE.clear()
+    forget_memory_tables()
 
 
 CPU_TIMES: list[float] = []     # CPU seconds of the last best_of's best run (this process and children)

@@ -22,8 +22,8 @@ from planner.hardware.topology import list_topologies
 from planner.layouts import batch as layout_batch
 from planner.layouts import groups as layout_groups
 from planner.layouts.layout import SearchSpace, enumerate_layouts
-from planner.memory import fast as fastscore
 from planner.memory.model import per_rank_memory
+from planner.memory.peak import memory_batch
 from planner.models.spec import ModelSpec, count_params, load_model
 from planner.timing import fast as fasttime
 from planner.timing.model import (
@@ -162,7 +162,7 @@ def test_memory_and_time_on_a_preset():
     cluster = cluster_for(get_gpu("h100"))
     pc = count_params(m)
     a = search_layouts(m, setup, (96, 1024))
-    peak, step = fastscore.peak_bytes(m, setup, a, pc), fasttime.step_times_s(m, setup, a, cluster, pc=pc)
+    peak, step = memory_batch(m, setup, a, pc).total, fasttime.step_times_s(m, setup, a, cluster, pc=pc)
     sample = range(0, len(a), 37)
     lays = [a.layout(i, setup.seq_len) for i in sample]
     assert peak[list(sample)].tolist() == [per_rank_memory(m, setup, lay, pc).total for lay in lays]
@@ -179,15 +179,15 @@ def test_kept_tables_give_the_same_answers():
     pc = count_params(m)
     a = search_layouts(m, setup, (64, 96))
     fasttime.forget_tables()
-    peak, step = fastscore.peak_bytes(m, setup, a, pc), fasttime.step_times_s(m, setup, a, cluster, pc=pc)
+    peak, step = memory_batch(m, setup, a, pc).total, fasttime.step_times_s(m, setup, a, cluster, pc=pc)
 
     for idx in (np.arange(len(a)), np.flatnonzero(a.zero_stage != 1), np.random.default_rng(0).permutation(len(a))):
         s2 = fasttime.step_times_s(m, setup, subset(a, idx), cluster, pc=pc)
-        assert np.array_equal(fastscore.peak_bytes(m, setup, subset(a, idx), pc), peak[idx])
+        assert np.array_equal(memory_batch(m, setup, subset(a, idx), pc).total, peak[idx])
         assert np.array_equal(s2, step[idx])
     fasttime.forget_tables()
     s3 = fasttime.step_times_s(m, setup, a, cluster, pc=pc)
-    assert np.array_equal(fastscore.peak_bytes(m, setup, a, pc), peak) and np.array_equal(s3, step)
+    assert np.array_equal(memory_batch(m, setup, a, pc).total, peak) and np.array_equal(s3, step)
     other, eff = TrainingSetup(global_batch=512), MEGATRON_CORE
     fasttime.step_times_s(m, setup, a, cluster, pc=pc)
     assert np.array_equal(fasttime.step_times_s(m, setup, a, cluster, eff, pc=pc),
@@ -195,7 +195,7 @@ def test_kept_tables_give_the_same_answers():
                            for i in range(len(a))])
     b = layout_batch.valid_layouts(m, other, 96, 8, SearchSpace(max_tp=8))
     lays = [b.layout(i, other.seq_len) for i in range(0, len(b), 7)]
-    assert fastscore.peak_bytes(m, other, b, pc)[::7].tolist() == [per_rank_memory(m, other, x, pc).total
+    assert memory_batch(m, other, b, pc).total[::7].tolist() == [per_rank_memory(m, other, x, pc).total
                                                                      for x in lays]
 
 

@@ -27,14 +27,14 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from planner import api
-from planner.report import text as report
-from planner.report import terminal as term
 from planner.hardware.gpus import get_gpu, list_gpus
+from planner.hardware.topology import list_topologies
 from planner.layouts.layout import SearchSpace, enumerate_layouts, reject_reason
 from planner.memory.model import per_rank_memory
 from planner.models.spec import ModelSpec, count_params
+from planner.report import terminal as term
+from planner.report import text as report
 from planner.timing.model import cluster_for, step_time
-from planner.hardware.topology import list_topologies
 from planner.training.finetune import FinetuneSpec
 from planner.training.setup import TrainingSetup
 
@@ -287,8 +287,8 @@ def test_a_batch_of_one_is_a_row_of_the_batch_on_presets(name):
 def test_the_search_gives_the_same_plans_as_layout_by_layout_sizing(monkeypatch):
     # size_count sizes a GPU count's layouts as one batch; enumerating and sizing them one by
     # one (per_rank_memory each) gives the same plans
-    from planner.search import search
     from planner.models.spec import load_model
+    from planner.search import search
 
     def one_by_one(m, setup, n_gpus, gpus_per_node, space, capacity_bytes, pc, host_capacity_bytes=None,
                    nvme_capacity_bytes=None, rejected=None):

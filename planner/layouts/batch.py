@@ -74,14 +74,9 @@ class LayoutArrays:
                       micro_batch=int(self.micro_batch[i]), grad_accum=int(self.grad_accum[i]),
                       seq_len=seq_len, recompute=RECOMPUTES[int(self.recompute[i])])
 
-def supports(setup: TrainingSetup) -> bool:
-    """Whether the batched models cover this set-up: every set-up (kept for callers that
-    still ask)."""
-    return True
-
-
 def _grid(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node: int,
-          space: SearchSpace) -> tuple[RuleView, Any, list[tuple[int, int, int, int, int]], list[int], list[int]] | None:
+          space: SearchSpace
+          ) -> tuple[RuleView, Any, list[tuple[int, int, int, int, int]], list[int], list[int]] | None:
     """enumerate_layouts()' candidates as a grid (shape, sharding, vp, micro-batch): the rules'
     view broadcast over it, where enumeration visits a cell (its vps per pp), the degree
     shapes and the recomputation modes; None when there is nothing to enumerate."""

@@ -235,7 +235,11 @@ def plan_model_states(r: PlanResult) -> tuple[int, int]:
         lay = r.best.layout  # type: ignore[union-attr]
         terms = per_rank_memory(r.model, r.setup, lay, r.params, r.gpu.gpus_per_node).terms
     assert terms is not None
-    return int(terms.get("states.total")), int(terms.get("buffers"))  # type: ignore[call-overload]
+    states, buffers = terms.get("states.total"), terms.get("buffers")
+    assert isinstance(states, int | np.integer) and isinstance(buffers, int | np.integer)
+    return int(states), int(buffers)
+
+
 def difference_notes(r: PlanResult, inp: EstimatorInputs, offload_optimizer: str = "none",
                      offload_params: str = "none") -> tuple[str, ...]:
     """One line per assumption in which DeepSpeed's estimate and the plan differ."""

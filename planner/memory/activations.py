@@ -182,7 +182,8 @@ def layer_activation_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kern
 def eager_score_gradient_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) -> int:
     """Extra bytes while eager attention's backward runs: the fp32 gradients of the
     softmax output and of the scores, 8 bytes per score element, less the scores the
-    block keeps (or recomputes), which backward frees as it goes (measured with MemTracker on a Llama model: 8.4 bytes per element of
+    block keeps (or recomputes), which backward frees as it goes (measured with MemTracker
+    on a Llama model: 8.4 bytes per element of
     temporaries at the peak)."""
     if setup.attention != "eager":
         return 0

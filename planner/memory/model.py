@@ -191,7 +191,7 @@ _STAGE_TERMS = ("n_act_layers", "held", "layer_act", "full_layer", "block_acts",
 
 
 def _fields(x: Any) -> dict[str, Any]:
-    return {f.name: getattr(x, f.name) for f in fields(x)}  # type: ignore[arg-type]
+    return {f.name: getattr(x, f.name) for f in fields(x)}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -342,7 +342,7 @@ def model_state_bytes(n_dense: int, n_expert: int, precision: Precision, optimiz
     ms = batched_states(np.array([n_dense], dtype=np.int64), np.array([n_expert], dtype=np.int64), precision,
                         optimizer_bytes_per_param, a, np.array([shard_degree_dense or 0], dtype=np.int64),
                         amp=np.array([amp]), expert_padding=np.array([expert_padding]))
-    return ScalarStates(**{k: int(v[0]) for k, v in _fields(ms).items()})  # type: ignore[index]
+    return ScalarStates(**{k: int(v[0]) for k, v in _fields(ms).items()})
 
 
 def in_flight_microbatches(lay: Layout, stage: int) -> float:

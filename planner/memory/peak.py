@@ -209,7 +209,7 @@ def pick_terms(x: Any, idx: np.ndarray, cols: np.ndarray, state_cols: np.ndarray
         return {k: pick_terms(v, idx, cols, state_cols) for k, v in x.items()}
     if isinstance(x, Moment):
         return Moment(*(pick_terms(getattr(x, f), idx, cols, state_cols) for f in MOMENT_PARTS))
-    return type(x)(**{f.name: pick_terms(getattr(x, f.name), idx, cols, state_cols) for f in fields(x)})  # type: ignore[arg-type]
+    return type(x)(**{f.name: pick_terms(getattr(x, f.name), idx, cols, state_cols) for f in fields(x)})
 
 
 class PerState(np.ndarray):
@@ -223,7 +223,7 @@ def _per_state(x: Any) -> Any:
         return x.view(PerState)
     if isinstance(x, tuple):
         return tuple(_per_state(v) for v in x)
-    return type(x)(**{f.name: _per_state(getattr(x, f.name)) for f in fields(x)})  # type: ignore[arg-type]
+    return type(x)(**{f.name: _per_state(getattr(x, f.name)) for f in fields(x)})
 
 
 # what a layout's model states, buffers and optimizer temporaries depend on (its "state"):

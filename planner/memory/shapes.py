@@ -103,6 +103,11 @@ def group(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 _TABLES: dict[tuple[object, ...], dict[tuple[int, ...], tuple[int, ...]]] = {}
 
 
+def forget_tables() -> None:
+    """Drop the per-shape tables kept across calls (a benchmark's cold start)."""
+    _TABLES.clear()
+
+
 def _table(*key: object) -> dict[tuple[int, ...], tuple[int, ...]]:
     if len(_TABLES) > 64:
         _TABLES.clear()
@@ -138,7 +143,8 @@ class ActivationFigures:
 def activation_figures(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_len: int, kernels: np.ndarray,
                        act_fp32: np.ndarray) -> ActivationFigures:
     """activations.block_activations, eager_score_gradient_bytes, loss.logits_bytes and
-    buffers.pipeline_buffer_bytes per distinct block shape; ``act_fp32``: where the trainable blocks run in fp32 (freeze on
+    buffers.pipeline_buffer_bytes per distinct block shape; ``act_fp32``: where the trainable
+    blocks run in fp32 (freeze on
     replicated ranks), which sizes the blocks' activations in fp32. LoRA's blocks also
     depend on the sharding (activations.lora_cast_bytes)."""
     lora = setup.finetune.is_lora

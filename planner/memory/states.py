@@ -152,7 +152,8 @@ def model_state_bytes(n_dense: np.ndarray, n_expert: np.ndarray, precision: Prec
     grad = 4 if precision.is_mixed else precision.grad_bytes
     opt_pp = optimizer_bytes_per_param
     padded = trunc(n_expert * expert_padding)
-    f_unsharded = np.where(a.sharding == GRAD_OP, trunc((n_dense + n_expert * expert_padding) * precision.weight_bytes), 0)
+    f_unsharded = np.where(a.sharding == GRAD_OP,
+                           trunc((n_dense + n_expert * expert_padding) * precision.weight_bytes), 0)
     f_weights = shard(n_dense * stored, padded * stored, True)
     f_grads = shard(n_dense * grad, padded * grad, True)
     f_opt = shard(n_dense * opt_pp, padded * opt_pp, True)

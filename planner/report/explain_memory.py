@@ -272,7 +272,8 @@ def _activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, tr: RankT
     out: list[Term] = []
     a = tr.act_setup.precision_spec.activation_bytes
     fsdp_moment = lay.is_fsdp and tr.n_act_layers     # FSDP2's backward-end frees as it goes
-    dims: dict[str, Any] = {"micro_batch_b": lay.micro_batch, "seq_len_s": lay.seq_len // lay.cp, "d_model_h": m.d_model,
+    dims: dict[str, Any] = {"micro_batch_b": lay.micro_batch, "seq_len_s": lay.seq_len // lay.cp,
+            "d_model_h": m.d_model,
             "n_heads": m.n_heads, "tp_t": lay.tp, "sp": lay.sp, "activation_bytes_a": a, "kernels": tr.kernels}
     if phase == "optimizer-step":
         return [_mem("activations", "activations at the optimizer step", "0: all freed by then", act_at,

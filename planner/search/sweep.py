@@ -21,18 +21,17 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from planner.hardware.placement import Cluster
-from planner.layouts.batch import LayoutArrays, Unsupported, supports, valid_layouts
-from planner.layouts.layout import SearchSpace, enumerate_layouts
-from planner.memory.model import memory_floor_bytes, min_model_state_bytes_per_param
+from planner.layouts.batch import LayoutArrays, valid_layouts
+from planner.layouts.layout import SearchSpace
+from planner.memory.model import min_model_state_bytes_per_param
+from planner.memory.peak import memory_batch
 from planner.models.spec import ModelSpec, ParamCount, count_params
 from planner.search.search import Candidate, evaluate, rank_key
 from planner.timing.fast import step_times, step_times_s
 from planner.timing.model import DEFAULT_EFFICIENCY, Efficiency
-from planner.training.finetune import FinetuneSpec
 from planner.training.setup import TrainingSetup
 
 DEFAULT_SPACE = SearchSpace()
-FULL_TRAINING = FinetuneSpec()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -47,41 +46,10 @@ class CountBest:
 
 
 def count_layouts(m: ModelSpec, setup: TrainingSetup, n: int, gpus_per_node: int,
-                   space: SearchSpace) -> LayoutArrays:
-    """The valid layouts on ``n`` GPUs, in enumerate_layouts' order, as arrays.
-
-    layouts.batch.valid_layouts builds them as arrays for full training; the rules of
-    layouts.reject_reason read what trains in one place only (a quantized base runs
-    under data parallelism alone), so for LoRA, QLoRA and freeze the full-training
-    layouts are taken and that rule applied as a mask. Where the arrays do not cover the
-    set-up, layout by layout."""
-    try:
-        if supports(setup):
-            return valid_layouts(m, setup, n, gpus_per_node, space)
-        full = replace(setup, finetune=FULL_TRAINING)
-        if supports(full):
-            a = valid_layouts(m, full, n, gpus_per_node, space)
-            if setup.finetune.quant == "none":
-                return a
-            keep = np.flatnonzero((a.tp == 1) & (a.pp == 1) & (a.cp == 1))
-            return LayoutArrays(*(getattr(a, f)[keep] for f in LayoutArrays.FIELDS))
-    except Unsupported:
-        pass
-    return LayoutArrays.from_layouts([lay for lay, reason in enumerate_layouts(m, setup, n, gpus_per_node, space)
-                                      if reason is None])
-
-
-def _batch_totals(m: ModelSpec, setup: TrainingSetup, arrays: LayoutArrays, pc: ParamCount,
-                  gpus_per_node: int) -> np.ndarray | None:
-    """per_rank_memory(...).total of every layout of ``arrays`` as one batch, or None where
-    the batched memory model does not cover the set-up (then each layout walked is sized
-    by per_rank_memory). The one place the sweep reads the batched memory model."""
-    from planner.memory import fast as batched_memory
-
-    try:
-        return batched_memory.peak_bytes(m, setup, arrays, pc, gpus_per_node)
-    except Unsupported:
-        return None
+                 space: SearchSpace) -> LayoutArrays:
+    """The valid layouts on ``n`` GPUs, in enumerate_layouts' order, as arrays (the rules
+    table, planner.layouts.rules, over a grid; every set-up)."""
+    return valid_layouts(m, setup, n, gpus_per_node, space)
 
 
 def _fastest_on_count(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, n: int, capacity_bytes: int,
@@ -91,14 +59,11 @@ def _fastest_on_count(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, n: i
     arrays = count_layouts(m, setup, n, gpn, space)
     if not len(arrays):
         return CountBest(n_gpus=n, fastest=())
-    totals = _batch_totals(m, setup, arrays, pc, gpn)
-    if totals is not None:
-        may_fit = np.flatnonzero(totals <= capacity_bytes)
-        if not len(may_fit):
-            return CountBest(n_gpus=n, fastest=(), n_shapes=len(arrays))
-        arrays_fit = LayoutArrays(*(getattr(arrays, f)[may_fit] for f in LayoutArrays.FIELDS))
-    else:
-        arrays_fit = arrays
+    totals = memory_batch(m, setup, arrays, pc, gpn).total
+    may_fit = np.flatnonzero(totals <= capacity_bytes)
+    if not len(may_fit):
+        return CountBest(n_gpus=n, fastest=(), n_shapes=len(arrays))
+    arrays_fit = LayoutArrays(*(getattr(arrays, f)[may_fit] for f in LayoutArrays.FIELDS))
     times = step_times_s(m, setup, arrays_fit, cluster, eff, pc)
     order = np.argsort(times, kind="stable")           # ties: enumeration order
     best: list[tuple[tuple, int, Candidate]] = []      # (rank_key, row, candidate), best first
@@ -109,8 +74,6 @@ def _fastest_on_count(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, n: i
         if len(best) >= keep and times[i] > best[keep - 1][0][0]:
             break
         lay = arrays_fit.layout(i, setup.seq_len)
-        if totals is None and memory_floor_bytes(m, setup, lay, pc, gpn) > capacity_bytes:
-            continue            # a tenth of per_rank_memory's time, and a lower bound on its total
         (c,) = evaluate(m, setup, [lay], capacity_bytes, pc, gpn, host_capacity_bytes, nvme_capacity_bytes)
         sized += 1
         if not c.fits:
