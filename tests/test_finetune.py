@@ -23,11 +23,11 @@ from planner.memory.model import per_rank_memory
 from planner.models.spec import count_params, load_model, preset_config, spec_from_hf_config
 from planner.training.finetune import (
     FinetuneSpec,
-    block_linears,
     linear_weight_bytes,
     n_trainable_params,
     resolve_targets,
 )
+from planner.training.linears import block_linears
 from planner.training.setup import TrainingSetup
 from planner.units import GB, GiB, TiB
 
@@ -127,7 +127,7 @@ def test_quantized_bytes_equal_bitsandbytes():
     pytest.importorskip("bitsandbytes")
     import bitsandbytes.functional as F
 
-    from planner.training.finetune import Linear
+    from planner.training.linears import Linear
     lin = Linear(name="w", d_in=512, d_out=384, group="mlp")
     w = torch.randn(lin.d_out, lin.d_in, dtype=torch.bfloat16)
     q, st = F.quantize_4bit(w, blocksize=64, compress_statistics=True, quant_type="nf4")

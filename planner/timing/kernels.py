@@ -20,10 +20,10 @@ from planner.timing.efficiency import (
 from planner.training.finetune import (
     FinetuneSpec,
     activation_layers,
-    block_linears,
     linear_weight_bytes,
     resolve_targets,
 )
+from planner.training.linears import block_linears
 from planner.training.setup import (
     TrainingSetup,
 )

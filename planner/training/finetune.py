@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from planner.errors import UserError
 from planner.models.spec import ModelSpec, ParamCount, count_params
+from planner.training.linears import Linear, block_linears, blocks_with, outside_linears
 from planner.units import ceil_div
 
 if TYPE_CHECKING:
@@ -49,7 +50,6 @@ if TYPE_CHECKING:
 METHODS = ("full", "lora", "qlora", "freeze")
 QUANTS = ("none", "int8", "int4", "nf4")
 TARGET_GROUPS = ("attention", "mlp", "all-linear")
-LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2", "qwen3", "gemma3_text", "olmo2")
 
 # PEFT's default target modules per model type (peft/utils/constants.py,
 # TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING)
@@ -67,177 +67,6 @@ NF4_BLOCK = 64                  # weights per absmax constant (QLoRA Sec. 3; bit
 NF4_DOUBLE_QUANT_BLOCK = 256    # first-level constants per second-level fp32 constant
 INT4_GROUP = 128                # GPTQ/AWQ group size
 FREEZE_TRAINABLE_LAYERS = 2     # LLaMA-Factory's freeze_trainable_layers default
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Linear:
-    """One linear layer of a transformer block (or, with ``outside``, beside the blocks).
-
-    ``name`` is its module path inside the block as transformers names it; ``aliases`` are
-    further names a target may use. ``n_copies`` counts experts (E for an MoE expert
-    projection). ``rank_factor``: PEFT raises the rank on fused expert projections (Mixtral's
-    w1 and w3 are one ``gate_up_proj`` in transformers 5, adapted at rank 2r:
-    peft/utils/transformers_weight_conversion.py).
-    """
-
-    name: str
-    d_in: int
-    d_out: int
-    group: str                  # attention | mlp | router | outside
-    bias: bool = False
-    n_copies: int = 1
-    rank_factor: int = 1
-    aliases: tuple[str, ...] = ()
-    expert: bool = False
-    n_blocks: int = 0           # blocks that hold this layer; 0: every block (see blocks_with)
-    adaptable: bool = True      # False: PEFT attaches no adapter to it under any target name
-
-    @property
-    def weight_numel(self) -> int:
-        return self.d_in * self.d_out * self.n_copies
-
-    def matches(self, target: str) -> bool:
-        return any(n == target or n.endswith("." + target) for n in (self.name, *self.aliases))
-
-
-def blocks_with(m: ModelSpec, lin: Linear) -> int:
-    """How many of ``m``'s blocks hold ``lin`` (an MoE model's dense blocks differ from its MoE blocks)."""
-    return lin.n_blocks or m.n_layers
-
-
-def _recent_linears(m: ModelSpec) -> tuple[Linear, ...]:
-    """The nn.Linear modules of a block of the 2024-2026 MoE, MLA and fused families, named
-    as transformers 5 names them (modeling_<type>.py). Their routed experts are 3-D
-    parameters and their routers (except Llama 4's, an nn.Linear subclass) plain modules:
-    PEFT's LoRA adapts neither (its all-linear picks nn.Linear only, tuners_utils.py
-    _maybe_include_all_linear_layers) and bitsandbytes quantizes neither, so they are not
-    listed. ``n_blocks`` tells the dense blocks' MLP from the MoE blocks' shared experts."""
-    h, q, kv, f, t = m.d_model, m.q_dim, m.kv_dim, m.d_ff, m.model_type
-    n_dense, n_moe = (m.n_dense_layers, m.n_moe_layers) if m.is_moe else (0, 0)
-
-    def mlp(prefix: str, width: int, n_blocks: int, bias: bool = False) -> tuple[Linear, ...]:
-        return (Linear(name=f"{prefix}.gate_proj", d_in=h, d_out=width, group="mlp", bias=bias, n_blocks=n_blocks),
-                Linear(name=f"{prefix}.up_proj", d_in=h, d_out=width, group="mlp", bias=bias, n_blocks=n_blocks),
-                Linear(name=f"{prefix}.down_proj", d_in=width, d_out=h, group="mlp", bias=bias, n_blocks=n_blocks))
-
-    def qkvo(bias: bool) -> tuple[Linear, ...]:
-        return (Linear(name="self_attn.q_proj", d_in=h, d_out=q, group="attention", bias=bias),
-                Linear(name="self_attn.k_proj", d_in=h, d_out=kv, group="attention", bias=bias),
-                Linear(name="self_attn.v_proj", d_in=h, d_out=kv, group="attention", bias=bias),
-                Linear(name="self_attn.o_proj", d_in=q, d_out=h, group="attention", bias=bias))
-
-    if t == "deepseek_v3":      # DeepseekV3Attention, DeepseekV3MLP, DeepseekV3MoE.shared_experts
-        qk, v, b = m.head_dim, m.value_head_dim, m.qkv_bias
-        if m.q_lora_rank:
-            att: tuple[Linear, ...] = (
-                Linear(name="self_attn.q_a_proj", d_in=h, d_out=m.q_lora_rank, group="attention", bias=b),
-                Linear(name="self_attn.q_b_proj", d_in=m.q_lora_rank, d_out=m.n_heads * qk, group="attention"))
-        else:
-            att = (Linear(name="self_attn.q_proj", d_in=h, d_out=m.n_heads * qk, group="attention"),)
-        att += (Linear(name="self_attn.kv_a_proj_with_mqa", d_in=h, d_out=m.kv_lora_rank + m.qk_rope_head_dim,
-                       group="attention", bias=b),
-                Linear(name="self_attn.kv_b_proj", d_in=m.kv_lora_rank,
-                       d_out=m.n_heads * (qk - m.qk_rope_head_dim + v), group="attention"),
-                Linear(name="self_attn.o_proj", d_in=m.n_heads * v, d_out=h, group="attention", bias=m.out_bias))
-        if not m.is_moe:
-            return att + mlp("mlp", f, 0)
-        return att + _qwen2_moe_pattern(m, n_dense, n_moe, mlp)
-    if t == "qwen3_moe":        # Qwen3MoeDecoderLayer: Qwen3MoeMLP in mlp_only_layers
-        if not m.is_moe:
-            return qkvo(m.qkv_bias) + mlp("mlp", f, 0)
-        return qkvo(m.qkv_bias) + _qwen2_moe_pattern(m, n_dense, n_moe, mlp)
-    if t == "llama4_text":      # Llama4TextDecoderLayer.feed_forward: Llama4TextMLP or Llama4TextMoe
-        if not m.is_moe:
-            return qkvo(m.qkv_bias) + mlp("feed_forward", f, 0)
-        return (qkvo(m.qkv_bias) + (mlp("feed_forward", m.dense_d_ff, n_dense) if n_dense else ())
-                + (Linear(name="feed_forward.router", d_in=h, d_out=m.n_experts, group="router", n_blocks=n_moe),)
-                + mlp("feed_forward.shared_expert", m.shared_d_ff, n_moe))
-    if t == "gpt_oss":          # attention only: GptOssExperts and GptOssTopKRouter are not nn.Linear
-        return qkvo(True)
-    # phi3: fused qkv_proj and gate_up_proj (Phi3Attention, Phi3MLP)
-    return (Linear(name="self_attn.qkv_proj", d_in=h, d_out=q + 2 * kv, group="attention"),
-            Linear(name="self_attn.o_proj", d_in=q, d_out=h, group="attention"),
-            Linear(name="mlp.gate_up_proj", d_in=h, d_out=2 * f, group="mlp"),
-            Linear(name="mlp.down_proj", d_in=f, d_out=h, group="mlp"))
-
-
-def _qwen2_moe_pattern(m: ModelSpec, n_dense: int, n_moe: int, mlp: Any) -> tuple[Linear, ...]:
-    """The MLP side of qwen3_moe and deepseek_v3 blocks as PEFT 0.21 adapts it.
-
-    Both follow transformers 5's "qwen2_moe" conversion pattern (transformers/conversion_mapping.py),
-    and PEFT's conversion for it (peft/utils/transformers_weight_conversion.py,
-    _MOE_TARGET_MODULE_MAPPING["qwen2_moe"], _MOE_FUSED_TARGETS) turns the targets gate_proj +
-    up_proj, down_proj and gate into the routed experts' fused 3-D parameters (gate_up_proj at
-    rank 2r) and the router's weight, and drops them as module targets: the dense blocks' MLP
-    and the shared experts, though nn.Linear modules of the same names, get no adapter (checked
-    against get_peft_model in tests/test_models_recent.py). They stay listed, not adaptable,
-    for quantization.
-    """
-    h, f, e = m.d_model, m.d_ff, m.n_experts
-    out: tuple[Linear, ...] = (
-        Linear(name="mlp.gate", d_in=h, d_out=e, group="router", n_blocks=n_moe),
-        Linear(name="mlp.experts.gate_up_proj", d_in=h, d_out=2 * f, group="mlp", n_copies=e, rank_factor=2,
-               aliases=("gate_proj", "up_proj"), expert=True, n_blocks=n_moe),
-        Linear(name="mlp.experts.down_proj", d_in=f, d_out=h, group="mlp", n_copies=e, aliases=("down_proj",),
-               expert=True, n_blocks=n_moe),
-    )
-    frozen: tuple[Linear, ...] = mlp("mlp", m.dense_d_ff, n_dense) if n_dense else ()
-    if m.shared_d_ff:
-        frozen += mlp("mlp.shared_experts", m.shared_d_ff, n_moe)
-    return out + tuple(Linear(name=lin.name, d_in=lin.d_in, d_out=lin.d_out, group=lin.group,
-                              n_blocks=lin.n_blocks, adaptable=False) for lin in frozen)
-
-
-def block_linears(m: ModelSpec) -> tuple[Linear, ...]:
-    """The linear layers of one block of ``m``, with transformers' module names."""
-    h, q, kv, f = m.d_model, m.q_dim, m.kv_dim, m.d_ff
-    t = m.model_type
-    if t in ("deepseek_v3", "qwen3_moe", "llama4_text", "gpt_oss", "phi3"):
-        return _recent_linears(m)
-    if t in LLAMA_LIKE:
-        att = (Linear(name="self_attn.q_proj", d_in=h, d_out=q, group="attention", bias=m.qkv_bias),
-               Linear(name="self_attn.k_proj", d_in=h, d_out=kv, group="attention", bias=m.qkv_bias),
-               Linear(name="self_attn.v_proj", d_in=h, d_out=kv, group="attention", bias=m.qkv_bias),
-               Linear(name="self_attn.o_proj", d_in=q, d_out=h, group="attention", bias=m.out_bias))
-        if m.is_moe:
-            e = m.n_experts
-            return att + (
-                Linear(name="mlp.gate", d_in=h, d_out=e, group="router"),
-                Linear(name="mlp.experts.gate_up_proj", d_in=h, d_out=2 * f, group="mlp", n_copies=e,
-                       rank_factor=2, aliases=("w1", "w3"), expert=True),
-                Linear(name="mlp.experts.down_proj", d_in=f, d_out=h, group="mlp", n_copies=e,
-                       aliases=("w2",), expert=True),
-            )
-        return att + (Linear(name="mlp.gate_proj", d_in=h, d_out=f, group="mlp", bias=m.mlp_bias),
-                      Linear(name="mlp.up_proj", d_in=h, d_out=f, group="mlp", bias=m.mlp_bias),
-                      Linear(name="mlp.down_proj", d_in=f, d_out=h, group="mlp", bias=m.mlp_bias))
-    if t == "gpt2":    # Conv1D layers; PEFT adapts c_attn as one h x 3h layer
-        return (Linear(name="attn.c_attn", d_in=h, d_out=3 * h, group="attention", bias=True),
-                Linear(name="attn.c_proj", d_in=h, d_out=h, group="attention", bias=True),
-                Linear(name="mlp.c_fc", d_in=h, d_out=f, group="mlp", bias=True),
-                Linear(name="mlp.c_proj", d_in=f, d_out=h, group="mlp", bias=True))
-    if t == "bert":
-        return (Linear(name="attention.self.query", d_in=h, d_out=h, group="attention", bias=True),
-                Linear(name="attention.self.key", d_in=h, d_out=h, group="attention", bias=True),
-                Linear(name="attention.self.value", d_in=h, d_out=h, group="attention", bias=True),
-                Linear(name="attention.output.dense", d_in=h, d_out=h, group="attention", bias=True),
-                Linear(name="intermediate.dense", d_in=h, d_out=f, group="mlp", bias=True),
-                Linear(name="output.dense", d_in=f, d_out=h, group="mlp", bias=True))
-    prefix = "attention" if t == "gpt_neox" else "self_attention"   # falcon, bloom
-    return (Linear(name=f"{prefix}.query_key_value", d_in=h, d_out=q + 2 * kv, group="attention",
-                   bias=m.qkv_bias),
-            Linear(name=f"{prefix}.dense", d_in=q, d_out=h, group="attention", bias=m.out_bias),
-            Linear(name="mlp.dense_h_to_4h", d_in=h, d_out=f, group="mlp", bias=m.mlp_bias),
-            Linear(name="mlp.dense_4h_to_h", d_in=f, d_out=h, group="mlp", bias=m.mlp_bias))
-
-
-def outside_linears(m: ModelSpec) -> tuple[Linear, ...]:
-    """Linear layers outside the blocks that PEFT may adapt (never the LM head):
-    BERT's masked-LM transform, ``cls.predictions.transform.dense``."""
-    if m.mlm_head:
-        return (Linear(name="cls.predictions.transform.dense", d_in=m.d_model, d_out=m.d_model,
-                       group="outside", bias=True),)
-    return ()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
