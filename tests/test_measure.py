@@ -17,7 +17,8 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from planner.errors import UserError  # noqa: E402
-from planner.measure.trackers import CATEGORIES, MeasuredMemory, MeasureSetup, measure  # noqa: E402
+from planner.measure.readout import CATEGORIES, MeasuredMemory  # noqa: E402
+from planner.measure.trackers import MeasureSetup, measure  # noqa: E402
 
 GiB = 2**30
 REPO = Path(__file__).resolve().parents[1]

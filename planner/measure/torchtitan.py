@@ -14,7 +14,7 @@ recompute every second matmul and everything else) or ``FullAC`` (whole blocks),
 embedding, then the root). One rank runs ``n_steps`` steps (forward, torchtitan's loss with its
 per-chunk backward, backward, AdamW with ``foreach=False``, ``zero_grad(set_to_none=True)``)
 under ``FakeTensorMode`` with PyTorch's fake process group of ``dp x tp`` ranks, inside
-``FSDPMemTracker``; the result is planner.measure.trackers.MeasuredMemory.
+``FSDPMemTracker``; the result is planner.measure.readout.MeasuredMemory.
 
 What it took to run on a CPU (shared/notes/FACTS.md lists the six traps; each is handled here)
 ------------------------------------------------------------------------------------------------
@@ -36,7 +36,7 @@ What it took to run on a CPU (shared/notes/FACTS.md lists the six traps; each is
    a module outside any parent ("multiple iterative calls"). ``_RepeatedCalls`` lets non-root
    FSDP modules run again, keeping their first statistics.
 6. DTensor's sharding propagation runs global-shape fake ops under the ambient fake mode, which
-   the tracker would count; ``trackers.separate_dtensor_propagation`` gives it its own mode.
+   the tracker would count; ``fakes.separate_dtensor_propagation`` gives it its own mode.
 
 What did not run (tried on torch 2.13.0, torchtitan 0.3.0)
 ---------------------------------------------------------
@@ -97,7 +97,7 @@ from typing import Any
 from planner.errors import UserError
 from planner.layouts.layout import Layout
 from planner.measure.accuracy import Comparison
-from planner.measure.trackers import CATEGORIES, MeasuredMemory
+from planner.measure.readout import CATEGORIES, MeasuredMemory
 from planner.models.spec import ModelSpec
 from planner.training.setup import TrainingSetup
 
@@ -436,11 +436,8 @@ def _measure_rank(setup: TitanSetup, n_layers: int) -> tuple[MeasuredMemory, dic
     from torchtitan.distributed import ParallelDims
     from torchtitan.models.llama3 import parallelize_llama
 
-    from planner.measure.trackers import (
-        make_tracker,
-        separate_dtensor_propagation,
-        tracker_result,
-    )
+    from planner.measure.fakes import separate_dtensor_propagation
+    from planner.measure.readout import make_tracker, tracker_result
 
     t0 = time.perf_counter()
     device = torch.device("cpu") if setup.fake else torch.device("cuda", torch.cuda.current_device())

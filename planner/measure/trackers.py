@@ -102,11 +102,13 @@ import os
 import sys
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from planner.errors import UserError
+from planner.measure.fakes import outside_fake_mode, separate_dtensor_propagation, stub_scalars
+from planner.measure.readout import MeasuredMemory, make_tracker, tracker_result
 
 SHARDINGS = ("none", "grad-op", "full")
 METHODS = ("full", "lora", "freeze")
@@ -115,23 +117,10 @@ OPTIMIZERS = ("adamw", "sgd", "adafactor")
 RECOMPUTES = ("none", "full")
 ATTENTIONS = ("sdpa", "eager")
 
-# Planner category -> the tracker categories it sums. MemTracker names first, then FSDPMemTracker's.
-CATEGORIES: dict[str, tuple[str, ...]] = {
-    "weights": ("Parameter", "Sharded Param", "Unsharded Param"),
-    "gradients": ("Gradient", "Sharded Grad", "Unsharded Grad"),
-    "optimizer": ("Optstate", "OptState"),
-    "activations": ("Activation",),
-    "temporaries": ("Temp",),
-    "buffers": ("Buffer", "All Gather", "Reduce Scatter"),
-    "inputs": ("Other", "Inputs"),
-}
-_TOTAL = "Total"
 
 # Learning rates only matter for values, never for memory.
 _LR = {"adamw": 1e-4, "sgd": 1e-2, "adafactor": 1e-2}
 _SGD_MOMENTUM = 0.9
-_BY_MODULE_DEPTH = 4  # "LlamaForCausalLM.model.layers.0" is depth 4
-_BY_MODULE_MAX_ENTRIES = 64
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -217,62 +206,6 @@ class MeasureSetup:
         if unknown:
             raise UserError(f"measure: unknown MeasureSetup keys {sorted(unknown)}")
         return cls(**data)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class MeasuredMemory:
-    """One rank's memory over the measured steps, in bytes.
-
-    ``*_bytes`` are the categories in the tracker's snapshot at the moment of the peak total; they
-    sum to ``peak_bytes``. ``max_*_bytes`` are each category's own maximum over the steps (reached
-    at different moments, so they do not sum to anything). See CATEGORIES for which tracker
-    categories each one sums, and the module docstring for what each tracker category holds.
-    ``raw`` / ``raw_max`` are the tracker's own categories (at the peak / each one's maximum).
-    ``by_module``: for each module down to depth 4 that the tracker followed (every module for
-    MemTracker, the FSDP-wrapped ones for FSDPMemTracker), the highest total seen while it ran.
-    ``peak_step`` (1-based), ``peak_phase`` ("forward", "backward" or "optimizer") and
-    ``peak_module`` (the innermost module running, "" outside any) say when the peak happened.
-    ``n_params``: the model's parameter count, unsharded.
-    ``max_allocated_bytes`` / ``max_reserved_bytes`` / ``device_stats``: CUDA runs only.
-    """
-
-    peak_bytes: int
-    weights_bytes: int
-    gradients_bytes: int
-    optimizer_bytes: int
-    activations_bytes: int
-    temporaries_bytes: int
-    buffers_bytes: int
-    inputs_bytes: int
-    max_weights_bytes: int
-    max_gradients_bytes: int
-    max_optimizer_bytes: int
-    max_activations_bytes: int
-    max_temporaries_bytes: int
-    max_buffers_bytes: int
-    max_inputs_bytes: int
-    raw: dict[str, int]
-    raw_max: dict[str, int]
-    by_module: dict[str, int]
-    n_params: int
-    peak_step: int
-    peak_phase: str
-    peak_module: str
-    tracker: str
-    device: str
-    fake: bool
-    rank: int = 0
-    wall_s: float = 0.0
-    max_allocated_bytes: int | None = None
-    max_reserved_bytes: int | None = None
-    device_stats: dict[str, int] = field(default_factory=dict)
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> MeasuredMemory:
-        return cls(**json.loads(text))
 
 
 def measure(setup: MeasureSetup) -> MeasuredMemory:
@@ -467,32 +400,6 @@ def _unpacked_sequences() -> Iterator[None]:
         yield
 
 
-@contextlib.contextmanager
-def separate_dtensor_propagation(fake: bool) -> Iterator[None]:
-    """Give DTensor's shape propagation its own FakeTensorMode, as it has in a real run.
-
-    To learn an op's global output shape, DTensor runs the op on global-shape stand-ins inside
-    ``detect_fake_mode() or FakeTensorMode()``. In a real run that is a fresh fake mode, which
-    the trackers recognise and skip. Under our FakeTensorMode it finds ours, and the trackers
-    count the stand-ins (whole unsharded tensors, freed at once): spikes of a full parameter's
-    size in the optimizer step that a real run never has. A fake mode of its own removes them.
-    """
-    if not fake:
-        yield
-        return
-    from unittest import mock
-
-    import torch.distributed.tensor._sharding_prop as sharding_prop
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    if not hasattr(sharding_prop, "detect_fake_mode"):
-        yield
-        return
-    propagation_mode = FakeTensorMode()
-    with mock.patch.object(sharding_prop, "detect_fake_mode", lambda *args: propagation_mode):
-        yield
-
-
 def _build_model(setup: MeasureSetup, device: Any) -> Any:
     """The transformers model for hf_config, in the params dtype, in train mode, on device."""
     import torch
@@ -520,7 +427,7 @@ def _build_finetuned(setup: MeasureSetup, device: Any) -> Any:
 
     base_dtype = torch.float32 if setup.precision == "fp32" else torch.bfloat16
     build_device = torch.device("meta") if setup.fake else device
-    with _outside_fake_mode():
+    with outside_fake_mode():
         model = _build_model(replace_dtype(setup, base_dtype), build_device)
         if setup.method == "lora":
             from peft import LoraConfig, get_peft_model
@@ -561,15 +468,6 @@ def replace_dtype(setup: MeasureSetup, dtype: Any) -> MeasureSetup:
     import torch
 
     return dataclasses.replace(setup, precision="bf16" if dtype == torch.bfloat16 else "fp32")
-
-
-@contextlib.contextmanager
-def _outside_fake_mode() -> Iterator[None]:
-    """Leave any active FakeTensorMode (meta-device building must not produce fake tensors)."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    with unset_fake_temporarily():
-        yield
 
 
 def _checkpoint_blocks(model: Any) -> None:
@@ -638,164 +536,9 @@ def _train_step(model: Any, optimizer: Any, ids: Any, setup: MeasureSetup, devic
     del out  # drop the logits, as a training loop that keeps only the loss does
     loss.backward()
     del loss
-    with _stub_scalars() if setup.fake else contextlib.nullcontext():
+    with stub_scalars() if setup.fake else contextlib.nullcontext():
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-
-
-def _stub_scalars() -> Any:
-    """A dispatch mode answering ``.item()`` with 1 inside the optimizer step under fake tensors.
-
-    Fake tensors hold no values, so ``.item()`` raises there; Adafactor calls it for its step
-    count and its relative step size (``param.norm(2).item()``). The value only scales the
-    update, never changes a tensor's size, so any number gives the same memory.
-    """
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class _ScalarStub(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func is torch.ops.aten._local_scalar_dense.default:
-                dtype = args[0].dtype
-                return True if dtype == torch.bool else (1.0 if dtype.is_floating_point else 1)
-            return func(*args, **(kwargs or {}))
-
-    return _ScalarStub()
-
-
-def make_tracker(model: Any, optimizer: Any, ids: Any, *, sharded: bool, mixins: tuple[type, ...] = ()) -> Any:
-    """A MemTracker (replicated) or FSDPMemTracker (FSDP2) that also keeps each category's max.
-
-    ``mixins`` are classes put before the tracker in the method order (planner.measure.torchtitan
-    uses one to let torchtitan's chunked loss call its FSDP-wrapped LM head several times)."""
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    base = FSDPMemTracker if sharded else MemTracker
-
-    class _MaxTracker(*mixins, base):  # type: ignore[misc, valid-type]
-        """Adds category maxima: the trackers keep only the snapshot at the peak total."""
-
-        def __init__(self, *args: Any) -> None:
-            super().__init__(*args)
-            self.raw_max: dict[Any, dict[str, int]] = {}
-            self.category_max: dict[Any, dict[str, int]] = {}
-            self.step = 0  # set by the training loop, 1-based
-            self.peak_step = 0
-            self.peak_phase = ""
-            self.peak_module = ""
-
-        def _track_module_params_and_buffers(self, module: Any, install_grad_hooks: bool = True) -> Any:
-            # frozen parameters (LoRA's base, freeze) never get a gradient, and
-            # Tensor.register_hook refuses them: give them no-op handles so none is installed
-            for p in module.parameters():
-                if not p.requires_grad and self._param_to_grad_hook_handles.get(p) is None:
-                    self._param_to_grad_hook_handles[p] = (_NoHandle(), _NoHandle())
-            return super()._track_module_params_and_buffers(module, install_grad_hooks)
-
-        def _update_peak_stats(self, peak_state: Any) -> None:  # called after every op
-            peak_before = dict(self._peak_mem)
-            super()._update_peak_stats(peak_state)
-            if self._peak_mem != peak_before:  # a new peak: note where the step was
-                self.peak_step = self.step
-                self.peak_phase = ("optimizer" if self._in_opt
-                                   else "backward" if self._mod_tracker.is_bw else "forward")
-                active = [m for m in self._mod_tracker.parents if m != "Global"]
-                self.peak_module = max(active, key=lambda m: m.count("."), default="")
-            for dev, snap in self._curr_mem_snap.items():
-                named = _named(snap)
-                raw_max = self.raw_max.setdefault(dev, {})
-                for name, n_bytes in named.items():
-                    raw_max[name] = max(raw_max.get(name, 0), n_bytes)
-                cat_max = self.category_max.setdefault(dev, {})
-                for cat, n_bytes in _categorize(named).items():
-                    cat_max[cat] = max(cat_max.get(cat, 0), n_bytes)
-
-    if sharded:
-        tracker = _MaxTracker(model, optimizer)
-        tracker.track_inputs((ids,))
-    else:
-        tracker = _MaxTracker()
-        tracker.track_external(model, optimizer, ids)
-    return tracker
-
-
-class _NoHandle:
-    """A hook handle for a hook never installed (MemTracker removes its handles on exit)."""
-
-    def remove(self) -> None:
-        pass
-
-
-def _named(snap: Mapping[Any, int]) -> dict[str, int]:
-    """A tracker snapshot with its enum keys turned into their names ("Parameter", "Total")."""
-    return {str(getattr(k, "value", k)): int(v) for k, v in snap.items()}
-
-
-def _categorize(named: Mapping[str, int]) -> dict[str, int]:
-    """Tracker categories summed into the planner's (CATEGORIES)."""
-    return {cat: sum(named.get(n, 0) for n in names) for cat, names in CATEGORIES.items()}
-
-
-def _by_module(tracker: Any, device: Any) -> dict[str, int]:
-    """Highest total seen while each module (depth <= 4) ran, forward or backward."""
-    by_module: dict[str, int] = {}
-    for stats in list(tracker.memory_tracking.values()):
-        fqn = stats.mod_fqn
-        if fqn.count(".") + 1 > _BY_MODULE_DEPTH:
-            continue
-        peak = 0
-        for state, snaps in stats.snapshots.items():
-            if "Peak" not in str(getattr(state, "value", state)):
-                continue
-            for snap in snaps:
-                peak = max(peak, int(snap.get(device, {}).get(_TOTAL, 0)))
-        by_module[fqn] = peak
-    return dict(list(by_module.items())[:_BY_MODULE_MAX_ENTRIES])
-
-
-def tracker_result(tracker: Any, snapshots: Mapping[Any, Mapping[Any, int]], device: Any, *,
-                   fake: bool, n_params: int, rank: int, wall_s: float) -> MeasuredMemory:
-    """MeasuredMemory from a tracker made by make_tracker, after its steps ran (bytes)."""
-    import torch
-
-    # Fake tensors all live on the CPU; a real run may leave a few CPU tensors beside the GPU's.
-    dev = device if device in snapshots else max(snapshots, key=lambda d: snapshots[d].get(_TOTAL, 0))
-    raw = _named(snapshots[dev])
-    at_peak = _categorize(raw)
-    cat_max = tracker.category_max.get(dev) or at_peak
-    raw_max = tracker.raw_max.get(dev) or raw
-    cuda: dict[str, Any] = {}
-    if device.type == "cuda":
-        stats = torch.cuda.memory_stats(device)
-        cuda = {
-            "max_allocated_bytes": int(torch.cuda.max_memory_allocated(device)),
-            "max_reserved_bytes": int(torch.cuda.max_memory_reserved(device)),
-            "device_stats": {k: int(stats.get(k, 0)) for k in (
-                "allocated_bytes.all.peak", "reserved_bytes.all.peak", "active_bytes.all.peak",
-                "inactive_split_bytes.all.peak", "num_alloc_retries", "num_ooms")},
-        }
-    # the per-category int fields by name; typed Any so that mypy does not match them against
-    # MeasuredMemory's dict-valued fields (raw, raw_max, by_module), which are passed by keyword
-    category_fields: dict[str, Any] = {f"{cat}_bytes": n for cat, n in at_peak.items()}
-    category_fields.update({f"max_{cat}_bytes": int(cat_max.get(cat, 0)) for cat in CATEGORIES})
-    return MeasuredMemory(
-        peak_bytes=raw.get(_TOTAL, sum(at_peak.values())),
-        **category_fields,
-        raw=raw,
-        raw_max=raw_max,
-        by_module=_by_module(tracker, dev),
-        n_params=n_params,
-        peak_step=tracker.peak_step,
-        peak_phase=tracker.peak_phase,
-        peak_module=tracker.peak_module,
-        tracker=next(c.__name__ for c in type(tracker).__mro__ if c.__name__ in ("FSDPMemTracker", "MemTracker")),
-        device=str(dev),
-        fake=fake,
-        rank=rank,
-        wall_s=round(wall_s, 3),
-        **cuda,
-    )
 
 
 def main(argv: list[str] | None = None) -> int:
