@@ -15,9 +15,8 @@ Prints, on this machine:
      the memory model as arrays (planner.memory.peak.peak_bytes), the step-time model as
      arrays (planner.timing.fast.step_times_s), both together, and the same models one
      layout at a time (planner.memory.model.per_rank_memory, planner.timing.model.step_time);
-     then the same for LoRA, QLoRA and freeze, whose memory the sweep sizes one layout at a
-     time (the batched memory model does not cover them) and whose step time it takes as
-     arrays;
+     then the same for LoRA, QLoRA and freeze (the same batched models: planner.memory.peak
+     and planner.timing.fast cover every set-up);
   2. the wall time of `plan --help` and of `plan --model 70b --gpus h100` (best of several
      runs, in fresh processes), and whether torch or deepspeed was imported;
   3. a full search for llama3.1-405b: every catalogued GPU type, every GPU count the search
@@ -57,7 +56,7 @@ import numpy as np
 from planner import api
 from planner.hardware.gpus import list_gpus
 from planner.hardware.placement import Cluster, scale_up_domain_gpus
-from planner.layouts.batch import LayoutArrays, Unsupported, valid_layouts
+from planner.layouts.batch import LayoutArrays, valid_layouts
 from planner.layouts.layout import Layout, SearchSpace, enumerate_layouts
 from planner.memory.model import per_rank_memory
 from planner.memory.peak import memory_batch
@@ -222,19 +221,9 @@ def finetune_rates(repeats: int) -> dict:
             peak_bytes(m, s_, a_, pc)
 
         t_time = best_of(times, repeats)
-        try:
-            memory()
-            t_mem = best_of(memory, repeats)
-            how = "as arrays"
-        except Unsupported:         # the sweep sizes these one layout at a time
-            sample = lays[:: max(1, len(lays) // 500)]
-
-            def one_by_one(s_: TrainingSetup = setup, x_: list[Layout] = sample) -> None:
-                for x in x_:
-                    per_rank_memory(m, s_, x, pc)
-            t_mem = best_of(one_by_one, 1)
-            t_mem *= len(lays) / len(sample)
-            how = "one at a time"
+        memory()
+        t_mem = best_of(memory, repeats)
+        how = "as arrays"
         both = len(lays) / (t_time + t_mem)
         out[method] = {"layouts": len(lays), "time_per_s": len(lays) / t_time, "memory_per_s": len(lays) / t_mem,
                        "memory": how, "both_per_s": both}
