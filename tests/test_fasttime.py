@@ -216,7 +216,7 @@ def test_slowest_stages_kept_for_new_block_shapes():
     fasttime.forget_tables()
     for part in (subset(a, a.micro_batch == 1), a, subset(a, a.micro_batch == 4)):
         check(part)
-    # the block table starts afresh (fastscore._rows() does when it holds too many), the
+    # the block table starts afresh (layouts.groups.rows() does when it holds too many), the
     # degree tables stay: the kept stages are dropped, not read under new block numbers
     check(subset(a, a.recompute == 0))
     layout_groups.ROWS.clear()

@@ -120,7 +120,7 @@ class SlowestMemo:
 def distinct_rows(columns: Sequence[np.ndarray], rows: _Rows, fn: Callable[..., tuple],
                    bounds: Sequence[tuple[int, int] | None] | None = None) -> np.ndarray:
     """rows.lookup() of each distinct row of ``columns``, spread over every element, as a
-    (width, elements) array whose rows are contiguous. ``bounds``: as for fastscore._group()."""
+    (width, elements) array whose rows are contiguous. ``bounds``: as for planner.layouts.groups.group()."""
     inverse, first = _group(columns, bounds)
     keys = list(zip(*(col[first].tolist() for col in columns)))
     return np.take(np.ascontiguousarray(rows.lookup(keys, fn).T), inverse, axis=1)
