@@ -5,7 +5,8 @@
 - monotonic: more usable memory never needs more GPUs, a deeper model never fewer, a
   larger global batch never a shorter step;
 - the same input gives the same output (also across Python hash seeds);
-- the vectorised layouts (planner.layouts.batch) equal enumerate_layouts, and the memory model on a batch (planner.memory.peak) equals it on a batch of one.
+- the vectorised layouts (planner.layouts.batch) equal enumerate_layouts, and the memory
+  model on a batch (planner.memory.peak) equals it on a batch of one.
 
 tests/test_solve.py checks the ILPs against brute force on random instances.
 
