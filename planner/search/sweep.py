@@ -23,10 +23,10 @@ import numpy as np
 from planner.hardware.placement import Cluster
 from planner.layouts.batch import LayoutArrays, valid_layouts
 from planner.layouts.layout import SearchSpace
-from planner.memory.model import min_model_state_bytes_per_param
+from planner.memory.model import min_model_state_bytes_per_param, rank_memories
 from planner.memory.peak import memory_batch
 from planner.models.spec import ModelSpec, ParamCount, count_params
-from planner.search.search import Candidate, evaluate, rank_key
+from planner.search.search import Candidate, rank_key
 from planner.timing.fast import step_times, step_times_s
 from planner.timing.model import DEFAULT_EFFICIENCY, Efficiency
 from planner.training.setup import TrainingSetup
@@ -59,7 +59,8 @@ def _fastest_on_count(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, n: i
     arrays = count_layouts(m, setup, n, gpn, space)
     if not len(arrays):
         return CountBest(n_gpus=n, fastest=())
-    totals = memory_batch(m, setup, arrays, pc, gpn).total
+    batch = memory_batch(m, setup, arrays, pc, gpn)
+    totals = batch.total
     may_fit = np.flatnonzero(totals <= capacity_bytes)
     if not len(may_fit):
         return CountBest(n_gpus=n, fastest=(), n_shapes=len(arrays))
@@ -74,7 +75,9 @@ def _fastest_on_count(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, n: i
         if len(best) >= keep and times[i] > best[keep - 1][0][0]:
             break
         lay = arrays_fit.layout(i, setup.seq_len)
-        (c,) = evaluate(m, setup, [lay], capacity_bytes, pc, gpn, host_capacity_bytes, nvme_capacity_bytes)
+        (mem,) = rank_memories(batch, [int(may_fit[i])])      # the batch's row: sized once
+        c = Candidate(layout=lay, memory=mem, capacity_bytes=capacity_bytes,
+                      host_capacity_bytes=host_capacity_bytes, nvme_capacity_bytes=nvme_capacity_bytes)
         sized += 1
         if not c.fits:
             continue
