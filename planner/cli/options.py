@@ -20,6 +20,7 @@ from planner.cli.sizes import SeqLength, SequenceCount, TokenBatch
 from planner.training.finetune import METHODS, QUANTS
 from planner.training.setup import (
     ATTENTION,
+    DS_CHECKPOINTING,
     KERNELS,
     MAX_GLOBAL_BATCH,
     MAX_GPUS,
@@ -61,6 +62,7 @@ class Options:
     recompute: str | None = None
     recompute_every: int = 1          # checkpoint one block in k (TrainingSetup.recompute_every)
     compile: bool = False             # torch.compile per block (--stack torchtitan)
+    ds_checkpointing: str = "none"    # DeepSpeed activation checkpointing (--stack deepspeed)
     precision: str = "bf16-mixed"
     optimizer: str = "adamw"
     attention: str = "flash"
@@ -224,6 +226,9 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--recompute-every", type=click.IntRange(1, 1024), default=1, show_default=True,
                      help="Checkpoint one block in k with --recompute; the others keep everything (torchtitan <= 0.2 "
                           "selective_ac_option=k, Megatron-LM --recompute-method block)."),
+        click.option("--ds-checkpointing", type=click.Choice(DS_CHECKPOINTING), default="none", show_default=True,
+                     help="--stack deepspeed with --recompute full: DeepSpeed's partition_activations and/or "
+                          "cpu_checkpointing for the checkpointed inputs."),
         click.option("--compile", is_flag=True, default=False,
                      help="torch.compile each block (--stack torchtitan: compile.components=['model'])."),
         click.option("--precision", type=click.Choice(PRECISIONS), default="bf16-mixed", show_default=True),

@@ -140,7 +140,8 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
                           finetune=finetune_spec(o, "full" if o.method == "auto" else None),
                           offload_optimizer=o.offload_optimizer or "none",
                           offload_params=o.offload_params or "none",
-                          recompute_every=o.recompute_every, compile=o.compile)
+                          recompute_every=o.recompute_every, compile=o.compile,
+                          ds_checkpointing=o.ds_checkpointing)
     stack_refusal = stack_setup_refusal(o, m)
     if stack_refusal:
         raise UserError(stack_refusal)
@@ -173,6 +174,9 @@ def stack_setup_refusal(o: Options, m: Any) -> str | None:
     if o.compile and o.stack != "torchtitan":
         return ("--compile is modelled for --stack torchtitan only (its per-block torch.compile); "
                 "drop --compile or add --stack torchtitan")
+    if o.ds_checkpointing != "none" and (o.stack != "deepspeed" or o.recompute != "full"):
+        return ("--ds-checkpointing is DeepSpeed's activation checkpointing: it needs --stack deepspeed and "
+                "--recompute full")
     if o.recompute_every > 1 and o.recompute == "none":
         return "--recompute-every needs --recompute selective or full"
     return None

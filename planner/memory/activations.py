@@ -248,8 +248,16 @@ def layer_activation_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kern
     """
     if lay.recompute == "full":
         a = setup.precision_spec.activation_bytes
-        return ceil_div(lay.micro_batch * (lay.seq_len // lay.cp) * m.d_model * a,
-                        lay.tp if lay.sp else 1)
+        split = lay.tp if lay.sp else 1
+        if setup.stack == "deepspeed" and setup.ds_checkpointing != "none":
+            # DeepSpeed's CheckpointFunction (deepspeed/runtime/activation_checkpointing/
+            # checkpointing.py, 0.19.8): with CPU_CHECKPOINT the saved inputs are copied to the
+            # host (`inputs = copy_to_device(..., "cpu")` or partition.cpu()); with
+            # PARTITION_ACTIVATIONS each is split over the model-parallel group (mp_size = tp)
+            if "cpu" in setup.ds_checkpointing:
+                return 0
+            split = lay.tp
+        return ceil_div(lay.micro_batch * (lay.seq_len // lay.cp) * m.d_model * a, split)
     terms = layer_activation_terms(m, setup, lay, kernels)
     return sum(t.bytes for t in terms if t.kept(lay.recompute))
 

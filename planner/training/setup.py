@@ -22,6 +22,9 @@ OFFLOAD = ("none", "cpu", "nvme")
 # the stack whose memory profile the model follows (planner.stacks); "auto": the kernels'
 # profile, as before --stack existed (eager = Hugging Face and DeepSpeed, fused = Megatron-LM)
 MEMORY_STACKS = ("auto", "hf", "torchtitan", "megatron", "deepspeed")
+# DeepSpeed's activation checkpointing of the checkpointed blocks' inputs (--stack deepspeed,
+# --recompute full): deepspeed/runtime/activation_checkpointing/checkpointing.py (0.19.8)
+DS_CHECKPOINTING = ("none", "partitioned", "cpu", "partitioned-cpu")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -149,6 +152,9 @@ class TrainingSetup:
     # torch.compile of each block (torchtitan's compile.components = ["model"]; Hugging Face
     # Trainer's torch_compile): the partitioner recomputes pointwise ops instead of saving them
     compile: bool = False
+    # DeepSpeed: partition_activations splits each checkpointed input over the model-parallel
+    # group, cpu_checkpointing moves it to host memory (DS_CHECKPOINTING)
+    ds_checkpointing: str = "none"
 
     @property
     def precision_spec(self) -> Precision:
