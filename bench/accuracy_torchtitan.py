@@ -102,6 +102,11 @@ def issue16_predictions() -> tuple[float, float]:
     return titan_total / GiB, hf_total / GiB
 
 
+def full_depth_mib() -> float:
+    """The planner's tracked total for the full-depth 8B run (dp 2, tp 2, selective, 2048), MiB."""
+    return accuracy.predict(*case_inputs(("llama3.1-8b", 2, 2, 2048, 1, "selective")))[0]["total"] / 2**20
+
+
 def gib(n: int) -> str:
     return f"{n / GiB:.2f}"
 
@@ -133,7 +138,8 @@ def table(results: list[dict[str, Any]]) -> str:
         "Models deeper than 4 blocks run at 2 and 4 blocks and are scaled to their depth per phase",
         "(*blocks* column); tests/test_measure_torchtitan.py checks the scaling against a full-depth",
         "run, and a full 32-block Llama 3.1 8B run (dp 2, tp 2, selective, 2048) gave the scaled",
-        "figure to the MiB (32,201.0 MiB).",
+        (f"figure to the MiB (32,201.0 MiB; `--stack torchtitan` predicts {full_depth_mib():,.1f} MiB, "
+         f"{100 * (full_depth_mib() / 32201.0 - 1):+.1f}%)."),
         "",
         "The prediction is the planner's memory model with `--stack torchtitan`",
         "(planner/memory/activations.py `titan_block_terms`, planner/memory/loss.py",
