@@ -20,6 +20,7 @@ from planner.cli.sizes import SeqLength, SequenceCount, TokenBatch
 from planner.training.finetune import METHODS, QUANTS
 from planner.training.setup import (
     ATTENTION,
+    DS_CHECKPOINTING,
     KERNELS,
     MAX_GLOBAL_BATCH,
     MAX_GPUS,
@@ -59,6 +60,9 @@ class Options:
     global_batch_tokens: float | None = None
     grad_accum: int | None = None
     recompute: str | None = None
+    recompute_every: int = 1          # checkpoint one block in k (TrainingSetup.recompute_every)
+    compile: bool = False             # torch.compile per block (--stack torchtitan)
+    ds_checkpointing: str = "none"    # DeepSpeed activation checkpointing (--stack deepspeed)
     precision: str = "bf16-mixed"
     optimizer: str = "adamw"
     attention: str = "flash"
@@ -217,7 +221,16 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--grad-accum", type=click.IntRange(1, MAX_GLOBAL_BATCH), default=None,
                      help="Gradient-accumulation steps (sets the global batch; needs --micro-batch and --dp)."),
         click.option("--recompute", type=click.Choice(RECOMPUTE), default=None,
-                     help="Activation recomputation (default: searched)."),
+                     help="Activation recomputation (default: searched). Under --stack torchtitan, selective is "
+                          "its SelectiveAC per-op policy and full its FullAC."),
+        click.option("--recompute-every", type=click.IntRange(1, 1024), default=1, show_default=True,
+                     help="Checkpoint one block in k with --recompute; the others keep everything (torchtitan <= 0.2 "
+                          "selective_ac_option=k, Megatron-LM --recompute-method block)."),
+        click.option("--ds-checkpointing", type=click.Choice(DS_CHECKPOINTING), default="none", show_default=True,
+                     help="--stack deepspeed with --recompute full: DeepSpeed's partition_activations and/or "
+                          "cpu_checkpointing for the checkpointed inputs."),
+        click.option("--compile", is_flag=True, default=False,
+                     help="torch.compile each block (--stack torchtitan: compile.components=['model'])."),
         click.option("--precision", type=click.Choice(PRECISIONS), default="bf16-mixed", show_default=True),
         click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adamw", show_default=True),
         click.option("--attention", type=click.Choice(ATTENTION), default="flash", show_default=True,
@@ -297,7 +310,8 @@ def output_options(f: Callable[..., Any]) -> Callable[..., Any]:
                           "(ZeRO-3 or FSDP full sharding; FSDP also moves gradients and optimizer states)."),
         # emit (issue 19): which stack --out writes for, and which scheduler files
         click.option("--stack", type=click.Choice(["hf", "torchtitan", "megatron", "deepspeed"]), default=None,
-                     help="The training stack --out writes configs for  [default: what fits the layout: hf for "
+                     help="The training stack: its memory profile (recompute policies, loss, kernels) and the "
+                          "configs --out writes  [default: what fits the layout: hf for "
                           "FSDP, torchtitan for FSDP with pp, megatron for tp/pp/cp, deepspeed for ZeRO]."),
         click.option("--scheduler", type=click.Choice(["both", "slurm", "kubernetes", "none"]), default="both",
                      show_default=True, help="Scheduler files --out writes: slurm.sbatch, pytorchjob.yaml (Kubeflow)."),

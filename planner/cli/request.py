@@ -135,11 +135,16 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
         global_batch = implied
     setup = TrainingSetup(seq_len=o.seq_len, global_batch=global_batch or 1024,
                           precision=o.precision, optimizer=o.optimizer,
-                          attention=o.attention, kernels=o.kernels,
+                          attention=o.attention, kernels=o.kernels, stack=o.stack or "auto",
                           usable_memory_fraction=o.usable_memory,
                           finetune=finetune_spec(o, "full" if o.method == "auto" else None),
                           offload_optimizer=o.offload_optimizer or "none",
-                          offload_params=o.offload_params or "none")
+                          offload_params=o.offload_params or "none",
+                          recompute_every=o.recompute_every, compile=o.compile,
+                          ds_checkpointing=o.ds_checkpointing)
+    stack_refusal = stack_setup_refusal(o, m)
+    if stack_refusal:
+        raise UserError(stack_refusal)
     calibration = calibration_of(o, [gpu.name])
     if calibration is not None:     # before --fragmentation, which overrides the file's
         setup = calibration.setup(setup)
@@ -157,6 +162,24 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
     if not m.is_moe and space.ep is None:
         space = replace(space, ep=1)
     return m, gpu, setup, space, o.n_gpus
+
+
+def stack_setup_refusal(o: Options, m: Any) -> str | None:
+    """Why --stack, --compile or --recompute-every cannot shape this plan's memory (one line), or None."""
+    from planner.stacks import torchtitan_builds
+    if o.stack == "torchtitan":
+        why = torchtitan_builds(m)
+        if why is not None:
+            return f"--stack torchtitan: {why}; plan with --stack hf or megatron"
+    if o.compile and o.stack != "torchtitan":
+        return ("--compile is modelled for --stack torchtitan only (its per-block torch.compile); "
+                "drop --compile or add --stack torchtitan")
+    if o.ds_checkpointing != "none" and (o.stack != "deepspeed" or o.recompute != "full"):
+        return ("--ds-checkpointing is DeepSpeed's activation checkpointing: it needs --stack deepspeed and "
+                "--recompute full")
+    if o.recompute_every > 1 and o.recompute == "none":
+        return "--recompute-every needs --recompute selective or full"
+    return None
 
 
 def timing(o: Options, gpu: Any) -> dict[str, Any]:

@@ -33,7 +33,7 @@ What it took to run on a CPU (shared/notes/FACTS.md lists the six traps; each is
    model is built on the meta device, as torchtitan's trainer does, and ``to_empty`` gives it
    fake storage. Values never change a tensor's size.
 5. The chunked loss calls the LM head once per chunk; FSDPMemTracker refuses a second forward of
-   a module outside any parent ("multiple iterative calls"). ``_RepeatedCalls`` lets non-root
+   a module outside any parent ("multiple iterative calls"). ``RepeatedCalls`` lets non-root
    FSDP modules run again, keeping their first statistics.
 6. DTensor's sharding propagation runs global-shape fake ops under the ambient fake mode, which
    the tracker would count; ``fakes.separate_dtensor_propagation`` gives it its own mode.
@@ -85,7 +85,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -97,7 +96,8 @@ from typing import Any
 from planner.errors import UserError
 from planner.layouts.layout import Layout
 from planner.measure.accuracy import Comparison
-from planner.measure.readout import CATEGORIES, MeasuredMemory
+from planner.measure.readout import MeasuredMemory
+from planner.measure.titan_depth import PhaseBuckets, RepeatedCalls, scale_depths
 from planner.models.spec import ModelSpec
 from planner.training.setup import TrainingSetup
 
@@ -106,8 +106,6 @@ RECOMPUTES = ("none", "selective", "full")
 SHARDINGS = {"full": "default", "grad-op": "never"}
 DEFAULT_BLOCKS = (2, 4)
 _CHUNKS = 8          # ChunkedLossWrapper.Config.num_chunks (components/loss.py, 0.3.0)
-_BUCKETS = ("forward", "loss", "backward-start", "backward-end", "optimizer")
-_LAYER_RE = re.compile(r"\.layers\.(\d+)(?:\.|$)")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -274,7 +272,7 @@ def trainer_config(setup: TitanSetup, n_layers: int) -> Any:
     return cfg
 
 
-def _cpu_selective_ac() -> Any:
+def cpu_selective_ac() -> Any:
     """SelectiveAC whose save set also holds the CPU flash-attention op (trap 3)."""
     import torch
     from torchtitan.distributed.activation_checkpoint import SelectiveAC
@@ -286,62 +284,6 @@ def _cpu_selective_ac() -> Any:
             return ops
 
     return CpuSelectiveAC
-
-
-class _RepeatedCalls:
-    """FSDPMemTracker mixin (trap 5): a non-root FSDP module may run forward again (torchtitan's
-    chunked loss calls the LM head once per chunk); its first statistics are kept and extended."""
-
-    def _fsdp_state_pre_forward(self, fsdp_mod: Any, orig: Any) -> Any:
-        inner = super()._fsdp_state_pre_forward(fsdp_mod, orig)  # type: ignore[misc]
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            tracking = self.memory_tracking  # type: ignore[attr-defined]
-            old = None
-            if fsdp_mod is not self._root_mod and not self._mod_tracker.is_bw:  # type: ignore[attr-defined]
-                old = tracking.pop(fsdp_mod, None)
-            out = inner(*args, **kwargs)
-            if old is not None:
-                for state, snaps in tracking[fsdp_mod].snapshots.items():
-                    old.snapshots.setdefault(state, []).extend(snaps)
-                tracking[fsdp_mod] = old
-            return out
-
-        return call
-
-
-class _PhaseBuckets:
-    """Tracker mixin: the snapshot at the highest total of each phase bucket (_BUCKETS), for
-    depth scaling. Set ``n_layers`` before entering."""
-
-    n_layers = 0
-
-    def _update_peak_stats(self, peak_state: Any) -> None:
-        super()._update_peak_stats(peak_state)  # type: ignore[misc]
-        bucket = self._bucket()
-        if bucket is None:
-            return
-        store: dict[str, dict[str, int]] = self.__dict__.setdefault("bucket_peak", {})
-        for snap in self._curr_mem_snap.values():  # type: ignore[attr-defined]
-            named = {str(getattr(k, "value", k)): int(v) for k, v in snap.items()}
-            if named.get("Total", 0) > store.get(bucket, {}).get("Total", -1):
-                store[bucket] = named
-
-    def _bucket(self) -> str | None:
-        if self._in_opt:  # type: ignore[attr-defined]
-            return "optimizer"
-        mt = self._mod_tracker  # type: ignore[attr-defined]
-        found = [int(m.group(1)) for p in mt.parents if (m := _LAYER_RE.search(p))]
-        last = self.n_layers - 1
-        if mt.is_bw:
-            if found:
-                self.__dict__["decoder_bw"] = True
-                return "backward-start" if max(found) == last else "backward-end" if min(found) == 0 else None
-            return "backward-end" if self.__dict__.get("decoder_bw") else "loss"
-        self.__dict__["decoder_bw"] = False
-        if found:
-            return "forward" if max(found) == last else None
-        return "loss"
 
 
 def measure(setup: TitanSetup) -> TitanMeasurement:
@@ -358,48 +300,9 @@ def measure(setup: TitanSetup) -> TitanMeasurement:
     if blocks == (full,):
         return TitanMeasurement(memory=runs[0][0], n_layers=full, measured_layers=blocks, scaled=False,
                                 torchtitan_version=version, by_depth=(dataclasses.asdict(runs[0][0]),))
-    memory = _scale(runs, blocks, full)
+    memory = scale_depths(runs, blocks, full)
     return TitanMeasurement(memory=memory, n_layers=full, measured_layers=blocks, scaled=True,
                             torchtitan_version=version, by_depth=tuple(dataclasses.asdict(r[0]) for r in runs))
-
-
-def _scale(runs: list[tuple[MeasuredMemory, dict[str, dict[str, int]]]], blocks: tuple[int, ...],
-           full: int) -> MeasuredMemory:
-    """Scale each bucket's snapshot linearly in depth (one depth: in proportion) and take the
-    bucket with the highest total as the peak; category maxima scale the same way."""
-    def line(v1: int, v2: int) -> int:
-        if len(blocks) == 1:
-            return round(v1 * full / blocks[0])
-        return round(v1 + (v2 - v1) * (full - blocks[0]) / (blocks[1] - blocks[0]))
-
-    last = runs[-1][1]
-    first = runs[0][1]
-    scaled: dict[str, dict[str, int]] = {}
-    for bucket in _BUCKETS:
-        if bucket not in last:
-            continue
-        a, b = first.get(bucket, last[bucket]), last[bucket]
-        scaled[bucket] = {k: max(0, line(a.get(k, 0), b.get(k, 0))) for k in set(a) | set(b)}
-    bucket = max(scaled, key=lambda k: scaled[k].get("Total", 0))
-    raw = scaled[bucket]
-    m1, m2 = runs[0][0], runs[-1][0]
-    at_peak = {cat: sum(raw.get(n, 0) for n in names) for cat, names in CATEGORIES.items()}
-    maxima = {f"max_{cat}_bytes": max(0, line(getattr(m1, f"max_{cat}_bytes"), getattr(m2, f"max_{cat}_bytes")))
-              for cat in CATEGORIES}
-    raw_max = {k: max(0, line(m1.raw_max.get(k, 0), m2.raw_max.get(k, 0))) for k in set(m1.raw_max) | set(m2.raw_max)}
-    fields: dict[str, Any] = {f"{c}_bytes": n for c, n in at_peak.items()} | maxima
-    return dataclasses.replace(
-        m2, peak_bytes=raw.get("Total", sum(at_peak.values())), raw=raw, raw_max=raw_max, by_module={},
-        n_params=_full_params(m1, m2, blocks, full), peak_phase=bucket, peak_module="",
-        tracker=f"{m2.tracker} (blocks {', '.join(map(str, blocks))} scaled to {full})",
-        wall_s=round(sum(r[0].wall_s for r in runs), 3), **fields)
-
-
-def _full_params(m1: MeasuredMemory, m2: MeasuredMemory, blocks: tuple[int, ...], full: int) -> int:
-    if len(blocks) == 1:
-        return m1.n_params
-    per_block = (m2.n_params - m1.n_params) // (blocks[1] - blocks[0])
-    return m1.n_params + per_block * (full - blocks[0])
 
 
 @contextlib.contextmanager
@@ -456,7 +359,7 @@ def _measure_rank(setup: TitanSetup, n_layers: int) -> tuple[MeasuredMemory, dic
         n_params = sum(p.numel() for p in model.parameters())
         ac = cfg.activation_checkpoint
         if setup.recompute == "selective" and setup.fake:
-            ac = _BuildAs(ac, _cpu_selective_ac())
+            ac = _BuildAs(ac, cpu_selective_ac())
         model = parallelize_llama(model, parallel_dims=dims, training=cfg.training, parallelism=cfg.parallelism,
                                   compile_config=cfg.compile, ac_config=ac, dump_folder="")
     finally:
@@ -476,7 +379,7 @@ def _measure_rank(setup: TitanSetup, n_layers: int) -> tuple[MeasuredMemory, dic
                                       weight_decay=0.1, foreach=False)
         ids = torch.randint(0, cfg.model_spec.model.vocab_size, (setup.micro_batch, setup.seq_len), device=device)
         n_tokens = torch.tensor(setup.micro_batch * setup.seq_len * setup.dp, device=device)
-        tracker = make_tracker(model, optimizer, ids, sharded=True, mixins=(_PhaseBuckets, _RepeatedCalls))
+        tracker = make_tracker(model, optimizer, ids, sharded=True, mixins=(PhaseBuckets, RepeatedCalls))
         tracker.n_layers = n_layers
         with tracker:
             for step in range(setup.n_steps):
@@ -510,11 +413,14 @@ class _BuildAs:
 def compare(m: ModelSpec, hf_config: dict[str, Any], setup: TrainingSetup, lay: Layout, *, fake: bool = True,
             blocks: tuple[int, ...] = (), timeout_s: float = 900, in_process: bool = False) -> Comparison:
     """The planner's prediction for ``lay`` beside torchtitan's measured step, per category (as
-    planner.measure.accuracy.compare does for Hugging Face models). The prediction is today's
-    planner model of the layout, which knows nothing of torchtitan's SelectiveAC or chunked loss.
-    ``in_process`` measures in this process (fake tensors only), saving a new process's start-up."""
+    planner.measure.accuracy.compare does for Hugging Face models). The prediction follows the
+    torchtitan stack's memory profile (``TrainingSetup.stack = "torchtitan"``: its block under
+    SelectiveAC/FullAC, its chunked loss). ``in_process`` measures in this process (fake tensors
+    only), saving a new process's start-up."""
     from planner.measure import accuracy
     from planner.memory.model import per_rank_memory
+
+    setup = dataclasses.replace(setup, stack="torchtitan")
 
     titan_setup = titan_setup_for(hf_config, setup, lay, fake=fake, blocks=blocks)
     if in_process and fake:

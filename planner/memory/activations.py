@@ -18,19 +18,28 @@ class ActivationTerm:
     """One saved tensor of a transformer block, per micro-batch, on one rank.
 
     ``selective``: True when selective recomputation drops it (the attention scores,
-    Korthikanti et al. 2022 Sec. 4.2).
+    Korthikanti et al. 2022 Sec. 4.2; under torchtitan every tensor its SelectiveAC policy
+    recomputes). ``selective_only``: saved only under selective recomputation (torchtitan's
+    policy saves matmul and reduce-scatter outputs that a block without it does not keep).
     """
 
     name: str
     bytes: int
     selective: bool = False
+    selective_only: bool = False
+
+    def kept(self, recompute: str) -> bool:
+        """Whether the block keeps this tensor under ``recompute`` (none or selective)."""
+        return (not self.selective) if recompute == "selective" else not self.selective_only
 
 
 def resolve_kernels(setup: TrainingSetup, lay: Layout) -> str:
     """fused (Megatron-style), eager (PyTorch ops in the compute dtype, as under FSDP's or
     DeepSpeed's 16-bit parameters) or amp (eager ops under torch.autocast with fp32
     parameters: what DDP and the Hugging Face Trainer run for replicated mixed precision)."""
-    kernels = setup.kernels
+    if setup.stack == "torchtitan":
+        return "torchtitan"
+    kernels = "fused" if setup.stack == "megatron" else setup.kernels
     if kernels == "auto":
         kernels = "fused" if (lay.tp > 1 or lay.pp > 1 or lay.cp > 1) else "eager"
     if (kernels == "eager" and lay.sharding == "zero" and lay.zero_stage == 0
@@ -58,8 +67,11 @@ def layer_activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, kern
     with a fused SwiGLU, four with eager PyTorch ops: gate, up, act(gate), product), MoE
     (each token visits k experts, so the expert-side tensors are k times larger; the
     router keeps fp32 probabilities), eager RMSNorm (Hugging Face upcasts to fp32 and
-    keeps both the fp32 input and the normalised 16-bit output).
+    keeps both the fp32 input and the normalised 16-bit output). torchtitan's Llama 3 block
+    (``kernels == "torchtitan"``) is titan_block_terms.
     """
+    if kernels == "torchtitan":
+        return titan_block_terms(m, setup, lay)
     b, s = lay.micro_batch, lay.seq_len // lay.cp
     tokens = b * s
     a = setup.precision_spec.activation_bytes
@@ -125,6 +137,77 @@ def layer_activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, kern
     return terms
 
 
+def titan_block_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> list[ActivationTerm]:
+    """What one block of torchtitan 0.3.0's Llama 3 keeps for backward, per micro-batch, on one rank.
+
+    The block (torchtitan/models/common/decoder.py, attention.py, feed_forward.py; built by
+    torchtitan/models/llama3/__init__.py ``_build_llama3_layers`` with ``fuse_qkv=True``):
+    x + wo(SDPA(rope(wqkv(attention_norm(x))))), then h + w2(silu(w1(n)) * w3(n)) with
+    n = ffn_norm(h); the norms are torch.nn.RMSNorm (models/common/nn_modules.py), whose
+    composite kernel keeps an fp32 copy of its input, the fp32 normalised tensor and an fp32
+    rstd per token. Without recomputation: both norms' fp32 tensors, the norm outputs that
+    feed wqkv and w1/w3 (all-gathered to the full sequence under sequence parallelism), Q, K
+    and V after RoPE, the attention output and its fp32 log-sum-exp per head, the MLP's w1,
+    silu, w3 and product outputs.
+
+    ``selective``: SelectiveAC's per-op policy (torchtitan/distributed/activation_checkpoint.py,
+    0.3.0): the outputs of the save ops (compute-intensive aten ops incl. mm and the attention
+    ops, reduce_scatter_tensor) are kept, except every second mm of the block, and every other
+    op is recomputed. The block's mms run wqkv (1st, kept), wo (2nd, recomputed), w1 (3rd,
+    kept), w3 (4th, recomputed), w2 (5th, kept): it keeps the wqkv output, the attention output
+    and log-sum-exp, w1's output, w2's output (the partial sums before the reduce-scatter under
+    tp), the reduce-scatter outputs after wo and w2 (tp > 1), and the block's input.
+    ``compile`` (per-block torch.compile, torchtitan's compile.components): the partitioner
+    (torch/_functorch/partitioners.py, min_cut_rematerialization_partition) recomputes the
+    pointwise ops: no fp32 norm copies (the block's input and two fp32 rstd instead), silu's
+    output recomputed, a copy of the attention output for wo. Measured with saved-tensor hooks
+    on torchtitan's block compiled by inductor on the CPU (torch 2.13, h 256, f 768, 4 heads,
+    2 KV heads): 8,280 B per token, as modelled (tests/test_memory_stacks.py); under selective
+    the policy's save list is assumed honoured as in eager mode (not measured).
+    Checked against torchtitan's own block under PyTorch's MemTracker on CPU (tests/
+    test_memory_stacks.py and docs/accuracy-torchtitan.md).
+    """
+    tokens = lay.micro_batch * (lay.seq_len // lay.cp)
+    a = setup.precision_spec.activation_bytes
+    h, q, kv, f, nh = m.d_model, m.q_dim, m.kv_dim, m.d_ff, m.n_heads
+    # torchtitan's tensor parallelism is always sequence-parallel too (models/llama3/sharding.py:
+    # SequenceParallel on the norms, the blocks' inputs and outputs split over the sequence)
+    tp = sp_div = lay.tp
+    terms: list[ActivationTerm] = []
+
+    def add(name: str, per_token: float, divisor: int, selective: bool = False, selective_only: bool = False) -> None:
+        terms.append(ActivationTerm(name=name, bytes=ceil_div(int(tokens * per_token), divisor),
+                                    selective=selective, selective_only=selective_only))
+
+    rope = a * (m.head_dim // 2)      # the RoPE table's rows for the block's positions
+    if setup.compile:
+        add("block input and the norms' fp32 rstd (compiled)", a * h + 8, sp_div, selective=True)
+        add("RoPE table rows", rope, 1, selective=True)
+        add("norm outputs (wqkv and w1/w3 inputs, the full sequence under sp)", 2 * a * h, 1, selective=True)
+        add("Q, K, V after RoPE (SDPA inputs)", a * (q + 2 * kv), tp, selective=True)
+        add("wo input (a copy of the attention output, compiled)", a * q, tp, selective=True)
+    else:
+        add("norms' fp32 input copies, fp32 normalised tensors and rstd", 2 * (8 * h + 4), sp_div, selective=True)
+        add("RoPE table rows", rope, 1, selective=True)
+        add("norm outputs (wqkv and w1/w3 inputs, the full sequence under sp)", 2 * a * h, 1, selective=True)
+        add("Q, K, V after RoPE (SDPA inputs)", a * (q + 2 * kv), tp, selective=True)
+    add("wqkv output (saved by SelectiveAC)", a * (q + 2 * kv), tp, selective_only=True)
+    add("attention output and fp32 log-sum-exp per head", a * q + 4 * nh, tp)
+    if setup.compile:
+        add("MLP w1, w3 and product outputs (compiled)", 3 * a * f, tp, selective=True)
+    else:
+        add("MLP w1, silu, w3 and product outputs", 4 * a * f, tp, selective=True)
+    add("w1 output (saved by SelectiveAC)", a * f, tp, selective_only=True)
+    add("w2 output (partial sums before the reduce-scatter; saved by SelectiveAC)", a * h,
+        1 if tp > 1 else sp_div, selective_only=True)
+    if tp > 1:
+        add("reduce-scatter outputs after wo and w2 (saved by SelectiveAC)", 2 * a * h, tp, selective_only=True)
+    # the block's input, which the checkpoint wrapper keeps (the previous block's output;
+    # without recomputation no op of the block saves it: the norm keeps its fp32 copy)
+    add("block input (kept by the checkpoint wrapper)", a * h, sp_div, selective_only=True)
+    return terms
+
+
 def lora_cast_bytes(setup: TrainingSetup, lay: Layout, kernels: str) -> int | None:
     """Bytes per element of the copy of its input each adapted layer keeps, or None when
     the adapters compute in the activations' dtype and layers reading one tensor share it.
@@ -173,10 +256,18 @@ def layer_activation_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kern
     """
     if lay.recompute == "full":
         a = setup.precision_spec.activation_bytes
-        return ceil_div(lay.micro_batch * (lay.seq_len // lay.cp) * m.d_model * a,
-                        lay.tp if lay.sp else 1)
+        split = lay.tp if lay.sp else 1
+        if setup.stack == "deepspeed" and setup.ds_checkpointing != "none":
+            # DeepSpeed's CheckpointFunction (deepspeed/runtime/activation_checkpointing/
+            # checkpointing.py, 0.19.8): with CPU_CHECKPOINT the saved inputs are copied to the
+            # host (`inputs = copy_to_device(..., "cpu")` or partition.cpu()); with
+            # PARTITION_ACTIVATIONS each is split over the model-parallel group (mp_size = tp)
+            if "cpu" in setup.ds_checkpointing:
+                return 0
+            split = lay.tp
+        return ceil_div(lay.micro_batch * (lay.seq_len // lay.cp) * m.d_model * a, split)
     terms = layer_activation_terms(m, setup, lay, kernels)
-    return sum(t.bytes for t in terms if not (lay.recompute == "selective" and t.selective))
+    return sum(t.bytes for t in terms if t.kept(lay.recompute))
 
 
 def eager_score_gradient_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) -> int:
@@ -210,4 +301,10 @@ def block_activations(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: 
     kept = layer_activation_bytes(m, setup, key, kernels)
     full = kept if key.recompute == "none" else layer_activation_bytes(
         m, setup, replace(key, recompute="none"), kernels)
+    every = setup.recompute_every
+    if every > 1 and key.recompute != "none":
+        # one block in ``every`` checkpointed, the others keep everything (torchtitan <= 0.2
+        # ``_apply_ac_to_transformer_block``: layer_id % ac_freq == 0; Megatron-LM's block
+        # method over n / every layers): the average block, rounded up
+        kept = ceil_div(kept + (every - 1) * full, every)
     return kept, full

@@ -24,6 +24,8 @@ def logits_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) 
     full freeze the final norm and the LM head: their inputs are kept only for the input
     gradients (the normalised tensor and the head's input are not).
     """
+    if kernels == "torchtitan":
+        return chunked_loss_bytes(m, setup, lay)
     b, s = lay.micro_batch, lay.seq_len // lay.cp
     a = setup.precision_spec.activation_bytes
     tokens = b * s
@@ -36,3 +38,43 @@ def logits_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) 
     v = ceil_div(m.vocab_size, lay.tp)
     per_vocab = 12 if eager else 4
     return norm_in + head_in + tokens * v * per_vocab
+
+
+# torchtitan 0.3.0's ChunkedLossWrapper.Config.num_chunks (torchtitan/components/loss.py),
+# which its llama3 trainer configs use (models/llama3/config_registry.py)
+TITAN_LOSS_CHUNKS = 8
+# bytes per (token of a chunk, vocabulary entry on the rank) while one chunk's loss runs its
+# backward: the lm_head's 16-bit logits (2), their fp32 upcast (4) and log-softmax output (4)
+# that cross entropy keeps (torchtitan/components/loss.py, CrossEntropyLoss: logits.float(),
+# F.cross_entropy), and the fp32 gradients of the log-softmax output and of the upcast (4 + 4)
+TITAN_CHUNK_BYTES_PER_LOGIT = 2 + 4 + 4 + 4 + 4
+
+
+def chunked_loss_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> int:
+    """torchtitan's chunked loss on the last stage, for one micro-batch, at its peak.
+
+    ChunkedLossWrapper.__call__ (torchtitan/components/loss.py, 0.3.0) runs the model with
+    ``_skip_lm_head``, splits the final norm's output (replicated over tp: the full sequence
+    per rank) into TITAN_LOSS_CHUNKS contiguous detached chunks (16-bit) and a
+    GradAccumulator for their gradients in fp32; it unshards the LM head once and turns its
+    gradient sync off until the last chunk, so FSDP2 accumulates the unsharded LM-head
+    gradient in the reduce dtype, fp32 (torch/distributed/fsdp/_fully_shard/_fsdp_param.py,
+    to_accumulated_grad_if_needed and accumulate_unsharded_grad_if_needed), beside each
+    chunk's new 16-bit gradient until it is added: 4 + 2 bytes per element of the rank's LM
+    head (V / tp x h). Each chunk runs
+    lm_head, cross entropy and its own backward: TITAN_CHUNK_BYTES_PER_LOGIT per chunk token
+    and vocabulary entry on the rank (V / tp under loss parallelism). The final norm keeps
+    the fp32 tensors the blocks' norms keep (activations.titan_block_terms).
+    Checked with the whole step against FSDPMemTracker in docs/accuracy-torchtitan.md (tests/
+    test_memory_stacks.py holds every row to +-10%).
+    """
+    tokens = lay.micro_batch * (lay.seq_len // lay.cp)
+    a = setup.precision_spec.activation_bytes
+    sp_div = lay.tp                                 # torchtitan's tp is sequence-parallel
+    h = m.d_model
+    v_rank = ceil_div(m.vocab_size, lay.tp)
+    norm = 0 if not m.final_norm else ceil_div(tokens * (8 * h + 4), sp_div)
+    hidden = tokens * h * (a + 4)                   # detached 16-bit chunks, fp32 GradAccumulator
+    head_grad = 0 if not setup.finetune.is_full else v_rank * h * (4 + a)
+    chunk = ceil_div(tokens, TITAN_LOSS_CHUNKS) * v_rank * TITAN_CHUNK_BYTES_PER_LOGIT
+    return norm + hidden + head_grad + chunk

@@ -256,7 +256,11 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     # fused (Megatron-style), eager (PyTorch ops in the compute dtype, as under FSDP's or
     # DeepSpeed's 16-bit parameters) or amp (eager ops under torch.autocast with fp32
     # parameters: what DDP and the Hugging Face Trainer run for replicated mixed precision)
-    if setup.kernels == "auto":
+    # (activations.resolve_kernels per layout); a stack fixes them: torchtitan its own block
+    # and loss, megatron fused kernels (planner/stacks/catalog.toml)
+    if setup.stack in ("torchtitan", "megatron"):
+        kern = np.full(len(sa), sh.TITAN if setup.stack == "torchtitan" else sh.FUSED, dtype=np.int64)
+    elif setup.kernels == "auto":
         kern = np.where((sa.tp > 1) | (sa.pp > 1) | (sa.cp > 1), sh.FUSED, sh.EAGER)
     else:
         kern = np.full(len(sa), sh.KERNELS.index(setup.kernels), dtype=np.int64)

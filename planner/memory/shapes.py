@@ -29,15 +29,17 @@ from planner.memory.params import (
 from planner.models.spec import ModelSpec, ParamCount
 from planner.training.finetune import activation_layers, rank_split
 from planner.training.setup import TrainingSetup
+from planner.units import ceil_div
 
-KERNELS = ("fused", "eager", "amp")
-FUSED, EAGER, AMP = 0, 1, 2
+KERNELS = ("fused", "eager", "amp", "torchtitan")
+FUSED, EAGER, AMP, TITAN = 0, 1, 2, 3     # torchtitan:'s Llama 3 block and chunked loss
 MAX_SLOTS = 4   # the first and last stage, and the earliest middle one of each of two layer counts
 
 __all__ = [
     "AMP",
     "EAGER",
     "FUSED",
+    "TITAN",
     "KERNELS",
     "ActivationFigures",
     "ParamsArrays",
@@ -192,6 +194,13 @@ def stage_figures(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, a: LayoutA
     ft = setup.finetune
     wb = setup.precision_spec.weight_bytes
 
+    # torchtitan 0.3.0 ties the embedding and the LM head by sharing one Parameter
+    # (models/common/decoder.py, Decoder.__init__); tensor parallelism replaces each module's
+    # parameter by its own DTensor (parallelize_module), which unties them: measured with
+    # FSDPMemTracker on Llama 3.2 1B (tied), tp 2: AdamW states for 1.499e9 parameters
+    # against 1.236e9 at tp 1 (docs/accuracy-torchtitan.json)
+    untie = setup.stack == "torchtitan" and m.tied_embeddings
+
     def figures(tp: int, ep: int, pp: int) -> tuple[int, ...]:
         lay = Layout(tp=tp, ep=ep, pp=pp)
         counts = stage_layers(m.n_layers, pp)
@@ -199,6 +208,9 @@ def stage_figures(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, a: LayoutA
         for s in stages_to_check(counts):
             n_layers = counts[s]
             rp = rank_params(m, pc, lay, s, n_layers)
+            if untie and tp > 1 and s == pp - 1 and pp == 1:
+                head = ceil_div(m.vocab_size * m.d_model, tp)
+                rp = replace(rp, dense=rp.dense + head, root_unit=rp.root_unit + head)
             n_act = activation_layers(ft, m.n_layers, sum(counts[:s]), n_layers)
             split = rank_split(m, pc, ft, lay, rp.dense, rp.expert, rp.root_unit, n_layers, n_act, s == pp - 1,
                                wb, largest_tensor(m, lay))
@@ -208,7 +220,7 @@ def stage_figures(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, a: LayoutA
                     split.largest_trainable, split.dequant_bytes)
         return row + (0,) * (_WIDTH * MAX_SLOTS - len(row))
 
-    out = _gather([a.tp, a.ep, a.pp], figures, _table("stage", m, pc, ft, wb), _WIDTH * MAX_SLOTS)
+    out = _gather([a.tp, a.ep, a.pp], figures, _table("stage", m, pc, ft, wb, untie), _WIDTH * MAX_SLOTS)
     n_slots = max(1, int(out.reshape(MAX_SLOTS, _WIDTH, -1)[:, 0].any(axis=1).sum()))
     t = out.reshape(MAX_SLOTS, _WIDTH, -1)[:n_slots]           # (slot, field, batch)
     rp = ParamsArrays(*(t[:, 4 + i] for i in range(_N_PARAMS)))

@@ -213,6 +213,7 @@ def assumptions_text(r: PlanResult) -> list[str]:
         f"  overheads: CUDA context {gib(o.cuda_context_bytes)}, workspaces {gib(o.library_workspace_bytes)}, "
         f"{nccl}, fragmentation {o.fragmentation:.0%} of tensor memory",
         *headroom,
+        *stack_lines(r),
         f"  GPU: {r.gpu.full_name}, {gib(r.gpu.memory_bytes)}, {r.gpu.gpus_per_node} per node",
         f"  cluster: {topology_name(r) or 'no topology file (bandwidths from the GPU catalog)'}; "
         f"step times: {r.efficiency.name} overlap settings",
@@ -222,6 +223,17 @@ def assumptions_text(r: PlanResult) -> list[str]:
          if s.offload_optimizer != "none" or s.offload_params != "none" else []) + (
         [(f"  calibration: {r.calibration} (matmul fraction {r.efficiency.matmul_fraction}, "
           f"fragmentation {o.fragmentation:.0%})")] if r.calibration is not None else [])
+
+
+def stack_lines(r: PlanResult) -> list[str]:
+    """The stack whose memory profile the plan follows, when --stack names one (issue 16)."""
+    s = r.setup
+    if s.stack not in ("torchtitan", "megatron"):     # hf and deepspeed keep the kernels' profile
+        return []
+    from planner.stacks import memory_profile_line
+    shown = r.best or r.result.smallest
+    recompute = shown.layout.recompute if shown is not None else "none"
+    return ["  " + memory_profile_line(s.stack, recompute, s.compile, s.recompute_every)]
 
 
 # ------------------------------------------------------------------- --quiet

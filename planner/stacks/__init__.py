@@ -140,6 +140,16 @@ def check_stack(stack: str, m: ModelSpec, lay: Layout) -> None:
         raise UserError(f"{why} (stacks that run this plan: {', '.join(others) or 'none'})")
 
 
+def memory_profile_line(stack: str, recompute: str, setup_compile: bool = False, recompute_every: int = 1) -> str:
+    """One line naming the stack settings the memory model followed (the plan's Assumptions)."""
+    s = get_stack(stack)
+    rc = s.recompute.get(recompute, recompute)
+    every = f", every {recompute_every}th block only" if recompute_every > 1 and recompute != "none" else ""
+    compiled = ", torch.compile per block" if setup_compile else ""
+    return (f"stack: {s.name} ({s.version}): recompute {recompute} = {rc}{every}; loss: {s.loss}; "
+            f"kernels: {s.kernels}{compiled}")
+
+
 def stack_summary(stack: str, chosen_by: str) -> dict[str, Any]:
     """What plan.json and --json say about the stack: its name, version and why it was chosen."""
     s = get_stack(stack)

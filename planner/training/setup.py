@@ -19,6 +19,12 @@ RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "eager")
 KERNELS = ("auto", "eager", "fused")
 OFFLOAD = ("none", "cpu", "nvme")
+# the stack whose memory profile the model follows (planner.stacks); "auto": the kernels'
+# profile, as before --stack existed (eager = Hugging Face and DeepSpeed, fused = Megatron-LM)
+MEMORY_STACKS = ("auto", "hf", "torchtitan", "megatron", "deepspeed")
+# DeepSpeed's activation checkpointing of the checkpointed blocks' inputs (--stack deepspeed,
+# --recompute full): deepspeed/runtime/activation_checkpointing/checkpointing.py (0.19.8)
+DS_CHECKPOINTING = ("none", "partitioned", "cpu", "partitioned-cpu")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -136,6 +142,19 @@ class TrainingSetup:
     # bytes per parameter of optimizer state, overriding the optimizer's default (e.g. 4 for
     # Adam moments kept in 16 bits, as torch.optim.AdamW keeps them for 16-bit parameters)
     optimizer_state_bytes: float | None = None
+    # ---- the stack's memory profile (issue 16; planner.stacks, planner/memory/activations.py)
+    # torchtitan: its Llama 3 block under its own SelectiveAC/FullAC and its chunked loss;
+    # megatron: fused kernels; hf, deepspeed, auto: the kernels as --kernels says (today's model)
+    stack: str = "auto"
+    # checkpoint every k-th block only (the others keep everything): torchtitan <= 0.2's
+    # selective_ac_option = "k", Megatron-LM's --recompute-method block over n / k layers
+    recompute_every: int = 1
+    # torch.compile of each block (torchtitan's compile.components = ["model"]; Hugging Face
+    # Trainer's torch_compile): the partitioner recomputes pointwise ops instead of saving them
+    compile: bool = False
+    # DeepSpeed: partition_activations splits each checkpointed input over the model-parallel
+    # group, cpu_checkpointing moves it to host memory (DS_CHECKPOINTING)
+    ds_checkpointing: str = "none"
 
     @property
     def precision_spec(self) -> Precision:
