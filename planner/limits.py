@@ -182,6 +182,21 @@ MAX_NESTING = 32
 # Whole numbers beyond a signed 64-bit integer (about 9.2e18) mean nothing to the planner
 # (token counts stop at 1e18, bytes at exabytes) and overflow float() past 1.8e308.
 MAX_ABS_INT = 2**63 - 1
+# Per-rank memory terms are int64 bytes. A term computed in float (activations: layers x
+# bytes per layer x micro-batches in flight) can pass 2**63 at the option limits (405B,
+# sequence 4,194,304, eager attention, one rank: 1.35e19 bytes), and casting it to int64
+# gives garbage (a negative total that "fits"). Such terms saturate at 2**56 bytes (64 PiB,
+# a million times any GPU's memory), low enough that a few dozen of them still sum inside
+# int64: a saturated layout never fits, and the least-memory figure is shown as at least that.
+MAX_MODELLED_BYTES = 2**56
+
+
+def saturated_bytes(x: Any) -> Any:
+    """A float array of bytes as int64, values past MAX_MODELLED_BYTES (and NaN) clipped
+    to it: never the undefined result of casting an out-of-range float."""
+    import numpy as np
+
+    return np.nan_to_num(np.minimum(x, float(MAX_MODELLED_BYTES)), nan=float(MAX_MODELLED_BYTES)).astype(np.int64)
 
 
 def check_name(value: str, what: str) -> None:

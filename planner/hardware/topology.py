@@ -16,7 +16,7 @@ import importlib.resources
 import itertools
 import math
 import tomllib
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -361,6 +361,27 @@ def _link(g: nx.Graph, a: Any, b: Any, bytes_per_s: float, latency_s: float, kin
     g.add_edge(a, b, bandwidth_bytes_per_s=bytes_per_s, latency_s=latency_s, kind=kind)
 
 
+def _scale_up_gpu_bytes_per_s(intra: IntraNodeFabric) -> float:
+    """One GPU's scale-up capacity to its island as the max-flow graph sees it: the sum of
+    its links to the merged switch vertex (_merged_edges adds them in order) on NVSwitch,
+    the one peer link on a mesh, 0 on PCIe."""
+    if intra.fabric == "nvswitch":
+        assert intra.gpu_link_bytes_per_s is not None
+        total = 0.0
+        for _ in range(intra.switches):
+            total += intra.gpu_link_bytes_per_s / intra.switches
+        return total
+    if intra.fabric == "mesh":
+        return _present(intra.peer_link_bytes_per_s, "peer_link_bytes_per_s")
+    return 0.0
+
+
+def _hosts_alike(top: ClusterTopology) -> bool:
+    """Whether the PCIe switches (hosts) of a node are interchangeable in every max-flow
+    problem: NVLink nodes (no CPU sockets in the graph) whose NICs split evenly over them."""
+    return top.intra_node.fabric != "pcie" and top.network.nics_per_node % top.pcie.switches == 0
+
+
 def build_graph(top: ClusterTopology, n_nodes: int) -> nx.Graph:
     """The graph of n_nodes nodes of `top`. GPUs are the integers 0..n_gpus-1, node-major.
 
@@ -375,8 +396,10 @@ def build_graph(top: ClusterTopology, n_nodes: int) -> nx.Graph:
         raise UserError(f"topology {top.name} holds 1 to {top.max_nodes} nodes, not {n_nodes}")
     gpn, intra, pcie, net = top.gpus_per_node, top.intra_node, top.pcie, top.network
     n_gpus = n_nodes * gpn
-    g = nx.Graph(topology=top.name, n_gpus=n_gpus,
-                 intra_kinds=(PCIE, CPU) if intra.fabric == "pcie" else (SCALE_UP,))
+    g = nx.Graph(topology=top.name, n_gpus=n_gpus, fabric=intra.fabric,
+                 intra_kinds=(PCIE, CPU) if intra.fabric == "pcie" else (SCALE_UP,),
+                 scale_up_gpu_bytes_per_s=_scale_up_gpu_bytes_per_s(intra),
+                 hosts_alike=_hosts_alike(top))
 
     for node in range(n_nodes):
         leaf_group = node // net.nodes_per_leaf
@@ -398,8 +421,9 @@ def build_graph(top: ClusterTopology, n_nodes: int) -> nx.Graph:
             domains = [f"node{node}", island, f"n{node}/host{h}", f"leaf{leaf_group}"]
             if switches and sockets:
                 domains.append(f"n{node}/cpu{h * len(sockets) // len(switches)}")
-            g.add_node(gpu, kind="gpu", node=node, local=local, island=island, leaf_group=leaf_group,
-                       domains=tuple(dict.fromkeys(domains)))
+            socket = (h * len(sockets) // len(switches) if switches else h) if sockets else 0
+            g.add_node(gpu, kind="gpu", node=node, local=local, host=h, socket=socket, island=island,
+                       leaf_group=leaf_group, domains=tuple(dict.fromkeys(domains)))
             _link(g, gpu, hosts[h], pcie.link_bytes_per_s, pcie.latency_s / 2, PCIE)
         for k in range(net.nics_per_node):
             nic, leaf = f"n{node}/nic{k}", f"leaf{leaf_group}/rail{k}" if net.rail_optimized else f"leaf{leaf_group}"
@@ -445,26 +469,73 @@ def _max_flow_bytes_per_s(g: nx.Graph, sources: set[int], sinks: set[int]) -> fl
     only intra-island links count (NVLink on NVLink machines, PCIe on PCIe ones), as NCCL never
     routes such traffic through the network; otherwise every link counts.
 
-    Nodes of a built graph are alike, so the value depends only on where the GPUs sit (leaf
-    group, island, node, position in the node): it is cached in g.graph under that key, and
-    graphs from build_graph() must not be modified.
+    Inside one NVSwitch domain or one Infinity Fabric mesh the value has a closed form
+    (_one_island_flow_bytes_per_s). Otherwise nodes of a built graph are alike, so the value
+    depends only on how many sources and sinks sit under each PCIe switch of each node, up to
+    permutations of alike leaf groups, islands, nodes and switches (_placement_key): it is
+    cached in g.graph under that key, and graphs from build_graph() must not be modified.
     """
-    key = _placement_key(g, sources, sinks)
+    nodes = g.nodes
+    islands = {nodes[v]["island"] for v in itertools.chain(sources, sinks)}
+    one_island = len(islands) == 1
+    if one_island:
+        closed = _one_island_flow_bytes_per_s(g, len(sources), len(sinks))
+        if closed is not None:
+            return closed
+    key = _placement_key(g, sources, sinks, one_island)
     cache = g.graph.setdefault("max_flow_cache", {})
     if key not in cache:
-        cache[key] = _solve_max_flow(g, sources, sinks, one_island=len(key) == 1 and len(key[0]) == 1)
+        cache[key] = _solve_max_flow(g, sources, sinks, one_island=one_island)
     return cache[key]
 
 
-def _placement_key(g: nx.Graph, sources: set[int], sinks: set[int]) -> tuple:
-    """Where sources and sinks sit, up to permutations of alike leaf groups, islands and nodes."""
-    tree: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(lambda: ([], []))))
-    for v in sorted(sources | sinks):
-        a = g.nodes[v]
-        tree[a["leaf_group"]][a["island"]][a["node"]][v in sinks].append(a["local"])
+def _one_island_flow_bytes_per_s(g: nx.Graph, n_sources: int, n_sinks: int) -> float | None:
+    """Max flow between disjoint sets of GPUs of one island over its scale-up links alone, in
+    closed form where the island's fabric is symmetric; None for a PCIe tree.
+
+    NVSwitch domain: every GPU links to the domain's (merged) switch vertex with the same
+    capacity c, a star, so the min cut takes all source links or all sink links:
+    min(|S|, |T|) x c. Full mesh (Infinity Fabric): only the involved GPUs take part and each
+    pair has one link of capacity p, so every cut is the S-T edges: |S| x |T| x p. Both are
+    the max-flow min-cut theorem (Ford and Fulkerson 1956) on these graphs;
+    tests/test_topology_flow.py checks them against networkx's max flow."""
+    fabric = g.graph["fabric"]
+    if fabric == "nvswitch":
+        return min(n_sources, n_sinks) * g.graph["scale_up_gpu_bytes_per_s"]
+    if fabric == "mesh":
+        return n_sources * n_sinks * g.graph["scale_up_gpu_bytes_per_s"]
+    return None
+
+
+def _placement_key(g: nx.Graph, sources: set[int], sinks: set[int], one_island: bool) -> tuple:
+    """Where sources and sinks sit, up to the graph's symmetries: GPUs under one PCIe switch
+    (host) of a node are alike (each has one equal link to it), so only the counts per host
+    matter; alike leaf groups, islands and nodes permute; and where every host of a node
+    carries as many NICs (hosts_alike: NVLink nodes), hosts permute too, the same
+    permutation on every node (rail k's leaf serves NIC k of every node), so host labels are
+    renumbered in order of first appearance. Inside one PCIe-only node, hosts under the same
+    CPU socket permute (each has the same uplink to it); sockets keep their order (a chain)."""
+    nodes = g.nodes
+    counts: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
+    for side, members in ((0, sources), (1, sinks)):
+        for v in members:
+            a = nodes[v]
+            counts[(a["leaf_group"], a["island"], a["node"], a["socket"], a["host"])][side] += 1
+    if one_island and g.graph["fabric"] == "pcie":
+        sockets: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        for (_, _, _, socket, _), (n_s, n_t) in counts.items():
+            sockets[socket].append((n_s, n_t))
+        return ("pcie",) + tuple((socket, tuple(sorted(h))) for socket, h in sorted(sockets.items()))
+    relabel: dict[int, int] = {}
+    if g.graph["hosts_alike"]:
+        for k in sorted(counts):
+            relabel.setdefault(k[4], len(relabel))
+    tree: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    for (leaf, island, node, socket, host), (n_s, n_t) in counts.items():
+        tree[leaf][island][node].append((socket, relabel.get(host, host), n_s, n_t))
     return tuple(sorted(
-        tuple(sorted(tuple(sorted((tuple(s), tuple(t)) for s, t in nodes.values())) for nodes in islands.values()))
-        for islands in tree.values()))
+        tuple(sorted(tuple(sorted(tuple(sorted(hosts)) for hosts in nodes_.values())) for nodes_ in isl.values()))
+        for isl in tree.values()))
 
 
 def _solve_max_flow(g: nx.Graph, sources: set[int], sinks: set[int], one_island: bool) -> float:
@@ -551,28 +622,42 @@ def ring_bandwidth_bytes_per_s(g: nx.Graph, groups: Iterable[Sequence[int]]) -> 
             if ring_of.setdefault(gpu, i) != i:
                 raise UserError(f"GPU {gpu} is in two groups of the same axis")
 
+    nodes = g.nodes
+    island_of = {v: nodes[v]["island"] for v in ring_of}
+    per_island = Counter((ring_of[v], island_of[v]) for v in ring_of)     # (group, island) -> GPUs
     blocks: dict[Any, set[int]] = defaultdict(set)
     for gpu in ring_of:
         blocks[gpu].add(gpu)
-        for label in g.nodes[gpu]["domains"]:
+        for label in nodes[gpu]["domains"]:
             blocks[label].add(gpu)
-    cuts = set()
+    closed = g.graph["fabric"] in ("nvswitch", "mesh")
+    bound, cuts = math.inf, set()
     for inside in blocks.values():
-        islands = {g.nodes[v]["island"] for v in inside}
-        near_sinks: dict[int, list[int]] = {}       # group -> its GPUs outside the block, same island
-        far_sinks: dict[int, list[int]] = {}        # group -> its GPUs outside the block, when none is near
-        for i in {ring_of[v] for v in inside}:
-            outside = [v for v in rings[i] if v not in inside]
-            near = [v for v in outside if len(islands) == 1 and g.nodes[v]["island"] in islands]
-            if near:
-                near_sinks[i] = near
-            elif outside:
-                far_sinks[i] = outside
-        for sinks in (near_sinks, far_sinks):
-            if sinks:
-                cuts.add((frozenset(v for v in inside if ring_of[v] in sinks),
-                          frozenset(v for grp in sinks.values() for v in grp), len(sinks)))
-    return min(_max_flow_bytes_per_s(g, set(s), set(t)) / n for s, t, n in cuts)
+        islands = {island_of[v] for v in inside}
+        island = next(iter(islands)) if len(islands) == 1 else None
+        held = Counter(ring_of[v] for v in inside)             # group -> its GPUs in the block
+        # groups with GPUs outside the block in the same island (near), or only elsewhere (far)
+        near = [i for i, k in held.items() if island is not None and per_island[i, island] > k]
+        far = [i for i, k in held.items() if len(rings[i]) > k and i not in near]
+        if near and closed:         # counts suffice: _one_island_flow_bytes_per_s
+            n_sources = sum(held[i] for i in near)
+            n_sinks = sum(per_island[i, island] - held[i] for i in near)
+            flow = _one_island_flow_bytes_per_s(g, n_sources, n_sinks)
+            assert flow is not None
+            bound = min(bound, flow / len(near))
+        elif near:
+            cuts.add(_cut(inside, ring_of, {i: [v for v in rings[i] if v not in inside and island_of[v] == island]
+                                            for i in near}))
+        if far:
+            cuts.add(_cut(inside, ring_of, {i: [v for v in rings[i] if v not in inside] for i in far}))
+    return min([bound] + [_max_flow_bytes_per_s(g, set(s), set(t)) / n for s, t, n in cuts])
+
+
+def _cut(inside: set[int], ring_of: Mapping[int, int], sinks: Mapping[int, list[int]]) -> tuple:
+    """(sources, sinks, groups) of one cut: the block's GPUs of the groups in ``sinks``
+    against those groups' GPUs in ``sinks``."""
+    return (frozenset(v for v in inside if ring_of[v] in sinks),
+            frozenset(v for grp in sinks.values() for v in grp), len(sinks))
 
 
 def _check_gpu(g: nx.Graph, gpu: int) -> None:

@@ -33,6 +33,7 @@ import numpy as np
 
 from planner.layouts.batch import LayoutArrays
 from planner.layouts.layout import SHARDINGS
+from planner.limits import saturated_bytes
 from planner.memory import shapes as sh
 from planner.memory.buffers import (
     buffer_bytes,
@@ -353,12 +354,13 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     persistent = (a.grad_accum > 1) | (a.pp > 1) | g(~fsdp & (dense_deg > 1))
     stage_l, has_act_l, last_l = g(stage), g(has_act), g(last)
     held = sh.in_flight_microbatches(a, stage_l)
-    block_acts = (g(n_act) * act.layer_act * held).astype(np.int64)
+    # in float: layers x bytes per layer passes int64 at the option limits (limits.saturated_bytes)
+    block_acts = saturated_bytes(g(n_act).astype(np.float64) * act.layer_act * held)
     dropout_embed = a.micro_batch * (seq // a.cp) * m.d_model if m.hidden_dropout > 0 else np.zeros(n, np.int64)
     acts = block_acts + g(amp_copies)
     embed_acts: np.ndarray | int = 0
     if ft.is_full and m.hidden_dropout > 0:
-        embed_acts = (dropout_embed * held).astype(np.int64) * (stage_l == 0)
+        embed_acts = saturated_bytes(dropout_embed * held) * (stage_l == 0)
         acts = acts + embed_acts
     # inside the last block's backward: its recomputed tensors and its gradients' working
     # set (the eager attention's fp32 score gradients)
@@ -372,7 +374,8 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     any_fsdp = bool(fsdp.any())
     end_a_l = g(end_a) if any_fsdp else 0
     if any_fsdp:
-        end_acts = np.where(fsdp_l, acts - g(done) * act.layer_act + working + head_l, last_block) + end_a_l
+        done_acts = saturated_bytes(g(done).astype(np.float64) * act.layer_act)
+        end_acts = np.where(fsdp_l, acts - done_acts + working + head_l, last_block) + end_a_l
     else:
         end_acts = last_block
     counted = fsdp_l & ~persistent & (grads != 0) if ft.is_full and any_fsdp else None

@@ -1,0 +1,45 @@
+"""Memory at the option limits never wraps int64 (issue 20): 405B at sequence 4,194,304
+with eager attention and one rank per layer stack holds more activation bytes than an
+int64 holds, which wrapped to a negative total and gave a plan that "fit" on 128 GPUs
+(66 GiB per rank) with a NaN-cast RuntimeWarning on stderr."""
+
+import json
+import warnings
+
+from click.testing import CliRunner
+
+from planner.cli.main import cli
+from planner.limits import MAX_MODELLED_BYTES
+
+HUGE = ["--gpus", "h100", "--seq-len", "4194304", "--attention", "eager", "--kernels", "eager"]
+
+
+def _run(args):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # a RuntimeWarning would be an internal error (exit 1)
+        return CliRunner().invoke(cli, args)
+
+
+def test_a_layout_past_int64_never_fits_and_is_shown_saturated():
+    # Korthikanti et al. 2022 (arXiv 2205.05198), Table 2, no parallelism, no recompute:
+    # s b h (34 + 5 a s / h) bytes per layer; 405B (h 16,384, a 128, 126 layers), s 4,194,304,
+    # b 8: 9.0e16 bytes a layer, 1.1e19 for the 126 layers, past int64's 9.2e18
+    s, b, h, a, layers = 4194304, 8, 16384, 128, 126
+    korthikanti_bytes = layers * s * b * h * (34 + 5 * a * s / h)
+    assert korthikanti_bytes > 2**63
+    r = _run(["--model", "405b", *HUGE, "--n-gpus", "128", "--dp", "128", "--tp", "1", "--pp", "1",
+              "--micro-batch", "8", "--recompute", "none", "--json"])
+    assert r.exit_code == 2, r.output
+    least = json.loads(r.stdout)["least_memory"]
+    assert not least["fits"]
+    assert least["memory_bytes"]["activations"] >= MAX_MODELLED_BYTES
+    assert all(v >= 0 for v in least["memory_bytes"].values())
+
+
+def test_the_issue_command_says_nothing_fits_without_a_warning():
+    for model in ("70b", "405b"):
+        r = _run(["--model", model, *HUGE, "--max-gpus", "131072", "--quiet"])
+        assert r.exit_code == 2, r.output
+        assert "Warning" not in r.output and "internal error" not in r.output
+        assert r.stderr == ""
+        assert len(r.stdout.strip().splitlines()) == 1 and "no layout fits" in r.stdout, r.stdout
