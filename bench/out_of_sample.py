@@ -52,6 +52,7 @@ from planner.memory.model import per_rank_memory
 from planner.models.spec import ModelSpec, count_params, load_preset
 from planner.timing.model import (
     MATMUL_FRACTION,
+    TRAINING_MFU_CEILING,
     Cluster,
     Efficiency,
     StepTime,
@@ -73,7 +74,9 @@ FAMILY = {"a100": "a100", "a100-40gb": "a100", "h100": "h100", "h200": "h100"}
 MATMUL_GRID: tuple[float, ...] = tuple(round(0.50 + 0.025 * i, 3) for i in range(19))    # 0.50 .. 0.95
 BUS_GRID: tuple[float, ...] = (0.5, 0.6, 0.7, 0.8, 0.9)
 BUS_SHIPPED = Efficiency().bus_fraction     # 0.80
-QUANTILES = (0.10, 0.90)                    # the 80% band a later change will use as error bars
+QUANTILES = (0.10, 0.90)                    # the 80% band: the planner's error bars (INTERVALS)
+NO_CEILING = 100.0                          # the grid is worked out without the MFU ceiling; fits apply theirs
+INTERVALS = ROOT / "planner" / "timing" / "step_intervals.json"
 
 SOURCE_KEYS = {"megatron-sc21": "sc21", "korthikanti": "korthikanti", "mcore-r0.8": "mcore-r0.8"}
 SOURCE_NAMES = {
@@ -190,9 +193,10 @@ def prepare(case: dict) -> Prepared:
 
 
 def efficiency(p: Prepared, matmul_fraction: float | None, bus_fraction: float) -> Efficiency:
-    """The engine's efficiencies with the fitted parameters put in (None: the catalog's value)."""
+    """The engine's efficiencies with the fitted parameters put in (None: the catalog's value),
+    without the sustained-rate MFU ceiling (each fit applies its own: capped())."""
     return dataclasses.replace(ALL_ENGINES[p.case["engine"]], matmul_fraction=matmul_fraction,
-                               bus_fraction=bus_fraction)
+                               bus_fraction=bus_fraction, mfu_ceiling=NO_CEILING)
 
 
 def metric_of(case: dict, t: StepTime) -> float:
@@ -228,9 +232,10 @@ def best_time(p: Prepared, eff: Efficiency) -> tuple[Layout, StepTime]:
     return best
 
 
-def predict(p: Prepared, matmul_fraction: float | None, bus_fraction: float) -> float:
-    """The case's metric, predicted with these parameters."""
-    return metric_of(p.case, best_time(p, efficiency(p, matmul_fraction, bus_fraction))[1])
+def predict(p: Prepared, matmul_fraction: float | None, bus_fraction: float) -> tuple[float, float]:
+    """The case's metric, predicted with these parameters, and the predicted MFU."""
+    t = best_time(p, efficiency(p, matmul_fraction, bus_fraction))[1]
+    return metric_of(p.case, t), t.mfu
 
 
 # ------------------------------------------------------------------------ the grid and the fit
@@ -242,7 +247,20 @@ class Grid:
     axis is the catalog's value (None), then MATMUL_GRID; the second axis is BUS_GRID."""
     cases: tuple[Prepared, ...]
     log_ratio: dict[str, np.ndarray]      # case id -> (1 + len(MATMUL_GRID), len(BUS_GRID))
+    mfu: dict[str, np.ndarray]            # case id -> the predicted MFU there (no ceiling)
     shipped: dict[str, float]             # case id -> prediction with the planner's shipped efficiencies
+
+    def reported_mfu(self, case_id: str) -> float:
+        """The run's MFU as published (its speed over the prediction's, times the prediction's MFU,
+        with this planner's FLOP count)."""
+        return float(self.mfu[case_id][0, 0] / math.exp(self.log_ratio[case_id][0, 0]))
+
+    def capped(self, case_id: str, ceiling: float | None) -> np.ndarray:
+        """log_ratio with the MFU ceiling applied: no prediction faster than ``ceiling`` MFU."""
+        lr = self.log_ratio[case_id]
+        if ceiling is None:
+            return lr
+        return lr + np.minimum(0.0, np.log(ceiling / self.mfu[case_id]))
 
     def by_id(self, case_id: str) -> Prepared:
         return next(p for p in self.cases if p.case["id"] == case_id)
@@ -254,15 +272,18 @@ MATMUL_AXIS: tuple[float | None, ...] = (None, *MATMUL_GRID)
 def build_grid(cases: Sequence[dict]) -> Grid:
     prepared = tuple(prepare(c) for c in cases)
     table: dict[str, np.ndarray] = {}
+    mfus: dict[str, np.ndarray] = {}
     shipped: dict[str, float] = {}
     for p in prepared:
         arr = np.empty((len(MATMUL_AXIS), len(BUS_GRID)))
+        mfu = np.empty_like(arr)
         for i, mm in enumerate(MATMUL_AXIS):
             for j, bus in enumerate(BUS_GRID):
-                arr[i, j] = math.log(speed_ratio(p.case, predict(p, mm, bus)))
-        table[p.case["id"]] = arr
+                value, mfu[i, j] = predict(p, mm, bus)
+                arr[i, j] = math.log(speed_ratio(p.case, value))
+        table[p.case["id"]], mfus[p.case["id"]] = arr, mfu
         shipped[p.case["id"]] = metric_of(p.case, best_time(p, ALL_ENGINES[p.case["engine"]])[1])
-    return Grid(cases=prepared, log_ratio=table, shipped=shipped)
+    return Grid(cases=prepared, log_ratio=table, mfu=mfus, shipped=shipped)
 
 
 @dataclass(frozen=True)
@@ -273,6 +294,7 @@ class Fit:
     matmul: dict[str, float | None]
     bus_fraction: float
     train_median_abs_log: float
+    ceiling: dict[str, float | None] = dataclasses.field(default_factory=dict)   # family -> MFU ceiling
 
     def matmul_index(self, family: str) -> int:
         return MATMUL_AXIS.index(self.matmul.get(family))
@@ -284,9 +306,14 @@ def fit(grid: Grid, train_ids: Sequence[str], families: Sequence[str]) -> Fit:
     runs, then the mean."""
     train = [grid.by_id(i) for i in train_ids]
     present = sorted({p.family for p in train})
+    # the sustained-rate ceiling of each family: the highest MFU a training run reached on it
+    # (the catalog's TRAINING_MFU_CEILING for a family no training run has)
+    ceiling: dict[str, float | None] = {f: TRAINING_MFU_CEILING.get(f) for f in families}
+    for f in present:
+        ceiling[f] = max(grid.reported_mfu(p.case["id"]) for p in train if p.family == f)
     choices = [range(1, len(MATMUL_AXIS)) for _ in present]
     best: tuple[float, float, tuple[int, ...], int] | None = None
-    rows = {p.case["id"]: grid.log_ratio[p.case["id"]] for p in train}
+    rows = {p.case["id"]: grid.capped(p.case["id"], ceiling[p.family]) for p in train}
     fam_pos = {f: k for k, f in enumerate(present)}
     for j in range(len(BUS_GRID)):
         # per family, the |log error| of its runs at every matmul index: shape (n_runs, n_matmul)
@@ -301,12 +328,14 @@ def fit(grid: Grid, train_ids: Sequence[str], families: Sequence[str]) -> Fit:
     matmul: dict[str, float | None] = {f: None for f in families}
     for f, k in zip(present, combo):
         matmul[f] = MATMUL_AXIS[k]
-    return Fit(train_ids=tuple(train_ids), matmul=matmul, bus_fraction=BUS_GRID[j], train_median_abs_log=med)
+    return Fit(train_ids=tuple(train_ids), matmul=matmul, bus_fraction=BUS_GRID[j], train_median_abs_log=med,
+               ceiling=ceiling)
 
 
 def log_error(grid: Grid, f: Fit, case_id: str) -> float:
     p = grid.by_id(case_id)
-    return float(grid.log_ratio[case_id][f.matmul_index(p.family), BUS_GRID.index(f.bus_fraction)])
+    lr = grid.capped(case_id, f.ceiling.get(p.family, TRAINING_MFU_CEILING.get(p.family)))
+    return float(lr[f.matmul_index(p.family), BUS_GRID.index(f.bus_fraction)])
 
 
 @dataclass(frozen=True)
@@ -375,7 +404,8 @@ def _unit(metric: str) -> str:
 def _params(f: Fit) -> str:
     mm = ", ".join(f"{fam} {v:.3f}" if v is not None else f"{fam} {MATMUL_FRACTION[fam]:.3f} (catalog)"
                    for fam, v in sorted(f.matmul.items()))
-    return f"matmul {mm}; bus {f.bus_fraction:.2f}"
+    ceil = ", ".join(f"{fam} {v:.3f}" for fam, v in sorted(f.ceiling.items()) if v is not None)
+    return f"matmul {mm}; bus {f.bus_fraction:.2f}" + (f"; MFU ceiling {ceil}" if ceil else "")
 
 
 def _summary(errs: Sequence[float]) -> tuple[str, str]:
@@ -404,14 +434,17 @@ def report(st: Study) -> str:
         "every other source, and the held-out source's runs are predicted with them (out of sample); the",
         "in-sample column fits them on all sources. Every other parameter keeps the engine's value",
         "(Megatron-LM 2021, Megatron-Core, PyTorch FSDP). A GPU family with no run in the training sources",
-        "keeps the catalog's matmul fraction. Errors are predicted over reported speed, minus 1 (> 0: the",
+        "keeps the catalog's matmul fraction. Each fit also sets each family's MFU ceiling (the sustained",
+        "training rate, planner.timing.efficiency.TRAINING_MFU_CEILING) to the highest MFU a run of its",
+        "training sources reached, so a held-out run never sets its own ceiling; no prediction is faster",
+        "than its model FLOPs at that rate. Errors are predicted over reported speed, minus 1 (> 0: the",
         "planner is too optimistic); 'shipped' is the planner as it ships (its catalog efficiencies were set",
         "on the 23 runs of docs/published-runs.md: in sample for sc21, the Korthikanti MFU rows and",
         "mcore-r0.8, out of sample for the rest). Layouts are as published; open choices (micro-batch `mb`,",
         "virtual stages `vp`, recomputation `r`) are the planner's fastest that fit in memory at the",
         "in-sample parameters (`*`: no variant fits the planner's memory model, though the run was trained;",
-        "all variants were tried). 'step %' splits the in-sample step: compute / exposed tp / exposed dp /",
-        "exposed pp communication / pipeline bubble.",
+        "all variants were tried). 'step %' splits the in-sample step before the ceiling: compute / exposed",
+        "tp / exposed dp / exposed pp communication / pipeline bubble.",
         "",
         "## Fitted parameters",
         "",
@@ -426,9 +459,11 @@ def report(st: Study) -> str:
         lines.append(f"| all but {s} | {_params(f)} | {len(f.train_ids)} | {f.train_median_abs_log:.3f} |")
     fam_sources = {f: sorted({p.source for p in fitted if p.family == f}) for f in sorted(st.in_sample.matmul)}
     single = [f for f, srcs in fam_sources.items() if len(srcs) == 1]
+    shipped_fit = Fit((), {f: None for f in st.in_sample.matmul}, BUS_SHIPPED, 0.0,
+                      {f: TRAINING_MFU_CEILING.get(f) for f in st.in_sample.matmul})
     lines += [
         "",
-        f"Shipped: {_params(Fit((), {f: None for f in st.in_sample.matmul}, BUS_SHIPPED, 0.0))}.",
+        f"Shipped: {_params(shipped_fit)}.",
         "",
         "Sources per GPU family: " + "; ".join(f"{f} {len(s)} ({', '.join(s)})" for f, s in fam_sources.items())
         + (". " + ", ".join(single) + " appear(s) in one source only: holding it out keeps the catalog value."
@@ -466,6 +501,11 @@ def report(st: Study) -> str:
          f"{optimistic} of {len(oos_all)} held-out predictions are optimistic; {within_20} of {len(oos_all)} are "
          f"within 20% (issue 18's goal: median within 10%, every run within 20%)."),
         "",
+        ("Error bars (planner/timing/step_intervals.json, written with this page): "
+         + "; ".join(f"{lv:.0%} interval covers {c[0]:.0%} of the held-out runs, {c[1]:.0%} when each "
+                     f"source's interval comes from the other sources only"
+                     for lv, c in ((lv, coverage(st, lv)) for lv in (0.8, 0.9))) + "."),
+        "",
         "## Per run",
         "",
         ("| case | source | GPU | GPUs | layout | metric | reported | shipped | in-sample | error | out-of-sample "
@@ -496,15 +536,77 @@ def report(st: Study) -> str:
     return "\n".join(lines)
 
 
+# levels the planner's --risk can ask for: central intervals of the out-of-sample log errors
+LEVELS = (0.5, 0.8, 0.9, 0.95)
+UPPER = (0.5, 0.8, 0.9, 0.95)
+GENERATED = "2026-12-02"
+
+
+def oos_errors(st: Study) -> list[float]:
+    """The held-out log(predicted / reported speed) of every fitted run."""
+    return [st.out_of_sample_error(p.case["id"]) for p in st.fitted]
+
+
+def band(errs: Sequence[float] | np.ndarray, level: float) -> tuple[float, float]:
+    """The central ``level`` interval of ``errs``, on observed values (the lower quantile rounds
+    down, the upper up), so that it holds at least that share of them."""
+    a = np.asarray(errs)
+    return (float(np.quantile(a, (1 - level) / 2, method="lower")),
+            float(np.quantile(a, (1 + level) / 2, method="higher")))
+
+
+def coverage(st: Study, level: float) -> tuple[float, float]:
+    """(share of held-out runs inside the stated ``level`` interval, the same when the interval
+    of each source's runs comes only from the other sources' held-out errors): the second is
+    a check of the interval itself out of sample."""
+    errs = oos_errors(st)
+    lo, hi = band(errs, level)
+    inside = sum(lo <= e <= hi for e in errs) / len(errs)
+    nested = 0
+    for s in sorted({p.source for p in st.fitted}):
+        mine = [st.out_of_sample_error(p.case["id"]) for p in st.fitted if p.source == s]
+        rest = np.array([st.out_of_sample_error(p.case["id"]) for p in st.fitted if p.source != s])
+        a, b = band(rest, level)
+        nested += sum(a <= e <= b for e in mine)
+    return float(inside), nested / len(errs)
+
+
+def intervals(st: Study) -> dict:
+    """planner/timing/step_intervals.json: the quantiles of the out-of-sample log errors at each
+    level (a central interval: (1 - level) / 2 on each side), with their provenance."""
+    errs = np.array(oos_errors(st))
+    levels = {}
+    for lv in LEVELS:
+        lo, hi = band(errs, lv)
+        levels[f"{lv:.2f}"] = {"log_error_low": round(float(lo), 4), "log_error_high": round(float(hi), 4)}
+    return {
+        "about": ("Step-time error bars: quantiles of log(predicted / reported speed) over the held-out "
+                  "predictions of the leave-one-source-out study (bench/out_of_sample.py, "
+                  "docs/published-runs-out-of-sample.md); a prediction's speed divided by exp(log_error_high) "
+                  "and exp(log_error_low) bounds the true speed at that level; step time, train time and "
+                  "cost scale by the inverse. Do not edit by hand: python bench/out_of_sample.py writes it."),
+        "generated": GENERATED,
+        "residuals": "out of sample, leave one published source out",
+        "runs": len(errs),
+        "sources": sorted({p.source for p in st.fitted}),
+        "levels": levels,
+        # one-sided: the step time is at most predicted x exp(q) with this confidence (--time-confidence)
+        "upper_quantiles": {f"{q:.2f}": round(float(np.quantile(errs, q, method="higher")), 4) for q in UPPER},
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--check", action="store_true", help="do not write; exit 1 if the doc is stale")
     args = ap.parse_args(argv)
-    text = report(run_study())
+    st = run_study()
+    text = report(st)
+    data = json.dumps(intervals(st), indent=1) + "\n"
     print(text)
     if args.check:
-        return 0 if DOC.exists() and DOC.read_text() == text else 1
+        return 0 if DOC.exists() and DOC.read_text() == text and INTERVALS.read_text() == data else 1
     DOC.write_text(text)
+    INTERVALS.write_text(data)
     return 0
 
 

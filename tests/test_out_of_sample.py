@@ -67,7 +67,7 @@ def test_held_out_fit_does_not_read_the_held_out_runs(study):
         table = {i: (np.full_like(a, 5.0) if g.by_id(i).source == s else a) for i, a in g.log_ratio.items()}
         corrupted = dataclasses.replace(g, log_ratio=table)
         refit = oos.fit(corrupted, f.train_ids, sorted(f.matmul))
-        assert (refit.matmul, refit.bus_fraction) == (f.matmul, f.bus_fraction), s
+        assert (refit.matmul, refit.bus_fraction, refit.ceiling) == (f.matmul, f.bus_fraction, f.ceiling), s
 
 
 def test_held_out_predictions_are_the_public_step_time_with_the_fitted_parameters(study):
@@ -79,7 +79,9 @@ def test_held_out_predictions_are_the_public_step_time_with_the_fitted_parameter
         seen.add(p.source)
         f = study.held_out[p.source]
         mm = f.matmul[p.family]
-        eff = dataclasses.replace(oos.ALL_ENGINES[p.case["engine"]], matmul_fraction=mm, bus_fraction=f.bus_fraction)
+        # the fold's MFU ceiling too (the highest MFU its training sources reached on the family)
+        eff = dataclasses.replace(oos.ALL_ENGINES[p.case["engine"]], matmul_fraction=mm, bus_fraction=f.bus_fraction,
+                                  mfu_ceiling=f.ceiling[p.family])
         assert isinstance(eff, Efficiency)
         _, t = oos.best_time(p, eff)
         value = oos.metric_of(p.case, t)
@@ -94,7 +96,10 @@ def test_family_seen_in_one_source_only_keeps_the_catalog_value():
     f = st.held_out["mcore-r0.8"]
     assert f.matmul["h100"] is None and f.matmul["a100"] is not None
     p = next(p for p in st.grid.cases if p.source == "mcore-r0.8")
-    catalog = oos.predict(p, MATMUL_FRACTION["h100"], f.bus_fraction)
+    # the catalog's matmul fraction and MFU ceiling (no H100 run left to set either)
+    assert f.ceiling["h100"] == oos.TRAINING_MFU_CEILING["h100"]
+    eff = dataclasses.replace(oos.efficiency(p, MATMUL_FRACTION["h100"], f.bus_fraction), mfu_ceiling=None)
+    catalog = oos.metric_of(p.case, oos.best_time(p, eff)[1])
     assert catalog == pytest.approx(oos.predicted_value(p.case, st.out_of_sample_error(p.case["id"])), rel=1e-9)
 
 
@@ -129,3 +134,17 @@ def test_quantiles_are_the_out_of_sample_residuals(study):
     # interpolated quantiles of a few dozen runs: the band holds 80% of them, give or take a run per tail
     assert sum(lo <= e <= hi for e in errs) >= 0.8 * len(errs) - 2
     assert f"{math.expm1(hi):+.1%}" in oos.report(study)
+
+
+def test_stated_interval_covers_its_level_out_of_sample(study):
+    # the error bars every plan prints (planner/timing/step_intervals.json) cover at least their
+    # level of the held-out published runs; the file is what the bench writes from this study
+    import json
+
+    data = json.loads((ROOT / "planner" / "timing" / "step_intervals.json").read_text())
+    assert data == oos.intervals(study)
+    errs = oos.oos_errors(study)
+    for level in (0.5, 0.8, 0.9, 0.95):
+        row = data["levels"][f"{level:.2f}"]
+        inside = sum(row["log_error_low"] - 5e-5 <= e <= row["log_error_high"] + 5e-5 for e in errs)
+        assert inside / len(errs) >= level, level

@@ -40,9 +40,12 @@ from planner.training.setup import MAX_GPUS
 @click.option("--force", is_flag=True, help="With --plot, overwrite an existing file.")
 @quiet_option
 @calibration_option
+@click.option("--time-confidence", type=click.Choice(["0.5", "0.8", "0.9", "0.95"]), default=None,
+              help="Size the cluster with step times not exceeded with this confidence (out-of-sample errors "
+                   "on published runs), so every deadline is met with it.")
 def buy_cmd(jobs_path: Path, gpu_names: str | None, budget: float | None, horizon: str | None, max_gpus: int,
             prices_path: Path | None, solver: str, as_json: bool, plot: Path | None, force: bool,
-            quiet: bool = False, calibration: Path | None = None) -> None:
+            quiet: bool = False, calibration: Path | None = None, time_confidence: str | None = None) -> None:
     """Size a cluster purchase: how many nodes of each GPU type to buy so that every job of
     JOBS.yaml meets its deadline, at the least cost of ownership (purchase plus power over
     the horizon), by an ILP. Jobs that overlap in time share the cluster's GPUs.
@@ -52,12 +55,13 @@ def buy_cmd(jobs_path: Path, gpu_names: str | None, budget: float | None, horizo
       plan buy jobs.yaml --gpus h100,b200 --budget 20M --horizon 2y
     """
     run_safely(lambda: buy(jobs_path, gpu_names, budget, horizon, max_gpus, prices_path, solver, as_json,
-                           plot, force, quiet, calibration))
+                           plot, force, quiet, calibration,
+                           None if time_confidence is None else float(time_confidence)))
 
 
 def buy(jobs_path: Path, gpu_names: str | None, budget: float | None, horizon: str | None, max_gpus: int,
         prices_path: Path | None, solver: str, as_json: bool, plot: Path | None = None, force: bool = False,
-        quiet: bool = False, calibration: Path | None = None) -> None:
+        quiet: bool = False, calibration: Path | None = None, time_confidence: float | None = None) -> None:
     from planner.cost.jobs import load_jobs, parse_duration_s
     from planner.cost.plan import plan_purchase
     from planner.cost.prices import DAY_S, load_prices
@@ -84,6 +88,14 @@ def buy(jobs_path: Path, gpu_names: str | None, budget: float | None, horizon: s
         c = load_calibration(str(calibration))
         check_gpu(c, names)
         extra = {"efficiency": c.efficiency(Efficiency()), "base_setup": c.setup(TrainingSetup())}
+    if time_confidence is not None:     # plan at the step time's upper end (issue 18)
+        from dataclasses import replace
+
+        from planner.timing.intervals import upper_factor
+        from planner.timing.model import Efficiency
+
+        extra["efficiency"] = replace(extra.get("efficiency", Efficiency()),
+                                      step_time_factor=upper_factor(time_confidence))
     with progress(as_json or quiet, f"sweeping GPU counts of {', '.join(names)} per job "
                   f"and solving the ILP"):
         r = plan_purchase(jobs, names, load_prices(prices_path), horizon_s, budget, max_gpus, solver=solver,

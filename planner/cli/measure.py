@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import click
@@ -23,8 +24,12 @@ from planner.errors import UserError
 @click.option("--stack", type=click.Choice(["hf", "torchtitan"]), default="hf", show_default=True,
               help="What runs the step: Hugging Face transformers' model, or torchtitan's own Llama 3 "
                    "parallelised by torchtitan (FSDP2 and tensor parallel; deep models scaled from 2 and 4 blocks).")
+@click.option("--calibration-out", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
+              help="With --real: write the calibration file `plan calibrate` writes, fitted on the measured "
+                   "step (use it with --calibration FILE).")
+@click.option("--force", is_flag=True, help="With --calibration-out, overwrite an existing file.")
 @quiet_option
-def measure_cmd(real: bool, stack: str, **kw: Any) -> None:
+def measure_cmd(real: bool, stack: str, calibration_out: Path | None = None, **kw: Any) -> None:
     """Run real training steps of the model under PyTorch's memory trackers and print the
     planner's prediction beside the measurement, per category.
 
@@ -39,17 +44,26 @@ def measure_cmd(real: bool, stack: str, **kw: Any) -> None:
       plan measure --model llama3.1-8b --gpus h100 --dp 8 --zero 3 --seq-len 2048 --micro-batch 1
       plan measure --stack torchtitan --model llama3.1-8b --gpus h100 --dp 2 --tp 2 --seq-len 2048 --recompute selective
     """
-    run_safely(lambda: measure(Options.from_click(kw), real, stack))
+    run_safely(lambda: measure(Options.from_click(kw), real, stack, calibration_out))
 
 
-def measure(o: Options, real: bool, stack: str = "hf") -> None:
+def measure(o: Options, real: bool, stack: str = "hf", calibration_out: Path | None = None) -> None:
     from planner.api import fixed_layout
     from planner.layouts.layout import reject_reason
     from planner.measure import accuracy
     from planner.models.spec import load_hf_config
     from planner.report import text as report
+    from planner.timing.model import cluster_for
 
     check_quiet(o)
+    if calibration_out is not None:
+        from planner.cli.calibrate import check_out
+
+        if not real:
+            raise UserError("--calibration-out needs --real: steps under fake tensors take no GPU time")
+        check_out(calibration_out, o.force)
+    elif o.force:
+        raise UserError("--force needs --calibration-out FILE")
     if o.method == "auto":
         raise UserError("plan measure runs one method: give --method full, lora or freeze")
     if o.zero is None and o.fsdp is None:
@@ -75,6 +89,9 @@ def measure(o: Options, real: bool, stack: str = "hf") -> None:
             cmp = torchtitan.compare(m, load_hf_config(o.model_name), setup, lay, fake=not real)
         else:
             cmp = accuracy.compare(m, load_hf_config(o.model_name), setup, lay, fake=not real)
+    if calibration_out is not None:
+        write_measured_calibration(m, cmp.setup, cmp.layout, cluster_for(gpu, o.topology), cmp.measured,
+                                   f"plan measure --real ({stack})", stack, calibration_out, o.aside)
     if o.as_json:
         click.echo(json.dumps(report.comparison_json(m, gpu, cmp), indent=2))
     elif o.quiet:
@@ -82,3 +99,21 @@ def measure(o: Options, real: bool, stack: str = "hf") -> None:
     else:
         from planner.report.terminal import comparison_view
         show(comparison_view(m, gpu, cmp))
+
+
+def write_measured_calibration(m: Any, setup: Any, lay: Any, cluster: Any, measured: Any, name: str, stack: str,
+                               out_file: Path, aside: bool = False) -> None:
+    """Fit the calibration on one measured step and write it as plan calibrate does."""
+    from datetime import UTC, datetime
+
+    from planner import __version__
+    from planner.cli.calibrate import write_atomically
+    from planner.measure.calibration import measured_calibration, measured_observation
+    from planner.timing.calibrate import to_toml
+
+    obs = measured_observation(m, setup, lay, cluster, measured, name, stack)
+    c = measured_calibration(obs, __version__, datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    write_atomically(out_file, to_toml(c))
+    click.echo(f"wrote {out_file}: matmul fraction {c.matmul_fraction_before:.3f} (shipped) -> "
+               f"{c.matmul_fraction:.3f} (fitted on a {obs.step_time_s:.3f} s step)", err=aside)
+

@@ -69,6 +69,8 @@ class Options:
     kernels: str = "auto"
     fragmentation: float | None = None
     usable_memory: float = 1.0
+    fit_confidence: float | None = None     # report.intervals.memory_band: fit at its upper end
+    time_confidence: float | None = None    # timing.intervals.upper_factor: plan at the step time's upper end
     as_json: bool = False
     # fine-tuning (method_options)
     method: str | None = None
@@ -242,6 +244,14 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Allocator fragmentation as a fraction of tensor memory  [default: 0.10]."),
         click.option("--usable-memory", type=FiniteFloatRange(0.05, 1), default=1.0, show_default=True,
                      help="Fraction of the GPU's memory a plan may use."),
+        click.option("--fit-confidence", type=click.Choice(["0.5", "0.8", "0.9", "0.95"]), default=None,
+                     callback=lambda _c, _p, v: None if v is None else float(v),
+                     help="Fit at the upper end of the memory interval at this level (from the memory "
+                          "model's measured errors) instead of at the predicted peak."),
+        click.option("--time-confidence", type=click.Choice(["0.5", "0.8", "0.9", "0.95"]), default=None,
+                     callback=lambda _c, _p, v: None if v is None else float(v),
+                     help="Plan with step times that are not exceeded with this confidence (out-of-sample "
+                          "errors on published runs), so --deadline is met with it."),
         click.option("--json", "as_json", is_flag=True, help="Print one JSON object (schema in the README)."),
     ], f)
 

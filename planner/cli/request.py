@@ -136,7 +136,7 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
     setup = TrainingSetup(seq_len=o.seq_len, global_batch=global_batch or 1024,
                           precision=o.precision, optimizer=o.optimizer,
                           attention=o.attention, kernels=o.kernels, stack=o.stack or "auto",
-                          usable_memory_fraction=o.usable_memory,
+                          usable_memory_fraction=usable_memory(o),
                           finetune=finetune_spec(o, "full" if o.method == "auto" else None),
                           offload_optimizer=o.offload_optimizer or "none",
                           offload_params=o.offload_params or "none",
@@ -207,7 +207,14 @@ def efficiency_of(o: Options, gpu_names: list[str]) -> Efficiency:
     from planner.timing.model import Efficiency
 
     c = calibration_of(o, gpu_names)
-    return Efficiency() if c is None else c.efficiency(Efficiency())
+    eff = Efficiency() if c is None else c.efficiency(Efficiency())
+    if o.time_confidence is not None:       # plan at the step time's upper end (issue 18)
+        from dataclasses import replace
+
+        from planner.timing.intervals import upper_factor
+
+        eff = replace(eff, step_time_factor=upper_factor(o.time_confidence))
+    return eff
 
 
 def emit_options(o: Options) -> EmitOptions:
@@ -232,3 +239,14 @@ def within_topology(o: Options, gpu: Any, n_gpus: int | None) -> Options:
     if n_gpus is not None:
         check_covers(top, n_gpus)
     return replace(o, max_gpus=min(o.max_gpus, max_covered_gpus(top)))
+
+
+def usable_memory(o: Options) -> float:
+    """--usable-memory, shrunk by the memory interval's upper end under --fit-confidence: a plan
+    then fits when predicted peak x (upper end / predicted) <= usable memory (report.intervals)."""
+    if o.fit_confidence is None:
+        return o.usable_memory
+    from planner.report.intervals import memory_band
+
+    return o.usable_memory / memory_band(o.fit_confidence).high_factor
+

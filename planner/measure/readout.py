@@ -74,6 +74,9 @@ class MeasuredMemory:
     max_allocated_bytes: int | None = None
     max_reserved_bytes: int | None = None
     device_stats: dict[str, int] = field(default_factory=dict)
+    # seconds of each step timed after the tracked ones, outside the tracker (CUDA runs only;
+    # planner.measure.calibration fits a calibration file on them, plan measure --real --calibration-out)
+    step_times_s: list[float] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)

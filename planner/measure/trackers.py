@@ -321,8 +321,28 @@ def _measure_rank(setup: MeasureSetup, device: Any, *, mesh: Any, rank: int, ddp
                     tracker.reset_mod_stats()  # the trackers refuse a second root forward otherwise
                 _train_step(model, optimizer, ids, setup, device)
         snapshots = tracker.get_tracker_snapshot("peak")
-    return tracker_result(tracker, snapshots, device, fake=setup.fake, n_params=n_params, rank=rank,
-                   wall_s=time.perf_counter() - t0)
+        step_times = _timed_steps(model, optimizer, ids, setup, device) if on_cuda and not setup.fake else []
+    result = tracker_result(tracker, snapshots, device, fake=setup.fake, n_params=n_params, rank=rank,
+                            wall_s=time.perf_counter() - t0)
+    return dataclasses.replace(result, step_times_s=step_times)
+
+
+TIMED_STEPS = 3     # after the tracked steps (which warm up kernels and the allocator)
+
+
+def _timed_steps(model: Any, optimizer: Any, ids: Any, setup: MeasureSetup, device: Any) -> list[float]:
+    """Wall seconds of TIMED_STEPS more training steps outside the tracker (its module hooks cost
+    time), each between two torch.cuda.synchronize() calls."""
+    import torch
+
+    out = []
+    for _ in range(TIMED_STEPS):
+        torch.cuda.synchronize(device)
+        t = time.perf_counter()
+        _train_step(model, optimizer, ids, setup, device)
+        torch.cuda.synchronize(device)
+        out.append(time.perf_counter() - t)
+    return out
 
 
 @contextlib.contextmanager

@@ -29,6 +29,7 @@ from planner.timing.model import (
     FLASH_FRACTION_DEFAULT,
     MATMUL_FRACTION,
     MATMUL_FRACTION_DEFAULT,
+    TRAINING_MFU_CEILING,
     Efficiency,
     StepTime,
     axis_links,
@@ -223,6 +224,19 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
                      optimizer_state_bytes=optimizer_state_bytes_per_param(setup.optimizer),
                      gradient_bytes=prec.grad_bytes, weight_bytes=prec.weight_bytes,
                      hbm_rate_bytes_per_s=r.hbm_bytes_per_s))
+    modelled = sum(t.value for t in out if t.summed)
+    ceiling = eff.mfu_ceiling if eff.mfu_ceiling is not None else TRAINING_MFU_CEILING.get(gpu.name)
+    floor_s = st.model_flops / (st.n_gpus * (peak * ceiling)) if ceiling is not None else 0.0
+    if floor_s > modelled:
+        out.append(_time("compute", "sustained training rate: no step faster than its model FLOPs at the GPU's "
+                         "published MFU ceiling", "model FLOPs / (GPUs x peak x ceiling) - the terms above",
+                         floor_s - modelled, "planner.timing.efficiency.TRAINING_MFU_CEILING (published runs)",
+                         mfu_ceiling=ceiling, model_flops=st.model_flops, n_gpus=st.n_gpus, peak=peak))
+    if eff.step_time_factor != 1.0:
+        out.append(_time("interval", "planned at the upper end of the step-time interval (--time-confidence)",
+                         "(factor - 1) x the step above", max(modelled, floor_s) * (eff.step_time_factor - 1),
+                         "planner/timing/step_intervals.json (bench/out_of_sample.py)",
+                         step_time_factor=eff.step_time_factor))
     rest = st.step_time_s - sum(t.value for t in out if t.summed)
     if abs(rest) > 1e-9 * st.step_time_s:
         out.append(_time("unexplained", "not itemised (planner.report.explain is behind planner.timing.model; "

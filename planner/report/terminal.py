@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal, TextIO
 from planner.fmt import amount, days, duration, gib, params, plural, usd
 from planner.memory.model import CATEGORIES
 from planner.report import text as report
+from planner.report.intervals import memory_note, step_interval_text
 from planner.report.text import LABELS
 
 if TYPE_CHECKING:
@@ -309,11 +310,15 @@ def time_table(t: StepTime) -> Any:
 def _answer_rows(c: Candidate, tokens: float | None) -> list[tuple[str, Any]]:
     rows: list[tuple[str, Any]] = [("layout", c.layout.describe()),
                                    ("memory", fits_text(c.memory.total, c.capacity_bytes, c.fits))]
+    note = memory_note(c.memory.total, c.capacity_bytes, c.fits)
+    if note is not None:
+        rows.append(("", note))
     if c.time is not None:
         rows.append(("step", step_line(c.time)))
         if tokens is not None:
             rows.append(("train", f"{params(int(tokens))} tokens in {duration(c.time.train_time_s(tokens))} "
                                   f"on {plural(c.time.n_gpus, 'GPU')}"))
+        rows.append(("range", step_interval_text(c.time, tokens)))      # issue 18 (report.intervals)
     return rows
 
 

@@ -21,6 +21,7 @@ from planner.fmt import (
 )
 from planner.layouts.layout import Layout
 from planner.measure.crosscheck import Crosscheck, crosscheck_json
+from planner.report.intervals import cost_interval_json, memory_interval_json, time_interval_json
 from planner.search.search import Candidate
 from planner.timing.model import StepTime
 
@@ -61,6 +62,7 @@ def time_json(t: StepTime | None, tokens: float | None = None) -> dict[str, Any]
                         "placement": list(t.placement)}}
     if tokens is not None:
         out["train_time_s"] = t.train_time_s(tokens) if t is not None else None
+    out["interval"] = time_interval_json(t, tokens)      # issue 18: error bars (report.intervals)
     return out
 
 
@@ -75,6 +77,7 @@ def candidate_json(c: Candidate, tokens: float | None = None) -> dict[str, Any]:
         "peak": {"stage": mem.stage, "phase": mem.phase, "layers_on_stage": mem.n_layers_on_stage,
                  "in_flight_micro_batches": mem.in_flight, "kernels": mem.kernels},
         "offload": offload_json(c),
+        "memory_interval": memory_interval_json(mem.total, c.capacity_bytes),
         **time_json(c.time, tokens),
     }
 
@@ -370,7 +373,8 @@ def comparison_json(m: Any, gpu: Any, cmp: Any) -> dict[str, Any]:
 
 def _cost_fields(p: Any) -> dict[str, Any]:
     """cost_usd, train_time_s and gpu_hours of a priced plan (planner.cost.plan.PricedPlan)."""
-    return {"cost_usd": p.cost_usd, "train_time_s": p.train_time_s, "gpu_hours": p.gpu_hours}
+    return {"cost_usd": p.cost_usd, "train_time_s": p.train_time_s, "gpu_hours": p.gpu_hours,
+            "cost_interval": cost_interval_json(p.cost_usd, p.train_time_s, p.gpu_hours)}
 
 
 def _limits_json(r: Any) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from planner.models.spec import ModelSpec
 from planner.timing.model import (
     MATMUL_FRACTION,
     MATMUL_FRACTION_DEFAULT,
+    NO_MFU_CEILING,
     Cluster,
     Efficiency,
     step_time,
@@ -107,7 +108,9 @@ class Calibration:
     path: str | None = None                  # where it was read from
 
     def efficiency(self, base: Efficiency) -> Efficiency:
-        return replace(base, matmul_fraction=self.matmul_fraction)
+        """``base`` with the fitted matmul fraction; the published-run MFU ceiling gives way to
+        the user's own measurement (the fit ran without it)."""
+        return replace(base, matmul_fraction=self.matmul_fraction, mfu_ceiling=NO_MFU_CEILING)
 
     def setup(self, base: TrainingSetup) -> TrainingSetup:
         if self.fragmentation is None:
@@ -160,8 +163,8 @@ def fit(obs: Sequence[Observation], base: Efficiency, planner_version: str, crea
     if len(gpus) > 1:
         raise UserError(f"the logs ran on {', '.join(gpus)}; calibrate one GPU type at a time")
 
-    def times(x: float) -> list[float]:
-        eff = replace(base, matmul_fraction=x)
+    def times(x: float, ceiling: float | None = NO_MFU_CEILING) -> list[float]:
+        eff = replace(base, matmul_fraction=x, mfu_ceiling=ceiling)
         return [step_time(o.model, o.setup, o.layout, o.cluster, eff).step_time_s for o in obs]
 
     def loss(x: float) -> float:
@@ -175,7 +178,7 @@ def fit(obs: Sequence[Observation], base: Efficiency, planner_version: str, crea
     x = round(min(MATMUL_MAX, max(MATMUL_MIN, x)), 4)
     at_bound = i in (0, n)
     before = shipped_matmul_fraction(obs[0].cluster, base)
-    t_before, t_after = times(before), times(x)
+    t_before, t_after = times(before, base.mfu_ceiling), times(x)     # before: the planner as it ships
     fits = tuple(LogFit(name=o.name, stack=o.stack, layout=o.layout.describe(), logged_step_time_s=o.step_time_s,
                         before_step_time_s=tb, after_step_time_s=ta, tracked_bytes=o.tracked_bytes,
                         max_reserved_bytes=o.max_reserved_bytes, max_allocated_bytes=o.max_allocated_bytes)

@@ -3,6 +3,7 @@ the engines whose settings the published runs document, and the placement orders
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from planner.hardware.topology import AXES
@@ -33,6 +34,25 @@ MATMUL_FRACTION_DEFAULT = 0.75      # ASSUMPTION for GPUs not measured there (PC
 FLASH_FRACTION = {"a100": 0.60, "a100-40gb": 0.60, "h100": 0.35, "h200": 0.35, "b200": 0.35,
                   "gb200": 0.35}
 FLASH_FRACTION_DEFAULT = 0.40       # ASSUMPTION: FlashAttention-2 on other GPUs
+
+# Sustained training rate per GPU type: the highest model-FLOPs utilisation (MFU, executed
+# model FLOPs over the dense BF16 peak) a published training run reached on it. No step is
+# predicted faster than its model FLOPs at this rate (timing.fast.step_arrays): data-sheet
+# peaks times kernel fractions add up to more than whole training steps sustain (an 8B full
+# fine-tune on 8 x A100 came out at 72% MFU, MI300X above H100 per GPU).
+# A100 (80 and 40 GB): 0.641, llm-foundry scripts/train/benchmarking/README.md (commit
+# 061f2c7), MPT-7B, sequence 2048, 8 x A100 80GB, 4,641 tokens/s/GPU (MEASURED; MFU with this
+# planner's FLOP count, the highest of the 28 A100 runs of tests/data/published_runs*.json).
+# H100/H200: 0.465, Megatron-LM README, Megatron-Core r0.8 weak scaling, 462B on 6,144 H100,
+# 459.9 TFLOP/s model FLOPs per GPU (MEASURED; the highest of the 34 H100 runs there; the
+# llm-foundry MPT-7B s2048 8 x H100 run reaches 0.464). MI300X: ASSUMPTION, no run in the
+# project's data: 0.35 of its 1,307 TFLOP/s peak, 458 TFLOP/s, just under the H100's sustained 460, since
+# public training benchmarks find the MI300X slower per GPU than the H100 with the public
+# ROCm stack (SemiAnalysis, "MI300X vs H100 vs H200 Benchmark Part 1: Training", 2024-12-22).
+# Fitted on published runs, so bench/out_of_sample.py sets it per fold from the training
+# sources only (the held-out source's runs never set their own ceiling).
+NO_MFU_CEILING = math.inf     # a calibration measured on the user's own cluster replaces the ceiling
+TRAINING_MFU_CEILING = {"a100": 0.641, "a100-40gb": 0.641, "h100": 0.465, "h200": 0.465, "mi300x": 0.35}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -67,6 +87,11 @@ class Efficiency:
     grad_reduce_bytes: bytes per gradient element the data-parallel reduction moves; None
     takes the precision's gradient bytes. Megatron-LM keeps fp32 main gradients and reduces
     them in fp32 under bf16 (--accumulate-allreduce-grads-in-fp32, set by --bf16).
+    mfu_ceiling: the highest MFU a step may reach (None: the GPU's TRAINING_MFU_CEILING,
+    no ceiling for a GPU not listed there).
+    step_time_factor: every step time multiplied by it (1: the prediction itself); plan --time-
+    confidence sets it to the upper end of the step-time interval (timing.intervals.upper_factor),
+    so that deadlines and costs are met with that confidence out of sample.
     overlap_slowdown: compute time lost per second of communication hidden under it. NCCL
     runs one thread block per channel on its own SM and moves data through HBM; with 16-32
     channels on 108-132 SMs a collective takes roughly 15-25% of the SMs while it runs
@@ -90,6 +115,8 @@ class Efficiency:
     unfused_elementwise_factor: float = 3.0
     grad_reduce_bytes: int | None = None
     overlap_slowdown: float = 0.2
+    mfu_ceiling: float | None = None
+    step_time_factor: float = 1.0
     name: str = "default"
 
 

@@ -84,6 +84,7 @@ from planner.timing.degrees import (
 from planner.timing.efficiency import (
     DEFAULT_EFFICIENCY,
     PLACEMENT_ORDERS,
+    TRAINING_MFU_CEILING,
     Efficiency,
 )
 from planner.timing.flops import flops_per_step
@@ -378,6 +379,19 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
                         dp_each[what, t_i][where] = x
                 terms.clear()
     step_o = np.take(best.reshape(n_o, -1), at_kind, axis=1)
+    n_seq = a.micro_batch * a.grad_accum * a.dp * a.ep
+    flops = distinct_rows([n_seq, a.recompute], _rows(2, np.float64, "flops", m, setup.seq_len,
+                                                           setup.finetune),
+                           lambda n_, rc_: _flops_row(m, setup.seq_len, n_, rc_, setup))
+    peak = cluster.gpu.peak_flops_per_s(setup.precision_spec.compute_dtype)
+    n_gpus = a.dp * a.tp * a.pp * a.cp * a.ep
+    ceiling = eff.mfu_ceiling if eff.mfu_ceiling is not None else TRAINING_MFU_CEILING.get(cluster.gpu.name)
+    unfloored = step_o
+    if ceiling is not None:
+        # no step faster than its model FLOPs at the GPU's sustained training rate
+        step_o = np.maximum(step_o, flops[0] / (n_gpus * (peak * ceiling)))
+    if eff.step_time_factor != 1.0:
+        step_o = step_o * eff.step_time_factor
     if not parts:
         return step_o
     # ---- each layout on its fastest order (the first of equals, as step_time() keeps the
@@ -401,9 +415,8 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
         comm_pp = ga * of_p(p2p_all * (1 - eff.pp_overlap))
         compute = ga * (fwd_l + bwd_l)
         bubble = bubble_share[p_inv] * t_mb_l
-    n_seq = a.micro_batch * a.grad_accum * a.dp * a.ep
-    flops = distinct_rows([n_seq, a.recompute], _rows(2, np.float64, "flops", m, setup.seq_len),
-                           lambda n_, rc_: _flops_row(m, setup.seq_len, n_, rc_))
+    # the time the sustained-rate ceiling (and step_time_factor) adds counts as compute
+    compute = compute + (step_o[idx, cols] - unfloored[idx, cols])
     return StepArrays(orders=tuple(orders), order=idx, step_time_s=step_o[idx, cols], compute_s=compute,
                       comm_tp_s=comm_tp, comm_cp_s=(ga * n_slow_l) * cp_l, comm_ep_s=(ga * n_slow_l) * ep_l,
                       comm_dp_s=of_kind(dp_exposed), comm_pp_s=comm_pp, bubble_s=bubble,
@@ -413,12 +426,13 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
                       grad_accum=a.grad_accum, dp_branch=BRANCH[pair],
                       dp_each=np.stack([np.stack([of_kind(dp_each[k, t]) for t in range(3)]) for k in range(3)]),
                       efficiency=eff, tokens_per_step=n_seq * setup.seq_len,
-                      n_gpus=a.dp * a.tp * a.pp * a.cp * a.ep, model_flops=flops[0], hardware_flops=flops[1],
-                      peak_flops_per_s=cluster.gpu.peak_flops_per_s(setup.precision_spec.compute_dtype))
+                      n_gpus=n_gpus, model_flops=flops[0], hardware_flops=flops[1],
+                      peak_flops_per_s=peak)
 
 
-def _flops_row(m: ModelSpec, seq_len: int, n_sequences: int, recompute: int) -> tuple[float, float]:
-    f = flops_per_step(m, seq_len, n_sequences, RECOMPUTES[recompute])
+def _flops_row(m: ModelSpec, seq_len: int, n_sequences: int, recompute: int, setup: TrainingSetup
+               ) -> tuple[float, float]:
+    f = flops_per_step(m, seq_len, n_sequences, RECOMPUTES[recompute], setup.finetune)
     return f.model_flops, f.hardware_flops
 
 

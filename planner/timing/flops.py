@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.models.spec import ModelSpec
+from planner.training.finetune import FinetuneSpec, resolve_targets
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -76,13 +77,69 @@ class StepFlops:
     hardware_flops: float     # with recomputation
 
 
-def flops_per_step(m: ModelSpec, seq_len: int, n_sequences: int, recompute: str = "none") -> StepFlops:
+def adapter_flops_per_token(m: ModelSpec, ft: FinetuneSpec) -> float:
+    """Forward FLOPs per token of the LoRA adapters of every block: each adapted linear layer
+    d_in -> d_out runs x A and (x A) B, 2 r (d_in + d_out) (Hu et al. 2021, arXiv:2106.09685,
+    Sec. 4.1), r times PEFT's rank factor on fused expert projections, an expert layer on the
+    k experts a token visits, in the blocks that hold the layer. Adapters outside the blocks
+    are not counted (as in kernels.frozen_block_extra_s)."""
+    if not ft.is_lora:
+        return 0.0
+    k = m.n_experts_per_token if m.is_moe else 1
+    total = 0.0
+    for lin in resolve_targets(m, ft):
+        if lin.group == "outside":
+            continue
+        blocks = lin.n_blocks or m.n_layers
+        total += (k if lin.expert else 1) * 2 * ft.lora_rank * lin.rank_factor * (lin.d_in + lin.d_out) * blocks
+    return total
+
+
+def executed_flops_per_token(m: ModelSpec, seq_len: int, ft: FinetuneSpec, recompute: str = "none") -> float:
+    """Training FLOPs per token the GPUs run under ``ft``: full training's (model or hardware
+    FLOPs) where everything trains; otherwise only the matmuls that run.
+
+    A frozen weight W in y = x W needs no weight gradient (dL/dW = x^T dL/dy), only the input
+    gradient dL/dx = dL/dy W^T that carries the gradient to the trainable layers below: its
+    backward is one matmul, not two (the backward of a linear layer is two GEMMs, Narayanan et
+    al. 2021, Sec. 3.2; PyTorch autograd skips the weight gradient when requires_grad is False).
+    LoRA/QLoRA (every block's base frozen, adapters in every block): base matmuls 2x their
+    forward (forward + input gradient), attention scores 3x (no weights), adapters 3x, the
+    frozen LM head 2x; recomputation reruns the forward of each block (adapters included) or
+    its attention scores. Freeze (the last ``trainable_layers`` blocks train): the frozen
+    blocks before them run forward only (autograd stops at the first trainable block,
+    finetune.activation_layers), the trained blocks 3x, the frozen head 2x; only trained
+    blocks keep activations, so only they recompute."""
+    lf = layer_flops(m, seq_len)
+    extra = {"none": 0.0, "selective": lf.scores, "full": lf.total}[recompute]
+    if ft.is_full:
+        return 3 * (m.n_layers * lf.total + head_flops(m)) + m.n_layers * extra
+    weights = lf.total - lf.scores
+    head = 2 * head_flops(m)
+    if ft.is_lora:
+        adapters = adapter_flops_per_token(m, ft)
+        if recompute == "full":
+            extra_all = m.n_layers * lf.total + adapters
+        else:
+            extra_all = m.n_layers * extra
+        return m.n_layers * (2 * weights + 3 * lf.scores) + 3 * adapters + head + extra_all
+    trained = min(ft.trainable_layers, m.n_layers)
+    frozen = m.n_layers - trained
+    return frozen * lf.total + trained * (3 * lf.total + extra) + head
+
+
+def flops_per_step(m: ModelSpec, seq_len: int, n_sequences: int, recompute: str = "none",
+                   ft: FinetuneSpec | None = None) -> StepFlops:
     """FLOPs of one optimizer step over ``n_sequences`` sequences of ``seq_len`` tokens.
 
-    Whatever trains, these count full training's FLOPs (6N per token for the weights, as
-    Kaplan's and PaLM's MFU do): under LoRA, QLoRA and freeze the GPUs skip the frozen
-    weights' gradients (layer_time), so MFU and HFU there compare the step with full
-    training's work, not with the work the GPUs did."""
+    Full training: model FLOPs (no recomputation, for MFU; 6N per token for the weights, as
+    Kaplan's and PaLM's MFU do) and hardware FLOPs (with it). Under LoRA, QLoRA and freeze
+    (``ft``) both count only the matmuls that run (executed_flops_per_token): no weight
+    gradients for frozen weights, the adapters' own matmuls added, so MFU there is the share
+    of peak the GPUs' work reaches, not full training's work over the step."""
     tokens = n_sequences * seq_len
-    return StepFlops(model_flops=tokens * model_flops_per_token(m, seq_len),
-                     hardware_flops=tokens * hardware_flops_per_token(m, seq_len, recompute))
+    if ft is None or ft.is_full:
+        return StepFlops(model_flops=tokens * model_flops_per_token(m, seq_len),
+                         hardware_flops=tokens * hardware_flops_per_token(m, seq_len, recompute))
+    return StepFlops(model_flops=tokens * executed_flops_per_token(m, seq_len, ft, "none"),
+                     hardware_flops=tokens * executed_flops_per_token(m, seq_len, ft, recompute))

@@ -50,7 +50,9 @@ from planner.timing.efficiency import (
     MATMUL_FRACTION_DEFAULT,
     MEGATRON_2021,
     MEGATRON_CORE,
+    NO_MFU_CEILING,
     PLACEMENT_ORDERS,
+    TRAINING_MFU_CEILING,
     Efficiency,
 )
 from planner.timing.fast import step_arrays, step_time, step_times
@@ -89,6 +91,8 @@ __all__ = [
     "FLASH_FRACTION_DEFAULT",
     "MATMUL_FRACTION",
     "MATMUL_FRACTION_DEFAULT",
+    "NO_MFU_CEILING",
+    "TRAINING_MFU_CEILING",
     "MEGATRON_2021",
     "MEGATRON_CORE",
     "PLACEMENT_ORDERS",

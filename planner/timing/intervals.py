@@ -1,0 +1,77 @@
+"""Error bars of the step-time model: central intervals of its out-of-sample errors.
+
+planner/timing/step_intervals.json holds, per level (0.50, 0.80, 0.90, 0.95), the quantiles of
+log(predicted / reported speed) over the held-out predictions of bench/out_of_sample.py (leave
+one published source out; docs/published-runs-out-of-sample.md): MEASURED residuals of the
+planner against published runs it was not fitted on. With e = log(predicted / true speed), the
+true step time is the predicted one times exp(e), so at a level the step time lies within
+predicted x [exp(low), exp(high)], and speed (tokens/s, TFLOP/s, MFU) within
+predicted / [exp(high), exp(low)]; train time and cost scale as the step time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from planner.errors import UserError
+
+STEP_INTERVALS_PATH = Path(__file__).resolve().parent / "step_intervals.json"
+DEFAULT_LEVEL = 0.80
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TimeBand:
+    """The factors a predicted step time is multiplied by for the ends of its interval."""
+
+    level: float
+    time_low_factor: float      # exp(low quantile of the log error); < 1 where predictions run slow
+    time_high_factor: float
+
+    def step_s(self, step_s: float) -> tuple[float, float]:
+        return step_s * self.time_low_factor, step_s * self.time_high_factor
+
+    def speed(self, speed: float) -> tuple[float, float]:
+        """(low, high) of a rate: tokens/s, TFLOP/s, MFU."""
+        return speed / self.time_high_factor, speed / self.time_low_factor
+
+
+@lru_cache(maxsize=1)
+def interval_data() -> dict:
+    return dict(json.loads(STEP_INTERVALS_PATH.read_text()))
+
+
+def levels() -> tuple[float, ...]:
+    return tuple(sorted(float(k) for k in interval_data()["levels"]))
+
+
+def time_band(level: float = DEFAULT_LEVEL) -> TimeBand:
+    """The step-time interval at ``level`` (one of levels())."""
+    table = interval_data()["levels"]
+    key = f"{level:.2f}"
+    if key not in table:
+        raise UserError(f"--confidence {level:g} has no interval; choose one of "
+                        f"{', '.join(f'{x:g}' for x in levels())}")
+    row = table[key]
+    return TimeBand(level=level, time_low_factor=math.exp(row["log_error_low"]),
+                    time_high_factor=math.exp(row["log_error_high"]))
+
+
+def upper_factor(confidence: float) -> float:
+    """The factor by which a predicted step time is multiplied so that the true one is at most
+    that with ``confidence`` (the one-sided quantile of the out-of-sample log errors): what
+    --time-confidence plans with (Efficiency.step_time_factor)."""
+    table = interval_data()["upper_quantiles"]
+    key = f"{confidence:.2f}"
+    if key not in table:
+        raise UserError(f"--time-confidence {confidence:g} has no quantile; choose one of {', '.join(sorted(table))}")
+    return math.exp(max(0.0, table[key]))
+
+
+def provenance() -> str:
+    d = interval_data()
+    return (f"{d['residuals']}: {d['runs']} runs, {len(d['sources'])} sources "
+            f"(bench/out_of_sample.py, {d['generated']})")
