@@ -18,6 +18,7 @@ import click
 from planner.cli.complete import complete_gpus, complete_models, complete_topologies
 from planner.cli.sizes import SeqLength, SequenceCount, TokenBatch
 from planner.training.finetune import METHODS, QUANTS
+from planner.training.fp8 import FP8_RECIPE_CHOICES
 from planner.training.setup import (
     ATTENTION,
     KERNELS,
@@ -60,6 +61,7 @@ class Options:
     grad_accum: int | None = None
     recompute: str | None = None
     precision: str = "bf16-mixed"
+    fp8_recipe: str = "auto"
     optimizer: str = "adamw"
     attention: str = "flash"
     kernels: str = "auto"
@@ -219,6 +221,10 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--recompute", type=click.Choice(RECOMPUTE), default=None,
                      help="Activation recomputation (default: searched)."),
         click.option("--precision", type=click.Choice(PRECISIONS), default="bf16-mixed", show_default=True),
+        click.option("--fp8-recipe", type=click.Choice(FP8_RECIPE_CHOICES), default="auto", show_default=True,
+                     help="Under --precision fp8: tensorwise (torchao, float8 all-gather), rowwise (torchao; "
+                          "torchtitan's default), delayed (Transformer Engine; Megatron-LM's), blockwise "
+                          "(DeepSeek-V3). auto: the --stack's default, rowwise without one."),
         click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adamw", show_default=True),
         click.option("--attention", type=click.Choice(ATTENTION), default="flash", show_default=True,
                      help="flash/SDPA, or eager that materialises the s x s scores."),

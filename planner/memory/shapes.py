@@ -18,6 +18,7 @@ from planner.memory.activations import (
     eager_score_gradient_bytes,
 )
 from planner.memory.buffers import pipeline_buffer_bytes
+from planner.memory.fp8 import saved_input_delta_bytes
 from planner.memory.loss import logits_bytes
 from planner.memory.params import (
     largest_tensor,
@@ -149,6 +150,7 @@ def activation_figures(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_
     depend on the sharding (activations.lora_cast_bytes)."""
     lora = setup.finetune.is_lora
     fp32 = replace(setup, precision="fp32") if act_fp32.any() else setup
+    fp8 = setup.precision_spec.fp8 is not None
 
     def figures(tp: int, sp: int, cp: int, mb: int, rc: int, k: int, f32: int, piped: int, zero: int = 0,
                 sharding: int = 0) -> tuple[int, ...]:
@@ -156,6 +158,9 @@ def activation_figures(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_
                      zero_stage=zero, sharding=SHARDINGS[sharding], pp=1 + piped)
         kern = KERNELS[k]
         kept, full = block_activations(m, fp32 if f32 else setup, activation_key(lay, lora), kern)
+        if fp8:     # the FP8 recipe's saved linear inputs (memory.fp8)
+            kept += saved_input_delta_bytes(m, setup, lay)
+            full += saved_input_delta_bytes(m, setup, replace(lay, recompute="none"))
         return (kept, full, eager_score_gradient_bytes(m, setup, lay, kern), logits_bytes(m, setup, lay, kern),
                 pipeline_buffer_bytes(m, setup, lay))
 

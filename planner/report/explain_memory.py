@@ -111,6 +111,15 @@ def memory_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, pc: ParamCount
         out.append(_mem("weights", "root unit kept gathered (embedding, final norm, LM head)",
                         "root params x 16-bit bytes", tr.root_gathered, FSDP2,
                         root_params=rp.root_unit, bytes_per_weight=prec.weight_bytes))
+    if prec.fp8 is not None:
+        r = prec.fp8
+        out.append(_mem("weights", f"FP8 weight copies and amax histories ({r.name}: {r.stack})",
+                        "block params x fp8 copy bytes + fp8 linears x 5 tensors x (history + 2) x 4 B",
+                        tr.fp8_weights, "planner.training.fp8 (torchao float8_linear.py / TE DelayedScaling / "
+                        "DeepSeek-V3 arXiv:2412.19437 Sec. 3.3)", fp8_copy_bytes_per_param=r.fp8_weight_copy_bytes,
+                        amax_history_len=r.amax_history_len,
+                        saved_linear_input_bytes_per_element=r.saved_input_bytes,
+                        all_gather_bytes_per_param=r.gather_bytes))
     out += _moment_weight_terms(lay, tr, phase, w_extra, prec.weight_bytes)
 
     moment = phase.replace("-", " ")

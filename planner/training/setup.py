@@ -11,9 +11,10 @@ from functools import lru_cache
 from typing import Any
 
 from planner.training.finetune import FinetuneSpec
+from planner.training.fp8 import Fp8Recipe, recipe
 from planner.units import MiB
 
-PRECISIONS = ("bf16-mixed", "fp16-mixed", "fp32", "bf16")
+PRECISIONS = ("bf16-mixed", "fp16-mixed", "fp32", "bf16", "fp8")
 OPTIMIZERS = ("adamw", "sgd", "adafactor", "adam8bit")
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "eager")
@@ -30,6 +31,11 @@ class Precision:
     paper's accounting (Rajbhandari et al. 2019, Sec. 3.1) counts 16-bit gradients;
     FSDP2 with MixedPrecisionPolicy keeps fp32 sharded parameters (which are the
     master copy) and fp32 gradients, and gathers 16-bit copies for compute.
+
+    fp8: bf16 mixed precision whose block linear layers run FP8 GEMMs under a recipe
+    (planner.training.fp8: its weight copies, saved inputs, gathers and GEMM rate);
+    compute_dtype stays bf16 (attention, the LM head, and the peak MFU is quoted against),
+    matmul_dtype is fp8.
     """
 
     name: str
@@ -38,10 +44,20 @@ class Precision:
     master_bytes: int          # 0 when the weights are already fp32 or training is pure 16-bit
     activation_bytes: int      # bytes per activation element
     compute_dtype: str         # which tensor-core rate applies: bf16, fp16, fp32
+    fp8: Fp8Recipe | None = None   # the FP8 recipe of the blocks' linear layers (precision fp8)
+
+    @property
+    def gather_bytes(self) -> int:
+        """Bytes per parameter a ZeRO-3/FSDP all-gather moves (fp8 all-gather: 1)."""
+        return self.fp8.gather_bytes if self.fp8 is not None else self.weight_bytes
 
     @staticmethod
     @lru_cache(maxsize=16)
-    def named(name: str) -> Precision:
+    def named(name: str, fp8_recipe: str = "rowwise") -> Precision:
+        if name == "fp8":
+            r = recipe(fp8_recipe)
+            return Precision(name=f"fp8 ({r.name})", weight_bytes=2, grad_bytes=r.grad_bytes, master_bytes=4,
+                             activation_bytes=2, compute_dtype="bf16", fp8=r)
         if name in ("bf16-mixed", "fp16-mixed"):
             return Precision(name=name, weight_bytes=2, grad_bytes=2, master_bytes=4,
                              activation_bytes=2, compute_dtype=name[:4])
@@ -136,10 +152,12 @@ class TrainingSetup:
     # bytes per parameter of optimizer state, overriding the optimizer's default (e.g. 4 for
     # Adam moments kept in 16 bits, as torch.optim.AdamW keeps them for 16-bit parameters)
     optimizer_state_bytes: float | None = None
+    # the FP8 recipe under precision "fp8" (planner.training.fp8.RECIPES), resolved from the stack
+    fp8_recipe: str = "rowwise"
 
     @property
     def precision_spec(self) -> Precision:
-        return Precision.named(self.precision)
+        return Precision.named(self.precision, self.fp8_recipe)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
