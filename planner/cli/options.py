@@ -62,6 +62,7 @@ class Options:
     recompute: str | None = None
     precision: str = "bf16-mixed"
     fp8_recipe: str = "auto"
+    moe_imbalance: float = 1.0
     optimizer: str = "adamw"
     attention: str = "flash"
     kernels: str = "auto"
@@ -225,6 +226,10 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Under --precision fp8: tensorwise (torchao, float8 all-gather), rowwise (torchao; "
                           "torchtitan's default), delayed (Transformer Engine; Megatron-LM's), blockwise "
                           "(DeepSeek-V3). auto: the --stack's default, rowwise without one."),
+        click.option("--moe-imbalance", type=click.FloatRange(1.0, 64.0), default=1.0, show_default=True,
+                     help="MoE routing: tokens the most loaded expert-parallel rank receives over its balanced "
+                          "share (scales its expert activations, expert GEMMs and all-to-alls). 1.0 balanced; "
+                          "Switch Transformer trains with capacity factor 1.25 (Fedus et al. 2021, Table 1)."),
         click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adamw", show_default=True),
         click.option("--attention", type=click.Choice(ATTENTION), default="flash", show_default=True,
                      help="flash/SDPA, or eager that materialises the s x s scores."),

@@ -131,6 +131,8 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
     if o.precision == "fp8" and (o.method not in (None, "auto", "full") or o.quant not in (None, "none")):
         raise UserError("--precision fp8 is modelled for full training only; drop --method/--quant "
                         "or use --precision bf16-mixed")
+    if o.moe_imbalance != 1.0 and not m.is_moe:
+        raise UserError(f"--moe-imbalance needs a mixture-of-experts model; {m.name} is dense")
     if o.ep and o.ep > 1 and not m.is_moe:
         raise UserError(f"--ep {o.ep} needs a mixture-of-experts model; {m.name} is dense")
     global_batch = global_batch_from(o.as_mapping(), MAX_GLOBAL_BATCH)
@@ -144,7 +146,7 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
         global_batch = implied
     setup = TrainingSetup(seq_len=o.seq_len, global_batch=global_batch or 1024,
                           precision=o.precision, optimizer=o.optimizer,
-                          fp8_recipe=resolve_recipe(o.fp8_recipe, o.stack),
+                          fp8_recipe=resolve_recipe(o.fp8_recipe, o.stack), moe_imbalance=o.moe_imbalance,
                           attention=o.attention, kernels=o.kernels,
                           usable_memory_fraction=o.usable_memory,
                           finetune=finetune_spec(o, "full" if o.method == "auto" else None),

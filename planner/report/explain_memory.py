@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from planner.layouts.layout import Layout
+from planner.memory.fp8 import saved_input_delta_bytes
 from planner.memory.model import (
     CATEGORIES,
     RankMemory,
@@ -12,6 +13,7 @@ from planner.memory.model import (
     layer_activation_terms,
     per_rank_memory,
 )
+from planner.memory.moe import expert_side_bytes, imbalance_extra_bytes
 from planner.models.spec import ModelSpec, ParamCount
 from planner.report.terms import (
     AUTOCAST,
@@ -276,6 +278,31 @@ def _moment_weight_terms(lay: Layout, tr: RankTerms, phase: str, w_extra: int,
     return []
 
 
+def _architecture_block_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) -> list[Term]:
+    """Per-block lines beyond memory.activations' saved tensors (already in the block's
+    bytes above, not added again): the FP8 recipe's saved linear inputs (memory.fp8) and,
+    for MoE, the dispatch's expert-side tensors and the routing imbalance (memory.moe)."""
+    out: list[Term] = []
+    fp8 = setup.precision_spec.fp8
+    if fp8 is not None and lay.recompute != "full":
+        delta = saved_input_delta_bytes(m, setup, lay)
+        out.append(_mem("activations", f"  per block: FP8 linear inputs kept for backward ({fp8.name}: "
+                        f"{fp8.saved_input_bytes:g} B per element)", "b s x (h + q/t + k h + k f/t) x "
+                        "(saved bytes - a)", delta, "planner.training.fp8 (torchao float8_linear.py; TE; "
+                        "DeepSeek-V3 Sec. 3.3.4)", summed=False))
+    if m.is_moe and lay.recompute != "full":
+        side = expert_side_bytes(m, setup, lay, kernels)
+        out.append(_mem("activations", "  per block: MoE dispatch: routed tokens and expert MLP tensors "
+                        f"(k = {m.n_experts_per_token} of {m.n_experts} experts; router: fp32 probabilities above)",
+                        "the expert-side saved tensors above, balanced", side, KORTHIKANTI, summed=False))
+        if lay.ep > 1 and setup.moe_imbalance != 1.0:
+            out.append(_mem("activations", f"  per block: MoE routing imbalance x{setup.moe_imbalance:g} on the "
+                            f"most loaded of {lay.ep} expert-parallel ranks", "(imbalance - 1) x expert-side tensors",
+                            imbalance_extra_bytes(m, setup, lay, kernels), "TrainingSetup.moe_imbalance (Fedus et "
+                            "al. 2021, Switch Transformer, capacity factor)", summed=False))
+    return out
+
+
 def _activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, tr: RankTerms, phase: str,
                       act_at: int) -> list[Term]:
     out: list[Term] = []
@@ -313,6 +340,7 @@ def _activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, tr: RankT
         out.append(_mem("activations", f"  per block: {t.name}" + (" (recomputed, not kept)" if dropped else ""),
                         "b s x width x bytes, / t inside the tensor-parallel region", t.bytes,
                         KORTHIKANTI, summed=False))
+    out += _architecture_block_terms(m, tr.act_setup, lay, tr.kernels)
     if tr.embed_acts:
         out.append(_mem("activations", "embedding dropout mask (first stage)",
                         "b s h x 1 B x micro-batches in flight", tr.embed_acts, KORTHIKANTI,

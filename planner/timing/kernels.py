@@ -183,6 +183,8 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
         k = m.n_experts_per_token
         local = m.n_experts / ep
         rows = tokens * k / local        # tokens routed to each local expert (balanced)
+        if ep > 1:      # the most loaded ep rank's experts, which the others wait for (setup.moe_imbalance)
+            rows *= setup.moe_imbalance
         dense += gemm_time_s(tokens, m.n_experts, h, mm, hbm, e)     # the router stays 16-bit
         mlp = gemm(rows, mats_in * f / tp, h, local) + gemm(rows, h, f / tp, local)
     else:
@@ -222,7 +224,9 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
     cp_bytes = tokens * 2 * kv * a / tp if cp > 1 else 0.0
     k_ = m.n_experts_per_token if m.is_moe else 1
     ep_a = prec.fp8.ep_dispatch_bytes if prec.fp8 is not None else a    # DeepSeek-V3: FP8 dispatch
-    ep_bytes = tokens * k_ * h * ep_a / (tp if key.sp else 1) if (m.is_moe and ep > 1) else 0.0
+    # the all-to-all ends when the most loaded rank has received its tokens (setup.moe_imbalance)
+    ep_bytes = (tokens * k_ * h * ep_a * setup.moe_imbalance / (tp if key.sp else 1)
+                if (m.is_moe and ep > 1) else 0.0)
     return LayerTime(fwd_s=fwd, bwd_s=bwd, attention_fwd_s=attn_fwd,
                      tp_bytes=tokens * h * a, tp_collectives=tp_coll,
                      cp_bytes=cp_bytes, cp_passes=(3 + (1 if key.recompute == "full" else 0)) if cp > 1 else 0,

@@ -154,6 +154,16 @@ class TrainingSetup:
     optimizer_state_bytes: float | None = None
     # the FP8 recipe under precision "fp8" (planner.training.fp8.RECIPES), resolved from the stack
     fp8_recipe: str = "rowwise"
+    # MoE routing imbalance: tokens the most loaded expert-parallel rank receives over its
+    # balanced share (k T / ep of every rank's tokens). It scales that rank's expert-side
+    # saved tensors (memory.moe), its expert GEMMs and its all-to-all bytes (timing.kernels).
+    # 1.0: balanced, as tracker measurements under fake tensors route (and as every committed
+    # example assumes). Switch Transformer sizes expert buffers with a capacity factor of 1.25
+    # in training (Fedus et al. 2021, arXiv:2101.03961, Sec. 2.1 and Table 1: expert
+    # capacity = tokens per batch / experts x capacity factor); a dropless MoE with an
+    # auxiliary balance loss (DeepSeek-V3, arXiv:2412.19437, Sec. 2.1.2: auxiliary-loss-free
+    # balancing) has no fixed bound: give the ratio its router logs report.
+    moe_imbalance: float = 1.0
 
     @property
     def precision_spec(self) -> Precision:
