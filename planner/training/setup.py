@@ -15,7 +15,7 @@ from planner.training.fp8 import Fp8Recipe, recipe
 from planner.units import MiB
 
 PRECISIONS = ("bf16-mixed", "fp16-mixed", "fp32", "bf16", "fp8")
-OPTIMIZERS = ("adamw", "sgd", "adafactor", "adam8bit")
+OPTIMIZERS = ("adamw", "sgd", "adafactor", "adam8bit", "adamw-bf16-states")
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "eager")
 KERNELS = ("auto", "eager", "fused")
@@ -82,8 +82,16 @@ def optimizer_state_bytes_per_param(optimizer: str) -> float:
     8-bit Adam (Dettmers et al. 2022, arXiv:2110.02861): two int8 states plus one fp32
     absmax per 2048-element block for each, 2 + 2*4/2048 B. Adafactor is factored per
     matrix and is counted from the shapes in memory.optimizer_bytes (Shazeer & Stern 2018).
+    AdamW with 16-bit moments (adamw-bf16-states): both moments in bf16, 4 B, beside the
+    fp32 master; torchtitan 0.3.0 ``optimizer.implementation = "fused_opt_states_bf16"``
+    (torchtitan/components/optimizer/optimizer.py: exp_avg and exp_avg_sq created in
+    bfloat16, the fused kernel's mixed-precision path), Megatron-LM
+    ``--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``
+    (megatron-core 0.16.1 OptimizerConfig, Transformer Engine FusedAdam); DeepSeek-V3
+    trains with BF16 moments (arXiv:2412.19437, Sec. 3.3.4).
     """
-    return {"adamw": 8.0, "sgd": 4.0, "adam8bit": 2.0 + 8 / 2048, "adafactor": 0.0}[optimizer]
+    return {"adamw": 8.0, "sgd": 4.0, "adam8bit": 2.0 + 8 / 2048, "adafactor": 0.0,
+            "adamw-bf16-states": 4.0}[optimizer]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
