@@ -17,6 +17,7 @@ from planner.memory.activations import (
     block_activations,
     eager_score_gradient_bytes,
 )
+from planner.memory.attention import mla_saved_delta_bytes
 from planner.memory.buffers import pipeline_buffer_bytes
 from planner.memory.fp8 import saved_input_delta_bytes
 from planner.memory.loss import logits_bytes
@@ -160,6 +161,10 @@ def activation_figures(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_
                      zero_stage=zero, sharding=SHARDINGS[sharding], pp=1 + piped, ep=ep)
         kern = KERNELS[k]
         kept, full = block_activations(m, fp32 if f32 else setup, activation_key(lay, lora), kern)
+        if m.is_mla:    # multi-head latent attention's latents and narrower values (memory.attention)
+            s_mla = fp32 if f32 else setup
+            kept += mla_saved_delta_bytes(m, s_mla, lay, kern)
+            full += mla_saved_delta_bytes(m, s_mla, replace(lay, recompute="none"), kern)
         if fp8:     # the FP8 recipe's saved linear inputs (memory.fp8)
             kept += saved_input_delta_bytes(m, setup, lay)
             full += saved_input_delta_bytes(m, setup, replace(lay, recompute="none"))

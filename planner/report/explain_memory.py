@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from planner.layouts.layout import Layout
+from planner.memory.attention import mla_saved_delta_bytes
 from planner.memory.fp8 import saved_input_delta_bytes
 from planner.memory.model import (
     CATEGORIES,
@@ -176,6 +177,14 @@ def memory_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, pc: ParamCount
                         logits_at, LOGITS, micro_batch_b=lay.micro_batch, seq_len_s=lay.seq_len // lay.cp,
                         d_model_h=m.d_model, vocab_V=m.vocab_size, tp_t=lay.tp, sp=lay.sp,
                         activation_bytes_a=prec.activation_bytes, kernels=tr.kernels))
+        if logits_at > tr.layer_act:
+            share = logits_at / max(1, act_at + logits_at)
+            lead = "the loss dominates" if share > 0.5 else "the loss outweighs a block"
+            out.append(_mem("logits", f"  note: {lead}: the {m.vocab_size:,}-token vocabulary makes the logits "
+                            f"larger than one block's saved tensors ({share:.0%} of this moment's activations "
+                            "and logits); a chunked or fused cross-entropy (Liger, torchtitan's loss parallel) "
+                            "is not modelled", "logits and loss / (blocks' activations + logits and loss)",
+                            logits_at, LOGITS, summed=False, per_block_bytes=tr.layer_act))
     out += _buffer_terms(setup, lay, tr, phase, buf_at)
     if phase == peak:
         o = setup.overheads
@@ -283,6 +292,13 @@ def _architecture_block_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, k
     bytes above, not added again): the FP8 recipe's saved linear inputs (memory.fp8) and,
     for MoE, the dispatch's expert-side tensors and the routing imbalance (memory.moe)."""
     out: list[Term] = []
+    if m.is_mla and lay.recompute != "full":
+        out.append(_mem("activations", f"  per block: MLA latents (q {m.q_lora_rank}, kv {m.kv_lora_rank}) and values "
+                        f"{m.value_head_dim} wide, not {m.head_dim} (beside the generic tensors above)",
+                        "b s (q_lora + kv_lora)(norm bytes + a) (/ t with sp) + 2 b s n_heads (v - head_dim) a / t",
+                        mla_saved_delta_bytes(m, setup, lay, kernels), "planner.memory.attention (DeepSeek-V3, "
+                        "arXiv:2412.19437, Sec. 2.1.1; checked against autograd on DeepseekV3Attention)",
+                        summed=False))
     fp8 = setup.precision_spec.fp8
     if fp8 is not None and lay.recompute != "full":
         delta = saved_input_delta_bytes(m, setup, lay)
