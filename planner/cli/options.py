@@ -18,6 +18,7 @@ import click
 from planner.cli.complete import complete_gpus, complete_models, complete_topologies
 from planner.cli.sizes import SeqLength, SequenceCount, TokenBatch
 from planner.training.finetune import METHODS, QUANTS
+from planner.training.fp8 import FP8_RECIPE_CHOICES
 from planner.training.setup import (
     ATTENTION,
     DS_CHECKPOINTING,
@@ -64,6 +65,8 @@ class Options:
     compile: bool = False             # torch.compile per block (--stack torchtitan)
     ds_checkpointing: str = "none"    # DeepSpeed activation checkpointing (--stack deepspeed)
     precision: str = "bf16-mixed"
+    fp8_recipe: str = "auto"
+    moe_imbalance: float = 1.0
     optimizer: str = "adamw"
     attention: str = "flash"
     kernels: str = "auto"
@@ -234,6 +237,14 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--compile", is_flag=True, default=False,
                      help="torch.compile each block (--stack torchtitan: compile.components=['model'])."),
         click.option("--precision", type=click.Choice(PRECISIONS), default="bf16-mixed", show_default=True),
+        click.option("--fp8-recipe", type=click.Choice(FP8_RECIPE_CHOICES), default="auto", show_default=True,
+                     help="Under --precision fp8: tensorwise (torchao, float8 all-gather), rowwise (torchao; "
+                          "torchtitan's default), delayed (Transformer Engine; Megatron-LM's), blockwise "
+                          "(DeepSeek-V3). auto: the --stack's default, rowwise without one."),
+        click.option("--moe-imbalance", type=click.FloatRange(1.0, 64.0), default=1.0, show_default=True,
+                     help="MoE routing: tokens the most loaded expert-parallel rank receives over its balanced "
+                          "share (scales its expert activations, expert GEMMs and all-to-alls). 1.0 balanced; "
+                          "Switch Transformer trains with capacity factor 1.25 (Fedus et al. 2021, Table 1)."),
         click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adamw", show_default=True),
         click.option("--attention", type=click.Choice(ATTENTION), default="flash", show_default=True,
                      help="flash/SDPA, or eager that materialises the s x s scores."),

@@ -105,6 +105,7 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
     from planner.hardware.gpus import get_gpu
     from planner.layouts.layout import SearchSpace
     from planner.models.spec import load_model
+    from planner.training.fp8 import resolve_recipe
     from planner.training.setup import Overheads, TrainingSetup
 
     if not o.model_name:
@@ -122,6 +123,16 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
     gpu = get_gpu(o.gpu_name)
     if o.precision.startswith("bf16") and gpu.bf16_flops_per_s is None:
         raise UserError(f"{gpu.full_name} has no bf16 support; use --precision fp16-mixed or fp32")
+    if o.precision == "fp8" and gpu.fp8_flops_per_s is None:
+        raise UserError(f"{gpu.full_name} has no FP8 tensor cores (Hopper, Ada or later); "
+                        "use --precision bf16-mixed")
+    if o.fp8_recipe != "auto" and o.precision != "fp8":
+        raise UserError(f"--fp8-recipe {o.fp8_recipe} needs --precision fp8")
+    if o.precision == "fp8" and (o.method not in (None, "auto", "full") or o.quant not in (None, "none")):
+        raise UserError("--precision fp8 is modelled for full training only; drop --method/--quant "
+                        "or use --precision bf16-mixed")
+    if o.moe_imbalance != 1.0 and not m.is_moe:
+        raise UserError(f"--moe-imbalance needs a mixture-of-experts model; {m.name} is dense")
     if o.ep and o.ep > 1 and not m.is_moe:
         raise UserError(f"--ep {o.ep} needs a mixture-of-experts model; {m.name} is dense")
     global_batch = global_batch_from(o.as_mapping(), MAX_GLOBAL_BATCH)
@@ -135,6 +146,7 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
         global_batch = implied
     setup = TrainingSetup(seq_len=o.seq_len, global_batch=global_batch or 1024,
                           precision=o.precision, optimizer=o.optimizer,
+                          fp8_recipe=resolve_recipe(o.fp8_recipe, o.stack), moe_imbalance=o.moe_imbalance,
                           attention=o.attention, kernels=o.kernels, stack=o.stack or "auto",
                           usable_memory_fraction=usable_memory(o),
                           finetune=finetune_spec(o, "full" if o.method == "auto" else None),

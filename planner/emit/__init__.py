@@ -133,6 +133,13 @@ def check_options(r: PlanResult, opts: EmitOptions) -> None:
     if eng == "megatron" and opt in ("adafactor", "adam8bit"):
         raise UserError(f"Megatron-LM has no {opt} optimizer; use --optimizer adamw or sgd, "
                         f"or plan without tp/pp/cp")
+    if opt == "adamw-bf16-states":
+        raise UserError("--out does not write 16-bit optimizer states yet (torchtitan's "
+                        "implementation = \"fused_opt_states_bf16\", Megatron-LM's --exp-avg-dtype bf16): plan "
+                        "without --out, or write --optimizer adamw configs")
+    if r.setup.precision == "fp8":
+        raise UserError("--out does not write FP8 configs yet (torchtitan's float8 converter, Megatron-LM's "
+                        "--fp8-format): plan with --precision fp8 without --out, or write bf16-mixed configs")
     if eng == "megatron" and r.setup.precision == "bf16":
         raise UserError("Megatron-LM keeps fp32 main weights under --bf16; plan with --precision bf16-mixed")
     if eng == "torchtitan" and r.setup.precision not in ("bf16-mixed", "fp32"):

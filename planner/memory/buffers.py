@@ -54,11 +54,13 @@ def buffer_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, rp: Params
 
 
 def gathered_block_bytes(rp: ParamsArrays, prec: Precision, split: SplitArrays) -> np.ndarray:
-    """One block as FSDP2 gathers it: its (padded) parameters in 16 bits, or with a frozen
-    base its stored (maybe quantized) frozen bytes and its trainable parameters."""
+    """One block as FSDP2 gathers it: its (padded) parameters in 16 bits (in fp8 under an FP8
+    recipe with float8 all-gather, Precision.gather_bytes: torchao fsdp_utils casts the shard
+    before the gather; the norms' few parameters are counted at that width too), or with a
+    frozen base its stored (maybe quantized) frozen bytes and its trainable parameters."""
     frozen = split.frozen_bytes != 0
     return np.where(frozen, split.block_frozen_bytes + split.block_trainable * prec.weight_bytes,
-                    rp.block_unit * prec.weight_bytes)
+                    rp.block_unit * prec.gather_bytes)
 
 
 def fsdp_backward_end_bytes(a: LayoutArrays, rp: ParamsArrays, prec: Precision, split: SplitArrays,

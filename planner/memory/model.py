@@ -186,8 +186,8 @@ class MemoryTerms:
 
 _STAGE_TERMS = ("n_act_layers", "held", "layer_act", "full_layer", "block_acts", "embed_acts", "dropout_embed",
                 "amp_copies", "working", "score_grad", "last_block", "fsdp_end", "fsdp_forward", "step_transient",
-                "grad_unit", "head_grad", "step_freed", "fsdp_done", "root_gathered", "logits", "buffers",
-                "expert_padding")
+                "grad_unit", "head_grad", "step_freed", "fsdp_done", "root_gathered", "fp8_weights", "logits",
+                "buffers", "expert_padding")
 
 
 def _fields(x: Any) -> dict[str, Any]:
@@ -253,6 +253,7 @@ class RankTerms:
     step_freed: int
     fsdp_done: int
     root_gathered: int
+    fp8_weights: int
     logits: int
     buffers: int
     tracked: int

@@ -40,6 +40,7 @@ from planner.memory.buffers import (
     fsdp_backward_end_bytes,
     fsdp_forward_bytes,
 )
+from planner.memory.fp8 import fp8_weight_bytes
 from planner.memory.states import (
     ModelStates,
     OffloadSplit,
@@ -115,6 +116,7 @@ class StageMemory:
     logits: np.ndarray
     buffers: np.ndarray
     root_gathered: np.ndarray
+    fp8_weights: np.ndarray
     step_transient: np.ndarray
     fsdp_end: tuple[np.ndarray, np.ndarray, np.ndarray]      # weights, activations, buffers
     fsdp_forward: tuple[np.ndarray, np.ndarray]               # weights, buffers
@@ -319,7 +321,9 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     off = offload_bytes(setup, sa, ms, sharded_frozen_bytes(split, sa, hybrid), split, prec, hybrid)
     # FSDP2 keeps the root unit gathered
     root_gathered = np.where(full_shard, rp.root_unit * prec.weight_bytes, 0)
-    weights = off.weights + ms.unsharded_weights + root_gathered
+    # the FP8 recipe's fp8 weight copies and amax histories (memory.fp8)
+    fp8_w = fp8_weight_bytes(m, prec, rp.total - rp.root_unit, n_layers, sa.ep)
+    weights = off.weights + ms.unsharded_weights + root_gathered + fp8_w
     step_transient = np.where(off.step_on_host, 0,
                               optimizer_step_transient_bytes(m, setup, sa, kern, rp, hybrid, split))
     end_w, end_a, end_b = (np.where(has_act, x, 0) for x in fsdp_backward_end_bytes(sa, rp, prec, split, grad_unit))
@@ -403,6 +407,7 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
         layer_act=act.layer_act, full_layer=act.full_layer, score_grad=act.score_grad, dropout_embed=dropout_embed,
         block_acts=block_acts, embed_acts=embed_acts, amp_copies=ps(amp_copies), working=working,
         last_block=last_block, logits=logits, buffers=buffers, root_gathered=ps(root_gathered),
+        fp8_weights=ps(fp8_w),
         step_transient=ps(step_transient), fsdp_end=(ps(end_w), ps(end_a), ps(end_b)),
         fsdp_forward=(ps(fwd_w), ps(fwd_b)), fsdp_done=ps(done), head_grad=ps(head_grad), step_freed=ps(step_freed),
         end_grad_params=((np.where(counted, g(done_dense), -1), np.where(counted, g(done_expert), -1))

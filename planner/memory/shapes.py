@@ -17,8 +17,11 @@ from planner.memory.activations import (
     block_activations,
     eager_score_gradient_bytes,
 )
+from planner.memory.attention import mla_saved_delta_bytes
 from planner.memory.buffers import pipeline_buffer_bytes
+from planner.memory.fp8 import saved_input_delta_bytes
 from planner.memory.loss import logits_bytes
+from planner.memory.moe import imbalance_extra_bytes
 from planner.memory.params import (
     largest_tensor,
     optimizer_bytes_per_param,
@@ -151,20 +154,35 @@ def activation_figures(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_
     depend on the sharding (activations.lora_cast_bytes)."""
     lora = setup.finetune.is_lora
     fp32 = replace(setup, precision="fp32") if act_fp32.any() else setup
+    fp8 = setup.precision_spec.fp8 is not None
+    imbalanced = m.is_moe and setup.moe_imbalance != 1.0
 
     def figures(tp: int, sp: int, cp: int, mb: int, rc: int, k: int, f32: int, piped: int, zero: int = 0,
-                sharding: int = 0) -> tuple[int, ...]:
+                sharding: int = 0, ep: int = 1) -> tuple[int, ...]:
         lay = Layout(tp=tp, sp=bool(sp), cp=cp, micro_batch=mb, seq_len=seq_len, recompute=RECOMPUTES[rc],
-                     zero_stage=zero, sharding=SHARDINGS[sharding], pp=1 + piped)
+                     zero_stage=zero, sharding=SHARDINGS[sharding], pp=1 + piped, ep=ep)
         kern = KERNELS[k]
         kept, full = block_activations(m, fp32 if f32 else setup, activation_key(lay, lora), kern)
+        if m.is_mla:    # multi-head latent attention's latents and narrower values (memory.attention)
+            s_mla = fp32 if f32 else setup
+            kept += mla_saved_delta_bytes(m, s_mla, lay, kern)
+            full += mla_saved_delta_bytes(m, s_mla, replace(lay, recompute="none"), kern)
+        if fp8:     # the FP8 recipe's saved linear inputs (memory.fp8)
+            kept += saved_input_delta_bytes(m, setup, lay)
+            full += saved_input_delta_bytes(m, setup, replace(lay, recompute="none"))
+        if imbalanced:  # the most loaded expert-parallel rank's extra routed tokens (memory.moe)
+            s_ = fp32 if f32 else setup
+            kept += imbalance_extra_bytes(m, s_, lay, kern)
+            full += imbalance_extra_bytes(m, s_, replace(lay, recompute="none"), kern)
         return (kept, full, eager_score_gradient_bytes(m, setup, lay, kern), logits_bytes(m, setup, lay, kern),
                 pipeline_buffer_bytes(m, setup, lay))
 
     cols = [a.tp, a.sp, a.cp, a.micro_batch, a.recompute, kernels, act_fp32.astype(np.int64),
             (a.pp > 1).astype(np.int64)]
-    if lora:
+    if lora or imbalanced:
         cols += [a.zero_stage, a.sharding]
+    if imbalanced:
+        cols += [a.ep]
     out = _gather(cols, figures, _table("act", m, setup, seq_len), 5)
     return ActivationFigures(*out)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from planner.layouts.layout import Layout
+from planner.memory.attention import mla_saved_delta_bytes
+from planner.memory.fp8 import saved_input_delta_bytes
 from planner.memory.model import (
     CATEGORIES,
     RankMemory,
@@ -12,6 +14,7 @@ from planner.memory.model import (
     layer_activation_terms,
     per_rank_memory,
 )
+from planner.memory.moe import expert_side_bytes, imbalance_extra_bytes
 from planner.models.spec import ModelSpec, ParamCount
 from planner.report.terms import (
     AUTOCAST,
@@ -111,6 +114,15 @@ def memory_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, pc: ParamCount
         out.append(_mem("weights", "root unit kept gathered (embedding, final norm, LM head)",
                         "root params x 16-bit bytes", tr.root_gathered, FSDP2,
                         root_params=rp.root_unit, bytes_per_weight=prec.weight_bytes))
+    if prec.fp8 is not None:
+        r = prec.fp8
+        out.append(_mem("weights", f"FP8 weight copies and amax histories ({r.name}: {r.stack})",
+                        "block params x fp8 copy bytes + fp8 linears x 5 tensors x (history + 2) x 4 B",
+                        tr.fp8_weights, "planner.training.fp8 (torchao float8_linear.py / TE DelayedScaling / "
+                        "DeepSeek-V3 arXiv:2412.19437 Sec. 3.3)", fp8_copy_bytes_per_param=r.fp8_weight_copy_bytes,
+                        amax_history_len=r.amax_history_len,
+                        saved_linear_input_bytes_per_element=r.saved_input_bytes,
+                        all_gather_bytes_per_param=r.gather_bytes))
     out += _moment_weight_terms(lay, tr, phase, w_extra, prec.weight_bytes)
 
     moment = phase.replace("-", " ")
@@ -165,6 +177,14 @@ def memory_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, pc: ParamCount
                         logits_at, LOGITS, micro_batch_b=lay.micro_batch, seq_len_s=lay.seq_len // lay.cp,
                         d_model_h=m.d_model, vocab_V=m.vocab_size, tp_t=lay.tp, sp=lay.sp,
                         activation_bytes_a=prec.activation_bytes, kernels=tr.kernels))
+        if logits_at > tr.layer_act:
+            share = logits_at / max(1, act_at + logits_at)
+            lead = "the loss dominates" if share > 0.5 else "the loss outweighs a block"
+            out.append(_mem("logits", f"  note: {lead}: the {m.vocab_size:,}-token vocabulary makes the logits "
+                            f"larger than one block's saved tensors ({share:.0%} of this moment's activations "
+                            "and logits); a chunked or fused cross-entropy (Liger, torchtitan's loss parallel) "
+                            "is not modelled", "logits and loss / (blocks' activations + logits and loss)",
+                            logits_at, LOGITS, summed=False, per_block_bytes=tr.layer_act))
     out += _buffer_terms(setup, lay, tr, phase, buf_at)
     if phase == peak:
         o = setup.overheads
@@ -267,6 +287,38 @@ def _moment_weight_terms(lay: Layout, tr: RankTerms, phase: str, w_extra: int,
     return []
 
 
+def _architecture_block_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) -> list[Term]:
+    """Per-block lines beyond memory.activations' saved tensors (already in the block's
+    bytes above, not added again): the FP8 recipe's saved linear inputs (memory.fp8) and,
+    for MoE, the dispatch's expert-side tensors and the routing imbalance (memory.moe)."""
+    out: list[Term] = []
+    if m.is_mla and lay.recompute != "full":
+        out.append(_mem("activations", f"  per block: MLA latents (q {m.q_lora_rank}, kv {m.kv_lora_rank}) and values "
+                        f"{m.value_head_dim} wide, not {m.head_dim} (beside the generic tensors above)",
+                        "b s (q_lora + kv_lora)(norm bytes + a) (/ t with sp) + 2 b s n_heads (v - head_dim) a / t",
+                        mla_saved_delta_bytes(m, setup, lay, kernels), "planner.memory.attention (DeepSeek-V3, "
+                        "arXiv:2412.19437, Sec. 2.1.1; checked against autograd on DeepseekV3Attention)",
+                        summed=False))
+    fp8 = setup.precision_spec.fp8
+    if fp8 is not None and lay.recompute != "full":
+        delta = saved_input_delta_bytes(m, setup, lay)
+        out.append(_mem("activations", f"  per block: FP8 linear inputs kept for backward ({fp8.name}: "
+                        f"{fp8.saved_input_bytes:g} B per element)", "b s x (h + q/t + k h + k f/t) x "
+                        "(saved bytes - a)", delta, "planner.training.fp8 (torchao float8_linear.py; TE; "
+                        "DeepSeek-V3 Sec. 3.3.4)", summed=False))
+    if m.is_moe and lay.recompute != "full":
+        side = expert_side_bytes(m, setup, lay, kernels)
+        out.append(_mem("activations", "  per block: MoE dispatch: routed tokens and expert MLP tensors "
+                        f"(k = {m.n_experts_per_token} of {m.n_experts} experts; router: fp32 probabilities above)",
+                        "the expert-side saved tensors above, balanced", side, KORTHIKANTI, summed=False))
+        if lay.ep > 1 and setup.moe_imbalance != 1.0:
+            out.append(_mem("activations", f"  per block: MoE routing imbalance x{setup.moe_imbalance:g} on the "
+                            f"most loaded of {lay.ep} expert-parallel ranks", "(imbalance - 1) x expert-side tensors",
+                            imbalance_extra_bytes(m, setup, lay, kernels), "TrainingSetup.moe_imbalance (Fedus et "
+                            "al. 2021, Switch Transformer, capacity factor)", summed=False))
+    return out
+
+
 def _activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, tr: RankTerms, phase: str,
                       act_at: int) -> list[Term]:
     out: list[Term] = []
@@ -304,6 +356,7 @@ def _activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, tr: RankT
         out.append(_mem("activations", f"  per block: {t.name}" + (" (recomputed, not kept)" if dropped else ""),
                         "b s x width x bytes, / t inside the tensor-parallel region", t.bytes,
                         KORTHIKANTI, summed=False))
+    out += _architecture_block_terms(m, tr.act_setup, lay, tr.kernels)
     if tr.embed_acts:
         out.append(_mem("activations", "embedding dropout mask (first stage)",
                         "b s h x 1 B x micro-batches in flight", tr.embed_acts, KORTHIKANTI,

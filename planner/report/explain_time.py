@@ -120,6 +120,12 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
         _time("rates", "flash-attention rate", "peak x flash fraction", r.flash_flops_per_s, FLASH, unit="FLOP/s",
               summed=False, peak=peak, flash_fraction=eff.flash_fraction if eff.flash_fraction is not None
               else FLASH_FRACTION.get(gpu.name, FLASH_FRACTION_DEFAULT)),
+        *([] if prec.fp8 is None or gpu.fp8_flops_per_s is None else [
+            _time("rates", f"FP8 matmul rate of the blocks' linear layers ({prec.fp8.name})",
+                  "FP8 dense peak x FP8 matmul fraction (ASSUMED; router, attention and LM head stay bf16)",
+                  gpu.fp8_flops_per_s * prec.fp8.matmul_fraction(gpu.name), "planner.training.fp8 "
+                  "(FP8_MATMUL_FRACTION, ASSUMED); FP8 peak: " + gpu.source, unit="FLOP/s", summed=False,
+                  fp8_peak=gpu.fp8_flops_per_s, fp8_matmul_fraction=prec.fp8.matmul_fraction(gpu.name))]),
         _time("rates", "HBM rate of element-wise kernels", "HBM bandwidth x hbm fraction", r.hbm_bytes_per_s,
               f"{HBM}; HBM bandwidth: {gpu.source}", unit="bytes/s", summed=False,
               hbm_bytes_per_s=gpu.hbm_bytes_per_s, hbm_fraction=eff.hbm_fraction),
@@ -245,6 +251,11 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
     out.append(_time("utilisation", "MFU", "model FLOPs / step time / GPUs / peak", st.mfu,
                      "Chowdhery et al. 2022, PaLM, App. B", unit="fraction", summed=False,
                      model_flops=st.model_flops, step_time_s=st.step_time_s, n_gpus=st.n_gpus, peak=peak))
+    if st.mfu_fp8 is not None:
+        out.append(_time("utilisation", "MFU against the FP8 peak", "model FLOPs / step time / GPUs / FP8 peak",
+                         st.mfu_fp8, "Chowdhery et al. 2022, PaLM, App. B; gpus.toml FP8 dense peak", unit="fraction",
+                         summed=False, model_flops=st.model_flops, step_time_s=st.step_time_s, n_gpus=st.n_gpus,
+                         peak=st.fp8_peak_flops_per_s))
     return out
 
 

@@ -24,6 +24,7 @@ from planner.measure.crosscheck import Crosscheck, crosscheck_json
 from planner.report.intervals import cost_interval_json, memory_interval_json, time_interval_json
 from planner.search.search import Candidate
 from planner.timing.model import StepTime
+from planner.training.setup import TrainingSetup
 
 LABELS = {
     "weights": "weights",
@@ -41,6 +42,14 @@ params_text = params     # the names the report modules have used; planner.fmt f
 
 # ------------------------------------------------------------------------------ JSON
 
+
+def fp8_label(s: TrainingSetup) -> str:
+    """The precision as the assumptions print it: under fp8 with its recipe and its stack."""
+    p = s.precision_spec
+    if p.fp8 is None:
+        return s.precision
+    return f"fp8 recipe {p.fp8.name} ({p.fp8.stack}; {p.fp8.scaling})"
+
 def layout_json(lay: Layout) -> dict[str, Any]:
     return {
         "dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep,
@@ -57,6 +66,7 @@ def time_json(t: StepTime | None, tokens: float | None = None) -> dict[str, Any]
     else:
         out = {"step_time_s": t.step_time_s, "tokens_per_s": t.tokens_per_s,
                "tflops_per_gpu": t.model_flops_per_s_per_gpu / 1e12, "mfu": t.mfu,
+               **({} if t.mfu_fp8 is None else {"mfu_fp8_peak": t.mfu_fp8}),
                "time": {"compute_s": t.compute_s, "comm_s": dict(t.comm_s), "bubble_s": t.bubble_s,
                         "optimizer_s": t.optimizer_s, "hardware_tflops_per_gpu": t.hardware_flops_per_s_per_gpu / 1e12,
                         "placement": list(t.placement)}}
@@ -117,6 +127,7 @@ def assumptions(r: PlanResult) -> dict[str, Any]:
         "seq_len": s.seq_len,
         "global_batch": s.global_batch,
         "precision": s.precision,
+        **({"fp8_recipe": s.fp8_recipe} if s.precision == "fp8" else {}),
         "optimizer": s.optimizer,
         "attention": s.attention,
         "kernels": s.kernels,
@@ -211,7 +222,7 @@ def assumptions_text(r: PlanResult) -> list[str]:
         headroom = [f"  headroom: the plan fills {r.best.memory.total / r.best.capacity_bytes:.0%} of the usable "
                     f"memory; its only margin is the fragmentation allowance, none for an error of the estimate"]
     return [
-        f"  sequence {s.seq_len}, global batch {s.global_batch} sequences, {s.precision}, {optimizer_name(r)}, "
+        f"  sequence {s.seq_len}, global batch {s.global_batch} sequences, {fp8_label(s)}, {optimizer_name(r)}, "
         f"{s.attention} attention, {s.kernels} kernels",
         f"  overheads: CUDA context {gib(o.cuda_context_bytes)}, workspaces {gib(o.library_workspace_bytes)}, "
         f"{nccl}, fragmentation {o.fragmentation:.0%} of tensor memory",

@@ -291,6 +291,8 @@ def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
         ring_e = Ring.of(n_expert, bw, lat, bus, 1) if moe else None
         ag = over_dp(ring_d, ring_e, w_b)                   # the trainable weights (ZeRO-1/2)
         ag_all = over_dp(ring_d, ring_e, w_b, True) if has_frozen else ag   # and the frozen (ZeRO-3, FSDP)
+        if prec.gather_bytes != w_b:     # FSDP2 float8 all-gather (training.fp8, tensorwise)
+            ag_all = over_dp(ring_d, ring_e, prec.gather_bytes, has_frozen)
         rs = ag if g_b == w_b else over_dp(ring_d, ring_e, g_b)
         ar = over_dp(Ring.of(n_dense, bw, lat, bus, 2), Ring.of(n_expert, bw, lat, bus, 2) if moe else None, g_b)
         zero = np.zeros_like(ag)

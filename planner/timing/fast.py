@@ -426,8 +426,10 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
                       grad_accum=a.grad_accum, dp_branch=BRANCH[pair],
                       dp_each=np.stack([np.stack([of_kind(dp_each[k, t]) for t in range(3)]) for k in range(3)]),
                       efficiency=eff, tokens_per_step=n_seq * setup.seq_len,
-                      n_gpus=n_gpus, model_flops=flops[0], hardware_flops=flops[1],
-                      peak_flops_per_s=peak)
+                       n_gpus=n_gpus, model_flops=flops[0], hardware_flops=flops[1],
+                       peak_flops_per_s=peak,
+                       fp8_peak_flops_per_s=(cluster.gpu.fp8_flops_per_s if setup.precision_spec.fp8 is not None
+                                             else None))
 
 
 def _flops_row(m: ModelSpec, seq_len: int, n_sequences: int, recompute: int, setup: TrainingSetup

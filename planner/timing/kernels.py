@@ -23,8 +23,10 @@ from planner.training.finetune import (
     linear_weight_bytes,
     resolve_targets,
 )
+from planner.training.fp8 import Fp8Recipe
 from planner.training.linears import block_linears
 from planner.training.setup import (
+    Precision,
     TrainingSetup,
 )
 
@@ -169,8 +171,11 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
     h, q, kv, f, d = m.d_model, m.q_dim, m.kv_dim, m.d_ff, m.head_dim
     mm, hbm = r.matmul_flops_per_s, r.hbm_bytes_per_s
 
+    mm8, e8 = fp8_matmul(gpu, prec, mm, e)
+
     def gemm(rows: float, cols: float, inner: float, batch: float = 1.0) -> float:
-        return gemm_time_s(rows, cols, inner, mm, hbm, e, batch)
+        """A block linear layer's GEMM: at the FP8 rate under an FP8 recipe (timing.kernels.fp8_matmul)."""
+        return gemm_time_s(rows, cols, inner, mm8, hbm, e8, batch)
 
     dense = gemm(tokens, (q + 2 * kv) / tp, h) + gemm(tokens, h, q / tp)
     mats_in = 2 if m.gated_mlp else 1
@@ -178,7 +183,9 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
         k = m.n_experts_per_token
         local = m.n_experts / ep
         rows = tokens * k / local        # tokens routed to each local expert (balanced)
-        dense += gemm(tokens, m.n_experts, h)
+        if ep > 1:      # the most loaded ep rank's experts, which the others wait for (setup.moe_imbalance)
+            rows *= setup.moe_imbalance
+        dense += gemm_time_s(tokens, m.n_experts, h, mm, hbm, e)     # the router stays 16-bit
         mlp = gemm(rows, mats_in * f / tp, h, local) + gemm(rows, h, f / tp, local)
     else:
         mlp = gemm(tokens, mats_in * f / tp, h) + gemm(tokens, h, f / tp)
@@ -195,6 +202,10 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
     factor = 1.0 if kernels == "fused" else eff.unfused_elementwise_factor
     elem = elementwise_bytes_per_token(m, key, setup)
     elem_fwd, elem_bwd = (tokens * factor / hbm * x for x in (elem.fwd, elem.bwd))
+    if prec.fp8 is not None:
+        cast = fp8_cast_bytes(m, key, prec.fp8, tokens)
+        elem_fwd += cast[0] / hbm
+        elem_bwd += cast[1] / hbm
     gemm_fwd = dense + mlp
     fwd = gemm_fwd + attn_fwd + elem_fwd
     bwd = 2 * gemm_fwd + attn_bwd + elem_bwd
@@ -212,12 +223,54 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
     a = prec.activation_bytes
     cp_bytes = tokens * 2 * kv * a / tp if cp > 1 else 0.0
     k_ = m.n_experts_per_token if m.is_moe else 1
-    ep_bytes = tokens * k_ * h * a / (tp if key.sp else 1) if (m.is_moe and ep > 1) else 0.0
+    ep_a = prec.fp8.ep_dispatch_bytes if prec.fp8 is not None else a    # DeepSeek-V3: FP8 dispatch
+    # the all-to-all ends when the most loaded rank has received its tokens (setup.moe_imbalance)
+    ep_bytes = (tokens * k_ * h * ep_a * setup.moe_imbalance / (tp if key.sp else 1)
+                if (m.is_moe and ep > 1) else 0.0)
     return LayerTime(fwd_s=fwd, bwd_s=bwd, attention_fwd_s=attn_fwd,
                      tp_bytes=tokens * h * a, tp_collectives=tp_coll,
                      cp_bytes=cp_bytes, cp_passes=(3 + (1 if key.recompute == "full" else 0)) if cp > 1 else 0,
                      ep_bytes=ep_bytes,
                      ep_all_to_alls=(4 + (2 if key.recompute == "full" else 0)) if ep_bytes else 0)
+
+
+def fp8_matmul(gpu: GpuSpec, prec: Precision, mm_flops_per_s: float, elem_bytes: int) -> tuple[float, int]:
+    """(GEMM FLOP/s, operand bytes) of a block's linear layers: the 16-bit ones, or under an
+    FP8 recipe the GPU's FP8 dense peak (gpus.toml, data sheets) x the recipe's ASSUMED
+    matmul fraction (training.fp8.FP8_MATMUL_FRACTION) with 1-byte operands."""
+    r = prec.fp8
+    if r is None or gpu.fp8_flops_per_s is None:
+        return mm_flops_per_s, elem_bytes
+    return gpu.fp8_flops_per_s * r.matmul_fraction(gpu.name), 1
+
+
+def fp8_cast_bytes(m: ModelSpec, key: Layout, r: Fp8Recipe, tokens: float) -> tuple[float, float]:
+    """HBM bytes (forward, backward) of one block's casts to FP8, for one micro-batch on one rank.
+
+    Per token, each FP8 linear layer casts its input (forward: the attention input h, the
+    output projection's q/tp, the MLP's k h, the down projection's k f/tp; one cast per
+    distinct input), in backward its output gradient ((q + 2 kv)/tp, h, k x (2 or 1) f/tp,
+    k h) cast_passes_bwd_out times and its input again cast_passes_bwd_in times (torchao
+    recasts the saved 16-bit input along the other axis for the weight gradient); each cast
+    moves Fp8Recipe.cast_bytes per element. Dynamic recipes also cast each local weight
+    once in forward and once in backward per micro-batch (torchao float8_linear.py);
+    TE's delayed recipe caches its fp8 weights across micro-batches (not counted). h-wide
+    tensors are split by tp under sequence parallelism."""
+    tp = key.tp
+    h_div = tp if key.sp else 1
+    h, q, kv, f = m.d_model, m.q_dim, m.kv_dim, m.d_ff
+    k = m.n_experts_per_token if m.is_moe else 1
+    mats_in = 2 if m.gated_mlp else 1
+    inputs = h / h_div + q / tp + k * h / h_div + k * f / tp
+    outputs = (q + 2 * kv) / tp + h / h_div + k * mats_in * f / tp + k * h / h_div
+    fwd = tokens * r.cast_passes_fwd * inputs * r.cast_bytes
+    bwd = tokens * (r.cast_passes_bwd_out * outputs + r.cast_passes_bwd_in * inputs) * r.cast_bytes
+    if r.name in ("tensorwise", "rowwise"):
+        local_experts = m.n_experts / key.ep if m.is_moe else 1
+        weights = (h * (q + 2 * kv) + q * h + local_experts * (mats_in + 1) * h * f) / tp
+        fwd += weights * r.cast_bytes
+        bwd += weights * r.cast_bytes
+    return fwd, bwd
 
 
 def frozen_block_extra_s(m: ModelSpec, ft: FinetuneSpec, key: Layout, r: Rates, elem_bytes: int

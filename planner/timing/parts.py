@@ -75,6 +75,7 @@ class StepArrays:
     model_flops: np.ndarray
     hardware_flops: np.ndarray
     peak_flops_per_s: float
+    fp8_peak_flops_per_s: float | None = None    # under an FP8 recipe: the FP8 dense peak (MFU beside)
 
     def __len__(self) -> int:
         return len(self.step_time_s)
@@ -91,7 +92,8 @@ class StepArrays:
                         micro_batch_s=float(self.micro_batch_s[i]), step_time_s=float(self.step_time_s[i]),
                         tokens_per_step=int(self.tokens_per_step[i]), n_gpus=int(self.n_gpus[i]),
                         model_flops=float(self.model_flops[i]), hardware_flops=float(self.hardware_flops[i]),
-                        peak_flops_per_s=self.peak_flops_per_s, placement=self.orders[int(self.order[i])])
+                        peak_flops_per_s=self.peak_flops_per_s, placement=self.orders[int(self.order[i])],
+                        fp8_peak_flops_per_s=self.fp8_peak_flops_per_s)
 
     def dp_collectives(self, i: int) -> tuple[DpCollective, ...]:
         """The data-parallel collectives of layout ``i``'s step, in DP_TERMS' order."""

@@ -32,6 +32,8 @@ class StepTime:
     hardware_flops: float
     peak_flops_per_s: float
     placement: tuple[str, ...] = AXES
+    # under an FP8 recipe (training.fp8): the FP8 dense peak; mfu stays against peak_flops_per_s (BF16)
+    fp8_peak_flops_per_s: float | None = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -49,6 +51,14 @@ class StepTime:
     def mfu(self) -> float:
         """Model FLOPs utilisation (Chowdhery et al. 2022, PaLM, App. B)."""
         return self.model_flops_per_s_per_gpu / self.peak_flops_per_s
+
+    @property
+    def mfu_fp8(self) -> float | None:
+        """MFU against the FP8 dense peak (None without an FP8 recipe): the same model FLOPs,
+        a peak twice the BF16 one on Hopper (gpus.toml)."""
+        if self.fp8_peak_flops_per_s is None:
+            return None
+        return self.model_flops_per_s_per_gpu / self.fp8_peak_flops_per_s
 
     @property
     def hfu(self) -> float:

@@ -11,10 +11,11 @@ from functools import lru_cache
 from typing import Any
 
 from planner.training.finetune import FinetuneSpec
+from planner.training.fp8 import Fp8Recipe, recipe
 from planner.units import MiB
 
-PRECISIONS = ("bf16-mixed", "fp16-mixed", "fp32", "bf16")
-OPTIMIZERS = ("adamw", "sgd", "adafactor", "adam8bit")
+PRECISIONS = ("bf16-mixed", "fp16-mixed", "fp32", "bf16", "fp8")
+OPTIMIZERS = ("adamw", "sgd", "adafactor", "adam8bit", "adamw-bf16-states")
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "eager")
 KERNELS = ("auto", "eager", "fused")
@@ -36,6 +37,11 @@ class Precision:
     paper's accounting (Rajbhandari et al. 2019, Sec. 3.1) counts 16-bit gradients;
     FSDP2 with MixedPrecisionPolicy keeps fp32 sharded parameters (which are the
     master copy) and fp32 gradients, and gathers 16-bit copies for compute.
+
+    fp8: bf16 mixed precision whose block linear layers run FP8 GEMMs under a recipe
+    (planner.training.fp8: its weight copies, saved inputs, gathers and GEMM rate);
+    compute_dtype stays bf16 (attention, the LM head, and the peak MFU is quoted against),
+    matmul_dtype is fp8.
     """
 
     name: str
@@ -44,10 +50,20 @@ class Precision:
     master_bytes: int          # 0 when the weights are already fp32 or training is pure 16-bit
     activation_bytes: int      # bytes per activation element
     compute_dtype: str         # which tensor-core rate applies: bf16, fp16, fp32
+    fp8: Fp8Recipe | None = None   # the FP8 recipe of the blocks' linear layers (precision fp8)
+
+    @property
+    def gather_bytes(self) -> int:
+        """Bytes per parameter a ZeRO-3/FSDP all-gather moves (fp8 all-gather: 1)."""
+        return self.fp8.gather_bytes if self.fp8 is not None else self.weight_bytes
 
     @staticmethod
     @lru_cache(maxsize=16)
-    def named(name: str) -> Precision:
+    def named(name: str, fp8_recipe: str = "rowwise") -> Precision:
+        if name == "fp8":
+            r = recipe(fp8_recipe)
+            return Precision(name=f"fp8 ({r.name})", weight_bytes=2, grad_bytes=r.grad_bytes, master_bytes=4,
+                             activation_bytes=2, compute_dtype="bf16", fp8=r)
         if name in ("bf16-mixed", "fp16-mixed"):
             return Precision(name=name, weight_bytes=2, grad_bytes=2, master_bytes=4,
                              activation_bytes=2, compute_dtype=name[:4])
@@ -72,8 +88,16 @@ def optimizer_state_bytes_per_param(optimizer: str) -> float:
     8-bit Adam (Dettmers et al. 2022, arXiv:2110.02861): two int8 states plus one fp32
     absmax per 2048-element block for each, 2 + 2*4/2048 B. Adafactor is factored per
     matrix and is counted from the shapes in memory.optimizer_bytes (Shazeer & Stern 2018).
+    AdamW with 16-bit moments (adamw-bf16-states): both moments in bf16, 4 B, beside the
+    fp32 master; torchtitan 0.3.0 ``optimizer.implementation = "fused_opt_states_bf16"``
+    (torchtitan/components/optimizer/optimizer.py: exp_avg and exp_avg_sq created in
+    bfloat16, the fused kernel's mixed-precision path), Megatron-LM
+    ``--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``
+    (megatron-core 0.16.1 OptimizerConfig, Transformer Engine FusedAdam); DeepSeek-V3
+    trains with BF16 moments (arXiv:2412.19437, Sec. 3.3.4).
     """
-    return {"adamw": 8.0, "sgd": 4.0, "adam8bit": 2.0 + 8 / 2048, "adafactor": 0.0}[optimizer]
+    return {"adamw": 8.0, "sgd": 4.0, "adam8bit": 2.0 + 8 / 2048, "adafactor": 0.0,
+            "adamw-bf16-states": 4.0}[optimizer]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -155,10 +179,22 @@ class TrainingSetup:
     # DeepSpeed: partition_activations splits each checkpointed input over the model-parallel
     # group, cpu_checkpointing moves it to host memory (DS_CHECKPOINTING)
     ds_checkpointing: str = "none"
+    # the FP8 recipe under precision "fp8" (planner.training.fp8.RECIPES), resolved from the stack
+    fp8_recipe: str = "rowwise"
+    # MoE routing imbalance: tokens the most loaded expert-parallel rank receives over its
+    # balanced share (k T / ep of every rank's tokens). It scales that rank's expert-side
+    # saved tensors (memory.moe), its expert GEMMs and its all-to-all bytes (timing.kernels).
+    # 1.0: balanced, as tracker measurements under fake tensors route (and as every committed
+    # example assumes). Switch Transformer sizes expert buffers with a capacity factor of 1.25
+    # in training (Fedus et al. 2021, arXiv:2101.03961, Sec. 2.1 and Table 1: expert
+    # capacity = tokens per batch / experts x capacity factor); a dropless MoE with an
+    # auxiliary balance loss (DeepSeek-V3, arXiv:2412.19437, Sec. 2.1.2: auxiliary-loss-free
+    # balancing) has no fixed bound: give the ratio its router logs report.
+    moe_imbalance: float = 1.0
 
     @property
     def precision_spec(self) -> Precision:
-        return Precision.named(self.precision)
+        return Precision.named(self.precision, self.fp8_recipe)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

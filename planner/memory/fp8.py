@@ -1,0 +1,73 @@
+"""What an FP8 recipe adds to or takes from a rank's memory (planner.training.fp8 holds the
+recipes and their sources): the persistent fp8 weight copies and amax histories of the
+blocks' linear layers (a state term, arrays over stage slots and states), and the bytes the
+recipe saves on the linear layers' inputs kept for backward (per shape, gathered in
+memory.shapes)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from planner.layouts.layout import Layout
+from planner.models.spec import ModelSpec
+from planner.training.finetune import block_linears
+from planner.training.setup import Precision, TrainingSetup
+
+
+@lru_cache(maxsize=64)
+def fp8_linears_per_block(m: ModelSpec, ep: int) -> float:
+    """Linear layers of one block that run in FP8 on one rank (the router stays 16-bit):
+    each expert's GEMM counts once per local expert (TE's grouped linear keeps fp8
+    metadata per GEMM)."""
+    n = 0.0
+    for lin in block_linears(m):
+        if lin.group in ("router", "outside"):
+            continue
+        n += lin.n_copies / ep if lin.expert else 1
+    return n
+
+
+def fp8_weight_bytes(m: ModelSpec, prec: Precision, block_params: np.ndarray, n_layers: np.ndarray,
+                     ep: np.ndarray) -> np.ndarray:
+    """Persistent FP8 state of a rank's blocks: ``block_params`` (the rank's block
+    parameters, after tp, pp and ep; not sharded by ZeRO, as te.Linear caches its fp8
+    weights in each module) x the recipe's fp8 weight-copy bytes, plus the amax histories
+    of its linear layers (training.fp8.Fp8Recipe.amax_bytes_per_linear). Zero without FP8."""
+    r = prec.fp8
+    if r is None:
+        return np.zeros(np.broadcast_shapes(block_params.shape, ep.shape), dtype=np.int64)
+    copies = (block_params * r.fp8_weight_copy_bytes).astype(np.int64)
+    if not r.amax_bytes_per_linear:
+        return copies
+    per_ep = {int(e): fp8_linears_per_block(m, int(e)) for e in np.unique(ep)}
+    linears = np.vectorize(lambda e: per_ep[int(e)], otypes=[np.float64])(ep) if len(per_ep) > 1 \
+        else next(iter(per_ep.values()), 0.0)
+    return copies + (n_layers * linears * r.amax_bytes_per_linear).astype(np.int64)
+
+
+def saved_input_delta_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> int:
+    """Bytes one block's saved linear-layer inputs change by under the FP8 recipe, per
+    micro-batch on one rank (<= 0): recipes that keep the input cast to FP8 for backward
+    (TE delayed scaling, DeepSeek-V3's block-wise recipe, Sec. 3.3.4) store
+    ``saved_input_bytes`` per element where 16-bit training stores 2.
+
+    The saved linear inputs of a block (Korthikanti et al. 2022, Sec. 4.1): the attention
+    input (the norm's output, h wide, shared by Q, K and V), the output projection's input
+    (q wide, split by tp), the MLP input (h wide; under MoE the k routed copies, k h) and
+    the down projection's input (k d_ff wide, split by tp). h-wide tensors are split by tp
+    only under sequence parallelism. Full recomputation keeps only the block's input, so
+    nothing changes; first dense layers of a MoE model are counted as MoE ones."""
+    r = setup.precision_spec.fp8
+    if r is None or lay.recompute == "full":
+        return 0
+    a = setup.precision_spec.activation_bytes
+    delta = r.saved_input_bytes - a
+    if delta >= 0:
+        return 0
+    tokens = lay.micro_batch * lay.seq_len / lay.cp
+    k = m.n_experts_per_token if m.is_moe else 1
+    h_div = lay.tp if lay.sp else 1
+    elems = tokens * (m.d_model / h_div + m.q_dim / lay.tp + k * m.d_model / h_div + k * m.d_ff / lay.tp)
+    return int(elems * delta)
