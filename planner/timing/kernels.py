@@ -191,7 +191,7 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
         mlp = gemm(tokens, mats_in * f / tp, h) + gemm(tokens, h, f / tp)
     heads = m.n_heads / tp
     if setup.attention == "flash":
-        causal = 0.5 if m.causal else 1.0
+        causal = local_attention_share(m, s) if m.local_attention else (0.5 if m.causal else 1.0)
         attn_flops = 4 * key.micro_batch * (s / cp) * s * d * heads * causal
         attn_fwd = attn_flops / r.flash_flops_per_s
         attn_bwd = 2.5 * attn_fwd
@@ -232,6 +232,26 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
                      cp_bytes=cp_bytes, cp_passes=(3 + (1 if key.recompute == "full" else 0)) if cp > 1 else 0,
                      ep_bytes=ep_bytes,
                      ep_all_to_alls=(4 + (2 if key.recompute == "full" else 0)) if ep_bytes else 0)
+
+
+def local_attention_share(m: ModelSpec, seq_len: int) -> float:
+    """The share of the s x s scores a fused attention kernel computes, averaged over the
+    blocks: causal full attention half of them; a sliding window of w keys (Gemma 3,
+    gpt-oss; FlashAttention's window_size) w - w (w - 1) / (2 s) per query for w <= s; a
+    causal chunk of c tokens (Llama 4's chunked attention) (c + 1) / 2 per query. Each
+    query's key count over s gives the share. Eager attention computes every score and
+    masks the rest (transformers' eager path), so only fused kernels skip them."""
+    s, w = seq_len, min(m.attention_window, seq_len)
+    full = 0.5
+    if m.local_attention == "sliding":
+        local = (w - w * (w - 1) / (2 * s)) / s
+    elif m.local_attention == "chunked":
+        local = (w + 1) / 2 / s
+    else:
+        local = full
+    local = min(local, full)     # a window or chunk as long as the sequence is full causal attention
+    n_local = min(m.n_local_layers, m.n_layers)
+    return (n_local * local + (m.n_layers - n_local) * full) / m.n_layers
 
 
 def fp8_matmul(gpu: GpuSpec, prec: Precision, mm_flops_per_s: float, elem_bytes: int) -> tuple[float, int]:
