@@ -106,6 +106,29 @@ def _per_step(v: RuleView) -> Any:
     return v.micro_batch * v.dp * v.ep
 
 
+STACK_LIMITS = {
+    "torchtitan": ("--stack torchtitan shards with FSDP2 and splits no experts: use --fsdp full or grad-op "
+                   "(or --zero 0), ep 1"),
+    "deepspeed": "--stack deepspeed runs ZeRO data parallelism here: no FSDP, tp, pp or cp (use --zero N)",
+    "hf": "--stack hf runs FSDP2 (accelerate) without pipeline stages: use --fsdp full and pp 1",
+}
+
+
+def _stack_cannot_run(v: RuleView) -> Any:
+    """Where the stack the user named (--stack) cannot run the layout, as
+    planner.stacks.stack_refusal says for one layout: torchtitan 0.3.0 shards with FSDP2
+    only and its Llama 3 has no experts; DeepSpeed runs ZeRO data parallelism here (no
+    FSDP2, tp, pp or cp); Hugging Face (accelerate) runs FSDP2 without pipeline stages."""
+    stack = v.setup.stack
+    if stack == "torchtitan":
+        return ((v.sharding <= 0) & (v.zero_stage > 0)) | (v.ep > 1)
+    if stack == "deepspeed":
+        return (v.tp > 1) | (v.pp > 1) | (v.cp > 1) | (v.sharding > 0)
+    if stack == "hf":
+        return (v.sharding <= 0) | (v.pp > 1)
+    return v.tp < 0      # megatron, auto: every layout (False, shaped as the batch)
+
+
 RULES: tuple[Rule, ...] = (
     Rule("batch-divides",   # enumeration: no accumulation count makes the global batch
          lambda v: (v.enumerated > 0) & (v.setup.global_batch % _per_step(v) != 0),
@@ -115,6 +138,7 @@ RULES: tuple[Rule, ...] = (
          lambda v: ((v.dp < 1) | (v.tp < 1) | (v.pp < 1) | (v.cp < 1) | (v.ep < 1) | (v.vp < 1)
                     | (v.micro_batch < 1) | (v.grad_accum < 1)),
          lambda v: "every degree, the micro-batch and the accumulation steps must be >= 1"),
+    Rule("stack-runs", _stack_cannot_run, lambda v: STACK_LIMITS.get(v.setup.stack, "")),
     Rule("tp-heads", lambda v: v.m.n_heads % v.tp != 0,
          lambda v: f"tp={v.tp} does not divide the {v.m.n_heads} attention heads"),
     Rule("tp-kv-heads", lambda v: (v.m.n_kv_heads % v.tp != 0) & (v.tp % v.m.n_kv_heads != 0),
