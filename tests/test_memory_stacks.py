@@ -169,3 +169,10 @@ def test_compiled_torchtitan_block_keeps_what_inductor_keeps() -> None:
     setup = TrainingSetup(seq_len=SEQ, stack="torchtitan", compile=True)
     lay = Layout(micro_batch=1, seq_len=SEQ, recompute="none")
     assert layer_activation_bytes(m, setup, lay, "torchtitan") == 8280 * SEQ
+
+
+def test_explain_follows_the_stack() -> None:
+    got = plan("explain", *MUST_SHOW, "--stack", "torchtitan")
+    assert got.exit_code == 0, got.output
+    assert "ChunkedLossWrapper" in got.output and "SelectiveAC saves" in got.output
+    assert "w1 output (saved by SelectiveAC): 469,762,048 B" in got.output      # b s f a = 2 x 8192 x 14336 x 2

@@ -13,6 +13,7 @@ from planner.cli.options import (
     layout_options,
     method_options,
     offload_options,
+    stack_options,
     time_options,
 )
 from planner.cli.request import build_request, timing
@@ -24,6 +25,7 @@ from planner.errors import UserError
 @method_options
 @time_options
 @offload_options
+@stack_options
 def explain_cmd(**kw: Any) -> None:
     """Every term of the memory and step-time models for one layout: its formula, its
     inputs, its value and its source (paper, data sheet), to check the arithmetic by hand.

@@ -309,6 +309,14 @@ def offload_options(f: Callable[..., Any]) -> Callable[..., Any]:
     ], f)
 
 
+def stack_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """--stack as `plan explain` takes it: the memory profile the terms follow."""
+    return _apply([
+        click.option("--stack", type=click.Choice(["hf", "torchtitan", "megatron", "deepspeed"]), default=None,
+                     help="As for `plan`: the training stack whose memory profile the terms follow."),
+    ], f)
+
+
 def output_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """Options of the main `plan` command: configs to write, and DeepSpeed's cross-check."""
     offload = click.Choice(OFFLOAD)

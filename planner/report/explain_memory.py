@@ -49,6 +49,9 @@ def _mem(category: str, name: str, formula: str, value: int, source: str, summed
                 source=source, summed=summed)
 
 
+TITAN_LOSS = "planner/memory/loss.py chunked_loss_bytes; torchtitan/components/loss.py, ChunkedLossWrapper (0.3.0)"
+
+
 def memory_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, pc: ParamCount, mem: RankMemory,
                  phase: str | None = None) -> list[Term]:
     """The parts the memory model summed for the peak of ``lay``'s most loaded rank (its
@@ -171,10 +174,15 @@ def memory_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, pc: ParamCount
     out += _activation_terms(m, setup, lay, tr, phase, act_at)
     if logits_at:
         eager = tr.kernels != "fused"
+        titan = tr.kernels == "torchtitan"
         out.append(_mem("logits", "logits and loss (last stage, one micro-batch)",
+                        ("torchtitan's chunked loss: final norm (b s (8h + 4) / t) + detached chunks and their "
+                         "fp32 gradient (b s h (a + 4)) + LM-head gradient accumulated in fp32 (V/t h (4 + a)) + one "
+                         "chunk's logits, loss and gradients (b s / 8 x V/t x 18 B)") if titan else
                         "final-norm input + LM-head input (b s h a, / t with sp) + b s V/t x "
                         + ("12 B (fp32 logits and two fp32 gradients)" if eager else "4 B (fp32 logits)"),
-                        logits_at, LOGITS, micro_batch_b=lay.micro_batch, seq_len_s=lay.seq_len // lay.cp,
+                        logits_at, TITAN_LOSS if titan else LOGITS, micro_batch_b=lay.micro_batch,
+                        seq_len_s=lay.seq_len // lay.cp,
                         d_model_h=m.d_model, vocab_V=m.vocab_size, tp_t=lay.tp, sp=lay.sp,
                         activation_bytes_a=prec.activation_bytes, kernels=tr.kernels))
         if logits_at > tr.layer_act:
@@ -339,6 +347,9 @@ def _activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, tr: RankT
         return out
     if lay.recompute == "full":
         per_block = "the block's input, s b h a (/ t with sp; Sec. 4.3); the rest is recomputed"
+    elif lay.recompute == "selective" and tr.kernels == "torchtitan":
+        per_block = ("the tensors below that torchtitan's SelectiveAC saves (its op save list, every second "
+                     "matmul recomputed; torchtitan/distributed/activation_checkpoint.py, 0.3.0)")
     elif lay.recompute == "selective":
         per_block = ("the saved tensors below less the attention scores (Sec. 4.2); for the paper's "
                      "GPT block with tp and sp: 34 s b h / t")
@@ -352,7 +363,7 @@ def _activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, tr: RankT
                     in_flight_micro_batches=tr.held, recompute=lay.recompute, pp=lay.pp, vp=lay.vp,
                     grad_accum_m=lay.grad_accum, **dims))
     for t in layer_activation_terms(m, tr.act_setup, lay, tr.kernels):
-        dropped = (lay.recompute == "full" or (lay.recompute == "selective" and t.selective))
+        dropped = lay.recompute == "full" or not t.kept(lay.recompute)
         out.append(_mem("activations", f"  per block: {t.name}" + (" (recomputed, not kept)" if dropped else ""),
                         "b s x width x bytes, / t inside the tensor-parallel region", t.bytes,
                         KORTHIKANTI, summed=False))
