@@ -386,6 +386,10 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
     peak = cluster.gpu.peak_flops_per_s(setup.precision_spec.compute_dtype)
     n_gpus = a.dp * a.tp * a.pp * a.cp * a.ep
     ceiling = eff.mfu_ceiling if eff.mfu_ceiling is not None else TRAINING_MFU_CEILING.get(cluster.gpu.name)
+    if setup.precision_spec.fp8 is not None and eff.mfu_ceiling is None:
+        # The ceilings are BF16 runs' MFU; no FP8 run is in the project's data, so an FP8
+        # step is bounded by its own FP8 GEMM efficiency (training.fp8), not by a BF16 rate.
+        ceiling = None
     unfloored = step_o
     if ceiling is not None:
         # no step faster than its model FLOPs at the GPU's sustained training rate
