@@ -67,7 +67,11 @@ DOC = ROOT / "docs" / "published-runs-out-of-sample.md"
 # Engines of the new sources: PyTorch FSDP stacks (torchtitan's FSDP2, Composer's FSDP) overlap the
 # gradient reduce-scatter with backward and prefetch the next unit's all-gather (Efficiency()'s
 # dp_overlap = zero3_overlap = 1; Zhao et al. 2023, "PyTorch FSDP", VLDB, Sec. 3.3-3.4).
-ALL_ENGINES: dict[str, Efficiency] = {**ENGINES, "fsdp": Efficiency(name="pytorch fsdp (prefetch, overlapped reduce)")}
+ALL_ENGINES: dict[str, Efficiency] = {
+    **ENGINES, "fsdp": Efficiency(name="pytorch fsdp (prefetch, overlapped reduce)"),
+    # torchtitan: FSDP2 as above, and its own per-op selective AC (Efficiency.selective_policy)
+    "torchtitan": Efficiency(selective_policy="torchtitan-op", name="torchtitan (fsdp2, per-op selective ac)"),
+}
 
 # The matmul fraction is a property of the die: the 40 GB A100 shares the a100's.
 FAMILY = {"a100": "a100", "a100-40gb": "a100", "h100": "h100", "h200": "h100"}

@@ -87,6 +87,13 @@ class Efficiency:
     grad_reduce_bytes: bytes per gradient element the data-parallel reduction moves; None
     takes the precision's gradient bytes. Megatron-LM keeps fp32 main gradients and reduces
     them in fp32 under bf16 (--accumulate-allreduce-grads-in-fp32, set by --bf16).
+    selective_policy: what recompute "selective" reruns. "megatron": the attention core
+    (Korthikanti et al. 2022, Sec. 4.2); "torchtitan-op": torchtitan's per-op selective AC,
+    which saves every compute op's output except every second mm/linear of a block (and
+    recomputes the element-wise ops), attention included in what it saves
+    (torchtitan 0.3.0 torchtitan/distributed/activation_checkpoint.py, SelectiveAC's
+    _get_custom_policy: "Save all compute/comm ops, except every second mm/linear"): in a
+    Llama block wq wk wv wo w1 w3 w2 that reruns wk, wo and w3.
     mfu_ceiling: the highest MFU a step may reach (None: the GPU's TRAINING_MFU_CEILING,
     no ceiling for a GPU not listed there).
     step_time_factor: every step time multiplied by it (1: the prediction itself); plan --time-
@@ -117,6 +124,7 @@ class Efficiency:
     overlap_slowdown: float = 0.2
     mfu_ceiling: float | None = None
     step_time_factor: float = 1.0
+    selective_policy: str = "megatron"
     name: str = "default"
 
 

@@ -97,6 +97,19 @@ from planner.timing.step import StepTime
 from planner.training.setup import TrainingSetup
 
 
+def dp_times(branch: np.ndarray | int, pp: np.ndarray, grad_accum: np.ndarray) -> np.ndarray:
+    """How often the per-micro-batch data-parallel collectives (parts.DP_TERMS' terms 1 and 2)
+    run in a step: once per micro-batch, except FSDP shard-grad-op under a pipeline, which
+    gathers the parameters once and reduce-scatters the gradients once per step: PyTorch's
+    pipeline schedules run every backward but the last with set_requires_gradient_sync(False)
+    and set_reshard_after_backward(False) on an FSDP2 module
+    (torch/distributed/pipelining/stage.py, PipelineStage.backward_maybe_with_nosync, PyTorch
+    2.5+), and shard-grad-op does not reshard after forward (the Llama 3 paper, arXiv:2407.21783,
+    Sec. 3.3.2: no reshard after forward, to avoid the backward's all-gather)."""
+    once = (np.asarray(branch) == FSDP_GRAD_OP) & (pp > 1)
+    return np.where(once, 1.0, grad_accum)
+
+
 def _dp_step(branch: int, at: np.ndarray, c0: np.ndarray, c1: np.ndarray, c2: np.ndarray, fwd: np.ndarray,
              bwd: np.ndarray, ga: np.ndarray, eff: Efficiency, pipeline: np.ndarray, opt: np.ndarray,
              terms: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] | None = None
@@ -362,13 +375,14 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
             if sel is None:
                 opt_s = opt[sharded]
                 step, exposed, slow = _dp_step(branch, at + (order_at + branch * (SLOTS * n_d)), c0, c1, c2, fwd_p,
-                                               bwd_p, pga_f, eff, pipeline, opt_s, terms)
+                                               bwd_p, dp_times(branch, ppp, pga_f), eff, pipeline, opt_s, terms)
                 where: tuple = (slice(None), row)
             else:
                 at_s = at[:, sel]
                 opt_s = optimizer_s[at_s + sharded * (SLOTS * n_d)]
                 step, exposed, slow = _dp_step(branch, at_s + (order_at + branch * (SLOTS * n_d)), c0, c1, c2,
-                                               fwd_p[:, sel], bwd_p[:, sel], pga_f[sel], eff, pipeline[:, sel], opt_s,
+                                               fwd_p[:, sel], bwd_p[:, sel], dp_times(branch, ppp[sel], pga_f[sel]),
+                                               eff, pipeline[:, sel], opt_s,
                                                terms)
                 where = (slice(None), row, sel)
             best[where] = step
@@ -428,6 +442,7 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
                       fwd_mb_s=fwd_l, bwd_mb_s=bwd_l, slow_stage=of_p(deg.stage[slot_p, pd]),
                       n_slow=n_slow_l.astype(np.int64), n_slow_bwd=of_p(n_slow_bwd).astype(np.int64),
                       grad_accum=a.grad_accum, dp_branch=BRANCH[pair],
+                      dp_times=dp_times(BRANCH[pair], a.pp, a.grad_accum).astype(np.int64),
                       dp_each=np.stack([np.stack([of_kind(dp_each[k, t]) for t in range(3)]) for k in range(3)]),
                       efficiency=eff, tokens_per_step=n_seq * setup.seq_len,
                        n_gpus=n_gpus, model_flops=flops[0], hardware_flops=flops[1],

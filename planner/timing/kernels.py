@@ -215,6 +215,12 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
         bwd = gemm_fwd + attn_bwd + elem_bwd + 2 * adapter_fwd + dequant
     if key.recompute == "full":
         bwd += fwd
+    elif key.recompute == "selective" and eff.selective_policy == "torchtitan-op" and not m.is_moe:
+        # every second mm of the block's forward order (wq wk wv wo, then w1 w3 w2 or fc1 fc2)
+        # and the element-wise ops (Efficiency.selective_policy)
+        second = [gemm(tokens, kv / tp, h), gemm(tokens, h, q / tp)]
+        second.append(gemm(tokens, f / tp, h) if m.gated_mlp else gemm(tokens, h, f / tp))
+        bwd += sum(second) + elem_fwd
     elif key.recompute == "selective":
         bwd += attn_fwd
     # tp: 2 all-reduces (or all-gather + reduce-scatter pairs with sp) in forward, 2 in

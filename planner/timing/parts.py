@@ -68,6 +68,7 @@ class StepArrays:
     n_slow_bwd: np.ndarray        # int64: its blocks with a backward pass (kernels.backward_layers)
     grad_accum: np.ndarray        # int64: micro-batches per step
     dp_branch: np.ndarray         # int64: the branch of DP_TERMS
+    dp_times: np.ndarray          # int64: occurrences of the per-micro-batch collectives (fast.dp_times)
     dp_each: np.ndarray           # (seconds, exposed, hidden) x DP_TERMS' term x layout, per occurrence
     efficiency: Efficiency
     tokens_per_step: np.ndarray   # int64
@@ -105,7 +106,7 @@ class StepArrays:
                                                           eff.param_gather_overlap), ("bwd", eff.zero3_overlap))[term]
             every = term == 2 or term == 1 and per_mb
             out.append(DpCollective(seconds=float(self.dp_each[0, term, i]), window=window, overlap=overlap,
-                                    per_micro_batch=every, times=int(self.grad_accum[i]) if every else 1,
+                                    per_micro_batch=every, times=int(self.dp_times[i]) if every else 1,
                                     exposed_s=float(self.dp_each[1, term, i]),
                                     hidden_s=float(self.dp_each[2, term, i])))
         return tuple(out)
