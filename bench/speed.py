@@ -213,6 +213,13 @@ def finetune_rates(repeats: int) -> dict:
         lays = [lay for n in gpu_counts(8, 1024) for lay, reason in enumerate_layouts(m, setup, n, 8, space)
                 if reason is None]
         arrays = LayoutArrays.from_layouts(lays)
+        tiled = ""
+        if len(arrays) < 50_000:
+            # QLoRA runs under data parallelism only (690 layouts): a call's fixed cost would
+            # decide the rate, so its layouts are tiled to a full training-sized batch
+            k = -(-50_000 // max(1, len(arrays)))
+            arrays, tiled = LayoutArrays.concat([arrays] * k), f" (its {len(lays):,} layouts tiled {k}x)"
+            lays = lays * k
         step_times_s(m, setup, arrays, cluster, pc=pc)
         def times(s_: TrainingSetup = setup, a_: LayoutArrays = arrays) -> None:
             step_times_s(m, s_, a_, cluster, pc=pc)
@@ -226,8 +233,8 @@ def finetune_rates(repeats: int) -> dict:
         how = "as arrays"
         both = len(lays) / (t_time + t_mem)
         out[method] = {"layouts": len(lays), "time_per_s": len(lays) / t_time, "memory_per_s": len(lays) / t_mem,
-                       "memory": how, "both_per_s": both}
-        row(f"{method}: {len(lays):,} layouts, memory {how}", f"{both:,.0f}/s",
+                       "memory": how, "both_per_s": both, "tiled": tiled}
+        row(f"{method}: {len(lays):,} layouts{tiled}, memory {how}", f"{both:,.0f}/s",
             f"step time alone {len(lays) / t_time:,.0f}/s, memory alone {len(lays) / t_mem:,.0f}/s")
     return out
 
