@@ -383,7 +383,9 @@ def prices_json(prices: Any, gpu_names: Any) -> dict[str, Any]:
         out[name] = {"rent_usd_per_gpu_hour": p.rent_usd_per_gpu_hour, "rent_source": p.rent_source,
                      "rent_date": p.rent_date, "node_purchase_usd": p.node_purchase_usd,
                      "purchase_source": p.purchase_source, "purchase_date": p.purchase_date,
-                     "node_power_kw": p.node_power_kw, "power_source": p.power_source}
+                     "node_power_kw": p.node_power_kw, "power_source": p.power_source,
+                     "committed_usd_per_gpu_hour": p.committed_usd_per_gpu_hour,
+                     "committed_source": p.committed_source, "committed_date": p.committed_date}
     return out
 
 
@@ -409,6 +411,7 @@ def cost_json(r: Any, crosscheck: Crosscheck | None = None) -> dict[str, Any]:
     out["prices"] = prices_json(r.prices, [g.name for g in r.gpus])
     out["prices"]["electricity"] = {"usd_per_kwh": r.prices.electricity_usd_per_kwh, "pue": r.prices.pue}
     out["prices_overrides"] = r.prices.overrides
+    out["stale_prices"] = stale_price_list(r.prices, [g.name for g in r.gpus])
     d = r.diagnosis
     out["infeasible"] = None if d is None else {
         "binding": list(d.binding), "fits_from_gpus": d.fits_from_gpus,
@@ -426,8 +429,41 @@ def rent_lines(r: Any) -> list[str]:
             out.append(f"  {g.name}: no rental price")
         else:
             date = f", {p.rent_date}" if p.rent_date else ""
-            out.append(f"  {g.name}: ${p.rent_usd_per_gpu_hour:,.2f} per GPU-hour ({p.rent_source}{date})")
+            out.append(f"  {g.name}: ${p.rent_usd_per_gpu_hour:,.2f} per GPU-hour on demand ({p.rent_source}{date})")
+            if p.committed_usd_per_gpu_hour is not None:
+                out.append(f"  {' ' * len(g.name)}  committed: from ${p.committed_usd_per_gpu_hour:,.2f} per GPU-hour "
+                           f"({p.committed_source}, {p.committed_date}); not used for the costs above")
     return out
+
+
+def report_date() -> Any:
+    """The day a report ages its prices against: today, or PLANNER_TODAY (YYYY-MM-DD), which
+    the examples and tests set so that their committed outputs do not change with the date."""
+    import os
+    from datetime import date
+
+    fixed = os.environ.get("PLANNER_TODAY", "")
+    try:
+        return date.fromisoformat(fixed) if fixed else date.today()
+    except ValueError:
+        return date.today()
+
+
+def stale_price_list(prices: Any, gpu_names: Any, *, own: bool = False) -> list[dict[str, Any]]:
+    """The prices behind a report older than a year on the report's date (cost.prices.stale_prices)."""
+    from planner.cost.prices import stale_prices
+    return stale_prices(prices, gpu_names, report_date(), rent=not own, own=own)
+
+
+def stale_price_warning(prices: Any, gpu_names: Any, *, own: bool = False) -> str | None:
+    """One line warning of prices older than a year, or None."""
+    from planner.cost.prices import stale_line
+    return stale_line(stale_price_list(prices, gpu_names, own=own))
+
+
+def rent_date(r: Any, gpu_name: str) -> str:
+    """The date of the rental price behind a cost ("undated" without one)."""
+    return r.prices.for_gpu(gpu_name).rent_date or "undated"
 
 
 
@@ -462,6 +498,7 @@ def buy_json(r: Any) -> dict[str, Any]:
         | {"electricity": {"usd_per_kwh": r.prices.electricity_usd_per_kwh, "pue": r.prices.pue,
                            "source": r.prices.electricity_source, "pue_source": r.prices.pue_source}},
         "infeasible": None if r.feasible else " ".join(r.lines),
+        "stale_prices": stale_price_list(r.prices, [p.gpu for p in r.pools], own=True),
         "search_s": r.search_s,
     }
 
