@@ -377,9 +377,14 @@ def _scale_up_gpu_bytes_per_s(intra: IntraNodeFabric) -> float:
 
 
 def _hosts_alike(top: ClusterTopology) -> bool:
-    """Whether the PCIe switches (hosts) of a node are interchangeable in every max-flow
-    problem: NVLink nodes (no CPU sockets in the graph) whose NICs split evenly over them."""
-    return top.intra_node.fabric != "pcie" and top.network.nics_per_node % top.pcie.switches == 0
+    """Whether the PCIe switches (hosts) under one CPU socket are interchangeable in every
+    max-flow problem, the same permutation on every node: each carries as many NICs (NIC k
+    goes to rail k's leaf, so permuting hosts permutes rails, which are alike) and has the
+    same uplink. Not when GPUs sit on the sockets' root ports (the hosts are then the
+    sockets, which form a chain)."""
+    if top.intra_node.fabric == "pcie" and top.pcie.switches == 0:
+        return False
+    return top.network.nics_per_node % top.pcie.switches == 0
 
 
 def build_graph(top: ClusterTopology, n_nodes: int) -> nx.Graph:
@@ -511,9 +516,9 @@ def _placement_key(g: nx.Graph, sources: set[int], sinks: set[int], one_island: 
     """Where sources and sinks sit, up to the graph's symmetries: GPUs under one PCIe switch
     (host) of a node are alike (each has one equal link to it), so only the counts per host
     matter; alike leaf groups, islands and nodes permute; and where every host of a node
-    carries as many NICs (hosts_alike: NVLink nodes), hosts permute too, the same
-    permutation on every node (rail k's leaf serves NIC k of every node), so host labels are
-    renumbered in order of first appearance. Inside one PCIe-only node, hosts under the same
+    carries as many NICs (_hosts_alike), the hosts under one CPU socket permute too, the
+    same permutation on every node (rail k's leaf serves NIC k of every node), so host
+    labels are renumbered per socket in order of first appearance. Inside one PCIe-only node, hosts under the same
     CPU socket permute (each has the same uplink to it); sockets keep their order (a chain)."""
     nodes = g.nodes
     counts: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
@@ -526,13 +531,16 @@ def _placement_key(g: nx.Graph, sources: set[int], sinks: set[int], one_island: 
         for (_, _, _, socket, _), (n_s, n_t) in counts.items():
             sockets[socket].append((n_s, n_t))
         return ("pcie",) + tuple((socket, tuple(sorted(h))) for socket, h in sorted(sockets.items()))
-    relabel: dict[int, int] = {}
+    relabel: dict[tuple[int, int], int] = {}
     if g.graph["hosts_alike"]:
+        per_socket: dict[int, int] = defaultdict(int)
         for k in sorted(counts):
-            relabel.setdefault(k[4], len(relabel))
+            if (k[3], k[4]) not in relabel:
+                relabel[k[3], k[4]] = per_socket[k[3]]
+                per_socket[k[3]] += 1
     tree: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for (leaf, island, node, socket, host), (n_s, n_t) in counts.items():
-        tree[leaf][island][node].append((socket, relabel.get(host, host), n_s, n_t))
+        tree[leaf][island][node].append((socket, relabel.get((socket, host), host), n_s, n_t))
     return tuple(sorted(
         tuple(sorted(tuple(sorted(tuple(sorted(hosts)) for hosts in nodes_.values())) for nodes_ in isl.values()))
         for isl in tree.values()))
