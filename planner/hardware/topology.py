@@ -480,8 +480,8 @@ def _max_flow_bytes_per_s(g: nx.Graph, sources: set[int], sinks: set[int]) -> fl
     permutations of alike leaf groups, islands, nodes and switches (_placement_key): it is
     cached in g.graph under that key, and graphs from build_graph() must not be modified.
     """
-    nodes = g.nodes
-    islands = {nodes[v]["island"] for v in itertools.chain(sources, sinks)}
+    place = _gpu_places(g)
+    islands = {place[v][1] for v in itertools.chain(sources, sinks)}
     one_island = len(islands) == 1
     if one_island:
         closed = _one_island_flow_bytes_per_s(g, len(sources), len(sinks))
@@ -492,6 +492,18 @@ def _max_flow_bytes_per_s(g: nx.Graph, sources: set[int], sinks: set[int]) -> fl
     if key not in cache:
         cache[key] = _solve_max_flow(g, sources, sinks, one_island=one_island)
     return cache[key]
+
+
+def _gpu_places(g: nx.Graph) -> dict[int, tuple]:
+    """(leaf group, island, node, socket, host) of every GPU, read once per graph and cached
+    in g.graph (graphs from build_graph() are not modified): the cut keys read them for
+    every GPU of every cut, millions of attribute look-ups on a graph at the limits."""
+    cached = g.graph.get("gpu_places")
+    if cached is None:
+        cached = g.graph["gpu_places"] = {
+            v: (a["leaf_group"], a["island"], a["node"], a["socket"], a["host"])
+            for v, a in g.nodes(data=True) if a["kind"] == "gpu"}
+    return cached
 
 
 def _one_island_flow_bytes_per_s(g: nx.Graph, n_sources: int, n_sinks: int) -> float | None:
@@ -520,12 +532,11 @@ def _placement_key(g: nx.Graph, sources: set[int], sinks: set[int], one_island: 
     same permutation on every node (rail k's leaf serves NIC k of every node), so host
     labels are renumbered per socket in order of first appearance. Inside one PCIe-only node, hosts under the same
     CPU socket permute (each has the same uplink to it); sockets keep their order (a chain)."""
-    nodes = g.nodes
+    place = _gpu_places(g)
     counts: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
     for side, members in ((0, sources), (1, sinks)):
         for v in members:
-            a = nodes[v]
-            counts[(a["leaf_group"], a["island"], a["node"], a["socket"], a["host"])][side] += 1
+            counts[place[v]][side] += 1
     if one_island and g.graph["fabric"] == "pcie":
         sockets: dict[int, list[tuple[int, int]]] = defaultdict(list)
         for (_, _, _, socket, _), (n_s, n_t) in counts.items():
@@ -631,7 +642,8 @@ def ring_bandwidth_bytes_per_s(g: nx.Graph, groups: Iterable[Sequence[int]]) -> 
                 raise UserError(f"GPU {gpu} is in two groups of the same axis")
 
     nodes = g.nodes
-    island_of = {v: nodes[v]["island"] for v in ring_of}
+    place = _gpu_places(g)
+    island_of = {v: place[v][1] for v in ring_of}
     per_island = Counter((ring_of[v], island_of[v]) for v in ring_of)     # (group, island) -> GPUs
     blocks: dict[Any, set[int]] = defaultdict(set)
     for gpu in ring_of:
