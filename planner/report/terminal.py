@@ -306,9 +306,11 @@ def time_table(t: StepTime) -> Any:
     return tab
 
 
-def _answer_rows(c: Candidate, tokens: float | None) -> list[tuple[str, Any]]:
-    rows: list[tuple[str, Any]] = [("layout", c.layout.describe()),
-                                   ("memory", fits_text(c.memory.total, c.capacity_bytes, c.fits))]
+def _answer_rows(c: Candidate, tokens: float | None, global_batch: int | None = None) -> list[tuple[str, Any]]:
+    rows: list[tuple[str, Any]] = [("layout", c.layout.describe())]
+    for line in report.layout_notes(c.layout, c.n_gpus, global_batch):
+        rows.append(("note", _text((line, DIM))))
+    rows.append(("memory", fits_text(c.memory.total, c.capacity_bytes, c.fits)))
     if c.time is not None:
         rows.append(("step", step_line(c.time)))
         if tokens is not None:
@@ -376,7 +378,7 @@ def plan_view(r: PlanResult, crosscheck: Crosscheck | None = None) -> list[Any]:
         title = "The layout you gave" if r.fixed else f"Smallest GPU count that fits: {b.n_gpus} x {r.gpu.name}"
         if r.fixed:
             title += f": {b.n_gpus} x {r.gpu.name}"
-        out.append(_panel(title, _answer_rows(b, r.tokens), OK if b.fits else BAD))
+        out.append(_panel(title, _answer_rows(b, r.tokens, r.setup.global_batch), OK if b.fits else BAD))
         out += [_text("")] + memory_table(b)
         if b.time is not None:
             out += [_text(""), time_table(b.time)]
@@ -468,7 +470,7 @@ def cost_view(r: Any, crosscheck: Crosscheck | None = None) -> list[Any]:
                   if rate is not None else "")
         rows = [("cost", _text((cost, HEAD), f" for {duration(c.train_time_s)} ({c.gpu_hours:,.0f} GPU-hours)"
                                f"{priced}"))]
-        rows += _answer_rows(c.candidate, r.tokens)
+        rows += _answer_rows(c.candidate, r.tokens, res.setup.global_batch)
         out.append(_panel(f"{what}: {c.n_gpus} x {c.gpu.name}", rows))
         out += [_text("")] + memory_table(c.candidate)
         out += [_text(""), time_table(c.candidate.time)]

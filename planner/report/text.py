@@ -226,6 +226,30 @@ def assumptions_text(r: PlanResult) -> list[str]:
 
 # ------------------------------------------------------------------- --quiet
 
+def layout_notes(lay: Layout, n_gpus: int, global_batch: int | None) -> list[str]:
+    """What a reader of the layout line may misread (issue 20): how Megatron-LM counts an
+    expert-parallel layout, and why a GPU count that does not divide the global batch got
+    a layout other than plain data parallelism."""
+    out = []
+    if lay.ep > 1:
+        # megatron-core 0.16.1 parallel_state.initialize_model_parallel: data_parallel_size =
+        # world_size // (tp * pp * cp); expert_data_parallel_size = world_size // (etp * ep * pp),
+        # etp = tp by default: expert parallel is carved out of data parallel
+        out.append(f"Megatron-LM counts this as data parallel {lay.dp * lay.ep} for the dense layers "
+                   f"(GPUs / (tp x pp x cp)), with expert parallel {lay.ep} carved out of it and expert data "
+                   f"parallel {lay.dp * lay.cp} for the experts; here dp={lay.dp} counts the replicas beyond ep")
+    if global_batch is not None and n_gpus > 1 and global_batch % n_gpus != 0:
+        below = max((d for d in range(1, n_gpus) if global_batch % d == 0), default=None)
+        above = next((d for d in range(n_gpus + 1, 2 * n_gpus + 1) if global_batch % d == 0), None)
+        near = " or ".join(f"{d:,}" for d in (below, above) if d is not None)
+        out.append(f"{n_gpus:,} GPUs do not divide the global batch of {global_batch:,} sequences, so the "
+                   f"layout cannot be {n_gpus:,}-way data parallel: dp {lay.dp}"
+                   + "".join(f" x {ax} {d}" for ax, d in (("tp", lay.tp), ("pp", lay.pp), ("cp", lay.cp),
+                                                         ("ep", lay.ep)) if d > 1)
+                   + (f"; {near} GPUs divide it" if near else ""))
+    return out
+
+
 def layout_compact(lay: Layout) -> str:
     """The layout as space-separated key=value words, e.g. dp=16 tp=4+sp pp=1 zero=2 mb=1
     ga=64 recompute=none (vp, cp, ep only when above 1; fsdp=full etc. for FSDP)."""
