@@ -48,6 +48,7 @@ ENVIRONMENT = {
     "PYTHONIOENCODING": "utf-8",
     "PYTHONUTF8": "1",
     "PYTHONHASHSEED": "0",
+    "PLANNER_TODAY": "2026-12-02",    # the day prices are aged against (the stale-price warning)
     "TZ": "UTC",
 }
 UNSET = ("FORCE_COLOR", "CLICOLOR_FORCE", "PY_COLORS", "COLORTERM", "TTY_COMPATIBLE", "TTY_INTERACTIVE",

@@ -11,7 +11,9 @@ import functools
 import importlib.resources
 import math
 import tomllib
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,9 @@ class GpuPrices:
     purchase_date: str = ""
     node_power_kw: float | None = None
     power_source: str = ""
+    committed_usd_per_gpu_hour: float | None = None   # a published reserved rate, shown only
+    committed_source: str = ""
+    committed_date: str = ""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -77,8 +82,10 @@ class Prices:
 
 _TOP_KEYS = {"electricity_usd_per_kwh", "electricity_source", "electricity_date", "pue", "pue_source", "gpu"}
 _GPU_KEYS = {"name", "rent_usd_per_gpu_hour", "rent_source", "rent_date", "node_purchase_usd",
-             "purchase_source", "purchase_date", "node_power_kw", "power_source"}
-_NUMBERS = {"rent_usd_per_gpu_hour", "node_purchase_usd", "node_power_kw", "electricity_usd_per_kwh", "pue"}
+             "purchase_source", "purchase_date", "node_power_kw", "power_source",
+             "committed_usd_per_gpu_hour", "committed_source", "committed_date"}
+_NUMBERS = {"rent_usd_per_gpu_hour", "node_purchase_usd", "node_power_kw", "electricity_usd_per_kwh", "pue",
+            "committed_usd_per_gpu_hour"}
 _SOURCE_OF = {"rent_usd_per_gpu_hour": "rent_source", "node_purchase_usd": "purchase_source",
               "node_power_kw": "power_source", "electricity_usd_per_kwh": "electricity_source", "pue": "pue_source"}
 
@@ -86,7 +93,8 @@ _SOURCE_OF = {"rent_usd_per_gpu_hour": "rent_source", "node_purchase_usd": "purc
 # Far above any real price (an H100 rents for a few dollars an hour, a DGX node costs about
 # $0.4M and draws about 10 kW; an NVL72 rack about 120 kW): a larger figure is a typo, and
 # its costs would be too large for the ILP solver's arithmetic (HiGHS fails on 1e17 $/h).
-_MAXIMA = {"rent_usd_per_gpu_hour": 1e4, "node_purchase_usd": 1e9, "node_power_kw": 1e4,
+_MAXIMA = {"rent_usd_per_gpu_hour": 1e4, "committed_usd_per_gpu_hour": 1e4,
+           "node_purchase_usd": 1e9, "node_power_kw": 1e4,
            "electricity_usd_per_kwh": 1e2, "pue": 1e1}
 
 
@@ -172,6 +180,67 @@ def load_prices(path: str | Path | None = None) -> Prices:
         return prices
     path = Path(path)
     return replace(_apply(prices, _read(path), str(path), is_override=True), overrides=str(path))
+
+
+# ------------------------------------------------------------------------ dates
+
+STALE_AFTER_DAYS = 365      # a market price older than a year is flagged (issue 20)
+
+
+def price_period_end(text: str) -> date | None:
+    """The last day a price's date can mean ("2024" -> 2024-12-31, "2024-12" -> 2024-12-31,
+    "2024-12-05" itself); None when it is empty or not such a date. The end of the period,
+    so that a price is called stale only when it surely is."""
+    import calendar
+
+    parts = text.strip().split("-")
+    try:
+        numbers = [int(x) for x in parts]
+    except ValueError:
+        return None
+    try:
+        if len(numbers) == 1:
+            return date(numbers[0], 12, 31)
+        if len(numbers) == 2:
+            return date(numbers[0], numbers[1], calendar.monthrange(numbers[0], numbers[1])[1])
+        if len(numbers) == 3:
+            return date(*numbers)
+    except ValueError:
+        return None
+    return None
+
+
+def stale_prices(prices: Prices, gpu_names: Iterable[str], today: date, *, rent: bool = True,
+                 own: bool = False) -> list[dict[str, Any]]:
+    """The market prices behind a report that are older than STALE_AFTER_DAYS on ``today``
+    (or carry no date): rental rates (``rent``) and purchase prices and electricity
+    (``own``, for `plan buy`), each as {gpu, price, date, age_days}."""
+    out: list[dict[str, Any]] = []
+
+    def check(gpu: str, what: str, when: str) -> None:
+        end = price_period_end(when)
+        age = None if end is None else (today - end).days
+        if age is None or age > STALE_AFTER_DAYS:
+            out.append({"gpu": gpu, "price": what, "date": when, "age_days": age})
+
+    for name in gpu_names:
+        p = prices.for_gpu(name)
+        if rent and p.rent_usd_per_gpu_hour is not None:
+            check(name, "rent", p.rent_date)
+        if own and p.node_purchase_usd is not None:
+            check(name, "node purchase", p.purchase_date)
+    if own:
+        check("", "electricity", prices.electricity_date)
+    return out
+
+
+def stale_line(stale: list[dict[str, Any]]) -> str | None:
+    """One line naming the stale prices, or None when every price is fresh."""
+    if not stale:
+        return None
+    parts = [f"{s['gpu'] + ' ' if s['gpu'] else ''}{s['price']} ({s['date'] or 'undated'})" for s in stale]
+    return (f"warning: prices older than a year: {', '.join(parts)}; costs may be far off today's market: "
+            f"give current ones with --prices FILE")
 
 
 # ------------------------------------------------------------------------ arithmetic

@@ -377,9 +377,14 @@ def _scale_up_gpu_bytes_per_s(intra: IntraNodeFabric) -> float:
 
 
 def _hosts_alike(top: ClusterTopology) -> bool:
-    """Whether the PCIe switches (hosts) of a node are interchangeable in every max-flow
-    problem: NVLink nodes (no CPU sockets in the graph) whose NICs split evenly over them."""
-    return top.intra_node.fabric != "pcie" and top.network.nics_per_node % top.pcie.switches == 0
+    """Whether the PCIe switches (hosts) under one CPU socket are interchangeable in every
+    max-flow problem, the same permutation on every node: each carries as many NICs (NIC k
+    goes to rail k's leaf, so permuting hosts permutes rails, which are alike) and has the
+    same uplink. Not when GPUs sit on the sockets' root ports (the hosts are then the
+    sockets, which form a chain)."""
+    if top.intra_node.fabric == "pcie" and top.pcie.switches == 0:
+        return False
+    return top.network.nics_per_node % top.pcie.switches == 0
 
 
 def build_graph(top: ClusterTopology, n_nodes: int) -> nx.Graph:
@@ -475,8 +480,8 @@ def _max_flow_bytes_per_s(g: nx.Graph, sources: set[int], sinks: set[int]) -> fl
     permutations of alike leaf groups, islands, nodes and switches (_placement_key): it is
     cached in g.graph under that key, and graphs from build_graph() must not be modified.
     """
-    nodes = g.nodes
-    islands = {nodes[v]["island"] for v in itertools.chain(sources, sinks)}
+    place = _gpu_places(g)
+    islands = {place[v][1] for v in itertools.chain(sources, sinks)}
     one_island = len(islands) == 1
     if one_island:
         closed = _one_island_flow_bytes_per_s(g, len(sources), len(sinks))
@@ -487,6 +492,18 @@ def _max_flow_bytes_per_s(g: nx.Graph, sources: set[int], sinks: set[int]) -> fl
     if key not in cache:
         cache[key] = _solve_max_flow(g, sources, sinks, one_island=one_island)
     return cache[key]
+
+
+def _gpu_places(g: nx.Graph) -> dict[int, tuple]:
+    """(leaf group, island, node, socket, host) of every GPU, read once per graph and cached
+    in g.graph (graphs from build_graph() are not modified): the cut keys read them for
+    every GPU of every cut, millions of attribute look-ups on a graph at the limits."""
+    cached = g.graph.get("gpu_places")
+    if cached is None:
+        cached = g.graph["gpu_places"] = {
+            v: (a["leaf_group"], a["island"], a["node"], a["socket"], a["host"])
+            for v, a in g.nodes(data=True) if a["kind"] == "gpu"}
+    return cached
 
 
 def _one_island_flow_bytes_per_s(g: nx.Graph, n_sources: int, n_sinks: int) -> float | None:
@@ -511,28 +528,30 @@ def _placement_key(g: nx.Graph, sources: set[int], sinks: set[int], one_island: 
     """Where sources and sinks sit, up to the graph's symmetries: GPUs under one PCIe switch
     (host) of a node are alike (each has one equal link to it), so only the counts per host
     matter; alike leaf groups, islands and nodes permute; and where every host of a node
-    carries as many NICs (hosts_alike: NVLink nodes), hosts permute too, the same
-    permutation on every node (rail k's leaf serves NIC k of every node), so host labels are
-    renumbered in order of first appearance. Inside one PCIe-only node, hosts under the same
+    carries as many NICs (_hosts_alike), the hosts under one CPU socket permute too, the
+    same permutation on every node (rail k's leaf serves NIC k of every node), so host
+    labels are renumbered per socket in order of first appearance. Inside one PCIe-only node, hosts under the same
     CPU socket permute (each has the same uplink to it); sockets keep their order (a chain)."""
-    nodes = g.nodes
+    place = _gpu_places(g)
     counts: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
     for side, members in ((0, sources), (1, sinks)):
         for v in members:
-            a = nodes[v]
-            counts[(a["leaf_group"], a["island"], a["node"], a["socket"], a["host"])][side] += 1
+            counts[place[v]][side] += 1
     if one_island and g.graph["fabric"] == "pcie":
         sockets: dict[int, list[tuple[int, int]]] = defaultdict(list)
         for (_, _, _, socket, _), (n_s, n_t) in counts.items():
             sockets[socket].append((n_s, n_t))
         return ("pcie",) + tuple((socket, tuple(sorted(h))) for socket, h in sorted(sockets.items()))
-    relabel: dict[int, int] = {}
+    relabel: dict[tuple[int, int], int] = {}
     if g.graph["hosts_alike"]:
+        per_socket: dict[int, int] = defaultdict(int)
         for k in sorted(counts):
-            relabel.setdefault(k[4], len(relabel))
+            if (k[3], k[4]) not in relabel:
+                relabel[k[3], k[4]] = per_socket[k[3]]
+                per_socket[k[3]] += 1
     tree: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for (leaf, island, node, socket, host), (n_s, n_t) in counts.items():
-        tree[leaf][island][node].append((socket, relabel.get(host, host), n_s, n_t))
+        tree[leaf][island][node].append((socket, relabel.get((socket, host), host), n_s, n_t))
     return tuple(sorted(
         tuple(sorted(tuple(sorted(tuple(sorted(hosts)) for hosts in nodes_.values())) for nodes_ in isl.values()))
         for isl in tree.values()))
@@ -623,7 +642,8 @@ def ring_bandwidth_bytes_per_s(g: nx.Graph, groups: Iterable[Sequence[int]]) -> 
                 raise UserError(f"GPU {gpu} is in two groups of the same axis")
 
     nodes = g.nodes
-    island_of = {v: nodes[v]["island"] for v in ring_of}
+    place = _gpu_places(g)
+    island_of = {v: place[v][1] for v in ring_of}
     per_island = Counter((ring_of[v], island_of[v]) for v in ring_of)     # (group, island) -> GPUs
     blocks: dict[Any, set[int]] = defaultdict(set)
     for gpu in ring_of:

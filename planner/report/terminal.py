@@ -308,9 +308,11 @@ def time_table(t: StepTime) -> Any:
     return tab
 
 
-def _answer_rows(c: Candidate, tokens: float | None) -> list[tuple[str, Any]]:
-    rows: list[tuple[str, Any]] = [("layout", c.layout.describe()),
-                                   ("memory", fits_text(c.memory.total, c.capacity_bytes, c.fits))]
+def _answer_rows(c: Candidate, tokens: float | None, global_batch: int | None = None) -> list[tuple[str, Any]]:
+    rows: list[tuple[str, Any]] = [("layout", c.layout.describe())]
+    for line in report.layout_notes(c.layout, c.n_gpus, global_batch):
+        rows.append(("note", _text((line, DIM))))
+    rows.append(("memory", fits_text(c.memory.total, c.capacity_bytes, c.fits)))
     note = memory_note(c.memory.total, c.capacity_bytes, c.fits)
     if note is not None:
         rows.append(("", note))
@@ -382,7 +384,7 @@ def plan_view(r: PlanResult, crosscheck: Crosscheck | None = None) -> list[Any]:
         title = "The layout you gave" if r.fixed else f"Smallest GPU count that fits: {b.n_gpus} x {r.gpu.name}"
         if r.fixed:
             title += f": {b.n_gpus} x {r.gpu.name}"
-        out.append(_panel(title, _answer_rows(b, r.tokens), OK if b.fits else BAD))
+        out.append(_panel(title, _answer_rows(b, r.tokens, r.setup.global_batch), OK if b.fits else BAD))
         out += [_text("")] + memory_table(b)
         if b.time is not None:
             out += [_text(""), time_table(b.time)]
@@ -425,7 +427,10 @@ def crosscheck_view(c: Crosscheck) -> list[Any]:
 def cost_table(r: Any) -> Any:
     """The fastest (so cheapest) plan at each GPU type and count; * marks the chosen one."""
 
-    t = _table("The fastest layout at each GPU count, its cost and time (* chosen):")
+    dated = ", ".join(f"{g.name} {report.rent_date(r, g.name)}" for g in r.gpus
+                      if r.prices.for_gpu(g.name).rent_usd_per_gpu_hour is not None)
+    t = _table("The fastest layout at each GPU count, its cost and time (* chosen"
+               + (f"; rental prices of {dated}" if dated else "") + "):")
     for name, just in (("", "left"), ("gpu", "left"), ("GPUs", "right"), ("cost", "right"), ("time", "right"),
                        ("GPU-hours", "right"), ("MFU", "right")):
         t.add_column(name, justify=just, no_wrap=True)   # type: ignore[arg-type]
@@ -466,14 +471,21 @@ def cost_view(r: Any, crosscheck: Crosscheck | None = None) -> list[Any]:
         c = r.chosen
         what = "Cheapest plan" if r.objective == "cost" else "Fastest plan"
         cost = usd(c.cost_usd) if c.cost_usd is not None else "no price"
-        rows = [("cost", _text((cost, HEAD), f" for {duration(c.train_time_s)} ({c.gpu_hours:,.0f} GPU-hours)"))]
-        rows += _answer_rows(c.candidate, r.tokens)
+        rate = r.prices.for_gpu(c.gpu.name).rent_usd_per_gpu_hour
+        priced = (f", at ${rate:,.2f} per GPU-hour (price of {report.rent_date(r, c.gpu.name)})"
+                  if rate is not None else "")
+        rows = [("cost", _text((cost, HEAD), f" for {duration(c.train_time_s)} ({c.gpu_hours:,.0f} GPU-hours)"
+                               f"{priced}"))]
+        rows += _answer_rows(c.candidate, r.tokens, res.setup.global_batch)
         out.append(_panel(f"{what}: {c.n_gpus} x {c.gpu.name}", rows))
         out += [_text("")] + memory_table(c.candidate)
         out += [_text(""), time_table(c.candidate.time)]
     if r.by_count:
         out += [_text(""), cost_table(r)]
     out += _section("Prices (override with --prices FILE):", _lines(report.rent_lines(r), DIM))
+    stale = report.stale_price_warning(r.prices, [g.name for g in r.gpus])
+    if stale:
+        out.append(_text((stale, BAD)))
     out += _section("Assumptions", _lines(report.assumptions_text(res), DIM))
     out += _section("Solver", _lines(report.solver_lines(r), DIM))
     if crosscheck is not None:
@@ -520,6 +532,9 @@ def buy_view(r: Any) -> list[Any]:
         t.add_row(pool.gpu, f"{pool.gpus_per_node} GPUs", usd(pool.capex_usd), usd(pool.opex_usd),
                   f"{g.purchase_source} ({g.purchase_date}); {g.node_power_kw:g} kW: {g.power_source}")
     out += [_text(""), t]
+    stale = report.stale_price_warning(p, [pool.gpu for pool in r.pools], own=True)
+    if stale:
+        out.append(_text((stale, BAD)))
     out += _section("Solver", _lines(report.buy_solver_lines(r), DIM))
     return out
 

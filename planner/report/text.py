@@ -252,6 +252,30 @@ def stack_lines(r: PlanResult) -> list[str]:
 
 # ------------------------------------------------------------------- --quiet
 
+def layout_notes(lay: Layout, n_gpus: int, global_batch: int | None) -> list[str]:
+    """What a reader of the layout line may misread (issue 20): how Megatron-LM counts an
+    expert-parallel layout, and why a GPU count that does not divide the global batch got
+    a layout other than plain data parallelism."""
+    out = []
+    if lay.ep > 1:
+        # megatron-core 0.16.1 parallel_state.initialize_model_parallel: data_parallel_size =
+        # world_size // (tp * pp * cp); expert_data_parallel_size = world_size // (etp * ep * pp),
+        # etp = tp by default: expert parallel is carved out of data parallel
+        out.append(f"Megatron-LM counts this as data parallel {lay.dp * lay.ep} for the dense layers "
+                   f"(GPUs / (tp x pp x cp)), with expert parallel {lay.ep} carved out of it and expert data "
+                   f"parallel {lay.dp * lay.cp} for the experts; here dp={lay.dp} counts the replicas beyond ep")
+    if global_batch is not None and n_gpus > 1 and global_batch % n_gpus != 0:
+        below = max((d for d in range(1, n_gpus) if global_batch % d == 0), default=None)
+        above = next((d for d in range(n_gpus + 1, 2 * n_gpus + 1) if global_batch % d == 0), None)
+        near = " or ".join(f"{d:,}" for d in (below, above) if d is not None)
+        out.append(f"{n_gpus:,} GPUs do not divide the global batch of {global_batch:,} sequences, so the "
+                   f"layout cannot be {n_gpus:,}-way data parallel: dp {lay.dp}"
+                   + "".join(f" x {ax} {d}" for ax, d in (("tp", lay.tp), ("pp", lay.pp), ("cp", lay.cp),
+                                                         ("ep", lay.ep)) if d > 1)
+                   + (f"; {near} GPUs divide it" if near else ""))
+    return out
+
+
 def layout_compact(lay: Layout) -> str:
     """The layout as space-separated key=value words, e.g. dp=16 tp=4+sp pp=1 zero=2 mb=1
     ga=64 recompute=none (vp, cp, ep only when above 1; fsdp=full etc. for FSDP)."""
@@ -410,7 +434,9 @@ def prices_json(prices: Any, gpu_names: Any) -> dict[str, Any]:
         out[name] = {"rent_usd_per_gpu_hour": p.rent_usd_per_gpu_hour, "rent_source": p.rent_source,
                      "rent_date": p.rent_date, "node_purchase_usd": p.node_purchase_usd,
                      "purchase_source": p.purchase_source, "purchase_date": p.purchase_date,
-                     "node_power_kw": p.node_power_kw, "power_source": p.power_source}
+                     "node_power_kw": p.node_power_kw, "power_source": p.power_source,
+                     "committed_usd_per_gpu_hour": p.committed_usd_per_gpu_hour,
+                     "committed_source": p.committed_source, "committed_date": p.committed_date}
     return out
 
 
@@ -436,6 +462,7 @@ def cost_json(r: Any, crosscheck: Crosscheck | None = None) -> dict[str, Any]:
     out["prices"] = prices_json(r.prices, [g.name for g in r.gpus])
     out["prices"]["electricity"] = {"usd_per_kwh": r.prices.electricity_usd_per_kwh, "pue": r.prices.pue}
     out["prices_overrides"] = r.prices.overrides
+    out["stale_prices"] = stale_price_list(r.prices, [g.name for g in r.gpus])
     d = r.diagnosis
     out["infeasible"] = None if d is None else {
         "binding": list(d.binding), "fits_from_gpus": d.fits_from_gpus,
@@ -453,8 +480,41 @@ def rent_lines(r: Any) -> list[str]:
             out.append(f"  {g.name}: no rental price")
         else:
             date = f", {p.rent_date}" if p.rent_date else ""
-            out.append(f"  {g.name}: ${p.rent_usd_per_gpu_hour:,.2f} per GPU-hour ({p.rent_source}{date})")
+            out.append(f"  {g.name}: ${p.rent_usd_per_gpu_hour:,.2f} per GPU-hour on demand ({p.rent_source}{date})")
+            if p.committed_usd_per_gpu_hour is not None:
+                out.append(f"  {' ' * len(g.name)}  committed: from ${p.committed_usd_per_gpu_hour:,.2f} per GPU-hour "
+                           f"({p.committed_source}, {p.committed_date}); not used for the costs above")
     return out
+
+
+def report_date() -> Any:
+    """The day a report ages its prices against: today, or PLANNER_TODAY (YYYY-MM-DD), which
+    the examples and tests set so that their committed outputs do not change with the date."""
+    import os
+    from datetime import date
+
+    fixed = os.environ.get("PLANNER_TODAY", "")
+    try:
+        return date.fromisoformat(fixed) if fixed else date.today()
+    except ValueError:
+        return date.today()
+
+
+def stale_price_list(prices: Any, gpu_names: Any, *, own: bool = False) -> list[dict[str, Any]]:
+    """The prices behind a report older than a year on the report's date (cost.prices.stale_prices)."""
+    from planner.cost.prices import stale_prices
+    return stale_prices(prices, gpu_names, report_date(), rent=not own, own=own)
+
+
+def stale_price_warning(prices: Any, gpu_names: Any, *, own: bool = False) -> str | None:
+    """One line warning of prices older than a year, or None."""
+    from planner.cost.prices import stale_line
+    return stale_line(stale_price_list(prices, gpu_names, own=own))
+
+
+def rent_date(r: Any, gpu_name: str) -> str:
+    """The date of the rental price behind a cost ("undated" without one)."""
+    return r.prices.for_gpu(gpu_name).rent_date or "undated"
 
 
 
@@ -489,6 +549,7 @@ def buy_json(r: Any) -> dict[str, Any]:
         | {"electricity": {"usd_per_kwh": r.prices.electricity_usd_per_kwh, "pue": r.prices.pue,
                            "source": r.prices.electricity_source, "pue_source": r.prices.pue_source}},
         "infeasible": None if r.feasible else " ".join(r.lines),
+        "stale_prices": stale_price_list(r.prices, [p.gpu for p in r.pools], own=True),
         "search_s": r.search_s,
     }
 

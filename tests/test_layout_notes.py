@@ -1,0 +1,31 @@
+"""The report says what a layout line alone would mislead about (issue 20): how Megatron-LM
+counts an expert-parallel layout, and why a GPU count that does not divide the global batch
+gets an odd layout, with the nearest counts that divide it."""
+
+from click.testing import CliRunner
+
+from planner.cli.main import cli
+from planner.layouts.layout import Layout
+from planner.report.text import layout_notes
+
+
+def test_megatron_counts_expert_parallel_inside_data_parallel():
+    # megatron-core 0.16.1 parallel_state.initialize_model_parallel: data_parallel_size =
+    # world_size // (tp * pp * cp) = 8 // 2 = 4 here; expert_data_parallel_size =
+    # world_size // (tp * ep * pp) = 8 // 8 = 1
+    notes = layout_notes(Layout(dp=1, tp=1, pp=2, ep=4), 8, 1024)
+    assert len(notes) == 1
+    assert "data parallel 4 for the dense layers" in notes[0] and "expert data parallel 1" in notes[0]
+
+
+def test_a_count_that_does_not_divide_the_batch_says_why_and_what_divides():
+    assert layout_notes(Layout(dp=8, pp=3), 24, 1024) == [
+        "24 GPUs do not divide the global batch of 1,024 sequences, so the layout cannot be 24-way data "
+        "parallel: dp 8 x pp 3; 16 or 32 GPUs divide it"]
+    assert layout_notes(Layout(dp=16), 16, 1024) == []
+
+
+def test_the_report_shows_the_note():
+    r = CliRunner().invoke(cli, ["--model", "8b", "--gpus", "h100", "--n-gpus", "24"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0
+    assert "cannot be 24-way data parallel: dp 8 x pp 3; 16 or 32 GPUs divide it" in r.stdout
