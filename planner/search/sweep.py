@@ -14,19 +14,18 @@ batch of every count's kept layouts (planner.timing.fast.step_times).
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from planner.hardware.placement import Cluster
-from planner.layouts.batch import LayoutArrays, valid_layouts
+from planner.layouts.batch import RECOMPUTES, LayoutArrays, valid_layouts
 from planner.layouts.layout import SearchSpace
 from planner.memory.model import min_model_state_bytes_per_param, rank_memories
 from planner.memory.peak import memory_batch
 from planner.models.spec import ModelSpec, ParamCount, count_params
-from planner.search.search import Candidate, rank_key
+from planner.search.search import RECOMPUTE_COST, Candidate
 from planner.timing.fast import step_times, step_times_s
 from planner.timing.model import DEFAULT_EFFICIENCY, Efficiency
 from planner.training.setup import TrainingSetup
@@ -66,26 +65,27 @@ def _fastest_on_count(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, n: i
         return CountBest(n_gpus=n, fastest=(), n_shapes=len(arrays))
     arrays_fit = LayoutArrays(*(getattr(arrays, f)[may_fit] for f in LayoutArrays.FIELDS))
     times = step_times_s(m, setup, arrays_fit, cluster, eff, pc)
-    order = np.argsort(times, kind="stable")           # ties: enumeration order
-    best: list[tuple[tuple, int, Candidate]] = []      # (rank_key, row, candidate), best first
+    # rank_key's order over the batch (np.lexsort: the last key first; stable, so full ties
+    # keep enumeration order). Many layouts tie on step time where the GPU's sustained-rate
+    # floor binds, so the other fields are sorted as arrays rather than walked one by one.
+    rc_cost = np.array([RECOMPUTE_COST[r] for r in RECOMPUTES])[arrays_fit.recompute]
+    headroom = capacity_bytes - totals[may_fit]
+    order = np.lexsort((-headroom, arrays_fit.vp, -arrays_fit.micro_batch, arrays_fit.sharding > 0,
+                        arrays_fit.zero_stage, arrays_fit.tp, arrays_fit.cp, arrays_fit.pp, rc_cost, times))
+    best: list[Candidate] = []
     sized = 0
     for i in order.tolist():
-        # rank_key orders by step time first: once ``keep`` are kept, a slower layout
-        # can displace none of them (equal times go on: rank_key's other fields decide)
-        if len(best) >= keep and times[i] > best[keep - 1][0][0]:
-            break
         lay = arrays_fit.layout(i, setup.seq_len)
         (mem,) = rank_memories(batch, [int(may_fit[i])])      # the batch's row: sized once
         c = Candidate(layout=lay, memory=mem, capacity_bytes=capacity_bytes,
                       host_capacity_bytes=host_capacity_bytes, nvme_capacity_bytes=nvme_capacity_bytes)
         sized += 1
-        if not c.fits:
-            continue
-        key = (float(times[i]), *rank_key(c)[1:])       # rank_key of c with its step time
-        best.insert(bisect.bisect([k for k, _, _ in best], key), (key, i, c))
-        del best[keep:]
+        if c.fits:          # (the host's and NVMe's capacity: the GPU's is in may_fit)
+            best.append(c)
+            if len(best) == keep:
+                break
     # (their StepTime: sweep() reads it off one batch of every count's kept layouts)
-    return CountBest(n_gpus=n, fastest=tuple(c for _, _, c in best), n_shapes=len(arrays), n_timed=len(arrays_fit),
+    return CountBest(n_gpus=n, fastest=tuple(best), n_shapes=len(arrays), n_timed=len(arrays_fit),
                      n_sized=sized)
 
 
