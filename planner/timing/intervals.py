@@ -53,7 +53,7 @@ def time_band(level: float = DEFAULT_LEVEL) -> TimeBand:
     table = interval_data()["levels"]
     key = f"{level:.2f}"
     if key not in table:
-        raise UserError(f"--confidence {level:g} has no interval; choose one of "
+        raise UserError(f"--time-confidence {level:g} has no step-time interval; choose one of "
                         f"{', '.join(f'{x:g}' for x in levels())}")
     row = table[key]
     return TimeBand(level=level, time_low_factor=math.exp(row["log_error_low"]),
