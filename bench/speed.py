@@ -29,6 +29,9 @@ Prints, on this machine:
      call per layout), taking turns with the planner in rounds, so that both see the same
      machine; the ratio of layouts per second in each round, and the median round.
 
+The process keeps freed heap memory for reuse, as `plan` does (planner.cli.alloc): the
+batched models' temporaries would otherwise page-fault on every call.
+
 Goals (issue 15): the 405B cost plan and `plan buy examples/jobs.yaml` < 1.5 s, the 70B plan
 < 0.8 s, >= 1,000,000 layouts/s for memory and step time together. docs/performance.md
 records a run.
@@ -54,6 +57,7 @@ from typing import Any
 import numpy as np
 
 from planner import api
+from planner.cli.alloc import keep_freed_memory
 from planner.hardware.gpus import list_gpus
 from planner.hardware.placement import Cluster, scale_up_domain_gpus
 from planner.layouts.batch import LayoutArrays, valid_layouts
@@ -660,9 +664,12 @@ def main() -> None:
     args = ap.parse_args()
     repeats = 2 if args.quick else 5
     run = set(args.only or SECTIONS) - ({"llm-analysis"} if args.quick or args.no_llm_analysis else set())
+    # as `plan` does first (planner.cli.main): freed heap memory is kept for reuse
+    kept = keep_freed_memory()
     print(f"planner speed, {platform.python_implementation()} {platform.python_version()}, "
-          f"{os.cpu_count()} CPUs, {platform.machine()}\n")
-    out: dict = {"python": platform.python_version(), "cpus": os.cpu_count()}
+          f"{os.cpu_count()} CPUs, {platform.machine()}; freed memory kept as plan keeps it: "
+          f"{'yes' if kept else 'no (not glibc)'}\n")
+    out: dict = {"python": platform.python_version(), "cpus": os.cpu_count(), "freed_memory_kept": kept}
     if "mission" in run:
         out["mission"] = mission(repeats)
     if "scoring" in run:

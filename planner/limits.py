@@ -196,7 +196,9 @@ def saturated_bytes(x: Any) -> Any:
     to it: never the undefined result of casting an out-of-range float."""
     import numpy as np
 
-    return np.nan_to_num(np.minimum(x, float(MAX_MODELLED_BYTES)), nan=float(MAX_MODELLED_BYTES)).astype(np.int64)
+    # fmin returns the number where one side is NaN; the floor keeps -inf castable too
+    cap = float(MAX_MODELLED_BYTES)
+    return np.fmax(np.fmin(x, cap), -cap).astype(np.int64)
 
 
 def check_name(value: str, what: str) -> None:

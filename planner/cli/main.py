@@ -16,6 +16,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from planner.cli.alloc import keep_freed_memory
 from planner.cli.buy import buy_cmd
 from planner.cli.calibrate import calibrate_cmd
 from planner.cli.catalogs import completion_cmd, gpus_cmd, models_cmd, topologies_cmd
@@ -112,6 +113,7 @@ def main() -> None:
             sys.stderr.write("error: stdout is closed, so there is nowhere to print the answer; "
                              "send it to a file or a pipe\n")
         sys.exit(2)
+    keep_freed_memory()
     with guarded_stdout():
         try:
             cli(prog_name="plan")

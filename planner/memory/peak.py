@@ -359,9 +359,9 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     stage_l, has_act_l, last_l = g(stage), g(has_act), g(last)
     held = sh.in_flight_microbatches(a, stage_l)
     # in float: layers x bytes per layer passes int64 at the option limits (limits.saturated_bytes)
-    block_acts = saturated_bytes(g(n_act).astype(np.float64) * act.layer_act * held)
+    block_acts = saturated_bytes(np.multiply(g(n_act), act.layer_act, dtype=np.float64) * held)
     dropout_embed = a.micro_batch * (seq // a.cp) * m.d_model if m.hidden_dropout > 0 else np.zeros(n, np.int64)
-    acts = block_acts + g(amp_copies)
+    acts = block_acts + g(amp_copies) if amp_copies.any() else block_acts
     embed_acts: np.ndarray | int = 0
     if ft.is_full and m.hidden_dropout > 0:
         embed_acts = saturated_bytes(dropout_embed * held) * (stage_l == 0)
@@ -374,31 +374,46 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     grads = g(off.gradients)
     g_held = grads * persistent
     last_block = act.full_layer * has_act_l
-    fsdp_l, head_l = g(fsdp_moment), g(head_grad)
     any_fsdp = bool(fsdp.any())
-    end_a_l = g(end_a) if any_fsdp else 0
+    # (masks select by multiplying: x * mask, or y + (x - y) * mask, is np.where(mask, x, y)
+    # on int64 bytes, without np.where's branch per element)
+    held_parts = g_held + acts        # what the moments before the end of backward share
     if any_fsdp:
-        done_acts = saturated_bytes(g(done).astype(np.float64) * act.layer_act)
-        end_acts = np.where(fsdp_l, acts - done_acts + working + head_l, last_block) + end_a_l
+        fsdp_l, head_l, end_a_l = g(fsdp_moment), g(head_grad), g(end_a)
+        done_acts = saturated_bytes(np.multiply(g(done), act.layer_act, dtype=np.float64))
+        end_acts = last_block + (acts - done_acts + working + head_l - last_block) * fsdp_l + end_a_l
+        block_working = working + head_l
+        counted = fsdp_l & ~persistent & (grads != 0) if ft.is_full else None
+        end_grads = grads if counted is None else grads + (g(done_grads) - grads) * counted
+        end_w_l, end_b_l, fwd_w_l = g(end_w), np.maximum(buffers, g(end_b)), g(fwd_w)
+        fwd_b_l = np.maximum(buffers, g(fwd_b))
+        fwd_grads = ABSENT + (g_held - ABSENT) * fsdp_l
+        moments = {
+            "backward-start": Moment(0, g_held, acts, logits, buffers, 0),
+            "block-backward": Moment(0, g_held, acts + block_working, 0, buffers, 0),
+            "backward-end": Moment(end_w_l, end_grads, end_acts, 0, end_b_l, 0),
+            # (summed per state: step_sum; its parts are read per state)
+            "optimizer-step": Moment(_per_state(-step_freed), _per_state(off.gradients), 0, 0, 0,
+                                     _per_state(step_transient)),
+            "forward-end": Moment(fwd_w_l, fwd_grads, acts - act.layer_act, 0, fwd_b_l, 0),
+        }
+        sums = (held_parts + (logits + buffers), held_parts + (block_working + buffers),
+                end_w_l + end_grads + end_acts + end_b_l, g(step_sum),
+                fwd_w_l + fwd_grads + (acts - act.layer_act) + fwd_b_l)
     else:
-        end_acts = last_block
-    counted = fsdp_l & ~persistent & (grads != 0) if ft.is_full and any_fsdp else None
-    end_grads = grads if counted is None else np.where(counted, g(done_grads), grads)
-    moments = {
-        "backward-start": Moment(0, g_held, acts, logits, buffers, 0),
-        "block-backward": Moment(0, g_held, acts + working + head_l if any_fsdp else acts + working, 0, buffers, 0),
-        "backward-end": Moment(g(end_w) if any_fsdp else 0, end_grads, end_acts, 0,
-                               np.maximum(buffers, g(end_b)) if any_fsdp else buffers, 0),
-        # (summed per state: step_sum; its parts are read per state)
-        "optimizer-step": Moment(_per_state(-step_freed) if any_fsdp else 0, _per_state(off.gradients), 0, 0, 0,
-                                 _per_state(step_transient)),
-        "forward-end": Moment(g(fwd_w) if any_fsdp else 0, np.where(fsdp_l, g_held, ABSENT),
-                              acts - act.layer_act, 0, np.maximum(buffers, g(fwd_b)) if any_fsdp else buffers, 0),
-    }
-    sums = tuple(moments[k].sum() if k != "optimizer-step" else g(step_sum) for k in MOMENTS)
-    if not any_fsdp:
-        sums = sums[:-1] + (np.full(stage_l.shape, ABSENT),)
-    best = np.maximum.reduce(sums)
+        counted = None
+        moments = {
+            "backward-start": Moment(0, g_held, acts, logits, buffers, 0),
+            "block-backward": Moment(0, g_held, acts + working, 0, buffers, 0),
+            "backward-end": Moment(0, grads, last_block, 0, buffers, 0),
+            "optimizer-step": Moment(0, _per_state(off.gradients), 0, 0, 0, _per_state(step_transient)),
+            "forward-end": Moment(0, np.full(stage_l.shape, ABSENT), acts - act.layer_act, 0, buffers, 0),
+        }
+        sums = (held_parts + (logits + buffers), held_parts + (working + buffers), grads + last_block + buffers,
+                g(step_sum), np.full(stage_l.shape, ABSENT))
+    best = sums[0]
+    for x in sums[1:]:
+        best = np.maximum(best, x)
     tracked_slots = g(np.where(st.valid, base, ABSENT)) + best     # ABSENT: a slot the pipeline lacks
     ps = _per_state
     slots = StageMemory(
@@ -417,7 +432,7 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     # of its tracked bytes
     share = setup.overheads.fragmentation
     if share >= 0:
-        tracked = np.maximum.reduce(tracked_slots) if len(tracked_slots) > 1 else tracked_slots[0]
+        tracked = tracked_slots.max(axis=0)
     else:
         slot_totals = tracked_slots + (tracked_slots * share).astype(np.int64)
         tracked = tracked_slots[slot_totals.argmax(axis=0), np.arange(n)]

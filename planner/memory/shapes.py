@@ -96,13 +96,44 @@ class SplitArrays:
         return self.frozen_dense_bytes + self.frozen_expert_bytes
 
 
+DENSE_CODES = 1 << 20     # a column whose values are below this is coded through a lookup table
+
+
+def _codes(c: np.ndarray) -> tuple[np.ndarray, int]:
+    """The rank of each value of a non-negative int column among its distinct values, and
+    how many there are: a lookup table for small values (no sort), np.unique otherwise."""
+    if c.dtype == bool:
+        c = c.astype(np.int64)
+    top = int(c.max(initial=0))
+    if top < DENSE_CODES:
+        present = np.zeros(top + 1, dtype=bool)
+        present[c] = True
+        rank = np.cumsum(present) - 1
+        return rank[c], int(rank[-1]) + 1
+    _, inv = np.unique(c, return_inverse=True)
+    return inv.reshape(-1), int(inv.max(initial=-1)) + 1
+
+
 def group(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """(inverse, first row) of the distinct rows of non-negative int columns."""
-    key = np.zeros(len(columns[0]), dtype=np.int64)
+    """(inverse, first row) of the distinct rows of non-negative int columns, the distinct
+    rows in lexicographic order (as np.unique orders them). Each column is first coded by
+    rank; where the product of the columns' distinct counts is small the rows are told
+    apart through a table instead of a sort."""
+    n = len(columns[0])
+    key, size = np.zeros(n, dtype=np.int64), 1
     for c in columns:
-        key = key * (int(c.max(initial=0)) + 1) + c
-    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
-    return inv.reshape(-1), first
+        code, k = _codes(c)
+        key, size = key * k + code, size * k
+    if n == 0 or size > max(4 * n, DENSE_CODES):
+        _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+        return inv.reshape(-1), first
+    present = np.zeros(size, dtype=bool)
+    present[key] = True
+    rank = np.cumsum(present) - 1
+    inv = rank[key]
+    first = np.empty(int(rank[-1]) + 1, dtype=np.int64)
+    first[inv[::-1]] = np.arange(n - 1, -1, -1)      # the last write of a repeated index stands
+    return inv, first
 
 
 _TABLES: dict[tuple[object, ...], dict[tuple[int, ...], tuple[int, ...]]] = {}
@@ -130,7 +161,7 @@ def _gather(columns: list[np.ndarray], fn: object, memo: dict[tuple[int, ...], t
             hit = memo[key] = fn(*key)      # type: ignore[operator]
         rows.append(hit)
     table = np.array(rows, dtype=np.int64).reshape(len(rows), width)
-    return table[inv].T
+    return np.take(np.ascontiguousarray(table.T), inv, axis=1)     # (width, batch), each row contiguous
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,5 +288,5 @@ def in_flight_microbatches(a: LayoutArrays, stage: np.ndarray) -> np.ndarray:
     """
     held = np.minimum(a.pp - stage, a.grad_accum).astype(np.float64)   # 1 without a pipeline (stage 0)
     if np.any(a.vp > 1):
-        held = np.where(a.vp > 1, held * (1 + (a.pp - 1) / (a.pp * a.vp)), held)
+        held *= np.where(a.vp > 1, 1 + (a.pp - 1) / (a.pp * a.vp), 1.0)
     return held
