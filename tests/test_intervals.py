@@ -57,6 +57,40 @@ def test_time_confidence_plans_at_the_one_sided_upper_quantile():
     assert 1.0 <= upper_factor(0.8) <= time_band(0.8).time_high_factor
 
 
+def test_time_confidence_margin_is_applied_once_in_the_printed_range():
+    """The residuals are of the model's own prediction, so under --time-confidence the range
+    (JSON and text) is the plain plan's, not the band around the already-margined step time."""
+    base, sure = _plan("--tokens", "1B"), _plan("--tokens", "1B", "--time-confidence", "0.8")
+    b, s = base["plan"], sure["plan"]
+    for key in ("step_time_s", "tokens_per_s", "mfu", "train_time_s"):
+        assert all(math.isclose(x, y, rel_tol=1e-9) for x, y in zip(b["interval"][key], s["interval"][key])), key
+    assert all(math.isclose(x, y, rel_tol=1e-9)
+               for x, y in zip(b["cost_interval"]["cost_usd"], s["cost_interval"]["cost_usd"]))
+    assert math.isclose(s["interval"]["step_time_factor"], upper_factor(0.8))
+    assert "step_time_factor" not in b["interval"]
+    # the margined point lies inside the interval: the one-sided quantile is below its upper end
+    lo, hi = s["interval"]["step_time_s"]
+    assert lo < b["step_time_s"] < s["step_time_s"] < hi
+    args = ("--model", "qwen2.5-1.5b", "--gpus", "a100", "--n-gpus", "8", "--tokens", "1B")
+    plain, margined = run(*args), run(*args, "--time-confidence", "0.8")
+    assert plain.exit_code == 0 and margined.exit_code == 0
+
+    def ranges(out: str) -> list[str]:
+        return [ln.split("interval", 1)[1][:40] for ln in out.splitlines() if "80% interval" in ln]
+    assert ranges(plain.output) == ranges(margined.output) and ranges(plain.output)
+
+
+def test_text_report_prints_the_cost_interval_beside_the_cost():
+    r = run("--model", "qwen2.5-1.5b", "--gpus", "a100", "--n-gpus", "8", "--tokens", "1B")
+    assert r.exit_code == 0
+    lines = r.output.splitlines()
+    at = next(i for i, ln in enumerate(lines) if "│ cost" in ln)
+    p = _plan("--tokens", "1B")["plan"]
+    lo, hi = p["cost_interval"]["cost_usd"]
+    from planner.fmt import usd
+    assert f"80% interval {usd(lo)}-{usd(hi)}" in lines[at + 1]
+
+
 def test_fit_confidence_shrinks_the_usable_memory_by_the_interval():
     base, sure = _plan()["plan"], _plan("--fit-confidence", "0.95")["plan"]
     assert math.isclose(sure["capacity_bytes"] * memory_band(0.95).high_factor, base["capacity_bytes"], rel_tol=1e-6)

@@ -63,11 +63,33 @@ def check_one_job(options, limits, objective, solver):
     assert limits.deadline_s is None or c.time_s <= limits.deadline_s
     assert limits.budget_usd is None or c.cost_usd <= limits.budget_usd
     assert limits.max_gpus is None or c.n_gpus <= limits.max_gpus
-    # ties on the objective go to the best on the other measure
-    other = [o for o in options if brute_one_job([o], limits, objective) is not None
-             and close(o.cost_usd if objective == "cost" else o.time_s, best)]
-    second = min(o.time_s if objective == "cost" else o.cost_usd for o in other)
-    assert close(c.time_s if objective == "cost" else c.cost_usd, second)
+    # ties on the objective are broken lexicographically: a cost plan by the fewest GPUs, then
+    # the shortest time; a time plan by the lowest cost, then the fewest GPUs
+    def measures(o):
+        return (o.n_gpus, o.time_s) if objective == "cost" else (o.cost_usd, o.n_gpus)
+
+    tied = [o for o in options if brute_one_job([o], limits, objective) is not None
+            and close(o.cost_usd if objective == "cost" else o.time_s, best)]
+    first = min(measures(o)[0] for o in tied)
+    second = min(measures(o)[1] for o in tied if close(measures(o)[0], first))
+    assert close(measures(c)[0], first) and close(measures(c)[1], second)
+
+
+def test_equal_cost_goes_to_fewer_gpus_then_shorter_time():
+    """Under the sustained-rate ceiling every count costs the same (example 01): the plan takes
+    the fewest GPUs that meet the deadline, and of those the shortest time; the deadline still
+    binds (512 GPUs at 30.9 days is over 30)."""
+    day = 86400.0
+    opts = [Option(key="n512", gpu="h100", n_gpus=512, cost_usd=2.61e6, time_s=30.9 * day),
+            Option(key="n1024", gpu="h100", n_gpus=1024, cost_usd=2.61e6, time_s=15.5 * day),
+            Option(key="n1024b", gpu="h100", n_gpus=1024, cost_usd=2.61e6, time_s=15.0 * day),
+            Option(key="n2048", gpu="h100", n_gpus=2048, cost_usd=2.61e6, time_s=7.7 * day),
+            Option(key="n4096", gpu="h100", n_gpus=4096, cost_usd=3.14e6, time_s=4.6 * day)]
+    for solver in SOLVERS:
+        sol = solve_one_job(opts, "cost", Limits(deadline_s=30 * day), solver=solver)
+        assert sol.choice is not None and sol.choice.key == "n1024b" and sol.solver.optimal
+        fast = solve_one_job(opts, "time", Limits(deadline_s=30 * day), solver=solver)
+        assert fast.choice is not None and fast.choice.key == "n4096"
 
 
 @FAST

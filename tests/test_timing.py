@@ -323,3 +323,25 @@ def test_main_job_stays_fast():
     api.plan(load_model("llama3.1-70b"), get_gpu("h100"), TrainingSetup())
     assert time.process_time() - t0 < 5.0
     assert math.isfinite(Efficiency().bus_fraction)
+
+
+def test_hybrid_shard_replica_all_reduce_shares_the_node_nics():
+    """FSDP hybrid on 16 AWS p4d nodes (4 x 100 Gbps EFA = 50 GB/s a node, the AWS p4d page):
+    every one of a node's 8 shard ranks all-reduces its shard with its 15 replicas at once, so
+    the node's NICs carry the whole model's gradients, 2 x 15/16 x 13.0B x 2 B (a ring
+    all-reduce, nccl-tests' busbw), not an eighth of it (issue 18: the fms-fsdp Llama 2 13B
+    HSDP run was predicted 35% too fast with no data-parallel time exposed)."""
+    from planner.layouts.batch import LayoutArrays
+    from planner.models.spec import count_params, load_preset
+    from planner.timing.fast import step_arrays
+
+    m = load_preset("llama2-13b")
+    cluster = Cluster(gpu=get_gpu("a100-40gb"), topology=load_topology("aws-p4d"))
+    lay = Layout(dp=128, sharding="fsdp-hybrid", zero_stage=3, micro_batch=1, grad_accum=1, seq_len=4096)
+    setup = TrainingSetup(global_batch=128, seq_len=4096, kernels="eager", attention="flash")
+    eff = Efficiency()
+    sa = step_arrays(m, setup, LayoutArrays.from_layouts([lay]), cluster, eff, count_params(m))
+    replica = sa.dp_collectives(0)[0]
+    n = count_params(m).total
+    expected = 2 * 15 / 16 * n * 2 / (50e9 * eff.bus_fraction)
+    assert replica.seconds == pytest.approx(expected, rel=0.02)

@@ -177,6 +177,15 @@ class Limits:
     max_gpus: int | None = None
 
 
+# What breaks a tie on the objective, in order (solve_one_job). Options within TIE_REL of the
+# optimum tie: under the sustained-rate ceiling costs differ by float rounding only (~1e-15).
+# "listed": the option given first (plan_cost lists each count's layouts in the search's rank
+# order, search.rank_key), so that a full tie has one answer whatever the solver.
+TIE_BREAKS: dict[str, tuple[str, ...]] = {"cost": ("n_gpus", "time", "listed"),
+                                          "time": ("cost", "n_gpus", "listed")}
+TIE_REL = 1e-9
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class OneJobSolution:
     choice: Option | None           # None: no option satisfies the constraints (or none was found)
@@ -191,21 +200,28 @@ def solve_one_job(options: Sequence[Option], objective: str = "cost", limits: Li
     One binary per option; exactly one is picked; the deadline, budget and GPU cap are each
     a named constraint on the picked option's time, cost and GPUs, and so is memory: no
     option whose rank memory exceeds its GPU's capacity (``fits_memory_<gpu>``; the
-    planner passes only options that fit, so there it constrains nothing). Ties on the objective go
-    to the option best on the other one: a second solve fixes the objective at its optimum
-    and minimises the other (lexicographic).
+    planner passes only options that fit, so there it constrains nothing). Ties are broken
+    lexicographically, each later solve fixing the earlier measures at their optimum: a cost
+    plan at equal cost takes the fewest GPUs, then the shortest time (once every count runs at
+    the GPU's sustained-rate ceiling, cost no longer depends on the count, and the smallest
+    count that meets the deadline asks the least of a cluster); a time plan at equal time the
+    lowest cost, then the fewest GPUs; a full tie the option listed first.
     """
     if objective not in ("cost", "time"):
         raise UserError(f"--objective {objective!r}: choose cost or time")
 
-    def value(o: Option, what: str) -> float:
-        return o.cost_usd if what == "cost" else o.time_s
+    order = (objective, *TIE_BREAKS[objective])
 
-    def build(first_best: float | None) -> tuple[pulp.LpProblem, dict[str, pulp.LpVariable]]:
+    listed = {o.key: float(i) for i, o in enumerate(options)}
+
+    def value(o: Option, what: str) -> float:
+        return {"cost": o.cost_usd, "time": o.time_s, "n_gpus": float(o.n_gpus), "listed": listed[o.key]}[what]
+
+    def build(fixed: Sequence[float]) -> tuple[pulp.LpProblem, dict[str, pulp.LpVariable]]:
+        """The problem minimising order[len(fixed)], with order[i] held at fixed[i] before it."""
         prob = pulp.LpProblem("one_job_" + objective, pulp.LpMinimize)
         pick = {o.key: _variable(prob, f"pick_{ascii_name(o.key)}", pulp.LpBinary) for o in options}
-        other = "time" if objective == "cost" else "cost"
-        goal = objective if first_best is None else other
+        goal = order[len(fixed)]
         prob += pulp.lpSum(value(o, goal) * pick[o.key] for o in options), f"total_{goal}"
         prob += pulp.lpSum(pick.values()) == 1, "exactly_one_plan"
         if limits.deadline_s is not None:
@@ -217,30 +233,33 @@ def solve_one_job(options: Sequence[Option], objective: str = "cost", limits: Li
         for gpu in sorted({o.gpu for o in options if not o.fits}):
             prob += pulp.lpSum(pick[o.key] for o in options if o.gpu == gpu and not o.fits) == 0, \
                 f"fits_memory_{ascii_name(gpu)}"
-        if first_best is not None:
-            slack = abs(first_best) * 1e-9 + 1e-9
-            prob += (pulp.lpSum(value(o, objective) * pick[o.key] for o in options) <= first_best + slack,
-                     f"{objective}_at_optimum")
+        for what, best in zip(order, fixed):
+            slack = abs(best) * TIE_REL + 1e-9
+            prob += (pulp.lpSum(value(o, what) * pick[o.key] for o in options) <= best + slack,
+                     f"{what}_at_optimum")
         return prob, pick
 
     if len({o.key for o in options}) != len(options):
         raise ValueError("option keys must be unique")
     if not options:
         return OneJobSolution(choice=None, solver=_no_model(solver, time_limit_s, gap_rel))
-    prob, pick = build(None)
+    prob, pick = build(())
     info = _run(prob, solver, time_limit_s, gap_rel)
     if not _found(prob):
         return OneJobSolution(choice=None, solver=info)
     chosen = next(o for o in options if (pick[o.key].value() or 0) > 0.5)
-    if info.optimal:
-        prob2, pick2 = build(value(chosen, objective))
+    fixed: list[float] = []
+    while info.optimal and len(fixed) < len(order) - 1:
+        fixed.append(value(chosen, order[len(fixed)]))
+        prob2, pick2 = build(fixed)
         info2 = _run(prob2, solver, time_limit_s, gap_rel)
-        if _found(prob2):
-            chosen = next(o for o in options if (pick2[o.key].value() or 0) > 0.5)
-            info = SolverInfo(name=info.name, status=info.status, optimal=info.optimal and info2.optimal,
-                              solve_s=info.solve_s + info2.solve_s, n_variables=info.n_variables,
-                              n_constraints=info.n_constraints, time_limit_s=time_limit_s, gap_rel=gap_rel,
-                              constraint_names=info.constraint_names)
+        if not _found(prob2):
+            break
+        chosen = next(o for o in options if (pick2[o.key].value() or 0) > 0.5)
+        info = SolverInfo(name=info.name, status=info.status, optimal=info.optimal and info2.optimal,
+                          solve_s=info.solve_s + info2.solve_s, n_variables=info.n_variables,
+                          n_constraints=info.n_constraints, time_limit_s=time_limit_s, gap_rel=gap_rel,
+                          constraint_names=info.constraint_names)
     return OneJobSolution(choice=chosen, solver=info)
 
 

@@ -167,6 +167,10 @@ class MeasureSetup:
     lora_targets: list[str] | None = None
     lora_dropout: float = 0.0
     trainable_layers: int = 2
+    # FSDP2 only: micro-batches run before the step's last one with
+    # set_requires_gradient_sync(False) (what torch.distributed.pipelining's schedules do for
+    # every backward, stage.py backward_maybe_with_nosync): their unsharded gradients accumulate
+    no_sync_micro_batches: int = 0
 
     def __post_init__(self) -> None:
         for name, value, allowed in (
@@ -185,6 +189,8 @@ class MeasureSetup:
                 raise UserError(f"measure: {name} must be a positive integer, got {count!r}")
         if not isinstance(self.hf_config, Mapping) or "model_type" not in self.hf_config:
             raise UserError("measure: hf_config must be a config.json dict with a 'model_type' key")
+        if self.no_sync_micro_batches and not self.sharded:
+            raise UserError("measure: no_sync_micro_batches needs FSDP2 (sharding grad-op or full)")
         if self.optimizer == "adafactor" and self.sharded:
             # torch.optim.Adafactor squares a row norm in place (norm(...).square_()); on FSDP2's
             # DTensor shards that norm is a partial sum and DTensor refuses the in-place op.
@@ -319,7 +325,7 @@ def _measure_rank(setup: MeasureSetup, device: Any, *, mesh: Any, rank: int, ddp
                 tracker.step = step + 1
                 if step:
                     tracker.reset_mod_stats()  # the trackers refuse a second root forward otherwise
-                _train_step(model, optimizer, ids, setup, device)
+                _train_step(model, optimizer, ids, setup, device, tracker.reset_mod_stats)
         snapshots = tracker.get_tracker_snapshot("peak")
         step_times = _timed_steps(model, optimizer, ids, setup, device) if on_cuda and not setup.fake else []
     result = tracker_result(tracker, snapshots, device, fake=setup.fake, n_params=n_params, rank=rank,
@@ -543,13 +549,28 @@ def _build_optimizer(model: Any, setup: MeasureSetup) -> Any:
     return torch.optim.Adafactor(params, lr=lr, foreach=False)
 
 
-def _train_step(model: Any, optimizer: Any, ids: Any, setup: MeasureSetup, device: Any) -> None:
-    """Forward with the model's own loss, backward, optimizer step, zero_grad(set_to_none)."""
+def _train_step(model: Any, optimizer: Any, ids: Any, setup: MeasureSetup, device: Any,
+                new_forward: Any = None) -> None:
+    """Forward with the model's own loss, backward, optimizer step, zero_grad(set_to_none);
+    ``new_forward`` (the tracker's reset_mod_stats) before each forward after the first."""
     import torch
 
     autocast: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
     if setup.precision == "bf16-mixed" and not setup.sharded:
         autocast = torch.autocast(device.type, dtype=torch.bfloat16)
+    for i in range(setup.no_sync_micro_batches):       # FSDP2 no-sync accumulation
+        if i and new_forward is not None:
+            new_forward()
+        model.set_requires_gradient_sync(False)
+        out = model(input_ids=ids, labels=ids)
+        loss = out.loss
+        del out
+        loss.backward()
+        del loss
+    if setup.no_sync_micro_batches:
+        model.set_requires_gradient_sync(True)
+        if new_forward is not None:
+            new_forward()
     with autocast:
         out = model(input_ids=ids, labels=ids)
     loss = out.loss

@@ -202,6 +202,7 @@ class ScalarStates:
     gradients: int
     optimizer: int
     unsharded_weights: int
+    accumulated_gradients: int      # states.no_sync_gradient_bytes (not in total: reduced before the step)
 
     @property
     def total(self) -> int:

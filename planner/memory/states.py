@@ -51,9 +51,14 @@ class ModelStates:
     gradients: np.ndarray
     optimizer: np.ndarray
     unsharded_weights: np.ndarray   # FSDP shard-grad-op keeps gathered weights through backward
+    # FSDP shard-grad-op under a pipeline (no-sync accumulation, no_sync_gradient_bytes): the
+    # unsharded gradients held across the step's micro-batches in place of the sharded ones;
+    # freed by the reduce-scatter before the optimizer step, so not in ``total`` (0 elsewhere)
+    accumulated_gradients: np.ndarray
 
     @property
     def total(self) -> np.ndarray:
+        """What the optimizer step holds (no accumulated gradients: they are reduced by then)."""
         return self.weights + self.gradients + self.optimizer + self.unsharded_weights
 
 
@@ -168,7 +173,32 @@ def model_state_bytes(n_dense: np.ndarray, n_expert: np.ndarray, precision: Prec
         grads = np.where(amp, amp_w, grads)
         opt = np.where(amp, trunc((n_dense + n_expert) * opt_pp), opt)
     return ModelStates(weights=np.where(fsdp, f_weights, weights), gradients=np.where(fsdp, f_grads, grads),
-                       optimizer=np.where(fsdp, f_opt, opt), unsharded_weights=np.where(fsdp, f_unsharded, 0))
+                       optimizer=np.where(fsdp, f_opt, opt), unsharded_weights=np.where(fsdp, f_unsharded, 0),
+                       accumulated_gradients=no_sync_gradient_bytes(n_dense, n_expert, precision, a))
+
+
+def no_sync_gradient_bytes(n_dense: np.ndarray, n_expert: np.ndarray, precision: Precision,
+                           a: LayoutArrays) -> np.ndarray:
+    """The unsharded gradients FSDP shard-grad-op holds across a step's micro-batches under a
+    pipeline: every trainable parameter of the rank, in the reduce dtype (0 for other layouts).
+
+    PyTorch's pipeline schedules run every backward with set_requires_gradient_sync(False) and
+    reduce-scatter once, after the last micro-batch (torch 2.13
+    torch/distributed/pipelining/stage.py: backward_maybe_with_nosync, perform_reduce_grad),
+    which is what timing.fast.dp_times assumes for this layout. Without the reduce, FSDP2 keeps
+    each parameter's unsharded gradient and, when the reduce dtype differs from the
+    parameter's (mixed precision: bf16 compute, fp32 reduce), upcasts it to an fp32
+    ``unsharded_accumulated_grad`` that later micro-batches add into
+    (torch/distributed/fsdp/_fully_shard/_fsdp_param.py, to_accumulated_grad_if_needed,
+    accumulate_unsharded_grad_if_needed): 4 B per parameter under mixed precision, the
+    gradient's own bytes otherwise, with the parameters' own shapes (no expert padding). The
+    sharded gradients exist only after the reduce-scatter (zero_grad(set_to_none=True)).
+    Measured with FSDPMemTracker under fake tensors (tests/test_measure.py, a 2-block Llama,
+    2,094,336 parameters, 8 ranks, shard-grad-op, one no-sync micro-batch before the synced
+    one): 8,377,344 B = 4 B x every parameter, in bf16-mixed and in fp32, held through the
+    second micro-batch's forward."""
+    grad = 4 if precision.is_mixed else precision.grad_bytes
+    return np.where((a.sharding == GRAD_OP) & (a.pp > 1), trunc((n_dense + n_expert) * grad), 0)
 
 
 def sharded_frozen_bytes(split: object, a: LayoutArrays, hybrid: np.ndarray) -> np.ndarray:

@@ -147,6 +147,14 @@ def memory_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, pc: ParamCount
                         dense_params_of_the_blocks_done=dense_done,
                         **({"expert params of the blocks done": expert_done} if expert_done else {}),  # type: ignore[arg-type]
                         bytes_per_gradient=g_bytes, **shard))
+    elif ms.accumulated_gradients and grads and phase != "optimizer-step":      # issue 18
+        out.append(_mem("gradients", "unsharded gradients accumulated across the micro-batches (FSDP "
+                        "shard-grad-op under a pipeline: no-sync until the last backward)",
+                        "(Psi + Psi_e) x reduce-dtype bytes (not sharded)" if split.trainable_expert
+                        else "Psi x reduce-dtype bytes (not sharded)", grads,
+                        "torch 2.13 torch/distributed/pipelining/stage.py (backward_maybe_with_nosync, "
+                        "perform_reduce_grad); fsdp/_fully_shard/_fsdp_param.py (to_accumulated_grad_if_needed); "
+                        "planner.memory.states.no_sync_gradient_bytes", **params, bytes_per_gradient=g_bytes))
     elif not grads and phase != "optimizer-step":
         out.append(_mem("gradients", "gradients", f"0 at {moment} ({held_note})", 0, ZERO,
                         gradients_later=off.gradients))

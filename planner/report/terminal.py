@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal, TextIO
 from planner.fmt import amount, days, duration, gib, params, plural, usd
 from planner.memory.model import CATEGORIES
 from planner.report import text as report
-from planner.report.intervals import memory_note, step_interval_text
+from planner.report.intervals import cost_interval_text, memory_note, step_interval_text
 from planner.report.text import LABELS
 
 if TYPE_CHECKING:
@@ -475,7 +475,7 @@ def cost_view(r: Any, crosscheck: Crosscheck | None = None) -> list[Any]:
         priced = (f", at ${rate:,.2f} per GPU-hour (price of {report.rent_date(r, c.gpu.name)})"
                   if rate is not None else "")
         rows = [("cost", _text((cost, HEAD), f" for {duration(c.train_time_s)} ({c.gpu_hours:,.0f} GPU-hours)"
-                               f"{priced}"))]
+                               f"{priced}")), ("", cost_interval_text(c))]       # issue 18 (report.intervals)
         rows += _answer_rows(c.candidate, r.tokens, res.setup.global_batch)
         out.append(_panel(f"{what}: {c.n_gpus} x {c.gpu.name}", rows))
         out += [_text("")] + memory_table(c.candidate)

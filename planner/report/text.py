@@ -21,7 +21,7 @@ from planner.fmt import (
 )
 from planner.layouts.layout import Layout
 from planner.measure.crosscheck import Crosscheck, crosscheck_json
-from planner.report.intervals import cost_interval_json, memory_interval_json, time_interval_json
+from planner.report.intervals import memory_interval_json, priced_interval_json, time_interval_json
 from planner.search.search import Candidate
 from planner.timing.model import StepTime
 from planner.training.setup import TrainingSetup
@@ -409,7 +409,7 @@ def comparison_json(m: Any, gpu: Any, cmp: Any) -> dict[str, Any]:
 def _cost_fields(p: Any) -> dict[str, Any]:
     """cost_usd, train_time_s and gpu_hours of a priced plan (planner.cost.plan.PricedPlan)."""
     return {"cost_usd": p.cost_usd, "train_time_s": p.train_time_s, "gpu_hours": p.gpu_hours,
-            "cost_interval": cost_interval_json(p.cost_usd, p.train_time_s, p.gpu_hours)}
+            "cost_interval": priced_interval_json(p)}
 
 
 def _limits_json(r: Any) -> dict[str, Any]:

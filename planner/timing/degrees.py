@@ -302,7 +302,12 @@ def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
             total = dense + expert
             ag_h = intra.time_s((frozen_dense + frozen_expert) + total * w_b if has_frozen else total * w_b)
             rs_h = intra.time_s(total * g_b)
-            c0[FSDP_HYBRID] = Ring.of(across, bw, lat, bus, 2).time_s(total * g_b / inside_f)
+            # the replica all-reduce: each of a node's ``inside`` shard ranks all-reduces its own
+            # shard with its replicas at once, so the node's NICs carry every shard: each ring
+            # gets the dp link's bandwidth / inside (issue 18: at bw it was inside x too fast;
+            # Zhao et al. 2023, PyTorch FSDP, Sec. 3.2.2: hybrid sharding's all-reduce across
+            # replicas per shard rank; nccl-tests doc/PERFORMANCE.md: bus bandwidth per NIC)
+            c0[FSDP_HYBRID] = Ring.of(across, bw / inside_f, lat, bus, 2).time_s(total * g_b / inside_f)
             c1[FSDP_HYBRID], c2[FSDP_HYBRID] = ag_h, ag_h + rs_h
         return tuple(np.stack([np.broadcast_to(x, ag.shape) for x in c], axis=1).ravel()  # type: ignore[return-value]
                      for c in (c0, c1, c2))

@@ -94,7 +94,8 @@ class StepArrays:
                         tokens_per_step=int(self.tokens_per_step[i]), n_gpus=int(self.n_gpus[i]),
                         model_flops=float(self.model_flops[i]), hardware_flops=float(self.hardware_flops[i]),
                         peak_flops_per_s=self.peak_flops_per_s, placement=self.orders[int(self.order[i])],
-                        fp8_peak_flops_per_s=self.fp8_peak_flops_per_s)
+                        fp8_peak_flops_per_s=self.fp8_peak_flops_per_s,
+                        step_time_factor=self.efficiency.step_time_factor)
 
     def dp_collectives(self, i: int) -> tuple[DpCollective, ...]:
         """The data-parallel collectives of layout ``i``'s step, in DP_TERMS' order."""

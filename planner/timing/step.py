@@ -34,6 +34,15 @@ class StepTime:
     placement: tuple[str, ...] = AXES
     # under an FP8 recipe (training.fp8): the FP8 dense peak; mfu stays against peak_flops_per_s (BF16)
     fp8_peak_flops_per_s: float | None = None
+    # Efficiency.step_time_factor already in step_time_s (plan --time-confidence plans at the
+    # interval's upper end): step_time_s / step_time_factor is the model's own prediction
+    step_time_factor: float = 1.0
+
+    @property
+    def predicted_step_time_s(self) -> float:
+        """The model's step time before any --time-confidence margin: what the error bars
+        (timing.intervals) are centred on, since their residuals are of that prediction."""
+        return self.step_time_s / self.step_time_factor
 
     @property
     def tokens_per_s(self) -> float:
