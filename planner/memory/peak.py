@@ -371,10 +371,9 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     working = ((act.full_layer - act.layer_act) + act.score_grad) * has_act_l
     logits = act.logits * last_l
     buffers = g(engine_buffers) + act.pipeline_buffers
-    grads = g(off.gradients)
-    # issue 18: FSDP shard-grad-op under a pipeline holds unsharded gradients through the
+    # FSDP shard-grad-op under a pipeline holds unsharded gradients through the
     # micro-batches in place of the sharded ones (states.no_sync_gradient_bytes)
-    grads = np.where(g(ms.accumulated_gradients) > 0, g(ms.accumulated_gradients), grads)
+    grads = g(np.where(ms.accumulated_gradients > 0, ms.accumulated_gradients, off.gradients))
     g_held = grads * persistent
     last_block = act.full_layer * has_act_l
     any_fsdp = bool(fsdp.any())
