@@ -31,10 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from planner.layouts.batch import LayoutArrays
+from planner.layouts.batch import RECOMPUTES, LayoutArrays
 from planner.layouts.layout import SHARDINGS
 from planner.limits import saturated_bytes
 from planner.memory import shapes as sh
+from planner.memory.activations import stage_block_bytes
 from planner.memory.buffers import (
     buffer_bytes,
     fsdp_backward_end_bytes,
@@ -359,7 +360,10 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     stage_l, has_act_l, last_l = g(stage), g(has_act), g(last)
     held = sh.in_flight_microbatches(a, stage_l)
     # in float: layers x bytes per layer passes int64 at the option limits (limits.saturated_bytes)
-    block_acts = saturated_bytes(g(n_act).astype(np.float64) * act.layer_act * held)
+    # Megatron's full recomputation by method (memory.activations.stage_block_bytes)
+    stage_acts, recomputed = stage_block_bytes(setup, g(n_act), a.vp, a.recompute == RECOMPUTES.index("full"),
+                                               act.layer_act, act.full_layer)
+    block_acts = saturated_bytes(stage_acts * held)
     dropout_embed = a.micro_batch * (seq // a.cp) * m.d_model if m.hidden_dropout > 0 else np.zeros(n, np.int64)
     acts = block_acts + g(amp_copies)
     embed_acts: np.ndarray | int = 0
@@ -368,7 +372,7 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
         acts = acts + embed_acts
     # inside the last block's backward: its recomputed tensors and its gradients' working
     # set (the eager attention's fp32 score gradients)
-    working = ((act.full_layer - act.layer_act) + act.score_grad) * has_act_l
+    working = ((recomputed - act.layer_act) + act.score_grad) * has_act_l
     logits = act.logits * last_l
     buffers = g(engine_buffers) + act.pipeline_buffers
     grads = g(off.gradients)

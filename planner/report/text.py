@@ -247,7 +247,8 @@ def stack_lines(r: PlanResult) -> list[str]:
     from planner.stacks import memory_profile_line
     shown = r.best or r.result.smallest
     recompute = shown.layout.recompute if shown is not None else "none"
-    return ["  " + memory_profile_line(s.stack, recompute, s.compile, s.recompute_every)]
+    return ["  " + memory_profile_line(s.stack, recompute, s.compile, s.recompute_every, s.recompute_method,
+                                       s.recompute_num_layers)]
 
 
 # ------------------------------------------------------------------- --quiet
