@@ -341,3 +341,29 @@ def stage_block_bytes(setup: TrainingSetup, n_act: np.ndarray, vp: np.ndarray, f
     # backward meets the unchecked layers first and frees each (L - N >= 1 blocks' tensors)
     # before it reruns a checkpointed one: no block is recomputed on top of the kept total
     return held, np.where(full_recompute & (rc < n), kept, full)
+
+
+def host_checkpoint_bytes(m: ModelSpec, setup: TrainingSetup, micro_batch: np.ndarray, seq_len_cp: np.ndarray,
+                          tp: np.ndarray, full_recompute: np.ndarray, n_act: np.ndarray,
+                          held: np.ndarray) -> np.ndarray:
+    """Host (CPU) bytes per rank that DeepSpeed's cpu_checkpointing copies the checkpointed
+    block inputs to, per layout (0 without it).
+
+    deepspeed 0.19.8, runtime/activation_checkpointing/checkpointing.py, CheckpointFunction.
+    forward: with CPU_CHECKPOINT each block's checkpointed input goes to host memory, after
+    partition_activations splits it over the model-parallel group (mp_size = tp) under
+    PARTITION_ACTIVATIONS (``partition.cpu()``), else through the async offload engine
+    (offload_activations.py, _ActivationOffloadEngine: pinned host buffers, keep_last_count=1
+    keeps the last block's input on the GPU for the first backward). So: one b s h a input
+    per block (/ tp when partitioned), less one block on the plain cpu path, per micro-batch
+    in flight. The pinned pool (max_cpu_buffer_pool_count 64) reuses buffers of one shape:
+    no extra copies are counted.
+    """
+    zero = np.zeros(np.broadcast_shapes(np.shape(n_act), np.shape(micro_batch)), dtype=np.int64)
+    if setup.stack != "deepspeed" or "cpu" not in setup.ds_checkpointing:
+        return zero
+    partitioned = setup.ds_checkpointing.startswith("partitioned")
+    a = setup.precision_spec.activation_bytes
+    per_block = -(-(micro_batch * seq_len_cp * m.d_model * a) // (tp if partitioned else 1))
+    blocks = np.maximum(n_act - (0 if partitioned else 1), 0)
+    return np.where(full_recompute, (blocks * per_block * held).astype(np.int64), zero)

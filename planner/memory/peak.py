@@ -35,7 +35,7 @@ from planner.layouts.batch import RECOMPUTES, LayoutArrays
 from planner.layouts.layout import SHARDINGS
 from planner.limits import saturated_bytes
 from planner.memory import shapes as sh
-from planner.memory.activations import stage_block_bytes
+from planner.memory.activations import host_checkpoint_bytes, stage_block_bytes
 from planner.memory.buffers import (
     buffer_bytes,
     fsdp_backward_end_bytes,
@@ -129,6 +129,7 @@ class StageMemory:
     weights: np.ndarray               # every moment's weights (before a moment's extra)
     moment_sums: tuple[np.ndarray, ...]   # each moment's parts summed, in MOMENTS order
     tracked: np.ndarray               # the tracked bytes at the stage's peak moment (ABSENT: no such stage)
+    checkpoint_host: np.ndarray       # host bytes of DeepSpeed's cpu_checkpointing (activations.host_checkpoint_bytes)
 
 
 @dataclass(frozen=True)
@@ -361,8 +362,8 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     held = sh.in_flight_microbatches(a, stage_l)
     # in float: layers x bytes per layer passes int64 at the option limits (limits.saturated_bytes)
     # Megatron's full recomputation by method (memory.activations.stage_block_bytes)
-    stage_acts, recomputed = stage_block_bytes(setup, g(n_act), a.vp, a.recompute == RECOMPUTES.index("full"),
-                                               act.layer_act, act.full_layer)
+    full_rc = a.recompute == RECOMPUTES.index("full")
+    stage_acts, recomputed = stage_block_bytes(setup, g(n_act), a.vp, full_rc, act.layer_act, act.full_layer)
     block_acts = saturated_bytes(stage_acts * held)
     dropout_embed = a.micro_batch * (seq // a.cp) * m.d_model if m.hidden_dropout > 0 else np.zeros(n, np.int64)
     acts = block_acts + g(amp_copies)
@@ -416,7 +417,8 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
         fsdp_forward=(ps(fwd_w), ps(fwd_b)), fsdp_done=ps(done), head_grad=ps(head_grad), step_freed=ps(step_freed),
         end_grad_params=((np.where(counted, g(done_dense), -1), np.where(counted, g(done_expert), -1))
                          if counted is not None else (-1, -1)),
-        moments=moments, weights=ps(weights), moment_sums=sums, tracked=tracked_slots)
+        moments=moments, weights=ps(weights), moment_sums=sums, tracked=tracked_slots,
+        checkpoint_host=host_checkpoint_bytes(m, setup, a.micro_batch, seq // a.cp, a.tp, full_rc, g(n_act), held))
     # the most loaded stage's total (MemoryBatch.pick): fixed costs and fragmentation on top
     # of its tracked bytes
     share = setup.overheads.fragmentation
