@@ -94,12 +94,12 @@ def test_stage_bytes_match_megatron_cores_checkpointed_forward(megatron_block, m
     assert held[0] == pytest.approx(measured, rel=0.02)
 
 
-def _run(*extra: str):
+def _run(*extra: str, json_out: bool = True):
     from click.testing import CliRunner
 
     argv = ["--model", "llama3.1-70b", "--gpus", "h100", "--n-gpus", "64", "--dp", "2", "--tp", "8", "--pp", "4",
             "--vp", "1", "--zero", "1", "--stack", "megatron", "--recompute", "full", "--seq-len", "8192",
-            "--micro-batch", "1", "--global-batch", "64", "--json", *extra]
+            "--micro-batch", "1", "--global-batch", "64", *(["--json"] if json_out else []), *extra]
     return CliRunner().invoke(cli, argv)
 
 
@@ -150,3 +150,25 @@ def test_emitted_args_pass_megatron_cores_transformer_config():
         assert (a.recompute_method, a.recompute_num_layers) == (method, n)
         cfg = transformer_config(a)      # raises on what megatron-core rejects
         assert (cfg.recompute_method, cfg.recompute_num_layers) == (method, n)
+
+
+def test_what_the_planner_refuses_megatron_core_refuses(megatron_block):
+    """Selective with a layer count: TransformerConfig's own ValueError; uniform with N not dividing a
+    stage's layers: megatron-core's loop indexes past the last layer (IndexError)."""
+    torch, tb, layers = megatron_block
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.transformer.transformer_config import TransformerConfig
+        with pytest.raises(ValueError, match="recompute_num_layers must be None"):
+            TransformerConfig(num_layers=8, hidden_size=64, num_attention_heads=4,
+                              recompute_granularity="selective", recompute_num_layers=2)
+    with pytest.raises(IndexError):
+        _saved_bytes(torch, tb, layers, "uniform", 3)
+    r = _run("--recompute", "selective", "--recompute-num-layers", "2")
+    assert r.exit_code == 2 and "--recompute full" in r.output
+
+
+def test_the_plan_names_the_method_in_its_assumptions():
+    r = _run("--recompute-method", "block", "--recompute-num-layers", "4", json_out=False)
+    assert r.exit_code == 0, r.output
+    assert "--recompute-method block --recompute-num-layers 4" in " ".join(r.output.split())
