@@ -21,12 +21,16 @@ from planner.cli.main import cli
 B, S, H, L = 2, 8192, 4096, 32      # micro-batch, sequence, Llama 3.1 8B's width and layers
 
 
-def _host_bytes(mode: str) -> int:
+def _plan(mode: str) -> dict:
     r = CliRunner().invoke(cli, ["--model", "llama3.1-8b", "--gpus", "h100", "--n-gpus", "8", "--dp", "8", "--zero",
                                  "3", "--stack", "deepspeed", "--recompute", "full", "--ds-checkpointing", mode,
                                  "--seq-len", str(S), "--micro-batch", str(B), "--global-batch", "64", "--json"])
     assert r.exit_code == 0, r.output
-    return json.loads(r.output)["plan"]["offload"]["host_bytes_per_rank"]
+    return json.loads(r.output)["plan"]
+
+
+def _host_bytes(mode: str) -> int:
+    return _plan(mode)["offload"]["host_bytes_per_rank"]
 
 
 def test_cpu_checkpointing_puts_one_block_input_per_block_on_the_host():
@@ -49,3 +53,7 @@ def test_cpu_checkpointing_puts_one_block_input_per_block_on_the_host():
     assert _host_bytes("partitioned-cpu") == L * per_block           # partitioned: every block's input
     assert _host_bytes("cpu") == (L - keep_last) * per_block         # the engine keeps the last on the GPU
     assert _host_bytes("partitioned") == _host_bytes("none") == 0
+    # the input the engine keeps stays on the GPU's activations (same peak moment, one micro-batch)
+    cpu, part = _plan("cpu"), _plan("partitioned-cpu")
+    assert cpu["peak"]["phase"] == part["peak"]["phase"]
+    assert cpu["memory_bytes"]["activations"] - part["memory_bytes"]["activations"] == keep_last * per_block

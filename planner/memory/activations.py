@@ -345,9 +345,9 @@ def stage_block_bytes(setup: TrainingSetup, n_act: np.ndarray, vp: np.ndarray, f
 
 def host_checkpoint_bytes(m: ModelSpec, setup: TrainingSetup, micro_batch: np.ndarray, seq_len_cp: np.ndarray,
                           tp: np.ndarray, full_recompute: np.ndarray, n_act: np.ndarray,
-                          held: np.ndarray) -> np.ndarray:
-    """Host (CPU) bytes per rank that DeepSpeed's cpu_checkpointing copies the checkpointed
-    block inputs to, per layout (0 without it).
+                          held: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(host bytes per rank that DeepSpeed's cpu_checkpointing copies the checkpointed block
+    inputs to, the GPU bytes of the inputs it keeps), per layout (0 without it).
 
     deepspeed 0.19.8, runtime/activation_checkpointing/checkpointing.py, CheckpointFunction.
     forward: with CPU_CHECKPOINT each block's checkpointed input goes to host memory, after
@@ -355,15 +355,17 @@ def host_checkpoint_bytes(m: ModelSpec, setup: TrainingSetup, micro_batch: np.nd
     PARTITION_ACTIVATIONS (``partition.cpu()``), else through the async offload engine
     (offload_activations.py, _ActivationOffloadEngine: pinned host buffers, keep_last_count=1
     keeps the last block's input on the GPU for the first backward). So: one b s h a input
-    per block (/ tp when partitioned), less one block on the plain cpu path, per micro-batch
-    in flight. The pinned pool (max_cpu_buffer_pool_count 64) reuses buffers of one shape:
-    no extra copies are counted.
+    per block (/ tp when partitioned), less one block on the plain cpu path, which stays on
+    the GPU, per micro-batch in flight. The pinned pool (max_cpu_buffer_pool_count 64) reuses
+    buffers of one shape: no extra copies are counted.
     """
     zero = np.zeros(np.broadcast_shapes(np.shape(n_act), np.shape(micro_batch)), dtype=np.int64)
     if setup.stack != "deepspeed" or "cpu" not in setup.ds_checkpointing:
-        return zero
+        return zero, zero
     partitioned = setup.ds_checkpointing.startswith("partitioned")
     a = setup.precision_spec.activation_bytes
     per_block = -(-(micro_batch * seq_len_cp * m.d_model * a) // (tp if partitioned else 1))
-    blocks = np.maximum(n_act - (0 if partitioned else 1), 0)
-    return np.where(full_recompute, (blocks * per_block * held).astype(np.int64), zero)
+    on_gpu = np.minimum(n_act, 0 if partitioned else 1)
+    host = np.where(full_recompute, ((n_act - on_gpu) * per_block * held).astype(np.int64), zero)
+    gpu = np.where(full_recompute, (on_gpu * per_block * held).astype(np.int64), zero)
+    return host, gpu

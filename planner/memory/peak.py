@@ -364,7 +364,9 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     # Megatron's full recomputation by method (memory.activations.stage_block_bytes)
     full_rc = a.recompute == RECOMPUTES.index("full")
     stage_acts, recomputed = stage_block_bytes(setup, g(n_act), a.vp, full_rc, act.layer_act, act.full_layer)
-    block_acts = saturated_bytes(stage_acts * held)
+    # DeepSpeed's cpu_checkpointing: the host copy (the host line) and the input it keeps on the GPU
+    ckpt_host, ckpt_gpu = host_checkpoint_bytes(m, setup, a.micro_batch, seq // a.cp, a.tp, full_rc, g(n_act), held)
+    block_acts = saturated_bytes(stage_acts * held) + ckpt_gpu
     dropout_embed = a.micro_batch * (seq // a.cp) * m.d_model if m.hidden_dropout > 0 else np.zeros(n, np.int64)
     acts = block_acts + g(amp_copies)
     embed_acts: np.ndarray | int = 0
@@ -418,7 +420,7 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
         end_grad_params=((np.where(counted, g(done_dense), -1), np.where(counted, g(done_expert), -1))
                          if counted is not None else (-1, -1)),
         moments=moments, weights=ps(weights), moment_sums=sums, tracked=tracked_slots,
-        checkpoint_host=host_checkpoint_bytes(m, setup, a.micro_batch, seq // a.cp, a.tp, full_rc, g(n_act), held))
+        checkpoint_host=ckpt_host)
     # the most loaded stage's total (MemoryBatch.pick): fixed costs and fragmentation on top
     # of its tracked bytes
     share = setup.overheads.fragmentation
