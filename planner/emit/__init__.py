@@ -226,5 +226,12 @@ def stack_json(r: PlanResult, opts: EmitOptions) -> dict[str, Any]:
     """The stack that runs the plan, as plan.json and --json give it."""
     from planner.stacks import stack_summary
 
-    how = "--stack" if opts.stack is not None else "default for the layout (planner.stacks.default_stack)"
+    if opts.stack is not None:
+        how = "--stack"
+    else:
+        from planner.stacks import default_stack_reason
+
+        lay = chosen(r).layout
+        how = (f"{default_stack_reason(r.model, lay, plan_kernels(r, lay) or 'auto')} "
+               f"(planner.stacks.default_stack)")
     return stack_summary(stack_for(r, opts), how)
