@@ -123,6 +123,7 @@ def test_block_keeps_more_and_recomputes_less_than_uniform():
     (["--recompute-method", "block", "--stack", "hf"], "--stack megatron"),
     (["--recompute-method", "uniform", "--recompute-num-layers", "3"], "divisor of 20"),
     (["--recompute-num-layers", "21", "--recompute-method", "block"], "give 1 to 20"),
+    (["--recompute-every", "2"], "--recompute-method block --recompute-num-layers N"),
 ])
 def test_bad_combinations_exit_2_with_one_line(extra, says):
     r = _run(*extra)

@@ -232,7 +232,7 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
                           "its SelectiveAC per-op policy and full its FullAC."),
         click.option("--recompute-every", type=click.IntRange(1, 1024), default=1, show_default=True,
                      help="Checkpoint one block in k with --recompute; the others keep everything (torchtitan <= 0.2 "
-                          "selective_ac_option=k, Megatron-LM --recompute-method block)."),
+                          "selective_ac_option=k, Megatron-LM: use --recompute-method block)."),
         click.option("--recompute-method", type=click.Choice(["uniform", "block"]), default=None,
                      help="--stack megatron --recompute full: uniform checkpoints groups of --recompute-num-layers "
                           "layers (each keeps its input); block checkpoints the first N layers of each (virtual) "

@@ -194,6 +194,10 @@ def stack_setup_refusal(o: Options, m: Any) -> str | None:
                 "--recompute full")
     if o.recompute_every > 1 and o.recompute == "none":
         return "--recompute-every needs --recompute selective or full"
+    if o.recompute_every > 1 and o.stack == "megatron":
+        # megatron_args.txt could not say it: Megatron-LM counts checkpointed layers per stage
+        return ("--recompute-every under --stack megatron: Megatron-LM checkpoints a number of layers per "
+                "pipeline stage; give --recompute full --recompute-method block --recompute-num-layers N")
     return recompute_method_refusal(o, m)
 
 
@@ -210,8 +214,6 @@ def recompute_method_refusal(o: Options, m: Any) -> str | None:
     flag = "--recompute-method" if o.recompute_method is not None else "--recompute-num-layers"
     if o.stack != "megatron" or o.recompute != "full":
         return f"{flag} is Megatron-LM's full recomputation: it needs --stack megatron and --recompute full"
-    if o.recompute_every > 1:
-        return f"{flag} replaces --recompute-every under --stack megatron: drop --recompute-every"
     method, n = o.recompute_method or "uniform", o.recompute_num_layers or 1
     if method == "uniform" and n == 1:
         return None
