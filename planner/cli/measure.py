@@ -66,6 +66,9 @@ def measure(o: Options, real: bool, stack: str = "hf", calibration_out: Path | N
         raise UserError("--force needs --calibration-out FILE")
     if o.method == "auto":
         raise UserError("plan measure runs one method: give --method full, lora or freeze")
+    if o.compile:
+        from planner.measure.torchtitan import compile_refusal
+        raise UserError(compile_refusal(real))
     if o.zero is None and o.fsdp is None:
         # torchtitan always applies FSDP2 (parallelize_llama); Hugging Face models run replicated
         o = replace(o, fsdp="full") if stack == "torchtitan" else replace(o, zero=0)

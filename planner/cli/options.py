@@ -62,6 +62,8 @@ class Options:
     grad_accum: int | None = None
     recompute: str | None = None
     recompute_every: int = 1          # checkpoint one block in k (TrainingSetup.recompute_every)
+    recompute_method: str | None = None      # Megatron-LM's uniform | block (--stack megatron --recompute full)
+    recompute_num_layers: int | None = None  # its --recompute-num-layers
     compile: bool = False             # torch.compile per block (--stack torchtitan)
     ds_checkpointing: str = "none"    # DeepSpeed activation checkpointing (--stack deepspeed)
     precision: str = "bf16-mixed"
@@ -230,7 +232,14 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
                           "its SelectiveAC per-op policy and full its FullAC."),
         click.option("--recompute-every", type=click.IntRange(1, 1024), default=1, show_default=True,
                      help="Checkpoint one block in k with --recompute; the others keep everything (torchtitan <= 0.2 "
-                          "selective_ac_option=k, Megatron-LM --recompute-method block)."),
+                          "selective_ac_option=k, Megatron-LM: use --recompute-method block)."),
+        click.option("--recompute-method", type=click.Choice(["uniform", "block"]), default=None,
+                     help="--stack megatron --recompute full: uniform checkpoints groups of --recompute-num-layers "
+                          "layers (each keeps its input); block checkpoints the first N layers of each (virtual) "
+                          "pipeline stage and keeps everything of the rest  [default: uniform]."),
+        click.option("--recompute-num-layers", type=click.IntRange(1, 1024), default=None,
+                     help="N for --recompute-method (Megatron-LM --recompute-num-layers; needs --pp fixed when "
+                          "N > 1 or block)  [default: 1]."),
         click.option("--ds-checkpointing", type=click.Choice(DS_CHECKPOINTING), default="none", show_default=True,
                      help="--stack deepspeed with --recompute full: DeepSpeed's partition_activations and/or "
                           "cpu_checkpointing for the checkpointed inputs."),

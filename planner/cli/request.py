@@ -153,7 +153,10 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
                           offload_optimizer=o.offload_optimizer or "none",
                           offload_params=o.offload_params or "none",
                           recompute_every=o.recompute_every, compile=o.compile,
-                          ds_checkpointing=o.ds_checkpointing)
+                          ds_checkpointing=o.ds_checkpointing,
+                          recompute_method=o.recompute_method or "uniform",
+                          recompute_num_layers=o.recompute_num_layers or 1,
+                          recompute_chunk_layers=recompute_chunk_layers(o, m))
     stack_refusal = stack_setup_refusal(o, m)
     if stack_refusal:
         raise UserError(stack_refusal)
@@ -191,7 +194,47 @@ def stack_setup_refusal(o: Options, m: Any) -> str | None:
                 "--recompute full")
     if o.recompute_every > 1 and o.recompute == "none":
         return "--recompute-every needs --recompute selective or full"
+    if o.recompute_every > 1 and o.stack == "megatron":
+        # megatron_args.txt could not say it: Megatron-LM counts checkpointed layers per stage
+        return ("--recompute-every under --stack megatron: Megatron-LM checkpoints a number of layers per "
+                "pipeline stage; give --recompute full --recompute-method block --recompute-num-layers N")
+    return recompute_method_refusal(o, m)
+
+
+def recompute_method_refusal(o: Options, m: Any) -> str | None:
+    """Why --recompute-method / --recompute-num-layers cannot shape this plan (one line), or None.
+
+    megatron-core 0.16.1 (transformer_config.py, TransformerConfig.__post_init__): a method and
+    a layer count go with full granularity only ("recompute_num_layers must be None" under
+    selective). transformer_block.py's uniform loop calls layers [k N, (k + 1) N) of each
+    model chunk, so N must divide the chunk's layers (else _get_layer indexes past the last);
+    block's N counts layers per (virtual) stage, so both need the pipeline fixed."""
+    if o.recompute_method is None and o.recompute_num_layers is None:
+        return None
+    flag = "--recompute-method" if o.recompute_method is not None else "--recompute-num-layers"
+    if o.stack != "megatron" or o.recompute != "full":
+        return f"{flag} is Megatron-LM's full recomputation: it needs --stack megatron and --recompute full"
+    method, n = o.recompute_method or "uniform", o.recompute_num_layers or 1
+    if method == "uniform" and n == 1:
+        return None
+    if o.pp is None or (o.pp > 1 and o.vp is None):
+        return (f"--recompute-method {method} --recompute-num-layers {n} counts layers per (virtual) pipeline "
+                f"stage: fix --pp (and --vp when pp > 1)")
+    chunk = m.n_layers // (o.pp * (o.vp or 1))
+    if n > chunk:
+        return (f"--recompute-num-layers {n} is more than the {chunk} layers of each (virtual) pipeline stage "
+                f"({m.n_layers} layers / pp {o.pp} / vp {o.vp or 1}): give 1 to {chunk}")
+    if method == "uniform" and chunk % n:
+        return (f"--recompute-method uniform --recompute-num-layers {n}: megatron-core runs groups of {n} "
+                f"layers and needs them to divide each stage's {chunk}: give a divisor of {chunk}")
     return None
+
+
+def recompute_chunk_layers(o: Options, m: Any) -> int:
+    """Layers per virtual pipeline stage Megatron's block method counts in (0 when not fixed)."""
+    if o.recompute_method != "block" or o.pp is None:
+        return 0
+    return int(m.n_layers // (o.pp * (o.vp or 1)))
 
 
 def timing(o: Options, gpu: Any) -> dict[str, Any]:

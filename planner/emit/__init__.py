@@ -10,7 +10,9 @@
     write.py       atomic writes to a directory (the only module here that touches files)
 
 Which stack runs a plan is --stack, or by default what fits the layout
-(planner.stacks.default_stack): FSDP without pipeline parallelism runs under Hugging Face
+(planner.stacks.default_stack), following the kernels the memory model used (plan_kernels:
+fused kernels, which --kernels auto picks for tp, pp or cp, are Megatron-LM's, so the memory
+on screen and the files written describe one stack): FSDP without pipeline parallelism runs under Hugging Face
 + accelerate (FSDP2; its parallelism config also takes tp and cp, or torchrun); FSDP with
 pipeline parallelism under torchtitan; tensor, pipeline or context parallelism otherwise
 under Megatron-LM (its distributed optimizer, Megatron FSDP for ZeRO-2/3, or
@@ -29,6 +31,7 @@ from planner.stacks import STACKS, check_stack, default_stack
 
 if TYPE_CHECKING:
     from planner.api import PlanResult
+    from planner.layouts.layout import Layout
     from planner.search.search import Candidate
 
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
@@ -71,11 +74,21 @@ def stack_for(r: PlanResult, opts: EmitOptions) -> str:
     """The stack that runs the chosen plan: --stack, checked against the layout, or the default."""
     lay = chosen(r).layout
     if opts.stack is None:
-        return default_stack(r.model, lay)
+        return default_stack(r.model, lay, plan_kernels(r, lay))
     if opts.stack not in STACKS:
         raise UserError(f"--stack {opts.stack!r}: choose one of {', '.join(STACKS)}")
     check_stack(opts.stack, r.model, lay)
     return opts.stack
+
+
+def plan_kernels(r: PlanResult, lay: Layout) -> str | None:
+    """The kernels the memory model used for ``lay`` when the plan named no stack (the
+    default stack follows them), else None."""
+    if r.setup.stack != "auto":
+        return None
+    from planner.memory.activations import resolve_kernels
+
+    return resolve_kernels(r.setup, lay)
 
 
 def node_shape(n_gpus: int, gpus_per_node: int) -> tuple[int, int]:
@@ -103,7 +116,7 @@ def check_options(r: PlanResult, opts: EmitOptions) -> None:
     if r.best is None:
         return
     lay = r.best.layout
-    eng = stack_for(r, opts) if r.best.fits else default_stack(r.model, lay)
+    eng = stack_for(r, opts) if r.best.fits else default_stack(r.model, lay, plan_kernels(r, lay))
     for name, device in (("--offload-optimizer", opts.offload_optimizer), ("--offload-params", opts.offload_params)):
         if device not in OFFLOAD_DEVICES:
             raise UserError(f"{name} {device!r}: choose one of {', '.join(OFFLOAD_DEVICES)}")
@@ -213,5 +226,12 @@ def stack_json(r: PlanResult, opts: EmitOptions) -> dict[str, Any]:
     """The stack that runs the plan, as plan.json and --json give it."""
     from planner.stacks import stack_summary
 
-    how = "--stack" if opts.stack is not None else "default for the layout (planner.stacks.default_stack)"
+    if opts.stack is not None:
+        how = "--stack"
+    else:
+        from planner.stacks import default_stack_reason
+
+        lay = chosen(r).layout
+        how = (f"{default_stack_reason(r.model, lay, plan_kernels(r, lay) or 'auto')} "
+               f"(planner.stacks.default_stack)")
     return stack_summary(stack_for(r, opts), how)

@@ -205,11 +205,14 @@ def megatron_env(r: PlanResult) -> dict[str, str]:
     return {}
 
 
-def _recompute_args(recompute: str) -> list[str]:
-    """Full: every block keeps only its input (uniform method, one layer per unit);
-    selective: Megatron's default module, the core attention (Korthikanti et al. 2022)."""
+def _recompute_args(recompute: str, method: str = "uniform", num_layers: int = 1) -> list[str]:
+    """Full: the plan's --recompute-method and --recompute-num-layers (default uniform over one
+    layer: every block keeps only its input; megatron-core 0.16.1 TransformerConfig requires
+    both under full granularity); selective: Megatron's default module, the core attention
+    (Korthikanti et al. 2022)."""
     if recompute == "full":
-        return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+        return ["--recompute-granularity", "full", "--recompute-method", method,
+                "--recompute-num-layers", str(num_layers)]
     if recompute == "selective":
         return ["--recompute-granularity", "selective"]
     return []
@@ -230,7 +233,7 @@ def to_megatron_args(r: PlanResult, opts: EmitOptions = EmitOptions()) -> list[s
     args += _parallel_args(lay, r.model.n_layers)
     args += ["--micro-batch-size", str(lay.micro_batch), "--global-batch-size", str(lay.global_batch)]
     args += _sharding_args(lay, r.model, s.precision)
-    args += _recompute_args(lay.recompute)
+    args += _recompute_args(lay.recompute, s.recompute_method, s.recompute_num_layers)
     if s.precision == "bf16-mixed":
         args += ["--bf16"]
     elif s.precision == "fp16-mixed":

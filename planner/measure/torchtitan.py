@@ -56,6 +56,14 @@ What did not run (tried on torch 2.13.0, torchtitan 0.3.0)
   ``_warmup_p2p`` (torch/distributed/pipelining/schedules.py, line 372) reads ``result.item()``,
   which fake tensors refuse: ``DataDependentOutputException: aten._local_scalar_dense.default``.
 
+- ``--compile``: torch.compile's inductor kernels run on the tensors' data, which fake tensors
+  do not have: a compiled function called under FakeTensorMode on the CPU kills the process
+  (segmentation fault, exit 139; torch 2.13.0, a two-op function, checked 2026-12-02), while the
+  same compiled function under MemTracker with real tensors runs. So the compiled profile
+  (activations.titan_block_terms) is checked on one small real block without recomputation
+  (tests/test_memory_stacks.py); under SelectiveAC it is assumed that the partitioner honours
+  the policy's save list as eager mode does (not measured). ``compile_refusal`` says so.
+
 Depth scaling
 -------------
 A full Llama 3.1 8B step takes over a minute here, so deep models are measured at two depths
@@ -441,6 +449,16 @@ def compare(m: ModelSpec, hf_config: dict[str, Any], setup: TrainingSetup, lay: 
                                       "measured_layers": list(got.measured_layers), "scaled": got.scaled}
     return Comparison(layout=measured_lay, setup=measured_setup, predicted=pred.breakdown,
                       predicted_phase=pred.phase, rows=rows, measured=info)
+
+
+def compile_refusal(real: bool) -> str:
+    """Why ``plan measure --compile`` does not run (one line, with the way out)."""
+    if real:
+        return ("--compile: plan measure --real does not compile the model yet; measure without --compile "
+                "(plan --stack torchtitan --compile models the compiled block)")
+    return ("--compile cannot be measured under fake tensors: inductor's compiled kernels read tensor data, which "
+            "fake tensors lack (torch 2.13 crashes the process); measure without --compile, or --real on GPUs once "
+            "it compiles (plan --stack torchtitan --compile models the compiled block, checked on one real block)")
 
 
 def titan_setup_for(hf_config: dict[str, Any], setup: TrainingSetup, lay: Layout, *, fake: bool = True,

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
+import numpy as np
+
 from planner.layouts.layout import Layout
 from planner.models.spec import ModelSpec
 from planner.training.finetune import lora_activation_terms
@@ -308,3 +310,62 @@ def block_activations(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: 
         # method over n / every layers): the average block, rounded up
         kept = ceil_div(kept + (every - 1) * full, every)
     return kept, full
+
+
+def stage_block_bytes(setup: TrainingSetup, n_act: np.ndarray, vp: np.ndarray, full_recompute: np.ndarray,
+                      kept: np.ndarray, full: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes a stage's blocks keep per micro-batch, float; bytes the blocks being recomputed
+    hold at once in backward), per layout, for ``n_act`` blocks over ``vp`` virtual stages.
+
+    Everywhere but Megatron's full recomputation by method: n_act x kept and one block
+    (``full``). Megatron-LM (megatron-core 0.16.1, transformer/transformer_block.py,
+    TransformerBlock._checkpointed_forward, per model chunk = virtual stage of L layers):
+    ``uniform`` N checkpoints layers [0, N), [N, 2N), ...: each group keeps only its input
+    (ceil(L / N) inputs), and its backward reruns the whole group's forward, so N blocks'
+    tensors are held at once; ``block`` N checkpoints layers 0..N-1 one by one and runs the
+    other L - N without checkpointing, which keep everything; backward frees those before it
+    reaches a checkpointed layer.
+    """
+    n = n_act.astype(np.float64)
+    if setup.stack != "megatron" or (setup.recompute_method == "uniform" and setup.recompute_num_layers == 1):
+        return n * kept, full
+    chunk = np.ceil(n / np.maximum(vp, 1))          # layers per virtual stage
+    n_rc = float(setup.recompute_num_layers)
+    if setup.recompute_method == "uniform":
+        groups = np.maximum(vp, 1) * np.ceil(chunk / n_rc)
+        held = np.where(full_recompute, groups * kept, n * kept)
+        group = np.where(full_recompute, np.minimum(n_rc, chunk).astype(np.int64) * full, full)
+        return held, np.maximum(group, full)
+    rc = np.minimum(n, np.maximum(vp, 1) * np.minimum(n_rc, chunk))    # checkpointed layers
+    held = np.where(full_recompute, rc * kept + (n - rc) * full, n * kept)
+    # backward meets the unchecked layers first and frees each (L - N >= 1 blocks' tensors)
+    # before it reruns a checkpointed one: no block is recomputed on top of the kept total
+    return held, np.where(full_recompute & (rc < n), kept, full)
+
+
+def host_checkpoint_bytes(m: ModelSpec, setup: TrainingSetup, micro_batch: np.ndarray, seq_len_cp: np.ndarray,
+                          tp: np.ndarray, full_recompute: np.ndarray, n_act: np.ndarray,
+                          held: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(host bytes per rank that DeepSpeed's cpu_checkpointing copies the checkpointed block
+    inputs to, the GPU bytes of the inputs it keeps), per layout (0 without it).
+
+    deepspeed 0.19.8, runtime/activation_checkpointing/checkpointing.py, CheckpointFunction.
+    forward: with CPU_CHECKPOINT each block's checkpointed input goes to host memory, after
+    partition_activations splits it over the model-parallel group (mp_size = tp) under
+    PARTITION_ACTIVATIONS (``partition.cpu()``), else through the async offload engine
+    (offload_activations.py, _ActivationOffloadEngine: pinned host buffers, keep_last_count=1
+    keeps the last block's input on the GPU for the first backward). So: one b s h a input
+    per block (/ tp when partitioned), less one block on the plain cpu path, which stays on
+    the GPU, per micro-batch in flight. The pinned pool (max_cpu_buffer_pool_count 64) reuses
+    buffers of one shape: no extra copies are counted.
+    """
+    zero = np.zeros(np.broadcast_shapes(np.shape(n_act), np.shape(micro_batch)), dtype=np.int64)
+    if setup.stack != "deepspeed" or "cpu" not in setup.ds_checkpointing:
+        return zero, zero
+    partitioned = setup.ds_checkpointing.startswith("partitioned")
+    a = setup.precision_spec.activation_bytes
+    per_block = -(-(micro_batch * seq_len_cp * m.d_model * a) // (tp if partitioned else 1))
+    on_gpu = np.minimum(n_act, 0 if partitioned else 1)
+    host = np.where(full_recompute, ((n_act - on_gpu) * per_block * held).astype(np.int64), zero)
+    gpu = np.where(full_recompute, (on_gpu * per_block * held).astype(np.int64), zero)
+    return host, gpu

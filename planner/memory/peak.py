@@ -31,10 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from planner.layouts.batch import LayoutArrays
+from planner.layouts.batch import RECOMPUTES, LayoutArrays
 from planner.layouts.layout import SHARDINGS
 from planner.limits import saturated_bytes
 from planner.memory import shapes as sh
+from planner.memory.activations import host_checkpoint_bytes, stage_block_bytes
 from planner.memory.buffers import (
     buffer_bytes,
     fsdp_backward_end_bytes,
@@ -128,6 +129,7 @@ class StageMemory:
     weights: np.ndarray               # every moment's weights (before a moment's extra)
     moment_sums: tuple[np.ndarray, ...]   # each moment's parts summed, in MOMENTS order
     tracked: np.ndarray               # the tracked bytes at the stage's peak moment (ABSENT: no such stage)
+    checkpoint_host: np.ndarray | int   # DeepSpeed cpu_checkpointing host bytes (activations.host_checkpoint_bytes)
 
 
 @dataclass(frozen=True)
@@ -359,7 +361,17 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     stage_l, has_act_l, last_l = g(stage), g(has_act), g(last)
     held = sh.in_flight_microbatches(a, stage_l)
     # in float: layers x bytes per layer passes int64 at the option limits (limits.saturated_bytes)
-    block_acts = saturated_bytes(np.multiply(g(n_act), act.layer_act, dtype=np.float64) * held)
+    # Megatron's full recomputation by method (memory.activations.stage_block_bytes)
+    full_rc = a.recompute == RECOMPUTES.index("full")
+    n_act_l = g(n_act)
+    stage_acts, recomputed = stage_block_bytes(setup, n_act_l, a.vp, full_rc, act.layer_act, act.full_layer)
+    block_acts = saturated_bytes(stage_acts * held)
+    # DeepSpeed's cpu_checkpointing: the host copy (the host line) and the input it keeps on the GPU
+    ckpt_host: np.ndarray | int = 0
+    if setup.stack == "deepspeed" and "cpu" in setup.ds_checkpointing:
+        ckpt_host, ckpt_gpu = host_checkpoint_bytes(m, setup, a.micro_batch, seq // a.cp, a.tp, full_rc, n_act_l,
+                                                    held)
+        block_acts = block_acts + ckpt_gpu
     dropout_embed = a.micro_batch * (seq // a.cp) * m.d_model if m.hidden_dropout > 0 else np.zeros(n, np.int64)
     acts = block_acts + g(amp_copies) if amp_copies.any() else block_acts
     embed_acts: np.ndarray | int = 0
@@ -368,7 +380,7 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
         acts = acts + embed_acts
     # inside the last block's backward: its recomputed tensors and its gradients' working
     # set (the eager attention's fp32 score gradients)
-    working = ((act.full_layer - act.layer_act) + act.score_grad) * has_act_l
+    working = ((recomputed - act.layer_act) + act.score_grad) * has_act_l
     logits = act.logits * last_l
     buffers = g(engine_buffers) + act.pipeline_buffers
     # FSDP shard-grad-op under a pipeline holds unsharded gradients through the
@@ -429,7 +441,8 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
         fsdp_forward=(ps(fwd_w), ps(fwd_b)), fsdp_done=ps(done), head_grad=ps(head_grad), step_freed=ps(step_freed),
         end_grad_params=((np.where(counted, g(done_dense), -1), np.where(counted, g(done_expert), -1))
                          if counted is not None else (-1, -1)),
-        moments=moments, weights=ps(weights), moment_sums=sums, tracked=tracked_slots)
+        moments=moments, weights=ps(weights), moment_sums=sums, tracked=tracked_slots,
+        checkpoint_host=ckpt_host)
     # the most loaded stage's total (MemoryBatch.pick): fixed costs and fragmentation on top
     # of its tracked bytes
     share = setup.overheads.fragmentation

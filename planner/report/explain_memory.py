@@ -335,6 +335,35 @@ def _architecture_block_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, k
     return out
 
 
+MEGATRON_RECOMPUTE = ("megatron-core 0.16.1 transformer/transformer_block.py, TransformerBlock._checkpointed_forward "
+                      "(planner.memory.activations.stage_block_bytes)")
+DS_CPU_CHECKPOINT = ("deepspeed 0.19.8 runtime/activation_checkpointing/checkpointing.py (CPU_CHECKPOINT), "
+                     "offload_activations.py (keep_last_count=1); planner.memory.activations.host_checkpoint_bytes")
+
+
+def megatron_method(setup: TrainingSetup, lay: Layout) -> str | None:
+    """Megatron's full recomputation by method in words, when the plan uses one beyond uniform over 1."""
+    n = setup.recompute_num_layers
+    if setup.stack != "megatron" or lay.recompute != "full" or (setup.recompute_method == "uniform" and n == 1):
+        return None
+    if setup.recompute_method == "uniform":
+        return (f"uniform over {n}: groups x input bytes, groups = vp x ceil(blocks / vp / {n}); the group "
+                f"recomputed in backward holds {n} full blocks")
+    return (f"block over {n}: c x input bytes + (blocks - c) x full block bytes, c = vp x min({n}, blocks / vp) "
+            f"checkpointed")
+
+
+def _ds_host_copy(m: ModelSpec, setup: TrainingSetup, lay: Layout, tr: RankTerms) -> int:
+    import numpy as np
+
+    from planner.memory.activations import host_checkpoint_bytes
+    one = np.array([1])
+    host, _ = host_checkpoint_bytes(m, setup, one * lay.micro_batch, one * (lay.seq_len // lay.cp), one * lay.tp,
+                                    np.array([lay.recompute == "full"]), one * tr.n_act_layers,
+                                    np.array([tr.held]))
+    return int(host[0])
+
+
 def _activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, tr: RankTerms, phase: str,
                       act_at: int) -> list[Term]:
     out: list[Term] = []
@@ -353,7 +382,10 @@ def _activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, tr: RankT
         if tr.fsdp_end[1]:
             out.append(_block_gradient_term(setup, tr))
         return out
-    if lay.recompute == "full":
+    method = megatron_method(setup, lay)
+    if method:
+        per_block = method
+    elif lay.recompute == "full":
         per_block = "the block's input, s b h a (/ t with sp; Sec. 4.3); the rest is recomputed"
     elif lay.recompute == "selective" and tr.kernels == "torchtitan":
         per_block = ("the tensors below that torchtitan's SelectiveAC saves (its op save list, every second "
@@ -370,6 +402,18 @@ def _activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, tr: RankT
                     blocks_keeping_activations=tr.n_act_layers, per_block_bytes=tr.layer_act,
                     in_flight_micro_batches=tr.held, recompute=lay.recompute, pp=lay.pp, vp=lay.vp,
                     grad_accum_m=lay.grad_accum, **dims))
+    if method:
+        out[-1] = _mem("activations", f"transformer blocks ({tr.n_act_layers} on the stage)",
+                       f"per micro-batch in flight: {method}", tr.block_acts, MEGATRON_RECOMPUTE,
+                       blocks_keeping_activations=tr.n_act_layers, input_bytes=tr.layer_act,
+                       full_block_bytes=tr.full_layer, in_flight_micro_batches=tr.held,
+                       recompute_method=setup.recompute_method, recompute_num_layers=setup.recompute_num_layers,
+                       vp=lay.vp)
+    host = _ds_host_copy(m, setup, lay, tr)
+    if host:
+        out.append(_mem("activations", "DeepSpeed cpu_checkpointing: the checkpointed inputs on the host",
+                        "blocks sent to the host x b s h a (/ t partitioned) x micro-batches in flight; on the "
+                        "host memory line, not the GPU's", host, DS_CPU_CHECKPOINT, summed=False))
     for t in layer_activation_terms(m, tr.act_setup, lay, tr.kernels):
         dropped = lay.recompute == "full" or not t.kept(lay.recompute)
         out.append(_mem("activations", f"  per block: {t.name}" + (" (recomputed, not kept)" if dropped else ""),

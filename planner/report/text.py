@@ -240,14 +240,23 @@ def assumptions_text(r: PlanResult) -> list[str]:
 
 
 def stack_lines(r: PlanResult) -> list[str]:
-    """The stack whose memory profile the plan follows, when --stack names one (issue 16)."""
+    """The stack whose memory profile the plan follows (issue 16); without --stack, the one
+    the layout defaults to and why (planner.stacks.default_stack, which --out writes for)."""
     s = r.setup
+    shown = r.best or r.result.smallest
+    if s.stack == "auto":
+        if shown is None:
+            return []
+        from planner.memory.activations import resolve_kernels
+        from planner.stacks import default_stack_reason
+        return [f"  stack: {default_stack_reason(r.model, shown.layout, resolve_kernels(s, shown.layout))}"
+                "; --stack to change"]
     if s.stack not in ("torchtitan", "megatron"):     # hf and deepspeed keep the kernels' profile
         return []
     from planner.stacks import memory_profile_line
-    shown = r.best or r.result.smallest
     recompute = shown.layout.recompute if shown is not None else "none"
-    return ["  " + memory_profile_line(s.stack, recompute, s.compile, s.recompute_every)]
+    return ["  " + memory_profile_line(s.stack, recompute, s.compile, s.recompute_every, s.recompute_method,
+                                       s.recompute_num_layers)]
 
 
 # ------------------------------------------------------------------- --quiet

@@ -9,9 +9,11 @@ version); this module loads them and decides which stack runs a layout:
     torchtitan  torchtitan 0.3.0: FSDP2/HSDP with tensor, pipeline and context parallelism,
                 for Llama-architecture models
 
-``default_stack`` is the choice when the user gives none (the one the emitters made before
---stack existed, except that FSDP with pipeline parallelism now runs under torchtitan, which
-supports it, where Megatron-LM's validate_args refuses --use-torch-fsdp2 with pp > 1).
+``default_stack`` is the choice when the user gives none: the stack whose kernels the memory
+model used (fused: megatron), else the one the emitters made before --stack existed (FSDP
+with pipeline parallelism under torchtitan, which supports it, where Megatron-LM's
+validate_args refuses --use-torch-fsdp2 with pp > 1). ``default_stack_reason`` says why, on
+the plan's stack line.
 ``stack_refusal`` says why a stack cannot run a plan, as one line a user can act on.
 """
 
@@ -87,15 +89,20 @@ def torchtitan_builds(m: ModelSpec) -> str | None:
     return None
 
 
-def default_stack(m: ModelSpec, lay: Layout) -> str:
+def default_stack(m: ModelSpec, lay: Layout, kernels: str | None = None) -> str:
     """The stack that runs ``lay`` when the user names none.
 
-    FSDP without pipeline parallelism: hf (accelerate/torchrun, FSDP2; accelerate's
-    ParallelismConfig takes tp and cp). FSDP with pipeline parallelism: torchtitan when it
-    builds the model, else megatron (Megatron FSDP; its --use-torch-fsdp2 refuses pp > 1).
-    Tensor, pipeline or context parallelism otherwise: megatron. Pure data parallelism
-    with ZeRO: deepspeed.
+    ``kernels``: the kernels the memory model used for the layout (planner.memory.activations.
+    resolve_kernels); the stack follows them, so the memory profile on screen and the files
+    --out writes describe one stack. Fused (Megatron-style, what ``--kernels auto`` picks for
+    tp, pp or cp): megatron. Otherwise FSDP without pipeline parallelism: hf (accelerate/
+    torchrun, FSDP2; accelerate's ParallelismConfig takes tp and cp). FSDP with pipeline
+    parallelism: torchtitan when it builds the model, else megatron (Megatron FSDP; its
+    --use-torch-fsdp2 refuses pp > 1). Tensor, pipeline or context parallelism otherwise:
+    megatron. Pure data parallelism with ZeRO: deepspeed.
     """
+    if kernels == "fused":
+        return "megatron"
     if lay.is_fsdp and lay.pp == 1:
         return "hf"
     if lay.is_fsdp and torchtitan_builds(m) is None and lay.ep == 1:
@@ -103,6 +110,23 @@ def default_stack(m: ModelSpec, lay: Layout) -> str:
     if lay.tp > 1 or lay.pp > 1 or lay.cp > 1 or lay.is_fsdp:
         return "megatron"
     return "deepspeed"
+
+
+def default_stack_reason(m: ModelSpec, lay: Layout, kernels: str) -> str:
+    """Why default_stack chose its stack for ``lay``, in a few words (the plan's stack line)."""
+    stack = default_stack(m, lay, kernels)
+    split = ", ".join(f"{k}={v}" for k, v in (("tp", lay.tp), ("pp", lay.pp), ("cp", lay.cp)) if v > 1)
+    if stack == "megatron" and kernels == "fused":
+        why = f"{split}: fused kernels" if split else "--kernels fused"
+    elif stack == "megatron":
+        why = f"{split or 'FSDP with pp'}: only Megatron-LM runs it"
+    elif stack == "hf":
+        why = "FSDP without pp: eager kernels"
+    elif stack == "torchtitan":
+        why = "FSDP with pp; its profile needs --stack torchtitan"
+    else:
+        why = f"ZeRO-{lay.zero_stage} {'data parallelism' if lay.dp > 1 else 'on one GPU'}: eager kernels"
+    return f"{stack} by default ({why})"
 
 
 def stack_refusal(stack: str, m: ModelSpec, lay: Layout) -> str | None:
@@ -140,10 +164,14 @@ def check_stack(stack: str, m: ModelSpec, lay: Layout) -> None:
         raise UserError(f"{why} (stacks that run this plan: {', '.join(others) or 'none'})")
 
 
-def memory_profile_line(stack: str, recompute: str, setup_compile: bool = False, recompute_every: int = 1) -> str:
+def memory_profile_line(stack: str, recompute: str, setup_compile: bool = False, recompute_every: int = 1,
+                        recompute_method: str = "uniform", recompute_num_layers: int = 1) -> str:
     """One line naming the stack settings the memory model followed (the plan's Assumptions)."""
     s = get_stack(stack)
     rc = s.recompute.get(recompute, recompute)
+    if stack == "megatron" and recompute == "full":
+        rc = (f"--recompute-granularity full --recompute-method {recompute_method} "
+              f"--recompute-num-layers {recompute_num_layers}")
     every = f", every {recompute_every}th block only" if recompute_every > 1 and recompute != "none" else ""
     compiled = ", torch.compile per block" if setup_compile else ""
     return (f"stack: {s.name} ({s.version}): recompute {recompute} = {rc}{every}; loss: {s.loss}; "

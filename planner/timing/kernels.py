@@ -214,7 +214,7 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
         fwd = gemm_fwd + attn_fwd + elem_fwd + adapter_fwd + dequant
         bwd = gemm_fwd + attn_bwd + elem_bwd + 2 * adapter_fwd + dequant
     if key.recompute == "full":
-        bwd += fwd
+        bwd += fwd * setup.recomputed_share     # Megatron's block method reruns N layers of each stage
     elif key.recompute == "selective" and eff.selective_policy == "torchtitan-op" and not m.is_moe:
         # every second mm of the block's forward order (wq wk wv wo, then w1 w3 w2 or fc1 fc2)
         # and the element-wise ops (Efficiency.selective_policy)
@@ -225,7 +225,7 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
         bwd += attn_fwd
     # tp: 2 all-reduces (or all-gather + reduce-scatter pairs with sp) in forward, 2 in
     # backward, 2 more when full recomputation reruns the forward (Shoeybi et al. 2019, Sec. 3).
-    tp_coll = (4 + (2 if key.recompute == "full" else 0)) if tp > 1 else 0
+    tp_coll = (4 + (2 * setup.recomputed_share if key.recompute == "full" else 0)) if tp > 1 else 0
     a = prec.activation_bytes
     cp_bytes = tokens * 2 * kv * a / tp if cp > 1 else 0.0
     k_ = m.n_experts_per_token if m.is_moe else 1

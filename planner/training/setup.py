@@ -173,6 +173,17 @@ class TrainingSetup:
     # checkpoint every k-th block only (the others keep everything): torchtitan <= 0.2's
     # selective_ac_option = "k", Megatron-LM's --recompute-method block over n / k layers
     recompute_every: int = 1
+    # Megatron-LM full recomputation (megatron-core 0.16.1 transformer_block.py,
+    # _checkpointed_forward; TransformerConfig.recompute_method / recompute_num_layers):
+    # "uniform" checkpoints groups of recompute_num_layers layers of each (virtual) pipeline
+    # stage, keeping each group's input; "block" checkpoints the first recompute_num_layers
+    # layers of each (virtual) stage and keeps everything of the rest. uniform over 1 layer is
+    # every block keeping its input (the planner's --recompute full).
+    recompute_method: str = "uniform"
+    recompute_num_layers: int = 1
+    # layers per virtual pipeline stage the block method counts in, for the step time's
+    # recomputed share (0: not fixed, every layer recomputes); memory reads each layout's own
+    recompute_chunk_layers: int = 0
     # torch.compile of each block (torchtitan's compile.components = ["model"]; Hugging Face
     # Trainer's torch_compile): the partitioner recomputes pointwise ops instead of saving them
     compile: bool = False
@@ -191,6 +202,14 @@ class TrainingSetup:
     # auxiliary balance loss (DeepSeek-V3, arXiv:2412.19437, Sec. 2.1.2: auxiliary-loss-free
     # balancing) has no fixed bound: give the ratio its router logs report.
     moe_imbalance: float = 1.0
+
+    @property
+    def recomputed_share(self) -> float:
+        """The share of a stage's layers whose forward full recomputation reruns: under
+        Megatron's block method N of each virtual stage's layers, else all of them."""
+        if self.recompute_method != "block" or self.recompute_chunk_layers <= 0:
+            return 1.0
+        return min(self.recompute_num_layers, self.recompute_chunk_layers) / self.recompute_chunk_layers
 
     @property
     def precision_spec(self) -> Precision:

@@ -1,0 +1,245 @@
+"""The stacks' published real-GPU peak memory beside the planner's prediction for the same settings.
+
+Each row is a figure a stack's own benchmark page reports for a real run (URL, commit and date
+below), and the planner's per-rank prediction under ``--stack`` for the settings the page gives;
+what the page does not give is named in the row's ``assumed`` field. The published figure is
+what the stack logs: torchtitan's "Memory(GiB)" is torch.cuda.memory_stats()
+["reserved_bytes.all.peak"] (torchtitan/components/metrics.py, DeviceMemoryMonitor.get_peak_stats:
+max_reserved_gib), the caching allocator's reserved peak: it includes the allocator's cached and
+fragmented blocks and excludes the CUDA context and NCCL's own buffers (allocated outside the
+caching allocator). So the planner's comparable figure is its tracked bytes (allocated tensors)
+plus its fragmentation allowance (training.setup.Overheads.fragmentation, 10%): ``reserved``.
+Writes docs/published-memory.md and docs/published-memory.json (a second or two).
+
+    python bench/published_memory.py
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from planner.layouts.layout import Layout
+from planner.memory.loss import logits_bytes
+from planner.memory.model import per_rank_memory
+from planner.models.spec import load_model
+from planner.training.setup import TrainingSetup
+from planner.units import GiB
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "docs" / "published-memory.md"
+
+TITAN_2412 = ("https://github.com/pytorch/torchtitan/blob/main/benchmarks/llama3_h100_202412_torchtitan.md "
+              "(torchtitan 9dec370, torch 1963fc8, 2024-12-26; H100 96 GB HBM2e; TPS and memory at step 90)")
+TITAN_2506 = ("https://github.com/pytorch/torchtitan/blob/main/benchmarks/llama3_8b_h200_2025-06_torchtitan.md "
+              "(torchtitan e7c0cae, torch 2.8.0a0, 2025-06-13; Trainy, H200; memory at step 100)")
+SEQ_ASSUMED = "sequence 8192 (the llama3 train_configs' seq_len; the page gives none)"
+
+
+HF_ANATOMY = ("https://huggingface.co/docs/transformers/en/model_memory_anatomy (transformers docs, \"Model "
+              "training anatomy\", run 2022-01-11 on a V100-SXM2 16 GB, CUDA 11.2; nvidia-smi's used memory via "
+              "pynvml after Trainer.train())")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Row:
+    name: str
+    source: str
+    published_gib: float
+    model: str
+    dp: int
+    tp: int = 1
+    micro_batch: int
+    seq_len: int = 8192
+    recompute: str
+    compile: bool = False
+    float8: bool = False
+    assumed: str = SEQ_ASSUMED
+    stack: str = "torchtitan"
+    precision: str = "bf16-mixed"
+    attention: str = "flash"
+    # what the published figure holds beyond the caching allocator's reserve: the CUDA context
+    # the same page measured (GiB), subtracted before comparing (nvidia-smi counts it)
+    context_gib: float = 0.0
+
+
+ROWS = (
+    Row(name="8B, FSDP 8, selective", source=TITAN_2412 + ", Table 1", published_gib=82.4, model="llama3.1-8b",
+        dp=8, micro_batch=2, recompute="selective"),
+    Row(name="8B, FSDP 8, selective, compile", source=TITAN_2412 + ", Table 1", published_gib=77.0,
+        model="llama3.1-8b", dp=8, micro_batch=2, recompute="selective", compile=True),
+    Row(name="8B, FSDP 128, selective", source=TITAN_2412 + ", Table 3", published_gib=67.0, model="llama3.1-8b",
+        dp=128, micro_batch=2, recompute="selective"),
+    Row(name="8B, FSDP 128, selective, compile", source=TITAN_2412 + ", Table 3", published_gib=62.0,
+        model="llama3.1-8b", dp=128, micro_batch=2, recompute="selective", compile=True),
+    Row(name="70B, FSDP 32 x TP 8, full, compile, float8", source=TITAN_2412 + ", Table 4", published_gib=71.9,
+        model="llama3.1-70b", dp=32, tp=8, micro_batch=16, recompute="full", compile=True, float8=True,
+        assumed=SEQ_ASSUMED + "; float8 as torchao's tensorwise recipe"),
+    Row(name="8B, FSDP 32, selective, compile, float8", source=TITAN_2506, published_gib=47.96, model="llama3.1-8b",
+        dp=32, micro_batch=2, recompute="selective", compile=True, float8=True,
+        assumed="sequence 8192 and selective op AC (train_configs/llama3_8b.toml at e7c0cae); float8 tensorwise "
+                "with float8 all-gather (its command line)"),
+    Row(name="8B, FSDP 64, selective, compile, float8", source=TITAN_2506, published_gib=46.97, model="llama3.1-8b",
+        dp=64, micro_batch=2, recompute="selective", compile=True, float8=True,
+        assumed="sequence 8192 and selective op AC (train_configs/llama3_8b.toml at e7c0cae); float8 tensorwise "
+                "with float8 all-gather (its command line)"),
+    Row(name="BERT-large, one V100, fp32, Trainer", source=HF_ANATOMY, published_gib=14949 / 1024,
+        model="bert-large", dp=1, micro_batch=4, seq_len=512, recompute="none", stack="hf", precision="fp32",
+        attention="eager", context_gib=1343 / 1024,
+        assumed="eager attention (transformers' BERT of early 2022 had no SDPA path); the Trainer's default "
+                "AdamW; the published figure is after training, which the caching allocator's reserve keeps"),
+)
+
+
+def inputs(r: Row) -> tuple[Any, TrainingSetup, Layout]:
+    m = load_model(r.model)
+    # --stack hf plans FSDP2 only; a single replicated GPU is planned without --stack, whose eager
+    # kernels are the Hugging Face profile (memory.activations.resolve_kernels)
+    setup = TrainingSetup(seq_len=r.seq_len, global_batch=r.micro_batch * r.dp,
+                          stack="auto" if r.stack == "hf" else r.stack,
+                          compile=r.compile, precision="fp8" if r.float8 else r.precision,
+                          fp8_recipe="tensorwise", attention=r.attention)
+    sharded = r.stack == "torchtitan"
+    lay = Layout(dp=r.dp, tp=r.tp, sp=r.tp > 1, zero_stage=3 if sharded else 0,
+                 sharding="fsdp-full" if sharded else "zero", micro_batch=r.micro_batch,
+                 grad_accum=1, seq_len=r.seq_len, recompute=r.recompute)
+    return m, setup, lay
+
+
+def predict(r: Row) -> dict[str, Any]:
+    """The planner's figures for ``r`` (GiB): tracked, reserved (tracked + fragmentation), the
+    same with the full-logit fp32 loss the published versions ran, and the total it plans with."""
+    m, setup, lay = inputs(r)
+    mem = per_rank_memory(m, setup, lay)
+    b = mem.breakdown
+    frag = setup.overheads.fragmentation
+    tracked = b.total - b.overhead
+    # torchtitan before 0.3.0's ChunkedLossWrapper computed cross_entropy(pred.flatten(0, 1).float(),
+    # labels) over the whole micro-batch (train.py / components/loss.py of 2024-25): the loss moment
+    # holds the full logits as the eager loss does (memory.loss.logits_bytes, eager kernels)
+    out = {"tracked_gib": tracked / GiB, "reserved_gib": tracked * (1 + frag) / GiB, "total_gib": b.total / GiB,
+           "phase": mem.phase, "reserved_full_logits_gib": None}
+    if r.stack == "torchtitan":
+        full_logits = logits_bytes(m, setup, lay, "eager") - logits_bytes(m, setup, lay, "torchtitan")
+        at_loss = tracked + full_logits if mem.phase == "backward-start" else max(tracked, b.logits + full_logits)
+        out["reserved_full_logits_gib"] = at_loss * (1 + frag) / GiB
+    return out
+
+
+# why each row's gap exceeds 10% (or is within it), by row name; measured / modelled / assumed named
+EXPLAIN = {
+    "8B, FSDP 8, selective": (
+        "The published run computed the loss over the full fp32 logits (2 x 8192 x 128,256: 7.8 GiB, "
+        "their gradient as much again); with that loss the planner is within 10%. The rest is the "
+        "caching allocator's reserve over allocated tensors (FSDP2's all-gather and reduce-scatter "
+        "streams keep freed blocks for their own stream), which the 10% allowance models."),
+    "8B, FSDP 8, selective, compile": (
+        "torch.compile saves 5.4 GiB of reserved memory on the page; the planner's compiled block "
+        "keeps the same tensors under SelectiveAC (assumed, not measured: the policy's save list), so "
+        "it predicts no saving: the fused kernels free temporaries (the recomputed element-wise ops' "
+        "intermediates, the compiled loss's upcast) that the planner's tracked peak does not hold."),
+    "8B, FSDP 128, selective": (
+        "As the 8-GPU row, with model states 16x smaller; the full-logit loss again explains most of "
+        "the gap."),
+    "8B, FSDP 128, selective, compile": "As the 8-GPU compiled row.",
+    "70B, FSDP 32 x TP 8, full, compile, float8": (
+        "Not explained: -26% remains with the full-logit loss (vocab-parallel under tp, loss_parallel: "
+        "logits / 8). Candidates, none modelled or measured here: float8's fp8 copies of each linear "
+        "input that the recomputed blocks keep for backward, compile's buffers, and the allocator's "
+        "reserve for micro-batch 16's large (0.5-3.6 GiB) block tensors, which the 10% allowance does "
+        "not cover; a GPU run (plan measure --real) is the way to split it."),
+    "8B, FSDP 32, selective, compile, float8": (
+        "Within 5% with the planner's 0.3.0 profile, +40% with the full-logit loss: by mid-2025 "
+        "torchtitan compiled the loss under training.compile (components/loss.py, "
+        "build_cross_entropy_loss; assumed to hold at e7c0cae), which fuses the fp32 upcast away, so the "
+        "eager full-logit figure overstates it; how close the chunked-loss profile comes is partly "
+        "coincidence (the compiled loss is not modelled). Float8 all-gather (fp8 weights gathered) is "
+        "not modelled either: the planner's fp8 under --stack torchtitan changes no term here."),
+    "8B, FSDP 64, selective, compile, float8": "As the 32-GPU row.",
+    "BERT-large, one V100, fp32, Trainer": (
+        "Within 10% once the CUDA context the same page measured (1,343 MiB, a 1x1 tensor's load) is taken "
+        "off nvidia-smi's figure. The planner counts an LM head's logits (0.71 GiB) where the page trains a "
+        "2-class classifier (an overcount), and the allocator's reserve after training also holds the "
+        "gradients' blocks (1.25 GiB), allocated in backward beside cached activation blocks of other "
+        "sizes, which the planner's peak moment does not add."),
+}
+
+
+def pct(pred: float, pub: float) -> str:
+    return f"{100 * (pred - pub) / pub:+.1f}%"
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    head = [
+        "# Published real-GPU peak memory beside the planner",
+        "",
+        "Generated by `python bench/published_memory.py` (docs/published-memory.json holds the numbers; "
+        "tests/test_published_memory.py checks that the predictions are current). Each published figure is "
+        "a stack's own page for a real run; each prediction is `plan --stack STACK` for the page's settings "
+        "(what the page does not give is in *assumed*). Measured: the published figures and the CUDA "
+        "context a page measured; modelled: the planner's tensors; assumed: its fragmentation allowance "
+        "and its fixed overheads.",
+        "",
+        "**What is compared.** torchtitan logs the caching allocator's reserved peak "
+        "(`reserved_bytes.all.peak`, torchtitan/components/metrics.py): allocated tensors plus the blocks "
+        "the allocator keeps cached or fragmented; not the CUDA context nor NCCL's buffers, which are "
+        "allocated outside it. The planner's comparable figure, *reserved*, is its tracked tensors "
+        "(modelled; the 0.3.0 profile is measured against torchtitan's own step under fake tensors, "
+        "docs/accuracy-torchtitan.md) plus its 10% fragmentation allowance (assumed, "
+        "training.setup.Overheads). *with full-logit loss* adds the loss the published versions ran "
+        "(`cross_entropy(pred.flatten(0, 1).float(), labels)` over the whole micro-batch, before 0.3.0's "
+        "chunked loss; modelled with memory.loss's eager loss). *planned total* adds the CUDA context, "
+        "workspaces and NCCL (assumed, 1.5 GiB; 1.0 GiB on one GPU) to the reserved figure. The Hugging "
+        "Face row's figure is nvidia-smi's used memory, which also holds the CUDA context; the page measured "
+        "it (1,343 MiB), and the error is against the figure less that.",
+        "",
+        "| run | published (GiB) | planner reserved | error | with full-logit loss | error | planned total |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    body = []
+    for r in results:
+        p = r["predicted"]
+        pub = r["published_gib"] - r["context_gib"]
+        shown = f"{r['published_gib']:.1f}" + (f" - {r['context_gib']:.2f} context" if r["context_gib"] else "")
+        full = p["reserved_full_logits_gib"]
+        full_cells = f"{full:.1f} | {pct(full, pub)}" if full is not None else "- | -"
+        body.append(f"| {r['name']} ({r['stack']}) | {shown} | {p['reserved_gib']:.1f} | "
+                    f"{pct(p['reserved_gib'], pub)} | {full_cells} | {p['total_gib']:.1f} |")
+    notes = ["", "## Sources, settings and gaps", ""]
+    for r in results:
+        how = ("no `--stack`: eager kernels, the Hugging Face profile" if r["stack"] == "hf"
+               else f"`--stack {r['stack']}`")
+        notes += [f"- **{r['name']}** ({how}): "
+                  f"{r['source']}. Settings: {r['model']}, dp {r['dp']}, "
+                  f"tp {r['tp']}, sequence {r['seq_len']}, {r['precision'] if not r['float8'] else 'fp8'}, "
+                  f"{r['attention']} attention, "
+                  f"micro-batch {r['micro_batch']}, recompute {r['recompute']}"
+                  f"{', compile' if r['compile'] else ''}{', float8' if r['float8'] else ''}. "
+                  f"Assumed: {r['assumed']}. Gap: {EXPLAIN[r['name']]}"]
+    notes += ["", "Not in the table: NeMo's performance summary (Megatron-Core underneath; "
+              "https://docs.nvidia.com/nemo-framework/user-guide/latest/performance/performance_summary.html, "
+              "containers 25.02-25.07, read 2026-12-02) and Megatron-LM's README publish tokens/s and TFLOP/s, "
+              "not memory; DeepSpeed's ZeRO figures (Rajbhandari et al. 2020, Fig. 1; the ZeRO tutorial) are "
+              "modelled model-state bytes, which docs/deepspeed-comparison.md matches to the byte; PEFT's "
+              "README memory table of 2023 (full fine-tuning against LoRA on an A100 80GB) is for T0-3B, mt0-xxl and "
+              "bloomz-7b1, encoder-decoder or BLOOM models without presets here."]
+    return "\n".join(head + body + notes) + "\n"
+
+
+def results() -> list[dict[str, Any]]:
+    return [{**{k: getattr(r, k) for k in Row.__dataclass_fields__}, "predicted": predict(r)} for r in ROWS]
+
+
+def main() -> int:
+    res = results()
+    OUT.write_text(table(res))
+    OUT.with_suffix(".json").write_text(json.dumps(res, indent=1) + "\n")
+    print(table(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
