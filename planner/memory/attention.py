@@ -1,6 +1,7 @@
 """Attention's saved tensors where the architecture differs from the generic multi-head /
 grouped-query block of memory.activations (per shape, gathered in memory.shapes): DeepSeek's
-multi-head latent attention (MLA).
+multi-head latent attention (MLA), and the RMSNorms on queries and keys (QK norm) of Qwen3,
+OLMo 2 and Gemma 3.
 
 MLA (DeepSeek-V2/V3, arXiv:2412.19437, Sec. 2.1.1; transformers' DeepseekV3Attention): the
 query goes through a q_lora_rank bottleneck (q_a_proj, q_a_layernorm, q_b_proj), keys and
@@ -35,6 +36,8 @@ generic count, n_heads x head_dim, gives 1,536) and V 8 x 64 wide.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from planner.layouts.layout import Layout
 from planner.memory.activations import norm_saved_bytes
 from planner.models.spec import ModelSpec
@@ -53,3 +56,49 @@ def mla_saved_delta_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kerne
     latents = (m.q_lora_rank + m.kv_lora_rank) * latent_b
     narrower_v = 2 * m.n_heads * (m.value_head_dim - m.head_dim) * a     # V and the attention output
     return int(tokens * (latents / sp_div + narrower_v / lay.tp))
+
+
+# QK norm (transformers 5.24.0). Qwen3 (models/qwen3/modeling_qwen3.py, Qwen3Attention:
+# q_norm / k_norm = Qwen3RMSNorm(head_dim) on q_proj / k_proj's output viewed per head) and
+# OLMo 2 (models/olmo2/modeling_olmo2.py, Olmo2Attention: Olmo2RMSNorm over the whole
+# num_heads x head_dim and num_kv_heads x head_dim widths) run Llama's RMSNorm:
+# ``x32 = x.to(float32)``, ``x32 * rsqrt(mean(x32^2) + eps)``, ``weight * normed.to(x.dtype)``.
+# Autograd keeps the fp32 copy (for pow and mul), the fp32 rstd per normalised row, and the
+# normalised tensor in the input's dtype (for the weight's gradient): 4 + a bytes per
+# element of q and k. The projection outputs are in the compute dtype a (under autocast and
+# FSDP2's bf16 parameters alike), not the fp32 residual stream. Gemma 3
+# (models/gemma3/modeling_gemma3.py, Gemma3RMSNorm: ``normed = _norm(x.float());
+# (normed * (1 + weight.float())).type_as(x)``) keeps the fp32 copy and the fp32 normalised
+# tensor: 8 bytes per element. A fused norm kernel keeps its input only (a bytes).
+# The rotary embedding that follows keeps only its cos/sin tables; attention keeps the
+# normalised, rotated q and k (memory.activations' Q, K, V).
+ONE_PLUS_WEIGHT_NORM_TYPES = ("gemma3_text", "gemma3")
+
+
+def qk_norm_saved_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) -> int:
+    """Bytes one block's QK norms keep for backward, per micro-batch on one rank (see the
+    comment above); 0 without QK norm, for frozen blocks and under full recomputation. q and
+    k come out of column-parallel projections, so tensor parallelism splits them."""
+    if not m.qk_norm or lay.recompute == "full" or setup.finetune.freezes_base:
+        return 0
+    a = setup.precision_spec.activation_bytes
+    tokens = lay.micro_batch * (lay.seq_len // lay.cp)
+    if kernels == "fused":
+        per_element = a
+    else:
+        per_element = 8 if m.model_type in ONE_PLUS_WEIGHT_NORM_TYPES else 4 + a
+    rows = (m.n_heads + m.n_kv_heads) if m.qk_norm == "head" else 2     # fp32 rstd per row
+    return int(tokens * ((m.q_dim + m.kv_dim) * per_element + 4 * rows) / lay.tp)
+
+
+def attention_saved_delta_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) -> int:
+    """Everything this module adds to memory.activations' generic block: MLA's latents and
+    narrower values, and the QK norms' saved tensors (bytes per block, per micro-batch, on
+    one rank). memory.shapes can call it where it calls mla_saved_delta_bytes, for every
+    model with ``m.is_mla or m.qk_norm``."""
+    return mla_saved_delta_bytes(m, setup, lay, kernels) + qk_norm_saved_bytes(m, setup, lay, kernels)
+
+
+def attention_saved_delta_full_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) -> int:
+    """attention_saved_delta_bytes without recomputation (what a recomputed block rebuilds)."""
+    return attention_saved_delta_bytes(m, setup, replace(lay, recompute="none"), kernels)
