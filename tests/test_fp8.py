@@ -158,7 +158,10 @@ def test_cli_fp8_user_errors(args, needle):
     assert out.exit_code == 2 and needle in out.output and "Traceback" not in out.output
 
 
-def test_out_refuses_fp8_configs(tmp_path):
+def test_out_refuses_fp8_configs_where_the_stack_has_no_setting(tmp_path):
+    """--out writes FP8 for torchtitan and Megatron-LM (tests/test_emit_torchtitan.py,
+    tests/test_emit_megatron.py); the FSDP plan's default stack, accelerate, is refused."""
     out = run("--model", "llama3.1-8b", "--gpus", "h100", "--precision", "fp8", "--n-gpus", "8", "--fsdp", "full",
               "--out", str(tmp_path / "cfg"))
-    assert out.exit_code == 2 and "does not write FP8 configs" in out.output
+    assert out.exit_code == 2 and "--out writes FP8 settings for torchtitan" in out.output
+    assert not (tmp_path / "cfg").exists()

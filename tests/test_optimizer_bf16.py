@@ -49,5 +49,9 @@ def test_cli_bf16_states_and_out_refusal(tmp_path):
     args = ["--model", "llama3.1-8b", "--gpus", "h100", "--n-gpus", "8", "--optimizer", "adamw-bf16-states"]
     r = CliRunner().invoke(cli, args, prog_name="plan")
     assert r.exit_code == 0, r.output
+    # the FSDP plan's default stack (accelerate) has no 16-bit moments; torchtitan has (issue 17)
     r = CliRunner().invoke(cli, [*args, "--fsdp", "full", "--out", str(tmp_path / "o")], prog_name="plan")
-    assert r.exit_code == 2 and "16-bit optimizer states" in r.output
+    assert r.exit_code == 2 and "accelerate's torch AdamW keeps its moments" in r.output
+    r = CliRunner().invoke(cli, [*args, "--fsdp", "full", "--stack", "torchtitan", "--out", str(tmp_path / "t")],
+                           prog_name="plan")
+    assert r.exit_code == 0 and "fused_opt_states_bf16" in (tmp_path / "t" / "torchtitan_job.py").read_text()
