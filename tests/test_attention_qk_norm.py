@@ -76,3 +76,40 @@ def test_qk_norm_term_is_zero_where_it_should_be():
     assert qk_norm_saved_bytes(m, setup, Layout(micro_batch=MB, seq_len=SEQ, tp=2), "eager") * 2 == \
         qk_norm_saved_bytes(m, setup, lay, "eager")
     assert attention_saved_delta_bytes(m, setup, lay, "eager") == qk_norm_saved_bytes(m, setup, lay, "eager")
+
+
+def test_gpt_oss_eager_sink_scores_against_autograd():
+    """gpt-oss's eager attention keeps one 16-bit softmax over s + 1 columns (the sink) and the
+    row maximum's int64 indices (transformers 5.24.0): the saved tensors of a tiny block whose
+    last dimension is s or s + 1, against planner.memory.attention.sink_eager_scores_bytes."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import json
+
+    from planner.memory.attention import sink_eager_delta_bytes, sink_eager_scores_bytes
+
+    path = CONFIGS / "tiny-gpt-oss.json"
+    cfg = json.loads(path.read_text())
+    config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    config.use_cache = False
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager",
+                                                          dtype=torch.bfloat16).train()
+    attn = model.model.layers[0].self_attn
+    inside = [False]
+    attn.register_forward_pre_hook(lambda *_: inside.__setitem__(0, True))
+    attn.register_forward_hook(lambda *_: inside.__setitem__(0, False))
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        if inside[0] and t.dim() == 4 and t.shape[-1] in (SEQ, SEQ + 1, 1) and t.shape[-2] == SEQ:
+            seen.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids=torch.randint(0, config.vocab_size, (MB, SEQ)))
+    m = load_model(str(path))
+    setup = TrainingSetup(seq_len=SEQ, global_batch=MB, precision="bf16", attention="eager")
+    lay = Layout(micro_batch=MB, seq_len=SEQ)
+    assert sink_eager_scores_bytes(m, setup, lay) == sum(seen.values())
+    assert sink_eager_delta_bytes(m, setup, lay, "eager") < 0       # less than an fp32 softmax and its copy
+    assert sink_eager_scores_bytes(load_model("llama3.1-8b"), setup, lay) == 0

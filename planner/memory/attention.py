@@ -1,7 +1,7 @@
 """Attention's saved tensors where the architecture differs from the generic multi-head /
 grouped-query block of memory.activations (per shape, gathered in memory.shapes): DeepSeek's
-multi-head latent attention (MLA), and the RMSNorms on queries and keys (QK norm) of Qwen3,
-OLMo 2 and Gemma 3.
+multi-head latent attention (MLA), the RMSNorms on queries and keys (QK norm) of Qwen3,
+OLMo 2 and Gemma 3, and gpt-oss's eager attention with sinks.
 
 MLA (DeepSeek-V2/V3, arXiv:2412.19437, Sec. 2.1.1; transformers' DeepseekV3Attention): the
 query goes through a q_lora_rank bottleneck (q_a_proj, q_a_layernorm, q_b_proj), keys and
@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from planner.layouts.layout import Layout
-from planner.memory.activations import norm_saved_bytes
+from planner.memory.activations import layer_activation_terms, norm_saved_bytes
 from planner.models.spec import ModelSpec
 from planner.training.setup import TrainingSetup
 
@@ -102,3 +102,35 @@ def attention_saved_delta_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout,
 def attention_saved_delta_full_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) -> int:
     """attention_saved_delta_bytes without recomputation (what a recomputed block rebuilds)."""
     return attention_saved_delta_bytes(m, setup, replace(lay, recompute="none"), kernels)
+
+
+# gpt-oss's eager attention (transformers 5.24.0 models/gpt_oss/modeling_gpt_oss.py,
+# eager_attention_forward; the only attention transformers runs it with): the scores get one
+# sink logit per head as an extra column (``torch.cat([attn_weights, sinks], dim=-1)``), the
+# row maximum is subtracted (``max(dim=-1)`` keeps its int64 indices), and the softmax runs in
+# the scores' own dtype (``F.softmax(..., dtype=combined_logits.dtype)``), not in fp32 as
+# Llama's eager attention does. Autograd keeps the softmax output, s + 1 columns in the compute
+# dtype, of which the scores are a view, and the indices; nothing in fp32.
+SOFTMAX_TERM = "softmax output (b x heads x s x s)"
+
+
+def sink_eager_scores_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> int:
+    """What gpt-oss's eager attention keeps of its scores, per block, micro-batch and rank:
+    n_heads x s x ((s + 1) x a + 8) per sequence (see the comment above); 0 without sinks,
+    with flash attention or under full recomputation."""
+    if not m.attention_sinks or setup.attention != "eager" or lay.recompute == "full":
+        return 0
+    a = setup.precision_spec.activation_bytes
+    s = lay.seq_len // lay.cp
+    return int(lay.micro_batch * m.n_heads * s * ((s + 1) * a + 8) / lay.tp)
+
+
+def sink_eager_delta_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) -> int:
+    """sink_eager_scores_bytes less what memory.activations counts for the softmax (its
+    generic eager term: an fp32 softmax and its 16-bit cast); negative for gpt-oss in 16 bits.
+    memory.shapes can add it per shape like mla_saved_delta_bytes."""
+    ours = sink_eager_scores_bytes(m, setup, lay)
+    if not ours:
+        return 0
+    generic = sum(t.bytes for t in layer_activation_terms(m, setup, lay, kernels) if t.name == SOFTMAX_TERM)
+    return ours - generic
