@@ -58,22 +58,81 @@ GRID = [
     ("mixtral-8x7b", 64, 3, "bf16-mixed", 4096, 1, "full"),
     ("mixtral-8x7b", 64, 2, "bf16-mixed", 1024, 2, "none"),
     ("mixtral-8x7b", 8, 2, "bf16-mixed", 1024, 1, "full"),
+    # the 2025-2026 families (issue 17): tiny configs of each (bench/configs/tiny-*.json, the
+    # preset's architecture at hidden 256 and 2-4 blocks) and real sizes: whole presets where a
+    # step fits the time (the 8B-class models), else the first blocks of the real width
+    # (bench/configs/*-2l.json: the preset with num_hidden_layers 2, predicted as the same
+    # 2-block model, so nothing is scaled). MoE rows run FSDP2: transformers' grouped expert
+    # matmul (torch._grouped_mm) takes bf16 only, which a replicated autocast rank does not give it.
+    ("bench/configs/tiny-qwen3.json", 1, 0, "bf16-mixed", 512, 2, "none"),
+    ("bench/configs/tiny-qwen3.json", 8, 3, "bf16-mixed", 512, 2, "full"),
+    ("bench/configs/tiny-qwen3-moe.json", 8, 3, "bf16-mixed", 512, 2, "none"),
+    ("bench/configs/tiny-deepseek-v3.json", 8, 3, "bf16-mixed", 512, 2, "none"),
+    ("bench/configs/tiny-llama4-text.json", 8, 3, "bf16-mixed", 512, 2, "none"),
+    ("bench/configs/tiny-gemma3-text.json", 8, 3, "bf16-mixed", 512, 2, "none"),
+    ("bench/configs/tiny-gpt-oss.json", 8, 3, "bf16-mixed", 512, 2, "none"),
+    ("bench/configs/tiny-phi3.json", 1, 0, "bf16-mixed", 512, 2, "none"),
+    ("bench/configs/tiny-olmo2.json", 8, 3, "bf16-mixed", 512, 2, "none"),
+    ("qwen3-8b", 8, 3, "bf16-mixed", 2048, 1, "full"),
+    ("gemma3-1b", 8, 3, "bf16-mixed", 2048, 1, "none"),
+    ("olmo2-7b", 8, 3, "bf16-mixed", 2048, 1, "full"),
+    ("phi-4", 8, 3, "bf16-mixed", 2048, 1, "full"),
+    ("gpt-oss-20b", 8, 3, "bf16-mixed", 1024, 1, "full"),
+    ("bench/configs/deepseek-v3-2l.json", 8, 3, "bf16-mixed", 1024, 1, "none"),
+    ("bench/configs/llama4-scout-2l.json", 8, 3, "bf16-mixed", 1024, 1, "none"),
+    ("bench/configs/qwen3-235b-a22b-2l.json", 8, 3, "bf16-mixed", 1024, 1, "none"),
+]
+
+# transformers 5.x runs gpt-oss with its eager attention only (GptOssForCausalLM refuses
+# scaled_dot_product_attention: its sinks join the softmax), so its rows plan eager attention too
+EAGER_TYPES = ("gpt_oss",)
+
+
+# What is known about the rows outside +-10% (issue 17's families), from each block's
+# autograd-saved tensors (torch.autograd.graph.saved_tensors_hooks, unique storages, parameters
+# excluded) of the tiny models against a Llama block of the same shape. Not fitted per row.
+KNOWN_MISSES = [
+    "**Rows outside +-10%** (the 2025-2026 families; tiny-* rows are the architecture at hidden 256,",
+    "2-4 blocks and a 1,000-token vocabulary, where per-token terms weigh most; they stay out of",
+    "planner/report/memory_intervals.json, which sizes the bands of real plans):",
+    "",
+    "- tiny-qwen3, tiny-olmo2, tiny-gemma3-text: the QK norms. A Qwen3 block keeps 2.38 MB more than",
+    "  the same Llama block at 2 x 512 tokens, what planner.memory.attention.qk_norm_saved_bytes gives",
+    "  (tests/test_attention_qk_norm.py, within 1%); memory.shapes does not add that term yet, so these",
+    "  predictions leave it out. OLMo 2's norms after attention and MLP keep about 768 B per token and",
+    "  block more than pre-norms (measured, not modelled) and Gemma 3's RMSNorm keeps its normalised",
+    "  tensor in fp32 ((1 + weight) in fp32, transformers 5.24.0 models/gemma3/modeling_gemma3.py) in",
+    "  four norms per block (not modelled).",
+    "- tiny-llama4-text: transformers 5.24.0's Llama4TextMoe runs every token through every expert",
+    "  (`routed_in = hidden_states.repeat(router_scores.shape[1], 1)`, models/llama4/modeling_llama4.py),",
+    "  so its MoE blocks keep num_experts / top_k times the routed tensors a grouped-GEMM MoE keeps",
+    "  (39.6 KB against 16.6 KB per token in the tiny model's MoE and dense blocks). The planner sizes",
+    "  the dispatched tokens of torchtitan's and Megatron's MoE; the row measures Hugging Face's.",
+    "- tiny-qwen3-moe, tiny-deepseek-v3: in pure bf16 a tiny Qwen3-MoE block keeps 12.6 MB at 2 x 512",
+    "  tokens against 8.96 MB predicted: 2.38 MB are its QK norms (above), about 1.3 MB more are in",
+    "  transformers' expert MLP (the fused gate_up output kept beside its halves; not modelled).",
+    "  DeepSeek-V3's attention (value heads narrower than query heads) used to fall back to the CPU's",
+    "  math kernel with fp32 s x s scores, which no GPU keeps (-41% on the tiny row); the measurement",
+    "  now pads V as transformers' flash-attention path does (planner.measure.trackers).",
+    "- tiny-gpt-oss, qwen3-235b-a22b-2l: not diagnosed yet.",
 ]
 
 
 def case_inputs(case: tuple) -> tuple[ModelSpec, TrainingSetup, Layout]:
     name, dp, zero, precision, seq, mb, rc = case
-    setup = TrainingSetup(seq_len=seq, global_batch=mb * dp, precision=precision)
+    m = load_model(str(ROOT / name) if name.startswith("bench/") else name)
+    setup = TrainingSetup(seq_len=seq, global_batch=mb * dp, precision=precision,
+                          attention="eager" if m.model_type in EAGER_TYPES else "flash")
     lay = Layout(dp=dp, zero_stage=zero, sharding="zero", micro_batch=mb, grad_accum=1, seq_len=seq,
                  recompute=rc)
-    return load_model(name), setup, lay
+    return m, setup, lay
 
 
 def run_one(case: tuple) -> dict:
     name, dp, zero, precision, seq, mb, rc = case
     m, setup, lay = case_inputs(case)
     t0 = time.perf_counter()
-    cmp = accuracy.compare(m, load_hf_config(name), setup, lay)
+    cmp = accuracy.compare(m, load_hf_config(str(ROOT / name) if name.startswith("bench/") else name), setup, lay)
     return {
         "model": name, "dp": dp, "zero": zero, "precision": precision, "seq_len": seq,
         "micro_batch": mb, "recompute": rc, "wall_s": round(time.perf_counter() - t0, 1),
@@ -92,6 +151,11 @@ def repredict(r: dict) -> dict:
         rows[c] = {"predicted": predicted[c], "measured": meas,
                    "error": None if meas == 0 else (predicted[c] - meas) / meas}
     return r | {"predicted_phase": phase, "rows": rows}
+
+
+def label(name: str) -> str:
+    """A row's model: the preset's name, or a bench config's file name without .json."""
+    return Path(name).stem if name.startswith("bench/") else name
 
 
 def gib(n: int) -> str:
@@ -147,11 +211,11 @@ def table(results: list[dict]) -> str:
         cells = [f"{gib(rows[c]['predicted'])} / {gib(rows[c]['measured'])}"
                  for c in ("weights", "gradients", "optimizer", "activations", "buffers")]
         lines.append(
-            f"| {r['model']} | {r['dp']} | {r['zero']} | {r['precision']} | {r['seq_len']} | "
+            f"| {label(r['model'])} | {r['dp']} | {r['zero']} | {r['precision']} | {r['seq_len']} | "
             f"{r['micro_batch']} | {r['recompute']} | " + " | ".join(cells) +
             f" | {gib(rows['total']['predicted'])} | {gib(rows['total']['measured'])} | "
             f"{pct(rows['total']['error'])} |")
-    lines += [
+    lines += [""] + KNOWN_MISSES + [
         "",
         "Regenerate: `pip install -c constraints.txt -e '.[test]' && python bench/accuracy.py`; after a",
         "change to the formulas only, `python bench/accuracy.py --repredict` keeps these measurements.",

@@ -45,3 +45,20 @@ def test_unmeasurable_layouts_say_why(kw, needle):
     m = load_model("llama3.1-8b")
     with pytest.raises(UserError, match=needle):
         accuracy.measurable(m, TrainingSetup(), Layout(**kw))
+
+
+FAMILY_CONFIGS = __import__("pathlib").Path(__file__).resolve().parent.parent / "bench" / "configs"
+
+
+@pytest.mark.parametrize("name, dp, zero", [
+    ("tiny-phi3", 1, 0),
+    pytest.param("tiny-qwen3", 1, 0, marks=pytest.mark.xfail(
+        strict=True, reason="QK norm: memory.attention.qk_norm_saved_bytes is not added by memory.shapes yet")),
+])
+def test_new_family_tiny_rows_within_ten_percent(name, dp, zero):
+    """docs/accuracy.md's tiny rows of the 2025-2026 families (bench/accuracy.py), in process."""
+    path = str(FAMILY_CONFIGS / f"{name}.json")
+    setup = TrainingSetup(seq_len=512, global_batch=2 * dp, precision="bf16-mixed")
+    lay = Layout(dp=dp, zero_stage=zero, micro_batch=2, grad_accum=1, seq_len=512, recompute="none")
+    cmp = accuracy.compare(load_model(path), load_hf_config(path), setup, lay, in_process=True)
+    assert abs(cmp.total_error) <= 0.10, [(r.category, r.predicted_bytes, r.measured_bytes) for r in cmp.rows]

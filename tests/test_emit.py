@@ -532,3 +532,19 @@ def test_hf_config_written_for_deepspeed_and_accelerate_builds_the_planners_mode
         model = auto.from_config(cfg)
     n = sum(p.numel() for p in model.parameters())
     assert n == count_params(m).total
+
+
+def test_deepspeed_bf16_moments_only_with_bf16_master_weights():
+    """--optimizer adamw-bf16-states on DeepSpeed: with --precision bf16 under ZeRO the config
+    sets bf16.bf16_optimizer_states and DeepSpeedConfig (0.19.8) accepts it; with fp32 master
+    weights (bf16-mixed) DeepSpeed has no such option and --out says so."""
+    pytest.importorskip("deepspeed")
+    from planner.emit.deepspeed import validate_deepspeed_config
+
+    r = evaluate(SMALL, zero_layout(8, 2, 1), precision="bf16", optimizer="adamw-bf16-states")
+    check_options(r, EmitOptions())
+    parsed = validate_deepspeed_config(to_deepspeed_config(r), data_parallel=8)
+    assert parsed.bfloat16_config.bf16_optimizer_states and parsed.bfloat16_config.bf16_master_weights_and_grads
+    mixed = evaluate(SMALL, zero_layout(8, 2, 1), optimizer="adamw-bf16-states")
+    with pytest.raises(UserError, match="DeepSpeed keeps bf16 moments only with bf16 master weights"):
+        check_options(mixed, EmitOptions(stack="deepspeed"))

@@ -248,3 +248,82 @@ def test_megatron_refuses_what_its_arguments_cannot_express():
     if rb.best is not None and rb.best.fits:
         with pytest.raises(UserError, match="cannot express"):
             to_megatron_args(rb)
+
+
+FP8_PLANS = [
+    # (recipe, optimizer, layout)
+    ("delayed", "adamw-bf16-states", dict(dp=2, tp=4, pp=2, zero_stage=1, sp=True, micro_batch=1, grad_accum=16,
+                                          recompute="full")),
+    ("tensorwise", "adamw", dict(dp=2, tp=4, pp=2, zero_stage=1, sp=True, micro_batch=1, grad_accum=16,
+                                 recompute="full")),
+    ("blockwise", "adamw-bf16-states", dict(dp=2, tp=4, pp=2, zero_stage=1, sp=True, micro_batch=1,
+                                            grad_accum=16, recompute="full")),
+]
+
+
+def _fp8_plan(recipe: str, optimizer: str, kw: dict):
+    m = load_model("llama3.1-8b")
+    lay = Layout(seq_len=2048, **kw)
+    setup = TrainingSetup(seq_len=2048, global_batch=lay.global_batch, precision="fp8", fp8_recipe=recipe,
+                          optimizer=optimizer)
+    r = api.evaluate_layout(m, get_gpu("h100"), setup, lay)
+    assert r.best is not None and r.best.fits
+    return r
+
+
+@pytest.mark.parametrize("recipe, optimizer, kw", FP8_PLANS)
+def test_fp8_and_bf16_moments_reach_megatron_cores_config_classes(recipe, optimizer, kw, monkeypatch):
+    """FP8 flags go into megatron-core 0.16.1's TransformerConfig (fp8, fp8_recipe, amax
+    history) and the precision-aware optimizer's dtypes into its OptimizerConfig, whose
+    __post_init__ checks them (adam, distributed optimizer) and then wants Transformer
+    Engine's FusedAdam with master_weight_dtype / exp_avg_dtype / exp_avg_sq_dtype: a stub
+    module with that signature stands in for TE, which has no CPU build."""
+    pytest.importorskip("megatron.core")
+    import dataclasses
+    import sys
+    import types
+
+    import torch
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.optimizer import OptimizerConfig
+
+    r = _fp8_plan(recipe, optimizer, kw)
+    argv = to_megatron_args(r)
+    assert megatron_args_errors(argv, _env(r)) == []
+    a = parse_args(argv)
+    assert a.fp8_format == "hybrid" and a.fp8_recipe == recipe and a.bf16
+    cfg = transformer_config(a)
+    cfg = dataclasses.replace(cfg, fp8=a.fp8_format, fp8_recipe=a.fp8_recipe,
+                              fp8_amax_history_len=a.fp8_amax_history_len or 1,
+                              fp8_amax_compute_algo=a.fp8_amax_compute_algo or "most_recent")
+    assert cfg.fp8 == "hybrid" and cfg.fp8_recipe == recipe
+    if optimizer == "adamw-bf16-states":
+        assert a.use_precision_aware_optimizer and a.exp_avg_dtype == a.exp_avg_sq_dtype == "bf16"
+
+        class FusedAdam:
+            def __init__(self, params, master_weight_dtype=None, exp_avg_dtype=None, exp_avg_sq_dtype=None,
+                         use_decoupled_grad=False):
+                pass
+
+        te = types.ModuleType("transformer_engine.pytorch.optimizers")
+        te.FusedAdam = FusedAdam
+        for name in ("transformer_engine", "transformer_engine.pytorch"):
+            monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+        monkeypatch.setitem(sys.modules, "transformer_engine.pytorch.optimizers", te)
+        from megatron.core.optimizer import optimizer_config
+        monkeypatch.setattr(optimizer_config, "is_te_min_version", lambda version: True)
+        dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+        OptimizerConfig(optimizer=a.optimizer, lr=a.lr, bf16=a.bf16,
+                        use_distributed_optimizer=a.use_distributed_optimizer,
+                        use_precision_aware_optimizer=a.use_precision_aware_optimizer,
+                        exp_avg_dtype=dtypes[a.exp_avg_dtype], exp_avg_sq_dtype=dtypes[a.exp_avg_sq_dtype])
+
+
+def test_megatron_refuses_rowwise_fp8_and_bf16_moments_without_distributed_optimizer():
+    r = _fp8_plan("rowwise", "adamw", FP8_PLANS[0][2])
+    with pytest.raises(UserError, match="megatron runs tensorwise, delayed, blockwise"):
+        to_megatron_args(r)
+    kw = dict(FP8_PLANS[0][2], zero_stage=0)
+    with pytest.raises(UserError, match="distributed optimizer"):
+        to_megatron_args(_fp8_plan("delayed", "adamw-bf16-states", kw))

@@ -132,3 +132,50 @@ def test_plain_plan_does_not_import_torchtitan(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("model", ["llama3.1-8b", "examples/07-own-config/my-3b/config.json"])
+def test_fp8_and_bf16_moments_reach_torchtitans_own_config_classes(model, tmp_path, monkeypatch):
+    """--precision fp8 (rowwise) --optimizer adamw-bf16-states: torchtitan's ConfigManager loads
+    the job; the model carries torchtitan's Float8LinearConverter with a recipe name its Config
+    accepts (typing.Literal of torchtitan 0.3.0) and the LM head filtered out, and the optimizer
+    container's implementation is one of torchtitan's. The converter needs torchao and an SM89+
+    GPU to build, so here it records what it is given instead of swapping the linears."""
+    import typing
+
+    from torchtitan.components.optimizer import OptimizersContainer
+    from torchtitan.components.quantization import float8
+
+    seen = []
+
+    def fake_init(self, config):
+        seen.append(config)
+
+    monkeypatch.setattr(float8.Float8LinearConverter, "__init__", fake_init)
+    monkeypatch.setattr(float8.Float8LinearConverter, "convert", lambda self, model_config: model_config)
+    out = tmp_path / "job"
+    res = CliRunner().invoke(cli, ["--model", model, "--gpus", "h100", "--n-gpus", "8", "--dp", "8", "--tp", "1",
+                                   "--pp", "1", "--fsdp", "full", "--seq-len", "2048", "--micro-batch", "1",
+                                   "--global-batch", "8", "--precision", "fp8", "--optimizer", "adamw-bf16-states",
+                                   "--stack", "torchtitan", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    config = _load(out)
+    assert len(seen) == 1 and isinstance(seen[0], float8.Float8LinearConverter.Config)
+    hints = typing.get_type_hints(float8.Float8LinearConverter.Config)
+    assert seen[0].recipe_name == "rowwise" and "rowwise" in typing.get_args(hints["recipe_name"])
+    assert seen[0].filter_fqns == ["lm_head"]
+    impl = typing.get_type_hints(OptimizersContainer.Config)["implementation"]
+    assert config.optimizer.implementation == "fused_opt_states_bf16" in typing.get_args(impl)
+    assert config.training.mixed_precision_param == "bfloat16"
+    assert _n_params(config) == count_params(load_model(model)).total
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--precision", "fp8", "--fp8-recipe", "tensorwise"], "rowwise"),
+    (["--precision", "fp8", "--fp8-recipe", "delayed"], "rowwise"),
+])
+def test_torchtitan_refuses_fp8_recipes_it_cannot_name(extra, needle, tmp_path):
+    res = CliRunner().invoke(cli, ["--model", "llama3.1-8b", "--gpus", "h100", "--n-gpus", "8", *extra,
+                                   "--stack", "torchtitan", "--out", str(tmp_path / "x")])
+    assert res.exit_code == 2 and needle in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "x").exists()

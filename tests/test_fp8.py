@@ -158,7 +158,11 @@ def test_cli_fp8_user_errors(args, needle):
     assert out.exit_code == 2 and needle in out.output and "Traceback" not in out.output
 
 
-def test_out_refuses_fp8_configs(tmp_path):
+def test_out_refuses_fp8_configs_where_the_stack_has_no_setting(tmp_path):
+    """--out writes FP8 for torchtitan and Megatron-LM (tests/test_emit_torchtitan.py,
+    tests/test_emit_megatron.py) with the recipes each runs; this plan's default stack is
+    Megatron-LM (cp 2, fused kernels), which has no rowwise recipe: refused, the way out named."""
     out = run("--model", "llama3.1-8b", "--gpus", "h100", "--precision", "fp8", "--n-gpus", "8", "--fsdp", "full",
               "--out", str(tmp_path / "cfg"))
-    assert out.exit_code == 2 and "does not write FP8 configs" in out.output
+    assert out.exit_code == 2 and "megatron runs tensorwise" in out.output and "--stack" in out.output
+    assert not (tmp_path / "cfg").exists()

@@ -7,6 +7,7 @@ parameter count at each storage format; the GPU counts against the arithmetic.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -87,3 +88,60 @@ def test_cli_task_load_json():
 def test_cli_task_load_rejects_training_options():
     res = CliRunner().invoke(cli, ["--task", "load", "--model", "llama3.1-8b", "--gpus", "h100", "--zero", "3"])
     assert res.exit_code == 2 and "training option" in res.output
+
+
+FAMILY_CONFIGS = Path(__file__).resolve().parent.parent / "bench" / "configs"
+
+
+def _transformers_cache_bytes(path: Path, batch: int, context: int) -> int:
+    torch = pytest.importorskip("torch")
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = json.loads(path.read_text())
+    config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="eager").eval()
+    with torch.no_grad():
+        out = model(input_ids=torch.randint(0, config.vocab_size, (batch, context)), use_cache=True)
+    return sum(t.numel() * t.element_size() for layer in out.past_key_values.layers for t in (layer.keys, layer.values))
+
+
+@pytest.mark.parametrize("name", ["tiny-deepseek-v3", "tiny-gemma3-text", "tiny-gpt-oss", "tiny-llama4-text"])
+@pytest.mark.parametrize("context", [100, 300])
+def test_mla_and_local_attention_caches_equal_transformers(name, context):
+    """MLA's latent cache and sliding/chunked layers' bounded caches (windows of 128 tokens in the
+    tiny configs) against transformers 5.24.0's DynamicCache, summed over its tensors. Past the
+    window transformers keeps window - 1 tokens per local layer (DynamicSlidingWindowLayer); the
+    planner sizes the whole window, one token more per local layer."""
+    path = FAMILY_CONFIGS / f"{name}.json"
+    m = load_model(str(path))
+    batch = 2
+    stored = _transformers_cache_bytes(path, batch, context)
+    one_token_per_local_layer = 0
+    if m.local_attention and context > m.attention_window:
+        one_token_per_local_layer = m.n_local_layers * 2 * m.n_kv_heads * m.head_dim * batch * 2
+    assert kv_cache_bytes(m, batch, context) == stored + one_token_per_local_layer
+
+
+def test_deepseek_v3_cache_layouts_against_the_paper():
+    """DeepSeek-V3 (61 layers, kv_lora_rank 512, rope 64; 128 heads of 192 / 128): the latent
+    cache is (d_c + d_h^R) = 576 elements per token and layer (DeepSeek-V2 paper, Table 1),
+    whole on every tensor-parallel rank; the per-head layout 128 x (192 + 128) = 40,960,
+    split by tp."""
+    m = load_model("deepseek-v3")
+    latent = kv_cache_bytes(m, 1, 4096)
+    assert latent == 61 * 576 * 4096 * 2
+    assert kv_cache_bytes(m, 1, 4096, tp=8) == latent
+    per_head = kv_cache_bytes(m, 1, 4096, mla_cache="per-head")
+    assert per_head == 61 * 128 * (192 + 128) * 4096 * 2
+    assert kv_cache_bytes(m, 1, 4096, tp=8, mla_cache="per-head") * 8 == per_head
+
+
+def test_gemma3_27b_local_layers_hold_the_window_only():
+    """Gemma 3 27B: 62 layers, 5 of every 6 sliding over 1024 tokens (layer_types), 16 KV heads
+    of 128: at 128k context the 52 local layers hold 1024 tokens each."""
+    m = load_model("gemma3-27b")
+    n_global = m.n_layers - m.n_local_layers
+    per_token_layer = 2 * m.n_kv_heads * m.head_dim * 2
+    expected = per_token_layer * (n_global * 131072 + m.n_local_layers * m.attention_window)
+    assert (m.n_layers, m.n_local_layers, m.attention_window) == (62, 52, 1024)
+    assert kv_cache_bytes(m, 1, 131072) == expected

@@ -202,3 +202,21 @@ def test_llama3_8b_fsdp_full_bf16_mixed_matches_facts():
     # FACTS.md: 29.3 GiB, measured with the bf16 logits (2048 x 128256 x 2 B = 0.49 GiB) still
     # referenced during backward; measure() drops them before backward, as training loops do.
     assert r.peak_bytes / GiB == pytest.approx(29.3 - 0.49, abs=0.15)
+
+
+def test_mla_attention_keeps_no_scores_under_fake_tensors():
+    """DeepSeek-V3's value heads are narrower than its query heads; the CPU's flash kernel wants
+    one head size and PyTorch would fall back to the math kernel's fp32 s x s scores, which no
+    GPU keeps. The measurement pads V as transformers' flash-attention path does
+    (planner.measure.trackers), so the activations grow linearly with the sequence."""
+    import pathlib
+
+    cfg = json.loads((pathlib.Path(__file__).resolve().parent.parent / "bench" / "configs"
+                      / "tiny-deepseek-v3.json").read_text())
+
+    def acts(seq: int) -> int:
+        r = measure(MeasureSetup(hf_config=cfg, seq_len=seq, micro_batch=2, precision="bf16", n_steps=1))
+        return r.max_activations_bytes
+
+    short, long = acts(256), acts(1024)
+    assert long / short < 4.2     # linear in s (4x) up to the fixed parts; the math kernel's scores: > 6x

@@ -49,5 +49,11 @@ def test_cli_bf16_states_and_out_refusal(tmp_path):
     args = ["--model", "llama3.1-8b", "--gpus", "h100", "--n-gpus", "8", "--optimizer", "adamw-bf16-states"]
     r = CliRunner().invoke(cli, args, prog_name="plan")
     assert r.exit_code == 0, r.output
+    # this FSDP plan's default stack (Megatron-LM: its layout has cp or tp, fused kernels) keeps
+    # 16-bit moments only under its distributed optimizer; torchtitan has them under FSDP (issue 17)
     r = CliRunner().invoke(cli, [*args, "--fsdp", "full", "--out", str(tmp_path / "o")], prog_name="plan")
-    assert r.exit_code == 2 and "16-bit optimizer states" in r.output
+    assert r.exit_code == 2 and "needs its distributed optimizer" in r.output and "--zero 1" in r.output
+    assert not (tmp_path / "o").exists()
+    r = CliRunner().invoke(cli, [*args, "--fsdp", "full", "--stack", "torchtitan", "--out", str(tmp_path / "t")],
+                           prog_name="plan")
+    assert r.exit_code == 0 and "fused_opt_states_bf16" in (tmp_path / "t" / "torchtitan_job.py").read_text()

@@ -28,8 +28,12 @@ from planner.errors import UserError
               help="With --real: write the calibration file `plan calibrate` writes, fitted on the measured "
                    "step (use it with --calibration FILE).")
 @click.option("--force", is_flag=True, help="With --calibration-out, overwrite an existing file.")
+@click.option("--blocks", type=int, default=None, metavar="N",
+              help="Measure and predict the model's first N blocks at its real width (large models: "
+                   "a block keeps the same tensors at any depth); the report names the cut model.")
 @quiet_option
-def measure_cmd(real: bool, stack: str, calibration_out: Path | None = None, **kw: Any) -> None:
+def measure_cmd(real: bool, stack: str, calibration_out: Path | None = None, blocks: int | None = None,
+                **kw: Any) -> None:
     """Run real training steps of the model under PyTorch's memory trackers and print the
     planner's prediction beside the measurement, per category.
 
@@ -43,11 +47,13 @@ def measure_cmd(real: bool, stack: str, calibration_out: Path | None = None, **k
     \b
       plan measure --model llama3.1-8b --gpus h100 --dp 8 --zero 3 --seq-len 2048 --micro-batch 1
       plan measure --stack torchtitan --model llama3.1-8b --gpus h100 --dp 2 --tp 2 --seq-len 2048 --recompute selective
+      plan measure --model qwen3-30b-a3b --gpus h100 --dp 8 --zero 3 --seq-len 1024 --blocks 2
     """
-    run_safely(lambda: measure(Options.from_click(kw), real, stack, calibration_out))
+    run_safely(lambda: measure(Options.from_click(kw), real, stack, calibration_out, blocks))
 
 
-def measure(o: Options, real: bool, stack: str = "hf", calibration_out: Path | None = None) -> None:
+def measure(o: Options, real: bool, stack: str = "hf", calibration_out: Path | None = None,
+            blocks: int | None = None) -> None:
     from planner.api import fixed_layout
     from planner.layouts.layout import reject_reason
     from planner.measure import accuracy
@@ -76,7 +82,19 @@ def measure(o: Options, real: bool, stack: str = "hf", calibration_out: Path | N
                 micro_batch=o.micro_batch or 1,
                 recompute=o.recompute or "none", gpu_name=o.gpu_name or "h100")
     m, gpu, setup, space, n_gpus = build_request(o)
-    assert o.micro_batch is not None and o.dp is not None and o.ep is not None
+    assert o.model_name is not None and o.micro_batch is not None and o.dp is not None and o.ep is not None
+    hf_config = load_hf_config(o.model_name)
+    if blocks is not None:
+        from planner.measure.blocks import depth, first_blocks_config
+        from planner.models.families import spec_from_hf_config
+
+        if stack != "hf":
+            raise UserError("--blocks cuts Hugging Face models; torchtitan measurements scale from 2 and 4 "
+                            "blocks by themselves (drop --blocks)")
+        total = depth(hf_config)
+        hf_config = first_blocks_config(hf_config, blocks)
+        m = spec_from_hf_config(hf_config, f"{m.name} (first {blocks} of {total} blocks)", o.model_name,
+                                m.source)
     setup = replace(setup, global_batch=o.micro_batch * o.dp * o.ep)
     lay = fixed_layout(space, setup, n_gpus)
     assert lay is not None
@@ -84,14 +102,13 @@ def measure(o: Options, real: bool, stack: str = "hf", calibration_out: Path | N
     if reason:
         raise UserError(f"layout {lay.describe()} cannot run: {reason}")
     how = "on this machine's GPUs" if real else "under fake tensors"
-    assert o.model_name is not None
     label = f" ({stack})" if stack != "hf" else ""
     with progress(o.aside, f"measuring a training step of {m.name}{label} {how}"):
         if stack == "torchtitan":
             from planner.measure import torchtitan
-            cmp = torchtitan.compare(m, load_hf_config(o.model_name), setup, lay, fake=not real)
+            cmp = torchtitan.compare(m, hf_config, setup, lay, fake=not real)
         else:
-            cmp = accuracy.compare(m, load_hf_config(o.model_name), setup, lay, fake=not real)
+            cmp = accuracy.compare(m, hf_config, setup, lay, fake=not real)
     if calibration_out is not None:
         write_measured_calibration(m, cmp.setup, cmp.layout, cluster_for(gpu, o.topology), cmp.measured,
                                    f"plan measure --real ({stack})", stack, calibration_out, o.aside)

@@ -147,21 +147,58 @@ def check_options(r: PlanResult, opts: EmitOptions) -> None:
         raise UserError(f"Megatron-LM has no {opt} optimizer; use --optimizer adamw or sgd, "
                         f"or plan without tp/pp/cp")
     if opt == "adamw-bf16-states":
-        raise UserError("--out does not write 16-bit optimizer states yet (torchtitan's "
-                        "implementation = \"fused_opt_states_bf16\", Megatron-LM's --exp-avg-dtype bf16): plan "
-                        "without --out, or write --optimizer adamw configs")
+        check_bf16_states(eng, r.setup.precision, lay)
     if r.setup.precision == "fp8":
-        raise UserError("--out does not write FP8 configs yet (torchtitan's float8 converter, Megatron-LM's "
-                        "--fp8-format): plan with --precision fp8 without --out, or write bf16-mixed configs")
+        fp8 = r.setup.precision_spec.fp8
+        check_fp8(eng, fp8.name if fp8 is not None else "")
     if eng == "megatron" and r.setup.precision == "bf16":
         raise UserError("Megatron-LM keeps fp32 main weights under --bf16; plan with --precision bf16-mixed")
-    if eng == "torchtitan" and r.setup.precision not in ("bf16-mixed", "fp32"):
+    if eng == "torchtitan" and r.setup.precision not in ("bf16-mixed", "fp32", "fp8"):
         raise UserError(f"torchtitan trains with fp32 parameters and bf16 (or fp32) compute; "
                         f"--precision {r.setup.precision} is not one of its choices: use bf16-mixed or fp32")
     if eng not in ("hf", "torchtitan") and r.setup.precision == "bf16" and lay.zero_stage == 0:
         raise UserError("DeepSpeed keeps an fp32 master copy under bf16 unless ZeRO shards it "
                         "(bf16_master_weights_and_grads needs ZeRO-1 or higher); add --zero 1 "
                         "or use --precision bf16-mixed")
+
+
+# FP8 recipes each stack's own configuration can name (planner.training.fp8 holds the recipes):
+# torchtitan 0.3.0 components/quantization/float8.py, Float8LinearConverter.Config.recipe_name:
+# Literal["rowwise", "rowwise_with_gw_hp"] (no tensorwise scaling, no FSDP float8 all-gather option);
+# megatron-core 0.16.1 TransformerConfig.fp8_recipe: Literal['tensorwise', 'delayed', 'mxfp8',
+# 'blockwise', 'custom'] (Transformer Engine's recipes: no rowwise scaling).
+FP8_RECIPES_BY_STACK = {"torchtitan": ("rowwise",), "megatron": ("tensorwise", "delayed", "blockwise")}
+
+
+def check_fp8(eng: str, recipe_name: str) -> None:
+    """Refuse an FP8 recipe the plan's stack cannot be told to run, one line with the way out."""
+    if eng in ("deepspeed", "hf"):
+        raise UserError(f"--out writes FP8 settings for torchtitan (float8 converter) and Megatron-LM (--fp8-format) "
+                        f"only: {'DeepSpeed' if eng == 'deepspeed' else 'accelerate'} runs FP8 through Transformer "
+                        f"Engine modules in the model code, which these files cannot set; add --stack torchtitan "
+                        f"or --stack megatron")
+    allowed = FP8_RECIPES_BY_STACK[eng]
+    if recipe_name not in allowed:
+        where = ("torchtitan 0.3.0 Float8LinearConverter recipe_name" if eng == "torchtitan"
+                 else "megatron-core 0.16.1 --fp8-recipe")
+        raise UserError(f"--fp8-recipe {recipe_name}: {eng} runs {', '.join(allowed)} ({where}); "
+                        f"plan with --fp8-recipe {allowed[0]} or another --stack")
+
+
+def check_bf16_states(eng: str, precision: str, lay: Layout) -> None:
+    """Refuse 16-bit Adam moments where the stack has no such setting (see each line)."""
+    if eng == "hf":
+        raise UserError("--optimizer adamw-bf16-states: accelerate's torch AdamW keeps its moments in the "
+                        "parameters' dtype (fp32 here); add --stack torchtitan or --stack megatron")
+    if eng == "deepspeed" and (precision != "bf16" or lay.zero_stage == 0):
+        raise UserError("--optimizer adamw-bf16-states: DeepSpeed keeps bf16 moments only with bf16 master weights "
+                        "under ZeRO-1..3 (bf16.bf16_optimizer_states needs bf16_master_weights_and_grads, "
+                        "deepspeed runtime/config.py); plan with --precision bf16 --zero 1 or higher, "
+                        "or another --stack")
+    if eng == "megatron" and lay.zero_stage == 0:
+        raise UserError("--optimizer adamw-bf16-states: Megatron-LM's precision-aware optimizer "
+                        "(--exp-avg-dtype bf16) needs its distributed optimizer (megatron-core 0.16.1 "
+                        "OptimizerConfig: 'only supported with distributed optimizer'); plan with --zero 1")
 
 
 def plan_files(r: PlanResult, opts: EmitOptions = EmitOptions(),

@@ -64,7 +64,12 @@ def _precision(r: PlanResult) -> dict[str, Any]:
     if p == "bf16":
         # pure bf16: no fp32 master copy; DeepSpeed keeps master weights and gradients in
         # bf16 under ZeRO (bf16_master_weights_and_grads), optimizer states stay fp32
-        return {"bf16": {"enabled": True, "bf16_master_weights_and_grads": True}}
+        bf16: dict[str, Any] = {"enabled": True, "bf16_master_weights_and_grads": True}
+        if r.setup.optimizer == "adamw-bf16-states":
+            # 16-bit Adam moments: deepspeed 0.19.8 runtime/precision_config.py bf16_optimizer_states
+            # ("only valid when bf16_master_weights_and_grads is enabled"; ZeRO-1..3, runtime/config.py)
+            bf16["bf16_optimizer_states"] = True
+        return {"bf16": bf16}
     if p == "fp16-mixed":
         return {"fp16": {"enabled": True, **FP16_LOSS_SCALING}}
     return {}   # fp32: neither bf16 nor fp16

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from planner.api import PlanResult
     from planner.layouts.layout import Layout
     from planner.models.spec import ModelSpec
+    from planner.training.setup import TrainingSetup
 
 POSITION = {"rope": "rope", "learned": "learned_absolute", "alibi": "none"}
 # ZeRO stage -> Megatron's data-parallel sharding: the distributed optimizer shards
@@ -234,7 +235,7 @@ def to_megatron_args(r: PlanResult, opts: EmitOptions = EmitOptions()) -> list[s
     args += ["--micro-batch-size", str(lay.micro_batch), "--global-batch-size", str(lay.global_batch)]
     args += _sharding_args(lay, r.model, s.precision)
     args += _recompute_args(lay.recompute, s.recompute_method, s.recompute_num_layers)
-    if s.precision == "bf16-mixed":
+    if s.precision in ("bf16-mixed", "fp8"):    # FP8 runs the rest of the model in bf16
         args += ["--bf16"]
     elif s.precision == "fp16-mixed":
         args += ["--fp16"]
@@ -248,4 +249,30 @@ def to_megatron_args(r: PlanResult, opts: EmitOptions = EmitOptions()) -> list[s
     if opts.offload_optimizer == "cpu":
         # validate_args: the CPU offload runs through the precision-aware optimizer path
         args += ["--optimizer-cpu-offload", "--use-precision-aware-optimizer"]
+    if s.optimizer == "adamw-bf16-states":
+        if "--use-distributed-optimizer" not in args:
+            raise UserError("--optimizer adamw-bf16-states: Megatron-LM's precision-aware optimizer needs its "
+                            "distributed optimizer, which this layout's sharding does not use; plan with --zero 1")
+        if "--use-precision-aware-optimizer" not in args:
+            args += ["--use-precision-aware-optimizer"]
+        args += ["--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16"]
+    args += fp8_args(s)
+    return args
+
+
+def fp8_args(s: TrainingSetup) -> list[str]:
+    """Megatron-LM's FP8 flags for the plan's recipe (planner.training.fp8): Transformer Engine
+    with ``--fp8-format hybrid`` (e4m3 forward, e5m2 gradients: the format the planner's
+    recipes assume) and ``--fp8-recipe``; delayed scaling also takes the amax history the
+    recipe keeps (``--fp8-amax-history-len``; ``--fp8-amax-compute-algo most_recent`` is the
+    default with a history of 1, ``max`` over a longer one, as TE's DelayedScaling does).
+    Names and choices: megatron-core 0.16.1 TransformerConfig fields fp8 (argparse name
+    --fp8-format), fp8_recipe, fp8_amax_history_len, fp8_amax_compute_algo. Empty without FP8."""
+    r = s.precision_spec.fp8
+    if r is None:
+        return []
+    args = ["--fp8-format", "hybrid", "--fp8-recipe", r.name]
+    if r.name == "delayed":
+        algo = "most_recent" if r.amax_history_len <= 1 else "max"
+        args += ["--fp8-amax-history-len", str(max(r.amax_history_len, 1)), "--fp8-amax-compute-algo", algo]
     return args

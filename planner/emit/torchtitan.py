@@ -14,6 +14,14 @@ loss, data loader, checkpoints) and sets what the plan decides:
 - training (TrainingConfig): local_batch_size (the micro-batch x the micro-batches a
   pipeline splits it into), global_batch_size, seq_len, steps, enable_cpu_offload;
 - activation_checkpoint: SelectiveAC.Config() / FullAC.Config() / None;
+- FP8 (``--precision fp8``, recipe rowwise): torchtitan's Float8LinearConverter
+  (torchtitan/components/quantization/float8.py, ``Config(recipe_name="rowwise",
+  filter_fqns=[...])``) among the model's converters, with the output head filtered out
+  as torchtitan's own llama3_405b recipe does (``filter_fqns=["lm_head"]``); it needs
+  torchao and an SM89+ GPU at run time;
+- 16-bit Adam moments (``--optimizer adamw-bf16-states``): the optimizer container's
+  ``implementation="fused_opt_states_bf16"`` (torchtitan/components/optimizer/optimizer.py:
+  fp32 parameters, bf16 exp_avg and exp_avg_sq through the fused CUDA kernel);
 - the model: torchtitan's flavor (model_registry("8B"), "70B", "405B") when the model is
   one of them, else a Llama3Model.Config built from the planner's numbers with torchtitan's
   public builders (make_gqa_config, make_ffn_config, ComplexRoPE, RMSNorm), the way
@@ -107,11 +115,22 @@ def training(r: PlanResult, opts: EmitOptions) -> dict[str, object]:
         "enable_cpu_offload": opts.offload_params == "cpu",
         # Trainer.Config._validate_cuda_graphs: "CUDA graphs do not support pipeline parallelism yet"
         "disable_cuda_graphs": lay.pp > 1,
-        "mixed_precision_param": "bfloat16" if r.setup.precision == "bf16-mixed" else "float32",
+        "mixed_precision_param": "bfloat16" if r.setup.precision in ("bf16-mixed", "fp8") else "float32",
     }
 
 
-def _custom_model(m: ModelSpec) -> list[str]:
+FP8_HEAD_FILTER = ["lm_head"]      # torchtitan 0.3.0 models/llama3/config_registry.py, llama3_405b
+
+
+def fp8_converter(r: PlanResult) -> str | None:
+    """The Float8LinearConverter.Config expression for a plan in FP8, or None."""
+    fp8 = r.setup.precision_spec.fp8
+    if fp8 is None:
+        return None
+    return f"Float8LinearConverter.Config(recipe_name={fp8.name!r}, filter_fqns={FP8_HEAD_FILTER!r})"
+
+
+def _custom_model(m: ModelSpec, converter: str | None = None) -> list[str]:
     arch = architecture(m)
     sc = arch.rope_scaling
     if sc is not None and sc.rope_type == "llama3":
@@ -153,6 +172,8 @@ def _custom_model(m: ModelSpec) -> list[str]:
         "        norm=RMSNorm.Config(normalized_shape=dim, eps=eps, param_init=norm_init),",
         "        lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=linear),",
         "        layers=layers)",
+        *([f"    model = {converter}.build().convert(model)   # as model_registry(..., converters=[...]) does"]
+          if converter else []),
         f'    return replace(model_registry("8B"), flavor={m.name!r}, model=model)',
     ]
 
@@ -162,6 +183,7 @@ def to_torchtitan_job(r: PlanResult, opts: EmitOptions = EmitOptions()) -> str:
     cand = chosen(r)
     lay, m = cand.layout, r.model
     fl = flavor(m)
+    converter = fp8_converter(r)
     ac = {"full": "FullAC.Config()", "selective": "SelectiveAC.Config()", "none": "None"}[lay.recompute]
     head = [
         f'"""torchtitan 0.3.0 job written by planner: {m.name} on {lay.n_gpus} x {r.gpu.name}.',
@@ -181,6 +203,8 @@ def to_torchtitan_job(r: PlanResult, opts: EmitOptions = EmitOptions()) -> str:
         "from torchtitan.models.llama3.config_registry import llama3_8b",
         "from torchtitan.trainer import Trainer",
     ]
+    if converter:
+        head += ["from torchtitan.components.quantization import Float8LinearConverter"]
     if fl is None:
         head += [
             "from functools import partial",
@@ -191,8 +215,15 @@ def to_torchtitan_job(r: PlanResult, opts: EmitOptions = EmitOptions()) -> str:
             "from torchtitan.models.llama3.model import Llama3Model, Llama3TransformerBlock",
             "from torchtitan.protocols.model_spec import ModelSpec",
         ]
-        head += _custom_model(m)
-    model_line = f'model_registry("{fl}")' if fl else "planner_model()"
+        head += _custom_model(m, converter)
+    if fl:
+        model_line = f'model_registry("{fl}", converters=[{converter}])' if converter else f'model_registry("{fl}")'
+    else:
+        model_line = "planner_model()"
+    opt_line = (f"default_adamw(lr={opts.lr!r}, betas={tuple(opts.betas)!r}, eps={opts.eps!r}, "
+                f"weight_decay={opts.weight_decay!r})")
+    if r.setup.optimizer == "adamw-bf16-states":
+        opt_line = f'replace({opt_line}, implementation="fused_opt_states_bf16")'
     par = ", ".join(f"{k}={v!r}" for k, v in parallelism(r).items())
     tr = ", ".join(f"{k}={v!r}" for k, v in training(r, opts).items())
     body = [
@@ -206,8 +237,7 @@ def to_torchtitan_job(r: PlanResult, opts: EmitOptions = EmitOptions()) -> str:
         f"    config.parallelism = replace(config.parallelism, {par})",
         f"    config.training = replace(config.training, {tr})",
         f"    config.activation_checkpoint = {ac}",
-        f"    config.optimizer = default_adamw(lr={opts.lr!r}, betas={tuple(opts.betas)!r}, eps={opts.eps!r}, "
-        f"weight_decay={opts.weight_decay!r})",
+        f"    config.optimizer = {opt_line}",
         "    return config",
         "",
         "",

@@ -375,7 +375,19 @@ def _gpu_dropout_kernels(device: Any, *, fake: bool) -> Iterator[None]:
       16 bytes of RNG state. A real CPU run cannot do this (that kernel refuses dropout),
       so it keeps the math kernel.
 
-    Nothing changes on a GPU, nor for models without dropout.
+    - ``F.scaled_dot_product_attention`` with a value head narrower than the query/key head
+      (multi-head latent attention: DeepSeek-V3's v_head_dim 128 against qk 192): the CPU's
+      flash kernel wants one head size, so PyTorch falls back to the math kernel and keeps fp32
+      copies of Q, K, V, the b x heads x s x s scores and probabilities (seen under fake tensors
+      on the tiny DeepSeek-V3 config: 8 MiB of fp32 scores per block at 2 x 512 tokens). Under
+      fake tensors V is padded to the query's head size, the flash op runs and its output is
+      cut back to V's width, which is what transformers does for flash attention on a GPU
+      (transformers 5.24.0 integrations/flash_attention.py: "pad value to the query head dim
+      (e.g. MLA, where v_head_dim < qk_head_dim) and crop the output"). The padded V (n_heads x (qk - v) more 16-bit
+      elements per token than the planner's flash figure) is kept; a GPU's memory-efficient
+      kernel, which takes the narrow V as it is, would not keep it.
+
+    Nothing changes on a GPU, nor for models without dropout or MLA.
     """
     if device.type != "cpu":
         yield
@@ -394,11 +406,16 @@ def _gpu_dropout_kernels(device: Any, *, fake: bool) -> Iterator[None]:
 
     def sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
              is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False) -> Any:
-        if not fake or dropout_p == 0.0 or enable_gqa or query.shape[1] != key.shape[1]:
+        narrow_v = value.shape[-1] < query.shape[-1]
+        if not fake or (dropout_p == 0.0 and not narrow_v) or enable_gqa or query.shape[1] != key.shape[1]:
             return cpu_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                             is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        v_width = value.shape[-1]
+        if narrow_v:    # MLA: pad V to the q/k head size, as transformers does for flash attention
+            value = F.pad(value, [0, query.shape[-1] - v_width])
+        out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
+        return out[..., :v_width] if narrow_v else out
 
     # module attributes, not a TorchFunctionMode: checkpoint's recompute in backward runs
     # outside a mode entered in forward and would rebuild different tensors

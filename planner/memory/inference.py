@@ -14,6 +14,28 @@ key and a value per token and KV head,
 (grouped-query attention shrinks kv_heads; tests/test_inference.py checks the formula
 against the cache transformers builds). Encoders (BERT) keep no cache.
 
+Architectures of 2024-2026 store less (``kv_cache_bytes``; each checked in tests/test_inference.py
+against the cache transformers 5.24.0 builds for a tiny model of the family):
+
+- Multi-head latent attention (DeepSeek-V2, arXiv:2405.04434, Sec. 2.1.2-2.1.3 and Table 1:
+  (d_c + d_h^R) x layers elements per token instead of 2 n_h d_h x layers). ``mla_cache="latent"``
+  stores the compressed latent (kv_lora_rank) and the shared rotary key (qk_rope_head_dim) per
+  token and layer, as vLLM's and SGLang's MLA backends do with the up-projections absorbed, and
+  as transformers 5.24.0's DeepseekV3Attention does (``cache.update(kv_nope, k_rot, ...)`` on
+  the single-head latents, models/deepseek_v3/modeling_deepseek_v3.py). The latent is shared
+  by all heads, so tensor parallelism does not split it (each rank keeps all of it).
+  ``mla_cache="per-head"`` stores per-head K (qk_nope + qk_rope wide) and V (v_head_dim wide),
+  as a framework that does not absorb the projections does (transformers 4.x's
+  DeepseekV3Attention updated the cache with the expanded key and value states); heads split
+  over tp.
+- Sliding-window and chunked attention (Gemma 3, gpt-oss: sliding; Llama 4: chunked): a local
+  layer needs at most ``attention_window`` past tokens (the window, or the current chunk), so
+  its cache holds min(context, window) tokens; the other layers hold the whole context.
+  transformers' DynamicCache builds a DynamicSlidingWindowLayer for each sliding or chunked
+  layer type (cache_utils.py), which keeps the last window - 1 tokens after a prefill longer than
+  the window (the newest token is attended with them); serving engines keep whole blocks of the
+  window, so the planner sizes the window itself.
+
 Across GPUs the model is split like a tensor- and pipeline-parallel training layout
 (planner.memory.model.rank_params): tensor parallelism splits the matrices and the KV heads (a rank
 holds at least one KV head, so K and V are replicated when tp exceeds kv_heads), pipeline
@@ -40,7 +62,8 @@ class LoadSetup:
     """How the model is held: the 16/32-bit format (``weight_bytes``: 2 for bf16/fp16, 4
     for fp32), weight-only quantization of the blocks' linear layers (``quant``), the
     sequences held at once (``batch``) and their length (``context``, prompt plus
-    generated tokens), the KV cache's bytes per element."""
+    generated tokens), the KV cache's bytes per element, and for MLA models which layout the
+    cache has (``mla_cache``, see the module docstring)."""
 
     weight_bytes: int = 2
     quant: str = "none"
@@ -48,6 +71,7 @@ class LoadSetup:
     batch: int = 1
     context: int = 4096
     kv_bytes: int = 2
+    mla_cache: str = "latent"       # MLA models: "latent" (absorbed, vLLM/SGLang) or "per-head" K and V
     overheads: Overheads = field(default_factory=Overheads)
     usable_memory_fraction: float = 1.0
 
@@ -93,15 +117,44 @@ class LoadPlan:
         return self.memory.total <= self.capacity_bytes
 
 
+MLA_CACHES = ("latent", "per-head")
+
+
+def kv_elements_per_token(m: ModelSpec, tp: int = 1, mla_cache: str = "latent") -> int:
+    """Cached elements per token and block on one tensor-parallel rank (module docstring):
+    2 x ceil(kv_heads / tp) x head_dim; MLA's latent plus rotary key (kv_lora_rank +
+    qk_rope_head_dim, whole on every rank), or its per-head K and V."""
+    if m.is_mla:
+        if mla_cache not in MLA_CACHES:
+            raise ValueError(f"unknown MLA cache layout {mla_cache!r}; choose one of {', '.join(MLA_CACHES)}")
+        if mla_cache == "latent":
+            return m.kv_lora_rank + m.qk_rope_head_dim
+        return ceil_div(m.n_heads, tp) * (m.head_dim + m.value_head_dim)
+    return 2 * ceil_div(m.n_kv_heads, tp) * m.head_dim
+
+
+def cached_token_layers(m: ModelSpec, context: int, n_layers: int | None = None) -> int:
+    """Sum over ``n_layers`` blocks (default all) of the tokens each caches for one sequence of
+    ``context`` tokens: local (sliding or chunked) blocks at most ``attention_window``, the rest
+    ``context``. A pipeline stage holding part of the blocks is given its share of the global
+    blocks, rounded up (the most loaded stage)."""
+    layers = m.n_layers if n_layers is None else n_layers
+    if not m.local_attention or not m.attention_window or not m.n_local_layers:
+        return layers * context
+    n_global = m.n_layers - m.n_local_layers
+    global_here = min(layers, ceil_div(layers * n_global, m.n_layers))
+    return global_here * context + (layers - global_here) * min(context, m.attention_window)
+
+
 def kv_cache_bytes(m: ModelSpec, batch: int, context: int, kv_bytes: int = 2, tp: int = 1,
-                   n_layers: int | None = None) -> int:
+                   n_layers: int | None = None, mla_cache: str = "latent") -> int:
     """Keys and values of ``n_layers`` (default all) blocks for ``batch`` sequences of
-    ``context`` tokens on one tensor-parallel rank: 2 x layers x ceil(kv_heads / tp) x
-    head_dim x context x batch x kv_bytes. 0 for encoders."""
+    ``context`` tokens on one tensor-parallel rank: kv_elements_per_token x the tokens each
+    block caches (cached_token_layers) x batch x kv_bytes; for a classic block 2 x layers x
+    ceil(kv_heads / tp) x head_dim x context x batch x kv_bytes. 0 for encoders."""
     if not m.causal:
         return 0
-    layers = m.n_layers if n_layers is None else n_layers
-    return 2 * layers * ceil_div(m.n_kv_heads, tp) * m.head_dim * context * batch * kv_bytes
+    return kv_elements_per_token(m, tp, mla_cache) * cached_token_layers(m, context, n_layers) * batch * kv_bytes
 
 
 def weight_bytes_on_rank(m: ModelSpec, pc: ParamCount, setup: LoadSetup, tp: int, pp: int, stage: int) -> int:
@@ -144,7 +197,7 @@ def load_memory(m: ModelSpec, setup: LoadSetup, tp: int = 1, pp: int = 1,
     best: LoadMemory | None = None
     for stage in range(pp):
         weights = weight_bytes_on_rank(m, pc, setup, tp, pp, stage)
-        kv = kv_cache_bytes(m, setup.batch, setup.context, setup.kv_bytes, tp, counts[stage])
+        kv = kv_cache_bytes(m, setup.batch, setup.context, setup.kv_bytes, tp, counts[stage], setup.mla_cache)
         acts = prefill_activation_bytes(m, setup, tp, stage == pp - 1)
         tracked = weights + kv + acts
         o = setup.overheads

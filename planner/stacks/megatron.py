@@ -74,6 +74,16 @@ ARGUMENTS: dict[str, object] = {
     "--expert-model-parallel-size": int, "--num-experts": int, "--moe-router-topk": int,
     "--moe-router-load-balancing-type": ["aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"],
     "--moe-aux-loss-coeff": float,
+    # FP8 and the precision-aware optimizer's state dtypes. These are not from the commit
+    # above: names and choices follow megatron-core 0.16.1's config classes, which Megatron-LM
+    # builds its parser from (TransformerConfig: fp8 with argparse name --fp8-format,
+    # Literal['e4m3', 'hybrid']; fp8_recipe Literal['tensorwise', 'delayed', 'mxfp8',
+    # 'blockwise', 'custom']; fp8_amax_history_len int; fp8_amax_compute_algo
+    # Literal['most_recent', 'max']. OptimizerConfig: exp_avg_dtype / exp_avg_sq_dtype, torch
+    # dtypes, given on Megatron-LM's command line as fp32, fp16, bf16 or fp8)
+    "--fp8-format": ["e4m3", "hybrid"], "--fp8-recipe": ["tensorwise", "delayed", "mxfp8", "blockwise", "custom"],
+    "--fp8-amax-history-len": int, "--fp8-amax-compute-algo": ["most_recent", "max"],
+    "--exp-avg-dtype": ["fp32", "fp16", "bf16", "fp8"], "--exp-avg-sq-dtype": ["fp32", "fp16", "bf16", "fp8"],
 }
 
 # Defaults of the flags the rules read, as the parser sets them (same file and commit).
