@@ -62,7 +62,8 @@ GRID = [
     # preset's architecture at hidden 256 and 2-4 blocks) and real sizes: whole presets where a
     # step fits the time (the 8B-class models), else the first blocks of the real width
     # (bench/configs/*-2l.json: the preset with num_hidden_layers 2, predicted as the same
-    # 2-block model, so nothing is scaled). MoE rows run FSDP2: transformers' grouped expert
+    # 2-block model, so nothing is scaled; deepseek-v3-2l also sets first_k_dense_replace 1, so
+    # its 2 blocks are one dense and one MoE block, and no MTP module). MoE rows run FSDP2: transformers' grouped expert
     # matmul (torch._grouped_mm) takes bf16 only, which a replicated autocast rank does not give it.
     ("bench/configs/tiny-qwen3.json", 1, 0, "bf16-mixed", 512, 2, "none"),
     ("bench/configs/tiny-qwen3.json", 8, 3, "bf16-mixed", 512, 2, "full"),
