@@ -16,8 +16,12 @@ CONFIGS = Path(__file__).resolve().parent.parent / "bench" / "configs"
 SEQ, MB = 128, 2
 
 
-def _block_saved_bytes(hf: dict, dtype_name: str) -> int:
-    """Unique storages autograd saves inside decoder block 0 (parameters excluded), one forward."""
+def _block_saved_bytes_at(hf: dict, index: int) -> int:
+    return _block_saved_bytes(hf, "bfloat16", index)
+
+
+def _block_saved_bytes(hf: dict, dtype_name: str, index: int = 0) -> int:
+    """Unique storages autograd saves inside decoder block ``index`` (parameters excluded), one forward."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
 
@@ -30,7 +34,7 @@ def _block_saved_bytes(hf: dict, dtype_name: str) -> int:
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype).train()
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     inside = [False]
-    block = model.model.layers[0]
+    block = model.model.layers[index]
     block.register_forward_pre_hook(lambda *_: inside.__setitem__(0, True))
     block.register_forward_hook(lambda *_: inside.__setitem__(0, False))
     seen: dict[int, int] = {}
@@ -113,3 +117,22 @@ def test_gpt_oss_eager_sink_scores_against_autograd():
     assert sink_eager_scores_bytes(m, setup, lay) == sum(seen.values())
     assert sink_eager_delta_bytes(m, setup, lay, "eager") < 0       # less than an fp32 softmax and its copy
     assert sink_eager_scores_bytes(load_model("llama3.1-8b"), setup, lay) == 0
+
+
+def test_llama4_l2_qk_norm_against_autograd():
+    """Llama 4's weightless L2 QK norm (rotary blocks only): a tiny Llama 4 with use_qk_norm keeps,
+    over its blocks, what the same model without it keeps plus qk_norm_saved_bytes x layers."""
+    import json
+
+    path = CONFIGS / "tiny-llama4-text.json"
+    hf = json.loads(path.read_text())
+
+    def total_saved(cfg: dict) -> int:
+        return sum(_block_saved_bytes_at(cfg, i) for i in range(cfg["num_hidden_layers"]))
+
+    measured = total_saved(hf) - total_saved({**hf, "use_qk_norm": False})
+    m = load_model(str(path))
+    assert m.qk_norm == "l2" and m.n_qk_norm_layers == 2
+    setup = TrainingSetup(seq_len=SEQ, global_batch=MB, precision="bf16")
+    predicted = qk_norm_saved_bytes(m, setup, Layout(micro_batch=MB, seq_len=SEQ), "eager") * m.n_layers
+    assert predicted == pytest.approx(measured, rel=0.01)

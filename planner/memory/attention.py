@@ -71,7 +71,10 @@ def mla_saved_delta_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kerne
 # (normed * (1 + weight.float())).type_as(x)``) keeps the fp32 copy and the fp32 normalised
 # tensor: 8 bytes per element. A fused norm kernel keeps its input only (a bytes).
 # The rotary embedding that follows keeps only its cos/sin tables; attention keeps the
-# normalised, rotated q and k (memory.activations' Q, K, V).
+# normalised, rotated q and k (memory.activations' Q, K, V). Llama 4 (models/llama4/
+# modeling_llama4.py, Llama4TextL2Norm: ``_norm(x.float()).type_as(x)``, no weight, after the
+# rotary embedding and only in the blocks that use it) keeps the fp32 copy and the rstd: 4 bytes
+# per element, in n_qk_norm_layers of the blocks (the figure is the mean block's).
 ONE_PLUS_WEIGHT_NORM_TYPES = ("gemma3_text", "gemma3")
 
 
@@ -85,10 +88,13 @@ def qk_norm_saved_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels
     tokens = lay.micro_batch * (lay.seq_len // lay.cp)
     if kernels == "fused":
         per_element = a
+    elif m.qk_norm == "l2":
+        per_element = 4
     else:
         per_element = 8 if m.model_type in ONE_PLUS_WEIGHT_NORM_TYPES else 4 + a
-    rows = (m.n_heads + m.n_kv_heads) if m.qk_norm == "head" else 2     # fp32 rstd per row
-    return int(tokens * ((m.q_dim + m.kv_dim) * per_element + 4 * rows) / lay.tp)
+    rows = 2 if m.qk_norm == "full" else m.n_heads + m.n_kv_heads     # fp32 rstd per row
+    share = (m.n_qk_norm_layers or m.n_layers) / m.n_layers
+    return int(tokens * ((m.q_dim + m.kv_dim) * per_element + 4 * rows) * share / lay.tp)
 
 
 def attention_saved_delta_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) -> int:

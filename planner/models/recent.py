@@ -121,6 +121,8 @@ def recent_spec(cfg: dict[str, Any], mt: str, common: dict[str, Any], where: str
         local = sum(rope_layers[:n_layers]) if chunk else 0
         local_kw: dict[str, Any] = {"local_attention": "chunked", "attention_window": chunk,
                                     "n_local_layers": local} if local else {}
+        if cfg.get("use_qk_norm", True):     # Llama4TextAttention: only where use_rope
+            local_kw |= {"qk_norm": "l2", "n_qk_norm_layers": sum(rope_layers[:n_layers]) or n_layers}
         if n_moe == 0:
             return ModelSpec(**base, **att, d_ff=dense_ff, **local_kw)
         return ModelSpec(**base, **att, d_ff=ff, n_experts=n_exp,

@@ -73,6 +73,8 @@ class ModelSpec:
     # ---- 2024-2026 architectures (defaults: the classic dense block)
     qk_norm: str = ""               # "": none | "head": RMSNorm over head_dim on q and k (Qwen3, Gemma 3)
     #                                 | "full": RMSNorm over the whole q and k widths (OLMo 2)
+    #                                 | "l2": weightless L2 norm over head_dim (Llama 4's rotary blocks)
+    n_qk_norm_layers: int = 0       # blocks with the QK norm; 0: every block
     q_lora_rank: int = 0            # MLA query bottleneck; 0: a full q_proj
     kv_lora_rank: int = 0           # MLA key/value latent; 0: not MLA
     qk_rope_head_dim: int = 0       # MLA decoupled rotary part of head_dim, shared by all heads
