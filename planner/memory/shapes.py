@@ -17,7 +17,7 @@ from planner.memory.activations import (
     block_activations,
     eager_score_gradient_bytes,
 )
-from planner.memory.attention import mla_saved_delta_bytes
+from planner.memory.attention import attention_saved_delta_bytes, sink_eager_delta_bytes
 from planner.memory.buffers import pipeline_buffer_bytes
 from planner.memory.fp8 import saved_input_delta_bytes
 from planner.memory.loss import logits_bytes
@@ -194,15 +194,19 @@ def activation_figures(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_
                      zero_stage=zero, sharding=SHARDINGS[sharding], pp=1 + piped, ep=ep)
         kern = KERNELS[k]
         kept, full = block_activations(m, fp32 if f32 else setup, activation_key(lay, lora), kern)
-        if m.is_mla:    # multi-head latent attention's latents and narrower values (memory.attention)
-            s_mla = fp32 if f32 else setup
-            kept += mla_saved_delta_bytes(m, s_mla, lay, kern)
-            full += mla_saved_delta_bytes(m, s_mla, replace(lay, recompute="none"), kern)
+        s_ = fp32 if f32 else setup
+        unrecomputed = replace(lay, recompute="none")
+        if m.is_mla or m.qk_norm:   # MLA's latents and narrower values, QK norms' saved tensors (memory.attention)
+            kept += attention_saved_delta_bytes(m, s_, lay, kern)
+            full += attention_saved_delta_bytes(m, s_, unrecomputed, kern)
+        if m.attention_sinks:       # gpt-oss's eager sink softmax in place of the generic fp32 one
+            if lay.recompute == "none":
+                kept += sink_eager_delta_bytes(m, s_, lay, kern)
+            full += sink_eager_delta_bytes(m, s_, unrecomputed, kern)
         if fp8:     # the FP8 recipe's saved linear inputs (memory.fp8)
             kept += saved_input_delta_bytes(m, setup, lay)
             full += saved_input_delta_bytes(m, setup, replace(lay, recompute="none"))
         if imbalanced:  # the most loaded expert-parallel rank's extra routed tokens (memory.moe)
-            s_ = fp32 if f32 else setup
             kept += imbalance_extra_bytes(m, s_, lay, kern)
             full += imbalance_extra_bytes(m, s_, replace(lay, recompute="none"), kern)
         return (kept, full, eager_score_gradient_bytes(m, setup, lay, kern), logits_bytes(m, setup, lay, kern),
