@@ -37,21 +37,26 @@ against the cache transformers 5.24.0 builds for a tiny model of the family):
   window, so the planner sizes the window itself.
 
 Across GPUs the model is split like a tensor- and pipeline-parallel training layout
-(planner.memory.model.rank_params): tensor parallelism splits the matrices and the KV heads (a rank
+(the training model's per-stage parameters, planner.memory.shapes.stage_figures, over a batch
+of splits: load_memory_batch): tensor parallelism splits the matrices and the KV heads (a rank
 holds at least one KV head, so K and V are replicated when tp exceeds kv_heads), pipeline
 parallelism splits the layers. The most loaded rank decides.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from planner.hardware.gpus import GpuSpec
-from planner.layouts.layout import Layout, divisors
-from planner.memory.model import rank_params, stage_layers
+from planner.layouts.batch import LayoutArrays
+from planner.layouts.layout import divisors
+from planner.memory.shapes import stage_figures
 from planner.models.spec import ModelSpec, ParamCount, count_params
 from planner.training.finetune import FinetuneSpec, frozen_block_bytes
-from planner.training.setup import Overheads
+from planner.training.setup import Overheads, TrainingSetup
 from planner.units import ceil_div
 
 LOAD_QUANTS = ("none", "int8", "int4", "nf4")
@@ -157,20 +162,6 @@ def kv_cache_bytes(m: ModelSpec, batch: int, context: int, kv_bytes: int = 2, tp
     return kv_elements_per_token(m, tp, mla_cache) * cached_token_layers(m, context, n_layers) * batch * kv_bytes
 
 
-def weight_bytes_on_rank(m: ModelSpec, pc: ParamCount, setup: LoadSetup, tp: int, pp: int, stage: int) -> int:
-    """Weights one rank of ``stage`` holds: the blocks at their stored format (quantized
-    linear weights, 16-bit norms and biases), the embedding and LM head at ``weight_bytes``
-    (quantization leaves them in 16 bits)."""
-    lay = Layout(tp=tp, pp=pp)
-    n_layers = stage_layers(m.n_layers, pp)[stage]
-    rp = rank_params(m, pc, lay, stage, n_layers)
-    spec = FinetuneSpec(method="lora", quant=setup.quant, double_quant=setup.double_quant)
-    bb = frozen_block_bytes(m, spec, setup.weight_bytes, pc)
-    layers_dense = rp.dense - rp.root_unit
-    return int(layers_dense * bb.dense_bytes_per_param + rp.expert * bb.expert_bytes_per_param
-               + rp.root_unit * setup.weight_bytes)
-
-
 def prefill_activation_bytes(m: ModelSpec, setup: LoadSetup, tp: int, last_stage: bool) -> int:
     """The largest set of tensors alive at once in a prefill forward pass (no gradients,
     nothing saved), per rank: the block's input and output streams (2h) beside the gated
@@ -189,24 +180,75 @@ def prefill_activation_bytes(m: ModelSpec, setup: LoadSetup, tp: int, last_stage
     return tokens * per_token + logits
 
 
+@dataclass(frozen=True, slots=True)
+class LoadBatch:
+    """The most loaded rank of each (tp, pp) split of a batch, by category (int64 arrays)."""
+
+    weights: np.ndarray
+    kv_cache: np.ndarray
+    activations: np.ndarray
+    overhead: np.ndarray
+
+    @property
+    def total(self) -> np.ndarray:
+        return self.weights + self.kv_cache + self.activations + self.overhead
+
+    def at(self, i: int) -> LoadMemory:
+        return LoadMemory(weights=int(self.weights[i]), kv_cache=int(self.kv_cache[i]),
+                          activations=int(self.activations[i]), overhead=int(self.overhead[i]))
+
+
+def _per_value(fn: Callable[[int], int], x: np.ndarray) -> np.ndarray:
+    """fn of each element of an int array, called once per distinct value."""
+    values, inv = np.unique(x, return_inverse=True)
+    return np.array([fn(v) for v in values.tolist()], dtype=np.int64)[inv.reshape(x.shape)]
+
+
+def load_memory_batch(m: ModelSpec, setup: LoadSetup, tp: np.ndarray, pp: np.ndarray,
+                      pc: ParamCount | None = None) -> LoadBatch:
+    """Memory of the most loaded rank of ``m`` split over tp[i] x pp[i] GPUs, for every i.
+
+    The stages that can be the most loaded and their ranks' parameters are the training
+    model's (planner.memory.shapes.stage_figures: params.rank_params per stage slot, once per
+    distinct (tp, pp)); per slot the weights at their stored format, the KV cache of the
+    slot's blocks and the prefill working set; the first most loaded slot, in stage order."""
+    pc = pc or count_params(m)
+    tp, pp = np.asarray(tp, dtype=np.int64), np.asarray(pp, dtype=np.int64)
+    ones, zeros = np.ones_like(tp), np.zeros_like(tp)
+    lay = LayoutArrays(dp=ones, tp=tp, pp=pp, cp=ones, ep=ones, zero_stage=zeros, sharding=zeros, sp=zeros,
+                       vp=ones, micro_batch=ones, grad_accum=ones, recompute=zeros)
+    st = stage_figures(m, pc, TrainingSetup(), lay)        # (slot, batch)
+    rp = st.rank_params
+    # the blocks at their stored format (quantized linear weights, 16-bit norms and biases),
+    # the embedding and LM head at ``weight_bytes`` (quantization leaves them in 16 bits)
+    spec = FinetuneSpec(method="lora", quant=setup.quant, double_quant=setup.double_quant)
+    bb = frozen_block_bytes(m, spec, setup.weight_bytes, pc)
+    weights = ((rp.dense - rp.root_unit) * bb.dense_bytes_per_param + rp.expert * bb.expert_bytes_per_param
+               + rp.root_unit * setup.weight_bytes).astype(np.int64)
+    kv = np.zeros_like(weights)
+    if m.causal:
+        per_token = _per_value(lambda t: kv_elements_per_token(m, t, setup.mla_cache), tp)
+        token_layers = _per_value(lambda n: cached_token_layers(m, setup.context, n), st.n_layers)
+        kv = per_token * token_layers * setup.batch * setup.kv_bytes
+    last = st.stage == pp - 1
+    acts = np.where(last, _per_value(lambda t: prefill_activation_bytes(m, setup, t, True), tp),
+                    _per_value(lambda t: prefill_activation_bytes(m, setup, t, False), tp))
+    tracked = weights + kv + acts
+    o = setup.overheads
+    overhead = (np.where(tp * pp > 1, o.fixed_bytes(True), o.fixed_bytes(False))
+                + (tracked * o.fragmentation).astype(np.int64))
+    total = np.where(st.valid, tracked + overhead, -1)
+    slot = total.argmax(axis=0)           # the first of equals, in stage order
+    cols = np.arange(len(tp))
+    return LoadBatch(weights=weights[slot, cols], kv_cache=kv[slot, cols], activations=acts[slot, cols],
+                     overhead=overhead[slot, cols])
+
+
 def load_memory(m: ModelSpec, setup: LoadSetup, tp: int = 1, pp: int = 1,
                 pc: ParamCount | None = None) -> LoadMemory:
-    """Memory of the most loaded rank holding ``m`` split over tp x pp GPUs."""
-    pc = pc or count_params(m)
-    counts = stage_layers(m.n_layers, pp)
-    best: LoadMemory | None = None
-    for stage in range(pp):
-        weights = weight_bytes_on_rank(m, pc, setup, tp, pp, stage)
-        kv = kv_cache_bytes(m, setup.batch, setup.context, setup.kv_bytes, tp, counts[stage], setup.mla_cache)
-        acts = prefill_activation_bytes(m, setup, tp, stage == pp - 1)
-        tracked = weights + kv + acts
-        o = setup.overheads
-        overhead = o.fixed_bytes(tp * pp > 1) + int(tracked * o.fragmentation)
-        mem = LoadMemory(weights=weights, kv_cache=kv, activations=acts, overhead=overhead)
-        if best is None or mem.total > best.total:
-            best = mem
-    assert best is not None
-    return best
+    """Memory of the most loaded rank holding ``m`` split over tp x pp GPUs (load_memory_batch
+    on a batch of one)."""
+    return load_memory_batch(m, setup, np.array([tp]), np.array([pp]), pc).at(0)
 
 
 def tp_degrees(m: ModelSpec, limit: int) -> list[int]:
@@ -232,14 +274,12 @@ def plan_load(m: ModelSpec, gpu: GpuSpec, setup: LoadSetup, tp: int | None = Non
         pps = [pp] if pp is not None else [p for p in range(1, m.n_layers + 1)]
         options += [(t, p) for p in pps if t * p <= max_gpus]
     options.sort(key=lambda tp_pp: (tp_pp[0] * tp_pp[1], tp_pp[1]))
-    least: LoadPlan | None = None
-    for t, p in options:
-        plan = LoadPlan(model=m, params=pc, gpu=gpu, setup=setup, tp=t, pp=p,
-                        memory=load_memory(m, setup, t, p, pc), capacity_bytes=cap)
-        if plan.fits:
-            return plan
-        if least is None or plan.memory.total < least.memory.total:
-            least = plan
-    if least is None:
+    if not options:
         raise ValueError("no tensor/pipeline split to try")
-    return least
+    batch = load_memory_batch(m, setup, np.array([t for t, _ in options]), np.array([p for _, p in options]), pc)
+    total = batch.total
+    fits = np.flatnonzero(total <= cap)
+    # the first split in order that fits, else the first with the least memory
+    i = int(fits[0]) if len(fits) else int(total.argmin())
+    t, p = options[i]
+    return LoadPlan(model=m, params=pc, gpu=gpu, setup=setup, tp=t, pp=p, memory=batch.at(i), capacity_bytes=cap)
