@@ -304,6 +304,7 @@ def _diagnose(plans: list[PricedPlan], pools: Sequence[_Pool], limits: Limits, m
               n_gpus: int | None, tokens: float, prices: Prices) -> Diagnosis:
     """What each constraint asks for on its own, searching past --max-gpus when needed."""
     deadline, budget = limits.deadline_s, limits.budget_usd
+    reach = max(max_gpus, MAX_SEARCH_GPUS)     # the largest count searched: --max-gpus past the default
 
     def beyond(wanted: Callable[[PricedPlan], bool]) -> list[PricedPlan]:
         """Per GPU type, the fastest plan at the smallest count above the cap (up to
@@ -327,7 +328,7 @@ def _diagnose(plans: list[PricedPlan], pools: Sequence[_Pool], limits: Limits, m
         fits_from = min((p.n_gpus for p in more), default=None)
         binding = ["memory"] + (["max_gpus"] if fits_from is not None else [])
         if fits_from is None:
-            lines.append(f"No layout fits in memory on any GPU count up to {MAX_SEARCH_GPUS} "
+            lines.append(f"No layout fits in memory on any GPU count up to {reach} "
                          f"({', '.join(p.gpu.name for p in pools)}): try a GPU with more memory, a shorter "
                          f"sequence or a smaller model.")
         else:
@@ -354,7 +355,7 @@ def _diagnose(plans: list[PricedPlan], pools: Sequence[_Pool], limits: Limits, m
                 fastest = min(plans, key=lambda p: p.train_time_s)
                 binding.append("deadline")
                 facts.append(f"the deadline ({days(deadline)}) cannot be met on up to "
-                             f"{MAX_SEARCH_GPUS} GPUs (the fastest plan within {cap_name} takes "
+                             f"{reach} GPUs (the fastest plan within {cap_name} takes "
                              f"{days(fastest.train_time_s)} on {fastest.n_gpus} x {fastest.gpu.name})")
     if budget is not None:
         if in_budget:
