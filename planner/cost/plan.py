@@ -123,6 +123,7 @@ class CostPlanResult:
     gpus: tuple[GpuSpec, ...]
     diagnosis: Diagnosis | None = None
     search_s: float = 0.0
+    left_out: tuple[tuple[str, str], ...] = ()    # (GPU, why) of --gpus left out of the cost answer
 
 
 def price_plan(gpu: GpuSpec, c: Candidate, tokens: float, prices: Prices) -> PricedPlan:
@@ -217,9 +218,16 @@ def plan_cost(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, token
     GPU types ``gpus`` and the GPU counts of cost_counts() up to limits.max_gpus (or
     ``n_gpus`` alone), under the deadline and budget of ``limits``."""
     t0 = time.perf_counter()
+    left_out: list[tuple[str, str]] = []
     if objective == "cost" or limits.budget_usd is not None:
-        for gpu in gpus:
-            prices.rent(gpu.name)          # a UserError naming the missing price, before any search
+        # a GPU without a rental rate has no cost: left out of the answer, and said so; with
+        # none priced, a UserError naming the missing price, before any search
+        priced = [g for g in gpus if prices.for_gpu(g.name).rent_usd_per_gpu_hour is not None]
+        if not priced:
+            prices.rent(gpus[0].name)
+        left_out = [(g.name, "no rental price (give rent_usd_per_gpu_hour in --prices FILE, or --objective time)")
+                    for g in gpus if g not in priced]
+        gpus = priced
     max_gpus = limits.max_gpus or MAX_SEARCH_GPUS
     if n_gpus is not None and n_gpus > max_gpus:
         raise UserError(f"--n-gpus {n_gpus} exceeds --max-gpus {max_gpus}")
@@ -247,7 +255,7 @@ def plan_cost(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, token
     return CostPlanResult(result=result, chosen=chosen, by_count=by_count, n_options=len(options),
                           objective=objective, tokens=tokens, limits=replace(limits, max_gpus=max_gpus),
                           solver=sol.solver, prices=prices, gpus=tuple(gpus), diagnosis=diagnosis,
-                          search_s=search_s)
+                          search_s=search_s, left_out=tuple(left_out))
 
 
 def _fastest_per_count(plans: Sequence[PricedPlan], chosen: PricedPlan | None = None) -> tuple[PricedPlan, ...]:

@@ -60,6 +60,7 @@ def cost_json(r: Any, crosscheck: Crosscheck | None = None) -> dict[str, Any]:
     out["tokens"] = r.tokens
     out["constraints"] = _limits_json(r)
     out["gpus_considered"] = [g.name for g in r.gpus]
+    out["gpus_left_out"] = [{"gpu": name, "reason": why} for name, why in r.left_out]
     out["by_gpu_count"] = [{"gpu": p.gpu.name, "n_gpus": p.n_gpus, **_cost_fields(p),
                             "step_time_s": p.candidate.time.step_time_s, "mfu": p.candidate.time.mfu,
                             "layout": layout_json(p.candidate.layout), "breaks": broken_limits(r, p),

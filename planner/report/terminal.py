@@ -320,6 +320,8 @@ def cost_view(r: Any, crosscheck: Crosscheck | None = None) -> list[Any]:
     out: list[Any] = [_text((f"{m.name}: {pc.total:,} parameters; {params(int(r.tokens))} tokens; "
                              f"minimising {goal}", HEAD)),
                       _text(f"GPU types {', '.join(g.name for g in r.gpus)}; {'; '.join(cons)}")]
+    for name, why in r.left_out:
+        out.append(_text((f"left out: {name}, {why}", BAD)))
     ft = res.setup.finetune
     if not ft.is_full:
         out.append(_text(f"method: {ft.describe(m)}"))
