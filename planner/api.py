@@ -43,6 +43,7 @@ class PlanResult:
     nvme_capacity_bytes: int | None = None   # a node's NVMe (topology), for NVMe offload
     methods_tried: tuple[str, ...] = ()      # --method auto: the methods compared, preferred first
     calibration: str | None = None           # the `plan calibrate` file applied (--calibration)
+    space: SearchSpace | None = None         # the choices searched: report.advice re-plans within them
 
     @property
     def fits(self) -> bool:
@@ -126,7 +127,7 @@ def plan(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, space: SearchSpace = 
     return PlanResult(model=m, params=pc, gpu=gpu, setup=setup, best=best, alternatives=alts,
                       result=res, capacity_bytes=cap, fits_from_gpus=fits_from,
                       min_gpus_for_states=max(1, floor), cluster=cluster, efficiency=efficiency,
-                      tokens=tokens, host_capacity_bytes=host_cap, nvme_capacity_bytes=nvme_cap)
+                      tokens=tokens, host_capacity_bytes=host_cap, nvme_capacity_bytes=nvme_cap, space=space)
 
 
 SCALING_STEPS = 7      # `plan --plot`: the chosen count and six doublings (n, 2n ... 64n)

@@ -84,7 +84,7 @@ def check_config_types(cfg: Mapping[str, Any], where: str) -> str | None:
 
 
 # Topology files (topologies/README.md): each key's type and range. The bounds keep the
-# graph the planner builds (planner.hardware.topology.build_graph, a few nodes of the cluster) to
+# graph the planner builds (planner.hardware.graph.build_graph, a few nodes of the cluster) to
 # thousands of vertices: an NVL576 domain, 64 NICs or switch chips per node, 100,000 nodes.
 _INT, _NUM, _BOOL, _STR, _TABLE = "an integer", "a number", "true or false", "a string", "a table"
 TOPOLOGY_KEY_RULES: dict[str, tuple[str, float, float]] = {

@@ -141,11 +141,11 @@ def test_405b_on_one_gpu_says_the_least_memory_and_the_ways_out():
     assert r.exit_code == 2 and "Traceback" not in r.output
     out = " ".join(r.stdout.split())       # the panel wraps lines
     for needle in ("No layout fits on 1 x h100", "6,047.69 GiB", "16 B per parameter", "at least 76 x h100",
-                   "It fits from 96 x h100", "--max-gpus", "--offload-optimizer cpu", "--offload-params cpu",
-                   "--method qlora"):
+                   "It fits from 96 x h100", "--max-gpus"):
         assert needle in out, needle
-    # 8.3 TiB per GPU on one GPU: no catalog GPU holds it, so none is offered (issue 20)
-    assert "A GPU with" not in out
+    # 8.3 TiB per GPU on one GPU: no catalog GPU holds it, so none is offered (issue 20); nor
+    # offload or QLoRA, which do not fit on one GPU either (re-planned: tests/test_advice_replans.py)
+    assert "A GPU with" not in out and "--offload" not in out and "--method qlora" not in out
 
 
 def test_no_fit_with_a_layout_sized_names_its_memory():
@@ -153,7 +153,8 @@ def test_no_fit_with_a_layout_sized_names_its_memory():
     assert r.exit_code == 2
     out = " ".join(r.stdout.split())
     assert "The least memory any layout needs is 124.24 GiB per GPU, on 8 x h100" in out
-    assert "It fits from 16 x h100" in out and "--method qlora" in out
+    # 124 GiB is mostly activations: QLoRA does not fit (re-planned), half the sequence does
+    assert "It fits from 16 x h100" in out and "--seq-len 524288 fits on 8 x h100" in out
 
 
 def test_impossible_json_is_still_parseable():

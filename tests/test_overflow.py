@@ -38,7 +38,9 @@ def test_a_layout_past_int64_never_fits_and_is_shown_saturated():
 
 def test_the_issue_command_says_nothing_fits_without_a_warning():
     for model in ("70b", "405b"):
-        r = _run(["--model", model, *HUGE, "--max-gpus", "131072", "--quiet"])
+        # the issue's command said --max-gpus 131072, which was silently capped to the 16,384 GPUs
+        # dgx-h100 describes; past 16,384 that is now refused (tests/test_max_gpus.py)
+        r = _run(["--model", model, *HUGE, "--max-gpus", "16384", "--quiet"])
         assert r.exit_code == 2, r.output
         assert "Warning" not in r.output and "internal error" not in r.output
         assert r.stderr == ""

@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from planner.cli.main import cli
+from planner.report import screen
 from planner.report import terminal as term
 
 PLAIN = {"NO_COLOR": None, "FORCE_COLOR": None, "COLUMNS": None, "TERM": "xterm-256color"}
@@ -49,7 +50,7 @@ def test_report_has_the_answer_the_memory_bars_and_the_tables(plan_text):
 
 def test_plain_output_is_fixed_width_and_has_no_trailing_spaces(plan_text):
     lines = plan_text.splitlines()
-    assert max(len(line) for line in lines) == term.DEFAULT_WIDTH      # the panel spans the width
+    assert max(len(line) for line in lines) == screen.DEFAULT_WIDTH      # the panel spans the width
     assert all(line == line.rstrip() for line in lines)
 
 
@@ -84,10 +85,10 @@ def test_screen_for_a_terminal_and_a_pipe(monkeypatch):
     for name in ("NO_COLOR", "FORCE_COLOR", "COLUMNS"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("TERM", "xterm")
-    assert term.screen_for(Tty()).colour is True
-    assert term.screen_for(io.StringIO()) == term.Screen(colour=False, width=100, unicode=True)
+    assert screen.screen_for(Tty()).colour is True
+    assert screen.screen_for(io.StringIO()) == screen.Screen(colour=False, width=100, unicode=True)
     monkeypatch.setenv("NO_COLOR", "1")
-    assert term.screen_for(Tty()).colour is False
+    assert screen.screen_for(Tty()).colour is False
 
 
 def test_ascii_output_where_the_stream_cannot_encode_blocks():
@@ -97,7 +98,7 @@ def test_ascii_output_where_the_stream_cannot_encode_blocks():
     from planner.training.setup import TrainingSetup
 
     r = api.plan(load_model("8b"), get_gpu("h100"), TrainingSetup())
-    text = term.render(term.plan_view(r), term.Screen(unicode=False))
+    text = screen.render(term.plan_view(r), screen.Screen(unicode=False))
     assert text.isascii() and "#" in text and "Memory per rank" in text
 
 
@@ -189,14 +190,14 @@ class Drawn:
             self.consoles += 1
             return console
 
-        monkeypatch.setattr(term, "stderr_can_redraw", lambda: True)
-        monkeypatch.setattr(term, "progress_console", make)
-        monkeypatch.setattr(term, "PROGRESS_DELAY_S", 0.0)
+        monkeypatch.setattr(screen, "stderr_can_redraw", lambda: True)
+        monkeypatch.setattr(screen, "progress_console", make)
+        monkeypatch.setattr(screen, "PROGRESS_DELAY_S", 0.0)
 
 
 def test_progress_draws_on_a_terminal_and_erases_itself(monkeypatch):
     drawn = Drawn(monkeypatch)
-    with term.progress("working") as update:
+    with screen.progress("working") as update:
         update(1, 4, "step 1 of 4")
         time.sleep(0.3)
     assert drawn.consoles == 1 and "step 1 of 4" in drawn.buf.getvalue()
@@ -204,17 +205,17 @@ def test_progress_draws_on_a_terminal_and_erases_itself(monkeypatch):
 
 def test_progress_waits_before_it_appears(monkeypatch):
     drawn = Drawn(monkeypatch)
-    monkeypatch.setattr(term, "PROGRESS_DELAY_S", 5.0)
-    with term.progress("quick") as update:
+    monkeypatch.setattr(screen, "PROGRESS_DELAY_S", 5.0)
+    with screen.progress("quick") as update:
         update(1, 2)
     assert drawn.consoles == 0 and drawn.buf.getvalue() == ""
 
 
 def test_no_progress_when_stderr_is_not_a_terminal(monkeypatch):
-    monkeypatch.setattr(term, "PROGRESS_DELAY_S", 0.0)
+    monkeypatch.setattr(screen, "PROGRESS_DELAY_S", 0.0)
     called = []
-    monkeypatch.setattr(term, "progress_console", lambda: called.append(1))
-    with term.progress("working") as update:   # pytest's stderr is no terminal
+    monkeypatch.setattr(screen, "progress_console", lambda: called.append(1))
+    with screen.progress("working") as update:   # pytest's stderr is no terminal
         update(1, 2)
         time.sleep(0.1)
     assert called == []

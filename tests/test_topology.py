@@ -8,18 +8,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.errors import UserError
-from planner.hardware.topology import (
-    ClusterTopology,
+from planner.hardware.graph import (
     _solve_max_flow,
     axis_bandwidths_bytes_per_s,
     build_graph,
     group_bandwidth_bytes_per_s,
-    list_topologies,
-    load_topology,
     nvlink_domain_size,
     pair_bandwidth_bytes_per_s,
     place_groups,
 )
+from planner.hardware.topology import ClusterTopology, list_topologies, load_topology
 from planner.units import GB
 
 SHIPPED = ["dgx-a100", "dgx-h100", "hgx-h200", "hgx-b200", "gb200-nvl72", "l40s-8x-pcie-ethernet", "aws-p4d",
@@ -219,7 +217,7 @@ def test_cached_flows_equal_fresh_ones(name, picks, split):
     sources, sinks = set(picks[:split]), set(picks[split:]) or {picks[-1]} - set(picks[:split])
     if not sinks:
         return
-    from planner.hardware.topology import _max_flow_bytes_per_s
+    from planner.hardware.graph import _max_flow_bytes_per_s
 
     one_island = len({g.nodes[v]["island"] for v in sources | sinks}) == 1
     assert _max_flow_bytes_per_s(g, sources, sinks) == pytest.approx(_solve_max_flow(g, sources, sinks, one_island))
@@ -230,11 +228,8 @@ def test_merging_a_domains_switch_chips_keeps_every_bandwidth():
     # the switch chips as built (the graph's own edges, no merging), on every shipped topology.
     import networkx as nx
 
-    from planner.hardware.topology import (
-        _shipped,
-        build_graph,
-        pair_bandwidth_bytes_per_s,
-    )
+    from planner.hardware.graph import build_graph, pair_bandwidth_bytes_per_s
+    from planner.hardware.topology import _shipped
 
     for top in _shipped().values():
         g = build_graph(top, min(top.max_nodes, 2))

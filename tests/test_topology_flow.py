@@ -16,12 +16,8 @@ import networkx as nx
 import pytest
 
 from planner.hardware import placement
-from planner.hardware.topology import (
-    build_graph,
-    load_topology,
-    place_groups,
-    ring_bandwidth_bytes_per_s,
-)
+from planner.hardware.graph import build_graph, place_groups, ring_bandwidth_bytes_per_s
+from planner.hardware.topology import load_topology
 
 EDGE = Path(__file__).parent / "data" / "topologies" / "limits-edge.toml"
 ALL_KINDS = ("scale_up", "pcie", "cpu", "network")
@@ -29,7 +25,7 @@ ALL_KINDS = ("scale_up", "pcie", "cpu", "network")
 
 def _flow(g: nx.Graph, sources: set[int], sinks: set[int]) -> float:
     """networkx's max flow from sources to sinks, GPUs outside them relaying nothing, on the
-    intra-island links when all sit in one island (topology.ring_bandwidth_bytes_per_s)."""
+    intra-island links when all sit in one island (graph.ring_bandwidth_bytes_per_s)."""
     involved = sources | sinks
     one_island = len({g.nodes[v]["island"] for v in involved}) == 1
     kinds = g.graph["intra_kinds"] if one_island else ALL_KINDS

@@ -65,6 +65,7 @@ def buy(jobs_path: Path, gpu_names: str | None, budget: float | None, horizon: s
     from planner.cost.jobs import load_jobs, parse_duration_s
     from planner.cost.plan import plan_purchase
     from planner.cost.prices import DAY_S, load_prices
+    from planner.report import costs
     from planner.report import text as report
 
     if quiet and as_json:
@@ -105,7 +106,7 @@ def buy(jobs_path: Path, gpu_names: str | None, budget: float | None, horizon: s
         from planner.report import plot as plots
         plotted = plots.save(plots.buy_figure(r), plot, force=force)
     if as_json:
-        click.echo(json.dumps(report.buy_json(r), indent=2))
+        click.echo(json.dumps(costs.buy_json(r), indent=2))
     elif quiet:
         click.echo(report.buy_quiet_line(r))
     else:

@@ -43,10 +43,10 @@ def gpus_cmd(as_json: bool, prices_path: Path | None) -> None:
     def go() -> None:
         from planner.cost.prices import load_prices
         from planner.hardware.gpus import list_gpus
-        from planner.report import text as report
+        from planner.report import costs
         gpus = list_gpus()
         prices = load_prices(prices_path)
-        priced = report.prices_json(prices, [g.name for g in gpus])
+        priced = costs.prices_json(prices, [g.name for g in gpus])
         if as_json:
             click.echo(json.dumps([{
                 "name": g.name, "full_name": g.full_name, "memory_bytes": g.memory_bytes,
@@ -54,7 +54,7 @@ def gpus_cmd(as_json: bool, prices_path: Path | None) -> None:
                 "gpus_per_node": g.gpus_per_node, "intra_node_link": g.intra_node_link,
                 "source": g.source, "prices": priced[g.name]} for g in gpus], indent=2))
             return
-        click.echo(report.gpus_text(gpus, prices))
+        click.echo(costs.gpus_text(gpus, prices))
     run_safely(go)
 
 

@@ -109,17 +109,17 @@ def say_written(o: Options, written: list[Path], plotted: Path | None, stack: st
 
 def show(parts: list[Any]) -> None:
     """Print a human report (planner.report.terminal) on stdout: colour only on a terminal."""
-    from planner.report import terminal as term
+    from planner.report.screen import render, screen_for
 
-    screen = term.screen_for(sys.stdout)
-    click.echo(term.render(parts, screen), color=screen.colour)
+    screen = screen_for(sys.stdout)
+    click.echo(render(parts, screen), color=screen.colour)
 
 
 def progress(aside: bool, description: str) -> Any:
     """A progress bar on stderr for work that may run past a second; none with --json or --quiet."""
-    from planner.report import terminal as term
+    from planner.report.screen import progress as progress_bar
 
-    return term.progress(description, enabled=not aside)
+    return progress_bar(description, enabled=not aside)
 
 
 def per_count(update: Any, gpu_name: str) -> Callable[[int, int, int], None]:

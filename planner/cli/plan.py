@@ -175,6 +175,7 @@ def cheapest(o: Options) -> Answer:
     from planner.cost.solve import Limits
     from planner.hardware.gpus import get_gpu
     from planner.layouts.layout import reject_reason
+    from planner.report import costs
     from planner.report import text as report
 
     if not o.model_name:
@@ -232,7 +233,7 @@ def cheapest(o: Options) -> Answer:
         check_covers(result.cluster.topology, result.best.n_gpus, flag="--max-gpus")
     refusal = (f"no plan satisfies the constraints, so nothing was written to --out {o.out}"
                if result.best is None else None)
-    return Answer(result=result, json_of=lambda cc: report.cost_json(r, cc),
+    return Answer(result=result, json_of=lambda cc: costs.cost_json(r, cc),
                   quiet_of=lambda _: report.cost_quiet_line(r), view_of=view, figure_of=figure,
                   failed=r.chosen is None, out_refusal=refusal, refuse_first=True, crosscheck_always=False)
 

@@ -285,6 +285,7 @@ def emit_options(o: Options) -> EmitOptions:
 def within_topology(o: Options, gpu: Any, n_gpus: int | None) -> Options:
     """A plan never runs past what its topology describes (issue 19): refuse a GPU count
     beyond it, and search no further than it (the options with --max-gpus lowered)."""
+    from planner.api import MAX_SEARCH_GPUS
     from planner.hardware.topology import check_covers, max_covered_gpus
     from planner.timing.model import cluster_for
 
@@ -293,7 +294,13 @@ def within_topology(o: Options, gpu: Any, n_gpus: int | None) -> Options:
         return o
     if n_gpus is not None:
         check_covers(top, n_gpus)
-    return replace(o, max_gpus=min(o.max_gpus, max_covered_gpus(top)))
+    largest = max_covered_gpus(top)
+    if o.max_gpus > max(MAX_SEARCH_GPUS, largest):
+        # past the default search limit, --max-gpus is the user's own: say it cannot be met
+        raise UserError(f"--max-gpus {o.max_gpus:,} is more than topology {top.name} describes ({largest:,} GPUs): "
+                        f"pass --max-gpus {max(MAX_SEARCH_GPUS, largest)} or fewer, or describe a bigger cluster in a "
+                        f"topology file (max_nodes, [units] max_units; topologies/README.md) and pass --topology PATH")
+    return replace(o, max_gpus=min(o.max_gpus, largest))
 
 
 def usable_memory(o: Options) -> float:

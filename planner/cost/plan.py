@@ -123,6 +123,7 @@ class CostPlanResult:
     gpus: tuple[GpuSpec, ...]
     diagnosis: Diagnosis | None = None
     search_s: float = 0.0
+    left_out: tuple[tuple[str, str], ...] = ()    # (GPU, why) of --gpus left out of the cost answer
 
 
 def price_plan(gpu: GpuSpec, c: Candidate, tokens: float, prices: Prices) -> PricedPlan:
@@ -217,9 +218,16 @@ def plan_cost(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, token
     GPU types ``gpus`` and the GPU counts of cost_counts() up to limits.max_gpus (or
     ``n_gpus`` alone), under the deadline and budget of ``limits``."""
     t0 = time.perf_counter()
+    left_out: list[tuple[str, str]] = []
     if objective == "cost" or limits.budget_usd is not None:
-        for gpu in gpus:
-            prices.rent(gpu.name)          # a UserError naming the missing price, before any search
+        # a GPU without a rental rate has no cost: left out of the answer, and said so; with
+        # none priced, a UserError naming the missing price, before any search
+        priced = [g for g in gpus if prices.for_gpu(g.name).rent_usd_per_gpu_hour is not None]
+        if not priced:
+            prices.rent(gpus[0].name)
+        left_out = [(g.name, "no rental price (give rent_usd_per_gpu_hour in --prices FILE, or --objective time)")
+                    for g in gpus if g not in priced]
+        gpus = priced
     max_gpus = limits.max_gpus or MAX_SEARCH_GPUS
     if n_gpus is not None and n_gpus > max_gpus:
         raise UserError(f"--n-gpus {n_gpus} exceeds --max-gpus {max_gpus}")
@@ -247,7 +255,7 @@ def plan_cost(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, token
     return CostPlanResult(result=result, chosen=chosen, by_count=by_count, n_options=len(options),
                           objective=objective, tokens=tokens, limits=replace(limits, max_gpus=max_gpus),
                           solver=sol.solver, prices=prices, gpus=tuple(gpus), diagnosis=diagnosis,
-                          search_s=search_s)
+                          search_s=search_s, left_out=tuple(left_out))
 
 
 def _fastest_per_count(plans: Sequence[PricedPlan], chosen: PricedPlan | None = None) -> tuple[PricedPlan, ...]:
@@ -304,6 +312,7 @@ def _diagnose(plans: list[PricedPlan], pools: Sequence[_Pool], limits: Limits, m
               n_gpus: int | None, tokens: float, prices: Prices) -> Diagnosis:
     """What each constraint asks for on its own, searching past --max-gpus when needed."""
     deadline, budget = limits.deadline_s, limits.budget_usd
+    reach = max(max_gpus, MAX_SEARCH_GPUS)     # the largest count searched: --max-gpus past the default
 
     def beyond(wanted: Callable[[PricedPlan], bool]) -> list[PricedPlan]:
         """Per GPU type, the fastest plan at the smallest count above the cap (up to
@@ -327,7 +336,7 @@ def _diagnose(plans: list[PricedPlan], pools: Sequence[_Pool], limits: Limits, m
         fits_from = min((p.n_gpus for p in more), default=None)
         binding = ["memory"] + (["max_gpus"] if fits_from is not None else [])
         if fits_from is None:
-            lines.append(f"No layout fits in memory on any GPU count up to {MAX_SEARCH_GPUS} "
+            lines.append(f"No layout fits in memory on any GPU count up to {reach} "
                          f"({', '.join(p.gpu.name for p in pools)}): try a GPU with more memory, a shorter "
                          f"sequence or a smaller model.")
         else:
@@ -354,7 +363,7 @@ def _diagnose(plans: list[PricedPlan], pools: Sequence[_Pool], limits: Limits, m
                 fastest = min(plans, key=lambda p: p.train_time_s)
                 binding.append("deadline")
                 facts.append(f"the deadline ({days(deadline)}) cannot be met on up to "
-                             f"{MAX_SEARCH_GPUS} GPUs (the fastest plan within {cap_name} takes "
+                             f"{reach} GPUs (the fastest plan within {cap_name} takes "
                              f"{days(fastest.train_time_s)} on {fastest.n_gpus} x {fastest.gpu.name})")
     if budget is not None:
         if in_budget:

@@ -1,8 +1,8 @@
 """Where parallel groups sit on the cluster and what bandwidth each axis's collectives get.
 
-Placement follows topology.place_groups (tp innermost, then cp, ep, dp, pp, or another
+Placement follows graph.place_groups (tp innermost, then cp, ep, dp, pp, or another
 order); the bus bandwidth of each axis is read off the topology graph with every group of the
-axis running at once (topology.ring_bandwidth_bytes_per_s). Graphs and per-axis bandwidths
+axis running at once (graph.ring_bandwidth_bytes_per_s). Graphs and per-axis bandwidths
 are cached: the search asks for the same few placements thousands of times.
 """
 
@@ -18,14 +18,8 @@ from functools import lru_cache
 
 from planner.errors import UserError
 from planner.hardware.gpus import GpuSpec
-from planner.hardware.topology import (
-    AXES,
-    ClusterTopology,
-    build_graph,
-    load_topology,
-    nvlink_domain_size,
-    ring_bandwidth_bytes_per_s,
-)
+from planner.hardware.graph import build_graph, nvlink_domain_size, ring_bandwidth_bytes_per_s
+from planner.hardware.topology import AXES, ClusterTopology, load_topology
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -60,7 +54,7 @@ def _graph(top: ClusterTopology, n_nodes: int):
 
 def _axis_groups(stride: int, size: int, n_gpus: int) -> list[list[int]]:
     """The groups of one axis laid out with ``stride`` (the product of the inner axes'
-    sizes) on GPUs 0..n_gpus-1, as topology.place_groups makes them."""
+    sizes) on GPUs 0..n_gpus-1, as graph.place_groups makes them."""
     return [[first + i * stride for i in range(size)]
             for first in range(n_gpus) if (first // stride) % size == 0]
 
@@ -72,7 +66,7 @@ def _fold_axis(stride: int, size: int, n_gpus: int, gpus_per_node: int, unit_gpu
 
     A group's ring bandwidth depends only on which node (NVLink domain, leaf group)
     boundaries its rings cross and how many rings of the axis share each crossing
-    (topology.ring_bandwidth_bytes_per_s); the spine does not block, so replicas of the
+    (graph.ring_bandwidth_bytes_per_s); the spine does not block, so replicas of the
     pattern further out change nothing. So: a stride of whole units (nodes, or NVLink
     domains when a domain spans nodes) folds to one unit (one GPU of the group per unit,
     every GPU of the unit in a different group); a group
@@ -160,11 +154,11 @@ def _fallback_links(gpu: GpuSpec, sizes: dict[str, int], order: Sequence[str]) -
 @lru_cache(maxsize=16384)
 def axis_links(cluster: Cluster, sizes: tuple[int, ...], order: tuple[str, ...] = AXES) -> dict[str, AxisLink]:
     """Bus bandwidth and hop latency of each axis (tp, cp, ep, dp, pp sizes in AXES order)
-    when the groups are placed innermost-first along ``order`` (as topology.place_groups
+    when the groups are placed innermost-first along ``order`` (as graph.place_groups
     places them: Megatron-LM's and torchtitan's device-mesh order by default).
 
     With a topology, each axis's bandwidth is the graph's ring bandwidth with every group
-    of that axis running at once (topology.ring_bandwidth_bytes_per_s), on a folded
+    of that axis running at once (graph.ring_bandwidth_bytes_per_s), on a folded
     placement (_fold_axis). Clusters larger than one scalable unit of the topology are
     taken as several units under a non-blocking spine; when even the folded placement
     needs more nodes than the topology holds, the GpuSpec model (_fallback_links) answers.
@@ -216,7 +210,7 @@ def cluster_for(gpu: GpuSpec, topology: str | ClusterTopology | None = None) -> 
 @lru_cache(maxsize=64)
 def scale_up_domain_gpus(cluster: Cluster) -> int:
     """GPUs one NVLink (or Infinity Fabric) domain holds, read from the topology graph
-    (topology.nvlink_domain_size: 8 on a DGX, 72 on an NVL72 rack, 1 without NVLink);
+    (graph.nvlink_domain_size: 8 on a DGX, 72 on an NVL72 rack, 1 without NVLink);
     without a topology, the GPUs of a node when the GPU has an NVLink-class link."""
     if cluster.topology is not None:
         return nvlink_domain_size(cluster.topology)

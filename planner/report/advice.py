@@ -82,11 +82,14 @@ def contradicting_options(kw: Mapping[str, Any]) -> str | None:
 def fit_advice(r: Any) -> list[str]:
     """When nothing fits (``r``: an api.PlanResult without a plan): the least memory any
     layout needs, and what would make it fit that the request does not use yet (more GPUs,
-    a GPU with more memory, offload, QLoRA, recomputation), one sentence each."""
+    a GPU with more memory, QLoRA or LoRA, offload, recomputation, a shorter sequence), one
+    sentence each. Every way out is re-planned first (the same memory search, on the GPU
+    counts tried) and offered only where it fits, with the count it fits on (issue 20:
+    "a GPU with more memory: mi300x" for 405B on one GPU, offload and LoRA for a model
+    whose weights alone overflow, misled)."""
     from planner.fmt import gib
     from planner.hardware.gpus import list_gpus
     from planner.memory.model import min_model_state_bytes_per_param
-    from planner.training.setup import optimizer_state_bytes_per_param
 
     gpu, setup, n = r.gpu, r.setup, r.params.total
     sm = r.result.smallest
@@ -107,32 +110,97 @@ def fit_advice(r: Any) -> list[str]:
                    f"{gpu.name} of {gib(r.capacity_bytes)}, even fully sharded.")
     if r.fits_from_gpus:
         out.append(f"It fits from {r.fits_from_gpus} x {gpu.name}: raise --max-gpus (or drop --n-gpus).")
-    # only GPUs whose usable memory (the same usable fraction) holds the least layout's need,
-    # smallest first: "a GPU with more memory: mi300x" for 405B on one GPU misled (issue 20)
-    need = sm.memory.total if sm is not None else None
+    if sm is None:
+        return out
+    # a GPU with more memory, smallest first, where the least layout's GPU count holds it
+    on = sm.n_gpus
+    # (a GPU whose usable memory is below the least layout's need is not re-planned: the
+    # same layout takes about as much on it)
     usable = r.capacity_bytes / gpu.memory_bytes if gpu.memory_bytes else 1.0
-    bigger = sorted((g for g in list_gpus() if g.memory_bytes > gpu.memory_bytes
-                     and need is not None and g.memory_bytes * usable >= need), key=lambda g: g.memory_bytes)
-    if bigger:
-        on = sm.n_gpus if sm is not None else 1
+    bigger = [g for g in sorted(list_gpus(), key=lambda g: g.memory_bytes)
+              if g.memory_bytes > gpu.memory_bytes and g.memory_bytes * usable >= 0.9 * sm.memory.total
+              and runs_precision(g, setup.precision)]
+    holding = [g for g in bigger if refit(r, gpu=g, counts=(on,)) is not None][:3]
+    if holding:
         out.append(f"A GPU with enough memory for that layout on {on} GPU{'s' if on > 1 else ''}: "
-                   f"{', '.join(f'{g.name} ({gib(g.memory_bytes)})' for g in bigger[:3])}.")
-    if ft.method == "lora":
-        out.append(f"Cheaper: --method qlora keeps the frozen base in 4 bits (about {gib(n / 2)} instead of "
-                   f"{gib(2 * n)}).")
+                   f"{', '.join(f'{g.name} ({gib(g.memory_bytes)})' for g in holding)}.")
+    ways = []
+    for way, spec in (("--method qlora", "qlora"), ("--method lora", "lora")):
+        if ft.method not in (spec, "qlora") and (ft.is_full or spec == "qlora"):
+            fits = refit(r, setup=_with_method(setup, spec))
+            if fits is not None:
+                ways.append(f"{way} fits on {fits} x {gpu.name}")
     if ft.is_full and setup.offload_optimizer == "none" and setup.offload_params == "none":
-        p = setup.precision_spec
-        opt = (p.master_bytes + optimizer_state_bytes_per_param(setup.optimizer)) * n
-        out.append(f"Offload: --offload-optimizer cpu (with ZeRO 1-3) moves the optimizer states ({gib(opt)} in "
-                   f"all) to CPU memory; --offload-params cpu with --zero 3 moves the weights too.")
-    if ft.is_full:
-        out.append(f"Fine-tune instead: --method qlora keeps a 4-bit base (about {gib(n / 2)}) and trains small "
-                   f"adapters; --method lora a 16-bit base ({gib(2 * n)}).")
-    if sm is not None and sm.layout.recompute != "full":
-        out.append("Fewer activations: --recompute full, a smaller --micro-batch or a shorter --seq-len.")
-    elif sm is not None and setup.seq_len > 1024:
-        out.append(f"Fewer activations: a shorter --seq-len (e.g. {setup.seq_len // 2}) or a smaller --micro-batch.")
+        for way, change in (("--offload-optimizer cpu", {"offload_optimizer": "cpu"}),
+                            ("--offload-params cpu --offload-optimizer cpu --zero 3",
+                             {"offload_optimizer": "cpu", "offload_params": "cpu"})):
+            fits = refit(r, setup=_replace(setup, **change))
+            if fits is not None:
+                ways.append(f"{way} fits on {fits} x {gpu.name} (states in CPU memory)")
+                break
+    space = r.space
+    if space is not None and "full" not in space.recomputes:
+        fits = refit(r, space=_replace(space, recomputes=("full",)))
+        if fits is not None:
+            ways.append(f"--recompute full fits on {fits} x {gpu.name}")
+    if space is not None and 1 not in space.micro_batches:
+        fits = refit(r, space=_replace(space, micro_batches=(1,)))
+        if fits is not None:
+            ways.append(f"--micro-batch 1 fits on {fits} x {gpu.name}")
+    for seq in (setup.seq_len // 2, setup.seq_len // 4, setup.seq_len // 8):   # a few re-plans, not a sweep
+        if seq < 256:
+            break
+        fits = refit(r, setup=_replace(setup, seq_len=seq))
+        if fits is not None:
+            ways.append(f"--seq-len {seq} fits on {fits} x {gpu.name}")
+            break
+    if ways:
+        out.append("Re-planned with one change each: " + "; ".join(ways) + ".")
     return out
+
+
+def runs_precision(gpu: Any, precision: str) -> bool:
+    """Whether ``gpu`` runs ``precision`` (the CLI refuses bf16 without bf16 support, as on a
+    V100, and fp8 without FP8 tensor cores)."""
+    if precision.startswith("bf16"):
+        return gpu.bf16_flops_per_s is not None
+    return precision != "fp8" or gpu.fp8_flops_per_s is not None
+
+
+def refit(r: Any, *, setup: Any = None, gpu: Any = None, counts: Sequence[int] | None = None,
+          space: Any = None) -> int | None:
+    """The smallest GPU count of ``counts`` (default: the counts the plan tried) on which a
+    layout fits with one change to the request (its setup, GPU or search space): the
+    memory search of planner.search.search, without step times. None when none fits."""
+    from planner.api import capacity_bytes, host_capacities
+    from planner.layouts.layout import SearchSpace
+    from planner.search.search import search
+    from planner.timing.model import cluster_for
+
+    setup = setup if setup is not None else r.setup
+    space = space if space is not None else (r.space or SearchSpace())
+    if gpu is None:
+        gpu, host, nvme = r.gpu, r.host_capacity_bytes, r.nvme_capacity_bytes
+    else:
+        host, nvme = host_capacities(cluster_for(gpu))
+        space = _replace(space, max_tp=None) if space.max_tp is not None and space.max_tp < gpu.gpus_per_node else space
+    try:
+        res = search(r.model, setup, capacity_bytes(gpu, setup), gpu.gpus_per_node,
+                     counts if counts is not None else r.result.counts_tried, space,
+                     host_capacity_bytes=host, nvme_capacity_bytes=nvme)
+    except ValueError:          # a change the setup refuses (UserError is one): not a way out
+        return None
+    return res.n_gpus if res.fitting else None
+
+
+def _replace(obj: Any, **changes: Any) -> Any:
+    from dataclasses import replace
+    return replace(obj, **changes)
+
+
+def _with_method(setup: Any, method: str) -> Any:
+    from planner.training.finetune import FinetuneSpec
+    return _replace(setup, finetune=FinetuneSpec.named(method))
 
 
 def degree_conflict(m: Any, setup: Any, kw: Mapping[str, Any]) -> str | None:

@@ -1,34 +1,28 @@
 """The terminal: the human reports drawn with rich (an answer panel, memory per category
-as bars against the GPU's capacity, step time, cost, alternatives), and the progress bar
-of long searches on stderr.
+as bars against the GPU's capacity, step time, cost, alternatives).
 
-rich is imported here only, and only inside the functions that draw, so `plan --help`
-and the JSON output never pay for it. Colour is on only where the output is a terminal
-(or FORCE_COLOR asks for it) and NO_COLOR is unset and TERM is not dumb; elsewhere the
-report is plain text at a fixed width (COLUMNS, else 100), so saved outputs are stable.
-Units are formatted by planner.fmt (gib, duration, usd), as everywhere.
+rich is imported only inside the functions that draw, so `plan --help` and the JSON output
+never pay for it. Where the report goes (colour, width) and the progress bar of long
+searches are planner.report.screen; the bars are planner.report.bars. Units are formatted
+by planner.fmt (gib, duration, usd), as everywhere.
 """
 
 from __future__ import annotations
 
-import io
-import os
-import sys
-import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, TextIO
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from planner.fmt import amount, days, duration, gib, params, plural, usd
 from planner.memory.model import CATEGORIES
+from planner.report import costs
 from planner.report import text as report
+from planner.report.bars import BAD, CATEGORY_STYLE, DIM, HEAD, OK, Bar, Stack, Timeline
 from planner.report.intervals import cost_interval_text, memory_note, step_interval_text
+from planner.report.screen import render
 from planner.report.text import LABELS
 
 if TYPE_CHECKING:
-    from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
-    from rich.measure import Measurement
+    from rich.console import ConsoleOptions
     from rich.table import Table
 
     from planner.api import PlanResult
@@ -36,142 +30,8 @@ if TYPE_CHECKING:
     from planner.search.search import Candidate
     from planner.timing.model import StepTime
 
-DEFAULT_WIDTH = 100        # columns of a report that does not go to a terminal
-BAR_WIDTH = 30             # cells of a memory bar at 100% of the GPU
-PROGRESS_DELAY_S = 1.0     # a progress bar appears only once the work has run this long
 
-# One colour per memory category, the same in every table and in the stacked total.
-CATEGORY_STYLE = {
-    "weights": "blue", "gradients": "magenta", "optimizer": "yellow", "activations": "green",
-    "logits": "cyan", "buffers": "bright_black", "overhead": "red",
-    "kv_cache": "cyan",
-}
-OK, BAD, DIM, HEAD = "green", "bold red", "dim", "bold"
-
-
-# ----------------------------------------------------------------------------- output
-
-@dataclass(frozen=True, slots=True)
-class Screen:
-    """Where a report goes: colour or not, its width in columns, and whether block and
-    box-drawing characters can be written (a UTF encoding)."""
-
-    colour: bool = False
-    width: int = DEFAULT_WIDTH
-    unicode: bool = True
-
-
-def _isatty(stream: Any) -> bool:
-    try:
-        return bool(stream.isatty())
-    except (AttributeError, ValueError, OSError):
-        return False
-
-
-def _env_width(default: int) -> int:
-    try:
-        columns = int(os.environ.get("COLUMNS", ""))
-    except ValueError:
-        return default
-    return columns if 20 <= columns <= 1000 else default
-
-
-def screen_for(stream: TextIO) -> Screen:
-    """Colour only on a terminal (or with FORCE_COLOR), never with NO_COLOR or TERM=dumb
-    (no-color.org); the terminal's width, or COLUMNS, else DEFAULT_WIDTH."""
-    env = os.environ
-    tty = _isatty(stream)
-    dumb = env.get("TERM", "").lower() in ("dumb", "unknown")
-    colour = (tty or bool(env.get("FORCE_COLOR"))) and not env.get("NO_COLOR") and not dumb
-    width = _env_width(DEFAULT_WIDTH)
-    if tty and "COLUMNS" not in env:
-        try:
-            width = max(40, os.get_terminal_size(stream.fileno()).columns)
-        except (AttributeError, ValueError, OSError):
-            pass
-    encoding = (getattr(stream, "encoding", None) or "utf-8").lower().replace("-", "")
-    return Screen(colour=colour, width=width, unicode=encoding.startswith("utf"))
-
-
-class _Buffer(io.StringIO):
-    """A string buffer that reports the target stream's encoding (rich draws ASCII boxes
-    where it is not UTF)."""
-
-    def __init__(self, encoding: str) -> None:
-        super().__init__()
-        self._encoding = encoding
-
-    @property
-    def encoding(self) -> str:  # type: ignore[override]
-        return self._encoding
-
-
-def _colour_system() -> Literal["truecolor", "256", "standard"]:
-    if os.environ.get("COLORTERM", "").lower() in ("truecolor", "24bit"):
-        return "truecolor"
-    return "256" if "256" in os.environ.get("TERM", "") else "standard"
-
-
-def render(parts: Sequence[RenderableType], screen: Screen = Screen()) -> str:
-    """The report as a string: ANSI styles only when ``screen.colour``; no trailing newline."""
-    from rich.console import Console
-
-    buf = _Buffer("utf-8" if screen.unicode else "ascii")
-    console = Console(file=buf, width=screen.width, color_system=_colour_system() if screen.colour else None,
-                      force_terminal=screen.colour, force_interactive=False, force_jupyter=False,
-                      highlight=False, emoji=False, markup=False, legacy_windows=False, soft_wrap=False)
-    for part in parts:
-        console.print(part)
-    lines = buf.getvalue().rstrip("\n").split("\n")
-    if not screen.colour:       # rich pads tables and captions to their width
-        lines = [line.rstrip() for line in lines]
-    return "\n".join(lines)
-
-
-# ------------------------------------------------------------------------------- bars
-
-class Bar:
-    """A horizontal bar, ``width`` cells for a whole: stacked parts (fraction, style) drawn
-    in block characters on a light track, in eighths of a cell when there is one part; '#'
-    and '.' where the output is not UTF; a '>' marks a total over the whole."""
-
-    def __init__(self, parts: Sequence[tuple[float, str]], width: int = BAR_WIDTH, shade: bool = False) -> None:
-        self.parts = [(max(0.0, f), style) for f, style in parts]
-        self.width = width
-        self.shade = shade      # a lighter fill, whole cells: the second of two bars compared
-
-    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
-        from rich.measure import Measurement
-        return Measurement(self.width + 1, self.width + 1)
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        from rich.segment import Segment
-        from rich.style import Style
-
-        ascii_only = options.ascii_only
-        full, track = ("#", ".") if ascii_only else ("\u2588", "\u2591")
-        if self.shade:
-            full, track = ("=" if ascii_only else "\u2592"), " "
-        total = sum(f for f, _ in self.parts)
-        cells = 0
-        if len(self.parts) == 1 and not ascii_only and not self.shade:
-            eighths = min(self.width * 8, round(self.parts[0][0] * self.width * 8))
-            whole, rest = divmod(eighths, 8)
-            text = full * whole + (" \u258f\u258e\u258d\u258c\u258b\u258a\u2589"[rest] if rest else "")
-            cells = len(text)
-            yield Segment(text, Style.parse(self.parts[0][1]))
-        else:
-            done = 0.0
-            for fraction, style in self.parts:       # cumulative rounding: the total stays right
-                done += fraction
-                end = min(self.width, round(done * self.width))
-                if end > cells:
-                    yield Segment(full * (end - cells), Style.parse(style))
-                    cells = end
-        if cells < self.width:
-            yield Segment(track * (self.width - cells), Style.parse(DIM))
-        yield Segment(">" if total > 1 + 1e-9 else " ", Style.parse(BAD))
-
+# ----------------------------------------------------------------------- building blocks
 
 def _simple_head() -> Any:
     """rich's SIMPLE_HEAD box (a rule under the header, no other lines), drawn with '-'
@@ -427,7 +287,7 @@ def crosscheck_view(c: Crosscheck) -> list[Any]:
 def cost_table(r: Any) -> Any:
     """The fastest (so cheapest) plan at each GPU type and count; * marks the chosen one."""
 
-    dated = ", ".join(f"{g.name} {report.rent_date(r, g.name)}" for g in r.gpus
+    dated = ", ".join(f"{g.name} {costs.rent_date(r, g.name)}" for g in r.gpus
                       if r.prices.for_gpu(g.name).rent_usd_per_gpu_hour is not None)
     t = _table("The fastest layout at each GPU count, its cost and time (* chosen"
                + (f"; rental prices of {dated}" if dated else "") + "):")
@@ -437,7 +297,7 @@ def cost_table(r: Any) -> Any:
     t.add_column("layout")
     for p in r.by_count:
         chosen = r.chosen is not None and p.candidate is r.chosen.candidate
-        broken = report.broken_limits(r, p)
+        broken = costs.broken_limits(r, p)
         note = f" (over {' and '.join(broken)})" if broken else ""
         t.add_row("*" if chosen else "", p.gpu.name, f"{p.n_gpus:,}",
                   usd(p.cost_usd) if p.cost_usd is not None else "-", duration(p.train_time_s),
@@ -460,6 +320,8 @@ def cost_view(r: Any, crosscheck: Crosscheck | None = None) -> list[Any]:
     out: list[Any] = [_text((f"{m.name}: {pc.total:,} parameters; {params(int(r.tokens))} tokens; "
                              f"minimising {goal}", HEAD)),
                       _text(f"GPU types {', '.join(g.name for g in r.gpus)}; {'; '.join(cons)}")]
+    for name, why in r.left_out:
+        out.append(_text((f"left out: {name}, {why}", BAD)))
     ft = res.setup.finetune
     if not ft.is_full:
         out.append(_text(f"method: {ft.describe(m)}"))
@@ -472,7 +334,7 @@ def cost_view(r: Any, crosscheck: Crosscheck | None = None) -> list[Any]:
         what = "Cheapest plan" if r.objective == "cost" else "Fastest plan"
         cost = usd(c.cost_usd) if c.cost_usd is not None else "no price"
         rate = r.prices.for_gpu(c.gpu.name).rent_usd_per_gpu_hour
-        priced = (f", at ${rate:,.2f} per GPU-hour (price of {report.rent_date(r, c.gpu.name)})"
+        priced = (f", at ${rate:,.2f} per GPU-hour (price of {costs.rent_date(r, c.gpu.name)})"
                   if rate is not None else "")
         rows = [("cost", _text((cost, HEAD), f" for {duration(c.train_time_s)} ({c.gpu_hours:,.0f} GPU-hours)"
                                f"{priced}")), ("", cost_interval_text(c))]       # issue 18 (report.intervals)
@@ -482,12 +344,12 @@ def cost_view(r: Any, crosscheck: Crosscheck | None = None) -> list[Any]:
         out += [_text(""), time_table(c.candidate.time)]
     if r.by_count:
         out += [_text(""), cost_table(r)]
-    out += _section("Prices (override with --prices FILE):", _lines(report.rent_lines(r), DIM))
-    stale = report.stale_price_warning(r.prices, [g.name for g in r.gpus])
+    out += _section("Prices (override with --prices FILE):", _lines(costs.rent_lines(r), DIM))
+    stale = costs.stale_price_warning(r.prices, [g.name for g in r.gpus])
     if stale:
         out.append(_text((stale, BAD)))
     out += _section("Assumptions", _lines(report.assumptions_text(res), DIM))
-    out += _section("Solver", _lines(report.solver_lines(r), DIM))
+    out += _section("Solver", _lines(costs.solver_lines(r), DIM))
     if crosscheck is not None:
         out += crosscheck_view(crosscheck)
     return out
@@ -532,10 +394,10 @@ def buy_view(r: Any) -> list[Any]:
         t.add_row(pool.gpu, f"{pool.gpus_per_node} GPUs", usd(pool.capex_usd), usd(pool.opex_usd),
                   f"{g.purchase_source} ({g.purchase_date}); {g.node_power_kw:g} kW: {g.power_source}")
     out += [_text(""), t]
-    stale = report.stale_price_warning(p, [pool.gpu for pool in r.pools], own=True)
+    stale = costs.stale_price_warning(p, [pool.gpu for pool in r.pools], own=True)
     if stale:
         out.append(_text((stale, BAD)))
-    out += _section("Solver", _lines(report.buy_solver_lines(r), DIM))
+    out += _section("Solver", _lines(costs.buy_solver_lines(r), DIM))
     return out
 
 
@@ -560,30 +422,6 @@ def jobs_table(r: Any) -> Any:
         t.add_row(_text(j.name, (f"\n{j.model.name}", DIM)), params(int(j.tokens)), f"{j.n_gpus} x {j.gpu.name}",
                   when(j.start_s), when(j.finish_s), when(j.deadline_s), duration(j.finish_s - j.start_s), bar)
     return t
-
-
-class Timeline:
-    """A job's window on a shared scale: blank before it starts, block characters while it
-    runs, a track until its deadline."""
-
-    def __init__(self, lead: float, run: float, slack: float, width: int) -> None:
-        self.lead, self.run, self.slack, self.width = lead, run, slack, width
-
-    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
-        from rich.measure import Measurement
-        return Measurement(self.width, self.width)
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        from rich.segment import Segment
-        from rich.style import Style
-
-        full, track = ("#", ".") if options.ascii_only else ("\u2588", "\u2591")
-        a = round(self.lead * self.width)
-        b = max(a + 1, round((self.lead + self.run) * self.width))
-        c = max(b, round((self.lead + self.run + self.slack) * self.width))
-        yield Segment(" " * a)
-        yield Segment(full * (b - a), Style.parse(OK))
-        yield Segment(track * (min(c, self.width) - b), Style.parse(DIM))
 
 
 # ------------------------------------------------------------------- plan measure
@@ -612,7 +450,7 @@ def comparison_view(m: Any, gpu: Any, cmp: Any) -> list[Any]:
         if r.category == "activations":
             label = "activations and loss"
         colour = CATEGORY_STYLE.get(r.category, "white")
-        pair = _Stack([Bar([(r.predicted_bytes / top, colour)], width=20),
+        pair = Stack([Bar([(r.predicted_bytes / top, colour)], width=20),
                        Bar([(r.measured_bytes / top, colour)], width=20, shade=True)])
         t.add_row(_text((label, HEAD if r.category == "total" else "")), gib(r.predicted_bytes),
                   gib(r.measured_bytes), _text((err, style)), pair, end_section=r.category == "total")
@@ -626,25 +464,6 @@ def comparison_view(m: Any, gpu: Any, cmp: Any) -> list[Any]:
                      f"max reserved {gib(meas['max_reserved_bytes'])}")
     out.append(_lines(lines))
     return out
-
-
-class _Stack:
-    """Renderables one above the other in one table cell."""
-
-    def __init__(self, parts: Sequence[Any]) -> None:
-        self.parts = parts
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        from rich.segment import Segment
-
-        for i, part in enumerate(self.parts):
-            if i:
-                yield Segment.line()
-            yield part
-
-    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
-        from rich.measure import Measurement
-        return Measurement.get(console, options, self.parts[0])
 
 
 # --------------------------------------------------------------------- --task load
@@ -678,86 +497,6 @@ def load_view(r: Any) -> list[Any]:
               _text((f"{100 * r.memory.total / cap:.0f}% ", HEAD), verdict))
     out += [_text(""), t]
     return out
-
-
-# --------------------------------------------------------------------------- progress
-
-def stderr_can_redraw() -> bool:
-    """stderr is a terminal that can redraw a line (not TERM=dumb)."""
-    return _isatty(sys.stderr) and os.environ.get("TERM", "").lower() not in ("dumb", "unknown")
-
-
-def progress_console() -> Console:
-    """The console a progress bar draws on: stderr."""
-    from rich.console import Console
-    return Console(file=sys.stderr, highlight=False)
-
-
-Update = Callable[..., None]     # update(done, total=None, description=None)
-
-
-class _Progress:
-    """A transient bar on stderr that appears only once the work has run PROGRESS_DELAY_S
-    (from a timer thread), and takes updates before and after it appears."""
-
-    def __init__(self, description: str) -> None:
-        self.lock = threading.Lock()
-        self.state: tuple[int, int | None, str] = (0, None, description)
-        self.bar: Any = None
-        self.task: Any = None
-        self.closed = False
-        self.timer = threading.Timer(PROGRESS_DELAY_S, self.start)
-        self.timer.daemon = True
-
-    def update(self, done: int, total: int | None = None, description: str | None = None) -> None:
-        with self.lock:
-            self.state = (done, total, description or self.state[2])
-            if self.bar is not None:
-                self.bar.update(self.task, completed=done, total=total, description=self.state[2])
-
-    def start(self) -> None:
-        console = progress_console()
-        from rich.progress import (
-            BarColumn,
-            Progress,
-            SpinnerColumn,
-            TextColumn,
-            TimeElapsedColumn,
-        )
-
-        with self.lock:
-            if self.closed:
-                return
-            done, total, description = self.state
-            self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                                TimeElapsedColumn(), console=console, transient=True,
-                                redirect_stdout=False, redirect_stderr=False)
-            self.task = self.bar.add_task(description, total=total, completed=done)
-            self.bar.start()
-
-    def close(self) -> None:
-        self.timer.cancel()
-        with self.lock:
-            self.closed = True
-            if self.bar is not None:
-                self.bar.stop()
-
-
-@contextmanager
-def progress(description: str, enabled: bool = True) -> Iterator[Update]:
-    """A progress bar for work that may run past a second: yields ``update(done, total,
-    description)`` (total None: a bar without an end). The bar goes to stderr, appears
-    only when stderr is a terminal and the work has run PROGRESS_DELAY_S, and is erased
-    when the work ends. With ``enabled`` false (--json, --quiet) nothing is drawn."""
-    if not enabled or not stderr_can_redraw():
-        yield lambda done, total=None, description=None: None
-        return
-    p = _Progress(description)
-    p.timer.start()
-    try:
-        yield p.update
-    finally:
-        p.close()
 
 
 # ------------------------------------------------- the reports as plain text (tests, scripts)

@@ -1,0 +1,83 @@
+"""Every way out planner/report/advice.py offers for a plan that does not fit is planned
+again through the CLI, as a user would type it, and must fit (issue 20: LoRA of 8B at
+sequence 4,096 on one 4090 was offered "2 x 4090" and an MI300X but not --method qlora or
+--seq-len 2048; 405B on one GPU was offered offload and QLoRA, which do not fit on it)."""
+
+import json
+import re
+
+import pytest
+from click.testing import CliRunner
+
+from planner.cli.main import cli
+
+
+def run(args):
+    return CliRunner().invoke(cli, list(args))
+
+
+def advice(args):
+    r = run([*args, "--json"])
+    assert r.exit_code == 2, r.output
+    return json.loads(r.stdout)["advice"]
+
+
+def without(args, *names):
+    """``args`` less the options ``names`` and their values."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a in names:
+            skip = True
+        else:
+            out.append(a)
+    return out
+
+
+def replans(args, lines):
+    """The command lines the advice suggests, one per way out."""
+    out = []
+    for line in lines:
+        if m := re.match(r"It fits from (\d+) x ", line):
+            out.append([*without(args, "--n-gpus", "--max-gpus"), "--max-gpus", m[1]])
+        elif m := re.match(r"A GPU with enough memory for that layout on (\d+) GPUs?: (.*)\.$", line):
+            for name in re.findall(r"([\w.-]+) \([\d,.]+ GiB\)", m[2]):
+                out.append([*without(args, "--gpus", "--n-gpus", "--max-gpus"), "--gpus", name, "--n-gpus", m[1]])
+        elif line.startswith("Re-planned with one change each: "):
+            for way in line.removeprefix("Re-planned with one change each: ").rstrip(".").split("; "):
+                change, n = re.match(r"(.*) fits on (\d+) x ", way).groups()
+                flags = change.split()
+                names = [f for f in flags if f.startswith("--")]
+                out.append([*without(args, *names, "--n-gpus", "--max-gpus"), *flags, "--n-gpus", n])
+    return out
+
+
+CASES = {
+    "lora-8b-4090": ["--model", "8b", "--gpus", "4090", "--method", "lora", "--seq-len", "4096", "--n-gpus", "1"],
+    "405b-one-h100": ["--model", "405b", "--gpus", "h100", "--max-gpus", "1"],
+    "70b-8-a100": ["--model", "70b", "--gpus", "a100", "--n-gpus", "8"],
+    "8b-1m-tokens": ["--model", "8b", "--gpus", "h100", "--n-gpus", "8", "--seq-len", "1048576",
+                     "--global-batch", "8"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_way_out_the_advice_offers_fits(name):
+    args = CASES[name]
+    lines = advice(args)
+    commands = replans(args, lines)
+    assert commands, lines
+    for cmd in commands:
+        r = run([*cmd, "--quiet"])
+        assert r.exit_code == 0 and "/" in r.stdout, (cmd, r.output)
+
+
+def test_the_cheap_ways_out_are_offered_and_the_ones_that_do_not_fit_are_not():
+    text = " ".join(advice(CASES["lora-8b-4090"]))
+    assert "--method qlora fits on 1 x 4090" in text and "--seq-len 2048 fits on 1 x 4090" in text
+    text = " ".join(advice(CASES["405b-one-h100"]))
+    # 405B's 16-bit weights alone (756 GiB) and its 4-bit base (189 GiB) overflow one H100;
+    # dgx-h100 gives a node 2 TiB of CPU memory, less than the 6 TB of states to offload
+    assert "It fits from 96 x h100" in text
+    assert "--method qlora" not in text and "--offload" not in text and "A GPU with" not in text
