@@ -1,0 +1,24 @@
+"""The package's shape (issue 15): no module imports another's private names, and no module
+grows far past about 600 lines. The import direction is checked by lint-imports (.ci/run)."""
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "planner"
+MAX_LINES = 650      # "about 600"
+
+
+def test_no_private_name_is_imported_across_modules() -> None:
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("planner"):
+                found += [f"{path.relative_to(PACKAGE)}: {node.module}.{a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not found, found
+
+
+def test_no_module_is_far_over_600_lines() -> None:
+    long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, long
