@@ -1,6 +1,7 @@
 """Write planner/presets/links.json: the graph links (placement.graph_link) that the mission
 commands and the examples ask for on the shipped topologies, so that a plan reads them instead
-of solving their max-flow problems again (planner.hardware.placement.shipped_links).
+of solving their max-flow problems again (planner.hardware.placement.shipped_links), with each
+topology's NVLink domain (placement.shipped_domain_gpus): a plan on them builds no graph.
 
 Run it after changing a shipped topology or the bandwidth model: an entry answers only for the
 topology whose fingerprint it carries, and tests/test_link_table.py recomputes the entries.
@@ -18,6 +19,7 @@ from click.testing import CliRunner
 
 from planner.cli.main import cli
 from planner.hardware import placement
+from planner.hardware.graph import nvlink_domain_size
 from planner.hardware.topology import ClusterTopology
 
 COMMANDS = [
@@ -48,15 +50,16 @@ def main() -> None:
             sys.exit(f"plan {' '.join(args)} failed: {result.output[-500:]}")
     table: dict[str, dict] = {}
     for (top, stride, size, n, mn), link in sorted(seen.items(), key=lambda kv: (kv[0][0].name, kv[0][1:])):
-        entry = table.setdefault(top.name, {"fingerprint": placement.topology_fingerprint(top), "links": []})
+        entry = table.setdefault(top.name, {"fingerprint": placement.topology_fingerprint(top),
+                                            "domain_gpus": nvlink_domain_size(top), "links": []})
         entry["links"].append([stride, size, n, mn, link.bus_bytes_per_s, link.latency_s])
     out = Path(__file__).resolve().parent.parent / "planner" / "presets" / placement.LINK_TABLE
     lines = ["{"]
     for i, (name, entry) in enumerate(table.items()):
         rows = ",\n".join("   " + json.dumps(row) for row in entry["links"])
         comma = "," if i < len(table) - 1 else ""
-        lines.append(f' {json.dumps(name)}: {{"fingerprint": {json.dumps(entry["fingerprint"])}, "links": '
-                     f'[\n{rows}\n ]}}{comma}')
+        lines.append(f' {json.dumps(name)}: {{"fingerprint": {json.dumps(entry["fingerprint"])}, '
+                     f'"domain_gpus": {entry["domain_gpus"]}, "links": [\n{rows}\n ]}}{comma}')
     lines.append("}")
     out.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"{out}: {sum(len(e['links']) for e in table.values())} links on {len(table)} topologies")

@@ -44,3 +44,17 @@ def test_an_edited_topology_computes_its_links():
     edited = dataclasses.replace(top, network=dataclasses.replace(top.network, nic_bytes_per_s=25e9))
     assert placement.shipped_links(edited) == {}
     assert placement.shipped_links(top)
+
+
+@pytest.mark.parametrize("name", sorted(TABLE))
+def test_domain_is_the_graphs(name):
+    from planner.hardware.graph import nvlink_domain_size
+
+    top = load_topology(name)
+    assert TABLE[name]["domain_gpus"] == nvlink_domain_size(top) == placement.shipped_domain_gpus(top)
+
+
+def test_an_edited_topology_reads_no_domain_from_the_table():
+    top = load_topology("dgx-h100")
+    edited = dataclasses.replace(top, max_nodes=top.max_nodes - 1)
+    assert placement.shipped_domain_gpus(edited) is None

@@ -5,7 +5,8 @@ build_graph() turns a description (planner.hardware.topology) into a networkx gr
 NVSwitches, PCIe switches, CPU sockets, NICs, leaf and spine switches; edges carry
 bandwidth_bytes_per_s per direction and latency_s). Collective bandwidths are computed on
 that graph with max-flow over cuts, not looked up. This is the only module that imports
-networkx.
+networkx, inside the functions that build or solve a graph: a plan on a shipped topology reads
+its links and its NVLink domain from planner/presets/links.json and never imports it.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ import itertools
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
-
-import networkx as nx
+from typing import TYPE_CHECKING, Any
 
 from planner.errors import UserError
 from planner.hardware.topology import AXES, ClusterTopology, IntraNodeFabric
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 # ---------------------------------------------------------------------------------------------
 # The graph
@@ -78,6 +80,8 @@ def build_graph(top: ClusterTopology, n_nodes: int) -> nx.Graph:
         raise UserError(f"topology {top.name} holds 1 to {top.max_nodes} nodes, not {n_nodes}")
     gpn, intra, pcie, net = top.gpus_per_node, top.intra_node, top.pcie, top.network
     n_gpus = n_nodes * gpn
+    import networkx as nx
+
     g = nx.Graph(topology=top.name, n_gpus=n_gpus, fabric=intra.fabric,
                  intra_kinds=(PCIE, CPU) if intra.fabric == "pcie" else (SCALE_UP,),
                  scale_up_gpu_bytes_per_s=_scale_up_gpu_bytes_per_s(intra),
@@ -237,6 +241,8 @@ def _placement_key(g: nx.Graph, sources: set[int], sinks: set[int], one_island: 
 def _solve_max_flow(g: nx.Graph, sources: set[int], sinks: set[int], one_island: bool) -> float:
     involved = sources | sinks
     kinds = g.graph["intra_kinds"] if one_island else (SCALE_UP, PCIE, CPU, NETWORK)
+    import networkx as nx
+
     und = nx.Graph()
     def usable(v: Any) -> bool:     # GPUs are the int vertices; only involved ones take part
         return v in involved or not isinstance(v, int)
@@ -380,6 +386,8 @@ def nvlink_domain_size(top: ClusterTopology) -> int:
     """GPUs reachable from GPU 0 over NVLink / Infinity Fabric alone, read from the graph (1 on PCIe-only machines)."""
     per_domain_nodes = max(1, top.intra_node.domain_gpus // top.gpus_per_node)
     g = build_graph(top, min(top.max_nodes, per_domain_nodes + 1))
+    import networkx as nx
+
     scale_up = g.edge_subgraph((a, b) for a, b, k in g.edges(data="kind") if k == SCALE_UP)
     if 0 not in scale_up:
         return 1

@@ -110,6 +110,19 @@ def shipped_links(top: ClusterTopology) -> dict[tuple[int, int, int, int], AxisL
     return {(st, sz, n, mn): AxisLink(bus_bytes_per_s=bw, latency_s=lat) for st, sz, n, mn, bw, lat in entry["links"]}
 
 
+@lru_cache(maxsize=64)
+def shipped_domain_gpus(top: ClusterTopology) -> int | None:
+    """graph.nvlink_domain_size() of a shipped topology as planner/presets/links.json records
+    it (bench/link_table.py), or None when the table does not answer for ``top``."""
+    path = importlib.resources.files("planner") / "presets" / LINK_TABLE
+    if not path.is_file():
+        return None
+    entry = json.loads(path.read_text(encoding="utf-8")).get(top.name)
+    if entry is None or entry["fingerprint"] != topology_fingerprint(top):
+        return None
+    return entry.get("domain_gpus")
+
+
 @lru_cache(maxsize=4096)
 def _graph_link(top: ClusterTopology, stride: int, size: int, n_gpus: int, min_nodes: int) -> AxisLink:
     """graph_link(), read off the shipped table where it has the answer: the max-flow
@@ -213,5 +226,6 @@ def scale_up_domain_gpus(cluster: Cluster) -> int:
     (graph.nvlink_domain_size: 8 on a DGX, 72 on an NVL72 rack, 1 without NVLink);
     without a topology, the GPUs of a node when the GPU has an NVLink-class link."""
     if cluster.topology is not None:
-        return nvlink_domain_size(cluster.topology)
+        shipped = shipped_domain_gpus(cluster.topology)
+        return shipped if shipped is not None else nvlink_domain_size(cluster.topology)
     return cluster.gpu.gpus_per_node if "pcie" not in cluster.gpu.intra_node_link else 1
