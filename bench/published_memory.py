@@ -16,6 +16,7 @@ Writes docs/published-memory.md and docs/published-memory.json (a second or two)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from dataclasses import dataclass
@@ -78,6 +79,9 @@ ROWS = (
     Row(name="70B, FSDP 32 x TP 8, full, compile, float8", source=TITAN_2412 + ", Table 4", published_gib=71.9,
         model="llama3.1-70b", dp=32, tp=8, micro_batch=16, recompute="full", compile=True, float8=True,
         assumed=SEQ_ASSUMED + "; float8 as torchao's tensorwise recipe"),
+    Row(name="8B, FSDP 8, full, compile, float8, sequence 32768", source=TITAN_2412 + ", Table 2 (FSDP 8, CP 1)",
+        published_gib=83.9, model="llama3.1-8b", dp=8, micro_batch=1, seq_len=32768, recompute="full",
+        compile=True, float8=True, assumed="float8 as torchao's tensorwise recipe"),
     Row(name="8B, FSDP 32, selective, compile, float8", source=TITAN_2506, published_gib=47.96, model="llama3.1-8b",
         dp=32, micro_batch=2, recompute="selective", compile=True, float8=True,
         assumed="sequence 8192 and selective op AC (train_configs/llama3_8b.toml at e7c0cae); float8 tensorwise "
@@ -109,6 +113,51 @@ def inputs(r: Row) -> tuple[Any, TrainingSetup, Layout]:
     return m, setup, lay
 
 
+# torchtitan's tensor parallelism computed that loss under loss_parallel (vocab-sharded logits,
+# DTensor's decomposed log-softmax and NLL: torch/distributed/tensor/parallel/loss.py). Measured
+# here (``python bench/published_memory.py --measure-loss-parallel``: torch 2.13.0, a fake process
+# group of 8 under fake tensors, MemTracker, DTensor's shape propagation kept apart as in
+# planner.measure.fakes): the loss forward and backward peak at 4.5 fp32 copies of the local
+# logits under loss_parallel, 3.5 for the same loss on a plain tensor: one fp32 copy more.
+LOSS_PARALLEL_EXTRA_FP32_COPIES = 1.0
+
+
+def measure_loss_parallel_copies(tp: int = 8, tokens: int = 8192, vocab_local: int = 16032) -> tuple[float, float]:
+    """(peak of the full-logit fp32 loss under loss_parallel, the same on a plain tensor), in fp32
+    copies of the local logits, measured with MemTracker under fake tensors and a fake process group."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.parallel import loss_parallel
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from planner.measure.fakes import separate_dtensor_propagation
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=tp)
+    mesh = init_device_mesh("cpu", (tp,))
+    unit = tokens * vocab_local * 4
+    peaks = []
+    for parallel in (True, False):
+        with FakeTensorMode(), separate_dtensor_propagation(True):
+            local = torch.randn(tokens, vocab_local, dtype=torch.bfloat16, requires_grad=True)
+            pred = DTensor.from_local(local, mesh, [Shard(-1)], run_check=False) if parallel else local
+            labels = torch.randint(0, vocab_local, (tokens,))
+            tracker = MemTracker()
+            tracker.track_external(local)
+            with tracker, (loss_parallel() if parallel else contextlib.nullcontext()):
+                loss = F.cross_entropy(pred.float(), labels)
+                del pred
+                loss.backward()
+            peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
+            peaks.append(sum(v for k, v in peak.items() if not str(k).endswith("Total")) / unit)
+    dist.destroy_process_group()
+    return peaks[0], peaks[1]
+
+
 def predict(r: Row) -> dict[str, Any]:
     """The planner's figures for ``r`` (GiB): tracked, reserved (tracked + fragmentation), the
     same with the full-logit fp32 loss the published versions ran, and the total it plans with."""
@@ -124,6 +173,9 @@ def predict(r: Row) -> dict[str, Any]:
            "phase": mem.phase, "reserved_full_logits_gib": None}
     if r.stack == "torchtitan":
         full_logits = logits_bytes(m, setup, lay, "eager") - logits_bytes(m, setup, lay, "torchtitan")
+        if r.tp > 1:      # loss_parallel: one more fp32 copy of the local logits (measured, above)
+            tokens = r.micro_batch * r.seq_len
+            full_logits += int(LOSS_PARALLEL_EXTRA_FP32_COPIES * tokens * -(-m.vocab_size // r.tp) * 4)
         at_loss = tracked + full_logits if mem.phase == "backward-start" else max(tracked, b.logits + full_logits)
         out["reserved_full_logits_gib"] = at_loss * (1 + frag) / GiB
     return out
@@ -137,22 +189,35 @@ EXPLAIN = {
         "caching allocator's reserve over allocated tensors (FSDP2's all-gather and reduce-scatter "
         "streams keep freed blocks for their own stream), which the 10% allowance models."),
     "8B, FSDP 8, selective, compile": (
-        "torch.compile saves 5.4 GiB of reserved memory on the page; the planner's compiled block "
-        "keeps the same tensors under SelectiveAC (assumed, not measured: the policy's save list), so "
-        "it predicts no saving: the fused kernels free temporaries (the recomputed element-wise ops' "
-        "intermediates, the compiled loss's upcast) that the planner's tracked peak does not hold."),
+        "torch.compile saves 5.4 GiB of reserved memory on the page; the planner's compiled "
+        "SelectiveAC block drops w2's output, which eager SelectiveAC stores and no backward op reads "
+        "(measured on a small compiled block, 4,112 to 3,664 B per token: planner.measure."
+        "torchtitan_compile), 4.3 GiB here. The rest is the fused kernels' transients (the recomputed "
+        "element-wise ops' intermediates, the compiled loss's upcast), which the tracked peak does not hold."),
     "8B, FSDP 128, selective": (
         "As the 8-GPU row, with model states 16x smaller; the full-logit loss again explains most of "
         "the gap."),
     "8B, FSDP 128, selective, compile": "As the 8-GPU compiled row.",
     "70B, FSDP 32 x TP 8, full, compile, float8": (
-        "Not explained: -26% remains with the full-logit loss (vocab-parallel under tp, loss_parallel: "
-        "logits / 8). Candidates, none modelled or measured here: float8's fp8 copies of each linear "
-        "input that the recomputed blocks keep for backward, compile's buffers, and the allocator's "
-        "reserve for micro-batch 16's large (0.5-3.6 GiB) block tensors, which the 10% allowance does "
-        "not cover; a GPU run (plan measure --real) is the way to split it."),
+        "-14% with the loss this version ran under tensor parallelism: vocab-sharded logits (logits / 8) "
+        "under loss_parallel, whose decomposed log-softmax and NLL hold one fp32 copy of the local logits "
+        "more than the plain loss (measured under fake tensors: 4.5 against 3.5 copies, 7.8 GiB here; "
+        "included in the column). What the same settings without tensor parallelism leave (the 32k-token "
+        "FSDP 8 row below: -8.8%) points the rest at tp. Named candidates, each about 2 GiB at micro-batch "
+        "16 (one all-gathered b s h bf16 input of the recomputed block): DTensor's sequence-parallel "
+        "all-gather along the sequence (Shard(1) to Replicate) peaks at twice the gathered tensor "
+        "(measured on CPU: all_gather_into_tensor along dim 0, then a reordering copy), and the page's own "
+        "AsyncTP row (67.6 GiB, 4.3 GiB less: the fused all-gather-matmul writes into symmetric memory "
+        "instead) matches two such copies (4.0 GiB); float8's tensorwise casts of those gathered inputs "
+        "(1 B per element each); and the allocator's reserve for blocks of this size, which the 10% "
+        "allowance may not cover. None is a planner term: a GPU run of the recomputed block (plan measure "
+        "--real with --tp 8) decides between them."),
+    "8B, FSDP 8, full, compile, float8, sequence 32768": (
+        "Within 10% with the full-logit loss (1 x 32768 x 128,256 fp32 logits: 15.7 GiB a copy): the "
+        "same version, full recomputation, compile and float8 without tensor parallelism, the control "
+        "for the 70B row's gap."),
     "8B, FSDP 32, selective, compile, float8": (
-        "Within 5% with the planner's 0.3.0 profile, +40% with the full-logit loss: by mid-2025 "
+        "Within 10% with the planner's 0.3.0 profile, +31% with the full-logit loss: by mid-2025 "
         "torchtitan compiled the loss under training.compile (components/loss.py, "
         "build_cross_entropy_loss; assumed to hold at e7c0cae), which fuses the fp32 upcast away, so the "
         "eager full-logit figure overstates it; how close the chunked-loss profile comes is partly "
@@ -191,7 +256,8 @@ def table(results: list[dict[str, Any]]) -> str:
         "docs/accuracy-torchtitan.md) plus its 10% fragmentation allowance (assumed, "
         "training.setup.Overheads). *with full-logit loss* adds the loss the published versions ran "
         "(`cross_entropy(pred.flatten(0, 1).float(), labels)` over the whole micro-batch, before 0.3.0's "
-        "chunked loss; modelled with memory.loss's eager loss). *planned total* adds the CUDA context, "
+        "chunked loss; modelled with memory.loss's eager loss; under tensor parallelism its loss_parallel form, "
+        "one fp32 copy of the local logits more, measured). *planned total* adds the CUDA context, "
         "workspaces and NCCL (assumed, 1.5 GiB; 1.0 GiB on one GPU) to the reserved figure. The Hugging "
         "Face row's figure is nvidia-smi's used memory, which also holds the CUDA context; the page measured "
         "it (1,343 MiB), and the error is against the figure less that.",
@@ -234,6 +300,11 @@ def results() -> list[dict[str, Any]]:
 
 
 def main() -> int:
+    if "--measure-loss-parallel" in sys.argv:
+        par, plain = measure_loss_parallel_copies()
+        print(f"full-logit loss peak: {par:.2f} fp32 copies of the local logits under loss_parallel (tp 8), "
+              f"{plain:.2f} on a plain tensor")
+        return 0
     res = results()
     OUT.write_text(table(res))
     OUT.with_suffix(".json").write_text(json.dumps(res, indent=1) + "\n")
