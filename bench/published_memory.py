@@ -229,10 +229,13 @@ EXPLAIN = {
         "--real with --tp 8) decides between them. Part of the gap is in the tracker's view too: torchtitan "
         "0.3.0's own step at these widths under FSDPMemTracker (plan measure --stack torchtitan, llama3.1-70b, "
         "dp 2, tp 8, micro-batch 16 x 8192, full; blocks 2 and 4 scaled to 80) measures activations and loss "
-        "of 41.1 GiB against the planner's 32.1 (total -9.9%); at tp 4 68.1 against 58.3; Llama 3.1 8B at tp 4, "
-        "micro-batch 8: 11.9 against 11.1. The missing bytes grow with tokens x hidden x layers (about 0.1 B "
-        "each, not split by tp) and are not yet named; the stored torchtitan accuracy rows (micro-batch 1, "
-        "2,048 tokens) are too small to show them."),
+        "of 41.1 GiB against the planner's 34.1 (total -7.7%), after the chunk copies a micro-batch over 1 "
+        "makes were added (memory.loss; Llama 3.1 8B at tp 4, micro-batch 8: 11.6 against 11.9 measured). The "
+        "tracker's temporaries at the loss (17.1 GiB) exceed the planner's loss temporaries by about 8 GiB, "
+        "one fp32 chunk of logits over the whole vocabulary (16,384 x 128,256 x 4 B = 7.8 GiB): either "
+        "DTensor's loss_parallel propagation leaving global-shape stand-ins in the tracker (FACTS trap 6) or a "
+        "real gathered chunk; running the chunk's loss alone at tp 8 under the tracker with and without "
+        "planner.measure.fakes' separate propagation decides it."),
     "8B, FSDP 8, full, compile, float8, sequence 32768": (
         "Within 10% with the full-logit loss (1 x 32768 x 128,256 fp32 logits: 15.7 GiB a copy): the "
         "same version, full recomputation, compile and float8 without tensor parallelism, the control "

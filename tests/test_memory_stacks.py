@@ -207,6 +207,23 @@ def test_long_micro_batch_chunked_loss_at_tp1_against_the_tracker() -> None:
     assert abs(tracked / 19_735_265_748 - 1) <= 0.03, tracked
 
 
+def test_chunked_loss_copies_its_chunks_for_micro_batches_over_one() -> None:
+    """torchtitan's own step under FSDPMemTracker (stored; fake tensors, about 20 s a depth): a Llama of
+    8B's width (h 4096, f 14336, 32 heads, 8 KV heads), dp 2, tp 4, full recomputation, 65,536 tokens
+    per micro-batch: the Activation category peaks at 4.719 GiB as 8 x 8192 and at 4.218 GiB as
+    1 x 65,536, at 2 blocks and again at 4 (4.969 and 4.468): ChunkedLossWrapper's chunks are copies
+    when b > 1 (a split along dim 1 of [b, s, h] is not contiguous)."""
+    from planner.memory.loss import chunked_loss_bytes
+
+    m = spec_from_hf_config({**SMALL, "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+                             "num_key_value_heads": 8, "vocab_size": 128256}, "w", "test")
+    setup = TrainingSetup(seq_len=8192, stack="torchtitan")
+    eight = chunked_loss_bytes(m, setup, Layout(tp=4, sp=True, micro_batch=8, seq_len=8192, recompute="full"))
+    one = chunked_loss_bytes(m, replace(setup, seq_len=65536),
+                             Layout(tp=4, sp=True, micro_batch=1, seq_len=65536, recompute="full"))
+    assert abs((eight - one) - (4.719 - 4.218) * 2**30) <= 0.005 * 2**30
+
+
 def test_explain_follows_the_stack() -> None:
     got = plan("explain", *MUST_SHOW, "--stack", "torchtitan")
     assert got.exit_code == 0, got.output

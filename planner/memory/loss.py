@@ -73,7 +73,12 @@ def chunked_loss_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> int:
     lm_head, cross entropy and its own backward: TITAN_CHUNK_BYTES_PER_LOGIT per chunk token
     and vocabulary entry on the rank (V / tp under loss parallelism; TITAN_CHUNK_BYTES_PER_LOGIT_TP1
     at tp 1). The final norm keeps
-    the fp32 tensors the blocks' norms keep (activations.titan_block_terms).
+    the fp32 tensors the blocks' norms keep (activations.titan_block_terms). With a micro-batch
+    over 1 each chunk is a copy (``_chunk_local``: ``c.contiguous()`` of a split along dim 1,
+    which is not contiguous for b > 1) while the gathered hidden states stay alive for the
+    decoder's backward: b s h a more. Measured with torchtitan's own step under FSDPMemTracker
+    (a 4-block Llama of 8B's width, dp 2, tp 4, full, 65,536 tokens: micro-batch 8 x 8192 peaks
+    0.50 GiB = b s h x 2 B above micro-batch 1 x 65,536, at 2 and at 4 blocks).
     Checked with the whole step against FSDPMemTracker in docs/accuracy-torchtitan.md (tests/
     test_memory_stacks.py holds every row to +-10%).
     """
@@ -84,6 +89,8 @@ def chunked_loss_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> int:
     v_rank = ceil_div(m.vocab_size, lay.tp)
     norm = 0 if not m.final_norm else ceil_div(tokens * (8 * h + 4), sp_div)
     hidden = tokens * h * (a + 4)                   # detached 16-bit chunks, fp32 GradAccumulator
+    if lay.micro_batch > 1:     # a split along the sequence of a [b, s, h] tensor is not contiguous
+        hidden += tokens * h * a                    # for b > 1: the chunks are copies (see the docstring)
     head_grad = 0 if not setup.finetune.is_full else v_rank * h * (4 + a)
     per_logit = TITAN_CHUNK_BYTES_PER_LOGIT if lay.tp > 1 else TITAN_CHUNK_BYTES_PER_LOGIT_TP1
     chunk = ceil_div(tokens, TITAN_LOSS_CHUNKS) * v_rank * per_logit
