@@ -231,11 +231,15 @@ EXPLAIN = {
         "dp 2, tp 8, micro-batch 16 x 8192, full; blocks 2 and 4 scaled to 80) measures activations and loss "
         "of 41.1 GiB against the planner's 34.1 (total -7.7%), after the chunk copies a micro-batch over 1 "
         "makes were added (memory.loss; Llama 3.1 8B at tp 4, micro-batch 8: 11.6 against 11.9 measured). The "
-        "tracker's temporaries at the loss (17.1 GiB) exceed the planner's loss temporaries by about 8 GiB, "
-        "one fp32 chunk of logits over the whole vocabulary (16,384 x 128,256 x 4 B = 7.8 GiB): either "
-        "DTensor's loss_parallel propagation leaving global-shape stand-ins in the tracker (FACTS trap 6) or a "
-        "real gathered chunk; running the chunk's loss alone at tp 8 under the tracker with and without "
-        "planner.measure.fakes' separate propagation decides it."),
+        "excess is in the loss, not the blocks: a 70B-wide model at 2 and at 4 blocks keeps 0.25 GiB more per "
+        "block (the checkpointed input, as modelled) and the same 17.1 GiB of temporaries at the loss, about "
+        "6.7 GiB over the planner's loss terms (20.8 GiB of fixed tensors against 14.1). Named candidates: the "
+        "end of the chunk loop, where the fp32 gradient accumulator, its 16-bit copy (GradAccumulator.result()."
+        "to) and the reduce-scatter of that Partial gradient back to sequence shards (a reordering copy along "
+        "dim 1, as the all-gather's) coexist at the full sequence, 2-4 B per token x hidden each, against the "
+        "one chunk moment the planner sizes; or global-shape stand-ins of DTensor's loss_parallel that "
+        "planner.measure.fakes' separate propagation does not catch. A per-op dump of the live tensors at the "
+        "tracker's peak (a TorchDispatchMode beside FSDPMemTracker) decides it."),
     "8B, FSDP 8, full, compile, float8, sequence 32768": (
         "Within 10% with the full-logit loss (1 x 32768 x 128,256 fp32 logits: 15.7 GiB a copy): the "
         "same version, full recomputation, compile and float8 without tensor parallelism, the control "
