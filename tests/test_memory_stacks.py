@@ -177,6 +177,53 @@ def test_compiled_torchtitan_block_keeps_what_inductor_keeps() -> None:
     assert layer_activation_bytes(m, setup, lay, "torchtitan") == 8280 * SEQ
 
 
+def test_compiled_selective_block_keeps_what_inductor_keeps() -> None:
+    """torchtitan's SelectiveAC-wrapped block (SMALL), compiled by inductor on the CPU (torch
+    2.13.0, planner.measure.torchtitan_compile; about a minute, so stored, not rerun) kept 3,664
+    bytes per token: the block input, wqkv's output, the attention output and its log-sum-exp,
+    w1's output and the RoPE rows. The policy is honoured (nothing it marks for recomputation is
+    kept), but w2's output, which eager SelectiveAC stores (4,112 B per token, measured above),
+    is not: no backward op reads it."""
+    m = spec_from_hf_config(SMALL, "small", "test")
+    lay = Layout(micro_batch=1, seq_len=SEQ, recompute="selective")
+    compiled = TrainingSetup(seq_len=SEQ, stack="torchtitan", compile=True)
+    eager = TrainingSetup(seq_len=SEQ, stack="torchtitan")
+    assert layer_activation_bytes(m, compiled, lay, "torchtitan") == 3664 * SEQ
+    assert layer_activation_bytes(m, eager, lay, "torchtitan") == 4112 * SEQ
+
+
+def test_long_micro_batch_chunked_loss_at_tp1_against_the_tracker() -> None:
+    """torchtitan's own step under FSDPMemTracker (plan measure --stack torchtitan, fake tensors, blocks
+    2 and 4 scaled to 16; stored, about 30 s): Llama 3.2 1B, dp 2, tp 1, micro-batch 4 x 8192, full
+    recomputation, peak in the loss: 19,735,265,748 B. At tp 1 the chunk's cross entropy holds 14 B per
+    logit (18 B, the loss_parallel figure, put the planner +12% over here; the stored mb-1 rows hold
+    too few tokens per chunk to tell)."""
+    r = plan("--stack", "torchtitan", "--model", str(ROOT / "tests/data/hf_configs/llama3.2-1b.json"), "--gpus",
+             "h100", "--n-gpus", "2", "--dp", "2", "--tp", "1", "--pp", "1", "--fsdp", "full", "--recompute", "full",
+             "--seq-len", "8192", "--micro-batch", "4", "--global-batch", "8", "--json")
+    assert r.exit_code == 0, r.output
+    mem = json.loads(r.output)["plan"]["memory_bytes"]
+    tracked = mem["total"] - mem["overhead"]
+    assert abs(tracked / 19_735_265_748 - 1) <= 0.03, tracked
+
+
+def test_chunked_loss_copies_its_chunks_for_micro_batches_over_one() -> None:
+    """torchtitan's own step under FSDPMemTracker (stored; fake tensors, about 20 s a depth): a Llama of
+    8B's width (h 4096, f 14336, 32 heads, 8 KV heads), dp 2, tp 4, full recomputation, 65,536 tokens
+    per micro-batch: the Activation category peaks at 4.719 GiB as 8 x 8192 and at 4.218 GiB as
+    1 x 65,536, at 2 blocks and again at 4 (4.969 and 4.468): ChunkedLossWrapper's chunks are copies
+    when b > 1 (a split along dim 1 of [b, s, h] is not contiguous)."""
+    from planner.memory.loss import chunked_loss_bytes
+
+    m = spec_from_hf_config({**SMALL, "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+                             "num_key_value_heads": 8, "vocab_size": 128256}, "w", "test")
+    setup = TrainingSetup(seq_len=8192, stack="torchtitan")
+    eight = chunked_loss_bytes(m, setup, Layout(tp=4, sp=True, micro_batch=8, seq_len=8192, recompute="full"))
+    one = chunked_loss_bytes(m, replace(setup, seq_len=65536),
+                             Layout(tp=4, sp=True, micro_batch=1, seq_len=65536, recompute="full"))
+    assert abs((eight - one) - (4.719 - 4.218) * 2**30) <= 0.005 * 2**30
+
+
 def test_explain_follows_the_stack() -> None:
     got = plan("explain", *MUST_SHOW, "--stack", "torchtitan")
     assert got.exit_code == 0, got.output

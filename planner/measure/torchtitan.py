@@ -61,8 +61,9 @@ What did not run (tried on torch 2.13.0, torchtitan 0.3.0)
   (segmentation fault, exit 139; torch 2.13.0, a two-op function, checked 2026-12-02), while the
   same compiled function under MemTracker with real tensors runs. So the compiled profile
   (activations.titan_block_terms) is checked on one small real block without recomputation
-  (tests/test_memory_stacks.py); under SelectiveAC it is assumed that the partitioner honours
-  the policy's save list as eager mode does (not measured). ``compile_refusal`` says so.
+  (tests/test_memory_stacks.py), and so is one small block under SelectiveAC compiled the same
+  way (planner.measure.torchtitan_compile: the policy is honoured, and MUST_SAVE outputs no
+  backward op reads are dropped). ``compile_refusal`` says so.
 
 Depth scaling
 -------------

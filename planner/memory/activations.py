@@ -164,8 +164,14 @@ def titan_block_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> list[A
     pointwise ops: no fp32 norm copies (the block's input and two fp32 rstd instead), silu's
     output recomputed, a copy of the attention output for wo. Measured with saved-tensor hooks
     on torchtitan's block compiled by inductor on the CPU (torch 2.13, h 256, f 768, 4 heads,
-    2 KV heads): 8,280 B per token, as modelled (tests/test_memory_stacks.py); under selective
-    the policy's save list is assumed honoured as in eager mode (not measured).
+    2 KV heads): 8,280 B per token, as modelled (tests/test_memory_stacks.py). Under SelectiveAC
+    compiled the same way (the checkpoint-wrapped block, torch.compile'd as torchtitan's
+    apply_compile does) the policy is honoured (no PREFER_RECOMPUTE output is kept), but the
+    partitioner saves only what the backward graph reads: w2's output and, by the same rule at
+    tp > 1 (modelled, not measured), the reduce-scatter outputs, MUST_SAVE outputs no backward
+    op reads, are not kept, while the RoPE table rows are: measured 3,664 B per token (the
+    block input, wqkv's output, the attention output and log-sum-exp, w1's output, the RoPE
+    rows) against eager SelectiveAC's 4,112 (tests/test_memory_stacks.py).
     Checked against torchtitan's own block under PyTorch's MemTracker on CPU (tests/
     test_memory_stacks.py and docs/accuracy-torchtitan.md).
     """
@@ -184,7 +190,7 @@ def titan_block_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> list[A
     rope = a * (m.head_dim // 2)      # the RoPE table's rows for the block's positions
     if setup.compile:
         add("block input and the norms' fp32 rstd (compiled)", a * h + 8, sp_div, selective=True)
-        add("RoPE table rows", rope, 1, selective=True)
+        add("RoPE table rows (kept under SelectiveAC too, compiled)", rope, 1)
         add("norm outputs (wqkv and w1/w3 inputs, the full sequence under sp)", 2 * a * h, 1, selective=True)
         add("Q, K, V after RoPE (SDPA inputs)", a * (q + 2 * kv), tp, selective=True)
         add("wo input (a copy of the attention output, compiled)", a * q, tp, selective=True)
@@ -200,10 +206,13 @@ def titan_block_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> list[A
     else:
         add("MLP w1, silu, w3 and product outputs", 4 * a * f, tp, selective=True)
     add("w1 output (saved by SelectiveAC)", a * f, tp, selective_only=True)
-    add("w2 output (partial sums before the reduce-scatter; saved by SelectiveAC)", a * h,
-        1 if tp > 1 else sp_div, selective_only=True)
-    if tp > 1:
-        add("reduce-scatter outputs after wo and w2 (saved by SelectiveAC)", 2 * a * h, tp, selective_only=True)
+    if not setup.compile:
+        # MUST_SAVE outputs that backward never reads: eager SAC stores them anyway; the compiled
+        # partitioner saves only what the backward graph reads (measured at tp 1, see above)
+        add("w2 output (partial sums before the reduce-scatter; saved by SelectiveAC)", a * h,
+            1 if tp > 1 else sp_div, selective_only=True)
+        if tp > 1:
+            add("reduce-scatter outputs after wo and w2 (saved by SelectiveAC)", 2 * a * h, tp, selective_only=True)
     # the block's input, which the checkpoint wrapper keeps (the previous block's output;
     # without recomputation no op of the block saves it: the norm keeps its fp32 copy)
     add("block input (kept by the checkpoint wrapper)", a * h, sp_div, selective_only=True)

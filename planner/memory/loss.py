@@ -44,10 +44,18 @@ def logits_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) 
 # which its llama3 trainer configs use (models/llama3/config_registry.py)
 TITAN_LOSS_CHUNKS = 8
 # bytes per (token of a chunk, vocabulary entry on the rank) while one chunk's loss runs its
-# backward: the lm_head's 16-bit logits (2), their fp32 upcast (4) and log-softmax output (4)
+# backward under tensor parallelism, where torchtitan computes it under loss_parallel (vocab-
+# sharded logits; DTensor's decomposed log-softmax and NLL, torch/distributed/tensor/parallel/
+# loss.py): the lm_head's 16-bit logits (2), their fp32 upcast (4) and log-softmax output (4)
 # that cross entropy keeps (torchtitan/components/loss.py, CrossEntropyLoss: logits.float(),
 # F.cross_entropy), and the fp32 gradients of the log-softmax output and of the upcast (4 + 4)
 TITAN_CHUNK_BYTES_PER_LOGIT = 2 + 4 + 4 + 4 + 4
+# the same at tp 1, a plain tensor through aten's fused cross entropy: one fp32 copy fewer.
+# Measured with MemTracker under fake tensors (torch 2.13.0; bench/published_memory.py
+# --measure-loss-parallel: 3.5 fp32 copies of the logits with the 16-bit input, 4.5 under
+# loss_parallel at tp 8) and in the whole step (plan measure --stack torchtitan, Llama 3.2 1B,
+# dp 2, tp 1, 32,768 tokens per micro-batch, full: activations and loss +20% with 18 B, +2% with 14)
+TITAN_CHUNK_BYTES_PER_LOGIT_TP1 = 2 + 4 + 4 + 4
 
 
 def chunked_loss_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> int:
@@ -63,8 +71,14 @@ def chunked_loss_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> int:
     chunk's new 16-bit gradient until it is added: 4 + 2 bytes per element of the rank's LM
     head (V / tp x h). Each chunk runs
     lm_head, cross entropy and its own backward: TITAN_CHUNK_BYTES_PER_LOGIT per chunk token
-    and vocabulary entry on the rank (V / tp under loss parallelism). The final norm keeps
-    the fp32 tensors the blocks' norms keep (activations.titan_block_terms).
+    and vocabulary entry on the rank (V / tp under loss parallelism; TITAN_CHUNK_BYTES_PER_LOGIT_TP1
+    at tp 1). The final norm keeps
+    the fp32 tensors the blocks' norms keep (activations.titan_block_terms). With a micro-batch
+    over 1 each chunk is a copy (``_chunk_local``: ``c.contiguous()`` of a split along dim 1,
+    which is not contiguous for b > 1) while the gathered hidden states stay alive for the
+    decoder's backward: b s h a more. Measured with torchtitan's own step under FSDPMemTracker
+    (a 4-block Llama of 8B's width, dp 2, tp 4, full, 65,536 tokens: micro-batch 8 x 8192 peaks
+    0.50 GiB = b s h x 2 B above micro-batch 1 x 65,536, at 2 and at 4 blocks).
     Checked with the whole step against FSDPMemTracker in docs/accuracy-torchtitan.md (tests/
     test_memory_stacks.py holds every row to +-10%).
     """
@@ -75,6 +89,9 @@ def chunked_loss_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> int:
     v_rank = ceil_div(m.vocab_size, lay.tp)
     norm = 0 if not m.final_norm else ceil_div(tokens * (8 * h + 4), sp_div)
     hidden = tokens * h * (a + 4)                   # detached 16-bit chunks, fp32 GradAccumulator
+    if lay.micro_batch > 1:     # a split along the sequence of a [b, s, h] tensor is not contiguous
+        hidden += tokens * h * a                    # for b > 1: the chunks are copies (see the docstring)
     head_grad = 0 if not setup.finetune.is_full else v_rank * h * (4 + a)
-    chunk = ceil_div(tokens, TITAN_LOSS_CHUNKS) * v_rank * TITAN_CHUNK_BYTES_PER_LOGIT
+    per_logit = TITAN_CHUNK_BYTES_PER_LOGIT if lay.tp > 1 else TITAN_CHUNK_BYTES_PER_LOGIT_TP1
+    chunk = ceil_div(tokens, TITAN_LOSS_CHUNKS) * v_rank * per_logit
     return norm + hidden + head_grad + chunk

@@ -186,7 +186,7 @@ def memory_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, pc: ParamCount
         out.append(_mem("logits", "logits and loss (last stage, one micro-batch)",
                         ("torchtitan's chunked loss: final norm (b s (8h + 4) / t) + detached chunks and their "
                          "fp32 gradient (b s h (a + 4)) + LM-head gradient accumulated in fp32 (V/t h (4 + a)) + one "
-                         "chunk's logits, loss and gradients (b s / 8 x V/t x 18 B)") if titan else
+                         "chunk's logits, loss and gradients (b s / 8 x V/t x 18 B; 14 B at tp 1)") if titan else
                         "final-norm input + LM-head input (b s h a, / t with sp) + b s V/t x "
                         + ("12 B (fp32 logits and two fp32 gradients)" if eager else "4 B (fp32 logits)"),
                         logits_at, TITAN_LOSS if titan else LOGITS, micro_batch_b=lay.micro_batch,
