@@ -42,3 +42,17 @@ def test_nothing_priced_is_one_error_line_and_time_needs_no_price():
     assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1 and "h20" in r.stderr
     d = json.loads(run("--gpus", "h100,h20", "--objective", "time", "--json").stdout)
     assert d["gpus_left_out"] == [] and d["gpus_considered"] == ["h100", "h20"]
+
+
+def test_plan_buy_leaves_out_gpus_it_cannot_buy_and_says_so():
+    # h20 has neither a node purchase price nor a node power in planner/presets/prices.toml
+    p = load_prices(None).for_gpu("h20")
+    assert p.node_purchase_usd is None and p.node_power_kw is None
+    r = CliRunner().invoke(cli, ["buy", "examples/jobs.yaml", "--gpus", "h100,h20"])
+    assert r.exit_code == 0, r.output
+    lines = [line for line in r.stdout.splitlines() if line.startswith("left out: ")]
+    assert len(lines) == 1 and lines[0].startswith("left out: h20, no node price or power"), lines
+    d = json.loads(CliRunner().invoke(cli, ["buy", "examples/jobs.yaml", "--gpus", "h100,h20", "--json"]).stdout)
+    assert [x["gpu"] for x in d["gpus_left_out"]] == ["h20"] and set(d["nodes"]) == {"h100"}
+    r = CliRunner().invoke(cli, ["buy", "examples/jobs.yaml", "--gpus", "h20"])
+    assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1 and "h20" in r.stderr

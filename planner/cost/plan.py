@@ -436,6 +436,7 @@ class BuyResult:
     prices: Prices
     lines: tuple[str, ...] = ()              # why nothing satisfies the constraints, when so
     search_s: float = 0.0
+    left_out: tuple[tuple[str, str], ...] = ()    # (GPU, why) of --gpus left out of the purchase
 
     @property
     def feasible(self) -> bool:
@@ -476,6 +477,15 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
         raise UserError(f"job {late[0].name!r} ends after the horizon ({days(horizon_s)} from "
                         f"{jobs_file.start.date().isoformat()}); lengthen --horizon to at least "
                         f"{math.ceil(late[0].deadline_s / 86400)}d")
+    # a GPU type without a node price or power cannot be bought: left out, and said so; with
+    # none priced, the UserError naming the missing figures
+    priced = [g for g in gpus if prices.for_gpu(g.name).node_purchase_usd is not None
+              and prices.for_gpu(g.name).node_power_kw is not None]
+    if not priced:
+        prices.node(gpus[0].name)
+    left_out = tuple((g.name, "no node price or power (give node_purchase_usd, node_power_kw in --prices FILE)")
+                     for g in gpus if g not in priced)
+    gpus = priced
     pools = []
     for g in gpus:
         nc = node_cost(g.name, horizon_s, prices)
@@ -573,7 +583,7 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
     return BuyResult(path=jobs_file.path, start_date=jobs_file.start.date().isoformat(), horizon_s=horizon_s,
                      pools=tuple(pools), nodes=sol.nodes, capex_usd=capex, opex_usd=opex, plans=tuple(plans),
                      solver=sol.solver, n_options=len(options), budget_usd=budget_usd, prices=prices,
-                     lines=tuple(lines), search_s=time.perf_counter() - t0)
+                     lines=tuple(lines), search_s=time.perf_counter() - t0, left_out=left_out)
 
 
 def _buy_diagnosis(pools: Sequence[Pool], windows: Sequence[JobWindow], options: Sequence[JobOption],

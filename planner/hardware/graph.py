@@ -82,7 +82,9 @@ def build_graph(top: ClusterTopology, n_nodes: int) -> nx.Graph:
     n_gpus = n_nodes * gpn
     import networkx as nx
 
-    g = nx.Graph(topology=top.name, n_gpus=n_gpus, fabric=intra.fabric,
+    g = nx.Graph(topology=top.name, n_gpus=n_gpus, fabric=intra.fabric, gpus_per_node=gpn,
+                 domain_gpus=intra.domain_gpus,
+                 leaf_of_node=[node // net.nodes_per_leaf for node in range(n_nodes)],
                  intra_kinds=(PCIE, CPU) if intra.fabric == "pcie" else (SCALE_UP,),
                  scale_up_gpu_bytes_per_s=_scale_up_gpu_bytes_per_s(intra),
                  hosts_alike=_hosts_alike(top))
@@ -127,11 +129,15 @@ def build_graph(top: ClusterTopology, n_nodes: int) -> nx.Graph:
     if intra.fabric == "nvswitch":
         # an nvswitch fabric always gives gpu_link_gb_per_s (checked where the topology is read)
         assert intra.gpu_link_bytes_per_s is not None
-        for gpu_i in range(n_gpus):
-            for sw_i in range(intra.switches):
-                nvsw = f"nvl{gpu_i // intra.domain_gpus}/nvswitch{sw_i}"
-                g.add_node(nvsw, kind="nvswitch")
-                _link(g, gpu_i, nvsw, intra.gpu_link_bytes_per_s / intra.switches, intra.latency_s / 2, SCALE_UP)
+        # the same vertices and links, in the same order, as one add_node and _link per pair
+        # (2.4 million of them at the limits of topologies/README.md: bulk inserts halve the time)
+        per_link, half_latency = intra.gpu_link_bytes_per_s / intra.switches, intra.latency_s / 2
+        for domain in range(-(-n_gpus // intra.domain_gpus)):
+            chips = [f"nvl{domain}/nvswitch{sw_i}" for sw_i in range(intra.switches)]
+            g.add_nodes_from(chips, kind="nvswitch")
+            for gpu_i in range(domain * intra.domain_gpus, min(n_gpus, (domain + 1) * intra.domain_gpus)):
+                g.add_edges_from((gpu_i, nvsw, {"bandwidth_bytes_per_s": per_link, "latency_s": half_latency,
+                                                "kind": SCALE_UP}) for nvsw in chips)
 
     # A leaf's up-links to the spine carry its full down-link bandwidth / oversubscription.
     leaves = [v for v, kind in g.nodes(data="kind") if kind == "leaf"]
@@ -250,11 +256,14 @@ def _solve_max_flow(g: nx.Graph, sources: set[int], sinks: set[int], one_island:
     # The switch chips of one NVLink domain are alike (each GPU has one equal link to each), so
     # they are merged into one vertex whose link to a GPU carries the sum of that GPU's links:
     # the same cuts, so the same max flow, on a graph `switches` times smaller (64 chips x 1,024
-    # GPUs in a domain at the limits of topologies/README.md).
-    und.add_edges_from((a, b, {"capacity": c}) for a, b, kind, c in _merged_edges(g)
-                       if kind in kinds and usable(a) and usable(b))
-    und.add_edges_from(("_source", s) for s in sources)      # no capacity attribute: unbounded
-    und.add_edges_from((t, "_sink") for t in sinks)
+    # GPUs in a domain at the limits of topologies/README.md). Nodes alike in this problem are
+    # merged too (_node_classes): one node stands for its class, its links times the class size.
+    weight = _node_classes(g, sources, sinks)
+    und.add_edges_from((a, b, {"capacity": c * weight[owner]})
+                       for (a, b, kind, c), owner in zip(_merged_edges(g), _edge_owners(g))
+                       if owner in weight and kind in kinds and usable(a) and usable(b))
+    und.add_edges_from(("_source", s) for s in sources if _owner(g, s) in weight)   # unbounded: no capacity
+    und.add_edges_from((t, "_sink") for t in sinks if _owner(g, t) in weight)
     # Drop dead ends (a vertex with one neighbour can only send flow back): smaller flow problem, same value.
     terminals = {"_source", "_sink"}
     stack = [v for v in und if und.degree(v) < 2 and v not in terminals]
@@ -274,6 +283,65 @@ def _solve_max_flow(g: nx.Graph, sources: set[int], sinks: set[int], one_island:
     return nx.maximum_flow_value(directed, "_source", "_sink")
 
 
+def _owner(g: nx.Graph, v: Any) -> int:
+    """The node a vertex sits in (GPUs, and the n<node>/... PCIe switches, sockets and NICs),
+    or -1 for the vertices shared by nodes (an NVLink domain's switch, leaves, the spine)."""
+    if isinstance(v, int):
+        return int(_gpu_places(g)[v][2])
+    if v[0] == "n" and v[1:2].isdigit():
+        return int(v[1:v.index("/")])
+    if v.startswith("nvl"):           # an NVLink domain's (merged) switch: its node's when inside one
+        return _domain_node(g, int(v[3:v.index("/")]))
+    return -1
+
+
+def _domain_node(g: nx.Graph, domain: int) -> int:
+    """The node holding every GPU of NVLink domain ``domain``, or -1 when it spans nodes."""
+    size, gpn = g.graph["domain_gpus"], g.graph["gpus_per_node"]
+    first, last = domain * size // gpn, ((domain + 1) * size - 1) // gpn
+    return first if first == last else -1
+
+
+def _edge_owners(g: nx.Graph) -> list[int]:
+    """For each link of _merged_edges, the node it belongs to (a link inside a node, or from
+    one of its vertices to a shared one: -1 for a link between shared vertices); cached."""
+    cached = g.graph.get("edge_owners")
+    if cached is None:
+        cached = g.graph["edge_owners"] = [max(_owner(g, a), _owner(g, b)) for a, b, _, _ in _merged_edges(g)]
+    return cached
+
+
+def _node_classes(g: nx.Graph, sources: set[int], sinks: set[int]) -> dict[int, int]:
+    """One node per class of nodes alike in a max-flow problem, with the size of its class
+    ({node: n, ..., -1: 1} for the shared vertices).
+
+    Nodes are alike when they sit in the same leaf group, hold sources and sinks at the same
+    local GPU indices and share the same NVLink domains with other nodes (a domain inside a
+    node goes with it): then each is a copy of the same sub-network joined to the same shared
+    vertices (a shared domain's switch, leaves, the super source and sink).
+    k copies of a network in parallel between the same vertices carry exactly what one copy
+    with every capacity times k carries (the feasible flows of the copies add up, and a
+    convex set added to itself k times is the set scaled by k), so the max flow is unchanged;
+    tests/test_topology.py checks it against networkx's max flow on the unmerged graph."""
+    place = _gpu_places(g)
+    gpn, nvswitch = g.graph["gpus_per_node"], g.graph["fabric"] == "nvswitch"
+    pattern: dict[int, list[tuple[int, int, Any]]] = defaultdict(list)
+    for role, members in ((0, sources), (1, sinks)):
+        for v in members:
+            # an island inside the node goes with the node (its local GPU indices say which);
+            # one shared with other nodes is a shared vertex, named
+            shared = nvswitch and _domain_node(g, v // g.graph["domain_gpus"]) < 0
+            pattern[place[v][2]].append((v % gpn, role, place[v][1] if shared else ""))
+    leaf_of = g.graph["leaf_of_node"]
+    first: dict[tuple, int] = {}
+    weight: dict[int, int] = {-1: 1}
+    for node, leaf in enumerate(leaf_of):
+        key = (leaf, tuple(sorted(pattern.get(node, ()))))
+        rep = first.setdefault(key, node)
+        weight[rep] = weight.get(rep, 0) + 1
+    return weight
+
+
 def _merged_edges(g: nx.Graph) -> list[tuple[Any, Any, str, float]]:
     """The graph's links with each NVLink domain's switch chips merged into one vertex
     (_merged), parallel links summed in the graph's edge order: (a, b, kind, bytes/s).
@@ -281,8 +349,9 @@ def _merged_edges(g: nx.Graph) -> list[tuple[Any, Any, str, float]]:
     cached = g.graph.get("merged_edges")
     if cached is None:
         capacity: dict[tuple[Any, Any, str], float] = {}
+        stand_for = {v: _merged(g, v) for v, kind in g.nodes(data="kind") if kind == "nvswitch"}
         for a, b, e in g.edges(data=True):
-            key = (_merged(g, a), _merged(g, b), e["kind"])
+            key = (stand_for.get(a, a), stand_for.get(b, b), e["kind"])
             capacity[key] = capacity.get(key, 0.0) + e["bandwidth_bytes_per_s"]
         cached = g.graph["merged_edges"] = [(a, b, kind, c) for (a, b, kind), c in capacity.items()]
     return cached

@@ -158,6 +158,7 @@ def buy_json(r: Any) -> dict[str, Any]:
                            "source": r.prices.electricity_source, "pue_source": r.prices.pue_source}},
         "infeasible": None if r.feasible else " ".join(r.lines),
         "stale_prices": stale_price_list(r.prices, [p.gpu for p in r.pools], own=True),
+        "gpus_left_out": [{"gpu": name, "reason": why} for name, why in r.left_out],
         "search_s": r.search_s,
     }
 

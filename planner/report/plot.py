@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
 FORMATS = {".png": "png", ".svg": "svg"}
 DPI = 110
+THIN_FRACTION = 0.005     # a bar segment thinner than this share of the axis (~2 px) cannot be seen
+LEGEND_ROW_CHARS = 190    # label characters that fit one legend row across a 16-inch figure at 8 pt
 
 COLORS = {    # one colour per category, the same in every plot
     "weights": "#4C72B0",
@@ -123,7 +125,9 @@ def layout_label(c: Candidate) -> str:
     degrees = [f"dp{lay.dp}", f"tp{lay.tp}", f"pp{lay.pp}"]
     degrees += [f"{a}{getattr(lay, a)}" for a in ("vp", "cp", "ep") if getattr(lay, a) > 1]
     shard = f"ZeRO-{lay.zero_stage}" if lay.sharding == "zero" else f"FSDP {lay.sharding[5:]}"
-    return f"{' '.join(degrees)}\n{shard}, mb {lay.micro_batch}\nrecompute {lay.recompute}"
+    label = f"{' '.join(degrees)}\n{shard}, mb {lay.micro_batch}\nrecompute {lay.recompute}"
+    # the step time tells apart alternatives whose memory is the same (identical bars, issue 20)
+    return label + (f"\n{duration(c.time.step_time_s)}/step" if c.time is not None else "")
 
 
 def _gpu_count_axis(ax: Axes, counts: Sequence[int]) -> None:
@@ -167,12 +171,16 @@ def memory_panel(ax: Axes, bars: Sequence[tuple[str, Candidate]], gpu: GpuSpec, 
         return
     x = list(range(len(bars)))
     bottom = [0.0] * len(bars)
+    gpu_gib, cap_gib = to_gib(gpu.memory_bytes), to_gib(capacity_bytes)
+    y_max = max(gpu_gib, *(to_gib(c.memory.breakdown.total) for _, c in bars)) * 1.1
     for cat in CATEGORIES:
         heights = [to_gib(getattr(c.memory.breakdown, cat)) for _, c in bars]
-        ax.bar(x, heights, 0.6, bottom=bottom, color=COLORS[cat], label=LABELS[cat])
+        # a segment under THIN_FRACTION of the axis is a line or nothing in every bar: its size
+        # goes in the legend (the largest of the bars'), so that no category is invisible (issue 20)
+        top = max(heights)
+        label = LABELS[cat] if top >= THIN_FRACTION * y_max else f"{LABELS[cat]} (at most {top:.2f} GiB)"
+        ax.bar(x, heights, 0.6, bottom=bottom, color=COLORS[cat], label=label)
         bottom = [b + h for b, h in zip(bottom, heights)]
-    gpu_gib, cap_gib = to_gib(gpu.memory_bytes), to_gib(capacity_bytes)
-    y_max = max(gpu_gib, *bottom) * 1.1
     for i, top in enumerate(bottom):      # the total inside the bar's top, clear of the capacity line
         inside = top > 0.12 * y_max
         ax.text(i, top - 0.01 * y_max if inside else top, f"{top:.1f}", ha="center", va="top" if inside else "bottom",
@@ -181,7 +189,7 @@ def memory_panel(ax: Axes, bars: Sequence[tuple[str, Candidate]], gpu: GpuSpec, 
     if capacity_bytes < gpu.memory_bytes:
         ax.axhline(cap_gib, color="black", lw=1.1, ls="--",
                    label=f"usable ({capacity_bytes / gpu.memory_bytes:.0%}): {cap_gib:.1f} GiB")
-    ax.set_xticks(x, [label for label, _ in bars], fontsize=8)
+    ax.set_xticks(x, [label for label, _ in bars], fontsize=8 if len(bars) <= 4 else 7)   # no overlap at 6
     ax.set_xlim(-0.6, len(bars) - 0.4)
     ax.set_ylim(0, y_max)
     ax.set_ylabel("memory per rank (GiB)")
@@ -222,9 +230,11 @@ def _legend(fig: Figure, ax: Axes) -> None:
     """The memory panel's legend in one row below the figure: categories in stack order
     (bottom first), then the capacity lines."""
     handles, labels = ax.get_legend_handles_labels()
-    order = sorted(range(len(labels)), key=lambda i: labels[i] not in LABELS.values())
+    names = tuple(LABELS.values())
+    order = sorted(range(len(labels)), key=lambda i: not labels[i].startswith(names))
+    wide = sum(len(label) for label in labels) > LEGEND_ROW_CHARS      # two rows rather than past the edge
     fig.legend([handles[i] for i in order], [labels[i] for i in order], loc="outside lower center",
-               ncols=len(labels), fontsize=8, frameon=False)
+               ncols=-(-len(labels) // 2) if wide else len(labels), fontsize=8, frameon=False)
 
 
 def _plain_log_ticks(ax: Axes) -> None:

@@ -364,7 +364,10 @@ def buy_view(r: Any) -> list[Any]:
     p = r.prices
     budget = f", budget {usd(r.budget_usd)}" if r.budget_usd is not None else ""
     out: list[Any] = [_text((f"Cluster purchase for {len(r.plans) or 'the'} jobs of {r.path}: horizon "
-                             f"{duration(r.horizon_s)} from {r.start_date}{budget}", HEAD)), _text("")]
+                             f"{duration(r.horizon_s)} from {r.start_date}{budget}", HEAD))]
+    for name, why in r.left_out:
+        out.append(_text((f"left out: {name}, {why}", BAD)))
+    out.append(_text(""))
     if not r.feasible:
         out.append(_panel("No purchase satisfies the constraints.", [("why", _lines(r.lines))], BAD))
     else:
