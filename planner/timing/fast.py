@@ -81,6 +81,7 @@ from planner.timing.degrees import (
     degree_tables,
     distinct_rows,
 )
+from planner.timing.dp import optimizer_bytes_per_param
 from planner.timing.efficiency import (
     DEFAULT_EFFICIENCY,
     PLACEMENT_ORDERS,
@@ -370,6 +371,13 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
         t_mb = t_p + p2p_all * (1 - eff.pp_overlap)            # + 0.0 without a pipeline: exact
         t_mb = t_mb + slowdown * (hidden_p + p2p_all * eff.pp_overlap)
         at = slot_p * n_d + pd                                 # (slot, D) of each P's slowest stage
+        accum: np.ndarray | float = 0.0
+        if eff.grad_accum_bytes_per_param:
+            # the gradient accumulation pass after each micro-batch's backward
+            # (Efficiency.grad_accum_bytes_per_param): the stage's trainable parameters, unsharded,
+            # at the optimizer update's HBM rate (degrees.optimizer_s, per byte)
+            accum = optimizer_s[at] * (eff.grad_accum_bytes_per_param / optimizer_bytes_per_param(setup))
+            t_mb = t_mb + accum
         pipeline = pga_f * t_mb + bubble_share * t_mb
         order_at = np.arange(n_o)[:, None] * (5 * SLOTS * n_d)
         best = np.zeros((n_o, len(kind_list), n_p))    # (0.0 where a P has no layout of the kind)
@@ -440,6 +448,8 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
         comm_tp = ga * (of_p(comm_p) - n_slow_l * (cp_l + ep_l))
         comm_pp = ga * of_p(p2p_all * (1 - eff.pp_overlap))
         compute = ga * (fwd_l + bwd_l)
+        if eff.grad_accum_bytes_per_param:
+            compute = compute + ga * of_p(np.asarray(accum))
         bubble = bubble_share[p_inv] * t_mb_l
     # the time the sustained-rate ceiling (and step_time_factor) adds counts as compute
     compute = compute + (step_o[idx, cols] - unfloored[idx, cols])
