@@ -411,7 +411,7 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
     step_o = np.take(best.reshape(n_o, -1), at_kind, axis=1)
     n_seq = a.micro_batch * a.grad_accum * a.dp * a.ep
     flops = distinct_rows([n_seq, a.recompute], _rows(2, np.float64, "flops", m, setup.seq_len,
-                                                           setup.finetune),
+                                                           setup.finetune, setup.recomputed_share),
                            lambda n_, rc_: _flops_row(m, setup.seq_len, n_, rc_, setup))
     peak = cluster.gpu.peak_flops_per_s(setup.precision_spec.compute_dtype)
     n_gpus = a.dp * a.tp * a.pp * a.cp * a.ep
@@ -472,7 +472,7 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
 
 def _flops_row(m: ModelSpec, seq_len: int, n_sequences: int, recompute: int, setup: TrainingSetup
                ) -> tuple[float, float]:
-    f = flops_per_step(m, seq_len, n_sequences, RECOMPUTES[recompute], setup.finetune)
+    f = flops_per_step(m, seq_len, n_sequences, RECOMPUTES[recompute], setup.finetune, setup.recomputed_share)
     return f.model_flops, f.hardware_flops
 
 
