@@ -51,7 +51,9 @@ def test_grad_sync_per_micro_batch_reduces_every_micro_batch():
     assert gather.tolist() == reduce.tolist() == [1, 32]
     gather, reduce = dp_times(FSDP_GRAD_OP, pp, ga, "micro-batch")
     assert (gather.tolist(), reduce.tolist()) == ([1, 32], [32, 32])
-    assert [x.tolist() for x in dp_times(SHARD_3, pp, ga)] == [[32, 32], [32, 32]]
+    # full shard under a pipeline: a gather per micro-batch (the backward's) and one reduce
+    assert [x.tolist() for x in dp_times(SHARD_3, pp, ga)] == [[32, 32], [1, 32]]
+    assert [x.tolist() for x in dp_times(SHARD_3, pp, ga, "micro-batch")] == [[32, 32], [32, 32]]
 
 
 def test_deepspeed_pipeline_engine_facts():

@@ -102,18 +102,26 @@ def dp_times(branch: np.ndarray | int, pp: np.ndarray, grad_accum: np.ndarray,
              grad_sync: str = "step") -> tuple[np.ndarray, np.ndarray]:
     """How often the per-micro-batch data-parallel collectives run in a step: (the parameter
     all-gather under the forward, parts.DP_TERMS' term 1; the term under the backward, term 2).
-    Once per micro-batch, except FSDP shard-grad-op under a pipeline, which gathers the
-    parameters once (shard-grad-op does not reshard after forward: the Llama 3 paper,
-    arXiv:2407.21783, Sec. 3.3.2, to avoid the backward's all-gather) and reduce-scatters the
-    gradients once per step under ``grad_sync`` "step": PyTorch's pipeline schedules run every
-    backward but the last with set_requires_gradient_sync(False) and
-    set_reshard_after_backward(False) on an FSDP2 module (torch 2.13
-    torch/distributed/pipelining/stage.py lines 844-847, backward_maybe_with_nosync;
-    perform_reduce_grad after the last micro-batch), or once per micro-batch under
-    "micro-batch" (Llama 3's sharded gradients; training.setup.FSDP_PIPELINE_GRAD_SYNCS)."""
-    once = (np.asarray(branch) == FSDP_GRAD_OP) & (pp > 1)
-    gather = np.where(once, 1.0, grad_accum)
-    return gather, (np.asarray(grad_accum, dtype=np.float64) if grad_sync == "micro-batch" else gather)
+
+    Once per micro-batch, except FSDP under a pipeline (the rules refuse ZeRO-2/3 with one, so
+    these branches are FSDP's there). PyTorch's pipeline schedules (``grad_sync`` "step") run
+    every backward but the last with set_requires_gradient_sync(False) and
+    set_reshard_after_backward(False) on an FSDP2 module and reduce-scatter once, after the
+    last micro-batch (torch 2.13 torch/distributed/pipelining/stage.py lines 844-847,
+    backward_maybe_with_nosync; perform_reduce_grad). Shard-grad-op then gathers once and
+    reduces once (it does not reshard after forward: the Llama 3 paper, arXiv:2407.21783,
+    Sec. 3.3.2, to avoid the backward's all-gather). Full shard and hybrid still reshard after
+    each forward, so each micro-batch's backward gathers again while the forward after a
+    backward finds the parameters gathered: the first forward's gather and one per backward,
+    with one reduce-scatter: term 1 (the gather) x micro-batches plus term 2 (gather and
+    reduce) once. Under "micro-batch" (Llama 3's sharded gradients;
+    training.setup.FSDP_PIPELINE_GRAD_SYNCS) term 2 runs every micro-batch."""
+    b = np.asarray(branch)
+    piped = (b >= FSDP_GRAD_OP) & (pp > 1)
+    gather = np.where((b == FSDP_GRAD_OP) & piped, 1.0, grad_accum)
+    if grad_sync == "micro-batch":
+        return gather, np.asarray(grad_accum, dtype=np.float64)
+    return gather, np.where(piped, 1.0, grad_accum)
 
 
 def _dp_step(branch: int, at: np.ndarray, c0: np.ndarray, c1: np.ndarray, c2: np.ndarray, fwd: np.ndarray,
