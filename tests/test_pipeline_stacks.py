@@ -103,3 +103,24 @@ def test_mtnlg_time_per_micro_batch_matches_its_published_iteration_times():
 
     assert slope(DEEPSPEED_PIPE_BF16) == pytest.approx(published, rel=0.05)
     assert slope(MEGATRON_2021) < 0.9 * published
+
+
+def test_llama3_405b_layout_fits_only_with_its_sharded_gradients():
+    """Llama 3 405B trained tp 8 x pp 16 with FSDP shard-grad-op on 80 GB H100s, 8K sequences,
+    no activation checkpointing (arXiv:2407.21783, Sec. 3.3.2 and Table 4), with sharded
+    gradients. With them (grad sync every micro-batch) the layout fits the memory model at one
+    virtual stage; with PyTorch pipelining's no-sync it would hold every unsharded fp32
+    gradient of the rank's 3.2 B parameters, 12.6 GB more, and does not fit."""
+    from planner.hardware.gpus import get_gpu
+    from planner.memory.model import per_rank_memory
+    from planner.models.spec import count_params, load_preset
+    from planner.training.setup import TrainingSetup
+
+    m, gpu = load_preset("llama3.1-405b"), get_gpu("h100")
+    lay = Layout(tp=8, pp=16, dp=64, sp=True, vp=1, micro_batch=1, grad_accum=32, seq_len=8192, zero_stage=2,
+                 sharding="fsdp-grad-op", recompute="none")
+    totals = {}
+    for sync in ("micro-batch", "step"):
+        setup = TrainingSetup(seq_len=8192, global_batch=2048, kernels="fused", fsdp_pipeline_grad_sync=sync)
+        totals[sync] = per_rank_memory(m, setup, lay, count_params(m), gpu.gpus_per_node).total
+    assert totals["micro-batch"] <= gpu.memory_bytes < totals["step"]
