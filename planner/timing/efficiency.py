@@ -104,7 +104,10 @@ class Efficiency:
     _exec_backward_pass: optimizer.update_hp_grads unless immediate_grad_update, which
     defaults to false in runtime/precision_config.py; runtime/bf16_optimizer.py,
     _update_hp_grad: hp_grad.add_(lp.grad.to(fp32))): read 2 and write 4 for the cast, read
-    4 + 4 and write 4 for the add: 18 bytes.
+    4 + 4 and write 4 for the add: 18 bytes, with fp32 accumulation buffers
+    (data_types.grad_accum_dtype "fp32", which ZeRO-1 with bf16 needs to take this optimizer:
+    engine.py _do_optimizer_sanity_check; 0.19.8's default accumulates in the model's bf16,
+    read 2 + 2 and write 2: 6 bytes).
     step_time_factor: every step time multiplied by it (1: the prediction itself); plan --time-
     confidence sets it to the upper end of the step-time interval (timing.intervals.upper_factor),
     so that deadlines and costs are met with that confidence out of sample.
