@@ -117,13 +117,17 @@ def test_grad_op_keeps_unsharded_weights_until_backward():
     assert grad_op.max_weights_bytes > full.max_weights_bytes
 
 
-@pytest.mark.parametrize("precision,where", [("fp32", "Unsharded Grad"), ("bf16-mixed", "Temp")])
-def test_no_sync_accumulation_holds_every_unsharded_gradient(precision, where):
-    """FSDP2 shard-grad-op with a no-sync micro-batch before the synced one (what torch's
-    pipeline schedules run): through the second micro-batch every parameter's unsharded
+@pytest.mark.parametrize("sharding,precision,where", [("grad-op", "fp32", "Unsharded Grad"),
+                                                       ("grad-op", "bf16-mixed", "Temp"),
+                                                       ("full", "fp32", "Unsharded Grad")])
+def test_no_sync_accumulation_holds_every_unsharded_gradient(sharding, precision, where):
+    """FSDP2 shard-grad-op or full shard with a no-sync micro-batch before the synced one
+    (what torch's pipeline schedules run for any FSDP2 module: stage.py
+    backward_maybe_with_nosync): through the second micro-batch every parameter's unsharded
     gradient is held, 4 B each in fp32 and in bf16-mixed (upcast to the fp32 reduce dtype,
     which the tracker files as a temporary); no sharded gradient exists yet. The planner's
-    term (memory.states.no_sync_gradient_bytes) for the same parameters under pp > 1."""
+    term (memory.states.no_sync_gradient_bytes) for the same parameters under pp > 1, and none
+    when the gradients are reduce-scattered every micro-batch (Llama 3's setting)."""
     import numpy as np
 
     from planner.layouts.batch import LayoutArrays
@@ -131,12 +135,14 @@ def test_no_sync_accumulation_holds_every_unsharded_gradient(precision, where):
     from planner.memory.states import no_sync_gradient_bytes
     from planner.training.setup import Precision
 
-    r = measure(tiny(sharding="grad-op", dp=8, seq_len=64, micro_batch=1, precision=precision,
+    r = measure(tiny(sharding=sharding, dp=8, seq_len=64, micro_batch=1, precision=precision,
                      no_sync_micro_batches=1))
     assert r.raw["Sharded Grad"] == 0
-    lay = LayoutArrays.from_layouts([Layout(dp=8, pp=2, sharding="fsdp-grad-op")])
-    planned = no_sync_gradient_bytes(np.array([TINY_PARAMS]), np.array([0]), Precision.named(precision), lay)
+    lay = LayoutArrays.from_layouts([Layout(dp=8, pp=2, sharding=f"fsdp-{sharding}")])
+    prec = Precision.named(precision)
+    planned = no_sync_gradient_bytes(np.array([TINY_PARAMS]), np.array([0]), prec, lay)
     assert r.raw[where] == int(planned[0]) == TINY_PARAMS * 4
+    assert int(no_sync_gradient_bytes(np.array([TINY_PARAMS]), np.array([0]), prec, lay, "micro-batch")[0]) == 0
 
 
 def test_recompute_and_attention_change_activations():

@@ -173,3 +173,33 @@ def test_the_plan_names_the_method_in_its_assumptions():
     r = _run("--recompute-method", "block", "--recompute-num-layers", "4", json_out=False)
     assert r.exit_code == 0, r.output
     assert "--recompute-method block --recompute-num-layers 4" in " ".join(r.output.split())
+
+
+@pytest.mark.parametrize("method, n", [("block", 3), ("block", 8), ("uniform", 2)])
+def test_hardware_flops_count_the_forwards_megatron_core_reruns(megatron_block, method, n):
+    """The recomputation FLOPs of the hardware-FLOPs figure (timing.flops) against the layer
+    forwards megatron-core's _checkpointed_forward runs in a forward and backward over 8
+    layers: block N reruns N of them, uniform every one (issue 16)."""
+    from planner.models.spec import load_preset
+    from planner.timing.flops import hardware_flops_per_token, model_flops_per_token
+
+    torch, tb, layers = megatron_block
+    calls = {"n": 0}
+
+    class Counted:
+        def __init__(self, layer):
+            self.layer = layer
+
+        def __call__(self, *args, **kwargs):
+            calls["n"] += 1
+            return self.layer(*args, **kwargs)
+
+    counted = [Counted(layer) for layer in layers]
+    _saved_bytes(torch, tb, counted, method, n)
+    reruns = calls["n"] - len(layers)
+    share = TrainingSetup(stack="megatron", recompute_method=method, recompute_num_layers=n,
+                          recompute_chunk_layers=len(layers)).recomputed_share
+    m = load_preset("llama3.1-8b")
+    base = model_flops_per_token(m, 4096)
+    extra = hardware_flops_per_token(m, 4096, "full", share) - base
+    assert extra / (hardware_flops_per_token(m, 4096, "full") - base) == pytest.approx(reruns / len(layers))

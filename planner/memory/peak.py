@@ -304,7 +304,7 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     last = stage == sa.pp - 1
     pad = expert_padding(m, sa, hybrid)
     ms = model_state_bytes(split.trainable_dense, split.trainable_expert, state_prec, opt_pp, sa, hybrid,
-                           amp=amp_states, expert_padding=pad)
+                           amp=amp_states, expert_padding=pad, grad_sync=setup.fsdp_pipeline_grad_sync)
     grad_unit = rp.block_unit     # a block's gradients have its parameters' shapes: never padded
     if m.is_moe:
         # gathered blocks carry the padded experts too
@@ -383,7 +383,7 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     working = ((recomputed - act.layer_act) + act.score_grad) * has_act_l
     logits = act.logits * last_l
     buffers = g(engine_buffers) + act.pipeline_buffers
-    # FSDP shard-grad-op under a pipeline holds unsharded gradients through the
+    # FSDP under a pipeline (grad sync "step") holds unsharded gradients through the
     # micro-batches in place of the sharded ones (states.no_sync_gradient_bytes)
     grads = g(np.where(ms.accumulated_gradients > 0, ms.accumulated_gradients, off.gradients))
     g_held = grads * persistent

@@ -51,7 +51,7 @@ class ModelStates:
     gradients: np.ndarray
     optimizer: np.ndarray
     unsharded_weights: np.ndarray   # FSDP shard-grad-op keeps gathered weights through backward
-    # FSDP shard-grad-op under a pipeline (no-sync accumulation, no_sync_gradient_bytes): the
+    # FSDP under a pipeline (no-sync accumulation, no_sync_gradient_bytes): the
     # unsharded gradients held across the step's micro-batches in place of the sharded ones;
     # freed by the reduce-scatter before the optimizer step, so not in ``total`` (0 elsewhere)
     accumulated_gradients: np.ndarray
@@ -129,7 +129,8 @@ def expert_padding(m: ModelSpec, a: LayoutArrays, hybrid: np.ndarray) -> np.ndar
 
 def model_state_bytes(n_dense: np.ndarray, n_expert: np.ndarray, precision: Precision,
                       optimizer_bytes_per_param: float, a: LayoutArrays, hybrid: np.ndarray,
-                      amp: np.ndarray | bool = False, expert_padding: np.ndarray | float = 1.0) -> ModelStates:
+                      amp: np.ndarray | bool = False, expert_padding: np.ndarray | float = 1.0,
+                      grad_sync: str = "step") -> ModelStates:
     """Weights, gradients and optimizer state of one rank (ZeRO paper, Sec. 5).
 
     ZeRO-1 shards the optimizer states (with the fp32 master copy) over the data ranks,
@@ -143,6 +144,7 @@ def model_state_bytes(n_dense: np.ndarray, n_expert: np.ndarray, precision: Prec
     stores when it cannot split the experts' first dimension evenly. ``amp``: where
     torch.autocast runs with fp32 parameters (they are the master copy), fp32 gradients,
     and 16-bit copies of the weights made per forward (counted with the activations).
+    ``grad_sync``: TrainingSetup.fsdp_pipeline_grad_sync (no_sync_gradient_bytes).
     """
     d_dense, d_expert = shard_degrees(a, hybrid)
     stage = a.zero_stage
@@ -174,18 +176,23 @@ def model_state_bytes(n_dense: np.ndarray, n_expert: np.ndarray, precision: Prec
         opt = np.where(amp, trunc((n_dense + n_expert) * opt_pp), opt)
     return ModelStates(weights=np.where(fsdp, f_weights, weights), gradients=np.where(fsdp, f_grads, grads),
                        optimizer=np.where(fsdp, f_opt, opt), unsharded_weights=np.where(fsdp, f_unsharded, 0),
-                       accumulated_gradients=no_sync_gradient_bytes(n_dense, n_expert, precision, a))
+                       accumulated_gradients=no_sync_gradient_bytes(n_dense, n_expert, precision, a, grad_sync))
 
 
 def no_sync_gradient_bytes(n_dense: np.ndarray, n_expert: np.ndarray, precision: Precision,
-                           a: LayoutArrays) -> np.ndarray:
-    """The unsharded gradients FSDP shard-grad-op holds across a step's micro-batches under a
-    pipeline: every trainable parameter of the rank, in the reduce dtype (0 for other layouts).
+                           a: LayoutArrays, grad_sync: str = "step") -> np.ndarray:
+    """The unsharded gradients FSDP holds across a step's micro-batches under a pipeline:
+    every trainable parameter of the rank, in the reduce dtype (0 for other layouts, and 0
+    where ``grad_sync`` is "micro-batch": each micro-batch's gradients are reduce-scattered
+    into the sharded ones, as Llama 3 trained; training.setup.FSDP_PIPELINE_GRAD_SYNCS).
 
-    PyTorch's pipeline schedules run every backward with set_requires_gradient_sync(False) and
+    PyTorch's pipeline schedules (grad_sync "step", the default) run every backward of an
+    FSDP2 module, shard-grad-op, full shard and hybrid alike, with
+    set_requires_gradient_sync(False) and set_reshard_after_backward(False), and
     reduce-scatter once, after the last micro-batch (torch 2.13
-    torch/distributed/pipelining/stage.py: backward_maybe_with_nosync, perform_reduce_grad),
-    which is what timing.fast.dp_times assumes for this layout. Without the reduce, FSDP2 keeps
+    torch/distributed/pipelining/stage.py lines 844-847, backward_maybe_with_nosync's
+    FSDPModule branch; lines 1164-1195, perform_reduce_grad), which is what
+    timing.fast.dp_times assumes for shard-grad-op. Without the reduce, FSDP2 keeps
     each parameter's unsharded gradient and, when the reduce dtype differs from the
     parameter's (mixed precision: bf16 compute, fp32 reduce), upcasts it to an fp32
     ``unsharded_accumulated_grad`` that later micro-batches add into
@@ -198,7 +205,8 @@ def no_sync_gradient_bytes(n_dense: np.ndarray, n_expert: np.ndarray, precision:
     one): 8,377,344 B = 4 B x every parameter, in bf16-mixed and in fp32, held through the
     second micro-batch's forward."""
     grad = 4 if precision.is_mixed else precision.grad_bytes
-    return np.where((a.sharding == GRAD_OP) & (a.pp > 1), trunc((n_dense + n_expert) * grad), 0)
+    held = (a.sharding > 0) & (a.pp > 1) & (grad_sync == "step")
+    return np.where(held, trunc((n_dense + n_expert) * grad), 0)
 
 
 def sharded_frozen_bytes(split: object, a: LayoutArrays, hybrid: np.ndarray) -> np.ndarray:

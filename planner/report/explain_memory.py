@@ -149,7 +149,7 @@ def memory_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, pc: ParamCount
                         bytes_per_gradient=g_bytes, **shard))
     elif ms.accumulated_gradients and grads and phase != "optimizer-step":      # issue 18
         out.append(_mem("gradients", "unsharded gradients accumulated across the micro-batches (FSDP "
-                        "shard-grad-op under a pipeline: no-sync until the last backward)",
+                        "under a pipeline: no-sync until the last backward)",
                         "(Psi + Psi_e) x reduce-dtype bytes (not sharded)" if split.trainable_expert
                         else "Psi x reduce-dtype bytes (not sharded)", grads,
                         "torch 2.13 torch/distributed/pipelining/stage.py (backward_maybe_with_nosync, "

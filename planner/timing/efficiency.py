@@ -96,6 +96,18 @@ class Efficiency:
     Llama block wq wk wv wo w1 w3 w2 that reruns wk, wo and w3.
     mfu_ceiling: the highest MFU a step may reach (None: the GPU's TRAINING_MFU_CEILING,
     no ceiling for a GPU not listed there).
+    grad_accum_bytes_per_param: HBM bytes per trainable parameter of a stage that a pass after
+    each micro-batch's backward moves to accumulate the gradients (0: accumulated inside the
+    backward, as autograd does into .grad and Megatron-LM into its fp32 main_grad). DeepSpeed's
+    pipeline engine under bf16 (BF16_Optimizer) adds each micro-batch's bf16 gradients into
+    full fp32 copies after the backward (deepspeed 0.19.8 runtime/pipe/engine.py,
+    _exec_backward_pass: optimizer.update_hp_grads unless immediate_grad_update, which
+    defaults to false in runtime/precision_config.py; runtime/bf16_optimizer.py,
+    _update_hp_grad: hp_grad.add_(lp.grad.to(fp32))): read 2 and write 4 for the cast, read
+    4 + 4 and write 4 for the add: 18 bytes, with fp32 accumulation buffers
+    (data_types.grad_accum_dtype "fp32", which ZeRO-1 with bf16 needs to take this optimizer:
+    engine.py _do_optimizer_sanity_check; 0.19.8's default accumulates in the model's bf16,
+    read 2 + 2 and write 2: 6 bytes).
     step_time_factor: every step time multiplied by it (1: the prediction itself); plan --time-
     confidence sets it to the upper end of the step-time interval (timing.intervals.upper_factor),
     so that deadlines and costs are met with that confidence out of sample.
@@ -121,6 +133,7 @@ class Efficiency:
     zero3_overlap: float = 1.0
     unfused_elementwise_factor: float = 3.0
     grad_reduce_bytes: int | None = None
+    grad_accum_bytes_per_param: float = 0.0
     overlap_slowdown: float = 0.2
     mfu_ceiling: float | None = None
     step_time_factor: float = 1.0
@@ -133,6 +146,16 @@ DEFAULT_EFFICIENCY = Efficiency()      # the defaults above, as the default argu
 
 # Engines whose overlap settings the published runs document (bench/published_runs.py).
 MEGATRON_2021 = Efficiency(dp_overlap=0.0, name="megatron-lm 2021 (no comm overlap)")
+# Megatron-DeepSpeed on DeepSpeed's PipelineEngine (BLOOM, MT-NLG): Megatron-LM 2021's kernels
+# and overlap (none: p2p is blocking, deepspeed 0.19.8 runtime/pipe/p2p.py send/recv assert
+# async_op False; the gradient reduce runs after the flush, engine.py _exec_reduce_grads), its
+# schedule 1F1B without interleaving (runtime/pipe/schedule.py TrainSchedule), the bf16
+# gradient accumulation pass of each micro-batch (grad_accum_bytes_per_param above), and the
+# reduce of the fp32 accumulated gradients (engine.py _bf16_reduce_grads ->
+# buffered_allreduce_fallback(grads=None) -> BF16_Optimizer.get_grads_for_reduction, its fp32
+# flat buffers)
+DEEPSPEED_PIPE_BF16 = Efficiency(dp_overlap=0.0, grad_accum_bytes_per_param=18.0, grad_reduce_bytes=4,
+                                 name="megatron-deepspeed (deepspeed pipeline engine, bf16)")
 MEGATRON_CORE = Efficiency(tp_overlap=0.75, pp_overlap=1.0, dp_overlap=1.0, param_gather_overlap=1.0,
                            grad_reduce_bytes=4,
                            name="megatron-core (tp, dp, param-gather and p2p overlap)")

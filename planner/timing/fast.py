@@ -81,6 +81,7 @@ from planner.timing.degrees import (
     degree_tables,
     distinct_rows,
 )
+from planner.timing.dp import optimizer_bytes_per_param
 from planner.timing.efficiency import (
     DEFAULT_EFFICIENCY,
     PLACEMENT_ORDERS,
@@ -97,21 +98,35 @@ from planner.timing.step import StepTime
 from planner.training.setup import TrainingSetup
 
 
-def dp_times(branch: np.ndarray | int, pp: np.ndarray, grad_accum: np.ndarray) -> np.ndarray:
-    """How often the per-micro-batch data-parallel collectives (parts.DP_TERMS' terms 1 and 2)
-    run in a step: once per micro-batch, except FSDP shard-grad-op under a pipeline, which
-    gathers the parameters once and reduce-scatters the gradients once per step: PyTorch's
-    pipeline schedules run every backward but the last with set_requires_gradient_sync(False)
-    and set_reshard_after_backward(False) on an FSDP2 module
-    (torch/distributed/pipelining/stage.py, PipelineStage.backward_maybe_with_nosync, PyTorch
-    2.5+), and shard-grad-op does not reshard after forward (the Llama 3 paper, arXiv:2407.21783,
-    Sec. 3.3.2: no reshard after forward, to avoid the backward's all-gather)."""
-    once = (np.asarray(branch) == FSDP_GRAD_OP) & (pp > 1)
-    return np.where(once, 1.0, grad_accum)
+def dp_times(branch: np.ndarray | int, pp: np.ndarray, grad_accum: np.ndarray,
+             grad_sync: str = "step") -> tuple[np.ndarray, np.ndarray]:
+    """How often the per-micro-batch data-parallel collectives run in a step: (the parameter
+    all-gather under the forward, parts.DP_TERMS' term 1; the term under the backward, term 2).
+
+    Once per micro-batch, except FSDP under a pipeline (the rules refuse ZeRO-2/3 with one, so
+    these branches are FSDP's there). PyTorch's pipeline schedules (``grad_sync`` "step") run
+    every backward but the last with set_requires_gradient_sync(False) and
+    set_reshard_after_backward(False) on an FSDP2 module and reduce-scatter once, after the
+    last micro-batch (torch 2.13 torch/distributed/pipelining/stage.py lines 844-847,
+    backward_maybe_with_nosync; perform_reduce_grad). Shard-grad-op then gathers once and
+    reduces once (it does not reshard after forward: the Llama 3 paper, arXiv:2407.21783,
+    Sec. 3.3.2, to avoid the backward's all-gather). Full shard and hybrid still reshard after
+    each forward, so each micro-batch's backward gathers again while the forward after a
+    backward finds the parameters gathered: the first forward's gather and one per backward,
+    with one reduce-scatter: term 1 (the gather) x micro-batches plus term 2 (gather and
+    reduce) once. Under "micro-batch" (Llama 3's sharded gradients;
+    training.setup.FSDP_PIPELINE_GRAD_SYNCS) term 2 runs every micro-batch."""
+    b = np.asarray(branch)
+    piped = (b >= FSDP_GRAD_OP) & (pp > 1)
+    gather = np.where((b == FSDP_GRAD_OP) & piped, 1.0, grad_accum)
+    if grad_sync == "micro-batch":
+        return gather, np.asarray(grad_accum, dtype=np.float64)
+    return gather, np.where(piped, 1.0, grad_accum)
 
 
 def _dp_step(branch: int, at: np.ndarray, c0: np.ndarray, c1: np.ndarray, c2: np.ndarray, fwd: np.ndarray,
-             bwd: np.ndarray, ga: np.ndarray, eff: Efficiency, pipeline: np.ndarray, opt: np.ndarray,
+             bwd: np.ndarray, ga: tuple[np.ndarray, np.ndarray], eff: Efficiency, pipeline: np.ndarray,
+             opt: np.ndarray,
              terms: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] | None = None
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The step for one branch of the data-parallel collectives (parts.DP_TERMS): pipeline +
@@ -133,7 +148,8 @@ def _dp_step(branch: int, at: np.ndarray, c0: np.ndarray, c1: np.ndarray, c2: np
         if terms is not None:
             terms.append((term, c[at], e, np.zeros_like(e) if h is None else h))
         if term == 2 or term == 1 and per_mb:      # (x 1.0 otherwise: x itself)
-            e, h = e * ga, None if h is None else h * ga
+            times = ga[term - 1]
+            e, h = e * times, None if h is None else h * times
         exposed = e if exposed is None else exposed + e
         hidden = h if hidden is None else hidden if h is None else hidden + h
     assert exposed is not None
@@ -279,6 +295,7 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
     if pc.total * 8 >= EXACT_INT:
         raise Unsupported("parameter bytes too large for exact float conversion")
     bus, slowdown = eff.bus_fraction, eff.overlap_slowdown
+    sync = setup.fsdp_pipeline_grad_sync
     orders = [tuple(o) for o in orders]
 
     g = groups or LayoutGroups.of(a)
@@ -361,8 +378,15 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
                                            0.0)
         t_mb = t_p + p2p_all * (1 - eff.pp_overlap)            # + 0.0 without a pipeline: exact
         t_mb = t_mb + slowdown * (hidden_p + p2p_all * eff.pp_overlap)
-        pipeline = pga_f * t_mb + bubble_share * t_mb
         at = slot_p * n_d + pd                                 # (slot, D) of each P's slowest stage
+        accum: np.ndarray | float = 0.0
+        if eff.grad_accum_bytes_per_param:
+            # the gradient accumulation pass after each micro-batch's backward
+            # (Efficiency.grad_accum_bytes_per_param): the stage's trainable parameters, unsharded,
+            # at the optimizer update's HBM rate (degrees.optimizer_s, per byte)
+            accum = optimizer_s[at] * (eff.grad_accum_bytes_per_param / optimizer_bytes_per_param(setup))
+            t_mb = t_mb + accum
+        pipeline = pga_f * t_mb + bubble_share * t_mb
         order_at = np.arange(n_o)[:, None] * (5 * SLOTS * n_d)
         best = np.zeros((n_o, len(kind_list), n_p))    # (0.0 where a P has no layout of the kind)
         dp_exposed, dp_slow, opt_kind = (np.zeros_like(best) for _ in range(3)) if parts else (best, best, best)
@@ -375,15 +399,15 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
             if sel is None:
                 opt_s = opt[sharded]
                 step, exposed, slow = _dp_step(branch, at + (order_at + branch * (SLOTS * n_d)), c0, c1, c2, fwd_p,
-                                               bwd_p, dp_times(branch, ppp, pga_f), eff, pipeline, opt_s, terms)
+                                               bwd_p, dp_times(branch, ppp, pga_f, sync), eff, pipeline, opt_s, terms)
                 where: tuple = (slice(None), row)
             else:
                 at_s = at[:, sel]
                 opt_s = optimizer_s[at_s + sharded * (SLOTS * n_d)]
                 step, exposed, slow = _dp_step(branch, at_s + (order_at + branch * (SLOTS * n_d)), c0, c1, c2,
-                                               fwd_p[:, sel], bwd_p[:, sel], dp_times(branch, ppp[sel], pga_f[sel]),
-                                               eff, pipeline[:, sel], opt_s,
-                                               terms)
+                                               fwd_p[:, sel], bwd_p[:, sel],
+                                               dp_times(branch, ppp[sel], pga_f[sel], sync), eff,
+                                               pipeline[:, sel], opt_s, terms)
                 where = (slice(None), row, sel)
             best[where] = step
             if terms is not None:
@@ -395,7 +419,7 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
     step_o = np.take(best.reshape(n_o, -1), at_kind, axis=1)
     n_seq = a.micro_batch * a.grad_accum * a.dp * a.ep
     flops = distinct_rows([n_seq, a.recompute], _rows(2, np.float64, "flops", m, setup.seq_len,
-                                                           setup.finetune),
+                                                           setup.finetune, setup.recomputed_share),
                            lambda n_, rc_: _flops_row(m, setup.seq_len, n_, rc_, setup))
     peak = cluster.gpu.peak_flops_per_s(setup.precision_spec.compute_dtype)
     n_gpus = a.dp * a.tp * a.pp * a.cp * a.ep
@@ -432,9 +456,12 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
         comm_tp = ga * (of_p(comm_p) - n_slow_l * (cp_l + ep_l))
         comm_pp = ga * of_p(p2p_all * (1 - eff.pp_overlap))
         compute = ga * (fwd_l + bwd_l)
+        if eff.grad_accum_bytes_per_param:
+            compute = compute + ga * of_p(np.asarray(accum))
         bubble = bubble_share[p_inv] * t_mb_l
     # the time the sustained-rate ceiling (and step_time_factor) adds counts as compute
     compute = compute + (step_o[idx, cols] - unfloored[idx, cols])
+    times = dp_times(BRANCH[pair], a.pp, a.grad_accum, sync)
     return StepArrays(orders=tuple(orders), order=idx, step_time_s=step_o[idx, cols], compute_s=compute,
                       comm_tp_s=comm_tp, comm_cp_s=(ga * n_slow_l) * cp_l, comm_ep_s=(ga * n_slow_l) * ep_l,
                       comm_dp_s=of_kind(dp_exposed), comm_pp_s=comm_pp, bubble_s=bubble,
@@ -442,7 +469,7 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
                       fwd_mb_s=fwd_l, bwd_mb_s=bwd_l, slow_stage=of_p(deg.stage[slot_p, pd]),
                       n_slow=n_slow_l.astype(np.int64), n_slow_bwd=of_p(n_slow_bwd).astype(np.int64),
                       grad_accum=a.grad_accum, dp_branch=BRANCH[pair],
-                      dp_times=dp_times(BRANCH[pair], a.pp, a.grad_accum).astype(np.int64),
+                      dp_times=times[0].astype(np.int64), dp_reduce_times=times[1].astype(np.int64),
                       dp_each=np.stack([np.stack([of_kind(dp_each[k, t]) for t in range(3)]) for k in range(3)]),
                       efficiency=eff, tokens_per_step=n_seq * setup.seq_len,
                        n_gpus=n_gpus, model_flops=flops[0], hardware_flops=flops[1],
@@ -453,7 +480,7 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
 
 def _flops_row(m: ModelSpec, seq_len: int, n_sequences: int, recompute: int, setup: TrainingSetup
                ) -> tuple[float, float]:
-    f = flops_per_step(m, seq_len, n_sequences, RECOMPUTES[recompute], setup.finetune)
+    f = flops_per_step(m, seq_len, n_sequences, RECOMPUTES[recompute], setup.finetune, setup.recomputed_share)
     return f.model_flops, f.hardware_flops
 
 

@@ -58,16 +58,20 @@ def model_flops_per_token(m: ModelSpec, seq_len: int) -> float:
     return 3 * (m.n_layers * layer_flops(m, seq_len).total + head_flops(m))
 
 
-def hardware_flops_per_token(m: ModelSpec, seq_len: int, recompute: str) -> float:
+def hardware_flops_per_token(m: ModelSpec, seq_len: int, recompute: str, recomputed_share: float = 1.0) -> float:
     """Training FLOPs per token the GPUs execute, recomputation included.
 
     full: every block runs its forward twice. For a GPT block that gives
     96 l h^2 (1 + s/6h + V/16lh) per token, Narayanan et al. 2021, arXiv:2104.04473, Eq. 3.
-    selective: the attention scores (Q K^T and scores x V) are recomputed, Korthikanti et
-    al. 2022, Sec. 4.2, i.e. 4 s q more forward FLOPs per block.
+    Under Megatron's --recompute-method block only ``recomputed_share`` of the blocks
+    (TrainingSetup.recomputed_share: N of each virtual stage's layers) rerun their forward
+    (megatron-core TransformerBlock._checkpointed_forward checkpoints layers whose index is
+    below recompute_num_layers and runs the others plainly), so the extra is that share of
+    full's. selective: the attention scores (Q K^T and scores x V) are recomputed,
+    Korthikanti et al. 2022, Sec. 4.2, i.e. 4 s q more forward FLOPs per block.
     """
     lf = layer_flops(m, seq_len)
-    extra = {"none": 0.0, "selective": lf.scores, "full": lf.total}[recompute]
+    extra = {"none": 0.0, "selective": lf.scores, "full": lf.total * recomputed_share}[recompute]
     return model_flops_per_token(m, seq_len) + m.n_layers * extra
 
 
@@ -95,7 +99,8 @@ def adapter_flops_per_token(m: ModelSpec, ft: FinetuneSpec) -> float:
     return total
 
 
-def executed_flops_per_token(m: ModelSpec, seq_len: int, ft: FinetuneSpec, recompute: str = "none") -> float:
+def executed_flops_per_token(m: ModelSpec, seq_len: int, ft: FinetuneSpec, recompute: str = "none",
+                             recomputed_share: float = 1.0) -> float:
     """Training FLOPs per token the GPUs run under ``ft``: full training's (model or hardware
     FLOPs) where everything trains; otherwise only the matmuls that run.
 
@@ -109,9 +114,10 @@ def executed_flops_per_token(m: ModelSpec, seq_len: int, ft: FinetuneSpec, recom
     its attention scores. Freeze (the last ``trainable_layers`` blocks train): the frozen
     blocks before them run forward only (autograd stops at the first trainable block,
     finetune.activation_layers), the trained blocks 3x, the frozen head 2x; only trained
-    blocks keep activations, so only they recompute."""
+    blocks keep activations, so only they recompute. ``recomputed_share``: as in
+    hardware_flops_per_token (Megatron's block method, full training)."""
     lf = layer_flops(m, seq_len)
-    extra = {"none": 0.0, "selective": lf.scores, "full": lf.total}[recompute]
+    extra = {"none": 0.0, "selective": lf.scores, "full": lf.total * recomputed_share}[recompute]
     if ft.is_full:
         return 3 * (m.n_layers * lf.total + head_flops(m)) + m.n_layers * extra
     weights = lf.total - lf.scores
@@ -129,17 +135,18 @@ def executed_flops_per_token(m: ModelSpec, seq_len: int, ft: FinetuneSpec, recom
 
 
 def flops_per_step(m: ModelSpec, seq_len: int, n_sequences: int, recompute: str = "none",
-                   ft: FinetuneSpec | None = None) -> StepFlops:
+                   ft: FinetuneSpec | None = None, recomputed_share: float = 1.0) -> StepFlops:
     """FLOPs of one optimizer step over ``n_sequences`` sequences of ``seq_len`` tokens.
 
     Full training: model FLOPs (no recomputation, for MFU; 6N per token for the weights, as
     Kaplan's and PaLM's MFU do) and hardware FLOPs (with it). Under LoRA, QLoRA and freeze
     (``ft``) both count only the matmuls that run (executed_flops_per_token): no weight
     gradients for frozen weights, the adapters' own matmuls added, so MFU there is the share
-    of peak the GPUs' work reaches, not full training's work over the step."""
+    of peak the GPUs' work reaches, not full training's work over the step.
+    ``recomputed_share``: the blocks full recomputation reruns (hardware_flops_per_token)."""
     tokens = n_sequences * seq_len
     if ft is None or ft.is_full:
         return StepFlops(model_flops=tokens * model_flops_per_token(m, seq_len),
-                         hardware_flops=tokens * hardware_flops_per_token(m, seq_len, recompute))
+                         hardware_flops=tokens * hardware_flops_per_token(m, seq_len, recompute, recomputed_share))
     return StepFlops(model_flops=tokens * executed_flops_per_token(m, seq_len, ft, "none"),
                      hardware_flops=tokens * executed_flops_per_token(m, seq_len, ft, recompute))

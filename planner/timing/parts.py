@@ -68,7 +68,7 @@ class StepArrays:
     n_slow_bwd: np.ndarray        # int64: its blocks with a backward pass (kernels.backward_layers)
     grad_accum: np.ndarray        # int64: micro-batches per step
     dp_branch: np.ndarray         # int64: the branch of DP_TERMS
-    dp_times: np.ndarray          # int64: occurrences of the per-micro-batch collectives (fast.dp_times)
+    dp_times: np.ndarray          # int64: occurrences of the per-micro-batch gather (fast.dp_times' first)
     dp_each: np.ndarray           # (seconds, exposed, hidden) x DP_TERMS' term x layout, per occurrence
     efficiency: Efficiency
     tokens_per_step: np.ndarray   # int64
@@ -77,6 +77,8 @@ class StepArrays:
     hardware_flops: np.ndarray
     peak_flops_per_s: float
     fp8_peak_flops_per_s: float | None = None    # under an FP8 recipe: the FP8 dense peak (MFU beside)
+    # int64: occurrences of the term under the backward (fast.dp_times' second; None: dp_times)
+    dp_reduce_times: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.step_time_s)
@@ -106,8 +108,9 @@ class StepArrays:
             window, overlap = (("bwd", eff.dp_overlap), ("fwd", eff.zero3_overlap if per_mb else
                                                           eff.param_gather_overlap), ("bwd", eff.zero3_overlap))[term]
             every = term == 2 or term == 1 and per_mb
+            times = self.dp_times if term != 2 or self.dp_reduce_times is None else self.dp_reduce_times
             out.append(DpCollective(seconds=float(self.dp_each[0, term, i]), window=window, overlap=overlap,
-                                    per_micro_batch=every, times=int(self.dp_times[i]) if every else 1,
+                                    per_micro_batch=every, times=int(times[i]) if every else 1,
                                     exposed_s=float(self.dp_each[1, term, i]),
                                     hidden_s=float(self.dp_each[2, term, i])))
         return tuple(out)

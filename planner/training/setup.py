@@ -26,6 +26,15 @@ MEMORY_STACKS = ("auto", "hf", "torchtitan", "megatron", "deepspeed")
 # DeepSpeed's activation checkpointing of the checkpointed blocks' inputs (--stack deepspeed,
 # --recompute full): deepspeed/runtime/activation_checkpointing/checkpointing.py (0.19.8)
 DS_CHECKPOINTING = ("none", "partitioned", "cpu", "partitioned-cpu")
+# When FSDP under a pipeline reduce-scatters the gradients (TrainingSetup.fsdp_pipeline_grad_sync):
+# "step": once, after the step's last micro-batch, holding the unsharded gradients until then, as
+# PyTorch's pipeline schedules run FSDP2 (torch/distributed/pipelining/stage.py,
+# backward_maybe_with_nosync: set_requires_gradient_sync(False) on every backward;
+# perform_reduce_grad after the last); "micro-batch": after each micro-batch's backward, into
+# sharded gradients accumulated in the reduce dtype, as Llama 3 trained (arXiv:2407.21783,
+# Sec. 3.3.2: 'shards optimizer states and gradients'; gradient accumulation over micro-batches
+# with the gradients reduce-scattered across the data-parallel workers in FSDP)
+FSDP_PIPELINE_GRAD_SYNCS = ("step", "micro-batch")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -190,6 +199,8 @@ class TrainingSetup:
     # DeepSpeed: partition_activations splits each checkpointed input over the model-parallel
     # group, cpu_checkpointing moves it to host memory (DS_CHECKPOINTING)
     ds_checkpointing: str = "none"
+    # FSDP under a pipeline: reduce-scatter once a step or every micro-batch (FSDP_PIPELINE_GRAD_SYNCS)
+    fsdp_pipeline_grad_sync: str = "step"
     # the FP8 recipe under precision "fp8" (planner.training.fp8.RECIPES), resolved from the stack
     fp8_recipe: str = "rowwise"
     # MoE routing imbalance: tokens the most loaded expert-parallel rank receives over its
