@@ -72,3 +72,16 @@ def test_moe_block_delta_where_transformers_does_not_run():
     assert moe_block_delta_bytes(load_model("llama3.1-8b"), setup, lay, "eager") == 0
     qwen = load_model(str(CONFIGS / "tiny-qwen3-moe.json"))      # no dense blocks, no shared experts
     assert moe_block_delta_bytes(qwen, setup, lay, "fused") == 0
+
+
+def test_expert_side_leaves_out_the_mlp_input():
+    """The MLP's input (the norm's output) stays on the tokens' side of the dispatch: the
+    imbalance scales the k routed copies only (Mixtral, fused: [gate, up], product and the
+    permuted tokens, k = 2)."""
+    from planner.memory.moe import expert_side_bytes
+
+    m = load_model("mixtral-8x7b")
+    setup = TrainingSetup(seq_len=4096, global_batch=1)
+    lay = Layout(micro_batch=1, seq_len=4096)
+    tokens, h, f = 4096, m.d_model, m.d_ff
+    assert expert_side_bytes(m, setup, lay, "fused") == tokens * 2 * (3 * f + h) * 2

@@ -14,6 +14,7 @@ from planner.training.setup import TrainingSetup
 # the saved tensors of a MoE block that live on the experts' side of the dispatch: the
 # expert MLP's tensors and the tokens the dispatch permuted to them (memory.activations)
 EXPERT_SIDE_PREFIXES = ("MLP ", "tokens permuted", "silu written", "gelu")
+MLP_INPUT = "MLP input"     # the norm's output: the MLP's input, on the tokens' side of the dispatch
 
 
 def expert_side_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) -> int:
@@ -23,7 +24,7 @@ def expert_side_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: 
     if not m.is_moe or lay.recompute == "full":
         return 0
     return sum(t.bytes for t in layer_activation_terms(m, setup, lay, kernels)
-               if t.name.startswith(EXPERT_SIDE_PREFIXES))
+               if t.name.startswith(EXPERT_SIDE_PREFIXES) and not t.name.startswith(MLP_INPUT))
 
 
 def imbalance_extra_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) -> int:
@@ -74,7 +75,6 @@ def imbalance_extra_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kerne
 # are its own: no change there. Checked against autograd's saved tensors of each transformers
 # block in tests/test_memory_moe_blocks.py.
 ROUTED_PREFIXES = ("MLP ", "tokens permuted", "router probabilities")
-MLP_INPUT = "MLP input"     # the norm's output: the MLP's input, outside the experts
 
 
 def is_routed_term(name: str) -> bool:
