@@ -1,6 +1,8 @@
-"""Mixture-of-experts routing imbalance in memory (per shape, gathered in memory.shapes):
-the extra tokens the most loaded expert-parallel rank's experts receive and keep for
-backward (TrainingSetup.moe_imbalance; its source there)."""
+"""Mixture-of-experts blocks in memory (per shape, gathered in memory.shapes): what a MoE
+model's blocks keep beyond memory.activations' generic MoE block (dense blocks, shared experts,
+transformers' own MoE tensors: moe_block_delta_bytes), and under routing imbalance the extra
+tokens the most loaded expert-parallel rank's experts receive and keep for backward
+(TrainingSetup.moe_imbalance; its source there)."""
 
 from __future__ import annotations
 
