@@ -233,6 +233,8 @@ def table(results: list[dict]) -> str:
         "Regenerate: `pip install -c constraints.txt -e '.[test]' && python bench/accuracy.py`; after a",
         "change to the formulas only, `python bench/accuracy.py --repredict` keeps these measurements.",
         "One row: `plan measure --model llama3.1-8b --gpus h100 --dp 8 --zero 3 --seq-len 2048 --micro-batch 1`.",
+        "The tracker's snapshots per block and state (which moment the peak is): `python bench/accuracy.py",
+        "--modules qwen3-235b` (the first row whose model contains the name).",
         "",
     ]
     return "\n".join(lines)
@@ -241,6 +243,31 @@ def table(results: list[dict]) -> str:
 def write_markdown(results: list[dict], path: Path) -> tuple[float, float]:
     path.write_text(table(results))
     return summary(results)
+
+
+def print_module_snapshots(name: str, depth: int = 3) -> int:
+    """bench/accuracy.py --modules NAME: the first GRID row whose model contains NAME, measured
+    in this process, with planner.measure.trackers' per-module snapshots (the root and the
+    blocks: module names of at most ``depth`` dots), categories of 64 MiB or more."""
+    from planner.measure.trackers import MeasureSetup, measure
+
+    case = next((c for c in GRID if name in c[0]), None)
+    if case is None:
+        print(f"--modules {name}: no row of GRID names it", file=sys.stderr)
+        return 2
+    m, setup, lay = case_inputs(case)
+    hf = load_hf_config(str(ROOT / case[0]) if case[0].startswith("bench/") else case[0])
+    sharding = accuracy.measurable(m, setup, lay)
+    lay = accuracy.measured_layout(lay)
+    snaps: list[tuple[str, str, dict[str, int]]] = []
+    got = measure(MeasureSetup(**accuracy.measure_payload(hf, lay, setup, sharding, True,
+                                                          accuracy.peft_targets(m, setup))), snaps)
+    print(f"{case}: peak {got.peak_bytes / GiB:.2f} GiB ({got.peak_phase})")
+    for module, state, cats in snaps:
+        if module.count(".") <= depth:
+            parts = ", ".join(f"{k} {v / GiB:.2f}" for k, v in cats.items() if k != "Total" and v >= 64 << 20)
+            print(f"{module:44s} {state:12s} {cats.get('Total', 0) / GiB:7.2f}  {parts}")
+    return 0
 
 
 def _key(r: dict) -> tuple:
@@ -260,7 +287,12 @@ def main() -> int:
                     help="keep the other rows of the existing docs/accuracy.json (with --only)")
     ap.add_argument("--repredict", action="store_true",
                     help="measure nothing: redo the predictions of docs/accuracy.json's rows")
+    ap.add_argument("--modules", default="", metavar="NAME",
+                    help="measure the first row whose model contains NAME and print the tracker's snapshot "
+                         "per block and state (GiB by category): which moment of the step the peak is")
     args = ap.parse_args()
+    if args.modules:
+        return print_module_snapshots(args.modules)
     if args.repredict:
         results = [repredict(r) for r in json.loads(args.out.with_suffix(".json").read_text())]
         median, worst = write_markdown(results, args.out)
