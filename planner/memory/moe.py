@@ -50,7 +50,10 @@ def imbalance_extra_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kerne
 # * dense blocks (DeepSeek-V3's first_k_dense_replace, Llama 4's interleave_moe_layer_step)
 #   keep one dense MLP of dense_d_ff (the generic MLP term at k = 1), no router, no dispatch;
 # * shared experts (DeepSeek-V3's n_shared_experts, Llama 4's shared_expert) run every token
-#   through an MLP of shared_d_ff beside the routed experts: the generic MLP term at that width;
+#   through an MLP of shared_d_ff beside the routed experts: the generic MLP term at that width.
+#   Both hold in Megatron-Core too (0.16.1: transformer/moe/shared_experts.py, SharedExpertMLP, an
+#   MLP on every token; models/gpt/gpt_layer_specs.py parses moe_layer_freq into expert and dense
+#   layers), so these two apply under fused kernels as well;
 # * transformers 5.24.0's grouped-GEMM experts (integrations/moe.py, grouped_mm_experts_forward,
 #   the default experts implementation of Qwen3-MoE, DeepSeek-V3 and gpt-oss) weight the expert
 #   output by the routing weight (``weighted_out = proj_out * sample_weights_g.unsqueeze(-1)``),
