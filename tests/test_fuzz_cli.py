@@ -323,7 +323,7 @@ OPTIONS: dict[str, list[str] | None] = {
     "--method": ["full", "lora", "qlora", "freeze", "auto", "x"], "--lora-rank": NUMBERS,
     "--lora-alpha": NUMBERS, "--lora-targets": ["attention", "mlp", "all-linear", "q_proj,v_proj", ",", "ℵ"],
     "--lora-dropout": ["0", "0.1", "1", "nan"], "--quant": ["int8", "int4", "nf4", "x"],
-    "--trainable-layers": NUMBERS, "--task": ["train", "load", "x"],
+    "--trainable-layers": NUMBERS, "--task": ["train", "load", "x"], "--mla-cache": ["latent", "per-head", "x"],
     "--topology": ["dgx-h100", "dgx-a100", "gb200-nvl72", "x", "/nonexistent.toml", "/dev/null", "ℵ"],
     "--tokens": ["2e12", "300B", "15T", "0", "-1", "x", "1e30", "nan", "inf", "", "1e17"],
     "--offload-optimizer": ["none", "cpu", "nvme"], "--offload-params": ["none", "cpu", "nvme"],

@@ -145,3 +145,34 @@ def test_gemma3_27b_local_layers_hold_the_window_only():
     expected = per_token_layer * (n_global * 131072 + m.n_local_layers * m.attention_window)
     assert (m.n_layers, m.n_local_layers, m.attention_window) == (62, 52, 1024)
     assert kv_cache_bytes(m, 1, 131072) == expected
+
+
+def test_cli_task_load_mla_cache_flag():
+    """--mla-cache picks the layout plan_load sizes and the report names it: DeepSeek-V3's latent
+    is kv_lora_rank 512 + rope 64 = 576 elements per token and block (DeepSeek-V2, arXiv:2405.04434,
+    Table 1: (d_c + d_h^R) l with d_c = 4 d_h = 512, d_h^R = d_h / 2 = 64); per-head K and V are
+    128 x (192 + 128) = 40,960, split over tp."""
+    args = ["--task", "load", "--model", "deepseek-v3", "--gpus", "h200", "--tp", "8", "--pp", "2",
+            "--seq-len", "32768", "--micro-batch", "4"]
+    outs = {}
+    for layout in ("latent", "per-head"):
+        res = CliRunner().invoke(cli, [*args, "--json", "--mla-cache", layout])
+        assert res.exit_code in (0, 2), res.output
+        outs[layout] = json.loads(res.output)
+        assert outs[layout]["assumptions"]["mla_cache"] == layout
+    kv = {k: v["load"]["memory_bytes"]["kv_cache"] for k, v in outs.items()}
+    assert kv["latent"] == 576 * 31 * 32768 * 4 * 2      # the first stage's 31 of 61 blocks, bf16, on every tp rank
+    assert kv["per-head"] / kv["latent"] == pytest.approx(128 / 8 * (192 + 128) / 576)
+    text = CliRunner().invoke(cli, args).output
+    assert "MLA cache: latent, kv_lora_rank 512 + rotary key 64 = 576 elements" in text
+    assert "16 heads x (K 192 + V 128) = 5,120" in CliRunner().invoke(cli, [*args, "--mla-cache", "per-head"]).output
+
+
+def test_cli_mla_cache_refusals():
+    res = CliRunner().invoke(cli, ["--task", "load", "--model", "llama3.1-8b", "--gpus", "h100", "--mla-cache",
+                                   "latent"])
+    assert res.exit_code == 2 and "drop --mla-cache" in res.output and "Traceback" not in res.output
+    res = CliRunner().invoke(cli, ["--model", "deepseek-v3", "--gpus", "h200", "--mla-cache", "per-head"])
+    assert res.exit_code == 2 and "use it with --task load" in res.output
+    res = CliRunner().invoke(cli, ["--task", "load", "--model", "llama3.1-8b", "--gpus", "h100", "--json"])
+    assert json.loads(res.output)["assumptions"]["mla_cache"] is None

@@ -226,3 +226,14 @@ def test_mla_attention_keeps_no_scores_under_fake_tensors():
 
     short, long = acts(256), acts(1024)
     assert long / short < 4.2     # linear in s (4x) up to the fixed parts; the math kernel's scores: > 6x
+
+
+def test_module_snapshots_name_each_block_and_the_peak():
+    """measure(..., module_snapshots): the tracker's per-module snapshots (FSDPMemTracker on 4
+    fake ranks): every block has a backward peak, and the largest of them is the step's peak."""
+    snaps: list = []
+    r = measure(tiny(sharding="full", dp=4, n_steps=1), snaps)
+    blocks = {m for m, _, _ in snaps if ".layers." in m}
+    assert len(blocks) == 2
+    peaks = [c["Total"] for m, state, c in snaps if state == "PEAK_BW"]
+    assert max(peaks) == r.peak_bytes

@@ -87,6 +87,7 @@ class Options:
     trainable_layers: int | None = None
     # --task (task_options)
     task: str = "train"
+    mla_cache: str | None = None      # --task load, MLA models: the KV cache layout (memory.inference)
     # step time and tokens (time_options)
     topology: str | None = None
     tokens: float | None = None
@@ -302,6 +303,13 @@ def method_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 def task_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """`plan --task load`: inference memory instead of a training plan."""
+    from planner.memory.inference import MLA_CACHES
+
+    f = click.option(
+        "--mla-cache", type=click.Choice(MLA_CACHES), default=None,
+        help="--task load, MLA models (DeepSeek-V3, Kimi K2): latent caches the compressed latent and "
+             "the rotary key (projections absorbed: vLLM, SGLang, transformers 5); per-head caches each "
+             "head's K and V (not absorbed)  [default: latent].")(f)
     return click.option(
         "--task", type=click.Choice(["train", "load"]), default="train", show_default=True,
         help="train: a training plan; load: the memory to hold the model for inference (weights at "

@@ -66,6 +66,8 @@ def plan(o: Options) -> None:
     if o.task == "load":
         load(o)
         return
+    if o.mla_cache is not None:
+        raise UserError(f"--mla-cache {o.mla_cache} sizes an inference KV cache: use it with --task load")
     if o.tokens is not None:
         plan_cost(o)
         return
@@ -312,9 +314,13 @@ def load(o: Options) -> None:
             raise UserError(f"--{name.replace('_', '-')} is a training option; --task load takes --tp, --pp, "
                             f"--micro-batch (sequences held at once) and --seq-len (their context)")
     m, gpu = load_model(o.model_name), get_gpu(o.gpu_name)
+    if o.mla_cache is not None and not m.is_mla:
+        raise UserError(f"--mla-cache is for multi-head latent attention (DeepSeek-V3, Kimi K2); {m.name} "
+                        f"caches K and V per head already: drop --mla-cache")
     wb = 4 if o.precision == "fp32" else 2
     setup = LoadSetup(weight_bytes=wb, quant=o.quant or "none", batch=o.micro_batch or 1,
-                      context=o.seq_len, kv_bytes=wb, usable_memory_fraction=o.usable_memory)
+                      context=o.seq_len, kv_bytes=wb, mla_cache=o.mla_cache or "latent",
+                      usable_memory_fraction=o.usable_memory)
     if o.fragmentation is not None:
         setup = replace(setup, overheads=Overheads(fragmentation=o.fragmentation))
     tp, pp = o.tp, o.pp

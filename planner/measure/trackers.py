@@ -214,8 +214,14 @@ class MeasureSetup:
         return cls(**data)
 
 
-def measure(setup: MeasureSetup) -> MeasuredMemory:
+def measure(setup: MeasureSetup, module_snapshots: list[tuple[str, str, dict[str, int]]] | None = None
+            ) -> MeasuredMemory:
     """Run ``setup.n_steps`` training steps and return rank 0's memory by category (bytes).
+
+    ``module_snapshots``: where given, the tracker's last snapshot per module (its fully
+    qualified name) and state (FSDPMemTracker: PEAK_FW, BEF_PRE_BW, ..., PEAK_BW; MemTracker:
+    its own states) is appended, bytes per category on the device: the per-module breakdown
+    that tells which moment of the step the peak is (bench/accuracy.py --modules).
 
     Sharded setups create a fake process group of ``setup.dp`` ranks and destroy it afterwards,
     so measure() can be called repeatedly in one process; it refuses to run when a process group
@@ -230,7 +236,7 @@ def measure(setup: MeasureSetup) -> MeasuredMemory:
     else:
         device = torch.device("cuda", torch.cuda.current_device())
     if not setup.sharded:
-        return _measure_rank(setup, device, mesh=None, rank=0, ddp=False)
+        return _measure_rank(setup, device, mesh=None, rank=0, ddp=False, module_snapshots=module_snapshots)
 
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -241,9 +247,27 @@ def measure(setup: MeasureSetup) -> MeasuredMemory:
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=setup.dp)
     try:
         mesh = init_device_mesh(device.type, (setup.dp,))
-        return _measure_rank(setup, device, mesh=mesh, rank=0, ddp=False)
+        return _measure_rank(setup, device, mesh=mesh, rank=0, ddp=False, module_snapshots=module_snapshots)
     finally:
         dist.destroy_process_group()
+
+
+def _module_snapshots(tracker: Any) -> list[tuple[str, str, dict[str, int]]]:
+    """(module, state, bytes per category) from the tracker's per-module stats
+    (torch.distributed._tools.mem_tracker: memory_tracking[module].snapshots[state], a list of
+    {device: {category: bytes}}; the last snapshot of each state, devices summed)."""
+    out = []
+    for stats in tracker.memory_tracking.values():
+        for state, snaps in stats.snapshots.items():
+            if not snaps:
+                continue
+            total: dict[str, int] = {}
+            for per_device in snaps[-1].values():
+                for category, nbytes in per_device.items():
+                    key = str(category).rsplit(".", 1)[-1]
+                    total[key] = total.get(key, 0) + int(nbytes)
+            out.append((stats.mod_fqn, str(state).rsplit(".", 1)[-1], total))
+    return out
 
 
 def run_distributed_cuda(setup: MeasureSetup, nproc: int) -> list[MeasuredMemory]:
@@ -293,7 +317,8 @@ def _distributed_worker(setup: MeasureSetup, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _measure_rank(setup: MeasureSetup, device: Any, *, mesh: Any, rank: int, ddp: bool) -> MeasuredMemory:
+def _measure_rank(setup: MeasureSetup, device: Any, *, mesh: Any, rank: int, ddp: bool,
+                  module_snapshots: list[tuple[str, str, dict[str, int]]] | None = None) -> MeasuredMemory:
     """Build model, optimizer and inputs for one rank, run the steps under a tracker, read it."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -327,6 +352,8 @@ def _measure_rank(setup: MeasureSetup, device: Any, *, mesh: Any, rank: int, ddp
                     tracker.reset_mod_stats()  # the trackers refuse a second root forward otherwise
                 _train_step(model, optimizer, ids, setup, device, tracker.reset_mod_stats)
         snapshots = tracker.get_tracker_snapshot("peak")
+        if module_snapshots is not None:
+            module_snapshots.extend(_module_snapshots(tracker))
         step_times = _timed_steps(model, optimizer, ids, setup, device) if on_cuda and not setup.fake else []
     result = tracker_result(tracker, snapshots, device, fake=setup.fake, n_params=n_params, rank=rank,
                             wall_s=time.perf_counter() - t0)

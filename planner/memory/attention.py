@@ -40,6 +40,7 @@ from dataclasses import replace
 
 from planner.layouts.layout import Layout
 from planner.memory.activations import layer_activation_terms, norm_saved_bytes
+from planner.memory.norms import FP32_NORM_BYTES, keeps_fp32_normalised
 from planner.models.spec import ModelSpec
 from planner.training.setup import TrainingSetup
 
@@ -59,23 +60,24 @@ def mla_saved_delta_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kerne
 
 
 # QK norm (transformers 5.24.0). Qwen3 (models/qwen3/modeling_qwen3.py, Qwen3Attention:
-# q_norm / k_norm = Qwen3RMSNorm(head_dim) on q_proj / k_proj's output viewed per head) and
-# OLMo 2 (models/olmo2/modeling_olmo2.py, Olmo2Attention: Olmo2RMSNorm over the whole
-# num_heads x head_dim and num_kv_heads x head_dim widths) run Llama's RMSNorm:
+# q_norm / k_norm = Qwen3RMSNorm(head_dim) on q_proj / k_proj's output viewed per head) runs
+# Llama's RMSNorm:
 # ``x32 = x.to(float32)``, ``x32 * rsqrt(mean(x32^2) + eps)``, ``weight * normed.to(x.dtype)``.
 # Autograd keeps the fp32 copy (for pow and mul), the fp32 rstd per normalised row, and the
 # normalised tensor in the input's dtype (for the weight's gradient): 4 + a bytes per
 # element of q and k. The projection outputs are in the compute dtype a (under autocast and
 # FSDP2's bf16 parameters alike), not the fp32 residual stream. Gemma 3
 # (models/gemma3/modeling_gemma3.py, Gemma3RMSNorm: ``normed = _norm(x.float());
-# (normed * (1 + weight.float())).type_as(x)``) keeps the fp32 copy and the fp32 normalised
-# tensor: 8 bytes per element. A fused norm kernel keeps its input only (a bytes).
+# (normed * (1 + weight.float())).type_as(x)``) and OLMo 2 (models/olmo2/modeling_olmo2.py,
+# Olmo2Attention: Olmo2RMSNorm over the whole num_heads x head_dim and num_kv_heads x head_dim
+# widths, ``(self.weight * hidden_states).to(input_dtype)`` on the fp32 normalised tensor) keep
+# the fp32 copy and the fp32 normalised tensor: 8 bytes per element (memory.norms). A fused
+# norm kernel keeps its input only (a bytes).
 # The rotary embedding that follows keeps only its cos/sin tables; attention keeps the
 # normalised, rotated q and k (memory.activations' Q, K, V). Llama 4 (models/llama4/
 # modeling_llama4.py, Llama4TextL2Norm: ``_norm(x.float()).type_as(x)``, no weight, after the
 # rotary embedding and only in the blocks that use it) keeps the fp32 copy and the rstd: 4 bytes
 # per element, in n_qk_norm_layers of the blocks (the figure is the mean block's).
-ONE_PLUS_WEIGHT_NORM_TYPES = ("gemma3_text", "gemma3")
 
 
 def qk_norm_saved_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) -> int:
@@ -91,7 +93,7 @@ def qk_norm_saved_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels
     elif m.qk_norm == "l2":
         per_element = 4
     else:
-        per_element = 8 if m.model_type in ONE_PLUS_WEIGHT_NORM_TYPES else 4 + a
+        per_element = FP32_NORM_BYTES if keeps_fp32_normalised(m) else 4 + a
     rows = 2 if m.qk_norm == "full" else m.n_heads + m.n_kv_heads     # fp32 rstd per row
     share = (m.n_qk_norm_layers or m.n_layers) / m.n_layers
     return int(tokens * ((m.q_dim + m.kv_dim) * per_element + 4 * rows) * share / lay.tp)

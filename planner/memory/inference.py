@@ -138,6 +138,19 @@ def kv_elements_per_token(m: ModelSpec, tp: int = 1, mla_cache: str = "latent") 
     return 2 * ceil_div(m.n_kv_heads, tp) * m.head_dim
 
 
+def mla_cache_description(m: ModelSpec, mla_cache: str, tp: int = 1) -> str | None:
+    """The MLA cache layout in words, with its elements per token and block on one rank (what
+    `plan --task load` prints); None for other attention."""
+    if not m.is_mla:
+        return None
+    per_token = kv_elements_per_token(m, tp, mla_cache)
+    if mla_cache == "latent":
+        return (f"MLA cache: latent, kv_lora_rank {m.kv_lora_rank} + rotary key {m.qk_rope_head_dim} = "
+                f"{per_token:,} elements per token and block for all heads (up-projections absorbed)")
+    return (f"MLA cache: per-head, {ceil_div(m.n_heads, tp)} heads x (K {m.head_dim} + V {m.value_head_dim}) = "
+            f"{per_token:,} elements per token and block on a rank (up-projections not absorbed)")
+
+
 def cached_token_layers(m: ModelSpec, context: int, n_layers: int | None = None) -> int:
     """Sum over ``n_layers`` blocks (default all) of the tokens each caches for one sequence of
     ``context`` tokens: local (sliding or chunked) blocks at most ``attention_window``, the rest

@@ -1,8 +1,12 @@
-"""Mixture-of-experts routing imbalance in memory (per shape, gathered in memory.shapes):
-the extra tokens the most loaded expert-parallel rank's experts receive and keep for
-backward (TrainingSetup.moe_imbalance; its source there)."""
+"""Mixture-of-experts blocks in memory (per shape, gathered in memory.shapes): what a MoE
+model's blocks keep beyond memory.activations' generic MoE block (dense blocks, shared experts,
+transformers' own MoE tensors: moe_block_delta_bytes), and under routing imbalance the extra
+tokens the most loaded expert-parallel rank's experts receive and keep for backward
+(TrainingSetup.moe_imbalance; its source there)."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from planner.layouts.layout import Layout
 from planner.memory.activations import layer_activation_terms
@@ -12,6 +16,7 @@ from planner.training.setup import TrainingSetup
 # the saved tensors of a MoE block that live on the experts' side of the dispatch: the
 # expert MLP's tensors and the tokens the dispatch permuted to them (memory.activations)
 EXPERT_SIDE_PREFIXES = ("MLP ", "tokens permuted", "silu written", "gelu")
+MLP_INPUT = "MLP input"     # the norm's output: the MLP's input, on the tokens' side of the dispatch
 
 
 def expert_side_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) -> int:
@@ -21,7 +26,7 @@ def expert_side_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: 
     if not m.is_moe or lay.recompute == "full":
         return 0
     return sum(t.bytes for t in layer_activation_terms(m, setup, lay, kernels)
-               if t.name.startswith(EXPERT_SIDE_PREFIXES))
+               if t.name.startswith(EXPERT_SIDE_PREFIXES) and not t.name.startswith(MLP_INPUT))
 
 
 def imbalance_extra_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) -> int:
@@ -34,3 +39,94 @@ def imbalance_extra_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kerne
     if not m.is_moe or lay.ep <= 1 or imb == 1.0:
         return 0
     return int((imb - 1.0) * expert_side_bytes(m, setup, lay, kernels))
+
+
+# ---- what a MoE model's blocks keep beyond memory.activations' generic MoE block
+# memory.activations counts every block of a MoE model as k routed experts per token (the
+# "MLP ..." term x k), the permuted tokens and the fp32 router probabilities. The blocks of the
+# 2025-2026 families differ (per block, per token; a = activation bytes, f = the routed
+# expert's width, T tokens of the micro-batch):
+#
+# * dense blocks (DeepSeek-V3's first_k_dense_replace, Llama 4's interleave_moe_layer_step)
+#   keep one dense MLP of dense_d_ff (the generic MLP term at k = 1), no router, no dispatch;
+# * shared experts (DeepSeek-V3's n_shared_experts, Llama 4's shared_expert) run every token
+#   through an MLP of shared_d_ff beside the routed experts: the generic MLP term at that width.
+#   Both hold in Megatron-Core too (0.16.1: transformer/moe/shared_experts.py, SharedExpertMLP, an
+#   MLP on every token; models/gpt/gpt_layer_specs.py parses moe_layer_freq into expert and dense
+#   layers), so these two apply under fused kernels as well;
+# * transformers 5.24.0's grouped-GEMM experts (integrations/moe.py, grouped_mm_experts_forward,
+#   the default experts implementation of Qwen3-MoE, DeepSeek-V3 and gpt-oss) weight the expert
+#   output by the routing weight (``weighted_out = proj_out * sample_weights_g.unsqueeze(-1)``),
+#   which keeps the k x h expert output, and keep three int64 index vectors of k T entries
+#   (the sort's ``perm``, the gather index ``perm // num_top_k``, ``inv_perm``) and the router's
+#   int64 top-k indices: k (h a + 4 x 8) per token;
+# * gpt-oss's clamped SwiGLU (models/gpt_oss/modeling_gpt_oss.py, GptOssExperts._apply_gate:
+#   clamp, ``gate * sigmoid(gate * alpha)``, ``(up + 1) * glu``) keeps the clamped gate, the
+#   sigmoid, up + 1 and the glu beside the fused gate_up output and the product: 3 f-wide
+#   tensors per routed copy more than the gate, up, activation and product of the generic term;
+# * DeepSeek-V3's router (models/deepseek_v3/modeling_deepseek_v3.py, DeepseekV3TopkRouter:
+#   ``F.linear(hidden_states.type(torch.float32), self.weight.type(torch.float32))``) keeps an
+#   fp32 copy of its input: 4 h per token;
+# * Llama 4's Llama4TextMoe (models/llama4/modeling_llama4.py) runs every token through every
+#   expert: ``routed_in = hidden_states.repeat(num_experts, 1)`` is scaled by the router scores
+#   (both kept: the repeated input and the scaled one, 2 E h a, and the E scores in a) and the
+#   experts' batched matmul keeps the fused gate_up output, the activation and the product for
+#   all E copies (the generic MLP term at E in place of k).
+#
+# The transformers-specific terms apply where the planner's kernels are transformers' own eager
+# modules (kernels "eager" or "amp": --stack hf and deepspeed, or auto without tp/pp/cp); fused
+# kernels (Megatron-Core's grouped GEMM, which weights the probabilities into the unpermute) keep
+# the dispatched-token sizing; torchtitan's block terms (memory.activations.titan_block_terms)
+# are its own: no change there. Checked against autograd's saved tensors of each transformers
+# block in tests/test_memory_moe_blocks.py.
+ROUTED_PREFIXES = ("MLP ", "tokens permuted", "router probabilities")
+
+
+def is_routed_term(name: str) -> bool:
+    """Whether memory.activations' term ``name`` is one of a MoE block's routed tensors (the
+    expert MLP, the permuted tokens, the router's probabilities), not the MLP's input."""
+    return name.startswith(ROUTED_PREFIXES) and not name.startswith(MLP_INPUT)
+HF_KERNELS = ("eager", "amp")
+GROUPED_GEMM_TYPES = ("qwen3_moe", "deepseek_v3", "gpt_oss")
+FP32_ROUTER_INPUT_TYPES = ("deepseek_v3",)
+ALL_EXPERTS_TYPES = ("llama4_text", "llama4")
+CLAMPED_SWIGLU_TYPES = ("gpt_oss",)
+
+
+def _mlp_term_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str, copies: int) -> int:
+    """The generic MLP term (memory.activations) at ``copies`` experts per token."""
+    per_copy = sum(t.bytes for t in layer_activation_terms(m, setup, lay, kernels)
+                   if t.name.startswith("MLP ") and not t.name.startswith(MLP_INPUT))
+    return per_copy * copies // max(1, m.n_experts_per_token)
+
+
+def moe_block_delta_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) -> int:
+    """Bytes a MoE model's mean block keeps beyond memory.activations' generic MoE block, per
+    micro-batch on one rank (see the comment above): its dense blocks, shared experts and
+    transformers' MoE tensors. 0 for dense models, frozen blocks, torchtitan's block and under
+    full recomputation."""
+    if (not m.is_moe or lay.recompute == "full" or kernels == "torchtitan"
+            or setup.finetune.freezes_base):
+        return 0
+    a = setup.precision_spec.activation_bytes
+    tokens = lay.micro_batch * (lay.seq_len // lay.cp)
+    k, n_experts = m.n_experts_per_token, m.n_experts
+    generic = sum(t.bytes for t in layer_activation_terms(m, setup, lay, kernels) if is_routed_term(t.name))
+    extra_moe = 0
+    if m.shared_d_ff:
+        extra_moe += _mlp_term_bytes(replace(m, d_ff=m.shared_d_ff), setup, lay, kernels, 1)
+    if kernels in HF_KERNELS:
+        if m.model_type in ALL_EXPERTS_TYPES:
+            routed_all = _mlp_term_bytes(m, setup, lay, kernels, n_experts) - _mlp_term_bytes(m, setup, lay, kernels, k)
+            repeat = tokens * n_experts * (2 * m.d_model * a + a) - tokens * k * m.d_model * a
+            extra_moe += routed_all + repeat // lay.tp
+        if m.model_type in GROUPED_GEMM_TYPES:
+            extra_moe += tokens * k * (m.d_model * a + 4 * 8) // lay.tp
+        if m.model_type in CLAMPED_SWIGLU_TYPES:
+            extra_moe += tokens * k * 3 * m.d_ff * a // lay.tp
+        if m.model_type in FP32_ROUTER_INPUT_TYPES:
+            extra_moe += tokens * m.d_model * 4 // (lay.tp if lay.sp else 1)
+    dense_block = _mlp_term_bytes(replace(m, d_ff=m.dense_d_ff or m.d_ff), setup, lay, kernels, 1)
+    n_moe, n_dense = m.n_moe_layers, m.n_dense_layers
+    total = n_moe * extra_moe + n_dense * (dense_block - generic)
+    return int(total / m.n_layers)

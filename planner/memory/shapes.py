@@ -21,7 +21,8 @@ from planner.memory.attention import attention_saved_delta_bytes, sink_eager_del
 from planner.memory.buffers import pipeline_buffer_bytes
 from planner.memory.fp8 import saved_input_delta_bytes
 from planner.memory.loss import logits_bytes
-from planner.memory.moe import imbalance_extra_bytes
+from planner.memory.moe import imbalance_extra_bytes, moe_block_delta_bytes
+from planner.memory.norms import block_norm_delta_bytes
 from planner.memory.params import (
     largest_tensor,
     optimizer_bytes_per_param,
@@ -203,6 +204,12 @@ def activation_figures(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_
             if lay.recompute == "none":
                 kept += sink_eager_delta_bytes(m, s_, lay, kern)
             full += sink_eager_delta_bytes(m, s_, unrecomputed, kern)
+        # Gemma 3's and OLMo 2's RMSNorms keep an fp32 normalised tensor (memory.norms)
+        kept += block_norm_delta_bytes(m, s_, lay, kern)
+        full += block_norm_delta_bytes(m, s_, unrecomputed, kern)
+        if m.is_moe:    # dense blocks, shared experts, transformers' MoE tensors (memory.moe)
+            kept += moe_block_delta_bytes(m, s_, lay, kern)
+            full += moe_block_delta_bytes(m, s_, unrecomputed, kern)
         if fp8:     # the FP8 recipe's saved linear inputs (memory.fp8)
             kept += saved_input_delta_bytes(m, setup, lay)
             full += saved_input_delta_bytes(m, setup, replace(lay, recompute="none"))

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from planner.fmt import amount, days, duration, gib, params, plural, usd
+from planner.memory.inference import mla_cache_description
 from planner.memory.model import CATEGORIES
 from planner.report import costs
 from planner.report import text as report
@@ -479,7 +480,12 @@ def load_view(r: Any) -> list[Any]:
     out: list[Any] = [
         _text((f"{m.name}: {r.params.total:,} parameters, held for inference on {r.gpu.name}", HEAD)),
         _text(f"weights {fmt}" + (", embeddings and LM head in 16 bits" if s.quant != "none" else "")
-              + f"; KV cache for {s.batch} sequence(s) of {s.context:,} tokens, {8 * s.kv_bytes}-bit"), _text("")]
+              + f"; KV cache for {s.batch} sequence(s) of {s.context:,} tokens, {8 * s.kv_bytes}-bit")]
+    mla = mla_cache_description(m, s.mla_cache, r.tp)
+    if mla:
+        other = "per-head" if s.mla_cache == "latent" else "latent"
+        out.append(_text(f"{mla}; --mla-cache {other} for the other layout"))
+    out.append(_text(""))
     head = "The split you gave" if r.fixed else ("Fewest GPUs that hold it" if r.fits else
                                                  "Nothing fits; the least memory tried")
     cap = r.capacity_bytes

@@ -380,7 +380,8 @@ def load_json(r: Any) -> str:
         "load": {"n_gpus": r.n_gpus, "tp": r.tp, "pp": r.pp, "fits": r.fits, "capacity_bytes": r.capacity_bytes,
                  "memory_bytes": r.memory.as_dict()},
         "assumptions": {"weight_bytes": s.weight_bytes, "quant": s.quant, "batch": s.batch, "context": s.context,
-                        "kv_bytes": s.kv_bytes, "usable_memory_fraction": s.usable_memory_fraction,
+                        "kv_bytes": s.kv_bytes, "mla_cache": s.mla_cache if r.model.is_mla else None,
+                        "usable_memory_fraction": s.usable_memory_fraction,
                         "overheads": asdict(s.overheads)},
     }, indent=2)
 
