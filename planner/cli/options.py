@@ -272,7 +272,7 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      callback=lambda _c, _p, v: None if v is None else float(v),
                      help="Plan with step times that are not exceeded with this confidence (out-of-sample "
                           "errors on published runs), so --deadline is met with it."),
-        click.option("--json", "as_json", is_flag=True, help="Print one JSON object (schema in the README)."),
+        click.option("--json", "as_json", is_flag=True, help="Print one JSON object (schema in docs/options.md)."),
     ], f)
 
 
