@@ -349,8 +349,9 @@ def output_options(f: Callable[..., Any]) -> Callable[..., Any]:
         # emit (issue 19): which stack --out writes for, and which scheduler files
         click.option("--stack", type=click.Choice(["hf", "torchtitan", "megatron", "deepspeed"]), default=None,
                      help="The training stack: its memory profile (recompute policies, loss, kernels) and the "
-                          "configs --out writes  [default: what fits the layout: hf for "
-                          "FSDP, torchtitan for FSDP with pp, megatron for tp/pp/cp, deepspeed for ZeRO]."),
+                          "configs --out writes  [default: what fits the layout: megatron for tp/pp/cp (fused "
+                          "kernels), hf for FSDP without them, torchtitan for FSDP with pp under --kernels "
+                          "eager, deepspeed for ZeRO]."),
         click.option("--scheduler", type=click.Choice(["both", "slurm", "kubernetes", "none"]), default="both",
                      show_default=True, help="Scheduler files --out writes: slurm.sbatch, pytorchjob.yaml (Kubeflow)."),
     ], f)
