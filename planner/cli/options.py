@@ -201,10 +201,11 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """Options shared by `plan` and the commands that take a layout."""
     return _apply([
         click.option("--model", "model_name", metavar="NAME|PATH", shell_complete=complete_models,
-                     help="A preset (`plan models`) or a Hugging Face config.json."),
+                     help="A preset (`plan models`), a Hugging Face config.json, or ORG/NAME from the "
+                          "Hugging Face cache."),
         click.option("--gpus", "gpu_name", metavar="NAME", shell_complete=complete_gpus,
-                     help="GPU type (`plan gpus`), e.g. h100; with --tokens "
-                                                                "a list to choose from, e.g. h100,a100."),
+                     help="GPU type (`plan gpus`), e.g. h100, or your GPU's TOML file (./my-gpu.toml); "
+                          "`plan --tokens` takes a list to choose from, e.g. h100,a100."),
         click.option("--n-gpus", type=click.IntRange(1, MAX_GPUS), default=None,
                      help="Fix the GPU count (default: the smallest that fits)."),
         click.option("--max-gpus", type=click.IntRange(1, MAX_GPUS), default=16_384, show_default=True,
