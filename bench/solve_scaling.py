@@ -5,8 +5,8 @@
 
 One job: random candidates (GPU type x count x layout, with cost, time and memory) under a
 deadline, a budget and a GPU cap, solved by planner.cost.solve.solve_one_job. The default search
-space (`plan --model 70b --gpus h100,a100 --tokens 1e12`) gives it about 130 candidates: the
-three fastest layouts on each of ~21 GPU counts per type. Cluster purchase: random jobs
+space (`plan --model 70b --gpus h100,a100 --tokens 1e12`) gives it 63 candidates (the report's
+Solver line): up to three fastest layouts on each GPU count per type. Cluster purchase: random jobs
 with overlapping windows, each with options on three GPU types, solved by solve_purchase.
 Each row: candidates (or jobs x options), variables, constraints, solve seconds, whether
 optimality was proved.

@@ -250,6 +250,14 @@ def test_megatron_refuses_what_its_arguments_cannot_express():
             to_megatron_args(rb)
 
 
+def test_megatron_refusal_reads_as_a_sentence():
+    # the reason follows the model's name in brackets (it read "bloom-176b's a norm after ...")
+    falcon = _plan("falcon-40b", dict(dp=1, tp=8, pp=2, zero_stage=0, sp=True, micro_batch=1, grad_accum=64,
+                                      recompute="full"), "h100")
+    with pytest.raises(UserError, match=r"cannot express falcon-40b \(parallel attention/MLP blocks\);"):
+        to_megatron_args(falcon)
+
+
 FP8_PLANS = [
     # (recipe, optimizer, layout)
     ("delayed", "adamw-bf16-states", dict(dp=2, tp=4, pp=2, zero_stage=1, sp=True, micro_batch=1, grad_accum=16,

@@ -259,3 +259,15 @@ def test_cli_explain_user_errors():
     assert r.exit_code == 2 and "one method" in r.output
     r = run("explain", "--model", "nonesuch", "--gpus", "h100")
     assert r.exit_code == 2 and "unknown model" in r.output and "Traceback" not in r.output
+
+
+def test_cli_explain_with_tokens_says_it_runs_no_cost_search():
+    # plan --tokens picks the cheapest count; explain explains the smallest that fits, and says so
+    r = run("explain", "--model", "8b", "--gpus", "h100", "--tokens", "1T")
+    assert r.exit_code == 0, r.output
+    assert "not the cost plan `plan --tokens` picks" in r.output
+    assert "time to train on the tokens" in r.output
+    fixed = run("explain", "--model", "8b", "--gpus", "h100", "--tokens", "1T", "--dp", "8", "--tp", "1",
+                "--pp", "1", "--cp", "1", "--ep", "1", "--zero", "3", "--micro-batch", "1", "--recompute", "none")
+    assert fixed.exit_code == 0, fixed.output
+    assert "not the cost plan" not in fixed.output

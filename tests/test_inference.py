@@ -176,3 +176,10 @@ def test_cli_mla_cache_refusals():
     assert res.exit_code == 2 and "use it with --task load" in res.output
     res = CliRunner().invoke(cli, ["--task", "load", "--model", "llama3.1-8b", "--gpus", "h100", "--json"])
     assert json.loads(res.output)["assumptions"]["mla_cache"] is None
+
+
+def test_the_cli_offers_the_cache_layouts_the_model_knows():
+    from planner.cli import options
+    from planner.memory import inference
+
+    assert options.MLA_CACHES == inference.MLA_CACHES

@@ -33,7 +33,9 @@ def explain_cmd(**kw: Any) -> None:
     \b
     The layout is the one `plan` picks for the same options (fix it with --dp, --tp, --pp,
     --zero or --fsdp, --micro-batch, --recompute); the terms add up to what `plan` reports.
-    When nothing fits, the layout that needs the least memory is explained.
+    When nothing fits, the layout that needs the least memory is explained. --tokens adds
+    the time to train on them but runs no cost search: the layout stays the smallest GPU
+    count that fits, not the plan `plan --tokens` picks (fix that plan's layout to explain it).
 
     \b
       plan explain --model 8b --gpus h100 --dp 8 --zero 3
@@ -74,6 +76,9 @@ def explain(o: Options) -> None:
         return
     if result.best is None:
         click.echo(f"No layout fits; this is the one that needs the least memory on {cand.n_gpus} GPUs.\n")
+    elif o.tokens is not None and lay is None:
+        click.echo("--tokens adds the time to train; the layout is the smallest GPU count that fits, not the "
+                   "cost plan `plan --tokens` picks (fix that plan's layout to explain it).\n")
     click.echo(to_text(ex))
     if o.calibration is not None:
         click.echo(f"\ncalibration: {o.calibration} (its matmul fraction and fragmentation are the inputs above)")

@@ -202,10 +202,11 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """Options shared by `plan` and the commands that take a layout."""
     return _apply([
         click.option("--model", "model_name", metavar="NAME|PATH", shell_complete=complete_models,
-                     help="A preset (`plan models`) or a Hugging Face config.json."),
+                     help="A preset (`plan models`), a Hugging Face config.json, or ORG/NAME from the "
+                          "Hugging Face cache."),
         click.option("--gpus", "gpu_name", metavar="NAME", shell_complete=complete_gpus,
-                     help="GPU type (`plan gpus`), e.g. h100; with --tokens "
-                                                                "a list to choose from, e.g. h100,a100."),
+                     help="GPU type (`plan gpus`), e.g. h100, or your GPU's TOML file (./my-gpu.toml); "
+                          "`plan --tokens` takes a list to choose from, e.g. h100,a100."),
         click.option("--n-gpus", type=click.IntRange(1, MAX_GPUS), default=None,
                      help="Fix the GPU count (default: the smallest that fits)."),
         click.option("--max-gpus", type=click.IntRange(1, MAX_GPUS), default=16_384, show_default=True,
@@ -273,7 +274,7 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      callback=lambda _c, _p, v: None if v is None else float(v),
                      help="Plan with step times that are not exceeded with this confidence (out-of-sample "
                           "errors on published runs), so --deadline is met with it."),
-        click.option("--json", "as_json", is_flag=True, help="Print one JSON object (schema in the README)."),
+        click.option("--json", "as_json", is_flag=True, help="Print one JSON object (schema in docs/options.md)."),
     ], f)
 
 
@@ -301,10 +302,13 @@ def method_options(f: Callable[..., Any]) -> Callable[..., Any]:
     ], f)
 
 
+# memory.inference.MLA_CACHES, spelt here so that the CLI's import loads no numpy
+# (tests/test_inference.py checks they agree)
+MLA_CACHES = ("latent", "per-head")
+
+
 def task_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """`plan --task load`: inference memory instead of a training plan."""
-    from planner.memory.inference import MLA_CACHES
-
     f = click.option(
         "--mla-cache", type=click.Choice(MLA_CACHES), default=None,
         help="--task load, MLA models (DeepSeek-V3, Kimi K2): latent caches the compressed latent and "
@@ -357,8 +361,9 @@ def output_options(f: Callable[..., Any]) -> Callable[..., Any]:
         # emit (issue 19): which stack --out writes for, and which scheduler files
         click.option("--stack", type=click.Choice(["hf", "torchtitan", "megatron", "deepspeed"]), default=None,
                      help="The training stack: its memory profile (recompute policies, loss, kernels) and the "
-                          "configs --out writes  [default: what fits the layout: hf for "
-                          "FSDP, torchtitan for FSDP with pp, megatron for tp/pp/cp, deepspeed for ZeRO]."),
+                          "configs --out writes  [default: what fits the layout: megatron for tp/pp/cp (fused "
+                          "kernels), hf for FSDP without them, torchtitan for FSDP with pp under --kernels "
+                          "eager, deepspeed for ZeRO]."),
         click.option("--scheduler", type=click.Choice(["both", "slurm", "kubernetes", "none"]), default="both",
                      show_default=True, help="Scheduler files --out writes: slurm.sbatch, pytorchjob.yaml (Kubeflow)."),
     ], f)

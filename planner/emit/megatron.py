@@ -110,7 +110,7 @@ def _rope_args(m: ModelSpec) -> list[str]:
 def _model_args(m: ModelSpec, seq_len: int, tp: int = 1) -> list[str]:
     why = _unsupported(m)
     if why is not None:
-        raise UserError(f"Megatron-LM's arguments cannot express {m.name}'s {why}; "
+        raise UserError(f"Megatron-LM's arguments cannot express {m.name} ({why}); "
                         f"no Megatron files written (plan without tp/pp/cp, or use --stack hf)")
     if m.position == "learned" and m.max_positions and seq_len > m.max_positions:
         raise UserError(f"{m.name} has {m.max_positions} learned positions; a sequence of {seq_len} tokens "
