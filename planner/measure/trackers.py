@@ -107,7 +107,14 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import UserError
-from planner.measure.fakes import outside_fake_mode, separate_dtensor_propagation, stub_scalars
+from planner.measure.build import (
+    build_finetuned,
+    build_model,
+    build_optimizer,
+    checkpoint_blocks,
+    shard,
+)
+from planner.measure.fakes import separate_dtensor_propagation, stub_scalars
 from planner.measure.readout import MeasuredMemory, make_tracker, tracker_result
 
 SHARDINGS = ("none", "grad-op", "full")
@@ -118,9 +125,6 @@ RECOMPUTES = ("none", "full")
 ATTENTIONS = ("sdpa", "eager")
 
 
-# Learning rates only matter for values, never for memory.
-_LR = {"adamw": 1e-4, "sgd": 1e-2, "adafactor": 1e-2}
-_SGD_MOMENTUM = 0.9
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -331,18 +335,18 @@ def _measure_rank(setup: MeasureSetup, device: Any, *, mesh: Any, rank: int, ddp
     fake_mode = FakeTensorMode() if setup.fake else contextlib.nullcontext()
     with (fake_mode, _unpacked_sequences(), separate_dtensor_propagation(setup.fake),
           _gpu_dropout_kernels(device, fake=setup.fake)):
-        model = _build_model(setup, device) if setup.method == "full" else _build_finetuned(setup, device)
+        model = build_model(setup, device) if setup.method == "full" else build_finetuned(setup, device)
         n_params = sum(p.numel() for p in model.parameters())
         vocab_size = model.config.vocab_size
         if setup.recompute == "full":
-            _checkpoint_blocks(model)
+            checkpoint_blocks(model)
         if mesh is not None:
-            _shard(model, setup, mesh)
+            shard(model, setup, mesh)
         elif ddp:
             from torch.nn.parallel import DistributedDataParallel
 
             model = DistributedDataParallel(model, device_ids=[device.index])
-        optimizer = _build_optimizer(model, setup)
+        optimizer = build_optimizer(model, setup)
         ids = torch.randint(0, vocab_size, (setup.micro_batch, setup.seq_len), device=device)
         tracker = make_tracker(model, optimizer, ids, sharded=mesh is not None)
         with tracker:
@@ -468,129 +472,6 @@ def _unpacked_sequences() -> Iterator[None]:
         return
     with mock.patch.object(masking_utils, "find_packed_sequence_indices", lambda position_ids: None):
         yield
-
-
-def _build_model(setup: MeasureSetup, device: Any) -> Any:
-    """The transformers model for hf_config, in the params dtype, in train mode, on device."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
-
-    cfg = dict(setup.hf_config)
-    model_type = cfg.pop("model_type")
-    for key in ("_attn_implementation", "attn_implementation", "torch_dtype", "dtype"):
-        cfg.pop(key, None)
-    config = AutoConfig.for_model(model_type, **cfg)
-    config.use_cache = False
-    auto_cls = AutoModelForMaskedLM if model_type == "bert" else AutoModelForCausalLM
-    dtype = torch.bfloat16 if setup.precision == "bf16" else torch.float32
-    with torch.device(device):
-        model = auto_cls.from_config(config, attn_implementation=setup.attention, dtype=dtype)
-    model.train()
-    return model
-
-
-def _build_finetuned(setup: MeasureSetup, device: Any) -> Any:
-    """The base model in 16 bits (fp32 for "fp32") with LoRA adapters (peft) or with only its
-    last blocks trainable (in fp32). Under fake tensors the model is built on the meta device
-    and then given fake storage, since module dtype casts cannot swap fake parameters."""
-    import torch
-
-    base_dtype = torch.float32 if setup.precision == "fp32" else torch.bfloat16
-    build_device = torch.device("meta") if setup.fake else device
-    with outside_fake_mode():
-        model = _build_model(replace_dtype(setup, base_dtype), build_device)
-        if setup.method == "lora":
-            from peft import LoraConfig, get_peft_model
-
-            config = LoraConfig(r=setup.lora_rank, lora_alpha=setup.lora_alpha, lora_dropout=setup.lora_dropout,
-                                target_modules=setup.lora_targets)
-            model = get_peft_model(model, config)
-        else:
-            for p in model.parameters():
-                p.requires_grad_(False)
-            for block in _blocks(model)[-setup.trainable_layers:]:
-                block.float()
-                for p in block.parameters():
-                    p.requires_grad_(True)
-    if setup.fake:
-        made: dict[int, Any] = {}
-
-        def fake_like(t: Any) -> Any:   # one storage per original tensor: tied weights stay tied
-            if id(t) not in made:
-                made[id(t)] = torch.empty(t.shape, dtype=t.dtype, device=device)
-            return made[id(t)]
-
-        places: dict[int, list[tuple[Any, str]]] = {}
-        for module in model.modules():
-            for name, p in module.named_parameters(recurse=False):
-                places.setdefault(id(p), []).append((module, name))
-        model = model._apply(fake_like)
-        for where in places.values():        # re-tie: _apply gives each module its own Parameter
-            first = getattr(where[0][0], where[0][1])
-            for module, name in where[1:]:
-                setattr(module, name, first)
-    model.train()
-    return model
-
-
-def replace_dtype(setup: MeasureSetup, dtype: Any) -> MeasureSetup:
-    """The setup whose _build_model dtype is ``dtype`` (bf16 -> "bf16", fp32 -> "fp32")."""
-    import torch
-
-    return dataclasses.replace(setup, precision="bf16" if dtype == torch.bfloat16 else "fp32")
-
-
-def _checkpoint_blocks(model: Any) -> None:
-    """Recompute every decoder block in backward: torch.utils.checkpoint, use_reentrant=False.
-
-    transformers checkpoints each block's ``forward`` (not ``__call__``), so FSDP2's hooks stay
-    outside the checkpoint and do not all-gather a second time in the recompute.
-    """
-    kwargs = {"use_reentrant": False}
-    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-
-
-def _blocks(model: Any) -> list[Any]:
-    """The model's transformer blocks: the first ModuleList as long as num_hidden_layers."""
-    import torch
-
-    n_layers = model.config.num_hidden_layers
-    for module in model.modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) == n_layers:
-            return list(module)
-    raise UserError(f"measure: no list of {n_layers} blocks found in {type(model).__name__}")
-
-
-def _shard(model: Any, setup: MeasureSetup, mesh: Any) -> None:
-    """FSDP2: fully_shard each block, then the root (torchtitan's order)."""
-    import torch
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    if setup.precision == "bf16-mixed":
-        mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    else:
-        mp_policy = MixedPrecisionPolicy()
-    reshard = setup.sharding == "full"
-    for block in _blocks(model):
-        fully_shard(block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard)
-    fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard)
-
-
-def _build_optimizer(model: Any, setup: MeasureSetup) -> Any:
-    """foreach=False always: under FakeTensorMode with FSDP2 a foreach optimizer is over-counted
-    about 13x (FACTS.md), and per-tensor loops are what the formulas assume anyway."""
-    import torch
-
-    params = [p for p in model.parameters() if p.requires_grad]
-    lr = _LR[setup.optimizer]
-    if setup.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=lr, foreach=False)
-    if setup.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=_SGD_MOMENTUM, foreach=False)
-    return torch.optim.Adafactor(params, lr=lr, foreach=False)
 
 
 def _train_step(model: Any, optimizer: Any, ids: Any, setup: MeasureSetup, device: Any,
