@@ -154,6 +154,8 @@ def _parallel_args(lay: Layout, n_layers: int) -> list[str]:
             "--context-parallel-size", str(lay.cp)]
     if lay.ep > 1:
         args += ["--expert-model-parallel-size", str(lay.ep)]
+    if lay.expert_tp != lay.tp:   # megatron-core's default is tp (model_parallel_config.py lines 413-414)
+        args += ["--expert-tensor-parallel-size", str(lay.expert_tp)]
     if lay.sp:
         args += ["--sequence-parallel"]
     even = n_layers % lay.pp == 0 and (n_layers // lay.pp) % lay.vp == 0
