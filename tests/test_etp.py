@@ -180,3 +180,30 @@ def test_megatron_args_and_refusals(tmp_path):
                        (["--etp", "3"], "does not divide --tp 8")):
         res = CliRunner().invoke(cli, FIXED[:-1] + args, prog_name="plan")
         assert res.exit_code == 2 and word in res.output and "Traceback" not in res.output
+
+
+def test_a_search_with_etp_scores_its_layout_as_the_fixed_plan_does():
+    """The batched search (layout groups, sweep's subset, peak's per-state grouping, the block and
+    degree tables) and a plan of the one layout it chose give the same memory and step time."""
+    res = CliRunner().invoke(cli, ["--model", "mixtral-8x7b", "--gpus", "h100", "--n-gpus", "64", "--tp", "4",
+                                   "--etp", "1", "--json"], prog_name="plan")
+    assert res.exit_code == 0, res.output
+    found = json.loads(res.output)["plan"]
+    lay = found["layout"]
+    assert lay["etp"] == 1
+    fixed = _plan_of(lay)
+    assert fixed["memory_bytes"] == found["memory_bytes"]
+    assert fixed["step_time_s"] == pytest.approx(found["step_time_s"], rel=1e-12)
+
+
+def _plan_of(lay: dict) -> dict:
+    args = ["--model", "mixtral-8x7b", "--gpus", "h100", "--n-gpus", "64", "--json",
+            "--micro-batch", str(lay["micro_batch"]), "--recompute", lay["recompute"], "--etp", str(lay["etp"])]
+    for k in ("dp", "tp", "pp", "cp", "ep"):
+        args += [f"--{k}", str(lay[k])]
+    args += ["--zero", str(lay["zero_stage"])] if lay["sharding"] == "zero" else ["--fsdp", lay["sharding"][5:]]
+    if lay["vp"] > 1:
+        args += ["--vp", str(lay["vp"])]
+    res = CliRunner().invoke(cli, args, prog_name="plan")
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output)["plan"]

@@ -232,7 +232,13 @@ def to_megatron_args(r: PlanResult, opts: EmitOptions = EmitOptions()) -> list[s
     check_options(r, opts)
     lay = cand.layout
     s = r.setup
+    m = r.model
     args = _model_args(r.model, lay.seq_len, lay.tp)
+    if m.is_moe and (m.mlp_bias or m.out_bias) and lay.expert_tp > 1:
+        # megatron-core 0.16.1 transformer/transformer_config.py lines 1588-1591: "Bias in Moe
+        # is only supported when ETP==1"
+        raise UserError(f"Megatron builds {m.name}'s biased experts only with expert tensor-parallel size 1, "
+                        f"not {lay.expert_tp}; no Megatron files written (plan with --etp 1)")
     args += _parallel_args(lay, r.model.n_layers)
     args += ["--micro-batch-size", str(lay.micro_batch), "--global-batch-size", str(lay.global_batch)]
     args += _sharding_args(lay, r.model, s.precision)
