@@ -207,3 +207,9 @@ def _plan_of(lay: dict) -> dict:
     res = CliRunner().invoke(cli, args, prog_name="plan")
     assert res.exit_code == 0, res.output
     return json.loads(res.output)["plan"]
+
+
+def test_measure_refuses_etp():
+    res = CliRunner().invoke(cli, ["measure", "--model", "mixtral-8x7b", "--etp", "1", "--method", "full"],
+                             prog_name="plan")
+    assert res.exit_code == 2 and "drop --etp" in res.output and "Traceback" not in res.output
