@@ -232,5 +232,5 @@ def fixed_layout(space: SearchSpace, setup: TrainingSetup, n_gpus: int | None) -
         sharding, stage = "zero", s.zero_stage
     return Layout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero_stage=stage, sharding=sharding,
                   sp=s.sp if s.sp is not None else tp > 1, vp=s.vp or 1, micro_batch=mb,
-                  grad_accum=ga, seq_len=setup.seq_len, recompute=s.recomputes[0])
+                  grad_accum=ga, seq_len=setup.seq_len, recompute=s.recomputes[0], etp=s.etp or 0)
 

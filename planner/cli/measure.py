@@ -70,6 +70,9 @@ def measure(o: Options, real: bool, stack: str = "hf", calibration_out: Path | N
         check_out(calibration_out, o.force)
     elif o.force:
         raise UserError("--force needs --calibration-out FILE")
+    if o.etp is not None:
+        raise UserError("plan measure runs transformers or torchtitan 0.3.0, neither of which splits experts "
+                        "over tensor-parallel ranks: drop --etp")
     if o.method == "auto":
         raise UserError("plan measure runs one method: give --method full, lora or freeze")
     if o.compile:

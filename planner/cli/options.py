@@ -51,6 +51,7 @@ class Options:
     pp: int | None = None
     cp: int | None = None
     ep: int | None = None
+    etp: int | None = None
     zero: int | None = None
     fsdp: str | None = None
     vp: int | None = None
@@ -212,6 +213,9 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--max-gpus", type=click.IntRange(1, MAX_GPUS), default=16_384, show_default=True,
                      help="The largest GPU count the search tries."),
         _degree("dp"), _degree("tp"), _degree("pp"), _degree("cp"), _degree("ep"),
+        click.option("--etp", type=click.IntRange(1, MAX_GPUS), default=None,
+                     help="Expert tensor-parallel size, dividing --tp (Megatron's "
+                          "--expert-tensor-parallel-size; default: equal to tp)."),
         click.option("--zero", type=click.IntRange(0, 3), default=None, help="Fix the ZeRO stage (0-3)."),
         click.option("--fsdp", type=click.Choice(["full", "grad-op", "hybrid"]), default=None,
                      help="Shard with PyTorch FSDP instead of ZeRO."),

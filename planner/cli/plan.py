@@ -308,7 +308,7 @@ def load(o: Options) -> None:
     check_names(o)
     if o.method not in (None, "full"):
         raise UserError("--task load sizes a model for inference; drop --method (use --quant for quantized weights)")
-    for name in ("dp", "cp", "ep", "zero", "fsdp", "recompute", "grad_accum", "global_batch",
+    for name in ("dp", "cp", "ep", "etp", "zero", "fsdp", "recompute", "grad_accum", "global_batch",
                  "global_batch_tokens"):
         if getattr(o, name) is not None:
             raise UserError(f"--{name.replace('_', '-')} is a training option; --task load takes --tp, --pp, "

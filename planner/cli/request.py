@@ -135,6 +135,14 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
         raise UserError(f"--moe-imbalance needs a mixture-of-experts model; {m.name} is dense")
     if o.ep and o.ep > 1 and not m.is_moe:
         raise UserError(f"--ep {o.ep} needs a mixture-of-experts model; {m.name} is dense")
+    if o.etp is not None and not m.is_moe:
+        raise UserError(f"--etp {o.etp} needs a mixture-of-experts model; {m.name} is dense: drop --etp")
+    if o.etp is not None and o.tp is not None and o.tp % o.etp:
+        raise UserError(f"--etp {o.etp} does not divide --tp {o.tp}; use an --etp that divides --tp")
+    from planner.stacks import ETP_REFUSAL
+
+    if o.etp is not None and o.stack in ETP_REFUSAL:
+        raise UserError(ETP_REFUSAL[o.stack])
     global_batch = global_batch_from(o.as_mapping(), MAX_GLOBAL_BATCH)
     if o.grad_accum is not None:
         if o.micro_batch is None or o.dp is None:
@@ -169,7 +177,7 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
     if clash:
         raise UserError(clash)
     space = SearchSpace(
-        dp=o.dp, tp=o.tp, pp=o.pp, cp=o.cp, ep=o.ep, zero_stage=o.zero,
+        dp=o.dp, tp=o.tp, pp=o.pp, cp=o.cp, ep=o.ep, etp=o.etp, zero_stage=o.zero,
         fsdp=o.fsdp, vp=o.vp, sp=o.sp,
         micro_batches=(o.micro_batch,) if o.micro_batch else SearchSpace().micro_batches,
         recomputes=(o.recompute,) if o.recompute else SearchSpace().recomputes,

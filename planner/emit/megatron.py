@@ -154,6 +154,8 @@ def _parallel_args(lay: Layout, n_layers: int) -> list[str]:
             "--context-parallel-size", str(lay.cp)]
     if lay.ep > 1:
         args += ["--expert-model-parallel-size", str(lay.ep)]
+    if lay.expert_tp != lay.tp:   # megatron-core's default is tp (model_parallel_config.py lines 413-414)
+        args += ["--expert-tensor-parallel-size", str(lay.expert_tp)]
     if lay.sp:
         args += ["--sequence-parallel"]
     even = n_layers % lay.pp == 0 and (n_layers // lay.pp) % lay.vp == 0
@@ -230,7 +232,13 @@ def to_megatron_args(r: PlanResult, opts: EmitOptions = EmitOptions()) -> list[s
     check_options(r, opts)
     lay = cand.layout
     s = r.setup
+    m = r.model
     args = _model_args(r.model, lay.seq_len, lay.tp)
+    if m.is_moe and (m.mlp_bias or m.out_bias) and lay.expert_tp > 1:
+        # megatron-core 0.16.1 transformer/transformer_config.py lines 1588-1591: "Bias in Moe
+        # is only supported when ETP==1"
+        raise UserError(f"Megatron builds {m.name}'s biased experts only with expert tensor-parallel size 1, "
+                        f"not {lay.expert_tp}; no Megatron files written (plan with --etp 1)")
     args += _parallel_args(lay, r.model.n_layers)
     args += ["--micro-batch-size", str(lay.micro_batch), "--global-batch-size", str(lay.global_batch)]
     args += _sharding_args(lay, r.model, s.precision)

@@ -47,9 +47,17 @@ class LayoutArrays:
     micro_batch: np.ndarray
     grad_accum: np.ndarray
     recompute: np.ndarray
+    etp: np.ndarray | None = None   # expert tensor-parallel size, 0 or None: equal to tp
 
     FIELDS = ("dp", "tp", "pp", "cp", "ep", "zero_stage", "sharding", "sp", "vp", "micro_batch",
-              "grad_accum", "recompute")
+              "grad_accum", "recompute", "etp")
+
+    @property
+    def expert_tp(self) -> np.ndarray:
+        """Ranks an expert's matrices are split over (Layout.expert_tp)."""
+        if self.etp is None:
+            return self.tp
+        return np.where(self.etp > 0, self.etp, self.tp)
 
     def __len__(self) -> int:
         return len(self.dp)
@@ -57,22 +65,28 @@ class LayoutArrays:
     @staticmethod
     def from_layouts(layouts: Sequence[Layout]) -> LayoutArrays:
         rows = [(x.dp, x.tp, x.pp, x.cp, x.ep, x.zero_stage, SHARDINGS.index(x.sharding), x.sp, x.vp,
-                 x.micro_batch, x.grad_accum, RECOMPUTES.index(x.recompute)) for x in layouts]
-        a = np.array(rows, dtype=np.int64).reshape(-1, 12)
-        return LayoutArrays(*(a[:, i].copy() for i in range(12)))
+                 x.micro_batch, x.grad_accum, RECOMPUTES.index(x.recompute), x.etp) for x in layouts]
+        a = np.array(rows, dtype=np.int64).reshape(-1, 13)
+        return LayoutArrays(*(a[:, i].copy() for i in range(13)))
 
     @staticmethod
     def concat(parts: Sequence[LayoutArrays]) -> LayoutArrays:
         if not parts:
             return LayoutArrays.from_layouts([])
-        return LayoutArrays(*(np.concatenate([getattr(p, f) for p in parts]) for f in LayoutArrays.FIELDS))
+        return LayoutArrays(*(np.concatenate([p.field(f) for p in parts]) for f in LayoutArrays.FIELDS))
+
+    def field(self, name: str) -> np.ndarray:
+        """One field as an array (``etp`` as zeros where it was not given)."""
+        x = getattr(self, name)
+        return np.zeros(len(self.dp), dtype=np.int64) if x is None else x
 
     def layout(self, i: int, seq_len: int) -> Layout:
         return Layout(dp=int(self.dp[i]), tp=int(self.tp[i]), pp=int(self.pp[i]), cp=int(self.cp[i]),
                       ep=int(self.ep[i]), zero_stage=int(self.zero_stage[i]),
                       sharding=SHARDINGS[int(self.sharding[i])], sp=bool(self.sp[i]), vp=int(self.vp[i]),
                       micro_batch=int(self.micro_batch[i]), grad_accum=int(self.grad_accum[i]),
-                      seq_len=seq_len, recompute=RECOMPUTES[int(self.recompute[i])])
+                      seq_len=seq_len, recompute=RECOMPUTES[int(self.recompute[i])],
+                      etp=0 if self.etp is None else int(self.etp[i]))
 
 def _grid(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node: int,
           space: SearchSpace
@@ -97,7 +111,8 @@ def _grid(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node: int,
     per_step = np.maximum(mb * dp * ep, 1)
     ga = np.where(setup.global_batch % per_step == 0, setup.global_batch // per_step, 1)   # grad_accum_for, or 1
     view = RuleView(m=m, setup=setup, gpus_per_node=gpus_per_node, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep,
-                    zero_stage=zero, sharding=sharding, sp=sp, vp=vp, micro_batch=mb, grad_accum=ga, enumerated=1)
+                    zero_stage=zero, sharding=sharding, sp=sp, vp=vp, micro_batch=mb, grad_accum=ga, enumerated=1,
+                    etp=space.etp or 0)
     # enumerate_layouts visits vp 1 and 2 where pp > 1, vp 1 only otherwise (or the fixed vp)
     visited = (vp == 1) | (pp > 1) if space.vp is None else np.ones((1, 1, 1, 1), dtype=bool)
     return view, visited, shapes, vps, rcs
@@ -111,7 +126,8 @@ def _cells(view: RuleView, shape: tuple[int, ...], i_s: np.ndarray, i_k: np.ndar
     return LayoutArrays(dp=at(view.dp), tp=at(view.tp), pp=at(view.pp), cp=at(view.cp), ep=at(view.ep),
                         zero_stage=at(view.zero_stage), sharding=at(view.sharding), sp=at(view.sp),
                         vp=at(view.vp), micro_batch=at(view.micro_batch), grad_accum=at(view.grad_accum),
-                        recompute=np.array(rcs, dtype=np.int64)[i_r])
+                        recompute=np.array(rcs, dtype=np.int64)[i_r],
+                        etp=np.full(len(i_s), int(view.etp), dtype=np.int64))
 
 
 def valid_layouts(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node: int,

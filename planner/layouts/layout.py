@@ -3,7 +3,13 @@
 Degrees follow Megatron-LM / torchtitan: dp x tp x pp x cp x ep = n_gpus. Expert
 parallelism is its own axis here: the ep ranks of a group hold different experts and
 also read different data, so dense weights are replicated over dp*ep ranks (and their
-gradients reduced over dp*cp*ep), expert weights over dp*cp.
+gradients reduced over dp*cp*ep), expert weights over dp*cp*tp/etp.
+
+Expert tensor parallelism (etp, megatron-core 0.16.1's expert_tensor_parallel_size,
+default tp): Megatron's data-parallel size is world/(tp*cp*pp), the planner's dp*ep, and
+parallel_state.initialize_model_parallel builds the expert groups of a pipeline stage as
+etp x ep x edp with edp = world/(etp*ep*pp) (megatron/core/parallel_state.py lines
+785-808), so edp = tp*cp*dp*ep/(etp*ep) = dp*cp*tp/etp: dp*cp at etp = tp, as before.
 """
 
 from __future__ import annotations
@@ -40,6 +46,12 @@ class Layout:
     grad_accum: int = 1         # micro-batches per optimizer step per data-parallel rank
     seq_len: int = 4096
     recompute: str = "none"     # none | selective | full
+    etp: int = 0                # expert tensor-parallel size; 0: equal to tp (megatron-core's default)
+
+    @property
+    def expert_tp(self) -> int:
+        """Ranks an expert's matrices are split over (megatron-core's ETP; tp when unset)."""
+        return self.etp if self.etp > 0 else self.tp
 
     @property
     def n_gpus(self) -> int:
@@ -56,7 +68,8 @@ class Layout:
 
     @property
     def expert_shard_degree(self) -> int:
-        return self.dp * self.cp
+        """The expert data-parallel group (megatron-core's EDP): dp*cp*tp/etp."""
+        return self.dp * self.cp * self.tp // self.expert_tp
 
     @property
     def global_batch(self) -> int:
@@ -68,7 +81,8 @@ class Layout:
         shard = f"zero{self.zero_stage}" if self.sharding == "zero" else self.sharding
         vp = f"_vp{self.vp}" if self.vp > 1 else ""
         sp = "_sp" if self.sp else ""
-        return (f"dp{self.dp}_tp{self.tp}{sp}_pp{self.pp}{vp}_cp{self.cp}_ep{self.ep}_{shard}"
+        etp = f"_etp{self.etp}" if self.etp > 0 and self.etp != self.tp else ""
+        return (f"dp{self.dp}_tp{self.tp}{sp}_pp{self.pp}{vp}_cp{self.cp}_ep{self.ep}{etp}_{shard}"
                 f"_mb{self.micro_batch}_ga{self.grad_accum}_r{self.recompute}")
 
     def describe(self) -> str:
@@ -79,6 +93,8 @@ class Layout:
             parts.append(f"cp={self.cp}")
         if self.ep > 1:
             parts.append(f"ep={self.ep}")
+        if self.expert_tp != self.tp:
+            parts.append(f"etp={self.expert_tp}")
         parts.append(f"ZeRO-{self.zero_stage}" if self.sharding == "zero" else f"FSDP {self.sharding[5:]}")
         parts += [f"micro-batch {self.micro_batch}", f"grad-accum {self.grad_accum}",
                   f"recompute {self.recompute}"]
@@ -122,6 +138,7 @@ class SearchSpace:
     pp: int | None = None
     cp: int | None = None
     ep: int | None = None
+    etp: int | None = None        # None: equal to tp (no search over it)
     zero_stage: int | None = None
     fsdp: str | None = None       # full | grad-op | hybrid
     vp: int | None = None
@@ -168,7 +185,7 @@ def enumerate_layouts(
                             lay = Layout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep,
                                          zero_stage=stage, sharding=sharding, sp=sp,
                                          vp=vp, micro_batch=mb, grad_accum=ga or 1,
-                                         seq_len=setup.seq_len, recompute=rc)
+                                         seq_len=setup.seq_len, recompute=rc, etp=space.etp or 0)
                             view = RuleView.of(m, setup, lay, gpus_per_node, enumerated=True)
                             rule = first_failing(view)
                             yield lay, None if rule is None else rule.message(view)

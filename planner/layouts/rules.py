@@ -52,6 +52,11 @@ class RuleView:
     grad_accum: Any
     enumerated: Any = 0
     sharding_name: str = ""
+    etp: Any = 0            # expert tensor-parallel size; 0: equal to tp
+
+    @property
+    def expert_tp(self) -> Any:
+        return self.etp * (self.etp > 0) + self.tp * (self.etp <= 0)
 
     @property
     def fsdp(self) -> Any:
@@ -81,7 +86,7 @@ class RuleView:
         return RuleView(m=m, setup=setup, gpus_per_node=gpus_per_node, dp=lay.dp, tp=lay.tp, pp=lay.pp, cp=lay.cp,
                         ep=lay.ep, zero_stage=lay.zero_stage, sharding=sharding, sp=int(lay.sp), vp=lay.vp,
                         micro_batch=lay.micro_batch, grad_accum=lay.grad_accum, enumerated=int(enumerated),
-                        sharding_name=lay.sharding)
+                        sharding_name=lay.sharding, etp=lay.etp)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,11 +126,11 @@ def _stack_cannot_run(v: RuleView) -> Any:
     FSDP2, tp, pp or cp); Hugging Face (accelerate) runs FSDP2 without pipeline stages."""
     stack = v.setup.stack
     if stack == "torchtitan":
-        return ((v.sharding <= 0) & (v.zero_stage > 0)) | (v.ep > 1)
+        return ((v.sharding <= 0) & (v.zero_stage > 0)) | (v.ep > 1) | (v.expert_tp != v.tp)
     if stack == "deepspeed":
         return (v.tp > 1) | (v.pp > 1) | (v.cp > 1) | (v.sharding > 0)
     if stack == "hf":
-        return (v.sharding <= 0) | (v.pp > 1)
+        return (v.sharding <= 0) | (v.pp > 1) | (v.expert_tp != v.tp)
     return v.tp < 0      # megatron, auto: every layout (False, shaped as the batch)
 
 
@@ -162,6 +167,13 @@ RULES: tuple[Rule, ...] = (
          lambda v: f"ep={v.ep} needs a mixture-of-experts model; {v.m.name} is dense"),
     Rule("ep-experts", lambda v: (v.ep > 1) & (v.m.is_moe) & (v.m.n_experts % v.ep != 0),
          lambda v: f"ep={v.ep} does not divide the {v.m.n_experts} experts"),
+    Rule("etp-dense", lambda v: (v.expert_tp != v.tp) & (not v.m.is_moe),
+         lambda v: f"etp={v.expert_tp} needs a mixture-of-experts model; {v.m.name} is dense (drop --etp)"),
+    # megatron-core 0.16.1 asks only that etp x ep x pp divide the world
+    # (parallel_state.initialize_model_parallel, lines 788-795); the planner keeps the expert
+    # tensor-parallel group inside the tp group, whose links it times
+    Rule("etp-divides-tp", lambda v: (v.expert_tp < 1) | (v.tp % v.expert_tp != 0),
+         lambda v: f"etp={v.expert_tp} does not divide tp={v.tp} (use an --etp that divides --tp)"),
     Rule("sequence-split", lambda v: v.seq_len % (v.cp * v.tp_sp) != 0,
          lambda v: f"the sequence {v.seq_len} does not split over cp x tp = {v.cp * v.tp} ranks"),
     Rule("sharding-known", lambda v: v.sharding < 0,

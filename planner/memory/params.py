@@ -63,17 +63,22 @@ def rank_params(m: ModelSpec, pc: ParamCount, lay: Layout, stage: int, n_layers:
 
     Tensor parallelism splits every matrix of a block by tp and replicates the norms
     (Shoeybi et al. 2019, Megatron-LM Sec. 3); the word embedding and the LM head are
-    split over the vocabulary. Expert weights are split over ep (and tp). With tied
+    split over the vocabulary. Expert weights are split over ep and the expert
+    tensor-parallel size etp (Layout.expert_tp, tp by default): megatron-core 0.16.1 builds
+    the experts' linear layers on the expert tensor-parallel group
+    (transformer/moe/experts.py line 121, GroupedMLP: self.tp_group = pg_collection.expt_tp;
+    line 534 TEGroupedMLP alike) with num_moe_experts/ep of them per rank (moe_layer.py,
+    num_local_experts, line 102). With tied
     embeddings and pp > 1, the last stage keeps its own copy of the embedding for the
     LM head (Megatron-LM). Biases of row-parallel layers are replicated; they are
     counted as split, an error of at most d_model parameters per layer.
     """
-    tp, ep = lay.tp, lay.ep
+    tp, ep, etp = lay.tp, lay.ep, lay.expert_tp
     norms = pc.norms_per_layer
     expert_all = pc.expert_per_layer * pc.n_experts
     router = pc.mlp_per_layer - expert_all if m.is_moe else 0
     dense_layer = ceil_div(pc.per_layer - norms - expert_all - router, tp) + norms + router
-    expert_layer = ceil_div(expert_all, ep * tp) if m.is_moe else 0
+    expert_layer = ceil_div(expert_all, ep * etp) if m.is_moe else 0
     dense = n_layers * dense_layer
     root = 0
     h = m.d_model

@@ -233,7 +233,7 @@ def _per_state(x: Any) -> Any:
 
 # what a layout's model states, buffers and optimizer temporaries depend on (its "state"):
 # everything but the micro-batch, the accumulation, the virtual stages and recomputation
-STATE_FIELDS = ("tp", "cp", "ep", "dp", "pp", "sharding", "zero_stage", "sp")
+STATE_FIELDS = ("tp", "cp", "ep", "dp", "pp", "sharding", "zero_stage", "sp", "etp")
 
 
 def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCount | None = None,
@@ -250,8 +250,8 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     prec = setup.precision_spec
     ft = setup.finetune
     lora16 = ft.is_lora and ft.adapter_bits == 16
-    inv, first = sh.group([getattr(a, f) for f in STATE_FIELDS]) if n else (np.zeros(0, np.int64),) * 2
-    sa = LayoutArrays(*(getattr(a, f)[first] for f in LayoutArrays.FIELDS))
+    inv, first = sh.group([a.field(f) for f in STATE_FIELDS]) if n else (np.zeros(0, np.int64),) * 2
+    sa = LayoutArrays(*(a.field(f)[first] for f in LayoutArrays.FIELDS))
 
     # ---- per state
     fsdp = sa.sharding > 0

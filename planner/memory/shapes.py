@@ -250,7 +250,7 @@ _WIDTH = 4 + _N_PARAMS + _N_SPLIT
 def stage_figures(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, a: LayoutArrays) -> StageFigures:
     """The stages that can be the most loaded (params.stages_to_check) with their parameters
     (params.rank_params) and fine-tuning split (finetune.rank_split), once per distinct
-    (tp, ep, pp)."""
+    (tp, ep, pp, etp)."""
     ft = setup.finetune
     wb = setup.precision_spec.weight_bytes
 
@@ -261,8 +261,8 @@ def stage_figures(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, a: LayoutA
     # against 1.236e9 at tp 1 (docs/accuracy-torchtitan.json)
     untie = setup.stack == "torchtitan" and m.tied_embeddings
 
-    def figures(tp: int, ep: int, pp: int) -> tuple[int, ...]:
-        lay = Layout(tp=tp, ep=ep, pp=pp)
+    def figures(tp: int, ep: int, pp: int, etp: int) -> tuple[int, ...]:
+        lay = Layout(tp=tp, ep=ep, pp=pp, etp=etp)
         counts = stage_layers(m.n_layers, pp)
         row: tuple[int, ...] = ()
         for s in stages_to_check(counts):
@@ -280,7 +280,7 @@ def stage_figures(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, a: LayoutA
                     split.largest_trainable, split.dequant_bytes)
         return row + (0,) * (_WIDTH * MAX_SLOTS - len(row))
 
-    out = _gather([a.tp, a.ep, a.pp], figures, _table("stage", m, pc, ft, wb, untie), _WIDTH * MAX_SLOTS)
+    out = _gather([a.tp, a.ep, a.pp, a.expert_tp], figures, _table("stage", m, pc, ft, wb, untie), _WIDTH * MAX_SLOTS)
     n_slots = max(1, int(out.reshape(MAX_SLOTS, _WIDTH, -1)[:, 0].any(axis=1).sum()))
     t = out.reshape(MAX_SLOTS, _WIDTH, -1)[:n_slots]           # (slot, field, batch)
     rp = ParamsArrays(*(t[:, 4 + i] for i in range(_N_PARAMS)))

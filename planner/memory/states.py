@@ -100,8 +100,12 @@ def hybrid_degree(a: LayoutArrays, gpus_per_node: int) -> np.ndarray:
 
 def shard_degrees(a: LayoutArrays, hybrid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(ranks a dense weight is sharded over, ranks an expert weight is sharded over): dp*cp*ep
-    and dp*cp, or FSDP hybrid's shard group (at most dp*cp for experts)."""
-    dense_deg, expert_deg = a.dp * a.cp * a.ep, a.dp * a.cp
+    and the expert data-parallel group dp*cp*tp/etp (megatron-core's EDP, layouts.layout's
+    notes; dp*cp at etp = tp), or FSDP hybrid's shard group (at most the EDP for experts).
+    Megatron's distributed optimizer shards expert parameters over the expert data-parallel
+    group (megatron-core 0.16.1 distributed/distributed_data_parallel.py lines 295-301: the
+    expert parameters' buffers are allocated over intra_expt_dp_group)."""
+    dense_deg, expert_deg = a.dp * a.cp * a.ep, a.dp * a.cp * a.tp // a.expert_tp
     d_dense = np.where(hybrid > 0, hybrid, dense_deg)
     d_expert = np.maximum(1, np.where(hybrid > 0, np.minimum(expert_deg, hybrid), expert_deg))
     return d_dense, d_expert
@@ -122,7 +126,7 @@ def expert_padding(m: ModelSpec, a: LayoutArrays, hybrid: np.ndarray) -> np.ndar
     """
     if not m.is_moe:
         return np.ones(len(a))
-    d = np.where(hybrid > 0, hybrid, a.dp * a.cp)
+    d = np.where(hybrid > 0, hybrid, a.dp * a.cp * a.tp // a.expert_tp)
     e = m.n_experts
     return np.where((a.sharding > 0) & (a.ep == 1), d * ceil_div(np.int64(e), d) / e, 1.0)
 

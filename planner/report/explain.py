@@ -109,12 +109,27 @@ def _term_text(t: Term) -> list[str]:
     return out
 
 
+def expert_sharding_lines(ex: Explanation) -> list[str]:
+    """How the experts are split, where --etp sets the expert tensor-parallel size apart from
+    tp (megatron-core 0.16.1: experts.py's expert tensor-parallel group, parallel_state's
+    expert data-parallel group; layouts.layout's notes)."""
+    lay, m = ex.layout, ex.model
+    if not m.is_moe or lay.expert_tp == lay.tp:
+        return []
+    return [f"experts: {m.n_experts} per layer, {m.n_experts // lay.ep} on each rank (ep={lay.ep}), each "
+            f"matrix split over etp={lay.expert_tp} ranks (dense matrices over tp={lay.tp}): expert params per "
+            f"rank = experts' params / (ep x etp); expert data parallel N_e = dp x cp x tp / etp = "
+            f"{lay.dp} x {lay.cp} x {lay.tp} / {lay.expert_tp} = {lay.expert_shard_degree} ranks share (and, "
+            f"sharded, split) each expert's gradients and optimizer states; the MLP's tp collectives run on "
+            f"the etp group"]
+
+
 def to_text(ex: Explanation) -> str:
     from planner.report.text import gib
 
     lay, mem = ex.layout, ex.memory
     where = f"pipeline stage {mem.stage} ({mem.n_layers_on_stage} layers)" if lay.pp > 1 else "every rank"
-    out = [f"{ex.model.name} on {lay.n_gpus} x {ex.gpu.name}: {lay.describe()}", "",
+    out = [f"{ex.model.name} on {lay.n_gpus} x {ex.gpu.name}: {lay.describe()}", *expert_sharding_lines(ex), "",
            (f"MEMORY per rank at its peak ({mem.phase.replace('-', ' ')}, {where}): "
             f"{gib(mem.total)} of {gib(ex.capacity_bytes)} usable")]
     mem_terms = [t for t in ex.terms if t.section == "memory"]

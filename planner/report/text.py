@@ -49,12 +49,15 @@ def fp8_label(s: TrainingSetup) -> str:
     return f"fp8 recipe {p.fp8.name} ({p.fp8.stack}; {p.fp8.scaling})"
 
 def layout_json(lay: Layout) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep,
         "zero_stage": lay.zero_stage, "sharding": lay.sharding, "sp": lay.sp, "vp": lay.vp,
         "micro_batch": lay.micro_batch, "grad_accum": lay.grad_accum, "seq_len": lay.seq_len,
         "recompute": lay.recompute,
     }
+    if lay.expert_tp != lay.tp:     # only when --etp sets it apart from tp
+        out["etp"] = lay.expert_tp
+    return out
 
 
 def time_json(t: StepTime | None, tokens: float | None = None) -> dict[str, Any]:
@@ -268,9 +271,11 @@ def layout_notes(lay: Layout, n_gpus: int, global_batch: int | None) -> list[str
         # megatron-core 0.16.1 parallel_state.initialize_model_parallel: data_parallel_size =
         # world_size // (tp * pp * cp); expert_data_parallel_size = world_size // (etp * ep * pp),
         # etp = tp by default: expert parallel is carved out of data parallel
+        etp = f", expert tensor parallel {lay.expert_tp}" if lay.expert_tp != lay.tp else ""
         out.append(f"Megatron-LM counts this as data parallel {lay.dp * lay.ep} for the dense layers "
-                   f"(GPUs / (tp x pp x cp)), with expert parallel {lay.ep} carved out of it and expert data "
-                   f"parallel {lay.dp * lay.cp} for the experts; here dp={lay.dp} counts the replicas beyond ep")
+                   f"(GPUs / (tp x pp x cp)), with expert parallel {lay.ep} carved out of it{etp} and expert data "
+                   f"parallel {lay.expert_shard_degree} for the experts; here dp={lay.dp} counts the replicas "
+                   f"beyond ep")
     if global_batch is not None and n_gpus > 1 and global_batch % n_gpus != 0:
         below = max((d for d in range(1, n_gpus) if global_batch % d == 0), default=None)
         above = next((d for d in range(n_gpus + 1, 2 * n_gpus + 1) if global_batch % d == 0), None)
@@ -288,6 +293,8 @@ def layout_compact(lay: Layout) -> str:
     ga=64 recompute=none (vp, cp, ep only when above 1; fsdp=full etc. for FSDP)."""
     parts = [f"dp={lay.dp}", f"tp={lay.tp}" + ("+sp" if lay.sp else ""), f"pp={lay.pp}"]
     parts += [f"{ax}={d}" for ax, d in (("vp", lay.vp), ("cp", lay.cp), ("ep", lay.ep)) if d > 1]
+    if lay.expert_tp != lay.tp:
+        parts.append(f"etp={lay.expert_tp}")
     parts.append(f"zero={lay.zero_stage}" if lay.sharding == "zero" else f"fsdp={lay.sharding[5:]}")
     parts += [f"mb={lay.micro_batch}", f"ga={lay.grad_accum}", f"recompute={lay.recompute}"]
     return " ".join(parts)

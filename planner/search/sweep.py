@@ -63,7 +63,7 @@ def _fastest_on_count(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, n: i
     may_fit = np.flatnonzero(totals <= capacity_bytes)
     if not len(may_fit):
         return CountBest(n_gpus=n, fastest=(), n_shapes=len(arrays))
-    arrays_fit = LayoutArrays(*(getattr(arrays, f)[may_fit] for f in LayoutArrays.FIELDS))
+    arrays_fit = LayoutArrays(*(arrays.field(f)[may_fit] for f in LayoutArrays.FIELDS))
     times = step_times_s(m, setup, arrays_fit, cluster, eff, pc)
     # rank_key's order over the batch (np.lexsort: the last key first; stable, so full ties
     # keep enumeration order). Many layouts tie on step time where the GPU's sustained-rate

@@ -129,9 +129,23 @@ def default_stack_reason(m: ModelSpec, lay: Layout, kernels: str) -> str:
     return f"{stack} by default ({why})"
 
 
+# expert tensor parallelism (Layout.etp) is Megatron's alone among the stacks here: torchtitan
+# 0.3.0's Parallelism has expert_parallel_degree and no expert tensor-parallel degree, its
+# experts' region being (pp, dp_replicate, efsdp, ep) (config/configs.py lines 279-287,
+# distributed/parallel_dims.py line 239); transformers and DeepSpeed's ZeRO split no expert
+ETP_REFUSAL = {
+    "torchtitan": ("--stack torchtitan: 0.3.0 has no expert tensor-parallel setting (its experts split over "
+                   "ep and efsdp only): drop --etp or use --stack megatron"),
+    "hf": "--stack hf splits no expert over tensor-parallel ranks: drop --etp or use --stack megatron",
+    "deepspeed": "--stack deepspeed splits no expert over tensor-parallel ranks: drop --etp or use --stack megatron",
+}
+
+
 def stack_refusal(stack: str, m: ModelSpec, lay: Layout) -> str | None:
     """Why ``stack`` cannot run ``lay`` of ``m`` (one line naming the way out), or None."""
     d = lay.describe()
+    if lay.expert_tp != lay.tp and stack in ("hf", "torchtitan", "deepspeed"):
+        return ETP_REFUSAL[stack]
     if stack == "hf":
         if not lay.is_fsdp:
             return (f"--stack hf runs FSDP2 plans (accelerate); this layout ({d}) shards with ZeRO-{lay.zero_stage}: "

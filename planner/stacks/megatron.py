@@ -71,7 +71,8 @@ ARGUMENTS: dict[str, object] = {
     # _add_data_args, _add_tokenizer_args
     "--seq-length": int, "--vocab-size": int,
     # _add_moe_args
-    "--expert-model-parallel-size": int, "--num-experts": int, "--moe-router-topk": int,
+    "--expert-model-parallel-size": int, "--expert-tensor-parallel-size": int, "--num-experts": int,
+    "--moe-router-topk": int,
     "--moe-router-load-balancing-type": ["aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"],
     "--moe-aux-loss-coeff": float,
     # FP8 and the precision-aware optimizer's state dtypes. These are not from the commit

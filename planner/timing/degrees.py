@@ -142,13 +142,14 @@ BLOCK_FIELDS = ("fwd_s", "bwd_s", "attention_fwd_s", "tp_bytes", "tp_collectives
 
 
 def block_row(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Efficiency, kernels: str, tp: int,
-               sp: int, cp: int, ep: int, mb: int, rc: int) -> tuple[float, ...]:
+               sp: int, cp: int, ep: int, mb: int, rc: int, etp: int = 0) -> tuple[float, ...]:
     """One block shape's LayerTime fields, then what the pipeline derives from the
     micro-batch alone: the LM head and loss added to the last stage's forward and
     backward, the bytes of the tp all-reduce at each pipeline edge and of a pipeline send."""
     gpu, prec = cluster.gpu, setup.precision_spec
     seq, h, a = setup.seq_len, m.d_model, prec.activation_bytes
-    key = Layout(tp=tp, sp=bool(sp), cp=cp, ep=ep, micro_batch=mb, seq_len=seq, recompute=RECOMPUTES[rc])
+    key = Layout(tp=tp, sp=bool(sp), cp=cp, ep=ep, micro_batch=mb, seq_len=seq, recompute=RECOMPUTES[rc],
+                 etp=etp)
     lt = layer_time(m, setup, key, kernels, gpu, eff)
     r = rates(gpu, prec.compute_dtype, eff)
     tokens = mb * seq / cp
@@ -192,24 +193,28 @@ DEGREE_CACHE = TableCache(max_entries=32, max_bytes=64 * 2**20)
 
 def degree_tables(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: Cluster, eff: Efficiency,
                    orders: list[tuple[str, ...]], degrees: tuple[np.ndarray, ...], degrees_key: bytes,
-                   any_hybrid: bool) -> Degrees:
+                   any_hybrid: bool, etp: int = 0) -> Degrees:
     """build_degrees(), or its answer for the same arguments from an earlier call
-    (``degrees_key``: LayoutGroups.degrees_key)."""
-    key = (m, pc, setup, cluster, eff, tuple(orders), any_hybrid, degrees_key)
+    (``degrees_key``: LayoutGroups.degrees_key; ``etp``: the batch's expert tensor-parallel
+    setting, fast.batch_etp)."""
+    key = (m, pc, setup, cluster, eff, tuple(orders), any_hybrid, degrees_key, etp)
     hit = DEGREE_CACHE.get(key)
     if hit is not None:
         return hit
-    out = build_degrees(m, pc, setup, cluster, eff, orders, degrees, any_hybrid)
+    out = build_degrees(m, pc, setup, cluster, eff, orders, degrees, any_hybrid, etp)
     DEGREE_CACHE.put(key, out)
     return out
 
 
 def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: Cluster, eff: Efficiency,
-                   orders: list[tuple[str, ...]], degrees: tuple[np.ndarray, ...], any_hybrid: bool) -> Degrees:
+                   orders: list[tuple[str, ...]], degrees: tuple[np.ndarray, ...], any_hybrid: bool,
+                   etp: int = 0) -> Degrees:
     """Per distinct degrees: the stages that can be the slowest and their ranks'
     parameters, each axis's links on each placement order, the optimizer update and the
     data-parallel collectives of every sharding. Raises Unsupported for parameter bytes
-    too large to convert to floats exactly."""
+    too large to convert to floats exactly. ``etp`` (0: equal to tp): expert weights are
+    split over ep x etp and their gradients reduced over the expert data-parallel group
+    dp x cp x tp / etp (layouts.layout's notes), on the links of the data-parallel axis."""
     tp, cp, ep, dp, pp = degrees
     n_d = len(tp)
     gpu, prec = cluster.gpu, setup.precision_spec
@@ -227,7 +232,7 @@ def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
         out = [-1] * SLOTS + [0] * (6 * SLOTS)
         counts = stage_layers(m.n_layers, pp_)
         for j, (s, c) in enumerate(stage_slots(m.n_layers, pp_)):
-            sp = trained_split(m, pc, setup, Layout(tp=tp_, ep=ep_, pp=pp_), s, c)
+            sp = trained_split(m, pc, setup, Layout(tp=tp_, ep=ep_, pp=pp_, etp=etp), s, c)
             n_bwd = backward_layers(ft, m.n_layers, sum(counts[:s]), c)
             for i, x in enumerate((s, c, n_bwd, sp.trainable_dense, sp.trainable_expert, sp.frozen_dense_bytes,
                                    sp.frozen_expert_bytes)):
@@ -235,7 +240,7 @@ def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
         return tuple(out)
 
     stage_d, layers_d, bwd_layers_d, dense, expert, frozen_dense, frozen_expert = np.split(
-        distinct_rows([tp, ep, pp], _rows(7 * SLOTS, np.int64, "stages", m, pc, ft, wb), stages_of), 7)
+        distinct_rows([tp, ep, pp], _rows(7 * SLOTS, np.int64, "stages", m, pc, ft, wb, etp), stages_of), 7)
     if max(int(dense.max()), int(expert.max())) * 8 >= EXACT_INT or \
             max(int(frozen_dense.max()), int(frozen_expert.max())) * 2 >= EXACT_INT:
         raise Unsupported("a stage's parameter bytes are too large for exact float conversion")
@@ -257,7 +262,7 @@ def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
     # ---- per D: the optimizer update unsharded and sharded (timing.optimizer_time_s), as
     # (2, slots, D) flattened
     moe = m.is_moe
-    n_dense, n_expert = dp * cp * ep, dp * cp
+    n_dense, n_expert = dp * cp * ep, dp * cp * tp // (np.int64(etp) if etp > 0 else tp)
     nd_f, ne_f = n_dense.astype(np.float64), n_expert.astype(np.float64)
     per_param = optimizer_bytes_per_param(setup)
     unsharded = dense + expert if moe else dense

@@ -286,6 +286,18 @@ def step_arrays(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Cl
     return out
 
 
+def batch_etp(a: LayoutArrays) -> int:
+    """The expert tensor-parallel setting the batch shares (Layout.etp: 0, equal to tp, or a
+    size the search holds fixed, SearchSpace.etp); the block and degree tables are built per
+    setting. Raises Unsupported for a batch that mixes settings."""
+    if a.etp is None or not len(a) or not a.etp.any():
+        return 0
+    first = int(a.etp[0])
+    if (a.etp != first).any():
+        raise Unsupported("layouts with different expert tensor-parallel sizes in one batch")
+    return first
+
+
 def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Cluster, eff: Efficiency,
               pc: ParamCount | None, orders: Sequence[tuple[str, ...]], groups: LayoutGroups | None,
               parts: bool) -> np.ndarray | StepArrays:
@@ -306,7 +318,8 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
     pair = g.pair
     pairs = np.flatnonzero(np.bincount(pair, minlength=4 * len(SHARDINGS)))   # the (ZeRO stage, sharding)s present
     any_hybrid = any(k % len(SHARDINGS) == SHARDINGS.index("fsdp-hybrid") for k in pairs.tolist())
-    deg = degree_tables(m, pc, setup, cluster, eff, orders, g.degrees, g.degrees_key, any_hybrid)
+    etp = batch_etp(a)
+    deg = degree_tables(m, pc, setup, cluster, eff, orders, g.degrees, g.degrees_key, any_hybrid, etp)
     links, optimizer_s, c0, c1, c2 = deg.links, deg.optimizer_s, deg.c0, deg.c1, deg.c2
 
     # ---- per P: a block (timing.layer_time) and the head, per distinct block shape
@@ -318,11 +331,11 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
     kern_d = g.fused_d if setup.kernels == "auto" else np.zeros(n_d, dtype=np.int64)
     b_inv, b_first = g.b_inv, g.b_rep
     b_d = pd[b_first]
-    block_rows = _rows(13, np.float64, "block", m, setup, cluster, eff)
+    block_rows = _rows(13, np.float64, "block", m, setup, cluster, eff, etp)
     b_row, blocks_t = block_rows.columns_of(
         (tp[b_d], sp_p[b_first], cp[b_d], ep[b_d], mb_p[b_first], rc_p[b_first], kern_d[b_d]),
         lambda tp_, sp_, cp_, ep_, mb_, rc_, k_: block_row(m, setup, cluster, eff, kernel_names[k_], tp_, sp_, cp_,
-                                                          ep_, mb_, rc_))
+                                                          ep_, mb_, rc_, etp))
     p2p_bytes = blocks_t[12][b_inv]
     p2p_positive = bool((blocks_t[12] > 0).all() and np.isfinite(blocks_t[12]).all())
     # ---- per Q: the P rows with the same block shape, pipeline depth and tp, cp and ep

@@ -148,7 +148,15 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
 
     GEMMs (per rank, T = micro-batch x seq/cp tokens): QKV T x h x (q+2kv)/tp, output
     T x q/tp x h, MLP T x h x f/tp (x2 gated) and T x f/tp x h; MoE experts see T k ep / E
-    tokens each, E/ep of them per rank. Backward runs two GEMMs per forward GEMM (input and
+    tokens each, E/ep of them per rank. With expert tensor parallelism etp (Layout.expert_tp,
+    tp by default) megatron-core 0.16.1's MoEAlltoAllTokenDispatcher all-to-alls each rank's
+    T/tp sequence-parallel tokens over ep and all-gathers them over the etp group only
+    (transformer/moe/token_dispatcher.py: token_dispatch's all_to_all on ep_group, line 666,
+    then dispatch_postprocess's gather_from_sequence_parallel_region on self.tp_group, line
+    696, which is pg_collection.expt_tp, line 73); the all-to-all bytes do not change with
+    etp. Each local expert sees
+    T k ep etp / (E tp) tokens with f/etp columns, the same FLOPs per rank at any etp, in
+    wider GEMMs. Backward runs two GEMMs per forward GEMM (input and
     weight gradients). Attention: fused (flash) at the flash rate on the causal half, backward
     2.5x forward (Dao 2023, Sec. 3.1: backward recomputes the scores); eager as two batched
     GEMMs per head with k = head_dim and k = s. Element-wise kernels at HBM bandwidth
@@ -165,7 +173,7 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
     r = rates(gpu, setup.precision_spec.compute_dtype, eff)
     prec = setup.precision_spec
     e = prec.weight_bytes
-    tp, cp, ep = key.tp, key.cp, key.ep
+    tp, cp, ep, etp = key.tp, key.cp, key.ep, key.expert_tp
     s = key.seq_len
     tokens = key.micro_batch * s / cp
     h, q, kv, f, d = m.d_model, m.q_dim, m.kv_dim, m.d_ff, m.head_dim
@@ -182,11 +190,11 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
     if m.is_moe:
         k = m.n_experts_per_token
         local = m.n_experts / ep
-        rows = tokens * k / local        # tokens routed to each local expert (balanced)
+        rows = tokens * k / local * etp / tp     # tokens routed to each local expert (balanced)
         if ep > 1:      # the most loaded ep rank's experts, which the others wait for (setup.moe_imbalance)
             rows *= setup.moe_imbalance
         dense += gemm_time_s(tokens, m.n_experts, h, mm, hbm, e)     # the router stays 16-bit
-        mlp = gemm(rows, mats_in * f / tp, h, local) + gemm(rows, h, f / tp, local)
+        mlp = gemm(rows, mats_in * f / etp, h, local) + gemm(rows, h, f / etp, local)
     else:
         mlp = gemm(tokens, mats_in * f / tp, h) + gemm(tokens, h, f / tp)
     heads = m.n_heads / tp
@@ -226,6 +234,12 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
     # tp: 2 all-reduces (or all-gather + reduce-scatter pairs with sp) in forward, 2 in
     # backward, 2 more when full recomputation reruns the forward (Shoeybi et al. 2019, Sec. 3).
     tp_coll = (4 + (2 * setup.recomputed_share if key.recompute == "full" else 0)) if tp > 1 else 0
+    if m.is_moe and etp != tp and tp > 1:
+        # half of them are the MLP's (Shoeybi et al. 2019, Sec. 3): under etp they run on the
+        # expert tensor-parallel group, inside the tp group (layouts.rules: etp divides tp) and so
+        # on its links, counted in tp-ring equivalents: a ring's time is (n-1)/n of the bytes
+        # over the bus rate (timing.collectives.Ring), (etp-1)/etp against (tp-1)/tp
+        tp_coll *= (1 + ((etp - 1) / etp) / ((tp - 1) / tp)) / 2
     a = prec.activation_bytes
     cp_bytes = tokens * 2 * kv * a / tp if cp > 1 else 0.0
     k_ = m.n_experts_per_token if m.is_moe else 1
@@ -363,7 +377,7 @@ def backward_layers(ft: FinetuneSpec, n_layers_total: int, first_layer: int, n_l
 def layer_key(lay: Layout) -> Layout:
     """The fields of ``lay`` a block's time depends on (layer_time's cache key)."""
     return Layout(tp=lay.tp, sp=lay.sp, cp=lay.cp, ep=lay.ep, micro_batch=lay.micro_batch,
-                  seq_len=lay.seq_len, recompute=lay.recompute)
+                  seq_len=lay.seq_len, recompute=lay.recompute, etp=lay.etp)
 
 
 def block_kernels(setup: TrainingSetup, lay: Layout) -> str:
