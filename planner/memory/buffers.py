@@ -64,7 +64,9 @@ def gathered_block_bytes(rp: ParamsArrays, prec: Precision, split: SplitArrays) 
 
 
 def fsdp_backward_end_bytes(a: LayoutArrays, rp: ParamsArrays, prec: Precision, split: SplitArrays,
-                            grad_unit: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                            grad_unit: np.ndarray, n_blocks: np.ndarray | None = None,
+                            largest_share: float = 1.0, block_grads: np.ndarray | None = None,
+                            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """FSDP2 at its backward peak (peak.fsdp_blocks_done): (weights, activations, buffers)
     beyond the states; zeros where the sharding is not FSDP's.
 
@@ -87,14 +89,60 @@ def fsdp_backward_end_bytes(a: LayoutArrays, rp: ParamsArrays, prec: Precision, 
     fsdp = a.sharding > 0
     frozen = split.frozen_bytes != 0
     unit = np.where(frozen, split.block_trainable, rp.block_unit)
-    grads = np.where(frozen, split.block_trainable, grad_unit)
+    grads = np.where(frozen, split.block_trainable, grad_unit) * prec.weight_bytes
     reduce_bytes = 4 if prec.is_mixed else prec.grad_bytes
     block_bytes = gathered_block_bytes(rp, prec, split)
     z3 = a.zero_stage == 3
     gathered = np.where(z3, block_bytes, -block_bytes)     # grad-op: resharded after its backward
     prefetch = np.where(z3, block_bytes, 0)
-    return (np.where(fsdp, gathered, 0), np.where(fsdp, grads * prec.weight_bytes, 0),
-            np.where(fsdp, prefetch + unit * reduce_bytes, 0))
+    weights, acts, bufs = gathered, grads, prefetch + unit * reduce_bytes
+    share = np.ones(np.broadcast_shapes(np.shape(weights), np.shape(z3)))
+    if n_blocks is not None:
+        # full shard over two blocks: the last block (the largest kind) in backward first,
+        # then block 0 with nothing left to prefetch (fsdp_two_block_bytes)
+        two = fsdp & z3 & (n_blocks == 2)
+        bg = np.zeros_like(grads) if block_grads is None else block_grads
+        w2, a2, b2, s2 = fsdp_two_block_bytes(block_bytes, grads, unit * reduce_bytes, bg, largest_share)
+        weights, acts, bufs = (np.where(two, x2, x) for x, x2 in ((weights, w2), (acts, a2), (bufs, b2)))
+        share = np.where(two, s2, share)
+    return (np.where(fsdp, weights, 0), np.where(fsdp, acts, 0), np.where(fsdp, bufs, 0), share)
+
+
+def fsdp_two_block_bytes(block_bytes: np.ndarray, grad_bytes: np.ndarray, reduce_input_bytes: np.ndarray,
+                         block_sharded_grad_bytes: np.ndarray, largest_share: float,
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """FSDP2 full shard over a stage of two blocks at its backward peak: (weights, activations,
+    buffers, done-gradient share), the larger of its two moments. Arguments are one mean
+    block's (gathered, unsharded gradients, reduce-scatter input, sharded gradients);
+    ``largest_share`` is the largest block kind over the mean block (1.0 when every block is
+    alike; DeepSeek-V3's MoE block against its dense first block, Llama 4's interleaved MoE
+    blocks): the last block, in backward first, is the largest kind (every family the planner
+    has ends with an MoE block), the first block the other one (2 - largest_share).
+
+    - block 0's backward (one block done): block 0 gathered, nothing left to prefetch, its
+      16-bit gradients (counted with activations, as backward-end does), block 1's
+      reduce-scatter input held (reduce_scatter_max_input_buffers = 1) and block 1's sharded
+      gradients. Equal, with blocks alike, to block 0's pre-backward, where its all-gather
+      output is copied out beside its gathered weights (FSDPMemTracker on
+      qwen3-235b-a22b-2l: 32.23 GiB, the peak; llama4-scout-2l: 33.77 GiB, the peak);
+    - block 1's post-backward (its activations freed, no block's sharded gradients yet):
+      block 1 resharded (torch 2.13 _fsdp_param_group.py post_backward: reshard() before
+      foreach_reduce), block 0 prefetched, block 1's unsharded gradients being copied into
+      its fp32 reduce-scatter input, both held (FSDPMemTracker on deepseek-v3-2l: 90.55 GiB,
+      the peak, with 21.43 GiB of gradients and 42.87 GiB of reduce-scatter input of the MoE
+      block beside the dense block's 1.09 GiB all-gather).
+    """
+    fx, fo = largest_share, 2.0 - largest_share
+
+    def part(x: np.ndarray, f: float) -> np.ndarray:
+        return (x * f).astype(np.int64)
+
+    one = (part(block_bytes, fo), part(grad_bytes, fo), part(reduce_input_bytes, fx))
+    post = (0 * block_bytes, part(grad_bytes, fx), part(block_bytes, fo) + part(reduce_input_bytes, fx))
+    # the activations and the LM head's gradient are the same at both: the larger of the rest
+    post_larger = post[1] + post[2] > one[0] + one[1] + one[2] + part(block_sharded_grad_bytes, fx)
+    out = tuple(np.where(post_larger, p, o) for o, p in zip(one, post))
+    return out[0], out[1], out[2], np.where(post_larger, 0.0, fx)
 
 
 def fsdp_forward_bytes(a: LayoutArrays, rp: ParamsArrays, prec: Precision,

@@ -328,7 +328,6 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     weights = off.weights + ms.unsharded_weights + root_gathered + fp8_w
     step_transient = np.where(off.step_on_host, 0,
                               optimizer_step_transient_bytes(m, setup, sa, kern, rp, hybrid, split))
-    end_w, end_a, end_b = (np.where(has_act, x, 0) for x in fsdp_backward_end_bytes(sa, rp, prec, split, grad_unit))
     # FSDP2 reduce-scatters the root unit (embedding, final norm, LM head) in its own
     # post-backward, after every block: the LM head's unsharded gradient, made first in
     # backward, is held to the end of it (FSDPMemTracker on Llama-3-8B cut to 4 blocks,
@@ -343,7 +342,15 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     fsdp_moment = fsdp & has_act
     done = np.where(fsdp_moment, fsdp_blocks_done(sa, n_act), 0)
     n_l = np.maximum(n_layers, 1)
-    done_dense, done_expert = done * ((rp.dense - rp.root_unit) // n_l), done * (rp.expert // n_l)
+    block_dense, block_expert = (rp.dense - rp.root_unit) // n_l, rp.expert // n_l
+    block_grads = model_state_bytes(block_dense, block_expert, state_prec, opt_pp, sa, hybrid,
+                                    expert_padding=pad).gradients
+    # (two-block stages: the moment's blocks by kind, buffers.fsdp_two_block_bytes)
+    end_w, end_a, end_b, done_share = fsdp_backward_end_bytes(sa, rp, prec, split, grad_unit, n_act,
+                                                              largest_block_share(pc), block_grads)
+    end_w, end_a, end_b = (np.where(has_act, x, 0) for x in (end_w, end_a, end_b))
+    done_dense = (done * block_dense * done_share).astype(np.int64)
+    done_expert = (done * block_expert * done_share).astype(np.int64)
     done_grads = model_state_bytes(done_dense, done_expert, state_prec, opt_pp, sa, hybrid,
                                    expert_padding=pad).gradients
     fwd_w, fwd_b = (np.where(fsdp_moment, x, 0) for x in fsdp_forward_bytes(sa, rp, prec, split))
@@ -471,7 +478,11 @@ def fsdp_blocks_done(a: LayoutArrays, n_blocks: np.ndarray) -> np.ndarray:
 
     - full shard (ZeRO-3): the second-to-last block in backward (block 1), with block 0
       prefetched and every later block reduced: n_blocks - 2 done. Block 0 has nothing
-      to prefetch, and each block done adds only its sharded gradients;
+      to prefetch, and each block done adds only its sharded gradients. Over two blocks
+      there is no block 1 with a later block reduced: 1 done, either block 0 in backward
+      with block 1 reduced or block 1 in its post-backward with its activations freed
+      (buffers.fsdp_two_block_bytes takes the larger; FSDPMemTracker on qwen3-235b-a22b-2l,
+      llama4-scout-2l and deepseek-v3-2l, docs/accuracy.md);
     - shard-grad-op (ZeRO-2): the second block in backward (block n - 2): 1 done. Every
       block done frees its gathered 16-bit weights (2 bytes per parameter, or 4 in fp32)
       and adds sharded gradients of 4/dp bytes or less, so the total only falls after.
@@ -481,7 +492,19 @@ def fsdp_blocks_done(a: LayoutArrays, n_blocks: np.ndarray) -> np.ndarray:
     on 8 ranks in block 30's with one block's gradients and one block's gathered weights
     freed.
     """
-    return np.where(a.zero_stage == 3, np.maximum(0, n_blocks - 2), np.where(n_blocks >= 2, 1, 0))
+    return np.where(a.zero_stage == 3, np.where(n_blocks == 2, 1, np.maximum(0, n_blocks - 2)),
+                    np.where(n_blocks >= 2, 1, 0))
+
+
+def largest_block_share(pc: ParamCount) -> float:
+    """The largest kind of block's parameters over the mean block's (1.0 when every block is
+    alike): DeepSeek-V3's MoE blocks beside its first dense ones, Llama 4's interleaved MoE
+    blocks (models.spec.BlockKind, counted as transformers builds them). Used for two-block
+    stages (buffers.fsdp_two_block_bytes), on the model's mean block: exact without tp and ep,
+    where experts and dense parts would split differently."""
+    if len(pc.blocks) < 2 or pc.per_layer <= 0:
+        return 1.0
+    return max(b.per_layer for b in pc.blocks) / pc.per_layer
 
 
 __all__ = [
@@ -493,5 +516,6 @@ __all__ = [
     "Moment",
     "StageMemory",
     "fsdp_blocks_done",
+    "largest_block_share",
     "memory_batch",
 ]
