@@ -65,8 +65,7 @@ def gathered_block_bytes(rp: ParamsArrays, prec: Precision, split: SplitArrays) 
 
 def fsdp_backward_end_bytes(a: LayoutArrays, rp: ParamsArrays, prec: Precision, split: SplitArrays,
                             grad_unit: np.ndarray, n_blocks: np.ndarray | None = None,
-                            largest_share: float = 1.0, block_grads: np.ndarray | None = None,
-                            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                            largest_share: float = 1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """FSDP2 at its backward peak (peak.fsdp_blocks_done): (weights, activations, buffers)
     beyond the states; zeros where the sharding is not FSDP's.
 
@@ -98,51 +97,62 @@ def fsdp_backward_end_bytes(a: LayoutArrays, rp: ParamsArrays, prec: Precision, 
     weights, acts, bufs = gathered, grads, prefetch + unit * reduce_bytes
     share = np.ones(np.broadcast_shapes(np.shape(weights), np.shape(z3)))
     if n_blocks is not None:
-        # full shard over two blocks: the last block (the largest kind) in backward first,
-        # then block 0 with nothing left to prefetch (fsdp_two_block_bytes)
+        # full shard over two blocks: block 0 in backward, block 1 reduced (fsdp_two_block_bytes)
         two = fsdp & z3 & (n_blocks == 2)
-        bg = np.zeros_like(grads) if block_grads is None else block_grads
-        w2, a2, b2, s2 = fsdp_two_block_bytes(block_bytes, grads, unit * reduce_bytes, bg, largest_share)
+        w2, a2, b2 = fsdp_two_block_bytes(block_bytes, grads, unit * reduce_bytes, largest_share)
         weights, acts, bufs = (np.where(two, x2, x) for x, x2 in ((weights, w2), (acts, a2), (bufs, b2)))
-        share = np.where(two, s2, share)
+        share = np.where(two, largest_share, share)
     return (np.where(fsdp, weights, 0), np.where(fsdp, acts, 0), np.where(fsdp, bufs, 0), share)
 
 
 def fsdp_two_block_bytes(block_bytes: np.ndarray, grad_bytes: np.ndarray, reduce_input_bytes: np.ndarray,
-                         block_sharded_grad_bytes: np.ndarray, largest_share: float,
-                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """FSDP2 full shard over a stage of two blocks at its backward peak: (weights, activations,
-    buffers, done-gradient share), the larger of its two moments. Arguments are one mean
-    block's (gathered, unsharded gradients, reduce-scatter input, sharded gradients);
-    ``largest_share`` is the largest block kind over the mean block (1.0 when every block is
-    alike; DeepSeek-V3's MoE block against its dense first block, Llama 4's interleaved MoE
-    blocks): the last block, in backward first, is the largest kind (every family the planner
-    has ends with an MoE block), the first block the other one (2 - largest_share).
+                         largest_share: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """FSDP2 full shard over a stage of two blocks, in block 0's backward (one block done):
+    (weights, activations, buffers). Arguments are one mean block's (gathered, unsharded
+    gradients, reduce-scatter input); ``largest_share`` is the largest block kind over the
+    mean block (peak.largest_block_share): block 1, reduced first, is the largest kind (every
+    family the planner has ends with an MoE block), block 0 the other one (2 - largest_share).
 
-    - block 0's backward (one block done): block 0 gathered, nothing left to prefetch, its
-      16-bit gradients (counted with activations, as backward-end does), block 1's
-      reduce-scatter input held (reduce_scatter_max_input_buffers = 1) and block 1's sharded
-      gradients. Equal, with blocks alike, to block 0's pre-backward, where its all-gather
-      output is copied out beside its gathered weights (FSDPMemTracker on
-      qwen3-235b-a22b-2l: 32.23 GiB, the peak; llama4-scout-2l: 33.77 GiB, the peak);
-    - block 1's post-backward (its activations freed, no block's sharded gradients yet):
-      block 1 resharded (torch 2.13 _fsdp_param_group.py post_backward: reshard() before
-      foreach_reduce), block 0 prefetched, block 1's unsharded gradients being copied into
-      its fp32 reduce-scatter input, both held (FSDPMemTracker on deepseek-v3-2l: 90.55 GiB,
-      the peak, with 21.43 GiB of gradients and 42.87 GiB of reduce-scatter input of the MoE
-      block beside the dense block's 1.09 GiB all-gather).
+    Block 0 gathered, nothing left to prefetch, its 16-bit gradients (counted with
+    activations, as backward-end does), block 1's reduce-scatter input held
+    (reduce_scatter_max_input_buffers = 1), and, counted by the caller, block 1's sharded
+    gradients. With blocks alike its total equals block 0's pre-backward, where its
+    all-gather output is copied out beside its gathered weights: the peak of FSDPMemTracker on
+    qwen3-235b-a22b-2l (32.23 GiB) and llama4-scout-2l (33.77 GiB). The other moment of two
+    blocks, block 1's post-backward, is fsdp_post_backward_bytes.
     """
-    fx, fo = largest_share, 2.0 - largest_share
+    fo = 2.0 - largest_share
+    return ((block_bytes * fo).astype(np.int64), (grad_bytes * fo).astype(np.int64),
+            (reduce_input_bytes * largest_share).astype(np.int64))
 
-    def part(x: np.ndarray, f: float) -> np.ndarray:
-        return (x * f).astype(np.int64)
 
-    one = (part(block_bytes, fo), part(grad_bytes, fo), part(reduce_input_bytes, fx))
-    post = (0 * block_bytes, part(grad_bytes, fx), part(block_bytes, fo) + part(reduce_input_bytes, fx))
-    # the activations and the LM head's gradient are the same at both: the larger of the rest
-    post_larger = post[1] + post[2] > one[0] + one[1] + one[2] + part(block_sharded_grad_bytes, fx)
-    out = tuple(np.where(post_larger, p, o) for o, p in zip(one, post))
-    return out[0], out[1], out[2], np.where(post_larger, 0.0, fx)
+def fsdp_post_backward_bytes(a: LayoutArrays, rp: ParamsArrays, prec: Precision, split: SplitArrays,
+                             grad_unit: np.ndarray, n_blocks: np.ndarray, largest_share: float = 1.0,
+                             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """FSDP2 full shard in the first block's post-backward (the stage's last block, its
+    backward over): (weights, activations, buffers, where the moment exists). The block is
+    resharded before its reduce (torch 2.13 _fsdp_param_group.py post_backward: reshard()
+    before foreach_reduce), so no gathered weights beyond the root; its unsharded 16-bit
+    gradients (counted with activations) are copied into its fp32 reduce-scatter input, both
+    held; the next block is prefetched; no block has sharded gradients yet, and the blocks
+    not yet in backward keep their activations (the caller's). The last block is the
+    largest kind (``largest_share``, peak.largest_block_share), the prefetched one the mean of
+    the others. Measured with FSDPMemTracker on deepseek-v3-2l: the peak, 90.55 GiB, with the
+    MoE block's 21.43 GiB of gradients and 42.87 GiB of reduce-scatter input beside the dense
+    block's 1.09 GiB all-gather and block 0's activations. It exceeds the moment inside a later
+    block's backward (fsdp_backward_end_bytes) where a block's activations outweigh a gathered
+    block and the sharded gradients of the blocks done since; with a frozen base it is not
+    counted (only the trainable parameters' small gradients are reduced).
+    """
+    frozen = split.frozen_bytes != 0
+    ok = (a.sharding > 0) & (a.zero_stage == 3) & (n_blocks >= 2) & ~frozen
+    reduce_bytes = 4 if prec.is_mixed else prec.grad_bytes
+    fo = (n_blocks - largest_share) / np.maximum(n_blocks - 1, 1)
+    block_bytes = gathered_block_bytes(rp, prec, split)
+    grads = (grad_unit * prec.weight_bytes * largest_share).astype(np.int64)
+    bufs = (block_bytes * fo).astype(np.int64) + (rp.block_unit * reduce_bytes * largest_share).astype(np.int64)
+    zero = np.zeros(np.broadcast_shapes(np.shape(grads), np.shape(ok)), dtype=np.int64)
+    return zero, np.where(ok, grads, 0), np.where(ok, bufs, 0), ok & (zero == 0)
 
 
 def fsdp_forward_bytes(a: LayoutArrays, rp: ParamsArrays, prec: Precision,

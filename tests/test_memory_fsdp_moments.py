@@ -1,8 +1,10 @@
-"""FSDP2 full shard over a stage of two blocks (memory.buffers.fsdp_two_block_bytes) against
-FSDPMemTracker's snapshots of the real-width two-block cuts of docs/accuracy.md (bench/configs/
-*-2l.json: 8 ranks, bf16-mixed, sequence 1024, micro-batch 1, no recomputation; torch 2.13,
-transformers 5.24; ``python bench/accuracy.py --modules NAME`` prints them). Figures in GiB, the
-tracker's categories at its peak. No torch needed: the planner's prediction only.
+"""FSDP2 full shard's backward moments over few, large MoE blocks (memory.buffers.
+fsdp_two_block_bytes, fsdp_post_backward_bytes; memory.peak.fsdp_blocks_done and its early
+block) against FSDPMemTracker's snapshots of real-width cuts of docs/accuracy.md (bench/configs/
+*-2l.json on 8 ranks, micro-batch 1; qwen3-235b-a22b-8l.json on 64 ranks; bf16-mixed, sequence
+1024, no recomputation; torch 2.13, transformers 5.24; ``python bench/accuracy.py --modules
+NAME`` prints them). Figures in GiB, the tracker's categories at its peak. No torch needed: the
+planner's prediction only.
 """
 
 from pathlib import Path
@@ -69,3 +71,35 @@ def test_largest_block_share_is_the_moe_block_over_the_mean():
     pc = count_params(load_model(str(CONFIGS / "deepseek-v3-2l.json")))
     assert largest_block_share(pc) == pytest.approx(11_507_286_016 / ((583_483_392 + 11_507_286_016) / 2), rel=1e-6)
     assert largest_block_share(count_params(load_model(str(CONFIGS / "qwen3-235b-a22b-2l.json")))) == 1.0
+
+
+@pytest.mark.parametrize("mb, peak", [(2, 35.390), (4, 40.430)])
+def test_eight_blocks_with_large_activations_peak_in_the_second_block_in_backward(mb, peak):
+    # Qwen3-235B-A22B cut to 8 blocks, 64 ranks: a block's activations (0.73 / 1.46 GiB) outweigh
+    # its sharded gradients (0.145), so the peak is in block 6's backward (the tracker's module
+    # snapshots), not block 1's: block 7's sharded gradients 0.145 and reduce-scatter input 9.27,
+    # block 5 prefetched 4.63, weights sharded 1.23 + root 2.32 + block 6 gathered 4.63
+    m = load_model(str(CONFIGS / "qwen3-235b-a22b-8l.json"))
+    setup = TrainingSetup(seq_len=1024, global_batch=64 * mb, precision="bf16-mixed")
+    lay = Layout(dp=64, zero_stage=3, micro_batch=mb, grad_accum=1, seq_len=1024, recompute="none")
+    rows, phase = accuracy.predict(m, setup, lay)
+    got = {k: v / GiB for k, v in rows.items()}
+    assert phase == "backward-end"
+    assert got["total"] == pytest.approx(peak, rel=0.01)
+    assert got["gradients"] == pytest.approx(0.145, rel=0.01)
+    assert got["buffers"] == pytest.approx(4.634 + 9.268, rel=0.005)
+    assert got["weights"] == pytest.approx(1.23 + 2.32 + 4.634, rel=0.005)
+
+
+def test_dense_blocks_with_large_activations_peak_in_the_second_block_in_backward():
+    # Llama-3-8B, 64 ranks, 1024 tokens, no recomputation (docs/accuracy.md): the tracker peaks at
+    # 12.23 GiB with one block's sharded gradients (0.0127) and 1.219 GiB of buffers (block 30's
+    # prefetch and block 31's fp32 reduce-scatter input); the start of backward gave -6.8%
+    setup = TrainingSetup(seq_len=1024, global_batch=64, precision="bf16-mixed")
+    lay = Layout(dp=64, zero_stage=3, micro_batch=1, grad_accum=1, seq_len=1024, recompute="none")
+    rows, phase = accuracy.predict(load_model("llama3.1-8b"), setup, lay)
+    got = {k: v / GiB for k, v in rows.items()}
+    assert phase == "backward-end"
+    assert got["total"] == pytest.approx(12.230, rel=0.01)
+    assert got["gradients"] == pytest.approx(0.0127, rel=0.01)
+    assert got["buffers"] == pytest.approx(1.219, rel=0.005)
