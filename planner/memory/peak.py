@@ -15,9 +15,12 @@ reports them at its peak. Overhead adds the fixed CUDA/NCCL costs and the alloca
 fragmentation on top of the tracked bytes.
 
 FSDP2 frees as it goes, so its moments differ (each checked with FSDPMemTracker on
-Mixtral-8x7B and Llama-3-8B, docs/accuracy.md): "backward-end" is inside the backward of
-one block (fsdp_blocks_done: near the end under full shard, the second block under
-shard-grad-op), with the gradients of the blocks done only; "forward-end" is the last
+Mixtral-8x7B, Llama-3-8B and the two- and eight-block Qwen3-235B, Llama 4 Scout and
+DeepSeek-V3 cuts, docs/accuracy.md): "backward-end" is inside the backward of one block
+(fsdp_blocks_done: near the end under full shard, or the second block in backward where a
+block's activations outweigh its sharded gradients; the second block under shard-grad-op;
+block 0 over two blocks), with the gradients of the blocks done only, or, with mixed block
+kinds, the first block's post-backward (buffers.fsdp_post_backward_bytes); "forward-end" is the last
 block's all-gather in forward, two all-gather buffers at once; at the optimizer step every
 unit is resharded, so no gathered weights are left; and the LM head's unsharded gradient is
 held through backward (the root unit is reduced last).
