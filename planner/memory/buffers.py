@@ -64,7 +64,8 @@ def gathered_block_bytes(rp: ParamsArrays, prec: Precision, split: SplitArrays) 
 
 
 def fsdp_backward_end_bytes(a: LayoutArrays, rp: ParamsArrays, prec: Precision, split: SplitArrays,
-                            grad_unit: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                            grad_unit: np.ndarray, n_blocks: np.ndarray | None = None,
+                            largest_share: float = 1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """FSDP2 at its backward peak (peak.fsdp_blocks_done): (weights, activations, buffers)
     beyond the states; zeros where the sharding is not FSDP's.
 
@@ -87,14 +88,71 @@ def fsdp_backward_end_bytes(a: LayoutArrays, rp: ParamsArrays, prec: Precision, 
     fsdp = a.sharding > 0
     frozen = split.frozen_bytes != 0
     unit = np.where(frozen, split.block_trainable, rp.block_unit)
-    grads = np.where(frozen, split.block_trainable, grad_unit)
+    grads = np.where(frozen, split.block_trainable, grad_unit) * prec.weight_bytes
     reduce_bytes = 4 if prec.is_mixed else prec.grad_bytes
     block_bytes = gathered_block_bytes(rp, prec, split)
     z3 = a.zero_stage == 3
     gathered = np.where(z3, block_bytes, -block_bytes)     # grad-op: resharded after its backward
     prefetch = np.where(z3, block_bytes, 0)
-    return (np.where(fsdp, gathered, 0), np.where(fsdp, grads * prec.weight_bytes, 0),
-            np.where(fsdp, prefetch + unit * reduce_bytes, 0))
+    weights, acts, bufs = gathered, grads, prefetch + unit * reduce_bytes
+    share = np.ones(np.broadcast_shapes(np.shape(weights), np.shape(z3)))
+    if n_blocks is not None:
+        # full shard over two blocks: block 0 in backward, block 1 reduced (fsdp_two_block_bytes)
+        two = fsdp & z3 & (n_blocks == 2)
+        w2, a2, b2 = fsdp_two_block_bytes(block_bytes, grads, unit * reduce_bytes, largest_share)
+        weights, acts, bufs = (np.where(two, x2, x) for x, x2 in ((weights, w2), (acts, a2), (bufs, b2)))
+        share = np.where(two, largest_share, share)
+    return (np.where(fsdp, weights, 0), np.where(fsdp, acts, 0), np.where(fsdp, bufs, 0), share)
+
+
+def fsdp_two_block_bytes(block_bytes: np.ndarray, grad_bytes: np.ndarray, reduce_input_bytes: np.ndarray,
+                         largest_share: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """FSDP2 full shard over a stage of two blocks, in block 0's backward (one block done):
+    (weights, activations, buffers). Arguments are one mean block's (gathered, unsharded
+    gradients, reduce-scatter input); ``largest_share`` is the largest block kind over the
+    mean block (peak.largest_block_share): block 1, reduced first, is the largest kind (every
+    family the planner has ends with an MoE block), block 0 the other one (2 - largest_share).
+
+    Block 0 gathered, nothing left to prefetch, its 16-bit gradients (counted with
+    activations, as backward-end does), block 1's reduce-scatter input held
+    (reduce_scatter_max_input_buffers = 1), and, counted by the caller, block 1's sharded
+    gradients. With blocks alike its total equals block 0's pre-backward, where its
+    all-gather output is copied out beside its gathered weights: the peak of FSDPMemTracker on
+    qwen3-235b-a22b-2l (32.23 GiB) and llama4-scout-2l (33.77 GiB). The other moment of two
+    blocks, block 1's post-backward, is fsdp_post_backward_bytes.
+    """
+    fo = 2.0 - largest_share
+    return ((block_bytes * fo).astype(np.int64), (grad_bytes * fo).astype(np.int64),
+            (reduce_input_bytes * largest_share).astype(np.int64))
+
+
+def fsdp_post_backward_bytes(a: LayoutArrays, rp: ParamsArrays, prec: Precision, split: SplitArrays,
+                             grad_unit: np.ndarray, n_blocks: np.ndarray, largest_share: float = 1.0,
+                             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """FSDP2 full shard in the first block's post-backward (the stage's last block, its
+    backward over): (weights, activations, buffers, where the moment exists). The block is
+    resharded before its reduce (torch 2.13 _fsdp_param_group.py post_backward: reshard()
+    before foreach_reduce), so no gathered weights beyond the root; its unsharded 16-bit
+    gradients (counted with activations) are copied into its fp32 reduce-scatter input, both
+    held; the next block is prefetched; no block has sharded gradients yet, and the blocks
+    not yet in backward keep their activations (the caller's). The last block is the
+    largest kind (``largest_share``, peak.largest_block_share), the prefetched one the mean of
+    the others. Measured with FSDPMemTracker on deepseek-v3-2l: the peak, 90.55 GiB, with the
+    MoE block's 21.43 GiB of gradients and 42.87 GiB of reduce-scatter input beside the dense
+    block's 1.09 GiB all-gather and block 0's activations. It exceeds the moment inside a later
+    block's backward (fsdp_backward_end_bytes) where a block's activations outweigh a gathered
+    block and the sharded gradients of the blocks done since; with a frozen base it is not
+    counted (only the trainable parameters' small gradients are reduced).
+    """
+    frozen = split.frozen_bytes != 0
+    ok = (a.sharding > 0) & (a.zero_stage == 3) & (n_blocks >= 2) & ~frozen
+    reduce_bytes = 4 if prec.is_mixed else prec.grad_bytes
+    fo = (n_blocks - largest_share) / np.maximum(n_blocks - 1, 1)
+    block_bytes = gathered_block_bytes(rp, prec, split)
+    grads = (grad_unit * prec.weight_bytes * largest_share).astype(np.int64)
+    bufs = (block_bytes * fo).astype(np.int64) + (rp.block_unit * reduce_bytes * largest_share).astype(np.int64)
+    zero = np.zeros(np.broadcast_shapes(np.shape(grads), np.shape(ok)), dtype=np.int64)
+    return zero, np.where(ok, grads, 0), np.where(ok, bufs, 0), ok & (zero == 0)
 
 
 def fsdp_forward_bytes(a: LayoutArrays, rp: ParamsArrays, prec: Precision,

@@ -15,9 +15,12 @@ reports them at its peak. Overhead adds the fixed CUDA/NCCL costs and the alloca
 fragmentation on top of the tracked bytes.
 
 FSDP2 frees as it goes, so its moments differ (each checked with FSDPMemTracker on
-Mixtral-8x7B and Llama-3-8B, docs/accuracy.md): "backward-end" is inside the backward of
-one block (fsdp_blocks_done: near the end under full shard, the second block under
-shard-grad-op), with the gradients of the blocks done only; "forward-end" is the last
+Mixtral-8x7B, Llama-3-8B and the two- and eight-block Qwen3-235B, Llama 4 Scout and
+DeepSeek-V3 cuts, docs/accuracy.md): "backward-end" is inside the backward of one block
+(fsdp_blocks_done: near the end under full shard, or the second block in backward where a
+block's activations outweigh its sharded gradients; the second block under shard-grad-op;
+block 0 over two blocks), with the gradients of the blocks done only, or, with mixed block
+kinds, the first block's post-backward (buffers.fsdp_post_backward_bytes); "forward-end" is the last
 block's all-gather in forward, two all-gather buffers at once; at the optimizer step every
 unit is resharded, so no gathered weights are left; and the LM head's unsharded gradient is
 held through backward (the root unit is reduced last).
@@ -40,6 +43,7 @@ from planner.memory.buffers import (
     buffer_bytes,
     fsdp_backward_end_bytes,
     fsdp_forward_bytes,
+    fsdp_post_backward_bytes,
 )
 from planner.memory.fp8 import fp8_weight_bytes
 from planner.memory.states import (
@@ -328,7 +332,6 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     weights = off.weights + ms.unsharded_weights + root_gathered + fp8_w
     step_transient = np.where(off.step_on_host, 0,
                               optimizer_step_transient_bytes(m, setup, sa, kern, rp, hybrid, split))
-    end_w, end_a, end_b = (np.where(has_act, x, 0) for x in fsdp_backward_end_bytes(sa, rp, prec, split, grad_unit))
     # FSDP2 reduce-scatters the root unit (embedding, final norm, LM head) in its own
     # post-backward, after every block: the LM head's unsharded gradient, made first in
     # backward, is held to the end of it (FSDPMemTracker on Llama-3-8B cut to 4 blocks,
@@ -343,7 +346,23 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     fsdp_moment = fsdp & has_act
     done = np.where(fsdp_moment, fsdp_blocks_done(sa, n_act), 0)
     n_l = np.maximum(n_layers, 1)
-    done_dense, done_expert = done * ((rp.dense - rp.root_unit) // n_l), done * (rp.expert // n_l)
+    block_dense, block_expert = (rp.dense - rp.root_unit) // n_l, rp.expert // n_l
+    # (two-block stages: the moment's blocks by kind, buffers.fsdp_two_block_bytes)
+    share = largest_block_share(pc)
+    end_w, end_a, end_b, done_share = fsdp_backward_end_bytes(sa, rp, prec, split, grad_unit, n_act, share)
+    end_w, end_a, end_b = (np.where(has_act, x, 0) for x in (end_w, end_a, end_b))
+    # the first block's post-backward, the other candidate for the backward-end moment
+    post_w, post_a, post_b, post_ok = fsdp_post_backward_bytes(sa, rp, prec, split, grad_unit, n_act, share)
+    # (with blocks alike it holds less than the moment above: a gathered block and one block's
+    # sharded gradients less, buffers.fsdp_post_backward_bytes; so only for mixed block kinds)
+    post_ok = post_ok & fsdp_moment & (share != 1.0) if ft.is_full else post_ok & False
+    # one block's sharded gradients: a later block's backward holds more where they outweigh its
+    # activations (fsdp_blocks_done), an early one otherwise
+    block_sharded = model_state_bytes(block_dense, block_expert, state_prec, opt_pp, sa, hybrid,
+                                      expert_padding=pad).gradients
+    may_be_early = fsdp_moment & (sa.zero_stage == 3) & (n_act >= 3)
+    done_dense = (done * block_dense * done_share).astype(np.int64)
+    done_expert = (done * block_expert * done_share).astype(np.int64)
     done_grads = model_state_bytes(done_dense, done_expert, state_prec, opt_pp, sa, hybrid,
                                    expert_padding=pad).gradients
     fwd_w, fwd_b = (np.where(fsdp_moment, x, 0) for x in fsdp_forward_bytes(sa, rp, prec, split))
@@ -392,14 +411,50 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     # (masks select by multiplying: x * mask, or y + (x - y) * mask, is np.where(mask, x, y)
     # on int64 bytes, without np.where's branch per element)
     held_parts = g_held + acts        # what the moments before the end of backward share
+    ps = _per_state
+    fsdp_end_t: tuple[np.ndarray, np.ndarray, np.ndarray] = (ps(end_w), ps(end_a), ps(end_b))
+    done_t: np.ndarray = ps(done)
+    done_dense_l: np.ndarray | int = -1
+    done_expert_l: np.ndarray | int = -1
     if any_fsdp:
         fsdp_l, head_l, end_a_l = g(fsdp_moment), g(head_grad), g(end_a)
-        done_acts = saturated_bytes(np.multiply(g(done), act.layer_act, dtype=np.float64))
+        # full shard over three blocks or more: the second block in backward (one done) where a
+        # block's activations outweigh its sharded gradients, else block 1 (fsdp_blocks_done)
+        counted = fsdp_l & ~persistent & (grads != 0) if ft.is_full else None
+        done_l, done_g, done_dense_l, done_expert_l = g(done), g(done_grads), g(done_dense), g(done_expert)
+        if may_be_early.any():
+            # (gradients that persist, or a frozen base's, are held whatever is done: 0 added)
+            added = g(block_sharded) if counted is None else g(block_sharded) * counted
+            early = g(may_be_early) & (act.layer_act > added)
+            done_l = done_l + (1 - done_l) * early
+            done_g = done_g + (g(block_sharded) - done_g) * early
+            done_dense_l = done_dense_l + (g(block_dense) - done_dense_l) * early
+            done_expert_l = done_expert_l + (g(block_expert) - done_expert_l) * early
+        done_acts = saturated_bytes(np.multiply(done_l, act.layer_act, dtype=np.float64))
         end_acts = last_block + (acts - done_acts + working + head_l - last_block) * fsdp_l + end_a_l
         block_working = working + head_l
-        counted = fsdp_l & ~persistent & (grads != 0) if ft.is_full else None
-        end_grads = grads if counted is None else grads + (g(done_grads) - grads) * counted
+        end_grads = grads if counted is None else grads + (done_g - grads) * counted
+        done_t = done_l
         end_w_l, end_b_l, fwd_w_l = g(end_w), np.maximum(buffers, g(end_b)), g(fwd_w)
+        if post_ok.any():
+            # the first block's post-backward where it holds more (buffers.fsdp_post_backward_bytes):
+            # its activations freed, no working set, no sharded gradients yet
+            post_a_l = g(post_a)
+            post_acts = acts - act.layer_act + head_l + post_a_l
+            post_grads = grads if counted is None else grads - grads * counted
+            post_b_l = np.maximum(buffers, g(post_b))
+            post = g(post_ok) & (g(post_w) + post_grads + post_acts + post_b_l
+                                 > end_w_l + end_grads + end_acts + end_b_l)
+            end_w_l = end_w_l + (g(post_w) - end_w_l) * post
+            end_grads = end_grads + (post_grads - end_grads) * post
+            end_acts = end_acts + (post_acts - end_acts) * post
+            end_b_l = end_b_l + (post_b_l - end_b_l) * post
+            end_a_l = end_a_l + (post_a_l - end_a_l) * post
+            done_l = done_l + (1 - done_l) * post
+            if counted is not None:
+                counted = counted & ~post
+            fsdp_end_t = (end_w_l, end_a_l, g(end_b) + (g(post_b) - g(end_b)) * post)
+            done_t = done_l
         fwd_b_l = np.maximum(buffers, g(fwd_b))
         fwd_grads = ABSENT + (g_held - ABSENT) * fsdp_l
         moments = {
@@ -429,7 +484,6 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     for x in sums[1:]:
         best = np.maximum(best, x)
     tracked_slots = g(np.where(st.valid, base, ABSENT)) + best     # ABSENT: a slot the pipeline lacks
-    ps = _per_state
     slots = StageMemory(
         stage=stage_l, n_layers=ps(n_layers), n_act_layers=ps(n_act), rank_params=ps(rp), split=ps(split),
         states=ps(ms), offload=ps(off), expert_padding=ps(pad), grad_unit=ps(grad_unit), held=held,
@@ -437,9 +491,9 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
         block_acts=block_acts, embed_acts=embed_acts, amp_copies=ps(amp_copies), working=working,
         last_block=last_block, logits=logits, buffers=buffers, root_gathered=ps(root_gathered),
         fp8_weights=ps(fp8_w),
-        step_transient=ps(step_transient), fsdp_end=(ps(end_w), ps(end_a), ps(end_b)),
-        fsdp_forward=(ps(fwd_w), ps(fwd_b)), fsdp_done=ps(done), head_grad=ps(head_grad), step_freed=ps(step_freed),
-        end_grad_params=((np.where(counted, g(done_dense), -1), np.where(counted, g(done_expert), -1))
+        step_transient=ps(step_transient), fsdp_end=fsdp_end_t,
+        fsdp_forward=(ps(fwd_w), ps(fwd_b)), fsdp_done=done_t, head_grad=ps(head_grad), step_freed=ps(step_freed),
+        end_grad_params=((np.where(counted, done_dense_l, -1), np.where(counted, done_expert_l, -1))
                          if counted is not None else (-1, -1)),
         moments=moments, weights=ps(weights), moment_sums=sums, tracked=tracked_slots,
         checkpoint_host=ckpt_host)
@@ -471,7 +525,11 @@ def fsdp_blocks_done(a: LayoutArrays, n_blocks: np.ndarray) -> np.ndarray:
 
     - full shard (ZeRO-3): the second-to-last block in backward (block 1), with block 0
       prefetched and every later block reduced: n_blocks - 2 done. Block 0 has nothing
-      to prefetch, and each block done adds only its sharded gradients;
+      to prefetch, and each block done adds only its sharded gradients. Over two blocks
+      there is no block 1 with a later block reduced: 1 done, either block 0 in backward
+      with block 1 reduced or block 1 in its post-backward with its activations freed
+      (buffers.fsdp_two_block_bytes takes the larger; FSDPMemTracker on qwen3-235b-a22b-2l,
+      llama4-scout-2l and deepseek-v3-2l, docs/accuracy.md);
     - shard-grad-op (ZeRO-2): the second block in backward (block n - 2): 1 done. Every
       block done frees its gathered 16-bit weights (2 bytes per parameter, or 4 in fp32)
       and adds sharded gradients of 4/dp bytes or less, so the total only falls after.
@@ -480,8 +538,28 @@ def fsdp_blocks_done(a: LayoutArrays, n_blocks: np.ndarray) -> np.ndarray:
     in block 1's experts' backward with 30 of 32 blocks' sharded gradients; shard-grad-op
     on 8 ranks in block 30's with one block's gradients and one block's gathered weights
     freed.
+
+    Full shard over three blocks or more, a block done frees its activations and adds its
+    sharded gradients, so the total inside a block's backward runs straight between the
+    second block in backward and block 1: block 1 (this count) where a block's sharded
+    gradients outweigh its activations, the second block in backward (1 done) otherwise,
+    which memory_batch chooses per layout (FSDPMemTracker on qwen3-235b-a22b-8l, 64 ranks,
+    micro-batch 4: the peak in block 6's backward, 1.46 GiB of activations per block against
+    0.145 of sharded gradients).
     """
-    return np.where(a.zero_stage == 3, np.maximum(0, n_blocks - 2), np.where(n_blocks >= 2, 1, 0))
+    return np.where(a.zero_stage == 3, np.where(n_blocks == 2, 1, np.maximum(0, n_blocks - 2)),
+                    np.where(n_blocks >= 2, 1, 0))
+
+
+def largest_block_share(pc: ParamCount) -> float:
+    """The largest kind of block's parameters over the mean block's (1.0 when every block is
+    alike): DeepSeek-V3's MoE blocks beside its first dense ones, Llama 4's interleaved MoE
+    blocks (models.spec.BlockKind, counted as transformers builds them). Used for two-block
+    stages (buffers.fsdp_two_block_bytes), on the model's mean block: exact without tp and ep,
+    where experts and dense parts would split differently."""
+    if len(pc.blocks) < 2 or pc.per_layer <= 0:
+        return 1.0
+    return max(b.per_layer for b in pc.blocks) / pc.per_layer
 
 
 __all__ = [
@@ -493,5 +571,6 @@ __all__ = [
     "Moment",
     "StageMemory",
     "fsdp_blocks_done",
+    "largest_block_share",
     "memory_batch",
 ]
