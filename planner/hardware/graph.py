@@ -87,7 +87,9 @@ def build_graph(top: ClusterTopology, n_nodes: int) -> nx.Graph:
                  leaf_of_node=[node // net.nodes_per_leaf for node in range(n_nodes)],
                  intra_kinds=(PCIE, CPU) if intra.fabric == "pcie" else (SCALE_UP,),
                  scale_up_gpu_bytes_per_s=_scale_up_gpu_bytes_per_s(intra),
-                 hosts_alike=_hosts_alike(top))
+                 hosts_alike=_hosts_alike(top),
+                 pcie_tree=(pcie.sockets if intra.fabric == "pcie" else 0, pcie.switches > 0, pcie.link_bytes_per_s,
+                            pcie.uplink_bytes_per_s or 0.0, pcie.socket_link_bytes_per_s or 0.0))
 
     for node in range(n_nodes):
         leaf_group = node // net.nodes_per_leaf
@@ -177,8 +179,42 @@ def _max_flow_bytes_per_s(g: nx.Graph, sources: set[int], sinks: set[int]) -> fl
     key = _placement_key(g, sources, sinks, one_island)
     cache = g.graph.setdefault("max_flow_cache", {})
     if key not in cache:
-        cache[key] = _solve_max_flow(g, sources, sinks, one_island=one_island)
+        if one_island and g.graph["fabric"] == "pcie":
+            cache[key] = _pcie_tree_flow_bytes_per_s(g.graph["pcie_tree"], key)
+        else:
+            cache[key] = _solve_max_flow(g, sources, sinks, one_island=one_island)
     return cache[key]
+
+
+def _pcie_tree_flow_bytes_per_s(tree: tuple[int, bool, float, float, float], key: tuple) -> float:
+    """Max flow inside one PCIe-only node over its PCIe and CPU links, from the counts of
+    _placement_key's "pcie" form: ((socket, ((sources, sinks) per PCIe switch)), ...).
+
+    Those links form a tree (build_graph: GPUs on their switch, each switch on one socket,
+    the sockets a chain; NICs hang off switches as leaves, and the network is not used inside
+    an island), so by the max-flow min-cut theorem (Ford and Fulkerson 1956) the value is the
+    cheapest way to put every vertex on the sources' or the sinks' side, each source GPU on
+    the first and each sink GPU on the second, paying every link whose ends differ: one pass
+    down the socket chain, each switch taking the cheaper of its own side and the other side
+    plus its uplink. Switches and sockets holding neither side are free: a switch then costs
+    nothing, a socket still relays along the chain. With GPUs on the sockets' root ports (no
+    switches) the hosts are the sockets. tests/test_topology_flow.py checks ring bandwidths
+    built on it against networkx's max flow, cut by cut."""
+    n_sockets, switches, gpu_link, uplink, socket_link = tree
+    hosts_of = dict(key[1:])
+    below = (0.0, 0.0)          # cost of the chain past the socket, socket on the sources' / sinks' side
+    for socket in reversed(range(n_sockets)):
+        own = [0.0, 0.0]
+        for n_s, n_t in hosts_of.get(socket, ()):
+            host = (n_t * gpu_link, n_s * gpu_link)            # host on the sources' / sinks' side
+            if switches:
+                own[0] += min(host[0], host[1] + uplink)
+                own[1] += min(host[1], host[0] + uplink)
+            else:                                             # the GPUs sit on the socket itself
+                own[0] += host[0]
+                own[1] += host[1]
+        below = (own[0] + min(below[0], below[1] + socket_link), own[1] + min(below[1], below[0] + socket_link))
+    return min(below)
 
 
 def _gpu_places(g: nx.Graph) -> dict[int, tuple]:
