@@ -422,15 +422,16 @@ def ring_bandwidth_bytes_per_s(g: nx.Graph, groups: Iterable[Sequence[int]]) -> 
     rings = [sorted(set(grp)) for grp in groups if len(set(grp)) > 1]
     if not rings:
         return math.inf
+    place = _gpu_places(g)          # exactly the graph's GPUs
     ring_of: dict[int, int] = {}
     for i, ring in enumerate(rings):
         for gpu in ring:
-            _check_gpu(g, gpu)
+            if gpu not in place:
+                _check_gpu(g, gpu)
             if ring_of.setdefault(gpu, i) != i:
                 raise UserError(f"GPU {gpu} is in two groups of the same axis")
 
     nodes = g.nodes
-    place = _gpu_places(g)
     island_of = {v: place[v][1] for v in ring_of}
     per_island = Counter((ring_of[v], island_of[v]) for v in ring_of)     # (group, island) -> GPUs
     blocks: dict[Any, set[int]] = defaultdict(set)
@@ -441,12 +442,13 @@ def ring_bandwidth_bytes_per_s(g: nx.Graph, groups: Iterable[Sequence[int]]) -> 
     closed = g.graph["fabric"] in ("nvswitch", "mesh")
     bound, cuts = math.inf, set()
     for inside in blocks.values():
-        islands = {island_of[v] for v in inside}
+        islands = set(map(island_of.__getitem__, inside))
         island = next(iter(islands)) if len(islands) == 1 else None
-        held = Counter(ring_of[v] for v in inside)             # group -> its GPUs in the block
+        held = Counter(map(ring_of.__getitem__, inside))      # group -> its GPUs in the block
         # groups with GPUs outside the block in the same island (near), or only elsewhere (far)
         near = [i for i, k in held.items() if island is not None and per_island[i, island] > k]
-        far = [i for i, k in held.items() if len(rings[i]) > k and i not in near]
+        near_set = set(near)
+        far = [i for i, k in held.items() if len(rings[i]) > k and i not in near_set]
         if near and closed:         # counts suffice: _one_island_flow_bytes_per_s
             n_sources = sum(held[i] for i in near)
             n_sinks = sum(per_island[i, island] - held[i] for i in near)
