@@ -53,8 +53,9 @@ class SolverInfo:
     time_limit_s: float
     gap_rel: float
     constraint_names: tuple[str, ...] = ()
-    # when optimality was not proved: (answer - the solver's best lower bound) / answer, the
-    # most the answer can exceed the optimum, relative; None when unknown or proved
+    # when optimality was not proved: (answer - the solver's best lower bound) / answer, HiGHS's
+    # relative MIP gap (the optimum costs at least 1 - gap_found of the answer); None when
+    # unknown or proved
     gap_found: float | None = None
 
     def as_dict(self) -> dict[str, object]:

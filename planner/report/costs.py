@@ -174,7 +174,8 @@ def buy_solver_lines(r: Any) -> list[str]:
             f"and {s.n_constraints} named constraints",
             f"status {s.status}, {proved} (gap {s.gap_rel:g}, limit {s.time_limit_s:g} s), {s.solve_s:.3f} s; "
             f"search {r.search_s:.1f} s"] + (
-        [f"the answer costs at most {s.gap_found:.1%} more than the optimum (the solver's lower bound)"]
+        [f"gap to the solver's lower bound {s.gap_found:.1%} of the answer: the optimum costs at least "
+         f"{1 - s.gap_found:.1%} of it"]
         if getattr(s, "gap_found", None) is not None else [])
 
 
