@@ -436,11 +436,21 @@ def ring_bandwidth_bytes_per_s(g: nx.Graph, groups: Iterable[Sequence[int]]) -> 
     per_island = Counter((ring_of[v], island_of[v]) for v in ring_of)     # (group, island) -> GPUs
     blocks: dict[Any, set[int]] = defaultdict(set)
     for gpu in ring_of:
-        blocks[gpu].add(gpu)
         for label in nodes[gpu]["domains"]:
             blocks[label].add(gpu)
     closed = g.graph["fabric"] in ("nvswitch", "mesh")
     bound, cuts = math.inf, set()
+    # each GPU is a block of its own: the loop below, written out for one GPU (most blocks)
+    for gpu, i in ring_of.items():
+        others = per_island[i, island_of[gpu]] - 1         # its group's other GPUs in its island
+        if others and closed:
+            flow = _one_island_flow_bytes_per_s(g, 1, others)
+            assert flow is not None
+            bound = min(bound, flow)
+        else:       # against its group's GPUs in its island (near), or its whole group (far)
+            home = island_of[gpu] if others else None
+            cuts.add((frozenset((gpu,)),
+                      frozenset(v for v in rings[i] if v != gpu and home in (None, island_of[v])), 1))
     for inside in blocks.values():
         islands = set(map(island_of.__getitem__, inside))
         island = next(iter(islands)) if len(islands) == 1 else None
