@@ -3,7 +3,8 @@
 limits"; issue 20: every command within the limits answers within seconds).
 
 Each case runs the CLI in a fresh process (`python -m planner ...`), as a user would, and is
-timed from start to exit; the exit status is printed beside it. The topology and jobs files
+timed from start to exit (wall), with the CPU time of the process (user + system, which a
+loaded machine stretches far less than the wall time); the exit status is printed beside it. The topology and jobs files
 are written to a temporary folder:
 
 - oversubscribed: 256 GPUs a node, 64 NICs, rail-optimized leaves of 64 nodes with
@@ -19,6 +20,7 @@ are written to a temporary folder:
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -123,13 +125,15 @@ def main(argv: list[str]) -> int:
     env = dict(os.environ, PYTHONPATH=str(REPO), PLANNER_TODAY="2026-12-01")
     with tempfile.TemporaryDirectory() as tmp:
         chosen = {k: v for k, v in cases(Path(tmp)).items() if not argv or any(a in k for a in argv)}
-        print(f"{'case':<26} {'wall s':>7}  exit")
+        print(f"{'case':<26} {'wall s':>7} {'cpu s':>6}  exit")
         for name, args in chosen.items():
-            t0 = time.perf_counter()
+            t0, ru0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
             r = subprocess.run([sys.executable, "-m", "planner", *args, "--quiet"], env=env, cwd=REPO,
                                capture_output=True, text=True)
-            wall_s = time.perf_counter() - t0
-            print(f"{name:<26} {wall_s:7.1f}  {r.returncode}  {(r.stdout or r.stderr).strip()[:110]}", flush=True)
+            wall_s, ru1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu_s = ru1.ru_utime - ru0.ru_utime + ru1.ru_stime - ru0.ru_stime
+            print(f"{name:<26} {wall_s:7.1f} {cpu_s:6.1f}  {r.returncode}  {(r.stdout or r.stderr).strip()[:100]}",
+                  flush=True)
     return 0
 
 

@@ -218,3 +218,75 @@ def test_purchase_explicit(solver):
     # a job with no option at all
     sol = solve_purchase(pools, jobs + [JobWindow(name="z", start_s=0, deadline_s=10)], opts, solver=solver)
     assert sol.cost_usd is None and not sol.choices
+
+
+
+def stop_early(monkeypatch, mode):
+    """Make the purchase ILP stop as a time limit stops it (HiGHS solves these small
+    instances in presolve even under a limit of 1e-9 s): "incumbent", solved but not proved;
+    "nothing", not run at all (no solution, no bound)."""
+    import dataclasses
+
+    import planner.cost.solve as solve_module
+
+    real = solve_module._run
+
+    def run(prob, solver, time_limit_s, gap_rel):
+        if mode == "nothing":
+            return solve_module.SolverInfo(name="HiGHS", status="Not Solved", optimal=False, solve_s=0.0,
+                                           n_variables=0, n_constraints=0, time_limit_s=time_limit_s,
+                                           gap_rel=gap_rel)
+        return dataclasses.replace(real(prob, solver, time_limit_s, gap_rel), optimal=False)
+
+    monkeypatch.setattr(solve_module, "_run", run)
+
+
+def check_stopped_purchase(pools, jobs, options, budget):
+    """A solver stopped by its limit before proving the optimum (issue 20: the 256-job
+    purchase): the answer, when there is one, is feasible, no cheaper than brute force's
+    optimum, and within the gap it reports of it."""
+    sol = solve_purchase(pools, jobs, options, budget, solver="highs")
+    best = brute_purchase(pools, jobs, options, budget)
+    if sol.cost_usd is None:
+        return                      # nothing found in time: no answer, never a wrong one
+    assert best is not None and sol.cost_usd >= best * (1 - 1e-9)
+    if sol.solver.gap_found is not None:
+        assert sol.cost_usd * (1 - sol.solver.gap_found) <= best * (1 + 1e-9) + 1e-6
+    for j in jobs:
+        o = sol.choices[j.name]
+        assert o.job == j.name and o.fits and j.start_s + o.duration_s <= j.deadline_s
+    need = nodes_needed(pools, jobs, sol.choices)
+    assert all(sol.nodes[g] >= need[g] for g in need)
+    by_gpu = {p.gpu: p for p in pools}
+    assert close(sol.cost_usd, sum(by_gpu[g].node_usd * n for g, n in sol.nodes.items()))
+    assert budget is None or sol.cost_usd <= budget
+
+
+@pytest.mark.parametrize("mode", ["incumbent", "nothing"])
+def test_stopped_purchase_is_feasible_and_within_its_gap(monkeypatch, mode):
+    stop_early(monkeypatch, mode)
+
+    @FAST
+    @given(purchase_instances())
+    def check(instance):
+        check_stopped_purchase(*instance)
+
+    check()
+
+
+def test_stopped_purchase_takes_the_greedy_start(monkeypatch):
+    """Two jobs, one pool: the greedy start (fewest GPU-seconds each) is the optimum here
+    (brute force: 2 nodes of 8 GPUs, $220), and a solver stopped before any solution still
+    answers with it; with its incumbent it reports its gap to its bound (0 here)."""
+    pools = [Pool(gpu="h100", gpus_per_node=8, capex_usd=100, opex_usd=10)]
+    jobs = [JobWindow(name="x", start_s=0, deadline_s=100), JobWindow(name="y", start_s=0, deadline_s=100)]
+    opts = [JobOption(job=n, gpu="h100", n_gpus=g, duration_s=d, key=f"n{g}")
+            for n in ("x", "y") for g, d in ((8, 90), (16, 50))]
+    assert brute_purchase(pools, jobs, opts, None) == 220
+    stop_early(monkeypatch, "nothing")
+    sol = solve_purchase(pools, jobs, opts, solver="highs")
+    assert (sol.cost_usd, sol.nodes, sol.solver.gap_found) == (220, {"h100": 2}, None)
+    monkeypatch.undo()
+    stop_early(monkeypatch, "incumbent")
+    sol = solve_purchase(pools, jobs, opts, solver="highs")
+    assert (sol.cost_usd, sol.nodes, sol.solver.gap_found) == (220, {"h100": 2}, 0.0)

@@ -130,3 +130,22 @@ def test_a_group_at_the_topology_limits_answers_in_seconds():
     link = placement.graph_link(top, 2, 1024, 2048, 8)
     assert time.perf_counter() - start < 10
     assert link.bus_bytes_per_s == pytest.approx(450e9)      # the GPU's NVLink share: NVLink-bound
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_pcie_tree_flow_equals_networkx(seed):
+    """Inside one PCIe-only node the max flow is read off the PCIe tree in closed form
+    (graph.py's PCIe tree); the ring bound with every cut by networkx's max flow must agree,
+    for random rings, with and without PCIe switches, on one or two sockets."""
+    rng = random.Random(seed)
+    top = _random_topology(rng)
+    while top.intra_node.fabric != "pcie":
+        top = _random_topology(rng)
+    g = build_graph(top, 2)
+    node = list(range(top.gpus_per_node, 2 * top.gpus_per_node))      # the second node
+    for _ in range(5):
+        picked = rng.sample(node, rng.randint(2, len(node)))
+        cut = rng.randint(1, len(picked) - 1)
+        rings = [picked[:cut], picked[cut:]]          # one or two rings, all inside the node
+        got = ring_bandwidth_bytes_per_s(build_graph(top, 2), rings)
+        assert got == pytest.approx(_reference_ring_bandwidth(g, rings), rel=1e-9), (seed, top.pcie, rings)

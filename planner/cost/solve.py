@@ -13,6 +13,7 @@ check the optimum against brute force (tests/test_solve.py).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import re
@@ -29,6 +30,14 @@ from planner.errors import UserError
 SOLVERS = ("auto", "highs", "cbc")
 TIME_LIMIT_S = 20.0
 GAP_REL = 1e-6
+# A purchase ILP above LARGE_VARIABLES variables is given LARGE_TIME_LIMIT_S: measured on the
+# 256-job bench file (bench/limits_timing.py, 10,758 variables), HiGHS does not prove the optimum
+# in 20 s (one branch-and-bound node; its best bound $20.01M, its answer $21.88M, gap 8.5%),
+# and its answer there is the one the greedy start of solve_purchase (_greedy_purchase) finds
+# in 0.4 s; after 2-3 s its bound is $19.87M. The answer then says how far from that bound
+# it may be (SolverInfo.gap_found).
+LARGE_VARIABLES = 5000
+LARGE_TIME_LIMIT_S = 2.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -44,11 +53,19 @@ class SolverInfo:
     time_limit_s: float
     gap_rel: float
     constraint_names: tuple[str, ...] = ()
+    # when optimality was not proved: (answer - the solver's best lower bound) / answer, HiGHS's
+    # relative MIP gap (the optimum costs at least 1 - gap_found of the answer); None when
+    # unknown or proved
+    gap_found: float | None = None
 
     def as_dict(self) -> dict[str, object]:
-        return {"name": self.name, "status": self.status, "optimal": self.optimal, "solve_s": self.solve_s,
-                "n_variables": self.n_variables, "n_constraints": self.n_constraints,
-                "time_limit_s": self.time_limit_s, "gap_rel": self.gap_rel}
+        out: dict[str, object] = {
+            "name": self.name, "status": self.status, "optimal": self.optimal, "solve_s": self.solve_s,
+            "n_variables": self.n_variables, "n_constraints": self.n_constraints,
+            "time_limit_s": self.time_limit_s, "gap_rel": self.gap_rel}
+        if self.gap_found is not None:
+            out["gap_found"] = self.gap_found
+        return out
 
 
 def _solver(name: str, time_limit_s: float, gap_rel: float) -> tuple[str, pulp.LpSolver]:
@@ -113,6 +130,18 @@ def _run(prob: pulp.LpProblem, solver: str, time_limit_s: float, gap_rel: float)
                       optimal=prob.sol_status == pulp.LpSolutionOptimal, solve_s=time.perf_counter() - t0,
                       n_variables=len(prob.variables()), n_constraints=len(names),
                       time_limit_s=time_limit_s, gap_rel=gap_rel, constraint_names=names)
+
+
+def _dual_bound(prob: pulp.LpProblem) -> float | None:
+    """The solver's best lower bound on a minimisation after it stopped (HiGHS's
+    mip_dual_bound, read through highspy's Highs object that PuLP keeps as prob.solverModel);
+    None for solvers that do not expose it (CBC through PuLP)."""
+    model = getattr(prob, "solverModel", None)
+    try:
+        bound = float(model.getInfo().mip_dual_bound)  # type: ignore[union-attr]
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return bound if math.isfinite(bound) else None
 
 
 def _constraint_names(prob: pulp.LpProblem) -> tuple[str, ...]:
@@ -362,15 +391,56 @@ def solve_purchase(pools: Sequence[Pool], jobs: Sequence[JobWindow], options: Se
             prob += (use <= p.gpus_per_node * nodes[p.gpu], f"gpus_{ascii_name(p.gpu)}_at_{ti}_{ascii_name(t.name)}")
     if budget_usd is not None:
         prob += total <= budget_usd, "budget_usd"
-    info = _run(prob, solver, time_limit_s, gap_rel)
-    if not _found(prob):
+    limit_s = time_limit_s if len(run) + len(pools) <= LARGE_VARIABLES else min(time_limit_s, LARGE_TIME_LIMIT_S)
+    info = _run(prob, solver, limit_s, gap_rel)
+    found: list[dict[str, JobOption]] = []
+    if _found(prob):
+        choices = {j.name: next(o for o in by_job[j.name] if (run[j.name, o.key].value() or 0) > 0.5) for j in jobs}
+        bought = {p.gpu: int(round(nodes[p.gpu].value() or 0)) for p in pools}
+        if info.optimal:
+            cost = sum(pool_of[g].node_usd * n for g, n in bought.items())
+            return PurchaseSolution(nodes=bought, choices=choices, cost_usd=cost, solver=info)
+        found.append(choices)
+    if not info.optimal:
+        # stopped by its limit: the greedy start may be cheaper; say how far from the bound
+        greedy = _greedy_purchase(pools, jobs, by_job)
+        if greedy is not None:
+            found.append(greedy[1])
+    priced = []
+    for choices in found:      # the fewest nodes that hold the choices (no more than the ILP bought)
+        need = nodes_needed(pools, jobs, choices)
+        priced.append((sum(pool_of[g].node_usd * n for g, n in need.items()), need, choices))
+    priced = [f for f in priced if budget_usd is None or f[0] <= budget_usd]
+    if not priced:
         return PurchaseSolution(nodes={p.gpu: 0 for p in pools}, choices={}, cost_usd=None, solver=info)
-    choices = {}
-    for j in jobs:
-        choices[j.name] = next(o for o in by_job[j.name] if (run[j.name, o.key].value() or 0) > 0.5)
-    bought = {p.gpu: int(round(nodes[p.gpu].value() or 0)) for p in pools}
-    cost = sum(pool_of[g].node_usd * n for g, n in bought.items())
+    cost, bought, choices = min(priced, key=lambda f: f[0])      # the ILP's answer on a tie (listed first)
+    bound = _dual_bound(prob)
+    if bound is not None and cost > 0:
+        info = dataclasses.replace(info, gap_found=max(0.0, (cost - bound) / cost))
     return PurchaseSolution(nodes=bought, choices=choices, cost_usd=cost, solver=info)
+
+
+def _greedy_purchase(pools: Sequence[Pool], jobs: Sequence[JobWindow],
+                     by_job: dict[str, list[JobOption]]) -> tuple[float, dict[str, JobOption]] | None:
+    """A feasible purchase found without the ILP, or None: every job on one pool, each with
+    its option of fewest GPU-seconds (then fewest GPUs) among those that fit and meet the
+    deadline, and the fewest nodes that hold them (nodes_needed); the cheapest pool. A
+    heuristic (fewer GPU-seconds leave more room at every instant on average, not at each),
+    used only where the ILP stopped at its limit: its cost is an upper bound on the optimum."""
+    best: tuple[float, dict[str, JobOption]] | None = None
+    for p in pools:
+        choices = {}
+        for j in jobs:
+            ok = [o for o in by_job[j.name] if o.gpu == p.gpu and o.fits and j.start_s + o.duration_s <= j.deadline_s]
+            if not ok:
+                break
+            choices[j.name] = min(ok, key=lambda o: (o.n_gpus * o.duration_s, o.n_gpus))
+        else:
+            need = nodes_needed(pools, jobs, choices)
+            cost = sum(q.node_usd * need[q.gpu] for q in pools)
+            if best is None or cost < best[0]:
+                best = (cost, choices)
+    return best
 
 
 def _capacity_checks(jobs: Sequence[JobWindow], by_job: dict[str, list[JobOption]],

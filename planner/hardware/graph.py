@@ -87,7 +87,9 @@ def build_graph(top: ClusterTopology, n_nodes: int) -> nx.Graph:
                  leaf_of_node=[node // net.nodes_per_leaf for node in range(n_nodes)],
                  intra_kinds=(PCIE, CPU) if intra.fabric == "pcie" else (SCALE_UP,),
                  scale_up_gpu_bytes_per_s=_scale_up_gpu_bytes_per_s(intra),
-                 hosts_alike=_hosts_alike(top))
+                 hosts_alike=_hosts_alike(top),
+                 pcie_tree=(pcie.sockets if intra.fabric == "pcie" else 0, pcie.switches > 0, pcie.link_bytes_per_s,
+                            pcie.uplink_bytes_per_s or 0.0, pcie.socket_link_bytes_per_s or 0.0))
 
     for node in range(n_nodes):
         leaf_group = node // net.nodes_per_leaf
@@ -177,8 +179,42 @@ def _max_flow_bytes_per_s(g: nx.Graph, sources: set[int], sinks: set[int]) -> fl
     key = _placement_key(g, sources, sinks, one_island)
     cache = g.graph.setdefault("max_flow_cache", {})
     if key not in cache:
-        cache[key] = _solve_max_flow(g, sources, sinks, one_island=one_island)
+        if one_island and g.graph["fabric"] == "pcie":
+            cache[key] = _pcie_tree_flow_bytes_per_s(g.graph["pcie_tree"], key)
+        else:
+            cache[key] = _solve_max_flow(g, sources, sinks, one_island=one_island)
     return cache[key]
+
+
+def _pcie_tree_flow_bytes_per_s(tree: tuple[int, bool, float, float, float], key: tuple) -> float:
+    """Max flow inside one PCIe-only node over its PCIe and CPU links, from the counts of
+    _placement_key's "pcie" form: ((socket, ((sources, sinks) per PCIe switch)), ...).
+
+    Those links form a tree (build_graph: GPUs on their switch, each switch on one socket,
+    the sockets a chain; NICs hang off switches as leaves, and the network is not used inside
+    an island), so by the max-flow min-cut theorem (Ford and Fulkerson 1956) the value is the
+    cheapest way to put every vertex on the sources' or the sinks' side, each source GPU on
+    the first and each sink GPU on the second, paying every link whose ends differ: one pass
+    down the socket chain, each switch taking the cheaper of its own side and the other side
+    plus its uplink. Switches and sockets holding neither side are free: a switch then costs
+    nothing, a socket still relays along the chain. With GPUs on the sockets' root ports (no
+    switches) the hosts are the sockets. tests/test_topology_flow.py checks ring bandwidths
+    built on it against networkx's max flow, cut by cut."""
+    n_sockets, switches, gpu_link, uplink, socket_link = tree
+    hosts_of = dict(key[1:])
+    below = (0.0, 0.0)          # cost of the chain past the socket, socket on the sources' / sinks' side
+    for socket in reversed(range(n_sockets)):
+        own = [0.0, 0.0]
+        for n_s, n_t in hosts_of.get(socket, ()):
+            host = (n_t * gpu_link, n_s * gpu_link)            # host on the sources' / sinks' side
+            if switches:
+                own[0] += min(host[0], host[1] + uplink)
+                own[1] += min(host[1], host[0] + uplink)
+            else:                                             # the GPUs sit on the socket itself
+                own[0] += host[0]
+                own[1] += host[1]
+        below = (own[0] + min(below[0], below[1] + socket_link), own[1] + min(below[1], below[0] + socket_link))
+    return min(below)
 
 
 def _gpu_places(g: nx.Graph) -> dict[int, tuple]:
@@ -386,31 +422,43 @@ def ring_bandwidth_bytes_per_s(g: nx.Graph, groups: Iterable[Sequence[int]]) -> 
     rings = [sorted(set(grp)) for grp in groups if len(set(grp)) > 1]
     if not rings:
         return math.inf
+    place = _gpu_places(g)          # exactly the graph's GPUs
     ring_of: dict[int, int] = {}
     for i, ring in enumerate(rings):
         for gpu in ring:
-            _check_gpu(g, gpu)
+            if gpu not in place:
+                _check_gpu(g, gpu)
             if ring_of.setdefault(gpu, i) != i:
                 raise UserError(f"GPU {gpu} is in two groups of the same axis")
 
     nodes = g.nodes
-    place = _gpu_places(g)
     island_of = {v: place[v][1] for v in ring_of}
     per_island = Counter((ring_of[v], island_of[v]) for v in ring_of)     # (group, island) -> GPUs
     blocks: dict[Any, set[int]] = defaultdict(set)
     for gpu in ring_of:
-        blocks[gpu].add(gpu)
         for label in nodes[gpu]["domains"]:
             blocks[label].add(gpu)
     closed = g.graph["fabric"] in ("nvswitch", "mesh")
     bound, cuts = math.inf, set()
+    # each GPU is a block of its own: the loop below, written out for one GPU (most blocks)
+    for gpu, i in ring_of.items():
+        others = per_island[i, island_of[gpu]] - 1         # its group's other GPUs in its island
+        if others and closed:
+            flow = _one_island_flow_bytes_per_s(g, 1, others)
+            assert flow is not None
+            bound = min(bound, flow)
+        else:       # against its group's GPUs in its island (near), or its whole group (far)
+            home = island_of[gpu] if others else None
+            cuts.add((frozenset((gpu,)),
+                      frozenset(v for v in rings[i] if v != gpu and home in (None, island_of[v])), 1))
     for inside in blocks.values():
-        islands = {island_of[v] for v in inside}
+        islands = set(map(island_of.__getitem__, inside))
         island = next(iter(islands)) if len(islands) == 1 else None
-        held = Counter(ring_of[v] for v in inside)             # group -> its GPUs in the block
+        held = Counter(map(ring_of.__getitem__, inside))      # group -> its GPUs in the block
         # groups with GPUs outside the block in the same island (near), or only elsewhere (far)
         near = [i for i, k in held.items() if island is not None and per_island[i, island] > k]
-        far = [i for i, k in held.items() if len(rings[i]) > k and i not in near]
+        near_set = set(near)
+        far = [i for i, k in held.items() if len(rings[i]) > k and i not in near_set]
         if near and closed:         # counts suffice: _one_island_flow_bytes_per_s
             n_sources = sum(held[i] for i in near)
             n_sinks = sum(per_island[i, island] - held[i] for i in near)

@@ -173,7 +173,10 @@ def buy_solver_lines(r: Any) -> list[str]:
     return [f"{s.name} on an ILP of {s.n_variables} variables ({r.n_options} job options, integer nodes per type)",
             f"and {s.n_constraints} named constraints",
             f"status {s.status}, {proved} (gap {s.gap_rel:g}, limit {s.time_limit_s:g} s), {s.solve_s:.3f} s; "
-            f"search {r.search_s:.1f} s"]
+            f"search {r.search_s:.1f} s"] + (
+        [f"gap to the solver's lower bound {s.gap_found:.1%} of the answer: the optimum costs at least "
+         f"{1 - s.gap_found:.1%} of it"]
+        if getattr(s, "gap_found", None) is not None else [])
 
 
 def gpu_price_cells(p: Any) -> str:
