@@ -62,6 +62,7 @@ from dataclasses import replace
 import numpy as np
 
 from planner.errors import UserError
+from planner.hardware.gpus import sustained_rate
 from planner.hardware.placement import Cluster
 from planner.layouts.batch import RECOMPUTES, LayoutArrays, Unsupported
 from planner.layouts.groups import LayoutGroups
@@ -85,7 +86,6 @@ from planner.timing.dp import optimizer_bytes_per_param
 from planner.timing.efficiency import (
     DEFAULT_EFFICIENCY,
     PLACEMENT_ORDERS,
-    TRAINING_MFU_CEILING,
     Efficiency,
 )
 from planner.timing.flops import flops_per_step
@@ -423,7 +423,7 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
                            lambda n_, rc_: _flops_row(m, setup.seq_len, n_, rc_, setup))
     peak = cluster.gpu.peak_flops_per_s(setup.precision_spec.compute_dtype)
     n_gpus = a.dp * a.tp * a.pp * a.cp * a.ep
-    ceiling = eff.mfu_ceiling if eff.mfu_ceiling is not None else TRAINING_MFU_CEILING.get(cluster.gpu.name)
+    ceiling: float | None = eff.mfu_ceiling if eff.mfu_ceiling is not None else sustained_rate(cluster.gpu).mfu
     if setup.precision_spec.fp8 is not None and eff.mfu_ceiling is None:
         # The ceilings are BF16 runs' MFU; no FP8 run is in the project's data, so an FP8
         # step is bounded by its own FP8 GEMM efficiency (training.fp8), not by a BF16 rate.
