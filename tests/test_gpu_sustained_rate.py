@@ -131,3 +131,31 @@ def test_the_plan_names_an_assumed_ceiling():
         assert rate["basis"] == basis
         text = runner.invoke(cli, ["--model", "llama3.1-8b", "--gpus", gpu, "--n-gpus", "8"]).output
         assert ("sustained rate: at most 42.3% MFU, ASSUMED" in text) == (gpu == "b200")
+
+
+def test_cli_fsdp_pipeline_grad_sync():
+    # --fsdp-pipeline-grad-sync: FSDP under pp reduce-scatters once a step (PyTorch's pipeline
+    # schedules hold the unsharded gradients until the last micro-batch: torch/distributed/
+    # pipelining/stage.py backward_maybe_with_nosync) or every micro-batch into sharded ones
+    # (Llama 3, arXiv:2407.21783 Sec. 3.3.2); the gradients held shrink by the dp degree
+    from click.testing import CliRunner
+
+    from planner.cli.main import cli
+
+    runner = CliRunner()
+    args = ["--model", "llama3.1-8b", "--gpus", "h100", "--n-gpus", "16", "--dp", "8", "--pp", "2", "--tp", "1",
+            "--fsdp", "full", "--micro-batch", "1", "--recompute", "none", "--global-batch", "64", "--json"]
+    out = {}
+    for sync in ("step", "micro-batch"):
+        res = runner.invoke(cli, [*args, "--fsdp-pipeline-grad-sync", sync])
+        assert res.exit_code == 0, res.output
+        data = json.loads(res.output)
+        assert data["assumptions"]["fsdp_pipeline_grad_sync"] == sync
+        out[sync] = data["plan"]
+    held, sharded = out["step"]["memory_bytes"]["gradients"], out["micro-batch"]["memory_bytes"]["gradients"]
+    assert held / sharded == pytest.approx(8, rel=0.01)     # the same fp32 gradients, sharded over dp 8
+    assert out["micro-batch"]["step_time_s"] >= out["step"]["step_time_s"]     # 32 reduce-scatters, not 1
+    default = runner.invoke(cli, args)
+    assert json.loads(default.output)["plan"]["step_time_s"] == out["step"]["step_time_s"]
+    bad = runner.invoke(cli, [*args, "--fsdp-pipeline-grad-sync", "sometimes"])
+    assert bad.exit_code == 2 and "--fsdp-pipeline-grad-sync" in bad.output and "Traceback" not in bad.output

@@ -130,6 +130,7 @@ def assumptions(r: PlanResult) -> dict[str, Any]:
         "optimizer": s.optimizer,
         "attention": s.attention,
         "kernels": s.kernels,
+        "fsdp_pipeline_grad_sync": s.fsdp_pipeline_grad_sync,
         "usable_memory_fraction": s.usable_memory_fraction,
         "overheads": asdict(s.overheads),
         "buffers": asdict(s.buffers),
