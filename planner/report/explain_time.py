@@ -209,7 +209,8 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
                          f"{'m x ' if per_mb else ''}max(0, C - overlap x {window} time of a micro-batch); "
                          "C = ring collective of Psi x bytes over N_d ranks: (n-1) alpha + (n-1)/n S/(B f) "
                          "(all-reduce: twice)", exposed_s * times, f"{ZERO}; {RING}; {link_src}",
-                         collective_C_s=raw_s, overlap=overlap, window_s=fwd_mb if window == "fwd" else bwd_mb,
+                         collective_C_s=raw_s, overlap=overlap,
+                         window_s={"fwd": fwd_mb, "bwd": bwd_mb}.get(window, fwd_mb + bwd_mb),
                          times=times, trainable_dense_params=rp.trainable_dense,
                          trainable_expert_params=rp.trainable_expert, frozen_weight_bytes=rp.frozen_bytes,
                          bytes_per_weight=prec.weight_bytes, bytes_per_gradient=g_b,
