@@ -239,7 +239,7 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
     floor_s = st.model_flops / (st.n_gpus * (peak * ceiling)) if ceiling is not None else 0.0
     if floor_s > modelled:
         out.append(_time("compute", "sustained training rate: no step faster than its model FLOPs at the GPU's "
-                         "published MFU ceiling", "model FLOPs / (GPUs x peak x ceiling) - the terms above",
+                         "sustained MFU ceiling", "model FLOPs / (GPUs x peak x ceiling) - the terms above",
                          floor_s - modelled,
                          (f"{gpu.name} sustained rate ({'measured' if rate.measured else 'ASSUMED'}): {rate.source}"
                           if eff.mfu_ceiling is None else "the step-time model's mfu_ceiling"),
