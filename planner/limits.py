@@ -138,7 +138,10 @@ def check_topology_types(table: Mapping[str, Any], where: str,
 # and refuse a unit slip (TB/s typed as GB/s, sparse rates typed in PFLOP/s as TFLOP/s).
 GPU_KEY_RULES: dict[str, tuple[str, float, float]] = {
     "name": (_STR, 0, 0), "full_name": (_STR, 0, 0), "intra_node_link": (_STR, 0, 0), "source": (_STR, 0, 0),
-    "default_topology": (_STR, 0, 0),
+    "default_topology": (_STR, 0, 0), "architecture": (_STR, 0, 0),
+    "training_mfu_ceiling_basis": (_STR, 0, 0), "training_mfu_ceiling_source": (_STR, 0, 0),
+    # a share of the dense 16-bit peak: no training step reaches 1 (timing.efficiency)
+    "training_mfu_ceiling": (_NUM, 0.01, 1.0),
     "memory_mib": (_NUM, 1, 2**24), "memory_gib": (_NUM, 1e-3, 2**14), "memory_gb": (_NUM, 1e-3, 2**14),
     "bf16_tflops": (_NUM, 1e-3, 1e6), "fp16_tflops": (_NUM, 1e-3, 1e6), "fp8_tflops": (_NUM, 1e-3, 1e6),
     "tf32_tflops": (_NUM, 1e-3, 1e6), "fp32_tflops": (_NUM, 1e-3, 1e6),

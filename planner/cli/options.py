@@ -22,6 +22,7 @@ from planner.training.fp8 import FP8_RECIPE_CHOICES
 from planner.training.setup import (
     ATTENTION,
     DS_CHECKPOINTING,
+    FSDP_PIPELINE_GRAD_SYNCS,
     KERNELS,
     MAX_GLOBAL_BATCH,
     MAX_GPUS,
@@ -54,6 +55,7 @@ class Options:
     etp: int | None = None
     zero: int | None = None
     fsdp: str | None = None
+    fsdp_pipeline_grad_sync: str = "step"    # FSDP under pp: reduce-scatter once a step or every micro-batch
     vp: int | None = None
     sp: bool | None = None
     micro_batch: int | None = None
@@ -219,6 +221,11 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--zero", type=click.IntRange(0, 3), default=None, help="Fix the ZeRO stage (0-3)."),
         click.option("--fsdp", type=click.Choice(["full", "grad-op", "hybrid"]), default=None,
                      help="Shard with PyTorch FSDP instead of ZeRO."),
+        click.option("--fsdp-pipeline-grad-sync", type=click.Choice(FSDP_PIPELINE_GRAD_SYNCS), default="step",
+                     show_default=True,
+                     help="FSDP under a pipeline: reduce-scatter the gradients once a step (PyTorch's pipeline "
+                          "schedules; unsharded gradients held until then) or after every micro-batch (into "
+                          "sharded fp32 gradients, as Llama 3 trained). No effect without FSDP and pp > 1."),
         click.option("--vp", type=click.IntRange(1, 64), default=None,
                      help="Virtual stages per pipeline rank (interleaved 1F1B)."),
         click.option("--sp/--no-sp", default=None, help="Sequence parallelism with tp (default: on when tp > 1)."),

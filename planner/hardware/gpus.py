@@ -53,6 +53,12 @@ class GpuSpec:
     tdp_w: float
     default_topology: str | None
     source: str
+    # the sustained training rate (sustained_rate() resolves inheritance): the GPU family whose
+    # published runs it shares, and its own ceiling where one is given
+    architecture: str | None = None
+    training_mfu_ceiling: float | None = None
+    training_mfu_ceiling_basis: str = "assumed"        # "measured" or "assumed"
+    training_mfu_ceiling_source: str | None = None
 
     def peak_flops_per_s(self, dtype: str) -> float:
         """Dense peak FLOP/s for 'bf16', 'fp16', 'fp8', 'tf32' or 'fp32'."""
@@ -70,7 +76,9 @@ _REQUIRED = {
     "intra_node_link", "intra_node_gb_per_s", "inter_node_gbit_per_s", "tdp_w", "source",
 }
 _OPTIONAL = {"memory_mib", "memory_gib", "memory_gb", "bf16_tflops", "fp8_tflops", "tf32_tflops",
-             "default_topology"}
+             "default_topology", "architecture", "training_mfu_ceiling", "training_mfu_ceiling_basis",
+             "training_mfu_ceiling_source"}
+CEILING_BASES = ("measured", "assumed")
 _MEMORY_UNITS = {"memory_mib": MiB, "memory_gib": GiB, "memory_gb": GB}
 
 
@@ -93,7 +101,16 @@ def _parse_gpu(entry: dict[str, Any], where: str) -> GpuSpec:
     bad = check_gpu_types(entry, where)
     if bad:
         raise UserError(bad)
+    basis = entry.get("training_mfu_ceiling_basis", "assumed")
+    if basis not in CEILING_BASES:
+        raise UserError(f"{where}: training_mfu_ceiling_basis must be one of {', '.join(CEILING_BASES)}, "
+                        f"got {str(basis)[:40]!r}")
+    if ("training_mfu_ceiling_basis" in entry or "training_mfu_ceiling_source" in entry) \
+            and "training_mfu_ceiling" not in entry:
+        raise UserError(f"{where}: training_mfu_ceiling_basis / _source describe a training_mfu_ceiling; "
+                        f"give it too, or drop them")
     memory_key = memory_keys[0]
+    ceiling_source = entry.get("training_mfu_ceiling_source")
     return GpuSpec(
         name=entry["name"],
         full_name=entry["full_name"],
@@ -112,6 +129,10 @@ def _parse_gpu(entry: dict[str, Any], where: str) -> GpuSpec:
         tdp_w=entry["tdp_w"],
         default_topology=entry.get("default_topology"),
         source=" ".join(entry["source"].split()),
+        architecture=entry.get("architecture"),
+        training_mfu_ceiling=entry.get("training_mfu_ceiling"),
+        training_mfu_ceiling_basis=basis,
+        training_mfu_ceiling_source=" ".join(ceiling_source.split()) if ceiling_source is not None else None,
     )
 
 
@@ -196,3 +217,44 @@ def get_gpu(name: str) -> GpuSpec:
 def list_gpus() -> list[GpuSpec]:
     """Every GPU in the catalog, in file order."""
     return list(load_gpus().values())
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SustainedRate:
+    """The highest model-FLOPs utilisation (executed model FLOPs over the dense 16-bit peak) a
+    training step may reach on a GPU: its sustained training rate (timing.fast.step_arrays
+    predicts no step faster). ``measured``: False when ASSUMED (inherited from another GPU of
+    its architecture, or the fallback); ``source`` says where it comes from."""
+
+    mfu: float
+    measured: bool
+    source: str
+    from_gpu: str        # the GPU whose data set it (the GPU itself when it carries its own)
+
+
+def sustained_rate(gpu: GpuSpec) -> SustainedRate:
+    """The GPU's sustained training rate: its own ``training_mfu_ceiling`` when its data sets one
+    (the catalog's measured ones cite a published run); else the one of the first catalog GPU
+    of the same ``architecture`` that sets one (ASSUMED: the same die or family, the same
+    stacks); else the highest measured ceiling of any catalog GPU (ASSUMED: no published run
+    is faster on any GPU)."""
+    if gpu.training_mfu_ceiling is not None:
+        return SustainedRate(mfu=gpu.training_mfu_ceiling, measured=gpu.training_mfu_ceiling_basis == "measured",
+                             source=gpu.training_mfu_ceiling_source or f"set in the data of GPU {gpu.name}",
+                             from_gpu=gpu.name)
+    catalog = list_gpus()
+    if gpu.architecture is not None:
+        same = [g for g in catalog if g.architecture == gpu.architecture and g.training_mfu_ceiling is not None]
+        same.sort(key=lambda g: g.training_mfu_ceiling_basis != "measured")      # measured first
+        if same:
+            ref = same[0]
+            return SustainedRate(mfu=float(ref.training_mfu_ceiling or 0.0), measured=False, from_gpu=ref.name,
+                                 source=f"inherited from {ref.name} ({gpu.architecture}): "
+                                        f"{ref.training_mfu_ceiling_source or ''}".rstrip(": "))
+    measured = [g for g in catalog if g.training_mfu_ceiling is not None and g.training_mfu_ceiling_basis == "measured"]
+    top = max(measured, key=lambda g: float(g.training_mfu_ceiling or 0.0))
+    why = (f"no catalog GPU of architecture {gpu.architecture!r} has one" if gpu.architecture
+           else "its data names no architecture")
+    return SustainedRate(mfu=float(top.training_mfu_ceiling or 0.0), measured=False, from_gpu=top.name,
+                         source=f"{why}: the highest MFU a published run reached on any GPU ({top.name}, "
+                                f"{top.training_mfu_ceiling_source or ''})")

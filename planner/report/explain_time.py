@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from planner.hardware.gpus import sustained_rate
 from planner.hardware.placement import Cluster
 from planner.layouts.batch import LayoutArrays
 from planner.layouts.layout import Layout
@@ -29,7 +30,6 @@ from planner.timing.model import (
     FLASH_FRACTION_DEFAULT,
     MATMUL_FRACTION,
     MATMUL_FRACTION_DEFAULT,
-    TRAINING_MFU_CEILING,
     Efficiency,
     StepTime,
     axis_links,
@@ -209,7 +209,8 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
                          f"{'m x ' if per_mb else ''}max(0, C - overlap x {window} time of a micro-batch); "
                          "C = ring collective of Psi x bytes over N_d ranks: (n-1) alpha + (n-1)/n S/(B f) "
                          "(all-reduce: twice)", exposed_s * times, f"{ZERO}; {RING}; {link_src}",
-                         collective_C_s=raw_s, overlap=overlap, window_s=fwd_mb if window == "fwd" else bwd_mb,
+                         collective_C_s=raw_s, overlap=overlap,
+                         window_s={"fwd": fwd_mb, "bwd": bwd_mb}.get(window, fwd_mb + bwd_mb),
                          times=times, trainable_dense_params=rp.trainable_dense,
                          trainable_expert_params=rp.trainable_expert, frozen_weight_bytes=rp.frozen_bytes,
                          bytes_per_weight=prec.weight_bytes, bytes_per_gradient=g_b,
@@ -231,12 +232,17 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
                      gradient_bytes=prec.grad_bytes, weight_bytes=prec.weight_bytes,
                      hbm_rate_bytes_per_s=r.hbm_bytes_per_s))
     modelled = sum(t.value for t in out if t.summed)
-    ceiling = eff.mfu_ceiling if eff.mfu_ceiling is not None else TRAINING_MFU_CEILING.get(gpu.name)
+    rate = sustained_rate(gpu)
+    ceiling: float | None = eff.mfu_ceiling if eff.mfu_ceiling is not None else rate.mfu
+    if setup.precision_spec.fp8 is not None and eff.mfu_ceiling is None:
+        ceiling = None          # as timing.fast.step_arrays: the ceilings are BF16 runs' MFU
     floor_s = st.model_flops / (st.n_gpus * (peak * ceiling)) if ceiling is not None else 0.0
     if floor_s > modelled:
         out.append(_time("compute", "sustained training rate: no step faster than its model FLOPs at the GPU's "
-                         "published MFU ceiling", "model FLOPs / (GPUs x peak x ceiling) - the terms above",
-                         floor_s - modelled, "planner.timing.efficiency.TRAINING_MFU_CEILING (published runs)",
+                         "sustained MFU ceiling", "model FLOPs / (GPUs x peak x ceiling) - the terms above",
+                         floor_s - modelled,
+                         (f"{gpu.name} sustained rate ({'measured' if rate.measured else 'ASSUMED'}): {rate.source}"
+                          if eff.mfu_ceiling is None else "the step-time model's mfu_ceiling"),
                          mfu_ceiling=ceiling, model_flops=st.model_flops, n_gpus=st.n_gpus, peak=peak))
     if eff.step_time_factor != 1.0:
         out.append(_time("interval", "planned at the upper end of the step-time interval (--time-confidence)",

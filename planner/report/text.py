@@ -17,6 +17,7 @@ from planner.fmt import (
     plural,
     usd,
 )
+from planner.hardware.gpus import sustained_rate
 from planner.layouts.layout import Layout
 from planner.measure.crosscheck import Crosscheck, crosscheck_json
 from planner.report.intervals import memory_interval_json, time_interval_json
@@ -132,6 +133,7 @@ def assumptions(r: PlanResult) -> dict[str, Any]:
         "optimizer": s.optimizer,
         "attention": s.attention,
         "kernels": s.kernels,
+        "fsdp_pipeline_grad_sync": s.fsdp_pipeline_grad_sync,
         "usable_memory_fraction": s.usable_memory_fraction,
         "overheads": asdict(s.overheads),
         "buffers": asdict(s.buffers),
@@ -142,7 +144,30 @@ def assumptions(r: PlanResult) -> dict[str, Any]:
         "topology": topology_name(r),
         "step_time_model": asdict(r.efficiency),
         "tokens": r.tokens,
+        "sustained_rate": sustained_rate_json(r),
     } | ({"calibration": r.calibration} if r.calibration is not None else {})
+
+
+def sustained_rate_json(r: PlanResult) -> dict[str, Any] | None:
+    """The MFU ceiling the step times obey (hardware.gpus.sustained_rate): its value, whether it
+    is measured or ASSUMED, and its source; None when none applies (a calibration's or fp8's)."""
+    if r.efficiency.mfu_ceiling is not None or r.setup.precision_spec.fp8 is not None:
+        return None
+    rate = sustained_rate(r.gpu)
+    return {"mfu_ceiling": rate.mfu, "basis": "measured" if rate.measured else "assumed",
+            "from_gpu": rate.from_gpu, "source": rate.source}
+
+
+def sustained_rate_lines(r: PlanResult) -> list[str]:
+    """One line naming an ASSUMED sustained rate (nothing when it is measured or none applies)."""
+    rate = sustained_rate_json(r)
+    if rate is None or rate["basis"] == "measured":
+        return []
+    how = (f"inherited from {rate['from_gpu']}" if rate["from_gpu"] != r.gpu.name and
+           rate["source"].startswith("inherited") else
+           f"best run on any GPU, {rate['from_gpu']}" if rate["from_gpu"] != r.gpu.name
+           else "no published run on it")
+    return [f"  sustained rate: at most {rate['mfu_ceiling']:.1%} MFU, ASSUMED ({how}; docs/models.md)"]
 
 
 def plan_json(r: PlanResult, crosscheck: Crosscheck | None = None) -> dict[str, Any]:
@@ -232,6 +257,7 @@ def assumptions_text(r: PlanResult) -> list[str]:
         f"  GPU: {r.gpu.full_name}, {gib(r.gpu.memory_bytes)}, {r.gpu.gpus_per_node} per node",
         f"  cluster: {topology_name(r) or 'no topology file (bandwidths from the GPU catalog)'}; "
         f"step times: {r.efficiency.name} overlap settings",
+        *sustained_rate_lines(r),
     ] + ([f"  offload: optimizer states -> {s.offload_optimizer}, parameters -> {s.offload_params}; "
           "CPU memory per node: "
           f"{gib(r.host_capacity_bytes) if r.host_capacity_bytes else 'not given by the topology'}"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from planner.hardware.gpus import list_gpus, sustained_rate
 from planner.hardware.topology import AXES
 
 # Sustained matmul FLOP/s of large BF16/FP16 GEMMs, as a fraction of the dense peak.
@@ -39,20 +40,16 @@ FLASH_FRACTION_DEFAULT = 0.40       # ASSUMPTION: FlashAttention-2 on other GPUs
 # model FLOPs over the dense BF16 peak) a published training run reached on it. No step is
 # predicted faster than its model FLOPs at this rate (timing.fast.step_arrays): data-sheet
 # peaks times kernel fractions add up to more than whole training steps sustain (an 8B full
-# fine-tune on 8 x A100 came out at 72% MFU, MI300X above H100 per GPU).
-# A100 (80 and 40 GB): 0.641, llm-foundry scripts/train/benchmarking/README.md (commit
-# 061f2c7), MPT-7B, sequence 2048, 8 x A100 80GB, 4,641 tokens/s/GPU (MEASURED; MFU with this
-# planner's FLOP count, the highest of the 28 A100 runs of tests/data/published_runs*.json).
-# H100/H200: 0.465, Megatron-LM README, Megatron-Core r0.8 weak scaling, 462B on 6,144 H100,
-# 459.9 TFLOP/s model FLOPs per GPU (MEASURED; the highest of the 34 H100 runs there; the
-# llm-foundry MPT-7B s2048 8 x H100 run reaches 0.464). MI300X: ASSUMPTION, no run in the
-# project's data: 0.35 of its 1,307 TFLOP/s peak, 458 TFLOP/s, just under the H100's sustained 460, since
-# public training benchmarks find the MI300X slower per GPU than the H100 with the public
-# ROCm stack (SemiAnalysis, "MI300X vs H100 vs H200 Benchmark Part 1: Training", 2024-12-22).
+# fine-tune on 8 x A100 came out at 72% MFU, MI300X above H100 per GPU). The rate is data of
+# the GPU (presets/gpus.toml training_mfu_ceiling, with its source and whether it is measured
+# or ASSUMED), inherited by architecture where a GPU has none (hardware.gpus.sustained_rate), so
+# a user's GPU file and every catalog GPU have one. Measured: A100 0.641 (llm-foundry MPT-7B),
+# H100 0.465 (Megatron-Core r0.8 462B); the rest are ASSUMED and the plan says so.
 # Fitted on published runs, so bench/out_of_sample.py sets it per fold from the training
 # sources only (the held-out source's runs never set their own ceiling).
 NO_MFU_CEILING = math.inf     # a calibration measured on the user's own cluster replaces the ceiling
-TRAINING_MFU_CEILING = {"a100": 0.641, "a100-40gb": 0.641, "h100": 0.465, "h200": 0.465, "mi300x": 0.35}
+# every catalog GPU's ceiling by name (the resolved sustained_rate; a GPU file's: sustained_rate)
+TRAINING_MFU_CEILING = {g.name: sustained_rate(g).mfu for g in list_gpus()}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -94,8 +91,8 @@ class Efficiency:
     (torchtitan 0.3.0 torchtitan/distributed/activation_checkpoint.py, SelectiveAC's
     _get_custom_policy: "Save all compute/comm ops, except every second mm/linear"): in a
     Llama block wq wk wv wo w1 w3 w2 that reruns wk, wo and w3.
-    mfu_ceiling: the highest MFU a step may reach (None: the GPU's TRAINING_MFU_CEILING,
-    no ceiling for a GPU not listed there).
+    mfu_ceiling: the highest MFU a step may reach (None: the GPU's sustained rate,
+    hardware.gpus.sustained_rate, measured or ASSUMED).
     grad_accum_bytes_per_param: HBM bytes per trainable parameter of a stage that a pass after
     each micro-batch's backward moves to accumulate the gradients (0: accumulated inside the
     backward, as autograd does into .grad and Megatron-LM into its fp32 main_grad). DeepSpeed's

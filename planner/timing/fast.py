@@ -62,6 +62,7 @@ from dataclasses import replace
 import numpy as np
 
 from planner.errors import UserError
+from planner.hardware.gpus import sustained_rate
 from planner.hardware.placement import Cluster
 from planner.layouts.batch import RECOMPUTES, LayoutArrays, Unsupported
 from planner.layouts.groups import LayoutGroups
@@ -85,7 +86,6 @@ from planner.timing.dp import optimizer_bytes_per_param
 from planner.timing.efficiency import (
     DEFAULT_EFFICIENCY,
     PLACEMENT_ORDERS,
-    TRAINING_MFU_CEILING,
     Efficiency,
 )
 from planner.timing.flops import flops_per_step
@@ -124,23 +124,50 @@ def dp_times(branch: np.ndarray | int, pp: np.ndarray, grad_accum: np.ndarray,
     return gather, np.where(piped, 1.0, grad_accum)
 
 
+def steady_reduce(branch: np.ndarray | int, pp: np.ndarray, grad_sync: str) -> np.ndarray:
+    """Where a micro-batch's reduce-scatter may hide under the next micro-batch's forward and
+    backward as well as its own backward: FSDP shard-grad-op under a pipeline reduce-scattering
+    every micro-batch (grad_sync "micro-batch"; term 2 of parts.DP_TERMS is then its
+    reduce-scatter alone). In 1F1B's steady state each stage alternates one forward and one
+    backward (Narayanan et al. 2021, SC21, Sec. 2.2.1, Fig. 4; torch 2.13
+    torch/distributed/pipelining/schedules.py Schedule1F1B, its steady phase of one forward
+    and one backward per micro-batch), so between two backward passes of a stage lies one
+    forward and one backward. FSDP2 runs each group's reduce-scatter on its own stream as that
+    group's backward ends, and the compute stream waits for the ones in flight only at the
+    first group's post-backward of the next backward pass (torch 2.13
+    torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py: reduce_scatter_stream;
+    post_backward waits on reduce_scatter_states beyond reduce_scatter_max_input_buffers,
+    default 1, when _param_group_index is the last group's): a micro-batch's reduce-scatters
+    run from early in its backward to early in the next one, a backward and a forward of
+    compute. Full shard and hybrid keep their backward window: their term 2 holds the
+    backward's all-gather, which that backward needs. Warm-up and cool-down are not credited
+    (their idle time stays in the bubble)."""
+    b = np.asarray(branch)
+    if grad_sync != "micro-batch":
+        return np.zeros(np.broadcast(b, pp).shape, dtype=bool)
+    return (b == FSDP_GRAD_OP) & (pp > 1)
+
+
 def _dp_step(branch: int, at: np.ndarray, c0: np.ndarray, c1: np.ndarray, c2: np.ndarray, fwd: np.ndarray,
              bwd: np.ndarray, ga: tuple[np.ndarray, np.ndarray], eff: Efficiency, pipeline: np.ndarray,
              opt: np.ndarray,
-             terms: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] | None = None
-             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+             terms: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] | None = None,
+             steady: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The step for one branch of the data-parallel collectives (parts.DP_TERMS): pipeline +
     exposed + overlap_slowdown x hidden + optimizer, with the collectives' rows ``at`` of
     c0, c1, c2. The terms the branch lacks are 0.0 and add nothing: e + 0.0 is e and
     0.0 + e is e for the non-negative times here, so only the branch's own are summed,
     in timing's order (c0, c1 x per micro-batch, c2 x accumulation). Returns (step, the
     exposed data-parallel seconds, overlap_slowdown x the hidden ones); ``terms``, where
-    given, gets each collective's (term, seconds, exposed, hidden) once per occurrence."""
+    given, gets each collective's (term, seconds, exposed, hidden) once per occurrence.
+    ``steady``: where term 2 hides under a forward and a backward (steady_reduce)."""
     per_mb = branch >= FSDP_GRAD_OP
+    reduce_window = bwd if steady is None or not steady.any() else np.where(steady, fwd + bwd, bwd)
     exposed = hidden = None
     for term in DP_TERMS[branch]:
         c, window, overlap = ((c0, bwd, eff.dp_overlap), (c1, fwd, eff.zero3_overlap if per_mb else
-                                                          eff.param_gather_overlap), (c2, bwd, eff.zero3_overlap))[term]
+                                                          eff.param_gather_overlap),
+                              (c2, reduce_window, eff.zero3_overlap))[term]
         if overlap == 0.0:             # nothing hidden: min(c, 0.0 x window) is 0.0
             e, h = c[at], None
         else:
@@ -412,7 +439,8 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
             if sel is None:
                 opt_s = opt[sharded]
                 step, exposed, slow = _dp_step(branch, at + (order_at + branch * (SLOTS * n_d)), c0, c1, c2, fwd_p,
-                                               bwd_p, dp_times(branch, ppp, pga_f, sync), eff, pipeline, opt_s, terms)
+                                               bwd_p, dp_times(branch, ppp, pga_f, sync), eff, pipeline, opt_s, terms,
+                                               steady_reduce(branch, ppp, sync))
                 where: tuple = (slice(None), row)
             else:
                 at_s = at[:, sel]
@@ -420,7 +448,7 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
                 step, exposed, slow = _dp_step(branch, at_s + (order_at + branch * (SLOTS * n_d)), c0, c1, c2,
                                                fwd_p[:, sel], bwd_p[:, sel],
                                                dp_times(branch, ppp[sel], pga_f[sel], sync), eff,
-                                               pipeline[:, sel], opt_s, terms)
+                                               pipeline[:, sel], opt_s, terms, steady_reduce(branch, ppp[sel], sync))
                 where = (slice(None), row, sel)
             best[where] = step
             if terms is not None:
@@ -436,7 +464,7 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
                            lambda n_, rc_: _flops_row(m, setup.seq_len, n_, rc_, setup))
     peak = cluster.gpu.peak_flops_per_s(setup.precision_spec.compute_dtype)
     n_gpus = a.dp * a.tp * a.pp * a.cp * a.ep
-    ceiling = eff.mfu_ceiling if eff.mfu_ceiling is not None else TRAINING_MFU_CEILING.get(cluster.gpu.name)
+    ceiling: float | None = eff.mfu_ceiling if eff.mfu_ceiling is not None else sustained_rate(cluster.gpu).mfu
     if setup.precision_spec.fp8 is not None and eff.mfu_ceiling is None:
         # The ceilings are BF16 runs' MFU; no FP8 run is in the project's data, so an FP8
         # step is bounded by its own FP8 GEMM efficiency (training.fp8), not by a BF16 rate.
@@ -483,6 +511,7 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
                       n_slow=n_slow_l.astype(np.int64), n_slow_bwd=of_p(n_slow_bwd).astype(np.int64),
                       grad_accum=a.grad_accum, dp_branch=BRANCH[pair],
                       dp_times=times[0].astype(np.int64), dp_reduce_times=times[1].astype(np.int64),
+                      dp_reduce_steady=steady_reduce(BRANCH[pair], a.pp, sync),
                       dp_each=np.stack([np.stack([of_kind(dp_each[k, t]) for t in range(3)]) for k in range(3)]),
                       efficiency=eff, tokens_per_step=n_seq * setup.seq_len,
                        n_gpus=n_gpus, model_flops=flops[0], hardware_flops=flops[1],

@@ -31,7 +31,7 @@ DP_TERMS = {ALL_REDUCE: (0,), ZERO_12: (0, 1), FSDP_GRAD_OP: (1, 2), SHARD_3: (1
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DpCollective:
     """One data-parallel collective of one layout's step: seconds per occurrence, the
-    compute window it may hide under ("fwd" or "bwd" of a micro-batch) and the share of it
+    compute window it may hide under ("fwd", "bwd" or "fwd+bwd" of a micro-batch) and the share of it
     it may use, how often it runs, and what of it is exposed and hidden per occurrence."""
 
     seconds: float
@@ -79,6 +79,8 @@ class StepArrays:
     fp8_peak_flops_per_s: float | None = None    # under an FP8 recipe: the FP8 dense peak (MFU beside)
     # int64: occurrences of the term under the backward (fast.dp_times' second; None: dp_times)
     dp_reduce_times: np.ndarray | None = None
+    # bool: term 2 hides under a forward and a backward of the 1F1B steady state (fast.steady_reduce)
+    dp_reduce_steady: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.step_time_s)
@@ -105,8 +107,10 @@ class StepArrays:
         per_mb = branch >= FSDP_GRAD_OP
         out = []
         for term in DP_TERMS[branch]:
+            steady = self.dp_reduce_steady is not None and bool(self.dp_reduce_steady[i])
             window, overlap = (("bwd", eff.dp_overlap), ("fwd", eff.zero3_overlap if per_mb else
-                                                          eff.param_gather_overlap), ("bwd", eff.zero3_overlap))[term]
+                                                          eff.param_gather_overlap),
+                               ("fwd+bwd" if steady else "bwd", eff.zero3_overlap))[term]
             every = term == 2 or term == 1 and per_mb
             times = self.dp_times if term != 2 or self.dp_reduce_times is None else self.dp_reduce_times
             out.append(DpCollective(seconds=float(self.dp_each[0, term, i]), window=window, overlap=overlap,
