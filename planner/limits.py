@@ -194,6 +194,19 @@ MAX_ABS_INT = 2**63 - 1
 MAX_MODELLED_BYTES = 2**56
 
 
+def check_keys(table: Mapping[str, Any], required: set[str], optional: set[str], where: str) -> None:
+    """Refuse (UserError) a table with keys outside ``required | optional`` or without every
+    required key, naming them and what is allowed."""
+    from planner.errors import UserError
+
+    unknown = table.keys() - required - optional
+    if unknown:
+        raise UserError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(required | optional)}")
+    missing = required - table.keys()
+    if missing:
+        raise UserError(f"{where}: missing keys {sorted(missing)}")
+
+
 def saturated_bytes(x: Any) -> Any:
     """A float array of bytes as int64, values past MAX_MODELLED_BYTES (and NaN) clipped
     to it: never the undefined result of casting an out-of-range float."""

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import UserError, unknown_name
-from planner.limits import MAX_CONFIG_BYTES, check_gpu_types
+from planner.limits import MAX_CONFIG_BYTES, check_gpu_types, check_keys
 from planner.units import GB, GiB, MiB
 
 TFLOPS = 10**12
@@ -89,12 +89,7 @@ def _tflops(entry: dict[str, Any], key: str) -> float | None:
 def _parse_gpu(entry: dict[str, Any], where: str) -> GpuSpec:
     if not isinstance(entry, dict):
         raise UserError(f"{where}: each [[gpu]] must be a table")
-    unknown = entry.keys() - _REQUIRED - _OPTIONAL
-    if unknown:
-        raise UserError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(_REQUIRED | _OPTIONAL)}")
-    missing = _REQUIRED - entry.keys()
-    if missing:
-        raise UserError(f"{where}: missing keys {sorted(missing)}")
+    check_keys(entry, _REQUIRED, _OPTIONAL, where)
     memory_keys = [k for k in _MEMORY_UNITS if k in entry]
     if len(memory_keys) != 1:
         raise UserError(f"{where}: give exactly one of {sorted(_MEMORY_UNITS)}, got {memory_keys}")

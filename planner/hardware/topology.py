@@ -19,6 +19,7 @@ from planner.errors import UserError, unknown_name
 from planner.hardware.gpus import get_gpu
 from planner.limits import (
     MAX_CONFIG_BYTES,
+    check_keys,
     check_name,
     check_topology_types,
     check_tree,
@@ -127,12 +128,7 @@ class ClusterTopology:
 def _table(data: Mapping[str, Any], required: set[str], optional: set[str], where: str) -> dict[str, Any]:
     if not isinstance(data, Mapping):
         raise UserError(f"{where}: expected a table of keys, got {type(data).__name__}")
-    unknown = data.keys() - required - optional
-    if unknown:
-        raise UserError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(required | optional)}")
-    missing = required - data.keys()
-    if missing:
-        raise UserError(f"{where}: missing keys {sorted(missing)}")
+    check_keys(data, required, optional, where)
     bad = check_topology_types(data, where)
     if bad:
         raise UserError(bad)
