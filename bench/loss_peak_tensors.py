@@ -6,6 +6,9 @@ planner.measure.titan_depth phase bucket, "loss" by default, "backward-start" fo
        python bench/loss_peak_tensors.py --leak {none,modtracker} [micro_batch] [n_steps]
            the same steps without FSDPMemTracker (none) or under torch's plain ModTracker only, printing
            after each step which steps' chunk copies (the loss's ``clone`` of b x s/8 x h) are still alive
+       python bench/loss_peak_tensors.py --scaled [no-leaf-hooks]
+           the whole scaled measurement (blocks 2 and 4 to 80), in this process; with no-leaf-hooks,
+           ModTracker registers no multi-grad hook on leaf inputs (the leak's cause; see leaf_hooks_off)
 
 A mixin before the tracker (planner.measure.readout.make_tracker) tags each new storage with its
 creating op, shape, dtype and step, and keeps the tracker's live storages at the highest total of
@@ -130,9 +133,36 @@ def leak(argv: list[str]) -> int:
     return 0
 
 
+def leaf_hooks_off() -> None:
+    """Make ModTracker skip leaf inputs when it registers its backward multi-grad hooks
+    (torch 2.13.0, torch/distributed/_tools/mod_tracker.py, _fw_pre_hook, line 228)."""
+    from torch.distributed._tools import mod_tracker
+
+    register = mod_tracker.register_multi_grad_hook
+
+    def register_non_leaf(tensors: Any, fn: Any, *a: Any, **k: Any) -> Any:
+        kept = [t for t in tensors if not t.is_leaf]
+        return register(kept, fn, *a, **k) if kept else None
+
+    mod_tracker.register_multi_grad_hook = register_non_leaf  # type: ignore[assignment]
+
+
+def scaled(argv: list[str]) -> int:
+    if argv and argv[0] == "no-leaf-hooks":
+        leaf_hooks_off()
+    setup = tt.TitanSetup(hf_config=load_hf_config("llama3.1-70b"), dp=2, tp=8, micro_batch=16, seq_len=8192,
+                          recompute="full")
+    m = tt.measure(setup).memory
+    print(f"activations and loss {(m.activations_bytes + m.temporaries_bytes) / GIB:.2f} GiB, "
+          f"peak {m.peak_bytes / GIB:.2f} GiB (scaled to 80 blocks)")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "--leak":
         return leak(argv[1:])
+    if argv and argv[0] == "--scaled":
+        return scaled(argv[1:])
     micro_batch = int(argv[0]) if argv else 16
     n_steps = int(argv[1]) if len(argv) > 1 else 2
     LiveTensors.bucket = argv[2] if len(argv) > 2 else "loss"
