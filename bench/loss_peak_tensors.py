@@ -6,9 +6,10 @@ planner.measure.titan_depth phase bucket, "loss" by default, "backward-start" fo
        python bench/loss_peak_tensors.py --leak {none,modtracker} [micro_batch] [n_steps]
            the same steps without FSDPMemTracker (none) or under torch's plain ModTracker only, printing
            after each step which steps' chunk copies (the loss's ``clone`` of b x s/8 x h) are still alive
-       python bench/loss_peak_tensors.py --scaled [no-leaf-hooks]
-           the whole scaled measurement (blocks 2 and 4 to 80), in this process; with no-leaf-hooks,
-           ModTracker registers no multi-grad hook on leaf inputs (the leak's cause; see leaf_hooks_off)
+       python bench/loss_peak_tensors.py --scaled
+           the whole scaled measurement (blocks 2 and 4 to 80), in this process
+       --with-leak (with either of the tracker runs): undo planner.measure's trap 7 fix, letting
+           ModTracker hook the LM head's leaf inputs again (titan_depth.leaf_input_hooks_off)
 
 A mixin before the tracker (planner.measure.readout.make_tracker) tags each new storage with its
 creating op, shape, dtype and step, and keeps the tracker's live storages at the highest total of
@@ -18,6 +19,7 @@ cites what it prints.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import Any
 
@@ -133,23 +135,7 @@ def leak(argv: list[str]) -> int:
     return 0
 
 
-def leaf_hooks_off() -> None:
-    """Make ModTracker skip leaf inputs when it registers its backward multi-grad hooks
-    (torch 2.13.0, torch/distributed/_tools/mod_tracker.py, _fw_pre_hook, line 228)."""
-    from torch.distributed._tools import mod_tracker
-
-    register = mod_tracker.register_multi_grad_hook
-
-    def register_non_leaf(tensors: Any, fn: Any, *a: Any, **k: Any) -> Any:
-        kept = [t for t in tensors if not t.is_leaf]
-        return register(kept, fn, *a, **k) if kept else None
-
-    mod_tracker.register_multi_grad_hook = register_non_leaf  # type: ignore[assignment]
-
-
 def scaled(argv: list[str]) -> int:
-    if argv and argv[0] == "no-leaf-hooks":
-        leaf_hooks_off()
     setup = tt.TitanSetup(hf_config=load_hf_config("llama3.1-70b"), dp=2, tp=8, micro_batch=16, seq_len=8192,
                           recompute="full")
     m = tt.measure(setup).memory
@@ -159,6 +145,9 @@ def scaled(argv: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
+    if "--with-leak" in argv:
+        argv = [a for a in argv if a != "--with-leak"]
+        tt.leaf_input_hooks_off = contextlib.nullcontext  # type: ignore[assignment]
     if argv and argv[0] == "--leak":
         return leak(argv[1:])
     if argv and argv[0] == "--scaled":
