@@ -87,6 +87,15 @@ def test_scaling_from_two_depths_matches_the_full_depth() -> None:
         assert getattr(s, f"max_{cat}_bytes") == pytest.approx(getattr(whole, f"max_{cat}_bytes"), rel=0.01)
 
 
+def test_the_chunked_loss_leaks_nothing_from_step_to_step() -> None:
+    # torchtitan frees each step's loss chunks (bench/loss_peak_tensors.py --leak none); under
+    # ModTracker's hooks on the LM head's leaf inputs they stayed, b s h x 2 B more at every
+    # step's peak (trap 7). A third step must peak where the second did.
+    two = run(dp=2, tp=2, recompute="full", micro_batch=2, n_steps=2).memory
+    three = run(dp=2, tp=2, recompute="full", micro_batch=2, n_steps=3).memory
+    assert three.peak_bytes == two.peak_bytes
+
+
 def test_llama3_8b_parameter_count_matches_transformers() -> None:
     import torch
 

@@ -4,8 +4,10 @@ FSDPMemTracker and keep each phase's peak, and the linear scaling of two depths 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from planner.measure.readout import CATEGORIES, MeasuredMemory
@@ -13,6 +15,31 @@ from planner.measure.readout import CATEGORIES, MeasuredMemory
 # the phase buckets whose peak snapshots are scaled (torchtitan.py, "Depth scaling")
 BUCKETS = ("forward", "loss", "backward-start", "backward-end", "optimizer")
 LAYER_RE = re.compile(r"\.layers\.(\d+)(?:\.|$)")
+
+
+@contextlib.contextmanager
+def leaf_input_hooks_off() -> Iterator[None]:
+    """Trap 7: ModTracker (inside FSDPMemTracker) registers a multi-grad hook on every module input
+    that requires grad (torch 2.13.0, torch/distributed/_tools/mod_tracker.py, _fw_pre_hook, line
+    228). The LM head's inputs under torchtitan's chunked loss are detached leaf chunks; the hook on
+    a leaf's gradient accumulator keeps the chunk alive for good (not freed by gc.collect): 8 chunk
+    copies, b s h x 2 B, leak per step, and the next step's peak counts them (measured with
+    bench/loss_peak_tensors.py --leak: none alive without the tracker, 8, 16, 24 after steps 1-3
+    under ModTracker alone). Inside this context ModTracker skips leaf inputs; the hooks on the
+    module's non-leaf inputs and outputs, which order the backward, stay."""
+    from torch.distributed._tools import mod_tracker
+
+    register = mod_tracker.register_multi_grad_hook
+
+    def register_non_leaf(tensors: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        kept = [t for t in tensors if not t.is_leaf]
+        return register(kept, fn, *args, **kwargs) if kept else None
+
+    mod_tracker.register_multi_grad_hook = register_non_leaf
+    try:
+        yield
+    finally:
+        mod_tracker.register_multi_grad_hook = register
 
 
 class RepeatedCalls:

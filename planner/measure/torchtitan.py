@@ -16,7 +16,7 @@ per-chunk backward, backward, AdamW with ``foreach=False``, ``zero_grad(set_to_n
 under ``FakeTensorMode`` with PyTorch's fake process group of ``dp x tp`` ranks, inside
 ``FSDPMemTracker``; the result is planner.measure.readout.MeasuredMemory.
 
-What it took to run on a CPU (shared/notes/FACTS.md lists the six traps; each is handled here)
+What it took to run on a CPU (shared/notes/FACTS.md lists the first six traps; each is handled here)
 ------------------------------------------------------------------------------------------------
 1. ``torchtitan.distributed.parallel_dims.device_type`` falls back to "cuda" without an
    accelerator (``torchtitan/tools/utils.py``); it is set to "cpu" while the mesh is built.
@@ -37,6 +37,8 @@ What it took to run on a CPU (shared/notes/FACTS.md lists the six traps; each is
    FSDP modules run again, keeping their first statistics.
 6. DTensor's sharding propagation runs global-shape fake ops under the ambient fake mode, which
    the tracker would count; ``fakes.separate_dtensor_propagation`` gives it its own mode.
+7. ModTracker's backward hooks on the LM head's leaf inputs (the chunked loss's detached chunks)
+   keep every step's chunks alive; ``titan_depth.leaf_input_hooks_off`` keeps them off leaves.
 
 What did not run (tried on torch 2.13.0, torchtitan 0.3.0)
 ---------------------------------------------------------
@@ -106,7 +108,7 @@ from planner.errors import UserError
 from planner.layouts.layout import Layout
 from planner.measure.accuracy import Comparison
 from planner.measure.readout import MeasuredMemory
-from planner.measure.titan_depth import PhaseBuckets, RepeatedCalls, scale_depths
+from planner.measure.titan_depth import PhaseBuckets, RepeatedCalls, leaf_input_hooks_off, scale_depths
 from planner.models.spec import ModelSpec
 from planner.training.setup import TrainingSetup
 
@@ -390,7 +392,7 @@ def _measure_rank(setup: TitanSetup, n_layers: int) -> tuple[MeasuredMemory, dic
         n_tokens = torch.tensor(setup.micro_batch * setup.seq_len * setup.dp, device=device)
         tracker = make_tracker(model, optimizer, ids, sharded=True, mixins=(PhaseBuckets, RepeatedCalls))
         tracker.n_layers = n_layers
-        with tracker:
+        with leaf_input_hooks_off(), tracker:                     # trap 7
             for step in range(setup.n_steps):
                 tracker.step = step + 1
                 if step:
