@@ -6,6 +6,7 @@ measured QK-norm term."""
 from pathlib import Path
 
 import pytest
+from saved_tensors import saved_bytes, tiny_causal_lm
 
 from planner.layouts.layout import Layout
 from planner.memory.attention import attention_saved_delta_bytes, qk_norm_saved_bytes
@@ -22,33 +23,12 @@ def _block_saved_bytes_at(hf: dict, index: int) -> int:
 
 def _block_saved_bytes(hf: dict, dtype_name: str, index: int = 0) -> int:
     """Unique storages autograd saves inside decoder block ``index`` (parameters excluded), one forward."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-
-    cfg = dict(hf)
-    model_type = cfg.pop("model_type")
-    config = transformers.AutoConfig.for_model(model_type, **cfg)
-    config.use_cache = False
-    torch.manual_seed(0)
-    dtype = getattr(torch, dtype_name)
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype).train()
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    model = tiny_causal_lm(hf, dtype_name, attention="sdpa")
     inside = [False]
     block = model.model.layers[index]
     block.register_forward_pre_hook(lambda *_: inside.__setitem__(0, True))
     block.register_forward_hook(lambda *_: inside.__setitem__(0, False))
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        st = t.untyped_storage()
-        if inside[0] and st.data_ptr() not in params:
-            seen.setdefault(st.data_ptr(), st.nbytes())
-        return t
-
-    ids = torch.randint(0, config.vocab_size, (MB, SEQ))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(input_ids=ids)
-    return sum(seen.values())
+    return saved_bytes(model, MB, SEQ, lambda _ptr: inside[0])
 
 
 def _as_llama(hf: dict) -> dict:

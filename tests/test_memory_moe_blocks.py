@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from saved_tensors import saved_bytes, tiny_causal_lm
 
 from planner.layouts.layout import Layout
 from planner.memory.activations import layer_activation_terms
@@ -22,31 +23,13 @@ SEQ, MB = 128, 2
 def _mlp_saved_bytes(name: str) -> int:
     """Unique storages autograd saves inside the blocks' MLP modules (bf16, one forward),
     parameters and each MLP's input excluded."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    cfg = json.loads((CONFIGS / f"{name}.json").read_text())
-    config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
-    config.use_cache = False
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager",
-                                                          dtype=torch.bfloat16).train()
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    model = tiny_causal_lm(json.loads((CONFIGS / f"{name}.json").read_text()))
     inside: list[int] = []      # storage of the running MLP's input, while one runs
     for block in model.model.layers:
         mlp = getattr(block, "mlp", None) or block.feed_forward
         mlp.register_forward_pre_hook(lambda _m, args: inside.append(args[0].untyped_storage().data_ptr()))
         mlp.register_forward_hook(lambda *_: inside.clear())
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        st = t.untyped_storage()
-        if inside and st.data_ptr() not in params and st.data_ptr() != inside[0]:
-            seen.setdefault(st.data_ptr(), st.nbytes())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(input_ids=torch.randint(0, config.vocab_size, (MB, SEQ)))
-    return sum(seen.values())
+    return saved_bytes(model, MB, SEQ, lambda ptr: bool(inside) and ptr != inside[0])
 
 
 @pytest.mark.parametrize("name", ["tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-gpt-oss", "tiny-llama4-text"])

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from saved_tensors import saved_bytes, tiny_causal_lm
 
 from planner.layouts.layout import Layout
 from planner.memory.activations import norm_saved_bytes
@@ -21,31 +22,13 @@ SEQ, MB = 128, 2
 def _norm_saved_bytes(name: str, qk: bool) -> int:
     """Unique storages autograd saves inside the blocks' RMSNorm modules (one forward): the
     block norms, or with ``qk`` the attention's q_norm / k_norm; parameters excluded."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    cfg = json.loads((CONFIGS / f"{name}.json").read_text())
-    config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
-    config.use_cache = False
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager",
-                                                          dtype=torch.bfloat16).train()
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    model = tiny_causal_lm(json.loads((CONFIGS / f"{name}.json").read_text()))
     inside = [False]
     for mod_name, mod in model.model.layers.named_modules():
         if type(mod).__name__.endswith("RMSNorm") and (".self_attn." in f".{mod_name}") == qk:
             mod.register_forward_pre_hook(lambda *_: inside.__setitem__(0, True))
             mod.register_forward_hook(lambda *_: inside.__setitem__(0, False))
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        st = t.untyped_storage()
-        if inside[0] and st.data_ptr() not in params:
-            seen.setdefault(st.data_ptr(), st.nbytes())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(input_ids=torch.randint(0, config.vocab_size, (MB, SEQ)))
-    return sum(seen.values())
+    return saved_bytes(model, MB, SEQ, lambda _ptr: inside[0])
 
 
 @pytest.mark.parametrize("name", ["tiny-gemma3-text", "tiny-olmo2"])

@@ -1,0 +1,37 @@
+"""What autograd saves in one forward of a transformers model on the CPU, for the tests that
+check the planner's per-module activation terms against transformers' own modules."""
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+
+def tiny_causal_lm(hf: dict, dtype_name: str = "bfloat16", attention: str = "eager") -> Any:
+    """transformers' causal LM built from a config.json's keys, in training mode, seed 0."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    cfg = dict(hf)
+    config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    config.use_cache = False
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention,
+                                                         dtype=getattr(torch, dtype_name)).train()
+
+
+def saved_bytes(model: Any, batch: int, seq: int, counts: Callable[[int], bool]) -> int:
+    """Bytes of the unique storages autograd saves in one forward of ``model`` on random ids,
+    parameters excluded, where ``counts(storage pointer)`` holds when the tensor is saved."""
+    torch = pytest.importorskip("torch")
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: Any) -> Any:
+        st = t.untyped_storage()
+        if st.data_ptr() not in params and counts(st.data_ptr()):
+            seen.setdefault(st.data_ptr(), st.nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids=torch.randint(0, model.config.vocab_size, (batch, seq)))
+    return sum(seen.values())
