@@ -29,6 +29,7 @@ from planner.training.setup import (
     MAX_MICRO_BATCH,
     MAX_SEQ_LEN,
     OPTIMIZERS,
+    PP_BALANCES,
     PRECISIONS,
     RECOMPUTE,
 )
@@ -56,6 +57,7 @@ class Options:
     zero: int | None = None
     fsdp: str | None = None
     fsdp_pipeline_grad_sync: str = "step"    # FSDP under pp: reduce-scatter once a step or every micro-batch
+    pp_balance: str = "none"                 # the pipeline split: even, or embedding and loss counted as layers
     vp: int | None = None
     sp: bool | None = None
     micro_batch: int | None = None
@@ -226,6 +228,11 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="FSDP under a pipeline: reduce-scatter the gradients once a step (PyTorch's pipeline "
                           "schedules; unsharded gradients held until then) or after every micro-batch (into "
                           "sharded fp32 gradients, as Llama 3 trained). No effect without FSDP and pp > 1."),
+        click.option("--pp-balance", type=click.Choice(PP_BALANCES), default="none", show_default=True,
+                     help="The pipeline's layer split: 'embedding-loss' counts the embedding and the loss as one "
+                          "layer each, so the first and last stages hold one block fewer (Llama 3's balance; "
+                          "Megatron-LM's --account-for-embedding/loss-in-pipeline-split). Needs pp x vp to divide "
+                          "the layers + 2."),
         click.option("--vp", type=click.IntRange(1, 64), default=None,
                      help="Virtual stages per pipeline rank (interleaved 1F1B)."),
         click.option("--sp/--no-sp", default=None, help="Sequence parallelism with tp (default: on when tp > 1)."),

@@ -156,7 +156,7 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
                           precision=o.precision, optimizer=o.optimizer,
                           fp8_recipe=resolve_recipe(o.fp8_recipe, o.stack), moe_imbalance=o.moe_imbalance,
                           attention=o.attention, kernels=o.kernels, stack=o.stack or "auto",
-                          fsdp_pipeline_grad_sync=o.fsdp_pipeline_grad_sync,
+                          fsdp_pipeline_grad_sync=o.fsdp_pipeline_grad_sync, pp_balance=o.pp_balance,
                           usable_memory_fraction=usable_memory(o),
                           finetune=finetune_spec(o, "full" if o.method == "auto" else None),
                           offload_optimizer=o.offload_optimizer or "none",

@@ -149,7 +149,7 @@ def _model_args(m: ModelSpec, seq_len: int, tp: int = 1) -> list[str]:
     return args
 
 
-def _parallel_args(lay: Layout, n_layers: int) -> list[str]:
+def _parallel_args(lay: Layout, n_layers: int, balance: str = "none") -> list[str]:
     args = ["--tensor-model-parallel-size", str(lay.tp), "--pipeline-model-parallel-size", str(lay.pp),
             "--context-parallel-size", str(lay.cp)]
     if lay.ep > 1:
@@ -159,7 +159,15 @@ def _parallel_args(lay: Layout, n_layers: int) -> list[str]:
     if lay.sp:
         args += ["--sequence-parallel"]
     even = n_layers % lay.pp == 0 and (n_layers // lay.pp) % lay.vp == 0
-    if lay.pp > 1 and not even:
+    if balance == "embedding-loss" and lay.pp > 1:
+        # the Llama 3 balance (TrainingSetup.pp_balance): the embedding and the loss count as one
+        # layer each of the split (megatron-core 0.16.1 TransformerConfig
+        # account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split, which
+        # Megatron-LM's parser sets from these flags); the chunks per rank given directly
+        args += ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
+        if lay.vp > 1:
+            args += ["--num-virtual-stages-per-pipeline-rank", str(lay.vp)]
+    elif lay.pp > 1 and not even:
         args += ["--pipeline-model-parallel-layout", pipeline_layout(n_layers, lay.pp, lay.vp)]
     elif lay.vp > 1:
         args += ["--num-layers-per-virtual-pipeline-stage", str(n_layers // (lay.pp * lay.vp))]
@@ -239,7 +247,7 @@ def to_megatron_args(r: PlanResult, opts: EmitOptions = EmitOptions()) -> list[s
         # is only supported when ETP==1"
         raise UserError(f"Megatron builds {m.name}'s biased experts only with expert tensor-parallel size 1, "
                         f"not {lay.expert_tp}; no Megatron files written (plan with --etp 1)")
-    args += _parallel_args(lay, r.model.n_layers)
+    args += _parallel_args(lay, r.model.n_layers, s.pp_balance)
     args += ["--micro-batch-size", str(lay.micro_batch), "--global-batch-size", str(lay.global_batch)]
     args += _sharding_args(lay, r.model, s.precision)
     args += _recompute_args(lay.recompute, s.recompute_method, s.recompute_num_layers)

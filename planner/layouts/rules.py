@@ -134,6 +134,12 @@ def _stack_cannot_run(v: RuleView) -> Any:
     return v.tp < 0      # megatron, auto: every layout (False, shaped as the batch)
 
 
+def _balance_layers(v: RuleView) -> int:
+    """2 where the embedding and the loss count as layers of the pipeline split
+    (TrainingSetup.pp_balance "embedding-loss"), else 0."""
+    return 2 if v.setup.pp_balance == "embedding-loss" else 0
+
+
 RULES: tuple[Rule, ...] = (
     Rule("batch-divides",   # enumeration: no accumulation count makes the global batch
          lambda v: (v.enumerated > 0) & (v.setup.global_batch % _per_step(v) != 0),
@@ -156,8 +162,20 @@ RULES: tuple[Rule, ...] = (
          lambda v: f"pp={v.pp} exceeds the {v.m.n_layers} layers"),
     Rule("vp-needs-pp", lambda v: (v.vp > 1) & (v.pp == 1),
          lambda v: "an interleaved schedule (vp > 1) needs pp > 1"),
-    Rule("chunks-layers", lambda v: v.pp * v.vp > v.m.n_layers,
-         lambda v: f"pp x vp = {v.pp * v.vp} model chunks exceed the {v.m.n_layers} layers"),
+    Rule("chunks-layers", lambda v: v.pp * v.vp > v.m.n_layers + _balance_layers(v),
+         lambda v: f"pp x vp = {v.pp * v.vp} model chunks exceed the {v.m.n_layers} layers"
+                   + (" + embedding + loss" if _balance_layers(v) else "")),
+    # megatron-core 0.16.1 TransformerConfig.__post_init__ (transformer/transformer_config.py lines
+    # 1436-1480): with account_for_embedding/loss_in_pipeline_split, pp must divide num_layers + 2,
+    # and vp the layers per rank
+    Rule("pp-balance-divides", lambda v: (_balance_layers(v) > 0) & (v.pp > 1)
+         & ((v.m.n_layers + 2) % (v.pp * v.vp) != 0),
+         lambda v: (f"--pp-balance embedding-loss needs pp x vp = {v.pp * v.vp} to divide the "
+                    f"{v.m.n_layers} layers + 2 (megatron-core's account_for_embedding/loss_in_pipeline_split); "
+                    "give another pp or vp, or --pp-balance none")),
+    Rule("pp-balance-stack", lambda v: (_balance_layers(v) > 0) & (v.pp > 1) & (v.setup.stack == "torchtitan"),
+         lambda v: ("--pp-balance embedding-loss is megatron-core's split; torchtitan splits its own way "
+                    "(use --stack megatron or --pp-balance none)")),
     Rule("vp-micro-batches", lambda v: (v.vp > 1) & (v.grad_accum % v.pp != 0),
          lambda v: (f"the interleaved schedule needs the {v.grad_accum} micro-batches per step "
                     f"to be a multiple of pp={v.pp} (Megatron-LM)")),

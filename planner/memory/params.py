@@ -12,16 +12,29 @@ from planner.training.setup import optimizer_state_bytes_per_param
 from planner.units import ceil_div
 
 
-def stage_layers(n_layers: int, pp: int) -> list[int]:
+def stage_layers(n_layers: int, pp: int, balance: str = "none") -> list[int]:
     """Layers per pipeline stage. Uneven splits put the extra layers on the middle
     stages first: the first stage holds the most in-flight activations and the
-    embedding, the last one the LM head (picotron and torchtitan split unevenly too)."""
-    return list(_stage_layers(n_layers, pp))
+    embedding, the last one the LM head (picotron and torchtitan split unevenly too).
+
+    ``balance`` "embedding-loss" (TrainingSetup.pp_balance): the embedding and the loss each
+    count as one layer, so n_layers + 2 are split (megatron-core 0.16.1
+    transformer/transformer_block.py get_num_layers_to_build, lines 176-202: num_layers + 1
+    for each of account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split,
+    divided by pp, less one on the first and on the last stage); megatron-core asserts that pp
+    divides n_layers + 2 (layouts.rules refuses the others); here the uneven split of
+    n_layers + 2 stands in for them."""
+    return list(_stage_layers(n_layers, pp, balance))
 
 
 @lru_cache(maxsize=4096)
-def _stage_layers(n_layers: int, pp: int) -> tuple[int, ...]:
-    """stage_layers, kept per (n_layers, pp)."""
+def _stage_layers(n_layers: int, pp: int, balance: str = "none") -> tuple[int, ...]:
+    """stage_layers, kept per (n_layers, pp, balance)."""
+    if balance == "embedding-loss" and pp > 1:
+        counts = list(_stage_layers(n_layers + 2, pp))
+        counts[0] -= 1
+        counts[-1] -= 1
+        return tuple(counts)
     base, extra = divmod(n_layers, pp)
     counts = [base] * pp
     order = sorted(range(pp), key=lambda i: (i == 0, i == pp - 1, -i))

@@ -134,6 +134,7 @@ def assumptions(r: PlanResult) -> dict[str, Any]:
         "attention": s.attention,
         "kernels": s.kernels,
         "fsdp_pipeline_grad_sync": s.fsdp_pipeline_grad_sync,
+        **({"pp_balance": s.pp_balance} if s.pp_balance != "none" else {}),
         "usable_memory_fraction": s.usable_memory_fraction,
         "overheads": asdict(s.overheads),
         "buffers": asdict(s.buffers),

@@ -85,6 +85,10 @@ ARGUMENTS: dict[str, object] = {
     "--fp8-format": ["e4m3", "hybrid"], "--fp8-recipe": ["tensorwise", "delayed", "mxfp8", "blockwise", "custom"],
     "--fp8-amax-history-len": int, "--fp8-amax-compute-algo": ["most_recent", "max"],
     "--exp-avg-dtype": ["fp32", "fp16", "bf16", "fp8"], "--exp-avg-sq-dtype": ["fp32", "fp16", "bf16", "fp8"],
+    # The pipeline split's embedding and loss (not from the commit above either): megatron-core
+    # 0.16.1 TransformerConfig account_for_embedding_in_pipeline_split and
+    # account_for_loss_in_pipeline_split, bools (transformer/transformer_config.py lines 96-102)
+    "--account-for-embedding-in-pipeline-split": FLAG, "--account-for-loss-in-pipeline-split": FLAG,
 }
 
 # Defaults of the flags the rules read, as the parser sets them (same file and commit).
@@ -147,7 +151,11 @@ def _virtual_pp(a: argparse.Namespace, e: LaunchEnv) -> str | None:
 
 
 def _layers_divisible(a: argparse.Namespace, e: LaunchEnv) -> str | None:
-    if a.pipeline_model_parallel_layout is None and a.num_layers % a.pipeline_model_parallel_size:
+    # with the embedding and the loss counted as layers, num_layers + 1 for each (megatron-core
+    # 0.16.1 TransformerConfig.__post_init__, transformer_config.py lines 1436-1448, which checks
+    # that split itself)
+    n = a.num_layers + int(a.account_for_embedding_in_pipeline_split) + int(a.account_for_loss_in_pipeline_split)
+    if a.pipeline_model_parallel_layout is None and n % a.pipeline_model_parallel_size:
         return "Number of layers should be divisible by the pipeline-model-parallel size"
     return None
 

@@ -127,9 +127,10 @@ def distinct_rows(columns: Sequence[np.ndarray], rows: _Rows, fn: Callable[..., 
 
 
 @lru_cache(maxsize=4096)
-def stage_slots(n_layers: int, pp: int) -> tuple[tuple[int, int], ...]:
-    """(stage, layers) of the stages a pipeline's slowest can be, in increasing stage order."""
-    counts = stage_layers(n_layers, pp)
+def stage_slots(n_layers: int, pp: int, balance: str = "none") -> tuple[tuple[int, int], ...]:
+    """(stage, layers) of the stages a pipeline's slowest can be, in increasing stage order
+    (``balance``: TrainingSetup.pp_balance, memory.stage_layers)."""
+    counts = stage_layers(n_layers, pp, balance)
     return tuple((s, counts[s]) for s in sorted({0, len(counts) - 1, counts.index(max(counts))}))
 
 
@@ -224,14 +225,15 @@ def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
     # (slots, D) tables
     ft = setup.finetune
     wb = prec.weight_bytes
+    balance = setup.pp_balance
 
     def stages_of(tp_: int, ep_: int, pp_: int) -> tuple[int, ...]:
         """Per slot: the stage (-1: none), its layers, its blocks with a backward pass, its
         rank's trainable dense and expert parameters, and its frozen dense and expert bytes
         (timing.trained_split)."""
         out = [-1] * SLOTS + [0] * (6 * SLOTS)
-        counts = stage_layers(m.n_layers, pp_)
-        for j, (s, c) in enumerate(stage_slots(m.n_layers, pp_)):
+        counts = stage_layers(m.n_layers, pp_, balance)
+        for j, (s, c) in enumerate(stage_slots(m.n_layers, pp_, balance)):
             sp = trained_split(m, pc, setup, Layout(tp=tp_, ep=ep_, pp=pp_, etp=etp), s, c)
             n_bwd = backward_layers(ft, m.n_layers, sum(counts[:s]), c)
             for i, x in enumerate((s, c, n_bwd, sp.trainable_dense, sp.trainable_expert, sp.frozen_dense_bytes,
@@ -240,7 +242,7 @@ def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
         return tuple(out)
 
     stage_d, layers_d, bwd_layers_d, dense, expert, frozen_dense, frozen_expert = np.split(
-        distinct_rows([tp, ep, pp], _rows(7 * SLOTS, np.int64, "stages", m, pc, ft, wb, etp), stages_of), 7)
+        distinct_rows([tp, ep, pp], _rows(7 * SLOTS, np.int64, "stages", m, pc, ft, wb, etp, balance), stages_of), 7)
     if max(int(dense.max()), int(expert.max())) * 8 >= EXACT_INT or \
             max(int(frozen_dense.max()), int(frozen_expert.max())) * 2 >= EXACT_INT:
         raise Unsupported("a stage's parameter bytes are too large for exact float conversion")

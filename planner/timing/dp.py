@@ -24,10 +24,10 @@ from planner.training.setup import (
 
 @lru_cache(maxsize=4096)
 def _rank_split(m: ModelSpec, pc: ParamCount, ft: FinetuneSpec, tp: int, ep: int, pp: int, stage: int,
-                n_layers: int, weight_bytes: int, etp: int = 0) -> RankSplit:
+                n_layers: int, weight_bytes: int, etp: int = 0, balance: str = "none") -> RankSplit:
     lay = Layout(tp=tp, ep=ep, pp=pp, etp=etp)
     rp = rank_params(m, pc, lay, stage, n_layers)
-    first = sum(stage_layers(m.n_layers, pp)[:stage])
+    first = sum(stage_layers(m.n_layers, pp, balance)[:stage])
     return rank_split(m, pc, ft, lay, rp.dense, rp.expert, rp.root_unit, n_layers,
                       backward_layers(ft, m.n_layers, first, n_layers), stage == pp - 1, weight_bytes, 0)
 
@@ -40,7 +40,7 @@ def trained_split(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, lay: Layou
     gathers the frozen base too, at its stored bytes (4-bit under QLoRA). Full training:
     every parameter trains, nothing is frozen."""
     return _rank_split(m, pc, setup.finetune, lay.tp, lay.ep, lay.pp, stage, n_layers,
-                       setup.precision_spec.weight_bytes, lay.etp)
+                       setup.precision_spec.weight_bytes, lay.etp, setup.pp_balance)
 
 
 def optimizer_bytes_per_param(setup: TrainingSetup) -> float:

@@ -10,7 +10,14 @@ slowest of the first, the last and the fullest stage: its blocks' forward and ba
 (kernels.layer_time), the LM head and loss on the last stage, the exposed tensor-parallel
 all-reduces (two per pipeline edge besides the blocks'), context-parallel K/V ring sends
 (what the attention time does not hide) and expert-parallel all-to-alls, 2 v pipeline sends,
-and overlap slowdown x whatever of those is hidden. The data-parallel collectives are those
+and overlap slowdown x whatever of those is hidden. The stages' layers follow the set-up's
+pipeline split (TrainingSetup.pp_balance, memory.stage_layers: under "embedding-loss" the first
+and the last stage hold one block fewer, megatron-core's account_for_embedding/loss_in_pipeline_split).
+Under interleaving the bubble (p-1)/v t_mb is p-1 of the slowest stage's chunks (Narayanan et
+al. 2021, Sec. 2.2.2); with that split the slowest stage is a middle one, all of whose chunks
+are equal, and the two lighter chunks (the embedding alone on the first rank, the output
+projection and loss on the last) are counted at its chunk's time: an upper bound on the fill
+and drain by at most two chunks of p-1. The data-parallel collectives are those
 of the sharding (ZeRO, Rajbhandari et al. 2020, arXiv:1910.02054, Sec. 5; FSDP, Zhao et al.
 2023, arXiv:2304.11277, Sec. 3; parts.DP_TERMS), each hidden under the slowest stage's
 forward or backward up to its overlap share; the optimizer update moves

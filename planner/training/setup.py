@@ -35,6 +35,17 @@ DS_CHECKPOINTING = ("none", "partitioned", "cpu", "partitioned-cpu")
 # Sec. 3.3.2: 'shards optimizer states and gradients'; gradient accumulation over micro-batches
 # with the gradients reduce-scattered across the data-parallel workers in FSDP)
 FSDP_PIPELINE_GRAD_SYNCS = ("step", "micro-batch")
+# How the pipeline's layers are split over its stages (TrainingSetup.pp_balance): "none": the
+# planner's even split, extra layers on the middle stages first (memory.params.stage_layers);
+# "embedding-loss": the embedding and the loss each count as one layer of the split, so the first
+# and the last stage hold one transformer layer fewer, and under interleaving the first model
+# chunk of the first stage holds only the embedding and the last chunk of the last stage only
+# the output projection and the loss: the Llama 3 paper's balancing (arXiv:2407.21783, Sec.
+# 3.3.2, 'we reduce one Transformer layer each from the first and the last stages'), and
+# megatron-core 0.16.1's account_for_embedding_in_pipeline_split and
+# account_for_loss_in_pipeline_split (transformer/transformer_config.py lines 96-102;
+# transformer/transformer_block.py get_num_layers_to_build, lines 75-202)
+PP_BALANCES = ("none", "embedding-loss")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -201,6 +212,8 @@ class TrainingSetup:
     ds_checkpointing: str = "none"
     # FSDP under a pipeline: reduce-scatter once a step or every micro-batch (FSDP_PIPELINE_GRAD_SYNCS)
     fsdp_pipeline_grad_sync: str = "step"
+    # the pipeline's layer split (PP_BALANCES): "none", or the embedding and the loss counted as layers
+    pp_balance: str = "none"
     # the FP8 recipe under precision "fp8" (planner.training.fp8.RECIPES), resolved from the stack
     fp8_recipe: str = "rowwise"
     # MoE routing imbalance: tokens the most loaded expert-parallel rank receives over its
