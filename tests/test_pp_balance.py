@@ -173,3 +173,29 @@ def test_megatron_args_carry_the_balance_and_megatron_core_accepts_them():
                                                 device_arch_major=10)) == []
     cfg = _config(a.num_layers, a.pipeline_model_parallel_size, a.num_virtual_stages_per_pipeline_rank)
     assert cfg.account_for_embedding_in_pipeline_split and cfg.account_for_loss_in_pipeline_split
+
+
+@pytest.mark.parametrize("name, lay", [
+    ("llama3.1-405b", _405b_layout(8)), ("llama3.1-405b", _405b_layout(4, dp=128)),
+    ("qwen2.5-0.5b", Layout(dp=2, tp=1, pp=2, vp=13, micro_batch=1, grad_accum=8, seq_len=2048)),
+    ("qwen2.5-0.5b", Layout(dp=1, tp=1, pp=13, vp=1, micro_batch=1, grad_accum=16, seq_len=2048)),
+])
+def test_floors_stay_below_the_balanced_memory(name, lay):
+    """The search's floors read the same split and warm-up, so they stay lower bounds."""
+    from planner.memory.floors import activation_floor_bytes, model_state_floor
+    m = load_model(name)
+    setup = TrainingSetup(seq_len=lay.seq_len, global_batch=lay.global_batch, pp_balance=BALANCE)
+    assert reject_reason(m, setup, lay, 8) is None
+    r = per_rank_memory(m, setup, lay, count_params(m), 8)
+    assert activation_floor_bytes(m, setup, lay) <= r.total
+    assert model_state_floor(m, setup, lay).at_step <= r.total
+
+
+def test_json_names_the_balance_only_when_set():
+    import json
+    base = ["--model", "llama3.1-405b", "--gpus", "h100", "--n-gpus", "8192", "--tp", "8", "--pp", "16", "--dp", "64",
+            "--vp", "8", "--seq-len", "8192", "--global-batch", "2048", "--micro-batch", "1", "--json"]
+    on = json.loads(CliRunner().invoke(cli, [*base, "--pp-balance", BALANCE]).output)
+    assert on["assumptions"]["pp_balance"] == BALANCE
+    off = CliRunner().invoke(cli, base[:-1] + ["--vp", "4", "--json"])
+    assert "pp_balance" not in json.loads(off.output)["assumptions"]
