@@ -153,6 +153,24 @@ MEGATRON_2021 = Efficiency(dp_overlap=0.0, name="megatron-lm 2021 (no comm overl
 # flat buffers)
 DEEPSPEED_PIPE_BF16 = Efficiency(dp_overlap=0.0, grad_accum_bytes_per_param=18.0, grad_reduce_bytes=4,
                                  name="megatron-deepspeed (deepspeed pipeline engine, bf16)")
+# PyTorch FSDP1 (FullyShardedDataParallel, flat parameters), as fms-fsdp and llm-foundry's
+# Composer ran it: after each FSDP unit's backward, every micro-batch, two memory-bound passes
+# over the unit's unsharded gradient that no collective term counts. The module's parameters are
+# views of the unsharded flat parameter (torch 2.13.0 torch/distributed/fsdp/_flat_param.py,
+# torch.split then view), so autograd assembles the flat gradient in SplitWithSizesBackward, a
+# concatenation (tests/test_fsdp1_grad_pass.py): read 2 and write 2 bytes in bf16; then
+# _runtime_utils.py _reduce_grad divides it in place by the pre-divide factor, > 1 for any
+# data-parallel size above 1 (algorithms/_comm_hooks/default_hooks.py
+# DefaultState._get_gradient_predivide_factor), before the reduce-scatter: read 2 and write 2.
+# 8 bytes per parameter with bf16 parameters and bf16 reduction (fms-fsdp's bfSixteen policy;
+# Composer's mixed_precision PURE, and DEFAULT in composer/trainer/mosaic_fsdp_utils.py
+# get_mixed_precision at commit 0099561, reduce_dtype None). Other Composer versions' DEFAULT
+# reduce in fp32 (a cast and an fp32 division on top: 18 bytes) or keep fp32 parameters (an fp32
+# concatenation and a cast: 18); no benchmark names its Composer version, so 8 is the floor used.
+# Counted as exposed (ASSUMPTION: the division runs on FSDP's post-backward stream beside the
+# backward's kernels, which share the HBM with it).
+PYTORCH_FSDP1_BF16 = Efficiency(grad_accum_bytes_per_param=8.0,
+                                name="pytorch fsdp1 (prefetch, overlapped reduce, flat-gradient passes)")
 MEGATRON_CORE = Efficiency(tp_overlap=0.75, pp_overlap=1.0, dp_overlap=1.0, param_gather_overlap=1.0,
                            grad_reduce_bytes=4,
                            name="megatron-core (tp, dp, param-gather and p2p overlap)")
