@@ -26,6 +26,8 @@ from typing import Any
 from planner.layouts.layout import Layout
 from planner.measure import accuracy
 from planner.measure import torchtitan as titan
+from planner.measure.titan_moments import SHORT, moment_rows
+from planner.memory.model import per_rank_memory
 from planner.models.spec import ModelSpec, load_hf_config, load_model
 from planner.training.setup import TrainingSetup
 from planner.units import GiB
@@ -50,8 +52,9 @@ def model_name(name: str) -> str:
 def case_inputs(case: tuple[str, int, int, int, int, str]) -> tuple[ModelSpec, TrainingSetup, Layout]:
     name, dp, tp, seq, mb, rc = case
     setup = TrainingSetup(seq_len=seq, global_batch=mb * dp, precision="bf16-mixed", stack="torchtitan")
-    lay = Layout(dp=dp, tp=tp, zero_stage=3, sharding="fsdp-full", micro_batch=mb, grad_accum=1, seq_len=seq,
-                 recompute=rc)
+    # torchtitan's tensor parallelism is sequence-parallel (what plan measure plans: tp=N+sp)
+    lay = Layout(dp=dp, tp=tp, sp=tp > 1, zero_stage=3, sharding="fsdp-full", micro_batch=mb, grad_accum=1,
+                 seq_len=seq, recompute=rc)
     return load_model(model_name(name)), setup, lay
 
 
@@ -66,7 +69,11 @@ def run_one(case: tuple[str, int, int, int, int, str]) -> dict[str, Any]:
         "seq_len": seq, "micro_batch": mb, "recompute": rc, "wall_s": round(time.perf_counter() - t0, 1),
         "stack": meas["stack"], "measured_layers": meas["measured_layers"], "n_layers": meas["n_layers"],
         "predicted_phase": cmp.predicted_phase, "measured_phase": meas["peak_phase"],
-        "raw": meas["raw"],
+        "raw": meas["raw"], "moment": cmp.moment, "moments": meas["moments"],
+        "moment_modules": meas["moment_modules"],
+        "moment_totals": {t.moment: {"predicted": t.predicted_bytes, "measured": t.measured_bytes}
+                          for t in cmp.moment_totals},
+        "notes": list(cmp.notes),
         "rows": {r.category: {"predicted": r.predicted_bytes, "measured": r.measured_bytes, "error": r.error}
                  for r in cmp.rows},
         "predicted_hf_total": accuracy.predict(m, replace(setup, stack="hf"), lay)[0]["total"],
@@ -78,14 +85,22 @@ def key(r: dict[str, Any]) -> tuple[str, int, int, int, int, str]:
 
 
 def repredict(r: dict[str, Any]) -> dict[str, Any]:
-    """A stored row with the planner's current prediction beside its stored measurement."""
+    """A stored row with the planner's current prediction beside its stored measurement: the
+    categories at the stored tracker's peak moment (planner.measure.titan_moments), the total at
+    the peaks."""
     m, setup, lay = case_inputs(key(r))
-    predicted, phase = accuracy.predict(m, setup, lay)
+    measured_lay = accuracy.measured_layout(replace(lay, recompute=lay.recompute))
+    measured_setup = accuracy.measured_setup(replace(setup, stack="torchtitan"), measured_lay)
+    pred = per_rank_memory(m, measured_setup, measured_lay)
+    rows, moment, totals, notes = moment_rows(pred, measured_setup, r["rows"]["total"]["measured"], r["raw"],
+                                              r["moments"], r["moment_modules"])
     hf, _ = accuracy.predict(m, replace(setup, stack="hf"), lay)
-    rows = {c: {"predicted": predicted[c], "measured": row["measured"],
-                "error": None if row["measured"] == 0 else (predicted[c] - row["measured"]) / row["measured"]}
-            for c, row in r["rows"].items()}
-    return r | {"predicted_phase": phase, "rows": rows, "predicted_hf_total": hf["total"]}
+    return r | {"predicted_phase": pred.phase, "moment": moment, "notes": list(notes),
+                "moment_totals": {t.moment: {"predicted": t.predicted_bytes, "measured": t.measured_bytes}
+                                  for t in totals},
+                "rows": {row.category: {"predicted": row.predicted_bytes, "measured": row.measured_bytes,
+                                        "error": row.error} for row in rows},
+                "predicted_hf_total": hf["total"]}
 
 
 # issue 16's must-show step, measured once by planner.measure.torchtitan (full depth, 2026-12-01):
@@ -174,18 +189,24 @@ def table(results: list[dict[str, Any]]) -> str:
          f"({100 * (titan_gib / ISSUE16_MEASURED_GIB['freed'] - 1):+.1f}% against the freed step) and "
          f"{hf_gib:.2f} GiB with `--stack hf`, less overhead."),
         "",
-        "Memory in GiB at the peak; *total* is the planner's total less its overhead against the",
-        "tracker's peak; *act* is activations with the logits and loss (the tracker's activations,",
-        "temporaries and inputs). Context and pipeline parallelism do not run under fake tensors on",
-        "the CPU (see planner/measure/torchtitan.py).",
+        "Memory in GiB. The categories are read at one moment of the step on both sides: the",
+        "tracker's peak moment (*moment*: the end of forward, the loss, the last block's backward, the",
+        "end of backward or the optimizer step; planner.measure.titan_moments maps each phase bucket",
+        "of the tracker to the planner's moment), each predicted at the planner's same moment.",
+        "*total* is peak against peak: the planner's total less its overhead against the tracker's",
+        "peak; *act* is activations with the logits and loss (the tracker's activations, temporaries",
+        "and inputs). Where a category is over 10% apart at the same moment, the notes below the",
+        "table name the planner term filed elsewhere or the sub-moment the two differ in (what",
+        "`plan measure` prints as *why*). Context and pipeline parallelism do not run under fake",
+        "tensors on the CPU (see planner/measure/torchtitan.py).",
         "",
         (f"**Total per rank: median |error| {100 * median:.1f}%, worst {100 * worst:+.1f}%, "
          f"{within} of {len(results)} rows within +-10%.** Goal: every row within +-10%, median within +-5%."),
         "",
-        ("| model | dp | tp | seq | mb | recompute | blocks | weights pred/meas | grads pred/meas "
+        ("| model | dp | tp | seq | mb | recompute | blocks | moment | weights pred/meas | grads pred/meas "
          "| optimizer pred/meas | act pred/meas | buffers pred/meas | total pred | total meas | error "
          "| hf total |"),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         rows = r["rows"]
@@ -193,9 +214,26 @@ def table(results: list[dict[str, Any]]) -> str:
                  for c in ("weights", "gradients", "optimizer", "activations", "buffers")]
         blocks = "+".join(map(str, r["measured_layers"])) + f" of {r['n_layers']}"
         lines.append(f"| {r['model']} | {r['dp']} | {r['tp']} | {r['seq_len']} | {r['micro_batch']} | "
-                     f"{r['recompute']} | {blocks} | " + " | ".join(cells) +
+                     f"{r['recompute']} | {blocks} | {SHORT.get(r.get('moment', ''), 'peak')} | "
+                     + " | ".join(cells) +
                      f" | {gib(rows['total']['predicted'])} | {gib(rows['total']['measured'])} | "
                      f"{pct(rows['total']['error'])} | {gib(r['predicted_hf_total'])} |")
+    notes: dict[str, list[str]] = {}
+    for r in results:
+        for n in r.get("notes", ()):
+            notes.setdefault(n.split(":")[0], []).append(
+                f"{r['model'].removeprefix('llama')} {r['dp']}x{r['tp']} {r['recompute']}")
+    lines += ["", ("Why categories are apart at the same moment (each kind of note once, from its first row; "
+                   "the rows with it in brackets, model dp x tp recompute):"), ""]
+    seen: set[str] = set()
+    for r in results:
+        for n in r.get("notes", ()):
+            head = n.split(":")[0]
+            if head in seen:
+                continue
+            seen.add(head)
+            lines.append(f"- {r['model']} dp {r['dp']} tp {r['tp']} {r['recompute']}: {n} "
+                         f"[{'; '.join(notes[head])}]")
     lines += [
         "",
         "Regenerate: `pip install -c constraints.txt -e '.[test]' && python bench/accuracy_torchtitan.py`;",

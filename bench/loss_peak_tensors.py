@@ -8,6 +8,12 @@ planner.measure.titan_depth phase bucket, "loss" by default, "backward-start" fo
            after each step which steps' chunk copies (the loss's ``clone`` of b x s/8 x h) are still alive
        python bench/loss_peak_tensors.py --scaled
            the whole scaled measurement (blocks 2 and 4 to 80), in this process
+       python bench/loss_peak_tensors.py --dump [bucket] [micro_batch] [recompute]
+           the live storages at the bucket's peak of step 2 ("backward-start" by default: inside the last
+           block's recomputed backward; FullAC by default), in the order the step made them, each with
+           its op, shape, dtype and the module that ran it (forward or backward): how
+           memory.activations.titan_backward_working_bytes was matched; the newest op's output is
+           listed as None (it is tagged after the tracker's update)
        --with-leak (with either of the tracker runs): undo planner.measure's trap 7 fix, letting
            ModTracker hook the LM head's leaf inputs again (titan_depth.leaf_input_hooks_off)
 
@@ -144,6 +150,52 @@ def scaled(argv: list[str]) -> int:
     return 0
 
 
+class _OrderedLive(LiveTensors):
+    """LiveTensors whose tags also hold the op's order in the step and the module running it."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = super(LiveTensors, self).__torch_dispatch__(func, types, args, kwargs)  # type: ignore[misc]
+        ORDER[0] += 1
+        mt = self._mod_tracker  # type: ignore[attr-defined]
+        module = max([m for m in mt.parents if m != "Global"], key=lambda m: m.count("."), default="")
+        where = ("backward " if mt.is_bw else "forward ") + module.replace("Llama3Model.", "")
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.untyped_storage() not in TAGS:
+                TAGS[t.untyped_storage()] = (str(func), tuple(t.shape), str(t.dtype), getattr(self, "step", 0),
+                                             ORDER[0], where)
+        return out
+
+
+ORDER = [0]
+
+
+def dump(argv: list[str]) -> int:
+    bucket = argv[0] if argv else "backward-start"
+    micro_batch = int(argv[1]) if len(argv) > 1 else 16
+    recompute = argv[2] if len(argv) > 2 else "full"
+    held: dict[str, Any] = {}
+    orig = readout.make_tracker
+    _OrderedLive.bucket, _OrderedLive.last_step = bucket, 2
+
+    def make_tracker(*a: Any, mixins: tuple[type, ...] = (), **k: Any) -> Any:
+        held["t"] = orig(*a, mixins=(_OrderedLive, *mixins), **k)
+        return held["t"]
+
+    readout.make_tracker = make_tracker  # type: ignore[assignment]
+    setup = tt.TitanSetup(hf_config=load_hf_config("llama3.1-70b"), dp=2, tp=8, micro_batch=micro_batch,
+                          seq_len=8192, recompute=recompute, blocks=(2,), n_steps=2)
+    tt.measure(setup)
+    t = held["t"]
+    print(f"{bucket} peak of step 2 ({recompute}, micro-batch {micro_batch}): {t.live_total / GIB:.3f} GiB live; "
+          "storages of 0.1 GiB or more, model states left out, in the order made")
+    rows = [(tag[4] if tag else 0, size, ref, tag) for size, ref, tag in t.live
+            if size >= 0.1 * GIB and ref not in ("OptState", "Sharded Param", "Sharded Grad")]
+    for _, size, ref, tag in sorted(rows, key=lambda r: r[0]):
+        print(f"{size / GIB:7.3f} GiB  {ref:12s} " + ("None" if tag is None else
+              f"#{tag[4]} step {tag[3]} {tag[0]} {tag[1]} {tag[2]} ({tag[5]})"))
+    return 0
+
+
 def main(argv: list[str]) -> int:
     if "--with-leak" in argv:
         argv = [a for a in argv if a != "--with-leak"]
@@ -152,6 +204,8 @@ def main(argv: list[str]) -> int:
         return leak(argv[1:])
     if argv and argv[0] == "--scaled":
         return scaled(argv[1:])
+    if argv and argv[0] == "--dump":
+        return dump(argv[1:])
     micro_batch = int(argv[0]) if argv else 16
     n_steps = int(argv[1]) if len(argv) > 1 else 2
     LiveTensors.bucket = argv[2] if len(argv) > 2 else "loss"

@@ -187,7 +187,18 @@ def predict(r: Row) -> dict[str, Any]:
         if r.tp > 1:      # loss_parallel: one more fp32 copy of the local logits (measured, above)
             tokens = r.micro_batch * r.seq_len
             full_logits += int(LOSS_PARALLEL_EXTRA_FP32_COPIES * tokens * -(-m.vocab_size // r.tp) * 4)
-        at_loss = tracked + full_logits if mem.phase == "backward-start" else max(tracked, b.logits + full_logits)
+            # the LM head's input all-gathered over the sequence (torchtitan's 2024 plan: "output"
+            # ColwiseParallel(input_layouts=Shard(1)), kept by its mm for the weight gradient), where
+            # the eager profile keeps the sequence shard (the same DTensor all-gather as the blocks'
+            # norm outputs, measured there: activations.titan_block_terms)
+            head_in = tokens * m.d_model * setup.precision_spec.activation_bytes
+            full_logits += head_in - -(-head_in // r.tp)
+        # the loss moment's tracked bytes (memory.peak "backward-start") with that loss, or the peak
+        # moment where it stays higher
+        t = mem.terms
+        assert t is not None
+        loss_moment = int(t.get("weights")) + int(t.get("offload.optimizer")) + sum(t.moment("backward-start"))
+        at_loss = max(tracked, loss_moment + full_logits)
         out["reserved_full_logits_gib"] = at_loss * (1 + frag) / GiB
     return out
 
@@ -214,66 +225,42 @@ EXPLAIN = {
         "the gap."),
     "8B, FSDP 128, selective, compile": "As the 8-GPU compiled row.",
     "70B, FSDP 32 x TP 8, full, compile, float8": (
-        "-14% with the loss this version ran under tensor parallelism: vocab-sharded logits (logits / 8) "
-        "under loss_parallel, whose decomposed log-softmax and NLL hold one fp32 copy of the local logits "
-        "more than the plain loss (measured under fake tensors: 4.5 against 3.5 copies, 7.8 GiB here; "
-        "included in the column). What the same settings without tensor parallelism leave (the 32k-token "
-        "FSDP 8 row below: -8.8%) points the rest at tp. Named candidates, each about 2 GiB at micro-batch "
-        "16 (one all-gathered b s h bf16 input of the recomputed block): DTensor's sequence-parallel "
-        "all-gather along the sequence (Shard(1) to Replicate) peaks at twice the gathered tensor "
-        "(measured on CPU: all_gather_into_tensor along dim 0, then a reordering copy), and the page's own "
-        "AsyncTP row (67.6 GiB, 4.3 GiB less: the fused all-gather-matmul writes into symmetric memory "
-        "instead) matches two such copies (4.0 GiB); float8's tensorwise casts of those gathered inputs "
-        "(1 B per element each); and the allocator's reserve for blocks of this size, which the 10% "
-        "allowance may not cover. None is a planner term: a GPU run of the recomputed block (plan measure "
-        "--real with --tp 8) decides between them. At this width the planner is short in the tracker's view "
-        "too, for 0.3.0's chunked loss (which the published run did not have, so this bounds the blocks' "
-        "profile, not the published loss): torchtitan "
-        "0.3.0's own step at these widths under FSDPMemTracker (plan measure --stack torchtitan, llama3.1-70b, "
-        "dp 2, tp 8, micro-batch 16 x 8192, full; blocks 2 and 4 scaled to 80) measured activations and loss "
-        "of 41.1 GiB against the planner's 34.1 (total -7.7%) before the tracker leak below was stopped, "
-        "after the chunk copies a micro-batch over 1 "
-        "makes were added (memory.loss; Llama 3.1 8B at tp 4, micro-batch 8: 11.6 against 11.9 measured). The "
-        "excess is in the loss, not the blocks: a 70B-wide model at 2 and at 4 blocks keeps 0.25 GiB more per "
-        "block (the checkpointed input, as modelled) and the same 17.1 GiB of temporaries at the loss, about "
-        "6.7 GiB over the planner's loss terms (20.8 GiB of fixed tensors against 14.1). The live tensors at "
-        "the loss's peak (bench/loss_peak_tensors.py --with-leak: a TorchDispatchMode beside FSDPMemTracker "
-        "naming each "
-        "storage's creating op; 2 blocks at 70B width, same settings; the peak is the last chunk's backward) "
-        "are the planner's terms, each to the byte: the fp32 GradAccumulator (zeros_like, 16 x 8192 x 8192: "
-        "4.0 GiB), the all-gathered final-norm output (cat, bf16, 2.0 GiB), the 8 chunk copies (clone, bf16, "
-        "8 x 0.25 GiB), the final norm's two fp32 tensors on the sequence shard (1.0 GiB), one chunk's bf16 "
-        "logits and four fp32 logit-sized tensors (sub, zeros_like, exp and one untagged: 0.49 + 4 x 0.98 "
-        "GiB, the 18 B per logit modelled) and the fp32 unsharded LM-head gradient (0.49 GiB); no "
-        "reordering copy of a reduce-scatter and no 16-bit copy of the accumulator is alive there (those "
-        "come after the chunk loop, when the logits are gone). One set is not a planner term: the previous "
-        "step's 8 chunk copies (clone ops of step 1, 2.0 GiB), still alive at step 2's loss, and step 1's "
-        "and 2's at step 3's (2.0 GiB more: b s h x 2 B per step, not freed by gc.collect()). It is the "
-        "tracker's, not torchtitan's: the same fake steps without FSDPMemTracker free every step's chunk "
-        "copies, and under torch's plain ModTracker alone they leak the same way (bench/loss_peak_tensors.py "
-        "--leak none / modtracker: 0 against 8, 16, 24 alive after steps 1-3). ModTracker's forward pre-hook "
-        "registers a multi-grad hook on each module input that requires grad (torch 2.13.0, "
-        "torch/distributed/_tools/mod_tracker.py, _fw_pre_hook, line 228); the LM head's inputs are the "
-        "chunked loss's detached leaf chunks, whose gradient-accumulator nodes the hook keeps. So the "
-        "tracker's loss bucket reads b s h x 2 B high (2.0 GiB here; at 2 and 4 blocks its activations and "
-        "temporaries are 16.4 and 16.9 GiB: 15.9 fixed, against the planner's 14.1 loss terms, the leak "
-        "being the difference). The measured peak itself is in backward-start (the last block's recomputed "
-        "backward, where the planner predicts it too), and there the leak is twice as large: the current "
-        "step's 8 chunk copies, which torchtitan frees when ChunkedLossWrapper.__call__ returns, are still "
-        "held as well (bench/loss_peak_tensors.py --with-leak 16 2 backward-start: 16 x 0.25 GiB clone "
-        "tensors, steps 1 "
-        "and 2). So 4.0 GiB of the 6.7 GiB excess at the peak is this tracker artifact, measured; the other "
-        "2.7 GiB lies among the recomputed block's temporaries at that moment (three all-gathered b s h bf16 "
-        "inputs of 2.0 GiB each, a 2.0 GiB b s x h matmul output, a 2.0 GiB reordering copy of 128 x 1024 x "
-        "8192 and the MLP's b s x 3584 tensors), not at the loss, and is not matched to planner terms here. "
-        "With ModTracker's hooks kept off leaf inputs (bench/loss_peak_tensors.py --scaled, against --scaled "
-        "--with-leak; "
-        "no chunk copy then outlives its step) the same scaled measurement reads activations and loss of "
-        "37.1 GiB against the planner's 34.1 (-7.9%) and a peak of 87.1 GiB against 84.1 (-3.4%), 4.0 GiB "
-        "less, as the dump says. planner.measure now keeps those hooks off leaf inputs (planner.measure."
-        "titan_depth.leaf_input_hooks_off, trap 7), so plan measure --stack torchtitan reads the 37.1 and "
-        "87.1 GiB; the torchtitan accuracy rows, re-measured so, all stay within 10% (worst +9.0%, Llama "
-        "3.1 8B dp 8 full)."),
+        "-11.5% with the loss this version ran. Modelled in that column beside the fp32 loss: under "
+        "loss_parallel one fp32 copy of the local logits more than the plain loss (measured under fake "
+        "tensors with the 16-bit logits freed as torchtitan's `del pred` frees them: 4.0 copies at the "
+        "backward peak against 3.0, 3.5 and 2.5 over the forward; 7.8 GiB a copy here), and the LM head's "
+        "input all-gathered over the sequence (its 2024 plan: ColwiseParallel with a Shard(1) input, kept "
+        "by its matmul; 2.0 GiB where the eager profile keeps the 0.25 GiB shard). The blocks' profile is "
+        "measured at this width against torchtitan 0.3.0's own step (FSDPMemTracker, fake tensors; dp 2, "
+        "tp 8, micro-batch 16 x 8192, FullAC; blocks 2 and 4 scaled to 80): its peak is inside the last "
+        "block's recomputed backward, 87.1 GiB, which the planner now predicts at 86.6 (-0.6% at that "
+        "moment; its own peak 87.3, +0.2%), where it read 80.0 before. The tensors it lacked there, each "
+        "named by its op and shape (bench/loss_peak_tensors.py --dump: a TorchDispatchMode beside the "
+        "tracker): the all-gathered gradient of the block's output for w2's backward (cat, 16 x 8192 x 8192 "
+        "bf16, 2.0 GiB), w2's replayed output (mm, 131072 x 8192, 2.0 GiB) and the reordering copy before "
+        "its replayed reduce-scatter (cat, 128 x 1024 x 8192, 2.0 GiB), the incoming gradient and the "
+        "replayed residual stream on the sequence shard (0.25 GiB each): the checkpoint's replay starts at "
+        "w2's backward and runs to the block's end (memory.activations.titan_backward_working_bytes, "
+        "torchtitan 0.3.0 models/llama3/sharding.py: w2 RowwiseParallel with a Shard(1) output). Still "
+        "unmatched at that moment (0.5 GiB): the ffn_norm's 16-bit output on the shard (0.25 GiB; on the CPU "
+        "the composite rms_norm casts before the weight multiply) and the replayed reduce-scatter's output "
+        "(0.25 GiB, the newest tensor at the peak). Those tensors raise the planner's "
+        "block moment at the published settings to 38.0 GiB tracked; its loss moment with the full-logit "
+        "loss is 57.8 GiB, so the column's peak is still the loss's and they do not move it. What is left, "
+        "8.3 GiB of reserved memory (14 GiB, 24%, over the allocated figure, where 10% is assumed), is not "
+        "a tensor the planner lacks at the loss by this account; assumed, and only a GPU decides: the "
+        "caching allocator's reserve. The loss's four fp32 logit-sized tensors (7.8 GiB each) are freed "
+        "before the blocks' backward, whose 2-GiB gathers and copies then need segments of their own if "
+        "the cached ones are not reused (reserved_bytes.all.peak counts both); the page's own AsyncTP row "
+        "(67.6 GiB, 4.3 GiB less; AsyncTP changes only the blocks' compiled tensor-parallel matmuls) says "
+        "the published peak depends on the blocks' collectives, which the loss moment does not hold, "
+        "so it is likely such a sum over both moments. float8's tensorwise casts of the gathered inputs "
+        "(1 B per element; the planner's fp8 changes no term here) are the other unmodelled candidate. A "
+        "GPU run at the page's settings (torch.cuda.memory_snapshot, or plan measure --real --stack "
+        "torchtitan on 8 GPUs with tp 8) decides between them. The tracker's view at this width was "
+        "first read 4.0 GiB high by ModTracker's hooks on the chunked loss's leaf chunks (trap 7, "
+        "planner.measure.titan_depth.leaf_input_hooks_off; bench/loss_peak_tensors.py --with-leak shows "
+        "it)."),
     "8B, FSDP 8, full, compile, float8, sequence 32768": (
         "Within 10% with the full-logit loss (1 x 32768 x 128,256 fp32 logits: 15.7 GiB a copy): the "
         "same version, full recomputation, compile and float8 without tensor parallelism, the control "

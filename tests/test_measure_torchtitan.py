@@ -168,3 +168,41 @@ def test_plan_measure_stack_torchtitan_refuses_with_exit_2(extra: list[str], wor
     got = CliRunner().invoke(cli, args, prog_name="plan")
     assert got.exit_code == 2, got.output
     assert words in got.output and len(got.output.strip().splitlines()) == 1
+
+
+def test_plan_measure_reads_every_category_at_the_trackers_peak_moment(monkeypatch: pytest.MonkeyPatch,
+                                                                       tmp_path: Path) -> None:
+    """Issue 16: the categories are compared at one moment of the step on both sides (the tracker's
+    peak bucket and the planner's same moment), the moment is named, every category over 10% apart is
+    given a reason, and the moments' totals, each against torchtitan's own step under the tracker,
+    agree where the two are the same moment (the loss, the last block's backward, the optimizer step)."""
+    from click.testing import CliRunner
+
+    from planner.cli.main import cli
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY | {"num_hidden_layers": 4}))   # one run, at full depth
+    measured: dict[str, titan.TitanMeasurement] = {}      # measured once, in this process
+    def once(setup: titan.TitanSetup, **_: object) -> titan.TitanMeasurement:
+        if "m" not in measured:
+            measured["m"] = titan.measure(setup)
+        return measured["m"]
+
+    monkeypatch.setattr(titan, "run_measurement", once)
+    args = ["measure", "--stack", "torchtitan", "--model", str(config), "--gpus", "h100", "--dp", "2", "--tp", "2",
+            "--seq-len", "256", "--micro-batch", "1", "--recompute", "selective"]
+    got = CliRunner().invoke(cli, [*args, "--json"], prog_name="plan")
+    assert got.exit_code == 0, got.output
+    out = json.loads(got.output)
+    assert out["moment"] in ("backward-start", "block-backward", "backward-end")
+    named = " ".join(out["notes"])
+    for row in out["rows"][:-1]:
+        if row["error"] is not None and abs(row["error"]) > 0.10:
+            # a reason covers it (by name), or it is too small to be one (the "small:" note)
+            assert row["category"] in named or "small:" in named, (row, out["notes"])
+    totals = {t["moment"]: t for t in out["moments"]}
+    for moment in ("backward-start", "block-backward", "optimizer-step"):
+        t = totals[moment]
+        assert t["predicted_bytes"] == pytest.approx(t["measured_bytes"], rel=0.10), moment
+    text = CliRunner().invoke(cli, args, prog_name="plan").output
+    assert "tracked total by moment" in text and "categories at the tracker's peak moment" in text

@@ -55,6 +55,12 @@ class Comparison:
     predicted_phase: str
     rows: tuple[Row, ...]
     measured: dict[str, Any]         # MeasuredMemory as a dict
+    # the moment the category rows are read at (planner.memory.peak.MOMENTS; "" at each side's peak,
+    # as for Hugging Face models), every moment's totals (titan_moments.MomentTotals) and notes on
+    # categories still apart at that moment (planner.measure.titan_moments)
+    moment: str = ""
+    moment_totals: tuple[Any, ...] = ()
+    notes: tuple[str, ...] = ()
 
     @property
     def total_error(self) -> float:

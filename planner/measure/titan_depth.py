@@ -76,10 +76,13 @@ class PhaseBuckets:
         if bucket is None:
             return
         store: dict[str, dict[str, int]] = self.__dict__.setdefault("bucket_peak", {})
+        where: dict[str, str] = self.__dict__.setdefault("bucket_module", {})
         for snap in self._curr_mem_snap.values():  # type: ignore[attr-defined]
             named = {str(getattr(k, "value", k)): int(v) for k, v in snap.items()}
             if named.get("Total", 0) > store.get(bucket, {}).get("Total", -1):
                 store[bucket] = named
+                active = [m for m in self._mod_tracker.parents if m != "Global"]  # type: ignore[attr-defined]
+                where[bucket] = max(active, key=lambda m: m.count("."), default="")
 
     def _bucket(self) -> str | None:
         if self._in_opt:  # type: ignore[attr-defined]
@@ -98,15 +101,19 @@ class PhaseBuckets:
         return "loss"
 
 
-def scale_depths(runs: list[tuple[MeasuredMemory, dict[str, dict[str, int]]]], blocks: tuple[int, ...],
-           full: int) -> MeasuredMemory:
-    """Scale each bucket's snapshot linearly in depth (one depth: in proportion) and take the
-    bucket with the highest total as the peak; category maxima scale the same way."""
+def _line(blocks: tuple[int, ...], full: int) -> Any:
     def line(v1: int, v2: int) -> int:
         if len(blocks) == 1:
             return round(v1 * full / blocks[0])
         return round(v1 + (v2 - v1) * (full - blocks[0]) / (blocks[1] - blocks[0]))
+    return line
 
+
+def scale_buckets(runs: list[tuple[MeasuredMemory, dict[str, dict[str, int]]]], blocks: tuple[int, ...],
+                  full: int) -> dict[str, dict[str, int]]:
+    """Each bucket's peak snapshot (the tracker's own categories, bytes) scaled linearly in depth
+    to ``full`` blocks (one depth: in proportion), in BUCKETS order."""
+    line = _line(blocks, full)
     last = runs[-1][1]
     first = runs[0][1]
     scaled: dict[str, dict[str, int]] = {}
@@ -115,6 +122,15 @@ def scale_depths(runs: list[tuple[MeasuredMemory, dict[str, dict[str, int]]]], b
             continue
         a, b = first.get(bucket, last[bucket]), last[bucket]
         scaled[bucket] = {k: max(0, line(a.get(k, 0), b.get(k, 0))) for k in set(a) | set(b)}
+    return scaled
+
+
+def scale_depths(runs: list[tuple[MeasuredMemory, dict[str, dict[str, int]]]], blocks: tuple[int, ...],
+           full: int) -> MeasuredMemory:
+    """Scale each bucket's snapshot linearly in depth (one depth: in proportion) and take the
+    bucket with the highest total as the peak; category maxima scale the same way."""
+    line = _line(blocks, full)
+    scaled = scale_buckets(runs, blocks, full)
     bucket = max(scaled, key=lambda k: scaled[k].get("Total", 0))
     raw = scaled[bucket]
     m1, m2 = runs[0][0], runs[-1][0]

@@ -108,7 +108,14 @@ from planner.errors import UserError
 from planner.layouts.layout import Layout
 from planner.measure.accuracy import Comparison
 from planner.measure.readout import MeasuredMemory
-from planner.measure.titan_depth import PhaseBuckets, RepeatedCalls, leaf_input_hooks_off, scale_depths
+from planner.measure.titan_depth import (
+    PhaseBuckets,
+    RepeatedCalls,
+    leaf_input_hooks_off,
+    scale_buckets,
+    scale_depths,
+)
+from planner.measure.titan_moments import moment_rows
 from planner.models.spec import ModelSpec
 from planner.training.setup import TrainingSetup
 
@@ -194,7 +201,11 @@ class TitanMeasurement:
     """The rank's memory (bytes, at the full depth) and how it was obtained.
 
     measured_layers: the depths that ran; scaled: True when memory was scaled from them.
-    by_depth: each measured depth's own MeasuredMemory (as dicts)."""
+    by_depth: each measured depth's own MeasuredMemory (as dicts).
+    moments: each phase bucket's peak snapshot at the full depth (titan_depth.BUCKETS: the
+        tracker's own categories, bytes; scaled where ``scaled``), the moments the comparison
+        holds against the planner's; moment_modules: the innermost module running at each one
+        (of the deepest run; "" outside any)."""
 
     memory: MeasuredMemory
     n_layers: int
@@ -202,6 +213,8 @@ class TitanMeasurement:
     scaled: bool
     torchtitan_version: str
     by_depth: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    moments: dict[str, dict[str, int]] = field(default_factory=dict)
+    moment_modules: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -212,6 +225,7 @@ class TitanMeasurement:
         data["memory"] = MeasuredMemory(**data["memory"])
         data["measured_layers"] = tuple(data["measured_layers"])
         data["by_depth"] = tuple(data.get("by_depth", ()))
+        data["moments"] = data.get("moments", {})
         return cls(**data)
 
 
@@ -306,14 +320,18 @@ def measure(setup: TitanSetup) -> TitanMeasurement:
     blocks = setup.blocks or ((full,) if full <= max(DEFAULT_BLOCKS) else DEFAULT_BLOCKS)
     if len(blocks) not in (1, 2) or (len(blocks) == 2 and blocks[0] >= blocks[1]) or max(blocks) > full:
         raise UserError(f"blocks {blocks}: give one depth, or two increasing depths, up to the model's {full}")
-    runs = [_measure_depth(setup, n) for n in blocks]
+    got = [_measure_depth(setup, n) for n in blocks]
+    runs = [(mem, buckets) for mem, buckets, _ in got]
     version = getattr(torchtitan, "__version__", "0.3.0")
+    moments, where = scale_buckets(runs, blocks, full), got[-1][2]
     if blocks == (full,):
         return TitanMeasurement(memory=runs[0][0], n_layers=full, measured_layers=blocks, scaled=False,
-                                torchtitan_version=version, by_depth=(dataclasses.asdict(runs[0][0]),))
+                                torchtitan_version=version, by_depth=(dataclasses.asdict(runs[0][0]),),
+                                moments=moments, moment_modules=where)
     memory = scale_depths(runs, blocks, full)
     return TitanMeasurement(memory=memory, n_layers=full, measured_layers=blocks, scaled=True,
-                            torchtitan_version=version, by_depth=tuple(dataclasses.asdict(r[0]) for r in runs))
+                            torchtitan_version=version, by_depth=tuple(dataclasses.asdict(r[0]) for r in runs),
+                            moments=moments, moment_modules=where)
 
 
 @contextlib.contextmanager
@@ -335,13 +353,16 @@ def _process_group(world_size: int, *, fake: bool) -> Iterator[None]:
         dist.destroy_process_group()
 
 
-def _measure_depth(setup: TitanSetup, n_layers: int) -> tuple[MeasuredMemory, dict[str, dict[str, int]]]:
-    """One run at ``n_layers`` blocks: (MeasuredMemory, each bucket's peak snapshot)."""
+def _measure_depth(setup: TitanSetup, n_layers: int) -> tuple[MeasuredMemory, dict[str, dict[str, int]],
+                                                              dict[str, str]]:
+    """One run at ``n_layers`` blocks: (MeasuredMemory, each bucket's peak snapshot, the innermost
+    module running at each)."""
     with _process_group(setup.dp * setup.tp, fake=setup.fake):
         return _measure_rank(setup, n_layers)
 
 
-def _measure_rank(setup: TitanSetup, n_layers: int) -> tuple[MeasuredMemory, dict[str, dict[str, int]]]:
+def _measure_rank(setup: TitanSetup, n_layers: int) -> tuple[MeasuredMemory, dict[str, dict[str, int]],
+                                                             dict[str, str]]:
     import torch
     import torch.distributed as dist
     import torchtitan.distributed.parallel_dims as parallel_dims_module
@@ -407,7 +428,8 @@ def _measure_rank(setup: TitanSetup, n_layers: int) -> tuple[MeasuredMemory, dic
         snapshots = tracker.get_tracker_snapshot("peak")
     got = tracker_result(tracker, snapshots, device, fake=setup.fake, n_params=n_params,
                          rank=dist.get_rank(), wall_s=time.perf_counter() - t0)
-    return got, dict(tracker.__dict__.get("bucket_peak", {}))
+    return (got, dict(tracker.__dict__.get("bucket_peak", {})),
+            dict(tracker.__dict__.get("bucket_module", {})))
 
 
 class _BuildAs:
@@ -441,17 +463,15 @@ def compare(m: ModelSpec, hf_config: dict[str, Any], setup: TrainingSetup, lay: 
     measured_lay = accuracy.measured_layout(lay)
     measured_setup = accuracy.measured_setup(setup, measured_lay)
     pred = per_rank_memory(m, measured_setup, measured_lay)
-    predicted = accuracy.predicted_rows(pred.breakdown)
     mem = got.memory
-    measured = {"weights": mem.weights_bytes, "gradients": mem.gradients_bytes, "optimizer": mem.optimizer_bytes,
-                "activations": mem.activations_bytes + mem.temporaries_bytes + mem.inputs_bytes,
-                "buffers": mem.buffers_bytes, "total": mem.peak_bytes}
-    rows = tuple(accuracy.Row(category=c, predicted_bytes=predicted[c], measured_bytes=measured[c])
-                 for c in accuracy.ROWS)
     info = dataclasses.asdict(mem) | {"stack": f"torchtitan {got.torchtitan_version}", "n_layers": got.n_layers,
-                                      "measured_layers": list(got.measured_layers), "scaled": got.scaled}
+                                      "measured_layers": list(got.measured_layers), "scaled": got.scaled,
+                                      "moments": got.moments, "moment_modules": got.moment_modules}
+    rows, moment, totals, notes = moment_rows(pred, measured_setup, mem.peak_bytes, mem.raw, got.moments,
+                                              got.moment_modules)
     return Comparison(layout=measured_lay, setup=measured_setup, predicted=pred.breakdown,
-                      predicted_phase=pred.phase, rows=rows, measured=info)
+                      predicted_phase=pred.phase, rows=rows, measured=info, moment=moment,
+                      moment_totals=totals, notes=notes)
 
 
 def compile_refusal(real: bool) -> str:
@@ -536,7 +556,7 @@ def _distributed_worker(setup: TitanSetup, out_dir: str) -> None:
     dist.init_process_group("nccl", device_id=device)
     try:
         full = model_args(setup.hf_config)["n_layers"]
-        got, _ = _measure_rank(setup, full)
+        got, _, _ = _measure_rank(setup, full)
         result = TitanMeasurement(memory=got, n_layers=full, measured_layers=(full,), scaled=False,
                                   torchtitan_version=getattr(torchtitan, "__version__", "0.3.0"))
         Path(out_dir, f"rank{dist.get_rank()}.json").write_text(result.to_json())

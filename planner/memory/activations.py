@@ -267,7 +267,9 @@ def layer_activation_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kern
     """
     if lay.recompute == "full":
         a = setup.precision_spec.activation_bytes
-        split = lay.tp if lay.sp else 1
+        # torchtitan's tensor parallelism is always sequence-parallel (models/llama3/sharding.py,
+        # 0.3.0: the blocks' inputs Shard(1)), so FullAC keeps the input's sequence shard
+        split = lay.tp if lay.sp or setup.stack == "torchtitan" else 1
         if setup.stack == "deepspeed" and setup.ds_checkpointing != "none":
             # DeepSpeed's CheckpointFunction (deepspeed/runtime/activation_checkpointing/
             # checkpointing.py, 0.19.8): with CPU_CHECKPOINT the saved inputs are copied to the
@@ -293,6 +295,48 @@ def eager_score_gradient_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, 
     kept = (4 + (a if a < 4 else 0)) if kernels != "fused" else a
     elems = lay.micro_batch * (lay.seq_len // lay.cp) * lay.seq_len * m.n_heads
     return ceil_div(elems * max(0, 8 - kept), lay.tp)
+
+
+def titan_backward_working_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> int:
+    """What torchtitan 0.3.0's recomputed last block holds in its backward beyond its recomputed
+    tensors, per micro-batch, on one rank, under tensor (+ sequence) parallelism: 0 at tp 1 and
+    without recomputation (not measured there).
+
+    Measured with FSDPMemTracker under fake tensors (bench/loss_peak_tensors.py --dump: a TorchDispatchMode
+    naming each live storage's op; Llama 3.1 70B's width, 2 blocks, dp 2, tp 8, micro-batch 16 x 8192,
+    the peak inside the last block's backward, torch 2.13.0). w2 is RowwiseParallel with a Shard(1)
+    output (models/llama3/sharding.py), so its forward reduce-scatters partial sums along the sequence
+    and its backward all-gathers the incoming gradient (DTensor redistribute Shard(1) -> Replicate,
+    torch/distributed/tensor/_redistribute.py). The first backward op of the block is w2's, so its
+    unpack starts the recomputation (torch.utils.checkpoint, non-reentrant) with the gathered gradient
+    alive, and the replay runs to the block's end:
+
+    - the all-gathered gradient of the block's output, b s h x a (``cat``, (b, s, h));
+    - the reordering copy before the replayed reduce-scatter after w2 (``cat`` of the sequence chunks
+      along dim 0, (tp b, s / tp, h): b s h x a), which SelectiveAC replays too (cat is not a save op);
+    - under FullAC, w2's replayed output, the partial sums b s h x a (``mm``, (b s, h)); SelectiveAC
+      saves it (titan_block_terms);
+    - on the sequence shard, the incoming gradient and the replayed residual stream x + attention(x)
+      (b s h x a / tp each).
+
+    At that width: 3 x 2.0 + 2 x 0.25 GiB under FullAC, 2 x 2.0 + 2 x 0.25 under SelectiveAC, each
+    tensor named by its op and shape in docs/published-memory.md. Under per-block torch.compile the same
+    collectives are assumed (not measured: compiled steps do not run under fake tensors).
+    """
+    if lay.tp == 1 or lay.recompute == "none":
+        return 0
+    tokens = lay.micro_batch * (lay.seq_len // lay.cp)
+    full_sequence = tokens * m.d_model * setup.precision_spec.activation_bytes
+    n_full = 3 if lay.recompute == "full" else 2
+    return n_full * full_sequence + 2 * ceil_div(full_sequence, lay.tp)
+
+
+def backward_working_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) -> int:
+    """The last block's backward working set beyond its recomputed tensors: eager attention's score
+    gradients (eager_score_gradient_bytes) and, for torchtitan's block, its sequence-parallel
+    gradient and reduce-scatter copies (titan_backward_working_bytes)."""
+    titan = titan_backward_working_bytes(m, setup, lay) if kernels == "torchtitan" else 0
+    return eager_score_gradient_bytes(m, setup, lay, kernels) + titan
 
 
 def activation_key(lay: Layout, sharded_dtype: bool = False) -> Layout:

@@ -14,8 +14,8 @@ from planner.layouts.batch import RECOMPUTES, LayoutArrays
 from planner.layouts.layout import SHARDINGS, Layout
 from planner.memory.activations import (
     activation_key,
+    backward_working_bytes,
     block_activations,
-    eager_score_gradient_bytes,
 )
 from planner.memory.attention import attention_saved_delta_bytes, sink_eager_delta_bytes
 from planner.memory.buffers import pipeline_buffer_bytes
@@ -180,7 +180,7 @@ class ActivationFigures:
 
 def activation_figures(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_len: int, kernels: np.ndarray,
                        act_fp32: np.ndarray) -> ActivationFigures:
-    """activations.block_activations, eager_score_gradient_bytes, loss.logits_bytes and
+    """activations.block_activations, backward_working_bytes, loss.logits_bytes and
     buffers.pipeline_buffer_bytes per distinct block shape; ``act_fp32``: where the trainable
     blocks run in fp32 (freeze on
     replicated ranks), which sizes the blocks' activations in fp32. LoRA's blocks also
@@ -217,7 +217,7 @@ def activation_figures(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_
         if imbalanced:  # the most loaded expert-parallel rank's extra routed tokens (memory.moe)
             kept += imbalance_extra_bytes(m, s_, lay, kern)
             full += imbalance_extra_bytes(m, s_, replace(lay, recompute="none"), kern)
-        return (kept, full, eager_score_gradient_bytes(m, setup, lay, kern), logits_bytes(m, setup, lay, kern),
+        return (kept, full, backward_working_bytes(m, setup, lay, kern), logits_bytes(m, setup, lay, kern),
                 pipeline_buffer_bytes(m, setup, lay))
 
     cols = [a.tp, a.sp, a.cp, a.micro_batch, a.recompute, kernels, act_fp32.astype(np.int64),

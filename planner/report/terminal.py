@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from planner.fmt import amount, days, duration, gib, params, plural, usd
+from planner.measure.titan_moments import SHORT as MOMENT_NAMES
 from planner.memory.inference import mla_cache_description
 from planner.memory.model import CATEGORIES
 from planner.report import costs
@@ -442,7 +443,9 @@ def comparison_view(m: Any, gpu: Any, cmp: Any) -> list[Any]:
     out.append(_text(f"measured with {meas.get('tracker')} ({how}) in {meas.get('wall_s', 0):.1f} s"))
     top = max([1, *(max(r.predicted_bytes, r.measured_bytes) for r in cmp.rows)])
     t = _table()
-    t.add_column("category (at the peak)")
+    moment = getattr(cmp, "moment", "")
+    named = MOMENT_NAMES.get(moment, moment.replace("-", " "))
+    t.add_column(f"category (at the {named})" if moment else "category (at the peak)")
     t.add_column("predicted", justify="right", no_wrap=True)
     t.add_column("measured", justify="right", no_wrap=True)
     t.add_column("error", justify="right", no_wrap=True)
@@ -450,7 +453,8 @@ def comparison_view(m: Any, gpu: Any, cmp: Any) -> list[Any]:
     for r in cmp.rows:
         err = "-" if r.error is None else f"{100 * r.error:+.1f}%"
         style = "" if r.error is None else OK if abs(r.error) <= 0.1 else BAD
-        label = "total (less overhead)" if r.category == "total" else LABELS.get(r.category, r.category)
+        label = (("total at the peak" if moment else "total (less overhead)") if r.category == "total"
+                 else LABELS.get(r.category, r.category))
         if r.category == "activations":
             label = "activations and loss"
         colour = CATEGORY_STYLE.get(r.category, "white")
@@ -463,6 +467,15 @@ def comparison_view(m: Any, gpu: Any, cmp: Any) -> list[Any]:
              f"step {meas.get('peak_step')} ({meas.get('peak_module') or 'outside modules'})",
              f"overhead not seen by the tracker (CUDA context, NCCL, fragmentation): {gib(cmp.predicted.overhead)}; "
              f"planner total {gib(cmp.predicted.total)} of {gib(gpu.memory_bytes)}"]
+    if moment:
+        lines.insert(0, f"categories at the tracker's peak moment, the {named}, each predicted at the planner's "
+                        "same moment; the total is peak against peak, less overhead")
+        large = max([0, *(t.measured_bytes for t in cmp.moment_totals)]) >= 2**30
+        unit, div = ("GiB", 2**30) if large else ("MiB", 2**20)
+        lines.append("tracked total by moment, predicted / measured: " + "; ".join(
+            f"{MOMENT_NAMES.get(t.moment, t.moment)} {t.predicted_bytes / div:.2f} / {t.measured_bytes / div:.2f}"
+            for t in cmp.moment_totals) + f" {unit}")
+        lines += [f"why: {n}" for n in cmp.notes]
     if meas.get("max_allocated_bytes"):
         lines.append(f"CUDA max allocated {gib(meas['max_allocated_bytes'])}, "
                      f"max reserved {gib(meas['max_reserved_bytes'])}")

@@ -440,7 +440,9 @@ def comparison_json(m: Any, gpu: Any, cmp: Any) -> dict[str, Any]:
                                           "tracker", "device", "fake", "wall_s", "raw",
                                           "max_allocated_bytes", "max_reserved_bytes") if k in meas},
         "note": "total is the planner's total less overhead (what no tensor tracker sees) against the tracker's peak",
-    }
+    } | ({"moment": cmp.moment, "notes": list(cmp.notes),
+          "moments": [{"moment": t.moment, "predicted_bytes": t.predicted_bytes, "measured_bytes": t.measured_bytes}
+                      for t in cmp.moment_totals]} if getattr(cmp, "moment", "") else {})
 
 
 def models_text(rows: list[dict[str, Any]]) -> str:
