@@ -194,9 +194,10 @@ def ring_bound_bytes_per_s(f: Fabric, groups: Iterable[Sequence[int]], n_gpus: i
         if hosts_hold_many:              # else the GPU alone: the cuts of the loop above
             blocks["host", node, h].append(gpu)
         blocks["leaf", node // f.nodes_per_leaf].append(gpu)
-    for inside in blocks.values():
-        islands = {island[v] for v in inside}
-        held = Counter(ring_of[v] for v in inside)
+    for (kind, *_), inside in blocks.items():
+        # a node, switch or island lies in one island; a leaf group when its GPUs here do
+        islands = {island[v] for v in inside} if kind == "leaf" else {island[inside[0]]}
+        held = Counter([ring_of[v] for v in inside])
         near: list[int] = []
         if len(islands) == 1:
             one = next(iter(islands))
