@@ -13,7 +13,9 @@ from collections import Counter, defaultdict
 
 import networkx as nx
 import pytest
+from click.testing import CliRunner
 
+from planner.cli.main import cli
 from planner.hardware import placement
 from planner.hardware.graph import build_graph, nvlink_domain_size, place_groups, ring_bandwidth_bytes_per_s
 from planner.hardware.rings import domain_gpus, fabric_of, far_flow_bytes_per_s, host_of, ring_bound_bytes_per_s
@@ -180,3 +182,23 @@ latency_us = 2.7
 switch_latency_us = 0.3
 source = "ASSUMPTION"
 """
+
+
+def test_a_gpu_whose_switch_has_no_nic_is_not_an_internal_error(tmp_path):
+    # found by a fuzz of valid topology files: 4 GPUs a node on 16 PCIe switches, one NIC (on
+    # switch 0), so a GPU alone in its NVLink domain on another switch has no way out (ring
+    # bandwidth 0, step time inf); pricing it divided by zero tokens/s (exit 1). Such layouts
+    # are now left unpriced and the others answer.
+    text = OVERSUBSCRIBED
+    for old, new in (("gpus_per_node = 256", "gpus_per_node = 4"), ("max_nodes = 256", "max_nodes = 5000"),
+                     ("switches = 64\ndomain_gpus = 1024", "switches = 42\ndomain_gpus = 8"),
+                     ("[pcie]\nswitches = 64", "[pcie]\nswitches = 16"), ("nics_per_node = 64", "nics_per_node = 1"),
+                     ("nodes_per_leaf = 64", "nodes_per_leaf = 6"),
+                     ("oversubscription = 4.0", "oversubscription = 2.5")):
+        assert old in text
+        text = text.replace(old, new)
+    (tmp_path / "t.toml").write_text(text)
+    r = CliRunner().invoke(cli, ["--model", "mixtral-8x7b", "--gpus", "h100", "--topology", str(tmp_path / "t.toml"),
+                                 "--tokens", "100B", "--quiet"])
+    assert r.exit_code == 0, r.output
+    assert "internal error" not in r.output and "x h100" in r.stdout
