@@ -74,7 +74,9 @@ def check_config_types(cfg: Mapping[str, Any], where: str) -> str | None:
         v = cfg.get(key)
         if v is None:
             continue
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and 0 <= v <= 1):
+        # NaN and inf fail the comparison, and an integer of any size compares without a float
+        # (math.isfinite(10**400) raises OverflowError)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
             return f"{where}: key {key!r} must be a probability from 0 to 1, got {_show(v)}"
     for key in CONFIG_STR_KEYS:
         v = cfg.get(key)
@@ -126,7 +128,8 @@ def check_topology_types(table: Mapping[str, Any], where: str,
             ok = isinstance(v, Mapping)
         else:
             number = isinstance(v, int) if kind == _INT else isinstance(v, (int, float))
-            ok = number and not isinstance(v, bool) and math.isfinite(v) and lo <= v <= hi
+            # an int of any size compares without a float (math.isfinite(10**400) raises)
+            ok = number and not isinstance(v, bool) and (isinstance(v, int) or math.isfinite(v)) and lo <= v <= hi
             kind = f"{kind} from {lo:g} to {hi:g}"
         if not ok:
             return f"{where}: {key} must be {kind}, got {_show(v)}"

@@ -53,6 +53,9 @@ def test_token_batch_equals_the_same_batch_in_sequences() -> None:
     (("--seq-len", "8q"), "sequence length"),
     (("--seq-len", "0.3k"), "sequence length"),     # 307.2 tokens is not whole
     (("--seq-len", "0"), "between 1"),
+    (("--seq-len", "inf"), "sequence length"),      # bench/fuzz.py: float('inf') has no int (exit 1 before)
+    (("--seq-len", "nan"), "sequence length"),
+    (("--seq-len", "1e400"), "sequence length"),
     (("--global-batch-tokens", "lots"), "token count"),
 ])
 def test_size_errors_exit_2_in_one_line(args: tuple[str, ...], needle: str) -> None:

@@ -45,3 +45,23 @@ def test_the_issue_command_says_nothing_fits_without_a_warning():
         assert "Warning" not in r.output and "internal error" not in r.output
         assert r.stderr == ""
         assert len(r.stdout.strip().splitlines()) == 1 and "no layout fits" in r.stdout, r.stdout
+
+
+def test_a_dropout_too_large_for_a_float_is_refused_in_one_line(tmp_path):
+    # bench/fuzz.py found it: "attn_pdrop": 10**400 raised OverflowError in math.isfinite (exit 1)
+    from planner.models.spec import preset_config
+
+    cfg = dict(preset_config("gpt2"), attn_pdrop=10**400)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    r = CliRunner().invoke(cli, ["--model", str(tmp_path / "config.json"), "--gpus", "h100", "--max-gpus", "64"])
+    assert r.exit_code == 2, r.output
+    assert "attn_pdrop" in r.stderr and "probability" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_topology_or_gpu_number_too_large_for_a_float_is_a_message():
+    # the same math.isfinite(10**400) in the topology and GPU key checks (callers that skip
+    # check_tree's int64 bound would have raised OverflowError)
+    from planner.limits import check_topology_types
+
+    assert "gpus_per_node must be" in check_topology_types({"gpus_per_node": 10**400}, "t.toml")
+    assert "oversubscription must be" in check_topology_types({"oversubscription": 10**400}, "t.toml")

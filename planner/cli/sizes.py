@@ -15,6 +15,7 @@ four million sequences.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import click
@@ -47,7 +48,7 @@ class SeqLength(click.ParamType):
             n: float | None = float(value)
         else:
             n = parse_binary_size(str(value))
-        if n is None or n != int(n):
+        if n is None or not math.isfinite(n) or n != int(n):      # inf, nan: no whole number
             self.fail(f"{value!r} is not a sequence length in tokens (e.g. 4096, 8k, 128k)", param, ctx)
         if not 1 <= n <= self.upper:
             self.fail(f"{value!r} must be between 1 and {self.upper:,} tokens", param, ctx)

@@ -239,7 +239,10 @@ def plan_cost(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, token
     _sweep_all([(pool, counts[pool.gpu.name], tokens, math.inf) for pool in pools])
     for pool in pools:
         for cb in pool.at(counts[pool.gpu.name]):
-            plans += [price_plan(pool.gpu, c, tokens, prices) for c in cb.fastest]
+            # a layout with a link of no bandwidth (a GPU whose PCIe switch has no NIC and no
+            # NVLink peer in its ring: rings.py) never finishes a step: it cannot be priced
+            plans += [price_plan(pool.gpu, c, tokens, prices) for c in cb.fastest
+                      if c.time is not None and c.time.tokens_per_s > 0]
     options = [Option(key=p.key, gpu=p.gpu.name, n_gpus=p.n_gpus, cost_usd=p.cost_usd or 0.0,
                       time_s=p.train_time_s, memory_bytes=p.candidate.memory.total,
                       capacity_bytes=p.candidate.capacity_bytes) for p in plans]

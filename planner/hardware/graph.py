@@ -4,7 +4,10 @@ placement of those groups on GPU ids.
 build_graph() turns a description (planner.hardware.topology) into a networkx graph (GPUs,
 NVSwitches, PCIe switches, CPU sockets, NICs, leaf and spine switches; edges carry
 bandwidth_bytes_per_s per direction and latency_s). Collective bandwidths are computed on
-that graph with max-flow over cuts, not looked up. This is the only module that imports
+that graph with max-flow over cuts, not looked up. On NVSwitch and mesh clusters
+hardware/rings.py computes the same ring bound in closed form without the graph (what
+placement uses there); the graph stays the reference its tests check it against, and what
+PCIe-only clusters are solved on. This is the only module that imports
 networkx, inside the functions that build or solve a graph: a plan on a shipped topology reads
 its links and its NVLink domain from planner/presets/links.json and never imports it.
 """
@@ -18,7 +21,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from planner.errors import UserError
-from planner.hardware.topology import AXES, ClusterTopology, IntraNodeFabric
+from planner.hardware.rings import leaf_uplink_bytes_per_s, scale_up_gpu_bytes_per_s
+from planner.hardware.topology import AXES, ClusterTopology
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -38,21 +42,6 @@ def _present(value: float | None, what: str) -> float:
 
 def _link(g: nx.Graph, a: Any, b: Any, bytes_per_s: float, latency_s: float, kind: str) -> None:
     g.add_edge(a, b, bandwidth_bytes_per_s=bytes_per_s, latency_s=latency_s, kind=kind)
-
-
-def _scale_up_gpu_bytes_per_s(intra: IntraNodeFabric) -> float:
-    """One GPU's scale-up capacity to its island as the max-flow graph sees it: the sum of
-    its links to the merged switch vertex (_merged_edges adds them in order) on NVSwitch,
-    the one peer link on a mesh, 0 on PCIe."""
-    if intra.fabric == "nvswitch":
-        assert intra.gpu_link_bytes_per_s is not None
-        total = 0.0
-        for _ in range(intra.switches):
-            total += intra.gpu_link_bytes_per_s / intra.switches
-        return total
-    if intra.fabric == "mesh":
-        return _present(intra.peer_link_bytes_per_s, "peer_link_bytes_per_s")
-    return 0.0
 
 
 def _hosts_alike(top: ClusterTopology) -> bool:
@@ -86,7 +75,7 @@ def build_graph(top: ClusterTopology, n_nodes: int) -> nx.Graph:
                  domain_gpus=intra.domain_gpus,
                  leaf_of_node=[node // net.nodes_per_leaf for node in range(n_nodes)],
                  intra_kinds=(PCIE, CPU) if intra.fabric == "pcie" else (SCALE_UP,),
-                 scale_up_gpu_bytes_per_s=_scale_up_gpu_bytes_per_s(intra),
+                 scale_up_gpu_bytes_per_s=scale_up_gpu_bytes_per_s(intra),
                  hosts_alike=_hosts_alike(top),
                  pcie_tree=(pcie.sockets if intra.fabric == "pcie" else 0, pcie.switches > 0, pcie.link_bytes_per_s,
                             pcie.uplink_bytes_per_s or 0.0, pcie.socket_link_bytes_per_s or 0.0))
@@ -144,8 +133,7 @@ def build_graph(top: ClusterTopology, n_nodes: int) -> nx.Graph:
     # A leaf's up-links to the spine carry its full down-link bandwidth / oversubscription.
     leaves = [v for v, kind in g.nodes(data="kind") if kind == "leaf"]
     if len(leaves) > 1:
-        nics_per_leaf_per_node = 1 if net.rail_optimized else net.nics_per_node
-        uplink = net.nodes_per_leaf * nics_per_leaf_per_node * net.nic_bytes_per_s / net.oversubscription
+        uplink = leaf_uplink_bytes_per_s(top)
         g.add_node("spine", kind="spine")
         for leaf in leaves:
             _link(g, leaf, "spine", uplink, net.switch_latency_s, NETWORK)

@@ -18,7 +18,8 @@ from functools import lru_cache
 
 from planner.errors import UserError
 from planner.hardware.gpus import GpuSpec
-from planner.hardware.graph import build_graph, nvlink_domain_size, ring_bandwidth_bytes_per_s
+from planner.hardware.graph import build_graph, ring_bandwidth_bytes_per_s
+from planner.hardware.rings import Fabric, domain_gpus, fabric_of, island_of, ring_bound_bytes_per_s
 from planner.hardware.topology import AXES, ClusterTopology, load_topology
 
 
@@ -134,14 +135,30 @@ def _graph_link(top: ClusterTopology, stride: int, size: int, n_gpus: int, min_n
 
 def graph_link(top: ClusterTopology, stride: int, size: int, n_gpus: int, min_nodes: int) -> AxisLink:
     """One axis's link on a graph of at least ``min_nodes`` nodes: GPUs beyond n_gpus sit
-    idle and relay nothing, so every placement can share one graph and its max-flow cache."""
+    idle and relay nothing, so every placement can share one graph and its max-flow cache.
+    On NVSwitch and mesh clusters the ring bound is read off the counts in closed form
+    (hardware/rings.py), the graph never built; PCIe-only clusters build it."""
     gpn = top.gpus_per_node
-    g = _graph(top, max(min_nodes, -(-n_gpus // gpn)))
-    groups = _axis_groups(stride, size, n_gpus)
+    n_nodes = max(min_nodes, -(-n_gpus // gpn))
     intra = top.intra_node.latency_s if top.intra_node.fabric != "pcie" else top.pcie.latency_s
     inter = top.network.latency_s + top.pcie.latency_s
+    fabric = fabric_of(top, n_nodes)
+    if fabric is not None:
+        bus_bytes_per_s, one_island = _closed_link(fabric, stride, size, n_gpus)
+        return AxisLink(bus_bytes_per_s=bus_bytes_per_s, latency_s=intra if one_island else inter)
+    g = _graph(top, n_nodes)
+    groups = _axis_groups(stride, size, n_gpus)
     one_island = all(len({g.nodes[v]["island"] for v in grp}) == 1 for grp in groups)
     return AxisLink(bus_bytes_per_s=ring_bandwidth_bytes_per_s(g, groups), latency_s=intra if one_island else inter)
+
+
+@lru_cache(maxsize=4096)
+def _closed_link(fabric: Fabric, stride: int, size: int, n_gpus: int) -> tuple[float, bool]:
+    """(bus bandwidth, every group inside one island) of one axis in closed form; graphs of
+    different sizes with the same Fabric (only whether a spine exists tells them apart) share it."""
+    groups = _axis_groups(stride, size, n_gpus)
+    one_island = all(island_of(fabric, grp[0]) == island_of(fabric, grp[-1]) for grp in groups)
+    return ring_bound_bytes_per_s(fabric, groups, n_gpus), one_island
 
 
 def _fallback_links(gpu: GpuSpec, sizes: dict[str, int], order: Sequence[str]) -> dict[str, AxisLink]:
@@ -223,9 +240,10 @@ def cluster_for(gpu: GpuSpec, topology: str | ClusterTopology | None = None) -> 
 @lru_cache(maxsize=64)
 def scale_up_domain_gpus(cluster: Cluster) -> int:
     """GPUs one NVLink (or Infinity Fabric) domain holds, read from the topology graph
-    (graph.nvlink_domain_size: 8 on a DGX, 72 on an NVL72 rack, 1 without NVLink);
+    (rings.domain_gpus: graph.nvlink_domain_size without the graph; 8 on a DGX, 72 on an
+    NVL72 rack, 1 without NVLink);
     without a topology, the GPUs of a node when the GPU has an NVLink-class link."""
     if cluster.topology is not None:
         shipped = shipped_domain_gpus(cluster.topology)
-        return shipped if shipped is not None else nvlink_domain_size(cluster.topology)
+        return shipped if shipped is not None else domain_gpus(cluster.topology)
     return cluster.gpu.gpus_per_node if "pcie" not in cluster.gpu.intra_node_link else 1
