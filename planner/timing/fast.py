@@ -507,8 +507,9 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
         if eff.grad_accum_bytes_per_param:
             compute = compute + ga * of_p(np.asarray(accum))
         bubble = bubble_share[p_inv] * t_mb_l
-    # the time the sustained-rate ceiling (and step_time_factor) adds counts as compute
-    compute = compute + (step_o[idx, cols] - unfloored[idx, cols])
+        # the time the sustained-rate ceiling (and step_time_factor) adds counts as compute
+        # (inf - inf where a link has no bandwidth: such a layout is left unpriced by the caller)
+        compute = compute + (step_o[idx, cols] - unfloored[idx, cols])
     times = dp_times(BRANCH[pair], a.pp, a.grad_accum, sync)
     return StepArrays(orders=tuple(orders), order=idx, step_time_s=step_o[idx, cols], compute_s=compute,
                       comm_tp_s=comm_tp, comm_cp_s=(ga * n_slow_l) * cp_l, comm_ep_s=(ga * n_slow_l) * ep_l,
