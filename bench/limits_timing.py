@@ -29,38 +29,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-OVERSUBSCRIBED = """\
-name = "oversubscribed-limits"
-description = "256 GPUs a node in 1,024-GPU NVLink domains, 64 NICs, leaves of 64 nodes at 4:1"
-gpu = "h100"
-gpus_per_node = 256
-max_nodes = 256
-source = "ASSUMPTION: a bench topology at the limits of planner/limits.py TOPOLOGY_KEY_RULES"
-
-[intra_node]
-fabric = "nvswitch"
-gpu_link_gb_per_s = 450
-switches = 64
-domain_gpus = 1024
-latency_us = 0.47
-source = "ASSUMPTION"
-
-[pcie]
-switches = 64
-link_gb_per_s = 64
-latency_us = 1.0
-source = "ASSUMPTION"
-
-[network]
-nics_per_node = 64
-nic_gbit_per_s = 400
-rail_optimized = true
-nodes_per_leaf = 64
-oversubscription = 4.0
-latency_us = 2.7
-switch_latency_us = 0.3
-source = "ASSUMPTION"
-"""
+# a topology at the limits of planner/limits.py TOPOLOGY_KEY_RULES (shared with tests/test_ring_closed_form.py)
+OVERSUBSCRIBED = (REPO / "tests" / "data" / "oversubscribed-limits.toml").read_text()
 
 PCIE = """\
 name = "pcie-limits"

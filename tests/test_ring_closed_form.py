@@ -11,10 +11,12 @@ import random
 import time
 import warnings
 from collections import Counter, defaultdict
+from pathlib import Path
 
 import networkx as nx
 import pytest
 from click.testing import CliRunner
+from maxflow import networkx_flow
 
 from planner.cli.main import cli
 from planner.hardware import placement
@@ -24,22 +26,6 @@ from planner.hardware.topology import load_topology, parse_topology
 
 KINDS = ("scale_up", "pcie", "cpu", "network")
 
-
-def _networkx_flow(g: nx.Graph, sources: set[int], sinks: set[int]) -> float:
-    """networkx's max flow from sources to sinks over every link, GPUs outside them relaying nothing."""
-    involved = sources | sinks
-    d = nx.DiGraph()
-    for a, b, e in g.edges(data=True):
-        if any(isinstance(v, int) and v not in involved for v in (a, b)):
-            continue
-        for u, v in ((a, b), (b, a)):       # full duplex: each direction its own capacity
-            cap = e["bandwidth_bytes_per_s"] + (d[u][v]["capacity"] if d.has_edge(u, v) else 0.0)
-            d.add_edge(u, v, capacity=cap)
-    d.add_edges_from(("S", s) for s in sources)
-    d.add_edges_from((t, "T") for t in sinks)
-    if "S" not in d or "T" not in d or not nx.has_path(d, "S", "T"):
-        return 0.0
-    return nx.maximum_flow_value(d, "S", "T")
 
 
 def _random_topology(rng: random.Random):
@@ -112,7 +98,7 @@ def test_far_cuts_equal_networkx_cut_by_cut(seed):
         for sources, sinks in _far_cuts(g, groups)[:12]:
             got = far_flow_bytes_per_s(f, Counter(host_of(f, v) for v in sources),
                                        Counter(host_of(f, v) for v in sinks))
-            assert got == pytest.approx(_networkx_flow(g, sources, sinks), rel=1e-9), (seed, top, sources, sinks)
+            assert got == pytest.approx(networkx_flow(g, sources, sinks), rel=1e-9), (seed, top, sources, sinks)
             checked += 1
     assert checked or n <= island          # one island: no far cut
 
@@ -151,38 +137,8 @@ def test_a_link_at_the_topology_limits_is_the_nic_share_in_a_second():
     assert link.latency_s == pytest.approx(2.7e-6 + 1.0e-6)     # through PCIe, NIC and leaf
 
 
-OVERSUBSCRIBED = """\
-name = "oversubscribed-limits"
-description = "256 GPUs a node in 1,024-GPU NVLink domains, 64 NICs, leaves of 64 nodes at 4:1"
-gpu = "h100"
-gpus_per_node = 256
-max_nodes = 256
-source = "ASSUMPTION: bench/limits_timing.py's topology at the limits"
-
-[intra_node]
-fabric = "nvswitch"
-gpu_link_gb_per_s = 450
-switches = 64
-domain_gpus = 1024
-latency_us = 0.47
-source = "ASSUMPTION"
-
-[pcie]
-switches = 64
-link_gb_per_s = 64
-latency_us = 1.0
-source = "ASSUMPTION"
-
-[network]
-nics_per_node = 64
-nic_gbit_per_s = 400
-rail_optimized = true
-nodes_per_leaf = 64
-oversubscription = 4.0
-latency_us = 2.7
-switch_latency_us = 0.3
-source = "ASSUMPTION"
-"""
+# the topology at the limits bench/limits_timing.py times
+OVERSUBSCRIBED = (Path(__file__).parent / "data" / "oversubscribed-limits.toml").read_text()
 
 
 def test_a_gpu_whose_switch_has_no_nic_is_not_an_internal_error(tmp_path):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import networkx as nx
 import pytest
+from maxflow import networkx_flow
 
 from planner.hardware import placement
 from planner.hardware.graph import build_graph, place_groups, ring_bandwidth_bytes_per_s
@@ -24,21 +25,11 @@ ALL_KINDS = ("scale_up", "pcie", "cpu", "network")
 
 
 def _flow(g: nx.Graph, sources: set[int], sinks: set[int]) -> float:
-    """networkx's max flow from sources to sinks, GPUs outside them relaying nothing, on the
-    intra-island links when all sit in one island (graph.ring_bandwidth_bytes_per_s)."""
+    """networkx's max flow from sources to sinks, on the intra-island links when all sit in one
+    island (graph.ring_bandwidth_bytes_per_s)."""
     involved = sources | sinks
     one_island = len({g.nodes[v]["island"] for v in involved}) == 1
-    kinds = g.graph["intra_kinds"] if one_island else ALL_KINDS
-    d = nx.DiGraph()
-    for a, b, e in g.edges(data=True):
-        if e["kind"] not in kinds or any(isinstance(v, int) and v not in involved for v in (a, b)):
-            continue
-        for u, v in ((a, b), (b, a)):       # full duplex: each direction its own capacity
-            cap = e["bandwidth_bytes_per_s"] + (d[u][v]["capacity"] if d.has_edge(u, v) else 0.0)
-            d.add_edge(u, v, capacity=cap)
-    d.add_edges_from(("S", s) for s in sources)
-    d.add_edges_from((t, "T") for t in sinks)
-    return nx.maximum_flow_value(d, "S", "T")
+    return networkx_flow(g, sources, sinks, g.graph["intra_kinds"] if one_island else ALL_KINDS)
 
 
 def _reference_ring_bandwidth(g: nx.Graph, groups) -> float:
