@@ -4,7 +4,8 @@ tests/test_ring_closed_form.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections import defaultdict
+from collections.abc import Collection, Sequence
 
 import networkx as nx
 
@@ -28,3 +29,17 @@ def networkx_flow(g: nx.Graph, sources: set[int], sinks: set[int], kinds: Collec
     if "S" not in d or "T" not in d or not nx.has_path(d, "S", "T"):
         return 0.0
     return float(nx.maximum_flow_value(d, "S", "T"))
+
+
+def ring_blocks(g: nx.Graph, groups: Sequence[Sequence[int]]):
+    """The rings of ``groups`` (each group's distinct GPUs, more than one), each GPU's ring, and
+    the blocks graph.ring_bandwidth_bytes_per_s cuts at: each GPU alone, and the GPUs of the
+    rings under each of its domain labels (PCIe switch, node, NVLink domain, leaf)."""
+    rings = [sorted(set(grp)) for grp in groups if len(set(grp)) > 1]
+    ring_of = {v: i for i, r in enumerate(rings) for v in r}
+    blocks: dict[object, set[int]] = defaultdict(set)
+    for v in ring_of:
+        blocks[v].add(v)
+        for label in g.nodes[v]["domains"]:
+            blocks[label].add(v)
+    return rings, ring_of, blocks

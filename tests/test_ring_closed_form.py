@@ -10,13 +10,13 @@ import dataclasses
 import random
 import time
 import warnings
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 
 import networkx as nx
 import pytest
 from click.testing import CliRunner
-from maxflow import networkx_flow
+from maxflow import networkx_flow, ring_blocks
 
 from planner.cli.main import cli
 from planner.hardware import placement
@@ -65,13 +65,7 @@ def _random_groups(rng: random.Random, n: int) -> list[list[int]]:
 def _far_cuts(g: nx.Graph, groups) -> list[tuple[set[int], set[int]]]:
     """The far cuts of graph.ring_bandwidth_bytes_per_s's blocks: a block's GPUs of the groups
     with no GPU outside it in its island, against those groups' GPUs outside it."""
-    rings = [sorted(set(grp)) for grp in groups if len(set(grp)) > 1]
-    ring_of = {v: i for i, r in enumerate(rings) for v in r}
-    blocks = defaultdict(set)
-    for v in ring_of:
-        blocks[v].add(v)
-        for label in g.nodes[v]["domains"]:
-            blocks[label].add(v)
+    rings, ring_of, blocks = ring_blocks(g, groups)
     cuts = []
     for inside in blocks.values():
         islands = {g.nodes[v]["island"] for v in inside}

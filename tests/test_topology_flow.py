@@ -9,12 +9,11 @@ import dataclasses
 import math
 import random
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import networkx as nx
 import pytest
-from maxflow import networkx_flow
+from maxflow import networkx_flow, ring_blocks
 
 from planner.hardware import placement
 from planner.hardware.graph import build_graph, place_groups, ring_bandwidth_bytes_per_s
@@ -34,15 +33,9 @@ def _flow(g: nx.Graph, sources: set[int], sinks: set[int]) -> float:
 
 def _reference_ring_bandwidth(g: nx.Graph, groups) -> float:
     """The ring bound of ring_bandwidth_bytes_per_s's docstring, every cut by networkx."""
-    rings = [sorted(set(grp)) for grp in groups if len(set(grp)) > 1]
+    rings, ring_of, blocks = ring_blocks(g, groups)
     if not rings:
         return math.inf
-    ring_of = {v: i for i, r in enumerate(rings) for v in r}
-    blocks = defaultdict(set)
-    for v in ring_of:
-        blocks[v].add(v)
-        for label in g.nodes[v]["domains"]:
-            blocks[label].add(v)
     best = math.inf
     for inside in blocks.values():
         islands = {g.nodes[v]["island"] for v in inside}
