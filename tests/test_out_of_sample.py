@@ -148,3 +148,21 @@ def test_stated_interval_covers_its_level_out_of_sample(study):
         row = data["levels"][f"{level:.2f}"]
         inside = sum(row["log_error_low"] - 5e-5 <= e <= row["log_error_high"] + 5e-5 for e in errs)
         assert inside / len(errs) >= level, level
+
+
+def test_no_fold_fits_a_matmul_fraction_above_the_measured_maximum(study):
+    # each fold's matmul fraction stays at or below what the GPU was measured to sustain
+    # (planner.timing.efficiency.MATMUL_FRACTION_MAX, from ml-engineering's MSMF / MAMF tables);
+    # the unbounded comparison the report prints is the same grid search without that cap
+    from planner.timing.efficiency import MATMUL_FRACTION_MAX
+
+    for s, f in [("in sample", study.in_sample), *study.held_out.items()]:
+        for fam, v in f.matmul.items():
+            assert v is None or v <= MATMUL_FRACTION_MAX[fam] + 1e-12, (s, fam, v)
+    assert set(oos.MATMUL_MAX.values()) <= set(oos.MATMUL_GRID)
+    free = study.unbounded
+    assert set(free) == {s for s in study.held_out if study.held_out[s] is not study.in_sample}
+    for s, f in free.items():
+        # lifting the cap can only lower (or keep) the training error of the fold
+        assert f.train_median_abs_log <= study.held_out[s].train_median_abs_log + 1e-12, s
+    assert "Without that bound" in oos.report(study)

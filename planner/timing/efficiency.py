@@ -25,6 +25,18 @@ MATMUL_FRACTION = {
 }
 MATMUL_FRACTION_DEFAULT = 0.75      # ASSUMPTION for GPUs not measured there (PCIe cards, V100)
 
+# The highest matmul fraction a GPU was MEASURED to sustain, from the same tables: MSMF (the
+# rate held once the card is power-saturated) where it is published, else MAMF (the burst
+# maximum, which is higher still, so it bounds the sustained rate from above): H100/H200 MSMF
+# 702.9/989 = 0.711, B200 MSMF 0.647, A100 MAMF 267.9/312 = 0.859, MI300X MAMF 0.601. No step of
+# a training run multiplies faster than this; bench/out_of_sample.py keeps its fitted matmul
+# fractions at or below it, so that a fold cannot buy back what another term misses with a
+# rate the hardware does not reach.
+MATMUL_FRACTION_MAX = {
+    "a100": 0.859, "a100-40gb": 0.859, "h100": 0.711, "h200": 0.711, "b200": 0.647,
+    "gb200": 0.647, "mi300x": 0.601,
+}
+
 # Fused (FlashAttention-style) attention, forward and backward, as a fraction of the dense
 # peak on the FLOPs the kernel does (causal: half the s x s; backward 2.5x forward).
 # A100: FlashAttention-2 reaches 50-73% of peak (Dao 2023, arXiv:2307.08691, Sec. 4);
