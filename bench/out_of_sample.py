@@ -686,6 +686,28 @@ def intervals(st: Study) -> dict:
     }
 
 
+ERRORS = ROOT / "docs" / "published-runs-out-of-sample.json"
+
+
+def errors_table(st: Study) -> dict:
+    """docs/published-runs-out-of-sample.json: each fitted run's in-sample and out-of-sample error
+    (predicted over reported speed, minus 1), which bench/published_runs.py sets beside its own."""
+    oos = oos_errors(st)
+    return {
+        "about": ("Per run: predicted over reported speed minus 1, in sample (fitted on all sources) and out of "
+                  "sample (fitted on the other sources). Do not edit by hand: "
+                  "python bench/out_of_sample.py writes it."),
+        "runs": {p.case["id"]: {"source": p.source,
+                                "in_sample": round(math.expm1(st.in_sample_error(p.case["id"])), 4),
+                                "out_of_sample": round(math.expm1(st.out_of_sample_error(p.case["id"])), 4)}
+                 for p in st.fitted},
+        "out_of_sample_median_abs": round(statistics.median(abs(math.expm1(e)) for e in oos), 4),
+        "out_of_sample_worst": round(math.expm1(max(oos, key=abs)), 4),
+        "within_20_percent": sum(abs(math.expm1(e)) <= 0.20 for e in oos),
+        "sources": len({p.source for p in st.fitted}),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--check", action="store_true", help="do not write; exit 1 if the doc is stale")
@@ -693,11 +715,14 @@ def main(argv: list[str] | None = None) -> int:
     st = run_study()
     text = report(st)
     data = json.dumps(intervals(st), indent=1) + "\n"
+    errs = json.dumps(errors_table(st), indent=1) + "\n"
     print(text)
     if args.check:
-        return 0 if DOC.exists() and DOC.read_text() == text and INTERVALS.read_text() == data else 1
+        return 0 if (DOC.exists() and DOC.read_text() == text and INTERVALS.read_text() == data
+                     and ERRORS.exists() and ERRORS.read_text() == errs) else 1
     DOC.write_text(text)
     INTERVALS.write_text(data)
+    ERRORS.write_text(errs)
     return 0
 
 

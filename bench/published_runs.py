@@ -132,8 +132,13 @@ def _fmt(v: float, metric: str) -> str:
     return f"{v:.1%}" if metric == "mfu" else f"{v:.1f}"
 
 
+OUT_OF_SAMPLE = ROOT / "docs" / "published-runs-out-of-sample.json"     # written by bench/out_of_sample.py
+
+
 def table(preds: list[Prediction]) -> str:
     errors = [p.error for p in preds]
+    oos = json.loads(OUT_OF_SAMPLE.read_text())
+    runs = oos["runs"]
     lines = [
         "# Predicted against published throughput",
         "",
@@ -146,9 +151,14 @@ def table(preds: list[Prediction]) -> str:
         "TFLOP/s (model) and MFU do not (Korthikanti et al. Eq. 7). The last column is per step: compute",
         "and the exposed tp, dp and pp communication, and the pipeline bubble.",
         "",
-        "| case | GPUs | layout | metric | predicted | reported | error | step (s) | compute / tp / dp / pp / bubble "
-        "(s) |",
-        "|---|---:|---|---|---:|---:|---:|---:|---|",
+        "These 23 runs set the catalog's efficiencies, so 'error' is in sample. Beside it, from",
+        "[the leave-one-source-out study](published-runs-out-of-sample.md) (`python bench/out_of_sample.py`,",
+        "62 runs of 9 sources): 'fit, all' refits the efficiencies on every source; 'out of sample' predicts",
+        "each run with efficiencies fitted on the other sources only.",
+        "",
+        "| case | GPUs | layout | metric | predicted | reported | error | fit, all | out of sample | step (s) "
+        "| compute / tp / dp / pp / bubble (s) |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for p in preds:
         lay, t, metric = p.layout, p.time, p.case["reported"]["metric"]
@@ -157,13 +167,19 @@ def table(preds: list[Prediction]) -> str:
         parts = " / ".join(f"{x:.2f}" for x in (t.compute_s, t.comm_s["tp"], t.comm_s["dp"], t.comm_s["pp"],
                                                    t.bubble_s))
         lines.append(f"| {p.case['id']} | {t.n_gpus} | {desc} | {_unit(metric)} | {_fmt(p.predicted, metric)} | "
-                     f"{_fmt(p.reported, metric)} | {p.error:+.1%} | {t.step_time_s:.2f} | {parts} |")
+                     f"{_fmt(p.reported, metric)} | {p.error:+.1%} | {runs[p.case['id']]['in_sample']:+.1%} | "
+                     f"{runs[p.case['id']]['out_of_sample']:+.1%} | {t.step_time_s:.2f} | {parts} |")
     worst = max(preds, key=lambda p: abs(p.error))
     lines += [
         "",
         f"Median absolute error {statistics.median(abs(e) for e in errors):.1%}, median signed error "
         f"{statistics.median(errors):+.1%}; worst {worst.error:+.1%} ({worst.case['id']}). "
         f"Goal: every row within 15%, median within 7%.",
+        "",
+        f"Out of sample, on all {len(runs)} published runs of the study ({oos['sources']} sources): median absolute "
+        f"error {oos['out_of_sample_median_abs']:.1%}, worst {oos['out_of_sample_worst']:+.1%}, "
+        f"{oos['within_20_percent']} of {len(runs)} within 20%; on these 23: median absolute "
+        f"{statistics.median(abs(runs[p.case['id']]['out_of_sample']) for p in preds):.1%}.",
         "",
         "Sources: " + "; ".join(sorted({p.case["source"] for p in preds})) + ".",
         "",

@@ -166,3 +166,16 @@ def test_no_fold_fits_a_matmul_fraction_above_the_measured_maximum(study):
         # lifting the cap can only lower (or keep) the training error of the fold
         assert f.train_median_abs_log <= study.held_out[s].train_median_abs_log + 1e-12, s
     assert "Without that bound" in oos.report(study)
+
+
+def test_per_run_errors_file_is_what_the_bench_writes_and_feeds_published_runs(study):
+    # docs/published-runs-out-of-sample.json carries each run's in- and out-of-sample error into
+    # docs/published-runs.md (bench/published_runs.py), so the two pages cannot disagree
+    import json
+
+    data = json.loads((ROOT / "docs" / "published-runs-out-of-sample.json").read_text())
+    assert data == json.loads(json.dumps(oos.errors_table(study)))
+    for c in published.load_cases():
+        row = data["runs"][c["id"]]
+        assert row["out_of_sample"] == pytest.approx(math.expm1(study.out_of_sample_error(c["id"])), abs=1e-4)
+    assert data["within_20_percent"] == sum(abs(r["out_of_sample"]) <= 0.20 for r in data["runs"].values())
