@@ -148,6 +148,13 @@ def test_stated_interval_covers_its_level_out_of_sample(study):
         row = data["levels"][f"{level:.2f}"]
         inside = sum(row["log_error_low"] - 5e-5 <= e <= row["log_error_high"] + 5e-5 for e in errs)
         assert inside / len(errs) >= level, level
+        # and on sources it was not read from: each source's runs against the interval the other
+        # sources' held-out errors give at the same quantile level
+        assert oos.nested_share(study, oos.band, row["quantile_level"]) >= level, level
+    for key, q in data["upper_quantiles"].items():
+        level = float(key)
+        assert sum(e <= q + 5e-5 for e in errs) / len(errs) >= level, key
+        assert oos.nested_share(study, oos.upper, oos.quantile_level(study, level, oos.upper)) >= level, key
 
 
 def test_no_fold_fits_a_matmul_fraction_above_the_measured_maximum(study):
