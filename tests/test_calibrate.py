@@ -10,6 +10,7 @@ trainer_utils.speed_metrics as ProgressCallback prints it.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib.util
 import json
@@ -322,3 +323,21 @@ def test_a_log_faster_than_any_matmul_fraction_says_so():
     c = fit([_observation("fast.log", "llama2-7b", LAY_A, 64, 4096, 0.5)], Efficiency(), "0.1.0", "now")
     assert c.at_bound and c.matmul_fraction == 1.0
     assert "at_bound = true" in to_toml(c)
+
+
+def test_a_fit_above_the_measured_matmul_maximum_is_named():
+    # a log a little faster than the planner at the H100's measured sustained rate (MSMF 0.711,
+    # ml-engineering) fits a fraction above it; the summary says what that fraction absorbs
+    from planner.cli.calibrate import summary_json, summary_text
+    from planner.timing.model import Efficiency, step_time
+
+    o = _observation("quick.log", "llama2-7b", LAY_A, 64, 4096, 1.0)
+    at_max = step_time(o.model, o.setup, o.layout, o.cluster, Efficiency(matmul_fraction=0.711)).step_time_s
+    o = dataclasses.replace(o, step_time_s=0.85 * at_max)
+    c = fit([o], Efficiency(), "0.1.0", "now")
+    assert c.measured_max == 0.711 and c.matmul_fraction > 0.711 and not c.at_bound
+    from planner.measure.logs import TrainingLog
+
+    lg = TrainingLog(path="quick.log", stack="megatron", steps=(), memory=())
+    assert "measured to sustain" in summary_text(c, [lg], Path("cal.toml"))
+    assert summary_json(c, [lg], Path("cal.toml"))["matmul_fraction"]["measured_max"] == 0.711

@@ -197,6 +197,10 @@ def summary_text(c: Calibration, logs: list[TrainingLog], out_file: Path) -> str
              + ("  [at the bound of the search: the logs are not explained by matmul speed alone]"
                 if c.at_bound else ""),
              f"  step-time log error (rms): {c.rms_before:.1%} before -> {c.rms_after:.1%} after"]
+    if c.measured_max is not None and c.matmul_fraction > c.measured_max:
+        lines.append(f"  note: {c.matmul_fraction:.3f} is above the {c.measured_max:.3f} a {c.gpu} is measured to "
+                     "sustain on matmuls (MSMF/MAMF); the planner's other terms (overlap, kernels, "
+                     "communication) are slower than your stack's, and the fitted fraction absorbs that")
     if c.fragmentation is not None:
         lines.append(f"  allocator overhead (fragmentation): {c.fragmentation:.1%} of tracked tensor memory")
     for f, lg in zip(c.logs, logs, strict=True):
@@ -215,7 +219,8 @@ def summary_text(c: Calibration, logs: list[TrainingLog], out_file: Path) -> str
 def summary_json(c: Calibration, logs: list[TrainingLog], out_file: Path) -> dict[str, Any]:
     return {
         "calibration_file": str(out_file), "gpu": c.gpu,
-        "matmul_fraction": {"before": c.matmul_fraction_before, "after": c.matmul_fraction, "at_bound": c.at_bound},
+        "matmul_fraction": {"before": c.matmul_fraction_before, "after": c.matmul_fraction, "at_bound": c.at_bound,
+                            "measured_max": c.measured_max},
         "fragmentation": c.fragmentation,
         "rms_log_error": {"before": round(c.rms_before, 4), "after": round(c.rms_after, 4)},
         "logs": [{"path": f.name, "stack": f.stack, "layout": f.layout, "n_steps": len(lg.measured),

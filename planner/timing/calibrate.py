@@ -31,6 +31,7 @@ from typing import Any
 from planner.errors import UserError
 from planner.layouts.layout import Layout
 from planner.models.spec import ModelSpec
+from planner.timing.efficiency import MATMUL_FRACTION_MAX
 from planner.timing.model import (
     MATMUL_FRACTION,
     MATMUL_FRACTION_DEFAULT,
@@ -116,6 +117,14 @@ class Calibration:
         if self.fragmentation is None:
             return base
         return replace(base, overheads=replace(base.overheads, fragmentation=self.fragmentation))
+
+    @property
+    def measured_max(self) -> float | None:
+        """The highest matmul fraction this GPU type was measured to sustain
+        (timing.efficiency.MATMUL_FRACTION_MAX), None for a GPU not in that table. A fit above it
+        means the logs ran faster than the planner's other terms allow (overlap, kernels,
+        communication), not that the matmuls did."""
+        return MATMUL_FRACTION_MAX.get(self.gpu)
 
     @property
     def rms_before(self) -> float:
