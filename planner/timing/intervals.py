@@ -3,7 +3,10 @@
 planner/timing/step_intervals.json holds, per level (0.50, 0.80, 0.90, 0.95), the quantiles of
 log(predicted / reported speed) over the held-out predictions of bench/out_of_sample.py (leave
 one published source out; docs/published-runs-out-of-sample.md): MEASURED residuals of the
-planner against published runs it was not fitted on. With e = log(predicted / true speed), the
+planner against published runs it was not fitted on. Each level's quantiles are read at its
+quantile_level, the smallest level at which the interval built from the other sources'
+residuals holds the stated share of each source's runs, so the interval is itself checked on
+sources it was not read from (tests/test_out_of_sample.py). With e = log(predicted / true speed), the
 true step time is the predicted one times exp(e), so at a level the step time lies within
 predicted x [exp(low), exp(high)], and speed (tokens/s, TFLOP/s, MFU) within
 predicted / [exp(high), exp(low)]; train time and cost scale as the step time.
