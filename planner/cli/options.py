@@ -61,7 +61,7 @@ class Options:
     vp: int | None = None
     sp: bool | None = None
     micro_batch: int | None = None
-    seq_len: int = 4096
+    seq_len: int | None = None        # None: training.checks.default_seq_len of the model
     global_batch: int | None = None
     global_batch_tokens: float | None = None
     grad_accum: int | None = None
@@ -238,8 +238,9 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--sp/--no-sp", default=None, help="Sequence parallelism with tp (default: on when tp > 1)."),
         click.option("--micro-batch", type=click.IntRange(1, MAX_MICRO_BATCH), default=None,
                      help="Fix the micro-batch (default: searched over 1, 2, 4, 8)."),
-        click.option("--seq-len", type=SeqLength(MAX_SEQ_LEN), default=4096, show_default=True,
-                     help="Sequence length in tokens: 4096, 8k, 128k (k = 1,024)."),
+        click.option("--seq-len", type=SeqLength(MAX_SEQ_LEN), default=None,
+                     help="Sequence length in tokens: 4096, 8k, 128k (k = 1,024)  [default: 4096, or a learned "
+                          "position table's length where shorter: GPT-2 1024, BERT 512]."),
         click.option("--global-batch", type=SequenceCount(MAX_GLOBAL_BATCH), default=None,
                      help="Sequences per optimizer step  [default: 1024]."),
         click.option("--global-batch-tokens", type=TokenBatch(), default=None,
@@ -270,7 +271,7 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Under --precision fp8: tensorwise (torchao, float8 all-gather), rowwise (torchao; "
                           "torchtitan's default), delayed (Transformer Engine; Megatron-LM's), blockwise "
                           "(DeepSeek-V3). auto: the --stack's default, rowwise without one."),
-        click.option("--moe-imbalance", type=click.FloatRange(1.0, 64.0), default=1.0, show_default=True,
+        click.option("--moe-imbalance", type=FiniteFloatRange(1.0, 64.0), default=1.0, show_default=True,
                      help="MoE routing: tokens the most loaded expert-parallel rank receives over its balanced "
                           "share (scales its expert activations, expert GEMMs and all-to-alls). 1.0 balanced; "
                           "Switch Transformer trains with capacity factor 1.25 (Fedus et al. 2021, Table 1)."),

@@ -86,12 +86,13 @@ def plan_fewest(o: Options) -> Answer:
     lay = api.fixed_layout(space, setup, n_gpus)
     o = within_topology(o, gpu, lay.n_gpus if lay is not None else n_gpus)
     if o.method == "auto":
-        specs = tuple(finetune_spec(o, name) for name in api.AUTO_METHODS)
+        tried = api.auto_methods(setup)
+        specs = tuple(finetune_spec(o, name) for name in tried)
         if lay is not None:
             results = [api.evaluate_layout(m, gpu, replace(setup, finetune=ft), lay, **timing(o, gpu))
                        for ft in specs]
             result = next((r for r in results if r.fits), results[-1])
-            result = replace(result, methods_tried=api.AUTO_METHODS)
+            result = replace(result, methods_tried=tried)
         else:
             with progress(o.aside, f"searching layouts on {gpu.name}") as bar:
                 result = api.plan_methods(m, gpu, setup, specs, space, n_gpus=n_gpus, max_gpus=o.max_gpus,
@@ -301,6 +302,7 @@ def load(o: Options) -> None:
     from planner.memory.inference import LoadSetup, plan_load
     from planner.models.spec import load_model
     from planner.report import text as report
+    from planner.training.checks import default_seq_len, positions_refusal
     from planner.training.setup import Overheads
 
     if not o.model_name or not o.gpu_name:
@@ -317,9 +319,12 @@ def load(o: Options) -> None:
     if o.mla_cache is not None and not m.is_mla:
         raise UserError(f"--mla-cache is for multi-head latent attention (DeepSeek-V3, Kimi K2); {m.name} "
                         f"caches K and V per head already: drop --mla-cache")
+    why = positions_refusal(m, o.seq_len or default_seq_len(m))
+    if why is not None:
+        raise UserError(why)
     wb = 4 if o.precision == "fp32" else 2
     setup = LoadSetup(weight_bytes=wb, quant=o.quant or "none", batch=o.micro_batch or 1,
-                      context=o.seq_len, kv_bytes=wb, mla_cache=o.mla_cache or "latent",
+                      context=o.seq_len or default_seq_len(m), kv_bytes=wb, mla_cache=o.mla_cache or "latent",
                       usable_memory_fraction=o.usable_memory)
     if o.fragmentation is not None:
         setup = replace(setup, overheads=Overheads(fragmentation=o.fragmentation))

@@ -105,6 +105,7 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
     from planner.hardware.gpus import get_gpu
     from planner.layouts.layout import SearchSpace
     from planner.models.spec import load_model
+    from planner.training.checks import check_setup, default_seq_len
     from planner.training.fp8 import resolve_recipe
     from planner.training.setup import Overheads, TrainingSetup
 
@@ -128,11 +129,6 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
                         "use --precision bf16-mixed")
     if o.fp8_recipe != "auto" and o.precision != "fp8":
         raise UserError(f"--fp8-recipe {o.fp8_recipe} needs --precision fp8")
-    if o.precision == "fp8" and (o.method not in (None, "auto", "full") or o.quant not in (None, "none")):
-        raise UserError("--precision fp8 is modelled for full training only; drop --method/--quant "
-                        "or use --precision bf16-mixed")
-    if o.moe_imbalance != 1.0 and not m.is_moe:
-        raise UserError(f"--moe-imbalance needs a mixture-of-experts model; {m.name} is dense")
     if o.ep and o.ep > 1 and not m.is_moe:
         raise UserError(f"--ep {o.ep} needs a mixture-of-experts model; {m.name} is dense")
     if o.etp is not None and not m.is_moe:
@@ -143,6 +139,7 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
 
     if o.etp is not None and o.stack in ETP_REFUSAL:
         raise UserError(ETP_REFUSAL[o.stack])
+    o = replace(o, seq_len=o.seq_len or default_seq_len(m))
     global_batch = global_batch_from(o.as_mapping(), MAX_GLOBAL_BATCH)
     if o.grad_accum is not None:
         if o.micro_batch is None or o.dp is None:
@@ -152,6 +149,7 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
             raise UserError(f"--global-batch {global_batch} contradicts --grad-accum x --micro-batch x --dp "
                             f"= {implied}; give one of them")
         global_batch = implied
+    assert o.seq_len is not None
     setup = TrainingSetup(seq_len=o.seq_len, global_batch=global_batch or 1024,
                           precision=o.precision, optimizer=o.optimizer,
                           fp8_recipe=resolve_recipe(o.fp8_recipe, o.stack), moe_imbalance=o.moe_imbalance,
@@ -166,6 +164,7 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
                           recompute_method=o.recompute_method or "uniform",
                           recompute_num_layers=o.recompute_num_layers or 1,
                           recompute_chunk_layers=recompute_chunk_layers(o, m))
+    check_setup(m, setup)       # the rules the Python API applies too (issue 32, W11)
     stack_refusal = stack_setup_refusal(o, m)
     if stack_refusal:
         raise UserError(stack_refusal)
@@ -185,7 +184,20 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
     )
     if not m.is_moe and space.ep is None:
         space = replace(space, ep=1)
-    return m, gpu, setup, space, o.n_gpus
+    return m, gpu, setup, space, o.n_gpus or degrees_count(space)
+
+
+def degrees_count(space: SearchSpace) -> int | None:
+    """The GPU count the search space's fixed degrees pin down (dp x tp x pp x cp x ep), or
+    None when one is open: such a count is checked against the topology as --n-gpus is
+    (issue 32, W2)."""
+    degrees = (space.dp, space.tp, space.pp, space.cp, space.ep)
+    if any(d is None for d in degrees):
+        return None
+    n = 1
+    for d in degrees:
+        n *= d      # type: ignore[operator]
+    return n
 
 
 def stack_setup_refusal(o: Options, m: Any) -> str | None:
@@ -302,7 +314,7 @@ def within_topology(o: Options, gpu: Any, n_gpus: int | None) -> Options:
     if top is None:
         return o
     if n_gpus is not None:
-        check_covers(top, n_gpus)
+        check_covers(top, n_gpus, flag="--n-gpus" if o.n_gpus is not None else "dp x tp x pp x cp x ep =")
     largest = max_covered_gpus(top)
     if o.max_gpus > max(MAX_SEARCH_GPUS, largest):
         # past the default search limit, --max-gpus is the user's own: say it cannot be met

@@ -1,0 +1,207 @@
+"""Issue 32, the wrong answers and exit-1 faults of the hostile test (its notes, W2-W13,
+E1-E3): each reproduction of the report gives exit 2 with one line, or a correct answer.
+
+Where the expected refusal rests on something outside the planner, the comment says what:
+the topology files' own GPU counts, transformers' config classes, the position tables of
+GPT-2 (n_positions 1024) and BERT (max_position_embeddings 512) in their config.json.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from planner.cli.main import cli
+from planner.errors import UserError
+
+REPO = Path(__file__).resolve().parents[1]
+PRESETS = REPO / "planner" / "presets" / "models"
+
+
+def run(*args: object):
+    return CliRunner().invoke(cli, [str(a) for a in args], prog_name="plan")
+
+
+def one_line_error(r, *needles: str) -> str:
+    """Status 2, one line on stderr starting with 'error: ', naming every needle."""
+    assert r.exit_code == 2, (r.exit_code, r.output)
+    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
+    err = r.stderr.strip()
+    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in r.output, err
+    for n in needles:
+        assert n in err, (n, err)
+    return err
+
+
+# ------------------------------------------------------------ W2, U3: products of fixed degrees
+
+@pytest.mark.parametrize("args, needle", [
+    (("--tp", 8, "--pp", 8, "--cp", 8, "--dp", 64), "32,768 GPUs is more than --max-gpus 16384"),
+    (("--tp", 8, "--pp", 8, "--cp", 8, "--dp", 64, "--zero", 1, "--micro-batch", 1), "32,768 GPUs"),
+    (("--dp", 32768, "--global-batch", 32768), "--dp 32768 needs 32,768 GPUs"),     # U3: not a memory limit
+    (("--dp", 131072, "--global-batch", 131072), "more than --max-gpus"),
+])
+def test_fixed_degrees_past_max_gpus_are_refused(args, needle):
+    one_line_error(run("--model", "8b", "--gpus", "h100", *args, "-q"), needle)
+
+
+def test_fixed_degrees_past_the_405b_limit_are_refused():
+    one_line_error(run("--model", "405b", "--gpus", "h100", "--tp", 8, "--pp", 126, "--cp", 64, "--dp", 131072,
+                       "--global-batch", 16777216, "--json"), "more than --max-gpus")
+
+
+def test_fixed_degrees_past_the_topology_are_refused():
+    # topologies/rtx4090-4x-workstation.toml describes one node of 4 GPUs
+    one_line_error(run("--model", "8b", "--gpus", "4090", "--dp", 8, "--tp", 1, "--pp", 1, "--cp", 1, "-q"),
+                   "rtx4090-4x-workstation", "(4 GPUs)")
+
+
+def test_the_api_refuses_fixed_degrees_past_max_gpus():
+    from planner import api
+    from planner.hardware.gpus import get_gpu
+    from planner.layouts.layout import SearchSpace
+    from planner.models.spec import load_model
+    from planner.training.setup import TrainingSetup
+
+    with pytest.raises(UserError, match="more than max_gpus"):
+        api.plan(load_model("8b"), get_gpu("h100"), TrainingSetup(), SearchSpace(dp=64, tp=8, pp=8, cp=8, ep=1))
+
+
+# ------------------------------------------------------------ W3: explain applies the topology
+
+def test_explain_stays_within_the_topology():
+    # `plan --model 8b --gpus 4090` answers "no layout fits on 1 to 4 x 4090"; explain explained 8 x 4090
+    r = run("explain", "--model", "8b", "--gpus", "4090")
+    one_line_error(r, "4 x 4090")
+
+
+def test_explain_refuses_max_gpus_past_the_topology():
+    one_line_error(run("explain", "--model", "70b", "--gpus", "h100", "--max-gpus", 131072),
+                   "--max-gpus 131,072 is more than topology dgx-h100")
+
+
+# ------------------------------------------------------------ W4: auto under fp8
+
+def test_auto_under_fp8_tries_full_training_only():
+    r = run("--model", "8b", "--gpus", "h100", "--method", "auto", "--precision", "fp8", "-q")
+    assert r.exit_code == 0, r.output
+    assert "(lora)" not in r.output and "(qlora)" not in r.output, r.output
+    one_line_error(run("--model", "8b", "--gpus", "h100", "--method", "lora", "--precision", "fp8"),
+                   "full training only")
+
+
+# ------------------------------------------------------------ E1: nan in a float option
+
+@pytest.mark.parametrize("extra", [(), ("--ep", 1, "--tp", 8, "--pp", 2), ("--tokens", "1T"), ("--json",)])
+def test_moe_imbalance_nan_is_refused(extra):
+    one_line_error(run("--model", "mixtral-8x7b", "--gpus", "h100", "--moe-imbalance", "nan", *extra),
+                   "--moe-imbalance", "not a number")
+
+
+def test_every_float_option_refuses_nan():
+    """No click.FloatRange without the nan check: every float option of every command."""
+    import click
+
+    from planner.cli.options import FiniteFloatRange
+
+    def commands(c):
+        yield c
+        for sub in getattr(c, "commands", {}).values():
+            yield from commands(sub)
+
+    for c in commands(cli):
+        for p in c.params:
+            if isinstance(p.type, click.FloatRange):
+                assert isinstance(p.type, FiniteFloatRange), (c.name, p.name)
+
+
+# ------------------------------------------------------------ W8: learned position tables
+
+def test_bert_past_its_position_table_is_refused():
+    # bert-base config.json: max_position_embeddings 512
+    one_line_error(run("--model", "bert-base", "--gpus", "h100", "--seq-len", "1m"), "512 positions")
+    one_line_error(run("--model", "gpt2", "--gpus", "h100", "--seq-len", 4096, "--task", "load"), "1,024 positions")
+
+
+def test_gpt2_defaults_to_its_position_table():
+    # gpt2 config.json: n_positions 1024; the default sequence of 4096 would index past it
+    r = run("--model", "gpt2", "--gpus", "h100", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["plan"]["layout"]["seq_len"] == 1024
+
+
+# ------------------------------------------------------------ W13: freeze and LoRA bounds
+
+def test_trainable_layers_past_the_model_are_refused():
+    one_line_error(run("--model", "8b", "--gpus", "h100", "--method", "freeze", "--trainable-layers", 1000),
+                   "more than the 32 blocks")
+
+
+def test_a_lora_rank_past_the_width_is_refused():
+    one_line_error(run("--model", "8b", "--gpus", "h100", "--method", "lora", "--lora-rank", 65536),
+                   "width 4096")
+
+
+# ------------------------------------------------------------ W11: the Python API
+
+def _api_args():
+    from planner.hardware.gpus import get_gpu
+    from planner.layouts.layout import SearchSpace
+    from planner.models.spec import load_model
+    from planner.training.setup import TrainingSetup
+
+    return load_model("8b"), get_gpu("h100"), TrainingSetup(), SearchSpace()
+
+
+@pytest.mark.parametrize("change, needle", [
+    (dict(seq_len=-1), "seq_len"), (dict(seq_len=0), "seq_len"), (dict(usable_memory_fraction=5), "usable"),
+    (dict(usable_memory_fraction=0), "usable"), (dict(stack="bogus"), "--stack"),
+    (dict(attention="bogus"), "--attention"), (dict(offload_optimizer="bogus"), "--offload-optimizer"),
+    (dict(recompute_every=0), "recompute_every"), (dict(moe_imbalance=0.5), "moe_imbalance"),
+    (dict(optimizer="bogus"), "--optimizer"), (dict(kernels="bogus"), "--kernels"),
+    (dict(moe_imbalance=math.nan), "moe_imbalance"),
+])
+def test_the_api_refuses_a_bad_setup(change, needle):
+    from planner import api
+
+    m, g, setup, space = _api_args()
+    with pytest.raises(UserError, match=needle) as e:
+        api.plan(m, g, replace(setup, **change), space)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("change, needle", [
+    (dict(tp=-1), "tp"), (dict(fsdp="bogus"), "fsdp"), (dict(recomputes=("bogus",)), "recompute"),
+    (dict(micro_batches=()), "micro"), (dict(zero_stage=7), "zero"),
+])
+def test_the_api_refuses_a_bad_search_space(change, needle):
+    from planner import api
+
+    m, g, setup, space = _api_args()
+    with pytest.raises(UserError, match=needle):
+        api.plan(m, g, setup, replace(space, **change))
+
+
+@pytest.mark.parametrize("kw, needle", [
+    (dict(max_gpus=0), "--max-gpus"), (dict(tokens=-1), "--tokens"), (dict(tokens=math.nan), "--tokens"),
+])
+def test_the_api_refuses_bad_counts(kw, needle):
+    from planner import api
+
+    m, g, setup, space = _api_args()
+    with pytest.raises(UserError, match=needle):
+        api.plan(m, g, setup, space, **kw)
+
+
+@pytest.mark.parametrize("model", [None, "8b"])
+def test_the_api_refuses_a_model_that_is_not_a_spec(model):
+    from planner import api
+
+    _, g, setup, space = _api_args()
+    with pytest.raises(UserError, match="ModelSpec"):
+        api.plan(model, g, setup, space)
