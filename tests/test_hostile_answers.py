@@ -205,3 +205,105 @@ def test_the_api_refuses_a_model_that_is_not_a_spec(model):
     _, g, setup, space = _api_args()
     with pytest.raises(UserError, match="ModelSpec"):
         api.plan(model, g, setup, space)
+
+
+# ------------------------------------------------------------ W5: --task load reads few options
+
+@pytest.mark.parametrize("args", [
+    ("--out", "o_load"), ("--fit-confidence", "0.95"), ("--tokens", "1T", "--deadline", "30d"),
+    ("--calibration", "/nonexistent"), ("--topology", "nonexistent"), ("--prices", "/nonexist"),
+    ("--stack", "megatron"), ("--vp", 2), ("--compile",), ("--crosscheck",), ("--optimizer", "sgd"),
+    ("--recompute-every", 2), ("--pp-balance", "embedding-loss"), ("--lora-rank", 4), ("--trainable-layers", 2),
+    ("--offload-optimizer", "cpu"), ("--fp8-recipe", "rowwise"), ("--time-confidence", "0.9"),
+    ("--moe-imbalance", 2),
+])
+def test_task_load_refuses_each_option_it_ignores(args, tmp_path):
+    one_line_error(run("--model", "70b", "--gpus", "h100", "--task", "load", *args, "-q"),
+                   f"{args[0]} is not read by --task load")
+    assert not (tmp_path / "o_load").exists()
+
+
+def test_task_load_refuses_fp8_weights():
+    one_line_error(run("--model", "70b", "--gpus", "h100", "--task", "load", "--precision", "fp8"), "--quant int8")
+
+
+def test_task_load_still_reads_its_own_options():
+    r = run("--model", "70b", "--gpus", "h100", "--task", "load", "--tp", 4, "--micro-batch", 2, "--seq-len", "8k",
+            "--usable-memory", "0.9", "--fragmentation", "0.05", "--quant", "int8", "-q")
+    assert r.exit_code == 0, r.output
+
+
+# ------------------------------------------------------------ W6, E2, H2: calibration logs
+
+CAL = REPO / "examples" / "calibrate"
+MEGATRON_OPTS = ("--model", "llama2-7b", "--gpus", "h100", "--dp", 4, "--tp", 2, "--pp", 1, "--cp", 1, "--zero", 1,
+                 "--micro-batch", 1, "--seq-len", 4096, "--recompute", "selective")     # examples/calibrate/commands.sh
+TITAN_OPTS = ("--model", "llama3.1-8b", "--gpus", "h100", "--dp", 8, "--tp", 1, "--pp", 1, "--cp", 1, "--fsdp", "full",
+              "--micro-batch", 1, "--global-batch", 8, "--seq-len", 4096, "--recompute", "selective")
+DS_OPTS = ("--model", "llama2-7b", "--gpus", "h100", "--dp", 8, "--tp", 1, "--pp", 1, "--cp", 1, "--zero", 3,
+           "--micro-batch", 2, "--global-batch", 64, "--seq-len", 4096, "--recompute", "full")
+
+
+def _altered(tmp_path, name: str, old: str, new: str, count: int = -1) -> Path:
+    text = (CAL / name).read_text()
+    assert old in text, old
+    f = tmp_path / name
+    f.write_text(text.replace(old, new, count))
+    return f
+
+
+def _first_line_with(path: Path, needle: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), start=1) if needle in line)
+
+
+@pytest.mark.parametrize("name, old, new, opts, needle", [
+    ("megatron_llama2-7b_h100x8.log", "global batch size:   128", "global batch size: 0", MEGATRON_OPTS,
+     "global batch size 0"),                                                                          # W6
+    ("megatron_llama2-7b_h100x8.log", "global batch size:   128", "global batch size: 99999999999999999999999",
+     MEGATRON_OPTS, "global batch size 9999"),                                                        # U8
+    ("megatron_llama2-7b_h100x8.log", "elapsed time per iteration (ms): 7061.8",
+     "elapsed time per iteration (ms): 0.0", MEGATRON_OPTS, "elapsed time per iteration (ms) 0.0"),   # E2
+    ("megatron_llama2-7b_h100x8.log", "elapsed time per iteration (ms): 7061.8",
+     "elapsed time per iteration (ms): 1e999", MEGATRON_OPTS, "1e999"),
+    ("megatron_llama2-7b_h100x8.log", "max reserved: 36204.00", "max reserved: 0", MEGATRON_OPTS, "max reserved"),
+    ("torchtitan_llama3.1-8b_h100x8.log", "tps: ", "tps: 0 ", TITAN_OPTS, "tps 0"),
+])
+def test_a_log_figure_no_run_prints_names_its_line(tmp_path, name, old, new, opts, needle):
+    f = _altered(tmp_path, name, old, new, 1 if "iteration" in old or "tps" in old or "reserved" in old else -1)
+    err = one_line_error(run("calibrate", f, *opts, "--out", tmp_path / "c.toml"), needle)
+    assert f"line {_first_line_with(f, new.strip())}" in err, err
+    assert not (tmp_path / "c.toml").exists()
+
+
+def test_deepspeed_zero_samples_per_second_names_its_line(tmp_path):
+    text = (CAL / "deepspeed_llama2-7b_h100x8.log").read_text()
+    import re
+    f = tmp_path / "ds.log"
+    f.write_text(re.sub(r"CurrSamplesPerSec=[0-9.]+", "CurrSamplesPerSec=0", text, count=1))
+    one_line_error(run("calibrate", f, *DS_OPTS, "--out", tmp_path / "c.toml"), "CurrSamplesPerSec 0", "line ")
+
+
+def test_an_infinite_trainer_rate_names_its_line(tmp_path):
+    f = tmp_path / "hf.log"
+    f.write_text("{'train_runtime': '812.3', 'train_samples_per_second': '40.34', "
+                 "'train_steps_per_second': '1e999', 'train_loss': '1.52', 'epoch': '1'}\n")
+    one_line_error(run("calibrate", f, "--model", "qwen2.5-1.5b", "--gpus", "h100", "--dp", 8, "--tp", 1, "--pp", 1,
+                       "--cp", 1, "--zero", 0, "--micro-batch", 1, "--recompute", "none",
+                       "--out", tmp_path / "c.toml"), "train_steps_per_second", "line 1")
+
+
+@pytest.mark.parametrize("line", ["step: 1 loss: " * 20000, "iteration 1/ 1 |" * 20000,
+                                  "step: 1 loss: " * 20000 + "memory: 1GiB(1%)",
+                                  "iteration 1/ 1 |" * 20000 + " elapsed time per iteration (ms): x",
+                                  "{'train_runtime'" * 20000, "MA 1 GB " * 40000])
+def test_the_log_parsers_are_linear_in_the_line_length(line):
+    """The hostile test's lines of 280-320 KB took 34-42 s (quadratic regexes); each parser
+    now reads them in well under a second."""
+    import time
+
+    from planner.measure.logs import PARSERS
+
+    for parser in PARSERS.values():
+        t0 = time.perf_counter()
+        parser([line])
+        assert time.perf_counter() - t0 < 0.5, parser.__name__

@@ -22,6 +22,7 @@ from planner.cli.request import (
     emit_options,
     finetune_spec,
     timing,
+    unread_option,
     within_topology,
 )
 from planner.errors import UserError
@@ -315,6 +316,14 @@ def load(o: Options) -> None:
         if getattr(o, name) is not None:
             raise UserError(f"--{name.replace('_', '-')} is a training option; --task load takes --tp, --pp, "
                             f"--micro-batch (sequences held at once) and --seq-len (their context)")
+    unread = unread_option(o, "load")
+    if unread is not None:
+        raise UserError(f"{unread} is not read by --task load, which sizes inference memory from --model, --gpus, "
+                        f"--tp, --pp, --n-gpus, --max-gpus, --micro-batch, --seq-len, --precision, --quant, "
+                        f"--mla-cache, --usable-memory and --fragmentation: drop {unread}")
+    if o.precision == "fp8":
+        raise UserError("--task load holds 16-bit or 32-bit weights (--precision bf16, fp16 or fp32); for 8-bit "
+                        "weights give --quant int8")
     m, gpu = load_model(o.model_name), get_gpu(o.gpu_name)
     if o.mla_cache is not None and not m.is_mla:
         raise UserError(f"--mla-cache is for multi-head latent attention (DeepSeek-V3, Kimi K2); {m.name} "

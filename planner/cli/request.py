@@ -333,3 +333,32 @@ def usable_memory(o: Options) -> float:
 
     return o.usable_memory / memory_band(o.fit_confidence).high_factor
 
+
+# What each mode of `plan` reads (issue 32, W5: --task load ignored about 25 options, --out
+# among them, which then wrote nothing). An option given with another value than its default
+# that the mode does not read is refused, naming it.
+MODE_READS = {
+    "load": frozenset({"model_name", "gpu_name", "n_gpus", "max_gpus", "tp", "pp", "micro_batch", "seq_len",
+                       "precision", "method", "quant", "mla_cache", "fragmentation", "usable_memory", "as_json",
+                       "quiet", "task"}),
+}
+FLAGS = {"model_name": "--model", "gpu_name": "--gpus", "prices_path": "--prices", "as_json": "--json",
+         "quiet": "--quiet"}
+
+
+def flag_of(field: str) -> str:
+    """The command-line option of an Options field."""
+    return FLAGS.get(field, "--" + field.replace("_", "-"))
+
+
+def unread_option(o: Options, mode: str) -> str | None:
+    """The first option ``o`` gives that ``mode`` (a key of MODE_READS) does not read, as
+    its flag, or None."""
+    from dataclasses import fields
+
+    reads = MODE_READS[mode]
+    for f in fields(o):
+        if f.name not in reads and getattr(o, f.name) != f.default:
+            return flag_of(f.name)
+    return None
+
