@@ -307,3 +307,27 @@ def test_the_log_parsers_are_linear_in_the_line_length(line):
         t0 = time.perf_counter()
         parser([line])
         assert time.perf_counter() - t0 < 0.5, parser.__name__
+
+
+# ------------------------------------------------------------ E3, U9: a --calibration file
+
+def _calibration(tmp_path) -> Path:
+    out = tmp_path / "h100.toml"
+    r = run("calibrate", CAL / "megatron_llama2-7b_h100x8.log", *MEGATRON_OPTS, "--out", out)
+    assert r.exit_code == 0, r.output
+    return out
+
+
+@pytest.mark.parametrize("key, value, needle", [
+    ("tracked_bytes", "1e400", "tracked_bytes"), ("matmul_fraction_before", '"x"', "matmul_fraction_before"),
+    ("logged_step_time_s", "nan", "logged_step_time_s"), ("logged_step_time_s", "-1", "logged_step_time_s"),
+    ("format", "2", "format"), ("format", '"x"', "format"), ("matmul_fraction", "1e-300", "matmul_fraction"),
+])
+def test_a_bad_calibration_value_names_its_key(tmp_path, key, value, needle):
+    import re
+
+    path = _calibration(tmp_path)
+    text, n = re.subn(rf"(?m)^{key} = .*$", f"{key} = {value}", path.read_text(), count=1)
+    assert n == 1, key
+    path.write_text(text)
+    one_line_error(run("--model", "8b", "--gpus", "h100", "--calibration", path), needle)
