@@ -331,3 +331,34 @@ def test_a_bad_calibration_value_names_its_key(tmp_path, key, value, needle):
     assert n == 1, key
     path.write_text(text)
     one_line_error(run("--model", "8b", "--gpus", "h100", "--calibration", path), needle)
+
+
+# ------------------------------------------------------------ W7: config.json as transformers reads it
+
+@pytest.mark.parametrize("preset, change, needle", [
+    # MixtralSparseMoeBlock, DeepseekV3MoE: a top-k over zero routed experts fails
+    ("mixtral-8x7b", {"num_local_experts": 0}, "num_local_experts = 0 with num_experts_per_tok = 2"),
+    ("deepseek-v3", {"n_routed_experts": 0}, "n_routed_experts = 0 with num_experts_per_tok = 8"),
+    # LlamaConfig keeps num_key_value_heads 0 (None means the heads); the attention divides by it
+    ("llama3.1-8b", {"num_key_value_heads": 0}, "'num_key_value_heads' must be an integer >= 1"),
+    # GPT2Attention: "`embed_dim` must be divisible by num_heads"
+    ("gpt2", {"n_head": 5}, "n_head = 5 does not divide n_embd = 768"),
+    ("bert-base", {"num_attention_heads": 7}, "num_attention_heads = 7 does not divide hidden_size = 768"),
+    ("gemma2-27b", {"head_dim": 0}, "'head_dim' must be an integer >= 1"),
+])
+def test_an_inconsistent_config_names_its_key(tmp_path, preset, change, needle):
+    cfg = json.loads((PRESETS / f"{preset}.json").read_text())
+    cfg.update(change)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    one_line_error(run("--model", path, "--gpus", "h100", "-q"), needle)
+
+
+def test_qwen3_moe_without_experts_is_the_dense_model_transformers_builds(tmp_path):
+    # Qwen3MoeDecoderLayer builds its sparse block only where num_experts > 0
+    cfg = json.loads((PRESETS / "qwen3-30b-a3b.json").read_text())
+    cfg["num_experts"] = 0
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    r = run("--model", path, "--gpus", "h100", "--json")
+    assert r.exit_code == 0, r.output
