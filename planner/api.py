@@ -101,7 +101,7 @@ def check_request(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, space: Searc
     for flag, count in (("--n-gpus", n_gpus), ("--max-gpus", max_gpus)):
         if count is not None and not is_int_in(count, 1, MAX_GPUS):
             raise UserError(f"{flag} {count!r} must be a whole number from 1 to {MAX_GPUS:,}")
-    if tokens is not None and not (isinstance(tokens, int | float) and math.isfinite(tokens) and 1 <= tokens < 1e18):
+    if tokens is not None and not (isinstance(tokens, int | float) and math.isfinite(tokens) and 1 <= tokens <= 1e18):
         raise UserError(f"--tokens {tokens!r} must be between 1 and 1e18 tokens")
 
 

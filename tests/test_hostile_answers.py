@@ -362,3 +362,66 @@ def test_qwen3_moe_without_experts_is_the_dense_model_transformers_builds(tmp_pa
     path.write_text(json.dumps(cfg))
     r = run("--model", path, "--gpus", "h100", "--json")
     assert r.exit_code == 0, r.output
+
+
+# ------------------------------------------------------------ H1, U2, U7: plan buy
+
+MODELS16 = ("llama3.1-8b llama3.1-70b llama3.1-405b mixtral-8x7b qwen2.5-7b gpt2 deepseek-v3 qwen3-30b-a3b "
+            "gemma2-27b bert-base kimi-k2 llama4-maverick gpt-oss-120b qwen3-235b-a22b falcon-40b bloom-176b").split()
+
+
+def test_buy_keeps_no_memory_terms_per_search():
+    """The sweeps' candidates kept their memory terms, each holding its whole sized batch:
+    16 jobs took 3.6 GB. What a pool keeps now holds no array."""
+    from planner.cost.plan import _pools
+    from planner.hardware.gpus import get_gpu
+    from planner.layouts.layout import SearchSpace
+    from planner.models.spec import load_model
+    from planner.timing.model import Efficiency
+    from planner.training.setup import TrainingSetup
+
+    (pool,) = _pools(load_model("mixtral-8x7b"), [get_gpu("h100")], TrainingSetup(), SearchSpace(), None,
+                     Efficiency(), 1)
+    for cb in pool.at([8, 16]):
+        assert all(c.memory.terms is None for c in cb.fastest)
+
+
+def test_a_job_without_default_lora_targets_names_the_job_and_its_key(tmp_path):
+    f = tmp_path / "jobs.yaml"
+    f.write_text("jobs:\n  - {name: tune, model: qwen3-30b-a3b, method: lora, tokens: 1B, deadline: 30d}\n")
+    err = one_line_error(run("buy", f, "-q"), "job 'tune'", "lora_targets")
+    assert "--lora-targets" not in err
+    f.write_text("jobs:\n  - {name: tune, model: qwen3-30b-a3b, method: lora, lora_targets: attention, "
+                 "tokens: 1B, deadline: 30d}\n")
+    r = run("buy", f, "-q", "--gpus", "h100")
+    assert r.exit_code == 0, r.output
+
+
+def test_buy_leaves_out_a_gpu_without_bf16(tmp_path):
+    f = tmp_path / "jobs.yaml"
+    f.write_text("gpus: [h100, v100]\njobs:\n  - {name: a, model: llama3.1-8b, tokens: 1B, deadline: 30d}\n")
+    r = run("buy", f, "--json")
+    assert r.exit_code in (0, 2) and "--precision" not in r.output, r.output
+
+
+@pytest.mark.parametrize("gpus, needle", [("[h100, h100]", "gpus lists h100 twice")])
+def test_a_jobs_file_names_its_own_duplicate(tmp_path, gpus, needle):
+    f = tmp_path / "jobs.yaml"
+    f.write_text(f"gpus: {gpus}\njobs:\n  - {{name: a, model: llama3.1-8b, tokens: 1B, deadline: 30d}}\n")
+    one_line_error(run("buy", f, "-q"), needle)
+
+
+def test_a_numeric_gpu_name_in_a_jobs_file_is_its_name(tmp_path):
+    f = tmp_path / "jobs.yaml"
+    f.write_text("gpus: [4090]\njobs:\n  - {name: a, model: gpt2, tokens: 1B, deadline: 30d}\n")
+    r = run("buy", f, "-q")
+    assert "must be a list of GPU names" not in r.output, r.output
+
+
+def test_1e18_tokens_is_within_the_documented_range(tmp_path):
+    # docs/options.md: --tokens "1 to 1e18"
+    r = run("--model", "gpt2", "--gpus", "h100", "--tokens", "1e18", "-q", "--max-gpus", 8)
+    assert "must be between" not in r.output, r.output
+    f = tmp_path / "jobs.yaml"
+    f.write_text("jobs:\n  - {name: a, model: gpt2, tokens: 999999999999999999, deadline: 30d}\n")
+    assert "must be a token count" not in run("buy", f, "-q").output

@@ -186,6 +186,7 @@ class TokenCount(ScaledNumber):
     name = "N"
     SUFFIXES: ClassVar[dict[str, float]] = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
     LOWER = 1.0
+    UPPER = math.nextafter(1e18, math.inf)       # 1e18 itself is in range (issue 32, U7)
     what, EXAMPLES, bounds = "a token count", "2e12, 300B, 15T", "between 1 and 1e18 tokens"
 
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from planner.api import MAX_SEARCH_GPUS, PlanResult, capacity_bytes, host_capacities
+from planner.cost.jobs import job_setup
 from planner.cost.prices import Prices, gpu_hours, node_cost, rental_cost_usd
 from planner.cost.solve import (
     JobOption,
@@ -161,8 +162,17 @@ class _Pool:
             for cb in sweep(self.m, self.setup, self.cluster, todo, capacity_bytes(self.gpu, self.setup),
                             self.space, self.eff, keep=self.keep, host_capacity_bytes=host,
                             nvme_capacity_bytes=nvme):
-                self.found[cb.n_gpus] = cb
+                self.found[cb.n_gpus] = without_terms(cb)
         return [self.found[n] for n in counts]
+
+
+def without_terms(cb: CountBest) -> CountBest:
+    """``cb`` with each candidate's memory terms dropped: a term row holds the whole batch
+    its count was sized in (memory.model.MemoryTerms), so keeping it kept every sweep's
+    arrays alive (issue 32, H1: 16 jobs took 3.6 GB, 256 were killed at 22.5 GB). The ILP and
+    the report read the breakdown; `plan explain` recomputes terms where they are absent
+    (report.explain_memory)."""
+    return replace(cb, fastest=tuple(replace(c, memory=replace(c.memory, terms=None)) for c in cb.fastest))
 
 
 def _sweep_task(task: tuple[_Pool, list[int], float, float]) -> dict[int, CountBest]:
@@ -450,13 +460,6 @@ class BuyResult:
         return self.capex_usd + self.opex_usd
 
 
-def _job_setup(job, base: TrainingSetup) -> TrainingSetup:
-    from planner.training.finetune import FinetuneSpec
-
-    return replace(base, seq_len=job.seq_len, global_batch=job.global_batch,
-                   finetune=FinetuneSpec.named(job.method))
-
-
 def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s: float,
                   budget_usd: float | None = None, max_gpus: int = MAX_SEARCH_GPUS,
                   base_setup: TrainingSetup = DEFAULT_SETUP, efficiency: Efficiency = DEFAULT_EFFICIENCY,
@@ -488,7 +491,11 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
         prices.node(gpus[0].name)
     left_out = tuple((g.name, "no node price or power (give node_purchase_usd, node_power_kw in --prices FILE)")
                      for g in gpus if g not in priced)
-    gpus = priced
+    no_bf16 = [g for g in gpus if base_setup.precision.startswith("bf16") and g.bf16_flops_per_s is None]
+    left_out += tuple((g.name, "no bf16 support (plan buy trains in bf16 mixed precision)") for g in no_bf16)
+    gpus = [g for g in priced if g not in no_bf16]
+    if not gpus:       # issue 32, U2: the advice named --precision, which plan buy does not have
+        raise UserError(f"no GPU of --gpus can train the jobs: {'; '.join(f'{n}: {why}' for n, why in left_out)}")
     pools = []
     for g in gpus:
         nc = node_cost(g.name, horizon_s, prices)
@@ -498,7 +505,7 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
     searches: dict[tuple, _Pool] = {}
 
     def search(job, gpu: GpuSpec) -> _Pool:
-        setup = _job_setup(job, base_setup)
+        setup = job_setup(job, base_setup)
         key = (models[job.name], setup, gpu.name)
         if key not in searches:
             m = models[job.name]
