@@ -103,6 +103,12 @@ def check_request(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, space: Searc
             raise UserError(f"{flag} {count!r} must be a whole number from 1 to {MAX_GPUS:,}")
     if tokens is not None and not (isinstance(tokens, int | float) and math.isfinite(tokens) and 1 <= tokens <= 1e18):
         raise UserError(f"--tokens {tokens!r} must be between 1 and 1e18 tokens")
+    if tokens is not None:
+        from planner.training.checks import tokens_refusal
+
+        why = tokens_refusal(setup, tokens)
+        if why is not None:
+            raise UserError(why)
 
 
 def plan(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, space: SearchSpace = SearchSpace(),

@@ -425,3 +425,72 @@ def test_1e18_tokens_is_within_the_documented_range(tmp_path):
     f = tmp_path / "jobs.yaml"
     f.write_text("jobs:\n  - {name: a, model: gpt2, tokens: 999999999999999999, deadline: 30d}\n")
     assert "must be a token count" not in run("buy", f, "-q").output
+
+
+# ------------------------------------------------------------ W9, W10: tokens and ties
+
+def test_tokens_below_one_step_are_refused():
+    # one step of the default set-up: 1,024 sequences x 4,096 tokens (TrainingSetup's defaults)
+    one_line_error(run("--model", "8b", "--gpus", "h100", "--tokens", 12, "-q"), "less than one optimizer step",
+                   "4,194,304")
+
+
+def test_the_api_refuses_tokens_below_one_step():
+    from planner import api
+
+    m, g, setup, space = _api_args()
+    with pytest.raises(UserError, match="less than one optimizer step"):
+        api.plan(m, g, setup, space, tokens=12)
+
+
+def test_costs_within_half_a_cent_tie_to_the_fewest_gpus():
+    from planner.cost.solve import Option, solve_one_job
+
+    opts = [Option(gpu="h100", n_gpus=4, cost_usd=0.0041, time_s=10.0, key="a"),
+            Option(gpu="h100", n_gpus=2, cost_usd=0.0043, time_s=20.0, key="b")]
+    assert solve_one_job(opts).choice.n_gpus == 2
+
+
+# ------------------------------------------------------------ W12: prices files
+
+@pytest.mark.parametrize("body, needle", [
+    ('[[gpu]]\nname = "h100"\nrent_usd_per_gpu_hour = 2.0\n[[gpu]]\nname = "h100"\nrent_usd_per_gpu_hour = 3.0\n',
+     "h100 has an entry already"),
+    ('[[gpu]]\nname = "h100"\nrent_usd_per_gpu_hour = 2.0\nrent_date = "yesterday"\n', "rent_date = 'yesterday'"),
+    ('[[gpu]]\nname = "h100"\nrent_usd_per_gpu_hour = 2.0\nrent_date = 2024\n', "rent_date = '2024'"),
+])
+def test_a_bad_prices_file_is_refused(tmp_path, body, needle):
+    f = tmp_path / "p.toml"
+    f.write_text(body)
+    one_line_error(run("--model", "gpt2", "--gpus", "h100", "--tokens", "1e9", "--prices", f, "-q"), needle)
+
+
+# ------------------------------------------------------------ U1, U11: a user's own GPU file
+
+def _gpu_file(tmp_path, name: str = "mygpu", aliases: bool = False) -> Path:
+    """The catalog's h100 entry under another name, without aliases (and default topology)."""
+    import tomllib
+
+    entry = next(g for g in tomllib.loads((REPO / "planner" / "presets" / "gpus.toml").read_text())["gpu"]
+                 if g["name"] == "h100")
+    entry = {k: v for k, v in entry.items() if k not in ("aliases", "default_topology")} | {"name": name}
+    if aliases:
+        entry["aliases"] = ["mine"]
+    f = tmp_path / f"{name}.toml"
+    f.write_text("[[gpu]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in entry.items()))
+    return f
+
+
+def test_a_gpu_file_needs_no_aliases(tmp_path):
+    r = run("--model", "8b", "--gpus", _gpu_file(tmp_path), "-q")
+    assert r.exit_code == 0 and "x mygpu" in r.output, r.output
+
+
+def test_a_gpu_file_can_be_costed(tmp_path):
+    gpu = _gpu_file(tmp_path)
+    prices = tmp_path / "prices.toml"
+    prices.write_text(f'[[gpu]]\nname = "{gpu}"\nrent_usd_per_gpu_hour = 2.5\n')
+    r = run("--model", "8b", "--gpus", gpu, "--tokens", "1T", "--prices", prices, "-q")
+    assert r.exit_code == 0 and "x mygpu" in r.output and "$" in r.output, r.output
+    # without a price: the missing price is named, not an "unknown GPU"
+    one_line_error(run("--model", "8b", "--gpus", gpu, "--tokens", "1T", "-q"), "no rental price for mygpu")

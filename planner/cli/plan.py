@@ -194,7 +194,9 @@ def cheapest(o: Options) -> Answer:
     if o.method == "auto":
         raise UserError("--method auto picks the method on the fewest GPUs; with --tokens give one method "
                         "(full, lora, qlora, freeze) and compare them by running the plan per method")
-    m, _, setup, space, n_gpus = build_request(replace(o, gpu_name=gpus[0].name))
+    # the first GPU as the user named it: a GPU file by its path, not by the name inside it,
+    # which the catalog does not hold or holds as another GPU (issue 32, U1)
+    m, _, setup, space, n_gpus = build_request(replace(o, gpu_name=names[0]))
     deadline_s = None
     if o.deadline is not None:
         deadline_s, _ = parse_when_s(o.deadline, "--deadline", datetime.now(UTC))

@@ -43,7 +43,7 @@ from planner.limits import (
     read_input_file,
 )
 from planner.models.spec import load_model
-from planner.training.checks import check_setup, default_seq_len
+from planner.training.checks import check_setup, default_seq_len, tokens_refusal
 from planner.training.setup import MAX_GLOBAL_BATCH, MAX_SEQ_LEN, TrainingSetup
 
 UNITS_S = {"s": 1.0, "sec": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0, "hr": 3600.0, "d": 86400.0,
@@ -314,6 +314,9 @@ def check_job(m: Any, job: JobSpec, at: str) -> None:
     try:
         check_setup(m, setup)
         resolve_targets(m, setup.finetune, option="the job's lora_targets")
+        why = tokens_refusal(setup, job.tokens, "tokens", "global_batch")
+        if why is not None:
+            raise UserError(why)
     except UserError as err:
         raise UserError(f"{at}: {err}") from None
 

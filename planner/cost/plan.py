@@ -227,7 +227,12 @@ def plan_cost(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, token
     """The plan that minimises the cost (or time) of training ``m`` on ``tokens`` tokens, over
     GPU types ``gpus`` and the GPU counts of cost_counts() up to limits.max_gpus (or
     ``n_gpus`` alone), under the deadline and budget of ``limits``."""
+    from planner.training.checks import tokens_refusal
+
     t0 = time.perf_counter()
+    why = tokens_refusal(setup, tokens)
+    if why is not None:
+        raise UserError(why)
     left_out: list[tuple[str, str]] = []
     if objective == "cost" or limits.budget_usd is not None:
         # a GPU without a rental rate has no cost: left out of the answer, and said so; with

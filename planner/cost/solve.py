@@ -213,6 +213,10 @@ class Limits:
 TIE_BREAKS: dict[str, tuple[str, ...]] = {"cost": ("n_gpus", "time", "listed"),
                                           "time": ("cost", "n_gpus", "listed")}
 TIE_REL = 1e-9
+# Costs within half a cent tie too: the answer prints dollars to the cent, so a plan that is
+# cheaper only below that is not cheaper to the user (issue 32, W10: 4 GPUs were picked over 2 at
+# "$0" each)
+COST_TIE_USD = 0.005
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -263,7 +267,7 @@ def solve_one_job(options: Sequence[Option], objective: str = "cost", limits: Li
             prob += pulp.lpSum(pick[o.key] for o in options if o.gpu == gpu and not o.fits) == 0, \
                 f"fits_memory_{ascii_name(gpu)}"
         for what, best in zip(order, fixed):
-            slack = abs(best) * TIE_REL + 1e-9
+            slack = abs(best) * TIE_REL + (COST_TIE_USD if what == "cost" else 1e-9)
             prob += (pulp.lpSum(value(o, what) * pick[o.key] for o in options) <= best + slack,
                      f"{what}_at_optimum")
         return prob, pick

@@ -72,10 +72,10 @@ class GpuSpec:
 
 
 _REQUIRED = {
-    "name", "full_name", "aliases", "fp16_tflops", "fp32_tflops", "hbm_gb_per_s", "gpus_per_node",
+    "name", "full_name", "fp16_tflops", "fp32_tflops", "hbm_gb_per_s", "gpus_per_node",
     "intra_node_link", "intra_node_gb_per_s", "inter_node_gbit_per_s", "tdp_w", "source",
 }
-_OPTIONAL = {"memory_mib", "memory_gib", "memory_gb", "bf16_tflops", "fp8_tflops", "tf32_tflops",
+_OPTIONAL = {"aliases", "memory_mib", "memory_gib", "memory_gb", "bf16_tflops", "fp8_tflops", "tf32_tflops",
              "default_topology", "architecture", "training_mfu_ceiling", "training_mfu_ceiling_basis",
              "training_mfu_ceiling_source"}
 CEILING_BASES = ("measured", "assumed")
@@ -109,7 +109,7 @@ def _parse_gpu(entry: dict[str, Any], where: str) -> GpuSpec:
     return GpuSpec(
         name=entry["name"],
         full_name=entry["full_name"],
-        aliases=tuple(entry["aliases"]),
+        aliases=tuple(entry.get("aliases", ())),     # "other names accepted": none needed (issue 32, U11)
         memory_bytes=int(entry[memory_key] * _MEMORY_UNITS[memory_key]),
         bf16_flops_per_s=_tflops(entry, "bf16_tflops"),
         fp16_flops_per_s=entry["fp16_tflops"] * TFLOPS,

@@ -171,3 +171,17 @@ def check_setup(m: ModelSpec, setup: TrainingSetup) -> None:
     why = setup_refusal(m, setup)
     if why is not None:
         raise UserError(why)
+
+
+def tokens_refusal(setup: TrainingSetup, tokens: float, what: str = "--tokens",
+                   batch: str = "--global-batch") -> str | None:
+    """Why ``tokens`` cannot be trained on as a run of optimizer steps: fewer than one global
+    batch of tokens is less than one step (issue 32, W9: 12 tokens were "trained" in 0.0007 s
+    with a step of 235 s). None when at least one step's worth."""
+    per_step = setup.global_batch * setup.seq_len
+    if tokens >= per_step:
+        return None
+    return (f"{what} {tokens:,.0f} is less than one optimizer step ({setup.global_batch:,} sequences x "
+            f"{setup.seq_len:,} tokens = {per_step:,} tokens); give {what} {per_step:,} or more, or a smaller "
+            f"{batch}")
+
