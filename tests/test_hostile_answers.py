@@ -494,3 +494,26 @@ def test_a_gpu_file_can_be_costed(tmp_path):
     assert r.exit_code == 0 and "x mygpu" in r.output and "$" in r.output, r.output
     # without a price: the missing price is named, not an "unknown GPU"
     one_line_error(run("--model", "8b", "--gpus", gpu, "--tokens", "1T", "-q"), "no rental price for mygpu")
+
+
+# ------------------------------------------------------------ H3: --task load and the layer count
+
+def test_task_load_is_not_quadratic_in_the_layer_count(tmp_path):
+    """10,000 layers took 27 s (every pp sized, each in O(pp log pp)); now a few seconds."""
+    import time
+
+    cfg = json.loads((PRESETS / "llama3.1-8b.json").read_text()) | {"num_hidden_layers": 10_000}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    t0 = time.perf_counter()
+    r = run("--model", path, "--gpus", "h100", "--task", "load", "-q")
+    assert r.exit_code == 0, r.output
+    assert time.perf_counter() - t0 < 10
+
+
+def test_the_stage_split_keeps_its_order():
+    # the order the split gave before it was built without a sort
+    from planner.memory.params import stage_layers
+
+    assert stage_layers(10, 4) == [2, 3, 3, 2] and stage_layers(11, 4) == [2, 3, 3, 3]
+    assert stage_layers(7, 2) == [3, 4] and stage_layers(5, 1) == [5] and stage_layers(9, 4) == [2, 2, 3, 2]
