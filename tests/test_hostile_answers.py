@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -517,3 +518,14 @@ def test_the_stage_split_keeps_its_order():
 
     assert stage_layers(10, 4) == [2, 3, 3, 2] and stage_layers(11, 4) == [2, 3, 3, 3]
     assert stage_layers(7, 2) == [3, 4] and stage_layers(5, 1) == [5] and stage_layers(9, 4) == [2, 2, 3, 2]
+
+
+# ------------------------------------------------------------ U5: a FIFO named as what it is
+
+@pytest.mark.parametrize("flag", ["--model", "--gpus", "--topology"])
+def test_a_fifo_is_named_as_a_fifo(tmp_path, flag):
+    fifo = tmp_path / "fifo1"
+    os.mkfifo(fifo)
+    args = {"--model": ("--model", fifo, "--gpus", "h100"), "--gpus": ("--model", "8b", "--gpus", fifo),
+            "--topology": ("--model", "8b", "--gpus", "h100", "--topology", fifo)}[flag]
+    one_line_error(run(*args, "-q"), "is a FIFO")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import UserError, unknown_name
-from planner.limits import MAX_CONFIG_BYTES, check_gpu_types, check_keys
+from planner.limits import MAX_CONFIG_BYTES, check_gpu_types, check_keys, not_found
 from planner.units import GB, GiB, MiB
 
 TFLOPS = 10**12
@@ -172,7 +172,7 @@ def _by_lower_name() -> dict[str, GpuSpec]:
 
 def is_gpu_file(name: str) -> bool:
     """``--gpus`` names a file (``./my-gpu.toml``) rather than a catalog entry."""
-    return name.strip().lower().endswith(".toml") or ("/" in name and Path(name).is_file())
+    return name.strip().lower().endswith(".toml") or ("/" in name and Path(name).exists())
 
 
 @functools.cache
@@ -183,8 +183,8 @@ def load_gpu_file(path_text: str) -> GpuSpec:
     range; each failure is one line naming the file."""
     path = Path(path_text)
     if not path.is_file():
-        raise UserError(f"GPU file {path_text!r} not found (or not a regular file); pass a GPU name (`plan gpus`) "
-                        f"or a TOML file with one [[gpu]] table")
+        raise UserError(not_found("GPU file", path_text, "pass a GPU name (`plan gpus`) or a TOML file with one "
+                                                         "[[gpu]] table"))
     try:
         if path.stat().st_size > MAX_CONFIG_BYTES:
             raise UserError(f"GPU file {path_text!r} is larger than {MAX_CONFIG_BYTES:,} bytes")
