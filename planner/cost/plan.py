@@ -18,6 +18,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from planner.api import MAX_SEARCH_GPUS, PlanResult, capacity_bytes, host_capacities
 from planner.cost.jobs import job_setup
@@ -30,6 +31,7 @@ from planner.cost.solve import (
     Pool,
     PurchaseSolution,
     SolverInfo,
+    nodes_needed,
     solve_one_job,
     solve_purchase,
 )
@@ -550,6 +552,10 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
     if not lines:
         c0 = sum(min(math.ceil(first_ok[j.name, g.name] / g.gpus_per_node) * pool_of[g.name].node_usd
                      for g in gpus if (j.name, g.name) in first_ok) for j in jobs)
+        # the nodes the first counts in time need at their peak over the horizon: a purchase
+        # that works too, often far below c0 when jobs follow one another (issue 32, H1/H5:
+        # with c0, 256 staggered jobs swept every count of every search)
+        c0 = min(c0, _first_counts_usd(jobs, gpus, first_ok, seen, pools, pool_of))
         limit = min(c0, budget_usd) if budget_usd is not None else c0
         more: dict[tuple[str, str], list[int]] = {}
         for job in jobs:                                    # phase 2: counts an optimum may use
@@ -599,6 +605,26 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
                      pools=tuple(pools), nodes=sol.nodes, capex_usd=capex, opex_usd=opex, plans=tuple(plans),
                      solver=sol.solver, n_options=len(options), budget_usd=budget_usd, prices=prices,
                      lines=tuple(lines), search_s=time.perf_counter() - t0, left_out=left_out)
+
+
+def _first_counts_usd(jobs: Sequence[Any], gpus: Sequence[GpuSpec], first_ok: dict[tuple[str, str], int],
+                      seen: dict[tuple[str, str], list[tuple[int, Candidate]]], pools: Sequence[Pool],
+                      pool_of: dict[str, Pool]) -> float:
+    """The cost of a purchase on which every job runs from its start on its first count in
+    time, on the GPU type where those nodes cost least: the peak nodes per type in use at
+    some job's start (solve.nodes_needed). Every job meets its deadline on it, so it bounds
+    the optimum from above, and no optimal purchase holds a job on nodes that alone cost more."""
+    choices = {}
+    for job in jobs:
+        g = min((g for g in gpus if (job.name, g.name) in first_ok),
+                key=lambda g: math.ceil(first_ok[job.name, g.name] / g.gpus_per_node) * pool_of[g.name].node_usd)
+        n = first_ok[job.name, g.name]
+        c = next(c for m, c in seen[job.name, g.name] if m == n)
+        choices[job.name] = JobOption(job=job.name, gpu=g.name, n_gpus=n, key=f"{g.name}_n{n}",
+                                      duration_s=c.time.train_time_s(job.tokens))  # type: ignore[union-attr]
+    windows = [JobWindow(name=j.name, start_s=j.start_s, deadline_s=j.deadline_s) for j in jobs]
+    need = nodes_needed(pools, windows, choices)
+    return sum(p.node_usd * need[p.gpu] for p in pools)
 
 
 def _buy_diagnosis(pools: Sequence[Pool], windows: Sequence[JobWindow], options: Sequence[JobOption],

@@ -296,7 +296,7 @@ def load_calibration(path: str) -> Calibration:
         for key in ("path", "stack", "layout"):
             if not isinstance(entry.get(key), str):
                 raise UserError(f"{what}: {table}.{key} must be a string")
-        times = [_number(entry, k, what, table, 1e-9, 1e9, required=True)
+        times = [float(_number(entry, k, what, table, 1e-9, 1e9, required=True) or 0.0)
                  for k in ("logged_step_time_s", "before_step_time_s", "after_step_time_s")]
         for key in ("log_error_before", "log_error_after"):
             _number(entry, key, what, table, -1e3, 1e3)
@@ -349,6 +349,13 @@ def check_gpu(c: Calibration, gpu_names: Sequence[str]) -> None:
     """Refuse a calibration for another GPU type (its matmul fraction is the die's)."""
     other = [g for g in gpu_names if g != c.gpu]
     if other:
+        from planner.hardware.gpus import get_gpu
+
+        try:
+            get_gpu(c.gpu)
+        except UserError:       # issue 32, U8: the advice was --gpus <a name no GPU has>
+            raise UserError(f"--calibration {c.path} names GPU {c.gpu[:40]!r}, which is no GPU (`plan gpus`); "
+                            f"calibrate on logs from {other[0]} with `plan calibrate`") from None
         raise UserError(f"--calibration {c.path} was fitted on {c.gpu} logs, not {other[0]}; plan with "
                         f"--gpus {c.gpu}, or calibrate on logs from {other[0]}")
 
