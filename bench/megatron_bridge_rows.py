@@ -158,10 +158,12 @@ def args_of(row: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
     args += ["--fsdp", "full"] if fsdp else ["--zero", "1"]
     # precision
     prec = precision_of(row)
+    # Megatron-Bridge's bf16_with_fp8_current_scaling_mixed and bf16_with_mxfp8_mixed set
+    # fp8_param_gather = True (src/megatron/bridge/training/mixed_precision.py)
     if prec == "FP8-CS":
-        args += ["--precision", "fp8", "--fp8-recipe", "tensorwise"]   # Megatron's tensorwise = TE current scaling
+        args += ["--precision", "fp8", "--fp8-recipe", "tensorwise", "--fp8-param-gather"]   # TE current scaling
     elif prec == "MXFP8":
-        args += ["--precision", "fp8", "--fp8-recipe", "mxfp8"]
+        args += ["--precision", "fp8", "--fp8-recipe", "mxfp8", "--fp8-param-gather"]
     elif prec == "NVFP4":
         args += ["--precision", "nvfp4"]
     else:

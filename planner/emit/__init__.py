@@ -148,7 +148,7 @@ def check_options(r: PlanResult, opts: EmitOptions) -> None:
                         f"or plan without tp/pp/cp")
     if opt == "adamw-bf16-states":
         check_bf16_states(eng, r.setup.precision, lay)
-    if r.setup.precision == "fp8":
+    if r.setup.precision in ("fp8", "nvfp4"):
         fp8 = r.setup.precision_spec.fp8
         check_fp8(eng, fp8.name if fp8 is not None else "")
     if eng == "megatron" and r.setup.precision == "bf16":
@@ -167,7 +167,7 @@ def check_options(r: PlanResult, opts: EmitOptions) -> None:
 # Literal["rowwise", "rowwise_with_gw_hp"] (no tensorwise scaling, no FSDP float8 all-gather option);
 # megatron-core 0.16.1 TransformerConfig.fp8_recipe: Literal['tensorwise', 'delayed', 'mxfp8',
 # 'blockwise', 'custom'] (Transformer Engine's recipes: no rowwise scaling).
-FP8_RECIPES_BY_STACK = {"torchtitan": ("rowwise",), "megatron": ("tensorwise", "delayed", "blockwise")}
+FP8_RECIPES_BY_STACK = {"torchtitan": ("rowwise",), "megatron": ("tensorwise", "delayed", "blockwise", "mxfp8", "nvfp4")}
 
 
 def check_fp8(eng: str, recipe_name: str) -> None:

@@ -224,6 +224,14 @@ RULES: tuple[Rule, ...] = (
     Rule("sharding-needs-dp", lambda v: (v.zero_stage > 0) & (v.dense_shard_degree == 1) & (not _offloads(v))
          & ~_distributed_optimizer_noop(v),
          lambda v: "ZeRO/FSDP sharding needs more than one data-parallel rank (or offload)"),
+    # megatron-core 0.16.1 transformer_config.py lines 1137-1152: fewer layers than the model has,
+    # no pipeline parallelism, no recomputation
+    Rule("activation-offload",
+         lambda v: (v.setup.offload_activations > 0) & ((v.setup.stack != "megatron") | (v.pp > 1)
+                                                        | (v.setup.offload_activations >= v.m.n_layers)),
+         lambda v: (f"--offload-activations {v.setup.offload_activations} is Megatron-Core's CPU offload: it needs "
+                    f"--stack megatron, pp 1 and fewer than the {v.m.n_layers} layers (megatron-core "
+                    "TransformerConfig)")),
     Rule("param-offload-stage", lambda v: (v.setup.offload_params != "none") & (v.zero_stage != 3),
          lambda v: "parameter offload needs ZeRO-3 or FSDP full sharding (ZeRO-Infinity, FSDP CPU offload)"),
     Rule("optimizer-offload-stage", lambda v: (v.setup.offload_optimizer != "none") & (v.zero_stage == 0),

@@ -38,7 +38,7 @@ from planner.layouts.batch import RECOMPUTES, LayoutArrays
 from planner.layouts.layout import SHARDINGS
 from planner.limits import saturated_bytes
 from planner.memory import shapes as sh
-from planner.memory.activations import host_checkpoint_bytes, stage_block_bytes
+from planner.memory.activations import host_checkpoint_bytes, offloaded_block_bytes, stage_block_bytes
 from planner.memory.buffers import (
     buffer_bytes,
     fsdp_backward_end_bytes,
@@ -328,7 +328,12 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     # FSDP2 keeps the root unit gathered
     root_gathered = np.where(full_shard, rp.root_unit * prec.weight_bytes, 0)
     # the FP8 recipe's fp8 weight copies and amax histories (memory.fp8)
-    fp8_w = fp8_weight_bytes(m, prec, rp.total - rp.root_unit, n_layers, sa.ep)
+    fp8_w = fp8_weight_bytes(m, prec, rp.total - rp.root_unit, n_layers, sa.ep, setup.fp8_param_gather)
+    if setup.stack == "megatron":
+        # Megatron FSDP (ZeRO-3 sharding) keeps the low-precision weights in its sharded buffer
+        # and gathers them per module (Megatron-Bridge's FP8/MXFP8 recipes set fp8_param_gather,
+        # training/mixed_precision.py): the copies are sharded like the weights, not cached whole
+        fp8_w = np.where(sa.zero_stage == 3, -(-fp8_w // np.maximum(dense_deg, 1)), fp8_w)
     weights = off.weights + ms.unsharded_weights + root_gathered + fp8_w
     step_transient = np.where(off.step_on_host, 0,
                               optimizer_step_transient_bytes(m, setup, sa, kern, rp, hybrid, split))
@@ -384,9 +389,11 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     full_rc = a.recompute == RECOMPUTES.index("full")
     n_act_l = g(n_act)
     stage_acts, recomputed = stage_block_bytes(setup, n_act_l, a.vp, full_rc, act.layer_act, act.full_layer)
+    # Megatron-Core's CPU activation offload: the offloaded layers' tensors on the host line
+    stage_acts, offloaded = offloaded_block_bytes(setup, n_act_l, stage_acts, act.layer_act)
     block_acts = saturated_bytes(stage_acts * held)
     # DeepSpeed's cpu_checkpointing: the host copy (the host line) and the input it keeps on the GPU
-    ckpt_host: np.ndarray | int = 0
+    ckpt_host: np.ndarray | int = saturated_bytes(offloaded * held) if setup.offload_activations > 0 else 0
     if setup.stack == "deepspeed" and "cpu" in setup.ds_checkpointing:
         ckpt_host, ckpt_gpu = host_checkpoint_bytes(m, setup, a.micro_batch, seq // a.cp, a.tp, full_rc, n_act_l,
                                                     held)
