@@ -167,7 +167,8 @@ def check_options(r: PlanResult, opts: EmitOptions) -> None:
 # Literal["rowwise", "rowwise_with_gw_hp"] (no tensorwise scaling, no FSDP float8 all-gather option);
 # megatron-core 0.16.1 TransformerConfig.fp8_recipe: Literal['tensorwise', 'delayed', 'mxfp8',
 # 'blockwise', 'custom'] (Transformer Engine's recipes: no rowwise scaling).
-FP8_RECIPES_BY_STACK = {"torchtitan": ("rowwise",), "megatron": ("tensorwise", "delayed", "blockwise", "mxfp8", "nvfp4")}
+FP8_RECIPES_BY_STACK = {"torchtitan": ("rowwise",),
+                        "megatron": ("tensorwise", "delayed", "blockwise", "mxfp8", "nvfp4")}
 
 
 def check_fp8(eng: str, recipe_name: str) -> None:
