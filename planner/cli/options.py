@@ -72,6 +72,7 @@ class Options:
     compile: bool = False             # torch.compile per block (--stack torchtitan)
     ds_checkpointing: str = "none"    # DeepSpeed activation checkpointing (--stack deepspeed)
     offload_activations: int = 0      # Megatron-Core's cpu_offloading_num_layers (--stack megatron)
+    mtp: int = 0                      # multi-token prediction modules (Megatron-Core mtp_num_layers)
     precision: str = "bf16-mixed"
     fp8_recipe: str = "auto"
     fp8_param_gather: bool = False
@@ -269,6 +270,10 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="--stack megatron, pp 1, no recomputation: the saved activations of N layers go to "
                           "CPU memory in forward and return in backward (Megatron-Core's "
                           "cpu_offloading_num_layers); the host copy is on the host memory line  [default: 0]."),
+        click.option("--mtp", type=click.IntRange(0, 64), default=0, metavar="N",
+                     help="--stack megatron: N multi-token prediction modules on the last pipeline stage, each a "
+                          "block, a projection and its own loss (DeepSeek-V3 Sec. 2.2; Megatron-Core's "
+                          "mtp_num_layers)  [default: 0]."),
         click.option("--compile", is_flag=True, default=False,
                      help="torch.compile each block (--stack torchtitan: compile.components=['model'])."),
         click.option("--precision", type=click.Choice(PRECISIONS), default="bf16-mixed", show_default=True,

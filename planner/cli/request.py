@@ -170,6 +170,7 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
                           offload_params=o.offload_params or "none",
                           recompute_every=o.recompute_every, compile=o.compile,
                           ds_checkpointing=o.ds_checkpointing, offload_activations=o.offload_activations,
+                          mtp_layers=o.mtp,
                           recompute_method=o.recompute_method or "uniform",
                           recompute_num_layers=o.recompute_num_layers or 1,
                           recompute_chunk_layers=recompute_chunk_layers(o, m))

@@ -251,6 +251,8 @@ def to_megatron_args(r: PlanResult, opts: EmitOptions = EmitOptions()) -> list[s
     args += ["--micro-batch-size", str(lay.micro_batch), "--global-batch-size", str(lay.global_batch)]
     args += _sharding_args(lay, r.model, s.precision)
     args += _recompute_args(lay.recompute, s.recompute_method, s.recompute_num_layers)
+    if s.mtp_layers:               # TransformerConfig mtp_num_layers
+        args += ["--mtp-num-layers", str(s.mtp_layers)]
     if s.offload_activations:      # ModelParallelConfig cpu_offloading, cpu_offloading_num_layers
         args += ["--cpu-offloading", "--cpu-offloading-num-layers", str(s.offload_activations)]
     if s.precision in ("bf16-mixed", "fp8", "nvfp4"):    # FP8/FP4 run the rest of the model in bf16

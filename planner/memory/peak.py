@@ -407,7 +407,7 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     # inside the last block's backward: its recomputed tensors and its gradients' working
     # set (the eager attention's fp32 score gradients)
     working = ((recomputed - act.layer_act) + act.score_grad) * has_act_l
-    logits = act.logits * last_l
+    logits = act.logits * last_l * (1 + setup.mtp_layers)     # each MTP module keeps its own loss
     buffers = g(engine_buffers) + act.pipeline_buffers
     # FSDP under a pipeline (grad sync "step") holds unsharded gradients through the
     # micro-batches in place of the sharded ones (states.no_sync_gradient_bytes)

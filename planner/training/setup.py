@@ -218,6 +218,11 @@ class TrainingSetup:
     # cpu_offloading, cpu_offloading_num_layers): the saved activations of this many layers go
     # to pinned host memory in forward and come back in backward (0: none)
     offload_activations: int = 0
+    # multi-token prediction modules (DeepSeek-V3, arXiv:2412.19437, Sec. 2.2: each one more
+    # Transformer block, a 2h x h projection and two RMSNorms, sharing the embedding and the
+    # output head, with its own loss); megatron-core 0.16.1 TransformerConfig.mtp_num_layers puts
+    # them on the last pipeline stage (0: none)
+    mtp_layers: int = 0
     # FSDP under a pipeline: reduce-scatter once a step or every micro-batch (FSDP_PIPELINE_GRAD_SYNCS)
     fsdp_pipeline_grad_sync: str = "step"
     # the pipeline's layer split (PP_BALANCES): "none", or the embedding and the loss counted as layers
