@@ -284,7 +284,13 @@ def efficiency_of(o: Options, gpu_names: list[str]) -> Efficiency:
     from planner.timing.model import Efficiency
 
     c = calibration_of(o, gpu_names)
-    eff = Efficiency() if c is None else c.efficiency(Efficiency())
+    base = Efficiency()
+    if o.stack == "deepspeed" and ((o.tp or 1) > 1 or (o.pp or 1) > 1) and o.precision == "bf16-mixed":
+        # Megatron-DeepSpeed on DeepSpeed's pipeline engine (planner.stacks.runs_megatron_deepspeed):
+        # the engine's own step terms, as the published-runs study times BLOOM and MT-NLG
+        from planner.timing.efficiency import DEEPSPEED_PIPE_BF16
+        base = DEEPSPEED_PIPE_BF16
+    eff = base if c is None else c.efficiency(base)
     if o.time_confidence is not None:       # plan at the step time's upper end (issue 18)
         from dataclasses import replace
 

@@ -226,7 +226,12 @@ def plan_files(r: PlanResult, opts: EmitOptions = EmitOptions(),
     if stack == "deepspeed":
         files["ds_config.json"] = json.dumps(to_deepspeed_config(r, opts), indent=2) + "\n"
         files["hostfile"] = to_hostfile(r)
-        files.update(hf_model_config(r))
+        from planner.stacks import runs_megatron_deepspeed
+        if runs_megatron_deepspeed(stack, chosen(r).layout):
+            from planner.emit.megatron_deepspeed import to_megatron_deepspeed_args
+            files["megatron_args.txt"] = "\n".join(to_megatron_deepspeed_args(r, opts)) + "\n"
+        else:
+            files.update(hf_model_config(r))
     elif stack == "hf":
         files["accelerate_config.yaml"] = to_yaml(to_accelerate_config(r, opts))
         files.update(hf_model_config(r))

@@ -114,7 +114,8 @@ def _per_step(v: RuleView) -> Any:
 STACK_LIMITS = {
     "torchtitan": ("--stack torchtitan shards with FSDP2 and splits no experts: use --fsdp full or grad-op "
                    "(or --zero 0), ep 1"),
-    "deepspeed": "--stack deepspeed runs ZeRO data parallelism here: no FSDP, tp, pp or cp (use --zero N)",
+    "deepspeed": ("--stack deepspeed runs ZeRO data parallelism, and tp and pp with ZeRO-0/1 as Megatron-DeepSpeed "
+                  "(BLOOM, MT-NLG): no FSDP, cp, ZeRO-2/3 or experts with tp/pp (use --zero 0 or 1)"),
     "hf": "--stack hf runs FSDP2 (accelerate) without pipeline stages: use --fsdp full and pp 1",
 }
 
@@ -127,8 +128,9 @@ def _stack_cannot_run(v: RuleView) -> Any:
     stack = v.setup.stack
     if stack == "torchtitan":
         return ((v.sharding <= 0) & (v.zero_stage > 0)) | (v.ep > 1) | (v.expert_tp != v.tp)
-    if stack == "deepspeed":
-        return (v.tp > 1) | (v.pp > 1) | (v.cp > 1) | (v.sharding > 0)
+    if stack == "deepspeed":    # Megatron-DeepSpeed: tp and pp under ZeRO-0/1 (stacks.megatron_deepspeed)
+        split = (v.tp > 1) | (v.pp > 1)
+        return (v.cp > 1) | (v.sharding > 0) | (split & ((v.zero_stage > 1) | (v.ep > 1)))
     if stack == "hf":
         return (v.sharding <= 0) | (v.pp > 1) | (v.expert_tp != v.tp)
     return v.tp < 0      # megatron, auto: every layout (False, shaped as the batch)

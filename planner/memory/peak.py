@@ -28,7 +28,7 @@ held through backward (the root unit is reduced last).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import cached_property
 from typing import Any
 
@@ -50,6 +50,7 @@ from planner.memory.states import (
     ModelStates,
     OffloadSplit,
     expert_padding,
+    fp32_accumulated_gradients,
     hybrid_degree,
     model_state_bytes,
     offload_bytes,
@@ -309,6 +310,10 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     pad = expert_padding(m, sa, hybrid)
     ms = model_state_bytes(split.trainable_dense, split.trainable_expert, state_prec, opt_pp, sa, hybrid,
                            amp=amp_states, expert_padding=pad, grad_sync=setup.fsdp_pipeline_grad_sync)
+    fp32_grads = fp32_accumulated_gradients(setup, sa)
+    if fp32_grads.any():    # DeepSpeed's BF16_Optimizer: 4-byte gradients, unsharded (ZeRO-0/1)
+        ms = replace(ms, gradients=np.where(fp32_grads, ms.gradients * 4 // max(state_prec.grad_bytes, 1),
+                                            ms.gradients))
     grad_unit = rp.block_unit     # a block's gradients have its parameters' shapes: never padded
     if m.is_moe:
         # gathered blocks carry the padded experts too

@@ -267,7 +267,7 @@ def stage_figures(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, a: LayoutA
         counts = stage_layers(m.n_layers, pp, setup.pp_balance)
         mtp = setup.mtp_layers
         if mtp:     # the MTP modules' blocks live on the last stage (TrainingSetup.mtp_layers)
-            counts = (*counts[:-1], counts[-1] + mtp)
+            counts = [*counts[:-1], counts[-1] + mtp]
         row: tuple[int, ...] = ()
         for s in stages_to_check(counts):
             n_layers = counts[s]
