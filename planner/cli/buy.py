@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from planner.cli.common import progress, run_safely, show
+from planner.cli.common import note, progress, run_safely, show
 from planner.cli.complete import complete_gpus
 from planner.cli.options import (
     Dollars,
@@ -113,8 +113,8 @@ def buy(jobs_path: Path, gpu_names: str | None, budget: float | None, horizon: s
         from planner.report.terminal import buy_view
         show(buy_view(r))
     if calibration is not None:
-        click.echo(f"calibration: {calibration} applied to every {names[0]} job", err=as_json or quiet)
+        note(f"calibration: {calibration} applied to every {names[0]} job", as_json or quiet)
     if plotted is not None:
-        click.echo(f"wrote the plot to {plotted}", err=as_json or quiet)
+        note(f"wrote the plot to {plotted}", as_json or quiet)
     if not r.feasible:
         sys.exit(2)

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from planner.cli.common import check_quiet, progress, run_safely, show
+from planner.cli.common import check_quiet, note, progress, run_safely, show
 from planner.cli.options import Options, layout_options, method_options, quiet_option
 from planner.cli.request import build_request
 from planner.errors import UserError
@@ -114,7 +114,7 @@ def measure(o: Options, real: bool, stack: str = "hf", calibration_out: Path | N
             cmp = accuracy.compare(m, hf_config, setup, lay, fake=not real)
     if calibration_out is not None:
         write_measured_calibration(m, cmp.setup, cmp.layout, cluster_for(gpu, o.topology), cmp.measured,
-                                   f"plan measure --real ({stack})", stack, calibration_out, o.aside)
+                                   f"plan measure --real ({stack})", stack, calibration_out, o.aside, o.force)
     if o.as_json:
         click.echo(json.dumps(report.comparison_json(m, gpu, cmp), indent=2))
     elif o.quiet:
@@ -125,7 +125,7 @@ def measure(o: Options, real: bool, stack: str = "hf", calibration_out: Path | N
 
 
 def write_measured_calibration(m: Any, setup: Any, lay: Any, cluster: Any, measured: Any, name: str, stack: str,
-                               out_file: Path, aside: bool = False) -> None:
+                               out_file: Path, aside: bool = False, force: bool = False) -> None:
     """Fit the calibration on one measured step and write it as plan calibrate does."""
     from datetime import UTC, datetime
 
@@ -136,7 +136,7 @@ def write_measured_calibration(m: Any, setup: Any, lay: Any, cluster: Any, measu
 
     obs = measured_observation(m, setup, lay, cluster, measured, name, stack)
     c = measured_calibration(obs, __version__, datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
-    write_atomically(out_file, to_toml(c))
-    click.echo(f"wrote {out_file}: matmul fraction {c.matmul_fraction_before:.3f} (shipped) -> "
-               f"{c.matmul_fraction:.3f} (fitted on a {obs.step_time_s:.3f} s step)", err=aside)
+    write_atomically(out_file, to_toml(c), force)
+    note(f"wrote {out_file}: matmul fraction {c.matmul_fraction_before:.3f} (shipped) -> "
+         f"{c.matmul_fraction:.3f} (fitted on a {obs.step_time_s:.3f} s step)", aside)
 

@@ -23,6 +23,7 @@ removed, so no .tmp file, no mixed set and no empty directory are left.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import signal
@@ -83,7 +84,89 @@ def write_files(directory: Path, files: Mapping[str, str], force: bool = False) 
     return targets
 
 
-def _make_parents(parent: Path) -> list[Path]:
+def write_file(path: Path, data: bytes, force: bool = False, what: str = "--out") -> Path:
+    """Write one file (``--plot FILE``, ``plan calibrate --out FILE``, ``--calibration-out``)
+    all or nothing; ``what`` names the option in messages.
+
+    The bytes are written and fsynced into a temporary file beside the target, then
+    published by link(2), which fails when the target exists (POSIX: EEXIST), so of two
+    concurrent writers without ``force`` the second is refused, however close they run;
+    with ``force`` by rename(2), which replaces the target atomically. A file system
+    without hard links gets the target created with O_CREAT | O_EXCL, which refuses an
+    existing file as atomically. SIGINT, SIGTERM and SIGHUP are held meanwhile (as for
+    write_files), and the temporary file and any directory this call created are removed
+    on every failure, so nothing half written and no .tmp file is left."""
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{what} {path} is a directory; name a file")
+    with _signals_held():
+        created = _make_parents(path.parent, what)
+        tmp: str | None = None
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o666 & ~_umask())
+            if force:
+                os.replace(tmp, path)
+                tmp = None
+            else:
+                _publish_new(tmp, path, data)
+            _fsync_dir(path.parent)
+        except FileExistsError:
+            _remove_created(created)
+            raise UserError(f"{path} already exists; nothing written (pass --force to overwrite)") from None
+        except OSError as e:
+            _remove_created(created)
+            raise UserError(f"cannot write {what} {path}: {e.strerror or e}") from e
+        except BaseException:
+            _remove_created(created)
+            raise
+        finally:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+    return path
+
+
+def _publish_new(tmp: str, path: Path, data: bytes) -> None:
+    """Give the staged file ``tmp`` the name ``path`` unless ``path`` exists (FileExistsError)."""
+    try:
+        os.link(tmp, path, follow_symlinks=False)
+        return
+    except FileExistsError:
+        raise
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EMLINK, errno.ENOSYS):
+            raise
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)      # no hard links here
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
+
+
+def writable_target(path: Path, what: str) -> None:
+    """Refuse (UserError) a file that cannot be created: its nearest existing directory is
+    not writable (permissions, a read-only or immutable directory). Called before another
+    output is written, so that a run does not write one output and fail on the next."""
+    p = Path(path).parent
+    while not p.exists() and p.parent != p:
+        p = p.parent
+    if not p.is_dir():
+        raise UserError(f"cannot write {what} {path}: {p} is not a directory")
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write {what} {path}: directory {p} is not writable; nothing written")
+
+
+def _make_parents(parent: Path, what: str = "--out") -> list[Path]:
     """Create the missing parents of DIR; return those created (deepest last) for cleanup."""
     missing: list[Path] = []
     p = parent
@@ -95,7 +178,7 @@ def _make_parents(parent: Path) -> list[Path]:
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise UserError(f"cannot create --out {parent}: {e.strerror or e}") from e
+        raise UserError(f"cannot create {what} {parent}: {e.strerror or e}") from e
     return list(reversed(missing))
 
 
