@@ -200,3 +200,93 @@ def test_a_full_stderr_after_the_answer_is_no_failure(tmp_path, args):
                            stderr=full, text=True, timeout=120, check=False)
     assert p.returncode == 0 and p.stdout.strip(), p.returncode
     assert (tmp_path / "y.png").exists() or (tmp_path / "o" / "plan.json").exists()
+
+
+# ------------------------------------------------------------------------ B4, B5, U6: --out DIR
+
+def test_force_over_another_stacks_set_leaves_no_mix(tmp_path):
+    """The report: a DeepSpeed set overwritten by a Megatron one kept ds_config.json,
+    hostfile and config.json beside the new plan.json."""
+    s1 = tmp_path / "s1"
+    assert run("--model", "qwen2.5-0.5b", "--gpus", "h100", "--stack", "deepspeed", "--out", s1, "-q").exit_code == 0
+    (s1 / "notes.txt").write_text("mine")
+    assert {"ds_config.json", "hostfile", "config.json"} <= {p.name for p in s1.iterdir()}
+    megatron = ("--model", "qwen2.5-0.5b", "--gpus", "h100", "--stack", "megatron", "--tp", "2", "--out", s1, "-q")
+    r = run(*megatron)
+    assert r.exit_code == 2 and "already exists" in r.stderr
+    r = run(*megatron, "--force")
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in s1.iterdir()) == ["launch.sh", "megatron_args.txt", "notes.txt", "plan.json",
+                                                    "pytorchjob.yaml", "slurm.sbatch"]
+    assert (s1 / "notes.txt").read_text() == "mine"             # not a file the planner writes
+    assert leftovers(tmp_path) == []
+
+
+def test_a_user_directory_without_a_plan_keeps_its_own_config_json(tmp_path):
+    d = tmp_path / "mine"
+    d.mkdir()
+    (d / "config.json").write_text("{}")                      # a name the planner writes, but no plan here
+    r = run("--model", "qwen2.5-0.5b", "--gpus", "h100", "--stack", "megatron", "--tp", "2", "--out", d, "-q")
+    assert r.exit_code == 0, r.output
+    assert (d / "config.json").read_text() == "{}"
+
+
+def test_every_file_a_plan_writes_is_known_by_name():
+    """write_files removes another plan's files by name: plan_files writes no other names."""
+    from planner import api
+    from planner.emit import PLAN_FILE_NAMES, EmitOptions, plan_files
+    from planner.hardware.gpus import get_gpu
+    from planner.layouts.layout import Layout
+    from planner.models.spec import load_model
+    from planner.training.setup import TrainingSetup
+
+    m = load_model("llama2-7b")
+    names: set[str] = set()
+    for stack, lay in (("deepspeed", Layout(dp=8, zero_stage=3, micro_batch=1, grad_accum=4, seq_len=2048)),
+                       ("hf", Layout(dp=8, zero_stage=3, sharding="fsdp-full", micro_batch=1, grad_accum=4,
+                                     seq_len=2048)),
+                       ("megatron", Layout(dp=4, tp=2, micro_batch=1, grad_accum=8, seq_len=2048)),
+                       ("torchtitan", Layout(dp=4, pp=2, zero_stage=3, sharding="fsdp-full", micro_batch=1,
+                                             grad_accum=8, seq_len=2048))):
+        r = api.evaluate_layout(m, get_gpu("h100"), TrainingSetup(seq_len=2048, global_batch=32), lay)
+        names |= set(plan_files(r, EmitOptions(stack=stack), {}))
+    assert names == set(PLAN_FILE_NAMES), names ^ set(PLAN_FILE_NAMES)
+
+
+def test_out_onto_an_existing_empty_directory_keeps_it(tmp_path):
+    """The report: mode 0700 became 0755, the owner root, and a shell inside the directory
+    was left in a deleted one."""
+    e1 = tmp_path / "e1"
+    e1.mkdir(mode=0o700)
+    os.chmod(e1, 0o700)
+    before = e1.stat()
+    r = run("--model", "gpt2", "--gpus", "h100", "--out", e1, "-q")
+    assert r.exit_code == 0, r.output
+    after = e1.stat()
+    assert (after.st_ino, after.st_mode, after.st_uid, after.st_gid) == (before.st_ino, before.st_mode, before.st_uid,
+                                                                          before.st_gid)
+    assert (e1 / "plan.json").is_file()
+    r = run("--model", "gpt2", "--gpus", "h100", "--out", e1, "--force", "-q")     # and again, over its own set
+    assert r.exit_code == 0 and e1.stat().st_ino == before.st_ino and e1.stat().st_mode == before.st_mode
+    assert leftovers(tmp_path) == []
+
+
+def test_out_onto_the_current_directory_writes_into_it(tmp_path):
+    e2 = tmp_path / "e2"
+    e2.mkdir()
+    p = subprocess.run([sys.executable, "-m", "planner", "--model", "gpt2", "--gpus", "h100", "--out", str(e2), "-q"],
+                       cwd=e2, env=ENV, capture_output=True, text=True, timeout=120, check=False)
+    assert p.returncode == 0, p.stderr
+    assert (e2 / "plan.json").is_file() and os.path.samefile(e2, tmp_path / "e2")
+
+
+@pytest.mark.parametrize("args", [("--model", "gpt2", "--gpus", "h100", "--out", ""),
+                                  ("--model", "gpt2", "--gpus", "h100", "--plot", ""),
+                                  ("buy", str(REPO / "examples" / "jobs.yaml"), "--plot", " "),
+                                  (*CALIBRATE, "--out", "")])
+def test_an_empty_output_name_is_refused(tmp_path, args, monkeypatch):
+    """U6: `--out ""` wrote the set into the current directory."""
+    monkeypatch.chdir(tmp_path)
+    r = run(*args)
+    assert r.exit_code == 2 and "empty name" in r.stderr and r.stderr.count("\n") == 1, r.output
+    assert list(tmp_path.iterdir()) == []

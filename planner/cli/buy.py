@@ -13,6 +13,7 @@ from planner.cli.common import note, progress, run_safely, show
 from planner.cli.complete import complete_gpus
 from planner.cli.options import (
     Dollars,
+    OutputPath,
     calibration_option,
     prices_option,
     quiet_option,
@@ -35,7 +36,7 @@ from planner.training.setup import MAX_GPUS
 @prices_option
 @solver_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
+@click.option("--plot", type=OutputPath(dir_okay=False, path_type=Path), default=None, metavar="FILE",
               help="Draw the purchase into FILE (.png or .svg): GPUs and dollars per GPU type, each job's run.")
 @click.option("--force", is_flag=True, help="With --plot, overwrite an existing file.")
 @quiet_option

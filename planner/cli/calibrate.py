@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from planner.cli.common import run_safely
-from planner.cli.options import Options, layout_options, method_options
+from planner.cli.options import Options, OutputPath, layout_options, method_options
 from planner.cli.request import build_request
 from planner.errors import UserError
 
@@ -34,7 +34,7 @@ MAX_LOGS = 64
 @click.option("--runs", "runs_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               metavar="FILE", help="A TOML file of [[run]] tables (log = PATH, options = \"--model ... --dp ...\"): "
                                    "logs of other layouts, fitted jointly with the LOGs given.")
-@click.option("--out", "out_file", type=click.Path(path_type=Path), default=Path("calibration.toml"),
+@click.option("--out", "out_file", type=OutputPath(path_type=Path), default=Path("calibration.toml"),
               show_default=True, metavar="FILE", help="Where to write the calibration file.")
 @click.option("--force", is_flag=True, help="Overwrite --out FILE if it exists.")
 @click.option("--warmup", type=click.IntRange(0, 1000), default=None,

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from planner.cli.common import check_quiet, note, progress, run_safely, show
-from planner.cli.options import Options, layout_options, method_options, quiet_option
+from planner.cli.options import Options, OutputPath, layout_options, method_options, quiet_option
 from planner.cli.request import build_request
 from planner.errors import UserError
 
@@ -24,7 +24,7 @@ from planner.errors import UserError
 @click.option("--stack", type=click.Choice(["hf", "torchtitan"]), default="hf", show_default=True,
               help="What runs the step: Hugging Face transformers' model, or torchtitan's own Llama 3 "
                    "parallelised by torchtitan (FSDP2 and tensor parallel; deep models scaled from 2 and 4 blocks).")
-@click.option("--calibration-out", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
+@click.option("--calibration-out", type=OutputPath(dir_okay=False, path_type=Path), default=None, metavar="FILE",
               help="With --real: write the calibration file `plan calibrate` writes, fitted on the measured "
                    "step (use it with --calibration FILE).")
 @click.option("--force", is_flag=True, help="With --calibration-out, overwrite an existing file.")

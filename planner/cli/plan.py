@@ -294,13 +294,13 @@ def finish(o: Options, a: Answer) -> None:
 
 def write_out(result: PlanResult, o: Options, opts: EmitOptions, crosscheck: Crosscheck | None) -> list[Path]:
     """Write the chosen plan's configs to --out (atomically; existing files need --force)."""
-    from planner.emit import plan_files
+    from planner.emit import PLAN_FILE_NAMES, plan_files
     from planner.emit.write import write_files
     from planner.report import text as report
 
     assert o.out is not None
     files = plan_files(result, opts, report.plan_json(result, crosscheck))
-    return write_files(o.out, files, force=o.force)
+    return write_files(o.out, files, force=o.force, owned=PLAN_FILE_NAMES)
 
 
 def load(o: Options) -> None:

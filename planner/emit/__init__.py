@@ -37,6 +37,10 @@ if TYPE_CHECKING:
 
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 SCHEDULERS = ("both", "slurm", "kubernetes", "none")
+# Every file plan_files writes for some plan: --out --force over a plan of another stack
+# removes those the new plan does not write (planner.emit.write.write_files, issue 32 B4).
+PLAN_FILE_NAMES = ("ds_config.json", "hostfile", "config.json", "accelerate_config.yaml", "megatron_args.txt",
+                   "torchtitan_job.py", "launch.sh", "slurm.sbatch", "pytorchjob.yaml", "plan.json")
 HOST_NAME = re.compile(r"[A-Za-z0-9._:\[\]-]+")    # a DNS name, IPv4 or IPv6 address (RFC 1123, RFC 4291)
 
 
