@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import UserError, unknown_name
-from planner.limits import MAX_CONFIG_BYTES, check_gpu_types, check_keys, check_label
+from planner.limits import MAX_CONFIG_BYTES, check_gpu_types, check_keys, check_label, parse_error_text
 from planner.units import GB, GiB, MiB
 
 TFLOPS = 10**12
@@ -141,6 +141,10 @@ def parse_gpus(text: str, where: str = "gpus.toml") -> dict[str, GpuSpec]:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise UserError(f"{where}: not valid TOML ({e})") from None
+    except ValueError as e:         # Python's 4,300-digit limit on int(str) (bench/fuzz.py found it: exit 1)
+        raise UserError(f"{where}: not valid TOML ({parse_error_text(e)})") from None
+    except RecursionError:
+        raise UserError(f"{where}: not valid TOML (nested too deeply)") from None
     if data.keys() - {"gpu"}:
         raise UserError(f"{where}: unknown top-level keys {sorted(data.keys() - {'gpu'})}; only [[gpu]] tables")
     gpus: dict[str, GpuSpec] = {}
