@@ -189,3 +189,19 @@ def test_the_python_api_refuses_a_master_address_that_is_code():
         EmitOptions(master_addr="$(touch PWNED)")
     with pytest.raises(UserError, match="control character"):
         EmitOptions(script="train.py\ntouch PWNED")
+
+
+def test_a_job_name_with_a_control_character_is_refused(tmp_path):
+    f = tmp_path / "jobs.yaml"
+    f.write_text('jobs:\n  - name: "a\\nb\\x1b[31m"\n    model: gpt2\n    tokens: 1e9\n    deadline: 30d\n')
+    one_line_error(run("buy", f, "--gpus", "h100", "-q"), "job name", "control character")
+
+
+def test_a_gpu_file_with_a_5001_digit_integer_is_one_line(tmp_path):
+    """bench/fuzz.py found it: tomllib's int(str) limit raised ValueError, exit 1."""
+    text = (REPO / "planner" / "presets" / "gpus.toml").read_text()
+    start = text.index('[[gpu]]\nname = "h100"')
+    entry = text[start:text.index("[[gpu]]", start + 1)].replace("tdp_w = 700", "tdp_w = 1" + "0" * 5000)
+    f = tmp_path / "gpu.toml"
+    f.write_text(entry)
+    one_line_error(run("--model", "gpt2", "--gpus", f), "not valid TOML")
