@@ -71,8 +71,7 @@ def write_files(directory: Path, files: Mapping[str, str], force: bool = False,
     _check_directory_name(directory)
     if directory.exists() and not directory.is_dir():
         raise UserError(f"--out {directory} is a file, not a directory")
-    with _signals_held():       # a signal lands before or after, never inside (module docstring)
-        created = _make_parents(directory.parent)
+    with _signals_held(), _parents_made(directory.parent, "--out"):   # module docstring
         try:
             with _locked(directory.parent):
                 stale = _stale_names(directory, files, owned)
@@ -85,11 +84,7 @@ def write_files(directory: Path, files: Mapping[str, str], force: bool = False,
                     shutil.rmtree(staging, ignore_errors=True)
                 _fsync_dir(directory.parent)
         except OSError as e:
-            _remove_created(created)
             raise UserError(f"cannot write to --out {directory}: {e.strerror or e}") from e
-        except BaseException:
-            _remove_created(created)
-            raise
     return targets
 
 
@@ -119,15 +114,11 @@ def write_file(path: Path, data: bytes, force: bool = False, what: str = "--out"
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{what} {path} is a directory; name a file")
-    with _signals_held():
-        created = _make_parents(path.parent, what)
+    with _signals_held(), _parents_made(path.parent, what):
         tmp: str | None = None
         try:
             fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+            _write_synced(fd, data)
             os.chmod(tmp, 0o666 & ~_umask())
             if force:
                 os.replace(tmp, path)
@@ -136,19 +127,22 @@ def write_file(path: Path, data: bytes, force: bool = False, what: str = "--out"
                 _publish_new(tmp, path, data)
             _fsync_dir(path.parent)
         except FileExistsError:
-            _remove_created(created)
             raise UserError(f"{path} already exists; nothing written (pass --force to overwrite)") from None
         except OSError as e:
-            _remove_created(created)
             raise UserError(f"cannot write {what} {path}: {e.strerror or e}") from e
-        except BaseException:
-            _remove_created(created)
-            raise
         finally:
             if tmp is not None:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
     return path
+
+
+def _write_synced(fd: int, data: bytes) -> None:
+    """Write ``data`` to the open descriptor ``fd``, flush it to disk, and close it."""
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _publish_new(tmp: str, path: Path, data: bytes) -> None:
@@ -163,10 +157,7 @@ def _publish_new(tmp: str, path: Path, data: bytes) -> None:
             raise
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)      # no hard links here
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        _write_synced(fd, data)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(path)
@@ -202,10 +193,18 @@ def _make_parents(parent: Path, what: str = "--out") -> list[Path]:
     return list(reversed(missing))
 
 
-def _remove_created(created: list[Path]) -> None:
-    for p in reversed(created):          # deepest first; only if still empty
-        with contextlib.suppress(OSError):
-            p.rmdir()
+@contextlib.contextmanager
+def _parents_made(parent: Path, what: str) -> Iterator[None]:
+    """Create the missing parents of a target; remove those created (if still empty) when
+    the block fails, so a failed write leaves no empty directory."""
+    created = _make_parents(parent, what)
+    try:
+        yield
+    except BaseException:
+        for p in reversed(created):          # deepest first; only if still empty
+            with contextlib.suppress(OSError):
+                p.rmdir()
+        raise
 
 
 @contextlib.contextmanager
@@ -240,11 +239,7 @@ def _stage(staging: Path, files: Mapping[str, str]) -> None:
     """Every file complete and on disk in the staging directory before any is moved."""
     for name, text in files.items():
         path = staging / name
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        _write_synced(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), text.encode("utf-8"))
         os.chmod(path, 0o755 if name in EXECUTABLE else 0o644)
     os.chmod(staging, 0o777 & ~_umask())
     _fsync_dir(staging)
