@@ -205,3 +205,22 @@ def test_a_gpu_file_with_a_5001_digit_integer_is_one_line(tmp_path):
     f = tmp_path / "gpu.toml"
     f.write_text(entry)
     one_line_error(run("--model", "gpt2", "--gpus", f), "not valid TOML")
+
+
+def test_torchtitan_loads_the_job_of_a_quoted_name_and_runs_nothing(tmp_path, monkeypatch):
+    """The report's break-out: a name holding \"\"\" injected Python into torchtitan_job.py.
+    torchtitan 0.3.0's own ConfigManager imports the job (as its trainer does); the injected
+    os.system is never called, and the model keeps the name as its flavour."""
+    pytest.importorskip("torchtitan")
+    pytest.importorskip("triton")
+    from test_emit_torchtitan import _load
+
+    f = tmp_path / 'z"""; import os; os.system("touch PWNED3"); """.json'
+    shutil.copy(MY_3B, f)
+    out = tmp_path / "o3"
+    r = run("--model", f, "--gpus", "h100", "--stack", "torchtitan", "--fsdp", "full", "--out", out, "-q")
+    assert r.exit_code == 0, r.output
+    monkeypatch.chdir(tmp_path)
+    config = _load(out)
+    assert not (tmp_path / "PWNED3").exists()
+    assert config.model_spec.flavor == f.stem
