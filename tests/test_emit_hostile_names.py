@@ -147,6 +147,10 @@ def check_set(files: dict[str, str], tmp_path: Path | None = None) -> None:
             json.loads(text)
         else:                                   # hostfile, megatron_args.txt: names only in comments
             assert all(MARK not in line or line.startswith("#") for line in text.splitlines()), text
+        if name == "hostfile":                  # and DeepSpeed's own parser reads the hosts alone
+            from deepspeed.launcher.runner import _parse_hostfile
+
+            assert all(host.startswith("node-") for host in _parse_hostfile(text.splitlines()))
 
 
 STACK_CASES = [
