@@ -202,6 +202,10 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
     )
     if not m.is_moe and space.ep is None:
         space = replace(space, ep=1)
+    if o.stack == "deepspeed":
+        # tp and pp under --stack deepspeed are Megatron-DeepSpeed's, run when asked for (--tp/--pp);
+        # its search stays on ZeRO data parallelism, as before
+        space = replace(space, tp=1 if o.tp is None else o.tp, pp=1 if o.pp is None else o.pp)
     return m, gpu, setup, space, o.n_gpus
 
 
