@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 from planner.errors import UserError
 from planner.hardware.gpus import GpuSpec
-from planner.layouts.layout import Layout, SearchSpace, grad_accum_for, reject_reason
+from planner.layouts.layout import Layout, SearchSpace, grad_accum_for, reject_reason, sp_by_default
 from planner.memory.model import min_model_state_bytes_per_param
 from planner.models.spec import ModelSpec, ParamCount, count_params
 from planner.search.search import Candidate, SearchResult, gpu_counts, search
@@ -191,10 +191,12 @@ AUTO_METHODS = ("full", "lora", "qlora")
 
 
 def auto_methods(setup: TrainingSetup) -> tuple[str, ...]:
-    """The methods ``--method auto`` compares, preferred first: full training only under FP8,
-    which the planner models for full training only (issue 32, W4: auto returned the LoRA
-    plan that --method lora --precision fp8 refuses)."""
-    return ("full",) if setup.precision == "fp8" else AUTO_METHODS
+    """The methods ``--method auto`` compares, preferred first: under FP8 or NVFP4 those the
+    planner models there, full training and LoRA, not QLoRA's 4-bit base (issue 32, W4: auto
+    returned the QLoRA plan that --method qlora --precision fp8 refuses)."""
+    from planner.training.checks import LOW_PRECISIONS
+
+    return tuple(m for m in AUTO_METHODS if m != "qlora") if setup.precision in LOW_PRECISIONS else AUTO_METHODS
 
 
 def plan_methods(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, methods: tuple[FinetuneSpec, ...],
@@ -274,6 +276,6 @@ def fixed_layout(space: SearchSpace, setup: TrainingSetup, n_gpus: int | None) -
         assert s.zero_stage is not None     # checked above: --zero or --fsdp is given
         sharding, stage = "zero", s.zero_stage
     return Layout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero_stage=stage, sharding=sharding,
-                  sp=s.sp if s.sp is not None else tp > 1, vp=s.vp or 1, micro_batch=mb,
+                  sp=s.sp if s.sp is not None else tp > 1 and sp_by_default(setup), vp=s.vp or 1, micro_batch=mb,
                   grad_accum=ga, seq_len=setup.seq_len, recompute=s.recomputes[0], etp=s.etp or 0)
 

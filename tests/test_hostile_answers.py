@@ -88,12 +88,13 @@ def test_explain_refuses_max_gpus_past_the_topology():
 
 # ------------------------------------------------------------ W4: auto under fp8
 
-def test_auto_under_fp8_tries_full_training_only():
-    r = run("--model", "8b", "--gpus", "h100", "--method", "auto", "--precision", "fp8", "-q")
+def test_auto_under_fp8_tries_only_what_fp8_models():
+    # 70b under fp8: QLoRA was chosen, which --method qlora --precision fp8 refuses
+    r = run("--model", "70b", "--gpus", "h100", "--method", "auto", "--precision", "fp8", "-q")
     assert r.exit_code == 0, r.output
-    assert "(lora)" not in r.output and "(qlora)" not in r.output, r.output
-    one_line_error(run("--model", "8b", "--gpus", "h100", "--method", "lora", "--precision", "fp8"),
-                   "full training only")
+    assert "(qlora)" not in r.output, r.output
+    one_line_error(run("--model", "70b", "--gpus", "h100", "--method", "qlora", "--precision", "fp8"),
+                   "full training and LoRA")
 
 
 # ------------------------------------------------------------ E1: nan in a float option

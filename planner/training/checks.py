@@ -42,6 +42,7 @@ from planner.training.setup import (
     TrainingSetup,
 )
 
+LOW_PRECISIONS = ("fp8", "nvfp4")      # the block GEMMs in FP8 or FP4 (training.fp8)
 DEFAULT_SEQ_LEN = 4096          # TrainingSetup.seq_len's default
 MAX_MOE_IMBALANCE = 64.0        # --moe-imbalance's upper bound: every token on one of 64 ranks
 MAX_RECOMPUTE_EVERY = 1024      # --recompute-every's and --recompute-num-layers' upper bound
@@ -114,7 +115,7 @@ SETUP_RULES: tuple[SetupRule, ...] = (
     _choice("fsdp_pipeline_grad_sync", "--fsdp-pipeline-grad-sync", FSDP_PIPELINE_GRAD_SYNCS),
     _choice("pp_balance", "--pp-balance", PP_BALANCES),
     _choice("recompute_method", "--recompute-method", ("uniform", "block")),
-    _choice("fp8_recipe", "--fp8-recipe", RECIPES),
+    _choice("fp8_recipe", "--fp8-recipe", (*RECIPES, "nvfp4")),
     SetupRule("method-known", lambda m, s: s.finetune.method not in METHODS,
               lambda m, s: f"--method {s.finetune.method!r} is not one of {', '.join(METHODS)}"),
     SetupRule("usable-memory", lambda m, s: not is_float_in(s.usable_memory_fraction, 0.05, 1.0),
@@ -138,9 +139,10 @@ SETUP_RULES: tuple[SetupRule, ...] = (
     SetupRule("optimizer-state-bytes",
               lambda m, s: s.optimizer_state_bytes is not None and not is_float_in(s.optimizer_state_bytes, 0, 64),
               lambda m, s: f"optimizer_state_bytes {s.optimizer_state_bytes!r} must be from 0 to 64 bytes"),
-    SetupRule("fp8-full-only", lambda m, s: s.precision == "fp8" and s.finetune.method != "full",
-              lambda m, s: ("--precision fp8 is modelled for full training only; drop --method/--quant "
-                            "or use --precision bf16-mixed")),
+    SetupRule("low-precision-methods", lambda m, s: s.precision in LOW_PRECISIONS
+              and (s.finetune.method in ("qlora", "freeze") or s.finetune.quant != "none"),
+              lambda m, s: (f"--precision {s.precision} is modelled for full training and LoRA (a 16-bit base whose "
+                            "linear layers run the low-precision GEMMs); drop --quant or use --method full or lora")),
     SetupRule("trainable-layers",
               lambda m, s: s.finetune.method == "freeze" and s.finetune.trainable_layers > m.n_layers,
               lambda m, s: (f"--trainable-layers {s.finetune.trainable_layers} is more than the {m.n_layers} "
