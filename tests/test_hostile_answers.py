@@ -15,28 +15,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from test_hostile import one_line_error, run  # status 2 and one line on stderr (issue 20's helpers)
 
 from planner.cli.main import cli
 from planner.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
 PRESETS = REPO / "planner" / "presets" / "models"
-
-
-def run(*args: object):
-    return CliRunner().invoke(cli, [str(a) for a in args], prog_name="plan")
-
-
-def one_line_error(r, *needles: str) -> str:
-    """Status 2, one line on stderr starting with 'error: ', naming every needle."""
-    assert r.exit_code == 2, (r.exit_code, r.output)
-    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
-    err = r.stderr.strip()
-    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in r.output, err
-    for n in needles:
-        assert n in err, (n, err)
-    return err
 
 
 # ------------------------------------------------------------ W2, U3: products of fixed degrees
