@@ -515,3 +515,14 @@ def test_a_fifo_is_named_as_a_fifo(tmp_path, flag):
     args = {"--model": ("--model", fifo, "--gpus", "h100"), "--gpus": ("--model", "8b", "--gpus", fifo),
             "--topology": ("--model", "8b", "--gpus", "h100", "--topology", fifo)}[flag]
     one_line_error(run(*args, "-q"), "is a FIFO")
+
+
+# ------------------------------------------------------------ U4: torchtitan's options, before a search
+
+@pytest.mark.parametrize("args, needle", [
+    (("--zero", 2), "give --fsdp grad-op"),
+    (("--offload-optimizer", "cpu"), "give --offload-params cpu with --fsdp full"),
+])
+def test_torchtitan_options_no_layout_can_take_are_named(args, needle):
+    err = one_line_error(run("--model", "8b", "--gpus", "h100", "--stack", "torchtitan", *args, "-q"), needle)
+    assert "8 GPUs" not in err        # no count was given

@@ -228,6 +228,13 @@ def stack_setup_refusal(o: Options, m: Any) -> str | None:
         why = torchtitan_builds(m)
         if why is not None:
             return f"--stack torchtitan: {why}; plan with --stack hf or megatron"
+        # options no torchtitan layout can take, said before a search on a count nobody gave (issue 32, U4)
+        if o.zero is not None and o.zero > 0 and o.fsdp is None:
+            return (f"--stack torchtitan shards with FSDP2, not ZeRO: for --zero {o.zero} give --fsdp "
+                    f"{ {1: 'grad-op or full', 2: 'grad-op'}.get(o.zero, 'full')} (or --zero 0)")
+        if o.offload_optimizer != "none":
+            return ("--stack torchtitan offloads with FSDP2, which moves parameters, gradients and optimizer states "
+                    "together: give --offload-params cpu with --fsdp full instead of --offload-optimizer")
     if o.compile and o.stack != "torchtitan":
         return ("--compile is modelled for --stack torchtitan only (its per-block torch.compile); "
                 "drop --compile or add --stack torchtitan")

@@ -106,7 +106,7 @@ def _parse_gpu(entry: dict[str, Any], where: str) -> GpuSpec:
                         f"give it too, or drop them")
     for key in ("name", "full_name"):
         check_label(entry[key], f"{where}: {key}")      # written into launch files and answers
-    for alias in entry["aliases"]:
+    for alias in entry.get("aliases", ()):
         check_label(alias, f"{where}: aliases")
     memory_key = memory_keys[0]
     ceiling_source = entry.get("training_mfu_ceiling_source")
