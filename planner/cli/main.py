@@ -29,6 +29,7 @@ from planner.cli.options import (
     layout_options,
     method_options,
     output_options,
+    posttrain_options,
     quiet_option,
     task_options,
     time_options,
@@ -67,6 +68,7 @@ class PlanGroup(click.Group):
 @layout_options
 @method_options
 @task_options
+@posttrain_options
 @time_options
 @cost_options
 @output_options

@@ -58,6 +58,10 @@ class Answer:
 def plan(o: Options) -> None:
     """The `plan` command without a subcommand."""
     check_quiet(o)
+    if o.teacher is not None or o.task in ("grpo", "ppo", "dpo"):     # issue 34: post-training
+        from planner.cli.posttrain import posttrain
+        posttrain(o)
+        return
     if o.plot is not None:      # a bad name or an existing file: refused before the search
         from planner.report.plot import plot_format
         if o.task == "load":

@@ -1,0 +1,103 @@
+"""`plan --model S --teacher T ...` (distillation) and `plan --task grpo|ppo|dpo ...` (RL):
+the options into planner.training.posttrain's set-ups, the search, the report, --out."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+
+import click
+
+from planner.cli.common import check_quiet
+from planner.cli.options import RL_TASKS, Options
+from planner.cli.request import build_request, timing
+from planner.errors import UserError
+
+
+def refuse_unsupported(o: Options) -> None:
+    """What the post-training plans do not take, each with its way out."""
+    if o.tokens is not None:
+        raise UserError("--tokens plans the cost of pre-training; drop it for --teacher or --task grpo|ppo|dpo")
+    if o.plot is not None:
+        raise UserError("--plot draws a training plan; post-training plans print their phases instead")
+    if o.method not in (None, "full"):
+        raise UserError("post-training plans train the full model; drop --method")
+    if o.crosscheck:
+        raise UserError("--crosscheck compares a plain training plan with DeepSpeed's estimators; drop it here")
+
+
+def posttrain(o: Options) -> None:
+    """Distillation (--teacher) or RL (--task grpo|ppo|dpo)."""
+    check_quiet(o)
+    refuse_unsupported(o)
+    if o.teacher is not None and o.task in RL_TASKS:
+        raise UserError(f"--teacher distils with a logit loss; --task {o.task} trains from rewards: give one of them")
+    if o.task in RL_TASKS:
+        o = replace(o, seq_len=o.prompt_len + o.response_len)
+    m, gpu, setup, space, n_gpus = build_request(o)
+    t = timing(o, gpu)
+    if o.teacher is not None:
+        plan = distill(o, m, gpu, setup, space, n_gpus, t)
+    else:
+        plan = rl(o, m, gpu, setup, space, n_gpus, t)
+    from planner.report import posttrain as report
+
+    written = []
+    if o.out is not None and plan.fits:
+        from planner.emit.posttrain import posttrain_files
+        from planner.emit.write import write_files
+
+        written = write_files(o.out, posttrain_files(plan, report.posttrain_json(plan)), force=o.force)
+    if o.as_json:
+        click.echo(json.dumps(report.posttrain_json(plan), indent=2))
+    elif o.quiet:
+        click.echo(report.posttrain_quiet(plan))
+    else:
+        click.echo(report.posttrain_text(plan))
+    for path in written:
+        click.echo(f"wrote {path}", err=o.aside)
+    if not plan.fits:
+        if o.out is not None:
+            raise UserError(f"no plan fits, so nothing was written to --out {o.out}")
+        sys.exit(2)
+
+
+def distill(o: Options, m, gpu, setup, space, n_gpus, t):  # type: ignore[no-untyped-def]
+    from planner.models.spec import load_model
+    from planner.search.posttrain import plan_distill
+    from planner.training.posttrain import DistillSetup
+
+    assert o.teacher is not None
+    teacher = load_model(o.teacher)
+    if teacher.vocab_size != m.vocab_size:
+        raise UserError(f"--teacher {o.teacher} has a vocabulary of {teacher.vocab_size:,} tokens and {m.name} "
+                        f"{m.vocab_size:,}: a logit loss needs one tokenizer; pick a teacher of the same family")
+    d = DistillSetup(teacher=teacher.name, teacher_weight_bytes=4 if o.teacher_precision == "fp32" else 2,
+                     teacher_quant=o.teacher_quant, teacher_sharding=o.teacher_sharding, kd_loss=o.kd_loss,
+                     kd_hidden_layers=o.kd_hidden_layers, offline_topk=o.kd_offline_topk)
+    if d.kd_hidden_layers > min(m.n_layers, teacher.n_layers):
+        raise UserError(f"--kd-hidden-layers {d.kd_hidden_layers} exceeds the layers of the student "
+                        f"({m.n_layers}) or the teacher ({teacher.n_layers})")
+    if d.offline_topk and d.offline_topk > m.vocab_size:
+        raise UserError(f"--kd-offline-topk {d.offline_topk} exceeds the vocabulary ({m.vocab_size:,})")
+    return plan_distill(m, teacher, gpu, setup, d, space, n_gpus=n_gpus, max_gpus=o.max_gpus,
+                        cluster=t["cluster"], efficiency=t["efficiency"])
+
+
+def rl(o: Options, m, gpu, setup, space, n_gpus, t):  # type: ignore[no-untyped-def]
+    from planner.search.posttrain import plan_rl
+    from planner.training.posttrain import RLSetup
+
+    for name in ("kd_hidden_layers", "kd_offline_topk"):
+        if getattr(o, name):
+            raise UserError(f"--{name.replace('_', '-')} is a distillation option: it needs --teacher")
+    if m.n_kv_heads % o.rollout_tp and o.rollout_tp % m.n_kv_heads:
+        raise UserError(f"--rollout-tp {o.rollout_tp} does not split the {m.n_kv_heads} KV heads of {m.name} evenly")
+    if n_gpus is not None and n_gpus % o.rollout_tp:
+        raise UserError(f"--rollout-tp {o.rollout_tp} does not divide --n-gpus {n_gpus}")
+    rls = RLSetup(task=o.task, prompt_len=o.prompt_len, response_len=o.response_len, group_size=o.group_size,
+                  prompts_per_step=o.prompts_per_step, placement=o.rollout, engine_tp=o.rollout_tp,
+                  engine_memory_fraction=o.rollout_memory_fraction, offload_train_states=o.offload_train_states)
+    return plan_rl(m, gpu, setup, rls, space, n_gpus=n_gpus, max_gpus=o.max_gpus,
+                   cluster=t["cluster"], efficiency=t["efficiency"])
