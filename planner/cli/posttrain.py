@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import replace
+from typing import Any
 
 import click
 
@@ -101,3 +102,44 @@ def rl(o: Options, m, gpu, setup, space, n_gpus, t):  # type: ignore[no-untyped-
                   engine_memory_fraction=o.rollout_memory_fraction, offload_train_states=o.offload_train_states)
     return plan_rl(m, gpu, setup, rls, space, n_gpus=n_gpus, max_gpus=o.max_gpus,
                    cluster=t["cluster"], efficiency=t["efficiency"])
+
+
+def measure_teacher(o: Options, m: Any, hf_config: dict[str, Any], setup: Any, lay: Any) -> None:
+    """`plan measure --teacher T`: a distillation step under MemTracker beside the prediction."""
+    from planner.fmt import gib
+    from planner.measure.distill import compare_distill
+    from planner.models.spec import load_hf_config, load_model
+    from planner.training.posttrain import DistillSetup
+
+    assert o.teacher is not None
+    if lay.n_gpus > 1:
+        raise UserError("plan measure --teacher runs one process: drop --dp/--tp/--pp (the teacher's terms are "
+                        "per rank; sharding divides them)")
+    teacher = load_model(o.teacher)
+    if teacher.vocab_size != m.vocab_size:
+        raise UserError(f"--teacher {o.teacher} has a vocabulary of {teacher.vocab_size:,} tokens and {m.name} "
+                        f"{m.vocab_size:,}: a logit loss needs one tokenizer")
+    if o.kd_offline_topk:
+        raise UserError("plan measure --teacher measures online distillation: drop --kd-offline-topk")
+    d = DistillSetup(teacher=teacher.name, teacher_weight_bytes=4 if o.teacher_precision == "fp32" else 2,
+                     kd_loss=o.kd_loss, kd_hidden_layers=o.kd_hidden_layers)
+    c = compare_distill(m, teacher, hf_config, load_hf_config(o.teacher), setup, d, lay)
+    if o.as_json:
+        click.echo(json.dumps({"model": m.name, "teacher": teacher.name, "predicted_bytes": c.predicted_bytes,
+                               "measured_bytes": c.measured_bytes, "error": c.error,
+                               "predicted_student_bytes": c.predicted_student_bytes,
+                               "measured_student_bytes": c.measured_student_bytes,
+                               "predicted_extra_bytes": c.predicted_extra_bytes, "extra_error": c.extra_error,
+                               "terms": c.terms, "peak_phase": c.measured.peak_phase}, indent=2))
+        return
+    line = (f"{m.name} distilled from {teacher.name}: predicted {gib(c.predicted_bytes)}, measured "
+            f"{gib(c.measured_bytes)} ({c.error:+.1%})")
+    if o.quiet:
+        click.echo(line)
+        return
+    click.echo("\n".join([
+        line,
+        f"  student's own step: predicted {gib(c.predicted_student_bytes)}, measured {gib(c.measured_student_bytes)}",
+        f"  the teacher's terms: predicted {gib(c.predicted_extra_bytes)}, measured "
+        f"{gib(c.measured_bytes - c.measured_student_bytes)} ({c.extra_error:+.1%}); peak at the {c.terms['peak_moment']}",
+        "  MemTracker on the CPU, tracked tensors only (no CUDA context, NCCL or fragmentation)"]))

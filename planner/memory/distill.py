@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.layouts.layout import Layout
+from planner.memory.activations import resolve_kernels
 from planner.memory.inference import LoadSetup, load_memory, prefill_activation_bytes
 from planner.models.spec import ModelSpec
 from planner.training.posttrain import KD_CHUNKS, DistillSetup
@@ -47,6 +48,11 @@ from planner.units import ceil_div
 KD_FULL_BYTES_PER_LOGIT = 17
 # bytes per logit element it keeps for the backward: two fp32 tensors and the bool mask
 KD_SAVED_BYTES_PER_LOGIT = 9
+# the student's eager loss term counts 12 B per logit at the start of its backward: the fp32
+# log-probabilities cross entropy keeps (4) and the two fp32 gradients its backward creates (8)
+# (memory.loss.logits_bytes); while the KD loss runs, before any backward, the 8 do not exist.
+# Megatron's fused loss (4 B, kept) and torchtitan's chunked loss create none beforehand.
+STUDENT_LOSS_GRAD_BYTES_PER_LOGIT = {"eager": 8, "amp": 8}
 # FSDP gathers the running block and prefetches the next (FSDP2's default forward prefetch)
 FSDP_GATHERED_BLOCKS = 2
 
@@ -62,21 +68,29 @@ class DistillMemory:
     teacher_logits: int           # its logits for the micro-batch (16-bit)
     student_logits: int           # the student's logits kept until the KD loss has read them
     kd_loss: int                  # the KD loss's working set at its peak
-    hidden: int                   # hidden-state losses: teacher states, projections, fp32 MSE inputs
+    kd_saved: int                 # what the KD loss keeps for its backward after its forward
+    hidden: int                   # hidden-state losses: the teacher's states kept for them
+    hidden_mse: int               # their MSEs: the projected student states and both fp32 copies
     projection_states: int        # the trained projections' weights, gradients and optimizer states
     offline_topk: int             # offline: the stored top-k values and indices of the micro-batch
+    # the part of the student's own loss term (memory.loss.logits_bytes) that does not exist yet
+    # while the KD loss runs: under eager ops the two fp32 logit gradients of its backward
+    student_loss_grads: int = 0
 
     @property
     def forward_moment(self) -> int:
         """The teacher's forward: its weights, gathered blocks, working set or its logits."""
         return (self.teacher_weights + self.teacher_gathered + self.hidden + self.projection_states
-                + max(self.teacher_forward, self.teacher_logits) + self.student_logits)
+                + max(self.teacher_forward, self.teacher_logits) + self.student_logits - self.student_loss_grads)
 
     @property
     def loss_moment(self) -> int:
-        """The KD loss: the teacher's logits and the loss's tensors beside the student's."""
+        """The KD loss (or after it, the hidden-state MSEs beside what it saved): the teacher's
+        logits and the loss's tensors beside the student's, less the student's loss gradients
+        that its backward has not made yet (the student's peak counts them)."""
         return (self.teacher_weights + self.hidden + self.projection_states + self.teacher_logits
-                + self.student_logits + self.kd_loss + self.offline_topk)
+                + self.student_logits + max(self.kd_loss, self.kd_saved + self.hidden_mse) + self.offline_topk
+                - self.student_loss_grads)
 
     @property
     def extra(self) -> int:
@@ -91,8 +105,10 @@ class DistillMemory:
         return {"sharding": self.sharding, "teacher_weights": self.teacher_weights,
                 "teacher_gathered": self.teacher_gathered, "teacher_forward": self.teacher_forward,
                 "teacher_logits": self.teacher_logits, "student_logits": self.student_logits,
-                "kd_loss": self.kd_loss, "hidden": self.hidden, "projection_states": self.projection_states,
-                "offline_topk": self.offline_topk, "extra": self.extra, "peak_moment": self.peak_moment}
+                "kd_loss": self.kd_loss, "kd_saved": self.kd_saved, "hidden": self.hidden,
+                "hidden_mse": self.hidden_mse, "projection_states": self.projection_states,
+                "offline_topk": self.offline_topk, "student_loss_grads": self.student_loss_grads,
+                "extra": self.extra, "peak_moment": self.peak_moment}
 
 
 def teacher_shardings(lay: Layout) -> tuple[str, ...]:
@@ -134,36 +150,39 @@ def distill_memory(student: ModelSpec, teacher: ModelSpec, setup: TrainingSetup,
     logits = tokens * vocab
     act = setup.precision_spec.activation_bytes
     hidden_split = lay.tp if lay.sp else 1
+    grads = logits * STUDENT_LOSS_GRAD_BYTES_PER_LOGIT.get(resolve_kernels(setup, lay), 0)
     if not d.online:
         # the student's fp32 log-softmax, and per token k fp32 values, k int64 indices, k gathered
         topk = tokens * d.offline_topk * (4 + 8 + 4)
         return DistillMemory(sharding="offline", teacher_weights=0, teacher_gathered=0, teacher_forward=0,
-                             teacher_logits=0, student_logits=logits * act, kd_loss=logits * 4, hidden=0,
-                             projection_states=0, offline_topk=topk)
+                             teacher_logits=0, student_logits=logits * act, kd_loss=logits * 4,
+                             kd_saved=logits * 4, hidden=0, hidden_mse=0, projection_states=0, offline_topk=topk,
+                             student_loss_grads=grads)
     weights, gathered = teacher_weight_bytes(teacher, d, lay, sharding)
     t_tp = lay.tp if sharding == "tp" else 1
     forward = prefill_activation_bytes(teacher, LoadSetup(weight_bytes=d.teacher_weight_bytes,
                                                           batch=lay.micro_batch, context=ceil_div(lay.seq_len, lay.cp)),
                                        t_tp, last_stage=False)
+    saved = logits * KD_SAVED_BYTES_PER_LOGIT
     if d.kd_loss == "full":
         kd = logits * KD_FULL_BYTES_PER_LOGIT
     else:   # the chunks done keep their saved tensors; the running chunk holds the full set
-        chunk = ceil_div(logits, KD_CHUNKS)
-        kd = logits * KD_SAVED_BYTES_PER_LOGIT + chunk * (KD_FULL_BYTES_PER_LOGIT - KD_SAVED_BYTES_PER_LOGIT)
+        kd = saved + ceil_div(logits, KD_CHUNKS) * (KD_FULL_BYTES_PER_LOGIT - KD_SAVED_BYTES_PER_LOGIT)
     n = d.kd_hidden_layers
     h_t = ceil_div(teacher.d_model, hidden_split)
     project = student.d_model != teacher.d_model
-    # per layer pair: the teacher's 16-bit state, the student's projected state (16-bit), and
-    # the fp32 copies of both the MSE saves
-    hidden = n * tokens * h_t * (d.teacher_weight_bytes + (act if project else 0) + 2 * 4)
+    # per layer pair: the teacher's 16-bit state; for the MSE the student's projected state
+    # (activation dtype) and the fp32 copies of both, which mse_loss saves
+    hidden = n * tokens * h_t * d.teacher_weight_bytes
+    hidden_mse = n * tokens * h_t * ((act if project else 0) + 2 * 4)
     # a d_student x d_teacher projection per pair, trained like the student (weights, grads, states)
     p = setup.precision_spec
     per_param = p.weight_bytes + p.grad_bytes + p.master_bytes + optimizer_state_bytes_per_param(setup.optimizer)
     proj = int(n * student.d_model * teacher.d_model * per_param) if project else 0
     return DistillMemory(sharding=sharding, teacher_weights=weights, teacher_gathered=gathered,
                          teacher_forward=forward, teacher_logits=logits * d.teacher_weight_bytes,
-                         student_logits=logits * act, kd_loss=kd, hidden=hidden, projection_states=proj,
-                         offline_topk=0)
+                         student_logits=logits * act, kd_loss=kd, kd_saved=saved, hidden=hidden,
+                         hidden_mse=hidden_mse, projection_states=proj, offline_topk=0, student_loss_grads=grads)
 
 
 def best_distill_memory(student: ModelSpec, teacher: ModelSpec, setup: TrainingSetup, d: DistillSetup,
