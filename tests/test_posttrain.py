@@ -1,0 +1,145 @@
+"""Post-training plans (issue 34): distillation with a teacher and RL steps by phase.
+
+Referees: PyTorch's MemTracker running a real distillation step (transformers' models, the
+forward KL and hidden-state MSE written as torchtune's recipes run them); transformers' own KV
+cache against vLLM's block arithmetic; TRL's own config classes for --out; the CLI's exit codes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from planner.layouts.layout import Layout
+from planner.memory.distill import distill_memory
+from planner.memory.inference import kv_elements_per_token
+from planner.memory.rollout import VLLM_BLOCK_SIZE, engine_budget
+from planner.models.families import spec_from_hf_config
+from planner.models.spec import load_model
+from planner.hardware.gpus import get_gpu
+from planner.training.posttrain import DistillSetup, RLSetup
+from planner.training.setup import TrainingSetup
+
+STUDENT = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 344, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 8192, "max_position_embeddings": 2048,
+           "tie_word_embeddings": False}
+TEACHER = dict(STUDENT, hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8)
+
+
+def _plan(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "planner", *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("kd_loss, hidden", [("full", 0), ("chunked", 2)])
+def test_distillation_step_matches_memtracker(kd_loss: str, hidden: int) -> None:
+    # the referee: MemTracker's peak of two real distillation steps of tiny transformers Llama
+    # models under fake tensors (planner.measure.distill); measured 2026-12-06: -1.6% (full),
+    # -1.7% (chunked + 2 hidden-state losses); the issue asks for 10%
+    pytest.importorskip("transformers")
+    from planner.measure.distill import compare_distill
+
+    s = spec_from_hf_config(STUDENT, "tiny-student", "test")
+    t = spec_from_hf_config(TEACHER, "tiny-teacher", "test")
+    setup = TrainingSetup(seq_len=512, global_batch=2)
+    lay = Layout(dp=1, tp=1, pp=1, zero_stage=0, micro_batch=2, grad_accum=1, seq_len=512, recompute="none")
+    c = compare_distill(s, t, STUDENT, TEACHER, setup, DistillSetup(teacher="t", kd_loss=kd_loss,
+                                                                     kd_hidden_layers=hidden), lay)
+    assert abs(c.error) < 0.05
+    assert abs(c.extra_error) < 0.10
+
+
+def test_chunked_kd_loss_needs_less_than_full() -> None:
+    # torchtune's chunked KL keeps 9 B per logit for its backward, the full one peaks at 17 B
+    s, t = load_model("llama3.1-8b"), load_model("llama3.1-70b")
+    lay = Layout(dp=8, tp=1, pp=1, zero_stage=3, sharding="fsdp-full", micro_batch=1, grad_accum=1, seq_len=4096)
+    full = distill_memory(s, t, TrainingSetup(), DistillSetup(teacher="t", kd_loss="full"), lay, "fsdp")
+    chunked = distill_memory(s, t, TrainingSetup(), DistillSetup(teacher="t"), lay, "fsdp")
+    assert full.kd_loss == 4096 * 128_256 * 17
+    assert chunked.kd_loss < full.kd_loss
+    # FSDP shards the 70B teacher's 16-bit weights over the 8 ranks (70,553,706,496 parameters)
+    assert full.teacher_weights == pytest.approx(70_553_706_496 * 2 / 8, rel=1e-6)
+
+
+def test_vllm_blocks_hold_transformers_cache() -> None:
+    # vLLM's page (vllm/v1/kv_cache_interface.py: 2 x block_size x num_kv_heads x head_size x dtype
+    # bytes per layer) times the blocks a sequence needs (ceil(L / block_size)) covers the cache
+    # transformers builds for the same sequence, with less than one block of slack
+    torch = pytest.importorskip("torch")
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = dict(STUDENT)
+    model_type = cfg.pop("model_type")
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **cfg))
+    length = 100
+    with torch.no_grad():
+        out = model(input_ids=torch.randint(0, 8192, (1, length)), use_cache=True)
+    cache = out.past_key_values
+    measured = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+    m = spec_from_hf_config(STUDENT, "tiny", "test")
+    per_layer_page = kv_elements_per_token(m) * VLLM_BLOCK_SIZE * 4       # fp32 cache here
+    blocks = -(-length // VLLM_BLOCK_SIZE)
+    paged = blocks * per_layer_page * m.n_layers
+    assert measured == kv_elements_per_token(m) * length * m.n_layers * 4
+    assert measured <= paged < measured + per_layer_page * m.n_layers
+
+
+def test_engine_budget_qwen3_8b() -> None:
+    # Qwen3-8B: 36 layers, 8 KV heads of 128, bf16: a 16-token page is 2 x 16 x 8 x 128 x 2 = 65,536 B
+    # per layer (vLLM's real_page_size_bytes), 2,359,296 B over the layers; 5,120 tokens take 320 blocks
+    m = load_model("qwen3-8b")
+    b = engine_budget(m, get_gpu("h100"), RLSetup(task="grpo", prompt_len=1024, response_len=4096))
+    assert b.page_bytes == 65_536 * 36
+    assert b.blocks_per_sequence == 320
+    assert b.kv_bytes == b.n_blocks * b.page_bytes
+    assert b.reserved_bytes == int(0.9 * get_gpu("h100").memory_bytes)
+
+
+def test_distill_plan_names_teacher_terms() -> None:
+    r = _plan("--model", "llama3.1-8b", "--teacher", "llama3.1-70b", "--gpus", "h100", "--seq-len", "4096")
+    assert r.returncode == 0, r.stderr
+    for words in ("teacher weights", "teacher logits", "KD loss working set", "teacher forward"):
+        assert words in r.stdout
+
+
+def test_grpo_plan_by_phase() -> None:
+    r = _plan("--model", "qwen3-8b", "--task", "grpo", "--gpus", "h100", "--n-gpus", "8", "--prompt-len", "1024",
+              "--response-len", "4096", "--group-size", "8", "--json")
+    assert r.returncode == 0, r.stderr
+    p = json.loads(r.stdout)["plan"]
+    assert set(p["memory_by_phase"]) == {"generation", "scoring", "training"}
+    assert p["memory_by_phase"]["scoring"]["reference weights"] > 0
+    assert {"generation: decode", "log-prob passes", "training", "weight resync"} <= set(p["time_by_phase_s"])
+    assert p["peak_phase"] in p["memory_by_phase"]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--model", "llama3.1-8b", "--teacher", "qwen3-8b", "--gpus", "h100"], "one tokenizer"),
+    (["--model", "qwen3-8b", "--teacher", "qwen3-8b", "--task", "grpo", "--gpus", "h100"], "give one of them"),
+    (["--model", "qwen3-8b", "--task", "grpo", "--gpus", "h100", "--kd-hidden-layers", "2"], "needs --teacher"),
+])
+def test_bad_posttrain_input(args: list[str], words: str) -> None:
+    r = _plan(*args)
+    assert r.returncode == 2
+    assert words in r.stderr and "Traceback" not in r.stderr
+
+
+def test_trl_configs_load(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # TRL's own config classes (trl 1.16) accept what --out writes
+    trl = pytest.importorskip("trl")
+    out = tmp_path / "grpo"
+    r = _plan("--model", "qwen3-8b", "--task", "grpo", "--gpus", "h100", "--n-gpus", "8", "--tp", "1", "--pp", "1",
+              "--cp", "1", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    kw = json.loads((out / "trl_grpo_config.json").read_text())
+    cfg = trl.GRPOConfig(output_dir=str(tmp_path / "run"), use_cpu=True, **kw)   # bf16 needs a GPU to run, not to parse
+    assert cfg.num_generations == 8 and cfg.vllm_mode == "colocate"
+    out = tmp_path / "kd"
+    r = _plan("--model", "llama3.1-8b", "--teacher", "llama3.1-70b", "--gpus", "h100", "--n-gpus", "8", "--tp", "1",
+              "--pp", "1", "--cp", "1", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    kw = json.loads((out / "trl_distillation_config.json").read_text())
+    cfg = trl.DistillationConfig(output_dir=str(tmp_path / "run2"), use_cpu=True, **kw)
+    assert cfg.beta == 0.0
