@@ -103,6 +103,7 @@ class Options:
     kd_offline_topk: int = 0
     prompt_len: int = 1024
     response_len: int = 4096
+    response_mean: int = 0
     group_size: int = 8
     prompts_per_step: int = 64
     rollout: str = "colocated"
@@ -388,6 +389,9 @@ def posttrain_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--prompt-len", type=click.IntRange(1, MAX_SEQ_LEN), default=1024, show_default=True),
         click.option("--response-len", type=click.IntRange(1, MAX_SEQ_LEN), default=4096, show_default=True,
                      help="Generated tokens per response at most (DPO: the longer answer)."),
+        click.option("--response-mean", type=click.IntRange(0, MAX_SEQ_LEN), default=0,
+                     help="Mean response length (the KV reads, decode FLOPs and the packed tokens trained on); "
+                          "the longest response still sets the decode steps  [default: --response-len]."),
         click.option("--group-size", type=click.IntRange(1, 4096), default=8, show_default=True,
                      help="Responses per prompt (GRPO's num_generations)."),
         click.option("--prompts-per-step", type=click.IntRange(1, 1 << 20), default=64, show_default=True,

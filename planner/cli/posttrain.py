@@ -97,7 +97,8 @@ def rl(o: Options, m, gpu, setup, space, n_gpus, t):  # type: ignore[no-untyped-
         raise UserError(f"--rollout-tp {o.rollout_tp} does not split the {m.n_kv_heads} KV heads of {m.name} evenly")
     if n_gpus is not None and n_gpus % o.rollout_tp:
         raise UserError(f"--rollout-tp {o.rollout_tp} does not divide --n-gpus {n_gpus}")
-    rls = RLSetup(task=o.task, prompt_len=o.prompt_len, response_len=o.response_len, group_size=o.group_size,
+    rls = RLSetup(task=o.task, prompt_len=o.prompt_len, response_len=o.response_len, response_mean=o.response_mean,
+                  group_size=o.group_size,
                   prompts_per_step=o.prompts_per_step, placement=o.rollout, engine_tp=o.rollout_tp,
                   engine_memory_fraction=o.rollout_memory_fraction, offload_train_states=o.offload_train_states)
     return plan_rl(m, gpu, setup, rls, space, n_gpus=n_gpus, max_gpus=o.max_gpus,

@@ -163,7 +163,7 @@ def rl_choice(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, rl: RLSetup, c: 
     t = c.time
     assert t is not None
     phases = phase_memory(m, gpu, rl, lay, c.memory, setup.overheads)
-    tokens = rl.sequences_per_step * rl.seq_len
+    tokens = rl.sequences_per_step * (rl.prompt_len + rl.mean_response)
     times: dict[str, float] = {}
     engine = gen = None
     if rl.generates:
@@ -174,7 +174,8 @@ def rl_choice(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, rl: RLSetup, c: 
     # log-prob passes: the policy's old log-probs (verl, NeMo-RL) and the reference's
     passes = (1 if rl.task != "dpo" else 0) + (1 if rl.reference_model else 0) + (1 if rl.has_critic else 0)
     times["log-prob passes"] = passes * forward_pass_s(m, rl.seq_len, tokens, lay.n_gpus, t)
-    times["training"] = t.step_time_s * (2 if rl.has_critic else 1)
+    # the training step is sized at full length; its time follows the packed tokens
+    times["training"] = t.step_time_s * rl.token_share * (2 if rl.has_critic else 1)
     if rl.generates:
         times["weight resync"] = resync_s(m, lay.dp, rl.engine_tp, rl.placement == "colocated", cluster, eff)
         if rl.offload_train_states and rl.placement == "colocated":

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from planner.hardware.gpus import GpuSpec
 from planner.hardware.placement import Cluster, axis_links
 from planner.memory.inference import kv_cache_bytes
-from planner.memory.rollout import EngineBudget
+from planner.memory.rollout import VLLM_BLOCK_SIZE, VLLM_MAX_NUM_SEQS, EngineBudget
 from planner.models.spec import ModelSpec, count_params
 from planner.timing.collectives import gather_s
 from planner.timing.efficiency import Efficiency
@@ -82,35 +82,35 @@ def generation_time(m: ModelSpec, gpu: GpuSpec, rl: RLSetup, n_gen_gpus: int, bu
                     eff: Efficiency = Efficiency()) -> GenerationTime:
     """Prefill and decode of prompts x group sequences on n_gen_gpus / engine_tp engines.
 
-    Prefill: 2 x parameters FLOPs per prompt token plus the attention scores, at the matmul
-    rate of engine_tp GPUs. Decode: response_len x response_fill steps per wave; a step reads
-    the engine's weight shard and the KV cache of the ``concurrent`` sequences (at the mean
-    context of the wave) from HBM, or does 2 x parameters FLOPs per sequence, whichever is
-    slower. The sequences an engine holds at once are its KV cache's blocks over the blocks
-    one sequence needs (vLLM's block arithmetic, planner.memory.rollout.EngineBudget), at most
-    its max_num_seqs."""
+    Prefill: the forward FLOPs of the prompt tokens at the matmul rate of engine_tp GPUs.
+    Decode, per wave of ``concurrent`` sequences: the wave lasts response_len steps (its
+    longest response, RLSetup.response_mean); every step reads the engine's weight shard, and
+    each sequence of mean length r reads the KV cache of its context at each of its steps,
+    r x (prompt + r / 2) token-rows in all; the memory-bound time of those bytes, or the
+    compute-bound time of 2 x active parameters FLOPs per generated token, whichever is longer.
+    The sequences an engine holds at once are its KV-cache blocks over the blocks a sequence
+    of mean length needs (vLLM allocates blocks as sequences grow), at most max_num_seqs."""
     e_tp = rl.engine_tp
     n_engines = max(1, n_gen_gpus // e_tp)
     per_engine = ceil_div(rl.prompts_per_step * rl.group_size, n_engines)
-    concurrent = max(1, min(per_engine, budget.max_sequences))
+    mean_blocks = ceil_div(rl.prompt_len + rl.mean_response, VLLM_BLOCK_SIZE)
+    concurrent = max(1, min(per_engine, VLLM_MAX_NUM_SEQS, budget.n_blocks // mean_blocks))
     waves = ceil_div(per_engine, concurrent)
     r = rates(gpu, "bf16", eff)
     prompt_tokens = per_engine * rl.prompt_len
-    prefill_flops = forward_flops_per_token(m, rl.prompt_len) * prompt_tokens
-    prefill_s = prefill_flops / (e_tp * r.matmul_flops_per_s)
-    steps = int(rl.response_len * rl.response_fill)
-    mean_context = rl.prompt_len + steps / 2
-    pc = count_params(m)
-    weights_per_gpu = budget.weights_bytes
+    prefill_s = forward_flops_per_token(m, rl.prompt_len) * prompt_tokens / (e_tp * r.matmul_flops_per_s)
+    active = count_params(m).active
+    kv_row_bytes = kv_cache_bytes(m, 1, 1, tp=e_tp)          # one token of every layer on one rank
+    mean = rl.mean_response
     decode_s = 0.0
     left = per_engine
     for _ in range(waves):
         n = min(concurrent, left)
         left -= n
-        kv = kv_cache_bytes(m, n, int(mean_context), tp=e_tp)
-        memory_s = (weights_per_gpu + kv) / r.hbm_bytes_per_s
-        compute_s = 2 * pc.active * n / (e_tp * r.matmul_flops_per_s)
-        decode_s += steps * max(memory_s, compute_s)
+        kv_reads = n * mean * (rl.prompt_len + mean / 2) * kv_row_bytes
+        memory_s = (rl.response_len * budget.weights_bytes + kv_reads) / r.hbm_bytes_per_s
+        compute_s = 2 * active * n * mean / (e_tp * r.matmul_flops_per_s)
+        decode_s += max(memory_s, compute_s)
     return GenerationTime(prefill_s=prefill_s, decode_s=decode_s, n_engines=n_engines,
                           sequences_per_engine=per_engine, concurrent=concurrent, waves=waves)
 

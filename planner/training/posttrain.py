@@ -79,8 +79,11 @@ class RLSetup:
     optimizer_offload) and NeMo-RL (offload before generation) do; TRL keeps it resident and
     puts the engine to sleep for training (vllm_enable_sleep_mode). engine_sleeps: the
     engine releases its weights and KV cache during training (vLLM's sleep mode, level 1).
-    response_fill: the mean response length over response_len (decode reads the KV cache of
-    the tokens generated so far; 1.0 generates every response to its limit).
+    response_mean: the mean response length (0: every response runs to response_len). RL
+    responses end at different lengths; the engine's batch runs until its longest response
+    ends (ASSUMED: one response per engine reaches response_len, the long tail RL rollouts
+    have), while the KV-cache reads, the decode FLOPs and the tokens trained on (packed
+    sequences: NeMo-RL's sequence_packing, verl's use_remove_padding) follow the mean.
     """
 
     task: str
@@ -93,7 +96,7 @@ class RLSetup:
     engine_memory_fraction: float = 0.9
     offload_train_states: bool = True
     engine_sleeps: bool = True
-    response_fill: float = 1.0
+    response_mean: int = 0
     reference_model: bool = True      # GRPO's KL term against a frozen reference (beta > 0)
 
     def __post_init__(self) -> None:
@@ -102,6 +105,8 @@ class RLSetup:
         if self.placement not in ROLLOUT_PLACEMENTS:
             raise UserError(f"unknown rollout placement {self.placement!r}; choose one of "
                             f"{', '.join(ROLLOUT_PLACEMENTS)}")
+        if not 0 <= self.response_mean <= self.response_len:
+            raise UserError(f"--response-mean {self.response_mean} must lie within --response-len {self.response_len}")
         if not 0.0 < self.engine_memory_fraction <= 1.0:
             raise UserError(f"--rollout-memory-fraction {self.engine_memory_fraction} must be in (0, 1]")
 
@@ -109,6 +114,15 @@ class RLSetup:
     def seq_len(self) -> int:
         """Tokens of one sequence: the prompt and its response (DPO: prompt and the longer answer)."""
         return self.prompt_len + self.response_len
+
+    @property
+    def mean_response(self) -> int:
+        return self.response_mean or self.response_len
+
+    @property
+    def token_share(self) -> float:
+        """Tokens of a step's packed sequences over those at full length."""
+        return (self.prompt_len + self.mean_response) / self.seq_len
 
     @property
     def sequences_per_step(self) -> int:
