@@ -13,13 +13,13 @@ import sys
 
 import pytest
 
+from planner.hardware.gpus import get_gpu
 from planner.layouts.layout import Layout
 from planner.memory.distill import distill_memory
 from planner.memory.inference import kv_elements_per_token
 from planner.memory.rollout import VLLM_BLOCK_SIZE, engine_budget
 from planner.models.families import spec_from_hf_config
 from planner.models.spec import load_model
-from planner.hardware.gpus import get_gpu
 from planner.training.posttrain import DistillSetup, RLSetup
 from planner.training.setup import TrainingSetup
 

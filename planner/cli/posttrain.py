@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -14,6 +14,13 @@ from planner.cli.common import check_quiet
 from planner.cli.options import RL_TASKS, Options
 from planner.cli.request import build_request, timing
 from planner.errors import UserError
+
+if TYPE_CHECKING:
+    from planner.hardware.gpus import GpuSpec
+    from planner.layouts.layout import SearchSpace
+    from planner.models.spec import ModelSpec
+    from planner.search.posttrain import PosttrainPlan
+    from planner.training.setup import TrainingSetup
 
 
 def refuse_unsupported(o: Options) -> None:
@@ -38,6 +45,7 @@ def posttrain(o: Options) -> None:
         o = replace(o, seq_len=o.prompt_len + o.response_len)
     m, gpu, setup, space, n_gpus = build_request(o)
     t = timing(o, gpu)
+    plan: PosttrainPlan
     if o.teacher is not None:
         plan = distill(o, m, gpu, setup, space, n_gpus, t)
     else:
@@ -64,7 +72,8 @@ def posttrain(o: Options) -> None:
         sys.exit(2)
 
 
-def distill(o: Options, m, gpu, setup, space, n_gpus, t):  # type: ignore[no-untyped-def]
+def distill(o: Options, m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, space: SearchSpace, n_gpus: int | None,
+            t: dict[str, Any]) -> PosttrainPlan:
     from planner.models.spec import load_model
     from planner.search.posttrain import plan_distill
     from planner.training.posttrain import DistillSetup
@@ -86,7 +95,8 @@ def distill(o: Options, m, gpu, setup, space, n_gpus, t):  # type: ignore[no-unt
                         cluster=t["cluster"], efficiency=t["efficiency"])
 
 
-def rl(o: Options, m, gpu, setup, space, n_gpus, t):  # type: ignore[no-untyped-def]
+def rl(o: Options, m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, space: SearchSpace, n_gpus: int | None,
+       t: dict[str, Any]) -> PosttrainPlan:
     from planner.search.posttrain import plan_rl
     from planner.training.posttrain import RLSetup
 
@@ -142,5 +152,6 @@ def measure_teacher(o: Options, m: Any, hf_config: dict[str, Any], setup: Any, l
         line,
         f"  student's own step: predicted {gib(c.predicted_student_bytes)}, measured {gib(c.measured_student_bytes)}",
         f"  the teacher's terms: predicted {gib(c.predicted_extra_bytes)}, measured "
-        f"{gib(c.measured_bytes - c.measured_student_bytes)} ({c.extra_error:+.1%}); peak at the {c.terms['peak_moment']}",
+        f"{gib(c.measured_bytes - c.measured_student_bytes)} ({c.extra_error:+.1%}); "
+        f"peak at the {c.terms['peak_moment']}",
         "  MemTracker on the CPU, tracked tensors only (no CUDA context, NCCL or fragmentation)"]))

@@ -73,7 +73,8 @@ def rl_lines(p: PosttrainPlan) -> list[str]:
     r, rl = p.rl, p.rl_setup
     assert rl is not None
     head = (f"{p.model.name} {rl.task.upper()} on {p.gpu.name}: {rl.prompts_per_step} prompts x "
-            f"{rl.group_size if rl.task != 'dpo' else 2} sequences of {rl.prompt_len} + {rl.response_len} tokens per step")
+            f"{rl.group_size if rl.task != 'dpo' else 2} sequences of {rl.prompt_len} + {rl.response_len} "
+            f"tokens per step")
     if r is None:
         return [head, f"nothing fits on up to {max(p.counts_tried)} x {p.gpu.name}: lower "
                       f"--rollout-memory-fraction, --offload-train-states, or more GPUs"]
@@ -149,7 +150,8 @@ def posttrain_json(p: PosttrainPlan) -> dict[str, Any]:
 def posttrain_quiet(p: PosttrainPlan) -> str:
     if p.distill is not None:
         d = p.distill
-        return f"{d.candidate.layout.n_gpus} x {p.gpu.name}: {d.candidate.layout.describe()}, {duration(d.step_time_s)}/step"
+        lay = d.candidate.layout
+        return f"{lay.n_gpus} x {p.gpu.name}: {lay.describe()}, {duration(d.step_time_s)}/step"
     if p.rl is not None:
         r = p.rl
         return (f"{r.candidate.layout.n_gpus} x {p.gpu.name}: {r.candidate.layout.describe()}, "
