@@ -143,3 +143,55 @@ def test_trl_configs_load(tmp_path) -> None:  # type: ignore[no-untyped-def]
     kw = json.loads((out / "trl_distillation_config.json").read_text())
     cfg = trl.DistillationConfig(output_dir=str(tmp_path / "run2"), use_cpu=True, **kw)
     assert cfg.beta == 0.0
+
+
+def test_teacher_forward_flops_against_flop_counter() -> None:
+    # the teacher's forward FLOPs (timing.rollout.forward_flops_per_token, the convention of
+    # timing.flops: full s x s scores) against PyTorch's FlopCounterMode running transformers'
+    # forward of the tiny teacher with eager attention (its two s x s matmuls are counted; the CPU
+    # flash kernel of scaled_dot_product_attention has no FLOP formula and counts 0)
+    torch = pytest.importorskip("torch")
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from planner.timing.rollout import forward_flops_per_token
+
+    cfg = dict(TEACHER)
+    model_type = cfg.pop("model_type")
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **cfg), attn_implementation="eager")
+    b, s = 2, 256
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        model(input_ids=torch.randint(0, 8192, (b, s)))
+    t = spec_from_hf_config(TEACHER, "tiny-teacher", "test")
+    assert forward_flops_per_token(t, s) * b * s == pytest.approx(counter.get_total_flops(), rel=0.01)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--teacher-sharding", "fsdp", "--n-gpus", "8"], "FSDP-sharded over dp="),
+    (["--kd-offline-topk", "64"], "offline: stored top-k logits"),
+    (["--kd-hidden-layers", "4", "--n-gpus", "8"], "hidden-state projections (trained)"),
+])
+def test_distill_variants(args: list[str], words: str) -> None:
+    r = _plan("--model", "llama3.1-8b", "--teacher", "llama3.1-70b", "--gpus", "h100", *args)
+    assert r.returncode == 0, r.stderr
+    assert words in r.stdout
+
+
+@pytest.mark.parametrize("task, key", [("ppo", "critic states"), ("dpo", "reference weights")])
+def test_ppo_and_dpo(task: str, key: str) -> None:
+    r = _plan("--model", "qwen3-8b", "--task", task, "--gpus", "h100", "--n-gpus", "8", "--json")
+    assert r.returncode == 0, r.stderr
+    p = json.loads(r.stdout)["plan"]
+    assert p["memory_by_phase"]["training"][key] > 0
+    if task == "dpo":       # stored pairs: nothing is generated
+        assert p["memory_by_phase"]["generation"] == {}
+        assert "generation: decode" not in p["time_by_phase_s"]
+
+
+def test_trl_out_refuses_model_parallel_layouts(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    r = _plan("--model", "qwen3-8b", "--task", "grpo", "--gpus", "h100", "--n-gpus", "8", "--tp", "2",
+              "--out", str(tmp_path / "o"))
+    assert r.returncode == 2
+    assert "--tp 1 --pp 1 --cp 1" in r.stderr
+    assert not (tmp_path / "o").exists()
