@@ -195,3 +195,15 @@ def test_trl_out_refuses_model_parallel_layouts(tmp_path) -> None:  # type: igno
     assert r.returncode == 2
     assert "--tp 1 --pp 1 --cp 1" in r.stderr
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--model", "8b", "--gpus", "h100", "--group-size", "4"], "needs --task grpo, ppo or dpo"),
+    (["--model", "8b", "--gpus", "h100", "--kd-loss", "full"], "needs --teacher"),
+    (["--model", "8b", "--gpus", "h100", "--teacher", "70b", "--task", "load"], "give one of them"),
+    (["measure", "--model", "8b", "--kd-hidden-layers", "2"], "needs --teacher"),
+])
+def test_post_training_options_need_their_task(args: list[str], words: str) -> None:
+    # an option that would be ignored is refused, naming what it needs
+    r = _plan(*args)
+    assert r.returncode == 2 and words in r.stderr

@@ -63,6 +63,11 @@ def measure(o: Options, real: bool, stack: str = "hf", calibration_out: Path | N
     from planner.timing.model import cluster_for
 
     check_quiet(o)
+    from planner.cli.posttrain import stray_option
+
+    stray = stray_option(o)
+    if stray:
+        raise UserError(stray)
     if calibration_out is not None:
         from planner.cli.calibrate import check_out
 

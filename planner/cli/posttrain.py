@@ -35,10 +35,39 @@ def refuse_unsupported(o: Options) -> None:
         raise UserError("--crosscheck compares a plain training plan with DeepSpeed's estimators; drop it here")
 
 
+# options of one kind of post-training, with the default a plan without it sees (cli.options.Options)
+DISTILL_ONLY = ("teacher_precision", "teacher_quant", "teacher_sharding", "kd_loss", "kd_hidden_layers",
+                "kd_offline_topk")
+RL_ONLY = ("prompt_len", "response_len", "response_mean", "group_size", "prompts_per_step", "rollout", "rollout_tp",
+           "rollout_memory_fraction", "offload_train_states")
+
+
+def stray_option(o: Options) -> str | None:
+    """A distillation option without --teacher or an RL option without --task grpo|ppo|dpo
+    (they would be ignored): the refusal, or None."""
+    from dataclasses import fields
+
+    defaults = {f.name: f.default for f in fields(Options)}
+    if o.teacher is None:
+        given = [n for n in DISTILL_ONLY if getattr(o, n) != defaults[n]]
+        if given:
+            return f"--{given[0].replace('_', '-')} is a distillation option: it needs --teacher"
+    if o.task not in RL_TASKS:
+        given = [n for n in RL_ONLY if getattr(o, n) != defaults[n]]
+        if given:
+            return f"--{given[0].replace('_', '-')} is an RL option: it needs --task grpo, ppo or dpo"
+    return None
+
+
 def posttrain(o: Options) -> None:
     """Distillation (--teacher) or RL (--task grpo|ppo|dpo)."""
     check_quiet(o)
     refuse_unsupported(o)
+    stray = stray_option(o)
+    if stray:
+        raise UserError(stray)
+    if o.teacher is not None and o.task == "load":
+        raise UserError("--teacher plans a distillation run; --task load sizes inference: give one of them")
     if o.teacher is not None and o.task in RL_TASKS:
         raise UserError(f"--teacher distils with a logit loss; --task {o.task} trains from rewards: give one of them")
     if o.task in RL_TASKS:
@@ -100,9 +129,6 @@ def rl(o: Options, m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, space: Sear
     from planner.search.posttrain import plan_rl
     from planner.training.posttrain import RLSetup
 
-    for name in ("kd_hidden_layers", "kd_offline_topk"):
-        if getattr(o, name):
-            raise UserError(f"--{name.replace('_', '-')} is a distillation option: it needs --teacher")
     if m.n_kv_heads % o.rollout_tp and o.rollout_tp % m.n_kv_heads:
         raise UserError(f"--rollout-tp {o.rollout_tp} does not split the {m.n_kv_heads} KV heads of {m.name} evenly")
     if n_gpus is not None and n_gpus % o.rollout_tp:
