@@ -71,6 +71,11 @@ def posttrain(o: Options) -> None:
     if o.teacher is not None and o.task in RL_TASKS:
         raise UserError(f"--teacher distils with a logit loss; --task {o.task} trains from rewards: give one of them")
     if o.task in RL_TASKS:
+        from planner.training.setup import MAX_SEQ_LEN
+
+        if o.prompt_len + o.response_len > MAX_SEQ_LEN:
+            raise UserError(f"--prompt-len + --response-len = {o.prompt_len + o.response_len:,} tokens exceeds "
+                            f"{MAX_SEQ_LEN:,}; shorten one of them")
         o = replace(o, seq_len=o.prompt_len + o.response_len)
     m, gpu, setup, space, n_gpus = build_request(o)
     t = timing(o, gpu)

@@ -102,15 +102,15 @@ def generation_time(m: ModelSpec, gpu: GpuSpec, rl: RLSetup, n_gen_gpus: int, bu
     active = count_params(m).active
     kv_row_bytes = kv_cache_bytes(m, 1, 1, tp=e_tp)          # one token of every layer on one rank
     mean = rl.mean_response
-    decode_s = 0.0
-    left = per_engine
-    for _ in range(waves):
-        n = min(concurrent, left)
-        left -= n
+
+    def wave_s(n: int) -> float:
         kv_reads = n * mean * (rl.prompt_len + mean / 2) * kv_row_bytes
         memory_s = (rl.response_len * budget.weights_bytes + kv_reads) / r.hbm_bytes_per_s
         compute_s = 2 * active * n * mean / (e_tp * r.matmul_flops_per_s)
-        decode_s += max(memory_s, compute_s)
+        return max(memory_s, compute_s)
+
+    full, rest = divmod(per_engine, concurrent)       # whole waves, then the remainder
+    decode_s = full * wave_s(concurrent) + (wave_s(rest) if rest else 0.0)
     return GenerationTime(prefill_s=prefill_s, decode_s=decode_s, n_engines=n_engines,
                           sequences_per_engine=per_engine, concurrent=concurrent, waves=waves)
 

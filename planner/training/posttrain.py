@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.errors import UserError
+from planner.training.setup import MAX_GLOBAL_BATCH
 
 # How the frozen teacher is held on the student's GPUs:
 #  replicated: every rank holds all of it (torchtune's knowledge_distillation_single_device);
@@ -107,6 +108,9 @@ class RLSetup:
                             f"{', '.join(ROLLOUT_PLACEMENTS)}")
         if not 0 <= self.response_mean <= self.response_len:
             raise UserError(f"--response-mean {self.response_mean} must lie within --response-len {self.response_len}")
+        if self.sequences_per_step > MAX_GLOBAL_BATCH:
+            raise UserError(f"--prompts-per-step x --group-size = {self.sequences_per_step:,} sequences per step "
+                            f"exceeds {MAX_GLOBAL_BATCH:,}; give fewer prompts or a smaller group")
         if not 0.0 < self.engine_memory_fraction <= 1.0:
             raise UserError(f"--rollout-memory-fraction {self.engine_memory_fraction} must be in (0, 1]")
 
