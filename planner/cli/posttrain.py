@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from planner.cli.common import check_quiet
+from planner.cli.common import check_quiet, note, written_text
 from planner.cli.options import RL_TASKS, Options
 from planner.cli.request import build_request, timing
 from planner.errors import UserError
@@ -86,20 +87,21 @@ def posttrain(o: Options) -> None:
         plan = rl(o, m, gpu, setup, space, n_gpus, t)
     from planner.report import posttrain as report
 
-    written = []
+    written: list[Path] = []
     if o.out is not None and plan.fits:
-        from planner.emit.posttrain import posttrain_files
+        from planner.emit.posttrain import POSTTRAIN_FILE_NAMES, posttrain_files
         from planner.emit.write import write_files
 
-        written = write_files(o.out, posttrain_files(plan, report.posttrain_json(plan)), force=o.force)
+        written = write_files(o.out, posttrain_files(plan, report.posttrain_json(plan)), force=o.force,
+                              owned=POSTTRAIN_FILE_NAMES)
     if o.as_json:
         click.echo(json.dumps(report.posttrain_json(plan), indent=2))
     elif o.quiet:
         click.echo(report.posttrain_quiet(plan))
     else:
         click.echo(report.posttrain_text(plan))
-    for path in written:
-        click.echo(f"wrote {path}", err=o.aside)
+    if written:
+        note(written_text(o.out, written), o.aside)
     if not plan.fits:
         if o.out is not None:
             raise UserError(f"no plan fits, so nothing was written to --out {o.out}")

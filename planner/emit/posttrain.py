@@ -63,6 +63,10 @@ def to_trl_distillation(plan: PosttrainPlan) -> dict[str, Any]:
     return _batch(lay) | {"teacher_model_name_or_path": t.source or t.name, "beta": 0.0, "temperature": 1.0}
 
 
+# every file a post-training --out may write (emit.write.write_files' ``owned``)
+POSTTRAIN_FILE_NAMES = ("posttrain_plan.json", "trl_grpo_config.json", "trl_distillation_config.json")
+
+
 def posttrain_files(plan: PosttrainPlan, plan_json: dict[str, Any]) -> dict[str, str]:
     """File name -> text for --out: the plan (``plan_json``, report.posttrain's), and the
     stack's config where TRL runs it."""
