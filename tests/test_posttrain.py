@@ -27,26 +27,33 @@ STUDENT = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 344, 
            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 8192, "max_position_embeddings": 2048,
            "tie_word_embeddings": False}
 TEACHER = dict(STUDENT, hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8)
+# a second family: Qwen3 (QK norms, tied embeddings)
+QWEN3_STUDENT = {"model_type": "qwen3", "hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 2,
+                 "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 8192,
+                 "max_position_embeddings": 2048, "tie_word_embeddings": True, "rms_norm_eps": 1e-6}
+QWEN3_TEACHER = dict(QWEN3_STUDENT, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+                     num_attention_heads=8)
 
 
 def _plan(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "planner", *args], capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.parametrize("kd_loss, hidden", [("full", 0), ("chunked", 2)])
-def test_distillation_step_matches_memtracker(kd_loss: str, hidden: int) -> None:
-    # the referee: MemTracker's peak of two real distillation steps of tiny transformers Llama
-    # models under fake tensors (planner.measure.distill); measured 2026-12-06: -1.6% (full),
-    # -1.7% (chunked + 2 hidden-state losses); the issue asks for 10%
+@pytest.mark.parametrize("student_cfg, teacher_cfg, kd_loss, hidden", [
+    (STUDENT, TEACHER, "full", 0), (STUDENT, TEACHER, "chunked", 2), (QWEN3_STUDENT, QWEN3_TEACHER, "chunked", 2)])
+def test_distillation_step_matches_memtracker(student_cfg: dict, teacher_cfg: dict, kd_loss: str, hidden: int) -> None:
+    # the referee: MemTracker's peak of two real distillation steps of tiny transformers models
+    # under fake tensors (planner.measure.distill); measured 2026-12-06: Llama -1.6% (full), -1.7%
+    # (chunked + 2 hidden-state losses), Qwen3 -3.3% (chunked + 2); the issue asks for 10%
     pytest.importorskip("transformers")
     from planner.measure.distill import compare_distill
 
-    s = spec_from_hf_config(STUDENT, "tiny-student", "test")
-    t = spec_from_hf_config(TEACHER, "tiny-teacher", "test")
+    s = spec_from_hf_config(student_cfg, "tiny-student", "test")
+    t = spec_from_hf_config(teacher_cfg, "tiny-teacher", "test")
     setup = TrainingSetup(seq_len=512, global_batch=2)
     lay = Layout(dp=1, tp=1, pp=1, zero_stage=0, micro_batch=2, grad_accum=1, seq_len=512, recompute="none")
-    c = compare_distill(s, t, STUDENT, TEACHER, setup, DistillSetup(teacher="t", kd_loss=kd_loss,
-                                                                     kd_hidden_layers=hidden), lay)
+    c = compare_distill(s, t, student_cfg, teacher_cfg, setup, DistillSetup(teacher="t", kd_loss=kd_loss,
+                                                                             kd_hidden_layers=hidden), lay)
     assert abs(c.error) < 0.05
     assert abs(c.extra_error) < 0.10
 
