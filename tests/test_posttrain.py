@@ -242,3 +242,18 @@ def test_logprob_pass_against_memtracker() -> None:
     m = spec_from_hf_config(STUDENT, "tiny", "test")
     lay = Layout(dp=1, tp=1, pp=1, zero_stage=0, micro_batch=2, grad_accum=1, seq_len=512)
     assert logprob_pass_bytes(m, lay) == pytest.approx(measured, rel=0.10)
+
+
+def test_largest_engine_fraction_fits_and_one_step_more_does_not() -> None:
+    # the largest --rollout-memory-fraction the plan reports beside training states kept on the GPU
+    # (TRL's way): a plan at that fraction fits, one 0.05 above it does not (the same layout fixed)
+    fixed = ["--model", "qwen3-8b", "--task", "grpo", "--gpus", "h100", "--dp", "8", "--tp", "1", "--pp", "1",
+             "--cp", "1", "--zero", "3", "--micro-batch", "1", "--recompute", "full", "--keep-train-states"]
+    r = _plan(*fixed, "--rollout-memory-fraction", "0.3", "--json")
+    assert r.returncode == 0, r.stderr
+    largest = json.loads(r.stdout)["plan"]["largest_engine_fraction"]
+    assert 0.3 < largest < 1.0
+    ok = _plan(*fixed, "--rollout-memory-fraction", f"{largest - 0.005:.3f}", "-q")
+    assert ok.returncode == 0, ok.stderr
+    too_much = _plan(*fixed, "--rollout-memory-fraction", f"{min(1.0, largest + 0.05):.3f}", "-q")
+    assert too_much.returncode == 2

@@ -37,6 +37,7 @@ from planner.units import ceil_div
 VLLM_BLOCK_SIZE = 16                  # vllm/config/cache.py CacheConfig.block_size default on CUDA
 VLLM_MAX_NUM_SEQS = 256               # vllm/config/scheduler.py SchedulerConfig.max_num_seqs (ASSUMED default)
 VLLM_MAX_NUM_BATCHED_TOKENS = 8192    # the profile run's tokens (SchedulerConfig, V1 default for offline LLM)
+ENGINE_TERM = "engine (weights, KV cache, sampling)"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -95,6 +96,16 @@ class PhaseMemory:
     def peak(self) -> int:
         return max(self.totals().values())
 
+    def largest_engine_fraction(self, capacity_bytes: int, gpu: GpuSpec) -> float | None:
+        """The largest gpu_memory_utilization the engine may take beside what stays on the GPU
+        during generation (the fraction TRL issue 2927's users look for by trial); None when
+        the engine is not on these GPUs."""
+        engine = self.generation.get(ENGINE_TERM, 0)
+        if not engine:
+            return None
+        beside = sum(self.generation.values()) - engine
+        return max(0.0, (capacity_bytes - beside) / gpu.memory_bytes)
+
 
 def frozen_copy_bytes(m: ModelSpec, lay: Layout) -> int:
     """A frozen 16-bit copy of the policy (the reference model) held like the policy: split over
@@ -129,7 +140,7 @@ def phase_memory(m: ModelSpec, gpu: GpuSpec, rl: RLSetup, lay: Layout, train: Ra
     kept = 0 if rl.offload_train_states else resident + ref + critic
     generation: dict[str, int] = {}
     if rl.generates:
-        generation = {"engine (weights, KV cache, sampling)": engine, "training states kept": kept,
+        generation = {ENGINE_TERM: engine, "training states kept": kept,
                       "overhead": fixed + int(frag * kept)}
     awake = 0 if rl.engine_sleeps else engine
     lp = logprob_pass_bytes(m, lay)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from planner.fmt import duration, gib, gib_of
+from planner.hardware.gpus import GpuSpec
 from planner.search.posttrain import DistillChoice, PosttrainPlan, RLChoice
 
 DISTILL_TERMS = (
@@ -86,7 +87,12 @@ def rl_lines(p: PosttrainPlan) -> list[str]:
              + ")",
              f"  training layout  {lay.describe()}",
              f"  peak phase       {r.phases.peak_phase}: {gib_of(r.phases.peak, p.capacity_bytes)} per GPU",
-             f"  step             {duration(r.step_time_s)}", ""]
+             f"  step             {duration(r.step_time_s)}"]
+    largest = r.phases.largest_engine_fraction(p.capacity_bytes, p.gpu)
+    if largest is not None:
+        lines.append(f"  engine fraction  {rl.engine_memory_fraction} of each GPU; at most {largest:.2f} fits beside "
+                     f"what stays on the GPU during generation (--rollout-memory-fraction)")
+    lines.append("")
     for phase, terms in (("generation", r.phases.generation), ("scoring", r.phases.scoring),
                          ("training", r.phases.training)):
         if not terms:
@@ -118,12 +124,13 @@ def _distill_json(d: DistillChoice) -> dict[str, Any]:
             "teacher_gather_s": d.teacher_gather_s, "teacher_flops": d.teacher_flops}
 
 
-def _rl_json(r: RLChoice) -> dict[str, Any]:
+def _rl_json(r: RLChoice, plan_capacity: int, plan_gpu: GpuSpec) -> dict[str, Any]:
     out: dict[str, Any] = {"layout": r.candidate.layout.describe(), "n_gpus": r.candidate.layout.n_gpus,
                            "memory_by_phase": {"generation": r.phases.generation, "scoring": r.phases.scoring,
                                                "training": r.phases.training},
                            "phase_totals_bytes": r.phases.totals(), "peak_phase": r.phases.peak_phase,
-                           "step_time_s": r.step_time_s, "time_by_phase_s": r.times_s}
+                           "step_time_s": r.step_time_s, "time_by_phase_s": r.times_s,
+                           "largest_engine_fraction": r.phases.largest_engine_fraction(plan_capacity, plan_gpu)}
     if r.engine is not None:
         e = r.engine
         out["engine"] = {"reserved_bytes": e.reserved_bytes, "weights_bytes": e.weights_bytes,
@@ -143,7 +150,7 @@ def posttrain_json(p: PosttrainPlan) -> dict[str, Any]:
     else:
         assert p.rl_setup is not None
         out["task"] = p.rl_setup.task
-        out["plan"] = _rl_json(p.rl) if p.rl is not None else None
+        out["plan"] = _rl_json(p.rl, p.capacity_bytes, p.gpu) if p.rl is not None else None
     return out
 
 
