@@ -257,3 +257,15 @@ def test_largest_engine_fraction_fits_and_one_step_more_does_not() -> None:
     assert ok.returncode == 0, ok.stderr
     too_much = _plan(*fixed, "--rollout-memory-fraction", f"{min(1.0, largest + 0.05):.3f}", "-q")
     assert too_much.returncode == 2
+
+
+def test_run_length_in_steps_and_tokens() -> None:
+    # --rl-steps x the step time; distillation: --tokens over the tokens of one step (global batch
+    # 1,024 x 4,096 = 4,194,304 tokens: 10B tokens are 2,385 whole steps)
+    r = _plan("--model", "qwen3-8b", "--task", "grpo", "--gpus", "h100", "--n-gpus", "8", "--rl-steps", "500", "--json")
+    d = json.loads(r.stdout)
+    assert d["steps"] == 500
+    assert d["run_time_s"] == pytest.approx(500 * d["plan"]["step_time_s"])
+    assert d["gpu_hours"] == pytest.approx(8 * d["run_time_s"] / 3600)
+    r = _plan("--model", "llama3.1-8b", "--teacher", "llama3.1-70b", "--gpus", "h100", "--tokens", "10B", "--json")
+    assert json.loads(r.stdout)["steps"] == 2385

@@ -121,6 +121,7 @@ class Options:
     rollout_tp: int = 1
     rollout_memory_fraction: float = 0.9
     offload_train_states: bool = True
+    rl_steps: int | None = None
     # step time and tokens (time_options)
     topology: str | None = None
     tokens: float | None = None
@@ -416,6 +417,8 @@ def posttrain_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--offload-train-states/--keep-train-states", default=True, show_default=True,
                      help="Move the policy's training states to the host while the engine generates (verl, "
                           "NeMo-RL), or keep them (TRL)."),
+        click.option("--rl-steps", type=click.IntRange(1, 1 << 30), default=None,
+                     help="RL steps to run: the plan adds the run's hours and GPU-hours."),
     ], f)
 
 

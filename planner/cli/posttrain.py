@@ -4,6 +4,7 @@ the options into planner.training.posttrain's set-ups, the search, the report, -
 from __future__ import annotations
 
 import json
+import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -26,8 +27,8 @@ if TYPE_CHECKING:
 
 def refuse_unsupported(o: Options) -> None:
     """What the post-training plans do not take, each with its way out."""
-    if o.tokens is not None:
-        raise UserError("--tokens plans the cost of pre-training; drop it for --teacher or --task grpo|ppo|dpo")
+    if o.tokens is not None and o.teacher is None:
+        raise UserError("--tokens sets a distillation's length; an RL run's is --rl-steps N")
     if o.plot is not None:
         raise UserError("--plot draws a training plan; post-training plans print their phases instead")
     if o.method not in (None, "full"):
@@ -40,7 +41,7 @@ def refuse_unsupported(o: Options) -> None:
 DISTILL_ONLY = ("teacher_precision", "teacher_quant", "teacher_sharding", "kd_loss", "kd_hidden_layers",
                 "kd_offline_topk")
 RL_ONLY = ("prompt_len", "response_len", "response_mean", "group_size", "prompts_per_step", "rollout", "rollout_tp",
-           "rollout_memory_fraction", "offload_train_states")
+           "rollout_memory_fraction", "offload_train_states", "rl_steps")
 
 
 def stray_option(o: Options) -> str | None:
@@ -83,8 +84,10 @@ def posttrain(o: Options) -> None:
     plan: PosttrainPlan
     if o.teacher is not None:
         plan = distill(o, m, gpu, setup, space, n_gpus, t)
+        if o.tokens is not None:        # whole steps of the global batch
+            plan = replace(plan, steps=max(1, math.ceil(o.tokens / (setup.global_batch * setup.seq_len))))
     else:
-        plan = rl(o, m, gpu, setup, space, n_gpus, t)
+        plan = replace(rl(o, m, gpu, setup, space, n_gpus, t), steps=o.rl_steps)
     from planner.report import posttrain as report
 
     written: list[Path] = []

@@ -112,8 +112,17 @@ def rl_lines(p: PosttrainPlan) -> list[str]:
     return lines
 
 
+def run_lines(p: PosttrainPlan) -> list[str]:
+    """The whole run's time, with --tokens (distillation) or --rl-steps (RL)."""
+    if p.run_time_s is None or p.gpu_hours is None or p.chosen is None:
+        return []
+    n = p.chosen.candidate.layout.n_gpus
+    return ["", f"Run: {p.steps:,} steps, {duration(p.run_time_s)} on {n} x {p.gpu.name} "
+                f"({p.gpu_hours:,.0f} GPU-hours)"]
+
+
 def posttrain_text(p: PosttrainPlan) -> str:
-    return "\n".join(distill_lines(p) if p.distill_setup is not None else rl_lines(p))
+    return "\n".join((distill_lines(p) if p.distill_setup is not None else rl_lines(p)) + run_lines(p))
 
 
 def _distill_json(d: DistillChoice) -> dict[str, Any]:
@@ -143,6 +152,8 @@ def posttrain_json(p: PosttrainPlan) -> dict[str, Any]:
     """One JSON object: the chosen layout (None when nothing fits) and its terms, bytes and seconds."""
     out: dict[str, Any] = {"model": p.model.name, "gpu": p.gpu.name, "capacity_bytes": p.capacity_bytes,
                            "fits": p.fits, "counts_tried": list(p.counts_tried)}
+    if p.steps is not None:
+        out |= {"steps": p.steps, "run_time_s": p.run_time_s, "gpu_hours": p.gpu_hours}
     if p.distill_setup is not None:
         assert p.teacher is not None
         out["teacher"] = p.teacher.name

@@ -87,10 +87,26 @@ class PosttrainPlan:
     distill_setup: DistillSetup | None = None
     rl_setup: RLSetup | None = None
     alternatives: tuple[DistillChoice | RLChoice, ...] = ()
+    steps: int | None = None          # the run's steps (--rl-steps; distillation: --tokens over the batch)
 
     @property
     def fits(self) -> bool:
         return self.distill is not None or self.rl is not None
+
+    @property
+    def chosen(self) -> DistillChoice | RLChoice | None:
+        return self.distill if self.distill is not None else self.rl
+
+    @property
+    def run_time_s(self) -> float | None:
+        """The whole run: steps x the chosen layout's step time (None without steps or a plan)."""
+        c = self.chosen
+        return None if c is None or self.steps is None else self.steps * c.step_time_s
+
+    @property
+    def gpu_hours(self) -> float | None:
+        c, t = self.chosen, self.run_time_s
+        return None if c is None or t is None else c.candidate.layout.n_gpus * t / 3600
 
 
 def _counts(gpu: GpuSpec, n_gpus: int | None, max_gpus: int) -> list[int]:
