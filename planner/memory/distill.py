@@ -97,6 +97,23 @@ class DistillMemory:
         """What the step adds at its peak (the larger moment), bytes."""
         return max(self.forward_moment, self.loss_moment)
 
+    def peak_terms(self) -> dict[str, int]:
+        """The terms at the peak moment, by field name, summing to ``extra`` (the student's loss
+        gradients not yet made, ``student_loss_grads``, negative)."""
+        common = {"teacher_weights": self.teacher_weights, "hidden": self.hidden,
+                  "projection_states": self.projection_states, "student_logits": self.student_logits}
+        if self.loss_moment >= self.forward_moment:
+            kd_first = self.kd_loss >= self.kd_saved + self.hidden_mse
+            terms = common | {"teacher_logits": self.teacher_logits, "offline_topk": self.offline_topk,
+                              "kd_loss": self.kd_loss if kd_first else self.kd_saved,
+                              "hidden_mse": 0 if kd_first else self.hidden_mse}
+        else:
+            forward_first = self.teacher_forward >= self.teacher_logits
+            terms = common | {"teacher_gathered": self.teacher_gathered,
+                              "teacher_forward": self.teacher_forward if forward_first else 0,
+                              "teacher_logits": 0 if forward_first else self.teacher_logits}
+        return terms | {"student_loss_grads": -self.student_loss_grads}
+
     @property
     def peak_moment(self) -> str:
         return "KD loss" if self.loss_moment >= self.forward_moment else "teacher forward"

@@ -16,9 +16,11 @@ DISTILL_TERMS = (
     ("teacher_logits", "teacher logits"),
     ("student_logits", "student logits kept for the KD loss"),
     ("kd_loss", "KD loss working set"),
-    ("hidden", "hidden-state losses"),
+    ("hidden", "hidden-state losses: teacher states"),
+    ("hidden_mse", "hidden-state losses: MSE inputs"),
     ("projection_states", "hidden-state projections (trained)"),
     ("offline_topk", "stored top-k teacher logits"),
+    ("student_loss_grads", "student loss gradients not made yet"),
 )
 
 
@@ -51,16 +53,16 @@ def distill_lines(p: PosttrainPlan) -> list[str]:
              f"  step    {duration(d.step_time_s)} (student {duration(d.student_time.step_time_s)}, teacher forward "
              f"{duration(d.teacher_forward_s)}" + (f", teacher gathers {duration(d.teacher_gather_s)}"
                                                     if d.teacher_gather_s else "") + ")",
-             "", "Memory per GPU"]
+             "", f"Memory per GPU at the peak ({tm.peak_moment})"]
     student = [("student: weights", bd.weights), ("student: gradients", bd.gradients),
                ("student: optimizer states", bd.optimizer), ("student: activations", bd.activations),
                ("student: logits and loss", bd.logits), ("student: communication buffers", bd.buffers)]
-    terms = tm.as_dict()
-    extra = [(label, int(terms[key])) for key, label in DISTILL_TERMS if terms[key]]
+    terms = tm.peak_terms()
+    extra = [(label, terms[key]) for key, label in DISTILL_TERMS if terms.get(key)]
     frag = d.total_bytes - d.candidate.memory.total - tm.extra
     rows = [(n, gib(v)) for n, v in student + extra]
     rows.append(("overhead (CUDA, NCCL, fragmentation)", gib(bd.overhead + frag)))
-    rows.append(("total (the larger moment of the teacher's terms)", gib(d.total_bytes)))
+    rows.append(("total", gib(d.total_bytes)))
     lines += _rows(rows)
     lines += ["", f"  the teacher's terms at its forward: {gib(tm.forward_moment)}, at the KD loss: "
                   f"{gib(tm.loss_moment)}; the larger is added to the student's peak",
