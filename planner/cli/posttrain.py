@@ -179,15 +179,16 @@ def measure_teacher(o: Options, m: Any, hf_config: dict[str, Any], setup: Any, l
                                "predicted_extra_bytes": c.predicted_extra_bytes, "extra_error": c.extra_error,
                                "terms": c.terms, "peak_phase": c.measured.peak_phase}, indent=2))
         return
-    line = (f"{m.name} distilled from {teacher.name}: predicted {gib(c.predicted_bytes)}, measured "
-            f"{gib(c.measured_bytes)} ({c.error:+.1%})")
+    line = (f"{m.name} distilled from {teacher.name}: predicted {gib(c.predicted_bytes, 4)}, measured "
+            f"{gib(c.measured_bytes, 4)} ({c.error:+.1%})")
     if o.quiet:
         click.echo(line)
         return
     click.echo("\n".join([
         line,
-        f"  student's own step: predicted {gib(c.predicted_student_bytes)}, measured {gib(c.measured_student_bytes)}",
-        f"  the teacher's terms: predicted {gib(c.predicted_extra_bytes)}, measured "
-        f"{gib(c.measured_bytes - c.measured_student_bytes)} ({c.extra_error:+.1%}); "
+        f"  student's own step: predicted {gib(c.predicted_student_bytes, 4)}, "
+        f"measured {gib(c.measured_student_bytes, 4)}",
+        f"  the teacher's terms: predicted {gib(c.predicted_extra_bytes, 4)}, measured "
+        f"{gib(c.measured_bytes - c.measured_student_bytes, 4)} ({c.extra_error:+.1%}); "
         f"peak at the {c.terms['peak_moment']}",
         "  MemTracker on the CPU, tracked tensors only (no CUDA context, NCCL or fragmentation)"]))
