@@ -205,8 +205,8 @@ def plan_files(r: PlanResult, opts: EmitOptions = EmitOptions(),
                plan_json: dict[str, Any] | None = None) -> dict[str, str]:
     """Every file to write for the chosen plan, name -> text: only what its stack reads.
 
-    deepspeed: ds_config.json, hostfile, config.json (the model's Hugging Face config); hf:
-    accelerate_config.yaml, config.json; megatron:
+    deepspeed: ds_config.json, hostfile, config.json (the model's Hugging Face config), train.py;
+    hf: accelerate_config.yaml, config.json, train.py (planner.emit.script); megatron:
     megatron_args.txt; torchtitan: torchtitan_job.py; every stack: launch.sh, and the
     scheduler files (slurm.sbatch, pytorchjob.yaml) that ``opts.scheduler`` asks for;
     plan.json (with the stack named) when ``plan_json`` is given.
@@ -215,6 +215,7 @@ def plan_files(r: PlanResult, opts: EmitOptions = EmitOptions(),
     from planner.emit.fsdp import to_accelerate_config, to_yaml
     from planner.emit.launch import to_hostfile, to_launch_script
     from planner.emit.megatron import to_megatron_args
+    from planner.emit.script import to_train_script
 
     chosen(r)
     check_options(r, opts)
@@ -226,9 +227,11 @@ def plan_files(r: PlanResult, opts: EmitOptions = EmitOptions(),
         files["ds_config.json"] = json.dumps(to_deepspeed_config(r, opts), indent=2) + "\n"
         files["hostfile"] = to_hostfile(r)
         files.update(hf_model_config(r))
+        files["train.py"] = to_train_script(r, opts, stack, config_beside="config.json" in files)
     elif stack == "hf":
         files["accelerate_config.yaml"] = to_yaml(to_accelerate_config(r, opts))
         files.update(hf_model_config(r))
+        files["train.py"] = to_train_script(r, opts, stack, config_beside="config.json" in files)
     elif stack == "megatron":
         files["megatron_args.txt"] = "\n".join(to_megatron_args(r, opts)) + "\n"
     else:
