@@ -293,3 +293,38 @@ def test_cost_of_a_fixed_layout():
     r = run("--model", "8b", "--gpus", "h100", "--tokens", "100B", "--dp", "8", "--tp", "1", "--pp", "1",
             "--cp", "1", "--zero", "1", "--micro-batch", "1", "--recompute", "none")
     assert r.exit_code == 2 and "does not fit on h100" in r.output
+
+
+# ------------------------------------------------ no deadline: the fastest of the cheapest (issue 33)
+
+def test_no_deadline_takes_the_fastest_plan_within_the_models_noise_of_the_cheapest():
+    """Costs along the GPU count are flat within a few percent once every count runs at the
+    sustained ceiling; the fewest GPUs took 471 days for 70B on 1T tokens (issue 33). Now the
+    fastest plan within the step-time model's noise of the lowest cost is taken: at most a
+    few months, costing no more than the noise above the cheapest, and the report says what
+    --deadline would change. Expected figures: the 80% interval's 50% half-width read from
+    planner/timing/step_intervals.json (out-of-sample residuals, not the planner's formula)."""
+    from planner.timing.intervals import interval_data
+
+    r = run("--model", "70b", "--gpus", "h100", "--tokens", "1T", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["plan"]["train_time_s"] <= 90 * 86400
+    row = interval_data()["levels"]["0.50"]
+    noise = (math.exp(row["log_error_high"]) - math.exp(row["log_error_low"])) / 2
+    assert out["cost_tolerance_rel"] == pytest.approx(noise)
+    lowest = min(p["cost_usd"] for p in out["by_gpu_count"])
+    assert out["plan"]["cost_usd"] <= lowest * (1 + noise) + 1e-6
+    assert any("--deadline" in line for line in out["choice"])
+    text = run("--model", "70b", "--gpus", "h100", "--tokens", "1T").stdout
+    assert "--deadline D: the cheapest plan that finishes by D" in text
+
+
+def test_a_deadline_still_takes_the_cheapest_then_the_fewest_gpus():
+    """With --deadline the tolerance is off: the answer is the lowest cost that meets it."""
+    r = run("--model", "70b", "--gpus", "h100", "--tokens", "1T", "--deadline", "60d", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["cost_tolerance_rel"] == 0 and out["choice"] == []
+    meets = [p for p in out["by_gpu_count"] if p["train_time_s"] <= 60 * 86400]
+    assert out["plan"]["cost_usd"] <= min(p["cost_usd"] for p in meets) * (1 + 1e-9)

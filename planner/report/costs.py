@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.fmt import HOUR_S, to_gib, usd
+from planner.fmt import HOUR_S, duration, to_gib, usd
 from planner.measure.crosscheck import Crosscheck
 from planner.report.intervals import priced_interval_json
 from planner.report.text import layout_json, plan_json
@@ -47,6 +47,22 @@ def prices_json(prices: Any, gpu_names: Any) -> dict[str, Any]:
     return out
 
 
+def choice_lines(r: Any) -> list[str]:
+    """Why the chosen cost plan, when no deadline chose it: the fastest of the plans the model
+    cannot tell from the cheapest (planner.cost.plan.cost_tolerance), the cheapest one, and
+    what --deadline and --objective time would change. Empty when the tolerance changed
+    nothing."""
+    c, low = r.chosen, r.lowest_cost
+    if c is None or low is None or not r.cost_tolerance_rel or low.candidate is c.candidate:
+        return []
+    lines = [f"the fastest of the plans within {r.cost_tolerance_rel:.1%} of the lowest cost (the step-time "
+             f"model's noise: half its 50% interval)",
+             f"lowest cost: {usd(low.cost_usd)} on {low.n_gpus:,} x {low.gpu.name} in {duration(low.train_time_s)}"]
+    lines.append("--deadline D: the cheapest plan that finishes by D (at equal cost the fewest GPUs); "
+                 "--objective time: the fastest at any cost")
+    return lines
+
+
 def cost_json(r: Any, crosscheck: Crosscheck | None = None) -> dict[str, Any]:
     """`plan --tokens --json`: the plain plan's object, each plan with cost_usd, train_time_s
     and gpu_hours, the table by GPU count, the constraints and the solver."""
@@ -76,6 +92,8 @@ def cost_json(r: Any, crosscheck: Crosscheck | None = None) -> dict[str, Any]:
         "binding": list(d.binding), "fits_from_gpus": d.fits_from_gpus,
         "deadline_needs_gpus": d.deadline_needs_gpus, "budget_allows_gpus": d.budget_allows_gpus,
         "message": " ".join(d.lines)}
+    out["cost_tolerance_rel"] = r.cost_tolerance_rel
+    out["choice"] = choice_lines(r)
     out["search_s"] = r.search_s
     return out
 

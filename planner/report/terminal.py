@@ -333,7 +333,7 @@ def cost_view(r: Any, crosscheck: Crosscheck | None = None) -> list[Any]:
         out.append(_panel("No plan satisfies the constraints.", [("why", _lines(lines))] if lines else [], BAD))
     else:
         c = r.chosen
-        what = "Cheapest plan" if r.objective == "cost" else "Fastest plan"
+        what = "Cheapest plan" if r.objective == "cost" else "Fastest plan"    # within the noise: the "why" row
         cost = usd(c.cost_usd) if c.cost_usd is not None else "no price"
         rate = r.prices.for_gpu(c.gpu.name).rent_usd_per_gpu_hour
         priced = (f", at ${rate:,.2f} per GPU-hour (price of {costs.rent_date(r, c.gpu.name)})"
@@ -341,6 +341,9 @@ def cost_view(r: Any, crosscheck: Crosscheck | None = None) -> list[Any]:
         rows = [("cost", _text((cost, HEAD), f" for {duration(c.train_time_s)} ({c.gpu_hours:,.0f} GPU-hours)"
                                f"{priced}")), ("", cost_interval_text(c))]       # issue 18 (report.intervals)
         rows += _answer_rows(c.candidate, r.tokens, res.setup.global_batch)
+        why = costs.choice_lines(r)
+        if why:
+            rows.append(("why", _text("\n".join(why))))
         out.append(_panel(f"{what}: {c.n_gpus} x {c.gpu.name}", rows))
         out += [_text("")] + memory_table(c.candidate)
         out += [_text(""), time_table(c.candidate.time)]
