@@ -37,3 +37,16 @@ def test_the_report_shows_the_note():
     r = CliRunner().invoke(cli, ["--model", "8b", "--gpus", "h100", "--n-gpus", "24"], env={"COLUMNS": "200"})
     assert r.exit_code == 0
     assert "cannot all be data-parallel ranks: dp 8 x pp 3; 16 or 32 GPUs divide it" in r.stdout
+
+
+def test_the_one_line_answer_carries_offloads_host_memory():
+    """Issue 33: ZeRO-Infinity 70B on one 4090 'fit' on the one-line answer while the 1.18 TB of
+    host memory it needs was in the long report only; --json's host figure is the referee."""
+    import json
+
+    args = ["--model", "70b", "--gpus", "4090", "--n-gpus", "1", "--zero", "3", "--offload-params", "cpu",
+            "--offload-optimizer", "cpu"]
+    line = CliRunner().invoke(cli, [*args, "--quiet"]).stdout
+    plan = json.loads(CliRunner().invoke(cli, [*args, "--json"]).stdout)["plan"]
+    host_gib = plan["offload"]["host_bytes_per_node"] / 2**30
+    assert f"+ {host_gib:.2f} GiB CPU memory per node" in line, (line, host_gib)

@@ -332,8 +332,15 @@ def layout_compact(lay: Layout) -> str:
 
 
 def _answer_line(name: str, gpu_name: str, c: Candidate) -> str:
-    """MODEL: N x GPU, LAYOUT, USED/CAPACITY GiB[ DOES NOT FIT], S s/step, MFU P%."""
+    """MODEL: N x GPU, LAYOUT, USED/CAPACITY GiB[ DOES NOT FIT][ + H GiB CPU memory per node][ + N GiB
+    NVMe per node], S s/step, MFU P%."""
     mem = gib_of(c.memory.total, c.capacity_bytes) + ("" if c.fits else " DOES NOT FIT")
+    m = c.memory
+    if m.host_bytes:        # issue 33: offload's host memory was in the long report only
+        mem += f" + {gib_number(m.host_bytes_per_node)} GiB CPU memory per node"
+        mem += "" if c.host_fits else " (MORE THAN THE NODE HAS)"
+    if m.nvme_bytes:
+        mem += f" + {gib_number(m.nvme_bytes_per_node)} GiB NVMe per node"
     out = f"{name}: {c.n_gpus} x {gpu_name}, {layout_compact(c.layout)}, {mem}"
     if c.time is not None:
         t = c.time.step_time_s
