@@ -328,3 +328,16 @@ def test_a_deadline_still_takes_the_cheapest_then_the_fewest_gpus():
     assert out["cost_tolerance_rel"] == 0 and out["choice"] == []
     meets = [p for p in out["by_gpu_count"] if p["train_time_s"] <= 60 * 86400]
     assert out["plan"]["cost_usd"] <= min(p["cost_usd"] for p in meets) * (1 + 1e-9)
+
+
+def test_a_topology_that_caps_the_count_is_said_in_the_answer():
+    """Issue 33: A100 and MI300X stopped short of the header's 'at most 16,384 GPUs' silently.
+    Referee: the topology files' own sizes (dgx-a100: 38 units of 20 nodes x 8 GPUs)."""
+    from planner.hardware.topology import load_topology, max_covered_gpus
+
+    r = run("--model", "8b", "--gpus", "a100,h100", "--tokens", "10B", "--json")
+    assert r.exit_code == 0, r.output
+    caps = json.loads(r.stdout)["topology_caps"]
+    assert caps == [{"gpu": "a100", "topology": "dgx-a100", "max_gpus": max_covered_gpus(load_topology("dgx-a100"))}]
+    text = run("--model", "8b", "--gpus", "a100,h100", "--tokens", "10B").stdout
+    assert "capped by topology: a100 at 6,080 GPUs (dgx-a100)" in text

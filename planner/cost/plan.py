@@ -126,6 +126,7 @@ class CostPlanResult:
     left_out: tuple[tuple[str, str], ...] = ()    # (GPU, why) of --gpus left out of the cost answer
     cost_tolerance_rel: float = 0.0         # plans within this of the lowest cost count as cheapest
     lowest_cost: PricedPlan | None = None    # with a tolerance: the plan of lowest cost (fewest GPUs on a tie)
+    topology_caps: tuple[tuple[str, str, int], ...] = ()   # (GPU, topology, GPUs) where a topology caps the count
 
 
 def price_plan(gpu: GpuSpec, c: Candidate, tokens: float, prices: Prices) -> PricedPlan:
@@ -263,6 +264,9 @@ def plan_cost(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, token
                           objective=objective, tokens=tokens, limits=replace(limits, max_gpus=max_gpus),
                           solver=sol.solver, prices=prices, gpus=tuple(gpus), diagnosis=diagnosis,
                           search_s=search_s, left_out=tuple(left_out), cost_tolerance_rel=tolerance,
+                          topology_caps=tuple((p.gpu.name, p.cluster.topology.name, covered_gpus(p.cluster, max_gpus))
+                                              for p in pools if n_gpus is None and p.cluster.topology is not None
+                                              and covered_gpus(p.cluster, max_gpus) < max_gpus),
                           lowest_cost=_lowest_cost(plans, max_gpus) if tolerance and chosen is not None else None)
 
 

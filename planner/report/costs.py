@@ -47,6 +47,15 @@ def prices_json(prices: Any, gpu_names: Any) -> dict[str, Any]:
     return out
 
 
+def topology_cap_line(r: Any) -> str:
+    """The GPU types whose topology describes fewer GPUs than the search's limit (issue 33: A100
+    and MI300X stopped at 128 and 256 under a header saying 16,384), or ''."""
+    if not r.topology_caps:
+        return ""
+    return "capped by topology: " + "; ".join(f"{gpu} at {n:,} GPUs ({top})" for gpu, top, n in r.topology_caps) + \
+        " (a larger cluster: --topology PATH)"
+
+
 def choice_lines(r: Any) -> list[str]:
     """Why the chosen cost plan, when no deadline chose it: the fastest of the plans the model
     cannot tell from the cheapest (planner.cost.plan.cost_tolerance), the cheapest one, and
@@ -75,6 +84,7 @@ def cost_json(r: Any, crosscheck: Crosscheck | None = None) -> dict[str, Any]:
     out["objective"] = r.objective
     out["tokens"] = r.tokens
     out["constraints"] = _limits_json(r)
+    out["topology_caps"] = [{"gpu": gpu, "topology": top, "max_gpus": n} for gpu, top, n in r.topology_caps]
     out["gpus_considered"] = [g.name for g in r.gpus]
     out["gpus_left_out"] = [{"gpu": name, "reason": why} for name, why in r.left_out]
     out["by_gpu_count"] = [{"gpu": p.gpu.name, "n_gpus": p.n_gpus, **_cost_fields(p),
