@@ -341,3 +341,24 @@ def test_a_topology_that_caps_the_count_is_said_in_the_answer():
     assert caps == [{"gpu": "a100", "topology": "dgx-a100", "max_gpus": max_covered_gpus(load_topology("dgx-a100"))}]
     text = run("--model", "8b", "--gpus", "a100,h100", "--tokens", "10B").stdout
     assert "capped by topology: a100 at 6,080 GPUs (dgx-a100)" in text
+
+
+def test_gpu_types_priced_by_different_providers_are_said_so(tmp_path):
+    """Issue 33: H100 at AWS on-demand ($6.88) beside H200 at Hyperstack ($3.99) made 'the cheapest
+    GPU type' the cheaper provider, silently. Every catalog price names its provider; an answer
+    comparing types of different providers says so; one provider's quotes (--prices) do not."""
+    from planner.cost.prices import load_prices
+
+    shipped = load_prices(None)
+    assert all(p.rent_provider for p in shipped.gpus.values() if p.rent_usd_per_gpu_hour is not None)
+    r = run("--model", "8b", "--gpus", "h100,h200", "--tokens", "10B", "--json")
+    out = json.loads(r.stdout)
+    assert out["rent_providers"] == {"h100": "AWS", "h200": "Hyperstack"}
+    assert "prices from different providers: h100 AWS, h200 Hyperstack" in run(
+        "--model", "8b", "--gpus", "h100,h200", "--tokens", "10B").stdout
+    quotes = tmp_path / "quotes.toml"
+    quotes.write_text('[[gpu]]\nname = "h100"\nrent_usd_per_gpu_hour = 2.5\nrent_provider = "ACME"\n'
+                      '[[gpu]]\nname = "h200"\nrent_usd_per_gpu_hour = 3.1\nrent_provider = "ACME"\n')
+    same = run("--model", "8b", "--gpus", "h100,h200", "--tokens", "10B", "--prices", str(quotes))
+    assert same.exit_code == 0, same.output
+    assert "different providers" not in same.stdout

@@ -47,6 +47,19 @@ def prices_json(prices: Any, gpu_names: Any) -> dict[str, Any]:
     return out
 
 
+def provider_line(r: Any) -> str:
+    """One line when the GPU types compared are priced by different providers (issue 33: H100 at
+    AWS's on-demand rate beside H200 at Hyperstack's made 'the cheapest GPU type' the cheaper
+    provider), or ''."""
+    from planner.cost.prices import rent_providers
+
+    by_gpu = rent_providers(r.prices, [g.name for g in r.gpus])
+    if len(set(by_gpu.values())) < 2:
+        return ""
+    return ("prices from different providers: " + ", ".join(f"{g} {p}" for g, p in by_gpu.items())
+            + "; the cheapest GPU type may be the cheaper provider: compare one provider's quotes with --prices FILE")
+
+
 def topology_cap_line(r: Any) -> str:
     """The GPU types whose topology describes fewer GPUs than the search's limit (issue 33: A100
     and MI300X stopped at 128 and 256 under a header saying 16,384), or ''."""
@@ -86,6 +99,8 @@ def cost_json(r: Any, crosscheck: Crosscheck | None = None) -> dict[str, Any]:
     out["constraints"] = _limits_json(r)
     out["topology_caps"] = [{"gpu": gpu, "topology": top, "max_gpus": n} for gpu, top, n in r.topology_caps]
     out["gpus_considered"] = [g.name for g in r.gpus]
+    from planner.cost.prices import rent_providers
+    out["rent_providers"] = rent_providers(r.prices, [g.name for g in r.gpus])
     out["gpus_left_out"] = [{"gpu": name, "reason": why} for name, why in r.left_out]
     out["by_gpu_count"] = [{"gpu": p.gpu.name, "n_gpus": p.n_gpus, **_cost_fields(p),
                             "step_time_s": p.candidate.time.step_time_s, "mfu": p.candidate.time.mfu,
