@@ -362,3 +362,23 @@ def test_gpu_types_priced_by_different_providers_are_said_so(tmp_path):
     same = run("--model", "8b", "--gpus", "h100,h200", "--tokens", "10B", "--prices", str(quotes))
     assert same.exit_code == 0, same.output
     assert "different providers" not in same.stdout
+
+
+def test_the_default_global_batch_grows_with_the_run_and_is_said():
+    """Issue 33: 1,024 x 4,096 tokens was kept for every run. With --tokens and no batch option
+    the batch follows DeepSeek LLM's fit (arXiv:2401.02954, Eq. 1). Referees: DeepSeek LLM 67B
+    trained on 2T tokens with a batch of 4,608 sequences of 4,096 (18.9M tokens, its Table 2);
+    GPT-3 175B on 300B tokens with 3.2M (Brown et al. 2020, Table 2.1). DeepSeek's own run is
+    within 1.5x; GPT-3's is 5.2x smaller than the fit gives (16.8M tokens): the fit is
+    DeepSeek's, larger than the GPT-3 and Llama choices (planner/training/batch.py says so)."""
+    from planner.training.batch import scaled_global_batch
+
+    deepseek = scaled_global_batch(67_000_000_000, 2e12, 4096) * 4096
+    assert 18.9e6 / 1.5 <= deepseek <= 18.9e6 * 1.5
+    gpt3 = scaled_global_batch(175_000_000_000, 300e9, 2048) * 2048
+    assert 3.2e6 <= gpt3 <= 3.2e6 * 6
+    out = json.loads(run("--model", "70b", "--gpus", "h100", "--tokens", "1T", "--deadline", "60d", "--json").stdout)
+    assert out["assumptions"]["global_batch"] == 4096 and "DeepSeek LLM" in out["global_batch_basis"]
+    fixed = json.loads(run("--model", "70b", "--gpus", "h100", "--tokens", "1T", "--deadline", "60d",
+                           "--global-batch", "1024", "--json").stdout)
+    assert fixed["assumptions"]["global_batch"] == 1024 and fixed["global_batch_basis"] is None

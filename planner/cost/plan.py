@@ -126,6 +126,7 @@ class CostPlanResult:
     left_out: tuple[tuple[str, str], ...] = ()    # (GPU, why) of --gpus left out of the cost answer
     cost_tolerance_rel: float = 0.0         # plans within this of the lowest cost count as cheapest
     lowest_cost: PricedPlan | None = None    # with a tolerance: the plan of lowest cost (fewest GPUs on a tie)
+    global_batch_basis: str = ""             # where a global batch the user did not give came from
     topology_caps: tuple[tuple[str, str, int], ...] = ()   # (GPU, topology, GPUs) where a topology caps the count
 
 

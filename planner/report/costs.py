@@ -118,6 +118,7 @@ def cost_json(r: Any, crosscheck: Crosscheck | None = None) -> dict[str, Any]:
         "deadline_needs_gpus": d.deadline_needs_gpus, "budget_allows_gpus": d.budget_allows_gpus,
         "message": " ".join(d.lines)}
     out["cost_tolerance_rel"] = r.cost_tolerance_rel
+    out["global_batch_basis"] = r.global_batch_basis or None
     out["choice"] = choice_lines(r)
     out["search_s"] = r.search_s
     return out

@@ -324,7 +324,7 @@ def cost_view(r: Any, crosscheck: Crosscheck | None = None) -> list[Any]:
                       _text(f"GPU types {', '.join(g.name for g in r.gpus)}; {'; '.join(cons)}")]
     for name, why in r.left_out:
         out.append(_text((f"left out: {name}, {why}", BAD)))
-    for line in (costs.provider_line(r), costs.topology_cap_line(r)):
+    for line in (r.global_batch_basis, costs.provider_line(r), costs.topology_cap_line(r)):
         if line:
             out.append(_text(line))
     ft = res.setup.finetune
