@@ -257,10 +257,8 @@ def test_the_gpus_bought_in_clusters_have_a_default_topology_of_a_cluster_size()
     """Issue 33: B300, GB300, MI325X and MI355X had no default topology, A100's was one 20-node
     unit and MI300X's one 32-node unit. Each default now names its source, and the A100 and
     MI300X defaults hold 1,024 GPUs (Meta's RSC: 6,080 A100s; OCI's MI300X runs)."""
-    from planner.hardware.gpus import get_gpu
-    from planner.hardware.topology import max_covered_gpus
-
     from planner.hardware.gpus import list_gpus
+    from planner.hardware.topology import max_covered_gpus
 
     for g in list_gpus():
         if g.name == "v100":        # DGX-1's hybrid cube-mesh NVLink has no fabric kind here yet
