@@ -382,3 +382,19 @@ def test_the_default_global_batch_grows_with_the_run_and_is_said():
     fixed = json.loads(run("--model", "70b", "--gpus", "h100", "--tokens", "1T", "--deadline", "60d",
                            "--global-batch", "1024", "--json").stdout)
     assert fixed["assumptions"]["global_batch"] == 1024 and fixed["global_batch_basis"] is None
+
+
+def test_plan_buy_gives_fine_tunes_a_fine_tunes_batch_and_scales_pretraining(tmp_path):
+    """Issue 33: every job of `plan buy` without a global_batch ran 1,024 x 4,096 tokens, a LoRA
+    fine-tune included. Referee for the fine-tune's 64 sequences: Llama 2-Chat's supervised
+    fine-tuning batch (arXiv:2307.09288, Sec. 3.1); a given global_batch is kept."""
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text("start: 2026-01-05\nhorizon: 365d\ngpus: [h100]\njobs:\n"
+                    "  - {name: tune, model: llama3.1-8b, tokens: 1B, deadline: 30d, method: lora}\n"
+                    "  - {name: given, model: llama3.1-8b, tokens: 1B, deadline: 30d, global_batch: 256}\n")
+    r = run("buy", str(jobs), "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    batch = {j["name"]: j["layout"]["micro_batch"] * j["layout"]["grad_accum"] * j["layout"]["dp"] * j["layout"]["ep"]
+             for j in out["jobs"]}
+    assert batch == {"tune": 64, "given": 256}

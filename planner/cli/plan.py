@@ -194,15 +194,16 @@ def cheapest(o: Options) -> Answer:
                         "(full, lora, qlora, freeze) and compare them by running the plan per method")
     m, _, setup, space, n_gpus = build_request(replace(o, gpu_name=gpus[0].name))
     batch_basis = ""
-    if (o.global_batch is None and o.global_batch_tokens is None and o.grad_accum is None
-            and setup.finetune.is_full):
-        # issue 33: the fixed 1,024 sequences were kept at 16,384 GPUs; published runs grow it
+    if o.global_batch is None and o.global_batch_tokens is None and o.grad_accum is None:
+        # issue 33: the fixed 1,024 sequences were kept at 16,384 GPUs and for fine-tunes
         from planner.models.spec import count_params
-        from planner.training.batch import basis, scaled_global_batch
+        from planner.training.batch import basis, default_global_batch
 
         assert o.tokens is not None
-        setup = replace(setup, global_batch=scaled_global_batch(count_params(m).total, o.tokens, setup.seq_len))
-        batch_basis = basis(setup.global_batch, setup.seq_len)
+        method = setup.finetune.method
+        setup = replace(setup, global_batch=default_global_batch(count_params(m).total, o.tokens, setup.seq_len,
+                                                                 method))
+        batch_basis = basis(setup.global_batch, setup.seq_len, method)
     deadline_s = None
     if o.deadline is not None:
         deadline_s, _ = parse_when_s(o.deadline, "--deadline", datetime.now(UTC))

@@ -445,6 +445,7 @@ class JobPlan:
     finish_s: float
     deadline_s: float
     tokens: float
+    batch_given: bool = True        # False: the jobs file gave no global_batch (training.batch chose it)
 
     @property
     def n_gpus(self) -> int:
@@ -480,11 +481,14 @@ class BuyResult:
         return self.capex_usd + self.opex_usd
 
 
-def _job_setup(job, base: TrainingSetup) -> TrainingSetup:
+def _job_setup(job, base: TrainingSetup, m: ModelSpec) -> TrainingSetup:
+    from planner.training.batch import default_global_batch
     from planner.training.finetune import FinetuneSpec
 
-    return replace(base, seq_len=job.seq_len, global_batch=job.global_batch,
-                   finetune=FinetuneSpec.named(job.method))
+    batch = job.global_batch
+    if batch is None:       # issue 33: not 1,024 sequences for every job whatever its size and method
+        batch = default_global_batch(count_params(m).total, job.tokens, job.seq_len, job.method)
+    return replace(base, seq_len=job.seq_len, global_batch=batch, finetune=FinetuneSpec.named(job.method))
 
 
 def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s: float,
@@ -528,7 +532,7 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
     searches: dict[tuple, _Pool] = {}
 
     def search(job, gpu: GpuSpec) -> _Pool:
-        setup = _job_setup(job, base_setup)
+        setup = _job_setup(job, base_setup, models[job.name])
         key = (models[job.name], setup, gpu.name)
         if key not in searches:
             m = models[job.name]
@@ -608,7 +612,8 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
             o = sol.choices[job.name]
             g, c = by_key[job.name, o.key]
             plans.append(JobPlan(name=job.name, model=models[job.name], gpu=g, candidate=c, start_s=job.start_s,
-                                 finish_s=job.start_s + o.duration_s, deadline_s=job.deadline_s, tokens=job.tokens))
+                                 finish_s=job.start_s + o.duration_s, deadline_s=job.deadline_s, tokens=job.tokens,
+                                 batch_given=job.global_batch is not None))
     elif not lines:
         lines.append(_buy_diagnosis(pools, windows, options, budget_usd, solver))
     capex = sum(pool_of[g].capex_usd * n for g, n in sol.nodes.items())

@@ -365,6 +365,9 @@ def cost_view(r: Any, crosscheck: Crosscheck | None = None) -> list[Any]:
 
 # ---------------------------------------------------------------------- plan buy
 
+BATCH_RULE = "scaled with the run for full training, 64 for a fine-tune; planner/training/batch.py"
+
+
 def buy_view(r: Any) -> list[Any]:
     """`plan buy`: the nodes to buy and what they cost, each job's GPUs and schedule on a
     timeline, the node prices and the solver."""
@@ -394,7 +397,10 @@ def buy_view(r: Any) -> list[Any]:
         out += [_text(""), jobs_table(r)]
         out.append(_lines([f"{j.name}: {report.layout_compact(j.candidate.layout)}; step "
                            f"{duration(j.candidate.time.step_time_s)}, "
-                           f"MFU {j.candidate.time.mfu:.1%}" for j in r.plans], DIM))
+                           f"MFU {j.candidate.time.mfu:.1%}"
+                           + ("" if j.batch_given else f"; global batch {j.candidate.layout.global_batch:,} sequences "
+                                                       f"(none in the jobs file: {BATCH_RULE})")
+                           for j in r.plans], DIM))
     t = _table("Nodes on offer (purchase + power over the horizon)",
                f"power: {p.electricity_usd_per_kwh:g} $/kWh ({p.electricity_source}), PUE {p.pue:g} ({p.pue_source})")
     for name, just in (("GPU", "left"), ("node", "left"), ("purchase", "right"), ("power", "right")):
