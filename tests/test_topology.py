@@ -21,9 +21,10 @@ from planner.hardware.topology import ClusterTopology, list_topologies, load_top
 from planner.units import GB
 
 SHIPPED = ["dgx-a100", "dgx-h100", "hgx-h200", "hgx-b200", "gb200-nvl72", "l40s-8x-pcie-ethernet", "aws-p4d",
-           "aws-p5", "aws-g5.48xlarge", "rtx4090-4x-workstation", "mi300x-8x", "hgx-b300", "gb300-nvl72",
-           "mi325x-8x", "mi355x-8x", "h100-pcie-8x", "h100-nvl-8x", "rtx-pro-6000-8x", "aws-g6.48xlarge",
-           "rtx5090-4x-workstation", "a6000-4x-workstation", "rtx6000-ada-4x-workstation", "hgx-h20", "gh200-quad"]
+           "aws-p5", "aws-g5.48xlarge", "rtx4090-4x-workstation", "mi300x-8x", "jean-zay-a100", "hgx-b300",
+           "gb300-nvl72", "mi325x-8x", "mi355x-8x", "h100-pcie-8x", "h100-nvl-8x", "rtx-pro-6000-8x",
+           "aws-g6.48xlarge", "rtx5090-4x-workstation", "a6000-4x-workstation", "rtx6000-ada-4x-workstation",
+           "hgx-h20", "gh200-quad"]
 
 
 def gbps(bytes_per_s: float) -> float:

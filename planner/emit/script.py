@@ -45,5 +45,6 @@ def to_train_script(r: PlanResult, opts: EmitOptions, stack: str, config_beside:
     settings = {**train_settings(r, opts), "stack": stack,
                 "model_source": None if config_beside else (r.model.source or r.model.name)}
     plan = "PLAN: dict[str, Any] = " + pprint.pformat(settings, sort_dicts=False, width=110) + "\n"
-    head = f'# Written by planner for {r.model.name} ({settings["layout"]}), stack {stack}.\n'
+    # names are data (issue 32): the model's name only inside PLAN, as a Python literal
+    head = f"# Written by planner for the plan in PLAN below ({settings['layout']}), stack {stack}.\n"
     return head + text.replace(PLACEHOLDER, plan)
