@@ -1,12 +1,14 @@
 """train.py, written by `plan --out` for the DeepSpeed and Hugging Face stacks, trains on the CPU.
 
 A tiny Llama config (2 layers, width 64, vocabulary 256) is planned, written with --out and
-its train.py run for two optimizer steps on random tokens: under accelerate's own launcher
+its train.py run for two optimizer steps on random tokens: alone in one process (the fast
+test), under accelerate's own launcher
 with the written accelerate_config.yaml (--cpu and --mixed_precision no are the only
 overrides; on a CPU accelerate runs FSDP's config in one process, so this checks the script
 and the config's loading, not the sharding), and under DeepSpeed
 with the written ds_config.json (one process; DeepSpeed builds its CPU communication op the
-first time, about two minutes on a 2-core machine, hence `slow`). The referee is the stacks'
+first time, about two minutes on a 2-core machine). The launcher runs are marked `slow`
+(30-40 s each on a loaded 2-core machine). The referee is the stacks'
 own code running the script: a step that does not run fails the test.
 """
 
@@ -44,6 +46,18 @@ def steps_run(stdout: str) -> list[str]:
     return [line for line in stdout.splitlines() if line.startswith("step ")]
 
 
+def test_hf_train_script_runs_two_steps_on_the_cpu(tmp_path):
+    """The fast one: train.py alone in one process (accelerate's Accelerator without a launcher)."""
+    pytest.importorskip("accelerate")
+    pytest.importorskip("transformers")
+    out = write_plan(tmp_path, "--n-gpus", "2", "--stack", "hf", "--fsdp", "full")
+    r = subprocess.run([sys.executable, str(out / "train.py"), "--steps", "2"], capture_output=True, text=True,
+                       env=ENV, cwd=tmp_path, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [w.split()[1] for w in steps_run(r.stdout)] == ["1/2", "2/2"], r.stdout
+
+
+@pytest.mark.slow
 def test_hf_train_script_runs_two_steps_under_accelerate_launch(tmp_path):
     pytest.importorskip("accelerate")
     pytest.importorskip("transformers")
