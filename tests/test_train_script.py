@@ -46,15 +46,19 @@ def steps_run(stdout: str) -> list[str]:
     return [line for line in stdout.splitlines() if line.startswith("step ")]
 
 
+def trains_two_steps(cmd: list[str], cwd: Path, env: dict[str, str] = ENV, timeout_s: int = 240) -> None:
+    """Run ``cmd``; it exits 0 having logged optimizer steps 1/2 and 2/2."""
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout_s)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [w.split()[1] for w in steps_run(r.stdout)] == ["1/2", "2/2"], r.stdout
+
+
 def test_hf_train_script_runs_two_steps_on_the_cpu(tmp_path):
     """The fast one: train.py alone in one process (accelerate's Accelerator without a launcher)."""
     pytest.importorskip("accelerate")
     pytest.importorskip("transformers")
     out = write_plan(tmp_path, "--n-gpus", "2", "--stack", "hf", "--fsdp", "full")
-    r = subprocess.run([sys.executable, str(out / "train.py"), "--steps", "2"], capture_output=True, text=True,
-                       env=ENV, cwd=tmp_path, timeout=240)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert [w.split()[1] for w in steps_run(r.stdout)] == ["1/2", "2/2"], r.stdout
+    trains_two_steps([sys.executable, str(out / "train.py"), "--steps", "2"], tmp_path)
 
 
 @pytest.mark.slow
@@ -65,9 +69,7 @@ def test_hf_train_script_runs_two_steps_under_accelerate_launch(tmp_path):
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(out / "accelerate_config.yaml"),
            "--cpu", "--mixed_precision", "no", "--main_process_ip", "127.0.0.1", "--main_process_port", "29531",
            str(out / "train.py"), "--steps", "2"]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=240)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert [w.split()[1] for w in steps_run(r.stdout)] == ["1/2", "2/2"], r.stdout
+    trains_two_steps(cmd, tmp_path)
 
 
 @pytest.mark.slow
@@ -77,7 +79,4 @@ def test_deepspeed_train_script_runs_two_steps_with_the_written_config(tmp_path)
     out = write_plan(tmp_path, "--n-gpus", "1", "--stack", "deepspeed", "--zero", "0")
     cmd = [sys.executable, str(out / "train.py"), "--deepspeed", "--deepspeed_config", str(out / "ds_config.json"),
            "--steps", "2"]
-    env = {**ENV, "MASTER_PORT": "29532"}
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=420)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert [w.split()[1] for w in steps_run(r.stdout)] == ["1/2", "2/2"], r.stdout
+    trains_two_steps(cmd, tmp_path, {**ENV, "MASTER_PORT": "29532"}, timeout_s=420)
