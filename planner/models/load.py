@@ -171,10 +171,16 @@ def hub_reachable(timeout_s: float = 1.5) -> bool:
 
 
 def _cached_config(repo_id: str) -> Path | None:
-    import huggingface_hub
-
-    cached = huggingface_hub.try_to_load_from_cache(repo_id, "config.json", cache_dir=hub_cache_dir())
-    return Path(cached) if isinstance(cached, str) else None
+    """The cached config.json of ``repo_id`` at refs/main (the hub cache's layout, as
+    hub_config_path's docstring gives it), read without importing huggingface_hub (about
+    0.3 s of the offline answer); None when absent."""
+    repo = hub_cache_dir() / f"models--{repo_id.replace('/', '--')}"
+    try:
+        revision = (repo / "refs" / "main").read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    path = repo / "snapshots" / revision / "config.json"
+    return path if revision and "/" not in revision and path.is_file() else None
 
 
 def offline_preset(repo_id: str) -> str | None:
