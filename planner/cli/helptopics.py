@@ -31,6 +31,11 @@ TOPICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "methods": ("fine-tuning (LoRA, QLoRA, freeze) and inference memory",
                 ("--method", "--lora-rank", "--lora-alpha", "--lora-targets", "--lora-dropout", "--quant",
                  "--trainable-layers", "--task", "--mla-cache")),
+    "posttrain": ("distillation (--teacher) and RL (--task grpo|ppo|dpo)",
+                  ("--teacher", "--teacher-precision", "--teacher-quant", "--teacher-sharding", "--kd-loss",
+                   "--kd-hidden-layers", "--kd-offline-topk", "--prompt-len", "--response-len", "--response-mean",
+                   "--group-size", "--prompts-per-step", "--rollout", "--rollout-tp", "--rollout-memory-fraction",
+                   "--offload-train-states", "--rl-steps")),
     "time": ("step time: the cluster and calibration",
              ("--topology", "--time-confidence", "--calibration")),
     "cost": ("training on N tokens: deadline, budget, prices, solver",
@@ -89,7 +94,7 @@ def help_command(group: click.Command) -> click.Command:
     @click.command("help", context_settings={"help_option_names": ["-h", "--help"]})
     @click.argument("topic", required=False)
     def help_cmd(topic: str | None) -> None:
-        """The options of one topic: plan help layouts (or training, methods, time, cost, output, all)."""
+        """The options of one topic: plan help layouts (or training, methods, posttrain, time, cost, output, all)."""
         with click.Context(group, info_name="plan", max_content_width=100) as ctx:
             known = topics(ctx)
             if topic is None:
