@@ -14,7 +14,8 @@ YAML (or TOML or JSON, by extension); examples/jobs.yaml documents it:
         deadline: 30d        # required: a duration from the job's start, or a date
         start: 0d            # optional: a duration from the cluster's start, or a date (default 0d)
         seq_len: 4096        # optional (default 4096)
-        global_batch: 1024   # optional, sequences per step (default 1024)
+        global_batch: 1024   # optional, sequences per step (default: scaled with the run for
+                             # full training, 64 for a fine-tune; planner.training.batch)
         method: full         # optional: full, lora, qlora, freeze (default full)
 
 Jobs whose [start, finish) intervals overlap share the cluster's GPUs.
@@ -132,7 +133,7 @@ class JobSpec:
     start_s: float
     deadline_s: float          # absolute: the job must finish by then
     seq_len: int = 4096
-    global_batch: int = 1024
+    global_batch: int | None = None   # None: planner.training.batch.default_global_batch
     method: str = "full"
     lora_targets: tuple[str, ...] = ()    # method lora/qlora: the layers adapted (() : PEFT's default)
 
@@ -276,7 +277,8 @@ def load_jobs(path: str | Path, today: datetime | None = None) -> JobsFile:
             name=name, model=model, tokens=parse_tokens(e["tokens"], f"{at}: tokens"), start_s=start_s,
             deadline_s=deadline_s, method=method, lora_targets=_targets(e.get("lora_targets"), at, method),
             seq_len=_positive_int(e.get("seq_len", default_seq_len(m)), at, "seq_len", MAX_SEQ_LEN),
-            global_batch=_positive_int(e.get("global_batch", 1024), at, "global_batch", MAX_GLOBAL_BATCH))
+            global_batch=(None if e.get("global_batch") is None
+                          else _positive_int(e["global_batch"], at, "global_batch", MAX_GLOBAL_BATCH)))
         check_job(m, job, at)
         jobs.append(job)
     return JobsFile(jobs=tuple(jobs), start=anchor, horizon_s=horizon, gpus=tuple(gpus), path=str(path))
@@ -295,13 +297,19 @@ def _targets(value: Any, at: str, method: str) -> tuple[str, ...]:
     return tuple(t.strip() for t in names if t.strip())
 
 
-def job_setup(job: JobSpec, base: TrainingSetup) -> TrainingSetup:
-    """The training set-up a job plans with: ``base`` with its sequence, batch and method."""
+def job_setup(job: JobSpec, base: TrainingSetup, m: Any) -> TrainingSetup:
+    """The training set-up a job plans with: ``base`` with its sequence, batch and method (a
+    job without global_batch: planner.training.batch.default_global_batch for model ``m``)."""
     from dataclasses import replace
 
+    from planner.models.spec import count_params
+    from planner.training.batch import default_global_batch
     from planner.training.finetune import FinetuneSpec
 
-    return replace(base, seq_len=job.seq_len, global_batch=job.global_batch,
+    batch = job.global_batch
+    if batch is None:       # issue 33: not 1,024 sequences for every job whatever its size and method
+        batch = default_global_batch(count_params(m).total, job.tokens, job.seq_len, job.method)
+    return replace(base, seq_len=job.seq_len, global_batch=batch,
                    finetune=FinetuneSpec.named(job.method, targets=job.lora_targets or None))
 
 
@@ -312,7 +320,7 @@ def check_job(m: Any, job: JobSpec, at: str) -> None:
     --lora-targets, which plan buy does not have)."""
     from planner.training.finetune import resolve_targets
 
-    setup = job_setup(job, TrainingSetup())
+    setup = job_setup(job, TrainingSetup(), m)
     try:
         check_setup(m, setup)
         resolve_targets(m, setup.finetune, option="the job's lora_targets")
