@@ -273,6 +273,8 @@ def to_megatron_args(r: PlanResult, opts: EmitOptions = EmitOptions()) -> list[s
     args += ["--micro-batch-size", str(lay.micro_batch), "--global-batch-size", str(lay.global_batch)]
     args += _sharding_args(lay, r.model, s.precision)
     args += _recompute_args(lay.recompute, s.recompute_method, s.recompute_num_layers, s.recompute_modules)
+    if s.cross_entropy == "te":    # ModelParallelConfig cross_entropy_loss_fusion, cross_entropy_fusion_impl
+        args += ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te"]
     if s.mtp_layers:               # TransformerConfig mtp_num_layers
         args += ["--mtp-num-layers", str(s.mtp_layers)]
     if s.offload_activations:      # ModelParallelConfig cpu_offloading, cpu_offloading_num_layers

@@ -240,6 +240,9 @@ RULES: tuple[Rule, ...] = (
          lambda v: (f"--offload-activations {v.setup.offload_activations} is Megatron-Core's CPU offload: it needs "
                     f"--stack megatron, pp 1 and fewer than the {v.m.n_layers} layers (megatron-core "
                     "TransformerConfig)")),
+    Rule("cross-entropy-stack", lambda v: (v.setup.cross_entropy != "native") & (v.setup.stack != "megatron"),
+         lambda v: (f"--cross-entropy {v.setup.cross_entropy} is Megatron-Core's cross_entropy_fusion_impl: "
+                    "add --stack megatron")),
     Rule("mtp-stack", lambda v: (v.setup.mtp_layers > 0) & (v.setup.stack != "megatron"),
          lambda v: (f"--mtp {v.setup.mtp_layers}: multi-token prediction is planned as Megatron-Core trains it "
                     "(mtp_num_layers): add --stack megatron")),
