@@ -259,3 +259,17 @@ def test_cli_refuses_a_group_above_the_micro_batches_in_one_line():
                                    "--global-batch", "2048", "--pp-balance", BALANCE, "--pp-microbatch-group", "64"])
     assert res.exit_code == 2 and "Traceback" not in res.output
     assert "--pp-microbatch-group 64 exceeds the 32 micro-batches" in res.output
+
+
+def test_a_group_of_pp_is_megatron_cores_default_under_either_balance():
+    """--pp-microbatch-group pp is the default (ModelParallelConfig.__post_init__ sets N = pp):
+    the same memory as leaving it out, with or without the balance; another N changes it."""
+    m = load_model("qwen2.5-0.5b")
+    for balance, vp in (("none", 2), (BALANCE, 13)):     # 24 layers; 24 + 2 = 2 x 13 under the balance
+        lay = Layout(dp=1, tp=1, pp=2, vp=vp, micro_batch=1, grad_accum=8, seq_len=2048)
+        mem = {}
+        for n in (0, 2, 4):
+            setup = TrainingSetup(seq_len=2048, global_batch=8, pp_balance=balance, pp_microbatch_group=n)
+            assert reject_reason(m, setup, lay, 8) is None
+            mem[n] = per_rank_memory(m, setup, lay, count_params(m), 8).total
+        assert mem[0] == mem[2] < mem[4], balance

@@ -322,8 +322,11 @@ def in_flight_microbatches(a: LayoutArrays, stage: np.ndarray, n_layers: int = 0
     held = np.minimum(a.pp - stage, a.grad_accum).astype(np.float64)   # 1 without a pipeline (stage 0)
     if np.any(a.vp > 1):
         held *= np.where(a.vp > 1, 1 + (a.pp - 1) / (a.pp * a.vp), 1.0)
-        if (balance != "none" or group > 0) and stage_layer_counts is not None:
+        if balance != "none" and stage_layer_counts is not None:
             held = _interleaved_held(a, stage, n_layers, balance, stage_layer_counts, held, group)
+        elif group > 0 and stage_layer_counts is not None:   # N = pp keeps the default's closed form
+            exact = _interleaved_held(a, stage, n_layers, balance, stage_layer_counts, held, group)
+            held = np.where(a.pp == group, held, exact)
     return held
 
 
