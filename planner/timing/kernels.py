@@ -9,6 +9,7 @@ from functools import lru_cache
 
 from planner.hardware.gpus import GpuSpec
 from planner.layouts.layout import Layout
+from planner.models.matmuls import block_matmuls, mean_block_share
 from planner.models.spec import ModelSpec
 from planner.timing.efficiency import (
     FLASH_FRACTION,
@@ -185,27 +186,37 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
         """A block linear layer's GEMM: at the FP8 rate under an FP8 recipe (timing.kernels.fp8_matmul)."""
         return gemm_time_s(rows, cols, inner, mm8, hbm, e8, batch)
 
-    dense = gemm(tokens, (q + 2 * kv) / tp, h) + gemm(tokens, h, q / tp)
-    mats_in = 2 if m.gated_mlp else 1
-    if m.is_moe:
-        k = m.n_experts_per_token
-        local = m.n_experts / ep
-        rows = tokens * k / local * etp / tp     # tokens routed to each local expert (balanced)
-        if ep > 1:      # the most loaded ep rank's experts, which the others wait for (setup.moe_imbalance)
-            rows *= setup.moe_imbalance
-        dense += gemm_time_s(tokens, m.n_experts, h, mm, hbm, e)     # the router stays 16-bit
-        mlp = gemm(rows, mats_in * f / etp, h, local) + gemm(rows, h, f / etp, local)
-    else:
-        mlp = gemm(tokens, mats_in * f / tp, h) + gemm(tokens, h, f / tp)
+    dense = mlp = 0.0
+    for mat in block_matmuls(m):
+        share = mean_block_share(m, mat)
+        if mat.kind == "expert":
+            k = m.n_experts_per_token
+            local = m.n_experts / ep
+            rows = tokens * k / local * etp / tp     # tokens routed to each local expert (balanced)
+            if ep > 1:      # the most loaded ep rank's experts, which the others wait for (setup.moe_imbalance)
+                rows *= setup.moe_imbalance
+            cols, inner = (mat.d_out / etp, mat.d_in) if mat.split == "column" else (mat.d_out, mat.d_in / etp)
+            mlp += share * gemm(rows, cols, inner, local)
+            continue
+        if mat.kind == "router":        # the router stays 16-bit
+            dense += share * gemm_time_s(tokens, mat.d_out, mat.d_in, mm, hbm, e)
+            continue
+        div_out, div_in = {"column": (tp, 1), "row": (1, tp), "none": (1, 1)}[mat.split]
+        t = share * gemm(tokens, mat.d_out / div_out, mat.d_in / div_in)
+        if mat.kind == "attention":
+            dense += t
+        else:
+            mlp += t
+    dv = m.value_head_dim
     heads = m.n_heads / tp
     if setup.attention == "flash":
         causal = local_attention_share(m, s) if m.local_attention else (0.5 if m.causal else 1.0)
-        attn_flops = 4 * key.micro_batch * (s / cp) * s * d * heads * causal
+        attn_flops = 2 * key.micro_batch * (s / cp) * s * (d + dv) * heads * causal
         attn_fwd = attn_flops / r.flash_flops_per_s
         attn_bwd = 2.5 * attn_fwd
     else:
         batch = key.micro_batch * heads
-        attn_fwd = gemm(s / cp, s, d, batch) + gemm(s / cp, d, s, batch)
+        attn_fwd = gemm(s / cp, s, d, batch) + gemm(s / cp, dv, s, batch)
         attn_bwd = 2 * attn_fwd
     factor = 1.0 if kernels == "fused" else eff.unfused_elementwise_factor
     elem = elementwise_bytes_per_token(m, key, setup)
