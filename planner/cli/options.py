@@ -265,11 +265,14 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
                           "cpu_checkpointing for the checkpointed inputs."),
         click.option("--compile", is_flag=True, default=False,
                      help="torch.compile each block (--stack torchtitan: compile.components=['model'])."),
-        click.option("--precision", type=click.Choice(PRECISIONS), default="bf16-mixed", show_default=True),
+        click.option("--precision", type=click.Choice(PRECISIONS), default="bf16-mixed", show_default=True,
+                     help="nvfp4: bf16 mixed precision whose blocks' linear layers run Transformer Engine's "
+                          "NVFP4 recipe (Blackwell)."),
         click.option("--fp8-recipe", type=click.Choice(FP8_RECIPE_CHOICES), default="auto", show_default=True,
-                     help="Under --precision fp8: tensorwise (torchao, float8 all-gather), rowwise (torchao; "
-                          "torchtitan's default), delayed (Transformer Engine; Megatron-LM's), blockwise "
-                          "(DeepSeek-V3). auto: the --stack's default, rowwise without one."),
+                     help="Under --precision fp8: tensorwise (torchao, float8 all-gather; under --stack megatron "
+                          "Transformer Engine's current scaling), rowwise (torchao; torchtitan's default), delayed "
+                          "(Transformer Engine; Megatron-LM's), blockwise (DeepSeek-V3), mxfp8 (Transformer "
+                          "Engine, 1x32 blocks). auto: the --stack's default, rowwise without one."),
         click.option("--moe-imbalance", type=click.FloatRange(1.0, 64.0), default=1.0, show_default=True,
                      help="MoE routing: tokens the most loaded expert-parallel rank receives over its balanced "
                           "share (scales its expert activations, expert GEMMs and all-to-alls). 1.0 balanced; "

@@ -126,11 +126,15 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
     if o.precision == "fp8" and gpu.fp8_flops_per_s is None:
         raise UserError(f"{gpu.full_name} has no FP8 tensor cores (Hopper, Ada or later); "
                         "use --precision bf16-mixed")
+    from planner.training.fp8 import FP4_GPUS
+    if o.precision == "nvfp4" and (gpu.name not in FP4_GPUS or gpu.fp8_flops_per_s is None):
+        raise UserError(f"{gpu.full_name} has no FP4 tensor cores (Blackwell: {', '.join(FP4_GPUS)}); "
+                        "use --precision fp8 or bf16-mixed")
     if o.fp8_recipe != "auto" and o.precision != "fp8":
         raise UserError(f"--fp8-recipe {o.fp8_recipe} needs --precision fp8")
-    if o.precision == "fp8" and (o.method not in (None, "auto", "full") or o.quant not in (None, "none")):
-        raise UserError("--precision fp8 is modelled for full training only; drop --method/--quant "
-                        "or use --precision bf16-mixed")
+    if o.precision in ("fp8", "nvfp4") and (o.method in ("qlora", "freeze") or o.quant not in (None, "none")):
+        raise UserError(f"--precision {o.precision} is modelled for full training and LoRA (a 16-bit base whose "
+                        "linear layers run the low-precision GEMMs); drop --quant or use --method full or lora")
     if o.moe_imbalance != 1.0 and not m.is_moe:
         raise UserError(f"--moe-imbalance needs a mixture-of-experts model; {m.name} is dense")
     if o.ep and o.ep > 1 and not m.is_moe:

@@ -140,6 +140,26 @@ def _balance_layers(v: RuleView) -> int:
     return 2 if v.setup.pp_balance == "embedding-loss" else 0
 
 
+def _distributed_optimizer_noop(v: RuleView) -> Any:
+    """Megatron's distributed optimizer (ZeRO-1, not FSDP) over a single data-parallel rank, as the
+    user fixed it: megatron-core 0.16.1 runs it and shards nothing (DistributedOptimizer over a
+    data-parallel group of one: each rank owns the whole buffer), so it is planned as the no-op it
+    is: its memory and time equal --zero 0's."""
+    import numpy as np
+
+    return np.asarray((v.sharding == 0) & (v.zero_stage == 1) & (v.setup.stack == "megatron"), dtype=bool)
+
+
+def _balance_hint(v: RuleView) -> str:
+    """The way out where pp x vp chunks exceed the layers but divide the layers + 2: count the
+    embedding and the loss as layers (megatron-core's account_for_embedding/loss_in_pipeline_split)."""
+    chunks = int(v.pp * v.vp)
+    if chunks <= v.m.n_layers + 2 and (v.m.n_layers + 2) % chunks == 0:
+        return (f"; counting the embedding and the loss as layers, {chunks} chunks divide the "
+                f"{v.m.n_layers} + 2: add --pp-balance embedding-loss")
+    return ""
+
+
 RULES: tuple[Rule, ...] = (
     Rule("batch-divides",   # enumeration: no accumulation count makes the global batch
          lambda v: (v.enumerated > 0) & (v.setup.global_batch % _per_step(v) != 0),
@@ -164,7 +184,7 @@ RULES: tuple[Rule, ...] = (
          lambda v: "an interleaved schedule (vp > 1) needs pp > 1"),
     Rule("chunks-layers", lambda v: v.pp * v.vp > v.m.n_layers + _balance_layers(v),
          lambda v: f"pp x vp = {v.pp * v.vp} model chunks exceed the {v.m.n_layers} layers"
-                   + (" + embedding + loss" if _balance_layers(v) else "")),
+                   + (" + embedding + loss" if _balance_layers(v) else _balance_hint(v))),
     # megatron-core 0.16.1 TransformerConfig.__post_init__ (transformer/transformer_config.py lines
     # 1436-1480): with account_for_embedding/loss_in_pipeline_split, pp must divide num_layers + 2,
     # and vp the layers per rank
@@ -201,7 +221,8 @@ RULES: tuple[Rule, ...] = (
                     f"not ZeRO-{v.zero_stage}")),
     Rule("zero-stage", lambda v: (v.zero_stage < 0) | (v.zero_stage > 3),
          lambda v: f"ZeRO stage {v.zero_stage} does not exist (0 to 3)"),
-    Rule("sharding-needs-dp", lambda v: (v.zero_stage > 0) & (v.dense_shard_degree == 1) & (not _offloads(v)),
+    Rule("sharding-needs-dp", lambda v: (v.zero_stage > 0) & (v.dense_shard_degree == 1) & (not _offloads(v))
+         & ~_distributed_optimizer_noop(v),
          lambda v: "ZeRO/FSDP sharding needs more than one data-parallel rank (or offload)"),
     Rule("param-offload-stage", lambda v: (v.setup.offload_params != "none") & (v.zero_stage != 3),
          lambda v: "parameter offload needs ZeRO-3 or FSDP full sharding (ZeRO-Infinity, FSDP CPU offload)"),

@@ -14,7 +14,7 @@ from planner.training.finetune import FinetuneSpec
 from planner.training.fp8 import Fp8Recipe, recipe
 from planner.units import MiB
 
-PRECISIONS = ("bf16-mixed", "fp16-mixed", "fp32", "bf16", "fp8")
+PRECISIONS = ("bf16-mixed", "fp16-mixed", "fp32", "bf16", "fp8", "nvfp4")
 OPTIMIZERS = ("adamw", "sgd", "adafactor", "adam8bit", "adamw-bf16-states")
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "eager")
@@ -79,9 +79,13 @@ class Precision:
 
     @staticmethod
     @lru_cache(maxsize=16)
-    def named(name: str, fp8_recipe: str = "rowwise") -> Precision:
+    def named(name: str, fp8_recipe: str = "rowwise", stack: str = "auto") -> Precision:
+        if name == "nvfp4":     # bf16 mixed precision whose block linear layers run NVFP4 GEMMs
+            r = recipe("nvfp4", stack)
+            return Precision(name="nvfp4", weight_bytes=2, grad_bytes=r.grad_bytes, master_bytes=4,
+                             activation_bytes=2, compute_dtype="bf16", fp8=r)
         if name == "fp8":
-            r = recipe(fp8_recipe)
+            r = recipe(fp8_recipe, stack)
             return Precision(name=f"fp8 ({r.name})", weight_bytes=2, grad_bytes=r.grad_bytes, master_bytes=4,
                              activation_bytes=2, compute_dtype="bf16", fp8=r)
         if name in ("bf16-mixed", "fp16-mixed"):
@@ -237,7 +241,7 @@ class TrainingSetup:
 
     @property
     def precision_spec(self) -> Precision:
-        return Precision.named(self.precision, self.fp8_recipe)
+        return Precision.named(self.precision, self.fp8_recipe, self.stack)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
