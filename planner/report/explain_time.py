@@ -25,6 +25,7 @@ from planner.report.terms import (
     Term,
 )
 from planner.report.terms import label as _label
+from planner.timing.kernels import fp8_fraction_of
 from planner.timing.model import (
     FLASH_FRACTION,
     FLASH_FRACTION_DEFAULT,
@@ -85,6 +86,7 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
     batched model's named parts (timing.parts.StepArrays) for that one layout."""
     gpu = cluster.gpu
     prec = setup.precision_spec
+    fp8_share = prec.fp8.matmul_fraction(gpu.name, fp8_fraction_of(gpu, eff)) if prec.fp8 is not None else 0.0
     parts = step_arrays(m, setup, LayoutArrays.from_layouts([lay]), cluster, eff, pc, [st.placement])
     lt = layer_time(m, setup, layer_key(lay), block_kernels(setup, lay), gpu, eff)
     links = axis_links(cluster, (lay.tp, lay.cp, lay.ep, lay.dp, lay.pp), st.placement)
@@ -123,9 +125,9 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
         *([] if prec.fp8 is None or gpu.fp8_flops_per_s is None else [
             _time("rates", f"FP8 matmul rate of the blocks' linear layers ({prec.fp8.name})",
                   "FP8 dense peak x FP8 matmul fraction (ASSUMED; router, attention and LM head stay bf16)",
-                  gpu.fp8_flops_per_s * prec.fp8.matmul_fraction(gpu.name), "planner.training.fp8 "
+                  gpu.fp8_flops_per_s * fp8_share, "planner.training.fp8 "
                   "(FP8_MATMUL_FRACTION, ASSUMED); FP8 peak: " + gpu.source, unit="FLOP/s", summed=False,
-                  fp8_peak=gpu.fp8_flops_per_s, fp8_matmul_fraction=prec.fp8.matmul_fraction(gpu.name))]),
+                  fp8_peak=gpu.fp8_flops_per_s, fp8_matmul_fraction=fp8_share)]),
         _time("rates", "HBM rate of element-wise kernels", "HBM bandwidth x hbm fraction", r.hbm_bytes_per_s,
               f"{HBM}; HBM bandwidth: {gpu.source}", unit="bytes/s", summed=False,
               hbm_bytes_per_s=gpu.hbm_bytes_per_s, hbm_fraction=eff.hbm_fraction),

@@ -103,6 +103,15 @@ class Efficiency:
     (torchtitan 0.3.0 torchtitan/distributed/activation_checkpoint.py, SelectiveAC's
     _get_custom_policy: "Save all compute/comm ops, except every second mm/linear"): in a
     Llama block wq wk wv wo w1 w3 w2 that reruns wk, wo and w3.
+    expert_gemm_half_rows: the rows (tokens) per local expert at which a grouped expert GEMM
+    runs at half its rate: each expert's GEMM takes (1 + expert_gemm_half_rows / rows) times
+    its dense-rate time, a fixed cost per expert and tile that few tokens per expert cannot
+    amortise (NVIDIA, "Matrix Multiplication Background User's Guide", tile and wave
+    quantization; grouped GEMMs of MoE layers, Gale et al. 2023, MegaBlocks, MLSys, Sec. 5).
+    0: expert GEMMs at the dense rate.
+    fp8_matmul_ratio: the FP8 (and NVFP4, at its doubled peak) GEMM rate's share of the FP8
+    dense peak over the 16-bit GEMM's share of the BF16 peak (matmul_fraction) on the same GPU
+    (timing.kernels.fp8_fraction_of); None takes training.fp8.FP8_MATMUL_FRACTION (ASSUMED).
     mfu_ceiling: the highest MFU a step may reach (None: the GPU's sustained rate,
     hardware.gpus.sustained_rate, measured or ASSUMED).
     grad_accum_bytes_per_param: HBM bytes per trainable parameter of a stage that a pass after
@@ -144,6 +153,8 @@ class Efficiency:
     grad_reduce_bytes: int | None = None
     grad_accum_bytes_per_param: float = 0.0
     overlap_slowdown: float = 0.2
+    expert_gemm_half_rows: float = 0.0
+    fp8_matmul_ratio: float | None = None
     mfu_ceiling: float | None = None
     step_time_factor: float = 1.0
     selective_policy: str = "megatron"

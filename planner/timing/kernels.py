@@ -56,11 +56,27 @@ class Rates:
     hbm_bytes_per_s: float
 
 
+def matmul_fraction_of(gpu: GpuSpec, eff: Efficiency) -> float:
+    """The 16-bit GEMM rate's share of the dense peak: eff's, else the GPU's measured one
+    (efficiency.MATMUL_FRACTION)."""
+    if eff.matmul_fraction is not None:
+        return eff.matmul_fraction
+    return MATMUL_FRACTION.get(gpu.name, MATMUL_FRACTION_DEFAULT)
+
+
+def fp8_fraction_of(gpu: GpuSpec, eff: Efficiency) -> float | None:
+    """The FP8 GEMM rate's share of the FP8 dense peak under ``eff``: its fp8_matmul_ratio times
+    the GPU's 16-bit matmul fraction (an FP8 GEMM held to the same share of its own peak as the
+    BF16 one, scaled by one fitted ratio), or None for training.fp8.FP8_MATMUL_FRACTION's."""
+    if eff.fp8_matmul_ratio is None:
+        return None
+    return eff.fp8_matmul_ratio * matmul_fraction_of(gpu, eff)
+
+
 def rates(gpu: GpuSpec, dtype: str, eff: Efficiency) -> Rates:
     """Achievable rates: dense peak x matmul fraction, x flash fraction, HBM x hbm fraction."""
     peak = gpu.peak_flops_per_s(dtype)
-    mm = eff.matmul_fraction if eff.matmul_fraction is not None else MATMUL_FRACTION.get(
-        gpu.name, MATMUL_FRACTION_DEFAULT)
+    mm = matmul_fraction_of(gpu, eff)
     fl = eff.flash_fraction if eff.flash_fraction is not None else FLASH_FRACTION.get(
         gpu.name, FLASH_FRACTION_DEFAULT)
     return Rates(matmul_flops_per_s=peak * mm, flash_flops_per_s=peak * fl,
@@ -180,7 +196,7 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
     h, q, kv, f, d = m.d_model, m.q_dim, m.kv_dim, m.d_ff, m.head_dim
     mm, hbm = r.matmul_flops_per_s, r.hbm_bytes_per_s
 
-    mm8, e8 = fp8_matmul(gpu, prec, mm, e)
+    mm8, e8 = fp8_matmul(gpu, prec, mm, e, fp8_fraction_of(gpu, eff))
 
     def gemm(rows: float, cols: float, inner: float, batch: float = 1.0) -> float:
         """A block linear layer's GEMM: at the FP8 rate under an FP8 recipe (timing.kernels.fp8_matmul)."""
@@ -196,7 +212,8 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
             if ep > 1:      # the most loaded ep rank's experts, which the others wait for (setup.moe_imbalance)
                 rows *= setup.moe_imbalance
             cols, inner = (mat.d_out / etp, mat.d_in) if mat.split == "column" else (mat.d_out, mat.d_in / etp)
-            mlp += share * gemm(rows, cols, inner, local)
+            # a grouped GEMM with few rows per expert runs below the dense rate (Efficiency.expert_gemm_half_rows)
+            mlp += share * gemm(rows, cols, inner, local) * (1 + eff.expert_gemm_half_rows / rows)
             continue
         if mat.kind == "router":        # the router stays 16-bit
             dense += share * gemm_time_s(tokens, mat.d_out, mat.d_in, mm, hbm, e)
@@ -285,14 +302,16 @@ def local_attention_share(m: ModelSpec, seq_len: int) -> float:
     return (n_local * local + (m.n_layers - n_local) * full) / m.n_layers
 
 
-def fp8_matmul(gpu: GpuSpec, prec: Precision, mm_flops_per_s: float, elem_bytes: int) -> tuple[float, int]:
+def fp8_matmul(gpu: GpuSpec, prec: Precision, mm_flops_per_s: float, elem_bytes: int,
+               fraction: float | None = None) -> tuple[float, int]:
     """(GEMM FLOP/s, operand bytes) of a block's linear layers: the 16-bit ones, or under an
     FP8 recipe the GPU's FP8 dense peak (gpus.toml, data sheets) x the recipe's ASSUMED
-    matmul fraction (training.fp8.FP8_MATMUL_FRACTION) with 1-byte operands."""
+    matmul fraction (training.fp8.FP8_MATMUL_FRACTION, or ``fraction``: fp8_fraction_of)
+    with 1-byte operands."""
     r = prec.fp8
     if r is None or gpu.fp8_flops_per_s is None:
         return mm_flops_per_s, elem_bytes
-    return gpu.fp8_flops_per_s * r.matmul_fraction(gpu.name), 1
+    return gpu.fp8_flops_per_s * r.matmul_fraction(gpu.name, fraction), 1
 
 
 def fp8_cast_bytes(m: ModelSpec, key: Layout, r: Fp8Recipe, tokens: float) -> tuple[float, float]:
@@ -303,9 +322,11 @@ def fp8_cast_bytes(m: ModelSpec, key: Layout, r: Fp8Recipe, tokens: float) -> tu
     distinct input), in backward its output gradient ((q + 2 kv)/tp, h, k x (2 or 1) f/tp,
     k h) cast_passes_bwd_out times and its input again cast_passes_bwd_in times (torchao
     recasts the saved 16-bit input along the other axis for the weight gradient); each cast
-    moves Fp8Recipe.cast_bytes per element. Dynamic recipes also cast each local weight
-    once in forward and once in backward per micro-batch (torchao float8_linear.py);
-    TE's delayed recipe caches its fp8 weights across micro-batches (not counted). h-wide
+    moves Fp8Recipe.cast_bytes per element. Recipes that keep no fp8 weight copy
+    (Fp8Recipe.fp8_weight_copy_bytes 0: torchao's tensorwise and rowwise) also cast each local
+    weight once in forward and once in backward per micro-batch (torchao float8_linear.py);
+    Transformer Engine's recipes (delayed, current scaling under Megatron, MXFP8, NVFP4) cache
+    their fp8 weights across the micro-batches of a step (not counted). h-wide
     tensors are split by tp under sequence parallelism."""
     tp = key.tp
     h_div = tp if key.sp else 1
@@ -316,7 +337,7 @@ def fp8_cast_bytes(m: ModelSpec, key: Layout, r: Fp8Recipe, tokens: float) -> tu
     outputs = (q + 2 * kv) / tp + h / h_div + k * mats_in * f / tp + k * h / h_div
     fwd = tokens * r.cast_passes_fwd * inputs * r.cast_bytes
     bwd = tokens * (r.cast_passes_bwd_out * outputs + r.cast_passes_bwd_in * inputs) * r.cast_bytes
-    if r.name in ("tensorwise", "rowwise"):
+    if not r.fp8_weight_copy_bytes:     # no fp8 weight cached across micro-batches
         local_experts = m.n_experts / key.ep if m.is_moe else 1
         weights = (h * (q + 2 * kv) + q * h + local_experts * (mats_in + 1) * h * f) / tp
         fwd += weights * r.cast_bytes
