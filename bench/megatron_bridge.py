@@ -9,20 +9,30 @@ counted in the headline: the expressible ones predicted, the others named with t
 
 A prediction is planner.timing.model.step_time on the row's own layout (timed even where the
 memory model rejects the layout: every row was trained), with Megatron-Core's overlaps
-(timing.efficiency.MEGATRON_CORE) and three fitted efficiencies (timing.efficiency.Efficiency):
+(timing.efficiency.MEGATRON_BRIDGE) and four fitted efficiencies (timing.efficiency.Efficiency,
+sources and meaning there):
 
-- ``fp8_matmul_fraction``: the FP8 GEMM rate over the FP8 dense peak (current scaling, MXFP8;
-  NVFP4 at twice the FP8 peak), shipped ASSUMED at 0.55 (training.fp8);
+- ``fp8_matmul_ratio``: the FP8 GEMM rate's share of the FP8 dense peak over the BF16 GEMM's
+  share of the BF16 peak on the same GPU (current scaling, MXFP8; NVFP4 at twice the FP8 peak);
+  before: training.fp8's ASSUMED 0.55 of the FP8 peak on every GPU (0.55 / 0.711 on H100);
 - ``ep_overlap``: the share of the expert-parallel all-to-alls hidden under compute;
 - ``expert_gemm_half_rows``: rows per local expert at which a grouped expert GEMM runs at half
-  its rate.
+  its rate;
+- ``moe_block_overhead_s``: fixed time of an MoE block's forward per micro-batch (router,
+  dropless token-count sync, permutation, launches; backward twice it).
+
+Not fitted: the fused attention rate of the stack (efficiency.MEGATRON_BRIDGE.flash_fraction,
+from the FlashAttention-3 paper's figures; on Blackwell the exponential unit bounds it further
+by head dim, efficiency.TENSOR_FLOPS_PER_EXP, FlashAttention-4).
 
 Each is fitted by a coordinate grid search minimising the mean absolute log error, in sample
 (every expressible row) and out of fold: leave one model family out (the family's rows
 predicted with values fitted on the others) and leave one GPU type out. The 80% intervals are
-the 10th-90th percentiles of the training rows' residuals in the held-out row's regime
-(precision class, dense or MoE, GPU generation; pooled where a regime has fewer than 4
-training rows); coverage is counted on the held-out rows.
+the 10th-90th percentiles of the other folds' rows' OUT-OF-FOLD residuals in the held-out row's
+regime (precision class, dense or MoE, GPU generation; pooled where a regime has fewer than 8
+such rows): the spread of errors on families (GPU types) a fit has not seen. Those residuals
+come from fits that saw the held-out fold's rows, which the interval's width, not the
+held-out prediction, depends on. Coverage is counted on the held-out rows.
 
     python bench/megatron_bridge.py           # fit, print, rewrite docs/megatron-bridge.md and .json
     python bench/megatron_bridge.py --check   # predict with the stored fits; exit 1 if the doc is stale
@@ -46,12 +56,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import megatron_bridge_rows as mbr
 
 from planner.timing import fast, kernels
-from planner.timing.efficiency import MEGATRON_CORE, Efficiency
+from planner.timing.efficiency import MEGATRON_BRIDGE, Efficiency
 from planner.timing.model import step_time
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "megatron-bridge.md"
 DATA = ROOT / "docs" / "megatron-bridge.json"
+
+
+MAX_SWEEPS = 4
+MIN_REGIME_ROWS = 8     # a regime with fewer rows takes the pooled residuals' interval
 
 
 @dataclass(frozen=True)
@@ -62,9 +76,10 @@ class Param:
 
 
 PARAMS = (
-    Param("fp8_matmul_ratio", (0.7, 0.8, 0.9, 1.0, 1.1, 1.2), 0.55 / 0.711),
+    Param("fp8_matmul_ratio", (0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0, 1.1), 0.55 / 0.711),
     Param("ep_overlap", (0.0, 0.25, 0.5, 0.75, 0.9), 0.0),
-    Param("expert_gemm_half_rows", (0.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0), 0.0),
+    Param("expert_gemm_half_rows", (0.0, 256.0, 1024.0, 4096.0), 0.0),
+    Param("moe_block_overhead_s", (0.0, 1e-4, 3e-4, 1e-3, 2e-3), 0.0),
 )
 
 
@@ -82,7 +97,7 @@ class Case:
 
 
 def efficiency(values: dict[str, float]) -> Efficiency:
-    return dataclasses.replace(MEGATRON_CORE, name="megatron-core, fitted on Megatron-Bridge runs", **values)
+    return dataclasses.replace(MEGATRON_BRIDGE, **values)
 
 
 def predict(cases: Sequence[Case], values: dict[str, float]) -> list[dict[str, float]]:
@@ -110,20 +125,24 @@ def log_errors(cases: Sequence[Case], values: dict[str, float]) -> list[float]:
 
 
 def fit(cases: Sequence[Case]) -> dict[str, float]:
-    """Coordinate grid search (two sweeps over PARAMS) minimising the mean |log error|."""
+    """Coordinate grid search over PARAMS (sweeps until none improves, at most MAX_SWEEPS)
+    minimising the mean |log error|."""
     values = {p.name: p.start for p in PARAMS}
 
     def loss(v: dict[str, float]) -> float:
         return statistics.fmean(abs(e) for e in log_errors(cases, v))
 
     best = loss(values)
-    for _ in range(2):
+    for _ in range(MAX_SWEEPS):
+        before = best
         for p in PARAMS:
             for g in p.grid:
                 trial = {**values, p.name: g}
                 val = loss(trial)
                 if val < best - 1e-12:
                     best, values = val, trial
+        if best >= before - 1e-12:
+            break
     return values
 
 
@@ -135,30 +154,33 @@ def folds(cases: Sequence[Case], key: Callable[[Case], str]) -> dict[str, list[i
 
 
 def interval(train: Sequence[Case], residuals: Sequence[float], regime: tuple[str, str, str]) -> tuple[float, float]:
-    """The 10th and 90th percentiles of the training residuals (log published / predicted) in
-    ``regime``, pooled over all training rows where the regime has fewer than 4."""
+    """The 10th and 90th percentiles (exclusive method: wider on few rows) of the residuals (log
+    published / predicted) in ``regime``, pooled where the regime has fewer than MIN_REGIME_ROWS."""
     own = [r for c, r in zip(train, residuals) if c.regime == regime]
-    pool = own if len(own) >= 4 else list(residuals)
-    q = statistics.quantiles(pool, n=10, method="inclusive")
+    pool = own if len(own) >= MIN_REGIME_ROWS else list(residuals)
+    q = statistics.quantiles(pool, n=10, method="exclusive")
     return q[0], q[-1]
 
 
 def out_of_fold(cases: Sequence[Case], key: Callable[[Case], str], stored: dict[str, dict[str, float]] | None
                 ) -> tuple[dict[str, dict[str, float]], list[float], list[bool]]:
-    """(fitted values per fold, each case's out-of-fold log error, whether its interval covers it)."""
+    """(fitted values per fold, each case's out-of-fold log error, whether its 80% interval covers it)."""
     fitted: dict[str, dict[str, float]] = {}
     err = [math.nan] * len(cases)
-    covered = [False] * len(cases)
-    for name, held in sorted(folds(cases, key).items()):
+    groups = folds(cases, key)
+    for name, held in sorted(groups.items()):
         train = [c for i, c in enumerate(cases) if i not in held]
         values = stored[name] if stored is not None else fit(train)
         fitted[name] = values
-        train_res = [-e for e in log_errors(train, values)]
-        held_cases = [cases[i] for i in held]
-        for i, e in zip(held, log_errors(held_cases, values)):
+        for i, e in zip(held, log_errors([cases[i] for i in held], values)):
             err[i] = e
-            lo, hi = interval(train, train_res, cases[i].regime)
-            covered[i] = lo <= -e <= hi
+    covered = [False] * len(cases)
+    for held in groups.values():
+        others = [i for i in range(len(cases)) if i not in held]
+        train, res = [cases[i] for i in others], [-err[i] for i in others]
+        for i in held:
+            lo, hi = interval(train, res, cases[i].regime)
+            covered[i] = lo <= -err[i] <= hi
     return fitted, err, covered
 
 
@@ -229,7 +251,8 @@ def render(s: dict[str, Any]) -> str:
         "not predicted.",
         "",
         "Predictions: `planner.timing.model.step_time` on each row's own layout (timed even where the memory "
-        "model rejects it), Megatron-Core's overlaps, and three fitted efficiencies (fitted values below). "
+        "model rejects it), Megatron-Core's overlaps (timing.efficiency.MEGATRON_BRIDGE), the FlashAttention-3 "
+        "rate for attention, and four fitted efficiencies (fitted values below). "
         "Errors are predicted over published tokens/s per GPU (negative: the planner is too slow). "
         "Out of fold: each model family's rows predicted with values fitted on the other families; each GPU "
         "type's with values fitted on the other GPU types.",
@@ -240,7 +263,8 @@ def render(s: dict[str, Any]) -> str:
         "| | median abs error | within 10% | within 20% | worst | 80% interval covers |",
         "|---|---|---|---|---|---|",
     ]
-    names = {"before_fit": "planner before the fit (shipped values)", "in_sample": "in sample",
+    names = {"before_fit": "the four at their start values (FP8 at 0.55 of its peak, no MoE terms)",
+             "in_sample": "in sample",
              "family_out": "leave one model family out", "gpu_out": "leave one GPU type out"}
     for k, label in names.items():
         x = h[k]
@@ -255,7 +279,7 @@ def render(s: dict[str, Any]) -> str:
     def vrow(label: str, v: dict[str, float]) -> str:
         return f"| {label} | " + " | ".join(f"{v[p.name]:g}" for p in PARAMS) + " |"
 
-    lines.append(vrow("shipped before (ASSUMED / physics)", s["fit"]["shipped"]))
+    lines.append(vrow("start (before this fit: ASSUMED or none)", s["fit"]["shipped"]))
     lines.append(vrow("in sample (every row)", s["fit"]["in_sample"]))
     for k, v in s["fit"]["family"].items():
         lines.append(vrow(f"without {k}", v))

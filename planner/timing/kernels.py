@@ -16,6 +16,7 @@ from planner.timing.efficiency import (
     FLASH_FRACTION_DEFAULT,
     MATMUL_FRACTION,
     MATMUL_FRACTION_DEFAULT,
+    TENSOR_FLOPS_PER_EXP,
     Efficiency,
 )
 from planner.training.finetune import (
@@ -229,8 +230,8 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
     if setup.attention == "flash":
         causal = local_attention_share(m, s) if m.local_attention else (0.5 if m.causal else 1.0)
         attn_flops = 2 * key.micro_batch * (s / cp) * s * (d + dv) * heads * causal
-        attn_fwd = attn_flops / r.flash_flops_per_s
-        attn_bwd = 2.5 * attn_fwd
+        attn_bwd = 2.5 * attn_flops / r.flash_flops_per_s
+        attn_fwd = attn_flops / attention_rate(gpu, r, d, dv)
     else:
         batch = key.micro_batch * heads
         attn_fwd = gemm(s / cp, s, d, batch) + gemm(s / cp, dv, s, batch)
@@ -243,6 +244,9 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
         elem_fwd += cast[0] / hbm
         elem_bwd += cast[1] / hbm
     gemm_fwd = dense + mlp
+    if m.is_moe and eff.moe_block_overhead_s:      # the mean block's share of the MoE blocks' fixed cost
+        elem_fwd += eff.moe_block_overhead_s * m.n_moe_layers / m.n_layers
+        elem_bwd += 2 * eff.moe_block_overhead_s * m.n_moe_layers / m.n_layers
     fwd = gemm_fwd + attn_fwd + elem_fwd
     bwd = 2 * gemm_fwd + attn_bwd + elem_bwd
     if setup.finetune.freezes_base:
@@ -280,6 +284,17 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
                      cp_bytes=cp_bytes, cp_passes=(3 + (1 if key.recompute == "full" else 0)) if cp > 1 else 0,
                      ep_bytes=ep_bytes,
                      ep_all_to_alls=(4 + (2 if key.recompute == "full" else 0)) if ep_bytes else 0)
+
+
+def attention_rate(gpu: GpuSpec, r: Rates, d_qk: int, d_v: int) -> float:
+    """FLOP/s of a fused attention forward: the flash rate, or where the GPU's exponential unit
+    bounds it (efficiency.TENSOR_FLOPS_PER_EXP: one exp per score against 2 (d_qk + d_v) FLOPs)
+    the same share of that bound: flash rate x min(1, 2 (d_qk + d_v) / FLOPs per exp). The
+    backward recomputes one exp per score for 2.5x the FLOPs, and is left at the flash rate."""
+    per_exp = TENSOR_FLOPS_PER_EXP.get(gpu.name)
+    if per_exp is None:
+        return r.flash_flops_per_s
+    return r.flash_flops_per_s * min(1.0, 2 * (d_qk + d_v) / per_exp)
 
 
 def local_attention_share(m: ModelSpec, seq_len: int) -> float:
