@@ -271,11 +271,13 @@ def calibration_of(o: Options, gpu_names: list[str]) -> Calibration | None:
 
 
 def efficiency_of(o: Options, gpu_names: list[str]) -> Efficiency:
-    """The step-time model's parameters: Efficiency()'s, with --calibration's overrides."""
-    from planner.timing.model import Efficiency
+    """The step-time model's parameters: the --stack's (timing.efficiency.stack_efficiency), with
+    --calibration's overrides."""
+    from planner.timing.efficiency import stack_efficiency
 
     c = calibration_of(o, gpu_names)
-    eff = Efficiency() if c is None else c.efficiency(Efficiency())
+    base = stack_efficiency(o.stack)
+    eff = base if c is None else c.efficiency(base)
     if o.time_confidence is not None:       # plan at the step time's upper end (issue 18)
         from dataclasses import replace
 

@@ -232,6 +232,13 @@ MEGATRON_BRIDGE = Efficiency(tp_overlap=0.75, pp_overlap=1.0, dp_overlap=1.0, pa
                                   "fitted FP8 and MoE efficiencies)")
 
 
+
+def stack_efficiency(stack: str | None) -> Efficiency:
+    """The step-time parameters of the named stack's kernels and overlaps: MEGATRON_BRIDGE for
+    --stack megatron (Megatron-Core as Megatron-Bridge runs it), else the defaults."""
+    return MEGATRON_BRIDGE if stack == "megatron" else DEFAULT_EFFICIENCY
+
+
 # Megatron-LM's vocab-parallel cross entropy on fp32 logits, per logit (unfused, as in
 # Megatron-LM through Megatron-Core 0.8 and in Hugging Face's loss): forward casts the 16-bit
 # logits to fp32 (read 2, write 4), takes the max (read 4), subtracts it (read 4, write 4),
