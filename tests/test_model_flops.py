@@ -141,3 +141,51 @@ def test_deepseek_v3_flops_per_token():
     that runs no matmul: about 280-350, far below the 467 of the dense formula in h and l."""
     gflop = model_flops_per_token(load_model("deepseek-v3"), 4096) / 1e9
     assert 270 < gflop < 350
+
+
+def _deepseek_v3_counted(n_layers: int, seq: int) -> float:
+    """FlopCounterMode's FLOPs per token of DeepSeek-V3 at full width with ``n_layers`` blocks
+    (the first 3 dense), under fake tensors. The routed experts run transformers' default
+    grouped_mm, given a formula here: each of the token rows meets one expert's k x n matrix,
+    2 rows k n FLOPs (forward, and each of its two backward grouped_mm calls alike)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    def grouped_mm_flops(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+        return 2 * a_shape[0] * a_shape[-1] * b_shape[-1]
+
+    cfg = json.loads((PRESETS_DIR / "deepseek-v3.json").read_text())
+    cfg.update(num_hidden_layers=n_layers)
+    cfg.pop("rope_scaling")
+    config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with FakeTensorMode():
+            model = transformers.AutoModelForCausalLM.from_config(config)
+            ids = torch.randint(0, 1000, (1, seq))
+            with FlopCounterMode(display=False, custom_mapping={torch.ops.aten._grouped_mm: grouped_mm_flops}) as c:
+                model(input_ids=ids, labels=ids).loss.backward()
+    finally:
+        torch.set_default_dtype(dtype)
+    return c.get_total_flops() / seq
+
+
+def test_plan_explain_deepseek_v3_flops_per_token():
+    """`plan explain --model deepseek-v3` prints model FLOPs per token within 5% of
+    FlopCounterMode's count of the transformers model at full width: counted with 4 and 5
+    blocks (3 dense, then 1 and 2 MoE), the 61-block model is the 4-block count plus 57 more
+    MoE blocks (transformers builds no MTP module; the preset counts none)."""
+    import re
+    import subprocess
+    import sys
+
+    seq = 512
+    c4, c5 = _deepseek_v3_counted(4, seq), _deepseek_v3_counted(5, seq)
+    counted = c4 + 57 * (c5 - c4)
+    out = subprocess.run([sys.executable, "-m", "planner", "explain", "--model", "deepseek-v3", "--gpus", "h100",
+                          "--n-gpus", "64", "--dp", "1", "--tp", "1", "--pp", "1", "--cp", "1", "--ep", "64",
+                          "--seq-len", str(seq), "--micro-batch", "1", "--global-batch", "64", "--zero", "1",
+                          "--recompute", "none"], capture_output=True, text=True, check=True).stdout
+    shown = float(re.search(r"model FLOPs per token \(no recomputation\): ([0-9.e+]+) FLOPs", out).group(1))
+    assert shown == pytest.approx(counted, rel=0.05)

@@ -105,10 +105,11 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
     peak = gpu.peak_flops_per_s(dtype)
     n_active = pc.active
     out += [
-        _time("flops", "model FLOPs per step (no recomputation)", "3 x tokens x (L x block forward + LM head), "
-              "2 FLOPs per multiply-add", st.model_flops, FLOPS, unit="FLOPs", summed=False,
-              tokens_per_step=st.tokens_per_step, n_layers_L=m.n_layers, d_model_h=m.d_model,
-              seq_len_s=lay.seq_len, vocab_V=m.vocab_size),
+        _time("flops", "model FLOPs per token (no recomputation)", "3 x (L x mean block forward + LM head + MTP), "
+              "2 FLOPs per multiply-add", st.model_flops / st.tokens_per_step, FLOPS, unit="FLOPs", summed=False,
+              n_layers_L=m.n_layers, d_model_h=m.d_model, seq_len_s=lay.seq_len, vocab_V=m.vocab_size),
+        _time("flops", "model FLOPs per step (no recomputation)", "model FLOPs per token x tokens",
+              st.model_flops, FLOPS, unit="FLOPs", summed=False, tokens_per_step=st.tokens_per_step),
         _time("flops", f"hardware FLOPs per step (recompute {lay.recompute})", "model FLOPs + recomputed forward",
               st.hardware_flops, FLOPS, unit="FLOPs", summed=False),
         _time("flops", "Kaplan's 6N estimate, for comparison", "6 x active params x tokens",
