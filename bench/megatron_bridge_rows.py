@@ -158,10 +158,12 @@ def args_of(row: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
     args += ["--fsdp", "full"] if fsdp else ["--zero", "1"]
     # precision
     prec = precision_of(row)
+    # Megatron-Bridge's bf16_with_fp8_current_scaling_mixed and bf16_with_mxfp8_mixed set
+    # fp8_param_gather = True (src/megatron/bridge/training/mixed_precision.py)
     if prec == "FP8-CS":
-        args += ["--precision", "fp8", "--fp8-recipe", "tensorwise"]   # Megatron's tensorwise = TE current scaling
+        args += ["--precision", "fp8", "--fp8-recipe", "tensorwise", "--fp8-param-gather"]   # TE current scaling
     elif prec == "MXFP8":
-        args += ["--precision", "fp8", "--fp8-recipe", "mxfp8"]
+        args += ["--precision", "fp8", "--fp8-recipe", "mxfp8", "--fp8-param-gather"]
     elif prec == "NVFP4":
         args += ["--precision", "nvfp4"]
     else:
@@ -199,6 +201,20 @@ def args_of(row: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
     elif s["task"] == "sft":
         approx.append("SFT on packed sequences planned as full training")
     return tuple(args), tuple(approx)
+
+
+def misprint(row: dict) -> str:
+    """Why megatron-core could not run the printed layout, or '': parallel_state.
+    initialize_model_parallel builds expert groups of etp x ep x edp ranks per pipeline stage,
+    so etp x ep x pp must divide the GPUs (etp: 1 where tp is 1, the recipes' expert TP 1)."""
+    s = row["settings"]
+    tp, pp, ep = _int(s["tp"]), _int(s["pp"]), _int(s["ep"])
+    etp = 1
+    if ep > 1 and s["gpus"] % (etp * ep * pp):
+        return (f"the printed layout cannot run in megatron-core: etp {etp} x ep {ep} x pp {pp} = {etp * ep * pp} "
+                f"does not divide the {s['gpus']} GPUs (parallel_state.initialize_model_parallel); a misprint "
+                f"(tp {tp})")
+    return ""
 
 
 def _check(args: tuple[str, ...]) -> str:
@@ -270,6 +286,8 @@ def load_rows(path: Path = CORPUS, check: bool = True) -> tuple[Row, ...]:
         args, approx = args_of(r)
         if not family:
             reason = f"model {s['model']} is not known to the planner yet (issue on 2025-2026 models)"
+        elif misprint(r):
+            reason = misprint(r)
         else:
             reason = _check(args) if check else ""
         out.append(Row(id=r["id"], release=release_of(r["id"]), model=s["model"], family=family,

@@ -71,8 +71,11 @@ class Options:
     recompute_num_layers: int | None = None  # its --recompute-num-layers
     compile: bool = False             # torch.compile per block (--stack torchtitan)
     ds_checkpointing: str = "none"    # DeepSpeed activation checkpointing (--stack deepspeed)
+    offload_activations: int = 0      # Megatron-Core's cpu_offloading_num_layers (--stack megatron)
+    mtp: int = 0                      # multi-token prediction modules (Megatron-Core mtp_num_layers)
     precision: str = "bf16-mixed"
     fp8_recipe: str = "auto"
+    fp8_param_gather: bool = False
     moe_imbalance: float = 1.0
     optimizer: str = "adamw"
     attention: str = "flash"
@@ -263,6 +266,14 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--ds-checkpointing", type=click.Choice(DS_CHECKPOINTING), default="none", show_default=True,
                      help="--stack deepspeed with --recompute full: DeepSpeed's partition_activations and/or "
                           "cpu_checkpointing for the checkpointed inputs."),
+        click.option("--offload-activations", type=click.IntRange(0, 1 << 20), default=0, metavar="N",
+                     help="--stack megatron, pp 1, no recomputation: the saved activations of N layers go to "
+                          "CPU memory in forward and return in backward (Megatron-Core's "
+                          "cpu_offloading_num_layers); the host copy is on the host memory line  [default: 0]."),
+        click.option("--mtp", type=click.IntRange(0, 64), default=0, metavar="N",
+                     help="--stack megatron: N multi-token prediction modules on the last pipeline stage, each a "
+                          "block, a projection and its own loss (DeepSeek-V3 Sec. 2.2; Megatron-Core's "
+                          "mtp_num_layers)  [default: 0]."),
         click.option("--compile", is_flag=True, default=False,
                      help="torch.compile each block (--stack torchtitan: compile.components=['model'])."),
         click.option("--precision", type=click.Choice(PRECISIONS), default="bf16-mixed", show_default=True,
@@ -273,6 +284,9 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
                           "Transformer Engine's current scaling), rowwise (torchao; torchtitan's default), delayed "
                           "(Transformer Engine; Megatron-LM's), blockwise (DeepSeek-V3), mxfp8 (Transformer "
                           "Engine, 1x32 blocks). auto: the --stack's default, rowwise without one."),
+        click.option("--fp8-param-gather", is_flag=True, default=False,
+                     help="--stack megatron, --precision fp8: keep the blocks' linear weights in FP8 only, no "
+                          "16-bit copy (Megatron-LM --fp8-param-gather; Megatron-Bridge's FP8 recipes set it)."),
         click.option("--moe-imbalance", type=click.FloatRange(1.0, 64.0), default=1.0, show_default=True,
                      help="MoE routing: tokens the most loaded expert-parallel rank receives over its balanced "
                           "share (scales its expert activations, expert GEMMs and all-to-alls). 1.0 balanced; "

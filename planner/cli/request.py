@@ -130,6 +130,8 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
     if o.precision == "nvfp4" and (gpu.name not in FP4_GPUS or gpu.fp8_flops_per_s is None):
         raise UserError(f"{gpu.full_name} has no FP4 tensor cores (Blackwell: {', '.join(FP4_GPUS)}); "
                         "use --precision fp8 or bf16-mixed")
+    if o.fp8_param_gather and (o.precision != "fp8" or o.stack != "megatron"):
+        raise UserError("--fp8-param-gather is Megatron-LM's: it needs --precision fp8 and --stack megatron")
     if o.fp8_recipe != "auto" and o.precision != "fp8":
         raise UserError(f"--fp8-recipe {o.fp8_recipe} needs --precision fp8")
     if o.precision in ("fp8", "nvfp4") and (o.method in ("qlora", "freeze") or o.quant not in (None, "none")):
@@ -159,6 +161,7 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
     setup = TrainingSetup(seq_len=o.seq_len, global_batch=global_batch or 1024,
                           precision=o.precision, optimizer=o.optimizer,
                           fp8_recipe=resolve_recipe(o.fp8_recipe, o.stack), moe_imbalance=o.moe_imbalance,
+                          fp8_param_gather=o.fp8_param_gather,
                           attention=o.attention, kernels=o.kernels, stack=o.stack or "auto",
                           fsdp_pipeline_grad_sync=o.fsdp_pipeline_grad_sync, pp_balance=o.pp_balance,
                           usable_memory_fraction=usable_memory(o),
@@ -166,7 +169,8 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
                           offload_optimizer=o.offload_optimizer or "none",
                           offload_params=o.offload_params or "none",
                           recompute_every=o.recompute_every, compile=o.compile,
-                          ds_checkpointing=o.ds_checkpointing,
+                          ds_checkpointing=o.ds_checkpointing, offload_activations=o.offload_activations,
+                          mtp_layers=o.mtp,
                           recompute_method=o.recompute_method or "uniform",
                           recompute_num_layers=o.recompute_num_layers or 1,
                           recompute_chunk_layers=recompute_chunk_layers(o, m))
@@ -181,11 +185,16 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
     clash = degree_conflict(m, setup, o.as_mapping())
     if clash:
         raise UserError(clash)
+    if o.offload_activations and o.recompute not in (None, "none"):
+        raise UserError(f"--offload-activations {o.offload_activations} does not work with --recompute {o.recompute} "
+                        "(megatron-core: CPU offloading does not work when activation recomputation is enabled); "
+                        "use --recompute none")
     space = SearchSpace(
         dp=o.dp, tp=o.tp, pp=o.pp, cp=o.cp, ep=o.ep, etp=o.etp, zero_stage=o.zero,
         fsdp=o.fsdp, vp=o.vp, sp=o.sp,
         micro_batches=(o.micro_batch,) if o.micro_batch else SearchSpace().micro_batches,
-        recomputes=(o.recompute,) if o.recompute else SearchSpace().recomputes,
+        recomputes=(o.recompute,) if o.recompute else ("none",) if o.offload_activations
+        else SearchSpace().recomputes,
     )
     if not m.is_moe and space.ep is None:
         space = replace(space, ep=1)
@@ -277,6 +286,11 @@ def efficiency_of(o: Options, gpu_names: list[str]) -> Efficiency:
 
     c = calibration_of(o, gpu_names)
     base = stack_efficiency(o.stack)
+    if o.stack == "deepspeed" and ((o.tp or 1) > 1 or (o.pp or 1) > 1) and o.precision == "bf16-mixed":
+        # Megatron-DeepSpeed on DeepSpeed's pipeline engine (planner.stacks.runs_megatron_deepspeed):
+        # the engine's own step terms, as the published-runs study times BLOOM and MT-NLG
+        from planner.timing.efficiency import DEEPSPEED_PIPE_BF16
+        base = DEEPSPEED_PIPE_BF16
     eff = base if c is None else c.efficiency(base)
     if o.time_confidence is not None:       # plan at the step time's upper end (issue 18)
         from dataclasses import replace

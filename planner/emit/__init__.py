@@ -148,7 +148,7 @@ def check_options(r: PlanResult, opts: EmitOptions) -> None:
                         f"or plan without tp/pp/cp")
     if opt == "adamw-bf16-states":
         check_bf16_states(eng, r.setup.precision, lay)
-    if r.setup.precision == "fp8":
+    if r.setup.precision in ("fp8", "nvfp4"):
         fp8 = r.setup.precision_spec.fp8
         check_fp8(eng, fp8.name if fp8 is not None else "")
     if eng == "megatron" and r.setup.precision == "bf16":
@@ -167,7 +167,8 @@ def check_options(r: PlanResult, opts: EmitOptions) -> None:
 # Literal["rowwise", "rowwise_with_gw_hp"] (no tensorwise scaling, no FSDP float8 all-gather option);
 # megatron-core 0.16.1 TransformerConfig.fp8_recipe: Literal['tensorwise', 'delayed', 'mxfp8',
 # 'blockwise', 'custom'] (Transformer Engine's recipes: no rowwise scaling).
-FP8_RECIPES_BY_STACK = {"torchtitan": ("rowwise",), "megatron": ("tensorwise", "delayed", "blockwise")}
+FP8_RECIPES_BY_STACK = {"torchtitan": ("rowwise",),
+                        "megatron": ("tensorwise", "delayed", "blockwise", "mxfp8", "nvfp4")}
 
 
 def check_fp8(eng: str, recipe_name: str) -> None:
@@ -225,7 +226,12 @@ def plan_files(r: PlanResult, opts: EmitOptions = EmitOptions(),
     if stack == "deepspeed":
         files["ds_config.json"] = json.dumps(to_deepspeed_config(r, opts), indent=2) + "\n"
         files["hostfile"] = to_hostfile(r)
-        files.update(hf_model_config(r))
+        from planner.stacks import runs_megatron_deepspeed
+        if runs_megatron_deepspeed(stack, chosen(r).layout):
+            from planner.emit.megatron_deepspeed import to_megatron_deepspeed_args
+            files["megatron_args.txt"] = "\n".join(to_megatron_deepspeed_args(r, opts)) + "\n"
+        else:
+            files.update(hf_model_config(r))
     elif stack == "hf":
         files["accelerate_config.yaml"] = to_yaml(to_accelerate_config(r, opts))
         files.update(hf_model_config(r))

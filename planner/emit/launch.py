@@ -90,6 +90,10 @@ def worker_command(r: PlanResult, opts: EmitOptions, stack: str, here: str = "${
     torchrun's environment); megatron: pretrain_gpt.py with megatron_args.txt; torchtitan:
     ``-m torchtitan.train --module torchtitan_job --config planner_job``.
     """
+    from planner.stacks import runs_megatron_deepspeed
+    if runs_megatron_deepspeed(stack, chosen(r).layout):     # Megatron-DeepSpeed: its pretrain_gpt.py
+        return ["${MEGATRON}/pretrain_gpt.py"], ['"${MEGATRON_ARGS[@]}"', "--deepspeed_config",
+                                                    f'"{here}/ds_config.json"']
     if stack == "deepspeed":
         return [opts.script, "--deepspeed", "--deepspeed_config", f"{here}/ds_config.json"], []
     if stack == "megatron":
@@ -141,7 +145,18 @@ def to_launch_script(r: PlanResult, opts: EmitOptions = EmitOptions(), stack: st
             body.append(f"# The plan recomputes activations ({lay.recompute}): call "
                         f"model.gradient_checkpointing_enable() in {opts.script}.")
         cmd = to_deepspeed_command(r, opts, '${HERE}/ds_config.json', '${HERE}/hostfile')
-        body.append(shell_command(cmd))
+        from planner.stacks import runs_megatron_deepspeed
+        if runs_megatron_deepspeed(eng, lay):
+            # Megatron-DeepSpeed: pretrain_gpt.py with megatron_args.txt (planner.emit.megatron_deepspeed)
+            body += ["# Megatron-DeepSpeed (tp/pp): run from its checkout; MEGATRON points at it. Add your data and",
+                     "# tokenizer arguments after the script name. megatron_args.txt holds the plan's arguments.",
+                     'MEGATRON="${MEGATRON:-.}"',
+                     'mapfile -t MEGATRON_ARGS < <(grep -v "^#" "$HERE/megatron_args.txt")']
+            cmd = [*cmd[:cmd.index(opts.script)], "${MEGATRON}/pretrain_gpt.py"]
+            body.append(shell_command(cmd, extra='"${MEGATRON_ARGS[@]}" --deepspeed_config "${HERE}/ds_config.json" '
+                                                 '"$@"'))
+        else:
+            body.append(shell_command(cmd))
     elif eng == "hf":
         s = to_fsdp2_settings(r, opts)
         body += [

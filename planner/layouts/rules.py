@@ -114,7 +114,8 @@ def _per_step(v: RuleView) -> Any:
 STACK_LIMITS = {
     "torchtitan": ("--stack torchtitan shards with FSDP2 and splits no experts: use --fsdp full or grad-op "
                    "(or --zero 0), ep 1"),
-    "deepspeed": "--stack deepspeed runs ZeRO data parallelism here: no FSDP, tp, pp or cp (use --zero N)",
+    "deepspeed": ("--stack deepspeed runs ZeRO data parallelism, and tp and pp with ZeRO-0/1 as Megatron-DeepSpeed "
+                  "(BLOOM, MT-NLG): no FSDP, cp, ZeRO-2/3 or experts with tp/pp (use --zero 0 or 1)"),
     "hf": "--stack hf runs FSDP2 (accelerate) without pipeline stages: use --fsdp full and pp 1",
 }
 
@@ -127,8 +128,9 @@ def _stack_cannot_run(v: RuleView) -> Any:
     stack = v.setup.stack
     if stack == "torchtitan":
         return ((v.sharding <= 0) & (v.zero_stage > 0)) | (v.ep > 1) | (v.expert_tp != v.tp)
-    if stack == "deepspeed":
-        return (v.tp > 1) | (v.pp > 1) | (v.cp > 1) | (v.sharding > 0)
+    if stack == "deepspeed":    # Megatron-DeepSpeed: tp and pp under ZeRO-0/1 (stacks.megatron_deepspeed)
+        split = (v.tp > 1) | (v.pp > 1)
+        return (v.cp > 1) | (v.sharding > 0) | (split & ((v.zero_stage > 1) | (v.ep > 1)))
     if stack == "hf":
         return (v.sharding <= 0) | (v.pp > 1) | (v.expert_tp != v.tp)
     return v.tp < 0      # megatron, auto: every layout (False, shaped as the batch)
@@ -224,6 +226,17 @@ RULES: tuple[Rule, ...] = (
     Rule("sharding-needs-dp", lambda v: (v.zero_stage > 0) & (v.dense_shard_degree == 1) & (not _offloads(v))
          & ~_distributed_optimizer_noop(v),
          lambda v: "ZeRO/FSDP sharding needs more than one data-parallel rank (or offload)"),
+    # megatron-core 0.16.1 transformer_config.py lines 1137-1152: fewer layers than the model has,
+    # no pipeline parallelism, no recomputation
+    Rule("activation-offload",
+         lambda v: (v.setup.offload_activations > 0) & ((v.setup.stack != "megatron") | (v.pp > 1)
+                                                        | (v.setup.offload_activations >= v.m.n_layers)),
+         lambda v: (f"--offload-activations {v.setup.offload_activations} is Megatron-Core's CPU offload: it needs "
+                    f"--stack megatron, pp 1 and fewer than the {v.m.n_layers} layers (megatron-core "
+                    "TransformerConfig)")),
+    Rule("mtp-stack", lambda v: (v.setup.mtp_layers > 0) & (v.setup.stack != "megatron"),
+         lambda v: (f"--mtp {v.setup.mtp_layers}: multi-token prediction is planned as Megatron-Core trains it "
+                    "(mtp_num_layers): add --stack megatron")),
     Rule("param-offload-stage", lambda v: (v.setup.offload_params != "none") & (v.zero_stage != 3),
          lambda v: "parameter offload needs ZeRO-3 or FSDP full sharding (ZeRO-Infinity, FSDP CPU offload)"),
     Rule("optimizer-offload-stage", lambda v: (v.setup.offload_optimizer != "none") & (v.zero_stage == 0),

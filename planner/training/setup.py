@@ -214,12 +214,26 @@ class TrainingSetup:
     # DeepSpeed: partition_activations splits each checkpointed input over the model-parallel
     # group, cpu_checkpointing moves it to host memory (DS_CHECKPOINTING)
     ds_checkpointing: str = "none"
+    # Megatron-Core's CPU activation offload (megatron-core 0.16.1 model_parallel_config.py
+    # cpu_offloading, cpu_offloading_num_layers): the saved activations of this many layers go
+    # to pinned host memory in forward and come back in backward (0: none)
+    offload_activations: int = 0
+    # multi-token prediction modules (DeepSeek-V3, arXiv:2412.19437, Sec. 2.2: each one more
+    # Transformer block, a 2h x h projection and two RMSNorms, sharing the embedding and the
+    # output head, with its own loss); megatron-core 0.16.1 TransformerConfig.mtp_num_layers puts
+    # them on the last pipeline stage (0: none)
+    mtp_layers: int = 0
     # FSDP under a pipeline: reduce-scatter once a step or every micro-batch (FSDP_PIPELINE_GRAD_SYNCS)
     fsdp_pipeline_grad_sync: str = "step"
     # the pipeline's layer split (PP_BALANCES): "none", or the embedding and the loss counted as layers
     pp_balance: str = "none"
     # the FP8 recipe under precision "fp8" (planner.training.fp8.RECIPES), resolved from the stack
     fp8_recipe: str = "rowwise"
+    # Megatron-LM's --fp8-param-gather (megatron-core TransformerConfig.fp8_param): the blocks'
+    # linear weights live only in their low-precision form (no 16-bit copy) and the distributed
+    # optimizer gathers them so; Megatron-Bridge's FP8 current-scaling, delayed and MXFP8 recipes
+    # set it (src/megatron/bridge/training/mixed_precision.py, fp8_param_gather = True)
+    fp8_param_gather: bool = False
     # MoE routing imbalance: tokens the most loaded expert-parallel rank receives over its
     # balanced share (k T / ep of every rank's tokens). It scales that rank's expert-side
     # saved tensors (memory.moe), its expert GEMMs and its all-to-all bytes (timing.kernels).
