@@ -86,7 +86,7 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
     batched model's named parts (timing.parts.StepArrays) for that one layout."""
     gpu = cluster.gpu
     prec = setup.precision_spec
-    fp8_share = prec.fp8.matmul_fraction(gpu.name, fp8_fraction_of(gpu, eff)) if prec.fp8 is not None else 0.0
+    fp8_share = prec.fp8.matmul_fraction(gpu.name, fp8_fraction_of(gpu, eff, prec.fp8)) if prec.fp8 is not None else 0.0
     parts = step_arrays(m, setup, LayoutArrays.from_layouts([lay]), cluster, eff, pc, [st.placement])
     lt = layer_time(m, setup, layer_key(lay), block_kernels(setup, lay), gpu, eff)
     links = axis_links(cluster, (lay.tp, lay.cp, lay.ep, lay.dp, lay.pp), st.placement)

@@ -128,6 +128,10 @@ class Efficiency:
     fp8_matmul_ratio: the FP8 (and NVFP4, at its doubled peak) GEMM rate's share of the FP8
     dense peak over the 16-bit GEMM's share of the BF16 peak (matmul_fraction) on the same GPU
     (timing.kernels.fp8_fraction_of); None takes training.fp8.FP8_MATMUL_FRACTION (ASSUMED).
+    block_scaled_gemm_penalty: the rate of a microscaling GEMM (MXFP8, NVFP4: a scale per 32 or
+    16 elements, Fp8Recipe.block_scaled) over a per-tensor-scaled FP8 GEMM's, under
+    fp8_matmul_ratio: the scale factors are loaded with each tile and applied in the MMA
+    (Blackwell's block-scaled tcgen05.mma; OCP Microscaling Formats spec v1.0, Sec. 5).
     mfu_ceiling: the highest MFU a step may reach (None: the GPU's sustained rate,
     hardware.gpus.sustained_rate, measured or ASSUMED).
     grad_accum_bytes_per_param: HBM bytes per trainable parameter of a stage that a pass after
@@ -172,6 +176,7 @@ class Efficiency:
     expert_gemm_half_rows: float = 0.0
     moe_block_overhead_s: float = 0.0
     fp8_matmul_ratio: float | None = None
+    block_scaled_gemm_penalty: float = 1.0
     mfu_ceiling: float | None = None
     step_time_factor: float = 1.0
     selective_policy: str = "megatron"
@@ -217,7 +222,7 @@ MEGATRON_CORE = Efficiency(tp_overlap=0.75, pp_overlap=1.0, dp_overlap=1.0, para
 
 # Megatron-Core as NVIDIA's Megatron-Bridge runs it in 2025-2026 (plan --stack megatron): its
 # overlaps (MEGATRON_CORE), Transformer Engine's cuDNN fused attention at FlashAttention-3's rate
-# and four efficiencies fitted on the latest release of each published Megatron-Bridge run
+# and five efficiencies fitted on the latest release of each published Megatron-Bridge run
 # (bench/megatron_bridge.py, docs/megatron-bridge.md: in sample and out of fold).
 # flash_fraction 0.55: FlashAttention-3 (Shah et al. 2024, arXiv:2407.08608, Sec. 4.1) reaches 75%
 # of the H100 peak forward and runs its backward 1.5-1.75x faster than FlashAttention-2's 0.30-0.35:
@@ -225,7 +230,7 @@ MEGATRON_CORE = Efficiency(tp_overlap=0.75, pp_overlap=1.0, dp_overlap=1.0, para
 # = 0.55. FlashAttention-4 on B200 reports a similar share (Zadouri et al. 2026), bounded by the
 # exponential unit at small head dims (TENSOR_FLOPS_PER_EXP).
 MEGATRON_BRIDGE_FIT = {"fp8_matmul_ratio": 0.85, "ep_overlap": 0.9, "expert_gemm_half_rows": 4096.0,
-                       "moe_block_overhead_s": 0.0003}
+                       "moe_block_overhead_s": 0.0003, "block_scaled_gemm_penalty": 0.95}
 MEGATRON_BRIDGE = Efficiency(tp_overlap=0.75, pp_overlap=1.0, dp_overlap=1.0, param_gather_overlap=1.0,
                              grad_reduce_bytes=4, flash_fraction=0.55, **MEGATRON_BRIDGE_FIT,
                              name="megatron-core 2025-2026 (Megatron-Bridge runs: overlaps, FA3-rate attention, "

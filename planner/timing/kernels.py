@@ -65,13 +65,15 @@ def matmul_fraction_of(gpu: GpuSpec, eff: Efficiency) -> float:
     return MATMUL_FRACTION.get(gpu.name, MATMUL_FRACTION_DEFAULT)
 
 
-def fp8_fraction_of(gpu: GpuSpec, eff: Efficiency) -> float | None:
+def fp8_fraction_of(gpu: GpuSpec, eff: Efficiency, recipe: Fp8Recipe | None = None) -> float | None:
     """The FP8 GEMM rate's share of the FP8 dense peak under ``eff``: its fp8_matmul_ratio times
     the GPU's 16-bit matmul fraction (an FP8 GEMM held to the same share of its own peak as the
-    BF16 one, scaled by one fitted ratio), or None for training.fp8.FP8_MATMUL_FRACTION's."""
+    BF16 one, scaled by one fitted ratio), times eff.block_scaled_gemm_penalty for a microscaling
+    ``recipe`` (MXFP8, NVFP4: Fp8Recipe.block_scaled); None for training.fp8.FP8_MATMUL_FRACTION's."""
     if eff.fp8_matmul_ratio is None:
         return None
-    return eff.fp8_matmul_ratio * matmul_fraction_of(gpu, eff)
+    penalty = eff.block_scaled_gemm_penalty if recipe is not None and recipe.block_scaled else 1.0
+    return eff.fp8_matmul_ratio * matmul_fraction_of(gpu, eff) * penalty
 
 
 def rates(gpu: GpuSpec, dtype: str, eff: Efficiency) -> Rates:
@@ -197,7 +199,7 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
     h, q, kv, f, d = m.d_model, m.q_dim, m.kv_dim, m.d_ff, m.head_dim
     mm, hbm = r.matmul_flops_per_s, r.hbm_bytes_per_s
 
-    mm8, e8 = fp8_matmul(gpu, prec, mm, e, fp8_fraction_of(gpu, eff))
+    mm8, e8 = fp8_matmul(gpu, prec, mm, e, fp8_fraction_of(gpu, eff, prec.fp8))
 
     def gemm(rows: float, cols: float, inner: float, batch: float = 1.0) -> float:
         """A block linear layer's GEMM: at the FP8 rate under an FP8 recipe (timing.kernels.fp8_matmul)."""

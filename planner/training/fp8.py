@@ -130,6 +130,12 @@ class Fp8Recipe:
     peak_ratio: float = 1.0      # the recipe's dense GEMM peak over the GPU's FP8 peak (NVFP4: 2)
 
     @property
+    def block_scaled(self) -> bool:
+        """Microscaling: one scale per block of 32 (MXFP8) or 16 (NVFP4) elements, applied inside
+        the tensor-core MMA (Blackwell's block-scaled MMA), not once per tensor or tile."""
+        return self.name in ("mxfp8", "nvfp4")
+
+    @property
     def amax_bytes_per_linear(self) -> int:
         """fp8 metadata of one linear layer: 5 scaled tensors (3 forward, 2 backward), each with
         its amax history and a scale and an inverse scale, in fp32 (TE fp8_meta)."""
