@@ -305,10 +305,10 @@ def render(s: dict[str, Any]) -> str:
                      f"{r['model_gflop_per_token']:.1f} |")
     far = [r for r in s["rows"] if abs(r["error_family_out"]) > 0.5]
     lines += ["", f"## Rows the model does not explain ({len(far)}: more than 50% off out of fold)", "",
-              "Counted in every headline above. Each is the latest release of its configuration, but a later "
-              "release ran the same model on the same system with another layout 2-3x faster (software drift "
-              "between containers, up to 73% for one configuration by the corpus's own caveat); no term of "
-              "the planner explains them.", ""]
+              "Counted in every headline above. Each is the latest release of its own configuration; a later "
+              "release published the same model, system and precision (with another layout) at a higher "
+              "throughput per GPU (software drift between containers: the corpus's caveat), and no term of "
+              "the planner explains the gap.", ""]
     lines += [f"- {r['id']}: published {r['published']:,.0f}, predicted {r['predicted_in_sample']:,.0f} "
               f"tokens/s per GPU ({_f(r['error_family_out'])} family out)" for r in far]
     lines += ["", f"## Not expressible ({len(s['left_out'])} latest configurations)", "",
