@@ -113,11 +113,8 @@ def predict(cases: Sequence[Case], values: dict[str, float]) -> list[dict[str, f
     for c in cases:
         m, gpu, setup, lay, kw = c.request
         st = step_time(m, setup, lay, kw["cluster"], eff)
-        low = setup.precision_spec.fp8
-        low_peak = (gpu.fp8_flops_per_s * (low.peak_ratio if low is not None else 1.0)
-                    if low is not None and gpu.fp8_flops_per_s else None)
         out.append({"tokens_per_s_per_gpu": st.tokens_per_s / st.n_gpus, "mfu_bf16": st.mfu,
-                    "mfu_low": st.model_flops_per_s_per_gpu / low_peak if low_peak else math.nan,
+                    "mfu_low": st.mfu_fp8 if st.mfu_fp8 is not None else math.nan,
                     "model_gflop_per_token": st.model_flops / st.tokens_per_step / 1e9})
     return out
 

@@ -261,7 +261,8 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
                      "Chowdhery et al. 2022, PaLM, App. B", unit="fraction", summed=False,
                      model_flops=st.model_flops, step_time_s=st.step_time_s, n_gpus=st.n_gpus, peak=peak))
     if st.mfu_fp8 is not None:
-        out.append(_time("utilisation", "MFU against the FP8 peak", "model FLOPs / step time / GPUs / FP8 peak",
+        out.append(_time("utilisation", "MFU against the low-precision peak (FP8; FP4 under NVFP4)",
+                         "model FLOPs / step time / GPUs / low-precision peak",
                          st.mfu_fp8, "Chowdhery et al. 2022, PaLM, App. B; gpus.toml FP8 dense peak", unit="fraction",
                          summed=False, model_flops=st.model_flops, step_time_s=st.step_time_s, n_gpus=st.n_gpus,
                          peak=st.fp8_peak_flops_per_s))
