@@ -273,7 +273,16 @@ def render(s: dict[str, Any]) -> str:
         lines.append(f"| {label} | {x['median_abs']:.1%} | {x['within_10']:.0%} | {x['within_20']:.0%} | "
                      f"{x['worst']:.0%} | {c} |")
     lines += ["", "Goals (issue 28, out of fold): median abs error <= 10%, >= 85% within 20%, 80% interval "
-              "covering >= 80%.", "", "## Fitted values", "",
+              "covering >= 80%.", "", "By regime (precision, dense or MoE, GPU generation), leaving one model family "
+              "out:", "", "| regime | rows | median abs error | within 20% | 80% interval covers |",
+              "|---|---|---|---|---|"]
+    regimes = sorted({r["regime"] for r in s["rows"]})
+    for g in regimes:
+        rs = [r for r in s["rows"] if r["regime"] == g]
+        a = [abs(r["error_family_out"]) for r in rs]
+        lines.append(f"| {g} | {len(rs)} | {statistics.median(a):.1%} | {sum(x <= 0.2 for x in a) / len(a):.0%} | "
+                     f"{sum(r['covered_family_out'] for r in rs) / len(rs):.0%} |")
+    lines += ["", "## Fitted values", "",
               "| fold | " + " | ".join(p.name for p in PARAMS) + " |",
               "|---|" + "---|" * len(PARAMS)]
 
