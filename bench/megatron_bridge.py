@@ -65,6 +65,7 @@ from planner.timing.model import step_time
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "megatron-bridge.md"
 DATA = ROOT / "docs" / "megatron-bridge.json"
+INTERVALS = ROOT / "planner" / "timing" / "megatron_bridge_intervals.json"
 
 
 MAX_SWEEPS = 4
@@ -233,6 +234,32 @@ def study(stored: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
+def interval_table(s: dict[str, Any]) -> str:
+    """planner/timing/megatron_bridge_intervals.json: each regime's 80% interval of the log error
+    log(predicted / published tokens/s) leaving one model family out (timing.intervals reads it
+    for --stack megatron plans), with the rows it rests on and their out-of-fold coverage."""
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in s["rows"]:
+        by.setdefault(r["regime"], []).append(r)
+    pooled = [math.log1p(r["error_family_out"]) for r in s["rows"]]
+    regimes = {}
+    for g, rs in sorted(by.items()):
+        errs = [math.log1p(r["error_family_out"]) for r in rs]
+        pool = errs if len(errs) >= MIN_REGIME_ROWS else pooled
+        q = statistics.quantiles(pool, n=10, method="exclusive")
+        regimes[g] = {"log_error_low": round(q[0], 4), "log_error_high": round(q[-1], 4), "rows": len(rs),
+                      "pooled": len(errs) < MIN_REGIME_ROWS,
+                      "coverage_family_out": round(sum(r["covered_family_out"] for r in rs) / len(rs), 3)}
+    return json.dumps({
+        "about": "80% step-time intervals of --stack megatron plans by regime (precision/dense-or-moe/GPU "
+                 "generation): the 10th and 90th percentiles of log(predicted / published tokens/s per GPU) "
+                 "leaving one model family out, over the latest release of each published Megatron-Bridge "
+                 "configuration (pooled over every row where a regime has fewer than "
+                 f"{MIN_REGIME_ROWS}). Do not edit by hand: python bench/megatron_bridge.py writes it.",
+        "residuals": "out of fold, leave one model family out (Megatron-Bridge runs)",
+        "generated": "bench/megatron_bridge.py", "level": "0.80", "regimes": regimes}, indent=1) + "\n"
+
+
 def _f(x: float) -> str:
     return f"{x:+.1%}"
 
@@ -337,12 +364,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{k:12s} median |error| {x['median_abs']:.1%}  within 20% {x['within_20']:.0%}  "
               f"within 10% {x['within_10']:.0%}  (n={x['n']})")
     print("80% coverage", {k: f"{v:.0%}" for k, v in s["coverage_80"].items()})
+    table = interval_table(s)
     if a.check:
-        if DOC.read_text() != text:
-            print(f"{DOC.relative_to(ROOT)} is stale: run python bench/megatron_bridge.py", file=sys.stderr)
-            return 1
+        for path, want in ((DOC, text), (INTERVALS, table)):
+            if not path.is_file() or path.read_text() != want:
+                print(f"{path.relative_to(ROOT)} is stale: run python bench/megatron_bridge.py", file=sys.stderr)
+                return 1
         return 0
     DOC.write_text(text)
+    INTERVALS.write_text(table)
     DATA.write_text(json.dumps(s, indent=1) + "\n")
     return 0
 

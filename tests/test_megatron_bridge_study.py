@@ -6,6 +6,7 @@ dim."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -68,3 +69,22 @@ def test_exponential_unit_bounds_attention(gpu, head_dim, share):
     g = get_gpu(gpu)
     r = rates(g, "bf16", Efficiency())
     assert attention_rate(g, r, head_dim, head_dim) == pytest.approx(share * r.flash_flops_per_s)
+
+
+def test_megatron_plans_read_their_regime_interval():
+    """A --stack megatron plan's 80% step-time interval is its regime's, measured leaving one model
+    family out on the Megatron-Bridge runs (planner/timing/megatron_bridge_intervals.json); other
+    plans keep the published-runs study's."""
+    from dataclasses import replace
+
+    from planner.timing.intervals import regime_data, regime_of, time_band
+    from planner.training.setup import TrainingSetup
+
+    m, gpu = load_model("llama3.1-70b"), get_gpu("gb200")
+    setup = TrainingSetup(stack="megatron", precision="fp8", fp8_recipe="mxfp8")
+    regime = regime_of(m, setup, gpu)
+    assert regime == "low-precision/dense/blackwell"
+    row = regime_data()["regimes"][regime]
+    assert time_band(0.80, regime).time_high_factor == pytest.approx(math.exp(row["log_error_high"]))
+    assert regime_of(m, replace(setup, stack="auto"), gpu) == ""
+    assert time_band(0.80, "") == time_band(0.80)

@@ -96,6 +96,7 @@ from planner.timing.efficiency import (
     Efficiency,
 )
 from planner.timing.flops import flops_per_step
+from planner.timing.intervals import regime_of
 from planner.timing.parts import (
     DP_TERMS,
     FSDP_GRAD_OP,
@@ -524,7 +525,8 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
                       efficiency=eff, tokens_per_step=n_seq * setup.seq_len,
                        n_gpus=n_gpus, model_flops=flops[0], hardware_flops=flops[1],
                        peak_flops_per_s=peak,
-                       fp8_peak_flops_per_s=low_precision_peak(cluster.gpu, setup))
+                       fp8_peak_flops_per_s=low_precision_peak(cluster.gpu, setup),
+                       regime=regime_of(m, setup, cluster.gpu))
 
 
 def low_precision_peak(gpu: GpuSpec, setup: TrainingSetup) -> float | None:

@@ -37,6 +37,8 @@ class StepTime:
     # Efficiency.step_time_factor already in step_time_s (plan --time-confidence plans at the
     # interval's upper end): step_time_s / step_time_factor is the model's own prediction
     step_time_factor: float = 1.0
+    # the regime whose measured error bars apply (timing.intervals.regime_of; "": the default ones)
+    regime: str = ""
 
     @property
     def predicted_step_time_s(self) -> float:
