@@ -172,11 +172,11 @@ def args_of(row: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
     block = _BLOCK.search(notes)
     if block:
         args += ["--recompute", "full", "--recompute-method", "block", "--recompute-num-layers", block.group(1)]
+    elif _MODULES.search(notes):    # Megatron-Core's recompute_modules, as the recipe lists them
+        mods = re.findall(r"'([a-z_]+)'", _MODULES.search(notes).group(1))   # type: ignore[union-attr]
+        args += ["--recompute", "selective", "--recompute-modules", ",".join(mods)]
     else:
         args += ["--recompute", "none"]
-        mods = _MODULES.search(notes)
-        if mods:
-            approx.append(f"selective recomputation of {mods.group(1)} planned as none")
         if not notes.strip() or "no recipe found" in notes:
             approx.append("no recipe matched: recomputation assumed none")
     off = _OFFLOAD.search(notes)

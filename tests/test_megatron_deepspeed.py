@@ -63,6 +63,11 @@ def test_bloom_plans_as_it_trained_and_its_files_pass_their_parsers(tmp_path):
                       params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16)
 
 
+def test_sequence_parallelism_is_refused_for_its_files(tmp_path):
+    res = run(*BLOOM, "--sp", "--out", str(tmp_path / "sp"), "-q")
+    assert res.exit_code == 2 and "--no-sp" in res.output and not (tmp_path / "sp").exists()
+
+
 def test_bf16_optimizer_keeps_fp32_gradients():
     # deepspeed 0.19.8 bf16_optimizer.py: a full fp32 gradient buffer (not partitioned): 4 B per
     # parameter of the rank, against 2 B for the same layout at --zero 1 under Megatron-LM

@@ -80,6 +80,7 @@ class Options:
     recompute_every: int = 1          # checkpoint one block in k (TrainingSetup.recompute_every)
     recompute_method: str | None = None      # Megatron-LM's uniform | block (--stack megatron --recompute full)
     recompute_num_layers: int | None = None  # its --recompute-num-layers
+    recompute_modules: str | None = None     # Megatron-Core's --recompute-modules (comma-separated)
     compile: bool = False             # torch.compile per block (--stack torchtitan)
     ds_checkpointing: str = "none"    # DeepSpeed activation checkpointing (--stack deepspeed)
     offload_activations: int = 0      # Megatron-Core's cpu_offloading_num_layers (--stack megatron)
@@ -277,6 +278,10 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--ds-checkpointing", type=click.Choice(DS_CHECKPOINTING), default="none", show_default=True,
                      help="--stack deepspeed with --recompute full: DeepSpeed's partition_activations and/or "
                           "cpu_checkpointing for the checkpointed inputs."),
+        click.option("--recompute-modules", metavar="LIST", default=None,
+                     help="--stack megatron --recompute selective: the modules Megatron-Core recomputes, "
+                          "comma-separated: core_attn, layernorm, moe_act, mla_up_proj, mlp (its "
+                          "recompute_modules)  [default: core_attn]."),
         click.option("--offload-activations", type=click.IntRange(0, 1 << 20), default=0, metavar="N",
                      help="--stack megatron, pp 1, no recomputation: the saved activations of N layers go to "
                           "CPU memory in forward and return in backward (Megatron-Core's "

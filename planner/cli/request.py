@@ -170,10 +170,14 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
                           offload_params=o.offload_params or "none",
                           recompute_every=o.recompute_every, compile=o.compile,
                           ds_checkpointing=o.ds_checkpointing, offload_activations=o.offload_activations,
-                          mtp_layers=o.mtp,
+                          mtp_layers=o.mtp, recompute_modules=recompute_modules(o),
                           recompute_method=o.recompute_method or "uniform",
                           recompute_num_layers=o.recompute_num_layers or 1,
                           recompute_chunk_layers=recompute_chunk_layers(o, m))
+    if "mla_up_proj" in setup.recompute_modules and not m.is_mla:
+        raise UserError(f"--recompute-modules mla_up_proj needs multi-latent attention; {m.name} has none")
+    if "moe_act" in setup.recompute_modules and not m.is_moe:
+        raise UserError(f"--recompute-modules moe_act needs a mixture-of-experts model; {m.name} is dense")
     stack_refusal = stack_setup_refusal(o, m)
     if stack_refusal:
         raise UserError(stack_refusal)
@@ -198,6 +202,10 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
     )
     if not m.is_moe and space.ep is None:
         space = replace(space, ep=1)
+    if o.stack == "deepspeed":
+        # tp and pp under --stack deepspeed are Megatron-DeepSpeed's, run when asked for (--tp/--pp);
+        # its search stays on ZeRO data parallelism, as before
+        space = replace(space, tp=1 if o.tp is None else o.tp, pp=1 if o.pp is None else o.pp)
     return m, gpu, setup, space, o.n_gpus
 
 
@@ -250,6 +258,33 @@ def recompute_method_refusal(o: Options, m: Any) -> str | None:
         return (f"--recompute-method uniform --recompute-num-layers {n}: megatron-core runs groups of {n} "
                 f"layers and needs them to divide each stage's {chunk}: give a divisor of {chunk}")
     return None
+
+
+def recompute_modules(o: Options) -> tuple[str, ...]:
+    """--recompute-modules as a tuple, checked against Megatron-Core's names and what the
+    memory model covers (planner.memory.recompute)."""
+    if o.recompute_modules is None:
+        return ()
+    from planner.memory.recompute import MODULES, NOT_MODELLED
+
+    mods = tuple(x.strip() for x in o.recompute_modules.split(",") if x.strip())
+    if not mods:
+        raise UserError("--recompute-modules is empty; give core_attn, layernorm, moe_act, mla_up_proj or mlp")
+    if o.stack != "megatron" or o.recompute != "selective":
+        raise UserError("--recompute-modules is Megatron-Core's selective recomputation: it needs --stack megatron "
+                        "and --recompute selective")
+    for x in mods:
+        if x in NOT_MODELLED:
+            raise UserError(f"--recompute-modules {x}: recomputing the whole {x.replace('_', ' ')} is not modelled; "
+                            f"use {', '.join(MODULES)}")
+        if x not in MODULES:
+            raise UserError(f"--recompute-modules {x}: not one of Megatron-Core's modules ({', '.join(MODULES)})")
+    # megatron-core 0.16.1 TransformerConfig.__post_init__: delayed scaling does not support moe_act and
+    # layernorm recompute for fp8
+    if o.precision == "fp8" and o.fp8_recipe in ("delayed", "auto") and {"moe_act", "layernorm"} & set(mods):
+        raise UserError("--recompute-modules moe_act/layernorm: Megatron-Core refuses them under FP8 delayed "
+                        "scaling; give --fp8-recipe tensorwise, mxfp8 or blockwise")
+    return mods
 
 
 def recompute_chunk_layers(o: Options, m: Any) -> int:

@@ -216,7 +216,8 @@ def megatron_env(r: PlanResult) -> dict[str, str]:
     return {}
 
 
-def _recompute_args(recompute: str, method: str = "uniform", num_layers: int = 1) -> list[str]:
+def _recompute_args(recompute: str, method: str = "uniform", num_layers: int = 1,
+                    modules: tuple[str, ...] = ()) -> list[str]:
     """Full: the plan's --recompute-method and --recompute-num-layers (default uniform over one
     layer: every block keeps only its input; megatron-core 0.16.1 TransformerConfig requires
     both under full granularity); selective: Megatron's default module, the core attention
@@ -225,7 +226,11 @@ def _recompute_args(recompute: str, method: str = "uniform", num_layers: int = 1
         return ["--recompute-granularity", "full", "--recompute-method", method,
                 "--recompute-num-layers", str(num_layers)]
     if recompute == "selective":
-        return ["--recompute-granularity", "selective"]
+        # megatron-core 0.16.1 TransformerConfig: "moe_act in recompute_modules is only supported with
+        # moe_grouped_gemm"
+        grouped = ["--moe-grouped-gemm"] if "moe_act" in modules else []
+        return ["--recompute-granularity", "selective"] + (["--recompute-modules", *modules] if modules else []) \
+            + grouped
     return []
 
 
@@ -250,7 +255,7 @@ def to_megatron_args(r: PlanResult, opts: EmitOptions = EmitOptions()) -> list[s
     args += _parallel_args(lay, r.model.n_layers, s.pp_balance)
     args += ["--micro-batch-size", str(lay.micro_batch), "--global-batch-size", str(lay.global_batch)]
     args += _sharding_args(lay, r.model, s.precision)
-    args += _recompute_args(lay.recompute, s.recompute_method, s.recompute_num_layers)
+    args += _recompute_args(lay.recompute, s.recompute_method, s.recompute_num_layers, s.recompute_modules)
     if s.mtp_layers:               # TransformerConfig mtp_num_layers
         args += ["--mtp-num-layers", str(s.mtp_layers)]
     if s.offload_activations:      # ModelParallelConfig cpu_offloading, cpu_offloading_num_layers

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from planner.emit import EmitOptions, check_options, chosen
+from planner.errors import UserError
 
 if TYPE_CHECKING:
     from planner.api import PlanResult
@@ -45,6 +46,9 @@ def to_megatron_deepspeed_args(r: PlanResult, opts: EmitOptions = EmitOptions(),
     cand = chosen(r)
     check_options(r, opts)
     lay, s, m = cand.layout, r.setup, r.model
+    if lay.sp:
+        raise UserError("Megatron-DeepSpeed's arguments (microsoft/Megatron-DeepSpeed 060fb402) have no sequence "
+                        "parallelism; no files written (plan with --no-sp)")
     args = ["--num-layers", str(m.n_layers), "--hidden-size", str(m.d_model), "--ffn-hidden-size", str(m.d_ff),
             "--num-attention-heads", str(m.n_heads), "--seq-length", str(lay.seq_len),
             "--max-position-embeddings", str(max(m.max_positions or 0, lay.seq_len))]

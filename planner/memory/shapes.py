@@ -31,6 +31,7 @@ from planner.memory.params import (
     stages_to_check,
 )
 from planner.memory.pipeline import held_layer_micro_batches
+from planner.memory.recompute import module_recompute_delta_bytes
 from planner.models.spec import ModelSpec, ParamCount
 from planner.training.finetune import activation_layers, rank_split
 from planner.training.setup import TrainingSetup
@@ -211,6 +212,8 @@ def activation_figures(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_
         if m.is_moe:    # dense blocks, shared experts, transformers' MoE tensors (memory.moe)
             kept += moe_block_delta_bytes(m, s_, lay, kern)
             full += moe_block_delta_bytes(m, s_, unrecomputed, kern)
+        if setup.recompute_modules:     # Megatron-Core's selective recomputation by module
+            kept += module_recompute_delta_bytes(m, s_, lay, kern)
         if fp8:     # the FP8 recipe's saved linear inputs (memory.fp8)
             kept += saved_input_delta_bytes(m, setup, lay)
             full += saved_input_delta_bytes(m, setup, replace(lay, recompute="none"))

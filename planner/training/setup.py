@@ -205,6 +205,9 @@ class TrainingSetup:
     # every block keeping its input (the planner's --recompute full).
     recompute_method: str = "uniform"
     recompute_num_layers: int = 1
+    # Megatron-Core's selective recomputation by module (TransformerConfig.recompute_modules;
+    # planner.memory.recompute): () is its default, the core attention
+    recompute_modules: tuple[str, ...] = ()
     # layers per virtual pipeline stage the block method counts in, for the step time's
     # recomputed share (0: not fixed, every layer recomputes); memory reads each layout's own
     recompute_chunk_layers: int = 0
