@@ -69,6 +69,7 @@ class Options:
     fsdp: str | None = None
     fsdp_pipeline_grad_sync: str = "step"    # FSDP under pp: reduce-scatter once a step or every micro-batch
     pp_balance: str = "none"                 # the pipeline split: even, or embedding and loss counted as layers
+    pp_microbatch_group: int = 0             # interleaved 1F1B's micro-batch group N (0: pp, Megatron-Core's default)
     vp: int | None = None
     sp: bool | None = None
     micro_batch: int | None = None
@@ -248,6 +249,11 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
                           "layer each, so the first and last stages hold one block fewer (Llama 3's balance; "
                           "Megatron-LM's --account-for-embedding/loss-in-pipeline-split). Needs pp x vp to divide "
                           "the layers + 2."),
+        click.option("--pp-microbatch-group", type=click.IntRange(0, MAX_GLOBAL_BATCH), default=0,
+                     help="Interleaved 1F1B (vp > 1): micro-batches run through one model chunk before the next "
+                          "(Megatron-Core's microbatch_group_size_per_vp_stage; 0: pp, its default). Stage r's "
+                          "warm-up holds (pp - r - 1) x 2 + (vp - 1) x N chunks; Megatron-Core accepts N from pp "
+                          "to the micro-batches per step, Llama 3's schedule fewer."),
         click.option("--vp", type=click.IntRange(1, 64), default=None,
                      help="Virtual stages per pipeline rank (interleaved 1F1B)."),
         click.option("--sp/--no-sp", default=None, help="Sequence parallelism with tp (default: on when tp > 1)."),

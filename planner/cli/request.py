@@ -164,6 +164,7 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
                           fp8_param_gather=o.fp8_param_gather,
                           attention=o.attention, kernels=o.kernels, stack=o.stack or "auto",
                           fsdp_pipeline_grad_sync=o.fsdp_pipeline_grad_sync, pp_balance=o.pp_balance,
+                          pp_microbatch_group=o.pp_microbatch_group,
                           usable_memory_fraction=usable_memory(o),
                           finetune=finetune_spec(o, "full" if o.method == "auto" else None),
                           offload_optimizer=o.offload_optimizer or "none",

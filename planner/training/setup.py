@@ -230,6 +230,14 @@ class TrainingSetup:
     fsdp_pipeline_grad_sync: str = "step"
     # the pipeline's layer split (PP_BALANCES): "none", or the embedding and the loss counted as layers
     pp_balance: str = "none"
+    # interleaved 1F1B's micro-batch group: how many micro-batches run through one model chunk
+    # before the next chunk (megatron-core 0.16.1 ModelParallelConfig
+    # microbatch_group_size_per_vp_stage, default pp: model_parallel_config.py lines 343-361 and
+    # 447-448; schedules.py get_pp_rank_microbatches, lines 768-774: rank r's warm-up runs
+    # (pp - r - 1) x 2 + (vp - 1) x N chunk forwards). megatron-core accepts N in [pp, the step's
+    # micro-batches] (schedules.py lines 995-1003); the Llama 3 paper's schedule sets it freely
+    # (arXiv:2407.21783, Sec. 3.3.2 and its Figure 6: N = 5). 0: pp, megatron-core's default
+    pp_microbatch_group: int = 0
     # the FP8 recipe under precision "fp8" (planner.training.fp8.RECIPES), resolved from the stack
     fp8_recipe: str = "rowwise"
     # Megatron-LM's --fp8-param-gather (megatron-core TransformerConfig.fp8_param): the blocks'
