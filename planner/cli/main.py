@@ -30,6 +30,7 @@ from planner.cli.options import (
     layout_options,
     method_options,
     output_options,
+    posttrain_options,
     quiet_option,
     task_options,
     time_options,
@@ -94,6 +95,7 @@ def _completion_error(message: str) -> NoReturn:
 @layout_options
 @method_options
 @task_options
+@posttrain_options
 @time_options
 @cost_options
 @output_options

@@ -58,6 +58,14 @@ class Answer:
 def plan(o: Options) -> None:
     """The `plan` command without a subcommand."""
     check_quiet(o)
+    from planner.cli.posttrain import posttrain, stray_option  # issue 34: post-training
+
+    if o.teacher is not None or o.task in ("grpo", "ppo", "dpo"):
+        posttrain(o)
+        return
+    stray = stray_option(o)
+    if stray:
+        raise UserError(stray)
     if o.plot is not None:      # a bad name or an existing file: refused before the search
         from planner.report.plot import plot_format
         if o.task == "load":
