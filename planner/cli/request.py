@@ -316,11 +316,12 @@ def calibration_of(o: Options, gpu_names: list[str]) -> Calibration | None:
 
 
 def efficiency_of(o: Options, gpu_names: list[str]) -> Efficiency:
-    """The step-time model's parameters: Efficiency()'s, with --calibration's overrides."""
-    from planner.timing.model import Efficiency
+    """The step-time model's parameters: the --stack's (timing.efficiency.stack_efficiency), with
+    --calibration's overrides."""
+    from planner.timing.efficiency import stack_efficiency
 
     c = calibration_of(o, gpu_names)
-    base = Efficiency()
+    base = stack_efficiency(o.stack)
     if o.stack == "deepspeed" and ((o.tp or 1) > 1 or (o.pp or 1) > 1) and o.precision == "bf16-mixed":
         # Megatron-DeepSpeed on DeepSpeed's pipeline engine (planner.stacks.runs_megatron_deepspeed):
         # the engine's own step terms, as the published-runs study times BLOOM and MT-NLG
