@@ -269,3 +269,29 @@ def test_run_length_in_steps_and_tokens() -> None:
     assert d["gpu_hours"] == pytest.approx(8 * d["run_time_s"] / 3600)
     r = _plan("--model", "llama3.1-8b", "--teacher", "llama3.1-70b", "--gpus", "h100", "--tokens", "10B", "--json")
     assert json.loads(r.stdout)["steps"] == 2385
+
+
+def test_distinct_experts_matches_sampled_routing():
+    """E(1 - (1 - k/E)^B) against routing sampled at random (uniform top-k without repeats per
+    token, the assumption named in planner.timing.rollout.distinct_experts): Qwen3-30B-A3B's
+    128 experts, top-8 (its config.json), at batch 1, 8 and 64."""
+    import numpy as np
+
+    from planner.timing.rollout import distinct_experts
+
+    rng = np.random.default_rng(0)
+    for batch in (1, 8, 64):
+        touched = [len({int(e) for _ in range(batch) for e in rng.choice(128, 8, replace=False)})
+                   for _ in range(400)]
+        assert distinct_experts(128, 8, batch) == pytest.approx(np.mean(touched), rel=0.03)
+    assert distinct_experts(128, 8, 256) > 0.99 * 128      # a decode batch of 256 reads all experts
+
+
+def test_decode_weight_bytes_dense_is_the_shard_and_moe_grows_with_batch():
+    from planner.models.load import load_model as get_model
+    from planner.timing.rollout import decode_weight_bytes
+
+    assert decode_weight_bytes(get_model("llama3.1-8b"), 16_000, 1) == 16_000
+    moe = get_model("qwen3-30b-a3b")
+    one, many = decode_weight_bytes(moe, 61_000, 1), decode_weight_bytes(moe, 61_000, 256)
+    assert one < 0.2 * 61_000 and many > 0.99 * 61_000

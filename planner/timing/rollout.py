@@ -17,11 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.hardware.gpus import GpuSpec
-from planner.hardware.placement import Cluster, axis_links
+from planner.hardware.placement import Cluster, axis_links, cluster_for
 from planner.memory.inference import kv_cache_bytes
 from planner.memory.rollout import VLLM_BLOCK_SIZE, VLLM_MAX_NUM_SEQS, EngineBudget
 from planner.models.spec import ModelSpec, count_params
-from planner.timing.collectives import gather_s
+from planner.timing.collectives import all_reduce_s, gather_s
 from planner.timing.efficiency import Efficiency
 from planner.timing.flops import head_flops, layer_flops
 from planner.timing.kernels import rates
@@ -33,6 +33,55 @@ from planner.units import ceil_div
 # (PCI-SIG, PCIe 5.0 specification); pinned-memory copies reach about 50 GB/s on H100 hosts
 # (ASSUMED: 0.8 of the link, as NVIDIA's bandwidthTest reports on Gen5 hosts).
 HOST_COPY_BYTES_PER_S = 50e9
+
+# vLLM's time per decode step outside the model's kernels (the scheduler, input preparation,
+# sampling, detokenising and output processing, and the gaps between CUDA-graph replays),
+# seconds. FITTED: the one free value of the RL step time, fitted to NeMo-RL's five on-policy
+# GRPO rows (bench/posttrain_nemo_rl.py prints the fit, in sample and leave one row out).
+DECODE_STEP_OVERHEAD_S = 0.0
+
+
+def distinct_experts(n_experts: int, top_k: int, batch: float) -> float:
+    """Expected number of distinct routed experts that ``batch`` tokens touch in one MoE
+    layer, each token picking ``top_k`` of ``n_experts``: E x (1 - (1 - k/E)^B).
+
+    ASSUMED uniform, independent routing (the load-balancing loss drives routing towards
+    uniform; real routers are skewed, which touches fewer experts). One decode step of B
+    sequences reads every expert touched, so at B of a few hundred nearly all experts are read,
+    not the active parameters. Experts (count)."""
+    if n_experts <= 0 or batch <= 0:
+        return 0.0
+    return n_experts * (1.0 - (1.0 - top_k / n_experts) ** batch)
+
+
+def decode_weight_bytes(m: ModelSpec, shard_bytes: int, batch: float) -> float:
+    """16-bit weight bytes one engine rank reads in one decode step of ``batch`` sequences:
+    its whole shard (``shard_bytes``, the engine's weights over its tp) less the routed experts
+    no sequence routes to (distinct_experts). vLLM's fused MoE kernel reads only the experts
+    that received tokens (vllm/model_executor/layers/fused_moe: tokens are sorted by expert and
+    each expert's block of weights is loaded once). Under tensor parallelism every expert is
+    split over the engine's tp like the dense matrices, so the untouched share is the same on
+    each rank. Bytes."""
+    if not m.is_moe:
+        return float(shard_bytes)
+    pc = count_params(m)
+    untouched = m.n_experts - distinct_experts(m.n_experts, m.n_experts_per_token, batch)
+    share_idle = untouched * pc.one_expert * pc.n_moe_layers / max(1, pc.total)
+    return shard_bytes * (1.0 - share_idle)
+
+
+def decode_collective_s(m: ModelSpec, batch: int, engine_tp: int, cluster: Cluster,
+                        eff: Efficiency = Efficiency()) -> float:
+    """Tensor-parallel all-reduces of one decode step: two per layer (after attention's output
+    projection and after the MLP or MoE block: vLLM's RowParallelLinear, Megatron's tensor
+    parallelism, Shoeybi et al. 2019, arXiv:1909.08053, Sec. 3) of ``batch`` tokens x hidden in
+    16-bit, on the engine's tp link (planner.hardware.placement.axis_links; a tp above a node's
+    GPUs crosses the network). These messages are a few KiB to a MiB: the time is mostly hop
+    latency, paid on the critical path of every step (nothing else runs beside them). Seconds."""
+    if engine_tp <= 1:
+        return 0.0
+    link = axis_links(cluster, (engine_tp, 1, 1, 1, 1))["tp"]
+    return 2 * m.n_layers * all_reduce_s(2 * batch * m.d_model, engine_tp, link, eff)
 
 
 def forward_flops_per_token(m: ModelSpec, seq_len: int) -> float:
@@ -72,6 +121,9 @@ class GenerationTime:
     sequences_per_engine: int
     concurrent: int          # sequences one engine decodes at once (KV cache and max_num_seqs)
     waves: int               # batches of ``concurrent`` sequences one engine runs in turn
+    decode_steps: int = 0    # decode steps one engine runs (waves x response_len)
+    collective_s: float = 0.0   # of decode_s: the tp all-reduces' time
+    overhead_s: float = 0.0     # of decode_s: the per-step host time (DECODE_STEP_OVERHEAD_S)
 
     @property
     def total_s(self) -> float:
@@ -79,17 +131,24 @@ class GenerationTime:
 
 
 def generation_time(m: ModelSpec, gpu: GpuSpec, rl: RLSetup, n_gen_gpus: int, budget: EngineBudget,
-                    eff: Efficiency = Efficiency()) -> GenerationTime:
+                    eff: Efficiency = Efficiency(), cluster: Cluster | None = None,
+                    step_overhead_s: float | None = None) -> GenerationTime:
     """Prefill and decode of prompts x group sequences on n_gen_gpus / engine_tp engines.
 
     Prefill: the forward FLOPs of the prompt tokens at the matmul rate of engine_tp GPUs.
     Decode, per wave of ``concurrent`` sequences: the wave lasts response_len steps (its
-    longest response, RLSetup.response_mean); every step reads the engine's weight shard, and
-    each sequence of mean length r reads the KV cache of its context at each of its steps,
-    r x (prompt + r / 2) token-rows in all; the memory-bound time of those bytes, or the
-    compute-bound time of 2 x active parameters FLOPs per generated token, whichever is longer.
-    The sequences an engine holds at once are its KV-cache blocks over the blocks a sequence
-    of mean length needs (vLLM allocates blocks as sequences grow), at most max_num_seqs."""
+    longest response, RLSetup.response_mean). Each step reads the weights its batch touches
+    (decode_weight_bytes: the whole shard for dense models, the experts any sequence routes to
+    for MoE), and each sequence of mean length r reads the KV cache of its context at each of
+    its steps, r x (prompt + r / 2) token-rows in all; the memory-bound time of those bytes at
+    the HBM fraction of the efficiency model, or the compute-bound time of 2 x active
+    parameters FLOPs per generated token, whichever is longer; plus, every step, the engine's
+    tp all-reduces (decode_collective_s) and the engine's per-step host time
+    (``step_overhead_s``, default DECODE_STEP_OVERHEAD_S), which nothing hides. The sequences
+    an engine holds at once are its KV-cache blocks over the blocks a sequence of mean length
+    needs (vLLM allocates blocks as sequences grow), at most max_num_seqs."""
+    cluster = cluster or cluster_for(gpu)
+    per_step = DECODE_STEP_OVERHEAD_S if step_overhead_s is None else step_overhead_s
     e_tp = rl.engine_tp
     n_engines = max(1, n_gen_gpus // e_tp)
     per_engine = ceil_div(rl.prompts_per_step * rl.group_size, n_engines)
@@ -102,17 +161,21 @@ def generation_time(m: ModelSpec, gpu: GpuSpec, rl: RLSetup, n_gen_gpus: int, bu
     active = count_params(m).active
     kv_row_bytes = kv_cache_bytes(m, 1, 1, tp=e_tp)          # one token of every layer on one rank
     mean = rl.mean_response
+    steps = rl.response_len
 
-    def wave_s(n: int) -> float:
+    def wave_s(n: int) -> tuple[float, float]:
         kv_reads = n * mean * (rl.prompt_len + mean / 2) * kv_row_bytes
-        memory_s = (rl.response_len * budget.weights_bytes + kv_reads) / r.hbm_bytes_per_s
+        memory_s = (steps * decode_weight_bytes(m, budget.weights_bytes, n) + kv_reads) / r.hbm_bytes_per_s
         compute_s = 2 * active * n * mean / (e_tp * r.matmul_flops_per_s)
-        return max(memory_s, compute_s)
+        comm_s = steps * decode_collective_s(m, n, e_tp, cluster, eff)
+        return max(memory_s, compute_s) + comm_s + steps * per_step, comm_s
 
     full, rest = divmod(per_engine, concurrent)       # whole waves, then the remainder
-    decode_s = full * wave_s(concurrent) + (wave_s(rest) if rest else 0.0)
-    return GenerationTime(prefill_s=prefill_s, decode_s=decode_s, n_engines=n_engines,
-                          sequences_per_engine=per_engine, concurrent=concurrent, waves=waves)
+    (w_full, c_full), (w_rest, c_rest) = wave_s(concurrent), (wave_s(rest) if rest else (0.0, 0.0))
+    return GenerationTime(prefill_s=prefill_s, decode_s=full * w_full + w_rest, n_engines=n_engines,
+                          sequences_per_engine=per_engine, concurrent=concurrent, waves=waves,
+                          decode_steps=waves * steps, collective_s=full * c_full + c_rest,
+                          overhead_s=waves * steps * per_step)
 
 
 def resync_s(m: ModelSpec, dp: int, engine_tp: int, colocated: bool, cluster: Cluster,
