@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from planner.hardware.gpus import GpuSpec
 from planner.hardware.placement import Cluster, axis_links, cluster_for
+from planner.layouts.layout import Layout
 from planner.memory.inference import kv_cache_bytes
 from planner.memory.rollout import VLLM_BLOCK_SIZE, VLLM_MAX_NUM_SEQS, EngineBudget
 from planner.models.spec import ModelSpec, count_params
@@ -102,6 +103,17 @@ def forward_pass_s(m: ModelSpec, seq_len: int, n_tokens: float, n_gpus: int, t: 
     return forward_flops_per_token(m, seq_len) * n_tokens / n_gpus / training_flop_rate_per_gpu(t)
 
 
+def logprob_pass_s(m: ModelSpec, seq_len: int, n_tokens: float, n_gpus: int, t: StepTime) -> float:
+    """An RL log-prob pass (the policy's old log-probs, the reference's, PPO's values): a
+    no-grad forward of ``n_tokens`` over the training GPUs, run by the training stack itself
+    (NeMo-RL's ``get_logprobs`` on the Megatron policy workers, the same tp/pp/cp layout and
+    micro-batches), so it pays what the training step pays per FLOP: its tensor-parallel
+    collectives, pipeline bubbles and exposed data movement, not the matmuls alone. Its FLOPs
+    at the training step's whole hardware rate (StepTime.hardware_flops_per_s_per_gpu:
+    hardware FLOPs over the step time), seconds."""
+    return forward_flops_per_token(m, seq_len) * n_tokens / n_gpus / max(t.hardware_flops_per_s_per_gpu, 1e-12)
+
+
 def fsdp_gather_s(weight_bytes: int, dp: int, cluster: Cluster, eff: Efficiency) -> float:
     """One all-gather of ``weight_bytes`` over the data-parallel group (FSDP's gathers of a
     sharded teacher for each forward, or of the policy for the weight resync), seconds."""
@@ -178,18 +190,32 @@ def generation_time(m: ModelSpec, gpu: GpuSpec, rl: RLSetup, n_gen_gpus: int, bu
                           overhead_s=waves * steps * per_step)
 
 
-def resync_s(m: ModelSpec, dp: int, engine_tp: int, colocated: bool, cluster: Cluster,
+def resync_s(m: ModelSpec, lay: Layout, engine_tp: int, colocated: bool, cluster: Cluster,
              eff: Efficiency = Efficiency()) -> float:
-    """The policy's new weights into the engines (NeMo-RL's "refit", verl's weight sync):
-    colocated, the 16-bit weights are gathered from their data-parallel shards and copied into
-    the engine's buffers on the same GPU (an all-gather over dp and one HBM copy of the
-    engine's shard); on separate rollout GPUs they are broadcast over the network at the
-    GPU's NIC bandwidth. Seconds."""
+    """The policy's new weights into the engines (NeMo-RL's "refit", verl's weight sync), seconds.
+
+    Colocated, as NeMo-RL does it (NeMo-RL blog, "Journey of Optimizing Weight Transfer in
+    Large MoE Models by 10x", 2025-08-12: policy parameter gather, CUDA-IPC handles to the vLLM
+    workers on the same GPU, vLLM's load_weights; nemo_rl/models/megatron/refit_utils.py
+    ``gather_params`` gathers each parameter over the pipeline and expert groups): every
+    training GPU receives the full 16-bit weights from the ranks that shard them (tp x pp x ep,
+    and dp under ZeRO-3/FSDP), an all-gather on the slowest link of that group, then copies
+    its engine shard into the engine's buffers (one HBM read and write). On separate rollout
+    GPUs the weights are broadcast over the network at the GPU's NIC bandwidth."""
     weights = 2 * count_params(m).total
     r = rates(cluster.gpu, "bf16", eff)
-    if colocated:
-        return fsdp_gather_s(weights, dp, cluster, eff) + 2 * ceil_div(weights, engine_tp) / r.hbm_bytes_per_s
-    return weights / cluster.gpu.inter_node_bytes_per_s
+    if not colocated:
+        return weights / cluster.gpu.inter_node_bytes_per_s
+    dp_shard = lay.dp if lay.zero_stage >= 3 else 1
+    sizes = (lay.tp, 1, lay.ep, dp_shard, lay.pp)
+    n = lay.tp * lay.ep * dp_shard * lay.pp
+    copy_s = 2 * ceil_div(weights, engine_tp) / r.hbm_bytes_per_s
+    if n <= 1:
+        return copy_s
+    links = axis_links(cluster, sizes)
+    slowest = min((links[a] for a, k in zip(("tp", "cp", "ep", "dp", "pp"), sizes) if k > 1),
+                  key=lambda link: link.bus_bytes_per_s)
+    return gather_s(weights, n, slowest, eff) + copy_s
 
 
 def offload_s(n_bytes: int) -> float:
