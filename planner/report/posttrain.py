@@ -109,7 +109,7 @@ def rl_lines(p: PosttrainPlan) -> list[str]:
                       f"{e.blocks_per_sequence} blocks, so {e.max_sequences} at once",
                   f"  {g.n_engines} engines x {g.sequences_per_engine} sequences, {g.concurrent} decoded at once "
                   f"in {g.waves} wave(s), {g.decode_steps:,} decode steps (of which tp all-reduces "
-                  f"{duration(g.collective_s)}, per-step host time {duration(g.overhead_s)})"]
+                  f"{duration(g.collective_s)}, fitted per-step time {duration(g.overhead_s)})"]
     lines += ["", f"Step time: {duration(r.step_time_s)}"]
     lines += _rows([(k, duration(v)) for k, v in r.times_s.items()])
     return lines

@@ -140,7 +140,7 @@ class GenerationTime:
     waves: int               # batches of ``concurrent`` sequences one engine runs in turn
     decode_steps: int = 0    # decode steps one engine runs (decode_steps)
     collective_s: float = 0.0   # of decode_s: the tp all-reduces' time
-    overhead_s: float = 0.0     # of decode_s: the per-step host time (DECODE_STEP_OVERHEAD_S)
+    overhead_s: float = 0.0     # of decode_s: the fitted per-step time (DECODE_STEP_OVERHEAD_S)
 
     @property
     def total_s(self) -> float:
@@ -160,7 +160,7 @@ def generation_time(m: ModelSpec, gpu: GpuSpec, rl: RLSetup, n_gen_gpus: int, bu
     its steps, r x (prompt + r / 2) token-rows in all; the memory-bound time of those bytes at
     the HBM fraction of the efficiency model, or the compute-bound time of 2 x active
     parameters FLOPs per generated token, whichever is longer; plus, every step, the engine's
-    tp all-reduces (decode_collective_s) and the engine's per-step host time
+    tp all-reduces (decode_collective_s) and the fitted time per step not otherwise modelled
     (``step_overhead_s``, default DECODE_STEP_OVERHEAD_S), which nothing hides. The sequences
     an engine holds at once are its KV-cache blocks over the blocks a sequence of mean length
     needs (vLLM allocates blocks as sequences grow), at most max_num_seqs."""
