@@ -468,8 +468,8 @@ def output_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return _apply([
         click.option("--out", type=OutputPath(file_okay=False, path_type=Path), default=None, metavar="DIR",
                      help="Write the plan's configs here, only those its stack reads: ds_config.json and hostfile, "
-                          "accelerate_config.yaml, torchtitan_job.py, megatron_args.txt; launch.sh, slurm.sbatch, "
-                          "pytorchjob.yaml, plan.json."),
+                          "accelerate_config.yaml, train.py (DeepSpeed, hf), torchtitan_job.py, megatron_args.txt; "
+                          "launch.sh, slurm.sbatch, pytorchjob.yaml, plan.json."),
         click.option("--force", is_flag=True, help="With --out or --plot, overwrite existing files."),
         click.option("--plot", type=OutputPath(dir_okay=False, path_type=Path), default=None, metavar="FILE",
                      help="Draw the plan into FILE (.png or .svg): memory per rank by category against the "

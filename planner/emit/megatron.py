@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from planner.emit import EmitOptions, check_options, chosen
+from planner.emit.schedule import Schedule, training_schedule
 from planner.errors import UserError
 from planner.memory.model import stage_layers
 from planner.stacks.architecture import architecture
@@ -270,7 +271,8 @@ def to_megatron_args(r: PlanResult, opts: EmitOptions = EmitOptions()) -> list[s
     else:
         args += ["--optimizer", "adam", "--adam-beta1", repr(opts.betas[0]), "--adam-beta2", repr(opts.betas[1]),
                  "--adam-eps", repr(opts.eps)]
-    args += ["--lr", repr(opts.lr), "--weight-decay", repr(opts.weight_decay), "--clip-grad", repr(opts.grad_clip)]
+    args += ["--weight-decay", repr(opts.weight_decay), "--clip-grad", repr(opts.grad_clip)]
+    args += schedule_args(training_schedule(r, opts))
     if opts.offload_optimizer == "cpu":
         # validate_args: the CPU offload runs through the precision-aware optimizer path
         args += ["--optimizer-cpu-offload", "--use-precision-aware-optimizer"]
@@ -283,6 +285,18 @@ def to_megatron_args(r: PlanResult, opts: EmitOptions = EmitOptions()) -> list[s
         args += ["--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16"]
     args += fp8_args(s)
     return args
+
+
+def schedule_args(sch: Schedule) -> list[str]:
+    """The run's length and learning-rate schedule (planner.emit.schedule) in Megatron-LM's
+    sample-based words (megatron/training/arguments.py, _add_training_args and
+    _add_learning_rate_args): --train-samples, then --lr, --min-lr, --lr-decay-style
+    cosine, --lr-warmup-samples and --lr-decay-samples (validate_args: sample-based training
+    takes sample-based warmup and decay). Without a length Megatron-LM stops in
+    get_optimizer_param_scheduler: "either train-iters or train-samples should be provided"."""
+    return ["--train-samples", str(sch.samples), "--lr", repr(sch.peak_lr), "--min-lr", repr(sch.min_lr),
+            "--lr-decay-style", "cosine", "--lr-warmup-samples", str(sch.warmup_samples),
+            "--lr-decay-samples", str(sch.samples)]
 
 
 def fp8_args(s: TrainingSetup) -> list[str]:
