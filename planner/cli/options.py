@@ -21,6 +21,7 @@ from planner.training.finetune import METHODS, QUANTS
 from planner.training.fp8 import FP8_RECIPE_CHOICES
 from planner.training.setup import (
     ATTENTION,
+    CROSS_ENTROPIES,
     DS_CHECKPOINTING,
     FSDP_PIPELINE_GRAD_SYNCS,
     KERNELS,
@@ -69,6 +70,8 @@ class Options:
     fsdp: str | None = None
     fsdp_pipeline_grad_sync: str = "step"    # FSDP under pp: reduce-scatter once a step or every micro-batch
     pp_balance: str = "none"                 # the pipeline split: even, or embedding and loss counted as layers
+    pp_microbatch_group: int = 0             # interleaved 1F1B's micro-batch group N (0: pp, Megatron-Core's default)
+    cross_entropy: str = "native"            # Megatron-Core's loss kernel: native, or Transformer Engine's
     vp: int | None = None
     sp: bool | None = None
     micro_batch: int | None = None
@@ -266,6 +269,16 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
                           "layer each, so the first and last stages hold one block fewer (Llama 3's balance; "
                           "Megatron-LM's --account-for-embedding/loss-in-pipeline-split). Needs pp x vp to divide "
                           "the layers + 2."),
+        click.option("--pp-microbatch-group", type=click.IntRange(0, MAX_GLOBAL_BATCH), default=0,
+                     help="Interleaved 1F1B (vp > 1): micro-batches run through one model chunk before the next "
+                          "(Megatron-Core's microbatch_group_size_per_vp_stage; 0: pp, its default). Stage r's "
+                          "warm-up holds (pp - r - 1) x 2 + (vp - 1) x N chunks; Megatron-Core accepts N from pp "
+                          "to the micro-batches per step, Llama 3's schedule fewer."),
+        click.option("--cross-entropy", type=click.Choice(CROSS_ENTROPIES), default="native", show_default=True,
+                     help="--stack megatron's loss: 'native' keeps the logits' exp in fp32 for backward "
+                          "(Megatron-Core's vocab-parallel cross entropy); 'te' is Transformer Engine's, which keeps "
+                          "only the 16-bit logits with their gradient written in place (Megatron-Core's "
+                          "cross_entropy_fusion_impl; Megatron-Bridge's Llama 3 recipes)."),
         click.option("--vp", type=click.IntRange(1, 64), default=None,
                      help="Virtual stages per pipeline rank (interleaved 1F1B)."),
         click.option("--sp/--no-sp", default=None, help="Sequence parallelism with tp (default: on when tp > 1)."),

@@ -224,7 +224,8 @@ def degree_conflict(m: Any, setup: Any, kw: Mapping[str, Any]) -> str | None:
                    micro_batch=1, grad_accum=pp, seq_len=setup.seq_len)
     plain = replace(setup, global_batch=pp * ep, offload_optimizer="none", offload_params="none",
                     finetune=FinetuneSpec(), stack="auto",    # degrees only: the stack is checked per layout
-                    offload_activations=0, mtp_layers=0)
+                    offload_activations=0, mtp_layers=0, pp_microbatch_group=0,
+                    cross_entropy="native")
     reason = reject_reason(m, plain, probe, 1 << 20)
     if reason is None:
         return None

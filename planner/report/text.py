@@ -135,6 +135,8 @@ def assumptions(r: PlanResult) -> dict[str, Any]:
         "kernels": s.kernels,
         "fsdp_pipeline_grad_sync": s.fsdp_pipeline_grad_sync,
         **({"pp_balance": s.pp_balance} if s.pp_balance != "none" else {}),
+        **({"pp_microbatch_group": s.pp_microbatch_group} if s.pp_microbatch_group else {}),
+        **({"cross_entropy": s.cross_entropy} if s.cross_entropy != "native" else {}),
         "usable_memory_fraction": s.usable_memory_fraction,
         "overheads": asdict(s.overheads),
         "buffers": asdict(s.buffers),

@@ -108,6 +108,12 @@ ARGUMENTS: dict[str, object] = {
     # 0.16.1 TransformerConfig account_for_embedding_in_pipeline_split and
     # account_for_loss_in_pipeline_split, bools (transformer/transformer_config.py lines 96-102)
     "--account-for-embedding-in-pipeline-split": FLAG, "--account-for-loss-in-pipeline-split": FLAG,
+    # ModelParallelConfig microbatch_group_size_per_vp_stage, Optional[int], argparse name
+    # --microbatch-group-size-per-virtual-pipeline-stage (model_parallel_config.py lines 343-347)
+    "--microbatch-group-size-per-virtual-pipeline-stage": int,
+    # ModelParallelConfig cross_entropy_loss_fusion (bool) and cross_entropy_fusion_impl
+    # (Literal['native', 'te']), model_parallel_config.py lines 241-249
+    "--cross-entropy-loss-fusion": FLAG, "--cross-entropy-fusion-impl": ["native", "te"],
 }
 
 # Defaults of the flags the rules read, as the parser sets them (same file and commit).
