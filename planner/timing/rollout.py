@@ -40,7 +40,7 @@ HOST_COPY_BYTES_PER_S = 50e9
 # sampling, output processing) and the gaps between CUDA-graph replays, and whatever else each
 # step costs beyond them (MoE kernels below the HBM fraction at a few tokens per expert).
 # FITTED: the one free value of the RL step time, least squares on the relative errors of
-# NeMo-RL's five on-policy GRPO rows (16.23 ms; leave one row out 13.2 to 28.3 ms:
+# NeMo-RL's five on-policy GRPO rows (16.25 ms; leave one row out 13.2 to 28.3 ms:
 # bench/posttrain_nemo_rl.py). Not measured: no published per-step figure for vLLM at these
 # batches was found, and the value stands for every per-step cost not modelled, not the host
 # time alone (the dense rows ask for about 10 ms, Qwen3-30B-A3B for about 38 ms).
