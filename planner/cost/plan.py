@@ -202,6 +202,20 @@ def _sweep_all(tasks: list[tuple[_Pool, list[int], float, float]]) -> None:
             task[0].found.update(_sweep_task(task))
 
 
+def _sweep_counts_together(wanted: Sequence[tuple[_Pool, set[int]]]) -> None:
+    """Sweep each pool's counts, the pools of one model and set-up count by count in turn,
+    so that GPU types of one node size share each count's sizing (search.sweep.sized_layouts
+    keeps the last one). The same counts as one sweep per pool, the same answers."""
+    groups: dict[tuple, list[tuple[_Pool, set[int]]]] = {}
+    for pool, ns in wanted:
+        groups.setdefault((pool.m, pool.setup, pool.space, pool.gpu.gpus_per_node), []).append((pool, ns))
+    for group in groups.values():
+        for n in sorted(set().union(*(ns for _, ns in group))):
+            for pool, ns in group:
+                if n in ns:
+                    pool.at([n])
+
+
 def _pools(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, space: SearchSpace,
            topology: str | None, eff: Efficiency, keep: int) -> list[_Pool]:
     if topology is not None and len(gpus) > 1:
@@ -599,7 +613,7 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
         for (jn, gn), ns in more.items():
             pool = search(next(j for j in jobs if j.name == jn), get_gpu(gn))
             wanted.setdefault(id(pool), (pool, set()))[1].update(ns)
-        _sweep_all([(pool, sorted(ns), 1.0, math.inf) for pool, ns in wanted.values()])
+        _sweep_counts_together([(pool, ns) for pool, ns in wanted.values()])
         for (jn, gn), ns in more.items():
             job, g = next(j for j in jobs if j.name == jn), get_gpu(gn)
             for cb in search(job, g).at(ns):

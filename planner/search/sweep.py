@@ -23,7 +23,7 @@ from planner.hardware.placement import Cluster
 from planner.layouts.batch import RECOMPUTES, LayoutArrays, valid_layouts
 from planner.layouts.layout import SearchSpace
 from planner.memory.model import min_model_state_bytes_per_param, rank_memories
-from planner.memory.peak import memory_batch
+from planner.memory.peak import MemoryBatch, memory_batch
 from planner.models.spec import ModelSpec, ParamCount, count_params
 from planner.search.search import RECOMPUTE_COST, Candidate
 from planner.timing.fast import step_times, step_times_s
@@ -51,14 +51,31 @@ def count_layouts(m: ModelSpec, setup: TrainingSetup, n: int, gpus_per_node: int
     return valid_layouts(m, setup, n, gpus_per_node, space)
 
 
+_LAST_SIZED: dict[tuple, tuple[LayoutArrays, MemoryBatch | None]] = {}
+
+
+def sized_layouts(m: ModelSpec, setup: TrainingSetup, n: int, gpus_per_node: int, space: SearchSpace,
+                  pc: ParamCount) -> tuple[LayoutArrays, MemoryBatch | None]:
+    """The valid layouts on ``n`` GPUs and their memory batch (None where there are none).
+    Neither reads the GPU beyond its node size, so GPU types of one node size share them:
+    the last count's pair is kept (one entry: a batch holds every layout's terms), and a
+    caller that sweeps one count on several GPU types in turn sizes it once (cost.plan's
+    purchase sweep: three GPU types took three sizings of each count, issue 32)."""
+    key = (m, setup, n, gpus_per_node, space)
+    hit = _LAST_SIZED.get(key)
+    if hit is None:
+        _LAST_SIZED.clear()
+        arrays = count_layouts(m, setup, n, gpus_per_node, space)
+        hit = _LAST_SIZED[key] = (arrays, memory_batch(m, setup, arrays, pc, gpus_per_node) if len(arrays) else None)
+    return hit
+
+
 def _fastest_on_count(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, n: int, capacity_bytes: int,
                       space: SearchSpace, eff: Efficiency, keep: int, pc: ParamCount,
                       host_capacity_bytes: int | None, nvme_capacity_bytes: int | None) -> CountBest:
-    gpn = cluster.gpu.gpus_per_node
-    arrays = count_layouts(m, setup, n, gpn, space)
-    if not len(arrays):
+    arrays, batch = sized_layouts(m, setup, n, cluster.gpu.gpus_per_node, space, pc)
+    if batch is None:
         return CountBest(n_gpus=n, fastest=())
-    batch = memory_batch(m, setup, arrays, pc, gpn)
     totals = batch.total
     may_fit = np.flatnonzero(totals <= capacity_bytes)
     if not len(may_fit):
