@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -181,25 +181,38 @@ def without_terms(cb: CountBest) -> CountBest:
     return replace(cb, fastest=tuple(replace(c, memory=replace(c.memory, terms=None)) for c in cb.fastest))
 
 
-def _sweep_task(task: tuple[_Pool, list[int], float, float]) -> dict[int, CountBest]:
-    """Sweep ``counts`` of a pool in order, stopping after the first count whose fastest
-    layout trains ``tokens`` within ``window_s`` (math.inf: no stop)."""
+def _sweep_steps(task: tuple[_Pool, list[int], float, float]) -> Iterator[int]:
+    """Sweep ``counts`` of a pool in order, one count a step, stopping after the first count
+    whose fastest layout trains ``tokens`` within ``window_s`` (math.inf: no stop)."""
     pool, counts, tokens, window_s = task
     for n in counts:
         (cb,) = pool.at([n])
+        yield n
         if window_s < math.inf and cb.fastest and cb.fastest[0].time.train_time_s(tokens) <= window_s:  # type: ignore[union-attr]
-            break
-    return dict(pool.found)
+            return
 
 
 def _sweep_all(tasks: list[tuple[_Pool, list[int], float, float]]) -> None:
-    """Run _sweep_task for each task, one after the other, keeping what they find in their
-    pools. (Worker processes, one per GPU type, were slower once the sweep timed each
-    count's layouts as one batch: on the 2-core machine forking and sending the candidates
-    back cost more than the sweeps; docs/performance.md.)"""
+    """Run each task's sweep (_sweep_steps), keeping what they find in their pools. The
+    tasks of pools of one model and set-up on one node size take turns count by count, so
+    that their GPU types share each count's sizing (search.sweep.sized_layouts keeps the
+    last); each task sweeps the counts it swept alone. (Worker processes, one per GPU type,
+    were slower once the sweep timed each count's layouts as one batch: on the 2-core
+    machine forking and sending the candidates back cost more than the sweeps;
+    docs/performance.md.)"""
+    groups: dict[tuple, list[Iterator[int]]] = {}
     for task in tasks:
-        if any(n not in task[0].found for n in task[1]):
-            task[0].found.update(_sweep_task(task))
+        pool = task[0]
+        if any(n not in pool.found for n in task[1]):
+            groups.setdefault(_sizing_key(pool), []).append(_sweep_steps(task))
+    for live in groups.values():
+        while live:
+            live = [steps for steps in live if next(steps, None) is not None]
+
+
+def _sizing_key(pool: _Pool) -> tuple:
+    """What a count's sizing reads of a pool (search.sweep.sized_layouts)."""
+    return (pool.m, pool.setup, pool.space, pool.gpu.gpus_per_node)
 
 
 def _sweep_counts_together(wanted: Sequence[tuple[_Pool, set[int]]]) -> None:
@@ -208,7 +221,7 @@ def _sweep_counts_together(wanted: Sequence[tuple[_Pool, set[int]]]) -> None:
     keeps the last one). The same counts as one sweep per pool, the same answers."""
     groups: dict[tuple, list[tuple[_Pool, set[int]]]] = {}
     for pool, ns in wanted:
-        groups.setdefault((pool.m, pool.setup, pool.space, pool.gpu.gpus_per_node), []).append((pool, ns))
+        groups.setdefault(_sizing_key(pool), []).append((pool, ns))
     for group in groups.values():
         for n in sorted(set().union(*(ns for _, ns in group))):
             for pool, ns in group:
