@@ -217,11 +217,13 @@ def test_folded_placements_match_the_full_graph(name, n_nodes, sizes, order):
 
 
 def test_no_topology_falls_back_to_the_gpu_catalog():
-    v100 = cluster_for(get_gpu("v100"))
+    # every catalog GPU has a default topology (issue 33): a user's GPU entry without one
+    gpu = replace(get_gpu("v100"), name="my-v100", default_topology=None)
+    v100 = cluster_for(gpu)
     assert v100.topology is None
     links = axis_links(v100, (8, 1, 1, 2, 1))
-    assert links["tp"].bus_bytes_per_s == get_gpu("v100").intra_node_bytes_per_s
-    assert links["dp"].bus_bytes_per_s == pytest.approx(get_gpu("v100").inter_node_bytes_per_s)
+    assert links["tp"].bus_bytes_per_s == gpu.intra_node_bytes_per_s
+    assert links["dp"].bus_bytes_per_s == pytest.approx(gpu.inter_node_bytes_per_s)
 
 
 # ------------------------------------------------------- rankings, through the model
