@@ -11,9 +11,9 @@ from planner.memory.model import (
     model_state_bytes,
     per_rank_memory,
     rank_params,
-    resolve_kernels,
 )
 from planner.models.spec import ModelSpec, count_params
+from planner.training.kernels import layout_kernels
 from planner.training.setup import TrainingSetup, optimizer_state_bytes_per_param
 
 
@@ -86,7 +86,7 @@ def test_activations_grow_with_micro_batch_and_sequence(case):
     bigger_b = per_rank_memory(m, setup, replace(lay, micro_batch=lay.micro_batch * 2)).breakdown
     longer = replace(lay, seq_len=lay.seq_len * 2)
     bigger_s = per_rank_memory(m, replace(setup, seq_len=longer.seq_len), longer).breakdown
-    kernels = resolve_kernels(setup, lay)
+    kernels = layout_kernels(setup, lay)
     kept = layer_activation_bytes(m, setup, lay, kernels)
     assert layer_activation_bytes(m, setup, replace(lay, micro_batch=lay.micro_batch * 2), kernels) >= kept
     assert layer_activation_bytes(m, replace(setup, seq_len=longer.seq_len), longer, kernels) >= kept
@@ -99,7 +99,7 @@ def test_activations_grow_with_micro_batch_and_sequence(case):
 def test_recompute_ordering(case):
     m, setup, lay = case
     modes = ("none", "selective", "full")
-    kernels = resolve_kernels(setup, lay)
+    kernels = layout_kernels(setup, lay)
     kept = {r: layer_activation_bytes(m, setup, replace(lay, recompute=r), kernels) for r in modes}
     assert kept["full"] <= kept["selective"] <= kept["none"]
     tot = {r: per_rank_memory(m, setup, replace(lay, recompute=r)).breakdown for r in modes}

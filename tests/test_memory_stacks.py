@@ -19,8 +19,9 @@ from click.testing import CliRunner
 
 from planner.cli.main import cli
 from planner.layouts.layout import Layout
-from planner.memory.activations import layer_activation_bytes, resolve_kernels
+from planner.memory.activations import layer_activation_bytes
 from planner.models.families import spec_from_hf_config
+from planner.training.kernels import layout_kernels
 from planner.training.setup import TrainingSetup
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,7 +75,7 @@ def test_torchtitan_block_keeps_what_its_own_block_keeps(recompute: str) -> None
     m = spec_from_hf_config(SMALL, "small", "test")
     setup = TrainingSetup(seq_len=SEQ, stack="torchtitan")
     lay = Layout(micro_batch=1, seq_len=SEQ, recompute=recompute)
-    predicted = layer_activation_bytes(m, setup, lay, resolve_kernels(setup, lay))
+    predicted = layer_activation_bytes(m, setup, lay, layout_kernels(setup, lay))
     measured = block_saved_bytes(recompute)
     output = SEQ * SMALL["hidden_size"] * 2
     # without recomputation no op of the block keeps its input: the held output is the test's

@@ -35,21 +35,6 @@ class ActivationTerm:
         return (not self.selective) if recompute == "selective" else not self.selective_only
 
 
-def resolve_kernels(setup: TrainingSetup, lay: Layout) -> str:
-    """fused (Megatron-style), eager (PyTorch ops in the compute dtype, as under FSDP's or
-    DeepSpeed's 16-bit parameters) or amp (eager ops under torch.autocast with fp32
-    parameters: what DDP and the Hugging Face Trainer run for replicated mixed precision)."""
-    if setup.stack == "torchtitan":
-        return "torchtitan"
-    kernels = "fused" if setup.stack == "megatron" else setup.kernels
-    if kernels == "auto":
-        kernels = "fused" if (lay.tp > 1 or lay.pp > 1 or lay.cp > 1) else "eager"
-    if (kernels == "eager" and lay.sharding == "zero" and lay.zero_stage == 0
-            and setup.precision_spec.is_mixed):
-        return "amp"
-    return kernels
-
-
 def layer_activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) -> list[ActivationTerm]:
     """Tensors one transformer block saves for backward, per micro-batch, on one rank.
 

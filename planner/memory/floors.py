@@ -13,7 +13,6 @@ from planner.layouts.layout import Layout
 from planner.memory.activations import (
     activation_key,
     block_activations,
-    resolve_kernels,
 )
 from planner.memory.params import (
     optimizer_bytes_per_param,
@@ -25,6 +24,7 @@ from planner.memory.shapes import in_flight_microbatches
 from planner.memory.states import expert_padding, hybrid_degree, model_state_bytes
 from planner.models.spec import ModelSpec, ParamCount, count_params
 from planner.training.finetune import FinetuneSpec, activation_layers
+from planner.training.kernels import layout_kernels
 from planner.training.setup import TrainingSetup, optimizer_state_bytes_per_param
 
 
@@ -68,7 +68,7 @@ def held_activation_floor_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout)
     """The block activations the most loaded stage holds at the start of backward (the
     largest over the stages per_rank_memory checks), a part of its tracked bytes then."""
     ft = setup.finetune
-    kernels = resolve_kernels(setup, lay)
+    kernels = layout_kernels(setup, lay)
     if kernels == "amp" and not ft.is_full:
         kernels = "eager"
     layer_act, _ = block_activations(m, setup, activation_key(lay), kernels)
@@ -133,7 +133,7 @@ def _model_state_floors(m: ModelSpec, setup: TrainingSetup, lays: tuple[Layout, 
     plain_rows = []
     offload = setup.offload_optimizer != "none" or setup.offload_params != "none"
     for i, lay in enumerate(lays):
-        if setup.finetune.is_full and not offload and resolve_kernels(setup, lay) != "amp":
+        if setup.finetune.is_full and not offload and layout_kernels(setup, lay) != "amp":
             plain_rows.append(i)
             continue
         per_param = min_model_state_bytes_per_param(setup)

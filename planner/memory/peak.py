@@ -57,6 +57,7 @@ from planner.memory.states import (
     sharded_frozen_bytes,
 )
 from planner.models.spec import ModelSpec, ParamCount, count_params
+from planner.training.kernels import block_kernel_codes
 from planner.training.setup import Precision, TrainingSetup
 
 # the moments of a step, in the order the peak is chosen among equals (and a step goes:
@@ -262,19 +263,9 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     full_shard = fsdp & (sa.zero_stage == 3)
     dense_deg = sa.dp * sa.cp * sa.ep
     n_gpus = dense_deg * sa.tp * sa.pp
-    # fused (Megatron-style), eager (PyTorch ops in the compute dtype, as under FSDP's or
-    # DeepSpeed's 16-bit parameters) or amp (eager ops under torch.autocast with fp32
-    # parameters: what DDP and the Hugging Face Trainer run for replicated mixed precision)
-    # (activations.resolve_kernels per layout); a stack fixes them: torchtitan its own block
-    # and loss, megatron fused kernels (planner/stacks/catalog.toml)
-    if setup.stack in ("torchtitan", "megatron"):
-        kern = np.full(len(sa), sh.TITAN if setup.stack == "torchtitan" else sh.FUSED, dtype=np.int64)
-    elif setup.kernels == "auto":
-        kern = np.where((sa.tp > 1) | (sa.pp > 1) | (sa.cp > 1), sh.FUSED, sh.EAGER)
-    else:
-        kern = np.full(len(sa), sh.KERNELS.index(setup.kernels), dtype=np.int64)
-    if prec.is_mixed:
-        kern = np.where((kern == sh.EAGER) & (sa.sharding == 0) & (sa.zero_stage == 0), sh.AMP, kern)
+    # the kernels each layout's blocks run: the stack's, or --kernels' (training.kernels, the
+    # rule the step time reads too)
+    kern = block_kernel_codes(setup, sa.tp, sa.pp, sa.cp, (sa.sharding == 0) & (sa.zero_stage == 0))
     autocast = kern == sh.AMP
     # trainable parameters kept in fp32 with fp32 gradients: everything under autocast; and
     # with a frozen base on replicated ranks, PEFT's adapters (autocast_adapter_dtype) and

@@ -33,7 +33,6 @@ from planner.timing.model import (
     Efficiency,
     StepTime,
     axis_links,
-    block_kernels,
     head_backward_gemms,
     layer_key,
     layer_time,
@@ -42,6 +41,7 @@ from planner.timing.model import (
     step_arrays,
     trained_split,
 )
+from planner.training.kernels import layout_kernels
 from planner.training.setup import TrainingSetup, optimizer_state_bytes_per_param
 
 # ----------------------------------------------------------------------------- time
@@ -86,7 +86,7 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
     gpu = cluster.gpu
     prec = setup.precision_spec
     parts = step_arrays(m, setup, LayoutArrays.from_layouts([lay]), cluster, eff, pc, [st.placement])
-    lt = layer_time(m, setup, layer_key(lay), block_kernels(setup, lay), gpu, eff)
+    lt = layer_time(m, setup, layer_key(lay), layout_kernels(setup, lay), gpu, eff)
     links = axis_links(cluster, (lay.tp, lay.cp, lay.ep, lay.dp, lay.pp), st.placement)
     fwd_mb, bwd_mb, t_mb = float(parts.fwd_mb_s[0]), float(parts.bwd_mb_s[0]), float(parts.micro_batch_s[0])
     n_slow, n_slow_bwd, slow_stage = int(parts.n_slow[0]), int(parts.n_slow_bwd[0]), int(parts.slow_stage[0])

@@ -275,9 +275,9 @@ def stack_lines(r: PlanResult) -> list[str]:
     if s.stack == "auto":
         if shown is None:
             return []
-        from planner.memory.activations import resolve_kernels
         from planner.stacks import default_stack_reason
-        return [f"  stack: {default_stack_reason(r.model, shown.layout, resolve_kernels(s, shown.layout))}"
+        from planner.training.kernels import layout_kernels
+        return [f"  stack: {default_stack_reason(r.model, shown.layout, layout_kernels(s, shown.layout))}"
                 "; --stack to change"]
     if s.stack not in ("torchtitan", "megatron"):     # hf and deepspeed keep the kernels' profile
         return []

@@ -93,7 +93,7 @@ def default_stack(m: ModelSpec, lay: Layout, kernels: str | None = None) -> str:
     """The stack that runs ``lay`` when the user names none.
 
     ``kernels``: the kernels the memory model used for the layout (planner.memory.activations.
-    resolve_kernels); the stack follows them, so the memory profile on screen and the files
+    layout_kernels); the stack follows them, so the memory profile on screen and the files
     --out writes describe one stack. Fused (Megatron-style, what ``--kernels auto`` picks for
     tp, pp or cp): megatron. Otherwise FSDP without pipeline parallelism: hf (accelerate/
     torchrun, FSDP2; accelerate's ParallelismConfig takes tp and cp). FSDP with pipeline

@@ -102,6 +102,7 @@ from planner.timing.parts import (
     StepArrays,
 )
 from planner.timing.step import StepTime
+from planner.training.kernels import KERNELS, block_kernel_codes
 from planner.training.setup import TrainingSetup
 
 
@@ -361,8 +362,10 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
     ppp = pp[pd]
     sp_p, pvp, mb_p, rc_p, pga = g.p_cols
     # the block shape (tp, sp, cp, ep, micro-batch, recomputation, kernels): LayoutGroups' B
-    kernel_names = (setup.kernels,) if setup.kernels != "auto" else ("eager", "fused")
-    kern_d = g.fused_d if setup.kernels == "auto" else np.zeros(n_d, dtype=np.int64)
+    # (training.kernels, the rule the memory model reads; the sharding is not known per D,
+    # so amp is timed as the eager ops it runs)
+    kernel_names = KERNELS
+    kern_d = block_kernel_codes(setup, tp, pp, cp, False)
     b_inv, b_first = g.b_inv, g.b_rep
     b_d = pd[b_first]
     block_rows = _rows(13, np.float64, "block", m, setup, cluster, eff, etp)

@@ -24,6 +24,7 @@ from planner.training.finetune import (
     resolve_targets,
 )
 from planner.training.fp8 import Fp8Recipe
+from planner.training.kernels import runs_fused_elementwise, selective_policy
 from planner.training.linears import block_linears
 from planner.training.setup import (
     Precision,
@@ -161,6 +162,8 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
     2.5x forward (Dao 2023, Sec. 3.1: backward recomputes the scores); eager as two batched
     GEMMs per head with k = head_dim and k = s. Element-wise kernels at HBM bandwidth
     (elementwise_bytes_per_token; eager kernels x Efficiency.unfused_elementwise_factor).
+    ``kernels``: what the block runs (training.kernels.block_kernel_codes, the rule the memory
+    model reads too): fused, eager, amp or torchtitan (its per-op SelectiveAC under selective).
     Recomputation adds forward work: full the whole block, selective the
     attention core (Korthikanti et al. 2022, Sec. 4.2-4.3).
 
@@ -207,7 +210,7 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
         batch = key.micro_batch * heads
         attn_fwd = gemm(s / cp, s, d, batch) + gemm(s / cp, d, s, batch)
         attn_bwd = 2 * attn_fwd
-    factor = 1.0 if kernels == "fused" else eff.unfused_elementwise_factor
+    factor = 1.0 if runs_fused_elementwise(setup, kernels) else eff.unfused_elementwise_factor
     elem = elementwise_bytes_per_token(m, key, setup)
     elem_fwd, elem_bwd = (tokens * factor / hbm * x for x in (elem.fwd, elem.bwd))
     if prec.fp8 is not None:
@@ -223,7 +226,8 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
         bwd = gemm_fwd + attn_bwd + elem_bwd + 2 * adapter_fwd + dequant
     if key.recompute == "full":
         bwd += fwd * setup.recomputed_share     # Megatron's block method reruns N layers of each stage
-    elif key.recompute == "selective" and eff.selective_policy == "torchtitan-op" and not m.is_moe:
+    elif key.recompute == "selective" and selective_policy(kernels, eff.selective_policy) == "torchtitan-op" \
+            and not m.is_moe:
         # every second mm of the block's forward order (wq wk wv wo, then w1 w3 w2 or fc1 fc2)
         # and the element-wise ops (Efficiency.selective_policy)
         second = [gemm(tokens, kv / tp, h), gemm(tokens, h, q / tp)]
@@ -379,10 +383,3 @@ def layer_key(lay: Layout) -> Layout:
     return Layout(tp=lay.tp, sp=lay.sp, cp=lay.cp, ep=lay.ep, micro_batch=lay.micro_batch,
                   seq_len=lay.seq_len, recompute=lay.recompute, etp=lay.etp)
 
-
-def block_kernels(setup: TrainingSetup, lay: Layout) -> str:
-    """The kernels a block runs: the set-up's, or under "auto" fused kernels (Megatron-LM,
-    Transformer Engine) where tp, pp or cp exceeds 1 and eager PyTorch otherwise."""
-    if setup.kernels != "auto":
-        return setup.kernels
-    return "fused" if (lay.tp > 1 or lay.pp > 1 or lay.cp > 1) else "eager"
