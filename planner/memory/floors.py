@@ -15,7 +15,7 @@ from planner.memory.activations import (
     block_activations,
 )
 from planner.memory.params import (
-    optimizer_bytes_per_param,
+    optimizer_state_bytes,
     rank_params,
     stage_layers,
     stages_to_check,
@@ -25,7 +25,7 @@ from planner.memory.states import expert_padding, hybrid_degree, model_state_byt
 from planner.models.spec import ModelSpec, ParamCount, count_params
 from planner.training.finetune import FinetuneSpec, activation_layers
 from planner.training.kernels import layout_kernels
-from planner.training.setup import TrainingSetup, optimizer_state_bytes_per_param
+from planner.training.setup import TrainingSetup
 
 
 def min_model_state_bytes_per_param(setup: TrainingSetup) -> float:
@@ -39,9 +39,7 @@ def min_model_state_bytes_per_param(setup: TrainingSetup) -> float:
     ft = setup.finetune
     if not ft.is_full:
         return {"nf4": 0.5, "int4": 0.5, "int8": 1.0}.get(ft.quant, float(p.weight_bytes))
-    opt = optimizer_state_bytes_per_param(setup.optimizer) if setup.optimizer != "adafactor" else 0.0
-    if setup.optimizer_state_bytes is not None:
-        opt = setup.optimizer_state_bytes
+    opt = optimizer_state_bytes(None, setup)       # no model here: Adafactor's lower bound, 0
     if setup.offload_optimizer != "none":
         return float(p.weight_bytes)
     zero = p.weight_bytes + p.grad_bytes + p.master_bytes + opt
@@ -143,8 +141,7 @@ def _model_state_floors(m: ModelSpec, setup: TrainingSetup, lays: tuple[Layout, 
                                             + rp.expert * per_param / lay.expert_shard_degree) for rp in rps),
                             fsdp=lay.is_fsdp)
     if plain_rows:
-        opt_pp = (setup.optimizer_state_bytes if setup.optimizer_state_bytes is not None
-                  else optimizer_bytes_per_param(m, setup.optimizer))
+        opt_pp = optimizer_state_bytes(m, setup)
         plain = [lays[i] for i in plain_rows]
         a = LayoutArrays.from_layouts(plain)
         hybrid = hybrid_degree(a, gpus_per_node)

@@ -46,6 +46,7 @@ from planner.memory.buffers import (
     fsdp_post_backward_bytes,
 )
 from planner.memory.fp8 import fp8_weight_bytes
+from planner.memory.params import optimizer_state_bytes
 from planner.memory.states import (
     ModelStates,
     OffloadSplit,
@@ -278,9 +279,7 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     kernels = np.where(autocast, sh.EAGER, kern) if not ft.is_full else kern
     # QLoRA: 16-bit adapters with no master copy, updated by paged 8-bit AdamW
     state_prec = Precision.named("bf16") if lora16 else prec
-    opt_pp = sh.optimizer_bytes_per_param(m, "adam8bit" if ft.paged_8bit_optimizer else setup.optimizer)
-    if setup.optimizer_state_bytes is not None:
-        opt_pp = setup.optimizer_state_bytes
+    opt_pp = optimizer_state_bytes(m, setup)
     # freeze on replicated ranks upcasts the trainable blocks to fp32: in pure 16-bit
     # training (no autocast) their activations are fp32 too
     if ft.method == "freeze" and prec.activation_bytes < 4:

@@ -8,6 +8,7 @@ from planner.hardware.gpus import sustained_rate
 from planner.hardware.placement import Cluster
 from planner.layouts.batch import LayoutArrays
 from planner.layouts.layout import Layout
+from planner.memory.params import optimizer_state_bytes
 from planner.models.spec import ModelSpec, ParamCount
 from planner.report.terms import (
     BUBBLE,
@@ -36,13 +37,13 @@ from planner.timing.model import (
     head_backward_gemms,
     layer_key,
     layer_time,
-    optimizer_bytes_per_param,
+    optimizer_update_bytes_per_param,
     rates,
     step_arrays,
     trained_split,
 )
 from planner.training.kernels import layout_kernels
-from planner.training.setup import TrainingSetup, optimizer_state_bytes_per_param
+from planner.training.setup import TrainingSetup
 
 # ----------------------------------------------------------------------------- time
 
@@ -225,10 +226,10 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
     out.append(_time("optimizer", "optimizer update",
                      "(Psi / N_d + Psi_e / N_e) x (2 x (master + optimizer state bytes) + gradient + weight bytes) "
                      "/ HBM rate; Psi: trainable parameters", opt_s, OPT_TIME, Psi=rp.trainable_dense,
-                     Psi_e=rp.trainable_expert, bytes_per_param=optimizer_bytes_per_param(setup),
+                     Psi_e=rp.trainable_expert, bytes_per_param=optimizer_update_bytes_per_param(m, setup),
                      N_d=lay.dense_shard_degree if sharded else 1, N_e=lay.expert_shard_degree if sharded else 1,
                      master_bytes=prec.master_bytes,
-                     optimizer_state_bytes=optimizer_state_bytes_per_param(setup.optimizer),
+                     optimizer_state_bytes=optimizer_state_bytes(m, setup),
                      gradient_bytes=prec.grad_bytes, weight_bytes=prec.weight_bytes,
                      hbm_rate_bytes_per_s=r.hbm_bytes_per_s))
     modelled = sum(t.value for t in out if t.summed)

@@ -26,7 +26,7 @@ from planner.layouts.layout import SHARDINGS, Layout
 from planner.memory.model import stage_layers
 from planner.models.spec import ModelSpec, ParamCount
 from planner.timing.collectives import Ring
-from planner.timing.dp import hybrid_shard, optimizer_bytes_per_param, trained_split
+from planner.timing.dp import hybrid_shard, optimizer_update_bytes_per_param, trained_split
 from planner.timing.efficiency import (
     CROSS_ENTROPY_BYTES_PER_LOGIT,
     CROSS_ENTROPY_FORWARD_SHARE,
@@ -266,7 +266,7 @@ def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
     moe = m.is_moe
     n_dense, n_expert = dp * cp * ep, dp * cp * tp // (np.int64(etp) if etp > 0 else tp)
     nd_f, ne_f = n_dense.astype(np.float64), n_expert.astype(np.float64)
-    per_param = optimizer_bytes_per_param(setup)
+    per_param = optimizer_update_bytes_per_param(m, setup)
     unsharded = dense + expert if moe else dense
     sharded = dense / nd_f + expert / ne_f if moe else dense / nd_f
     optimizer_s = np.concatenate([(unsharded * per_param / r.hbm_bytes_per_s).ravel(),

@@ -21,7 +21,7 @@ and drain by at most two chunks of p-1. The data-parallel collectives are those
 of the sharding (ZeRO, Rajbhandari et al. 2020, arXiv:1910.02054, Sec. 5; FSDP, Zhao et al.
 2023, arXiv:2304.11277, Sec. 3; parts.DP_TERMS), each hidden under the slowest stage's
 forward or backward up to its overlap share; the optimizer update moves
-dp.optimizer_bytes_per_param() per trainable parameter of the rank's shard at the HBM rate.
+dp.optimizer_update_bytes_per_param() per trainable parameter of the rank's shard at the HBM rate.
 Each layout takes the fastest of the placement orders (the first of equals).
 step_arrays() returns every term (parts.StepArrays), step_times_s() the step time alone,
 step_time() one layout's StepTime (the batch of one). The work runs on four levels:
@@ -57,7 +57,7 @@ QLoRA, freeze) enters through the per-shape functions: layer_time (frozen base G
 adapters, dequantization), backward_layers (freeze's blocks without backward),
 trained_split (the trainable parameters the gradient reductions and the optimizer cover,
 the frozen bytes ZeRO-3/FSDP gathers: QLoRA's NF4 base at its stored bytes, before the
-forward and again before the backward), optimizer_bytes_per_param and head_backward_gemms.
+forward and again before the backward), optimizer_update_bytes_per_param and head_backward_gemms.
 Step time does not depend on offload, so every set-up is covered.
 """
 
@@ -89,7 +89,7 @@ from planner.timing.degrees import (
     degree_tables,
     distinct_rows,
 )
-from planner.timing.dp import optimizer_bytes_per_param
+from planner.timing.dp import optimizer_update_bytes_per_param
 from planner.timing.efficiency import (
     DEFAULT_EFFICIENCY,
     PLACEMENT_ORDERS,
@@ -434,7 +434,7 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
             # the gradient accumulation pass after each micro-batch's backward
             # (Efficiency.grad_accum_bytes_per_param): the stage's trainable parameters, unsharded,
             # at the optimizer update's HBM rate (degrees.optimizer_s, per byte)
-            accum = optimizer_s[at] * (eff.grad_accum_bytes_per_param / optimizer_bytes_per_param(setup))
+            accum = optimizer_s[at] * (eff.grad_accum_bytes_per_param / optimizer_update_bytes_per_param(m, setup))
             t_mb = t_mb + accum
         pipeline = pga_f * t_mb + bubble_share * t_mb
         order_at = np.arange(n_o)[:, None] * (5 * SLOTS * n_d)

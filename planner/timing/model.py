@@ -37,7 +37,7 @@ from planner.hardware.placement import (
 from planner.timing.collectives import all_reduce_s, gather_s
 from planner.timing.dp import (
     hybrid_shard,
-    optimizer_bytes_per_param,
+    optimizer_update_bytes_per_param,
     trained_split,
 )
 from planner.timing.efficiency import (
@@ -123,7 +123,7 @@ __all__ = [
     "layer_key",
     "layer_time",
     "model_flops_per_token",
-    "optimizer_bytes_per_param",
+    "optimizer_update_bytes_per_param",
     "rates",
     "scale_up_domain_gpus",
     "step_arrays",
