@@ -1,6 +1,6 @@
 """What the data-parallel part of a step (timing.fast) reads per distinct shape: the parameters a
 rank trains and the frozen bytes it gathers (trained_split), the HBM bytes of the optimizer
-update per trainable parameter, and the ranks of an FSDP hybrid shard group."""
+update per trainable parameter."""
 
 from __future__ import annotations
 
@@ -57,12 +57,3 @@ def optimizer_update_bytes_per_param(m: ModelSpec, setup: TrainingSetup) -> floa
     state = prec.master_bytes + optimizer_state_bytes(m, setup)
     return 2 * state + prec.grad_bytes + prec.weight_bytes
 
-
-def hybrid_shard(lay: Layout, gpus_per_node: int) -> int:
-    """The ranks of an FSDP hybrid shard group: the largest divisor of the dense shard degree
-    that fits in a node beside tp (FSDP HYBRID_SHARD, Zhao et al. 2023, arXiv:2304.11277, Sec. 3)."""
-    inside = max(1, gpus_per_node // lay.tp)
-    d = lay.dense_shard_degree
-    while d > inside or lay.dense_shard_degree % d:
-        d -= 1
-    return max(d, 1)

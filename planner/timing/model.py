@@ -36,7 +36,6 @@ from planner.hardware.placement import (
 )
 from planner.timing.collectives import all_reduce_s, gather_s
 from planner.timing.dp import (
-    hybrid_shard,
     optimizer_update_bytes_per_param,
     trained_split,
 )
@@ -118,7 +117,6 @@ __all__ = [
     "hardware_flops_per_token",
     "head_backward_gemms",
     "head_flops",
-    "hybrid_shard",
     "layer_flops",
     "layer_key",
     "layer_time",
