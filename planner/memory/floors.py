@@ -58,8 +58,7 @@ def activation_floor_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> i
 def overhead_floor_bytes(setup: TrainingSetup, lay: Layout, tracked_bytes: int) -> int:
     """The total per_rank_memory() reports when the tracked tensors come to at least
     ``tracked_bytes``: fixed costs plus fragmentation on top."""
-    fixed = setup.overheads.fixed_bytes(lay.n_gpus > 1)
-    return fixed + tracked_bytes + int(tracked_bytes * setup.overheads.fragmentation)
+    return tracked_bytes + setup.overheads.untracked_bytes(tracked_bytes, lay.n_gpus > 1)
 
 
 def held_activation_floor_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> int:

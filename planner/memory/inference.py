@@ -248,8 +248,7 @@ def load_memory_batch(m: ModelSpec, setup: LoadSetup, tp: np.ndarray, pp: np.nda
                     _per_value(lambda t: prefill_activation_bytes(m, setup, t, False), tp))
     tracked = weights + kv + acts
     o = setup.overheads
-    overhead = (np.where(tp * pp > 1, o.fixed_bytes(True), o.fixed_bytes(False))
-                + (tracked * o.fragmentation).astype(np.int64))
+    overhead = o.untracked_bytes(tracked, tp * pp > 1)
     total = np.where(st.valid, tracked + overhead, -1)
     slot = total.argmax(axis=0)           # the first of equals, in stage order
     cols = np.arange(len(tp))

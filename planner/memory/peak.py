@@ -289,7 +289,7 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     hybrid = hybrid_degree(sa, gpus_per_node)
     distributed = n_gpus > 1
     ranks_per_node = np.minimum(n_gpus, gpus_per_node)
-    fixed = np.where(distributed, setup.overheads.fixed_bytes(True), setup.overheads.fixed_bytes(False))
+    fixed = setup.overheads.fixed_bytes(distributed)
 
     # every stage that can be the most loaded: (slot, state) arrays
     st = sh.stage_figures(m, pc, setup, sa)
@@ -493,9 +493,9 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     if share >= 0:
         tracked = tracked_slots.max(axis=0)
     else:
-        slot_totals = tracked_slots + (tracked_slots * share).astype(np.int64)
+        slot_totals = tracked_slots + setup.overheads.fragmentation_bytes(tracked_slots)
         tracked = tracked_slots[slot_totals.argmax(axis=0), np.arange(n)]
-    frag = (tracked * share).astype(np.int64)
+    frag = setup.overheads.fragmentation_bytes(tracked)
     return MemoryBatch(slots=slots, total=tracked + fixed[inv] + frag, tracked=tracked, fragmentation=frag,
                        state_inv=inv, kernels=kernels_l, act_fp32=act_fp32[inv], amp_states=amp_states[inv],
                        hybrid=hybrid[inv], persistent_grads=persistent, distributed=distributed[inv],
