@@ -34,9 +34,11 @@ from planner.timing.model import (
     Efficiency,
     StepTime,
     axis_links,
+    ceiling_floor_s,
     head_backward_gemms,
     layer_key,
     layer_time,
+    mfu_ceiling,
     optimizer_update_bytes_per_param,
     rates,
     step_arrays,
@@ -234,10 +236,8 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
                      hbm_rate_bytes_per_s=r.hbm_bytes_per_s))
     modelled = sum(t.value for t in out if t.summed)
     rate = sustained_rate(gpu)
-    ceiling: float | None = eff.mfu_ceiling if eff.mfu_ceiling is not None else rate.mfu
-    if setup.precision_spec.fp8 is not None and eff.mfu_ceiling is None:
-        ceiling = None          # as timing.fast.step_arrays: the ceilings are BF16 runs' MFU
-    floor_s = st.model_flops / (st.n_gpus * (peak * ceiling)) if ceiling is not None else 0.0
+    ceiling = mfu_ceiling(eff, gpu, setup.precision_spec.fp8 is not None)
+    floor_s = ceiling_floor_s(st.model_flops, st.n_gpus, peak, ceiling)
     if floor_s > modelled:
         out.append(_time("compute", "sustained training rate: no step faster than its model FLOPs at the GPU's "
                          "sustained MFU ceiling", "model FLOPs / (GPUs x peak x ceiling) - the terms above",

@@ -69,7 +69,6 @@ from dataclasses import replace
 import numpy as np
 
 from planner.errors import UserError
-from planner.hardware.gpus import sustained_rate
 from planner.hardware.placement import Cluster
 from planner.layouts.batch import RECOMPUTES, LayoutArrays, Unsupported
 from planner.layouts.groups import LayoutGroups
@@ -94,6 +93,8 @@ from planner.timing.efficiency import (
     DEFAULT_EFFICIENCY,
     PLACEMENT_ORDERS,
     Efficiency,
+    ceiling_floor_s,
+    mfu_ceiling,
 )
 from planner.timing.flops import flops_per_step
 from planner.timing.parts import (
@@ -474,15 +475,11 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
                            lambda n_, rc_: _flops_row(m, setup.seq_len, n_, rc_, setup))
     peak = cluster.gpu.peak_flops_per_s(setup.precision_spec.compute_dtype)
     n_gpus = a.dp * a.tp * a.pp * a.cp * a.ep
-    ceiling: float | None = eff.mfu_ceiling if eff.mfu_ceiling is not None else sustained_rate(cluster.gpu).mfu
-    if setup.precision_spec.fp8 is not None and eff.mfu_ceiling is None:
-        # The ceilings are BF16 runs' MFU; no FP8 run is in the project's data, so an FP8
-        # step is bounded by its own FP8 GEMM efficiency (training.fp8), not by a BF16 rate.
-        ceiling = None
+    ceiling = mfu_ceiling(eff, cluster.gpu, setup.precision_spec.fp8 is not None)
     unfloored = step_o
     if ceiling is not None:
         # no step faster than its model FLOPs at the GPU's sustained training rate
-        step_o = np.maximum(step_o, flops[0] / (n_gpus * (peak * ceiling)))
+        step_o = np.maximum(step_o, ceiling_floor_s(flops[0], n_gpus, peak, ceiling))
     if eff.step_time_factor != 1.0:
         step_o = step_o * eff.step_time_factor
     if not parts:

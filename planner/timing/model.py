@@ -53,6 +53,8 @@ from planner.timing.efficiency import (
     PLACEMENT_ORDERS,
     TRAINING_MFU_CEILING,
     Efficiency,
+    ceiling_floor_s,
+    mfu_ceiling,
 )
 from planner.timing.fast import step_arrays, step_time, step_times
 from planner.timing.flops import (
@@ -91,6 +93,8 @@ __all__ = [
     "MATMUL_FRACTION_DEFAULT",
     "NO_MFU_CEILING",
     "TRAINING_MFU_CEILING",
+    "ceiling_floor_s",
+    "mfu_ceiling",
     "MEGATRON_2021",
     "MEGATRON_CORE",
     "PLACEMENT_ORDERS",
