@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from planner.models.spec import ModelSpec
 from planner.training.finetune import FinetuneSpec, resolve_targets
+from planner.training.linears import blocks_with
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -81,22 +82,37 @@ class StepFlops:
     hardware_flops: float     # with recomputation
 
 
-def adapter_flops_per_token(m: ModelSpec, ft: FinetuneSpec) -> float:
-    """Forward FLOPs per token of the LoRA adapters of every block: each adapted linear layer
-    d_in -> d_out runs x A and (x A) B, 2 r (d_in + d_out) (Hu et al. 2021, arXiv:2106.09685,
-    Sec. 4.1), r times PEFT's rank factor on fused expert projections, an expert layer on the
-    k experts a token visits, in the blocks that hold the layer. Adapters outside the blocks
-    are not counted (as in kernels.frozen_block_extra_s)."""
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AdapterGemms:
+    """One adapted linear layer of the blocks: its LoRA pair x A (d_in -> rank) then (x A) B
+    (rank -> d_out) (Hu et al. 2021, arXiv:2106.09685, Sec. 4.1)."""
+
+    d_in: int
+    d_out: int
+    rank: int           # the LoRA rank times PEFT's rank factor on fused expert projections
+    expert: bool        # runs on the tokens routed to each expert (k per token), n_copies experts
+    n_copies: int
+    n_blocks: int       # blocks that hold the layer (an MoE model's dense blocks differ from its MoE blocks)
+
+
+def block_adapters(m: ModelSpec, ft: FinetuneSpec) -> tuple[AdapterGemms, ...]:
+    """The LoRA adapters of the blocks, the one list the step's FLOPs (adapter_flops_per_token)
+    and a block's time (kernels.frozen_block_extra_s) read; () unless LoRA/QLoRA. Adapters
+    outside the blocks (BERT's MLM transform) are not counted."""
     if not ft.is_lora:
-        return 0.0
+        return ()
+    return tuple(AdapterGemms(d_in=lin.d_in, d_out=lin.d_out, rank=ft.lora_rank * lin.rank_factor,
+                              expert=lin.expert, n_copies=lin.n_copies, n_blocks=blocks_with(m, lin))
+                 for lin in resolve_targets(m, ft) if lin.group != "outside")
+
+
+def adapter_flops_per_token(m: ModelSpec, ft: FinetuneSpec) -> float:
+    """Forward FLOPs per token of the LoRA adapters of every block (block_adapters): each
+    runs 2 r (d_in + d_out), an expert layer on the k experts a token visits, in the blocks
+    that hold the layer."""
     k = m.n_experts_per_token if m.is_moe else 1
-    total = 0.0
-    for lin in resolve_targets(m, ft):
-        if lin.group == "outside":
-            continue
-        blocks = lin.n_blocks or m.n_layers
-        total += (k if lin.expert else 1) * 2 * ft.lora_rank * lin.rank_factor * (lin.d_in + lin.d_out) * blocks
-    return total
+    return float(sum((k if a.expert else 1) * 2 * a.rank * (a.d_in + a.d_out) * a.n_blocks
+                     for a in block_adapters(m, ft)))
 
 
 def executed_flops_per_token(m: ModelSpec, seq_len: int, ft: FinetuneSpec, recompute: str = "none",

@@ -17,11 +17,11 @@ from planner.timing.efficiency import (
     MATMUL_FRACTION_DEFAULT,
     Efficiency,
 )
+from planner.timing.flops import block_adapters
 from planner.training.finetune import (
     FinetuneSpec,
     activation_layers,
     linear_weight_bytes,
-    resolve_targets,
 )
 from planner.training.fp8 import Fp8Recipe
 from planner.training.kernels import runs_fused_elementwise, selective_policy
@@ -322,10 +322,12 @@ def frozen_block_extra_s(m: ModelSpec, ft: FinetuneSpec, key: Layout, r: Rates, 
     """(adapter GEMMs' forward, one dequantization pass) of one block under LoRA/QLoRA, for
     one micro-batch on one rank, in seconds.
 
-    Adapters: every adapted linear layer d_in -> d_out runs x A (T x d_in x r) then (x A) B
-    (T x r x d_out), r the rank (times PEFT's factor on fused expert projections), expert
-    layers on the tokens routed to each local expert (Hu et al. 2021, arXiv:2106.09685,
-    Sec. 4.1). Adapters split by tp as the layers they adapt (finetune.rank_split), here as
+    Adapters (flops.block_adapters, the list the step's FLOPs read): every adapted linear
+    layer d_in -> d_out runs x A (T x d_in x r) then (x A) B (T x r x d_out), r the rank
+    (times PEFT's factor on fused expert projections), expert layers on the tokens routed to
+    each local expert (Hu et al. 2021, arXiv:2106.09685, Sec. 4.1); a layer that only some
+    blocks hold (an MoE model's dense MLP, its experts) counts in the share of blocks that
+    hold it, as the FLOPs count it. Adapters split by tp as the layers they adapt (finetune.rank_split), here as
     d_in / tp into A and d_out / tp out of B. Backward runs both gradients of A and B: twice
     the forward (layer_time). Adapters outside the blocks (BERT's MLM transform) and dropout
     on the adapter path are not counted.
@@ -344,14 +346,12 @@ def frozen_block_extra_s(m: ModelSpec, ft: FinetuneSpec, key: Layout, r: Rates, 
     mm, hbm = r.matmul_flops_per_s, r.hbm_bytes_per_s
     k = m.n_experts_per_token if m.is_moe else 1
     adapters = 0.0
-    for lin in resolve_targets(m, ft):
-        if lin.group == "outside":
-            continue
-        rank = ft.lora_rank * lin.rank_factor
-        local = lin.n_copies / ep if lin.expert else 1
-        rows = tokens * k / (m.n_experts / ep) if lin.expert else tokens
-        adapters += (gemm_time_s(rows, rank, lin.d_in / tp, mm, hbm, elem_bytes, local)
-                     + gemm_time_s(rows, lin.d_out / tp, rank, mm, hbm, elem_bytes, local))
+    for ad in block_adapters(m, ft):
+        local = ad.n_copies / ep if ad.expert else 1
+        rows = tokens * k / (m.n_experts / ep) if ad.expert else tokens
+        share = ad.n_blocks / m.n_layers       # the average block: a layer some blocks hold only
+        adapters += share * (gemm_time_s(rows, ad.rank, ad.d_in / tp, mm, hbm, elem_bytes, local)
+                             + gemm_time_s(rows, ad.d_out / tp, ad.rank, mm, hbm, elem_bytes, local))
     dequant = 0.0
     if ft.quant != "none":
         for lin in block_linears(m):
