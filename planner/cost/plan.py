@@ -33,6 +33,7 @@ from planner.cost.solve import (
     solve_purchase,
 )
 from planner.errors import UserError
+from planner.fmt import usd
 from planner.hardware.gpus import GpuSpec, get_gpu
 from planner.layouts.layout import SearchSpace
 from planner.models.spec import ModelSpec, count_params, load_model
@@ -297,14 +298,6 @@ def _plan_result(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, chosen: Price
 
 
 # ---------------------------------------------------------------------- diagnosis
-
-def usd(x: float) -> str:
-    """Dollars as a person reads them: $950, $12.3k, $1.25M."""
-    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(x) >= size:
-            return f"${x / size:,.3g}{unit}"
-    return f"${x:,.0f}"
-
 
 def days(seconds: float) -> str:
     d = seconds / 86400
