@@ -53,6 +53,7 @@ import numpy as np
 from planner.hardware.gpus import GpuSpec
 from planner.layouts.batch import LayoutArrays
 from planner.layouts.layout import divisors
+from planner.layouts.rules import split_refusal
 from planner.memory.shapes import stage_figures
 from planner.models.spec import ModelSpec, ParamCount, count_params
 from planner.training.finetune import FinetuneSpec, frozen_block_bytes
@@ -264,9 +265,9 @@ def load_memory(m: ModelSpec, setup: LoadSetup, tp: int = 1, pp: int = 1,
 
 
 def tp_degrees(m: ModelSpec, limit: int) -> list[int]:
-    """Tensor-parallel degrees that split the heads evenly, up to ``limit`` (a node)."""
-    return [t for t in divisors(m.n_heads) if t <= limit and m.d_ff % t == 0
-            and (m.n_kv_heads % t == 0 or t % m.n_kv_heads == 0)]
+    """Tensor-parallel degrees that split the weights evenly (layouts.rules.split_refusal), up
+    to ``limit`` (a node)."""
+    return [t for t in divisors(m.n_heads) if t <= limit and split_refusal(m, t, 1) is None]
 
 
 def plan_load(m: ModelSpec, gpu: GpuSpec, setup: LoadSetup, tp: int | None = None, pp: int | None = None,

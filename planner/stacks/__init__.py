@@ -129,43 +129,17 @@ def default_stack_reason(m: ModelSpec, lay: Layout, kernels: str) -> str:
     return f"{stack} by default ({why})"
 
 
-# expert tensor parallelism (Layout.etp) is Megatron's alone among the stacks here: torchtitan
-# 0.3.0's Parallelism has expert_parallel_degree and no expert tensor-parallel degree, its
-# experts' region being (pp, dp_replicate, efsdp, ep) (config/configs.py lines 279-287,
-# distributed/parallel_dims.py line 239); transformers and DeepSpeed's ZeRO split no expert
-ETP_REFUSAL = {
-    "torchtitan": ("--stack torchtitan: 0.3.0 has no expert tensor-parallel setting (its experts split over "
-                   "ep and efsdp only): drop --etp or use --stack megatron"),
-    "hf": "--stack hf splits no expert over tensor-parallel ranks: drop --etp or use --stack megatron",
-    "deepspeed": "--stack deepspeed splits no expert over tensor-parallel ranks: drop --etp or use --stack megatron",
-}
-
-
 def stack_refusal(stack: str, m: ModelSpec, lay: Layout) -> str | None:
-    """Why ``stack`` cannot run ``lay`` of ``m`` (one line naming the way out), or None."""
-    d = lay.describe()
-    if lay.expert_tp != lay.tp and stack in ("hf", "torchtitan", "deepspeed"):
-        return ETP_REFUSAL[stack]
-    if stack == "hf":
-        if not lay.is_fsdp:
-            return (f"--stack hf runs FSDP2 plans (accelerate); this layout ({d}) shards with ZeRO-{lay.zero_stage}: "
-                    f"plan with --fsdp full")
-        if lay.pp > 1:
-            return f"--stack hf has no pipeline parallelism; this layout has pp={lay.pp}"
-    if stack == "deepspeed" and (lay.tp > 1 or lay.pp > 1 or lay.cp > 1):
-        return (f"--stack deepspeed runs ZeRO data parallelism here; this layout ({d}) splits the model "
-                f"(tp/pp/cp)")
-    if stack == "deepspeed" and lay.is_fsdp:
-        return "--stack deepspeed shards with ZeRO stages, not FSDP2; plan with --zero N"
-    if stack == "torchtitan":
-        why = torchtitan_builds(m)
-        if why is not None:
-            return f"--stack torchtitan: {why}"
-        if not lay.is_fsdp and lay.zero_stage > 0:
-            return (f"--stack torchtitan shards with FSDP2, not ZeRO-{lay.zero_stage}: plan with --fsdp full "
-                    f"(or --zero 0)")
-        if lay.ep > 1:
-            return "--stack torchtitan: its Llama 3 model has no experts to split over ep"
+    """Why ``stack`` cannot run ``lay`` of ``m`` (one line naming the way out), or None: the
+    first of the layout rules' STACK_REFUSALS that fails (planner.layouts.rules, the table
+    the search reads)."""
+    from planner.layouts.rules import STACK_REFUSALS, RuleView
+    from planner.training.setup import TrainingSetup
+
+    view = RuleView.of(m, TrainingSetup(stack=stack, seq_len=lay.seq_len), lay, gpus_per_node=1)
+    for fails, message in STACK_REFUSALS.get(stack, ()):
+        if fails(view):
+            return message(view, lay)
     return None
 
 
