@@ -7,9 +7,10 @@ bench/accuracy.py -> docs/accuracy.md.
 """
 
 import pytest
+from conftest import require
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
+require("torch")
+require("transformers")
 
 from planner.errors import UserError  # noqa: E402
 from planner.layouts.layout import Layout  # noqa: E402

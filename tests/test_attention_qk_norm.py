@@ -6,6 +6,7 @@ measured QK-norm term."""
 from pathlib import Path
 
 import pytest
+from conftest import require
 from saved_tensors import saved_bytes, tiny_causal_lm
 
 from planner.layouts.layout import Layout
@@ -66,8 +67,8 @@ def test_gpt_oss_eager_sink_scores_against_autograd():
     """gpt-oss's eager attention keeps one 16-bit softmax over s + 1 columns (the sink) and the
     row maximum's int64 indices (transformers 5.24.0): the saved tensors of a tiny block whose
     last dimension is s or s + 1, against planner.memory.attention.sink_eager_scores_bytes."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    torch = require("torch")
+    transformers = require("transformers")
     import json
 
     from planner.memory.attention import sink_eager_delta_bytes, sink_eager_scores_bytes

@@ -17,6 +17,7 @@ import argparse
 import warnings
 
 import pytest
+from conftest import require
 
 from planner import api
 from planner.emit import EmitOptions, plan_files
@@ -127,7 +128,7 @@ def megatron_param_count(cfg, a: argparse.Namespace) -> int:
 
 @pytest.mark.parametrize("name, kw, gpu", PLANS)
 def test_megatron_core_configs_accept_the_args_and_count_the_planners_params(name, kw, gpu):
-    pytest.importorskip("megatron.core")
+    require("megatron.core")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from megatron.core.distributed import DistributedDataParallelConfig
@@ -286,7 +287,7 @@ def test_fp8_and_bf16_moments_reach_megatron_cores_config_classes(recipe, optimi
     __post_init__ checks them (adam, distributed optimizer) and then wants Transformer
     Engine's FusedAdam with master_weight_dtype / exp_avg_dtype / exp_avg_sq_dtype: a stub
     module with that signature stands in for TE, which has no CPU build."""
-    pytest.importorskip("megatron.core")
+    require("megatron.core")
     import dataclasses
     import sys
     import types

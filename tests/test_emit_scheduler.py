@@ -16,6 +16,7 @@ import shlex
 import subprocess
 
 import pytest
+from conftest import require
 
 from planner import api
 from planner.emit import EmitOptions, node_shape, plan_files
@@ -25,8 +26,8 @@ from planner.layouts.layout import Layout
 from planner.models.spec import load_model
 from planner.training.setup import TrainingSetup
 
-yaml = pytest.importorskip("yaml")
-jsonschema = pytest.importorskip("jsonschema")
+yaml = require("yaml")
+jsonschema = require("jsonschema")
 
 PLANS = [
     # (model, layout, gpu, stack)

@@ -18,12 +18,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import require
 
 from planner.cli.main import cli
 from planner.models.spec import count_params, load_model
 
-pytest.importorskip("torchtitan")
-pytest.importorskip("triton")     # torchtitan's models import it (FACTS.md)
+require("torchtitan")
+require("triton")     # torchtitan's models import it (FACTS.md)
 
 CASES = [
     # (plan arguments, parallelism expected, activation checkpointing)

@@ -18,6 +18,7 @@ import sys
 
 import pytest
 from click.testing import CliRunner
+from conftest import require
 
 from planner.cli.main import cli
 from planner.emit.megatron import to_megatron_args
@@ -89,7 +90,7 @@ MLP_CASES = [(64, 128, 8, 4, 2, etp) for etp in (1, 2, 4)] + [(64, 128, 8, 8, 4,
 
 @pytest.fixture(scope="module")
 def megatron() -> dict:
-    pytest.importorskip("megatron.core")
+    require("megatron.core")
     arg = json.dumps([SHAPES, list(BAD), MLP_CASES])
     done = subprocess.run([sys.executable, "-c", _SCRIPT, arg], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -12,6 +12,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from conftest import require
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -55,7 +56,7 @@ def test_the_issue_scenarios_have_examples() -> None:
 
 
 def test_three_jobs_in_the_buy_example() -> None:
-    yaml = pytest.importorskip("yaml")
+    yaml = require("yaml")
     jobs = yaml.safe_load((EXAMPLES / "jobs.yaml").read_text())["jobs"]
     assert len(jobs) == 3
 

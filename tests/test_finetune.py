@@ -14,6 +14,7 @@ import warnings
 from dataclasses import replace
 
 import pytest
+from conftest import require
 
 from planner.api import plan, plan_methods
 from planner.errors import UserError
@@ -35,8 +36,8 @@ from planner.units import GB, GiB, TiB
 
 
 def _peft_count(cfg: dict, targets, rank: int) -> int:
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("peft")
+    torch = require("torch")
+    require("peft")
     from peft import LoraConfig, get_peft_model
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
 
@@ -123,8 +124,8 @@ def test_nf4_costs_4_127_bits_per_weight():
 
 
 def test_quantized_bytes_equal_bitsandbytes():
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("bitsandbytes")
+    torch = require("torch")
+    require("bitsandbytes")
     import bitsandbytes.functional as F
 
     from planner.training.linears import Linear
@@ -227,8 +228,8 @@ def test_lora_memory_matches_the_tracker(precision, ft):
     Seen: +1.0%, +0.7%, +2.0%; more cases (pure bf16, ZeRO-2/3 via FSDP2, recompute) in
     docs/rules-of-thumb.md's measured table. MemTracker inspects every live tensor after
     every operation, so these take seconds even on a small model."""
-    pytest.importorskip("torch")
-    pytest.importorskip("peft")
+    require("torch")
+    require("peft")
     from planner.measure import accuracy
 
     m = spec_from_hf_config(SMALL_LLAMA, "small-llama", "test")

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import socket
 
-import pytest
+from conftest import require
 
-torch = pytest.importorskip("torch")
-dist = pytest.importorskip("torch.distributed")
+torch = require("torch")
+dist = require("torch.distributed")
 
 
 def _graph_names(fn, out: set[str], depth: int = 0) -> None:

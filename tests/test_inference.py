@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import require
 
 from planner.cli.main import cli
 from planner.hardware.gpus import get_gpu
@@ -27,7 +28,7 @@ TINY_GQA = {
 
 @pytest.mark.parametrize("dtype_name, kv_bytes", [("float32", 4), ("bfloat16", 2)])
 def test_kv_cache_equals_transformers_cache(dtype_name, kv_bytes):
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = dict(TINY_GQA)
@@ -94,7 +95,7 @@ FAMILY_CONFIGS = Path(__file__).resolve().parent.parent / "bench" / "configs"
 
 
 def _transformers_cache_bytes(path: Path, batch: int, context: int) -> int:
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = json.loads(path.read_text())

@@ -12,9 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import require
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
+require("torch")
+require("transformers")
 
 from planner.errors import UserError  # noqa: E402
 from planner.measure.readout import CATEGORIES, MeasuredMemory  # noqa: E402

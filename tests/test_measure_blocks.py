@@ -4,6 +4,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from conftest import require
 
 from planner.cli.main import cli
 from planner.errors import UserError
@@ -12,8 +13,8 @@ from planner.models.spec import count_params, load_hf_config, spec_from_hf_confi
 
 
 def test_cut_config_keeps_the_blocks_in_order_and_counts_like_transformers():
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    torch = require("torch")
+    transformers = require("transformers")
     hf = first_blocks_config(load_hf_config("gpt-oss-120b"), 3)
     assert hf["num_hidden_layers"] == 3
     assert hf["layer_types"] == ["sliding_attention", "full_attention", "sliding_attention"]

@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import require
 
 from planner.errors import UserError
 from planner.measure import torchtitan as titan  # imports no torch or torchtitan itself
 
-pytest.importorskip("triton", reason="torchtitan's models import triton (pip install triton)")
-pytest.importorskip("torchtitan.models.llama3", reason="torchtitan is not installed (pip install torchtitan)")
+require("triton", reason="torchtitan's models import triton (pip install triton)")
+require("torchtitan.models.llama3", reason="torchtitan is not installed (pip install torchtitan)")
 
 ROOT = Path(__file__).resolve().parent.parent
 

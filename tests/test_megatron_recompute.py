@@ -14,6 +14,7 @@ import warnings
 
 import numpy as np
 import pytest
+from conftest import require
 
 from planner.cli.main import cli
 from planner.memory.activations import stage_block_bytes
@@ -62,8 +63,8 @@ def _saved_bytes(torch, tb, layers, method: str | None, n: int) -> int:
 
 @pytest.fixture(scope="module")
 def megatron_block():
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("megatron.core")
+    torch = require("torch")
+    require("megatron.core")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         import megatron.core.transformer.transformer_block as tb
@@ -131,7 +132,7 @@ def test_bad_combinations_exit_2_with_one_line(extra, says):
 
 
 def test_emitted_args_pass_megatron_cores_transformer_config():
-    pytest.importorskip("megatron.core")
+    require("megatron.core")
     from test_emit_megatron import transformer_config
 
     from planner import api

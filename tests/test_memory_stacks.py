@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from conftest import require
 
 from planner.cli.main import cli
 from planner.layouts.layout import Layout
@@ -70,8 +71,8 @@ def block_saved_bytes(recompute: str) -> int:
 
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
 def test_torchtitan_block_keeps_what_its_own_block_keeps(recompute: str) -> None:
-    pytest.importorskip("triton", reason="torchtitan's models import triton")
-    pytest.importorskip("torchtitan.models.llama3", reason="torchtitan is not installed")
+    require("triton", reason="torchtitan's models import triton")
+    require("torchtitan.models.llama3", reason="torchtitan is not installed")
     m = spec_from_hf_config(SMALL, "small", "test")
     setup = TrainingSetup(seq_len=SEQ, stack="torchtitan")
     lay = Layout(micro_batch=1, seq_len=SEQ, recompute=recompute)

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from conftest import require
 
 from planner.cli.main import cli
 from planner.errors import UserError
@@ -26,8 +27,8 @@ from planner.models.load import hub_config_path, is_repo_id, load_model, preset_
 from planner.models.spec import count_params
 from planner.training.finetune import FinetuneSpec, n_trainable_params, resolve_targets
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+torch = require("torch")
+transformers = require("transformers")
 
 TINY: dict[str, dict[str, Any]] = {
     "qwen3": {"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
@@ -144,7 +145,7 @@ def test_deepseek_v3_mtp_module_is_11_5b() -> None:
 # ------------------------------------------------------------------------------- LoRA
 
 def _peft_count(cfg: dict[str, Any], targets: Any, rank: int) -> int:
-    pytest.importorskip("peft")
+    require("peft")
     from peft import LoraConfig, get_peft_model
 
     model = _hf(cfg)

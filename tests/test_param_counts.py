@@ -75,11 +75,12 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from conftest import require
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+torch = require("torch")
+transformers = require("transformers")
 
-from planner.models.spec import count_params, load_model  # noqa: E402 (after the importorskip guards)
+from planner.models.spec import count_params, load_model  # noqa: E402 (after the require() guards)
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS_DIR = ROOT / "planner" / "presets"

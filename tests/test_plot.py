@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import require
 
 from planner import api
 from planner.cli.main import cli
@@ -24,7 +25,7 @@ from planner.models.spec import load_model
 from planner.report import plot
 from planner.training.setup import TrainingSetup
 
-pytest.importorskip("matplotlib")
+require("matplotlib")
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 SPACE = SearchSpace(ep=1)
