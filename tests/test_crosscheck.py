@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("DS_ACCELERATOR", "cpu")   # before deepspeed is imported (FACTS.md)
+os.environ.setdefault("DS_ACCELERATOR", "cpu")   # before deepspeed is imported (docs/facts.md)
 
 import json
 import subprocess

@@ -3,7 +3,7 @@
 torchtitan_job.py is imported the way torchtitan's trainer imports it (``--module
 torchtitan_job --config planner_job``), the layout is read back from its ParallelismConfig
 and TrainingConfig, and the model torchtitan would build (on the meta device) has the
-planner's parameter count, which is transformers' (tests/test_param_counts.py; FACTS.md:
+planner's parameter count, which is transformers' (tests/test_param_counts.py; docs/facts.md:
 Llama-3-8B 8,030,261,248, Llama-2-7B 6,738,415,616).
 """
 
@@ -24,7 +24,7 @@ from planner.cli.main import cli
 from planner.models.spec import count_params, load_model
 
 require("torchtitan")
-require("triton")     # torchtitan's models import it (FACTS.md)
+require("triton")     # torchtitan's models import it (docs/facts.md)
 
 CASES = [
     # (plan arguments, parallelism expected, activation checkpointing)

@@ -150,7 +150,7 @@ def _whole_job(name: str, setup: TrainingSetup, lay: Layout) -> int:
 
 
 def test_lora_gpt3_175b_1_2_tb_to_350_gb():
-    """Hu et al. 2021, arXiv:2106.09685, Sec. 4.2 (shared/reference/published_runs.json, case
+    """Hu et al. 2021, arXiv:2106.09685, Sec. 4.2 (the published-runs reference table, case
     lora-gpt3-175b): "On GPT-3 175B, we reduce the VRAM consumption during training from
     1.2TB to 350GB", LoRA r = 4 on W_q and W_v, Adam.
 

@@ -1,6 +1,6 @@
 """planner.measure.trackers: one real training step under PyTorch's memory trackers.
 
-Reference numbers: FACTS.md ("Measuring real per-rank memory on CPU"): transformers' Llama-3-8B,
+Reference numbers: docs/facts.md ("Measuring real per-rank memory on CPU"): transformers' Llama-3-8B,
 8 ranks, FSDP2 full sharding, bf16 mixed precision, sequence 2048, micro-batch 1: 29.3 GiB peak
 per rank, sharded params 3.74 GiB, optimizer states 7.48 GiB.
 """
@@ -206,7 +206,7 @@ def test_llama3_8b_fsdp_full_bf16_mixed_matches_facts():
     assert r.n_params == 8_030_261_248
     assert r.raw["Sharded Param"] == 8_030_261_248 * 4 // 8            # 3.74 GiB fp32 shard
     assert r.raw["OptState"] == pytest.approx(8_030_261_248 * 8 / 8, rel=1e-4)  # 7.48 GiB
-    # FACTS.md: 29.3 GiB, measured with the bf16 logits (2048 x 128256 x 2 B = 0.49 GiB) still
+    # docs/facts.md: 29.3 GiB, measured with the bf16 logits (2048 x 128256 x 2 B = 0.49 GiB) still
     # referenced during backward; measure() drops them before backward, as training loops do.
     assert r.peak_bytes / GiB == pytest.approx(29.3 - 0.49, abs=0.15)
 

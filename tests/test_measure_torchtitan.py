@@ -106,7 +106,7 @@ def test_llama3_8b_parameter_count_matches_transformers() -> None:
     cfg = titan.trainer_config(setup, 32)
     with torch.device("meta"):
         model = cfg.model_spec.model.build()
-    # FACTS.md: transformers' Llama-3-8B has 8,030,261,248 parameters
+    # docs/facts.md: transformers' Llama-3-8B has 8,030,261,248 parameters
     assert sum(p.numel() for p in model.parameters()) == 8_030_261_248
 
 

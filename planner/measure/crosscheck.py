@@ -2,7 +2,7 @@
 
 DeepSpeed ships two closed-form estimators (deepspeed/runtime/zero/stage_1_and_2.py and
 stage3.py): ``estimate_zero2_model_states_mem_needs`` and
-``estimate_zero3_model_states_mem_needs``. Their assumptions (shared/notes/FACTS.md):
+``estimate_zero3_model_states_mem_needs``. Their assumptions (docs/facts.md):
 
 - ZeRO-2 on the GPU: 2 B x P of 16-bit weights plus 18 B x P / N, where 18 B are 16-bit
   and fp32 gradients (2 + 4), the fp32 master copy (4) and Adam's two moments (8);
