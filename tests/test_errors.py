@@ -237,7 +237,7 @@ def test_click_usage_errors_exit_2():
     ("planner.api.evaluate_layout", ["explain", "--model", "8b", "--gpus", "h100", "--dp", "8", "--tp", "1",
                                      "--pp", "1", "--cp", "1", "--zero", "3", "--micro-batch", "1",
                                      "--recompute", "none"]),
-    ("planner.cost.plan.plan_purchase", ["buy", "examples/jobs.yaml"]),
+    ("planner.cost.buy.plan_purchase", ["buy", "examples/jobs.yaml"]),
     ("planner.models.spec.count_params", ["models"]),
 ])
 def test_internal_error_exits_1_with_a_hint(monkeypatch, target, args):

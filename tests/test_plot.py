@@ -13,8 +13,9 @@ from conftest import require
 
 from planner import api
 from planner.cli.main import cli
+from planner.cost.buy import plan_purchase
 from planner.cost.jobs import load_jobs
-from planner.cost.plan import plan_cost, plan_purchase
+from planner.cost.plan import plan_cost
 from planner.cost.prices import load_prices
 from planner.cost.solve import Limits
 from planner.errors import UserError
