@@ -38,6 +38,17 @@ Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 OFFLOAD = ("none", "cpu", "nvme")
 
 
+class OutputPath(click.Path):
+    """click.Path for a file or directory the planner writes; an empty name is refused (click
+    would take "" as ".", so `--out ""` wrote into the current directory: issue 32, U6)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not value.strip():
+            self.fail(f"{value!r} is an empty name; give a {'directory' if not self.file_okay else 'file'} name",
+                      param, ctx)
+        return super().convert(value, param, ctx)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Options:
     """Every option of `plan`, `plan explain` and `plan measure`, as click parsed it; an
@@ -360,12 +371,12 @@ def output_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """Options of the main `plan` command: configs to write, and DeepSpeed's cross-check."""
     offload = click.Choice(OFFLOAD)
     return _apply([
-        click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
+        click.option("--out", type=OutputPath(file_okay=False, path_type=Path), default=None, metavar="DIR",
                      help="Write the plan's configs here, only those its stack reads: ds_config.json and hostfile, "
                           "accelerate_config.yaml, torchtitan_job.py, megatron_args.txt; launch.sh, slurm.sbatch, "
                           "pytorchjob.yaml, plan.json."),
         click.option("--force", is_flag=True, help="With --out or --plot, overwrite existing files."),
-        click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
+        click.option("--plot", type=OutputPath(dir_okay=False, path_type=Path), default=None, metavar="FILE",
                      help="Draw the plan into FILE (.png or .svg): memory per rank by category against the "
                           "GPU's capacity, and time (with --tokens, cost) against GPU count."),
         click.option("--crosscheck", is_flag=True,

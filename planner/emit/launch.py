@@ -12,7 +12,7 @@ from __future__ import annotations
 import shlex
 from typing import TYPE_CHECKING
 
-from planner.emit import EmitOptions, chosen, node_shape
+from planner.emit import EmitOptions, chosen, label, node_shape
 
 if TYPE_CHECKING:
     from planner.api import PlanResult
@@ -28,7 +28,7 @@ def to_hostfile(r: PlanResult) -> str:
     lay = chosen(r).layout
     n_nodes, per_node = node_shape(lay.n_gpus, r.gpu.gpus_per_node)
     lines = ["# DeepSpeed hostfile: replace node-0, node-1, ... with your hosts' names",
-             f"# {lay.n_gpus} GPUs: {n_nodes} node(s) x {per_node} {r.gpu.name}"]
+             f"# {lay.n_gpus} GPUs: {n_nodes} node(s) x {per_node} {label(r.gpu.name)}"]
     lines += [f"{h} slots={per_node}" for h in host_names(n_nodes)]
     return "\n".join(lines) + "\n"
 
@@ -116,7 +116,7 @@ def to_launch_script(r: PlanResult, opts: EmitOptions = EmitOptions(), stack: st
     n_nodes, per_node = node_shape(lay.n_gpus, r.gpu.gpus_per_node)
     head = [
         "#!/usr/bin/env bash",
-        f"# Written by planner: {r.model.name} on {lay.n_gpus} x {r.gpu.name} "
+        f"# Written by planner: {label(r.model.name)} on {lay.n_gpus} x {label(r.gpu.name)} "
         f"({n_nodes} node(s) x {per_node} GPUs), stack: {eng}",
         f"# Layout: {lay.describe()}",
         f"# Global batch {lay.global_batch} sequences of {lay.seq_len} tokens, {r.setup.precision}, "
