@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
+from conftest import require
 
 from planner import api
 from planner.cli.main import cli
@@ -215,8 +216,8 @@ def test_torchtitan_loads_the_job_of_a_quoted_name_and_runs_nothing(tmp_path, mo
     """The report's break-out: a name holding \"\"\" injected Python into torchtitan_job.py.
     torchtitan 0.3.0's own ConfigManager imports the job (as its trainer does); the injected
     os.system is never called, and the model keeps the name as its flavour."""
-    pytest.importorskip("torchtitan")
-    pytest.importorskip("triton")
+    require("torchtitan")
+    require("triton")
     from test_emit_torchtitan import _load
 
     f = tmp_path / 'z"""; import os; os.system("touch PWNED3"); """.json'
