@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from planner.api import MAX_SEARCH_GPUS
-from planner.cost.plan import DEFAULT_SETUP, _Pool, _pools, _sweep_all, cost_counts, covered_gpus
+from planner.cost.plan import DEFAULT_SETUP, SearchPool, cost_counts, covered_gpus, search_pools, sweep_all
 from planner.cost.prices import Prices, node_cost
 from planner.cost.solve import (
     JobOption,
@@ -124,21 +124,21 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
         pools.append(Pool(gpu=g.name, gpus_per_node=g.gpus_per_node, capex_usd=nc.capex_usd, opex_usd=nc.opex_usd))
     pool_of = {p.gpu: p for p in pools}
     models = {j.name: load_model(j.model) for j in jobs}
-    searches: dict[tuple, _Pool] = {}
+    searches: dict[tuple, SearchPool] = {}
 
-    def search(job, gpu: GpuSpec) -> _Pool:
+    def search(job, gpu: GpuSpec) -> SearchPool:
         setup = _job_setup(job, base_setup)
         key = (models[job.name], setup, gpu.name)
         if key not in searches:
             m = models[job.name]
             space = SearchSpace() if m.is_moe else SearchSpace(ep=1)
-            searches[key] = _pools(m, [gpu], setup, space, None, efficiency, 1)[0]
+            searches[key] = search_pools(m, [gpu], setup, space, None, efficiency, 1)[0]
         return searches[key]
 
     counts = {g.name: cost_counts(g.gpus_per_node, covered_gpus(cluster_for(g), max_gpus)) for g in gpus}
     seen: dict[tuple[str, str], list[tuple[int, Candidate]]] = {}
     first_ok: dict[tuple[str, str], int] = {}
-    _sweep_all([(search(job, g), counts[g.name], job.tokens, job.deadline_s - job.start_s)
+    sweep_all([(search(job, g), counts[g.name], job.tokens, job.deadline_s - job.start_s)
                 for job in jobs for g in gpus])
     for job in jobs:                                        # phase 1: up to the first count in time
         window = job.deadline_s - job.start_s
@@ -175,11 +175,11 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
                     more[job.name, g.name] = [
                         n for n in counts[g.name] if n > first_ok[job.name, g.name]
                         and math.ceil(n / g.gpus_per_node) * pool_of[g.name].node_usd <= limit]
-        wanted: dict[int, tuple[_Pool, set[int]]] = {}
+        wanted: dict[int, tuple[SearchPool, set[int]]] = {}
         for (jn, gn), ns in more.items():
             pool = search(next(j for j in jobs if j.name == jn), get_gpu(gn))
             wanted.setdefault(id(pool), (pool, set()))[1].update(ns)
-        _sweep_all([(pool, sorted(ns), 1.0, math.inf) for pool, ns in wanted.values()])
+        sweep_all([(pool, sorted(ns), 1.0, math.inf) for pool, ns in wanted.values()])
         for (jn, gn), ns in more.items():
             job, g = next(j for j in jobs if j.name == jn), get_gpu(gn)
             for cb in search(job, g).at(ns):

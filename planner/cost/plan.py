@@ -138,7 +138,7 @@ def _space_for(space: SearchSpace, gpu: GpuSpec, cluster: Cluster) -> SearchSpac
 
 
 @dataclass
-class _Pool:
+class SearchPool:
     """One GPU type's search for one model and set-up: its cluster, its space, and the
     fastest layouts per count found so far (swept on demand)."""
 
@@ -162,7 +162,7 @@ class _Pool:
         return [self.found[n] for n in counts]
 
 
-def _sweep_task(task: tuple[_Pool, list[int], float, float]) -> dict[int, CountBest]:
+def _sweep_task(task: tuple[SearchPool, list[int], float, float]) -> dict[int, CountBest]:
     """Sweep ``counts`` of a pool in order, stopping after the first count whose fastest
     layout trains ``tokens`` within ``window_s`` (math.inf: no stop)."""
     pool, counts, tokens, window_s = task
@@ -173,7 +173,7 @@ def _sweep_task(task: tuple[_Pool, list[int], float, float]) -> dict[int, CountB
     return dict(pool.found)
 
 
-def _sweep_all(tasks: list[tuple[_Pool, list[int], float, float]]) -> None:
+def sweep_all(tasks: list[tuple[SearchPool, list[int], float, float]]) -> None:
     """Run _sweep_task for each task, one after the other, keeping what they find in their
     pools. (Worker processes, one per GPU type, were slower once the sweep timed each
     count's layouts as one batch: on the 2-core machine forking and sending the candidates
@@ -183,8 +183,8 @@ def _sweep_all(tasks: list[tuple[_Pool, list[int], float, float]]) -> None:
             task[0].found.update(_sweep_task(task))
 
 
-def _pools(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, space: SearchSpace,
-           topology: str | None, eff: Efficiency, keep: int) -> list[_Pool]:
+def search_pools(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, space: SearchSpace,
+           topology: str | None, eff: Efficiency, keep: int) -> list[SearchPool]:
     if topology is not None and len(gpus) > 1:
         raise UserError("--topology describes one cluster; with several --gpus types each runs on its own "
                         "default topology (drop --topology, or give one GPU type)")
@@ -193,7 +193,7 @@ def _pools(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, space: S
         if setup.precision.startswith("bf16") and gpu.bf16_flops_per_s is None:
             raise UserError(f"{gpu.full_name} has no bf16 support; drop it from --gpus or use --precision fp16-mixed")
         cluster = cluster_for(gpu, topology)
-        out.append(_Pool(m=m, gpu=gpu, setup=setup, space=_space_for(space, gpu, cluster), cluster=cluster,
+        out.append(SearchPool(m=m, gpu=gpu, setup=setup, space=_space_for(space, gpu, cluster), cluster=cluster,
                          eff=eff, keep=keep))
     return out
 
@@ -228,12 +228,12 @@ def plan_cost(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, token
     max_gpus = limits.max_gpus or MAX_SEARCH_GPUS
     if n_gpus is not None and n_gpus > max_gpus:
         raise UserError(f"--n-gpus {n_gpus} exceeds --max-gpus {max_gpus}")
-    pools = _pools(m, gpus, setup, space, topology, efficiency, KEEP)
+    pools = search_pools(m, gpus, setup, space, topology, efficiency, KEEP)
     plans: list[PricedPlan] = []
     counts = {pool.gpu.name: [n_gpus] if n_gpus is not None
               else cost_counts(pool.gpu.gpus_per_node, covered_gpus(pool.cluster, max_gpus))
               for pool in pools}
-    _sweep_all([(pool, counts[pool.gpu.name], tokens, math.inf) for pool in pools])
+    sweep_all([(pool, counts[pool.gpu.name], tokens, math.inf) for pool in pools])
     for pool in pools:
         for cb in pool.at(counts[pool.gpu.name]):
             # a layout with a link of no bandwidth (a GPU whose PCIe switch has no NIC and no
@@ -271,7 +271,7 @@ def _fastest_per_count(plans: Sequence[PricedPlan], chosen: PricedPlan | None = 
 
 
 def _plan_result(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, chosen: PricedPlan | None,
-                 plans: Sequence[PricedPlan], pools: Sequence[_Pool], eff: Efficiency, tokens: float,
+                 plans: Sequence[PricedPlan], pools: Sequence[SearchPool], eff: Efficiency, tokens: float,
                  diagnosis: Diagnosis | None) -> PlanResult:
     """A PlanResult (what the plain plan reports and --out writes) for the chosen plan: the
     other fastest layouts on its GPU type and count are its alternatives."""
@@ -295,7 +295,7 @@ def _plan_result(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, chosen: Price
 
 # ---------------------------------------------------------------------- diagnosis
 
-def _diagnose(plans: list[PricedPlan], pools: Sequence[_Pool], limits: Limits, max_gpus: int,
+def _diagnose(plans: list[PricedPlan], pools: Sequence[SearchPool], limits: Limits, max_gpus: int,
               n_gpus: int | None, tokens: float, prices: Prices) -> Diagnosis:
     """What each constraint asks for on its own, searching past --max-gpus when needed."""
     deadline, budget = limits.deadline_s, limits.budget_usd
