@@ -62,6 +62,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_every_way_out_the_advice_offers_fits(name):
     args = CASES[name]

@@ -55,6 +55,7 @@ def _measured_per_token(b: int, s: int) -> dict[str, float]:
     return out
 
 
+@pytest.mark.slow
 def test_mla_latents_and_narrow_values_against_autograd(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"architectures": ["DeepseekV3ForCausalLM"], **TINY}))

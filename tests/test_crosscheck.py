@@ -47,6 +47,7 @@ def inputs(name: str, n_gpus: int, stage: int, offload_optimizer: bool = False, 
         cpu_offload_params=offload_params, additional_buffer_factor=buffer_factor), m
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", LLAMAS)
 @pytest.mark.parametrize("n_gpus", [8, 64, 512])
 @pytest.mark.parametrize("stage, offload_optimizer, offload_params", [
@@ -71,6 +72,7 @@ def test_planner_agrees_with_deepspeed_to_the_byte_under_its_assumptions(
         assert ours.cpu_bytes == ds.cpu_bytes
 
 
+@pytest.mark.slow
 def test_zero2_agreement_spelled_out_with_model_state_bytes():
     """Llama 3.1 8B on 64 GPUs, ZeRO-2: DeepSpeed's 2P + 18P/N is the planner's weights
     (2 B, replicated) + gradients (2 B 16-bit + 4 B fp32, sharded) + optimizer (4 B master
@@ -135,6 +137,7 @@ def test_layouts_deepspeed_does_not_describe_say_why(lay, reason):
     assert crosscheck_json(c) == {"deepspeed": None, "reason": c.reason}
 
 
+@pytest.mark.slow
 def test_without_deepspeed_the_plan_runs_and_says_skipped():
     # a fresh interpreter in which `import deepspeed` fails, as when it is not installed
     code = ("import sys; sys.modules['deepspeed'] = None\n"

@@ -13,6 +13,7 @@ import json
 import os
 from unittest import mock
 
+import pytest
 from click.testing import CliRunner
 from conftest import require
 
@@ -33,6 +34,7 @@ def _host_bytes(mode: str) -> int:
     return _plan(mode)["offload"]["host_bytes_per_rank"]
 
 
+@pytest.mark.slow
 def test_cpu_checkpointing_puts_one_block_input_per_block_on_the_host():
     torch = require("torch")
     os.environ.setdefault("DS_ACCELERATOR", "cpu")

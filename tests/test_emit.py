@@ -82,6 +82,7 @@ GRID = [(stage, dp, mb, prec, oo, op)
         if not (stage > 0 and dp == 1)]
 
 
+@pytest.mark.slow
 def test_every_ds_config_is_accepted_by_deepspeed_with_the_plans_values():
     require("deepspeed")
     from planner.emit.deepspeed import validate_deepspeed_config
@@ -284,6 +285,7 @@ def fsdp_plan(sharding: str, prec: str = "bf16-mixed", tp: int = 1, cp: int = 1,
     return evaluate(SMALL, lay, precision=prec)
 
 
+@pytest.mark.slow
 def test_accelerate_config_is_read_by_accelerates_own_loader(tmp_path, monkeypatch):
     require("accelerate")
     from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
@@ -331,6 +333,7 @@ def test_accelerate_config_is_read_by_accelerates_own_loader(tmp_path, monkeypat
             assert sharding != "fsdp-hybrid" and tp == cp == 1
 
 
+@pytest.mark.slow
 def test_decoder_layer_classes_exist_in_transformers():
     require("transformers")
     import importlib
@@ -501,6 +504,7 @@ def test_cli_out_for_a_plan_that_does_not_fit(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.slow
 def test_plain_plan_with_out_stays_torch_free(tmp_path):
     code = ("import sys; from planner.cli.main import main; "
             f"sys.argv=['plan','--model','8b','--gpus','h100','--out',{str(tmp_path / 'o')!r}]\n"
@@ -511,6 +515,7 @@ def test_plain_plan_with_out_stays_torch_free(tmp_path):
     assert (Path(tmp_path) / "o" / "launch.sh").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["llama3.1-8b", "mixtral-8x7b", "qwen2.5-0.5b", "gpt2-xl", "bert-base"])
 def test_hf_config_written_for_deepspeed_and_accelerate_builds_the_planners_model(name, tmp_path):
     """config.json is what a transformers script under DeepSpeed or accelerate reads: built

@@ -107,6 +107,7 @@ def check_torchtitan(out: Path, lay: dict) -> str:
     return "torchtitan ConfigManager"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(PLANS))
 def test_every_emitted_file_is_accepted_by_its_reader(name, tmp_path):
     yaml = require("yaml")

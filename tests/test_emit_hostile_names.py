@@ -166,6 +166,7 @@ STACK_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model, stack, lay", STACK_CASES, ids=[c[1] for c in STACK_CASES])
 @pytest.mark.parametrize("hostile", HOSTILE, ids=range(len(HOSTILE)))
 def test_every_written_file_parses_with_a_hostile_name(tmp_path, model, stack, lay, hostile):
@@ -212,6 +213,7 @@ def test_a_gpu_file_with_a_5001_digit_integer_is_one_line(tmp_path):
     one_line_error(run("--model", "gpt2", "--gpus", f), "not valid TOML")
 
 
+@pytest.mark.slow
 def test_torchtitan_loads_the_job_of_a_quoted_name_and_runs_nothing(tmp_path, monkeypatch):
     """The report's break-out: a name holding \"\"\" injected Python into torchtitan_job.py.
     torchtitan 0.3.0's own ConfigManager imports the job (as its trainer does); the injected

@@ -126,6 +126,7 @@ def megatron_param_count(cfg, a: argparse.Namespace) -> int:
     return total
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, kw, gpu", PLANS)
 def test_megatron_core_configs_accept_the_args_and_count_the_planners_params(name, kw, gpu):
     require("megatron.core")
@@ -221,6 +222,7 @@ def test_the_rules_stop_what_the_old_emitter_wrote():
     assert "--use-precision-aware-optimizer" in megatron_args_errors(stripped, _env(r1))[0]
 
 
+@pytest.mark.slow
 def test_70b_default_plan_launch_sets_one_connection_and_rotary_base(tmp_path):
     """`plan --model 70b --gpus h100 --out DIR`: CUDA_DEVICE_MAX_CONNECTIONS=1, the rotary
     base, and no DeepSpeed file (Megatron does not read one)."""

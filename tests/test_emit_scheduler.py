@@ -63,6 +63,7 @@ def _srun_torchrun(script: str) -> list[str]:
     return shlex.split(line)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, kw, gpu, stack", PLANS)
 def test_scheduler_files_parse_and_carry_the_plans_counts(name, kw, gpu, stack, tmp_path):
     from torch.distributed.run import get_args_parser

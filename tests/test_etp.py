@@ -101,6 +101,7 @@ def _layout(world: int, tp: int, pp: int, cp: int, ep: int, etp: int) -> Layout:
     return Layout(dp=world // (tp * pp * cp * ep), tp=tp, pp=pp, cp=cp, ep=ep, etp=etp)
 
 
+@pytest.mark.slow
 def test_expert_groups_equal_megatron_cores(megatron):
     """megatron-core's DP = the planner's dp x ep, its EDP = dp x cp x tp / etp, its ETP = etp."""
     want = [[lay.dp * lay.ep, lay.expert_shard_degree, lay.expert_tp] for lay in (_layout(*s) for s in SHAPES)]
@@ -108,6 +109,7 @@ def test_expert_groups_equal_megatron_cores(megatron):
     assert "not divisible" in megatron["bad"]
 
 
+@pytest.mark.slow
 def test_expert_params_per_rank_equal_megatron_cores_experts(megatron):
     pc = count_params(TINY)
     got = [rank_params(TINY, pc, Layout(tp=tp, ep=ep, etp=etp), 0, 1).expert for _, _, _, tp, ep, etp in MLP_CASES]
@@ -183,6 +185,7 @@ def test_megatron_args_and_refusals(tmp_path):
         assert res.exit_code == 2 and word in res.output and "Traceback" not in res.output
 
 
+@pytest.mark.slow
 def test_a_search_with_etp_scores_its_layout_as_the_fixed_plan_does():
     """The batched search (layout groups, sweep's subset, peak's per-state grouping, the block and
     degree tables) and a plan of the one layout it chose give the same memory and step time."""

@@ -29,6 +29,7 @@ run = _load_runner()
 FOLDERS = run.find_examples()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("folder", FOLDERS, ids=[f.name for f in FOLDERS])
 def test_example_prints_its_committed_output(folder: Path) -> None:
     d = run.diff(folder, run.run_example(folder))

@@ -61,6 +61,7 @@ def _two_blocks(name: str) -> dict:
     return cfg
 
 
+@pytest.mark.slow
 def test_llama2_7b_q_v_rank8_is_peft_4194304():
     # the example: 32 blocks x 2 layers x 8 x (4096 + 4096) = 4,194,304
     spec = FinetuneSpec(method="lora", lora_rank=8, lora_targets=("q_proj", "v_proj"))
@@ -87,6 +88,7 @@ PEFT_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, targets, peft_targets, rank", PEFT_CASES,
                          ids=[f"{c[0]}-{'+'.join(c[1]) or 'default'}-r{c[3]}" for c in PEFT_CASES])
 def test_adapter_count_equals_peft(name, targets, peft_targets, rank):
@@ -217,6 +219,7 @@ SMALL_LLAMA = {   # GQA, SwiGLU, RMSNorm, as Llama 3; small enough for a fractio
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision, ft", [
     ("bf16-mixed", FinetuneSpec(method="lora", lora_rank=16, lora_targets=("all-linear",))),
     ("fp32", FinetuneSpec(method="lora", lora_dropout=0.1)),

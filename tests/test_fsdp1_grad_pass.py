@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 
+import pytest
 from conftest import require
 
 torch = require("torch")
@@ -29,6 +30,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.slow
 def test_fsdp1_flat_gradient_is_assembled_by_a_split_backward():
     from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision
 

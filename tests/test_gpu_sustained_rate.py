@@ -119,6 +119,7 @@ def test_bad_ceilings_are_one_line(tmp_path, extra, message):
     assert "\n" not in str(err.value) and "bad.toml" in str(err.value)
 
 
+@pytest.mark.slow
 def test_the_plan_names_an_assumed_ceiling():
     from click.testing import CliRunner
 

@@ -26,6 +26,7 @@ TINY_GQA = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype_name, kv_bytes", [("float32", 4), ("bfloat16", 2)])
 def test_kv_cache_equals_transformers_cache(dtype_name, kv_bytes):
     torch = require("torch")
@@ -106,6 +107,7 @@ def _transformers_cache_bytes(path: Path, batch: int, context: int) -> int:
     return sum(t.numel() * t.element_size() for layer in out.past_key_values.layers for t in (layer.keys, layer.values))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["tiny-deepseek-v3", "tiny-gemma3-text", "tiny-gpt-oss", "tiny-llama4-text"])
 @pytest.mark.parametrize("context", [100, 300])
 def test_mla_and_local_attention_caches_equal_transformers(name, context):

@@ -80,6 +80,7 @@ def megatron_block():
     patch.undo()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method, n", [("uniform", 1), ("uniform", 2), ("uniform", 4), ("block", 3), ("block", 8)])
 def test_stage_bytes_match_megatron_cores_checkpointed_forward(megatron_block, method, n):
     torch, tb, layers = megatron_block
@@ -176,6 +177,7 @@ def test_the_plan_names_the_method_in_its_assumptions():
     assert "--recompute-method block --recompute-num-layers 4" in " ".join(r.output.split())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method, n", [("block", 3), ("block", 8), ("uniform", 2)])
 def test_hardware_flops_count_the_forwards_megatron_core_reruns(megatron_block, method, n):
     """The recomputation FLOPs of the hardware-FLOPs figure (timing.flops) against the layer

@@ -2,6 +2,7 @@
 
 from dataclasses import replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -63,6 +64,7 @@ def states(m, setup, lay):
                              optimizer_state_bytes_per_param("adamw"), lay).total
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(cases())
 def test_zero_stages_are_ordered(case):
@@ -71,6 +73,7 @@ def test_zero_stages_are_ordered(case):
     assert by_stage[3] <= by_stage[2] <= by_stage[1] <= by_stage[0]
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(cases(), st.sampled_from([2, 4, 8]))
 def test_more_sharding_never_raises_model_states(case, factor):
@@ -78,6 +81,7 @@ def test_more_sharding_never_raises_model_states(case, factor):
     assert states(m, setup, replace(lay, dp=lay.dp * factor)) <= states(m, setup, lay)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(cases())
 def test_activations_grow_with_micro_batch_and_sequence(case):
@@ -94,6 +98,7 @@ def test_activations_grow_with_micro_batch_and_sequence(case):
         assert other.total >= base.total
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(cases())
 def test_recompute_ordering(case):
@@ -106,6 +111,7 @@ def test_recompute_ordering(case):
     assert tot["full"].total <= tot["selective"].total <= tot["none"].total
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(cases())
 def test_memory_is_positive_and_consistent(case):

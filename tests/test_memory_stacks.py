@@ -69,6 +69,7 @@ def block_saved_bytes(recompute: str) -> int:
     return int(by_kind["ACT"] + by_kind["TEMP"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
 def test_torchtitan_block_keeps_what_its_own_block_keeps(recompute: str) -> None:
     require("triton", reason="torchtitan's models import triton")

@@ -88,6 +88,7 @@ def _hf_total(cfg: dict[str, Any]) -> int:
     return sum(p.numel() for p in _hf(cfg).parameters())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", TINY)
 def test_tiny_family_equals_transformers(name: str) -> None:
     cfg = TINY[name]
@@ -179,6 +180,7 @@ LORA_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, n, targets, peft_targets", LORA_CASES,
                          ids=[f"{c[0]}-{'+'.join(c[2]) or 'default'}" for c in LORA_CASES])
 def test_lora_count_equals_peft(name: str, n: int, targets: tuple[str, ...], peft_targets: Any) -> None:
@@ -285,6 +287,7 @@ NEW_PRESETS = ["qwen3-0.6b", "qwen3-8b", "qwen3-32b", "qwen3-30b-a3b", "qwen3-23
                "phi-4"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NEW_PRESETS)
 def test_every_new_preset_gets_a_plan(name: str) -> None:
     # the memory and time models see the mean block (ParamCount); a plan or a clean

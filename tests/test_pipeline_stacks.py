@@ -27,6 +27,7 @@ from planner.training.setup import Precision
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_torch_pipelining_runs_every_fsdp_module_no_sync():
     require("torch")
     from torch.distributed.pipelining import stage

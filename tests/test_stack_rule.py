@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from planner.cli.main import cli
@@ -18,6 +19,7 @@ def run(*args: str):
     return CliRunner().invoke(cli, list(args))
 
 
+@pytest.mark.slow
 def test_torchtitan_plan_is_one_torchtitan_runs_and_json_agrees() -> None:
     args = ("--model", "llama3.1-8b", "--gpus", "h100", "--n-gpus", "8", "--stack", "torchtitan")
     text, js = run(*args), run(*args, "--json")
