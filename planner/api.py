@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 from planner.errors import UserError
 from planner.hardware.gpus import GpuSpec
-from planner.layouts.layout import Layout, SearchSpace, grad_accum_for, reject_reason
+from planner.layouts.layout import Layout, SearchSpace, grad_accum_for, reject_reason, sp_by_default
 from planner.memory.model import min_model_state_bytes_per_param
 from planner.models.spec import ModelSpec, ParamCount, count_params
 from planner.search.search import Candidate, SearchResult, gpu_counts, search
@@ -165,7 +165,15 @@ def plan_methods(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, methods: tupl
     """``--method auto``: plan each method (in order of preference, e.g. full, LoRA, QLoRA)
     and keep the one that fits on the fewest GPUs; on the same count the earlier method
     wins, so full training is chosen whenever it fits where the others do. A later method
-    is only searched up to the count an earlier one needed."""
+    is only searched up to the count an earlier one needed. When none fits, the answer is
+    the method whose least-memory layout needs the least (issue 33: 70B on 4090s reported
+    full training's 292.58 GiB, not QLoRA's 30.19 GiB), so the report and its advice speak
+    of the method closest to fitting."""
+
+    def least_bytes(r: PlanResult) -> float:
+        sm = r.result.smallest
+        return sm.memory.total if sm is not None else float("inf")
+
     best: PlanResult | None = None
     for ft in methods:
         limit = max_gpus if best is None or best.best is None else best.best.n_gpus - 1
@@ -175,6 +183,8 @@ def plan_methods(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, methods: tupl
                  max_gpus=max(1, min(max_gpus, limit)), cluster=cluster, efficiency=efficiency, tokens=tokens,
                  progress=progress)
         if best is None or (r.fits and (not best.fits or r.best.n_gpus < best.best.n_gpus)):  # type: ignore[union-attr]
+            best = r
+        elif not r.fits and not best.fits and least_bytes(r) < least_bytes(best):
             best = r
     assert best is not None
     return replace(best, methods_tried=tuple(ft.method for ft in methods))
@@ -231,6 +241,6 @@ def fixed_layout(space: SearchSpace, setup: TrainingSetup, n_gpus: int | None) -
         assert s.zero_stage is not None     # checked above: --zero or --fsdp is given
         sharding, stage = "zero", s.zero_stage
     return Layout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero_stage=stage, sharding=sharding,
-                  sp=s.sp if s.sp is not None else tp > 1, vp=s.vp or 1, micro_batch=mb,
+                  sp=s.sp if s.sp is not None else tp > 1 and sp_by_default(setup), vp=s.vp or 1, micro_batch=mb,
                   grad_accum=ga, seq_len=setup.seq_len, recompute=s.recomputes[0], etp=s.etp or 0)
 

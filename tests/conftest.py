@@ -6,7 +6,7 @@ Tiers (markers registered in pyproject.toml):
   counts, a bench script's check). ``python -m pytest -m "not slow"`` is the fast tier for
   development; ``python -m pytest`` (CI, the README's command) runs everything.
 - ``referee``: a test that checks the planner against an outside package's own code
-  (transformers, DeepSpeed, megatron-core, torchtitan, PEFT, accelerate, bitsandbytes).
+  (transformers, DeepSpeed, megatron-core, torchtitan, PEFT, accelerate, bitsandbytes, TRL).
   Marked here, at collection, for every test of a module that asks for one (require()).
 
 A referee package that is missing skips its tests on a developer's machine, and FAILS them
@@ -24,7 +24,7 @@ from types import ModuleType
 import pytest
 
 # the outside packages whose own code referees the planner's numbers (pyproject's test extra)
-REFEREES = ("transformers", "deepspeed", "megatron", "torchtitan", "peft", "accelerate", "bitsandbytes")
+REFEREES = ("transformers", "deepspeed", "megatron", "torchtitan", "peft", "accelerate", "bitsandbytes", "trl")
 _REQUIRE = re.compile(r"""require\(\s*["']([A-Za-z0-9_.]+)["']""")
 
 

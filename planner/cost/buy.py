@@ -26,7 +26,7 @@ from planner.fmt import days_or_hours as days
 from planner.fmt import usd
 from planner.hardware.gpus import GpuSpec, get_gpu
 from planner.layouts.layout import SearchSpace
-from planner.models.spec import ModelSpec, load_model
+from planner.models.spec import ModelSpec, count_params, load_model
 from planner.search.search import Candidate
 from planner.timing.model import DEFAULT_EFFICIENCY, Efficiency, cluster_for
 from planner.training.setup import TrainingSetup
@@ -44,6 +44,7 @@ class JobPlan:
     finish_s: float
     deadline_s: float
     tokens: float
+    batch_given: bool = True        # False: the jobs file gave no global_batch (training.batch chose it)
 
     @property
     def n_gpus(self) -> int:
@@ -79,11 +80,14 @@ class BuyResult:
         return self.capex_usd + self.opex_usd
 
 
-def _job_setup(job, base: TrainingSetup) -> TrainingSetup:
+def _job_setup(job, base: TrainingSetup, m: ModelSpec) -> TrainingSetup:
+    from planner.training.batch import default_global_batch
     from planner.training.finetune import FinetuneSpec
 
-    return replace(base, seq_len=job.seq_len, global_batch=job.global_batch,
-                   finetune=FinetuneSpec.named(job.method))
+    batch = job.global_batch
+    if batch is None:       # issue 33: not 1,024 sequences for every job whatever its size and method
+        batch = default_global_batch(count_params(m).total, job.tokens, job.seq_len, job.method)
+    return replace(base, seq_len=job.seq_len, global_batch=batch, finetune=FinetuneSpec.named(job.method))
 
 
 def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s: float,
@@ -127,7 +131,7 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
     searches: dict[tuple, SearchPool] = {}
 
     def search(job, gpu: GpuSpec) -> SearchPool:
-        setup = _job_setup(job, base_setup)
+        setup = _job_setup(job, base_setup, models[job.name])
         key = (models[job.name], setup, gpu.name)
         if key not in searches:
             m = models[job.name]
@@ -207,7 +211,8 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
             o = sol.choices[job.name]
             g, c = by_key[job.name, o.key]
             plans.append(JobPlan(name=job.name, model=models[job.name], gpu=g, candidate=c, start_s=job.start_s,
-                                 finish_s=job.start_s + o.duration_s, deadline_s=job.deadline_s, tokens=job.tokens))
+                                 finish_s=job.start_s + o.duration_s, deadline_s=job.deadline_s, tokens=job.tokens,
+                                 batch_given=job.global_batch is not None))
     elif not lines:
         lines.append(_buy_diagnosis(pools, windows, options, budget_usd, solver))
     capex = sum(pool_of[g].capex_usd * n for g, n in sol.nodes.items())

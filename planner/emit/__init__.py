@@ -40,7 +40,7 @@ SCHEDULERS = ("both", "slurm", "kubernetes", "none")
 # Every file plan_files writes for some plan: --out --force over a plan of another stack
 # removes those the new plan does not write (planner.emit.write.write_files, issue 32 B4).
 PLAN_FILE_NAMES = ("ds_config.json", "hostfile", "config.json", "accelerate_config.yaml", "megatron_args.txt",
-                   "torchtitan_job.py", "launch.sh", "slurm.sbatch", "pytorchjob.yaml", "plan.json")
+                   "torchtitan_job.py", "train.py", "launch.sh", "slurm.sbatch", "pytorchjob.yaml", "plan.json")
 HOST_NAME = re.compile(r"[A-Za-z0-9._:\[\]-]+")    # a DNS name, IPv4 or IPv6 address (RFC 1123, RFC 4291)
 
 
@@ -178,7 +178,7 @@ def check_options(r: PlanResult, opts: EmitOptions) -> None:
                         f"or plan without tp/pp/cp")
     if opt == "adamw-bf16-states":
         check_bf16_states(eng, r.setup.precision, lay)
-    if r.setup.precision == "fp8":
+    if r.setup.precision in ("fp8", "nvfp4"):
         fp8 = r.setup.precision_spec.fp8
         check_fp8(eng, fp8.name if fp8 is not None else "")
     if eng == "megatron" and r.setup.precision == "bf16":
@@ -197,7 +197,8 @@ def check_options(r: PlanResult, opts: EmitOptions) -> None:
 # Literal["rowwise", "rowwise_with_gw_hp"] (no tensorwise scaling, no FSDP float8 all-gather option);
 # megatron-core 0.16.1 TransformerConfig.fp8_recipe: Literal['tensorwise', 'delayed', 'mxfp8',
 # 'blockwise', 'custom'] (Transformer Engine's recipes: no rowwise scaling).
-FP8_RECIPES_BY_STACK = {"torchtitan": ("rowwise",), "megatron": ("tensorwise", "delayed", "blockwise")}
+FP8_RECIPES_BY_STACK = {"torchtitan": ("rowwise",),
+                        "megatron": ("tensorwise", "delayed", "blockwise", "mxfp8", "nvfp4")}
 
 
 def check_fp8(eng: str, recipe_name: str) -> None:
@@ -235,8 +236,8 @@ def plan_files(r: PlanResult, opts: EmitOptions = EmitOptions(),
                plan_json: dict[str, Any] | None = None) -> dict[str, str]:
     """Every file to write for the chosen plan, name -> text: only what its stack reads.
 
-    deepspeed: ds_config.json, hostfile, config.json (the model's Hugging Face config); hf:
-    accelerate_config.yaml, config.json; megatron:
+    deepspeed: ds_config.json, hostfile, config.json (the model's Hugging Face config), train.py;
+    hf: accelerate_config.yaml, config.json, train.py (planner.emit.script); megatron:
     megatron_args.txt; torchtitan: torchtitan_job.py; every stack: launch.sh, and the
     scheduler files (slurm.sbatch, pytorchjob.yaml) that ``opts.scheduler`` asks for;
     plan.json (with the stack named) when ``plan_json`` is given.
@@ -245,6 +246,7 @@ def plan_files(r: PlanResult, opts: EmitOptions = EmitOptions(),
     from planner.emit.fsdp import to_accelerate_config, to_yaml
     from planner.emit.launch import to_hostfile, to_launch_script
     from planner.emit.megatron import to_megatron_args
+    from planner.emit.script import to_train_script
 
     chosen(r)
     check_options(r, opts)
@@ -255,10 +257,17 @@ def plan_files(r: PlanResult, opts: EmitOptions = EmitOptions(),
     if stack == "deepspeed":
         files["ds_config.json"] = json.dumps(to_deepspeed_config(r, opts), indent=2) + "\n"
         files["hostfile"] = to_hostfile(r)
-        files.update(hf_model_config(r))
+        from planner.stacks import runs_megatron_deepspeed
+        if runs_megatron_deepspeed(stack, chosen(r).layout):
+            from planner.emit.megatron_deepspeed import to_megatron_deepspeed_args
+            files["megatron_args.txt"] = "\n".join(to_megatron_deepspeed_args(r, opts)) + "\n"
+        else:
+            files.update(hf_model_config(r))
+            files["train.py"] = to_train_script(r, opts, stack, config_beside="config.json" in files)
     elif stack == "hf":
         files["accelerate_config.yaml"] = to_yaml(to_accelerate_config(r, opts))
         files.update(hf_model_config(r))
+        files["train.py"] = to_train_script(r, opts, stack, config_beside="config.json" in files)
     elif stack == "megatron":
         files["megatron_args.txt"] = "\n".join(to_megatron_args(r, opts)) + "\n"
     else:

@@ -52,10 +52,14 @@ def to_manifest(r: PlanResult, opts: EmitOptions = EmitOptions(), stack: str | N
     prog, _ = worker_command(r, opts, stack)
     command = torchrun_under_scheduler(r, opts, "$(MASTER_ADDR):$(MASTER_PORT)", name)
     command += [_kube_word(w) for w in prog]
+    from planner.stacks import reads_megatron_args, runs_megatron_deepspeed
     if stack == "megatron":
         command += to_megatron_args(r, opts)
+    elif runs_megatron_deepspeed(stack, lay):
+        from planner.emit.megatron_deepspeed import to_megatron_deepspeed_args
+        command += to_megatron_deepspeed_args(r, opts, ds_config=f"{WORKDIR}/ds_config.json")
     env = {**stack_env(r, stack)}
-    if stack == "megatron":
+    if reads_megatron_args(stack, lay):
         env["MEGATRON"] = MEGATRON_DIR
     if stack == "torchtitan":
         env["PYTHONPATH"] = WORKDIR

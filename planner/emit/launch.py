@@ -90,6 +90,10 @@ def worker_command(r: PlanResult, opts: EmitOptions, stack: str, here: str = "${
     torchrun's environment); megatron: pretrain_gpt.py with megatron_args.txt; torchtitan:
     ``-m torchtitan.train --module torchtitan_job --config planner_job``.
     """
+    from planner.stacks import runs_megatron_deepspeed
+    if runs_megatron_deepspeed(stack, chosen(r).layout):     # Megatron-DeepSpeed: its pretrain_gpt.py
+        return ["${MEGATRON}/pretrain_gpt.py"], ['"${MEGATRON_ARGS[@]}"', "--deepspeed_config",
+                                                    f'"{here}/ds_config.json"']
     if stack == "deepspeed":
         return [opts.script, "--deepspeed", "--deepspeed_config", f"{here}/ds_config.json"], []
     if stack == "megatron":
@@ -124,6 +128,8 @@ def to_launch_script(r: PlanResult, opts: EmitOptions = EmitOptions(), stack: st
     ]
     if opts.offloads:
         head.append(f"# Offload: optimizer -> {opts.offload_optimizer}, parameters -> {opts.offload_params}")
+    from planner.emit.schedule import training_schedule
+    head.append(f"# Training: {training_schedule(r, opts).describe()}.")
     env = stack_env(r, eng)
     head += [
         "set -euo pipefail",
@@ -137,16 +143,31 @@ def to_launch_script(r: PlanResult, opts: EmitOptions = EmitOptions(), stack: st
     if eng == "deepspeed":
         if n_nodes > 1:
             body.append("# Run once, on node-0: the deepspeed launcher starts every node listed in hostfile (pdsh).")
+        body.append(f"# {opts.script} (written here) builds the model from config.json and trains the planned steps;"
+                    f" give it --dataset NAME|FILES (default: random tokens).")
         if lay.recompute != "none":
-            body.append(f"# The plan recomputes activations ({lay.recompute}): call "
-                        f"model.gradient_checkpointing_enable() in {opts.script}.")
+            body.append(f"# The plan recomputes activations ({lay.recompute}): {opts.script} calls "
+                        f"model.gradient_checkpointing_enable().")
         cmd = to_deepspeed_command(r, opts, '${HERE}/ds_config.json', '${HERE}/hostfile')
-        body.append(shell_command(cmd))
+        from planner.stacks import runs_megatron_deepspeed
+        if runs_megatron_deepspeed(eng, lay):
+            # Megatron-DeepSpeed: pretrain_gpt.py with megatron_args.txt (planner.emit.megatron_deepspeed)
+            body += ["# Megatron-DeepSpeed (tp/pp): run from its checkout; MEGATRON points at it. Add your data and",
+                     "# tokenizer arguments after the script name. megatron_args.txt holds the plan's arguments.",
+                     'MEGATRON="${MEGATRON:-.}"',
+                     'mapfile -t MEGATRON_ARGS < <(grep -v "^#" "$HERE/megatron_args.txt")']
+            cmd = [*cmd[:cmd.index(opts.script)], "${MEGATRON}/pretrain_gpt.py"]
+            body.append(shell_command(cmd, extra='"${MEGATRON_ARGS[@]}" --deepspeed_config "${HERE}/ds_config.json" '
+                                                 '"$@"'))
+        else:
+            body.append(shell_command(cmd))
     elif eng == "hf":
         s = to_fsdp2_settings(r, opts)
         body += [
             "# Run on every node (e.g. with srun or pdsh). LAUNCHER=accelerate (default) or torchrun.",
-            f"# With torchrun, {opts.script} applies FSDP2 itself: fully_shard each {s['wrap']} and then the root,",
+            f"# {opts.script} (written here) trains the planned steps; give it --dataset NAME|FILES (default: random",
+            "#   tokens). accelerate applies FSDP2 from accelerate_config.yaml. Under torchrun, a script of your own",
+            f"#   applies it: fully_shard each {s['wrap']} and then the root,",
             f"#   mesh {s['mesh']}, reshard_after_forward={s['reshard_after_forward']},",
             f"#   mp_policy={s['mp_policy']}, offload_policy={s['offload_policy']}, "
             f"activation checkpointing: {s['activation_checkpointing']}.",

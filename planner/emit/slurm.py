@@ -61,8 +61,9 @@ def to_slurm_script(r: PlanResult, opts: EmitOptions = EmitOptions(), stack: str
         f"MASTER_PORT={opts.master_port}",
     ]
     lines += env_lines(stack_env(r, stack))
-    if stack == "megatron":
-        lines += ['MEGATRON="${MEGATRON:-$HERE/Megatron-LM}"   # your Megatron-LM checkout',
+    from planner.stacks import reads_megatron_args
+    if reads_megatron_args(stack, lay):
+        lines += ['MEGATRON="${MEGATRON:-$HERE/Megatron-LM}"   # your Megatron-LM (or Megatron-DeepSpeed) checkout',
                   'mapfile -t MEGATRON_ARGS < <(grep -v "^#" "$HERE/megatron_args.txt")']
     if stack == "torchtitan":
         lines += ['export PYTHONPATH="${HERE}${PYTHONPATH:+:${PYTHONPATH}}"   # torchtitan_job.py']

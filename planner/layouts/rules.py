@@ -115,7 +115,8 @@ def _per_step(v: RuleView) -> Any:
 STACK_LIMITS = {
     "torchtitan": ("--stack torchtitan shards with FSDP2 and splits no experts: use --fsdp full or grad-op "
                    "(or --zero 0), ep 1"),
-    "deepspeed": "--stack deepspeed runs ZeRO data parallelism here: no FSDP, tp, pp or cp (use --zero N)",
+    "deepspeed": ("--stack deepspeed runs ZeRO data parallelism, and tp and pp with ZeRO-0/1 as Megatron-DeepSpeed "
+                  "(BLOOM, MT-NLG): no FSDP, cp, ZeRO-2/3 or experts with tp/pp (use --zero 0 or 1)"),
     "hf": "--stack hf runs FSDP2 (accelerate) without pipeline stages: use --fsdp full and pp 1",
 }
 
@@ -128,7 +129,8 @@ def _etp(v: RuleView) -> Any:
 # planner.stacks.stack_refusal names them (the first that fails); the "stack-runs" rule
 # refuses where any fails. torchtitan 0.3.0 builds Llama-architecture models only
 # (planner.stacks.torchtitan_builds), shards with FSDP2 only (ZeRO-0 is its DDP) and its
-# Llama 3 has no experts; DeepSpeed runs ZeRO data parallelism here (no FSDP2, tp, pp or cp);
+# Llama 3 has no experts; DeepSpeed runs ZeRO data parallelism, and tp and pp as Megatron-DeepSpeed
+# under ZeRO-0/1 without experts (no FSDP2, no cp);
 # Hugging Face (accelerate) runs FSDP2 without pipeline stages. Expert tensor parallelism
 # (Layout.etp) is Megatron's alone among them: torchtitan 0.3.0's Parallelism has
 # expert_parallel_degree and no expert tensor-parallel degree, its experts' region being (pp,
@@ -157,11 +159,15 @@ STACK_REFUSALS: dict[str, tuple[tuple[Callable[[RuleView], Any], Callable[[RuleV
                          f"ZeRO-{lay.zero_stage}: plan with --fsdp full")),
         (lambda v: v.pp > 1, lambda v, lay: f"--stack hf has no pipeline parallelism; this layout has pp={lay.pp}"),
     ),
-    "deepspeed": (
+    "deepspeed": (      # Megatron-DeepSpeed: tp and pp under ZeRO-0/1 (stacks.runs_megatron_deepspeed)
         (_etp, lambda v, lay: ETP_REFUSAL["deepspeed"]),
-        (lambda v: (v.tp > 1) | (v.pp > 1) | (v.cp > 1),
-         lambda v, lay: (f"--stack deepspeed runs ZeRO data parallelism here; this layout ({lay.describe()}) splits "
-                         f"the model (tp/pp/cp)")),
+        (lambda v: v.cp > 1,
+         lambda v, lay: (f"--stack deepspeed has no context parallelism; this layout ({lay.describe()}) "
+                         f"has cp={lay.cp}")),
+        (lambda v: ((v.tp > 1) | (v.pp > 1)) & ((v.zero_stage > 1) | (v.ep > 1)),
+         lambda v, lay: ("--stack deepspeed runs tp and pp as Megatron-DeepSpeed on DeepSpeed's pipeline engine, "
+                         f"which supports ZeRO-0/1 and no experts here; this layout ({lay.describe()}) needs --zero 0 "
+                         "or 1 and ep 1")),
         (lambda v: v.sharding > 0,
          lambda v, lay: "--stack deepspeed shards with ZeRO stages, not FSDP2; plan with --zero N"),
     ),
@@ -181,6 +187,26 @@ def _balance_layers(v: RuleView) -> int:
     """2 where the embedding and the loss count as layers of the pipeline split
     (TrainingSetup.pp_balance "embedding-loss"), else 0."""
     return 2 if v.setup.pp_balance == "embedding-loss" else 0
+
+
+def _distributed_optimizer_noop(v: RuleView) -> Any:
+    """Megatron's distributed optimizer (ZeRO-1, not FSDP) over a single data-parallel rank, as the
+    user fixed it: megatron-core 0.16.1 runs it and shards nothing (DistributedOptimizer over a
+    data-parallel group of one: each rank owns the whole buffer), so it is planned as the no-op it
+    is: its memory and time equal --zero 0's."""
+    import numpy as np
+
+    return np.asarray((v.sharding == 0) & (v.zero_stage == 1) & (v.setup.stack == "megatron"), dtype=bool)
+
+
+def _balance_hint(v: RuleView) -> str:
+    """The way out where pp x vp chunks exceed the layers but divide the layers + 2: count the
+    embedding and the loss as layers (megatron-core's account_for_embedding/loss_in_pipeline_split)."""
+    chunks = int(v.pp * v.vp)
+    if chunks <= v.m.n_layers + 2 and (v.m.n_layers + 2) % chunks == 0:
+        return (f"; counting the embedding and the loss as layers, {chunks} chunks divide the "
+                f"{v.m.n_layers} + 2: add --pp-balance embedding-loss")
+    return ""
 
 
 RULES: tuple[Rule, ...] = (
@@ -210,7 +236,7 @@ RULES: tuple[Rule, ...] = (
          lambda v: "an interleaved schedule (vp > 1) needs pp > 1"),
     Rule("chunks-layers", lambda v: v.pp * v.vp > v.m.n_layers + _balance_layers(v),
          lambda v: f"pp x vp = {v.pp * v.vp} model chunks exceed the {v.m.n_layers} layers"
-                   + (" + embedding + loss" if _balance_layers(v) else "")),
+                   + (" + embedding + loss" if _balance_layers(v) else _balance_hint(v))),
     # megatron-core 0.16.1 TransformerConfig.__post_init__ (transformer/transformer_config.py lines
     # 1436-1480): with account_for_embedding/loss_in_pipeline_split, pp must divide num_layers + 2,
     # and vp the layers per rank
@@ -225,6 +251,12 @@ RULES: tuple[Rule, ...] = (
     Rule("vp-micro-batches", lambda v: (v.vp > 1) & (v.grad_accum % v.pp != 0),
          lambda v: (f"the interleaved schedule needs the {v.grad_accum} micro-batches per step "
                     f"to be a multiple of pp={v.pp} (Megatron-LM)")),
+    # megatron-core 0.16.1 schedules.py lines 995-1003: a group larger than the step's
+    # micro-batches is refused (ValueError); fewer than pp is Llama 3's schedule, planned as such
+    # (TrainingSetup.pp_microbatch_group) but not written for Megatron (emit.megatron)
+    Rule("pp-microbatch-group", lambda v: (v.vp > 1) & (v.setup.pp_microbatch_group > v.grad_accum),
+         lambda v: (f"--pp-microbatch-group {v.setup.pp_microbatch_group} exceeds the {v.grad_accum} "
+                    "micro-batches per step (megatron-core's interleaved schedule)")),
     Rule("cp-sequence", lambda v: (v.cp > 1) & (v.seq_len % (2 * v.cp) != 0),
          lambda v: f"cp={v.cp} needs the sequence {v.seq_len} to split into 2 x cp equal chunks"),
     Rule("ep-dense", lambda v: (v.ep > 1) & (not v.m.is_moe),
@@ -247,8 +279,23 @@ RULES: tuple[Rule, ...] = (
                     f"not ZeRO-{v.zero_stage}")),
     Rule("zero-stage", lambda v: (v.zero_stage < 0) | (v.zero_stage > 3),
          lambda v: f"ZeRO stage {v.zero_stage} does not exist (0 to 3)"),
-    Rule("sharding-needs-dp", lambda v: (v.zero_stage > 0) & (v.dense_shard_degree == 1) & (not _offloads(v)),
+    Rule("sharding-needs-dp", lambda v: (v.zero_stage > 0) & (v.dense_shard_degree == 1) & (not _offloads(v))
+         & ~_distributed_optimizer_noop(v),
          lambda v: "ZeRO/FSDP sharding needs more than one data-parallel rank (or offload)"),
+    # megatron-core 0.16.1 transformer_config.py lines 1137-1152: fewer layers than the model has,
+    # no pipeline parallelism, no recomputation
+    Rule("activation-offload",
+         lambda v: (v.setup.offload_activations > 0) & ((v.setup.stack != "megatron") | (v.pp > 1)
+                                                        | (v.setup.offload_activations >= v.m.n_layers)),
+         lambda v: (f"--offload-activations {v.setup.offload_activations} is Megatron-Core's CPU offload: it needs "
+                    f"--stack megatron, pp 1 and fewer than the {v.m.n_layers} layers (megatron-core "
+                    "TransformerConfig)")),
+    Rule("cross-entropy-stack", lambda v: (v.setup.cross_entropy != "native") & (v.setup.stack != "megatron"),
+         lambda v: (f"--cross-entropy {v.setup.cross_entropy} is Megatron-Core's cross_entropy_fusion_impl: "
+                    "add --stack megatron")),
+    Rule("mtp-stack", lambda v: (v.setup.mtp_layers > 0) & (v.setup.stack != "megatron"),
+         lambda v: (f"--mtp {v.setup.mtp_layers}: multi-token prediction is planned as Megatron-Core trains it "
+                    "(mtp_num_layers): add --stack megatron")),
     Rule("param-offload-stage", lambda v: (v.setup.offload_params != "none") & (v.zero_stage != 3),
          lambda v: "parameter offload needs ZeRO-3 or FSDP full sharding (ZeRO-Infinity, FSDP CPU offload)"),
     Rule("optimizer-offload-stage", lambda v: (v.setup.offload_optimizer != "none") & (v.zero_stage == 0),

@@ -31,6 +31,7 @@ from planner.memory.params import (
     stages_to_check,
 )
 from planner.memory.pipeline import held_layer_micro_batches
+from planner.memory.recompute import module_recompute_delta_bytes
 from planner.models.spec import ModelSpec, ParamCount
 from planner.training.finetune import activation_layers, rank_split
 from planner.training.kernels import AMP, EAGER, FUSED, KERNELS, TITAN
@@ -210,6 +211,8 @@ def activation_figures(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_
         if m.is_moe:    # dense blocks, shared experts, transformers' MoE tensors (memory.moe)
             kept += moe_block_delta_bytes(m, s_, lay, kern)
             full += moe_block_delta_bytes(m, s_, unrecomputed, kern)
+        if setup.recompute_modules:     # Megatron-Core's selective recomputation by module
+            kept += module_recompute_delta_bytes(m, s_, lay, kern)
         if fp8:     # the FP8 recipe's saved linear inputs (memory.fp8)
             kept += saved_input_delta_bytes(m, setup, lay)
             full += saved_input_delta_bytes(m, setup, replace(lay, recompute="none"))
@@ -264,10 +267,16 @@ def stage_figures(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, a: LayoutA
     def figures(tp: int, ep: int, pp: int, etp: int) -> tuple[int, ...]:
         lay = Layout(tp=tp, ep=ep, pp=pp, etp=etp)
         counts = stage_layers(m.n_layers, pp, setup.pp_balance)
+        mtp = setup.mtp_layers
+        if mtp:     # the MTP modules' blocks live on the last stage (TrainingSetup.mtp_layers)
+            counts = [*counts[:-1], counts[-1] + mtp]
         row: tuple[int, ...] = ()
         for s in stages_to_check(counts):
             n_layers = counts[s]
             rp = rank_params(m, pc, lay, s, n_layers)
+            if mtp and s == pp - 1:     # each module's 2h x h projection and two norms, split by tp
+                extra = mtp * (ceil_div(2 * m.d_model * m.d_model, tp) + 2 * m.d_model)
+                rp = replace(rp, dense=rp.dense + extra)
             if untie and tp > 1 and s == pp - 1 and pp == 1:
                 head = ceil_div(m.vocab_size * m.d_model, tp)
                 rp = replace(rp, dense=rp.dense + head, root_unit=rp.root_unit + head)
@@ -280,7 +289,8 @@ def stage_figures(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, a: LayoutA
                     split.largest_trainable, split.dequant_bytes)
         return row + (0,) * (_WIDTH * MAX_SLOTS - len(row))
 
-    out = _gather([a.tp, a.ep, a.pp, a.expert_tp], figures, _table("stage", m, pc, ft, wb, untie, setup.pp_balance),
+    out = _gather([a.tp, a.ep, a.pp, a.expert_tp], figures, _table("stage", m, pc, ft, wb, untie, setup.pp_balance,
+                                                                       setup.mtp_layers),
                   _WIDTH * MAX_SLOTS)
     n_slots = max(1, int(out.reshape(MAX_SLOTS, _WIDTH, -1)[:, 0].any(axis=1).sum()))
     t = out.reshape(MAX_SLOTS, _WIDTH, -1)[:n_slots]           # (slot, field, batch)
@@ -291,7 +301,7 @@ def stage_figures(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, a: LayoutA
 
 
 def in_flight_microbatches(a: LayoutArrays, stage: np.ndarray, n_layers: int = 0, balance: str = "none",
-                           stage_layer_counts: np.ndarray | None = None) -> np.ndarray:
+                           stage_layer_counts: np.ndarray | None = None, group: int = 0) -> np.ndarray:
     """Micro-batches whose activations a pipeline stage holds at once (float).
 
     1F1B: stage i (from 0) holds min(pp - i, m) (Narayanan et al. 2021, Sec. 2.2.1).
@@ -304,17 +314,23 @@ def in_flight_microbatches(a: LayoutArrays, stage: np.ndarray, n_layers: int = 0
     what Megatron's interleaved schedule keeps of its chunks (pipeline.held_layer_micro_batches,
     its layer-micro-batches over the stage's ``stage_layer_counts``): the embedding-only and
     loss-only chunks keep no block.
+    A micro-batch group ``group`` N (TrainingSetup.pp_microbatch_group; 0: pp, megatron-core's
+    default) other than pp is read off the exact schedule for every balance, its warm-up
+    (pp - stage - 1) x 2 + (vp - 1) x N chunk forwards (pipeline.warmup_chunks).
     """
     held = np.minimum(a.pp - stage, a.grad_accum).astype(np.float64)   # 1 without a pipeline (stage 0)
     if np.any(a.vp > 1):
         held *= np.where(a.vp > 1, 1 + (a.pp - 1) / (a.pp * a.vp), 1.0)
         if balance != "none" and stage_layer_counts is not None:
-            held = _interleaved_held(a, stage, n_layers, balance, stage_layer_counts, held)
+            held = _interleaved_held(a, stage, n_layers, balance, stage_layer_counts, held, group)
+        elif group > 0 and stage_layer_counts is not None:   # N = pp keeps the default's closed form
+            exact = _interleaved_held(a, stage, n_layers, balance, stage_layer_counts, held, group)
+            held = np.where(a.pp == group, held, exact)
     return held
 
 
 def _interleaved_held(a: LayoutArrays, stage: np.ndarray, n_layers: int, balance: str, counts: np.ndarray,
-                      held: np.ndarray) -> np.ndarray:
+                      held: np.ndarray, group: int = 0) -> np.ndarray:
     """held, with the interleaved layouts' (vp > 1, pp > 1) elements replaced by the exact
     schedule's layer-micro-batches over the stage's layers, once per distinct shape."""
     shape = np.broadcast_shapes(np.shape(stage), np.shape(a.vp))
@@ -325,7 +341,7 @@ def _interleaved_held(a: LayoutArrays, stage: np.ndarray, n_layers: int, balance
         return held
     keys = np.stack([c[pick] for c in cols[:4]], axis=1)
     uniq, inv = np.unique(keys, axis=0, return_inverse=True)
-    vals = np.array([held_layer_micro_batches(n_layers, int(p), int(v), int(m), int(s), balance)
+    vals = np.array([held_layer_micro_batches(n_layers, int(p), int(v), int(m), int(s), balance, group)
                      for p, v, m, s in uniq.tolist()], dtype=np.float64)
     out[pick] = vals[inv.ravel()] / cols[4][pick]
     return out.reshape(shape)

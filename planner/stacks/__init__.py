@@ -129,6 +129,20 @@ def default_stack_reason(m: ModelSpec, lay: Layout, kernels: str) -> str:
     return f"{stack} by default ({why})"
 
 
+def runs_megatron_deepspeed(stack: str, lay: Layout) -> bool:
+    """Whether ``stack`` runs ``lay`` as Megatron-DeepSpeed: --stack deepspeed with tensor or
+    pipeline parallelism (BLOOM 176B and MT-NLG 530B trained so: Megatron's tp, DeepSpeed's
+    pipeline engine and ZeRO-1), whose files are megatron_args.txt (pretrain_gpt.py's arguments)
+    beside ds_config.json."""
+    return stack == "deepspeed" and (lay.tp > 1 or lay.pp > 1)
+
+
+def reads_megatron_args(stack: str, lay: Layout) -> bool:
+    """Whether the plan's program is a Megatron pretrain_gpt.py reading megatron_args.txt:
+    Megatron-LM, or Megatron-DeepSpeed (runs_megatron_deepspeed)."""
+    return stack == "megatron" or runs_megatron_deepspeed(stack, lay)
+
+
 def stack_refusal(stack: str, m: ModelSpec, lay: Layout) -> str | None:
     """Why ``stack`` cannot run ``lay`` of ``m`` (one line naming the way out), or None: the
     first of the layout rules' STACK_REFUSALS that fails (planner.layouts.rules, the table

@@ -63,6 +63,19 @@ def time_band(level: float = DEFAULT_LEVEL) -> TimeBand:
                     time_high_factor=math.exp(row["log_error_high"]))
 
 
+NOISE_LEVEL = 0.50
+
+
+def cost_noise_rel() -> float:
+    """The fraction by which two predicted costs (or times) of plans may differ and still be
+    within the step-time model's typical error: the half-width of the central 50% interval
+    of its out-of-sample log errors (about 6.5%). A modelling choice: plans closer than this
+    cannot be ranked by the model (`plan --tokens` without --deadline takes the fastest of
+    them, planner.cost.plan)."""
+    b = time_band(NOISE_LEVEL)
+    return (b.time_high_factor - b.time_low_factor) / 2
+
+
 def upper_factor(confidence: float) -> float:
     """The factor by which a predicted step time is multiplied so that the true one is at most
     that with ``confidence`` (the one-sided quantile of the out-of-sample log errors): what
