@@ -347,6 +347,7 @@ def test_a_topology_that_caps_the_count_is_said_in_the_answer():
     assert "capped by topology: a100 at 6,080 GPUs (dgx-a100)" in text
 
 
+@pytest.mark.slow
 def test_gpu_types_priced_by_different_providers_are_said_so(tmp_path):
     """Issue 33: H100 at AWS on-demand ($6.88) beside H200 at Hyperstack ($3.99) made 'the cheapest
     GPU type' the cheaper provider, silently. Every catalog price names its provider; an answer

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 from conftest import require
 
@@ -53,6 +54,7 @@ def _megatron_core_saved_bytes_per_logit(monkeypatch) -> float:
     return sum(saved) / (s * b * v)
 
 
+@pytest.mark.slow
 def test_native_keeps_four_bytes_per_logit_as_megatron_core_measures(monkeypatch):
     require("megatron.core")
     measured = _megatron_core_saved_bytes_per_logit(monkeypatch)

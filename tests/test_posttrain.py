@@ -40,6 +40,7 @@ def _plan(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "planner", *args], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("student_cfg, teacher_cfg, kd_loss, hidden", [
     (STUDENT, TEACHER, "full", 0), (STUDENT, TEACHER, "chunked", 2), (QWEN3_STUDENT, QWEN3_TEACHER, "chunked", 2)])
 def test_distillation_step_matches_memtracker(student_cfg: dict, teacher_cfg: dict, kd_loss: str, hidden: int) -> None:
@@ -112,6 +113,7 @@ def test_distill_plan_names_teacher_terms() -> None:
         assert words in r.stdout
 
 
+@pytest.mark.slow
 def test_grpo_plan_by_phase() -> None:
     r = _plan("--model", "qwen3-8b", "--task", "grpo", "--gpus", "h100", "--n-gpus", "8", "--prompt-len", "1024",
               "--response-len", "4096", "--group-size", "8", "--json")
@@ -175,6 +177,7 @@ def test_teacher_forward_flops_against_flop_counter() -> None:
     assert forward_flops_per_token(t, s) * b * s == pytest.approx(counter.get_total_flops(), rel=0.01)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, words", [
     (["--teacher-sharding", "fsdp", "--n-gpus", "8"], "FSDP-sharded over dp="),
     (["--kd-offline-topk", "64"], "offline: stored top-k logits"),
@@ -186,6 +189,7 @@ def test_distill_variants(args: list[str], words: str) -> None:
     assert words in r.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task, key", [("ppo", "critic states"), ("dpo", "reference weights")])
 def test_ppo_and_dpo(task: str, key: str) -> None:
     r = _plan("--model", "qwen3-8b", "--task", task, "--gpus", "h100", "--n-gpus", "8", "--json")
@@ -217,6 +221,7 @@ def test_post_training_options_need_their_task(args: list[str], words: str) -> N
     assert r.returncode == 2 and words in r.stderr
 
 
+@pytest.mark.slow
 def test_logprob_pass_against_memtracker() -> None:
     # the scoring phase's no-grad forward with token log-probs (memory.rollout.logprob_pass_bytes)
     # against MemTracker's peak less the weights, a bf16 tiny Llama on the CPU; measured +3.1%
@@ -245,6 +250,7 @@ def test_logprob_pass_against_memtracker() -> None:
     assert logprob_pass_bytes(m, lay) == pytest.approx(measured, rel=0.10)
 
 
+@pytest.mark.slow
 def test_largest_engine_fraction_fits_and_one_step_more_does_not() -> None:
     # the largest --rollout-memory-fraction the plan reports beside training states kept on the GPU
     # (TRL's way): a plan at that fraction fits, one 0.05 above it does not (the same layout fixed)
@@ -260,6 +266,7 @@ def test_largest_engine_fraction_fits_and_one_step_more_does_not() -> None:
     assert too_much.returncode == 2
 
 
+@pytest.mark.slow
 def test_run_length_in_steps_and_tokens() -> None:
     # --rl-steps x the step time; distillation: --tokens over the tokens of one step (global batch
     # 1,024 x 4,096 = 4,194,304 tokens: 10B tokens are 2,385 whole steps)
