@@ -150,6 +150,10 @@ RULES: tuple[Rule, ...] = (
                     | (v.micro_batch < 1) | (v.grad_accum < 1)),
          lambda v: "every degree, the micro-batch and the accumulation steps must be >= 1"),
     Rule("stack-runs", _stack_cannot_run, lambda v: STACK_LIMITS.get(v.setup.stack, "")),
+    Rule("generic-layouts", lambda v: v.m.is_generic & ((v.tp > 1) | (v.cp > 1) | (v.ep > 1)),
+         lambda v: (f"{v.m.model_type} is planned on the generic path (measured on transformers' model): "
+                    "data parallel, ZeRO/FSDP and pipeline stages only; tp, cp and ep need a written family "
+                    "(docs/models.md)")),
     Rule("tp-heads", lambda v: v.m.n_heads % v.tp != 0,
          lambda v: f"tp={v.tp} does not divide the {v.m.n_heads} attention heads"),
     Rule("tp-kv-heads", lambda v: (v.m.n_kv_heads % v.tp != 0) & (v.tp % v.m.n_kv_heads != 0),

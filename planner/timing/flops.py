@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.models.generic.profile import GenericProfile
 from planner.models.spec import ModelSpec
 from planner.training.finetune import FinetuneSpec, resolve_targets
 
@@ -35,7 +36,10 @@ class LayerFlops:
 
 
 def layer_flops(m: ModelSpec, seq_len: int) -> LayerFlops:
-    """Forward FLOPs per token of one block (see LayerFlops)."""
+    """Forward FLOPs per token of one block (see LayerFlops); a generic model's mean block
+    is measured (generic_layer_flops)."""
+    if m.profile is not None:
+        return generic_layer_flops(m.profile, seq_len)
     h, q, kv, f = m.d_model, m.q_dim, m.kv_dim, m.d_ff
     k = m.n_experts_per_token if m.is_moe else 1
     mats = 3 if m.gated_mlp else 2
@@ -44,8 +48,22 @@ def layer_flops(m: ModelSpec, seq_len: int) -> LayerFlops:
                       mlp=k * mats * 2 * h * f + router)
 
 
+def generic_layer_flops(p: GenericProfile, seq_len: int) -> LayerFlops:
+    """Forward FLOPs per token of a generic model's mean block, measured by FlopCounterMode on
+    transformers' model at two sequence lengths (planner.models.generic.probe): the part that
+    grows with the sequence (attention scores, a chunked scan's intra-chunk terms) as
+    ``scores``, the rest (every projection, expert, convolution) as ``mlp``. Backward is
+    taken as twice forward, the convention of the written families (the measured backward,
+    BlockProfile.bwd_flops_per_token, is larger on reference scans that recompute)."""
+    per_seq = p.mean_block("fwd_flops_per_token_per_seq")
+    return LayerFlops(qkv=0.0, scores=per_seq * seq_len, out=0.0, mlp=p.mean_block("fwd_flops_per_token"))
+
+
 def head_flops(m: ModelSpec) -> float:
-    """Forward FLOPs per token of the LM head (2 h V; BERT's MLM transform adds 2 h^2)."""
+    """Forward FLOPs per token of the LM head (2 h V; BERT's MLM transform adds 2 h^2); a
+    generic model's are measured (everything outside its blocks)."""
+    if m.profile is not None:
+        return m.profile.head_fwd_flops_per_token
     return 2 * m.d_model * m.vocab_size + (2 * m.d_model**2 if m.mlm_head else 0)
 
 
