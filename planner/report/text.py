@@ -273,7 +273,7 @@ def generic_lines(r: PlanResult) -> list[str]:
     p = r.model.profile
     if p is None:
         return []
-    kinds = ", ".join(f"{b.n_layers} x {b.name}" for b in p.blocks)
+    kinds = ", ".join(f"{b.n_layers} x {b.name.split(' (layers')[0]}" for b in p.blocks)
     return [f"  model: generic path, {r.model.model_type} measured on transformers {p.transformers_version}'s "
             f"own model (parameters exact; saved tensors and FLOPs per token of each block kind under fake "
             f"tensors, its eager reference kernels); blocks: {kinds}",

@@ -37,12 +37,31 @@ def transformers_version() -> str:
         return ""
 
 
-def config_key(cfg: dict[str, Any]) -> str:
+def config_key(cfg: dict[str, Any], version: str | None = None) -> str:
     """The cache key of a config.json dict: sha256 of the sorted JSON, the transformers
-    version and PROFILE_VERSION, first 24 hex digits."""
+    version (the installed one unless given) and PROFILE_VERSION, first 24 hex digits."""
     text = json.dumps(cfg, sort_keys=True, separators=(",", ":"), default=str)
-    payload = f"{text}\n{transformers_version()}\n{PROFILE_VERSION}"
+    payload = f"{text}\n{transformers_version() if version is None else version}\n{PROFILE_VERSION}"
     return hashlib.sha256(payload.encode()).hexdigest()[:24]
+
+
+# Profiles shipped with the presets planned on the generic path (planner/presets/profiles/,
+# written by bench/generic_profiles.py), keyed without a transformers version: a plan of a
+# preset never needs torch. Each file names the transformers version it was measured on.
+SHIPPED = "shipped"
+
+
+def shipped_profile(cfg: dict[str, Any]) -> GenericProfile | None:
+    """The profile shipped for ``cfg`` (a preset's config.json), or None."""
+    from importlib import resources
+
+    name = f"{config_key(cfg, SHIPPED)}.json"
+    try:
+        text = resources.files("planner.presets").joinpath("profiles", name).read_text()
+        profile = GenericProfile.from_json(json.loads(text))
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    return profile if profile.version == PROFILE_VERSION else None
 
 
 def cache_path(cfg: dict[str, Any]) -> Path:
@@ -50,14 +69,15 @@ def cache_path(cfg: dict[str, Any]) -> Path:
 
 
 def read_cached(cfg: dict[str, Any]) -> GenericProfile | None:
-    """The cached profile of ``cfg``, or None (absent, unreadable, or of another version)."""
+    """The cached profile of ``cfg``, else the one shipped with a preset, or None (absent,
+    unreadable, or of another PROFILE_VERSION)."""
     path = cache_path(cfg)
     try:
         data = json.loads(path.read_text())
         profile = GenericProfile.from_json(data)
     except (OSError, ValueError, TypeError, KeyError):
-        return None
-    return profile if profile.version == PROFILE_VERSION else None
+        return shipped_profile(cfg)
+    return profile if profile.version == PROFILE_VERSION else shipped_profile(cfg)
 
 
 def write_cached(cfg: dict[str, Any], profile: GenericProfile) -> Path | None:

@@ -1,10 +1,10 @@
 """Measure a GenericProfile on transformers' own model (torch and transformers imported here
 only, the first time a config is seen; planner.models.generic.cache keeps the answer).
 
-Parameters: the model built on the meta device (accelerate's ``init_empty_weights``, as
-``accelerate estimate-memory`` does; plain ``torch.device("meta")`` without accelerate),
-summed once per tensor (a tied head counts once, as ``Module.parameters()`` does) and split
-by module kind from the parameter's path (see classify).
+Parameters: the model built on the meta device (``torch.device("meta")``; see build_meta for
+why not accelerate's ``init_empty_weights``), summed once per tensor (a tied head counts
+once, as ``Module.parameters()`` does) and split by module kind from the classes holding it
+and its path (see classify).
 
 Saved tensors and FLOPs: the same config built under FakeTensorMode in bf16 (no memory, no
 arithmetic), one forward and backward of one sequence at each of two lengths. Saved tensors
@@ -24,10 +24,12 @@ from typing import Any
 from planner.errors import UserError
 from planner.models.generic.profile import BlockProfile, GenericProfile
 
-# The two sequence lengths the block terms are read at: multiples of the chunk lengths of
-# the reference chunked scans (Mamba-2's chunk_size 256 in transformers' configs, gated
-# DeltaNet's 64), so that no padding to a chunk shows up as a per-token term.
-SEQ_LENS = (512, 1024)
+# The two sequence lengths the block terms are read at. Short, because transformers'
+# reference scans run in Python loops (Mamba-1's is one step per token) and their cost under
+# fake tensors grows with the length; multiples of gated DeltaNet's chunk of 64. Mamba-2's
+# reference scan pads to its chunk_size (256), so at 128 a fixed padding shows up per token:
+# _fit then keeps the value at 256 (exact there) and no growing term.
+SEQ_LENS = (128, 256)
 
 # The module kind of a parameter, read from the class names of the modules that hold it,
 # innermost first (NemotronHBlock calls every sub-layer "mixer", so paths alone mislead):
@@ -89,15 +91,13 @@ def causal_lm_class(config: Any) -> Any:
 
 
 def build_meta(config: Any) -> Any:
-    """The causal LM on the meta device (no memory, no weights)."""
+    """The causal LM on the meta device (no memory, no weights). ``torch.device("meta")``, not
+    accelerate's ``init_empty_weights``: under the latter transformers 5.24's BioGPT came out
+    with its output projection untied from the embedding (138,240,000 parameters instead of
+    94,838,784)."""
     import torch
 
-    try:
-        from accelerate import init_empty_weights
-        ctx: Any = init_empty_weights()
-    except ImportError:
-        ctx = torch.device("meta")
-    with ctx:
+    with torch.device("meta"):
         return causal_lm_class(config)._from_config(config)
 
 
