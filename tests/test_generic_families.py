@@ -175,3 +175,35 @@ def test_every_causal_lm_family_is_planned_with_transformers_count():
                for k in ("written", "generic", "refused", "skipped")}
     print(json.dumps({k: len(v) for k, v in summary.items()}), json.dumps(
         {mt: r["why"] for mt, r in rows.items() if "why" in r}, indent=1))
+
+
+MEASURED_HYBRIDS = {   # the rows of docs/accuracy.md's generic-path table
+    "nemotron_h": {**TINY_NEMOTRON_H, "hidden_size": 512, "num_attention_heads": 8, "head_dim": 64,
+                   "intermediate_size": 1024, "mamba_num_heads": 16, "mamba_head_dim": 64, "n_groups": 2,
+                   "ssm_state_size": 64, "chunk_size": 128, "n_routed_experts": 8, "moe_intermediate_size": 256,
+                   "moe_shared_expert_intermediate_size": 512, "vocab_size": 8192},
+    "qwen3_next": {**TINY_QWEN3_NEXT, "hidden_size": 512, "num_attention_heads": 8, "head_dim": 64,
+                   "intermediate_size": 1024, "linear_num_key_heads": 4, "linear_num_value_heads": 8,
+                   "linear_key_head_dim": 64, "linear_value_head_dim": 64, "num_experts": 8,
+                   "moe_intermediate_size": 256, "shared_expert_intermediate_size": 512, "vocab_size": 8192},
+}
+
+
+@pytest.mark.parametrize("mt", ["nemotron_h", pytest.param("qwen3_next", marks=pytest.mark.slow)])
+def test_plan_measure_on_a_tiny_hybrid_is_within_ten_percent(mt, tmp_path):
+    # the referee: PyTorch's FSDPMemTracker running transformers' model (8 fake ranks, FSDP full,
+    # bf16 mixed precision, sequence 1024) under fake tensors; docs/accuracy.md lists the rows
+    import re
+
+    from click.testing import CliRunner
+
+    from planner.cli.main import cli
+
+    path = tmp_path / f"tiny-{mt}.json"
+    path.write_text(json.dumps(MEASURED_HYBRIDS[mt]))
+    r = CliRunner().invoke(cli, ["measure", "--model", str(path), "--gpus", "h100", "--dp", "8", "--zero", "3",
+                                 "--seq-len", "1024", "--micro-batch", "1"], prog_name="plan")
+    assert r.exit_code == 0, r.output
+    total = re.search(r"total \(less overhead\)\s+([\d.]+) GiB\s+([\d.]+) GiB\s+([+-][\d.]+)%", r.output)
+    assert total is not None, r.output
+    assert abs(float(total.group(3))) <= 10.0, r.output

@@ -147,7 +147,7 @@ def profile_config(cfg: dict[str, Any], where: str) -> GenericProfile:
         meta = build_meta(config)
     except Exception as e:  # noqa: BLE001 -- transformers raises many kinds for a config it cannot build
         raise UserError(f"{where}: transformers {transformers.__version__} cannot build model_type "
-                        f"{cfg.get('model_type')!r} as a causal LM ({type(e).__name__}: {str(e)[:160]}); "
+                        f"{cfg.get('model_type')!r} as a causal LM ({type(e).__name__}: {_one_line(e)}); "
                         "pass a config.json of a family it builds, or `plan models` for the written ones") from None
     blocks_path, blocks = block_list(meta)
     seen: set[int] = set()
@@ -169,7 +169,12 @@ def profile_config(cfg: dict[str, Any], where: str) -> GenericProfile:
     groups: dict[tuple[Any, ...], list[int]] = {}
     for i, sig in enumerate(sigs):
         groups.setdefault(sig, []).append(i)
-    measured = _measure_blocks(config)
+    try:
+        measured = _measure_blocks(config)
+    except Exception as e:  # noqa: BLE001 -- any failure of transformers' forward under fake tensors
+        raise UserError(f"{where}: transformers' {cfg.get('model_type')} model does not run one training step "
+                        f"under fake tensors ({type(e).__name__}: {_one_line(e)}), so the generic path cannot "
+                        "measure its activations and FLOPs; a written family is needed") from None
     out: list[BlockProfile] = []
     for sig, idx in groups.items():
         first = idx[0]
@@ -187,6 +192,11 @@ def profile_config(cfg: dict[str, Any], where: str) -> GenericProfile:
     return GenericProfile(model_type=str(cfg["model_type"]), transformers_version=transformers.__version__,
                           blocks=tuple(out), embedding=embedding, head=head, final=final,
                           head_fwd_flops_per_token=head_fwd, seq_lens=SEQ_LENS)
+
+
+def _one_line(e: Exception) -> str:
+    """An exception's message on one line, cut to 160 characters."""
+    return " ".join(str(e).split())[:160]
 
 
 def _outside_blocks(meta: Any, seen: set[int]) -> tuple[int, int, int]:
