@@ -182,9 +182,15 @@ def test_every_preset_key_set_to_null_or_deleted(tmp_path, value):
     from planner.errors import UserError
     from planner.models.spec import load_config_file, load_presets
 
+    from planner.models.families import SUPPORTED_MODEL_TYPES
+
     path = tmp_path / "config.json"
     for name in load_presets():
         base = preset_config(name)
+        if base["model_type"] not in SUPPORTED_MODEL_TYPES:
+            # a generic-path preset: every changed config is a new model, measured on transformers'
+            # own code (minutes each); its translator is transformers' config class
+            continue
         for key in base:
             cfg = {k: v for k, v in base.items() if not (k == key and value == "delete")}
             if value is None:

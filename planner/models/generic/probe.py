@@ -84,12 +84,6 @@ def hf_config(cfg: dict[str, Any]) -> Any:
     return config
 
 
-def causal_lm_class(config: Any) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM._model_mapping[type(config)]
-
-
 def build_meta(config: Any) -> Any:
     """The causal LM on the meta device (no memory, no weights). ``torch.device("meta")``, not
     accelerate's ``init_empty_weights``: under the latter transformers 5.24's BioGPT came out
@@ -97,8 +91,10 @@ def build_meta(config: Any) -> Any:
     94,838,784)."""
     import torch
 
+    from transformers import AutoModelForCausalLM
+
     with torch.device("meta"):
-        return causal_lm_class(config)._from_config(config)
+        return AutoModelForCausalLM.from_config(config)
 
 
 def block_list(model: Any) -> tuple[str, Any]:
@@ -258,7 +254,9 @@ def _measure_blocks(config: Any) -> dict[int, dict[str, list[float]]]:
     torch.set_default_dtype(torch.bfloat16)
     try:
         with FakeTensorMode(allow_non_fake_inputs=True):
-            model = causal_lm_class(config)._from_config(config, attn_implementation="eager")
+            from transformers import AutoModelForCausalLM
+
+            model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
             model.train()
             blocks_path, blocks = block_list(model)
             result: dict[int, dict[str, list[float]]] = {}
