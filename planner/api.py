@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 from planner.errors import UserError
 from planner.hardware.gpus import GpuSpec
-from planner.layouts.layout import Layout, SearchSpace, grad_accum_for, reject_reason
+from planner.layouts.layout import Layout, SearchSpace, grad_accum_for, reject_reason, sp_by_default
 from planner.memory.model import min_model_state_bytes_per_param
 from planner.models.spec import ModelSpec, ParamCount, count_params
 from planner.search.search import Candidate, SearchResult, gpu_counts, search
@@ -231,6 +231,6 @@ def fixed_layout(space: SearchSpace, setup: TrainingSetup, n_gpus: int | None) -
         assert s.zero_stage is not None     # checked above: --zero or --fsdp is given
         sharding, stage = "zero", s.zero_stage
     return Layout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero_stage=stage, sharding=sharding,
-                  sp=s.sp if s.sp is not None else tp > 1, vp=s.vp or 1, micro_batch=mb,
+                  sp=s.sp if s.sp is not None else tp > 1 and sp_by_default(setup), vp=s.vp or 1, micro_batch=mb,
                   grad_accum=ga, seq_len=setup.seq_len, recompute=s.recomputes[0], etp=s.etp or 0)
 

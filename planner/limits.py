@@ -234,6 +234,23 @@ def check_name(value: str, what: str) -> None:
                         f"(at most {MAX_NAME_BYTES} bytes per path component); give a shorter one")
 
 
+def check_label(value: str, what: str) -> None:
+    """Refuse (UserError) a name that holds a control character (a newline, a tab, ESC, a
+    line or paragraph separator, ...) or is not text (an undecodable byte of a file name):
+    names are printed in one-line answers and written into launch files, where such a
+    character would end a line (``what`` names the input). Unicode categories Cc, Cs, Zl, Zp
+    (Python's unicodedata)."""
+    import unicodedata
+
+    from planner.errors import UserError
+
+    bad = next((c for c in value if unicodedata.category(c) in ("Cc", "Cs", "Zl", "Zp")), None)
+    if bad is not None:
+        shown = value if len(value) <= 60 else value[:57] + "..."
+        raise UserError(f"{what} {shown!r} holds the control character {bad!r}; "
+                        f"rename it without newlines or other control characters")
+
+
 def read_input_file(path: Any, what: str, max_bytes: int) -> bytes:
     """The bytes of a user's input file, after checking that it is a regular file of at
     most ``max_bytes``: a device (/dev/zero), a FIFO or a directory is refused before it is

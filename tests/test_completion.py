@@ -65,3 +65,40 @@ def test_completion_imports_nothing_heavy():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+# ------------------------------------------------------------------------ issue 32: E4, U12
+
+@pytest.mark.parametrize("env", [
+    {"_PLAN_COMPLETE": "bash_complete"},               # a stray export: no COMP_WORDS (KeyError in click)
+    {"_PLAN_COMPLETE": "zsh_complete"},
+    {"_PLAN_COMPLETE": "fish_complete"},
+    {"_PLAN_COMPLETE": "bash_complete", "COMP_WORDS": "plan --model", "COMP_CWORD": "x"},   # int('x')
+    {"_PLAN_COMPLETE": "bash_complete", "COMP_WORDS": "plan --model", "COMP_CWORD": "99"},
+    {"_PLAN_COMPLETE": "bash_complete", "COMP_WORDS": "plan 'unclosed", "COMP_CWORD": "1"},
+    {"_PLAN_COMPLETE": "powershell_source"},          # click returned 1 and said nothing
+    {"_PLAN_COMPLETE": "bash_sauce"},
+])
+def test_a_wrong_completion_environment_is_one_line(env):
+    """The report: `_PLAN_COMPLETE=bash_complete plan --model 8b --gpus h100` printed
+    `KeyError: 'COMP_WORDS'` with a traceback and exit 1."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("COMP_", "_PLAN_COMPLETE"))}
+    r = subprocess.run([sys.executable, "-m", "planner", "--model", "8b", "--gpus", "h100"],
+                       env={**clean, **env}, capture_output=True, text=True, check=False, timeout=60)
+    if r.returncode == 0:                             # click completed something sensible: fine too
+        assert "Traceback" not in r.stderr and r.stderr == "", r.stderr
+        return
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    err = r.stderr.strip()
+    assert err.startswith("error: ") and "\n" not in err and "_PLAN_COMPLETE" in err, err
+
+
+def test_gpus_complete_files_and_no_names_with_spaces():
+    """U12: `--gpus ./` completed nothing, and `--gpus` offered "AMD Instinct MI300X", which
+    bash splits into three words."""
+    assert complete(["--gpus"], "./") == [("file", "./")]
+    assert complete(["--gpus"], "gpus/my") == [("file", "gpus/my")]
+    everything = complete(["--gpus"], "")
+    assert everything and not [v for _, v in everything if " " in v]
+    assert ("plain", "mi300x") in complete(["--gpus"], "mi3")
+    assert not [v for _, v in complete(["--model"], "") if " " in v]

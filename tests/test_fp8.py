@@ -56,7 +56,20 @@ def test_recipes_per_their_sources():
     assert recipe("delayed").amax_bytes_per_linear == 5 * 3 * 4
     assert resolve_recipe("auto", "torchtitan") == "rowwise" and resolve_recipe("blockwise", None) == "blockwise"
     with pytest.raises(ValueError):
-        recipe("mxfp8")
+        recipe("fp6")
+    # Transformer Engine (common/recipe/__init__.py, pytorch/tensor/mxfp8_tensor.py): MXFP8 keeps row-
+    # and column-wise E4M3 data, one E8M0 byte per 32 elements each; a saved input keeps one usage
+    mx = recipe("mxfp8")
+    assert mx.fp8_weight_copy_bytes == pytest.approx(2 * (1 + 1 / 32))
+    assert mx.saved_input_bytes == pytest.approx(1 + 1 / 32)
+    # tensor/nvfp4_tensor.py: E2M1 packed two per byte, one E4M3 byte per 16 elements; B200 data sheet:
+    # FP4 dense 9 PFLOPS = 2 x FP8 4.5 PFLOPS
+    fp4 = recipe("nvfp4")
+    assert fp4.saved_input_bytes == pytest.approx(0.5 + 1 / 16) and fp4.peak_ratio == 2.0
+    # megatron-core fp8_utils: --fp8-recipe tensorwise is TE Float8CurrentScaling, which saves fp8
+    # inputs and caches fp8 weights (torchao's tensorwise saves 16-bit inputs)
+    te = recipe("tensorwise", "megatron")
+    assert te.saved_input_bytes == 1 and te.fp8_weight_copy_bytes == 2 and te.amax_history_len == 0
 
 
 # torchao's float8 README ("e2e training benchmarks", NVIDIA H100): torchtitan, Llama3-8B,
@@ -151,7 +164,8 @@ def test_cli_fp8_end_to_end():
 @pytest.mark.parametrize("args, needle", [
     (["--gpus", "a100", "--precision", "fp8"], "no FP8 tensor cores"),
     (["--gpus", "h100", "--fp8-recipe", "delayed"], "needs --precision fp8"),
-    (["--gpus", "h100", "--precision", "fp8", "--method", "lora"], "full training only"),
+    (["--gpus", "h100", "--precision", "fp8", "--method", "qlora"], "full training and LoRA"),
+    (["--gpus", "h100", "--precision", "nvfp4"], "no FP4 tensor cores"),
 ])
 def test_cli_fp8_user_errors(args, needle):
     out = run("--model", "llama3.1-8b", "--n-gpus", "8", *args)

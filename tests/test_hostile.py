@@ -267,6 +267,10 @@ WRITER = """
 import os, signal, sys
 from pathlib import Path
 from planner.emit import write
+# Python installs its KeyboardInterrupt handler only where SIGINT is not ignored; in a background
+# job (`cmd &` in a script, nohup, some CI runners) it is ignored and children inherit that
+# (issue 32): the disposition of an interactive shell's foreground job, so the test holds in both
+signal.signal(signal.SIGINT, signal.default_int_handler)
 real_rename, real_replace = os.rename, os.replace
 def rename(a, b):                      # a signal arrives just before the set moves in
     os.kill(os.getpid(), signal.{sig})

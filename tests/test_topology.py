@@ -21,7 +21,7 @@ from planner.hardware.topology import ClusterTopology, list_topologies, load_top
 from planner.units import GB
 
 SHIPPED = ["dgx-a100", "dgx-h100", "hgx-h200", "hgx-b200", "gb200-nvl72", "l40s-8x-pcie-ethernet", "aws-p4d",
-           "aws-p5", "aws-g5.48xlarge", "rtx4090-4x-workstation", "mi300x-8x"]
+           "aws-p5", "aws-g5.48xlarge", "rtx4090-4x-workstation", "mi300x-8x", "jean-zay-a100"]
 
 
 def gbps(bytes_per_s: float) -> float:

@@ -9,10 +9,11 @@ from typing import Any
 
 import click
 
-from planner.cli.common import progress, run_safely, show
+from planner.cli.common import note, progress, run_safely, show
 from planner.cli.complete import complete_gpus
 from planner.cli.options import (
     Dollars,
+    OutputPath,
     calibration_option,
     prices_option,
     quiet_option,
@@ -35,7 +36,7 @@ from planner.training.setup import MAX_GPUS
 @prices_option
 @solver_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
+@click.option("--plot", type=OutputPath(dir_okay=False, path_type=Path), default=None, metavar="FILE",
               help="Draw the purchase into FILE (.png or .svg): GPUs and dollars per GPU type, each job's run.")
 @click.option("--force", is_flag=True, help="With --plot, overwrite an existing file.")
 @quiet_option
@@ -113,8 +114,8 @@ def buy(jobs_path: Path, gpu_names: str | None, budget: float | None, horizon: s
         from planner.report.terminal import buy_view
         show(buy_view(r))
     if calibration is not None:
-        click.echo(f"calibration: {calibration} applied to every {names[0]} job", err=as_json or quiet)
+        note(f"calibration: {calibration} applied to every {names[0]} job", as_json or quiet)
     if plotted is not None:
-        click.echo(f"wrote the plot to {plotted}", err=as_json or quiet)
+        note(f"wrote the plot to {plotted}", as_json or quiet)
     if not r.feasible:
         sys.exit(2)

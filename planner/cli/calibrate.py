@@ -5,7 +5,6 @@ planner.timing.calibrate fits), and write the file `--calibration FILE` applies.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from planner.cli.common import run_safely
-from planner.cli.options import Options, layout_options, method_options
+from planner.cli.options import Options, OutputPath, layout_options, method_options
 from planner.cli.request import build_request
 from planner.errors import UserError
 
@@ -35,7 +34,7 @@ MAX_LOGS = 64
 @click.option("--runs", "runs_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               metavar="FILE", help="A TOML file of [[run]] tables (log = PATH, options = \"--model ... --dp ...\"): "
                                    "logs of other layouts, fitted jointly with the LOGs given.")
-@click.option("--out", "out_file", type=click.Path(path_type=Path), default=Path("calibration.toml"),
+@click.option("--out", "out_file", type=OutputPath(path_type=Path), default=Path("calibration.toml"),
               show_default=True, metavar="FILE", help="Where to write the calibration file.")
 @click.option("--force", is_flag=True, help="Overwrite --out FILE if it exists.")
 @click.option("--warmup", type=click.IntRange(0, 1000), default=None,
@@ -81,7 +80,7 @@ def calibrate(paths: tuple[Path, ...], o: Options, out_file: Path, force: bool, 
     obs = [observation(lg, opts) for lg, opts in runs]
     created = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     c = fit(obs, Efficiency(), __version__, created)
-    write_atomically(out_file, to_toml(c))
+    write_atomically(out_file, to_toml(c), force)
     logs = [lg for lg, _ in runs]
     if o.as_json:
         click.echo(json.dumps(summary_json(c, logs, out_file), indent=2))
@@ -174,15 +173,12 @@ def check_out(path: Path, force: bool) -> None:
         raise UserError(f"--out {path} exists; pass --force to overwrite it")
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Write beside the target, then rename it into place: a reader never sees half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise UserError(f"--out {path}: cannot write it ({e.strerror or e})") from None
+def write_atomically(path: Path, text: str, force: bool = False) -> None:
+    """Write the calibration file all or nothing; an existing one only with ``force``, refused
+    atomically otherwise (planner.emit.write.write_file: of two concurrent runs one is refused)."""
+    from planner.emit.write import write_file
+
+    write_file(path, text.encode("utf-8"), force=force, what="--out")
 
 
 def _ms(s: float) -> str:

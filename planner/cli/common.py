@@ -97,14 +97,35 @@ def check_quiet(o: Options) -> None:
         raise UserError("--quiet and --json cannot be used together; give one of them")
 
 
+def note(message: str, aside: bool) -> None:
+    """A line on what was done (the files written, a calibration applied), after the answer:
+    on stdout, or on stderr when stdout carries --json or --quiet (``aside``). A stderr that
+    cannot take it (full, closed) loses the line and nothing else: the answer is out and the
+    files are written, so the run stays a success (issue 32, U10)."""
+    if not aside:
+        click.echo(message)
+        return
+    try:
+        click.echo(message, err=True)
+    except (OSError, ValueError, AttributeError):
+        try:                        # and no second failure from Python's flush of stderr at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+
+
+def written_text(out: Path | None, written: list[Path], stack: str | None = None) -> str:
+    used = f" (stack: {stack})" if stack else ""
+    return f"wrote {', '.join(p.name for p in written)} to {out}{used}"
+
+
 def say_written(o: Options, written: list[Path], plotted: Path | None, stack: str | None = None) -> None:
     """Name the files --out and --plot wrote, and the stack they are for (on stderr when stdout
     is --json or --quiet)."""
     if written:
-        used = f" (stack: {stack})" if stack else ""
-        click.echo(f"wrote {', '.join(p.name for p in written)} to {o.out}{used}", err=o.aside)
+        note(written_text(o.out, written, stack), o.aside)
     if plotted is not None:
-        click.echo(f"wrote the plot to {plotted}", err=o.aside)
+        note(f"wrote the plot to {plotted}", o.aside)
 
 
 def show(parts: list[Any]) -> None:

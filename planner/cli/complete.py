@@ -21,7 +21,9 @@ def complete_names(load: Callable[[], list[str]], incomplete: str, paths: bool =
         names = sorted(set(load()))
     except Exception:  # noqa: BLE001 - completion must never print a traceback into the shell
         return []
-    return [CompletionItem(prefix + n) for n in names if n.startswith(last.lower())]
+    # a name with a space would reach the shell as two words (bash splits the candidates):
+    # such names (the GPUs' full names, accepted as aliases) are typed, not completed (issue 32, U12)
+    return [CompletionItem(prefix + n) for n in names if n.startswith(last.lower()) and not any(c.isspace() for c in n)]
 
 
 def model_names() -> list[str]:
@@ -48,7 +50,8 @@ def complete_models(ctx: Any, param: Any, incomplete: str) -> list[Any]:
 
 
 def complete_gpus(ctx: Any, param: Any, incomplete: str) -> list[Any]:
-    return complete_names(gpu_names, incomplete, lists=True)
+    """GPU names, a list's last item, or a GPU file (``./my-gpu.toml``) as a path."""
+    return complete_names(gpu_names, incomplete, paths="," not in incomplete, lists=True)
 
 
 def complete_topologies(ctx: Any, param: Any, incomplete: str) -> list[Any]:

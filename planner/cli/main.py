@@ -10,8 +10,9 @@ options in options.py.
 
 from __future__ import annotations
 
+import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 from click.core import ParameterSource
@@ -19,7 +20,7 @@ from click.core import ParameterSource
 from planner.cli.alloc import keep_freed_memory
 from planner.cli.buy import buy_cmd
 from planner.cli.calibrate import calibrate_cmd
-from planner.cli.catalogs import completion_cmd, gpus_cmd, models_cmd, topologies_cmd
+from planner.cli.catalogs import SHELLS, completion_cmd, gpus_cmd, models_cmd, topologies_cmd
 from planner.cli.common import guarded_stdout, reader_left, run_safely
 from planner.cli.explain import explain_cmd
 from planner.cli.measure import measure_cmd
@@ -60,6 +61,32 @@ class PlanGroup(click.Group):
             click.echo("interrupted", err=True)
             sys.exit(130)
         sys.exit(rv if isinstance(rv, int) else 0)
+
+    def _main_shell_completion(self, ctx_args: Any, prog_name: str, complete_var: str | None = None) -> None:
+        """click's shell completion (``_PLAN_COMPLETE=bash_source`` prints the script, the shell's
+        completion function sets ``bash_complete`` with COMP_WORDS and COMP_CWORD), with a
+        wrong environment as a user error: a stray ``_PLAN_COMPLETE=bash_complete`` left in a
+        shell's exports, or COMP_CWORD that is no number, gave a traceback and exit 1
+        (issue 32, E4); an unknown value gave exit 1 and no word."""
+        var = complete_var or f"_{prog_name.replace('-', '_').replace('.', '_')}_COMPLETE".upper()
+        instruction = os.environ.get(var)
+        if not instruction:
+            return
+        shell, _, what = instruction.partition("_")
+        if shell not in SHELLS or what not in ("source", "complete"):
+            _completion_error(f"{var}={instruction!r} is not a completion request (bash_source, zsh_source or "
+                              f"fish_source print the script: `plan completion bash`); unset {var}")
+        try:
+            super()._main_shell_completion(ctx_args, prog_name, complete_var)
+        except Exception as e:  # noqa: BLE001 - click reads the shell's variables unchecked
+            _completion_error(f"{var}={instruction}: COMP_WORDS and COMP_CWORD are not a completion request "
+                              f"({type(e).__name__}: {str(e)[:60]}); the shell's completion function sets them "
+                              f"(install it with `eval \"$(plan completion {shell})\"`), or unset {var}")
+
+
+def _completion_error(message: str) -> NoReturn:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(2)
 
 
 @click.group(cls=PlanGroup, invoke_without_command=True,

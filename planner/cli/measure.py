@@ -9,8 +9,8 @@ from typing import Any
 
 import click
 
-from planner.cli.common import check_quiet, progress, run_safely, show
-from planner.cli.options import Options, layout_options, method_options, quiet_option
+from planner.cli.common import check_quiet, note, progress, run_safely, show
+from planner.cli.options import Options, OutputPath, layout_options, method_options, quiet_option
 from planner.cli.request import build_request
 from planner.errors import UserError
 
@@ -24,7 +24,7 @@ from planner.errors import UserError
 @click.option("--stack", type=click.Choice(["hf", "torchtitan"]), default="hf", show_default=True,
               help="What runs the step: Hugging Face transformers' model, or torchtitan's own Llama 3 "
                    "parallelised by torchtitan (FSDP2 and tensor parallel; deep models scaled from 2 and 4 blocks).")
-@click.option("--calibration-out", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
+@click.option("--calibration-out", type=OutputPath(dir_okay=False, path_type=Path), default=None, metavar="FILE",
               help="With --real: write the calibration file `plan calibrate` writes, fitted on the measured "
                    "step (use it with --calibration FILE).")
 @click.option("--force", is_flag=True, help="With --calibration-out, overwrite an existing file.")
@@ -114,7 +114,7 @@ def measure(o: Options, real: bool, stack: str = "hf", calibration_out: Path | N
             cmp = accuracy.compare(m, hf_config, setup, lay, fake=not real)
     if calibration_out is not None:
         write_measured_calibration(m, cmp.setup, cmp.layout, cluster_for(gpu, o.topology), cmp.measured,
-                                   f"plan measure --real ({stack})", stack, calibration_out, o.aside)
+                                   f"plan measure --real ({stack})", stack, calibration_out, o.aside, o.force)
     if o.as_json:
         click.echo(json.dumps(report.comparison_json(m, gpu, cmp), indent=2))
     elif o.quiet:
@@ -125,7 +125,7 @@ def measure(o: Options, real: bool, stack: str = "hf", calibration_out: Path | N
 
 
 def write_measured_calibration(m: Any, setup: Any, lay: Any, cluster: Any, measured: Any, name: str, stack: str,
-                               out_file: Path, aside: bool = False) -> None:
+                               out_file: Path, aside: bool = False, force: bool = False) -> None:
     """Fit the calibration on one measured step and write it as plan calibrate does."""
     from datetime import UTC, datetime
 
@@ -136,7 +136,7 @@ def write_measured_calibration(m: Any, setup: Any, lay: Any, cluster: Any, measu
 
     obs = measured_observation(m, setup, lay, cluster, measured, name, stack)
     c = measured_calibration(obs, __version__, datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
-    write_atomically(out_file, to_toml(c))
-    click.echo(f"wrote {out_file}: matmul fraction {c.matmul_fraction_before:.3f} (shipped) -> "
-               f"{c.matmul_fraction:.3f} (fitted on a {obs.step_time_s:.3f} s step)", err=aside)
+    write_atomically(out_file, to_toml(c), force)
+    note(f"wrote {out_file}: matmul fraction {c.matmul_fraction_before:.3f} (shipped) -> "
+         f"{c.matmul_fraction:.3f} (fitted on a {obs.step_time_s:.3f} s step)", aside)
 

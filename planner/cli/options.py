@@ -38,6 +38,17 @@ Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 OFFLOAD = ("none", "cpu", "nvme")
 
 
+class OutputPath(click.Path):
+    """click.Path for a file or directory the planner writes; an empty name is refused (click
+    would take "" as ".", so `--out ""` wrote into the current directory: issue 32, U6)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not value.strip():
+            self.fail(f"{value!r} is an empty name; give a {'directory' if not self.file_okay else 'file'} name",
+                      param, ctx)
+        return super().convert(value, param, ctx)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Options:
     """Every option of `plan`, `plan explain` and `plan measure`, as click parsed it; an
@@ -69,10 +80,14 @@ class Options:
     recompute_every: int = 1          # checkpoint one block in k (TrainingSetup.recompute_every)
     recompute_method: str | None = None      # Megatron-LM's uniform | block (--stack megatron --recompute full)
     recompute_num_layers: int | None = None  # its --recompute-num-layers
+    recompute_modules: str | None = None     # Megatron-Core's --recompute-modules (comma-separated)
     compile: bool = False             # torch.compile per block (--stack torchtitan)
     ds_checkpointing: str = "none"    # DeepSpeed activation checkpointing (--stack deepspeed)
+    offload_activations: int = 0      # Megatron-Core's cpu_offloading_num_layers (--stack megatron)
+    mtp: int = 0                      # multi-token prediction modules (Megatron-Core mtp_num_layers)
     precision: str = "bf16-mixed"
     fp8_recipe: str = "auto"
+    fp8_param_gather: bool = False
     moe_imbalance: float = 1.0
     optimizer: str = "adamw"
     attention: str = "flash"
@@ -263,13 +278,31 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--ds-checkpointing", type=click.Choice(DS_CHECKPOINTING), default="none", show_default=True,
                      help="--stack deepspeed with --recompute full: DeepSpeed's partition_activations and/or "
                           "cpu_checkpointing for the checkpointed inputs."),
+        click.option("--recompute-modules", metavar="LIST", default=None,
+                     help="--stack megatron --recompute selective: the modules Megatron-Core recomputes, "
+                          "comma-separated: core_attn, layernorm, moe_act, mla_up_proj, mlp (its "
+                          "recompute_modules)  [default: core_attn]."),
+        click.option("--offload-activations", type=click.IntRange(0, 1 << 20), default=0, metavar="N",
+                     help="--stack megatron, pp 1, no recomputation: the saved activations of N layers go to "
+                          "CPU memory in forward and return in backward (Megatron-Core's "
+                          "cpu_offloading_num_layers); the host copy is on the host memory line  [default: 0]."),
+        click.option("--mtp", type=click.IntRange(0, 64), default=0, metavar="N",
+                     help="--stack megatron: N multi-token prediction modules on the last pipeline stage, each a "
+                          "block, a projection and its own loss (DeepSeek-V3 Sec. 2.2; Megatron-Core's "
+                          "mtp_num_layers)  [default: 0]."),
         click.option("--compile", is_flag=True, default=False,
                      help="torch.compile each block (--stack torchtitan: compile.components=['model'])."),
-        click.option("--precision", type=click.Choice(PRECISIONS), default="bf16-mixed", show_default=True),
+        click.option("--precision", type=click.Choice(PRECISIONS), default="bf16-mixed", show_default=True,
+                     help="nvfp4: bf16 mixed precision whose blocks' linear layers run Transformer Engine's "
+                          "NVFP4 recipe (Blackwell)."),
         click.option("--fp8-recipe", type=click.Choice(FP8_RECIPE_CHOICES), default="auto", show_default=True,
-                     help="Under --precision fp8: tensorwise (torchao, float8 all-gather), rowwise (torchao; "
-                          "torchtitan's default), delayed (Transformer Engine; Megatron-LM's), blockwise "
-                          "(DeepSeek-V3). auto: the --stack's default, rowwise without one."),
+                     help="Under --precision fp8: tensorwise (torchao, float8 all-gather; under --stack megatron "
+                          "Transformer Engine's current scaling), rowwise (torchao; torchtitan's default), delayed "
+                          "(Transformer Engine; Megatron-LM's), blockwise (DeepSeek-V3), mxfp8 (Transformer "
+                          "Engine, 1x32 blocks). auto: the --stack's default, rowwise without one."),
+        click.option("--fp8-param-gather", is_flag=True, default=False,
+                     help="--stack megatron, --precision fp8: keep the blocks' linear weights in FP8 only, no "
+                          "16-bit copy (Megatron-LM --fp8-param-gather; Megatron-Bridge's FP8 recipes set it)."),
         click.option("--moe-imbalance", type=click.FloatRange(1.0, 64.0), default=1.0, show_default=True,
                      help="MoE routing: tokens the most loaded expert-parallel rank receives over its balanced "
                           "share (scales its expert activations, expert GEMMs and all-to-alls). 1.0 balanced; "
@@ -360,12 +393,12 @@ def output_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """Options of the main `plan` command: configs to write, and DeepSpeed's cross-check."""
     offload = click.Choice(OFFLOAD)
     return _apply([
-        click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
+        click.option("--out", type=OutputPath(file_okay=False, path_type=Path), default=None, metavar="DIR",
                      help="Write the plan's configs here, only those its stack reads: ds_config.json and hostfile, "
                           "accelerate_config.yaml, torchtitan_job.py, megatron_args.txt; launch.sh, slurm.sbatch, "
                           "pytorchjob.yaml, plan.json."),
         click.option("--force", is_flag=True, help="With --out or --plot, overwrite existing files."),
-        click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
+        click.option("--plot", type=OutputPath(dir_okay=False, path_type=Path), default=None, metavar="FILE",
                      help="Draw the plan into FILE (.png or .svg): memory per rank by category against the "
                           "GPU's capacity, and time (with --tokens, cost) against GPU count."),
         click.option("--crosscheck", is_flag=True,

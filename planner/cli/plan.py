@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from planner.cli.common import check_quiet, per_count, progress, say_written, show
+from planner.cli.common import check_quiet, per_count, progress, say_written, show, written_text
 from planner.cli.options import Options
 from planner.cli.request import (
     build_request,
@@ -261,6 +261,9 @@ def finish(o: Options, a: Answer) -> None:
     if o.out is not None:
         if a.out_refusal is None:
             from planner.emit import stack_for
+            if o.plot is not None:      # not one output written and the next refused (issue 32, B6)
+                from planner.emit.write import writable_target
+                writable_target(o.plot, "--plot")
             written = write_out(result, o, opts, crosscheck)
             stack_used = stack_for(result, opts)
         elif a.refuse_first:
@@ -270,7 +273,12 @@ def finish(o: Options, a: Answer) -> None:
     plotted = None
     if o.plot is not None:
         from planner.report import plot
-        plotted = plot.save(a.figure_of(), o.plot, force=o.force)
+        try:
+            plotted = plot.save(a.figure_of(), o.plot, force=o.force)
+        except UserError as e:
+            if not written:
+                raise
+            raise UserError(f"{e}; {written_text(o.out, written, stack_used)}") from None
     if o.as_json:
         click.echo(json.dumps(a.json_of(crosscheck), indent=2))
     elif o.quiet:
@@ -286,13 +294,13 @@ def finish(o: Options, a: Answer) -> None:
 
 def write_out(result: PlanResult, o: Options, opts: EmitOptions, crosscheck: Crosscheck | None) -> list[Path]:
     """Write the chosen plan's configs to --out (atomically; existing files need --force)."""
-    from planner.emit import plan_files
+    from planner.emit import PLAN_FILE_NAMES, plan_files
     from planner.emit.write import write_files
     from planner.report import text as report
 
     assert o.out is not None
     files = plan_files(result, opts, report.plan_json(result, crosscheck))
-    return write_files(o.out, files, force=o.force)
+    return write_files(o.out, files, force=o.force, owned=PLAN_FILE_NAMES)
 
 
 def load(o: Options) -> None:

@@ -126,11 +126,17 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
     if o.precision == "fp8" and gpu.fp8_flops_per_s is None:
         raise UserError(f"{gpu.full_name} has no FP8 tensor cores (Hopper, Ada or later); "
                         "use --precision bf16-mixed")
+    from planner.training.fp8 import FP4_GPUS
+    if o.precision == "nvfp4" and (gpu.name not in FP4_GPUS or gpu.fp8_flops_per_s is None):
+        raise UserError(f"{gpu.full_name} has no FP4 tensor cores (Blackwell: {', '.join(FP4_GPUS)}); "
+                        "use --precision fp8 or bf16-mixed")
+    if o.fp8_param_gather and (o.precision != "fp8" or o.stack != "megatron"):
+        raise UserError("--fp8-param-gather is Megatron-LM's: it needs --precision fp8 and --stack megatron")
     if o.fp8_recipe != "auto" and o.precision != "fp8":
         raise UserError(f"--fp8-recipe {o.fp8_recipe} needs --precision fp8")
-    if o.precision == "fp8" and (o.method not in (None, "auto", "full") or o.quant not in (None, "none")):
-        raise UserError("--precision fp8 is modelled for full training only; drop --method/--quant "
-                        "or use --precision bf16-mixed")
+    if o.precision in ("fp8", "nvfp4") and (o.method in ("qlora", "freeze") or o.quant not in (None, "none")):
+        raise UserError(f"--precision {o.precision} is modelled for full training and LoRA (a 16-bit base whose "
+                        "linear layers run the low-precision GEMMs); drop --quant or use --method full or lora")
     if o.moe_imbalance != 1.0 and not m.is_moe:
         raise UserError(f"--moe-imbalance needs a mixture-of-experts model; {m.name} is dense")
     if o.ep and o.ep > 1 and not m.is_moe:
@@ -155,6 +161,7 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
     setup = TrainingSetup(seq_len=o.seq_len, global_batch=global_batch or 1024,
                           precision=o.precision, optimizer=o.optimizer,
                           fp8_recipe=resolve_recipe(o.fp8_recipe, o.stack), moe_imbalance=o.moe_imbalance,
+                          fp8_param_gather=o.fp8_param_gather,
                           attention=o.attention, kernels=o.kernels, stack=o.stack or "auto",
                           fsdp_pipeline_grad_sync=o.fsdp_pipeline_grad_sync, pp_balance=o.pp_balance,
                           usable_memory_fraction=usable_memory(o),
@@ -162,10 +169,15 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
                           offload_optimizer=o.offload_optimizer or "none",
                           offload_params=o.offload_params or "none",
                           recompute_every=o.recompute_every, compile=o.compile,
-                          ds_checkpointing=o.ds_checkpointing,
+                          ds_checkpointing=o.ds_checkpointing, offload_activations=o.offload_activations,
+                          mtp_layers=o.mtp, recompute_modules=recompute_modules(o),
                           recompute_method=o.recompute_method or "uniform",
                           recompute_num_layers=o.recompute_num_layers or 1,
                           recompute_chunk_layers=recompute_chunk_layers(o, m))
+    if "mla_up_proj" in setup.recompute_modules and not m.is_mla:
+        raise UserError(f"--recompute-modules mla_up_proj needs multi-latent attention; {m.name} has none")
+    if "moe_act" in setup.recompute_modules and not m.is_moe:
+        raise UserError(f"--recompute-modules moe_act needs a mixture-of-experts model; {m.name} is dense")
     stack_refusal = stack_setup_refusal(o, m)
     if stack_refusal:
         raise UserError(stack_refusal)
@@ -177,14 +189,23 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
     clash = degree_conflict(m, setup, o.as_mapping())
     if clash:
         raise UserError(clash)
+    if o.offload_activations and o.recompute not in (None, "none"):
+        raise UserError(f"--offload-activations {o.offload_activations} does not work with --recompute {o.recompute} "
+                        "(megatron-core: CPU offloading does not work when activation recomputation is enabled); "
+                        "use --recompute none")
     space = SearchSpace(
         dp=o.dp, tp=o.tp, pp=o.pp, cp=o.cp, ep=o.ep, etp=o.etp, zero_stage=o.zero,
         fsdp=o.fsdp, vp=o.vp, sp=o.sp,
         micro_batches=(o.micro_batch,) if o.micro_batch else SearchSpace().micro_batches,
-        recomputes=(o.recompute,) if o.recompute else SearchSpace().recomputes,
+        recomputes=(o.recompute,) if o.recompute else ("none",) if o.offload_activations
+        else SearchSpace().recomputes,
     )
     if not m.is_moe and space.ep is None:
         space = replace(space, ep=1)
+    if o.stack == "deepspeed":
+        # tp and pp under --stack deepspeed are Megatron-DeepSpeed's, run when asked for (--tp/--pp);
+        # its search stays on ZeRO data parallelism, as before
+        space = replace(space, tp=1 if o.tp is None else o.tp, pp=1 if o.pp is None else o.pp)
     return m, gpu, setup, space, o.n_gpus
 
 
@@ -239,6 +260,33 @@ def recompute_method_refusal(o: Options, m: Any) -> str | None:
     return None
 
 
+def recompute_modules(o: Options) -> tuple[str, ...]:
+    """--recompute-modules as a tuple, checked against Megatron-Core's names and what the
+    memory model covers (planner.memory.recompute)."""
+    if o.recompute_modules is None:
+        return ()
+    from planner.memory.recompute import MODULES, NOT_MODELLED
+
+    mods = tuple(x.strip() for x in o.recompute_modules.split(",") if x.strip())
+    if not mods:
+        raise UserError("--recompute-modules is empty; give core_attn, layernorm, moe_act, mla_up_proj or mlp")
+    if o.stack != "megatron" or o.recompute != "selective":
+        raise UserError("--recompute-modules is Megatron-Core's selective recomputation: it needs --stack megatron "
+                        "and --recompute selective")
+    for x in mods:
+        if x in NOT_MODELLED:
+            raise UserError(f"--recompute-modules {x}: recomputing the whole {x.replace('_', ' ')} is not modelled; "
+                            f"use {', '.join(MODULES)}")
+        if x not in MODULES:
+            raise UserError(f"--recompute-modules {x}: not one of Megatron-Core's modules ({', '.join(MODULES)})")
+    # megatron-core 0.16.1 TransformerConfig.__post_init__: delayed scaling does not support moe_act and
+    # layernorm recompute for fp8
+    if o.precision == "fp8" and o.fp8_recipe in ("delayed", "auto") and {"moe_act", "layernorm"} & set(mods):
+        raise UserError("--recompute-modules moe_act/layernorm: Megatron-Core refuses them under FP8 delayed "
+                        "scaling; give --fp8-recipe tensorwise, mxfp8 or blockwise")
+    return mods
+
+
 def recompute_chunk_layers(o: Options, m: Any) -> int:
     """Layers per virtual pipeline stage Megatron's block method counts in (0 when not fixed)."""
     if o.recompute_method != "block" or o.pp is None:
@@ -271,7 +319,13 @@ def efficiency_of(o: Options, gpu_names: list[str]) -> Efficiency:
     from planner.timing.model import Efficiency
 
     c = calibration_of(o, gpu_names)
-    eff = Efficiency() if c is None else c.efficiency(Efficiency())
+    base = Efficiency()
+    if o.stack == "deepspeed" and ((o.tp or 1) > 1 or (o.pp or 1) > 1) and o.precision == "bf16-mixed":
+        # Megatron-DeepSpeed on DeepSpeed's pipeline engine (planner.stacks.runs_megatron_deepspeed):
+        # the engine's own step terms, as the published-runs study times BLOOM and MT-NLG
+        from planner.timing.efficiency import DEEPSPEED_PIPE_BF16
+        base = DEEPSPEED_PIPE_BF16
+    eff = base if c is None else c.efficiency(base)
     if o.time_confidence is not None:       # plan at the step time's upper end (issue 18)
         from dataclasses import replace
 

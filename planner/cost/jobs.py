@@ -34,6 +34,7 @@ from planner.hardware.gpus import get_gpu
 from planner.limits import (
     MAX_JOBS,
     MAX_JOBS_FILE_BYTES,
+    check_label,
     check_name,
     check_tree,
     decode_text,
@@ -239,6 +240,7 @@ def load_jobs(path: str | Path, today: datetime | None = None) -> JobsFile:
         if unknown:
             raise UserError(f"{at}: unknown keys {sorted(map(str, unknown))}; allowed: {sorted(JOB_KEYS)}")
         name = str(e["name"])
+        check_label(name, f"{where}: job name")         # printed in the report and the plot
         if any(j.name == name for j in jobs):
             raise UserError(f"{at}: two jobs are named {name!r}; names must be unique")
         start_s = 0.0

@@ -23,6 +23,7 @@ the files it reads (planner/stacks/catalog.toml). ``plan_files`` returns every f
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,11 @@ if TYPE_CHECKING:
 
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 SCHEDULERS = ("both", "slurm", "kubernetes", "none")
+# Every file plan_files writes for some plan: --out --force over a plan of another stack
+# removes those the new plan does not write (planner.emit.write.write_files, issue 32 B4).
+PLAN_FILE_NAMES = ("ds_config.json", "hostfile", "config.json", "accelerate_config.yaml", "megatron_args.txt",
+                   "torchtitan_job.py", "launch.sh", "slurm.sbatch", "pytorchjob.yaml", "plan.json")
+HOST_NAME = re.compile(r"[A-Za-z0-9._:\[\]-]+")    # a DNS name, IPv4 or IPv6 address (RFC 1123, RFC 4291)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -65,9 +71,33 @@ class EmitOptions:
     scheduler: str = "both"              # slurm | kubernetes | both | none
     image: str = "REPLACE-WITH-YOUR-TRAINING-IMAGE"   # the container image of the Kubernetes job
 
+    def __post_init__(self) -> None:
+        """The free-text fields go into launch files: none may hold a control character, and
+        the rendezvous host, written inside a double-quoted shell word, is a host name."""
+        from planner.limits import check_label
+
+        for what, text in (("script", self.script), ("image", self.image), ("nvme_path", self.nvme_path)):
+            check_label(text, what)
+        if not HOST_NAME.fullmatch(self.master_addr):
+            raise UserError(f"master_addr {self.master_addr!r} is not a host name or address "
+                            f"(letters, digits, '.', '-', ':', '_')")
+
     @property
     def offloads(self) -> bool:
         return self.offload_optimizer != "none" or self.offload_params != "none"
+
+
+def label(name: str) -> str:
+    """A name (a model's, a GPU's) as every written file carries it in a comment or a
+    docstring: data, never code. Unchanged when each character is printable and none is a
+    quote or a backslash; else a JSON string (ASCII, every control character, quote and
+    backslash escaped), which stays on one line, ends no bash or YAML comment and no Python
+    docstring (``\\"`` is an escaped quote there), and reads the same in each. The loaders
+    refuse names with control characters (planner.limits.check_label); this holds for a
+    name given through the Python API too."""
+    if name.isprintable() and not any(c in name for c in "\"\\"):
+        return name
+    return json.dumps(name)
 
 
 def stack_for(r: PlanResult, opts: EmitOptions) -> str:
@@ -148,7 +178,7 @@ def check_options(r: PlanResult, opts: EmitOptions) -> None:
                         f"or plan without tp/pp/cp")
     if opt == "adamw-bf16-states":
         check_bf16_states(eng, r.setup.precision, lay)
-    if r.setup.precision == "fp8":
+    if r.setup.precision in ("fp8", "nvfp4"):
         fp8 = r.setup.precision_spec.fp8
         check_fp8(eng, fp8.name if fp8 is not None else "")
     if eng == "megatron" and r.setup.precision == "bf16":
@@ -167,7 +197,8 @@ def check_options(r: PlanResult, opts: EmitOptions) -> None:
 # Literal["rowwise", "rowwise_with_gw_hp"] (no tensorwise scaling, no FSDP float8 all-gather option);
 # megatron-core 0.16.1 TransformerConfig.fp8_recipe: Literal['tensorwise', 'delayed', 'mxfp8',
 # 'blockwise', 'custom'] (Transformer Engine's recipes: no rowwise scaling).
-FP8_RECIPES_BY_STACK = {"torchtitan": ("rowwise",), "megatron": ("tensorwise", "delayed", "blockwise")}
+FP8_RECIPES_BY_STACK = {"torchtitan": ("rowwise",),
+                        "megatron": ("tensorwise", "delayed", "blockwise", "mxfp8", "nvfp4")}
 
 
 def check_fp8(eng: str, recipe_name: str) -> None:
@@ -225,7 +256,12 @@ def plan_files(r: PlanResult, opts: EmitOptions = EmitOptions(),
     if stack == "deepspeed":
         files["ds_config.json"] = json.dumps(to_deepspeed_config(r, opts), indent=2) + "\n"
         files["hostfile"] = to_hostfile(r)
-        files.update(hf_model_config(r))
+        from planner.stacks import runs_megatron_deepspeed
+        if runs_megatron_deepspeed(stack, chosen(r).layout):
+            from planner.emit.megatron_deepspeed import to_megatron_deepspeed_args
+            files["megatron_args.txt"] = "\n".join(to_megatron_deepspeed_args(r, opts)) + "\n"
+        else:
+            files.update(hf_model_config(r))
     elif stack == "hf":
         files["accelerate_config.yaml"] = to_yaml(to_accelerate_config(r, opts))
         files.update(hf_model_config(r))

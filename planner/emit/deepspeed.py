@@ -172,6 +172,12 @@ def to_deepspeed_config(r: PlanResult, opts: EmitOptions = EmitOptions()) -> dic
     }
     if lay.recompute != "none":
         cfg["activation_checkpointing"] = _activation_checkpointing(lay)
+    from planner.layouts.batch import LayoutArrays
+    from planner.memory.states import fp32_accumulated_gradients
+    if fp32_accumulated_gradients(r.setup, LayoutArrays.from_layouts([lay])).any():
+        # Megatron-DeepSpeed under bf16: BF16_Optimizer with fp32 gradient accumulation, as
+        # BLOOM trained (the memory model counts its 4-byte gradients: the same function)
+        cfg["data_types"] = {"grad_accum_dtype": "fp32"}
     if opts.offload_optimizer == "nvme" or opts.offload_params == "nvme":
         # DeepSpeed's asynchronous I/O defaults (config docs, "Asynchronous I/O")
         cfg["aio"] = {"block_size": 1_048_576, "queue_depth": 8, "single_submit": False,

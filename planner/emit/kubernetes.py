@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from planner.emit import EmitOptions, chosen, node_shape
+from planner.emit import EmitOptions, chosen, label, node_shape
 from planner.emit.launch import stack_env, worker_command
 from planner.emit.slurm import job_name, torchrun_under_scheduler
 
@@ -52,10 +52,14 @@ def to_manifest(r: PlanResult, opts: EmitOptions = EmitOptions(), stack: str | N
     prog, _ = worker_command(r, opts, stack)
     command = torchrun_under_scheduler(r, opts, "$(MASTER_ADDR):$(MASTER_PORT)", name)
     command += [_kube_word(w) for w in prog]
+    from planner.stacks import reads_megatron_args, runs_megatron_deepspeed
     if stack == "megatron":
         command += to_megatron_args(r, opts)
+    elif runs_megatron_deepspeed(stack, lay):
+        from planner.emit.megatron_deepspeed import to_megatron_deepspeed_args
+        command += to_megatron_deepspeed_args(r, opts, ds_config=f"{WORKDIR}/ds_config.json")
     env = {**stack_env(r, stack)}
-    if stack == "megatron":
+    if reads_megatron_args(stack, lay):
         env["MEGATRON"] = MEGATRON_DIR
     if stack == "torchtitan":
         env["PYTHONPATH"] = WORKDIR
@@ -124,7 +128,8 @@ def to_yaml(obj: Any, indent: int = 0) -> list[str]:
 
 def to_manifest_yaml(r: PlanResult, opts: EmitOptions = EmitOptions(), stack: str | None = None) -> str:
     lay = chosen(r).layout
-    head = [f"# Written by planner: {r.model.name} on {lay.n_gpus} x {r.gpu.name}; layout {lay.describe()}",
+    head = [f"# Written by planner: {label(r.model.name)} on {lay.n_gpus} x {label(r.gpu.name)}; "
+            f"layout {lay.describe()}",
             f"# kubectl apply -f pytorchjob.yaml  (Kubeflow training operator, {API_VERSION} PyTorchJob).",
             f"# Set the image: it must hold this directory at {WORKDIR} and the stack installed."]
     return "\n".join(head + to_yaml(to_manifest(r, opts, stack))) + "\n"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import shlex
 from typing import TYPE_CHECKING
 
-from planner.emit import EmitOptions, chosen, node_shape
+from planner.emit import EmitOptions, chosen, label, node_shape
 
 if TYPE_CHECKING:
     from planner.api import PlanResult
@@ -28,7 +28,7 @@ def to_hostfile(r: PlanResult) -> str:
     lay = chosen(r).layout
     n_nodes, per_node = node_shape(lay.n_gpus, r.gpu.gpus_per_node)
     lines = ["# DeepSpeed hostfile: replace node-0, node-1, ... with your hosts' names",
-             f"# {lay.n_gpus} GPUs: {n_nodes} node(s) x {per_node} {r.gpu.name}"]
+             f"# {lay.n_gpus} GPUs: {n_nodes} node(s) x {per_node} {label(r.gpu.name)}"]
     lines += [f"{h} slots={per_node}" for h in host_names(n_nodes)]
     return "\n".join(lines) + "\n"
 
@@ -90,6 +90,10 @@ def worker_command(r: PlanResult, opts: EmitOptions, stack: str, here: str = "${
     torchrun's environment); megatron: pretrain_gpt.py with megatron_args.txt; torchtitan:
     ``-m torchtitan.train --module torchtitan_job --config planner_job``.
     """
+    from planner.stacks import runs_megatron_deepspeed
+    if runs_megatron_deepspeed(stack, chosen(r).layout):     # Megatron-DeepSpeed: its pretrain_gpt.py
+        return ["${MEGATRON}/pretrain_gpt.py"], ['"${MEGATRON_ARGS[@]}"', "--deepspeed_config",
+                                                    f'"{here}/ds_config.json"']
     if stack == "deepspeed":
         return [opts.script, "--deepspeed", "--deepspeed_config", f"{here}/ds_config.json"], []
     if stack == "megatron":
@@ -116,7 +120,7 @@ def to_launch_script(r: PlanResult, opts: EmitOptions = EmitOptions(), stack: st
     n_nodes, per_node = node_shape(lay.n_gpus, r.gpu.gpus_per_node)
     head = [
         "#!/usr/bin/env bash",
-        f"# Written by planner: {r.model.name} on {lay.n_gpus} x {r.gpu.name} "
+        f"# Written by planner: {label(r.model.name)} on {lay.n_gpus} x {label(r.gpu.name)} "
         f"({n_nodes} node(s) x {per_node} GPUs), stack: {eng}",
         f"# Layout: {lay.describe()}",
         f"# Global batch {lay.global_batch} sequences of {lay.seq_len} tokens, {r.setup.precision}, "
@@ -141,7 +145,18 @@ def to_launch_script(r: PlanResult, opts: EmitOptions = EmitOptions(), stack: st
             body.append(f"# The plan recomputes activations ({lay.recompute}): call "
                         f"model.gradient_checkpointing_enable() in {opts.script}.")
         cmd = to_deepspeed_command(r, opts, '${HERE}/ds_config.json', '${HERE}/hostfile')
-        body.append(shell_command(cmd))
+        from planner.stacks import runs_megatron_deepspeed
+        if runs_megatron_deepspeed(eng, lay):
+            # Megatron-DeepSpeed: pretrain_gpt.py with megatron_args.txt (planner.emit.megatron_deepspeed)
+            body += ["# Megatron-DeepSpeed (tp/pp): run from its checkout; MEGATRON points at it. Add your data and",
+                     "# tokenizer arguments after the script name. megatron_args.txt holds the plan's arguments.",
+                     'MEGATRON="${MEGATRON:-.}"',
+                     'mapfile -t MEGATRON_ARGS < <(grep -v "^#" "$HERE/megatron_args.txt")']
+            cmd = [*cmd[:cmd.index(opts.script)], "${MEGATRON}/pretrain_gpt.py"]
+            body.append(shell_command(cmd, extra='"${MEGATRON_ARGS[@]}" --deepspeed_config "${HERE}/ds_config.json" '
+                                                 '"$@"'))
+        else:
+            body.append(shell_command(cmd))
     elif eng == "hf":
         s = to_fsdp2_settings(r, opts)
         body += [

@@ -216,7 +216,8 @@ def megatron_env(r: PlanResult) -> dict[str, str]:
     return {}
 
 
-def _recompute_args(recompute: str, method: str = "uniform", num_layers: int = 1) -> list[str]:
+def _recompute_args(recompute: str, method: str = "uniform", num_layers: int = 1,
+                    modules: tuple[str, ...] = ()) -> list[str]:
     """Full: the plan's --recompute-method and --recompute-num-layers (default uniform over one
     layer: every block keeps only its input; megatron-core 0.16.1 TransformerConfig requires
     both under full granularity); selective: Megatron's default module, the core attention
@@ -225,7 +226,11 @@ def _recompute_args(recompute: str, method: str = "uniform", num_layers: int = 1
         return ["--recompute-granularity", "full", "--recompute-method", method,
                 "--recompute-num-layers", str(num_layers)]
     if recompute == "selective":
-        return ["--recompute-granularity", "selective"]
+        # megatron-core 0.16.1 TransformerConfig: "moe_act in recompute_modules is only supported with
+        # moe_grouped_gemm"
+        grouped = ["--moe-grouped-gemm"] if "moe_act" in modules else []
+        return ["--recompute-granularity", "selective"] + (["--recompute-modules", *modules] if modules else []) \
+            + grouped
     return []
 
 
@@ -250,8 +255,12 @@ def to_megatron_args(r: PlanResult, opts: EmitOptions = EmitOptions()) -> list[s
     args += _parallel_args(lay, r.model.n_layers, s.pp_balance)
     args += ["--micro-batch-size", str(lay.micro_batch), "--global-batch-size", str(lay.global_batch)]
     args += _sharding_args(lay, r.model, s.precision)
-    args += _recompute_args(lay.recompute, s.recompute_method, s.recompute_num_layers)
-    if s.precision in ("bf16-mixed", "fp8"):    # FP8 runs the rest of the model in bf16
+    args += _recompute_args(lay.recompute, s.recompute_method, s.recompute_num_layers, s.recompute_modules)
+    if s.mtp_layers:               # TransformerConfig mtp_num_layers
+        args += ["--mtp-num-layers", str(s.mtp_layers)]
+    if s.offload_activations:      # ModelParallelConfig cpu_offloading, cpu_offloading_num_layers
+        args += ["--cpu-offloading", "--cpu-offloading-num-layers", str(s.offload_activations)]
+    if s.precision in ("bf16-mixed", "fp8", "nvfp4"):    # FP8/FP4 run the rest of the model in bf16
         args += ["--bf16"]
     elif s.precision == "fp16-mixed":
         args += ["--fp16"]
@@ -287,7 +296,14 @@ def fp8_args(s: TrainingSetup) -> list[str]:
     r = s.precision_spec.fp8
     if r is None:
         return []
+    if r.name == "nvfp4":       # TransformerConfig fp4 ('e2m1', --fp4-format) and fp4_recipe 'nvfp4'
+        return ["--fp4-format", "e2m1", "--fp4-recipe", "nvfp4"]
+    if r.name == "mxfp8":       # e4m3 throughout, as Megatron-Bridge's bf16_with_mxfp8_mixed sets it
+        return ["--fp8-format", "e4m3", "--fp8-recipe", "mxfp8"] + (["--fp8-param-gather"] if s.fp8_param_gather
+                                                                     else [])
     args = ["--fp8-format", "hybrid", "--fp8-recipe", r.name]
+    if s.fp8_param_gather:
+        args += ["--fp8-param-gather"]
     if r.name == "delayed":
         algo = "most_recent" if r.amax_history_len <= 1 else "max"
         args += ["--fp8-amax-history-len", str(max(r.amax_history_len, 1)), "--fp8-amax-compute-algo", algo]

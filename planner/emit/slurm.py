@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from planner.emit import EmitOptions, chosen, node_shape
+from planner.emit import EmitOptions, chosen, label, node_shape
 from planner.emit.launch import env_lines, shell_command, stack_env, worker_command
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 def job_name(r: PlanResult) -> str:
     """A job name Slurm and Kubernetes both accept (DNS-1123: lower-case letters, digits, '-')."""
     raw = f"planner-{r.model.name}-{chosen(r).layout.n_gpus}x{r.gpu.name}".lower()
-    name = "".join(c if c.isalnum() else "-" for c in raw).strip("-")
+    name = "".join(c if c.isascii() and c.isalnum() else "-" for c in raw).strip("-")
     while "--" in name:
         name = name.replace("--", "-")
     return name[:63].rstrip("-")
@@ -52,7 +52,7 @@ def to_slurm_script(r: PlanResult, opts: EmitOptions = EmitOptions(), stack: str
         f"#SBATCH --gpus-per-node={per_node}",
         "#SBATCH --exclusive",
         "#SBATCH --output=%x-%j.out",
-        f"# Written by planner: {r.model.name} on {lay.n_gpus} x {r.gpu.name}, stack {stack}; "
+        f"# Written by planner: {label(r.model.name)} on {lay.n_gpus} x {label(r.gpu.name)}, stack {stack}; "
         f"layout {lay.describe()}",
         "# Submit from the directory that holds this plan: cd DIR && sbatch slurm.sbatch",
         "set -euo pipefail",
@@ -61,8 +61,9 @@ def to_slurm_script(r: PlanResult, opts: EmitOptions = EmitOptions(), stack: str
         f"MASTER_PORT={opts.master_port}",
     ]
     lines += env_lines(stack_env(r, stack))
-    if stack == "megatron":
-        lines += ['MEGATRON="${MEGATRON:-$HERE/Megatron-LM}"   # your Megatron-LM checkout',
+    from planner.stacks import reads_megatron_args
+    if reads_megatron_args(stack, lay):
+        lines += ['MEGATRON="${MEGATRON:-$HERE/Megatron-LM}"   # your Megatron-LM (or Megatron-DeepSpeed) checkout',
                   'mapfile -t MEGATRON_ARGS < <(grep -v "^#" "$HERE/megatron_args.txt")']
     if stack == "torchtitan":
         lines += ['export PYTHONPATH="${HERE}${PYTHONPATH:+:${PYTHONPATH}}"   # torchtitan_job.py']

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from planner.emit import EmitOptions, chosen
+from planner.emit import EmitOptions, chosen, label
 from planner.stacks.architecture import architecture
 
 if TYPE_CHECKING:
@@ -145,7 +145,7 @@ def _custom_model(m: ModelSpec, converter: str | None = None) -> list[str]:
         "",
         "",
         "def planner_model() -> ModelSpec:",
-        f'    """{m.name} as a torchtitan Llama3Model.Config, built as torchtitan/models/llama3/__init__.py',
+        f'    """{label(m.name)} as a torchtitan Llama3Model.Config, built as torchtitan/models/llama3/__init__.py',
         '    builds its flavors (fused QKV, RMSNorm, SwiGLU of hidden_dim, complex RoPE)."""',
         f"    dim, n_layers, n_heads, n_kv_heads, hidden_dim, vocab = "
         f"{m.d_model}, {m.n_layers}, {m.n_heads}, {m.n_kv_heads}, {m.d_ff}, {m.vocab_size}",
@@ -186,7 +186,7 @@ def to_torchtitan_job(r: PlanResult, opts: EmitOptions = EmitOptions()) -> str:
     converter = fp8_converter(r)
     ac = {"full": "FullAC.Config()", "selective": "SelectiveAC.Config()", "none": "None"}[lay.recompute]
     head = [
-        f'"""torchtitan 0.3.0 job written by planner: {m.name} on {lay.n_gpus} x {r.gpu.name}.',
+        f'"""torchtitan 0.3.0 job written by planner: {label(m.name)} on {lay.n_gpus} x {label(r.gpu.name)}.',
         "",
         f"Layout: {lay.describe()}.",
         "torchtitan reads it with its own ConfigManager (torchtitan/config/manager.py):",

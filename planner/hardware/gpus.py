@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import UserError, unknown_name
-from planner.limits import MAX_CONFIG_BYTES, check_gpu_types, check_keys
+from planner.limits import MAX_CONFIG_BYTES, check_gpu_types, check_keys, check_label, parse_error_text
 from planner.units import GB, GiB, MiB
 
 TFLOPS = 10**12
@@ -104,6 +104,10 @@ def _parse_gpu(entry: dict[str, Any], where: str) -> GpuSpec:
             and "training_mfu_ceiling" not in entry:
         raise UserError(f"{where}: training_mfu_ceiling_basis / _source describe a training_mfu_ceiling; "
                         f"give it too, or drop them")
+    for key in ("name", "full_name"):
+        check_label(entry[key], f"{where}: {key}")      # written into launch files and answers
+    for alias in entry["aliases"]:
+        check_label(alias, f"{where}: aliases")
     memory_key = memory_keys[0]
     ceiling_source = entry.get("training_mfu_ceiling_source")
     return GpuSpec(
@@ -137,6 +141,10 @@ def parse_gpus(text: str, where: str = "gpus.toml") -> dict[str, GpuSpec]:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise UserError(f"{where}: not valid TOML ({e})") from None
+    except ValueError as e:         # Python's 4,300-digit limit on int(str) (bench/fuzz.py found it: exit 1)
+        raise UserError(f"{where}: not valid TOML ({parse_error_text(e)})") from None
+    except RecursionError:
+        raise UserError(f"{where}: not valid TOML (nested too deeply)") from None
     if data.keys() - {"gpu"}:
         raise UserError(f"{where}: unknown top-level keys {sorted(data.keys() - {'gpu'})}; only [[gpu]] tables")
     gpus: dict[str, GpuSpec] = {}
@@ -145,7 +153,10 @@ def parse_gpus(text: str, where: str = "gpus.toml") -> dict[str, GpuSpec]:
         raise UserError(f"{where}: `gpu` must be [[gpu]] tables")
     for i, entry in enumerate(tables):
         label = entry.get("name", "?") if isinstance(entry, dict) else "?"
-        gpu = _parse_gpu(entry, f"{where} [[gpu]] #{i + 1} ({str(label)[:40]})")
+        shown = str(label)[:40]
+        if not shown.isprintable():         # the message stays one line; _parse_gpu names the character
+            shown = repr(shown)
+        gpu = _parse_gpu(entry, f"{where} [[gpu]] #{i + 1} ({shown})")
         if gpu.name in gpus:
             raise UserError(f"{where}: GPU {gpu.name!r} defined twice")
         gpus[gpu.name] = gpu
@@ -181,6 +192,7 @@ def load_gpu_file(path_text: str) -> GpuSpec:
     and units at the top of presets/gpus.toml), checked like a topology file: a regular
     UTF-8 file of at most MAX_CONFIG_BYTES, unknown keys refused, every value typed and in
     range; each failure is one line naming the file."""
+    check_label(path_text, "--gpus")
     path = Path(path_text)
     if not path.is_file():
         raise UserError(f"GPU file {path_text!r} not found (or not a regular file); pass a GPU name (`plan gpus`) "

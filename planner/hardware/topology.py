@@ -20,6 +20,7 @@ from planner.hardware.gpus import get_gpu
 from planner.limits import (
     MAX_CONFIG_BYTES,
     check_keys,
+    check_label,
     check_name,
     check_topology_types,
     check_tree,
@@ -248,6 +249,7 @@ def parse_topology(text: str, where: str = "<topology>") -> ClusterTopology:
         gpu = get_gpu(t["gpu"]).name        # an unknown GPU name fails here, with suggestions
     except UserError as e:
         raise UserError(f"{where}: gpu = {t['gpu']!r}: {e}") from None
+    check_label(t["name"], f"{where}: name")           # printed in answers
     gpn = t["gpus_per_node"]
     intra = _parse_intra(t["intra_node"], gpn, f"{where} [intra_node]")
     pcie = _parse_pcie(t["pcie"], intra.fabric, f"{where} [pcie]")
@@ -286,6 +288,7 @@ def _shipped() -> dict[str, ClusterTopology]:
 def load_topology(name_or_path: str | Path) -> ClusterTopology:
     """A shipped topology by name (any case), or a TOML file by path."""
     check_name(str(name_or_path), "--topology")
+    check_label(str(name_or_path), "--topology")
     path = Path(name_or_path)
     if path.suffix == ".toml" or path.is_file():
         if not path.is_file():

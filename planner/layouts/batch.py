@@ -18,6 +18,7 @@ from planner.layouts.layout import (
     SearchSpace,
     degree_shapes,
     shardings_of,
+    sp_by_default,
 )
 from planner.layouts.rules import RULES, RuleView, first_failing_index, valid_mask
 from planner.models.spec import ModelSpec
@@ -107,7 +108,8 @@ def _grid(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node: int,
     zero = np.array([stage for _, stage in shardings], dtype=np.int64)[None, :, None, None]   # (1,K,1,1)
     vp = np.array(vps, dtype=np.int64)[None, None, :, None]                          # (1,1,V,1)
     mb = np.array(mbs, dtype=np.int64)[None, None, None, :]                          # (1,1,1,M)
-    sp = (tp > 1).astype(np.int64) if space.sp is None else np.full(tp.shape, int(bool(space.sp)))
+    sp = ((tp > 1) & sp_by_default(setup)).astype(np.int64) if space.sp is None \
+        else np.full(tp.shape, int(bool(space.sp)))
     per_step = np.maximum(mb * dp * ep, 1)
     ga = np.where(setup.global_batch % per_step == 0, setup.global_batch // per_step, 1)   # grad_accum_for, or 1
     view = RuleView(m=m, setup=setup, gpus_per_node=gpus_per_node, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep,

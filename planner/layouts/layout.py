@@ -101,6 +101,14 @@ class Layout:
         return ", ".join(parts)
 
 
+def sp_by_default(setup: TrainingSetup) -> bool:
+    """Whether tp > 1 brings sequence parallelism when the user does not say (--sp/--no-sp):
+    yes (Korthikanti et al. 2022), except under --stack deepspeed, whose tensor and pipeline
+    parallelism is Megatron-DeepSpeed's as BLOOM and MT-NLG trained (Megatron-LM 2021's tensor
+    parallelism, without sequence parallelism)."""
+    return setup.stack != "deepspeed"
+
+
 def divisors(n: int) -> list[int]:
     small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
@@ -174,7 +182,7 @@ def enumerate_layouts(
     from planner.layouts.rules import RuleView, first_failing
 
     for tp, cp, ep, pp, dp in degree_shapes(m, n_gpus, gpus_per_node, space):
-        sps = [space.sp] if space.sp is not None else [tp > 1]
+        sps = [space.sp] if space.sp is not None else [tp > 1 and sp_by_default(setup)]
         vps = [space.vp] if space.vp is not None else ([1, 2] if pp > 1 else [1])
         for sharding, stage in shardings_of(space):
             for vp in vps:

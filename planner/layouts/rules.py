@@ -114,7 +114,8 @@ def _per_step(v: RuleView) -> Any:
 STACK_LIMITS = {
     "torchtitan": ("--stack torchtitan shards with FSDP2 and splits no experts: use --fsdp full or grad-op "
                    "(or --zero 0), ep 1"),
-    "deepspeed": "--stack deepspeed runs ZeRO data parallelism here: no FSDP, tp, pp or cp (use --zero N)",
+    "deepspeed": ("--stack deepspeed runs ZeRO data parallelism, and tp and pp with ZeRO-0/1 as Megatron-DeepSpeed "
+                  "(BLOOM, MT-NLG): no FSDP, cp, ZeRO-2/3 or experts with tp/pp (use --zero 0 or 1)"),
     "hf": "--stack hf runs FSDP2 (accelerate) without pipeline stages: use --fsdp full and pp 1",
 }
 
@@ -127,8 +128,9 @@ def _stack_cannot_run(v: RuleView) -> Any:
     stack = v.setup.stack
     if stack == "torchtitan":
         return ((v.sharding <= 0) & (v.zero_stage > 0)) | (v.ep > 1) | (v.expert_tp != v.tp)
-    if stack == "deepspeed":
-        return (v.tp > 1) | (v.pp > 1) | (v.cp > 1) | (v.sharding > 0)
+    if stack == "deepspeed":    # Megatron-DeepSpeed: tp and pp under ZeRO-0/1 (stacks.megatron_deepspeed)
+        split = (v.tp > 1) | (v.pp > 1)
+        return (v.cp > 1) | (v.sharding > 0) | (split & ((v.zero_stage > 1) | (v.ep > 1)))
     if stack == "hf":
         return (v.sharding <= 0) | (v.pp > 1) | (v.expert_tp != v.tp)
     return v.tp < 0      # megatron, auto: every layout (False, shaped as the batch)
@@ -138,6 +140,26 @@ def _balance_layers(v: RuleView) -> int:
     """2 where the embedding and the loss count as layers of the pipeline split
     (TrainingSetup.pp_balance "embedding-loss"), else 0."""
     return 2 if v.setup.pp_balance == "embedding-loss" else 0
+
+
+def _distributed_optimizer_noop(v: RuleView) -> Any:
+    """Megatron's distributed optimizer (ZeRO-1, not FSDP) over a single data-parallel rank, as the
+    user fixed it: megatron-core 0.16.1 runs it and shards nothing (DistributedOptimizer over a
+    data-parallel group of one: each rank owns the whole buffer), so it is planned as the no-op it
+    is: its memory and time equal --zero 0's."""
+    import numpy as np
+
+    return np.asarray((v.sharding == 0) & (v.zero_stage == 1) & (v.setup.stack == "megatron"), dtype=bool)
+
+
+def _balance_hint(v: RuleView) -> str:
+    """The way out where pp x vp chunks exceed the layers but divide the layers + 2: count the
+    embedding and the loss as layers (megatron-core's account_for_embedding/loss_in_pipeline_split)."""
+    chunks = int(v.pp * v.vp)
+    if chunks <= v.m.n_layers + 2 and (v.m.n_layers + 2) % chunks == 0:
+        return (f"; counting the embedding and the loss as layers, {chunks} chunks divide the "
+                f"{v.m.n_layers} + 2: add --pp-balance embedding-loss")
+    return ""
 
 
 RULES: tuple[Rule, ...] = (
@@ -168,7 +190,7 @@ RULES: tuple[Rule, ...] = (
          lambda v: "an interleaved schedule (vp > 1) needs pp > 1"),
     Rule("chunks-layers", lambda v: v.pp * v.vp > v.m.n_layers + _balance_layers(v),
          lambda v: f"pp x vp = {v.pp * v.vp} model chunks exceed the {v.m.n_layers} layers"
-                   + (" + embedding + loss" if _balance_layers(v) else "")),
+                   + (" + embedding + loss" if _balance_layers(v) else _balance_hint(v))),
     # megatron-core 0.16.1 TransformerConfig.__post_init__ (transformer/transformer_config.py lines
     # 1436-1480): with account_for_embedding/loss_in_pipeline_split, pp must divide num_layers + 2,
     # and vp the layers per rank
@@ -205,8 +227,20 @@ RULES: tuple[Rule, ...] = (
                     f"not ZeRO-{v.zero_stage}")),
     Rule("zero-stage", lambda v: (v.zero_stage < 0) | (v.zero_stage > 3),
          lambda v: f"ZeRO stage {v.zero_stage} does not exist (0 to 3)"),
-    Rule("sharding-needs-dp", lambda v: (v.zero_stage > 0) & (v.dense_shard_degree == 1) & (not _offloads(v)),
+    Rule("sharding-needs-dp", lambda v: (v.zero_stage > 0) & (v.dense_shard_degree == 1) & (not _offloads(v))
+         & ~_distributed_optimizer_noop(v),
          lambda v: "ZeRO/FSDP sharding needs more than one data-parallel rank (or offload)"),
+    # megatron-core 0.16.1 transformer_config.py lines 1137-1152: fewer layers than the model has,
+    # no pipeline parallelism, no recomputation
+    Rule("activation-offload",
+         lambda v: (v.setup.offload_activations > 0) & ((v.setup.stack != "megatron") | (v.pp > 1)
+                                                        | (v.setup.offload_activations >= v.m.n_layers)),
+         lambda v: (f"--offload-activations {v.setup.offload_activations} is Megatron-Core's CPU offload: it needs "
+                    f"--stack megatron, pp 1 and fewer than the {v.m.n_layers} layers (megatron-core "
+                    "TransformerConfig)")),
+    Rule("mtp-stack", lambda v: (v.setup.mtp_layers > 0) & (v.setup.stack != "megatron"),
+         lambda v: (f"--mtp {v.setup.mtp_layers}: multi-token prediction is planned as Megatron-Core trains it "
+                    "(mtp_num_layers): add --stack megatron")),
     Rule("param-offload-stage", lambda v: (v.setup.offload_params != "none") & (v.zero_stage != 3),
          lambda v: "parameter offload needs ZeRO-3 or FSDP full sharding (ZeRO-Infinity, FSDP CPU offload)"),
     Rule("optimizer-offload-stage", lambda v: (v.setup.offload_optimizer != "none") & (v.zero_stage == 0),

@@ -419,6 +419,24 @@ def stage_block_bytes(setup: TrainingSetup, n_act: np.ndarray, vp: np.ndarray, f
     return held, np.where(full_recompute & (rc < n), kept, full)
 
 
+def offloaded_block_bytes(setup: TrainingSetup, n_act: np.ndarray, stage_acts: np.ndarray,
+                          kept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes a stage's blocks keep on the GPU per micro-batch, bytes they keep in host memory)
+    under Megatron-Core's CPU activation offload (TrainingSetup.offload_activations = N; megatron-
+    core 0.16.1 model_parallel_config.py cpu_offloading_num_layers, through Transformer Engine's
+    get_cpu_offload_context in transformer_engine/pytorch/cpu_offload.py): the saved tensors of
+    the first N layers are copied to pinned host memory on a side stream while the next layer
+    runs, and reloaded one layer ahead in backward (no double buffering: megatron-core's
+    cpu_offloading_double_buffering defaults to False), so one offloaded layer's tensors stay on
+    the GPU beside the layers that are not offloaded. ``stage_acts`` is stage_block_bytes' first
+    term, ``kept`` one block's bytes. Without offload: (stage_acts, 0)."""
+    n_off = np.minimum(setup.offload_activations, n_act).astype(np.float64)
+    if setup.offload_activations <= 0:
+        return stage_acts, np.zeros_like(n_off)
+    on_gpu = stage_acts - np.maximum(n_off - 1, 0) * kept
+    return on_gpu, n_off * kept
+
+
 def host_checkpoint_bytes(m: ModelSpec, setup: TrainingSetup, micro_batch: np.ndarray, seq_len_cp: np.ndarray,
                           tp: np.ndarray, full_recompute: np.ndarray, n_act: np.ndarray,
                           held: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -30,15 +30,21 @@ def fp8_linears_per_block(m: ModelSpec, ep: int) -> float:
 
 
 def fp8_weight_bytes(m: ModelSpec, prec: Precision, block_params: np.ndarray, n_layers: np.ndarray,
-                     ep: np.ndarray) -> np.ndarray:
+                     ep: np.ndarray, param_gather: bool = False) -> np.ndarray:
     """Persistent FP8 state of a rank's blocks: ``block_params`` (the rank's block
     parameters, after tp, pp and ep; not sharded by ZeRO, as te.Linear caches its fp8
     weights in each module) x the recipe's fp8 weight-copy bytes, plus the amax histories
-    of its linear layers (training.fp8.Fp8Recipe.amax_bytes_per_linear). Zero without FP8."""
+    of its linear layers (training.fp8.Fp8Recipe.amax_bytes_per_linear). Zero without FP8.
+
+    With ``param_gather`` (Megatron-LM --fp8-param-gather, TrainingSetup.fp8_param_gather) the
+    low-precision copies replace the 16-bit weights the state holds (megatron-core
+    TransformerConfig.fp8_param: "keep the parameters in fp8 precision"), so the term is the
+    copies less prec.weight_bytes per parameter (<= 0 where they take less)."""
     r = prec.fp8
     if r is None:
         return np.zeros(np.broadcast_shapes(block_params.shape, ep.shape), dtype=np.int64)
-    copies = (block_params * r.fp8_weight_copy_bytes).astype(np.int64)
+    per_param = r.fp8_weight_copy_bytes - (prec.weight_bytes if param_gather else 0)
+    copies = (block_params * per_param).astype(np.int64)
     if not r.amax_bytes_per_linear:
         return copies
     per_ep = {int(e): fp8_linears_per_block(m, int(e)) for e in np.unique(ep)}

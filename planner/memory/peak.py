@@ -28,7 +28,7 @@ held through backward (the root unit is reduced last).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import cached_property
 from typing import Any
 
@@ -38,7 +38,7 @@ from planner.layouts.batch import RECOMPUTES, LayoutArrays
 from planner.layouts.layout import SHARDINGS
 from planner.limits import saturated_bytes
 from planner.memory import shapes as sh
-from planner.memory.activations import host_checkpoint_bytes, stage_block_bytes
+from planner.memory.activations import host_checkpoint_bytes, offloaded_block_bytes, stage_block_bytes
 from planner.memory.buffers import (
     buffer_bytes,
     fsdp_backward_end_bytes,
@@ -50,6 +50,7 @@ from planner.memory.states import (
     ModelStates,
     OffloadSplit,
     expert_padding,
+    fp32_accumulated_gradients,
     hybrid_degree,
     model_state_bytes,
     offload_bytes,
@@ -309,6 +310,10 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     pad = expert_padding(m, sa, hybrid)
     ms = model_state_bytes(split.trainable_dense, split.trainable_expert, state_prec, opt_pp, sa, hybrid,
                            amp=amp_states, expert_padding=pad, grad_sync=setup.fsdp_pipeline_grad_sync)
+    fp32_grads = fp32_accumulated_gradients(setup, sa)
+    if fp32_grads.any():    # DeepSpeed's BF16_Optimizer: 4-byte gradients, unsharded (ZeRO-0/1)
+        ms = replace(ms, gradients=np.where(fp32_grads, ms.gradients * 4 // max(state_prec.grad_bytes, 1),
+                                            ms.gradients))
     grad_unit = rp.block_unit     # a block's gradients have its parameters' shapes: never padded
     if m.is_moe:
         # gathered blocks carry the padded experts too
@@ -328,7 +333,12 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     # FSDP2 keeps the root unit gathered
     root_gathered = np.where(full_shard, rp.root_unit * prec.weight_bytes, 0)
     # the FP8 recipe's fp8 weight copies and amax histories (memory.fp8)
-    fp8_w = fp8_weight_bytes(m, prec, rp.total - rp.root_unit, n_layers, sa.ep)
+    fp8_w = fp8_weight_bytes(m, prec, rp.total - rp.root_unit, n_layers, sa.ep, setup.fp8_param_gather)
+    if setup.stack == "megatron":
+        # Megatron FSDP (ZeRO-3 sharding) keeps the low-precision weights in its sharded buffer
+        # and gathers them per module (Megatron-Bridge's FP8/MXFP8 recipes set fp8_param_gather,
+        # training/mixed_precision.py): the copies are sharded like the weights, not cached whole
+        fp8_w = np.where(sa.zero_stage == 3, -(-fp8_w // np.maximum(dense_deg, 1)), fp8_w)
     weights = off.weights + ms.unsharded_weights + root_gathered + fp8_w
     step_transient = np.where(off.step_on_host, 0,
                               optimizer_step_transient_bytes(m, setup, sa, kern, rp, hybrid, split))
@@ -384,9 +394,11 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     full_rc = a.recompute == RECOMPUTES.index("full")
     n_act_l = g(n_act)
     stage_acts, recomputed = stage_block_bytes(setup, n_act_l, a.vp, full_rc, act.layer_act, act.full_layer)
+    # Megatron-Core's CPU activation offload: the offloaded layers' tensors on the host line
+    stage_acts, offloaded = offloaded_block_bytes(setup, n_act_l, stage_acts, act.layer_act)
     block_acts = saturated_bytes(stage_acts * held)
     # DeepSpeed's cpu_checkpointing: the host copy (the host line) and the input it keeps on the GPU
-    ckpt_host: np.ndarray | int = 0
+    ckpt_host: np.ndarray | int = saturated_bytes(offloaded * held) if setup.offload_activations > 0 else 0
     if setup.stack == "deepspeed" and "cpu" in setup.ds_checkpointing:
         ckpt_host, ckpt_gpu = host_checkpoint_bytes(m, setup, a.micro_batch, seq // a.cp, a.tp, full_rc, n_act_l,
                                                     held)
@@ -400,7 +412,7 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     # inside the last block's backward: its recomputed tensors and its gradients' working
     # set (the eager attention's fp32 score gradients)
     working = ((recomputed - act.layer_act) + act.score_grad) * has_act_l
-    logits = act.logits * last_l
+    logits = act.logits * last_l * (1 + setup.mtp_layers)     # each MTP module keeps its own loss
     buffers = g(engine_buffers) + act.pipeline_buffers
     # FSDP under a pipeline (grad sync "step") holds unsharded gradients through the
     # micro-batches in place of the sharded ones (states.no_sync_gradient_bytes)

@@ -31,6 +31,7 @@ from planner.memory.params import (
     stages_to_check,
 )
 from planner.memory.pipeline import held_layer_micro_batches
+from planner.memory.recompute import module_recompute_delta_bytes
 from planner.models.spec import ModelSpec, ParamCount
 from planner.training.finetune import activation_layers, rank_split
 from planner.training.setup import TrainingSetup
@@ -211,6 +212,8 @@ def activation_figures(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_
         if m.is_moe:    # dense blocks, shared experts, transformers' MoE tensors (memory.moe)
             kept += moe_block_delta_bytes(m, s_, lay, kern)
             full += moe_block_delta_bytes(m, s_, unrecomputed, kern)
+        if setup.recompute_modules:     # Megatron-Core's selective recomputation by module
+            kept += module_recompute_delta_bytes(m, s_, lay, kern)
         if fp8:     # the FP8 recipe's saved linear inputs (memory.fp8)
             kept += saved_input_delta_bytes(m, setup, lay)
             full += saved_input_delta_bytes(m, setup, replace(lay, recompute="none"))
@@ -265,10 +268,16 @@ def stage_figures(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, a: LayoutA
     def figures(tp: int, ep: int, pp: int, etp: int) -> tuple[int, ...]:
         lay = Layout(tp=tp, ep=ep, pp=pp, etp=etp)
         counts = stage_layers(m.n_layers, pp, setup.pp_balance)
+        mtp = setup.mtp_layers
+        if mtp:     # the MTP modules' blocks live on the last stage (TrainingSetup.mtp_layers)
+            counts = [*counts[:-1], counts[-1] + mtp]
         row: tuple[int, ...] = ()
         for s in stages_to_check(counts):
             n_layers = counts[s]
             rp = rank_params(m, pc, lay, s, n_layers)
+            if mtp and s == pp - 1:     # each module's 2h x h projection and two norms, split by tp
+                extra = mtp * (ceil_div(2 * m.d_model * m.d_model, tp) + 2 * m.d_model)
+                rp = replace(rp, dense=rp.dense + extra)
             if untie and tp > 1 and s == pp - 1 and pp == 1:
                 head = ceil_div(m.vocab_size * m.d_model, tp)
                 rp = replace(rp, dense=rp.dense + head, root_unit=rp.root_unit + head)
@@ -281,7 +290,8 @@ def stage_figures(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, a: LayoutA
                     split.largest_trainable, split.dequant_bytes)
         return row + (0,) * (_WIDTH * MAX_SLOTS - len(row))
 
-    out = _gather([a.tp, a.ep, a.pp, a.expert_tp], figures, _table("stage", m, pc, ft, wb, untie, setup.pp_balance),
+    out = _gather([a.tp, a.ep, a.pp, a.expert_tp], figures, _table("stage", m, pc, ft, wb, untie, setup.pp_balance,
+                                                                       setup.mtp_layers),
                   _WIDTH * MAX_SLOTS)
     n_slots = max(1, int(out.reshape(MAX_SLOTS, _WIDTH, -1)[:, 0].any(axis=1).sum()))
     t = out.reshape(MAX_SLOTS, _WIDTH, -1)[:n_slots]           # (slot, field, batch)

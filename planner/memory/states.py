@@ -183,6 +183,19 @@ def model_state_bytes(n_dense: np.ndarray, n_expert: np.ndarray, precision: Prec
                        accumulated_gradients=no_sync_gradient_bytes(n_dense, n_expert, precision, a, grad_sync))
 
 
+def fp32_accumulated_gradients(setup: TrainingSetup, a: LayoutArrays) -> np.ndarray:
+    """Where the gradients are held in fp32, unsharded: Megatron-DeepSpeed (--stack deepspeed
+    with tp or pp) under bf16 mixed precision and ZeRO-0/1 runs DeepSpeed's BF16_Optimizer with
+    fp32 gradient accumulation, as BLOOM trained (its ds_config sets data_types.grad_accum_dtype
+    fp32: planner.emit.deepspeed). deepspeed 0.19.8 runtime/engine.py _do_optimizer_sanity_check
+    (lines 2305-2310: bf16 parameters, fp32 accumulation and ZeRO stage 1 -> BFLOAT16) and
+    runtime/bf16_optimizer.py (line 191: ``torch.zeros_like(bf16_groups_flat, dtype=grad_acc_dtype)``,
+    a flat buffer of every parameter of the group, not partitioned)."""
+    if setup.stack != "deepspeed" or setup.precision != "bf16-mixed":
+        return np.zeros(np.shape(a.tp), dtype=bool)
+    return ((a.tp > 1) | (a.pp > 1)) & (a.zero_stage <= 1) & (a.sharding == 0)
+
+
 def no_sync_gradient_bytes(n_dense: np.ndarray, n_expert: np.ndarray, precision: Precision,
                            a: LayoutArrays, grad_sync: str = "step") -> np.ndarray:
     """The unsharded gradients FSDP holds across a step's micro-batches under a pipeline:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import UserError, unknown_name
-from planner.limits import MAX_CONFIG_BYTES
+from planner.limits import MAX_CONFIG_BYTES, check_label
 from planner.models.families import spec_from_hf_config
 from planner.models.spec import ModelSpec
 
@@ -78,6 +78,7 @@ def load_model(name_or_path: str) -> ModelSpec:
     aliases = _aliases()
     if key in aliases:
         return load_preset(aliases[key])
+    check_label(name_or_path, "--model")       # the name goes into answers and launch files
     path = Path(name_or_path)
     if is_repo_id(name_or_path) and not path.exists():
         repo_id = name_or_path.strip()
@@ -163,6 +164,7 @@ def hub_config_path(repo_id: str) -> Path:
 
 def load_config_file(path: Path, name: str | None = None) -> ModelSpec:
     """Read a Hugging Face config.json (or a directory holding one)."""
+    check_label(str(path), "model file")
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
@@ -180,4 +182,5 @@ def load_config_file(path: Path, name: str | None = None) -> ModelSpec:
         raise UserError(f"{path}: cannot read ({e.strerror})") from None
     if name is None:
         name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
+    check_label(name, "model name")
     return spec_from_hf_config(cfg, name, str(path), source=str(path))

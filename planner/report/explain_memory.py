@@ -409,6 +409,21 @@ def _activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, tr: RankT
                        full_block_bytes=tr.full_layer, in_flight_micro_batches=tr.held,
                        recompute_method=setup.recompute_method, recompute_num_layers=setup.recompute_num_layers,
                        vp=lay.vp)
+    if setup.offload_activations:
+        n_off = min(setup.offload_activations, tr.n_act_layers)
+        out.append(_mem("activations", f"Megatron-Core CPU offload: {n_off} blocks' saved tensors on the host, "
+                        f"{max(n_off - 1, 0)} of them off the GPU (one in flight)",
+                        "offloaded blocks x per-block bytes x micro-batches in flight; on the host memory line",
+                        int(n_off * tr.layer_act * tr.held), "megatron-core 0.16.1 cpu_offloading_num_layers; "
+                        "planner.memory.activations.offloaded_block_bytes", summed=False))
+    if setup.recompute_modules and lay.recompute == "selective":
+        from planner.memory.recompute import module_recompute_delta_bytes
+        out.append(_mem("activations", "  per block: Megatron-Core recompute_modules "
+                        f"{', '.join(setup.recompute_modules)}: tensors recomputed, not kept",
+                        "norm outputs, the experts' activation output, MLA's Q, K, V, the dense MLP",
+                        module_recompute_delta_bytes(m, tr.act_setup, lay, tr.kernels),
+                        "planner.memory.recompute (megatron-core 0.16.1 TransformerConfig.recompute_modules)",
+                        summed=False))
     host = _ds_host_copy(m, setup, lay, tr)
     if host:
         out.append(_mem("activations", "DeepSpeed cpu_checkpointing: the checkpointed inputs on the host",

@@ -17,8 +17,6 @@ days, money in US dollars.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -74,36 +72,24 @@ def plot_format(path: Path, force: bool = False) -> str:
 
 
 def save(fig: Figure, path: Path, force: bool = False) -> Path:
-    """Write ``fig`` to ``path`` (PNG or SVG by its suffix) atomically: into a temporary file
-    in the same directory, then os.replace. An existing file needs ``force``."""
+    """Write ``fig`` to ``path`` (PNG or SVG by its suffix): drawn into memory first, then
+    written by planner.emit.write.write_file (all or nothing, an existing file refused
+    atomically unless ``force``, no temporary file left by a signal)."""
+    import io
+
+    from planner.emit.write import write_file
+
     path = Path(path)
     fmt = plot_format(path, force)
-    directory = path.parent
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"cannot create the directory of --plot {path}: {e.strerror or e}") from e
     from matplotlib import rc_context
 
     # no date or software version in the file (the same plan gives the same PNG bytes), SVG
     # ids from a fixed salt, and SVG text kept as text (searchable, smaller) not glyph outlines
     metadata: dict[str, Any] = {"Software": None} if fmt == "png" else {"Date": None, "Creator": None}
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-        with os.fdopen(fd, "wb") as f, rc_context({"svg.hashsalt": "planner", "svg.fonttype": "none"}):
-            fig.savefig(f, format=fmt, dpi=DPI, metadata=metadata)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as e:
-        raise UserError(f"cannot write --plot {path}: {e.strerror or e}") from e
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    buf = io.BytesIO()
+    with rc_context({"svg.hashsalt": "planner", "svg.fonttype": "none"}):
+        fig.savefig(buf, format=fmt, dpi=DPI, metadata=metadata)
+    return write_file(path, buf.getvalue(), force=force, what="--plot")
 
 
 # ----------------------------------------------------------------------- pieces

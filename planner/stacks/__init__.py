@@ -141,6 +141,20 @@ ETP_REFUSAL = {
 }
 
 
+def runs_megatron_deepspeed(stack: str, lay: Layout) -> bool:
+    """Whether ``stack`` runs ``lay`` as Megatron-DeepSpeed: --stack deepspeed with tensor or
+    pipeline parallelism (BLOOM 176B and MT-NLG 530B trained so: Megatron's tp, DeepSpeed's
+    pipeline engine and ZeRO-1), whose files are megatron_args.txt (pretrain_gpt.py's arguments)
+    beside ds_config.json."""
+    return stack == "deepspeed" and (lay.tp > 1 or lay.pp > 1)
+
+
+def reads_megatron_args(stack: str, lay: Layout) -> bool:
+    """Whether the plan's program is a Megatron pretrain_gpt.py reading megatron_args.txt:
+    Megatron-LM, or Megatron-DeepSpeed (runs_megatron_deepspeed)."""
+    return stack == "megatron" or runs_megatron_deepspeed(stack, lay)
+
+
 def stack_refusal(stack: str, m: ModelSpec, lay: Layout) -> str | None:
     """Why ``stack`` cannot run ``lay`` of ``m`` (one line naming the way out), or None."""
     d = lay.describe()
@@ -152,9 +166,11 @@ def stack_refusal(stack: str, m: ModelSpec, lay: Layout) -> str | None:
                     f"plan with --fsdp full")
         if lay.pp > 1:
             return f"--stack hf has no pipeline parallelism; this layout has pp={lay.pp}"
-    if stack == "deepspeed" and (lay.tp > 1 or lay.pp > 1 or lay.cp > 1):
-        return (f"--stack deepspeed runs ZeRO data parallelism here; this layout ({d}) splits the model "
-                f"(tp/pp/cp)")
+    if stack == "deepspeed" and lay.cp > 1:
+        return f"--stack deepspeed has no context parallelism; this layout ({d}) has cp={lay.cp}"
+    if stack == "deepspeed" and runs_megatron_deepspeed(stack, lay) and (lay.zero_stage > 1 or lay.ep > 1):
+        return (f"--stack deepspeed runs tp and pp as Megatron-DeepSpeed on DeepSpeed's pipeline engine, which "
+                f"supports ZeRO-0/1 and no experts here; this layout ({d}) needs --zero 0 or 1 and ep 1")
     if stack == "deepspeed" and lay.is_fsdp:
         return "--stack deepspeed shards with ZeRO stages, not FSDP2; plan with --zero N"
     if stack == "torchtitan":

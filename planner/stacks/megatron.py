@@ -36,6 +36,13 @@ class NotFlag:
     dest: str
 
 
+@dataclass(frozen=True, slots=True)
+class Many:
+    """nargs='+' with these choices."""
+
+    choices: tuple[str, ...]
+
+
 ARGUMENTS: dict[str, object] = {
     # _add_network_size_args
     "--num-layers": int, "--hidden-size": int, "--ffn-hidden-size": int, "--num-attention-heads": int,
@@ -84,6 +91,15 @@ ARGUMENTS: dict[str, object] = {
     # dtypes, given on Megatron-LM's command line as fp32, fp16, bf16 or fp8)
     "--fp8-format": ["e4m3", "hybrid"], "--fp8-recipe": ["tensorwise", "delayed", "mxfp8", "blockwise", "custom"],
     "--fp8-amax-history-len": int, "--fp8-amax-compute-algo": ["most_recent", "max"],
+    # TransformerConfig fp8_param (--fp8-param-gather); fp4 ('e2m1', --fp4-format) and
+    # fp4_recipe ('nvfp4', 'custom'); ModelParallelConfig cpu_offloading and
+    # cpu_offloading_num_layers; TransformerConfig mtp_num_layers (megatron-core 0.16.1)
+    "--fp8-param-gather": FLAG, "--fp4-format": ["e2m1"], "--fp4-recipe": ["nvfp4", "custom"],
+    "--cpu-offloading": FLAG, "--cpu-offloading-num-layers": int, "--mtp-num-layers": int,
+    # TransformerConfig recompute_modules (nargs '+', megatron-core 0.16.1) and moe_grouped_gemm
+    "--moe-grouped-gemm": FLAG,
+    "--recompute-modules": Many(("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
+                                 "shared_experts")),
     "--exp-avg-dtype": ["fp32", "fp16", "bf16", "fp8"], "--exp-avg-sq-dtype": ["fp32", "fp16", "bf16", "fp8"],
     # The pipeline split's embedding and loss (not from the commit above either): megatron-core
     # 0.16.1 TransformerConfig account_for_embedding_in_pipeline_split and
@@ -108,6 +124,8 @@ def parser() -> argparse.ArgumentParser:
             p.add_argument(name, action="store_false", dest=kind.dest)
         elif isinstance(kind, list):
             p.add_argument(name, choices=kind)
+        elif isinstance(kind, Many):
+            p.add_argument(name, nargs="+", choices=kind.choices)
         else:
             p.add_argument(name, type=kind)  # type: ignore[arg-type]
     p.set_defaults(**_DEFAULTS)

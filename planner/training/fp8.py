@@ -60,7 +60,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-RECIPES = ("tensorwise", "rowwise", "delayed", "blockwise")
+RECIPES = ("tensorwise", "rowwise", "delayed", "blockwise", "mxfp8")
 FP8_RECIPE_CHOICES = ("auto", *RECIPES)
 
 # the default recipe of each stack (--stack; None: no stack named)
@@ -88,6 +88,15 @@ DYNAMIC_CAST_BYTES = 5.0
 DELAYED_CAST_BYTES = 3.0
 
 TILE = 128      # DeepSeek-V3 Sec. 3.3.2: 1x128 activation tiles, 128x128 weight blocks
+# Transformer Engine's microscaling blocks (transformer_engine/common/recipe/__init__.py,
+# MXFP8BlockScaling: 1x32 blocks of E4M3 with one E8M0 (1-byte) scale; NVFP4BlockScaling: 1x16
+# blocks of E2M1 (two per byte) with one E4M3 (1-byte) scale, plus one fp32 scale per tensor)
+MX_BLOCK = 32
+NVFP4_BLOCK = 16
+# NVFP4 GEMMs on Blackwell run at twice the FP8 dense rate (NVIDIA B200 / GB200 data sheets:
+# FP4 dense 9 / 10 PFLOPS against FP8 4.5 / 5 PFLOPS); GPUs with FP4 tensor cores
+NVFP4_PEAK_RATIO = 2.0
+FP4_GPUS = ("b200", "gb200", "b300", "gb300", "rtx-pro-6000", "5090")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -118,6 +127,7 @@ class Fp8Recipe:
     cast_passes_bwd_in: float
     gemm_penalty: float
     ep_dispatch_bytes: float
+    peak_ratio: float = 1.0      # the recipe's dense GEMM peak over the GPU's FP8 peak (NVFP4: 2)
 
     @property
     def amax_bytes_per_linear(self) -> int:
@@ -129,13 +139,50 @@ class Fp8Recipe:
 
     def matmul_fraction(self, gpu_name: str) -> float:
         """The FP8 GEMM rate as a share of the FP8 dense peak (ASSUMED, see FP8_MATMUL_FRACTION)."""
-        return FP8_MATMUL_FRACTION.get(gpu_name, FP8_MATMUL_FRACTION_DEFAULT) * self.gemm_penalty
+        return FP8_MATMUL_FRACTION.get(gpu_name, FP8_MATMUL_FRACTION_DEFAULT) * self.gemm_penalty * self.peak_ratio
 
 
-def recipe(name: str) -> Fp8Recipe:
-    """The named recipe (one of RECIPES); ValueError for another name."""
+def recipe(name: str, stack: str | None = None) -> Fp8Recipe:
+    """The named recipe (one of RECIPES, or "nvfp4" for --precision nvfp4) as ``stack`` runs it;
+    ValueError for another name.
+
+    Under --stack megatron, ``tensorwise`` is megatron-core 0.16.1's ``--fp8-recipe tensorwise``,
+    Transformer Engine's Float8CurrentScaling (megatron/core/fp8_utils.py maps Fp8Recipe.tensorwise
+    to it), not torchao's: te.Linear caches the fp8 weight and its transpose over the micro-batches
+    of a step and saves its input cast to fp8 for the weight gradient, as under delayed scaling,
+    with a dynamic scale per tensor (no amax history). ``mxfp8`` (TE MXFP8BlockScaling,
+    transformer_engine/pytorch/tensor/mxfp8_tensor.py: row-wise and column-wise E4M3 data, each
+    with one E8M0 scale per 32 elements): weights keep both usages (2 x (1 + 1/32) B per
+    parameter); a linear input is saved in its column-wise usage for the weight gradient
+    (1 + 1/32 B per element). ``nvfp4`` (TE NVFP4BlockScaling, tensor/nvfp4_tensor.py: E2M1 data
+    packed two per byte, one E4M3 scale per 16 elements, an fp32 scale per tensor): weights keep
+    both usages (2 x (1/2 + 1/16) B), a saved input its column-wise usage (1/2 + 1/16 B), GEMMs at
+    twice the FP8 rate (NVFP4_PEAK_RATIO). The 16-bit weights stay beside these copies (the
+    planner does not model --fp8-param-gather, which drops them: conservative by 2 B per
+    parameter)."""
     tile_scale = 4 / TILE              # one fp32 scale per 128 elements
     block_scale = 4 / (TILE * TILE)    # one fp32 scale per 128x128 block
+    if name == "tensorwise" and stack == "megatron":
+        return Fp8Recipe(name=name, stack="Transformer Engine Float8CurrentScaling (megatron-core --fp8-recipe "
+                         "tensorwise)", scaling="dynamic, one scale per tensor", grad_bytes=2,
+                         fp8_weight_copy_bytes=2.0, gather_bytes=2, saved_input_bytes=1.0, amax_history_len=0,
+                         cast_bytes=DYNAMIC_CAST_BYTES, cast_passes_fwd=1.0, cast_passes_bwd_out=1.0,
+                         cast_passes_bwd_in=0.0, gemm_penalty=1.0, ep_dispatch_bytes=2.0)
+    if name == "mxfp8":
+        mx = 1 + 1 / MX_BLOCK
+        return Fp8Recipe(name=name, stack="Transformer Engine MXFP8BlockScaling (1x32 blocks, E8M0 scales)",
+                         scaling="1x32 blocks, scale per block", grad_bytes=2, fp8_weight_copy_bytes=2 * mx,
+                         gather_bytes=2, saved_input_bytes=mx, amax_history_len=0,
+                         cast_bytes=DELAYED_CAST_BYTES + 1, cast_passes_fwd=1.0, cast_passes_bwd_out=1.0,
+                         cast_passes_bwd_in=0.0, gemm_penalty=1.0, ep_dispatch_bytes=2.0)
+    if name == "nvfp4":
+        fp4 = 0.5 + 1 / NVFP4_BLOCK
+        return Fp8Recipe(name=name, stack="Transformer Engine NVFP4BlockScaling (1x16 blocks, E4M3 scales)",
+                         scaling="1x16 blocks, E4M3 scale per block and fp32 per tensor", grad_bytes=2,
+                         fp8_weight_copy_bytes=2 * fp4, gather_bytes=2, saved_input_bytes=fp4,
+                         amax_history_len=0, cast_bytes=DYNAMIC_CAST_BYTES, cast_passes_fwd=1.0,
+                         cast_passes_bwd_out=1.0, cast_passes_bwd_in=0.0, gemm_penalty=1.0,
+                         ep_dispatch_bytes=2.0, peak_ratio=NVFP4_PEAK_RATIO)
     if name == "tensorwise":
         return Fp8Recipe(name=name, stack="torchao float8 (torchtitan), FSDP2 float8 all-gather",
                          scaling="dynamic, one scale per tensor", grad_bytes=2, fp8_weight_copy_bytes=0.0,

@@ -14,7 +14,7 @@ from planner.training.finetune import FinetuneSpec
 from planner.training.fp8 import Fp8Recipe, recipe
 from planner.units import MiB
 
-PRECISIONS = ("bf16-mixed", "fp16-mixed", "fp32", "bf16", "fp8")
+PRECISIONS = ("bf16-mixed", "fp16-mixed", "fp32", "bf16", "fp8", "nvfp4")
 OPTIMIZERS = ("adamw", "sgd", "adafactor", "adam8bit", "adamw-bf16-states")
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "eager")
@@ -79,9 +79,13 @@ class Precision:
 
     @staticmethod
     @lru_cache(maxsize=16)
-    def named(name: str, fp8_recipe: str = "rowwise") -> Precision:
+    def named(name: str, fp8_recipe: str = "rowwise", stack: str = "auto") -> Precision:
+        if name == "nvfp4":     # bf16 mixed precision whose block linear layers run NVFP4 GEMMs
+            r = recipe("nvfp4", stack)
+            return Precision(name="nvfp4", weight_bytes=2, grad_bytes=r.grad_bytes, master_bytes=4,
+                             activation_bytes=2, compute_dtype="bf16", fp8=r)
         if name == "fp8":
-            r = recipe(fp8_recipe)
+            r = recipe(fp8_recipe, stack)
             return Precision(name=f"fp8 ({r.name})", weight_bytes=2, grad_bytes=r.grad_bytes, master_bytes=4,
                              activation_bytes=2, compute_dtype="bf16", fp8=r)
         if name in ("bf16-mixed", "fp16-mixed"):
@@ -201,6 +205,9 @@ class TrainingSetup:
     # every block keeping its input (the planner's --recompute full).
     recompute_method: str = "uniform"
     recompute_num_layers: int = 1
+    # Megatron-Core's selective recomputation by module (TransformerConfig.recompute_modules;
+    # planner.memory.recompute): () is its default, the core attention
+    recompute_modules: tuple[str, ...] = ()
     # layers per virtual pipeline stage the block method counts in, for the step time's
     # recomputed share (0: not fixed, every layer recomputes); memory reads each layout's own
     recompute_chunk_layers: int = 0
@@ -210,12 +217,26 @@ class TrainingSetup:
     # DeepSpeed: partition_activations splits each checkpointed input over the model-parallel
     # group, cpu_checkpointing moves it to host memory (DS_CHECKPOINTING)
     ds_checkpointing: str = "none"
+    # Megatron-Core's CPU activation offload (megatron-core 0.16.1 model_parallel_config.py
+    # cpu_offloading, cpu_offloading_num_layers): the saved activations of this many layers go
+    # to pinned host memory in forward and come back in backward (0: none)
+    offload_activations: int = 0
+    # multi-token prediction modules (DeepSeek-V3, arXiv:2412.19437, Sec. 2.2: each one more
+    # Transformer block, a 2h x h projection and two RMSNorms, sharing the embedding and the
+    # output head, with its own loss); megatron-core 0.16.1 TransformerConfig.mtp_num_layers puts
+    # them on the last pipeline stage (0: none)
+    mtp_layers: int = 0
     # FSDP under a pipeline: reduce-scatter once a step or every micro-batch (FSDP_PIPELINE_GRAD_SYNCS)
     fsdp_pipeline_grad_sync: str = "step"
     # the pipeline's layer split (PP_BALANCES): "none", or the embedding and the loss counted as layers
     pp_balance: str = "none"
     # the FP8 recipe under precision "fp8" (planner.training.fp8.RECIPES), resolved from the stack
     fp8_recipe: str = "rowwise"
+    # Megatron-LM's --fp8-param-gather (megatron-core TransformerConfig.fp8_param): the blocks'
+    # linear weights live only in their low-precision form (no 16-bit copy) and the distributed
+    # optimizer gathers them so; Megatron-Bridge's FP8 current-scaling, delayed and MXFP8 recipes
+    # set it (src/megatron/bridge/training/mixed_precision.py, fp8_param_gather = True)
+    fp8_param_gather: bool = False
     # MoE routing imbalance: tokens the most loaded expert-parallel rank receives over its
     # balanced share (k T / ep of every rank's tokens). It scales that rank's expert-side
     # saved tensors (memory.moe), its expert GEMMs and its all-to-all bytes (timing.kernels).
@@ -237,7 +258,7 @@ class TrainingSetup:
 
     @property
     def precision_spec(self) -> Precision:
-        return Precision.named(self.precision, self.fp8_recipe)
+        return Precision.named(self.precision, self.fp8_recipe, self.stack)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

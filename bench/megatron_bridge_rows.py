@@ -1,0 +1,317 @@
+"""The shared mapping of NVIDIA's published Megatron-Bridge runs to planner requests.
+
+tests/data/megatron_bridge_runs.json holds 172 rows (DGX-H100, DGX-B200, DGX-GB200), every one
+trained. This module reads them once and gives each row:
+
+- ``cli_args``: the row as a Megatron-Bridge user would ask the planner for it: ``--stack
+  megatron``, the printed layout (tp, pp, cp, vp, ep, GPUs, global and micro-batch, sequence),
+  and its recipe's settings read from the row's ``notes`` (distributed optimizer or Megatron
+  FSDP, recomputation, CPU activation offload, expert tensor parallelism, MTP, the pipeline
+  split that counts embedding and loss, LoRA). It names what ran, not what the planner can do
+  today: a row whose request the planner refuses is ``expressible = False`` with the planner's
+  own message as ``reason``.
+- ``latest``: whether the row is the latest release of its configuration (same model, system,
+  precision, task and layout columns); older releases of the same configuration stay with
+  ``latest = False`` (the corpus's caveat: software drift, median 5%, up to 73%).
+- ``approximations``: what the request leaves out although the planner accepts it (a selective
+  recomputation of modules the planner has no policy for, token-dropping routing, ...).
+
+The interface (``Row``, ``load_rows``, ``request``, ``evaluate``) is shared with the step-time
+study of issue 28 and kept stable; the mapping underneath grows as rows become expressible.
+
+    python bench/megatron_bridge_rows.py           # one line per row: id, expressible, args or reason
+    python bench/megatron_bridge_rows.py --latest  # only the latest release of each configuration
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = ROOT / "tests" / "data" / "megatron_bridge_runs.json"
+
+# The corpus's model names -> planner presets (`plan models`). Llama 3 8B/70B share the 3.1
+# presets' shapes (Meta's config.json: same layers, widths and vocabulary; only RoPE scaling
+# differs, which holds no memory and no FLOPs). Token-dropping and MTP variants are one model.
+MODELS = {
+    "LLAMA3_8B": "llama3-8b", "LLAMA3_70B": "llama3-70b", "LLAMA3.1_405B": "llama3.1-405b",
+    "DeepSeekV3": "deepseek-v3", "GPT OSS 120B": "gpt-oss-120b",
+    "Qwen3_30B_a3B": "qwen3-30b-a3b", "Qwen3_235B_a22B": "qwen3-235b-a22b",
+}
+# Models the planner does not know yet (issue on 2025-2026 models: Nemotron 3's hybrid
+# Mamba-Transformer family and DeepSeek-V4).
+UNKNOWN_MODEL_PREFIXES = ("Nemotron_3", "DeepSeekV4")
+GPUS = {"DGX-H100": "h100", "DGX-B200": "b200", "DGX-GB200": "gb200"}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One published run and the planner request that states it."""
+
+    id: str
+    release: tuple[int, ...]            # (26, 6, 1) for the 26.06.01 container
+    model: str                          # as printed ("Qwen3_235B_a22B (tokendrop)")
+    family: str                         # the planner preset ("qwen3-235b-a22b"), or "" when unknown
+    gpu: str                            # the planner GPU name (h100, b200, gb200)
+    system: str                         # as printed (DGX-GB200)
+    precision: str                      # normalised: BF16, FP8-CS, MXFP8, NVFP4
+    task: str                           # pretrain, sft, lora
+    n_gpus: int
+    published_tokens_per_s_per_gpu: float
+    published_tflops_per_gpu: float
+    config_key: tuple[Any, ...]         # model, system, precision, task and layout columns
+    latest: bool                        # the latest release of its configuration
+    cli_args: tuple[str, ...]           # plan's options for the row, without the program name
+    approximations: tuple[str, ...]     # what the request leaves out although the planner accepts it
+    expressible: bool                   # the planner accepts cli_args as one fixed layout
+    reason: str                         # why not, when not expressible ("" otherwise)
+    notes: str                          # the corpus's own notes on the row
+
+    @property
+    def command(self) -> str:
+        return "plan " + " ".join(self.cli_args)
+
+
+def release_of(row_id: str) -> tuple[int, ...]:
+    """'mbridge-26.06.01-...' -> (26, 6, 1)."""
+    m = re.match(r"mbridge-(\d+(?:\.\d+)+)-", row_id)
+    if not m:
+        raise ValueError(f"{row_id}: no release in the id")
+    return tuple(int(x) for x in m.group(1).split("."))
+
+
+def _int(v: Any, default: int = 1) -> int:
+    """A printed layout column: 'n/a' and 'not printed' are Megatron's default of 1."""
+    return int(v) if isinstance(v, int) or (isinstance(v, str) and v.isdigit()) else default
+
+
+def precision_of(row: dict) -> str:
+    """The row's precision, normalised: the 26.xx tables' 'FP8' is FP8 current scaling (the
+    corpus's notes), and 25.xx's 'FP8-MX' is MXFP8."""
+    p = row["settings"]["precision"]
+    if p in ("FP8", "FP8-CS"):
+        return "FP8-CS"
+    if p in ("FP8-MX", "MXFP8"):
+        return "MXFP8"
+    return p
+
+
+def family_of(model: str) -> str:
+    base = model.split(" (")[0]
+    return MODELS.get(base, "")
+
+
+def fsdp_of(row: dict) -> int:
+    """Megatron FSDP's shard degree (0: the distributed optimizer). 'not printed' is 0 where the
+    recipe says use_megatron_fsdp=False and wherever no recipe was matched (Megatron-Bridge's
+    default)."""
+    v = row["settings"]["fsdp"]
+    return _int(v, 0)
+
+
+def config_key(row: dict) -> tuple[Any, ...]:
+    s = row["settings"]
+    return (s["model"], s["system"], precision_of(row), s["task"], s["gpus"], s["gbs"], s["mbs"], s["seq"],
+            fsdp_of(row), _int(s["tp"]), _int(s["pp"]), _int(s["cp"]), _int(s["vp"]), _int(s["ep"]))
+
+
+_OFFLOAD = re.compile(r"cpu_offloading_num_layers=(\d+)")
+_BLOCK = re.compile(r"recompute: full, method block, (\d+) layer")
+_MODULES = re.compile(r"recompute modules (\[[^\]]*\])")
+
+
+def _n_layers(family: str) -> int:
+    from planner.models.spec import load_model
+    return load_model(family).n_layers
+
+
+def args_of(row: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(cli_args, approximations) for one corpus row, read from its settings and notes."""
+    s, notes = row["settings"], row["notes"]
+    family = family_of(s["model"]) or s["model"]
+    tp, pp, cp, vp, ep = (_int(s[k]) for k in ("tp", "pp", "cp", "vp", "ep"))
+    n = s["gpus"]
+    approx: list[str] = []
+    args = ["--model", family, "--gpus", GPUS[s["system"]], "--stack", "megatron", "--n-gpus", str(n),
+            "--tp", str(tp), "--pp", str(pp), "--cp", str(cp)]
+    if ep > 1:
+        args += ["--ep", str(ep)]
+    dense_dp = n // (tp * pp * cp)           # Megatron's data-parallel size
+    if ep > 1 and dense_dp % ep == 0:
+        args += ["--dp", str(dense_dp // ep)]    # the planner's dp: world = dp x tp x pp x cp x ep
+    elif ep == 1:
+        args += ["--dp", str(dense_dp)]
+    # else: EP folded over tp x cp (Megatron-Core MoE parallel folding): dp follows from --n-gpus
+    if ep > 1 and (tp > 1 or dense_dp % ep):
+        args += ["--etp", "1"]               # the recipes' expert TP 1 (folding needs it)
+    if vp > 1:
+        args += ["--vp", str(vp)]
+    args += ["--seq-len", str(s["seq"]), "--micro-batch", str(s["mbs"]), "--global-batch", str(s["gbs"])]
+    fsdp = fsdp_of(row)
+    args += ["--fsdp", "full"] if fsdp else ["--zero", "1"]
+    # precision
+    prec = precision_of(row)
+    # Megatron-Bridge's bf16_with_fp8_current_scaling_mixed and bf16_with_mxfp8_mixed set
+    # fp8_param_gather = True (src/megatron/bridge/training/mixed_precision.py)
+    if prec == "FP8-CS":
+        args += ["--precision", "fp8", "--fp8-recipe", "tensorwise", "--fp8-param-gather"]   # TE current scaling
+    elif prec == "MXFP8":
+        args += ["--precision", "fp8", "--fp8-recipe", "mxfp8", "--fp8-param-gather"]
+    elif prec == "NVFP4":
+        args += ["--precision", "nvfp4"]
+    else:
+        args += ["--precision", "bf16-mixed"]
+    # recomputation
+    block = _BLOCK.search(notes)
+    if block:
+        args += ["--recompute", "full", "--recompute-method", "block", "--recompute-num-layers", block.group(1)]
+    elif _MODULES.search(notes):    # Megatron-Core's recompute_modules, as the recipe lists them
+        mods = re.findall(r"'([a-z_]+)'", _MODULES.search(notes).group(1))   # type: ignore[union-attr]
+        args += ["--recompute", "selective", "--recompute-modules", ",".join(mods)]
+    else:
+        args += ["--recompute", "none"]
+        if not notes.strip() or "no recipe found" in notes:
+            approx.append("no recipe matched: recomputation assumed none")
+    off = _OFFLOAD.search(notes)
+    if off:
+        args += ["--offload-activations", off.group(1)]
+    if "embedding and the loss as layers" in notes:
+        args += ["--pp-balance", "embedding-loss"]
+    elif pp > 1 and family_of(s["model"]):
+        chunks = pp * vp
+        layers = _n_layers(family)
+        if layers % chunks and (layers + 2) % chunks == 0:
+            args += ["--pp-balance", "embedding-loss"]
+            approx.append("no recipe note: the pipeline split counting embedding and loss is the only one "
+                          f"that divides {layers} layers into {chunks} chunks")
+    if "one MTP module" in notes:
+        args += ["--mtp", "1"]
+    if "tokendrop" in s["model"] or "token-dropping" in notes:
+        approx.append("token-dropping routing planned as dropless (balanced routing drops nothing)")
+    if s["task"] == "lora":
+        args += ["--method", "lora", "--lora-rank", "32", "--lora-alpha", "32",
+                 "--lora-targets", "q_proj,k_proj,v_proj"]      # Megatron's linear_qkv
+    elif s["task"] == "sft":
+        approx.append("SFT on packed sequences planned as full training")
+    return tuple(args), tuple(approx)
+
+
+def misprint(row: dict) -> str:
+    """Why megatron-core could not run the printed layout, or '': parallel_state.
+    initialize_model_parallel builds expert groups of etp x ep x edp ranks per pipeline stage,
+    so etp x ep x pp must divide the GPUs (etp: 1 where tp is 1, the recipes' expert TP 1)."""
+    s = row["settings"]
+    tp, pp, ep = _int(s["tp"]), _int(s["pp"]), _int(s["ep"])
+    etp = 1
+    if ep > 1 and s["gpus"] % (etp * ep * pp):
+        return (f"the printed layout cannot run in megatron-core: etp {etp} x ep {ep} x pp {pp} = {etp * ep * pp} "
+                f"does not divide the {s['gpus']} GPUs (parallel_state.initialize_model_parallel); a misprint "
+                f"(tp {tp})")
+    return ""
+
+
+def _check(args: tuple[str, ...]) -> str:
+    """'' when the planner takes args as one fixed layout, else its message."""
+    from planner.errors import UserError
+    try:
+        request(args)
+    except UserError as e:
+        return str(e)
+    except SystemExit:                     # click's own usage errors
+        return "option not known to plan"
+    return ""
+
+
+def options(args: tuple[str, ...] | list[str]) -> Any:
+    """plan's Options for args, parsed by plan's own click command."""
+    import click
+
+    from planner.cli.main import cli
+    from planner.cli.options import Options
+    from planner.errors import UserError
+    try:
+        ctx = cli.make_context("plan", list(args), resilient_parsing=False)
+    except click.ClickException as e:
+        raise UserError(" ".join(e.format_message().split())) from None
+    return Options.from_click(ctx.params)
+
+
+def request(args: tuple[str, ...] | list[str]) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+    """(model, gpu, setup, layout, timing kwargs) as `plan` builds them for args (one fixed
+    layout); raises planner.errors.UserError where plan refuses."""
+    from planner import api
+    from planner.cli.request import build_request, timing, within_topology
+    from planner.errors import UserError
+    from planner.layouts.layout import reject_reason
+
+    o = options(args)
+    m, gpu, setup, space, n_gpus = build_request(o)
+    lay = api.fixed_layout(space, setup, n_gpus)
+    if lay is None:
+        raise UserError("the options leave the layout open")
+    o = within_topology(o, gpu, lay.n_gpus)
+    why = reject_reason(m, setup, lay, gpu.gpus_per_node)
+    if why:
+        raise UserError(f"layout {lay.describe()} cannot run: {why}")
+    return m, gpu, setup, lay, timing(o, gpu)
+
+
+def evaluate(row: Row) -> Any:
+    """planner.api.PlanResult for the row's request, exactly as `plan` evaluates it."""
+    from planner import api
+    m, gpu, setup, lay, kw = request(row.cli_args)
+    return api.evaluate_layout(m, gpu, setup, lay, **kw)
+
+
+@cache
+def load_rows(path: Path = CORPUS, check: bool = True) -> tuple[Row, ...]:
+    """Every row of the corpus, in its order. With check, each request is parsed and validated
+    by the planner (expressible, reason); without it, only unknown models are marked."""
+    data = json.loads(path.read_text())["rows"]
+    newest: dict[tuple[Any, ...], tuple[int, ...]] = {}
+    for r in data:
+        k, rel = config_key(r), release_of(r["id"])
+        newest[k] = max(newest.get(k, rel), rel)
+    out = []
+    for r in data:
+        s = r["settings"]
+        family = family_of(s["model"])
+        args, approx = args_of(r)
+        if not family:
+            reason = f"model {s['model']} is not known to the planner yet (issue on 2025-2026 models)"
+        elif misprint(r):
+            reason = misprint(r)
+        else:
+            reason = _check(args) if check else ""
+        out.append(Row(id=r["id"], release=release_of(r["id"]), model=s["model"], family=family,
+                       gpu=GPUS[s["system"]], system=s["system"], precision=precision_of(r), task=s["task"],
+                       n_gpus=s["gpus"], published_tokens_per_s_per_gpu=r["published"]["tokens_per_s_per_gpu"],
+                       published_tflops_per_gpu=r["published"]["tflops_per_gpu"], config_key=config_key(r),
+                       latest=newest[config_key(r)] == release_of(r["id"]), cli_args=args,
+                       approximations=approx, expressible=not reason, reason=reason, notes=r["notes"]))
+    return tuple(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--latest", action="store_true", help="only the latest release of each configuration")
+    a = ap.parse_args(argv)
+    rows = [r for r in load_rows() if r.latest or not a.latest]
+    for r in rows:
+        print(f"{r.id}  {'ok ' if r.expressible else 'NO '} {r.command if r.expressible else r.reason}")
+    ok = sum(r.expressible for r in rows)
+    known = sum(bool(r.family) for r in rows)
+    print(f"\n{ok} of {len(rows)} rows expressible ({known} of known models); "
+          f"{sum(r.latest for r in rows)} latest of their configuration")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
