@@ -180,9 +180,8 @@ def test_config_values_of_wrong_type_or_range(tmp_path, over, needle):
 def test_every_preset_key_set_to_null_or_deleted(tmp_path, value):
     # null means "the default" (as a missing key does); a missing required key is a UserError
     from planner.errors import UserError
-    from planner.models.spec import load_config_file, load_presets
-
     from planner.models.families import SUPPORTED_MODEL_TYPES
+    from planner.models.spec import load_config_file, load_presets
 
     path = tmp_path / "config.json"
     for name in load_presets():

@@ -90,7 +90,6 @@ def build_meta(config: Any) -> Any:
     with its output projection untied from the embedding (138,240,000 parameters instead of
     94,838,784)."""
     import torch
-
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
