@@ -122,6 +122,11 @@ def test_generic_layouts_refuse_tp_and_name_the_way_out(tmp_path):
     r = CliRunner().invoke(cli, ["--model", str(path), "--gpus", "h100", "--pp", "2", "--n-gpus", "2"],
                            prog_name="plan")
     assert r.exit_code == 0, r.output
+    # Megatron-LM's GPT arguments would describe another model: nothing is written
+    out = tmp_path / "out"
+    r = CliRunner().invoke(cli, ["--model", str(path), "--gpus", "h100", "--pp", "2", "--n-gpus", "2",
+                                 "--out", str(out)], prog_name="plan")
+    assert r.exit_code == 2 and "generic path" in r.output and not out.exists(), r.output
 
 
 def test_a_model_type_transformers_does_not_build_is_still_refused():
