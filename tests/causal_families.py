@@ -14,7 +14,9 @@ from typing import Any
 SHRUNK_LAYERS = 4
 
 # Per-layer lists some configs keep beside num_hidden_layers (cut to the shrunk depth).
-_PER_LAYER_KEYS = ("layer_types", "layers_block_type", "mlp_only_layers", "no_rope_layers", "block_types")
+_PER_LAYER_KEYS = ("layer_types", "layers_block_type", "no_rope_layers", "block_types")
+# Lists of layer indices (cut to the indices below the shrunk depth).
+_INDEX_KEYS = ("moe_layers", "mlp_only_layers")
 
 
 def causal_lm_types() -> list[str]:
@@ -35,6 +37,9 @@ def default_config(model_type: str) -> dict[str, Any]:
     for key in _PER_LAYER_KEYS:
         if isinstance(full.get(key), list) and len(full[key]) == n:
             shrunk[key] = full[key][:SHRUNK_LAYERS]
+    for key in _INDEX_KEYS:
+        if isinstance(full.get(key), list):
+            shrunk[key] = [i for i in full[key] if isinstance(i, int) and i < SHRUNK_LAYERS]
     if isinstance(full.get("hybrid_override_pattern"), str) and len(full["hybrid_override_pattern"]) == n:
         shrunk["hybrid_override_pattern"] = full["hybrid_override_pattern"][:SHRUNK_LAYERS]
     try:
