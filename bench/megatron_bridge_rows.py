@@ -195,6 +195,12 @@ def args_of(row: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
         args += ["--mtp", "1"]
     if "tokendrop" in s["model"] or "token-dropping" in notes:
         approx.append("token-dropping routing planned as dropless (balanced routing drops nothing)")
+    if s["task"] == "pretrain" and family.startswith("llama3"):
+        # Megatron-Bridge's Llama 3 pretraining recipes, which the performance configs start from,
+        # set Transformer Engine's cross entropy (src/megatron/bridge/recipes/llama/llama3.py,
+        # _llama3_common: model_cfg.cross_entropy_fusion_impl = "te"); its LoRA recipes turn the
+        # fusion off (cross_entropy_loss_fusion = False), and SFT is left at native (larger)
+        args += ["--cross-entropy", "te"]
     if s["task"] == "lora":
         args += ["--method", "lora", "--lora-rank", "32", "--lora-alpha", "32",
                  "--lora-targets", "q_proj,k_proj,v_proj"]      # Megatron's linear_qkv

@@ -165,7 +165,15 @@ def plan_methods(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, methods: tupl
     """``--method auto``: plan each method (in order of preference, e.g. full, LoRA, QLoRA)
     and keep the one that fits on the fewest GPUs; on the same count the earlier method
     wins, so full training is chosen whenever it fits where the others do. A later method
-    is only searched up to the count an earlier one needed."""
+    is only searched up to the count an earlier one needed. When none fits, the answer is
+    the method whose least-memory layout needs the least (issue 33: 70B on 4090s reported
+    full training's 292.58 GiB, not QLoRA's 30.19 GiB), so the report and its advice speak
+    of the method closest to fitting."""
+
+    def least_bytes(r: PlanResult) -> float:
+        sm = r.result.smallest
+        return sm.memory.total if sm is not None else float("inf")
+
     best: PlanResult | None = None
     for ft in methods:
         limit = max_gpus if best is None or best.best is None else best.best.n_gpus - 1
@@ -175,6 +183,8 @@ def plan_methods(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, methods: tupl
                  max_gpus=max(1, min(max_gpus, limit)), cluster=cluster, efficiency=efficiency, tokens=tokens,
                  progress=progress)
         if best is None or (r.fits and (not best.fits or r.best.n_gpus < best.best.n_gpus)):  # type: ignore[union-attr]
+            best = r
+        elif not r.fits and not best.fits and least_bytes(r) < least_bytes(best):
             best = r
     assert best is not None
     return replace(best, methods_tried=tuple(ft.method for ft in methods))

@@ -72,10 +72,13 @@ def plural(n: int, noun: str, nouns: str | None = None) -> str:
 
 
 def amount(x: float, noun: str, nouns: str) -> str:
-    """A count that may be fractional: ``1 micro-batch``, ``4 micro-batches``, ``2.5 micro-batches``."""
+    """A count in whole units: ``1 micro-batch``, ``4 micro-batches``; a fractional one (an
+    average over a stage's layers) rounded and said so: ``about 46 micro-batches`` (issue 33:
+    "46.02 micro-batches" reads as a count)."""
     if float(x).is_integer():
         return plural(int(x), noun, nouns)
-    return f"{x:,.2f} {nouns}"
+    n = max(1, round(x))
+    return f"about {plural(n, noun, nouns)}"
 
 
 def params(n: int) -> str:

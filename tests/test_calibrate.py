@@ -341,3 +341,27 @@ def test_a_fit_above_the_measured_matmul_maximum_is_named():
     lg = TrainingLog(path="quick.log", stack="megatron", steps=(), memory=())
     assert "measured to sustain" in summary_text(c, [lg], Path("cal.toml"))
     assert summary_json(c, [lg], Path("cal.toml"))["matmul_fraction"]["measured_max"] == 0.711
+
+
+def test_a_log_is_sized_under_the_memory_profile_of_the_stack_that_wrote_it(tmp_path):
+    """Issue 33: `plan calibrate ... --stack torchtitan` was 'No such option', and a torchtitan
+    log was fitted under the hf memory profile. By default the log's own stack now sizes it
+    (torchtitan's profile, measured against torchtitan's own step in docs/accuracy-torchtitan.md);
+    --stack chooses another."""
+    import json as _json
+
+    from click.testing import CliRunner as _Runner
+
+    from planner.cli.main import cli as _cli
+
+    args = ["calibrate", "examples/calibrate/torchtitan_llama3.1-8b_h100x8.log", "--model", "llama3.1-8b",
+            "--gpus", "h100", "--dp", "8", "--tp", "1", "--pp", "1", "--cp", "1", "--fsdp", "full",
+            "--micro-batch", "1", "--global-batch", "8", "--seq-len", "4096", "--recompute", "selective", "--json"]
+
+    def tracked(*extra):
+        r = _Runner().invoke(_cli, [*args, "--out", str(tmp_path / f"c{'-'.join(extra)}.toml"), *extra])
+        assert r.exit_code == 0, r.output
+        return _json.loads(r.stdout)["logs"][0]["tracked_bytes"]
+
+    default, titan, hf = tracked(), tracked("--stack", "torchtitan"), tracked("--stack", "hf")
+    assert default == titan != hf

@@ -293,3 +293,108 @@ def test_cost_of_a_fixed_layout():
     r = run("--model", "8b", "--gpus", "h100", "--tokens", "100B", "--dp", "8", "--tp", "1", "--pp", "1",
             "--cp", "1", "--zero", "1", "--micro-batch", "1", "--recompute", "none")
     assert r.exit_code == 2 and "does not fit on h100" in r.output
+
+
+# ------------------------------------------------ no deadline: the fastest of the cheapest (issue 33)
+
+def test_no_deadline_takes_the_fastest_plan_within_the_models_noise_of_the_cheapest():
+    """Costs along the GPU count are flat within a few percent once every count runs at the
+    sustained ceiling; the fewest GPUs took 471 days for 70B on 1T tokens (issue 33). Now the
+    fastest plan within the step-time model's noise of the lowest cost is taken: at most a
+    few months, costing no more than the noise above the cheapest, and the report says what
+    --deadline would change. Expected figures: the 80% interval's 50% half-width read from
+    planner/timing/step_intervals.json (out-of-sample residuals, not the planner's formula)."""
+    from planner.timing.intervals import interval_data
+
+    r = run("--model", "70b", "--gpus", "h100", "--tokens", "1T", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["plan"]["train_time_s"] <= 90 * 86400
+    row = interval_data()["levels"]["0.50"]
+    noise = (math.exp(row["log_error_high"]) - math.exp(row["log_error_low"])) / 2
+    assert out["cost_tolerance_rel"] == pytest.approx(noise)
+    lowest = min(p["cost_usd"] for p in out["by_gpu_count"])
+    assert out["plan"]["cost_usd"] <= lowest * (1 + noise) + 1e-6
+    assert any("--deadline" in line for line in out["choice"])
+    text = run("--model", "70b", "--gpus", "h100", "--tokens", "1T").stdout
+    assert "--deadline D: the cheapest plan that finishes by D" in text
+
+
+def test_a_deadline_still_takes_the_cheapest_then_the_fewest_gpus():
+    """With --deadline the tolerance is off: the answer is the lowest cost that meets it."""
+    r = run("--model", "70b", "--gpus", "h100", "--tokens", "1T", "--deadline", "60d", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["cost_tolerance_rel"] == 0 and out["choice"] == []
+    meets = [p for p in out["by_gpu_count"] if p["train_time_s"] <= 60 * 86400]
+    assert out["plan"]["cost_usd"] <= min(p["cost_usd"] for p in meets) * (1 + 1e-9)
+
+
+def test_a_topology_that_caps_the_count_is_said_in_the_answer():
+    """Issue 33: A100 and MI300X stopped short of the header's 'at most 16,384 GPUs' silently.
+    Referee: the topology files' own sizes (dgx-a100: 38 units of 20 nodes x 8 GPUs)."""
+    from planner.hardware.topology import load_topology, max_covered_gpus
+
+    r = run("--model", "8b", "--gpus", "a100,h100", "--tokens", "10B", "--json")
+    assert r.exit_code == 0, r.output
+    caps = json.loads(r.stdout)["topology_caps"]
+    assert caps == [{"gpu": "a100", "topology": "dgx-a100", "max_gpus": max_covered_gpus(load_topology("dgx-a100"))}]
+    text = run("--model", "8b", "--gpus", "a100,h100", "--tokens", "10B").stdout
+    assert "capped by topology: a100 at 6,080 GPUs (dgx-a100)" in text
+
+
+def test_gpu_types_priced_by_different_providers_are_said_so(tmp_path):
+    """Issue 33: H100 at AWS on-demand ($6.88) beside H200 at Hyperstack ($3.99) made 'the cheapest
+    GPU type' the cheaper provider, silently. Every catalog price names its provider; an answer
+    comparing types of different providers says so; one provider's quotes (--prices) do not."""
+    from planner.cost.prices import load_prices
+
+    shipped = load_prices(None)
+    assert all(p.rent_provider for p in shipped.gpus.values() if p.rent_usd_per_gpu_hour is not None)
+    r = run("--model", "8b", "--gpus", "h100,h200", "--tokens", "10B", "--json")
+    out = json.loads(r.stdout)
+    assert out["rent_providers"] == {"h100": "AWS", "h200": "Hyperstack"}
+    assert "prices from different providers: h100 AWS, h200 Hyperstack" in run(
+        "--model", "8b", "--gpus", "h100,h200", "--tokens", "10B").stdout
+    quotes = tmp_path / "quotes.toml"
+    quotes.write_text('[[gpu]]\nname = "h100"\nrent_usd_per_gpu_hour = 2.5\nrent_provider = "ACME"\n'
+                      '[[gpu]]\nname = "h200"\nrent_usd_per_gpu_hour = 3.1\nrent_provider = "ACME"\n')
+    same = run("--model", "8b", "--gpus", "h100,h200", "--tokens", "10B", "--prices", str(quotes))
+    assert same.exit_code == 0, same.output
+    assert "different providers" not in same.stdout
+
+
+def test_the_default_global_batch_grows_with_the_run_and_is_said():
+    """Issue 33: 1,024 x 4,096 tokens was kept for every run. With --tokens and no batch option
+    the batch follows DeepSeek LLM's fit (arXiv:2401.02954, Eq. 1). Referees: DeepSeek LLM 67B
+    trained on 2T tokens with a batch of 4,608 sequences of 4,096 (18.9M tokens, its Table 2);
+    GPT-3 175B on 300B tokens with 3.2M (Brown et al. 2020, Table 2.1). DeepSeek's own run is
+    within 1.5x; GPT-3's is 5.2x smaller than the fit gives (16.8M tokens): the fit is
+    DeepSeek's, larger than the GPT-3 and Llama choices (planner/training/batch.py says so)."""
+    from planner.training.batch import scaled_global_batch
+
+    deepseek = scaled_global_batch(67_000_000_000, 2e12, 4096) * 4096
+    assert 18.9e6 / 1.5 <= deepseek <= 18.9e6 * 1.5
+    gpt3 = scaled_global_batch(175_000_000_000, 300e9, 2048) * 2048
+    assert 3.2e6 <= gpt3 <= 3.2e6 * 6
+    out = json.loads(run("--model", "70b", "--gpus", "h100", "--tokens", "1T", "--deadline", "60d", "--json").stdout)
+    assert out["assumptions"]["global_batch"] == 4096 and "DeepSeek LLM" in out["global_batch_basis"]
+    fixed = json.loads(run("--model", "70b", "--gpus", "h100", "--tokens", "1T", "--deadline", "60d",
+                           "--global-batch", "1024", "--json").stdout)
+    assert fixed["assumptions"]["global_batch"] == 1024 and fixed["global_batch_basis"] is None
+
+
+def test_plan_buy_gives_fine_tunes_a_fine_tunes_batch_and_scales_pretraining(tmp_path):
+    """Issue 33: every job of `plan buy` without a global_batch ran 1,024 x 4,096 tokens, a LoRA
+    fine-tune included. Referee for the fine-tune's 64 sequences: Llama 2-Chat's supervised
+    fine-tuning batch (arXiv:2307.09288, Sec. 3.1); a given global_batch is kept."""
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text("start: 2026-01-05\nhorizon: 365d\ngpus: [h100]\njobs:\n"
+                    "  - {name: tune, model: llama3.1-8b, tokens: 1B, deadline: 30d, method: lora}\n"
+                    "  - {name: given, model: llama3.1-8b, tokens: 1B, deadline: 30d, global_batch: 256}\n")
+    r = run("buy", str(jobs), "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    batch = {j["name"]: j["layout"]["micro_batch"] * j["layout"]["grad_accum"] * j["layout"]["dp"] * j["layout"]["ep"]
+             for j in out["jobs"]}
+    assert batch == {"tune": 64, "given": 256}

@@ -400,10 +400,10 @@ def test_plan_files_per_stack_and_launch_scripts_parse(kind, tmp_path):
     """Write only what the stack reads: no ds_config.json for Megatron plans (issue 19)."""
     if kind == "deepspeed":
         r = evaluate(SMALL, zero_layout(8, 3, 1))
-        expect = {"ds_config.json", "hostfile", "config.json", "launch.sh"}
+        expect = {"ds_config.json", "hostfile", "config.json", "train.py", "launch.sh"}
     elif kind == "hf":
         r = fsdp_plan("fsdp-hybrid")
-        expect = {"accelerate_config.yaml", "config.json", "launch.sh"}
+        expect = {"accelerate_config.yaml", "config.json", "train.py", "launch.sh"}
     else:
         r = _mp_plan(*MODEL_PARALLEL[0])
         expect = {"megatron_args.txt", "launch.sh"}
@@ -468,7 +468,7 @@ def test_cli_out_writes_configs_atomically_and_refuses_overwrite(tmp_path):
     printed = json.loads(r.stdout)
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "ds_config.json", "hostfile", "launch.sh",
                                                      "plan.json",
-                                                     "pytorchjob.yaml", "slurm.sbatch"]
+                                                     "pytorchjob.yaml", "slurm.sbatch", "train.py"]
     assert json.loads((out / "plan.json").read_text()) == printed
     ds = json.loads((out / "ds_config.json").read_text())
     assert ds["zero_optimization"]["stage"] == 3 and ds["train_batch_size"] == 1024

@@ -97,6 +97,74 @@ def check_megatron(out: Path, lay: dict, gpu: str) -> str:
     return "validate_args rules, megatron-core TransformerConfig"
 
 
+SUFFIX = {"K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}
+
+
+def tokens_of(name: str) -> float | None:
+    """The --tokens of a plan's command line (a number with a K/M/B/T suffix), or None."""
+    words = PLANS[name].split()
+    if "--tokens" not in words:
+        return None
+    w = words[words.index("--tokens") + 1]
+    return float(w[:-1]) * SUFFIX[w[-1]] if w[-1] in SUFFIX else float(w)
+
+
+def global_batch(lay: dict) -> int:
+    """Sequences per step: micro-batch x accumulation x the data-parallel ranks (dp x ep)."""
+    return lay["micro_batch"] * lay["grad_accum"] * lay["dp"] * lay["ep"]
+
+
+def check_length(steps: int, lay: dict, tokens: float | None) -> None:
+    """The written run trains on --tokens: the fewest whole steps of the global batch that
+    cover them (1,000 steps without --tokens, said in the files)."""
+    per_step = global_batch(lay) * lay["seq_len"]
+    if tokens is None:
+        assert steps == 1000
+    else:
+        assert steps * per_step >= tokens > (steps - 1) * per_step
+
+
+def check_megatron_schedule(args: list[str]) -> None:
+    """megatron-core's own OptimizerParamScheduler (0.16.1) accepts the sample-based schedule
+    as Megatron-LM's get_optimizer_param_scheduler builds it (steps counted in samples):
+    the peak after the warmup, the floor at the end."""
+    import torch
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    from planner.stacks.megatron import parse_args
+
+    a = parse_args(args)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=a.lr)
+    sched = OptimizerParamScheduler(opt, init_lr=0.0, max_lr=a.lr, min_lr=a.min_lr,
+                                    lr_warmup_steps=a.lr_warmup_samples, lr_decay_steps=a.lr_decay_samples,
+                                    lr_decay_style=a.lr_decay_style, start_wd=a.weight_decay,
+                                    end_wd=a.weight_decay, wd_incr_steps=a.train_samples, wd_incr_style="constant")
+    sched.step(a.lr_warmup_samples)
+    assert opt.param_groups[0]["lr"] == pytest.approx(a.lr)
+    sched.step(a.train_samples - a.lr_warmup_samples)
+    assert opt.param_groups[0]["lr"] == pytest.approx(a.min_lr)
+
+
+def check_train_script(out: Path, plan: dict, stack: str, tokens: float | None) -> str:
+    """train.py parses the arguments launch.sh gives it and trains the planned steps; the
+    DeepSpeed schedule in ds_config.json has the same length (its run is tests/test_train_script.py)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("written_train", out / "train.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    lay = plan["plan"]["layout"]
+    argv = ["--deepspeed", "--deepspeed_config", str(out / "ds_config.json")] if stack == "deepspeed" else []
+    args = mod.parse_args(argv)
+    check_length(args.steps, lay, tokens)
+    assert (args.micro_batch, args.grad_accum, args.seq_len) == (lay["micro_batch"], lay["grad_accum"], lay["seq_len"])
+    if stack == "deepspeed":
+        sched = json.loads((out / "ds_config.json").read_text())["scheduler"]["params"]
+        assert sched["total_num_steps"] == args.steps
+    return "python (its argparse with launch.sh's arguments)"
+
+
 def check_torchtitan(out: Path, lay: dict) -> str:
     from test_emit_torchtitan import _load
 
@@ -137,9 +205,18 @@ def test_every_emitted_file_is_accepted_by_its_reader(name, tmp_path):
     elif stack == "megatron":
         pytest.importorskip("megatron.core")
         accepted["megatron_args.txt"] = check_megatron(out, lay, gpu)
+        args = (out / "megatron_args.txt").read_text().split()
+        check_length(int(args[args.index("--train-samples") + 1]) // global_batch(lay), lay, tokens_of(name))
+        check_megatron_schedule(args)
     else:
         pytest.importorskip("torchtitan")
         accepted["torchtitan_job.py"] = check_torchtitan(out, lay)
+        from test_emit_torchtitan import _load
+        config = _load(out)
+        check_length(config.training.steps, lay, tokens_of(name))
+        assert config.lr_scheduler.decay_type == "cosine" and 0 < config.lr_scheduler.warmup_steps
+    if stack in ("deepspeed", "hf"):
+        accepted["train.py"] = check_train_script(out, plan, stack, tokens_of(name))
     assert set(accepted) == names, f"a file nobody checked: {names - set(accepted)}"
     print(f"\n{name}: stack {stack}: " + "; ".join(f"{k} <- {v}" for k, v in sorted(accepted.items())),
           file=sys.stderr)

@@ -121,6 +121,6 @@ def test_the_schema_rejects_a_broken_manifest():
 def test_scheduler_option_picks_the_files(scheduler, expect):
     r = _plan(*PLANS[0][:3])
     names = set(plan_files(r, EmitOptions(scheduler=scheduler)))
-    assert names - {"ds_config.json", "hostfile", "config.json", "launch.sh"} == expect
+    assert names - {"ds_config.json", "hostfile", "config.json", "train.py", "launch.sh"} == expect
     with pytest.raises(UserError, match="--scheduler"):
         plan_files(r, EmitOptions(scheduler="pbs"))

@@ -89,3 +89,18 @@ def test_megatron_deepspeed_refuses_what_its_engine_cannot_run(args, needle):
         args = []
     out = run(*base, *args)
     assert out.exit_code == 2 and needle in out.output and "Traceback" not in out.output, out.output
+
+
+def test_megatron_deepspeed_args_carry_the_runs_length_and_ds_config_no_scheduler(tmp_path):
+    """Issue 33: a --tokens plan's files carry its length. BLOOM's own scripts give
+    --train-samples, --lr-decay-style cosine, --lr-warmup-samples and --lr-decay-samples
+    (bigscience-workshop/bigscience train/tr11-176B-ml); Megatron's scheduler then steps the
+    learning rate, so ds_config.json has none (DeepSpeed's would replace it)."""
+    out = tmp_path / "bloom"
+    res = run(*BLOOM, "--tokens", "366B", "--out", str(out), "-q")
+    assert res.exit_code == 0, res.output
+    from planner.emit.megatron_deepspeed import parse_args
+    a = parse_args((out / "megatron_args.txt").read_text().split())
+    assert a.train_samples * 2048 >= 366e9 > (a.train_samples - 2048) * 2048
+    assert a.lr_decay_style == "cosine" and 0 < a.lr_warmup_samples < a.lr_decay_samples == a.train_samples
+    assert "scheduler" not in json.loads((out / "ds_config.json").read_text())

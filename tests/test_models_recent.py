@@ -253,6 +253,7 @@ def test_unreachable_hub_is_a_user_error(hub: Path, monkeypatch: pytest.MonkeyPa
 
     monkeypatch.delenv("HF_HUB_OFFLINE")
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", no_network)
+    monkeypatch.setattr("planner.models.load.hub_reachable", lambda *a, **k: True)   # no real probe in tests
     with pytest.raises(UserError, match="unreachable"):
         load_model("NoOrg/Absent-Model")
 
@@ -295,3 +296,60 @@ def test_every_new_preset_gets_a_plan(name: str) -> None:
         assert "fit" in r.output
     else:
         assert name in r.output and "GiB" in r.output
+
+
+# ------------------------------------------- a repository id with a built-in twin, offline (issue 33)
+
+def test_offline_repo_id_of_a_builtin_plans_with_the_builtin_and_says_so(hub: Path, capsys) -> None:
+    """meta-llama/Llama-3.1-8B offline spent 24 s in retries before a one-line error; its
+    config is the built-in llama3.1-8b's (models.toml source: the repository's config.json)."""
+    m = load_model("meta-llama/Llama-3.1-8B")
+    assert m.name == "llama3.1-8b" and count_params(m).total == 8_030_261_248   # transformers' count (FACTS)
+    assert "built-in llama3.1-8b" in capsys.readouterr().err
+
+
+def test_unreachable_hub_uses_the_builtin_without_retries(hub: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub
+
+    def never(*a: Any, **k: Any) -> str:
+        raise AssertionError("no download may be tried")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr("planner.models.load.hub_reachable", lambda *a, **k: False)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", never)
+    assert load_model("Qwen/Qwen2.5-7B").name == "qwen2.5-7b"
+    with pytest.raises(UserError, match="unreachable"):
+        load_model("NoOrg/Absent-Model")
+
+
+def test_the_cache_wins_over_the_builtin(hub: Path) -> None:
+    _make_cache(hub, "meta-llama/Llama-3.1-8B", QWEN3_TINY)
+    assert load_model("meta-llama/Llama-3.1-8B").name == "meta-llama/Llama-3.1-8B"
+
+
+def test_only_unchanged_configs_count_as_the_repositorys_own() -> None:
+    from planner.models.load import preset_for_repo
+
+    assert preset_for_repo("meta-llama/llama-3.1-70b") == "llama3.1-70b"
+    assert preset_for_repo("Qwen/Qwen3-8B") == "qwen3-8b"
+    # DeepSeek-V3 without its quantization_config, Llama 4's text_config, Kimi K2 rewritten
+    for changed in ("deepseek-ai/DeepSeek-V3", "meta-llama/Llama-4-Scout-17B-16E", "moonshotai/Kimi-K2-Instruct"):
+        assert preset_for_repo(changed) is None
+
+
+def test_cli_offline_repo_id_answers_quickly_in_one_process(tmp_path: Path) -> None:
+    """The whole command, as a user runs it offline: a plan, one note, no retry noise. The
+    bound is loose for a loaded 2-core machine (1.8 s measured alone; 24 s before)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path)}
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "planner", "--model", "meta-llama/Llama-3.1-8B", "--gpus", "h100",
+                        "--quiet"], capture_output=True, text=True, env=env, timeout=60)
+    took = time.perf_counter() - t0
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("llama3.1-8b: ") and r.stderr.count("\n") == 1, r.stderr
+    assert took < 8, took

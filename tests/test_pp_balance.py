@@ -78,15 +78,15 @@ def test_llama3_405b_split_is_the_papers():
     assert all(c == [1] * 8 for c in chunks[1:-1])
 
 
-def _walk_peak(schedules, n_micro: int, pp: int, vp: int, rank: int, layers: list[int]) -> int:
+def _walk_peak(schedules, n_micro: int, pp: int, vp: int, rank: int, layers: list[int], group: int = 0) -> int:
     """The most blocks' activations rank ``rank`` keeps at once, walking megatron-core's own
     schedule table and warm-up count: forward passes in table order, each steady step a
     forward then a backward (schedules.py forward_backward_pipelining_with_interleaving), a
     backward's chunk the table's reversed (get_model_chunk_id(forward=False))."""
     comm = SimpleNamespace(pp_group=SimpleNamespace(size=lambda: pp, rank=lambda: rank),
                            virtual_pipeline_model_parallel_size=vp)
-    total, _, warmup, remaining = schedules.get_pp_rank_microbatches(n_micro, vp, pp, p2p_communicator=comm)
-    table = schedules.get_schedule_table(n_micro, vp, pp)
+    total, _, warmup, remaining = schedules.get_pp_rank_microbatches(n_micro, vp, group or pp, p2p_communicator=comm)
+    table = schedules.get_schedule_table(n_micro, vp, group or pp)
     fwd = [layers[c] for _, c in table]
     bwd = [layers[vp - 1 - c] for _, c in table]
     live = peak = 0
@@ -199,3 +199,77 @@ def test_json_names_the_balance_only_when_set():
     assert on["assumptions"]["pp_balance"] == BALANCE
     off = CliRunner().invoke(cli, base[:-1] + ["--vp", "4", "--json"])
     assert "pp_balance" not in json.loads(off.output)["assumptions"]
+
+
+# --pp-microbatch-group (TrainingSetup.pp_microbatch_group): the same walk of megatron-core's own
+# get_pp_rank_microbatches and get_schedule_table with microbatch_group_size_per_vp_stage N.
+# megatron-core runs N from pp to the micro-batches; below pp (Llama 3's schedule, arXiv:2407.21783
+# Sec. 3.3.2) its two functions still lay out that schedule, which is what the planner reads.
+@pytest.mark.parametrize("n_layers, pp, vp, n_micro, group", [
+    (126, 16, 8, 32, 5), (126, 16, 8, 32, 8), (126, 16, 8, 32, 32), (30, 4, 2, 12, 6), (30, 4, 2, 12, 2),
+    (62, 8, 2, 16, 16)])
+def test_held_activations_follow_the_micro_batch_group(n_layers, pp, vp, n_micro, group):
+    _, schedules, _, _ = _megatron()
+    chunks = _megatron_chunks(n_layers, pp, vp)
+    for r in range(pp):
+        assert held_layer_micro_batches(n_layers, pp, vp, n_micro, r, BALANCE, group) == \
+            _walk_peak(schedules, n_micro, pp, vp, r, chunks[r], group), r
+
+
+def test_llama3_405b_fits_h100_with_its_papers_group_and_not_megatrons_default():
+    """The issue's Llama 3 405B layout on 80 GB H100s: the peak stage holds the walk's
+    layer-micro-batches for the group given, and the group sets whether it fits."""
+    _, schedules, _, _ = _megatron()
+    m = load_model("llama3.1-405b")
+    chunks = _megatron_chunks(126, 16, 8)
+    gpu = get_gpu("h100")
+    fits = {}
+    for group in (0, 5):
+        setup = TrainingSetup(seq_len=8192, global_batch=2048, pp_balance=BALANCE,
+                              fsdp_pipeline_grad_sync="micro-batch", pp_microbatch_group=group)
+        cand = api.evaluate_layout(m, gpu, setup, _405b_layout(8)).best
+        walks = [_walk_peak(schedules, 32, 16, 8, s, chunks[s], group) for s in range(16)]
+        assert cand.memory.in_flight * cand.memory.n_layers_on_stage == pytest.approx(max(walks))
+        fits[group] = cand.fits
+    assert fits == {0: False, 5: True}
+
+
+def test_megatron_args_carry_the_group_only_where_megatron_core_takes_it():
+    from planner.errors import UserError
+    m = load_model("llama3.1-405b")
+    lay = Layout(dp=2, tp=8, pp=16, sp=True, vp=8, micro_batch=1, grad_accum=1024, seq_len=8192, zero_stage=1,
+                 recompute="full")
+    flag = "--microbatch-group-size-per-virtual-pipeline-stage"
+    for group, written in ((0, None), (16, None), (32, "32")):
+        setup = TrainingSetup(seq_len=8192, global_batch=2048, pp_balance=BALANCE, pp_microbatch_group=group)
+        args = to_megatron_args(api.evaluate_layout(m, get_gpu("b200"), setup, lay))
+        assert (args[args.index(flag) + 1] if flag in args else None) == written
+        if written:
+            assert parse_args(args).microbatch_group_size_per_virtual_pipeline_stage == 32
+            # megatron-core's own config takes it (ModelParallelConfig field of the same name)
+            assert _config(126, 16, 8, microbatch_group_size_per_vp_stage=32).microbatch_group_size_per_vp_stage == 32
+    setup = TrainingSetup(seq_len=8192, global_batch=2048, pp_balance=BALANCE, pp_microbatch_group=5)
+    with pytest.raises(UserError, match="below pp=16"):
+        to_megatron_args(api.evaluate_layout(m, get_gpu("b200"), setup, lay))
+
+
+def test_cli_refuses_a_group_above_the_micro_batches_in_one_line():
+    res = CliRunner().invoke(cli, ["--model", "llama3.1-405b", "--gpus", "h100", "--n-gpus", "8192", "--tp", "8",
+                                   "--pp", "16", "--dp", "64", "--vp", "8", "--micro-batch", "1", "--seq-len", "8192",
+                                   "--global-batch", "2048", "--pp-balance", BALANCE, "--pp-microbatch-group", "64"])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert "--pp-microbatch-group 64 exceeds the 32 micro-batches" in res.output
+
+
+def test_a_group_of_pp_is_megatron_cores_default_under_either_balance():
+    """--pp-microbatch-group pp is the default (ModelParallelConfig.__post_init__ sets N = pp):
+    the same memory as leaving it out, with or without the balance; another N changes it."""
+    m = load_model("qwen2.5-0.5b")
+    for balance, vp in (("none", 2), (BALANCE, 13)):     # 24 layers; 24 + 2 = 2 x 13 under the balance
+        lay = Layout(dp=1, tp=1, pp=2, vp=vp, micro_batch=1, grad_accum=8, seq_len=2048)
+        mem = {}
+        for n in (0, 2, 4):
+            setup = TrainingSetup(seq_len=2048, global_batch=8, pp_balance=balance, pp_microbatch_group=n)
+            assert reject_reason(m, setup, lay, 8) is None
+            mem[n] = per_rank_memory(m, setup, lay, count_params(m), 8).total
+        assert mem[0] == mem[2] < mem[4], balance

@@ -21,7 +21,10 @@ from planner.hardware.topology import ClusterTopology, list_topologies, load_top
 from planner.units import GB
 
 SHIPPED = ["dgx-a100", "dgx-h100", "hgx-h200", "hgx-b200", "gb200-nvl72", "l40s-8x-pcie-ethernet", "aws-p4d",
-           "aws-p5", "aws-g5.48xlarge", "rtx4090-4x-workstation", "mi300x-8x", "jean-zay-a100"]
+           "aws-p5", "aws-g5.48xlarge", "rtx4090-4x-workstation", "mi300x-8x", "jean-zay-a100", "hgx-b300",
+           "gb300-nvl72", "mi325x-8x", "mi355x-8x", "h100-pcie-8x", "h100-nvl-8x", "rtx-pro-6000-8x",
+           "aws-g6.48xlarge", "rtx5090-4x-workstation", "a6000-4x-workstation", "rtx6000-ada-4x-workstation",
+           "hgx-h20", "gh200-quad"]
 
 
 def gbps(bytes_per_s: float) -> float:
@@ -249,3 +252,19 @@ def test_merging_a_domains_switch_chips_keeps_every_bandwidth():
                                                                                                                     v)])
             expected = nx.maximum_flow_value(und.to_directed(), "_s", "_t") if nx.has_path(und, "_s", "_t") else 0.0
             assert pair_bandwidth_bytes_per_s(g, a, b) == pytest.approx(expected, rel=1e-12), (top.name, a, b)
+
+
+def test_the_gpus_bought_in_clusters_have_a_default_topology_of_a_cluster_size():
+    """Issue 33: B300, GB300, MI325X and MI355X had no default topology, A100's was one 20-node
+    unit and MI300X's one 32-node unit. Each default now names its source, and the A100 and
+    MI300X defaults hold 1,024 GPUs (Meta's RSC: 6,080 A100s; OCI's MI300X runs)."""
+    from planner.hardware.gpus import list_gpus
+    from planner.hardware.topology import max_covered_gpus
+
+    for g in list_gpus():
+        if g.name == "v100":        # DGX-1's hybrid cube-mesh NVLink has no fabric kind here yet
+            continue
+        top = load_topology(g.default_topology)
+        assert top.gpu == g.name and top.source
+    assert max_covered_gpus(load_topology("dgx-a100")) == 6080
+    assert max_covered_gpus(load_topology("mi300x-8x")) >= 1024

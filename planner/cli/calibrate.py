@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from planner.cli.common import run_safely
-from planner.cli.options import Options, OutputPath, layout_options, method_options
+from planner.cli.options import Options, OutputPath, layout_options, method_options, stack_options
 from planner.cli.request import build_request
 from planner.errors import UserError
 
@@ -29,6 +29,7 @@ MAX_LOGS = 64
                 type=click.Path(dir_okay=True, path_type=Path))
 @layout_options
 @method_options
+@stack_options
 @click.option("--topology", metavar="NAME|PATH", default=None,
               help="The cluster the logs ran on (`plan topologies`)  [default: the GPU's own].")
 @click.option("--runs", "runs_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -45,7 +46,8 @@ def calibrate_cmd(logs: tuple[Path, ...], runs_file: Path | None, out_file: Path
     Hugging Face Trainer): the GPU's matmul fraction so that the planner's step time equals
     the logged one (least squares on log error over every log), and the allocator overhead
     from the logs' peak reserved memory. Give the layout the LOGs ran with plan's options
-    (every LOG ran that layout); logs of other layouts go in a --runs file.
+    (every LOG ran that layout); logs of other layouts go in a --runs file. The memory
+    profile is --stack, or by default the stack that wrote each log.
 
     \b
       plan calibrate train.log --model llama3.1-8b --gpus h100 --dp 8 --fsdp full \\
@@ -88,6 +90,15 @@ def calibrate(paths: tuple[Path, ...], o: Options, out_file: Path, force: bool, 
         click.echo(summary_text(c, logs, out_file))
 
 
+def log_stack(log_stack_name: str) -> str | None:
+    """The --stack whose memory profile a log of ``log_stack_name`` ran under; None where no
+    --stack names it (the Hugging Face Trainer runs DDP as well as FSDP: the plan's default
+    for the layout, eager kernels either way)."""
+    from planner.stacks import STACKS
+
+    return log_stack_name if log_stack_name in STACKS else None
+
+
 def observation(lg: TrainingLog, o: Options) -> Observation:
     """One log with the layout it ran: the planner's inputs, the logged step time, the memory."""
     from planner.api import fixed_layout
@@ -96,6 +107,8 @@ def observation(lg: TrainingLog, o: Options) -> Observation:
     from planner.timing.calibrate import Observation
     from planner.timing.model import cluster_for
 
+    if o.stack is None:         # issue 33: a torchtitan log was fitted under the hf memory profile
+        o = replace(o, stack=log_stack(lg.stack))
     if o.global_batch is None and o.grad_accum is None and lg.global_batch is not None:
         o = replace(o, global_batch=lg.global_batch)     # Megatron prints it on every iteration line
     # a log ran one layout: an axis not given is not split (as `plan measure` takes it)

@@ -23,6 +23,7 @@ from planner.cli.calibrate import calibrate_cmd
 from planner.cli.catalogs import SHELLS, completion_cmd, gpus_cmd, models_cmd, topologies_cmd
 from planner.cli.common import guarded_stdout, reader_left, run_safely
 from planner.cli.explain import explain_cmd
+from planner.cli.helptopics import help_command
 from planner.cli.measure import measure_cmd
 from planner.cli.options import (
     Options,
@@ -30,6 +31,7 @@ from planner.cli.options import (
     layout_options,
     method_options,
     output_options,
+    posttrain_options,
     quiet_option,
     task_options,
     time_options,
@@ -43,6 +45,13 @@ class PlanGroup(click.Group):
 
     def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         formatter.write_usage("plan", "--model NAME|PATH --gpus NAME [OPTIONS]\n       plan COMMAND [ARGS]")
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The main options and the help topics (planner.cli.helptopics), then the commands."""
+        from planner.cli.helptopics import format_main_options
+
+        format_main_options(ctx, formatter)
+        self.format_commands(ctx, formatter)
 
     def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
              standalone_mode: bool = True, **extra: Any) -> Any:
@@ -94,6 +103,7 @@ def _completion_error(message: str) -> NoReturn:
 @layout_options
 @method_options
 @task_options
+@posttrain_options
 @time_options
 @cost_options
 @output_options
@@ -132,6 +142,7 @@ def _missing_model(flag: str) -> None:
 for _command in (models_cmd, gpus_cmd, buy_cmd, topologies_cmd, measure_cmd, explain_cmd, completion_cmd,
                  calibrate_cmd):
     cli.add_command(_command)
+cli.add_command(help_command(cli))
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from planner.cli.common import check_quiet, note, progress, run_safely, show
-from planner.cli.options import Options, OutputPath, layout_options, method_options, quiet_option
+from planner.cli.options import Options, OutputPath, distill_options, layout_options, method_options, quiet_option
 from planner.cli.request import build_request
 from planner.errors import UserError
 
@@ -18,6 +18,7 @@ from planner.errors import UserError
 @click.command("measure")
 @layout_options
 @method_options
+@distill_options
 @click.option("--real", is_flag=True,
               help="Run on this machine's CUDA GPUs for real (torchrun, one process per GPU) "
                    "instead of fake tensors on the CPU.")
@@ -62,6 +63,11 @@ def measure(o: Options, real: bool, stack: str = "hf", calibration_out: Path | N
     from planner.timing.model import cluster_for
 
     check_quiet(o)
+    from planner.cli.posttrain import stray_option
+
+    stray = stray_option(o)
+    if stray:
+        raise UserError(stray)
     if calibration_out is not None:
         from planner.cli.calibrate import check_out
 
@@ -104,6 +110,13 @@ def measure(o: Options, real: bool, stack: str = "hf", calibration_out: Path | N
     reason = reject_reason(m, setup, lay, gpu.gpus_per_node)
     if reason:
         raise UserError(f"layout {lay.describe()} cannot run: {reason}")
+    if o.teacher is not None:       # issue 34: a distillation step
+        from planner.cli.posttrain import measure_teacher
+        if real or stack != "hf" or blocks is not None:
+            raise UserError("plan measure --teacher runs one process on the CPU with transformers' models: "
+                            "drop --real, --stack and --blocks")
+        measure_teacher(o, m, hf_config, setup, lay)
+        return
     how = "on this machine's GPUs" if real else "under fake tensors"
     label = f" ({stack})" if stack != "hf" else ""
     with progress(o.aside, f"measuring a training step of {m.name}{label} {how}"):

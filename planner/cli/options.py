@@ -21,6 +21,7 @@ from planner.training.finetune import METHODS, QUANTS
 from planner.training.fp8 import FP8_RECIPE_CHOICES
 from planner.training.setup import (
     ATTENTION,
+    CROSS_ENTROPIES,
     DS_CHECKPOINTING,
     FSDP_PIPELINE_GRAD_SYNCS,
     KERNELS,
@@ -69,6 +70,8 @@ class Options:
     fsdp: str | None = None
     fsdp_pipeline_grad_sync: str = "step"    # FSDP under pp: reduce-scatter once a step or every micro-batch
     pp_balance: str = "none"                 # the pipeline split: even, or embedding and loss counted as layers
+    pp_microbatch_group: int = 0             # interleaved 1F1B's micro-batch group N (0: pp, Megatron-Core's default)
+    cross_entropy: str = "native"            # Megatron-Core's loss kernel: native, or Transformer Engine's
     vp: int | None = None
     sp: bool | None = None
     micro_batch: int | None = None
@@ -108,6 +111,24 @@ class Options:
     # --task (task_options)
     task: str = "train"
     mla_cache: str | None = None      # --task load, MLA models: the KV cache layout (memory.inference)
+    # post-training (posttrain_options; planner.training.posttrain)
+    teacher: str | None = None
+    teacher_precision: str = "bf16"
+    teacher_quant: str = "none"
+    teacher_sharding: str = "auto"
+    kd_loss: str = "chunked"
+    kd_hidden_layers: int = 0
+    kd_offline_topk: int = 0
+    prompt_len: int = 1024
+    response_len: int = 4096
+    response_mean: int = 0
+    group_size: int = 8
+    prompts_per_step: int = 64
+    rollout: str = "colocated"
+    rollout_tp: int = 1
+    rollout_memory_fraction: float = 0.9
+    offload_train_states: bool = True
+    rl_steps: int | None = None
     # step time and tokens (time_options)
     topology: str | None = None
     tokens: float | None = None
@@ -248,6 +269,16 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
                           "layer each, so the first and last stages hold one block fewer (Llama 3's balance; "
                           "Megatron-LM's --account-for-embedding/loss-in-pipeline-split). Needs pp x vp to divide "
                           "the layers + 2."),
+        click.option("--pp-microbatch-group", type=click.IntRange(0, MAX_GLOBAL_BATCH), default=0,
+                     help="Interleaved 1F1B (vp > 1): micro-batches run through one model chunk before the next "
+                          "(Megatron-Core's microbatch_group_size_per_vp_stage; 0: pp, its default). Stage r's "
+                          "warm-up holds (pp - r - 1) x 2 + (vp - 1) x N chunks; Megatron-Core accepts N from pp "
+                          "to the micro-batches per step, Llama 3's schedule fewer."),
+        click.option("--cross-entropy", type=click.Choice(CROSS_ENTROPIES), default="native", show_default=True,
+                     help="--stack megatron's loss: 'native' keeps the logits' exp in fp32 for backward "
+                          "(Megatron-Core's vocab-parallel cross entropy); 'te' is Transformer Engine's, which keeps "
+                          "only the 16-bit logits with their gradient written in place (Megatron-Core's "
+                          "cross_entropy_fusion_impl; Megatron-Bridge's Llama 3 recipes)."),
         click.option("--vp", type=click.IntRange(1, 64), default=None,
                      help="Virtual stages per pipeline rank (interleaved 1F1B)."),
         click.option("--sp/--no-sp", default=None, help="Sequence parallelism with tp (default: on when tp > 1)."),
@@ -366,9 +397,64 @@ def task_options(f: Callable[..., Any]) -> Callable[..., Any]:
              "the rotary key (projections absorbed: vLLM, SGLang, transformers 5); per-head caches each "
              "head's K and V (not absorbed)  [default: latent].")(f)
     return click.option(
-        "--task", type=click.Choice(["train", "load"]), default="train", show_default=True,
+        "--task", type=click.Choice(["train", "load", *RL_TASKS]), default="train", show_default=True,
         help="train: a training plan; load: the memory to hold the model for inference (weights at "
-             "--precision or --quant, KV cache for --micro-batch sequences of --seq-len tokens).")(f)
+             "--precision or --quant, KV cache for --micro-batch sequences of --seq-len tokens); grpo, ppo, "
+             "dpo: an RL step with its rollout engine, memory and time by phase (docs/post-training.md).")(f)
+
+
+# planner.training.posttrain's choices, spelt here so that the CLI's import loads nothing more
+RL_TASKS = ("grpo", "ppo", "dpo")
+
+
+def distill_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """Distillation (--teacher) settings, for `plan` and `plan measure` (docs/post-training.md)."""
+    return _apply([
+        click.option("--teacher", metavar="NAME|PATH", default=None, shell_complete=complete_models,
+                     help="Distil --model from this teacher (a preset or config.json): its frozen weights, "
+                          "forward, logits and the KD loss join the plan."),
+        click.option("--teacher-precision", type=click.Choice(["bf16", "fp32"]), default="bf16", show_default=True),
+        click.option("--teacher-quant", type=click.Choice(QUANTS), default="none", show_default=True,
+                     help="Store the teacher's linear weights as int8, int4 or nf4."),
+        click.option("--teacher-sharding", type=click.Choice(["auto", "replicated", "fsdp", "tp"]), default="auto",
+                     show_default=True, help="Hold the teacher whole on each GPU, sharded over dp (FSDP, "
+                                             "torchtune) or split like the student over tp x pp (ModelOpt); auto: "
+                                             "the least memory the layout allows."),
+        click.option("--kd-loss", type=click.Choice(["chunked", "full"]), default="chunked", show_default=True,
+                     help="torchtune's KL loss over 8 token chunks, or over all tokens at once."),
+        click.option("--kd-hidden-layers", type=click.IntRange(0, 1024), default=0, show_default=True,
+                     help="Hidden-state (MSE) losses on N layer pairs beside the logit loss."),
+        click.option("--kd-offline-topk", type=click.IntRange(0, 1 << 20), default=0, show_default=True,
+                     help="Distil offline from stored top-k teacher logits (no teacher on the GPUs); 0: online."),
+    ], f)
+
+
+def posttrain_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """Distillation and RL (--task grpo|ppo|dpo) settings of `plan` (docs/post-training.md)."""
+    return _apply([
+        distill_options,
+        click.option("--prompt-len", type=click.IntRange(1, MAX_SEQ_LEN), default=1024, show_default=True),
+        click.option("--response-len", type=click.IntRange(1, MAX_SEQ_LEN), default=4096, show_default=True,
+                     help="Generated tokens per response at most (DPO: the longer answer)."),
+        click.option("--response-mean", type=click.IntRange(0, MAX_SEQ_LEN), default=0,
+                     help="Mean response length (the KV reads, decode FLOPs and the packed tokens trained on); "
+                          "the longest response still sets the decode steps  [default: --response-len]."),
+        click.option("--group-size", type=click.IntRange(1, 4096), default=8, show_default=True,
+                     help="Responses per prompt (GRPO's num_generations)."),
+        click.option("--prompts-per-step", type=click.IntRange(1, 1 << 20), default=64, show_default=True,
+                     help="Prompts per RL step (DPO: preference pairs)."),
+        click.option("--rollout", type=click.Choice(["colocated", "separate"]), default="colocated", show_default=True,
+                     help="Generate on the training GPUs, or on as many GPUs of their own."),
+        click.option("--rollout-tp", type=click.IntRange(1, 64), default=1, show_default=True,
+                     help="The engine's tensor-parallel size (vLLM tensor_parallel_size)."),
+        click.option("--rollout-memory-fraction", type=FiniteFloatRange(0.05, 1.0), default=0.9, show_default=True,
+                     help="vLLM's gpu_memory_utilization: the engine's share of each GPU (TRL colocated: 0.3)."),
+        click.option("--offload-train-states/--keep-train-states", default=True, show_default=True,
+                     help="Move the policy's training states to the host while the engine generates (verl, "
+                          "NeMo-RL), or keep them (TRL)."),
+        click.option("--rl-steps", type=click.IntRange(1, 1 << 30), default=None,
+                     help="RL steps to run: the plan adds the run's hours and GPU-hours."),
+    ], f)
 
 
 def offload_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -395,8 +481,8 @@ def output_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return _apply([
         click.option("--out", type=OutputPath(file_okay=False, path_type=Path), default=None, metavar="DIR",
                      help="Write the plan's configs here, only those its stack reads: ds_config.json and hostfile, "
-                          "accelerate_config.yaml, torchtitan_job.py, megatron_args.txt; launch.sh, slurm.sbatch, "
-                          "pytorchjob.yaml, plan.json."),
+                          "accelerate_config.yaml, train.py (DeepSpeed, hf), torchtitan_job.py, megatron_args.txt; "
+                          "launch.sh, slurm.sbatch, pytorchjob.yaml, plan.json."),
         click.option("--force", is_flag=True, help="With --out or --plot, overwrite existing files."),
         click.option("--plot", type=OutputPath(dir_okay=False, path_type=Path), default=None, metavar="FILE",
                      help="Draw the plan into FILE (.png or .svg): memory per rank by category against the "

@@ -58,6 +58,14 @@ class Answer:
 def plan(o: Options) -> None:
     """The `plan` command without a subcommand."""
     check_quiet(o)
+    from planner.cli.posttrain import posttrain, stray_option  # issue 34: post-training
+
+    if o.teacher is not None or o.task in ("grpo", "ppo", "dpo"):
+        posttrain(o)
+        return
+    stray = stray_option(o)
+    if stray:
+        raise UserError(stray)
     if o.plot is not None:      # a bad name or an existing file: refused before the search
         from planner.report.plot import plot_format
         if o.task == "load":
@@ -193,6 +201,17 @@ def cheapest(o: Options) -> Answer:
         raise UserError("--method auto picks the method on the fewest GPUs; with --tokens give one method "
                         "(full, lora, qlora, freeze) and compare them by running the plan per method")
     m, _, setup, space, n_gpus = build_request(replace(o, gpu_name=gpus[0].name))
+    batch_basis = ""
+    if o.global_batch is None and o.global_batch_tokens is None and o.grad_accum is None:
+        # issue 33: the fixed 1,024 sequences were kept at 16,384 GPUs and for fine-tunes
+        from planner.models.spec import count_params
+        from planner.training.batch import basis, default_global_batch
+
+        assert o.tokens is not None
+        method = setup.finetune.method
+        setup = replace(setup, global_batch=default_global_batch(count_params(m).total, o.tokens, setup.seq_len,
+                                                                 method))
+        batch_basis = basis(setup.global_batch, setup.seq_len, method)
     deadline_s = None
     if o.deadline is not None:
         deadline_s, _ = parse_when_s(o.deadline, "--deadline", datetime.now(UTC))
@@ -220,6 +239,7 @@ def cheapest(o: Options) -> Answer:
                        solver=o.solver)
     if o.calibration is not None:
         r = replace(r, result=replace(r.result, calibration=str(o.calibration)))
+    r = replace(r, global_batch_basis=batch_basis)
 
     def view(crosscheck: Crosscheck | None) -> Any:
         from planner.report.terminal import cost_view

@@ -164,6 +164,7 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
                           fp8_param_gather=o.fp8_param_gather,
                           attention=o.attention, kernels=o.kernels, stack=o.stack or "auto",
                           fsdp_pipeline_grad_sync=o.fsdp_pipeline_grad_sync, pp_balance=o.pp_balance,
+                          pp_microbatch_group=o.pp_microbatch_group, cross_entropy=o.cross_entropy,
                           usable_memory_fraction=usable_memory(o),
                           finetune=finetune_spec(o, "full" if o.method == "auto" else None),
                           offload_optimizer=o.offload_optimizer or "none",
@@ -315,11 +316,12 @@ def calibration_of(o: Options, gpu_names: list[str]) -> Calibration | None:
 
 
 def efficiency_of(o: Options, gpu_names: list[str]) -> Efficiency:
-    """The step-time model's parameters: Efficiency()'s, with --calibration's overrides."""
-    from planner.timing.model import Efficiency
+    """The step-time model's parameters: the --stack's (timing.efficiency.stack_efficiency), with
+    --calibration's overrides."""
+    from planner.timing.efficiency import stack_efficiency
 
     c = calibration_of(o, gpu_names)
-    base = Efficiency()
+    base = stack_efficiency(o.stack)
     if o.stack == "deepspeed" and ((o.tp or 1) > 1 or (o.pp or 1) > 1) and o.precision == "bf16-mixed":
         # Megatron-DeepSpeed on DeepSpeed's pipeline engine (planner.stacks.runs_megatron_deepspeed):
         # the engine's own step terms, as the published-runs study times BLOOM and MT-NLG

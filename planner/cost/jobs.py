@@ -14,7 +14,8 @@ YAML (or TOML or JSON, by extension); examples/jobs.yaml documents it:
         deadline: 30d        # required: a duration from the job's start, or a date
         start: 0d            # optional: a duration from the cluster's start, or a date (default 0d)
         seq_len: 4096        # optional (default 4096)
-        global_batch: 1024   # optional, sequences per step (default 1024)
+        global_batch: 1024   # optional, sequences per step (default: scaled with the run for
+                             # full training, 64 for a fine-tune; planner.training.batch)
         method: full         # optional: full, lora, qlora, freeze (default full)
 
 Jobs whose [start, finish) intervals overlap share the cluster's GPUs.
@@ -131,7 +132,7 @@ class JobSpec:
     start_s: float
     deadline_s: float          # absolute: the job must finish by then
     seq_len: int = 4096
-    global_batch: int = 1024
+    global_batch: int | None = None   # None: planner.training.batch.default_global_batch
     method: str = "full"
 
 
@@ -269,5 +270,6 @@ def load_jobs(path: str | Path, today: datetime | None = None) -> JobsFile:
             name=name, model=model, tokens=parse_tokens(e["tokens"], f"{at}: tokens"), start_s=start_s,
             deadline_s=deadline_s, method=method,
             seq_len=_positive_int(e.get("seq_len", 4096), at, "seq_len", MAX_SEQ_LEN),
-            global_batch=_positive_int(e.get("global_batch", 1024), at, "global_batch", MAX_GLOBAL_BATCH)))
+            global_batch=(None if e.get("global_batch") is None
+                          else _positive_int(e["global_batch"], at, "global_batch", MAX_GLOBAL_BATCH))))
     return JobsFile(jobs=tuple(jobs), start=anchor, horizon_s=horizon, gpus=tuple(gpus), path=str(path))

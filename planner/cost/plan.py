@@ -124,6 +124,10 @@ class CostPlanResult:
     diagnosis: Diagnosis | None = None
     search_s: float = 0.0
     left_out: tuple[tuple[str, str], ...] = ()    # (GPU, why) of --gpus left out of the cost answer
+    cost_tolerance_rel: float = 0.0         # plans within this of the lowest cost count as cheapest
+    lowest_cost: PricedPlan | None = None    # with a tolerance: the plan of lowest cost (fewest GPUs on a tie)
+    global_batch_basis: str = ""             # where a global batch the user did not give came from
+    topology_caps: tuple[tuple[str, str, int], ...] = ()   # (GPU, topology, GPUs) where a topology caps the count
 
 
 def price_plan(gpu: GpuSpec, c: Candidate, tokens: float, prices: Prices) -> PricedPlan:
@@ -246,7 +250,9 @@ def plan_cost(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, token
     options = [Option(key=p.key, gpu=p.gpu.name, n_gpus=p.n_gpus, cost_usd=p.cost_usd or 0.0,
                       time_s=p.train_time_s, memory_bytes=p.candidate.memory.total,
                       capacity_bytes=p.candidate.capacity_bytes) for p in plans]
-    sol = solve_one_job(options, objective, replace(limits, max_gpus=max_gpus), solver)
+    tolerance = cost_tolerance(objective, limits)
+    sol = solve_one_job(options, objective, replace(limits, max_gpus=max_gpus), solver,
+                        cost_tolerance_rel=tolerance)
     search_s = time.perf_counter() - t0
     chosen = next((p for p in plans if sol.choice is not None and p.key == sol.choice.key), None)
     by_count = _fastest_per_count(plans, chosen)
@@ -258,7 +264,31 @@ def plan_cost(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, token
     return CostPlanResult(result=result, chosen=chosen, by_count=by_count, n_options=len(options),
                           objective=objective, tokens=tokens, limits=replace(limits, max_gpus=max_gpus),
                           solver=sol.solver, prices=prices, gpus=tuple(gpus), diagnosis=diagnosis,
-                          search_s=search_s, left_out=tuple(left_out))
+                          search_s=search_s, left_out=tuple(left_out), cost_tolerance_rel=tolerance,
+                          topology_caps=tuple((p.gpu.name, p.cluster.topology.name, covered_gpus(p.cluster, max_gpus))
+                                              for p in pools if n_gpus is None and p.cluster.topology is not None
+                                              and covered_gpus(p.cluster, max_gpus) < max_gpus),
+                          lowest_cost=_lowest_cost(plans, max_gpus) if tolerance and chosen is not None else None)
+
+
+def _lowest_cost(plans: Sequence[PricedPlan], max_gpus: int) -> PricedPlan | None:
+    """The plan of lowest cost within the GPU cap, the fewest GPUs and then the shortest time
+    on a tie (what the answer would be without the cost tolerance)."""
+    within = [p for p in plans if p.n_gpus <= max_gpus and p.cost_usd is not None]
+    return min(within, key=lambda p: (p.cost_usd, p.n_gpus, p.train_time_s), default=None)
+
+
+def cost_tolerance(objective: str, limits: Limits) -> float:
+    """How far above the lowest cost a plan still counts as cheapest: the model's noise
+    (timing.intervals.cost_noise_rel) for a cost plan without a deadline, so that of plans
+    the model cannot tell apart on cost the fastest is taken (issue 33: costs along the GPU
+    count are flat within a few percent, and the fewest GPUs took 471 days); 0 otherwise
+    (with a deadline, the cheapest plan that meets it, at equal cost the fewest GPUs)."""
+    if objective != "cost" or limits.deadline_s is not None:
+        return 0.0
+    from planner.timing.intervals import cost_noise_rel
+
+    return cost_noise_rel()
 
 
 def _fastest_per_count(plans: Sequence[PricedPlan], chosen: PricedPlan | None = None) -> tuple[PricedPlan, ...]:
@@ -415,6 +445,7 @@ class JobPlan:
     finish_s: float
     deadline_s: float
     tokens: float
+    batch_given: bool = True        # False: the jobs file gave no global_batch (training.batch chose it)
 
     @property
     def n_gpus(self) -> int:
@@ -450,11 +481,14 @@ class BuyResult:
         return self.capex_usd + self.opex_usd
 
 
-def _job_setup(job, base: TrainingSetup) -> TrainingSetup:
+def _job_setup(job, base: TrainingSetup, m: ModelSpec) -> TrainingSetup:
+    from planner.training.batch import default_global_batch
     from planner.training.finetune import FinetuneSpec
 
-    return replace(base, seq_len=job.seq_len, global_batch=job.global_batch,
-                   finetune=FinetuneSpec.named(job.method))
+    batch = job.global_batch
+    if batch is None:       # issue 33: not 1,024 sequences for every job whatever its size and method
+        batch = default_global_batch(count_params(m).total, job.tokens, job.seq_len, job.method)
+    return replace(base, seq_len=job.seq_len, global_batch=batch, finetune=FinetuneSpec.named(job.method))
 
 
 def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s: float,
@@ -498,7 +532,7 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
     searches: dict[tuple, _Pool] = {}
 
     def search(job, gpu: GpuSpec) -> _Pool:
-        setup = _job_setup(job, base_setup)
+        setup = _job_setup(job, base_setup, models[job.name])
         key = (models[job.name], setup, gpu.name)
         if key not in searches:
             m = models[job.name]
@@ -578,7 +612,8 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
             o = sol.choices[job.name]
             g, c = by_key[job.name, o.key]
             plans.append(JobPlan(name=job.name, model=models[job.name], gpu=g, candidate=c, start_s=job.start_s,
-                                 finish_s=job.start_s + o.duration_s, deadline_s=job.deadline_s, tokens=job.tokens))
+                                 finish_s=job.start_s + o.duration_s, deadline_s=job.deadline_s, tokens=job.tokens,
+                                 batch_given=job.global_batch is not None))
     elif not lines:
         lines.append(_buy_diagnosis(pools, windows, options, budget_usd, solver))
     capex = sum(pool_of[g].capex_usd * n for g, n in sol.nodes.items())

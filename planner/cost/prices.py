@@ -38,6 +38,7 @@ class GpuPrices:
     rent_usd_per_gpu_hour: float | None = None
     rent_source: str = ""
     rent_date: str = ""
+    rent_provider: str = ""      # who rents at that price (AWS, Lambda, ...; "--prices FILE" for the user's own)
     node_purchase_usd: float | None = None
     purchase_source: str = ""
     purchase_date: str = ""
@@ -81,7 +82,7 @@ class Prices:
 
 
 _TOP_KEYS = {"electricity_usd_per_kwh", "electricity_source", "electricity_date", "pue", "pue_source", "gpu"}
-_GPU_KEYS = {"name", "rent_usd_per_gpu_hour", "rent_source", "rent_date", "node_purchase_usd",
+_GPU_KEYS = {"name", "rent_usd_per_gpu_hour", "rent_source", "rent_date", "rent_provider", "node_purchase_usd",
              "purchase_source", "purchase_date", "node_power_kw", "power_source",
              "committed_usd_per_gpu_hour", "committed_source", "committed_date"}
 _NUMBERS = {"rent_usd_per_gpu_hour", "node_purchase_usd", "node_power_kw", "electricity_usd_per_kwh", "pue",
@@ -142,6 +143,10 @@ def _apply(prices: Prices, data: dict[str, Any], where: str, is_override: bool) 
             date = "rent_date" if key.startswith("rent") else "purchase_date"
             if is_override and key in fields and date not in fields:
                 fields[date] = ""
+        if is_override and "rent_usd_per_gpu_hour" in fields and "rent_provider" not in fields:
+            fields["rent_provider"] = where          # the user's own quote
+        if not is_override and "rent_usd_per_gpu_hour" in fields and not fields.get("rent_provider"):
+            raise UserError(f"{at} ({entry['name']}): a rental price needs its rent_provider")
         base = gpus.get(name, GpuPrices(name=name))
         gpus[name] = replace(base, **_typed_fields(fields))
     return replace(prices, gpus=gpus, **_typed_fields(top))
@@ -282,3 +287,13 @@ def node_cost(gpu: str, horizon_s: float, prices: Prices) -> NodeCost:
     assert p.node_purchase_usd is not None and p.node_power_kw is not None
     return NodeCost(gpu=gpu, capex_usd=p.node_purchase_usd,
                     opex_usd=node_energy_usd(p.node_power_kw, horizon_s, prices))
+
+
+def rent_providers(prices: Prices, gpu_names: list[str]) -> dict[str, str]:
+    """GPU name -> the provider of its rental price, for the priced GPUs among ``gpu_names``."""
+    out = {}
+    for name in gpu_names:
+        p = prices.for_gpu(name)
+        if p.rent_usd_per_gpu_hour is not None:
+            out[name] = p.rent_provider or "unnamed"
+    return out

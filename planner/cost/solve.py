@@ -213,6 +213,10 @@ class Limits:
 TIE_BREAKS: dict[str, tuple[str, ...]] = {"cost": ("n_gpus", "time", "listed"),
                                           "time": ("cost", "n_gpus", "listed")}
 TIE_REL = 1e-9
+# With a cost tolerance (solve_one_job's cost_tolerance_rel > 0: a cost plan without a
+# deadline), every option within it of the lowest cost is as cheap as the model can tell,
+# and the fastest of them is taken, then the fewest GPUs.
+NEAR_COST_TIE_BREAKS = ("time", "n_gpus", "listed")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -223,7 +227,7 @@ class OneJobSolution:
 
 def solve_one_job(options: Sequence[Option], objective: str = "cost", limits: Limits = Limits(),
                   solver: str = "auto", time_limit_s: float = TIME_LIMIT_S,
-                  gap_rel: float = GAP_REL) -> OneJobSolution:
+                  gap_rel: float = GAP_REL, cost_tolerance_rel: float = 0.0) -> OneJobSolution:
     """The cheapest (``objective`` "cost") or fastest ("time") option within the limits.
 
     One binary per option; exactly one is picked; the deadline, budget and GPU cap are each
@@ -234,12 +238,15 @@ def solve_one_job(options: Sequence[Option], objective: str = "cost", limits: Li
     plan at equal cost takes the fewest GPUs, then the shortest time (once every count runs at
     the GPU's sustained-rate ceiling, cost no longer depends on the count, and the smallest
     count that meets the deadline asks the least of a cluster); a time plan at equal time the
-    lowest cost, then the fewest GPUs; a full tie the option listed first.
+    lowest cost, then the fewest GPUs; a full tie the option listed first. With
+    ``cost_tolerance_rel`` > 0 (a cost plan), every option within that fraction of the lowest
+    cost counts as cheapest, and the fastest of them is taken (NEAR_COST_TIE_BREAKS).
     """
     if objective not in ("cost", "time"):
         raise UserError(f"--objective {objective!r}: choose cost or time")
 
-    order = (objective, *TIE_BREAKS[objective])
+    near = objective == "cost" and cost_tolerance_rel > 0
+    order = (objective, *(NEAR_COST_TIE_BREAKS if near else TIE_BREAKS[objective]))
 
     listed = {o.key: float(i) for i, o in enumerate(options)}
 
@@ -262,8 +269,8 @@ def solve_one_job(options: Sequence[Option], objective: str = "cost", limits: Li
         for gpu in sorted({o.gpu for o in options if not o.fits}):
             prob += pulp.lpSum(pick[o.key] for o in options if o.gpu == gpu and not o.fits) == 0, \
                 f"fits_memory_{ascii_name(gpu)}"
-        for what, best in zip(order, fixed):
-            slack = abs(best) * TIE_REL + 1e-9
+        for i, (what, best) in enumerate(zip(order, fixed)):
+            slack = abs(best) * (cost_tolerance_rel if near and i == 0 else TIE_REL) + 1e-9
             prob += (pulp.lpSum(value(o, what) * pick[o.key] for o in options) <= best + slack,
                      f"{what}_at_optimum")
         return prob, pick

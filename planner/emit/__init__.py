@@ -40,7 +40,7 @@ SCHEDULERS = ("both", "slurm", "kubernetes", "none")
 # Every file plan_files writes for some plan: --out --force over a plan of another stack
 # removes those the new plan does not write (planner.emit.write.write_files, issue 32 B4).
 PLAN_FILE_NAMES = ("ds_config.json", "hostfile", "config.json", "accelerate_config.yaml", "megatron_args.txt",
-                   "torchtitan_job.py", "launch.sh", "slurm.sbatch", "pytorchjob.yaml", "plan.json")
+                   "torchtitan_job.py", "train.py", "launch.sh", "slurm.sbatch", "pytorchjob.yaml", "plan.json")
 HOST_NAME = re.compile(r"[A-Za-z0-9._:\[\]-]+")    # a DNS name, IPv4 or IPv6 address (RFC 1123, RFC 4291)
 
 
@@ -236,8 +236,8 @@ def plan_files(r: PlanResult, opts: EmitOptions = EmitOptions(),
                plan_json: dict[str, Any] | None = None) -> dict[str, str]:
     """Every file to write for the chosen plan, name -> text: only what its stack reads.
 
-    deepspeed: ds_config.json, hostfile, config.json (the model's Hugging Face config); hf:
-    accelerate_config.yaml, config.json; megatron:
+    deepspeed: ds_config.json, hostfile, config.json (the model's Hugging Face config), train.py;
+    hf: accelerate_config.yaml, config.json, train.py (planner.emit.script); megatron:
     megatron_args.txt; torchtitan: torchtitan_job.py; every stack: launch.sh, and the
     scheduler files (slurm.sbatch, pytorchjob.yaml) that ``opts.scheduler`` asks for;
     plan.json (with the stack named) when ``plan_json`` is given.
@@ -246,6 +246,7 @@ def plan_files(r: PlanResult, opts: EmitOptions = EmitOptions(),
     from planner.emit.fsdp import to_accelerate_config, to_yaml
     from planner.emit.launch import to_hostfile, to_launch_script
     from planner.emit.megatron import to_megatron_args
+    from planner.emit.script import to_train_script
 
     chosen(r)
     check_options(r, opts)
@@ -262,9 +263,11 @@ def plan_files(r: PlanResult, opts: EmitOptions = EmitOptions(),
             files["megatron_args.txt"] = "\n".join(to_megatron_deepspeed_args(r, opts)) + "\n"
         else:
             files.update(hf_model_config(r))
+            files["train.py"] = to_train_script(r, opts, stack, config_beside="config.json" in files)
     elif stack == "hf":
         files["accelerate_config.yaml"] = to_yaml(to_accelerate_config(r, opts))
         files.update(hf_model_config(r))
+        files["train.py"] = to_train_script(r, opts, stack, config_beside="config.json" in files)
     elif stack == "megatron":
         files["megatron_args.txt"] = "\n".join(to_megatron_args(r, opts)) + "\n"
     else:

@@ -153,6 +153,19 @@ def _activation_checkpointing(lay: Layout) -> dict[str, Any]:
     }
 
 
+def _scheduler(r: PlanResult, opts: EmitOptions) -> dict[str, Any]:
+    """The run's schedule (planner.emit.schedule) as DeepSpeed's WarmupCosineLR
+    (deepspeed/runtime/lr_schedules.py, 0.19.8): linear warmup from 0 over warmup_num_steps,
+    cosine to cos_min_ratio x lr at total_num_steps. Its warmup_type defaults to "log", so
+    "linear" is named. The optimizer's lr is the peak."""
+    from planner.emit.schedule import training_schedule
+
+    sch = training_schedule(r, opts)
+    return {"type": "WarmupCosineLR", "params": {
+        "total_num_steps": sch.steps, "warmup_num_steps": sch.warmup_steps, "warmup_min_ratio": 0.0,
+        "cos_min_ratio": float(f"{sch.min_lr / sch.peak_lr:.6g}"), "warmup_type": "linear"}}
+
+
 def to_deepspeed_config(r: PlanResult, opts: EmitOptions = EmitOptions()) -> dict[str, Any]:
     """ds_config.json for the chosen plan, as a dict.
 
@@ -170,6 +183,12 @@ def to_deepspeed_config(r: PlanResult, opts: EmitOptions = EmitOptions()) -> dic
         **_optimizer(r, opts),
         "zero_optimization": _zero(r, opts),
     }
+    from planner.stacks import runs_megatron_deepspeed
+    if not runs_megatron_deepspeed("deepspeed", lay):
+        # Megatron-DeepSpeed steps Megatron's own scheduler (its arguments carry the schedule); a
+        # scheduler here would take its place (DeepSpeedEngine._configure_lr_scheduler: the
+        # config's wins over the client's)
+        cfg["scheduler"] = _scheduler(r, opts)
     if lay.recompute != "none":
         cfg["activation_checkpointing"] = _activation_checkpointing(lay)
     from planner.layouts.batch import LayoutArrays

@@ -128,6 +128,8 @@ def to_launch_script(r: PlanResult, opts: EmitOptions = EmitOptions(), stack: st
     ]
     if opts.offloads:
         head.append(f"# Offload: optimizer -> {opts.offload_optimizer}, parameters -> {opts.offload_params}")
+    from planner.emit.schedule import training_schedule
+    head.append(f"# Training: {training_schedule(r, opts).describe()}.")
     env = stack_env(r, eng)
     head += [
         "set -euo pipefail",
@@ -141,9 +143,11 @@ def to_launch_script(r: PlanResult, opts: EmitOptions = EmitOptions(), stack: st
     if eng == "deepspeed":
         if n_nodes > 1:
             body.append("# Run once, on node-0: the deepspeed launcher starts every node listed in hostfile (pdsh).")
+        body.append(f"# {opts.script} (written here) builds the model from config.json and trains the planned steps;"
+                    f" give it --dataset NAME|FILES (default: random tokens).")
         if lay.recompute != "none":
-            body.append(f"# The plan recomputes activations ({lay.recompute}): call "
-                        f"model.gradient_checkpointing_enable() in {opts.script}.")
+            body.append(f"# The plan recomputes activations ({lay.recompute}): {opts.script} calls "
+                        f"model.gradient_checkpointing_enable().")
         cmd = to_deepspeed_command(r, opts, '${HERE}/ds_config.json', '${HERE}/hostfile')
         from planner.stacks import runs_megatron_deepspeed
         if runs_megatron_deepspeed(eng, lay):
@@ -161,7 +165,9 @@ def to_launch_script(r: PlanResult, opts: EmitOptions = EmitOptions(), stack: st
         s = to_fsdp2_settings(r, opts)
         body += [
             "# Run on every node (e.g. with srun or pdsh). LAUNCHER=accelerate (default) or torchrun.",
-            f"# With torchrun, {opts.script} applies FSDP2 itself: fully_shard each {s['wrap']} and then the root,",
+            f"# {opts.script} (written here) trains the planned steps; give it --dataset NAME|FILES (default: random",
+            "#   tokens). accelerate applies FSDP2 from accelerate_config.yaml. Under torchrun, a script of your own",
+            f"#   applies it: fully_shard each {s['wrap']} and then the root,",
             f"#   mesh {s['mesh']}, reshard_after_forward={s['reshard_after_forward']},",
             f"#   mp_policy={s['mp_policy']}, offload_policy={s['offload_policy']}, "
             f"activation checkpointing: {s['activation_checkpointing']}.",

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from planner.emit import EmitOptions, check_options, chosen
+from planner.emit.schedule import Schedule, training_schedule
 from planner.errors import UserError
 from planner.memory.model import stage_layers
 from planner.stacks.architecture import architecture
@@ -178,6 +179,22 @@ def _parallel_args(lay: Layout, n_layers: int, balance: str = "none") -> list[st
     return args
 
 
+def _microbatch_group_args(lay: Layout, group: int) -> list[str]:
+    """The interleaved schedule's micro-batch group (TrainingSetup.pp_microbatch_group), where
+    megatron-core accepts it: N from pp to the step's micro-batches (0.16.1
+    pipeline_parallel/schedules.py lines 995-1003; ModelParallelConfig
+    microbatch_group_size_per_vp_stage, argparse --microbatch-group-size-per-virtual-pipeline-stage).
+    Fewer than pp is Llama 3's own schedule: no Megatron files rather than a schedule whose
+    warm-up holds more than the plan."""
+    if lay.vp == 1 or group in (0, lay.pp):
+        return []
+    if group < lay.pp:
+        raise UserError(f"--pp-microbatch-group {group} is below pp={lay.pp}: megatron-core's interleaved schedule "
+                        f"takes {lay.pp} to {lay.grad_accum} (Llama 3's schedule is not Megatron's); no Megatron "
+                        f"files written (give --pp-microbatch-group {lay.pp} or more)")
+    return ["--microbatch-group-size-per-virtual-pipeline-stage", str(group)]
+
+
 def uses_torch_fsdp2(lay: Layout, m: ModelSpec, precision: str) -> bool:
     """FSDP layouts run under --use-torch-fsdp2 where validate_args allows it (pp = ep = 1,
     untied embeddings, no fp16); elsewhere under Megatron FSDP, which shards the same way."""
@@ -255,9 +272,12 @@ def to_megatron_args(r: PlanResult, opts: EmitOptions = EmitOptions()) -> list[s
         raise UserError(f"Megatron builds {m.name}'s biased experts only with expert tensor-parallel size 1, "
                         f"not {lay.expert_tp}; no Megatron files written (plan with --etp 1)")
     args += _parallel_args(lay, r.model.n_layers, s.pp_balance)
+    args += _microbatch_group_args(lay, s.pp_microbatch_group)
     args += ["--micro-batch-size", str(lay.micro_batch), "--global-batch-size", str(lay.global_batch)]
     args += _sharding_args(lay, r.model, s.precision)
     args += _recompute_args(lay.recompute, s.recompute_method, s.recompute_num_layers, s.recompute_modules)
+    if s.cross_entropy == "te":    # ModelParallelConfig cross_entropy_loss_fusion, cross_entropy_fusion_impl
+        args += ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te"]
     if s.mtp_layers:               # TransformerConfig mtp_num_layers
         args += ["--mtp-num-layers", str(s.mtp_layers)]
     if s.offload_activations:      # ModelParallelConfig cpu_offloading, cpu_offloading_num_layers
@@ -272,7 +292,8 @@ def to_megatron_args(r: PlanResult, opts: EmitOptions = EmitOptions()) -> list[s
     else:
         args += ["--optimizer", "adam", "--adam-beta1", repr(opts.betas[0]), "--adam-beta2", repr(opts.betas[1]),
                  "--adam-eps", repr(opts.eps)]
-    args += ["--lr", repr(opts.lr), "--weight-decay", repr(opts.weight_decay), "--clip-grad", repr(opts.grad_clip)]
+    args += ["--weight-decay", repr(opts.weight_decay), "--clip-grad", repr(opts.grad_clip)]
+    args += schedule_args(training_schedule(r, opts))
     if opts.offload_optimizer == "cpu":
         # validate_args: the CPU offload runs through the precision-aware optimizer path
         args += ["--optimizer-cpu-offload", "--use-precision-aware-optimizer"]
@@ -285,6 +306,18 @@ def to_megatron_args(r: PlanResult, opts: EmitOptions = EmitOptions()) -> list[s
         args += ["--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16"]
     args += fp8_args(s)
     return args
+
+
+def schedule_args(sch: Schedule) -> list[str]:
+    """The run's length and learning-rate schedule (planner.emit.schedule) in Megatron-LM's
+    sample-based words (megatron/training/arguments.py, _add_training_args and
+    _add_learning_rate_args): --train-samples, then --lr, --min-lr, --lr-decay-style
+    cosine, --lr-warmup-samples and --lr-decay-samples (validate_args: sample-based training
+    takes sample-based warmup and decay). Without a length Megatron-LM stops in
+    get_optimizer_param_scheduler: "either train-iters or train-samples should be provided"."""
+    return ["--train-samples", str(sch.samples), "--lr", repr(sch.peak_lr), "--min-lr", repr(sch.min_lr),
+            "--lr-decay-style", "cosine", "--lr-warmup-samples", str(sch.warmup_samples),
+            "--lr-decay-samples", str(sch.samples)]
 
 
 def fp8_args(s: TrainingSetup) -> list[str]:

@@ -36,6 +36,9 @@ ARGUMENTS: dict[str, object] = {
     "--partition-activations": FLAG, "--checkpoint-in-cpu": FLAG, "--zero-stage": int, "--deepspeed": FLAG,
     "--deepspeed_config": str, "--lr": float, "--weight-decay": float, "--clip-grad": float,
     "--adam-beta1": float, "--adam-beta2": float, "--adam-eps": float,
+    # _add_training_args, _add_learning_rate_args (same commit; BLOOM's scripts give these five)
+    "--train-samples": int, "--min-lr": float, "--lr-decay-style": ["constant", "linear", "cosine"],
+    "--lr-warmup-samples": int, "--lr-decay-samples": int,
 }
 
 
@@ -71,9 +74,12 @@ def to_megatron_deepspeed_args(r: PlanResult, opts: EmitOptions = EmitOptions(),
         if "cpu" in s.ds_checkpointing:
             args += ["--checkpoint-in-cpu"]
     args += ["--zero-stage", str(lay.zero_stage), "--deepspeed", "--deepspeed_config", ds_config,
-             "--lr", repr(opts.lr), "--weight-decay", repr(opts.weight_decay), "--clip-grad", repr(opts.grad_clip),
+             "--weight-decay", repr(opts.weight_decay), "--clip-grad", repr(opts.grad_clip),
              "--adam-beta1", repr(opts.betas[0]), "--adam-beta2", repr(opts.betas[1]), "--adam-eps", repr(opts.eps)]
-    return args
+    # the run's length and schedule, as for Megatron-LM (planner.emit.schedule; issue 33)
+    from planner.emit.megatron import schedule_args
+    from planner.emit.schedule import training_schedule
+    return args + schedule_args(training_schedule(r, opts))
 
 
 def parser() -> argparse.ArgumentParser:

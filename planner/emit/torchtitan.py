@@ -13,6 +13,8 @@ loss, data loader, checkpoints) and sets what the plan decides:
   context_parallel_degree;
 - training (TrainingConfig): local_batch_size (the micro-batch x the micro-batches a
   pipeline splits it into), global_batch_size, seq_len, steps, enable_cpu_offload;
+- lr_scheduler: LRSchedulersContainer.Config with the run's warmup, cosine decay and floor
+  (planner.emit.schedule; training.steps is the run's length from --tokens);
 - activation_checkpoint: SelectiveAC.Config() / FullAC.Config() / None;
 - FP8 (``--precision fp8``, recipe rowwise): torchtitan's Float8LinearConverter
   (torchtitan/components/quantization/float8.py, ``Config(recipe_name="rowwise",
@@ -100,12 +102,11 @@ def training(r: PlanResult, opts: EmitOptions) -> dict[str, object]:
     micro-batches of pipeline_parallel_microbatch_size, so the local batch is the
     micro-batch x the accumulation steps.
     """
+    from planner.emit.schedule import training_schedule
+
     lay = chosen(r).layout
     local = lay.micro_batch * (lay.grad_accum if lay.pp > 1 else 1)
-    steps = 1000
-    tokens = getattr(r, "tokens", None)
-    if tokens:
-        steps = max(1, -(-int(tokens) // (lay.global_batch * lay.seq_len)))
+    steps = training_schedule(r, opts).steps
     return {
         "local_batch_size": local,
         "global_batch_size": lay.global_batch,
@@ -120,6 +121,17 @@ def training(r: PlanResult, opts: EmitOptions) -> dict[str, object]:
 
 
 FP8_HEAD_FILTER = ["lm_head"]      # torchtitan 0.3.0 models/llama3/config_registry.py, llama3_405b
+
+
+def lr_scheduler(r: PlanResult, opts: EmitOptions) -> str:
+    """The LRSchedulersContainer.Config expression of the run's schedule (planner.emit.schedule):
+    warmup_steps, cosine decay over the rest (decay_ratio None: decay right after the warmup),
+    min_lr_factor = min lr / peak lr (torchtitan/components/optimizer/lr_scheduler.py, 0.3.0)."""
+    from planner.emit.schedule import training_schedule
+
+    sch = training_schedule(r, opts)
+    return (f'LRSchedulersContainer.Config(warmup_steps={sch.warmup_steps}, decay_type="cosine", '
+            f"min_lr_factor={sch.min_lr / sch.peak_lr:.6g})")
 
 
 def fp8_converter(r: PlanResult) -> str | None:
@@ -180,6 +192,8 @@ def _custom_model(m: ModelSpec, converter: str | None = None) -> list[str]:
 
 def to_torchtitan_job(r: PlanResult, opts: EmitOptions = EmitOptions()) -> str:
     """The text of torchtitan_job.py for the chosen plan (see the module docstring)."""
+    from planner.emit.schedule import training_schedule
+
     cand = chosen(r)
     lay, m = cand.layout, r.model
     fl = flavor(m)
@@ -192,11 +206,13 @@ def to_torchtitan_job(r: PlanResult, opts: EmitOptions = EmitOptions()) -> str:
         "torchtitan reads it with its own ConfigManager (torchtitan/config/manager.py):",
         f"    PYTHONPATH=<this directory> torchrun ... -m torchtitan.train --module {MODULE} --config {CONFIG}",
         "Command-line overrides still apply (e.g. --training.steps 100 --hf_assets_path ./assets/hf/...).",
+        f"Training length and schedule: {training_schedule(r, opts).describe()}.",
         '"""',
         "",
         "from dataclasses import replace",
         "",
         "from torchtitan.components.optimizer import default_adamw",
+        "from torchtitan.components.optimizer.lr_scheduler import LRSchedulersContainer",
         "from torchtitan.config import ParallelismConfig, TrainingConfig",
         "from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC",
         "from torchtitan.models.llama3 import model_registry",
@@ -238,6 +254,7 @@ def to_torchtitan_job(r: PlanResult, opts: EmitOptions = EmitOptions()) -> str:
         f"    config.training = replace(config.training, {tr})",
         f"    config.activation_checkpoint = {ac}",
         f"    config.optimizer = {opt_line}",
+        f"    config.lr_scheduler = {lr_scheduler(r, opts)}",
         "    return config",
         "",
         "",

@@ -205,6 +205,12 @@ RULES: tuple[Rule, ...] = (
     Rule("vp-micro-batches", lambda v: (v.vp > 1) & (v.grad_accum % v.pp != 0),
          lambda v: (f"the interleaved schedule needs the {v.grad_accum} micro-batches per step "
                     f"to be a multiple of pp={v.pp} (Megatron-LM)")),
+    # megatron-core 0.16.1 schedules.py lines 995-1003: a group larger than the step's
+    # micro-batches is refused (ValueError); fewer than pp is Llama 3's schedule, planned as such
+    # (TrainingSetup.pp_microbatch_group) but not written for Megatron (emit.megatron)
+    Rule("pp-microbatch-group", lambda v: (v.vp > 1) & (v.setup.pp_microbatch_group > v.grad_accum),
+         lambda v: (f"--pp-microbatch-group {v.setup.pp_microbatch_group} exceeds the {v.grad_accum} "
+                    "micro-batches per step (megatron-core's interleaved schedule)")),
     Rule("cp-sequence", lambda v: (v.cp > 1) & (v.seq_len % (2 * v.cp) != 0),
          lambda v: f"cp={v.cp} needs the sequence {v.seq_len} to split into 2 x cp equal chunks"),
     Rule("ep-dense", lambda v: (v.ep > 1) & (not v.m.is_moe),
@@ -238,6 +244,9 @@ RULES: tuple[Rule, ...] = (
          lambda v: (f"--offload-activations {v.setup.offload_activations} is Megatron-Core's CPU offload: it needs "
                     f"--stack megatron, pp 1 and fewer than the {v.m.n_layers} layers (megatron-core "
                     "TransformerConfig)")),
+    Rule("cross-entropy-stack", lambda v: (v.setup.cross_entropy != "native") & (v.setup.stack != "megatron"),
+         lambda v: (f"--cross-entropy {v.setup.cross_entropy} is Megatron-Core's cross_entropy_fusion_impl: "
+                    "add --stack megatron")),
     Rule("mtp-stack", lambda v: (v.setup.mtp_layers > 0) & (v.setup.stack != "megatron"),
          lambda v: (f"--mtp {v.setup.mtp_layers}: multi-token prediction is planned as Megatron-Core trains it "
                     "(mtp_num_layers): add --stack megatron")),

@@ -75,7 +75,7 @@ def held_activation_floor_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout)
     balance = setup.pp_balance
     counts = stage_layers(m.n_layers, lay.pp, balance)
     return max(int(n_act * layer_act * float(in_flight_microbatches(
-        lay, s, m.n_layers, balance, np.int64(counts[s]))))  # type: ignore[arg-type]
+        lay, s, m.n_layers, balance, np.int64(counts[s]), setup.pp_microbatch_group)))  # type: ignore[arg-type]
         for s, n_act in _activation_stages(m.n_layers, lay.pp, ft, balance))
 
 

@@ -15,9 +15,11 @@ def logits_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) 
 
     Fused (Megatron-LM's vocab-parallel cross entropy): the final norm input and the LM
     head input, sbh each (split under sp), and the logits in fp32, 4sbv/t (Korthikanti
-    et al. Sec. 4.3). Eager (Hugging Face loss on PyTorch ops): the final norm as in the
-    blocks, the fp32 logits the loss keeps for backward, and the two fp32 logit-sized
-    gradients the loss's backward creates, 12 bytes per token and vocabulary entry.
+    et al. Sec. 4.3); under Transformer Engine's cross entropy (TrainingSetup.cross_entropy
+    "te") the 16-bit logits holding their own gradient, a sbv/t. Eager (Hugging Face loss on
+    PyTorch ops): the final norm as in the blocks, the fp32 logits the loss keeps for
+    backward, and the two fp32 logit-sized gradients the loss's backward creates, 12 bytes
+    per token and vocabulary entry.
     Measured with FSDPMemTracker on Llama-3-8B (s=2048): 1.05e9 B kept plus 2.10e9 B of
     temporaries, 4sv and 8sv. The 16-bit logits the model returns are freed before
     backward, as the Hugging Face Trainer and torchtitan do. Fine-tuning methods other than
@@ -36,7 +38,7 @@ def logits_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) 
     norm_in = 0 if not m.final_norm else ceil_div(tokens * m.d_model * norm_width, sp_div)
     head_in = 0 if frozen_head else ceil_div(tokens * m.d_model * a, sp_div)
     v = ceil_div(m.vocab_size, lay.tp)
-    per_vocab = 12 if eager else 4
+    per_vocab = 12 if eager else a if setup.cross_entropy == "te" else 4
     return norm_in + head_in + tokens * v * per_vocab
 
 

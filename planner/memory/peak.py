@@ -388,7 +388,7 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     act = sh.activation_figures(m, setup, a, seq, kernels_l, act_fp32[inv])
     persistent = (a.grad_accum > 1) | (a.pp > 1) | g(~fsdp & (dense_deg > 1))
     stage_l, has_act_l, last_l = g(stage), g(has_act), g(last)
-    held = sh.in_flight_microbatches(a, stage_l, m.n_layers, setup.pp_balance, g(n_layers))
+    held = sh.in_flight_microbatches(a, stage_l, m.n_layers, setup.pp_balance, g(n_layers), setup.pp_microbatch_group)
     # in float: layers x bytes per layer passes int64 at the option limits (limits.saturated_bytes)
     # Megatron's full recomputation by method (memory.activations.stage_block_bytes)
     full_rc = a.recompute == RECOMPUTES.index("full")

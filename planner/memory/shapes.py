@@ -302,7 +302,7 @@ def stage_figures(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, a: LayoutA
 
 
 def in_flight_microbatches(a: LayoutArrays, stage: np.ndarray, n_layers: int = 0, balance: str = "none",
-                           stage_layer_counts: np.ndarray | None = None) -> np.ndarray:
+                           stage_layer_counts: np.ndarray | None = None, group: int = 0) -> np.ndarray:
     """Micro-batches whose activations a pipeline stage holds at once (float).
 
     1F1B: stage i (from 0) holds min(pp - i, m) (Narayanan et al. 2021, Sec. 2.2.1).
@@ -315,17 +315,23 @@ def in_flight_microbatches(a: LayoutArrays, stage: np.ndarray, n_layers: int = 0
     what Megatron's interleaved schedule keeps of its chunks (pipeline.held_layer_micro_batches,
     its layer-micro-batches over the stage's ``stage_layer_counts``): the embedding-only and
     loss-only chunks keep no block.
+    A micro-batch group ``group`` N (TrainingSetup.pp_microbatch_group; 0: pp, megatron-core's
+    default) other than pp is read off the exact schedule for every balance, its warm-up
+    (pp - stage - 1) x 2 + (vp - 1) x N chunk forwards (pipeline.warmup_chunks).
     """
     held = np.minimum(a.pp - stage, a.grad_accum).astype(np.float64)   # 1 without a pipeline (stage 0)
     if np.any(a.vp > 1):
         held *= np.where(a.vp > 1, 1 + (a.pp - 1) / (a.pp * a.vp), 1.0)
         if balance != "none" and stage_layer_counts is not None:
-            held = _interleaved_held(a, stage, n_layers, balance, stage_layer_counts, held)
+            held = _interleaved_held(a, stage, n_layers, balance, stage_layer_counts, held, group)
+        elif group > 0 and stage_layer_counts is not None:   # N = pp keeps the default's closed form
+            exact = _interleaved_held(a, stage, n_layers, balance, stage_layer_counts, held, group)
+            held = np.where(a.pp == group, held, exact)
     return held
 
 
 def _interleaved_held(a: LayoutArrays, stage: np.ndarray, n_layers: int, balance: str, counts: np.ndarray,
-                      held: np.ndarray) -> np.ndarray:
+                      held: np.ndarray, group: int = 0) -> np.ndarray:
     """held, with the interleaved layouts' (vp > 1, pp > 1) elements replaced by the exact
     schedule's layer-micro-batches over the stage's layers, once per distinct shape."""
     shape = np.broadcast_shapes(np.shape(stage), np.shape(a.vp))
@@ -336,7 +342,7 @@ def _interleaved_held(a: LayoutArrays, stage: np.ndarray, n_layers: int, balance
         return held
     keys = np.stack([c[pick] for c in cols[:4]], axis=1)
     uniq, inv = np.unique(keys, axis=0, return_inverse=True)
-    vals = np.array([held_layer_micro_batches(n_layers, int(p), int(v), int(m), int(s), balance)
+    vals = np.array([held_layer_micro_batches(n_layers, int(p), int(v), int(m), int(s), balance, group)
                      for p, v, m, s in uniq.tolist()], dtype=np.float64)
     out[pick] = vals[inv.ravel()] / cols[4][pick]
     return out.reshape(shape)

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import socket
+import sys
 import tomllib
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from planner.errors import UserError, unknown_name
 from planner.limits import MAX_CONFIG_BYTES, check_label
@@ -82,6 +86,9 @@ def load_model(name_or_path: str) -> ModelSpec:
     path = Path(name_or_path)
     if is_repo_id(name_or_path) and not path.exists():
         repo_id = name_or_path.strip()
+        builtin = offline_preset(repo_id)
+        if builtin is not None:
+            return load_preset(builtin)
         return load_config_file(hub_config_path(repo_id), name=repo_id)
     if path.suffix == ".json" or path.exists() or "/" in name_or_path:
         return load_config_file(path)
@@ -96,6 +103,9 @@ def load_hf_config(name_or_path: str) -> dict[str, Any]:
         return preset_config(aliases.get(key, key))
     path = Path(name_or_path)
     if is_repo_id(name_or_path) and not path.exists():
+        builtin = offline_preset(name_or_path.strip())
+        if builtin is not None:
+            return preset_config(builtin)
         path = hub_config_path(name_or_path.strip())
     load_config_file(path)   # the same checks and errors as for planning
     return json.loads((path / "config.json" if path.is_dir() else path).read_text())
@@ -130,6 +140,67 @@ def hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
 
 
+_HUB_CONFIG_URL = re.compile(r"https://huggingface\.co/([^/\s]+/[^/\s]+)/blob/main/config\.json(?:$| \()")
+_SAID: set[str] = set()
+
+
+def preset_for_repo(repo_id: str) -> str | None:
+    """The preset whose config.json is the repository's own, unchanged (its source is the
+    repository's config.json URL, alone or followed by notes in brackets; a source that says
+    the file was changed, e.g. a text_config taken out, does not count), or None."""
+    for p in load_presets().values():
+        m = _HUB_CONFIG_URL.match(p.source)
+        if m and "written here" not in p.source and m[1].lower() == repo_id.lower():
+            return p.name
+    return None
+
+
+def hub_reachable(timeout_s: float = 1.5) -> bool:
+    """Whether a TCP connection to the Hub ($HF_ENDPOINT, else huggingface.co:443) opens
+    within ``timeout_s``; True behind a proxy (huggingface_hub goes through it, a direct
+    probe would not). Without network this fails at once instead of huggingface_hub's
+    retries (24 s and 11 lines of warnings, issue 33)."""
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    try:
+        socket.create_connection((url.hostname or "huggingface.co", url.port or 443), timeout=timeout_s).close()
+    except OSError:
+        return False
+    return True
+
+
+def _cached_config(repo_id: str) -> Path | None:
+    """The cached config.json of ``repo_id`` at refs/main (the hub cache's layout, as
+    hub_config_path's docstring gives it), read without importing huggingface_hub (about
+    0.3 s of the offline answer); None when absent."""
+    repo = hub_cache_dir() / f"models--{repo_id.replace('/', '--')}"
+    try:
+        revision = (repo / "refs" / "main").read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    path = repo / "snapshots" / revision / "config.json"
+    return path if revision and "/" not in revision and path.is_file() else None
+
+
+def offline_preset(repo_id: str) -> str | None:
+    """The built-in preset to plan ``repo_id`` with: when the cache has no config.json for it,
+    the Hub cannot be read (HF_HUB_OFFLINE, or no connection) and a preset is the repository's
+    own config (preset_for_repo). Says so once on stderr. None: read the cache or the Hub."""
+    builtin = preset_for_repo(repo_id)
+    if builtin is None or _cached_config(repo_id) is not None:
+        return None
+    offline = hub_offline()
+    if not offline and hub_reachable():
+        return None
+    if repo_id not in _SAID:
+        _SAID.add(repo_id)
+        why = "HF_HUB_OFFLINE is set" if offline else "the Hugging Face Hub is unreachable"
+        sys.stderr.write(f"note: --model {repo_id}: {why} and the cache has no config.json; planning with the "
+                         f"built-in {builtin}, the same config ({load_presets()[builtin].source})\n")
+    return builtin
+
+
 def hub_config_path(repo_id: str) -> Path:
     """The config.json of ``repo_id``: from the Hugging Face cache
     (models--ORG--NAME/snapshots/<revision of refs/main>/config.json), else downloaded
@@ -146,6 +217,9 @@ def hub_config_path(repo_id: str) -> Path:
     if hub_offline():
         raise UserError(f"--model {repo_id}: no config.json in the Hugging Face cache ({where}) and "
                         f"HF_HUB_OFFLINE is set; unset it to download, {fix}")
+    if not hub_reachable():
+        raise UserError(f"--model {repo_id}: not in the Hugging Face cache ({where}) and the Hub is unreachable "
+                        f"(no connection); {fix}")
     try:
         return Path(huggingface_hub.hf_hub_download(repo_id, "config.json", cache_dir=cache_dir, etag_timeout=10))
     except (huggingface_hub.errors.RepositoryNotFoundError, huggingface_hub.errors.GatedRepoError) as e:

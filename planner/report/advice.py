@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from planner.api import PlanResult
     from planner.layouts.layout import SearchSpace
     from planner.models.spec import ModelSpec
     from planner.training.setup import TrainingSetup
@@ -109,7 +110,7 @@ def fit_advice(r: Any) -> list[str]:
                    f"({per_param:g} B per parameter x {n:,} parameters): at least {r.min_gpus_for_states} x "
                    f"{gpu.name} of {gib(r.capacity_bytes)}, even fully sharded.")
     if r.fits_from_gpus:
-        out.append(f"It fits from {r.fits_from_gpus} x {gpu.name}: raise --max-gpus (or drop --n-gpus).")
+        out.append(fits_from_line(r))
     if sm is None:
         return out
     # a GPU with more memory, smallest first, where the least layout's GPU count holds it
@@ -223,7 +224,8 @@ def degree_conflict(m: Any, setup: Any, kw: Mapping[str, Any]) -> str | None:
                    micro_batch=1, grad_accum=pp, seq_len=setup.seq_len)
     plain = replace(setup, global_batch=pp * ep, offload_optimizer="none", offload_params="none",
                     finetune=FinetuneSpec(), stack="auto",    # degrees only: the stack is checked per layout
-                    offload_activations=0, mtp_layers=0)
+                    offload_activations=0, mtp_layers=0, pp_microbatch_group=0,
+                    cross_entropy="native")
     reason = reject_reason(m, plain, probe, 1 << 20)
     if reason is None:
         return None
@@ -267,3 +269,24 @@ def no_valid_layout(m: ModelSpec, setup: TrainingSetup, space: SearchSpace, coun
     elif "hybrid" in reason:
         line += f"; hybrid sharding needs more than {gpus_per_node} GPUs (--n-gpus {2 * gpus_per_node})"
     return line
+
+
+def topology_cap(r: PlanResult) -> tuple[str, int] | None:
+    """(topology name, the most GPUs it describes) of the plan's cluster, or None without one."""
+    from planner.hardware.topology import max_covered_gpus
+
+    top = r.cluster.topology if r.cluster is not None else None
+    return (top.name, max_covered_gpus(top)) if top is not None else None
+
+
+def fits_from_line(r: PlanResult) -> str:
+    """Where a larger count fits: raise --max-gpus, unless the cluster's topology describes
+    fewer GPUs than that, when --max-gpus cannot change the answer (issue 33: the 4090's
+    one-node workstation) and a topology file is the way out."""
+    n, gpu = r.fits_from_gpus, r.gpu.name
+    cap = topology_cap(r)
+    if cap is not None and n is not None and n > cap[1]:
+        return (f"It fits from {n} x {gpu}, more than topology {cap[0]} describes ({cap[1]:,} GPUs), so "
+                f"--max-gpus cannot reach it: describe a larger {gpu} cluster in a topology file "
+                f"(topologies/README.md) and pass --topology PATH.")
+    return f"It fits from {n} x {gpu}: raise --max-gpus (or drop --n-gpus)."

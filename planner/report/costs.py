@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.fmt import HOUR_S, to_gib, usd
+from planner.fmt import HOUR_S, duration, to_gib, usd
 from planner.measure.crosscheck import Crosscheck
 from planner.report.intervals import priced_interval_json
 from planner.report.text import layout_json, plan_json
@@ -47,6 +47,44 @@ def prices_json(prices: Any, gpu_names: Any) -> dict[str, Any]:
     return out
 
 
+def provider_line(r: Any) -> str:
+    """One line when the GPU types compared are priced by different providers (issue 33: H100 at
+    AWS's on-demand rate beside H200 at Hyperstack's made 'the cheapest GPU type' the cheaper
+    provider), or ''."""
+    from planner.cost.prices import rent_providers
+
+    by_gpu = rent_providers(r.prices, [g.name for g in r.gpus])
+    if len(set(by_gpu.values())) < 2:
+        return ""
+    return ("prices from different providers: " + ", ".join(f"{g} {p}" for g, p in by_gpu.items())
+            + "; the cheapest GPU type may be the cheaper provider: compare one provider's quotes with --prices FILE")
+
+
+def topology_cap_line(r: Any) -> str:
+    """The GPU types whose topology describes fewer GPUs than the search's limit (issue 33: A100
+    and MI300X stopped at 128 and 256 under a header saying 16,384), or ''."""
+    if not r.topology_caps:
+        return ""
+    return "capped by topology: " + "; ".join(f"{gpu} at {n:,} GPUs ({top})" for gpu, top, n in r.topology_caps) + \
+        " (a larger cluster: --topology PATH)"
+
+
+def choice_lines(r: Any) -> list[str]:
+    """Why the chosen cost plan, when no deadline chose it: the fastest of the plans the model
+    cannot tell from the cheapest (planner.cost.plan.cost_tolerance), the cheapest one, and
+    what --deadline and --objective time would change. Empty when the tolerance changed
+    nothing."""
+    c, low = r.chosen, r.lowest_cost
+    if c is None or low is None or not r.cost_tolerance_rel or low.candidate is c.candidate:
+        return []
+    lines = [f"the fastest of the plans within {r.cost_tolerance_rel:.1%} of the lowest cost (the step-time "
+             f"model's noise: half its 50% interval)",
+             f"lowest cost: {usd(low.cost_usd)} on {low.n_gpus:,} x {low.gpu.name} in {duration(low.train_time_s)}"]
+    lines.append("--deadline D: the cheapest plan that finishes by D (at equal cost the fewest GPUs); "
+                 "--objective time: the fastest at any cost")
+    return lines
+
+
 def cost_json(r: Any, crosscheck: Crosscheck | None = None) -> dict[str, Any]:
     """`plan --tokens --json`: the plain plan's object, each plan with cost_usd, train_time_s
     and gpu_hours, the table by GPU count, the constraints and the solver."""
@@ -59,7 +97,10 @@ def cost_json(r: Any, crosscheck: Crosscheck | None = None) -> dict[str, Any]:
     out["objective"] = r.objective
     out["tokens"] = r.tokens
     out["constraints"] = _limits_json(r)
+    out["topology_caps"] = [{"gpu": gpu, "topology": top, "max_gpus": n} for gpu, top, n in r.topology_caps]
     out["gpus_considered"] = [g.name for g in r.gpus]
+    from planner.cost.prices import rent_providers
+    out["rent_providers"] = rent_providers(r.prices, [g.name for g in r.gpus])
     out["gpus_left_out"] = [{"gpu": name, "reason": why} for name, why in r.left_out]
     out["by_gpu_count"] = [{"gpu": p.gpu.name, "n_gpus": p.n_gpus, **_cost_fields(p),
                             "step_time_s": p.candidate.time.step_time_s, "mfu": p.candidate.time.mfu,
@@ -76,6 +117,9 @@ def cost_json(r: Any, crosscheck: Crosscheck | None = None) -> dict[str, Any]:
         "binding": list(d.binding), "fits_from_gpus": d.fits_from_gpus,
         "deadline_needs_gpus": d.deadline_needs_gpus, "budget_allows_gpus": d.budget_allows_gpus,
         "message": " ".join(d.lines)}
+    out["cost_tolerance_rel"] = r.cost_tolerance_rel
+    out["global_batch_basis"] = r.global_batch_basis or None
+    out["choice"] = choice_lines(r)
     out["search_s"] = r.search_s
     return out
 

@@ -148,7 +148,7 @@ def memory_table(c: Candidate, title: str = "Memory per rank") -> list[Any]:
 def step_line(t: StepTime) -> str:
     return (f"{duration(t.step_time_s)}, {t.tokens_per_s:,.0f} tokens/s, "
             f"{t.model_flops_per_s_per_gpu / 1e12:,.0f} TFLOP/s per GPU, MFU {t.mfu:.1%}"
-            + ("" if t.mfu_fp8 is None else f" of the BF16 peak, {t.mfu_fp8:.1%} of the FP8 peak"))
+            + ("" if t.mfu_fp8 is None else f" of the BF16 peak, {t.mfu_fp8:.1%} of the low-precision peak"))
 
 
 def time_table(t: StepTime) -> Any:
@@ -324,6 +324,9 @@ def cost_view(r: Any, crosscheck: Crosscheck | None = None) -> list[Any]:
                       _text(f"GPU types {', '.join(g.name for g in r.gpus)}; {'; '.join(cons)}")]
     for name, why in r.left_out:
         out.append(_text((f"left out: {name}, {why}", BAD)))
+    for line in (r.global_batch_basis, costs.provider_line(r), costs.topology_cap_line(r)):
+        if line:
+            out.append(_text(line))
     ft = res.setup.finetune
     if not ft.is_full:
         out.append(_text(f"method: {ft.describe(m)}"))
@@ -333,7 +336,7 @@ def cost_view(r: Any, crosscheck: Crosscheck | None = None) -> list[Any]:
         out.append(_panel("No plan satisfies the constraints.", [("why", _lines(lines))] if lines else [], BAD))
     else:
         c = r.chosen
-        what = "Cheapest plan" if r.objective == "cost" else "Fastest plan"
+        what = "Cheapest plan" if r.objective == "cost" else "Fastest plan"    # within the noise: the "why" row
         cost = usd(c.cost_usd) if c.cost_usd is not None else "no price"
         rate = r.prices.for_gpu(c.gpu.name).rent_usd_per_gpu_hour
         priced = (f", at ${rate:,.2f} per GPU-hour (price of {costs.rent_date(r, c.gpu.name)})"
@@ -341,6 +344,9 @@ def cost_view(r: Any, crosscheck: Crosscheck | None = None) -> list[Any]:
         rows = [("cost", _text((cost, HEAD), f" for {duration(c.train_time_s)} ({c.gpu_hours:,.0f} GPU-hours)"
                                f"{priced}")), ("", cost_interval_text(c))]       # issue 18 (report.intervals)
         rows += _answer_rows(c.candidate, r.tokens, res.setup.global_batch)
+        why = costs.choice_lines(r)
+        if why:
+            rows.append(("why", _text("\n".join(why))))
         out.append(_panel(f"{what}: {c.n_gpus} x {c.gpu.name}", rows))
         out += [_text("")] + memory_table(c.candidate)
         out += [_text(""), time_table(c.candidate.time)]
@@ -358,6 +364,9 @@ def cost_view(r: Any, crosscheck: Crosscheck | None = None) -> list[Any]:
 
 
 # ---------------------------------------------------------------------- plan buy
+
+BATCH_RULE = "scaled with the run for full training, 64 for a fine-tune; planner/training/batch.py"
+
 
 def buy_view(r: Any) -> list[Any]:
     """`plan buy`: the nodes to buy and what they cost, each job's GPUs and schedule on a
@@ -388,7 +397,10 @@ def buy_view(r: Any) -> list[Any]:
         out += [_text(""), jobs_table(r)]
         out.append(_lines([f"{j.name}: {report.layout_compact(j.candidate.layout)}; step "
                            f"{duration(j.candidate.time.step_time_s)}, "
-                           f"MFU {j.candidate.time.mfu:.1%}" for j in r.plans], DIM))
+                           f"MFU {j.candidate.time.mfu:.1%}"
+                           + ("" if j.batch_given else f"; global batch {j.candidate.layout.global_batch:,} sequences "
+                                                       f"(none in the jobs file: {BATCH_RULE})")
+                           for j in r.plans], DIM))
     t = _table("Nodes on offer (purchase + power over the horizon)",
                f"power: {p.electricity_usd_per_kwh:g} $/kWh ({p.electricity_source}), PUE {p.pue:g} ({p.pue_source})")
     for name, just in (("GPU", "left"), ("node", "left"), ("purchase", "right"), ("power", "right")):

@@ -135,6 +135,8 @@ def assumptions(r: PlanResult) -> dict[str, Any]:
         "kernels": s.kernels,
         "fsdp_pipeline_grad_sync": s.fsdp_pipeline_grad_sync,
         **({"pp_balance": s.pp_balance} if s.pp_balance != "none" else {}),
+        **({"pp_microbatch_group": s.pp_microbatch_group} if s.pp_microbatch_group else {}),
+        **({"cross_entropy": s.cross_entropy} if s.cross_entropy != "native" else {}),
         "usable_memory_fraction": s.usable_memory_fraction,
         "overheads": asdict(s.overheads),
         "buffers": asdict(s.buffers),
@@ -318,14 +320,18 @@ def layout_notes(lay: Layout, n_gpus: int, global_batch: int | None) -> list[str
                    f"parallel {lay.expert_shard_degree} for the experts; here dp={lay.dp} counts the replicas "
                    f"beyond ep")
     if global_batch is not None and n_gpus > 1 and global_batch % n_gpus != 0:
-        below = max((d for d in range(1, n_gpus) if global_batch % d == 0), default=None)
-        above = next((d for d in range(n_gpus + 1, 2 * n_gpus + 1) if global_batch % d == 0), None)
-        near = " or ".join(f"{d:,}" for d in (below, above) if d is not None)
-        out.append(f"{n_gpus:,} GPUs do not divide the global batch of {global_batch:,} sequences, so the "
-                   f"layout cannot be {n_gpus:,}-way data parallel: dp {lay.dp}"
-                   + "".join(f" x {ax} {d}" for ax, d in (("tp", lay.tp), ("pp", lay.pp), ("cp", lay.cp),
-                                                         ("ep", lay.ep)) if d > 1)
-                   + (f"; {near} GPUs divide it" if near else ""))
+        degrees = f"dp {lay.dp}" + "".join(f" x {ax} {d}" for ax, d in (("tp", lay.tp), ("pp", lay.pp),
+                                                                      ("cp", lay.cp), ("ep", lay.ep)) if d > 1)
+        if n_gpus > global_batch:
+            # issue 33: not a choice anybody made, the batch's limit on data-parallel ranks
+            out.append(f"the global batch of {global_batch:,} sequences gives at most {global_batch:,} "
+                       f"data-parallel ranks (a whole sequence each), so {n_gpus:,} GPUs run {degrees}")
+        else:
+            below = max((d for d in range(1, n_gpus) if global_batch % d == 0), default=None)
+            above = next((d for d in range(n_gpus + 1, 2 * n_gpus + 1) if global_batch % d == 0), None)
+            near = " or ".join(f"{d:,}" for d in (below, above) if d is not None)
+            out.append(f"{n_gpus:,} GPUs do not divide the global batch of {global_batch:,} sequences, so they "
+                       f"cannot all be data-parallel ranks: {degrees}" + (f"; {near} GPUs divide it" if near else ""))
     return out
 
 
@@ -342,8 +348,15 @@ def layout_compact(lay: Layout) -> str:
 
 
 def _answer_line(name: str, gpu_name: str, c: Candidate) -> str:
-    """MODEL: N x GPU, LAYOUT, USED/CAPACITY GiB[ DOES NOT FIT], S s/step, MFU P%."""
+    """MODEL: N x GPU, LAYOUT, USED/CAPACITY GiB[ DOES NOT FIT][ + H GiB CPU memory per node][ + N GiB
+    NVMe per node], S s/step, MFU P%."""
     mem = gib_of(c.memory.total, c.capacity_bytes) + ("" if c.fits else " DOES NOT FIT")
+    m = c.memory
+    if m.host_bytes:        # issue 33: offload's host memory was in the long report only
+        mem += f" + {gib_number(m.host_bytes_per_node)} GiB CPU memory per node"
+        mem += "" if c.host_fits else " (MORE THAN THE NODE HAS)"
+    if m.nvme_bytes:
+        mem += f" + {gib_number(m.nvme_bytes_per_node)} GiB NVMe per node"
     out = f"{name}: {c.n_gpus} x {gpu_name}, {layout_compact(c.layout)}, {mem}"
     if c.time is not None:
         t = c.time.step_time_s

@@ -66,6 +66,9 @@ ARGUMENTS: dict[str, object] = {
     "--attention-backend": ["flash", "fused", "unfused", "local", "auto"],
     # _add_learning_rate_args, _add_mixed_precision_args
     "--lr": float, "--fp16": FLAG, "--bf16": FLAG,
+    "--train-iters": int, "--train-samples": int, "--min-lr": float,
+    "--lr-decay-style": ["constant", "linear", "cosine", "inverse-square-root", "WSD"],
+    "--lr-warmup-samples": int, "--lr-decay-samples": int, "--lr-warmup-iters": int, "--lr-decay-iters": int,
     # _add_checkpointing_args
     "--ckpt-format": ["torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor"],
     # _add_distributed_args
@@ -105,13 +108,20 @@ ARGUMENTS: dict[str, object] = {
     # 0.16.1 TransformerConfig account_for_embedding_in_pipeline_split and
     # account_for_loss_in_pipeline_split, bools (transformer/transformer_config.py lines 96-102)
     "--account-for-embedding-in-pipeline-split": FLAG, "--account-for-loss-in-pipeline-split": FLAG,
+    # ModelParallelConfig microbatch_group_size_per_vp_stage, Optional[int], argparse name
+    # --microbatch-group-size-per-virtual-pipeline-stage (model_parallel_config.py lines 343-347)
+    "--microbatch-group-size-per-virtual-pipeline-stage": int,
+    # ModelParallelConfig cross_entropy_loss_fusion (bool) and cross_entropy_fusion_impl
+    # (Literal['native', 'te']), model_parallel_config.py lines 241-249
+    "--cross-entropy-loss-fusion": FLAG, "--cross-entropy-fusion-impl": ["native", "te"],
 }
 
 # Defaults of the flags the rules read, as the parser sets them (same file and commit).
 _DEFAULTS = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "context_parallel_size": 1,
              "expert_model_parallel_size": 1, "ckpt_format": "torch_dist", "rotary_base": 10000,
              "rope_scaling_factor": 8.0, "norm_epsilon": 1e-5, "make_vocab_size_divisible_by": 128,
-             "rotary_percent": 1.0, "position_embedding_type": "learned_absolute", "normalization": "LayerNorm"}
+             "rotary_percent": 1.0, "position_embedding_type": "learned_absolute", "normalization": "LayerNorm",
+             "lr_warmup_samples": 0, "lr_warmup_iters": 0}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -272,6 +282,37 @@ def _cpu_offload(a: argparse.Namespace, e: LaunchEnv) -> str | None:
     return None
 
 
+def _train_length(a: argparse.Namespace, e: LaunchEnv) -> str | None:
+    # megatron/training/training.py, get_optimizer_param_scheduler (same commit): neither given
+    if not a.train_iters and not a.train_samples:
+        return "either train-iters or train-samples should be provided."
+    return None
+
+
+def _sample_based(a: argparse.Namespace, e: LaunchEnv) -> str | None:
+    # validate_args, "Sample-based training": no iteration-based options beside --train-samples
+    if a.train_samples:
+        if a.train_iters is not None:
+            return "expected sample-based training"
+        if a.lr_decay_iters is not None:
+            return "expected sample-based learning rate decay"
+        if a.lr_warmup_iters != 0:
+            return "expected sample-based learnig rate warmup"
+    if a.train_iters and (a.lr_decay_samples is not None or a.lr_warmup_samples != 0):
+        return "expected iteration-based learning rate decay"
+    return None
+
+
+def _warmup_before_decay(a: argparse.Namespace, e: LaunchEnv) -> str | None:
+    # megatron/core/optimizer_param_scheduler.py, OptimizerParamScheduler.__init__ asserts
+    # lr_decay_steps > 0 and lr_warmup_steps < lr_decay_steps (decay defaults to the length)
+    if a.train_samples:
+        decay = a.lr_decay_samples if a.lr_decay_samples is not None else a.train_samples
+        if not 0 <= a.lr_warmup_samples < decay:
+            return "lr_warmup_steps < lr_decay_steps"
+    return None
+
+
 def _required(a: argparse.Namespace, e: LaunchEnv) -> str | None:
     for name in ("num_layers", "hidden_size", "num_attention_heads", "max_position_embeddings", "micro_batch_size"):
         if getattr(a, name) is None:
@@ -296,6 +337,9 @@ RULES: tuple[tuple[Rule, str], ...] = (
     (_recompute, "selective recomputation takes no --recompute-method"),
     (_experts, "expert parallelism divides the experts, no fp16"),
     (_cpu_offload, "--optimizer-cpu-offload needs --use-precision-aware-optimizer"),
+    (_train_length, "a training length: --train-iters or --train-samples"),
+    (_warmup_before_decay, "the warmup ends before the decay does"),
+    (_sample_based, "sample-based training takes sample-based warmup and decay, iteration-based the other"),
 )
 
 

@@ -46,6 +46,17 @@ FSDP_PIPELINE_GRAD_SYNCS = ("step", "micro-batch")
 # account_for_loss_in_pipeline_split (transformer/transformer_config.py lines 96-102;
 # transformer/transformer_block.py get_num_layers_to_build, lines 75-202)
 PP_BALANCES = ("none", "embedding-loss")
+# Megatron-Core's cross entropy (TrainingSetup.cross_entropy; megatron-core 0.16.1
+# ModelParallelConfig cross_entropy_loss_fusion and cross_entropy_fusion_impl,
+# model_parallel_config.py lines 241-249; language_module.py compute_language_model_loss):
+# "native": Megatron-Core's vocab-parallel cross entropy, which keeps the logits' exp in fp32
+# for backward (tensor_parallel/cross_entropy.py: vocab_parallel_logits.float(), save_for_backward
+# (exp_logits, ...)); "te": Transformer Engine's parallel_cross_entropy, which writes the gradient
+# into its 16-bit input in the forward and keeps only that input (transformer_engine/pytorch/
+# cross_entropy.py, CrossEntropyFunction.forward: save_for_backward(_input, target, m_d_X_y)).
+# Megatron-Bridge's Llama 3 pretraining recipes set "te" (src/megatron/bridge/recipes/llama/
+# llama3.py: model_cfg.cross_entropy_fusion_impl = "te")
+CROSS_ENTROPIES = ("native", "te")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -230,6 +241,16 @@ class TrainingSetup:
     fsdp_pipeline_grad_sync: str = "step"
     # the pipeline's layer split (PP_BALANCES): "none", or the embedding and the loss counted as layers
     pp_balance: str = "none"
+    # interleaved 1F1B's micro-batch group: how many micro-batches run through one model chunk
+    # before the next chunk (megatron-core 0.16.1 ModelParallelConfig
+    # microbatch_group_size_per_vp_stage, default pp: model_parallel_config.py lines 343-361 and
+    # 447-448; schedules.py get_pp_rank_microbatches, lines 768-774: rank r's warm-up runs
+    # (pp - r - 1) x 2 + (vp - 1) x N chunk forwards). megatron-core accepts N in [pp, the step's
+    # micro-batches] (schedules.py lines 995-1003); the Llama 3 paper's schedule sets it freely
+    # (arXiv:2407.21783, Sec. 3.3.2 and its Figure 6: N = 5). 0: pp, megatron-core's default
+    pp_microbatch_group: int = 0
+    # the loss's kernel under fused (Megatron) kernels (CROSS_ENTROPIES)
+    cross_entropy: str = "native"
     # the FP8 recipe under precision "fp8" (planner.training.fp8.RECIPES), resolved from the stack
     fp8_recipe: str = "rowwise"
     # Megatron-LM's --fp8-param-gather (megatron-core TransformerConfig.fp8_param): the blocks'

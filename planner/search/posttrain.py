@@ -1,0 +1,223 @@
+"""Post-training plans: the fewest GPUs (or a given count) on which distillation or an RL step
+fits, and the fastest layout there.
+
+Both walk the GPU counts as the training search does (planner.search.search) and, on each,
+take the student's (policy's) fitting layouts ranked by their own step time; each is then sized
+with what post-training adds (planner.memory.distill, planner.memory.rollout) and timed with
+its extra passes (planner.timing.rollout). The first count with a layout that fits everything
+wins, with its fastest such layout. The teacher's sharding is searched per layout
+(memory.distill.best_distill_memory).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from planner.hardware.gpus import GpuSpec
+from planner.layouts.layout import Layout, SearchSpace
+from planner.memory.distill import DistillMemory, best_distill_memory
+from planner.memory.rollout import EngineBudget, PhaseMemory, engine_budget, frozen_copy_bytes, phase_memory
+from planner.models.spec import ModelSpec, count_params
+from planner.search.search import Candidate, gpu_counts, search
+from planner.timing.efficiency import Efficiency
+from planner.timing.model import Cluster, StepTime, cluster_for, scale_up_domain_gpus
+from planner.timing.rollout import (
+    GenerationTime,
+    forward_flops_per_token,
+    forward_pass_s,
+    fsdp_gather_s,
+    generation_time,
+    offload_s,
+    resync_s,
+)
+from planner.training.posttrain import DistillSetup, RLSetup
+from planner.training.setup import TrainingSetup
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DistillChoice:
+    """A student layout with the teacher held on it: memory and step time."""
+
+    candidate: Candidate
+    teacher: DistillMemory
+    total_bytes: int                 # the student's peak + the teacher's terms (+ their fragmentation)
+    teacher_forward_s: float         # the teacher's forward over the step's tokens
+    teacher_gather_s: float          # FSDP: its all-gathers per step, not hidden (ASSUMED exposed)
+    teacher_flops: float             # the teacher's forward FLOPs per step, all GPUs
+
+    @property
+    def student_time(self) -> StepTime:
+        assert self.candidate.time is not None
+        return self.candidate.time
+
+    @property
+    def step_time_s(self) -> float:
+        return self.student_time.step_time_s + self.teacher_forward_s + self.teacher_gather_s
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RLChoice:
+    """A policy layout and its RL step: memory by phase, time by phase."""
+
+    candidate: Candidate
+    phases: PhaseMemory
+    engine: EngineBudget | None
+    generation: GenerationTime | None
+    times_s: dict[str, float]
+
+    @property
+    def step_time_s(self) -> float:
+        return sum(self.times_s.values())
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PosttrainPlan:
+    """The chosen layout on the smallest count that fits (None when nothing fits up to
+    max_gpus), the GPU counts tried and the capacity per GPU."""
+
+    model: ModelSpec
+    gpu: GpuSpec
+    setup: TrainingSetup
+    capacity_bytes: int
+    counts_tried: tuple[int, ...]
+    distill: DistillChoice | None = None
+    rl: RLChoice | None = None
+    teacher: ModelSpec | None = None
+    distill_setup: DistillSetup | None = None
+    rl_setup: RLSetup | None = None
+    alternatives: tuple[DistillChoice | RLChoice, ...] = ()
+    steps: int | None = None          # the run's steps (--rl-steps; distillation: --tokens over the batch)
+
+    @property
+    def fits(self) -> bool:
+        return self.distill is not None or self.rl is not None
+
+    @property
+    def chosen(self) -> DistillChoice | RLChoice | None:
+        return self.distill if self.distill is not None else self.rl
+
+    @property
+    def run_time_s(self) -> float | None:
+        """The whole run: steps x the chosen layout's step time (None without steps or a plan)."""
+        c = self.chosen
+        return None if c is None or self.steps is None else self.steps * c.step_time_s
+
+    @property
+    def gpu_hours(self) -> float | None:
+        c, t = self.chosen, self.run_time_s
+        return None if c is None or t is None else c.candidate.layout.n_gpus * t / 3600
+
+
+def _counts(gpu: GpuSpec, n_gpus: int | None, max_gpus: int) -> list[int]:
+    return [n_gpus] if n_gpus is not None else gpu_counts(gpu.gpus_per_node, max_gpus)
+
+
+def _fitting(m: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, cap: int, n: int, space: SearchSpace,
+             cluster: Cluster, eff: Efficiency) -> tuple[Candidate, ...]:
+    """The layouts on n GPUs whose own training step fits, fastest first (search.search)."""
+    from planner.timing.fast import step_times
+
+    pc = count_params(m)
+
+    def batch_timer(layouts: Sequence[Layout]) -> list[StepTime]:
+        return step_times(m, setup, layouts, cluster, eff, pc)
+
+    return search(m, setup, cap, gpu.gpus_per_node, [n], space, batch_timer=batch_timer).fitting
+
+
+def _space(space: SearchSpace, gpu: GpuSpec, cluster: Cluster) -> SearchSpace:
+    if space.max_tp is None:
+        return replace(space, max_tp=max(gpu.gpus_per_node, scale_up_domain_gpus(cluster)))
+    return space
+
+
+def distill_choice(student: ModelSpec, teacher: ModelSpec, setup: TrainingSetup, d: DistillSetup, c: Candidate,
+                   cluster: Cluster, eff: Efficiency) -> DistillChoice:
+    """The teacher's terms and times on one student candidate (which has its step time)."""
+    lay = c.layout
+    tm = best_distill_memory(student, teacher, setup, d, lay)
+    total = c.memory.total + tm.extra + int(setup.overheads.fragmentation * tm.extra)
+    t = c.time
+    assert t is not None
+    tokens = t.tokens_per_step
+    fwd_s = forward_pass_s(teacher, lay.seq_len, tokens, lay.n_gpus, t) if d.online else 0.0
+    flops = forward_flops_per_token(teacher, lay.seq_len) * tokens if d.online else 0.0
+    gather = 0.0
+    if tm.sharding == "fsdp":   # one all-gather of the teacher per micro-batch
+        whole = tm.teacher_weights * lay.dp
+        gather = lay.grad_accum * fsdp_gather_s(whole, lay.dp, cluster, eff)
+    return DistillChoice(candidate=c, teacher=tm, total_bytes=total, teacher_forward_s=fwd_s,
+                         teacher_gather_s=gather, teacher_flops=flops)
+
+
+def plan_distill(student: ModelSpec, teacher: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, d: DistillSetup,
+                 space: SearchSpace = SearchSpace(), n_gpus: int | None = None, max_gpus: int = 16_384,  # noqa: B008
+                 cluster: Cluster | None = None, efficiency: Efficiency = Efficiency()) -> PosttrainPlan:
+    """Distillation on the fewest GPUs that hold the student's training step and the teacher's
+    terms, the fastest such layout (student step + teacher forward + exposed gathers)."""
+    cluster = cluster or cluster_for(gpu)
+    cap = int(gpu.memory_bytes * setup.usable_memory_fraction)
+    space = _space(space, gpu, cluster)
+    tried: list[int] = []
+    for n in _counts(gpu, n_gpus, max_gpus):
+        tried.append(n)
+        choices = [distill_choice(student, teacher, setup, d, c, cluster, efficiency)
+                   for c in _fitting(student, setup, gpu, cap, n, space, cluster, efficiency)]
+        ok = sorted((ch for ch in choices if ch.total_bytes <= cap), key=lambda ch: ch.step_time_s)
+        if ok:
+            return PosttrainPlan(model=student, gpu=gpu, setup=setup, capacity_bytes=cap, counts_tried=tuple(tried),
+                                 distill=ok[0], teacher=teacher, distill_setup=d, alternatives=tuple(ok[1:4]))
+    return PosttrainPlan(model=student, gpu=gpu, setup=setup, capacity_bytes=cap, counts_tried=tuple(tried),
+                         teacher=teacher, distill_setup=d)
+
+
+def rl_choice(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, rl: RLSetup, c: Candidate, cluster: Cluster,
+              eff: Efficiency) -> RLChoice:
+    """Phases' memory and times of one policy layout (which has its training step time)."""
+    lay = c.layout
+    t = c.time
+    assert t is not None
+    phases = phase_memory(m, gpu, rl, lay, c.memory, setup.overheads)
+    tokens = rl.sequences_per_step * (rl.prompt_len + rl.mean_response)
+    times: dict[str, float] = {}
+    engine = gen = None
+    if rl.generates:
+        engine = engine_budget(m, gpu, rl)
+        gen = generation_time(m, gpu, rl, lay.n_gpus, engine, eff)
+        times["generation: prefill"] = gen.prefill_s
+        times["generation: decode"] = gen.decode_s
+    # log-prob passes: the policy's old log-probs (verl, NeMo-RL) and the reference's
+    passes = (1 if rl.task != "dpo" else 0) + (1 if rl.reference_model else 0) + (1 if rl.has_critic else 0)
+    times["log-prob passes"] = passes * forward_pass_s(m, rl.seq_len, tokens, lay.n_gpus, t)
+    # the training step is sized at full length; its time follows the packed tokens
+    times["training"] = t.step_time_s * rl.token_share * (2 if rl.has_critic else 1)
+    if rl.generates:
+        times["weight resync"] = resync_s(m, lay.dp, rl.engine_tp, rl.placement == "colocated", cluster, eff)
+        if rl.offload_train_states and rl.placement == "colocated":
+            bd = c.memory.breakdown
+            ref = frozen_copy_bytes(m, lay) if rl.reference_model else 0
+            times["offload and reload"] = offload_s(bd.weights + bd.optimizer + ref)
+    return RLChoice(candidate=c, phases=phases, engine=engine, generation=gen, times_s=times)
+
+
+def plan_rl(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, rl: RLSetup, space: SearchSpace = SearchSpace(),  # noqa: B008
+            n_gpus: int | None = None, max_gpus: int = 16_384, cluster: Cluster | None = None,
+            efficiency: Efficiency = Efficiency()) -> PosttrainPlan:
+    """An RL step on the fewest GPUs whose every phase fits (the engine's KV cache holding at
+    least one sequence), the fastest layout by the sum of the phases' times."""
+    cluster = cluster or cluster_for(gpu)
+    cap = int(gpu.memory_bytes * setup.usable_memory_fraction)
+    space = _space(space, gpu, cluster)
+    setup = replace(setup, seq_len=rl.seq_len, global_batch=rl.sequences_per_step)
+    tried: list[int] = []
+    for n in _counts(gpu, n_gpus, max_gpus):
+        tried.append(n)
+        choices = [rl_choice(m, gpu, setup, rl, c, cluster, efficiency)
+                   for c in _fitting(m, setup, gpu, cap, n, space, cluster, efficiency)]
+        ok = sorted((ch for ch in choices if ch.phases.peak <= cap
+                     and (ch.engine is None or ch.engine.max_sequences >= 1)), key=lambda ch: ch.step_time_s)
+        if ok:
+            return PosttrainPlan(model=m, gpu=gpu, setup=setup, capacity_bytes=cap, counts_tried=tuple(tried),
+                                 rl=ok[0], rl_setup=rl, alternatives=tuple(ok[1:4]))
+    return PosttrainPlan(model=m, gpu=gpu, setup=setup, capacity_bytes=cap, counts_tried=tuple(tried), rl_setup=rl)

@@ -1,0 +1,144 @@
+"""Post-training set-ups: distillation from a teacher, and RL with a rollout engine.
+
+Each field is a setting the stacks expose, with its default and where the default comes from;
+the arithmetic on them lives in planner.memory.distill, planner.memory.rollout and
+planner.timing.rollout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.errors import UserError
+from planner.training.setup import MAX_GLOBAL_BATCH
+
+# How the frozen teacher is held on the student's GPUs:
+#  replicated: every rank holds all of it (torchtune's knowledge_distillation_single_device);
+#  fsdp:       sharded over the data-parallel ranks and gathered one block at a time for its
+#              forward (torchtune's knowledge_distillation_distributed.py shards the teacher
+#              with the same fully_shard as the student);
+#  tp:         split like the student over its tensor- and pipeline-parallel ranks
+#              (Megatron-Bridge / ModelOpt's distillation: the teacher is built with the
+#              student's model-parallel config, modelopt.torch.distill's DistillationModel);
+#  auto:       of those the layout allows, the one that needs the least memory.
+TEACHER_SHARDINGS = ("auto", "replicated", "fsdp", "tp")
+# The KD loss's working set: "full" materialises both models' fp32 probabilities over the
+# whole vocabulary at once (torchtune ForwardKLLoss); "chunked" works on one chunk of the
+# tokens at a time (torchtune ForwardKLWithChunkedOutputLoss, num_output_chunks = 8).
+KD_LOSSES = ("chunked", "full")
+KD_CHUNKS = 8       # torchtune's num_output_chunks default (recipes/configs/*/knowledge_distillation_*.yaml)
+RL_TASKS = ("grpo", "ppo", "dpo")
+ROLLOUT_PLACEMENTS = ("colocated", "separate")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DistillSetup:
+    """The teacher of a distillation run and the KD loss.
+
+    teacher_weight_bytes: bytes per parameter of the teacher's 16-bit copy (2) or fp32 (4);
+    teacher_quant: weight-only quantization of its linear layers (none, int8, int4, nf4: the
+    storage formats of planner.training.finetune); kd_hidden_layers: hidden-state losses on N
+    layers (Minitron, Sreenivas et al. 2024, arXiv:2408.11796, Sec. 3: logit loss plus
+    intermediate-state losses; ModelOpt's intermediate_layer_pairs), each keeping the
+    teacher's and the student's hidden state of that layer for the MSE; offline_topk: 0 for
+    online distillation (the teacher runs every step), k for distillation from stored top-k
+    teacher logits (no teacher on the GPUs; k values and k int32 indices per token are read).
+    """
+
+    teacher: str
+    teacher_weight_bytes: int = 2
+    teacher_quant: str = "none"
+    teacher_sharding: str = "auto"
+    kd_loss: str = "chunked"
+    kd_hidden_layers: int = 0
+    offline_topk: int = 0
+
+    def __post_init__(self) -> None:
+        if self.teacher_sharding not in TEACHER_SHARDINGS:
+            raise UserError(f"unknown teacher sharding {self.teacher_sharding!r}; choose one of "
+                            f"{', '.join(TEACHER_SHARDINGS)}")
+        if self.kd_loss not in KD_LOSSES:
+            raise UserError(f"unknown KD loss {self.kd_loss!r}; choose one of {', '.join(KD_LOSSES)}")
+
+    @property
+    def online(self) -> bool:
+        return self.offline_topk == 0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RLSetup:
+    """One RL step's shape, as GRPO/PPO/DPO trainers are configured.
+
+    prompts_per_step x group_size sequences are generated per step (TRL GRPOConfig's
+    generation_batch_size / num_generations; NeMo-RL's grpo.num_prompts_per_step x
+    num_generations_per_prompt); each is prompt_len + response_len tokens at most.
+    engine_memory_fraction is vLLM's gpu_memory_utilization: the share of the GPU the engine
+    may take for its weights, activations and KV cache (vllm/config/cache.py default 0.9;
+    TRL's colocate examples set 0.3, GRPOConfig.vllm_gpu_memory_utilization defaults to 0.3).
+    offload_train_states: the training state (weights, gradients, optimizer) leaves the GPU
+    while the engine generates, as verl (actor_rollout_ref.actor.fsdp_config.param_offload /
+    optimizer_offload) and NeMo-RL (offload before generation) do; TRL keeps it resident and
+    puts the engine to sleep for training (vllm_enable_sleep_mode). engine_sleeps: the
+    engine releases its weights and KV cache during training (vLLM's sleep mode, level 1).
+    response_mean: the mean response length (0: every response runs to response_len). RL
+    responses end at different lengths; the engine's batch runs until its longest response
+    ends (ASSUMED: one response per engine reaches response_len, the long tail RL rollouts
+    have), while the KV-cache reads, the decode FLOPs and the tokens trained on (packed
+    sequences: NeMo-RL's sequence_packing, verl's use_remove_padding) follow the mean.
+    """
+
+    task: str
+    prompt_len: int = 1024
+    response_len: int = 4096
+    group_size: int = 8
+    prompts_per_step: int = 64
+    placement: str = "colocated"
+    engine_tp: int = 1
+    engine_memory_fraction: float = 0.9
+    offload_train_states: bool = True
+    engine_sleeps: bool = True
+    response_mean: int = 0
+    reference_model: bool = True      # GRPO's KL term against a frozen reference (beta > 0)
+
+    def __post_init__(self) -> None:
+        if self.task not in RL_TASKS:
+            raise UserError(f"unknown RL task {self.task!r}; choose one of {', '.join(RL_TASKS)}")
+        if self.placement not in ROLLOUT_PLACEMENTS:
+            raise UserError(f"unknown rollout placement {self.placement!r}; choose one of "
+                            f"{', '.join(ROLLOUT_PLACEMENTS)}")
+        if not 0 <= self.response_mean <= self.response_len:
+            raise UserError(f"--response-mean {self.response_mean} must lie within --response-len {self.response_len}")
+        if self.sequences_per_step > MAX_GLOBAL_BATCH:
+            raise UserError(f"--prompts-per-step x --group-size = {self.sequences_per_step:,} sequences per step "
+                            f"exceeds {MAX_GLOBAL_BATCH:,}; give fewer prompts or a smaller group")
+        if not 0.0 < self.engine_memory_fraction <= 1.0:
+            raise UserError(f"--rollout-memory-fraction {self.engine_memory_fraction} must be in (0, 1]")
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens of one sequence: the prompt and its response (DPO: prompt and the longer answer)."""
+        return self.prompt_len + self.response_len
+
+    @property
+    def mean_response(self) -> int:
+        return self.response_mean or self.response_len
+
+    @property
+    def token_share(self) -> float:
+        """Tokens of a step's packed sequences over those at full length."""
+        return (self.prompt_len + self.mean_response) / self.seq_len
+
+    @property
+    def sequences_per_step(self) -> int:
+        """Sequences trained on per step: prompts x group (DPO: chosen and rejected per pair)."""
+        return self.prompts_per_step * (2 if self.task == "dpo" else self.group_size)
+
+    @property
+    def generates(self) -> bool:
+        """DPO trains on stored pairs: it generates nothing."""
+        return self.task != "dpo"
+
+    @property
+    def has_critic(self) -> bool:
+        """PPO trains a value model beside the policy (Ouyang et al. 2022, InstructGPT, Sec. 3.5)."""
+        return self.task == "ppo"
