@@ -215,3 +215,13 @@ def test_plan_measure_on_a_tiny_hybrid_is_within_ten_percent(mt, tmp_path):
     total = re.search(r"total \(less overhead\)\s+([\d.]+) GiB\s+([\d.]+) GiB\s+([+-][\d.]+)%", r.output)
     assert total is not None, r.output
     assert abs(float(total.group(3))) <= 10.0, r.output
+
+
+def test_kernel_times_run_at_the_measured_work():
+    # the step time's GEMMs (models.matmuls.block_matmuls) carry the mean block's measured
+    # forward FLOPs, not a dense block guessed from hidden_size and intermediate_size
+    from planner.models.matmuls import block_matmuls
+
+    m = spec_from_hf_config(dict(TINY_NEMOTRON_H), "x", "test")
+    gemm_flops = sum(mm.flops_per_token() for mm in block_matmuls(m))
+    assert gemm_flops == pytest.approx(m.profile.mean_block("fwd_flops_per_token"), rel=1e-3)

@@ -10,11 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-<<<<<<< HEAD
 from planner.models.generic.profile import GenericProfile
-=======
 from planner.models.matmuls import block_matmuls, mean_block_share
->>>>>>> main
 from planner.models.spec import ModelSpec
 from planner.training.finetune import FinetuneSpec, resolve_targets
 
@@ -44,26 +41,16 @@ class LayerFlops:
 
 
 def layer_flops(m: ModelSpec, seq_len: int) -> LayerFlops:
-<<<<<<< HEAD
-    """Forward FLOPs per token of one block (see LayerFlops); a generic model's mean block
-    is measured (generic_layer_flops)."""
+    """Forward FLOPs per token of the mean block (see LayerFlops); a generic model's mean
+    block is measured (generic_layer_flops)."""
     if m.profile is not None:
         return generic_layer_flops(m.profile, seq_len)
-    h, q, kv, f = m.d_model, m.q_dim, m.kv_dim, m.d_ff
-    k = m.n_experts_per_token if m.is_moe else 1
-    mats = 3 if m.gated_mlp else 2
-    router = 2 * h * m.n_experts if m.is_moe else 0
-    return LayerFlops(qkv=2 * h * (q + 2 * kv), scores=4 * seq_len * q, out=2 * q * h,
-                      mlp=k * mats * 2 * h * f + router)
-=======
-    """Forward FLOPs per token of the mean block (see LayerFlops)."""
     parts = {"qkv": 0.0, "out": 0.0, "mlp": 0.0}
     for mm in block_matmuls(m):
         part = "mlp" if mm.kind != "attention" else ("out" if mm.name == "o" else "qkv")
         parts[part] += mm.flops_per_token() * mean_block_share(m, mm)
     scores = 2.0 * seq_len * m.n_heads * (m.head_dim + m.value_head_dim)
     return LayerFlops(qkv=parts["qkv"], scores=scores, out=parts["out"], mlp=parts["mlp"])
->>>>>>> main
 
 
 def generic_layer_flops(p: GenericProfile, seq_len: int) -> LayerFlops:
