@@ -157,7 +157,7 @@ def llama(**over) -> dict:
     ({"num_key_value_heads": 5}, "must be a multiple of num_key_value_heads"),
     ({"num_attention_heads": 2**63}, "'num_attention_heads' must be an integer"),
     ({"num_attention_heads": 8192, "num_key_value_heads": 8}, "head_dim = 0 must be at least 1"),
-    ({"head_dim": 0, "num_attention_heads": 8192, "num_key_value_heads": 8}, "head_dim = 0"),
+    ({"head_dim": 0, "num_attention_heads": 8192, "num_key_value_heads": 8}, "'head_dim' must be an integer >= 1"),
     ({"max_position_embeddings": float("nan")}, "'max_position_embeddings' must be an integer"),
     ({"tie_word_embeddings": "false"}, "'tie_word_embeddings' must be true or false"),
     ({"attention_dropout": 7}, "'attention_dropout' must be a probability"),

@@ -18,8 +18,10 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from planner.api import MAX_SEARCH_GPUS, PlanResult, capacity_bytes, host_capacities
+from planner.cost.jobs import job_setup
 from planner.cost.prices import Prices, gpu_hours, node_cost, rental_cost_usd
 from planner.cost.solve import (
     JobOption,
@@ -29,6 +31,7 @@ from planner.cost.solve import (
     Pool,
     PurchaseSolution,
     SolverInfo,
+    nodes_needed,
     solve_one_job,
     solve_purchase,
 )
@@ -165,8 +168,17 @@ class _Pool:
             for cb in sweep(self.m, self.setup, self.cluster, todo, capacity_bytes(self.gpu, self.setup),
                             self.space, self.eff, keep=self.keep, host_capacity_bytes=host,
                             nvme_capacity_bytes=nvme):
-                self.found[cb.n_gpus] = cb
+                self.found[cb.n_gpus] = without_terms(cb)
         return [self.found[n] for n in counts]
+
+
+def without_terms(cb: CountBest) -> CountBest:
+    """``cb`` with each candidate's memory terms dropped: a term row holds the whole batch
+    its count was sized in (memory.model.MemoryTerms), so keeping it kept every sweep's
+    arrays alive (issue 32, H1: 16 jobs took 3.6 GB, 256 were killed at 22.5 GB). The ILP and
+    the report read the breakdown; `plan explain` recomputes terms where they are absent
+    (report.explain_memory)."""
+    return replace(cb, fastest=tuple(replace(c, memory=replace(c.memory, terms=None)) for c in cb.fastest))
 
 
 def _sweep_task(task: tuple[_Pool, list[int], float, float]) -> dict[int, CountBest]:
@@ -221,7 +233,12 @@ def plan_cost(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, token
     """The plan that minimises the cost (or time) of training ``m`` on ``tokens`` tokens, over
     GPU types ``gpus`` and the GPU counts of cost_counts() up to limits.max_gpus (or
     ``n_gpus`` alone), under the deadline and budget of ``limits``."""
+    from planner.training.checks import tokens_refusal
+
     t0 = time.perf_counter()
+    why = tokens_refusal(setup, tokens)
+    if why is not None:
+        raise UserError(why)
     left_out: list[tuple[str, str]] = []
     if objective == "cost" or limits.budget_usd is not None:
         # a GPU without a rental rate has no cost: left out of the answer, and said so; with
@@ -481,16 +498,6 @@ class BuyResult:
         return self.capex_usd + self.opex_usd
 
 
-def _job_setup(job, base: TrainingSetup, m: ModelSpec) -> TrainingSetup:
-    from planner.training.batch import default_global_batch
-    from planner.training.finetune import FinetuneSpec
-
-    batch = job.global_batch
-    if batch is None:       # issue 33: not 1,024 sequences for every job whatever its size and method
-        batch = default_global_batch(count_params(m).total, job.tokens, job.seq_len, job.method)
-    return replace(base, seq_len=job.seq_len, global_batch=batch, finetune=FinetuneSpec.named(job.method))
-
-
 def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s: float,
                   budget_usd: float | None = None, max_gpus: int = MAX_SEARCH_GPUS,
                   base_setup: TrainingSetup = DEFAULT_SETUP, efficiency: Efficiency = DEFAULT_EFFICIENCY,
@@ -522,7 +529,11 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
         prices.node(gpus[0].name)
     left_out = tuple((g.name, "no node price or power (give node_purchase_usd, node_power_kw in --prices FILE)")
                      for g in gpus if g not in priced)
-    gpus = priced
+    no_bf16 = [g for g in gpus if base_setup.precision.startswith("bf16") and g.bf16_flops_per_s is None]
+    left_out += tuple((g.name, "no bf16 support (plan buy trains in bf16 mixed precision)") for g in no_bf16)
+    gpus = [g for g in priced if g not in no_bf16]
+    if not gpus:       # issue 32, U2: the advice named --precision, which plan buy does not have
+        raise UserError(f"no GPU of --gpus can train the jobs: {'; '.join(f'{n}: {why}' for n, why in left_out)}")
     pools = []
     for g in gpus:
         nc = node_cost(g.name, horizon_s, prices)
@@ -532,7 +543,7 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
     searches: dict[tuple, _Pool] = {}
 
     def search(job, gpu: GpuSpec) -> _Pool:
-        setup = _job_setup(job, base_setup, models[job.name])
+        setup = job_setup(job, base_setup, models[job.name])
         key = (models[job.name], setup, gpu.name)
         if key not in searches:
             m = models[job.name]
@@ -572,6 +583,10 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
     if not lines:
         c0 = sum(min(math.ceil(first_ok[j.name, g.name] / g.gpus_per_node) * pool_of[g.name].node_usd
                      for g in gpus if (j.name, g.name) in first_ok) for j in jobs)
+        # the nodes the first counts in time need at their peak over the horizon: a purchase
+        # that works too, often far below c0 when jobs follow one another (issue 32, H1/H5:
+        # with c0, 256 staggered jobs swept every count of every search)
+        c0 = min(c0, _first_counts_usd(jobs, gpus, first_ok, seen, pools, pool_of))
         limit = min(c0, budget_usd) if budget_usd is not None else c0
         more: dict[tuple[str, str], list[int]] = {}
         for job in jobs:                                    # phase 2: counts an optimum may use
@@ -622,6 +637,26 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
                      pools=tuple(pools), nodes=sol.nodes, capex_usd=capex, opex_usd=opex, plans=tuple(plans),
                      solver=sol.solver, n_options=len(options), budget_usd=budget_usd, prices=prices,
                      lines=tuple(lines), search_s=time.perf_counter() - t0, left_out=left_out)
+
+
+def _first_counts_usd(jobs: Sequence[Any], gpus: Sequence[GpuSpec], first_ok: dict[tuple[str, str], int],
+                      seen: dict[tuple[str, str], list[tuple[int, Candidate]]], pools: Sequence[Pool],
+                      pool_of: dict[str, Pool]) -> float:
+    """The cost of a purchase on which every job runs from its start on its first count in
+    time, on the GPU type where those nodes cost least: the peak nodes per type in use at
+    some job's start (solve.nodes_needed). Every job meets its deadline on it, so it bounds
+    the optimum from above, and no optimal purchase holds a job on nodes that alone cost more."""
+    choices = {}
+    for job in jobs:
+        g = min((g for g in gpus if (job.name, g.name) in first_ok),
+                key=lambda g: math.ceil(first_ok[job.name, g.name] / g.gpus_per_node) * pool_of[g.name].node_usd)
+        n = first_ok[job.name, g.name]
+        c = next(c for m, c in seen[job.name, g.name] if m == n)
+        choices[job.name] = JobOption(job=job.name, gpu=g.name, n_gpus=n, key=f"{g.name}_n{n}",
+                                      duration_s=c.time.train_time_s(job.tokens))  # type: ignore[union-attr]
+    windows = [JobWindow(name=j.name, start_s=j.start_s, deadline_s=j.deadline_s) for j in jobs]
+    need = nodes_needed(pools, windows, choices)
+    return sum(p.node_usd * need[p.gpu] for p in pools)
 
 
 def _buy_diagnosis(pools: Sequence[Pool], windows: Sequence[JobWindow], options: Sequence[JobOption],
