@@ -22,6 +22,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
 
 PROMPT = 128   # ASSUMED (see the module docstring)
 
@@ -47,26 +50,59 @@ def predict(row: tuple) -> dict:
     return json.loads(out.stdout)["plan"]
 
 
+def fit_step_overhead(rows: list[tuple[float, int, float]]) -> float:
+    """The per-decode-step host time c that minimises the squared relative errors of
+    base + steps x c against the published step times (linear least squares, c >= 0);
+    rows are (predicted step time without the per-step time, decode steps, published)."""
+    num = sum(s / y * (1 - b / y) for b, s, y in rows)
+    den = sum((s / y) ** 2 for _, s, y in rows)
+    return max(0.0, num / den) if den else 0.0
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
 def main() -> None:
-    print("| model | GPUs | published step s | predicted s | error | generation s | log-probs s | training s | "
-          "resync + offload s |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    errors = []
+    from planner.timing.rollout import DECODE_STEP_OVERHEAD_S
+
+    print("| model | GPUs | published step s | predicted s | error | physics only (c = 0) | leave-one-out error | "
+          "generation s (tp all-reduces, per-step fitted) | log-probs s | training s | resync + offload s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    preds = []
     for row in ROWS:
         p = predict(row)
         if p is None:
-            print(f"| {row[0]} | {row[1]} | {row[-1]} | does not fit | | | | | |")
+            print(f"| {row[0]} | {row[1]} | {row[-1]} | does not fit | | | | | | | |")
             continue
-        t = p["time_by_phase_s"]
+        g = p["generation"]
+        base = p["step_time_s"] - g["decode_overhead_s"]
+        preds.append((row, p, base, g["decode_steps"]))
+    fit_rows = [(b, s, row[-1]) for row, _, b, s in preds]
+    c_all = fit_step_overhead(fit_rows)
+    errors, loo = [], []
+    for i, (row, p, base, steps) in enumerate(preds):
+        c_out = fit_step_overhead(fit_rows[:i] + fit_rows[i + 1:])
+        y = row[-1]
+        err = (base + steps * DECODE_STEP_OVERHEAD_S) / y - 1
+        err_loo = (base + steps * c_out) / y - 1
+        errors.append(err)
+        loo.append(err_loo)
+        t, g = p["time_by_phase_s"], p["generation"]
         gen = t.get("generation: prefill", 0) + t.get("generation: decode", 0)
         other = t.get("weight resync", 0) + t.get("offload and reload", 0)
-        err = p["step_time_s"] / row[-1] - 1
-        errors.append(err)
-        print(f"| {row[0]} | {row[1]} | {row[-1]} | {p['step_time_s']:.1f} | {err:+.0%} | {gen:.1f} | "
+        print(f"| {row[0]} | {row[1]} | {y} | {p['step_time_s']:.1f} | {err:+.0%} | "
+              f"{base / y - 1:+.0%} | {err_loo:+.0%} "
+              f"(c = {c_out * 1e3:.1f} ms) | {gen:.1f} ({g['decode_collective_s']:.1f}, "
+              f"{g['decode_overhead_s']:.1f}) | "
               f"{t['log-prob passes']:.1f} | {t['training']:.1f} | {other:.1f} |")
-    errors.sort()
-    print(f"\n{len(errors)} of {len(ROWS)} on-policy rows predicted; median error {errors[len(errors) // 2]:+.0%}, "
-          f"range {errors[0]:+.0%} to {errors[-1]:+.0%}; not predicted: {NOT_PREDICTED}")
+    print(f"\nper-decode-step fitted time in the planner (DECODE_STEP_OVERHEAD_S): "
+          f"{DECODE_STEP_OVERHEAD_S * 1e3:.2f} ms; fitted to these {len(preds)} rows: {c_all * 1e3:.2f} ms")
+    print(f"{len(errors)} of {len(ROWS)} on-policy rows predicted; in sample median error {_median(errors):+.0%}, "
+          f"median |error| {_median([abs(e) for e in errors]):.0%}, range {min(errors):+.0%} to {max(errors):+.0%}; "
+          f"leave one row out median |error| {_median([abs(e) for e in loo]):.0%}, range {min(loo):+.0%} to "
+          f"{max(loo):+.0%}; not predicted: {NOT_PREDICTED}")
 
 
 if __name__ == "__main__":

@@ -81,6 +81,36 @@ def pick_alternatives(fitting: tuple[Candidate, ...], best: Candidate,
     return tuple(out)
 
 
+def check_request(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, space: SearchSpace | None = None,
+                  n_gpus: int | None = None, max_gpus: int | None = None, tokens: float | None = None) -> None:
+    """UserError (one line) for arguments the command line would have refused: the set-up
+    by planner.training.checks' table, the search space by planner.layouts.rules.space_refusal,
+    the GPU counts and the tokens by their options' ranges (issue 32, W11)."""
+    import math
+
+    from planner.layouts.rules import space_refusal
+    from planner.training.checks import check_setup, is_int_in
+
+    check_setup(m, setup)
+    if not isinstance(gpu, GpuSpec):
+        raise UserError(f"the GPU must be a GpuSpec (planner.hardware.gpus.get_gpu('h100')), not {type(gpu).__name__}")
+    if space is not None:
+        why = space_refusal(space)
+        if why is not None:
+            raise UserError(why)
+    for flag, count in (("--n-gpus", n_gpus), ("--max-gpus", max_gpus)):
+        if count is not None and not is_int_in(count, 1, MAX_GPUS):
+            raise UserError(f"{flag} {count!r} must be a whole number from 1 to {MAX_GPUS:,}")
+    if tokens is not None and not (isinstance(tokens, int | float) and math.isfinite(tokens) and 1 <= tokens <= 1e18):
+        raise UserError(f"--tokens {tokens!r} must be between 1 and 1e18 tokens")
+    if tokens is not None:
+        from planner.training.checks import tokens_refusal
+
+        why = tokens_refusal(setup, tokens)
+        if why is not None:
+            raise UserError(why)
+
+
 def plan(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, space: SearchSpace = SearchSpace(),
          n_gpus: int | None = None, max_gpus: int = MAX_SEARCH_GPUS, cluster: Cluster | None = None,
          efficiency: Efficiency = Efficiency(), tokens: float | None = None,
@@ -93,11 +123,14 @@ def plan(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, space: SearchSpace = 
     ``progress(n_gpus, i, n_counts)`` is told of each GPU count before it is searched
     (planner.search.search.search), for a progress bar.
     """
-    if n_gpus is not None and not 1 <= n_gpus <= MAX_GPUS:
+    if n_gpus is not None and isinstance(n_gpus, int) and not 1 <= n_gpus <= MAX_GPUS:
         raise UserError(f"--n-gpus {n_gpus} is outside 1..{MAX_GPUS}")
+    check_request(m, gpu, setup, space, n_gpus, max_gpus, tokens)
     fixed_degrees = [space.dp, space.tp, space.pp, space.cp, space.ep]
     if n_gpus is None and all(d is not None for d in fixed_degrees):
         n_gpus = space.dp * space.tp * space.pp * space.cp * space.ep  # type: ignore[operator]
+        if n_gpus > max(max_gpus, 1):       # as the CLI refuses it (issue 32, W2)
+            raise UserError(f"dp x tp x pp x cp x ep = {n_gpus:,} GPUs is more than max_gpus {max_gpus:,}")
     counts = [n_gpus] if n_gpus is not None else gpu_counts(gpu.gpus_per_node, max_gpus)
     cap = capacity_bytes(gpu, setup)
     cluster = cluster or cluster_for(gpu)
@@ -157,6 +190,15 @@ def scaling(r: PlanResult, space: SearchSpace = SearchSpace(),
 AUTO_METHODS = ("full", "lora", "qlora")
 
 
+def auto_methods(setup: TrainingSetup) -> tuple[str, ...]:
+    """The methods ``--method auto`` compares, preferred first: under FP8 or NVFP4 those the
+    planner models there, full training and LoRA, not QLoRA's 4-bit base (issue 32, W4: auto
+    returned the QLoRA plan that --method qlora --precision fp8 refuses)."""
+    from planner.training.checks import LOW_PRECISIONS
+
+    return tuple(m for m in AUTO_METHODS if m != "qlora") if setup.precision in LOW_PRECISIONS else AUTO_METHODS
+
+
 def plan_methods(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, methods: tuple[FinetuneSpec, ...],
                  space: SearchSpace = SearchSpace(), n_gpus: int | None = None,
                  max_gpus: int = MAX_SEARCH_GPUS, cluster: Cluster | None = None,
@@ -195,6 +237,9 @@ def evaluate_layout(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, lay: Layou
                     tokens: float | None = None) -> PlanResult:
     """Evaluate one fully specified layout (memory, and step time when it fits); a
     layout that cannot run is a UserError."""
+    check_request(m, gpu, setup, tokens=tokens)
+    if not isinstance(lay, Layout):
+        raise UserError(f"the layout must be a Layout, not {type(lay).__name__}")
     reason = reject_reason(m, setup, lay, gpu.gpus_per_node)
     if reason:
         raise UserError(f"layout {lay.describe()} cannot run: {reason}")

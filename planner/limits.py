@@ -234,6 +234,32 @@ def check_name(value: str, what: str) -> None:
                         f"(at most {MAX_NAME_BYTES} bytes per path component); give a shorter one")
 
 
+def special_kind(path: Any) -> str | None:
+    """What a path that exists but is no regular file is ("a directory", "a FIFO", "a device",
+    "a socket"), or None for a regular file or no file: so that a message names it as what it
+    is (issue 32, U5: a FIFO given as --model was "not found")."""
+    import os
+    import stat
+
+    try:
+        mode = os.stat(os.fspath(path)).st_mode
+    except (OSError, ValueError):
+        return None
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"),
+                       (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return None
+
+
+def not_found(what: str, path: Any, hint: str) -> str:
+    """The message for an input file that is missing, or is there as something else."""
+    kind = special_kind(path)
+    if kind is not None:
+        return f"{what} {str(path)!r} is {kind}, not a regular file; {hint}"
+    return f"{what} {str(path)!r} not found; {hint}"
+
+
 def check_label(value: str, what: str) -> None:
     """Refuse (UserError) a name that holds a control character (a newline, a tab, ESC, a
     line or paragraph separator, ...) or is not text (an undecodable byte of a file name):

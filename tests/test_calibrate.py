@@ -166,7 +166,7 @@ def test_file_round_trip_and_refusals(tmp_path: Path):
     assert back.logs[0].name == "a.log" and back.planner_version == "0.1.0"
     bad = tmp_path / "bad.toml"
     text = path.read_text()
-    for broken, why in ((text.replace(f"matmul_fraction = {c.matmul_fraction}", "matmul_fraction = 7"), "(0, 1]"),
+    for broken, why in ((text.replace(f"matmul_fraction = {c.matmul_fraction}", "matmul_fraction = 7"), "0.05 to 1"),
                         (text.replace("[efficiency]", "[efficiency]\nhbm_fraction = 0.5"), "takes matmul_fraction"),
                         ("gpu = 'h100'\nspeed = 2\n", "unknown key"), ("not toml [", "not valid TOML")):
         bad.write_text(broken)

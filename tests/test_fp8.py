@@ -138,7 +138,7 @@ def test_explain_terms_add_up_under_fp8(r):
         assert sum(t.value for t in terms if t.category == cat) == getattr(mem.breakdown, cat), cat
     assert not [t.name for t in ex.terms if t.category == "unexplained"]
     assert any(t.name.startswith("FP8 weight copies") for t in terms)
-    assert any(t.name == "MFU against the FP8 peak" for t in ex.terms)
+    assert any(t.name == "MFU against the low-precision peak (FP8; FP4 under NVFP4)" for t in ex.terms)
     assert all(math.isfinite(t.value) for t in ex.terms)
 
 
@@ -149,7 +149,7 @@ def test_cli_fp8_end_to_end():
     out = run(*args)
     assert out.exit_code == 0, out.output
     text = " ".join(out.output.replace("│", " ").split())      # the terminal wraps lines and boxes
-    assert "fp8 recipe rowwise" in text and "of the FP8 peak" in text
+    assert "fp8 recipe rowwise" in text and "of the low-precision peak" in text
     # (--json checks that the stack runs the layout: torchtitan shards with FSDP2)
     j = run(*args, "--fsdp", "full", "--json")
     assert j.exit_code == 0, j.output

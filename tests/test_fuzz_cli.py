@@ -158,7 +158,7 @@ def llama(**over) -> dict:
     ({"num_key_value_heads": 5}, "must be a multiple of num_key_value_heads"),
     ({"num_attention_heads": 2**63}, "'num_attention_heads' must be an integer"),
     ({"num_attention_heads": 8192, "num_key_value_heads": 8}, "head_dim = 0 must be at least 1"),
-    ({"head_dim": 0, "num_attention_heads": 8192, "num_key_value_heads": 8}, "head_dim = 0"),
+    ({"head_dim": 0, "num_attention_heads": 8192, "num_key_value_heads": 8}, "'head_dim' must be an integer >= 1"),
     ({"max_position_embeddings": float("nan")}, "'max_position_embeddings' must be an integer"),
     ({"tie_word_embeddings": "false"}, "'tie_word_embeddings' must be true or false"),
     ({"attention_dropout": 7}, "'attention_dropout' must be a probability"),
@@ -182,11 +182,16 @@ def test_config_values_of_wrong_type_or_range(tmp_path, over, needle):
 def test_every_preset_key_set_to_null_or_deleted(tmp_path, value):
     # null means "the default" (as a missing key does); a missing required key is a UserError
     from planner.errors import UserError
+    from planner.models.families import SUPPORTED_MODEL_TYPES
     from planner.models.spec import load_config_file, load_presets
 
     path = tmp_path / "config.json"
     for name in load_presets():
         base = preset_config(name)
+        if base["model_type"] not in SUPPORTED_MODEL_TYPES:
+            # a generic-path preset: every changed config is a new model, measured on transformers'
+            # own code (minutes each); its translator is transformers' config class
+            continue
         for key in base:
             cfg = {k: v for k, v in base.items() if not (k == key and value == "delete")}
             if value is None:

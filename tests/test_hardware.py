@@ -233,7 +233,7 @@ def test_gpu_file_errors_are_one_line(tmp_path, content, message):
 def test_gpu_file_missing_big_or_binary(tmp_path):
     with pytest.raises(UserError, match="not found"):
         get_gpu(str(tmp_path / "absent.toml"))
-    with pytest.raises(UserError, match="not found"):           # a directory is not a regular file
+    with pytest.raises(UserError, match="is a directory, not a regular file"):     # named as what it is
         (tmp_path / "dir.toml").mkdir()
         get_gpu(str(tmp_path / "dir.toml"))
     big = tmp_path / "big.toml"

@@ -312,7 +312,7 @@ def test_the_search_gives_the_same_plans_as_layout_by_layout_sizing(monkeypatch)
 
     cases = [("llama3.1-8b", "h100", TrainingSetup(finetune=FinetuneSpec.named("lora"), global_batch=64)),
              ("mixtral-8x7b", "a100-40gb", TrainingSetup(seq_len=8192, global_batch=256)),
-             ("gpt2-xl", "4090", TrainingSetup(attention="eager", usable_memory_fraction=0.5))]
+             ("gpt2-xl", "4090", TrainingSetup(seq_len=1024, attention="eager", usable_memory_fraction=0.5))]
     for name, gpu, setup in cases:
         m, g = load_model(name), get_gpu(gpu)
         batched = report.to_json(api.plan(m, g, setup))

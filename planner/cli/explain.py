@@ -16,7 +16,7 @@ from planner.cli.options import (
     stack_options,
     time_options,
 )
-from planner.cli.request import build_request, timing
+from planner.cli.request import build_request, timing, within_topology
 from planner.errors import UserError
 
 
@@ -53,6 +53,7 @@ def explain(o: Options) -> None:
         raise UserError("plan explain explains one method: give --method full, lora, qlora or freeze")
     m, gpu, setup, space, n_gpus = build_request(o)
     lay = api.fixed_layout(space, setup, n_gpus)
+    o = within_topology(o, gpu, lay.n_gpus if lay is not None else n_gpus)     # as `plan` does (issue 32, W3)
     if lay is not None:
         result = api.evaluate_layout(m, gpu, setup, lay, **timing(o, gpu))
     else:

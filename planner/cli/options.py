@@ -75,7 +75,7 @@ class Options:
     vp: int | None = None
     sp: bool | None = None
     micro_batch: int | None = None
-    seq_len: int = 4096
+    seq_len: int | None = None        # None: training.checks.default_seq_len of the model
     global_batch: int | None = None
     global_batch_tokens: float | None = None
     grad_accum: int | None = None
@@ -222,6 +222,7 @@ class TokenCount(ScaledNumber):
     name = "N"
     SUFFIXES: ClassVar[dict[str, float]] = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
     LOWER = 1.0
+    UPPER = math.nextafter(1e18, math.inf)       # 1e18 itself is in range (issue 32, U7)
     what, EXAMPLES, bounds = "a token count", "2e12, 300B, 15T", "between 1 and 1e18 tokens"
 
 
@@ -284,8 +285,9 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--sp/--no-sp", default=None, help="Sequence parallelism with tp (default: on when tp > 1)."),
         click.option("--micro-batch", type=click.IntRange(1, MAX_MICRO_BATCH), default=None,
                      help="Fix the micro-batch (default: searched over 1, 2, 4, 8)."),
-        click.option("--seq-len", type=SeqLength(MAX_SEQ_LEN), default=4096, show_default=True,
-                     help="Sequence length in tokens: 4096, 8k, 128k (k = 1,024)."),
+        click.option("--seq-len", type=SeqLength(MAX_SEQ_LEN), default=None,
+                     help="Sequence length in tokens: 4096, 8k, 128k (k = 1,024)  [default: 4096, or a learned "
+                          "position table's length where shorter: GPT-2 1024, BERT 512]."),
         click.option("--global-batch", type=SequenceCount(MAX_GLOBAL_BATCH), default=None,
                      help="Sequences per optimizer step  [default: 1024]."),
         click.option("--global-batch-tokens", type=TokenBatch(), default=None,
@@ -334,7 +336,7 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--fp8-param-gather", is_flag=True, default=False,
                      help="--stack megatron, --precision fp8: keep the blocks' linear weights in FP8 only, no "
                           "16-bit copy (Megatron-LM --fp8-param-gather; Megatron-Bridge's FP8 recipes set it)."),
-        click.option("--moe-imbalance", type=click.FloatRange(1.0, 64.0), default=1.0, show_default=True,
+        click.option("--moe-imbalance", type=FiniteFloatRange(1.0, 64.0), default=1.0, show_default=True,
                      help="MoE routing: tokens the most loaded expert-parallel rank receives over its balanced "
                           "share (scales its expert activations, expert GEMMs and all-to-alls). 1.0 balanced; "
                           "Switch Transformer trains with capacity factor 1.25 (Fedus et al. 2021, Table 1)."),

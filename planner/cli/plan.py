@@ -22,6 +22,7 @@ from planner.cli.request import (
     emit_options,
     finetune_spec,
     timing,
+    unread_option,
     within_topology,
 )
 from planner.errors import UserError
@@ -94,12 +95,13 @@ def plan_fewest(o: Options) -> Answer:
     lay = api.fixed_layout(space, setup, n_gpus)
     o = within_topology(o, gpu, lay.n_gpus if lay is not None else n_gpus)
     if o.method == "auto":
-        specs = tuple(finetune_spec(o, name) for name in api.AUTO_METHODS)
+        tried = api.auto_methods(setup)
+        specs = tuple(finetune_spec(o, name) for name in tried)
         if lay is not None:
             results = [api.evaluate_layout(m, gpu, replace(setup, finetune=ft), lay, **timing(o, gpu))
                        for ft in specs]
             result = next((r for r in results if r.fits), results[-1])
-            result = replace(result, methods_tried=api.AUTO_METHODS)
+            result = replace(result, methods_tried=tried)
         else:
             with progress(o.aside, f"searching layouts on {gpu.name}") as bar:
                 result = api.plan_methods(m, gpu, setup, specs, space, n_gpus=n_gpus, max_gpus=o.max_gpus,
@@ -200,7 +202,9 @@ def cheapest(o: Options) -> Answer:
     if o.method == "auto":
         raise UserError("--method auto picks the method on the fewest GPUs; with --tokens give one method "
                         "(full, lora, qlora, freeze) and compare them by running the plan per method")
-    m, _, setup, space, n_gpus = build_request(replace(o, gpu_name=gpus[0].name))
+    # the first GPU as the user named it: a GPU file by its path, not by the name inside it,
+    # which the catalog does not hold or holds as another GPU (issue 32, U1)
+    m, _, setup, space, n_gpus = build_request(replace(o, gpu_name=names[0]))
     batch_basis = ""
     if o.global_batch is None and o.global_batch_tokens is None and o.grad_accum is None:
         # issue 33: the fixed 1,024 sequences were kept at 16,384 GPUs and for fine-tunes
@@ -329,6 +333,7 @@ def load(o: Options) -> None:
     from planner.memory.inference import LoadSetup, plan_load
     from planner.models.spec import load_model
     from planner.report import text as report
+    from planner.training.checks import default_seq_len, positions_refusal
     from planner.training.setup import Overheads
 
     if not o.model_name or not o.gpu_name:
@@ -341,13 +346,24 @@ def load(o: Options) -> None:
         if getattr(o, name) is not None:
             raise UserError(f"--{name.replace('_', '-')} is a training option; --task load takes --tp, --pp, "
                             f"--micro-batch (sequences held at once) and --seq-len (their context)")
+    unread = unread_option(o, "load")
+    if unread is not None:
+        raise UserError(f"{unread} is not read by --task load, which sizes inference memory from --model, --gpus, "
+                        f"--tp, --pp, --n-gpus, --max-gpus, --micro-batch, --seq-len, --precision, --quant, "
+                        f"--mla-cache, --usable-memory and --fragmentation: drop {unread}")
+    if o.precision == "fp8":
+        raise UserError("--task load holds 16-bit or 32-bit weights (--precision bf16, fp16 or fp32); for 8-bit "
+                        "weights give --quant int8")
     m, gpu = load_model(o.model_name), get_gpu(o.gpu_name)
     if o.mla_cache is not None and not m.is_mla:
         raise UserError(f"--mla-cache is for multi-head latent attention (DeepSeek-V3, Kimi K2); {m.name} "
                         f"caches K and V per head already: drop --mla-cache")
+    why = positions_refusal(m, o.seq_len or default_seq_len(m))
+    if why is not None:
+        raise UserError(why)
     wb = 4 if o.precision == "fp32" else 2
     setup = LoadSetup(weight_bytes=wb, quant=o.quant or "none", batch=o.micro_batch or 1,
-                      context=o.seq_len, kv_bytes=wb, mla_cache=o.mla_cache or "latent",
+                      context=o.seq_len or default_seq_len(m), kv_bytes=wb, mla_cache=o.mla_cache or "latent",
                       usable_memory_fraction=o.usable_memory)
     if o.fragmentation is not None:
         setup = replace(setup, overheads=Overheads(fragmentation=o.fragmentation))

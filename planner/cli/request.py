@@ -105,6 +105,7 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
     from planner.hardware.gpus import get_gpu
     from planner.layouts.layout import SearchSpace
     from planner.models.spec import load_model
+    from planner.training.checks import check_setup, default_seq_len
     from planner.training.fp8 import resolve_recipe
     from planner.training.setup import Overheads, TrainingSetup
 
@@ -134,11 +135,6 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
         raise UserError("--fp8-param-gather is Megatron-LM's: it needs --precision fp8 and --stack megatron")
     if o.fp8_recipe != "auto" and o.precision != "fp8":
         raise UserError(f"--fp8-recipe {o.fp8_recipe} needs --precision fp8")
-    if o.precision in ("fp8", "nvfp4") and (o.method in ("qlora", "freeze") or o.quant not in (None, "none")):
-        raise UserError(f"--precision {o.precision} is modelled for full training and LoRA (a 16-bit base whose "
-                        "linear layers run the low-precision GEMMs); drop --quant or use --method full or lora")
-    if o.moe_imbalance != 1.0 and not m.is_moe:
-        raise UserError(f"--moe-imbalance needs a mixture-of-experts model; {m.name} is dense")
     if o.ep and o.ep > 1 and not m.is_moe:
         raise UserError(f"--ep {o.ep} needs a mixture-of-experts model; {m.name} is dense")
     if o.etp is not None and not m.is_moe:
@@ -149,6 +145,7 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
 
     if o.etp is not None and o.stack in ETP_REFUSAL:
         raise UserError(ETP_REFUSAL[o.stack])
+    o = replace(o, seq_len=o.seq_len or default_seq_len(m))
     global_batch = global_batch_from(o.as_mapping(), MAX_GLOBAL_BATCH)
     if o.grad_accum is not None:
         if o.micro_batch is None or o.dp is None:
@@ -158,6 +155,7 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
             raise UserError(f"--global-batch {global_batch} contradicts --grad-accum x --micro-batch x --dp "
                             f"= {implied}; give one of them")
         global_batch = implied
+    assert o.seq_len is not None
     setup = TrainingSetup(seq_len=o.seq_len, global_batch=global_batch or 1024,
                           precision=o.precision, optimizer=o.optimizer,
                           fp8_recipe=resolve_recipe(o.fp8_recipe, o.stack), moe_imbalance=o.moe_imbalance,
@@ -175,6 +173,7 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
                           recompute_method=o.recompute_method or "uniform",
                           recompute_num_layers=o.recompute_num_layers or 1,
                           recompute_chunk_layers=recompute_chunk_layers(o, m))
+    check_setup(m, setup)       # the rules the Python API applies too (issue 32, W11)
     if "mla_up_proj" in setup.recompute_modules and not m.is_mla:
         raise UserError(f"--recompute-modules mla_up_proj needs multi-latent attention; {m.name} has none")
     if "moe_act" in setup.recompute_modules and not m.is_moe:
@@ -207,7 +206,20 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
         # tp and pp under --stack deepspeed are Megatron-DeepSpeed's, run when asked for (--tp/--pp);
         # its search stays on ZeRO data parallelism, as before
         space = replace(space, tp=1 if o.tp is None else o.tp, pp=1 if o.pp is None else o.pp)
-    return m, gpu, setup, space, o.n_gpus
+    return m, gpu, setup, space, o.n_gpus or degrees_count(space)
+
+
+def degrees_count(space: SearchSpace) -> int | None:
+    """The GPU count the search space's fixed degrees pin down (dp x tp x pp x cp x ep), or
+    None when one is open: such a count is checked against the topology as --n-gpus is
+    (issue 32, W2)."""
+    degrees = (space.dp, space.tp, space.pp, space.cp, space.ep)
+    if any(d is None for d in degrees):
+        return None
+    n = 1
+    for d in degrees:
+        n *= d      # type: ignore[operator]
+    return n
 
 
 def stack_setup_refusal(o: Options, m: Any) -> str | None:
@@ -217,6 +229,13 @@ def stack_setup_refusal(o: Options, m: Any) -> str | None:
         why = torchtitan_builds(m)
         if why is not None:
             return f"--stack torchtitan: {why}; plan with --stack hf or megatron"
+        # options no torchtitan layout can take, said before a search on a count nobody gave (issue 32, U4)
+        if o.zero is not None and o.zero > 0 and o.fsdp is None:
+            return (f"--stack torchtitan shards with FSDP2, not ZeRO: for --zero {o.zero} give --fsdp "
+                    f"{ {1: 'grad-op or full', 2: 'grad-op'}.get(o.zero, 'full')} (or --zero 0)")
+        if o.offload_optimizer != "none":
+            return ("--stack torchtitan offloads with FSDP2, which moves parameters, gradients and optimizer states "
+                    "together: give --offload-params cpu with --fsdp full instead of --offload-optimizer")
     if o.compile and o.stack != "torchtitan":
         return ("--compile is modelled for --stack torchtitan only (its per-block torch.compile); "
                 "drop --compile or add --stack torchtitan")
@@ -316,11 +335,12 @@ def calibration_of(o: Options, gpu_names: list[str]) -> Calibration | None:
 
 
 def efficiency_of(o: Options, gpu_names: list[str]) -> Efficiency:
-    """The step-time model's parameters: Efficiency()'s, with --calibration's overrides."""
-    from planner.timing.model import Efficiency
+    """The step-time model's parameters: the --stack's (timing.efficiency.stack_efficiency), with
+    --calibration's overrides."""
+    from planner.timing.efficiency import stack_efficiency
 
     c = calibration_of(o, gpu_names)
-    base = Efficiency()
+    base = stack_efficiency(o.stack)
     if o.stack == "deepspeed" and ((o.tp or 1) > 1 or (o.pp or 1) > 1) and o.precision == "bf16-mixed":
         # Megatron-DeepSpeed on DeepSpeed's pipeline engine (planner.stacks.runs_megatron_deepspeed):
         # the engine's own step terms, as the published-runs study times BLOOM and MT-NLG
@@ -357,7 +377,7 @@ def within_topology(o: Options, gpu: Any, n_gpus: int | None) -> Options:
     if top is None:
         return o
     if n_gpus is not None:
-        check_covers(top, n_gpus)
+        check_covers(top, n_gpus, flag="--n-gpus" if o.n_gpus is not None else "dp x tp x pp x cp x ep =")
     largest = max_covered_gpus(top)
     if o.max_gpus > max(MAX_SEARCH_GPUS, largest):
         # past the default search limit, --max-gpus is the user's own: say it cannot be met
@@ -375,4 +395,33 @@ def usable_memory(o: Options) -> float:
     from planner.report.intervals import memory_band
 
     return o.usable_memory / memory_band(o.fit_confidence).high_factor
+
+
+# What each mode of `plan` reads (issue 32, W5: --task load ignored about 25 options, --out
+# among them, which then wrote nothing). An option given with another value than its default
+# that the mode does not read is refused, naming it.
+MODE_READS = {
+    "load": frozenset({"model_name", "gpu_name", "n_gpus", "max_gpus", "tp", "pp", "micro_batch", "seq_len",
+                       "precision", "method", "quant", "mla_cache", "fragmentation", "usable_memory", "as_json",
+                       "quiet", "task"}),
+}
+FLAGS = {"model_name": "--model", "gpu_name": "--gpus", "prices_path": "--prices", "as_json": "--json",
+         "quiet": "--quiet"}
+
+
+def flag_of(field: str) -> str:
+    """The command-line option of an Options field."""
+    return FLAGS.get(field, "--" + field.replace("_", "-"))
+
+
+def unread_option(o: Options, mode: str) -> str | None:
+    """The first option ``o`` gives that ``mode`` (a key of MODE_READS) does not read, as
+    its flag, or None."""
+    from dataclasses import fields
+
+    reads = MODE_READS[mode]
+    for f in fields(o):
+        if f.name not in reads and getattr(o, f.name) != f.default:
+            return flag_of(f.name)
+    return None
 

@@ -8,9 +8,11 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import Any
 
 from planner.api import MAX_SEARCH_GPUS
+from planner.cost.jobs import job_setup
 from planner.cost.plan import DEFAULT_SETUP, SearchPool, cost_counts, covered_gpus, search_pools, sweep_all
 from planner.cost.prices import Prices, node_cost
 from planner.cost.solve import (
@@ -19,6 +21,7 @@ from planner.cost.solve import (
     Pool,
     PurchaseSolution,
     SolverInfo,
+    nodes_needed,
     solve_purchase,
 )
 from planner.errors import UserError
@@ -26,7 +29,7 @@ from planner.fmt import days_or_hours as days
 from planner.fmt import usd
 from planner.hardware.gpus import GpuSpec, get_gpu
 from planner.layouts.layout import SearchSpace
-from planner.models.spec import ModelSpec, count_params, load_model
+from planner.models.spec import ModelSpec, load_model
 from planner.search.search import Candidate
 from planner.timing.model import DEFAULT_EFFICIENCY, Efficiency, cluster_for
 from planner.training.setup import TrainingSetup
@@ -80,16 +83,6 @@ class BuyResult:
         return self.capex_usd + self.opex_usd
 
 
-def _job_setup(job, base: TrainingSetup, m: ModelSpec) -> TrainingSetup:
-    from planner.training.batch import default_global_batch
-    from planner.training.finetune import FinetuneSpec
-
-    batch = job.global_batch
-    if batch is None:       # issue 33: not 1,024 sequences for every job whatever its size and method
-        batch = default_global_batch(count_params(m).total, job.tokens, job.seq_len, job.method)
-    return replace(base, seq_len=job.seq_len, global_batch=batch, finetune=FinetuneSpec.named(job.method))
-
-
 def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s: float,
                   budget_usd: float | None = None, max_gpus: int = MAX_SEARCH_GPUS,
                   base_setup: TrainingSetup = DEFAULT_SETUP, efficiency: Efficiency = DEFAULT_EFFICIENCY,
@@ -121,7 +114,11 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
         prices.node(gpus[0].name)
     left_out = tuple((g.name, "no node price or power (give node_purchase_usd, node_power_kw in --prices FILE)")
                      for g in gpus if g not in priced)
-    gpus = priced
+    no_bf16 = [g for g in gpus if base_setup.precision.startswith("bf16") and g.bf16_flops_per_s is None]
+    left_out += tuple((g.name, "no bf16 support (plan buy trains in bf16 mixed precision)") for g in no_bf16)
+    gpus = [g for g in priced if g not in no_bf16]
+    if not gpus:       # issue 32, U2: the advice named --precision, which plan buy does not have
+        raise UserError(f"no GPU of --gpus can train the jobs: {'; '.join(f'{n}: {why}' for n, why in left_out)}")
     pools = []
     for g in gpus:
         nc = node_cost(g.name, horizon_s, prices)
@@ -131,7 +128,7 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
     searches: dict[tuple, SearchPool] = {}
 
     def search(job, gpu: GpuSpec) -> SearchPool:
-        setup = _job_setup(job, base_setup, models[job.name])
+        setup = job_setup(job, base_setup, models[job.name])
         key = (models[job.name], setup, gpu.name)
         if key not in searches:
             m = models[job.name]
@@ -171,6 +168,10 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
     if not lines:
         c0 = sum(min(math.ceil(first_ok[j.name, g.name] / g.gpus_per_node) * pool_of[g.name].node_usd
                      for g in gpus if (j.name, g.name) in first_ok) for j in jobs)
+        # the nodes the first counts in time need at their peak over the horizon: a purchase
+        # that works too, often far below c0 when jobs follow one another (issue 32, H1/H5:
+        # with c0, 256 staggered jobs swept every count of every search)
+        c0 = min(c0, _first_counts_usd(jobs, gpus, first_ok, seen, pools, pool_of))
         limit = min(c0, budget_usd) if budget_usd is not None else c0
         more: dict[tuple[str, str], list[int]] = {}
         for job in jobs:                                    # phase 2: counts an optimum may use
@@ -221,6 +222,26 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
                      pools=tuple(pools), nodes=sol.nodes, capex_usd=capex, opex_usd=opex, plans=tuple(plans),
                      solver=sol.solver, n_options=len(options), budget_usd=budget_usd, prices=prices,
                      lines=tuple(lines), search_s=time.perf_counter() - t0, left_out=left_out)
+
+
+def _first_counts_usd(jobs: Sequence[Any], gpus: Sequence[GpuSpec], first_ok: dict[tuple[str, str], int],
+                      seen: dict[tuple[str, str], list[tuple[int, Candidate]]], pools: Sequence[Pool],
+                      pool_of: dict[str, Pool]) -> float:
+    """The cost of a purchase on which every job runs from its start on its first count in
+    time, on the GPU type where those nodes cost least: the peak nodes per type in use at
+    some job's start (solve.nodes_needed). Every job meets its deadline on it, so it bounds
+    the optimum from above, and no optimal purchase holds a job on nodes that alone cost more."""
+    choices = {}
+    for job in jobs:
+        g = min((g for g in gpus if (job.name, g.name) in first_ok),
+                key=lambda g: math.ceil(first_ok[job.name, g.name] / g.gpus_per_node) * pool_of[g.name].node_usd)
+        n = first_ok[job.name, g.name]
+        c = next(c for m, c in seen[job.name, g.name] if m == n)
+        choices[job.name] = JobOption(job=job.name, gpu=g.name, n_gpus=n, key=f"{g.name}_n{n}",
+                                      duration_s=c.time.train_time_s(job.tokens))  # type: ignore[union-attr]
+    windows = [JobWindow(name=j.name, start_s=j.start_s, deadline_s=j.deadline_s) for j in jobs]
+    need = nodes_needed(pools, windows, choices)
+    return sum(p.node_usd * need[p.gpu] for p in pools)
 
 
 def _buy_diagnosis(pools: Sequence[Pool], windows: Sequence[JobWindow], options: Sequence[JobOption],

@@ -45,7 +45,8 @@ from planner.limits import (
     read_input_file,
 )
 from planner.models.spec import load_model
-from planner.training.setup import MAX_GLOBAL_BATCH, MAX_SEQ_LEN
+from planner.training.checks import check_setup, default_seq_len, tokens_refusal
+from planner.training.setup import MAX_GLOBAL_BATCH, MAX_SEQ_LEN, TrainingSetup
 
 UNITS_S = {"s": 1.0, "sec": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0, "hr": 3600.0, "d": 86400.0,
            "day": 86400.0, "days": 86400.0, "w": 604800.0, "wk": 604800.0, "weeks": 604800.0,
@@ -110,14 +111,14 @@ def parse_tokens(text: Any, what: str) -> float:
             n = float(s[:-1] if scale != 1.0 else s) * scale
         except ValueError:
             raise UserError(f"{what} {text!r} is not a token count (e.g. 2e12, 300B, 15T)") from None
-    if not (math.isfinite(n) and 1 <= n < 1e18):     # the same bounds as --tokens
+    if not (math.isfinite(n) and 1 <= n <= 1e18):     # the same bounds as --tokens
         raise UserError(f"{what} {text!r} must be a token count between 1 and 1e18")
     return n
 
 
 # ------------------------------------------------------------------------ the jobs file
 
-JOB_KEYS = {"name", "model", "tokens", "deadline", "start", "seq_len", "global_batch", "method"}
+JOB_KEYS = {"name", "model", "tokens", "deadline", "start", "seq_len", "global_batch", "method", "lora_targets"}
 JOB_REQUIRED = ("name", "model", "tokens", "deadline")
 FILE_KEYS = {"jobs", "start", "horizon", "gpus"}
 
@@ -134,6 +135,7 @@ class JobSpec:
     seq_len: int = 4096
     global_batch: int | None = None   # None: planner.training.batch.default_global_batch
     method: str = "full"
+    lora_targets: tuple[str, ...] = ()    # method lora/qlora: the layers adapted (() : PEFT's default)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -214,8 +216,13 @@ def load_jobs(path: str | Path, today: datetime | None = None) -> JobsFile:
     gpus = data.get("gpus") or ()
     if isinstance(gpus, str):
         gpus = [g.strip() for g in gpus.split(",") if g.strip()]
+    if isinstance(gpus, (list, tuple)):     # YAML reads [4090] as a number: the name it spells
+        gpus = [str(g) if isinstance(g, int) and not isinstance(g, bool) else g for g in gpus]
     if not isinstance(gpus, (list, tuple)) or not all(isinstance(g, str) for g in gpus):
         raise UserError(f"{where}: gpus must be a list of GPU names (`plan gpus`), e.g. [h100, h200]")
+    twice = next((g for i, g in enumerate(gpus) if g in gpus[:i]), None)
+    if twice is not None:
+        raise UserError(f"{where}: gpus lists {twice} twice; give each GPU type once")
     for g in gpus:
         try:
             get_gpu(g)
@@ -260,16 +267,66 @@ def load_jobs(path: str | Path, today: datetime | None = None) -> JobsFile:
         if (model.endswith(".json") or "/" in model) and local.exists():
             model = str(local)
         try:
-            load_model(model)                # an unknown name or a bad config.json: say which job
+            m = load_model(model)            # an unknown name or a bad config.json: say which job
         except UserError as err:
             raise UserError(f"{at}: model {e['model']!r}: {err}") from None
         method = str(e.get("method", "full"))
         if method not in METHODS:
             raise UserError(f"{at}: method {method!r} is not one of {', '.join(METHODS)}")
-        jobs.append(JobSpec(
+        job = JobSpec(
             name=name, model=model, tokens=parse_tokens(e["tokens"], f"{at}: tokens"), start_s=start_s,
-            deadline_s=deadline_s, method=method,
-            seq_len=_positive_int(e.get("seq_len", 4096), at, "seq_len", MAX_SEQ_LEN),
+            deadline_s=deadline_s, method=method, lora_targets=_targets(e.get("lora_targets"), at, method),
+            seq_len=_positive_int(e.get("seq_len", default_seq_len(m)), at, "seq_len", MAX_SEQ_LEN),
             global_batch=(None if e.get("global_batch") is None
-                          else _positive_int(e["global_batch"], at, "global_batch", MAX_GLOBAL_BATCH))))
+                          else _positive_int(e["global_batch"], at, "global_batch", MAX_GLOBAL_BATCH)))
+        check_job(m, job, at)
+        jobs.append(job)
     return JobsFile(jobs=tuple(jobs), start=anchor, horizon_s=horizon, gpus=tuple(gpus), path=str(path))
+
+
+def _targets(value: Any, at: str, method: str) -> tuple[str, ...]:
+    """A job's lora_targets: a comma-separated string or a list of names (attention, mlp,
+    all-linear or module names), for method lora or qlora only."""
+    if value is None:
+        return ()
+    if method not in ("lora", "qlora"):
+        raise UserError(f"{at}: lora_targets needs method lora or qlora, not {method}")
+    names = value.split(",") if isinstance(value, str) else value
+    if not isinstance(names, list) or not all(isinstance(t, str) for t in names) or not any(t.strip() for t in names):
+        raise UserError(f"{at}: lora_targets must name layers: attention, mlp, all-linear or module names (q_proj)")
+    return tuple(t.strip() for t in names if t.strip())
+
+
+def job_setup(job: JobSpec, base: TrainingSetup, m: Any) -> TrainingSetup:
+    """The training set-up a job plans with: ``base`` with its sequence, batch and method (a
+    job without global_batch: planner.training.batch.default_global_batch for model ``m``)."""
+    from dataclasses import replace
+
+    from planner.models.spec import count_params
+    from planner.training.batch import default_global_batch
+    from planner.training.finetune import FinetuneSpec
+
+    batch = job.global_batch
+    if batch is None:       # issue 33: not 1,024 sequences for every job whatever its size and method
+        batch = default_global_batch(count_params(m).total, job.tokens, job.seq_len, job.method)
+    return replace(base, seq_len=job.seq_len, global_batch=batch,
+                   finetune=FinetuneSpec.named(job.method, targets=job.lora_targets or None))
+
+
+def check_job(m: Any, job: JobSpec, at: str) -> None:
+    """A job's set-up against the rules a plan's options meet (planner.training.checks) and
+    its LoRA targets against the model's layers, before any search: a UserError naming the
+    job and its keys (issue 32, U2: the refusal came after seconds of search and named
+    --lora-targets, which plan buy does not have)."""
+    from planner.training.finetune import resolve_targets
+
+    setup = job_setup(job, TrainingSetup(), m)
+    try:
+        check_setup(m, setup)
+        resolve_targets(m, setup.finetune, option="the job's lora_targets")
+        why = tokens_refusal(setup, job.tokens, "tokens", "global_batch")
+        if why is not None:
+            raise UserError(why)
+    except UserError as err:
+        raise UserError(f"{at}: {err}") from None
+

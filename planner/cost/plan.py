@@ -162,8 +162,17 @@ class SearchPool:
             for cb in sweep(self.m, self.setup, self.cluster, todo, capacity_bytes(self.gpu, self.setup),
                             self.space, self.eff, keep=self.keep, host_capacity_bytes=host,
                             nvme_capacity_bytes=nvme):
-                self.found[cb.n_gpus] = cb
+                self.found[cb.n_gpus] = without_terms(cb)
         return [self.found[n] for n in counts]
+
+
+def without_terms(cb: CountBest) -> CountBest:
+    """``cb`` with each candidate's memory terms dropped: a term row holds the whole batch
+    its count was sized in (memory.model.MemoryTerms), so keeping it kept every sweep's
+    arrays alive (issue 32, H1: 16 jobs took 3.6 GB, 256 were killed at 22.5 GB). The ILP and
+    the report read the breakdown; `plan explain` recomputes terms where they are absent
+    (report.explain_memory)."""
+    return replace(cb, fastest=tuple(replace(c, memory=replace(c.memory, terms=None)) for c in cb.fastest))
 
 
 def _sweep_task(task: tuple[SearchPool, list[int], float, float]) -> dict[int, CountBest]:
@@ -218,7 +227,12 @@ def plan_cost(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, token
     """The plan that minimises the cost (or time) of training ``m`` on ``tokens`` tokens, over
     GPU types ``gpus`` and the GPU counts of cost_counts() up to limits.max_gpus (or
     ``n_gpus`` alone), under the deadline and budget of ``limits``."""
+    from planner.training.checks import tokens_refusal
+
     t0 = time.perf_counter()
+    why = tokens_refusal(setup, tokens)
+    if why is not None:
+        raise UserError(why)
     left_out: list[tuple[str, str]] = []
     if objective == "cost" or limits.budget_usd is not None:
         # a GPU without a rental rate has no cost: left out of the answer, and said so; with

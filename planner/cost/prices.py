@@ -99,7 +99,25 @@ _MAXIMA = {"rent_usd_per_gpu_hour": 1e4, "committed_usd_per_gpu_hour": 1e4,
            "electricity_usd_per_kwh": 1e2, "pue": 1e1}
 
 
+_DATES = {"rent_date", "purchase_date", "committed_date", "electricity_date"}
+
+
+def _check_dates(table: dict[str, Any], where: str) -> None:
+    """Each date of a price table a day, month or year in ISO form (a TOML date, or a quoted
+    "2024-12-05", "2024-12", "2024"), as price_period_end reads it, or "" (issue 32, W12:
+    rent_date = "yesterday" and rent_date = 2024 were accepted)."""
+    import datetime as dt
+
+    for key in _DATES & table.keys():
+        v = table[key]
+        if isinstance(v, dt.date) or (isinstance(v, str) and (not v.strip() or price_period_end(v) is not None)):
+            continue
+        raise UserError(f"{where}: {key} = {str(v)[:40]!r} is not a date; give \"2024-12-05\", \"2024-12\" or "
+                        f"\"2024\" (quoted)")
+
+
 def _check_numbers(table: dict[str, Any], where: str) -> None:
+    _check_dates(table, where)
     for key in _NUMBERS & table.keys():
         v = table[key]
         if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0
@@ -126,6 +144,7 @@ def _apply(prices: Prices, data: dict[str, Any], where: str, is_override: bool) 
     entries = data.get("gpu", [])
     if not isinstance(entries, list):
         raise UserError(f"{where}: gpu must be a list of [[gpu]] tables")
+    named: dict[str, int] = {}
     for i, entry in enumerate(entries):
         at = f"{where} [[gpu]] #{i + 1}"
         if not isinstance(entry, dict) or "name" not in entry:
@@ -134,7 +153,14 @@ def _apply(prices: Prices, data: dict[str, Any], where: str, is_override: bool) 
         if unknown:
             raise UserError(f"{at} ({entry['name']}): unknown keys {sorted(unknown)}; allowed: {sorted(_GPU_KEYS)}")
         _check_numbers(entry, f"{at} ({entry['name']})")
-        name = get_gpu(str(entry["name"])).name
+        try:
+            name = get_gpu(str(entry["name"])).name
+        except UserError as err:     # issue 32, U1: the way to price a user's own GPU file
+            raise UserError(f"{at}: {err}; to price your own GPU file, give its path as the name "
+                            f"(name = \"./my-gpu.toml\")") from None
+        if name in named:       # issue 32, W12: the last of two entries silently won
+            raise UserError(f"{at}: {name} has an entry already (#{named[name]}); give each GPU one [[gpu]] entry")
+        named[name] = i + 1
         fields = {k: v for k, v in entry.items() if k != "name"}
         for key, src in _SOURCE_OF.items():
             if is_override and key in fields and src not in fields:

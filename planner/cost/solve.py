@@ -213,6 +213,11 @@ class Limits:
 TIE_BREAKS: dict[str, tuple[str, ...]] = {"cost": ("n_gpus", "time", "listed"),
                                           "time": ("cost", "n_gpus", "listed")}
 TIE_REL = 1e-9
+# Costs within half a cent tie too: the answer prints dollars to the cent, so a plan that is
+# cheaper only below that is not cheaper to the user (issue 32, W10: 4 GPUs were picked over 2 at
+# "$0" each)
+COST_TIE_USD = 0.005
+
 # With a cost tolerance (solve_one_job's cost_tolerance_rel > 0: a cost plan without a
 # deadline), every option within it of the lowest cost is as cheap as the model can tell,
 # and the fastest of them is taken, then the fewest GPUs.
@@ -270,7 +275,8 @@ def solve_one_job(options: Sequence[Option], objective: str = "cost", limits: Li
             prob += pulp.lpSum(pick[o.key] for o in options if o.gpu == gpu and not o.fits) == 0, \
                 f"fits_memory_{ascii_name(gpu)}"
         for i, (what, best) in enumerate(zip(order, fixed)):
-            slack = abs(best) * (cost_tolerance_rel if near and i == 0 else TIE_REL) + 1e-9
+            slack = (abs(best) * (cost_tolerance_rel if near and i == 0 else TIE_REL)
+                     + (COST_TIE_USD if what == "cost" else 1e-9))
             prob += (pulp.lpSum(value(o, what) * pick[o.key] for o in options) <= best + slack,
                      f"{what}_at_optimum")
         return prob, pick

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import UserError, unknown_name
-from planner.limits import MAX_CONFIG_BYTES, check_gpu_types, check_keys, check_label, parse_error_text
+from planner.limits import MAX_CONFIG_BYTES, check_gpu_types, check_keys, check_label, not_found, parse_error_text
 from planner.units import GB, GiB, MiB
 
 TFLOPS = 10**12
@@ -72,10 +72,10 @@ class GpuSpec:
 
 
 _REQUIRED = {
-    "name", "full_name", "aliases", "fp16_tflops", "fp32_tflops", "hbm_gb_per_s", "gpus_per_node",
+    "name", "full_name", "fp16_tflops", "fp32_tflops", "hbm_gb_per_s", "gpus_per_node",
     "intra_node_link", "intra_node_gb_per_s", "inter_node_gbit_per_s", "tdp_w", "source",
 }
-_OPTIONAL = {"memory_mib", "memory_gib", "memory_gb", "bf16_tflops", "fp8_tflops", "tf32_tflops",
+_OPTIONAL = {"aliases", "memory_mib", "memory_gib", "memory_gb", "bf16_tflops", "fp8_tflops", "tf32_tflops",
              "default_topology", "architecture", "training_mfu_ceiling", "training_mfu_ceiling_basis",
              "training_mfu_ceiling_source"}
 CEILING_BASES = ("measured", "assumed")
@@ -106,14 +106,14 @@ def _parse_gpu(entry: dict[str, Any], where: str) -> GpuSpec:
                         f"give it too, or drop them")
     for key in ("name", "full_name"):
         check_label(entry[key], f"{where}: {key}")      # written into launch files and answers
-    for alias in entry["aliases"]:
+    for alias in entry.get("aliases", ()):
         check_label(alias, f"{where}: aliases")
     memory_key = memory_keys[0]
     ceiling_source = entry.get("training_mfu_ceiling_source")
     return GpuSpec(
         name=entry["name"],
         full_name=entry["full_name"],
-        aliases=tuple(entry["aliases"]),
+        aliases=tuple(entry.get("aliases", ())),     # "other names accepted": none needed (issue 32, U11)
         memory_bytes=int(entry[memory_key] * _MEMORY_UNITS[memory_key]),
         bf16_flops_per_s=_tflops(entry, "bf16_tflops"),
         fp16_flops_per_s=entry["fp16_tflops"] * TFLOPS,
@@ -183,7 +183,7 @@ def _by_lower_name() -> dict[str, GpuSpec]:
 
 def is_gpu_file(name: str) -> bool:
     """``--gpus`` names a file (``./my-gpu.toml``) rather than a catalog entry."""
-    return name.strip().lower().endswith(".toml") or ("/" in name and Path(name).is_file())
+    return name.strip().lower().endswith(".toml") or ("/" in name and Path(name).exists())
 
 
 @functools.cache
@@ -195,8 +195,8 @@ def load_gpu_file(path_text: str) -> GpuSpec:
     check_label(path_text, "--gpus")
     path = Path(path_text)
     if not path.is_file():
-        raise UserError(f"GPU file {path_text!r} not found (or not a regular file); pass a GPU name (`plan gpus`) "
-                        f"or a TOML file with one [[gpu]] table")
+        raise UserError(not_found("GPU file", path_text, "pass a GPU name (`plan gpus`) or a TOML file with one "
+                                                         "[[gpu]] table"))
     try:
         if path.stat().st_size > MAX_CONFIG_BYTES:
             raise UserError(f"GPU file {path_text!r} is larger than {MAX_CONFIG_BYTES:,} bytes")

@@ -24,6 +24,7 @@ from planner.limits import (
     check_name,
     check_topology_types,
     check_tree,
+    not_found,
     parse_error_text,
 )
 from planner.units import GB, GiB
@@ -290,9 +291,10 @@ def load_topology(name_or_path: str | Path) -> ClusterTopology:
     check_name(str(name_or_path), "--topology")
     check_label(str(name_or_path), "--topology")
     path = Path(name_or_path)
-    if path.suffix == ".toml" or path.is_file():
+    if path.suffix == ".toml" or path.is_file() or ("/" in str(name_or_path) and path.exists()):
         if not path.is_file():
-            raise UserError(f"topology file {str(path)!r} not found")
+            raise UserError(not_found("topology file", path, "pass a shipped topology (`plan topologies`) or a "
+                                                             "TOML file"))
         try:
             if path.stat().st_size > MAX_CONFIG_BYTES:
                 raise UserError(f"topology file {str(path)!r} is larger than {MAX_CONFIG_BYTES:,} bytes")

@@ -37,6 +37,7 @@ Warm-up: the first WARMUP_RECORDS logged step records of a log are left out of i
 from __future__ import annotations
 
 import ast
+import math
 import re
 import statistics
 from collections.abc import Iterable
@@ -53,9 +54,15 @@ STACKS = ("torchtitan", "megatron", "deepspeed", "hf-trainer")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _NUM = r"([0-9][0-9,]*(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)"
 
-_TITAN = re.compile(r"(?<!validate )step:\s*(\d+)\s+loss:.*?memory:\s*" + _NUM + r"\s*GiB\(\s*" + _NUM
-                    + r"%\)\s+tps:\s*" + _NUM + r"(?:\s+tflops:\s*" + _NUM + r")?(?:\s+mfu:\s*(?:" + _NUM + r"%|N/A))?")
-_MEGATRON_ITER = re.compile(r"iteration\s+(\d+)/\s*\d+\s*\|.*?elapsed time per iteration \(ms\):\s*" + _NUM)
+# Each pattern is matched from a fixed keyword (str.find), never across a line with ``.*?``:
+# a search with a lazy gap restarts at every candidate start and is quadratic in the line's
+# length (issue 32, H2: a 280 KB line of "step: 1 loss: " took 34 s).
+_TITAN_STEP = re.compile(r"(?<!validate )step:\s*(\d+)\s+loss:")
+_TITAN_TAIL = re.compile(r"memory:\s*" + _NUM + r"\s*GiB\(\s*" + _NUM + r"%\)\s+tps:\s*" + _NUM
+                         + r"(?:\s+tflops:\s*" + _NUM + r")?(?:\s+mfu:\s*(?:" + _NUM + r"%|N/A))?")
+_MEGATRON_HEAD = re.compile(r"iteration\s+(\d+)/\s*\d+\s*\|")
+_MEGATRON_ELAPSED = "elapsed time per iteration (ms):"
+_MEGATRON_TIME = re.compile(r"\s*" + _NUM)
 _MEGATRON_TFLOPS = re.compile(r"throughput per GPU \(TFLOP/s/GPU\):\s*" + _NUM)
 _MEGATRON_BATCH = re.compile(r"global batch size:\s*(\d+)")
 _MEGATRON_MEM = re.compile(r"\[Rank (\d+)\] \(after (\d+) iterations\) memory \(MB\) \| allocated:\s*" + _NUM
@@ -65,7 +72,18 @@ _DS_TIMER = re.compile(r"global_step=(\d+), RunningAvgSamplesPerSec=" + _NUM + r
                        + r", MemAllocated=" + _NUM + r"GB, MaxMemAllocated=" + _NUM + r"GB")
 _DS_MEM = re.compile(r"\bMA " + _NUM + r" GB\s+Max_MA " + _NUM + r" GB\s+CA " + _NUM + r" GB\s+Max_CA "
                      + _NUM + r" GB")
-_HF_SUMMARY = re.compile(r"\{[^{}]*'train_runtime'[^{}]*\}")
+_HF_KEY = "'train_runtime'"
+MAX_LOG_GLOBAL_BATCH = 1 << 24      # planner.training.setup.MAX_GLOBAL_BATCH, --global-batch's bound
+
+
+class BadFigure(ValueError):
+    """A figure of a step or memory line that no run can print (zero, negative, infinite,
+    past a float): ``lineno`` (1-based) and what it is."""
+
+    def __init__(self, lineno: int, what: str) -> None:
+        super().__init__(what)
+        self.lineno = lineno
+        self.what = what
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -138,71 +156,126 @@ def _f(text: str) -> float:
     return float(text.replace(",", ""))
 
 
-def _bytes(value: str, unit: int) -> int:
-    return round(_f(value) * unit)
+def _figure(text: str, what: str, lineno: int) -> float:
+    """A figure a step or memory line prints: positive and finite, else BadFigure (issue 32,
+    E2: a step time of 0 divided by zero, 1e999 overflowed)."""
+    x = _f(text)
+    if not (math.isfinite(x) and x > 0):
+        raise BadFigure(lineno, f"{what} {text} is not a positive finite figure")
+    return x
+
+
+def _bytes(value: str, unit: int, what: str, lineno: int) -> int:
+    return round(_figure(value, what, lineno) * unit)
+
+
+def _titan_match(line: str) -> tuple[re.Match[str], re.Match[str]] | None:
+    """torchtitan's step line: the first step/loss head before its first ``memory:`` field, and
+    the fields from there (linear in the line's length)."""
+    at = line.find("memory:")
+    if at < 0:
+        return None
+    head = _TITAN_STEP.search(line, 0, at)
+    tail = _TITAN_TAIL.match(line, at)
+    return (head, tail) if head is not None and tail is not None else None
 
 
 def parse_torchtitan(lines: Iterable[str]) -> tuple[list[StepRecord], list[MemoryRecord], int | None]:
     steps, mem = [], []
-    for line in lines:
-        m = _TITAN.search(_ANSI.sub("", line))
-        if m is None:
+    for lineno, line in enumerate(lines, start=1):
+        if "memory:" not in line:
             continue
-        step, reserved, _pct, tps, tflops, mfu = m.groups()
-        steps.append(StepRecord(step=int(step), tokens_per_s_per_gpu=_f(tps),
+        found = _titan_match(_ANSI.sub("", line))
+        if found is None:
+            continue
+        head, tail = found
+        reserved, _pct, tps, tflops, mfu = tail.groups()
+        steps.append(StepRecord(step=int(head.group(1)), tokens_per_s_per_gpu=_figure(tps, "tps", lineno),
                                 tflops_per_gpu=_f(tflops) if tflops else None,
                                 mfu=_f(mfu) / 100 if mfu else None))
-        mem.append(MemoryRecord(max_reserved_bytes=_bytes(reserved, GiB)))
+        mem.append(MemoryRecord(max_reserved_bytes=_bytes(reserved, GiB, "memory (GiB)", lineno)))
     return steps, mem, None
+
+
+def _megatron_iteration(line: str) -> tuple[re.Match[str], str] | None:
+    """Megatron-LM's iteration line: its ``iteration N/ M |`` head and the elapsed time's
+    figure (linear in the line's length)."""
+    at = line.find(_MEGATRON_ELAPSED)
+    if at < 0:
+        return None
+    head = _MEGATRON_HEAD.search(line, 0, at)
+    ms = _MEGATRON_TIME.match(line, at + len(_MEGATRON_ELAPSED))
+    return (head, ms.group(1)) if head is not None and ms is not None else None
 
 
 def parse_megatron(lines: Iterable[str]) -> tuple[list[StepRecord], list[MemoryRecord], int | None]:
     steps, mem = [], []
     batch = None
-    for line in lines:
-        m = _MEGATRON_ITER.search(line)
-        if m is not None:
+    for lineno, line in enumerate(lines, start=1):
+        found = _megatron_iteration(line)
+        if found is not None:
+            head, ms = found
             tf = _MEGATRON_TFLOPS.search(line)
-            steps.append(StepRecord(step=int(m.group(1)), step_time_s=_f(m.group(2)) / 1000,
+            steps.append(StepRecord(step=int(head.group(1)),
+                                    step_time_s=_figure(ms, "elapsed time per iteration (ms)", lineno) / 1000,
                                     tflops_per_gpu=_f(tf.group(1)) if tf else None))
             b = _MEGATRON_BATCH.search(line)
-            batch = int(b.group(1)) if b else batch
+            if b is not None:
+                batch = int(b.group(1)) if len(b.group(1)) < 10 else MAX_LOG_GLOBAL_BATCH + 1
+                if not 1 <= batch <= MAX_LOG_GLOBAL_BATCH:      # issue 32, W6 and U8
+                    raise BadFigure(lineno, f"global batch size {b.group(1)[:20]} is not from 1 to "
+                                            f"{MAX_LOG_GLOBAL_BATCH:,} sequences")
+        if "max reserved:" not in line:
+            continue
         mm = _MEGATRON_MEM.search(line)
         if mm is not None:
-            mem.append(MemoryRecord(max_allocated_bytes=_bytes(mm.group(4), MiB),
-                                    max_reserved_bytes=_bytes(mm.group(6), MiB)))
+            mem.append(MemoryRecord(max_allocated_bytes=_bytes(mm.group(4), MiB, "max allocated (MB)", lineno),
+                                    max_reserved_bytes=_bytes(mm.group(6), MiB, "max reserved (MB)", lineno)))
     return steps, mem, batch
 
 
 def parse_deepspeed(lines: Iterable[str]) -> tuple[list[StepRecord], list[MemoryRecord], int | None]:
     steps, mem = [], []
-    for line in lines:
-        m = _DS_TIMER.search(line)
+    for lineno, line in enumerate(lines, start=1):
+        m = _DS_TIMER.search(line) if "global_step=" in line else None
         if m is not None:
             step, _avg, curr, _alloc, max_alloc = m.groups()
-            steps.append(StepRecord(step=int(step), samples_per_s=_f(curr)))
-            mem.append(MemoryRecord(max_allocated_bytes=_bytes(max_alloc, GiB)))
-        mm = _DS_MEM.search(line)
+            steps.append(StepRecord(step=int(step), samples_per_s=_figure(curr, "CurrSamplesPerSec", lineno)))
+            mem.append(MemoryRecord(max_allocated_bytes=_bytes(max_alloc, GiB, "MaxMemAllocated", lineno)))
+        mm = _DS_MEM.search(line) if "Max_CA" in line else None
         if mm is not None:
-            mem.append(MemoryRecord(max_allocated_bytes=_bytes(mm.group(2), GiB),
-                                    max_reserved_bytes=_bytes(mm.group(4), GiB)))
+            mem.append(MemoryRecord(max_allocated_bytes=_bytes(mm.group(2), GiB, "Max_MA", lineno),
+                                    max_reserved_bytes=_bytes(mm.group(4), GiB, "Max_CA", lineno)))
     return steps, mem, None
+
+
+def _hf_summaries(line: str) -> Iterable[str]:
+    """Each ``{...}`` of a line (no brace inside) that holds 'train_runtime', found by
+    str.find from brace to brace: linear in the line's length."""
+    at = line.find(_HF_KEY)
+    while at >= 0:
+        start = line.rfind("{", 0, at)
+        end = line.find("}", at)
+        if start < 0 or end < 0:
+            return
+        if "}" not in line[start:at] and "{" not in line[at:end]:
+            yield line[start:end + 1]
+        at = line.find(_HF_KEY, end)
 
 
 def parse_hf_trainer(lines: Iterable[str]) -> tuple[list[StepRecord], list[MemoryRecord], int | None]:
     steps = []
-    for line in lines:
-        m = _HF_SUMMARY.search(line)
-        if m is None:
-            continue
-        try:
-            d = ast.literal_eval(m.group(0))
-            runtime_s = float(d["train_runtime"])
-            steps_per_s = float(d["train_steps_per_second"])
-        except (ValueError, SyntaxError, KeyError, TypeError, MemoryError, RecursionError):
-            continue
-        if runtime_s > 0 and steps_per_s > 0:
-            steps.append(StepRecord(step=round(runtime_s * steps_per_s), step_time_s=1 / steps_per_s))
+    for lineno, line in enumerate(lines, start=1):
+        for text in _hf_summaries(line):
+            try:
+                d = ast.literal_eval(text)
+                runtime, per_s = d["train_runtime"], d["train_steps_per_second"]
+                float(runtime), float(per_s)
+            except (ValueError, SyntaxError, KeyError, TypeError, MemoryError, RecursionError):
+                continue
+            runtime_s = _figure(str(runtime), "train_runtime", lineno)
+            steps_per_s = _figure(str(per_s), "train_steps_per_second", lineno)
+            steps.append(StepRecord(step=max(1, round(runtime_s * steps_per_s)), step_time_s=1 / steps_per_s))
     return steps, [], None
 
 
@@ -216,7 +289,10 @@ def parse_log(text: str, path: str = "<log>", warmup: int = WARMUP_RECORDS) -> T
     lines = text.splitlines()
     best: tuple[str, list[StepRecord], list[MemoryRecord], int | None] | None = None
     for stack, parser in PARSERS.items():
-        steps, mem, batch = parser(lines)
+        try:
+            steps, mem, batch = parser(lines)
+        except BadFigure as e:
+            raise UserError(f"log {path}, line {e.lineno}: {e.what} ({stack}); fix or remove the line") from None
         if steps and (best is None or len(steps) > len(best[1])):
             best = (stack, steps, mem, batch)
     if best is None:

@@ -35,6 +35,27 @@ class ActivationTerm:
         return (not self.selective) if recompute == "selective" else not self.selective_only
 
 
+def generic_block_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> list[ActivationTerm]:
+    """What a generic model's mean block keeps, measured (planner.models.generic.probe): the
+    storages autograd saves in one forward of transformers' model under fake tensors, in
+    bf16 with eager attention, read at two sequence lengths and split into a per-token part
+    and a part growing with the sequence (the materialised s x s scores). Scaled by the
+    activation bytes over bf16's 2. Under flash attention (any ``setup.attention`` but
+    eager) the scores are not kept (Dao et al. 2022), so the growing part is left out; the
+    per-token part already holds Q, K, V and the attention output. No tensor or context
+    parallelism on this path (rules: generic-layouts)."""
+    assert m.profile is not None
+    tokens = lay.micro_batch * lay.seq_len
+    scale = setup.precision_spec.activation_bytes / 2
+    terms = [ActivationTerm(name="saved tensors of the mean block, measured on transformers' model",
+                            bytes=int(tokens * m.profile.mean_block("saved_bytes_per_token") * scale))]
+    per_seq = m.profile.mean_block("saved_bytes_per_token_per_seq")
+    if setup.attention == "eager" and per_seq > 0:
+        terms.append(ActivationTerm(name="saved tensors growing with the sequence (attention scores), measured",
+                                    bytes=int(tokens * lay.seq_len * per_seq * scale), selective=True))
+    return terms
+
+
 def layer_activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) -> list[ActivationTerm]:
     """Tensors one transformer block saves for backward, per micro-batch, on one rank.
 
@@ -57,6 +78,8 @@ def layer_activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, kern
     keeps both the fp32 input and the normalised 16-bit output). torchtitan's Llama 3 block
     (``kernels == "torchtitan"``) is titan_block_terms.
     """
+    if m.profile is not None:
+        return generic_block_terms(m, setup, lay)
     if kernels == "torchtitan":
         return titan_block_terms(m, setup, lay)
     b, s = lay.micro_batch, lay.seq_len // lay.cp

@@ -37,7 +37,10 @@ def _stage_layers(n_layers: int, pp: int, balance: str = "none") -> tuple[int, .
         return tuple(counts)
     base, extra = divmod(n_layers, pp)
     counts = [base] * pp
-    order = sorted(range(pp), key=lambda i: (i == 0, i == pp - 1, -i))
+    # the middle stages from the last one down, then the last stage, then the first: the order
+    # sorted(range(pp), key=lambda i: (i == 0, i == pp - 1, -i)) gives, built without a sort,
+    # which made sizing every pp up to the layer count quadratic (issue 32, H3)
+    order = [*range(pp - 2, 0, -1), *([pp - 1] if pp > 1 else []), 0]
     for i in order[:extra]:
         counts[i] += 1
     return tuple(counts)

@@ -10,7 +10,7 @@ from typing import Any
 
 from planner.errors import UserError
 from planner.limits import MAX_PARAMS, check_config_types
-from planner.models.cfg import float_key, int_key
+from planner.models.cfg import float_key, int_key, opt_int
 from planner.models.recent import RECENT_MODEL_TYPES, recent_spec
 from planner.models.spec import ModelSpec, count_params
 
@@ -34,13 +34,20 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str, where: str, source: str 
     mt = cfg.get("model_type")
     if mt is None:
         raise UserError(f"{where}: missing key 'model_type'; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
-    if mt not in SUPPORTED_MODEL_TYPES:
+    if not isinstance(mt, str) or not mt:
         raise UserError(
             f"{where}: unsupported model_type {mt!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
-    bad = check_config_types(cfg, where)
+    bad = check_config_types(cfg, where) or config_class_refusal(cfg, mt, where)
     if bad:
         raise UserError(bad)
+    if mt not in SUPPORTED_MODEL_TYPES:
+        from planner.models.generic.spec import generic_spec
+
+        common_generic = {"name": name, "model_type": mt, "source": source}
+        spec = generic_spec({k: v for k, v in cfg.items()}, common_generic, where, SUPPORTED_MODEL_TYPES)
+        _check_shape(spec, where)
+        return spec
     if mt == "deepseek_v3" and "q_lora_rank" in cfg and cfg["q_lora_rank"] is None:
         cfg = {**cfg, "q_lora_rank": 0}     # DeepseekV3Config: null means a full q_proj (DeepSeek-V2-Lite)
     cfg = {k: v for k, v in cfg.items() if v is not None}    # a key set to null takes its default
@@ -55,8 +62,10 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str, where: str, source: str 
     elif mt in ("llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2"):
         h = int_key(cfg, "hidden_size", where)
         n_heads = int_key(cfg, "num_attention_heads", where)
-        n_kv = cfg.get("num_key_value_heads") or n_heads
-        head_dim = cfg.get("head_dim") or h // n_heads
+        # LlamaConfig & co.: num_key_value_heads None means num_attention_heads; 0 is kept and
+        # divides by zero in the attention (issue 32, W7), as head_dim 0 sizes empty heads
+        n_kv = opt_int(cfg, "num_key_value_heads", where, n_heads, minimum=1)
+        head_dim = opt_int(cfg, "head_dim", where, h // n_heads, minimum=1)
         bias = bool(cfg.get("attention_bias", False))
         spec = ModelSpec(
             **common,
@@ -167,6 +176,42 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str, where: str, source: str 
         )
     _check_shape(spec, where)
     return spec
+
+
+# The families whose modeling file derives head_dim as hidden_size // heads and raises unless
+# the heads divide the width (transformers 5: GPT2Attention "`embed_dim` must be divisible by
+# num_heads", BertSelfAttention "is not a multiple of the number of attention heads",
+# FalconAttention and BloomAttention "`hidden_size` must be divisible by num_heads",
+# GPTNeoXConfig "The hidden size is not divisible by the number of attention heads")
+HEADS_DIVIDE_WIDTH = {"gpt2": ("n_embd", "n_head"), "bert": ("hidden_size", "num_attention_heads"),
+                      "falcon": ("hidden_size", "num_attention_heads"), "bloom": ("hidden_size", "n_head"),
+                      "gpt_neox": ("hidden_size", "num_attention_heads")}
+# The families whose MoE blocks route num_experts_per_tok of the routed experts wherever the
+# config places an MoE block (MixtralSparseMoeBlock, DeepseekV3MoE, Llama4TextMoe: a top-k over
+# zero experts fails); Qwen3-MoE builds dense blocks when num_experts is 0, so it is not here
+ROUTED_EXPERTS = {"mixtral": ("num_local_experts", 2), "deepseek_v3": ("n_routed_experts", 8),
+                  "llama4_text": ("num_local_experts", 1)}
+
+
+def config_class_refusal(cfg: dict[str, Any], mt: str, where: str) -> str | None:
+    """Where transformers' configuration or modeling classes refuse the config although
+    every key alone has a good type: heads that do not divide the width, zero routed experts
+    with a top-k above zero (issue 32, W7: planned as another, dense model). None when fine."""
+    if mt in HEADS_DIVIDE_WIDTH:
+        wk, hk = HEADS_DIVIDE_WIDTH[mt]
+        alts = {"n_embd": "hidden_size", "n_head": "num_attention_heads", "num_attention_heads": "n_head"}
+        h, n = cfg.get(wk, cfg.get(alts.get(wk, ""))), cfg.get(hk, cfg.get(alts.get(hk, "")))
+        if isinstance(h, int) and isinstance(n, int) and n > 0 and h % n:
+            return (f"{where}: {hk} = {n} does not divide {wk} = {h} (transformers' {mt} attention refuses it); "
+                    f"give a divisor of {h}")
+    if mt in ROUTED_EXPERTS:
+        ek, top_k_default = ROUTED_EXPERTS[mt]
+        top_k = cfg.get("num_experts_per_tok")
+        top_k = top_k_default if top_k is None else top_k
+        if cfg.get(ek) == 0 and isinstance(top_k, int) and top_k > 0:
+            return (f"{where}: {ek} = 0 with num_experts_per_tok = {top_k}: the MoE blocks would route to no "
+                    f"expert; give {ek} of at least {top_k}, or the dense model's own config")
+    return None
 
 
 def _check_shape(m: ModelSpec, where: str) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from planner.errors import UserError, unknown_name
-from planner.limits import MAX_CONFIG_BYTES, check_label
+from planner.limits import MAX_CONFIG_BYTES, check_label, not_found
 from planner.models.families import spec_from_hf_config
 from planner.models.spec import ModelSpec
 
@@ -242,7 +242,7 @@ def load_config_file(path: Path, name: str | None = None) -> ModelSpec:
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
-        raise UserError(f"model file {str(path)!r} not found; pass a preset name (`plan models`) or a config.json path")
+        raise UserError(not_found("model file", path, "pass a preset name (`plan models`) or a config.json path"))
     try:
         if path.stat().st_size > MAX_CONFIG_BYTES:
             raise UserError(f"{path}: {path.stat().st_size:,} bytes is too large for a config.json "

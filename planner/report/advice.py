@@ -66,6 +66,9 @@ def contradicting_options(kw: Mapping[str, Any]) -> str | None:
     if n_gpus is not None and max_gpus is not None and n_gpus > max_gpus:
         return (f"--n-gpus {n_gpus} is more than --max-gpus {max_gpus}; raise --max-gpus or lower --n-gpus "
                 f"(or drop one of them)")
+    too_many = degrees_past_limit(kw)
+    if too_many:
+        return too_many
     if zero is not None and fsdp is not None:
         return (f"--zero {zero} and --fsdp {fsdp} contradict each other: both choose how the states are sharded "
                 f"(ZeRO for DeepSpeed and Megatron, FSDP for PyTorch); give one of them")
@@ -78,6 +81,24 @@ def contradicting_options(kw: Mapping[str, Any]) -> str | None:
             names = " x ".join(f"--{a} {d}" for a, d in fixed.items())
             return f"--n-gpus {n_gpus} is not a multiple of {names} = {prod}; change --n-gpus or the degrees"
     return None
+
+
+def degrees_past_limit(kw: Mapping[str, Any]) -> str | None:
+    """Whether the degrees the options fix (--dp, --tp, --pp, --cp, --ep) need more GPUs
+    than --max-gpus allows, as --n-gpus beyond it is refused (issue 32, W2: --tp 8 --pp 8
+    --cp 8 --dp 64 planned 32,768 GPUs; U3: --dp 32768 was explained as a memory limit).
+    Every GPU holds one rank of each group, so the product is the least count they need."""
+    fixed = {a: kw[a] for a in ("dp", "tp", "pp", "cp", "ep") if kw.get(a) is not None}
+    max_gpus = kw.get("max_gpus")
+    prod = 1
+    for d in fixed.values():
+        prod *= d
+    if max_gpus is None or prod <= max_gpus:
+        return None
+    names = " x ".join(f"--{a} {d}" for a, d in fixed.items())
+    lead = f"{names} = {prod:,} GPUs" if len(fixed) > 1 else f"{names} needs {prod:,} GPUs, which"
+    return (f"{lead} is more than --max-gpus {max_gpus}; lower the degrees, or raise --max-gpus "
+            f"(the search limit, at most the topology's GPUs)")
 
 
 def fit_advice(r: Any) -> list[str]:

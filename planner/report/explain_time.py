@@ -26,6 +26,7 @@ from planner.report.terms import (
     Term,
 )
 from planner.report.terms import label as _label
+from planner.timing.kernels import fp8_fraction_of
 from planner.timing.model import (
     FLASH_FRACTION,
     FLASH_FRACTION_DEFAULT,
@@ -88,6 +89,7 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
     batched model's named parts (timing.parts.StepArrays) for that one layout."""
     gpu = cluster.gpu
     prec = setup.precision_spec
+    fp8_share = prec.fp8.matmul_fraction(gpu.name, fp8_fraction_of(gpu, eff, prec.fp8)) if prec.fp8 is not None else 0.0
     parts = step_arrays(m, setup, LayoutArrays.from_layouts([lay]), cluster, eff, pc, [st.placement])
     lt = layer_time(m, setup, layer_key(lay), layout_kernels(setup, lay), gpu, eff)
     links = axis_links(cluster, (lay.tp, lay.cp, lay.ep, lay.dp, lay.pp), st.placement)
@@ -106,10 +108,11 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
     peak = gpu.peak_flops_per_s(dtype)
     n_active = pc.active
     out += [
-        _time("flops", "model FLOPs per step (no recomputation)", "3 x tokens x (L x block forward + LM head), "
-              "2 FLOPs per multiply-add", st.model_flops, FLOPS, unit="FLOPs", summed=False,
-              tokens_per_step=st.tokens_per_step, n_layers_L=m.n_layers, d_model_h=m.d_model,
-              seq_len_s=lay.seq_len, vocab_V=m.vocab_size),
+        _time("flops", "model FLOPs per token (no recomputation)", "3 x (L x mean block forward + LM head + MTP), "
+              "2 FLOPs per multiply-add", st.model_flops / st.tokens_per_step, FLOPS, unit="FLOPs", summed=False,
+              n_layers_L=m.n_layers, d_model_h=m.d_model, seq_len_s=lay.seq_len, vocab_V=m.vocab_size),
+        _time("flops", "model FLOPs per step (no recomputation)", "model FLOPs per token x tokens",
+              st.model_flops, FLOPS, unit="FLOPs", summed=False, tokens_per_step=st.tokens_per_step),
         _time("flops", f"hardware FLOPs per step (recompute {lay.recompute})", "model FLOPs + recomputed forward",
               st.hardware_flops, FLOPS, unit="FLOPs", summed=False),
         _time("flops", "Kaplan's 6N estimate, for comparison", "6 x active params x tokens",
@@ -126,9 +129,9 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
         *([] if prec.fp8 is None or gpu.fp8_flops_per_s is None else [
             _time("rates", f"FP8 matmul rate of the blocks' linear layers ({prec.fp8.name})",
                   "FP8 dense peak x FP8 matmul fraction (ASSUMED; router, attention and LM head stay bf16)",
-                  gpu.fp8_flops_per_s * prec.fp8.matmul_fraction(gpu.name), "planner.training.fp8 "
+                  gpu.fp8_flops_per_s * fp8_share, "planner.training.fp8 "
                   "(FP8_MATMUL_FRACTION, ASSUMED); FP8 peak: " + gpu.source, unit="FLOP/s", summed=False,
-                  fp8_peak=gpu.fp8_flops_per_s, fp8_matmul_fraction=prec.fp8.matmul_fraction(gpu.name))]),
+                  fp8_peak=gpu.fp8_flops_per_s, fp8_matmul_fraction=fp8_share)]),
         _time("rates", "HBM rate of element-wise kernels", "HBM bandwidth x hbm fraction", r.hbm_bytes_per_s,
               f"{HBM}; HBM bandwidth: {gpu.source}", unit="bytes/s", summed=False,
               hbm_bytes_per_s=gpu.hbm_bytes_per_s, hbm_fraction=eff.hbm_fraction),
@@ -259,7 +262,8 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
                      "Chowdhery et al. 2022, PaLM, App. B", unit="fraction", summed=False,
                      model_flops=st.model_flops, step_time_s=st.step_time_s, n_gpus=st.n_gpus, peak=peak))
     if st.mfu_fp8 is not None:
-        out.append(_time("utilisation", "MFU against the FP8 peak", "model FLOPs / step time / GPUs / FP8 peak",
+        out.append(_time("utilisation", "MFU against the low-precision peak (FP8; FP4 under NVFP4)",
+                         "model FLOPs / step time / GPUs / low-precision peak",
                          st.mfu_fp8, "Chowdhery et al. 2022, PaLM, App. B; gpus.toml FP8 dense peak", unit="fraction",
                          summed=False, model_flops=st.model_flops, step_time_s=st.step_time_s, n_gpus=st.n_gpus,
                          peak=st.fp8_peak_flops_per_s))

@@ -18,7 +18,7 @@ from typing import Any
 
 from planner.errors import UserError
 from planner.fmt import duration, usd
-from planner.timing.intervals import DEFAULT_LEVEL, provenance, time_band
+from planner.timing.intervals import DEFAULT_LEVEL, provenance, regime_data, time_band
 from planner.timing.step import StepTime
 
 MEMORY_INTERVALS_PATH = Path(__file__).resolve().parent / "memory_intervals.json"
@@ -57,14 +57,14 @@ def time_interval_json(t: StepTime | None, tokens: float | None = None, level: f
     of that, so a --time-confidence margin already in the step time is not applied again."""
     if t is None:
         return None
-    b, f = time_band(level), t.step_time_factor
+    b, f = time_band(level, t.regime), t.step_time_factor
     out: dict[str, Any] = {
         "level": level,
         "step_time_s": list(b.step_s(t.predicted_step_time_s)),
         "tokens_per_s": list(b.speed(t.tokens_per_s * f)),
         "tflops_per_gpu": list(b.speed(t.model_flops_per_s_per_gpu * f / 1e12)),
         "mfu": list(b.speed(t.mfu * f)),
-        "source": provenance(),
+        "source": provenance(t.regime),
     }
     if f != 1.0:
         out["step_time_factor"] = f      # the --time-confidence margin in the point figures
@@ -74,12 +74,12 @@ def time_interval_json(t: StepTime | None, tokens: float | None = None, level: f
 
 
 def cost_interval_json(cost_usd: float | None, train_time_s: float, gpu_hours: float,
-                       level: float = DEFAULT_LEVEL, step_time_factor: float = 1.0) -> dict[str, Any]:
+                       level: float = DEFAULT_LEVEL, step_time_factor: float = 1.0, regime: str = "") -> dict[str, Any]:
     """A priced plan's interval: its cost, train time and GPU-hours scale with the step time
     (rental: GPU-hours x price per GPU-hour, planner.cost.plan). ``step_time_factor``: the
     --time-confidence margin already in the figures (StepTime.step_time_factor), taken out
-    before the band is applied, as in time_interval_json."""
-    b, f = time_band(level), step_time_factor
+    before the band is applied, as in time_interval_json. ``regime``: StepTime.regime."""
+    b, f = time_band(level, regime), step_time_factor
     return {"level": level, "cost_usd": None if cost_usd is None else list(b.step_s(cost_usd / f)),
             "train_time_s": list(b.step_s(train_time_s / f)), "gpu_hours": list(b.step_s(gpu_hours / f))}
 
@@ -88,7 +88,7 @@ def priced_interval_json(p: Any, level: float = DEFAULT_LEVEL) -> dict[str, Any]
     """cost_interval_json of a priced plan (planner.cost.plan.PricedPlan)."""
     t = p.candidate.time
     return cost_interval_json(p.cost_usd, p.train_time_s, p.gpu_hours, level,
-                              1.0 if t is None else t.step_time_factor)
+                              1.0 if t is None else t.step_time_factor, "" if t is None else t.regime)
 
 
 def cost_interval_text(p: Any, level: float = DEFAULT_LEVEL) -> str:
@@ -110,7 +110,7 @@ def memory_interval_json(total_bytes: float, capacity_bytes: float, level: float
 
 def step_interval_text(t: StepTime, tokens: float | None = None, level: float = DEFAULT_LEVEL) -> str:
     """One line: the step time's and MFU's interval (and the train time's)."""
-    b, f = time_band(level), t.step_time_factor
+    b, f = time_band(level, t.regime), t.step_time_factor
     lo, hi = b.step_s(t.predicted_step_time_s)     # not margined twice (time_interval_json)
     mlo, mhi = b.speed(t.mfu * f)
     text = f"{level:.0%} interval {duration(lo)}-{duration(hi)} per step, MFU {mlo:.1%}-{mhi:.1%}"
@@ -120,7 +120,8 @@ def step_interval_text(t: StepTime, tokens: float | None = None, level: float = 
     if f != 1.0:
         text += (f", about the model's {duration(t.predicted_step_time_s)} (the figures above are "
                  f"planned {f:.3f}x slower, --time-confidence)")
-    return text + " (out-of-sample errors on published runs)"
+    where = f"Megatron-Bridge runs, regime {t.regime}" if t.regime in regime_data()["regimes"] else "published runs"
+    return text + f" (out-of-sample errors on {where})"
 
 
 def memory_note(total_bytes: float, capacity_bytes: float, fits: bool, level: float = DEFAULT_LEVEL) -> str | None:

@@ -108,7 +108,8 @@ def rl_lines(p: PosttrainPlan) -> list[str]:
                       f"{gib(e.kv_bytes)} = {e.n_blocks:,} blocks of 16 tokens; a sequence holds "
                       f"{e.blocks_per_sequence} blocks, so {e.max_sequences} at once",
                   f"  {g.n_engines} engines x {g.sequences_per_engine} sequences, {g.concurrent} decoded at once "
-                  f"in {g.waves} wave(s)"]
+                  f"in {g.waves} wave(s), {g.decode_steps:,} decode steps (of which tp all-reduces "
+                  f"{duration(g.collective_s)}, fitted per-step time {duration(g.overhead_s)})"]
     lines += ["", f"Step time: {duration(r.step_time_s)}"]
     lines += _rows([(k, duration(v)) for k, v in r.times_s.items()])
     return lines
@@ -147,6 +148,11 @@ def _rl_json(r: RLChoice, plan_capacity: int, plan_gpu: GpuSpec) -> dict[str, An
         out["engine"] = {"reserved_bytes": e.reserved_bytes, "weights_bytes": e.weights_bytes,
                          "profile_bytes": e.profile_bytes, "kv_bytes": e.kv_bytes, "n_blocks": e.n_blocks,
                          "blocks_per_sequence": e.blocks_per_sequence, "max_sequences": e.max_sequences}
+    if r.generation is not None:
+        g = r.generation
+        out["generation"] = {"n_engines": g.n_engines, "sequences_per_engine": g.sequences_per_engine,
+                             "concurrent": g.concurrent, "waves": g.waves, "decode_steps": g.decode_steps,
+                             "decode_collective_s": g.collective_s, "decode_overhead_s": g.overhead_s}
     return out
 
 

@@ -148,7 +148,7 @@ def memory_table(c: Candidate, title: str = "Memory per rank") -> list[Any]:
 def step_line(t: StepTime) -> str:
     return (f"{duration(t.step_time_s)}, {t.tokens_per_s:,.0f} tokens/s, "
             f"{t.model_flops_per_s_per_gpu / 1e12:,.0f} TFLOP/s per GPU, MFU {t.mfu:.1%}"
-            + ("" if t.mfu_fp8 is None else f" of the BF16 peak, {t.mfu_fp8:.1%} of the FP8 peak"))
+            + ("" if t.mfu_fp8 is None else f" of the BF16 peak, {t.mfu_fp8:.1%} of the low-precision peak"))
 
 
 def time_table(t: StepTime) -> Any:

@@ -38,7 +38,9 @@ KORTHIKANTI = "Korthikanti et al. 2022, arXiv:2205.05198, Sec. 4.1-4.3, Eqs. 1-4
 ONE_F_ONE_B = ("Narayanan et al. 2021, arXiv:2104.04473, Sec. 2.2.1 (1F1B: stage i holds min(p - i, m)); "
                "Korthikanti et al. 2022, Sec. 4.2.3 (interleaved: x (1 + (p-1)/(p v)))")
 BUBBLE = "Narayanan et al. 2021, arXiv:2104.04473, Sec. 2.2 (bubble (p-1)/v micro-batch times)"
-FLOPS = ("Narayanan et al. 2021, arXiv:2104.04473, Eq. 3 (96 l h^2 (1 + s/6h + V/16lh) with full "
+FLOPS = ("the model's own matmuls (planner.models.matmuls: MLA projections, routed and shared experts, dense "
+         "blocks, MTP), checked against torch FlopCounterMode on the transformers model (tests/test_model_flops.py); "
+         "for a GPT block Narayanan et al. 2021, arXiv:2104.04473, Eq. 3 (96 l h^2 (1 + s/6h + V/16lh) with full "
          "recomputation); Korthikanti et al. 2022, Eq. 7 (model FLOPs, 72 l h^2 (...))")
 KAPLAN = "Kaplan et al. 2020, arXiv:2001.08361, Sec. 2.1 (C = 6 N per token, attention left out)"
 RING = ("ring collectives: Patarasuk & Yuan 2009; bus bandwidth as nccl-tests defines it "

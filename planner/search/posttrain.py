@@ -28,6 +28,7 @@ from planner.timing.rollout import (
     forward_pass_s,
     fsdp_gather_s,
     generation_time,
+    logprob_pass_s,
     offload_s,
     resync_s,
 )
@@ -184,16 +185,16 @@ def rl_choice(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, rl: RLSetup, c: 
     engine = gen = None
     if rl.generates:
         engine = engine_budget(m, gpu, rl)
-        gen = generation_time(m, gpu, rl, lay.n_gpus, engine, eff)
+        gen = generation_time(m, gpu, rl, lay.n_gpus, engine, eff, cluster)
         times["generation: prefill"] = gen.prefill_s
         times["generation: decode"] = gen.decode_s
     # log-prob passes: the policy's old log-probs (verl, NeMo-RL) and the reference's
     passes = (1 if rl.task != "dpo" else 0) + (1 if rl.reference_model else 0) + (1 if rl.has_critic else 0)
-    times["log-prob passes"] = passes * forward_pass_s(m, rl.seq_len, tokens, lay.n_gpus, t)
+    times["log-prob passes"] = passes * logprob_pass_s(m, rl.seq_len, tokens, lay.n_gpus, t)
     # the training step is sized at full length; its time follows the packed tokens
     times["training"] = t.step_time_s * rl.token_share * (2 if rl.has_critic else 1)
     if rl.generates:
-        times["weight resync"] = resync_s(m, lay.dp, rl.engine_tp, rl.placement == "colocated", cluster, eff)
+        times["weight resync"] = resync_s(m, lay, rl.engine_tp, rl.placement == "colocated", cluster, eff)
         if rl.offload_train_states and rl.placement == "colocated":
             bd = c.memory.breakdown
             ref = frozen_copy_bytes(m, lay) if rl.reference_model else 0

@@ -268,43 +268,94 @@ def load_calibration(path: str) -> Calibration:
                         f"({'unknown key ' + repr(unknown[0]) if unknown else 'no gpu or [efficiency]'})")
     eff: dict[str, Any] = d["efficiency"]
     over: dict[str, Any] = d.get("overheads", {})
-    if set(eff) - {"matmul_fraction"} or set(over) - {"fragmentation"}:
+    if set(eff) - {"matmul_fraction"} or not isinstance(over, dict) or set(over) - {"fragmentation"}:
         raise UserError(f"{what}: [efficiency] takes matmul_fraction and [overheads] fragmentation only")
-    mm = eff.get("matmul_fraction")
-    if not isinstance(mm, int | float) or isinstance(mm, bool) or not 0 < mm <= 1:
-        raise UserError(f"{what}: efficiency.matmul_fraction must be a number in (0, 1]")
-    frag = over.get("fragmentation")
-    if frag is not None and (not isinstance(frag, int | float) or isinstance(frag, bool) or not 0 <= frag <= 1):
-        raise UserError(f"{what}: overheads.fragmentation must be a number in [0, 1]")
+    if d.get("format", FORMAT) != FORMAT or isinstance(d.get("format"), bool):
+        raise UserError(f"{what}: format = {d['format']!r} is not {FORMAT}, the format this planner writes and "
+                        f"reads; rerun `plan calibrate`")
+    mm = _number(eff, "matmul_fraction", what, "efficiency", MATMUL_MIN, MATMUL_MAX, required=True)
+    frag = _number(over, "fragmentation", what, "overheads", 0.0, 1.0)
     if not isinstance(d["gpu"], str):
         raise UserError(f"{what}: gpu must be a GPU name")
-    fit_t: dict[str, Any] = d.get("fit", {}) if isinstance(d.get("fit"), dict) else {}
+    fit_t = d.get("fit", {})
+    if not isinstance(fit_t, dict):
+        raise UserError(f"{what}: [fit] must be a table")
+    before = _number(fit_t, "matmul_fraction_before", what, "fit", 1e-6, 1.0)
+    for key in ("rms_log_error_before", "rms_log_error_after"):
+        _number(fit_t, key, what, "fit", 0.0, 1e6)
+    if not isinstance(fit_t.get("at_bound", False), bool):
+        raise UserError(f"{what}: fit.at_bound must be true or false")
+    logs_t = d.get("logs", [])
+    if not isinstance(logs_t, list):
+        raise UserError(f"{what}: logs must be [[logs]] tables")
     logs = []
-    for entry in d.get("logs", []) if isinstance(d.get("logs"), list) else []:
+    for i, entry in enumerate(logs_t, start=1):
         if not isinstance(entry, dict) or set(entry) - _LOG_KEYS:
             raise UserError(f"{what}: a [[logs]] entry has unknown keys")
-        try:
-            logs.append(LogFit(name=str(entry["path"]), stack=str(entry["stack"]), layout=str(entry["layout"]),
-                               logged_step_time_s=float(entry["logged_step_time_s"]),
-                               before_step_time_s=float(entry["before_step_time_s"]),
-                               after_step_time_s=float(entry["after_step_time_s"]),
-                               tracked_bytes=int(entry["tracked_bytes"]),
-                               max_reserved_bytes=entry.get("max_reserved_bytes"),
-                               max_allocated_bytes=entry.get("max_allocated_bytes")))
-        except (KeyError, TypeError, ValueError):
-            raise UserError(f"{what}: a [[logs]] entry lacks a field or holds a non-number") from None
-    return Calibration(gpu=d["gpu"], matmul_fraction=float(mm),
-                       matmul_fraction_before=float(fit_t.get("matmul_fraction_before", mm)),
-                       fragmentation=None if frag is None else float(frag),
-                       at_bound=bool(fit_t.get("at_bound", False)), logs=tuple(logs),
+        table = f"logs[{i}]"
+        for key in ("path", "stack", "layout"):
+            if not isinstance(entry.get(key), str):
+                raise UserError(f"{what}: {table}.{key} must be a string")
+        times = [float(_number(entry, k, what, table, 1e-9, 1e9, required=True) or 0.0)
+                 for k in ("logged_step_time_s", "before_step_time_s", "after_step_time_s")]
+        for key in ("log_error_before", "log_error_after"):
+            _number(entry, key, what, table, -1e3, 1e3)
+        sizes = {k: _count(entry, k, what, table) for k in ("tracked_bytes", "max_reserved_bytes",
+                                                             "max_allocated_bytes")}
+        _count(entry, "overhead_bytes", what, table, signed=True)   # reserved - tracked: may be negative
+        if sizes["tracked_bytes"] is None:
+            raise UserError(f"{what}: {table}.tracked_bytes is missing; rerun `plan calibrate`")
+        logs.append(LogFit(name=entry["path"], stack=entry["stack"], layout=entry["layout"],
+                           logged_step_time_s=times[0], before_step_time_s=times[1], after_step_time_s=times[2],
+                           tracked_bytes=sizes["tracked_bytes"], max_reserved_bytes=sizes["max_reserved_bytes"],
+                           max_allocated_bytes=sizes["max_allocated_bytes"]))
+    assert mm is not None
+    return Calibration(gpu=d["gpu"], matmul_fraction=mm,
+                       matmul_fraction_before=mm if before is None else before,
+                       fragmentation=frag, at_bound=bool(fit_t.get("at_bound", False)), logs=tuple(logs),
                        planner_version=str(d.get("planner_version", "")), created=str(d.get("created", "")),
                        path=path)
+
+
+def _number(table: dict[str, Any], key: str, what: str, where: str, lo: float, hi: float,
+            required: bool = False) -> float | None:
+    """``table[key]`` as a finite number within [lo, hi], None when absent (and not required);
+    else a UserError naming the file and the key (issue 32, E3: 1e400 overflowed, "x" raised
+    ValueError, nan and -1 passed)."""
+    import math
+
+    if key not in table:
+        if required:
+            raise UserError(f"{what}: {where}.{key} is missing; rerun `plan calibrate`")
+        return None
+    v = table[key]
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or not lo <= v <= hi:
+        raise UserError(f"{what}: {where}.{key} = {str(v)[:40]} must be a number from {lo:g} to {hi:g}")
+    return float(v)
+
+
+def _count(table: dict[str, Any], key: str, what: str, where: str, signed: bool = False) -> int | None:
+    """``table[key]`` as a whole number of bytes (0 to 2^63, or above -2^63 when ``signed``),
+    None when absent; else a UserError."""
+    if key not in table:
+        return None
+    v = table[key]
+    if isinstance(v, bool) or not isinstance(v, int) or not (-(1 << 63) if signed else 0) <= v < 1 << 63:
+        raise UserError(f"{what}: {where}.{key} = {str(v)[:40]} must be a whole number of bytes")
+    return v
 
 
 def check_gpu(c: Calibration, gpu_names: Sequence[str]) -> None:
     """Refuse a calibration for another GPU type (its matmul fraction is the die's)."""
     other = [g for g in gpu_names if g != c.gpu]
     if other:
+        from planner.hardware.gpus import get_gpu
+
+        try:
+            get_gpu(c.gpu)
+        except UserError:       # issue 32, U8: the advice was --gpus <a name no GPU has>
+            raise UserError(f"--calibration {c.path} names GPU {c.gpu[:40]!r}, which is no GPU (`plan gpus`); "
+                            f"calibrate on logs from {other[0]} with `plan calibrate`") from None
         raise UserError(f"--calibration {c.path} was fitted on {c.gpu} logs, not {other[0]}; plan with "
                         f"--gpus {c.gpu}, or calibrate on logs from {other[0]}")
 

@@ -49,6 +49,17 @@ FLASH_FRACTION = {"a100": 0.60, "a100-40gb": 0.60, "h100": 0.35, "h200": 0.35, "
                   "gb200": 0.35}
 FLASH_FRACTION_DEFAULT = 0.40       # ASSUMPTION: FlashAttention-2 on other GPUs
 
+# Tensor-core FLOPs per exponential the GPU can issue in the same time: dense BF16 FLOPs per SM
+# per clock over the 16 exp2 per SM per clock of the special-function units (CUDA C++ Programming
+# Guide, "Arithmetic Instructions" throughput table, compute capability 9.0 and 10.0). H100: 989.4
+# TFLOP/s / (132 SMs x 1.83 GHz) = 4096 per SM per clock, so 256 FLOPs per exp; B200/GB200: 8192
+# per SM per clock, 512 (Zadouri et al. 2026, FlashAttention-4, Sec. 2: Blackwell doubled the
+# tensor cores, not the exponential unit). A fused attention computes one exp per score and
+# 2 (d_qk + d_v) FLOPs per score forward, so its forward cannot run faster than
+# peak x 2 (d_qk + d_v) / this ratio: on Blackwell, head dim 128 is bound at the peak and head
+# dim 64 (gpt-oss) at half of it (timing.kernels.attention_rate). GPUs not listed: no bound.
+TENSOR_FLOPS_PER_EXP = {"h100": 256, "h200": 256, "h100-nvl": 256, "gh200": 256, "b200": 512, "gb200": 512}
+
 # Sustained training rate per GPU type: the highest model-FLOPs utilisation (MFU, executed
 # model FLOPs over the dense BF16 peak) a published training run reached on it. No step is
 # predicted faster than its model FLOPs at this rate (timing.fast.step_arrays): data-sheet
@@ -104,6 +115,24 @@ class Efficiency:
     (torchtitan 0.3.0 torchtitan/distributed/activation_checkpoint.py, SelectiveAC's
     _get_custom_policy: "Save all compute/comm ops, except every second mm/linear"): in a
     Llama block wq wk wv wo w1 w3 w2 that reruns wk, wo and w3.
+    expert_gemm_half_rows: the rows (tokens) per local expert at which a grouped expert GEMM
+    runs at half its rate: each expert's GEMM takes (1 + expert_gemm_half_rows / rows) times
+    its dense-rate time, a fixed cost per expert and tile that few tokens per expert cannot
+    amortise (NVIDIA, "Matrix Multiplication Background User's Guide", tile and wave
+    quantization; grouped GEMMs of MoE layers, Gale et al. 2023, MegaBlocks, MLSys, Sec. 5).
+    0: expert GEMMs at the dense rate.
+    moe_block_overhead_s: fixed time of one MoE block's forward per micro-batch beyond its GEMMs
+    and element-wise bytes (backward twice it): the router's top-k, the token counts each rank
+    syncs to the host to size a dropless dispatch, permutation index building and the launches
+    of the grouped kernels (megatron-core transformer/moe/token_dispatcher.py, MoEAlltoAllTokenDispatcher
+    preprocess: the tokens_per_expert device-to-host copy; moe_utils.py permute / unpermute).
+    fp8_matmul_ratio: the FP8 (and NVFP4, at its doubled peak) GEMM rate's share of the FP8
+    dense peak over the 16-bit GEMM's share of the BF16 peak (matmul_fraction) on the same GPU
+    (timing.kernels.fp8_fraction_of); None takes training.fp8.FP8_MATMUL_FRACTION (ASSUMED).
+    block_scaled_gemm_penalty: the rate of a microscaling GEMM (MXFP8, NVFP4: a scale per 32 or
+    16 elements, Fp8Recipe.block_scaled) over a per-tensor-scaled FP8 GEMM's, under
+    fp8_matmul_ratio: the scale factors are loaded with each tile and applied in the MMA
+    (Blackwell's block-scaled tcgen05.mma; OCP Microscaling Formats spec v1.0, Sec. 5).
     mfu_ceiling: the highest MFU a step may reach (None: the GPU's sustained rate,
     hardware.gpus.sustained_rate, measured or ASSUMED).
     grad_accum_bytes_per_param: HBM bytes per trainable parameter of a stage that a pass after
@@ -145,6 +174,10 @@ class Efficiency:
     grad_reduce_bytes: int | None = None
     grad_accum_bytes_per_param: float = 0.0
     overlap_slowdown: float = 0.2
+    expert_gemm_half_rows: float = 0.0
+    moe_block_overhead_s: float = 0.0
+    fp8_matmul_ratio: float | None = None
+    block_scaled_gemm_penalty: float = 1.0
     mfu_ceiling: float | None = None
     step_time_factor: float = 1.0
     selective_policy: str = "megatron"
@@ -207,6 +240,30 @@ PYTORCH_FSDP1_BF16 = Efficiency(grad_accum_bytes_per_param=8.0,
 MEGATRON_CORE = Efficiency(tp_overlap=0.75, pp_overlap=1.0, dp_overlap=1.0, param_gather_overlap=1.0,
                            grad_reduce_bytes=4,
                            name="megatron-core (tp, dp, param-gather and p2p overlap)")
+
+# Megatron-Core as NVIDIA's Megatron-Bridge runs it in 2025-2026 (plan --stack megatron): its
+# overlaps (MEGATRON_CORE), Transformer Engine's cuDNN fused attention at FlashAttention-3's rate
+# and five efficiencies fitted on the latest release of each published Megatron-Bridge run
+# (bench/megatron_bridge.py, docs/megatron-bridge.md: in sample and out of fold).
+# flash_fraction 0.55: FlashAttention-3 (Shah et al. 2024, arXiv:2407.08608, Sec. 4.1) reaches 75%
+# of the H100 peak forward and runs its backward 1.5-1.75x faster than FlashAttention-2's 0.30-0.35:
+# about 0.5; forward 1 and backward 2.5 units of work at 0.75 and 0.5 give 3.5 / (1/0.75 + 2.5/0.5)
+# = 0.55. FlashAttention-4 on B200 reports a similar share (Zadouri et al. 2026), bounded by the
+# exponential unit at small head dims (TENSOR_FLOPS_PER_EXP).
+MEGATRON_BRIDGE = Efficiency(tp_overlap=0.75, pp_overlap=1.0, dp_overlap=1.0, param_gather_overlap=1.0,
+                             grad_reduce_bytes=4, flash_fraction=0.55,
+                             # fitted, in sample (docs/megatron-bridge.md, "Fitted values")
+                             fp8_matmul_ratio=0.85, ep_overlap=0.9, expert_gemm_half_rows=2048.0,
+                             moe_block_overhead_s=0.001, block_scaled_gemm_penalty=0.95,
+                             name="megatron-core 2025-2026 (Megatron-Bridge runs: overlaps, FA3-rate attention, "
+                                  "fitted FP8 and MoE efficiencies)")
+
+
+
+def stack_efficiency(stack: str | None) -> Efficiency:
+    """The step-time parameters of the named stack's kernels and overlaps: MEGATRON_BRIDGE for
+    --stack megatron (Megatron-Core as Megatron-Bridge runs it), else the defaults."""
+    return MEGATRON_BRIDGE if stack == "megatron" else DEFAULT_EFFICIENCY
 
 
 # Megatron-LM's vocab-parallel cross entropy on fp32 logits, per logit (unfused, as in

@@ -69,6 +69,7 @@ from dataclasses import replace
 import numpy as np
 
 from planner.errors import UserError
+from planner.hardware.gpus import GpuSpec
 from planner.hardware.placement import Cluster
 from planner.layouts.batch import RECOMPUTES, LayoutArrays, Unsupported
 from planner.layouts.groups import LayoutGroups
@@ -97,6 +98,7 @@ from planner.timing.efficiency import (
     mfu_ceiling,
 )
 from planner.timing.flops import flops_per_step
+from planner.timing.intervals import regime_of
 from planner.timing.parts import (
     DP_TERMS,
     FSDP_GRAD_OP,
@@ -524,8 +526,18 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
                       efficiency=eff, tokens_per_step=n_seq * setup.seq_len,
                        n_gpus=n_gpus, model_flops=flops[0], hardware_flops=flops[1],
                        peak_flops_per_s=peak,
-                       fp8_peak_flops_per_s=(cluster.gpu.fp8_flops_per_s if setup.precision_spec.fp8 is not None
-                                             else None))
+                       fp8_peak_flops_per_s=low_precision_peak(cluster.gpu, setup),
+                       regime=regime_of(m, setup, cluster.gpu))
+
+
+def low_precision_peak(gpu: GpuSpec, setup: TrainingSetup) -> float | None:
+    """The dense peak of the run's low-precision GEMMs, for MFU beside the BF16 one: the FP8 peak
+    (gpus.toml), times the recipe's peak ratio (NVFP4: the FP4 peak, twice FP8 on Blackwell);
+    None without a low-precision recipe or without an FP8 peak on the GPU."""
+    r = setup.precision_spec.fp8
+    if r is None or gpu.fp8_flops_per_s is None:
+        return None
+    return gpu.fp8_flops_per_s * r.peak_ratio
 
 
 def _flops_row(m: ModelSpec, seq_len: int, n_sequences: int, recompute: int, setup: TrainingSetup

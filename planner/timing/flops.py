@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.models.generic.profile import GenericProfile
+from planner.models.matmuls import block_matmuls, mean_block_share
 from planner.models.spec import ModelSpec
 from planner.training.finetune import FinetuneSpec, resolve_targets
 from planner.training.linears import blocks_with
@@ -17,12 +19,16 @@ from planner.training.linears import blocks_with
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class LayerFlops:
-    """Forward FLOPs of one transformer block, per token (2 FLOPs per multiply-add).
+    """Forward FLOPs of the mean transformer block, per token (2 FLOPs per multiply-add).
 
-    qkv: 2 h (q + 2 kv), GQA narrows K and V to n_kv_heads; scores: Q K^T and the
-    attention-weighted V, 2 s q each over the full s x s (Megatron's convention);
-    out: 2 q h; mlp: 2 h f per d_model x d_ff matrix, three for a gated MLP, two
-    otherwise, times the k experts each token visits, plus the router's 2 h E.
+    Read off the model's own GEMMs (models.matmuls.block_matmuls), each weighted by the share
+    of blocks that hold it: qkv: the projections into the heads (a fused QKV; MLA's q and kv
+    down- and up-projections); out: the output projection; mlp: the dense MLP, or an MoE
+    block's router, the k routed experts a token visits and the shared experts, with the
+    dense blocks' MLP in its share of blocks. scores: Q K^T over the query/key head dim and
+    the attention-weighted V over the value head dim, 2 s n_heads (d_qk + d_v), over the full
+    s x s (Megatron's and FlopCounterMode's convention: causal masking and sliding windows are
+    masks, the kernels' saving is timing.kernels.local_attention_share).
     """
 
     qkv: float
@@ -36,27 +42,58 @@ class LayerFlops:
 
 
 def layer_flops(m: ModelSpec, seq_len: int) -> LayerFlops:
-    """Forward FLOPs per token of one block (see LayerFlops)."""
-    h, q, kv, f = m.d_model, m.q_dim, m.kv_dim, m.d_ff
-    k = m.n_experts_per_token if m.is_moe else 1
-    mats = 3 if m.gated_mlp else 2
-    router = 2 * h * m.n_experts if m.is_moe else 0
-    return LayerFlops(qkv=2 * h * (q + 2 * kv), scores=4 * seq_len * q, out=2 * q * h,
-                      mlp=k * mats * 2 * h * f + router)
+    """Forward FLOPs per token of the mean block (see LayerFlops); a generic model's mean
+    block is measured (generic_layer_flops)."""
+    if m.profile is not None:
+        return generic_layer_flops(m.profile, seq_len)
+    parts = {"qkv": 0.0, "out": 0.0, "mlp": 0.0}
+    for mm in block_matmuls(m):
+        part = "mlp" if mm.kind != "attention" else ("out" if mm.name == "o" else "qkv")
+        parts[part] += mm.flops_per_token() * mean_block_share(m, mm)
+    scores = 2.0 * seq_len * m.n_heads * (m.head_dim + m.value_head_dim)
+    return LayerFlops(qkv=parts["qkv"], scores=scores, out=parts["out"], mlp=parts["mlp"])
+
+
+def generic_layer_flops(p: GenericProfile, seq_len: int) -> LayerFlops:
+    """Forward FLOPs per token of a generic model's mean block, measured by FlopCounterMode on
+    transformers' model at two sequence lengths (planner.models.generic.probe): the part that
+    grows with the sequence (attention scores, a chunked scan's intra-chunk terms) as
+    ``scores``, the rest (every projection, expert, convolution) as ``mlp``. Backward is
+    taken as twice forward, the convention of the written families (the measured backward,
+    BlockProfile.bwd_flops_per_token, is larger on reference scans that recompute)."""
+    per_seq = p.mean_block("fwd_flops_per_token_per_seq")
+    return LayerFlops(qkv=0.0, scores=per_seq * seq_len, out=0.0, mlp=p.mean_block("fwd_flops_per_token"))
 
 
 def head_flops(m: ModelSpec) -> float:
-    """Forward FLOPs per token of the LM head (2 h V; BERT's MLM transform adds 2 h^2)."""
+    """Forward FLOPs per token of the LM head (2 h V; BERT's MLM transform adds 2 h^2); a
+    generic model's are measured (everything outside its blocks)."""
+    if m.profile is not None:
+        return m.profile.head_fwd_flops_per_token
     return 2 * m.d_model * m.vocab_size + (2 * m.d_model**2 if m.mlm_head else 0)
+
+
+def mtp_flops(m: ModelSpec, seq_len: int) -> float:
+    """Forward FLOPs per token of DeepSeek-V3's multi-token prediction modules (DeepSeek-V3,
+    arXiv:2412.19437, Sec. 2.2): each runs eh_proj (2h -> h), one MoE block (attention, router,
+    routed and shared experts) and the shared output head (2 h V). 0 where the model has none
+    (transformers does not build them; ModelSpec.n_mtp_modules)."""
+    if not m.n_mtp_modules:
+        return 0.0
+    block = sum(mm.flops_per_token() for mm in block_matmuls(m) if not mm.name.startswith("dense_mlp"))
+    scores = 2.0 * seq_len * m.n_heads * (m.head_dim + m.value_head_dim)
+    return m.n_mtp_modules * (2.0 * 2 * m.d_model * m.d_model + block + scores + head_flops(m))
 
 
 def model_flops_per_token(m: ModelSpec, seq_len: int) -> float:
     """Training FLOPs per token without recomputation: backward is twice forward.
 
-    For a GPT block (ffn 4h, no GQA) this is 72 l h^2 (1 + s/6h + V/12lh) per token,
-    Korthikanti et al. 2022, arXiv:2205.05198, Eq. 7 ("model FLOPs").
+    The model's own GEMMs (layer_flops), the LM head and any MTP modules. For a GPT block
+    (ffn 4h, no GQA) this is 72 l h^2 (1 + s/6h + V/12lh) per token, Korthikanti et al. 2022,
+    arXiv:2205.05198, Eq. 7 ("model FLOPs"); tests/test_model_flops.py checks every family
+    against torch's FlopCounterMode on the transformers model.
     """
-    return 3 * (m.n_layers * layer_flops(m, seq_len).total + head_flops(m))
+    return 3 * (m.n_layers * layer_flops(m, seq_len).total + head_flops(m) + mtp_flops(m, seq_len))
 
 
 def hardware_flops_per_token(m: ModelSpec, seq_len: int, recompute: str, recomputed_share: float = 1.0) -> float:
@@ -135,7 +172,7 @@ def executed_flops_per_token(m: ModelSpec, seq_len: int, ft: FinetuneSpec, recom
     lf = layer_flops(m, seq_len)
     extra = {"none": 0.0, "selective": lf.scores, "full": lf.total * recomputed_share}[recompute]
     if ft.is_full:
-        return 3 * (m.n_layers * lf.total + head_flops(m)) + m.n_layers * extra
+        return model_flops_per_token(m, seq_len) + m.n_layers * extra
     weights = lf.total - lf.scores
     head = 2 * head_flops(m)
     if ft.is_lora:

@@ -21,9 +21,16 @@ from functools import lru_cache
 from pathlib import Path
 
 from planner.errors import UserError
+from planner.hardware.gpus import GpuSpec
+from planner.models.spec import ModelSpec
+from planner.training.setup import TrainingSetup
 
 STEP_INTERVALS_PATH = Path(__file__).resolve().parent / "step_intervals.json"
+# the 80% intervals of --stack megatron plans by regime, measured out of fold on NVIDIA's
+# Megatron-Bridge runs (bench/megatron_bridge.py, docs/megatron-bridge.md)
+REGIME_INTERVALS_PATH = Path(__file__).resolve().parent / "megatron_bridge_intervals.json"
 DEFAULT_LEVEL = 0.80
+GENERATIONS = {"hopper": "hopper", "blackwell": "blackwell"}     # gpus.toml architecture -> regime
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -47,12 +54,34 @@ def interval_data() -> dict:
     return dict(json.loads(STEP_INTERVALS_PATH.read_text()))
 
 
+@lru_cache(maxsize=1)
+def regime_data() -> dict:
+    return dict(json.loads(REGIME_INTERVALS_PATH.read_text()))
+
+
+def regime_of(m: ModelSpec, setup: TrainingSetup, gpu: GpuSpec) -> str:
+    """The regime a plan's error bars are read in: "precision/dense-or-moe/generation" for a
+    --stack megatron plan on a Hopper or Blackwell GPU (the regimes of the Megatron-Bridge study),
+    "" otherwise (the published-runs study's bars)."""
+    gen = GENERATIONS.get(gpu.architecture or "")
+    if setup.stack != "megatron" or gen is None:
+        return ""
+    prec = "low-precision" if setup.precision_spec.fp8 is not None else "bf16"
+    return f"{prec}/{'moe' if m.is_moe else 'dense'}/{gen}"
+
+
 def levels() -> tuple[float, ...]:
     return tuple(sorted(float(k) for k in interval_data()["levels"]))
 
 
-def time_band(level: float = DEFAULT_LEVEL) -> TimeBand:
-    """The step-time interval at ``level`` (one of levels())."""
+def time_band(level: float = DEFAULT_LEVEL, regime: str = "") -> TimeBand:
+    """The step-time interval at ``level`` (one of levels()); at the 80% level, a ``regime``
+    measured on the Megatron-Bridge runs (regime_of) takes its own interval."""
+    by_regime = regime_data()["regimes"]
+    if regime in by_regime and f"{level:.2f}" == regime_data()["level"]:
+        row = by_regime[regime]
+        return TimeBand(level=level, time_low_factor=math.exp(row["log_error_low"]),
+                        time_high_factor=math.exp(row["log_error_high"]))
     table = interval_data()["levels"]
     key = f"{level:.2f}"
     if key not in table:
@@ -87,7 +116,11 @@ def upper_factor(confidence: float) -> float:
     return math.exp(max(0.0, table[key]))
 
 
-def provenance() -> str:
+def provenance(regime: str = "") -> str:
+    if regime in regime_data()["regimes"]:
+        r = regime_data()
+        return (f"{r['residuals']}, regime {regime}: {r['regimes'][regime]['rows']} runs "
+                f"(bench/megatron_bridge.py, {r['generated']})")
     d = interval_data()
     return (f"{d['residuals']}: {d['runs']} runs, {len(d['sources'])} sources "
             f"(bench/out_of_sample.py, {d['generated']})")

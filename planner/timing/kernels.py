@@ -9,12 +9,14 @@ from functools import lru_cache
 
 from planner.hardware.gpus import GpuSpec
 from planner.layouts.layout import Layout
+from planner.models.matmuls import block_matmuls, mean_block_share
 from planner.models.spec import ModelSpec
 from planner.timing.efficiency import (
     FLASH_FRACTION,
     FLASH_FRACTION_DEFAULT,
     MATMUL_FRACTION,
     MATMUL_FRACTION_DEFAULT,
+    TENSOR_FLOPS_PER_EXP,
     Efficiency,
 )
 from planner.timing.flops import block_adapters
@@ -56,11 +58,29 @@ class Rates:
     hbm_bytes_per_s: float
 
 
+def matmul_fraction_of(gpu: GpuSpec, eff: Efficiency) -> float:
+    """The 16-bit GEMM rate's share of the dense peak: eff's, else the GPU's measured one
+    (efficiency.MATMUL_FRACTION)."""
+    if eff.matmul_fraction is not None:
+        return eff.matmul_fraction
+    return MATMUL_FRACTION.get(gpu.name, MATMUL_FRACTION_DEFAULT)
+
+
+def fp8_fraction_of(gpu: GpuSpec, eff: Efficiency, recipe: Fp8Recipe | None = None) -> float | None:
+    """The FP8 GEMM rate's share of the FP8 dense peak under ``eff``: its fp8_matmul_ratio times
+    the GPU's 16-bit matmul fraction (an FP8 GEMM held to the same share of its own peak as the
+    BF16 one, scaled by one fitted ratio), times eff.block_scaled_gemm_penalty for a microscaling
+    ``recipe`` (MXFP8, NVFP4: Fp8Recipe.block_scaled); None for training.fp8.FP8_MATMUL_FRACTION's."""
+    if eff.fp8_matmul_ratio is None:
+        return None
+    penalty = eff.block_scaled_gemm_penalty if recipe is not None and recipe.block_scaled else 1.0
+    return eff.fp8_matmul_ratio * matmul_fraction_of(gpu, eff) * penalty
+
+
 def rates(gpu: GpuSpec, dtype: str, eff: Efficiency) -> Rates:
     """Achievable rates: dense peak x matmul fraction, x flash fraction, HBM x hbm fraction."""
     peak = gpu.peak_flops_per_s(dtype)
-    mm = eff.matmul_fraction if eff.matmul_fraction is not None else MATMUL_FRACTION.get(
-        gpu.name, MATMUL_FRACTION_DEFAULT)
+    mm = matmul_fraction_of(gpu, eff)
     fl = eff.flash_fraction if eff.flash_fraction is not None else FLASH_FRACTION.get(
         gpu.name, FLASH_FRACTION_DEFAULT)
     return Rates(matmul_flops_per_s=peak * mm, flash_flops_per_s=peak * fl,
@@ -182,33 +202,44 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
     h, q, kv, f, d = m.d_model, m.q_dim, m.kv_dim, m.d_ff, m.head_dim
     mm, hbm = r.matmul_flops_per_s, r.hbm_bytes_per_s
 
-    mm8, e8 = fp8_matmul(gpu, prec, mm, e)
+    mm8, e8 = fp8_matmul(gpu, prec, mm, e, fp8_fraction_of(gpu, eff, prec.fp8))
 
     def gemm(rows: float, cols: float, inner: float, batch: float = 1.0) -> float:
         """A block linear layer's GEMM: at the FP8 rate under an FP8 recipe (timing.kernels.fp8_matmul)."""
         return gemm_time_s(rows, cols, inner, mm8, hbm, e8, batch)
 
-    dense = gemm(tokens, (q + 2 * kv) / tp, h) + gemm(tokens, h, q / tp)
-    mats_in = 2 if m.gated_mlp else 1
-    if m.is_moe:
-        k = m.n_experts_per_token
-        local = m.n_experts / ep
-        rows = tokens * k / local * etp / tp     # tokens routed to each local expert (balanced)
-        if ep > 1:      # the most loaded ep rank's experts, which the others wait for (setup.moe_imbalance)
-            rows *= setup.moe_imbalance
-        dense += gemm_time_s(tokens, m.n_experts, h, mm, hbm, e)     # the router stays 16-bit
-        mlp = gemm(rows, mats_in * f / etp, h, local) + gemm(rows, h, f / etp, local)
-    else:
-        mlp = gemm(tokens, mats_in * f / tp, h) + gemm(tokens, h, f / tp)
+    dense = mlp = 0.0
+    for mat in block_matmuls(m):
+        share = mean_block_share(m, mat)
+        if mat.kind == "expert":
+            k = m.n_experts_per_token
+            local = m.n_experts / ep
+            rows = tokens * k / local * etp / tp     # tokens routed to each local expert (balanced)
+            if ep > 1:      # the most loaded ep rank's experts, which the others wait for (setup.moe_imbalance)
+                rows *= setup.moe_imbalance
+            cols, inner = (mat.d_out / etp, mat.d_in) if mat.split == "column" else (mat.d_out, mat.d_in / etp)
+            # a grouped GEMM with few rows per expert runs below the dense rate (Efficiency.expert_gemm_half_rows)
+            mlp += share * gemm(rows, cols, inner, local) * (1 + eff.expert_gemm_half_rows / rows)
+            continue
+        if mat.kind == "router":        # the router stays 16-bit
+            dense += share * gemm_time_s(tokens, mat.d_out, mat.d_in, mm, hbm, e)
+            continue
+        div_out, div_in = {"column": (tp, 1), "row": (1, tp), "none": (1, 1)}[mat.split]
+        t = share * gemm(tokens, mat.d_out / div_out, mat.d_in / div_in)
+        if mat.kind == "attention":
+            dense += t
+        else:
+            mlp += t
+    dv = m.value_head_dim
     heads = m.n_heads / tp
     if setup.attention == "flash":
         causal = local_attention_share(m, s) if m.local_attention else (0.5 if m.causal else 1.0)
-        attn_flops = 4 * key.micro_batch * (s / cp) * s * d * heads * causal
-        attn_fwd = attn_flops / r.flash_flops_per_s
-        attn_bwd = 2.5 * attn_fwd
+        attn_flops = 2 * key.micro_batch * (s / cp) * s * (d + dv) * heads * causal
+        attn_bwd = 2.5 * attn_flops / r.flash_flops_per_s
+        attn_fwd = attn_flops / attention_rate(gpu, r, d, dv)
     else:
         batch = key.micro_batch * heads
-        attn_fwd = gemm(s / cp, s, d, batch) + gemm(s / cp, d, s, batch)
+        attn_fwd = gemm(s / cp, s, d, batch) + gemm(s / cp, dv, s, batch)
         attn_bwd = 2 * attn_fwd
     factor = 1.0 if runs_fused_elementwise(setup, kernels) else eff.unfused_elementwise_factor
     elem = elementwise_bytes_per_token(m, key, setup)
@@ -218,6 +249,9 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
         elem_fwd += cast[0] / hbm
         elem_bwd += cast[1] / hbm
     gemm_fwd = dense + mlp
+    if m.is_moe and eff.moe_block_overhead_s:      # the mean block's share of the MoE blocks' fixed cost
+        elem_fwd += eff.moe_block_overhead_s * m.n_moe_layers / m.n_layers
+        elem_bwd += 2 * eff.moe_block_overhead_s * m.n_moe_layers / m.n_layers
     fwd = gemm_fwd + attn_fwd + elem_fwd
     bwd = 2 * gemm_fwd + attn_bwd + elem_bwd
     if setup.finetune.freezes_base:
@@ -258,6 +292,17 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
                      ep_all_to_alls=(4 + (2 if key.recompute == "full" else 0)) if ep_bytes else 0)
 
 
+def attention_rate(gpu: GpuSpec, r: Rates, d_qk: int, d_v: int) -> float:
+    """FLOP/s of a fused attention forward: the flash rate, or where the GPU's exponential unit
+    bounds it (efficiency.TENSOR_FLOPS_PER_EXP: one exp per score against 2 (d_qk + d_v) FLOPs)
+    the same share of that bound: flash rate x min(1, 2 (d_qk + d_v) / FLOPs per exp). The
+    backward recomputes one exp per score for 2.5x the FLOPs, and is left at the flash rate."""
+    per_exp = TENSOR_FLOPS_PER_EXP.get(gpu.name)
+    if per_exp is None:
+        return r.flash_flops_per_s
+    return r.flash_flops_per_s * min(1.0, 2 * (d_qk + d_v) / per_exp)
+
+
 def local_attention_share(m: ModelSpec, seq_len: int) -> float:
     """The share of the s x s scores a fused attention kernel computes, averaged over the
     blocks: causal full attention half of them; a sliding window of w keys (Gemma 3,
@@ -278,14 +323,16 @@ def local_attention_share(m: ModelSpec, seq_len: int) -> float:
     return (n_local * local + (m.n_layers - n_local) * full) / m.n_layers
 
 
-def fp8_matmul(gpu: GpuSpec, prec: Precision, mm_flops_per_s: float, elem_bytes: int) -> tuple[float, int]:
+def fp8_matmul(gpu: GpuSpec, prec: Precision, mm_flops_per_s: float, elem_bytes: int,
+               fraction: float | None = None) -> tuple[float, int]:
     """(GEMM FLOP/s, operand bytes) of a block's linear layers: the 16-bit ones, or under an
     FP8 recipe the GPU's FP8 dense peak (gpus.toml, data sheets) x the recipe's ASSUMED
-    matmul fraction (training.fp8.FP8_MATMUL_FRACTION) with 1-byte operands."""
+    matmul fraction (training.fp8.FP8_MATMUL_FRACTION, or ``fraction``: fp8_fraction_of)
+    with 1-byte operands."""
     r = prec.fp8
     if r is None or gpu.fp8_flops_per_s is None:
         return mm_flops_per_s, elem_bytes
-    return gpu.fp8_flops_per_s * r.matmul_fraction(gpu.name), 1
+    return gpu.fp8_flops_per_s * r.matmul_fraction(gpu.name, fraction), 1
 
 
 def fp8_cast_bytes(m: ModelSpec, key: Layout, r: Fp8Recipe, tokens: float) -> tuple[float, float]:
@@ -296,9 +343,11 @@ def fp8_cast_bytes(m: ModelSpec, key: Layout, r: Fp8Recipe, tokens: float) -> tu
     distinct input), in backward its output gradient ((q + 2 kv)/tp, h, k x (2 or 1) f/tp,
     k h) cast_passes_bwd_out times and its input again cast_passes_bwd_in times (torchao
     recasts the saved 16-bit input along the other axis for the weight gradient); each cast
-    moves Fp8Recipe.cast_bytes per element. Dynamic recipes also cast each local weight
-    once in forward and once in backward per micro-batch (torchao float8_linear.py);
-    TE's delayed recipe caches its fp8 weights across micro-batches (not counted). h-wide
+    moves Fp8Recipe.cast_bytes per element. Recipes that keep no fp8 weight copy
+    (Fp8Recipe.fp8_weight_copy_bytes 0: torchao's tensorwise and rowwise) also cast each local
+    weight once in forward and once in backward per micro-batch (torchao float8_linear.py);
+    Transformer Engine's recipes (delayed, current scaling under Megatron, MXFP8, NVFP4) cache
+    their fp8 weights across the micro-batches of a step (not counted). h-wide
     tensors are split by tp under sequence parallelism."""
     tp = key.tp
     h_div = tp if key.sp else 1
@@ -309,7 +358,7 @@ def fp8_cast_bytes(m: ModelSpec, key: Layout, r: Fp8Recipe, tokens: float) -> tu
     outputs = (q + 2 * kv) / tp + h / h_div + k * mats_in * f / tp + k * h / h_div
     fwd = tokens * r.cast_passes_fwd * inputs * r.cast_bytes
     bwd = tokens * (r.cast_passes_bwd_out * outputs + r.cast_passes_bwd_in * inputs) * r.cast_bytes
-    if r.name in ("tensorwise", "rowwise"):
+    if not r.fp8_weight_copy_bytes:     # no fp8 weight cached across micro-batches
         local_experts = m.n_experts / key.ep if m.is_moe else 1
         weights = (h * (q + 2 * kv) + q * h + local_experts * (mats_in + 1) * h * f) / tp
         fwd += weights * r.cast_bytes

@@ -77,6 +77,7 @@ class StepArrays:
     hardware_flops: np.ndarray
     peak_flops_per_s: float
     fp8_peak_flops_per_s: float | None = None    # under an FP8 recipe: the FP8 dense peak (MFU beside)
+    regime: str = ""              # the error-bar regime of the plan (timing.intervals.regime_of)
     # int64: occurrences of the term under the backward (fast.dp_times' second; None: dp_times)
     dp_reduce_times: np.ndarray | None = None
     # bool: term 2 hides under a forward and a backward of the 1F1B steady state (fast.steady_reduce)
@@ -99,7 +100,7 @@ class StepArrays:
                         model_flops=float(self.model_flops[i]), hardware_flops=float(self.hardware_flops[i]),
                         peak_flops_per_s=self.peak_flops_per_s, placement=self.orders[int(self.order[i])],
                         fp8_peak_flops_per_s=self.fp8_peak_flops_per_s,
-                        step_time_factor=self.efficiency.step_time_factor)
+                        step_time_factor=self.efficiency.step_time_factor, regime=self.regime)
 
     def dp_collectives(self, i: int) -> tuple[DpCollective, ...]:
         """The data-parallel collectives of layout ``i``'s step, in DP_TERMS' order."""

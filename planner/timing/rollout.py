@@ -17,11 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.hardware.gpus import GpuSpec
-from planner.hardware.placement import Cluster, axis_links
+from planner.hardware.placement import Cluster, axis_links, cluster_for
+from planner.layouts.layout import Layout
 from planner.memory.inference import kv_cache_bytes
 from planner.memory.rollout import VLLM_BLOCK_SIZE, VLLM_MAX_NUM_SEQS, EngineBudget
 from planner.models.spec import ModelSpec, count_params
-from planner.timing.collectives import gather_s
+from planner.timing.collectives import all_reduce_s, gather_s
 from planner.timing.efficiency import Efficiency
 from planner.timing.flops import head_flops, layer_flops
 from planner.timing.kernels import rates
@@ -33,6 +34,60 @@ from planner.units import ceil_div
 # (PCI-SIG, PCIe 5.0 specification); pinned-memory copies reach about 50 GB/s on H100 hosts
 # (ASSUMED: 0.8 of the link, as NVIDIA's bandwidthTest reports on Gen5 hosts).
 HOST_COPY_BYTES_PER_S = 50e9
+
+# Time per decode step that the physical terms (weights and KV cache at the HBM fraction, the
+# tp all-reduces) leave out, seconds: vLLM's host work per step (scheduler, input preparation,
+# sampling, output processing) and the gaps between CUDA-graph replays, and whatever else each
+# step costs beyond them (MoE kernels below the HBM fraction at a few tokens per expert).
+# FITTED: the one free value of the RL step time, least squares on the relative errors of
+# NeMo-RL's five on-policy GRPO rows (16.25 ms; leave one row out 13.2 to 28.3 ms:
+# bench/posttrain_nemo_rl.py). Not measured: no published per-step figure for vLLM at these
+# batches was found, and the value stands for every per-step cost not modelled, not the host
+# time alone (the dense rows ask for about 10 ms, Qwen3-30B-A3B for about 38 ms).
+DECODE_STEP_OVERHEAD_S = 16.2e-3
+
+
+def distinct_experts(n_experts: int, top_k: int, batch: float) -> float:
+    """Expected number of distinct routed experts that ``batch`` tokens touch in one MoE
+    layer, each token picking ``top_k`` of ``n_experts``: E x (1 - (1 - k/E)^B).
+
+    ASSUMED uniform, independent routing (the load-balancing loss drives routing towards
+    uniform; real routers are skewed, which touches fewer experts). One decode step of B
+    sequences reads every expert touched, so at B of a few hundred nearly all experts are read,
+    not the active parameters. Experts (count)."""
+    if n_experts <= 0 or batch <= 0:
+        return 0.0
+    return n_experts * (1.0 - (1.0 - top_k / n_experts) ** batch)
+
+
+def decode_weight_bytes(m: ModelSpec, shard_bytes: int, batch: float) -> float:
+    """16-bit weight bytes one engine rank reads in one decode step of ``batch`` sequences:
+    its whole shard (``shard_bytes``, the engine's weights over its tp) less the routed experts
+    no sequence routes to (distinct_experts). vLLM's fused MoE kernel reads only the experts
+    that received tokens (vllm/model_executor/layers/fused_moe: tokens are sorted by expert and
+    each expert's block of weights is loaded once). Under tensor parallelism every expert is
+    split over the engine's tp like the dense matrices, so the untouched share is the same on
+    each rank. Bytes."""
+    if not m.is_moe:
+        return float(shard_bytes)
+    pc = count_params(m)
+    untouched = m.n_experts - distinct_experts(m.n_experts, m.n_experts_per_token, batch)
+    share_idle = untouched * pc.one_expert * pc.n_moe_layers / max(1, pc.total)
+    return shard_bytes * (1.0 - share_idle)
+
+
+def decode_collective_s(m: ModelSpec, batch: int, engine_tp: int, cluster: Cluster,
+                        eff: Efficiency = Efficiency()) -> float:
+    """Tensor-parallel all-reduces of one decode step: two per layer (after attention's output
+    projection and after the MLP or MoE block: vLLM's RowParallelLinear, Megatron's tensor
+    parallelism, Shoeybi et al. 2019, arXiv:1909.08053, Sec. 3) of ``batch`` tokens x hidden in
+    16-bit, on the engine's tp link (planner.hardware.placement.axis_links; a tp above a node's
+    GPUs crosses the network). These messages are a few KiB to a MiB: the time is mostly hop
+    latency, paid on the critical path of every step (nothing else runs beside them). Seconds."""
+    if engine_tp <= 1:
+        return 0.0
+    link = axis_links(cluster, (engine_tp, 1, 1, 1, 1))["tp"]
+    return 2 * m.n_layers * all_reduce_s(2 * batch * m.d_model, engine_tp, link, eff)
 
 
 def forward_flops_per_token(m: ModelSpec, seq_len: int) -> float:
@@ -51,6 +106,17 @@ def forward_pass_s(m: ModelSpec, seq_len: int, n_tokens: float, n_gpus: int, t: 
     """A no-grad forward of ``n_tokens`` tokens over ``n_gpus`` GPUs at the training step's
     rate, seconds."""
     return forward_flops_per_token(m, seq_len) * n_tokens / n_gpus / training_flop_rate_per_gpu(t)
+
+
+def logprob_pass_s(m: ModelSpec, seq_len: int, n_tokens: float, n_gpus: int, t: StepTime) -> float:
+    """An RL log-prob pass (the policy's old log-probs, the reference's, PPO's values): a
+    no-grad forward of ``n_tokens`` over the training GPUs, run by the training stack itself
+    (NeMo-RL's ``get_logprobs`` on the Megatron policy workers, the same tp/pp/cp layout and
+    micro-batches), so it pays what the training step pays per FLOP: its tensor-parallel
+    collectives, pipeline bubbles and exposed data movement, not the matmuls alone. Its FLOPs
+    at the training step's whole hardware rate (StepTime.hardware_flops_per_s_per_gpu:
+    hardware FLOPs over the step time), seconds."""
+    return forward_flops_per_token(m, seq_len) * n_tokens / n_gpus / max(t.hardware_flops_per_s_per_gpu, 1e-12)
 
 
 def fsdp_gather_s(weight_bytes: int, dp: int, cluster: Cluster, eff: Efficiency) -> float:
@@ -72,6 +138,9 @@ class GenerationTime:
     sequences_per_engine: int
     concurrent: int          # sequences one engine decodes at once (KV cache and max_num_seqs)
     waves: int               # batches of ``concurrent`` sequences one engine runs in turn
+    decode_steps: int = 0    # decode steps one engine runs (decode_steps)
+    collective_s: float = 0.0   # of decode_s: the tp all-reduces' time
+    overhead_s: float = 0.0     # of decode_s: the fitted per-step time (DECODE_STEP_OVERHEAD_S)
 
     @property
     def total_s(self) -> float:
@@ -79,17 +148,24 @@ class GenerationTime:
 
 
 def generation_time(m: ModelSpec, gpu: GpuSpec, rl: RLSetup, n_gen_gpus: int, budget: EngineBudget,
-                    eff: Efficiency = Efficiency()) -> GenerationTime:
+                    eff: Efficiency = Efficiency(), cluster: Cluster | None = None,
+                    step_overhead_s: float | None = None) -> GenerationTime:
     """Prefill and decode of prompts x group sequences on n_gen_gpus / engine_tp engines.
 
     Prefill: the forward FLOPs of the prompt tokens at the matmul rate of engine_tp GPUs.
-    Decode, per wave of ``concurrent`` sequences: the wave lasts response_len steps (its
-    longest response, RLSetup.response_mean); every step reads the engine's weight shard, and
-    each sequence of mean length r reads the KV cache of its context at each of its steps,
-    r x (prompt + r / 2) token-rows in all; the memory-bound time of those bytes, or the
-    compute-bound time of 2 x active parameters FLOPs per generated token, whichever is longer.
-    The sequences an engine holds at once are its KV-cache blocks over the blocks a sequence
-    of mean length needs (vLLM allocates blocks as sequences grow), at most max_num_seqs."""
+    Decode: decode_steps steps of up to ``concurrent`` sequences (continuous batching; the
+    longest response sets the last ones, RLSetup.response_mean). Each step reads the weights its batch touches
+    (decode_weight_bytes: the whole shard for dense models, the experts any sequence routes to
+    for MoE), and each sequence of mean length r reads the KV cache of its context at each of
+    its steps, r x (prompt + r / 2) token-rows in all; the memory-bound time of those bytes at
+    the HBM fraction of the efficiency model, or the compute-bound time of 2 x active
+    parameters FLOPs per generated token, whichever is longer; plus, every step, the engine's
+    tp all-reduces (decode_collective_s) and the fitted time per step not otherwise modelled
+    (``step_overhead_s``, default DECODE_STEP_OVERHEAD_S), which nothing hides. The sequences
+    an engine holds at once are its KV-cache blocks over the blocks a sequence of mean length
+    needs (vLLM allocates blocks as sequences grow), at most max_num_seqs."""
+    cluster = cluster or cluster_for(gpu)
+    per_step = DECODE_STEP_OVERHEAD_S if step_overhead_s is None else step_overhead_s
     e_tp = rl.engine_tp
     n_engines = max(1, n_gen_gpus // e_tp)
     per_engine = ceil_div(rl.prompts_per_step * rl.group_size, n_engines)
@@ -102,31 +178,59 @@ def generation_time(m: ModelSpec, gpu: GpuSpec, rl: RLSetup, n_gen_gpus: int, bu
     active = count_params(m).active
     kv_row_bytes = kv_cache_bytes(m, 1, 1, tp=e_tp)          # one token of every layer on one rank
     mean = rl.mean_response
-
-    def wave_s(n: int) -> float:
-        kv_reads = n * mean * (rl.prompt_len + mean / 2) * kv_row_bytes
-        memory_s = (rl.response_len * budget.weights_bytes + kv_reads) / r.hbm_bytes_per_s
-        compute_s = 2 * active * n * mean / (e_tp * r.matmul_flops_per_s)
-        return max(memory_s, compute_s)
-
-    full, rest = divmod(per_engine, concurrent)       # whole waves, then the remainder
-    decode_s = full * wave_s(concurrent) + (wave_s(rest) if rest else 0.0)
-    return GenerationTime(prefill_s=prefill_s, decode_s=decode_s, n_engines=n_engines,
-                          sequences_per_engine=per_engine, concurrent=concurrent, waves=waves)
+    steps = decode_steps(per_engine, concurrent, mean, rl.response_len)
+    kv_reads = per_engine * mean * (rl.prompt_len + mean / 2) * kv_row_bytes
+    memory_s = (steps * decode_weight_bytes(m, budget.weights_bytes, concurrent) + kv_reads) / r.hbm_bytes_per_s
+    compute_s = 2 * active * per_engine * mean / (e_tp * r.matmul_flops_per_s)
+    comm_s = steps * decode_collective_s(m, concurrent, e_tp, cluster, eff)
+    overhead_s = steps * per_step
+    return GenerationTime(prefill_s=prefill_s, decode_s=max(memory_s, compute_s) + comm_s + overhead_s,
+                          n_engines=n_engines, sequences_per_engine=per_engine, concurrent=concurrent,
+                          waves=waves, decode_steps=steps, collective_s=comm_s, overhead_s=overhead_s)
 
 
-def resync_s(m: ModelSpec, dp: int, engine_tp: int, colocated: bool, cluster: Cluster,
+def decode_steps(n_sequences: int, concurrent: int, mean_response: int, response_len: int) -> int:
+    """Decode steps one engine runs for ``n_sequences`` of mean response ``mean_response``
+    with at most ``concurrent`` in flight, under continuous batching (vLLM's scheduler admits
+    a waiting sequence as soon as one finishes; Yu et al. 2022, Orca, OSDI, Sec. 3.1). All
+    fit at once: the longest response sets the steps, response_len (ASSUMED: one sequence per
+    engine reaches the limit, the truncated tail RL rollouts have). More: the slots stay full
+    while sequences wait, n x mean / concurrent steps of generated tokens, and the last
+    admitted sequence may still run to the limit, response_len - mean more steps. It leaves
+    out the start-up lag (every slot starts at once, so the first sequences finish together,
+    late): against a simulated scheduler (tests/test_posttrain.py) it counts up to 9% fewer
+    steps. Steps."""
+    if n_sequences <= concurrent:
+        return response_len
+    return ceil_div(n_sequences * mean_response, concurrent) + response_len - mean_response
+
+
+def resync_s(m: ModelSpec, lay: Layout, engine_tp: int, colocated: bool, cluster: Cluster,
              eff: Efficiency = Efficiency()) -> float:
-    """The policy's new weights into the engines (NeMo-RL's "refit", verl's weight sync):
-    colocated, the 16-bit weights are gathered from their data-parallel shards and copied into
-    the engine's buffers on the same GPU (an all-gather over dp and one HBM copy of the
-    engine's shard); on separate rollout GPUs they are broadcast over the network at the
-    GPU's NIC bandwidth. Seconds."""
+    """The policy's new weights into the engines (NeMo-RL's "refit", verl's weight sync), seconds.
+
+    Colocated, as NeMo-RL does it (NeMo-RL blog, "Journey of Optimizing Weight Transfer in
+    Large MoE Models by 10x", 2025-08-12: policy parameter gather, CUDA-IPC handles to the vLLM
+    workers on the same GPU, vLLM's load_weights; nemo_rl/models/megatron/refit_utils.py
+    ``gather_params`` gathers each parameter over the pipeline and expert groups): every
+    training GPU receives the full 16-bit weights from the ranks that shard them (tp x pp x ep,
+    and dp under ZeRO-3/FSDP), an all-gather on the slowest link of that group, then copies
+    its engine shard into the engine's buffers (one HBM read and write). On separate rollout
+    GPUs the weights are broadcast over the network at the GPU's NIC bandwidth."""
     weights = 2 * count_params(m).total
     r = rates(cluster.gpu, "bf16", eff)
-    if colocated:
-        return fsdp_gather_s(weights, dp, cluster, eff) + 2 * ceil_div(weights, engine_tp) / r.hbm_bytes_per_s
-    return weights / cluster.gpu.inter_node_bytes_per_s
+    if not colocated:
+        return weights / cluster.gpu.inter_node_bytes_per_s
+    dp_shard = lay.dp if lay.zero_stage >= 3 else 1
+    sizes = (lay.tp, 1, lay.ep, dp_shard, lay.pp)
+    n = lay.tp * lay.ep * dp_shard * lay.pp
+    copy_s = 2 * ceil_div(weights, engine_tp) / r.hbm_bytes_per_s
+    if n <= 1:
+        return copy_s
+    links = axis_links(cluster, sizes)
+    slowest = min((links[a] for a, k in zip(("tp", "cp", "ep", "dp", "pp"), sizes) if k > 1),
+                  key=lambda link: link.bus_bytes_per_s)
+    return gather_s(weights, n, slowest, eff) + copy_s
 
 
 def offload_s(n_bytes: int) -> float:

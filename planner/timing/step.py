@@ -32,11 +32,13 @@ class StepTime:
     hardware_flops: float
     peak_flops_per_s: float
     placement: tuple[str, ...] = AXES
-    # under an FP8 recipe (training.fp8): the FP8 dense peak; mfu stays against peak_flops_per_s (BF16)
+    # under an FP8 recipe (training.fp8): the FP8 dense peak (NVFP4: FP4); mfu stays against peak_flops_per_s (BF16)
     fp8_peak_flops_per_s: float | None = None
     # Efficiency.step_time_factor already in step_time_s (plan --time-confidence plans at the
     # interval's upper end): step_time_s / step_time_factor is the model's own prediction
     step_time_factor: float = 1.0
+    # the regime whose measured error bars apply (timing.intervals.regime_of; "": the default ones)
+    regime: str = ""
 
     @property
     def predicted_step_time_s(self) -> float:
@@ -63,8 +65,9 @@ class StepTime:
 
     @property
     def mfu_fp8(self) -> float | None:
-        """MFU against the FP8 dense peak (None without an FP8 recipe): the same model FLOPs,
-        a peak twice the BF16 one on Hopper (gpus.toml)."""
+        """MFU against the low-precision dense peak (None without an FP8 or NVFP4 recipe): the
+        same model FLOPs over the FP8 peak (twice the BF16 one on Hopper and Blackwell, gpus.toml),
+        or under NVFP4 the FP4 peak (timing.fast.low_precision_peak)."""
         if self.fp8_peak_flops_per_s is None:
             return None
         return self.model_flops_per_s_per_gpu / self.fp8_peak_flops_per_s

@@ -37,6 +37,7 @@ embedding and quantizes only ``nn.Linear`` modules).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from planner.errors import UserError
@@ -174,15 +175,16 @@ class FinetuneSpec:
 
 # ------------------------------------------------------------------------------ targets
 
-def resolve_targets(m: ModelSpec, spec: FinetuneSpec) -> tuple[Linear, ...]:
+@lru_cache(maxsize=1024)      # pure on frozen inputs; the sweeps ask it per layout batch (issue 32, H1)
+def resolve_targets(m: ModelSpec, spec: FinetuneSpec, option: str = "--lora-targets") -> tuple[Linear, ...]:
     """The linear layers (block and outside) the adapters attach to; UserError for a name
-    that matches none of the architecture's layers."""
+    that matches none of the architecture's layers (naming ``option``, where the user gives them)."""
     if not spec.is_lora:
         return ()
     targets = spec.lora_targets or PEFT_DEFAULT_TARGETS.get(m.model_type, ())
     if not targets:
         raise UserError(f"{m.name}: PEFT has no default LoRA targets for model_type {m.model_type!r}; "
-                        f"pass --lora-targets (attention, mlp, all-linear or module names)")
+                        f"give {option} (attention, mlp, all-linear or module names)")
     block = tuple(lin for lin in block_linears(m) if lin.adaptable)
     outside = outside_linears(m)
     layers = block + outside

@@ -130,6 +130,12 @@ class Fp8Recipe:
     peak_ratio: float = 1.0      # the recipe's dense GEMM peak over the GPU's FP8 peak (NVFP4: 2)
 
     @property
+    def block_scaled(self) -> bool:
+        """Microscaling: one scale per block of 32 (MXFP8) or 16 (NVFP4) elements, applied inside
+        the tensor-core MMA (Blackwell's block-scaled MMA), not once per tensor or tile."""
+        return self.name in ("mxfp8", "nvfp4")
+
+    @property
     def amax_bytes_per_linear(self) -> int:
         """fp8 metadata of one linear layer: 5 scaled tensors (3 forward, 2 backward), each with
         its amax history and a scale and an inverse scale, in fp32 (TE fp8_meta)."""
@@ -137,9 +143,12 @@ class Fp8Recipe:
             return 0
         return 5 * (self.amax_history_len + 2) * 4
 
-    def matmul_fraction(self, gpu_name: str) -> float:
-        """The FP8 GEMM rate as a share of the FP8 dense peak (ASSUMED, see FP8_MATMUL_FRACTION)."""
-        return FP8_MATMUL_FRACTION.get(gpu_name, FP8_MATMUL_FRACTION_DEFAULT) * self.gemm_penalty * self.peak_ratio
+    def matmul_fraction(self, gpu_name: str, fraction: float | None = None) -> float:
+        """The GEMM rate as a share of the FP8 dense peak: ``fraction`` (a fitted value,
+        timing.efficiency.Efficiency.fp8_matmul_fraction) or FP8_MATMUL_FRACTION's, times the
+        recipe's scaling penalty and its peak over the FP8 peak (NVFP4: 2)."""
+        base = fraction if fraction is not None else FP8_MATMUL_FRACTION.get(gpu_name, FP8_MATMUL_FRACTION_DEFAULT)
+        return base * self.gemm_penalty * self.peak_ratio
 
 
 def recipe(name: str, stack: str | None = None) -> Fp8Recipe:

@@ -1,0 +1,140 @@
+"""Time and memory of the inputs the hostile test of issue 32 found slow or large, run
+through the command line as a user runs them: wall time and peak resident memory of each
+`plan` process (resource.getrusage(RUSAGE_CHILDREN).ru_maxrss, read in a fresh wrapper
+process per case so that each peak is its own), against the goal "a few seconds, under 2 GB".
+
+    python bench/resources.py                 # every case, a table in Markdown
+    python bench/resources.py --only buy256   # one case
+    python bench/resources.py --json out.json
+
+The inputs are generated into a temporary directory: the 256-job file of 16 presets and 4
+methods (full, lora, qlora, freeze), the 16-job file of the report, a log line of 280 KB,
+config.json files of 10,000 and 10,000,000 layers. Exit status 1 when a case fails its goal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PRESETS = ROOT / "planner" / "presets" / "models"
+GOAL_S = 10.0                   # "a few seconds"
+GOAL_BYTES = 2 * 1024**3        # "under 2 GB"
+MODELS16 = ("llama3.1-8b llama3.1-70b llama3.1-405b mixtral-8x7b qwen2.5-7b gpt2 deepseek-v3 qwen3-30b-a3b "
+            "gemma2-27b bert-base kimi-k2 llama4-maverick gpt-oss-120b qwen3-235b-a22b falcon-40b "
+            "bloom-176b").split()
+CATALOG = ("h100,h100-pcie,h100-nvl,h200,h20,gh200,b200,gb200,b300,gb300,a100,a100-40gb,l40s,l4,a10g,a6000,"
+           "rtx6000-ada,rtx-pro-6000,4090,5090,mi300x,mi325x,mi355x")
+CALIBRATE = ("--model", "llama2-7b", "--gpus", "h100", "--dp", "4", "--tp", "2", "--pp", "1", "--cp", "1",
+             "--zero", "1", "--micro-batch", "1", "--recompute", "selective")
+
+
+def write_inputs(d: Path) -> None:
+    """The generated inputs of the cases, in ``d``."""
+    methods = ("full", "lora", "qlora", "freeze")
+    lines = ["horizon: 400d", "jobs:"]
+    for i in range(256):
+        m, method = MODELS16[i % 16], methods[(i // 16) % 4]
+        targets = ", lora_targets: attention" if method == "lora" else ""
+        lines.append(f"  - {{name: j{i}, model: {m}, method: {method}{targets}, tokens: 10B, deadline: 30d, "
+                     f"start: {i}d}}")
+    (d / "jobs256.yaml").write_text("\n".join(lines) + "\n")
+    lines = ["jobs:"] + [f"  - {{name: j{i}, model: {m}, tokens: 100B, deadline: 30d, start: {20 * i}d}}"
+                         for i, m in enumerate(MODELS16)]
+    (d / "jobs16.yaml").write_text("\n".join(lines) + "\n")
+    (d / "redos.log").write_text("step: 1 loss: " * 20000 + "\n")
+    (d / "megatron.log").write_text("iteration 1/ 1 |" * 20000 + "\n")
+    for name, preset, layers in (("l10k", "llama3.1-8b", 10_000), ("q10m", "qwen2.5-0.5b", 10_000_000)):
+        cfg = json.loads((PRESETS / f"{preset}.json").read_text()) | {"num_hidden_layers": layers}
+        (d / f"{name}.json").write_text(json.dumps(cfg))
+
+
+def cases(d: Path) -> dict[str, tuple[str, list[str]]]:
+    """name -> (what it is, plan's arguments)."""
+    return {
+        "buy256": ("`plan buy`, 256 jobs over 16 models and 4 methods, 3 GPU types (H1)",
+                   ["buy", str(d / "jobs256.yaml"), "-q"]),
+        "buy16": ("`plan buy`, 16 jobs of 16 models, 3 GPU types (H1)", ["buy", str(d / "jobs16.yaml"), "-q",
+                                                                         "--horizon", "400d"]),
+        "tokens-kimi": ("`plan --model kimi-k2 --tokens 15T --deadline 90d` over the 23 GPU types (H4)",
+                        ["--model", "kimi-k2", "--gpus", CATALOG, "--tokens", "15T", "--deadline", "90d", "-q"]),
+        "tokens-deepseek": ("the same for deepseek-v3 (H4)",
+                            ["--model", "deepseek-v3", "--gpus", CATALOG, "--tokens", "15T", "--deadline", "90d",
+                             "-q"]),
+        "calibrate-titan-line": ("`plan calibrate` on a 280 KB line of 'step: 1 loss: ' (H2; exit 2)",
+                                 ["calibrate", str(d / "redos.log"), *CALIBRATE, "--out", str(d / "c1.toml")]),
+        "calibrate-megatron-line": ("`plan calibrate` on a 320 KB line of 'iteration 1/ 1 |' (H2; exit 2)",
+                                    ["calibrate", str(d / "megatron.log"), *CALIBRATE, "--out", str(d / "c2.toml")]),
+        "load-10k-layers": ("`plan --task load`, Llama 3.1 8B with 10,000 layers (H3)",
+                            ["--model", str(d / "l10k.json"), "--gpus", "h100", "--task", "load", "-q"]),
+        "load-10m-layers": ("`plan --task load`, Qwen2.5 0.5B with 10,000,000 layers (H3)",
+                            ["--model", str(d / "q10m.json"), "--gpus", "h100", "--task", "load", "-q"]),
+    }
+
+
+def child(argv: list[str]) -> None:
+    """Run ``plan argv`` and print its wall time, peak RSS and exit status as JSON."""
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "planner", *argv], capture_output=True, text=True,
+                       env={**os.environ, "NO_COLOR": "1"})
+    wall = time.perf_counter() - t0
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    peak = usage.ru_maxrss * 1024     # Linux: KiB
+    cpu = usage.ru_utime + usage.ru_stime
+    last = (r.stdout.strip() or r.stderr.strip()).splitlines()
+    answer = last[-1][:160] if last else ""
+    print(json.dumps({"wall_s": wall, "cpu_s": cpu, "peak_bytes": peak, "rc": r.returncode, "answer": answer}))
+
+
+def measure(argv: list[str]) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--child", "--", *argv], capture_output=True, text=True,
+                         check=True)
+    return json.loads(out.stdout)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", action="append", default=None, help="run this case only (repeatable)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the measurements here")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args.rest)
+        return 0
+    load = os.getloadavg()
+    print(f"{os.cpu_count()} CPUs, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} at the start; "
+          f"goal: {GOAL_S:g} s and {GOAL_BYTES / 1024**3:g} GiB per case\n")
+    print("| case | what | wall | CPU | peak RSS | exit | goal |")
+    print("|---|---|---|---|---|---|---|")
+    rows, failed = [], 0
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        write_inputs(d)
+        for name, (what, argv) in cases(d).items():
+            if args.only and name not in args.only:
+                continue
+            m = measure(argv)
+            ok = m["cpu_s"] <= GOAL_S and m["peak_bytes"] < GOAL_BYTES and m["rc"] in (0, 2)
+            failed += not ok
+            rows.append({"case": name, **m, "ok": ok})
+            mib = m["peak_bytes"] / 1024**2
+            print(f"| {name} | {what} | {m['wall_s']:.1f} s | {m['cpu_s']:.1f} s | {mib:,.0f} MiB | {m['rc']} | "
+                  f"{'pass' if ok else 'FAIL'} |", flush=True)
+    load = os.getloadavg()
+    print(f"\nload average at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+    if args.json is not None:
+        args.json.write_text(json.dumps({"cpus": os.cpu_count(), "rows": rows}, indent=2) + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

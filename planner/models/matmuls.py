@@ -1,0 +1,111 @@
+"""The matrix multiplies of a model's blocks, as its own code runs them: the one list that
+model FLOPs (timing.flops) and GEMM times (timing.kernels) both read.
+
+Each entry is one GEMM (or one group of expert GEMMs) per token, with the blocks that hold
+it and how tensor parallelism splits it. Shapes follow transformers 5's modeling files
+(modeling_<type>.py) and, for the fused projections, Megatron-Core's layers (one QKV GEMM,
+one gate+up GEMM: megatron/core/transformer/attention.py linear_qkv, mlp.py linear_fc1),
+which multiply the same FLOPs in fewer launches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.models.spec import ModelSpec
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Matmul:
+    """One GEMM of a block, per token: (tokens x d_in) @ (d_in x d_out).
+
+    ``visits``: how many times a token passes through it (k for the routed experts: each token
+    visits k of them; 1 otherwise). ``n_blocks``: blocks that hold it (0: every block).
+    ``split``: how tensor parallelism splits it: "column" (d_out / tp), "row" (d_in / tp),
+    "none" (every tp rank runs it whole: the router, MLA's down-projections, which
+    megatron-core 0.16 keeps unsplit, transformer/multi_latent_attention.py linear_q_down_proj
+    and linear_kv_down_proj built with parallel_mode "duplicated"). ``kind``: "attention",
+    "mlp" (a dense MLP or shared experts), "expert" (routed experts, grouped) or "router"
+    (kept in 16 bits under FP8 recipes).
+    """
+
+    name: str
+    d_in: int
+    d_out: int
+    kind: str
+    split: str
+    visits: int = 1
+    n_blocks: int = 0
+
+    def flops_per_token(self) -> float:
+        """Forward FLOPs per token of this GEMM in one block that holds it (2 per multiply-add)."""
+        return 2.0 * self.d_in * self.d_out * self.visits
+
+
+def _attention_matmuls(m: ModelSpec) -> tuple[Matmul, ...]:
+    """Attention projections. MLA (DeepSeek-V2 arXiv:2405.04434 Sec. 2.1, transformers'
+    DeepseekV3Attention): q_a (h -> q_lora) then q_b (q_lora -> n_heads x 192), or a full q_proj;
+    kv_a (h -> kv_lora + rope 64), kv_b (kv_lora -> n_heads x (nope 128 + v 128)); o (n_heads x
+    v -> h). Others: one fused QKV (h -> q + 2 kv, GQA/MQA narrowing kv) and o (q -> h)."""
+    h = m.d_model
+    if m.is_mla:
+        qk, v, heads = m.head_dim, m.value_head_dim, m.n_heads
+        if m.q_lora_rank:
+            q: tuple[Matmul, ...] = (
+                Matmul(name="q_down", d_in=h, d_out=m.q_lora_rank, kind="attention", split="none"),
+                Matmul(name="q_up", d_in=m.q_lora_rank, d_out=heads * qk, kind="attention", split="column"))
+        else:
+            q = (Matmul(name="q", d_in=h, d_out=heads * qk, kind="attention", split="column"),)
+        return q + (
+            Matmul(name="kv_down", d_in=h, d_out=m.kv_lora_rank + m.qk_rope_head_dim, kind="attention",
+                   split="none"),
+            Matmul(name="kv_up", d_in=m.kv_lora_rank, d_out=heads * (qk - m.qk_rope_head_dim + v),
+                   kind="attention", split="column"),
+            Matmul(name="o", d_in=heads * v, d_out=h, kind="attention", split="row"))
+    return (Matmul(name="qkv", d_in=h, d_out=m.q_dim + 2 * m.kv_dim, kind="attention", split="column"),
+            Matmul(name="o", d_in=m.q_dim, d_out=h, kind="attention", split="row"))
+
+
+def _mlp(name: str, m: ModelSpec, width: int, kind: str, visits: int = 1, n_blocks: int = 0) -> tuple[Matmul, ...]:
+    mats_in = 2 if m.gated_mlp else 1
+    return (Matmul(name=f"{name}_in", d_in=m.d_model, d_out=mats_in * width, kind=kind, split="column",
+                   visits=visits, n_blocks=n_blocks),
+            Matmul(name=f"{name}_out", d_in=width, d_out=m.d_model, kind=kind, split="row", visits=visits,
+                   n_blocks=n_blocks))
+
+
+def block_matmuls(m: ModelSpec) -> tuple[Matmul, ...]:
+    """Every GEMM of ``m``'s blocks. Dense models: one MLP of d_ff per block. MoE models (on
+    their n_moe_layers blocks): the router (h -> E), the routed experts (k visits of d_ff each,
+    gated: gate+up and down), the shared experts (shared_d_ff, every token); their dense blocks
+    (DeepSeek-V3's first 3, Llama 4's interleaved ones, Qwen3-MoE's mlp_only_layers) one MLP of
+    dense_d_ff. The LM head and MTP modules are outside the blocks (flops.head_flops).
+    A generic model (planner.models.generic): one GEMM of d_model x n whose FLOPs are the mean
+    block's measured forward FLOPs that do not grow with the sequence, so that the kernel times
+    run at the measured work (its shapes are not known one by one)."""
+    if m.profile is not None:
+        per_token = m.profile.mean_block("fwd_flops_per_token")
+        return (Matmul(name="measured", d_in=m.d_model, d_out=max(1, round(per_token / (2 * m.d_model))),
+                       kind="mlp", split="none"),)
+    att = _attention_matmuls(m)
+    if not m.is_moe:
+        return att + _mlp("mlp", m, m.d_ff, "mlp")
+    n_moe = m.n_moe_layers
+    out = att + (Matmul(name="router", d_in=m.d_model, d_out=m.n_experts, kind="router", split="none",
+                        n_blocks=n_moe),)
+    out += _mlp("experts", m, m.d_ff, "expert", visits=m.n_experts_per_token, n_blocks=n_moe)
+    if m.shared_d_ff:
+        out += _mlp("shared", m, m.shared_d_ff, "mlp", n_blocks=n_moe)
+    if m.n_dense_layers:
+        out += _mlp("dense_mlp", m, m.dense_d_ff or m.d_ff, "mlp", n_blocks=m.n_dense_layers)
+    return out
+
+
+def blocks_holding(m: ModelSpec, mm: Matmul) -> int:
+    """How many of ``m``'s blocks run ``mm``."""
+    return mm.n_blocks or m.n_layers
+
+
+def mean_block_share(m: ModelSpec, mm: Matmul) -> float:
+    """The share of blocks that run ``mm``: the mean block runs it this many times."""
+    return blocks_holding(m, mm) / m.n_layers

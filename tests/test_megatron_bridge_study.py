@@ -1,0 +1,90 @@
+"""The Megatron-Bridge study (bench/megatron_bridge.py, docs/megatron-bridge.md) and the terms it
+rests on: the doc is current, every latest configuration is counted, Transformer Engine's FP8
+recipes cast no weights per micro-batch, and Blackwell's exponential unit bounds attention by head
+dim."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.hardware.gpus import get_gpu
+from planner.layouts.layout import Layout
+from planner.models.load import load_model
+from planner.timing.efficiency import MEGATRON_BRIDGE, Efficiency
+from planner.timing.kernels import attention_rate, fp8_cast_bytes, rates
+from planner.training.fp8 import recipe
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+
+def test_doc_is_current():
+    """Predicting every row with the stored fits reproduces docs/megatron-bridge.md (about 10 s)."""
+    import megatron_bridge
+
+    assert megatron_bridge.main(["--check"]) == 0
+
+
+def test_every_latest_configuration_is_counted():
+    import megatron_bridge_rows as mbr
+
+    data = json.loads((ROOT / "docs" / "megatron-bridge.json").read_text())
+    latest = [r for r in mbr.load_rows() if r.latest]
+    assert data["n_latest"] == len(latest)
+    assert data["n_predicted"] + len(data["left_out"]) == len(latest)
+    assert {r["id"] for r in data["rows"]} | {r["id"] for r in data["left_out"]} == {r.id for r in latest}
+    for r in data["left_out"]:
+        assert r["reason"], r["id"]
+
+
+def test_shipped_fit_is_the_in_sample_fit():
+    """--stack megatron plans with the values the study fitted on every row."""
+    data = json.loads((ROOT / "docs" / "megatron-bridge.json").read_text())
+    for name, value in data["fit"]["in_sample"].items():
+        assert getattr(MEGATRON_BRIDGE, name) == pytest.approx(value)
+
+
+def test_transformer_engine_fp8_casts_no_weights_per_micro_batch():
+    """TE caches each fp8 weight over the micro-batches of a step (is_first_microbatch; the
+    recipe's fp8_weight_copy_bytes), torchao's float8 casts every weight on every call
+    (float8_linear.py): with no tokens, only torchao's casts move bytes."""
+    m = load_model("llama3.1-8b")
+    key = Layout(micro_batch=1, seq_len=4096)
+    assert fp8_cast_bytes(m, key, recipe("tensorwise", "megatron"), 0.0) == (0.0, 0.0)
+    assert fp8_cast_bytes(m, key, recipe("mxfp8", "megatron"), 0.0) == (0.0, 0.0)
+    assert min(fp8_cast_bytes(m, key, recipe("tensorwise", "torchtitan"), 0.0)) > 0
+
+
+@pytest.mark.parametrize("gpu,head_dim,share", [("b200", 64, 0.5), ("b200", 128, 1.0), ("gb200", 64, 0.5),
+                                                ("h100", 64, 1.0), ("a100", 64, 1.0)])
+def test_exponential_unit_bounds_attention(gpu, head_dim, share):
+    """One exp per score: Blackwell issues 16 exp2 per SM per clock against 8,192 dense BF16 FLOPs
+    (Zadouri et al. 2026, FlashAttention-4, Sec. 2), so a forward with 4 x 64 FLOPs per score runs
+    at half the rate of its tensor cores; Hopper's 4,096 FLOPs per clock leave head dim 64 unbound."""
+    g = get_gpu(gpu)
+    r = rates(g, "bf16", Efficiency())
+    assert attention_rate(g, r, head_dim, head_dim) == pytest.approx(share * r.flash_flops_per_s)
+
+
+def test_megatron_plans_read_their_regime_interval():
+    """A --stack megatron plan's 80% step-time interval is its regime's, measured leaving one model
+    family out on the Megatron-Bridge runs (planner/timing/megatron_bridge_intervals.json); other
+    plans keep the published-runs study's."""
+    from dataclasses import replace
+
+    from planner.timing.intervals import regime_data, regime_of, time_band
+    from planner.training.setup import TrainingSetup
+
+    m, gpu = load_model("llama3.1-70b"), get_gpu("gb200")
+    setup = TrainingSetup(stack="megatron", precision="fp8", fp8_recipe="mxfp8")
+    regime = regime_of(m, setup, gpu)
+    assert regime == "low-precision/dense/blackwell"
+    row = regime_data()["regimes"][regime]
+    assert time_band(0.80, regime).time_high_factor == pytest.approx(math.exp(row["log_error_high"]))
+    assert regime_of(m, replace(setup, stack="auto"), gpu) == ""
+    assert time_band(0.80, "") == time_band(0.80)
