@@ -144,6 +144,7 @@ def test_cost_counts():
 
 # ------------------------------------------------------------------- plan --tokens
 
+@pytest.mark.slow
 def test_issue_command_70b_h100_a100():
     r = run("--model", "70b", "--gpus", "h100,a100", "--tokens", "1e12", "--deadline", "60d")
     assert r.exit_code == 0, r.output
@@ -153,6 +154,7 @@ def test_issue_command_70b_h100_a100():
     assert len(rows) == 1
 
 
+@pytest.mark.slow
 def test_cost_json_schema_and_the_choice_is_cheapest():
     r = run("--model", "8b", "--gpus", "h100,a100", "--tokens", "300B", "--deadline", "20d",
             "--max-gpus", "256", "--json")
@@ -179,6 +181,7 @@ def test_objective_time_picks_the_fastest():
     assert d["plan"]["train_time_s"] == pytest.approx(min(r["train_time_s"] for r in d["by_gpu_count"]))
 
 
+@pytest.mark.slow
 def test_infeasible_says_which_constraint_binds():
     r = run("--model", "8b", "--gpus", "h100", "--tokens", "1T", "--deadline", "2d", "--budget", "50k",
             "--max-gpus", "64")
@@ -223,6 +226,7 @@ def test_missing_price(tmp_path):
 
 # ------------------------------------------------------------------------ plan buy
 
+@pytest.mark.slow
 def test_buy_example():
     r = run("buy", str(EXAMPLE), "--json")
     assert r.exit_code == 0, r.output
@@ -343,6 +347,7 @@ def test_a_topology_that_caps_the_count_is_said_in_the_answer():
     assert "capped by topology: a100 at 6,080 GPUs (dgx-a100)" in text
 
 
+@pytest.mark.slow
 def test_gpu_types_priced_by_different_providers_are_said_so(tmp_path):
     """Issue 33: H100 at AWS on-demand ($6.88) beside H200 at Hyperstack ($3.99) made 'the cheapest
     GPU type' the cheaper provider, silently. Every catalog price names its provider; an answer

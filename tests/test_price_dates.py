@@ -56,6 +56,7 @@ def _plan(args, env_today="2026-12-02"):
     return CliRunner().invoke(cli, args, env={"PLANNER_TODAY": env_today, "COLUMNS": "100", "NO_COLOR": "1"})
 
 
+@pytest.mark.slow
 def test_json_and_report_name_a_stale_price(tmp_path):
     old = tmp_path / "old.toml"
     old.write_text('[[gpu]]\nname = "h100"\nrent_usd_per_gpu_hour = 3.0\nrent_date = "2025-06"\n')

@@ -118,6 +118,7 @@ def predictions():
     return [bench.predict(c) for c in bench.load_cases()]
 
 
+@pytest.mark.slow
 def test_published_runs_within_goal(predictions):
     # the goal: every row within +-15%, median within +-7%
     errors = {p.case["id"]: p.error for p in predictions}
@@ -126,6 +127,7 @@ def test_published_runs_within_goal(predictions):
     assert statistics.median(abs(e) for e in errors.values()) <= 0.07, errors
 
 
+@pytest.mark.slow
 def test_published_runs_doc_is_current(predictions):
     # docs/published-runs.md is what bench/published_runs.py writes: rerun it after a model change
     assert (ROOT / "docs" / "published-runs.md").read_text() == bench.table(predictions), \
@@ -280,6 +282,7 @@ def run(*args: str):
     return CliRunner().invoke(cli, list(args), prog_name="plan")
 
 
+@pytest.mark.slow
 def test_cli_json_has_step_times_and_train_time():
     r = run("--model", "8b", "--gpus", "h100", "--tokens", "2e12", "--json")
     assert r.exit_code == 0, r.output
@@ -292,6 +295,7 @@ def test_cli_json_has_step_times_and_train_time():
     assert "train_time_s" not in json.loads(run("--model", "8b", "--gpus", "h100", "--json").output)["plan"]
 
 
+@pytest.mark.slow
 def test_cli_text_topology_and_tokens(tmp_path):
     r = run("--model", "8b", "--gpus", "h100", "--topology", "aws-p5", "--tokens", "15T")
     assert r.exit_code == 0, r.output

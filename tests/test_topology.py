@@ -213,6 +213,7 @@ def test_a_gpu_in_two_groups_of_one_axis_is_an_error():
         group_bandwidth_bytes_per_s(g, [0, 99])
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(name=st.sampled_from(["dgx-h100", "aws-p4d", "l40s-8x-pcie-ethernet", "mi300x-8x"]),
        picks=st.lists(st.integers(0, 23), min_size=2, max_size=10, unique=True), split=st.integers(1, 9))
