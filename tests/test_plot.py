@@ -54,13 +54,13 @@ def run(*args: str):
 
 @pytest.fixture(scope="module")
 def plain():
-    r = api.plan(load_model("gpt2"), get_gpu("h100"), TrainingSetup(), SPACE, max_gpus=64)
+    r = api.plan(load_model("gpt2"), get_gpu("h100"), TrainingSetup(seq_len=1024), SPACE, max_gpus=64)
     return r, api.scaling(r, SPACE, max_gpus=64)
 
 
 @pytest.fixture(scope="module")
 def costed():
-    return plan_cost(load_model("gpt2"), [get_gpu("h100"), get_gpu("a100")], TrainingSetup(), 1e9,
+    return plan_cost(load_model("gpt2"), [get_gpu("h100"), get_gpu("a100")], TrainingSetup(seq_len=1024), 1e9,
                      load_prices(None), SPACE, limits=Limits(max_gpus=64))
 
 
