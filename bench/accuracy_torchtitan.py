@@ -130,6 +130,30 @@ def pct(e: float | None) -> str:
     return "-" if e is None else f"{100 * e:+.1f}%"
 
 
+CATEGORIES = ("weights", "gradients", "optimizer", "activations", "buffers")
+
+
+def category_gaps(results: list[dict[str, Any]]) -> str:
+    """One sentence: per category, the largest gap over every row, in GiB and as a share of the
+    measured figure, with its row (the totals agree closer than any one category: a term filed
+    under another category on one side moves two categories, not the total)."""
+    parts = []
+    for c in CATEGORIES:
+        r = max(results, key=lambda r: abs(r["rows"][c]["predicted"] - r["rows"][c]["measured"]))
+        x = r["rows"][c]
+        row = f"{r['model']} {r['dp']}x{r['tp']} {r['recompute']}"
+        parts.append(f"{c} {(x['predicted'] - x['measured']) / GiB:+.2f} GiB ({pct(x['error'])}, {row})")
+    worst = max(((r, c) for r in results for c in CATEGORIES if r["rows"][c]["error"] is not None),
+                key=lambda rc: abs(rc[0]["rows"][rc[1]]["error"]))
+    r, c = worst
+    x = r["rows"][c]
+    return (f"**Categories at the same moment, largest gap per category over the {len(results)} rows:** "
+            + "; ".join(parts) + f". Relative to the measured figure, small categories are far apart: the "
+            f"largest is {c} in {r['model']} {r['dp']}x{r['tp']} {r['recompute']}, {pct(x['error'])} "
+            f"({gib(x['predicted'])} GiB predicted, {gib(x['measured'])} GiB measured); the notes below "
+            f"say why each is apart.")
+
+
 def table(results: list[dict[str, Any]]) -> str:
     errors = [r["rows"]["total"]["error"] for r in results]
     median = statistics.median(abs(e) for e in errors)
@@ -202,6 +226,8 @@ def table(results: list[dict[str, Any]]) -> str:
         "",
         (f"**Total per rank: median |error| {100 * median:.1f}%, worst {100 * worst:+.1f}%, "
          f"{within} of {len(results)} rows within +-10%.** Goal: every row within +-10%, median within +-5%."),
+        "",
+        category_gaps(results),
         "",
         ("| model | dp | tp | seq | mb | recompute | blocks | moment | weights pred/meas | grads pred/meas "
          "| optimizer pred/meas | act pred/meas | buffers pred/meas | total pred | total meas | error "

@@ -112,7 +112,7 @@ ROWS = (
 def inputs(r: Row) -> tuple[Any, TrainingSetup, Layout]:
     m = load_model(r.model)
     # --stack hf plans FSDP2 only; a single replicated GPU is planned without --stack, whose eager
-    # kernels are the Hugging Face profile (memory.activations.resolve_kernels)
+    # kernels are the Hugging Face profile (memory.activations.layout_kernels)
     setup = TrainingSetup(seq_len=r.seq_len, global_batch=r.micro_batch * r.dp,
                           stack="auto" if r.stack == "hf" else r.stack,
                           compile=r.compile, precision="fp8" if r.float8 else r.precision,

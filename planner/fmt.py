@@ -47,6 +47,13 @@ def duration(seconds: float) -> str:
     return f"{seconds:.3g} s"
 
 
+def days_or_hours(seconds: float) -> str:
+    """Days with three significant digits from a day up (``30 days``, ``1.5 days``), else hours
+    (``12.5 h``): the cost planner's deadlines and horizons in its one-line diagnoses."""
+    d = seconds / DAY_S
+    return f"{d:,.3g} days" if d >= 1 else f"{seconds / HOUR_S:,.3g} h"
+
+
 def days(seconds: float, digits: int = 1) -> str:
     """A number of days without the unit: ``12.5``."""
     return f"{seconds / DAY_S:,.{digits}f}"

@@ -4,13 +4,13 @@ check the planner's per-module activation terms against transformers' own module
 from collections.abc import Callable
 from typing import Any
 
-import pytest
+from conftest import require
 
 
 def tiny_causal_lm(hf: dict, dtype_name: str = "bfloat16", attention: str = "eager") -> Any:
     """transformers' causal LM built from a config.json's keys, in training mode, seed 0."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    torch = require("torch")
+    transformers = require("transformers")
     cfg = dict(hf)
     config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     config.use_cache = False
@@ -22,7 +22,7 @@ def tiny_causal_lm(hf: dict, dtype_name: str = "bfloat16", attention: str = "eag
 def saved_bytes(model: Any, batch: int, seq: int, counts: Callable[[int], bool]) -> int:
     """Bytes of the unique storages autograd saves in one forward of ``model`` on random ids,
     parameters excluded, where ``counts(storage pointer)`` holds when the tensor is saved."""
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}
 

@@ -7,9 +7,10 @@ bench/accuracy.py -> docs/accuracy.md.
 """
 
 import pytest
+from conftest import require
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
+require("torch")
+require("transformers")
 
 from planner.errors import UserError  # noqa: E402
 from planner.layouts.layout import Layout  # noqa: E402
@@ -26,6 +27,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
 def test_total_within_ten_percent(case):
     name, dp, zero, precision, seq, mb, rc = case
@@ -50,6 +52,7 @@ def test_unmeasurable_layouts_say_why(kw, needle):
 FAMILY_CONFIGS = __import__("pathlib").Path(__file__).resolve().parent.parent / "bench" / "configs"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, dp, zero", [
     ("tiny-phi3", 1, 0),
     ("tiny-qwen3", 1, 0),     # its QK norms' saved tensors (memory.attention.qk_norm_saved_bytes)

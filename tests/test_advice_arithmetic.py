@@ -8,12 +8,15 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "planner", "--model", "8b", "--gpus", "h100", *args],
                           check=False, capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.slow
 def test_batch_not_divisible_names_rule_and_neighbours() -> None:
     p = run("--global-batch", "100", "--dp", "8", "--n-gpus", "8")
     assert p.returncode == 2
@@ -22,12 +25,14 @@ def test_batch_not_divisible_names_rule_and_neighbours() -> None:
     assert "Traceback" not in p.stderr
 
 
+@pytest.mark.slow
 def test_hybrid_in_one_node_names_rule() -> None:
     p = run("--fsdp", "hybrid", "--n-gpus", "4")
     assert p.returncode == 2
     assert "more than one node" in p.stderr + p.stdout
 
 
+@pytest.mark.slow
 def test_lora_on_4090_offers_the_cheap_ways_out() -> None:
     """8B LoRA at 4096 on one RTX 4090 (24 GB, NVIDIA data sheet) needs ~25 GiB: advice names
     QLoRA and a shorter sequence, and only GPUs of more than 24 GB."""

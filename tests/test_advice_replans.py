@@ -65,6 +65,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_every_way_out_the_advice_offers_fits(name):
     args = CASES[name]
@@ -98,6 +99,7 @@ def test_a_count_the_topology_caps_is_named_as_such():
     assert "no layout fits on 1 to 4 x 4090" in same.stdout, same.output
 
 
+@pytest.mark.slow
 def test_method_auto_reports_the_method_closest_to_fitting_with_its_memory():
     """--method auto on 70B and 4090s: nothing fits; the answer is QLoRA's (the least memory of
     the methods), not full training's 292.58 GiB (issue 33). Referee: --method qlora's own run."""

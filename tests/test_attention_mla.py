@@ -4,6 +4,7 @@ transformers' DeepseekV3Attention, run in bf16 on the CPU on a tiny configuratio
 import json
 
 import pytest
+from conftest import require
 
 from planner.layouts.layout import Layout
 from planner.memory.activations import layer_activation_terms
@@ -20,8 +21,8 @@ TINY = {"model_type": "deepseek_v3", "hidden_size": 512, "intermediate_size": 10
 
 
 def _measured_per_token(b: int, s: int) -> dict[str, float]:
-    torch = pytest.importorskip("torch")
-    md = pytest.importorskip("transformers.models.deepseek_v3.modeling_deepseek_v3")
+    torch = require("torch")
+    md = require("transformers.models.deepseek_v3.modeling_deepseek_v3")
     from transformers import DeepseekV3Config
 
     cfg = DeepseekV3Config(**{k: v for k, v in TINY.items() if k != "model_type"})
@@ -54,6 +55,7 @@ def _measured_per_token(b: int, s: int) -> dict[str, float]:
     return out
 
 
+@pytest.mark.slow
 def test_mla_latents_and_narrow_values_against_autograd(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"architectures": ["DeepseekV3ForCausalLM"], **TINY}))

@@ -6,6 +6,7 @@ measured QK-norm term."""
 from pathlib import Path
 
 import pytest
+from conftest import require
 from saved_tensors import saved_bytes, tiny_causal_lm
 
 from planner.layouts.layout import Layout
@@ -37,6 +38,7 @@ def _as_llama(hf: dict) -> dict:
     return {"model_type": "llama", "tie_word_embeddings": False, **{k: hf[k] for k in keep}}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype_name, kernels", [("bfloat16", "eager"), ("float32", "eager")])
 def test_qwen3_qk_norm_is_what_its_block_keeps_beyond_llamas(dtype_name, kernels):
     import json
@@ -62,12 +64,13 @@ def test_qk_norm_term_is_zero_where_it_should_be():
     assert attention_saved_delta_bytes(m, setup, lay, "eager") == qk_norm_saved_bytes(m, setup, lay, "eager")
 
 
+@pytest.mark.slow
 def test_gpt_oss_eager_sink_scores_against_autograd():
     """gpt-oss's eager attention keeps one 16-bit softmax over s + 1 columns (the sink) and the
     row maximum's int64 indices (transformers 5.24.0): the saved tensors of a tiny block whose
     last dimension is s or s + 1, against planner.memory.attention.sink_eager_scores_bytes."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    torch = require("torch")
+    transformers = require("transformers")
     import json
 
     from planner.memory.attention import sink_eager_delta_bytes, sink_eager_scores_bytes
@@ -99,6 +102,7 @@ def test_gpt_oss_eager_sink_scores_against_autograd():
     assert sink_eager_scores_bytes(load_model("llama3.1-8b"), setup, lay) == 0
 
 
+@pytest.mark.slow
 def test_llama4_l2_qk_norm_against_autograd():
     """Llama 4's weightless L2 QK norm (rotary blocks only): a tiny Llama 4 with use_qk_norm keeps,
     over its blocks, what the same model without it keeps plus qk_norm_saved_bytes x layers."""

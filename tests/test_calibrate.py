@@ -136,6 +136,7 @@ LAY_B = {"dp": 4, "tp": 2, "pp": 1, "cp": 1, "ep": 1, "zero_stage": 1, "micro_ba
          "recomputes": ("selective",)}
 
 
+@pytest.mark.slow
 def test_joint_fit_is_the_least_squares_minimum_over_logs_of_different_layouts():
     obs = [_observation("a.log", "llama2-7b", LAY_A, 64, 4096, 5.1),
            _observation("b.log", "llama2-7b", LAY_B, 128, 4096, 7.05)]
@@ -182,6 +183,7 @@ def _write_calibration(tmp_path: Path) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_calibration_applies_to_plan_json_and_names_the_file(tmp_path: Path):
     out = _write_calibration(tmp_path)
     cal = load_calibration(str(out))
@@ -244,6 +246,7 @@ def _runner() -> ModuleType:
     return module
 
 
+@pytest.mark.slow
 def test_the_calibration_example_prints_its_committed_output():
     # examples/calibrate/commands.sh: four stacks calibrated, plans before and after. Run in this
     # process (in ~2 s rather than ~20 s of interpreter starts) in examples/run.py's environment;
@@ -264,6 +267,7 @@ def test_the_calibration_example_prints_its_committed_output():
                             + "".join(difflib.unified_diff(want.splitlines(True), actual.splitlines(True))))
 
 
+@pytest.mark.slow
 def test_runs_file_fits_logs_of_three_layouts_jointly(tmp_path: Path):
     out = tmp_path / "h100.toml"
     r = run("calibrate", "--runs", SAMPLES / "runs.toml", "--gpus", "h100", "--out", out, "--json")
@@ -296,6 +300,7 @@ def test_bad_runs_file_is_one_line(tmp_path: Path, runs: str, why: str):
     assert r.exit_code == 2 and why in r.output and len(r.output.strip().splitlines()) == 1, r.output
 
 
+@pytest.mark.slow
 def test_explain_applies_and_names_the_calibration(tmp_path: Path):
     out = _write_calibration(tmp_path)
     cal = load_calibration(str(out))

@@ -14,6 +14,7 @@ def run(*args: str):
     return CliRunner().invoke(cli, list(args), prog_name="plan")
 
 
+@pytest.mark.slow
 def test_main_job_text():
     r = run("--model", "70b", "--gpus", "h100")
     assert r.exit_code == 0, r.output
@@ -118,6 +119,7 @@ def test_models_and_gpus_lists():
     assert r.exit_code == 0 and "mi300x" in r.output
 
 
+@pytest.mark.slow
 def test_python_m_planner_and_no_heavy_imports():
     # `plan --help` and a plain plan must not import torch or deepspeed
     code = ("import sys; from planner.cli.main import main; sys.argv=['plan','--model','8b','--gpus','h100'];\n"

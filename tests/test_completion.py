@@ -69,6 +69,7 @@ def test_completion_imports_nothing_heavy():
 
 # ------------------------------------------------------------------------ issue 32: E4, U12
 
+@pytest.mark.slow
 @pytest.mark.parametrize("env", [
     {"_PLAN_COMPLETE": "bash_complete"},               # a stray export: no COMP_WORDS (KeyError in click)
     {"_PLAN_COMPLETE": "zsh_complete"},

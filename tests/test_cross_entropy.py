@@ -17,6 +17,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from conftest import require
 
 from planner.cli.main import cli
 from planner.emit.megatron import to_megatron_args
@@ -53,8 +54,9 @@ def _megatron_core_saved_bytes_per_logit(monkeypatch) -> float:
     return sum(saved) / (s * b * v)
 
 
+@pytest.mark.slow
 def test_native_keeps_four_bytes_per_logit_as_megatron_core_measures(monkeypatch):
-    pytest.importorskip("megatron.core")
+    require("megatron.core")
     measured = _megatron_core_saved_bytes_per_logit(monkeypatch)
     m = load_model("llama3-8b")
     lay = Layout(dp=1, tp=1, pp=1, micro_batch=2, grad_accum=1, seq_len=4096)

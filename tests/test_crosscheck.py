@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("DS_ACCELERATOR", "cpu")   # before deepspeed is imported (FACTS.md)
+os.environ.setdefault("DS_ACCELERATOR", "cpu")   # before deepspeed is imported (docs/facts.md)
 
 import json
 import subprocess
@@ -13,6 +13,7 @@ import sys
 
 import pytest
 from click.testing import CliRunner
+from conftest import require
 
 from planner import api
 from planner.cli.main import cli
@@ -46,6 +47,7 @@ def inputs(name: str, n_gpus: int, stage: int, offload_optimizer: bool = False, 
         cpu_offload_params=offload_params, additional_buffer_factor=buffer_factor), m
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", LLAMAS)
 @pytest.mark.parametrize("n_gpus", [8, 64, 512])
 @pytest.mark.parametrize("stage, offload_optimizer, offload_params", [
@@ -56,7 +58,7 @@ def test_planner_agrees_with_deepspeed_to_the_byte_under_its_assumptions(
     as DeepSpeed assumes it: 18 B/param sharded over every GPU, 16-bit weights, 4 B x the
     largest layer at ZeRO-3. The planner side is memory.model_state_bytes and
     memory.buffer_bytes (planner_as_deepspeed), not DeepSpeed's formula retyped."""
-    pytest.importorskip("deepspeed")
+    require("deepspeed")
     inp, m = inputs(name, n_gpus, stage, offload_optimizer, offload_params)
     ds = deepspeed_figures(inp)
     ours = planner_as_deepspeed(inp, m)
@@ -70,11 +72,12 @@ def test_planner_agrees_with_deepspeed_to_the_byte_under_its_assumptions(
         assert ours.cpu_bytes == ds.cpu_bytes
 
 
+@pytest.mark.slow
 def test_zero2_agreement_spelled_out_with_model_state_bytes():
     """Llama 3.1 8B on 64 GPUs, ZeRO-2: DeepSpeed's 2P + 18P/N is the planner's weights
     (2 B, replicated) + gradients (2 B 16-bit + 4 B fp32, sharded) + optimizer (4 B master
     + 8 B Adam, sharded) with N = 64 data-parallel ranks."""
-    pytest.importorskip("deepspeed")
+    require("deepspeed")
     inp, _m = inputs("llama3.1-8b", 64, 2)
     ms = model_state_bytes(8_030_261_248, 0, deepspeed_precision(2), ADAM_BYTES_PER_PARAM,
                            Layout(dp=64, zero_stage=2))
@@ -84,7 +87,7 @@ def test_zero2_agreement_spelled_out_with_model_state_bytes():
 
 @pytest.mark.parametrize("stage", [2, 3])
 def test_default_buffer_factor_agrees_too(stage):
-    pytest.importorskip("deepspeed")
+    require("deepspeed")
     inp, m = inputs("llama3.1-70b", 64, stage, buffer_factor=1.5)
     assert planner_as_deepspeed(inp, m) == deepspeed_figures(inp)
 
@@ -94,7 +97,7 @@ def plan(name: str, lay: Layout, **setup):
 
 
 def test_crosscheck_of_a_zero3_plan_explains_each_difference():
-    pytest.importorskip("deepspeed")
+    require("deepspeed")
     r = plan("llama3.1-8b", Layout(dp=16, zero_stage=3, micro_batch=1, grad_accum=64, recompute="full"))
     c = crosscheck(r)
     d = c.deepspeed
@@ -113,7 +116,7 @@ def test_crosscheck_of_a_zero3_plan_explains_each_difference():
 
 
 def test_crosscheck_notes_tensor_parallelism_and_offload():
-    pytest.importorskip("deepspeed")
+    require("deepspeed")
     r = plan("llama3.1-70b", Layout(dp=8, tp=4, sp=True, zero_stage=2, micro_batch=1, grad_accum=128,
                                     recompute="full"))
     c = crosscheck(r, offload_optimizer="nvme")
@@ -134,6 +137,7 @@ def test_layouts_deepspeed_does_not_describe_say_why(lay, reason):
     assert crosscheck_json(c) == {"deepspeed": None, "reason": c.reason}
 
 
+@pytest.mark.slow
 def test_without_deepspeed_the_plan_runs_and_says_skipped():
     # a fresh interpreter in which `import deepspeed` fails, as when it is not installed
     code = ("import sys; sys.modules['deepspeed'] = None\n"
@@ -157,7 +161,7 @@ FIXED = ("--model", "8b", "--gpus", "h100", "--dp", "16", "--tp", "1", "--pp", "
 
 
 def test_cli_json_crosscheck():
-    pytest.importorskip("deepspeed")
+    require("deepspeed")
     r = run(*FIXED, "--json", "--crosscheck")
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)["crosscheck"]["deepspeed"]

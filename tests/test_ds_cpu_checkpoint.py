@@ -15,6 +15,7 @@ from unittest import mock
 
 import pytest
 from click.testing import CliRunner
+from conftest import require
 
 from planner.cli.main import cli
 
@@ -33,10 +34,11 @@ def _host_bytes(mode: str) -> int:
     return _plan(mode)["offload"]["host_bytes_per_rank"]
 
 
+@pytest.mark.slow
 def test_cpu_checkpointing_puts_one_block_input_per_block_on_the_host():
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    pytest.importorskip("deepspeed")
+    require("deepspeed")
     from deepspeed.runtime.activation_checkpointing import checkpointing as ck
     from deepspeed.runtime.activation_checkpointing.offload_activations import _ActivationOffloadEngine
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("DS_ACCELERATOR", "cpu")   # before deepspeed is imported (FACTS.md)
+os.environ.setdefault("DS_ACCELERATOR", "cpu")   # before deepspeed is imported (docs/facts.md)
 
 import itertools
 import json
@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import require
 
 from planner import api
 from planner.cli.main import cli
@@ -81,8 +82,9 @@ GRID = [(stage, dp, mb, prec, oo, op)
         if not (stage > 0 and dp == 1)]
 
 
+@pytest.mark.slow
 def test_every_ds_config_is_accepted_by_deepspeed_with_the_plans_values():
-    pytest.importorskip("deepspeed")
+    require("deepspeed")
     from planner.emit.deepspeed import validate_deepspeed_config
 
     checked = refused = 0
@@ -119,7 +121,7 @@ def test_every_ds_config_is_accepted_by_deepspeed_with_the_plans_values():
 
 @pytest.mark.parametrize("optimizer, name", [("sgd", "SGD"), ("adafactor", "Adafactor"), ("adam8bit", None)])
 def test_other_optimizers_are_accepted(optimizer, name):
-    pytest.importorskip("deepspeed")
+    require("deepspeed")
     from planner.emit.deepspeed import validate_deepspeed_config
 
     r = evaluate(SMALL, zero_layout(8, 2, 1), optimizer=optimizer)
@@ -130,7 +132,7 @@ def test_other_optimizers_are_accepted(optimizer, name):
 
 
 def test_deepspeed_rejects_the_config_at_another_data_parallel_size():
-    pytest.importorskip("deepspeed")
+    require("deepspeed")
     from planner.emit.deepspeed import validate_deepspeed_config
 
     cfg = to_deepspeed_config(evaluate(SMALL, zero_layout(8, 2, 2)))
@@ -159,7 +161,7 @@ def _mp_plan(name: str, kw: dict):
 
 @pytest.mark.parametrize("name, kw", MODEL_PARALLEL)
 def test_model_parallel_ds_config_is_accepted_at_dp_times_ep(name, kw):
-    pytest.importorskip("deepspeed")
+    require("deepspeed")
     from planner.emit.deepspeed import data_parallel_size, validate_deepspeed_config
 
     r = _mp_plan(name, kw)
@@ -283,8 +285,9 @@ def fsdp_plan(sharding: str, prec: str = "bf16-mixed", tp: int = 1, cp: int = 1,
     return evaluate(SMALL, lay, precision=prec)
 
 
+@pytest.mark.slow
 def test_accelerate_config_is_read_by_accelerates_own_loader(tmp_path, monkeypatch):
-    pytest.importorskip("accelerate")
+    require("accelerate")
     from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
     from accelerate.parallelism_config import ParallelismConfig
@@ -330,8 +333,9 @@ def test_accelerate_config_is_read_by_accelerates_own_loader(tmp_path, monkeypat
             assert sharding != "fsdp-hybrid" and tp == cp == 1
 
 
+@pytest.mark.slow
 def test_decoder_layer_classes_exist_in_transformers():
-    pytest.importorskip("transformers")
+    require("transformers")
     import importlib
 
     assert set(DECODER_LAYER_CLASS) == set(SUPPORTED_MODEL_TYPES)
@@ -353,7 +357,7 @@ def _torchrun_args(cmd: list[str]):
 
 @pytest.mark.parametrize("n_gpus", [8, 16, 64])
 def test_torchrun_command_parses_with_torchruns_own_parser(n_gpus):
-    pytest.importorskip("torch")
+    require("torch")
     r = fsdp_plan("fsdp-full", n_gpus=n_gpus)
     args, nodes = _torchrun_args(to_torchrun_command(r))
     assert nodes * int(args.nproc_per_node) == n_gpus
@@ -363,7 +367,7 @@ def test_torchrun_command_parses_with_torchruns_own_parser(n_gpus):
 
 @pytest.mark.parametrize("name, kw", MODEL_PARALLEL[:3])
 def test_megatron_launch_is_torchrun_with_megatron_args(name, kw):
-    pytest.importorskip("torch")
+    require("torch")
     from planner.emit.fsdp import to_torchrun_command as tr
 
     r = _mp_plan(name, kw)
@@ -377,7 +381,7 @@ def test_megatron_launch_is_torchrun_with_megatron_args(name, kw):
 
 @pytest.mark.parametrize("dp", [2, 8, 64])
 def test_deepspeed_launcher_and_hostfile(dp):
-    pytest.importorskip("deepspeed")
+    require("deepspeed")
     from deepspeed.launcher.runner import _parse_hostfile, parse_args
 
     r = evaluate(SMALL, zero_layout(dp, 2, 1))
@@ -446,7 +450,7 @@ def test_failed_write_leaves_no_file_and_no_temporary(tmp_path, monkeypatch):
 
 
 def test_to_yaml_round_trips():
-    yaml = pytest.importorskip("yaml")
+    yaml = require("yaml")
     d = {"a": 1, "b": True, "c": "x: y", "d": {"e": 0.5, "f": None, "g": "LlamaDecoderLayer"}}
     assert yaml.safe_load(to_yaml(d)) == d
 
@@ -500,6 +504,7 @@ def test_cli_out_for_a_plan_that_does_not_fit(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.slow
 def test_plain_plan_with_out_stays_torch_free(tmp_path):
     code = ("import sys; from planner.cli.main import main; "
             f"sys.argv=['plan','--model','8b','--gpus','h100','--out',{str(tmp_path / 'o')!r}]\n"
@@ -510,11 +515,12 @@ def test_plain_plan_with_out_stays_torch_free(tmp_path):
     assert (Path(tmp_path) / "o" / "launch.sh").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["llama3.1-8b", "mixtral-8x7b", "qwen2.5-0.5b", "gpt2-xl", "bert-base"])
 def test_hf_config_written_for_deepspeed_and_accelerate_builds_the_planners_model(name, tmp_path):
     """config.json is what a transformers script under DeepSpeed or accelerate reads: built
     on the meta device by transformers, it has the planner's parameter count."""
-    pytest.importorskip("transformers")
+    require("transformers")
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
 
@@ -538,7 +544,7 @@ def test_deepspeed_bf16_moments_only_with_bf16_master_weights():
     """--optimizer adamw-bf16-states on DeepSpeed: with --precision bf16 under ZeRO the config
     sets bf16.bf16_optimizer_states and DeepSpeedConfig (0.19.8) accepts it; with fp32 master
     weights (bf16-mixed) DeepSpeed has no such option and --out says so."""
-    pytest.importorskip("deepspeed")
+    require("deepspeed")
     from planner.emit.deepspeed import validate_deepspeed_config
 
     r = evaluate(SMALL, zero_layout(8, 2, 1), precision="bf16", optimizer="adamw-bf16-states")

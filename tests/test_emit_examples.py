@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import require
 
 from planner.cli.main import cli
 
@@ -62,7 +63,7 @@ def check_deepspeed(out: Path, lay: dict) -> str:
 
 
 def check_hf_config(out: Path, plan: dict) -> str:
-    pytest.importorskip("transformers")
+    require("transformers")
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -174,10 +175,11 @@ def check_torchtitan(out: Path, lay: dict) -> str:
     return "torchtitan ConfigManager"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(PLANS))
 def test_every_emitted_file_is_accepted_by_its_reader(name, tmp_path):
-    yaml = pytest.importorskip("yaml")
-    jsonschema = pytest.importorskip("jsonschema")
+    yaml = require("yaml")
+    jsonschema = require("jsonschema")
     from test_emit_scheduler import schema
 
     out = tmp_path / "out"
@@ -197,19 +199,19 @@ def test_every_emitted_file_is_accepted_by_its_reader(name, tmp_path):
     if stack in ("deepspeed", "hf"):
         accepted["config.json"] = check_hf_config(out, plan)
     if stack == "deepspeed":
-        pytest.importorskip("deepspeed")
+        require("deepspeed")
         accepted["ds_config.json"] = accepted["hostfile"] = check_deepspeed(out, lay)
     elif stack == "hf":
-        pytest.importorskip("accelerate")
+        require("accelerate")
         accepted["accelerate_config.yaml"] = check_accelerate(out, lay)
     elif stack == "megatron":
-        pytest.importorskip("megatron.core")
+        require("megatron.core")
         accepted["megatron_args.txt"] = check_megatron(out, lay, gpu)
         args = (out / "megatron_args.txt").read_text().split()
         check_length(int(args[args.index("--train-samples") + 1]) // global_batch(lay), lay, tokens_of(name))
         check_megatron_schedule(args)
     else:
-        pytest.importorskip("torchtitan")
+        require("torchtitan")
         accepted["torchtitan_job.py"] = check_torchtitan(out, lay)
         from test_emit_torchtitan import _load
         config = _load(out)

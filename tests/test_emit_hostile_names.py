@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
+from conftest import require
 
 from planner import api
 from planner.cli.main import cli
@@ -165,6 +166,7 @@ STACK_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model, stack, lay", STACK_CASES, ids=[c[1] for c in STACK_CASES])
 @pytest.mark.parametrize("hostile", HOSTILE, ids=range(len(HOSTILE)))
 def test_every_written_file_parses_with_a_hostile_name(tmp_path, model, stack, lay, hostile):
@@ -211,12 +213,13 @@ def test_a_gpu_file_with_a_5001_digit_integer_is_one_line(tmp_path):
     one_line_error(run("--model", "gpt2", "--gpus", f), "not valid TOML")
 
 
+@pytest.mark.slow
 def test_torchtitan_loads_the_job_of_a_quoted_name_and_runs_nothing(tmp_path, monkeypatch):
     """The report's break-out: a name holding \"\"\" injected Python into torchtitan_job.py.
     torchtitan 0.3.0's own ConfigManager imports the job (as its trainer does); the injected
     os.system is never called, and the model keeps the name as its flavour."""
-    pytest.importorskip("torchtitan")
-    pytest.importorskip("triton")
+    require("torchtitan")
+    require("triton")
     from test_emit_torchtitan import _load
 
     f = tmp_path / 'z"""; import os; os.system("touch PWNED3"); """.json'

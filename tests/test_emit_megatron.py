@@ -17,6 +17,7 @@ import argparse
 import warnings
 
 import pytest
+from conftest import require
 
 from planner import api
 from planner.emit import EmitOptions, plan_files
@@ -125,9 +126,10 @@ def megatron_param_count(cfg, a: argparse.Namespace) -> int:
     return total
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, kw, gpu", PLANS)
 def test_megatron_core_configs_accept_the_args_and_count_the_planners_params(name, kw, gpu):
-    pytest.importorskip("megatron.core")
+    require("megatron.core")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from megatron.core.distributed import DistributedDataParallelConfig
@@ -220,6 +222,7 @@ def test_the_rules_stop_what_the_old_emitter_wrote():
     assert "--use-precision-aware-optimizer" in megatron_args_errors(stripped, _env(r1))[0]
 
 
+@pytest.mark.slow
 def test_70b_default_plan_launch_sets_one_connection_and_rotary_base(tmp_path):
     """`plan --model 70b --gpus h100 --out DIR`: CUDA_DEVICE_MAX_CONNECTIONS=1, the rotary
     base, and no DeepSpeed file (Megatron does not read one)."""
@@ -286,7 +289,7 @@ def test_fp8_and_bf16_moments_reach_megatron_cores_config_classes(recipe, optimi
     __post_init__ checks them (adam, distributed optimizer) and then wants Transformer
     Engine's FusedAdam with master_weight_dtype / exp_avg_dtype / exp_avg_sq_dtype: a stub
     module with that signature stands in for TE, which has no CPU build."""
-    pytest.importorskip("megatron.core")
+    require("megatron.core")
     import dataclasses
     import sys
     import types

@@ -16,6 +16,7 @@ import shlex
 import subprocess
 
 import pytest
+from conftest import require
 
 from planner import api
 from planner.emit import EmitOptions, node_shape, plan_files
@@ -25,8 +26,8 @@ from planner.layouts.layout import Layout
 from planner.models.spec import load_model
 from planner.training.setup import TrainingSetup
 
-yaml = pytest.importorskip("yaml")
-jsonschema = pytest.importorskip("jsonschema")
+yaml = require("yaml")
+jsonschema = require("jsonschema")
 
 PLANS = [
     # (model, layout, gpu, stack)
@@ -62,6 +63,7 @@ def _srun_torchrun(script: str) -> list[str]:
     return shlex.split(line)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, kw, gpu, stack", PLANS)
 def test_scheduler_files_parse_and_carry_the_plans_counts(name, kw, gpu, stack, tmp_path):
     from torch.distributed.run import get_args_parser

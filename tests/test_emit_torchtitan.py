@@ -3,7 +3,7 @@
 torchtitan_job.py is imported the way torchtitan's trainer imports it (``--module
 torchtitan_job --config planner_job``), the layout is read back from its ParallelismConfig
 and TrainingConfig, and the model torchtitan would build (on the meta device) has the
-planner's parameter count, which is transformers' (tests/test_param_counts.py; FACTS.md:
+planner's parameter count, which is transformers' (tests/test_param_counts.py; docs/facts.md:
 Llama-3-8B 8,030,261,248, Llama-2-7B 6,738,415,616).
 """
 
@@ -18,12 +18,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import require
 
 from planner.cli.main import cli
 from planner.models.spec import count_params, load_model
 
-pytest.importorskip("torchtitan")
-pytest.importorskip("triton")     # torchtitan's models import it (FACTS.md)
+require("torchtitan")
+require("triton")     # torchtitan's models import it (docs/facts.md)
 
 CASES = [
     # (plan arguments, parallelism expected, activation checkpointing)
@@ -64,6 +65,7 @@ def _n_params(config) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv, parallel, ac", CASES)
 def test_torchtitan_loads_the_job_with_the_plans_layout_and_model(argv, parallel, ac, tmp_path):
     out = tmp_path / "job"
@@ -89,6 +91,7 @@ def test_torchtitan_loads_the_job_with_the_plans_layout_and_model(argv, parallel
     assert "-m torchtitan.train" in " ".join(sh.read_text().split())
 
 
+@pytest.mark.slow
 def test_fsdp_with_pipeline_parallelism_writes_for_the_stack_its_memory_modelled(tmp_path):
     """The 70B plan with --usable-memory 0.9 (FSDP + tp + pp): without --stack its memory is
     modelled with Megatron's fused kernels, so --out writes Megatron-LM files (Megatron FSDP;
@@ -126,6 +129,7 @@ def test_torchtitan_refuses_what_it_does_not_build(argv, needle, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.slow
 def test_plain_plan_does_not_import_torchtitan(tmp_path):
     code = ("import sys; from planner.cli.main import main; "
             f"sys.argv=['plan','--model','8b','--gpus','h100','--fsdp','full','--pp','2','--out',"
@@ -137,6 +141,7 @@ def test_plain_plan_does_not_import_torchtitan(tmp_path):
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["llama3.1-8b", "examples/07-own-config/my-3b/config.json"])
 def test_fp8_and_bf16_moments_reach_torchtitans_own_config_classes(model, tmp_path, monkeypatch):
     """--precision fp8 (rowwise) --optimizer adamw-bf16-states: torchtitan's ConfigManager loads

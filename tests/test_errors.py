@@ -148,6 +148,7 @@ def test_405b_on_one_gpu_says_the_least_memory_and_the_ways_out():
     assert "A GPU with" not in out and "--offload" not in out and "--method qlora" not in out
 
 
+@pytest.mark.slow
 def test_no_fit_with_a_layout_sized_names_its_memory():
     r = run("--model", "8b", "--gpus", "h100", "--n-gpus", "8", "--seq-len", "1048576", "--global-batch", "8")
     assert r.exit_code == 2
@@ -237,7 +238,7 @@ def test_click_usage_errors_exit_2():
     ("planner.api.evaluate_layout", ["explain", "--model", "8b", "--gpus", "h100", "--dp", "8", "--tp", "1",
                                      "--pp", "1", "--cp", "1", "--zero", "3", "--micro-batch", "1",
                                      "--recompute", "none"]),
-    ("planner.cost.plan.plan_purchase", ["buy", "examples/jobs.yaml"]),
+    ("planner.cost.buy.plan_purchase", ["buy", "examples/jobs.yaml"]),
     ("planner.models.spec.count_params", ["models"]),
 ])
 def test_internal_error_exits_1_with_a_hint(monkeypatch, target, args):
@@ -260,6 +261,7 @@ def test_internal_error_exits_1_with_a_hint(monkeypatch, target, args):
     assert "bug in planner" in err and "report" in err
 
 
+@pytest.mark.slow
 def test_a_user_terminal_sees_no_traceback(tmp_path):
     """The real entry point, for a user error and for an internal one."""
     r = subprocess.run([sys.executable, "-m", "planner", "--model", "8bb", "--gpus", "h100"],

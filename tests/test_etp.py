@@ -18,6 +18,7 @@ import sys
 
 import pytest
 from click.testing import CliRunner
+from conftest import require
 
 from planner.cli.main import cli
 from planner.emit.megatron import to_megatron_args
@@ -89,7 +90,7 @@ MLP_CASES = [(64, 128, 8, 4, 2, etp) for etp in (1, 2, 4)] + [(64, 128, 8, 8, 4,
 
 @pytest.fixture(scope="module")
 def megatron() -> dict:
-    pytest.importorskip("megatron.core")
+    require("megatron.core")
     arg = json.dumps([SHAPES, list(BAD), MLP_CASES])
     done = subprocess.run([sys.executable, "-c", _SCRIPT, arg], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -100,6 +101,7 @@ def _layout(world: int, tp: int, pp: int, cp: int, ep: int, etp: int) -> Layout:
     return Layout(dp=world // (tp * pp * cp * ep), tp=tp, pp=pp, cp=cp, ep=ep, etp=etp)
 
 
+@pytest.mark.slow
 def test_expert_groups_equal_megatron_cores(megatron):
     """megatron-core's DP = the planner's dp x ep, its EDP = dp x cp x tp / etp, its ETP = etp."""
     want = [[lay.dp * lay.ep, lay.expert_shard_degree, lay.expert_tp] for lay in (_layout(*s) for s in SHAPES)]
@@ -107,6 +109,7 @@ def test_expert_groups_equal_megatron_cores(megatron):
     assert "not divisible" in megatron["bad"]
 
 
+@pytest.mark.slow
 def test_expert_params_per_rank_equal_megatron_cores_experts(megatron):
     pc = count_params(TINY)
     got = [rank_params(TINY, pc, Layout(tp=tp, ep=ep, etp=etp), 0, 1).expert for _, _, _, tp, ep, etp in MLP_CASES]
@@ -182,6 +185,7 @@ def test_megatron_args_and_refusals(tmp_path):
         assert res.exit_code == 2 and word in res.output and "Traceback" not in res.output
 
 
+@pytest.mark.slow
 def test_a_search_with_etp_scores_its_layout_as_the_fixed_plan_does():
     """The batched search (layout groups, sweep's subset, peak's per-state grouping, the block and
     degree tables) and a plan of the one layout it chose give the same memory and step time."""

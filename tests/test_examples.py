@@ -12,6 +12,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from conftest import require
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -28,6 +29,7 @@ run = _load_runner()
 FOLDERS = run.find_examples()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("folder", FOLDERS, ids=[f.name for f in FOLDERS])
 def test_example_prints_its_committed_output(folder: Path) -> None:
     d = run.diff(folder, run.run_example(folder))
@@ -55,7 +57,7 @@ def test_the_issue_scenarios_have_examples() -> None:
 
 
 def test_three_jobs_in_the_buy_example() -> None:
-    yaml = pytest.importorskip("yaml")
+    yaml = require("yaml")
     jobs = yaml.safe_load((EXAMPLES / "jobs.yaml").read_text())["jobs"]
     assert len(jobs) == 3
 

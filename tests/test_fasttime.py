@@ -125,6 +125,7 @@ def cases(draw):
     return m, setup, eff, cluster, lays
 
 
+@pytest.mark.slow
 @PROPS
 @given(cases())
 def test_step_times_equal_step_time(case):
@@ -135,6 +136,7 @@ def test_step_times_equal_step_time(case):
     assert got.tolist() == pytest.approx(want, rel=REL, abs=0)
 
 
+@pytest.mark.slow
 @PROPS
 @given(cases(), st.sampled_from([(("tp", "cp", "ep", "dp", "pp"),), (("tp", "cp", "ep", "pp", "dp"),),
                                  (("pp", "dp", "ep", "cp", "tp"), ("tp", "cp", "ep", "dp", "pp"))]))
@@ -156,6 +158,7 @@ def subset(a, idx):
     return layout_batch.LayoutArrays(*(getattr(a, f)[idx] for f in layout_batch.LayoutArrays.FIELDS))
 
 
+@pytest.mark.slow
 def test_memory_and_time_on_a_preset():
     # Llama-2-70B on the dgx-h100 topology, the layouts a search sizes on 96 and 1024 GPUs
     m, setup = load_model("llama2-70b"), TrainingSetup()
@@ -170,6 +173,7 @@ def test_memory_and_time_on_a_preset():
         [step_time(m, setup, lay, cluster, pc=pc).step_time_s for lay in lays], rel=REL, abs=0)
 
 
+@pytest.mark.slow
 def test_kept_tables_give_the_same_answers():
     # the degree and state tables kept across calls: a second call on the same layouts, on
     # a subset (the same degrees, fewer states), on a shuffled copy, on the same degrees
@@ -199,6 +203,7 @@ def test_kept_tables_give_the_same_answers():
                                                                      for x in lays]
 
 
+@pytest.mark.slow
 def test_slowest_stages_kept_for_new_block_shapes():
     # the slowest stage per block shape and degrees is kept with the degree tables: a call
     # on one micro-batch size, then on all of them (the same degrees, new block shapes),
@@ -229,6 +234,7 @@ def test_no_layouts():
     assert len(fasttime.step_times_s(m, TrainingSetup(), empty, cluster_for(get_gpu("a100")))) == 0
 
 
+@pytest.mark.slow
 @PROPS
 @given(cases(), st.randoms(use_true_random=False))
 def test_a_batch_of_one_is_a_row_of_the_batch_in_any_order(case, rng):
@@ -248,6 +254,7 @@ def test_a_batch_of_one_is_a_row_of_the_batch_in_any_order(case, rng):
     assert shuffled.tolist() == whole[order].tolist()
 
 
+@pytest.mark.slow
 @PROPS
 @given(cases())
 def test_batched_step_times_are_step_time(case):
@@ -282,6 +289,7 @@ def test_search_with_the_batched_timer_finds_what_the_per_layout_timer_finds():
         assert one_by_one.fitting == r.result.fitting
 
 
+@pytest.mark.slow
 @PROPS
 @given(cases())
 def test_named_parts_add_up_to_the_step(case):

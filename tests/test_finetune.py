@@ -14,6 +14,7 @@ import warnings
 from dataclasses import replace
 
 import pytest
+from conftest import require
 
 from planner.api import plan, plan_methods
 from planner.errors import UserError
@@ -35,8 +36,8 @@ from planner.units import GB, GiB, TiB
 
 
 def _peft_count(cfg: dict, targets, rank: int) -> int:
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("peft")
+    torch = require("torch")
+    require("peft")
     from peft import LoraConfig, get_peft_model
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
 
@@ -60,6 +61,7 @@ def _two_blocks(name: str) -> dict:
     return cfg
 
 
+@pytest.mark.slow
 def test_llama2_7b_q_v_rank8_is_peft_4194304():
     # the issue's example: 32 blocks x 2 layers x 8 x (4096 + 4096) = 4,194,304
     spec = FinetuneSpec(method="lora", lora_rank=8, lora_targets=("q_proj", "v_proj"))
@@ -86,6 +88,7 @@ PEFT_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, targets, peft_targets, rank", PEFT_CASES,
                          ids=[f"{c[0]}-{'+'.join(c[1]) or 'default'}-r{c[3]}" for c in PEFT_CASES])
 def test_adapter_count_equals_peft(name, targets, peft_targets, rank):
@@ -123,8 +126,8 @@ def test_nf4_costs_4_127_bits_per_weight():
 
 
 def test_quantized_bytes_equal_bitsandbytes():
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("bitsandbytes")
+    torch = require("torch")
+    require("bitsandbytes")
     import bitsandbytes.functional as F
 
     from planner.training.linears import Linear
@@ -149,7 +152,7 @@ def _whole_job(name: str, setup: TrainingSetup, lay: Layout) -> int:
 
 
 def test_lora_gpt3_175b_1_2_tb_to_350_gb():
-    """Hu et al. 2021, arXiv:2106.09685, Sec. 4.2 (shared/reference/published_runs.json, case
+    """Hu et al. 2021, arXiv:2106.09685, Sec. 4.2 (the published-runs reference table, case
     lora-gpt3-175b): "On GPT-3 175B, we reduce the VRAM consumption during training from
     1.2TB to 350GB", LoRA r = 4 on W_q and W_v, Adam.
 
@@ -216,6 +219,7 @@ SMALL_LLAMA = {   # GQA, SwiGLU, RMSNorm, as Llama 3; small enough for a fractio
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision, ft", [
     ("bf16-mixed", FinetuneSpec(method="lora", lora_rank=16, lora_targets=("all-linear",))),
     ("fp32", FinetuneSpec(method="lora", lora_dropout=0.1)),
@@ -227,8 +231,8 @@ def test_lora_memory_matches_the_tracker(precision, ft):
     Seen: +1.0%, +0.7%, +2.0%; more cases (pure bf16, ZeRO-2/3 via FSDP2, recompute) in
     docs/rules-of-thumb.md's measured table. MemTracker inspects every live tensor after
     every operation, so these take seconds even on a small model."""
-    pytest.importorskip("torch")
-    pytest.importorskip("peft")
+    require("torch")
+    require("peft")
     from planner.measure import accuracy
 
     m = spec_from_hf_config(SMALL_LLAMA, "small-llama", "test")

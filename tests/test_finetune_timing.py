@@ -20,7 +20,7 @@ from planner.timing.model import (
     gemm_time_s,
     layer_key,
     layer_time,
-    optimizer_bytes_per_param,
+    optimizer_update_bytes_per_param,
     rates,
     step_arrays,
     step_time,
@@ -102,7 +102,7 @@ def test_qlora_adds_the_dequantization_pass():
     # backward and the recomputed forward dequantize again
     assert lq.bwd_s - ll.bwd_s == pytest.approx(2 * dequant, rel=1e-9)
     # the paged 8-bit optimizer: 2 x (2 + 8/2048) + 2 + 2 bytes per adapter parameter
-    assert optimizer_bytes_per_param(_setup(qlora)) == pytest.approx(8 + 16 / 2048)
+    assert optimizer_update_bytes_per_param(m, _setup(qlora)) == pytest.approx(8 + 16 / 2048)
 
 
 def test_data_parallel_gradients_are_the_adapters():

@@ -36,5 +36,5 @@ def test_counts_and_plurals():
     assert fmt.plural(1, "GPU") == "1 GPU"
     assert fmt.plural(8, "GPU") == "8 GPUs"
     assert fmt.plural(1, "micro-batch", "micro-batches") == "1 micro-batch"
-    # Llama-3-8B: 8,030,261,248 parameters (transformers' count, docs FACTS)
+    # Llama-3-8B: 8,030,261,248 parameters (transformers' count, docs/facts.md)
     assert fmt.params(8_030_261_248) == "8.03B"

@@ -142,6 +142,7 @@ def test_explain_terms_add_up_under_fp8(r):
     assert all(math.isfinite(t.value) for t in ex.terms)
 
 
+@pytest.mark.slow
 def test_cli_fp8_end_to_end():
     args = ["--model", "llama3.1-8b", "--gpus", "h100", "--precision", "fp8", "--stack", "torchtitan",
             "--n-gpus", "8"]

@@ -10,9 +10,10 @@ from __future__ import annotations
 import socket
 
 import pytest
+from conftest import require
 
-torch = pytest.importorskip("torch")
-dist = pytest.importorskip("torch.distributed")
+torch = require("torch")
+dist = require("torch.distributed")
 
 
 def _graph_names(fn, out: set[str], depth: int = 0) -> None:
@@ -29,6 +30,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.slow
 def test_fsdp1_flat_gradient_is_assembled_by_a_split_backward():
     from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision
 

@@ -10,12 +10,15 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))
 
 import fuzz  # noqa: E402 (bench/ is no package)
 
 
+@pytest.mark.slow
 def test_a_short_fixed_seed_fuzz_keeps_the_contract():
     t0 = time.perf_counter()
     counts, ran, bad = fuzz.fuzz(160, seed=11)
@@ -37,6 +40,7 @@ def test_the_fuzzer_reports_a_broken_call(monkeypatch):
     assert counts["broken"] and any("planted" in b for b in bad), counts
 
 
+@pytest.mark.slow
 def test_names_with_control_characters_are_refused_in_one_line():
     counts, ran, bad = fuzz.fuzz(24, seed=3, kinds=("name",))
     assert bad == [] and ran["name"] == 12 and counts["exit 2"] >= 12, (counts, bad)

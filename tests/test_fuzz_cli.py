@@ -112,6 +112,7 @@ def write(directory: Path, name: str, data: bytes | str) -> Path:
 
 # ------------------------------------------------------------------------ config.json
 
+@pytest.mark.slow
 @FUZZ
 @given(cfg=mutated_configs(), gpu=st.sampled_from(["h100", "a100", "4090", "mi300x"]), as_json=st.booleans())
 def test_fuzzed_config_json_never_crashes(cfg, gpu, as_json):
@@ -176,15 +177,21 @@ def test_config_values_of_wrong_type_or_range(tmp_path, over, needle):
     assert len(r.output.strip().splitlines()) == 1, r.output
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", [None, "delete"])
 def test_every_preset_key_set_to_null_or_deleted(tmp_path, value):
     # null means "the default" (as a missing key does); a missing required key is a UserError
     from planner.errors import UserError
+    from planner.models.families import SUPPORTED_MODEL_TYPES
     from planner.models.spec import load_config_file, load_presets
 
     path = tmp_path / "config.json"
     for name in load_presets():
         base = preset_config(name)
+        if base["model_type"] not in SUPPORTED_MODEL_TYPES:
+            # a generic-path preset: every changed config is a new model, measured on transformers'
+            # own code (minutes each); its translator is transformers' config class
+            continue
         for key in base:
             cfg = {k: v for k, v in base.items() if not (k == key and value == "delete")}
             if value is None:
@@ -203,6 +210,7 @@ def test_mixtral_with_infinite_experts(tmp_path):
     assert r.exit_code == 2 and "'num_local_experts' must be an integer" in r.output
 
 
+@pytest.mark.slow
 def test_a_model_near_1e15_parameters_answers_quickly(tmp_path):
     # ~9.6e14 parameters: accepted, and no GPU count up to 16,384 holds its states
     cfg = llama(hidden_size=1_000_000, intermediate_size=4_000_000, num_attention_heads=8000,
@@ -249,6 +257,7 @@ def mutated_topologies(draw) -> tuple[str, str]:
     return "\n".join(lines), gpu
 
 
+@pytest.mark.slow
 @FUZZ
 @given(case=mutated_topologies())
 def test_fuzzed_topology_files_never_crash(case):
@@ -354,6 +363,7 @@ def argument_lists(draw) -> list[str]:
     return args
 
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=EXAMPLES * 3 // 2)
 @given(args=argument_lists(), with_out=st.booleans())
 def test_fuzzed_arguments_never_crash(args, with_out):
@@ -450,6 +460,7 @@ def mutated_jobs(draw) -> str:
     return "\n".join(lines)
 
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=max(10, EXAMPLES // 2))
 @given(text=mutated_jobs(), as_json=st.booleans())
 def test_fuzzed_jobs_files_never_crash(text, as_json):
@@ -522,6 +533,7 @@ def test_an_absurd_price_is_refused_before_the_solver(tmp_path):
 
 # ------------------------------------------------------------- what a terminal shows
 
+@pytest.mark.slow
 @pytest.mark.parametrize("setup", ["binary-config", "bad-topology", "nan-option", "huge-model"])
 def test_no_traceback_reaches_the_terminal(tmp_path, setup):
     cfg = tmp_path / "config.json"
@@ -542,6 +554,7 @@ def test_no_traceback_reaches_the_terminal(tmp_path, setup):
     assert "Traceback" not in p.stderr + p.stdout and p.stderr.strip()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [["models"], ["--model", "gpt2", "--gpus", "h100", "--json"], ["--help"]])
 def test_a_reader_that_goes_away_is_not_an_error(args):
     # `plan ... | head -1`: the pipe closes before plan writes; it stops quietly, status 0

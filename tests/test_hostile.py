@@ -167,6 +167,7 @@ def test_prices_file_size_cap(tmp_path):
 
 # ------------------------------------------------------------------------ output
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [("--help",), ("--version",), ("models", "--help"), ("completion", "bash"),
                                   ("--model", "gpt2", "--gpus", "h100", "--json")])
 def test_a_full_stdout_is_one_line_not_a_traceback(args):
@@ -214,6 +215,7 @@ def test_click_usage_errors_are_one_line():
     one_line_error(run("explain", "--bogus"), "No such option", "`plan explain --help`")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [
     ("--model", "405b", "--gpus", "4090", "--n-gpus", "1"),       # the floor skips the only count
     ("--model", "405b", "--gpus", "h100", "--max-gpus", "4"),
@@ -247,6 +249,7 @@ def no_temporaries(parent: Path) -> None:
     assert left == [], left
 
 
+@pytest.mark.slow
 def test_two_concurrent_writers_do_not_both_succeed(tmp_path):
     out = tmp_path / "cfg"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -283,6 +286,7 @@ write.write_files(Path(sys.argv[1]), {{"a.txt": "new a", "b.txt": "new b", "plan
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
 @pytest.mark.parametrize("before", [None, {"a.txt": "old a", "b.txt": "old b", "plan.json": "old"},
                                     {"a.txt": "old a", "notes.txt": "mine"}])

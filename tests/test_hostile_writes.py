@@ -67,6 +67,7 @@ except UserError as e:
 """
 
 
+@pytest.mark.slow
 def test_eight_concurrent_writers_one_wins(tmp_path):
     target = tmp_path / "race.png"
     start = time.time() + 1.5
@@ -80,6 +81,7 @@ def test_eight_concurrent_writers_one_wins(tmp_path):
     assert leftovers(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_plot_refuses_a_file_another_run_wrote_meanwhile(tmp_path, monkeypatch):
     """`plan --plot race.png` twice at once (the report: 7 of 8 pairs both succeeded): the
     second run's start-up check passes, the first run's file appears, the save refuses."""
@@ -99,6 +101,7 @@ def test_plot_refuses_a_file_another_run_wrote_meanwhile(tmp_path, monkeypatch):
     assert leftovers(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_calibrate_refuses_a_file_another_run_wrote_meanwhile(tmp_path, monkeypatch):
     """`plan calibrate --out cal.toml` twice at once (the report: 6 of 6 pairs both wrote)."""
     from planner.cli import calibrate
@@ -139,6 +142,7 @@ write.write_file(Path(sys.argv[1]), b"whole plot", force={force}, what="--plot")
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP", "SIGINT"])
 @pytest.mark.parametrize("force", [False, True])
 def test_a_signal_during_the_plot_write_leaves_no_temporary(tmp_path, sig, force):
@@ -152,6 +156,7 @@ def test_a_signal_during_the_plot_write_leaves_no_temporary(tmp_path, sig, force
     assert leftovers(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_sigterm_during_out_and_plot_leaves_no_temporary(tmp_path):
     """The report's loop (30 runs, SIGTERM/SIGHUP at 0.2-2.0 s) left .P.png.*.tmp in 6."""
     for delay in (0.6, 1.2, 1.8):
@@ -175,6 +180,7 @@ def test_out_is_not_written_when_the_plot_cannot_be(tmp_path):
     assert not (tmp_path / "rw").exists()
 
 
+@pytest.mark.slow
 def test_out_is_named_when_the_plot_fails_after_it(tmp_path, monkeypatch):
     from planner.report import plot
 
@@ -189,6 +195,7 @@ def test_out_is_named_when_the_plot_fails_after_it(tmp_path, monkeypatch):
     assert f"plan.json to {tmp_path / 'o'}" in err, err
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 @pytest.mark.parametrize("args", [("--model", "gpt2", "--gpus", "h100", "--plot", "y.png", "--force", "-q"),
                                   ("--model", "gpt2", "--gpus", "h100", "--out", "o", "--json")])
@@ -271,6 +278,7 @@ def test_out_onto_an_existing_empty_directory_keeps_it(tmp_path):
     assert leftovers(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_out_onto_the_current_directory_writes_into_it(tmp_path):
     e2 = tmp_path / "e2"
     e2.mkdir()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import require
 
 from planner.cli.main import cli
 from planner.hardware.gpus import get_gpu
@@ -25,9 +26,10 @@ TINY_GQA = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype_name, kv_bytes", [("float32", 4), ("bfloat16", 2)])
 def test_kv_cache_equals_transformers_cache(dtype_name, kv_bytes):
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = dict(TINY_GQA)
@@ -94,7 +96,7 @@ FAMILY_CONFIGS = Path(__file__).resolve().parent.parent / "bench" / "configs"
 
 
 def _transformers_cache_bytes(path: Path, batch: int, context: int) -> int:
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = json.loads(path.read_text())
@@ -105,6 +107,7 @@ def _transformers_cache_bytes(path: Path, batch: int, context: int) -> int:
     return sum(t.numel() * t.element_size() for layer in out.past_key_values.layers for t in (layer.keys, layer.values))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["tiny-deepseek-v3", "tiny-gemma3-text", "tiny-gpt-oss", "tiny-llama4-text"])
 @pytest.mark.parametrize("context", [100, 300])
 def test_mla_and_local_attention_caches_equal_transformers(name, context):

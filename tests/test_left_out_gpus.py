@@ -5,6 +5,7 @@ carry no rental rate in planner/presets/prices.toml."""
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from planner.cli.main import cli
@@ -24,6 +25,7 @@ def test_the_catalog_still_has_no_rent_for_the_gpus_these_tests_leave_out():
     assert prices.for_gpu("h100").rent_usd_per_gpu_hour is not None
 
 
+@pytest.mark.slow
 def test_unpriced_gpus_are_left_out_and_named_one_line_each():
     r = run("--gpus", "h100,h20,gb300")
     assert r.exit_code == 0, r.output
@@ -37,6 +39,7 @@ def test_unpriced_gpus_are_left_out_and_named_one_line_each():
     assert d["plan"]["gpu"] == "h100"
 
 
+@pytest.mark.slow
 def test_nothing_priced_is_one_error_line_and_time_needs_no_price():
     r = run("--gpus", "h20")
     assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1 and "h20" in r.stderr
@@ -44,6 +47,7 @@ def test_nothing_priced_is_one_error_line_and_time_needs_no_price():
     assert d["gpus_left_out"] == [] and d["gpus_considered"] == ["h100", "h20"]
 
 
+@pytest.mark.slow
 def test_plan_buy_leaves_out_gpus_it_cannot_buy_and_says_so():
     # h20 has neither a node purchase price nor a node power in planner/presets/prices.toml
     p = load_prices(None).for_gpu("h20")

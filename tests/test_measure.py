@@ -1,6 +1,6 @@
 """planner.measure.trackers: one real training step under PyTorch's memory trackers.
 
-Reference numbers: FACTS.md ("Measuring real per-rank memory on CPU"): transformers' Llama-3-8B,
+Reference numbers: docs/facts.md ("Measuring real per-rank memory on CPU"): transformers' Llama-3-8B,
 8 ranks, FSDP2 full sharding, bf16 mixed precision, sequence 2048, micro-batch 1: 29.3 GiB peak
 per rank, sharded params 3.74 GiB, optimizer states 7.48 GiB.
 """
@@ -12,9 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import require
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
+require("torch")
+require("transformers")
 
 from planner.errors import UserError  # noqa: E402
 from planner.measure.readout import CATEGORIES, MeasuredMemory  # noqa: E402
@@ -49,12 +50,14 @@ def test_import_does_not_import_torch():
                    env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
+@pytest.mark.slow
 def test_tiny_param_count():
     # per block: 4 x 256 x 256 attention + 3 x 256 x 688 MLP + 2 x 256 norms = 791,040
     assert 2 * 1000 * 256 + 2 * (4 * 256 * 256 + 3 * 256 * 688 + 2 * 256) + 256 == TINY_PARAMS
     assert measure(tiny(n_steps=1)).n_params == TINY_PARAMS
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kw", [
     {},                                                          # fp32, replicated
     {"precision": "bf16-mixed", "seq_len": 64},                  # autocast (bf16 matmuls are slow on CPU)
@@ -67,6 +70,7 @@ def test_fake_equals_real(kw):
     assert fake.raw == real.raw  # in practice byte for byte
 
 
+@pytest.mark.slow
 def test_categories_sum_to_peak_and_bound_maxima():
     for setup in (tiny(), tiny(sharding="full", dp=4)):
         r = measure(setup)
@@ -76,6 +80,7 @@ def test_categories_sum_to_peak_and_bound_maxima():
             assert getattr(r, f"max_{cat}_bytes") >= getattr(r, f"{cat}_bytes")
 
 
+@pytest.mark.slow
 def test_replicated_model_states():
     r = measure(tiny())
     assert r.tracker == "MemTracker"
@@ -85,6 +90,7 @@ def test_replicated_model_states():
     assert r.raw["Optstate"] == TINY_PARAMS * 8 + 21 * 4
 
 
+@pytest.mark.slow
 def test_pure_bf16_halves_weights_and_optimizer_state():
     r = measure(tiny(precision="bf16"))
     assert r.peak_phase == "backward"  # else "Optstate" would hold the step's transients too
@@ -96,6 +102,7 @@ def test_pure_bf16_halves_weights_and_optimizer_state():
     assert short.raw["Optstate"] > TINY_PARAMS * 4
 
 
+@pytest.mark.slow
 def test_peak_is_located():
     r = measure(tiny())
     assert (r.peak_step, r.peak_phase) == (2, "backward")  # loss gradient with all activations alive
@@ -103,6 +110,7 @@ def test_peak_is_located():
     assert "LlamaForCausalLM.model.layers.0" in r.by_module
 
 
+@pytest.mark.slow
 def test_full_sharding_divides_weights_by_dp():
     replicated = measure(tiny())
     sharded = measure(tiny(sharding="full", dp=8))
@@ -111,12 +119,14 @@ def test_full_sharding_divides_weights_by_dp():
     assert sharded.raw["OptState"] == pytest.approx(replicated.raw["Optstate"] / 8, rel=1e-3)
 
 
+@pytest.mark.slow
 def test_grad_op_keeps_unsharded_weights_until_backward():
     full = measure(tiny(sharding="full", dp=8))
     grad_op = measure(tiny(sharding="grad-op", dp=8))
     assert grad_op.max_weights_bytes > full.max_weights_bytes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sharding,precision,where", [("grad-op", "fp32", "Unsharded Grad"),
                                                        ("grad-op", "bf16-mixed", "Temp"),
                                                        ("full", "fp32", "Unsharded Grad")])
@@ -145,6 +155,7 @@ def test_no_sync_accumulation_holds_every_unsharded_gradient(sharding, precision
     assert int(no_sync_gradient_bytes(np.array([TINY_PARAMS]), np.array([0]), prec, lay, "micro-batch")[0]) == 0
 
 
+@pytest.mark.slow
 def test_recompute_and_attention_change_activations():
     base = measure(tiny(n_steps=1))
     assert measure(tiny(n_steps=1, recompute="full")).max_activations_bytes < base.max_activations_bytes
@@ -152,6 +163,7 @@ def test_recompute_and_attention_change_activations():
     assert measure(tiny(n_steps=1, attention="eager")).max_activations_bytes > base.max_activations_bytes
 
 
+@pytest.mark.slow
 def test_dropout_keeps_what_a_gpu_keeps():
     # CUDA's dropout keeps a 1-byte mask, and its flash / memory-efficient attention drops out
     # inside the kernel; fake CPU runs do the same (planner.measure.trackers._gpu_dropout_kernels). So
@@ -168,6 +180,7 @@ def test_dropout_keeps_what_a_gpu_keeps():
     assert with_dropout.peak_bytes - without.peak_bytes == (2 * 2 + 1) * 2 * 256 * 128
 
 
+@pytest.mark.slow
 def test_repeated_calls_leave_no_process_group():
     import torch.distributed as dist
 
@@ -188,6 +201,7 @@ def test_bad_setups_are_user_errors():
         MeasureSetup.from_json(json.dumps({"hf_config": TINY_LLAMA, "tp": 2}))
 
 
+@pytest.mark.slow
 def test_cli_prints_measured_memory_json():
     setup = tiny(seq_len=32, micro_batch=1, n_steps=1)
     out = subprocess.run([sys.executable, "-m", "planner.measure.trackers", setup.to_json()], check=True,
@@ -198,6 +212,7 @@ def test_cli_prints_measured_memory_json():
     assert result == MeasuredMemory.from_json(result.to_json())
 
 
+@pytest.mark.slow
 def test_llama3_8b_fsdp_full_bf16_mixed_matches_facts():
     """About 35 s on 2 CPU cores and 400 MiB of real memory (fake tensors)."""
     r = measure(MeasureSetup(hf_config=LLAMA3_8B, dp=8, sharding="full", precision="bf16-mixed",
@@ -205,11 +220,12 @@ def test_llama3_8b_fsdp_full_bf16_mixed_matches_facts():
     assert r.n_params == 8_030_261_248
     assert r.raw["Sharded Param"] == 8_030_261_248 * 4 // 8            # 3.74 GiB fp32 shard
     assert r.raw["OptState"] == pytest.approx(8_030_261_248 * 8 / 8, rel=1e-4)  # 7.48 GiB
-    # FACTS.md: 29.3 GiB, measured with the bf16 logits (2048 x 128256 x 2 B = 0.49 GiB) still
+    # docs/facts.md: 29.3 GiB, measured with the bf16 logits (2048 x 128256 x 2 B = 0.49 GiB) still
     # referenced during backward; measure() drops them before backward, as training loops do.
     assert r.peak_bytes / GiB == pytest.approx(29.3 - 0.49, abs=0.15)
 
 
+@pytest.mark.slow
 def test_mla_attention_keeps_no_scores_under_fake_tensors():
     """DeepSeek-V3's value heads are narrower than its query heads; the CPU's flash kernel wants
     one head size and PyTorch would fall back to the math kernel's fp32 s x s scores, which no
@@ -228,6 +244,7 @@ def test_mla_attention_keeps_no_scores_under_fake_tensors():
     assert long / short < 4.2     # linear in s (4x) up to the fixed parts; the math kernel's scores: > 6x
 
 
+@pytest.mark.slow
 def test_module_snapshots_name_each_block_and_the_peak():
     """measure(..., module_snapshots): the tracker's per-module snapshots (FSDPMemTracker on 4
     fake ranks): every block has a backward peak, and the largest of them is the step's peak."""

@@ -4,6 +4,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from conftest import require
 
 from planner.cli.main import cli
 from planner.errors import UserError
@@ -11,9 +12,10 @@ from planner.measure.blocks import first_blocks_config
 from planner.models.spec import count_params, load_hf_config, spec_from_hf_config
 
 
+@pytest.mark.slow
 def test_cut_config_keeps_the_blocks_in_order_and_counts_like_transformers():
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    torch = require("torch")
+    transformers = require("transformers")
     hf = first_blocks_config(load_hf_config("gpt-oss-120b"), 3)
     assert hf["num_hidden_layers"] == 3
     assert hf["layer_types"] == ["sliding_attention", "full_attention", "sliding_attention"]
@@ -35,6 +37,7 @@ def test_cut_keeps_dense_first_blocks_and_filters_indices():
         first_blocks_config(load_hf_config("deepseek-v3"), 0)
 
 
+@pytest.mark.slow
 def test_cli_names_the_cut_model_and_refuses_a_bad_count():
     res = CliRunner().invoke(cli, ["measure", "--model", "deepseek-v3", "--gpus", "h200", "--blocks", "99"])
     assert res.exit_code == 2 and "--blocks 99: give 1 to 61" in res.output and "Traceback" not in res.output

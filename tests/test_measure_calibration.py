@@ -3,8 +3,10 @@ measured step (issue 18). No GPU here: the writing path runs on a fake measureme
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from planner.cli.main import cli
@@ -44,12 +46,25 @@ def test_measured_calibration_reproduces_the_measured_step(tmp_path: Path):
 
 
 def test_plan_uses_the_measured_calibration(tmp_path: Path):
-    out = _write(tmp_path, 2.0)
-    r = CliRunner().invoke(cli, ["--model", "llama3.1-8b", "--gpus", "h100", "--dp", "8", "--zero", "3",
-                                 "--micro-batch", "1", "--seq-len", "2048", "--global-batch", "8",
-                                 "--recompute", "none", "--tp", "1", "--pp", "1", "--cp", "1",
-                                 "--calibration", str(out), "--json"], prog_name="plan")
-    assert r.exit_code == 0, r.output
+    """The plan of the measured layout under --calibration takes the measured step time and the
+    fragmentation the measured reserved/allocated bytes give (60 / 50 GiB: more than the 10%
+    default), where the plan without it keeps the shipped figures."""
+    m, gpu = load_model("llama3.1-8b"), get_gpu("h100")
+    shipped = step_time(m, TrainingSetup(seq_len=2048, global_batch=8), LAY, cluster_for(gpu)).step_time_s
+    measured_s = 1.3 * shipped
+    out = _write(tmp_path, measured_s)
+    args = ["--model", "llama3.1-8b", "--gpus", "h100", "--dp", "8", "--zero", "3", "--micro-batch", "1",
+            "--seq-len", "2048", "--global-batch", "8", "--recompute", "none", "--tp", "1", "--pp", "1", "--cp", "1",
+            "--json"]
+    plans = {}
+    for extra in ((), ("--calibration", str(out))):
+        r = CliRunner().invoke(cli, [*args, *extra], prog_name="plan")
+        assert r.exit_code == 0, r.output
+        plans[bool(extra)] = json.loads(r.output)["plan"]
+    assert plans[False]["step_time_s"] == pytest.approx(shipped, rel=1e-9)
+    assert plans[True]["step_time_s"] == pytest.approx(measured_s, rel=0.01)
+    assert plans[True]["memory_bytes"]["overhead"] > plans[False]["memory_bytes"]["overhead"]
+    assert plans[True]["memory_bytes"]["activations"] == plans[False]["memory_bytes"]["activations"]
 
 
 def test_calibration_out_needs_real():

@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import require
 
 from planner.errors import UserError
 from planner.measure import torchtitan as titan  # imports no torch or torchtitan itself
 
-pytest.importorskip("triton", reason="torchtitan's models import triton (pip install triton)")
-pytest.importorskip("torchtitan.models.llama3", reason="torchtitan is not installed (pip install torchtitan)")
+require("triton", reason="torchtitan's models import triton (pip install triton)")
+require("torchtitan.models.llama3", reason="torchtitan is not installed (pip install torchtitan)")
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,6 +47,7 @@ def run(cfg: dict = TINY, **kw: object) -> titan.TitanMeasurement:
     return titan.measure(titan.TitanSetup(hf_config=cfg, seq_len=SEQ, **kw))  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_fsdp2_shards_params_grads_and_adamw_states_over_dp() -> None:
     got = run(dp=2, tp=1, recompute="none")
     m = got.memory
@@ -64,6 +66,7 @@ def test_fsdp2_shards_params_grads_and_adamw_states_over_dp() -> None:
     assert m.tracker == "FSDPMemTracker" and m.peak_step == 2
 
 
+@pytest.mark.slow
 def test_tensor_parallel_and_recompute_policies() -> None:
     n = hf_param_count(TINY)
     norms = (2 * TINY["num_hidden_layers"] + 1) * TINY["hidden_size"]   # replicated over tp
@@ -76,6 +79,7 @@ def test_tensor_parallel_and_recompute_policies() -> None:
     assert acts["none"] > acts["selective"] > acts["full"] > 0
 
 
+@pytest.mark.slow
 def test_scaling_from_two_depths_matches_the_full_depth() -> None:
     cfg = TINY | {"num_hidden_layers": 6}
     whole = run(cfg, dp=2, recompute="selective", blocks=(6,)).memory
@@ -87,6 +91,7 @@ def test_scaling_from_two_depths_matches_the_full_depth() -> None:
         assert getattr(s, f"max_{cat}_bytes") == pytest.approx(getattr(whole, f"max_{cat}_bytes"), rel=0.01)
 
 
+@pytest.mark.slow
 def test_the_chunked_loss_leaks_nothing_from_step_to_step() -> None:
     # torchtitan frees each step's loss chunks (bench/loss_peak_tensors.py --leak none); under
     # ModTracker's hooks on the LM head's leaf inputs they stayed, b s h x 2 B more at every
@@ -105,7 +110,7 @@ def test_llama3_8b_parameter_count_matches_transformers() -> None:
     cfg = titan.trainer_config(setup, 32)
     with torch.device("meta"):
         model = cfg.model_spec.model.build()
-    # FACTS.md: transformers' Llama-3-8B has 8,030,261,248 parameters
+    # docs/facts.md: transformers' Llama-3-8B has 8,030,261,248 parameters
     assert sum(p.numel() for p in model.parameters()) == 8_030_261_248
 
 
@@ -138,6 +143,7 @@ def test_docs_table_predictions_are_current() -> None:
     assert (ROOT / "docs" / "accuracy-torchtitan.md").read_text() == bench.table(rows)
 
 
+@pytest.mark.slow
 def test_docs_table_measurement_is_current_for_one_row() -> None:
     """Re-measure the cheapest stored row (Llama 3.2 1B, dp 8, full recomputation)."""
     rows = json.loads((ROOT / "docs" / "accuracy-torchtitan.json").read_text())
@@ -170,6 +176,7 @@ def test_plan_measure_stack_torchtitan_refuses_with_exit_2(extra: list[str], wor
     assert words in got.output and len(got.output.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_plan_measure_reads_every_category_at_the_trackers_peak_moment(monkeypatch: pytest.MonkeyPatch,
                                                                        tmp_path: Path) -> None:
     """Issue 16: the categories are compared at one moment of the step on both sides (the tracker's

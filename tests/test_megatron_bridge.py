@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import require
 
 from planner.cli.main import cli
 
@@ -70,7 +71,7 @@ def test_recompute_modules_reach_megatron_core_and_admit_the_recipes_layouts():
     assert out.exit_code == 2 and "not modelled" in out.output
     out = run(*base[:-3], "--recompute", "full", "--recompute-modules", "layernorm")
     assert out.exit_code == 2 and "--recompute selective" in out.output
-    pytest.importorskip("megatron.core")
+    require("megatron.core")
     import torch
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -139,7 +140,7 @@ def test_mtp_and_low_precision_reach_megatron_cores_config(tmp_path):
     """The flags --out writes for MTP, NVFP4, MXFP8 with fp8_param_gather and CPU offload are
     megatron-core 0.16.1 TransformerConfig fields it accepts (mtp_num_layers, fp4/fp4_recipe,
     fp8/fp8_recipe/fp8_param, cpu_offloading/cpu_offloading_num_layers)."""
-    pytest.importorskip("megatron.core")
+    require("megatron.core")
     import torch
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

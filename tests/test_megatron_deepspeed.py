@@ -13,6 +13,7 @@ import warnings
 
 import pytest
 from click.testing import CliRunner
+from conftest import require
 
 from planner.cli.main import cli
 
@@ -40,7 +41,7 @@ def test_bloom_plans_as_it_trained_and_its_files_pass_their_parsers(tmp_path):
     cfg = json.loads((out / "ds_config.json").read_text())
     # BF16_Optimizer with fp32 accumulation, as BLOOM trained (deepspeed 0.19.8 engine.py)
     assert cfg["data_types"] == {"grad_accum_dtype": "fp32"} and cfg["zero_optimization"]["stage"] == 1
-    pytest.importorskip("deepspeed")
+    require("deepspeed")
     from planner.emit.deepspeed import validate_deepspeed_config
     parsed = validate_deepspeed_config(cfg, data_parallel=8, n_gpus=384)
     assert parsed.train_batch_size == 2048 and parsed.gradient_accumulation_steps == 128
@@ -52,7 +53,7 @@ def test_bloom_plans_as_it_trained_and_its_files_pass_their_parsers(tmp_path):
     assert a.global_batch_size == 2048 and a.micro_batch_size == 2
     launch = (out / "launch.sh").read_text()
     assert "pretrain_gpt.py" in launch and "MEGATRON_ARGS" in launch
-    pytest.importorskip("megatron.core")
+    require("megatron.core")
     import torch
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

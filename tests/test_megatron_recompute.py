@@ -14,6 +14,7 @@ import warnings
 
 import numpy as np
 import pytest
+from conftest import require
 
 from planner.cli.main import cli
 from planner.memory.activations import stage_block_bytes
@@ -62,8 +63,8 @@ def _saved_bytes(torch, tb, layers, method: str | None, n: int) -> int:
 
 @pytest.fixture(scope="module")
 def megatron_block():
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("megatron.core")
+    torch = require("torch")
+    require("megatron.core")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         import megatron.core.transformer.transformer_block as tb
@@ -79,6 +80,7 @@ def megatron_block():
     patch.undo()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method, n", [("uniform", 1), ("uniform", 2), ("uniform", 4), ("block", 3), ("block", 8)])
 def test_stage_bytes_match_megatron_cores_checkpointed_forward(megatron_block, method, n):
     torch, tb, layers = megatron_block
@@ -131,7 +133,7 @@ def test_bad_combinations_exit_2_with_one_line(extra, says):
 
 
 def test_emitted_args_pass_megatron_cores_transformer_config():
-    pytest.importorskip("megatron.core")
+    require("megatron.core")
     from test_emit_megatron import transformer_config
 
     from planner import api
@@ -175,6 +177,7 @@ def test_the_plan_names_the_method_in_its_assumptions():
     assert "--recompute-method block --recompute-num-layers 4" in " ".join(r.output.split())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method, n", [("block", 3), ("block", 8), ("uniform", 2)])
 def test_hardware_flops_count_the_forwards_megatron_core_reruns(megatron_block, method, n):
     """The recomputation FLOPs of the hardware-FLOPs figure (timing.flops) against the layer

@@ -32,6 +32,7 @@ def _mlp_saved_bytes(name: str) -> int:
     return saved_bytes(model, MB, SEQ, lambda ptr: bool(inside) and ptr != inside[0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-gpt-oss", "tiny-llama4-text"])
 def test_moe_blocks_keep_what_transformers_keeps(name):
     m = load_model(str(CONFIGS / f"{name}.json"))

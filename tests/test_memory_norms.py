@@ -31,6 +31,7 @@ def _norm_saved_bytes(name: str, qk: bool) -> int:
     return saved_bytes(model, MB, SEQ, lambda _ptr: inside[0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["tiny-gemma3-text", "tiny-olmo2"])
 def test_block_norms_keep_an_fp32_normalised_tensor(name):
     m = load_model(str(CONFIGS / f"{name}.json"))
@@ -43,6 +44,7 @@ def test_block_norms_keep_an_fp32_normalised_tensor(name):
     assert m.n_layers * generic < 0.8 * measured                 # the generic count alone is 25% short
 
 
+@pytest.mark.slow
 def test_olmo2_qk_norms_keep_an_fp32_normalised_tensor():
     m = load_model(str(CONFIGS / "tiny-olmo2.json"))
     setup = TrainingSetup(seq_len=SEQ, global_batch=MB, precision="bf16")

@@ -2,6 +2,7 @@
 
 from dataclasses import replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -11,9 +12,9 @@ from planner.memory.model import (
     model_state_bytes,
     per_rank_memory,
     rank_params,
-    resolve_kernels,
 )
 from planner.models.spec import ModelSpec, count_params
+from planner.training.kernels import layout_kernels
 from planner.training.setup import TrainingSetup, optimizer_state_bytes_per_param
 
 
@@ -63,6 +64,7 @@ def states(m, setup, lay):
                              optimizer_state_bytes_per_param("adamw"), lay).total
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(cases())
 def test_zero_stages_are_ordered(case):
@@ -71,6 +73,7 @@ def test_zero_stages_are_ordered(case):
     assert by_stage[3] <= by_stage[2] <= by_stage[1] <= by_stage[0]
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(cases(), st.sampled_from([2, 4, 8]))
 def test_more_sharding_never_raises_model_states(case, factor):
@@ -78,6 +81,7 @@ def test_more_sharding_never_raises_model_states(case, factor):
     assert states(m, setup, replace(lay, dp=lay.dp * factor)) <= states(m, setup, lay)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(cases())
 def test_activations_grow_with_micro_batch_and_sequence(case):
@@ -86,7 +90,7 @@ def test_activations_grow_with_micro_batch_and_sequence(case):
     bigger_b = per_rank_memory(m, setup, replace(lay, micro_batch=lay.micro_batch * 2)).breakdown
     longer = replace(lay, seq_len=lay.seq_len * 2)
     bigger_s = per_rank_memory(m, replace(setup, seq_len=longer.seq_len), longer).breakdown
-    kernels = resolve_kernels(setup, lay)
+    kernels = layout_kernels(setup, lay)
     kept = layer_activation_bytes(m, setup, lay, kernels)
     assert layer_activation_bytes(m, setup, replace(lay, micro_batch=lay.micro_batch * 2), kernels) >= kept
     assert layer_activation_bytes(m, replace(setup, seq_len=longer.seq_len), longer, kernels) >= kept
@@ -94,18 +98,20 @@ def test_activations_grow_with_micro_batch_and_sequence(case):
         assert other.total >= base.total
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(cases())
 def test_recompute_ordering(case):
     m, setup, lay = case
     modes = ("none", "selective", "full")
-    kernels = resolve_kernels(setup, lay)
+    kernels = layout_kernels(setup, lay)
     kept = {r: layer_activation_bytes(m, setup, replace(lay, recompute=r), kernels) for r in modes}
     assert kept["full"] <= kept["selective"] <= kept["none"]
     tot = {r: per_rank_memory(m, setup, replace(lay, recompute=r)).breakdown for r in modes}
     assert tot["full"].total <= tot["selective"].total <= tot["none"].total
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(cases())
 def test_memory_is_positive_and_consistent(case):

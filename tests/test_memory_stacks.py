@@ -16,11 +16,13 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from conftest import require
 
 from planner.cli.main import cli
 from planner.layouts.layout import Layout
-from planner.memory.activations import layer_activation_bytes, resolve_kernels
+from planner.memory.activations import layer_activation_bytes
 from planner.models.families import spec_from_hf_config
+from planner.training.kernels import layout_kernels
 from planner.training.setup import TrainingSetup
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,14 +69,15 @@ def block_saved_bytes(recompute: str) -> int:
     return int(by_kind["ACT"] + by_kind["TEMP"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
 def test_torchtitan_block_keeps_what_its_own_block_keeps(recompute: str) -> None:
-    pytest.importorskip("triton", reason="torchtitan's models import triton")
-    pytest.importorskip("torchtitan.models.llama3", reason="torchtitan is not installed")
+    require("triton", reason="torchtitan's models import triton")
+    require("torchtitan.models.llama3", reason="torchtitan is not installed")
     m = spec_from_hf_config(SMALL, "small", "test")
     setup = TrainingSetup(seq_len=SEQ, stack="torchtitan")
     lay = Layout(micro_batch=1, seq_len=SEQ, recompute=recompute)
-    predicted = layer_activation_bytes(m, setup, lay, resolve_kernels(setup, lay))
+    predicted = layer_activation_bytes(m, setup, lay, layout_kernels(setup, lay))
     measured = block_saved_bytes(recompute)
     output = SEQ * SMALL["hidden_size"] * 2
     # without recomputation no op of the block keeps its input: the held output is the test's

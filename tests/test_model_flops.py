@@ -20,13 +20,14 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from conftest import require
 
 from planner.models.families import spec_from_hf_config
 from planner.models.load import load_model
 from planner.timing.flops import model_flops_per_token
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+torch = require("torch")
+transformers = require("transformers")
 
 PRESETS_DIR = Path(__file__).resolve().parents[1] / "planner" / "presets" / "models"
 SEQ = 128

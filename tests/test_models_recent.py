@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from conftest import require
 
 from planner.cli.main import cli
 from planner.errors import UserError
@@ -26,8 +27,8 @@ from planner.models.load import hub_config_path, is_repo_id, load_model, preset_
 from planner.models.spec import count_params
 from planner.training.finetune import FinetuneSpec, n_trainable_params, resolve_targets
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+torch = require("torch")
+transformers = require("transformers")
 
 TINY: dict[str, dict[str, Any]] = {
     "qwen3": {"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
@@ -87,6 +88,7 @@ def _hf_total(cfg: dict[str, Any]) -> int:
     return sum(p.numel() for p in _hf(cfg).parameters())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", TINY)
 def test_tiny_family_equals_transformers(name: str) -> None:
     cfg = TINY[name]
@@ -144,7 +146,7 @@ def test_deepseek_v3_mtp_module_is_11_5b() -> None:
 # ------------------------------------------------------------------------------- LoRA
 
 def _peft_count(cfg: dict[str, Any], targets: Any, rank: int) -> int:
-    pytest.importorskip("peft")
+    require("peft")
     from peft import LoraConfig, get_peft_model
 
     model = _hf(cfg)
@@ -178,6 +180,7 @@ LORA_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, n, targets, peft_targets", LORA_CASES,
                          ids=[f"{c[0]}-{'+'.join(c[2]) or 'default'}" for c in LORA_CASES])
 def test_lora_count_equals_peft(name: str, n: int, targets: tuple[str, ...], peft_targets: Any) -> None:
@@ -285,6 +288,7 @@ NEW_PRESETS = ["qwen3-0.6b", "qwen3-8b", "qwen3-32b", "qwen3-30b-a3b", "qwen3-23
                "phi-4"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NEW_PRESETS)
 def test_every_new_preset_gets_a_plan(name: str) -> None:
     # the memory and time models see the mean block (ParamCount); a plan or a clean

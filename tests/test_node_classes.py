@@ -34,6 +34,7 @@ def oversubscribed():
     return replace(top, max_nodes=8, network=replace(top.network, nodes_per_leaf=2, oversubscription=4.0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("top", [load_topology("dgx-h100"), load_topology("l40s-8x-pcie-ethernet"),
                                  load_topology("mi300x-8x"), load_topology("gb200-nvl72"),
                                  oversubscribed()], ids=lambda t: t.name)

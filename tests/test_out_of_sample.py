@@ -39,12 +39,14 @@ def study():
     return oos.run_study()
 
 
+@pytest.mark.slow
 def test_doc_is_current(study):
     # docs/published-runs-out-of-sample.md is what bench/out_of_sample.py writes: rerun it after a model change
     assert (ROOT / "docs" / "published-runs-out-of-sample.md").read_text() == oos.report(study), \
         "docs/published-runs-out-of-sample.md is stale: run python bench/out_of_sample.py"
 
 
+@pytest.mark.slow
 def test_every_held_out_fit_excludes_its_source_and_uses_all_others(study):
     fitted = {p.case["id"]: p.source for p in study.fitted}
     sources = set(fitted.values())
@@ -58,6 +60,7 @@ def test_every_held_out_fit_excludes_its_source_and_uses_all_others(study):
     assert set(study.in_sample.train_ids) == set(fitted)
 
 
+@pytest.mark.slow
 def test_held_out_fit_does_not_read_the_held_out_runs(study):
     # corrupt the held-out source's grid rows: the fit on the other sources must not move
     g = study.grid
@@ -70,6 +73,7 @@ def test_held_out_fit_does_not_read_the_held_out_runs(study):
         assert (refit.matmul, refit.bus_fraction, refit.ceiling) == (f.matmul, f.bus_fraction, f.ceiling), s
 
 
+@pytest.mark.slow
 def test_held_out_predictions_are_the_public_step_time_with_the_fitted_parameters(study):
     # one run per source, recomputed from scratch through planner.timing.model.step_time
     seen: set[str] = set()
@@ -89,6 +93,7 @@ def test_held_out_predictions_are_the_public_step_time_with_the_fitted_parameter
     assert seen == set(oos.SOURCE_NAMES)
 
 
+@pytest.mark.slow
 def test_family_seen_in_one_source_only_keeps_the_catalog_value():
     # with SC21 (A100) and Megatron-Core r0.8 (H100) only, holding out r0.8 leaves no H100 run to fit on
     cases = [c for c in oos.load_all() if oos.source_key(c) in ("sc21", "mcore-r0.8")]
@@ -103,6 +108,7 @@ def test_family_seen_in_one_source_only_keeps_the_catalog_value():
     assert catalog == pytest.approx(oos.predicted_value(p.case, st.out_of_sample_error(p.case["id"])), rel=1e-9)
 
 
+@pytest.mark.slow
 def test_shipped_predictions_of_the_23_runs_match_bench_published_runs(study):
     # the study evaluates the 23 runs the way bench/published_runs.py does (the planner as shipped)
     for c in published.load_cases():
@@ -128,6 +134,7 @@ def test_more_cases_name_their_source_layout_and_figure():
             assert c["note"].startswith("Not fitted"), c["id"]
 
 
+@pytest.mark.slow
 def test_quantiles_are_the_out_of_sample_residuals(study):
     errs = [study.out_of_sample_error(p.case["id"]) for p in study.fitted]
     lo, hi = np.quantile(errs, oos.QUANTILES)
@@ -136,6 +143,7 @@ def test_quantiles_are_the_out_of_sample_residuals(study):
     assert f"{math.expm1(hi):+.1%}" in oos.report(study)
 
 
+@pytest.mark.slow
 def test_stated_interval_covers_its_level_out_of_sample(study):
     # the error bars every plan prints (planner/timing/step_intervals.json) cover at least their
     # level of the held-out published runs; the file is what the bench writes from this study
@@ -157,6 +165,7 @@ def test_stated_interval_covers_its_level_out_of_sample(study):
         assert oos.nested_share(study, oos.upper, oos.quantile_level(study, level, oos.upper)) >= level, key
 
 
+@pytest.mark.slow
 def test_no_fold_fits_a_matmul_fraction_above_the_measured_maximum(study):
     # each fold's matmul fraction stays at or below what the GPU was measured to sustain
     # (planner.timing.efficiency.MATMUL_FRACTION_MAX, from ml-engineering's MSMF / MAMF tables);
@@ -175,6 +184,7 @@ def test_no_fold_fits_a_matmul_fraction_above_the_measured_maximum(study):
     assert "Without that bound" in oos.report(study)
 
 
+@pytest.mark.slow
 def test_per_run_errors_file_is_what_the_bench_writes_and_feeds_published_runs(study):
     # docs/published-runs-out-of-sample.json carries each run's in- and out-of-sample error into
     # docs/published-runs.md (bench/published_runs.py), so the two pages cannot disagree

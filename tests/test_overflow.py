@@ -6,6 +6,7 @@ int64 holds, which wrapped to a negative total and gave a plan that "fit" on 128
 import json
 import warnings
 
+import pytest
 from click.testing import CliRunner
 
 from planner.cli.main import cli
@@ -36,6 +37,7 @@ def test_a_layout_past_int64_never_fits_and_is_shown_saturated():
     assert all(v >= 0 for v in least["memory_bytes"].values())
 
 
+@pytest.mark.slow
 def test_the_issue_command_says_nothing_fits_without_a_warning():
     for model in ("70b", "405b"):
         # the issue's command said --max-gpus 131072, which was silently capped to the 16,384 GPUs

@@ -75,11 +75,12 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from conftest import require
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+torch = require("torch")
+transformers = require("transformers")
 
-from planner.models.spec import count_params, load_model  # noqa: E402 (after the importorskip guards)
+from planner.models.spec import count_params, load_model  # noqa: E402 (after the require() guards)
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS_DIR = ROOT / "planner" / "presets"
@@ -152,6 +153,7 @@ def test_catalog_is_complete():
     assert FIXTURES, "no fixtures in tests/data/hf_configs"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", PRESET_NAMES)
 def test_preset_total_matches_transformers(name):
     expected = _hf_total(PRESET_PATHS[name])
@@ -164,6 +166,7 @@ def test_fixture_total_matches_transformers(path):
     assert count_params(load_model(str(path))).total == expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("alias,name", ALIASES, ids=[a for a, _ in ALIASES])
 def test_alias_resolves_to_preset(alias, name):
     assert count_params(load_model(alias)).total == _hf_total(PRESET_PATHS[name])

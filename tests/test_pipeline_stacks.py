@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import require
 
 from planner.layouts.batch import LayoutArrays
 from planner.layouts.layout import Layout
@@ -26,8 +27,9 @@ from planner.training.setup import Precision
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_torch_pipelining_runs_every_fsdp_module_no_sync():
-    pytest.importorskip("torch")
+    require("torch")
     from torch.distributed.pipelining import stage
 
     src = inspect.getsource(stage._PipelineStageBase.backward_maybe_with_nosync)
@@ -58,7 +60,7 @@ def test_grad_sync_per_micro_batch_reduces_every_micro_batch():
 
 def test_deepspeed_pipeline_engine_facts():
     """The facts DEEPSPEED_PIPE_BF16 cites, in the installed deepspeed."""
-    pytest.importorskip("deepspeed")
+    require("deepspeed")
     from deepspeed.runtime import bf16_optimizer, precision_config
     from deepspeed.runtime.pipe import engine, p2p
 

@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import require
 
 from planner import api
 from planner.cli.main import cli
+from planner.cost.buy import plan_purchase
 from planner.cost.jobs import load_jobs
-from planner.cost.plan import plan_cost, plan_purchase
+from planner.cost.plan import plan_cost
 from planner.cost.prices import load_prices
 from planner.cost.solve import Limits
 from planner.errors import UserError
@@ -24,7 +26,7 @@ from planner.models.spec import load_model
 from planner.report import plot
 from planner.training.setup import TrainingSetup
 
-pytest.importorskip("matplotlib")
+require("matplotlib")
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 SPACE = SearchSpace(ep=1)
@@ -52,13 +54,13 @@ def run(*args: str):
 
 @pytest.fixture(scope="module")
 def plain():
-    r = api.plan(load_model("gpt2"), get_gpu("h100"), TrainingSetup(), SPACE, max_gpus=64)
+    r = api.plan(load_model("gpt2"), get_gpu("h100"), TrainingSetup(seq_len=1024), SPACE, max_gpus=64)
     return r, api.scaling(r, SPACE, max_gpus=64)
 
 
 @pytest.fixture(scope="module")
 def costed():
-    return plan_cost(load_model("gpt2"), [get_gpu("h100"), get_gpu("a100")], TrainingSetup(), 1e9,
+    return plan_cost(load_model("gpt2"), [get_gpu("h100"), get_gpu("a100")], TrainingSetup(seq_len=1024), 1e9,
                      load_prices(None), SPACE, limits=Limits(max_gpus=64))
 
 
@@ -146,6 +148,7 @@ def test_buy_figure_panels(bought):
 
 # ------------------------------------------------------------------------ files
 
+@pytest.mark.slow
 def test_save_png_and_svg_atomically(plain, tmp_path):
     import matplotlib.image
 
@@ -172,6 +175,7 @@ def test_plot_format_refuses_other_suffixes(name):
 
 # -------------------------------------------------------------------------- CLI
 
+@pytest.mark.slow
 def test_cli_plot_png(tmp_path):
     out = tmp_path / "plan.png"
     res = run("--model", "gpt2", "--gpus", "h100", "--max-gpus", "16", "--plot", str(out))
@@ -180,6 +184,7 @@ def test_cli_plot_png(tmp_path):
     assert f"wrote the plot to {out}" in res.output
 
 
+@pytest.mark.slow
 def test_cli_plot_svg_with_tokens(tmp_path):
     out = tmp_path / "cost.svg"
     res = run("--model", "gpt2", "--gpus", "h100", "--tokens", "1e9", "--max-gpus", "16", "--plot", str(out))
@@ -198,6 +203,7 @@ def test_cli_bad_suffix_exits_2_before_the_search(tmp_path, extra):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_cli_existing_plot_needs_force(tmp_path):
     out = tmp_path / "plan.png"
     out.write_bytes(b"keep")
@@ -211,6 +217,7 @@ def test_cli_existing_plot_needs_force(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["plan.png"]
 
 
+@pytest.mark.slow
 def test_cli_buy_plot(tmp_path):
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text(JOBS)
@@ -223,6 +230,7 @@ def test_cli_buy_plot(tmp_path):
     assert res.exit_code == 2 and "already exists" in res.output
 
 
+@pytest.mark.slow
 def test_plain_plan_does_not_import_matplotlib():
     code = ("import sys; from planner.cli.main import main; sys.argv=['plan','--model','gpt2','--gpus','h100'];\n"
             "try:\n    main()\nexcept SystemExit:\n    pass\n"

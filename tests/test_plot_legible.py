@@ -22,6 +22,7 @@ def figure():
     return r, fig
 
 
+@pytest.mark.slow
 def test_tick_labels_do_not_overlap(figure):
     _, fig = figure
     mem = fig.axes[0]

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
+from conftest import require
 
 from planner import api
 from planner.cli.main import cli
@@ -29,7 +30,7 @@ from planner.models.spec import count_params, load_model
 from planner.stacks.megatron import LaunchEnv, megatron_args_errors, parse_args
 from planner.training.setup import TrainingSetup
 
-pytest.importorskip("megatron.core")
+require("megatron.core")
 
 BALANCE = "embedding-loss"
 # (layers, pp, vp): Llama 3 405B's 126 layers on 16 stages (8 chunks of one layer, the paper's

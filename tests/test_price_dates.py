@@ -47,14 +47,16 @@ def test_the_refreshed_rents_are_fresh_and_the_old_ones_flagged():
     assert flagged[0]["age_days"] == (TODAY - date(2024, 12, 31)).days
     line = stale_line(flagged)
     assert line is not None and "\n" not in line and "4090 rent (2024-12)" in line
-    # issue 20's figure: H100 on demand is no longer the 2024-12 AWS list price of $12.29
-    assert prices.rent("h100") == pytest.approx(55.04 / 8, abs=0.006)
+    # issue 20's figure: H100 on demand is no longer the 2024-12 AWS list price of $12.29;
+    # issue 33: one basis, GPU clouds: Lambda's 8 x H100 SXM at $3.99 (its list of 2026-09-20)
+    assert prices.rent("h100") == pytest.approx(3.99)
 
 
 def _plan(args, env_today="2026-12-02"):
     return CliRunner().invoke(cli, args, env={"PLANNER_TODAY": env_today, "COLUMNS": "100", "NO_COLOR": "1"})
 
 
+@pytest.mark.slow
 def test_json_and_report_name_a_stale_price(tmp_path):
     old = tmp_path / "old.toml"
     old.write_text('[[gpu]]\nname = "h100"\nrent_usd_per_gpu_hour = 3.0\nrent_date = "2025-06"\n')
@@ -68,4 +70,4 @@ def test_json_and_report_name_a_stale_price(tmp_path):
     assert sum(line.startswith("warning: prices older than a year") for line in text.splitlines()) == 1
     shipped = json.loads(_plan(["--model", "8b", "--gpus", "h100", "--tokens", "100B", "--json"]).stdout)
     assert shipped["stale_prices"] == []
-    assert shipped["prices"]["h100"]["rent_date"] == "2026-11-09"
+    assert shipped["prices"]["h100"]["rent_date"] == "2026-09-20"   # Lambda list (issue 33: one price basis)

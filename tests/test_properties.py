@@ -117,6 +117,7 @@ def valid_cases(draw):
 
 # ------------------------------------------------------------------ no exception, finite
 
+@pytest.mark.slow
 @PROPS
 @given(valid_cases())
 def test_memory_and_time_are_positive_and_finite(case):
@@ -133,6 +134,7 @@ def test_memory_and_time_are_positive_and_finite(case):
     assert t.tokens_per_step == lay.global_batch * lay.seq_len
 
 
+@pytest.mark.slow
 @PROPS
 @given(valid_cases())
 def test_evaluating_a_layout_never_raises(case):
@@ -152,6 +154,7 @@ def smallest_count(m, gpu, setup, max_gpus=256):
     return r.best.n_gpus if r.fits else math.inf
 
 
+@pytest.mark.slow
 @PROPS
 @given(m=models(), gpu=st.sampled_from(["h100", "a100-40gb", "4090", "mi300x"]),
        fractions=st.tuples(st.floats(0.3, 1.0), st.floats(0.3, 1.0)))
@@ -163,6 +166,7 @@ def test_more_usable_memory_never_needs_more_gpus(m, gpu, fractions):
             <= smallest_count(m, g, replace(setup, usable_memory_fraction=low)))
 
 
+@pytest.mark.slow
 @PROPS
 @given(m=models(), extra=st.integers(1, 16), gpu=st.sampled_from(["h100", "4090"]))
 def test_a_deeper_model_never_needs_fewer_gpus(m, extra, gpu):
@@ -173,6 +177,7 @@ def test_a_deeper_model_never_needs_fewer_gpus(m, extra, gpu):
     assert smallest_count(deeper, g, setup) >= smallest_count(m, g, setup)
 
 
+@pytest.mark.slow
 @PROPS
 @given(valid_cases(), st.sampled_from([2, 4]))
 def test_a_larger_global_batch_never_shortens_the_step(case, factor):
@@ -196,6 +201,7 @@ def test_a_longer_sequence_never_takes_less_memory(case):
 
 # ------------------------------------------------------------------- same in, same out
 
+@pytest.mark.slow
 @PROPS
 @given(m=models(), gpu=st.sampled_from(["h100", "a100", "4090"]))
 def test_the_same_input_gives_the_same_output(m, gpu):
@@ -206,6 +212,7 @@ def test_the_same_input_gives_the_same_output(m, gpu):
     assert first == again
 
 
+@pytest.mark.slow
 def test_the_same_command_prints_the_same_bytes_under_any_hash_seed():
     outs = []
     for seed in ("0", "12345"):
@@ -243,6 +250,7 @@ def fast_cases(draw):
     return m, setup, n, gpn, space
 
 
+@pytest.mark.slow
 @settings(PROPS, max_examples=EXAMPLES * 3)
 @given(fast_cases(), st.randoms(use_true_random=False))
 def test_a_batch_of_one_is_a_row_of_the_batch_and_order_does_not_matter(case, rnd):
@@ -268,6 +276,7 @@ def test_a_batch_of_one_is_a_row_of_the_batch_and_order_does_not_matter(case, rn
     assert rank_memories(memory_batch(m, setup, shuffled, gpus_per_node=gpn)) == [batch[i] for i in order]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["llama3.1-405b", "mixtral-8x22b", "bert-large"])
 def test_a_batch_of_one_is_a_row_of_the_batch_on_presets(name):
     from planner.layouts import batch as layout_batch
@@ -285,6 +294,7 @@ def test_a_batch_of_one_is_a_row_of_the_batch_on_presets(name):
             assert totals == [per_rank_memory(m, setup, lay).total for lay in lays]
 
 
+@pytest.mark.slow
 def test_the_search_gives_the_same_plans_as_layout_by_layout_sizing(monkeypatch):
     # size_count sizes a GPU count's layouts as one batch; enumerating and sizing them one by
     # one (per_rank_memory each) gives the same plans

@@ -27,7 +27,7 @@ def test_docs_table_is_what_the_script_writes():
     bench = _bench()
     stored = json.loads((ROOT / "docs" / "published-memory.json").read_text())
     assert [r["name"] for r in stored] == [r.name for r in bench.ROWS]
-    for r, row in zip(bench.ROWS[:3], stored[:3]):        # a few rows: the predictions are current
+    for r, row in zip(bench.ROWS, stored):        # every row: the stored predictions are current
         assert bench.predict(r) == pytest.approx(row["predicted"]), r.name
     assert (ROOT / "docs" / "published-memory.md").read_text() == bench.table(stored)
 
@@ -39,16 +39,18 @@ def test_every_row_has_a_source_an_explanation_and_published_settings():
 
 
 def test_the_december_2024_rows_fit_within_10_percent_with_the_loss_they_ran():
-    """The gaps over 10% on the 2024 page are the full-logit fp32 loss torchtitan ran then."""
-    stored = json.loads((ROOT / "docs" / "published-memory.json").read_text())
-    for row in stored:
-        if "9dec370" in row["source"] and row["tp"] == 1:
-            err = row["predicted"]["reserved_full_logits_gib"] / row["published_gib"] - 1
-            assert abs(err) <= 0.10, (row["name"], err)
+    """The gaps over 10% on the 2024 page are the full-logit fp32 loss torchtitan ran then.
+    The planner's figures are predicted now (bench.predict), not read from the stored table."""
+    bench = _bench()
+    rows = [r for r in bench.ROWS if "9dec370" in r.source and r.tp == 1]
+    assert len(rows) >= 4      # the page's Table 1 rows (FSDP 8 and 128, with and without compile)
+    for r in rows:
+        err = bench.predict(r)["reserved_full_logits_gib"] / r.published_gib - 1
+        assert abs(err) <= 0.10, (r.name, err)
 
 
 def test_the_hugging_face_row_is_within_10_percent_once_the_measured_context_is_off():
-    stored = json.loads((ROOT / "docs" / "published-memory.json").read_text())
-    (row,) = [r for r in stored if r["stack"] == "hf"]
-    err = row["predicted"]["reserved_gib"] / (row["published_gib"] - row["context_gib"]) - 1
+    bench = _bench()
+    (r,) = [r for r in bench.ROWS if r.stack == "hf"]
+    err = bench.predict(r)["reserved_gib"] / (r.published_gib - r.context_gib) - 1
     assert abs(err) <= 0.10, err

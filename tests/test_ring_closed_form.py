@@ -79,6 +79,7 @@ def _far_cuts(g: nx.Graph, groups) -> list[tuple[set[int], set[int]]]:
     return cuts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(40))
 def test_far_cuts_equal_networkx_cut_by_cut(seed):
     rng = random.Random(seed)
@@ -97,6 +98,7 @@ def test_far_cuts_equal_networkx_cut_by_cut(seed):
     assert checked or n <= island          # one island: no far cut
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(60))
 def test_ring_bound_equals_the_graphs(seed):
     rng = random.Random(1000 + seed)
@@ -135,6 +137,7 @@ def test_a_link_at_the_topology_limits_is_the_nic_share_in_a_second():
 OVERSUBSCRIBED = (Path(__file__).parent / "data" / "oversubscribed-limits.toml").read_text()
 
 
+@pytest.mark.slow
 def test_a_gpu_whose_switch_has_no_nic_is_not_an_internal_error(tmp_path):
     # found by a fuzz of valid topology files: 4 GPUs a node on 16 PCIe switches, one NIC (on
     # switch 0), so a GPU alone in its NVLink domain on another switch has no way out (ring

@@ -92,12 +92,14 @@ def test_equal_cost_goes_to_fewer_gpus_then_shorter_time():
         assert fast.choice is not None and fast.choice.key == "n4096"
 
 
+@pytest.mark.slow
 @FAST
 @given(one_job_instances())
 def test_one_job_ilp_equals_brute_force_highs(instance):
     check_one_job(*instance, "highs")
 
 
+@pytest.mark.slow
 @SLOW
 @given(one_job_instances())
 def test_one_job_ilp_equals_brute_force_cbc(instance):
@@ -178,6 +180,7 @@ def check_purchase(pools, jobs, options, budget, solver):
     assert all(sol.nodes[g] >= need[g] for g in need)
 
 
+@pytest.mark.slow
 @FAST
 @given(purchase_instances())
 def test_purchase_ilp_equals_brute_force_highs(instance):
@@ -262,6 +265,7 @@ def check_stopped_purchase(pools, jobs, options, budget):
     assert budget is None or sol.cost_usd <= budget
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["incumbent", "nothing"])
 def test_stopped_purchase_is_feasible_and_within_its_gap(monkeypatch, mode):
     stop_early(monkeypatch, mode)

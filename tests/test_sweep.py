@@ -29,6 +29,7 @@ def brute(m, setup, gpu, cluster, space, n, keep):
     return [c.time.step_time_s for c in res.fitting[:keep]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model, gpu_name, counts, setup", [
     ("70b", "h100", [16, 24, 64], TrainingSetup()),
     ("8b", "a100", [1, 4, 24], TrainingSetup()),
@@ -65,6 +66,7 @@ SETUPS = [TrainingSetup(), TrainingSetup(precision="fp32"), TrainingSetup(optimi
           TrainingSetup(offload_optimizer="cpu"), TrainingSetup(attention="eager", kernels="eager")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("setup", SETUPS)
 def test_memory_floors_are_floors(setup):
     rng = random.Random(5)
@@ -78,6 +80,7 @@ def test_memory_floors_are_floors(setup):
                 assert memory_floor_bytes(m, setup, lay) <= total
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["lora", "qlora", "freeze"])
 @pytest.mark.parametrize("model, n", [("8b", 8), ("mixtral-8x7b", 16), ("70b", 64)])
 def test_count_layouts_are_enumerate_layouts(method, model, n):

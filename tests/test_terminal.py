@@ -112,6 +112,7 @@ def test_to_text_is_the_plain_report():
     assert ESC not in text and "Smallest GPU count that fits: " in text and "Memory per rank" in text
 
 
+@pytest.mark.slow
 def test_cost_buy_and_load_reports_have_tables():
     r = run(*PLAN, "--tokens", "1e12", "--max-gpus", "64")
     assert r.exit_code == 0, r.output
@@ -241,6 +242,7 @@ def test_no_progress_with_json_or_quiet(monkeypatch, flag):
 
 # ---------------------------------------------------------------------------- imports
 
+@pytest.mark.slow
 def test_rich_is_imported_only_to_draw():
     code = """
 import sys

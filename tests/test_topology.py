@@ -24,7 +24,7 @@ SHIPPED = ["dgx-a100", "dgx-h100", "hgx-h200", "hgx-b200", "gb200-nvl72", "l40s-
            "aws-p5", "aws-g5.48xlarge", "rtx4090-4x-workstation", "mi300x-8x", "jean-zay-a100", "hgx-b300",
            "gb300-nvl72", "mi325x-8x", "mi355x-8x", "h100-pcie-8x", "h100-nvl-8x", "rtx-pro-6000-8x",
            "aws-g6.48xlarge", "rtx5090-4x-workstation", "a6000-4x-workstation", "rtx6000-ada-4x-workstation",
-           "hgx-h20", "gh200-quad"]
+           "hgx-h20", "gh200-quad", "dgx1-v100"]
 
 
 def gbps(bytes_per_s: float) -> float:
@@ -121,6 +121,8 @@ def test_nvlink_domain_size_read_from_the_graph(name, size):
     ("rtx4090-4x-workstation", 1, 32),
     ("mi300x-8x", 1, 448),          # 7 Infinity Fabric links x 64 GB/s per direction
     ("mi300x-8x", 2, 400),          # 8x 400 Gb/s per node
+    ("dgx1-v100", 1, 150),          # DGX-1 white paper: 6 NVLink 2 links x 25 GB/s per direction per V100
+    ("dgx1-v100", 2, 50),           # DGX-1 white paper: 4x 100 Gb/s EDR = 50 GB/s out of each node
 ])
 def test_whole_nodes_ring_bandwidth(name, n_nodes, expected_gb_per_s):
     top = load_topology(name)
@@ -211,6 +213,7 @@ def test_a_gpu_in_two_groups_of_one_axis_is_an_error():
         group_bandwidth_bytes_per_s(g, [0, 99])
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(name=st.sampled_from(["dgx-h100", "aws-p4d", "l40s-8x-pcie-ethernet", "mi300x-8x"]),
        picks=st.lists(st.integers(0, 23), min_size=2, max_size=10, unique=True), split=st.integers(1, 9))
@@ -262,9 +265,28 @@ def test_the_gpus_bought_in_clusters_have_a_default_topology_of_a_cluster_size()
     from planner.hardware.topology import max_covered_gpus
 
     for g in list_gpus():
-        if g.name == "v100":        # DGX-1's hybrid cube-mesh NVLink has no fabric kind here yet
-            continue
+        assert g.default_topology is not None, g.name
         top = load_topology(g.default_topology)
         assert top.gpu == g.name and top.source
     assert max_covered_gpus(load_topology("dgx-a100")) == 6080
     assert max_covered_gpus(load_topology("mi300x-8x")) >= 1024
+
+
+def test_v100_plans_on_its_dgx1_default():
+    """V100 had no default topology (issue 33). DGX-1's hybrid cube mesh is drawn as a full mesh
+    of 7 equal links carrying the white paper's 150 GB/s per GPU (the file's ASSUMPTION): a
+    linked pair then gets 150/7 GB/s, less than one NVLink 2 link's 25 GB/s, and a cube face of
+    4 GPUs 3 x 150/7, less than the 100 GB/s of its 4 links (NVIDIA DGX-1 System Architecture
+    white paper, Sec. 3.1). V100 has no bf16 (datasheet), so the plan is fp16-mixed; 1,024 GPUs
+    span several 18-node leaf groups."""
+    from click.testing import CliRunner
+
+    from planner.cli.main import cli
+
+    g = build_graph(load_topology("dgx1-v100"), 1)
+    assert gbps(pair_bandwidth_bytes_per_s(g, 0, 1)) < 25
+    assert gbps(group_bandwidth_bytes_per_s(g, range(4))) < 100
+    for n in ("8", "1024"):
+        out = CliRunner().invoke(cli, ["--model", "8b", "--gpus", "v100", "--precision", "fp16-mixed", "--n-gpus", n])
+        assert out.exit_code == 0, out.output
+        assert "cluster: dgx1-v100" in out.output and "fits" in out.output

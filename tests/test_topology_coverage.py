@@ -31,6 +31,7 @@ def test_shipped_coverage():
     assert max_covered_gpus(load_topology("gb200-nvl72")) == 9_216       # 128 racks of 72 (GB200 RA)
 
 
+@pytest.mark.slow
 def test_16384_gpu_dgx_h100_plan_is_covered():
     r = run("--model", "405b", "--gpus", "h100", "--n-gpus", "16384", "--quiet")
     assert r.exit_code == 0, r.output

@@ -83,6 +83,7 @@ def _random_topology(rng: random.Random):
                                pcie=pcie, network=net)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(40))
 def test_ring_bandwidth_equals_networkx_cut_by_cut(seed):
     rng = random.Random(seed)
@@ -116,6 +117,7 @@ def test_a_group_at_the_topology_limits_answers_in_seconds():
     assert link.bus_bytes_per_s == pytest.approx(450e9)      # the GPU's NVLink share: NVLink-bound
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(30))
 def test_pcie_tree_flow_equals_networkx(seed):
     """Inside one PCIe-only node the max flow is read off the PCIe tree in closed form

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import require
 
 from planner.cli.main import cli
 
@@ -55,16 +56,16 @@ def trains_two_steps(cmd: list[str], cwd: Path, env: dict[str, str] = ENV, timeo
 
 def test_hf_train_script_runs_two_steps_on_the_cpu(tmp_path):
     """The fast one: train.py alone in one process (accelerate's Accelerator without a launcher)."""
-    pytest.importorskip("accelerate")
-    pytest.importorskip("transformers")
+    require("accelerate")
+    require("transformers")
     out = write_plan(tmp_path, "--n-gpus", "2", "--stack", "hf", "--fsdp", "full")
     trains_two_steps([sys.executable, str(out / "train.py"), "--steps", "2"], tmp_path)
 
 
 @pytest.mark.slow
 def test_hf_train_script_runs_two_steps_under_accelerate_launch(tmp_path):
-    pytest.importorskip("accelerate")
-    pytest.importorskip("transformers")
+    require("accelerate")
+    require("transformers")
     out = write_plan(tmp_path, "--n-gpus", "2", "--stack", "hf", "--fsdp", "full")
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(out / "accelerate_config.yaml"),
            "--cpu", "--mixed_precision", "no", "--main_process_ip", "127.0.0.1", "--main_process_port", "29531",
@@ -74,8 +75,8 @@ def test_hf_train_script_runs_two_steps_under_accelerate_launch(tmp_path):
 
 @pytest.mark.slow
 def test_deepspeed_train_script_runs_two_steps_with_the_written_config(tmp_path):
-    pytest.importorskip("deepspeed")
-    pytest.importorskip("transformers")
+    require("deepspeed")
+    require("transformers")
     out = write_plan(tmp_path, "--n-gpus", "1", "--stack", "deepspeed", "--zero", "0")
     cmd = [sys.executable, str(out / "train.py"), "--deepspeed", "--deepspeed_config", str(out / "ds_config.json"),
            "--steps", "2"]

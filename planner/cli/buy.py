@@ -1,4 +1,4 @@
-"""`plan buy JOBS.yaml`: size a cluster purchase for a list of jobs (planner.cost.plan)."""
+"""`plan buy JOBS.yaml`: size a cluster purchase for a list of jobs (planner.cost.buy)."""
 
 from __future__ import annotations
 
@@ -63,8 +63,8 @@ def buy_cmd(jobs_path: Path, gpu_names: str | None, budget: float | None, horizo
 def buy(jobs_path: Path, gpu_names: str | None, budget: float | None, horizon: str | None, max_gpus: int,
         prices_path: Path | None, solver: str, as_json: bool, plot: Path | None = None, force: bool = False,
         quiet: bool = False, calibration: Path | None = None, time_confidence: float | None = None) -> None:
+    from planner.cost.buy import plan_purchase
     from planner.cost.jobs import load_jobs, parse_duration_s
-    from planner.cost.plan import plan_purchase
     from planner.cost.prices import DAY_S, load_prices
     from planner.report import costs
     from planner.report import text as report

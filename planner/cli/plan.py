@@ -371,10 +371,10 @@ def load(o: Options) -> None:
     if o.n_gpus is not None and tp is None and pp is None:
         tp, pp = (o.n_gpus, 1) if o.n_gpus <= gpu.gpus_per_node else (gpu.gpus_per_node,
                                                                        o.n_gpus // gpu.gpus_per_node)
-    if tp is not None and (m.n_heads % tp or (m.n_kv_heads % tp and tp % m.n_kv_heads)):
-        raise UserError(f"--tp {tp} does not split the {m.n_heads} heads ({m.n_kv_heads} KV heads) evenly")
-    if pp is not None and pp > m.n_layers:
-        raise UserError(f"--pp {pp} exceeds the {m.n_layers} layers")
+    from planner.layouts.rules import split_refusal
+    why = split_refusal(m, tp or 1, pp or 1)
+    if why is not None:
+        raise UserError(f"--tp {tp or 1} --pp {pp or 1}: {why} of {m.name}")
     result = plan_load(m, gpu, setup, tp=tp, pp=pp, max_gpus=o.max_gpus)
     if o.as_json:
         click.echo(report.load_json(result))

@@ -141,7 +141,7 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
         raise UserError(f"--etp {o.etp} needs a mixture-of-experts model; {m.name} is dense: drop --etp")
     if o.etp is not None and o.tp is not None and o.tp % o.etp:
         raise UserError(f"--etp {o.etp} does not divide --tp {o.tp}; use an --etp that divides --tp")
-    from planner.stacks import ETP_REFUSAL
+    from planner.layouts.rules import ETP_REFUSAL
 
     if o.etp is not None and o.stack in ETP_REFUSAL:
         raise UserError(ETP_REFUSAL[o.stack])

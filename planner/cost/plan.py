@@ -18,27 +18,21 @@ import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from planner.api import MAX_SEARCH_GPUS, PlanResult, capacity_bytes, host_capacities
-from planner.cost.jobs import job_setup
-from planner.cost.prices import Prices, gpu_hours, node_cost, rental_cost_usd
+from planner.cost.prices import Prices, gpu_hours, rental_cost_usd
 from planner.cost.solve import (
-    JobOption,
-    JobWindow,
     Limits,
     Option,
-    Pool,
-    PurchaseSolution,
     SolverInfo,
-    nodes_needed,
     solve_one_job,
-    solve_purchase,
 )
 from planner.errors import UserError
-from planner.hardware.gpus import GpuSpec, get_gpu
+from planner.fmt import days_or_hours as days
+from planner.fmt import usd
+from planner.hardware.gpus import GpuSpec
 from planner.layouts.layout import SearchSpace
-from planner.models.spec import ModelSpec, count_params, load_model
+from planner.models.spec import ModelSpec, count_params
 from planner.search.search import Candidate, SearchResult, gpu_counts
 from planner.search.sweep import CountBest, sweep
 from planner.timing.model import (
@@ -148,7 +142,7 @@ def _space_for(space: SearchSpace, gpu: GpuSpec, cluster: Cluster) -> SearchSpac
 
 
 @dataclass
-class _Pool:
+class SearchPool:
     """One GPU type's search for one model and set-up: its cluster, its space, and the
     fastest layouts per count found so far (swept on demand)."""
 
@@ -181,7 +175,7 @@ def without_terms(cb: CountBest) -> CountBest:
     return replace(cb, fastest=tuple(replace(c, memory=replace(c.memory, terms=None)) for c in cb.fastest))
 
 
-def _sweep_steps(task: tuple[_Pool, list[int], float, float]) -> Iterator[int]:
+def _sweep_steps(task: tuple[SearchPool, list[int], float, float]) -> Iterator[int]:
     """Sweep ``counts`` of a pool in order, one count a step, stopping after the first count
     whose fastest layout trains ``tokens`` within ``window_s`` (math.inf: no stop)."""
     pool, counts, tokens, window_s = task
@@ -192,7 +186,7 @@ def _sweep_steps(task: tuple[_Pool, list[int], float, float]) -> Iterator[int]:
             return
 
 
-def _sweep_all(tasks: list[tuple[_Pool, list[int], float, float]]) -> None:
+def sweep_all(tasks: list[tuple[SearchPool, list[int], float, float]]) -> None:
     """Run each task's sweep (_sweep_steps), keeping what they find in their pools. The
     tasks of pools of one model and set-up on one node size take turns count by count, so
     that their GPU types share each count's sizing (search.sweep.sized_layouts keeps the
@@ -210,16 +204,16 @@ def _sweep_all(tasks: list[tuple[_Pool, list[int], float, float]]) -> None:
             live = [steps for steps in live if next(steps, None) is not None]
 
 
-def _sizing_key(pool: _Pool) -> tuple:
+def _sizing_key(pool: SearchPool) -> tuple:
     """What a count's sizing reads of a pool (search.sweep.sized_layouts)."""
     return (pool.m, pool.setup, pool.space, pool.gpu.gpus_per_node)
 
 
-def _sweep_counts_together(wanted: Sequence[tuple[_Pool, set[int]]]) -> None:
+def sweep_counts_together(wanted: Sequence[tuple[SearchPool, set[int]]]) -> None:
     """Sweep each pool's counts, the pools of one model and set-up count by count in turn,
     so that GPU types of one node size share each count's sizing (search.sweep.sized_layouts
     keeps the last one). The same counts as one sweep per pool, the same answers."""
-    groups: dict[tuple, list[tuple[_Pool, set[int]]]] = {}
+    groups: dict[tuple, list[tuple[SearchPool, set[int]]]] = {}
     for pool, ns in wanted:
         groups.setdefault(_sizing_key(pool), []).append((pool, ns))
     for group in groups.values():
@@ -229,8 +223,8 @@ def _sweep_counts_together(wanted: Sequence[tuple[_Pool, set[int]]]) -> None:
                     pool.at([n])
 
 
-def _pools(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, space: SearchSpace,
-           topology: str | None, eff: Efficiency, keep: int) -> list[_Pool]:
+def search_pools(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, space: SearchSpace,
+           topology: str | None, eff: Efficiency, keep: int) -> list[SearchPool]:
     if topology is not None and len(gpus) > 1:
         raise UserError("--topology describes one cluster; with several --gpus types each runs on its own "
                         "default topology (drop --topology, or give one GPU type)")
@@ -239,7 +233,7 @@ def _pools(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, space: S
         if setup.precision.startswith("bf16") and gpu.bf16_flops_per_s is None:
             raise UserError(f"{gpu.full_name} has no bf16 support; drop it from --gpus or use --precision fp16-mixed")
         cluster = cluster_for(gpu, topology)
-        out.append(_Pool(m=m, gpu=gpu, setup=setup, space=_space_for(space, gpu, cluster), cluster=cluster,
+        out.append(SearchPool(m=m, gpu=gpu, setup=setup, space=_space_for(space, gpu, cluster), cluster=cluster,
                          eff=eff, keep=keep))
     return out
 
@@ -279,12 +273,12 @@ def plan_cost(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, token
     max_gpus = limits.max_gpus or MAX_SEARCH_GPUS
     if n_gpus is not None and n_gpus > max_gpus:
         raise UserError(f"--n-gpus {n_gpus} exceeds --max-gpus {max_gpus}")
-    pools = _pools(m, gpus, setup, space, topology, efficiency, KEEP)
+    pools = search_pools(m, gpus, setup, space, topology, efficiency, KEEP)
     plans: list[PricedPlan] = []
     counts = {pool.gpu.name: [n_gpus] if n_gpus is not None
               else cost_counts(pool.gpu.gpus_per_node, covered_gpus(pool.cluster, max_gpus))
               for pool in pools}
-    _sweep_all([(pool, counts[pool.gpu.name], tokens, math.inf) for pool in pools])
+    sweep_all([(pool, counts[pool.gpu.name], tokens, math.inf) for pool in pools])
     for pool in pools:
         for cb in pool.at(counts[pool.gpu.name]):
             # a layout with a link of no bandwidth (a GPU whose PCIe switch has no NIC and no
@@ -348,7 +342,7 @@ def _fastest_per_count(plans: Sequence[PricedPlan], chosen: PricedPlan | None = 
 
 
 def _plan_result(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, chosen: PricedPlan | None,
-                 plans: Sequence[PricedPlan], pools: Sequence[_Pool], eff: Efficiency, tokens: float,
+                 plans: Sequence[PricedPlan], pools: Sequence[SearchPool], eff: Efficiency, tokens: float,
                  diagnosis: Diagnosis | None) -> PlanResult:
     """A PlanResult (what the plain plan reports and --out writes) for the chosen plan: the
     other fastest layouts on its GPU type and count are its alternatives."""
@@ -372,20 +366,7 @@ def _plan_result(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, chosen: Price
 
 # ---------------------------------------------------------------------- diagnosis
 
-def usd(x: float) -> str:
-    """Dollars as a person reads them: $950, $12.3k, $1.25M."""
-    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(x) >= size:
-            return f"${x / size:,.3g}{unit}"
-    return f"${x:,.0f}"
-
-
-def days(seconds: float) -> str:
-    d = seconds / 86400
-    return f"{d:,.3g} days" if d >= 1 else f"{seconds / 3600:,.3g} h"
-
-
-def _diagnose(plans: list[PricedPlan], pools: Sequence[_Pool], limits: Limits, max_gpus: int,
+def _diagnose(plans: list[PricedPlan], pools: Sequence[SearchPool], limits: Limits, max_gpus: int,
               n_gpus: int | None, tokens: float, prices: Prices) -> Diagnosis:
     """What each constraint asks for on its own, searching past --max-gpus when needed."""
     deadline, budget = limits.deadline_s, limits.budget_usd
@@ -473,227 +454,3 @@ def _diagnose(plans: list[PricedPlan], pools: Sequence[_Pool], limits: Limits, m
         lines.append("To satisfy them: " + "; ".join(advice) + ".")
     return Diagnosis(binding=tuple(dict.fromkeys(binding)), fits_from_gpus=fits_from, deadline_needs_gpus=needs,
                      budget_allows_gpus=allows, lines=tuple(lines))
-
-
-# ------------------------------------------------------------------ cluster purchase
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class JobPlan:
-    """How one job runs on the cluster bought."""
-
-    name: str
-    model: ModelSpec
-    gpu: GpuSpec
-    candidate: Candidate
-    start_s: float
-    finish_s: float
-    deadline_s: float
-    tokens: float
-    batch_given: bool = True        # False: the jobs file gave no global_batch (training.batch chose it)
-
-    @property
-    def n_gpus(self) -> int:
-        return self.candidate.n_gpus
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class BuyResult:
-    """`plan buy`: nodes to buy per GPU type, what they cost, how each job runs."""
-
-    path: str
-    start_date: str
-    horizon_s: float
-    pools: tuple[Pool, ...]
-    nodes: dict[str, int]
-    capex_usd: float
-    opex_usd: float
-    plans: tuple[JobPlan, ...]
-    solver: SolverInfo
-    n_options: int
-    budget_usd: float | None
-    prices: Prices
-    lines: tuple[str, ...] = ()              # why nothing satisfies the constraints, when so
-    search_s: float = 0.0
-    left_out: tuple[tuple[str, str], ...] = ()    # (GPU, why) of --gpus left out of the purchase
-
-    @property
-    def feasible(self) -> bool:
-        return bool(self.plans)
-
-    @property
-    def tco_usd(self) -> float:
-        return self.capex_usd + self.opex_usd
-
-
-def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s: float,
-                  budget_usd: float | None = None, max_gpus: int = MAX_SEARCH_GPUS,
-                  base_setup: TrainingSetup = DEFAULT_SETUP, efficiency: Efficiency = DEFAULT_EFFICIENCY,
-                  solver: str = "auto") -> BuyResult:
-    """The cheapest nodes to buy (purchase plus power over ``horizon_s``) on which every job
-    of ``jobs_file`` (planner.cost.jobs) finishes by its deadline.
-
-    Candidates per job and GPU type, on cost_counts() in increasing order: first up to the
-    smallest count that meets the deadline; then, with C0 the cost of giving every job its
-    own nodes at that count on its cheapest type (a purchase that always works), on to every
-    count whose nodes alone cost no more than C0 (or the budget): no optimal purchase holds
-    a job on more. Of those, a count is kept only when it finishes sooner than every
-    smaller one (fewer GPUs for less time is never worse)."""
-    t0 = time.perf_counter()
-    jobs = jobs_file.jobs
-    gpus = [get_gpu(g) for g in gpu_names]
-    if len({g.name for g in gpus}) != len(gpus):
-        raise UserError("--gpus names a GPU type twice")
-    late = [j for j in jobs if j.deadline_s > horizon_s]
-    if late:
-        raise UserError(f"job {late[0].name!r} ends after the horizon ({days(horizon_s)} from "
-                        f"{jobs_file.start.date().isoformat()}); lengthen --horizon to at least "
-                        f"{math.ceil(late[0].deadline_s / 86400)}d")
-    # a GPU type without a node price or power cannot be bought: left out, and said so; with
-    # none priced, the UserError naming the missing figures
-    priced = [g for g in gpus if prices.for_gpu(g.name).node_purchase_usd is not None
-              and prices.for_gpu(g.name).node_power_kw is not None]
-    if not priced:
-        prices.node(gpus[0].name)
-    left_out = tuple((g.name, "no node price or power (give node_purchase_usd, node_power_kw in --prices FILE)")
-                     for g in gpus if g not in priced)
-    no_bf16 = [g for g in gpus if base_setup.precision.startswith("bf16") and g.bf16_flops_per_s is None]
-    left_out += tuple((g.name, "no bf16 support (plan buy trains in bf16 mixed precision)") for g in no_bf16)
-    gpus = [g for g in priced if g not in no_bf16]
-    if not gpus:       # issue 32, U2: the advice named --precision, which plan buy does not have
-        raise UserError(f"no GPU of --gpus can train the jobs: {'; '.join(f'{n}: {why}' for n, why in left_out)}")
-    pools = []
-    for g in gpus:
-        nc = node_cost(g.name, horizon_s, prices)
-        pools.append(Pool(gpu=g.name, gpus_per_node=g.gpus_per_node, capex_usd=nc.capex_usd, opex_usd=nc.opex_usd))
-    pool_of = {p.gpu: p for p in pools}
-    models = {j.name: load_model(j.model) for j in jobs}
-    searches: dict[tuple, _Pool] = {}
-
-    def search(job, gpu: GpuSpec) -> _Pool:
-        setup = job_setup(job, base_setup, models[job.name])
-        key = (models[job.name], setup, gpu.name)
-        if key not in searches:
-            m = models[job.name]
-            space = SearchSpace() if m.is_moe else SearchSpace(ep=1)
-            searches[key] = _pools(m, [gpu], setup, space, None, efficiency, 1)[0]
-        return searches[key]
-
-    counts = {g.name: cost_counts(g.gpus_per_node, covered_gpus(cluster_for(g), max_gpus)) for g in gpus}
-    seen: dict[tuple[str, str], list[tuple[int, Candidate]]] = {}
-    first_ok: dict[tuple[str, str], int] = {}
-    _sweep_all([(search(job, g), counts[g.name], job.tokens, job.deadline_s - job.start_s)
-                for job in jobs for g in gpus])
-    for job in jobs:                                        # phase 1: up to the first count in time
-        window = job.deadline_s - job.start_s
-        for g in gpus:
-            rows = seen.setdefault((job.name, g.name), [])
-            for n in counts[g.name]:
-                (cb,) = search(job, g).at([n])
-                if cb.fastest:
-                    rows.append((n, cb.fastest[0]))
-                    if cb.fastest[0].time.train_time_s(job.tokens) <= window:  # type: ignore[union-attr]
-                        first_ok[job.name, g.name] = n
-                        break
-    lines: list[str] = []
-    for job in jobs:
-        if not any((job.name, g.name) in first_ok for g in gpus):
-            slowest = [(g, n, c) for g in gpus for n, c in seen[job.name, g.name]]
-            if not slowest:
-                lines.append(f"job {job.name!r}: no layout fits in memory on up to {max_gpus} GPUs of "
-                             f"{', '.join(g.name for g in gpus)}")
-            else:
-                g, n, c = min(slowest, key=lambda r: r[2].time.train_time_s(job.tokens))  # type: ignore[union-attr]
-                lines.append(f"job {job.name!r} cannot meet its deadline: it has {days(job.deadline_s - job.start_s)}, "
-                             f"the fastest plan on up to {max_gpus} GPUs takes "
-                             f"{days(c.time.train_time_s(job.tokens))} ({n} x {g.name}); move the deadline, "  # type: ignore[union-attr]
-                             f"raise --max-gpus or add a faster GPU type")
-    if not lines:
-        c0 = sum(min(math.ceil(first_ok[j.name, g.name] / g.gpus_per_node) * pool_of[g.name].node_usd
-                     for g in gpus if (j.name, g.name) in first_ok) for j in jobs)
-        # the nodes the first counts in time need at their peak over the horizon: a purchase
-        # that works too, often far below c0 when jobs follow one another (issue 32, H1/H5:
-        # with c0, 256 staggered jobs swept every count of every search)
-        c0 = min(c0, _first_counts_usd(jobs, gpus, first_ok, seen, pools, pool_of))
-        limit = min(c0, budget_usd) if budget_usd is not None else c0
-        more: dict[tuple[str, str], list[int]] = {}
-        for job in jobs:                                    # phase 2: counts an optimum may use
-            for g in gpus:
-                if (job.name, g.name) in first_ok:
-                    more[job.name, g.name] = [
-                        n for n in counts[g.name] if n > first_ok[job.name, g.name]
-                        and math.ceil(n / g.gpus_per_node) * pool_of[g.name].node_usd <= limit]
-        wanted: dict[int, tuple[_Pool, set[int]]] = {}
-        for (jn, gn), ns in more.items():
-            pool = search(next(j for j in jobs if j.name == jn), get_gpu(gn))
-            wanted.setdefault(id(pool), (pool, set()))[1].update(ns)
-        _sweep_counts_together([(pool, ns) for pool, ns in wanted.values()])
-        for (jn, gn), ns in more.items():
-            job, g = next(j for j in jobs if j.name == jn), get_gpu(gn)
-            for cb in search(job, g).at(ns):
-                    if cb.fastest:
-                        seen[job.name, g.name].append((cb.n_gpus, cb.fastest[0]))
-    options: list[JobOption] = []
-    by_key: dict[tuple[str, str], tuple[GpuSpec, Candidate]] = {}
-    for job in jobs:
-        for g in gpus:
-            best_time = math.inf
-            for n, c in sorted(seen.get((job.name, g.name), []), key=lambda r: r[0]):
-                d = c.time.train_time_s(job.tokens)  # type: ignore[union-attr]
-                if d >= best_time:
-                    continue                        # more GPUs for no less time: dominated
-                best_time = d
-                key = f"{g.name}_n{n}"
-                options.append(JobOption(job=job.name, gpu=g.name, n_gpus=n, duration_s=d, key=key,
-                                         memory_bytes=c.memory.total, capacity_bytes=c.capacity_bytes))
-                by_key[job.name, key] = (g, c)
-    windows = [JobWindow(name=j.name, start_s=j.start_s, deadline_s=j.deadline_s) for j in jobs]
-    sol: PurchaseSolution = solve_purchase(pools, windows, options, budget_usd, solver)
-    plans = []
-    if sol.choices:
-        for job in jobs:
-            o = sol.choices[job.name]
-            g, c = by_key[job.name, o.key]
-            plans.append(JobPlan(name=job.name, model=models[job.name], gpu=g, candidate=c, start_s=job.start_s,
-                                 finish_s=job.start_s + o.duration_s, deadline_s=job.deadline_s, tokens=job.tokens,
-                                 batch_given=job.global_batch is not None))
-    elif not lines:
-        lines.append(_buy_diagnosis(pools, windows, options, budget_usd, solver))
-    capex = sum(pool_of[g].capex_usd * n for g, n in sol.nodes.items())
-    opex = sum(pool_of[g].opex_usd * n for g, n in sol.nodes.items())
-    return BuyResult(path=jobs_file.path, start_date=jobs_file.start.date().isoformat(), horizon_s=horizon_s,
-                     pools=tuple(pools), nodes=sol.nodes, capex_usd=capex, opex_usd=opex, plans=tuple(plans),
-                     solver=sol.solver, n_options=len(options), budget_usd=budget_usd, prices=prices,
-                     lines=tuple(lines), search_s=time.perf_counter() - t0, left_out=left_out)
-
-
-def _first_counts_usd(jobs: Sequence[Any], gpus: Sequence[GpuSpec], first_ok: dict[tuple[str, str], int],
-                      seen: dict[tuple[str, str], list[tuple[int, Candidate]]], pools: Sequence[Pool],
-                      pool_of: dict[str, Pool]) -> float:
-    """The cost of a purchase on which every job runs from its start on its first count in
-    time, on the GPU type where those nodes cost least: the peak nodes per type in use at
-    some job's start (solve.nodes_needed). Every job meets its deadline on it, so it bounds
-    the optimum from above, and no optimal purchase holds a job on nodes that alone cost more."""
-    choices = {}
-    for job in jobs:
-        g = min((g for g in gpus if (job.name, g.name) in first_ok),
-                key=lambda g: math.ceil(first_ok[job.name, g.name] / g.gpus_per_node) * pool_of[g.name].node_usd)
-        n = first_ok[job.name, g.name]
-        c = next(c for m, c in seen[job.name, g.name] if m == n)
-        choices[job.name] = JobOption(job=job.name, gpu=g.name, n_gpus=n, key=f"{g.name}_n{n}",
-                                      duration_s=c.time.train_time_s(job.tokens))  # type: ignore[union-attr]
-    windows = [JobWindow(name=j.name, start_s=j.start_s, deadline_s=j.deadline_s) for j in jobs]
-    need = nodes_needed(pools, windows, choices)
-    return sum(p.node_usd * need[p.gpu] for p in pools)
-
-
-def _buy_diagnosis(pools: Sequence[Pool], windows: Sequence[JobWindow], options: Sequence[JobOption],
-                   budget_usd: float | None, solver: str) -> str:
-    """Every job can meet its deadline, so the purchase is infeasible only by the budget:
-    say what the cheapest purchase costs."""
-    if budget_usd is None:
-        return "no purchase lets every job meet its deadline"
-    free = solve_purchase(pools, windows, options, None, solver)
-    if free.cost_usd is None:
-        return "no purchase lets every job meet its deadline"
-    return (f"the budget ({usd(budget_usd)}) is below the cheapest purchase that meets every deadline "
-            f"({usd(free.cost_usd)}): raise --budget to {usd(free.cost_usd)} or move deadlines")

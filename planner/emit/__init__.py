@@ -116,9 +116,9 @@ def plan_kernels(r: PlanResult, lay: Layout) -> str | None:
     default stack follows them), else None."""
     if r.setup.stack != "auto":
         return None
-    from planner.memory.activations import resolve_kernels
+    from planner.training.kernels import layout_kernels
 
-    return resolve_kernels(r.setup, lay)
+    return layout_kernels(r.setup, lay)
 
 
 def node_shape(n_gpus: int, gpus_per_node: int) -> tuple[int, int]:

@@ -2,7 +2,7 @@
 
 ``to_deepspeed_config`` returns a plain dict; ``validate_deepspeed_config`` parses it with
 ``deepspeed.runtime.config.DeepSpeedConfig`` at the plan's data-parallel size (deepspeed
-is imported there, lazily; see shared/notes/FACTS.md for why dist is patched).
+is imported there, lazily; see docs/facts.md for why dist is patched).
 
 Field names and meanings: DeepSpeed's config reference ("ZeRO optimizations",
 "Batch size", "BFLOAT16/FP16 training", "Activation checkpointing") and its pydantic
@@ -219,7 +219,7 @@ def validate_deepspeed_config(cfg: dict[str, Any], data_parallel: int, n_gpus: i
 
     Without a process group DeepSpeedConfig assumes a world of one rank, so
     deepspeed.runtime.config.dist.get_rank/get_world_size are patched for the call and
-    an mpu reports the data-parallel size (shared/notes/FACTS.md). Raises what DeepSpeed
+    an mpu reports the data-parallel size (docs/facts.md). Raises what DeepSpeed
     raises (AssertionError, pydantic.ValidationError) for a config it rejects; returns
     the parsed DeepSpeedConfig. Imports deepspeed (about 2 s; set DS_ACCELERATOR=cpu
     first to skip its accelerator probe).

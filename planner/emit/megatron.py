@@ -58,6 +58,8 @@ def padded_vocab_size(vocab_size: int, tp: int, divisor: int) -> int:
 
 def _unsupported(m: ModelSpec) -> str | None:
     """Architectures Megatron-LM's GPT arguments cannot express, or None."""
+    if m.is_generic:     # hybrid Mamba, linear attention, ...: measured, not translated into arguments
+        return f"model_type {m.model_type!r} is planned on the generic path, whose Megatron arguments are not written"
     if m.parallel_block:
         return "parallel attention/MLP blocks"
     if m.embedding_norm:

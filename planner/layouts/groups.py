@@ -12,6 +12,7 @@ import numpy as np
 
 from planner.layouts.batch import RECOMPUTES, LayoutArrays, Unsupported
 from planner.layouts.layout import SHARDINGS
+from planner.training.kernels import auto_fuses
 
 SAFE_BYTES = 2**58          # every table value below this keeps int64 sums exact
 
@@ -250,7 +251,7 @@ def block_degrees(degrees: np.ndarray, degrees_key: bytes) -> tuple[np.ndarray, 
     hit = _BLOCK_DEGREES.get(degrees_key)
     if hit is None:
         tp, cp, ep, _, pp = degrees
-        fused = ((tp > 1) | (pp > 1) | (cp > 1)).astype(np.int64)
+        fused = auto_fuses(tp, pp, cp).astype(np.int64)     # training.kernels: what "auto" fuses
         d_block, d_block_rep = group([tp, cp, ep, fused], [(1, None), (1, None), (1, None), (0, 1)])
         fused.flags.writeable = d_block.flags.writeable = False
         if len(_BLOCK_DEGREES) > 64:

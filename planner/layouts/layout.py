@@ -101,6 +101,19 @@ class Layout:
         return ", ".join(parts)
 
 
+@lru_cache(maxsize=4096)
+def hybrid_shard_ranks(dense_shard_degree: int, tp: int, gpus_per_node: int) -> int:
+    """The ranks of an FSDP hybrid (HSDP) shard group: the largest divisor of the dense shard
+    degree (dp*cp*ep) that fits in a node beside tp; the groups replicate across nodes
+    (PyTorch FSDP HYBRID_SHARD docs; Zhao et al. 2023, arXiv:2304.11277, Sec. 3). The one
+    rule the memory model's states and the step time's reduce read."""
+    inside = max(1, gpus_per_node // tp)
+    d = dense_shard_degree
+    while d > inside or dense_shard_degree % d:
+        d -= 1
+    return max(d, 1)
+
+
 def sp_by_default(setup: TrainingSetup) -> bool:
     """Whether tp > 1 brings sequence parallelism when the user does not say (--sp/--no-sp):
     yes (Korthikanti et al. 2022), except under --stack deepspeed, whose tensor and pipeline

@@ -23,6 +23,7 @@ from typing import Any
 
 from planner.layouts.layout import SHARDINGS, Layout
 from planner.models.spec import ModelSpec
+from planner.stacks import torchtitan_builds
 from planner.training.setup import TrainingSetup
 
 FULL, GRAD_OP, HYBRID = (SHARDINGS.index(x) for x in ("fsdp-full", "fsdp-grad-op", "fsdp-hybrid"))
@@ -120,20 +121,66 @@ STACK_LIMITS = {
 }
 
 
+def _etp(v: RuleView) -> Any:
+    return v.expert_tp != v.tp
+
+
+# What each stack cannot run, as (fails, message for one layout), in the order
+# planner.stacks.stack_refusal names them (the first that fails); the "stack-runs" rule
+# refuses where any fails. torchtitan 0.3.0 builds Llama-architecture models only
+# (planner.stacks.torchtitan_builds), shards with FSDP2 only (ZeRO-0 is its DDP) and its
+# Llama 3 has no experts; DeepSpeed runs ZeRO data parallelism, and tp and pp as Megatron-DeepSpeed
+# under ZeRO-0/1 without experts (no FSDP2, no cp);
+# Hugging Face (accelerate) runs FSDP2 without pipeline stages. Expert tensor parallelism
+# (Layout.etp) is Megatron's alone among them: torchtitan 0.3.0's Parallelism has
+# expert_parallel_degree and no expert tensor-parallel degree, its experts' region being (pp,
+# dp_replicate, efsdp, ep) (config/configs.py lines 279-287, distributed/parallel_dims.py line
+# 239); transformers and DeepSpeed's ZeRO split no expert.
+ETP_REFUSAL = {     # the stacks that split no expert over tensor-parallel ranks (--etp, cli.request too)
+    "torchtitan": ("--stack torchtitan: 0.3.0 has no expert tensor-parallel setting (its experts split over "
+                   "ep and efsdp only): drop --etp or use --stack megatron"),
+    "hf": "--stack hf splits no expert over tensor-parallel ranks: drop --etp or use --stack megatron",
+    "deepspeed": "--stack deepspeed splits no expert over tensor-parallel ranks: drop --etp or use --stack megatron",
+}
+STACK_REFUSALS: dict[str, tuple[tuple[Callable[[RuleView], Any], Callable[[RuleView, Layout], str]], ...]] = {
+    "torchtitan": (
+        (_etp, lambda v, lay: ETP_REFUSAL["torchtitan"]),
+        (lambda v: (v.tp < 0) | (torchtitan_builds(v.m) is not None),
+         lambda v, lay: f"--stack torchtitan: {torchtitan_builds(v.m)}"),
+        (lambda v: (v.sharding <= 0) & (v.zero_stage > 0),
+         lambda v, lay: (f"--stack torchtitan shards with FSDP2, not ZeRO-{lay.zero_stage}: plan with --fsdp full "
+                         f"(or --zero 0)")),
+        (lambda v: v.ep > 1, lambda v, lay: "--stack torchtitan: its Llama 3 model has no experts to split over ep"),
+    ),
+    "hf": (
+        (_etp, lambda v, lay: ETP_REFUSAL["hf"]),
+        (lambda v: v.sharding <= 0,
+         lambda v, lay: (f"--stack hf runs FSDP2 plans (accelerate); this layout ({lay.describe()}) shards with "
+                         f"ZeRO-{lay.zero_stage}: plan with --fsdp full")),
+        (lambda v: v.pp > 1, lambda v, lay: f"--stack hf has no pipeline parallelism; this layout has pp={lay.pp}"),
+    ),
+    "deepspeed": (      # Megatron-DeepSpeed: tp and pp under ZeRO-0/1 (stacks.runs_megatron_deepspeed)
+        (_etp, lambda v, lay: ETP_REFUSAL["deepspeed"]),
+        (lambda v: v.cp > 1,
+         lambda v, lay: (f"--stack deepspeed has no context parallelism; this layout ({lay.describe()}) "
+                         f"has cp={lay.cp}")),
+        (lambda v: ((v.tp > 1) | (v.pp > 1)) & ((v.zero_stage > 1) | (v.ep > 1)),
+         lambda v, lay: ("--stack deepspeed runs tp and pp as Megatron-DeepSpeed on DeepSpeed's pipeline engine, "
+                         f"which supports ZeRO-0/1 and no experts here; this layout ({lay.describe()}) needs --zero 0 "
+                         "or 1 and ep 1")),
+        (lambda v: v.sharding > 0,
+         lambda v, lay: "--stack deepspeed shards with ZeRO stages, not FSDP2; plan with --zero N"),
+    ),
+}
+
+
 def _stack_cannot_run(v: RuleView) -> Any:
-    """Where the stack the user named (--stack) cannot run the layout, as
-    planner.stacks.stack_refusal says for one layout: torchtitan 0.3.0 shards with FSDP2
-    only and its Llama 3 has no experts; DeepSpeed runs ZeRO data parallelism here (no
-    FSDP2, tp, pp or cp); Hugging Face (accelerate) runs FSDP2 without pipeline stages."""
-    stack = v.setup.stack
-    if stack == "torchtitan":
-        return ((v.sharding <= 0) & (v.zero_stage > 0)) | (v.ep > 1) | (v.expert_tp != v.tp)
-    if stack == "deepspeed":    # Megatron-DeepSpeed: tp and pp under ZeRO-0/1 (stacks.megatron_deepspeed)
-        split = (v.tp > 1) | (v.pp > 1)
-        return (v.cp > 1) | (v.sharding > 0) | (split & ((v.zero_stage > 1) | (v.ep > 1)))
-    if stack == "hf":
-        return (v.sharding <= 0) | (v.pp > 1) | (v.expert_tp != v.tp)
-    return v.tp < 0      # megatron, auto: every layout (False, shaped as the batch)
+    """Where the stack the user named (--stack) cannot run the layout: any of its
+    STACK_REFUSALS fails (megatron and auto run every layout)."""
+    out: Any = v.tp < 0      # False, shaped as the batch
+    for fails, _message in STACK_REFUSALS.get(v.setup.stack, ()):
+        out = out | fails(v)
+    return out
 
 
 def _balance_layers(v: RuleView) -> int:
@@ -171,7 +218,14 @@ RULES: tuple[Rule, ...] = (
          lambda v: ((v.dp < 1) | (v.tp < 1) | (v.pp < 1) | (v.cp < 1) | (v.ep < 1) | (v.vp < 1)
                     | (v.micro_batch < 1) | (v.grad_accum < 1)),
          lambda v: "every degree, the micro-batch and the accumulation steps must be >= 1"),
-    Rule("stack-runs", _stack_cannot_run, lambda v: STACK_LIMITS.get(v.setup.stack, "")),
+    Rule("stack-runs", _stack_cannot_run,
+         lambda v: (f"--stack torchtitan: {torchtitan_builds(v.m)}"
+                    if v.setup.stack == "torchtitan" and torchtitan_builds(v.m) is not None
+                    else STACK_LIMITS.get(v.setup.stack, ""))),
+    Rule("generic-layouts", lambda v: v.m.is_generic & ((v.tp > 1) | (v.cp > 1) | (v.ep > 1)),
+         lambda v: (f"{v.m.model_type} is planned on the generic path (measured on transformers' model): "
+                    "data parallel, ZeRO/FSDP and pipeline stages only; tp, cp and ep need a written family "
+                    "(docs/models.md)")),
     Rule("tp-heads", lambda v: v.m.n_heads % v.tp != 0,
          lambda v: f"tp={v.tp} does not divide the {v.m.n_heads} attention heads"),
     Rule("tp-kv-heads", lambda v: (v.m.n_kv_heads % v.tp != 0) & (v.tp % v.m.n_kv_heads != 0),
@@ -273,6 +327,21 @@ RULES: tuple[Rule, ...] = (
          lambda v: (f"global batch {v.setup.global_batch} is not micro-batch {v.micro_batch} x "
                     f"accumulation x data-parallel {v.dp * v.ep}")),
 )
+
+
+SPLIT_RULES = ("tp-heads", "tp-kv-heads", "tp-mlp", "pp-layers")    # how a model's weights split
+
+
+def split_refusal(m: ModelSpec, tp: int, pp: int) -> str | None:
+    """Why ``m``'s weights do not split over tp x pp ranks (the message of the first of
+    SPLIT_RULES that fails), or None: what the inference path (memory.inference, plan
+    --inference) reads from the table the training layouts follow."""
+    v = RuleView(m=m, setup=TrainingSetup(), gpus_per_node=1, dp=1, tp=tp, pp=pp, cp=1, ep=1, zero_stage=0,
+                 sharding=0, sp=0, vp=1, micro_batch=1, grad_accum=1)
+    for rule in RULES:
+        if rule.name in SPLIT_RULES and rule.fails(v):
+            return rule.message(v)
+    return None
 
 
 def first_failing(v: RuleView) -> Rule | None:

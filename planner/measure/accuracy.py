@@ -71,7 +71,7 @@ class Comparison:
 
 def measurable(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> str:
     """The measurement's sharding name, or a UserError saying why it cannot be measured."""
-    if m.model_type not in MEASURABLE_TYPES:
+    if m.model_type not in MEASURABLE_TYPES and not m.is_generic:    # a generic model is transformers' own
         raise UserError(f"model_type {m.model_type!r} cannot be measured here; "
                         f"measurable: {', '.join(MEASURABLE_TYPES)}")
     for axis in ("tp", "pp", "cp", "ep"):

@@ -130,7 +130,7 @@ def shard(model: Any, setup: MeasureSetup, mesh: Any) -> None:
 
 def build_optimizer(model: Any, setup: MeasureSetup) -> Any:
     """foreach=False always: under FakeTensorMode with FSDP2 a foreach optimizer is over-counted
-    about 13x (FACTS.md), and per-tensor loops are what the formulas assume anyway."""
+    about 13x (docs/facts.md), and per-tensor loops are what the formulas assume anyway."""
     import torch
 
     params = [p for p in model.parameters() if p.requires_grad]

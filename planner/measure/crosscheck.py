@@ -2,7 +2,7 @@
 
 DeepSpeed ships two closed-form estimators (deepspeed/runtime/zero/stage_1_and_2.py and
 stage3.py): ``estimate_zero2_model_states_mem_needs`` and
-``estimate_zero3_model_states_mem_needs``. Their assumptions (shared/notes/FACTS.md):
+``estimate_zero3_model_states_mem_needs``. Their assumptions (docs/facts.md):
 
 - ZeRO-2 on the GPU: 2 B x P of 16-bit weights plus 18 B x P / N, where 18 B are 16-bit
   and fp32 gradients (2 + 4), the fp32 master copy (4) and Adam's two moments (8);
@@ -30,7 +30,7 @@ from planner.layouts.batch import LayoutArrays
 from planner.layouts.layout import Layout
 from planner.memory.buffers import buffer_bytes
 from planner.memory.model import per_rank_memory
-from planner.memory.params import adafactor_bytes_per_param, rank_params
+from planner.memory.params import optimizer_state_bytes, rank_params
 from planner.memory.shapes import ParamsArrays, SplitArrays
 from planner.memory.states import model_state_bytes
 from planner.models.spec import ModelSpec
@@ -214,14 +214,10 @@ def estimator_inputs(r: PlanResult, offload_optimizer: str = "none", offload_par
         additional_buffer_factor=additional_buffer_factor)
 
 
-def _optimizer_state_bytes(r: PlanResult) -> float:
-    """Optimizer state per parameter, without the master copy (as memory.py counts it)."""
-    return (adafactor_bytes_per_param(r.model) if r.setup.optimizer == "adafactor"
-            else optimizer_state_bytes_per_param(r.setup.optimizer))
-
-
 def _optimizer_bytes(r: PlanResult) -> float:
-    return r.setup.precision_spec.master_bytes + _optimizer_state_bytes(r)
+    """Master copy and optimizer state per parameter, as the memory model counts them
+    (memory.params.optimizer_state_bytes)."""
+    return r.setup.precision_spec.master_bytes + optimizer_state_bytes(r.model, r.setup)
 
 
 def plan_model_states(r: PlanResult) -> tuple[int, int]:

@@ -1,6 +1,6 @@
 """What a step under FakeTensorMode needs to be measured right on CPU: DTensor's sharding
 propagation outside the tracked mode, real tensors built outside the fake mode, and the
-scalars a step reads with ``.item()`` stubbed (shared/notes/FACTS.md, torchtitan traps 4 and
+scalars a step reads with ``.item()`` stubbed (docs/facts.md, torchtitan traps 4 and
 6). torch is imported inside functions only."""
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ per-chunk backward, backward, AdamW with ``foreach=False``, ``zero_grad(set_to_n
 under ``FakeTensorMode`` with PyTorch's fake process group of ``dp x tp`` ranks, inside
 ``FSDPMemTracker``; the result is planner.measure.readout.MeasuredMemory.
 
-What it took to run on a CPU (shared/notes/FACTS.md lists the first six traps; each is handled here)
+What it took to run on a CPU (docs/facts.md lists the first six traps; each is handled here)
 ------------------------------------------------------------------------------------------------
 1. ``torchtitan.distributed.parallel_dims.device_type`` falls back to "cuda" without an
    accelerator (``torchtitan/tools/utils.py``); it is set to "cpu" while the mesh is built.

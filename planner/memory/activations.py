@@ -35,19 +35,25 @@ class ActivationTerm:
         return (not self.selective) if recompute == "selective" else not self.selective_only
 
 
-def resolve_kernels(setup: TrainingSetup, lay: Layout) -> str:
-    """fused (Megatron-style), eager (PyTorch ops in the compute dtype, as under FSDP's or
-    DeepSpeed's 16-bit parameters) or amp (eager ops under torch.autocast with fp32
-    parameters: what DDP and the Hugging Face Trainer run for replicated mixed precision)."""
-    if setup.stack == "torchtitan":
-        return "torchtitan"
-    kernels = "fused" if setup.stack == "megatron" else setup.kernels
-    if kernels == "auto":
-        kernels = "fused" if (lay.tp > 1 or lay.pp > 1 or lay.cp > 1) else "eager"
-    if (kernels == "eager" and lay.sharding == "zero" and lay.zero_stage == 0
-            and setup.precision_spec.is_mixed):
-        return "amp"
-    return kernels
+def generic_block_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> list[ActivationTerm]:
+    """What a generic model's mean block keeps, measured (planner.models.generic.probe): the
+    storages autograd saves in one forward of transformers' model under fake tensors, in
+    bf16 with eager attention, read at two sequence lengths and split into a per-token part
+    and a part growing with the sequence (the materialised s x s scores). Scaled by the
+    activation bytes over bf16's 2. Under flash attention (any ``setup.attention`` but
+    eager) the scores are not kept (Dao et al. 2022), so the growing part is left out; the
+    per-token part already holds Q, K, V and the attention output. No tensor or context
+    parallelism on this path (rules: generic-layouts)."""
+    assert m.profile is not None
+    tokens = lay.micro_batch * lay.seq_len
+    scale = setup.precision_spec.activation_bytes / 2
+    terms = [ActivationTerm(name="saved tensors of the mean block, measured on transformers' model",
+                            bytes=int(tokens * m.profile.mean_block("saved_bytes_per_token") * scale))]
+    per_seq = m.profile.mean_block("saved_bytes_per_token_per_seq")
+    if setup.attention == "eager" and per_seq > 0:
+        terms.append(ActivationTerm(name="saved tensors growing with the sequence (attention scores), measured",
+                                    bytes=int(tokens * lay.seq_len * per_seq * scale), selective=True))
+    return terms
 
 
 def layer_activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) -> list[ActivationTerm]:
@@ -72,6 +78,8 @@ def layer_activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, kern
     keeps both the fp32 input and the normalised 16-bit output). torchtitan's Llama 3 block
     (``kernels == "torchtitan"``) is titan_block_terms.
     """
+    if m.profile is not None:
+        return generic_block_terms(m, setup, lay)
     if kernels == "torchtitan":
         return titan_block_terms(m, setup, lay)
     b, s = lay.micro_batch, lay.seq_len // lay.cp

@@ -37,11 +37,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.layouts.layout import Layout
-from planner.memory.activations import resolve_kernels
 from planner.memory.inference import LoadSetup, load_memory, prefill_activation_bytes
+from planner.memory.params import optimizer_state_bytes
 from planner.models.spec import ModelSpec
+from planner.training.kernels import layout_kernels
 from planner.training.posttrain import KD_CHUNKS, DistillSetup
-from planner.training.setup import TrainingSetup, optimizer_state_bytes_per_param
+from planner.training.setup import TrainingSetup
 from planner.units import ceil_div
 
 # bytes per logit element of torchtune's ForwardKLLoss at its forward's peak (module docstring)
@@ -167,7 +168,7 @@ def distill_memory(student: ModelSpec, teacher: ModelSpec, setup: TrainingSetup,
     logits = tokens * vocab
     act = setup.precision_spec.activation_bytes
     hidden_split = lay.tp if lay.sp else 1
-    grads = logits * STUDENT_LOSS_GRAD_BYTES_PER_LOGIT.get(resolve_kernels(setup, lay), 0)
+    grads = logits * STUDENT_LOSS_GRAD_BYTES_PER_LOGIT.get(layout_kernels(setup, lay), 0)
     if not d.online:
         # the student's fp32 log-softmax, and per token k fp32 values, k int64 indices, k gathered
         topk = tokens * d.offline_topk * (4 + 8 + 4)
@@ -194,7 +195,7 @@ def distill_memory(student: ModelSpec, teacher: ModelSpec, setup: TrainingSetup,
     hidden_mse = n * tokens * h_t * ((act if project else 0) + 2 * 4)
     # a d_student x d_teacher projection per pair, trained like the student (weights, grads, states)
     p = setup.precision_spec
-    per_param = p.weight_bytes + p.grad_bytes + p.master_bytes + optimizer_state_bytes_per_param(setup.optimizer)
+    per_param = p.weight_bytes + p.grad_bytes + p.master_bytes + optimizer_state_bytes(student, setup)
     proj = int(n * student.d_model * teacher.d_model * per_param) if project else 0
     return DistillMemory(sharding=sharding, teacher_weights=weights, teacher_gathered=gathered,
                          teacher_forward=forward, teacher_logits=logits * d.teacher_weight_bytes,

@@ -13,10 +13,9 @@ from planner.layouts.layout import Layout
 from planner.memory.activations import (
     activation_key,
     block_activations,
-    resolve_kernels,
 )
 from planner.memory.params import (
-    optimizer_bytes_per_param,
+    optimizer_state_bytes,
     rank_params,
     stage_layers,
     stages_to_check,
@@ -25,7 +24,8 @@ from planner.memory.shapes import in_flight_microbatches
 from planner.memory.states import expert_padding, hybrid_degree, model_state_bytes
 from planner.models.spec import ModelSpec, ParamCount, count_params
 from planner.training.finetune import FinetuneSpec, activation_layers
-from planner.training.setup import TrainingSetup, optimizer_state_bytes_per_param
+from planner.training.kernels import layout_kernels
+from planner.training.setup import TrainingSetup
 
 
 def min_model_state_bytes_per_param(setup: TrainingSetup) -> float:
@@ -39,9 +39,7 @@ def min_model_state_bytes_per_param(setup: TrainingSetup) -> float:
     ft = setup.finetune
     if not ft.is_full:
         return {"nf4": 0.5, "int4": 0.5, "int8": 1.0}.get(ft.quant, float(p.weight_bytes))
-    opt = optimizer_state_bytes_per_param(setup.optimizer) if setup.optimizer != "adafactor" else 0.0
-    if setup.optimizer_state_bytes is not None:
-        opt = setup.optimizer_state_bytes
+    opt = optimizer_state_bytes(None, setup)       # no model here: Adafactor's lower bound, 0
     if setup.offload_optimizer != "none":
         return float(p.weight_bytes)
     zero = p.weight_bytes + p.grad_bytes + p.master_bytes + opt
@@ -60,15 +58,14 @@ def activation_floor_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> i
 def overhead_floor_bytes(setup: TrainingSetup, lay: Layout, tracked_bytes: int) -> int:
     """The total per_rank_memory() reports when the tracked tensors come to at least
     ``tracked_bytes``: fixed costs plus fragmentation on top."""
-    fixed = setup.overheads.fixed_bytes(lay.n_gpus > 1)
-    return fixed + tracked_bytes + int(tracked_bytes * setup.overheads.fragmentation)
+    return tracked_bytes + setup.overheads.untracked_bytes(tracked_bytes, lay.n_gpus > 1)
 
 
 def held_activation_floor_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> int:
     """The block activations the most loaded stage holds at the start of backward (the
     largest over the stages per_rank_memory checks), a part of its tracked bytes then."""
     ft = setup.finetune
-    kernels = resolve_kernels(setup, lay)
+    kernels = layout_kernels(setup, lay)
     if kernels == "amp" and not ft.is_full:
         kernels = "eager"
     layer_act, _ = block_activations(m, setup, activation_key(lay), kernels)
@@ -133,7 +130,7 @@ def _model_state_floors(m: ModelSpec, setup: TrainingSetup, lays: tuple[Layout, 
     plain_rows = []
     offload = setup.offload_optimizer != "none" or setup.offload_params != "none"
     for i, lay in enumerate(lays):
-        if setup.finetune.is_full and not offload and resolve_kernels(setup, lay) != "amp":
+        if setup.finetune.is_full and not offload and layout_kernels(setup, lay) != "amp":
             plain_rows.append(i)
             continue
         per_param = min_model_state_bytes_per_param(setup)
@@ -143,8 +140,7 @@ def _model_state_floors(m: ModelSpec, setup: TrainingSetup, lays: tuple[Layout, 
                                             + rp.expert * per_param / lay.expert_shard_degree) for rp in rps),
                             fsdp=lay.is_fsdp)
     if plain_rows:
-        opt_pp = (setup.optimizer_state_bytes if setup.optimizer_state_bytes is not None
-                  else optimizer_bytes_per_param(m, setup.optimizer))
+        opt_pp = optimizer_state_bytes(m, setup)
         plain = [lays[i] for i in plain_rows]
         a = LayoutArrays.from_layouts(plain)
         hybrid = hybrid_degree(a, gpus_per_node)

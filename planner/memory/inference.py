@@ -54,6 +54,7 @@ import numpy as np
 from planner.hardware.gpus import GpuSpec
 from planner.layouts.batch import LayoutArrays
 from planner.layouts.layout import divisors
+from planner.layouts.rules import split_refusal
 from planner.memory.shapes import stage_figures
 from planner.models.spec import ModelSpec, ParamCount, count_params
 from planner.training.finetune import FinetuneSpec, frozen_block_bytes
@@ -249,8 +250,7 @@ def load_memory_batch(m: ModelSpec, setup: LoadSetup, tp: np.ndarray, pp: np.nda
                     _per_value(lambda t: prefill_activation_bytes(m, setup, t, False), tp))
     tracked = weights + kv + acts
     o = setup.overheads
-    overhead = (np.where(tp * pp > 1, o.fixed_bytes(True), o.fixed_bytes(False))
-                + (tracked * o.fragmentation).astype(np.int64))
+    overhead = o.untracked_bytes(tracked, tp * pp > 1)
     total = np.where(st.valid, tracked + overhead, -1)
     slot = total.argmax(axis=0)           # the first of equals, in stage order
     cols = np.arange(len(tp))
@@ -266,9 +266,9 @@ def load_memory(m: ModelSpec, setup: LoadSetup, tp: int = 1, pp: int = 1,
 
 
 def tp_degrees(m: ModelSpec, limit: int) -> list[int]:
-    """Tensor-parallel degrees that split the heads evenly, up to ``limit`` (a node)."""
-    return [t for t in divisors(m.n_heads) if t <= limit and m.d_ff % t == 0
-            and (m.n_kv_heads % t == 0 or t % m.n_kv_heads == 0)]
+    """Tensor-parallel degrees that split the weights evenly (layouts.rules.split_refusal), up
+    to ``limit`` (a node)."""
+    return [t for t in divisors(m.n_heads) if t <= limit and split_refusal(m, t, 1) is None]
 
 
 def plan_load(m: ModelSpec, gpu: GpuSpec, setup: LoadSetup, tp: int | None = None, pp: int | None = None,

@@ -26,7 +26,6 @@ from planner.memory.activations import (  # noqa: F401  (re-exported: the per-sh
     layer_activation_terms,
     lora_cast_bytes,
     norm_saved_bytes,
-    resolve_kernels,
 )
 from planner.memory.floors import (  # noqa: F401  (re-exported: the search's floors)
     StateFloor,
@@ -55,12 +54,12 @@ from planner.memory.peak import (
     pick_terms,
 )
 from planner.memory.peak import fsdp_blocks_done as batched_blocks_done
-from planner.memory.shapes import KERNELS
 from planner.memory.shapes import in_flight_microbatches as batched_in_flight
 from planner.memory.states import hybrid_degree
 from planner.memory.states import model_state_bytes as batched_states
 from planner.models.spec import ModelSpec, ParamCount, count_params
 from planner.training.finetune import RankSplit
+from planner.training.kernels import KERNELS
 from planner.training.setup import Precision, TrainingSetup
 
 CATEGORIES = ("weights", "gradients", "optimizer", "activations", "logits", "buffers", "overhead")

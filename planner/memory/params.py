@@ -8,7 +8,7 @@ from functools import lru_cache
 
 from planner.layouts.layout import Layout
 from planner.models.spec import ModelSpec, ParamCount
-from planner.training.setup import optimizer_state_bytes_per_param
+from planner.training.setup import TrainingSetup, optimizer_state_bytes_per_param
 from planner.units import ceil_div
 
 
@@ -133,6 +133,22 @@ def adafactor_bytes_per_param(m: ModelSpec) -> float:
     state += experts * sum(4 * (a + b) for a, b in mats[4:])
     params = sum(a * b for a, b in mats[:4]) + experts * sum(a * b for a, b in mats[4:])
     return state / params
+
+
+def optimizer_state_bytes(m: ModelSpec | None, setup: TrainingSetup) -> float:
+    """Bytes of optimizer state per trainable parameter, without the fp32 master copy, as the
+    set-up keeps them: the one rule the memory model, its floors, the step time's optimizer
+    update and the DeepSpeed cross-check read. TrainingSetup.optimizer_state_bytes when given;
+    else the optimizer's (training.setup.optimizer_state_bytes_per_param; paged 8-bit AdamW
+    under QLoRA's paged optimizer, FinetuneSpec.paged_8bit_optimizer; Adafactor from the
+    model's shapes, adafactor_bytes_per_param). ``m`` None (a bound before a model is sized):
+    Adafactor's factored state counts 0, its lower bound."""
+    if setup.optimizer_state_bytes is not None:
+        return setup.optimizer_state_bytes
+    optimizer = "adam8bit" if setup.finetune.paged_8bit_optimizer else setup.optimizer
+    if m is None:
+        return 0.0 if optimizer == "adafactor" else optimizer_state_bytes_per_param(optimizer)
+    return optimizer_bytes_per_param(m, optimizer)
 
 
 @lru_cache(maxsize=256)

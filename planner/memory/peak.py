@@ -46,6 +46,7 @@ from planner.memory.buffers import (
     fsdp_post_backward_bytes,
 )
 from planner.memory.fp8 import fp8_weight_bytes
+from planner.memory.params import optimizer_state_bytes
 from planner.memory.states import (
     ModelStates,
     OffloadSplit,
@@ -58,6 +59,7 @@ from planner.memory.states import (
     sharded_frozen_bytes,
 )
 from planner.models.spec import ModelSpec, ParamCount, count_params
+from planner.training.kernels import block_kernel_codes
 from planner.training.setup import Precision, TrainingSetup
 
 # the moments of a step, in the order the peak is chosen among equals (and a step goes:
@@ -263,19 +265,9 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     full_shard = fsdp & (sa.zero_stage == 3)
     dense_deg = sa.dp * sa.cp * sa.ep
     n_gpus = dense_deg * sa.tp * sa.pp
-    # fused (Megatron-style), eager (PyTorch ops in the compute dtype, as under FSDP's or
-    # DeepSpeed's 16-bit parameters) or amp (eager ops under torch.autocast with fp32
-    # parameters: what DDP and the Hugging Face Trainer run for replicated mixed precision)
-    # (activations.resolve_kernels per layout); a stack fixes them: torchtitan its own block
-    # and loss, megatron fused kernels (planner/stacks/catalog.toml)
-    if setup.stack in ("torchtitan", "megatron"):
-        kern = np.full(len(sa), sh.TITAN if setup.stack == "torchtitan" else sh.FUSED, dtype=np.int64)
-    elif setup.kernels == "auto":
-        kern = np.where((sa.tp > 1) | (sa.pp > 1) | (sa.cp > 1), sh.FUSED, sh.EAGER)
-    else:
-        kern = np.full(len(sa), sh.KERNELS.index(setup.kernels), dtype=np.int64)
-    if prec.is_mixed:
-        kern = np.where((kern == sh.EAGER) & (sa.sharding == 0) & (sa.zero_stage == 0), sh.AMP, kern)
+    # the kernels each layout's blocks run: the stack's, or --kernels' (training.kernels, the
+    # rule the step time reads too)
+    kern = block_kernel_codes(setup, sa.tp, sa.pp, sa.cp, (sa.sharding == 0) & (sa.zero_stage == 0))
     autocast = kern == sh.AMP
     # trainable parameters kept in fp32 with fp32 gradients: everything under autocast; and
     # with a frozen base on replicated ranks, PEFT's adapters (autocast_adapter_dtype) and
@@ -288,9 +280,7 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     kernels = np.where(autocast, sh.EAGER, kern) if not ft.is_full else kern
     # QLoRA: 16-bit adapters with no master copy, updated by paged 8-bit AdamW
     state_prec = Precision.named("bf16") if lora16 else prec
-    opt_pp = sh.optimizer_bytes_per_param(m, "adam8bit" if ft.paged_8bit_optimizer else setup.optimizer)
-    if setup.optimizer_state_bytes is not None:
-        opt_pp = setup.optimizer_state_bytes
+    opt_pp = optimizer_state_bytes(m, setup)
     # freeze on replicated ranks upcasts the trainable blocks to fp32: in pure 16-bit
     # training (no autocast) their activations are fp32 too
     if ft.method == "freeze" and prec.activation_bytes < 4:
@@ -300,7 +290,7 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     hybrid = hybrid_degree(sa, gpus_per_node)
     distributed = n_gpus > 1
     ranks_per_node = np.minimum(n_gpus, gpus_per_node)
-    fixed = np.where(distributed, setup.overheads.fixed_bytes(True), setup.overheads.fixed_bytes(False))
+    fixed = setup.overheads.fixed_bytes(distributed)
 
     # every stage that can be the most loaded: (slot, state) arrays
     st = sh.stage_figures(m, pc, setup, sa)
@@ -515,9 +505,9 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     if share >= 0:
         tracked = tracked_slots.max(axis=0)
     else:
-        slot_totals = tracked_slots + (tracked_slots * share).astype(np.int64)
+        slot_totals = tracked_slots + setup.overheads.fragmentation_bytes(tracked_slots)
         tracked = tracked_slots[slot_totals.argmax(axis=0), np.arange(n)]
-    frag = (tracked * share).astype(np.int64)
+    frag = setup.overheads.fragmentation_bytes(tracked)
     return MemoryBatch(slots=slots, total=tracked + fixed[inv] + frag, tracked=tracked, fragmentation=frag,
                        state_inv=inv, kernels=kernels_l, act_fp32=act_fp32[inv], amp_states=amp_states[inv],
                        hybrid=hybrid[inv], persistent_grads=persistent, distributed=distributed[inv],

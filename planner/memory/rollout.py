@@ -129,8 +129,7 @@ def phase_memory(m: ModelSpec, gpu: GpuSpec, rl: RLSetup, lay: Layout, train: Ra
     """The three phases on one training GPU (module docstring). ``train`` is the planner's own
     training-step memory of the policy on ``lay`` (RankMemory)."""
     bd = train.breakdown
-    fixed = overheads.fixed_bytes(lay.n_gpus > 1)
-    frag = overheads.fragmentation
+    distributed = lay.n_gpus > 1      # the fixed costs and fragmentation: Overheads.untracked_bytes
     ref = frozen_copy_bytes(m, lay) if rl.reference_model else 0
     critic = bd.weights + bd.gradients + bd.optimizer if rl.has_critic else 0
     resident = bd.weights + bd.optimizer            # between steps: gradients freed (zero_grad(set_to_none))
@@ -141,12 +140,12 @@ def phase_memory(m: ModelSpec, gpu: GpuSpec, rl: RLSetup, lay: Layout, train: Ra
     generation: dict[str, int] = {}
     if rl.generates:
         generation = {ENGINE_TERM: engine, "training states kept": kept,
-                      "overhead": fixed + int(frag * kept)}
+                      "overhead": overheads.untracked_bytes(kept, distributed)}
     awake = 0 if rl.engine_sleeps else engine
     lp = logprob_pass_bytes(m, lay)
     scoring = {"policy states": resident, "reference weights": ref, "critic states": critic,
                "log-prob pass": lp, "engine (awake)": awake,
-               "overhead": fixed + int(frag * (resident + ref + critic + lp))}
+               "overhead": overheads.untracked_bytes(resident + ref + critic + lp, distributed)}
     training = {"training step": bd.total, "reference weights": ref, "critic states": critic,
-                "engine (awake)": awake, "overhead": int(frag * (ref + critic))}
+                "engine (awake)": awake, "overhead": overheads.fragmentation_bytes(ref + critic)}
     return PhaseMemory(generation=generation, scoring=scoring, training=training)

@@ -34,11 +34,10 @@ from planner.memory.pipeline import held_layer_micro_batches
 from planner.memory.recompute import module_recompute_delta_bytes
 from planner.models.spec import ModelSpec, ParamCount
 from planner.training.finetune import activation_layers, rank_split
+from planner.training.kernels import AMP, EAGER, FUSED, KERNELS, TITAN
 from planner.training.setup import TrainingSetup
 from planner.units import ceil_div
 
-KERNELS = ("fused", "eager", "amp", "torchtitan")
-FUSED, EAGER, AMP, TITAN = 0, 1, 2, 3     # torchtitan:'s Llama 3 block and chunked loss
 MAX_SLOTS = 4   # the first and last stage, and the earliest middle one of each of two layer counts
 
 __all__ = [

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from planner.layouts.batch import LayoutArrays
-from planner.layouts.layout import SHARDINGS
+from planner.layouts.layout import SHARDINGS, hybrid_shard_ranks
 from planner.models.spec import ModelSpec
 from planner.training.setup import Precision, TrainingSetup
 
@@ -76,8 +76,7 @@ class OffloadSplit:
 
 def hybrid_degree(a: LayoutArrays, gpus_per_node: int) -> np.ndarray:
     """FSDP hybrid shards over the data ranks inside one node (HSDP) and replicates across
-    nodes: the shard group is the largest divisor of dp*cp*ep that fits in
-    gpus_per_node // tp (PyTorch FSDP HYBRID_SHARD docs). 0 where the sharding is not
+    nodes: the shard group of layouts.layout.hybrid_shard_ranks. 0 where the sharding is not
     hybrid."""
     out = np.zeros(len(a), dtype=np.int64)
     rows = np.flatnonzero(a.sharding == HYBRID)
@@ -87,13 +86,7 @@ def hybrid_degree(a: LayoutArrays, gpus_per_node: int) -> np.ndarray:
     tp = a.tp[rows]
     keys = np.stack([dense, tp], axis=1)
     uniq, inv = np.unique(keys, axis=0, return_inverse=True)
-    degs = []
-    for d_all, t in uniq.tolist():
-        inside = max(1, gpus_per_node // t)
-        d = d_all
-        while d > inside or d_all % d:
-            d -= 1
-        degs.append(max(d, 1))
+    degs = [hybrid_shard_ranks(d_all, t, gpus_per_node) for d_all, t in uniq.tolist()]
     out[rows] = np.array(degs, dtype=np.int64)[inv.reshape(-1)]
     return out
 

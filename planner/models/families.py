@@ -34,13 +34,20 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str, where: str, source: str 
     mt = cfg.get("model_type")
     if mt is None:
         raise UserError(f"{where}: missing key 'model_type'; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
-    if mt not in SUPPORTED_MODEL_TYPES:
+    if not isinstance(mt, str) or not mt:
         raise UserError(
             f"{where}: unsupported model_type {mt!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
     bad = check_config_types(cfg, where) or config_class_refusal(cfg, mt, where)
     if bad:
         raise UserError(bad)
+    if mt not in SUPPORTED_MODEL_TYPES:
+        from planner.models.generic.spec import generic_spec
+
+        common_generic = {"name": name, "model_type": mt, "source": source}
+        spec = generic_spec({k: v for k, v in cfg.items()}, common_generic, where, SUPPORTED_MODEL_TYPES)
+        _check_shape(spec, where)
+        return spec
     if mt == "deepseek_v3" and "q_lora_rank" in cfg and cfg["q_lora_rank"] is None:
         cfg = {**cfg, "q_lora_rank": 0}     # DeepseekV3Config: null means a full q_proj (DeepSeek-V2-Lite)
     cfg = {k: v for k, v in cfg.items() if v is not None}    # a key set to null takes its default

@@ -79,7 +79,14 @@ def block_matmuls(m: ModelSpec) -> tuple[Matmul, ...]:
     their n_moe_layers blocks): the router (h -> E), the routed experts (k visits of d_ff each,
     gated: gate+up and down), the shared experts (shared_d_ff, every token); their dense blocks
     (DeepSeek-V3's first 3, Llama 4's interleaved ones, Qwen3-MoE's mlp_only_layers) one MLP of
-    dense_d_ff. The LM head and MTP modules are outside the blocks (flops.head_flops)."""
+    dense_d_ff. The LM head and MTP modules are outside the blocks (flops.head_flops).
+    A generic model (planner.models.generic): one GEMM of d_model x n whose FLOPs are the mean
+    block's measured forward FLOPs that do not grow with the sequence, so that the kernel times
+    run at the measured work (its shapes are not known one by one)."""
+    if m.profile is not None:
+        per_token = m.profile.mean_block("fwd_flops_per_token")
+        return (Matmul(name="measured", d_in=m.d_model, d_out=max(1, round(per_token / (2 * m.d_model))),
+                       kind="mlp", split="none"),)
     att = _attention_matmuls(m)
     if not m.is_moe:
         return att + _mlp("mlp", m, m.d_ff, "mlp")

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from planner.models.generic.profile import GenericProfile
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelSpec:
@@ -89,6 +91,14 @@ class ModelSpec:
     attention_window: int = 0       # tokens a local layer sees: the sliding window or the chunk
     n_local_layers: int = 0         # blocks with local attention; the others attend to every token
     n_mtp_modules: int = 0          # DeepSeek-V3 multi-token prediction modules counted (0: as transformers)
+    # ---- the generic path (planner.models.generic): a family no translator is written for,
+    # measured on transformers' own model; its parameters, saved tensors and FLOPs come from here
+    profile: GenericProfile | None = None
+
+    @property
+    def is_generic(self) -> bool:
+        """Planned from a measured profile: data parallel, ZeRO/FSDP and pipeline stages only."""
+        return self.profile is not None
 
     @property
     def q_dim(self) -> int:
@@ -244,7 +254,10 @@ def count_params(m: ModelSpec) -> ParamCount:
     router h x E (plus E with a bias, gpt-oss) and its shared experts; an MoE model's
     dense blocks (DeepSeek-V3's first k, Llama 4's interleaved ones) hold one MLP of
     ``dense_d_ff``. Buffers (DeepSeek-V3's e_score_correction_bias) are not parameters.
+    A generic model's count is its measured profile's (profile_param_count).
     """
+    if m.profile is not None:
+        return profile_param_count(m.profile)
     h = m.d_model
     norm = h * (2 if m.norm == "layernorm" else 1)
     attention = attention_params(m)
@@ -313,6 +326,28 @@ def count_params(m: ModelSpec) -> ParamCount:
         mtp=mtp,
         mtp_idle_experts=mtp_idle,
     )
+
+
+def profile_param_count(p: GenericProfile) -> ParamCount:
+    """The ParamCount of a measured profile: each distinct block kind exact (softmax attention
+    and state-space/linear-attention mixers as its attention, routed experts and router as
+    routed, MLPs, shared experts and the rest as other_mlp); the untied head and everything
+    else outside the blocks in ``final``. Routed experts are not told apart one by one, so
+    ``active`` is the total (FLOPs are measured per token instead)."""
+    blocks = tuple(BlockKind(kind="moe" if b.experts else "dense", n_layers=b.n_layers,
+                             attention=b.attention + b.mixer, routed=b.experts, other_mlp=b.mlp + b.other,
+                             norms=b.norms) for b in p.blocks)
+    n = max(p.n_layers, 1)
+    layers = sum(b.per_layer * b.n_layers for b in blocks)
+
+    def mean(field: str) -> int:
+        return sum(getattr(b, field) * b.n_layers for b in blocks) // n
+
+    return ParamCount(
+        embedding=p.embedding, per_layer=layers // n, n_layers=p.n_layers, final=p.head + p.final,
+        lm_head=p.head, expert_per_layer=0, n_experts=0, n_experts_per_token=0,
+        attention_per_layer=mean("attention"), mlp_per_layer=mean("routed") + mean("other_mlp"),
+        norms_per_layer=mean("norms"), blocks=blocks)
 
 
 # Names that moved to planner.models.load and planner.models.families in the split;

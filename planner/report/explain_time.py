@@ -8,6 +8,7 @@ from planner.hardware.gpus import sustained_rate
 from planner.hardware.placement import Cluster
 from planner.layouts.batch import LayoutArrays
 from planner.layouts.layout import Layout
+from planner.memory.params import optimizer_state_bytes
 from planner.models.spec import ModelSpec, ParamCount
 from planner.report.terms import (
     BUBBLE,
@@ -34,16 +35,18 @@ from planner.timing.model import (
     Efficiency,
     StepTime,
     axis_links,
-    block_kernels,
+    ceiling_floor_s,
     head_backward_gemms,
     layer_key,
     layer_time,
-    optimizer_bytes_per_param,
+    mfu_ceiling,
+    optimizer_update_bytes_per_param,
     rates,
     step_arrays,
     trained_split,
 )
-from planner.training.setup import TrainingSetup, optimizer_state_bytes_per_param
+from planner.training.kernels import layout_kernels
+from planner.training.setup import TrainingSetup
 
 # ----------------------------------------------------------------------------- time
 
@@ -88,7 +91,7 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
     prec = setup.precision_spec
     fp8_share = prec.fp8.matmul_fraction(gpu.name, fp8_fraction_of(gpu, eff, prec.fp8)) if prec.fp8 is not None else 0.0
     parts = step_arrays(m, setup, LayoutArrays.from_layouts([lay]), cluster, eff, pc, [st.placement])
-    lt = layer_time(m, setup, layer_key(lay), block_kernels(setup, lay), gpu, eff)
+    lt = layer_time(m, setup, layer_key(lay), layout_kernels(setup, lay), gpu, eff)
     links = axis_links(cluster, (lay.tp, lay.cp, lay.ep, lay.dp, lay.pp), st.placement)
     fwd_mb, bwd_mb, t_mb = float(parts.fwd_mb_s[0]), float(parts.bwd_mb_s[0]), float(parts.micro_batch_s[0])
     n_slow, n_slow_bwd, slow_stage = int(parts.n_slow[0]), int(parts.n_slow_bwd[0]), int(parts.slow_stage[0])
@@ -228,18 +231,16 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
     out.append(_time("optimizer", "optimizer update",
                      "(Psi / N_d + Psi_e / N_e) x (2 x (master + optimizer state bytes) + gradient + weight bytes) "
                      "/ HBM rate; Psi: trainable parameters", opt_s, OPT_TIME, Psi=rp.trainable_dense,
-                     Psi_e=rp.trainable_expert, bytes_per_param=optimizer_bytes_per_param(setup),
+                     Psi_e=rp.trainable_expert, bytes_per_param=optimizer_update_bytes_per_param(m, setup),
                      N_d=lay.dense_shard_degree if sharded else 1, N_e=lay.expert_shard_degree if sharded else 1,
                      master_bytes=prec.master_bytes,
-                     optimizer_state_bytes=optimizer_state_bytes_per_param(setup.optimizer),
+                     optimizer_state_bytes=optimizer_state_bytes(m, setup),
                      gradient_bytes=prec.grad_bytes, weight_bytes=prec.weight_bytes,
                      hbm_rate_bytes_per_s=r.hbm_bytes_per_s))
     modelled = sum(t.value for t in out if t.summed)
     rate = sustained_rate(gpu)
-    ceiling: float | None = eff.mfu_ceiling if eff.mfu_ceiling is not None else rate.mfu
-    if setup.precision_spec.fp8 is not None and eff.mfu_ceiling is None:
-        ceiling = None          # as timing.fast.step_arrays: the ceilings are BF16 runs' MFU
-    floor_s = st.model_flops / (st.n_gpus * (peak * ceiling)) if ceiling is not None else 0.0
+    ceiling = mfu_ceiling(eff, gpu, setup.precision_spec.fp8 is not None)
+    floor_s = ceiling_floor_s(st.model_flops, st.n_gpus, peak, ceiling)
     if floor_s > modelled:
         out.append(_time("compute", "sustained training rate: no step faster than its model FLOPs at the GPU's "
                          "sustained MFU ceiling", "model FLOPs / (GPUs x peak x ceiling) - the terms above",

@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from planner.api import PlanResult
-    from planner.cost.plan import BuyResult, CostPlanResult
+    from planner.cost.buy import BuyResult
+    from planner.cost.plan import CostPlanResult
     from planner.hardware.gpus import GpuSpec
     from planner.search.search import Candidate
 

@@ -261,12 +261,26 @@ def assumptions_text(r: PlanResult) -> list[str]:
         f"  cluster: {topology_name(r) or 'no topology file (bandwidths from the GPU catalog)'}; "
         f"step times: {r.efficiency.name} overlap settings",
         *sustained_rate_lines(r),
+        *generic_lines(r),
     ] + ([f"  offload: optimizer states -> {s.offload_optimizer}, parameters -> {s.offload_params}; "
           "CPU memory per node: "
           f"{gib(r.host_capacity_bytes) if r.host_capacity_bytes else 'not given by the topology'}"]
          if s.offload_optimizer != "none" or s.offload_params != "none" else []) + (
         [(f"  calibration: {r.calibration} (matmul fraction {r.efficiency.matmul_fraction}, "
           f"fragmentation {o.fragmentation:.0%})")] if r.calibration is not None else [])
+
+
+def generic_lines(r: PlanResult) -> list[str]:
+    """For a model on the generic path: what was measured, on what, and the layouts it allows."""
+    p = r.model.profile
+    if p is None:
+        return []
+    kinds = ", ".join(f"{b.n_layers} x {b.name.split(' (layers')[0]}" for b in p.blocks)
+    return [f"  model: generic path, {r.model.model_type} measured on transformers {p.transformers_version}'s "
+            f"own model (parameters exact; saved tensors and FLOPs per token of each block kind under fake "
+            f"tensors, its eager reference kernels); blocks: {kinds}",
+            "  layouts: data parallel, ZeRO/FSDP and pipeline stages only; tp, cp and ep need a written "
+            "family (docs/models.md)"]
 
 
 def stack_lines(r: PlanResult) -> list[str]:
@@ -277,9 +291,9 @@ def stack_lines(r: PlanResult) -> list[str]:
     if s.stack == "auto":
         if shown is None:
             return []
-        from planner.memory.activations import resolve_kernels
         from planner.stacks import default_stack_reason
-        return [f"  stack: {default_stack_reason(r.model, shown.layout, resolve_kernels(s, shown.layout))}"
+        from planner.training.kernels import layout_kernels
+        return [f"  stack: {default_stack_reason(r.model, shown.layout, layout_kernels(s, shown.layout))}"
                 "; --stack to change"]
     if s.stack not in ("torchtitan", "megatron"):     # hf and deepspeed keep the kernels' profile
         return []

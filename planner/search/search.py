@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from planner.layouts.layout import Layout, SearchSpace
 from planner.memory.floors import min_model_state_bytes_per_param
@@ -66,15 +67,23 @@ def gpu_counts(gpus_per_node: int, max_gpus: int) -> list[int]:
     return sorted(c for c in set(counts) if c <= max_gpus)
 
 
+def rank_columns(step_s: Any, recompute_cost: Any, pp: Any, cp: Any, tp: Any, zero_stage: Any, fsdp: Any,
+                 micro_batch: Any, vp: Any, headroom_bytes: Any) -> tuple:
+    """The order among fitting layouts on the same GPU count, most significant first: the
+    shortest predicted step (planner.timing.model). Ties, and layouts without a step time (no
+    timer given), go to the one that recomputes less (RECOMPUTE_COST), keeps pp, cp, tp and
+    sharding small, takes larger micro-batches and fewer virtual stages and leaves more memory
+    free. One layout's values give rank_key's sort key; arrays give the sweep's np.lexsort
+    keys (reversed: lexsort sorts by the last key first)."""
+    return (step_s, recompute_cost, pp, cp, tp, zero_stage, fsdp, -micro_batch, vp, -headroom_bytes)
+
+
 def rank_key(c: Candidate) -> tuple:
-    """Order among fitting layouts on the same GPU count: the shortest predicted step
-    first (planner.timing.model). Ties, and layouts without a step time (no timer given), go
-    to the one that recomputes less, keeps pp, cp, tp and sharding small, takes larger
-    micro-batches and leaves more memory free."""
+    """rank_columns of one candidate: its sort key."""
     lay = c.layout
     step = c.time.step_time_s if c.time is not None else float("inf")
-    return (step, RECOMPUTE_COST[lay.recompute], lay.pp, lay.cp, lay.tp, lay.zero_stage,
-            lay.is_fsdp, -lay.micro_batch, lay.vp, -c.headroom_bytes)
+    return rank_columns(step, RECOMPUTE_COST[lay.recompute], lay.pp, lay.cp, lay.tp, lay.zero_stage, lay.is_fsdp,
+                        lay.micro_batch, lay.vp, c.headroom_bytes)
 
 
 def evaluate(m: ModelSpec, setup: TrainingSetup, layouts: Iterable[Layout], capacity_bytes: int,

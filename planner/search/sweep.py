@@ -25,7 +25,7 @@ from planner.layouts.layout import SearchSpace
 from planner.memory.model import min_model_state_bytes_per_param, rank_memories
 from planner.memory.peak import MemoryBatch, memory_batch
 from planner.models.spec import ModelSpec, ParamCount, count_params
-from planner.search.search import RECOMPUTE_COST, Candidate
+from planner.search.search import RECOMPUTE_COST, Candidate, rank_columns
 from planner.timing.fast import step_times, step_times_s
 from planner.timing.model import DEFAULT_EFFICIENCY, Efficiency
 from planner.training.setup import TrainingSetup
@@ -87,8 +87,8 @@ def _fastest_on_count(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, n: i
     # floor binds, so the other fields are sorted as arrays rather than walked one by one.
     rc_cost = np.array([RECOMPUTE_COST[r] for r in RECOMPUTES])[arrays_fit.recompute]
     headroom = capacity_bytes - totals[may_fit]
-    order = np.lexsort((-headroom, arrays_fit.vp, -arrays_fit.micro_batch, arrays_fit.sharding > 0,
-                        arrays_fit.zero_stage, arrays_fit.tp, arrays_fit.cp, arrays_fit.pp, rc_cost, times))
+    order = np.lexsort(rank_columns(times, rc_cost, arrays_fit.pp, arrays_fit.cp, arrays_fit.tp, arrays_fit.zero_stage,
+                                    arrays_fit.sharding > 0, arrays_fit.micro_batch, arrays_fit.vp, headroom)[::-1])
     best: list[Candidate] = []
     sized = 0
     for i in order.tolist():

@@ -93,7 +93,7 @@ def default_stack(m: ModelSpec, lay: Layout, kernels: str | None = None) -> str:
     """The stack that runs ``lay`` when the user names none.
 
     ``kernels``: the kernels the memory model used for the layout (planner.memory.activations.
-    resolve_kernels); the stack follows them, so the memory profile on screen and the files
+    layout_kernels); the stack follows them, so the memory profile on screen and the files
     --out writes describe one stack. Fused (Megatron-style, what ``--kernels auto`` picks for
     tp, pp or cp): megatron. Otherwise FSDP without pipeline parallelism: hf (accelerate/
     torchrun, FSDP2; accelerate's ParallelismConfig takes tp and cp). FSDP with pipeline
@@ -129,18 +129,6 @@ def default_stack_reason(m: ModelSpec, lay: Layout, kernels: str) -> str:
     return f"{stack} by default ({why})"
 
 
-# expert tensor parallelism (Layout.etp) is Megatron's alone among the stacks here: torchtitan
-# 0.3.0's Parallelism has expert_parallel_degree and no expert tensor-parallel degree, its
-# experts' region being (pp, dp_replicate, efsdp, ep) (config/configs.py lines 279-287,
-# distributed/parallel_dims.py line 239); transformers and DeepSpeed's ZeRO split no expert
-ETP_REFUSAL = {
-    "torchtitan": ("--stack torchtitan: 0.3.0 has no expert tensor-parallel setting (its experts split over "
-                   "ep and efsdp only): drop --etp or use --stack megatron"),
-    "hf": "--stack hf splits no expert over tensor-parallel ranks: drop --etp or use --stack megatron",
-    "deepspeed": "--stack deepspeed splits no expert over tensor-parallel ranks: drop --etp or use --stack megatron",
-}
-
-
 def runs_megatron_deepspeed(stack: str, lay: Layout) -> bool:
     """Whether ``stack`` runs ``lay`` as Megatron-DeepSpeed: --stack deepspeed with tensor or
     pipeline parallelism (BLOOM 176B and MT-NLG 530B trained so: Megatron's tp, DeepSpeed's
@@ -156,32 +144,16 @@ def reads_megatron_args(stack: str, lay: Layout) -> bool:
 
 
 def stack_refusal(stack: str, m: ModelSpec, lay: Layout) -> str | None:
-    """Why ``stack`` cannot run ``lay`` of ``m`` (one line naming the way out), or None."""
-    d = lay.describe()
-    if lay.expert_tp != lay.tp and stack in ("hf", "torchtitan", "deepspeed"):
-        return ETP_REFUSAL[stack]
-    if stack == "hf":
-        if not lay.is_fsdp:
-            return (f"--stack hf runs FSDP2 plans (accelerate); this layout ({d}) shards with ZeRO-{lay.zero_stage}: "
-                    f"plan with --fsdp full")
-        if lay.pp > 1:
-            return f"--stack hf has no pipeline parallelism; this layout has pp={lay.pp}"
-    if stack == "deepspeed" and lay.cp > 1:
-        return f"--stack deepspeed has no context parallelism; this layout ({d}) has cp={lay.cp}"
-    if stack == "deepspeed" and runs_megatron_deepspeed(stack, lay) and (lay.zero_stage > 1 or lay.ep > 1):
-        return (f"--stack deepspeed runs tp and pp as Megatron-DeepSpeed on DeepSpeed's pipeline engine, which "
-                f"supports ZeRO-0/1 and no experts here; this layout ({d}) needs --zero 0 or 1 and ep 1")
-    if stack == "deepspeed" and lay.is_fsdp:
-        return "--stack deepspeed shards with ZeRO stages, not FSDP2; plan with --zero N"
-    if stack == "torchtitan":
-        why = torchtitan_builds(m)
-        if why is not None:
-            return f"--stack torchtitan: {why}"
-        if not lay.is_fsdp and lay.zero_stage > 0:
-            return (f"--stack torchtitan shards with FSDP2, not ZeRO-{lay.zero_stage}: plan with --fsdp full "
-                    f"(or --zero 0)")
-        if lay.ep > 1:
-            return "--stack torchtitan: its Llama 3 model has no experts to split over ep"
+    """Why ``stack`` cannot run ``lay`` of ``m`` (one line naming the way out), or None: the
+    first of the layout rules' STACK_REFUSALS that fails (planner.layouts.rules, the table
+    the search reads)."""
+    from planner.layouts.rules import STACK_REFUSALS, RuleView
+    from planner.training.setup import TrainingSetup
+
+    view = RuleView.of(m, TrainingSetup(stack=stack, seq_len=lay.seq_len), lay, gpus_per_node=1)
+    for fails, message in STACK_REFUSALS.get(stack, ()):
+        if fails(view):
+            return message(view, lay)
     return None
 
 

@@ -22,11 +22,11 @@ from planner.layouts.groups import Rows as _Rows
 from planner.layouts.groups import TableCache
 from planner.layouts.groups import group as _group
 from planner.layouts.groups import rows as _rows
-from planner.layouts.layout import SHARDINGS, Layout
+from planner.layouts.layout import SHARDINGS, Layout, hybrid_shard_ranks
 from planner.memory.model import stage_layers
 from planner.models.spec import ModelSpec, ParamCount
 from planner.timing.collectives import Ring
-from planner.timing.dp import hybrid_shard, optimizer_bytes_per_param, trained_split
+from planner.timing.dp import optimizer_update_bytes_per_param, trained_split
 from planner.timing.efficiency import (
     CROSS_ENTROPY_BYTES_PER_LOGIT,
     CROSS_ENTROPY_FORWARD_SHARE,
@@ -266,7 +266,7 @@ def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
     moe = m.is_moe
     n_dense, n_expert = dp * cp * ep, dp * cp * tp // (np.int64(etp) if etp > 0 else tp)
     nd_f, ne_f = n_dense.astype(np.float64), n_expert.astype(np.float64)
-    per_param = optimizer_bytes_per_param(setup)
+    per_param = optimizer_update_bytes_per_param(m, setup)
     unsharded = dense + expert if moe else dense
     sharded = dense / nd_f + expert / ne_f if moe else dense / nd_f
     optimizer_s = np.concatenate([(unsharded * per_param / r.hbm_bytes_per_s).ravel(),
@@ -276,7 +276,7 @@ def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
     hybrid = None
     if any_hybrid:
         (inside,) = distinct_rows([tp, n_dense], _rows(1, np.int64, "hybrid", gpu.gpus_per_node),
-                                   lambda tp_, dd: (hybrid_shard(Layout(tp=tp_, dp=dd), gpu.gpus_per_node),))
+                                   lambda tp_, dd: (hybrid_shard_ranks(dd, tp_, gpu.gpus_per_node),))
         hybrid = (inside.astype(np.float64), np.maximum(1, n_dense // inside),
                   Ring.of(inside, gpu.intra_node_bytes_per_s, FALLBACK_INTRA_LATENCY_S, bus, 1))
 
@@ -305,7 +305,7 @@ def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
         zero = np.zeros_like(ag)
         c0, c1, c2 = [ar, rs, zero, zero, zero], [zero, ag, ag_all, ag_all, zero], [zero, zero, rs, ag_all + rs, zero]
         if hybrid is not None:
-            inside_f, across, intra = hybrid          # hybrid_shard ranks inside, replicas across
+            inside_f, across, intra = hybrid          # hybrid_shard_ranks inside, replicas across
             total = dense + expert
             ag_h = intra.time_s((frozen_dense + frozen_expert) + total * w_b if has_frozen else total * w_b)
             rs_h = intra.time_s(total * g_b)

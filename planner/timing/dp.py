@@ -1,6 +1,6 @@
 """What the data-parallel part of a step (timing.fast) reads per distinct shape: the parameters a
 rank trains and the frozen bytes it gathers (trained_split), the HBM bytes of the optimizer
-update per trainable parameter, and the ranks of an FSDP hybrid shard group."""
+update per trainable parameter."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from functools import lru_cache
 
 from planner.layouts.layout import Layout
 from planner.memory.model import rank_params, stage_layers
+from planner.memory.params import optimizer_state_bytes
 from planner.models.spec import ModelSpec, ParamCount
 from planner.timing.kernels import backward_layers
 from planner.training.finetune import (
@@ -15,11 +16,7 @@ from planner.training.finetune import (
     RankSplit,
     rank_split,
 )
-from planner.training.setup import (
-    Precision,
-    TrainingSetup,
-    optimizer_state_bytes_per_param,
-)
+from planner.training.setup import Precision, TrainingSetup
 
 
 @lru_cache(maxsize=4096)
@@ -43,11 +40,13 @@ def trained_split(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, lay: Layou
                        setup.precision_spec.weight_bytes, lay.etp, setup.pp_balance)
 
 
-def optimizer_bytes_per_param(setup: TrainingSetup) -> float:
+def optimizer_update_bytes_per_param(m: ModelSpec, setup: TrainingSetup) -> float:
     """HBM bytes the optimizer update moves per trainable parameter (the update is memory
     bound: timing.fast divides these bytes on the rank's shard by the HBM rate): it reads and writes
     the fp32 master copy and the optimizer states, reads the gradient and writes the
-    16-bit weight (AdamW mixed precision: 2 x (4 + 8) + 2 + 2 = 28 bytes). QLoRA's 16-bit
+    16-bit weight (AdamW mixed precision: 2 x (4 + 8) + 2 + 2 = 28 bytes). The states are
+    the ones the memory model holds (memory.params.optimizer_state_bytes: an override, paged
+    8-bit AdamW, Adafactor's factored moment from the model's shapes). QLoRA's 16-bit
     adapters keep no master copy and its paged 8-bit AdamW two int8 states (Dettmers et al.
     2023, arXiv:2305.14314, Sec. 3), as memory.per_rank_memory counts them:
     2 x (2 + 8/2048) + 2 + 2 = 8.0 bytes."""
@@ -55,16 +54,6 @@ def optimizer_bytes_per_param(setup: TrainingSetup) -> float:
     prec = setup.precision_spec
     if ft.is_lora and ft.adapter_bits == 16:
         prec = Precision.named("bf16")
-    optimizer = "adam8bit" if ft.paged_8bit_optimizer else setup.optimizer
-    state = prec.master_bytes + optimizer_state_bytes_per_param(optimizer)
+    state = prec.master_bytes + optimizer_state_bytes(m, setup)
     return 2 * state + prec.grad_bytes + prec.weight_bytes
 
-
-def hybrid_shard(lay: Layout, gpus_per_node: int) -> int:
-    """The ranks of an FSDP hybrid shard group: the largest divisor of the dense shard degree
-    that fits in a node beside tp (FSDP HYBRID_SHARD, Zhao et al. 2023, arXiv:2304.11277, Sec. 3)."""
-    inside = max(1, gpus_per_node // lay.tp)
-    d = lay.dense_shard_degree
-    while d > inside or lay.dense_shard_degree % d:
-        d -= 1
-    return max(d, 1)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
-from planner.hardware.gpus import list_gpus, sustained_rate
+from planner.hardware.gpus import GpuSpec, list_gpus, sustained_rate
 from planner.hardware.topology import AXES
 
 # Sustained matmul FLOP/s of large BF16/FP16 GEMMs, as a fraction of the dense peak.
@@ -184,6 +185,26 @@ class Efficiency:
 
 
 DEFAULT_EFFICIENCY = Efficiency()      # the defaults above, as the default argument of the models
+
+
+def mfu_ceiling(eff: Efficiency, gpu: GpuSpec, fp8: bool) -> float | None:
+    """The highest MFU a step may reach: Efficiency.mfu_ceiling when set, else the GPU's
+    sustained training rate (hardware.gpus.sustained_rate, measured or ASSUMED). None (no
+    ceiling) for an FP8 step without a set ceiling: the ceilings are BF16 runs' MFU and no
+    FP8 run is in the project's data, so an FP8 step is bounded by its own FP8 GEMM
+    efficiency (training.fp8), not by a BF16 rate."""
+    if eff.mfu_ceiling is not None:
+        return eff.mfu_ceiling
+    return None if fp8 else sustained_rate(gpu).mfu
+
+
+def ceiling_floor_s(model_flops: Any, n_gpus: Any, peak_flops_per_s: float, ceiling: float | None) -> Any:
+    """The shortest step the MFU ceiling allows, in seconds: model FLOPs / (GPUs x peak x
+    ceiling) (MFU as Chowdhery et al. 2022, PaLM, App. B); 0 without a ceiling. Floats or
+    arrays."""
+    if ceiling is None:
+        return 0.0
+    return model_flops / (n_gpus * (peak_flops_per_s * ceiling))
 
 
 # Engines whose overlap settings the published runs document (bench/published_runs.py).

@@ -21,7 +21,7 @@ and drain by at most two chunks of p-1. The data-parallel collectives are those
 of the sharding (ZeRO, Rajbhandari et al. 2020, arXiv:1910.02054, Sec. 5; FSDP, Zhao et al.
 2023, arXiv:2304.11277, Sec. 3; parts.DP_TERMS), each hidden under the slowest stage's
 forward or backward up to its overlap share; the optimizer update moves
-dp.optimizer_bytes_per_param() per trainable parameter of the rank's shard at the HBM rate.
+dp.optimizer_update_bytes_per_param() per trainable parameter of the rank's shard at the HBM rate.
 Each layout takes the fastest of the placement orders (the first of equals).
 step_arrays() returns every term (parts.StepArrays), step_times_s() the step time alone,
 step_time() one layout's StepTime (the batch of one). The work runs on four levels:
@@ -57,7 +57,7 @@ QLoRA, freeze) enters through the per-shape functions: layer_time (frozen base G
 adapters, dequantization), backward_layers (freeze's blocks without backward),
 trained_split (the trainable parameters the gradient reductions and the optimizer cover,
 the frozen bytes ZeRO-3/FSDP gathers: QLoRA's NF4 base at its stored bytes, before the
-forward and again before the backward), optimizer_bytes_per_param and head_backward_gemms.
+forward and again before the backward), optimizer_update_bytes_per_param and head_backward_gemms.
 Step time does not depend on offload, so every set-up is covered.
 """
 
@@ -69,7 +69,7 @@ from dataclasses import replace
 import numpy as np
 
 from planner.errors import UserError
-from planner.hardware.gpus import GpuSpec, sustained_rate
+from planner.hardware.gpus import GpuSpec
 from planner.hardware.placement import Cluster
 from planner.layouts.batch import RECOMPUTES, LayoutArrays, Unsupported
 from planner.layouts.groups import LayoutGroups
@@ -89,11 +89,13 @@ from planner.timing.degrees import (
     degree_tables,
     distinct_rows,
 )
-from planner.timing.dp import optimizer_bytes_per_param
+from planner.timing.dp import optimizer_update_bytes_per_param
 from planner.timing.efficiency import (
     DEFAULT_EFFICIENCY,
     PLACEMENT_ORDERS,
     Efficiency,
+    ceiling_floor_s,
+    mfu_ceiling,
 )
 from planner.timing.flops import flops_per_step
 from planner.timing.intervals import regime_of
@@ -103,6 +105,7 @@ from planner.timing.parts import (
     StepArrays,
 )
 from planner.timing.step import StepTime
+from planner.training.kernels import KERNELS, block_kernel_codes
 from planner.training.setup import TrainingSetup
 
 
@@ -362,8 +365,10 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
     ppp = pp[pd]
     sp_p, pvp, mb_p, rc_p, pga = g.p_cols
     # the block shape (tp, sp, cp, ep, micro-batch, recomputation, kernels): LayoutGroups' B
-    kernel_names = (setup.kernels,) if setup.kernels != "auto" else ("eager", "fused")
-    kern_d = g.fused_d if setup.kernels == "auto" else np.zeros(n_d, dtype=np.int64)
+    # (training.kernels, the rule the memory model reads; the sharding is not known per D,
+    # so amp is timed as the eager ops it runs)
+    kernel_names = KERNELS
+    kern_d = block_kernel_codes(setup, tp, pp, cp, False)
     b_inv, b_first = g.b_inv, g.b_rep
     b_d = pd[b_first]
     block_rows = _rows(13, np.float64, "block", m, setup, cluster, eff, etp)
@@ -432,7 +437,7 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
             # the gradient accumulation pass after each micro-batch's backward
             # (Efficiency.grad_accum_bytes_per_param): the stage's trainable parameters, unsharded,
             # at the optimizer update's HBM rate (degrees.optimizer_s, per byte)
-            accum = optimizer_s[at] * (eff.grad_accum_bytes_per_param / optimizer_bytes_per_param(setup))
+            accum = optimizer_s[at] * (eff.grad_accum_bytes_per_param / optimizer_update_bytes_per_param(m, setup))
             t_mb = t_mb + accum
         pipeline = pga_f * t_mb + bubble_share * t_mb
         order_at = np.arange(n_o)[:, None] * (5 * SLOTS * n_d)
@@ -472,15 +477,11 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
                            lambda n_, rc_: _flops_row(m, setup.seq_len, n_, rc_, setup))
     peak = cluster.gpu.peak_flops_per_s(setup.precision_spec.compute_dtype)
     n_gpus = a.dp * a.tp * a.pp * a.cp * a.ep
-    ceiling: float | None = eff.mfu_ceiling if eff.mfu_ceiling is not None else sustained_rate(cluster.gpu).mfu
-    if setup.precision_spec.fp8 is not None and eff.mfu_ceiling is None:
-        # The ceilings are BF16 runs' MFU; no FP8 run is in the project's data, so an FP8
-        # step is bounded by its own FP8 GEMM efficiency (training.fp8), not by a BF16 rate.
-        ceiling = None
+    ceiling = mfu_ceiling(eff, cluster.gpu, setup.precision_spec.fp8 is not None)
     unfloored = step_o
     if ceiling is not None:
         # no step faster than its model FLOPs at the GPU's sustained training rate
-        step_o = np.maximum(step_o, flops[0] / (n_gpus * (peak * ceiling)))
+        step_o = np.maximum(step_o, ceiling_floor_s(flops[0], n_gpus, peak, ceiling))
     if eff.step_time_factor != 1.0:
         step_o = step_o * eff.step_time_factor
     if not parts:

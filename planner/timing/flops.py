@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.models.generic.profile import GenericProfile
 from planner.models.matmuls import block_matmuls, mean_block_share
 from planner.models.spec import ModelSpec
 from planner.training.finetune import FinetuneSpec, resolve_targets
+from planner.training.linears import blocks_with
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -40,7 +42,10 @@ class LayerFlops:
 
 
 def layer_flops(m: ModelSpec, seq_len: int) -> LayerFlops:
-    """Forward FLOPs per token of the mean block (see LayerFlops)."""
+    """Forward FLOPs per token of the mean block (see LayerFlops); a generic model's mean
+    block is measured (generic_layer_flops)."""
+    if m.profile is not None:
+        return generic_layer_flops(m.profile, seq_len)
     parts = {"qkv": 0.0, "out": 0.0, "mlp": 0.0}
     for mm in block_matmuls(m):
         part = "mlp" if mm.kind != "attention" else ("out" if mm.name == "o" else "qkv")
@@ -49,8 +54,22 @@ def layer_flops(m: ModelSpec, seq_len: int) -> LayerFlops:
     return LayerFlops(qkv=parts["qkv"], scores=scores, out=parts["out"], mlp=parts["mlp"])
 
 
+def generic_layer_flops(p: GenericProfile, seq_len: int) -> LayerFlops:
+    """Forward FLOPs per token of a generic model's mean block, measured by FlopCounterMode on
+    transformers' model at two sequence lengths (planner.models.generic.probe): the part that
+    grows with the sequence (attention scores, a chunked scan's intra-chunk terms) as
+    ``scores``, the rest (every projection, expert, convolution) as ``mlp``. Backward is
+    taken as twice forward, the convention of the written families (the measured backward,
+    BlockProfile.bwd_flops_per_token, is larger on reference scans that recompute)."""
+    per_seq = p.mean_block("fwd_flops_per_token_per_seq")
+    return LayerFlops(qkv=0.0, scores=per_seq * seq_len, out=0.0, mlp=p.mean_block("fwd_flops_per_token"))
+
+
 def head_flops(m: ModelSpec) -> float:
-    """Forward FLOPs per token of the LM head (2 h V; BERT's MLM transform adds 2 h^2)."""
+    """Forward FLOPs per token of the LM head (2 h V; BERT's MLM transform adds 2 h^2); a
+    generic model's are measured (everything outside its blocks)."""
+    if m.profile is not None:
+        return m.profile.head_fwd_flops_per_token
     return 2 * m.d_model * m.vocab_size + (2 * m.d_model**2 if m.mlm_head else 0)
 
 
@@ -100,22 +119,37 @@ class StepFlops:
     hardware_flops: float     # with recomputation
 
 
-def adapter_flops_per_token(m: ModelSpec, ft: FinetuneSpec) -> float:
-    """Forward FLOPs per token of the LoRA adapters of every block: each adapted linear layer
-    d_in -> d_out runs x A and (x A) B, 2 r (d_in + d_out) (Hu et al. 2021, arXiv:2106.09685,
-    Sec. 4.1), r times PEFT's rank factor on fused expert projections, an expert layer on the
-    k experts a token visits, in the blocks that hold the layer. Adapters outside the blocks
-    are not counted (as in kernels.frozen_block_extra_s)."""
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AdapterGemms:
+    """One adapted linear layer of the blocks: its LoRA pair x A (d_in -> rank) then (x A) B
+    (rank -> d_out) (Hu et al. 2021, arXiv:2106.09685, Sec. 4.1)."""
+
+    d_in: int
+    d_out: int
+    rank: int           # the LoRA rank times PEFT's rank factor on fused expert projections
+    expert: bool        # runs on the tokens routed to each expert (k per token), n_copies experts
+    n_copies: int
+    n_blocks: int       # blocks that hold the layer (an MoE model's dense blocks differ from its MoE blocks)
+
+
+def block_adapters(m: ModelSpec, ft: FinetuneSpec) -> tuple[AdapterGemms, ...]:
+    """The LoRA adapters of the blocks, the one list the step's FLOPs (adapter_flops_per_token)
+    and a block's time (kernels.frozen_block_extra_s) read; () unless LoRA/QLoRA. Adapters
+    outside the blocks (BERT's MLM transform) are not counted."""
     if not ft.is_lora:
-        return 0.0
+        return ()
+    return tuple(AdapterGemms(d_in=lin.d_in, d_out=lin.d_out, rank=ft.lora_rank * lin.rank_factor,
+                              expert=lin.expert, n_copies=lin.n_copies, n_blocks=blocks_with(m, lin))
+                 for lin in resolve_targets(m, ft) if lin.group != "outside")
+
+
+def adapter_flops_per_token(m: ModelSpec, ft: FinetuneSpec) -> float:
+    """Forward FLOPs per token of the LoRA adapters of every block (block_adapters): each
+    runs 2 r (d_in + d_out), an expert layer on the k experts a token visits, in the blocks
+    that hold the layer."""
     k = m.n_experts_per_token if m.is_moe else 1
-    total = 0.0
-    for lin in resolve_targets(m, ft):
-        if lin.group == "outside":
-            continue
-        blocks = lin.n_blocks or m.n_layers
-        total += (k if lin.expert else 1) * 2 * ft.lora_rank * lin.rank_factor * (lin.d_in + lin.d_out) * blocks
-    return total
+    return float(sum((k if a.expert else 1) * 2 * a.rank * (a.d_in + a.d_out) * a.n_blocks
+                     for a in block_adapters(m, ft)))
 
 
 def executed_flops_per_token(m: ModelSpec, seq_len: int, ft: FinetuneSpec, recompute: str = "none",

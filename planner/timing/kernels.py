@@ -19,13 +19,14 @@ from planner.timing.efficiency import (
     TENSOR_FLOPS_PER_EXP,
     Efficiency,
 )
+from planner.timing.flops import block_adapters
 from planner.training.finetune import (
     FinetuneSpec,
     activation_layers,
     linear_weight_bytes,
-    resolve_targets,
 )
 from planner.training.fp8 import Fp8Recipe
+from planner.training.kernels import runs_fused_elementwise, selective_policy
 from planner.training.linears import block_linears
 from planner.training.setup import (
     Precision,
@@ -181,6 +182,8 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
     2.5x forward (Dao 2023, Sec. 3.1: backward recomputes the scores); eager as two batched
     GEMMs per head with k = head_dim and k = s. Element-wise kernels at HBM bandwidth
     (elementwise_bytes_per_token; eager kernels x Efficiency.unfused_elementwise_factor).
+    ``kernels``: what the block runs (training.kernels.block_kernel_codes, the rule the memory
+    model reads too): fused, eager, amp or torchtitan (its per-op SelectiveAC under selective).
     Recomputation adds forward work: full the whole block, selective the
     attention core (Korthikanti et al. 2022, Sec. 4.2-4.3).
 
@@ -238,7 +241,7 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
         batch = key.micro_batch * heads
         attn_fwd = gemm(s / cp, s, d, batch) + gemm(s / cp, dv, s, batch)
         attn_bwd = 2 * attn_fwd
-    factor = 1.0 if kernels == "fused" else eff.unfused_elementwise_factor
+    factor = 1.0 if runs_fused_elementwise(setup, kernels) else eff.unfused_elementwise_factor
     elem = elementwise_bytes_per_token(m, key, setup)
     elem_fwd, elem_bwd = (tokens * factor / hbm * x for x in (elem.fwd, elem.bwd))
     if prec.fp8 is not None:
@@ -257,7 +260,8 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
         bwd = gemm_fwd + attn_bwd + elem_bwd + 2 * adapter_fwd + dequant
     if key.recompute == "full":
         bwd += fwd * setup.recomputed_share     # Megatron's block method reruns N layers of each stage
-    elif key.recompute == "selective" and eff.selective_policy == "torchtitan-op" and not m.is_moe:
+    elif key.recompute == "selective" and selective_policy(kernels, eff.selective_policy) == "torchtitan-op" \
+            and not m.is_moe:
         # every second mm of the block's forward order (wq wk wv wo, then w1 w3 w2 or fc1 fc2)
         # and the element-wise ops (Efficiency.selective_policy)
         second = [gemm(tokens, kv / tp, h), gemm(tokens, h, q / tp)]
@@ -367,10 +371,12 @@ def frozen_block_extra_s(m: ModelSpec, ft: FinetuneSpec, key: Layout, r: Rates, 
     """(adapter GEMMs' forward, one dequantization pass) of one block under LoRA/QLoRA, for
     one micro-batch on one rank, in seconds.
 
-    Adapters: every adapted linear layer d_in -> d_out runs x A (T x d_in x r) then (x A) B
-    (T x r x d_out), r the rank (times PEFT's factor on fused expert projections), expert
-    layers on the tokens routed to each local expert (Hu et al. 2021, arXiv:2106.09685,
-    Sec. 4.1). Adapters split by tp as the layers they adapt (finetune.rank_split), here as
+    Adapters (flops.block_adapters, the list the step's FLOPs read): every adapted linear
+    layer d_in -> d_out runs x A (T x d_in x r) then (x A) B (T x r x d_out), r the rank
+    (times PEFT's factor on fused expert projections), expert layers on the tokens routed to
+    each local expert (Hu et al. 2021, arXiv:2106.09685, Sec. 4.1); a layer that only some
+    blocks hold (an MoE model's dense MLP, its experts) counts in the share of blocks that
+    hold it, as the FLOPs count it. Adapters split by tp as the layers they adapt (finetune.rank_split), here as
     d_in / tp into A and d_out / tp out of B. Backward runs both gradients of A and B: twice
     the forward (layer_time). Adapters outside the blocks (BERT's MLM transform) and dropout
     on the adapter path are not counted.
@@ -389,14 +395,12 @@ def frozen_block_extra_s(m: ModelSpec, ft: FinetuneSpec, key: Layout, r: Rates, 
     mm, hbm = r.matmul_flops_per_s, r.hbm_bytes_per_s
     k = m.n_experts_per_token if m.is_moe else 1
     adapters = 0.0
-    for lin in resolve_targets(m, ft):
-        if lin.group == "outside":
-            continue
-        rank = ft.lora_rank * lin.rank_factor
-        local = lin.n_copies / ep if lin.expert else 1
-        rows = tokens * k / (m.n_experts / ep) if lin.expert else tokens
-        adapters += (gemm_time_s(rows, rank, lin.d_in / tp, mm, hbm, elem_bytes, local)
-                     + gemm_time_s(rows, lin.d_out / tp, rank, mm, hbm, elem_bytes, local))
+    for ad in block_adapters(m, ft):
+        local = ad.n_copies / ep if ad.expert else 1
+        rows = tokens * k / (m.n_experts / ep) if ad.expert else tokens
+        share = ad.n_blocks / m.n_layers       # the average block: a layer some blocks hold only
+        adapters += share * (gemm_time_s(rows, ad.rank, ad.d_in / tp, mm, hbm, elem_bytes, local)
+                             + gemm_time_s(rows, ad.d_out / tp, ad.rank, mm, hbm, elem_bytes, local))
     dequant = 0.0
     if ft.quant != "none":
         for lin in block_linears(m):
@@ -428,10 +432,3 @@ def layer_key(lay: Layout) -> Layout:
     return Layout(tp=lay.tp, sp=lay.sp, cp=lay.cp, ep=lay.ep, micro_batch=lay.micro_batch,
                   seq_len=lay.seq_len, recompute=lay.recompute, etp=lay.etp)
 
-
-def block_kernels(setup: TrainingSetup, lay: Layout) -> str:
-    """The kernels a block runs: the set-up's, or under "auto" fused kernels (Megatron-LM,
-    Transformer Engine) where tp, pp or cp exceeds 1 and eager PyTorch otherwise."""
-    if setup.kernels != "auto":
-        return setup.kernels
-    return "fused" if (lay.tp > 1 or lay.pp > 1 or lay.cp > 1) else "eager"

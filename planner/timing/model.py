@@ -36,8 +36,7 @@ from planner.hardware.placement import (
 )
 from planner.timing.collectives import all_reduce_s, gather_s
 from planner.timing.dp import (
-    hybrid_shard,
-    optimizer_bytes_per_param,
+    optimizer_update_bytes_per_param,
     trained_split,
 )
 from planner.timing.efficiency import (
@@ -54,6 +53,8 @@ from planner.timing.efficiency import (
     PLACEMENT_ORDERS,
     TRAINING_MFU_CEILING,
     Efficiency,
+    ceiling_floor_s,
+    mfu_ceiling,
 )
 from planner.timing.fast import step_arrays, step_time, step_times
 from planner.timing.flops import (
@@ -70,7 +71,6 @@ from planner.timing.kernels import (
     LayerTime,
     Rates,
     backward_layers,
-    block_kernels,
     elementwise_bytes_per_token,
     frozen_block_extra_s,
     gemm_time_s,
@@ -93,6 +93,8 @@ __all__ = [
     "MATMUL_FRACTION_DEFAULT",
     "NO_MFU_CEILING",
     "TRAINING_MFU_CEILING",
+    "ceiling_floor_s",
+    "mfu_ceiling",
     "MEGATRON_2021",
     "MEGATRON_CORE",
     "PLACEMENT_ORDERS",
@@ -110,7 +112,6 @@ __all__ = [
     "all_reduce_s",
     "axis_links",
     "backward_layers",
-    "block_kernels",
     "cluster_for",
     "elementwise_bytes_per_token",
     "flops_per_step",
@@ -120,12 +121,11 @@ __all__ = [
     "hardware_flops_per_token",
     "head_backward_gemms",
     "head_flops",
-    "hybrid_shard",
     "layer_flops",
     "layer_key",
     "layer_time",
     "model_flops_per_token",
-    "optimizer_bytes_per_param",
+    "optimizer_update_bytes_per_param",
     "rates",
     "scale_up_domain_gpus",
     "step_arrays",

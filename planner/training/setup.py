@@ -155,8 +155,23 @@ class Overheads:
     nccl_bytes: int = 512 * MiB
     fragmentation: float = 0.10
 
-    def fixed_bytes(self, distributed: bool) -> int:
-        return self.cuda_context_bytes + self.library_workspace_bytes + (self.nccl_bytes if distributed else 0)
+    def fixed_bytes(self, distributed: Any) -> Any:
+        """CUDA context, library workspaces and, on a rank of a distributed job, NCCL, in bytes
+        (``distributed`` a bool, or a bool array for an int64 array)."""
+        return self.cuda_context_bytes + self.library_workspace_bytes + distributed * self.nccl_bytes
+
+    def fragmentation_bytes(self, tracked_bytes: Any) -> Any:
+        """The allocator's reserve on top of ``tracked_bytes`` of tensors (an int or an int64
+        array): fragmentation x tracked, rounded down."""
+        if isinstance(tracked_bytes, int):
+            return int(tracked_bytes * self.fragmentation)
+        return (tracked_bytes * self.fragmentation).astype("int64")
+
+    def untracked_bytes(self, tracked_bytes: Any, distributed: Any) -> Any:
+        """What a rank whose tensors take ``tracked_bytes`` holds beyond them: the fixed costs
+        (fixed_bytes; ``distributed`` a bool or a bool array) plus fragmentation_bytes. The one
+        rule the training memory model, its floors and the inference model add on top."""
+        return self.fixed_bytes(distributed) + self.fragmentation_bytes(tracked_bytes)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

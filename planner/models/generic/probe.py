@@ -1,0 +1,327 @@
+"""Measure a GenericProfile on transformers' own model (torch and transformers imported here
+only, the first time a config is seen; planner.models.generic.cache keeps the answer).
+
+Parameters: the model built on the meta device (``torch.device("meta")``; see build_meta for
+why not accelerate's ``init_empty_weights``), summed once per tensor (a tied head counts
+once, as ``Module.parameters()`` does) and split by module kind from the classes holding it
+and its path (see classify).
+
+Saved tensors and FLOPs: the same config built under FakeTensorMode in bf16 (no memory, no
+arithmetic), one forward and backward of one sequence at each of two lengths. Saved tensors
+are read with ``torch.autograd.graph.saved_tensors_hooks`` (each storage once, parameters
+excluded) and charged to the block running when autograd saved them; FLOPs with
+``torch.utils.flop_counter.FlopCounterMode`` per module. FlopCounterMode has no formula for
+``aten._grouped_mm``, the routed experts' kernel of transformers 5.x, so its routed experts
+would count 0 FLOPs (FACTS.md); grouped_mm_flops is registered for it here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from typing import Any
+
+from planner.errors import UserError
+from planner.models.generic.profile import BlockProfile, GenericProfile
+
+# The two sequence lengths the block terms are read at. Short, because transformers'
+# reference scans run in Python loops (Mamba-1's is one step per token) and their cost under
+# fake tensors grows with the length; multiples of gated DeltaNet's chunk of 64. Mamba-2's
+# reference scan pads to its chunk_size (256), so at 128 a fixed padding shows up per token:
+# _fit then keeps the value at 256 (exact there) and no growing term.
+SEQ_LENS = (128, 256)
+
+# The module kind of a parameter, read from the class names of the modules that hold it,
+# innermost first (NemotronHBlock calls every sub-layer "mixer", so paths alone mislead):
+_CLASS_KINDS = (
+    ("norms", re.compile(r"norm", re.IGNORECASE)),
+    ("experts", re.compile(r"(moe|expert|router|topk)", re.IGNORECASE)),
+    ("mixer", re.compile(r"(mamba|mixer|deltanet|delta|linearattention|lightning|ssm|rwkv|lstm|recurrent|"
+                         r"shortconv|hyena)", re.IGNORECASE)),
+    ("attention", re.compile(r"(attention|attn)", re.IGNORECASE)),
+    ("mlp", re.compile(r"(mlp|feedforward|ffn)", re.IGNORECASE)),
+)
+# ... and where no class says, from the parameter's path
+_PATH_KINDS = (
+    ("norms", re.compile(r"(^|\.)(\w*norm\w*|ln_\d|ln\d)(\.|$)", re.IGNORECASE)),
+    ("mlp", re.compile(r"shared_expert", re.IGNORECASE)),
+    ("experts", re.compile(r"(experts|router|(^|\.)gate(\.|$)|e_score)", re.IGNORECASE)),
+    ("mixer", re.compile(r"(mamba|ssm|linear_attn|conv1d|A_log|dt_bias|time_mix|rwkv|delta)", re.IGNORECASE)),
+    ("attention", re.compile(r"(attn|attention|q_proj|k_proj|v_proj|o_proj|qkv|query|key|value)",
+                             re.IGNORECASE)),
+    ("mlp", re.compile(r"(mlp|feed_forward|ffn|fc1|fc2|h_to_4h|4h_to_h|up_proj|down_proj|gate_proj|c_fc)",
+                       re.IGNORECASE)),
+)
+
+
+def classify(param_path: str, module_classes: list[str]) -> str:
+    """The module kind of one parameter inside a block: from the class names of the modules
+    holding it (innermost first; the block's own class excluded), else from its path; shared
+    experts count as MLP (a dense MLP every token runs)."""
+    if "shared_expert" in param_path.lower() and not any("norm" in c.lower() for c in module_classes[:1]):
+        return "mlp"
+    for cls in module_classes:
+        for kind, pattern in _CLASS_KINDS:
+            if pattern.search(cls):
+                return kind
+    for kind, pattern in _PATH_KINDS:
+        if pattern.search(param_path):
+            return kind
+    return "other"
+
+
+def hf_config(cfg: dict[str, Any]) -> Any:
+    """transformers' config object for a config.json dict (its model_type's class)."""
+    from transformers import AutoConfig
+
+    cfg = dict(cfg)
+    model_type = cfg.pop("model_type")
+    for key in ("_attn_implementation", "attn_implementation", "torch_dtype", "dtype", "auto_map",
+                "architectures", "quantization_config"):
+        cfg.pop(key, None)
+    config = AutoConfig.for_model(model_type, **cfg)
+    config.use_cache = False
+    return config
+
+
+def build_meta(config: Any) -> Any:
+    """The causal LM on the meta device (no memory, no weights). ``torch.device("meta")``, not
+    accelerate's ``init_empty_weights``: under the latter transformers 5.24's BioGPT came out
+    with its output projection untied from the embedding (138,240,000 parameters instead of
+    94,838,784)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
+def block_list(model: Any) -> tuple[str, Any]:
+    """The model's blocks: of its ModuleLists, the one holding the most parameters (the
+    decoder layers; a hybrid's shared blocks or an MTP list hold fewer)."""
+    import torch
+
+    best: tuple[int, str, Any] | None = None
+    for path, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) > 0:
+            n = sum(p.numel() for p in module.parameters())
+            if best is None or n > best[0]:
+                best = (n, path, module)
+    if best is None:
+        raise UserError(f"{type(model).__name__}: no list of blocks found; the generic path needs a "
+                        "model whose decoder layers sit in one ModuleList")
+    return best[1], best[2]
+
+
+def _block_signature(block: Any) -> tuple[Any, ...]:
+    return (type(block).__name__,) + tuple((n, tuple(p.shape)) for n, p in block.named_parameters())
+
+
+def grouped_mm_flops(a_shape: Any, b_shape: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    """FLOPs of ``aten._grouped_mm`` (2 per multiply-add): 2-D x 3-D (tokens sorted by
+    expert, M x K times G x K x N) and 3-D x 3-D (G x M x K times G x K x N) contract over
+    the first operand's last dim; 2-D x 2-D (the weight gradient, K x M times M x N split
+    into G groups along M) contracts over M once in all."""
+    if len(a_shape) == 2 and len(b_shape) == 2:
+        return 2 * a_shape[0] * a_shape[1] * b_shape[1]
+    m = 1
+    for d in a_shape[:-1]:
+        m *= d
+    if len(a_shape) == 3 and len(b_shape) == 2:    # G x M x K times K x N_total split along N
+        return 2 * m * a_shape[-1] * b_shape[1] // max(a_shape[0], 1)
+    return 2 * m * a_shape[-1] * b_shape[-1]
+
+
+def profile_config(cfg: dict[str, Any], where: str) -> GenericProfile:
+    """Measure ``cfg`` (a config.json dict) on transformers' causal LM (see the module doc)."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()     # "falling back to its reference PyTorch implementation"
+    try:
+        config = hf_config(cfg)
+        meta = build_meta(config)
+    except Exception as e:  # noqa: BLE001 -- transformers raises many kinds for a config it cannot build
+        raise UserError(f"{where}: transformers {transformers.__version__} cannot build model_type "
+                        f"{cfg.get('model_type')!r} as a causal LM ({type(e).__name__}: {_one_line(e)}); "
+                        "pass a config.json of a family it builds, or `plan models` for the written ones") from None
+    blocks_path, blocks = block_list(meta)
+    seen: set[int] = set()
+    kinds_of_block: list[dict[str, int]] = []
+    for block in blocks:
+        counts: dict[str, int] = defaultdict(int)
+        classes = {path: type(mod).__name__ for path, mod in block.named_modules()}
+        for mod_path, module in block.named_modules():
+            held_by = [classes[".".join(mod_path.split(".")[:k])] for k in range(mod_path.count(".") + 1, 0, -1)
+                       if mod_path]
+            for name, p in module.named_parameters(recurse=False):
+                if id(p) in seen:
+                    continue
+                seen.add(id(p))
+                counts[classify(f"{mod_path}.{name}".lstrip("."), held_by)] += p.numel()
+        kinds_of_block.append(counts)
+    embedding, head, final = _outside_blocks(meta, seen)
+    sigs = [_block_signature(b) for b in blocks]
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for i, sig in enumerate(sigs):
+        groups.setdefault(sig, []).append(i)
+    try:
+        measured = _measure_blocks(config)
+    except Exception as e:  # noqa: BLE001 -- any failure of transformers' forward under fake tensors
+        raise UserError(f"{where}: transformers' {cfg.get('model_type')} model does not run one training step "
+                        f"under fake tensors ({type(e).__name__}: {_one_line(e)}), so the generic path cannot "
+                        "measure its activations and FLOPs; a written family is needed") from None
+    out: list[BlockProfile] = []
+    for sig, idx in groups.items():
+        first = idx[0]
+        per = {k: kinds_of_block[first].get(k, 0) for k in ("attention", "mixer", "mlp", "experts", "norms", "other")}
+        held = "+".join(k for k in ("attention", "mixer", "mlp", "experts") if per[k])
+        name = sig[0] if len(groups) == 1 else f"{sig[0]} [{held or 'other'}] (layers {_ranges(idx)})"
+        fits = {key: _fit([sum(measured[s][key][i] for i in idx) / len(idx) for s in SEQ_LENS])
+                for key in ("saved", "fwd", "bwd")}
+        out.append(BlockProfile(
+            name=name, n_layers=len(idx), **per,
+            saved_bytes_per_token=fits["saved"][0], saved_bytes_per_token_per_seq=fits["saved"][1],
+            fwd_flops_per_token=fits["fwd"][0], fwd_flops_per_token_per_seq=fits["fwd"][1],
+            bwd_flops_per_token=fits["bwd"][0], bwd_flops_per_token_per_seq=fits["bwd"][1]))
+    head_fwd = measured[SEQ_LENS[0]]["outside_fwd"][0]
+    return GenericProfile(model_type=str(cfg["model_type"]), transformers_version=transformers.__version__,
+                          blocks=tuple(out), embedding=embedding, head=head, final=final,
+                          head_fwd_flops_per_token=head_fwd, seq_lens=SEQ_LENS)
+
+
+def _one_line(e: Exception) -> str:
+    """An exception's message on one line, cut to 160 characters."""
+    return " ".join(str(e).split())[:160]
+
+
+def _outside_blocks(meta: Any, seen: set[int]) -> tuple[int, int, int]:
+    """Parameters outside the blocks: (embedding, untied head, the rest). Embedding modules
+    (token, position, token-type) count as embedding; the output embedding when it is not
+    the input embedding's tensor as head; every other parameter (final norm...) as the rest."""
+    import torch
+
+    head_module = meta.get_output_embeddings()
+    head_ids = {id(p) for p in head_module.parameters()} if head_module is not None else set()
+    embedding = head = final = 0
+    for module in meta.modules():
+        for p in module.parameters(recurse=False):
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            if isinstance(module, torch.nn.Embedding):
+                embedding += p.numel()
+            elif id(p) in head_ids:
+                head += p.numel()
+            else:
+                final += p.numel()
+    return embedding, head, final
+
+
+def _ranges(idx: list[int]) -> str:
+    """0,1,2,5 -> "0-2, 5"."""
+    parts: list[str] = []
+    start = prev = idx[0]
+    for i in [*idx[1:], None]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        parts.append(f"{start}-{prev}" if prev > start else f"{start}")
+        if i is not None:
+            start = prev = i
+    return ", ".join(parts)
+
+
+def _fit(per_token: list[float]) -> tuple[float, float]:
+    """(a, b) with per-token value = a + b s through the two sequence lengths. A negative b (a
+    fixed-size term, which shrinks per token as s grows) is not extrapolated: the value at
+    the longer length is kept as a, b = 0 (an over-estimate for longer sequences)."""
+    (s1, s2), (y1, y2) = SEQ_LENS, per_token
+    b = (y2 - y1) / (s2 - s1)
+    if b < 0:
+        return y2, 0.0
+    return y1 - b * s1, b
+
+
+def _measure_blocks(config: Any) -> dict[int, dict[str, list[float]]]:
+    """Per sequence length: per block, saved bytes and forward and backward FLOPs per token,
+    plus the forward FLOPs per token outside the blocks (``outside_fwd``)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    old_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            from transformers import AutoModelForCausalLM
+
+            model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+            model.train()
+            blocks_path, blocks = block_list(model)
+            result: dict[int, dict[str, list[float]]] = {}
+            for s in SEQ_LENS:
+                result[s] = _one_step(model, blocks_path, blocks, s, torch, FlopCounterMode)
+        return result
+    finally:
+        torch.set_default_dtype(old_dtype)
+
+
+def _one_step(model: Any, blocks_path: str, blocks: Any, s: int, torch: Any,
+              flop_counter: Any) -> dict[str, list[float]]:
+    n = len(blocks)
+    params = {p.untyped_storage()._cdata for p in model.parameters()}
+    saved = [0.0] * n
+    seen: set[int] = set()
+    current: list[int] = []
+    handles = []
+
+    def enter(i: int) -> Any:
+        def hook(mod: Any, args: Any) -> None:
+            current.append(i)
+        return hook
+
+    def leave(mod: Any, args: Any, out: Any) -> None:
+        if current:
+            current.pop()
+
+    for i, block in enumerate(blocks):
+        handles.append(block.register_forward_pre_hook(enter(i)))
+        handles.append(block.register_forward_hook(leave))
+
+    def pack(t: Any) -> Any:
+        st = t.untyped_storage()
+        key = st._cdata
+        if key not in params and key not in seen and current:
+            seen.add(key)
+            saved[current[-1]] += st.nbytes()
+        return t
+
+    mapping = {torch.ops.aten._grouped_mm: grouped_mm_flops}
+    fwd = flop_counter(display=False, custom_mapping=mapping)
+    both = flop_counter(display=False, custom_mapping=mapping)    # forward and backward
+    vocab = int(getattr(model.config, "vocab_size", 0) or getattr(model.config.get_text_config(), "vocab_size", 2))
+    ids = torch.randint(0, max(min(vocab, 1000), 2), (1, s))
+    try:
+        with both:
+            with fwd, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                out = model(input_ids=ids)
+                logits = out.logits if hasattr(out, "logits") else out[0]
+                loss = logits.float().mean()
+            loss.backward()
+    finally:
+        for h in handles:
+            h.remove()
+    model.zero_grad(set_to_none=True)
+    prefix = f"{type(model).__name__}.{blocks_path}"
+    fwd_blocks, both_blocks = _per_block(fwd, prefix, n), _per_block(both, prefix, n)
+    bwd_blocks = [b - f for f, b in zip(fwd_blocks, both_blocks, strict=True)]
+    return {"saved": [b / s for b in saved], "fwd": [f / s for f in fwd_blocks],
+            "bwd": [f / s for f in bwd_blocks],
+            "outside_fwd": [(fwd.get_total_flops() - sum(fwd_blocks)) / s]}
+
+
+def _per_block(counter: Any, prefix: str, n: int) -> list[float]:
+    """FLOPs per block from FlopCounterMode's per-module table, whose keys are the root's
+    class name and the module's path (ModuleTracker): ``<prefix>.<i>`` for block i."""
+    table = counter.get_flop_counts()
+    return [float(sum(table.get(f"{prefix}.{i}", {}).values())) for i in range(n)]

@@ -1,0 +1,228 @@
+"""The generic path (planner.models.generic): any causal LM transformers builds is planned,
+with transformers' own parameter count.
+
+Referees: transformers 5.x's models built on the meta device (parameters), the written
+families' FLOP formulas where the same model is also run through the probe (FlopCounterMode
+on transformers' model), and transformers' MODEL_FOR_CAUSAL_LM_MAPPING_NAMES for the list of
+families. The slow test (``pytest -m slow tests/test_generic_families.py``) builds the default
+config of every family in that mapping.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import require
+
+from planner.errors import UserError
+from planner.models.families import SUPPORTED_MODEL_TYPES, spec_from_hf_config
+from planner.models.spec import count_params
+
+torch = require("torch")
+transformers = require("transformers")
+
+sys.path.insert(0, str(Path(__file__).parent))
+from causal_families import causal_lm_types, default_config, transformers_count  # noqa: E402
+
+# A tiny Nemotron-H in Megatron's pattern syntax: Mamba-2, MoE, attention, MLP blocks
+TINY_NEMOTRON_H = {
+    "model_type": "nemotron_h", "hidden_size": 64, "num_hidden_layers": 4, "hybrid_override_pattern": "ME*-",
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 96,
+    "mamba_num_heads": 4, "mamba_head_dim": 16, "n_groups": 1, "ssm_state_size": 16, "chunk_size": 32,
+    "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+    "moe_shared_expert_intermediate_size": 32, "vocab_size": 256, "tie_word_embeddings": False,
+}
+# A tiny Qwen3-Next: gated DeltaNet on 3 of 4 blocks, gated attention on the 4th, MoE MLPs
+TINY_QWEN3_NEXT = {
+    "model_type": "qwen3_next", "hidden_size": 64, "num_hidden_layers": 4, "full_attention_interval": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 96,
+    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32, "vocab_size": 256,
+}
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    """Every test measures into its own cache directory."""
+    monkeypatch.setenv("PLANNER_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize("cfg", [TINY_NEMOTRON_H, TINY_QWEN3_NEXT], ids=["nemotron_h", "qwen3_next"])
+def test_generic_count_is_transformers_count_and_blocks_are_told_apart(cfg):
+    m = spec_from_hf_config(dict(cfg), cfg["model_type"], "test")
+    assert m.is_generic
+    assert count_params(m).total == transformers_count(cfg)
+    kinds = {tuple(k for k in ("attention", "mixer", "mlp", "experts") if getattr(b, k)) for b in m.profile.blocks}
+    if cfg["model_type"] == "nemotron_h":    # "ME*-": one block kind per letter
+        assert kinds == {("mixer",), ("mlp", "experts"), ("attention",), ("mlp",)}
+    else:                                     # 3 gated DeltaNet blocks, 1 attention block, all MoE
+        assert kinds == {("mixer", "mlp", "experts"), ("attention", "mlp", "experts")}
+        assert sorted(b.n_layers for b in m.profile.blocks) == [1, 3]
+
+
+def test_the_probe_counts_a_written_family_as_its_formulas_do():
+    # The same tiny Llama run through the probe: its forward FLOPs per token (FlopCounterMode on
+    # transformers' model) equal the written family's layer_flops, term by term in s
+    from planner.models.generic.probe import profile_config
+    from planner.timing.flops import layer_flops
+
+    cfg = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128}
+    written = spec_from_hf_config(dict(cfg), "llama-tiny", "test")
+    p = profile_config(cfg, "test")
+    assert p.total == count_params(written).total
+    (block,) = p.blocks
+    s1, s2 = p.seq_lens
+    for s in (s1, s2):
+        assert block.fwd_flops_per_token + block.fwd_flops_per_token_per_seq * s == layer_flops(written, s).total
+    assert block.bwd_flops_per_token == pytest.approx(2 * block.fwd_flops_per_token)
+    # eager attention keeps the fp32 softmax and its bf16 copy: 4 heads x (4 + 2) bytes per key
+    assert block.saved_bytes_per_token_per_seq == 4 * (4 + 2)
+
+
+def test_routed_experts_count_their_flops():
+    # FlopCounterMode has no formula for aten._grouped_mm (FACTS.md): without the probe's, the
+    # routed experts would count 0 FLOPs and top-k would not change the count. Each extra
+    # expert a token visits adds its three 64 x 32 matrices: 2 x 3 x 64 x 32 forward FLOPs.
+    from planner.models.generic.probe import profile_config
+
+    def moe_fwd(k: int) -> float:
+        p = profile_config({**TINY_QWEN3_NEXT, "num_experts_per_tok": k}, "test")
+        return sum(b.fwd_flops_per_token * b.n_layers for b in p.blocks)
+
+    assert moe_fwd(2) - moe_fwd(1) == pytest.approx(4 * 2 * 3 * 64 * 32)
+
+
+def test_a_cached_profile_plans_without_torch(tmp_path):
+    path = tmp_path / "tiny-nemotron-h.json"
+    path.write_text(json.dumps(TINY_NEMOTRON_H))
+    spec_from_hf_config(dict(TINY_NEMOTRON_H), "x", "test")     # measures and caches
+    code = ("import sys; from planner.cli.main import main; "
+            f"sys.argv=['plan','--model',{str(path)!r},'--gpus','h100'];\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    assert e.code in (0, None), e.code\n"
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'heavy import'\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "generic path" in out.stdout and "data parallel, ZeRO/FSDP and pipeline stages only" in out.stdout
+
+
+def test_generic_layouts_refuse_tp_and_name_the_way_out(tmp_path):
+    from click.testing import CliRunner
+
+    from planner.cli.main import cli
+
+    path = tmp_path / "tiny-nemotron-h.json"
+    path.write_text(json.dumps(TINY_NEMOTRON_H))
+    r = CliRunner().invoke(cli, ["--model", str(path), "--gpus", "h100", "--tp", "2"], prog_name="plan")
+    assert r.exit_code == 2 and "generic path" in r.output and "written family" in r.output
+    r = CliRunner().invoke(cli, ["--model", str(path), "--gpus", "h100", "--pp", "2", "--n-gpus", "2"],
+                           prog_name="plan")
+    assert r.exit_code == 0, r.output
+    # Megatron-LM's GPT arguments would describe another model: nothing is written
+    out = tmp_path / "out"
+    r = CliRunner().invoke(cli, ["--model", str(path), "--gpus", "h100", "--pp", "2", "--n-gpus", "2",
+                                 "--out", str(out)], prog_name="plan")
+    assert r.exit_code == 2 and "generic path" in r.output and not out.exists(), r.output
+
+
+def test_a_model_type_transformers_does_not_build_is_still_refused():
+    with pytest.raises(UserError, match="unsupported model_type 'gpt5'"):
+        spec_from_hf_config({"model_type": "gpt5"}, "x", "test")
+
+
+def test_presets_on_the_generic_path_ship_their_profiles():
+    # nemotron-3-nano and qwen3-next-80b-a3b plan from the profiles shipped in
+    # planner/presets/profiles (bench/generic_profiles.py); their totals are transformers'
+    # (31,577,937,344: the model card's "31.6B"; 79,674,391,296)
+    from planner.models.generic.cache import shipped_profile
+    from planner.models.load import load_model, preset_config
+
+    for name, total in (("nemotron-3-nano", 31_577_937_344), ("qwen3-next-80b-a3b", 79_674_391_296)):
+        assert shipped_profile(preset_config(name)) is not None, name
+        assert count_params(load_model(name)).total == total
+
+
+# ----------------------------------------------------------------- every family (slow)
+
+def _family_row(mt: str) -> dict:
+    """Build, count and plan one family's default config: written, generic, refused or skipped."""
+    from planner import api
+    from planner.hardware.gpus import get_gpu
+    from planner.training.setup import TrainingSetup
+
+    cfg = default_config(mt)
+    try:
+        ref = transformers_count(cfg)
+    except Exception as e:  # noqa: BLE001 -- the family does not build on the meta device
+        return {"status": "skipped", "why": f"{type(e).__name__}: {str(e)[:120]}"}
+    try:
+        m = spec_from_hf_config(dict(cfg), mt, f"default {mt}")
+    except UserError as e:
+        return {"status": "refused", "why": str(e)[:160]}
+    r = api.plan(m, get_gpu("h100"), TrainingSetup(seq_len=1024, global_batch=64))
+    return {"status": "generic" if m.is_generic else "written", "transformers": ref,
+            "planner": count_params(m).total, "planned": r.best is not None}
+
+
+@pytest.mark.slow
+def test_every_causal_lm_family_is_planned_with_transformers_count(request):
+    # 196 families, tens of minutes on 2 cores: only when asked for by name (-m slow)
+    if "slow" not in (request.config.getoption("-m") or "") or "not slow" in request.config.getoption("-m"):
+        pytest.skip("the every-family referee runs only under -m slow (tens of minutes)")
+    rows = {mt: _family_row(mt) for mt in causal_lm_types()}
+    counted = {mt: r for mt, r in rows.items() if r["status"] in ("written", "generic")}
+    wrong = {mt: r for mt, r in counted.items() if r["planner"] != r["transformers"] or not r["planned"]}
+    assert not wrong, wrong
+    # every written family in the mapping is planned on its written path
+    assert all(rows[mt]["status"] == "written" for mt in SUPPORTED_MODEL_TYPES if mt in rows)
+    summary = {k: sorted(mt for mt, r in rows.items() if r["status"] == k)
+               for k in ("written", "generic", "refused", "skipped")}
+    print(json.dumps({k: len(v) for k, v in summary.items()}), json.dumps(
+        {mt: r["why"] for mt, r in rows.items() if "why" in r}, indent=1))
+
+
+MEASURED_HYBRIDS = {   # the rows of docs/accuracy.md's generic-path table
+    "nemotron_h": {**TINY_NEMOTRON_H, "hidden_size": 512, "num_attention_heads": 8, "head_dim": 64,
+                   "intermediate_size": 1024, "mamba_num_heads": 16, "mamba_head_dim": 64, "n_groups": 2,
+                   "ssm_state_size": 64, "chunk_size": 128, "n_routed_experts": 8, "moe_intermediate_size": 256,
+                   "moe_shared_expert_intermediate_size": 512, "vocab_size": 8192},
+    "qwen3_next": {**TINY_QWEN3_NEXT, "hidden_size": 512, "num_attention_heads": 8, "head_dim": 64,
+                   "intermediate_size": 1024, "linear_num_key_heads": 4, "linear_num_value_heads": 8,
+                   "linear_key_head_dim": 64, "linear_value_head_dim": 64, "num_experts": 8,
+                   "moe_intermediate_size": 256, "shared_expert_intermediate_size": 512, "vocab_size": 8192},
+}
+
+
+@pytest.mark.parametrize("mt", ["nemotron_h", pytest.param("qwen3_next", marks=pytest.mark.slow)])
+def test_plan_measure_on_a_tiny_hybrid_is_within_ten_percent(mt, tmp_path):
+    # the referee: PyTorch's FSDPMemTracker running transformers' model (8 fake ranks, FSDP full,
+    # bf16 mixed precision, sequence 1024) under fake tensors; docs/accuracy.md lists the rows
+    import re
+
+    from click.testing import CliRunner
+
+    from planner.cli.main import cli
+
+    path = tmp_path / f"tiny-{mt}.json"
+    path.write_text(json.dumps(MEASURED_HYBRIDS[mt]))
+    r = CliRunner().invoke(cli, ["measure", "--model", str(path), "--gpus", "h100", "--dp", "8", "--zero", "3",
+                                 "--seq-len", "1024", "--micro-batch", "1"], prog_name="plan")
+    assert r.exit_code == 0, r.output
+    total = re.search(r"total \(less overhead\)\s+([\d.]+) GiB\s+([\d.]+) GiB\s+([+-][\d.]+)%", r.output)
+    assert total is not None, r.output
+    assert abs(float(total.group(3))) <= 10.0, r.output
+
+
+def test_kernel_times_run_at_the_measured_work():
+    # the step time's GEMMs (models.matmuls.block_matmuls) carry the mean block's measured
+    # forward FLOPs, not a dense block guessed from hidden_size and intermediate_size
+    from planner.models.matmuls import block_matmuls
+
+    m = spec_from_hf_config(dict(TINY_NEMOTRON_H), "x", "test")
+    gemm_flops = sum(mm.flops_per_token() for mm in block_matmuls(m))
+    assert gemm_flops == pytest.approx(m.profile.mean_block("fwd_flops_per_token"), rel=1e-3)
