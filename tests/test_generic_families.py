@@ -186,7 +186,7 @@ def test_every_causal_lm_family_is_planned_with_transformers_count(request):
         {mt: r["why"] for mt, r in rows.items() if "why" in r}, indent=1))
 
 
-MEASURED_HYBRIDS = {   # the rows of docs/accuracy.md's generic-path table
+MEASURED_HYBRIDS = {   # the rows of docs/accuracy-generic.md
     "nemotron_h": {**TINY_NEMOTRON_H, "hidden_size": 512, "num_attention_heads": 8, "head_dim": 64,
                    "intermediate_size": 1024, "mamba_num_heads": 16, "mamba_head_dim": 64, "n_groups": 2,
                    "ssm_state_size": 64, "chunk_size": 128, "n_routed_experts": 8, "moe_intermediate_size": 256,
@@ -201,7 +201,7 @@ MEASURED_HYBRIDS = {   # the rows of docs/accuracy.md's generic-path table
 @pytest.mark.parametrize("mt", ["nemotron_h", pytest.param("qwen3_next", marks=pytest.mark.slow)])
 def test_plan_measure_on_a_tiny_hybrid_is_within_ten_percent(mt, tmp_path):
     # the referee: PyTorch's FSDPMemTracker running transformers' model (8 fake ranks, FSDP full,
-    # bf16 mixed precision, sequence 1024) under fake tensors; docs/accuracy.md lists the rows
+    # bf16 mixed precision, sequence 1024) under fake tensors; docs/accuracy-generic.md lists the rows
     import re
 
     from click.testing import CliRunner

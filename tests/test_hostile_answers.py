@@ -360,14 +360,14 @@ MODELS16 = ("llama3.1-8b llama3.1-70b llama3.1-405b mixtral-8x7b qwen2.5-7b gpt2
 def test_buy_keeps_no_memory_terms_per_search():
     """The sweeps' candidates kept their memory terms, each holding its whole sized batch:
     16 jobs took 3.6 GB. What a pool keeps now holds no array."""
-    from planner.cost.plan import _pools
+    from planner.cost.plan import search_pools
     from planner.hardware.gpus import get_gpu
     from planner.layouts.layout import SearchSpace
     from planner.models.spec import load_model
     from planner.timing.model import Efficiency
     from planner.training.setup import TrainingSetup
 
-    (pool,) = _pools(load_model("mixtral-8x7b"), [get_gpu("h100")], TrainingSetup(), SearchSpace(), None,
+    (pool,) = search_pools(load_model("mixtral-8x7b"), [get_gpu("h100")], TrainingSetup(), SearchSpace(), None,
                      Efficiency(), 1)
     for cb in pool.at([8, 16]):
         assert all(c.memory.terms is None for c in cb.fastest)
