@@ -330,7 +330,7 @@ def _number(table: dict[str, Any], key: str, what: str, where: str, lo: float, h
         return None
     v = table[key]
     if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or not lo <= v <= hi:
-        raise UserError(f"{what}: {where}.{key} = {str(v)[:40]} must be a number from {lo:g} to {hi:g}")
+        raise UserError(f"{what}: {where}.{key} = {repr(v)[:40]} must be a number from {lo:g} to {hi:g}")
     return float(v)
 
 
@@ -341,7 +341,7 @@ def _count(table: dict[str, Any], key: str, what: str, where: str, signed: bool 
         return None
     v = table[key]
     if isinstance(v, bool) or not isinstance(v, int) or not (-(1 << 63) if signed else 0) <= v < 1 << 63:
-        raise UserError(f"{what}: {where}.{key} = {str(v)[:40]} must be a whole number of bytes")
+        raise UserError(f"{what}: {where}.{key} = {repr(v)[:40]} must be a whole number of bytes")
     return v
 
 
