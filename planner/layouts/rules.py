@@ -232,6 +232,11 @@ RULES: tuple[Rule, ...] = (
          lambda v: f"tp={v.tp} does not divide the {v.m.n_kv_heads} KV heads (nor is it a multiple of them)"),
     Rule("tp-mlp", lambda v: v.m.d_ff % v.tp != 0,
          lambda v: f"tp={v.tp} does not divide the MLP width {v.m.d_ff}"),
+    # megatron-core 0.16 ssm/mamba_mixer.py MambaMixer.__init__ asserts nheads % tp == 0 and
+    # ngroups % tp == 0 (each tp rank holds whole heads and whole B/C groups); 0 % tp without Mamba
+    Rule("tp-mamba", lambda v: (v.m.mamba_heads % v.tp != 0) | (v.m.ssm_groups % v.tp != 0),
+         lambda v: (f"tp={v.tp} does not divide the {v.m.mamba_heads} Mamba heads and {v.m.ssm_groups} "
+                    f"groups (megatron-core's MambaMixer splits both); pick a divisor of {v.m.ssm_groups}")),
     Rule("sp-needs-tp", lambda v: (v.sp > 0) & (v.tp == 1),
          lambda v: "sequence parallelism needs tp > 1"),
     Rule("pp-layers", lambda v: v.pp > v.m.n_layers,
@@ -329,7 +334,7 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-SPLIT_RULES = ("tp-heads", "tp-kv-heads", "tp-mlp", "pp-layers")    # how a model's weights split
+SPLIT_RULES = ("tp-heads", "tp-kv-heads", "tp-mlp", "tp-mamba", "pp-layers")    # how a model's weights split
 
 
 def split_refusal(m: ModelSpec, tp: int, pp: int) -> str | None:

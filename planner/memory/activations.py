@@ -80,6 +80,11 @@ def layer_activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, kern
     """
     if m.profile is not None:
         return generic_block_terms(m, setup, lay)
+    if m.layer_pattern:     # a hybrid's mean layer, each letter's own tensors (memory.hybrid)
+        from planner.memory.hybrid import hybrid_block_terms
+
+        return hybrid_block_terms(m, setup, lay, "eager" if kernels == "torchtitan" else kernels,
+                                  layer_activation_terms)
     if kernels == "torchtitan":
         return titan_block_terms(m, setup, lay)
     b, s = lay.micro_batch, lay.seq_len // lay.cp

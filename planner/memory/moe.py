@@ -103,10 +103,10 @@ def _mlp_term_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: st
 def moe_block_delta_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) -> int:
     """Bytes a MoE model's mean block keeps beyond memory.activations' generic MoE block, per
     micro-batch on one rank (see the comment above): its dense blocks, shared experts and
-    transformers' MoE tensors. 0 for dense models, frozen blocks, torchtitan's block and under
-    full recomputation."""
+    transformers' MoE tensors. 0 for dense models, frozen blocks, torchtitan's block, under
+    full recomputation and for hybrids, whose layers memory.hybrid sizes letter by letter."""
     if (not m.is_moe or lay.recompute == "full" or kernels == "torchtitan"
-            or setup.finetune.freezes_base):
+            or setup.finetune.freezes_base or m.layer_pattern):
         return 0
     a = setup.precision_spec.activation_bytes
     tokens = lay.micro_batch * (lay.seq_len // lay.cp)

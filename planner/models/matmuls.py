@@ -21,6 +21,7 @@ class Matmul:
 
     ``visits``: how many times a token passes through it (k for the routed experts: each token
     visits k of them; 1 otherwise). ``n_blocks``: blocks that hold it (0: every block).
+    A hybrid's "mamba" GEMMs (in_proj, out_proj) are timed and split like "attention" ones.
     ``split``: how tensor parallelism splits it: "column" (d_out / tp), "row" (d_in / tp),
     "none" (every tp rank runs it whole: the router, MLA's down-projections, which
     megatron-core 0.16 keeps unsplit, transformer/multi_latent_attention.py linear_q_down_proj
@@ -87,6 +88,8 @@ def block_matmuls(m: ModelSpec) -> tuple[Matmul, ...]:
         per_token = m.profile.mean_block("fwd_flops_per_token")
         return (Matmul(name="measured", d_in=m.d_model, d_out=max(1, round(per_token / (2 * m.d_model))),
                        kind="mlp", split="none"),)
+    if m.layer_pattern:
+        return _hybrid_matmuls(m)
     att = _attention_matmuls(m)
     if not m.is_moe:
         return att + _mlp("mlp", m, m.d_ff, "mlp")
@@ -98,6 +101,44 @@ def block_matmuls(m: ModelSpec) -> tuple[Matmul, ...]:
         out += _mlp("shared", m, m.shared_d_ff, "mlp", n_blocks=n_moe)
     if m.n_dense_layers:
         out += _mlp("dense_mlp", m, m.dense_d_ff or m.d_ff, "mlp", n_blocks=m.n_dense_layers)
+    return out
+
+
+def _hybrid_matmuls(m: ModelSpec) -> tuple[Matmul, ...]:
+    """A hybrid's GEMMs, each in the layers of its letter (planner.models.hybrid). M: the Mamba-2
+    in_proj (h -> z, x, B, C, dt) and out_proj (d_inner -> h); megatron-core 0.16's MambaMixer
+    splits in_proj by columns and out_proj by rows over tp (ssm/mamba_mixer.py: in_proj a
+    column-parallel linear of d_inner_local_tp x 2 + 2 ngroups_local_tp x d_state +
+    nheads_local_tp outputs, out_proj row-parallel), so a layer needs one tp all-reduce per
+    pass, as an attention or MLP layer does. *: QKV and O. -: up and down (no gate). E: the
+    router, the k routed experts (in the latent width under latent MoE, with fc1/fc2
+    latent projections h -> L -> h around them, column and row split like an MLP) and the
+    shared expert. The scan and the conv are not GEMMs (hybrid.ssd_scan_flops_per_token)."""
+    h, n_moe = m.d_model, m.n_moe_layers
+    in_proj = 2 * m.mamba_inner + 2 * m.ssm_groups * m.ssm_state + m.mamba_heads
+    out: tuple[Matmul, ...] = ()
+    if m.n_mamba_layers:
+        out += (Matmul(name="mamba_in", d_in=h, d_out=in_proj, kind="mamba", split="column",
+                       n_blocks=m.n_mamba_layers),
+                Matmul(name="mamba_out", d_in=m.mamba_inner, d_out=h, kind="mamba", split="row",
+                       n_blocks=m.n_mamba_layers))
+    if m.n_attention_layers:
+        out += tuple(Matmul(name=a.name, d_in=a.d_in, d_out=a.d_out, kind=a.kind, split=a.split,
+                            n_blocks=m.n_attention_layers) for a in _attention_matmuls(m))
+    if m.n_mlp_layers:
+        out += _mlp("dense_mlp", m, m.dense_d_ff, "mlp", n_blocks=m.n_mlp_layers)
+    if n_moe:
+        width = m.moe_latent or h
+        out += (Matmul(name="router", d_in=h, d_out=m.n_experts, kind="router", split="none", n_blocks=n_moe),
+                Matmul(name="experts_in", d_in=width, d_out=m.d_ff, kind="expert", split="column",
+                       visits=m.n_experts_per_token, n_blocks=n_moe),
+                Matmul(name="experts_out", d_in=m.d_ff, d_out=width, kind="expert", split="row",
+                       visits=m.n_experts_per_token, n_blocks=n_moe))
+        if m.moe_latent:
+            out += (Matmul(name="latent_in", d_in=h, d_out=m.moe_latent, kind="mlp", split="column", n_blocks=n_moe),
+                    Matmul(name="latent_out", d_in=m.moe_latent, d_out=h, kind="mlp", split="row", n_blocks=n_moe))
+        if m.shared_d_ff:
+            out += _mlp("shared", m, m.shared_d_ff, "mlp", n_blocks=n_moe)
     return out
 
 

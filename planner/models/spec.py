@@ -91,6 +91,19 @@ class ModelSpec:
     attention_window: int = 0       # tokens a local layer sees: the sliding window or the chunk
     n_local_layers: int = 0         # blocks with local attention; the others attend to every token
     n_mtp_modules: int = 0          # DeepSeek-V3 multi-token prediction modules counted (0: as transformers)
+    # ---- hybrid Mamba-2 models (Nemotron-H, Nemotron 3; planner.models.hybrid): the layer
+    # pattern in Megatron-Core's hybrid syntax, one letter per layer (M: a Mamba-2 mixer,
+    # *: self-attention, E: an MoE MLP, -: a dense MLP; each layer one norm and one mixer)
+    layer_pattern: str = ""
+    mamba_heads: int = 0
+    mamba_head_dim: int = 0
+    ssm_state: int = 0              # N, the state size per head
+    ssm_groups: int = 0             # G, the groups B and C are shared by
+    conv_kernel: int = 0
+    ssm_chunk: int = 0              # Q, the chunk length of the SSD scan
+    mamba_bias: bool = False        # in_proj/out_proj biases (use_bias)
+    conv_bias: bool = True
+    moe_latent: int = 0             # latent MoE: experts run in this width (fc1/fc2_latent_proj); 0: h
     # ---- the generic path (planner.models.generic): a family no translator is written for,
     # measured on transformers' own model; its parameters, saved tensors and FLOPs come from here
     profile: GenericProfile | None = None
@@ -122,7 +135,38 @@ class ModelSpec:
 
     @property
     def n_moe_layers(self) -> int:
+        if self.layer_pattern:
+            return self.layer_pattern.count("E")
         return self.n_layers - self.n_dense_layers if self.is_moe else 0
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Layers of one mixer each, in Megatron's hybrid pattern (planner.models.hybrid)."""
+        return bool(self.layer_pattern)
+
+    @property
+    def n_attention_layers(self) -> int:
+        """Layers with self-attention: every block, or a hybrid's '*' layers."""
+        return self.layer_pattern.count("*") if self.layer_pattern else self.n_layers
+
+    @property
+    def n_mamba_layers(self) -> int:
+        return self.layer_pattern.count("M")
+
+    @property
+    def n_mlp_layers(self) -> int:
+        """A hybrid's dense MLP layers ('-')."""
+        return self.layer_pattern.count("-")
+
+    @property
+    def mamba_inner(self) -> int:
+        """The Mamba-2 mixer's inner width: heads x head dim (d_inner, expand x h in the paper)."""
+        return self.mamba_heads * self.mamba_head_dim
+
+    @property
+    def mamba_conv_dim(self) -> int:
+        """Channels of the Mamba-2 conv1d: x, B and C (d_inner + 2 G N)."""
+        return self.mamba_inner + 2 * self.ssm_groups * self.ssm_state
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -258,6 +302,10 @@ def count_params(m: ModelSpec) -> ParamCount:
     """
     if m.profile is not None:
         return profile_param_count(m.profile)
+    if m.layer_pattern:
+        from planner.models.hybrid import hybrid_param_count
+
+        return hybrid_param_count(m)
     h = m.d_model
     norm = h * (2 if m.norm == "layernorm" else 1)
     attention = attention_params(m)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.models.generic.profile import GenericProfile
+from planner.models.hybrid import conv_flops_per_token, ssd_scan_flops_per_token
 from planner.models.matmuls import block_matmuls, mean_block_share
 from planner.models.spec import ModelSpec
 from planner.training.finetune import FinetuneSpec, resolve_targets
@@ -29,16 +30,20 @@ class LayerFlops:
     the attention-weighted V over the value head dim, 2 s n_heads (d_qk + d_v), over the full
     s x s (Megatron's and FlopCounterMode's convention: causal masking and sliding windows are
     masks, the kernels' saving is timing.kernels.local_attention_share).
+    A hybrid's (planner.models.hybrid) scores are its attention layers' share of them, and
+    ``mamba`` its Mamba-2 layers' share of in_proj, out_proj, the conv1d and the SSD scan
+    (hybrid.ssd_scan_flops_per_token: the fused kernel's chunked matmuls).
     """
 
     qkv: float
     scores: float
     out: float
     mlp: float
+    mamba: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.qkv + self.scores + self.out + self.mlp
+        return self.qkv + self.scores + self.out + self.mlp + self.mamba
 
 
 def layer_flops(m: ModelSpec, seq_len: int) -> LayerFlops:
@@ -46,12 +51,16 @@ def layer_flops(m: ModelSpec, seq_len: int) -> LayerFlops:
     block is measured (generic_layer_flops)."""
     if m.profile is not None:
         return generic_layer_flops(m.profile, seq_len)
-    parts = {"qkv": 0.0, "out": 0.0, "mlp": 0.0}
+    parts = {"qkv": 0.0, "out": 0.0, "mlp": 0.0, "mamba": 0.0}
     for mm in block_matmuls(m):
-        part = "mlp" if mm.kind != "attention" else ("out" if mm.name == "o" else "qkv")
+        part = mm.kind if mm.kind == "mamba" else (
+            "mlp" if mm.kind != "attention" else ("out" if mm.name == "o" else "qkv"))
         parts[part] += mm.flops_per_token() * mean_block_share(m, mm)
-    scores = 2.0 * seq_len * m.n_heads * (m.head_dim + m.value_head_dim)
-    return LayerFlops(qkv=parts["qkv"], scores=scores, out=parts["out"], mlp=parts["mlp"])
+    scores = 2.0 * seq_len * m.n_heads * (m.head_dim + m.value_head_dim) * m.n_attention_layers / m.n_layers
+    if m.n_mamba_layers:
+        scan = ssd_scan_flops_per_token(m, seq_len) + conv_flops_per_token(m)
+        parts["mamba"] += scan * m.n_mamba_layers / m.n_layers
+    return LayerFlops(qkv=parts["qkv"], scores=scores, out=parts["out"], mlp=parts["mlp"], mamba=parts["mamba"])
 
 
 def generic_layer_flops(p: GenericProfile, seq_len: int) -> LayerFlops:

@@ -20,6 +20,13 @@ from planner.timing.efficiency import (
     Efficiency,
 )
 from planner.timing.flops import block_adapters
+from planner.timing.mamba import (
+    attention_share,
+    dispatch_width,
+    mamba_scan_time_s,
+    moe_share,
+    tp_collectives_per_layer,
+)
 from planner.training.finetune import (
     FinetuneSpec,
     activation_layers,
@@ -141,7 +148,9 @@ def elementwise_bytes_per_token(m: ModelSpec, lay: Layout, setup: TrainingSetup)
     h_div = tp if lay.sp else 1
     k = m.n_experts_per_token if m.is_moe else 1
     mask = h if m.hidden_dropout > 0 else 0
-    n_residual = 1 if m.parallel_block else 2
+    n_residual = 1 if m.parallel_block or m.layer_pattern else 2
+    if m.layer_pattern:
+        return _hybrid_elementwise(m, lay, setup, a, h_div, mask)
     rep_f = m.norms_per_layer * 2 * h * a + n_residual * (3 * h * a + mask)
     rep_b = m.norms_per_layer * 3 * h * a + n_residual * (2 * h * a + mask)
     if m.is_moe:
@@ -159,6 +168,28 @@ def elementwise_bytes_per_token(m: ModelSpec, lay: Layout, setup: TrainingSetup)
         if m.attention_dropout > 0:
             split_f += scores * (2 * a + 1)
             split_b += scores * (2 * a + 1)
+    return ElementwiseBytes(fwd=rep_f / h_div + split_f / tp, bwd=rep_b / h_div + split_b / tp)
+
+
+def _hybrid_elementwise(m: ModelSpec, lay: Layout, setup: TrainingSetup, a: int, h_div: int,
+                        mask: int) -> ElementwiseBytes:
+    """elementwise_bytes_per_token's table for a hybrid's mean layer: one norm and one residual
+    per layer; the MLP activation (relu2: read, write f; backward read x, dy, write dx) on the k
+    routed experts and the shared expert of the MoE layers and on the MLP layers; the MoE
+    permute in the MoE layers; eager softmax in the attention layers. The Mamba layers'
+    element-wise work (conv, gated norm) is in timing.mamba's scan traffic."""
+    tp, n = lay.tp, m.n_layers
+    rep_f = float(2 * m.d_model * a + 3 * m.d_model * a + mask)
+    rep_b = float(3 * m.d_model * a + 2 * m.d_model * a + mask)
+    moe, mlp = m.n_moe_layers / n, m.n_mlp_layers / n
+    widths = moe * (m.n_experts_per_token * m.d_ff + m.shared_d_ff) + mlp * m.dense_d_ff
+    rep_f += moe * 4 * m.n_experts_per_token * dispatch_width(m) * a
+    rep_b += moe * 4 * m.n_experts_per_token * dispatch_width(m) * a
+    split_f, split_b = 2 * widths * a, 3 * widths * a
+    if setup.attention == "eager":
+        scores = m.n_heads * lay.seq_len * attention_share(m)
+        split_f += 2 * scores * a
+        split_b += 3 * scores * a
     return ElementwiseBytes(fwd=rep_f / h_div + split_f / tp, bwd=rep_b / h_div + split_b / tp)
 
 
@@ -241,6 +272,7 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
         batch = key.micro_batch * heads
         attn_fwd = gemm(s / cp, s, d, batch) + gemm(s / cp, dv, s, batch)
         attn_bwd = 2 * attn_fwd
+    attn_fwd, attn_bwd = attn_fwd * attention_share(m), attn_bwd * attention_share(m)
     factor = 1.0 if runs_fused_elementwise(setup, kernels) else eff.unfused_elementwise_factor
     elem = elementwise_bytes_per_token(m, key, setup)
     elem_fwd, elem_bwd = (tokens * factor / hbm * x for x in (elem.fwd, elem.bwd))
@@ -252,6 +284,10 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
     if m.is_moe and eff.moe_block_overhead_s:      # the mean block's share of the MoE blocks' fixed cost
         elem_fwd += eff.moe_block_overhead_s * m.n_moe_layers / m.n_layers
         elem_bwd += 2 * eff.moe_block_overhead_s * m.n_moe_layers / m.n_layers
+    if m.n_mamba_layers:        # the mean block's share of the Mamba layers' scan and conv (timing.mamba)
+        scan_f, scan_b = mamba_scan_time_s(m, tokens, s, tp, mm, hbm, prec.activation_bytes)
+        elem_fwd += scan_f * m.n_mamba_layers / m.n_layers
+        elem_bwd += scan_b * m.n_mamba_layers / m.n_layers
     fwd = gemm_fwd + attn_fwd + elem_fwd
     bwd = 2 * gemm_fwd + attn_bwd + elem_bwd
     if setup.finetune.freezes_base:
@@ -271,7 +307,8 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
         bwd += attn_fwd
     # tp: 2 all-reduces (or all-gather + reduce-scatter pairs with sp) in forward, 2 in
     # backward, 2 more when full recomputation reruns the forward (Shoeybi et al. 2019, Sec. 3).
-    tp_coll = (4 + (2 * setup.recomputed_share if key.recompute == "full" else 0)) if tp > 1 else 0
+    n_tp = tp_collectives_per_layer(m)      # a hybrid's layer holds one mixer: half a block's
+    tp_coll = (n_tp + (n_tp / 2 * setup.recomputed_share if key.recompute == "full" else 0)) if tp > 1 else 0
     if m.is_moe and etp != tp and tp > 1:
         # half of them are the MLP's (Shoeybi et al. 2019, Sec. 3): under etp they run on the
         # expert tensor-parallel group, inside the tp group (layouts.rules: etp divides tp) and so
@@ -279,12 +316,12 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
         # over the bus rate (timing.collectives.Ring), (etp-1)/etp against (tp-1)/tp
         tp_coll *= (1 + ((etp - 1) / etp) / ((tp - 1) / tp)) / 2
     a = prec.activation_bytes
-    cp_bytes = tokens * 2 * kv * a / tp if cp > 1 else 0.0
+    cp_bytes = tokens * 2 * kv * a / tp * attention_share(m) if cp > 1 else 0.0
     k_ = m.n_experts_per_token if m.is_moe else 1
     ep_a = prec.fp8.ep_dispatch_bytes if prec.fp8 is not None else a    # DeepSeek-V3: FP8 dispatch
     # the all-to-all ends when the most loaded rank has received its tokens (setup.moe_imbalance)
-    ep_bytes = (tokens * k_ * h * ep_a * setup.moe_imbalance / (tp if key.sp else 1)
-                if (m.is_moe and ep > 1) else 0.0)
+    ep_bytes = (tokens * k_ * dispatch_width(m) * ep_a * setup.moe_imbalance / (tp if key.sp else 1)
+                * moe_share(m) if (m.is_moe and ep > 1) else 0.0)
     return LayerTime(fwd_s=fwd, bwd_s=bwd, attention_fwd_s=attn_fwd,
                      tp_bytes=tokens * h * a, tp_collectives=tp_coll,
                      cp_bytes=cp_bytes, cp_passes=(3 + (1 if key.recompute == "full" else 0)) if cp > 1 else 0,

@@ -1,0 +1,135 @@
+"""What a hybrid Mamba-2 / attention / MoE model's layers keep for backward (Nemotron-H,
+Nemotron 3; planner.models.hybrid), per micro-batch on one rank, as the mean layer the memory
+model sizes: each letter's tensors weighted by its share of the layers.
+
+Attention ('*'), MoE ('E') and MLP ('-') layers keep what memory.activations' block keeps for
+its attention half or its MLP half (one norm per layer, each layer's own norm output as its
+input); Mamba-2 layers ('M') are written here, for the two implementations that run them:
+
+* fused (Megatron-Core's MambaMixer, and transformers with the mamba_ssm kernels): the
+  in_proj output zxbcdt and the scan output before the gated norm, with the norm's fp32 rstd
+  per group, are what mamba_ssm's MambaSplitConv1dScanCombinedFn saves (mamba_ssm
+  ops/triton/ssd_combined.py, ``ctx.save_for_backward(zxbcdt, conv1d_weight, conv1d_bias,
+  out_x, A, D, dt_bias, initial_states, seq_idx, rmsnorm_weight, rstd, ...)``; the conv output
+  and dt are recomputed in its backward), plus out_proj's input (megatron-core's out_proj is a
+  row-parallel linear after the fused function); MODELLED, no GPU tracker here;
+* transformers' torch path (kernels eager/amp: mamba2_chunk_scan and causal_conv1d_fn of
+  modeling_nemotron_h.py, what runs without mamba_ssm): read tensor by tensor from autograd's
+  saved tensors of one NemotronHMamba2Mixer under fake tensors (torch 2.13, transformers 5.x;
+  tests/test_hybrid.py checks the total against the measurement), see torch_mamba_bytes_per_token.
+
+Tensor parallelism splits every d_inner-wide tensor (megatron-core's MambaMixer holds
+nheads / tp heads and ngroups / tp groups per rank); h-wide ones only under sequence
+parallelism.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from planner.layouts.layout import Layout
+from planner.memory.activations import ActivationTerm
+from planner.models.spec import ModelSpec
+from planner.training.setup import TrainingSetup
+from planner.units import ceil_div
+
+# memory.activations' term names, by the half of the block that keeps them
+_NORM = "norm inputs"
+_MLP_HALF = ("MLP", "tokens permuted", "router probabilities", "dropout mask after the MLP")
+
+
+def _half(name: str) -> str:
+    if name.startswith(_NORM):
+        return "norm"
+    if name.startswith(_MLP_HALF) or "written in Python ops" in name:
+        return "mlp"
+    return "attention"
+
+
+def torch_mamba_bytes_per_token(m: ModelSpec, seq_len: int, a: int) -> float:
+    """Bytes per token one Mamba-2 mixer keeps under transformers' torch path (a: activation
+    bytes; the mixer's input norm is not included), for a sequence of at least two chunks.
+    With d = d_inner, H heads of P, G groups of state N, chunk Q, c = ceil(s / Q) chunks:
+
+    - in_proj's output (the conv's input is a view of it): a (2 d + 2 G N + H);
+    - the conv output, s + K - 1 positions (F.conv1d pads both sides; silu keeps it): a (d + 2 G N)(s + K - 1) / s;
+    - dt + dt_bias and its softplus (softplus, clamp): 2 a H; dt in fp32 twice, the decays
+      exp(A_cumsum) at the chunk ends and per position: 16 H;
+    - x in fp32, x dt, and their contiguous copies for the two einsums that read x dt: 16 d;
+    - B and C repeated to every head (fp32), B times its decays, and the einsums' copies: 20 H N;
+    - the intra-chunk decays L = exp(segsum), the scores C B^T and the masked scores' copy: 12 H Q;
+    - the chunk states (c + 1 with the initial one) and the copy C h reads (c): 4 H P N (2c + 1) / s;
+    - C h, the gated RMSNorm's fp32 gate, silu(gate), product, its square's input and the
+      normalised output: 24 d, and its rstd per group 4 G; out_proj's 16-bit input: a d;
+    - the segsum masks, 2 Q^2 bytes per sequence.
+
+    Measured 106,005 bytes per token at h 512, d 1024, H 16, P 64, G 2, N 64, Q 128, s 256
+    (this sum gives the same); at s = Q (one chunk) torch's einsums skip copies and it keeps less
+    (96,955 measured at s 128)."""
+    d, hh, p, g, n, q = m.mamba_inner, m.mamba_heads, m.mamba_head_dim, m.ssm_groups, m.ssm_state, m.ssm_chunk
+    s = max(seq_len, 1)
+    c = -(-s // q)
+    return (a * (2 * d + 2 * g * n + hh) + a * m.mamba_conv_dim * (s + m.conv_kernel - 1) / s
+            + 2 * a * hh + 16 * hh + 16 * d + 20 * hh * n + 12 * hh * q + 4 * hh * p * n * (2 * c + 1) / s
+            + 24 * d + 4 * g + a * d + 2 * q * q / s)
+
+
+def fused_mamba_bytes_per_token(m: ModelSpec, a: int) -> float:
+    """Bytes per token one Mamba-2 mixer keeps under the fused kernels (module docstring):
+    zxbcdt a (2 d + 2 G N + H), the scan output a d, rstd 4 G, out_proj's input a d."""
+    d, g, n = m.mamba_inner, m.ssm_groups, m.ssm_state
+    return a * (2 * d + 2 * g * n + m.mamba_heads) + a * d + 4 * g + a * d
+
+
+def hybrid_block_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str,
+                       block_terms: object) -> list[ActivationTerm]:
+    """The mean layer's saved tensors (module docstring). ``block_terms``: memory.activations'
+    layer_activation_terms, called on the classic views of the model (passed in so that the
+    one function that sizes a transformer block sizes the halves here too)."""
+    n = m.n_layers
+    tokens = lay.micro_batch * (lay.seq_len // lay.cp)
+    a = setup.precision_spec.activation_bytes
+    tp, sp_div = lay.tp, (lay.tp if lay.sp else 1)
+    flat = replace(m, layer_pattern="")
+    terms: list[ActivationTerm] = []
+
+    def share(t: ActivationTerm, n_layers: int, label: str) -> None:
+        if n_layers:
+            terms.append(replace(t, name=f"{t.name} [{label}: {n_layers} of {n} layers]",
+                                 bytes=t.bytes * n_layers // n))
+
+    def add(name: str, per_token: float, divisor: int, n_layers: int, label: str) -> None:
+        share(ActivationTerm(name=name, bytes=ceil_div(int(tokens * per_token), divisor)), n_layers, label)
+
+    base = block_terms(flat, setup, lay, kernels)      # type: ignore[operator]
+    for t in base:
+        if _half(t.name) == "norm":
+            share(t, n, "every layer")
+        elif _half(t.name) == "attention":
+            share(t, m.n_attention_layers, "attention")
+    if m.n_moe_layers:
+        for t in base:
+            if _half(t.name) == "mlp":
+                share(t, m.n_moe_layers, "MoE")
+        shared = replace(flat, n_experts=0, n_experts_per_token=0, d_ff=m.shared_d_ff)
+        for t in block_terms(shared, setup, lay, kernels):      # type: ignore[operator]
+            if _half(t.name) == "mlp" and not t.name.startswith("MLP input"):
+                share(replace(t, name=f"shared expert: {t.name}"), m.n_moe_layers, "MoE")
+        if kernels != "fused":
+            # NemotronHTopkRouter: F.linear(hidden_states.type(torch.float32), ...) keeps an fp32 copy
+            add("router input (fp32 copy)", 4 * m.d_model, sp_div, m.n_moe_layers, "MoE")
+    if m.n_mlp_layers:
+        dense = replace(flat, n_experts=0, n_experts_per_token=0, d_ff=m.dense_d_ff)
+        for t in block_terms(dense, setup, lay, kernels):       # type: ignore[operator]
+            if _half(t.name) == "mlp":
+                share(t, m.n_mlp_layers, "MLP")
+    if m.n_mamba_layers:
+        add("Mamba-2 mixer input (norm output)", m.d_model * a, sp_div, m.n_mamba_layers, "Mamba")
+        if kernels == "fused":
+            add("Mamba-2 in_proj output, scan output, rstd, out_proj input (fused kernels)",
+                fused_mamba_bytes_per_token(m, a), tp, m.n_mamba_layers, "Mamba")
+        else:
+            add("Mamba-2 conv, chunked scan and gated norm tensors (transformers' torch path)",
+                torch_mamba_bytes_per_token(m, lay.seq_len // lay.cp, a), tp, m.n_mamba_layers, "Mamba")
+    return terms
+
