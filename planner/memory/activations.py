@@ -257,17 +257,25 @@ def lora_cast_bytes(setup: TrainingSetup, lay: Layout, kernels: str) -> int | No
 PYTHON_ACTIVATION_SAVES = {"gelu_new": 3}
 
 
+# RMSNorms that multiply by their weight in fp32 and cast the product back (transformers 5.x
+# NemotronHRMSNorm: ``(self.weight.to(torch.float32) * hidden_states).to(input_dtype)``), so
+# the normalised tensor the weight's gradient reads is kept in fp32
+FP32_NORM_WEIGHT_TYPES = ("nemotron_h",)
+
+
 def norm_saved_bytes(m: ModelSpec, a: int, kernels: str, frozen: bool = False) -> int:
     """Bytes per element a norm keeps: its input (fused kernels, LayerNorm), or for
     Hugging Face's RMSNorm the fp32 upcast of its input and the normalised tensor.
     Under autocast ("amp") the residual stream is fp32 (measured with MemTracker on a
     Llama model: replicated bf16 autocast keeps 4 more bytes per element per norm).
-    A frozen RMSNorm weight needs no gradient, so the normalised tensor is not kept."""
+    A frozen RMSNorm weight needs no gradient, so the normalised tensor is not kept. Nemotron-H's
+    norm keeps it in fp32 (FP32_NORM_WEIGHT_TYPES)."""
     stream = 4 if kernels == "amp" else a
     if kernels == "fused":
         return a
     if m.norm == "rmsnorm":
-        return 4 + (0 if frozen else stream)
+        normalised = 4 if m.model_type in FP32_NORM_WEIGHT_TYPES else stream
+        return 4 + (0 if frozen else normalised)
     return stream
 
 

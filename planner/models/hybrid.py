@@ -51,8 +51,9 @@ def nemotron_h_spec(cfg: dict[str, Any], common: dict[str, Any], where: str) -> 
     plain MLPs (up, relu2, down: NemotronHExperts, no gate), the shared expert and the '-'
     layers NemotronHMLP likewise; attention has no positional encoding (NemotronHAttention
     applies no rotary embedding) and no biases whatever attention_bias says (its q/k/v/o_proj are
-    built with bias=False). num_hidden_layers is ignored, as transformers ignores it:
-    the pattern's length is the depth."""
+    built with bias=False). The LM head is never tied to the embedding, whatever
+    tie_word_embeddings says (NemotronHForCausalLM's _tied_weights_keys is empty).
+    num_hidden_layers is ignored, as transformers ignores it: the pattern's length is the depth."""
     pattern = _pattern(cfg, where)
     h = int_key(cfg, "hidden_size", where)
     n_heads = opt_int(cfg, "num_attention_heads", where, 32, minimum=1)
@@ -65,7 +66,7 @@ def nemotron_h_spec(cfg: dict[str, Any], common: dict[str, Any], where: str) -> 
         head_dim=opt_int(cfg, "head_dim", where, 128, minimum=1),
         d_ff=moe_ff if n_exp else dense_ff, vocab_size=opt_int(cfg, "vocab_size", where, 131072, minimum=1),
         max_positions=int(cfg.get("max_position_embeddings") or 0), position="none",
-        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)), gated_mlp=False,
+        tied_embeddings=False, gated_mlp=False,
         activation=str(cfg.get("mlp_hidden_act", "relu2")), norms_per_layer=1,
         mlp_bias=bool(cfg.get("mlp_bias", False)),
         n_experts=n_exp, n_experts_per_token=opt_int(cfg, "num_experts_per_tok", where, 2) if n_exp else 0,
