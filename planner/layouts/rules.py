@@ -232,8 +232,9 @@ RULES: tuple[Rule, ...] = (
          lambda v: f"tp={v.tp} does not divide the {v.m.n_kv_heads} KV heads (nor is it a multiple of them)"),
     Rule("tp-mlp", lambda v: v.m.d_ff % v.tp != 0,
          lambda v: f"tp={v.tp} does not divide the MLP width {v.m.d_ff}"),
-    # megatron-core 0.16 ssm/mamba_mixer.py MambaMixer.__init__ asserts nheads % tp == 0 and
-    # ngroups % tp == 0 (each tp rank holds whole heads and whole B/C groups); 0 % tp without Mamba
+    # megatron-core 0.16.1 ssm/mamba_mixer.py MambaMixer.__init__ (lines 250, 258) asserts
+    # nheads % tp == 0 and ngroups % tp == 0 (each tp rank holds whole heads and whole B/C
+    # groups); 0 % tp without Mamba
     Rule("tp-mamba", lambda v: (v.m.mamba_heads % v.tp != 0) | (v.m.ssm_groups % v.tp != 0),
          lambda v: (f"tp={v.tp} does not divide the {v.m.mamba_heads} Mamba heads and {v.m.ssm_groups} "
                     f"groups (megatron-core's MambaMixer splits both); pick a divisor of {v.m.ssm_groups}")),

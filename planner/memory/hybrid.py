@@ -6,13 +6,15 @@ Attention ('*'), MoE ('E') and MLP ('-') layers keep what memory.activations' bl
 its attention half or its MLP half (one norm per layer, each layer's own norm output as its
 input); Mamba-2 layers ('M') are written here, for the two implementations that run them:
 
-* fused (Megatron-Core's MambaMixer, and transformers with the mamba_ssm kernels): the
-  in_proj output zxbcdt and the scan output before the gated norm, with the norm's fp32 rstd
-  per group, are what mamba_ssm's MambaSplitConv1dScanCombinedFn saves (mamba_ssm
+* fused (Megatron-Core's MambaMixer on mamba_ssm's kernels): the in_proj output zxbcdt and the
+  scan output are what mamba_ssm's MambaSplitConv1dScanCombinedFn saves (mamba_ssm
   ops/triton/ssd_combined.py, ``ctx.save_for_backward(zxbcdt, conv1d_weight, conv1d_bias,
   out_x, A, D, dt_bias, initial_states, seq_idx, rmsnorm_weight, rstd, ...)``; the conv output
-  and dt are recomputed in its backward), plus out_proj's input (megatron-core's out_proj is a
-  row-parallel linear after the fused function); MODELLED, no GPU tracker here;
+  and dt are recomputed in its backward). megatron-core 0.16.1 (ssm/mamba_mixer.py, lines
+  659-684 and 447) calls it without the norm and the output projection, then runs its gated
+  RMSNorm (which keeps its input y and an fp32 rstd per group) and out_proj (a row-parallel
+  linear, which keeps its input): so a d more than mamba_ssm's own Mamba2 module keeps.
+  MODELLED from those sources, no GPU tracker here;
 * transformers' torch path (kernels eager/amp: mamba2_chunk_scan and causal_conv1d_fn of
   modeling_nemotron_h.py, what runs without mamba_ssm): read tensor by tensor from autograd's
   saved tensors of one NemotronHMamba2Mixer under fake tensors (torch 2.13, transformers 5.x;
@@ -75,10 +77,11 @@ def torch_mamba_bytes_per_token(m: ModelSpec, seq_len: int, a: int) -> float:
 
 
 def fused_mamba_bytes_per_token(m: ModelSpec, a: int) -> float:
-    """Bytes per token one Mamba-2 mixer keeps under the fused kernels (module docstring):
-    zxbcdt a (2 d + 2 G N + H), the scan output a d, rstd 4 G, out_proj's input a d."""
+    """Bytes per token one Mamba-2 mixer keeps under Megatron-Core's fused path (module
+    docstring): zxbcdt a (2 d + 2 G N + H), the scan output a d, the gated norm's input a d and
+    rstd 4 G, out_proj's input a d."""
     d, g, n = m.mamba_inner, m.ssm_groups, m.ssm_state
-    return a * (2 * d + 2 * g * n + m.mamba_heads) + a * d + 4 * g + a * d
+    return a * (2 * d + 2 * g * n + m.mamba_heads) + 3 * a * d + 4 * g
 
 
 def hybrid_block_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str,
