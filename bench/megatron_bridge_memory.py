@@ -171,7 +171,8 @@ def table(results: list[Result]) -> str:
         "workspaces, NCCL, 10% fragmentation).",
         "",
         f"- Rows: {len(results)}; planned: {len(planned)}; not expressible yet: {len(refused)} (named below); "
-        f"models the planner does not know yet: {len(unknown)} (Nemotron 3 Ultra, whose config.json is not public here; DeepSeek-V4).",
+        f"models the planner does not know yet: {len(unknown)} "
+        "(Nemotron 3 Ultra, whose config.json is not public here; DeepSeek-V4).",
         f"- **Rejected at default settings: {len(rejected)} of {len(planned)} planned rows** "
         f"({sum(not x.fits for x in latest)} of {len(latest)} latest releases of their configuration); "
         "each is named below with the term responsible.",

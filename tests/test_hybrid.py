@@ -178,6 +178,10 @@ def test_tensor_parallelism_splits_whole_mamba_groups():
     r = CliRunner().invoke(cli, ["--model", "nemotron-3-nano", "--gpus", "h100", "--tp", "2", "--ep", "4",
                                  "--n-gpus", "8"], prog_name="plan")
     assert r.exit_code == 0, r.output
+    # context parallelism over Mamba layers (megatron-core's MambaContextParallel) is not timed: refused
+    r = CliRunner().invoke(cli, ["--model", "nemotron-3-nano", "--gpus", "h100", "--cp", "2", "--n-gpus", "8"],
+                           prog_name="plan")
+    assert r.exit_code == 2 and "MambaContextParallel" in r.output and "Traceback" not in r.output, r.output
 
 
 def test_nemotron_rows_of_the_megatron_bridge_corpus_are_expressible():

@@ -269,6 +269,12 @@ RULES: tuple[Rule, ...] = (
                     "micro-batches per step (megatron-core's interleaved schedule)")),
     Rule("cp-sequence", lambda v: (v.cp > 1) & (v.seq_len % (2 * v.cp) != 0),
          lambda v: f"cp={v.cp} needs the sequence {v.seq_len} to split into 2 x cp equal chunks"),
+    # megatron-core 0.16.1 runs Mamba layers under cp through ssm/mamba_context_parallel.py
+    # (all-to-alls of the conv and scan inputs and outputs over the cp group), whose cost the
+    # step time does not count yet (timing.mamba): refused rather than timed as free
+    Rule("cp-mamba", lambda v: (v.cp > 1) & (v.m.n_mamba_layers > 0),
+         lambda v: (f"cp={v.cp} over {v.m.name}'s Mamba-2 layers is not modelled (megatron-core's "
+                    f"MambaContextParallel all-to-alls are not timed yet); plan with --cp 1")),
     Rule("ep-dense", lambda v: (v.ep > 1) & (not v.m.is_moe),
          lambda v: f"ep={v.ep} needs a mixture-of-experts model; {v.m.name} is dense"),
     Rule("ep-experts", lambda v: (v.ep > 1) & (v.m.is_moe) & (v.m.n_experts % v.ep != 0),

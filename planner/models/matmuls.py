@@ -109,8 +109,8 @@ def _hybrid_matmuls(m: ModelSpec) -> tuple[Matmul, ...]:
     in_proj (h -> z, x, B, C, dt) and out_proj (d_inner -> h); megatron-core 0.16.1's MambaMixer
     splits in_proj by columns and out_proj by rows over tp (ssm/mamba_mixer.py, lines 268 and
     367: in_proj and out_proj built from the layer spec's column- and row-parallel linears), so
-    a layer needs one tp all-reduce per pass, as an attention or MLP layer does. *: QKV and O. -: up and down (no gate). E: the
-    router, the k routed experts (in the latent width under latent MoE, with fc1/fc2
+    a layer needs one tp all-reduce per pass, as an attention or MLP layer does. *: QKV and O.
+    -: up and down (no gate). E: the router, the k routed experts (in the latent width under latent MoE, with fc1/fc2
     latent projections h -> L -> h around them, column and row split like an MLP) and the
     shared expert. The scan and the conv are not GEMMs (hybrid.ssd_scan_flops_per_token)."""
     h, n_moe = m.d_model, m.n_moe_layers
