@@ -56,7 +56,9 @@ def layer_flops(m: ModelSpec, seq_len: int) -> LayerFlops:
         part = mm.kind if mm.kind == "mamba" else (
             "mlp" if mm.kind != "attention" else ("out" if mm.name == "o" else "qkv"))
         parts[part] += mm.flops_per_token() * mean_block_share(m, mm)
-    scores = 2.0 * seq_len * m.n_heads * (m.head_dim + m.value_head_dim) * m.n_attention_layers / m.n_layers
+    scores = 2.0 * seq_len * m.n_heads * (m.head_dim + m.value_head_dim)
+    if m.layer_pattern:         # a hybrid's attention layers only
+        scores *= m.n_attention_layers / m.n_layers
     if m.n_mamba_layers:
         scan = ssd_scan_flops_per_token(m, seq_len) + conv_flops_per_token(m)
         parts["mamba"] += scan * m.n_mamba_layers / m.n_layers
