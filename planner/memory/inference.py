@@ -159,6 +159,8 @@ def cached_token_layers(m: ModelSpec, context: int, n_layers: int | None = None)
     ``context``. A pipeline stage holding part of the blocks is given its share of the global
     blocks, rounded up (the most loaded stage)."""
     layers = m.n_layers if n_layers is None else n_layers
+    if m.layer_pattern:     # a hybrid: only its attention layers cache keys and values (mamba_state_bytes)
+        return min(layers, ceil_div(layers * m.n_attention_layers, m.n_layers)) * context
     if not m.local_attention or not m.attention_window or not m.n_local_layers:
         return layers * context
     n_global = m.n_layers - m.n_local_layers
@@ -166,15 +168,33 @@ def cached_token_layers(m: ModelSpec, context: int, n_layers: int | None = None)
     return global_here * context + (layers - global_here) * min(context, m.attention_window)
 
 
+def mamba_state_bytes(m: ModelSpec, batch: int, tp: int = 1, n_layers: int | None = None, kv_bytes: int = 2) -> int:
+    """The fixed state a hybrid's Mamba-2 layers keep per sequence instead of a KV cache, on one
+    tensor-parallel rank, for a stage of ``n_layers`` (default all) layers holding their share of
+    the Mamba layers, rounded up: the conv state, K x (d_inner + 2 G N) in the cache dtype (K
+    positions, as transformers' cache and mamba_ssm's conv_state keep), and the SSM state, H x P x
+    N in fp32 (transformers 5.x NemotronHConfig.mamba_ssm_cache_dtype "float32"; the Nemotron 3
+    deployment guide asks for float32 too). 0 without Mamba layers. tests/test_hybrid.py checks
+    it with the attention layers' keys and values against transformers' own cache."""
+    if not m.n_mamba_layers:
+        return 0
+    layers = m.n_layers if n_layers is None else n_layers
+    mamba_here = min(layers, ceil_div(layers * m.n_mamba_layers, m.n_layers))
+    per_layer = m.conv_kernel * m.mamba_conv_dim * kv_bytes + m.mamba_heads * m.mamba_head_dim * m.ssm_state * 4
+    return mamba_here * batch * ceil_div(per_layer, tp)
+
+
 def kv_cache_bytes(m: ModelSpec, batch: int, context: int, kv_bytes: int = 2, tp: int = 1,
                    n_layers: int | None = None, mla_cache: str = "latent") -> int:
     """Keys and values of ``n_layers`` (default all) blocks for ``batch`` sequences of
     ``context`` tokens on one tensor-parallel rank: kv_elements_per_token x the tokens each
     block caches (cached_token_layers) x batch x kv_bytes; for a classic block 2 x layers x
-    ceil(kv_heads / tp) x head_dim x context x batch x kv_bytes. 0 for encoders."""
+    ceil(kv_heads / tp) x head_dim x context x batch x kv_bytes; a hybrid's Mamba layers add
+    their fixed state (mamba_state_bytes). 0 for encoders."""
     if not m.causal:
         return 0
-    return kv_elements_per_token(m, tp, mla_cache) * cached_token_layers(m, context, n_layers) * batch * kv_bytes
+    return (kv_elements_per_token(m, tp, mla_cache) * cached_token_layers(m, context, n_layers) * batch * kv_bytes
+            + mamba_state_bytes(m, batch, tp, n_layers, kv_bytes))
 
 
 def prefill_activation_bytes(m: ModelSpec, setup: LoadSetup, tp: int, last_stage: bool) -> int:
@@ -245,6 +265,10 @@ def load_memory_batch(m: ModelSpec, setup: LoadSetup, tp: np.ndarray, pp: np.nda
         per_token = _per_value(lambda t: kv_elements_per_token(m, t, setup.mla_cache), tp)
         token_layers = _per_value(lambda n: cached_token_layers(m, setup.context, n), st.n_layers)
         kv = per_token * token_layers * setup.batch * setup.kv_bytes
+        if m.n_mamba_layers:     # a hybrid's Mamba layers: a fixed state per sequence
+            kv = kv + np.array([[mamba_state_bytes(m, setup.batch, int(t), int(n), setup.kv_bytes)
+                                 for t, n in zip(tp.tolist(), row.tolist(), strict=True)]
+                                for row in np.broadcast_to(st.n_layers, kv.shape)], dtype=np.int64)
     last = st.stage == pp - 1
     acts = np.where(last, _per_value(lambda t: prefill_activation_bytes(m, setup, t, True), tp),
                     _per_value(lambda t: prefill_activation_bytes(m, setup, t, False), tp))
