@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from planner.hardware.gpus import GpuSpec
 from planner.hardware.placement import Cluster, axis_links, cluster_for
 from planner.layouts.layout import Layout
-from planner.memory.inference import kv_cache_bytes
+from planner.memory.inference import kv_cache_bytes, mamba_state_bytes
 from planner.memory.rollout import VLLM_BLOCK_SIZE, VLLM_MAX_NUM_SEQS, EngineBudget
 from planner.models.spec import ModelSpec, count_params
 from planner.timing.collectives import all_reduce_s, gather_s
@@ -176,10 +176,13 @@ def generation_time(m: ModelSpec, gpu: GpuSpec, rl: RLSetup, n_gen_gpus: int, bu
     prompt_tokens = per_engine * rl.prompt_len
     prefill_s = forward_flops_per_token(m, rl.prompt_len) * prompt_tokens / (e_tp * r.matmul_flops_per_s)
     active = count_params(m).active
-    kv_row_bytes = kv_cache_bytes(m, 1, 1, tp=e_tp)          # one token of every layer on one rank
+    # one token of every layer on one rank; a hybrid's Mamba layers keep a fixed state per
+    # sequence instead (memory.inference.mamba_state_bytes), read and written at every decode step
+    state_bytes = mamba_state_bytes(m, 1, e_tp)
+    kv_row_bytes = kv_cache_bytes(m, 1, 1, tp=e_tp) - state_bytes
     mean = rl.mean_response
     steps = decode_steps(per_engine, concurrent, mean, rl.response_len)
-    kv_reads = per_engine * mean * (rl.prompt_len + mean / 2) * kv_row_bytes
+    kv_reads = per_engine * mean * ((rl.prompt_len + mean / 2) * kv_row_bytes + 2 * state_bytes)
     memory_s = (steps * decode_weight_bytes(m, budget.weights_bytes, concurrent) + kv_reads) / r.hbm_bytes_per_s
     compute_s = 2 * active * per_engine * mean / (e_tp * r.matmul_flops_per_s)
     comm_s = steps * decode_collective_s(m, concurrent, e_tp, cluster, eff)
