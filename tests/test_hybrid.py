@@ -231,3 +231,38 @@ def test_inference_cache_is_transformers_cache():
     walk(cache)
     m = spec_from_hf_config(dict(TINY), "tiny", "test")
     assert kv_cache_bytes(m, 2, 64) == sum(seen.values())
+
+
+@pytest.mark.parametrize("name", ["pattern", "latent-moe-and-biases"])
+@pytest.mark.parametrize("ours, peft_targets", [
+    # PEFT refuses LoRA on a Mamba model's out_proj (and conv1d), all-linear included: its
+    # all-linear is asked for here as every other linear layer by name
+    (("all-linear",), ["in_proj", "q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj", "fc1_latent_proj",
+                       "fc2_latent_proj"]),
+    (("attention",), ["q_proj", "k_proj", "v_proj", "o_proj"]),
+    (("in_proj",), ["in_proj"]),
+    (("mlp",), ["up_proj", "down_proj", "fc1_latent_proj", "fc2_latent_proj"]),
+])
+def test_lora_count_equals_peft(name, ours, peft_targets):
+    torch = require("torch")
+    transformers = require("transformers")
+    require("peft")
+    import warnings
+
+    from peft import LoraConfig, get_peft_model
+
+    from planner.training.finetune import n_trainable_params
+    from planner.training.setup import FinetuneSpec
+
+    cfg = VARIANTS[name]
+    rest = dict(cfg)
+    config = transformers.AutoConfig.for_model(rest.pop("model_type"), **rest)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    present = [t for t in peft_targets if any(n.endswith("." + t) and isinstance(mod, torch.nn.Linear)
+                                              for n, mod in model.named_modules())]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        peft_model = get_peft_model(model, LoraConfig(r=8, target_modules=present))
+    peft = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    m = spec_from_hf_config(dict(cfg), name, "test")
+    assert n_trainable_params(m, FinetuneSpec(method="lora", lora_rank=8, lora_targets=ours)) == peft

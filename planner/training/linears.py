@@ -137,6 +137,8 @@ def block_linears(m: ModelSpec) -> tuple[Linear, ...]:
     t = m.model_type
     if t in ("deepseek_v3", "qwen3_moe", "llama4_text", "gpt_oss", "phi3"):
         return _recent_linears(m)
+    if m.layer_pattern:
+        return _hybrid_linears(m)
     if t in LLAMA_LIKE:
         att = (Linear(name="self_attn.q_proj", d_in=h, d_out=q, group="attention", bias=m.qkv_bias),
                Linear(name="self_attn.k_proj", d_in=h, d_out=kv, group="attention", bias=m.qkv_bias),
@@ -181,3 +183,45 @@ def outside_linears(m: ModelSpec) -> tuple[Linear, ...]:
         return (Linear(name="cls.predictions.transform.dense", d_in=m.d_model, d_out=m.d_model,
                        group="outside", bias=True),)
     return ()
+
+
+def _hybrid_linears(m: ModelSpec) -> tuple[Linear, ...]:
+    """The nn.Linear modules of a Nemotron-H model's layers (transformers 5.x modeling_nemotron_h.py:
+    every NemotronHBlock holds one ``mixer``), each in the layers of its letter: M the Mamba-2
+    in_proj and out_proj (group "mixer"), * q/k/v/o_proj, - up_proj and down_proj, E the shared
+    expert's up/down_proj and, under latent MoE, fc1/fc2_latent_proj. The routed experts
+    (NemotronHExperts' 3-D parameters) and the router's weight are not nn.Linear: PEFT's
+    all-linear does not adapt them and bitsandbytes does not quantize them, so they are not
+    listed (as for _recent_linears' families). PEFT 0.21 refuses LoRA on a Mamba model's out_proj
+    (tuners_utils.py _check_lora_target_modules_mamba: out_proj and conv1d "incompatible with
+    Mamba-based models", all-linear included; NVIDIA's Nemotron LoRA recipes exclude *.out_proj):
+    it is listed, not adaptable, so all-linear plans every other linear layer."""
+    h, q, kv = m.d_model, m.q_dim, m.kv_dim
+    b, mb = m.mamba_bias, m.mlp_bias
+    out: tuple[Linear, ...] = ()
+    if m.n_mamba_layers:
+        n = m.n_mamba_layers
+        in_proj = 2 * m.mamba_inner + 2 * m.ssm_groups * m.ssm_state + m.mamba_heads
+        out += (Linear(name="mixer.in_proj", d_in=h, d_out=in_proj, group="mixer", bias=b, n_blocks=n),
+                Linear(name="mixer.out_proj", d_in=m.mamba_inner, d_out=h, group="mixer", bias=b, n_blocks=n,
+                       adaptable=False))
+    if m.n_attention_layers:
+        n = m.n_attention_layers
+        out += (Linear(name="mixer.q_proj", d_in=h, d_out=q, group="attention", n_blocks=n),
+                Linear(name="mixer.k_proj", d_in=h, d_out=kv, group="attention", n_blocks=n),
+                Linear(name="mixer.v_proj", d_in=h, d_out=kv, group="attention", n_blocks=n),
+                Linear(name="mixer.o_proj", d_in=q, d_out=h, group="attention", n_blocks=n))
+    if m.n_mlp_layers:
+        n, f = m.n_mlp_layers, m.dense_d_ff
+        out += (Linear(name="mixer.up_proj", d_in=h, d_out=f, group="mlp", bias=mb, n_blocks=n),
+                Linear(name="mixer.down_proj", d_in=f, d_out=h, group="mlp", bias=mb, n_blocks=n))
+    if m.n_moe_layers:
+        n, f = m.n_moe_layers, m.shared_d_ff
+        out += (Linear(name="mixer.shared_experts.up_proj", d_in=h, d_out=f, group="mlp", bias=mb, n_blocks=n),
+                Linear(name="mixer.shared_experts.down_proj", d_in=f, d_out=h, group="mlp", bias=mb, n_blocks=n))
+        if m.moe_latent:
+            out += (Linear(name="mixer.fc1_latent_proj", d_in=h, d_out=m.moe_latent, group="mlp", bias=mb,
+                           n_blocks=n),
+                    Linear(name="mixer.fc2_latent_proj", d_in=m.moe_latent, d_out=h, group="mlp", bias=mb,
+                           n_blocks=n))
+    return out
