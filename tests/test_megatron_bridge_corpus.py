@@ -1,0 +1,112 @@
+"""The recipe flags of the Megatron-Bridge corpus (issue 28).
+
+Referees: the corpus's own printed rows (tests/data/megatron_bridge_runs.json, NVIDIA's
+performance summary) and Megatron-Core's own config types (megatron-core's TransformerConfig and
+CudaGraphScope). The flags were read from NVIDIA-NeMo/Megatron-Bridge's recipe files at the
+commits each row names in ``recipe_flags.source``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import typing
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+import megatron_bridge_recipes as recipes  # noqa: E402
+from megatron_bridge_rows import CORPUS, load_rows  # noqa: E402
+
+KEYS = {"moe_a2a_overlap", "dispatcher", "cuda_graph_scope", "cuda_graph_impl", "moe_shared_expert_overlap",
+        "other", "source", "own_commit", "layout_matches"}
+# "repo path@40-hex commit, CONFIG_NAME or recipe function"
+SOURCE = re.compile(r"^(scripts/performance|src/megatron/bridge)/\S+\.py@[0-9a-f]{40}, [A-Za-z0-9_]+$")
+
+
+@pytest.fixture(scope="module")
+def corpus() -> dict[str, dict]:
+    return {r["id"]: r for r in json.loads(CORPUS.read_text())["rows"]}
+
+
+@pytest.fixture(scope="module")
+def latest() -> list[str]:
+    return [r.id for r in load_rows(check=False) if r.latest]
+
+
+def test_every_latest_row_has_recipe_flags_with_a_source(corpus, latest):
+    missing = [rid for rid in latest if "recipe_flags" not in corpus[rid]]
+    assert not missing, f"latest rows without recipe_flags: {missing}"
+    for rid in latest:
+        f = corpus[rid]["recipe_flags"]
+        assert KEYS <= set(f), (rid, KEYS - set(f))
+        assert SOURCE.match(f["source"]), (rid, f["source"])
+        assert isinstance(f["own_commit"], bool) and isinstance(f["layout_matches"], bool)
+        assert f["moe_a2a_overlap"] in (True, False, None) and f["moe_shared_expert_overlap"] in (True, False, None)
+        assert isinstance(f["cuda_graph_scope"], list) and isinstance(f["other"], dict)
+        assert "recipe_flags" in json.loads(CORPUS.read_text())["fields"]
+
+
+def test_own_commit_means_the_rows_recipe_commit(corpus):
+    """own_commit is true exactly where the file's commit starts with the short commit of the row's
+    recipe field (the commit the corpus matched the row to)."""
+    for rid, r in corpus.items():
+        f = r.get("recipe_flags")
+        if not f:
+            continue
+        commit = f["source"].split("@")[1][:40]
+        short = (r.get("recipe") or "@").rsplit("@", 1)[1]
+        assert f["own_commit"] == bool(short and commit.startswith(short)), rid
+
+
+def test_a_layout_difference_names_the_printed_column(corpus):
+    """Where the file's layout differs from the row, the row's side is the value NVIDIA printed."""
+    for rid, r in corpus.items():
+        f = r.get("recipe_flags")
+        if not f:
+            continue
+        diffs = f.get("layout_differs", {})
+        assert f["layout_matches"] == (not diffs), rid
+        s = r["settings"]
+        for col, text in diffs.items():
+            printed = {"gpus": s["gpus"], "gbs": s["gbs"], "mbs": s["mbs"], "tp": s["tp"], "pp": s["pp"],
+                       "cp": s["cp"], "vp": s["vp"], "ep": s["ep"], "fsdp": s["fsdp"]}[col]
+            row_side = text.split(",")[0].removeprefix("row ")
+            if col == "fsdp":
+                assert row_side == str(isinstance(printed, int) and printed > 0), (rid, col, text)
+            elif row_side == "None":
+                assert printed in ("n/a", "not printed", 1), (rid, col, text)
+            else:
+                assert row_side == str(printed), (rid, col, text)
+
+
+def test_flags_are_values_megatron_core_accepts(corpus):
+    """Dispatchers and CUDA-graph scopes are members of Megatron-Core's own types (megatron-core's
+    TransformerConfig Literals and CudaGraphScope). 'full_iteration' as an implementation is newer
+    than the installed megatron-core 0.16.1 (its Literal is none/local/transformer_engine), so it is
+    allowed by name."""
+    from megatron.core.transformer.enums import CudaGraphScope
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    hints = typing.get_type_hints(TransformerConfig)
+    dispatchers = set(typing.get_args(hints["moe_token_dispatcher_type"])) | set(
+        typing.get_args(hints["moe_flex_dispatcher_backend"]))
+    impls = set(typing.get_args(hints["cuda_graph_impl"])) | {"full_iteration"}
+    scopes = {s.name for s in CudaGraphScope}
+    for rid, r in corpus.items():
+        f = r.get("recipe_flags")
+        if not f:
+            continue
+        assert f["dispatcher"] is None or f["dispatcher"] in dispatchers, (rid, f["dispatcher"])
+        assert f["cuda_graph_impl"] is None or f["cuda_graph_impl"] in impls, (rid, f["cuda_graph_impl"])
+        assert set(f["cuda_graph_scope"]) <= scopes, (rid, f["cuda_graph_scope"])
+        if f["cuda_graph_impl"] in (None, "none"):
+            assert f["cuda_graph_scope"] == [], rid
+
+
+def test_the_recipes_doc_is_current():
+    assert recipes.main(["--check"]) == 0
