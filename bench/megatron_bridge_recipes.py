@@ -28,6 +28,8 @@ from megatron_bridge_rows import CORPUS, Row, load_rows  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "megatron-bridge-recipes.md"
 # The flags a step-time model of MoE runs needs first, in the table's order.
+HEADER = ("| row | a2a overlap | dispatcher | CUDA graph impl | graph scope | shared-expert overlap "
+          "| recompute | layout | source |", "|---|---|---|---|---|---|---|---|---|")
 MAIN_FLAGS = ("moe_a2a_overlap", "dispatcher", "cuda_graph_impl", "cuda_graph_scope", "moe_shared_expert_overlap")
 
 
@@ -106,11 +108,23 @@ def render(rows: list[Row], flags: dict[str, dict[str, Any]]) -> str:
         "",
         "## Every latest row",
         "",
-        "| row | a2a overlap | dispatcher | CUDA graph impl | graph scope | shared-expert overlap "
-        "| recompute | layout | source |",
-        "|---|---|---|---|---|---|---|---|---|",
+        *HEADER,
     ]
-    for r in latest:
+    lines += _table(latest, flags)
+    older = [r for r in rows if not r.latest]
+    read = [flags[r.id] for r in older if r.id in flags]
+    lines += ["", "## Older releases of the same configurations", "",
+              f"{len(read)} of {len(older)} rows with flags; {sum(f['own_commit'] for f in read)} read at their own"
+              f" commit, {sum(bool(f.get('layout_matches')) for f in read)} with the printed layout.",
+              "", *HEADER]
+    lines += _table(older, flags)
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _table(rows: list[Row], flags: dict[str, dict[str, Any]]) -> list[str]:
+    lines = []
+    for r in rows:
         f = flags.get(r.id)
         if f is None:
             lines.append(f"| {r.id} | | | | | | | | not read yet |")
@@ -123,8 +137,7 @@ def render(rows: list[Row], flags: dict[str, dict[str, Any]]) -> str:
             r.id, _fmt(f["moe_a2a_overlap"]), _fmt(f["dispatcher"]), _fmt(f["cuda_graph_impl"]),
             _fmt(f["cuda_graph_scope"]), _fmt(f["moe_shared_expert_overlap"]), _fmt(rc), lay,
             f["source"].replace("|", "\\|")]) + " |")
-    lines.append("")
-    return "\n".join(lines)
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

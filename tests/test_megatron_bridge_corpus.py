@@ -38,10 +38,12 @@ def latest() -> list[str]:
     return [r.id for r in load_rows(check=False) if r.latest]
 
 
-def test_every_latest_row_has_recipe_flags_with_a_source(corpus, latest):
-    missing = [rid for rid in latest if "recipe_flags" not in corpus[rid]]
-    assert not missing, f"latest rows without recipe_flags: {missing}"
-    for rid in latest:
+def test_every_row_has_recipe_flags_with_a_source(corpus, latest):
+    """Every row, the latest release of each configuration first (the step-time study's truth)."""
+    assert latest and set(latest) <= set(corpus)
+    missing = [rid for rid in corpus if "recipe_flags" not in corpus[rid]]
+    assert not missing, f"rows without recipe_flags: {missing}"
+    for rid in corpus:
         f = corpus[rid]["recipe_flags"]
         assert KEYS <= set(f), (rid, KEYS - set(f))
         assert SOURCE.match(f["source"]), (rid, f["source"])
