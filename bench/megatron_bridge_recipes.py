@@ -59,6 +59,22 @@ DEFAULTS = {"moe_a2a_overlap": False, "dispatcher": "recipe default", "cuda_grap
             "cuda_graph_scope": [], "moe_shared_expert_overlap": False}
 
 
+def effective(f: dict[str, Any], name: str) -> Any:
+    """A flag's value, or where the recipe leaves it unset, the model's default (``unset_defaults``,
+    read from the model's provider) or else the stack's (``DEFAULTS``)."""
+    if f[name] is not None:
+        return f[name]
+    return f["other"].get("unset_defaults", {}).get(name, DEFAULTS[name])
+
+
+def _cell(f: dict[str, Any], name: str) -> str:
+    """A table cell: the value, or '·' when unset, with the model's default where it was read."""
+    if f[name] is not None:
+        return _fmt(f[name])
+    given = f["other"].get("unset_defaults", {})
+    return f"· ({_fmt(given[name])})" if name in given else "·"
+
+
 def differences_between_gpus(rows: list[Row], flags: dict[str, dict[str, Any]]) -> list[str]:
     """For each model and precision trained on more than one GPU type, the main flags whose values
     (unset = the stack's default) differ between the GPU types, over the latest rows with flags."""
@@ -70,8 +86,7 @@ def differences_between_gpus(rows: list[Row], flags: dict[str, dict[str, Any]]) 
         for name in MAIN_FLAGS:
             per_gpu: dict[str, set[str]] = {}
             for r in mine:
-                v = flags[r.id][name]
-                per_gpu.setdefault(r.gpu, set()).add(_fmt(DEFAULTS[name] if v is None else v))
+                per_gpu.setdefault(r.gpu, set()).add(_fmt(effective(flags[r.id], name)))
             if len({v for vals in per_gpu.values() for v in vals}) > 1:
                 out.append(f"- {model} {precision}, `{name}`: " + "; ".join(
                     f"{gpu} {' / '.join(sorted(vals))}" for gpu, vals in sorted(per_gpu.items())))
@@ -93,7 +108,7 @@ def render(rows: list[Row], flags: dict[str, dict[str, Any]]) -> str:
         "with the family's `*_llm_pretrain.py` for the dispatcher, or `src/megatron/bridge/perf_recipes/...`"
         " for the 26.08 rows).",
         "`·` = not set by the recipe: the stack's default (the corpus's `fields.recipe_flags` names each default"
-        " and where it is set).",
+        " and where it is set); `· (x)`: the model provider's default x, read for that row (`unset_defaults`).",
         "",
         f"- Latest rows: {len(latest)}; with recipe flags: {len(with_flags)}; "
         f"without: {len(latest) - len(with_flags)}"
@@ -134,8 +149,7 @@ def _table(rows: list[Row], flags: dict[str, dict[str, Any]]) -> list[str]:
         lay = "matches" if f.get("layout_matches") else "differs: " + ", ".join(
             f"{k} {v}" for k, v in f.get("layout_differs", {}).items())
         lines.append("| " + " | ".join([
-            r.id, _fmt(f["moe_a2a_overlap"]), _fmt(f["dispatcher"]), _fmt(f["cuda_graph_impl"]),
-            _fmt(f["cuda_graph_scope"]), _fmt(f["moe_shared_expert_overlap"]), _fmt(rc), lay,
+            r.id, *(_cell(f, name) for name in MAIN_FLAGS), _fmt(rc), lay,
             f["source"].replace("|", "\\|")]) + " |")
     return lines
 
