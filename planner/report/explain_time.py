@@ -181,7 +181,7 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
                          "m x L_stage x k x AG(S, ep) x (1 - ep overlap); AG(S, n) = (n-1) alpha + (n-1)/n S/(B f)",
                          comm_s["ep"], f"{RING}; {link_src}", micro_batches_m=n_mb, blocks=n_slow,
                          all_to_alls_per_block_k=lt.ep_all_to_alls, bytes_S=lt.ep_bytes, ep=lay.ep,
-                         ep_overlap=eff.ep_overlap, **_link(links, "ep")))
+                         ep_overlap=lt.ep_hidden_share, **_link(links, "ep")))
     if lay.pp > 1:
         out.append(_time("communication", "pipeline sends, exposed",
                          "m x 2 v x send(b s h a / t) x (1 - pp overlap); send(S) = alpha + S / (B x bus fraction)",

@@ -139,7 +139,7 @@ def stage_slots(n_layers: int, pp: int, balance: str = "none") -> tuple[tuple[in
 # ------------------------------------------------------------------------ the step
 
 BLOCK_FIELDS = ("fwd_s", "bwd_s", "attention_fwd_s", "tp_bytes", "tp_collectives", "cp_bytes", "cp_passes",
-                 "ep_bytes", "ep_all_to_alls")
+                 "ep_bytes", "ep_all_to_alls", "ep_hidden_share")
 
 
 def block_row(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Efficiency, kernels: str, tp: int,
