@@ -29,7 +29,9 @@ ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "megatron-bridge-recipes.md"
 # The flags a step-time model of MoE runs needs first, in the table's order.
 HEADER = ("| row | a2a overlap | dispatcher | CUDA graph impl | graph scope | shared-expert overlap "
-          "| recompute | layout | source |", "|---|---|---|---|---|---|---|---|---|")
+          "| recompute | plan options | layout | source |", "|---|---|---|---|---|---|---|---|---|---|")
+# The corpus's dense models (everything else is MoE).
+DENSE_PREFIXES = ("LLAMA",)
 MAIN_FLAGS = ("moe_a2a_overlap", "dispatcher", "cuda_graph_impl", "cuda_graph_scope", "moe_shared_expert_overlap")
 
 
@@ -47,6 +49,10 @@ def _fmt(v: Any) -> str:
     if isinstance(v, list):
         return "[" + ", ".join(str(x) for x in v) + "]" if v else "[]"
     return str(v)
+
+
+def is_moe(row: Row) -> bool:
+    return not row.model.startswith(DENSE_PREFIXES)
 
 
 def _model(row: Row) -> str:
@@ -73,6 +79,33 @@ def _cell(f: dict[str, Any], name: str) -> str:
         return _fmt(f[name])
     given = f["other"].get("unset_defaults", {})
     return f"· ({_fmt(given[name])})" if name in given else "·"
+
+
+def plan_options(f: dict[str, Any], moe: bool) -> tuple[str, ...]:
+    """The row's recipe flags as `plan`'s Megatron runtime options (planner/training/moe_runtime.py):
+    --moe-a2a-overlap on/off for an MoE model (unset = off, WorkloadBaseConfig's default);
+    --cuda-graphs full-iteration for a whole-step graph (impl 'full_iteration', or 'local' with
+    scope full_iteration), moe where Transformer Engine graphs capture the MoE router and
+    preprocessing (the per-layer host sync of the token counts is gone), none otherwise (graphs of
+    attention or Mamba alone leave that sync); --fp8-attention where the recipe sets
+    fp8_dot_product_attention."""
+    from planner.training.moe_runtime import A2A_OVERLAPS, CUDA_GRAPHS
+
+    out: list[str] = []
+    if moe:
+        out += ["--moe-a2a-overlap", "on" if effective(f, "moe_a2a_overlap") else "off"]
+    impl, scope = f["cuda_graph_impl"], set(f["cuda_graph_scope"])
+    if impl == "full_iteration" or (impl == "local" and "full_iteration" in scope):
+        graphs = "full-iteration"
+    elif impl == "transformer_engine" and ({"moe_router", "moe_preprocess"} <= scope or "moe" in scope):
+        graphs = "moe"
+    else:
+        graphs = "none"
+    out += ["--cuda-graphs", graphs]
+    if f["other"].get("fp8_dot_product_attention"):
+        out.append("--fp8-attention")
+    assert graphs in CUDA_GRAPHS and (not moe or out[1] in A2A_OVERLAPS)
+    return tuple(out)
 
 
 def differences_between_gpus(rows: list[Row], flags: dict[str, dict[str, Any]]) -> list[str]:
@@ -109,6 +142,7 @@ def render(rows: list[Row], flags: dict[str, dict[str, Any]]) -> str:
         " for the 26.08 rows).",
         "`·` = not set by the recipe: the stack's default (the corpus's `fields.recipe_flags` names each default"
         " and where it is set); `· (x)`: the model provider's default x, read for that row (`unset_defaults`).",
+        "`plan options`: the flags as `plan`'s Megatron runtime options (`plan_options` in the script).",
         "",
         f"- Latest rows: {len(latest)}; with recipe flags: {len(with_flags)}; "
         f"without: {len(latest) - len(with_flags)}"
@@ -142,14 +176,15 @@ def _table(rows: list[Row], flags: dict[str, dict[str, Any]]) -> list[str]:
     for r in rows:
         f = flags.get(r.id)
         if f is None:
-            lines.append(f"| {r.id} | | | | | | | | not read yet |")
+            lines.append(f"| {r.id} | | | | | | | | | not read yet |")
             continue
         other = f["other"]
         rc = other.get("recompute_modules", other.get("recompute_num_layers"))
         lay = "matches" if f.get("layout_matches") else "differs: " + ", ".join(
             f"{k} {v}" for k, v in f.get("layout_differs", {}).items())
         lines.append("| " + " | ".join([
-            r.id, *(_cell(f, name) for name in MAIN_FLAGS), _fmt(rc), lay,
+            r.id, *(_cell(f, name) for name in MAIN_FLAGS), _fmt(rc),
+            "`" + " ".join(plan_options(f, is_moe(r))) + "`", lay,
             f["source"].replace("|", "\\|")]) + " |")
     return lines
 
