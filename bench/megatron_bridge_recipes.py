@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,22 @@ def plan_options(f: dict[str, Any], moe: bool) -> tuple[str, ...]:
     return tuple(out)
 
 
+def runtime_counts(rows: list[Row], flags: dict[str, dict[str, Any]]) -> list[str]:
+    """How many of the rows (with flags) run each of plan's Megatron runtime options."""
+    counts: Counter[str] = Counter()
+    read = [r for r in rows if r.id in flags]
+    for r in read:
+        kind = "MoE" if is_moe(r) else "dense"
+        opts = list(plan_options(flags[r.id], is_moe(r)))
+        if "--fp8-attention" in opts:
+            opts.remove("--fp8-attention")
+            counts["--fp8-attention"] += 1
+        counts.update(f"{kind} {opts[i]} {opts[i + 1]}" for i in range(0, len(opts), 2))
+    n_moe = sum(is_moe(r) for r in read)
+    return [f"- As plan options ({n_moe} MoE and {len(read) - n_moe} dense rows): "
+            + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + "."]
+
+
 def differences_between_gpus(rows: list[Row], flags: dict[str, dict[str, Any]]) -> list[str]:
     """For each model and precision trained on more than one GPU type, the main flags whose values
     (unset = the stack's default) differ between the GPU types, over the latest rows with flags."""
@@ -150,6 +167,7 @@ def render(rows: list[Row], flags: dict[str, dict[str, Any]]) -> str:
         f"- Read at the row's own commit: {own} of {len(with_flags)}. The stored versions of these files are"
         " other commits, so each row also says whether the file's layout is the printed one:"
         f" {match} match, {len(with_flags) - match} differ (column `layout`).",
+        *runtime_counts(latest, flags),
         "",
         "## Flags that differ between GPUs of the same model (latest rows)",
         "",
