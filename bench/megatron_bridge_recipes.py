@@ -197,7 +197,9 @@ def _table(rows: list[Row], flags: dict[str, dict[str, Any]]) -> list[str]:
             lines.append(f"| {r.id} | | | | | | | | | not read yet |")
             continue
         other = f["other"]
-        rc = other.get("recompute_modules", other.get("recompute_num_layers"))
+        rc = other.get("recompute_modules")
+        if "recompute_num_layers" in other:
+            rc = f"full, {other['recompute_num_layers']} layers per stage"
         lay = "matches" if f.get("layout_matches") else "differs: " + ", ".join(
             f"{k} {v}" for k, v in f.get("layout_differs", {}).items())
         lines.append("| " + " | ".join([
