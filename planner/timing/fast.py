@@ -78,9 +78,12 @@ from planner.layouts.layout import SHARDINGS, Layout
 from planner.models.spec import ModelSpec, ParamCount, count_params
 from planner.timing.collectives import Ring, hide, send_s
 from planner.timing.degrees import (
+    A2A_BW,
+    A2A_LAT,
     BRANCH,
     DEGREE_CACHE,
     EXACT_INT,
+    INNER_ROWS,
     N_VALS,
     SLOTS,
     Degrees,
@@ -232,7 +235,7 @@ def _fill_slowest(memo: SlowestMemo, at_miss: np.ndarray, qd: np.ndarray, q_bloc
             comm_b, hidden_b = comm_b + cp_block, hidden_b + cp_hidden
             cp_b = cp_block
         if use_ep:
-            ep_all = lt_ep_a2a[sel] * Ring.of(ep, lk[4], lk[5], bus, 1).take(d).time_s(lt_ep_bytes[sel])
+            ep_all = lt_ep_a2a[sel] * Ring.of(ep, lk[A2A_BW], lk[A2A_LAT], bus, 1).take(d).time_s(lt_ep_bytes[sel])
             ep_share = lt_ep_hidden[sel]        # Efficiency.ep_overlap where the block overlaps them
             ep_b = ep_all * (1 - ep_share)
             comm_b, hidden_b = comm_b + ep_b, hidden_b + ep_all * ep_share
@@ -271,7 +274,7 @@ def _fill_slowest(memo: SlowestMemo, at_miss: np.ndarray, qd: np.ndarray, q_bloc
         for j in sorted(set(deg.inner_of)):     # each set of tp, cp, ep links: redo the Q rows whose links change
             q_stage = tuple(x.copy() for x in first)
             if j:
-                sel = np.flatnonzero((links[0][:6] != links[j][:6]).any(axis=0)[qd])
+                sel = np.flatnonzero((links[0][INNER_ROWS] != links[j][INNER_ROWS]).any(axis=0)[qd])
                 for x, y in zip(q_stage, slowest(links[j], sel)):
                     x[sel] = y
             for k in range(N_VALS):
