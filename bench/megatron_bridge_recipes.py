@@ -24,22 +24,19 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from megatron_bridge_rows import CORPUS, Row, load_rows  # noqa: E402
+from megatron_bridge_rows import CORPUS, Row, load_rows, runtime_args  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "megatron-bridge-recipes.md"
 # The flags a step-time model of MoE runs needs first, in the table's order.
 HEADER = ("| row | a2a overlap | dispatcher | CUDA graph impl | graph scope | shared-expert overlap "
           "| recompute | plan options | layout | source |", "|---|---|---|---|---|---|---|---|---|---|")
-# The corpus's dense models (everything else is MoE).
-DENSE_PREFIXES = ("LLAMA",)
 MAIN_FLAGS = ("moe_a2a_overlap", "dispatcher", "cuda_graph_impl", "cuda_graph_scope", "moe_shared_expert_overlap")
 
 
-def flags_by_id(path: Path = CORPUS) -> dict[str, dict[str, Any]]:
-    """Row id -> its recipe_flags (rows without them are left out)."""
-    rows = json.loads(path.read_text())["rows"]
-    return {r["id"]: r["recipe_flags"] for r in rows if r.get("recipe_flags")}
+def raw_rows(path: Path = CORPUS) -> dict[str, dict[str, Any]]:
+    """Row id -> the corpus's row as stored."""
+    return {r["id"]: r for r in json.loads(path.read_text())["rows"]}
 
 
 def _fmt(v: Any) -> str:
@@ -50,10 +47,6 @@ def _fmt(v: Any) -> str:
     if isinstance(v, list):
         return "[" + ", ".join(str(x) for x in v) + "]" if v else "[]"
     return str(v)
-
-
-def is_moe(row: Row) -> bool:
-    return not row.model.startswith(DENSE_PREFIXES)
 
 
 def _model(row: Row) -> str:
@@ -82,47 +75,25 @@ def _cell(f: dict[str, Any], name: str) -> str:
     return f"· ({_fmt(given[name])})" if name in given else "·"
 
 
-def plan_options(f: dict[str, Any], moe: bool) -> tuple[str, ...]:
-    """The row's recipe flags as `plan`'s Megatron runtime options (planner/training/moe_runtime.py):
-    --moe-a2a-overlap on/off for an MoE model (unset = off, WorkloadBaseConfig's default);
-    --cuda-graphs full-iteration for a whole-step graph (impl 'full_iteration', or 'local' with
-    scope full_iteration), moe where Transformer Engine graphs capture the MoE router and
-    preprocessing (the per-layer host sync of the token counts is gone), none otherwise (graphs of
-    attention or Mamba alone leave that sync); --fp8-attention where the recipe sets
-    fp8_dot_product_attention."""
-    from planner.training.moe_runtime import A2A_OVERLAPS, CUDA_GRAPHS
-
-    out: list[str] = []
-    if moe:
-        out += ["--moe-a2a-overlap", "on" if effective(f, "moe_a2a_overlap") else "off"]
-    impl, scope = f["cuda_graph_impl"], set(f["cuda_graph_scope"])
-    if impl == "full_iteration" or (impl == "local" and "full_iteration" in scope):
-        graphs = "full-iteration"
-    elif impl == "transformer_engine" and ({"moe_router", "moe_preprocess"} <= scope or "moe" in scope):
-        graphs = "moe"
-    else:
-        graphs = "none"
-    out += ["--cuda-graphs", graphs]
-    if f["other"].get("fp8_dot_product_attention"):
-        out.append("--fp8-attention")
-    assert graphs in CUDA_GRAPHS and (not moe or out[1] in A2A_OVERLAPS)
-    return tuple(out)
+def plan_options(raw: dict[str, Any], row: Row) -> tuple[str, ...]:
+    """The row's recipe flags as `plan`'s Megatron runtime options, as the step-time study passes
+    them (megatron_bridge_rows.runtime_args, the one mapping)."""
+    ep = raw["settings"]["ep"]
+    return tuple(runtime_args(raw, int(ep) if str(ep).isdigit() else 1, row.precision))
 
 
-def runtime_counts(rows: list[Row], flags: dict[str, dict[str, Any]]) -> list[str]:
-    """How many of the rows (with flags) run each of plan's Megatron runtime options."""
+def runtime_counts(rows: list[Row], raw: dict[str, dict[str, Any]]) -> list[str]:
+    """How many of the rows (with flags) the study runs with each of plan's Megatron runtime options."""
     counts: Counter[str] = Counter()
-    read = [r for r in rows if r.id in flags]
+    read = [r for r in rows if raw[r.id].get("recipe_flags")]
     for r in read:
-        kind = "MoE" if is_moe(r) else "dense"
-        opts = list(plan_options(flags[r.id], is_moe(r)))
+        opts = list(plan_options(raw[r.id], r))
         if "--fp8-attention" in opts:
             opts.remove("--fp8-attention")
             counts["--fp8-attention"] += 1
-        counts.update(f"{kind} {opts[i]} {opts[i + 1]}" for i in range(0, len(opts), 2))
-    n_moe = sum(is_moe(r) for r in read)
-    return [f"- As plan options ({n_moe} MoE and {len(read) - n_moe} dense rows): "
-            + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + "."]
+        counts.update(f"{opts[i]} {opts[i + 1]}" for i in range(0, len(opts), 2))
+    return [f"- As the study's plan options ({len(read)} rows; no --cuda-graphs = none, no --moe-a2a-overlap = "
+            "ep 1): " + ", ".join(f"`{k}` {v}" for k, v in sorted(counts.items())) + "."]
 
 
 def differences_between_gpus(rows: list[Row], flags: dict[str, dict[str, Any]]) -> list[str]:
@@ -143,7 +114,8 @@ def differences_between_gpus(rows: list[Row], flags: dict[str, dict[str, Any]]) 
     return out
 
 
-def render(rows: list[Row], flags: dict[str, dict[str, Any]]) -> str:
+def render(rows: list[Row], raw: dict[str, dict[str, Any]]) -> str:
+    flags = {rid: r["recipe_flags"] for rid, r in raw.items() if r.get("recipe_flags")}
     latest = [r for r in rows if r.latest]
     with_flags = [r for r in latest if r.id in flags]
     own = sum(flags[r.id]["own_commit"] for r in with_flags)
@@ -159,7 +131,8 @@ def render(rows: list[Row], flags: dict[str, dict[str, Any]]) -> str:
         " for the 26.08 rows).",
         "`·` = not set by the recipe: the stack's default (the corpus's `fields.recipe_flags` names each default"
         " and where it is set); `· (x)`: the model provider's default x, read for that row (`unset_defaults`).",
-        "`plan options`: the flags as `plan`'s Megatron runtime options (`plan_options` in the script).",
+        "`plan options`: the flags as the step-time study passes them to `plan`"
+        " (`runtime_args` in bench/megatron_bridge_rows.py).",
         "",
         f"- Latest rows: {len(latest)}; with recipe flags: {len(with_flags)}; "
         f"without: {len(latest) - len(with_flags)}"
@@ -167,7 +140,7 @@ def render(rows: list[Row], flags: dict[str, dict[str, Any]]) -> str:
         f"- Read at the row's own commit: {own} of {len(with_flags)}. The stored versions of these files are"
         " other commits, so each row also says whether the file's layout is the printed one:"
         f" {match} match, {len(with_flags) - match} differ (column `layout`).",
-        *runtime_counts(latest, flags),
+        *runtime_counts(latest, raw),
         "",
         "## Flags that differ between GPUs of the same model (latest rows)",
         "",
@@ -177,22 +150,22 @@ def render(rows: list[Row], flags: dict[str, dict[str, Any]]) -> str:
         "",
         *HEADER,
     ]
-    lines += _table(latest, flags)
+    lines += _table(latest, raw)
     older = [r for r in rows if not r.latest]
     read = [flags[r.id] for r in older if r.id in flags]
     lines += ["", "## Older releases of the same configurations", "",
               f"{len(read)} of {len(older)} rows with flags; {sum(f['own_commit'] for f in read)} read at their own"
               f" commit, {sum(bool(f.get('layout_matches')) for f in read)} with the printed layout.",
               "", *HEADER]
-    lines += _table(older, flags)
+    lines += _table(older, raw)
     lines.append("")
     return "\n".join(lines)
 
 
-def _table(rows: list[Row], flags: dict[str, dict[str, Any]]) -> list[str]:
+def _table(rows: list[Row], raw: dict[str, dict[str, Any]]) -> list[str]:
     lines = []
     for r in rows:
-        f = flags.get(r.id)
+        f = raw[r.id].get("recipe_flags")
         if f is None:
             lines.append(f"| {r.id} | | | | | | | | | not read yet |")
             continue
@@ -204,7 +177,7 @@ def _table(rows: list[Row], flags: dict[str, dict[str, Any]]) -> list[str]:
             f"{k} {v}" for k, v in f.get("layout_differs", {}).items())
         lines.append("| " + " | ".join([
             r.id, *(_cell(f, name) for name in MAIN_FLAGS), _fmt(rc),
-            "`" + " ".join(plan_options(f, is_moe(r))) + "`", lay,
+            "`" + " ".join(plan_options(raw[r.id], r)) + "`", lay,
             f["source"].replace("|", "\\|")]) + " |")
     return lines
 
@@ -213,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="do not write; exit 1 if the doc is stale")
     args = ap.parse_args(argv)
-    text = render(list(load_rows(check=False)), flags_by_id())
+    text = render(list(load_rows(check=False)), raw_rows())
     print(text)
     if args.check:
         if not DOC.exists() or DOC.read_text() != text:
