@@ -128,7 +128,8 @@ def render(rows: list[Row], raw: dict[str, dict[str, Any]]) -> str:
         "Megatron-Bridge file and commit in its source column (`scripts/performance/configs/<family>/"
         "*_workload_base_configs.py`",
         "with the family's `*_llm_pretrain.py` for the dispatcher, or `src/megatron/bridge/perf_recipes/...`"
-        " for the 26.08 rows).",
+        " for the 26.08 rows; for three Qwen3-30B B200 rows a fork's copy, the only stored version with"
+        " the printed layout).",
         "`·` = not set by the recipe: the stack's default (the corpus's `fields.recipe_flags` names each default"
         " and where it is set); `· (x)`: the model provider's default x, read for that row (`unset_defaults`).",
         "`plan options`: the flags as the step-time study passes them to `plan`"

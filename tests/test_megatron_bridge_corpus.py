@@ -24,8 +24,8 @@ from megatron_bridge_rows import CORPUS, load_rows  # noqa: E402
 
 KEYS = {"moe_a2a_overlap", "dispatcher", "cuda_graph_scope", "cuda_graph_impl", "moe_shared_expert_overlap",
         "other", "source", "own_commit", "layout_matches"}
-# "repo path@40-hex commit, CONFIG_NAME or recipe function"
-SOURCE = re.compile(r"^(scripts/performance|src/megatron/bridge)/\S+\.py@[0-9a-f]{40}, [A-Za-z0-9_]+$")
+# "[owner/repo ]path@40-hex commit, CONFIG_NAME or recipe function" (no owner/repo: NVIDIA-NeMo/Megatron-Bridge)
+SOURCE = re.compile(r"^([\w.-]+/[\w.-]+ )?(scripts/performance|src/megatron/bridge)/\S+\.py@[0-9a-f]{40}, \w+$")
 
 
 @pytest.fixture(scope="module")
