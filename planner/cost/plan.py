@@ -209,18 +209,22 @@ def _sizing_key(pool: SearchPool) -> tuple:
     return (pool.m, pool.setup, pool.space, pool.gpu.gpus_per_node)
 
 
-def sweep_counts_together(wanted: Sequence[tuple[SearchPool, set[int]]]) -> None:
-    """Sweep each pool's counts, the pools of one model and set-up count by count in turn,
-    so that GPU types of one node size share each count's sizing (search.sweep.sized_layouts
-    keeps the last one). The same counts as one sweep per pool, the same answers."""
-    groups: dict[tuple, list[tuple[SearchPool, set[int]]]] = {}
-    for pool, ns in wanted:
-        groups.setdefault(_sizing_key(pool), []).append((pool, ns))
+def sweep_counts_until(tasks: Sequence[tuple[SearchPool, Sequence[int], Callable[[CountBest], bool]]]) -> None:
+    """Sweep each task's counts of its pool in increasing order, handing each count's
+    CountBest to the task's ``done`` and stopping the task once it returns True. The tasks
+    of pools of one model and set-up on one node size take turns count by count, so that
+    GPU types of one node size share each count's sizing (search.sweep.sized_layouts keeps
+    the last one); a count no live task asks for is not swept."""
+    groups: dict[tuple, list[list]] = {}
+    for pool, ns, done in tasks:
+        groups.setdefault(_sizing_key(pool), []).append([pool, set(ns), done, True])
     for group in groups.values():
-        for n in sorted(set().union(*(ns for _, ns in group))):
-            for pool, ns in group:
-                if n in ns:
-                    pool.at([n])
+        for n in sorted(set().union(*(t[1] for t in group))):
+            for t in group:
+                if t[3] and n in t[1]:
+                    (cb,) = t[0].at([n])
+                    if t[2](cb):
+                        t[3] = False
 
 
 def search_pools(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, space: SearchSpace,
