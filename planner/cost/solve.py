@@ -460,8 +460,9 @@ def undominated(start_s: float, deadline_s: float, runs: Sequence[tuple[int, flo
     run on fewer GPUs (more GPUs for no less time is never better), and among those that
     meet the deadline each is busy at fewer capacity checks (busy_checks over ``starts_s``,
     the distinct job starts) than every one on fewer GPUs: a run on more GPUs busy at the
-    same checks is dominated (shorter_run_may_help). Runs that miss the deadline are kept
-    (the ILP's deadline row excludes them)."""
+    same checks is dominated (shorter_run_may_help). Runs that miss the deadline can never
+    be picked and are dropped, unless no run meets it (the ILP then says it is infeasible,
+    its deadline row binding)."""
     kept: list[int] = []
     best_s, checks = math.inf, math.inf
     for i, (_, d) in enumerate(runs):
@@ -474,7 +475,8 @@ def undominated(start_s: float, deadline_s: float, runs: Sequence[tuple[int, flo
                 continue
             checks = busy
         kept.append(i)
-    return kept
+    in_time = [i for i in kept if start_s + runs[i][1] <= deadline_s]
+    return in_time or kept
 
 
 def _greedy_purchase(pools: Sequence[Pool], jobs: Sequence[JobWindow],
