@@ -1,5 +1,6 @@
 """What to buy for many jobs (`plan buy`): for each job and GPU type, the fastest layout at
-each GPU count (the others are dominated), keeping only counts that shorten the job; the ILP
+each GPU count (the others are dominated), keeping only counts that shorten the job past
+another job's start (solve.undominated); the ILP
 (planner.cost.solve) sizes the nodes to buy, and when nothing satisfies the constraints says
 which one binds. The candidates come from the one-job search of planner.cost.plan."""
 
@@ -105,8 +106,11 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
     smallest count that meets the deadline; then, with C0 the cost of giving every job its
     own nodes at that count on its cheapest type (a purchase that always works), on to every
     count whose nodes alone cost no more than C0 (or the budget): no optimal purchase holds
-    a job on more. Of those, a count is kept only when it finishes sooner than every
-    smaller one (fewer GPUs for less time is never worse)."""
+    a job on more; that sweep stops once the job's fastest run has no other job's start
+    inside it (solve.shorter_run_may_help). Of those, a count is kept as an option when
+    solve.undominated keeps it: it finishes sooner than every smaller one (fewer GPUs for
+    less time is never worse), it is busy at fewer job starts than every smaller one that
+    meets the deadline, and it meets the deadline where some count does (issue 32)."""
     t0 = time.perf_counter()
     jobs = jobs_file.jobs
     gpus = [get_gpu(g) for g in gpu_names]
