@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from planner.api import MAX_SEARCH_GPUS, PlanResult, capacity_bytes, host_capacities
@@ -175,33 +175,18 @@ def without_terms(cb: CountBest) -> CountBest:
     return replace(cb, fastest=tuple(replace(c, memory=replace(c.memory, terms=None)) for c in cb.fastest))
 
 
-def _sweep_steps(task: tuple[SearchPool, list[int], float, float]) -> Iterator[int]:
-    """Sweep ``counts`` of a pool in order, one count a step, stopping after the first count
-    whose fastest layout trains ``tokens`` within ``window_s`` (math.inf: no stop)."""
-    pool, counts, tokens, window_s = task
-    for n in counts:
-        (cb,) = pool.at([n])
-        yield n
-        if window_s < math.inf and cb.fastest and cb.fastest[0].time.train_time_s(tokens) <= window_s:  # type: ignore[union-attr]
-            return
-
-
 def sweep_all(tasks: list[tuple[SearchPool, list[int], float, float]]) -> None:
-    """Run each task's sweep (_sweep_steps), keeping what they find in their pools. The
-    tasks of pools of one model and set-up on one node size take turns count by count, so
-    that their GPU types share each count's sizing (search.sweep.sized_layouts keeps the
-    last); each task sweeps the counts it swept alone. (Worker processes, one per GPU type,
-    were slower once the sweep timed each count's layouts as one batch: on the 2-core
+    """Sweep each task's counts (pool, counts, tokens, window) in order, keeping what they
+    find in their pools, and stop a task after the first count whose fastest layout trains
+    ``tokens`` within ``window_s`` (math.inf: no stop); sweep_counts_until's turns, so that
+    GPU types of one node size share each count's sizing. (Worker processes, one per GPU
+    type, were slower once the sweep timed each count's layouts as one batch: on the 2-core
     machine forking and sending the candidates back cost more than the sweeps;
     docs/performance.md.)"""
-    groups: dict[tuple, list[Iterator[int]]] = {}
-    for task in tasks:
-        pool = task[0]
-        if any(n not in pool.found for n in task[1]):
-            groups.setdefault(_sizing_key(pool), []).append(_sweep_steps(task))
-    for live in groups.values():
-        while live:
-            live = [steps for steps in live if next(steps, None) is not None]
+    def in_time(tokens: float, window_s: float) -> Callable[[CountBest], bool]:
+        return lambda cb: (window_s < math.inf and bool(cb.fastest)
+                           and cb.fastest[0].time.train_time_s(tokens) <= window_s)  # type: ignore[union-attr]
+    sweep_counts_until([(pool, counts, in_time(tokens, window_s)) for pool, counts, tokens, window_s in tasks])
 
 
 def _sizing_key(pool: SearchPool) -> tuple:
