@@ -211,9 +211,10 @@ def args_of(row: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 def runtime_args(row: dict, ep: int, precision: str) -> list[str]:
-    """--moe-a2a-overlap, --cuda-graphs and --fp8-attention as the row's recipe set them (the
-    corpus's recipe_flags, read from the Megatron-Bridge workload configs: moe_a2a_overlap,
-    cuda_graph_impl and cuda_graph_scope, fp8_dot_product_attention); nothing where the row has no
+    """--moe-a2a-overlap, --cuda-graphs, --moe-dispatcher and --fp8-attention as the row's recipe set
+    them (the corpus's recipe_flags, read from the Megatron-Bridge workload configs: moe_a2a_overlap,
+    cuda_graph_impl and cuda_graph_scope, the flex dispatcher's DeepEP or HybridEP backend,
+    fp8_dot_product_attention); nothing where the row has no
     recipe_flags (the planner's defaults). megatron-core's default is no overlap, so a recipe that
     does not set it runs without; 'auto' (not 'on') where it does, as megatron-core runs it only
     where it can (training.moe_runtime)."""
@@ -228,6 +229,8 @@ def runtime_args(row: dict, ep: int, precision: str) -> list[str]:
         out += ["--cuda-graphs", "full-iteration"]
     elif impl not in (None, "none") and {"moe_router", "moe_preprocess"} & set(scope):
         out += ["--cuda-graphs", "moe"]       # the MoE router and preprocessing captured: no host sync
+    if ep > 1 and f.get("dispatcher") in ("deepep", "hybridep"):
+        out += ["--moe-dispatcher", "flex"]        # moe_token_dispatcher_type flex, that backend
     other = f.get("other") or {}
     if other.get("fp8_dot_product_attention") and precision in ("FP8-CS", "MXFP8"):
         out += ["--fp8-attention"]

@@ -196,8 +196,8 @@ def smaller_microbatch_group(r: Any, lay: Any) -> str | None:
     for n in range(lay.pp - 1, 0, -1):
         fits = refit(r, setup=_replace(setup, pp_microbatch_group=n), counts=(lay.n_gpus,))
         if fits is not None:
-            return (f"--pp-microbatch-group {n} fits on {fits} x {r.gpu.name} (Llama 3's schedule: fewer "
-                    f"micro-batches per model chunk than pp; megatron-core 0.16.1 needs at least pp)")
+            return (f"--pp-microbatch-group {n} fits on {fits} x {r.gpu.name} (Llama 3's schedule, fewer "
+                    f"micro-batches per model chunk than pp, which megatron-core 0.16.1 refuses)")
     return None
 
 

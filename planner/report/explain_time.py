@@ -46,6 +46,7 @@ from planner.timing.model import (
     trained_split,
 )
 from planner.training.kernels import layout_kernels
+from planner.training.moe_runtime import dedup_routing
 from planner.training.setup import TrainingSetup
 
 # ----------------------------------------------------------------------------- time
@@ -94,7 +95,8 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
     lt = layer_time(m, setup, layer_key(lay), layout_kernels(setup, lay), gpu, eff)
     sizes = (lay.tp, lay.cp, lay.ep, lay.dp, lay.pp)
     # the ep line times all-to-alls: their link (placement.all_to_all_link), not the ep ring's
-    links = {**axis_links(cluster, sizes, st.placement), "ep": all_to_all_link(cluster, sizes, st.placement)}
+    links = {**axis_links(cluster, sizes, st.placement),
+             "ep": all_to_all_link(cluster, sizes, st.placement, dedup_routing(m, setup.moe_dispatcher))}
     fwd_mb, bwd_mb, t_mb = float(parts.fwd_mb_s[0]), float(parts.bwd_mb_s[0]), float(parts.micro_batch_s[0])
     n_slow, n_slow_bwd, slow_stage = int(parts.n_slow[0]), int(parts.n_slow_bwd[0]), int(parts.slow_stage[0])
     comm_s = {ax: float(parts.comm(ax)[0]) for ax in ("tp", "cp", "ep", "pp")}

@@ -46,6 +46,7 @@ from planner.timing.parts import (
     SHARD_3,
     ZERO_12,
 )
+from planner.training.moe_runtime import dedup_routing
 from planner.training.setup import TrainingSetup
 
 EXACT_INT = 2**53          # integers below this convert to float64 exactly
@@ -256,17 +257,19 @@ def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
     dense, expert = dense.astype(np.float64), expert.astype(np.float64)       # trainable
     frozen_dense, frozen_expert = frozen_dense.astype(np.float64), frozen_expert.astype(np.float64)
 
+    routing = dedup_routing(m, setup.moe_dispatcher)
+
     def links_of(*sizes: int) -> tuple[float, ...]:
         out: list[float] = []
         for order in orders:
             lk = axis_links(cluster, sizes, order)
-            a2a = all_to_all_link(cluster, sizes, order)
+            a2a = all_to_all_link(cluster, sizes, order, routing)
             out += [x for ax in AXES for x in (lk[ax].bus_bytes_per_s, lk[ax].latency_s)]
             out += [a2a.bus_bytes_per_s, a2a.latency_s]
         return tuple(out)
 
     keys = list(zip(tp.tolist(), cp.tolist(), ep.tolist(), dp.tolist(), pp.tolist()))
-    every = np.ascontiguousarray(_rows(LINK_ROWS * len(orders), np.float64, "links", cluster, tuple(orders))
+    every = np.ascontiguousarray(_rows(LINK_ROWS * len(orders), np.float64, "links", cluster, tuple(orders), routing)
                                  .lookup(keys, links_of).T)
     # per order: bw, lat of each axis, then of the ep all-to-all (placement.all_to_all_link)
     links = [every[LINK_ROWS * i:LINK_ROWS * (i + 1)] for i in range(len(orders))]
