@@ -77,10 +77,21 @@ def contradicting_options(kw: Mapping[str, Any]) -> str | None:
         prod = 1
         for d in fixed.values():
             prod *= d
-        if fixed and n_gpus % prod:
+        if fixed and n_gpus % prod and not folds_on(kw, n_gpus):
             names = " x ".join(f"--{a} {d}" for a, d in fixed.items())
             return f"--n-gpus {n_gpus} is not a multiple of {names} = {prod}; change --n-gpus or the degrees"
     return None
+
+
+def folds_on(kw: Mapping[str, Any], n_gpus: int) -> bool:
+    """Whether the options' --ep folds over tp x cp x dp on ``n_gpus`` (no --dp given;
+    layouts.layout.ep_folds, the rule api.fixed_layout builds the layout with)."""
+    from planner.layouts.layout import ep_folds
+
+    if kw.get("dp") is not None or kw.get("ep") is None:
+        return False
+    tp, pp, cp = (kw.get(a) or 1 for a in ("tp", "pp", "cp"))
+    return ep_folds(n_gpus, tp, pp, cp, kw["ep"], kw.get("etp") or tp)
 
 
 def degrees_past_limit(kw: Mapping[str, Any]) -> str | None:
@@ -271,8 +282,8 @@ def no_valid_layout(m: ModelSpec, setup: TrainingSetup, space: SearchSpace, coun
                 return None
             reasons[reason] += 1
             if reason.startswith("global batch"):
-                steps.add(lay.micro_batch * lay.dp * lay.ep)
-                steps_dp.add(lay.dp * lay.ep)
+                steps.add(lay.micro_batch * lay.data_parallel)
+                steps_dp.add(lay.data_parallel)
     if not reasons:
         return None
     reason, _ = reasons.most_common(1)[0]
