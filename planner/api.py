@@ -271,14 +271,15 @@ def evaluate_layout(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, lay: Layou
 def fixed_layout(space: SearchSpace, setup: TrainingSetup, n_gpus: int | None) -> Layout | None:
     """The one layout the user's options pin down, or None when something is left open.
 
-    With --n-gpus, --tp, --pp, --cp and --ep given and no --dp, an ep that does not divide
-    Megatron's data-parallel size n / (tp x cp x pp) is folded over tp x cp x dp where
-    megatron-core would run it (layouts.layout.ep_folds); such a layout is planned as given,
-    so its other choices must be fixed too."""
+    With --n-gpus, --tp, --pp and --ep given (--cp: 1 when not given) and no --dp, an ep
+    that does not divide Megatron's data-parallel size n / (tp x cp x pp) is folded over
+    tp x cp x dp (layouts.layout.ep_folds); such a layout is planned as given, so its other
+    choices must be fixed too."""
     s = space
     dp, fold = s.dp, False
-    if (dp is None and n_gpus is not None and s.tp is not None and s.pp is not None and s.cp is not None
-            and s.ep is not None and ep_folds(n_gpus, s.tp, s.pp, s.cp, s.ep, s.etp or s.tp)):
+    if (dp is None and n_gpus is not None and s.tp is not None and s.pp is not None and s.ep is not None
+            and ep_folds(n_gpus, s.tp, s.pp, s.cp or 1, s.ep)):
+        s = replace(s, cp=s.cp or 1)
         dp, fold = n_gpus // (s.tp * s.pp * s.cp), True
         if len(s.micro_batches) != 1 or len(s.recomputes) != 1 or (s.zero_stage is None and s.fsdp is None):
             raise UserError(f"--ep {s.ep} does not divide the data-parallel {dp} (--n-gpus {n_gpus} / (tp x cp x pp)): "

@@ -133,16 +133,15 @@ def expert_data_parallel_size(dp: Any, tp: Any, cp: Any, ep: Any, etp: Any, ep_f
     return data_parallel_size(dp, ep, ep_fold) * cp * tp // (etp * ep)
 
 
-def ep_folds(n_gpus: int, tp: int, pp: int, cp: int, ep: int, etp: int) -> bool:
-    """Whether ep must fold over tp x cp x dp on ``n_gpus`` (Megatron-Core's MoE parallel
-    folding): ep does not divide Megatron's data-parallel size n / (tp x cp x pp), while
-    megatron-core's own checks pass: tp x cp x pp and etp x ep x pp divide the world
-    (megatron-core 0.16.1 parallel_state.initialize_model_parallel, lines 738-741 and
-    788-795). ``etp``: the expert tensor-parallel size (tp when not given)."""
+def ep_folds(n_gpus: int, tp: int, pp: int, cp: int, ep: int) -> bool:
+    """Whether ep folds over tp x cp x dp on ``n_gpus`` (Megatron-Core's MoE parallel
+    folding): tp x cp x pp divides the GPUs (megatron-core 0.16.1 parallel_state.
+    initialize_model_parallel, lines 738-741) and ep does not divide the data-parallel size
+    n / (tp x cp x pp) it leaves. Whether megatron-core runs the folded layout (etp x ep x pp
+    dividing the GPUs, lines 788-795) is the rule "ep-fold-divides" of layouts.rules."""
     if ep <= 1 or n_gpus % (tp * cp * pp):
         return False
-    dp = n_gpus // (tp * cp * pp)
-    return dp % ep != 0 and n_gpus % (etp * ep * pp) == 0
+    return (n_gpus // (tp * cp * pp)) % ep != 0
 
 
 @lru_cache(maxsize=4096)

@@ -91,7 +91,7 @@ def folds_on(kw: Mapping[str, Any], n_gpus: int) -> bool:
     if kw.get("dp") is not None or kw.get("ep") is None:
         return False
     tp, pp, cp = (kw.get(a) or 1 for a in ("tp", "pp", "cp"))
-    return ep_folds(n_gpus, tp, pp, cp, kw["ep"], kw.get("etp") or tp)
+    return ep_folds(n_gpus, tp, pp, cp, kw["ep"])
 
 
 def degrees_past_limit(kw: Mapping[str, Any]) -> str | None:
