@@ -11,7 +11,7 @@ from planner.layouts.layout import (
     Layout,
     SearchSpace,
     data_parallel_size,
-    ep_folds,
+    folded_shape,
     grad_accum_for,
     reject_reason,
     sp_by_default,
@@ -273,18 +273,13 @@ def fixed_layout(space: SearchSpace, setup: TrainingSetup, n_gpus: int | None) -
 
     With --n-gpus, --tp, --pp and --ep given (--cp: 1 when not given) and no --dp, an ep
     that does not divide Megatron's data-parallel size n / (tp x cp x pp) is folded over
-    tp x cp x dp (layouts.layout.ep_folds); such a layout is planned as given, so its other
-    choices must be fixed too."""
+    tp x cp x dp (layouts.layout.folded_shape), dp being that data-parallel size."""
     s = space
     dp, fold = s.dp, False
-    if (dp is None and n_gpus is not None and s.tp is not None and s.pp is not None and s.ep is not None
-            and ep_folds(n_gpus, s.tp, s.pp, s.cp or 1, s.ep)):
-        s = replace(s, cp=s.cp or 1)
-        dp, fold = n_gpus // (s.tp * s.pp * s.cp), True
-        if len(s.micro_batches) != 1 or len(s.recomputes) != 1 or (s.zero_stage is None and s.fsdp is None):
-            raise UserError(f"--ep {s.ep} does not divide the data-parallel {dp} (--n-gpus {n_gpus} / (tp x cp x pp)): "
-                            "it is folded over tp x cp x dp (Megatron-Core's MoE parallel folding), planned for the "
-                            "one layout given: add --micro-batch, --recompute and --zero or --fsdp")
+    shape = folded_shape(s, n_gpus) if n_gpus is not None else None
+    if shape is not None:
+        s = replace(s, cp=shape[1])
+        dp, fold = shape[4], True
     if (dp is None or s.tp is None or s.pp is None or s.cp is None or s.ep is None
             or len(s.micro_batches) != 1 or len(s.recomputes) != 1):
         return None

@@ -206,17 +206,38 @@ def test_ep_that_divides_dp_is_not_folded():
     assert (lay.data_parallel, lay.n_gpus, lay.ep_fold) == (8, 16, False) and "fold" not in lay.key
 
 
-def test_folding_is_megatron_core_s_and_needs_the_layout_fixed():
+def test_folding_is_megatron_core_s():
     m, setup = load_model("qwen3-235b-a22b"), TrainingSetup(seq_len=4096, global_batch=8192, stack="torchtitan")
     lay = Layout(dp=16, tp=2, pp=8, ep=32, etp=1, ep_fold=True, zero_stage=1, sp=True, micro_batch=1,
                  grad_accum=512, seq_len=4096)
     assert reject_reason(m, setup, lay, 8) is not None
-    for extra, word in (([], "add --micro-batch, --recompute and --zero or --fsdp"),
-                        (["--stack", "deepspeed", "--micro-batch", "1", "--zero", "1", "--recompute", "none"],
-                         "--stack deepspeed")):
+    for extra, word in ((["--etp", "1", "--stack", "deepspeed", "--micro-batch", "1", "--zero", "1", "--recompute",
+                          "none"], "--stack deepspeed"),
+                        ([], "etp 2 x ep 32 = 64 does not divide tp x cp x dp = 32")):   # etp = tp by default
         res = CliRunner().invoke(cli, ["--model", "qwen3-235b-a22b", "--gpus", "h100", "--n-gpus", "256", "--tp",
                                        "2", "--pp", "8", "--ep", "32"] + extra, prog_name="plan")
         assert res.exit_code == 2 and word in res.output and "Traceback" not in res.output, res.output
+        assert len(res.output.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_the_search_chooses_among_folded_layouts_and_scores_them_as_the_fixed_plan_does():
+    """With --ep folding and the micro-batch, recomputation and sharding left open, `plan` searches them
+    (layouts.layout.enumerate_folded); its choice planned as a fixed layout gives the same answer."""
+    base = ["--model", "qwen3-235b-a22b", "--gpus", "h100", "--stack", "megatron", "--n-gpus", "256", "--tp", "2",
+            "--pp", "8", "--ep", "32", "--etp", "1", "--global-batch", "8192", "--json"]
+    res = CliRunner().invoke(cli, base, prog_name="plan")
+    assert res.exit_code == 0, res.output
+    found = json.loads(res.output)["plan"]
+    lay = found["layout"]
+    assert lay["ep_fold"] and found["fits"]
+    fixed = base + ["--micro-batch", str(lay["micro_batch"]), "--recompute", lay["recompute"], "--vp", str(lay["vp"])]
+    fixed += ["--zero", str(lay["zero_stage"])] if lay["sharding"] == "zero" else ["--fsdp", lay["sharding"][5:]]
+    res = CliRunner().invoke(cli, fixed, prog_name="plan")
+    assert res.exit_code == 0, res.output
+    again = json.loads(res.output)["plan"]
+    assert again["memory_bytes"] == found["memory_bytes"]
+    assert again["step_time_s"] == pytest.approx(found["step_time_s"], rel=1e-12)
 
 
 @pytest.mark.slow

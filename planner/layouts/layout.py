@@ -236,24 +236,53 @@ def enumerate_layouts(
 ) -> Iterator[tuple[Layout, str | None]]:
     """Every candidate layout on ``n_gpus`` with None or the reason it cannot run (the
     first rule of planner.layouts.rules.RULES it breaks)."""
+    for tp, cp, ep, pp, dp in degree_shapes(m, n_gpus, gpus_per_node, space):
+        yield from _shape_layouts(m, setup, gpus_per_node, space, (tp, cp, ep, pp, dp), False)
+
+
+def folded_shape(space: SearchSpace, n_gpus: int) -> tuple[int, int, int, int, int] | None:
+    """(tp, cp, ep, pp, dp) of the folded layouts on ``n_gpus`` where the space fixes tp, pp and
+    ep (cp: 1 when open) and leaves dp open, and ep folds (ep_folds; dp is Megatron's DP);
+    None otherwise. The one place the fold is decided from what the user gives."""
+    s = space
+    if s.dp is not None or s.tp is None or s.pp is None or s.ep is None:
+        return None
+    cp = s.cp or 1
+    if not ep_folds(n_gpus, s.tp, s.pp, cp, s.ep):
+        return None
+    return s.tp, cp, s.ep, s.pp, n_gpus // (s.tp * cp * s.pp)
+
+
+def enumerate_folded(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node: int,
+                     space: SearchSpace = SearchSpace()) -> Iterator[tuple[Layout, str | None]]:
+    """The folded candidates on ``n_gpus`` (folded_shape) over the choices the space leaves
+    open, each with None or the reason it cannot run: what enumerate_layouts yields for the
+    shapes it walks, for the one folded shape (never searched unless the options fold)."""
+    shape = folded_shape(space, n_gpus)
+    if shape is not None:
+        yield from _shape_layouts(m, setup, gpus_per_node, space, shape, True)
+
+
+def _shape_layouts(m: ModelSpec, setup: TrainingSetup, gpus_per_node: int, space: SearchSpace,
+                   shape: tuple[int, int, int, int, int], fold: bool) -> Iterator[tuple[Layout, str | None]]:
     from planner.layouts.rules import RuleView, first_failing
 
-    for tp, cp, ep, pp, dp in degree_shapes(m, n_gpus, gpus_per_node, space):
-        sps = [space.sp] if space.sp is not None else [tp > 1 and sp_by_default(setup)]
-        vps = [space.vp] if space.vp is not None else ([1, 2] if pp > 1 else [1])
-        for sharding, stage in shardings_of(space):
-            for vp in vps:
-                for sp in sps:
-                    for mb in space.micro_batches:
-                        ga = grad_accum_for(setup, mb, dp, ep)
-                        for rc in space.recomputes:
-                            lay = Layout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep,
-                                         zero_stage=stage, sharding=sharding, sp=sp,
-                                         vp=vp, micro_batch=mb, grad_accum=ga or 1,
-                                         seq_len=setup.seq_len, recompute=rc, etp=space.etp or 0)
-                            view = RuleView.of(m, setup, lay, gpus_per_node, enumerated=True)
-                            rule = first_failing(view)
-                            yield lay, None if rule is None else rule.message(view)
+    tp, cp, ep, pp, dp = shape
+    sps = [space.sp] if space.sp is not None else [tp > 1 and sp_by_default(setup)]
+    vps = [space.vp] if space.vp is not None else ([1, 2] if pp > 1 else [1])
+    for sharding, stage in shardings_of(space):
+        for vp in vps:
+            for sp in sps:
+                for mb in space.micro_batches:
+                    ga = grad_accum_for(setup, mb, dp, ep, fold)
+                    for rc in space.recomputes:
+                        lay = Layout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep,
+                                     zero_stage=stage, sharding=sharding, sp=sp,
+                                     vp=vp, micro_batch=mb, grad_accum=ga or 1,
+                                     seq_len=setup.seq_len, recompute=rc, etp=space.etp or 0, ep_fold=fold)
+                        view = RuleView.of(m, setup, lay, gpus_per_node, enumerated=True)
+                        rule = first_failing(view)
+                        yield lay, None if rule is None else rule.message(view)
 
 
 def degree_shapes(m: ModelSpec, n_gpus: int, gpus_per_node: int,

@@ -271,13 +271,16 @@ def no_valid_layout(m: ModelSpec, setup: TrainingSetup, space: SearchSpace, coun
     memory, rejects every one), one line naming the most common reject reason and the nearest
     values that work; None when some layout is valid (issue 20: "no layout fits (memory)" was
     reported for batches that do not divide)."""
-    from planner.layouts.layout import enumerate_layouts
+    from itertools import chain
+
+    from planner.layouts.layout import enumerate_folded, enumerate_layouts
 
     reasons: Counter[str] = Counter()
     steps: set[int] = set()
     steps_dp: set[int] = set()
     for n in counts:
-        for lay, reason in enumerate_layouts(m, setup, n, gpus_per_node, space):
+        for lay, reason in chain(enumerate_layouts(m, setup, n, gpus_per_node, space),
+                                 enumerate_folded(m, setup, n, gpus_per_node, space)):
             if reason is None:
                 return None
             reasons[reason] += 1

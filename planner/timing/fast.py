@@ -568,11 +568,11 @@ def step_times(m: ModelSpec, setup: TrainingSetup, layouts: Sequence[Layout], cl
                eff: Efficiency = DEFAULT_EFFICIENCY, pc: ParamCount | None = None,
                orders: Sequence[tuple[str, ...]] = PLACEMENT_ORDERS) -> list[StepTime]:
     """The StepTime of every layout of ``layouts``, from one batched call per sequence length
-    (the layouts' own, which the search makes setup.seq_len): the rows of step_arrays(), each
-    on the fastest of the placement ``orders``."""
+    (the layouts' own, which the search makes setup.seq_len) and folding (batch_fold): the rows
+    of step_arrays(), each on the fastest of the placement ``orders``."""
     out: list[StepTime | None] = [None] * len(layouts)
-    for seq_len in sorted({lay.seq_len for lay in layouts}):
-        at = [i for i, lay in enumerate(layouts) if lay.seq_len == seq_len]
+    for seq_len, fold in sorted({(lay.seq_len, lay.ep_fold) for lay in layouts}):
+        at = [i for i, lay in enumerate(layouts) if lay.seq_len == seq_len and lay.ep_fold == fold]
         s = setup if seq_len == setup.seq_len else replace(setup, seq_len=seq_len)
         try:
             rows = step_arrays(m, s, LayoutArrays.from_layouts([layouts[i] for i in at]), cluster, eff, pc,
