@@ -23,6 +23,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 from conftest import require
+from megatron_groups import GROUP_STUBS
 
 from planner import api
 from planner.cli.main import cli
@@ -38,24 +39,8 @@ FOLDED = [(256, 2, 8, 1, 32, 1), (64, 2, 1, 1, 64, 1), (16, 4, 1, 1, 8, 1), (64,
 BAD = (256, 2, 8, 1, 64, 1)      # etp 1 x ep 64 x pp 8 = 512 does not divide 256 (Megatron-Bridge's misprint)
 GPT = (16, 4, 1, 1, 8, 1)        # the GPTModel built on its groups (tp without sequence parallelism: local spec)
 
-_SCRIPT = r'''
-import json, sys, warnings
-warnings.filterwarnings("ignore")
-import torch.distributed as dist
-
-class Group:
-    def __init__(self, ranks): self.ranks = list(ranks)
-    def size(self): return len(self.ranks)
-    def rank(self): return 0
-
+_SCRIPT = GROUP_STUBS + r'''
 shapes, bad, gpt = json.loads(sys.argv[1])
-world = [1]
-dist.is_initialized = lambda: True
-dist.get_world_size = lambda group=None: world[0] if group is None else group.size()
-dist.get_rank = lambda group=None: 0
-dist.new_group = lambda ranks=None, *a, **k: Group(range(world[0]) if ranks is None else ranks)
-dist.get_process_group_ranks = lambda g: g.ranks
-from megatron.core import parallel_state as ps
 
 def init(w, tp, pp, cp, ep, etp):
     world[0] = w
