@@ -252,3 +252,18 @@ def test_folded_megatron_args_pass_megatron_s_parser_and_checks(tmp_path):
                                                 device_arch_major=9)) == []
     dp = 256 // (a.tensor_model_parallel_size * a.pipeline_model_parallel_size * a.context_parallel_size)
     assert a.global_batch_size == 8192 and a.global_batch_size % (a.micro_batch_size * dp) == 0
+
+
+def test_a_folded_all_to_all_runs_on_the_ranks_megatron_core_groups():
+    """tp 2, pp 8, ep 32, etp 1 on 256 H100: megatron-core's ep group is 32 consecutive ranks
+    (test_folded_groups_equal_megatron_cores), four 8-GPU nodes, so its all-to-all is timed as an
+    unfolded layout's whose ep groups are those ranks (ep innermost, stride 1), not as tp-strided
+    ranks over eight nodes."""
+    from planner.hardware.placement import all_to_all_link, cluster_for
+    from planner.timing.degrees import layout_links
+
+    cluster = cluster_for(get_gpu("h100"))
+    order = ("tp", "cp", "ep", "pp", "dp")
+    _, folded = layout_links(cluster, (2, 1, 32, 16, 8), order, etp=1, ep_fold=1)
+    assert folded == all_to_all_link(cluster, (1, 1, 32, 1, 8), order)
+    assert folded.bus_bytes_per_s > all_to_all_link(cluster, (2, 1, 32, 1, 8), order).bus_bytes_per_s
