@@ -98,9 +98,12 @@ def degrees_past_limit(kw: Mapping[str, Any]) -> str | None:
     """Whether the degrees the options fix (--dp, --tp, --pp, --cp, --ep) need more GPUs
     than --max-gpus allows, as --n-gpus beyond it is refused (issue 32, W2: --tp 8 --pp 8
     --cp 8 --dp 64 planned 32,768 GPUs; U3: --dp 32768 was explained as a memory limit).
-    Every GPU holds one rank of each group, so the product is the least count they need."""
+    Every GPU holds one rank of each group, so the product is the least count they need,
+    except where ep folds over tp x cp x dp on --n-gpus (folds_on), whose count is --n-gpus."""
     fixed = {a: kw[a] for a in ("dp", "tp", "pp", "cp", "ep") if kw.get(a) is not None}
     max_gpus = kw.get("max_gpus")
+    if kw.get("n_gpus") is not None and folds_on(kw, kw["n_gpus"]):
+        return None
     prod = 1
     for d in fixed.values():
         prod *= d
