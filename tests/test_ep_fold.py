@@ -37,6 +37,7 @@ from planner.training.setup import TrainingSetup
 FOLDED = [(256, 2, 8, 1, 32, 1), (64, 2, 1, 1, 64, 1), (16, 4, 1, 1, 8, 1), (64, 2, 2, 2, 16, 1),
           (32, 4, 1, 1, 16, 2)]
 BAD = (256, 2, 8, 1, 64, 1)      # etp 1 x ep 64 x pp 8 = 512 does not divide 256 (Megatron-Bridge's misprint)
+UNFOLDED = [(64, 8, 1, 1, 8, 1), (32, 2, 1, 2, 4, 2)]   # ep divides DP; etp < tp, or cp > 1
 GPT = (16, 4, 1, 1, 8, 1)        # the GPTModel built on its groups (tp without sequence parallelism: local spec)
 
 _SCRIPT = GROUP_STUBS + r'''
@@ -92,7 +93,7 @@ TINY = ModelSpec(name="tiny-moe", model_type="mixtral", n_layers=2, d_model=64, 
 @pytest.fixture(scope="module")
 def megatron() -> dict:
     require("megatron.core")
-    arg = json.dumps([FOLDED, list(BAD), list(GPT)])
+    arg = json.dumps([FOLDED + UNFOLDED, list(BAD), list(GPT)])
     done = subprocess.run([sys.executable, "-c", _SCRIPT, arg], capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -112,7 +113,7 @@ def _folded(world: int, tp: int, pp: int, cp: int, ep: int, etp: int, **kw) -> L
 def test_folded_groups_equal_megatron_cores(megatron):
     """megatron-core's DP = Layout.data_parallel, its EDP = Layout.expert_shard_degree, its EP = ep;
     rank 0's ep group is etp-strided consecutive ranks, the expert grid layout_links places."""
-    for shape, (dp, edp, ep, ranks) in zip(FOLDED, megatron["groups"]):
+    for shape, (dp, edp, ep, ranks) in zip(FOLDED, megatron["groups"][:len(FOLDED)]):
         lay = _folded(*shape)
         assert lay.ep_fold and lay.n_gpus == shape[0]
         assert [lay.data_parallel, lay.expert_shard_degree, lay.ep] == [dp, edp, ep], shape
@@ -267,3 +268,22 @@ def test_a_folded_all_to_all_runs_on_the_ranks_megatron_core_groups():
     _, folded = layout_links(cluster, (2, 1, 32, 16, 8), order, etp=1, ep_fold=1)
     assert folded == all_to_all_link(cluster, (1, 1, 32, 1, 8), order)
     assert folded.bus_bytes_per_s > all_to_all_link(cluster, (2, 1, 32, 1, 8), order).bus_bytes_per_s
+
+
+@pytest.mark.slow
+def test_the_all_to_all_runs_on_megatron_core_s_ep_groups_unfolded_too(megatron):
+    """Bug fixed: with etp < tp or cp > 1, megatron-core's ep group is still etp-strided consecutive
+    ranks (its expert grid leaves cp out), not the planner's ep axis strided by tp x cp; the
+    all-to-all is timed on the ranks megatron-core groups."""
+    from planner.hardware.placement import all_to_all_link, cluster_for
+    from planner.timing.degrees import layout_links
+
+    cluster = cluster_for(get_gpu("h100"))
+    order = ("tp", "cp", "ep", "pp", "dp")
+    for (world, tp, pp, cp, ep, etp), (_, _, _, ranks) in zip(UNFOLDED, megatron["groups"][len(FOLDED):]):
+        lay = Layout(dp=world // (tp * pp * cp * ep), tp=tp, pp=pp, cp=cp, ep=ep, etp=etp)
+        assert ranks == list(range(0, etp * ep, etp))
+        _, a2a = layout_links(cluster, (tp, cp, ep, lay.dp, pp), order, etp=etp)
+        assert a2a == all_to_all_link(cluster, (etp, 1, ep, lay.expert_shard_degree, pp), order)
+        # inside one 8-GPU node now, across nodes on the tp x cp stride before
+        assert a2a.bus_bytes_per_s > all_to_all_link(cluster, (tp, cp, ep, lay.dp, pp), order).bus_bytes_per_s

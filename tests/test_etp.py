@@ -145,9 +145,12 @@ def test_etp_memory_and_time_terms():
     assert m1["gradients"] - mb["gradients"] == pytest.approx(grown, rel=1e-6)
     assert m1["optimizer"] == pytest.approx(mb["optimizer"], rel=1e-9)
     # time: the MLP's tp collectives leave the tp group, the experts' gradients (8x as many
-    # per rank) are reduced over 8 expert data-parallel ranks instead of none
+    # per rank) are reduced over 8 expert data-parallel ranks instead of none, and the ep
+    # all-to-all runs on megatron-core's expert grid: at etp 8 its groups are tp-strided ranks
+    # on 8 nodes, at etp 1 eight consecutive ranks of one node (tests/test_ep_fold.py checks
+    # the ranks against parallel_state)
     tb, t1 = base["plan"]["time"]["comm_s"], one["plan"]["time"]["comm_s"]
-    assert t1["tp"] < tb["tp"] and t1["dp"] > tb["dp"] and t1["ep"] == pytest.approx(tb["ep"])
+    assert t1["tp"] < tb["tp"] and t1["dp"] > tb["dp"] and t1["ep"] < tb["ep"] / 4
 
 
 def test_megatron_args_and_refusals(tmp_path):

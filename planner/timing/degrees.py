@@ -202,17 +202,19 @@ def layout_links(cluster: Cluster, sizes: tuple[int, ...], order: tuple[str, ...
                  ep_fold: int = 0) -> tuple[dict[str, AxisLink], AxisLink]:
     """(each axis's ring links, the ep all-to-all's link) for a layout of degrees ``sizes``
     (tp, cp, ep, dp, pp, as placement.axis_links and placement.all_to_all_link read them).
-    Where ep is folded over tp x cp x dp (Layout.ep_fold), the attention grid tp x cp x dp x pp
-    places every axis but ep, and the ep groups lie on the expert grid etp x ep x edp x pp over
-    the same GPUs: megatron-core 0.16.1 builds it with the same rank order, cp left out and etp
-    innermost (parallel_state.py lines 797-805: RankGenerator(tp=etp, ep=ep, dp=edp, pp=pp,
-    cp=1, order=order)), so an ep group is etp-strided ranks spanning etp x ep consecutive
-    GPUs. ``etp`` 0: equal to tp."""
-    if not ep_fold:
-        return axis_links(cluster, sizes, order), all_to_all_link(cluster, sizes, order)
+    The ep groups lie on the expert grid etp x ep x edp x pp: megatron-core 0.16.1 builds it
+    over the same GPUs with the same rank order, cp left out and etp innermost
+    (parallel_state.py lines 797-805: RankGenerator(tp=etp, ep=ep, dp=edp, pp=pp, cp=1,
+    order=order)), so an ep group is etp-strided ranks spanning etp x ep consecutive GPUs;
+    the all-to-all is timed there (the planner's own grid tp x cp x ep x dp x pp strides it by
+    tp x cp, the same where etp = tp and cp = 1). Where ep is folded over tp x cp x dp
+    (Layout.ep_fold), the attention grid tp x cp x dp x pp places every other axis and the ep
+    ring too is the expert grid's. ``etp`` 0: equal to tp."""
     tp, cp, ep, dp, pp = sizes
     e_tp = etp if etp > 0 else tp
-    expert_grid = (e_tp, 1, ep, expert_data_parallel_size(dp, tp, cp, ep, e_tp, 1), pp)
+    expert_grid = (e_tp, 1, ep, expert_data_parallel_size(dp, tp, cp, ep, e_tp, ep_fold), pp)
+    if not ep_fold:
+        return axis_links(cluster, sizes, order), all_to_all_link(cluster, expert_grid, order)
     attention = axis_links(cluster, (tp, cp, 1, dp, pp), order)
     return ({**attention, "ep": axis_links(cluster, expert_grid, order)["ep"]},
             all_to_all_link(cluster, expert_grid, order))
@@ -293,7 +295,7 @@ def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
         return tuple(out)
 
     keys = list(zip(tp.tolist(), cp.tolist(), ep.tolist(), dp.tolist(), pp.tolist()))
-    links_key = (cluster, tuple(orders)) + ((etp, ep_fold) if ep_fold else ())
+    links_key = (cluster, tuple(orders), etp, ep_fold)
     every = np.ascontiguousarray(_rows(LINK_ROWS * len(orders), np.float64, "links", *links_key)
                                  .lookup(keys, links_of).T)
     # per order: bw, lat of each axis, then of the ep all-to-all (placement.all_to_all_link)
