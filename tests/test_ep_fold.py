@@ -287,3 +287,10 @@ def test_the_all_to_all_runs_on_megatron_core_s_ep_groups_unfolded_too(megatron)
         assert a2a == all_to_all_link(cluster, (etp, 1, ep, lay.expert_shard_degree, pp), order)
         # inside one 8-GPU node now, across nodes on the tp x cp stride before
         assert a2a.bus_bytes_per_s > all_to_all_link(cluster, (tp, cp, ep, lay.dp, pp), order).bus_bytes_per_s
+
+
+def test_dp_given_as_megatron_s_data_parallel_size_is_answered_with_the_way_out():
+    res = CliRunner().invoke(cli, ["--model", "qwen3-235b-a22b", "--gpus", "h100", "--n-gpus", "256", "--dp", "16",
+                                   "--tp", "2", "--pp", "8", "--ep", "32", "--etp", "1"], prog_name="plan")
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert "drop --dp 16 to fold ep over tp x cp x dp" in res.output

@@ -79,7 +79,12 @@ def contradicting_options(kw: Mapping[str, Any]) -> str | None:
             prod *= d
         if fixed and n_gpus % prod and not folds_on(kw, n_gpus):
             names = " x ".join(f"--{a} {d}" for a, d in fixed.items())
-            return f"--n-gpus {n_gpus} is not a multiple of {names} = {prod}; change --n-gpus or the degrees"
+            hint = ""
+            if "dp" in fixed and fixed.get("ep", 1) > 1 and n_gpus * fixed["ep"] == prod:
+                # --dp given as Megatron's data-parallel size, which the planner counts beside ep
+                hint = (f" (the planner's --dp counts data-parallel ranks beside ep; drop --dp {fixed['dp']} "
+                        f"to fold ep over tp x cp x dp, as Megatron-Core does)")
+            return f"--n-gpus {n_gpus} is not a multiple of {names} = {prod}; change --n-gpus or the degrees{hint}"
     return None
 
 
