@@ -62,6 +62,11 @@ CASES = {
     "qlora-70b-4090": ["--model", "70b", "--gpus", "4090", "--method", "qlora"],
     "8b-1m-tokens": ["--model", "8b", "--gpus", "h100", "--n-gpus", "8", "--seq-len", "1048576",
                      "--global-batch", "8"],
+    # Llama 3 405B as its paper ran it on 8,192 H100s (arXiv:2407.21783, Sec. 3.3.2; issue 29)
+    "405b-llama3-paper": ["--model", "llama3.1-405b", "--gpus", "h100", "--n-gpus", "8192", "--tp", "8", "--pp", "16",
+                          "--dp", "64", "--vp", "8", "--pp-balance", "embedding-loss", "--fsdp", "grad-op",
+                          "--fsdp-pipeline-grad-sync", "micro-batch", "--seq-len", "8192", "--micro-batch", "1",
+                          "--global-batch", "2048", "--recompute", "none"],
 }
 
 
@@ -108,3 +113,15 @@ def test_method_auto_reports_the_method_closest_to_fitting_with_its_memory():
     assert auto["least_memory"]["memory_bytes"] == qlora["least_memory"]["memory_bytes"]
     line = run(["--model", "70b", "--gpus", "4090", "--method", "auto", "--quiet"]).stdout
     assert line.startswith("llama3.1-70b (qlora): no layout fits") and "least memory 30.19 GiB" in line
+
+
+def test_llama3_405b_as_trained_fits_with_its_papers_micro_batch_group():
+    """The Llama 3 405B layout (issue 29) holds (pp - r - 1) x 2 + (vp - 1) x N chunks on stage r at
+    megatron-core's N = pp; Llama 3 tuned N below pp (its paper, Sec. 3.3.2). The advice names the
+    largest N that fits, and the plan with it fits."""
+    args = CASES["405b-llama3-paper"]
+    text = " ".join(advice(args))
+    m = re.search(r"--pp-microbatch-group (\d+) fits on 8192 x h100", text)
+    assert m and int(m[1]) < 16, text
+    r = run([*args, "--pp-microbatch-group", m[1], "--quiet"])
+    assert r.exit_code == 0 and "/" in r.stdout, r.output

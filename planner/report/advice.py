@@ -188,6 +188,9 @@ def fit_advice(r: Any) -> list[str]:
         fits = refit(r, space=_replace(space, micro_batches=(1,)))
         if fits is not None:
             ways.append(f"--micro-batch 1 fits on {fits} x {gpu.name}")
+    group = smaller_microbatch_group(r, sm.layout)
+    if group is not None:
+        ways.append(group)
     for seq in (setup.seq_len // 2, setup.seq_len // 4, setup.seq_len // 8):   # a few re-plans, not a sweep
         if seq < 256:
             break
@@ -198,6 +201,23 @@ def fit_advice(r: Any) -> list[str]:
     if ways:
         out.append("Re-planned with one change each: " + "; ".join(ways) + ".")
     return out
+
+
+def smaller_microbatch_group(r: Any, lay: Any) -> str | None:
+    """For an interleaved layout at megatron-core's default micro-batch group (N = pp): the largest
+    N below pp that fits, as a way out. Stage r's warm-up holds (pp - r - 1) x 2 + (vp - 1) x N
+    chunks (TrainingSetup.pp_microbatch_group), so a smaller N holds fewer activations; N below pp
+    is the Llama 3 schedule (arXiv:2407.21783, Sec. 3.3.2), which megatron-core 0.16.1 refuses
+    (schedules.py), so the line says so."""
+    setup = r.setup
+    if lay.vp <= 1 or lay.pp <= 1 or setup.pp_microbatch_group:
+        return None
+    for n in range(lay.pp - 1, 0, -1):
+        fits = refit(r, setup=_replace(setup, pp_microbatch_group=n), counts=(lay.n_gpus,))
+        if fits is not None:
+            return (f"--pp-microbatch-group {n} fits on {fits} x {r.gpu.name} (Llama 3's schedule: fewer "
+                    f"micro-batches per model chunk than pp; megatron-core 0.16.1 needs at least pp)")
+    return None
 
 
 def runs_precision(gpu: Any, precision: str) -> bool:
