@@ -240,9 +240,9 @@ class Dollars(ScaledNumber):
     what, EXAMPLES, bounds = "an amount in dollars", "250000, 250k, 1.5M", "a positive amount in dollars"
 
 
-def _degree(name: str) -> Decorator:
+def _degree(name: str, more: str = "") -> Decorator:
     return click.option(f"--{name}", type=click.IntRange(1, MAX_GPUS), default=None,
-                        help=f"Fix the {name.upper()} degree (default: searched).")
+                        help=f"Fix the {name.upper()} degree (default: searched).{more}")
 
 
 def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -258,7 +258,9 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Fix the GPU count (default: the smallest that fits)."),
         click.option("--max-gpus", type=click.IntRange(1, MAX_GPUS), default=16_384, show_default=True,
                      help="The largest GPU count the search tries."),
-        _degree("dp"), _degree("tp"), _degree("pp"), _degree("cp"), _degree("ep"),
+        _degree("dp"), _degree("tp"), _degree("pp"), _degree("cp"),
+        _degree("ep", " With --n-gpus and no --dp, an EP that does not divide the data-parallel size "
+                      "GPUs / (tp x cp x pp) is folded over tp x cp x dp (Megatron-Core's MoE parallel folding)."),
         click.option("--etp", type=click.IntRange(1, MAX_GPUS), default=None,
                      help="Expert tensor-parallel size, dividing --tp (Megatron's "
                           "--expert-tensor-parallel-size; default: equal to tp)."),

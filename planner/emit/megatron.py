@@ -281,7 +281,8 @@ def to_megatron_args(r: PlanResult, opts: EmitOptions = EmitOptions()) -> list[s
     arguments are the user's).
 
     Megatron's data-parallel size is world / (tp x pp x cp), which is the planner's
-    dp x ep, so --global-batch-size = micro-batch x accumulation x dp x ep.
+    dp x ep (dp itself where ep is folded over tp x cp x dp: Layout.data_parallel), so
+    --global-batch-size = micro-batch x accumulation x that data-parallel size.
     """
     cand = chosen(r)
     check_options(r, opts)
