@@ -19,7 +19,7 @@ from planner.cli.complete import complete_gpus, complete_models, complete_topolo
 from planner.cli.sizes import SeqLength, SequenceCount, TokenBatch
 from planner.training.finetune import METHODS, QUANTS
 from planner.training.fp8 import FP8_RECIPE_CHOICES
-from planner.training.moe_runtime import A2A_OVERLAPS, CUDA_GRAPHS
+from planner.training.moe_runtime import A2A_OVERLAPS, CUDA_GRAPHS, DISPATCHERS
 from planner.training.setup import (
     ATTENTION,
     CROSS_ENTROPIES,
@@ -76,6 +76,7 @@ class Options:
     moe_a2a_overlap: str = "auto"            # Megatron-Core's expert-parallel all-to-all overlap
     cuda_graphs: str = "none"                # Megatron-Core's CUDA graphs: none, moe, full-iteration
     fp8_attention: bool = False              # Transformer Engine's FP8 attention (--stack megatron)
+    moe_dispatcher: str = "alltoall"         # Megatron-Core's token dispatcher: alltoall, or flex (DeepEP/HybridEP)
     vp: int | None = None
     sp: bool | None = None
     micro_batch: int | None = None
@@ -239,9 +240,9 @@ class Dollars(ScaledNumber):
     what, EXAMPLES, bounds = "an amount in dollars", "250000, 250k, 1.5M", "a positive amount in dollars"
 
 
-def _degree(name: str) -> Decorator:
+def _degree(name: str, more: str = "") -> Decorator:
     return click.option(f"--{name}", type=click.IntRange(1, MAX_GPUS), default=None,
-                        help=f"Fix the {name.upper()} degree (default: searched).")
+                        help=f"Fix the {name.upper()} degree (default: searched).{more}")
 
 
 def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -257,7 +258,9 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Fix the GPU count (default: the smallest that fits)."),
         click.option("--max-gpus", type=click.IntRange(1, MAX_GPUS), default=16_384, show_default=True,
                      help="The largest GPU count the search tries."),
-        _degree("dp"), _degree("tp"), _degree("pp"), _degree("cp"), _degree("ep"),
+        _degree("dp"), _degree("tp"), _degree("pp"), _degree("cp"),
+        _degree("ep", " With --n-gpus and no --dp, an EP that does not divide the data-parallel size "
+                      "GPUs / (tp x cp x pp) is folded over tp x cp x dp (Megatron-Core's MoE parallel folding)."),
         click.option("--etp", type=click.IntRange(1, MAX_GPUS), default=None,
                      help="Expert tensor-parallel size, dividing --tp (Megatron's "
                           "--expert-tensor-parallel-size; default: equal to tp)."),
@@ -292,6 +295,10 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="--stack megatron's CUDA graphs: 'moe' captures attention and the MoE router and "
                           "preprocessing (no host sync of the token counts per MoE layer), 'full-iteration' the "
                           "whole step (Megatron-Core's cuda_graph_impl and cuda_graph_scope)."),
+        click.option("--moe-dispatcher", type=click.Choice(DISPATCHERS), default="alltoall", show_default=True,
+                     help="--stack megatron's MoE token dispatcher: 'alltoall' sends each routed copy of a token to "
+                          "its expert's rank; 'flex' (DeepEP or HybridEP) sends a token once per remote node and "
+                          "forwards it over NVLink there, which cuts the cross-node all-to-all."),
         click.option("--fp8-attention", is_flag=True, default=False,
                      help="--stack megatron with --precision fp8: Transformer Engine's FP8 fused attention "
                           "(Megatron-Core's fp8_dot_product_attention)."),
