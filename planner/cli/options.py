@@ -19,6 +19,15 @@ from planner.cli.complete import complete_gpus, complete_models, complete_topolo
 from planner.cli.sizes import SeqLength, SequenceCount, TokenBatch
 from planner.training.finetune import METHODS, QUANTS
 from planner.training.fp8 import FP8_RECIPE_CHOICES
+from planner.training.posttrain import (
+    KD_CHUNKS,
+    KD_LOSSES,
+    POSTTRAIN_DEFAULTS,
+    RL_TASKS,
+    ROLLOUT_PLACEMENTS,
+    TEACHER_SHARDINGS,
+    TEACHER_WEIGHT_BYTES,
+)
 from planner.training.setup import (
     ATTENTION,
     CROSS_ENTROPIES,
@@ -36,6 +45,7 @@ from planner.training.setup import (
 )
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+_PT = POSTTRAIN_DEFAULTS
 OFFLOAD = ("none", "cpu", "nvme")
 
 
@@ -111,23 +121,23 @@ class Options:
     # --task (task_options)
     task: str = "train"
     mla_cache: str | None = None      # --task load, MLA models: the KV cache layout (memory.inference)
-    # post-training (posttrain_options; planner.training.posttrain)
+    # post-training (posttrain_options; the defaults: planner.training.posttrain.POSTTRAIN_DEFAULTS)
     teacher: str | None = None
-    teacher_precision: str = "bf16"
-    teacher_quant: str = "none"
-    teacher_sharding: str = "auto"
-    kd_loss: str = "chunked"
-    kd_hidden_layers: int = 0
-    kd_offline_topk: int = 0
-    prompt_len: int = 1024
-    response_len: int = 4096
-    response_mean: int = 0
-    group_size: int = 8
-    prompts_per_step: int = 64
-    rollout: str = "colocated"
-    rollout_tp: int = 1
-    rollout_memory_fraction: float = 0.9
-    offload_train_states: bool = True
+    teacher_precision: str = _PT.teacher_precision
+    teacher_quant: str = _PT.teacher_quant
+    teacher_sharding: str = _PT.teacher_sharding
+    kd_loss: str = _PT.kd_loss
+    kd_hidden_layers: int = _PT.kd_hidden_layers
+    kd_offline_topk: int = _PT.kd_offline_topk
+    prompt_len: int = _PT.prompt_len
+    response_len: int = _PT.response_len
+    response_mean: int = _PT.response_mean
+    group_size: int = _PT.group_size
+    prompts_per_step: int = _PT.prompts_per_step
+    rollout: str = _PT.rollout
+    rollout_tp: int = _PT.rollout_tp
+    rollout_memory_fraction: float = _PT.rollout_memory_fraction
+    offload_train_states: bool = _PT.offload_train_states
     rl_steps: int | None = None
     # step time and tokens (time_options)
     topology: str | None = None
@@ -405,28 +415,27 @@ def task_options(f: Callable[..., Any]) -> Callable[..., Any]:
              "dpo: an RL step with its rollout engine, memory and time by phase (docs/post-training.md).")(f)
 
 
-# planner.training.posttrain's choices, spelt here so that the CLI's import loads nothing more
-RL_TASKS = ("grpo", "ppo", "dpo")
-
-
 def distill_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """Distillation (--teacher) settings, for `plan` and `plan measure` (docs/post-training.md)."""
     return _apply([
         click.option("--teacher", metavar="NAME|PATH", default=None, shell_complete=complete_models,
                      help="Distil --model from this teacher (a preset or config.json): its frozen weights, "
                           "forward, logits and the KD loss join the plan."),
-        click.option("--teacher-precision", type=click.Choice(["bf16", "fp32"]), default="bf16", show_default=True),
-        click.option("--teacher-quant", type=click.Choice(QUANTS), default="none", show_default=True,
+        click.option("--teacher-precision", type=click.Choice(list(TEACHER_WEIGHT_BYTES)),
+                     default=_PT.teacher_precision, show_default=True),
+        click.option("--teacher-quant", type=click.Choice(QUANTS), default=_PT.teacher_quant, show_default=True,
                      help="Store the teacher's linear weights as int8, int4 or nf4."),
-        click.option("--teacher-sharding", type=click.Choice(["auto", "replicated", "fsdp", "tp"]), default="auto",
+        click.option("--teacher-sharding", type=click.Choice(TEACHER_SHARDINGS), default=_PT.teacher_sharding,
                      show_default=True, help="Hold the teacher whole on each GPU, sharded over dp (FSDP, "
                                              "torchtune) or split like the student over tp x pp (ModelOpt); auto: "
                                              "the least memory the layout allows."),
-        click.option("--kd-loss", type=click.Choice(["chunked", "full"]), default="chunked", show_default=True,
-                     help="torchtune's KL loss over 8 token chunks, or over all tokens at once."),
-        click.option("--kd-hidden-layers", type=click.IntRange(0, 1024), default=0, show_default=True,
+        click.option("--kd-loss", type=click.Choice(KD_LOSSES), default=_PT.kd_loss, show_default=True,
+                     help=f"torchtune's KL loss over {KD_CHUNKS} token chunks, or over all tokens at once."),
+        click.option("--kd-hidden-layers", type=click.IntRange(0, 1024), default=_PT.kd_hidden_layers,
+                     show_default=True,
                      help="Hidden-state (MSE) losses on N layer pairs beside the logit loss."),
-        click.option("--kd-offline-topk", type=click.IntRange(0, 1 << 20), default=0, show_default=True,
+        click.option("--kd-offline-topk", type=click.IntRange(0, 1 << 20), default=_PT.kd_offline_topk,
+                     show_default=True,
                      help="Distil offline from stored top-k teacher logits (no teacher on the GPUs); 0: online."),
     ], f)
 
@@ -435,23 +444,27 @@ def posttrain_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """Distillation and RL (--task grpo|ppo|dpo) settings of `plan` (docs/post-training.md)."""
     return _apply([
         distill_options,
-        click.option("--prompt-len", type=click.IntRange(1, MAX_SEQ_LEN), default=1024, show_default=True),
-        click.option("--response-len", type=click.IntRange(1, MAX_SEQ_LEN), default=4096, show_default=True,
+        click.option("--prompt-len", type=click.IntRange(1, MAX_SEQ_LEN), default=_PT.prompt_len, show_default=True),
+        click.option("--response-len", type=click.IntRange(1, MAX_SEQ_LEN), default=_PT.response_len,
+                     show_default=True,
                      help="Generated tokens per response at most (DPO: the longer answer)."),
-        click.option("--response-mean", type=click.IntRange(0, MAX_SEQ_LEN), default=0,
+        click.option("--response-mean", type=click.IntRange(0, MAX_SEQ_LEN), default=_PT.response_mean,
                      help="Mean response length (the KV reads, decode FLOPs and the packed tokens trained on); "
                           "the longest response still sets the decode steps  [default: --response-len]."),
-        click.option("--group-size", type=click.IntRange(1, 4096), default=8, show_default=True,
+        click.option("--group-size", type=click.IntRange(1, 4096), default=_PT.group_size, show_default=True,
                      help="Responses per prompt (GRPO's num_generations)."),
-        click.option("--prompts-per-step", type=click.IntRange(1, 1 << 20), default=64, show_default=True,
+        click.option("--prompts-per-step", type=click.IntRange(1, 1 << 20), default=_PT.prompts_per_step,
+                     show_default=True,
                      help="Prompts per RL step (DPO: preference pairs)."),
-        click.option("--rollout", type=click.Choice(["colocated", "separate"]), default="colocated", show_default=True,
+        click.option("--rollout", type=click.Choice(ROLLOUT_PLACEMENTS), default=_PT.rollout, show_default=True,
                      help="Generate on the training GPUs, or on as many GPUs of their own."),
-        click.option("--rollout-tp", type=click.IntRange(1, 64), default=1, show_default=True,
+        click.option("--rollout-tp", type=click.IntRange(1, 64), default=_PT.rollout_tp, show_default=True,
                      help="The engine's tensor-parallel size (vLLM tensor_parallel_size)."),
-        click.option("--rollout-memory-fraction", type=FiniteFloatRange(0.05, 1.0), default=0.9, show_default=True,
+        click.option("--rollout-memory-fraction", type=FiniteFloatRange(0.05, 1.0),
+                     default=_PT.rollout_memory_fraction, show_default=True,
                      help="vLLM's gpu_memory_utilization: the engine's share of each GPU (TRL colocated: 0.3)."),
-        click.option("--offload-train-states/--keep-train-states", default=True, show_default=True,
+        click.option("--offload-train-states/--keep-train-states", default=_PT.offload_train_states,
+                     show_default=True,
                      help="Move the policy's training states to the host while the engine generates (verl, "
                           "NeMo-RL), or keep them (TRL)."),
         click.option("--rl-steps", type=click.IntRange(1, 1 << 30), default=None,

@@ -1,8 +1,9 @@
 """Post-training set-ups: distillation from a teacher, and RL with a rollout engine.
 
 Each field is a setting the stacks expose, with its default and where the default comes from;
-the arithmetic on them lives in planner.memory.distill, planner.memory.rollout and
-planner.timing.rollout.
+the defaults live once, in POSTTRAIN_DEFAULTS, which the set-ups below and the command line
+(its options' defaults and help) read. The arithmetic on the settings lives in
+planner.memory.distill, planner.memory.rollout and planner.timing.rollout.
 """
 
 from __future__ import annotations
@@ -29,6 +30,52 @@ KD_LOSSES = ("chunked", "full")
 KD_CHUNKS = 8       # torchtune's num_output_chunks default (recipes/configs/*/knowledge_distillation_*.yaml)
 RL_TASKS = ("grpo", "ppo", "dpo")
 ROLLOUT_PLACEMENTS = ("colocated", "separate")
+# The teacher's weights as the student's 16-bit copy or in fp32: bytes per parameter
+TEACHER_WEIGHT_BYTES = {"bf16": 2, "fp32": 4}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PosttrainDefaults:
+    """The defaults of the distillation and RL settings, named as the command line's options
+    (--prompt-len is prompt_len): DistillSetup, RLSetup, cli.options.Options and click's
+    defaults and help read them from POSTTRAIN_DEFAULTS, so each is written once.
+
+    Sources: the teacher in bf16 like the student, unquantized, held as the layout allows
+    least (TEACHER_SHARDINGS); torchtune's chunked KD loss (KD_LOSSES); online distillation
+    without hidden-state losses. RL: a 1,024-token prompt and up to 4,096 response tokens,
+    8 responses per prompt (TRL GRPOConfig num_generations = 8), 64 prompts per step;
+    generation on the training GPUs with vLLM at tensor parallelism 1 and its default
+    gpu_memory_utilization 0.9 (vllm/config/cache.py), the training state offloaded while it
+    generates (verl, NeMo-RL). response_mean 0: every response runs to response_len.
+    ASSUMED where no stack fixes one: the prompt and response lengths, prompts per step.
+    """
+
+    teacher_precision: str = "bf16"
+    teacher_quant: str = "none"
+    teacher_sharding: str = "auto"
+    kd_loss: str = "chunked"
+    kd_hidden_layers: int = 0
+    kd_offline_topk: int = 0
+    prompt_len: int = 1024
+    response_len: int = 4096
+    response_mean: int = 0
+    group_size: int = 8
+    prompts_per_step: int = 64
+    rollout: str = "colocated"
+    rollout_tp: int = 1
+    rollout_memory_fraction: float = 0.9
+    offload_train_states: bool = True
+
+
+POSTTRAIN_DEFAULTS = PosttrainDefaults()
+_D = POSTTRAIN_DEFAULTS
+
+
+def teacher_weight_bytes(precision: str) -> int:
+    """Bytes per parameter of the teacher's weights at --teacher-precision (bf16: 2, fp32: 4)."""
+    if precision not in TEACHER_WEIGHT_BYTES:
+        raise UserError(f"unknown teacher precision {precision!r}; choose one of {', '.join(TEACHER_WEIGHT_BYTES)}")
+    return TEACHER_WEIGHT_BYTES[precision]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -46,12 +93,12 @@ class DistillSetup:
     """
 
     teacher: str
-    teacher_weight_bytes: int = 2
-    teacher_quant: str = "none"
-    teacher_sharding: str = "auto"
-    kd_loss: str = "chunked"
-    kd_hidden_layers: int = 0
-    offline_topk: int = 0
+    teacher_weight_bytes: int = TEACHER_WEIGHT_BYTES[_D.teacher_precision]
+    teacher_quant: str = _D.teacher_quant
+    teacher_sharding: str = _D.teacher_sharding
+    kd_loss: str = _D.kd_loss
+    kd_hidden_layers: int = _D.kd_hidden_layers
+    offline_topk: int = _D.kd_offline_topk
 
     def __post_init__(self) -> None:
         if self.teacher_sharding not in TEACHER_SHARDINGS:
@@ -88,16 +135,16 @@ class RLSetup:
     """
 
     task: str
-    prompt_len: int = 1024
-    response_len: int = 4096
-    group_size: int = 8
-    prompts_per_step: int = 64
-    placement: str = "colocated"
-    engine_tp: int = 1
-    engine_memory_fraction: float = 0.9
-    offload_train_states: bool = True
+    prompt_len: int = _D.prompt_len
+    response_len: int = _D.response_len
+    group_size: int = _D.group_size
+    prompts_per_step: int = _D.prompts_per_step
+    placement: str = _D.rollout
+    engine_tp: int = _D.rollout_tp
+    engine_memory_fraction: float = _D.rollout_memory_fraction
+    offload_train_states: bool = _D.offload_train_states
     engine_sleeps: bool = True
-    response_mean: int = 0
+    response_mean: int = _D.response_mean
     reference_model: bool = True      # GRPO's KL term against a frozen reference (beta > 0)
 
     def __post_init__(self) -> None:
