@@ -56,3 +56,45 @@ def test_help_topics_print_their_options_and_refuse_unknown_ones():
     assert all(f"plan help {t}" in listed for t in TOPICS)
     bad = run("help", "nonsense")
     assert bad.exit_code == 2 and "no help topic" in bad.output
+
+
+def test_each_default_is_read_from_its_one_place():
+    # issue 31: a default is written once. The training set-up's live in TrainingSetup
+    # (training.setup.DEFAULT_SETUP), the post-training ones in training.posttrain.POSTTRAIN_DEFAULTS;
+    # Options and click read them. Here every click default of `plan` equals Options' (which
+    # commands without the option see) and the post-training set-ups take the same values.
+    from dataclasses import fields
+
+    from planner.cli.options import Options
+    from planner.training.posttrain import POSTTRAIN_DEFAULTS, DistillSetup, RLSetup, teacher_weight_bytes
+
+    options = Options()
+    checked = 0
+    for p in cli.params:
+        # flags without a default carry click's UNSET sentinel; --method shows "full", Options' None means it
+        if not isinstance(p, click.Option) or p.name == "method" or p.default is None \
+                or repr(p.default).startswith("Sentinel"):
+            continue
+        assert p.default == getattr(options, str(p.name)), p.name
+        checked += 1
+    assert checked >= 35, checked
+    for f in fields(POSTTRAIN_DEFAULTS):
+        assert getattr(options, f.name) == getattr(POSTTRAIN_DEFAULTS, f.name), f.name
+    rl, d = RLSetup(task="grpo"), DistillSetup(teacher="t")
+    assert (rl.prompt_len, rl.response_len, rl.response_mean, rl.group_size, rl.prompts_per_step, rl.placement,
+            rl.engine_tp, rl.engine_memory_fraction, rl.offload_train_states) == (
+        options.prompt_len, options.response_len, options.response_mean, options.group_size,
+        options.prompts_per_step, options.rollout, options.rollout_tp, options.rollout_memory_fraction,
+        options.offload_train_states)
+    assert (d.teacher_weight_bytes, d.teacher_quant, d.teacher_sharding, d.kd_loss, d.kd_hidden_layers,
+            d.offline_topk) == (teacher_weight_bytes(options.teacher_precision), options.teacher_quant,
+                                options.teacher_sharding, options.kd_loss, options.kd_hidden_layers,
+                                options.kd_offline_topk)
+
+
+def test_the_choices_spelt_in_the_cli_agree_with_their_home():
+    # cli.options spells SOLVERS so that `plan --help` loads no pulp; cost.solve owns them
+    from planner.cli import options
+    from planner.cost import solve
+
+    assert options.SOLVERS == solve.SOLVERS

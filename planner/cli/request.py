@@ -107,7 +107,7 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
     from planner.models.spec import load_model
     from planner.training.checks import check_setup, default_seq_len
     from planner.training.fp8 import resolve_recipe
-    from planner.training.setup import Overheads, TrainingSetup
+    from planner.training.setup import DEFAULT_SETUP, Overheads, TrainingSetup
 
     if not o.model_name:
         raise UserError("missing --model; pass a preset name (`plan models`) or a config.json path")
@@ -156,7 +156,7 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
                             f"= {implied}; give one of them")
         global_batch = implied
     assert o.seq_len is not None
-    setup = TrainingSetup(seq_len=o.seq_len, global_batch=global_batch or 1024,
+    setup = TrainingSetup(seq_len=o.seq_len, global_batch=global_batch or DEFAULT_SETUP.global_batch,
                           precision=o.precision, optimizer=o.optimizer,
                           fp8_recipe=resolve_recipe(o.fp8_recipe, o.stack), moe_imbalance=o.moe_imbalance,
                           fp8_param_gather=o.fp8_param_gather,
@@ -170,8 +170,8 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
                           recompute_every=o.recompute_every, compile=o.compile,
                           ds_checkpointing=o.ds_checkpointing, offload_activations=o.offload_activations,
                           mtp_layers=o.mtp, recompute_modules=recompute_modules(o),
-                          recompute_method=o.recompute_method or "uniform",
-                          recompute_num_layers=o.recompute_num_layers or 1,
+                          recompute_method=o.recompute_method or DEFAULT_SETUP.recompute_method,
+                          recompute_num_layers=o.recompute_num_layers or DEFAULT_SETUP.recompute_num_layers,
                           recompute_chunk_layers=recompute_chunk_layers(o, m))
     check_setup(m, setup)       # the rules the Python API applies too (issue 32, W11)
     if "mla_up_proj" in setup.recompute_modules and not m.is_mla:

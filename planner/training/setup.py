@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from planner.stacks import STACKS
 from planner.training.finetune import FinetuneSpec
 from planner.training.fp8 import Fp8Recipe, recipe
 from planner.units import MiB
@@ -17,12 +18,13 @@ from planner.units import MiB
 PRECISIONS = ("bf16-mixed", "fp16-mixed", "fp32", "bf16", "fp8", "nvfp4")
 OPTIMIZERS = ("adamw", "sgd", "adafactor", "adam8bit", "adamw-bf16-states")
 RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE_METHODS = ("uniform", "block")     # Megatron-LM's --recompute-method (TrainingSetup.recompute_method)
 ATTENTION = ("flash", "eager")
 KERNELS = ("auto", "eager", "fused")
 OFFLOAD = ("none", "cpu", "nvme")
 # the stack whose memory profile the model follows (planner.stacks); "auto": the kernels'
 # profile, as before --stack existed (eager = Hugging Face and DeepSpeed, fused = Megatron-LM)
-MEMORY_STACKS = ("auto", "hf", "torchtitan", "megatron", "deepspeed")
+MEMORY_STACKS = ("auto", *STACKS)
 # DeepSpeed's activation checkpointing of the checkpointed blocks' inputs (--stack deepspeed,
 # --recompute full): deepspeed/runtime/activation_checkpointing/checkpointing.py (0.19.8)
 DS_CHECKPOINTING = ("none", "partitioned", "cpu", "partitioned-cpu")
@@ -299,6 +301,10 @@ class TrainingSetup:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+
+# TrainingSetup's defaults as one object: the command line's defaults and help, the default
+# sequence length (training.checks.default_seq_len) and the batch rule (training.batch) read them
+DEFAULT_SETUP = TrainingSetup()
 
 MAX_SEQ_LEN = 4 * 1024 * 1024
 MAX_GPUS = 1 << 17
