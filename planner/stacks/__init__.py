@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from planner.errors import UserError
+from planner.training.setup import STACKS
 
 if TYPE_CHECKING:
     from planner.layouts.layout import Layout
     from planner.models.spec import ModelSpec
 
-STACKS = ("hf", "torchtitan", "megatron", "deepspeed")
 _KEYS = {"title", "version", "files", "launcher", "kernels", "recompute", "loss", "sharding", "layouts", "source"}
 
 # Hugging Face model types whose blocks torchtitan 0.3.0's Llama 3 model builds exactly:

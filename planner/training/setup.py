@@ -10,7 +10,6 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from planner.stacks import STACKS
 from planner.training.finetune import FinetuneSpec
 from planner.training.fp8 import Fp8Recipe, recipe
 from planner.units import MiB
@@ -22,6 +21,8 @@ RECOMPUTE_METHODS = ("uniform", "block")     # Megatron-LM's --recompute-method 
 ATTENTION = ("flash", "eager")
 KERNELS = ("auto", "eager", "fused")
 OFFLOAD = ("none", "cpu", "nvme")
+# the training stacks (planner.stacks.STACKS reads them here: the training layer sits below it)
+STACKS = ("hf", "torchtitan", "megatron", "deepspeed")
 # the stack whose memory profile the model follows (planner.stacks); "auto": the kernels'
 # profile, as before --stack existed (eager = Hugging Face and DeepSpeed, fused = Megatron-LM)
 MEMORY_STACKS = ("auto", *STACKS)
