@@ -14,7 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import UserError, unknown_name
-from planner.limits import MAX_CONFIG_BYTES, check_gpu_types, check_keys, check_label, not_found, parse_error_text
+from planner.limits import (
+    MAX_CONFIG_BYTES,
+    check_gpu_types,
+    check_keys,
+    check_label,
+    decode_text,
+    not_found,
+    parse_error_text,
+    read_input_file,
+)
 from planner.units import GB, GiB, MiB
 
 TFLOPS = 10**12
@@ -197,14 +206,8 @@ def load_gpu_file(path_text: str) -> GpuSpec:
     if not path.is_file():
         raise UserError(not_found("GPU file", path_text, "pass a GPU name (`plan gpus`) or a TOML file with one "
                                                          "[[gpu]] table"))
-    try:
-        if path.stat().st_size > MAX_CONFIG_BYTES:
-            raise UserError(f"GPU file {path_text!r} is larger than {MAX_CONFIG_BYTES:,} bytes")
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise UserError(f"GPU file {path_text!r} is not UTF-8 text; expected TOML") from None
-    except OSError as e:
-        raise UserError(f"GPU file {path_text!r}: cannot read ({e.strerror})") from None
+    what = f"GPU file {path_text!r}"
+    text = decode_text(read_input_file(path, what, MAX_CONFIG_BYTES), what, "TOML")
     gpus = parse_gpus(text, path_text)
     if len(gpus) != 1:
         raise UserError(f"GPU file {path_text!r}: expected exactly one [[gpu]] table, found {len(gpus)}")

@@ -24,8 +24,10 @@ from planner.limits import (
     check_name,
     check_topology_types,
     check_tree,
+    decode_text,
     not_found,
     parse_error_text,
+    read_input_file,
 )
 from planner.units import GB, GiB
 
@@ -295,15 +297,8 @@ def load_topology(name_or_path: str | Path) -> ClusterTopology:
         if not path.is_file():
             raise UserError(not_found("topology file", path, "pass a shipped topology (`plan topologies`) or a "
                                                              "TOML file"))
-        try:
-            if path.stat().st_size > MAX_CONFIG_BYTES:
-                raise UserError(f"topology file {str(path)!r} is larger than {MAX_CONFIG_BYTES:,} bytes")
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise UserError(f"topology file {str(path)!r} is not UTF-8 text; expected TOML") from None
-        except OSError as e:
-            raise UserError(f"topology file {str(path)!r}: cannot read ({e.strerror})") from None
-        return parse_topology(text, str(path))
+        what = f"topology file {str(path)!r}"
+        return parse_topology(decode_text(read_input_file(path, what, MAX_CONFIG_BYTES), what, "TOML"), str(path))
     top = _shipped().get(str(name_or_path).strip().lower())
     if top is None:
         raise unknown_name("topology", str(name_or_path), _shipped().keys(), "`plan topologies`")
