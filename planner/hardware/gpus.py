@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import importlib.resources
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,8 @@ from planner.limits import (
     check_keys,
     check_label,
     decode_text,
+    load_toml,
     not_found,
-    parse_error_text,
     read_input_file,
 )
 from planner.units import GB, GiB, MiB
@@ -146,14 +145,7 @@ def _parse_gpu(entry: dict[str, Any], where: str) -> GpuSpec:
 
 def parse_gpus(text: str, where: str = "gpus.toml") -> dict[str, GpuSpec]:
     """Parse a GPU catalog (TOML text with [[gpu]] tables) into {name: GpuSpec}."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise UserError(f"{where}: not valid TOML ({e})") from None
-    except ValueError as e:         # Python's 4,300-digit limit on int(str) (bench/fuzz.py found it: exit 1)
-        raise UserError(f"{where}: not valid TOML ({parse_error_text(e)})") from None
-    except RecursionError:
-        raise UserError(f"{where}: not valid TOML (nested too deeply)") from None
+    data = load_toml(text, where)
     if data.keys() - {"gpu"}:
         raise UserError(f"{where}: unknown top-level keys {sorted(data.keys() - {'gpu'})}; only [[gpu]] tables")
     gpus: dict[str, GpuSpec] = {}
