@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from conftest import require
+from megatron_args import LaunchEnv, megatron_args_errors
+from megatron_args import parse_args as megatron_parse
 
 from planner import api
 from planner.cli.main import cli
@@ -40,8 +42,6 @@ from planner.layouts.layout import Layout
 from planner.memory.model import stage_layers
 from planner.models.spec import SUPPORTED_MODEL_TYPES, count_params, load_model
 from planner.stacks import default_stack
-from planner.stacks.megatron import LaunchEnv, megatron_args_errors
-from planner.stacks.megatron import parse_args as megatron_parse
 from planner.training.setup import TrainingSetup
 
 H100 = get_gpu("h100")
@@ -176,7 +176,7 @@ def test_model_parallel_ds_config_is_accepted_at_dp_times_ep(name, kw):
 
 def megatron_parser():
     """Megatron-LM's parser for the flags planner emits (planner/stacks/megatron.py, cited there)."""
-    from planner.stacks.megatron import parser
+    from megatron_args import parser
     return parser()
 
 

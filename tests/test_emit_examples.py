@@ -83,9 +83,10 @@ def check_accelerate(out: Path, lay: dict) -> str:
 
 
 def check_megatron(out: Path, lay: dict, gpu: str) -> str:
+    from megatron_args import LaunchEnv, env_from_script, megatron_args_errors, parse_args
     from test_emit_megatron import transformer_config
 
-    from planner.stacks.megatron import LaunchEnv, device_arch_major, env_from_script, megatron_args_errors, parse_args
+    from planner.stacks.megatron import device_arch_major
 
     args = [w for w in (out / "megatron_args.txt").read_text().split()]
     env = env_from_script((out / "launch.sh").read_text())
@@ -131,8 +132,7 @@ def check_megatron_schedule(args: list[str]) -> None:
     the peak after the warmup, the floor at the end."""
     import torch
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-
-    from planner.stacks.megatron import parse_args
+    from megatron_args import parse_args
 
     a = parse_args(args)
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=a.lr)

@@ -18,6 +18,7 @@ import warnings
 
 import pytest
 from conftest import require
+from megatron_args import LaunchEnv, env_from_script, megatron_args_errors, parse_args
 
 from planner import api
 from planner.emit import EmitOptions, plan_files
@@ -27,7 +28,7 @@ from planner.errors import UserError
 from planner.hardware.gpus import get_gpu
 from planner.layouts.layout import Layout
 from planner.models.spec import count_params, load_model
-from planner.stacks.megatron import LaunchEnv, device_arch_major, env_from_script, megatron_args_errors, parse_args
+from planner.stacks.megatron import device_arch_major
 from planner.training.setup import TrainingSetup
 
 PLANS = [

@@ -2,7 +2,7 @@
 
 Flag names and their choices are Megatron-LM's (megatron/training/arguments.py:
 _add_distributed_args, _add_training_args, _add_network_size_args, _add_moe_args, ...);
-planner/stacks/megatron.py holds a cited copy of them and of the validate_args rules that
+tests/megatron_args.py holds a cited copy of them and of the validate_args rules that
 concern these flags, and tests/test_emit.py runs both and megatron-core's own config
 classes (TransformerConfig, OptimizerConfig, DistributedDataParallelConfig) on the output.
 
