@@ -51,8 +51,7 @@ PLANS = {
 
 def check_deepspeed(out: Path, lay: dict) -> str:
     from deepspeed.launcher.runner import _parse_hostfile
-
-    from planner.emit.deepspeed import validate_deepspeed_config
+    from deepspeed_config import validate_deepspeed_config
 
     cfg = json.loads((out / "ds_config.json").read_text())
     parsed = validate_deepspeed_config(cfg, data_parallel=lay["dp"] * lay["ep"])
