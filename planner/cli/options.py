@@ -8,7 +8,7 @@ default a command without that option sees); the commands read it as ``o.name``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar
@@ -605,10 +605,3 @@ def quiet_option(f: Callable[..., Any]) -> Callable[..., Any]:
     """--quiet: the answer on one line, for scripts."""
     return click.option("--quiet", "-q", "quiet", is_flag=True,
                         help="Print only the answer, on one line (not with --json).")(f)
-
-
-def option_names(cmd: click.Command) -> Iterator[str]:
-    """The long option names a command declares (for tests and help checks)."""
-    for p in cmd.params:
-        if isinstance(p, click.Option):
-            yield from (o for o in p.opts if o.startswith("--"))
