@@ -359,6 +359,13 @@ def megatron_args_errors(args: Sequence[str], env: LaunchEnv) -> list[str]:
     return [msg for rule, _ in RULES if (msg := rule(ns, env)) is not None]
 
 
+def padded_vocab_size(vocab_size: int, tp: int, divisor: int) -> int:
+    """Megatron's _vocab_size_with_padding (megatron/training/tokenizer/tokenizer.py): up to a
+    multiple of divisor x tp."""
+    multiple = divisor * tp
+    return -(-vocab_size // multiple) * multiple
+
+
 def env_from_script(script: str) -> Mapping[str, str]:
     """The variables a launch script exports (``export NAME=VALUE`` lines)."""
     out = {}

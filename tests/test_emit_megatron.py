@@ -18,12 +18,12 @@ import warnings
 
 import pytest
 from conftest import require
-from megatron_args import LaunchEnv, env_from_script, megatron_args_errors, parse_args
+from megatron_args import LaunchEnv, env_from_script, megatron_args_errors, padded_vocab_size, parse_args
 
 from planner import api
 from planner.emit import EmitOptions, plan_files
 from planner.emit.launch import to_launch_script
-from planner.emit.megatron import padded_vocab_size, to_megatron_args
+from planner.emit.megatron import to_megatron_args
 from planner.errors import UserError
 from planner.hardware.gpus import get_gpu
 from planner.layouts.layout import Layout

@@ -50,12 +50,6 @@ def vocab_divisor(vocab_size: int, tp: int) -> int:
     return d
 
 
-def padded_vocab_size(vocab_size: int, tp: int, divisor: int) -> int:
-    """Megatron's _vocab_size_with_padding: up to a multiple of divisor x tp."""
-    multiple = divisor * tp
-    return -(-vocab_size // multiple) * multiple
-
-
 def _unsupported(m: ModelSpec) -> str | None:
     """Architectures Megatron-LM's GPT arguments cannot express, or None."""
     if m.is_generic:     # hybrid Mamba, linear attention, ...: measured, not translated into arguments
