@@ -18,6 +18,7 @@ import click
 from planner.cli.complete import complete_gpus, complete_models, complete_topologies
 from planner.cli.sizes import SeqLength, SequenceCount, TokenBatch
 from planner.emit import SCHEDULERS
+from planner.layouts.layout import SearchSpace
 from planner.stacks import STACKS
 from planner.training.checks import MAX_MOE_IMBALANCE, MAX_RECOMPUTE_EVERY, MIN_USABLE_MEMORY
 from planner.training.finetune import (
@@ -60,6 +61,7 @@ from planner.training.setup import DEFAULT_SETUP as _S
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 _PT = POSTTRAIN_DEFAULTS
+_SPACE = SearchSpace()          # the search's defaults (micro-batches tried)
 
 
 class OutputPath(click.Path):
@@ -311,7 +313,7 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Virtual stages per pipeline rank (interleaved 1F1B)."),
         click.option("--sp/--no-sp", default=None, help="Sequence parallelism with tp (default: on when tp > 1)."),
         click.option("--micro-batch", type=click.IntRange(1, MAX_MICRO_BATCH), default=None,
-                     help="Fix the micro-batch (default: searched over 1, 2, 4, 8)."),
+                     help=f"Fix the micro-batch (default: searched over {', '.join(map(str, _SPACE.micro_batches))})."),
         click.option("--seq-len", type=SeqLength(MAX_SEQ_LEN), default=None,
                      help="Sequence length in tokens: 4096, 8k, 128k (k = 1,024)  [default: "
                           f"{_S.seq_len}, or a learned "
