@@ -193,6 +193,7 @@ def args_of(row: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
                           f"that divides {layers} layers into {chunks} chunks")
     if "one MTP module" in notes:
         args += ["--mtp", "1"]
+    args += runtime_args(row, ep, prec)
     if "tokendrop" in s["model"] or "token-dropping" in notes:
         approx.append("token-dropping routing planned as dropless (balanced routing drops nothing)")
     if s["task"] == "pretrain" and family.startswith("llama3"):
@@ -207,6 +208,30 @@ def args_of(row: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
     elif s["task"] == "sft":
         approx.append("SFT on packed sequences planned as full training")
     return tuple(args), tuple(approx)
+
+
+def runtime_args(row: dict, ep: int, precision: str) -> list[str]:
+    """--moe-a2a-overlap, --cuda-graphs and --fp8-attention as the row's recipe set them (the
+    corpus's recipe_flags, read from the Megatron-Bridge workload configs: moe_a2a_overlap,
+    cuda_graph_impl and cuda_graph_scope, fp8_dot_product_attention); nothing where the row has no
+    recipe_flags (the planner's defaults). megatron-core's default is no overlap, so a recipe that
+    does not set it runs without; 'auto' (not 'on') where it does, as megatron-core runs it only
+    where it can (training.moe_runtime)."""
+    f = row.get("recipe_flags")
+    if not f:
+        return []
+    out: list[str] = []
+    if ep > 1:
+        out += ["--moe-a2a-overlap", "auto" if f.get("moe_a2a_overlap") else "off"]
+    impl, scope = f.get("cuda_graph_impl"), f.get("cuda_graph_scope") or []
+    if impl == "full_iteration" or "full_iteration" in scope:
+        out += ["--cuda-graphs", "full-iteration"]
+    elif impl not in (None, "none") and scope:
+        out += ["--cuda-graphs", "moe"]
+    other = f.get("other") or {}
+    if other.get("fp8_dot_product_attention") and precision in ("FP8-CS", "MXFP8"):
+        out += ["--fp8-attention"]
+    return out
 
 
 def misprint(row: dict) -> str:

@@ -116,6 +116,17 @@ ARGUMENTS: dict[str, object] = {
     # ModelParallelConfig cross_entropy_loss_fusion (bool) and cross_entropy_fusion_impl
     # (Literal['native', 'te']), model_parallel_config.py lines 241-249
     "--cross-entropy-loss-fusion": FLAG, "--cross-entropy-fusion-impl": ["native", "te"],
+    # Not from the commit above either: the MoE dispatcher, the expert-parallel all-to-all overlap
+    # and CUDA graphs as Megatron-LM's arguments.py of 2026 names them (_add_moe_args
+    # --moe-token-dispatcher-type allgather|alltoall|flex, default allgather;
+    # --overlap-moe-expert-parallel-comm; _add_training_args --cuda-graph-impl none|local|
+    # transformer_engine and --cuda-graph-scope, nargs '+'), the fields of megatron-core 0.16.1's
+    # TransformerConfig (moe_token_dispatcher_type, overlap_moe_expert_parallel_comm,
+    # cuda_graph_impl, cuda_graph_scope; transformer/enums.py CudaGraphScope)
+    "--moe-token-dispatcher-type": ["allgather", "alltoall", "flex"],
+    "--overlap-moe-expert-parallel-comm": FLAG,
+    "--cuda-graph-impl": ["none", "local", "transformer_engine"],
+    "--cuda-graph-scope": Many(("attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba", "full_iteration")),
 }
 
 # Defaults of the flags the rules read, as the parser sets them (same file and commit).

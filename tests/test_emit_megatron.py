@@ -94,6 +94,11 @@ def transformer_config(a: argparse.Namespace):
         recompute_num_layers=a.recompute_num_layers,
         bf16=a.bf16, fp16=a.fp16, params_dtype=dtype, pipeline_dtype=dtype,
         gradient_accumulation_fusion=False,     # needs APEX/TE kernels, absent on CPU (a flag only)
+        moe_token_dispatcher_type=getattr(a, "moe_token_dispatcher_type", None) or "allgather",
+        overlap_moe_expert_parallel_comm=getattr(a, "overlap_moe_expert_parallel_comm", False),
+        cuda_graph_impl=getattr(a, "cuda_graph_impl", None) or "none",
+        cuda_graph_scope=getattr(a, "cuda_graph_scope", None) or [],
+        moe_grouped_gemm=getattr(a, "moe_grouped_gemm", False),
     )
     if a.pipeline_model_parallel_layout:
         kw["pipeline_model_parallel_layout"] = a.pipeline_model_parallel_layout

@@ -31,6 +31,7 @@ from planner.training.finetune import (
     QUANTS,
 )
 from planner.training.fp8 import FP8_RECIPE_CHOICES
+from planner.training.moe_runtime import A2A_OVERLAPS, CUDA_GRAPHS
 from planner.training.posttrain import (
     KD_CHUNKS,
     KD_LOSSES,
@@ -98,6 +99,9 @@ class Options:
     pp_balance: str = _S.pp_balance        # the pipeline split: even, or embedding and loss counted as layers
     pp_microbatch_group: int = _S.pp_microbatch_group   # interleaved 1F1B's micro-batch group N (0: pp)
     cross_entropy: str = _S.cross_entropy  # Megatron-Core's loss kernel: native, or Transformer Engine's
+    moe_a2a_overlap: str = _S.moe_a2a_overlap   # Megatron-Core's expert-parallel all-to-all overlap
+    cuda_graphs: str = _S.cuda_graphs      # Megatron-Core's CUDA graphs: none, moe, full-iteration
+    fp8_attention: bool = _S.fp8_attention  # Transformer Engine's FP8 attention (--stack megatron)
     vp: int | None = None
     sp: bool | None = None
     micro_batch: int | None = None
@@ -309,6 +313,19 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
                           "(Megatron-Core's vocab-parallel cross entropy); 'te' is Transformer Engine's, which keeps "
                           "only the 16-bit logits with their gradient written in place (Megatron-Core's "
                           "cross_entropy_fusion_impl; Megatron-Bridge's Llama 3 recipes)."),
+        click.option("--moe-a2a-overlap", type=click.Choice(A2A_OVERLAPS), default=_default("moe_a2a_overlap"),
+                     show_default=True,
+                     help="--stack megatron, MoE with ep > 1: hide the expert-parallel all-to-alls under another "
+                          "micro-batch's compute (Megatron-Core's overlap_moe_expert_parallel_comm); 'auto' where "
+                          "Megatron-Core runs it (no full recomputation, at most one MTP layer; with pp, vp set)."),
+        click.option("--cuda-graphs", type=click.Choice(CUDA_GRAPHS), default=_default("cuda_graphs"),
+                     show_default=True,
+                     help="--stack megatron's CUDA graphs: 'moe' captures attention and the MoE router and "
+                          "preprocessing (no host sync of the token counts per MoE layer), 'full-iteration' the "
+                          "whole step (Megatron-Core's cuda_graph_impl and cuda_graph_scope)."),
+        click.option("--fp8-attention", is_flag=True, default=_default("fp8_attention"),
+                     help="--stack megatron with --precision fp8: Transformer Engine's FP8 fused attention "
+                          "(Megatron-Core's fp8_dot_product_attention)."),
         click.option("--vp", type=click.IntRange(1, 64), default=None,
                      help="Virtual stages per pipeline rank (interleaved 1F1B)."),
         click.option("--sp/--no-sp", default=None, help="Sequence parallelism with tp (default: on when tp > 1)."),

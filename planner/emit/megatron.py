@@ -23,6 +23,7 @@ from planner.errors import UserError
 from planner.memory.model import stage_layers
 from planner.stacks.architecture import architecture
 from planner.stacks.megatron import device_arch_major, needs_one_connection
+from planner.training.moe_runtime import a2a_overlap_needs_vp, a2a_overlapped
 
 if TYPE_CHECKING:
     from planner.api import PlanResult
@@ -247,6 +248,27 @@ def _recompute_args(recompute: str, method: str = "uniform", num_layers: int = 1
     return []
 
 
+def _moe_runtime_args(r: PlanResult) -> list[str]:
+    """The token dispatcher, the expert-parallel all-to-all overlap and the CUDA graphs the plan
+    was timed with (training.moe_runtime). The step time counts all-to-alls, so the dispatcher is
+    megatron-core's alltoall (its default is allgather); the overlap is written where megatron-core
+    0.16.1 runs it (transformer_config.py lines 1852-1906: ep > 1, vp with pp, no full
+    recomputation, at most one MTP layer, and no CUDA graph but Transformer Engine's)."""
+    lay, s, m = chosen(r).layout, r.setup, r.model
+    args: list[str] = []
+    if m.is_moe and lay.ep > 1:
+        args += ["--moe-token-dispatcher-type", "alltoall"]
+        if (a2a_overlapped(s.moe_a2a_overlap, lay.recompute, s.mtp_layers)
+                and not a2a_overlap_needs_vp(lay.pp, lay.vp) and s.cuda_graphs != "full-iteration"):
+            args += ["--overlap-moe-expert-parallel-comm"]
+    if s.cuda_graphs == "moe":
+        args += ["--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", "attn",
+                 *(["moe_router", "moe_preprocess"] if m.is_moe else [])]
+    elif s.cuda_graphs == "full-iteration":
+        args += ["--cuda-graph-impl", "local", "--cuda-graph-scope", "full_iteration"]
+    return args
+
+
 def to_megatron_args(r: PlanResult, opts: EmitOptions = EmitOptions()) -> list[str]:
     """Megatron-LM arguments for the chosen plan (pretrain_gpt.py; data and tokenizer
     arguments are the user's).
@@ -274,6 +296,7 @@ def to_megatron_args(r: PlanResult, opts: EmitOptions = EmitOptions()) -> list[s
         args += ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te"]
     if s.mtp_layers:               # TransformerConfig mtp_num_layers
         args += ["--mtp-num-layers", str(s.mtp_layers)]
+    args += _moe_runtime_args(r)
     if s.offload_activations:      # ModelParallelConfig cpu_offloading, cpu_offloading_num_layers
         args += ["--cpu-offloading", "--cpu-offloading-num-layers", str(s.offload_activations)]
     if s.precision in ("bf16-mixed", "fp8", "nvfp4"):    # FP8/FP4 run the rest of the model in bf16

@@ -20,7 +20,14 @@ from functools import lru_cache
 from planner.errors import UserError
 from planner.hardware.gpus import GpuSpec
 from planner.hardware.graph import build_graph, ring_bandwidth_bytes_per_s
-from planner.hardware.rings import Fabric, domain_gpus, fabric_of, island_of, ring_bound_bytes_per_s
+from planner.hardware.rings import (
+    Fabric,
+    domain_gpus,
+    fabric_of,
+    island_of,
+    ring_bound_bytes_per_s,
+    scale_up_gpu_bytes_per_s,
+)
 from planner.hardware.topology import AXES, ClusterTopology, load_topology
 
 
@@ -219,6 +226,48 @@ def axis_links(cluster: Cluster, sizes: tuple[int, ...], order: tuple[str, ...] 
         links[axis] = _graph_link(top, s_f, n_f, n_eval, min(cap_gpus // gpn, -(-n_gpus // gpn)))
         stride *= n
     return links
+
+
+def all_to_all_link(cluster: Cluster, sizes: tuple[int, ...], order: tuple[str, ...] = AXES) -> AxisLink:
+    """The expert-parallel all-to-all's link, as the bus bandwidth the ring time
+    (n-1)/n x S / (B x bus fraction) reads, for the ep axis of ``sizes`` placed along ``order``.
+
+    In an all-to-all each of the n ranks sends 1/n of its S bytes to every other rank (NCCL's
+    alltoall: one send and one receive per peer, NVIDIA/nccl-tests doc/PERFORMANCE.md, "AllToAll").
+    A ring's bandwidth says nothing of it where a group leaves its NVLink domain: the g - 1 peers in
+    the rank's own domain get theirs over NVLink at the GPU's scale-up rate, the n - g outside
+    through the NICs, at the node's NIC bandwidth over its GPUs (each GPU's own rail on a
+    rail-optimised fabric, NCCL's PXN), both at once:
+    time = max((g - 1)/n x S / B_up, (n - g)/n x S / B_nic), so B = (n - 1)/n / max(...).
+    An ep group of stride k (the inner axes' sizes) holds g = min(n, domain / k) GPUs of one
+    domain (1 where k spans a domain). Where the whole group lies in one domain, or on PCIe-only
+    nodes, the axis's ring link (axis_links) answers. Latency: one network hop where it leaves.
+    Without a topology, the GpuSpec's intra- and inter-node rates over a node's GPUs."""
+    named = dict(zip(AXES, sizes))
+    ring = axis_links(cluster, sizes, order)["ep"]
+    n = named["ep"]
+    if n == 1:
+        return ring
+    stride = math.prod(named[a] for a in order[:order.index("ep")])
+    top = cluster.topology
+    if top is None:
+        domain, up, nic = cluster.gpu.gpus_per_node, cluster.gpu.intra_node_bytes_per_s, \
+            cluster.gpu.inter_node_bytes_per_s
+        latency = FALLBACK_INTER_LATENCY_S
+    else:
+        if top.intra_node.fabric == "pcie":
+            return ring
+        domain = domain_gpus(top)
+        up = scale_up_gpu_bytes_per_s(top.intra_node)
+        nic = top.network.nics_per_node * top.network.nic_bytes_per_s / top.gpus_per_node
+        latency = top.network.latency_s + top.pcie.latency_s
+    g = 1 if stride >= domain else min(n, domain // stride)
+    if g >= n:
+        return ring
+    if top is not None and top.intra_node.fabric == "mesh":
+        up *= max(1, g - 1)               # a link to each peer of the node, all at once
+    per_byte_s = max((g - 1) / n / up, (n - g) / n / nic)
+    return AxisLink(bus_bytes_per_s=min(ring.bus_bytes_per_s, (n - 1) / n / per_byte_s), latency_s=latency)
 
 
 # ------------------------------------------------------------------ clusters

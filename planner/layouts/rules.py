@@ -297,6 +297,13 @@ RULES: tuple[Rule, ...] = (
     Rule("cross-entropy-stack", lambda v: (v.setup.cross_entropy != "native") & (v.setup.stack != "megatron"),
          lambda v: (f"--cross-entropy {v.setup.cross_entropy} is Megatron-Core's cross_entropy_fusion_impl: "
                     "add --stack megatron")),
+    # megatron-core 0.16.1 transformer_config.py lines 1852-1896 (training.moe_runtime)
+    Rule("a2a-overlap-on",
+         lambda v: (v.setup.moe_a2a_overlap == "on")
+         & ((v.ep <= 1) | ((v.pp > 1) & (v.vp <= 1)) | (v.setup.mtp_layers > 1)),
+         lambda v: ("--moe-a2a-overlap on needs ep > 1, at most one MTP layer and, with pp > 1, an interleaved "
+                    f"schedule (--vp > 1); this layout has ep={v.ep}, pp={v.pp}, vp={v.vp} (megatron-core's "
+                    "overlap_moe_expert_parallel_comm): use --moe-a2a-overlap auto or off")),
     Rule("mtp-stack", lambda v: (v.setup.mtp_layers > 0) & (v.setup.stack != "megatron"),
          lambda v: (f"--mtp {v.setup.mtp_layers}: multi-token prediction is planned as Megatron-Core trains it "
                     "(mtp_num_layers): add --stack megatron")),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from planner.hardware.gpus import sustained_rate
-from planner.hardware.placement import Cluster
+from planner.hardware.placement import Cluster, all_to_all_link
 from planner.layouts.batch import LayoutArrays
 from planner.layouts.layout import Layout
 from planner.memory.params import optimizer_state_bytes
@@ -92,7 +92,9 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
     fp8_share = prec.fp8.matmul_fraction(gpu.name, fp8_fraction_of(gpu, eff, prec.fp8)) if prec.fp8 is not None else 0.0
     parts = step_arrays(m, setup, LayoutArrays.from_layouts([lay]), cluster, eff, pc, [st.placement])
     lt = layer_time(m, setup, layer_key(lay), layout_kernels(setup, lay), gpu, eff)
-    links = axis_links(cluster, (lay.tp, lay.cp, lay.ep, lay.dp, lay.pp), st.placement)
+    sizes = (lay.tp, lay.cp, lay.ep, lay.dp, lay.pp)
+    # the ep line times all-to-alls: their link (placement.all_to_all_link), not the ep ring's
+    links = {**axis_links(cluster, sizes, st.placement), "ep": all_to_all_link(cluster, sizes, st.placement)}
     fwd_mb, bwd_mb, t_mb = float(parts.fwd_mb_s[0]), float(parts.bwd_mb_s[0]), float(parts.micro_batch_s[0])
     n_slow, n_slow_bwd, slow_stage = int(parts.n_slow[0]), int(parts.n_slow_bwd[0]), int(parts.slow_stage[0])
     comm_s = {ax: float(parts.comm(ax)[0]) for ax in ("tp", "cp", "ep", "pp")}
@@ -147,8 +149,12 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
         size = {"tp": lay.tp, "cp": lay.cp, "ep": lay.ep, "dp": lay.dp, "pp": lay.pp}[axis]
         if size > 1:
             ln = links[axis]
-            out.append(_time("links", f"{axis} groups of {size}: bus bandwidth per GPU",
-                             "ring bandwidth of the topology graph, every group of the axis at once",
+            out.append(_time("links", f"{axis} groups of {size}: bus bandwidth per GPU"
+                             + (" (all-to-all)" if axis == "ep" else ""),
+                             "ring bandwidth of the topology graph, every group of the axis at once"
+                             if axis != "ep" else
+                             "all-to-all: (n-1)/n / max((g-1)/n / B_NVLink, (n-g)/n / B_NIC), g of the n ranks "
+                             "in one NVLink domain (hardware.placement.all_to_all_link); the ring's where g = n",
                              ln.bus_bytes_per_s, link_src, unit="bytes/s", summed=False, latency_s=ln.latency_s,
                              placement="-".join(st.placement)))
 
@@ -181,7 +187,7 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
                          "m x L_stage x k x AG(S, ep) x (1 - ep overlap); AG(S, n) = (n-1) alpha + (n-1)/n S/(B f)",
                          comm_s["ep"], f"{RING}; {link_src}", micro_batches_m=n_mb, blocks=n_slow,
                          all_to_alls_per_block_k=lt.ep_all_to_alls, bytes_S=lt.ep_bytes, ep=lay.ep,
-                         ep_overlap=eff.ep_overlap, **_link(links, "ep")))
+                         ep_overlap=lt.ep_hidden_share, **_link(links, "ep")))
     if lay.pp > 1:
         out.append(_time("communication", "pipeline sends, exposed",
                          "m x 2 v x send(b s h a / t) x (1 - pp overlap); send(S) = alpha + S / (B x bus fraction)",

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from planner.hardware.placement import FALLBACK_INTRA_LATENCY_S, Cluster, axis_links
+from planner.hardware.placement import FALLBACK_INTRA_LATENCY_S, Cluster, all_to_all_link, axis_links
 from planner.hardware.topology import AXES
 from planner.layouts.batch import RECOMPUTES, Unsupported
 from planner.layouts.groups import Rows as _Rows
@@ -139,7 +139,7 @@ def stage_slots(n_layers: int, pp: int, balance: str = "none") -> tuple[tuple[in
 # ------------------------------------------------------------------------ the step
 
 BLOCK_FIELDS = ("fwd_s", "bwd_s", "attention_fwd_s", "tp_bytes", "tp_collectives", "cp_bytes", "cp_passes",
-                 "ep_bytes", "ep_all_to_alls")
+                 "ep_bytes", "ep_all_to_alls", "ep_hidden_share")
 
 
 def block_row(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Efficiency, kernels: str, tp: int,
@@ -161,6 +161,13 @@ def block_row(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Efficie
             head_fwd + loss_s * CROSS_ENTROPY_FORWARD_SHARE,
             head_bwd * head_fwd + loss_s * (1 - CROSS_ENTROPY_FORWARD_SHARE),
             tokens * h * a, tokens * h * a / tp)
+
+
+# the rows of each order's link table: bus bandwidth and hop latency of tp, cp, ep, dp, pp (AXES),
+# then the ep all-to-all's; a stage's time reads tp, cp, ep and the all-to-all's (INNER_ROWS)
+LINK_ROWS = 12
+A2A_BW, A2A_LAT = 10, 11
+INNER_ROWS = np.r_[0:6, 10:12]
 
 
 class Degrees(NamedTuple):
@@ -253,13 +260,16 @@ def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
         out: list[float] = []
         for order in orders:
             lk = axis_links(cluster, sizes, order)
+            a2a = all_to_all_link(cluster, sizes, order)
             out += [x for ax in AXES for x in (lk[ax].bus_bytes_per_s, lk[ax].latency_s)]
+            out += [a2a.bus_bytes_per_s, a2a.latency_s]
         return tuple(out)
 
     keys = list(zip(tp.tolist(), cp.tolist(), ep.tolist(), dp.tolist(), pp.tolist()))
-    every = np.ascontiguousarray(_rows(10 * len(orders), np.float64, "links", cluster, tuple(orders))
+    every = np.ascontiguousarray(_rows(LINK_ROWS * len(orders), np.float64, "links", cluster, tuple(orders))
                                  .lookup(keys, links_of).T)
-    links = [every[10 * i:10 * i + 10] for i in range(len(orders))]      # per order: bw, lat of each axis
+    # per order: bw, lat of each axis, then of the ep all-to-all (placement.all_to_all_link)
+    links = [every[LINK_ROWS * i:LINK_ROWS * (i + 1)] for i in range(len(orders))]
 
     # ---- per D: the optimizer update unsharded and sharded (timing.optimizer_time_s), as
     # (2, slots, D) flattened
@@ -331,13 +341,13 @@ def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
         c0, c1, c2 = dp_tables()
     # the degrees that give a stage the same time for the same block: the same depth (the
     # stages and their layers) and the same tp, cp and ep links on every order
-    inner = np.concatenate([pp[None].astype(np.float64)] + [lk[:6] for lk in links]).T
+    inner = np.concatenate([pp[None].astype(np.float64)] + [lk[INNER_ROWS] for lk in links]).T
     numbers: dict[bytes, int] = {}
     q_d = np.array([numbers.setdefault(row.tobytes(), len(numbers)) for row in inner], dtype=np.int64)
     inner_of = []
     for lk in links:
-        inner_of.append(next(j for j in range(len(links)) if np.array_equal(links[j][:6], lk[:6])))
-    every_order = np.stack(links)                                     # (orders, 10, D)
+        inner_of.append(next(j for j in range(len(links)) if np.array_equal(links[j][INNER_ROWS], lk[INNER_ROWS])))
+    every_order = np.stack(links)                                     # (orders, LINK_ROWS, D)
     pp_on = (pp > 1) & ~np.isinf(every_order[:, 9])
     pp_link = np.stack([every_order[:, 9], every_order[:, 8] * bus])
     pp_send = np.stack([np.where(pp_on, pp_link[0], 0.0), np.where(pp_on, pp_link[1], np.inf)])

@@ -78,9 +78,12 @@ from planner.layouts.layout import SHARDINGS, Layout
 from planner.models.spec import ModelSpec, ParamCount, count_params
 from planner.timing.collectives import Ring, hide, send_s
 from planner.timing.degrees import (
+    A2A_BW,
+    A2A_LAT,
     BRANCH,
     DEGREE_CACHE,
     EXACT_INT,
+    INNER_ROWS,
     N_VALS,
     SLOTS,
     Degrees,
@@ -206,7 +209,7 @@ def _fill_slowest(memo: SlowestMemo, at_miss: np.ndarray, qd: np.ndarray, q_bloc
     row of the block table) on each set of tp, cp and ep links, into ``memo``."""
     links, n_slots = deg.links, deg.n_slots
     (lt_fwd, lt_bwd, lt_attn, lt_tp_bytes, lt_tp_coll, lt_cp_bytes, lt_cp_passes, lt_ep_bytes, lt_ep_a2a,
-     head_fwd_add, head_bwd_add, edge_bytes, _) = q_blocks
+     lt_ep_hidden, head_fwd_add, head_bwd_add, edge_bytes, _) = q_blocks
     qcp = cp[qd]
     per_slot = np.take(deg.per_slot, qd, axis=1)
     layers_p, edges_p, last_p, absent_p, bwd_layers_p = (per_slot[i * n_slots:(i + 1) * n_slots] for i in range(5))
@@ -232,9 +235,10 @@ def _fill_slowest(memo: SlowestMemo, at_miss: np.ndarray, qd: np.ndarray, q_bloc
             comm_b, hidden_b = comm_b + cp_block, hidden_b + cp_hidden
             cp_b = cp_block
         if use_ep:
-            ep_all = lt_ep_a2a[sel] * Ring.of(ep, lk[4], lk[5], bus, 1).take(d).time_s(lt_ep_bytes[sel])
-            ep_b = ep_all * (1 - eff.ep_overlap)
-            comm_b, hidden_b = comm_b + ep_b, hidden_b + ep_all * eff.ep_overlap
+            ep_all = lt_ep_a2a[sel] * Ring.of(ep, lk[A2A_BW], lk[A2A_LAT], bus, 1).take(d).time_s(lt_ep_bytes[sel])
+            ep_share = lt_ep_hidden[sel]        # Efficiency.ep_overlap where the block overlaps them
+            ep_b = ep_all * (1 - ep_share)
+            comm_b, hidden_b = comm_b + ep_b, hidden_b + ep_all * ep_share
         edge_all = ring_tp.time_s(edge_bytes[sel])
         layers, edges = layers_p[:, sel], edges_p[:, sel]
         fwd, bwd = stage_fwd[:, sel], stage_bwd[:, sel]
@@ -270,7 +274,7 @@ def _fill_slowest(memo: SlowestMemo, at_miss: np.ndarray, qd: np.ndarray, q_bloc
         for j in sorted(set(deg.inner_of)):     # each set of tp, cp, ep links: redo the Q rows whose links change
             q_stage = tuple(x.copy() for x in first)
             if j:
-                sel = np.flatnonzero((links[0][:6] != links[j][:6]).any(axis=0)[qd])
+                sel = np.flatnonzero((links[0][INNER_ROWS] != links[j][INNER_ROWS]).any(axis=0)[qd])
                 for x, y in zip(q_stage, slowest(links[j], sel)):
                     x[sel] = y
             for k in range(N_VALS):
@@ -371,13 +375,13 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
     kern_d = block_kernel_codes(setup, tp, pp, cp, False)
     b_inv, b_first = g.b_inv, g.b_rep
     b_d = pd[b_first]
-    block_rows = _rows(13, np.float64, "block", m, setup, cluster, eff, etp)
+    block_rows = _rows(14, np.float64, "block", m, setup, cluster, eff, etp)
     b_row, blocks_t = block_rows.columns_of(
         (tp[b_d], sp_p[b_first], cp[b_d], ep[b_d], mb_p[b_first], rc_p[b_first], kern_d[b_d]),
         lambda tp_, sp_, cp_, ep_, mb_, rc_, k_: block_row(m, setup, cluster, eff, kernel_names[k_], tp_, sp_, cp_,
                                                           ep_, mb_, rc_, etp))
-    p2p_bytes = blocks_t[12][b_inv]
-    p2p_positive = bool((blocks_t[12] > 0).all() and np.isfinite(blocks_t[12]).all())
+    p2p_bytes = blocks_t[13][b_inv]
+    p2p_positive = bool((blocks_t[13] > 0).all() and np.isfinite(blocks_t[13]).all())
     # ---- per Q: the P rows with the same block shape, pipeline depth and tp, cp and ep
     # links on every order (Degrees.q_d) have the same slowest stage, whatever their dp,
     # vp and accumulation: it is worked out once per Q, when first asked for, and kept

@@ -28,6 +28,7 @@ from planner.training.finetune import (
 from planner.training.fp8 import Fp8Recipe
 from planner.training.kernels import runs_fused_elementwise, selective_policy
 from planner.training.linears import block_linears
+from planner.training.moe_runtime import a2a_overlapped, host_sync_per_moe_block
 from planner.training.setup import (
     Precision,
     TrainingSetup,
@@ -101,6 +102,7 @@ class LayerTime:
     cp_passes: float
     ep_bytes: float                # tokens routed out by one all-to-all
     ep_all_to_alls: float
+    ep_hidden_share: float         # the share of them hidden under compute (training.moe_runtime)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -235,8 +237,9 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
     if setup.attention == "flash":
         causal = local_attention_share(m, s) if m.local_attention else (0.5 if m.causal else 1.0)
         attn_flops = 2 * key.micro_batch * (s / cp) * s * (d + dv) * heads * causal
-        attn_bwd = 2.5 * attn_flops / r.flash_flops_per_s
-        attn_fwd = attn_flops / attention_rate(gpu, r, d, dv)
+        fp8_att = fp8_attention_speedup(gpu, setup)
+        attn_bwd = 2.5 * attn_flops / (r.flash_flops_per_s * fp8_att)
+        attn_fwd = attn_flops / attention_rate(gpu, r, d, dv, fp8_att)
     else:
         batch = key.micro_batch * heads
         attn_fwd = gemm(s / cp, s, d, batch) + gemm(s / cp, dv, s, batch)
@@ -249,7 +252,8 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
         elem_fwd += cast[0] / hbm
         elem_bwd += cast[1] / hbm
     gemm_fwd = dense + mlp
-    if m.is_moe and eff.moe_block_overhead_s:      # the mean block's share of the MoE blocks' fixed cost
+    if m.is_moe and eff.moe_block_overhead_s and host_sync_per_moe_block(setup.cuda_graphs):
+        # the mean block's share of the MoE blocks' fixed cost
         elem_fwd += eff.moe_block_overhead_s * m.n_moe_layers / m.n_layers
         elem_bwd += 2 * eff.moe_block_overhead_s * m.n_moe_layers / m.n_layers
     fwd = gemm_fwd + attn_fwd + elem_fwd
@@ -289,18 +293,33 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
                      tp_bytes=tokens * h * a, tp_collectives=tp_coll,
                      cp_bytes=cp_bytes, cp_passes=(3 + (1 if key.recompute == "full" else 0)) if cp > 1 else 0,
                      ep_bytes=ep_bytes,
-                     ep_all_to_alls=(4 + (2 if key.recompute == "full" else 0)) if ep_bytes else 0)
+                     ep_all_to_alls=(4 + (2 if key.recompute == "full" else 0)) if ep_bytes else 0,
+                     ep_hidden_share=eff.ep_overlap if a2a_overlapped(setup.moe_a2a_overlap, key.recompute,
+                                                                      setup.mtp_layers) else 0.0)
 
 
-def attention_rate(gpu: GpuSpec, r: Rates, d_qk: int, d_v: int) -> float:
-    """FLOP/s of a fused attention forward: the flash rate, or where the GPU's exponential unit
-    bounds it (efficiency.TENSOR_FLOPS_PER_EXP: one exp per score against 2 (d_qk + d_v) FLOPs)
-    the same share of that bound: flash rate x min(1, 2 (d_qk + d_v) / FLOPs per exp). The
-    backward recomputes one exp per score for 2.5x the FLOPs, and is left at the flash rate."""
+def attention_rate(gpu: GpuSpec, r: Rates, d_qk: int, d_v: int, tensor_speedup: float = 1.0) -> float:
+    """FLOP/s of a fused attention forward: the flash rate (x ``tensor_speedup`` for FP8
+    attention, fp8_attention_speedup), or where the GPU's exponential unit bounds it
+    (efficiency.TENSOR_FLOPS_PER_EXP: one exp per score against 2 (d_qk + d_v) FLOPs of the
+    16-bit tensor cores) the same share of that bound, which FP8 does not raise:
+    flash rate x min(speedup, 2 (d_qk + d_v) / FLOPs per exp). The backward recomputes one exp
+    per score for 2.5x the FLOPs, and is left at the flash rate (x speedup)."""
     per_exp = TENSOR_FLOPS_PER_EXP.get(gpu.name)
     if per_exp is None:
-        return r.flash_flops_per_s
-    return r.flash_flops_per_s * min(1.0, 2 * (d_qk + d_v) / per_exp)
+        return r.flash_flops_per_s * tensor_speedup
+    return r.flash_flops_per_s * min(tensor_speedup, 2 * (d_qk + d_v) / per_exp)
+
+
+def fp8_attention_speedup(gpu: GpuSpec, setup: TrainingSetup) -> float:
+    """The tensor-core speed-up of Transformer Engine's FP8 attention (TrainingSetup.fp8_attention)
+    over the 16-bit one: the GPU's FP8 dense peak over its BF16 dense peak (data sheets: 2 on
+    Hopper and Blackwell), 1 without it. ASSUMED: the fused kernel keeps the same share of either
+    peak (FlashAttention-3 reports 1.2 PFLOP/s FP8 against 0.74 BF16 forward on H100, Shah et al.
+    2024, arXiv:2407.08608, Sec. 4.1: a speed-up of 1.6, below the peaks' 2)."""
+    if not setup.fp8_attention or gpu.fp8_flops_per_s is None:
+        return 1.0
+    return gpu.fp8_flops_per_s / gpu.peak_flops_per_s("bf16")
 
 
 def local_attention_share(m: ModelSpec, seq_len: int) -> float:

@@ -27,6 +27,7 @@ from planner.errors import UserError
 from planner.models.spec import ModelSpec
 from planner.training.finetune import METHODS
 from planner.training.fp8 import RECIPES
+from planner.training.moe_runtime import A2A_OVERLAPS, CUDA_GRAPHS
 from planner.training.setup import (
     ATTENTION,
     DEFAULT_SETUP,
@@ -130,6 +131,15 @@ SETUP_RULES: tuple[SetupRule, ...] = (
     SetupRule("moe-imbalance", lambda m, s: not is_float_in(s.moe_imbalance, 1.0, MAX_MOE_IMBALANCE),
               lambda m, s: (f"--moe-imbalance {s.moe_imbalance!r} (moe_imbalance) must be a number from 1 to "
                             f"{MAX_MOE_IMBALANCE:g}")),
+    _choice("moe_a2a_overlap", "--moe-a2a-overlap", A2A_OVERLAPS),
+    _choice("cuda_graphs", "--cuda-graphs", CUDA_GRAPHS),
+    SetupRule("megatron-runtime-stack",
+              lambda m, s: (s.cuda_graphs != "none" or s.fp8_attention or s.moe_a2a_overlap == "on")
+              and s.stack != "megatron",
+              lambda m, s: ("--cuda-graphs, --fp8-attention and --moe-a2a-overlap on are Megatron-Core's settings: "
+                            "add --stack megatron")),
+    SetupRule("fp8-attention-precision", lambda m, s: s.fp8_attention and s.precision_spec.fp8 is None,
+              lambda m, s: "--fp8-attention runs under an FP8 recipe: add --precision fp8 (or drop --fp8-attention)"),
     SetupRule("moe-imbalance-dense", lambda m, s: s.moe_imbalance != 1.0 and not m.is_moe,
               lambda m, s: f"--moe-imbalance needs a mixture-of-experts model; {m.name} is dense"),
     SetupRule("recompute-every", lambda m, s: not is_int_in(s.recompute_every, 1, MAX_RECOMPUTE_EVERY),

@@ -286,6 +286,14 @@ class TrainingSetup:
     # auxiliary balance loss (DeepSeek-V3, arXiv:2412.19437, Sec. 2.1.2: auxiliary-loss-free
     # balancing) has no fixed bound: give the ratio its router logs report.
     moe_imbalance: float = 1.0
+    # Megatron-Core's expert-parallel all-to-all overlap (training.moe_runtime.A2A_OVERLAPS):
+    # "auto" where megatron-core runs it, "on" (refused where it cannot), "off"
+    moe_a2a_overlap: str = "auto"
+    # Megatron-Core's CUDA graphs (training.moe_runtime.CUDA_GRAPHS): "none", "moe" (attention,
+    # MoE router and preprocessing captured), "full-iteration"
+    cuda_graphs: str = "none"
+    # Transformer Engine's FP8 attention (megatron-core TransformerConfig.fp8_dot_product_attention)
+    fp8_attention: bool = False
 
     @property
     def recomputed_share(self) -> float:

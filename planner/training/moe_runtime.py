@@ -1,0 +1,58 @@
+"""What Megatron-Core runs around a block besides its kernels, as NVIDIA's Megatron-Bridge
+recipes of 2025-2026 set it: the expert-parallel all-to-all overlap, CUDA graphs and FP8
+attention. Each setting's effect on the step time is read here, once.
+
+Sources (megatron-core 0.16.1, transformer/transformer_config.py):
+- ``overlap_moe_expert_parallel_comm`` (lines 1852-1906): the combined 1F1B schedule pairs one
+  micro-batch's forward with another's backward layer by layer, so that each one's
+  dispatch/combine all-to-alls run under the other's attention and MLP. megatron-core refuses it
+  without expert parallelism, with full recomputation (granularity, method, num_layers), with
+  more than one MTP layer, and with pp > 1 unless the schedule is interleaved (vp set).
+- ``cuda_graph_impl`` / ``cuda_graph_scope`` (lines 776-790, 1688-1740; transformer/enums.py
+  CudaGraphScope): "transformer_engine" with scope attn, moe_router, moe_preprocess captures the
+  attention and the MoE router and token-count preprocessing of each layer; "local" with scope
+  full_iteration captures the whole forward-backward. Without them, the dropless MoE layer's
+  preprocessing copies the per-expert token counts to the host (a device-to-host sync each MoE
+  layer and micro-batch) before the grouped GEMM can launch: the fixed per-block cost
+  timing.efficiency.Efficiency.moe_block_overhead_s fits.
+- ``fp8_dot_product_attention`` (line 477): Transformer Engine's FP8 fused attention.
+Which of them each published Megatron-Bridge run set: its recipe
+(scripts/performance/configs/<family>/*_workload_base_configs.py in NVIDIA-NeMo/Megatron-Bridge;
+tests/data/megatron_bridge_runs.json, recipe_flags).
+"""
+
+from __future__ import annotations
+
+A2A_OVERLAPS = ("auto", "on", "off")
+CUDA_GRAPHS = ("none", "moe", "full-iteration")
+
+
+def a2a_overlap_blocked(recompute: str, mtp_layers: int) -> str:
+    """Why megatron-core 0.16.1 cannot overlap the expert-parallel all-to-alls for a block
+    recomputed as ``recompute`` with ``mtp_layers`` MTP modules ("" where it can). The pp/vp
+    condition is the layout's (a2a_overlap_needs_vp)."""
+    if recompute == "full":
+        return "disable full recomputation when enabling overlap_moe_expert_parallel_comm"
+    if mtp_layers > 1:
+        return "MTP layernum only supports 1 when enabling overlap_moe_expert_parallel_comm"
+    return ""
+
+
+def a2a_overlap_needs_vp(pp: int, vp: int) -> bool:
+    """megatron-core 0.16.1: with pp > 1 the overlap runs only under the interleaved schedule
+    (virtual_pipeline_model_parallel_size set)."""
+    return pp > 1 and vp <= 1
+
+
+def a2a_overlapped(moe_a2a_overlap: str, recompute: str, mtp_layers: int) -> bool:
+    """Whether the step-time model hides the expert-parallel all-to-alls of a block (share
+    Efficiency.ep_overlap): the setting is not "off" and megatron-core can run it for the block.
+    Under "auto" a pipeline without interleaving is timed as overlapped too (the block's time does
+    not know vp); `plan` writes the overlap into Megatron's arguments only where it runs."""
+    return moe_a2a_overlap != "off" and not a2a_overlap_blocked(recompute, mtp_layers)
+
+
+def host_sync_per_moe_block(cuda_graphs: str) -> bool:
+    """Whether each MoE block pays the host round trip of its token counts per micro-batch
+    (Efficiency.moe_block_overhead_s): no CUDA graph captures its router and preprocessing."""
+    return cuda_graphs == "none"

@@ -1,0 +1,42 @@
+"""The expert-parallel all-to-all's link (hardware.placement.all_to_all_link), from the topology
+files' data-sheet rates: NVLink inside a domain, the NICs shared by a node's GPUs outside it."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.hardware.gpus import get_gpu
+from planner.hardware.placement import all_to_all_link, axis_links, cluster_for
+
+GB = 1e9
+
+
+def test_inside_one_nvlink_domain_it_is_the_rings_link():
+    c = cluster_for(get_gpu("b200"))                       # hgx-b200: 8 GPUs per NVSwitch domain
+    sizes = (1, 1, 8, 1, 1)
+    assert all_to_all_link(c, sizes) == axis_links(c, sizes)["ep"]
+
+
+def test_across_nodes_each_gpu_sends_through_its_own_nic():
+    """64 ranks on 8 DGX B200 nodes: 56 of each rank's 63 peers sit on other nodes and get their
+    share through its 400 Gb/s ConnectX-7 (DGX B200 datasheet: 8 x 400 Gb/s per node), the other 7
+    over NVLink (1.8 TB/s both directions, 900 GB/s each way): the NIC bounds the time,
+    (56/64) S / 50 GB/s, a bus bandwidth of (63/64) / (56/64) x 50 GB/s = 56.25 GB/s."""
+    c = cluster_for(get_gpu("b200"))
+    link = all_to_all_link(c, (1, 1, 64, 1, 1))
+    assert link.bus_bytes_per_s == pytest.approx(63 / 56 * 50 * GB)
+    assert link.bus_bytes_per_s < axis_links(c, (1, 1, 64, 1, 1))["ep"].bus_bytes_per_s / 7
+
+
+def test_gb200_nvl72_keeps_ep64_on_nvlink():
+    """The GB200 NVL72 rack is one 72-GPU NVLink domain (GB200 NVL72 specifications)."""
+    c = cluster_for(get_gpu("gb200"))
+    sizes = (1, 1, 64, 1, 1)
+    assert all_to_all_link(c, sizes) == axis_links(c, sizes)["ep"]
+
+
+def test_inner_tensor_parallel_ranks_spread_the_group_over_more_nodes():
+    """tp 8 inside the node puts each of the ep group's 8 ranks on another node: every peer is remote."""
+    c = cluster_for(get_gpu("h100"))                       # dgx-h100: 8 x 400 Gb/s per node
+    link = all_to_all_link(c, (8, 1, 8, 1, 1))
+    assert link.bus_bytes_per_s == pytest.approx(50 * GB)
