@@ -105,7 +105,7 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
     from planner.hardware.gpus import get_gpu
     from planner.layouts.layout import SearchSpace
     from planner.models.spec import load_model
-    from planner.training.checks import check_setup, default_seq_len
+    from planner.training.checks import check_setup, default_seq_len, precision_refusal
     from planner.training.fp8 import resolve_recipe
     from planner.training.setup import DEFAULT_SETUP, Overheads, TrainingSetup
 
@@ -122,15 +122,9 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
         raise UserError(clash)
     m = load_model(o.model_name)
     gpu = get_gpu(o.gpu_name)
-    if o.precision.startswith("bf16") and gpu.bf16_flops_per_s is None:
-        raise UserError(f"{gpu.full_name} has no bf16 support; use --precision fp16-mixed or fp32")
-    if o.precision == "fp8" and gpu.fp8_flops_per_s is None:
-        raise UserError(f"{gpu.full_name} has no FP8 tensor cores (Hopper, Ada or later); "
-                        "use --precision bf16-mixed")
-    from planner.training.fp8 import FP4_GPUS
-    if o.precision == "nvfp4" and (gpu.name not in FP4_GPUS or gpu.fp8_flops_per_s is None):
-        raise UserError(f"{gpu.full_name} has no FP4 tensor cores (Blackwell: {', '.join(FP4_GPUS)}); "
-                        "use --precision fp8 or bf16-mixed")
+    refusal = precision_refusal(gpu, o.precision)
+    if refusal:
+        raise UserError(refusal)
     if o.fp8_param_gather and (o.precision != "fp8" or o.stack != "megatron"):
         raise UserError("--fp8-param-gather is Megatron-LM's: it needs --precision fp8 and --stack megatron")
     if o.fp8_recipe != "auto" and o.precision != "fp8":

@@ -26,7 +26,7 @@ from typing import Any
 from planner.errors import UserError
 from planner.models.spec import ModelSpec
 from planner.training.finetune import METHODS
-from planner.training.fp8 import RECIPES
+from planner.training.fp8 import FP4_GPUS, RECIPES
 from planner.training.moe_runtime import A2A_OVERLAPS, CUDA_GRAPHS
 from planner.training.setup import (
     ATTENTION,
@@ -186,6 +186,21 @@ def check_setup(m: ModelSpec, setup: TrainingSetup) -> None:
     why = setup_refusal(m, setup)
     if why is not None:
         raise UserError(why)
+
+
+def precision_refusal(gpu: Any, precision: str) -> str | None:
+    """Why ``gpu`` (a GpuSpec) cannot train at ``precision``, or None: bf16 needs bf16 tensor
+    cores (not a V100), fp8 FP8 tensor cores (Hopper, Ada or later), nvfp4 FP4 tensor cores
+    (Blackwell: training.fp8.FP4_GPUS). The CLI refuses such a plan; the advice proposes no
+    such GPU."""
+    if precision.startswith("bf16") and gpu.bf16_flops_per_s is None:
+        return f"{gpu.full_name} has no bf16 support; use --precision fp16-mixed or fp32"
+    if precision == "fp8" and gpu.fp8_flops_per_s is None:
+        return f"{gpu.full_name} has no FP8 tensor cores (Hopper, Ada or later); use --precision bf16-mixed"
+    if precision == "nvfp4" and (gpu.name not in FP4_GPUS or gpu.fp8_flops_per_s is None):
+        return (f"{gpu.full_name} has no FP4 tensor cores (Blackwell: {', '.join(FP4_GPUS)}); "
+                "use --precision fp8 or bf16-mixed")
+    return None
 
 
 def tokens_refusal(setup: TrainingSetup, tokens: float, what: str = "--tokens",
