@@ -53,6 +53,7 @@ from planner.training.setup import (
     MAX_GLOBAL_BATCH,
     MAX_GPUS,
     MAX_MICRO_BATCH,
+    MAX_SEARCH_GPUS,
     MAX_SEQ_LEN,
     OFFLOAD,
     OPTIMIZERS,
@@ -77,7 +78,7 @@ class Options:
     model_name: str | None = None
     gpu_name: str | None = None
     n_gpus: int | None = None
-    max_gpus: int = 16_384            # the largest count the search tries (--max-gpus)
+    max_gpus: int = MAX_SEARCH_GPUS   # the largest count the search tries (--max-gpus)
     dp: int | None = None
     tp: int | None = None
     pp: int | None = None

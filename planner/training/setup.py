@@ -317,6 +317,7 @@ DEFAULT_SETUP = TrainingSetup()
 
 MAX_SEQ_LEN = 4 * 1024 * 1024
 MAX_GPUS = 1 << 17
+MAX_SEARCH_GPUS = 16_384        # the largest GPU count a search tries by default (--max-gpus, api.plan)
 MAX_GLOBAL_BATCH = 1 << 24
 MAX_MICRO_BATCH = 4096
 
