@@ -60,13 +60,20 @@ def test_help_topics_print_their_options_and_refuse_unknown_ones():
 
 def test_each_default_is_read_from_its_one_place():
     # issue 31: a default is written once. The training set-up's live in TrainingSetup
-    # (training.setup.DEFAULT_SETUP), the post-training ones in training.posttrain.POSTTRAIN_DEFAULTS;
+    # (training.setup.DEFAULT_SETUP), the post-training ones in training.posttrain's DISTILL_DEFAULTS and
+    # RL_DEFAULTS;
     # Options and click read them. Here every click default of `plan` equals Options' (which
     # commands without the option see) and the post-training set-ups take the same values.
     from dataclasses import fields
 
     from planner.cli.options import Options
-    from planner.training.posttrain import POSTTRAIN_DEFAULTS, DistillSetup, RLSetup, teacher_weight_bytes
+    from planner.training.posttrain import (
+        DISTILL_DEFAULTS,
+        RL_DEFAULTS,
+        DistillSetup,
+        RLSetup,
+        teacher_weight_bytes,
+    )
 
     options = Options()
     checked = 0
@@ -78,8 +85,9 @@ def test_each_default_is_read_from_its_one_place():
         assert p.default == getattr(options, str(p.name)), p.name
         checked += 1
     assert checked >= 35, checked
-    for f in fields(POSTTRAIN_DEFAULTS):
-        assert getattr(options, f.name) == getattr(POSTTRAIN_DEFAULTS, f.name), f.name
+    for defaults in (DISTILL_DEFAULTS, RL_DEFAULTS):
+        for f in fields(defaults):
+            assert getattr(options, f.name) == getattr(defaults, f.name), f.name
     rl, d = RLSetup(task="grpo"), DistillSetup(teacher="t")
     assert (rl.prompt_len, rl.response_len, rl.response_mean, rl.group_size, rl.prompts_per_step, rl.placement,
             rl.engine_tp, rl.engine_memory_fraction, rl.offload_train_states) == (
@@ -98,3 +106,14 @@ def test_the_choices_spelt_in_the_cli_agree_with_their_home():
     from planner.cost import solve
 
     assert options.SOLVERS == solve.SOLVERS
+
+
+def test_an_option_of_one_kind_of_post_training_needs_its_kind():
+    # cli.posttrain.stray_option reads the kinds from training.posttrain's DistillDefaults and
+    # RLDefaults: a distillation option without --teacher, an RL option without --task grpo|ppo|dpo
+    for args, words in ((["--kd-loss", "full"], "--kd-loss is a distillation option: it needs --teacher"),
+                        (["--teacher-quant", "nf4"], "--teacher-quant is a distillation option"),
+                        (["--group-size", "4"], "--group-size is an RL option: it needs --task grpo, ppo or dpo"),
+                        (["--rl-steps", "3"], "--rl-steps is an RL option")):
+        r = run("--model", "8b", "--gpus", "h100", *args)
+        assert r.exit_code == 2 and words in r.output, (args, r.output)

@@ -4,7 +4,7 @@ that every command builds once from click's values (their value types: types.py,
 A new option is one entry in a decorator list below plus one field of Options (with the
 default a command without that option sees); the commands read it as ``o.name``. A default
 is written once: a training set-up option's is TrainingSetup's (training.setup.DEFAULT_SETUP),
-a post-training option's is training.posttrain.POSTTRAIN_DEFAULTS's; Options reads them, and
+a post-training option's is training.posttrain's DISTILL_DEFAULTS or RL_DEFAULTS; Options reads them, and
 click reads Options (``default=_default(name)``) or those objects, also for the help text.
 """
 
@@ -36,9 +36,10 @@ from planner.training.finetune import (
 from planner.training.fp8 import FP8_RECIPE_CHOICES
 from planner.training.moe_runtime import A2A_OVERLAPS, CUDA_GRAPHS
 from planner.training.posttrain import (
+    DISTILL_DEFAULTS,
     KD_CHUNKS,
     KD_LOSSES,
-    POSTTRAIN_DEFAULTS,
+    RL_DEFAULTS,
     RL_TASKS,
     ROLLOUT_PLACEMENTS,
     TEACHER_SHARDINGS,
@@ -65,7 +66,7 @@ from planner.training.setup import (
 from planner.training.setup import DEFAULT_SETUP as _S
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
-_PT = POSTTRAIN_DEFAULTS
+_DD, _RD = DISTILL_DEFAULTS, RL_DEFAULTS
 _SPACE = SearchSpace()          # the search's defaults (micro-batches tried)
 
 
@@ -134,23 +135,23 @@ class Options:
     # --task (task_options)
     task: str = "train"
     mla_cache: str | None = None      # --task load, MLA models: the KV cache layout (memory.inference)
-    # post-training (posttrain_options; the defaults: planner.training.posttrain.POSTTRAIN_DEFAULTS)
+    # post-training (posttrain_options; the defaults: training.posttrain DISTILL_DEFAULTS, RL_DEFAULTS)
     teacher: str | None = None
-    teacher_precision: str = _PT.teacher_precision
-    teacher_quant: str = _PT.teacher_quant
-    teacher_sharding: str = _PT.teacher_sharding
-    kd_loss: str = _PT.kd_loss
-    kd_hidden_layers: int = _PT.kd_hidden_layers
-    kd_offline_topk: int = _PT.kd_offline_topk
-    prompt_len: int = _PT.prompt_len
-    response_len: int = _PT.response_len
-    response_mean: int = _PT.response_mean
-    group_size: int = _PT.group_size
-    prompts_per_step: int = _PT.prompts_per_step
-    rollout: str = _PT.rollout
-    rollout_tp: int = _PT.rollout_tp
-    rollout_memory_fraction: float = _PT.rollout_memory_fraction
-    offload_train_states: bool = _PT.offload_train_states
+    teacher_precision: str = _DD.teacher_precision
+    teacher_quant: str = _DD.teacher_quant
+    teacher_sharding: str = _DD.teacher_sharding
+    kd_loss: str = _DD.kd_loss
+    kd_hidden_layers: int = _DD.kd_hidden_layers
+    kd_offline_topk: int = _DD.kd_offline_topk
+    prompt_len: int = _RD.prompt_len
+    response_len: int = _RD.response_len
+    response_mean: int = _RD.response_mean
+    group_size: int = _RD.group_size
+    prompts_per_step: int = _RD.prompts_per_step
+    rollout: str = _RD.rollout
+    rollout_tp: int = _RD.rollout_tp
+    rollout_memory_fraction: float = _RD.rollout_memory_fraction
+    offload_train_states: bool = _RD.offload_train_states
     rl_steps: int | None = None
     # step time and tokens (time_options)
     topology: str | None = None
@@ -407,19 +408,19 @@ def distill_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Distil --model from this teacher (a preset or config.json): its frozen weights, "
                           "forward, logits and the KD loss join the plan."),
         click.option("--teacher-precision", type=click.Choice(list(TEACHER_WEIGHT_BYTES)),
-                     default=_PT.teacher_precision, show_default=True),
-        click.option("--teacher-quant", type=click.Choice(QUANTS), default=_PT.teacher_quant, show_default=True,
+                     default=_DD.teacher_precision, show_default=True),
+        click.option("--teacher-quant", type=click.Choice(QUANTS), default=_DD.teacher_quant, show_default=True,
                      help="Store the teacher's linear weights as int8, int4 or nf4."),
-        click.option("--teacher-sharding", type=click.Choice(TEACHER_SHARDINGS), default=_PT.teacher_sharding,
+        click.option("--teacher-sharding", type=click.Choice(TEACHER_SHARDINGS), default=_DD.teacher_sharding,
                      show_default=True, help="Hold the teacher whole on each GPU, sharded over dp (FSDP, "
                                              "torchtune) or split like the student over tp x pp (ModelOpt); auto: "
                                              "the least memory the layout allows."),
-        click.option("--kd-loss", type=click.Choice(KD_LOSSES), default=_PT.kd_loss, show_default=True,
+        click.option("--kd-loss", type=click.Choice(KD_LOSSES), default=_DD.kd_loss, show_default=True,
                      help=f"torchtune's KL loss over {KD_CHUNKS} token chunks, or over all tokens at once."),
-        click.option("--kd-hidden-layers", type=click.IntRange(0, 1024), default=_PT.kd_hidden_layers,
+        click.option("--kd-hidden-layers", type=click.IntRange(0, 1024), default=_DD.kd_hidden_layers,
                      show_default=True,
                      help="Hidden-state (MSE) losses on N layer pairs beside the logit loss."),
-        click.option("--kd-offline-topk", type=click.IntRange(0, 1 << 20), default=_PT.kd_offline_topk,
+        click.option("--kd-offline-topk", type=click.IntRange(0, 1 << 20), default=_DD.kd_offline_topk,
                      show_default=True,
                      help="Distil offline from stored top-k teacher logits (no teacher on the GPUs); 0: online."),
     ], f)
@@ -429,26 +430,26 @@ def posttrain_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """Distillation and RL (--task grpo|ppo|dpo) settings of `plan` (docs/post-training.md)."""
     return _apply([
         distill_options,
-        click.option("--prompt-len", type=click.IntRange(1, MAX_SEQ_LEN), default=_PT.prompt_len, show_default=True),
-        click.option("--response-len", type=click.IntRange(1, MAX_SEQ_LEN), default=_PT.response_len,
+        click.option("--prompt-len", type=click.IntRange(1, MAX_SEQ_LEN), default=_RD.prompt_len, show_default=True),
+        click.option("--response-len", type=click.IntRange(1, MAX_SEQ_LEN), default=_RD.response_len,
                      show_default=True,
                      help="Generated tokens per response at most (DPO: the longer answer)."),
-        click.option("--response-mean", type=click.IntRange(0, MAX_SEQ_LEN), default=_PT.response_mean,
+        click.option("--response-mean", type=click.IntRange(0, MAX_SEQ_LEN), default=_RD.response_mean,
                      help="Mean response length (the KV reads, decode FLOPs and the packed tokens trained on); "
                           "the longest response still sets the decode steps  [default: --response-len]."),
-        click.option("--group-size", type=click.IntRange(1, 4096), default=_PT.group_size, show_default=True,
+        click.option("--group-size", type=click.IntRange(1, 4096), default=_RD.group_size, show_default=True,
                      help="Responses per prompt (GRPO's num_generations)."),
-        click.option("--prompts-per-step", type=click.IntRange(1, 1 << 20), default=_PT.prompts_per_step,
+        click.option("--prompts-per-step", type=click.IntRange(1, 1 << 20), default=_RD.prompts_per_step,
                      show_default=True,
                      help="Prompts per RL step (DPO: preference pairs)."),
-        click.option("--rollout", type=click.Choice(ROLLOUT_PLACEMENTS), default=_PT.rollout, show_default=True,
+        click.option("--rollout", type=click.Choice(ROLLOUT_PLACEMENTS), default=_RD.rollout, show_default=True,
                      help="Generate on the training GPUs, or on as many GPUs of their own."),
-        click.option("--rollout-tp", type=click.IntRange(1, 64), default=_PT.rollout_tp, show_default=True,
+        click.option("--rollout-tp", type=click.IntRange(1, 64), default=_RD.rollout_tp, show_default=True,
                      help="The engine's tensor-parallel size (vLLM tensor_parallel_size)."),
         click.option("--rollout-memory-fraction", type=FiniteFloatRange(0.05, 1.0),
-                     default=_PT.rollout_memory_fraction, show_default=True,
+                     default=_RD.rollout_memory_fraction, show_default=True,
                      help="vLLM's gpu_memory_utilization: the engine's share of each GPU (TRL colocated: 0.3)."),
-        click.option("--offload-train-states/--keep-train-states", default=_PT.offload_train_states,
+        click.option("--offload-train-states/--keep-train-states", default=_RD.offload_train_states,
                      show_default=True,
                      help="Move the policy's training states to the host while the engine generates (verl, "
                           "NeMo-RL), or keep them (TRL)."),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +16,7 @@ from planner.cli.common import check_quiet, note, written_text
 from planner.cli.options import Options
 from planner.cli.request import build_request, timing
 from planner.errors import UserError
-from planner.training.posttrain import RL_TASKS, teacher_weight_bytes
+from planner.training.posttrain import RL_TASKS, DistillDefaults, RLDefaults, teacher_weight_bytes
 
 if TYPE_CHECKING:
     from planner.hardware.gpus import GpuSpec
@@ -39,17 +39,13 @@ def refuse_unsupported(o: Options) -> None:
 
 
 # options of one kind of post-training, with the default a plan without it sees (cli.options.Options)
-DISTILL_ONLY = ("teacher_precision", "teacher_quant", "teacher_sharding", "kd_loss", "kd_hidden_layers",
-                "kd_offline_topk")
-RL_ONLY = ("prompt_len", "response_len", "response_mean", "group_size", "prompts_per_step", "rollout", "rollout_tp",
-           "rollout_memory_fraction", "offload_train_states", "rl_steps")
+DISTILL_ONLY = tuple(f.name for f in fields(DistillDefaults))
+RL_ONLY = (*(f.name for f in fields(RLDefaults)), "rl_steps")
 
 
 def stray_option(o: Options) -> str | None:
     """A distillation option without --teacher or an RL option without --task grpo|ppo|dpo
     (they would be ignored): the refusal, or None."""
-    from dataclasses import fields
-
     defaults = {f.name: f.default for f in fields(Options)}
     if o.teacher is None:
         given = [n for n in DISTILL_ONLY if getattr(o, n) != defaults[n]]

@@ -1,8 +1,8 @@
 """Post-training set-ups: distillation from a teacher, and RL with a rollout engine.
 
 Each field is a setting the stacks expose, with its default and where the default comes from;
-the defaults live once, in POSTTRAIN_DEFAULTS, which the set-ups below and the command line
-(its options' defaults and help) read. The arithmetic on the settings lives in
+the defaults live once, in DISTILL_DEFAULTS and RL_DEFAULTS, which the set-ups below and the
+command line (its options' defaults and help) read. The arithmetic on the settings lives in
 planner.memory.distill, planner.memory.rollout and planner.timing.rollout.
 """
 
@@ -35,19 +35,15 @@ TEACHER_WEIGHT_BYTES = {"bf16": 2, "fp32": 4}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class PosttrainDefaults:
-    """The defaults of the distillation and RL settings, named as the command line's options
-    (--prompt-len is prompt_len): DistillSetup, RLSetup, cli.options.Options and click's
-    defaults and help read them from POSTTRAIN_DEFAULTS, so each is written once.
+class DistillDefaults:
+    """The defaults of the distillation settings, named as the command line's options
+    (--kd-loss is kd_loss): DistillSetup, cli.options.Options and click's defaults and help
+    read them from DISTILL_DEFAULTS, so each is written once; its fields are the options that
+    need --teacher (cli.posttrain.stray_option).
 
     Sources: the teacher in bf16 like the student, unquantized, held as the layout allows
     least (TEACHER_SHARDINGS); torchtune's chunked KD loss (KD_LOSSES); online distillation
-    without hidden-state losses. RL: a 1,024-token prompt and up to 4,096 response tokens,
-    8 responses per prompt (TRL GRPOConfig num_generations = 8), 64 prompts per step;
-    generation on the training GPUs with vLLM at tensor parallelism 1 and its default
-    gpu_memory_utilization 0.9 (vllm/config/cache.py), the training state offloaded while it
-    generates (verl, NeMo-RL). response_mean 0: every response runs to response_len.
-    ASSUMED where no stack fixes one: the prompt and response lengths, prompts per step.
+    without hidden-state losses.
     """
 
     teacher_precision: str = "bf16"
@@ -56,6 +52,22 @@ class PosttrainDefaults:
     kd_loss: str = "chunked"
     kd_hidden_layers: int = 0
     kd_offline_topk: int = 0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RLDefaults:
+    """The defaults of an RL step's settings, named as the command line's options
+    (--prompt-len is prompt_len): RLSetup, cli.options.Options and click's defaults and help
+    read them from RL_DEFAULTS; its fields (and --rl-steps) are the options that need --task
+    grpo|ppo|dpo.
+
+    Sources: 8 responses per prompt (TRL GRPOConfig num_generations = 8); generation on the
+    training GPUs with vLLM at tensor parallelism 1 and its default gpu_memory_utilization 0.9
+    (vllm/config/cache.py), the training state offloaded while it generates (verl, NeMo-RL).
+    response_mean 0: every response runs to response_len. ASSUMED where no stack fixes one: a
+    1,024-token prompt, up to 4,096 response tokens, 64 prompts per step.
+    """
+
     prompt_len: int = 1024
     response_len: int = 4096
     response_mean: int = 0
@@ -67,8 +79,9 @@ class PosttrainDefaults:
     offload_train_states: bool = True
 
 
-POSTTRAIN_DEFAULTS = PosttrainDefaults()
-_D = POSTTRAIN_DEFAULTS
+DISTILL_DEFAULTS = DistillDefaults()
+RL_DEFAULTS = RLDefaults()
+_DD, _RD = DISTILL_DEFAULTS, RL_DEFAULTS
 
 
 def teacher_weight_bytes(precision: str) -> int:
@@ -93,12 +106,12 @@ class DistillSetup:
     """
 
     teacher: str
-    teacher_weight_bytes: int = TEACHER_WEIGHT_BYTES[_D.teacher_precision]
-    teacher_quant: str = _D.teacher_quant
-    teacher_sharding: str = _D.teacher_sharding
-    kd_loss: str = _D.kd_loss
-    kd_hidden_layers: int = _D.kd_hidden_layers
-    offline_topk: int = _D.kd_offline_topk
+    teacher_weight_bytes: int = TEACHER_WEIGHT_BYTES[_DD.teacher_precision]
+    teacher_quant: str = _DD.teacher_quant
+    teacher_sharding: str = _DD.teacher_sharding
+    kd_loss: str = _DD.kd_loss
+    kd_hidden_layers: int = _DD.kd_hidden_layers
+    offline_topk: int = _DD.kd_offline_topk
 
     def __post_init__(self) -> None:
         if self.teacher_sharding not in TEACHER_SHARDINGS:
@@ -135,16 +148,16 @@ class RLSetup:
     """
 
     task: str
-    prompt_len: int = _D.prompt_len
-    response_len: int = _D.response_len
-    group_size: int = _D.group_size
-    prompts_per_step: int = _D.prompts_per_step
-    placement: str = _D.rollout
-    engine_tp: int = _D.rollout_tp
-    engine_memory_fraction: float = _D.rollout_memory_fraction
-    offload_train_states: bool = _D.offload_train_states
+    prompt_len: int = _RD.prompt_len
+    response_len: int = _RD.response_len
+    group_size: int = _RD.group_size
+    prompts_per_step: int = _RD.prompts_per_step
+    placement: str = _RD.rollout
+    engine_tp: int = _RD.rollout_tp
+    engine_memory_fraction: float = _RD.rollout_memory_fraction
+    offload_train_states: bool = _RD.offload_train_states
     engine_sleeps: bool = True
-    response_mean: int = _D.response_mean
+    response_mean: int = _RD.response_mean
     reference_model: bool = True      # GRPO's KL term against a frozen reference (beta > 0)
 
     def __post_init__(self) -> None:
