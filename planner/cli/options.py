@@ -20,7 +20,7 @@ import click
 from planner.cli.complete import complete_gpus, complete_models, complete_topologies
 from planner.cli.sizes import SeqLength, SequenceCount, TokenBatch
 from planner.cli.types import Dollars, FiniteFloatRange, OutputPath, TokenCount
-from planner.emit import SCHEDULERS
+from planner.emit import SCHEDULERS, EmitOptions
 from planner.layouts.layout import SearchSpace
 from planner.stacks import STACKS
 from planner.training.checks import MAX_MOE_IMBALANCE, MAX_RECOMPUTE_EVERY, MIN_USABLE_MEMORY
@@ -67,6 +67,7 @@ from planner.training.setup import DEFAULT_SETUP as _S
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 _DD, _RD = DISTILL_DEFAULTS, RL_DEFAULTS
+_EMIT = EmitOptions()           # what --out writes by default
 _SPACE = SearchSpace()          # the search's defaults (micro-batches tried)
 
 
@@ -171,7 +172,7 @@ class Options:
     offload_optimizer: str = _S.offload_optimizer
     offload_params: str = _S.offload_params
     stack: str | None = None          # --out's stack (planner.stacks); None: what fits the layout
-    scheduler: str = "both"           # --out's scheduler files
+    scheduler: str = _EMIT.scheduler  # --out's scheduler files (emit.EmitOptions' default)
     quiet: bool = False
 
     @classmethod

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from planner.errors import UserError
 from planner.stacks import STACKS, check_stack, default_stack
-from planner.training.setup import OFFLOAD
+from planner.training.setup import DEFAULT_SETUP, OFFLOAD
 
 if TYPE_CHECKING:
     from planner.api import PlanResult
@@ -55,8 +55,8 @@ class EmitOptions:
     figures do not subtract offloaded states yet.
     """
 
-    offload_optimizer: str = "none"      # none | cpu | nvme
-    offload_params: str = "none"         # none | cpu | nvme (ZeRO-3 or FSDP only)
+    offload_optimizer: str = DEFAULT_SETUP.offload_optimizer      # none | cpu | nvme
+    offload_params: str = DEFAULT_SETUP.offload_params            # none | cpu | nvme (ZeRO-3 or FSDP only)
     nvme_path: str = "/local_nvme"
     lr: float = 3e-4
     betas: tuple[float, float] = (0.9, 0.95)
