@@ -22,7 +22,6 @@ from planner.cli.sizes import SeqLength, SequenceCount, TokenBatch
 from planner.cli.types import Dollars, FiniteFloatRange, OutputPath, TokenCount
 from planner.emit import SCHEDULERS, EmitOptions
 from planner.layouts.layout import SearchSpace
-from planner.stacks import STACKS
 from planner.training.checks import MAX_MOE_IMBALANCE, MAX_RECOMPUTE_EVERY, MIN_USABLE_MEMORY
 from planner.training.finetune import (
     FREEZE_TRAINABLE_LAYERS,
@@ -62,6 +61,7 @@ from planner.training.setup import (
     PRECISIONS,
     RECOMPUTE,
     RECOMPUTE_METHODS,
+    STACKS,
 )
 from planner.training.setup import DEFAULT_SETUP as _S
 
