@@ -226,8 +226,8 @@ def runtime_args(row: dict, ep: int, precision: str) -> list[str]:
     impl, scope = f.get("cuda_graph_impl"), f.get("cuda_graph_scope") or []
     if impl == "full_iteration" or "full_iteration" in scope:
         out += ["--cuda-graphs", "full-iteration"]
-    elif impl not in (None, "none") and scope:
-        out += ["--cuda-graphs", "moe"]
+    elif impl not in (None, "none") and {"moe_router", "moe_preprocess"} & set(scope):
+        out += ["--cuda-graphs", "moe"]       # the MoE router and preprocessing captured: no host sync
     other = f.get("other") or {}
     if other.get("fp8_dot_product_attention") and precision in ("FP8-CS", "MXFP8"):
         out += ["--fp8-attention"]

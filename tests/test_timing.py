@@ -192,19 +192,21 @@ def test_axis_bandwidths_read_off_the_graph():
     # a tp group of 16 leaves the NVLink domain of a DGX, not of an NVL72 rack
     assert axis_links(h100, (16, 1, 1, 1, 1))["tp"].bus_bytes_per_s == pytest.approx(400 * GB)
     nvl72 = cluster_for(get_gpu("gb200"))
-    assert scale_up_domain_gpus(nvl72) == 72 and scale_up_domain_gpus(h100) == 8
+    assert scale_up_domain_gpus(nvl72) == 64 and scale_up_domain_gpus(h100) == 8     # a job's 64 of the rack
     assert axis_links(nvl72, (16, 1, 1, 4, 1))["tp"].bus_bytes_per_s == pytest.approx(900 * GB)
-    assert axis_links(nvl72, (36, 1, 1, 4, 1))["tp"].bus_bytes_per_s == pytest.approx(900 * GB)
-    # 16 does not divide 72: on two racks one tp group straddles them and binds at its NICs
-    assert axis_links(nvl72, (16, 1, 1, 9, 1))["tp"].bus_bytes_per_s == pytest.approx(400 * GB)
+    assert axis_links(nvl72, (32, 1, 1, 4, 1))["tp"].bus_bytes_per_s == pytest.approx(900 * GB)
+    # 16 divides a job's 64 GPUs of a rack: no tp group straddles two racks; 24 does not divide 64:
+    # on two racks one tp group straddles them and binds at its NICs
+    assert axis_links(nvl72, (16, 1, 1, 9, 1))["tp"].bus_bytes_per_s == pytest.approx(900 * GB)
+    assert axis_links(nvl72, (24, 1, 1, 6, 1))["tp"].bus_bytes_per_s < 900 * GB
 
 
 @pytest.mark.parametrize("name, n_nodes, sizes, order", [
     ("dgx-h100", 4, dict(tp=2, dp=4, pp=4), AXES),
     ("dgx-h100", 4, dict(tp=4, cp=2, dp=2, pp=2), ("tp", "cp", "ep", "pp", "dp")),
     ("dgx-a100", 4, dict(tp=1, dp=32), AXES),
-    ("gb200-nvl72", 36, dict(tp=8, cp=2, dp=9), AXES),
-    ("gb200-nvl72", 36, dict(tp=4, dp=9, pp=4), ("tp", "cp", "ep", "pp", "dp")),
+    ("gb200-nvl72", 32, dict(tp=8, cp=2, dp=8), AXES),
+    ("gb200-nvl72", 32, dict(tp=4, dp=8, pp=4), ("tp", "cp", "ep", "pp", "dp")),
     ("l40s-8x-pcie-ethernet", 4, dict(tp=2, dp=8, pp=2), AXES),
 ])
 def test_folded_placements_match_the_full_graph(name, n_nodes, sizes, order):
@@ -319,7 +321,7 @@ def test_cli_topologies_subcommand():
     assert r.exit_code == 0 and "dgx-h100" in r.output and "gb200-nvl72" in r.output
     rows = json.loads(run("topologies", "--json").output)
     by = {row["name"]: row for row in rows}
-    assert by["gb200-nvl72"]["nvlink_domain_gpus"] == 72 and by["dgx-h100"]["nvlink_domain_gpus"] == 8
+    assert by["gb200-nvl72"]["nvlink_domain_gpus"] == 64 and by["dgx-h100"]["nvlink_domain_gpus"] == 8
     assert by["dgx-h100"]["default_for"] == ["h100"]
     assert all(row["source"] for row in rows)
 

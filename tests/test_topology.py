@@ -85,7 +85,7 @@ def test_graph_has_the_parts_of_a_dgx_h100_pair():
 
 @pytest.mark.parametrize("name, size", [
     ("dgx-h100", 8), ("dgx-a100", 8), ("hgx-b200", 8), ("aws-p5", 8),
-    ("gb200-nvl72", 72),                    # GB200 NVL72: one 72-GPU NVLink domain
+    ("gb200-nvl72", 64),                    # GB200 NVL72: a job's 64 GPUs of a 72-GPU rack (the topology file)
     ("mi300x-8x", 8),                       # Infinity Fabric full mesh
     ("l40s-8x-pcie-ethernet", 1), ("aws-g5.48xlarge", 1), ("rtx4090-4x-workstation", 1),   # no NVLink
 ])
@@ -105,9 +105,9 @@ def test_nvlink_domain_size_read_from_the_graph(name, size):
     ("hgx-h200", 2, 400),
     ("hgx-b200", 1, 900),           # NVLink 5: 1.8 TB/s both directions
     ("hgx-b200", 2, 400),
-    ("gb200-nvl72", 18, 900),       # all 72 GPUs of a rack over NVLink 5
-    ("gb200-nvl72", 36, 900),       # 2 racks: 72 NICs x 400 Gb/s = 3.6 TB/s leave a rack, NVLink binds
-    ("gb200-nvl72", 144, 900),      # the whole 8-rack scalable unit
+    ("gb200-nvl72", 16, 900),       # a job's 64 GPUs of a rack over NVLink 5
+    ("gb200-nvl72", 32, 900),       # 2 racks: 64 NICs x 400 Gb/s = 3.2 TB/s leave a rack, NVLink binds
+    ("gb200-nvl72", 128, 900),      # the whole 8-rack scalable unit
     ("aws-p4d", 1, 300),            # NVSwitch 600 GB/s both directions
     ("aws-p4d", 2, 50),             # 400 Gbps EFA per instance
     ("aws-p5", 1, 450),
@@ -137,10 +137,10 @@ def test_whole_nodes_ring_bandwidth(name, n_nodes, expected_gb_per_s):
     ("l40s-8x-pcie-ethernet", 0, 1, 32),    # same PCIe switch
     ("l40s-8x-pcie-ethernet", 0, 7, 32),    # across sockets: the GPU's own link binds
     ("aws-p4d", 0, 8, 12.5),        # one 100 Gbps EFA NIC per GPU pair
-    ("gb200-nvl72", 0, 71, 900),    # other end of the rack, still NVLink
+    ("gb200-nvl72", 0, 63, 900),    # other end of the rack's 64, still NVLink
 ])
 def test_pair_bandwidth(name, a, b, expected_gb_per_s):
-    g = build_graph(load_topology(name), 18 if name == "gb200-nvl72" else 2)
+    g = build_graph(load_topology(name), 16 if name == "gb200-nvl72" else 2)
     assert gbps(pair_bandwidth_bytes_per_s(g, a, b)) == pytest.approx(expected_gb_per_s)
 
 

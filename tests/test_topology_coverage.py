@@ -28,7 +28,7 @@ def run(*args: str):
 def test_shipped_coverage():
     assert max_covered_gpus(load_topology("dgx-h100")) == 64 * 32 * 8 == 16_384
     assert max_covered_gpus(load_topology("rtx4090-4x-workstation")) == 4
-    assert max_covered_gpus(load_topology("gb200-nvl72")) == 9_216       # 128 racks of 72 (GB200 RA)
+    assert max_covered_gpus(load_topology("gb200-nvl72")) == 8_192       # 128 racks of 72 (GB200 RA), 64 per job
 
 
 @pytest.mark.slow

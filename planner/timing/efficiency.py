@@ -126,6 +126,13 @@ class Efficiency:
     syncs to the host to size a dropless dispatch, permutation index building and the launches
     of the grouped kernels (megatron-core transformer/moe/token_dispatcher.py, MoEAlltoAllTokenDispatcher
     preprocess: the tokens_per_expert device-to-host copy; moe_utils.py permute / unpermute).
+    moe_token_passes: HBM passes over each routed token copy (k x d_model activations per token)
+    in an MoE block's forward beyond the fused permute and unpermute that
+    timing.kernels.elementwise_bytes_per_token counts (backward twice as many): the token
+    dispatcher's unfused steps as megatron-core 0.16.1 runs them (transformer/moe/moe_utils.py
+    permute: index building, the gather into expert order and padding to the GEMM's row
+    alignment under FP8; unpermute: the probability weighting and the scatter-add back;
+    token_dispatcher.py: the all-to-all's send and receive buffers). 0: none beyond the fused pair.
     fp8_matmul_ratio: the FP8 (and NVFP4, at its doubled peak) GEMM rate's share of the FP8
     dense peak over the 16-bit GEMM's share of the BF16 peak (matmul_fraction) on the same GPU
     (timing.kernels.fp8_fraction_of); None takes training.fp8.FP8_MATMUL_FRACTION (ASSUMED).
@@ -176,6 +183,7 @@ class Efficiency:
     overlap_slowdown: float = 0.2
     expert_gemm_half_rows: float = 0.0
     moe_block_overhead_s: float = 0.0
+    moe_token_passes: float = 0.0
     fp8_matmul_ratio: float | None = None
     block_scaled_gemm_penalty: float = 1.0
     mfu_ceiling: float | None = None
@@ -243,7 +251,7 @@ MEGATRON_CORE = Efficiency(tp_overlap=0.75, pp_overlap=1.0, dp_overlap=1.0, para
 
 # Megatron-Core as NVIDIA's Megatron-Bridge runs it in 2025-2026 (plan --stack megatron): its
 # overlaps (MEGATRON_CORE), Transformer Engine's cuDNN fused attention at FlashAttention-3's rate
-# and five efficiencies fitted on the latest release of each published Megatron-Bridge run
+# and six efficiencies fitted on the latest release of each published Megatron-Bridge run
 # (bench/megatron_bridge.py, docs/megatron-bridge.md: in sample and out of fold).
 # flash_fraction 0.55: FlashAttention-3 (Shah et al. 2024, arXiv:2407.08608, Sec. 4.1) reaches 75%
 # of the H100 peak forward and runs its backward 1.5-1.75x faster than FlashAttention-2's 0.30-0.35:
@@ -253,8 +261,8 @@ MEGATRON_CORE = Efficiency(tp_overlap=0.75, pp_overlap=1.0, dp_overlap=1.0, para
 MEGATRON_BRIDGE = Efficiency(tp_overlap=0.75, pp_overlap=1.0, dp_overlap=1.0, param_gather_overlap=1.0,
                              grad_reduce_bytes=4, flash_fraction=0.55,
                              # fitted, in sample (docs/megatron-bridge.md, "Fitted values")
-                             fp8_matmul_ratio=0.85, ep_overlap=0.9, expert_gemm_half_rows=2048.0,
-                             moe_block_overhead_s=0.001, block_scaled_gemm_penalty=0.9,
+                             fp8_matmul_ratio=0.8, ep_overlap=0.9, expert_gemm_half_rows=2048.0,
+                             moe_block_overhead_s=0.0003, moe_token_passes=4.0, block_scaled_gemm_penalty=0.95,
                              name="megatron-core 2025-2026 (Megatron-Bridge runs: overlaps, FA3-rate attention, "
                                   "fitted FP8 and MoE efficiencies)")
 

@@ -244,6 +244,7 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
         batch = key.micro_batch * heads
         attn_fwd = gemm(s / cp, s, d, batch) + gemm(s / cp, dv, s, batch)
         attn_bwd = 2 * attn_fwd
+    a_bytes = prec.activation_bytes
     factor = 1.0 if runs_fused_elementwise(setup, kernels) else eff.unfused_elementwise_factor
     elem = elementwise_bytes_per_token(m, key, setup)
     elem_fwd, elem_bwd = (tokens * factor / hbm * x for x in (elem.fwd, elem.bwd))
@@ -252,6 +253,10 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
         elem_fwd += cast[0] / hbm
         elem_bwd += cast[1] / hbm
     gemm_fwd = dense + mlp
+    if m.is_moe and eff.moe_token_passes:       # the dispatcher's unfused passes (Efficiency.moe_token_passes)
+        routed = tokens * eff.moe_token_passes * m.n_experts_per_token * h * a_bytes / (tp if key.sp else 1)
+        elem_fwd += routed * m.n_moe_layers / m.n_layers / hbm
+        elem_bwd += 2 * routed * m.n_moe_layers / m.n_layers / hbm
     if m.is_moe and eff.moe_block_overhead_s and host_sync_per_moe_block(setup.cuda_graphs):
         # the mean block's share of the MoE blocks' fixed cost
         elem_fwd += eff.moe_block_overhead_s * m.n_moe_layers / m.n_layers
