@@ -1,8 +1,8 @@
-"""ds_config.json for a plan, and DeepSpeed's own check of it.
+"""ds_config.json for a plan.
 
-``to_deepspeed_config`` returns a plain dict; ``validate_deepspeed_config`` parses it with
-``deepspeed.runtime.config.DeepSpeedConfig`` at the plan's data-parallel size (deepspeed
-is imported there, lazily; see docs/facts.md for why dist is patched).
+``to_deepspeed_config`` returns a plain dict; the tests parse it with DeepSpeed's own
+``deepspeed.runtime.config.DeepSpeedConfig`` at the plan's data-parallel size
+(tests/deepspeed_config.py; see docs/facts.md for why dist is patched).
 
 Field names and meanings: DeepSpeed's config reference ("ZeRO optimizations",
 "Batch size", "BFLOAT16/FP16 training", "Activation checkpointing") and its pydantic
