@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from planner.errors import UserError
 from planner.stacks import STACKS, check_stack, default_stack
-from planner.training.setup import DEFAULT_SETUP, OFFLOAD
+from planner.training.setup import DEFAULT_SETUP, OFFLOAD, SGD_MOMENTUM
 
 if TYPE_CHECKING:
     from planner.api import PlanResult
@@ -63,7 +63,7 @@ class EmitOptions:
     eps: float = 1e-5
     weight_decay: float = 0.1
     grad_clip: float = 1.0
-    sgd_momentum: float = 0.9
+    sgd_momentum: float = SGD_MOMENTUM
     script: str = "train.py"             # the user's training script (FSDP, DeepSpeed)
     master_addr: str = "node-0"          # default rendezvous host; the launch script reads $MASTER_ADDR
     master_port: int = 29500

@@ -118,6 +118,11 @@ class Precision:
         return self.master_bytes > 0
 
 
+# SGD's momentum as the planner measures and writes it (ASSUMED, the common 0.9; any value
+# above 0 keeps the momentum buffer, the 4 B per parameter of optimizer_state_bytes_per_param)
+SGD_MOMENTUM = 0.9
+
+
 def optimizer_state_bytes_per_param(optimizer: str) -> float:
     """Optimizer state per parameter, excluding the fp32 master copy.
 
