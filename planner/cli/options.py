@@ -345,16 +345,24 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--usable-memory", type=FiniteFloatRange(MIN_USABLE_MEMORY, 1), default=_default("usable_memory"),
                      show_default=True,
                      help="Fraction of the GPU's memory a plan may use."),
-        click.option("--fit-confidence", type=click.Choice(["0.5", "0.8", "0.9", "0.95"]), default=None,
-                     callback=lambda _c, _p, v: None if v is None else float(v),
-                     help="Fit at the upper end of the memory interval at this level (from the memory "
-                          "model's measured errors) instead of at the predicted peak."),
-        click.option("--time-confidence", type=click.Choice(["0.5", "0.8", "0.9", "0.95"]), default=None,
-                     callback=lambda _c, _p, v: None if v is None else float(v),
-                     help="Plan with step times that are not exceeded with this confidence (out-of-sample "
-                          "errors on published runs), so --deadline is met with it."),
+        confidence_option("--fit-confidence", "Fit at the upper end of the memory interval at this level (from "
+                                              "the memory model's measured errors) instead of at the predicted peak."),
+        confidence_option("--time-confidence", "Plan with step times that are not exceeded with this "
+                                               "confidence (out-of-sample errors on published runs), so "
+                                               "--deadline is met with it."),
         click.option("--json", "as_json", is_flag=True, help="Print one JSON object (schema in docs/options.md)."),
     ], f)
+
+
+# The levels of the interval tables (report/memory_intervals.json, timing/step_intervals.json),
+# spelt here so that the CLI's import reads no table (tests/test_cli_help.py checks they agree)
+CONFIDENCE_LEVELS = ("0.5", "0.8", "0.9", "0.95")
+
+
+def confidence_option(name: str, help_text: str) -> Decorator:
+    """--fit-confidence or --time-confidence: one of CONFIDENCE_LEVELS, as a float (None: not given)."""
+    return click.option(name, type=click.Choice(CONFIDENCE_LEVELS), default=None,
+                        callback=lambda _c, _p, v: None if v is None else float(v), help=help_text)
 
 
 def method_options(f: Callable[..., Any]) -> Callable[..., Any]:
