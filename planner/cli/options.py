@@ -21,7 +21,7 @@ from planner.cli.complete import complete_gpus, complete_models, complete_topolo
 from planner.cli.sizes import SeqLength, SequenceCount, TokenBatch
 from planner.cli.types import Dollars, FiniteFloatRange, OutputPath, TokenCount
 from planner.emit import SCHEDULERS, EmitOptions
-from planner.layouts.layout import SearchSpace
+from planner.layouts.layout import FSDP_STAGE, SearchSpace
 from planner.training.checks import MAX_MOE_IMBALANCE, MAX_RECOMPUTE_EVERY, MIN_USABLE_MEMORY
 from planner.training.finetune import (
     FREEZE_TRAINABLE_LAYERS,
@@ -228,7 +228,7 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Expert tensor-parallel size, dividing --tp (Megatron's "
                           "--expert-tensor-parallel-size; default: equal to tp)."),
         click.option("--zero", type=click.IntRange(0, 3), default=None, help="Fix the ZeRO stage (0-3)."),
-        click.option("--fsdp", type=click.Choice(["full", "grad-op", "hybrid"]), default=None,
+        click.option("--fsdp", type=click.Choice([s.removeprefix("fsdp-") for s in FSDP_STAGE]), default=None,
                      help="Shard with PyTorch FSDP instead of ZeRO."),
         click.option("--fsdp-pipeline-grad-sync", type=click.Choice(FSDP_PIPELINE_GRAD_SYNCS),
                      default=_default("fsdp_pipeline_grad_sync"),
