@@ -337,9 +337,14 @@ def efficiency_of(o: Options, gpu_names: list[str]) -> Efficiency:
 
     c = calibration_of(o, gpu_names)
     base = stack_efficiency(o.stack)
-    if o.stack == "deepspeed" and ((o.tp or 1) > 1 or (o.pp or 1) > 1) and o.precision == "bf16-mixed":
-        # Megatron-DeepSpeed on DeepSpeed's pipeline engine (planner.stacks.runs_megatron_deepspeed):
-        # the engine's own step terms, as the published-runs study times BLOOM and MT-NLG
+    from planner.layouts.layout import Layout
+    from planner.stacks import runs_megatron_deepspeed
+
+    # --stack deepspeed searches tp and pp only where given (build_request): the layout's are these
+    if o.stack and runs_megatron_deepspeed(o.stack, Layout(tp=o.tp or 1, pp=o.pp or 1)) \
+            and o.precision == "bf16-mixed":
+        # Megatron-DeepSpeed on DeepSpeed's pipeline engine: the engine's own step terms, as the
+        # published-runs study times BLOOM and MT-NLG
         from planner.timing.efficiency import DEEPSPEED_PIPE_BF16
         base = DEEPSPEED_PIPE_BF16
     eff = base if c is None else c.efficiency(base)
