@@ -6,6 +6,7 @@ process per case so that each peak is its own), against the goal "a few seconds,
     python bench/resources.py                 # every case, a table in Markdown
     python bench/resources.py --only buy256   # one case
     python bench/resources.py --json out.json
+    PYTHONPATH=OTHER_TREE python OTHER_TREE/bench/resources.py --only buy256   # another tree's plan, to compare
 
 The inputs are generated into a temporary directory: the 256-job file of 16 presets and 4
 methods (full, lora, qlora, freeze), the 16-job file of the report, a log line of 280 KB,
@@ -113,8 +114,8 @@ def main() -> int:
     load = os.getloadavg()
     print(f"{os.cpu_count()} CPUs, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} at the start; "
           f"goal: {GOAL_S:g} s and {GOAL_BYTES / 1024**3:g} GiB per case\n")
-    print("| case | what | wall | CPU | peak RSS | exit | goal |")
-    print("|---|---|---|---|---|---|---|")
+    print("| case | what | wall | CPU | peak RSS | exit | goal | answer (last line) |")
+    print("|---|---|---|---|---|---|---|---|")
     rows, failed = [], 0
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
@@ -128,7 +129,7 @@ def main() -> int:
             rows.append({"case": name, **m, "ok": ok})
             mib = m["peak_bytes"] / 1024**2
             print(f"| {name} | {what} | {m['wall_s']:.1f} s | {m['cpu_s']:.1f} s | {mib:,.0f} MiB | {m['rc']} | "
-                  f"{'pass' if ok else 'FAIL'} |", flush=True)
+                  f"{'pass' if ok else 'FAIL'} | {m['answer'][:80].replace('|', '/')} |", flush=True)
     load = os.getloadavg()
     print(f"\nload average at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
     if args.json is not None:

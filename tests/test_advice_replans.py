@@ -47,7 +47,8 @@ def replans(args, lines):
             for name in re.findall(r"([\w.-]+) \([\d,.]+ GiB\)", m[2]):
                 out.append([*without(args, "--gpus", "--n-gpus", "--max-gpus"), "--gpus", name, "--n-gpus", m[1]])
         elif line.startswith("Re-planned with one change each: "):
-            for way in line.removeprefix("Re-planned with one change each: ").rstrip(".").split("; "):
+            # a way's note in parentheses may hold "; " itself (--pp-microbatch-group's)
+            for way in re.split(r"; (?![^()]*\))", line.removeprefix("Re-planned with one change each: ").rstrip(".")):
                 change, n = re.match(r"(.*) fits on (\d+) x ", way).groups()
                 flags = change.split()
                 names = [f for f in flags if f.startswith("--")]
@@ -64,6 +65,11 @@ CASES = {
                      "--global-batch", "8"],
     "nvfp4-lora-8b-rtx-pro-6000": ["--model", "llama3.1-8b", "--gpus", "rtx-pro-6000", "--precision", "nvfp4",
                                    "--method", "lora", "--n-gpus", "1", "--micro-batch", "8", "--recompute", "none"],
+    # Llama 3 405B as its paper ran it on 8,192 H100s (arXiv:2407.21783, Sec. 3.3.2; issue 29)
+    "405b-llama3-paper": ["--model", "llama3.1-405b", "--gpus", "h100", "--n-gpus", "8192", "--tp", "8", "--pp", "16",
+                          "--dp", "64", "--vp", "8", "--pp-balance", "embedding-loss", "--fsdp", "grad-op",
+                          "--fsdp-pipeline-grad-sync", "micro-batch", "--seq-len", "8192", "--micro-batch", "1",
+                          "--global-batch", "2048", "--recompute", "none"],
 }
 
 
@@ -133,3 +139,15 @@ def test_method_auto_reports_the_method_closest_to_fitting_with_its_memory():
     assert auto["least_memory"]["memory_bytes"] == qlora["least_memory"]["memory_bytes"]
     line = run(["--model", "70b", "--gpus", "4090", "--method", "auto", "--quiet"]).stdout
     assert line.startswith("llama3.1-70b (qlora): no layout fits") and "least memory 30.19 GiB" in line
+
+
+def test_llama3_405b_as_trained_fits_with_its_papers_micro_batch_group():
+    """The Llama 3 405B layout (issue 29) holds (pp - r - 1) x 2 + (vp - 1) x N chunks on stage r at
+    megatron-core's N = pp; Llama 3 tuned N below pp (its paper, Sec. 3.3.2). The advice names the
+    largest N that fits, and the plan with it fits."""
+    args = CASES["405b-llama3-paper"]
+    text = " ".join(advice(args))
+    m = re.search(r"--pp-microbatch-group (\d+) fits on 8192 x h100", text)
+    assert m and int(m[1]) < 16, text
+    r = run([*args, "--pp-microbatch-group", m[1], "--quiet"])
+    assert r.exit_code == 0 and "/" in r.stdout, r.output

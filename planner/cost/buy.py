@@ -1,5 +1,6 @@
 """What to buy for many jobs (`plan buy`): for each job and GPU type, the fastest layout at
-each GPU count (the others are dominated), keeping only counts that shorten the job; the ILP
+each GPU count (the others are dominated), keeping only counts that shorten the job past
+another job's start (solve.undominated); the ILP
 (planner.cost.solve) sizes the nodes to buy, and when nothing satisfies the constraints says
 which one binds. The candidates come from the one-job search of planner.cost.plan."""
 
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +21,7 @@ from planner.cost.plan import (
     covered_gpus,
     search_pools,
     sweep_all,
-    sweep_counts_together,
+    sweep_counts_until,
 )
 from planner.cost.prices import Prices, node_cost
 from planner.cost.solve import (
@@ -30,7 +31,9 @@ from planner.cost.solve import (
     PurchaseSolution,
     SolverInfo,
     nodes_needed,
+    shorter_run_may_help,
     solve_purchase,
+    undominated,
 )
 from planner.errors import UserError
 from planner.fmt import days_or_hours as days
@@ -39,6 +42,7 @@ from planner.hardware.gpus import GpuSpec, get_gpu
 from planner.layouts.layout import SearchSpace
 from planner.models.spec import ModelSpec, load_model
 from planner.search.search import Candidate
+from planner.search.sweep import CountBest
 from planner.timing.model import DEFAULT_EFFICIENCY, Efficiency, cluster_for
 from planner.training.setup import TrainingSetup
 
@@ -102,8 +106,11 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
     smallest count that meets the deadline; then, with C0 the cost of giving every job its
     own nodes at that count on its cheapest type (a purchase that always works), on to every
     count whose nodes alone cost no more than C0 (or the budget): no optimal purchase holds
-    a job on more. Of those, a count is kept only when it finishes sooner than every
-    smaller one (fewer GPUs for less time is never worse)."""
+    a job on more; that sweep stops once the job's fastest run has no other job's start
+    inside it (solve.shorter_run_may_help). Of those, a count is kept as an option when
+    solve.undominated keeps it: it finishes sooner than every smaller one (fewer GPUs for
+    less time is never worse), it is busy at fewer job starts than every smaller one that
+    meets the deadline, and it meets the deadline where some count does (issue 32)."""
     t0 = time.perf_counter()
     jobs = jobs_file.jobs
     gpus = [get_gpu(g) for g in gpu_names]
@@ -160,6 +167,7 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
                     if cb.fastest[0].time.train_time_s(job.tokens) <= window:  # type: ignore[union-attr]
                         first_ok[job.name, g.name] = n
                         break
+    starts = sorted({j.start_s for j in jobs})     # where solve_purchase checks the GPUs in use
     lines: list[str] = []
     for job in jobs:
         if not any((job.name, g.name) in first_ok for g in gpus):
@@ -181,33 +189,27 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
         # with c0, 256 staggered jobs swept every count of every search)
         c0 = min(c0, _first_counts_usd(jobs, gpus, first_ok, seen, pools, pool_of))
         limit = min(c0, budget_usd) if budget_usd is not None else c0
-        more: dict[tuple[str, str], list[int]] = {}
-        for job in jobs:                                    # phase 2: counts an optimum may use
+        # phase 2: the counts an optimum may use, each (job, GPU type) swept from its first
+        # count in time until a shorter run can no longer help (solve.shorter_run_may_help)
+        tasks = []
+        for job in jobs:
             for g in gpus:
                 if (job.name, g.name) in first_ok:
-                    more[job.name, g.name] = [
-                        n for n in counts[g.name] if n > first_ok[job.name, g.name]
-                        and math.ceil(n / g.gpus_per_node) * pool_of[g.name].node_usd <= limit]
-        wanted: dict[int, tuple[SearchPool, set[int]]] = {}
-        for (jn, gn), ns in more.items():
-            pool = search(next(j for j in jobs if j.name == jn), get_gpu(gn))
-            wanted.setdefault(id(pool), (pool, set()))[1].update(ns)
-        sweep_counts_together(list(wanted.values()))
-        for (jn, gn), ns in more.items():
-            job, g = next(j for j in jobs if j.name == jn), get_gpu(gn)
-            for cb in search(job, g).at(ns):
-                    if cb.fastest:
-                        seen[job.name, g.name].append((cb.n_gpus, cb.fastest[0]))
+                    ns = [n for n in counts[g.name] if n > first_ok[job.name, g.name]
+                          and math.ceil(n / g.gpus_per_node) * pool_of[g.name].node_usd <= limit]
+                    rows = seen[job.name, g.name]
+                    done = _until_dominated(job, rows, first_ok[job.name, g.name], starts)
+                    if ns and not done(None):
+                        tasks.append((search(job, g), ns, done))
+        sweep_counts_until(tasks)
     options: list[JobOption] = []
     by_key: dict[tuple[str, str], tuple[GpuSpec, Candidate]] = {}
     for job in jobs:
         for g in gpus:
-            best_time = math.inf
-            for n, c in sorted(seen.get((job.name, g.name), []), key=lambda r: r[0]):
-                d = c.time.train_time_s(job.tokens)  # type: ignore[union-attr]
-                if d >= best_time:
-                    continue                        # more GPUs for no less time: dominated
-                best_time = d
+            runs = sorted(((n, c, c.time.train_time_s(job.tokens))  # type: ignore[union-attr]
+                           for n, c in seen.get((job.name, g.name), [])), key=lambda r: r[0])
+            for i in undominated(job.start_s, job.deadline_s, [(n, d) for n, _, d in runs], starts):
+                n, c, d = runs[i]
                 key = f"{g.name}_n{n}"
                 options.append(JobOption(job=job.name, gpu=g.name, n_gpus=n, duration_s=d, key=key,
                                          memory_bytes=c.memory.total, capacity_bytes=c.capacity_bytes))
@@ -230,6 +232,22 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
                      pools=tuple(pools), nodes=sol.nodes, capex_usd=capex, opex_usd=opex, plans=tuple(plans),
                      solver=sol.solver, n_options=len(options), budget_usd=budget_usd, prices=prices,
                      lines=tuple(lines), search_s=time.perf_counter() - t0, left_out=left_out)
+
+
+def _until_dominated(job: Any, rows: list[tuple[int, Candidate]], first_ok: int,
+                     starts_s: Sequence[float]) -> Callable[[CountBest | None], bool]:
+    """The stop of a job's phase-2 sweep on one GPU type: ``done(cb)`` records the count's
+    fastest layout in ``rows`` and says whether larger counts are all dominated, i.e. the
+    fastest run so far (from the first count in time, ``first_ok``, on) leaves no other
+    job's start inside it (solve.shorter_run_may_help). ``done(None)`` asks before any count."""
+    best_s = [next(c for n, c in rows if n == first_ok).time.train_time_s(job.tokens)]  # type: ignore[union-attr]
+
+    def done(cb: CountBest | None) -> bool:
+        if cb is not None and cb.fastest:
+            rows.append((cb.n_gpus, cb.fastest[0]))
+            best_s[0] = min(best_s[0], cb.fastest[0].time.train_time_s(job.tokens))  # type: ignore[union-attr]
+        return not shorter_run_may_help(job.start_s, best_s[0], starts_s)
+    return done
 
 
 def _first_counts_usd(jobs: Sequence[Any], gpus: Sequence[GpuSpec], first_ok: dict[tuple[str, str], int],

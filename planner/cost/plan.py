@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from planner.api import MAX_SEARCH_GPUS, PlanResult, capacity_bytes, host_capacities
@@ -175,33 +175,18 @@ def without_terms(cb: CountBest) -> CountBest:
     return replace(cb, fastest=tuple(replace(c, memory=replace(c.memory, terms=None)) for c in cb.fastest))
 
 
-def _sweep_steps(task: tuple[SearchPool, list[int], float, float]) -> Iterator[int]:
-    """Sweep ``counts`` of a pool in order, one count a step, stopping after the first count
-    whose fastest layout trains ``tokens`` within ``window_s`` (math.inf: no stop)."""
-    pool, counts, tokens, window_s = task
-    for n in counts:
-        (cb,) = pool.at([n])
-        yield n
-        if window_s < math.inf and cb.fastest and cb.fastest[0].time.train_time_s(tokens) <= window_s:  # type: ignore[union-attr]
-            return
-
-
 def sweep_all(tasks: list[tuple[SearchPool, list[int], float, float]]) -> None:
-    """Run each task's sweep (_sweep_steps), keeping what they find in their pools. The
-    tasks of pools of one model and set-up on one node size take turns count by count, so
-    that their GPU types share each count's sizing (search.sweep.sized_layouts keeps the
-    last); each task sweeps the counts it swept alone. (Worker processes, one per GPU type,
-    were slower once the sweep timed each count's layouts as one batch: on the 2-core
+    """Sweep each task's counts (pool, counts, tokens, window) in order, keeping what they
+    find in their pools, and stop a task after the first count whose fastest layout trains
+    ``tokens`` within ``window_s`` (math.inf: no stop); sweep_counts_until's turns, so that
+    GPU types of one node size share each count's sizing. (Worker processes, one per GPU
+    type, were slower once the sweep timed each count's layouts as one batch: on the 2-core
     machine forking and sending the candidates back cost more than the sweeps;
     docs/performance.md.)"""
-    groups: dict[tuple, list[Iterator[int]]] = {}
-    for task in tasks:
-        pool = task[0]
-        if any(n not in pool.found for n in task[1]):
-            groups.setdefault(_sizing_key(pool), []).append(_sweep_steps(task))
-    for live in groups.values():
-        while live:
-            live = [steps for steps in live if next(steps, None) is not None]
+    def in_time(tokens: float, window_s: float) -> Callable[[CountBest], bool]:
+        return lambda cb: (window_s < math.inf and bool(cb.fastest)
+                           and cb.fastest[0].time.train_time_s(tokens) <= window_s)  # type: ignore[union-attr]
+    sweep_counts_until([(pool, counts, in_time(tokens, window_s)) for pool, counts, tokens, window_s in tasks])
 
 
 def _sizing_key(pool: SearchPool) -> tuple:
@@ -209,18 +194,22 @@ def _sizing_key(pool: SearchPool) -> tuple:
     return (pool.m, pool.setup, pool.space, pool.gpu.gpus_per_node)
 
 
-def sweep_counts_together(wanted: Sequence[tuple[SearchPool, set[int]]]) -> None:
-    """Sweep each pool's counts, the pools of one model and set-up count by count in turn,
-    so that GPU types of one node size share each count's sizing (search.sweep.sized_layouts
-    keeps the last one). The same counts as one sweep per pool, the same answers."""
-    groups: dict[tuple, list[tuple[SearchPool, set[int]]]] = {}
-    for pool, ns in wanted:
-        groups.setdefault(_sizing_key(pool), []).append((pool, ns))
+def sweep_counts_until(tasks: Sequence[tuple[SearchPool, Sequence[int], Callable[[CountBest], bool]]]) -> None:
+    """Sweep each task's counts of its pool in increasing order, handing each count's
+    CountBest to the task's ``done`` and stopping the task once it returns True. The tasks
+    of pools of one model and set-up on one node size take turns count by count, so that
+    GPU types of one node size share each count's sizing (search.sweep.sized_layouts keeps
+    the last one); a count no live task asks for is not swept."""
+    groups: dict[tuple, list[list]] = {}
+    for pool, ns, done in tasks:
+        groups.setdefault(_sizing_key(pool), []).append([pool, set(ns), done, True])
     for group in groups.values():
-        for n in sorted(set().union(*(ns for _, ns in group))):
-            for pool, ns in group:
-                if n in ns:
-                    pool.at([n])
+        for n in sorted(set().union(*(t[1] for t in group))):
+            for t in group:
+                if t[3] and n in t[1]:
+                    (cb,) = t[0].at([n])
+                    if t[2](cb):
+                        t[3] = False
 
 
 def search_pools(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, space: SearchSpace,

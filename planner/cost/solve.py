@@ -360,6 +360,26 @@ def busy_at(start_s: float, duration_s: float, t: float) -> bool:
     return start_s <= t < start_s + duration_s
 
 
+def busy_checks(start_s: float, duration_s: float, starts_s: Sequence[float]) -> int:
+    """How many of the capacity checks at ``starts_s`` (the distinct job starts, where
+    solve_purchase checks the GPUs in use) a run from ``start_s`` taking ``duration_s``
+    is busy at (busy_at). A shorter run of the same job is busy at a subset of them."""
+    return sum(busy_at(start_s, duration_s, t) for t in starts_s)
+
+
+def shorter_run_may_help(start_s: float, duration_s: float, starts_s: Sequence[float]) -> bool:
+    """Whether running a job (started at ``start_s``, taking ``duration_s`` on its option)
+    shorter, on more GPUs of the same type, can ever lower the purchase: only when it is
+    busy at another job's start (``starts_s``: the distinct job starts), so that a shorter
+    run is busy at fewer capacity checks.
+
+    solve_purchase checks the GPUs in use at the job starts only. A run of more GPUs of the
+    same type busy at the same checks (busy_checks) as one of fewer, both meeting the
+    deadline in memory, is dominated: every purchase that holds it holds the other, so no
+    optimum needs it (issue 32: `plan buy` swept such counts for every job)."""
+    return any(start_s < t and busy_at(start_s, duration_s, t) for t in starts_s)
+
+
 def solve_purchase(pools: Sequence[Pool], jobs: Sequence[JobWindow], options: Sequence[JobOption],
                    budget_usd: float | None = None, solver: str = "auto", time_limit_s: float = TIME_LIMIT_S,
                    gap_rel: float = GAP_REL) -> PurchaseSolution:
@@ -431,6 +451,32 @@ def solve_purchase(pools: Sequence[Pool], jobs: Sequence[JobWindow], options: Se
     if bound is not None and cost > 0:
         info = dataclasses.replace(info, gap_found=max(0.0, (cost - bound) / cost))
     return PurchaseSolution(nodes=bought, choices=choices, cost_usd=cost, solver=info)
+
+
+def undominated(start_s: float, deadline_s: float, runs: Sequence[tuple[int, float]],
+                starts_s: Sequence[float]) -> list[int]:
+    """The indices of the runs (GPU count, duration), of one job on one GPU type, in
+    increasing GPU count, that a cheapest purchase may need: each finishes sooner than every
+    run on fewer GPUs (more GPUs for no less time is never better), and among those that
+    meet the deadline each is busy at fewer capacity checks (busy_checks over ``starts_s``,
+    the distinct job starts) than every one on fewer GPUs: a run on more GPUs busy at the
+    same checks is dominated (shorter_run_may_help). Runs that miss the deadline can never
+    be picked and are dropped, unless no run meets it (the ILP then says it is infeasible,
+    its deadline row binding)."""
+    kept: list[int] = []
+    best_s, checks = math.inf, math.inf
+    for i, (_, d) in enumerate(runs):
+        if d >= best_s:
+            continue
+        best_s = d
+        if start_s + d <= deadline_s:
+            busy = busy_checks(start_s, d, starts_s)
+            if busy >= checks:
+                continue
+            checks = busy
+        kept.append(i)
+    in_time = [i for i in kept if start_s + runs[i][1] <= deadline_s]
+    return in_time or kept
 
 
 def _greedy_purchase(pools: Sequence[Pool], jobs: Sequence[JobWindow],

@@ -168,6 +168,9 @@ def fit_advice(r: Any) -> list[str]:
         fits = refit(r, space=_replace(space, micro_batches=(1,)))
         if fits is not None:
             ways.append(f"--micro-batch 1 fits on {fits} x {gpu.name}")
+    group = smaller_microbatch_group(r, sm.layout)
+    if group is not None:
+        ways.append(group)
     for seq in (setup.seq_len // 2, setup.seq_len // 4, setup.seq_len // 8):   # a few re-plans, not a sweep
         if seq < 256:
             break
@@ -180,14 +183,34 @@ def fit_advice(r: Any) -> list[str]:
     return out
 
 
+def smaller_microbatch_group(r: Any, lay: Any) -> str | None:
+    """For an interleaved layout at megatron-core's default micro-batch group (N = pp): the largest
+    N below pp that fits, as a way out. Stage r's warm-up holds (pp - r - 1) x 2 + (vp - 1) x N
+    chunks (TrainingSetup.pp_microbatch_group), so a smaller N holds fewer activations; N below pp
+    is the Llama 3 schedule (arXiv:2407.21783, Sec. 3.3.2), which megatron-core 0.16.1 refuses
+    (schedules.py), so the line says so."""
+    setup = r.setup
+    if lay.vp <= 1 or lay.pp <= 1 or setup.pp_microbatch_group:
+        return None
+    for n in range(lay.pp - 1, 0, -1):
+        fits = refit(r, setup=_replace(setup, pp_microbatch_group=n), counts=(lay.n_gpus,))
+        if fits is not None:
+            return (f"--pp-microbatch-group {n} fits on {fits} x {r.gpu.name} (Llama 3's schedule: fewer "
+                    f"micro-batches per model chunk than pp; megatron-core 0.16.1 needs at least pp)")
+    return None
+
+
 def refit(r: Any, *, setup: Any = None, gpu: Any = None, counts: Sequence[int] | None = None,
           space: Any = None) -> int | None:
     """The smallest GPU count of ``counts`` (default: the counts the plan tried) on which a
     layout fits with one change to the request (its setup, GPU or search space): the
     memory search of planner.search.search, without step times. None when none fits, or
     when the command line would refuse the changed request (training.checks: a set-up rule,
-    or a GPU without the precision's tensor cores), so that no way out is one it refuses."""
+    or a GPU without the precision's tensor cores; another GPU's default topology holding
+    fewer GPUs than a count: hardware.topology.check_covers), so that no way out is one it
+    refuses."""
     from planner.api import capacity_bytes, host_capacities
+    from planner.hardware.topology import max_covered_gpus
     from planner.layouts.layout import SearchSpace
     from planner.search.search import search
     from planner.timing.model import cluster_for
@@ -195,16 +218,19 @@ def refit(r: Any, *, setup: Any = None, gpu: Any = None, counts: Sequence[int] |
 
     setup = setup if setup is not None else r.setup
     space = space if space is not None else (r.space or SearchSpace())
+    counts = counts if counts is not None else r.result.counts_tried
     if gpu is None:
         gpu, host, nvme = r.gpu, r.host_capacity_bytes, r.nvme_capacity_bytes
     else:
-        host, nvme = host_capacities(cluster_for(gpu))
+        cluster = cluster_for(gpu)
+        host, nvme = host_capacities(cluster)
         space = _replace(space, max_tp=None) if space.max_tp is not None and space.max_tp < gpu.gpus_per_node else space
-    if setup_refusal(r.model, setup) is not None or precision_refusal(gpu, setup.precision) is not None:
+        if cluster.topology is not None:
+            counts = tuple(c for c in counts if c <= max_covered_gpus(cluster.topology))
+    if not counts or setup_refusal(r.model, setup) is not None or precision_refusal(gpu, setup.precision) is not None:
         return None
     try:
-        res = search(r.model, setup, capacity_bytes(gpu, setup), gpu.gpus_per_node,
-                     counts if counts is not None else r.result.counts_tried, space,
+        res = search(r.model, setup, capacity_bytes(gpu, setup), gpu.gpus_per_node, counts, space,
                      host_capacity_bytes=host, nvme_capacity_bytes=nvme)
     except ValueError:          # a change the setup refuses (UserError is one): not a way out
         return None
