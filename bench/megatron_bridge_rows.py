@@ -150,7 +150,7 @@ def args_of(row: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
         args += ["--dp", str(dense_dp)]
     # else: EP folded over tp x cp (Megatron-Core MoE parallel folding): dp follows from --n-gpus
     if ep > 1 and (tp > 1 or dense_dp % ep):
-        args += ["--etp", "1"]               # the recipes' expert TP 1 (folding needs it)
+        args += ["--etp", "1"]               # the recipes' expert TP 1 (folding over tp needs it)
     if vp > 1:
         args += ["--vp", str(vp)]
     args += ["--seq-len", str(s["seq"]), "--micro-batch", str(s["mbs"]), "--global-batch", str(s["gbs"])]
@@ -211,9 +211,10 @@ def args_of(row: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 def runtime_args(row: dict, ep: int, precision: str) -> list[str]:
-    """--moe-a2a-overlap, --cuda-graphs and --fp8-attention as the row's recipe set them (the
-    corpus's recipe_flags, read from the Megatron-Bridge workload configs: moe_a2a_overlap,
-    cuda_graph_impl and cuda_graph_scope, fp8_dot_product_attention); nothing where the row has no
+    """--moe-a2a-overlap, --cuda-graphs, --moe-dispatcher and --fp8-attention as the row's recipe set
+    them (the corpus's recipe_flags, read from the Megatron-Bridge workload configs: moe_a2a_overlap,
+    cuda_graph_impl and cuda_graph_scope, the flex dispatcher's DeepEP or HybridEP backend,
+    fp8_dot_product_attention); nothing where the row has no
     recipe_flags (the planner's defaults). megatron-core's default is no overlap, so a recipe that
     does not set it runs without; 'auto' (not 'on') where it does, as megatron-core runs it only
     where it can (training.moe_runtime)."""
@@ -228,24 +229,12 @@ def runtime_args(row: dict, ep: int, precision: str) -> list[str]:
         out += ["--cuda-graphs", "full-iteration"]
     elif impl not in (None, "none") and {"moe_router", "moe_preprocess"} & set(scope):
         out += ["--cuda-graphs", "moe"]       # the MoE router and preprocessing captured: no host sync
+    if ep > 1 and f.get("dispatcher") in ("deepep", "hybridep"):
+        out += ["--moe-dispatcher", "flex"]        # moe_token_dispatcher_type flex, that backend
     other = f.get("other") or {}
     if other.get("fp8_dot_product_attention") and precision in ("FP8-CS", "MXFP8"):
         out += ["--fp8-attention"]
     return out
-
-
-def misprint(row: dict) -> str:
-    """Why megatron-core could not run the printed layout, or '': parallel_state.
-    initialize_model_parallel builds expert groups of etp x ep x edp ranks per pipeline stage,
-    so etp x ep x pp must divide the GPUs (etp: 1 where tp is 1, the recipes' expert TP 1)."""
-    s = row["settings"]
-    tp, pp, ep = _int(s["tp"]), _int(s["pp"]), _int(s["ep"])
-    etp = 1
-    if ep > 1 and s["gpus"] % (etp * ep * pp):
-        return (f"the printed layout cannot run in megatron-core: etp {etp} x ep {ep} x pp {pp} = {etp * ep * pp} "
-                f"does not divide the {s['gpus']} GPUs (parallel_state.initialize_model_parallel); a misprint "
-                f"(tp {tp})")
-    return ""
 
 
 def _check(args: tuple[str, ...]) -> str:
@@ -317,10 +306,12 @@ def load_rows(path: Path = CORPUS, check: bool = True) -> tuple[Row, ...]:
         args, approx = args_of(r)
         if not family:
             reason = f"model {s['model']} is not known to the planner yet (issue on 2025-2026 models)"
-        elif misprint(r):
-            reason = misprint(r)
         else:
             reason = _check(args) if check else ""
+            if "megatron-core: world size not divisible" in reason:
+                # the planner's rule ep-fold-divides, megatron-core's own check: as printed, the
+                # layout could not have run (etp 1 x ep x pp exceeds the GPUs), so a misprint
+                reason += "; as printed the row cannot have run in megatron-core: a misprint"
         out.append(Row(id=r["id"], release=release_of(r["id"]), model=s["model"], family=family,
                        gpu=GPUS[s["system"]], system=s["system"], precision=precision_of(r), task=s["task"],
                        n_gpus=s["gpus"], published_tokens_per_s_per_gpu=r["published"]["tokens_per_s_per_gpu"],

@@ -7,7 +7,15 @@ from dataclasses import dataclass, replace
 
 from planner.errors import UserError
 from planner.hardware.gpus import GpuSpec
-from planner.layouts.layout import Layout, SearchSpace, grad_accum_for, reject_reason, sp_by_default
+from planner.layouts.layout import (
+    Layout,
+    SearchSpace,
+    data_parallel_size,
+    folded_shape,
+    grad_accum_for,
+    reject_reason,
+    sp_by_default,
+)
 from planner.memory.model import min_model_state_bytes_per_param
 from planner.models.spec import ModelSpec, ParamCount, count_params
 from planner.search.search import Candidate, SearchResult, gpu_counts, search
@@ -264,21 +272,30 @@ def evaluate_layout(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, lay: Layou
 
 
 def fixed_layout(space: SearchSpace, setup: TrainingSetup, n_gpus: int | None) -> Layout | None:
-    """The one layout the user's options pin down, or None when something is left open."""
+    """The one layout the user's options pin down, or None when something is left open.
+
+    With --n-gpus, --tp, --pp and --ep given (--cp: 1 when not given) and no --dp, an ep
+    that does not divide Megatron's data-parallel size n / (tp x cp x pp) is folded over
+    tp x cp x dp (layouts.layout.folded_shape), dp being that data-parallel size."""
     s = space
-    if (s.dp is None or s.tp is None or s.pp is None or s.cp is None or s.ep is None
+    dp, fold = s.dp, False
+    shape = folded_shape(s, n_gpus) if n_gpus is not None else None
+    if shape is not None:
+        s = replace(s, cp=shape[1])
+        dp, fold = shape[4], True
+    if (dp is None or s.tp is None or s.pp is None or s.cp is None or s.ep is None
             or len(s.micro_batches) != 1 or len(s.recomputes) != 1):
         return None
     if s.zero_stage is None and s.fsdp is None:
         return None
-    dp, tp, pp, cp, ep = s.dp, s.tp, s.pp, s.cp, s.ep
-    if n_gpus is not None and n_gpus != dp * tp * pp * cp * ep:
+    tp, pp, cp, ep = s.tp, s.pp, s.cp, s.ep
+    if n_gpus is not None and not fold and n_gpus != dp * tp * pp * cp * ep:
         raise UserError(f"--n-gpus {n_gpus} differs from dp x tp x pp x cp x ep = {dp * tp * pp * cp * ep}")
     mb = s.micro_batches[0]
-    ga = grad_accum_for(setup, mb, dp, ep)
+    ga = grad_accum_for(setup, mb, dp, ep, fold)
     if ga is None:
         raise UserError(f"--global-batch {setup.global_batch} is not a multiple of micro-batch {mb} "
-                        f"x data-parallel {dp * ep}; change --global-batch or --micro-batch")
+                        f"x data-parallel {data_parallel_size(dp, ep, fold)}; change --global-batch or --micro-batch")
     if s.fsdp is not None:
         from planner.layouts.layout import FSDP_STAGE
         sharding = f"fsdp-{s.fsdp}"
@@ -290,5 +307,5 @@ def fixed_layout(space: SearchSpace, setup: TrainingSetup, n_gpus: int | None) -
         sharding, stage = "zero", s.zero_stage
     return Layout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero_stage=stage, sharding=sharding,
                   sp=s.sp if s.sp is not None else tp > 1 and sp_by_default(setup), vp=s.vp or 1, micro_batch=mb,
-                  grad_accum=ga, seq_len=setup.seq_len, recompute=s.recomputes[0], etp=s.etp or 0)
+                  grad_accum=ga, seq_len=setup.seq_len, recompute=s.recomputes[0], etp=s.etp or 0, ep_fold=fold)
 

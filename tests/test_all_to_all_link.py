@@ -40,3 +40,19 @@ def test_inner_tensor_parallel_ranks_spread_the_group_over_more_nodes():
     c = cluster_for(get_gpu("h100"))                       # dgx-h100: 8 x 400 Gb/s per node
     link = all_to_all_link(c, (8, 1, 8, 1, 1))
     assert link.bus_bytes_per_s == pytest.approx(50 * GB)
+
+
+def test_a_flex_dispatcher_sends_a_token_once_per_remote_node():
+    """DeepSeek-V3's node-limited routing (arXiv:2412.19437, Sec. 2.1.2 and 3.2.2): a token's 8
+    experts lie on at most M = 4 nodes, and DeepEP sends it once per node. On 8 nodes that is at most
+    4 of the 8 copies an all-to-all sends; without the limit the 8 copies fall on about 5.3 distinct
+    nodes (8 (1 - (7/8)^8), experts drawn uniformly)."""
+    from planner.hardware.placement import remote_share_deduplicated
+    limited = remote_share_deduplicated(8, 8, groups=8, group_limit=4)
+    assert limited * 8 <= 4
+    assert remote_share_deduplicated(8, 8) * 8 == pytest.approx(8 * (1 - (7 / 8) ** 8))
+    assert remote_share_deduplicated(8, 1) == 1.0          # one domain: nothing leaves it
+    c = cluster_for(get_gpu("b200"))
+    plain = all_to_all_link(c, (1, 1, 64, 1, 1))
+    flex = all_to_all_link(c, (1, 1, 64, 1, 1), routing=(8, 8, 4))
+    assert flex.bus_bytes_per_s == pytest.approx(plain.bus_bytes_per_s / limited)

@@ -120,11 +120,14 @@ def test_the_recipes_doc_is_current():
     # QWEN3_235B_A22B_PRETRAIN_CONFIG_H100_FP8_CS_V2: moe_a2a_overlap=True, no CUDA graph settings
     ("mbridge-26.04.01-qwen3-235b-a22b-h100-fp8-256gpu", ("--moe-a2a-overlap", "auto")),
     # qwen3_235b_a22b_pretrain_256gpu_gb200_fp8mx_config -> _enable_hybridep_full_iteration_mxfp8:
-    # cuda_graph_impl full_iteration, overlap_moe_expert_parallel_comm=True, fp8_dot_product_attention=True
+    # cuda_graph_impl full_iteration, overlap_moe_expert_parallel_comm=True, fp8_dot_product_attention=True,
+    # the hybridep backend of the flex dispatcher
     ("mbridge-26.08-qwen3-235b-a22b-gb200-mxfp8-256gpu",
-     ("--moe-a2a-overlap", "auto", "--cuda-graphs", "full-iteration", "--fp8-attention")),
-    # QWEN3_30B_A3B_PRETRAIN_CONFIG_GB200_FP8_CS_V1: Transformer Engine graphs of attn, moe_router, moe_preprocess
-    ("mbridge-25.09-qwen3-30b-a3b-tokendrop-gb200-fp8-cs-8gpu", ("--moe-a2a-overlap", "off", "--cuda-graphs", "moe")),
+     ("--moe-a2a-overlap", "auto", "--cuda-graphs", "full-iteration", "--moe-dispatcher", "flex", "--fp8-attention")),
+    # QWEN3_30B_A3B_PRETRAIN_CONFIG_GB200_FP8_CS_V1: Transformer Engine graphs of attn, moe_router, moe_preprocess;
+    # moe_flex_dispatcher_backend hybridep
+    ("mbridge-25.09-qwen3-30b-a3b-tokendrop-gb200-fp8-cs-8gpu",
+     ("--moe-a2a-overlap", "off", "--cuda-graphs", "moe", "--moe-dispatcher", "flex")),
     # LLAMA3_8B_PRETRAIN_CONFIG_GB200_FP8_CS_V1: cuda_graph_impl local, scope full_iteration (ep 1: no a2a option)
     ("mbridge-25.11-llama3-8b-gb200-fp8-cs-8gpu", ("--cuda-graphs", "full-iteration")),
     # LLAMA3_70B_PRETRAIN_CONFIG_GB200_NVFP4_V2: cuda_graph_impl "none" (its scope "full_iteration" is inert)

@@ -50,6 +50,18 @@ def test_emitted_overlap_and_graphs_pass_megatron_cores_transformer_config():
     assert cfg.overlap_moe_expert_parallel_comm
 
 
+def test_flex_dispatcher_is_written_and_accepted_by_megatron_core():
+    require("megatron.core")
+    from test_emit_megatron import transformer_config
+
+    from planner.emit.megatron import to_megatron_args
+    from megatron_args import parse_args
+
+    a = parse_args(to_megatron_args(_result({"moe_dispatcher": "flex"})))
+    assert a.moe_token_dispatcher_type == "flex"
+    assert transformer_config(a).moe_token_dispatcher_type == "flex"
+
+
 def test_no_overlap_written_where_megatron_core_refuses_it():
     """Full recomputation: megatron-core refuses the overlap; the plan neither writes nor times it."""
     require("megatron.core")
@@ -80,6 +92,7 @@ def test_each_setting_moves_the_step_time_its_way():
     (["--fp8-attention"], "add --precision fp8"),
     (["--pp", "2", "--n-gpus", "16", "--moe-a2a-overlap", "on"], "--vp > 1"),
     (["--cuda-graphs", "all"], "--cuda-graphs"),
+    (["--stack", "", "--moe-dispatcher", "flex"], "add --stack megatron"),
 ])
 def test_bad_settings_exit_2_with_one_line(extra, says):
     args = list(QWEN)

@@ -26,7 +26,7 @@ TOPICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "training": ("precision, optimizer, kernels, memory allowances",
                  ("--stack", "--compile", "--precision", "--fp8-recipe", "--fp8-param-gather", "--mtp",
                   "--moe-imbalance", "--optimizer", "--cross-entropy",
-                  "--moe-a2a-overlap", "--cuda-graphs", "--fp8-attention",
+                  "--moe-a2a-overlap", "--cuda-graphs", "--fp8-attention", "--moe-dispatcher",
                   "--attention", "--kernels", "--fragmentation", "--usable-memory", "--fit-confidence",
                   "--offload-optimizer", "--offload-params")),
     "methods": ("fine-tuning (LoRA, QLoRA, freeze) and inference memory",

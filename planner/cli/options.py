@@ -33,7 +33,7 @@ from planner.training.finetune import (
     QUANTS,
 )
 from planner.training.fp8 import FP8_RECIPE_CHOICES
-from planner.training.moe_runtime import A2A_OVERLAPS, CUDA_GRAPHS
+from planner.training.moe_runtime import A2A_OVERLAPS, CUDA_GRAPHS, DISPATCHERS
 from planner.training.posttrain import (
     DISTILL_DEFAULTS,
     KD_CHUNKS,
@@ -97,6 +97,7 @@ class Options:
     moe_a2a_overlap: str = _S.moe_a2a_overlap   # Megatron-Core's expert-parallel all-to-all overlap
     cuda_graphs: str = _S.cuda_graphs      # Megatron-Core's CUDA graphs: none, moe, full-iteration
     fp8_attention: bool = _S.fp8_attention  # Transformer Engine's FP8 attention (--stack megatron)
+    moe_dispatcher: str = _S.moe_dispatcher  # Megatron-Core's token dispatcher: alltoall, or flex (DeepEP/HybridEP)
     vp: int | None = None
     sp: bool | None = None
     micro_batch: int | None = None
@@ -205,9 +206,9 @@ def _apply(opts: list[Decorator], f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
-def _degree(name: str) -> Decorator:
+def _degree(name: str, more: str = "") -> Decorator:
     return click.option(f"--{name}", type=click.IntRange(1, MAX_GPUS), default=None,
-                        help=f"Fix the {name.upper()} degree (default: searched).")
+                        help=f"Fix the {name.upper()} degree (default: searched).{more}")
 
 
 def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -223,7 +224,9 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Fix the GPU count (default: the smallest that fits)."),
         click.option("--max-gpus", type=click.IntRange(1, MAX_GPUS), default=_default("max_gpus"), show_default=True,
                      help="The largest GPU count the search tries."),
-        _degree("dp"), _degree("tp"), _degree("pp"), _degree("cp"), _degree("ep"),
+        _degree("dp"), _degree("tp"), _degree("pp"), _degree("cp"),
+        _degree("ep", " With --n-gpus and no --dp, an EP that does not divide the data-parallel size "
+                      "GPUs / (tp x cp x pp) is folded over tp x cp x dp (Megatron-Core's MoE parallel folding)."),
         click.option("--etp", type=click.IntRange(1, MAX_GPUS), default=None,
                      help="Expert tensor-parallel size, dividing --tp (Megatron's "
                           "--expert-tensor-parallel-size; default: equal to tp)."),
@@ -263,6 +266,11 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="--stack megatron's CUDA graphs: 'moe' captures attention and the MoE router and "
                           "preprocessing (no host sync of the token counts per MoE layer), 'full-iteration' the "
                           "whole step (Megatron-Core's cuda_graph_impl and cuda_graph_scope)."),
+        click.option("--moe-dispatcher", type=click.Choice(DISPATCHERS), default=_default("moe_dispatcher"),
+                     show_default=True,
+                     help="--stack megatron's MoE token dispatcher: 'alltoall' sends each routed copy of a token to "
+                          "its expert's rank; 'flex' (DeepEP or HybridEP) sends a token once per remote node and "
+                          "forwards it over NVLink there, which cuts the cross-node all-to-all."),
         click.option("--fp8-attention", is_flag=True, default=_default("fp8_attention"),
                      help="--stack megatron with --precision fp8: Transformer Engine's FP8 fused attention "
                           "(Megatron-Core's fp8_dot_product_attention)."),

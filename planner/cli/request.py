@@ -158,7 +158,7 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
                           fsdp_pipeline_grad_sync=o.fsdp_pipeline_grad_sync, pp_balance=o.pp_balance,
                           pp_microbatch_group=o.pp_microbatch_group, cross_entropy=o.cross_entropy,
                           moe_a2a_overlap=o.moe_a2a_overlap, cuda_graphs=o.cuda_graphs,
-                          fp8_attention=o.fp8_attention,
+                          fp8_attention=o.fp8_attention, moe_dispatcher=o.moe_dispatcher,
                           usable_memory_fraction=usable_memory(o),
                           finetune=finetune_spec(o, "full" if o.method == "auto" else None),
                           offload_optimizer=o.offload_optimizer or "none",

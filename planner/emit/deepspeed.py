@@ -46,7 +46,7 @@ def data_parallel_size(lay: Layout) -> int:
     Expert-parallel ranks read different data too (layouts.py), so DeepSpeed's batch
     arithmetic runs over dp x ep; context-parallel ranks share a sequence.
     """
-    return lay.dp * lay.ep
+    return lay.data_parallel
 
 
 def largest_module_params(r: PlanResult) -> int:

@@ -55,7 +55,7 @@ def mesh_shape(lay: Layout, gpus_per_node: int) -> dict[str, int]:
     inside a node and replicates across nodes: the shard group is the one
     memory.per_rank_memory sizes, dp_shard x cp ranks, the rest replicate.
     """
-    data = lay.dp * lay.ep
+    data = lay.data_parallel
     replicate = 1
     if lay.sharding == "fsdp-hybrid":
         shard_group = hybrid_shard_degree(lay, gpus_per_node) or lay.dense_shard_degree

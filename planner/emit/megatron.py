@@ -257,7 +257,8 @@ def _moe_runtime_args(r: PlanResult) -> list[str]:
     lay, s, m = chosen(r).layout, r.setup, r.model
     args: list[str] = []
     if m.is_moe and lay.ep > 1:
-        args += ["--moe-token-dispatcher-type", "alltoall"]
+        # flex: megatron-core's default backend deepep (TransformerConfig.moe_flex_dispatcher_backend)
+        args += ["--moe-token-dispatcher-type", s.moe_dispatcher]
         if (a2a_overlapped(s.moe_a2a_overlap, lay.recompute, s.mtp_layers)
                 and not a2a_overlap_needs_vp(lay.pp, lay.vp) and s.cuda_graphs != "full-iteration"):
             args += ["--overlap-moe-expert-parallel-comm"]
@@ -274,7 +275,8 @@ def to_megatron_args(r: PlanResult, opts: EmitOptions = EmitOptions()) -> list[s
     arguments are the user's).
 
     Megatron's data-parallel size is world / (tp x pp x cp), which is the planner's
-    dp x ep, so --global-batch-size = micro-batch x accumulation x dp x ep.
+    dp x ep (dp itself where ep is folded over tp x cp x dp: Layout.data_parallel), so
+    --global-batch-size = micro-batch x accumulation x that data-parallel size.
     """
     cand = chosen(r)
     check_options(r, opts)

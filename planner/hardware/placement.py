@@ -228,7 +228,29 @@ def axis_links(cluster: Cluster, sizes: tuple[int, ...], order: tuple[str, ...] 
     return links
 
 
-def all_to_all_link(cluster: Cluster, sizes: tuple[int, ...], order: tuple[str, ...] = AXES) -> AxisLink:
+def remote_share_deduplicated(k: int, domains: int, groups: int = 0, group_limit: int = 0) -> float:
+    """Of a token's k expert copies that an all-to-all sends to other NVLink domains (k (D-1)/D
+    of them, experts spread evenly over the D domains of the expert group), the share a dispatcher
+    that sends each token once per remote domain sends (DeepEP and HybridEP: one RDMA copy per
+    destination node, forwarded over NVLink inside it; DeepSeek-V3, arXiv:2412.19437, Sec. 3.2.2):
+    E[distinct domains] / k. Under group-limited routing (the experts in ``groups`` equal groups,
+    a token's in at most ``group_limit`` of them) the token reaches the domains of its groups only:
+    where groups split domains, D (1 - (1 - 1/D)^L) of them (L groups among D domains); where a group
+    spans D/G domains, the k experts fall among M = L D/G candidate domains. Without a limit, M = D.
+    E[distinct among M] = M (1 - (1 - 1/M)^k) (experts drawn uniformly, with replacement)."""
+    if k <= 0 or domains <= 1:
+        return 1.0
+    limited = 0 < group_limit < groups
+    if limited and groups >= domains:
+        distinct = domains * (1 - (1 - 1 / domains) ** group_limit)
+    else:
+        m = min(domains, group_limit * domains / groups) if limited else domains
+        distinct = m * (1 - (1 - 1 / m) ** k) if m > 1 else 1.0
+    return min(1.0, distinct / k)
+
+
+def all_to_all_link(cluster: Cluster, sizes: tuple[int, ...], order: tuple[str, ...] = AXES,
+                    routing: tuple[int, int, int] | None = None) -> AxisLink:
     """The expert-parallel all-to-all's link, as the bus bandwidth the ring time
     (n-1)/n x S / (B x bus fraction) reads, for the ep axis of ``sizes`` placed along ``order``.
 
@@ -242,7 +264,9 @@ def all_to_all_link(cluster: Cluster, sizes: tuple[int, ...], order: tuple[str, 
     An ep group of stride k (the inner axes' sizes) holds g = min(n, domain / k) GPUs of one
     domain (1 where k spans a domain). Where the whole group lies in one domain, or on PCIe-only
     nodes, the axis's ring link (axis_links) answers. Latency: one network hop where it leaves.
-    Without a topology, the GpuSpec's intra- and inter-node rates over a node's GPUs."""
+    Without a topology, the GpuSpec's intra- and inter-node rates over a node's GPUs.
+    ``routing`` (k, groups, group limit) where the dispatcher sends a token once per remote domain
+    (training.moe_runtime.dedup_routing): the remote part scaled by remote_share_deduplicated."""
     named = dict(zip(AXES, sizes))
     ring = axis_links(cluster, sizes, order)["ep"]
     n = named["ep"]
@@ -266,7 +290,8 @@ def all_to_all_link(cluster: Cluster, sizes: tuple[int, ...], order: tuple[str, 
         return ring
     if top is not None and top.intra_node.fabric == "mesh":
         up *= max(1, g - 1)               # a link to each peer of the node, all at once
-    per_byte_s = max((g - 1) / n / up, (n - g) / n / nic)
+    remote = remote_share_deduplicated(routing[0], -(-n // g), routing[1], routing[2]) if routing else 1.0
+    per_byte_s = max((g - 1) / n / up, (n - g) / n * remote / nic)
     return AxisLink(bus_bytes_per_s=min(ring.bus_bytes_per_s, (n - 1) / n / per_byte_s), latency_s=latency)
 
 

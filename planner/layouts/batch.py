@@ -16,7 +16,9 @@ from planner.layouts.layout import (
     SHARDINGS,
     Layout,
     SearchSpace,
+    data_parallel_size,
     degree_shapes,
+    expert_data_parallel_size,
     shardings_of,
     sp_by_default,
 )
@@ -49,9 +51,29 @@ class LayoutArrays:
     grad_accum: np.ndarray
     recompute: np.ndarray
     etp: np.ndarray | None = None   # expert tensor-parallel size, 0 or None: equal to tp
+    ep_fold: np.ndarray | None = None   # 1: ep folded over tp x cp x dp (Layout.ep_fold); None: 0
 
     FIELDS = ("dp", "tp", "pp", "cp", "ep", "zero_stage", "sharding", "sp", "vp", "micro_batch",
-              "grad_accum", "recompute", "etp")
+              "grad_accum", "recompute", "etp", "ep_fold")
+
+    @property
+    def data_parallel(self) -> np.ndarray:
+        """Megatron's data-parallel size (Layout.data_parallel)."""
+        return data_parallel_size(self.dp, self.ep, self.field("ep_fold"))
+
+    @property
+    def dense_shard_degree(self) -> np.ndarray:
+        """Ranks that hold replicas of a dense weight (Layout.dense_shard_degree)."""
+        return self.data_parallel * self.cp
+
+    @property
+    def expert_shard_degree(self) -> np.ndarray:
+        """The expert data-parallel group (Layout.expert_shard_degree)."""
+        return expert_data_parallel_size(self.dp, self.tp, self.cp, self.ep, self.expert_tp, self.field("ep_fold"))
+
+    @property
+    def n_gpus(self) -> np.ndarray:
+        return self.data_parallel * self.tp * self.pp * self.cp
 
     @property
     def expert_tp(self) -> np.ndarray:
@@ -66,9 +88,10 @@ class LayoutArrays:
     @staticmethod
     def from_layouts(layouts: Sequence[Layout]) -> LayoutArrays:
         rows = [(x.dp, x.tp, x.pp, x.cp, x.ep, x.zero_stage, SHARDINGS.index(x.sharding), x.sp, x.vp,
-                 x.micro_batch, x.grad_accum, RECOMPUTES.index(x.recompute), x.etp) for x in layouts]
-        a = np.array(rows, dtype=np.int64).reshape(-1, 13)
-        return LayoutArrays(*(a[:, i].copy() for i in range(13)))
+                 x.micro_batch, x.grad_accum, RECOMPUTES.index(x.recompute), x.etp, int(x.ep_fold))
+                for x in layouts]
+        a = np.array(rows, dtype=np.int64).reshape(-1, 14)
+        return LayoutArrays(*(a[:, i].copy() for i in range(14)))
 
     @staticmethod
     def concat(parts: Sequence[LayoutArrays]) -> LayoutArrays:
@@ -77,7 +100,7 @@ class LayoutArrays:
         return LayoutArrays(*(np.concatenate([p.field(f) for p in parts]) for f in LayoutArrays.FIELDS))
 
     def field(self, name: str) -> np.ndarray:
-        """One field as an array (``etp`` as zeros where it was not given)."""
+        """One field as an array (``etp`` and ``ep_fold`` as zeros where not given)."""
         x = getattr(self, name)
         return np.zeros(len(self.dp), dtype=np.int64) if x is None else x
 
@@ -87,7 +110,8 @@ class LayoutArrays:
                       sharding=SHARDINGS[int(self.sharding[i])], sp=bool(self.sp[i]), vp=int(self.vp[i]),
                       micro_batch=int(self.micro_batch[i]), grad_accum=int(self.grad_accum[i]),
                       seq_len=seq_len, recompute=RECOMPUTES[int(self.recompute[i])],
-                      etp=0 if self.etp is None else int(self.etp[i]))
+                      etp=0 if self.etp is None else int(self.etp[i]),
+                      ep_fold=False if self.ep_fold is None else bool(self.ep_fold[i]))
 
 def _grid(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node: int,
           space: SearchSpace

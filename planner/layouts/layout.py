@@ -10,6 +10,15 @@ default tp): Megatron's data-parallel size is world/(tp*cp*pp), the planner's dp
 parallel_state.initialize_model_parallel builds the expert groups of a pipeline stage as
 etp x ep x edp with edp = world/(etp*ep*pp) (megatron/core/parallel_state.py lines
 785-808), so edp = tp*cp*dp*ep/(etp*ep) = dp*cp*tp/etp: dp*cp at etp = tp, as before.
+
+Expert-parallel folding (Megatron-Core's MoE parallel folding, ``Layout.ep_fold``): ep is
+chosen within the non-pipeline GPUs rather than beside them. Megatron-Core checks only
+that tp*cp*pp and etp*ep*pp each divide the world (parallel_state.initialize_model_parallel,
+megatron-core 0.16.1 megatron/core/parallel_state.py lines 738-741 and 788-795), so the
+attention layers run on the grid tp x cp x DP x pp and the expert layers on etp x ep x edp x pp
+over the same GPUs, with edp = tp*cp*DP/(etp*ep). A folded layout's ``dp`` is that DP
+(Megatron's data-parallel size) and ep multiplies nothing; the planner folds only where ep
+does not divide DP (ep_folds), so every layout has one representation.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from planner.models.spec import ModelSpec
 from planner.training.setup import TrainingSetup
@@ -47,6 +57,12 @@ class Layout:
     seq_len: int = 4096
     recompute: str = "none"     # none | selective | full
     etp: int = 0                # expert tensor-parallel size; 0: equal to tp (megatron-core's default)
+    ep_fold: bool = False       # ep folded over tp x cp x dp (Megatron-Core MoE parallel folding): dp is DP
+
+    @property
+    def data_parallel(self) -> int:
+        """Megatron's data-parallel size, world / (tp x cp x pp): dp x ep, or dp when folded."""
+        return data_parallel_size(self.dp, self.ep, self.ep_fold)
 
     @property
     def expert_tp(self) -> int:
@@ -55,7 +71,7 @@ class Layout:
 
     @property
     def n_gpus(self) -> int:
-        return self.dp * self.tp * self.pp * self.cp * self.ep
+        return self.data_parallel * self.tp * self.pp * self.cp
 
     @property
     def is_fsdp(self) -> bool:
@@ -64,16 +80,16 @@ class Layout:
     @property
     def dense_shard_degree(self) -> int:
         """Ranks that hold replicas of a dense weight (and reduce its gradient)."""
-        return self.dp * self.cp * self.ep
+        return self.data_parallel * self.cp
 
     @property
     def expert_shard_degree(self) -> int:
         """The expert data-parallel group (megatron-core's EDP): dp*cp*tp/etp."""
-        return self.dp * self.cp * self.tp // self.expert_tp
+        return expert_data_parallel_size(self.dp, self.tp, self.cp, self.ep, self.expert_tp, self.ep_fold)
 
     @property
     def global_batch(self) -> int:
-        return self.micro_batch * self.grad_accum * self.dp * self.ep
+        return self.micro_batch * self.grad_accum * self.data_parallel
 
     @property
     def key(self) -> str:
@@ -82,7 +98,8 @@ class Layout:
         vp = f"_vp{self.vp}" if self.vp > 1 else ""
         sp = "_sp" if self.sp else ""
         etp = f"_etp{self.etp}" if self.etp > 0 and self.etp != self.tp else ""
-        return (f"dp{self.dp}_tp{self.tp}{sp}_pp{self.pp}{vp}_cp{self.cp}_ep{self.ep}{etp}_{shard}"
+        fold = "_fold" if self.ep_fold else ""
+        return (f"dp{self.dp}_tp{self.tp}{sp}_pp{self.pp}{vp}_cp{self.cp}_ep{self.ep}{etp}{fold}_{shard}"
                 f"_mb{self.micro_batch}_ga{self.grad_accum}_r{self.recompute}")
 
     def describe(self) -> str:
@@ -92,13 +109,39 @@ class Layout:
         if self.cp > 1:
             parts.append(f"cp={self.cp}")
         if self.ep > 1:
-            parts.append(f"ep={self.ep}")
+            parts.append(f"ep={self.ep}" + (" folded over tp x cp x dp" if self.ep_fold else ""))
         if self.expert_tp != self.tp:
             parts.append(f"etp={self.expert_tp}")
         parts.append(f"ZeRO-{self.zero_stage}" if self.sharding == "zero" else f"FSDP {self.sharding[5:]}")
         parts += [f"micro-batch {self.micro_batch}", f"grad-accum {self.grad_accum}",
                   f"recompute {self.recompute}"]
         return ", ".join(parts)
+
+
+def data_parallel_size(dp: Any, ep: Any, ep_fold: Any) -> Any:
+    """Megatron's data-parallel size world / (tp x cp x pp) (megatron-core 0.16.1
+    parallel_state.py line 743): dp x ep, where the ep ranks read different data beside dp;
+    dp itself where ep is folded over tp x cp x dp (Layout.ep_fold). Ints or numpy arrays."""
+    return dp * (ep * (ep_fold <= 0) + (ep_fold > 0))
+
+
+def expert_data_parallel_size(dp: Any, tp: Any, cp: Any, ep: Any, etp: Any, ep_fold: Any) -> Any:
+    """Megatron's expert data-parallel size edp = world / (etp x ep x pp) (parallel_state.py
+    line 791), the group the distributed optimizer shards expert states over and expert
+    gradients are reduced over: tp x cp x DP / (etp x ep), DP = data_parallel_size. Ints or
+    numpy arrays (integer division)."""
+    return data_parallel_size(dp, ep, ep_fold) * cp * tp // (etp * ep)
+
+
+def ep_folds(n_gpus: int, tp: int, pp: int, cp: int, ep: int) -> bool:
+    """Whether ep folds over tp x cp x dp on ``n_gpus`` (Megatron-Core's MoE parallel
+    folding): tp x cp x pp divides the GPUs (megatron-core 0.16.1 parallel_state.
+    initialize_model_parallel, lines 738-741) and ep does not divide the data-parallel size
+    n / (tp x cp x pp) it leaves. Whether megatron-core runs the folded layout (etp x ep x pp
+    dividing the GPUs, lines 788-795) is the rule "ep-fold-divides" of layouts.rules."""
+    if ep <= 1 or n_gpus % (tp * cp * pp):
+        return False
+    return (n_gpus // (tp * cp * pp)) % ep != 0
 
 
 @lru_cache(maxsize=4096)
@@ -142,9 +185,10 @@ def _reject_reason(m: ModelSpec, setup: TrainingSetup, lay: Layout, gpus_per_nod
     return None if rule is None else rule.message(view)
 
 
-def grad_accum_for(setup: TrainingSetup, micro_batch: int, dp: int, ep: int) -> int | None:
-    """Accumulation steps that make micro x accum x dp x ep the global batch, or None."""
-    per_step = micro_batch * dp * ep
+def grad_accum_for(setup: TrainingSetup, micro_batch: int, dp: int, ep: int, ep_fold: bool = False) -> int | None:
+    """Accumulation steps that make micro x accum x data-parallel (dp x ep, or dp folded) the
+    global batch, or None."""
+    per_step = micro_batch * data_parallel_size(dp, ep, ep_fold)
     if setup.global_batch % per_step:
         return None
     return setup.global_batch // per_step
@@ -192,24 +236,53 @@ def enumerate_layouts(
 ) -> Iterator[tuple[Layout, str | None]]:
     """Every candidate layout on ``n_gpus`` with None or the reason it cannot run (the
     first rule of planner.layouts.rules.RULES it breaks)."""
+    for tp, cp, ep, pp, dp in degree_shapes(m, n_gpus, gpus_per_node, space):
+        yield from _shape_layouts(m, setup, gpus_per_node, space, (tp, cp, ep, pp, dp), False)
+
+
+def folded_shape(space: SearchSpace, n_gpus: int) -> tuple[int, int, int, int, int] | None:
+    """(tp, cp, ep, pp, dp) of the folded layouts on ``n_gpus`` where the space fixes tp, pp and
+    ep (cp: 1 when open) and leaves dp open, and ep folds (ep_folds; dp is Megatron's DP);
+    None otherwise. The one place the fold is decided from what the user gives."""
+    s = space
+    if s.dp is not None or s.tp is None or s.pp is None or s.ep is None:
+        return None
+    cp = s.cp or 1
+    if not ep_folds(n_gpus, s.tp, s.pp, cp, s.ep):
+        return None
+    return s.tp, cp, s.ep, s.pp, n_gpus // (s.tp * cp * s.pp)
+
+
+def enumerate_folded(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node: int,
+                     space: SearchSpace = SearchSpace()) -> Iterator[tuple[Layout, str | None]]:
+    """The folded candidates on ``n_gpus`` (folded_shape) over the choices the space leaves
+    open, each with None or the reason it cannot run: what enumerate_layouts yields for the
+    shapes it walks, for the one folded shape (never searched unless the options fold)."""
+    shape = folded_shape(space, n_gpus)
+    if shape is not None:
+        yield from _shape_layouts(m, setup, gpus_per_node, space, shape, True)
+
+
+def _shape_layouts(m: ModelSpec, setup: TrainingSetup, gpus_per_node: int, space: SearchSpace,
+                   shape: tuple[int, int, int, int, int], fold: bool) -> Iterator[tuple[Layout, str | None]]:
     from planner.layouts.rules import RuleView, first_failing
 
-    for tp, cp, ep, pp, dp in degree_shapes(m, n_gpus, gpus_per_node, space):
-        sps = [space.sp] if space.sp is not None else [tp > 1 and sp_by_default(setup)]
-        vps = [space.vp] if space.vp is not None else ([1, 2] if pp > 1 else [1])
-        for sharding, stage in shardings_of(space):
-            for vp in vps:
-                for sp in sps:
-                    for mb in space.micro_batches:
-                        ga = grad_accum_for(setup, mb, dp, ep)
-                        for rc in space.recomputes:
-                            lay = Layout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep,
-                                         zero_stage=stage, sharding=sharding, sp=sp,
-                                         vp=vp, micro_batch=mb, grad_accum=ga or 1,
-                                         seq_len=setup.seq_len, recompute=rc, etp=space.etp or 0)
-                            view = RuleView.of(m, setup, lay, gpus_per_node, enumerated=True)
-                            rule = first_failing(view)
-                            yield lay, None if rule is None else rule.message(view)
+    tp, cp, ep, pp, dp = shape
+    sps = [space.sp] if space.sp is not None else [tp > 1 and sp_by_default(setup)]
+    vps = [space.vp] if space.vp is not None else ([1, 2] if pp > 1 else [1])
+    for sharding, stage in shardings_of(space):
+        for vp in vps:
+            for sp in sps:
+                for mb in space.micro_batches:
+                    ga = grad_accum_for(setup, mb, dp, ep, fold)
+                    for rc in space.recomputes:
+                        lay = Layout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep,
+                                     zero_stage=stage, sharding=sharding, sp=sp,
+                                     vp=vp, micro_batch=mb, grad_accum=ga or 1,
+                                     seq_len=setup.seq_len, recompute=rc, etp=space.etp or 0, ep_fold=fold)
+                        view = RuleView.of(m, setup, lay, gpus_per_node, enumerated=True)
+                        rule = first_failing(view)
+                        yield lay, None if rule is None else rule.message(view)
 
 
 def degree_shapes(m: ModelSpec, n_gpus: int, gpus_per_node: int,

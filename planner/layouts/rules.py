@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from planner.layouts.layout import SHARDINGS, Layout
+from planner.layouts.layout import SHARDINGS, Layout, data_parallel_size
 from planner.models.spec import ModelSpec
 from planner.stacks import torchtitan_builds
 from planner.training.setup import TrainingSetup
@@ -54,6 +54,7 @@ class RuleView:
     enumerated: Any = 0
     sharding_name: str = ""
     etp: Any = 0            # expert tensor-parallel size; 0: equal to tp
+    ep_fold: Any = 0        # 1: ep folded over tp x cp x dp (Layout.ep_fold), dp is Megatron's DP
 
     @property
     def expert_tp(self) -> Any:
@@ -69,8 +70,13 @@ class RuleView:
         return (self.sharding == FULL) * 3 + (self.sharding == GRAD_OP) * 2 + (self.sharding == HYBRID) * 3
 
     @property
+    def data_parallel(self) -> Any:
+        """Megatron's data-parallel size (layouts.layout.data_parallel_size)."""
+        return data_parallel_size(self.dp, self.ep, self.ep_fold)
+
+    @property
     def dense_shard_degree(self) -> Any:
-        return self.dp * self.cp * self.ep
+        return self.data_parallel * self.cp
 
     @property
     def seq_len(self) -> int:
@@ -87,7 +93,7 @@ class RuleView:
         return RuleView(m=m, setup=setup, gpus_per_node=gpus_per_node, dp=lay.dp, tp=lay.tp, pp=lay.pp, cp=lay.cp,
                         ep=lay.ep, zero_stage=lay.zero_stage, sharding=sharding, sp=int(lay.sp), vp=lay.vp,
                         micro_batch=lay.micro_batch, grad_accum=lay.grad_accum, enumerated=int(enumerated),
-                        sharding_name=lay.sharding, etp=lay.etp)
+                        sharding_name=lay.sharding, etp=lay.etp, ep_fold=int(lay.ep_fold))
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +115,7 @@ def _nvme(v: RuleView) -> bool:
 
 
 def _per_step(v: RuleView) -> Any:
-    return v.micro_batch * v.dp * v.ep
+    return v.micro_batch * v.data_parallel
 
 
 STACK_LIMITS = {
@@ -213,7 +219,7 @@ RULES: tuple[Rule, ...] = (
     Rule("batch-divides",   # enumeration: no accumulation count makes the global batch
          lambda v: (v.enumerated > 0) & (v.setup.global_batch % _per_step(v) != 0),
          lambda v: (f"global batch {v.setup.global_batch} is not a multiple of micro-batch {v.micro_batch} "
-                    f"x data-parallel {v.dp * v.ep}")),
+                    f"x data-parallel {v.data_parallel}")),
     Rule("positive",
          lambda v: ((v.dp < 1) | (v.tp < 1) | (v.pp < 1) | (v.cp < 1) | (v.ep < 1) | (v.vp < 1)
                     | (v.micro_batch < 1) | (v.grad_accum < 1)),
@@ -274,6 +280,16 @@ RULES: tuple[Rule, ...] = (
     # tensor-parallel group inside the tp group, whose links it times
     Rule("etp-divides-tp", lambda v: (v.expert_tp < 1) | (v.tp % v.expert_tp != 0),
          lambda v: f"etp={v.expert_tp} does not divide tp={v.tp} (use an --etp that divides --tp)"),
+    # folding: megatron-core 0.16.1 parallel_state.initialize_model_parallel (lines 788-795) raises
+    # "world_size is not divisible by expert_tensor_model_pipeline_parallel size" unless etp x ep x pp
+    # divides the world, i.e. etp x ep divides tp x cp x DP; the planner folds for Megatron-Core only
+    Rule("ep-fold-divides", lambda v: (v.ep_fold > 0) & ((v.tp * v.cp * v.dp) % (v.expert_tp * v.ep) != 0),
+         lambda v: (f"etp {v.expert_tp} x ep {v.ep} = {v.expert_tp * v.ep} does not divide tp x cp x dp = "
+                    f"{v.tp * v.cp * v.dp} (megatron-core: world size not divisible by etp x ep x pp); "
+                    "give an --ep (or --etp) whose product divides the GPUs of a pipeline stage")),
+    Rule("ep-fold-stack", lambda v: (v.ep_fold > 0) & (v.setup.stack not in ("megatron", "auto")),
+         lambda v: (f"ep={v.ep} does not divide the data-parallel {v.dp}: folding expert parallelism over "
+                    "tp x cp x dp is Megatron-Core's (MoE parallel folding): use --stack megatron")),
     Rule("sequence-split", lambda v: v.seq_len % (v.cp * v.tp_sp) != 0,
          lambda v: f"the sequence {v.seq_len} does not split over cp x tp = {v.cp * v.tp} ranks"),
     Rule("sharding-known", lambda v: v.sharding < 0,
@@ -332,7 +348,7 @@ RULES: tuple[Rule, ...] = (
     Rule("global-batch",
          lambda v: (v.enumerated <= 0) & (_per_step(v) * v.grad_accum != v.setup.global_batch),
          lambda v: (f"global batch {v.setup.global_batch} is not micro-batch {v.micro_batch} x "
-                    f"accumulation x data-parallel {v.dp * v.ep}")),
+                    f"accumulation x data-parallel {v.data_parallel}")),
 )
 
 

@@ -120,7 +120,7 @@ def measured_setup(setup: TrainingSetup, lay: Layout) -> TrainingSetup:
     mask. Both are CPU-only: the measurement runs dropout as CUDA does
     (planner.measure.trackers._gpu_dropout_kernels), so the prediction needs no switch."""
     return replace(setup, kernels="eager", optimizer_foreach=False,
-                   global_batch=lay.micro_batch * lay.dp * lay.ep)
+                   global_batch=lay.micro_batch * lay.data_parallel)
 
 
 def measure_payload(hf_config: dict[str, Any], lay: Layout, setup: TrainingSetup, sharding: str,

@@ -118,8 +118,8 @@ def model_state_floors(m: ModelSpec, setup: TrainingSetup, lays: list[Layout], p
     model counts them; otherwise each state exists at least once over the ranks that share
     the rank's parameters (min_model_state_bytes_per_param), which bounds the optimizer step
     only. A floor reads the degrees and the sharding only: kept per distinct ones."""
-    keys = tuple(Layout(dp=x.dp, tp=x.tp, pp=x.pp, cp=x.cp, ep=x.ep, zero_stage=x.zero_stage, sharding=x.sharding)
-                 for x in lays)
+    keys = tuple(Layout(dp=x.dp, tp=x.tp, pp=x.pp, cp=x.cp, ep=x.ep, zero_stage=x.zero_stage, sharding=x.sharding,
+                        ep_fold=x.ep_fold) for x in lays)
     return list(_model_state_floors(m, setup, keys, pc or count_params(m), gpus_per_node))
 
 

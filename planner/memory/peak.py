@@ -240,7 +240,7 @@ def _per_state(x: Any) -> Any:
 
 # what a layout's model states, buffers and optimizer temporaries depend on (its "state"):
 # everything but the micro-batch, the accumulation, the virtual stages and recomputation
-STATE_FIELDS = ("tp", "cp", "ep", "dp", "pp", "sharding", "zero_stage", "sp", "etp")
+STATE_FIELDS = ("tp", "cp", "ep", "dp", "pp", "sharding", "zero_stage", "sp", "etp", "ep_fold")
 
 
 def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCount | None = None,
@@ -263,8 +263,8 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     # ---- per state
     fsdp = sa.sharding > 0
     full_shard = fsdp & (sa.zero_stage == 3)
-    dense_deg = sa.dp * sa.cp * sa.ep
-    n_gpus = dense_deg * sa.tp * sa.pp
+    dense_deg = sa.dense_shard_degree
+    n_gpus = sa.n_gpus
     # the kernels each layout's blocks run: the stack's, or --kernels' (training.kernels, the
     # rule the step time reads too)
     kern = block_kernel_codes(setup, sa.tp, sa.pp, sa.cp, (sa.sharding == 0) & (sa.zero_stage == 0))

@@ -82,7 +82,7 @@ def hybrid_degree(a: LayoutArrays, gpus_per_node: int) -> np.ndarray:
     rows = np.flatnonzero(a.sharding == HYBRID)
     if not len(rows):
         return out
-    dense = (a.dp * a.cp * a.ep)[rows]
+    dense = a.dense_shard_degree[rows]
     tp = a.tp[rows]
     keys = np.stack([dense, tp], axis=1)
     uniq, inv = np.unique(keys, axis=0, return_inverse=True)
@@ -93,12 +93,13 @@ def hybrid_degree(a: LayoutArrays, gpus_per_node: int) -> np.ndarray:
 
 def shard_degrees(a: LayoutArrays, hybrid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(ranks a dense weight is sharded over, ranks an expert weight is sharded over): dp*cp*ep
-    and the expert data-parallel group dp*cp*tp/etp (megatron-core's EDP, layouts.layout's
-    notes; dp*cp at etp = tp), or FSDP hybrid's shard group (at most the EDP for experts).
+    (DP*cp when ep is folded, Layout.ep_fold) and the expert data-parallel group dp*cp*tp/etp
+    (megatron-core's EDP, layouts.layout's notes; dp*cp at etp = tp), or FSDP hybrid's shard
+    group (at most the EDP for experts).
     Megatron's distributed optimizer shards expert parameters over the expert data-parallel
     group (megatron-core 0.16.1 distributed/distributed_data_parallel.py lines 295-301: the
     expert parameters' buffers are allocated over intra_expt_dp_group)."""
-    dense_deg, expert_deg = a.dp * a.cp * a.ep, a.dp * a.cp * a.tp // a.expert_tp
+    dense_deg, expert_deg = a.dense_shard_degree, a.expert_shard_degree
     d_dense = np.where(hybrid > 0, hybrid, dense_deg)
     d_expert = np.maximum(1, np.where(hybrid > 0, np.minimum(expert_deg, hybrid), expert_deg))
     return d_dense, d_expert
@@ -119,7 +120,7 @@ def expert_padding(m: ModelSpec, a: LayoutArrays, hybrid: np.ndarray) -> np.ndar
     """
     if not m.is_moe:
         return np.ones(len(a))
-    d = np.where(hybrid > 0, hybrid, a.dp * a.cp * a.tp // a.expert_tp)
+    d = np.where(hybrid > 0, hybrid, a.expert_shard_degree)
     e = m.n_experts
     return np.where((a.sharding > 0) & (a.ep == 1), d * ceil_div(np.int64(e), d) / e, 1.0)
 
@@ -259,7 +260,7 @@ def offload_bytes(setup: TrainingSetup, a: LayoutArrays, ms: ModelStates, frozen
     # DeepSpeed: ZeRO-Offload's optimizer partition, ZeRO-Infinity's parameter shards
     host, nvme, step_on_host = zero, zero, no
     if setup.offload_optimizer != "none":
-        d = np.where(a.zero_stage >= 1, np.where(hybrid > 0, hybrid, a.dp * a.cp * a.ep), 1)
+        d = np.where(a.zero_stage >= 1, np.where(hybrid > 0, hybrid, a.dense_shard_degree), 1)
         partition = ceil_div(split.trainable, d)                      # type: ignore[attr-defined]
         host = host + 4 * partition                     # CPU Adam's fp32 gradient partition
         if setup.offload_optimizer == "cpu":
@@ -303,7 +304,7 @@ def optimizer_step_transient_bytes(m: ModelSpec, setup: TrainingSetup, a: Layout
     if setup.finetune.paged_8bit_optimizer:
         return zero
     applies = (a.sharding > 0) | (kernels == AMP)
-    d = np.where(a.zero_stage >= 1, np.where(hybrid > 0, hybrid, a.dp * a.cp * a.ep), 1)
+    d = np.where(a.zero_stage >= 1, np.where(hybrid > 0, hybrid, a.dense_shard_degree), 1)
     if setup.optimizer_foreach and setup.optimizer in ("adamw", "adam8bit"):
         step = 4 * ceil_div(split.trainable, d)                       # type: ignore[attr-defined]
     else:

@@ -97,6 +97,11 @@ def recent_spec(cfg: dict[str, Any], mt: str, common: dict[str, Any], where: str
             n_dense_layers=first_dense if has_moe else 0,
             dense_d_ff=int_key(cfg, "intermediate_size", where) if has_moe else 0,
             n_shared_experts=opt_int(cfg, "n_shared_experts", where, 1) if has_moe else 0,
+            # DeepseekV3TopkRouter: the experts in n_group groups, each token's top-k in its best
+            # topk_group groups (DeepSeek-V3, arXiv:2412.19437, Sec. 2.1.2 and 3.2.2: node-limited
+            # routing, at most M = 4 nodes per token)
+            routing_groups=opt_int(cfg, "n_group", where, 8) if has_moe else 0,
+            routing_group_limit=opt_int(cfg, "topk_group", where, 4) if has_moe else 0,
             shared_d_ff=moe_ff * opt_int(cfg, "n_shared_experts", where, 1) if has_moe else 0,
             n_mtp_modules=opt_int(cfg, "num_nextn_predict_layers", where, 1) if mtp and has_moe else 0,
         )

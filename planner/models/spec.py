@@ -91,6 +91,8 @@ class ModelSpec:
     attention_window: int = 0       # tokens a local layer sees: the sliding window or the chunk
     n_local_layers: int = 0         # blocks with local attention; the others attend to every token
     n_mtp_modules: int = 0          # DeepSeek-V3 multi-token prediction modules counted (0: as transformers)
+    routing_groups: int = 0         # group-limited routing: the routed experts in this many groups (0: none)
+    routing_group_limit: int = 0    # each token's experts in at most this many of them (DeepSeek-V3: 4 of 8)
     # ---- the generic path (planner.models.generic): a family no translator is written for,
     # measured on transformers' own model; its parameters, saved tensors and FLOPs come from here
     profile: GenericProfile | None = None

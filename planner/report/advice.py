@@ -77,19 +77,38 @@ def contradicting_options(kw: Mapping[str, Any]) -> str | None:
         prod = 1
         for d in fixed.values():
             prod *= d
-        if fixed and n_gpus % prod:
+        if fixed and n_gpus % prod and not folds_on(kw, n_gpus):
             names = " x ".join(f"--{a} {d}" for a, d in fixed.items())
-            return f"--n-gpus {n_gpus} is not a multiple of {names} = {prod}; change --n-gpus or the degrees"
+            hint = ""
+            if "dp" in fixed and fixed.get("ep", 1) > 1 and n_gpus * fixed["ep"] == prod:
+                # --dp given as Megatron's data-parallel size, which the planner counts beside ep
+                hint = (f" (the planner's --dp counts data-parallel ranks beside ep; drop --dp {fixed['dp']} "
+                        f"to fold ep over tp x cp x dp, as Megatron-Core does)")
+            return f"--n-gpus {n_gpus} is not a multiple of {names} = {prod}; change --n-gpus or the degrees{hint}"
     return None
+
+
+def folds_on(kw: Mapping[str, Any], n_gpus: int) -> bool:
+    """Whether the options' --ep folds over tp x cp x dp on ``n_gpus`` (no --dp given;
+    layouts.layout.ep_folds, the rule api.fixed_layout builds the layout with)."""
+    from planner.layouts.layout import ep_folds
+
+    if kw.get("dp") is not None or kw.get("ep") is None:
+        return False
+    tp, pp, cp = (kw.get(a) or 1 for a in ("tp", "pp", "cp"))
+    return ep_folds(n_gpus, tp, pp, cp, kw["ep"])
 
 
 def degrees_past_limit(kw: Mapping[str, Any]) -> str | None:
     """Whether the degrees the options fix (--dp, --tp, --pp, --cp, --ep) need more GPUs
     than --max-gpus allows, as --n-gpus beyond it is refused (issue 32, W2: --tp 8 --pp 8
     --cp 8 --dp 64 planned 32,768 GPUs; U3: --dp 32768 was explained as a memory limit).
-    Every GPU holds one rank of each group, so the product is the least count they need."""
+    Every GPU holds one rank of each group, so the product is the least count they need,
+    except where ep folds over tp x cp x dp on --n-gpus (folds_on), whose count is --n-gpus."""
     fixed = {a: kw[a] for a in ("dp", "tp", "pp", "cp", "ep") if kw.get(a) is not None}
     max_gpus = kw.get("max_gpus")
+    if kw.get("n_gpus") is not None and folds_on(kw, kw["n_gpus"]):
+        return None
     prod = 1
     for d in fixed.values():
         prod *= d
@@ -195,8 +214,8 @@ def smaller_microbatch_group(r: Any, lay: Any) -> str | None:
     for n in range(lay.pp - 1, 0, -1):
         fits = refit(r, setup=_replace(setup, pp_microbatch_group=n), counts=(lay.n_gpus,))
         if fits is not None:
-            return (f"--pp-microbatch-group {n} fits on {fits} x {r.gpu.name} (Llama 3's schedule: fewer "
-                    f"micro-batches per model chunk than pp; megatron-core 0.16.1 needs at least pp)")
+            return (f"--pp-microbatch-group {n} fits on {fits} x {r.gpu.name} (Llama 3's schedule, fewer "
+                    f"micro-batches per model chunk than pp, which megatron-core 0.16.1 refuses)")
     return None
 
 
@@ -282,19 +301,22 @@ def no_valid_layout(m: ModelSpec, setup: TrainingSetup, space: SearchSpace, coun
     memory, rejects every one), one line naming the most common reject reason and the nearest
     values that work; None when some layout is valid (issue 20: "no layout fits (memory)" was
     reported for batches that do not divide)."""
-    from planner.layouts.layout import enumerate_layouts
+    from itertools import chain
+
+    from planner.layouts.layout import enumerate_folded, enumerate_layouts
 
     reasons: Counter[str] = Counter()
     steps: set[int] = set()
     steps_dp: set[int] = set()
     for n in counts:
-        for lay, reason in enumerate_layouts(m, setup, n, gpus_per_node, space):
+        for lay, reason in chain(enumerate_layouts(m, setup, n, gpus_per_node, space),
+                                 enumerate_folded(m, setup, n, gpus_per_node, space)):
             if reason is None:
                 return None
             reasons[reason] += 1
             if reason.startswith("global batch"):
-                steps.add(lay.micro_batch * lay.dp * lay.ep)
-                steps_dp.add(lay.dp * lay.ep)
+                steps.add(lay.micro_batch * lay.data_parallel)
+                steps_dp.add(lay.data_parallel)
     if not reasons:
         return None
     reason, _ = reasons.most_common(1)[0]

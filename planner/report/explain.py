@@ -118,8 +118,10 @@ def expert_sharding_lines(ex: Explanation) -> list[str]:
         return []
     return [f"experts: {m.n_experts} per layer, {m.n_experts // lay.ep} on each rank (ep={lay.ep}), each "
             f"matrix split over etp={lay.expert_tp} ranks (dense matrices over tp={lay.tp}): expert params per "
-            f"rank = experts' params / (ep x etp); expert data parallel N_e = dp x cp x tp / etp = "
-            f"{lay.dp} x {lay.cp} x {lay.tp} / {lay.expert_tp} = {lay.expert_shard_degree} ranks share (and, "
+            f"rank = experts' params / (ep x etp); expert data parallel N_e = "
+            + (f"DP x cp x tp / (etp x ep) = {lay.dp} x {lay.cp} x {lay.tp} / ({lay.expert_tp} x {lay.ep}) "
+               if lay.ep_fold else f"dp x cp x tp / etp = {lay.dp} x {lay.cp} x {lay.tp} / {lay.expert_tp} ")
+            + f"= {lay.expert_shard_degree} ranks share (and, "
             f"sharded, split) each expert's gradients and optimizer states; the MLP's tp collectives run on "
             f"the etp group"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from planner.hardware.gpus import sustained_rate
-from planner.hardware.placement import Cluster, all_to_all_link
+from planner.hardware.placement import Cluster
 from planner.layouts.batch import LayoutArrays
 from planner.layouts.layout import Layout
 from planner.memory.params import optimizer_state_bytes
@@ -26,6 +26,7 @@ from planner.report.terms import (
     Term,
 )
 from planner.report.terms import label as _label
+from planner.timing.degrees import layout_links
 from planner.timing.kernels import fp8_fraction_of
 from planner.timing.model import (
     FLASH_FRACTION,
@@ -34,7 +35,6 @@ from planner.timing.model import (
     MATMUL_FRACTION_DEFAULT,
     Efficiency,
     StepTime,
-    axis_links,
     ceiling_floor_s,
     head_backward_gemms,
     layer_key,
@@ -46,6 +46,7 @@ from planner.timing.model import (
     trained_split,
 )
 from planner.training.kernels import layout_kernels
+from planner.training.moe_runtime import dedup_routing
 from planner.training.setup import TrainingSetup
 
 # ----------------------------------------------------------------------------- time
@@ -92,9 +93,11 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
     fp8_share = prec.fp8.matmul_fraction(gpu.name, fp8_fraction_of(gpu, eff, prec.fp8)) if prec.fp8 is not None else 0.0
     parts = step_arrays(m, setup, LayoutArrays.from_layouts([lay]), cluster, eff, pc, [st.placement])
     lt = layer_time(m, setup, layer_key(lay), layout_kernels(setup, lay), gpu, eff)
-    sizes = (lay.tp, lay.cp, lay.ep, lay.dp, lay.pp)
-    # the ep line times all-to-alls: their link (placement.all_to_all_link), not the ep ring's
-    links = {**axis_links(cluster, sizes, st.placement), "ep": all_to_all_link(cluster, sizes, st.placement)}
+    # the ep line times all-to-alls: their link (placement.all_to_all_link), not the ep ring's;
+    # a folded ep on megatron-core's expert grid (timing.degrees.layout_links)
+    rings, a2a = layout_links(cluster, (lay.tp, lay.cp, lay.ep, lay.dp, lay.pp), st.placement, lay.etp,
+                              int(lay.ep_fold), dedup_routing(m, setup.moe_dispatcher))
+    links = {**rings, "ep": a2a}
     fwd_mb, bwd_mb, t_mb = float(parts.fwd_mb_s[0]), float(parts.bwd_mb_s[0]), float(parts.micro_batch_s[0])
     n_slow, n_slow_bwd, slow_stage = int(parts.n_slow[0]), int(parts.n_slow_bwd[0]), int(parts.slow_stage[0])
     comm_s = {ax: float(parts.comm(ax)[0]) for ax in ("tp", "cp", "ep", "pp")}

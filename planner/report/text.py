@@ -58,6 +58,8 @@ def layout_json(lay: Layout) -> dict[str, Any]:
     }
     if lay.expert_tp != lay.tp:     # only when --etp sets it apart from tp
         out["etp"] = lay.expert_tp
+    if lay.ep_fold:                 # only where ep is folded over tp x cp x dp
+        out["ep_fold"] = True
     return out
 
 
@@ -140,6 +142,7 @@ def assumptions(r: PlanResult) -> dict[str, Any]:
         **({"moe_a2a_overlap": s.moe_a2a_overlap} if s.moe_a2a_overlap != "auto" else {}),
         **({"cuda_graphs": s.cuda_graphs} if s.cuda_graphs != "none" else {}),
         **({"fp8_attention": True} if s.fp8_attention else {}),
+        **({"moe_dispatcher": s.moe_dispatcher} if s.moe_dispatcher != "alltoall" else {}),
         "usable_memory_fraction": s.usable_memory_fraction,
         "overheads": asdict(s.overheads),
         "buffers": asdict(s.buffers),
@@ -318,13 +321,20 @@ def layout_notes(lay: Layout, n_gpus: int, global_batch: int | None) -> list[str
         # world_size // (tp * pp * cp); expert_data_parallel_size = world_size // (etp * ep * pp),
         # etp = tp by default: expert parallel is carved out of data parallel
         etp = f", expert tensor parallel {lay.expert_tp}" if lay.expert_tp != lay.tp else ""
-        out.append(f"Megatron-LM counts this as data parallel {lay.dp * lay.ep} for the dense layers "
-                   f"(GPUs / (tp x pp x cp)), with expert parallel {lay.ep} carved out of it{etp} and expert data "
-                   f"parallel {lay.expert_shard_degree} for the experts; here dp={lay.dp} counts the replicas "
-                   f"beyond ep")
+        if lay.ep_fold:
+            out.append(f"Megatron-LM runs this as data parallel {lay.data_parallel} for the dense layers "
+                       f"(GPUs / (tp x pp x cp)) and, over the same GPUs of a stage, expert parallel {lay.ep}"
+                       f"{etp} and expert data parallel {lay.expert_shard_degree} for the experts "
+                       f"(MoE parallel folding: ep spans tp x cp x dp); dp={lay.dp} is that data parallel")
+        else:
+            out.append(f"Megatron-LM counts this as data parallel {lay.data_parallel} for the dense layers "
+                       f"(GPUs / (tp x pp x cp)), with expert parallel {lay.ep} carved out of it{etp} and expert "
+                       f"data parallel {lay.expert_shard_degree} for the experts; here dp={lay.dp} counts the "
+                       f"replicas beyond ep")
     if global_batch is not None and n_gpus > 1 and global_batch % n_gpus != 0:
         degrees = f"dp {lay.dp}" + "".join(f" x {ax} {d}" for ax, d in (("tp", lay.tp), ("pp", lay.pp),
-                                                                      ("cp", lay.cp), ("ep", lay.ep)) if d > 1)
+                                                                      ("cp", lay.cp), ("ep", lay.ep))
+                                          if d > 1 and not (ax == "ep" and lay.ep_fold))
         if n_gpus > global_batch:
             # issue 33: not a choice anybody made, the batch's limit on data-parallel ranks
             out.append(f"the global batch of {global_batch:,} sequences gives at most {global_batch:,} "
@@ -345,6 +355,8 @@ def layout_compact(lay: Layout) -> str:
     parts += [f"{ax}={d}" for ax, d in (("vp", lay.vp), ("cp", lay.cp), ("ep", lay.ep)) if d > 1]
     if lay.expert_tp != lay.tp:
         parts.append(f"etp={lay.expert_tp}")
+    if lay.ep_fold:
+        parts.append("ep-fold")
     parts.append(f"zero={lay.zero_stage}" if lay.sharding == "zero" else f"fsdp={lay.sharding[5:]}")
     parts += [f"mb={lay.micro_batch}", f"ga={lay.grad_accum}", f"recompute={lay.recompute}"]
     return " ".join(parts)

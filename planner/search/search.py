@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from planner.layouts.layout import Layout, SearchSpace
+from planner.layouts.layout import Layout, SearchSpace, enumerate_folded
 from planner.memory.floors import min_model_state_bytes_per_param
 from planner.memory.model import RankMemory
 from planner.models.spec import ModelSpec, ParamCount, count_params
@@ -132,6 +132,12 @@ def size_count(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node: i
                      layout_batch.rejected_layouts(m, setup, n_gpus, gpus_per_node, space,
                                                    MAX_REJECTED - len(rejected))]
     arrays = layout_batch.valid_layouts(m, setup, n_gpus, gpus_per_node, space)
+    folded = list(enumerate_folded(m, setup, n_gpus, gpus_per_node, space))
+    if folded:      # ep folded over tp x cp x dp where the options fix it so (layouts.layout.folded_shape)
+        if rejected is not None:
+            rejected += [Rejected(layout=lay, reason=why) for lay, why in folded if why is not None]
+        arrays = layout_batch.LayoutArrays.concat([arrays, layout_batch.LayoutArrays.from_layouts(
+            [lay for lay, why in folded if why is None])])
     if not len(arrays):
         return [], None
     batch = memory_batch(m, setup, arrays, pc, gpus_per_node)

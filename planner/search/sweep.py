@@ -21,7 +21,7 @@ import numpy as np
 
 from planner.hardware.placement import Cluster
 from planner.layouts.batch import RECOMPUTES, LayoutArrays, valid_layouts
-from planner.layouts.layout import SearchSpace
+from planner.layouts.layout import SearchSpace, enumerate_folded
 from planner.memory.model import min_model_state_bytes_per_param, rank_memories
 from planner.memory.peak import MemoryBatch, memory_batch
 from planner.models.spec import ModelSpec, ParamCount, count_params
@@ -47,8 +47,11 @@ class CountBest:
 def count_layouts(m: ModelSpec, setup: TrainingSetup, n: int, gpus_per_node: int,
                  space: SearchSpace) -> LayoutArrays:
     """The valid layouts on ``n`` GPUs, in enumerate_layouts' order, as arrays (the rules
-    table, planner.layouts.rules, over a grid; every set-up)."""
-    return valid_layouts(m, setup, n, gpus_per_node, space)
+    table, planner.layouts.rules, over a grid; every set-up), then the valid folded ones where
+    the space folds ep on ``n`` (layouts.layout.enumerate_folded, as search.size_count adds them)."""
+    arrays = valid_layouts(m, setup, n, gpus_per_node, space)
+    folded = [lay for lay, why in enumerate_folded(m, setup, n, gpus_per_node, space) if why is None]
+    return LayoutArrays.concat([arrays, LayoutArrays.from_layouts(folded)]) if folded else arrays
 
 
 _LAST_SIZED: dict[tuple, tuple[LayoutArrays, MemoryBatch | None]] = {}

@@ -15,14 +15,20 @@ from typing import NamedTuple
 
 import numpy as np
 
-from planner.hardware.placement import FALLBACK_INTRA_LATENCY_S, Cluster, all_to_all_link, axis_links
+from planner.hardware.placement import FALLBACK_INTRA_LATENCY_S, AxisLink, Cluster, all_to_all_link, axis_links
 from planner.hardware.topology import AXES
 from planner.layouts.batch import RECOMPUTES, Unsupported
 from planner.layouts.groups import Rows as _Rows
 from planner.layouts.groups import TableCache
 from planner.layouts.groups import group as _group
 from planner.layouts.groups import rows as _rows
-from planner.layouts.layout import SHARDINGS, Layout, hybrid_shard_ranks
+from planner.layouts.layout import (
+    SHARDINGS,
+    Layout,
+    data_parallel_size,
+    expert_data_parallel_size,
+    hybrid_shard_ranks,
+)
 from planner.memory.model import stage_layers
 from planner.models.spec import ModelSpec, ParamCount
 from planner.timing.collectives import Ring
@@ -46,6 +52,7 @@ from planner.timing.parts import (
     SHARD_3,
     ZERO_12,
 )
+from planner.training.moe_runtime import dedup_routing
 from planner.training.setup import TrainingSetup
 
 EXACT_INT = 2**53          # integers below this convert to float64 exactly
@@ -192,6 +199,30 @@ class Degrees(NamedTuple):
     pp_send: np.ndarray        # the same with latency 0.0 and bandwidth inf where not pp_on (sends add 0.0)
 
 
+def layout_links(cluster: Cluster, sizes: tuple[int, ...], order: tuple[str, ...] = AXES, etp: int = 0,
+                 ep_fold: int = 0, routing: tuple[int, int, int] | None = None
+                 ) -> tuple[dict[str, AxisLink], AxisLink]:
+    """(each axis's ring links, the ep all-to-all's link) for a layout of degrees ``sizes``
+    (tp, cp, ep, dp, pp, as placement.axis_links and placement.all_to_all_link read them).
+    The ep groups lie on the expert grid etp x ep x edp x pp: megatron-core 0.16.1 builds it
+    over the same GPUs with the same rank order, cp left out and etp innermost
+    (parallel_state.py lines 797-805: RankGenerator(tp=etp, ep=ep, dp=edp, pp=pp, cp=1,
+    order=order)), so an ep group is etp-strided ranks spanning etp x ep consecutive GPUs;
+    the all-to-all is timed there (the planner's own grid tp x cp x ep x dp x pp strides it by
+    tp x cp, the same where etp = tp and cp = 1). Where ep is folded over tp x cp x dp
+    (Layout.ep_fold), the attention grid tp x cp x dp x pp places every other axis and the ep
+    ring too is the expert grid's. ``etp`` 0: equal to tp. ``routing``: a dispatcher that sends a
+    token once per remote node (training.moe_runtime.dedup_routing)."""
+    tp, cp, ep, dp, pp = sizes
+    e_tp = etp if etp > 0 else tp
+    expert_grid = (e_tp, 1, ep, expert_data_parallel_size(dp, tp, cp, ep, e_tp, ep_fold), pp)
+    if not ep_fold:
+        return axis_links(cluster, sizes, order), all_to_all_link(cluster, expert_grid, order, routing)
+    attention = axis_links(cluster, (tp, cp, 1, dp, pp), order)
+    return ({**attention, "ep": axis_links(cluster, expert_grid, order)["ep"]},
+            all_to_all_link(cluster, expert_grid, order, routing))
+
+
 # Degree tables kept across calls, per (model, set-up, cluster, efficiencies, placement
 # orders, distinct degrees): a search or a sweep scores the same GPU counts' layouts again
 # and again (other micro-batches, recomputation, ZeRO stages), and these tables are most
@@ -201,28 +232,30 @@ DEGREE_CACHE = TableCache(max_entries=32, max_bytes=64 * 2**20)
 
 def degree_tables(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: Cluster, eff: Efficiency,
                    orders: list[tuple[str, ...]], degrees: tuple[np.ndarray, ...], degrees_key: bytes,
-                   any_hybrid: bool, etp: int = 0) -> Degrees:
+                   any_hybrid: bool, etp: int = 0, ep_fold: int = 0) -> Degrees:
     """build_degrees(), or its answer for the same arguments from an earlier call
     (``degrees_key``: LayoutGroups.degrees_key; ``etp``: the batch's expert tensor-parallel
-    setting, fast.batch_etp)."""
-    key = (m, pc, setup, cluster, eff, tuple(orders), any_hybrid, degrees_key, etp)
+    setting, fast.batch_etp; ``ep_fold``: whether its ep is folded, fast.batch_fold)."""
+    key = (m, pc, setup, cluster, eff, tuple(orders), any_hybrid, degrees_key, etp, ep_fold)
     hit = DEGREE_CACHE.get(key)
     if hit is not None:
         return hit
-    out = build_degrees(m, pc, setup, cluster, eff, orders, degrees, any_hybrid, etp)
+    out = build_degrees(m, pc, setup, cluster, eff, orders, degrees, any_hybrid, etp, ep_fold)
     DEGREE_CACHE.put(key, out)
     return out
 
 
 def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: Cluster, eff: Efficiency,
                    orders: list[tuple[str, ...]], degrees: tuple[np.ndarray, ...], any_hybrid: bool,
-                   etp: int = 0) -> Degrees:
+                   etp: int = 0, ep_fold: int = 0) -> Degrees:
     """Per distinct degrees: the stages that can be the slowest and their ranks'
     parameters, each axis's links on each placement order, the optimizer update and the
     data-parallel collectives of every sharding. Raises Unsupported for parameter bytes
     too large to convert to floats exactly. ``etp`` (0: equal to tp): expert weights are
     split over ep x etp and their gradients reduced over the expert data-parallel group
-    dp x cp x tp / etp (layouts.layout's notes), on the links of the data-parallel axis."""
+    dp x cp x tp / etp (layouts.layout's notes), on the links of the data-parallel axis.
+    ``ep_fold``: ep folded over tp x cp x dp (Layout.ep_fold; dp is Megatron's DP), its
+    all-to-all on the expert grid's links (layout_links)."""
     tp, cp, ep, dp, pp = degrees
     n_d = len(tp)
     gpu, prec = cluster.gpu, setup.precision_spec
@@ -256,17 +289,19 @@ def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
     dense, expert = dense.astype(np.float64), expert.astype(np.float64)       # trainable
     frozen_dense, frozen_expert = frozen_dense.astype(np.float64), frozen_expert.astype(np.float64)
 
+    routing = dedup_routing(m, setup.moe_dispatcher)
+
     def links_of(*sizes: int) -> tuple[float, ...]:
         out: list[float] = []
         for order in orders:
-            lk = axis_links(cluster, sizes, order)
-            a2a = all_to_all_link(cluster, sizes, order)
+            lk, a2a = layout_links(cluster, sizes, order, etp, ep_fold, routing)
             out += [x for ax in AXES for x in (lk[ax].bus_bytes_per_s, lk[ax].latency_s)]
             out += [a2a.bus_bytes_per_s, a2a.latency_s]
         return tuple(out)
 
     keys = list(zip(tp.tolist(), cp.tolist(), ep.tolist(), dp.tolist(), pp.tolist()))
-    every = np.ascontiguousarray(_rows(LINK_ROWS * len(orders), np.float64, "links", cluster, tuple(orders))
+    links_key = (cluster, tuple(orders), etp, ep_fold, routing)
+    every = np.ascontiguousarray(_rows(LINK_ROWS * len(orders), np.float64, "links", *links_key)
                                  .lookup(keys, links_of).T)
     # per order: bw, lat of each axis, then of the ep all-to-all (placement.all_to_all_link)
     links = [every[LINK_ROWS * i:LINK_ROWS * (i + 1)] for i in range(len(orders))]
@@ -274,7 +309,8 @@ def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
     # ---- per D: the optimizer update unsharded and sharded (timing.optimizer_time_s), as
     # (2, slots, D) flattened
     moe = m.is_moe
-    n_dense, n_expert = dp * cp * ep, dp * cp * tp // (np.int64(etp) if etp > 0 else tp)
+    n_dense = data_parallel_size(dp, ep, ep_fold) * cp
+    n_expert = expert_data_parallel_size(dp, tp, cp, ep, np.int64(etp) if etp > 0 else tp, ep_fold)
     nd_f, ne_f = n_dense.astype(np.float64), n_expert.astype(np.float64)
     per_param = optimizer_update_bytes_per_param(m, setup)
     unsharded = dense + expert if moe else dense

@@ -340,6 +340,17 @@ def batch_etp(a: LayoutArrays) -> int:
     return first
 
 
+def batch_fold(a: LayoutArrays) -> int:
+    """Whether the batch's ep is folded over tp x cp x dp (Layout.ep_fold): 0 or 1 for every
+    layout alike (a folded layout is evaluated as given, never searched beside others).
+    Raises Unsupported for a batch that mixes them."""
+    if a.ep_fold is None or not len(a) or not a.ep_fold.any():
+        return 0
+    if not a.ep_fold.all():
+        raise Unsupported("folded and unfolded expert parallelism in one batch")
+    return 1
+
+
 def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Cluster, eff: Efficiency,
               pc: ParamCount | None, orders: Sequence[tuple[str, ...]], groups: LayoutGroups | None,
               parts: bool) -> np.ndarray | StepArrays:
@@ -361,7 +372,8 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
     pairs = np.flatnonzero(np.bincount(pair, minlength=4 * len(SHARDINGS)))   # the (ZeRO stage, sharding)s present
     any_hybrid = any(k % len(SHARDINGS) == SHARDINGS.index("fsdp-hybrid") for k in pairs.tolist())
     etp = batch_etp(a)
-    deg = degree_tables(m, pc, setup, cluster, eff, orders, g.degrees, g.degrees_key, any_hybrid, etp)
+    deg = degree_tables(m, pc, setup, cluster, eff, orders, g.degrees, g.degrees_key, any_hybrid, etp,
+                        batch_fold(a))
     links, optimizer_s, c0, c1, c2 = deg.links, deg.optimizer_s, deg.c0, deg.c1, deg.c2
 
     # ---- per P: a block (timing.layer_time) and the head, per distinct block shape
@@ -475,12 +487,12 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
                         dp_each[what, t_i][where] = x
                 terms.clear()
     step_o = np.take(best.reshape(n_o, -1), at_kind, axis=1)
-    n_seq = a.micro_batch * a.grad_accum * a.dp * a.ep
+    n_seq = a.micro_batch * a.grad_accum * a.data_parallel
     flops = distinct_rows([n_seq, a.recompute], _rows(2, np.float64, "flops", m, setup.seq_len,
                                                            setup.finetune, setup.recomputed_share),
                            lambda n_, rc_: _flops_row(m, setup.seq_len, n_, rc_, setup))
     peak = cluster.gpu.peak_flops_per_s(setup.precision_spec.compute_dtype)
-    n_gpus = a.dp * a.tp * a.pp * a.cp * a.ep
+    n_gpus = a.n_gpus
     ceiling = mfu_ceiling(eff, cluster.gpu, setup.precision_spec.fp8 is not None)
     unfloored = step_o
     if ceiling is not None:
@@ -560,11 +572,11 @@ def step_times(m: ModelSpec, setup: TrainingSetup, layouts: Sequence[Layout], cl
                eff: Efficiency = DEFAULT_EFFICIENCY, pc: ParamCount | None = None,
                orders: Sequence[tuple[str, ...]] = PLACEMENT_ORDERS) -> list[StepTime]:
     """The StepTime of every layout of ``layouts``, from one batched call per sequence length
-    (the layouts' own, which the search makes setup.seq_len): the rows of step_arrays(), each
-    on the fastest of the placement ``orders``."""
+    (the layouts' own, which the search makes setup.seq_len) and folding (batch_fold): the rows
+    of step_arrays(), each on the fastest of the placement ``orders``."""
     out: list[StepTime | None] = [None] * len(layouts)
-    for seq_len in sorted({lay.seq_len for lay in layouts}):
-        at = [i for i, lay in enumerate(layouts) if lay.seq_len == seq_len]
+    for seq_len, fold in sorted({(lay.seq_len, lay.ep_fold) for lay in layouts}):
+        at = [i for i, lay in enumerate(layouts) if lay.seq_len == seq_len and lay.ep_fold == fold]
         s = setup if seq_len == setup.seq_len else replace(setup, seq_len=seq_len)
         try:
             rows = step_arrays(m, s, LayoutArrays.from_layouts([layouts[i] for i in at]), cluster, eff, pc,

@@ -27,7 +27,7 @@ from planner.errors import UserError
 from planner.models.spec import ModelSpec
 from planner.training.finetune import METHODS
 from planner.training.fp8 import FP4_GPUS, RECIPES
-from planner.training.moe_runtime import A2A_OVERLAPS, CUDA_GRAPHS
+from planner.training.moe_runtime import A2A_OVERLAPS, CUDA_GRAPHS, DISPATCHERS
 from planner.training.setup import (
     ATTENTION,
     DEFAULT_SETUP,
@@ -133,11 +133,12 @@ SETUP_RULES: tuple[SetupRule, ...] = (
                             f"{MAX_MOE_IMBALANCE:g}")),
     _choice("moe_a2a_overlap", "--moe-a2a-overlap", A2A_OVERLAPS),
     _choice("cuda_graphs", "--cuda-graphs", CUDA_GRAPHS),
+    _choice("moe_dispatcher", "--moe-dispatcher", DISPATCHERS),
     SetupRule("megatron-runtime-stack",
-              lambda m, s: (s.cuda_graphs != "none" or s.fp8_attention or s.moe_a2a_overlap == "on")
-              and s.stack != "megatron",
-              lambda m, s: ("--cuda-graphs, --fp8-attention and --moe-a2a-overlap on are Megatron-Core's settings: "
-                            "add --stack megatron")),
+              lambda m, s: (s.cuda_graphs != "none" or s.fp8_attention or s.moe_a2a_overlap == "on"
+                            or s.moe_dispatcher != "alltoall") and s.stack != "megatron",
+              lambda m, s: ("--cuda-graphs, --fp8-attention, --moe-dispatcher flex and --moe-a2a-overlap on are "
+                            "Megatron-Core's settings: add --stack megatron")),
     SetupRule("fp8-attention-precision", lambda m, s: s.fp8_attention and s.precision_spec.fp8 is None,
               lambda m, s: "--fp8-attention runs under an FP8 recipe: add --precision fp8 (or drop --fp8-attention)"),
     SetupRule("moe-imbalance-dense", lambda m, s: s.moe_imbalance != 1.0 and not m.is_moe,

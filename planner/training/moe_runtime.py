@@ -23,7 +23,13 @@ tests/data/megatron_bridge_runs.json, recipe_flags).
 
 from __future__ import annotations
 
+from planner.models.spec import ModelSpec
+
 A2A_OVERLAPS = ("auto", "on", "off")
+# megatron-core's token dispatchers the step time tells apart: "alltoall" sends each routed copy
+# of a token to its expert's rank; "flex" (moe_token_dispatcher_type flex with the DeepEP or
+# HybridEP backend, moe_flex_dispatcher_backend) sends a token once per remote node
+DISPATCHERS = ("alltoall", "flex")
 CUDA_GRAPHS = ("none", "moe", "full-iteration")
 
 
@@ -50,6 +56,14 @@ def a2a_overlapped(moe_a2a_overlap: str, recompute: str, mtp_layers: int) -> boo
     Under "auto" a pipeline without interleaving is timed as overlapped too (the block's time does
     not know vp); `plan` writes the overlap into Megatron's arguments only where it runs."""
     return moe_a2a_overlap != "off" and not a2a_overlap_blocked(recompute, mtp_layers)
+
+
+def dedup_routing(m: ModelSpec, dispatcher: str) -> tuple[int, int, int] | None:
+    """(k, routing groups, group limit) where the dispatcher sends a token once per remote domain
+    (hardware.placement.remote_share_deduplicated), None where it sends every routed copy."""
+    if dispatcher != "flex" or not m.is_moe:
+        return None
+    return m.n_experts_per_token, m.routing_groups, m.routing_group_limit
 
 
 def host_sync_per_moe_block(cuda_graphs: str) -> bool:

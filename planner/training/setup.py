@@ -299,6 +299,9 @@ class TrainingSetup:
     cuda_graphs: str = "none"
     # Transformer Engine's FP8 attention (megatron-core TransformerConfig.fp8_dot_product_attention)
     fp8_attention: bool = False
+    # Megatron-Core's token dispatcher (training.moe_runtime.DISPATCHERS): "alltoall", or "flex"
+    # (DeepEP / HybridEP: a token sent once per remote node)
+    moe_dispatcher: str = "alltoall"
 
     @property
     def recomputed_share(self) -> float:
