@@ -52,10 +52,10 @@ def test_emitted_overlap_and_graphs_pass_megatron_cores_transformer_config():
 
 def test_flex_dispatcher_is_written_and_accepted_by_megatron_core():
     require("megatron.core")
+    from megatron_args import parse_args
     from test_emit_megatron import transformer_config
 
     from planner.emit.megatron import to_megatron_args
-    from megatron_args import parse_args
 
     a = parse_args(to_megatron_args(_result({"moe_dispatcher": "flex"})))
     assert a.moe_token_dispatcher_type == "flex"
