@@ -261,8 +261,8 @@ MEGATRON_CORE = Efficiency(tp_overlap=0.75, pp_overlap=1.0, dp_overlap=1.0, para
 MEGATRON_BRIDGE = Efficiency(tp_overlap=0.75, pp_overlap=1.0, dp_overlap=1.0, param_gather_overlap=1.0,
                              grad_reduce_bytes=4, flash_fraction=0.55,
                              # fitted, in sample (docs/megatron-bridge.md, "Fitted values")
-                             fp8_matmul_ratio=0.85, ep_overlap=0.9, expert_gemm_half_rows=1024.0,
-                             moe_block_overhead_s=0.001, moe_token_passes=8.0, block_scaled_gemm_penalty=0.85,
+                             fp8_matmul_ratio=0.85, ep_overlap=0.75, expert_gemm_half_rows=1024.0,
+                             moe_block_overhead_s=0.0003, moe_token_passes=16.0, block_scaled_gemm_penalty=0.9,
                              name="megatron-core 2025-2026 (Megatron-Bridge runs: overlaps, FA3-rate attention, "
                                   "fitted FP8 and MoE efficiencies)")
 
