@@ -21,11 +21,10 @@ from planner.models.spec import ModelSpec, ParamCount, count_params
 from planner.search.search import Candidate, SearchResult, gpu_counts, search
 from planner.timing.model import Cluster, Efficiency, StepTime, cluster_for, scale_up_domain_gpus, step_time
 from planner.training.finetune import FinetuneSpec
-from planner.training.setup import MAX_GPUS, TrainingSetup
+from planner.training.setup import MAX_GPUS, MAX_SEARCH_GPUS, TrainingSetup
 from planner.units import ceil_div
 
 N_ALTERNATIVES = 5
-MAX_SEARCH_GPUS = 16_384
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -92,16 +91,20 @@ def pick_alternatives(fitting: tuple[Candidate, ...], best: Candidate,
 def check_request(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, space: SearchSpace | None = None,
                   n_gpus: int | None = None, max_gpus: int | None = None, tokens: float | None = None) -> None:
     """UserError (one line) for arguments the command line would have refused: the set-up
-    by planner.training.checks' table, the search space by planner.layouts.rules.space_refusal,
+    by planner.training.checks' table, the GPU against the precision (precision_refusal), the
+    search space by planner.layouts.rules.space_refusal,
     the GPU counts and the tokens by their options' ranges (issue 32, W11)."""
     import math
 
     from planner.layouts.rules import space_refusal
-    from planner.training.checks import check_setup, is_int_in
+    from planner.training.checks import check_setup, is_int_in, precision_refusal
 
     check_setup(m, setup)
     if not isinstance(gpu, GpuSpec):
         raise UserError(f"the GPU must be a GpuSpec (planner.hardware.gpus.get_gpu('h100')), not {type(gpu).__name__}")
+    why = precision_refusal(gpu, setup.precision)
+    if why is not None:
+        raise UserError(why)
     if space is not None:
         why = space_refusal(space)
         if why is not None:

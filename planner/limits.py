@@ -320,21 +320,27 @@ def decode_text(data: bytes, what: str, kind: str) -> str:
         raise UserError(f"{what} is not UTF-8 text; expected {kind}") from None
 
 
-def parse_toml(text: str, what: str) -> dict[str, Any]:
-    """A TOML document, checked by check_tree; every parse failure (bad syntax, an integer
-    of more than 4,300 digits, nesting that exhausts the parser) is a UserError."""
+def load_toml(text: str, what: str, schema_hint: str = "") -> dict[str, Any]:
+    """A TOML document; every parse failure (bad syntax, an integer of more than 4,300
+    digits, nesting that exhausts the parser) is a UserError naming ``what``; a syntax
+    error's message ends with ``schema_hint`` (e.g. where the schema is described)."""
     import tomllib
 
     from planner.errors import UserError
 
     try:
-        data = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise UserError(f"{what}: not valid TOML ({e})") from None
-    except ValueError as e:         # Python's 4,300-digit limit on int(str)
+        raise UserError(f"{what}: not valid TOML ({e}){schema_hint}") from None
+    except ValueError as e:         # Python's 4,300-digit limit on int(str) (bench/fuzz.py found it: exit 1)
         raise UserError(f"{what}: not valid TOML ({parse_error_text(e)})") from None
     except RecursionError:
         raise UserError(f"{what}: not valid TOML (nested too deeply)") from None
+
+
+def parse_toml(text: str, what: str, schema_hint: str = "") -> dict[str, Any]:
+    """A TOML document (load_toml), checked by check_tree."""
+    data = load_toml(text, what, schema_hint)
     check_tree(data, what)
     return data
 

@@ -47,7 +47,8 @@ def replans(args, lines):
             for name in re.findall(r"([\w.-]+) \([\d,.]+ GiB\)", m[2]):
                 out.append([*without(args, "--gpus", "--n-gpus", "--max-gpus"), "--gpus", name, "--n-gpus", m[1]])
         elif line.startswith("Re-planned with one change each: "):
-            for way in line.removeprefix("Re-planned with one change each: ").rstrip(".").split("; "):
+            # a way's note in parentheses may hold "; " itself (--pp-microbatch-group's)
+            for way in re.split(r"; (?![^()]*\))", line.removeprefix("Re-planned with one change each: ").rstrip(".")):
                 change, n = re.match(r"(.*) fits on (\d+) x ", way).groups()
                 flags = change.split()
                 names = [f for f in flags if f.startswith("--")]
@@ -62,6 +63,8 @@ CASES = {
     "qlora-70b-4090": ["--model", "70b", "--gpus", "4090", "--method", "qlora"],
     "8b-1m-tokens": ["--model", "8b", "--gpus", "h100", "--n-gpus", "8", "--seq-len", "1048576",
                      "--global-batch", "8"],
+    "nvfp4-lora-8b-rtx-pro-6000": ["--model", "llama3.1-8b", "--gpus", "rtx-pro-6000", "--precision", "nvfp4",
+                                   "--method", "lora", "--n-gpus", "1", "--micro-batch", "8", "--recompute", "none"],
     # Llama 3 405B as its paper ran it on 8,192 H100s (arXiv:2407.21783, Sec. 3.3.2; issue 29)
     "405b-llama3-paper": ["--model", "llama3.1-405b", "--gpus", "h100", "--n-gpus", "8192", "--tp", "8", "--pp", "16",
                           "--dp", "64", "--vp", "8", "--pp-balance", "embedding-loss", "--fsdp", "grad-op",
@@ -90,6 +93,29 @@ def test_the_cheap_ways_out_are_offered_and_the_ones_that_do_not_fit_are_not():
     # dgx-h100 gives a node 2 TiB of CPU memory, less than the 6 TB of states to offload
     assert "It fits from 96 x h100" in text
     assert "--method qlora" not in text and "--offload" not in text and "A GPU with" not in text
+
+
+def test_a_bigger_gpu_is_offered_only_where_the_precision_runs():
+    """An NVFP4 LoRA plan that overflows an RTX PRO 6000 was offered mi325x (256 GiB), which the
+    CLI refuses at --precision nvfp4 (no FP4 tensor cores): the advice checked bf16 and fp8
+    support only. One rule now answers both (training.checks.precision_refusal)."""
+    args = CASES["nvfp4-lora-8b-rtx-pro-6000"]
+    line = next(x for x in advice(args) if x.startswith("A GPU with enough memory"))
+    assert "mi325x" not in line and "b300" in line, line
+    refused = run([*without(args, "--gpus"), "--gpus", "mi325x", "--quiet"])
+    assert refused.exit_code == 2 and "no FP4 tensor cores" in refused.output, refused.output
+
+
+def test_no_way_out_is_one_the_set_up_rules_refuse():
+    """A full NVFP4 plan was offered '--method qlora fits', which the CLI refuses (training.checks
+    SETUP_RULES 'low-precision-methods': a 4-bit base under --precision nvfp4); refit now asks
+    the set-up rules first."""
+    args = ["--model", "llama3.1-8b", "--gpus", "rtx-pro-6000", "--precision", "nvfp4", "--n-gpus", "1",
+            "--micro-batch", "2", "--recompute", "none"]
+    text = " ".join(advice(args))
+    assert "--method lora fits" in text and "--method qlora" not in text, text
+    refused = run([*args, "--method", "qlora", "--quiet"])
+    assert refused.exit_code == 2 and "--precision nvfp4 is modelled for full training and LoRA" in refused.output
 
 
 def test_a_count_the_topology_caps_is_named_as_such():

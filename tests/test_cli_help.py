@@ -56,3 +56,69 @@ def test_help_topics_print_their_options_and_refuse_unknown_ones():
     assert all(f"plan help {t}" in listed for t in TOPICS)
     bad = run("help", "nonsense")
     assert bad.exit_code == 2 and "no help topic" in bad.output
+
+
+def test_each_default_is_read_from_its_one_place():
+    # issue 31: a default is written once. The training set-up's live in TrainingSetup
+    # (training.setup.DEFAULT_SETUP), the post-training ones in training.posttrain's DISTILL_DEFAULTS and
+    # RL_DEFAULTS;
+    # Options and click read them. Here every click default of `plan` equals Options' (which
+    # commands without the option see) and the post-training set-ups take the same values.
+    from dataclasses import fields
+
+    from planner.cli.options import Options
+    from planner.training.posttrain import (
+        DISTILL_DEFAULTS,
+        RL_DEFAULTS,
+        DistillSetup,
+        RLSetup,
+        teacher_weight_bytes,
+    )
+
+    options = Options()
+    checked = 0
+    for p in cli.params:
+        # flags without a default carry click's UNSET sentinel; --method shows "full", Options' None means it
+        if not isinstance(p, click.Option) or p.name == "method" or p.default is None \
+                or repr(p.default).startswith("Sentinel"):
+            continue
+        assert p.default == getattr(options, str(p.name)), p.name
+        checked += 1
+    assert checked >= 35, checked
+    for defaults in (DISTILL_DEFAULTS, RL_DEFAULTS):
+        for f in fields(defaults):
+            assert getattr(options, f.name) == getattr(defaults, f.name), f.name
+    rl, d = RLSetup(task="grpo"), DistillSetup(teacher="t")
+    assert (rl.prompt_len, rl.response_len, rl.response_mean, rl.group_size, rl.prompts_per_step, rl.placement,
+            rl.engine_tp, rl.engine_memory_fraction, rl.offload_train_states) == (
+        options.prompt_len, options.response_len, options.response_mean, options.group_size,
+        options.prompts_per_step, options.rollout, options.rollout_tp, options.rollout_memory_fraction,
+        options.offload_train_states)
+    assert (d.teacher_weight_bytes, d.teacher_quant, d.teacher_sharding, d.kd_loss, d.kd_hidden_layers,
+            d.offline_topk) == (teacher_weight_bytes(options.teacher_precision), options.teacher_quant,
+                                options.teacher_sharding, options.kd_loss, options.kd_hidden_layers,
+                                options.kd_offline_topk)
+
+
+def test_the_choices_spelt_in_the_cli_agree_with_their_home():
+    # cli.options spells SOLVERS so that `plan --help` loads no pulp; cost.solve owns them
+    from planner.cli import options
+    from planner.cost import solve
+    from planner.report.intervals import memory_data
+    from planner.timing.intervals import levels
+
+    assert options.SOLVERS == solve.SOLVERS
+    # --fit-confidence and --time-confidence (plan and plan buy) take the levels both interval tables hold
+    assert tuple(float(x) for x in options.CONFIDENCE_LEVELS) == levels()
+    assert sorted(float(x) for x in options.CONFIDENCE_LEVELS) == sorted(float(x) for x in memory_data()["levels"])
+
+
+def test_an_option_of_one_kind_of_post_training_needs_its_kind():
+    # cli.posttrain.stray_option reads the kinds from training.posttrain's DistillDefaults and
+    # RLDefaults: a distillation option without --teacher, an RL option without --task grpo|ppo|dpo
+    for args, words in ((["--kd-loss", "full"], "--kd-loss is a distillation option: it needs --teacher"),
+                        (["--teacher-quant", "nf4"], "--teacher-quant is a distillation option"),
+                        (["--group-size", "4"], "--group-size is an RL option: it needs --task grpo, ppo or dpo"),
+                        (["--rl-steps", "3"], "--rl-steps is an RL option")):
+        r = run("--model", "8b", "--gpus", "h100", *args)
+        assert r.exit_code == 2 and words in r.output, (args, r.output)

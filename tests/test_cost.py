@@ -405,3 +405,14 @@ def test_plan_buy_gives_fine_tunes_a_fine_tunes_batch_and_scales_pretraining(tmp
     batch = {j["name"]: j["layout"]["micro_batch"] * j["layout"]["grad_accum"] * j["layout"]["dp"] * j["layout"]["ep"]
              for j in out["jobs"]}
     assert batch == {"tune": 64, "given": 256}
+
+
+def test_a_gpu_that_cannot_run_the_precision_is_refused_by_the_clis_one_rule():
+    """`plan --tokens` over several GPU types asks training.checks.precision_refusal, as a plan on
+    one type does: FP8 on an A100 (no FP8 tensor cores, NVIDIA A100 datasheet) is refused with the
+    way out, not planned at the BF16 rate (issue 31)."""
+    from click.testing import CliRunner
+
+    from planner.cli.main import cli
+    r = CliRunner().invoke(cli, ["--model", "8b", "--gpus", "h100,a100", "--tokens", "1e11", "--precision", "fp8"])
+    assert r.exit_code == 2 and "no FP8 tensor cores" in r.output and "drop a100 from --gpus" in r.output

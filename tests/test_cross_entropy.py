@@ -18,13 +18,13 @@ import json
 import pytest
 from click.testing import CliRunner
 from conftest import require
+from megatron_args import parse_args
 
 from planner.cli.main import cli
 from planner.emit.megatron import to_megatron_args
 from planner.layouts.layout import Layout
 from planner.memory.loss import logits_bytes
 from planner.models.spec import load_model
-from planner.stacks.megatron import parse_args
 from planner.training.setup import TrainingSetup
 
 

@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from conftest import require
+from megatron_args import LaunchEnv, megatron_args_errors
+from megatron_args import parse_args as megatron_parse
 
 from planner import api
 from planner.cli.main import cli
@@ -40,8 +42,6 @@ from planner.layouts.layout import Layout
 from planner.memory.model import stage_layers
 from planner.models.spec import SUPPORTED_MODEL_TYPES, count_params, load_model
 from planner.stacks import default_stack
-from planner.stacks.megatron import LaunchEnv, megatron_args_errors
-from planner.stacks.megatron import parse_args as megatron_parse
 from planner.training.setup import TrainingSetup
 
 H100 = get_gpu("h100")
@@ -85,7 +85,7 @@ GRID = [(stage, dp, mb, prec, oo, op)
 @pytest.mark.slow
 def test_every_ds_config_is_accepted_by_deepspeed_with_the_plans_values():
     require("deepspeed")
-    from planner.emit.deepspeed import validate_deepspeed_config
+    from deepspeed_config import validate_deepspeed_config
 
     checked = refused = 0
     for stage, dp, mb, prec, oo, op in GRID:
@@ -122,7 +122,7 @@ def test_every_ds_config_is_accepted_by_deepspeed_with_the_plans_values():
 @pytest.mark.parametrize("optimizer, name", [("sgd", "SGD"), ("adafactor", "Adafactor"), ("adam8bit", None)])
 def test_other_optimizers_are_accepted(optimizer, name):
     require("deepspeed")
-    from planner.emit.deepspeed import validate_deepspeed_config
+    from deepspeed_config import validate_deepspeed_config
 
     r = evaluate(SMALL, zero_layout(8, 2, 1), optimizer=optimizer)
     parsed = validate_deepspeed_config(to_deepspeed_config(r), data_parallel=8)
@@ -133,7 +133,7 @@ def test_other_optimizers_are_accepted(optimizer, name):
 
 def test_deepspeed_rejects_the_config_at_another_data_parallel_size():
     require("deepspeed")
-    from planner.emit.deepspeed import validate_deepspeed_config
+    from deepspeed_config import validate_deepspeed_config
 
     cfg = to_deepspeed_config(evaluate(SMALL, zero_layout(8, 2, 2)))
     with pytest.raises(AssertionError, match="train_batch_size"):
@@ -162,7 +162,9 @@ def _mp_plan(name: str, kw: dict):
 @pytest.mark.parametrize("name, kw", MODEL_PARALLEL)
 def test_model_parallel_ds_config_is_accepted_at_dp_times_ep(name, kw):
     require("deepspeed")
-    from planner.emit.deepspeed import data_parallel_size, validate_deepspeed_config
+    from deepspeed_config import validate_deepspeed_config
+
+    from planner.emit.deepspeed import data_parallel_size
 
     r = _mp_plan(name, kw)
     lay = r.best.layout
@@ -176,7 +178,7 @@ def test_model_parallel_ds_config_is_accepted_at_dp_times_ep(name, kw):
 
 def megatron_parser():
     """Megatron-LM's parser for the flags planner emits (planner/stacks/megatron.py, cited there)."""
-    from planner.stacks.megatron import parser
+    from megatron_args import parser
     return parser()
 
 
@@ -545,7 +547,7 @@ def test_deepspeed_bf16_moments_only_with_bf16_master_weights():
     sets bf16.bf16_optimizer_states and DeepSpeedConfig (0.19.8) accepts it; with fp32 master
     weights (bf16-mixed) DeepSpeed has no such option and --out says so."""
     require("deepspeed")
-    from planner.emit.deepspeed import validate_deepspeed_config
+    from deepspeed_config import validate_deepspeed_config
 
     r = evaluate(SMALL, zero_layout(8, 2, 1), precision="bf16", optimizer="adamw-bf16-states")
     check_options(r, EmitOptions())

@@ -51,8 +51,7 @@ PLANS = {
 
 def check_deepspeed(out: Path, lay: dict) -> str:
     from deepspeed.launcher.runner import _parse_hostfile
-
-    from planner.emit.deepspeed import validate_deepspeed_config
+    from deepspeed_config import validate_deepspeed_config
 
     cfg = json.loads((out / "ds_config.json").read_text())
     parsed = validate_deepspeed_config(cfg, data_parallel=lay["dp"] * lay["ep"])
@@ -83,9 +82,10 @@ def check_accelerate(out: Path, lay: dict) -> str:
 
 
 def check_megatron(out: Path, lay: dict, gpu: str) -> str:
+    from megatron_args import LaunchEnv, env_from_script, megatron_args_errors, parse_args
     from test_emit_megatron import transformer_config
 
-    from planner.stacks.megatron import LaunchEnv, device_arch_major, env_from_script, megatron_args_errors, parse_args
+    from planner.stacks.megatron import device_arch_major
 
     args = [w for w in (out / "megatron_args.txt").read_text().split()]
     env = env_from_script((out / "launch.sh").read_text())
@@ -131,8 +131,7 @@ def check_megatron_schedule(args: list[str]) -> None:
     the peak after the warmup, the floor at the end."""
     import torch
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-
-    from planner.stacks.megatron import parse_args
+    from megatron_args import parse_args
 
     a = parse_args(args)
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=a.lr)

@@ -18,16 +18,17 @@ import warnings
 
 import pytest
 from conftest import require
+from megatron_args import LaunchEnv, env_from_script, megatron_args_errors, padded_vocab_size, parse_args
 
 from planner import api
 from planner.emit import EmitOptions, plan_files
 from planner.emit.launch import to_launch_script
-from planner.emit.megatron import padded_vocab_size, to_megatron_args
+from planner.emit.megatron import to_megatron_args
 from planner.errors import UserError
 from planner.hardware.gpus import get_gpu
 from planner.layouts.layout import Layout
 from planner.models.spec import count_params, load_model
-from planner.stacks.megatron import LaunchEnv, device_arch_major, env_from_script, megatron_args_errors, parse_args
+from planner.stacks.megatron import device_arch_major
 from planner.training.setup import TrainingSetup
 
 PLANS = [

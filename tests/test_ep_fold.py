@@ -232,10 +232,10 @@ def test_folded_megatron_args_pass_megatron_s_parser_and_checks(tmp_path):
     GPUs; megatron-core's TransformerConfig and the validate_args rule table take them, and Megatron's
     batch arithmetic (DP = world / (tp pp cp)) gives the global batch the plan has."""
     require("megatron.core")
+    from megatron_args import LaunchEnv, megatron_args_errors, parse_args
     from test_emit_megatron import transformer_config
 
     from planner.emit.megatron import to_megatron_args
-    from planner.stacks.megatron import LaunchEnv, megatron_args_errors, parse_args
 
     m, gpu = load_model("qwen3-235b-a22b"), get_gpu("h100")
     setup = TrainingSetup(seq_len=4096, global_batch=8192, stack="megatron")

@@ -238,7 +238,7 @@ def test_gpu_file_missing_big_or_binary(tmp_path):
         get_gpu(str(tmp_path / "dir.toml"))
     big = tmp_path / "big.toml"
     big.write_text("# " + "x" * (16 * 2**20))
-    with pytest.raises(UserError, match="larger than"):
+    with pytest.raises(UserError, match="more than the 16,777,216"):
         get_gpu(str(big))
     binary = tmp_path / "bin.toml"
     binary.write_bytes(b"\xff\xfe\x00")

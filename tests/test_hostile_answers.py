@@ -94,7 +94,7 @@ def test_every_float_option_refuses_nan():
     """No click.FloatRange without the nan check: every float option of every command."""
     import click
 
-    from planner.cli.options import FiniteFloatRange
+    from planner.cli.types import FiniteFloatRange
 
     def commands(c):
         yield c

@@ -82,8 +82,9 @@ def test_recompute_modules_reach_megatron_core_and_admit_the_recipes_layouts():
         warnings.simplefilter("ignore")
         from megatron.core.transformer.transformer_config import TransformerConfig
 
+    from megatron_args import parse_args
+
     from planner.emit.megatron import _recompute_args
-    from planner.stacks.megatron import parse_args
     a = parse_args(["--num-layers", "4", *_recompute_args("selective", modules=("layernorm", "moe_act"))])
     assert a.recompute_modules == ["layernorm", "moe_act"]
     with warnings.catch_warnings():
@@ -151,7 +152,7 @@ def test_mtp_and_low_precision_reach_megatron_cores_config(tmp_path):
         warnings.simplefilter("ignore")
         from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from planner.stacks.megatron import parse_args
+    from megatron_args import parse_args
     cases = [
         (["--model", "qwen3-30b-a3b", "--gpus", "b200", "--n-gpus", "16", "--tp", "1", "--pp", "2", "--ep", "8",
           "--dp", "1", "--micro-batch", "1", "--global-batch", "256", "--zero", "1", "--precision", "fp8",

@@ -42,7 +42,7 @@ def test_bloom_plans_as_it_trained_and_its_files_pass_their_parsers(tmp_path):
     # BF16_Optimizer with fp32 accumulation, as BLOOM trained (deepspeed 0.19.8 engine.py)
     assert cfg["data_types"] == {"grad_accum_dtype": "fp32"} and cfg["zero_optimization"]["stage"] == 1
     require("deepspeed")
-    from planner.emit.deepspeed import validate_deepspeed_config
+    from deepspeed_config import validate_deepspeed_config
     parsed = validate_deepspeed_config(cfg, data_parallel=8, n_gpus=384)
     assert parsed.train_batch_size == 2048 and parsed.gradient_accumulation_steps == 128
     from planner.emit.megatron_deepspeed import parse_args

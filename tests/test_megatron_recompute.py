@@ -134,6 +134,7 @@ def test_bad_combinations_exit_2_with_one_line(extra, says):
 
 def test_emitted_args_pass_megatron_cores_transformer_config():
     require("megatron.core")
+    from megatron_args import parse_args
     from test_emit_megatron import transformer_config
 
     from planner import api
@@ -141,7 +142,6 @@ def test_emitted_args_pass_megatron_cores_transformer_config():
     from planner.hardware.gpus import get_gpu
     from planner.layouts.layout import Layout
     from planner.models.spec import load_model
-    from planner.stacks.megatron import parse_args
 
     lay = Layout(dp=2, tp=8, pp=4, zero_stage=1, sp=True, micro_batch=1, grad_accum=32, recompute="full",
                  seq_len=8192)

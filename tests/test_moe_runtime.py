@@ -37,10 +37,10 @@ def test_emitted_overlap_and_graphs_pass_megatron_cores_transformer_config():
     """megatron-core 0.16.1's TransformerConfig.__post_init__ (transformer_config.py lines 1688-1740,
     1852-1906) checks the dispatcher, the overlap and the graph scope the plan writes."""
     require("megatron.core")
+    from megatron_args import parse_args
     from test_emit_megatron import transformer_config
 
     from planner.emit.megatron import to_megatron_args
-    from planner.stacks.megatron import parse_args
 
     r = _result({"cuda_graphs": "moe"})
     a = parse_args(to_megatron_args(r))
@@ -52,10 +52,10 @@ def test_emitted_overlap_and_graphs_pass_megatron_cores_transformer_config():
 
 def test_flex_dispatcher_is_written_and_accepted_by_megatron_core():
     require("megatron.core")
+    from megatron_args import parse_args
     from test_emit_megatron import transformer_config
 
     from planner.emit.megatron import to_megatron_args
-    from planner.stacks.megatron import parse_args
 
     a = parse_args(to_megatron_args(_result({"moe_dispatcher": "flex"})))
     assert a.moe_token_dispatcher_type == "flex"
@@ -65,10 +65,10 @@ def test_flex_dispatcher_is_written_and_accepted_by_megatron_core():
 def test_no_overlap_written_where_megatron_core_refuses_it():
     """Full recomputation: megatron-core refuses the overlap; the plan neither writes nor times it."""
     require("megatron.core")
+    from megatron_args import parse_args
     from test_emit_megatron import transformer_config
 
     from planner.emit.megatron import to_megatron_args
-    from planner.stacks.megatron import parse_args
 
     r = _result({}, recompute="full")
     a = parse_args(to_megatron_args(r))

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 from conftest import require
+from megatron_args import LaunchEnv, megatron_args_errors, parse_args
 
 from planner import api
 from planner.cli.main import cli
@@ -27,7 +28,6 @@ from planner.layouts.layout import Layout, reject_reason
 from planner.memory.model import per_rank_memory, stage_layers
 from planner.memory.pipeline import chunk_layers, held_layer_micro_batches
 from planner.models.spec import count_params, load_model
-from planner.stacks.megatron import LaunchEnv, megatron_args_errors, parse_args
 from planner.training.setup import TrainingSetup
 
 require("megatron.core")

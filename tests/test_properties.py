@@ -35,6 +35,7 @@ from planner.memory.model import per_rank_memory
 from planner.models.spec import ModelSpec, count_params
 from planner.report import terminal as term
 from planner.report import text as report
+from planner.report.screen import render
 from planner.timing.model import cluster_for, step_time
 from planner.training.finetune import FinetuneSpec
 from planner.training.setup import TrainingSetup
@@ -144,7 +145,7 @@ def test_evaluating_a_layout_never_raises(case):
     if r.best.fits:
         assert r.best.time is not None and math.isfinite(r.best.time.step_time_s)
     json.loads(report.to_json(r))
-    assert term.to_text(r)
+    assert render(term.plan_view(r))
 
 
 # ------------------------------------------------------------------------- monotonic

@@ -45,3 +45,18 @@ def test_the_docstring_example_runs() -> None:
                          recompute="full")
     one = planner.evaluate(m, gpu, setup, lay)
     assert one.fixed and one.best.layout == lay and one.best.time.step_time_s > 0
+
+
+def test_the_api_refuses_a_precision_the_gpu_cannot_run_as_the_cli_does() -> None:
+    # training.checks.precision_refusal: the A100 has no FP8 tensor cores (NVIDIA A100 data
+    # sheet: TF32, BF16, FP16, INT8 tensor cores; FP8 came with Hopper)
+    import pytest
+    from click.testing import CliRunner
+
+    from planner.cli.main import cli
+    from planner.errors import UserError
+
+    with pytest.raises(UserError, match="no FP8 tensor cores") as e:
+        planner.plan(planner.load_model("8b"), planner.get_gpu("a100"), planner.TrainingSetup(precision="fp8"))
+    r = CliRunner().invoke(cli, ["--model", "8b", "--gpus", "a100", "--precision", "fp8"])
+    assert r.exit_code == 2 and str(e.value) in r.output

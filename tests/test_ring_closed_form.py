@@ -16,11 +16,12 @@ from pathlib import Path
 import networkx as nx
 import pytest
 from click.testing import CliRunner
+from graph_groups import place_groups
 from maxflow import networkx_flow, ring_blocks
 
 from planner.cli.main import cli
 from planner.hardware import placement
-from planner.hardware.graph import build_graph, nvlink_domain_size, place_groups, ring_bandwidth_bytes_per_s
+from planner.hardware.graph import build_graph, nvlink_domain_size, ring_bandwidth_bytes_per_s
 from planner.hardware.rings import domain_gpus, fabric_of, far_flow_bytes_per_s, host_of, ring_bound_bytes_per_s
 from planner.hardware.topology import load_topology, parse_topology
 

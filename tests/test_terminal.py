@@ -108,7 +108,7 @@ def test_to_text_is_the_plain_report():
     from planner.models.spec import load_model
     from planner.training.setup import TrainingSetup
 
-    text = term.to_text(api.plan(load_model("8b"), get_gpu("h100"), TrainingSetup()))
+    text = screen.render(term.plan_view(api.plan(load_model("8b"), get_gpu("h100"), TrainingSetup())))
     assert ESC not in text and "Smallest GPU count that fits: " in text and "Memory per rank" in text
 
 

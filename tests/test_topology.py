@@ -4,19 +4,17 @@ match the vendors' figures."""
 import math
 
 import pytest
+from graph_groups import (
+    axis_bandwidths_bytes_per_s,
+    group_bandwidth_bytes_per_s,
+    pair_bandwidth_bytes_per_s,
+    place_groups,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.errors import UserError
-from planner.hardware.graph import (
-    _solve_max_flow,
-    axis_bandwidths_bytes_per_s,
-    build_graph,
-    group_bandwidth_bytes_per_s,
-    nvlink_domain_size,
-    pair_bandwidth_bytes_per_s,
-    place_groups,
-)
+from planner.hardware.graph import _solve_max_flow, build_graph, nvlink_domain_size
 from planner.hardware.topology import ClusterTopology, list_topologies, load_topology
 from planner.units import GB
 
@@ -233,8 +231,9 @@ def test_merging_a_domains_switch_chips_keeps_every_bandwidth():
     # The max flow over one merged vertex per NVLink domain equals networkx's max flow over
     # the switch chips as built (the graph's own edges, no merging), on every shipped topology.
     import networkx as nx
+    from graph_groups import pair_bandwidth_bytes_per_s
 
-    from planner.hardware.graph import build_graph, pair_bandwidth_bytes_per_s
+    from planner.hardware.graph import build_graph
     from planner.hardware.topology import _shipped
 
     for top in _shipped().values():

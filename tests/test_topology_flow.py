@@ -13,10 +13,11 @@ from pathlib import Path
 
 import networkx as nx
 import pytest
+from graph_groups import place_groups
 from maxflow import networkx_flow, ring_blocks
 
 from planner.hardware import placement
-from planner.hardware.graph import build_graph, place_groups, ring_bandwidth_bytes_per_s
+from planner.hardware.graph import build_graph, ring_bandwidth_bytes_per_s
 from planner.hardware.topology import load_topology
 
 EDGE = Path(__file__).parent / "data" / "topologies" / "limits-edge.toml"

@@ -11,14 +11,8 @@ import click
 
 from planner.cli.common import note, progress, run_safely, show
 from planner.cli.complete import complete_gpus
-from planner.cli.options import (
-    Dollars,
-    OutputPath,
-    calibration_option,
-    prices_option,
-    quiet_option,
-    solver_option,
-)
+from planner.cli.options import calibration_option, confidence_option, prices_option, quiet_option, solver_option
+from planner.cli.types import Dollars, OutputPath
 from planner.errors import UserError
 from planner.training.setup import MAX_GPUS
 
@@ -41,12 +35,11 @@ from planner.training.setup import MAX_GPUS
 @click.option("--force", is_flag=True, help="With --plot, overwrite an existing file.")
 @quiet_option
 @calibration_option
-@click.option("--time-confidence", type=click.Choice(["0.5", "0.8", "0.9", "0.95"]), default=None,
-              help="Size the cluster with step times not exceeded with this confidence (out-of-sample errors "
-                   "on published runs), so every deadline is met with it.")
+@confidence_option("--time-confidence", "Size the cluster with step times not exceeded with this confidence "
+                                        "(out-of-sample errors on published runs), so every deadline is met with it.")
 def buy_cmd(jobs_path: Path, gpu_names: str | None, budget: float | None, horizon: str | None, max_gpus: int,
             prices_path: Path | None, solver: str, as_json: bool, plot: Path | None, force: bool,
-            quiet: bool = False, calibration: Path | None = None, time_confidence: str | None = None) -> None:
+            quiet: bool = False, calibration: Path | None = None, time_confidence: float | None = None) -> None:
     """Size a cluster purchase: how many nodes of each GPU type to buy so that every job of
     JOBS.yaml meets its deadline, at the least cost of ownership (purchase plus power over
     the horizon), by an ILP. Jobs that overlap in time share the cluster's GPUs.
@@ -56,8 +49,7 @@ def buy_cmd(jobs_path: Path, gpu_names: str | None, budget: float | None, horizo
       plan buy jobs.yaml --gpus h100,b200 --budget 20M --horizon 2y
     """
     run_safely(lambda: buy(jobs_path, gpu_names, budget, horizon, max_gpus, prices_path, solver, as_json,
-                           plot, force, quiet, calibration,
-                           None if time_confidence is None else float(time_confidence)))
+                           plot, force, quiet, calibration, time_confidence))
 
 
 def buy(jobs_path: Path, gpu_names: str | None, budget: float | None, horizon: str | None, max_gpus: int,

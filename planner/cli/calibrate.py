@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from planner.cli.common import run_safely
-from planner.cli.options import Options, OutputPath, layout_options, method_options, stack_options
+from planner.cli.options import Options, layout_options, method_options, stack_options
 from planner.cli.request import build_request
+from planner.cli.types import OutputPath
 from planner.errors import UserError
 
 if TYPE_CHECKING:

@@ -10,8 +10,9 @@ from typing import Any
 import click
 
 from planner.cli.common import check_quiet, note, progress, run_safely, show
-from planner.cli.options import Options, OutputPath, distill_options, layout_options, method_options, quiet_option
+from planner.cli.options import Options, distill_options, layout_options, method_options, quiet_option
 from planner.cli.request import build_request
+from planner.cli.types import OutputPath
 from planner.errors import UserError
 
 

@@ -6,16 +6,17 @@ from __future__ import annotations
 import json
 import math
 import sys
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from planner.cli.common import check_quiet, note, written_text
-from planner.cli.options import RL_TASKS, Options
+from planner.cli.options import Options
 from planner.cli.request import build_request, timing
 from planner.errors import UserError
+from planner.training.posttrain import RL_TASKS, DistillDefaults, RLDefaults, teacher_weight_bytes
 
 if TYPE_CHECKING:
     from planner.hardware.gpus import GpuSpec
@@ -38,17 +39,13 @@ def refuse_unsupported(o: Options) -> None:
 
 
 # options of one kind of post-training, with the default a plan without it sees (cli.options.Options)
-DISTILL_ONLY = ("teacher_precision", "teacher_quant", "teacher_sharding", "kd_loss", "kd_hidden_layers",
-                "kd_offline_topk")
-RL_ONLY = ("prompt_len", "response_len", "response_mean", "group_size", "prompts_per_step", "rollout", "rollout_tp",
-           "rollout_memory_fraction", "offload_train_states", "rl_steps")
+DISTILL_ONLY = tuple(f.name for f in fields(DistillDefaults))
+RL_ONLY = (*(f.name for f in fields(RLDefaults)), "rl_steps")
 
 
 def stray_option(o: Options) -> str | None:
     """A distillation option without --teacher or an RL option without --task grpo|ppo|dpo
     (they would be ignored): the refusal, or None."""
-    from dataclasses import fields
-
     defaults = {f.name: f.default for f in fields(Options)}
     if o.teacher is None:
         given = [n for n in DISTILL_ONLY if getattr(o, n) != defaults[n]]
@@ -122,7 +119,7 @@ def distill(o: Options, m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, space:
     if teacher.vocab_size != m.vocab_size:
         raise UserError(f"--teacher {o.teacher} has a vocabulary of {teacher.vocab_size:,} tokens and {m.name} "
                         f"{m.vocab_size:,}: a logit loss needs one tokenizer; pick a teacher of the same family")
-    d = DistillSetup(teacher=teacher.name, teacher_weight_bytes=4 if o.teacher_precision == "fp32" else 2,
+    d = DistillSetup(teacher=teacher.name, teacher_weight_bytes=teacher_weight_bytes(o.teacher_precision),
                      teacher_quant=o.teacher_quant, teacher_sharding=o.teacher_sharding, kd_loss=o.kd_loss,
                      kd_hidden_layers=o.kd_hidden_layers, offline_topk=o.kd_offline_topk)
     if d.kd_hidden_layers > min(m.n_layers, teacher.n_layers):
@@ -168,7 +165,7 @@ def measure_teacher(o: Options, m: Any, hf_config: dict[str, Any], setup: Any, l
                         f"{m.vocab_size:,}: a logit loss needs one tokenizer")
     if o.kd_offline_topk:
         raise UserError("plan measure --teacher measures online distillation: drop --kd-offline-topk")
-    d = DistillSetup(teacher=teacher.name, teacher_weight_bytes=4 if o.teacher_precision == "fp32" else 2,
+    d = DistillSetup(teacher=teacher.name, teacher_weight_bytes=teacher_weight_bytes(o.teacher_precision),
                      kd_loss=o.kd_loss, kd_hidden_layers=o.kd_hidden_layers)
     c = compare_distill(m, teacher, hf_config, load_hf_config(o.teacher), setup, d, lay)
     if o.as_json:

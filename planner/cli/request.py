@@ -105,9 +105,9 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
     from planner.hardware.gpus import get_gpu
     from planner.layouts.layout import SearchSpace
     from planner.models.spec import load_model
-    from planner.training.checks import check_setup, default_seq_len
+    from planner.training.checks import check_setup, default_seq_len, precision_refusal
     from planner.training.fp8 import resolve_recipe
-    from planner.training.setup import Overheads, TrainingSetup
+    from planner.training.setup import DEFAULT_SETUP, Overheads, TrainingSetup
 
     if not o.model_name:
         raise UserError("missing --model; pass a preset name (`plan models`) or a config.json path")
@@ -122,15 +122,9 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
         raise UserError(clash)
     m = load_model(o.model_name)
     gpu = get_gpu(o.gpu_name)
-    if o.precision.startswith("bf16") and gpu.bf16_flops_per_s is None:
-        raise UserError(f"{gpu.full_name} has no bf16 support; use --precision fp16-mixed or fp32")
-    if o.precision == "fp8" and gpu.fp8_flops_per_s is None:
-        raise UserError(f"{gpu.full_name} has no FP8 tensor cores (Hopper, Ada or later); "
-                        "use --precision bf16-mixed")
-    from planner.training.fp8 import FP4_GPUS
-    if o.precision == "nvfp4" and (gpu.name not in FP4_GPUS or gpu.fp8_flops_per_s is None):
-        raise UserError(f"{gpu.full_name} has no FP4 tensor cores (Blackwell: {', '.join(FP4_GPUS)}); "
-                        "use --precision fp8 or bf16-mixed")
+    refusal = precision_refusal(gpu, o.precision)
+    if refusal:
+        raise UserError(refusal)
     if o.fp8_param_gather and (o.precision != "fp8" or o.stack != "megatron"):
         raise UserError("--fp8-param-gather is Megatron-LM's: it needs --precision fp8 and --stack megatron")
     if o.fp8_recipe != "auto" and o.precision != "fp8":
@@ -156,7 +150,7 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
                             f"= {implied}; give one of them")
         global_batch = implied
     assert o.seq_len is not None
-    setup = TrainingSetup(seq_len=o.seq_len, global_batch=global_batch or 1024,
+    setup = TrainingSetup(seq_len=o.seq_len, global_batch=global_batch or DEFAULT_SETUP.global_batch,
                           precision=o.precision, optimizer=o.optimizer,
                           fp8_recipe=resolve_recipe(o.fp8_recipe, o.stack), moe_imbalance=o.moe_imbalance,
                           fp8_param_gather=o.fp8_param_gather,
@@ -172,8 +166,8 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
                           recompute_every=o.recompute_every, compile=o.compile,
                           ds_checkpointing=o.ds_checkpointing, offload_activations=o.offload_activations,
                           mtp_layers=o.mtp, recompute_modules=recompute_modules(o),
-                          recompute_method=o.recompute_method or "uniform",
-                          recompute_num_layers=o.recompute_num_layers or 1,
+                          recompute_method=o.recompute_method or DEFAULT_SETUP.recompute_method,
+                          recompute_num_layers=o.recompute_num_layers or DEFAULT_SETUP.recompute_num_layers,
                           recompute_chunk_layers=recompute_chunk_layers(o, m))
     check_setup(m, setup)       # the rules the Python API applies too (issue 32, W11)
     if "mla_up_proj" in setup.recompute_modules and not m.is_mla:
@@ -343,9 +337,14 @@ def efficiency_of(o: Options, gpu_names: list[str]) -> Efficiency:
 
     c = calibration_of(o, gpu_names)
     base = stack_efficiency(o.stack)
-    if o.stack == "deepspeed" and ((o.tp or 1) > 1 or (o.pp or 1) > 1) and o.precision == "bf16-mixed":
-        # Megatron-DeepSpeed on DeepSpeed's pipeline engine (planner.stacks.runs_megatron_deepspeed):
-        # the engine's own step terms, as the published-runs study times BLOOM and MT-NLG
+    from planner.layouts.layout import Layout
+    from planner.stacks import runs_megatron_deepspeed
+
+    # --stack deepspeed searches tp and pp only where given (build_request): the layout's are these
+    if o.stack and runs_megatron_deepspeed(o.stack, Layout(tp=o.tp or 1, pp=o.pp or 1)) \
+            and o.precision == "bf16-mixed":
+        # Megatron-DeepSpeed on DeepSpeed's pipeline engine: the engine's own step terms, as the
+        # published-runs study times BLOOM and MT-NLG
         from planner.timing.efficiency import DEEPSPEED_PIPE_BF16
         base = DEEPSPEED_PIPE_BF16
     eff = base if c is None else c.efficiency(base)

@@ -44,6 +44,7 @@ from planner.models.spec import ModelSpec, load_model
 from planner.search.search import Candidate
 from planner.search.sweep import CountBest
 from planner.timing.model import DEFAULT_EFFICIENCY, Efficiency, cluster_for
+from planner.training.checks import precision_refusal
 from planner.training.setup import TrainingSetup
 
 
@@ -129,7 +130,7 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
         prices.node(gpus[0].name)
     left_out = tuple((g.name, "no node price or power (give node_purchase_usd, node_power_kw in --prices FILE)")
                      for g in gpus if g not in priced)
-    no_bf16 = [g for g in gpus if base_setup.precision.startswith("bf16") and g.bf16_flops_per_s is None]
+    no_bf16 = [g for g in gpus if precision_refusal(g, base_setup.precision) is not None]
     left_out += tuple((g.name, "no bf16 support (plan buy trains in bf16 mixed precision)") for g in no_bf16)
     gpus = [g for g in priced if g not in no_bf16]
     if not gpus:       # issue 32, U2: the advice named --precision, which plan buy does not have

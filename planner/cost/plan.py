@@ -42,6 +42,7 @@ from planner.timing.model import (
     cluster_for,
     scale_up_domain_gpus,
 )
+from planner.training.checks import precision_refusal
 from planner.training.setup import TrainingSetup
 
 DEFAULT_SPACE, DEFAULT_SETUP, NO_LIMITS = SearchSpace(), TrainingSetup(), Limits()
@@ -219,8 +220,9 @@ def search_pools(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, sp
                         "default topology (drop --topology, or give one GPU type)")
     out = []
     for gpu in gpus:
-        if setup.precision.startswith("bf16") and gpu.bf16_flops_per_s is None:
-            raise UserError(f"{gpu.full_name} has no bf16 support; drop it from --gpus or use --precision fp16-mixed")
+        refusal = precision_refusal(gpu, setup.precision)      # the CLI's one rule (training.checks)
+        if refusal is not None:
+            raise UserError(f"{refusal}, or drop {gpu.name} from --gpus")
         cluster = cluster_for(gpu, topology)
         out.append(SearchPool(m=m, gpu=gpu, setup=setup, space=_space_for(space, gpu, cluster), cluster=cluster,
                          eff=eff, keep=keep))

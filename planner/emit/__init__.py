@@ -29,13 +29,13 @@ from typing import TYPE_CHECKING, Any
 
 from planner.errors import UserError
 from planner.stacks import STACKS, check_stack, default_stack
+from planner.training.setup import DEFAULT_SETUP, OFFLOAD, SGD_MOMENTUM
 
 if TYPE_CHECKING:
     from planner.api import PlanResult
     from planner.layouts.layout import Layout
     from planner.search.search import Candidate
 
-OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 SCHEDULERS = ("both", "slurm", "kubernetes", "none")
 # Every file plan_files writes for some plan: --out --force over a plan of another stack
 # removes those the new plan does not write (planner.emit.write.write_files, issue 32 B4).
@@ -55,15 +55,15 @@ class EmitOptions:
     figures do not subtract offloaded states yet.
     """
 
-    offload_optimizer: str = "none"      # none | cpu | nvme
-    offload_params: str = "none"         # none | cpu | nvme (ZeRO-3 or FSDP only)
+    offload_optimizer: str = DEFAULT_SETUP.offload_optimizer      # none | cpu | nvme
+    offload_params: str = DEFAULT_SETUP.offload_params            # none | cpu | nvme (ZeRO-3 or FSDP only)
     nvme_path: str = "/local_nvme"
     lr: float = 3e-4
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-5
     weight_decay: float = 0.1
     grad_clip: float = 1.0
-    sgd_momentum: float = 0.9
+    sgd_momentum: float = SGD_MOMENTUM
     script: str = "train.py"             # the user's training script (FSDP, DeepSpeed)
     master_addr: str = "node-0"          # default rendezvous host; the launch script reads $MASTER_ADDR
     master_port: int = 29500
@@ -148,8 +148,8 @@ def check_options(r: PlanResult, opts: EmitOptions) -> None:
     lay = r.best.layout
     eng = stack_for(r, opts) if r.best.fits else default_stack(r.model, lay, plan_kernels(r, lay))
     for name, device in (("--offload-optimizer", opts.offload_optimizer), ("--offload-params", opts.offload_params)):
-        if device not in OFFLOAD_DEVICES:
-            raise UserError(f"{name} {device!r}: choose one of {', '.join(OFFLOAD_DEVICES)}")
+        if device not in OFFLOAD:
+            raise UserError(f"{name} {device!r}: choose one of {', '.join(OFFLOAD)}")
     if opts.offload_params != "none" and not lay.is_fsdp and lay.zero_stage != 3:
         raise UserError(f"--offload-params needs ZeRO-3 or FSDP; the plan uses ZeRO-{lay.zero_stage} "
                         f"(add --zero 3, or drop --offload-params)")

@@ -1,8 +1,8 @@
-"""ds_config.json for a plan, and DeepSpeed's own check of it.
+"""ds_config.json for a plan.
 
-``to_deepspeed_config`` returns a plain dict; ``validate_deepspeed_config`` parses it with
-``deepspeed.runtime.config.DeepSpeedConfig`` at the plan's data-parallel size (deepspeed
-is imported there, lazily; see docs/facts.md for why dist is patched).
+``to_deepspeed_config`` returns a plain dict; the tests parse it with DeepSpeed's own
+``deepspeed.runtime.config.DeepSpeedConfig`` at the plan's data-parallel size
+(tests/deepspeed_config.py; see docs/facts.md for why dist is patched).
 
 Field names and meanings: DeepSpeed's config reference ("ZeRO optimizations",
 "Batch size", "BFLOAT16/FP16 training", "Activation checkpointing") and its pydantic
@@ -202,33 +202,3 @@ def to_deepspeed_config(r: PlanResult, opts: EmitOptions = EmitOptions()) -> dic
         cfg["aio"] = {"block_size": 1_048_576, "queue_depth": 8, "single_submit": False,
                       "overlap_events": True}
     return cfg
-
-
-class _DataParallelMpu:
-    """The one method DeepSpeedConfig asks a model-parallel unit for."""
-
-    def __init__(self, dp: int) -> None:
-        self.dp = dp
-
-    def get_data_parallel_world_size(self) -> int:
-        return self.dp
-
-
-def validate_deepspeed_config(cfg: dict[str, Any], data_parallel: int, n_gpus: int | None = None) -> Any:
-    """Parse ``cfg`` with DeepSpeed's own DeepSpeedConfig at ``data_parallel`` ranks.
-
-    Without a process group DeepSpeedConfig assumes a world of one rank, so
-    deepspeed.runtime.config.dist.get_rank/get_world_size are patched for the call and
-    an mpu reports the data-parallel size (docs/facts.md). Raises what DeepSpeed
-    raises (AssertionError, pydantic.ValidationError) for a config it rejects; returns
-    the parsed DeepSpeedConfig. Imports deepspeed (about 2 s; set DS_ACCELERATOR=cpu
-    first to skip its accelerator probe).
-    """
-    from unittest import mock
-
-    ds_config = import_deepspeed("deepspeed.runtime.config")
-
-    world = n_gpus or data_parallel
-    with mock.patch.object(ds_config.dist, "get_rank", return_value=0), \
-            mock.patch.object(ds_config.dist, "get_world_size", return_value=world):
-        return ds_config.DeepSpeedConfig(dict(cfg), mpu=_DataParallelMpu(data_parallel))

@@ -2,7 +2,7 @@
 
 Flag names and their choices are Megatron-LM's (megatron/training/arguments.py:
 _add_distributed_args, _add_training_args, _add_network_size_args, _add_moe_args, ...);
-planner/stacks/megatron.py holds a cited copy of them and of the validate_args rules that
+tests/megatron_args.py holds a cited copy of them and of the validate_args rules that
 concern these flags, and tests/test_emit.py runs both and megatron-core's own config
 classes (TransformerConfig, OptimizerConfig, DistributedDataParallelConfig) on the output.
 
@@ -49,12 +49,6 @@ def vocab_divisor(vocab_size: int, tp: int) -> int:
     while d > 1 and vocab_size % (d * tp):
         d //= 2
     return d
-
-
-def padded_vocab_size(vocab_size: int, tp: int, divisor: int) -> int:
-    """Megatron's _vocab_size_with_padding: up to a multiple of divisor x tp."""
-    multiple = divisor * tp
-    return -(-vocab_size // multiple) * multiple
 
 
 def _unsupported(m: ModelSpec) -> str | None:

@@ -8,13 +8,21 @@ from __future__ import annotations
 
 import functools
 import importlib.resources
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from planner.errors import UserError, unknown_name
-from planner.limits import MAX_CONFIG_BYTES, check_gpu_types, check_keys, check_label, not_found, parse_error_text
+from planner.limits import (
+    MAX_CONFIG_BYTES,
+    check_gpu_types,
+    check_keys,
+    check_label,
+    decode_text,
+    load_toml,
+    not_found,
+    read_input_file,
+)
 from planner.units import GB, GiB, MiB
 
 TFLOPS = 10**12
@@ -137,14 +145,7 @@ def _parse_gpu(entry: dict[str, Any], where: str) -> GpuSpec:
 
 def parse_gpus(text: str, where: str = "gpus.toml") -> dict[str, GpuSpec]:
     """Parse a GPU catalog (TOML text with [[gpu]] tables) into {name: GpuSpec}."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise UserError(f"{where}: not valid TOML ({e})") from None
-    except ValueError as e:         # Python's 4,300-digit limit on int(str) (bench/fuzz.py found it: exit 1)
-        raise UserError(f"{where}: not valid TOML ({parse_error_text(e)})") from None
-    except RecursionError:
-        raise UserError(f"{where}: not valid TOML (nested too deeply)") from None
+    data = load_toml(text, where)
     if data.keys() - {"gpu"}:
         raise UserError(f"{where}: unknown top-level keys {sorted(data.keys() - {'gpu'})}; only [[gpu]] tables")
     gpus: dict[str, GpuSpec] = {}
@@ -197,14 +198,8 @@ def load_gpu_file(path_text: str) -> GpuSpec:
     if not path.is_file():
         raise UserError(not_found("GPU file", path_text, "pass a GPU name (`plan gpus`) or a TOML file with one "
                                                          "[[gpu]] table"))
-    try:
-        if path.stat().st_size > MAX_CONFIG_BYTES:
-            raise UserError(f"GPU file {path_text!r} is larger than {MAX_CONFIG_BYTES:,} bytes")
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise UserError(f"GPU file {path_text!r} is not UTF-8 text; expected TOML") from None
-    except OSError as e:
-        raise UserError(f"GPU file {path_text!r}: cannot read ({e.strerror})") from None
+    what = f"GPU file {path_text!r}"
+    text = decode_text(read_input_file(path, what, MAX_CONFIG_BYTES), what, "TOML")
     gpus = parse_gpus(text, path_text)
     if len(gpus) != 1:
         raise UserError(f"GPU file {path_text!r}: expected exactly one [[gpu]] table, found {len(gpus)}")

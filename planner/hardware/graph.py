@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from planner.errors import UserError
 from planner.hardware.rings import leaf_uplink_bytes_per_s, scale_up_gpu_bytes_per_s
-from planner.hardware.topology import AXES, ClusterTopology
+from planner.hardware.topology import ClusterTopology
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -401,7 +401,7 @@ def ring_bandwidth_bytes_per_s(g: nx.Graph, groups: Iterable[Sequence[int]]) -> 
     the group's GPUs in the same island over intra-island links; a block holding all of its
     groups' GPUs in its island is cut against the rest over every link (NICs and network).
     The answer is the smallest bound; a ring with one channel per NIC reaches it on the
-    symmetric placements place_groups makes. Time for an all-reduce of S bytes is then
+    symmetric placements placement._axis_groups makes. Time for an all-reduce of S bytes is then
     2 (n-1)/n * S / busbw; for all-gather or reduce-scatter (n-1)/n * S / busbw.
 
     Bounds each GPU's NVLink use by its NVLink bandwidth alone, which is slightly conservative
@@ -473,20 +473,6 @@ def _check_gpu(g: nx.Graph, gpu: int) -> None:
         raise UserError(f"GPU {gpu} is not in this graph of {g.graph['n_gpus']} GPUs")
 
 
-def group_bandwidth_bytes_per_s(g: nx.Graph, gpu_ids: Sequence[int]) -> float:
-    """Bus bandwidth per GPU of one ring collective over `gpu_ids`, with the rest of the cluster idle."""
-    return ring_bandwidth_bytes_per_s(g, [gpu_ids])
-
-
-def pair_bandwidth_bytes_per_s(g: nx.Graph, a: int, b: int) -> float:
-    """Max flow from GPU a to GPU b, per direction, with no other GPU relaying."""
-    _check_gpu(g, a)
-    _check_gpu(g, b)
-    if a == b:
-        return math.inf
-    return _max_flow_bytes_per_s(g, {a}, {b})
-
-
 def nvlink_domain_size(top: ClusterTopology) -> int:
     """GPUs reachable from GPU 0 over NVLink / Infinity Fabric alone, read from the graph (1 on PCIe-only machines)."""
     per_domain_nodes = max(1, top.intra_node.domain_gpus // top.gpus_per_node)
@@ -497,33 +483,3 @@ def nvlink_domain_size(top: ClusterTopology) -> int:
     if 0 not in scale_up:
         return 1
     return sum(1 for v in nx.node_connected_component(scale_up, 0) if g.nodes[v]["kind"] == "gpu")
-
-
-# ---------------------------------------------------------------------------------------------
-# Placement
-
-
-def place_groups(n_gpus: int, *, tp: int = 1, cp: int = 1, ep: int = 1, dp: int = 1, pp: int = 1,
-                 order: Sequence[str] = AXES) -> dict[str, list[list[int]]]:
-    """Rank groups of each parallel axis, the first axis of `order` innermost (adjacent GPU ids).
-
-    GPU id = sum over axes of index[axis] * stride[axis], strides growing along `order`, as in
-    Megatron-LM's and torchtitan's device meshes (tp innermost keeps it inside an NVLink domain).
-    """
-    sizes = {"tp": tp, "cp": cp, "ep": ep, "dp": dp, "pp": pp}
-    if sorted(order) != sorted(AXES):
-        raise UserError(f"order must list each of {AXES} once, got {tuple(order)}")
-    if any(s < 1 for s in sizes.values()) or math.prod(sizes.values()) != n_gpus:
-        raise UserError(f"tp*cp*ep*dp*pp = {math.prod(sizes.values())} must equal n_gpus = {n_gpus}")
-    strides, stride = {}, 1
-    for axis in order:
-        strides[axis] = stride
-        stride *= sizes[axis]
-    return {axis: [[first + i * strides[axis] for i in range(sizes[axis])]
-                   for first in range(n_gpus) if (first // strides[axis]) % sizes[axis] == 0]
-            for axis in AXES}
-
-
-def axis_bandwidths_bytes_per_s(g: nx.Graph, groups: Mapping[str, Sequence[Sequence[int]]]) -> dict[str, float]:
-    """Bus bandwidth per GPU of each axis's collectives, all groups of an axis running at once."""
-    return {axis: ring_bandwidth_bytes_per_s(g, grps) for axis, grps in groups.items()}

@@ -1,9 +1,10 @@
 """Where parallel groups sit on the cluster and what bandwidth each axis's collectives get.
 
-Placement follows graph.place_groups (tp innermost, then cp, ep, dp, pp, or another
-order); the bus bandwidth of each axis is read off the topology graph with every group of the
-axis running at once (graph.ring_bandwidth_bytes_per_s). Graphs and per-axis bandwidths
-are cached: the search asks for the same few placements thousands of times.
+Placement puts the first axis of an order innermost (tp, then cp, ep, dp, pp by default, as
+Megatron-LM's and torchtitan's device meshes do: _axis_groups); the bus bandwidth of each
+axis is read off the topology graph with every group of the axis running at once
+(graph.ring_bandwidth_bytes_per_s). Graphs and per-axis bandwidths are cached: the search
+asks for the same few placements thousands of times.
 """
 
 from __future__ import annotations
@@ -62,7 +63,9 @@ def _graph(top: ClusterTopology, n_nodes: int):
 
 def _axis_groups(stride: int, size: int, n_gpus: int) -> list[list[int]]:
     """The groups of one axis laid out with ``stride`` (the product of the inner axes'
-    sizes) on GPUs 0..n_gpus-1, as graph.place_groups makes them."""
+    sizes) on GPUs 0..n_gpus-1: GPU id = sum over axes of index x stride, the strides growing
+    from the innermost axis of the order (the one placement rule; tests/graph_groups.py builds
+    every axis's groups with it)."""
     return [[first + i * stride for i in range(size)]
             for first in range(n_gpus) if (first // stride) % size == 0]
 
@@ -191,8 +194,8 @@ def _fallback_links(gpu: GpuSpec, sizes: dict[str, int], order: Sequence[str]) -
 @lru_cache(maxsize=16384)
 def axis_links(cluster: Cluster, sizes: tuple[int, ...], order: tuple[str, ...] = AXES) -> dict[str, AxisLink]:
     """Bus bandwidth and hop latency of each axis (tp, cp, ep, dp, pp sizes in AXES order)
-    when the groups are placed innermost-first along ``order`` (as graph.place_groups
-    places them: Megatron-LM's and torchtitan's device-mesh order by default).
+    when the groups are placed innermost-first along ``order`` (_axis_groups: Megatron-LM's
+    and torchtitan's device-mesh order by default).
 
     With a topology, each axis's bandwidth is the graph's ring bandwidth with every group
     of that axis running at once (graph.ring_bandwidth_bytes_per_s), on a folded

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import importlib.resources
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +22,10 @@ from planner.limits import (
     check_label,
     check_name,
     check_topology_types,
-    check_tree,
+    decode_text,
     not_found,
-    parse_error_text,
+    parse_toml,
+    read_input_file,
 )
 from planner.units import GB, GiB
 
@@ -235,15 +235,8 @@ def _parse_units(t: Mapping[str, Any], where: str) -> ScalableUnits:
 
 def parse_topology(text: str, where: str = "<topology>") -> ClusterTopology:
     """Parse one topology description (TOML text); see topologies/README.md for the schema."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise UserError(f"{where}: not valid TOML ({e}); see topologies/README.md for the schema") from None
-    except ValueError as e:         # Python's 4,300-digit limit on int(str)
-        raise UserError(f"{where}: not valid TOML ({parse_error_text(e)})") from None
-    except RecursionError:
-        raise UserError(f"{where}: not valid TOML (nested too deeply)") from None
-    check_tree(data, where)         # nesting, integers beyond int64 (float() overflows), huge strings
+    # check_tree: nesting, integers beyond int64 (float() overflows), huge strings
+    data = parse_toml(text, where, "; see topologies/README.md for the schema")
     t = _table(data, {"name", "description", "gpu", "gpus_per_node", "max_nodes",
                                      "intra_node", "pcie", "network", "source"}, {"host", "units"}, where)
     try:
@@ -295,15 +288,8 @@ def load_topology(name_or_path: str | Path) -> ClusterTopology:
         if not path.is_file():
             raise UserError(not_found("topology file", path, "pass a shipped topology (`plan topologies`) or a "
                                                              "TOML file"))
-        try:
-            if path.stat().st_size > MAX_CONFIG_BYTES:
-                raise UserError(f"topology file {str(path)!r} is larger than {MAX_CONFIG_BYTES:,} bytes")
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise UserError(f"topology file {str(path)!r} is not UTF-8 text; expected TOML") from None
-        except OSError as e:
-            raise UserError(f"topology file {str(path)!r}: cannot read ({e.strerror})") from None
-        return parse_topology(text, str(path))
+        what = f"topology file {str(path)!r}"
+        return parse_topology(decode_text(read_input_file(path, what, MAX_CONFIG_BYTES), what, "TOML"), str(path))
     top = _shipped().get(str(name_or_path).strip().lower())
     if top is None:
         raise unknown_name("topology", str(name_or_path), _shipped().keys(), "`plan topologies`")

@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 from planner.errors import UserError
 from planner.measure.fakes import outside_fake_mode
+from planner.training.setup import SGD_MOMENTUM
 
 if TYPE_CHECKING:
     from planner.measure.trackers import MeasureSetup
 
 # Learning rates only matter for values, never for memory.
 LR = {"adamw": 1e-4, "sgd": 1e-2, "adafactor": 1e-2}
-SGD_MOMENTUM = 0.9
 
 
 def build_model(setup: MeasureSetup, device: Any) -> Any:

@@ -146,11 +146,6 @@ class TrainingLog:
         vals = [r.max_allocated_bytes for r in self.memory if r.max_allocated_bytes is not None]
         return max(vals) if vals else None
 
-    @property
-    def mean_tflops_per_gpu(self) -> float | None:
-        vals = [r.tflops_per_gpu for r in self.measured if r.tflops_per_gpu is not None]
-        return statistics.fmean(vals) if vals else None
-
 
 def _f(text: str) -> float:
     return float(text.replace(",", ""))

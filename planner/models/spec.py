@@ -241,12 +241,6 @@ class ParamCount:
         idle = (self.n_experts - self.n_experts_per_token) * self.one_expert
         return self.total - idle * self.n_moe_layers - self.mtp_idle_experts
 
-    @property
-    def largest_layer(self) -> int:
-        """The largest single unit FSDP/ZeRO-3 gathers: a block, or the embedding."""
-        largest_block = max((b.per_layer for b in self.blocks), default=self.per_layer)
-        return max(largest_block, self.embedding, self.lm_head)
-
 
 def _linear(d_in: int, d_out: int, bias: bool) -> int:
     return d_in * d_out + (d_out if bias else 0)

@@ -159,8 +159,7 @@ def fit_advice(r: Any) -> list[str]:
     # same layout takes about as much on it)
     usable = r.capacity_bytes / gpu.memory_bytes if gpu.memory_bytes else 1.0
     bigger = [g for g in sorted(list_gpus(), key=lambda g: g.memory_bytes)
-              if g.memory_bytes > gpu.memory_bytes and g.memory_bytes * usable >= 0.9 * sm.memory.total
-              and runs_precision(g, setup.precision)]
+              if g.memory_bytes > gpu.memory_bytes and g.memory_bytes * usable >= 0.9 * sm.memory.total]
     holding = [g for g in bigger if refit(r, gpu=g, counts=(on,)) is not None][:3]
     if holding:
         out.append(f"A GPU with enough memory for that layout on {on} GPU{'s' if on > 1 else ''}: "
@@ -220,34 +219,37 @@ def smaller_microbatch_group(r: Any, lay: Any) -> str | None:
     return None
 
 
-def runs_precision(gpu: Any, precision: str) -> bool:
-    """Whether ``gpu`` runs ``precision`` (the CLI refuses bf16 without bf16 support, as on a
-    V100, and fp8 without FP8 tensor cores)."""
-    if precision.startswith("bf16"):
-        return gpu.bf16_flops_per_s is not None
-    return precision != "fp8" or gpu.fp8_flops_per_s is not None
-
-
 def refit(r: Any, *, setup: Any = None, gpu: Any = None, counts: Sequence[int] | None = None,
           space: Any = None) -> int | None:
     """The smallest GPU count of ``counts`` (default: the counts the plan tried) on which a
     layout fits with one change to the request (its setup, GPU or search space): the
-    memory search of planner.search.search, without step times. None when none fits."""
+    memory search of planner.search.search, without step times. None when none fits, or
+    when the command line would refuse the changed request (training.checks: a set-up rule,
+    or a GPU without the precision's tensor cores; another GPU's default topology holding
+    fewer GPUs than a count: hardware.topology.check_covers), so that no way out is one it
+    refuses."""
     from planner.api import capacity_bytes, host_capacities
+    from planner.hardware.topology import max_covered_gpus
     from planner.layouts.layout import SearchSpace
     from planner.search.search import search
     from planner.timing.model import cluster_for
+    from planner.training.checks import precision_refusal, setup_refusal
 
     setup = setup if setup is not None else r.setup
     space = space if space is not None else (r.space or SearchSpace())
+    counts = counts if counts is not None else r.result.counts_tried
     if gpu is None:
         gpu, host, nvme = r.gpu, r.host_capacity_bytes, r.nvme_capacity_bytes
     else:
-        host, nvme = host_capacities(cluster_for(gpu))
+        cluster = cluster_for(gpu)
+        host, nvme = host_capacities(cluster)
         space = _replace(space, max_tp=None) if space.max_tp is not None and space.max_tp < gpu.gpus_per_node else space
+        if cluster.topology is not None:
+            counts = tuple(c for c in counts if c <= max_covered_gpus(cluster.topology))
+    if not counts or setup_refusal(r.model, setup) is not None or precision_refusal(gpu, setup.precision) is not None:
+        return None
     try:
-        res = search(r.model, setup, capacity_bytes(gpu, setup), gpu.gpus_per_node,
-                     counts if counts is not None else r.result.counts_tried, space,
+        res = search(r.model, setup, capacity_bytes(gpu, setup), gpu.gpus_per_node, counts, space,
                      host_capacity_bytes=host, nvme_capacity_bytes=nvme)
     except ValueError:          # a change the setup refuses (UserError is one): not a way out
         return None

@@ -20,7 +20,6 @@ from planner.report import costs
 from planner.report import text as report
 from planner.report.bars import BAD, CATEGORY_STYLE, DIM, HEAD, OK, Bar, Stack, Timeline
 from planner.report.intervals import cost_interval_text, memory_note, step_interval_text
-from planner.report.screen import render
 from planner.report.text import LABELS
 
 if TYPE_CHECKING:
@@ -531,28 +530,3 @@ def load_view(r: Any) -> list[Any]:
               _text((f"{100 * r.memory.total / cap:.0f}% ", HEAD), verdict))
     out += [_text(""), t]
     return out
-
-
-# ------------------------------------------------- the reports as plain text (tests, scripts)
-
-def to_text(r: PlanResult, crosscheck: Crosscheck | None = None) -> str:
-    """The plan as plain text, 100 columns when not on a terminal."""
-    return render(plan_view(r, crosscheck))
-
-
-def load_text(r: Any) -> str:
-    return render(load_view(r))
-
-
-def comparison_text(m: Any, gpu: Any, cmp: Any) -> str:
-    return render(comparison_view(m, gpu, cmp))
-
-
-def cost_text(r: Any, crosscheck: Crosscheck | None = None) -> str:
-    """`plan --tokens` as plain text."""
-    return render(cost_view(r, crosscheck))
-
-
-def buy_text(r: Any) -> str:
-    """`plan buy` as plain text."""
-    return render(buy_view(r))

@@ -20,18 +20,16 @@ the plan's stack line.
 from __future__ import annotations
 
 import functools
-import importlib.resources
-import tomllib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from planner.errors import UserError
+from planner.training.setup import STACKS
 
 if TYPE_CHECKING:
     from planner.layouts.layout import Layout
     from planner.models.spec import ModelSpec
 
-STACKS = ("hf", "torchtitan", "megatron", "deepspeed")
 _KEYS = {"title", "version", "files", "launcher", "kernels", "recompute", "loss", "sharding", "layouts", "source"}
 
 # Hugging Face model types whose blocks torchtitan 0.3.0's Llama 3 model builds exactly:
@@ -60,6 +58,9 @@ class Stack:
 @functools.cache
 def load_stacks() -> dict[str, Stack]:
     """The stack catalog, by name (unknown or missing keys are an error in the catalog)."""
+    import importlib.resources  # here, not at the top: `plan --help` reads STACKS and needs no file
+    import tomllib
+
     text = importlib.resources.files("planner.stacks").joinpath("catalog.toml").read_text(encoding="utf-8")
     out: dict[str, Stack] = {}
     for name, row in tomllib.loads(text)["stack"].items():

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import math
 
+from planner.training.setup import DEFAULT_SETUP
+
 FINETUNE_SEQUENCES = 64      # Llama 2-Chat's supervised fine-tuning (arXiv:2307.09288, Sec. 3.1): 64 x 4,096
 DEEPSEEK_COEFF = 0.2920
 DEEPSEEK_EXPONENT = 0.3271
-MIN_SEQUENCES = 1024          # the fixed default's (TrainingSetup.global_batch)
+MIN_SEQUENCES = DEFAULT_SETUP.global_batch       # the fixed default's (TrainingSetup.global_batch)
 
 
 def scaled_global_batch(n_params: int, tokens: float, seq_len: int) -> int:

@@ -26,10 +26,11 @@ from typing import Any
 from planner.errors import UserError
 from planner.models.spec import ModelSpec
 from planner.training.finetune import METHODS
-from planner.training.fp8 import RECIPES
+from planner.training.fp8 import FP4_GPUS, RECIPES
 from planner.training.moe_runtime import A2A_OVERLAPS, CUDA_GRAPHS, DISPATCHERS
 from planner.training.setup import (
     ATTENTION,
+    DEFAULT_SETUP,
     DS_CHECKPOINTING,
     FSDP_PIPELINE_GRAD_SYNCS,
     KERNELS,
@@ -40,13 +41,15 @@ from planner.training.setup import (
     OPTIMIZERS,
     PP_BALANCES,
     PRECISIONS,
+    RECOMPUTE_METHODS,
     TrainingSetup,
 )
 
 LOW_PRECISIONS = ("fp8", "nvfp4")      # the block GEMMs in FP8 or FP4 (training.fp8)
-DEFAULT_SEQ_LEN = 4096          # TrainingSetup.seq_len's default
+DEFAULT_SEQ_LEN = DEFAULT_SETUP.seq_len
 MAX_MOE_IMBALANCE = 64.0        # --moe-imbalance's upper bound: every token on one of 64 ranks
 MAX_RECOMPUTE_EVERY = 1024      # --recompute-every's and --recompute-num-layers' upper bound
+MIN_USABLE_MEMORY = 0.05        # --usable-memory's lower bound
 
 
 def is_int_in(x: Any, lo: int, hi: int) -> bool:
@@ -115,13 +118,13 @@ SETUP_RULES: tuple[SetupRule, ...] = (
     _choice("ds_checkpointing", "--ds-checkpointing", DS_CHECKPOINTING),
     _choice("fsdp_pipeline_grad_sync", "--fsdp-pipeline-grad-sync", FSDP_PIPELINE_GRAD_SYNCS),
     _choice("pp_balance", "--pp-balance", PP_BALANCES),
-    _choice("recompute_method", "--recompute-method", ("uniform", "block")),
+    _choice("recompute_method", "--recompute-method", RECOMPUTE_METHODS),
     _choice("fp8_recipe", "--fp8-recipe", (*RECIPES, "nvfp4")),
     SetupRule("method-known", lambda m, s: s.finetune.method not in METHODS,
               lambda m, s: f"--method {s.finetune.method!r} is not one of {', '.join(METHODS)}"),
-    SetupRule("usable-memory", lambda m, s: not is_float_in(s.usable_memory_fraction, 0.05, 1.0),
+    SetupRule("usable-memory", lambda m, s: not is_float_in(s.usable_memory_fraction, MIN_USABLE_MEMORY, 1.0),
               lambda m, s: (f"--usable-memory {s.usable_memory_fraction!r} (usable_memory_fraction) must be a "
-                            f"fraction from 0.05 to 1")),
+                            f"fraction from {MIN_USABLE_MEMORY:g} to 1")),
     SetupRule("fragmentation", lambda m, s: not is_float_in(s.overheads.fragmentation, 0.0, 1.0),
               lambda m, s: (f"--fragmentation {s.overheads.fragmentation!r} (overheads.fragmentation) must be a "
                             f"fraction from 0 to 1")),
@@ -184,6 +187,21 @@ def check_setup(m: ModelSpec, setup: TrainingSetup) -> None:
     why = setup_refusal(m, setup)
     if why is not None:
         raise UserError(why)
+
+
+def precision_refusal(gpu: Any, precision: str) -> str | None:
+    """Why ``gpu`` (a GpuSpec) cannot train at ``precision``, or None: bf16 needs bf16 tensor
+    cores (not a V100), fp8 FP8 tensor cores (Hopper, Ada or later), nvfp4 FP4 tensor cores
+    (Blackwell: training.fp8.FP4_GPUS). The CLI refuses such a plan; the advice proposes no
+    such GPU."""
+    if precision.startswith("bf16") and gpu.bf16_flops_per_s is None:
+        return f"{gpu.full_name} has no bf16 support; use --precision fp16-mixed or fp32"
+    if precision == "fp8" and gpu.fp8_flops_per_s is None:
+        return f"{gpu.full_name} has no FP8 tensor cores (Hopper, Ada or later); use --precision bf16-mixed"
+    if precision == "nvfp4" and (gpu.name not in FP4_GPUS or gpu.fp8_flops_per_s is None):
+        return (f"{gpu.full_name} has no FP4 tensor cores (Blackwell: {', '.join(FP4_GPUS)}); "
+                "use --precision fp8 or bf16-mixed")
+    return None
 
 
 def tokens_refusal(setup: TrainingSetup, tokens: float, what: str = "--tokens",

@@ -68,6 +68,10 @@ NF4_BLOCK = 64                  # weights per absmax constant (QLoRA Sec. 3; bit
 NF4_DOUBLE_QUANT_BLOCK = 256    # first-level constants per second-level fp32 constant
 INT4_GROUP = 128                # GPTQ/AWQ group size
 FREEZE_TRAINABLE_LAYERS = 2     # LLaMA-Factory's freeze_trainable_layers default
+LORA_RANK = 8                   # PEFT LoraConfig's default r
+LORA_ALPHA = 8                  # PEFT LoraConfig's default lora_alpha
+QLORA_RANK = 64                 # QLoRA's Guanaco adapters (FinetuneSpec.named)
+QLORA_ALPHA = 16
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -84,8 +88,8 @@ class FinetuneSpec:
     """
 
     method: str = "full"
-    lora_rank: int = 8              # PEFT LoraConfig default r
-    lora_alpha: int = 8             # PEFT default; scales the update, costs no memory
+    lora_rank: int = LORA_RANK
+    lora_alpha: int = LORA_ALPHA    # scales the update, costs no memory
     lora_targets: tuple[str, ...] = ()
     lora_dropout: float = 0.0       # PEFT default; > 0 keeps a dropout mask and output per target
     quant: str = "none"
@@ -122,11 +126,11 @@ class FinetuneSpec:
         (Dettmers et al. 2023, arXiv:2305.14314; dropout 0.1 up to 13B, 0.05 for 33B and 65B).
         """
         if method == "qlora":
-            return FinetuneSpec(method="qlora", lora_rank=rank or 64, lora_alpha=alpha or 16,
+            return FinetuneSpec(method="qlora", lora_rank=rank or QLORA_RANK, lora_alpha=alpha or QLORA_ALPHA,
                                 lora_targets=targets or ("all-linear",), lora_dropout=dropout or 0.0,
                                 quant=quant or "nf4", double_quant=True, adapter_bits=16,
                                 paged_8bit_optimizer=True)
-        return FinetuneSpec(method=method, lora_rank=rank or 8, lora_alpha=alpha or 8,
+        return FinetuneSpec(method=method, lora_rank=rank or LORA_RANK, lora_alpha=alpha or LORA_ALPHA,
                             lora_targets=targets or (), lora_dropout=dropout or 0.0,
                             quant=quant or "none",
                             trainable_layers=trainable_layers or FREEZE_TRAINABLE_LAYERS)

@@ -1,8 +1,9 @@
 """Post-training set-ups: distillation from a teacher, and RL with a rollout engine.
 
 Each field is a setting the stacks expose, with its default and where the default comes from;
-the arithmetic on them lives in planner.memory.distill, planner.memory.rollout and
-planner.timing.rollout.
+the defaults live once, in DISTILL_DEFAULTS and RL_DEFAULTS, which the set-ups below and the
+command line (its options' defaults and help) read. The arithmetic on the settings lives in
+planner.memory.distill, planner.memory.rollout and planner.timing.rollout.
 """
 
 from __future__ import annotations
@@ -29,6 +30,65 @@ KD_LOSSES = ("chunked", "full")
 KD_CHUNKS = 8       # torchtune's num_output_chunks default (recipes/configs/*/knowledge_distillation_*.yaml)
 RL_TASKS = ("grpo", "ppo", "dpo")
 ROLLOUT_PLACEMENTS = ("colocated", "separate")
+# The teacher's weights as the student's 16-bit copy or in fp32: bytes per parameter
+TEACHER_WEIGHT_BYTES = {"bf16": 2, "fp32": 4}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DistillDefaults:
+    """The defaults of the distillation settings, named as the command line's options
+    (--kd-loss is kd_loss): DistillSetup, cli.options.Options and click's defaults and help
+    read them from DISTILL_DEFAULTS, so each is written once; its fields are the options that
+    need --teacher (cli.posttrain.stray_option).
+
+    Sources: the teacher in bf16 like the student, unquantized, held as the layout allows
+    least (TEACHER_SHARDINGS); torchtune's chunked KD loss (KD_LOSSES); online distillation
+    without hidden-state losses.
+    """
+
+    teacher_precision: str = "bf16"
+    teacher_quant: str = "none"
+    teacher_sharding: str = "auto"
+    kd_loss: str = "chunked"
+    kd_hidden_layers: int = 0
+    kd_offline_topk: int = 0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RLDefaults:
+    """The defaults of an RL step's settings, named as the command line's options
+    (--prompt-len is prompt_len): RLSetup, cli.options.Options and click's defaults and help
+    read them from RL_DEFAULTS; its fields (and --rl-steps) are the options that need --task
+    grpo|ppo|dpo.
+
+    Sources: 8 responses per prompt (TRL GRPOConfig num_generations = 8); generation on the
+    training GPUs with vLLM at tensor parallelism 1 and its default gpu_memory_utilization 0.9
+    (vllm/config/cache.py), the training state offloaded while it generates (verl, NeMo-RL).
+    response_mean 0: every response runs to response_len. ASSUMED where no stack fixes one: a
+    1,024-token prompt, up to 4,096 response tokens, 64 prompts per step.
+    """
+
+    prompt_len: int = 1024
+    response_len: int = 4096
+    response_mean: int = 0
+    group_size: int = 8
+    prompts_per_step: int = 64
+    rollout: str = "colocated"
+    rollout_tp: int = 1
+    rollout_memory_fraction: float = 0.9
+    offload_train_states: bool = True
+
+
+DISTILL_DEFAULTS = DistillDefaults()
+RL_DEFAULTS = RLDefaults()
+_DD, _RD = DISTILL_DEFAULTS, RL_DEFAULTS
+
+
+def teacher_weight_bytes(precision: str) -> int:
+    """Bytes per parameter of the teacher's weights at --teacher-precision (bf16: 2, fp32: 4)."""
+    if precision not in TEACHER_WEIGHT_BYTES:
+        raise UserError(f"unknown teacher precision {precision!r}; choose one of {', '.join(TEACHER_WEIGHT_BYTES)}")
+    return TEACHER_WEIGHT_BYTES[precision]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -46,12 +106,12 @@ class DistillSetup:
     """
 
     teacher: str
-    teacher_weight_bytes: int = 2
-    teacher_quant: str = "none"
-    teacher_sharding: str = "auto"
-    kd_loss: str = "chunked"
-    kd_hidden_layers: int = 0
-    offline_topk: int = 0
+    teacher_weight_bytes: int = TEACHER_WEIGHT_BYTES[_DD.teacher_precision]
+    teacher_quant: str = _DD.teacher_quant
+    teacher_sharding: str = _DD.teacher_sharding
+    kd_loss: str = _DD.kd_loss
+    kd_hidden_layers: int = _DD.kd_hidden_layers
+    offline_topk: int = _DD.kd_offline_topk
 
     def __post_init__(self) -> None:
         if self.teacher_sharding not in TEACHER_SHARDINGS:
@@ -88,16 +148,16 @@ class RLSetup:
     """
 
     task: str
-    prompt_len: int = 1024
-    response_len: int = 4096
-    group_size: int = 8
-    prompts_per_step: int = 64
-    placement: str = "colocated"
-    engine_tp: int = 1
-    engine_memory_fraction: float = 0.9
-    offload_train_states: bool = True
+    prompt_len: int = _RD.prompt_len
+    response_len: int = _RD.response_len
+    group_size: int = _RD.group_size
+    prompts_per_step: int = _RD.prompts_per_step
+    placement: str = _RD.rollout
+    engine_tp: int = _RD.rollout_tp
+    engine_memory_fraction: float = _RD.rollout_memory_fraction
+    offload_train_states: bool = _RD.offload_train_states
     engine_sleeps: bool = True
-    response_mean: int = 0
+    response_mean: int = _RD.response_mean
     reference_model: bool = True      # GRPO's KL term against a frozen reference (beta > 0)
 
     def __post_init__(self) -> None:

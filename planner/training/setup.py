@@ -17,12 +17,15 @@ from planner.units import MiB
 PRECISIONS = ("bf16-mixed", "fp16-mixed", "fp32", "bf16", "fp8", "nvfp4")
 OPTIMIZERS = ("adamw", "sgd", "adafactor", "adam8bit", "adamw-bf16-states")
 RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE_METHODS = ("uniform", "block")     # Megatron-LM's --recompute-method (TrainingSetup.recompute_method)
 ATTENTION = ("flash", "eager")
 KERNELS = ("auto", "eager", "fused")
 OFFLOAD = ("none", "cpu", "nvme")
+# the training stacks (planner.stacks.STACKS reads them here: the training layer sits below it)
+STACKS = ("hf", "torchtitan", "megatron", "deepspeed")
 # the stack whose memory profile the model follows (planner.stacks); "auto": the kernels'
 # profile, as before --stack existed (eager = Hugging Face and DeepSpeed, fused = Megatron-LM)
-MEMORY_STACKS = ("auto", "hf", "torchtitan", "megatron", "deepspeed")
+MEMORY_STACKS = ("auto", *STACKS)
 # DeepSpeed's activation checkpointing of the checkpointed blocks' inputs (--stack deepspeed,
 # --recompute full): deepspeed/runtime/activation_checkpointing/checkpointing.py (0.19.8)
 DS_CHECKPOINTING = ("none", "partitioned", "cpu", "partitioned-cpu")
@@ -113,6 +116,11 @@ class Precision:
     @property
     def is_mixed(self) -> bool:
         return self.master_bytes > 0
+
+
+# SGD's momentum as the planner measures and writes it (ASSUMED, the common 0.9; any value
+# above 0 keeps the momentum buffer, the 4 B per parameter of optimizer_state_bytes_per_param)
+SGD_MOMENTUM = 0.9
 
 
 def optimizer_state_bytes_per_param(optimizer: str) -> float:
@@ -311,8 +319,13 @@ class TrainingSetup:
         return asdict(self)
 
 
+# TrainingSetup's defaults as one object: the command line's defaults and help, the default
+# sequence length (training.checks.default_seq_len) and the batch rule (training.batch) read them
+DEFAULT_SETUP = TrainingSetup()
+
 MAX_SEQ_LEN = 4 * 1024 * 1024
 MAX_GPUS = 1 << 17
+MAX_SEARCH_GPUS = 16_384        # the largest GPU count a search tries by default (--max-gpus, api.plan)
 MAX_GLOBAL_BATCH = 1 << 24
 MAX_MICRO_BATCH = 4096
 

@@ -89,11 +89,6 @@ class GenericProfile:
     def total(self) -> int:
         return self.embedding + self.layers + self.head + self.final
 
-    def kind_totals(self) -> dict[str, int]:
-        """Parameters by module kind over the whole model (embedding and head included)."""
-        out = {k: sum(getattr(b, k) * b.n_layers for b in self.blocks) for k in PARAM_KINDS}
-        return {"embedding": self.embedding, **out, "head": self.head, "final": self.final}
-
     def mean_block(self, field: str) -> float:
         """The per-layer mean of a BlockProfile field over all blocks."""
         return sum(getattr(b, field) * b.n_layers for b in self.blocks) / max(self.n_layers, 1)
