@@ -31,6 +31,7 @@ from planner.timing.rollout import (
     logprob_pass_s,
     offload_s,
     resync_s,
+    rl_step_s,
 )
 from planner.training.posttrain import DistillSetup, RLSetup
 from planner.training.setup import TrainingSetup
@@ -66,10 +67,11 @@ class RLChoice:
     engine: EngineBudget | None
     generation: GenerationTime | None
     times_s: dict[str, float]
+    overlapped: bool = False         # asynchronous RL: generation beside the rest (RLSetup.overlapped)
 
     @property
     def step_time_s(self) -> float:
-        return sum(self.times_s.values())
+        return rl_step_s(self.times_s, self.overlapped)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -199,7 +201,8 @@ def rl_choice(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, rl: RLSetup, c: 
             bd = c.memory.breakdown
             ref = frozen_copy_bytes(m, lay) if rl.reference_model else 0
             times["offload and reload"] = offload_s(bd.weights + bd.optimizer + ref)
-    return RLChoice(candidate=c, phases=phases, engine=engine, generation=gen, times_s=times)
+    return RLChoice(candidate=c, phases=phases, engine=engine, generation=gen, times_s=times,
+                    overlapped=rl.overlapped)
 
 
 def plan_rl(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, rl: RLSetup, space: SearchSpace = SearchSpace(),  # noqa: B008

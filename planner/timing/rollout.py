@@ -236,6 +236,31 @@ def resync_s(m: ModelSpec, lay: Layout, engine_tp: int, colocated: bool, cluster
     return gather_s(weights, n, slowest, eff) + copy_s
 
 
+# The phases of an RL step that run on the engines (planner.search.posttrain.rl_choice's keys)
+GENERATION_PHASES = ("generation: prefill", "generation: decode")
+
+
+def rl_step_s(times_s: dict[str, float], overlapped: bool) -> float:
+    """One RL step from its phases' seconds. On-policy: the phases take turns, their sum.
+    Asynchronous (RLSetup.overlapped; NeMo-RL's async GRPO, docs/guides/async-grpo.md: the
+    trajectory collector generates the next batch on the engines' own GPUs while the training
+    loop trains on the last one, then the new weights are sent to the engines): in the steady
+    state the slower side sets the step, max(generation on the engines' GPUs, everything else
+    on the training GPUs: log-prob passes, training, the weight resync). ASSUMED: the resync
+    counts on the training side only (in-flight weight updates: the engines do not wait for it),
+    and how many steps off (max_trajectory_age_steps) does not change the steady state, only
+    how much a slow step can be absorbed. Seconds."""
+    gen, rest = generation_and_rest_s(times_s)
+    return max(gen, rest) if overlapped else gen + rest
+
+
+def generation_and_rest_s(times_s: dict[str, float]) -> tuple[float, float]:
+    """An RL step's phases split by where they run: generation (GENERATION_PHASES, the engines)
+    and the rest (log-prob passes, training, resync, offload: the training GPUs), seconds."""
+    gen = sum(v for k, v in times_s.items() if k in GENERATION_PHASES)
+    return gen, sum(times_s.values()) - gen
+
+
 def offload_s(n_bytes: int) -> float:
     """Training states to the host and back once per step (out before generation, in after),
     at HOST_COPY_BYTES_PER_S each way, seconds."""
