@@ -28,9 +28,13 @@ def _plan(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _json(*args: str) -> dict:
+    return _whole(*args)["plan"]
+
+
+def _whole(*args: str) -> dict:
     out = _plan(*args)
     assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)["plan"]
+    return json.loads(out.stdout)
 
 
 def _bench() -> ModuleType:
@@ -101,3 +105,12 @@ def test_async_rows_against_nemo_rl(model: str, rel: float) -> None:
     plan = bench.predict_async(row)
     assert plan["overlapped"] is True
     assert plan["step_time_s"] == pytest.approx(row[-1], rel=rel)
+
+
+def test_separate_engines_count_in_gpu_hours() -> None:
+    """The engines' own GPUs are rented too: 8 training GPUs and 8 engines' GPUs for 100 steps
+    are 16 x the run's hours (the bug before: 8 x, half the GPU-hours); colocated, 8 x."""
+    sep = _whole(*GRPO, "--rollout", "separate", "--rl-async", "1", "--rl-steps", "100")
+    assert sep["gpu_hours"] == pytest.approx(16 * sep["run_time_s"] / 3600)
+    colocated = _whole(*GRPO, "--rl-steps", "100")
+    assert colocated["gpu_hours"] == pytest.approx(8 * colocated["run_time_s"] / 3600)

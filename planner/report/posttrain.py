@@ -86,7 +86,7 @@ def rl_lines(p: PosttrainPlan) -> list[str]:
     totals = r.phases.totals()
     lines = [head, "",
              f"Smallest GPU count that fits: {lay.n_gpus} x {p.gpu.name} ({rl.placement} rollout"
-             + (f", {lay.n_gpus} more GPUs for the engines" if rl.placement == "separate" and rl.generates else "")
+             + (f", {rl.engine_gpus(lay.n_gpus)} more GPUs for the engines" if rl.engine_gpus(lay.n_gpus) else "")
              + ")",
              f"  training layout  {lay.describe()}",
              f"  peak phase       {r.phases.peak_phase}: {gib_of(r.phases.peak, p.capacity_bytes)} per GPU",
@@ -115,7 +115,7 @@ def rl_lines(p: PosttrainPlan) -> list[str]:
     if r.overlapped:
         gen, rest = generation_and_rest_s(r.times_s)
         lines.append(f"  asynchronous, {rl.off_policy_steps} step(s) off-policy: generation ({duration(gen)}, the "
-                     f"engines' {lay.n_gpus} GPUs) overlaps the rest ({duration(rest)}, "
+                     f"engines' {rl.engine_gpus(lay.n_gpus)} GPUs) overlaps the rest ({duration(rest)}, "
                      f"the training GPUs); the slower side sets the step")
     lines += _rows([(k, duration(v)) for k, v in r.times_s.items()])
     return lines
@@ -125,8 +125,7 @@ def run_lines(p: PosttrainPlan) -> list[str]:
     """The whole run's time, with --tokens (distillation) or --rl-steps (RL)."""
     if p.run_time_s is None or p.gpu_hours is None or p.chosen is None:
         return []
-    n = p.chosen.candidate.layout.n_gpus
-    return ["", f"Run: {p.steps:,} steps, {duration(p.run_time_s)} on {n} x {p.gpu.name} "
+    return ["", f"Run: {p.steps:,} steps, {duration(p.run_time_s)} on {p.n_gpus} x {p.gpu.name} "
                 f"({p.gpu_hours:,.0f} GPU-hours)"]
 
 

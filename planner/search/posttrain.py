@@ -107,9 +107,21 @@ class PosttrainPlan:
         return None if c is None or self.steps is None else self.steps * c.step_time_s
 
     @property
+    def n_gpus(self) -> int | None:
+        """Every GPU the run holds: the chosen layout's, and the engines' own beside them
+        (RLSetup.engine_gpus) (None without a plan)."""
+        c = self.chosen
+        if c is None:
+            return None
+        n = c.candidate.layout.n_gpus
+        return n + (self.rl_setup.engine_gpus(n) if self.rl_setup is not None else 0)
+
+    @property
     def gpu_hours(self) -> float | None:
-        c, t = self.chosen, self.run_time_s
-        return None if c is None or t is None else c.candidate.layout.n_gpus * t / 3600
+        """GPU-hours of the run on every GPU it holds, the engines' own included (before,
+        --rollout separate counted the training GPUs alone: half the hours)."""
+        n, t = self.n_gpus, self.run_time_s
+        return None if n is None or t is None else n * t / 3600
 
 
 def _counts(gpu: GpuSpec, n_gpus: int | None, max_gpus: int) -> list[int]:

@@ -193,6 +193,12 @@ class RLSetup:
         """Tokens of one sequence: the prompt and its response (DPO: prompt and the longer answer)."""
         return self.prompt_len + self.response_len
 
+    def engine_gpus(self, training_gpus: int) -> int:
+        """GPUs the engines hold beyond the training GPUs: --rollout separate puts as many of
+        their own beside them (NeMo-RL's policy.generation.colocated.resources); colocated
+        engines, and DPO, which generates nothing, hold none. GPUs."""
+        return training_gpus if self.placement == "separate" and self.generates else 0
+
     @property
     def overlapped(self) -> bool:
         """Asynchronous RL: generation runs beside scoring and training, not before them."""
