@@ -173,14 +173,16 @@ def async_table(on_policy: list, c_out: float) -> None:
     """The 1-step-off rows: out of sample at c_out (fitted on the on-policy rows alone), then
     in sample with c refitted on all rows, and leaving each row out of that refit."""
     print("\n| model | GPUs (generation + training) | published step s | predicted s (out of sample) | error | "
-          "generation s (its GPUs) | log-probs + training + resync s (training GPUs) | side that sets the step |")
-    print("|---|---|---|---|---|---|---|---|")
+          "generation s (its GPUs) | log-probs + training + resync s (training GPUs) | side that sets the step | "
+          "1-step-off / on-policy step: published, predicted |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    on = {row[0]: (row[-1], p["step_time_s"]) for row, p, _, _ in on_policy}
     rows, out_err = [], []
     for row in ASYNC_ROWS:
         p = predict_async(row)
         n, n_gen, y = row[1], row[2], row[-1]
         if p is None:
-            print(f"| {row[0]} | {n_gen} + {n - n_gen} | {y} | does not fit | | | | |")
+            print(f"| {row[0]} | {n_gen} + {n - n_gen} | {y} | does not fit | | | | | |")
             continue
         pt = parts(p)
         pred = at_c(pt, c_out)
@@ -188,7 +190,8 @@ def async_table(on_policy: list, c_out: float) -> None:
         out_err.append(pred / y - 1)
         rows.append((row, pt, y))
         print(f"| {row[0]} | {n_gen} + {n - n_gen} | {y} | {pred:.1f} | {pred / y - 1:+.0%} | {gen:.1f} | "
-              f"{pt[2]:.1f} | {'generation' if gen >= pt[2] else 'training'} |")
+              f"{pt[2]:.1f} | {'generation' if gen >= pt[2] else 'training'} | "
+              + (f"{y / on[row[0]][0]:.2f}, {pred / on[row[0]][1]:.2f} |" if row[0] in on else "|"))
     allrows = [(parts(p), row[-1]) for row, p, _, _ in on_policy] + [(pt, y) for _, pt, y in rows]
     c_in = fit_c(allrows)
     in_err = [at_c(pt, c_in) / y - 1 for pt, y in allrows]
