@@ -114,3 +114,14 @@ def test_separate_engines_count_in_gpu_hours() -> None:
     assert sep["gpu_hours"] == pytest.approx(16 * sep["run_time_s"] / 3600)
     colocated = _whole(*GRPO, "--rl-steps", "100")
     assert colocated["gpu_hours"] == pytest.approx(8 * colocated["run_time_s"] / 3600)
+
+
+def test_rl_async_out_refuses_trl_config(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """TRL 1.16's GRPOConfig has no asynchronous mode (its fields: steps_per_generation,
+    vllm_mode colocate/server; nothing off-policy by steps), so --out refuses an --rl-async plan
+    in one line, exit 2, and writes nothing."""
+    out = _plan(*GRPO, "--rollout", "separate", "--rl-async", "1", "--dp", "8", "--tp", "1", "--pp", "1",
+                "--cp", "1", "--out", str(tmp_path / "o"))
+    assert out.returncode == 2 and "GRPOConfig has no asynchronous mode" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
