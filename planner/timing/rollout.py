@@ -42,9 +42,9 @@ HOST_COPY_BYTES_PER_S = 50e9
 # FITTED: the one free value of the RL step time, least squares on the relative errors of
 # NeMo-RL's five on-policy GRPO rows (16.25 ms when fitted; 16.37 ms, leave one row out 13.4 to
 # 28.7 ms, on the tree after the MoE changes: bench/posttrain_nemo_rl.py; kept, not refitted on
-# the five 1-step-off rows, which it predicts out of sample). Not measured: no published per-step figure for vLLM at these
-# batches was found, and the value stands for every per-step cost not modelled, not the host
-# time alone (the dense rows ask for about 10 ms, Qwen3-30B-A3B for about 38 ms).
+# the five 1-step-off rows, which it predicts out of sample). Not measured: no published
+# per-step figure for vLLM at these batches was found, and the value stands for every per-step
+# cost not modelled, not the host time alone (the dense rows ask for about 10 ms, Qwen3-30B-A3B for about 38 ms).
 DECODE_STEP_OVERHEAD_S = 16.2e-3
 
 
