@@ -26,7 +26,9 @@ Generation TP and the training layout are the table's (where the stored Qwen3-30
 differs, TP 4 and training tp 2 pp 1, the table is taken: it is what was measured). DeepSeek-V3
 gives pp 16 only, as its on-policy row does: the published tp 1, ep 16 does not fit the
 planner's training phase with the reference model's 16-bit copy resident beside it (15.4 GiB
-on 64.1 GiB), so the search picks tp (the planner does not model a reference kept in host memory).
+on 64.1 GiB), so the search picks tp. NeMo-RL keeps the reference's weights in host memory and
+swaps them in for the reference pass (nemo_rl/models/policy/megatron_policy_worker.py: the
+reference state dict is copied to the CPU), which the planner does not model.
 
     python bench/posttrain_nemo_rl.py      # prints the tables docs/post-training.md holds
 """
