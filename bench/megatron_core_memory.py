@@ -20,14 +20,21 @@ every group sees rank 0; a collective leaves its output as megatron-core allocat
   saves for backward counted with torch.autograd.graph.saved_tensors_hooks (distinct storages, the
   model's parameters left out), at their peak, just before the first backward.
 
+What the output layer and the loss save (the last stage) is counted apart, as the planner's
+"logits"; what the layers save is its "activations". Sequence parallelism is on (tp > 1).
+
 Real (not fake) tensors: MoE routing has data-dependent shapes (token counts per expert) that
-FakeTensorMode cannot run; the configs are small enough for real CPU tensors (a few seconds).
-The core attention is torch's scaled_dot_product_attention (on the CPU its flash kernel, saving
-q, k, v, the output and the log-sum-exp), standing in for Transformer Engine's fused attention
-that Megatron-Bridge runs; the local spec's DotProductAttention would save the s x s scores,
-which no Megatron-Bridge recipe keeps. Dropout is off (Megatron-Bridge's Llama recipes:
-attention_dropout = hidden_dropout = 0). The MoE layout pads each expert to its capacity at
-capacity factor 1 (moe_pad_expert_input_to_capacity), so every expert sees T k / E tokens: the
+FakeTensorMode cannot run; the configs are small enough for real CPU tensors (about 15 s a case).
+Three kernels are replaced by stand-ins that keep for backward what the GPU kernels keep, since
+the CPU versions keep more (each names its source below): the core attention is torch's
+scaled_dot_product_attention (on the CPU its flash kernel: q, k, v, the output and the
+log-sum-exp), standing in for Transformer Engine's fused attention (the local spec's
+DotProductAttention would save the s x s scores, which no Megatron-Bridge recipe keeps); RMSNorm
+keeps its 16-bit input and fp32 1/rms (torch.nn.RMSNorm decomposes on the CPU and keeps fp32
+copies); RoPE keeps only its frequencies (Transformer Engine's fused RoPE). The SwiGLU is
+megatron-core's own fused one (bias_activation_fusion). Dropout is off (Megatron-Bridge's Llama
+recipes: attention_dropout = hidden_dropout = 0). The MoE layout pads each expert to its capacity
+at capacity factor 1 (moe_pad_expert_input_to_capacity), so every expert sees T k / E tokens: the
 balanced routing the planner assumes, made exact.
 
     python bench/megatron_core_memory.py            # print the table
@@ -104,8 +111,22 @@ def _none(*a, **k):
 _COLLECTIVES = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "_all_gather_base",
                 "_reduce_scatter_base", "broadcast", "barrier", "all_to_all_single", "all_gather")
 _original = {id(getattr(dist, n)) for n in _COLLECTIVES if hasattr(dist, n)}
+
+def _gather(out, inp, *a, **k):
+    """Every rank sent what this one has: deterministic values, not uninitialized memory."""
+    if torch.is_tensor(out) and torch.is_tensor(inp) and out.numel() % max(inp.numel(), 1) == 0:
+        out.view(-1).copy_(inp.reshape(-1).repeat(out.numel() // max(inp.numel(), 1)))
+    return _none(**k)
+
+def _scatter(out, inp, *a, **k):
+    if torch.is_tensor(out) and torch.is_tensor(inp) and inp.numel() >= out.numel():
+        out.view(-1).copy_(inp.reshape(-1)[:out.numel()])
+    return _none(**k)
+
 for _name in _COLLECTIVES:
     setattr(dist, _name, _none)
+dist.all_gather_into_tensor = dist._all_gather_base = _gather
+dist.reduce_scatter_tensor = dist._reduce_scatter_base = _scatter
 
 def _stub_aliases():
     """megatron-core keeps module-level aliases of some collectives (tensor_parallel/layers.py
@@ -114,7 +135,7 @@ def _stub_aliases():
         if getattr(mod, "__name__", "").startswith("megatron"):
             for k, v in list(vars(mod).items()):
                 if id(v) in _original:
-                    setattr(mod, k, _none)
+                    setattr(mod, k, getattr(dist, v.__name__, _none))
 
 def _all_gather_object(out, obj, group=None):
     for i in range(len(out)):
@@ -189,6 +210,26 @@ class GpuRmsNorm(torch.nn.Module):
         return FusedRmsNorm.apply(x, self.weight, self.eps)
 
 import contextlib
+class FusedRope(torch.autograd.Function):
+    """Rotary embedding as Transformer Engine's fused RoPE keeps it (FusedRoPEFunc saves only the
+    frequencies, one tensor per micro-batch shared by every layer; Megatron-Bridge's Llama recipes
+    set apply_rope_fusion). megatron-core's unfused path saves cos and sin per layer instead."""
+    @staticmethod
+    def forward(ctx, t, freqs):
+        ctx.save_for_backward(freqs)
+        cos, sin = torch.cos(freqs).to(t.dtype), torch.sin(freqs).to(t.dtype)
+        t1, t2 = torch.chunk(t, 2, dim=-1)
+        return t * cos + torch.cat((-t2, t1), dim=-1) * sin
+    @staticmethod
+    def backward(ctx, g):
+        (freqs,) = ctx.saved_tensors
+        cos, sin = torch.cos(freqs).to(g.dtype), torch.sin(freqs).to(g.dtype)
+        u1, u2 = torch.chunk(g * sin, 2, dim=-1)
+        return g * cos + torch.cat((u2, -u1), dim=-1), None
+
+import megatron.core.transformer.attention as _attention
+_attention.apply_rotary_pos_emb = lambda t, freqs, config, cu_seqlens=None, mscale=1.0, cp_group=None: \
+    FusedRope.apply(t, freqs)
 import megatron.core.transformer.transformer_block as _tb
 from megatron.core.tensor_parallel import random as _random
 _random.CudaRNGStatesTracker.fork = lambda self, *a, **k: contextlib.nullcontext()   # no CUDA RNG on the CPU
