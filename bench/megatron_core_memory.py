@@ -464,11 +464,15 @@ def section(rows: list[dict] | None = None) -> list[str]:
             "  megatron-core, whose buckets are views of the grad buffer; on these small models the two",
             "  errors cancel in the total (-0.8%, -1.8%), on a large model the bucket is capped and the",
             "  gradient gap is not: 2 bytes per parameter of the rank.",
-            "- Dense activations -12.4%: the value tensor attention keeps is a view of the fused QKV",
-            "  projection's output, so the whole QKV output stays alive (0.75 MiB per layer here), and the",
-            "  last stage's final norm keeps its input; the planner counts neither. Whether Transformer",
-            "  Engine's attention (which Megatron-Bridge runs) copies the value out and frees the rest is",
-            "  not checked here. MoE activations -8.5%.", ""]
+            "- Activations, dense -12.4%, MoE -8.5%: the value tensor attention keeps is a view of the",
+            "  fused QKV projection's output (megatron-core attention.py get_query_key_value_tensors splits",
+            "  it), so the whole QKV output stays alive: 0.75 MiB per layer and micro-batch here, (q + k)",
+            "  width beyond V. With it the tensors listed by saved-tensor hooks add up to the planner's",
+            "  terms (norm inputs, norm outputs as linear inputs, Q, K, V, flash output and log-sum-exp,",
+            "  the fused SwiGLU's input and product; MoE: the permuted tokens and each expert's SwiGLU, the",
+            "  fp32 router probabilities), plus on the dense last stage the final norm's input. Whether",
+            "  Transformer Engine's attention, which Megatron-Bridge runs, copies V out (freeing the rest)",
+            "  is not checked here: Transformer Engine does not install without CUDA.", ""]
 
 
 def write() -> int:
