@@ -406,6 +406,8 @@ def categories(r: dict) -> list[tuple[str, int, int]]:
            ("buffers (gradient buckets)", 0, p["buffers"])]
     tracked = [x for x in out if not x[0].startswith("gradients (bf16")]
     out.append(("tracked total (fp32 grads)", sum(x[1] for x in tracked), sum(x[2] for x in tracked)))
+    bf16 = [x for x in out[:-1] if not x[0].startswith("gradients (fp32")]
+    out.append(("tracked total (bf16 grads)", sum(x[1] for x in bf16), sum(x[2] for x in bf16)))
     return out
 
 
@@ -457,17 +459,25 @@ def section(rows: list[dict] | None = None) -> list[str]:
             "NCCL and allocator fragmentation (the planner's overhead), pipeline send/receive buffers.", "",
             "What the rows say:",
             "- Weights and the distributed optimizer's states agree to the bucket padding (< 0.1%).",
-            "- **Gradients: megatron-core keeps the grad buffer in fp32 under bf16 (grad_reduce_in_fp32:",
-            "  Megatron-LM's megatron/training/arguments.py sets accumulate_allreduce_grads_in_fp32 for",
-            "  --bf16 unless --grad-reduce-in-bf16 is given; NeMo's bf16_mixed recipe sets",
-            "  grad_reduce_in_fp32=True); the planner's memory model counts 2 bytes per parameter (-50%),",
-            "  though its step-time model already reduces 4-byte gradients for this stack",
-            "  (planner.timing.efficiency MEGATRON_CORE, grad_reduce_bytes=4).** Its separate gradient",
-            "  bucket (*buffers*, the DeepSpeed ZeRO-1/2 reduce bucket, min(bucket, parameters) 16-bit",
-            "  elements) does not exist in",
-            "  megatron-core, whose buckets are views of the grad buffer; on these small models the two",
-            "  errors cancel in the total (-0.8%, -1.8%), on a large model the bucket is capped and the",
-            "  gradient gap is not: 2 bytes per parameter of the rank.",
+            "- **Gradients: the planner counts 2 bytes per parameter, which is megatron-core's grad buffer",
+            "  with grad_reduce_in_fp32 off** (the bf16 row: exact), as NVIDIA's published Megatron-Bridge",
+            "  performance runs set it (Megatron-Bridge scripts/performance/utils/helpers.py,",
+            "  set_basic_perf_overrides: ddp.grad_reduce_in_fp32 = False). **Megatron-LM's own default keeps",
+            "  it in fp32** (megatron/training/arguments.py sets accumulate_allreduce_grads_in_fp32 for --bf16",
+            "  unless --grad-reduce-in-bf16 is given; NeMo's and Megatron-Bridge's bf16_mixed recipe set",
+            "  grad_reduce_in_fp32=True): -50% on the fp32 row, 2 bytes per parameter of the rank. The",
+            "  arguments `--out megatron` writes do not pass --grad-reduce-in-bf16, so the run they launch",
+            "  holds fp32 gradients the plan did not count; and the step-time model reduces 4-byte",
+            "  gradients for this stack (planner.timing.efficiency MEGATRON_CORE, grad_reduce_bytes=4)",
+            "  while the memory model holds 2. Counted in fp32 (an estimate: the gradients doubled, the",
+            "  bucket dropped, the 10% allowance on top), 21 of the 169 planned Megatron-Bridge rows (2",
+            "  today) would exceed their GPU: their recipes did reduce in bf16.",
+            "- *Buffers*: the planner adds a gradient bucket (DeepSpeed ZeRO-1/2's reduce bucket,",
+            "  min(200M, parameters) 16-bit elements) that megatron-core does not allocate: its buckets",
+            "  are views of the grad buffer. On these small models it equals the bf16 gradients, so the",
+            "  fp32-gradient totals agree (-0.8%, -1.8%) by the two terms cancelling and the bf16-gradient",
+            "  totals are over-predicted by the bucket (+10.9%, +10.9%); on a large model the bucket is",
+            "  capped at 0.37 GiB and over-counts that much per rank.",
             "- Activations, dense -12.4%, MoE -8.5%: the value tensor attention keeps is a view of the",
             "  fused QKV projection's output (megatron-core attention.py get_query_key_value_tensors splits",
             "  it), so the whole QKV output stays alive: 0.75 MiB per layer and micro-batch here, (q + k)",
