@@ -36,7 +36,7 @@ TOPICS: dict[str, tuple[str, tuple[str, ...]]] = {
                   ("--teacher", "--teacher-precision", "--teacher-quant", "--teacher-sharding", "--kd-loss",
                    "--kd-hidden-layers", "--kd-offline-topk", "--prompt-len", "--response-len", "--response-mean",
                    "--group-size", "--prompts-per-step", "--rollout", "--rollout-tp", "--rollout-memory-fraction",
-                   "--offload-train-states", "--rl-steps")),
+                   "--offload-train-states", "--rl-async", "--rl-steps")),
     "time": ("step time: the cluster and calibration",
              ("--topology", "--time-confidence", "--calibration")),
     "cost": ("training on N tokens: deadline, budget, prices, solver",

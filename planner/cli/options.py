@@ -154,6 +154,7 @@ class Options:
     rollout_tp: int = _RD.rollout_tp
     rollout_memory_fraction: float = _RD.rollout_memory_fraction
     offload_train_states: bool = _RD.offload_train_states
+    rl_async: int = _RD.rl_async
     rl_steps: int | None = None
     # step time and tokens (time_options)
     topology: str | None = None
@@ -470,6 +471,9 @@ def posttrain_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      show_default=True,
                      help="Move the policy's training states to the host while the engine generates (verl, "
                           "NeMo-RL), or keep them (TRL)."),
+        click.option("--rl-async", type=click.IntRange(0, 1 << 10), default=_RD.rl_async, show_default=True,
+                     help="Asynchronous RL, N steps off-policy (NeMo-RL's async GRPO, max_trajectory_age_steps): "
+                          "generation on --rollout separate GPUs overlaps training; 0: on-policy."),
         click.option("--rl-steps", type=click.IntRange(1, 1 << 30), default=None,
                      help="RL steps to run: the plan adds the run's hours and GPU-hours."),
     ], f)

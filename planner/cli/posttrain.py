@@ -143,7 +143,8 @@ def rl(o: Options, m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, space: Sear
     rls = RLSetup(task=o.task, prompt_len=o.prompt_len, response_len=o.response_len, response_mean=o.response_mean,
                   group_size=o.group_size,
                   prompts_per_step=o.prompts_per_step, placement=o.rollout, engine_tp=o.rollout_tp,
-                  engine_memory_fraction=o.rollout_memory_fraction, offload_train_states=o.offload_train_states)
+                  engine_memory_fraction=o.rollout_memory_fraction, offload_train_states=o.offload_train_states,
+                  off_policy_steps=o.rl_async)
     return plan_rl(m, gpu, setup, rls, space, n_gpus=n_gpus, max_gpus=o.max_gpus,
                    cluster=t["cluster"], efficiency=t["efficiency"])
 

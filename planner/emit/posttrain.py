@@ -41,6 +41,10 @@ def to_trl_grpo(plan: PosttrainPlan) -> dict[str, Any]:
     assert r is not None and rl is not None
     lay = r.candidate.layout
     _data_parallel_only(lay, "TRL's GRPOTrainer")
+    if rl.overlapped:   # GRPOConfig (trl 1.16) has no asynchronous mode: its steps would take turns
+        raise UserError(f"--rl-async {rl.off_policy_steps}: TRL's GRPOTrainer trains on-policy (GRPOConfig has no "
+                        "asynchronous mode), so its config would not run this plan; drop --rl-async to write it, "
+                        "or drop --out")
     return _batch(lay) | {
         "num_generations": rl.group_size,
         "steps_per_generation": lay.grad_accum,

@@ -8,6 +8,7 @@ from typing import Any
 from planner.fmt import duration, gib, gib_of
 from planner.hardware.gpus import GpuSpec
 from planner.search.posttrain import DistillChoice, PosttrainPlan, RLChoice
+from planner.timing.rollout import generation_and_rest_s
 
 DISTILL_TERMS = (
     ("teacher_weights", "teacher weights"),
@@ -85,7 +86,7 @@ def rl_lines(p: PosttrainPlan) -> list[str]:
     totals = r.phases.totals()
     lines = [head, "",
              f"Smallest GPU count that fits: {lay.n_gpus} x {p.gpu.name} ({rl.placement} rollout"
-             + (f", {lay.n_gpus} more GPUs for the engines" if rl.placement == "separate" and rl.generates else "")
+             + (f", {rl.engine_gpus(lay.n_gpus)} more GPUs for the engines" if rl.engine_gpus(lay.n_gpus) else "")
              + ")",
              f"  training layout  {lay.describe()}",
              f"  peak phase       {r.phases.peak_phase}: {gib_of(r.phases.peak, p.capacity_bytes)} per GPU",
@@ -111,6 +112,11 @@ def rl_lines(p: PosttrainPlan) -> list[str]:
                   f"in {g.waves} wave(s), {g.decode_steps:,} decode steps (of which tp all-reduces "
                   f"{duration(g.collective_s)}, fitted per-step time {duration(g.overhead_s)})"]
     lines += ["", f"Step time: {duration(r.step_time_s)}"]
+    if r.overlapped:
+        gen, rest = generation_and_rest_s(r.times_s)
+        lines.append(f"  asynchronous, {rl.off_policy_steps} step(s) off-policy: generation ({duration(gen)}, the "
+                     f"engines' {rl.engine_gpus(lay.n_gpus)} GPUs) overlaps the rest ({duration(rest)}, "
+                     f"the training GPUs); the slower side sets the step")
     lines += _rows([(k, duration(v)) for k, v in r.times_s.items()])
     return lines
 
@@ -119,8 +125,7 @@ def run_lines(p: PosttrainPlan) -> list[str]:
     """The whole run's time, with --tokens (distillation) or --rl-steps (RL)."""
     if p.run_time_s is None or p.gpu_hours is None or p.chosen is None:
         return []
-    n = p.chosen.candidate.layout.n_gpus
-    return ["", f"Run: {p.steps:,} steps, {duration(p.run_time_s)} on {n} x {p.gpu.name} "
+    return ["", f"Run: {p.steps:,} steps, {duration(p.run_time_s)} on {p.n_gpus} x {p.gpu.name} "
                 f"({p.gpu_hours:,.0f} GPU-hours)"]
 
 
@@ -143,6 +148,8 @@ def _rl_json(r: RLChoice, plan_capacity: int, plan_gpu: GpuSpec) -> dict[str, An
                            "phase_totals_bytes": r.phases.totals(), "peak_phase": r.phases.peak_phase,
                            "step_time_s": r.step_time_s, "time_by_phase_s": r.times_s,
                            "largest_engine_fraction": r.phases.largest_engine_fraction(plan_capacity, plan_gpu)}
+    if r.overlapped:
+        out["overlapped"] = True     # asynchronous RL: step = max(generation, the rest) (timing.rollout.rl_step_s)
     if r.engine is not None:
         e = r.engine
         out["engine"] = {"reserved_bytes": e.reserved_bytes, "weights_bytes": e.weights_bytes,

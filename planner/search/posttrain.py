@@ -31,6 +31,7 @@ from planner.timing.rollout import (
     logprob_pass_s,
     offload_s,
     resync_s,
+    rl_step_s,
 )
 from planner.training.posttrain import DistillSetup, RLSetup
 from planner.training.setup import TrainingSetup
@@ -66,10 +67,11 @@ class RLChoice:
     engine: EngineBudget | None
     generation: GenerationTime | None
     times_s: dict[str, float]
+    overlapped: bool = False         # asynchronous RL: generation beside the rest (RLSetup.overlapped)
 
     @property
     def step_time_s(self) -> float:
-        return sum(self.times_s.values())
+        return rl_step_s(self.times_s, self.overlapped)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -105,9 +107,21 @@ class PosttrainPlan:
         return None if c is None or self.steps is None else self.steps * c.step_time_s
 
     @property
+    def n_gpus(self) -> int | None:
+        """Every GPU the run holds: the chosen layout's, and the engines' own beside them
+        (RLSetup.engine_gpus) (None without a plan)."""
+        c = self.chosen
+        if c is None:
+            return None
+        n = c.candidate.layout.n_gpus
+        return n + (self.rl_setup.engine_gpus(n) if self.rl_setup is not None else 0)
+
+    @property
     def gpu_hours(self) -> float | None:
-        c, t = self.chosen, self.run_time_s
-        return None if c is None or t is None else c.candidate.layout.n_gpus * t / 3600
+        """GPU-hours of the run on every GPU it holds, the engines' own included (before,
+        --rollout separate counted the training GPUs alone: half the hours)."""
+        n, t = self.n_gpus, self.run_time_s
+        return None if n is None or t is None else n * t / 3600
 
 
 def _counts(gpu: GpuSpec, n_gpus: int | None, max_gpus: int) -> list[int]:
@@ -199,7 +213,8 @@ def rl_choice(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, rl: RLSetup, c: 
             bd = c.memory.breakdown
             ref = frozen_copy_bytes(m, lay) if rl.reference_model else 0
             times["offload and reload"] = offload_s(bd.weights + bd.optimizer + ref)
-    return RLChoice(candidate=c, phases=phases, engine=engine, generation=gen, times_s=times)
+    return RLChoice(candidate=c, phases=phases, engine=engine, generation=gen, times_s=times,
+                    overlapped=rl.overlapped)
 
 
 def plan_rl(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, rl: RLSetup, space: SearchSpace = SearchSpace(),  # noqa: B008

@@ -40,10 +40,11 @@ HOST_COPY_BYTES_PER_S = 50e9
 # sampling, output processing) and the gaps between CUDA-graph replays, and whatever else each
 # step costs beyond them (MoE kernels below the HBM fraction at a few tokens per expert).
 # FITTED: the one free value of the RL step time, least squares on the relative errors of
-# NeMo-RL's five on-policy GRPO rows (16.25 ms; leave one row out 13.2 to 28.3 ms:
-# bench/posttrain_nemo_rl.py). Not measured: no published per-step figure for vLLM at these
-# batches was found, and the value stands for every per-step cost not modelled, not the host
-# time alone (the dense rows ask for about 10 ms, Qwen3-30B-A3B for about 38 ms).
+# NeMo-RL's five on-policy GRPO rows (16.25 ms when fitted; 16.37 ms, leave one row out 13.4 to
+# 28.7 ms, on the tree after the MoE changes: bench/posttrain_nemo_rl.py; kept, not refitted on
+# the five 1-step-off rows, which it predicts out of sample). Not measured: no published
+# per-step figure for vLLM at these batches was found, and the value stands for every per-step
+# cost not modelled, not the host time alone (the dense rows ask for about 10 ms, Qwen3-30B-A3B for about 38 ms).
 DECODE_STEP_OVERHEAD_S = 16.2e-3
 
 
@@ -234,6 +235,31 @@ def resync_s(m: ModelSpec, lay: Layout, engine_tp: int, colocated: bool, cluster
     slowest = min((links[a] for a, k in zip(("tp", "cp", "ep", "dp", "pp"), sizes) if k > 1),
                   key=lambda link: link.bus_bytes_per_s)
     return gather_s(weights, n, slowest, eff) + copy_s
+
+
+# The phases of an RL step that run on the engines (planner.search.posttrain.rl_choice's keys)
+GENERATION_PHASES = ("generation: prefill", "generation: decode")
+
+
+def rl_step_s(times_s: dict[str, float], overlapped: bool) -> float:
+    """One RL step from its phases' seconds. On-policy: the phases take turns, their sum.
+    Asynchronous (RLSetup.overlapped; NeMo-RL's async GRPO, docs/guides/async-grpo.md: the
+    trajectory collector generates the next batch on the engines' own GPUs while the training
+    loop trains on the last one, then the new weights are sent to the engines): in the steady
+    state the slower side sets the step, max(generation on the engines' GPUs, everything else
+    on the training GPUs: log-prob passes, training, the weight resync). ASSUMED: the resync
+    counts on the training side only (in-flight weight updates: the engines do not wait for it),
+    and how many steps off (max_trajectory_age_steps) does not change the steady state, only
+    how much a slow step can be absorbed. Seconds."""
+    gen, rest = generation_and_rest_s(times_s)
+    return max(gen, rest) if overlapped else gen + rest
+
+
+def generation_and_rest_s(times_s: dict[str, float]) -> tuple[float, float]:
+    """An RL step's phases split by where they run: generation (GENERATION_PHASES, the engines)
+    and the rest (log-prob passes, training, resync, offload: the training GPUs), seconds."""
+    gen = sum(v for k, v in times_s.items() if k in GENERATION_PHASES)
+    return gen, sum(times_s.values()) - gen
 
 
 def offload_s(n_bytes: int) -> float:

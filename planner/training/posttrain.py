@@ -64,8 +64,9 @@ class RLDefaults:
     Sources: 8 responses per prompt (TRL GRPOConfig num_generations = 8); generation on the
     training GPUs with vLLM at tensor parallelism 1 and its default gpu_memory_utilization 0.9
     (vllm/config/cache.py), the training state offloaded while it generates (verl, NeMo-RL).
-    response_mean 0: every response runs to response_len. ASSUMED where no stack fixes one: a
-    1,024-token prompt, up to 4,096 response tokens, 64 prompts per step.
+    response_mean 0: every response runs to response_len. rl_async 0: on-policy, generation and
+    training take turns (NeMo-RL's grpo.async_grpo.enabled false). ASSUMED where no stack fixes
+    one: a 1,024-token prompt, up to 4,096 response tokens, 64 prompts per step.
     """
 
     prompt_len: int = 1024
@@ -77,6 +78,7 @@ class RLDefaults:
     rollout_tp: int = 1
     rollout_memory_fraction: float = 0.9
     offload_train_states: bool = True
+    rl_async: int = 0
 
 
 DISTILL_DEFAULTS = DistillDefaults()
@@ -145,6 +147,11 @@ class RLSetup:
     ends (ASSUMED: one response per engine reaches response_len, the long tail RL rollouts
     have), while the KV-cache reads, the decode FLOPs and the tokens trained on (packed
     sequences: NeMo-RL's sequence_packing, verl's use_remove_padding) follow the mean.
+    off_policy_steps: 0 for on-policy RL; N >= 1 for asynchronous RL, trajectories at most N
+    policy versions old (NeMo-RL's grpo.async_grpo.enabled with max_trajectory_age_steps N,
+    docs/guides/async-grpo.md): the engines generate the next steps' batches on GPUs of their
+    own (the guide: policy.generation.colocated.enabled false is required) while the training
+    GPUs score and train on the last one, so the two sides overlap.
     """
 
     task: str
@@ -159,6 +166,7 @@ class RLSetup:
     engine_sleeps: bool = True
     response_mean: int = _RD.response_mean
     reference_model: bool = True      # GRPO's KL term against a frozen reference (beta > 0)
+    off_policy_steps: int = _RD.rl_async
 
     def __post_init__(self) -> None:
         if self.task not in RL_TASKS:
@@ -171,6 +179,12 @@ class RLSetup:
         if self.sequences_per_step > MAX_GLOBAL_BATCH:
             raise UserError(f"--prompts-per-step x --group-size = {self.sequences_per_step:,} sequences per step "
                             f"exceeds {MAX_GLOBAL_BATCH:,}; give fewer prompts or a smaller group")
+        if self.off_policy_steps < 0:
+            raise UserError(f"--rl-async {self.off_policy_steps} must be 0 (on-policy) or a positive step count")
+        if self.off_policy_steps and (self.placement != "separate" or not self.generates):
+            raise UserError(f"--rl-async {self.off_policy_steps} overlaps generation with training, which needs the "
+                            "engines on GPUs of their own (NeMo-RL's async GRPO requires non-colocated generation): "
+                            "add --rollout separate (and a generating task, grpo or ppo), or drop --rl-async")
         if not 0.0 < self.engine_memory_fraction <= 1.0:
             raise UserError(f"--rollout-memory-fraction {self.engine_memory_fraction} must be in (0, 1]")
 
@@ -178,6 +192,17 @@ class RLSetup:
     def seq_len(self) -> int:
         """Tokens of one sequence: the prompt and its response (DPO: prompt and the longer answer)."""
         return self.prompt_len + self.response_len
+
+    def engine_gpus(self, training_gpus: int) -> int:
+        """GPUs the engines hold beyond the training GPUs: --rollout separate puts as many of
+        their own beside them (NeMo-RL's policy.generation.colocated.resources); colocated
+        engines, and DPO, which generates nothing, hold none. GPUs."""
+        return training_gpus if self.placement == "separate" and self.generates else 0
+
+    @property
+    def overlapped(self) -> bool:
+        """Asynchronous RL: generation runs beside scoring and training, not before them."""
+        return self.off_policy_steps > 0
 
     @property
     def mean_response(self) -> int:
