@@ -67,7 +67,7 @@ ARGUMENTS: dict[str, object] = {
     "--disable-bias-linear": NotFlag("add_bias_linear"), "--add-qkv-bias": FLAG, "--use-flash-attn": FLAG,
     "--attention-backend": ["flash", "fused", "unfused", "local", "auto"],
     # _add_learning_rate_args, _add_mixed_precision_args
-    "--lr": float, "--fp16": FLAG, "--bf16": FLAG,
+    "--lr": float, "--fp16": FLAG, "--bf16": FLAG, "--grad-reduce-in-bf16": FLAG,
     "--train-iters": int, "--train-samples": int, "--min-lr": float,
     "--lr-decay-style": ["constant", "linear", "cosine", "inverse-square-root", "WSD"],
     "--lr-warmup-samples": int, "--lr-decay-samples": int, "--lr-warmup-iters": int, "--lr-decay-iters": int,

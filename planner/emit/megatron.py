@@ -302,7 +302,10 @@ def to_megatron_args(r: PlanResult, opts: EmitOptions = EmitOptions()) -> list[s
     if s.offload_activations:      # ModelParallelConfig cpu_offloading, cpu_offloading_num_layers
         args += ["--cpu-offloading", "--cpu-offloading-num-layers", str(s.offload_activations)]
     if s.precision in ("bf16-mixed", "fp8", "nvfp4"):    # FP8/FP4 run the rest of the model in bf16
-        args += ["--bf16"]
+        # gradients kept and reduced in bf16, the 2 bytes per parameter the plan counts (Megatron-Bridge's
+        # performance runs set grad_reduce_in_fp32 False, scripts/performance/utils/helpers.py); without
+        # it Megatron-LM's --bf16 keeps fp32 main gradients, 2 bytes more per parameter of the rank
+        args += ["--bf16", "--grad-reduce-in-bf16"]
     elif s.precision == "fp16-mixed":
         args += ["--fp16"]
     args += ["--attention-backend", "flash" if s.attention == "flash" else "unfused"]
