@@ -258,11 +258,13 @@ MEGATRON_CORE = Efficiency(tp_overlap=0.75, pp_overlap=1.0, dp_overlap=1.0, para
 # about 0.5; forward 1 and backward 2.5 units of work at 0.75 and 0.5 give 3.5 / (1/0.75 + 2.5/0.5)
 # = 0.55. FlashAttention-4 on B200 reports a similar share (Zadouri et al. 2026), bounded by the
 # exponential unit at small head dims (TENSOR_FLOPS_PER_EXP).
+# Gradients reduced in bf16 (2 bytes): Megatron-Bridge's performance runs set grad_reduce_in_fp32
+# False (scripts/performance/utils/helpers.py), and `plan --out` writes --grad-reduce-in-bf16 for it
 MEGATRON_BRIDGE = Efficiency(tp_overlap=0.75, pp_overlap=1.0, dp_overlap=1.0, param_gather_overlap=1.0,
-                             grad_reduce_bytes=4, flash_fraction=0.55,
+                             grad_reduce_bytes=2, flash_fraction=0.55,
                              # fitted, in sample (docs/megatron-bridge.md, "Fitted values")
-                             fp8_matmul_ratio=0.8, ep_overlap=0.9, expert_gemm_half_rows=512.0,
-                             moe_block_overhead_s=0.0003, moe_token_passes=16.0, block_scaled_gemm_penalty=0.9,
+                             fp8_matmul_ratio=0.8, ep_overlap=0.9, expert_gemm_half_rows=1024.0,
+                             moe_block_overhead_s=0.001, moe_token_passes=8.0, block_scaled_gemm_penalty=0.9,
                              name="megatron-core 2025-2026 (Megatron-Bridge runs: overlaps, FA3-rate attention, "
                                   "fitted FP8 and MoE efficiencies)")
 
