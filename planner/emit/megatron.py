@@ -23,7 +23,7 @@ from planner.errors import UserError
 from planner.memory.model import stage_layers
 from planner.stacks.architecture import architecture
 from planner.stacks.megatron import device_arch_major, needs_one_connection
-from planner.training.moe_runtime import a2a_overlap_needs_vp, a2a_overlapped
+from planner.training.moe_runtime import a2a_overlap_written
 
 if TYPE_CHECKING:
     from planner.api import PlanResult
@@ -259,8 +259,7 @@ def _moe_runtime_args(r: PlanResult) -> list[str]:
     if m.is_moe and lay.ep > 1:
         # flex: megatron-core's default backend deepep (TransformerConfig.moe_flex_dispatcher_backend)
         args += ["--moe-token-dispatcher-type", s.moe_dispatcher]
-        if (a2a_overlapped(s.moe_a2a_overlap, lay.recompute, s.mtp_layers)
-                and not a2a_overlap_needs_vp(lay.pp, lay.vp) and s.cuda_graphs != "full-iteration"):
+        if a2a_overlap_written(s.moe_a2a_overlap, lay.recompute, s.mtp_layers, s.cuda_graphs, lay.ep, lay.pp, lay.vp):
             args += ["--overlap-moe-expert-parallel-comm"]
     if s.cuda_graphs == "moe":
         args += ["--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", "attn",

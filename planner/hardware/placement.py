@@ -234,15 +234,19 @@ def remote_share_deduplicated(k: int, domains: int, groups: int = 0, group_limit
     that sends each token once per remote domain sends (DeepEP and HybridEP: one RDMA copy per
     destination node, forwarded over NVLink inside it; DeepSeek-V3, arXiv:2412.19437, Sec. 3.2.2):
     E[distinct domains] / k. Under group-limited routing (the experts in ``groups`` equal groups,
-    a token's in at most ``group_limit`` of them) the token reaches the domains of its groups only:
-    where groups split domains, D (1 - (1 - 1/D)^L) of them (L groups among D domains); where a group
-    spans D/G domains, the k experts fall among M = L D/G candidate domains. Without a limit, M = D.
-    E[distinct among M] = M (1 - (1 - 1/M)^k) (experts drawn uniformly, with replacement)."""
+    a token's in at most ``group_limit`` of them, DeepSeek-V3's router choosing its groups by their
+    best experts' scores) every chosen group receives one of the k: where groups split domains
+    (G/D groups each), the L distinct groups reach D (1 - C(G - G/D, L) / C(G, L)) domains (L where
+    a group is a domain); where a group spans D/G domains, the k experts fall among M = L D/G
+    candidate domains. Without a limit, M = D. E[distinct among M] = M (1 - (1 - 1/M)^k) (experts
+    drawn uniformly, with replacement).
+    Checked against the routing simulated (tests/test_all_to_all_link.py)."""
     if k <= 0 or domains <= 1:
         return 1.0
     limited = 0 < group_limit < groups
-    if limited and groups >= domains:
-        distinct = domains * (1 - (1 - 1 / domains) ** group_limit)
+    if limited and groups >= domains and groups % domains == 0:
+        per = groups // domains
+        distinct = domains * (1 - math.comb(groups - per, group_limit) / math.comb(groups, group_limit))
     else:
         m = min(domains, group_limit * domains / groups) if limited else domains
         distinct = m * (1 - (1 - 1 / m) ** k) if m > 1 else 1.0

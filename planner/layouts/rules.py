@@ -24,6 +24,7 @@ from typing import Any
 from planner.layouts.layout import SHARDINGS, Layout, data_parallel_size
 from planner.models.spec import ModelSpec
 from planner.stacks import torchtitan_builds
+from planner.training.moe_runtime import a2a_overlap_refused
 from planner.training.setup import TrainingSetup
 
 FULL, GRAD_OP, HYBRID = (SHARDINGS.index(x) for x in ("fsdp-full", "fsdp-grad-op", "fsdp-hybrid"))
@@ -327,8 +328,7 @@ RULES: tuple[Rule, ...] = (
                     "add --stack megatron")),
     # megatron-core 0.16.1 transformer_config.py lines 1852-1896 (training.moe_runtime)
     Rule("a2a-overlap-on",
-         lambda v: (v.setup.moe_a2a_overlap == "on")
-         & ((v.ep <= 1) | ((v.pp > 1) & (v.vp <= 1)) | (v.setup.mtp_layers > 1)),
+         lambda v: (v.setup.moe_a2a_overlap == "on") & a2a_overlap_refused(v.ep, v.pp, v.vp, v.setup.mtp_layers),
          lambda v: ("--moe-a2a-overlap on needs ep > 1, at most one MTP layer and, with pp > 1, an interleaved "
                     f"schedule (--vp > 1); this layout has ep={v.ep}, pp={v.pp}, vp={v.vp} (megatron-core's "
                     "overlap_moe_expert_parallel_comm): use --moe-a2a-overlap auto or off")),

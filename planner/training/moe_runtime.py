@@ -23,6 +23,8 @@ tests/data/megatron_bridge_runs.json, recipe_flags).
 
 from __future__ import annotations
 
+from typing import Any
+
 from planner.models.spec import ModelSpec
 
 A2A_OVERLAPS = ("auto", "on", "off")
@@ -33,21 +35,31 @@ DISPATCHERS = ("alltoall", "flex")
 CUDA_GRAPHS = ("none", "moe", "full-iteration")
 
 
+MAX_A2A_OVERLAP_MTP = 1     # megatron-core 0.16.1: "MTP layernum only supports 1 when enabling ..."
+
+
 def a2a_overlap_blocked(recompute: str, mtp_layers: int) -> str:
     """Why megatron-core 0.16.1 cannot overlap the expert-parallel all-to-alls for a block
     recomputed as ``recompute`` with ``mtp_layers`` MTP modules ("" where it can). The pp/vp
     condition is the layout's (a2a_overlap_needs_vp)."""
     if recompute == "full":
         return "disable full recomputation when enabling overlap_moe_expert_parallel_comm"
-    if mtp_layers > 1:
+    if mtp_layers > MAX_A2A_OVERLAP_MTP:
         return "MTP layernum only supports 1 when enabling overlap_moe_expert_parallel_comm"
     return ""
 
 
-def a2a_overlap_needs_vp(pp: int, vp: int) -> bool:
+def a2a_overlap_needs_vp(pp: Any, vp: Any) -> Any:
     """megatron-core 0.16.1: with pp > 1 the overlap runs only under the interleaved schedule
-    (virtual_pipeline_model_parallel_size set)."""
-    return pp > 1 and vp <= 1
+    (virtual_pipeline_model_parallel_size set). Ints or arrays (layouts.rules reads it too)."""
+    return (pp > 1) & (vp <= 1)
+
+
+def a2a_overlap_refused(ep: Any, pp: Any, vp: Any, mtp_layers: int) -> Any:
+    """Where megatron-core refuses the overlap for a layout whatever its recomputation: no expert
+    parallelism, pp without interleaving, more than one MTP layer (the rule --moe-a2a-overlap on
+    is held to, layouts.rules). Ints or arrays."""
+    return (ep <= 1) | a2a_overlap_needs_vp(pp, vp) | (mtp_layers > MAX_A2A_OVERLAP_MTP)
 
 
 def a2a_overlapped(moe_a2a_overlap: str, recompute: str, mtp_layers: int) -> bool:
@@ -56,6 +68,17 @@ def a2a_overlapped(moe_a2a_overlap: str, recompute: str, mtp_layers: int) -> boo
     Under "auto" a pipeline without interleaving is timed as overlapped too (the block's time does
     not know vp); `plan` writes the overlap into Megatron's arguments only where it runs."""
     return moe_a2a_overlap != "off" and not a2a_overlap_blocked(recompute, mtp_layers)
+
+
+def a2a_overlap_written(moe_a2a_overlap: str, recompute: str, mtp_layers: int, cuda_graphs: str,
+                        ep: int, pp: int, vp: int) -> bool:
+    """Whether `plan --out megatron` writes --overlap-moe-expert-parallel-comm: the block is timed
+    as overlapped (a2a_overlapped), megatron-core runs it for the layout (a2a_overlap_refused), and
+    no full-iteration CUDA graph is captured (megatron-core 0.16.1 refuses the two together,
+    transformer_config.py lines 1898-1906; Megatron-Bridge's 26.08 recipes run both on a newer
+    one, and the step time follows them, so there the plan times an overlap it does not write)."""
+    return (a2a_overlapped(moe_a2a_overlap, recompute, mtp_layers)
+            and not bool(a2a_overlap_refused(ep, pp, vp, mtp_layers)) and cuda_graphs != "full-iteration")
 
 
 def dedup_routing(m: ModelSpec, dispatcher: str) -> tuple[int, int, int] | None:
