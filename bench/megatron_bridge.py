@@ -294,7 +294,8 @@ def render(s: dict[str, Any]) -> str:
         "docs/megatron-bridge-recipes.md), and seven fitted efficiencies (fitted values below). "
         "Errors are predicted over published tokens/s per GPU (negative: the planner is too slow). "
         "Out of fold: each model family's rows predicted with values fitted on the other families; each GPU "
-        "type's with values fitted on the other GPU types.",
+        "type's with values fitted on the other GPU types. The terms added for the largest misses, each one's "
+        "effect on these figures, and what was tried and dropped: docs/megatron-bridge-terms.md.",
         "",
         f"## Headline ({s['n_predicted']} predicted of {s['n_latest']} latest configurations; "
         f"{s['n_latest'] - s['n_predicted']} not expressible)",
