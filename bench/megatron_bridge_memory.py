@@ -39,9 +39,10 @@ _FRAGMENTATION = ("The planner's 10% allocator-fragmentation allowance (training
                   "recipes that fill the GPU (scripts/performance/perf_plugins.py, PerfEnvPlugin."
                   "_set_model_specific_environment_variables: Llama 3.1 405B FP8 on GB200, DeepSeek-V3 on H100 and "
                   "GB200, Llama 3 70B FP8 fine-tuning; --out megatron sets it for every plan), so there is no measured "
-                  "ground to loosen it for one stack. The five Llama 3 70B GB200 FP8 rows with Megatron FSDP and 40 layers' activations "
-                  "offloaded, over by 1.2 GiB before, fit (0.99 of capacity) once their loss is planned as the recipe "
-                  "runs it, Transformer Engine's cross entropy (--cross-entropy te), not by a looser allowance.")
+                  "ground to loosen it for one stack. The five Llama 3 70B GB200 FP8 rows with Megatron FSDP and 40 "
+                  "layers' activations offloaded, over by 1.2 GiB before, fit (0.99 of capacity) once their loss is "
+                  "planned as the recipe runs it, Transformer Engine's cross entropy (--cross-entropy te), not by a "
+                  "looser allowance.")
 _MICRO_BATCH = ("the printed micro-batch ({printed}) differs from the matched recipe's (the corpus's notes: 'its "
                 "gbs/mbs differ from the printed row'), and activations scale with it; the later releases print the "
                 "same layout at micro-batch {recipe}, which fits ({later})")

@@ -6,8 +6,8 @@ from typing import Any
 
 from planner.layouts.batch import LayoutArrays
 from planner.layouts.layout import Layout
-from planner.memory.buffers import has_reduce_bucket
 from planner.memory.attention import mla_saved_delta_bytes
+from planner.memory.buffers import has_reduce_bucket
 from planner.memory.fp8 import saved_input_delta_bytes
 from planner.memory.model import (
     CATEGORIES,
