@@ -20,8 +20,9 @@ every group sees rank 0; a collective leaves its output as megatron-core allocat
   saves for backward counted with torch.autograd.graph.saved_tensors_hooks (distinct storages, the
   model's parameters left out), at their peak, just before the first backward.
 
-What the output layer and the loss save (the last stage) is counted apart, as the planner's
-"logits"; what the layers save is its "activations". Sequence parallelism is on (tp > 1).
+What the final norm, the output layer and the loss save (the last stage) is counted apart, as
+the planner's "logits" (memory.loss.logits_bytes counts the final norm's input there); what the
+layers save is its "activations". Sequence parallelism is on (tp > 1).
 
 Real (not fake) tensors: MoE routing has data-dependent shapes (token counts per expert) that
 FakeTensorMode cannot run; the configs are small enough for real CPU tensors (about 15 s a case).
@@ -329,6 +330,8 @@ def pack(t):
 phase = ["activations"]
 if last:
     model.output_layer.register_forward_pre_hook(lambda *a: phase.__setitem__(0, "logits"))
+    if model.decoder.final_layernorm is not None:   # its input: the planner's logits term too (memory.loss)
+        model.decoder.final_layernorm.register_forward_pre_hook(lambda *a: phase.__setitem__(0, "logits"))
     model.decoder.register_forward_pre_hook(lambda *a: phase.__setitem__(0, "activations"))
 s, b = c["seq_len"], c["micro_batch"]
 held = []
@@ -430,7 +433,7 @@ def categories(r: dict) -> list[tuple[str, int, int]]:
            ("gradients (bf16 grad buffer)", 2 * m["grad_numel"], p["gradients"]),
            ("optimizer (fp32 main shard + Adam)", m["optimizer"], p["optimizer"]),
            ("activations (saved by the layers)", m["activations"], p["activations"]),
-           ("logits (saved by output layer + loss)", m["logits"], p["logits"]),
+           ("logits (saved by final norm, output layer, loss)", m["logits"], p["logits"]),
            ("buffers (predicted: pipeline send/receive)", 0, p["buffers"])]
     tracked = [x for x in out if not x[0].startswith("gradients (bf16")]
     out.append(("tracked total (fp32 grads)", sum(x[1] for x in tracked), sum(x[2] for x in tracked)))
@@ -489,7 +492,7 @@ def section(rows: list[dict] | None = None) -> list[str]:
             "_ParamAndGradBuffer (bucket padding included); optimizer is every tensor of the",
             "DistributedOptimizer (fp32 main-parameter shards, Adam's exp_avg and exp_avg_sq); activations",
             "and logits are the distinct storages autograd holds (parameters left out) just before the",
-            "first backward, split at the output layer. Real CPU tensors, not fake ones (MoE routing has",
+            "first backward, split at the final norm. Real CPU tensors, not fake ones (MoE routing has",
             "data-dependent shapes); attention, RMSNorm and RoPE run stand-ins that keep what the GPU",
             "kernels keep (flash attention's q, k, v, output and log-sum-exp, with V copied out of the",
             "fused QKV output as Transformer Engine's get_qkv_layout does; the norm's input and 1/rms;",
@@ -522,8 +525,8 @@ def section(rows: list[dict] | None = None) -> list[str]:
             f"- Activations ({_errors(rows, 'activations')}): the tensors listed by saved-tensor hooks add",
             "  up to the planner's terms (norm inputs, norm outputs as linear inputs, Q and K after RoPE, V,",
             "  flash output and log-sum-exp, the fused SwiGLU's input and product; MoE: the permuted tokens",
-            "  and each expert's SwiGLU, the fp32 router probabilities), plus on the dense last stages the",
-            "  final norm's input, which the planner leaves out. **The fused QKV output is not kept**:",
+            "  and each expert's SwiGLU, the fp32 router probabilities); the final norm's input is in the",
+            "  logits row, where the planner counts it (memory.loss). **The fused QKV output is not kept**:",
             "  megatron-core's value is a view into it (attention.py get_query_key_value_tensors), and fed",
             "  to torch's SDPA as it is, that view pins the whole QKV output, (q + k) width per token",
             "  beyond V's own (measured so before: 18.29, 39.46 and 74.14 MiB, -12.4%, -8.5%, -9.5%). But",
