@@ -18,9 +18,14 @@ from planner.layouts.layout import (
     SearchSpace,
     data_parallel_size,
     degree_shapes,
+    dense_shard_size,
     expert_data_parallel_size,
+    expert_tp_size,
+    hybrid_shard_ranks,
+    model_parallel_size,
     shardings_of,
     sp_by_default,
+    world_size,
 )
 from planner.layouts.rules import RULES, RuleView, first_failing_index, valid_mask
 from planner.models.spec import ModelSpec
@@ -64,7 +69,7 @@ class LayoutArrays:
     @property
     def dense_shard_degree(self) -> np.ndarray:
         """Ranks that hold replicas of a dense weight (Layout.dense_shard_degree)."""
-        return self.data_parallel * self.cp
+        return dense_shard_size(self.dp, self.cp, self.ep, self.field("ep_fold"))
 
     @property
     def expert_shard_degree(self) -> np.ndarray:
@@ -72,15 +77,33 @@ class LayoutArrays:
         return expert_data_parallel_size(self.dp, self.tp, self.cp, self.ep, self.expert_tp, self.field("ep_fold"))
 
     @property
+    def model_parallel(self) -> np.ndarray:
+        """The GPUs of one data-parallel replica (Layout.model_parallel)."""
+        return model_parallel_size(self.tp, self.cp, self.pp)
+
+    @property
     def n_gpus(self) -> np.ndarray:
-        return self.data_parallel * self.tp * self.pp * self.cp
+        return world_size(self.dp, self.tp, self.pp, self.cp, self.ep, self.field("ep_fold"))
 
     @property
     def expert_tp(self) -> np.ndarray:
         """Ranks an expert's matrices are split over (Layout.expert_tp)."""
         if self.etp is None:
             return self.tp
-        return np.where(self.etp > 0, self.etp, self.tp)
+        return expert_tp_size(self.etp, self.tp)
+
+    def hybrid_shard(self, gpus_per_node: int) -> np.ndarray:
+        """FSDP hybrid's (HSDP) shard group per layout (Layout.hybrid_shard: hybrid_shard_ranks),
+        0 where the sharding is not hybrid; the rule runs once per distinct (degree, tp)."""
+        out = np.zeros(len(self), dtype=np.int64)
+        rows = np.flatnonzero(self.sharding == SHARDINGS.index("fsdp-hybrid"))
+        if not len(rows):
+            return out
+        keys = np.stack([self.dense_shard_degree[rows], self.tp[rows]], axis=1)
+        uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+        degs = [hybrid_shard_ranks(d_all, t, gpus_per_node) for d_all, t in uniq.tolist()]
+        out[rows] = np.array(degs, dtype=np.int64)[inv.reshape(-1)]
+        return out
 
     def __len__(self) -> int:
         return len(self.dp)
@@ -134,7 +157,7 @@ def _grid(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node: int,
     mb = np.array(mbs, dtype=np.int64)[None, None, None, :]                          # (1,1,1,M)
     sp = ((tp > 1) & sp_by_default(setup)).astype(np.int64) if space.sp is None \
         else np.full(tp.shape, int(bool(space.sp)))
-    per_step = np.maximum(mb * dp * ep, 1)
+    per_step = np.maximum(mb * data_parallel_size(dp, ep, 0), 1)
     ga = np.where(setup.global_batch % per_step == 0, setup.global_batch // per_step, 1)   # grad_accum_for, or 1
     view = RuleView(m=m, setup=setup, gpus_per_node=gpus_per_node, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep,
                     zero_stage=zero, sharding=sharding, sp=sp, vp=vp, micro_batch=mb, grad_accum=ga, enumerated=1,

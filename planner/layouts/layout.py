@@ -23,6 +23,7 @@ does not divide DP (ep_folds), so every layout has one representation.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
@@ -32,6 +33,34 @@ from planner.models.spec import ModelSpec
 from planner.training.setup import TrainingSetup
 
 SHARDINGS = ("zero", "fsdp-full", "fsdp-grad-op", "fsdp-hybrid")
+
+
+@dataclass(frozen=True, slots=True)
+class Axis:
+    """One parallel axis: its field on Layout and SearchSpace (the degree), its command-line
+    option, the Megatron-LM argument that sets it (None for dp, which Megatron derives as
+    world / (tp x cp x pp): megatron-core 0.16.1 parallel_state.py line 743), and what the
+    option's help adds."""
+
+    name: str
+    flag: str
+    megatron: str | None
+    note: str = ""
+
+
+# The parallel axes whose degrees multiply to the GPU count (world_size), in Layout's order:
+# what the search space, the options, the reports and the emitters iterate. A new axis is one
+# entry here, one field on Layout, SearchSpace and LayoutArrays, and its rules (layouts.rules).
+AXES: tuple[Axis, ...] = (
+    Axis("dp", "--dp", None),
+    Axis("tp", "--tp", "--tensor-model-parallel-size"),
+    Axis("pp", "--pp", "--pipeline-model-parallel-size"),
+    Axis("cp", "--cp", "--context-parallel-size"),
+    Axis("ep", "--ep", "--expert-model-parallel-size",
+         " With --n-gpus and no --dp, an EP that does not divide the data-parallel size "
+         "GPUs / (tp x cp x pp) is folded over tp x cp x dp (Megatron-Core's MoE parallel folding)."),
+)
+AXIS_NAMES = tuple(a.name for a in AXES)      # ("dp", "tp", "pp", "cp", "ep")
 FSDP_STAGE = {"fsdp-full": 3, "fsdp-grad-op": 2, "fsdp-hybrid": 3}
 
 
@@ -59,6 +88,10 @@ class Layout:
     etp: int = 0                # expert tensor-parallel size; 0: equal to tp (megatron-core's default)
     ep_fold: bool = False       # ep folded over tp x cp x dp (Megatron-Core MoE parallel folding): dp is DP
 
+    def degrees(self) -> dict[str, int]:
+        """The degree of each parallel axis (AXES), by name."""
+        return {a.name: getattr(self, a.name) for a in AXES}
+
     @property
     def data_parallel(self) -> int:
         """Megatron's data-parallel size, world / (tp x cp x pp): dp x ep, or dp when folded."""
@@ -67,11 +100,16 @@ class Layout:
     @property
     def expert_tp(self) -> int:
         """Ranks an expert's matrices are split over (megatron-core's ETP; tp when unset)."""
-        return self.etp if self.etp > 0 else self.tp
+        return int(expert_tp_size(self.etp, self.tp))
+
+    @property
+    def model_parallel(self) -> int:
+        """The GPUs of one data-parallel replica, tp x cp x pp (model_parallel_size)."""
+        return model_parallel_size(self.tp, self.cp, self.pp)
 
     @property
     def n_gpus(self) -> int:
-        return self.data_parallel * self.tp * self.pp * self.cp
+        return world_size(self.dp, self.tp, self.pp, self.cp, self.ep, self.ep_fold)
 
     @property
     def is_fsdp(self) -> bool:
@@ -80,12 +118,18 @@ class Layout:
     @property
     def dense_shard_degree(self) -> int:
         """Ranks that hold replicas of a dense weight (and reduce its gradient)."""
-        return self.data_parallel * self.cp
+        return dense_shard_size(self.dp, self.cp, self.ep, self.ep_fold)
 
     @property
     def expert_shard_degree(self) -> int:
         """The expert data-parallel group (megatron-core's EDP): dp*cp*tp/etp."""
         return expert_data_parallel_size(self.dp, self.tp, self.cp, self.ep, self.expert_tp, self.ep_fold)
+
+    def hybrid_shard(self, gpus_per_node: int) -> int:
+        """FSDP hybrid's (HSDP) shard group (hybrid_shard_ranks), 0 where the sharding is not hybrid."""
+        if self.sharding != "fsdp-hybrid":
+            return 0
+        return hybrid_shard_ranks(self.dense_shard_degree, self.tp, gpus_per_node)
 
     @property
     def global_batch(self) -> int:
@@ -125,6 +169,32 @@ def data_parallel_size(dp: Any, ep: Any, ep_fold: Any) -> Any:
     return dp * (ep * (ep_fold <= 0) + (ep_fold > 0))
 
 
+def expert_tp_size(etp: Any, tp: Any) -> Any:
+    """Ranks an expert's matrices are split over: etp, or tp where etp is 0 (unset: megatron-core
+    0.16.1 model_parallel_config.py lines 413-414 default it to tp). Ints or numpy arrays."""
+    return etp * (etp > 0) + tp * (etp <= 0)
+
+
+def model_parallel_size(tp: Any, cp: Any, pp: Any) -> Any:
+    """The GPUs of one data-parallel replica, tp x cp x pp: Megatron's world / data-parallel size
+    (parallel_state.py line 743). Ints or numpy arrays."""
+    return tp * cp * pp
+
+
+def world_size(dp: Any, tp: Any, pp: Any, cp: Any, ep: Any, ep_fold: Any) -> Any:
+    """The GPUs of a layout: data-parallel size x tp x cp x pp (dp x tp x pp x cp x ep, or
+    dp x tp x pp x cp where ep is folded). Ints or numpy arrays."""
+    return data_parallel_size(dp, ep, ep_fold) * tp * pp * cp
+
+
+def dense_shard_size(dp: Any, cp: Any, ep: Any, ep_fold: Any) -> Any:
+    """Ranks that hold replicas of a dense weight and reduce its gradient (the group ZeRO and
+    FSDP shard its states over): data-parallel size x cp (megatron-core 0.16.1 builds the
+    data-parallel group with context parallelism, parallel_state.py's dp-cp groups). Ints or
+    numpy arrays."""
+    return data_parallel_size(dp, ep, ep_fold) * cp
+
+
 def expert_data_parallel_size(dp: Any, tp: Any, cp: Any, ep: Any, etp: Any, ep_fold: Any) -> Any:
     """Megatron's expert data-parallel size edp = world / (etp x ep x pp) (parallel_state.py
     line 791), the group the distributed optimizer shards expert states over and expert
@@ -139,9 +209,10 @@ def ep_folds(n_gpus: int, tp: int, pp: int, cp: int, ep: int) -> bool:
     initialize_model_parallel, lines 738-741) and ep does not divide the data-parallel size
     n / (tp x cp x pp) it leaves. Whether megatron-core runs the folded layout (etp x ep x pp
     dividing the GPUs, lines 788-795) is the rule "ep-fold-divides" of layouts.rules."""
-    if ep <= 1 or n_gpus % (tp * cp * pp):
+    replica = model_parallel_size(tp, cp, pp)
+    if ep <= 1 or n_gpus % replica:
         return False
-    return (n_gpus // (tp * cp * pp)) % ep != 0
+    return (n_gpus // replica) % ep != 0
 
 
 @lru_cache(maxsize=4096)
@@ -149,12 +220,18 @@ def hybrid_shard_ranks(dense_shard_degree: int, tp: int, gpus_per_node: int) -> 
     """The ranks of an FSDP hybrid (HSDP) shard group: the largest divisor of the dense shard
     degree (dp*cp*ep) that fits in a node beside tp; the groups replicate across nodes
     (PyTorch FSDP HYBRID_SHARD docs; Zhao et al. 2023, arXiv:2304.11277, Sec. 3). The one
-    rule the memory model's states and the step time's reduce read."""
+    rule the memory model's states, the step time's reduce and the FSDP emitter read."""
     inside = max(1, gpus_per_node // tp)
     d = dense_shard_degree
     while d > inside or dense_shard_degree % d:
         d -= 1
     return max(d, 1)
+
+
+def hybrid_replicas(dense_shard_degree: Any, shard_ranks: Any) -> Any:
+    """The replicas of an FSDP hybrid (HSDP) shard group across nodes: the dense shard degree
+    over the shard group (hybrid_shard_ranks), which divides it. Ints or numpy arrays."""
+    return dense_shard_degree // shard_ranks
 
 
 def sp_by_default(setup: TrainingSetup) -> bool:
@@ -213,6 +290,18 @@ class SearchSpace:
     max_tp: int | None = None     # default: the GPUs of one node
     max_cp: int = 8
 
+    def fixed_degrees(self) -> dict[str, int]:
+        """The degrees the space fixes (not None), by axis name in AXES order."""
+        return {a.name: d for a in AXES if (d := getattr(self, a.name)) is not None}
+
+    def fixed_world_size(self) -> int | None:
+        """The GPU count every axis's fixed degree pins down (dp x tp x pp x cp x ep), or None
+        when one is open."""
+        fixed = self.fixed_degrees()
+        if len(fixed) < len(AXES):
+            return None
+        return math.prod(fixed.values())
+
 
 def _degrees(fixed: int | None, n: int, cap: int) -> list[int]:
     if fixed is not None:
@@ -250,7 +339,7 @@ def folded_shape(space: SearchSpace, n_gpus: int) -> tuple[int, int, int, int, i
     cp = s.cp or 1
     if not ep_folds(n_gpus, s.tp, s.pp, cp, s.ep):
         return None
-    return s.tp, cp, s.ep, s.pp, n_gpus // (s.tp * cp * s.pp)
+    return s.tp, cp, s.ep, s.pp, n_gpus // model_parallel_size(s.tp, cp, s.pp)
 
 
 def enumerate_folded(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node: int,

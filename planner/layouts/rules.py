@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from planner.layouts.layout import SHARDINGS, Layout, data_parallel_size
+from planner.layouts.layout import SHARDINGS, Layout, data_parallel_size, dense_shard_size, expert_tp_size
 from planner.models.spec import ModelSpec
 from planner.stacks import torchtitan_builds
 from planner.training.moe_runtime import a2a_overlap_refused
@@ -59,7 +59,7 @@ class RuleView:
 
     @property
     def expert_tp(self) -> Any:
-        return self.etp * (self.etp > 0) + self.tp * (self.etp <= 0)
+        return expert_tp_size(self.etp, self.tp)
 
     @property
     def fsdp(self) -> Any:
@@ -77,7 +77,7 @@ class RuleView:
 
     @property
     def dense_shard_degree(self) -> Any:
-        return self.data_parallel * self.cp
+        return dense_shard_size(self.dp, self.cp, self.ep, self.ep_fold)
 
     @property
     def seq_len(self) -> int:
