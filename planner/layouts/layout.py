@@ -46,6 +46,8 @@ class Axis:
     flag: str
     megatron: str | None
     note: str = ""
+    shown_at_one: bool = True       # a layout's description names it at degree 1 too
+    megatron_at_one: bool = True    # written to Megatron-LM's arguments at degree 1 too
 
 
 # The parallel axes whose degrees multiply to the GPU count (world_size), in Layout's order:
@@ -55,10 +57,11 @@ AXES: tuple[Axis, ...] = (
     Axis("dp", "--dp", None),
     Axis("tp", "--tp", "--tensor-model-parallel-size"),
     Axis("pp", "--pp", "--pipeline-model-parallel-size"),
-    Axis("cp", "--cp", "--context-parallel-size"),
+    Axis("cp", "--cp", "--context-parallel-size", shown_at_one=False),
     Axis("ep", "--ep", "--expert-model-parallel-size",
          " With --n-gpus and no --dp, an EP that does not divide the data-parallel size "
-         "GPUs / (tp x cp x pp) is folded over tp x cp x dp (Megatron-Core's MoE parallel folding)."),
+         "GPUs / (tp x cp x pp) is folded over tp x cp x dp (Megatron-Core's MoE parallel folding).",
+         shown_at_one=False, megatron_at_one=False),
 )
 AXIS_NAMES = tuple(a.name for a in AXES)      # ("dp", "tp", "pp", "cp", "ep")
 FSDP_STAGE = {"fsdp-full": 3, "fsdp-grad-op": 2, "fsdp-hybrid": 3}
@@ -135,27 +138,41 @@ class Layout:
     def global_batch(self) -> int:
         return self.micro_batch * self.grad_accum * self.data_parallel
 
+    def shown_degrees(self) -> list[tuple[str, int, bool]]:
+        """The degrees every layout string shows, in order, as (name, degree, marked): each axis
+        of AXES that is split (or shown at one), followed by what it carries: vp after pp where
+        > 1, etp after ep where it differs from tp. ``marked``: sequence parallelism on tp, the
+        fold on ep (Layout.ep_fold)."""
+        out = []
+        for a in AXES:
+            d = getattr(self, a.name)
+            out.append((a.name, d, bool(self.sp if a.name == "tp" else self.ep_fold if a.name == "ep" else False)))
+            if a.name == "pp" and self.vp > 1:
+                out.append(("vp", self.vp, False))
+            if a.name == "ep" and self.expert_tp != self.tp:
+                out.append(("etp", self.expert_tp, False))
+        return out
+
+    def degree_words(self, marks: tuple[str, str] = ("+sp", " folded over tp x cp x dp")) -> list[str]:
+        """The degrees shown_degrees() lists as words name=degree (tp=4+sp, ep=8 folded over
+        tp x cp x dp, with ``marks`` for sequence parallelism and the fold): an axis at one only
+        where it is shown at one (Axis.shown_at_one)."""
+        shown = {a.name for a in AXES if a.shown_at_one}
+        mark = dict(zip(("tp", "ep"), marks))
+        return [f"{name}={d}" + (mark[name] if marked else "") for name, d, marked in self.shown_degrees()
+                if d > 1 or name in shown or name not in AXIS_NAMES]
+
     @property
     def key(self) -> str:
         """ASCII identifier, e.g. dp8_tp2_pp1_cp1_ep1_zero1_mb2_ga4_rnone."""
         shard = f"zero{self.zero_stage}" if self.sharding == "zero" else self.sharding
-        vp = f"_vp{self.vp}" if self.vp > 1 else ""
-        sp = "_sp" if self.sp else ""
-        etp = f"_etp{self.etp}" if self.etp > 0 and self.etp != self.tp else ""
+        degrees = "_".join(f"{name}{d}" + ("_sp" if marked and name == "tp" else "")
+                           for name, d, marked in self.shown_degrees())
         fold = "_fold" if self.ep_fold else ""
-        return (f"dp{self.dp}_tp{self.tp}{sp}_pp{self.pp}{vp}_cp{self.cp}_ep{self.ep}{etp}{fold}_{shard}"
-                f"_mb{self.micro_batch}_ga{self.grad_accum}_r{self.recompute}")
+        return f"{degrees}{fold}_{shard}_mb{self.micro_batch}_ga{self.grad_accum}_r{self.recompute}"
 
     def describe(self) -> str:
-        parts = [f"dp={self.dp}", f"tp={self.tp}" + ("+sp" if self.sp else ""), f"pp={self.pp}"]
-        if self.vp > 1:
-            parts.append(f"vp={self.vp}")
-        if self.cp > 1:
-            parts.append(f"cp={self.cp}")
-        if self.ep > 1:
-            parts.append(f"ep={self.ep}" + (" folded over tp x cp x dp" if self.ep_fold else ""))
-        if self.expert_tp != self.tp:
-            parts.append(f"etp={self.expert_tp}")
+        parts = self.degree_words()
         parts.append(f"ZeRO-{self.zero_stage}" if self.sharding == "zero" else f"FSDP {self.sharding[5:]}")
         parts += [f"micro-batch {self.micro_batch}", f"grad-accum {self.grad_accum}",
                   f"recompute {self.recompute}"]

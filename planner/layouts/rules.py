@@ -21,7 +21,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from planner.layouts.layout import SHARDINGS, Layout, data_parallel_size, dense_shard_size, expert_tp_size
+from planner.layouts.layout import (
+    AXIS_NAMES,
+    SHARDINGS,
+    Layout,
+    data_parallel_size,
+    dense_shard_size,
+    expert_tp_size,
+)
 from planner.models.spec import ModelSpec
 from planner.stacks import torchtitan_builds
 from planner.training.moe_runtime import a2a_overlap_refused
@@ -419,7 +426,7 @@ def space_refusal(space: Any) -> str | None:
 
     if not isinstance(space, SearchSpace):
         return f"the search space must be a SearchSpace, not {type(space).__name__}"
-    for field in ("dp", "tp", "pp", "cp", "ep", "etp", "vp", "max_tp"):
+    for field in (*AXIS_NAMES, "etp", "vp", "max_tp"):
         value = getattr(space, field)
         if value is not None and not is_int_in(value, 1, MAX_GPUS):
             return f"--{field.replace('_', '-')} {value!r} ({field}) must be a whole number from 1 to {MAX_GPUS:,}"

@@ -6,6 +6,7 @@ from typing import Any
 
 from planner.hardware.gpus import sustained_rate
 from planner.hardware.placement import Cluster
+from planner.hardware.topology import AXES as PLACEMENT_AXES
 from planner.layouts.batch import LayoutArrays
 from planner.layouts.layout import Layout
 from planner.memory.params import optimizer_state_bytes
@@ -95,7 +96,7 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
     lt = layer_time(m, setup, layer_key(lay), layout_kernels(setup, lay), gpu, eff)
     # the ep line times all-to-alls: their link (placement.all_to_all_link), not the ep ring's;
     # a folded ep on megatron-core's expert grid (timing.degrees.layout_links)
-    rings, a2a = layout_links(cluster, (lay.tp, lay.cp, lay.ep, lay.dp, lay.pp), st.placement, lay.etp,
+    rings, a2a = layout_links(cluster, tuple(getattr(lay, a) for a in PLACEMENT_AXES), st.placement, lay.etp,
                               int(lay.ep_fold), dedup_routing(m, setup.moe_dispatcher))
     links = {**rings, "ep": a2a}
     fwd_mb, bwd_mb, t_mb = float(parts.fwd_mb_s[0]), float(parts.bwd_mb_s[0]), float(parts.micro_batch_s[0])
@@ -148,8 +149,8 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
               "+ element-wise (+ dequantization) (+ recomputed forward)", lt.bwd_s,
               LAYER_TIME, summed=False),
     ]
-    for axis in ("tp", "cp", "ep", "dp", "pp"):
-        size = {"tp": lay.tp, "cp": lay.cp, "ep": lay.ep, "dp": lay.dp, "pp": lay.pp}[axis]
+    for axis in PLACEMENT_AXES:
+        size = getattr(lay, axis)
         if size > 1:
             ln = links[axis]
             out.append(_time("links", f"{axis} groups of {size}: bus bandwidth per GPU"
