@@ -129,14 +129,11 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
         raise UserError("--fp8-param-gather is Megatron-LM's: it needs --precision fp8 and --stack megatron")
     if o.fp8_recipe != "auto" and o.precision != "fp8":
         raise UserError(f"--fp8-recipe {o.fp8_recipe} needs --precision fp8")
-    if o.ep and o.ep > 1 and not m.is_moe:
-        raise UserError(f"--ep {o.ep} needs a mixture-of-experts model; {m.name} is dense")
-    if o.etp is not None and not m.is_moe:
-        raise UserError(f"--etp {o.etp} needs a mixture-of-experts model; {m.name} is dense: drop --etp")
-    if o.etp is not None and o.tp is not None and o.tp % o.etp:
-        raise UserError(f"--etp {o.etp} does not divide --tp {o.tp}; use an --etp that divides --tp")
-    from planner.layouts.rules import ETP_REFUSAL
+    from planner.layouts.rules import ETP_REFUSAL, option_refusal
 
+    refusal = option_refusal(m, o.tp, o.ep, o.etp)
+    if refusal:
+        raise UserError(refusal)
     if o.etp is not None and o.stack in ETP_REFUSAL:
         raise UserError(ETP_REFUSAL[o.stack])
     o = replace(o, seq_len=o.seq_len or default_seq_len(m))

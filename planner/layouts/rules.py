@@ -107,11 +107,14 @@ class RuleView:
 @dataclass(frozen=True, slots=True)
 class Rule:
     """One rule: ``fails(view)`` is true (elementwise) where a layout breaks it;
-    ``message(view)`` (one layout) says why, in one line."""
+    ``message(view)`` (one layout) says why, in one line. ``option_message``: why, in the words
+    of the options, where the rule can be checked on the degrees the user gives before any
+    search (option_refusal); None where it cannot."""
 
     name: str
     fails: Callable[[RuleView], Any]
     message: Callable[[RuleView], str]
+    option_message: Callable[[RuleView], str] | None = None
 
 
 def _offloads(v: RuleView) -> bool:
@@ -290,16 +293,19 @@ RULES: tuple[Rule, ...] = (
          lambda v: (f"cp={v.cp} over {v.m.name}'s Mamba-2 layers is not modelled (megatron-core's "
                     f"MambaContextParallel all-to-alls are not timed yet); plan with --cp 1")),
     Rule("ep-dense", lambda v: (v.ep > 1) & (not v.m.is_moe),
-         lambda v: f"ep={v.ep} needs a mixture-of-experts model; {v.m.name} is dense"),
+         lambda v: f"ep={v.ep} needs a mixture-of-experts model; {v.m.name} is dense",
+         lambda v: f"--ep {v.ep} needs a mixture-of-experts model; {v.m.name} is dense"),
     Rule("ep-experts", lambda v: (v.ep > 1) & (v.m.is_moe) & (v.m.n_experts % v.ep != 0),
          lambda v: f"ep={v.ep} does not divide the {v.m.n_experts} experts"),
-    Rule("etp-dense", lambda v: (v.expert_tp != v.tp) & (not v.m.is_moe),
-         lambda v: f"etp={v.expert_tp} needs a mixture-of-experts model; {v.m.name} is dense (drop --etp)"),
+    Rule("etp-dense", lambda v: (v.etp > 0) & (not v.m.is_moe),
+         lambda v: f"etp={v.expert_tp} needs a mixture-of-experts model; {v.m.name} is dense (drop --etp)",
+         lambda v: f"--etp {v.etp} needs a mixture-of-experts model; {v.m.name} is dense: drop --etp"),
     # megatron-core 0.16.1 asks only that etp x ep x pp divide the world
     # (parallel_state.initialize_model_parallel, lines 788-795); the planner keeps the expert
     # tensor-parallel group inside the tp group, whose links it times
     Rule("etp-divides-tp", lambda v: (v.expert_tp < 1) | (v.tp % v.expert_tp != 0),
-         lambda v: f"etp={v.expert_tp} does not divide tp={v.tp} (use an --etp that divides --tp)"),
+         lambda v: f"etp={v.expert_tp} does not divide tp={v.tp} (use an --etp that divides --tp)",
+         lambda v: f"--etp {v.etp} does not divide --tp {v.tp}; use an --etp that divides --tp"),
     # folding: megatron-core 0.16.1 parallel_state.initialize_model_parallel (lines 788-795) raises
     # "world_size is not divisible by expert_tensor_model_pipeline_parallel size" unless etp x ep x pp
     # divides the world, i.e. etp x ep divides tp x cp x DP; the planner folds for Megatron-Core only
@@ -383,6 +389,19 @@ def split_refusal(m: ModelSpec, tp: int, pp: int) -> str | None:
     for rule in RULES:
         if rule.name in SPLIT_RULES and rule.fails(v):
             return rule.message(v)
+    return None
+
+
+def option_refusal(m: ModelSpec, tp: int | None, ep: int | None, etp: int | None) -> str | None:
+    """Why the degrees the user gave (--tp, --ep, --etp; None: not given) cannot run ``m``
+    whatever the search chooses, or None: the option_message of the first rule that has one
+    and fails on a layout of those degrees (tp, where not given, one that --etp divides).
+    What cli.request checks before a search, from the table every layout is held to."""
+    v = RuleView(m=m, setup=TrainingSetup(), gpus_per_node=1, dp=1, tp=tp or etp or 1, pp=1, cp=1, ep=ep or 1,
+                 zero_stage=0, sharding=0, sp=0, vp=1, micro_batch=1, grad_accum=1, etp=etp or 0)
+    for rule in RULES:
+        if rule.option_message is not None and rule.fails(v):
+            return rule.option_message(v)
     return None
 
 
