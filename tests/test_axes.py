@@ -142,3 +142,24 @@ def test_the_layout_strings_name_every_axis_of_the_tuple():
     assert [name for name, _, _ in lay.shown_degrees()] == ["dp", "tp", "pp", "vp", "cp", "ep", "etp"]
     assert lay.key.startswith("dp2_tp4_sp_pp2_vp2_cp2_ep4_etp2_")
     assert np.all([f"{a}=" in lay.describe() for a in AXIS_NAMES])
+
+
+def test_expert_adapters_split_as_the_experts_they_adapt():
+    """Bug: LoRA adapters on experts were split over ep x tp while the experts' weights split
+    over ep x etp (memory.params; megatron-core's expert tensor parallelism): with etp below tp
+    a rank's expert adapters shrank with tp although its experts did not."""
+    from planner.models.spec import count_params
+    from planner.timing.dp import trained_split
+    from planner.training.finetune import FinetuneSpec
+
+    m = load_model("mixtral-8x7b")
+    pc = count_params(m)
+    setup = TrainingSetup(seq_len=4096, global_batch=64, finetune=FinetuneSpec.named("lora", targets=("all-linear",)))
+
+    def split(tp: int, etp: int):
+        return trained_split(m, pc, setup, Layout(tp=tp, ep=8, etp=etp), 0, m.n_layers)
+
+    # the experts' weights on a rank depend on ep x etp only; so do their adapters
+    assert split(8, 1).trainable_expert == split(1, 1).trainable_expert == split(4, 1).trainable_expert
+    assert split(8, 8).trainable_expert < split(8, 1).trainable_expert
+    assert split(8, 1).trainable_dense == split(8, 8).trainable_dense
