@@ -6,6 +6,7 @@ numpy is imported by this package's batch modules only (never by `plan --help`).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from planner.layouts.layout import (
+    AXIS_NAMES,
     SHARDINGS,
     Layout,
     SearchSpace,
@@ -58,8 +60,8 @@ class LayoutArrays:
     etp: np.ndarray | None = None   # expert tensor-parallel size, 0 or None: equal to tp
     ep_fold: np.ndarray | None = None   # 1: ep folded over tp x cp x dp (Layout.ep_fold); None: 0
 
-    FIELDS = ("dp", "tp", "pp", "cp", "ep", "zero_stage", "sharding", "sp", "vp", "micro_batch",
-              "grad_accum", "recompute", "etp", "ep_fold")
+    FIELDS = (*AXIS_NAMES, "zero_stage", "sharding", "sp", "vp", "micro_batch", "grad_accum", "recompute", "etp",
+              "ep_fold")
 
     @property
     def data_parallel(self) -> np.ndarray:
@@ -110,11 +112,16 @@ class LayoutArrays:
 
     @staticmethod
     def from_layouts(layouts: Sequence[Layout]) -> LayoutArrays:
-        rows = [(x.dp, x.tp, x.pp, x.cp, x.ep, x.zero_stage, SHARDINGS.index(x.sharding), x.sp, x.vp,
-                 x.micro_batch, x.grad_accum, RECOMPUTES.index(x.recompute), x.etp, int(x.ep_fold))
-                for x in layouts]
-        a = np.array(rows, dtype=np.int64).reshape(-1, 14)
-        return LayoutArrays(*(a[:, i].copy() for i in range(14)))
+        get = operator.attrgetter(*LayoutArrays.FIELDS)
+        i_sharding, i_recompute = LayoutArrays.FIELDS.index("sharding"), LayoutArrays.FIELDS.index("recompute")
+        rows = []
+        for x in layouts:
+            row = list(get(x))
+            row[i_sharding], row[i_recompute] = SHARDINGS.index(x.sharding), RECOMPUTES.index(x.recompute)
+            rows.append(row)
+        width = len(LayoutArrays.FIELDS)
+        a = np.array(rows, dtype=np.int64).reshape(-1, width)
+        return LayoutArrays(*(a[:, i].copy() for i in range(width)))
 
     @staticmethod
     def concat(parts: Sequence[LayoutArrays]) -> LayoutArrays:
@@ -128,8 +135,8 @@ class LayoutArrays:
         return np.zeros(len(self.dp), dtype=np.int64) if x is None else x
 
     def layout(self, i: int, seq_len: int) -> Layout:
-        return Layout(dp=int(self.dp[i]), tp=int(self.tp[i]), pp=int(self.pp[i]), cp=int(self.cp[i]),
-                      ep=int(self.ep[i]), zero_stage=int(self.zero_stage[i]),
+        degrees: dict[str, Any] = {a: int(getattr(self, a)[i]) for a in AXIS_NAMES}
+        return Layout(**degrees, zero_stage=int(self.zero_stage[i]),
                       sharding=SHARDINGS[int(self.sharding[i])], sp=bool(self.sp[i]), vp=int(self.vp[i]),
                       micro_batch=int(self.micro_batch[i]), grad_accum=int(self.grad_accum[i]),
                       seq_len=seq_len, recompute=RECOMPUTES[int(self.recompute[i])],
@@ -172,8 +179,8 @@ def _cells(view: RuleView, shape: tuple[int, ...], i_s: np.ndarray, i_k: np.ndar
     def at(x: np.ndarray) -> np.ndarray:
         return np.broadcast_to(x, shape)[i_s, i_k, i_v, i_m]
 
-    return LayoutArrays(dp=at(view.dp), tp=at(view.tp), pp=at(view.pp), cp=at(view.cp), ep=at(view.ep),
-                        zero_stage=at(view.zero_stage), sharding=at(view.sharding), sp=at(view.sp),
+    degrees: dict[str, Any] = {a: at(getattr(view, a)) for a in AXIS_NAMES}
+    return LayoutArrays(**degrees, zero_stage=at(view.zero_stage), sharding=at(view.sharding), sp=at(view.sp),
                         vp=at(view.vp), micro_batch=at(view.micro_batch), grad_accum=at(view.grad_accum),
                         recompute=np.array(rcs, dtype=np.int64)[i_r],
                         etp=np.full(len(i_s), int(view.etp), dtype=np.int64))

@@ -98,8 +98,8 @@ class RuleView:
     @staticmethod
     def of(m: ModelSpec, setup: TrainingSetup, lay: Layout, gpus_per_node: int, enumerated: bool = False) -> RuleView:
         sharding = SHARDINGS.index(lay.sharding) if lay.sharding in SHARDINGS else -1
-        return RuleView(m=m, setup=setup, gpus_per_node=gpus_per_node, dp=lay.dp, tp=lay.tp, pp=lay.pp, cp=lay.cp,
-                        ep=lay.ep, zero_stage=lay.zero_stage, sharding=sharding, sp=int(lay.sp), vp=lay.vp,
+        return RuleView(m=m, setup=setup, gpus_per_node=gpus_per_node, **lay.degrees(),
+                        zero_stage=lay.zero_stage, sharding=sharding, sp=int(lay.sp), vp=lay.vp,
                         micro_batch=lay.micro_batch, grad_accum=lay.grad_accum, enumerated=int(enumerated),
                         sharding_name=lay.sharding, etp=lay.etp, ep_fold=int(lay.ep_fold))
 
