@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -60,8 +60,7 @@ class LayoutArrays:
     etp: np.ndarray | None = None   # expert tensor-parallel size, 0 or None: equal to tp
     ep_fold: np.ndarray | None = None   # 1: ep folded over tp x cp x dp (Layout.ep_fold); None: 0
 
-    FIELDS = (*AXIS_NAMES, "zero_stage", "sharding", "sp", "vp", "micro_batch", "grad_accum", "recompute", "etp",
-              "ep_fold")
+    FIELDS: ClassVar[tuple[str, ...]] = ()      # every field, in the dataclass's order (set below)
 
     @property
     def data_parallel(self) -> np.ndarray:
@@ -142,6 +141,9 @@ class LayoutArrays:
                       seq_len=seq_len, recompute=RECOMPUTES[int(self.recompute[i])],
                       etp=0 if self.etp is None else int(self.etp[i]),
                       ep_fold=False if self.ep_fold is None else bool(self.ep_fold[i]))
+
+LayoutArrays.FIELDS = tuple(f.name for f in fields(LayoutArrays))
+
 
 def _grid(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node: int,
           space: SearchSpace
