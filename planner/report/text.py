@@ -51,8 +51,7 @@ def fp8_label(s: TrainingSetup) -> str:
 
 def layout_json(lay: Layout) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep,
-        "zero_stage": lay.zero_stage, "sharding": lay.sharding, "sp": lay.sp, "vp": lay.vp,
+        **lay.degrees(), "zero_stage": lay.zero_stage, "sharding": lay.sharding, "sp": lay.sp, "vp": lay.vp,
         "micro_batch": lay.micro_batch, "grad_accum": lay.grad_accum, "seq_len": lay.seq_len,
         "recompute": lay.recompute,
     }
