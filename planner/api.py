@@ -283,8 +283,8 @@ def fixed_layout(space: SearchSpace, setup: TrainingSetup, n_gpus: int | None) -
     dp, fold = s.dp, False
     shape = folded_shape(s, n_gpus) if n_gpus is not None else None
     if shape is not None:
-        s = replace(s, cp=shape[1])
-        dp, fold = shape[4], True
+        s = replace(s, cp=shape.cp)
+        dp, fold = shape.dp, True
     if (dp is None or s.tp is None or s.pp is None or s.cp is None or s.ep is None
             or len(s.micro_batches) != 1 or len(s.recomputes) != 1):
         return None

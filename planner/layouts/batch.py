@@ -16,6 +16,7 @@ import numpy as np
 from planner.layouts.layout import (
     AXIS_NAMES,
     SHARDINGS,
+    DegreeShape,
     Layout,
     SearchSpace,
     data_parallel_size,
@@ -147,7 +148,7 @@ LayoutArrays.FIELDS = tuple(f.name for f in fields(LayoutArrays))
 
 def _grid(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node: int,
           space: SearchSpace
-          ) -> tuple[RuleView, Any, list[tuple[int, int, int, int, int]], list[int], list[int]] | None:
+          ) -> tuple[RuleView, Any, list[DegreeShape], list[int], list[int]] | None:
     """enumerate_layouts()' candidates as a grid (shape, sharding, vp, micro-batch): the rules'
     view broadcast over it, where enumeration visits a cell (its vps per pp), the degree
     shapes and the recomputation modes; None when there is nothing to enumerate."""
@@ -159,7 +160,7 @@ def _grid(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node: int,
         return None
     # S, K, V, M: shapes, shardings, vps, mbs; recomputation is read by no rule
     sh = np.array(shapes, dtype=np.int64)
-    tp, cp, ep, pp, dp = (sh[:, i][:, None, None, None] for i in range(5))          # (S,1,1,1)
+    tp, cp, ep, pp, dp = (sh[:, i][:, None, None, None] for i in range(5))          # (S,1,1,1), DegreeShape order
     sharding = np.array([SHARDINGS.index(name) for name, _ in shardings], dtype=np.int64)[None, :, None, None]
     zero = np.array([stage for _, stage in shardings], dtype=np.int64)[None, :, None, None]   # (1,K,1,1)
     vp = np.array(vps, dtype=np.int64)[None, None, :, None]                          # (1,1,V,1)

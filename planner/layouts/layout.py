@@ -27,7 +27,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 from planner.models.spec import ModelSpec
 from planner.training.setup import TrainingSetup
@@ -288,6 +288,17 @@ def grad_accum_for(setup: TrainingSetup, micro_batch: int, dp: int, ep: int, ep_
     return setup.global_batch // per_step
 
 
+class DegreeShape(NamedTuple):
+    """The degrees of one shape the search walks (degree_shapes, folded_shape), in the order
+    it walks them: tp innermost, dp what is left."""
+
+    tp: int
+    cp: int
+    ep: int
+    pp: int
+    dp: int
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SearchSpace:
     """Which choices the search may make; a fixed value (not None) pins a choice."""
@@ -342,11 +353,11 @@ def enumerate_layouts(
 ) -> Iterator[tuple[Layout, str | None]]:
     """Every candidate layout on ``n_gpus`` with None or the reason it cannot run (the
     first rule of planner.layouts.rules.RULES it breaks)."""
-    for tp, cp, ep, pp, dp in degree_shapes(m, n_gpus, gpus_per_node, space):
-        yield from _shape_layouts(m, setup, gpus_per_node, space, (tp, cp, ep, pp, dp), False)
+    for shape in degree_shapes(m, n_gpus, gpus_per_node, space):
+        yield from _shape_layouts(m, setup, gpus_per_node, space, shape, False)
 
 
-def folded_shape(space: SearchSpace, n_gpus: int) -> tuple[int, int, int, int, int] | None:
+def folded_shape(space: SearchSpace, n_gpus: int) -> DegreeShape | None:
     """(tp, cp, ep, pp, dp) of the folded layouts on ``n_gpus`` where the space fixes tp, pp and
     ep (cp: 1 when open) and leaves dp open, and ep folds (ep_folds; dp is Megatron's DP);
     None otherwise. The one place the fold is decided from what the user gives."""
@@ -356,7 +367,7 @@ def folded_shape(space: SearchSpace, n_gpus: int) -> tuple[int, int, int, int, i
     cp = s.cp or 1
     if not ep_folds(n_gpus, s.tp, s.pp, cp, s.ep):
         return None
-    return s.tp, cp, s.ep, s.pp, n_gpus // model_parallel_size(s.tp, cp, s.pp)
+    return DegreeShape(s.tp, cp, s.ep, s.pp, n_gpus // model_parallel_size(s.tp, cp, s.pp))
 
 
 def enumerate_folded(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node: int,
@@ -370,7 +381,7 @@ def enumerate_folded(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_n
 
 
 def _shape_layouts(m: ModelSpec, setup: TrainingSetup, gpus_per_node: int, space: SearchSpace,
-                   shape: tuple[int, int, int, int, int], fold: bool) -> Iterator[tuple[Layout, str | None]]:
+                   shape: DegreeShape, fold: bool) -> Iterator[tuple[Layout, str | None]]:
     from planner.layouts.rules import RuleView, first_failing
 
     tp, cp, ep, pp, dp = shape
@@ -392,7 +403,7 @@ def _shape_layouts(m: ModelSpec, setup: TrainingSetup, gpus_per_node: int, space
 
 
 def degree_shapes(m: ModelSpec, n_gpus: int, gpus_per_node: int,
-                  space: SearchSpace = SearchSpace()) -> Iterator[tuple[int, int, int, int, int]]:
+                  space: SearchSpace = SearchSpace()) -> Iterator[DegreeShape]:
     """The (tp, cp, ep, pp, dp) products equal to ``n_gpus`` the search visits, in its
     order: tp up to ``space.max_tp`` (default: a node), cp up to ``space.max_cp``, ep up to
     the number of experts, pp up to the number of layers; a fixed degree is taken as
@@ -406,5 +417,5 @@ def degree_shapes(m: ModelSpec, n_gpus: int, gpus_per_node: int,
                 for pp in _degrees(space.pp, n_gpus // (tp * cp * ep), m.n_layers if space.pp is None else n_gpus):
                     dp = n_gpus // (tp * cp * ep * pp)
                     if space.dp is None or space.dp == dp:
-                        yield tp, cp, ep, pp, dp
+                        yield DegreeShape(tp, cp, ep, pp, dp)
 
