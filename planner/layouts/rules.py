@@ -200,6 +200,14 @@ def _stack_cannot_run(v: RuleView) -> Any:
     return out
 
 
+def _below_one(v: RuleView, *names: str) -> Any:
+    """Where any of the view's fields ``names`` is below 1 (elementwise on a batch)."""
+    out: Any = getattr(v, names[0]) < 1
+    for name in names[1:]:
+        out = out | (getattr(v, name) < 1)
+    return out
+
+
 def _balance_layers(v: RuleView) -> int:
     """2 where the embedding and the loss count as layers of the pipeline split
     (TrainingSetup.pp_balance "embedding-loss"), else 0."""
@@ -231,9 +239,7 @@ RULES: tuple[Rule, ...] = (
          lambda v: (v.enumerated > 0) & (v.setup.global_batch % _per_step(v) != 0),
          lambda v: (f"global batch {v.setup.global_batch} is not a multiple of micro-batch {v.micro_batch} "
                     f"x data-parallel {v.data_parallel}")),
-    Rule("positive",
-         lambda v: ((v.dp < 1) | (v.tp < 1) | (v.pp < 1) | (v.cp < 1) | (v.ep < 1) | (v.vp < 1)
-                    | (v.micro_batch < 1) | (v.grad_accum < 1)),
+    Rule("positive", lambda v: _below_one(v, *AXIS_NAMES, "vp", "micro_batch", "grad_accum"),
          lambda v: "every degree, the micro-batch and the accumulation steps must be >= 1"),
     Rule("stack-runs", _stack_cannot_run,
          lambda v: (f"--stack torchtitan: {torchtitan_builds(v.m)}"

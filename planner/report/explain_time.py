@@ -50,6 +50,8 @@ from planner.training.kernels import layout_kernels
 from planner.training.moe_runtime import dedup_routing
 from planner.training.setup import TrainingSetup
 
+_NOT_DP = tuple(a for a in PLACEMENT_AXES if a != "dp")    # the axes timed here beside dp's reduce, in order
+
 # ----------------------------------------------------------------------------- time
 
 def _time(category: str, name: str, formula: str, value: float, source: str, unit: str = "s",
@@ -101,7 +103,7 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
     links = {**rings, "ep": a2a}
     fwd_mb, bwd_mb, t_mb = float(parts.fwd_mb_s[0]), float(parts.bwd_mb_s[0]), float(parts.micro_batch_s[0])
     n_slow, n_slow_bwd, slow_stage = int(parts.n_slow[0]), int(parts.n_slow_bwd[0]), int(parts.slow_stage[0])
-    comm_s = {ax: float(parts.comm(ax)[0]) for ax in ("tp", "cp", "ep", "pp")}
+    comm_s = {ax: float(parts.comm(ax)[0]) for ax in _NOT_DP}
     n_mb = lay.grad_accum
     r = rates(gpu, prec.compute_dtype, eff)
     top = cluster.topology
@@ -197,7 +199,7 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
                          "m x 2 v x send(b s h a / t) x (1 - pp overlap); send(S) = alpha + S / (B x bus fraction)",
                          comm_s["pp"], f"{BUBBLE}; {link_src}", micro_batches_m=n_mb, vp=lay.vp,
                          pp_overlap=eff.pp_overlap, **_link(links, "pp")))
-    exposed = sum(comm_s[ax] for ax in ("tp", "cp", "ep", "pp"))
+    exposed = sum(comm_s[ax] for ax in _NOT_DP)
     slow_pipe = n_mb * t_mb - n_mb * (fwd_mb + bwd_mb) - exposed
     if slow_pipe > 1e-12 * n_mb * t_mb:
         out.append(_time("communication", "slowdown of compute under hidden tp/cp/ep/pp communication",

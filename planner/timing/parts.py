@@ -88,8 +88,9 @@ class StepArrays:
         return len(self.step_time_s)
 
     def comm(self, axis: str) -> np.ndarray:
-        return {"tp": self.comm_tp_s, "cp": self.comm_cp_s, "ep": self.comm_ep_s, "dp": self.comm_dp_s,
-                "pp": self.comm_pp_s}[axis]
+        if axis not in COMM_AXES:
+            raise KeyError(axis)
+        return getattr(self, f"comm_{axis}_s")
 
     def row(self, i: int) -> StepTime:
         """The StepTime of layout ``i``."""
