@@ -92,6 +92,8 @@ def test_hsdp_shard_and_replicas_are_one_rule_for_a_layout_and_its_batch():
     assert shards.tolist()[-1] == 0          # not hybrid
     assert lays[6].hybrid_shard(8) == 8 and lays[7].hybrid_shard(8) == 4    # dp 16: a node, or tp 2 of it
     assert lays[8].hybrid_shard(8) == 6 and lays[9].hybrid_shard(8) == 4    # dp 12: 6 of 8, or 4 beside tp 2
+    assert [lay.hybrid_replicate(8) for lay in lays] == a.hybrid_replicate(8).tolist()
+    assert lays[6].hybrid_replicate(8) == 2 and lays[9].hybrid_replicate(8) == 3 and lays[-1].hybrid_replicate(8) == 1
 
 
 def test_the_axes_are_the_fields_the_options_and_the_placement_order():

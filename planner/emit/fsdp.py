@@ -14,7 +14,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from planner.emit import EmitOptions, chosen, node_shape
-from planner.layouts.layout import Layout, hybrid_replicas
+from planner.layouts.layout import Layout
 
 if TYPE_CHECKING:
     from planner.api import PlanResult
@@ -58,7 +58,7 @@ def mesh_shape(lay: Layout, gpus_per_node: int) -> dict[str, int]:
     data = lay.data_parallel
     replicate = 1
     if lay.sharding == "fsdp-hybrid":
-        replicate = hybrid_replicas(lay.dense_shard_degree, lay.hybrid_shard(gpus_per_node))
+        replicate = lay.hybrid_replicate(gpus_per_node)
         if data % replicate:
             replicate = 1
     return {"dp_replicate_size": replicate, "dp_shard_size": data // replicate,

@@ -24,6 +24,7 @@ from planner.layouts.layout import (
     dense_shard_size,
     expert_data_parallel_size,
     expert_tp_size,
+    hybrid_replicas,
     hybrid_shard_ranks,
     model_parallel_size,
     shardings_of,
@@ -106,6 +107,12 @@ class LayoutArrays:
         degs = [hybrid_shard_ranks(d_all, t, gpus_per_node) for d_all, t in uniq.tolist()]
         out[rows] = np.array(degs, dtype=np.int64)[inv.reshape(-1)]
         return out
+
+    def hybrid_replicate(self, gpus_per_node: int) -> np.ndarray:
+        """FSDP hybrid's (HSDP) replicas per layout (Layout.hybrid_replicate: hybrid_replicas), 1
+        where the sharding is not hybrid."""
+        shard = self.hybrid_shard(gpus_per_node)
+        return np.where(shard > 0, hybrid_replicas(self.dense_shard_degree, np.maximum(shard, 1)), 1)
 
     def __len__(self) -> int:
         return len(self.dp)

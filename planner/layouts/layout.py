@@ -134,6 +134,12 @@ class Layout:
             return 0
         return hybrid_shard_ranks(self.dense_shard_degree, self.tp, gpus_per_node)
 
+    def hybrid_replicate(self, gpus_per_node: int) -> int:
+        """FSDP hybrid's (HSDP) replicas of its shard group across nodes (hybrid_replicas), 1 where
+        the sharding is not hybrid."""
+        shard = self.hybrid_shard(gpus_per_node)
+        return hybrid_replicas(self.dense_shard_degree, shard) if shard else 1
+
     @property
     def global_batch(self) -> int:
         return self.micro_batch * self.grad_accum * self.data_parallel
