@@ -230,10 +230,12 @@ def mfu_ceiling(eff: Efficiency, gpu: GpuSpec, fp8: bool) -> float | None:
     sustained training rate (hardware.gpus.sustained_rate, measured or ASSUMED). None (no
     ceiling) for an FP8 step without a set ceiling: the ceilings are BF16 runs' MFU and no
     FP8 run is in the project's data, so an FP8 step is bounded by its own FP8 GEMM
-    efficiency (training.fp8), not by a BF16 rate."""
+    efficiency (training.fp8), not by a BF16 rate. The rate is at the GPU's sustained clock
+    (sustained_clock_share: GB200 runs B200's die at B200's sustained rate, so it inherits
+    B200's MFU of the B200 peak, not of its own higher data-sheet peak)."""
     if eff.mfu_ceiling is not None:
         return eff.mfu_ceiling
-    return None if fp8 else sustained_rate(gpu).mfu
+    return None if fp8 else sustained_rate(gpu).mfu * sustained_clock_share(gpu)
 
 
 def ceiling_floor_s(model_flops: Any, n_gpus: Any, peak_flops_per_s: float, ceiling: float | None) -> Any:
