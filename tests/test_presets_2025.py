@@ -129,3 +129,14 @@ def test_measuring_a_config_leaves_its_cache_key_unchanged():
     key = config_key(cfg)
     hf_config(cfg)
     assert config_key(cfg) == key and "rope_type" not in cfg["rope_scaling"]
+
+
+def test_the_docs_table_quotes_these_totals():
+    # docs/models.md "The 2025-2026 presets": each row's transformers total is what the planner counts
+    import re
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "models.md").read_text()
+    rows = dict(re.findall(r"^\| ([a-z0-9.\-]+) \| `\w+` \| [^|]+ \| ([\d,]+) \|", text, re.MULTILINE))
+    assert set(rows) == set(PUBLISHED)
+    for name, total in rows.items():
+        assert count_params(load_model(name)).total == int(total.replace(",", "")), name
