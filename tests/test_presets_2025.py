@@ -47,8 +47,9 @@ PUBLISHED = {
     "olmo3-32b": (32, 32),
     # SmolLM3 model card and blog: 3B dense
     "smollm3-3b": (3, 3),
-    # Qwen3.5 model cards: 397B total, 17B active; 27B dense (both with the vision encoder)
+    # Qwen3.5 model cards: 397B total, 17B active; 35B, 3B active; 27B dense (with the vision encoder)
     "qwen3.5-397b-a17b": (397, 17),
+    "qwen3.5-35b-a3b": (35, 3),
     "qwen3.5-27b": (27, 27),
 }
 # How far transformers' total may sit from the card's rounded figure: 5% covers the MTP layers
