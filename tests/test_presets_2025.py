@@ -141,3 +141,20 @@ def test_the_docs_table_quotes_these_totals():
     assert set(rows) == set(PUBLISHED)
     for name, total in rows.items():
         assert count_params(load_model(name)).total == int(total.replace(",", "")), name
+
+
+def test_plan_models_keeps_its_columns_with_long_names():
+    # kimi-linear-48b-a3b (19 characters) and qwen3-next-80b-a3b (18) once pushed their rows'
+    # numbers out of the 16-character name column
+    from click.testing import CliRunner
+
+    from planner.cli.main import cli
+
+    r = CliRunner().invoke(cli, ["models"], prog_name="plan")
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    end = lines[0].index("parameters") + len("parameters")
+    rows = [line for line in lines[1:] if line.split()[:1] and line.split()[0] in PUBLISHED]
+    assert len(rows) == len(PUBLISHED)
+    for line in rows:
+        assert line[:end].endswith(line.split()[1]), line
