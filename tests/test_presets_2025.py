@@ -158,3 +158,18 @@ def test_plan_models_keeps_its_columns_with_long_names():
     assert len(rows) == len(PUBLISHED)
     for line in rows:
         assert line[:end].endswith(line.split()[1]), line
+
+
+@pytest.mark.parametrize("name,n_gpus", [("olmo2-7b", "1"), ("glm-4.5", "64")])
+def test_a_plan_that_does_not_fit_advises_instead_of_asking_for_lora_targets(name, n_gpus):
+    # the advice re-plans with --method lora / qlora; for a model_type PEFT has no default
+    # targets for (olmo2, glm4_moe, every generic family) that re-plan raised UserError, which
+    # escaped advice.refit (it caught ValueError only) and replaced the whole answer by
+    # "PEFT has no default LoRA targets ..."
+    from click.testing import CliRunner
+
+    from planner.cli.main import cli
+
+    r = CliRunner().invoke(cli, ["--model", name, "--gpus", "h100", "--n-gpus", n_gpus], prog_name="plan",
+                           env={"NO_COLOR": "1", "COLUMNS": "120"})
+    assert "No layout fits" in r.output and "LoRA targets" not in r.output, r.output
