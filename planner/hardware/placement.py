@@ -14,7 +14,7 @@ import importlib.resources
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from functools import lru_cache
 
 from planner.errors import UserError
@@ -48,6 +48,17 @@ class Cluster:
 
     gpu: GpuSpec
     topology: ClusterTopology | None = None
+    # the hash of every field, worked out once: the link caches (axis_links and the timing's
+    # tables) look a cluster up tens of thousands of times per plan, and a dataclass's hash
+    # hashes every field of the GPU and the topology each time (issue 32: 2.4 million hash
+    # calls, about a sixth of `--tokens` over the catalog with an MoE model)
+    _hash: int = field(init=False, repr=False, compare=False, default=0)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self) if f.compare)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
 
 # NCCL's per-hop latencies (NVIDIA/nccl src/graph/tuning.cc, hwLat, Ring/LL) for clusters

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import importlib.resources
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +121,16 @@ class ClusterTopology:
     source: str
     host: HostMemory | None = None   # None: the file gives no CPU memory; offload is not checked
     units: ScalableUnits | None = None   # None: one unit; plans beyond max_nodes are refused
+    # the hash of every field, worked out once: the ring bound's caches (placement._graph_link)
+    # look a topology up for every axis of every layout's degrees, and a dataclass's hash
+    # hashes every nested field each time (issue 32: 227,000 lookups in one `--tokens` plan)
+    _hash: int = field(init=False, repr=False, compare=False, default=0)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self) if f.compare)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
 
 # ---------------------------------------------------------------------------------------------
