@@ -60,6 +60,12 @@ class Cluster:
     def __hash__(self) -> int:
         return self._hash
 
+    def __setstate__(self, state: list[object]) -> None:
+        """Unpickled: the hash worked out again (another process hashes strings with another seed)."""
+        for f, value in zip(fields(self), state):
+            object.__setattr__(self, f.name, value)
+        self.__post_init__()
+
 
 # NCCL's per-hop latencies (NVIDIA/nccl src/graph/tuning.cc, hwLat, Ring/LL) for clusters
 # without a topology file.

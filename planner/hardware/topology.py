@@ -132,6 +132,12 @@ class ClusterTopology:
     def __hash__(self) -> int:
         return self._hash
 
+    def __setstate__(self, state: list[object]) -> None:
+        """Unpickled: the hash worked out again (another process hashes strings with another seed)."""
+        for f, value in zip(fields(self), state):
+            object.__setattr__(self, f.name, value)
+        self.__post_init__()
+
 
 # ---------------------------------------------------------------------------------------------
 # Loading
