@@ -224,25 +224,38 @@ def axis_links(cluster: Cluster, sizes: tuple[int, ...], order: tuple[str, ...] 
     top = cluster.topology
     if top is None:
         return _fallback_links(cluster.gpu, named, order)
-    gpn = top.gpus_per_node
-    domain_nodes = max(1, top.intra_node.domain_gpus // gpn)
-    cap_nodes = max(2, 2 * domain_nodes)
-    if top.network.oversubscription > 1:
-        cap_nodes = max(cap_nodes, 2 * top.network.nodes_per_leaf)
     n_gpus = math.prod(sizes)
-    cap_gpus = min(cap_nodes, top.max_nodes) * gpn
     links, stride = {}, 1
     for axis in order:
         n = named[axis]
         if n == 1:
             links[axis] = AxisLink(bus_bytes_per_s=math.inf, latency_s=0.0)
             continue
-        s_f, n_f, n_eval = _fold_axis(stride, n, n_gpus, gpn, domain_nodes * gpn, cap_gpus)
-        if -(-n_eval // gpn) > top.max_nodes:
+        link = _topology_axis_link(top, stride, n, n_gpus)
+        if link is None:
             return _fallback_links(cluster.gpu, named, order)
-        links[axis] = _graph_link(top, s_f, n_f, n_eval, min(cap_gpus // gpn, -(-n_gpus // gpn)))
+        links[axis] = link
         stride *= n
     return links
+
+
+@lru_cache(maxsize=65536)
+def _topology_axis_link(top: ClusterTopology, stride: int, n: int, n_gpus: int) -> AxisLink | None:
+    """One axis's link in axis_links: its ``n`` GPUs a group at ``stride`` among ``n_gpus``, on
+    a folded placement (_fold_axis); None where even that needs more nodes than ``top`` holds
+    (axis_links then answers from the GpuSpec). Kept per axis: the layouts of one count share
+    their axes' strides and sizes far more often than all five degrees (issue 32: 59,000
+    axis_links calls in one --tokens plan over the catalog, each folding every axis again)."""
+    gpn = top.gpus_per_node
+    domain_nodes = max(1, top.intra_node.domain_gpus // gpn)
+    cap_nodes = max(2, 2 * domain_nodes)
+    if top.network.oversubscription > 1:
+        cap_nodes = max(cap_nodes, 2 * top.network.nodes_per_leaf)
+    cap_gpus = min(cap_nodes, top.max_nodes) * gpn
+    s_f, n_f, n_eval = _fold_axis(stride, n, n_gpus, gpn, domain_nodes * gpn, cap_gpus)
+    if -(-n_eval // gpn) > top.max_nodes:
+        return None
+    return _graph_link(top, s_f, n_f, n_eval, min(cap_gpus // gpn, -(-n_gpus // gpn)))
 
 
 def remote_share_deduplicated(k: int, domains: int, groups: int = 0, group_limit: int = 0) -> float:
