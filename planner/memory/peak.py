@@ -318,7 +318,7 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     else:
         amp_copies = np.where(autocast & amp_states, 2 * split.trainable, 0)   # copies of the fp32 trainables
     has_act = n_act > 0
-    engine_buffers = buffer_bytes(m, setup, sa, rp, prec, split)
+    engine_buffers = buffer_bytes(m, setup, sa, rp, prec, split, kern)
     off = offload_bytes(setup, sa, ms, sharded_frozen_bytes(split, sa, hybrid), split, prec, hybrid)
     # FSDP2 keeps the root unit gathered
     root_gathered = np.where(full_shard, rp.root_unit * prec.weight_bytes, 0)

@@ -263,6 +263,7 @@ def assumptions_text(r: PlanResult) -> list[str]:
         f"{nccl}, fragmentation {o.fragmentation:.0%} of tensor memory",
         *headroom,
         *stack_lines(r),
+        *allocator_lines(r),
         f"  GPU: {r.gpu.full_name}, {gib(r.gpu.memory_bytes)}, {r.gpu.gpus_per_node} per node",
         f"  cluster: {topology_name(r) or 'no topology file (bandwidths from the GPU catalog)'}; "
         f"step times: {r.efficiency.name} overlap settings",
@@ -307,6 +308,31 @@ def stack_lines(r: PlanResult) -> list[str]:
     recompute = shown.layout.recompute if shown is not None else "none"
     return ["  " + memory_profile_line(s.stack, recompute, s.compile, s.recompute_every, s.recompute_method,
                                        s.recompute_num_layers)]
+
+
+def allocator_lines(r: PlanResult) -> list[str]:
+    """How the caching allocator runs under the plan's stack (--stack, or the one the shown layout
+    defaults to): with expandable segments where the stack's own launchers set them and --out
+    writes them (planner.stacks.runs_expandable_segments), else PyTorch's default. The
+    fragmentation allowance is the same assumed fraction under both: no measured figure gives a
+    smaller one for expandable segments (torchtitan's published reserved peaks, run with them,
+    exceed the planner's tracked tensors plus 10% in 9 of 11 runs: docs/published-memory.md)."""
+    s = r.setup
+    shown = r.best or r.result.smallest
+    if s.stack == "auto" and shown is None:
+        return []
+    from planner.stacks import default_stack, runs_expandable_segments
+
+    if s.stack == "auto":
+        from planner.training.kernels import layout_kernels
+
+        stack = default_stack(r.model, shown.layout, layout_kernels(s, shown.layout))  # type: ignore[union-attr]
+    else:
+        stack = s.stack
+    how = ("expandable segments (--out sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, as "
+           f"{stack}'s own launchers do)" if runs_expandable_segments(stack)
+           else f"PyTorch's default caching allocator ({stack}'s launchers set no PYTORCH_CUDA_ALLOC_CONF)")
+    return [f"  allocator: {how}; its {s.overheads.fragmentation:.0%} fragmentation allowance is assumed"]
 
 
 # ------------------------------------------------------------------- --quiet
