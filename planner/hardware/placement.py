@@ -14,7 +14,7 @@ import importlib.resources
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from planner.errors import UserError
@@ -28,7 +28,7 @@ from planner.hardware.rings import (
     ring_bound_bytes_per_s,
     scale_up_gpu_bytes_per_s,
 )
-from planner.hardware.topology import AXES, ClusterTopology, load_topology
+from planner.hardware.topology import AXES, ClusterTopology, hash_once, load_topology, stored_hash, unpickle_hashed
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -54,17 +54,10 @@ class Cluster:
     # calls, about a sixth of `--tokens` over the catalog with an MoE model)
     _hash: int = field(init=False, repr=False, compare=False, default=0)
 
+    __hash__, __setstate__ = stored_hash, unpickle_hashed
+
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self) if f.compare)))
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __setstate__(self, state: list[object]) -> None:
-        """Unpickled: the hash worked out again (another process hashes strings with another seed)."""
-        for f, value in zip(fields(self), state):
-            object.__setattr__(self, f.name, value)
-        self.__post_init__()
+        hash_once(self)
 
 
 # NCCL's per-hop latencies (NVIDIA/nccl src/graph/tuning.cc, hwLat, Ring/LL) for clusters

@@ -34,6 +34,30 @@ AXES = ("tp", "cp", "ep", "dp", "pp")
 FABRICS = ("nvswitch", "mesh", "pcie")
 
 
+# ---------------------------------------------------------------------------------------------
+# A hash worked out once, for frozen dataclasses looked up in caches many times per plan
+# (issue 32): each holds ``_hash: int = field(init=False, repr=False, compare=False,
+# default=0)`` and takes these three as its __post_init__, __hash__ and __setstate__ (in its
+# own body, where dataclass() leaves them).
+
+
+def hash_once(obj: Any) -> None:
+    """Keep the hash of ``obj``'s compared fields (the one dataclass() would work out on every call)."""
+    object.__setattr__(obj, "_hash", hash(tuple(getattr(obj, f.name) for f in fields(obj) if f.compare)))
+
+
+def stored_hash(obj: Any) -> int:
+    return int(obj._hash)
+
+
+def unpickle_hashed(obj: Any, state: list[object]) -> None:
+    """Unpickled: the fields, then the hash worked out again (another process hashes strings
+    with another seed)."""
+    for f, value in zip(fields(obj), state):
+        object.__setattr__(obj, f.name, value)
+    hash_once(obj)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class IntraNodeFabric:
     """How GPUs inside a node (or NVLink domain) reach each other.
@@ -126,17 +150,10 @@ class ClusterTopology:
     # hashes every nested field each time (issue 32: 227,000 lookups in one `--tokens` plan)
     _hash: int = field(init=False, repr=False, compare=False, default=0)
 
+    __hash__, __setstate__ = stored_hash, unpickle_hashed
+
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self) if f.compare)))
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __setstate__(self, state: list[object]) -> None:
-        """Unpickled: the hash worked out again (another process hashes strings with another seed)."""
-        for f, value in zip(fields(self), state):
-            object.__setattr__(self, f.name, value)
-        self.__post_init__()
+        hash_once(self)
 
 
 # ---------------------------------------------------------------------------------------------
