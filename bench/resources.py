@@ -12,7 +12,8 @@ catalog (issue 32's targets for those), under 2 GiB each.
     PYTHONPATH=OTHER_TREE python OTHER_TREE/bench/resources.py --only buy256   # another tree's plan, to compare
 
 The inputs are generated into a temporary directory: the 256-job file of 16 presets and 4
-methods (full, lora, qlora, freeze), the 16-job file of the report, a log line of 280 KB,
+methods (full, lora, qlora, freeze), the 16-job file of the report, its 128 jobs of distinct
+global batches, 32 70B jobs a day apart (H5's), a log line of 280 KB,
 config.json files of 10,000 and 10,000,000 layers. Exit status 1 when a case fails its goal.
 """
 
@@ -55,6 +56,12 @@ def write_inputs(d: Path) -> None:
     lines = ["jobs:"] + [f"  - {{name: j{i}, model: {m}, tokens: 100B, deadline: 30d, start: {20 * i}d}}"
                          for i, m in enumerate(MODELS16)]
     (d / "jobs16.yaml").write_text("\n".join(lines) + "\n")
+    lines = ["jobs:"] + [f"  - {{name: j{i}, model: llama3.1-8b, tokens: 100B, deadline: 30d, start: {2 * i}d, "
+                         f"global_batch: {1024 + 8 * i}}}" for i in range(128)]
+    (d / "gb128.yaml").write_text("\n".join(lines) + "\n")
+    lines = ["jobs:"] + [f"  - {{name: j{i}, model: llama3.1-70b, tokens: 100B, deadline: 30d, start: {i}d}}"
+                         for i in range(32)]
+    (d / "staggered70b.yaml").write_text("\n".join(lines) + "\n")
     (d / "redos.log").write_text("step: 1 loss: " * 20000 + "\n")
     (d / "megatron.log").write_text("iteration 1/ 1 |" * 20000 + "\n")
     for name, preset, layers in (("l10k", "llama3.1-8b", 10_000), ("q10m", "qwen2.5-0.5b", 10_000_000)):
@@ -69,6 +76,10 @@ def cases(d: Path) -> dict[str, tuple[str, list[str]]]:
                    ["buy", str(d / "jobs256.yaml"), "-q"]),
         "buy16": ("`plan buy`, 16 jobs of 16 models, 3 GPU types (H1)", ["buy", str(d / "jobs16.yaml"), "-q",
                                                                          "--horizon", "400d"]),
+        "buy128-batches": ("`plan buy`, 128 jobs of Llama 3.1 8B, each its own global batch (H1's generator)",
+                           ["buy", str(d / "gb128.yaml"), "-q", "--horizon", "400d"]),
+        "buy32-70b": ("`plan buy`, 32 jobs of Llama 3.1 70B a day apart (H5; the purchase ILP)",
+                      ["buy", str(d / "staggered70b.yaml"), "-q", "--horizon", "400d"]),
         "tokens-kimi": ("`plan --model kimi-k2 --tokens 15T --deadline 90d` over the 23 GPU types (H4)",
                         ["--model", "kimi-k2", "--gpus", CATALOG, "--tokens", "15T", "--deadline", "90d", "-q"]),
         "tokens-deepseek": ("the same for deepseek-v3 (H4)",
