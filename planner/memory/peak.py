@@ -52,7 +52,6 @@ from planner.memory.states import (
     OffloadSplit,
     expert_padding,
     fp32_accumulated_gradients,
-    hybrid_degree,
     model_state_bytes,
     offload_bytes,
     optimizer_step_transient_bytes,
@@ -287,7 +286,7 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
         act_fp32 = fp32_trainables & ~autocast
     else:
         act_fp32 = np.zeros(len(sa), dtype=bool)
-    hybrid = hybrid_degree(sa, gpus_per_node)
+    hybrid = sa.hybrid_shard(gpus_per_node)
     distributed = n_gpus > 1
     ranks_per_node = np.minimum(n_gpus, gpus_per_node)
     fixed = setup.overheads.fixed_bytes(distributed)

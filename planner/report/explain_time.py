@@ -6,6 +6,7 @@ from typing import Any
 
 from planner.hardware.gpus import sustained_rate
 from planner.hardware.placement import Cluster
+from planner.hardware.topology import AXES as PLACEMENT_AXES
 from planner.layouts.batch import LayoutArrays
 from planner.layouts.layout import Layout
 from planner.memory.params import optimizer_state_bytes
@@ -27,6 +28,7 @@ from planner.report.terms import (
 )
 from planner.report.terms import label as _label
 from planner.timing.degrees import layout_links
+from planner.timing.efficiency import sustained_clock_share
 from planner.timing.kernels import fp8_fraction_of
 from planner.timing.model import (
     FLASH_FRACTION,
@@ -48,6 +50,8 @@ from planner.timing.model import (
 from planner.training.kernels import layout_kernels
 from planner.training.moe_runtime import dedup_routing
 from planner.training.setup import TrainingSetup
+
+_NOT_DP = tuple(a for a in PLACEMENT_AXES if a != "dp")    # the axes timed here beside dp's reduce, in order
 
 # ----------------------------------------------------------------------------- time
 
@@ -95,12 +99,12 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
     lt = layer_time(m, setup, layer_key(lay), layout_kernels(setup, lay), gpu, eff)
     # the ep line times all-to-alls: their link (placement.all_to_all_link), not the ep ring's;
     # a folded ep on megatron-core's expert grid (timing.degrees.layout_links)
-    rings, a2a = layout_links(cluster, (lay.tp, lay.cp, lay.ep, lay.dp, lay.pp), st.placement, lay.etp,
+    rings, a2a = layout_links(cluster, tuple(getattr(lay, a) for a in PLACEMENT_AXES), st.placement, lay.etp,
                               int(lay.ep_fold), dedup_routing(m, setup.moe_dispatcher))
     links = {**rings, "ep": a2a}
     fwd_mb, bwd_mb, t_mb = float(parts.fwd_mb_s[0]), float(parts.bwd_mb_s[0]), float(parts.micro_batch_s[0])
     n_slow, n_slow_bwd, slow_stage = int(parts.n_slow[0]), int(parts.n_slow_bwd[0]), int(parts.slow_stage[0])
-    comm_s = {ax: float(parts.comm(ax)[0]) for ax in ("tp", "cp", "ep", "pp")}
+    comm_s = {ax: float(parts.comm(ax)[0]) for ax in _NOT_DP}
     n_mb = lay.grad_accum
     r = rates(gpu, prec.compute_dtype, eff)
     top = cluster.topology
@@ -125,18 +129,22 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
               active_params_N=n_active, tokens_per_step=st.tokens_per_step),
         _time("rates", f"peak {dtype} FLOP/s of the GPU (dense)", "data sheet", peak, f"{gpu.full_name}: {gpu.source}",
               unit="FLOP/s", summed=False),
-        _time("rates", "matmul rate", "peak x matmul fraction", r.matmul_flops_per_s, MATMUL, unit="FLOP/s",
-              summed=False, peak=peak, matmul_fraction=eff.matmul_fraction if eff.matmul_fraction is not None
+        _time("rates", "matmul rate", "peak x sustained clock share x matmul fraction", r.matmul_flops_per_s, MATMUL,
+              unit="FLOP/s", summed=False, peak=peak, sustained_clock_share=sustained_clock_share(gpu),
+              matmul_fraction=eff.matmul_fraction if eff.matmul_fraction is not None
               else MATMUL_FRACTION.get(gpu.name, MATMUL_FRACTION_DEFAULT)),
-        _time("rates", "flash-attention rate", "peak x flash fraction", r.flash_flops_per_s, FLASH, unit="FLOP/s",
-              summed=False, peak=peak, flash_fraction=eff.flash_fraction if eff.flash_fraction is not None
+        _time("rates", "flash-attention rate", "peak x sustained clock share x flash fraction", r.flash_flops_per_s,
+              FLASH, unit="FLOP/s", summed=False, peak=peak, sustained_clock_share=sustained_clock_share(gpu),
+              flash_fraction=eff.flash_fraction if eff.flash_fraction is not None
               else FLASH_FRACTION.get(gpu.name, FLASH_FRACTION_DEFAULT)),
         *([] if prec.fp8 is None or gpu.fp8_flops_per_s is None else [
             _time("rates", f"FP8 matmul rate of the blocks' linear layers ({prec.fp8.name})",
-                  "FP8 dense peak x FP8 matmul fraction (ASSUMED; router, attention and LM head stay bf16)",
-                  gpu.fp8_flops_per_s * fp8_share, "planner.training.fp8 "
+                  "FP8 dense peak x sustained clock share x FP8 matmul fraction (ASSUMED; router, attention and "
+                  "LM head stay bf16)",
+                  gpu.fp8_flops_per_s * sustained_clock_share(gpu) * fp8_share, "planner.training.fp8 "
                   "(FP8_MATMUL_FRACTION, ASSUMED); FP8 peak: " + gpu.source, unit="FLOP/s", summed=False,
-                  fp8_peak=gpu.fp8_flops_per_s, fp8_matmul_fraction=fp8_share)]),
+                  fp8_peak=gpu.fp8_flops_per_s, sustained_clock_share=sustained_clock_share(gpu),
+                  fp8_matmul_fraction=fp8_share)]),
         _time("rates", "HBM rate of element-wise kernels", "HBM bandwidth x hbm fraction", r.hbm_bytes_per_s,
               f"{HBM}; HBM bandwidth: {gpu.source}", unit="bytes/s", summed=False,
               hbm_bytes_per_s=gpu.hbm_bytes_per_s, hbm_fraction=eff.hbm_fraction),
@@ -148,8 +156,8 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
               "+ element-wise (+ dequantization) (+ recomputed forward)", lt.bwd_s,
               LAYER_TIME, summed=False),
     ]
-    for axis in ("tp", "cp", "ep", "dp", "pp"):
-        size = {"tp": lay.tp, "cp": lay.cp, "ep": lay.ep, "dp": lay.dp, "pp": lay.pp}[axis]
+    for axis in PLACEMENT_AXES:
+        size = getattr(lay, axis)
         if size > 1:
             ln = links[axis]
             out.append(_time("links", f"{axis} groups of {size}: bus bandwidth per GPU"
@@ -196,7 +204,7 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
                          "m x 2 v x send(b s h a / t) x (1 - pp overlap); send(S) = alpha + S / (B x bus fraction)",
                          comm_s["pp"], f"{BUBBLE}; {link_src}", micro_batches_m=n_mb, vp=lay.vp,
                          pp_overlap=eff.pp_overlap, **_link(links, "pp")))
-    exposed = sum(comm_s[ax] for ax in ("tp", "cp", "ep", "pp"))
+    exposed = sum(comm_s[ax] for ax in _NOT_DP)
     slow_pipe = n_mb * t_mb - n_mb * (fwd_mb + bwd_mb) - exposed
     if slow_pipe > 1e-12 * n_mb * t_mb:
         out.append(_time("communication", "slowdown of compute under hidden tp/cp/ep/pp communication",

@@ -51,8 +51,7 @@ def fp8_label(s: TrainingSetup) -> str:
 
 def layout_json(lay: Layout) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep,
-        "zero_stage": lay.zero_stage, "sharding": lay.sharding, "sp": lay.sp, "vp": lay.vp,
+        **lay.degrees(), "zero_stage": lay.zero_stage, "sharding": lay.sharding, "sp": lay.sp, "vp": lay.vp,
         "micro_batch": lay.micro_batch, "grad_accum": lay.grad_accum, "seq_len": lay.seq_len,
         "recompute": lay.recompute,
     }
@@ -358,9 +357,8 @@ def layout_notes(lay: Layout, n_gpus: int, global_batch: int | None) -> list[str
                        f"data parallel {lay.expert_shard_degree} for the experts; here dp={lay.dp} counts the "
                        f"replicas beyond ep")
     if global_batch is not None and n_gpus > 1 and global_batch % n_gpus != 0:
-        degrees = f"dp {lay.dp}" + "".join(f" x {ax} {d}" for ax, d in (("tp", lay.tp), ("pp", lay.pp),
-                                                                      ("cp", lay.cp), ("ep", lay.ep))
-                                          if d > 1 and not (ax == "ep" and lay.ep_fold))
+        degrees = " x ".join(f"{ax} {d}" for ax, d in lay.degrees().items()
+                             if ax == "dp" or (d > 1 and not (ax == "ep" and lay.ep_fold)))
         if n_gpus > global_batch:
             # issue 33: not a choice anybody made, the batch's limit on data-parallel ranks
             out.append(f"the global batch of {global_batch:,} sequences gives at most {global_batch:,} "
@@ -377,10 +375,7 @@ def layout_notes(lay: Layout, n_gpus: int, global_batch: int | None) -> list[str
 def layout_compact(lay: Layout) -> str:
     """The layout as space-separated key=value words, e.g. dp=16 tp=4+sp pp=1 zero=2 mb=1
     ga=64 recompute=none (vp, cp, ep only when above 1; fsdp=full etc. for FSDP)."""
-    parts = [f"dp={lay.dp}", f"tp={lay.tp}" + ("+sp" if lay.sp else ""), f"pp={lay.pp}"]
-    parts += [f"{ax}={d}" for ax, d in (("vp", lay.vp), ("cp", lay.cp), ("ep", lay.ep)) if d > 1]
-    if lay.expert_tp != lay.tp:
-        parts.append(f"etp={lay.expert_tp}")
+    parts = lay.degree_words(marks=("+sp", ""))
     if lay.ep_fold:
         parts.append("ep-fold")
     parts.append(f"zero={lay.zero_stage}" if lay.sharding == "zero" else f"fsdp={lay.sharding[5:]}")
@@ -514,9 +509,11 @@ def comparison_json(m: Any, gpu: Any, cmp: Any) -> dict[str, Any]:
 
 
 def models_text(rows: list[dict[str, Any]]) -> str:
-    """`plan models`: name, parameters, active parameters (when they differ) and aliases."""
-    lines = [f"{'name':<16} {'parameters':>17} {'active':>17}  aliases"]
+    """`plan models`: name, parameters, active parameters (when they differ) and aliases; the
+    name column as wide as the longest name (at least 16)."""
+    w = max([16, *(len(r["name"]) for r in rows)])
+    lines = [f"{'name':<{w}} {'parameters':>17} {'active':>17}  aliases"]
     for r in rows:
         active = f"{r['n_active_params']:,}" if r["n_active_params"] != r["n_params"] else ""
-        lines.append(f"{r['name']:<16} {r['n_params']:>17,} {active:>17}  {', '.join(r['aliases'])}")
+        lines.append(f"{r['name']:<{w}} {r['n_params']:>17,} {active:>17}  {', '.join(r['aliases'])}")
     return "\n".join(lines)
