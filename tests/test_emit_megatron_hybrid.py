@@ -71,7 +71,7 @@ def _env(r) -> LaunchEnv:
 
 TINY_LAYOUTS = [dict(dp=2, tp=2, zero_stage=1, sp=True, micro_batch=1, grad_accum=4),
                 dict(dp=1, tp=2, pp=2, ep=2, zero_stage=1, sp=True, micro_batch=1, grad_accum=8,
-                     recompute="full")]
+                     recompute="selective")]
 
 
 @pytest.mark.parametrize("kw", TINY_LAYOUTS)
@@ -232,21 +232,25 @@ def test_nemotron_3_presets_write_their_shapes():
     """The shapes NVIDIA's own Megatron-LM scripts give Nemotron 3 Nano (52 layers, pattern
     MEMEM*EMEMEM*..., 64 Mamba heads of 64, 128 experts of 1856, shared 3712) and the latent
     MoE width of Super."""
-    nano = _plan(load_model("nemotron-3-nano"), dict(dp=1, tp=1, ep=8, zero_stage=1, micro_batch=1,
-                                                     grad_accum=8, recompute="full"), seq_len=4096)
+    # the layout `plan --model nemotron-3-nano --gpus h100 --stack megatron --recompute selective` picks
+    nano = _plan(load_model("nemotron-3-nano"), dict(dp=1, tp=2, sp=True, ep=4, zero_stage=1, micro_batch=1,
+                                                     grad_accum=8, recompute="selective"), seq_len=4096)
     a = parse_args(to_megatron_args(nano))
     assert a.hybrid_override_pattern == "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"
     assert (a.mamba_num_heads, a.mamba_head_dim, a.num_experts, a.moe_ffn_hidden_size,
             a.moe_shared_expert_intermediate_size, a.moe_latent_size) == (64, 64, 128, 1856, 3712, None)
     assert megatron_args_errors(to_megatron_args(nano), _env(nano)) == []
+    # MambaModel has no build_schedule_plan, which the all-to-all overlap's schedule calls
+    assert a.moe_token_dispatcher_type == "alltoall" and not a.overlap_moe_expert_parallel_comm
     sup = load_model("nemotron-3-super")
-    r = _plan(sup, dict(dp=1, tp=1, ep=8, pp=4, zero_stage=1, micro_batch=1, grad_accum=8, recompute="full"),
-              seq_len=4096)
+    r = _plan(sup, dict(dp=1, tp=8, sp=True, ep=4, zero_stage=1, micro_batch=1, grad_accum=8,
+                        recompute="selective"), seq_len=4096)
     a = parse_args(to_megatron_args(r))
     assert a.moe_latent_size == sup.moe_latent > 0
 
 
 @pytest.mark.parametrize("kw, setup_kw, why", [
+    (dict(dp=2, tp=1, zero_stage=1, micro_batch=1, grad_accum=4, recompute="full"), {}, "full recomputation"),
     (dict(dp=1, tp=1, pp=2, vp=2, zero_stage=1, micro_batch=1, grad_accum=8), {}, "virtual pipeline stages"),
     (dict(dp=1, tp=1, pp=3, zero_stage=1, micro_batch=1, grad_accum=8), {}, "unevenly"),
     (dict(dp=1, tp=1, pp=2, zero_stage=1, micro_batch=1, grad_accum=8), {"pp_balance": "embedding-loss"},
@@ -254,8 +258,9 @@ def test_nemotron_3_presets_write_their_shapes():
     (dict(dp=2, tp=1, zero_stage=1, micro_batch=1, grad_accum=4), {"mtp_layers": 1}, "MTP layers"),
 ])
 def test_what_mamba_stack_cannot_run_is_refused(kw, setup_kw, why):
-    # megatron-core 0.16.1 ssm/mamba_block.py _select_layers_for_pipeline_parallel: asserts no
-    # virtual stages, num_layers // pp layers per rank; MambaModel takes no MTP block
+    # megatron-core 0.16.1 ssm/mamba_block.py: forward checkpoints no layer (no full
+    # recomputation); _select_layers_for_pipeline_parallel asserts no virtual stages and takes
+    # num_layers // pp layers per rank; MambaModel takes no MTP block
     r = _plan(_tiny(), kw, **setup_kw)
     with pytest.raises(UserError, match=why):
         to_megatron_args(r)

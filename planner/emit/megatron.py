@@ -243,7 +243,11 @@ def hybrid_layout_refusal(lay: Layout, m: ModelSpec, balance: str, mtp_layers: i
     """Why megatron-core 0.16.1's MambaStack cannot run ``lay``, or None. Its pipeline split
     (ssm/mamba_block.py _select_layers_for_pipeline_parallel) asserts no virtual stages, takes
     num_layers // pp layers per rank (no --pipeline-model-parallel-layout, no embedding or loss
-    counted in the split), and MambaModel builds no MTP layers."""
+    counted in the split), and MambaModel builds no MTP layers. MambaStack.forward runs its
+    layers one after the other without activation checkpointing: no full recomputation
+    (selective recomputation is the attention layers' own, transformer_layer.py)."""
+    if lay.recompute == "full":
+        return "full recomputation (MambaStack checkpoints no layer; plan with --recompute selective or none)"
     if lay.vp > 1:
         return "virtual pipeline stages (MambaStack asserts none; plan with --vp 1)"
     if lay.pp > 1 and m.n_layers % lay.pp:
@@ -365,7 +369,11 @@ def _moe_runtime_args(r: PlanResult) -> list[str]:
     if m.is_moe and lay.ep > 1:
         # flex: megatron-core's default backend deepep (TransformerConfig.moe_flex_dispatcher_backend)
         args += ["--moe-token-dispatcher-type", s.moe_dispatcher]
-        if a2a_overlap_written(s.moe_a2a_overlap, lay.recompute, s.mtp_layers, s.cuda_graphs, lay.ep, lay.pp, lay.vp):
+        # not for hybrids: the overlap's combined 1F1B schedule calls the model's
+        # build_schedule_plan (0.16.1 pipeline_parallel/combined_1f1b.py), which GPTModel has and
+        # MambaModel has not
+        if not m.is_hybrid and a2a_overlap_written(s.moe_a2a_overlap, lay.recompute, s.mtp_layers, s.cuda_graphs,
+                                                   lay.ep, lay.pp, lay.vp):
             args += ["--overlap-moe-expert-parallel-comm"]
     if s.cuda_graphs == "moe":
         args += ["--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", "attn",
