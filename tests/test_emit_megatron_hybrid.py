@@ -284,3 +284,18 @@ def test_cli_refusal_is_one_line_and_writes_nothing(tmp_path):
     assert res.exit_code == 2 and "Traceback" not in res.output, res.output
     lines = res.output.strip().splitlines()
     assert len(lines) == 1 and "MambaModel" in lines[0] and "unevenly" in lines[0] and not out.exists()
+
+
+def test_default_nano_plan_writes_pretrain_mamba_files(tmp_path):
+    """The headline: `plan --model nemotron-3-nano --gpus h100 --out DIR` (megatron chosen for tp)
+    writes Megatron-LM files that run pretrain_mamba.py with the hybrid's arguments."""
+    out = tmp_path / "out"
+    res = CliRunner().invoke(cli, ["--model", "nemotron-3-nano", "--gpus", "h100", "--out", str(out)],
+                             prog_name="plan")
+    assert res.exit_code == 0, res.output
+    args = [ln for ln in (out / "megatron_args.txt").read_text().splitlines() if not ln.startswith("#")]
+    a = parse_args(args)
+    assert a.is_hybrid_model and a.hybrid_override_pattern == load_model("nemotron-3-nano").layer_pattern
+    for name in ("launch.sh", "slurm.sbatch", "pytorchjob.yaml"):
+        text = (out / name).read_text()
+        assert "pretrain_mamba.py" in text and "pretrain_gpt.py" not in text, name
