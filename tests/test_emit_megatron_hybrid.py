@@ -33,6 +33,7 @@ from planner.emit.megatron import to_megatron_args
 from planner.errors import UserError
 from planner.hardware.gpus import get_gpu
 from planner.layouts.layout import Layout
+from planner.memory.params import rank_params
 from planner.models.families import spec_from_hf_config
 from planner.models.load import load_model
 from planner.models.spec import count_params
@@ -96,7 +97,6 @@ _SCRIPT = GROUP_STUBS + r'''
 import torch, torch.nn as nn
 a = json.loads(sys.argv[1])
 torch.cuda.current_device = lambda: "cpu"      # MambaMixer allocates its conv and SSM parameters there
-ps.initialize_model_parallel(tensor_model_parallel_size=1)
 from megatron.core.ssm import mamba_block, mamba_mixer
 from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
@@ -160,31 +160,48 @@ spec = ModuleSpec(module=MambaStack, submodules=MambaStackSubmodules(
         mlp=get_moe_module_spec(use_te=False, num_experts=a["num_experts"], moe_grouped_gemm=False),
         mlp_bda=get_bias_dropout_add)),
 ))
-cfg = TransformerConfig(
-    num_layers=a["num_layers"], hidden_size=a["hidden_size"], num_attention_heads=a["num_attention_heads"],
-    ffn_hidden_size=a["ffn_hidden_size"], kv_channels=a["kv_channels"],
-    num_query_groups=a["num_query_groups"] if a["group_query_attention"] else None,
-    normalization=a["normalization"], layernorm_epsilon=a["norm_epsilon"], add_bias_linear=a["add_bias_linear"],
-    gated_linear_unit=False, activation_func=squared_relu if a["squared_relu"] else None,
-    num_moe_experts=a["num_experts"], moe_router_topk=a["moe_router_topk"],
-    moe_ffn_hidden_size=a["moe_ffn_hidden_size"],
-    moe_shared_expert_intermediate_size=a["moe_shared_expert_intermediate_size"],
-    is_hybrid_model=a["is_hybrid_model"], mamba_state_dim=a["mamba_state_dim"],
-    mamba_head_dim=a["mamba_head_dim"], mamba_num_groups=a["mamba_num_groups"],
-    mamba_num_heads=a["mamba_num_heads"], hidden_dropout=a["hidden_dropout"],
-    attention_dropout=a["attention_dropout"], use_cpu_initialization=True, perform_initialization=False,
-    params_dtype=torch.float32)
-model = MambaModel(cfg, spec, vocab_size=a["padded_vocab"], max_sequence_length=a["max_position_embeddings"],
-                   hybrid_override_pattern=a["hybrid_override_pattern"],
-                   position_embedding_type=a["position_embedding_type"],
-                   share_embeddings_and_output_weights=not a["untie_embeddings_and_output_weights"])
+
+
+def build(tp, ep):
+    world[0] = tp * ep
+    ps.destroy_model_parallel()
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep)
+    cfg = TransformerConfig(
+        num_layers=a["num_layers"], hidden_size=a["hidden_size"], num_attention_heads=a["num_attention_heads"],
+        ffn_hidden_size=a["ffn_hidden_size"], kv_channels=a["kv_channels"],
+        num_query_groups=a["num_query_groups"] if a["group_query_attention"] else None,
+        normalization=a["normalization"], layernorm_epsilon=a["norm_epsilon"], add_bias_linear=a["add_bias_linear"],
+        gated_linear_unit=False, activation_func=squared_relu if a["squared_relu"] else None,
+        num_moe_experts=a["num_experts"], moe_router_topk=a["moe_router_topk"],
+        moe_ffn_hidden_size=a["moe_ffn_hidden_size"],
+        moe_shared_expert_intermediate_size=a["moe_shared_expert_intermediate_size"],
+        is_hybrid_model=a["is_hybrid_model"], mamba_state_dim=a["mamba_state_dim"],
+        mamba_head_dim=a["mamba_head_dim"], mamba_num_groups=a["mamba_num_groups"],
+        mamba_num_heads=a["mamba_num_heads"], hidden_dropout=a["hidden_dropout"],
+        attention_dropout=a["attention_dropout"], use_cpu_initialization=True, perform_initialization=False,
+        params_dtype=torch.float32, tensor_model_parallel_size=tp, expert_model_parallel_size=ep)
+    return MambaModel(cfg, spec, vocab_size=a["padded_vocab"], max_sequence_length=a["max_position_embeddings"],
+                      hybrid_override_pattern=a["hybrid_override_pattern"],
+                      position_embedding_type=a["position_embedding_type"],
+                      share_embeddings_and_output_weights=not a["untie_embeddings_and_output_weights"])
+
+
+model = build(1, 1)
 layers = model.decoder.layers
+rank = build(*a["tp_ep"])        # rank 0 of tp x ep; megatron-core marks expert parameters allreduce = False
 print(json.dumps({
+    "rank_dense": sum(p.numel() for p in rank.parameters() if getattr(p, "allreduce", True)),
+    "rank_expert": sum(p.numel() for p in rank.parameters() if not getattr(p, "allreduce", True)),
     "allocated": "".join(allocate_layers(a["num_layers"], 0.0, 0.0, a["hybrid_override_pattern"])),
     "kinds": model.decoder.layer_type_list, "classes": [type(x).__name__ for x in layers],
     "per_layer": [sum(p.numel() for p in x.parameters()) for x in layers],
     "total": sum(p.numel() for p in model.parameters())}))
 '''
+
+
+# the rank built beside the whole model: tp 2 (whole Mamba heads and groups, megatron-core's
+# MambaMixer asserts it) and ep 2 (megatron-core's DP 2 with ep carved out of it)
+RANK_LAYOUT = dict(dp=1, tp=2, ep=2, zero_stage=1, micro_batch=1, grad_accum=4)
 
 
 @pytest.fixture(scope="module")
@@ -203,6 +220,7 @@ def mamba_model() -> dict:
     # the whole model on one rank: Megatron pads the vocabulary to divisor x tp (tp 2 written)
     fields["padded_vocab"] = padded_vocab_size(a.vocab_size, a.tensor_model_parallel_size,
                                                a.make_vocab_size_divisible_by)
+    fields["tp_ep"] = [RANK_LAYOUT["tp"], RANK_LAYOUT["ep"]]
     done = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(fields)], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -226,6 +244,17 @@ def test_megatron_cores_mamba_model_has_the_planners_parameters(mamba_model):
     kind = {"M": "mamba", "*": "attention", "-": "dense", "E": "moe"}
     assert mamba_model["per_layer"] == [per_kind[kind[ch]] for ch in m.layer_pattern]
     assert mamba_model["total"] == c.total
+
+
+@pytest.mark.slow
+def test_one_ranks_parameters_are_megatron_cores(mamba_model):
+    """Under tp 2 and ep 2, rank 0 of megatron-core's MambaModel holds the planner's dense and
+    expert parameters (memory.params.rank_params): Mamba in_proj/out_proj, conv1d, dt_bias, A_log,
+    D and the gated norm split over tp, layer norms and the router replicated, experts over ep."""
+    m = _tiny()
+    lay = _plan(m, RANK_LAYOUT).best.layout
+    rp = rank_params(m, count_params(m), lay, 0, m.n_layers)
+    assert (rp.dense, rp.expert) == (mamba_model["rank_dense"], mamba_model["rank_expert"])
 
 
 def test_nemotron_3_presets_write_their_shapes():
