@@ -59,12 +59,11 @@ def _family_presets() -> dict[str, str]:
     return out
 
 
-# Families on the generic path (planner.models.generic: Qwen3-Next) take their forward FLOPs
-# from FlopCounterMode itself (checked in tests/test_generic_families.py) and count backward as
-# twice forward, the model-FLOPs convention; transformers' reference Mamba-2 and gated-DeltaNet
-# scans multiply more in backward (measured 2.66x forward on a tiny Nemotron-H), so a
-# forward-and-backward count of them is not the same quantity. Nemotron-H, a written family
-# (planner.models.hybrid), is checked on its forward pass in tests/test_hybrid.py.
+# Families with a chunked scan count backward as twice forward, the model-FLOPs convention;
+# transformers' reference Mamba-2 and gated-DeltaNet scans multiply more in backward (measured
+# 2.66x forward on a tiny Nemotron-H), so a forward-and-backward count of them is not the same
+# quantity. Nemotron-H and Qwen3-Next, written families (planner.models.hybrid, .deltanet), are
+# checked on their forward pass in tests/test_hybrid.py and tests/test_deltanet.py.
 GENERIC_FAMILIES = ("nemotron_h", "qwen3_next")
 FAMILIES = {k: v for k, v in _family_presets().items() if k not in GENERIC_FAMILIES}
 
