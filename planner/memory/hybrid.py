@@ -198,3 +198,26 @@ def hybrid_block_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels:
                 torch_mamba_bytes_per_token(m, lay.seq_len // lay.cp, a), tp, m.n_mamba_layers, "Mamba")
     return terms
 
+
+# hybrid_block_terms' labels, by letter of the pattern
+_LABELS = {"M": "Mamba", "G": "DeltaNet", "*": "attention", "E": "MoE", "-": "MLP"}
+
+
+def largest_unit_share(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str, block_terms: object) -> float:
+    """The largest layer module's unrecomputed saved bytes over letters_per_block mean layers'
+    (hybrid_block_terms without recomputation): what a full recomputation reruns at once is one
+    module of the model's code (a NemotronHBlock: one letter; a Qwen3NextDecoderLayer: its token
+    mixer and its MLP), and the largest of them sets the peak of its backward, as the largest
+    block kind does for FSDP (memory.peak.largest_block_share). 1.0 for a pattern of one kind."""
+    terms = hybrid_block_terms(m, setup, replace(lay, recompute="none"), kernels, block_terms)
+    n, k = m.n_layers, m.letters_per_block
+    norm = sum(t.bytes for t in terms if "[every layer" in t.name)
+
+    def letter(c: str) -> float:
+        count = m.layer_pattern.count(c)
+        return norm + sum(t.bytes for t in terms if f"[{_LABELS[c]}:" in t.name) * n / count
+
+    mean = sum(t.bytes for t in terms) * k
+    units = {m.layer_pattern[i:i + k] for i in range(0, n - k + 1, k)}
+    largest = max(sum(letter(c) for c in unit) for unit in units)
+    return largest / mean if mean else 1.0
