@@ -36,6 +36,10 @@ VARIANTS = {
     "layer_types": {**TINY, "layer_types": ["full_attention", "linear_attention", "linear_attention",
                                             "full_attention"]},
     "dense": {**TINY, "num_experts": 0},
+    # Qwen3.5's text models: the same layers (in_proj split four ways); the dense one reads no
+    # expert keys, the MoE one puts the MoE block on every layer
+    "qwen3_5_text": {**TINY, "model_type": "qwen3_5_text"},
+    "qwen3_5_moe_text": {**TINY, "model_type": "qwen3_5_moe_text"},
 }
 
 
@@ -49,6 +53,19 @@ def test_parameter_count_is_transformers_count(name):
     assert count_params(m).total == transformers_count(cfg)
 
 
+@pytest.mark.parametrize("mt", ["qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"])
+def test_default_config_count_is_transformers_count(mt):
+    # each configuration class's own defaults (AutoConfig.for_model, shrunk to 4 layers as
+    # tests/causal_families.py does): the translator's defaults are the class's
+    require("torch")
+    require("transformers")
+    from causal_families import default_config
+
+    cfg = default_config(mt)
+    m = spec_from_hf_config(dict(cfg), mt, "test")
+    assert not m.is_generic and count_params(m).total == transformers_count(cfg)
+
+
 def test_pattern_is_two_letters_per_decoder_layer():
     # Qwen3NextConfig: linear attention except every full_attention_interval-th layer; the MoE
     # block except on mlp_only_layers and off decoder_sparse_step (Qwen3NextDecoderLayer.__init__)
@@ -59,6 +76,8 @@ def test_pattern_is_two_letters_per_decoder_layer():
     assert pattern(VARIANTS["dense-layer-and-bias"]) == "GEG-GE*E"
     assert pattern(VARIANTS["sparse-step"]) == "G-GEG-*E"
     assert pattern(VARIANTS["dense"]) == "G-G-G-*-"
+    assert pattern(VARIANTS["qwen3_5_text"]) == "G-G-G-*-"
+    assert pattern({**VARIANTS["qwen3_5_moe_text"], "mlp_only_layers": [1]}) == "GEGEGE*E"
 
 
 def test_preset():
@@ -92,7 +111,7 @@ def _counted_forward_flops_per_token(cfg: dict, seq: int) -> float:
     return counter.get_total_flops() / seq
 
 
-@pytest.mark.parametrize("name", ["moe", "dense-layer-and-bias"])
+@pytest.mark.parametrize("name", ["moe", "dense-layer-and-bias", "qwen3_5_text", "qwen3_5_moe_text"])
 def test_forward_flops_match_flop_counter(name):
     # FlopCounterMode on transformers' model (real CPU tensors: the eager experts' nonzero()),
     # 128 tokens = 2 chunks of 64. On the CPU the gated DeltaNet layers run transformers' torch
@@ -128,8 +147,9 @@ SAVED = {"model_type": "qwen3_next", "hidden_size": 512, "num_hidden_layers": 4,
          "num_experts": 0, "vocab_size": 8192}
 
 
-@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
-def test_saved_tensors_match_autograd(moe):
+@pytest.mark.parametrize("mt, moe", [("qwen3_next", False), ("qwen3_next", True), ("qwen3_5_text", False),
+                                     ("qwen3_5_moe_text", True)])
+def test_saved_tensors_match_autograd(mt, moe):
     # Each decoder layer's saved tensors (two letters: its token mixer and its MLP or MoE, with
     # their norms) against the generic probe's measurement (autograd's saved_tensors_hooks on
     # transformers' own layers under fake tensors, bf16, each storage once) at 256 tokens.
@@ -145,11 +165,13 @@ def test_saved_tensors_match_autograd(moe):
     from planner.models.generic.probe import profile_config
     from planner.training.setup import TrainingSetup
 
-    cfg = dict(SAVED)
+    cfg = {**SAVED, "model_type": mt}
     if moe:
         cfg.update(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256, shared_expert_intermediate_size=512)
     s = 256
-    measured = {("attention" if "[attention" in b.name else "deltanet"):
+    # layer 3 is the attention layer (the probe names blocks by their classes' kinds, which read
+    # Qwen3_5Moe* as experts throughout, so the layer index tells them apart)
+    measured = {("attention" if "(layers 3)" in b.name else "deltanet"):
                 b.saved_bytes_per_token + b.saved_bytes_per_token_per_seq * s
                 for b in profile_config(cfg, "test").blocks}
     m = spec_from_hf_config(dict(cfg), "x", "test")
@@ -243,12 +265,14 @@ def test_tensor_and_expert_parallel_plans_and_refusals(tmp_path):
     # PEFT's all-linear on Qwen3-Next: the mixers' projections, attention, the router and the routed
     # experts (transformers 5's "qwen2_moe" conversion, fused 3-D parameters) and shared_expert_gate;
     # the shared expert's and dense layers' gate/up/down_proj get none (the conversion drops them)
+    # (Qwen3.5's: in_proj_qkv, in_proj_z, in_proj_b and in_proj_a; PEFT converts no experts of
+    # qwen3_5_moe_text, whose shared expert's MLP it adapts instead)
     (("all-linear",), "all-linear"),
     (("attention",), ["q_proj", "k_proj", "v_proj", "o_proj"]),
     (("in_proj_qkvz",), ["in_proj_qkvz"]),
     (("mlp",), ["gate_proj", "up_proj", "down_proj", "shared_expert_gate"]),
 ])
-@pytest.mark.parametrize("name", ["moe", "dense-layer-and-bias"])
+@pytest.mark.parametrize("name", ["moe", "dense-layer-and-bias", "qwen3_5_text", "qwen3_5_moe_text"])
 def test_lora_count_equals_peft(name, ours, peft_targets):
     require("torch")
     transformers = require("transformers")
@@ -260,7 +284,9 @@ def test_lora_count_equals_peft(name, ours, peft_targets):
     from planner.training.finetune import n_trainable_params
     from planner.training.setup import FinetuneSpec
 
-    cfg = VARIANTS[name]
+    cfg = VARIANTS[name] if name in VARIANTS else {**TINY, "model_type": name}
+    if name.startswith("qwen3_5") and ours == ("in_proj_qkvz",):
+        ours, peft_targets = ("in_proj_qkv",), ["in_proj_qkv"]
     rest = dict(cfg)
     config = transformers.AutoConfig.for_model(rest.pop("model_type"), **rest)
     model = transformers.AutoModelForCausalLM.from_config(config)

@@ -47,8 +47,9 @@ TINY_QWEN3_NEXT = {
 }
 
 
-# The same shapes as Qwen3.5's MoE text model, a family still planned on the generic path
-TINY_QWEN3_5_MOE = {**TINY_QWEN3_NEXT, "model_type": "qwen3_5_moe_text"}
+# A tiny OLMo 3, a family still planned on the generic path (Qwen3-Next and Qwen3.5 are written)
+TINY_GENERIC = {"model_type": "olmo3", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 256}
 
 
 @pytest.fixture(autouse=True)
@@ -113,9 +114,9 @@ def test_routed_experts_count_their_flops():
 
 
 def test_a_cached_profile_plans_without_torch(tmp_path):
-    path = tmp_path / "tiny-qwen3-5-moe.json"
-    path.write_text(json.dumps(TINY_QWEN3_5_MOE))
-    spec_from_hf_config(dict(TINY_QWEN3_5_MOE), "x", "test")     # measures and caches
+    path = tmp_path / "tiny-olmo3.json"
+    path.write_text(json.dumps(TINY_GENERIC))
+    spec_from_hf_config(dict(TINY_GENERIC), "x", "test")     # measures and caches
     code = ("import sys; from planner.cli.main import main; "
             f"sys.argv=['plan','--model',{str(path)!r},'--gpus','h100'];\n"
             "try:\n    main()\nexcept SystemExit as e:\n    assert e.code in (0, None), e.code\n"
@@ -130,8 +131,8 @@ def test_generic_layouts_refuse_tp_and_name_the_way_out(tmp_path):
 
     from planner.cli.main import cli
 
-    path = tmp_path / "tiny-qwen3-5-moe.json"
-    path.write_text(json.dumps(TINY_QWEN3_5_MOE))
+    path = tmp_path / "tiny-olmo3.json"
+    path.write_text(json.dumps(TINY_GENERIC))
     r = CliRunner().invoke(cli, ["--model", str(path), "--gpus", "h100", "--tp", "2"], prog_name="plan")
     assert r.exit_code == 2 and "generic path" in r.output and "written family" in r.output
     r = CliRunner().invoke(cli, ["--model", str(path), "--gpus", "h100", "--pp", "2", "--n-gpus", "2"],

@@ -1,5 +1,8 @@
-"""Gated DeltaNet hybrids: Qwen3-Next (transformers 5.x ``models/qwen3_next``), written in the
-layer pattern of planner.models.hybrid.
+"""Gated DeltaNet hybrids: Qwen3-Next and Qwen3.5's text models (transformers 5.x
+``models/qwen3_next``, ``models/qwen3_5``, ``models/qwen3_5_moe``), written in the layer pattern of
+planner.models.hybrid. Qwen3.5's layers are Qwen3-Next's with the in_proj split into four linears
+(in_proj_qkv, in_proj_z, in_proj_b, in_proj_a: the same shapes and FLOPs); its dense text model
+has no experts, its MoE text model the MoE block on every layer.
 
 A Qwen3NextDecoderLayer is two residual sub-layers, each one norm and one mixer: a token mixer
 (gated DeltaNet, Qwen3NextGatedDeltaNet, on ``linear_attention`` layers; gated full attention,
@@ -28,7 +31,26 @@ from planner.errors import UserError
 from planner.models.cfg import float_key, int_key, int_list, opt_int, str_list
 from planner.models.spec import ModelSpec
 
-DELTANET_MODEL_TYPES = ("qwen3_next",)
+DELTANET_MODEL_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
+
+# Each configuration class's defaults for the keys read with one (transformers 5.x
+# configuration_qwen3_next.py Qwen3NextConfig, configuration_qwen3_5.py Qwen3_5TextConfig,
+# configuration_qwen3_5_moe.py Qwen3_5MoeTextConfig). Qwen3.5's dense text model has no experts;
+# its MoE text model puts the MoE block on every layer (no mlp_only_layers, no decoder_sparse_step)
+_DEFAULTS: dict[str, dict[str, int]] = {
+    "qwen3_next": {"num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256, "intermediate_size": 5632,
+                   "vocab_size": 151936, "num_experts": 512, "num_experts_per_tok": 10,
+                   "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512},
+    "qwen3_5_text": {"num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 256, "intermediate_size": 12288,
+                     "vocab_size": 248320, "num_experts": 0, "num_experts_per_tok": 0, "moe_intermediate_size": 0,
+                     "shared_expert_intermediate_size": 0},
+    "qwen3_5_moe_text": {"num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
+                         "intermediate_size": 1, "vocab_size": 248320, "num_experts": 256, "num_experts_per_tok": 8,
+                         "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512},
+}
+# keys a family's class does not read: taken as its default whatever the config says
+_IGNORED = {"qwen3_next": (), "qwen3_5_text": ("num_experts", "mlp_only_layers", "decoder_sparse_step"),
+            "qwen3_5_moe_text": ("intermediate_size", "mlp_only_layers", "decoder_sparse_step")}
 
 # The chunk of the delta rule: fla's chunk_gated_delta_rule (fla/ops/gated_delta_rule/chunk.py,
 # BT = 64), which megatron-core's GatedDeltaNet and transformers' kernels path call, and the
@@ -49,15 +71,21 @@ def _layer_types(cfg: dict[str, Any], where: str, n: int) -> list[str]:
     return types
 
 
+def _read(cfg: dict[str, Any]) -> dict[str, Any]:
+    """``cfg`` with the keys its family's class does not read removed (their defaults apply)."""
+    return {k: v for k, v in cfg.items() if k not in _IGNORED[str(cfg.get("model_type"))]}
+
+
 def qwen3_next_pattern(cfg: dict[str, Any], where: str) -> str:
     """Two letters per Qwen3NextDecoderLayer (module docstring): the token mixer (G or *), then
     the channel mixer (E where Qwen3NextDecoderLayer builds Qwen3NextSparseMoeBlock: the layer
     is not in mlp_only_layers, num_experts > 0 and (i + 1) % decoder_sparse_step == 0; else -)."""
+    cfg = _read(cfg)
     n = int_key(cfg, "num_hidden_layers", where)
     types = _layer_types(cfg, where, n)
     dense = set(int_list(cfg, "mlp_only_layers", where, n) or [])
     step = opt_int(cfg, "decoder_sparse_step", where, 1, minimum=1)
-    moe = opt_int(cfg, "num_experts", where, 512) > 0
+    moe = opt_int(cfg, "num_experts", where, _DEFAULTS[str(cfg["model_type"])]["num_experts"]) > 0
     return "".join(("G" if t == "linear_attention" else "*")
                    + ("E" if moe and i not in dense and (i + 1) % step == 0 else "-")
                    for i, t in enumerate(types))
@@ -70,23 +98,27 @@ def qwen3_next_spec(cfg: dict[str, Any], common: dict[str, Any], where: str) -> 
     attention with per-head q/k RMSNorm, rotary on partial_rotary_factor of head_dim and an
     output gate from a q_proj twice as wide; attention_bias on q/k/v/o_proj."""
     pattern = qwen3_next_pattern(cfg, where)
+    cfg = _read(cfg)
+    d = _DEFAULTS[str(cfg["model_type"])]
     h = int_key(cfg, "hidden_size", where)
-    n_heads = opt_int(cfg, "num_attention_heads", where, 16, minimum=1)
-    n_exp = opt_int(cfg, "num_experts", where, 512) if "E" in pattern else 0
+    n_heads = opt_int(cfg, "num_attention_heads", where, d["num_attention_heads"], minimum=1)
+    n_exp = opt_int(cfg, "num_experts", where, d["num_experts"]) if "E" in pattern else 0
     bias = bool(cfg.get("attention_bias", False))
-    shared = opt_int(cfg, "shared_expert_intermediate_size", where, 512)
+    shared = opt_int(cfg, "shared_expert_intermediate_size", where, d["shared_expert_intermediate_size"])
+    dense_ff = opt_int(cfg, "intermediate_size", where, d["intermediate_size"], minimum=1)
     spec = ModelSpec(
         **common, n_layers=len(pattern), d_model=h, n_heads=n_heads,
-        n_kv_heads=opt_int(cfg, "num_key_value_heads", where, 2, minimum=1),
-        head_dim=opt_int(cfg, "head_dim", where, 256, minimum=1),
-        d_ff=opt_int(cfg, "moe_intermediate_size", where, 512, minimum=1) if n_exp else
-        opt_int(cfg, "intermediate_size", where, 5632, minimum=1),
-        vocab_size=opt_int(cfg, "vocab_size", where, 151936, minimum=1),
+        n_kv_heads=opt_int(cfg, "num_key_value_heads", where, d["num_key_value_heads"], minimum=1),
+        head_dim=opt_int(cfg, "head_dim", where, d["head_dim"], minimum=1),
+        d_ff=opt_int(cfg, "moe_intermediate_size", where, d["moe_intermediate_size"], minimum=1) if n_exp else
+        dense_ff,
+        vocab_size=opt_int(cfg, "vocab_size", where, d["vocab_size"], minimum=1),
         max_positions=int(cfg.get("max_position_embeddings") or 0),
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)), norms_per_layer=1,
         qkv_bias=bias, out_bias=bias, qk_norm="head", n_qk_norm_layers=pattern.count("*"), attention_gate=True,
-        n_experts=n_exp, n_experts_per_token=opt_int(cfg, "num_experts_per_tok", where, 10) if n_exp else 0,
-        dense_d_ff=opt_int(cfg, "intermediate_size", where, 5632, minimum=1),
+        n_experts=n_exp,
+        n_experts_per_token=opt_int(cfg, "num_experts_per_tok", where, d["num_experts_per_tok"]) if n_exp else 0,
+        dense_d_ff=dense_ff,
         n_shared_experts=1 if n_exp and shared else 0, shared_d_ff=shared if n_exp else 0,
         shared_expert_gate=bool(n_exp and shared),
         attention_dropout=float_key(cfg, "attention_dropout"), layer_pattern=pattern, letters_per_block=2,
