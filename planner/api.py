@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from planner.errors import UserError
 from planner.hardware.gpus import GpuSpec
 from planner.layouts.layout import (
+    AXIS_NAMES,
     Layout,
     SearchSpace,
     data_parallel_size,
@@ -15,6 +16,7 @@ from planner.layouts.layout import (
     grad_accum_for,
     reject_reason,
     sp_by_default,
+    world_size,
 )
 from planner.memory.model import min_model_state_bytes_per_param
 from planner.models.spec import ModelSpec, ParamCount, count_params
@@ -137,11 +139,11 @@ def plan(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, space: SearchSpace = 
     if n_gpus is not None and isinstance(n_gpus, int) and not 1 <= n_gpus <= MAX_GPUS:
         raise UserError(f"--n-gpus {n_gpus} is outside 1..{MAX_GPUS}")
     check_request(m, gpu, setup, space, n_gpus, max_gpus, tokens)
-    fixed_degrees = [space.dp, space.tp, space.pp, space.cp, space.ep]
-    if n_gpus is None and all(d is not None for d in fixed_degrees):
-        n_gpus = space.dp * space.tp * space.pp * space.cp * space.ep  # type: ignore[operator]
+    pinned = space.fixed_world_size()
+    if n_gpus is None and pinned is not None:
+        n_gpus = pinned
         if n_gpus > max(max_gpus, 1):       # as the CLI refuses it (issue 32, W2)
-            raise UserError(f"dp x tp x pp x cp x ep = {n_gpus:,} GPUs is more than max_gpus {max_gpus:,}")
+            raise UserError(f"{' x '.join(AXIS_NAMES)} = {n_gpus:,} GPUs is more than max_gpus {max_gpus:,}")
     counts = [n_gpus] if n_gpus is not None else gpu_counts(gpu.gpus_per_node, max_gpus)
     cap = capacity_bytes(gpu, setup)
     cluster = cluster or cluster_for(gpu)
@@ -281,16 +283,17 @@ def fixed_layout(space: SearchSpace, setup: TrainingSetup, n_gpus: int | None) -
     dp, fold = s.dp, False
     shape = folded_shape(s, n_gpus) if n_gpus is not None else None
     if shape is not None:
-        s = replace(s, cp=shape[1])
-        dp, fold = shape[4], True
+        s = replace(s, cp=shape.cp)
+        dp, fold = shape.dp, True
     if (dp is None or s.tp is None or s.pp is None or s.cp is None or s.ep is None
             or len(s.micro_batches) != 1 or len(s.recomputes) != 1):
         return None
     if s.zero_stage is None and s.fsdp is None:
         return None
     tp, pp, cp, ep = s.tp, s.pp, s.cp, s.ep
-    if n_gpus is not None and not fold and n_gpus != dp * tp * pp * cp * ep:
-        raise UserError(f"--n-gpus {n_gpus} differs from dp x tp x pp x cp x ep = {dp * tp * pp * cp * ep}")
+    if n_gpus is not None and not fold and n_gpus != world_size(dp, tp, pp, cp, ep, False):
+        raise UserError(f"--n-gpus {n_gpus} differs from {' x '.join(AXIS_NAMES)} = "
+                        f"{world_size(dp, tp, pp, cp, ep, False)}")
     mb = s.micro_batches[0]
     ga = grad_accum_for(setup, mb, dp, ep, fold)
     if ga is None:

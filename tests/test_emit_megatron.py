@@ -344,3 +344,18 @@ def test_megatron_refuses_rowwise_fp8_and_bf16_moments_without_distributed_optim
     kw = dict(FP8_PLANS[0][2], zero_stage=0)
     with pytest.raises(UserError, match="distributed optimizer"):
         to_megatron_args(_fp8_plan("delayed", "adamw-bf16-states", kw))
+
+
+@pytest.mark.parametrize("stack, expandable", [("megatron", True), ("torchtitan", True), ("hf", False),
+                                               ("deepspeed", False)])
+def test_launch_sets_expandable_segments_where_the_stacks_own_launchers_do(stack, expandable):
+    """torchtitan's run_train.sh runs torchrun under PYTORCH_ALLOC_CONF="expandable_segments:True";
+    Megatron-Bridge's performance scripts set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True for the
+    recipes that fill the GPU (scripts/performance/perf_plugins.py) and in its DGX Cloud executor
+    (scripts/performance/utils/executors.py); accelerate and the deepspeed launcher set nothing."""
+    from planner.emit.launch import stack_env
+
+    r = api.plan(load_model("llama3-8b"), get_gpu("h100"), TrainingSetup(seq_len=2048, global_batch=64),
+                 n_gpus=8)
+    env = stack_env(r, stack)
+    assert (env.get("PYTORCH_CUDA_ALLOC_CONF") == "expandable_segments:True") is expandable

@@ -113,7 +113,7 @@ def observation(lg: TrainingLog, o: Options) -> Observation:
     if o.global_batch is None and o.grad_accum is None and lg.global_batch is not None:
         o = replace(o, global_batch=lg.global_batch)     # Megatron prints it on every iteration line
     # a log ran one layout: an axis not given is not split (as `plan measure` takes it)
-    o = replace(o, tp=o.tp or 1, pp=o.pp or 1, cp=o.cp or 1, ep=o.ep or 1)
+    o = replace(o.unsplit_where_not_given(), dp=o.dp)     # dp as given (fixed_layout asks for it unless ep folds)
     m, gpu, setup, space, n_gpus = build_request(o)
     lay = fixed_layout(space, setup, n_gpus)
     if lay is None:

@@ -12,13 +12,15 @@ from typing import Any
 
 import click
 
+from planner.layouts.layout import AXES
+
 MAIN = ("--model", "--gpus", "--n-gpus", "--max-gpus", "--tokens", "--deadline", "--method", "--stack", "--out",
         "--json", "--quiet", "--help", "--version")
 
 # topic -> (what it is about, its options: the main ones again where they belong)
 TOPICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "layouts": ("parallel degrees, sharding, batch, recomputation",
-                ("--n-gpus", "--max-gpus", "--dp", "--tp", "--pp", "--cp", "--ep", "--etp", "--zero", "--fsdp",
+                ("--n-gpus", "--max-gpus", *(a.flag for a in AXES), "--etp", "--zero", "--fsdp",
                  "--fsdp-pipeline-grad-sync", "--pp-balance", "--vp", "--sp", "--micro-batch", "--seq-len",
                  "--global-batch", "--global-batch-tokens", "--grad-accum", "--recompute", "--recompute-every",
                  "--recompute-method", "--recompute-num-layers", "--recompute-modules", "--ds-checkpointing",

@@ -57,7 +57,7 @@ def measure_cmd(real: bool, stack: str, calibration_out: Path | None = None, blo
 def measure(o: Options, real: bool, stack: str = "hf", calibration_out: Path | None = None,
             blocks: int | None = None) -> None:
     from planner.api import fixed_layout
-    from planner.layouts.layout import reject_reason
+    from planner.layouts.layout import data_parallel_size, reject_reason
     from planner.measure import accuracy
     from planner.models.spec import load_hf_config
     from planner.report import text as report
@@ -88,8 +88,7 @@ def measure(o: Options, real: bool, stack: str = "hf", calibration_out: Path | N
     if o.zero is None and o.fsdp is None:
         # torchtitan always applies FSDP2 (parallelize_llama); Hugging Face models run replicated
         o = replace(o, fsdp="full") if stack == "torchtitan" else replace(o, zero=0)
-    o = replace(o, dp=o.dp or 1, tp=o.tp or 1, pp=o.pp or 1, cp=o.cp or 1, ep=o.ep or 1,
-                micro_batch=o.micro_batch or 1,
+    o = replace(o.unsplit_where_not_given(), micro_batch=o.micro_batch or 1,
                 recompute=o.recompute or "none", gpu_name=o.gpu_name or "h100")
     m, gpu, setup, space, n_gpus = build_request(o)
     assert o.model_name is not None and o.micro_batch is not None and o.dp is not None and o.ep is not None
@@ -105,7 +104,7 @@ def measure(o: Options, real: bool, stack: str = "hf", calibration_out: Path | N
         hf_config = first_blocks_config(hf_config, blocks)
         m = spec_from_hf_config(hf_config, f"{m.name} (first {blocks} of {total} blocks)", o.model_name,
                                 m.source)
-    setup = replace(setup, global_batch=o.micro_batch * o.dp * o.ep)
+    setup = replace(setup, global_batch=o.micro_batch * data_parallel_size(o.dp, o.ep, False))
     lay = fixed_layout(space, setup, n_gpus)
     assert lay is not None
     reason = reject_reason(m, setup, lay, gpu.gpus_per_node)

@@ -11,7 +11,7 @@ click reads Options (``default=_default(name)``) or those objects, also for the 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from planner.cli.complete import complete_gpus, complete_models, complete_topolo
 from planner.cli.sizes import SeqLength, SequenceCount, TokenBatch
 from planner.cli.types import Dollars, FiniteFloatRange, OutputPath, TokenCount
 from planner.emit import SCHEDULERS, EmitOptions
-from planner.layouts.layout import FSDP_STAGE, SearchSpace
+from planner.layouts.layout import AXES, FSDP_STAGE, SearchSpace
 from planner.training.checks import MAX_MOE_IMBALANCE, MAX_RECOMPUTE_EVERY, MIN_USABLE_MEMORY
 from planner.training.finetune import (
     FREEZE_TRAINABLE_LAYERS,
@@ -191,6 +191,12 @@ class Options:
         """The options by name (for planner.report.advice, which reads options by name)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
+    def unsplit_where_not_given(self) -> Options:
+        """These options with every parallel axis (AXES) not given set to 1: the one layout a
+        measurement or a log ran, whose axes not named are not split."""
+        degrees: dict[str, Any] = {a.name: getattr(self, a.name) or 1 for a in AXES}
+        return replace(self, **degrees)
+
     @property
     def aside(self) -> bool:
         """Notes (files written, progress) leave stdout when it holds JSON or the one-line answer."""
@@ -225,9 +231,7 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Fix the GPU count (default: the smallest that fits)."),
         click.option("--max-gpus", type=click.IntRange(1, MAX_GPUS), default=_default("max_gpus"), show_default=True,
                      help="The largest GPU count the search tries."),
-        _degree("dp"), _degree("tp"), _degree("pp"), _degree("cp"),
-        _degree("ep", " With --n-gpus and no --dp, an EP that does not divide the data-parallel size "
-                      "GPUs / (tp x cp x pp) is folded over tp x cp x dp (Megatron-Core's MoE parallel folding)."),
+        *(_degree(a.name, a.note) for a in AXES),
         click.option("--etp", type=click.IntRange(1, MAX_GPUS), default=None,
                      help="Expert tensor-parallel size, dividing --tp (Megatron's "
                           "--expert-tensor-parallel-size; default: equal to tp)."),

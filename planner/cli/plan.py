@@ -330,6 +330,7 @@ def write_out(result: PlanResult, o: Options, opts: EmitOptions, crosscheck: Cro
 def load(o: Options) -> None:
     """`plan --task load`: weights, KV cache and working memory on the fewest GPUs."""
     from planner.hardware.gpus import get_gpu
+    from planner.layouts.layout import AXIS_NAMES
     from planner.memory.inference import LoadSetup, plan_load
     from planner.models.spec import load_model
     from planner.report import text as report
@@ -341,8 +342,8 @@ def load(o: Options) -> None:
     check_names(o)
     if o.method not in (None, "full"):
         raise UserError("--task load sizes a model for inference; drop --method (use --quant for quantized weights)")
-    for name in ("dp", "cp", "ep", "etp", "zero", "fsdp", "recompute", "grad_accum", "global_batch",
-                 "global_batch_tokens"):
+    for name in (*(a for a in AXIS_NAMES if a not in ("tp", "pp")), "etp", "zero", "fsdp", "recompute",
+                 "grad_accum", "global_batch", "global_batch_tokens"):
         if getattr(o, name) is not None:
             raise UserError(f"--{name.replace('_', '-')} is a training option; --task load takes --tp, --pp, "
                             f"--micro-batch (sequences held at once) and --seq-len (their context)")

@@ -103,7 +103,7 @@ def check_config_numbers(name: str) -> None:
 def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, SearchSpace, int | None]:
     """Options -> (model, gpu, setup, space, n_gpus); raises UserError on bad input."""
     from planner.hardware.gpus import get_gpu
-    from planner.layouts.layout import SearchSpace
+    from planner.layouts.layout import AXES, SearchSpace, data_parallel_size
     from planner.models.spec import load_model
     from planner.training.checks import check_setup, default_seq_len, precision_refusal
     from planner.training.fp8 import resolve_recipe
@@ -129,14 +129,11 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
         raise UserError("--fp8-param-gather is Megatron-LM's: it needs --precision fp8 and --stack megatron")
     if o.fp8_recipe != "auto" and o.precision != "fp8":
         raise UserError(f"--fp8-recipe {o.fp8_recipe} needs --precision fp8")
-    if o.ep and o.ep > 1 and not m.is_moe:
-        raise UserError(f"--ep {o.ep} needs a mixture-of-experts model; {m.name} is dense")
-    if o.etp is not None and not m.is_moe:
-        raise UserError(f"--etp {o.etp} needs a mixture-of-experts model; {m.name} is dense: drop --etp")
-    if o.etp is not None and o.tp is not None and o.tp % o.etp:
-        raise UserError(f"--etp {o.etp} does not divide --tp {o.tp}; use an --etp that divides --tp")
-    from planner.layouts.rules import ETP_REFUSAL
+    from planner.layouts.rules import ETP_REFUSAL, option_refusal
 
+    refusal = option_refusal(m, o.tp, o.ep, o.etp)
+    if refusal:
+        raise UserError(refusal)
     if o.etp is not None and o.stack in ETP_REFUSAL:
         raise UserError(ETP_REFUSAL[o.stack])
     o = replace(o, seq_len=o.seq_len or default_seq_len(m))
@@ -144,7 +141,7 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
     if o.grad_accum is not None:
         if o.micro_batch is None or o.dp is None:
             raise UserError("--grad-accum needs --micro-batch and --dp (or give --global-batch instead)")
-        implied = o.grad_accum * o.micro_batch * o.dp * (o.ep or 1)
+        implied = o.grad_accum * o.micro_batch * data_parallel_size(o.dp, o.ep or 1, False)
         if global_batch is not None and global_batch != implied:
             raise UserError(f"--global-batch {global_batch} contradicts --grad-accum x --micro-batch x --dp "
                             f"= {implied}; give one of them")
@@ -189,8 +186,9 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
         raise UserError(f"--offload-activations {o.offload_activations} does not work with --recompute {o.recompute} "
                         "(megatron-core: CPU offloading does not work when activation recomputation is enabled); "
                         "use --recompute none")
+    degrees: dict[str, Any] = {a.name: getattr(o, a.name) for a in AXES}
     space = SearchSpace(
-        dp=o.dp, tp=o.tp, pp=o.pp, cp=o.cp, ep=o.ep, etp=o.etp, zero_stage=o.zero,
+        **degrees, etp=o.etp, zero_stage=o.zero,
         fsdp=o.fsdp, vp=o.vp, sp=o.sp,
         micro_batches=(o.micro_batch,) if o.micro_batch else SearchSpace().micro_batches,
         recomputes=(o.recompute,) if o.recompute else ("none",) if o.offload_activations
@@ -209,13 +207,7 @@ def degrees_count(space: SearchSpace) -> int | None:
     """The GPU count the search space's fixed degrees pin down (dp x tp x pp x cp x ep), or
     None when one is open: such a count is checked against the topology as --n-gpus is
     (issue 32, W2)."""
-    degrees = (space.dp, space.tp, space.pp, space.cp, space.ep)
-    if any(d is None for d in degrees):
-        return None
-    n = 1
-    for d in degrees:
-        n *= d      # type: ignore[operator]
-    return n
+    return space.fixed_world_size()
 
 
 def stack_setup_refusal(o: Options, m: Any) -> str | None:

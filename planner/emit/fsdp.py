@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 from planner.emit import EmitOptions, chosen, node_shape
 from planner.layouts.layout import Layout
-from planner.memory.model import hybrid_shard_degree
 
 if TYPE_CHECKING:
     from planner.api import PlanResult
@@ -62,8 +61,7 @@ def mesh_shape(lay: Layout, gpus_per_node: int) -> dict[str, int]:
     data = lay.data_parallel
     replicate = 1
     if lay.sharding == "fsdp-hybrid":
-        shard_group = hybrid_shard_degree(lay, gpus_per_node) or lay.dense_shard_degree
-        replicate = lay.dense_shard_degree // shard_group
+        replicate = lay.hybrid_replicate(gpus_per_node)
         if data % replicate:
             replicate = 1
     return {"dp_replicate_size": replicate, "dp_shard_size": data // replicate,

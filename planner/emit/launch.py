@@ -73,8 +73,16 @@ def stack_env(r: PlanResult, stack: str) -> dict[str, str]:
     CUDA_DEVICE_MAX_CONNECTIONS=1: Megatron-LM's validate_args requires it for tp or cp
     before Blackwell without FSDP (planner.stacks.megatron). NCCL_DEBUG=WARN: NCCL's own
     default level, set so that a failing collective says why (NCCL environment docs).
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True where the stack's own launchers set it
+    (planner.stacks.runs_expandable_segments): the caching allocator maps pages into one growing
+    segment per stream instead of fixed-size cudaMalloc segments (PyTorch "CUDA semantics" notes,
+    Optimizing memory usage with PYTORCH_CUDA_ALLOC_CONF).
     """
+    from planner.stacks import runs_expandable_segments
+
     env = {"NCCL_DEBUG": "WARN"}
+    if runs_expandable_segments(stack):
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     if stack == "megatron":
         from planner.emit.megatron import megatron_env
         env.update(megatron_env(r))

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from planner.emit import EmitOptions, check_options, chosen
 from planner.emit.schedule import Schedule, training_schedule
 from planner.errors import UserError
+from planner.layouts.layout import AXES
 from planner.memory.model import stage_layers
 from planner.stacks.architecture import architecture
 from planner.stacks.megatron import device_arch_major, needs_one_connection
@@ -148,10 +149,8 @@ def _model_args(m: ModelSpec, seq_len: int, tp: int = 1) -> list[str]:
 
 
 def _parallel_args(lay: Layout, n_layers: int, balance: str = "none") -> list[str]:
-    args = ["--tensor-model-parallel-size", str(lay.tp), "--pipeline-model-parallel-size", str(lay.pp),
-            "--context-parallel-size", str(lay.cp)]
-    if lay.ep > 1:
-        args += ["--expert-model-parallel-size", str(lay.ep)]
+    args = [x for a in AXES if a.megatron is not None and (a.megatron_at_one or getattr(lay, a.name) > 1)
+            for x in (a.megatron, str(getattr(lay, a.name)))]
     if lay.expert_tp != lay.tp:   # megatron-core's default is tp (model_parallel_config.py lines 413-414)
         args += ["--expert-tensor-parallel-size", str(lay.expert_tp)]
     if lay.sp:

@@ -25,7 +25,7 @@ from planner.search.posttrain import PosttrainPlan
 
 
 def _data_parallel_only(lay: Layout, what: str) -> None:
-    if lay.tp * lay.pp * lay.cp > 1:
+    if lay.model_parallel > 1:
         raise UserError(f"{what} trains data-parallel only (accelerate FSDP or DeepSpeed) and the plan chose "
                         f"{lay.describe()}; run it with --tp 1 --pp 1 --cp 1 to write its config")
 

@@ -6,21 +6,30 @@ numpy is imported by this package's batch modules only (never by `plan --help`).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
 
 import numpy as np
 
 from planner.layouts.layout import (
+    AXIS_NAMES,
     SHARDINGS,
+    DegreeShape,
     Layout,
     SearchSpace,
     data_parallel_size,
     degree_shapes,
+    dense_shard_size,
     expert_data_parallel_size,
+    expert_tp_size,
+    hybrid_replicas,
+    hybrid_shard_ranks,
+    model_parallel_size,
     shardings_of,
     sp_by_default,
+    world_size,
 )
 from planner.layouts.rules import RULES, RuleView, first_failing_index, valid_mask
 from planner.models.spec import ModelSpec
@@ -53,8 +62,7 @@ class LayoutArrays:
     etp: np.ndarray | None = None   # expert tensor-parallel size, 0 or None: equal to tp
     ep_fold: np.ndarray | None = None   # 1: ep folded over tp x cp x dp (Layout.ep_fold); None: 0
 
-    FIELDS = ("dp", "tp", "pp", "cp", "ep", "zero_stage", "sharding", "sp", "vp", "micro_batch",
-              "grad_accum", "recompute", "etp", "ep_fold")
+    FIELDS: ClassVar[tuple[str, ...]] = ()      # every field, in the dataclass's order (set below)
 
     @property
     def data_parallel(self) -> np.ndarray:
@@ -64,7 +72,7 @@ class LayoutArrays:
     @property
     def dense_shard_degree(self) -> np.ndarray:
         """Ranks that hold replicas of a dense weight (Layout.dense_shard_degree)."""
-        return self.data_parallel * self.cp
+        return dense_shard_size(self.dp, self.cp, self.ep, self.field("ep_fold"))
 
     @property
     def expert_shard_degree(self) -> np.ndarray:
@@ -72,26 +80,55 @@ class LayoutArrays:
         return expert_data_parallel_size(self.dp, self.tp, self.cp, self.ep, self.expert_tp, self.field("ep_fold"))
 
     @property
+    def model_parallel(self) -> np.ndarray:
+        """The GPUs of one data-parallel replica (Layout.model_parallel)."""
+        return model_parallel_size(self.tp, self.cp, self.pp)
+
+    @property
     def n_gpus(self) -> np.ndarray:
-        return self.data_parallel * self.tp * self.pp * self.cp
+        return world_size(self.dp, self.tp, self.pp, self.cp, self.ep, self.field("ep_fold"))
 
     @property
     def expert_tp(self) -> np.ndarray:
         """Ranks an expert's matrices are split over (Layout.expert_tp)."""
         if self.etp is None:
             return self.tp
-        return np.where(self.etp > 0, self.etp, self.tp)
+        return expert_tp_size(self.etp, self.tp)
+
+    def hybrid_shard(self, gpus_per_node: int) -> np.ndarray:
+        """FSDP hybrid's (HSDP) shard group per layout (Layout.hybrid_shard: hybrid_shard_ranks),
+        0 where the sharding is not hybrid; the rule runs once per distinct (degree, tp)."""
+        out = np.zeros(len(self), dtype=np.int64)
+        rows = np.flatnonzero(self.sharding == SHARDINGS.index("fsdp-hybrid"))
+        if not len(rows):
+            return out
+        keys = np.stack([self.dense_shard_degree[rows], self.tp[rows]], axis=1)
+        uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+        degs = [hybrid_shard_ranks(d_all, t, gpus_per_node) for d_all, t in uniq.tolist()]
+        out[rows] = np.array(degs, dtype=np.int64)[inv.reshape(-1)]
+        return out
+
+    def hybrid_replicate(self, gpus_per_node: int) -> np.ndarray:
+        """FSDP hybrid's (HSDP) replicas per layout (Layout.hybrid_replicate: hybrid_replicas), 1
+        where the sharding is not hybrid."""
+        shard = self.hybrid_shard(gpus_per_node)
+        return np.where(shard > 0, hybrid_replicas(self.dense_shard_degree, np.maximum(shard, 1)), 1)
 
     def __len__(self) -> int:
         return len(self.dp)
 
     @staticmethod
     def from_layouts(layouts: Sequence[Layout]) -> LayoutArrays:
-        rows = [(x.dp, x.tp, x.pp, x.cp, x.ep, x.zero_stage, SHARDINGS.index(x.sharding), x.sp, x.vp,
-                 x.micro_batch, x.grad_accum, RECOMPUTES.index(x.recompute), x.etp, int(x.ep_fold))
-                for x in layouts]
-        a = np.array(rows, dtype=np.int64).reshape(-1, 14)
-        return LayoutArrays(*(a[:, i].copy() for i in range(14)))
+        get = operator.attrgetter(*LayoutArrays.FIELDS)
+        i_sharding, i_recompute = LayoutArrays.FIELDS.index("sharding"), LayoutArrays.FIELDS.index("recompute")
+        rows = []
+        for x in layouts:
+            row = list(get(x))
+            row[i_sharding], row[i_recompute] = SHARDINGS.index(x.sharding), RECOMPUTES.index(x.recompute)
+            rows.append(row)
+        width = len(LayoutArrays.FIELDS)
+        a = np.array(rows, dtype=np.int64).reshape(-1, width)
+        return LayoutArrays(*(a[:, i].copy() for i in range(width)))
 
     @staticmethod
     def concat(parts: Sequence[LayoutArrays]) -> LayoutArrays:
@@ -105,17 +142,20 @@ class LayoutArrays:
         return np.zeros(len(self.dp), dtype=np.int64) if x is None else x
 
     def layout(self, i: int, seq_len: int) -> Layout:
-        return Layout(dp=int(self.dp[i]), tp=int(self.tp[i]), pp=int(self.pp[i]), cp=int(self.cp[i]),
-                      ep=int(self.ep[i]), zero_stage=int(self.zero_stage[i]),
+        degrees: dict[str, Any] = {a: int(getattr(self, a)[i]) for a in AXIS_NAMES}
+        return Layout(**degrees, zero_stage=int(self.zero_stage[i]),
                       sharding=SHARDINGS[int(self.sharding[i])], sp=bool(self.sp[i]), vp=int(self.vp[i]),
                       micro_batch=int(self.micro_batch[i]), grad_accum=int(self.grad_accum[i]),
                       seq_len=seq_len, recompute=RECOMPUTES[int(self.recompute[i])],
                       etp=0 if self.etp is None else int(self.etp[i]),
                       ep_fold=False if self.ep_fold is None else bool(self.ep_fold[i]))
 
+LayoutArrays.FIELDS = tuple(f.name for f in fields(LayoutArrays))
+
+
 def _grid(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node: int,
           space: SearchSpace
-          ) -> tuple[RuleView, Any, list[tuple[int, int, int, int, int]], list[int], list[int]] | None:
+          ) -> tuple[RuleView, Any, list[DegreeShape], list[int], list[int]] | None:
     """enumerate_layouts()' candidates as a grid (shape, sharding, vp, micro-batch): the rules'
     view broadcast over it, where enumeration visits a cell (its vps per pp), the degree
     shapes and the recomputation modes; None when there is nothing to enumerate."""
@@ -127,14 +167,14 @@ def _grid(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node: int,
         return None
     # S, K, V, M: shapes, shardings, vps, mbs; recomputation is read by no rule
     sh = np.array(shapes, dtype=np.int64)
-    tp, cp, ep, pp, dp = (sh[:, i][:, None, None, None] for i in range(5))          # (S,1,1,1)
+    tp, cp, ep, pp, dp = (sh[:, i][:, None, None, None] for i in range(5))          # (S,1,1,1), DegreeShape order
     sharding = np.array([SHARDINGS.index(name) for name, _ in shardings], dtype=np.int64)[None, :, None, None]
     zero = np.array([stage for _, stage in shardings], dtype=np.int64)[None, :, None, None]   # (1,K,1,1)
     vp = np.array(vps, dtype=np.int64)[None, None, :, None]                          # (1,1,V,1)
     mb = np.array(mbs, dtype=np.int64)[None, None, None, :]                          # (1,1,1,M)
     sp = ((tp > 1) & sp_by_default(setup)).astype(np.int64) if space.sp is None \
         else np.full(tp.shape, int(bool(space.sp)))
-    per_step = np.maximum(mb * dp * ep, 1)
+    per_step = np.maximum(mb * data_parallel_size(dp, ep, 0), 1)
     ga = np.where(setup.global_batch % per_step == 0, setup.global_batch // per_step, 1)   # grad_accum_for, or 1
     view = RuleView(m=m, setup=setup, gpus_per_node=gpus_per_node, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep,
                     zero_stage=zero, sharding=sharding, sp=sp, vp=vp, micro_batch=mb, grad_accum=ga, enumerated=1,
@@ -149,8 +189,8 @@ def _cells(view: RuleView, shape: tuple[int, ...], i_s: np.ndarray, i_k: np.ndar
     def at(x: np.ndarray) -> np.ndarray:
         return np.broadcast_to(x, shape)[i_s, i_k, i_v, i_m]
 
-    return LayoutArrays(dp=at(view.dp), tp=at(view.tp), pp=at(view.pp), cp=at(view.cp), ep=at(view.ep),
-                        zero_stage=at(view.zero_stage), sharding=at(view.sharding), sp=at(view.sp),
+    degrees: dict[str, Any] = {a: at(getattr(view, a)) for a in AXIS_NAMES}
+    return LayoutArrays(**degrees, zero_stage=at(view.zero_stage), sharding=at(view.sharding), sp=at(view.sp),
                         vp=at(view.vp), micro_batch=at(view.micro_batch), grad_accum=at(view.grad_accum),
                         recompute=np.array(rcs, dtype=np.int64)[i_r],
                         etp=np.full(len(i_s), int(view.etp), dtype=np.int64))

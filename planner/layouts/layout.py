@@ -23,15 +23,47 @@ does not divide DP (ep_folds), so every layout has one representation.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 from planner.models.spec import ModelSpec
 from planner.training.setup import TrainingSetup
 
 SHARDINGS = ("zero", "fsdp-full", "fsdp-grad-op", "fsdp-hybrid")
+
+
+@dataclass(frozen=True, slots=True)
+class Axis:
+    """One parallel axis: its field on Layout and SearchSpace (the degree), its command-line
+    option, the Megatron-LM argument that sets it (None for dp, which Megatron derives as
+    world / (tp x cp x pp): megatron-core 0.16.1 parallel_state.py line 743), and what the
+    option's help adds."""
+
+    name: str
+    flag: str
+    megatron: str | None
+    note: str = ""
+    shown_at_one: bool = True       # a layout's description names it at degree 1 too
+    megatron_at_one: bool = True    # written to Megatron-LM's arguments at degree 1 too
+
+
+# The parallel axes whose degrees multiply to the GPU count (world_size), in Layout's order:
+# what the search space, the options, the reports and the emitters iterate. A new axis is one
+# entry here, one field on Layout, SearchSpace and LayoutArrays, and its rules (layouts.rules).
+AXES: tuple[Axis, ...] = (
+    Axis("dp", "--dp", None),
+    Axis("tp", "--tp", "--tensor-model-parallel-size"),
+    Axis("pp", "--pp", "--pipeline-model-parallel-size"),
+    Axis("cp", "--cp", "--context-parallel-size", shown_at_one=False),
+    Axis("ep", "--ep", "--expert-model-parallel-size",
+         " With --n-gpus and no --dp, an EP that does not divide the data-parallel size "
+         "GPUs / (tp x cp x pp) is folded over tp x cp x dp (Megatron-Core's MoE parallel folding).",
+         shown_at_one=False, megatron_at_one=False),
+)
+AXIS_NAMES = tuple(a.name for a in AXES)      # ("dp", "tp", "pp", "cp", "ep")
 FSDP_STAGE = {"fsdp-full": 3, "fsdp-grad-op": 2, "fsdp-hybrid": 3}
 
 
@@ -59,6 +91,10 @@ class Layout:
     etp: int = 0                # expert tensor-parallel size; 0: equal to tp (megatron-core's default)
     ep_fold: bool = False       # ep folded over tp x cp x dp (Megatron-Core MoE parallel folding): dp is DP
 
+    def degrees(self) -> dict[str, int]:
+        """The degree of each parallel axis (AXES), by name."""
+        return {a.name: getattr(self, a.name) for a in AXES}
+
     @property
     def data_parallel(self) -> int:
         """Megatron's data-parallel size, world / (tp x cp x pp): dp x ep, or dp when folded."""
@@ -67,11 +103,16 @@ class Layout:
     @property
     def expert_tp(self) -> int:
         """Ranks an expert's matrices are split over (megatron-core's ETP; tp when unset)."""
-        return self.etp if self.etp > 0 else self.tp
+        return int(expert_tp_size(self.etp, self.tp))
+
+    @property
+    def model_parallel(self) -> int:
+        """The GPUs of one data-parallel replica, tp x cp x pp (model_parallel_size)."""
+        return model_parallel_size(self.tp, self.cp, self.pp)
 
     @property
     def n_gpus(self) -> int:
-        return self.data_parallel * self.tp * self.pp * self.cp
+        return world_size(self.dp, self.tp, self.pp, self.cp, self.ep, self.ep_fold)
 
     @property
     def is_fsdp(self) -> bool:
@@ -80,38 +121,64 @@ class Layout:
     @property
     def dense_shard_degree(self) -> int:
         """Ranks that hold replicas of a dense weight (and reduce its gradient)."""
-        return self.data_parallel * self.cp
+        return dense_shard_size(self.dp, self.cp, self.ep, self.ep_fold)
 
     @property
     def expert_shard_degree(self) -> int:
         """The expert data-parallel group (megatron-core's EDP): dp*cp*tp/etp."""
         return expert_data_parallel_size(self.dp, self.tp, self.cp, self.ep, self.expert_tp, self.ep_fold)
 
+    def hybrid_shard(self, gpus_per_node: int) -> int:
+        """FSDP hybrid's (HSDP) shard group (hybrid_shard_ranks), 0 where the sharding is not hybrid."""
+        if self.sharding != "fsdp-hybrid":
+            return 0
+        return hybrid_shard_ranks(self.dense_shard_degree, self.tp, gpus_per_node)
+
+    def hybrid_replicate(self, gpus_per_node: int) -> int:
+        """FSDP hybrid's (HSDP) replicas of its shard group across nodes (hybrid_replicas), 1 where
+        the sharding is not hybrid."""
+        shard = self.hybrid_shard(gpus_per_node)
+        return hybrid_replicas(self.dense_shard_degree, shard) if shard else 1
+
     @property
     def global_batch(self) -> int:
         return self.micro_batch * self.grad_accum * self.data_parallel
+
+    def shown_degrees(self) -> list[tuple[str, int, bool]]:
+        """The degrees every layout string shows, in order, as (name, degree, marked): each axis
+        of AXES that is split (or shown at one), followed by what it carries: vp after pp where
+        > 1, etp after ep where it differs from tp. ``marked``: sequence parallelism on tp, the
+        fold on ep (Layout.ep_fold)."""
+        out = []
+        for a in AXES:
+            d = getattr(self, a.name)
+            out.append((a.name, d, bool(self.sp if a.name == "tp" else self.ep_fold if a.name == "ep" else False)))
+            if a.name == "pp" and self.vp > 1:
+                out.append(("vp", self.vp, False))
+            if a.name == "ep" and self.expert_tp != self.tp:
+                out.append(("etp", self.expert_tp, False))
+        return out
+
+    def degree_words(self, marks: tuple[str, str] = ("+sp", " folded over tp x cp x dp")) -> list[str]:
+        """The degrees shown_degrees() lists as words name=degree (tp=4+sp, ep=8 folded over
+        tp x cp x dp, with ``marks`` for sequence parallelism and the fold): an axis at one only
+        where it is shown at one (Axis.shown_at_one)."""
+        shown = {a.name for a in AXES if a.shown_at_one}
+        mark = dict(zip(("tp", "ep"), marks))
+        return [f"{name}={d}" + (mark[name] if marked else "") for name, d, marked in self.shown_degrees()
+                if d > 1 or name in shown or name not in AXIS_NAMES]
 
     @property
     def key(self) -> str:
         """ASCII identifier, e.g. dp8_tp2_pp1_cp1_ep1_zero1_mb2_ga4_rnone."""
         shard = f"zero{self.zero_stage}" if self.sharding == "zero" else self.sharding
-        vp = f"_vp{self.vp}" if self.vp > 1 else ""
-        sp = "_sp" if self.sp else ""
-        etp = f"_etp{self.etp}" if self.etp > 0 and self.etp != self.tp else ""
+        degrees = "_".join(f"{name}{d}" + ("_sp" if marked and name == "tp" else "")
+                           for name, d, marked in self.shown_degrees())
         fold = "_fold" if self.ep_fold else ""
-        return (f"dp{self.dp}_tp{self.tp}{sp}_pp{self.pp}{vp}_cp{self.cp}_ep{self.ep}{etp}{fold}_{shard}"
-                f"_mb{self.micro_batch}_ga{self.grad_accum}_r{self.recompute}")
+        return f"{degrees}{fold}_{shard}_mb{self.micro_batch}_ga{self.grad_accum}_r{self.recompute}"
 
     def describe(self) -> str:
-        parts = [f"dp={self.dp}", f"tp={self.tp}" + ("+sp" if self.sp else ""), f"pp={self.pp}"]
-        if self.vp > 1:
-            parts.append(f"vp={self.vp}")
-        if self.cp > 1:
-            parts.append(f"cp={self.cp}")
-        if self.ep > 1:
-            parts.append(f"ep={self.ep}" + (" folded over tp x cp x dp" if self.ep_fold else ""))
-        if self.expert_tp != self.tp:
-            parts.append(f"etp={self.expert_tp}")
+        parts = self.degree_words()
         parts.append(f"ZeRO-{self.zero_stage}" if self.sharding == "zero" else f"FSDP {self.sharding[5:]}")
         parts += [f"micro-batch {self.micro_batch}", f"grad-accum {self.grad_accum}",
                   f"recompute {self.recompute}"]
@@ -123,6 +190,32 @@ def data_parallel_size(dp: Any, ep: Any, ep_fold: Any) -> Any:
     parallel_state.py line 743): dp x ep, where the ep ranks read different data beside dp;
     dp itself where ep is folded over tp x cp x dp (Layout.ep_fold). Ints or numpy arrays."""
     return dp * (ep * (ep_fold <= 0) + (ep_fold > 0))
+
+
+def expert_tp_size(etp: Any, tp: Any) -> Any:
+    """Ranks an expert's matrices are split over: etp, or tp where etp is 0 (unset: megatron-core
+    0.16.1 model_parallel_config.py lines 413-414 default it to tp). Ints or numpy arrays."""
+    return etp * (etp > 0) + tp * (etp <= 0)
+
+
+def model_parallel_size(tp: Any, cp: Any, pp: Any) -> Any:
+    """The GPUs of one data-parallel replica, tp x cp x pp: Megatron's world / data-parallel size
+    (parallel_state.py line 743). Ints or numpy arrays."""
+    return tp * cp * pp
+
+
+def world_size(dp: Any, tp: Any, pp: Any, cp: Any, ep: Any, ep_fold: Any) -> Any:
+    """The GPUs of a layout: data-parallel size x tp x cp x pp (dp x tp x pp x cp x ep, or
+    dp x tp x pp x cp where ep is folded). Ints or numpy arrays."""
+    return data_parallel_size(dp, ep, ep_fold) * tp * pp * cp
+
+
+def dense_shard_size(dp: Any, cp: Any, ep: Any, ep_fold: Any) -> Any:
+    """Ranks that hold replicas of a dense weight and reduce its gradient (the group ZeRO and
+    FSDP shard its states over): data-parallel size x cp (megatron-core 0.16.1 builds the
+    data-parallel group with context parallelism, parallel_state.py's dp-cp groups). Ints or
+    numpy arrays."""
+    return data_parallel_size(dp, ep, ep_fold) * cp
 
 
 def expert_data_parallel_size(dp: Any, tp: Any, cp: Any, ep: Any, etp: Any, ep_fold: Any) -> Any:
@@ -139,9 +232,10 @@ def ep_folds(n_gpus: int, tp: int, pp: int, cp: int, ep: int) -> bool:
     initialize_model_parallel, lines 738-741) and ep does not divide the data-parallel size
     n / (tp x cp x pp) it leaves. Whether megatron-core runs the folded layout (etp x ep x pp
     dividing the GPUs, lines 788-795) is the rule "ep-fold-divides" of layouts.rules."""
-    if ep <= 1 or n_gpus % (tp * cp * pp):
+    replica = model_parallel_size(tp, cp, pp)
+    if ep <= 1 or n_gpus % replica:
         return False
-    return (n_gpus // (tp * cp * pp)) % ep != 0
+    return (n_gpus // replica) % ep != 0
 
 
 @lru_cache(maxsize=4096)
@@ -149,12 +243,18 @@ def hybrid_shard_ranks(dense_shard_degree: int, tp: int, gpus_per_node: int) -> 
     """The ranks of an FSDP hybrid (HSDP) shard group: the largest divisor of the dense shard
     degree (dp*cp*ep) that fits in a node beside tp; the groups replicate across nodes
     (PyTorch FSDP HYBRID_SHARD docs; Zhao et al. 2023, arXiv:2304.11277, Sec. 3). The one
-    rule the memory model's states and the step time's reduce read."""
+    rule the memory model's states, the step time's reduce and the FSDP emitter read."""
     inside = max(1, gpus_per_node // tp)
     d = dense_shard_degree
     while d > inside or dense_shard_degree % d:
         d -= 1
     return max(d, 1)
+
+
+def hybrid_replicas(dense_shard_degree: Any, shard_ranks: Any) -> Any:
+    """The replicas of an FSDP hybrid (HSDP) shard group across nodes: the dense shard degree
+    over the shard group (hybrid_shard_ranks), which divides it. Ints or numpy arrays."""
+    return dense_shard_degree // shard_ranks
 
 
 def sp_by_default(setup: TrainingSetup) -> bool:
@@ -194,6 +294,17 @@ def grad_accum_for(setup: TrainingSetup, micro_batch: int, dp: int, ep: int, ep_
     return setup.global_batch // per_step
 
 
+class DegreeShape(NamedTuple):
+    """The degrees of one shape the search walks (degree_shapes, folded_shape), in the order
+    it walks them: tp innermost, dp what is left."""
+
+    tp: int
+    cp: int
+    ep: int
+    pp: int
+    dp: int
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SearchSpace:
     """Which choices the search may make; a fixed value (not None) pins a choice."""
@@ -212,6 +323,18 @@ class SearchSpace:
     recomputes: tuple[str, ...] = ("none", "selective", "full")
     max_tp: int | None = None     # default: the GPUs of one node
     max_cp: int = 8
+
+    def fixed_degrees(self) -> dict[str, int]:
+        """The degrees the space fixes (not None), by axis name in AXES order."""
+        return {a.name: d for a in AXES if (d := getattr(self, a.name)) is not None}
+
+    def fixed_world_size(self) -> int | None:
+        """The GPU count every axis's fixed degree pins down (dp x tp x pp x cp x ep), or None
+        when one is open."""
+        fixed = self.fixed_degrees()
+        if len(fixed) < len(AXES):
+            return None
+        return math.prod(fixed.values())
 
 
 def _degrees(fixed: int | None, n: int, cap: int) -> list[int]:
@@ -236,11 +359,11 @@ def enumerate_layouts(
 ) -> Iterator[tuple[Layout, str | None]]:
     """Every candidate layout on ``n_gpus`` with None or the reason it cannot run (the
     first rule of planner.layouts.rules.RULES it breaks)."""
-    for tp, cp, ep, pp, dp in degree_shapes(m, n_gpus, gpus_per_node, space):
-        yield from _shape_layouts(m, setup, gpus_per_node, space, (tp, cp, ep, pp, dp), False)
+    for shape in degree_shapes(m, n_gpus, gpus_per_node, space):
+        yield from _shape_layouts(m, setup, gpus_per_node, space, shape, False)
 
 
-def folded_shape(space: SearchSpace, n_gpus: int) -> tuple[int, int, int, int, int] | None:
+def folded_shape(space: SearchSpace, n_gpus: int) -> DegreeShape | None:
     """(tp, cp, ep, pp, dp) of the folded layouts on ``n_gpus`` where the space fixes tp, pp and
     ep (cp: 1 when open) and leaves dp open, and ep folds (ep_folds; dp is Megatron's DP);
     None otherwise. The one place the fold is decided from what the user gives."""
@@ -250,7 +373,7 @@ def folded_shape(space: SearchSpace, n_gpus: int) -> tuple[int, int, int, int, i
     cp = s.cp or 1
     if not ep_folds(n_gpus, s.tp, s.pp, cp, s.ep):
         return None
-    return s.tp, cp, s.ep, s.pp, n_gpus // (s.tp * cp * s.pp)
+    return DegreeShape(s.tp, cp, s.ep, s.pp, n_gpus // model_parallel_size(s.tp, cp, s.pp))
 
 
 def enumerate_folded(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node: int,
@@ -264,7 +387,7 @@ def enumerate_folded(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_n
 
 
 def _shape_layouts(m: ModelSpec, setup: TrainingSetup, gpus_per_node: int, space: SearchSpace,
-                   shape: tuple[int, int, int, int, int], fold: bool) -> Iterator[tuple[Layout, str | None]]:
+                   shape: DegreeShape, fold: bool) -> Iterator[tuple[Layout, str | None]]:
     from planner.layouts.rules import RuleView, first_failing
 
     tp, cp, ep, pp, dp = shape
@@ -286,7 +409,7 @@ def _shape_layouts(m: ModelSpec, setup: TrainingSetup, gpus_per_node: int, space
 
 
 def degree_shapes(m: ModelSpec, n_gpus: int, gpus_per_node: int,
-                  space: SearchSpace = SearchSpace()) -> Iterator[tuple[int, int, int, int, int]]:
+                  space: SearchSpace = SearchSpace()) -> Iterator[DegreeShape]:
     """The (tp, cp, ep, pp, dp) products equal to ``n_gpus`` the search visits, in its
     order: tp up to ``space.max_tp`` (default: a node), cp up to ``space.max_cp``, ep up to
     the number of experts, pp up to the number of layers; a fixed degree is taken as
@@ -300,5 +423,5 @@ def degree_shapes(m: ModelSpec, n_gpus: int, gpus_per_node: int,
                 for pp in _degrees(space.pp, n_gpus // (tp * cp * ep), m.n_layers if space.pp is None else n_gpus):
                     dp = n_gpus // (tp * cp * ep * pp)
                     if space.dp is None or space.dp == dp:
-                        yield tp, cp, ep, pp, dp
+                        yield DegreeShape(tp, cp, ep, pp, dp)
 

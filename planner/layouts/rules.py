@@ -21,7 +21,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from planner.layouts.layout import SHARDINGS, Layout, data_parallel_size
+from planner.layouts.layout import (
+    AXIS_NAMES,
+    SHARDINGS,
+    Layout,
+    data_parallel_size,
+    dense_shard_size,
+    expert_tp_size,
+)
 from planner.models.spec import ModelSpec
 from planner.stacks import torchtitan_builds
 from planner.training.moe_runtime import a2a_overlap_refused
@@ -59,7 +66,7 @@ class RuleView:
 
     @property
     def expert_tp(self) -> Any:
-        return self.etp * (self.etp > 0) + self.tp * (self.etp <= 0)
+        return expert_tp_size(self.etp, self.tp)
 
     @property
     def fsdp(self) -> Any:
@@ -77,7 +84,7 @@ class RuleView:
 
     @property
     def dense_shard_degree(self) -> Any:
-        return self.data_parallel * self.cp
+        return dense_shard_size(self.dp, self.cp, self.ep, self.ep_fold)
 
     @property
     def seq_len(self) -> int:
@@ -91,8 +98,8 @@ class RuleView:
     @staticmethod
     def of(m: ModelSpec, setup: TrainingSetup, lay: Layout, gpus_per_node: int, enumerated: bool = False) -> RuleView:
         sharding = SHARDINGS.index(lay.sharding) if lay.sharding in SHARDINGS else -1
-        return RuleView(m=m, setup=setup, gpus_per_node=gpus_per_node, dp=lay.dp, tp=lay.tp, pp=lay.pp, cp=lay.cp,
-                        ep=lay.ep, zero_stage=lay.zero_stage, sharding=sharding, sp=int(lay.sp), vp=lay.vp,
+        return RuleView(m=m, setup=setup, gpus_per_node=gpus_per_node, **lay.degrees(),
+                        zero_stage=lay.zero_stage, sharding=sharding, sp=int(lay.sp), vp=lay.vp,
                         micro_batch=lay.micro_batch, grad_accum=lay.grad_accum, enumerated=int(enumerated),
                         sharding_name=lay.sharding, etp=lay.etp, ep_fold=int(lay.ep_fold))
 
@@ -100,11 +107,14 @@ class RuleView:
 @dataclass(frozen=True, slots=True)
 class Rule:
     """One rule: ``fails(view)`` is true (elementwise) where a layout breaks it;
-    ``message(view)`` (one layout) says why, in one line."""
+    ``message(view)`` (one layout) says why, in one line. ``option_message``: why, in the words
+    of the options, where the rule can be checked on the degrees the user gives before any
+    search (option_refusal); None where it cannot."""
 
     name: str
     fails: Callable[[RuleView], Any]
     message: Callable[[RuleView], str]
+    option_message: Callable[[RuleView], str] | None = None
 
 
 def _offloads(v: RuleView) -> bool:
@@ -190,6 +200,14 @@ def _stack_cannot_run(v: RuleView) -> Any:
     return out
 
 
+def _below_one(v: RuleView, *names: str) -> Any:
+    """Where any of the view's fields ``names`` is below 1 (elementwise on a batch)."""
+    out: Any = getattr(v, names[0]) < 1
+    for name in names[1:]:
+        out = out | (getattr(v, name) < 1)
+    return out
+
+
 def _balance_layers(v: RuleView) -> int:
     """2 where the embedding and the loss count as layers of the pipeline split
     (TrainingSetup.pp_balance "embedding-loss"), else 0."""
@@ -221,9 +239,7 @@ RULES: tuple[Rule, ...] = (
          lambda v: (v.enumerated > 0) & (v.setup.global_batch % _per_step(v) != 0),
          lambda v: (f"global batch {v.setup.global_batch} is not a multiple of micro-batch {v.micro_batch} "
                     f"x data-parallel {v.data_parallel}")),
-    Rule("positive",
-         lambda v: ((v.dp < 1) | (v.tp < 1) | (v.pp < 1) | (v.cp < 1) | (v.ep < 1) | (v.vp < 1)
-                    | (v.micro_batch < 1) | (v.grad_accum < 1)),
+    Rule("positive", lambda v: _below_one(v, *AXIS_NAMES, "vp", "micro_batch", "grad_accum"),
          lambda v: "every degree, the micro-batch and the accumulation steps must be >= 1"),
     Rule("stack-runs", _stack_cannot_run,
          lambda v: (f"--stack torchtitan: {torchtitan_builds(v.m)}"
@@ -295,16 +311,19 @@ RULES: tuple[Rule, ...] = (
          lambda v: (f"cp={v.cp} over {v.m.name}'s gated DeltaNet layers: megatron-core 0.16.1's GatedDeltaNet "
                     "has no context-parallel path; plan with --cp 1")),
     Rule("ep-dense", lambda v: (v.ep > 1) & (not v.m.is_moe),
-         lambda v: f"ep={v.ep} needs a mixture-of-experts model; {v.m.name} is dense"),
+         lambda v: f"ep={v.ep} needs a mixture-of-experts model; {v.m.name} is dense",
+         lambda v: f"--ep {v.ep} needs a mixture-of-experts model; {v.m.name} is dense"),
     Rule("ep-experts", lambda v: (v.ep > 1) & (v.m.is_moe) & (v.m.n_experts % v.ep != 0),
          lambda v: f"ep={v.ep} does not divide the {v.m.n_experts} experts"),
-    Rule("etp-dense", lambda v: (v.expert_tp != v.tp) & (not v.m.is_moe),
-         lambda v: f"etp={v.expert_tp} needs a mixture-of-experts model; {v.m.name} is dense (drop --etp)"),
+    Rule("etp-dense", lambda v: (v.etp > 0) & (not v.m.is_moe),
+         lambda v: f"etp={v.expert_tp} needs a mixture-of-experts model; {v.m.name} is dense (drop --etp)",
+         lambda v: f"--etp {v.etp} needs a mixture-of-experts model; {v.m.name} is dense: drop --etp"),
     # megatron-core 0.16.1 asks only that etp x ep x pp divide the world
     # (parallel_state.initialize_model_parallel, lines 788-795); the planner keeps the expert
     # tensor-parallel group inside the tp group, whose links it times
     Rule("etp-divides-tp", lambda v: (v.expert_tp < 1) | (v.tp % v.expert_tp != 0),
-         lambda v: f"etp={v.expert_tp} does not divide tp={v.tp} (use an --etp that divides --tp)"),
+         lambda v: f"etp={v.expert_tp} does not divide tp={v.tp} (use an --etp that divides --tp)",
+         lambda v: f"--etp {v.etp} does not divide --tp {v.tp}; use an --etp that divides --tp"),
     # folding: megatron-core 0.16.1 parallel_state.initialize_model_parallel (lines 788-795) raises
     # "world_size is not divisible by expert_tensor_model_pipeline_parallel size" unless etp x ep x pp
     # divides the world, i.e. etp x ep divides tp x cp x DP; the planner folds for Megatron-Core only
@@ -392,6 +411,19 @@ def split_refusal(m: ModelSpec, tp: int, pp: int) -> str | None:
     return None
 
 
+def option_refusal(m: ModelSpec, tp: int | None, ep: int | None, etp: int | None) -> str | None:
+    """Why the degrees the user gave (--tp, --ep, --etp; None: not given) cannot run ``m``
+    whatever the search chooses, or None: the option_message of the first rule that has one
+    and fails on a layout of those degrees (tp, where not given, one that --etp divides).
+    What cli.request checks before a search, from the table every layout is held to."""
+    v = RuleView(m=m, setup=TrainingSetup(), gpus_per_node=1, dp=1, tp=tp or etp or 1, pp=1, cp=1, ep=ep or 1,
+                 zero_stage=0, sharding=0, sp=0, vp=1, micro_batch=1, grad_accum=1, etp=etp or 0)
+    for rule in RULES:
+        if rule.option_message is not None and rule.fails(v):
+            return rule.option_message(v)
+    return None
+
+
 def first_failing(v: RuleView) -> Rule | None:
     """The first rule one layout's view breaks, or None."""
     for rule in RULES:
@@ -432,7 +464,7 @@ def space_refusal(space: Any) -> str | None:
 
     if not isinstance(space, SearchSpace):
         return f"the search space must be a SearchSpace, not {type(space).__name__}"
-    for field in ("dp", "tp", "pp", "cp", "ep", "etp", "vp", "max_tp"):
+    for field in (*AXIS_NAMES, "etp", "vp", "max_tp"):
         value = getattr(space, field)
         if value is not None and not is_int_in(value, 1, MAX_GPUS):
             return f"--{field.replace('_', '-')} {value!r} ({field}) must be a whole number from 1 to {MAX_GPUS:,}"

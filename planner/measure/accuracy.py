@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from planner.errors import UserError
-from planner.layouts.layout import Layout
+from planner.layouts.layout import AXIS_NAMES, Layout
 from planner.memory.model import MemoryBreakdown, per_rank_memory
 from planner.models.spec import ModelSpec
 from planner.training.setup import TrainingSetup
@@ -75,7 +75,7 @@ def measurable(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> str:
     if m.model_type not in MEASURABLE_TYPES and not m.is_generic:    # a generic model is transformers' own
         raise UserError(f"model_type {m.model_type!r} cannot be measured here; "
                         f"measurable: {', '.join(MEASURABLE_TYPES)}")
-    for axis in ("tp", "pp", "cp", "ep"):
+    for axis in (a for a in AXIS_NAMES if a != "dp"):
         if getattr(lay, axis) > 1:
             raise UserError(
                 f"--{axis} {getattr(lay, axis)} cannot be measured: transformers' models are not split "

@@ -11,18 +11,41 @@ import numpy as np
 from planner.layouts.batch import LayoutArrays
 from planner.layouts.layout import Layout
 from planner.models.spec import ModelSpec
+from planner.training.kernels import megatron_core_profile
 from planner.training.setup import Precision, TrainingSetup
 
 if TYPE_CHECKING:
     from planner.memory.shapes import ParamsArrays, SplitArrays
 
 
+def has_reduce_bucket(setup: TrainingSetup, a: LayoutArrays, kernels: np.ndarray | int | None = None) -> np.ndarray:
+    """Where the engine keeps a gradient reduce bucket of its own beside the gradients (bool per
+    layout): DeepSpeed's ZeRO-1/2 (reduce_bucket_size; stage_1_and_2.py copies gradients into
+    its ipg bucket before reducing), not Megatron-Core's distributed optimizer (ZeRO-1 under
+    Megatron-Core's profile, kernels.megatron_core_profile; ``kernels`` None: not Megatron's).
+
+    megatron-core 0.16.1 distributed/param_and_grad_buffer.py: _ParamAndGradBuffer allocates one
+    grad_data per dtype (``self.grad_data = torch.zeros(self.numel, ...)``), each bucket's
+    grad_data is a view of it (_new_bucket: ``self._get(..., buffer_type=BufferType.GRAD)``), and
+    start_grad_sync reduce-scatters a bucket in place into its own shard (``local_data_view`` of
+    ``shard_buffer(bucket.grad_data, ...)``, ``dist_reduce_scatter_func(local_data_view,
+    bucket.grad_data)``); without the distributed optimizer it all-reduces bucket.grad_data in
+    place. Measured (bench/megatron_core_memory.py): the buffers' grad_data is the whole gradient
+    memory. Megatron FSDP (ZeRO-2/3 under --stack megatron) keeps the bucket term: not checked."""
+    zero_12 = (a.sharding == 0) & ((a.zero_stage == 1) | (a.zero_stage == 2))
+    if kernels is None:
+        return zero_12
+    return zero_12 & ~((a.zero_stage == 1) & megatron_core_profile(setup, kernels))
+
+
 def buffer_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, rp: ParamsArrays,
-                 precision: Precision, split: SplitArrays) -> np.ndarray:
+                 precision: Precision, split: SplitArrays, kernels: np.ndarray | int | None = None) -> np.ndarray:
     """Communication buffers the engine allocates beside the model states.
 
     ZeRO-1/2 (DeepSpeed): the gradient reduce bucket, min(bucket, params) 16-bit
-    elements (DeepSpeed config "reduce_bucket_size"). DeepSpeed ZeRO-3: the gathered
+    elements (DeepSpeed config "reduce_bucket_size"); none under Megatron-Core's distributed
+    optimizer, whose buckets are views of its grad buffer (has_reduce_bucket; ``kernels``, the
+    layouts' KERNELS codes, says where its profile applies). DeepSpeed ZeRO-3: the gathered
     16-bit copy of the module being computed and of the one prefetched (the largest
     module: a block, or the word embedding; "stage3_prefetch_bucket_size") and the
     reduce bucket. FSDP2 full/hybrid at the start of backward: the last block, gathered
@@ -49,7 +72,7 @@ def buffer_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, rp: Params
         module_bytes = np.maximum(block_bytes, np.where(rp.largest_module > rp.block_unit, module_bytes, 0))
         out = out + split.dequant_bytes
     bucket = np.minimum(setup.buffers.zero_bucket_numel, grads) * precision.grad_bytes
-    out = out + np.where((a.sharding == 0) & ((stage == 1) | (stage == 2)), bucket, 0)
+    out = out + np.where(has_reduce_bucket(setup, a, kernels), bucket, 0)
     return out + np.where(stage == 3, np.where(a.sharding > 0, block_bytes, 2 * module_bytes + bucket), 0)
 
 

@@ -21,7 +21,7 @@ from planner.memory.params import (
     stages_to_check,
 )
 from planner.memory.shapes import in_flight_microbatches
-from planner.memory.states import expert_padding, hybrid_degree, model_state_bytes
+from planner.memory.states import expert_padding, model_state_bytes
 from planner.models.spec import ModelSpec, ParamCount, count_params
 from planner.training.finetune import FinetuneSpec, activation_layers
 from planner.training.kernels import layout_kernels
@@ -143,7 +143,7 @@ def _model_state_floors(m: ModelSpec, setup: TrainingSetup, lays: tuple[Layout, 
         opt_pp = optimizer_state_bytes(m, setup)
         plain = [lays[i] for i in plain_rows]
         a = LayoutArrays.from_layouts(plain)
-        hybrid = hybrid_degree(a, gpus_per_node)
+        hybrid = a.hybrid_shard(gpus_per_node)
         # (slot, layout): the parameters of each stage that can be the most loaded
         stage_params = []
         for lay in plain:

@@ -55,7 +55,6 @@ from planner.memory.peak import (
 )
 from planner.memory.peak import fsdp_blocks_done as batched_blocks_done
 from planner.memory.shapes import in_flight_microbatches as batched_in_flight
-from planner.memory.states import hybrid_degree
 from planner.memory.states import model_state_bytes as batched_states
 from planner.models.spec import ModelSpec, ParamCount, count_params
 from planner.training.finetune import RankSplit
@@ -325,12 +324,6 @@ def per_rank_memory(m: ModelSpec, setup: TrainingSetup, lay: Layout,
     batch = memory_batch(m, setup, LayoutArrays.from_layouts([lay]), pc or count_params(m), gpus_per_node,
                          seq_len=lay.seq_len)
     return rank_memories(batch)[0]
-
-
-def hybrid_shard_degree(lay: Layout, gpus_per_node: int) -> int | None:
-    """FSDP hybrid's shard group of ``lay`` (states.hybrid_degree on a batch of one), or None
-    where the sharding is not hybrid."""
-    return int(hybrid_degree(LayoutArrays.from_layouts([lay]), gpus_per_node)[0]) or None
 
 
 # ------------------------------------------------------- per-layout views of batched terms

@@ -52,7 +52,6 @@ from planner.memory.states import (
     OffloadSplit,
     expert_padding,
     fp32_accumulated_gradients,
-    hybrid_degree,
     model_state_bytes,
     offload_bytes,
     optimizer_step_transient_bytes,
@@ -287,7 +286,7 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
         act_fp32 = fp32_trainables & ~autocast
     else:
         act_fp32 = np.zeros(len(sa), dtype=bool)
-    hybrid = hybrid_degree(sa, gpus_per_node)
+    hybrid = sa.hybrid_shard(gpus_per_node)
     distributed = n_gpus > 1
     ranks_per_node = np.minimum(n_gpus, gpus_per_node)
     fixed = setup.overheads.fixed_bytes(distributed)
@@ -318,7 +317,7 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     else:
         amp_copies = np.where(autocast & amp_states, 2 * split.trainable, 0)   # copies of the fp32 trainables
     has_act = n_act > 0
-    engine_buffers = buffer_bytes(m, setup, sa, rp, prec, split)
+    engine_buffers = buffer_bytes(m, setup, sa, rp, prec, split, kern)
     off = offload_bytes(setup, sa, ms, sharded_frozen_bytes(split, sa, hybrid), split, prec, hybrid)
     # FSDP2 keeps the root unit gathered
     root_gathered = np.where(full_shard, rp.root_unit * prec.weight_bytes, 0)

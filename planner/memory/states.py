@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from planner.layouts.batch import LayoutArrays
-from planner.layouts.layout import SHARDINGS, hybrid_shard_ranks
+from planner.layouts.layout import SHARDINGS
 from planner.models.spec import ModelSpec
 from planner.training.setup import Precision, TrainingSetup
 
@@ -72,23 +72,6 @@ class OffloadSplit:
     host_bytes: np.ndarray
     nvme_bytes: np.ndarray
     step_on_host: np.ndarray      # bool: the optimizer step runs on the CPU, no GPU temporaries
-
-
-def hybrid_degree(a: LayoutArrays, gpus_per_node: int) -> np.ndarray:
-    """FSDP hybrid shards over the data ranks inside one node (HSDP) and replicates across
-    nodes: the shard group of layouts.layout.hybrid_shard_ranks. 0 where the sharding is not
-    hybrid."""
-    out = np.zeros(len(a), dtype=np.int64)
-    rows = np.flatnonzero(a.sharding == HYBRID)
-    if not len(rows):
-        return out
-    dense = a.dense_shard_degree[rows]
-    tp = a.tp[rows]
-    keys = np.stack([dense, tp], axis=1)
-    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
-    degs = [hybrid_shard_ranks(d_all, t, gpus_per_node) for d_all, t in uniq.tolist()]
-    out[rows] = np.array(degs, dtype=np.int64)[inv.reshape(-1)]
-    return out
 
 
 def shard_degrees(a: LayoutArrays, hybrid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

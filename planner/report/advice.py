@@ -8,6 +8,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from planner.layouts.layout import AXIS_NAMES
+
 if TYPE_CHECKING:
     from planner.api import PlanResult
     from planner.layouts.layout import SearchSpace
@@ -73,7 +75,7 @@ def contradicting_options(kw: Mapping[str, Any]) -> str | None:
         return (f"--zero {zero} and --fsdp {fsdp} contradict each other: both choose how the states are sharded "
                 f"(ZeRO for DeepSpeed and Megatron, FSDP for PyTorch); give one of them")
     if n_gpus is not None:
-        fixed = {a: given(a) for a in ("dp", "tp", "pp", "cp", "ep") if given(a) is not None}
+        fixed = {a: given(a) for a in AXIS_NAMES if given(a) is not None}
         prod = 1
         for d in fixed.values():
             prod *= d
@@ -105,7 +107,7 @@ def degrees_past_limit(kw: Mapping[str, Any]) -> str | None:
     --cp 8 --dp 64 planned 32,768 GPUs; U3: --dp 32768 was explained as a memory limit).
     Every GPU holds one rank of each group, so the product is the least count they need,
     except where ep folds over tp x cp x dp on --n-gpus (folds_on), whose count is --n-gpus."""
-    fixed = {a: kw[a] for a in ("dp", "tp", "pp", "cp", "ep") if kw.get(a) is not None}
+    fixed = {a: kw[a] for a in AXIS_NAMES if kw.get(a) is not None}
     max_gpus = kw.get("max_gpus")
     if kw.get("n_gpus") is not None and folds_on(kw, kw["n_gpus"]):
         return None
@@ -275,7 +277,7 @@ def degree_conflict(m: Any, setup: Any, kw: Mapping[str, Any]) -> str | None:
     from planner.layouts.layout import Layout, reject_reason
     from planner.training.finetune import FinetuneSpec
 
-    fixed = {a: kw[a] for a in ("tp", "pp", "cp", "ep") if kw.get(a) is not None}
+    fixed = {a: kw[a] for a in AXIS_NAMES if a != "dp" and kw.get(a) is not None}
     if kw.get("vp") is not None and "pp" in fixed:     # vp and sp are read with the degree they split
         fixed["vp"] = kw["vp"]
     if not fixed:
@@ -284,7 +286,7 @@ def degree_conflict(m: Any, setup: Any, kw: Mapping[str, Any]) -> str | None:
     sp = kw["sp"] if kw.get("sp") is not None and "tp" in fixed else tp > 1
     probe = Layout(tp=tp, pp=pp, cp=fixed.get("cp", 1), ep=ep, vp=fixed.get("vp", 1), sp=sp,
                    micro_batch=1, grad_accum=pp, seq_len=setup.seq_len)
-    plain = replace(setup, global_batch=pp * ep, offload_optimizer="none", offload_params="none",
+    plain = replace(setup, global_batch=probe.global_batch, offload_optimizer="none", offload_params="none",
                     finetune=FinetuneSpec(), stack="auto",    # degrees only: the stack is checked per layout
                     offload_activations=0, mtp_layers=0, pp_microbatch_group=0,
                     cross_entropy="native")

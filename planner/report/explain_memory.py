@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from planner.layouts.batch import LayoutArrays
 from planner.layouts.layout import Layout
 from planner.memory.attention import mla_saved_delta_bytes
+from planner.memory.buffers import has_reduce_bucket
 from planner.memory.fp8 import saved_input_delta_bytes
 from planner.memory.model import (
     CATEGORIES,
@@ -38,6 +40,7 @@ from planner.report.terms import (
     Term,
 )
 from planner.report.terms import label as _label
+from planner.training.kernels import KERNELS, layout_kernels
 from planner.training.setup import TrainingSetup
 
 # --------------------------------------------------------------------------- memory
@@ -523,7 +526,8 @@ def _buffer_terms(setup: TrainingSetup, lay: Layout, tr: RankTerms, phase: str, 
 
 def _buffer_formula(lay: Layout, setup: TrainingSetup) -> str:
     parts = []
-    if lay.sharding == "zero" and lay.zero_stage in (1, 2):
+    kernels = KERNELS.index(layout_kernels(setup, lay))
+    if has_reduce_bucket(setup, LayoutArrays.from_layouts([lay]), kernels)[0]:
         parts.append("min(bucket, Psi) x gradient bytes (reduce bucket)")
     if lay.zero_stage == 3:
         parts.append("one gathered block (FSDP2)" if lay.is_fsdp else

@@ -6,6 +6,7 @@ from typing import Any
 
 from planner.hardware.gpus import sustained_rate
 from planner.hardware.placement import Cluster
+from planner.hardware.topology import AXES as PLACEMENT_AXES
 from planner.layouts.batch import LayoutArrays
 from planner.layouts.layout import Layout
 from planner.memory.params import optimizer_state_bytes
@@ -48,6 +49,8 @@ from planner.timing.model import (
 from planner.training.kernels import layout_kernels
 from planner.training.moe_runtime import dedup_routing
 from planner.training.setup import TrainingSetup
+
+_NOT_DP = tuple(a for a in PLACEMENT_AXES if a != "dp")    # the axes timed here beside dp's reduce, in order
 
 # ----------------------------------------------------------------------------- time
 
@@ -95,12 +98,12 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
     lt = layer_time(m, setup, layer_key(lay), layout_kernels(setup, lay), gpu, eff)
     # the ep line times all-to-alls: their link (placement.all_to_all_link), not the ep ring's;
     # a folded ep on megatron-core's expert grid (timing.degrees.layout_links)
-    rings, a2a = layout_links(cluster, (lay.tp, lay.cp, lay.ep, lay.dp, lay.pp), st.placement, lay.etp,
+    rings, a2a = layout_links(cluster, tuple(getattr(lay, a) for a in PLACEMENT_AXES), st.placement, lay.etp,
                               int(lay.ep_fold), dedup_routing(m, setup.moe_dispatcher))
     links = {**rings, "ep": a2a}
     fwd_mb, bwd_mb, t_mb = float(parts.fwd_mb_s[0]), float(parts.bwd_mb_s[0]), float(parts.micro_batch_s[0])
     n_slow, n_slow_bwd, slow_stage = int(parts.n_slow[0]), int(parts.n_slow_bwd[0]), int(parts.slow_stage[0])
-    comm_s = {ax: float(parts.comm(ax)[0]) for ax in ("tp", "cp", "ep", "pp")}
+    comm_s = {ax: float(parts.comm(ax)[0]) for ax in _NOT_DP}
     n_mb = lay.grad_accum
     r = rates(gpu, prec.compute_dtype, eff)
     top = cluster.topology
@@ -148,8 +151,8 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
               "+ element-wise (+ dequantization) (+ recomputed forward)", lt.bwd_s,
               LAYER_TIME, summed=False),
     ]
-    for axis in ("tp", "cp", "ep", "dp", "pp"):
-        size = {"tp": lay.tp, "cp": lay.cp, "ep": lay.ep, "dp": lay.dp, "pp": lay.pp}[axis]
+    for axis in PLACEMENT_AXES:
+        size = getattr(lay, axis)
         if size > 1:
             ln = links[axis]
             out.append(_time("links", f"{axis} groups of {size}: bus bandwidth per GPU"
@@ -196,7 +199,7 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
                          "m x 2 v x send(b s h a / t) x (1 - pp overlap); send(S) = alpha + S / (B x bus fraction)",
                          comm_s["pp"], f"{BUBBLE}; {link_src}", micro_batches_m=n_mb, vp=lay.vp,
                          pp_overlap=eff.pp_overlap, **_link(links, "pp")))
-    exposed = sum(comm_s[ax] for ax in ("tp", "cp", "ep", "pp"))
+    exposed = sum(comm_s[ax] for ax in _NOT_DP)
     slow_pipe = n_mb * t_mb - n_mb * (fwd_mb + bwd_mb) - exposed
     if slow_pipe > 1e-12 * n_mb * t_mb:
         out.append(_time("communication", "slowdown of compute under hidden tp/cp/ep/pp communication",

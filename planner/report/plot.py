@@ -109,8 +109,7 @@ def layout_label(c: Candidate) -> str:
     """A layout in three short lines for a tick label: degrees, sharding and micro-batch,
     recomputation."""
     lay = c.layout
-    degrees = [f"dp{lay.dp}", f"tp{lay.tp}", f"pp{lay.pp}"]
-    degrees += [f"{a}{getattr(lay, a)}" for a in ("vp", "cp", "ep") if getattr(lay, a) > 1]
+    degrees = [w.replace("=", "") for w in lay.degree_words(marks=("", "")) if not w.startswith("etp=")]
     shard = f"ZeRO-{lay.zero_stage}" if lay.sharding == "zero" else f"FSDP {lay.sharding[5:]}"
     label = f"{' '.join(degrees)}\n{shard}, mb {lay.micro_batch}\nrecompute {lay.recompute}"
     # the step time tells apart alternatives whose memory is the same (identical bars, issue 20)

@@ -51,8 +51,7 @@ def fp8_label(s: TrainingSetup) -> str:
 
 def layout_json(lay: Layout) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "ep": lay.ep,
-        "zero_stage": lay.zero_stage, "sharding": lay.sharding, "sp": lay.sp, "vp": lay.vp,
+        **lay.degrees(), "zero_stage": lay.zero_stage, "sharding": lay.sharding, "sp": lay.sp, "vp": lay.vp,
         "micro_batch": lay.micro_batch, "grad_accum": lay.grad_accum, "seq_len": lay.seq_len,
         "recompute": lay.recompute,
     }
@@ -263,6 +262,7 @@ def assumptions_text(r: PlanResult) -> list[str]:
         f"{nccl}, fragmentation {o.fragmentation:.0%} of tensor memory",
         *headroom,
         *stack_lines(r),
+        *allocator_lines(r),
         f"  GPU: {r.gpu.full_name}, {gib(r.gpu.memory_bytes)}, {r.gpu.gpus_per_node} per node",
         f"  cluster: {topology_name(r) or 'no topology file (bandwidths from the GPU catalog)'}; "
         f"step times: {r.efficiency.name} overlap settings",
@@ -309,6 +309,31 @@ def stack_lines(r: PlanResult) -> list[str]:
                                        s.recompute_num_layers)]
 
 
+def allocator_lines(r: PlanResult) -> list[str]:
+    """How the caching allocator runs under the plan's stack (--stack, or the one the shown layout
+    defaults to): with expandable segments where the stack's own launchers set them and --out
+    writes them (planner.stacks.runs_expandable_segments), else PyTorch's default. The
+    fragmentation allowance is the same assumed fraction under both: no measured figure gives a
+    smaller one for expandable segments (torchtitan's published reserved peaks, run with them,
+    exceed the planner's tracked tensors plus 10% in 9 of 11 runs: docs/published-memory.md)."""
+    s = r.setup
+    shown = r.best or r.result.smallest
+    if s.stack == "auto" and shown is None:
+        return []
+    from planner.stacks import default_stack, runs_expandable_segments
+
+    if s.stack == "auto":
+        from planner.training.kernels import layout_kernels
+
+        stack = default_stack(r.model, shown.layout, layout_kernels(s, shown.layout))  # type: ignore[union-attr]
+    else:
+        stack = s.stack
+    how = ("expandable segments (--out sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, as "
+           f"{stack}'s own launchers do)" if runs_expandable_segments(stack)
+           else f"PyTorch's default caching allocator ({stack}'s launchers set no PYTORCH_CUDA_ALLOC_CONF)")
+    return [f"  allocator: {how}; its {s.overheads.fragmentation:.0%} fragmentation allowance is assumed"]
+
+
 # ------------------------------------------------------------------- --quiet
 
 def layout_notes(lay: Layout, n_gpus: int, global_batch: int | None) -> list[str]:
@@ -332,9 +357,8 @@ def layout_notes(lay: Layout, n_gpus: int, global_batch: int | None) -> list[str
                        f"data parallel {lay.expert_shard_degree} for the experts; here dp={lay.dp} counts the "
                        f"replicas beyond ep")
     if global_batch is not None and n_gpus > 1 and global_batch % n_gpus != 0:
-        degrees = f"dp {lay.dp}" + "".join(f" x {ax} {d}" for ax, d in (("tp", lay.tp), ("pp", lay.pp),
-                                                                      ("cp", lay.cp), ("ep", lay.ep))
-                                          if d > 1 and not (ax == "ep" and lay.ep_fold))
+        degrees = " x ".join(f"{ax} {d}" for ax, d in lay.degrees().items()
+                             if ax == "dp" or (d > 1 and not (ax == "ep" and lay.ep_fold)))
         if n_gpus > global_batch:
             # issue 33: not a choice anybody made, the batch's limit on data-parallel ranks
             out.append(f"the global batch of {global_batch:,} sequences gives at most {global_batch:,} "
@@ -351,10 +375,7 @@ def layout_notes(lay: Layout, n_gpus: int, global_batch: int | None) -> list[str
 def layout_compact(lay: Layout) -> str:
     """The layout as space-separated key=value words, e.g. dp=16 tp=4+sp pp=1 zero=2 mb=1
     ga=64 recompute=none (vp, cp, ep only when above 1; fsdp=full etc. for FSDP)."""
-    parts = [f"dp={lay.dp}", f"tp={lay.tp}" + ("+sp" if lay.sp else ""), f"pp={lay.pp}"]
-    parts += [f"{ax}={d}" for ax, d in (("vp", lay.vp), ("cp", lay.cp), ("ep", lay.ep)) if d > 1]
-    if lay.expert_tp != lay.tp:
-        parts.append(f"etp={lay.expert_tp}")
+    parts = lay.degree_words(marks=("+sp", ""))
     if lay.ep_fold:
         parts.append("ep-fold")
     parts.append(f"zero={lay.zero_stage}" if lay.sharding == "zero" else f"fsdp={lay.sharding[5:]}")

@@ -130,6 +130,20 @@ def default_stack_reason(m: ModelSpec, lay: Layout, kernels: str) -> str:
     return f"{stack} by default ({why})"
 
 
+def runs_expandable_segments(stack: str) -> bool:
+    """Whether the stack's own launchers run PyTorch's caching allocator with expandable segments
+    (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), so that --out's launch files set it too
+    (emit.launch.stack_env) and the plan's Assumptions line says so.
+
+    torchtitan: its run_train.sh starts torchrun under PYTORCH_ALLOC_CONF="expandable_segments:True".
+    megatron: Megatron-Bridge's performance scripts set it for the recipes that fill the GPU
+    (scripts/performance/perf_plugins.py, PerfEnvPlugin._set_model_specific_environment_variables:
+    Llama 3.1 405B FP8 on GB200, DeepSeek-V3 on H100 and GB200, Llama 3 70B FP8 fine-tuning) and its
+    DGX Cloud executor for every run (scripts/performance/utils/executors.py, dgxc_executor). hf
+    (accelerate) and deepspeed (its launcher) set nothing: PyTorch's default allocator."""
+    return stack in ("torchtitan", "megatron")
+
+
 def runs_megatron_deepspeed(stack: str, lay: Layout) -> bool:
     """Whether ``stack`` runs ``lay`` as Megatron-DeepSpeed: --stack deepspeed with tensor or
     pipeline parallelism (BLOOM 176B and MT-NLG 530B trained so: Megatron's tp, DeepSpeed's

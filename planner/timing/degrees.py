@@ -25,8 +25,10 @@ from planner.layouts.groups import rows as _rows
 from planner.layouts.layout import (
     SHARDINGS,
     Layout,
-    data_parallel_size,
+    dense_shard_size,
     expert_data_parallel_size,
+    expert_tp_size,
+    hybrid_replicas,
     hybrid_shard_ranks,
 )
 from planner.memory.model import stage_layers
@@ -214,7 +216,7 @@ def layout_links(cluster: Cluster, sizes: tuple[int, ...], order: tuple[str, ...
     ring too is the expert grid's. ``etp`` 0: equal to tp. ``routing``: a dispatcher that sends a
     token once per remote node (training.moe_runtime.dedup_routing)."""
     tp, cp, ep, dp, pp = sizes
-    e_tp = etp if etp > 0 else tp
+    e_tp = expert_tp_size(etp, tp)
     expert_grid = (e_tp, 1, ep, expert_data_parallel_size(dp, tp, cp, ep, e_tp, ep_fold), pp)
     if not ep_fold:
         return axis_links(cluster, sizes, order), all_to_all_link(cluster, expert_grid, order, routing)
@@ -309,8 +311,8 @@ def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
     # ---- per D: the optimizer update unsharded and sharded (timing.optimizer_time_s), as
     # (2, slots, D) flattened
     moe = m.is_moe
-    n_dense = data_parallel_size(dp, ep, ep_fold) * cp
-    n_expert = expert_data_parallel_size(dp, tp, cp, ep, np.int64(etp) if etp > 0 else tp, ep_fold)
+    n_dense = dense_shard_size(dp, cp, ep, ep_fold)
+    n_expert = expert_data_parallel_size(dp, tp, cp, ep, expert_tp_size(np.int64(etp), tp), ep_fold)
     nd_f, ne_f = n_dense.astype(np.float64), n_expert.astype(np.float64)
     per_param = optimizer_update_bytes_per_param(m, setup)
     unsharded = dense + expert if moe else dense
@@ -323,7 +325,7 @@ def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
     if any_hybrid:
         (inside,) = distinct_rows([tp, n_dense], _rows(1, np.int64, "hybrid", gpu.gpus_per_node),
                                    lambda tp_, dd: (hybrid_shard_ranks(dd, tp_, gpu.gpus_per_node),))
-        hybrid = (inside.astype(np.float64), np.maximum(1, n_dense // inside),
+        hybrid = (inside.astype(np.float64), np.maximum(1, hybrid_replicas(n_dense, inside)),
                   Ring.of(inside, gpu.intra_node_bytes_per_s, FALLBACK_INTRA_LATENCY_S, bus, 1))
 
     def dp_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:

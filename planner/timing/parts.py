@@ -13,10 +13,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.hardware.topology import AXES as PLACEMENT_AXES
 from planner.timing.efficiency import Efficiency
 from planner.timing.step import StepTime
 
-COMM_AXES = ("tp", "cp", "ep", "dp", "pp")     # StepTime.comm_s's keys
+COMM_AXES = PLACEMENT_AXES     # StepTime.comm_s's keys: each axis, in the placement order
 
 # The data-parallel collectives of a step (ZeRO, Rajbhandari et al. 2020, arXiv:1910.02054,
 # Sec. 5; FSDP, Zhao et al. 2023, arXiv:2304.11277, Sec. 3), by branch: plain data
@@ -87,8 +88,9 @@ class StepArrays:
         return len(self.step_time_s)
 
     def comm(self, axis: str) -> np.ndarray:
-        return {"tp": self.comm_tp_s, "cp": self.comm_cp_s, "ep": self.comm_ep_s, "dp": self.comm_dp_s,
-                "pp": self.comm_pp_s}[axis]
+        if axis not in COMM_AXES:
+            raise KeyError(axis)
+        return getattr(self, f"comm_{axis}_s")
 
     def row(self, i: int) -> StepTime:
         """The StepTime of layout ``i``."""

@@ -14,10 +14,12 @@ compute-bound when the batch is large: the larger of the two per step.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from planner.hardware.gpus import GpuSpec
 from planner.hardware.placement import Cluster, axis_links, cluster_for
+from planner.hardware.topology import AXES as PLACEMENT_AXES
 from planner.layouts.layout import Layout
 from planner.memory.inference import kv_cache_bytes, mamba_state_bytes
 from planner.memory.rollout import VLLM_BLOCK_SIZE, VLLM_MAX_NUM_SEQS, EngineBudget
@@ -227,12 +229,12 @@ def resync_s(m: ModelSpec, lay: Layout, engine_tp: int, colocated: bool, cluster
         return weights / cluster.gpu.inter_node_bytes_per_s
     dp_shard = lay.dp if lay.zero_stage >= 3 else 1
     sizes = (lay.tp, 1, lay.ep, dp_shard, lay.pp)
-    n = lay.tp * lay.ep * dp_shard * lay.pp
+    n = math.prod(sizes)
     copy_s = 2 * ceil_div(weights, engine_tp) / r.hbm_bytes_per_s
     if n <= 1:
         return copy_s
     links = axis_links(cluster, sizes)
-    slowest = min((links[a] for a, k in zip(("tp", "cp", "ep", "dp", "pp"), sizes) if k > 1),
+    slowest = min((links[a] for a, k in zip(PLACEMENT_AXES, sizes) if k > 1),
                   key=lambda link: link.bus_bytes_per_s)
     return gather_s(weights, n, slowest, eff) + copy_s
 

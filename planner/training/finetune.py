@@ -370,10 +370,11 @@ def rank_split(m: ModelSpec, pc: ParamCount, spec: FinetuneSpec, lay: Layout, de
     """Split one rank's parameters (``dense`` incl. ``root`` = embedding/head, ``expert``;
     after tensor, pipeline and expert splitting, before ZeRO sharding) by ``spec``.
 
-    Adapters split like the layers they adapt (by tp, experts also by ep). ``freeze`` trains
-    ``n_trainable_layers`` of the stage's ``n_layers`` blocks.
+    Adapters split like the layers they adapt (by tp; experts by ep x etp, as memory.params
+    splits their weights). ``freeze`` trains ``n_trainable_layers`` of the stage's ``n_layers``
+    blocks.
     """
-    tp, ep = lay.tp, lay.ep
+    tp, ep, etp = lay.tp, lay.ep, lay.expert_tp
     layer_dense = (dense - root) // n_layers if n_layers else 0
     layer_expert = expert // n_layers if n_layers else 0
     block = layer_dense + layer_expert
@@ -395,7 +396,7 @@ def rank_split(m: ModelSpec, pc: ParamCount, spec: FinetuneSpec, lay: Layout, de
     count = trainable_count(m, spec, pc)
     bb = frozen_block_bytes(m, spec, weight_bytes, pc)
     a_dense = ceil_div(count.dense_per_layer, tp)
-    a_expert = ceil_div(count.expert_per_layer, ep * tp)
+    a_expert = ceil_div(count.expert_per_layer, ep * etp)
     outside = count.outside if last_stage else 0
     frozen_dense = int((dense - root) * bb.dense_bytes_per_param) + root * weight_bytes
     frozen_expert = int(expert * bb.expert_bytes_per_param)

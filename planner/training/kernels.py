@@ -51,6 +51,16 @@ def block_kernel_codes(setup: TrainingSetup, tp: np.ndarray | int, pp: np.ndarra
     return np.broadcast_to(kern, shape).astype(np.int64)
 
 
+def megatron_core_profile(setup: TrainingSetup, kernels: np.ndarray | int) -> np.ndarray:
+    """Where the memory model follows Megatron-Core's engine (bool per layout): ``--stack
+    megatron``, or with no stack named (``auto``) the layouts whose blocks run fused kernels,
+    which planner.stacks.default_stack hands to megatron (setup.MEMORY_STACKS: "auto" follows
+    the kernels' profile, fused = Megatron-LM). ``kernels``: KERNELS codes (block_kernel_codes)."""
+    if setup.stack == "megatron":
+        return np.ones(np.shape(kernels), dtype=bool)
+    return (np.asarray(kernels) == FUSED) & (setup.stack == "auto")
+
+
 def layout_kernels(setup: TrainingSetup, lay: Layout) -> str:
     """The kernels ``lay``'s blocks run under ``setup`` (block_kernel_codes for one layout)."""
     replicated = lay.sharding == "zero" and lay.zero_stage == 0
