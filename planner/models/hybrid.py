@@ -172,3 +172,16 @@ def torch_fallback_extra_flops_per_token(m: ModelSpec, seq_len: int) -> float:
 def conv_flops_per_token(m: ModelSpec) -> float:
     """Forward FLOPs per token of the depthwise causal conv1d: 2 K per channel."""
     return 2.0 * m.conv_kernel * m.mamba_conv_dim
+
+
+# hybrid_param_count's BlockKind.kind of each letter
+_KIND_OF_LETTER = {"M": "mamba", "G": "deltanet", "*": "attention", "-": "dense", "E": "moe"}
+
+
+def largest_module_params(m: ModelSpec, pc: ParamCount) -> int:
+    """Parameters of the largest layer module of the model's code: ``m.letters_per_block``
+    consecutive letters of the pattern (a Qwen3NextDecoderLayer: its token mixer and its MLP),
+    each letter's exact count from ``pc.blocks``."""
+    per = {b.kind: b.per_layer for b in pc.blocks}
+    k, pattern = m.letters_per_block, m.layer_pattern
+    return max(sum(per[_KIND_OF_LETTER[c]] for c in pattern[i:i + k]) for i in range(0, len(pattern) - k + 1, k))
