@@ -249,7 +249,7 @@ def runtime_args(row: dict, ep: int, precision: str) -> list[str]:
     if impl == "full_iteration" or "full_iteration" in scope:
         out += ["--cuda-graphs", "full-iteration"]
     elif impl not in (None, "none") and {"moe_router", "moe_preprocess"} & set(scope):
-        out += ["--cuda-graphs", "moe"]       # the MoE router and preprocessing captured: no host sync
+        out += ["--cuda-graphs", "moe"]       # router and preprocessing captured; the dropless sync stays
     if ep > 1 and f.get("dispatcher") in ("deepep", "hybridep"):
         out += ["--moe-dispatcher", "flex"]        # moe_token_dispatcher_type flex, that backend
     other = f.get("other") or {}

@@ -14,7 +14,8 @@ from typing import Any
 SHRUNK_LAYERS = 4
 
 # Per-layer lists some configs keep beside num_hidden_layers (cut to the shrunk depth).
-_PER_LAYER_KEYS = ("layer_types", "layers_block_type", "no_rope_layers", "block_types")
+_PER_LAYER_KEYS = ("layer_types", "layers_block_type", "no_rope_layers", "block_types", "mlp_layer_types",
+                   "indexer_types")
 # Lists of layer indices (cut to the indices below the shrunk depth).
 _INDEX_KEYS = ("moe_layers", "mlp_only_layers")
 

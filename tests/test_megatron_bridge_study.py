@@ -88,3 +88,39 @@ def test_megatron_plans_read_their_regime_interval():
     assert time_band(0.80, regime).time_high_factor == pytest.approx(math.exp(row["log_error_high"]))
     assert regime_of(m, replace(setup, stack="auto"), gpu) == ""
     assert time_band(0.80, "") == time_band(0.80)
+
+
+def _same_layout_pairs(system_a: str, system_b: str, max_gpus: int) -> list[float]:
+    """Published tokens/s per GPU on system_b over system_a where one release trained the same
+    model, precision and layout on both, on at most max_gpus GPUs (NVIDIA's Megatron-Bridge
+    performance summary, tests/data/megatron_bridge_runs.json)."""
+    rows = json.loads((ROOT / "tests" / "data" / "megatron_bridge_runs.json").read_text())["rows"]
+    keys = ("model", "precision", "task", "gpus", "gbs", "mbs", "seq", "tp", "pp", "cp", "vp", "ep")
+    by: dict[tuple, dict[str, float]] = {}
+    for r in rows:
+        s = r["settings"]
+        if s["gpus"] <= max_gpus:
+            key = (r["source"]["release"], *(str(s[k]) for k in keys))
+            by.setdefault(key, {})[s["system"]] = r["published"]["tokens_per_s_per_gpu"]
+    return [v[system_b] / v[system_a] for v in by.values() if system_a in v and system_b in v]
+
+
+def test_gb200_runs_at_b200s_sustained_rate():
+    """GB200's data-sheet peaks are 10/9 of B200's (gpus.toml); the same release and layout on 8
+    GPUs (one NVLink domain on either) ran 0.96-1.05 times as fast per GPU, median 1.01 over 8
+    pairs, so the planner times GB200's tensor cores at B200's measured rate
+    (timing.efficiency.SUSTAINED_CLOCK_SHARE)."""
+    ratios = sorted(_same_layout_pairs("DGX-B200", "DGX-GB200", 8))
+    assert len(ratios) == 8
+    median = (ratios[3] + ratios[4]) / 2
+    assert 0.95 < median < 1.05 and abs(median - 1) < abs(median - 2500 / 2250)
+    from planner.timing.kernels import fp8_fraction_of, fp8_matmul
+    from planner.training.setup import Precision
+
+    gb200, b200 = get_gpu("gb200"), get_gpu("b200")
+    r_gb200, r_b200 = rates(gb200, "bf16", MEGATRON_BRIDGE), rates(b200, "bf16", MEGATRON_BRIDGE)
+    assert r_gb200.matmul_flops_per_s == pytest.approx(r_b200.matmul_flops_per_s)
+    assert r_gb200.flash_flops_per_s == pytest.approx(r_b200.flash_flops_per_s)
+    prec = Precision.named("fp8", "mxfp8", "megatron")
+    fp8 = [fp8_matmul(g, prec, 0.0, 2, fp8_fraction_of(g, MEGATRON_BRIDGE, prec.fp8))[0] for g in (gb200, b200)]
+    assert fp8[0] == pytest.approx(fp8[1]) and fp8[0] > r_b200.matmul_flops_per_s

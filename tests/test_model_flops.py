@@ -62,9 +62,13 @@ def _family_presets() -> dict[str, str]:
 # Families with a chunked scan count backward as twice forward, the model-FLOPs convention;
 # transformers' reference Mamba-2 and gated-DeltaNet scans multiply more in backward (measured
 # 2.66x forward on a tiny Nemotron-H), so a forward-and-backward count of them is not the same
-# quantity. Nemotron-H and Qwen3-Next, written families (planner.models.hybrid, .deltanet), are
-# checked on their forward pass in tests/test_hybrid.py and tests/test_deltanet.py.
-GENERIC_FAMILIES = ("nemotron_h", "qwen3_next")
+# quantity. Nemotron-H, Qwen3-Next and Qwen3.5, written families (planner.models.hybrid,
+# .deltanet), are checked on their forward pass in tests/test_hybrid.py and tests/test_deltanet.py
+# (FlopCounterMode counted 15-17x the planner's forward and backward on Qwen3.5's tiny configs).
+# Kimi Linear's KDA (whose linear_attn_config layer lists this shrink does not cut) is on the
+# generic path. DeepSeek-V3.2's lightning indexer runs no backward in transformers' model;
+# test_deepseek_v32_counts_the_indexer_backward below checks the difference it makes.
+GENERIC_FAMILIES = ("nemotron_h", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "kimi_linear", "deepseek_v32")
 FAMILIES = {k: v for k, v in _family_presets().items() if k not in GENERIC_FAMILIES}
 
 
@@ -130,6 +134,22 @@ def test_model_flops_match_flop_counter(family):
     name = FAMILIES[family]
     counted = _counted_flops_per_token(name)
     assert _planner_flops_per_token(name, as_transformers_runs=True) == pytest.approx(counted, rel=0.05)
+
+
+def test_deepseek_v32_counts_the_indexer_backward():
+    """DeepSeek-V3.2 on the generic path counts backward as twice forward, the indexer's too;
+    transformers' model takes no gradient through the indexer (its top-k indices carry none;
+    DeepSeek trains it on a separate KL loss, arXiv:2512.02556 Sec. 2), so FlopCounterMode's
+    forward and backward fall short of the planner's by twice the indexer's forward: per
+    token and block, its projections (q_lora to H x D queries, h to D keys, h to H weights)
+    and its scores over all s keys (H x D multiply-adds, then H for the weights), with H =
+    index_n_heads = 64 and D = index_head_dim = 128 left at the preset's widths by the shrink."""
+    cfg = _tiny_config("deepseek-v3.2")
+    h, q_lora, n = cfg["hidden_size"], cfg["q_lora_rank"], cfg["num_hidden_layers"]
+    heads, dim = cfg["index_n_heads"], cfg["index_head_dim"]
+    indexer_fwd = 2 * (q_lora * heads * dim + h * dim + h * heads) + 2 * SEQ * (heads * dim + heads)
+    missing = _planner_flops_per_token("deepseek-v3.2") - _counted_flops_per_token("deepseek-v3.2")
+    assert missing == pytest.approx(2 * n * indexer_fwd, rel=0.05)
 
 
 def test_expert_flops_follow_top_k():

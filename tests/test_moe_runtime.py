@@ -83,8 +83,32 @@ def test_each_setting_moves_the_step_time_its_way():
     base = _result({}).best.time.step_time_s
     off = _result({"moe_a2a_overlap": "off"}).best.time.step_time_s
     graphs = _result({"cuda_graphs": "moe"}).best.time.step_time_s
+    full = _result({"cuda_graphs": "full-iteration"}).best.time.step_time_s
     assert off > base          # all-to-alls no longer hidden
-    assert graphs < base       # no host sync per MoE block (Efficiency.moe_block_overhead_s)
+    assert graphs == base      # the dropless host sync stays under the TE graphs (test below)
+    assert full < base         # no host sync per MoE block (Efficiency.moe_block_overhead_s)
+
+
+def test_te_graphs_of_the_router_keep_the_dropless_host_sync():
+    """megatron-core 0.16.1's alltoall dispatcher: the moe_preprocess graph scope moves the
+    device-to-host copy of the token counts (cuda_dtoh_point), not the wait on it; a dropless layer
+    with ep > 1 still waits before its all-to-all, and only drop-and-pad skips both
+    (training.moe_runtime.host_sync_per_moe_block)."""
+    require("megatron.core")
+    import inspect
+
+    from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher as D
+
+    from planner.training.moe_runtime import host_sync_per_moe_block
+
+    init, pre = inspect.getsource(D.__init__), inspect.getsource(D.preprocess)
+    wait = inspect.getsource(D._maybe_dtoh_and_synchronize)
+    assert 'self.cuda_dtoh_point = "before_ep_alltoall"' in init        # what the graph scope changes
+    assert "cuda_sync_point = \"no_sync\"" in init and "moe_preprocess" not in pre
+    assert '_maybe_update_cuda_sync_point("before_ep_alltoall")' in pre  # ep > 1, dropless
+    assert "if not self.drop_and_pad:" in wait and "d2h_event.synchronize()" in wait
+    assert host_sync_per_moe_block("none") and host_sync_per_moe_block("moe")
+    assert not host_sync_per_moe_block("full-iteration")
 
 
 @pytest.mark.parametrize("extra,says", [

@@ -269,8 +269,9 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--cuda-graphs", type=click.Choice(CUDA_GRAPHS), default=_default("cuda_graphs"),
                      show_default=True,
                      help="--stack megatron's CUDA graphs: 'moe' captures attention and the MoE router and "
-                          "preprocessing (no host sync of the token counts per MoE layer), 'full-iteration' the "
-                          "whole step (Megatron-Core's cuda_graph_impl and cuda_graph_scope)."),
+                          "preprocessing (a dropless MoE layer still syncs its token counts to the host), "
+                          "'full-iteration' the whole step, without that sync (Megatron-Core's cuda_graph_impl and "
+                          "cuda_graph_scope)."),
         click.option("--moe-dispatcher", type=click.Choice(DISPATCHERS), default=_default("moe_dispatcher"),
                      show_default=True,
                      help="--stack megatron's MoE token dispatcher: 'alltoall' sends each routed copy of a token to "

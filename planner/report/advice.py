@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from planner.errors import UserError
 from planner.layouts.layout import AXIS_NAMES
 
 if TYPE_CHECKING:
@@ -253,8 +254,8 @@ def refit(r: Any, *, setup: Any = None, gpu: Any = None, counts: Sequence[int] |
     try:
         res = search(r.model, setup, capacity_bytes(gpu, setup), gpu.gpus_per_node, counts, space,
                      host_capacity_bytes=host, nvme_capacity_bytes=nvme)
-    except ValueError:          # a change the setup refuses (UserError is one): not a way out
-        return None
+    except (ValueError, UserError):     # a change the setup refuses (e.g. --method lora on a
+        return None                     # model_type PEFT has no default targets for): not a way out
     return res.n_gpus if res.fitting else None
 
 

@@ -28,6 +28,7 @@ from planner.report.terms import (
 )
 from planner.report.terms import label as _label
 from planner.timing.degrees import layout_links
+from planner.timing.efficiency import sustained_clock_share
 from planner.timing.kernels import fp8_fraction_of
 from planner.timing.model import (
     FLASH_FRACTION,
@@ -128,18 +129,22 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
               active_params_N=n_active, tokens_per_step=st.tokens_per_step),
         _time("rates", f"peak {dtype} FLOP/s of the GPU (dense)", "data sheet", peak, f"{gpu.full_name}: {gpu.source}",
               unit="FLOP/s", summed=False),
-        _time("rates", "matmul rate", "peak x matmul fraction", r.matmul_flops_per_s, MATMUL, unit="FLOP/s",
-              summed=False, peak=peak, matmul_fraction=eff.matmul_fraction if eff.matmul_fraction is not None
+        _time("rates", "matmul rate", "peak x sustained clock share x matmul fraction", r.matmul_flops_per_s, MATMUL,
+              unit="FLOP/s", summed=False, peak=peak, sustained_clock_share=sustained_clock_share(gpu),
+              matmul_fraction=eff.matmul_fraction if eff.matmul_fraction is not None
               else MATMUL_FRACTION.get(gpu.name, MATMUL_FRACTION_DEFAULT)),
-        _time("rates", "flash-attention rate", "peak x flash fraction", r.flash_flops_per_s, FLASH, unit="FLOP/s",
-              summed=False, peak=peak, flash_fraction=eff.flash_fraction if eff.flash_fraction is not None
+        _time("rates", "flash-attention rate", "peak x sustained clock share x flash fraction", r.flash_flops_per_s,
+              FLASH, unit="FLOP/s", summed=False, peak=peak, sustained_clock_share=sustained_clock_share(gpu),
+              flash_fraction=eff.flash_fraction if eff.flash_fraction is not None
               else FLASH_FRACTION.get(gpu.name, FLASH_FRACTION_DEFAULT)),
         *([] if prec.fp8 is None or gpu.fp8_flops_per_s is None else [
             _time("rates", f"FP8 matmul rate of the blocks' linear layers ({prec.fp8.name})",
-                  "FP8 dense peak x FP8 matmul fraction (ASSUMED; router, attention and LM head stay bf16)",
-                  gpu.fp8_flops_per_s * fp8_share, "planner.training.fp8 "
+                  "FP8 dense peak x sustained clock share x FP8 matmul fraction (ASSUMED; router, attention and "
+                  "LM head stay bf16)",
+                  gpu.fp8_flops_per_s * sustained_clock_share(gpu) * fp8_share, "planner.training.fp8 "
                   "(FP8_MATMUL_FRACTION, ASSUMED); FP8 peak: " + gpu.source, unit="FLOP/s", summed=False,
-                  fp8_peak=gpu.fp8_flops_per_s, fp8_matmul_fraction=fp8_share)]),
+                  fp8_peak=gpu.fp8_flops_per_s, sustained_clock_share=sustained_clock_share(gpu),
+                  fp8_matmul_fraction=fp8_share)]),
         _time("rates", "HBM rate of element-wise kernels", "HBM bandwidth x hbm fraction", r.hbm_bytes_per_s,
               f"{HBM}; HBM bandwidth: {gpu.source}", unit="bytes/s", summed=False,
               hbm_bytes_per_s=gpu.hbm_bytes_per_s, hbm_fraction=eff.hbm_fraction),

@@ -509,9 +509,11 @@ def comparison_json(m: Any, gpu: Any, cmp: Any) -> dict[str, Any]:
 
 
 def models_text(rows: list[dict[str, Any]]) -> str:
-    """`plan models`: name, parameters, active parameters (when they differ) and aliases."""
-    lines = [f"{'name':<16} {'parameters':>17} {'active':>17}  aliases"]
+    """`plan models`: name, parameters, active parameters (when they differ) and aliases; the
+    name column as wide as the longest name (at least 16)."""
+    w = max([16, *(len(r["name"]) for r in rows)])
+    lines = [f"{'name':<{w}} {'parameters':>17} {'active':>17}  aliases"]
     for r in rows:
         active = f"{r['n_active_params']:,}" if r["n_active_params"] != r["n_params"] else ""
-        lines.append(f"{r['name']:<16} {r['n_params']:>17,} {active:>17}  {', '.join(r['aliases'])}")
+        lines.append(f"{r['name']:<{w}} {r['n_params']:>17,} {active:>17}  {', '.join(r['aliases'])}")
     return "\n".join(lines)

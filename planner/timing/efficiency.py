@@ -26,6 +26,19 @@ MATMUL_FRACTION = {
 }
 MATMUL_FRACTION_DEFAULT = 0.75      # ASSUMPTION for GPUs not measured there (PCIe cards, V100)
 
+# The tensor-core clock a GPU sustains, as a share of the clock its data-sheet peaks assume, where
+# its die's sustained rate was measured on another product. GB200: the Blackwell GPU of a GB200
+# superchip is the B200's die (148 SMs); NVIDIA's GB200 NVL72 sheet gives it 2.5 PFLOP/s dense
+# BF16 and 5 FP8 per GPU against HGX B200's 2.25 and 4.5 (presets/gpus.toml): a 10/9 higher boost
+# clock on paper. No sustained GB200 GEMM rate is published; the matmul fractions above are
+# measured on power-saturated cards (MSMF), whose clock the power limit sets, not the boost
+# clock. ASSUMED: GB200 sustains B200's measured tensor-core clock, so its rates are B200's
+# (MATMUL_FRACTION's 0.647 of the GB200 peak x 2250/2500). Checked against NVIDIA's published
+# Megatron-Bridge runs (tests/data/megatron_bridge_runs.json), where the same release trained the
+# same layout on 8 GB200 and on 8 B200 (one NVLink domain either way): GB200 over B200 tokens/s
+# per GPU 0.96-1.05, median 1.01 over 8 pairs (tests/test_megatron_bridge.py), not 1.11.
+SUSTAINED_CLOCK_SHARE = {"gb200": 2250.0 / 2500.0}
+
 # The highest matmul fraction a GPU was MEASURED to sustain, from the same tables: MSMF (the
 # rate held once the card is power-saturated) where it is published, else MAMF (the burst
 # maximum, which is higher still, so it bounds the sustained rate from above): H100/H200 MSMF
@@ -59,6 +72,13 @@ FLASH_FRACTION_DEFAULT = 0.40       # ASSUMPTION: FlashAttention-2 on other GPUs
 # peak x 2 (d_qk + d_v) / this ratio: on Blackwell, head dim 128 is bound at the peak and head
 # dim 64 (gpt-oss) at half of it (timing.kernels.attention_rate). GPUs not listed: no bound.
 TENSOR_FLOPS_PER_EXP = {"h100": 256, "h200": 256, "h100-nvl": 256, "gh200": 256, "b200": 512, "gb200": 512}
+
+
+def sustained_clock_share(gpu: GpuSpec) -> float:
+    """The share of its data-sheet peaks a GPU's tensor cores run at before any kernel fraction
+    (SUSTAINED_CLOCK_SHARE, source there); 1 where the GPU's own sustained rate was measured or
+    none differs."""
+    return SUSTAINED_CLOCK_SHARE.get(gpu.name, 1.0)
 
 # Sustained training rate per GPU type: the highest model-FLOPs utilisation (MFU, executed
 # model FLOPs over the dense BF16 peak) a published training run reached on it. No step is
@@ -126,6 +146,15 @@ class Efficiency:
     syncs to the host to size a dropless dispatch, permutation index building and the launches
     of the grouped kernels (megatron-core transformer/moe/token_dispatcher.py, MoEAlltoAllTokenDispatcher
     preprocess: the tokens_per_expert device-to-host copy; moe_utils.py permute / unpermute).
+    moe_expert_launch_s: fixed time per local expert of one MoE block's forward per micro-batch
+    (backward twice it), paid where the block syncs its token counts to the host
+    (training.moe_runtime.host_sync_per_moe_block): Transformer Engine's GroupedLinear takes the
+    per-expert token counts as a host list (m_splits) and runs one GEMM per local expert on its
+    multi-stream cuBLAS workspace, with a quantization per expert under FP8
+    (transformer_engine/pytorch/module/grouped_linear.py, general_grouped_gemm): launches and
+    per-expert setup that grow with the experts a rank holds (n_experts / ep), not with the tokens.
+    A full-iteration CUDA graph with the fused grouped MLP of the 26.x recipes
+    (NVTE_CUTEDSL_FUSED_GROUPED_MLP) replaces them. 0: none.
     moe_token_passes: HBM passes over each routed token copy (k x d_model activations per token)
     in an MoE block's forward beyond the fused permute and unpermute that
     timing.kernels.elementwise_bytes_per_token counts (backward twice as many): the token
@@ -183,6 +212,7 @@ class Efficiency:
     overlap_slowdown: float = 0.2
     expert_gemm_half_rows: float = 0.0
     moe_block_overhead_s: float = 0.0
+    moe_expert_launch_s: float = 0.0
     moe_token_passes: float = 0.0
     fp8_matmul_ratio: float | None = None
     block_scaled_gemm_penalty: float = 1.0
@@ -200,10 +230,12 @@ def mfu_ceiling(eff: Efficiency, gpu: GpuSpec, fp8: bool) -> float | None:
     sustained training rate (hardware.gpus.sustained_rate, measured or ASSUMED). None (no
     ceiling) for an FP8 step without a set ceiling: the ceilings are BF16 runs' MFU and no
     FP8 run is in the project's data, so an FP8 step is bounded by its own FP8 GEMM
-    efficiency (training.fp8), not by a BF16 rate."""
+    efficiency (training.fp8), not by a BF16 rate. The rate is at the GPU's sustained clock
+    (sustained_clock_share: GB200 runs B200's die at B200's sustained rate, so it inherits
+    B200's MFU of the B200 peak, not of its own higher data-sheet peak)."""
     if eff.mfu_ceiling is not None:
         return eff.mfu_ceiling
-    return None if fp8 else sustained_rate(gpu).mfu
+    return None if fp8 else sustained_rate(gpu).mfu * sustained_clock_share(gpu)
 
 
 def ceiling_floor_s(model_flops: Any, n_gpus: Any, peak_flops_per_s: float, ceiling: float | None) -> Any:
@@ -251,7 +283,7 @@ MEGATRON_CORE = Efficiency(tp_overlap=0.75, pp_overlap=1.0, dp_overlap=1.0, para
 
 # Megatron-Core as NVIDIA's Megatron-Bridge runs it in 2025-2026 (plan --stack megatron): its
 # overlaps (MEGATRON_CORE), Transformer Engine's cuDNN fused attention at FlashAttention-3's rate
-# and six efficiencies fitted on the latest release of each published Megatron-Bridge run
+# and seven efficiencies fitted on the latest release of each published Megatron-Bridge run
 # (bench/megatron_bridge.py, docs/megatron-bridge.md: in sample and out of fold).
 # flash_fraction 0.55: FlashAttention-3 (Shah et al. 2024, arXiv:2407.08608, Sec. 4.1) reaches 75%
 # of the H100 peak forward and runs its backward 1.5-1.75x faster than FlashAttention-2's 0.30-0.35:
@@ -263,8 +295,9 @@ MEGATRON_CORE = Efficiency(tp_overlap=0.75, pp_overlap=1.0, dp_overlap=1.0, para
 MEGATRON_BRIDGE = Efficiency(tp_overlap=0.75, pp_overlap=1.0, dp_overlap=1.0, param_gather_overlap=1.0,
                              grad_reduce_bytes=2, flash_fraction=0.55,
                              # fitted, in sample (docs/megatron-bridge.md, "Fitted values")
-                             fp8_matmul_ratio=0.8, ep_overlap=0.9, expert_gemm_half_rows=1024.0,
-                             moe_block_overhead_s=0.001, moe_token_passes=8.0, block_scaled_gemm_penalty=0.9,
+                             fp8_matmul_ratio=0.85, ep_overlap=0.75, expert_gemm_half_rows=512.0,
+                             moe_block_overhead_s=0.001, moe_expert_launch_s=2e-5, moe_token_passes=0.0,
+                             block_scaled_gemm_penalty=0.95,
                              name="megatron-core 2025-2026 (Megatron-Bridge runs: overlaps, FA3-rate attention, "
                                   "fitted FP8 and MoE efficiencies)")
 

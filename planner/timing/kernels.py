@@ -19,6 +19,7 @@ from planner.timing.efficiency import (
     MATMUL_FRACTION_DEFAULT,
     TENSOR_FLOPS_PER_EXP,
     Efficiency,
+    sustained_clock_share,
 )
 from planner.timing.flops import block_adapters
 from planner.timing.mamba import (
@@ -87,8 +88,9 @@ def fp8_fraction_of(gpu: GpuSpec, eff: Efficiency, recipe: Fp8Recipe | None = No
 
 
 def rates(gpu: GpuSpec, dtype: str, eff: Efficiency) -> Rates:
-    """Achievable rates: dense peak x matmul fraction, x flash fraction, HBM x hbm fraction."""
-    peak = gpu.peak_flops_per_s(dtype)
+    """Achievable rates: dense peak (at the GPU's sustained clock, efficiency.sustained_clock_share)
+    x matmul fraction, x flash fraction, HBM x hbm fraction."""
+    peak = gpu.peak_flops_per_s(dtype) * sustained_clock_share(gpu)
     mm = matmul_fraction_of(gpu, eff)
     fl = eff.flash_fraction if eff.flash_fraction is not None else FLASH_FRACTION.get(
         gpu.name, FLASH_FRACTION_DEFAULT)
@@ -293,10 +295,12 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
                   / (tp if key.sp else 1))
         elem_fwd += routed * m.n_moe_layers / m.n_layers / hbm
         elem_bwd += 2 * routed * m.n_moe_layers / m.n_layers / hbm
-    if m.is_moe and eff.moe_block_overhead_s and host_sync_per_moe_block(setup.cuda_graphs):
-        # the mean block's share of the MoE blocks' fixed cost
-        elem_fwd += eff.moe_block_overhead_s * m.n_moe_layers / m.n_layers
-        elem_bwd += 2 * eff.moe_block_overhead_s * m.n_moe_layers / m.n_layers
+    if m.is_moe and host_sync_per_moe_block(setup.cuda_graphs):
+        # the mean block's share of the MoE blocks' fixed cost: the block's (host sync, router,
+        # permutation) and its local experts' (Efficiency.moe_expert_launch_s)
+        fixed = eff.moe_block_overhead_s + eff.moe_expert_launch_s * m.n_experts / ep
+        elem_fwd += fixed * m.n_moe_layers / m.n_layers
+        elem_bwd += 2 * fixed * m.n_moe_layers / m.n_layers
     if m.n_deltanet_layers:     # the mean block's share of the gated DeltaNet layers' rule and conv
         rule_f, rule_b = deltanet_scan_time_s(m, tokens, tp, mm, hbm, prec.activation_bytes)
         elem_fwd += rule_f * m.n_deltanet_layers / m.n_layers
@@ -395,13 +399,13 @@ def local_attention_share(m: ModelSpec, seq_len: int) -> float:
 def fp8_matmul(gpu: GpuSpec, prec: Precision, mm_flops_per_s: float, elem_bytes: int,
                fraction: float | None = None) -> tuple[float, int]:
     """(GEMM FLOP/s, operand bytes) of a block's linear layers: the 16-bit ones, or under an
-    FP8 recipe the GPU's FP8 dense peak (gpus.toml, data sheets) x the recipe's ASSUMED
-    matmul fraction (training.fp8.FP8_MATMUL_FRACTION, or ``fraction``: fp8_fraction_of)
-    with 1-byte operands."""
+    FP8 recipe the GPU's FP8 dense peak (gpus.toml, data sheets; at its sustained clock,
+    efficiency.sustained_clock_share) x the recipe's ASSUMED matmul fraction
+    (training.fp8.FP8_MATMUL_FRACTION, or ``fraction``: fp8_fraction_of) with 1-byte operands."""
     r = prec.fp8
     if r is None or gpu.fp8_flops_per_s is None:
         return mm_flops_per_s, elem_bytes
-    return gpu.fp8_flops_per_s * r.matmul_fraction(gpu.name, fraction), 1
+    return gpu.fp8_flops_per_s * sustained_clock_share(gpu) * r.matmul_fraction(gpu.name, fraction), 1
 
 
 def fp8_cast_bytes(m: ModelSpec, key: Layout, r: Fp8Recipe, tokens: float) -> tuple[float, float]:

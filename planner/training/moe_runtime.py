@@ -11,10 +11,11 @@ Sources (megatron-core 0.16.1, transformer/transformer_config.py):
 - ``cuda_graph_impl`` / ``cuda_graph_scope`` (lines 776-790, 1688-1740; transformer/enums.py
   CudaGraphScope): "transformer_engine" with scope attn, moe_router, moe_preprocess captures the
   attention and the MoE router and token-count preprocessing of each layer; "local" with scope
-  full_iteration captures the whole forward-backward. Without them, the dropless MoE layer's
-  preprocessing copies the per-expert token counts to the host (a device-to-host sync each MoE
-  layer and micro-batch) before the grouped GEMM can launch: the fixed per-block cost
-  timing.efficiency.Efficiency.moe_block_overhead_s fits.
+  full_iteration captures the whole forward-backward. A dropless MoE layer copies its per-expert
+  token counts to the host and waits for them (a device-to-host sync each MoE layer and
+  micro-batch) before its all-to-all and grouped GEMM can launch, whatever the TE graphs capture:
+  the fixed per-block cost timing.efficiency.Efficiency.moe_block_overhead_s fits
+  (host_sync_per_moe_block, sources there).
 - ``fp8_dot_product_attention`` (line 477): Transformer Engine's FP8 fused attention.
 Which of them each published Megatron-Bridge run set: its recipe
 (scripts/performance/configs/<family>/*_workload_base_configs.py in NVIDIA-NeMo/Megatron-Bridge;
@@ -91,5 +92,17 @@ def dedup_routing(m: ModelSpec, dispatcher: str) -> tuple[int, int, int] | None:
 
 def host_sync_per_moe_block(cuda_graphs: str) -> bool:
     """Whether each MoE block pays the host round trip of its token counts per micro-batch
-    (Efficiency.moe_block_overhead_s): no CUDA graph captures its router and preprocessing."""
-    return cuda_graphs == "none"
+    (Efficiency.moe_block_overhead_s): every dropless block does, unless a full-iteration CUDA graph
+    runs the step (which holds no host sync: Megatron-Bridge's 26.x recipes that capture it size
+    the expert buffers statically, moe_expert_rank_capacity_factor and moe_paged_stash).
+
+    megatron-core 0.16.1, transformer/moe/token_dispatcher.py: MoEAlltoAllTokenDispatcher.preprocess
+    sets the sync point "before_ep_alltoall" for a dropless layer with ep or tp > 1 ("before_finish"
+    without), and _maybe_dtoh_and_synchronize waits on the copy's event there; the TE graph scope
+    moe_preprocess only moves the copy itself from "before_permutation_1" to "before_ep_alltoall"
+    (the cuda_dtoh_point set in __init__), so the "moe" graphs keep the sync. The flex dispatcher's
+    backends wait too: fused_a2a.py hybrid_ep_dispatch ("num_permuted_tokens ... None ... causes a
+    D2H synchronization"), and DeepEP's dispatch returns the received counts per expert as a host
+    list. Only drop-and-pad routing (moe_pad_expert_input_to_capacity: _maybe_dtoh_and_synchronize
+    returns at once) has none; the planner plans every MoE dropless."""
+    return cuda_graphs != "full-iteration"

@@ -71,10 +71,14 @@ def classify(param_path: str, module_classes: list[str]) -> str:
 
 
 def hf_config(cfg: dict[str, Any]) -> Any:
-    """transformers' config object for a config.json dict (its model_type's class)."""
+    """transformers' config object for a config.json dict (its model_type's class). The dict
+    is deep-copied: transformers writes into nested dicts (rope_scaling gains rope_theta and
+    rope_type), which changed the caller's config, and so its cache key, under the caller."""
+    import copy
+
     from transformers import AutoConfig
 
-    cfg = dict(cfg)
+    cfg = copy.deepcopy(cfg)
     model_type = cfg.pop("model_type")
     for key in ("_attn_implementation", "attn_implementation", "torch_dtype", "dtype", "auto_map",
                 "architectures", "quantization_config"):
