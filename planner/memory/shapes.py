@@ -148,7 +148,7 @@ def forget_tables() -> None:
 
 
 def _table(*key: object) -> dict[tuple[int, ...], tuple[int, ...]]:
-    if len(_TABLES) > 64:
+    if len(_TABLES) > 256:
         _TABLES.clear()
     return _TABLES.setdefault(key, {})
 
