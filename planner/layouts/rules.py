@@ -261,6 +261,13 @@ RULES: tuple[Rule, ...] = (
     Rule("tp-mamba", lambda v: (v.m.mamba_heads % v.tp != 0) | (v.m.ssm_groups % v.tp != 0),
          lambda v: (f"tp={v.tp} does not divide the {v.m.mamba_heads} Mamba heads and {v.m.ssm_groups} "
                     f"groups (megatron-core's MambaMixer splits both); pick a divisor of {v.m.ssm_groups}")),
+    # megatron-core 0.16.1 ssm/gated_delta_net.py GatedDeltaNet.forward splits q/k by qk_dim / tp and
+    # v, the gate, beta and alpha by num_value_heads / tp (lines 308-316), each rank holding whole
+    # key and value heads; 0 % tp without gated DeltaNet layers
+    Rule("tp-deltanet", lambda v: (v.m.gdn_key_heads % v.tp != 0) | (v.m.gdn_value_heads % v.tp != 0),
+         lambda v: (f"tp={v.tp} does not divide the {v.m.gdn_key_heads} key heads and {v.m.gdn_value_heads} value "
+                    f"heads of the gated DeltaNet layers (megatron-core's GatedDeltaNet splits both); pick a "
+                    f"divisor of {v.m.gdn_key_heads}")),
     Rule("sp-needs-tp", lambda v: (v.sp > 0) & (v.tp == 1),
          lambda v: "sequence parallelism needs tp > 1"),
     Rule("pp-layers", lambda v: v.pp > v.m.n_layers,
@@ -298,6 +305,11 @@ RULES: tuple[Rule, ...] = (
     Rule("cp-mamba", lambda v: (v.cp > 1) & (v.m.n_mamba_layers > 0),
          lambda v: (f"cp={v.cp} over {v.m.name}'s Mamba-2 layers is not modelled (megatron-core's "
                     f"MambaContextParallel all-to-alls are not timed yet); plan with --cp 1")),
+    # megatron-core 0.16.1 ssm/gated_delta_net.py has no context-parallel path (its
+    # GatedDeltaNetContextParallel import is commented out, line 37): refused
+    Rule("cp-deltanet", lambda v: (v.cp > 1) & (v.m.n_deltanet_layers > 0),
+         lambda v: (f"cp={v.cp} over {v.m.name}'s gated DeltaNet layers: megatron-core 0.16.1's GatedDeltaNet "
+                    "has no context-parallel path; plan with --cp 1")),
     Rule("ep-dense", lambda v: (v.ep > 1) & (not v.m.is_moe),
          lambda v: f"ep={v.ep} needs a mixture-of-experts model; {v.m.name} is dense",
          lambda v: f"--ep {v.ep} needs a mixture-of-experts model; {v.m.name} is dense"),
@@ -383,7 +395,8 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-SPLIT_RULES = ("tp-heads", "tp-kv-heads", "tp-mlp", "tp-mamba", "pp-layers")    # how a model's weights split
+# how a model's weights split
+SPLIT_RULES = ("tp-heads", "tp-kv-heads", "tp-mlp", "tp-mamba", "tp-deltanet", "pp-layers")
 
 
 def split_refusal(m: ModelSpec, tp: int, pp: int) -> str | None:
