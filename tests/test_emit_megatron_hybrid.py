@@ -290,9 +290,10 @@ def test_what_mamba_stack_cannot_run_is_refused(kw, setup_kw, why):
     # megatron-core 0.16.1 ssm/mamba_block.py: forward checkpoints no layer (no full
     # recomputation); _select_layers_for_pipeline_parallel asserts no virtual stages and takes
     # num_layers // pp layers per rank; MambaModel takes no MTP block
-    r = _plan(_tiny(), kw, **setup_kw)
+    # (a layout the rules table's --stack megatron refusals name is refused when it is planned
+    # under --stack megatron; full recomputation when the Megatron files are written)
     with pytest.raises(UserError, match=why):
-        to_megatron_args(r)
+        to_megatron_args(_plan(_tiny(), kw, **setup_kw))
 
 
 def test_mamba_mixer_megatron_cannot_build_is_refused():
@@ -312,7 +313,29 @@ def test_cli_refusal_is_one_line_and_writes_nothing(tmp_path):
                              prog_name="plan")
     assert res.exit_code == 2 and "Traceback" not in res.output, res.output
     lines = res.output.strip().splitlines()
-    assert len(lines) == 1 and "MambaModel" in lines[0] and "unevenly" in lines[0] and not out.exists()
+    assert len(lines) == 1 and "MambaModel" in lines[0] and "unevenly" in lines[0]
+    assert not out.exists()
+
+
+def test_stack_megatron_search_picks_what_mamba_stack_runs(tmp_path):
+    # `plan --model nemotron-3-nano --gpus h100 --stack megatron --out DIR` once chose full
+    # recomputation, which MambaStack.forward cannot run (megatron-core 0.16.1
+    # ssm/mamba_block.py checkpoints no layer), and then refused its own --out: the search now
+    # leaves out what the rules table's --stack megatron refusals name, and --recompute full
+    # is refused before the search in one line
+    out = tmp_path / "out"
+    res = CliRunner().invoke(cli, ["--model", "nemotron-3-nano", "--gpus", "h100", "--stack", "megatron",
+                                   "--out", str(out)], prog_name="plan")
+    assert res.exit_code == 0, res.output
+    assert "pretrain_mamba.py" in (out / "launch.sh").read_text()
+    assert "recompute full" not in res.output
+    res = CliRunner().invoke(cli, ["--model", "nemotron-3-nano", "--gpus", "h100", "--stack", "megatron",
+                                   "--recompute", "full"], prog_name="plan")
+    assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
+    assert "MambaStack checkpoints no layer" in res.output
+    res = CliRunner().invoke(cli, ["--model", "nemotron-3-nano", "--gpus", "h100", "--stack", "megatron",
+                                   "--pp", "2", "--vp", "2"], prog_name="plan")
+    assert res.exit_code == 2 and "virtual pipeline stages" in res.output, res.output
 
 
 def test_default_nano_plan_writes_pretrain_mamba_files(tmp_path):

@@ -239,23 +239,22 @@ def hybrid_model_args(m: ModelSpec, seq_len: int, tp: int = 1) -> list[str]:
     return args
 
 
-def hybrid_layout_refusal(lay: Layout, m: ModelSpec, balance: str, mtp_layers: int) -> str | None:
-    """Why megatron-core 0.16.1's MambaStack cannot run ``lay``, or None. Its pipeline split
-    (ssm/mamba_block.py _select_layers_for_pipeline_parallel) asserts no virtual stages, takes
-    num_layers // pp layers per rank (no --pipeline-model-parallel-layout, no embedding or loss
-    counted in the split), and MambaModel builds no MTP layers. MambaStack.forward runs its
-    layers one after the other without activation checkpointing: no full recomputation
-    (selective recomputation is the attention layers' own, transformer_layer.py)."""
-    if lay.recompute == "full":
-        return "full recomputation (MambaStack checkpoints no layer; plan with --recompute selective or none)"
-    if lay.vp > 1:
-        return "virtual pipeline stages (MambaStack asserts none; plan with --vp 1)"
-    if lay.pp > 1 and m.n_layers % lay.pp:
-        return f"{m.n_layers} layers over pp={lay.pp} unevenly (MambaStack splits them evenly; give a pp dividing them)"
-    if lay.pp > 1 and balance == "embedding-loss":
-        return "the embedding and loss counted in the pipeline split (MambaStack splits layers alone)"
-    if mtp_layers:
-        return "MTP layers (MambaModel builds none)"
+def hybrid_layout_refusal(lay: Layout, m: ModelSpec, setup: TrainingSetup) -> str | None:
+    """Why megatron-core 0.16.1's MambaModel cannot run ``lay`` of the hybrid ``m``, or None:
+    the rules table's --stack megatron refusals (layouts.rules STACK_REFUSALS, MambaStack's
+    pipeline split, virtual stages and MTP) and its full recomputation
+    (layouts.rules.mamba_stack_refusal), read here as the search reads them."""
+    from dataclasses import replace as _replace
+
+    from planner.layouts.rules import STACK_REFUSALS, RuleView, mamba_stack_refusal
+
+    why = mamba_stack_refusal(m, lay.recompute)
+    if why is not None:
+        return why
+    v = RuleView.of(m, _replace(setup, stack="megatron"), lay, gpus_per_node=1)
+    for fails, message in STACK_REFUSALS["megatron"]:
+        if bool(fails(v)):
+            return message(v, lay)
     return None
 
 
@@ -398,8 +397,8 @@ def to_megatron_args(r: PlanResult, opts: EmitOptions = EmitOptions()) -> list[s
     s = r.setup
     m = r.model
     args = _model_args(r.model, lay.seq_len, lay.tp)
-    if m.is_hybrid and (why := hybrid_layout_refusal(lay, m, s.pp_balance, s.mtp_layers)) is not None:
-        raise UserError(f"Megatron's MambaModel cannot run {m.name} with {why}; no Megatron files written")
+    if m.is_hybrid and (why := hybrid_layout_refusal(lay, m, s)) is not None:
+        raise UserError(f"{m.name}: {why}; no Megatron files written")
     if m.is_moe and (m.mlp_bias or m.out_bias) and lay.expert_tp > 1:
         # megatron-core 0.16.1 transformer/transformer_config.py lines 1588-1591: "Bias in Moe
         # is only supported when ETP==1"
