@@ -191,8 +191,9 @@ def block_row(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Efficie
     not timed: megatron-core 0.16.1 runs them on the last stage, but the runs that train them
     give that stage fewer blocks (Megatron-Bridge's DeepSeek-V3 pipeline layouts end "tmL":
     one block, the MTP module and the loss), a split the planner's stage_layers cannot state;
-    timed on top of the planner's split they made every such run 11% to 48% slower than
-    published (docs/megatron-bridge-terms.md). Their FLOPs count (timing.flops.with_mtp)."""
+    timed on top of the planner's split they lengthened the predicted step of every such run by
+    13% to 49% and worsened the study out of fold (docs/megatron-bridge-terms.md). Their FLOPs
+    count (timing.flops.with_mtp)."""
     gpu, prec = cluster.gpu, setup.precision_spec
     seq, h, a = setup.seq_len, m.d_model, prec.activation_bytes
     key = Layout(tp=tp, sp=bool(sp), cp=cp, ep=ep, micro_batch=mb, seq_len=seq, recompute=RECOMPUTES[rc],
