@@ -96,6 +96,16 @@ class Layout:
         return {a.name: getattr(self, a.name) for a in AXES}
 
     @property
+    def seq_len_per_rank(self) -> int:
+        """The sequence positions one rank holds (seq_len_per_rank)."""
+        return seq_len_per_rank(self.seq_len, self.cp)
+
+    @property
+    def tokens_per_rank(self) -> int:
+        """The tokens of one micro-batch one rank holds: micro-batch x its sequence share."""
+        return self.micro_batch * self.seq_len_per_rank
+
+    @property
     def data_parallel(self) -> int:
         """Megatron's data-parallel size, world / (tp x cp x pp): dp x ep, or dp when folded."""
         return data_parallel_size(self.dp, self.ep, self.ep_fold)
@@ -183,6 +193,14 @@ class Layout:
         parts += [f"micro-batch {self.micro_batch}", f"grad-accum {self.grad_accum}",
                   f"recompute {self.recompute}"]
         return ", ".join(parts)
+
+
+def seq_len_per_rank(seq_len: Any, cp: Any) -> Any:
+    """The sequence positions each rank of a context-parallel group holds: seq_len // cp
+    (Megatron-Core splits the sequence into 2 x cp chunks, two per rank, for load balance
+    under the causal mask; torchtitan's context_parallel shards the sequence dimension over
+    the cp mesh). Ints or arrays."""
+    return seq_len // cp
 
 
 def data_parallel_size(dp: Any, ep: Any, ep_fold: Any) -> Any:

@@ -159,11 +159,11 @@ def distill_memory(student: ModelSpec, teacher: ModelSpec, setup: TrainingSetup,
                    lay: Layout, sharding: str) -> DistillMemory:
     """The terms of DistillMemory for one student layout and one way of holding the teacher.
 
-    Tokens per rank: micro-batch x sequence / cp; the vocabulary is split over tp (Megatron's
-    vocab-parallel logits; ModelOpt's distillation loss runs on them), the hidden states over
-    tp under sequence parallelism. Student logits are in the activation dtype; the teacher's
-    in its own 16-bit format."""
-    tokens = ceil_div(lay.micro_batch * lay.seq_len, lay.cp)
+    Tokens per rank: Layout.tokens_per_rank (the rules split the sequence evenly over cp);
+    the vocabulary is split over tp (Megatron's vocab-parallel logits; ModelOpt's
+    distillation loss runs on them), the hidden states over tp under sequence parallelism.
+    Student logits are in the activation dtype; the teacher's in its own 16-bit format."""
+    tokens = lay.tokens_per_rank
     vocab = ceil_div(student.vocab_size, lay.tp)
     logits = tokens * vocab
     act = setup.precision_spec.activation_bytes
@@ -179,7 +179,7 @@ def distill_memory(student: ModelSpec, teacher: ModelSpec, setup: TrainingSetup,
     weights, gathered = teacher_weight_bytes(teacher, d, lay, sharding)
     t_tp = lay.tp if sharding == "tp" else 1
     forward = prefill_activation_bytes(teacher, LoadSetup(weight_bytes=d.teacher_weight_bytes,
-                                                          batch=lay.micro_batch, context=ceil_div(lay.seq_len, lay.cp)),
+                                                          batch=lay.micro_batch, context=lay.seq_len_per_rank),
                                        t_tp, last_stage=False)
     saved = logits * KD_SAVED_BYTES_PER_LOGIT
     if d.kd_loss == "full":

@@ -389,10 +389,11 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     # DeepSpeed's cpu_checkpointing: the host copy (the host line) and the input it keeps on the GPU
     ckpt_host: np.ndarray | int = saturated_bytes(offloaded * held) if setup.offload_activations > 0 else 0
     if setup.stack == "deepspeed" and "cpu" in setup.ds_checkpointing:
-        ckpt_host, ckpt_gpu = host_checkpoint_bytes(m, setup, a.micro_batch, seq // a.cp, a.tp, full_rc, n_act_l,
-                                                    held)
+        ckpt_host, ckpt_gpu = host_checkpoint_bytes(m, setup, a.micro_batch, a.seq_len_per_rank(seq), a.tp, full_rc,
+                                                    n_act_l, held)
         block_acts = block_acts + ckpt_gpu
-    dropout_embed = a.micro_batch * (seq // a.cp) * m.d_model if m.hidden_dropout > 0 else np.zeros(n, np.int64)
+    dropout_embed = (a.micro_batch * a.seq_len_per_rank(seq) * m.d_model if m.hidden_dropout > 0
+                     else np.zeros(n, np.int64))
     acts = block_acts + g(amp_copies) if amp_copies.any() else block_acts
     embed_acts: np.ndarray | int = 0
     if ft.is_full and m.hidden_dropout > 0:
