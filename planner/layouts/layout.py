@@ -144,6 +144,11 @@ class Layout:
             return 0
         return hybrid_shard_ranks(self.dense_shard_degree, self.tp, gpus_per_node)
 
+    def weight_shard_ranks(self, gpus_per_node: int) -> int:
+        """The ranks a dense weight is sharded over where ZeRO-3 or FSDP shards it
+        (weight_shard_size)."""
+        return weight_shard_size(self.dense_shard_degree, self.hybrid_shard(gpus_per_node))
+
     def hybrid_replicate(self, gpus_per_node: int) -> int:
         """FSDP hybrid's (HSDP) replicas of its shard group across nodes (hybrid_replicas), 1 where
         the sharding is not hybrid."""
@@ -267,6 +272,15 @@ def hybrid_shard_ranks(dense_shard_degree: int, tp: int, gpus_per_node: int) -> 
     while d > inside or dense_shard_degree % d:
         d -= 1
     return max(d, 1)
+
+
+def weight_shard_size(dense_shard_degree: Any, hybrid_shard: Any) -> Any:
+    """The ranks a dense weight is sharded over where it is sharded: FSDP hybrid's shard group
+    (hybrid_shard_ranks; 0 where the sharding is not hybrid), else the whole dense shard group
+    dp x cp (x ep unless folded: dense_shard_size), the mesh torchtitan's FSDP2 shards dense
+    parameters over (parallel_dims.py, the flattened "dp_shard_cp" mesh) and Megatron's
+    distributed optimizer its dp-cp group. Ints or numpy arrays."""
+    return hybrid_shard + dense_shard_degree * (hybrid_shard <= 0)
 
 
 def hybrid_replicas(dense_shard_degree: Any, shard_ranks: Any) -> Any:

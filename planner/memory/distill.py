@@ -130,10 +130,11 @@ class DistillMemory:
 
 
 def teacher_shardings(lay: Layout) -> tuple[str, ...]:
-    """How the teacher may be held on a layout: replicated always, FSDP over dp > 1, split
-    like the student over tp x pp > 1."""
+    """How the teacher may be held on a layout: replicated always, FSDP over the student's dense
+    shard group (Layout.dense_shard_degree: dp x cp x ep) where it is > 1, split like the
+    student over tp x pp > 1."""
     out = ["replicated"]
-    if lay.dp > 1:
+    if lay.dense_shard_degree > 1:
         out.append("fsdp")
     if lay.tp * lay.pp > 1:
         out.append("tp")
@@ -144,14 +145,16 @@ def teacher_weight_bytes(teacher: ModelSpec, d: DistillSetup, lay: Layout, shard
     """(stored weights on the rank, gathered blocks of FSDP), bytes. The stored format is
     planner.memory.inference's (16/32-bit, or weight-only quantized linear layers); tp splits
     it as a tensor- and pipeline-parallel model (load_memory's most loaded rank); FSDP shards it
-    over dp and gathers FSDP_GATHERED_BLOCKS blocks at a time."""
+    over the student's dense shard group (Layout.dense_shard_degree: dp x cp x ep, the mesh
+    torchtitan's FSDP2 shards dense parameters over, parallel_dims.py "dp_shard_cp") and
+    gathers FSDP_GATHERED_BLOCKS blocks at a time."""
     setup = LoadSetup(weight_bytes=d.teacher_weight_bytes, quant=d.teacher_quant)
     if sharding == "tp":
         return load_memory(teacher, setup, tp=lay.tp, pp=lay.pp).weights, 0
     whole = load_memory(teacher, setup).weights
     if sharding == "fsdp":
         block = ceil_div(whole, teacher.n_layers)
-        return ceil_div(whole, lay.dp), FSDP_GATHERED_BLOCKS * block
+        return ceil_div(whole, lay.dense_shard_degree), FSDP_GATHERED_BLOCKS * block
     return whole, 0
 
 
