@@ -261,13 +261,23 @@ def ep_folds(n_gpus: int, tp: int, pp: int, cp: int, ep: int) -> bool:
     return (n_gpus // replica) % ep != 0
 
 
+def node_data_ranks(gpus_per_node: Any, tp: Any) -> Any:
+    """The data-parallel (dp x cp x ep) ranks of one pipeline stage that share a node: the node's
+    GPUs over tp. The pipeline is the outermost axis of the rank order (megatron-core
+    parallel_state.py's default order "tp-cp-ep-dp-pp"; torchtitan's mesh ["pp",
+    "dp_replicate", "dp_shard", "cp", "tp"]), tp the innermost, so a data-parallel group
+    of d ranks spans d x tp consecutive GPUs. Ints or numpy arrays (at least 1)."""
+    ranks = gpus_per_node // tp
+    return ranks + (1 - ranks) * (ranks < 1)
+
+
 @lru_cache(maxsize=4096)
 def hybrid_shard_ranks(dense_shard_degree: int, tp: int, gpus_per_node: int) -> int:
     """The ranks of an FSDP hybrid (HSDP) shard group: the largest divisor of the dense shard
     degree (dp*cp*ep) that fits in a node beside tp; the groups replicate across nodes
     (PyTorch FSDP HYBRID_SHARD docs; Zhao et al. 2023, arXiv:2304.11277, Sec. 3). The one
     rule the memory model's states, the step time's reduce and the FSDP emitter read."""
-    inside = max(1, gpus_per_node // tp)
+    inside = node_data_ranks(gpus_per_node, tp)
     d = dense_shard_degree
     while d > inside or dense_shard_degree % d:
         d -= 1
