@@ -76,6 +76,12 @@ GRID = [
     ("bench/configs/tiny-gpt-oss.json", 8, 3, "bf16-mixed", 512, 2, "none"),
     ("bench/configs/tiny-phi3.json", 1, 0, "bf16-mixed", 512, 2, "none"),
     ("bench/configs/tiny-olmo2.json", 8, 3, "bf16-mixed", 512, 2, "none"),
+    # Qwen3-Next, written in the hybrid layer pattern (planner.models.deltanet): 3 gated DeltaNet
+    # layers and 1 gated attention layer, all MoE, on transformers' torch delta rule
+    ("bench/configs/tiny-qwen3-next.json", 8, 3, "bf16-mixed", 512, 2, "none"),
+    ("bench/configs/tiny-qwen3-next.json", 8, 3, "bf16-mixed", 512, 2, "full"),
+    # Qwen3-Next 80B-A3B's width, its first 4 layers (3 gated DeltaNet, 1 attention; 512 experts)
+    ("bench/configs/qwen3-next-80b-a3b-4l.json", 8, 3, "bf16-mixed", 1024, 1, "none"),
     ("qwen3-8b", 8, 3, "bf16-mixed", 2048, 1, "full"),
     ("gemma3-1b", 8, 3, "bf16-mixed", 2048, 1, "none"),
     ("olmo2-7b", 8, 3, "bf16-mixed", 2048, 1, "full"),

@@ -41,6 +41,8 @@ def main() -> None:
 
     placement.shipped_links.cache_clear()
     placement._graph_link.cache_clear()
+    placement._topology_axis_link.cache_clear()
+    placement.axis_links.cache_clear()
     placement.graph_link = recording                           # every link solved afresh and kept
     placement.shipped_links = lambda top: {}                   # type: ignore[assignment]
     runner = CliRunner()

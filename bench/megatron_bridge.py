@@ -174,15 +174,20 @@ def interval(train: Sequence[Case], residuals: Sequence[float], regime: tuple[st
     return q[0], q[-1]
 
 
-def out_of_fold(cases: Sequence[Case], key: Callable[[Case], str], stored: dict[str, dict[str, float]] | None
-                ) -> tuple[dict[str, dict[str, float]], list[float], list[bool]]:
-    """(fitted values per fold, each case's out-of-fold log error, whether its 80% interval covers it)."""
+def out_of_fold(cases: Sequence[Case], key: Callable[[Case], str], stored: dict[str, dict[str, float]] | None,
+                unseen: dict[str, float] | None = None) -> tuple[dict[str, dict[str, float]], list[float], list[bool]]:
+    """(fitted values per fold, each case's out-of-fold log error, whether its 80% interval covers it).
+    With stored fits, a fold the stored fits have no values for (a family added since the last
+    refit) takes ``unseen``, the stored in-sample fit, which never saw its rows either."""
     fitted: dict[str, dict[str, float]] = {}
     err = [math.nan] * len(cases)
     groups = folds(cases, key)
     for name, held in sorted(groups.items()):
         train = [c for i, c in enumerate(cases) if i not in held]
-        values = stored[name] if stored is not None else fit(train)
+        if stored is not None:
+            values = stored[name] if name in stored or unseen is None else unseen
+        else:
+            values = fit(train)
         fitted[name] = values
         for i, e in zip(held, log_errors([cases[i] for i in held], values)):
             err[i] = e
@@ -216,8 +221,8 @@ def study(stored: dict[str, Any] | None) -> dict[str, Any]:
     res = [-e for e in ins]
     ins_cov = [lo <= r <= hi for r, (lo, hi) in zip(res, (interval(cases, res, c.regime) for c in cases))]
     shipped = log_errors(cases, {p.name: p.start for p in PARAMS})
-    lofo = out_of_fold(cases, lambda c: c.row.family, stored["fit"]["family"] if stored else None)
-    logo = out_of_fold(cases, lambda c: c.row.gpu, stored["fit"]["gpu"] if stored else None)
+    lofo = out_of_fold(cases, lambda c: c.row.family, stored["fit"]["family"] if stored else None, values)
+    logo = out_of_fold(cases, lambda c: c.row.gpu, stored["fit"]["gpu"] if stored else None, values)
     per_row = []
     for i, (c, p) in enumerate(zip(cases, preds)):
         per_row.append({

@@ -51,6 +51,12 @@ EXPLAINED: dict[str, str] = {
                                                         "h100-bf16-64gpu"),
     "llama3-70b-gb200-fp8-mx-64gpu": _MICRO_BATCH.format(printed=2, recipe=1, later="mbridge-26.04-llama3-70b-"
                                                          "gb200-mxfp8-64gpu"),
+    "nemotron-3-ultra-gb200-mxfp8-256gpu": (
+        "the row's memory settings are only in its recipe flags (Megatron-Bridge perf_recipes/nemotronh/gb200/"
+        "nemotronh.py: Megatron FSDP as HSDP with 4 distributed-optimizer instances, selective recomputation of "
+        "moe_act, fine-grained activation offload of the fused grouped MLP), not in the printed row or the notes "
+        "bench/megatron_bridge_rows.py reads, so it is planned with ZeRO-1, no recomputation and no offload: "
+        "weights, gradients and the routed experts' activations are held whole"),
 }
 
 
@@ -200,7 +206,7 @@ def table(results: list[Result]) -> str:
         "",
         f"- Rows: {len(results)}; planned: {len(planned)}; not expressible yet: {len(refused)} (named below); "
         f"models the planner does not know yet: {len(unknown)} "
-        "(Nemotron 3 Ultra, whose config.json is not public here; DeepSeek-V4).",
+        "(DeepSeek-V4).",
         f"- **Rejected at default settings: {len(rejected)} of {len(planned)} planned rows** "
         f"({sum(not x.fits for x in latest)} of {len(latest)} latest releases of their configuration); "
         "each is named below with the term responsible.",

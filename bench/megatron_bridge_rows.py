@@ -49,11 +49,10 @@ MODELS = {
     # which shares this architecture"; 30B total, 128 experts top-6, 262,144 positions) plus one
     # MTP layer, which the Nano preset does not hold (nemotron_approximations)
     "Nemotron_3_Nano": "nemotron-3-nano", "Nemotron_3_Super": "nemotron-3-super",
-    "Nemotron_3_5_Lightning": "nemotron-3-nano",
+    "Nemotron_3_5_Lightning": "nemotron-3-nano", "Nemotron_3_Ultra": "nemotron-3-ultra",
 }
-# Models the planner does not know yet (issue on 2025-2026 models: Nemotron 3 Ultra, whose
-# config.json is not public here, and DeepSeek-V4).
-UNKNOWN_MODEL_PREFIXES = ("Nemotron_3_Ultra", "DeepSeekV4")
+# Models the planner does not know yet (issue on 2025-2026 models: DeepSeek-V4).
+UNKNOWN_MODEL_PREFIXES = ("DeepSeekV4",)
 GPUS = {"DGX-H100": "h100", "DGX-B200": "b200", "DGX-GB200": "gb200"}
 
 
@@ -227,6 +226,8 @@ def nemotron_approximations(model: str) -> list[str]:
                    "reference); its one MTP layer not counted")
     if model.startswith("Nemotron_3_Super"):
         out.append("Nemotron 3 Super's MTP layer not counted (transformers does not build it)")
+    if model.startswith("Nemotron_3_Ultra"):
+        out.append("Nemotron 3 Ultra's MTP layers (2, shared weights) not counted (transformers does not build them)")
     return out
 
 

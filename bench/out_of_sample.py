@@ -305,6 +305,18 @@ def build_grid(cases: Sequence[dict]) -> Grid:
     return Grid(cases=prepared, log_ratio=table, mfu=mfus, shipped=shipped)
 
 
+# How a fold sets the MFU ceiling of each case from the training runs of its GPU family: given the
+# grid and those runs, the ceiling as a function of the case. The planner's rule is highest_mfu
+# (one number per family); bench/ceiling_alternatives.py measures others through the same fit.
+CeilingRule = Callable[["Grid", Sequence[Prepared]], Callable[[Prepared], float]]
+
+
+def highest_mfu(grid: Grid, runs: Sequence[Prepared]) -> Callable[[Prepared], float]:
+    """One ceiling per GPU family, whatever the case: the highest MFU its training runs reached."""
+    top = max(grid.reported_mfu(p.case["id"]) for p in runs)
+    return lambda _p: top
+
+
 @dataclass(frozen=True)
 class Fit:
     """Parameters fitted on ``train_ids``: matmul fraction per family (None: the catalog's,
@@ -314,16 +326,25 @@ class Fit:
     bus_fraction: float
     train_median_abs_log: float
     ceiling: dict[str, float | None] = dataclasses.field(default_factory=dict)   # family -> MFU ceiling
+    # the ceiling of a case where the rule varies it within a family (None: ceiling[family])
+    ceiling_at: Callable[[Prepared], float | None] | None = None
+
+    def case_ceiling(self, p: Prepared) -> float | None:
+        if self.ceiling_at is not None:
+            return self.ceiling_at(p)
+        return self.ceiling.get(p.family, TRAINING_MFU_CEILING.get(p.family))
 
     def matmul_index(self, family: str) -> int:
         return MATMUL_AXIS.index(self.matmul.get(family))
 
 
-def fit(grid: Grid, train_ids: Sequence[str], families: Sequence[str], bounded: bool = True) -> Fit:
+def fit(grid: Grid, train_ids: Sequence[str], families: Sequence[str], bounded: bool = True,
+        rule: CeilingRule | None = None) -> Fit:
     """Grid search: every matmul fraction per family up to its measured maximum (MATMUL_MAX;
     ``bounded=False`` lifts it, for the comparison the report prints), the catalog value for a
     family absent from the training runs, and every bus fraction; minimise the median |log
-    error| over the training runs, then the mean."""
+    error| over the training runs, then the mean. ``rule`` sets each case's MFU ceiling from its
+    family's training runs (None: highest_mfu, the planner's)."""
     train = [grid.by_id(i) for i in train_ids]
     present = sorted({p.family for p in train})
     # the sustained-rate ceiling of each family: the highest MFU a training run reached on it
@@ -331,10 +352,18 @@ def fit(grid: Grid, train_ids: Sequence[str], families: Sequence[str], bounded: 
     ceiling: dict[str, float | None] = {f: TRAINING_MFU_CEILING.get(f) for f in families}
     for f in present:
         ceiling[f] = max(grid.reported_mfu(p.case["id"]) for p in train if p.family == f)
+    ceiling_at = None
+    if rule is not None:
+        by_family = {f: rule(grid, [p for p in train if p.family == f]) for f in present}
+
+        def ceiling_at(p: Prepared) -> float | None:
+            at = by_family.get(p.family)
+            return at(p) if at is not None else ceiling.get(p.family)
     choices = [[k for k in range(1, len(MATMUL_AXIS))
                 if not bounded or cast(float, MATMUL_AXIS[k]) <= MATMUL_MAX.get(f, math.inf)] for f in present]
     best: tuple[float, float, tuple[int, ...], int] | None = None
-    rows = {p.case["id"]: grid.capped(p.case["id"], ceiling[p.family]) for p in train}
+    rows = {p.case["id"]: grid.capped(p.case["id"], ceiling_at(p) if ceiling_at else ceiling[p.family])
+            for p in train}
     fam_pos = {f: k for k, f in enumerate(present)}
     for j in range(len(BUS_GRID)):
         # per family, the |log error| of its runs at every matmul index: shape (n_runs, n_matmul)
@@ -350,12 +379,12 @@ def fit(grid: Grid, train_ids: Sequence[str], families: Sequence[str], bounded: 
     for f, k in zip(present, combo):
         matmul[f] = MATMUL_AXIS[k]
     return Fit(train_ids=tuple(train_ids), matmul=matmul, bus_fraction=BUS_GRID[j], train_median_abs_log=med,
-               ceiling=ceiling)
+               ceiling=ceiling, ceiling_at=ceiling_at)
 
 
 def log_error(grid: Grid, f: Fit, case_id: str) -> float:
     p = grid.by_id(case_id)
-    lr = grid.capped(case_id, f.ceiling.get(p.family, TRAINING_MFU_CEILING.get(p.family)))
+    lr = grid.capped(case_id, f.case_ceiling(p))
     return float(lr[f.matmul_index(p.family), BUS_GRID.index(f.bus_fraction)])
 
 
@@ -382,14 +411,19 @@ class Study:
         return math.log(speed_ratio(p.case, self.grid.shipped[case_id]))
 
 
-def run_study(cases: Sequence[dict] | None = None) -> Study:
-    grid = build_grid(cases if cases is not None else load_all())
+def run_study(cases: Sequence[dict] | None = None, rule: CeilingRule | None = None,
+              grid: Grid | None = None) -> Study:
+    """The study over ``cases`` (None: every published run), or over an already built ``grid``,
+    with the MFU ceilings of ``rule`` (None: highest_mfu)."""
+    if grid is None:
+        grid = build_grid(cases if cases is not None else load_all())
     fitted = [p for p in grid.cases if p.case["fit"]]
     families = sorted({p.family for p in grid.cases})
     sources = sorted({p.source for p in fitted})
-    in_sample = fit(grid, [p.case["id"] for p in fitted], families)
-    held = {s: fit(grid, [p.case["id"] for p in fitted if p.source != s], families) for s in sources}
-    free = {s: fit(grid, [p.case["id"] for p in fitted if p.source != s], families, bounded=False) for s in sources}
+    in_sample = fit(grid, [p.case["id"] for p in fitted], families, rule=rule)
+    held = {s: fit(grid, [p.case["id"] for p in fitted if p.source != s], families, rule=rule) for s in sources}
+    free = {s: fit(grid, [p.case["id"] for p in fitted if p.source != s], families, bounded=False, rule=rule)
+            for s in sources}
     # a case left out of every fit is predicted with the in-sample parameters
     for s in {p.source for p in grid.cases} - set(sources):
         held[s] = in_sample

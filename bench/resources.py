@@ -1,7 +1,10 @@
 """Time and memory of the inputs the hostile test of issue 32 found slow or large, run
 through the command line as a user runs them: wall time and peak resident memory of each
 `plan` process (resource.getrusage(RUSAGE_CHILDREN).ru_maxrss, read in a fresh wrapper
-process per case so that each peak is its own), against the goal "a few seconds, under 2 GB".
+process per case so that each peak is its own), against the goal "a few seconds, under 2 GB":
+CPU time (user + system, which a loaded machine stretches far less than the wall time) of at
+most 10 s, and 5 s for the 256-job `plan buy` and 3 s for the MoE `--tokens` plans over the
+catalog (issue 32's targets for those), under 2 GiB each.
 
     python bench/resources.py                 # every case, a table in Markdown
     python bench/resources.py --only buy256   # one case
@@ -9,7 +12,8 @@ process per case so that each peak is its own), against the goal "a few seconds,
     PYTHONPATH=OTHER_TREE python OTHER_TREE/bench/resources.py --only buy256   # another tree's plan, to compare
 
 The inputs are generated into a temporary directory: the 256-job file of 16 presets and 4
-methods (full, lora, qlora, freeze), the 16-job file of the report, a log line of 280 KB,
+methods (full, lora, qlora, freeze), the 16-job file of the report, its 128 jobs of distinct
+global batches, 32 70B jobs a day apart (H5's), a log line of 280 KB,
 config.json files of 10,000 and 10,000,000 layers. Exit status 1 when a case fails its goal.
 """
 
@@ -27,7 +31,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PRESETS = ROOT / "planner" / "presets" / "models"
-GOAL_S = 10.0                   # "a few seconds"
+GOAL_S = 10.0                   # "a few seconds": CPU seconds of a case without its own goal below
+CASE_GOAL_S = {"buy256": 5.0, "tokens-kimi": 3.0, "tokens-deepseek": 3.0}   # issue 32's goals for these
 GOAL_BYTES = 2 * 1024**3        # "under 2 GB"
 MODELS16 = ("llama3.1-8b llama3.1-70b llama3.1-405b mixtral-8x7b qwen2.5-7b gpt2 deepseek-v3 qwen3-30b-a3b "
             "gemma2-27b bert-base kimi-k2 llama4-maverick gpt-oss-120b qwen3-235b-a22b falcon-40b "
@@ -51,6 +56,12 @@ def write_inputs(d: Path) -> None:
     lines = ["jobs:"] + [f"  - {{name: j{i}, model: {m}, tokens: 100B, deadline: 30d, start: {20 * i}d}}"
                          for i, m in enumerate(MODELS16)]
     (d / "jobs16.yaml").write_text("\n".join(lines) + "\n")
+    lines = ["jobs:"] + [f"  - {{name: j{i}, model: llama3.1-8b, tokens: 100B, deadline: 30d, start: {2 * i}d, "
+                         f"global_batch: {1024 + 8 * i}}}" for i in range(128)]
+    (d / "gb128.yaml").write_text("\n".join(lines) + "\n")
+    lines = ["jobs:"] + [f"  - {{name: j{i}, model: llama3.1-70b, tokens: 100B, deadline: 30d, start: {i}d}}"
+                         for i in range(32)]
+    (d / "staggered70b.yaml").write_text("\n".join(lines) + "\n")
     (d / "redos.log").write_text("step: 1 loss: " * 20000 + "\n")
     (d / "megatron.log").write_text("iteration 1/ 1 |" * 20000 + "\n")
     for name, preset, layers in (("l10k", "llama3.1-8b", 10_000), ("q10m", "qwen2.5-0.5b", 10_000_000)):
@@ -65,6 +76,10 @@ def cases(d: Path) -> dict[str, tuple[str, list[str]]]:
                    ["buy", str(d / "jobs256.yaml"), "-q"]),
         "buy16": ("`plan buy`, 16 jobs of 16 models, 3 GPU types (H1)", ["buy", str(d / "jobs16.yaml"), "-q",
                                                                          "--horizon", "400d"]),
+        "buy128-batches": ("`plan buy`, 128 jobs of Llama 3.1 8B, each its own global batch (H1's generator)",
+                           ["buy", str(d / "gb128.yaml"), "-q", "--horizon", "400d"]),
+        "buy32-70b": ("`plan buy`, 32 jobs of Llama 3.1 70B a day apart (H5; the purchase ILP)",
+                      ["buy", str(d / "staggered70b.yaml"), "-q", "--horizon", "400d"]),
         "tokens-kimi": ("`plan --model kimi-k2 --tokens 15T --deadline 90d` over the 23 GPU types (H4)",
                         ["--model", "kimi-k2", "--gpus", CATALOG, "--tokens", "15T", "--deadline", "90d", "-q"]),
         "tokens-deepseek": ("the same for deepseek-v3 (H4)",
@@ -113,7 +128,8 @@ def main() -> int:
         return 0
     load = os.getloadavg()
     print(f"{os.cpu_count()} CPUs, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} at the start; "
-          f"goal: {GOAL_S:g} s and {GOAL_BYTES / 1024**3:g} GiB per case\n")
+          f"goal: {GOAL_S:g} s of CPU ({', '.join(f'{k} {v:g} s' for k, v in CASE_GOAL_S.items())}) and "
+          f"{GOAL_BYTES / 1024**3:g} GiB per case\n")
     print("| case | what | wall | CPU | peak RSS | exit | goal | answer (last line) |")
     print("|---|---|---|---|---|---|---|---|")
     rows, failed = [], 0
@@ -124,12 +140,13 @@ def main() -> int:
             if args.only and name not in args.only:
                 continue
             m = measure(argv)
-            ok = m["cpu_s"] <= GOAL_S and m["peak_bytes"] < GOAL_BYTES and m["rc"] in (0, 2)
+            goal_s = CASE_GOAL_S.get(name, GOAL_S)
+            ok = m["cpu_s"] <= goal_s and m["peak_bytes"] < GOAL_BYTES and m["rc"] in (0, 2)
             failed += not ok
-            rows.append({"case": name, **m, "ok": ok})
+            rows.append({"case": name, **m, "goal_cpu_s": goal_s, "ok": ok})
             mib = m["peak_bytes"] / 1024**2
             print(f"| {name} | {what} | {m['wall_s']:.1f} s | {m['cpu_s']:.1f} s | {mib:,.0f} MiB | {m['rc']} | "
-                  f"{'pass' if ok else 'FAIL'} | {m['answer'][:80].replace('|', '/')} |", flush=True)
+                  f"{'pass' if ok else 'FAIL'} ({goal_s:g} s) | {m['answer'][:80].replace('|', '/')} |", flush=True)
     load = os.getloadavg()
     print(f"\nload average at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
     if args.json is not None:

@@ -40,7 +40,7 @@ class NotFlag:
 
 @dataclass(frozen=True, slots=True)
 class Many:
-    """nargs='+' with these choices."""
+    """nargs='+' with these choices; without choices, nargs='*' of any words."""
 
     choices: tuple[str, ...]
 
@@ -127,6 +127,21 @@ ARGUMENTS: dict[str, object] = {
     "--overlap-moe-expert-parallel-comm": FLAG,
     "--cuda-graph-impl": ["none", "local", "transformer_engine"],
     "--cuda-graph-scope": Many(("attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba", "full_iteration")),
+    # Hybrid Mamba models, run by pretrain_mamba.py. From Megatron-LM's arguments.py:
+    # --squared-relu (_add_network_size_args, action='store_true'); --spec (nargs='*': the module
+    # and the name of the layer spec pretrain_mamba.py builds); --hybrid-attention-ratio and
+    # --hybrid-mlp-ratio (float, default 0.0) and --hybrid-override-pattern (str), the arguments
+    # MambaModel takes of the same names. Not from the commit: the Mamba mixer's sizes
+    # and the hybrid flag as megatron-core 0.16.1's TransformerConfig names them (mamba_state_dim,
+    # mamba_head_dim, mamba_num_groups ints, mamba_num_heads Optional[int], is_hybrid_model bool;
+    # transformer/transformer_config.py lines 843-857), the MoE expert and shared-expert widths
+    # (moe_ffn_hidden_size, moe_shared_expert_intermediate_size, Optional[int]) and the latent
+    # MoE width (moe_latent_size, Optional[int], line 719): argparse names --mamba-state-dim, ...,
+    # as NVIDIA's Nemotron 3 Megatron-LM scripts and checkpoint loaders pass them
+    "--squared-relu": FLAG, "--spec": Many(()), "--hybrid-attention-ratio": float, "--hybrid-mlp-ratio": float,
+    "--hybrid-override-pattern": str, "--is-hybrid-model": FLAG, "--mamba-state-dim": int,
+    "--mamba-head-dim": int, "--mamba-num-groups": int, "--mamba-num-heads": int,
+    "--moe-ffn-hidden-size": int, "--moe-shared-expert-intermediate-size": int, "--moe-latent-size": int,
 }
 
 # Defaults of the flags the rules read, as the parser sets them (same file and commit).
@@ -134,7 +149,8 @@ _DEFAULTS = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
              "expert_model_parallel_size": 1, "ckpt_format": "torch_dist", "rotary_base": 10000,
              "rope_scaling_factor": 8.0, "norm_epsilon": 1e-5, "make_vocab_size_divisible_by": 128,
              "rotary_percent": 1.0, "position_embedding_type": "learned_absolute", "normalization": "LayerNorm",
-             "lr_warmup_samples": 0, "lr_warmup_iters": 0}
+             "lr_warmup_samples": 0, "lr_warmup_iters": 0, "hybrid_attention_ratio": 0.0,
+             "hybrid_mlp_ratio": 0.0, "mamba_state_dim": 128, "mamba_head_dim": 64, "mamba_num_groups": 8}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -147,6 +163,8 @@ def parser() -> argparse.ArgumentParser:
             p.add_argument(name, action="store_false", dest=kind.dest)
         elif isinstance(kind, list):
             p.add_argument(name, choices=kind)
+        elif isinstance(kind, Many) and not kind.choices:     # nargs='*', any words
+            p.add_argument(name, nargs="*")
         elif isinstance(kind, Many):
             p.add_argument(name, nargs="+", choices=kind.choices)
         else:

@@ -139,6 +139,35 @@ def test_the_sweeps_stop_keeps_every_option_the_filter_keeps(monkeypatch):
     assert run() == stopped
 
 
+
+def test_timing_stopped_searches_ahead_changes_no_answer(monkeypatch):
+    """The first sweep times a stopped job's GPU type on the counts its node size is sized on
+    anyway, where the second sweep will go on (cost.plan.sweep_counts_until's ``more``): the
+    same options, purchase and choices as without it, and no more sizings (issue 32: 391
+    sizings of the 256-job file became 334)."""
+    import planner.cost.buy as buy
+    import planner.search.sweep as sweep
+    from planner.cost.jobs import load_jobs
+    from planner.cost.prices import load_prices
+
+    jobs = load_jobs(DATA / "staggered.yaml")
+    sized = []
+    batch = sweep.memory_batch
+    monkeypatch.setattr(sweep, "memory_batch", lambda *a: sized.append(1) or batch(*a))
+
+    def run():
+        sized.clear()
+        sweep._LAST_SIZED.clear()
+        r = buy.plan_purchase(jobs, list(jobs.gpus), load_prices(None), jobs.horizon_s)
+        return (r.n_options, r.tco_usd, r.nodes, [(p.name, p.gpu.name, p.candidate.layout) for p in r.plans]), \
+            len(sized)
+
+    ahead, n_ahead = run()
+    until = buy.sweep_counts_until
+    monkeypatch.setattr(buy, "sweep_counts_until", lambda tasks, more=None: until(tasks))
+    plain, n_plain = run()
+    assert ahead == plain and n_ahead < n_plain        # 33 against 38 sizings
+
 if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
     for name, args in CASES.items():
         (DATA / f"{name}.json").write_text(json.dumps(answer(args), indent=1, sort_keys=True) + "\n")

@@ -342,7 +342,8 @@ def test_decoder_layer_classes_exist_in_transformers():
 
     assert set(DECODER_LAYER_CLASS) == set(SUPPORTED_MODEL_TYPES)
     for mt, cls in DECODER_LAYER_CLASS.items():
-        folder = {"llama4_text": "llama4", "gemma3_text": "gemma3"}.get(mt, mt)   # text models of multimodal families
+        folder = {"llama4_text": "llama4", "gemma3_text": "gemma3", "qwen3_5_text": "qwen3_5",
+                  "qwen3_5_moe_text": "qwen3_5_moe"}.get(mt, mt)   # text models of multimodal families
         mod = importlib.import_module(f"transformers.models.{folder}.modeling_{folder}")
         assert hasattr(mod, cls), (mt, cls)
 

@@ -228,6 +228,38 @@ def test_slowest_stages_kept_for_new_block_shapes():
     check(subset(a, a.recompute == 2))
 
 
+def test_slowest_memo_holds_only_the_pairs_asked_for(monkeypatch):
+    # issue 32: the memo of slowest stages held every block shape x every q_d of its degree
+    # table (1.3 million places, 160 MB, for one DeepSeek-V3 count, grown by a copy per call);
+    # it holds one place per (block shape, q_d) pair a batch asks for, and answers as
+    # timing.step_time does (the referee: one layout at a time) on a MoE model over two calls
+    from planner.timing import degrees
+
+    m, setup = load_model("mixtral-8x7b"), TrainingSetup(global_batch=256)
+    cluster = cluster_for(get_gpu("h100"))
+    pc = count_params(m)
+    a = search_layouts(m, setup, (32,))
+    asked = []
+    places = degrees.SlowestMemo.places
+
+    def spy(self, blocks, block_rows, q_d):
+        before = self.n_places if blocks is self.blocks else 0      # (another block table: a fresh memo)
+        out = places(self, blocks, block_rows, q_d)
+        pairs = set(zip(block_rows.tolist(), q_d.tolist()))
+        asked.append(len(pairs))
+        assert before <= self.n_places <= before + len(pairs) and len(self.keys) == self.n_places
+        assert len(self.known) <= 2 * self.n_places and len(set(out.tolist())) == len(pairs)
+        return out
+
+    monkeypatch.setattr(degrees.SlowestMemo, "places", spy)
+    fasttime.forget_tables()
+    for part in (subset(a, a.micro_batch == 1), a):
+        got = fasttime.step_times_s(m, setup, part, cluster, pc=pc)
+        assert got[::37].tolist() == [step_time(m, setup, part.layout(i, setup.seq_len), cluster, pc=pc).step_time_s
+                                      for i in range(0, len(part), 37)]
+    assert asked
+
+
 def test_no_layouts():
     m = load_model("llama3.1-8b")
     empty = layout_batch.LayoutArrays.from_layouts([])

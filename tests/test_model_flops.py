@@ -59,15 +59,14 @@ def _family_presets() -> dict[str, str]:
     return out
 
 
-# Families on the generic path (planner.models.generic: Qwen3-Next) take their forward FLOPs
-# from FlopCounterMode itself (checked in tests/test_generic_families.py) and count backward as
-# twice forward, the model-FLOPs convention; transformers' reference Mamba-2 and gated-DeltaNet
-# scans multiply more in backward (measured 2.66x forward on a tiny Nemotron-H), so a
-# forward-and-backward count of them is not the same quantity. Nemotron-H, a written family
-# (planner.models.hybrid), is checked on its forward pass in tests/test_hybrid.py. The same holds
-# for the gated-DeltaNet scans of Qwen3.5 (FlopCounterMode counted 15-17x the planner on the tiny
-# configs) and Kimi Linear's KDA (whose linear_attn_config layer lists this shrink does not
-# cut either). DeepSeek-V3.2's lightning indexer runs no backward in transformers' model;
+# Families with a chunked scan count backward as twice forward, the model-FLOPs convention;
+# transformers' reference Mamba-2 and gated-DeltaNet scans multiply more in backward (measured
+# 2.66x forward on a tiny Nemotron-H), so a forward-and-backward count of them is not the same
+# quantity. Nemotron-H, Qwen3-Next and Qwen3.5, written families (planner.models.hybrid,
+# .deltanet), are checked on their forward pass in tests/test_hybrid.py and tests/test_deltanet.py
+# (FlopCounterMode counted 15-17x the planner's forward and backward on Qwen3.5's tiny configs).
+# Kimi Linear's KDA (whose linear_attn_config layer lists this shrink does not cut) is on the
+# generic path. DeepSeek-V3.2's lightning indexer runs no backward in transformers' model;
 # test_deepseek_v32_counts_the_indexer_backward below checks the difference it makes.
 GENERIC_FAMILIES = ("nemotron_h", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "kimi_linear", "deepseek_v32")
 FAMILIES = {k: v for k, v in _family_presets().items() if k not in GENERIC_FAMILIES}

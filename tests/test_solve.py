@@ -294,3 +294,44 @@ def test_stopped_purchase_takes_the_greedy_start(monkeypatch):
     stop_early(monkeypatch, "incumbent")
     sol = solve_purchase(pools, jobs, opts, solver="highs")
     assert (sol.cost_usd, sol.nodes, sol.solver.gap_found) == (220, {"h100": 2}, 0.0)
+
+
+def test_start_counts_by_bisection_are_the_busy_at_definition():
+    # issue 32: busy_checks and shorter_run_may_help count the job starts inside a run by
+    # bisection; the referee is busy_at's definition (start <= t < start + duration), check by
+    # check, on random starts with repeats and runs ending exactly at a start
+    import random
+
+    from planner.cost.solve import busy_at, busy_checks, shorter_run_may_help
+
+    rng = random.Random(32)
+    for _ in range(2000):
+        starts = [float(rng.randrange(0, 20)) for _ in range(rng.randrange(0, 12))]
+        start, duration = float(rng.randrange(0, 20)), rng.choice([0.0, 0.5, 1.0, 3.0, float(rng.randrange(0, 25))])
+        assert busy_checks(start, duration, starts) == sum(busy_at(start, duration, t) for t in starts)
+        assert shorter_run_may_help(start, duration, starts) == any(start < t and busy_at(start, duration, t)
+                                                                    for t in starts)
+
+
+def test_capacity_rows_are_the_options_busy_at_each_start():
+    # _capacity_checks finds each start's running options as one array comparison; the
+    # referee: every (job, option) of the pool tested with busy_at, start by start
+    import random
+
+    from planner.cost.solve import _capacity_checks, busy_at
+
+    rng = random.Random(7)
+    for _ in range(50):
+        jobs = [JobWindow(name=f"j{i}", start_s=float(rng.randrange(0, 10)), deadline_s=100.0) for i in range(6)]
+        by_job = {j.name: [JobOption(job=j.name, gpu=rng.choice(["a", "b"]), n_gpus=8, key=f"k{k}",
+                                     duration_s=float(rng.randrange(0, 8))) for k in range(3)] for j in jobs}
+        for gpu in ("a", "b"):
+            rows = {ti: busy for ti, _, busy in _capacity_checks(jobs, by_job, gpu)}
+            for ti, t in enumerate(jobs):
+                want = [(j, o) for j in jobs for o in by_job[j.name]
+                        if o.gpu == gpu and busy_at(j.start_s, o.duration_s, t.start_s)]
+                if ti in rows:
+                    assert rows[ti] == want
+                else:       # left out: empty, or its running set within a kept row's
+                    assert not want or any({(j.name, o.key) for j, o in want} <= {(j.name, o.key) for j, o in r}
+                                           for r in rows.values())

@@ -93,3 +93,27 @@ def test_count_layouts_are_enumerate_layouts(method, model, n):
     a = count_layouts(m, setup, n, 8, space)
     want = [lay for lay, reason in enumerate_layouts(m, setup, n, 8, space) if reason is None]
     assert [a.layout(i, setup.seq_len) for i in range(len(a))] == want
+
+
+def test_rank_order_is_the_full_sort():
+    # issue 32: the sweep sorts the rows no slower than the keep-th fastest first and the
+    # rest only when asked; the referee is one np.lexsort of every row by rank_columns, on
+    # random batches with tied and NaN step times, every keep from 1 to past the batch
+    import numpy as np
+
+    from planner.layouts.batch import RECOMPUTES, LayoutArrays
+    from planner.search.search import RECOMPUTE_COST, rank_columns
+    from planner.search.sweep import _rank_order
+
+    rng = np.random.default_rng(32)
+    for _ in range(200):
+        n = int(rng.integers(1, 40))
+        a = LayoutArrays(*(rng.integers(0 if f in ("recompute", "zero_stage", "sharding", "sp") else 1,
+                                        2 if f in ("sp",) else 3, n) for f in LayoutArrays.FIELDS))
+        times = rng.choice([1.0, 2.0, 3.0, np.inf, np.nan], n)
+        headroom = rng.integers(0, 3, n)
+        rc = np.array([RECOMPUTE_COST[r] for r in RECOMPUTES])[a.recompute]
+        full = np.lexsort(rank_columns(times, rc, a.pp, a.cp, a.tp, a.zero_stage, a.sharding > 0, a.micro_batch,
+                                       a.vp, headroom)[::-1]).tolist()
+        for keep in (1, 2, 3, n, n + 1):
+            assert list(_rank_order(a, times, headroom, keep)) == full

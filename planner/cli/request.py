@@ -129,7 +129,7 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
         raise UserError("--fp8-param-gather is Megatron-LM's: it needs --precision fp8 and --stack megatron")
     if o.fp8_recipe != "auto" and o.precision != "fp8":
         raise UserError(f"--fp8-recipe {o.fp8_recipe} needs --precision fp8")
-    from planner.layouts.rules import ETP_REFUSAL, option_refusal
+    from planner.layouts.rules import ETP_REFUSAL, mamba_stack_refusal, option_refusal
 
     refusal = option_refusal(m, o.tp, o.ep, o.etp)
     if refusal:
@@ -196,6 +196,10 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
     )
     if not m.is_moe and space.ep is None:
         space = replace(space, ep=1)
+    if o.stack == "megatron" and (why := mamba_stack_refusal(m, "full")) is not None:
+        if o.recompute == "full":
+            raise UserError(f"--recompute full: {why}")
+        space = replace(space, recomputes=tuple(r for r in space.recomputes if mamba_stack_refusal(m, r) is None))
     if o.stack == "deepspeed":
         # tp and pp under --stack deepspeed are Megatron-DeepSpeed's, run when asked for (--tp/--pp);
         # its search stays on ZeRO data parallelism, as before

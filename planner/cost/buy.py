@@ -19,8 +19,8 @@ from planner.cost.plan import (
     SearchPool,
     cost_counts,
     covered_gpus,
+    in_time,
     search_pools,
-    sweep_all,
     sweep_counts_until,
 )
 from planner.cost.prices import Prices, node_cost
@@ -155,8 +155,15 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
     counts = {g.name: cost_counts(g.gpus_per_node, covered_gpus(cluster_for(g), max_gpus)) for g in gpus}
     seen: dict[tuple[str, str], list[tuple[int, Candidate]]] = {}
     first_ok: dict[tuple[str, str], int] = {}
-    sweep_all([(search(job, g), counts[g.name], job.tokens, job.deadline_s - job.start_s)
-                for job in jobs for g in gpus])
+    starts = sorted({j.start_s for j in jobs})     # where solve_purchase checks the GPUs in use
+
+    def continued(job: Any) -> Callable[[CountBest], bool]:
+        """Whether the second sweep goes on past this first count in time (_until_dominated)."""
+        return lambda cb: shorter_run_may_help(job.start_s, cb.fastest[0].time.train_time_s(job.tokens),  # type: ignore[union-attr]
+                                               starts)
+    pairs = [(job, g) for job in jobs for g in gpus]
+    sweep_counts_until([(search(job, g), counts[g.name], in_time(job.tokens, job.deadline_s - job.start_s))
+                        for job, g in pairs], [continued(job) for job, _ in pairs])
     for job in jobs:                                        # phase 1: up to the first count in time
         window = job.deadline_s - job.start_s
         for g in gpus:
@@ -168,7 +175,6 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
                     if cb.fastest[0].time.train_time_s(job.tokens) <= window:  # type: ignore[union-attr]
                         first_ok[job.name, g.name] = n
                         break
-    starts = sorted({j.start_s for j in jobs})     # where solve_purchase checks the GPUs in use
     lines: list[str] = []
     for job in jobs:
         if not any((job.name, g.name) in first_ok for g in gpus):

@@ -184,10 +184,14 @@ def sweep_all(tasks: list[tuple[SearchPool, list[int], float, float]]) -> None:
     type, were slower once the sweep timed each count's layouts as one batch: on the 2-core
     machine forking and sending the candidates back cost more than the sweeps;
     docs/performance.md.)"""
-    def in_time(tokens: float, window_s: float) -> Callable[[CountBest], bool]:
-        return lambda cb: (window_s < math.inf and bool(cb.fastest)
-                           and cb.fastest[0].time.train_time_s(tokens) <= window_s)  # type: ignore[union-attr]
     sweep_counts_until([(pool, counts, in_time(tokens, window_s)) for pool, counts, tokens, window_s in tasks])
+
+
+def in_time(tokens: float, window_s: float) -> Callable[[CountBest], bool]:
+    """Whether a count's fastest layout trains ``tokens`` within ``window_s`` (math.inf: never
+    done): sweep_all's stop."""
+    return lambda cb: (window_s < math.inf and bool(cb.fastest)
+                       and cb.fastest[0].time.train_time_s(tokens) <= window_s)  # type: ignore[union-attr]
 
 
 def _sizing_key(pool: SearchPool) -> tuple:
@@ -195,22 +199,35 @@ def _sizing_key(pool: SearchPool) -> tuple:
     return (pool.m, pool.setup, pool.space, pool.gpu.gpus_per_node)
 
 
-def sweep_counts_until(tasks: Sequence[tuple[SearchPool, Sequence[int], Callable[[CountBest], bool]]]) -> None:
+Task = tuple[SearchPool, Sequence[int], Callable[[CountBest], bool]]
+
+
+def sweep_counts_until(tasks: Sequence[Task], more: Sequence[Callable[[CountBest], bool]] | None = None) -> None:
     """Sweep each task's counts of its pool in increasing order, handing each count's
     CountBest to the task's ``done`` and stopping the task once it returns True. The tasks
     of pools of one model and set-up on one node size take turns count by count, so that
     GPU types of one node size share each count's sizing (search.sweep.sized_layouts keeps
-    the last one); a count no live task asks for is not swept."""
+    the last one); a count no live task asks for is not swept.
+
+    ``more`` (one per task): where a stopped task's pool will be asked for larger counts
+    later (the last count's CountBest tells), it goes on with the counts its group sizes
+    anyway for other live tasks, timing them on its GPU type while their sizing is at hand,
+    for that later sweep to find (plan buy's second sweep: 71 of 391 sizings of the 256-job
+    file were repeated for it, issue 32). Only what pools keep changes, not what a task sees."""
     groups: dict[tuple, list[list]] = {}
-    for pool, ns, done in tasks:
-        groups.setdefault(_sizing_key(pool), []).append([pool, set(ns), done, True])
+    for i, (pool, ns, done) in enumerate(tasks):
+        groups.setdefault(_sizing_key(pool), []).append([pool, set(ns), done, True, more[i] if more else None])
     for group in groups.values():
         for n in sorted(set().union(*(t[1] for t in group))):
+            if not any(t[3] is True and n in t[1] for t in group):
+                continue
             for t in group:
-                if t[3] and n in t[1]:
+                if t[3] is True and n in t[1]:
                     (cb,) = t[0].at([n])
                     if t[2](cb):
-                        t[3] = False
+                        t[3] = "more" if t[4] is not None and t[4](cb) else False
+                elif t[3] == "more" and n in t[1]:
+                    t[0].at([n])
 
 
 def search_pools(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, space: SearchSpace,

@@ -12,6 +12,7 @@ check the optimum against brute force (tests/test_solve.py).
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
 import math
@@ -23,6 +24,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pulp
 
 from planner.errors import UserError
@@ -364,7 +366,8 @@ def busy_checks(start_s: float, duration_s: float, starts_s: Sequence[float]) ->
     """How many of the capacity checks at ``starts_s`` (the distinct job starts, where
     solve_purchase checks the GPUs in use) a run from ``start_s`` taking ``duration_s``
     is busy at (busy_at). A shorter run of the same job is busy at a subset of them."""
-    return sum(busy_at(start_s, duration_s, t) for t in starts_s)
+    starts = sorted(starts_s)       # the checks from start_s on, before start_s + duration_s
+    return bisect.bisect_left(starts, start_s + duration_s) - bisect.bisect_left(starts, start_s)
 
 
 def shorter_run_may_help(start_s: float, duration_s: float, starts_s: Sequence[float]) -> bool:
@@ -377,7 +380,8 @@ def shorter_run_may_help(start_s: float, duration_s: float, starts_s: Sequence[f
     same type busy at the same checks (busy_checks) as one of fewer, both meeting the
     deadline in memory, is dominated: every purchase that holds it holds the other, so no
     optimum needs it (issue 32: `plan buy` swept such counts for every job)."""
-    return any(start_s < t and busy_at(start_s, duration_s, t) for t in starts_s)
+    starts = sorted(starts_s)       # a check after start_s, before start_s + duration_s
+    return bisect.bisect_left(starts, start_s + duration_s) > bisect.bisect_right(starts, start_s)
 
 
 def solve_purchase(pools: Sequence[Pool], jobs: Sequence[JobWindow], options: Sequence[JobOption],
@@ -511,9 +515,11 @@ def _capacity_checks(jobs: Sequence[JobWindow], by_job: dict[str, list[JobOption
     (and the optimum) unchanged; so does dropping a repeated start. With 256 jobs this
     keeps a few dozen of the 256 rows per pool and the model builds several times faster."""
     rows = []
+    runs = [(j, o) for j in jobs for o in by_job[j.name] if o.gpu == gpu]
+    begin = np.array([j.start_s for j, _ in runs], dtype=np.float64)
+    end = np.array([j.start_s + o.duration_s for j, o in runs], dtype=np.float64)   # busy_at's sum
     for ti, t in enumerate(jobs):
-        busy = [(j, o) for j in jobs for o in by_job[j.name]
-                if o.gpu == gpu and busy_at(j.start_s, o.duration_s, t.start_s)]
+        busy = [runs[i] for i in np.flatnonzero((begin <= t.start_s) & (t.start_s < end)).tolist()]   # busy_at
         if busy:
             rows.append((ti, t, busy, frozenset((j.name, o.key) for j, o in busy)))
     kept: list[tuple[int, JobWindow, list[tuple[JobWindow, JobOption]], frozenset]] = []

@@ -13,6 +13,7 @@ import shlex
 from typing import TYPE_CHECKING
 
 from planner.emit import EmitOptions, chosen, label, node_shape
+from planner.emit.megatron import megatron_script
 
 if TYPE_CHECKING:
     from planner.api import PlanResult
@@ -95,7 +96,8 @@ def worker_command(r: PlanResult, opts: EmitOptions, stack: str, here: str = "${
 
     hf: the user's script (FSDP2 applied by it, or accelerate's config is not needed under
     torchrun); deepspeed: the script with --deepspeed_config (deepspeed.initialize reads
-    torchrun's environment); megatron: pretrain_gpt.py with megatron_args.txt; torchtitan:
+    torchrun's environment); megatron: pretrain_gpt.py (pretrain_mamba.py for
+    hybrid models) with megatron_args.txt; torchtitan:
     ``-m torchtitan.train --module torchtitan_job --config planner_job``.
     """
     from planner.stacks import runs_megatron_deepspeed
@@ -105,7 +107,7 @@ def worker_command(r: PlanResult, opts: EmitOptions, stack: str, here: str = "${
     if stack == "deepspeed":
         return [opts.script, "--deepspeed", "--deepspeed_config", f"{here}/ds_config.json"], []
     if stack == "megatron":
-        script = "pretrain_bert.py" if r.model.model_type == "bert" else "pretrain_gpt.py"
+        script = megatron_script(r.model)
         return [f"${{MEGATRON}}/{script}"], ['"${MEGATRON_ARGS[@]}"']
     if stack == "torchtitan":
         from planner.emit.torchtitan import CONFIG, MODULE
@@ -198,7 +200,7 @@ def to_launch_script(r: PlanResult, opts: EmitOptions = EmitOptions(), stack: st
             shell_command(to_torchrun_command(r, opts, script=prog[0], script_args=tuple(prog[1:]))),
         ]
     else:
-        script = "pretrain_bert.py" if r.model.model_type == "bert" else "pretrain_gpt.py"
+        script = megatron_script(r.model)
         body += [
             "# Run on every node (e.g. with srun or pdsh), from a Megatron-LM checkout.",
             "# Add your data and tokenizer arguments (--data-path, --tokenizer-type, ...) after the script name.",

@@ -14,7 +14,7 @@ import importlib.resources
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from planner.errors import UserError
@@ -28,7 +28,7 @@ from planner.hardware.rings import (
     ring_bound_bytes_per_s,
     scale_up_gpu_bytes_per_s,
 )
-from planner.hardware.topology import AXES, ClusterTopology, load_topology
+from planner.hardware.topology import AXES, ClusterTopology, hash_once, load_topology, stored_hash, unpickle_hashed
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -48,6 +48,16 @@ class Cluster:
 
     gpu: GpuSpec
     topology: ClusterTopology | None = None
+    # the hash of every field, worked out once: the link caches (axis_links and the timing's
+    # tables) look a cluster up tens of thousands of times per plan, and a dataclass's hash
+    # hashes every field of the GPU and the topology each time (issue 32: 2.4 million hash
+    # calls, about a sixth of `--tokens` over the catalog with an MoE model)
+    _hash: int = field(init=False, repr=False, compare=False, default=0)
+
+    __hash__, __setstate__ = stored_hash, unpickle_hashed
+
+    def __post_init__(self) -> None:
+        hash_once(self)
 
 
 # NCCL's per-hop latencies (NVIDIA/nccl src/graph/tuning.cc, hwLat, Ring/LL) for clusters
@@ -207,25 +217,38 @@ def axis_links(cluster: Cluster, sizes: tuple[int, ...], order: tuple[str, ...] 
     top = cluster.topology
     if top is None:
         return _fallback_links(cluster.gpu, named, order)
-    gpn = top.gpus_per_node
-    domain_nodes = max(1, top.intra_node.domain_gpus // gpn)
-    cap_nodes = max(2, 2 * domain_nodes)
-    if top.network.oversubscription > 1:
-        cap_nodes = max(cap_nodes, 2 * top.network.nodes_per_leaf)
     n_gpus = math.prod(sizes)
-    cap_gpus = min(cap_nodes, top.max_nodes) * gpn
     links, stride = {}, 1
     for axis in order:
         n = named[axis]
         if n == 1:
             links[axis] = AxisLink(bus_bytes_per_s=math.inf, latency_s=0.0)
             continue
-        s_f, n_f, n_eval = _fold_axis(stride, n, n_gpus, gpn, domain_nodes * gpn, cap_gpus)
-        if -(-n_eval // gpn) > top.max_nodes:
+        link = _topology_axis_link(top, stride, n, n_gpus)
+        if link is None:
             return _fallback_links(cluster.gpu, named, order)
-        links[axis] = _graph_link(top, s_f, n_f, n_eval, min(cap_gpus // gpn, -(-n_gpus // gpn)))
+        links[axis] = link
         stride *= n
     return links
+
+
+@lru_cache(maxsize=65536)
+def _topology_axis_link(top: ClusterTopology, stride: int, n: int, n_gpus: int) -> AxisLink | None:
+    """One axis's link in axis_links: its ``n`` GPUs a group at ``stride`` among ``n_gpus``, on
+    a folded placement (_fold_axis); None where even that needs more nodes than ``top`` holds
+    (axis_links then answers from the GpuSpec). Kept per axis: the layouts of one count share
+    their axes' strides and sizes far more often than all five degrees (issue 32: 59,000
+    axis_links calls in one --tokens plan over the catalog, each folding every axis again)."""
+    gpn = top.gpus_per_node
+    domain_nodes = max(1, top.intra_node.domain_gpus // gpn)
+    cap_nodes = max(2, 2 * domain_nodes)
+    if top.network.oversubscription > 1:
+        cap_nodes = max(cap_nodes, 2 * top.network.nodes_per_leaf)
+    cap_gpus = min(cap_nodes, top.max_nodes) * gpn
+    s_f, n_f, n_eval = _fold_axis(stride, n, n_gpus, gpn, domain_nodes * gpn, cap_gpus)
+    if -(-n_eval // gpn) > top.max_nodes:
+        return None
+    return _graph_link(top, s_f, n_f, n_eval, min(cap_gpus // gpn, -(-n_gpus // gpn)))
 
 
 def remote_share_deduplicated(k: int, domains: int, groups: int = 0, group_limit: int = 0) -> float:

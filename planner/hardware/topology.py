@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import importlib.resources
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,30 @@ from planner.units import GB, GiB
 US = 1e-6               # microseconds -> seconds
 AXES = ("tp", "cp", "ep", "dp", "pp")
 FABRICS = ("nvswitch", "mesh", "pcie")
+
+
+# ---------------------------------------------------------------------------------------------
+# A hash worked out once, for frozen dataclasses looked up in caches many times per plan
+# (issue 32): each holds ``_hash: int = field(init=False, repr=False, compare=False,
+# default=0)`` and takes these three as its __post_init__, __hash__ and __setstate__ (in its
+# own body, where dataclass() leaves them).
+
+
+def hash_once(obj: Any) -> None:
+    """Keep the hash of ``obj``'s compared fields (the one dataclass() would work out on every call)."""
+    object.__setattr__(obj, "_hash", hash(tuple(getattr(obj, f.name) for f in fields(obj) if f.compare)))
+
+
+def stored_hash(obj: Any) -> int:
+    return int(obj._hash)
+
+
+def unpickle_hashed(obj: Any, state: list[object]) -> None:
+    """Unpickled: the fields, then the hash worked out again (another process hashes strings
+    with another seed)."""
+    for f, value in zip(fields(obj), state):
+        object.__setattr__(obj, f.name, value)
+    hash_once(obj)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -121,6 +145,15 @@ class ClusterTopology:
     source: str
     host: HostMemory | None = None   # None: the file gives no CPU memory; offload is not checked
     units: ScalableUnits | None = None   # None: one unit; plans beyond max_nodes are refused
+    # the hash of every field, worked out once: the ring bound's caches (placement._graph_link)
+    # look a topology up for every axis of every layout's degrees, and a dataclass's hash
+    # hashes every nested field each time (issue 32: 227,000 lookups in one `--tokens` plan)
+    _hash: int = field(init=False, repr=False, compare=False, default=0)
+
+    __hash__, __setstate__ = stored_hash, unpickle_hashed
+
+    def __post_init__(self) -> None:
+        hash_once(self)
 
 
 # ---------------------------------------------------------------------------------------------

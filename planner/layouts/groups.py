@@ -90,7 +90,7 @@ ROWS: dict[tuple, Rows] = {}
 
 
 def rows(width: int, dtype: type, *key: object) -> Rows:
-    if len(ROWS) > 64:
+    if len(ROWS) > 512:
         ROWS.clear()
     rows = ROWS.get(key)
     if rows is None:

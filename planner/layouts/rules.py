@@ -136,6 +136,8 @@ STACK_LIMITS = {
     "deepspeed": ("--stack deepspeed runs ZeRO data parallelism, and tp and pp with ZeRO-0/1 as Megatron-DeepSpeed "
                   "(BLOOM, MT-NLG): no FSDP, cp, ZeRO-2/3 or experts with tp/pp (use --zero 0 or 1)"),
     "hf": "--stack hf runs FSDP2 (accelerate) without pipeline stages: use --fsdp full and pp 1",
+    "megatron": ("--stack megatron runs hybrid models as Megatron's MambaModel: no virtual pipeline stages, a pp "
+                 "dividing the layers, no embedding or loss in the split and no MTP (use --vp 1)"),
 }
 
 
@@ -160,6 +162,39 @@ ETP_REFUSAL = {     # the stacks that split no expert over tensor-parallel ranks
     "hf": "--stack hf splits no expert over tensor-parallel ranks: drop --etp or use --stack megatron",
     "deepspeed": "--stack deepspeed splits no expert over tensor-parallel ranks: drop --etp or use --stack megatron",
 }
+# Megatron runs a hybrid Mamba model (ModelSpec.is_hybrid) as megatron-core 0.16.1's MambaModel
+# (pretrain_mamba.py): MambaStack's pipeline split (ssm/mamba_block.py
+# _select_layers_for_pipeline_parallel) asserts no virtual stages and takes num_layers // pp
+# layers per rank (no embedding or loss counted in the split), MambaModel builds no MTP layers,
+# and MambaStack.forward checkpoints no layer (no full recomputation: mamba_stack_refusal).
+_MAMBA_STACK = "--stack megatron runs hybrid models as Megatron's MambaModel, which cannot run"
+
+
+def _mamba_uneven(v: RuleView) -> Any:
+    return (v.pp > 1) & (v.m.n_layers % v.pp != 0)
+
+
+def _mamba_stack_message(v: RuleView) -> str | None:
+    """The first --stack megatron refusal one hybrid layout's view breaks (its messages read the
+    degrees alone, which the view holds), or None."""
+    if v.setup.stack != "megatron":
+        return None
+    for fails, message in STACK_REFUSALS["megatron"]:
+        if bool(fails(v)):
+            return message(v, v)  # type: ignore[arg-type]
+    return None
+
+
+def mamba_stack_refusal(m: ModelSpec, recompute: str) -> str | None:
+    """Why megatron-core 0.16.1's MambaStack cannot run ``m`` under ``recompute`` (the one
+    setting it refuses that no layout rule reads), or None: MambaStack.forward runs its layers
+    without activation checkpointing (ssm/mamba_block.py), so no full recomputation."""
+    if m.is_hybrid and recompute == "full":
+        return (f"{_MAMBA_STACK} full recomputation (MambaStack checkpoints no layer): "
+                "plan with --recompute selective or none")
+    return None
+
+
 STACK_REFUSALS: dict[str, tuple[tuple[Callable[[RuleView], Any], Callable[[RuleView, Layout], str]], ...]] = {
     "torchtitan": (
         (_etp, lambda v, lay: ETP_REFUSAL["torchtitan"]),
@@ -176,6 +211,18 @@ STACK_REFUSALS: dict[str, tuple[tuple[Callable[[RuleView], Any], Callable[[RuleV
          lambda v, lay: (f"--stack hf runs FSDP2 plans (accelerate); this layout ({lay.describe()}) shards with "
                          f"ZeRO-{lay.zero_stage}: plan with --fsdp full")),
         (lambda v: v.pp > 1, lambda v, lay: f"--stack hf has no pipeline parallelism; this layout has pp={lay.pp}"),
+    ),
+    "megatron": (       # hybrid models only (the MambaStack comment above)
+        (lambda v: (v.vp > 1) & v.m.is_hybrid,
+         lambda v, lay: f"{_MAMBA_STACK} virtual pipeline stages (MambaStack asserts none): plan with --vp 1"),
+        (lambda v: _mamba_uneven(v) & v.m.is_hybrid,
+         lambda v, lay: (f"{_MAMBA_STACK} {v.m.n_layers} layers over pp={lay.pp} unevenly (MambaStack splits "
+                         "them evenly): give a pp dividing them")),
+        (lambda v: (v.pp > 1) & (v.setup.pp_balance == "embedding-loss") & v.m.is_hybrid,
+         lambda v, lay: (f"{_MAMBA_STACK} the embedding and loss counted in the pipeline split (MambaStack "
+                         "splits layers alone): drop --pp-balance embedding-loss")),
+        (lambda v: (v.tp < 0) | ((v.setup.mtp_layers > 0) & v.m.is_hybrid),
+         lambda v, lay: f"{_MAMBA_STACK} MTP layers (MambaModel builds none): drop --mtp"),
     ),
     "deepspeed": (      # Megatron-DeepSpeed: tp and pp under ZeRO-0/1 (stacks.runs_megatron_deepspeed)
         (_etp, lambda v, lay: ETP_REFUSAL["deepspeed"]),
@@ -194,7 +241,8 @@ STACK_REFUSALS: dict[str, tuple[tuple[Callable[[RuleView], Any], Callable[[RuleV
 
 def _stack_cannot_run(v: RuleView) -> Any:
     """Where the stack the user named (--stack) cannot run the layout: any of its
-    STACK_REFUSALS fails (megatron and auto run every layout)."""
+    STACK_REFUSALS fails (auto runs every layout; megatron every one but a hybrid model's that
+    MambaStack cannot run)."""
     out: Any = v.tp < 0      # False, shaped as the batch
     for fails, _message in STACK_REFUSALS.get(v.setup.stack, ()):
         out = out | fails(v)
@@ -245,7 +293,7 @@ RULES: tuple[Rule, ...] = (
     Rule("stack-runs", _stack_cannot_run,
          lambda v: (f"--stack torchtitan: {torchtitan_builds(v.m)}"
                     if v.setup.stack == "torchtitan" and torchtitan_builds(v.m) is not None
-                    else STACK_LIMITS.get(v.setup.stack, ""))),
+                    else _mamba_stack_message(v) or STACK_LIMITS.get(v.setup.stack, ""))),
     Rule("generic-layouts", lambda v: v.m.is_generic & ((v.tp > 1) | (v.cp > 1) | (v.ep > 1)),
          lambda v: (f"{v.m.model_type} is planned on the generic path (measured on transformers' model): "
                     "data parallel, ZeRO/FSDP and pipeline stages only; tp, cp and ep need a written family "
@@ -262,6 +310,13 @@ RULES: tuple[Rule, ...] = (
     Rule("tp-mamba", lambda v: (v.m.mamba_heads % v.tp != 0) | (v.m.ssm_groups % v.tp != 0),
          lambda v: (f"tp={v.tp} does not divide the {v.m.mamba_heads} Mamba heads and {v.m.ssm_groups} "
                     f"groups (megatron-core's MambaMixer splits both); pick a divisor of {v.m.ssm_groups}")),
+    # megatron-core 0.16.1 ssm/gated_delta_net.py GatedDeltaNet.forward splits q/k by qk_dim / tp and
+    # v, the gate, beta and alpha by num_value_heads / tp (lines 308-316), each rank holding whole
+    # key and value heads; 0 % tp without gated DeltaNet layers
+    Rule("tp-deltanet", lambda v: (v.m.gdn_key_heads % v.tp != 0) | (v.m.gdn_value_heads % v.tp != 0),
+         lambda v: (f"tp={v.tp} does not divide the {v.m.gdn_key_heads} key heads and {v.m.gdn_value_heads} value "
+                    f"heads of the gated DeltaNet layers (megatron-core's GatedDeltaNet splits both); pick a "
+                    f"divisor of {v.m.gdn_key_heads}")),
     Rule("sp-needs-tp", lambda v: (v.sp > 0) & (v.tp == 1),
          lambda v: "sequence parallelism needs tp > 1"),
     Rule("pp-layers", lambda v: v.pp > v.m.n_layers,
@@ -299,6 +354,11 @@ RULES: tuple[Rule, ...] = (
     Rule("cp-mamba", lambda v: (v.cp > 1) & (v.m.n_mamba_layers > 0),
          lambda v: (f"cp={v.cp} over {v.m.name}'s Mamba-2 layers is not modelled (megatron-core's "
                     f"MambaContextParallel all-to-alls are not timed yet); plan with --cp 1")),
+    # megatron-core 0.16.1 ssm/gated_delta_net.py has no context-parallel path (its
+    # GatedDeltaNetContextParallel import is commented out, line 37): refused
+    Rule("cp-deltanet", lambda v: (v.cp > 1) & (v.m.n_deltanet_layers > 0),
+         lambda v: (f"cp={v.cp} over {v.m.name}'s gated DeltaNet layers: megatron-core 0.16.1's GatedDeltaNet "
+                    "has no context-parallel path; plan with --cp 1")),
     Rule("ep-dense", lambda v: (v.ep > 1) & (not v.m.is_moe),
          lambda v: f"ep={v.ep} needs a mixture-of-experts model; {v.m.name} is dense",
          lambda v: f"--ep {v.ep} needs a mixture-of-experts model; {v.m.name} is dense"),
@@ -384,7 +444,8 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-SPLIT_RULES = ("tp-heads", "tp-kv-heads", "tp-mlp", "tp-mamba", "pp-layers")    # how a model's weights split
+# how a model's weights split
+SPLIT_RULES = ("tp-heads", "tp-kv-heads", "tp-mlp", "tp-mamba", "tp-deltanet", "pp-layers")
 
 
 def split_refusal(m: ModelSpec, tp: int, pp: int) -> str | None:

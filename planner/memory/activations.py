@@ -299,7 +299,9 @@ def layer_activation_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kern
             if "cpu" in setup.ds_checkpointing:
                 return 0
             split = lay.tp
-        return ceil_div(lay.tokens_per_rank * m.d_model * a, split)
+        # one checkpointed input per layer module: a Qwen3-Next decoder layer holds two letters
+        # of the mean block (ModelSpec.letters_per_block), so each letter keeps half an input
+        return ceil_div(lay.tokens_per_rank * m.d_model * a, split * m.letters_per_block)
     terms = layer_activation_terms(m, setup, lay, kernels)
     return sum(t.bytes for t in terms if t.kept(lay.recompute))
 
@@ -373,7 +375,9 @@ def activation_key(lay: Layout, sharded_dtype: bool = False) -> Layout:
 
 @lru_cache(maxsize=4096)
 def block_activations(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str) -> tuple[int, int]:
-    """(bytes a block keeps under the layout's recomputation, bytes without recomputation)."""
+    """(bytes a block keeps under the layout's recomputation, bytes without recomputation: of
+    the mean block; memory.shapes scales the latter to the unit a recomputation reruns,
+    recompute_unit_bytes)."""
     kept = layer_activation_bytes(m, setup, key, kernels)
     full = kept if key.recompute == "none" else layer_activation_bytes(
         m, setup, replace(key, recompute="none"), kernels)
@@ -384,6 +388,20 @@ def block_activations(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: 
         # method over n / every layers): the average block, rounded up
         kept = ceil_div(kept + (every - 1) * full, every)
     return kept, full
+
+
+def recompute_unit_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str, full: int) -> int:
+    """What one layer module rerun by full recomputation holds in its backward, from the mean
+    block's unrecomputed bytes ``full``: a hybrid's largest module (memory.hybrid.largest_unit_share:
+    a Qwen3NextDecoderLayer, the unit transformers' and megatron-core's checkpointing reruns, holds
+    two letters of the pattern). The mean block's for every other model and recomputation."""
+    if lay.recompute != "full" or not m.layer_pattern:
+        return full
+    from planner.memory.hybrid import largest_unit_share
+
+    share = largest_unit_share(m, setup, lay, "eager" if kernels == "torchtitan" else kernels,
+                               layer_activation_terms)
+    return int(full * m.letters_per_block * share)
 
 
 def stage_block_bytes(setup: TrainingSetup, n_act: np.ndarray, vp: np.ndarray, full_recompute: np.ndarray,

@@ -31,6 +31,7 @@ from dataclasses import replace
 
 from planner.layouts.layout import Layout
 from planner.memory.activations import ActivationTerm
+from planner.memory.moe import grouped_experts_bytes_per_token
 from planner.models.spec import ModelSpec
 from planner.training.setup import TrainingSetup
 from planner.units import ceil_div
@@ -76,6 +77,49 @@ def torch_mamba_bytes_per_token(m: ModelSpec, seq_len: int, a: int) -> float:
             + 24 * d + 4 * g + a * d + 2 * q * q / s)
 
 
+def torch_deltanet_bytes_per_token(m: ModelSpec, seq_len: int, a: int) -> float:
+    """Bytes per token one gated DeltaNet mixer keeps under transformers' torch path
+    (torch_chunk_gated_delta_rule and causal_conv1d_fn of modeling_qwen3_next.py, what runs without
+    fla; the mixer's input norm not included), for a sequence of whole chunks. With Hv value heads,
+    dk, dv, K = Hk dk, V = Hv dv, conv channels D = 2K + V, kernel W, chunk C, c = ceil(s / C):
+
+    - the conv's input (the transposed q, k, v) a D, and its output over s + W - 1 positions
+      (F.conv1d pads both sides; silu keeps it) a D (s + W - 1) / s;
+    - beta = sigmoid(b) a Hv; softplus's fp32 input and output 8 Hv; the fp32 L2-norm scales of q
+      and k and beta 12 Hv; the decays per position 12 Hv; the gated norm's rstd 4 Hv;
+    - the delta rule's fp32 tensors per value head (q and k repeated to it): 8 of dk (q, k before and
+      after their L2 norm, the scaled and decayed copies the chunk matmuls read), 5 of C (the
+      pairwise decays, the UT system, the intra-chunk scores and their solves), 3 of dv (v, v beta,
+      the chunks' new values): 4 Hv (8 dk + 5 C + 3 dv);
+    - the recurrent state read by each chunk, fp32: 4 Hv dk dv c / s;
+    - the gated RMSNorm's fp32 input, normalised and gate tensors 12 V, its 16-bit products 2 a V,
+      out_proj's input a V; the chunk mask C^2 / s and A_log's fp32 copies 8 Hv / s and the
+      chunk decays 4 Hv c / s per sequence.
+
+    Measured 57,694.75 bytes per token at h 512, Hv 8, Hk 4, dk 32, dv 128, s 256 (bf16), the same
+    as this sum (tests/test_deltanet.py checks it against the probe's measurement)."""
+    hv, dk, dv, q = m.gdn_value_heads, m.gdn_key_dim, m.gdn_value_dim, m.ssm_chunk
+    v, conv = m.gdn_value_width, m.gdn_conv_dim
+    s = max(seq_len, 1)
+    c = -(-s // q)
+    return (a * conv + a * conv * (s + m.conv_kernel - 1) / s + a * hv + 8 * hv + 12 * hv + 12 * hv + 4 * hv
+            + 4 * hv * (8 * dk + 5 * q + 3 * dv) + 4 * hv * dk * dv * c / s
+            + 12 * v + 2 * a * v + a * v + (q * q + 8 * hv + 4 * hv * c) / s)
+
+
+def fused_deltanet_bytes_per_token(m: ModelSpec, a: int) -> float:
+    """Bytes per token one gated DeltaNet mixer keeps under megatron-core's GatedDeltaNet on fla's
+    kernels (ssm/gated_delta_net.py: causal_conv1d_fn, then fla's chunk_gated_delta_rule, whose
+    ChunkGatedDeltaRuleFunction saves q, k (L2-normalised in the kernel) and their fp32 rstd, v, g,
+    beta and the fp32 UT inverse A of C per value head, fla/ops/gated_delta_rule/chunk.py; the
+    gated norm keeps its input and gate, out_proj its input), MODELLED from those sources, no GPU
+    tracker here: the conv's input a D and output a (2K + V), z a V, rstd 8 Hv, g 4 Hv, beta a Hv,
+    A 4 Hv C, the rule's output (the norm's input) a V, the norm's rstd 4 Hv, out_proj's input a V."""
+    hv, v = m.gdn_value_heads, m.gdn_value_width
+    return (a * m.gdn_conv_dim + a * (2 * m.gdn_key_width + v) + a * v + 8 * hv + 4 * hv + a * hv
+            + 4 * hv * m.ssm_chunk + a * v + 4 * hv + a * v)
+
+
 def fused_mamba_bytes_per_token(m: ModelSpec, a: int) -> float:
     """Bytes per token one Mamba-2 mixer keeps under Megatron-Core's fused path (module
     docstring): zxbcdt a (2 d + 2 G N + H), the scan output a d, the gated norm's input a d and
@@ -118,7 +162,13 @@ def hybrid_block_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels:
         for t in block_terms(shared, setup, lay, kernels):      # type: ignore[operator]
             if _half(t.name) == "mlp" and not t.name.startswith("MLP input"):
                 share(replace(t, name=f"shared expert: {t.name}"), m.n_moe_layers, "MoE")
-        if kernels != "fused":
+        if m.shared_expert_gate:
+            # Qwen3NextSparseMoeBlock: sigmoid(shared_expert_gate(x)) * shared_expert(x) keeps the product's inputs
+            add("shared expert output and its sigmoid gate", a * (m.d_model + 1), sp_div, m.n_moe_layers, "MoE")
+        if kernels != "fused" and grouped_experts_bytes_per_token(m, a):
+            add("grouped experts' outputs and index vectors (transformers' grouped_mm)",
+                grouped_experts_bytes_per_token(m, a), tp, m.n_moe_layers, "MoE")
+        if kernels != "fused" and m.model_type == "nemotron_h":
             # NemotronHTopkRouter: F.linear(hidden_states.type(torch.float32), ...) keeps an fp32 copy
             add("router input (fp32 copy)", 4 * m.d_model, sp_div, m.n_moe_layers, "MoE")
     if m.n_mlp_layers:
@@ -126,6 +176,18 @@ def hybrid_block_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels:
         for t in block_terms(dense, setup, lay, kernels):       # type: ignore[operator]
             if _half(t.name) == "mlp":
                 share(t, m.n_mlp_layers, "MLP")
+    if m.attention_gate and m.n_attention_layers:
+        # Qwen3NextAttention: attn_output * sigmoid(gate) keeps both factors (q wide each)
+        add("attention output gate: sigmoid(gate) and the ungated output", 2 * a * m.q_dim, tp,
+            m.n_attention_layers, "attention")
+    if m.n_deltanet_layers:
+        add("gated DeltaNet mixer input (norm output)", m.d_model * a, sp_div, m.n_deltanet_layers, "DeltaNet")
+        if kernels == "fused":
+            add("gated DeltaNet conv, delta-rule inputs, UT inverse, gated norm (fla kernels)",
+                fused_deltanet_bytes_per_token(m, a), tp, m.n_deltanet_layers, "DeltaNet")
+        else:
+            add("gated DeltaNet conv, chunked delta rule and gated norm tensors (transformers' torch path)",
+                torch_deltanet_bytes_per_token(m, lay.seq_len // lay.cp, a), tp, m.n_deltanet_layers, "DeltaNet")
     if m.n_mamba_layers:
         add("Mamba-2 mixer input (norm output)", m.d_model * a, sp_div, m.n_mamba_layers, "Mamba")
         if kernels == "fused":
@@ -136,3 +198,26 @@ def hybrid_block_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels:
                 torch_mamba_bytes_per_token(m, lay.seq_len_per_rank, a), tp, m.n_mamba_layers, "Mamba")
     return terms
 
+
+# hybrid_block_terms' labels, by letter of the pattern
+_LABELS = {"M": "Mamba", "G": "DeltaNet", "*": "attention", "E": "MoE", "-": "MLP"}
+
+
+def largest_unit_share(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str, block_terms: object) -> float:
+    """The largest layer module's unrecomputed saved bytes over letters_per_block mean layers'
+    (hybrid_block_terms without recomputation): what a full recomputation reruns at once is one
+    module of the model's code (a NemotronHBlock: one letter; a Qwen3NextDecoderLayer: its token
+    mixer and its MLP), and the largest of them sets the peak of its backward, as the largest
+    block kind does for FSDP (memory.peak.largest_block_share). 1.0 for a pattern of one kind."""
+    terms = hybrid_block_terms(m, setup, replace(lay, recompute="none"), kernels, block_terms)
+    n, k = m.n_layers, m.letters_per_block
+    norm = sum(t.bytes for t in terms if "[every layer" in t.name)
+
+    def letter(c: str) -> float:
+        count = m.layer_pattern.count(c)
+        return norm + sum(t.bytes for t in terms if f"[{_LABELS[c]}:" in t.name) * n / count
+
+    mean = sum(t.bytes for t in terms) * k
+    units = {m.layer_pattern[i:i + k] for i in range(0, n - k + 1, k)}
+    largest = max(sum(letter(c) for c in unit) for unit in units)
+    return largest / mean if mean else 1.0

@@ -175,13 +175,30 @@ def mamba_state_bytes(m: ModelSpec, batch: int, tp: int = 1, n_layers: int | Non
     positions, as transformers' cache and mamba_ssm's conv_state keep), and the SSM state, H x P x
     N in fp32 (transformers 5.x NemotronHConfig.mamba_ssm_cache_dtype "float32"; the Nemotron 3
     deployment guide asks for float32 too). 0 without Mamba layers. tests/test_hybrid.py checks
-    it with the attention layers' keys and values against transformers' own cache."""
-    if not m.n_mamba_layers:
-        return 0
+    it with the attention layers' keys and values against transformers' own cache. Gated DeltaNet
+    layers keep the same two states (deltanet_state_bytes), added here: this is the one fixed
+    per-sequence state of a hybrid."""
     layers = m.n_layers if n_layers is None else n_layers
+    total = deltanet_state_bytes(m, batch, tp, layers, kv_bytes)
+    if not m.n_mamba_layers:
+        return total
     mamba_here = min(layers, ceil_div(layers * m.n_mamba_layers, m.n_layers))
     per_layer = m.conv_kernel * m.mamba_conv_dim * kv_bytes + m.mamba_heads * m.mamba_head_dim * m.ssm_state * 4
-    return mamba_here * batch * ceil_div(per_layer, tp)
+    return total + mamba_here * batch * ceil_div(per_layer, tp)
+
+
+def deltanet_state_bytes(m: ModelSpec, batch: int, tp: int, n_layers: int, kv_bytes: int = 2) -> int:
+    """The fixed state a hybrid's gated DeltaNet layers keep per sequence, on one tensor-parallel
+    rank, for a stage of ``n_layers`` layers holding their share of them, rounded up: the conv
+    state, W x (2K + V) in the cache dtype, and the recurrent state, Hv x dk x dv in fp32 (what
+    transformers 5.x's Qwen3-Next cache holds after a forward: torch_chunk_gated_delta_rule's
+    state is fp32; tests/test_deltanet.py reads it). 0 without gated DeltaNet layers."""
+    if not m.n_deltanet_layers:
+        return 0
+    here = min(n_layers, ceil_div(n_layers * m.n_deltanet_layers, m.n_layers))
+    per_layer = (m.conv_kernel * m.gdn_conv_dim * kv_bytes
+                 + m.gdn_value_heads * m.gdn_key_dim * m.gdn_value_dim * 4)
+    return here * batch * ceil_div(per_layer, tp)
 
 
 def kv_cache_bytes(m: ModelSpec, batch: int, context: int, kv_bytes: int = 2, tp: int = 1,
@@ -265,7 +282,7 @@ def load_memory_batch(m: ModelSpec, setup: LoadSetup, tp: np.ndarray, pp: np.nda
         per_token = _per_value(lambda t: kv_elements_per_token(m, t, setup.mla_cache), tp)
         token_layers = _per_value(lambda n: cached_token_layers(m, setup.context, n), st.n_layers)
         kv = per_token * token_layers * setup.batch * setup.kv_bytes
-        if m.n_mamba_layers:     # a hybrid's Mamba layers: a fixed state per sequence
+        if m.n_mamba_layers or m.n_deltanet_layers:     # a hybrid's Mamba or DeltaNet layers: a fixed state
             kv = kv + np.array([[mamba_state_bytes(m, setup.batch, int(t), int(n), setup.kv_bytes)
                                  for t, n in zip(tp.tolist(), row.tolist(), strict=True)]
                                 for row in np.broadcast_to(st.n_layers, kv.shape)], dtype=np.int64)

@@ -87,10 +87,17 @@ def is_routed_term(name: str) -> bool:
     expert MLP, the permuted tokens, the router's probabilities), not the MLP's input."""
     return name.startswith(ROUTED_PREFIXES) and not name.startswith(MLP_INPUT)
 HF_KERNELS = ("eager", "amp")
-GROUPED_GEMM_TYPES = ("qwen3_moe", "deepseek_v3", "gpt_oss")
+GROUPED_GEMM_TYPES = ("qwen3_moe", "deepseek_v3", "gpt_oss", "qwen3_next", "qwen3_5_moe_text")
 FP32_ROUTER_INPUT_TYPES = ("deepseek_v3",)
 ALL_EXPERTS_TYPES = ("llama4_text", "llama4")
 CLAMPED_SWIGLU_TYPES = ("gpt_oss",)
+
+
+def grouped_experts_bytes_per_token(m: ModelSpec, a: int) -> int:
+    """What transformers' grouped experts keep per token beyond the generic MoE terms under its
+    eager modules (the comment above): the k x h expert output and four int64 index vectors of k
+    entries, k (h a + 32); 0 for the families that do not run them."""
+    return m.n_experts_per_token * (m.d_model * a + 4 * 8) if m.model_type in GROUPED_GEMM_TYPES else 0
 
 
 def _mlp_term_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str, copies: int) -> int:
@@ -120,8 +127,7 @@ def moe_block_delta_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kerne
             routed_all = _mlp_term_bytes(m, setup, lay, kernels, n_experts) - _mlp_term_bytes(m, setup, lay, kernels, k)
             repeat = tokens * n_experts * (2 * m.d_model * a + a) - tokens * k * m.d_model * a
             extra_moe += routed_all + repeat // lay.tp
-        if m.model_type in GROUPED_GEMM_TYPES:
-            extra_moe += tokens * k * (m.d_model * a + 4 * 8) // lay.tp
+        extra_moe += int(tokens * grouped_experts_bytes_per_token(m, a)) // lay.tp
         if m.model_type in CLAMPED_SWIGLU_TYPES:
             extra_moe += tokens * k * 3 * m.d_ff * a // lay.tp
         if m.model_type in FP32_ROUTER_INPUT_TYPES:

@@ -12,7 +12,11 @@ gradient is fp32, 4 + 4 bytes per element:
   per block (input, post-attention, pre- and post-feedforward) and its QK norms;
 * OLMo 2 (models/olmo2/modeling_olmo2.py, Olmo2RMSNorm: ``return (self.weight *
   hidden_states).to(input_dtype)`` with ``hidden_states`` fp32: a 16-bit weight times an fp32
-  tensor promotes to fp32), in its post-attention and post-feedforward norms and its QK norms.
+  tensor promotes to fp32), in its post-attention and post-feedforward norms and its QK norms;
+* Qwen3-Next and Qwen3.5 (models/qwen3_next/modeling_qwen3_next.py, Qwen3NextRMSNorm, and
+  Qwen3_5RMSNorm / Qwen3_5MoeRMSNorm alike: Gemma 3's ``output * (1.0 + self.weight.float())``),
+  in their two norms per decoder layer (one per letter of the hybrid pattern,
+  planner.models.deltanet) and their QK norms.
 
 Under autocast (kernels "amp") the residual stream is fp32 already and the generic count is
 8 bytes per element: no change; fused kernels keep their input only (no change either); a
@@ -27,7 +31,7 @@ from planner.memory.activations import norm_saved_bytes
 from planner.models.spec import ModelSpec
 from planner.training.setup import TrainingSetup
 
-FP32_NORMALISED_TYPES = ("gemma3_text", "gemma3", "olmo2")
+FP32_NORMALISED_TYPES = ("gemma3_text", "gemma3", "olmo2", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 FP32_NORM_BYTES = 8     # the fp32 copy of the input and the fp32 normalised tensor, per element
 
 

@@ -109,7 +109,8 @@ def rank_params(m: ModelSpec, pc: ParamCount, lay: Layout, stage: int, n_layers:
             head += ceil_div(m.vocab_size * h, tp)
         root += head
     dense += root
-    block = dense_layer + expert_layer if n_layers else 0
+    # the unit FSDP wraps: one layer module of the model's code, two letters of a Qwen3-Next pattern
+    block = (dense_layer + expert_layer) * m.letters_per_block if n_layers else 0
     largest_module = max(block, ceil_div(m.vocab_size * h, tp) if (first or last) else 0)
     return RankParams(dense=dense, expert=n_layers * expert_layer, block_unit=block,
                       root_unit=root, largest_module=largest_module)

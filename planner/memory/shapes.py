@@ -16,6 +16,7 @@ from planner.memory.activations import (
     activation_key,
     backward_working_bytes,
     block_activations,
+    recompute_unit_bytes,
 )
 from planner.memory.attention import attention_saved_delta_bytes, sink_eager_delta_bytes
 from planner.memory.buffers import pipeline_buffer_bytes
@@ -147,7 +148,7 @@ def forget_tables() -> None:
 
 
 def _table(*key: object) -> dict[tuple[int, ...], tuple[int, ...]]:
-    if len(_TABLES) > 64:
+    if len(_TABLES) > 256:
         _TABLES.clear()
     return _TABLES.setdefault(key, {})
 
@@ -219,8 +220,8 @@ def activation_figures(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_
         if imbalanced:  # the most loaded expert-parallel rank's extra routed tokens (memory.moe)
             kept += imbalance_extra_bytes(m, s_, lay, kern)
             full += imbalance_extra_bytes(m, s_, replace(lay, recompute="none"), kern)
-        return (kept, full, backward_working_bytes(m, setup, lay, kern), logits_bytes(m, setup, lay, kern),
-                pipeline_buffer_bytes(m, setup, lay))
+        return (kept, recompute_unit_bytes(m, s_, lay, kern, full), backward_working_bytes(m, setup, lay, kern),
+                logits_bytes(m, setup, lay, kern), pipeline_buffer_bytes(m, setup, lay))
 
     cols = [a.tp, a.sp, a.cp, a.micro_batch, a.recompute, kernels, act_fp32.astype(np.int64),
             (a.pp > 1).astype(np.int64)]

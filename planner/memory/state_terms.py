@@ -224,7 +224,7 @@ def _fsdp_state_terms(m: ModelSpec, setup: TrainingSetup, sa: LayoutArrays, pc: 
     n_l = np.maximum(n_layers, 1)
     block_dense, block_expert = (rp.dense - rp.root_unit) // n_l, rp.expert // n_l
     # (two-block stages: the moment's blocks by kind, buffers.fsdp_two_block_bytes)
-    share = largest_block_share(pc)
+    share = largest_block_share(pc, m)
     end_w, end_a, end_b, done_share = fsdp_backward_end_bytes(sa, rp, prec, split, grad_unit, n_act, share)
     end_w, end_a, end_b = (np.where(has_act, x, 0) for x in (end_w, end_a, end_b))
     # the first block's post-backward, the other candidate for the backward-end moment
@@ -288,12 +288,18 @@ def fsdp_blocks_done(a: LayoutArrays, n_blocks: np.ndarray) -> np.ndarray:
                     np.where(n_blocks >= 2, 1, 0))
 
 
-def largest_block_share(pc: ParamCount) -> float:
+def largest_block_share(pc: ParamCount, m: ModelSpec | None = None) -> float:
     """The largest kind of block's parameters over the mean block's (1.0 when every block is
     alike): DeepSeek-V3's MoE blocks beside its first dense ones, Llama 4's interleaved MoE
     blocks (models.spec.BlockKind, counted as transformers builds them). Used for two-block
     stages (buffers.fsdp_two_block_bytes), on the model's mean block: exact without tp and ep,
-    where experts and dense parts would split differently."""
+    where experts and dense parts would split differently. A hybrid whose layer module holds
+    several letters (``m.letters_per_block``: the unit FSDP wraps, params.block_unit) compares
+    its largest module (hybrid.largest_module_params) with that many mean letters."""
     if len(pc.blocks) < 2 or pc.per_layer <= 0:
         return 1.0
+    if m is not None and m.letters_per_block > 1:
+        from planner.models.hybrid import largest_module_params
+
+        return largest_module_params(m, pc) / (m.letters_per_block * pc.per_layer)
     return max(b.per_layer for b in pc.blocks) / pc.per_layer

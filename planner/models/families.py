@@ -11,6 +11,7 @@ from typing import Any
 from planner.errors import UserError
 from planner.limits import MAX_PARAMS, check_config_types
 from planner.models.cfg import float_key, int_key, opt_int
+from planner.models.deltanet import DELTANET_MODEL_TYPES, qwen3_next_spec
 from planner.models.hybrid import HYBRID_MODEL_TYPES, nemotron_h_spec
 from planner.models.recent import RECENT_MODEL_TYPES, recent_spec
 from planner.models.spec import ModelSpec, count_params
@@ -58,7 +59,9 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str, where: str, source: str 
         common["activation"] = str(act) if act else ("gelu" if mt in ("bert", "falcon", "bloom",
                                                                       "gpt_neox") else "silu")
 
-    if mt in HYBRID_MODEL_TYPES:
+    if mt in DELTANET_MODEL_TYPES:
+        spec = qwen3_next_spec(cfg, common, where)
+    elif mt in HYBRID_MODEL_TYPES:
         spec = nemotron_h_spec(cfg, {k: v for k, v in common.items() if k != "activation"}, where)
     elif mt in RECENT_MODEL_TYPES:
         spec = recent_spec(cfg, mt, common, where, mtp=mtp)

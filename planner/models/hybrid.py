@@ -19,9 +19,10 @@ from typing import Any
 
 from planner.errors import UserError
 from planner.models.cfg import float_key, int_key, opt_int
-from planner.models.spec import BlockKind, ModelSpec, ParamCount, attention_params
+from planner.models.deltanet import DELTANET_MODEL_TYPES, deltanet_params
+from planner.models.spec import BlockKind, ModelSpec, ParamCount, attention_params, mlp_params
 
-HYBRID_MODEL_TYPES = ("nemotron_h",)
+HYBRID_MODEL_TYPES = ("nemotron_h", *DELTANET_MODEL_TYPES)
 
 # transformers' layers_block_type names -> Megatron's pattern letters (NemotronHConfig._pattern_to_list)
 _LETTERS = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*", "moe": "E", "mlp": "-"}
@@ -99,33 +100,34 @@ def mamba_params(m: ModelSpec) -> int:
             + 3 * m.mamba_heads + inner + inner * h + (h if b else 0))
 
 
-def _plain_mlp(h: int, f: int, bias: bool) -> int:
-    """NemotronHMLP: up_proj h x f and down_proj f x h, no gate."""
-    return 2 * h * f + (f + h if bias else 0)
-
-
 def hybrid_param_count(m: ModelSpec) -> ParamCount:
-    """Exact parameter count of transformers' NemotronHForCausalLM for ``m`` (tests/
-    test_hybrid.py builds it on the meta device): per letter of the pattern one norm (h) and
-    its mixer. E: the router's E x h weight (its e_score_correction_bias is a buffer), E
-    routed experts of up and down (latent width L in and out when moe_latent, else h), the
-    shared expert, and under latent MoE fc1/fc2_latent_proj (h x L each). Outside the blocks:
-    the embedding, the final norm and the LM head (untied by default)."""
+    """Exact parameter count of transformers' NemotronHForCausalLM / Qwen3NextForCausalLM for
+    ``m`` (tests/test_hybrid.py and tests/test_deltanet.py build them on the meta device): per
+    letter of the pattern one norm (h) and its mixer. M: mamba_params; G: deltanet.deltanet_params;
+    *: attention_params; -: one MLP (NemotronHMLP up and down; Qwen3NextMLP gate, up and down).
+    E: the router's E x h weight (Nemotron-H's e_score_correction_bias is a buffer), E routed
+    experts (up and down, or gate_up and down when gated; latent width L in and out when
+    moe_latent, else h), the shared expert, Qwen3-Next's shared_expert_gate (h x 1), and under
+    latent MoE fc1/fc2_latent_proj (h x L each). Outside the blocks: the embedding, the final
+    norm and the LM head (untied unless tied_embeddings)."""
     h = m.d_model
     width = m.moe_latent or h
-    expert = 2 * width * m.d_ff
+    expert = (3 if m.gated_mlp else 2) * width * m.d_ff
     latent = 2 * h * m.moe_latent + (m.moe_latent + h if m.mlp_bias else 0) if m.moe_latent else 0
+    shared = (mlp_params(m, m.shared_d_ff, m.mlp_bias) if m.shared_d_ff else 0) + (h if m.shared_expert_gate else 0)
     kinds = {
-        "M": BlockKind(kind="mamba", n_layers=m.n_mamba_layers, attention=mamba_params(m), routed=0,
-                       other_mlp=0, norms=h),
+        "M": BlockKind(kind="mamba", n_layers=m.n_mamba_layers, attention=mamba_params(m) if m.n_mamba_layers else 0,
+                       routed=0, other_mlp=0, norms=h),
+        "G": BlockKind(kind="deltanet", n_layers=m.n_deltanet_layers,
+                       attention=deltanet_params(m) if m.n_deltanet_layers else 0, routed=0, other_mlp=0, norms=h),
         "*": BlockKind(kind="attention", n_layers=m.n_attention_layers, attention=attention_params(m), routed=0,
                        other_mlp=0, norms=h),
         "-": BlockKind(kind="dense", n_layers=m.n_mlp_layers, attention=0, routed=0,
-                       other_mlp=_plain_mlp(h, m.dense_d_ff, m.mlp_bias), norms=h),
+                       other_mlp=mlp_params(m, m.dense_d_ff, m.mlp_bias), norms=h),
         "E": BlockKind(kind="moe", n_layers=m.n_moe_layers, attention=0, routed=m.n_experts * (expert + h),
-                       other_mlp=_plain_mlp(h, m.shared_d_ff, m.mlp_bias) + latent, norms=h),
+                       other_mlp=shared + latent, norms=h),
     }
-    blocks = tuple(kinds[c] for c in "M*-E" if kinds[c].n_layers)
+    blocks = tuple(kinds[c] for c in "MG*-E" if kinds[c].n_layers)
     n = m.n_layers
     layers = sum(b.per_layer * b.n_layers for b in blocks)
 
@@ -170,3 +172,16 @@ def torch_fallback_extra_flops_per_token(m: ModelSpec, seq_len: int) -> float:
 def conv_flops_per_token(m: ModelSpec) -> float:
     """Forward FLOPs per token of the depthwise causal conv1d: 2 K per channel."""
     return 2.0 * m.conv_kernel * m.mamba_conv_dim
+
+
+# hybrid_param_count's BlockKind.kind of each letter
+_KIND_OF_LETTER = {"M": "mamba", "G": "deltanet", "*": "attention", "-": "dense", "E": "moe"}
+
+
+def largest_module_params(m: ModelSpec, pc: ParamCount) -> int:
+    """Parameters of the largest layer module of the model's code: ``m.letters_per_block``
+    consecutive letters of the pattern (a Qwen3NextDecoderLayer: its token mixer and its MLP),
+    each letter's exact count from ``pc.blocks``."""
+    per = {b.kind: b.per_layer for b in pc.blocks}
+    k, pattern = m.letters_per_block, m.layer_pattern
+    return max(sum(per[_KIND_OF_LETTER[c]] for c in pattern[i:i + k]) for i in range(0, len(pattern) - k + 1, k))

@@ -21,7 +21,8 @@ class Matmul:
 
     ``visits``: how many times a token passes through it (k for the routed experts: each token
     visits k of them; 1 otherwise). ``n_blocks``: blocks that hold it (0: every block).
-    A hybrid's "mamba" GEMMs (in_proj, out_proj) are timed and split like "attention" ones.
+    A hybrid's "mamba" GEMMs (the Mamba-2 and gated DeltaNet in_proj and out_proj) are timed and
+    split like "attention" ones.
     ``split``: how tensor parallelism splits it: "column" (d_out / tp), "row" (d_in / tp),
     "none" (every tp rank runs it whole: the router, MLA's down-projections, which
     megatron-core 0.16 keeps unsplit, transformer/multi_latent_attention.py linear_q_down_proj
@@ -63,7 +64,8 @@ def _attention_matmuls(m: ModelSpec) -> tuple[Matmul, ...]:
             Matmul(name="kv_up", d_in=m.kv_lora_rank, d_out=heads * (qk - m.qk_rope_head_dim + v),
                    kind="attention", split="column"),
             Matmul(name="o", d_in=heads * v, d_out=h, kind="attention", split="row"))
-    return (Matmul(name="qkv", d_in=h, d_out=m.q_dim + 2 * m.kv_dim, kind="attention", split="column"),
+    q_out = 2 * m.q_dim if m.attention_gate else m.q_dim      # Qwen3NextAttention's q_proj: queries and gate
+    return (Matmul(name="qkv", d_in=h, d_out=q_out + 2 * m.kv_dim, kind="attention", split="column"),
             Matmul(name="o", d_in=m.q_dim, d_out=h, kind="attention", split="row"))
 
 
@@ -110,12 +112,23 @@ def _hybrid_matmuls(m: ModelSpec) -> tuple[Matmul, ...]:
     splits in_proj by columns and out_proj by rows over tp (ssm/mamba_mixer.py, lines 268 and
     367: in_proj and out_proj built from the layer spec's column- and row-parallel linears), so
     a layer needs one tp all-reduce per pass, as an attention or MLP layer does. *: QKV and O.
-    -: up and down (no gate). E: the router, the k routed experts (in the latent width under latent MoE, with fc1/fc2
-    latent projections h -> L -> h around them, column and row split like an MLP) and the
-    shared expert. The scan and the conv are not GEMMs (hybrid.ssd_scan_flops_per_token)."""
+    -: up and down (and gate when gated). E: the router, the k routed experts (in the latent width
+    under latent MoE, with fc1/fc2 latent projections h -> L -> h around them, column and row split
+    like an MLP), the shared expert and Qwen3-Next's shared_expert_gate (h -> 1, unsplit). G: gated
+    DeltaNet's in_proj_qkvz and in_proj_ba (h -> 2K + 2V + 2 Hv) and out_proj (V -> h);
+    megatron-core 0.16.1's GatedDeltaNet builds one column-parallel in_proj of that width and a
+    row-parallel out_proj (ssm/gated_delta_net.py, in_proj_dim, lines 139-160 and 209), every
+    head split by tp. The scans and the convs are not GEMMs (hybrid.ssd_scan_flops_per_token,
+    deltanet.delta_rule_flops_per_token)."""
     h, n_moe = m.d_model, m.n_moe_layers
     in_proj = 2 * m.mamba_inner + 2 * m.ssm_groups * m.ssm_state + m.mamba_heads
     out: tuple[Matmul, ...] = ()
+    if m.n_deltanet_layers:
+        gdn_in = 2 * m.gdn_key_width + 2 * m.gdn_value_width + 2 * m.gdn_value_heads
+        out += (Matmul(name="deltanet_in", d_in=h, d_out=gdn_in, kind="mamba", split="column",
+                       n_blocks=m.n_deltanet_layers),
+                Matmul(name="deltanet_out", d_in=m.gdn_value_width, d_out=h, kind="mamba", split="row",
+                       n_blocks=m.n_deltanet_layers))
     if m.n_mamba_layers:
         out += (Matmul(name="mamba_in", d_in=h, d_out=in_proj, kind="mamba", split="column",
                        n_blocks=m.n_mamba_layers),
@@ -129,7 +142,8 @@ def _hybrid_matmuls(m: ModelSpec) -> tuple[Matmul, ...]:
     if n_moe:
         width = m.moe_latent or h
         out += (Matmul(name="router", d_in=h, d_out=m.n_experts, kind="router", split="none", n_blocks=n_moe),
-                Matmul(name="experts_in", d_in=width, d_out=m.d_ff, kind="expert", split="column",
+                Matmul(name="experts_in", d_in=width, d_out=(2 if m.gated_mlp else 1) * m.d_ff, kind="expert",
+                       split="column",
                        visits=m.n_experts_per_token, n_blocks=n_moe),
                 Matmul(name="experts_out", d_in=m.d_ff, d_out=width, kind="expert", split="row",
                        visits=m.n_experts_per_token, n_blocks=n_moe))
@@ -138,6 +152,8 @@ def _hybrid_matmuls(m: ModelSpec) -> tuple[Matmul, ...]:
                     Matmul(name="latent_out", d_in=m.moe_latent, d_out=h, kind="mlp", split="row", n_blocks=n_moe))
         if m.shared_d_ff:
             out += _mlp("shared", m, m.shared_d_ff, "mlp", n_blocks=n_moe)
+        if m.shared_expert_gate:
+            out += (Matmul(name="shared_gate", d_in=h, d_out=1, kind="router", split="none", n_blocks=n_moe),)
     return out
 
 

@@ -106,6 +106,17 @@ class ModelSpec:
     mamba_bias: bool = False        # in_proj/out_proj biases (use_bias)
     conv_bias: bool = True
     moe_latent: int = 0             # latent MoE: experts run in this width (fc1/fc2_latent_proj); 0: h
+    # ---- gated DeltaNet layers (letter G; Qwen3-Next, planner.models.deltanet): key heads of
+    # gdn_key_dim, value heads of gdn_value_dim; conv_kernel and ssm_chunk (the delta rule's
+    # chunk) are shared with the Mamba fields above
+    gdn_key_heads: int = 0
+    gdn_value_heads: int = 0
+    gdn_key_dim: int = 0
+    gdn_value_dim: int = 0
+    attention_gate: bool = False    # Qwen3-Next's gated attention: q_proj also yields a sigmoid output gate
+    letters_per_block: int = 1      # pattern letters in one layer module of the model's code (the unit FSDP
+    #                                 wraps): 2 for a Qwen3NextDecoderLayer (token mixer and MLP), 1 for NemotronHBlock
+    shared_expert_gate: bool = False    # a sigmoid gate (h -> 1) on the shared expert's output (Qwen2-MoE, Qwen3-Next)
     # ---- the generic path (planner.models.generic): a family no translator is written for,
     # measured on transformers' own model; its parameters, saved tensors and FLOPs come from here
     profile: GenericProfile | None = None
@@ -159,6 +170,26 @@ class ModelSpec:
     def n_mlp_layers(self) -> int:
         """A hybrid's dense MLP layers ('-')."""
         return self.layer_pattern.count("-")
+
+    @property
+    def n_deltanet_layers(self) -> int:
+        """A hybrid's gated DeltaNet layers ('G')."""
+        return self.layer_pattern.count("G")
+
+    @property
+    def gdn_key_width(self) -> int:
+        """Gated DeltaNet's query (and key) width: key heads x key head dim."""
+        return self.gdn_key_heads * self.gdn_key_dim
+
+    @property
+    def gdn_value_width(self) -> int:
+        """Gated DeltaNet's value (and output gate z) width: value heads x value head dim."""
+        return self.gdn_value_heads * self.gdn_value_dim
+
+    @property
+    def gdn_conv_dim(self) -> int:
+        """Channels of gated DeltaNet's conv1d: q, k and v (2 key widths + the value width)."""
+        return 2 * self.gdn_key_width + self.gdn_value_width
 
     @property
     def mamba_inner(self) -> int:
@@ -249,7 +280,8 @@ def _linear(d_in: int, d_out: int, bias: bool) -> int:
 def attention_params(m: ModelSpec) -> int:
     """One block's attention: projections, QK norms, sinks (no block norms).
 
-    Standard/GQA: q (h x n_heads d), k and v (h x n_kv d), o (n_heads d x h).
+    Standard/GQA: q (h x n_heads d), k and v (h x n_kv d), o (n_heads d x h); a gated
+    attention's q_proj twice as wide (attention_gate).
     MLA (transformers' DeepseekV3Attention): q_a_proj h x q_lora, q_a_layernorm q_lora,
     q_b_proj q_lora x n_heads (nope + rope) (or q_proj h x n_heads (nope + rope) without a
     query bottleneck); kv_a_proj_with_mqa h x (kv_lora + rope), kv_a_layernorm kv_lora,
@@ -269,6 +301,8 @@ def attention_params(m: ModelSpec) -> int:
         return q + kv + _linear(m.n_heads * v, h, m.out_bias)
     q, kv = m.q_dim, m.kv_dim
     out = _linear(h, q, m.qkv_bias) + 2 * _linear(h, kv, m.qkv_bias) + _linear(q, h, m.out_bias)
+    if m.attention_gate:    # Qwen3NextAttention: q_proj is h x 2 q (queries and their output gate)
+        out += _linear(h, q, m.qkv_bias)
     if m.qk_norm == "head":
         out += 2 * m.head_dim
     elif m.qk_norm == "full":
@@ -278,7 +312,8 @@ def attention_params(m: ModelSpec) -> int:
     return out
 
 
-def _mlp(m: ModelSpec, d_ff: int, bias: bool) -> int:
+def mlp_params(m: ModelSpec, d_ff: int, bias: bool) -> int:
+    """One MLP of width d_ff: gate (when gated), up and down."""
     n_mats_in = 2 if m.gated_mlp else 1
     return n_mats_in * _linear(m.d_model, d_ff, bias) + _linear(d_ff, m.d_model, bias)
 
@@ -306,20 +341,20 @@ def count_params(m: ModelSpec) -> ParamCount:
     norm = h * (2 if m.norm == "layernorm" else 1)
     attention = attention_params(m)
     norms = m.norms_per_layer * norm
-    expert = _mlp(m, m.d_ff, m.mlp_bias) if m.is_moe else 0
+    expert = mlp_params(m, m.d_ff, m.mlp_bias) if m.is_moe else 0
     blocks: list[BlockKind] = []
     if m.is_moe:
         router = h * m.n_experts + (m.n_experts if m.router_bias else 0)
-        shared = _mlp(m, m.shared_d_ff, False) if m.shared_d_ff else 0
+        shared = mlp_params(m, m.shared_d_ff, False) if m.shared_d_ff else 0
         moe = BlockKind(kind="moe", n_layers=m.n_moe_layers, attention=attention,
                         routed=m.n_experts * expert + router, other_mlp=shared, norms=norms)
         if m.n_dense_layers:
             blocks.append(BlockKind(kind="dense", n_layers=m.n_dense_layers, attention=attention, routed=0,
-                                    other_mlp=_mlp(m, m.dense_d_ff or m.d_ff, m.mlp_bias), norms=norms))
+                                    other_mlp=mlp_params(m, m.dense_d_ff or m.d_ff, m.mlp_bias), norms=norms))
         blocks.append(moe)
     else:
         blocks.append(BlockKind(kind="dense", n_layers=m.n_layers, attention=attention, routed=0,
-                                other_mlp=_mlp(m, m.d_ff, m.mlp_bias), norms=norms))
+                                other_mlp=mlp_params(m, m.d_ff, m.mlp_bias), norms=norms))
 
     embedding = m.vocab_size * h
     if m.position == "learned":

@@ -91,7 +91,12 @@ class SlowestMemo:
     Degrees.q_d, on each distinct set of tp, cp and ep links of the placement orders,
     kept with a Degrees entry: a search or sweep asks for the same ones again for other
     micro-batches, accumulations and shardings. Block shapes are numbered in the order
-    they arrive (``local``: the block table's row -> that number)."""
+    they arrive (``local``: the block table's row -> that number); a (block shape, q_d)
+    pair asked for gets a place in ``vals``, ``slot`` and ``known`` when first asked for
+    (places()). Only the pairs asked for are stored: a table of every block shape x every
+    q_d held 1.3 million places, 160 MB, for the 2,620 block shapes and 490 q_d of one
+    DeepSeek-V3 count, of which a batch reads one per pipeline shape, and grew by copying
+    on every call (issue 32: 7 of 27 s and 1.9 GB of `--tokens` over the catalog)."""
 
     def __init__(self, n_q_d: int, n_sets: int) -> None:
         self.n_q_d, self.n_sets = n_q_d, n_sets
@@ -101,14 +106,17 @@ class SlowestMemo:
         self.blocks = blocks                                # the block table whose rows these are
         self.local = np.full(0, -1, dtype=np.int64)
         self.n_local = 0
+        self.keys = np.zeros(0, dtype=np.int64)             # the pairs with a place, sorted (number x n_q_d + q_d)
+        self.key_place = np.zeros(0, dtype=np.int64)        # the place of each of them
+        self.n_places = 0
         self.known = np.zeros(0, dtype=bool)
-        self.vals = np.zeros((self.n_sets, N_VALS, 0))      # t, fwd, bwd, hidden, comm, cp and ep per block
+        self.vals = np.zeros((self.n_sets, N_VALS, 0))      # t, fwd, bwd, hidden, comm, cp and ep per place
         self.slot = np.zeros((self.n_sets, 0), dtype=np.int64)
 
     def numbers(self, blocks: _Rows, block_rows: np.ndarray) -> np.ndarray:
-        """The numbers of the rows ``block_rows`` of the block table ``blocks``, making room
-        for new ones (and starting afresh on another block table: _rows() makes a new one
-        when it is full); a (block row, q_d)'s place in the tables is its number x n_q_d + q_d."""
+        """The numbers of the rows ``block_rows`` of the block table ``blocks``, numbering
+        new ones (and starting afresh on another block table: _rows() makes a new one when
+        it is full)."""
         if blocks is not self.blocks:
             self.clear(blocks)
         if len(self.local) <= int(block_rows.max()):
@@ -118,12 +126,31 @@ class SlowestMemo:
             new = np.unique(block_rows[local < 0])
             self.local[new] = np.arange(self.n_local, self.n_local + len(new))
             self.n_local += len(new)
-            more = len(new) * self.n_q_d
-            self.known = np.concatenate([self.known, np.zeros(more, dtype=bool)])
-            self.vals = np.concatenate([self.vals, np.zeros((self.n_sets, N_VALS, more))], axis=2)
-            self.slot = np.concatenate([self.slot, np.zeros((self.n_sets, more), dtype=np.int64)], axis=1)
             local = self.local[block_rows]
         return local
+
+    def places(self, blocks: _Rows, block_rows: np.ndarray, q_d: np.ndarray) -> np.ndarray:
+        """The place in ``vals``, ``slot`` and ``known`` of each (row ``block_rows`` of the
+        block table ``blocks``, ``q_d``) pair, giving new pairs a place (not known yet)."""
+        key = self.numbers(blocks, block_rows) * self.n_q_d + q_d
+        at = np.searchsorted(self.keys, key)
+        found = at < len(self.keys)
+        found[found] = self.keys[at[found]] == key[found]
+        if not found.all():
+            new = np.unique(key[~found])
+            first = self.n_places
+            self.n_places += len(new)
+            if self.n_places > len(self.known):      # room for twice as many: no copy on every call
+                room = max(2 * len(self.known), self.n_places) - len(self.known)
+                self.known = np.concatenate([self.known, np.zeros(room, dtype=bool)])
+                self.vals = np.concatenate([self.vals, np.zeros((self.n_sets, N_VALS, room))], axis=2)
+                self.slot = np.concatenate([self.slot, np.zeros((self.n_sets, room), dtype=np.int64)], axis=1)
+            keys = np.concatenate([self.keys, new])
+            order = np.argsort(keys, kind="stable")
+            self.keys = keys[order]
+            self.key_place = np.concatenate([self.key_place, np.arange(first, self.n_places)])[order]
+            at = np.searchsorted(self.keys, key)
+        return self.key_place[at]
 
 
 def distinct_rows(columns: Sequence[np.ndarray], rows: _Rows, fn: Callable[..., tuple],

@@ -399,7 +399,7 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
     # vp and accumulation: it is worked out once per Q, when first asked for, and kept
     # (SlowestMemo); each P reads its Q's
     memo = deg.slowest
-    at_p = memo.numbers(block_rows, b_row)[b_inv] * memo.n_q_d + deg.q_d[pd]     # each P's Q in the memo
+    at_p = memo.places(block_rows, b_row[b_inv], deg.q_d[pd])     # each P's Q in the memo
     known = memo.known[at_p]
     if not known.all():
         miss = np.flatnonzero(~known)

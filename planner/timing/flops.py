@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.models.deltanet import delta_rule_flops_per_token, deltanet_conv_flops_per_token
 from planner.models.generic.profile import GenericProfile
 from planner.models.hybrid import conv_flops_per_token, ssd_scan_flops_per_token
 from planner.models.matmuls import block_matmuls, mean_block_share
@@ -32,7 +33,8 @@ class LayerFlops:
     masks, the kernels' saving is timing.kernels.local_attention_share).
     A hybrid's (planner.models.hybrid) scores are its attention layers' share of them, and
     ``mamba`` its Mamba-2 layers' share of in_proj, out_proj, the conv1d and the SSD scan
-    (hybrid.ssd_scan_flops_per_token: the fused kernel's chunked matmuls).
+    (hybrid.ssd_scan_flops_per_token: the fused kernel's chunked matmuls), and its gated
+    DeltaNet layers' share of theirs (deltanet.delta_rule_flops_per_token, fla's kernels).
     """
 
     qkv: float
@@ -62,6 +64,9 @@ def layer_flops(m: ModelSpec, seq_len: int) -> LayerFlops:
     if m.n_mamba_layers:
         scan = ssd_scan_flops_per_token(m, seq_len) + conv_flops_per_token(m)
         parts["mamba"] += scan * m.n_mamba_layers / m.n_layers
+    if m.n_deltanet_layers:
+        rule = delta_rule_flops_per_token(m) + deltanet_conv_flops_per_token(m)
+        parts["mamba"] += rule * m.n_deltanet_layers / m.n_layers
     return LayerFlops(qkv=parts["qkv"], scores=scores, out=parts["out"], mlp=parts["mlp"], mamba=parts["mamba"])
 
 

@@ -11,6 +11,7 @@ from planner.hardware.gpus import GpuSpec
 from planner.layouts.layout import Layout
 from planner.models.matmuls import block_matmuls, mean_block_share
 from planner.models.spec import ModelSpec
+from planner.timing.deltanet import deltanet_scan_time_s
 from planner.timing.efficiency import (
     FLASH_FRACTION,
     FLASH_FRACTION_DEFAULT,
@@ -178,10 +179,12 @@ def elementwise_bytes_per_token(m: ModelSpec, lay: Layout, setup: TrainingSetup)
 def _hybrid_elementwise(m: ModelSpec, lay: Layout, setup: TrainingSetup, a: int, h_div: int,
                         mask: int) -> ElementwiseBytes:
     """elementwise_bytes_per_token's table for a hybrid's mean layer: one norm and one residual
-    per layer; the MLP activation (relu2: read, write f; backward read x, dy, write dx) on the k
-    routed experts and the shared expert of the MoE layers and on the MLP layers; the MoE
-    permute in the MoE layers; eager softmax in the attention layers. The Mamba layers'
-    element-wise work (conv, gated norm) is in timing.mamba's scan traffic."""
+    per layer; the MLP activation (relu2: read, write f; backward read x, dy, write dx; a gated
+    MLP's as the transformer block's: 3 f forward, 5 f backward) on the k routed experts and the
+    shared expert of the MoE layers and on the MLP layers; the MoE permute in the MoE layers;
+    eager softmax in the attention layers. The Mamba and gated DeltaNet layers' element-wise
+    work (conv, gated norm) is in timing.mamba's and timing.deltanet's traffic. Not counted:
+    Qwen3-Next's attention output gate and partial rotary embedding (a few q-wide passes)."""
     tp, n = lay.tp, m.n_layers
     rep_f = float(2 * m.d_model * a + 3 * m.d_model * a + mask)
     rep_b = float(3 * m.d_model * a + 2 * m.d_model * a + mask)
@@ -189,7 +192,7 @@ def _hybrid_elementwise(m: ModelSpec, lay: Layout, setup: TrainingSetup, a: int,
     widths = moe * (m.n_experts_per_token * m.d_ff + m.shared_d_ff) + mlp * m.dense_d_ff
     rep_f += moe * 4 * m.n_experts_per_token * dispatch_width(m) * a
     rep_b += moe * 4 * m.n_experts_per_token * dispatch_width(m) * a
-    split_f, split_b = 2 * widths * a, 3 * widths * a
+    split_f, split_b = (3 if m.gated_mlp else 2) * widths * a, (5 if m.gated_mlp else 3) * widths * a
     if setup.attention == "eager":
         scores = m.n_heads * lay.seq_len * attention_share(m)
         split_f += 2 * scores * a
@@ -298,6 +301,10 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
         fixed = eff.moe_block_overhead_s + eff.moe_expert_launch_s * m.n_experts / ep
         elem_fwd += fixed * m.n_moe_layers / m.n_layers
         elem_bwd += 2 * fixed * m.n_moe_layers / m.n_layers
+    if m.n_deltanet_layers:     # the mean block's share of the gated DeltaNet layers' rule and conv
+        rule_f, rule_b = deltanet_scan_time_s(m, tokens, tp, mm, hbm, prec.activation_bytes)
+        elem_fwd += rule_f * m.n_deltanet_layers / m.n_layers
+        elem_bwd += rule_b * m.n_deltanet_layers / m.n_layers
     if m.n_mamba_layers:        # the mean block's share of the Mamba layers' scan and conv (timing.mamba)
         scan_f, scan_b = mamba_scan_time_s(m, tokens, s, tp, mm, hbm, prec.activation_bytes)
         elem_fwd += scan_f * m.n_mamba_layers / m.n_layers

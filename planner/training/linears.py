@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from planner.models.deltanet import DELTANET_MODEL_TYPES
 from planner.models.spec import ModelSpec
 
 LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2", "qwen3", "gemma3_text", "olmo2")
@@ -104,8 +105,10 @@ def _recent_linears(m: ModelSpec) -> tuple[Linear, ...]:
             Linear(name="mlp.down_proj", d_in=f, d_out=h, group="mlp"))
 
 
-def _qwen2_moe_pattern(m: ModelSpec, n_dense: int, n_moe: int, mlp: Any) -> tuple[Linear, ...]:
-    """The MLP side of qwen3_moe and deepseek_v3 blocks as PEFT 0.21 adapts it.
+def _qwen2_moe_pattern(m: ModelSpec, n_dense: int, n_moe: int, mlp: Any,
+                       shared: str = "mlp.shared_experts") -> tuple[Linear, ...]:
+    """The MLP side of qwen3_moe, deepseek_v3 and qwen3_next blocks as PEFT 0.21 adapts it
+    (``shared``: the shared experts' module path).
 
     Both follow transformers 5's "qwen2_moe" conversion pattern (transformers/conversion_mapping.py),
     and PEFT's conversion for it (peft/utils/transformers_weight_conversion.py,
@@ -126,7 +129,7 @@ def _qwen2_moe_pattern(m: ModelSpec, n_dense: int, n_moe: int, mlp: Any) -> tupl
     )
     frozen: tuple[Linear, ...] = mlp("mlp", m.dense_d_ff, n_dense) if n_dense else ()
     if m.shared_d_ff:
-        frozen += mlp("mlp.shared_experts", m.shared_d_ff, n_moe)
+        frozen += mlp(shared, m.shared_d_ff, n_moe)
     return out + tuple(Linear(name=lin.name, d_in=lin.d_in, d_out=lin.d_out, group=lin.group,
                               n_blocks=lin.n_blocks, adaptable=False) for lin in frozen)
 
@@ -137,6 +140,8 @@ def block_linears(m: ModelSpec) -> tuple[Linear, ...]:
     t = m.model_type
     if t in ("deepseek_v3", "qwen3_moe", "llama4_text", "gpt_oss", "phi3"):
         return _recent_linears(m)
+    if t in DELTANET_MODEL_TYPES:
+        return _deltanet_linears(m)
     if m.layer_pattern:
         return _hybrid_linears(m)
     if t in LLAMA_LIKE:
@@ -224,4 +229,58 @@ def _hybrid_linears(m: ModelSpec) -> tuple[Linear, ...]:
                            n_blocks=n),
                     Linear(name="mixer.fc2_latent_proj", d_in=m.moe_latent, d_out=h, group="mlp", bias=mb,
                            n_blocks=n))
+    return out
+
+
+def _deltanet_linears(m: ModelSpec) -> tuple[Linear, ...]:
+    """The linear layers of a Qwen3-Next or Qwen3.5 model's layers (transformers 5.x
+    modeling_qwen3_next.py, modeling_qwen3_5.py, modeling_qwen3_5_moe.py), each in the letters of
+    its kind (planner.models.deltanet).
+
+    G: linear_attn.in_proj_qkvz and in_proj_ba (Qwen3.5: in_proj_qkv, in_proj_z, in_proj_b,
+    in_proj_a) and out_proj, group "mixer" (PEFT 0.21 refuses out_proj and conv1d only for its
+    Mamba model types, not these). *: self_attn.q_proj (queries and their output gate, 2 q wide),
+    k/v/o_proj. The MLP side as PEFT adapts transformers 5's "qwen2_moe" conversion pattern
+    (_qwen2_moe_pattern: the router and the routed experts' 3-D parameters adapted, the dense and
+    shared-expert MLPs listed but not adapted); Qwen3.5's MoE text model, which PEFT does not
+    convert: the shared expert's MLP adapted, the routed experts and router not listed; and
+    mlp.shared_expert_gate (h -> 1, an nn.Linear that all-linear adapts). A model without
+    experts: its dense MLPs, adaptable. Checked against get_peft_model in tests/test_deltanet.py.
+    """
+    h, q, kv, b = m.d_model, m.q_dim, m.kv_dim, m.qkv_bias
+    out: tuple[Linear, ...] = ()
+
+    def mlp(prefix: str, f: int, n: int) -> tuple[Linear, ...]:
+        return (Linear(name=f"{prefix}.gate_proj", d_in=h, d_out=f, group="mlp", n_blocks=n),
+                Linear(name=f"{prefix}.up_proj", d_in=h, d_out=f, group="mlp", n_blocks=n),
+                Linear(name=f"{prefix}.down_proj", d_in=f, d_out=h, group="mlp", n_blocks=n))
+
+    if m.n_deltanet_layers:
+        n, v, k2, hv = m.n_deltanet_layers, m.gdn_value_width, 2 * m.gdn_key_width, m.gdn_value_heads
+        if m.model_type == "qwen3_next":
+            out += (Linear(name="linear_attn.in_proj_qkvz", d_in=h, d_out=k2 + 2 * v, group="mixer", n_blocks=n),
+                    Linear(name="linear_attn.in_proj_ba", d_in=h, d_out=2 * hv, group="mixer", n_blocks=n))
+        else:   # Qwen3_5GatedDeltaNet: the same projection in four linears
+            out += (Linear(name="linear_attn.in_proj_qkv", d_in=h, d_out=k2 + v, group="mixer", n_blocks=n),
+                    Linear(name="linear_attn.in_proj_z", d_in=h, d_out=v, group="mixer", n_blocks=n),
+                    Linear(name="linear_attn.in_proj_b", d_in=h, d_out=hv, group="mixer", n_blocks=n),
+                    Linear(name="linear_attn.in_proj_a", d_in=h, d_out=hv, group="mixer", n_blocks=n))
+        out += (Linear(name="linear_attn.out_proj", d_in=v, d_out=h, group="mixer", n_blocks=n),)
+    if m.n_attention_layers:
+        n = m.n_attention_layers
+        out += (Linear(name="self_attn.q_proj", d_in=h, d_out=2 * q, group="attention", bias=b, n_blocks=n),
+                Linear(name="self_attn.k_proj", d_in=h, d_out=kv, group="attention", bias=b, n_blocks=n),
+                Linear(name="self_attn.v_proj", d_in=h, d_out=kv, group="attention", bias=b, n_blocks=n),
+                Linear(name="self_attn.o_proj", d_in=q, d_out=h, group="attention", bias=m.out_bias, n_blocks=n))
+    if not m.is_moe:
+        return out + mlp("mlp", m.dense_d_ff, m.n_mlp_layers)
+    if m.model_type == "qwen3_5_moe_text":
+        # PEFT 0.21 converts no qwen3_5_moe_text experts: its all-linear takes the nn.Linear
+        # modules, the shared expert's among them (the routed experts' 3-D parameters and the
+        # router's weight are not nn.Linear: not listed, as for _hybrid_linears)
+        out += mlp("mlp.shared_expert", m.shared_d_ff, m.n_moe_layers)
+    else:
+        out += _qwen2_moe_pattern(m, m.n_mlp_layers, m.n_moe_layers, mlp, shared="mlp.shared_expert")
+    if m.shared_expert_gate:
+        out += (Linear(name="mlp.shared_expert_gate", d_in=h, d_out=1, group="mlp", n_blocks=m.n_moe_layers),)
     return out
