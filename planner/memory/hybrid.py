@@ -187,7 +187,7 @@ def hybrid_block_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels:
                 fused_deltanet_bytes_per_token(m, a), tp, m.n_deltanet_layers, "DeltaNet")
         else:
             add("gated DeltaNet conv, chunked delta rule and gated norm tensors (transformers' torch path)",
-                torch_deltanet_bytes_per_token(m, lay.seq_len // lay.cp, a), tp, m.n_deltanet_layers, "DeltaNet")
+                torch_deltanet_bytes_per_token(m, lay.seq_len_per_rank, a), tp, m.n_deltanet_layers, "DeltaNet")
     if m.n_mamba_layers:
         add("Mamba-2 mixer input (norm output)", m.d_model * a, sp_div, m.n_mamba_layers, "Mamba")
         if kernels == "fused":
