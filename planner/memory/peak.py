@@ -6,6 +6,16 @@ the layout are numpy masks; branches on the model and the set-up are plain ``if`
 depends on a shape (a block's saved tensors, the loss, a stage's parameters and their
 fine-tuning split) is computed once per distinct shape (planner.memory.shapes) and gathered.
 
+How memory_batch reads: the terms that depend on a layout's degrees and sharding only, once
+per distinct state (state_terms.StateTerms: weights, model states and offload, buffers, the
+optimizer step's temporaries, FSDP2's pieces); the terms that depend on the micro-batch,
+accumulation and recomputation too, once per layout (StepTerms: activations in flight, the
+last block's working set, logits, gradients held); then one function per moment of the step
+(forward_end_moment, backward_start_moment, block_backward_moment, backward_end_moment,
+optimizer_step_moment) adds the terms live at it. Each stage slot's tracked bytes are the
+weights and optimizer states plus its largest moment; the most loaded stage is
+MemoryBatch.pick, its peak moment MemoryBatch.pick_phase.
+
 Three moments can be the peak, and the largest is taken: the start of backward (all
 in-flight activations and the loss held; gradients only if they persist, i.e. with
 gradient accumulation, pipelining, or DDP/ZeRO gradient buffers), the end of backward (all
