@@ -103,7 +103,7 @@ def expert_padding(m: ModelSpec, a: LayoutArrays, hybrid: np.ndarray) -> np.ndar
     """
     if not m.is_moe:
         return np.ones(len(a))
-    d = np.where(hybrid > 0, hybrid, a.expert_shard_degree)
+    _, d = shard_degrees(a, hybrid)      # the ranks an expert weight is sharded over
     e = m.n_experts
     return np.where((a.sharding > 0) & (a.ep == 1), d * ceil_div(np.int64(e), d) / e, 1.0)
 
