@@ -80,3 +80,15 @@ def test_moe_act_recompute_counts_for_squared_relu_experts():
     expected = m.n_moe_layers / m.n_layers * tokens * m.n_experts_per_token * m.d_ff * per_routed_token_per_d_ff / 2
     assert delta == pytest.approx(-expected, rel=1e-6)
     assert module_recompute_delta_bytes(m, replace(setup, recompute_modules=()), lay, "fused") == 0
+
+
+def test_assumptions_name_the_recompute_modules_that_out_writes():
+    """The plan's Assumptions line names the --recompute-modules given, as --out megatron writes
+    them (bug: it named Megatron's default core_attn whatever the modules)."""
+    from planner.emit.megatron import _recompute_args
+    from planner.stacks import memory_profile_line
+
+    mods = ("layernorm", "moe_act")
+    line = memory_profile_line("megatron", "selective", recompute_modules=mods)
+    assert " ".join(_recompute_args("selective", modules=mods)[2:5]) in line
+    assert "core_attn" in memory_profile_line("megatron", "selective")
