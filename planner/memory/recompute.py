@@ -47,7 +47,7 @@ def module_recompute_delta_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout
     a = setup.precision_spec.activation_bytes
     fp8 = setup.precision_spec.fp8
     saved = fp8.saved_input_bytes if fp8 is not None else a     # a linear input as the recipe keeps it
-    tokens = lay.micro_batch * (lay.seq_len // lay.cp)
+    tokens = lay.tokens_per_rank
     sp_div = lay.tp if lay.sp else 1
     delta = 0.0
     if "core_attn" not in mods:
