@@ -19,12 +19,29 @@ class VisionProfile:
     ``vision_model``; Qwen3-VL's and Qwen3.5's patch mergers sit inside it); ``projector``:
     everything else outside the text model and its LM head (``multi_modal_projector``).
     Exact: text tower + ``params`` equals transformers' count of the whole model.
+
+    One image at the config's size (``image_size_px`` square: the vision config's
+    ``image_size``, else the side of its learned position grid, Qwen3-VL's
+    ``num_position_embeddings`` patches), run through transformers' ``get_image_features``
+    (encoder and projector) under fake tensors in bf16, eager attention, no recomputation:
+    ``tokens_per_image`` image tokens it puts in the text sequence (after the merger or
+    pooling); ``saved_bytes_per_image`` bytes autograd saves when the image side trains
+    (0 saved when it is frozen: no parameter of it and no input requires a gradient);
+    ``fwd_flops_per_image`` and ``bwd_flops_per_image`` (FlopCounterMode). ``image_error``:
+    why transformers' model could not run an image at this config (then the four are 0 and
+    a plan with images is refused).
     """
 
     model_type: str                 # the wrapper's model_type (qwen3_vl, gemma3, ...)
     transformers_version: str
     encoder: int
     projector: int
+    image_size_px: int = 0
+    tokens_per_image: int = 0
+    saved_bytes_per_image: float = 0.0
+    fwd_flops_per_image: float = 0.0
+    bwd_flops_per_image: float = 0.0
+    image_error: str = ""
     version: int = VISION_VERSION
 
     @property
