@@ -76,3 +76,125 @@ def test_cli_plans_a_vlm(tmp_path: Path) -> None:
                          env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["model"]["n_params"] == 2723312896      # transformers' gemma3 default
+
+
+# Tiny wrappers whose images transformers' models run (the default gemma3 and llama4 configs do
+# not: 224 px gives SigLIP 14 x 14 patches, pooled to 16 x 16 tokens with a kernel of 0)
+TINY_QWEN3_VL = {
+    "model_type": "qwen3_vl", "tie_word_embeddings": False,
+    "text_config": {"model_type": "qwen3_vl_text", "hidden_size": 64, "num_hidden_layers": 2,
+                    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128,
+                    "vocab_size": 512,
+                    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}},
+    "vision_config": {"model_type": "qwen3_vl", "depth": 2, "hidden_size": 64, "num_heads": 4,
+                      "intermediate_size": 128, "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
+                      "out_hidden_size": 64, "num_position_embeddings": 64, "deepstack_visual_indexes": [0]},
+}
+TINY_GEMMA3 = {
+    "model_type": "gemma3", "mm_tokens_per_image": 4, "tie_word_embeddings": True,
+    "text_config": {"model_type": "gemma3_text", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                    "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "vocab_size": 512,
+                    "sliding_window": 32},
+    "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 64, "num_hidden_layers": 2,
+                      "num_attention_heads": 4, "intermediate_size": 128, "image_size": 64, "patch_size": 16},
+}
+
+
+@pytest.mark.parametrize("cfg", [TINY_QWEN3_VL, TINY_GEMMA3], ids=["qwen3_vl", "gemma3"])
+def test_image_profile_matches_real_tensors(cfg: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fake-tensor profile (real index tensors, fake weights) equals one image through the
+    same model with real tensors: image tokens, saved bytes and FLOPs. Tokens per image also
+    by the processors' own arithmetic: Qwen3-VL (128 px / 16)^2 patches merged 2 x 2 = 16;
+    Gemma 3 mm_tokens_per_image = 4."""
+    monkeypatch.setenv("PLANNER_CACHE_DIR", str(tmp_path))
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from planner.models.generic.probe import hf_config
+
+    spec = spec_from_hf_config(cfg, "tiny", "tiny.json")
+    v = spec.vision
+    assert v is not None and not v.image_error
+    assert v.tokens_per_image == {"qwen3_vl": 16, "gemma3": 4}[cfg["model_type"]]
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        torch.manual_seed(0)
+        model = transformers.AutoModelForImageTextToText.from_config(hf_config(cfg), attn_implementation="sdpa")
+        model.train()
+        inner = model.model
+        if cfg["model_type"] == "qwen3_vl":
+            pixels, kw = torch.randn(64, 3 * 2 * 16 * 16), {"image_grid_thw": torch.tensor([[1, 8, 8]])}
+        else:
+            pixels, kw = torch.randn(1, 3, 64, 64), {}
+        params = {p.untyped_storage()._cdata for p in model.parameters()}
+        seen: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            st = t.untyped_storage()
+            if st._cdata not in params:
+                seen.setdefault(st._cdata, st.nbytes())
+            return t
+
+        with FlopCounterMode(display=False) as fwd, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = inner.get_image_features(pixels, **kw)
+    finally:
+        torch.set_default_dtype(old)
+    feats = out.pooler_output
+    feats = list(feats) if isinstance(feats, (list, tuple)) else [feats]
+    assert sum(f.numel() // f.shape[-1] for f in feats) == v.tokens_per_image
+    assert sum(seen.values()) == v.saved_bytes_per_image
+    # FLOPs: the profile's are eager attention's (its matmuls counted); SDPA's CPU kernel has
+    # no FlopCounterMode formula on every build, so the real SDPA run is at most the profile
+    assert 0 < fwd.get_total_flops() <= v.fwd_flops_per_image
+
+
+def _plan(cfg: dict, tmp_path: Path, *args: str) -> dict:
+    path = tmp_path / f"{cfg['model_type']}.json"
+    path.write_text(json.dumps(cfg))
+    env = {**os.environ, "PLANNER_CACHE_DIR": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, "-m", "planner", "--model", str(path), "--gpus", "h100", "--n-gpus", "1",
+                          "--seq-len", "256", "--global-batch", "8", "--micro-batch", "2", "--json", *args],
+                         env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_images_join_memory_and_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Frozen (the default): the image side's weights are held, no gradients; images add
+    forward time only. Trained: its gradients, and per sequence images x the measured saved
+    bytes on the first stage, and forward + backward time."""
+    monkeypatch.setenv("PLANNER_CACHE_DIR", str(tmp_path / "cache"))
+    v = spec_from_hf_config(TINY_QWEN3_VL, "tiny", "tiny.json").vision
+    assert v is not None
+    text_only = _plan(TINY_QWEN3_VL, tmp_path)
+    frozen = _plan(TINY_QWEN3_VL, tmp_path, "--images-per-sample", "3")
+    trained = _plan(TINY_QWEN3_VL, tmp_path, "--images-per-sample", "3", "--train-vision")
+
+    def mem(d: dict, key: str) -> int:
+        return d["plan"]["memory_bytes"][key]
+
+    assert text_only["model"]["n_trainable_params"] == text_only["model"]["n_params"] - v.params
+    assert trained["model"]["n_trainable_params"] == trained["model"]["n_params"]
+    assert mem(frozen, "weights") == mem(text_only, "weights")
+    assert mem(frozen, "activations") == mem(text_only, "activations")
+    assert mem(trained, "activations") - mem(frozen, "activations") == 2 * 3 * v.saved_bytes_per_image
+    assert mem(trained, "gradients") > mem(frozen, "gradients")
+    t0, t1, t2 = (d["plan"]["time"]["compute_s"] for d in (text_only, frozen, trained))
+    # the added compute stands as the measured FLOPs do: (forward + backward) / forward (the
+    # trained image side's optimizer update is timed apart, in optimizer_s)
+    assert (t2 - t0) / (t1 - t0) == pytest.approx((v.fwd_flops_per_image + v.bwd_flops_per_image)
+                                                   / v.fwd_flops_per_image, rel=1e-6)
+
+
+def test_images_refused_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "q.json"
+    path.write_text(json.dumps(TINY_QWEN3_VL))
+    env = {**os.environ, "PLANNER_CACHE_DIR": str(tmp_path / "cache")}
+    for args, says in ((["--images-per-sample", "16", "--seq-len", "256"], "fill the sequence"),
+                       (["--method", "lora", "--train-vision"], "--method full")):
+        out = subprocess.run([sys.executable, "-m", "planner", "--model", str(path), "--gpus", "h100", *args],
+                             env=env, capture_output=True, text=True)
+        assert out.returncode == 2 and says in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    out = subprocess.run([sys.executable, "-m", "planner", "--model", "llama3.1-8b", "--gpus", "h100",
+                          "--images-per-sample", "1"], env=env, capture_output=True, text=True)
+    assert out.returncode == 2 and "text model" in out.stderr

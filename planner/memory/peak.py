@@ -58,6 +58,7 @@ from planner.memory.states import (
     sharded_frozen_bytes,
 )
 from planner.models.spec import ModelSpec, ParamCount, count_params
+from planner.training.images import image_saved_bytes_per_sequence
 from planner.training.kernels import block_kernel_codes
 from planner.training.setup import Precision, TrainingSetup
 
@@ -398,6 +399,9 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     if ft.is_full and m.hidden_dropout > 0:
         embed_acts = saturated_bytes(dropout_embed * held) * (stage_l == 0)
         acts = acts + embed_acts
+    image_bytes = image_saved_bytes_per_sequence(m, ft, setup.images_per_sample)
+    if image_bytes:     # a trained image side's saved tensors, on the first stage (training.images)
+        acts = acts + saturated_bytes(np.multiply(a.micro_batch * held, image_bytes, dtype=np.float64)) * (stage_l == 0)
     # inside the last block's backward: its recomputed tensors and its gradients' working
     # set (the eager attention's fp32 score gradients)
     working = ((recomputed - act.layer_act) + act.score_grad) * has_act_l

@@ -11,6 +11,7 @@ the planner counts by its written family; the vision tower (``visual``, ``vision
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from planner.errors import UserError
@@ -106,6 +107,9 @@ def measure_image(cfg: dict[str, Any]) -> dict[str, Any]:
     config = hf_config(cfg)
     old_dtype = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
+    log = logging.getLogger("torch._subclasses.fake_tensor")    # it logs a refused op's traceback
+    old_level = log.level
+    log.setLevel(logging.CRITICAL)
     try:
         shape, kwargs = _image_inputs(cfg["model_type"], config.vision_config, torch)    # real
         # saved tensors under PyTorch's SDPA (transformers' default attention: no s x s scores
@@ -116,6 +120,7 @@ def measure_image(cfg: dict[str, Any]) -> dict[str, Any]:
         return {"image_error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}" if str(e) else type(e).__name__}
     finally:
         torch.set_default_dtype(old_dtype)
+        log.setLevel(old_level)
     return {"image_size_px": image_size_px(config.vision_config), "tokens_per_image": n_tokens,
             "saved_bytes_per_image": saved, "fwd_flops_per_image": fwd_flops, "bwd_flops_per_image": bwd_flops}
 
