@@ -82,6 +82,7 @@ def test_cli_plans_a_vlm(tmp_path: Path) -> None:
 # not: 224 px gives SigLIP 14 x 14 patches, pooled to 16 x 16 tokens with a kernel of 0)
 TINY_QWEN3_VL = {
     "model_type": "qwen3_vl", "tie_word_embeddings": False,
+    "image_token_id": 500, "video_token_id": 501, "vision_start_token_id": 502, "vision_end_token_id": 503,
     "text_config": {"model_type": "qwen3_vl_text", "hidden_size": 64, "num_hidden_layers": 2,
                     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128,
                     "vocab_size": 512,
@@ -92,11 +93,13 @@ TINY_QWEN3_VL = {
 }
 TINY_GEMMA3 = {
     "model_type": "gemma3", "mm_tokens_per_image": 4, "tie_word_embeddings": True,
+    "image_token_index": 500, "boi_token_index": 501, "eoi_token_index": 502,
     "text_config": {"model_type": "gemma3_text", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
                     "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "vocab_size": 512,
                     "sliding_window": 32},
     "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 64, "num_hidden_layers": 2,
-                      "num_attention_heads": 4, "intermediate_size": 128, "image_size": 64, "patch_size": 16},
+                      "num_attention_heads": 4, "intermediate_size": 128, "image_size": 64, "patch_size": 16,
+                      "vision_use_head": False},
 }
 
 
@@ -198,3 +201,43 @@ def test_images_refused_in_one_line(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "planner", "--model", "llama3.1-8b", "--gpus", "h100",
                           "--images-per-sample", "1"], env=env, capture_output=True, text=True)
     assert out.returncode == 2 and "text model" in out.stderr
+
+
+def test_measure_runs_a_tiny_vlm_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """plan measure's comparison on the tiny Qwen3-VL with images: transformers' whole model,
+    a dummy image batch, real CPU tensors. Weights and optimizer states equal the tracker's,
+    image side frozen (16-bit weights, no states) and trained."""
+    monkeypatch.setenv("PLANNER_CACHE_DIR", str(tmp_path))
+    from dataclasses import replace
+
+    from planner.layouts.layout import Layout
+    from planner.measure import accuracy
+    from planner.training.setup import TrainingSetup
+
+    m = spec_from_hf_config(TINY_QWEN3_VL, "tiny-qwen3-vl", "tiny.json")
+    lay = Layout(dp=1, zero_stage=0, sharding="zero", micro_batch=2, grad_accum=1, seq_len=256)
+    for trained in (False, True):
+        setup = TrainingSetup(seq_len=256, global_batch=2, images_per_sample=2)
+        setup = replace(setup, finetune=replace(setup.finetune, freeze_vision=not trained))
+        cmp = accuracy.compare(m, TINY_QWEN3_VL, setup, lay, fake=False, in_process=True)
+        rows = {r.category: r for r in cmp.rows}
+        assert rows["weights"].predicted_bytes == rows["weights"].measured_bytes
+        assert abs(rows["optimizer"].predicted_bytes - rows["optimizer"].measured_bytes) < 1024   # AdamW's step scalars
+
+
+@pytest.mark.slow
+def test_measured_rows_within_ten_percent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/accuracy.md's vision-language rows (bench/vision_accuracy.py), re-measured: the
+    small Qwen3-VL with two trained images per sequence, total within 10% of the tracker."""
+    monkeypatch.setenv("PLANNER_CACHE_DIR", str(tmp_path))
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("vision_accuracy", Path(__file__).parent.parent / "bench" /
+                                                  "vision_accuracy.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    case = ("bench/configs/small-qwen3-vl.json", 1024, 2, 2, True)
+    measured = mod.run_one(case)["measured"]
+    predicted = mod.predicted(case)
+    assert abs(predicted["total"] - measured["total"]) / measured["total"] < 0.10
