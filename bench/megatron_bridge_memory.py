@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from megatron_bridge_rows import Row, evaluate, load_rows  # noqa: E402
+from megatron_bridge_rows import Row, evaluate, load_rows, request  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "megatron-bridge-memory.md"
@@ -43,21 +43,86 @@ _FRAGMENTATION = ("The planner's 10% allocator-fragmentation allowance (training
                   "layers' activations offloaded, over by 1.2 GiB before, fit (0.99 of capacity) once their loss is "
                   "planned as the recipe runs it, Transformer Engine's cross entropy (--cross-entropy te), not by a "
                   "looser allowance.")
-_MICRO_BATCH = ("the printed micro-batch ({printed}) differs from the matched recipe's (the corpus's notes: 'its "
-                "gbs/mbs differ from the printed row'), and activations scale with it; the later releases print the "
-                "same layout at micro-batch {recipe}, which fits ({later})")
-EXPLAINED: dict[str, str] = {
-    "gpt-oss-120b-h100-bf16-64gpu": _MICRO_BATCH.format(printed=4, recipe=1, later="mbridge-26.04-gpt-oss-120b-"
-                                                        "h100-bf16-64gpu"),
-    "llama3-70b-gb200-fp8-mx-64gpu": _MICRO_BATCH.format(printed=2, recipe=1, later="mbridge-26.04-llama3-70b-"
-                                                         "gb200-mxfp8-64gpu"),
-    "nemotron-3-ultra-gb200-mxfp8-256gpu": (
-        "the row's memory settings are only in its recipe flags (Megatron-Bridge perf_recipes/nemotronh/gb200/"
-        "nemotronh.py: Megatron FSDP as HSDP with 4 distributed-optimizer instances, selective recomputation of "
-        "moe_act, fine-grained activation offload of the fused grouped MLP), not in the printed row or the notes "
-        "bench/megatron_bridge_rows.py reads, so it is planned with ZeRO-1, no recomputation and no offload: "
-        "weights, gradients and the routed experts' activations are held whole"),
-}
+EXPLAINED: dict[str, str] = {}
+
+
+# Nemotron 3 Ultra's recipe runs Megatron FSDP as HSDP (Megatron-Bridge perf_recipes/nemotronh/
+# common.py _apply_nemotron_3_ultra_fsdp_hsdp: 256 GPUs / 64 = 4 distributed-optimizer instances),
+# which the planner cannot state (megatron_bridge_rows.unstated_reason). One instance at megatron-core's default
+# outer_dp_sharding_strategy 'no_shard' (0.16.1 distributed_data_parallel_config.py) shards the
+# dense states over dp x cp / 4 = 32 ranks and the experts' over their expert data-parallel
+# group / 4 = 1 (parallel_state.py: intra_partial_data_parallel_size,
+# intra_partial_expert_data_parallel_size): exactly what the same layout on 256 / 4 GPUs holds
+# (dense dp 32, ep 64 folded over tp x dp, expert data-parallel 1), planned here as the bound.
+ULTRA = "mbridge-26.08-nemotron-3-ultra-gb200-mxfp8-256gpu"
+ULTRA_INSTANCES = 4
+
+
+def ultra_hsdp_bound(row: Row) -> tuple[int, int, int, int]:
+    """(predicted bytes, optimizer-state bytes, tracked tensor bytes, capacity bytes) of one HSDP
+    instance of the Ultra row under outer_dp_sharding_strategy 'no_shard': the row's request on
+    n_gpus / ULTRA_INSTANCES GPUs with the global batch cut alike and dp left to follow."""
+    from planner import api
+    args = list(row.cli_args)
+    i = args.index("--dp")
+    del args[i:i + 2]
+    for flag in ("--n-gpus", "--global-batch"):
+        j = args.index(flag) + 1
+        args[j] = str(int(args[j]) // ULTRA_INSTANCES)
+    m, gpu, setup, lay, kw = request(args)
+    res = api.evaluate_layout(m, gpu, setup, lay, **kw)
+    mem = res.best.memory
+    return mem.total, mem.breakdown.optimizer, mem.total - mem.breakdown.overhead, res.capacity_bytes
+
+
+def _ultra_section(results: list[Result]) -> list[str]:
+    from planner import api
+    from planner.training.setup import Overheads
+
+    row = next((x.row for x in results if x.row.id == ULTRA), None)
+    if row is None:
+        return []
+    total, opt, tracked, cap = ultra_hsdp_bound(row)
+    n = ULTRA_INSTANCES
+    o = Overheads()
+    fixed = total - tracked - o.fragmentation_bytes(tracked)
+    tracked_optim = tracked - opt + opt // n       # 'optim': optimizer states sharded over the instances too
+    total_optim = tracked_optim + fixed + o.fragmentation_bytes(tracked_optim)
+    m, gpu, setup, lay, kw = request(row.cli_args)
+    wide = api.evaluate_layout(m, gpu, setup, lay, **kw).best.memory.total
+    return ["## Nemotron 3 Ultra: HSDP, bounded", "",
+            f"`{ULTRA}` runs Megatron FSDP as HSDP with {n} distributed-optimizer instances (its recipe flags; "
+            "Megatron-Bridge perf_recipes/nemotronh/common.py _apply_nemotron_3_ultra_fsdp_hsdp), with "
+            "recompute_modules ['moe_act'], which its request states. The planner has no instance count, so "
+            "the row is listed as not expressible yet: its request, Megatron FSDP over every data-parallel "
+            f"rank, shards the states {n}x wider than one instance does ({_g(wide)} GiB; over 128 ranks its "
+            "gathers would also leave the NVL72 domain that HSDP keeps them in). One instance at megatron-core's "
+            "default outer_dp_sharding_strategy 'no_shard' "
+            f"(dense states over dp x cp / {n} = 32 ranks, the experts' over expert data-parallel 4 / {n} = 1; "
+            "0.16.1 parallel_state.py intra_partial_data_parallel_size and intra_partial_expert_data_parallel_size) "
+            f"holds what the same layout holds on {row.n_gpus // n} GPUs: **{_g(total)} of {_g(cap)} GiB, "
+            f"{'fits' if total <= cap else 'does not fit'}**. With the optimizer states sharded over the instances "
+            f"too (outer_dp_sharding_strategy 'optim'): {_g(total_optim)} GiB, "
+            f"{'fits' if total_optim <= cap else 'does not fit'}. The corpus's recipe flags do not record the "
+            "outer sharding strategy; the recipe's fine-grained offload of the fused grouped MLP's input "
+            "(offload_modules) is not modelled (counted on the GPU), which makes both bounds larger.", ""]
+
+
+def _replanned_section(results: list[Result]) -> list[str]:
+    """The rows planned at another micro-batch than printed (megatron_bridge_rows.micro_batch_of)."""
+    out = [(x.row.id, a) for x in results for a in x.row.approximations if a.startswith("printed micro-batch")]
+    if not out:
+        return []
+    return ["## Rows planned at their recipe's micro-batch", "",
+            "Megatron's batch arithmetic is global batch = micro-batch x data-parallel x accumulation. Of the 50 "
+            "rows that print their accumulation, two break it, and in both the recipe file's micro-batch differs "
+            "from the printed one (the corpus's recipe_flags.layout_differs); both are planned at the recipe's "
+            "(bench/megatron_bridge_rows.py micro_batch_of). The 25.09 Llama 3 70B row prints one micro-batch "
+            "column for its two variants: 2 is the main figures' (FSDP 64, no tp or pp: 2 x 64 x 1 = 128), the "
+            "parenthesised layout this row takes runs 128 = 1 x 8 x 16. The 25.11 GPT-OSS 120B H100 row is "
+            "inconsistent whichever micro-batch is read (its ga 2 fits neither 4 nor 1); its recipe's is 1, as "
+            "every later release prints.", "",
+            *(f"- `{i}`: {a}" for i, a in out), ""]
 
 
 # The Llama 3 405B layout of issue 29 (arXiv:2407.21783, Sec. 3.3.2: 8K sequences on 80 GB H100s
@@ -73,7 +138,6 @@ LLAMA3_405B_GROUPS = (0, 5, 13, 14, 15)
 def llama3_405b() -> list[tuple[int, float, int, int, int, int]]:
     """(group, micro-batches held on the peak stage, activation bytes, tracked tensor bytes, total
     bytes, capacity bytes) of the issue's Llama 3 405B layout for each LLAMA3_405B_GROUPS."""
-    from megatron_bridge_rows import request
 
     from planner import api
     out = []
@@ -229,7 +293,7 @@ def table(results: list[Result]) -> str:
     for x in rejected:
         why = EXPLAINED.get(config_of(x.row.id), "NOT EXPLAINED")
         lines.append(f"- `{x.row.id}` ({_g(x.total_bytes)} of {_g(x.capacity_bytes)} GiB): {why}")
-    lines += ["", *_llama3_405b_section()]
+    lines += ["", *_ultra_section(results), *_replanned_section(results), *_llama3_405b_section()]
     lines += ["## Rows not expressible yet", ""]
     for x in refused:
         lines.append(f"- `{x.row.id}`: {x.row.reason}")
@@ -239,9 +303,14 @@ def table(results: list[Result]) -> str:
               "The request of every row (its `plan` command) and what it leaves out are in",
               "`python bench/megatron_bridge_rows.py`. The recipes' selective recomputation by module",
               "(Megatron-Core recompute_modules: layernorm, moe_act, mla_up_proj, mlp) is planned as such",
-              "(`--recompute selective --recompute-modules ...`, planner.memory.recompute); the approximations",
-              "it names (token-dropping routing as dropless, SFT as full training, recomputation assumed none",
-              "where no recipe matched) each make the predicted peak larger or leave it unchanged.", "",
+              "(`--recompute selective --recompute-modules ...`, planner.memory.recompute). Where the corpus's",
+              "notes name no recipe for a row, the recipe flags the corpus read from the recipe it chose by",
+              "model, GPU, precision and layout are planned (recompute_modules, Megatron FSDP); megatron-core's",
+              "`moe` module (the whole MoE layer) is not modelled and is left out. The approximations it names",
+              "(token-dropping routing as dropless, SFT as full training, recomputation assumed none where no",
+              "recipe matched, the `moe` module and fine-grained activation offload left out) each make the",
+              "predicted peak larger or leave it unchanged.",
+              "",
               _FRAGMENTATION, ""]
     return "\n".join(lines)
 

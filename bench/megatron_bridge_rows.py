@@ -158,8 +158,12 @@ def args_of(row: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
         args += ["--etp", "1"]               # the recipes' expert TP 1 (folding over tp needs it)
     if vp > 1:
         args += ["--vp", str(vp)]
-    args += ["--seq-len", str(s["seq"]), "--micro-batch", str(s["mbs"]), "--global-batch", str(s["gbs"])]
-    fsdp = fsdp_of(row)
+    mbs, why_mbs = micro_batch_of(row)
+    if why_mbs:
+        approx.append(why_mbs)
+    args += ["--seq-len", str(s["seq"]), "--micro-batch", str(mbs), "--global-batch", str(s["gbs"])]
+    flags = recipe_other(row)
+    fsdp = fsdp_of(row) or bool(flags.get("use_megatron_fsdp"))
     args += ["--fsdp", "full"] if fsdp else ["--zero", "1"]
     # precision
     prec = precision_of(row)
@@ -180,10 +184,24 @@ def args_of(row: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
     elif _MODULES.search(notes):    # Megatron-Core's recompute_modules, as the recipe lists them
         mods = re.findall(r"'([a-z_]+)'", _MODULES.search(notes).group(1))   # type: ignore[union-attr]
         args += ["--recompute", "selective", "--recompute-modules", ",".join(mods)]
+    elif _says_no_recompute(notes) and flags.get("recompute_modules"):
+        # the notes name no recipe for the row; its recipe_flags come from the recipe the corpus
+        # chose by model, GPU, precision and layout: its recompute_modules, those the planner models
+        from planner.memory.recompute import MODULES
+        mods = [x for x in flags["recompute_modules"] if x in MODULES]
+        left = [x for x in flags["recompute_modules"] if x not in MODULES]
+        if left:
+            approx.append(f"recompute module(s) {', '.join(left)} (megatron-core recomputes the whole MoE layer) "
+                          "not modelled: planned without, which keeps more (the predicted peak is larger)")
+        args += ["--recompute", "selective", "--recompute-modules", ",".join(mods)]
     else:
         args += ["--recompute", "none"]
-        if not notes.strip() or "no recipe found" in notes:
+        if _says_no_recompute(notes):
             approx.append("no recipe matched: recomputation assumed none")
+    if flags.get("fine_grained_activation_offloading"):
+        approx.append(f"fine-grained activation offload of {', '.join(flags.get('offload_modules') or [])} "
+                      "(megatron-core offload_modules) not modelled: those inputs are counted on the GPU (the "
+                      "predicted peak is larger)")
     off = _OFFLOAD.search(notes)
     if off:
         args += ["--offload-activations", off.group(1)]
@@ -214,6 +232,55 @@ def args_of(row: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
     elif s["task"] == "sft":
         approx.append("SFT on packed sequences planned as full training")
     return tuple(args), tuple(approx)
+
+
+def _says_no_recompute(notes: str) -> bool:
+    """Whether the corpus's notes leave the row's recomputation unread (no recipe matched)."""
+    return not notes.strip() or "no recipe found" in notes
+
+
+def recipe_other(row: dict) -> dict[str, Any]:
+    """The row's recipe settings beyond the runtime flags (recipe_flags.other: recompute_modules,
+    use_megatron_fsdp, num_distributed_optimizer_instances, fine_grained_activation_offloading,
+    ...), as the corpus read them from the Megatron-Bridge recipe; {} where there are none."""
+    return (row.get("recipe_flags") or {}).get("other") or {}
+
+
+def unstated_reason(row: dict) -> str:
+    """Why the row's recipe cannot be stated as plan options although the planner accepts its
+    request ("" where it can): Megatron FSDP as HSDP over several distributed-optimizer instances
+    (megatron-core num_distributed_optimizer_instances: each instance shards the states over
+    1/N of the data-parallel ranks and the instances replicate them), for which the planner has
+    no option; its request (Megatron FSDP over every rank) shards the states N times wider."""
+    n = recipe_other(row).get("num_distributed_optimizer_instances", 1)
+    if n > 1:
+        return (f"Megatron FSDP as HSDP over {n} distributed-optimizer instances (megatron-core "
+                "num_distributed_optimizer_instances) has no planner option; planned as Megatron FSDP over every "
+                f"data-parallel rank it would shard the states {n}x wider than ran")
+    return ""
+
+
+def micro_batch_of(row: dict) -> tuple[int, str]:
+    """(the micro-batch that ran, why it is not the printed one or ""). Megatron's batch
+    arithmetic is global batch = micro-batch x data-parallel x accumulation (data-parallel =
+    GPUs / (tp x pp x cp)); where the printed accumulation breaks it and the recipe file gives
+    another micro-batch (the corpus's recipe_flags.layout_differs), the recipe's ran. 2 of the
+    50 rows that print their accumulation break it, and in both the recipe differs: 25.09's
+    Llama 3 70B FP8-MX row prints one micro-batch column (2) for its two variants, the
+    parenthesised layout's 128 = 1 x 8 x 16; 25.11's GPT-OSS 120B H100 row prints gbs 512, mbs 4,
+    dp 16, ga 2 (4 x 16 x 2 = 128), its recipe mbs 1."""
+    s = row["settings"]
+    mbs, ga = s["mbs"], s["ga"]
+    differs = ((row.get("recipe_flags") or {}).get("layout_differs") or {}).get("mbs", "")
+    m = re.search(r"file (\d+)", differs)
+    if not m or not isinstance(ga, int):
+        return mbs, ""
+    dp = s["gpus"] // (_int(s["tp"]) * _int(s["pp"]) * _int(s["cp"]))
+    if s["gbs"] == mbs * dp * ga:
+        return mbs, ""
+    recipe = int(m.group(1))
+    return recipe, (f"printed micro-batch {mbs} breaks the printed batch arithmetic (gbs {s['gbs']} != {mbs} x dp "
+                    f"{dp} x ga {ga}); planned at the recipe's micro-batch {recipe}")
 
 
 def nemotron_approximations(model: str) -> list[str]:
@@ -328,7 +395,7 @@ def load_rows(path: Path = CORPUS, check: bool = True) -> tuple[Row, ...]:
         if not family:
             reason = f"model {s['model']} is not known to the planner yet (issue on 2025-2026 models)"
         else:
-            reason = _check(args) if check else ""
+            reason = (_check(args) if check else "") or unstated_reason(r)
             if "megatron-core: world size not divisible" in reason:
                 # the planner's rule ep-fold-divides, megatron-core's own check: as printed, the
                 # layout could not have run (etp 1 x ep x pp exceeds the GPUs), so a misprint

@@ -27,6 +27,7 @@ from planner.layouts.layout import (
     hybrid_replicas,
     hybrid_shard_ranks,
     model_parallel_size,
+    seq_len_per_rank,
     shardings_of,
     sp_by_default,
     world_size,
@@ -63,6 +64,10 @@ class LayoutArrays:
     ep_fold: np.ndarray | None = None   # 1: ep folded over tp x cp x dp (Layout.ep_fold); None: 0
 
     FIELDS: ClassVar[tuple[str, ...]] = ()      # every field, in the dataclass's order (set below)
+
+    def seq_len_per_rank(self, seq_len: int) -> np.ndarray:
+        """The sequence positions one rank holds per layout (layout.seq_len_per_rank)."""
+        return seq_len_per_rank(seq_len, self.cp)
 
     @property
     def data_parallel(self) -> np.ndarray:

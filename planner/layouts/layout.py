@@ -96,6 +96,16 @@ class Layout:
         return {a.name: getattr(self, a.name) for a in AXES}
 
     @property
+    def seq_len_per_rank(self) -> int:
+        """The sequence positions one rank holds (seq_len_per_rank)."""
+        return seq_len_per_rank(self.seq_len, self.cp)
+
+    @property
+    def tokens_per_rank(self) -> int:
+        """The tokens of one micro-batch one rank holds: micro-batch x its sequence share."""
+        return self.micro_batch * self.seq_len_per_rank
+
+    @property
     def data_parallel(self) -> int:
         """Megatron's data-parallel size, world / (tp x cp x pp): dp x ep, or dp when folded."""
         return data_parallel_size(self.dp, self.ep, self.ep_fold)
@@ -133,6 +143,11 @@ class Layout:
         if self.sharding != "fsdp-hybrid":
             return 0
         return hybrid_shard_ranks(self.dense_shard_degree, self.tp, gpus_per_node)
+
+    def weight_shard_ranks(self, gpus_per_node: int) -> int:
+        """The ranks a dense weight is sharded over where ZeRO-3 or FSDP shards it
+        (weight_shard_size)."""
+        return weight_shard_size(self.dense_shard_degree, self.hybrid_shard(gpus_per_node))
 
     def hybrid_replicate(self, gpus_per_node: int) -> int:
         """FSDP hybrid's (HSDP) replicas of its shard group across nodes (hybrid_replicas), 1 where
@@ -183,6 +198,14 @@ class Layout:
         parts += [f"micro-batch {self.micro_batch}", f"grad-accum {self.grad_accum}",
                   f"recompute {self.recompute}"]
         return ", ".join(parts)
+
+
+def seq_len_per_rank(seq_len: Any, cp: Any) -> Any:
+    """The sequence positions each rank of a context-parallel group holds: seq_len // cp
+    (Megatron-Core splits the sequence into 2 x cp chunks, two per rank, for load balance
+    under the causal mask; torchtitan's context_parallel shards the sequence dimension over
+    the cp mesh). Ints or arrays."""
+    return seq_len // cp
 
 
 def data_parallel_size(dp: Any, ep: Any, ep_fold: Any) -> Any:
@@ -238,17 +261,36 @@ def ep_folds(n_gpus: int, tp: int, pp: int, cp: int, ep: int) -> bool:
     return (n_gpus // replica) % ep != 0
 
 
+def node_data_ranks(gpus_per_node: Any, tp: Any) -> Any:
+    """The data-parallel (dp x cp x ep) ranks of one pipeline stage that share a node: the node's
+    GPUs over tp. The pipeline is the outermost axis of the rank order (megatron-core
+    parallel_state.py's default order "tp-cp-ep-dp-pp"; torchtitan's mesh ["pp",
+    "dp_replicate", "dp_shard", "cp", "tp"]), tp the innermost, so a data-parallel group
+    of d ranks spans d x tp consecutive GPUs. Ints or numpy arrays (at least 1)."""
+    ranks = gpus_per_node // tp
+    return ranks + (1 - ranks) * (ranks < 1)
+
+
 @lru_cache(maxsize=4096)
 def hybrid_shard_ranks(dense_shard_degree: int, tp: int, gpus_per_node: int) -> int:
     """The ranks of an FSDP hybrid (HSDP) shard group: the largest divisor of the dense shard
     degree (dp*cp*ep) that fits in a node beside tp; the groups replicate across nodes
     (PyTorch FSDP HYBRID_SHARD docs; Zhao et al. 2023, arXiv:2304.11277, Sec. 3). The one
     rule the memory model's states, the step time's reduce and the FSDP emitter read."""
-    inside = max(1, gpus_per_node // tp)
+    inside = node_data_ranks(gpus_per_node, tp)
     d = dense_shard_degree
     while d > inside or dense_shard_degree % d:
         d -= 1
     return max(d, 1)
+
+
+def weight_shard_size(dense_shard_degree: Any, hybrid_shard: Any) -> Any:
+    """The ranks a dense weight is sharded over where it is sharded: FSDP hybrid's shard group
+    (hybrid_shard_ranks; 0 where the sharding is not hybrid), else the whole dense shard group
+    dp x cp (x ep unless folded: dense_shard_size), the mesh torchtitan's FSDP2 shards dense
+    parameters over (parallel_dims.py, the flattened "dp_shard_cp" mesh) and Megatron's
+    distributed optimizer its dp-cp group. Ints or numpy arrays."""
+    return hybrid_shard + dense_shard_degree * (hybrid_shard <= 0)
 
 
 def hybrid_replicas(dense_shard_degree: Any, shard_ranks: Any) -> Any:

@@ -28,6 +28,7 @@ from planner.layouts.layout import (
     data_parallel_size,
     dense_shard_size,
     expert_tp_size,
+    node_data_ranks,
 )
 from planner.models.spec import ModelSpec
 from planner.stacks import torchtitan_builds
@@ -434,7 +435,7 @@ RULES: tuple[Rule, ...] = (
     Rule("deepspeed-pipeline-zero", lambda v: (v.sharding == 0) & (v.zero_stage >= 2) & (v.pp > 1),
          lambda v: "DeepSpeed's pipeline engine supports ZeRO stage 0 or 1 only"),
     Rule("hybrid-nodes",
-         lambda v: (v.sharding == HYBRID) & (v.dense_shard_degree <= v.gpus_per_node // (v.tp * v.pp)),
+         lambda v: (v.sharding == HYBRID) & (v.dense_shard_degree <= node_data_ranks(v.gpus_per_node, v.tp)),
          lambda v: "hybrid sharding needs data-parallel ranks on more than one node"),
     Rule("global-batch",
          lambda v: (v.enumerated <= 0) & (_per_step(v) * v.grad_accum != v.setup.global_batch),

@@ -87,7 +87,7 @@ def layer_activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, kern
                                   layer_activation_terms)
     if kernels == "torchtitan":
         return titan_block_terms(m, setup, lay)
-    b, s = lay.micro_batch, lay.seq_len // lay.cp
+    b, s = lay.micro_batch, lay.seq_len_per_rank
     tokens = b * s
     a = setup.precision_spec.activation_bytes
     h, q, kv, f = m.d_model, m.q_dim, m.kv_dim, m.d_ff
@@ -188,7 +188,7 @@ def titan_block_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> list[A
     Checked against torchtitan's own block under PyTorch's MemTracker on CPU (tests/
     test_memory_stacks.py and docs/accuracy-torchtitan.md).
     """
-    tokens = lay.micro_batch * (lay.seq_len // lay.cp)
+    tokens = lay.tokens_per_rank
     a = setup.precision_spec.activation_bytes
     h, q, kv, f, nh = m.d_model, m.q_dim, m.kv_dim, m.d_ff, m.n_heads
     # torchtitan's tensor parallelism is always sequence-parallel too (models/llama3/sharding.py:
@@ -301,7 +301,7 @@ def layer_activation_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kern
             split = lay.tp
         # one checkpointed input per layer module: a Qwen3-Next decoder layer holds two letters
         # of the mean block (ModelSpec.letters_per_block), so each letter keeps half an input
-        return ceil_div(lay.micro_batch * (lay.seq_len // lay.cp) * m.d_model * a, split * m.letters_per_block)
+        return ceil_div(lay.tokens_per_rank * m.d_model * a, split * m.letters_per_block)
     terms = layer_activation_terms(m, setup, lay, kernels)
     return sum(t.bytes for t in terms if t.kept(lay.recompute))
 
@@ -316,7 +316,7 @@ def eager_score_gradient_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, 
         return 0
     a = setup.precision_spec.activation_bytes
     kept = (4 + (a if a < 4 else 0)) if kernels != "fused" else a
-    elems = lay.micro_batch * (lay.seq_len // lay.cp) * lay.seq_len * m.n_heads
+    elems = lay.tokens_per_rank * lay.seq_len * m.n_heads
     return ceil_div(elems * max(0, 8 - kept), lay.tp)
 
 
@@ -348,7 +348,7 @@ def titan_backward_working_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout
     """
     if lay.tp == 1 or lay.recompute == "none":
         return 0
-    tokens = lay.micro_batch * (lay.seq_len // lay.cp)
+    tokens = lay.tokens_per_rank
     full_sequence = tokens * m.d_model * setup.precision_spec.activation_bytes
     n_full = 3 if lay.recompute == "full" else 2
     return n_full * full_sequence + 2 * ceil_div(full_sequence, lay.tp)

@@ -51,7 +51,7 @@ def mla_saved_delta_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kerne
     if not m.is_mla or lay.recompute == "full" or setup.finetune.freezes_base:
         return 0
     a = setup.precision_spec.activation_bytes
-    tokens = lay.micro_batch * (lay.seq_len // lay.cp)
+    tokens = lay.tokens_per_rank
     sp_div = lay.tp if lay.sp else 1
     latent_b = norm_saved_bytes(m, a, kernels) + a
     latents = (m.q_lora_rank + m.kv_lora_rank) * latent_b
@@ -87,7 +87,7 @@ def qk_norm_saved_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels
     if not m.qk_norm or lay.recompute == "full" or setup.finetune.freezes_base:
         return 0
     a = setup.precision_spec.activation_bytes
-    tokens = lay.micro_batch * (lay.seq_len // lay.cp)
+    tokens = lay.tokens_per_rank
     if kernels == "fused":
         per_element = a
     elif m.qk_norm == "l2":
@@ -129,7 +129,7 @@ def sink_eager_scores_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> 
     if not m.attention_sinks or setup.attention != "eager" or lay.recompute == "full":
         return 0
     a = setup.precision_spec.activation_bytes
-    s = lay.seq_len // lay.cp
+    s = lay.seq_len_per_rank
     return int(lay.micro_batch * m.n_heads * s * ((s + 1) * a + 8) / lay.tp)
 
 

@@ -202,5 +202,5 @@ def pipeline_buffer_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> in
     (per shape: planner.memory.shapes)."""
     if lay.pp == 1:
         return 0
-    act = lay.micro_batch * (lay.seq_len // lay.cp) * m.d_model * setup.precision_spec.activation_bytes
+    act = lay.tokens_per_rank * m.d_model * setup.precision_spec.activation_bytes
     return 2 * -(-act // (lay.tp if lay.sp else 1))

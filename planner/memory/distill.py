@@ -130,10 +130,11 @@ class DistillMemory:
 
 
 def teacher_shardings(lay: Layout) -> tuple[str, ...]:
-    """How the teacher may be held on a layout: replicated always, FSDP over dp > 1, split
-    like the student over tp x pp > 1."""
+    """How the teacher may be held on a layout: replicated always, FSDP over the student's dense
+    shard group (Layout.dense_shard_degree: dp x cp x ep) where it is > 1, split like the
+    student over tp x pp > 1."""
     out = ["replicated"]
-    if lay.dp > 1:
+    if lay.dense_shard_degree > 1:
         out.append("fsdp")
     if lay.tp * lay.pp > 1:
         out.append("tp")
@@ -144,14 +145,16 @@ def teacher_weight_bytes(teacher: ModelSpec, d: DistillSetup, lay: Layout, shard
     """(stored weights on the rank, gathered blocks of FSDP), bytes. The stored format is
     planner.memory.inference's (16/32-bit, or weight-only quantized linear layers); tp splits
     it as a tensor- and pipeline-parallel model (load_memory's most loaded rank); FSDP shards it
-    over dp and gathers FSDP_GATHERED_BLOCKS blocks at a time."""
+    over the student's dense shard group (Layout.dense_shard_degree: dp x cp x ep, the mesh
+    torchtitan's FSDP2 shards dense parameters over, parallel_dims.py "dp_shard_cp") and
+    gathers FSDP_GATHERED_BLOCKS blocks at a time."""
     setup = LoadSetup(weight_bytes=d.teacher_weight_bytes, quant=d.teacher_quant)
     if sharding == "tp":
         return load_memory(teacher, setup, tp=lay.tp, pp=lay.pp).weights, 0
     whole = load_memory(teacher, setup).weights
     if sharding == "fsdp":
         block = ceil_div(whole, teacher.n_layers)
-        return ceil_div(whole, lay.dp), FSDP_GATHERED_BLOCKS * block
+        return ceil_div(whole, lay.dense_shard_degree), FSDP_GATHERED_BLOCKS * block
     return whole, 0
 
 
@@ -159,11 +162,11 @@ def distill_memory(student: ModelSpec, teacher: ModelSpec, setup: TrainingSetup,
                    lay: Layout, sharding: str) -> DistillMemory:
     """The terms of DistillMemory for one student layout and one way of holding the teacher.
 
-    Tokens per rank: micro-batch x sequence / cp; the vocabulary is split over tp (Megatron's
-    vocab-parallel logits; ModelOpt's distillation loss runs on them), the hidden states over
-    tp under sequence parallelism. Student logits are in the activation dtype; the teacher's
-    in its own 16-bit format."""
-    tokens = ceil_div(lay.micro_batch * lay.seq_len, lay.cp)
+    Tokens per rank: Layout.tokens_per_rank (the rules split the sequence evenly over cp);
+    the vocabulary is split over tp (Megatron's vocab-parallel logits; ModelOpt's
+    distillation loss runs on them), the hidden states over tp under sequence parallelism.
+    Student logits are in the activation dtype; the teacher's in its own 16-bit format."""
+    tokens = lay.tokens_per_rank
     vocab = ceil_div(student.vocab_size, lay.tp)
     logits = tokens * vocab
     act = setup.precision_spec.activation_bytes
@@ -179,7 +182,7 @@ def distill_memory(student: ModelSpec, teacher: ModelSpec, setup: TrainingSetup,
     weights, gathered = teacher_weight_bytes(teacher, d, lay, sharding)
     t_tp = lay.tp if sharding == "tp" else 1
     forward = prefill_activation_bytes(teacher, LoadSetup(weight_bytes=d.teacher_weight_bytes,
-                                                          batch=lay.micro_batch, context=ceil_div(lay.seq_len, lay.cp)),
+                                                          batch=lay.micro_batch, context=lay.seq_len_per_rank),
                                        t_tp, last_stage=False)
     saved = logits * KD_SAVED_BYTES_PER_LOGIT
     if d.kd_loss == "full":

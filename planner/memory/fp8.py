@@ -72,7 +72,7 @@ def saved_input_delta_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> 
     delta = r.saved_input_bytes - a
     if delta >= 0:
         return 0
-    tokens = lay.micro_batch * lay.seq_len / lay.cp
+    tokens = lay.tokens_per_rank
     k = m.n_experts_per_token if m.is_moe else 1
     h_div = lay.tp if lay.sp else 1
     elems = tokens * (m.d_model / h_div + m.q_dim / lay.tp + k * m.d_model / h_div + k * m.d_ff / lay.tp)

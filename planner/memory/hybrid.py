@@ -134,7 +134,7 @@ def hybrid_block_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels:
     layer_activation_terms, called on the classic views of the model (passed in so that the
     one function that sizes a transformer block sizes the halves here too)."""
     n = m.n_layers
-    tokens = lay.micro_batch * (lay.seq_len // lay.cp)
+    tokens = lay.tokens_per_rank
     a = setup.precision_spec.activation_bytes
     tp, sp_div = lay.tp, (lay.tp if lay.sp else 1)
     flat = replace(m, layer_pattern="")
@@ -187,7 +187,7 @@ def hybrid_block_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels:
                 fused_deltanet_bytes_per_token(m, a), tp, m.n_deltanet_layers, "DeltaNet")
         else:
             add("gated DeltaNet conv, chunked delta rule and gated norm tensors (transformers' torch path)",
-                torch_deltanet_bytes_per_token(m, lay.seq_len // lay.cp, a), tp, m.n_deltanet_layers, "DeltaNet")
+                torch_deltanet_bytes_per_token(m, lay.seq_len_per_rank, a), tp, m.n_deltanet_layers, "DeltaNet")
     if m.n_mamba_layers:
         add("Mamba-2 mixer input (norm output)", m.d_model * a, sp_div, m.n_mamba_layers, "Mamba")
         if kernels == "fused":
@@ -195,7 +195,7 @@ def hybrid_block_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels:
                 fused_mamba_bytes_per_token(m, a), tp, m.n_mamba_layers, "Mamba")
         else:
             add("Mamba-2 conv, chunked scan and gated norm tensors (transformers' torch path)",
-                torch_mamba_bytes_per_token(m, lay.seq_len // lay.cp, a), tp, m.n_mamba_layers, "Mamba")
+                torch_mamba_bytes_per_token(m, lay.seq_len_per_rank, a), tp, m.n_mamba_layers, "Mamba")
     return terms
 
 

@@ -28,7 +28,7 @@ def logits_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) 
     """
     if kernels == "torchtitan":
         return chunked_loss_bytes(m, setup, lay)
-    b, s = lay.micro_batch, lay.seq_len // lay.cp
+    b, s = lay.micro_batch, lay.seq_len_per_rank
     a = setup.precision_spec.activation_bytes
     tokens = b * s
     sp_div = lay.tp if lay.sp else 1
@@ -84,7 +84,7 @@ def chunked_loss_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> int:
     Checked with the whole step against FSDPMemTracker in docs/accuracy-torchtitan.md (tests/
     test_memory_stacks.py holds every row to +-10%).
     """
-    tokens = lay.micro_batch * (lay.seq_len // lay.cp)
+    tokens = lay.tokens_per_rank
     a = setup.precision_spec.activation_bytes
     sp_div = lay.tp                                 # torchtitan's tp is sequence-parallel
     h = m.d_model

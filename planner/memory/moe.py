@@ -116,7 +116,7 @@ def moe_block_delta_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kerne
             or setup.finetune.freezes_base or m.layer_pattern):
         return 0
     a = setup.precision_spec.activation_bytes
-    tokens = lay.micro_batch * (lay.seq_len // lay.cp)
+    tokens = lay.tokens_per_rank
     k, n_experts = m.n_experts_per_token, m.n_experts
     generic = sum(t.bytes for t in layer_activation_terms(m, setup, lay, kernels) if is_routed_term(t.name))
     extra_moe = 0

@@ -50,5 +50,5 @@ def block_norm_delta_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kern
         return 0
     a = setup.precision_spec.activation_bytes
     per_element = FP32_NORM_BYTES - norm_saved_bytes(m, a, kernels)
-    tokens = lay.micro_batch * (lay.seq_len // lay.cp)
+    tokens = lay.tokens_per_rank
     return int(tokens * m.norms_per_layer * m.d_model * per_element / (lay.tp if lay.sp else 1))

@@ -11,7 +11,10 @@ with --recompute-granularity selective; default ["core_attn"]:
   first MLP projections, are recomputed, not kept (memory.activations' "attention input" and
   "MLP input" terms, at the bytes the FP8 recipe keeps them in);
 * ``moe_act``: the experts' activation function: its output, the experts' second projection's
-  input, is recomputed (one of the three d_ff-wide tensors per routed copy of the fused SwiGLU);
+  input, is recomputed (one of the three d_ff-wide tensors per routed copy of the fused SwiGLU,
+  one of the two of a plain activation such as Nemotron 3's squared ReLU: moe/experts.py
+  TEGroupedMLP.forward and GroupedMLP.forward checkpoint the activation with
+  CheckpointWithoutOutput whatever its function, gated or not);
 * ``mla_up_proj``: MLA's up-projections and RoPE: their outputs, the per-head Q, K and V that
   core attention keeps, are discarded and recomputed in backward (CheckpointWithoutOutput);
 * ``mlp``: the dense MLP, which keeps only its input (DeepSeek-V3's three dense layers; every
@@ -44,7 +47,7 @@ def module_recompute_delta_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout
     a = setup.precision_spec.activation_bytes
     fp8 = setup.precision_spec.fp8
     saved = fp8.saved_input_bytes if fp8 is not None else a     # a linear input as the recipe keeps it
-    tokens = lay.micro_batch * (lay.seq_len // lay.cp)
+    tokens = lay.tokens_per_rank
     sp_div = lay.tp if lay.sp else 1
     delta = 0.0
     if "core_attn" not in mods:
@@ -53,7 +56,7 @@ def module_recompute_delta_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout
         n_inputs = 1 if m.parallel_block else 2
         delta -= tokens * n_inputs * m.d_model * saved / sp_div
     moe_share = m.n_moe_layers / m.n_layers if m.is_moe else 0.0
-    if "moe_act" in mods and m.is_moe and m.gated_mlp:
+    if "moe_act" in mods and m.is_moe:
         delta -= moe_share * tokens * m.n_experts_per_token * m.d_ff * saved / lay.tp
     if "mla_up_proj" in mods and m.is_mla:
         qkv = m.n_heads * (2 * m.head_dim + m.value_head_dim)

@@ -107,19 +107,21 @@ class PhaseMemory:
         return max(0.0, (capacity_bytes - beside) / gpu.memory_bytes)
 
 
-def frozen_copy_bytes(m: ModelSpec, lay: Layout) -> int:
+def frozen_copy_bytes(m: ModelSpec, lay: Layout, gpus_per_node: int = 8) -> int:
     """A frozen 16-bit copy of the policy (the reference model) held like the policy: split over
-    tp x pp, and sharded over dp when the policy's weights are (ZeRO-3 / FSDP), bytes."""
+    tp x pp, and where the policy's weights are sharded (ZeRO-3 / FSDP) sharded over the same
+    ranks as its dense weights (Layout.weight_shard_ranks: dp x cp x ep, or FSDP hybrid's
+    shard group), bytes."""
     w = load_memory(m, LoadSetup(), tp=lay.tp, pp=lay.pp).weights
-    return ceil_div(w, lay.dp) if lay.zero_stage >= 3 else w
+    return ceil_div(w, lay.weight_shard_ranks(gpus_per_node)) if lay.zero_stage >= 3 else w
 
 
 def logprob_pass_bytes(m: ModelSpec, lay: Layout) -> int:
     """One no-grad forward over a micro-batch for token log-probs: a block's working set
     (prefill_activation_bytes) and the logits in 16 bits with their fp32 log-softmax and its
     fp32 upcast input (the stacks' logprobs_from_logits), vocabulary split over tp."""
-    tokens = lay.micro_batch * ceil_div(lay.seq_len, lay.cp)
-    fwd = prefill_activation_bytes(m, LoadSetup(batch=lay.micro_batch, context=ceil_div(lay.seq_len, lay.cp)),
+    tokens = lay.tokens_per_rank
+    fwd = prefill_activation_bytes(m, LoadSetup(batch=lay.micro_batch, context=lay.seq_len_per_rank),
                                    lay.tp, last_stage=False)
     return fwd + tokens * ceil_div(m.vocab_size, lay.tp) * (2 + 4 + 4)
 
@@ -130,7 +132,7 @@ def phase_memory(m: ModelSpec, gpu: GpuSpec, rl: RLSetup, lay: Layout, train: Ra
     training-step memory of the policy on ``lay`` (RankMemory)."""
     bd = train.breakdown
     distributed = lay.n_gpus > 1      # the fixed costs and fragmentation: Overheads.untracked_bytes
-    ref = frozen_copy_bytes(m, lay) if rl.reference_model else 0
+    ref = frozen_copy_bytes(m, lay, gpu.gpus_per_node) if rl.reference_model else 0
     critic = bd.weights + bd.gradients + bd.optimizer if rl.has_critic else 0
     resident = bd.weights + bd.optimizer            # between steps: gradients freed (zero_grad(set_to_none))
     engine = 0

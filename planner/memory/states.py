@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from planner.layouts.batch import LayoutArrays
-from planner.layouts.layout import SHARDINGS
+from planner.layouts.layout import SHARDINGS, weight_shard_size
 from planner.models.spec import ModelSpec
 from planner.training.setup import Precision, TrainingSetup
 
@@ -83,7 +83,7 @@ def shard_degrees(a: LayoutArrays, hybrid: np.ndarray) -> tuple[np.ndarray, np.n
     group (megatron-core 0.16.1 distributed/distributed_data_parallel.py lines 295-301: the
     expert parameters' buffers are allocated over intra_expt_dp_group)."""
     dense_deg, expert_deg = a.dense_shard_degree, a.expert_shard_degree
-    d_dense = np.where(hybrid > 0, hybrid, dense_deg)
+    d_dense = weight_shard_size(dense_deg, hybrid)
     d_expert = np.maximum(1, np.where(hybrid > 0, np.minimum(expert_deg, hybrid), expert_deg))
     return d_dense, d_expert
 
@@ -103,7 +103,7 @@ def expert_padding(m: ModelSpec, a: LayoutArrays, hybrid: np.ndarray) -> np.ndar
     """
     if not m.is_moe:
         return np.ones(len(a))
-    d = np.where(hybrid > 0, hybrid, a.expert_shard_degree)
+    _, d = shard_degrees(a, hybrid)      # the ranks an expert weight is sharded over
     e = m.n_experts
     return np.where((a.sharding > 0) & (a.ep == 1), d * ceil_div(np.int64(e), d) / e, 1.0)
 
@@ -243,7 +243,7 @@ def offload_bytes(setup: TrainingSetup, a: LayoutArrays, ms: ModelStates, frozen
     # DeepSpeed: ZeRO-Offload's optimizer partition, ZeRO-Infinity's parameter shards
     host, nvme, step_on_host = zero, zero, no
     if setup.offload_optimizer != "none":
-        d = np.where(a.zero_stage >= 1, np.where(hybrid > 0, hybrid, a.dense_shard_degree), 1)
+        d = np.where(a.zero_stage >= 1, weight_shard_size(a.dense_shard_degree, hybrid), 1)
         partition = ceil_div(split.trainable, d)                      # type: ignore[attr-defined]
         host = host + 4 * partition                     # CPU Adam's fp32 gradient partition
         if setup.offload_optimizer == "cpu":
@@ -287,7 +287,7 @@ def optimizer_step_transient_bytes(m: ModelSpec, setup: TrainingSetup, a: Layout
     if setup.finetune.paged_8bit_optimizer:
         return zero
     applies = (a.sharding > 0) | (kernels == AMP)
-    d = np.where(a.zero_stage >= 1, np.where(hybrid > 0, hybrid, a.dense_shard_degree), 1)
+    d = np.where(a.zero_stage >= 1, weight_shard_size(a.dense_shard_degree, hybrid), 1)
     if setup.optimizer_foreach and setup.optimizer in ("adamw", "adam8bit"):
         step = 4 * ceil_div(split.trainable, d)                       # type: ignore[attr-defined]
     else:

@@ -193,7 +193,7 @@ def memory_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, pc: ParamCount
                         "final-norm input + LM-head input (b s h a, / t with sp) + b s V/t x "
                         + ("12 B (fp32 logits and two fp32 gradients)" if eager else "4 B (fp32 logits)"),
                         logits_at, TITAN_LOSS if titan else LOGITS, micro_batch_b=lay.micro_batch,
-                        seq_len_s=lay.seq_len // lay.cp,
+                        seq_len_s=lay.seq_len_per_rank,
                         d_model_h=m.d_model, vocab_V=m.vocab_size, tp_t=lay.tp, sp=lay.sp,
                         activation_bytes_a=prec.activation_bytes, kernels=tr.kernels))
         if logits_at > tr.layer_act:
@@ -361,7 +361,7 @@ def _ds_host_copy(m: ModelSpec, setup: TrainingSetup, lay: Layout, tr: RankTerms
 
     from planner.memory.activations import host_checkpoint_bytes
     one = np.array([1])
-    host, _ = host_checkpoint_bytes(m, setup, one * lay.micro_batch, one * (lay.seq_len // lay.cp), one * lay.tp,
+    host, _ = host_checkpoint_bytes(m, setup, one * lay.micro_batch, one * lay.seq_len_per_rank, one * lay.tp,
                                     np.array([lay.recompute == "full"]), one * tr.n_act_layers,
                                     np.array([tr.held]))
     return int(host[0])
@@ -372,7 +372,7 @@ def _activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, tr: RankT
     out: list[Term] = []
     a = tr.act_setup.precision_spec.activation_bytes
     fsdp_moment = lay.is_fsdp and tr.n_act_layers     # FSDP2's backward-end frees as it goes
-    dims: dict[str, Any] = {"micro_batch_b": lay.micro_batch, "seq_len_s": lay.seq_len // lay.cp,
+    dims: dict[str, Any] = {"micro_batch_b": lay.micro_batch, "seq_len_s": lay.seq_len_per_rank,
             "d_model_h": m.d_model,
             "n_heads": m.n_heads, "tp_t": lay.tp, "sp": lay.sp, "activation_bytes_a": a, "kernels": tr.kernels}
     if phase == "optimizer-step":

@@ -306,7 +306,7 @@ def stack_lines(r: PlanResult) -> list[str]:
     from planner.stacks import memory_profile_line
     recompute = shown.layout.recompute if shown is not None else "none"
     return ["  " + memory_profile_line(s.stack, recompute, s.compile, s.recompute_every, s.recompute_method,
-                                       s.recompute_num_layers)]
+                                       s.recompute_num_layers, s.recompute_modules)]
 
 
 def allocator_lines(r: PlanResult) -> list[str]:

@@ -160,8 +160,8 @@ def distill_choice(student: ModelSpec, teacher: ModelSpec, setup: TrainingSetup,
     flops = forward_flops_per_token(teacher, lay.seq_len) * tokens if d.online else 0.0
     gather = 0.0
     if tm.sharding == "fsdp":   # one all-gather of the teacher per micro-batch
-        whole = tm.teacher_weights * lay.dp
-        gather = lay.grad_accum * fsdp_gather_s(whole, lay.dp, cluster, eff)
+        whole = tm.teacher_weights * lay.dense_shard_degree
+        gather = lay.grad_accum * fsdp_gather_s(whole, lay.dense_shard_degree, cluster, eff)
     return DistillChoice(candidate=c, teacher=tm, total_bytes=total, teacher_forward_s=fwd_s,
                          teacher_gather_s=gather, teacher_flops=flops)
 
@@ -211,7 +211,7 @@ def rl_choice(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, rl: RLSetup, c: 
         times["weight resync"] = resync_s(m, lay, rl.engine_tp, rl.placement == "colocated", cluster, eff)
         if rl.offload_train_states and rl.placement == "colocated":
             bd = c.memory.breakdown
-            ref = frozen_copy_bytes(m, lay) if rl.reference_model else 0
+            ref = frozen_copy_bytes(m, lay, gpu.gpus_per_node) if rl.reference_model else 0
             times["offload and reload"] = offload_s(bd.weights + bd.optimizer + ref)
     return RLChoice(candidate=c, phases=phases, engine=engine, generation=gen, times_s=times,
                     overlapped=rl.overlapped)

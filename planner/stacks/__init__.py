@@ -182,13 +182,17 @@ def check_stack(stack: str, m: ModelSpec, lay: Layout) -> None:
 
 
 def memory_profile_line(stack: str, recompute: str, setup_compile: bool = False, recompute_every: int = 1,
-                        recompute_method: str = "uniform", recompute_num_layers: int = 1) -> str:
-    """One line naming the stack settings the memory model followed (the plan's Assumptions)."""
+                        recompute_method: str = "uniform", recompute_num_layers: int = 1,
+                        recompute_modules: tuple[str, ...] = ()) -> str:
+    """One line naming the stack settings the memory model followed (the plan's Assumptions):
+    under --stack megatron, the recompute method and layers, or the --recompute-modules given."""
     s = get_stack(stack)
     rc = s.recompute.get(recompute, recompute)
     if stack == "megatron" and recompute == "full":
         rc = (f"--recompute-granularity full --recompute-method {recompute_method} "
               f"--recompute-num-layers {recompute_num_layers}")
+    elif stack == "megatron" and recompute == "selective" and recompute_modules:
+        rc = f"--recompute-granularity selective (--recompute-modules {' '.join(recompute_modules)})"
     every = f", every {recompute_every}th block only" if recompute_every > 1 and recompute != "none" else ""
     compiled = ", torch.compile per block" if setup_compile else ""
     return (f"stack: {s.name} ({s.version}): recompute {recompute} = {rc}{every}; loss: {s.loss}; "
