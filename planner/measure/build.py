@@ -31,9 +31,11 @@ def build_model(setup: MeasureSetup, device: Any) -> Any:
         cfg.pop(key, None)
     config = AutoConfig.for_model(model_type, **cfg)
     config.use_cache = False
-    auto_cls = AutoModelForMaskedLM if model_type == "bert" else AutoModelForCausalLM
+    auto_cls: Any = AutoModelForMaskedLM if model_type == "bert" else AutoModelForCausalLM
     if is_vlm(setup.hf_config):
-        from transformers import AutoModelForImageTextToText as auto_cls
+        from transformers import AutoModelForImageTextToText
+
+        auto_cls = AutoModelForImageTextToText
     dtype = torch.bfloat16 if setup.precision == "bf16" else torch.float32
     with torch.device(device):
         model = auto_cls.from_config(config, attn_implementation=setup.attention, dtype=dtype)

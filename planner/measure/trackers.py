@@ -353,7 +353,7 @@ def _measure_rank(setup: MeasureSetup, device: Any, *, mesh: Any, rank: int, ddp
 
             model = DistributedDataParallel(model, device_ids=[device.index])
         optimizer = build_optimizer(model, setup)
-        ids = torch.randint(0, vocab_size, (setup.micro_batch, setup.seq_len), device=device)
+        ids: Any = torch.randint(0, vocab_size, (setup.micro_batch, setup.seq_len), device=device)
         if is_vlm(setup.hf_config):
             ids = image_batch(model, setup.micro_batch, setup.seq_len, setup.images_per_sample, device)
         tracker = make_tracker(model, optimizer, ids["input_ids"] if isinstance(ids, dict) else ids,

@@ -36,7 +36,7 @@ def text_config(cfg: dict[str, Any], where: str) -> dict[str, Any]:
         raise UserError(f"{where}: a {cfg.get('model_type')} config needs a text_config with its model_type "
                         f"(the text tower's config); pass the model's own config.json")
     family, renames = TEXT_FAMILY.get(text["model_type"], (text["model_type"], {}))
-    text = {renames.get(k, k): v for k, v in text.items()} | {"model_type": family}
+    text = {renames.get(str(k), str(k)): v for k, v in text.items()} | {"model_type": family}
     if isinstance(cfg.get("tie_word_embeddings"), bool):
         text["tie_word_embeddings"] = cfg["tie_word_embeddings"]
     return text
