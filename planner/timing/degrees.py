@@ -40,6 +40,7 @@ from planner.timing.efficiency import (
     CROSS_ENTROPY_FORWARD_SHARE,
     Efficiency,
 )
+from planner.timing.host_link import activation_offload_exposed_s
 from planner.timing.kernels import (
     backward_layers,
     gemm_time_s,
@@ -181,8 +182,18 @@ BLOCK_FIELDS = ("fwd_s", "bwd_s", "attention_fwd_s", "tp_bytes", "tp_collectives
 def block_row(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Efficiency, kernels: str, tp: int,
                sp: int, cp: int, ep: int, mb: int, rc: int, etp: int = 0) -> tuple[float, ...]:
     """One block shape's LayerTime fields, then what the pipeline derives from the
-    micro-batch alone: the LM head and loss added to the last stage's forward and
-    backward, the bytes of the tp all-reduce at each pipeline edge and of a pipeline send."""
+    micro-batch alone: what the last stage adds to its forward and backward, the bytes of the
+    tp all-reduce at each pipeline edge and of a pipeline send.
+
+    The last stage adds the LM head and loss. Under Megatron-Core's CPU activation offload,
+    which needs pp = 1 (layouts.rules), the one stage also adds the copies compute does not
+    hide (host_link.activation_offload_exposed_s). MTP modules (TrainingSetup.mtp_layers) are
+    not timed: megatron-core 0.16.1 runs them on the last stage, but the runs that train them
+    give that stage fewer blocks (Megatron-Bridge's DeepSeek-V3 pipeline layouts end "tmL":
+    one block, the MTP module and the loss), a split the planner's stage_layers cannot state;
+    timed on top of the planner's split they lengthened the predicted step of every such run by
+    13% to 49% and worsened the study out of fold (docs/megatron-bridge-terms.md). Their FLOPs
+    count (timing.flops.with_mtp)."""
     gpu, prec = cluster.gpu, setup.precision_spec
     seq, h, a = setup.seq_len, m.d_model, prec.activation_bytes
     key = Layout(tp=tp, sp=bool(sp), cp=cp, ep=ep, micro_batch=mb, seq_len=seq, recompute=RECOMPUTES[rc],
@@ -193,9 +204,13 @@ def block_row(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Efficie
     head_fwd = gemm_time_s(tokens, m.vocab_size / tp, h, r.matmul_flops_per_s, r.hbm_bytes_per_s, prec.weight_bytes)
     loss_s = tokens * m.vocab_size / tp * CROSS_ENTROPY_BYTES_PER_LOGIT / r.hbm_bytes_per_s
     head_bwd = head_backward_gemms(setup.finetune)
-    return (*(float(getattr(lt, f)) for f in BLOCK_FIELDS),
-            head_fwd + loss_s * CROSS_ENTROPY_FORWARD_SHARE,
-            head_bwd * head_fwd + loss_s * (1 - CROSS_ENTROPY_FORWARD_SHARE),
+    last_fwd = head_fwd + loss_s * CROSS_ENTROPY_FORWARD_SHARE
+    last_bwd = head_bwd * head_fwd + loss_s * (1 - CROSS_ENTROPY_FORWARD_SHARE)
+    if setup.offload_activations:
+        off_fwd, off_bwd = activation_offload_exposed_s(m, setup, key, kernels, gpu, float(lt.fwd_s),
+                                                        float(lt.bwd_s), m.n_layers)
+        last_fwd, last_bwd = last_fwd + off_fwd, last_bwd + off_bwd
+    return (*(float(getattr(lt, f)) for f in BLOCK_FIELDS), last_fwd, last_bwd,
             tokens * h * a, tokens * h * a / tp)
 
 

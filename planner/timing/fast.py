@@ -58,7 +58,7 @@ adapters, dequantization), backward_layers (freeze's blocks without backward),
 trained_split (the trainable parameters the gradient reductions and the optimizer cover,
 the frozen bytes ZeRO-3/FSDP gathers: QLoRA's NF4 base at its stored bytes, before the
 forward and again before the backward), optimizer_update_bytes_per_param and head_backward_gemms.
-Step time does not depend on offload, so every set-up is covered.
+Of the offloads only Megatron-Core's activation offload enters (degrees.block_row).
 """
 
 from __future__ import annotations
@@ -496,8 +496,8 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
                 terms.clear()
     step_o = np.take(best.reshape(n_o, -1), at_kind, axis=1)
     n_seq = a.micro_batch * a.grad_accum * a.data_parallel
-    flops = distinct_rows([n_seq, a.recompute], _rows(2, np.float64, "flops", m, setup.seq_len,
-                                                           setup.finetune, setup.recomputed_share,
+    flops = distinct_rows([n_seq, a.recompute], _rows(2, np.float64, "flops", m, setup.seq_len, setup.finetune,
+                                                           setup.recomputed_share, setup.mtp_layers,
                                                            setup.images_per_sample),
                            lambda n_, rc_: _flops_row(m, setup.seq_len, n_, rc_, setup))
     peak = cluster.gpu.peak_flops_per_s(setup.precision_spec.compute_dtype)
@@ -567,7 +567,8 @@ def low_precision_peak(gpu: GpuSpec, setup: TrainingSetup) -> float | None:
 
 def _flops_row(m: ModelSpec, seq_len: int, n_sequences: int, recompute: int, setup: TrainingSetup
                ) -> tuple[float, float]:
-    f = flops_per_step(m, seq_len, n_sequences, RECOMPUTES[recompute], setup.finetune, setup.recomputed_share)
+    f = flops_per_step(m, seq_len, n_sequences, RECOMPUTES[recompute], setup.finetune, setup.recomputed_share,
+                       setup.mtp_layers)
     image = n_sequences * sum(image_flops_per_sequence(m, setup.finetune, setup.images_per_sample))
     return f.model_flops + image, f.hardware_flops + image
 

@@ -8,7 +8,7 @@ it (the convention of Narayanan et al.'s Table 1).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner.models.deltanet import delta_rule_flops_per_token, deltanet_conv_flops_per_token
 from planner.models.generic.profile import GenericProfile
@@ -203,8 +203,17 @@ def executed_flops_per_token(m: ModelSpec, seq_len: int, ft: FinetuneSpec, recom
     return frozen * lf.total + trained * (3 * lf.total + extra) + head
 
 
+def with_mtp(m: ModelSpec, mtp_layers: int) -> ModelSpec:
+    """The model with the MTP modules a run trains: the checkpoint's own (ModelSpec.n_mtp_modules,
+    where the model's config counts them) or Megatron-Core's mtp_num_layers
+    (TrainingSetup.mtp_layers), whichever is larger: they are the same modules, not extra ones."""
+    if mtp_layers <= m.n_mtp_modules:
+        return m
+    return replace(m, n_mtp_modules=mtp_layers)
+
+
 def flops_per_step(m: ModelSpec, seq_len: int, n_sequences: int, recompute: str = "none",
-                   ft: FinetuneSpec | None = None, recomputed_share: float = 1.0) -> StepFlops:
+                   ft: FinetuneSpec | None = None, recomputed_share: float = 1.0, mtp_layers: int = 0) -> StepFlops:
     """FLOPs of one optimizer step over ``n_sequences`` sequences of ``seq_len`` tokens.
 
     Full training: model FLOPs (no recomputation, for MFU; 6N per token for the weights, as
@@ -212,7 +221,9 @@ def flops_per_step(m: ModelSpec, seq_len: int, n_sequences: int, recompute: str 
     (``ft``) both count only the matmuls that run (executed_flops_per_token): no weight
     gradients for frozen weights, the adapters' own matmuls added, so MFU there is the share
     of peak the GPUs' work reaches, not full training's work over the step.
-    ``recomputed_share``: the blocks full recomputation reruns (hardware_flops_per_token)."""
+    ``recomputed_share``: the blocks full recomputation reruns (hardware_flops_per_token).
+    ``mtp_layers``: the MTP modules the run trains (with_mtp), counted in both."""
+    m = with_mtp(m, mtp_layers)
     tokens = n_sequences * seq_len
     if ft is None or ft.is_full:
         return StepFlops(model_flops=tokens * model_flops_per_token(m, seq_len),

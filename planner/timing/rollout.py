@@ -27,15 +27,11 @@ from planner.models.spec import ModelSpec, count_params
 from planner.timing.collectives import all_reduce_s, gather_s
 from planner.timing.efficiency import Efficiency
 from planner.timing.flops import head_flops, layer_flops
+from planner.timing.host_link import HOST_COPY_BYTES_PER_S
 from planner.timing.kernels import rates
 from planner.timing.step import StepTime
 from planner.training.posttrain import RLSetup
 from planner.units import ceil_div
-
-# Host <-> GPU copies of offloaded training states: PCIe Gen5 x16 is 64 GB/s per direction
-# (PCI-SIG, PCIe 5.0 specification); pinned-memory copies reach about 50 GB/s on H100 hosts
-# (ASSUMED: 0.8 of the link, as NVIDIA's bandwidthTest reports on Gen5 hosts).
-HOST_COPY_BYTES_PER_S = 50e9
 
 # Time per decode step that the physical terms (weights and KV cache at the HBM fraction, the
 # tp all-reduces) leave out, seconds: vLLM's host work per step (scheduler, input preparation,
