@@ -262,7 +262,7 @@ def table(results: list[dict]) -> str:
         "--modules qwen3-235b` (the first row whose model contains the name).",
         "",
     ]
-    return "\n".join(lines + megatron_core_section())
+    return "\n".join(lines + megatron_core_section() + vision_section())
 
 
 def megatron_core_section() -> list[str]:
@@ -277,6 +277,17 @@ def megatron_core_section() -> list[str]:
         mod = importlib.util.module_from_spec(spec)
         sys.modules["megatron_core_memory"] = mod
         spec.loader.exec_module(mod)
+    return mod.section()
+
+
+def vision_section() -> list[str]:
+    """bench/vision_accuracy.py's stored measurements of vision-language models, re-predicted."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("vision_accuracy", ROOT / "bench" / "vision_accuracy.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
     return mod.section()
 
 

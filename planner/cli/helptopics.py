@@ -33,7 +33,7 @@ TOPICS: dict[str, tuple[str, tuple[str, ...]]] = {
                   "--offload-optimizer", "--offload-params")),
     "methods": ("fine-tuning (LoRA, QLoRA, freeze) and inference memory",
                 ("--method", "--lora-rank", "--lora-alpha", "--lora-targets", "--lora-dropout", "--quant",
-                 "--trainable-layers", "--task", "--mla-cache")),
+                 "--trainable-layers", "--images-per-sample", "--freeze-vision", "--task", "--mla-cache")),
     "posttrain": ("distillation (--teacher) and RL (--task grpo|ppo|dpo)",
                   ("--teacher", "--teacher-precision", "--teacher-quant", "--teacher-sharding", "--kd-loss",
                    "--kd-hidden-layers", "--kd-offline-topk", "--prompt-len", "--response-len", "--response-mean",

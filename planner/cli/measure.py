@@ -117,14 +117,17 @@ def measure(o: Options, real: bool, stack: str = "hf", calibration_out: Path | N
                             "drop --real, --stack and --blocks")
         measure_teacher(o, m, hf_config, setup, lay)
         return
-    how = "on this machine's GPUs" if real else "under fake tensors"
+    vlm = m.vision is not None
+    if vlm and (stack != "hf" or blocks is not None):
+        raise UserError("a vision-language model is measured with transformers' whole model: drop --stack and --blocks")
+    how = "on this machine's GPUs" if real else ("with real tensors on the CPU" if vlm else "under fake tensors")
     label = f" ({stack})" if stack != "hf" else ""
     with progress(o.aside, f"measuring a training step of {m.name}{label} {how}"):
         if stack == "torchtitan":
             from planner.measure import torchtitan
             cmp = torchtitan.compare(m, hf_config, setup, lay, fake=not real)
         else:
-            cmp = accuracy.compare(m, hf_config, setup, lay, fake=not real)
+            cmp = accuracy.compare(m, hf_config, setup, lay, fake=not real and not vlm)
     if calibration_out is not None:
         write_measured_calibration(m, cmp.setup, cmp.layout, cluster_for(gpu, o.topology), cmp.measured,
                                    f"plan measure --real ({stack})", stack, calibration_out, o.aside, o.force)

@@ -134,6 +134,8 @@ class Options:
     lora_dropout: float | None = None
     quant: str | None = None
     trainable_layers: int | None = None
+    images_per_sample: int = _S.images_per_sample      # a vision-language model's images per sequence
+    freeze_vision: bool = True                          # --freeze-vision/--train-vision (training.images)
     # --task (task_options)
     task: str = "train"
     mla_cache: str | None = None      # --task load, MLA models: the KV cache layout (memory.inference)
@@ -402,6 +404,15 @@ def method_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--trainable-layers", type=click.IntRange(1, 1 << 20), default=None,
                      help="With --method freeze: how many of the last blocks train  "
                           f"[default: {FREEZE_TRAINABLE_LAYERS}]."),
+        click.option("--images-per-sample", type=click.IntRange(0, 4096), default=_S.images_per_sample,
+                     metavar="N",
+                     help="Vision-language models: N images in each sequence, at the size the config gives; their "
+                          "tokens count within --seq-len  [default: 0, text-only data: the image side's weights "
+                          "are still held]."),
+        click.option("--freeze-vision/--train-vision", default=True,
+                     help="Vision-language models: keep the vision encoder and projector frozen (weights only, "
+                          "forward only), as LLaMA-Factory's defaults do, or train them (--method full)  "
+                          "[default: --freeze-vision]."),
     ], f)
 
 

@@ -50,7 +50,7 @@ def finetune_spec(o: Options, method: str | None = None) -> FinetuneSpec:
     return FinetuneSpec.named(name, rank=o.lora_rank, alpha=o.lora_alpha, targets=targets,
                               dropout=o.lora_dropout,
                               quant=quant if name in ("lora", "qlora") else None,
-                              trainable_layers=o.trainable_layers)
+                              trainable_layers=o.trainable_layers, freeze_vision=o.freeze_vision)
 
 
 def check_names(o: Options) -> None:
@@ -165,7 +165,8 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
                           mtp_layers=o.mtp, recompute_modules=recompute_modules(o),
                           recompute_method=o.recompute_method or DEFAULT_SETUP.recompute_method,
                           recompute_num_layers=o.recompute_num_layers or DEFAULT_SETUP.recompute_num_layers,
-                          recompute_chunk_layers=recompute_chunk_layers(o, m))
+                          recompute_chunk_layers=recompute_chunk_layers(o, m),
+                          images_per_sample=o.images_per_sample)
     check_setup(m, setup)       # the rules the Python API applies too (issue 32, W11)
     if "mla_up_proj" in setup.recompute_modules and not m.is_mla:
         raise UserError(f"--recompute-modules mla_up_proj needs multi-latent attention; {m.name} has none")

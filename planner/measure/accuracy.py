@@ -25,12 +25,14 @@ from typing import Any
 from planner.errors import UserError
 from planner.layouts.layout import AXIS_NAMES, Layout
 from planner.memory.model import MemoryBreakdown, per_rank_memory
-from planner.models.spec import ModelSpec
+from planner.models.spec import ModelSpec, count_params
 from planner.training.setup import TrainingSetup
 
 MEASURABLE_TYPES = ("llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2", "gpt2", "bert", "gpt_neox",
                     "qwen3", "qwen3_moe", "deepseek_v3", "llama4_text", "gemma3_text", "gpt_oss", "phi3", "olmo2",
                     "nemotron_h", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
+# A vision-language model's step runs real tensors (planner.measure.images): tiny configs only
+MAX_MEASURED_VLM_PARAMS = 200_000_000
 ROWS = ("weights", "gradients", "optimizer", "activations", "buffers", "total")
 
 
@@ -72,6 +74,10 @@ class Comparison:
 
 def measurable(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> str:
     """The measurement's sharding name, or a UserError saying why it cannot be measured."""
+    if m.vision is not None and count_params(m).total > MAX_MEASURED_VLM_PARAMS:
+        raise UserError(f"a vision-language step is measured with real tensors on the CPU: {m.name} has "
+                        f"{count_params(m).total:,} parameters, above {MAX_MEASURED_VLM_PARAMS:,}; measure a tiny "
+                        f"config of the same wrapper")
     if m.model_type not in MEASURABLE_TYPES and not m.is_generic:    # a generic model is transformers' own
         raise UserError(f"model_type {m.model_type!r} cannot be measured here; "
                         f"measurable: {', '.join(MEASURABLE_TYPES)}")
@@ -134,6 +140,8 @@ def measure_payload(hf_config: dict[str, Any], lay: Layout, setup: TrainingSetup
         "fake": fake,
     }
     payload |= finetune_payload(setup)
+    if setup.images_per_sample or not setup.finetune.freeze_vision:
+        payload |= {"images_per_sample": setup.images_per_sample, "freeze_vision": setup.finetune.freeze_vision}
     if lora_targets is not None and payload.get("method") == "lora":
         payload["lora_targets"] = lora_targets
     return payload

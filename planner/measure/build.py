@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from planner.errors import UserError
 from planner.measure.fakes import outside_fake_mode
+from planner.measure.images import freeze_image_side, is_vlm
 from planner.training.setup import SGD_MOMENTUM
 
 if TYPE_CHECKING:
@@ -30,11 +31,17 @@ def build_model(setup: MeasureSetup, device: Any) -> Any:
         cfg.pop(key, None)
     config = AutoConfig.for_model(model_type, **cfg)
     config.use_cache = False
-    auto_cls = AutoModelForMaskedLM if model_type == "bert" else AutoModelForCausalLM
+    auto_cls: Any = AutoModelForMaskedLM if model_type == "bert" else AutoModelForCausalLM
+    if is_vlm(setup.hf_config):
+        from transformers import AutoModelForImageTextToText
+
+        auto_cls = AutoModelForImageTextToText
     dtype = torch.bfloat16 if setup.precision == "bf16" else torch.float32
     with torch.device(device):
         model = auto_cls.from_config(config, attn_implementation=setup.attention, dtype=dtype)
     model.train()
+    if is_vlm(setup.hf_config) and setup.freeze_vision:
+        freeze_image_side(model, torch.bfloat16 if setup.precision == "bf16-mixed" else None)
     return model
 
 

@@ -115,6 +115,7 @@ from planner.measure.build import (
     shard,
 )
 from planner.measure.fakes import separate_dtensor_propagation, stub_scalars
+from planner.measure.images import check_measurable, image_batch, is_vlm
 from planner.measure.readout import MeasuredMemory, make_tracker, tracker_result
 
 SHARDINGS = ("none", "grad-op", "full")
@@ -175,6 +176,9 @@ class MeasureSetup:
     # set_requires_gradient_sync(False) (what torch.distributed.pipelining's schedules do for
     # every backward, stage.py backward_maybe_with_nosync): their unsharded gradients accumulate
     no_sync_micro_batches: int = 0
+    # a vision-language model (planner.measure.images): images in each sequence, image side frozen
+    images_per_sample: int = 0
+    freeze_vision: bool = True
 
     def __post_init__(self) -> None:
         for name, value, allowed in (
@@ -195,6 +199,8 @@ class MeasureSetup:
             raise UserError("measure: hf_config must be a config.json dict with a 'model_type' key")
         if self.no_sync_micro_batches and not self.sharded:
             raise UserError("measure: no_sync_micro_batches needs FSDP2 (sharding grad-op or full)")
+        if is_vlm(dict(self.hf_config)):
+            check_measurable(dict(self.hf_config), self.fake)
         if self.optimizer == "adafactor" and self.sharded:
             # torch.optim.Adafactor squares a row norm in place (norm(...).square_()); on FSDP2's
             # DTensor shards that norm is a partial sum and DTensor refuses the in-place op.
@@ -337,7 +343,7 @@ def _measure_rank(setup: MeasureSetup, device: Any, *, mesh: Any, rank: int, ddp
           _gpu_dropout_kernels(device, fake=setup.fake)):
         model = build_model(setup, device) if setup.method == "full" else build_finetuned(setup, device)
         n_params = sum(p.numel() for p in model.parameters())
-        vocab_size = model.config.vocab_size
+        vocab_size = model.config.get_text_config().vocab_size
         if setup.recompute == "full":
             checkpoint_blocks(model)
         if mesh is not None:
@@ -347,8 +353,11 @@ def _measure_rank(setup: MeasureSetup, device: Any, *, mesh: Any, rank: int, ddp
 
             model = DistributedDataParallel(model, device_ids=[device.index])
         optimizer = build_optimizer(model, setup)
-        ids = torch.randint(0, vocab_size, (setup.micro_batch, setup.seq_len), device=device)
-        tracker = make_tracker(model, optimizer, ids, sharded=mesh is not None)
+        ids: Any = torch.randint(0, vocab_size, (setup.micro_batch, setup.seq_len), device=device)
+        if is_vlm(setup.hf_config):
+            ids = image_batch(model, setup.micro_batch, setup.seq_len, setup.images_per_sample, device)
+        tracker = make_tracker(model, optimizer, ids["input_ids"] if isinstance(ids, dict) else ids,
+                               sharded=mesh is not None)
         with tracker:
             for step in range(setup.n_steps):
                 tracker.step = step + 1
@@ -487,7 +496,7 @@ def _train_step(model: Any, optimizer: Any, ids: Any, setup: MeasureSetup, devic
         if i and new_forward is not None:
             new_forward()
         model.set_requires_gradient_sync(False)
-        out = model(input_ids=ids, labels=ids)
+        out = model(**ids) if isinstance(ids, dict) else model(input_ids=ids, labels=ids)
         loss = out.loss
         del out
         loss.backward()
@@ -497,7 +506,7 @@ def _train_step(model: Any, optimizer: Any, ids: Any, setup: MeasureSetup, devic
         if new_forward is not None:
             new_forward()
     with autocast:
-        out = model(input_ids=ids, labels=ids)
+        out = model(**ids) if isinstance(ids, dict) else model(input_ids=ids, labels=ids)
     loss = out.loss
     del out  # drop the logits, as a training loop that keeps only the loss does
     loss.backward()

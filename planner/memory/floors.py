@@ -23,7 +23,7 @@ from planner.memory.params import (
 from planner.memory.shapes import in_flight_microbatches
 from planner.memory.states import expert_padding, model_state_bytes
 from planner.models.spec import ModelSpec, ParamCount, count_params
-from planner.training.finetune import FinetuneSpec, activation_layers
+from planner.training.finetune import FinetuneSpec, activation_layers, frozen_vision_params
 from planner.training.kernels import layout_kernels
 from planner.training.setup import TrainingSetup
 
@@ -128,6 +128,13 @@ def _model_state_floors(m: ModelSpec, setup: TrainingSetup, lays: tuple[Layout, 
                         gpus_per_node: int) -> tuple[StateFloor, ...]:
     out: list[StateFloor | None] = [None] * len(lays)
     plain_rows = []
+    frozen_vision = frozen_vision_params(m, setup.finetune)
+
+    def frozen_off(stage: int) -> int:
+        """A frozen image side's parameters, left out of the first stage's floor (its weights
+        alone would be a lower bound; leaving them out keeps one, looser)."""
+        return frozen_vision if stage == 0 else 0
+
     offload = setup.offload_optimizer != "none" or setup.offload_params != "none"
     for i, lay in enumerate(lays):
         if setup.finetune.is_full and not offload and layout_kernels(setup, lay) != "amp":
@@ -135,9 +142,9 @@ def _model_state_floors(m: ModelSpec, setup: TrainingSetup, lays: tuple[Layout, 
             continue
         per_param = min_model_state_bytes_per_param(setup)
         counts = stage_layers(m.n_layers, lay.pp, setup.pp_balance)
-        rps = [rank_params(m, pc, lay, s, counts[s]) for s in stages_to_check(counts)]
-        out[i] = StateFloor(at_step=max(int(rp.dense * per_param / lay.dense_shard_degree
-                                            + rp.expert * per_param / lay.expert_shard_degree) for rp in rps),
+        rps = [(s, rank_params(m, pc, lay, s, counts[s])) for s in stages_to_check(counts)]
+        out[i] = StateFloor(at_step=max(int((rp.dense - frozen_off(s)) * per_param / lay.dense_shard_degree
+                                            + rp.expert * per_param / lay.expert_shard_degree) for s, rp in rps),
                             fsdp=lay.is_fsdp)
     if plain_rows:
         opt_pp = optimizer_state_bytes(m, setup)
@@ -148,14 +155,14 @@ def _model_state_floors(m: ModelSpec, setup: TrainingSetup, lays: tuple[Layout, 
         stage_params = []
         for lay in plain:
             counts = stage_layers(m.n_layers, lay.pp, setup.pp_balance)
-            stage_params.append([rank_params(m, pc, lay, s, counts[s]) for s in stages_to_check(counts)])
+            stage_params.append([(s, rank_params(m, pc, lay, s, counts[s])) for s in stages_to_check(counts)])
         n_slots = max(len(p) for p in stage_params)
         dense = np.zeros((n_slots, len(plain)), dtype=np.int64)
         expert = np.zeros((n_slots, len(plain)), dtype=np.int64)
         valid = np.zeros((n_slots, len(plain)), dtype=bool)
         for j, rps in enumerate(stage_params):
-            for k, rp in enumerate(rps):
-                dense[k, j], expert[k, j], valid[k, j] = rp.dense, rp.expert, True
+            for k, (s, rp) in enumerate(rps):
+                dense[k, j], expert[k, j], valid[k, j] = rp.dense - frozen_off(s), rp.expert, True
         ms = model_state_bytes(dense, expert, setup.precision_spec, opt_pp, a, hybrid,
                                expert_padding=expert_padding(m, a, hybrid))
         big = np.iinfo(np.int64).max

@@ -182,7 +182,8 @@ class MemoryTerms:
             tracked=int(self.of_batch("tracked")), fragmentation=int(self.of_batch("fragmentation")))  # type: ignore[call-overload]
 
 
-_STAGE_TERMS = ("n_act_layers", "held", "layer_act", "full_layer", "block_acts", "embed_acts", "dropout_embed",
+_STAGE_TERMS = ("n_act_layers", "held", "layer_act", "full_layer", "block_acts", "embed_acts", "image_acts",
+                "dropout_embed",
                 "amp_copies", "working", "score_grad", "last_block", "fsdp_end", "fsdp_forward", "step_transient",
                 "grad_unit", "head_grad", "step_freed", "fsdp_done", "root_gathered", "fp8_weights", "logits",
                 "buffers", "expert_padding")
@@ -239,6 +240,7 @@ class RankTerms:
     full_layer: int
     block_acts: int
     embed_acts: int
+    image_acts: int             # a trained image side's saved tensors in flight, first stage (training.images)
     dropout_embed: int
     amp_copies: int
     working: int

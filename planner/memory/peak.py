@@ -52,6 +52,7 @@ from planner.memory.activations import host_checkpoint_bytes, offloaded_block_by
 from planner.memory.state_terms import StateTerms, fsdp_blocks_done, largest_block_share, state_terms
 from planner.memory.states import ModelStates, OffloadSplit
 from planner.models.spec import ModelSpec, ParamCount, count_params
+from planner.training.images import image_saved_bytes_per_sequence
 from planner.training.setup import Precision, TrainingSetup
 
 # the moments of a step, in the order the peak is chosen among equals (and a step goes:
@@ -110,6 +111,7 @@ class StageMemory:
     dropout_embed: np.ndarray
     block_acts: np.ndarray
     embed_acts: np.ndarray | int
+    image_acts: np.ndarray | int
     amp_copies: np.ndarray
     working: np.ndarray
     last_block: np.ndarray
@@ -264,6 +266,7 @@ class StepTerms:
     dropout_embed: np.ndarray
     block_acts: np.ndarray              # the stage's blocks' saved activations, every micro-batch in flight
     embed_acts: np.ndarray | int        # the embedding's dropout outputs in flight
+    image_acts: np.ndarray | int        # a trained image side's saved tensors in flight (training.images)
     activations: np.ndarray             # every activation in flight (blocks, autocast copies, embedding)
     working: np.ndarray                 # inside the last block's backward: recomputed tensors, score gradients
     block_working: np.ndarray           # and FSDP2's LM head gradient
@@ -349,6 +352,7 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
         split=ps(s.split), states=ps(s.states), offload=ps(s.offload), expert_padding=ps(s.expert_padding),
         grad_unit=ps(s.grad_unit), held=t.held, layer_act=t.layer_act, full_layer=t.full_layer,
         score_grad=t.score_grad, dropout_embed=t.dropout_embed, block_acts=t.block_acts, embed_acts=t.embed_acts,
+        image_acts=t.image_acts,
         amp_copies=ps(s.amp_copies), working=t.working, last_block=t.last_block, logits=t.logits,
         buffers=t.buffers, root_gathered=ps(s.root_gathered), fp8_weights=ps(s.fp8_weights),
         step_transient=ps(s.step_transient), fsdp_end=t.fsdp_end,
@@ -410,6 +414,11 @@ def step_terms(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq: int, s:
     if ft.is_full and m.hidden_dropout > 0:
         embed_acts = saturated_bytes(dropout_embed * held) * (stage_l == 0)
         acts = acts + embed_acts
+    image_acts: np.ndarray | int = 0
+    image_bytes = image_saved_bytes_per_sequence(m, ft, setup.images_per_sample)
+    if image_bytes:     # a trained image side's saved tensors, on the first stage (training.images)
+        image_acts = saturated_bytes(np.multiply(a.micro_batch * held, image_bytes, dtype=np.float64)) * (stage_l == 0)
+        acts = acts + image_acts
     # inside the last block's backward: its recomputed tensors and its gradients' working
     # set (the eager attention's fp32 score gradients)
     working = ((recomputed - act.layer_act) + act.score_grad) * has_act_l
@@ -421,7 +430,8 @@ def step_terms(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq: int, s:
     g_held = grads * persistent
     last_block = act.full_layer * has_act_l
     common = dict(held=held, layer_act=act.layer_act, full_layer=act.full_layer, score_grad=act.score_grad,
-                  dropout_embed=dropout_embed, block_acts=block_acts, embed_acts=embed_acts, activations=acts,
+                  dropout_embed=dropout_embed, block_acts=block_acts, embed_acts=embed_acts, image_acts=image_acts,
+                  activations=acts,
                   working=working, last_block=last_block, logits=logits, buffers=buffers, gradients=grads,
                   held_gradients=g_held, persistent=persistent, checkpoint_host=ckpt_host)
     f = s.fsdp

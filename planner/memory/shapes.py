@@ -283,7 +283,7 @@ def stage_figures(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, a: LayoutA
                 rp = replace(rp, dense=rp.dense + head, root_unit=rp.root_unit + head)
             n_act = activation_layers(ft, m.n_layers, sum(counts[:s]), n_layers)
             split = rank_split(m, pc, ft, lay, rp.dense, rp.expert, rp.root_unit, n_layers, n_act, s == pp - 1,
-                               wb, largest_tensor(m, lay))
+                               wb, largest_tensor(m, lay), first_stage=s == 0)
             row += (1, s, n_layers, n_act, rp.dense, rp.expert, rp.block_unit, rp.root_unit, rp.largest_module,
                     split.trainable_dense, split.trainable_expert, split.frozen_dense_bytes,
                     split.frozen_expert_bytes, split.block_trainable, split.block_frozen_bytes,

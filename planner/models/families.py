@@ -6,6 +6,7 @@ BLOOM, GPT-NeoX) are translated here; those of 2024-2026 in planner.models.recen
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from planner.errors import UserError
@@ -15,6 +16,7 @@ from planner.models.deltanet import DELTANET_MODEL_TYPES, qwen3_next_spec
 from planner.models.hybrid import HYBRID_MODEL_TYPES, nemotron_h_spec
 from planner.models.recent import RECENT_MODEL_TYPES, recent_spec
 from planner.models.spec import ModelSpec, count_params
+from planner.models.vision.load import VLM_MODEL_TYPES, text_config, vision_profile
 
 SUPPORTED_MODEL_TYPES = (
     "llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2",
@@ -40,6 +42,8 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str, where: str, source: str 
         raise UserError(
             f"{where}: unsupported model_type {mt!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
+    if mt in VLM_MODEL_TYPES:
+        return vlm_spec(cfg, name, where, source)
     bad = check_config_types(cfg, where) or config_class_refusal(cfg, mt, where)
     if bad:
         raise UserError(bad)
@@ -218,6 +222,17 @@ def config_class_refusal(cfg: dict[str, Any], mt: str, where: str) -> str | None
             return (f"{where}: {ek} = 0 with num_experts_per_tok = {top_k}: the MoE blocks would route to no "
                     f"expert; give {ek} of at least {top_k}, or the dense model's own config")
     return None
+
+
+def vlm_spec(cfg: dict[str, Any], name: str, where: str, source: str) -> ModelSpec:
+    """A vision-language wrapper (VLM_MODEL_TYPES): its text tower from ``text_config`` by the
+    tower's written family, with the image side's exact parameters (planner.models.vision)."""
+    text = spec_from_hf_config(text_config(cfg, where), name, f"{where} text_config", source)
+    if text.vision is not None or text.model_type in VLM_MODEL_TYPES:
+        raise UserError(f"{where}: text_config is itself a vision-language config; pass the model's own config.json")
+    spec = replace(text, vision=vision_profile(cfg, where, count_params(text).total))
+    _check_shape(spec, where)
+    return spec
 
 
 def _check_shape(m: ModelSpec, where: str) -> None:

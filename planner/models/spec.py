@@ -12,10 +12,11 @@ the modules written before the split.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from planner.models.generic.profile import GenericProfile
+from planner.models.vision.profile import VisionProfile
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -120,6 +121,9 @@ class ModelSpec:
     # ---- the generic path (planner.models.generic): a family no translator is written for,
     # measured on transformers' own model; its parameters, saved tensors and FLOPs come from here
     profile: GenericProfile | None = None
+    # ---- a vision-language model (planner.models.vision): the text tower above, plus the image
+    # side's exact parameters (vision encoder and projector), held on the first pipeline stage
+    vision: VisionProfile | None = None
 
     @property
     def is_generic(self) -> bool:
@@ -329,8 +333,19 @@ def count_params(m: ModelSpec) -> ParamCount:
     router h x E (plus E with a bias, gpt-oss) and its shared experts; an MoE model's
     dense blocks (DeepSeek-V3's first k, Llama 4's interleaved ones) hold one MLP of
     ``dense_d_ff``. Buffers (DeepSeek-V3's e_score_correction_bias) are not parameters.
-    A generic model's count is its measured profile's (profile_param_count).
+    A generic model's count is its measured profile's (profile_param_count). A
+    vision-language model's vision encoder and projector (``m.vision``, exact) are counted
+    with the embedding: they sit before the first block, on the first pipeline stage,
+    replicated across tensor-parallel ranks.
     """
+    pc = _text_params(m)
+    if m.vision is None:
+        return pc
+    return replace(pc, embedding=pc.embedding + m.vision.params)
+
+
+def _text_params(m: ModelSpec) -> ParamCount:
+    """count_params of the text model (all of a model but a vision-language one's image side)."""
     if m.profile is not None:
         return profile_param_count(m.profile)
     if m.layer_pattern:

@@ -442,6 +442,15 @@ def _activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, tr: RankT
         out.append(_mem("activations", "embedding dropout mask (first stage)",
                         "b s h x 1 B x micro-batches in flight", tr.embed_acts, KORTHIKANTI,
                         mask_bytes_per_micro_batch=tr.dropout_embed, in_flight_micro_batches=tr.held))
+    if tr.image_acts:
+        v = m.vision
+        out.append(_mem("activations", "the trained image side's saved tensors (first stage)",
+                        "images per sequence x b x saved bytes per image x micro-batches in flight", tr.image_acts,
+                        "measured per image: transformers' get_image_features under fake tensors "
+                        "(planner.models.vision.probe)",
+                        images_per_sequence=setup.images_per_sample, micro_batch_b=lay.micro_batch,
+                        saved_bytes_per_image=int(v.saved_bytes_per_image) if v is not None else 0,
+                        in_flight_micro_batches=tr.held))
     if tr.amp_copies:
         out.append(_mem("activations", "autocast's 16-bit copies of the matmul weights",
                         "2 B x matmul params on the rank", tr.amp_copies, AUTOCAST,

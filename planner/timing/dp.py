@@ -26,7 +26,8 @@ def _rank_split(m: ModelSpec, pc: ParamCount, ft: FinetuneSpec, tp: int, ep: int
     rp = rank_params(m, pc, lay, stage, n_layers)
     first = sum(stage_layers(m.n_layers, pp, balance)[:stage])
     return rank_split(m, pc, ft, lay, rp.dense, rp.expert, rp.root_unit, n_layers,
-                      backward_layers(ft, m.n_layers, first, n_layers), stage == pp - 1, weight_bytes, 0)
+                      backward_layers(ft, m.n_layers, first, n_layers), stage == pp - 1, weight_bytes, 0,
+                      first_stage=stage == 0)
 
 
 def trained_split(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, lay: Layout, stage: int,

@@ -102,12 +102,14 @@ from planner.timing.efficiency import (
 )
 from planner.timing.flops import flops_per_step
 from planner.timing.intervals import regime_of
+from planner.timing.kernels import image_time_s
 from planner.timing.parts import (
     DP_TERMS,
     FSDP_GRAD_OP,
     StepArrays,
 )
 from planner.timing.step import StepTime
+from planner.training.images import image_flops_per_sequence
 from planner.training.kernels import KERNELS, block_kernel_codes
 from planner.training.setup import TrainingSetup
 
@@ -437,6 +439,12 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
     if sets != list(range(len(sets))):
         vals, slot_p = vals[sets], slot_p[sets]
     t_p, fwd_p, bwd_p, hidden_p, comm_p, cp_block_p, ep_block_p = (vals[:, k] for k in range(N_VALS))
+    img_fwd_s, img_bwd_s = image_time_s(m, setup, cluster.gpu, eff)
+    if img_fwd_s:
+        # the image side, on the first stage's micro-batches (kernels.image_time_s); added to the
+        # slowest stage's: exact without a pipeline, an upper bound by it with one
+        fwd_p, bwd_p = fwd_p + mb_p * img_fwd_s, bwd_p + mb_p * img_bwd_s
+        t_p = t_p + mb_p * (img_fwd_s + img_bwd_s)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         if p2p_positive:    # a D that sends nothing: latency 0.0 and bandwidth inf give 0.0 + x / inf = 0.0
             lat, bw = np.take(deg.pp_send, pd, axis=2)
@@ -489,7 +497,8 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
     step_o = np.take(best.reshape(n_o, -1), at_kind, axis=1)
     n_seq = a.micro_batch * a.grad_accum * a.data_parallel
     flops = distinct_rows([n_seq, a.recompute], _rows(2, np.float64, "flops", m, setup.seq_len, setup.finetune,
-                                                           setup.recomputed_share, setup.mtp_layers),
+                                                           setup.recomputed_share, setup.mtp_layers,
+                                                           setup.images_per_sample),
                            lambda n_, rc_: _flops_row(m, setup.seq_len, n_, rc_, setup))
     peak = cluster.gpu.peak_flops_per_s(setup.precision_spec.compute_dtype)
     n_gpus = a.n_gpus
@@ -560,7 +569,8 @@ def _flops_row(m: ModelSpec, seq_len: int, n_sequences: int, recompute: int, set
                ) -> tuple[float, float]:
     f = flops_per_step(m, seq_len, n_sequences, RECOMPUTES[recompute], setup.finetune, setup.recomputed_share,
                        setup.mtp_layers)
-    return f.model_flops, f.hardware_flops
+    image = n_sequences * sum(image_flops_per_sequence(m, setup.finetune, setup.images_per_sample))
+    return f.model_flops + image, f.hardware_flops + image
 
 
 def forget_tables() -> None:

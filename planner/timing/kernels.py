@@ -35,6 +35,7 @@ from planner.training.finetune import (
     linear_weight_bytes,
 )
 from planner.training.fp8 import Fp8Recipe
+from planner.training.images import image_flops_per_sequence
 from planner.training.kernels import runs_fused_elementwise, selective_policy
 from planner.training.linears import block_linears
 from planner.training.moe_runtime import a2a_overlapped, host_sync_per_moe_block
@@ -96,6 +97,19 @@ def rates(gpu: GpuSpec, dtype: str, eff: Efficiency) -> Rates:
         gpu.name, FLASH_FRACTION_DEFAULT)
     return Rates(matmul_flops_per_s=peak * mm, flash_flops_per_s=peak * fl,
                  hbm_bytes_per_s=gpu.hbm_bytes_per_s * eff.hbm_fraction)
+
+
+def image_time_s(m: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, eff: Efficiency) -> tuple[float, float]:
+    """(forward, backward) seconds of the image side per sequence on one rank of the first
+    stage (training.images: replicated over tp, so each rank runs all of it): its measured
+    FLOPs at the matmul rate (rates). ASSUMPTION: the encoder's GEMMs reach the text
+    blocks' matmul fraction; a vision encoder's widths (1,024-1,664) are smaller than a text
+    tower's, so this leans fast."""
+    fwd, bwd = image_flops_per_sequence(m, setup.finetune, setup.images_per_sample)
+    if not fwd:
+        return 0.0, 0.0
+    rate = rates(gpu, setup.precision_spec.compute_dtype, eff).matmul_flops_per_s
+    return fwd / rate, bwd / rate
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -27,6 +27,7 @@ from planner.errors import UserError
 from planner.models.spec import ModelSpec
 from planner.training.finetune import METHODS
 from planner.training.fp8 import FP4_GPUS, RECIPES
+from planner.training.images import image_refusal
 from planner.training.moe_runtime import A2A_OVERLAPS, CUDA_GRAPHS, DISPATCHERS
 from planner.training.setup import (
     ATTENTION,
@@ -167,6 +168,9 @@ SETUP_RULES: tuple[SetupRule, ...] = (
                             f"{m.d_model}")),
     SetupRule("learned-positions", lambda m, s: positions_refusal(m, s.seq_len) is not None,
               lambda m, s: str(positions_refusal(m, s.seq_len))),
+    SetupRule("images", lambda m, s: image_refusal(m, s.images_per_sample, s.seq_len,
+                                                   s.finetune.freeze_vision) is not None,
+              lambda m, s: str(image_refusal(m, s.images_per_sample, s.seq_len, s.finetune.freeze_vision))),
 )
 
 

@@ -97,12 +97,19 @@ class FinetuneSpec:
     adapter_bits: int = 32          # PEFT keeps adapters in fp32 (autocast_adapter_dtype); QLoRA 16
     paged_8bit_optimizer: bool = False
     trainable_layers: int = FREEZE_TRAINABLE_LAYERS
+    # a vision-language model's image side (encoder and projector) frozen, as LLaMA-Factory's
+    # defaults freeze it (hparams/finetuning_args.py: freeze_vision_tower=True,
+    # freeze_multi_modal_projector=True); False trains it (full training only)
+    freeze_vision: bool = True
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise UserError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
         if self.quant not in QUANTS:
             raise UserError(f"unknown quantization {self.quant!r}; choose one of {', '.join(QUANTS)}")
+        if not self.freeze_vision and self.method != "full":
+            raise UserError(f"--train-vision trains the image side with the whole model: use it with --method full "
+                            f"(--method {self.method} keeps the image side frozen)")
         if self.quant != "none" and self.method not in ("lora", "qlora"):
             raise UserError(f"--quant {self.quant} stores a frozen base: use it with --method lora "
                             f"(or qlora), or with --task load")
@@ -118,7 +125,8 @@ class FinetuneSpec:
     @staticmethod
     def named(method: str, *, rank: int | None = None, alpha: int | None = None,
               targets: tuple[str, ...] | None = None, dropout: float | None = None,
-              quant: str | None = None, trainable_layers: int | None = None) -> FinetuneSpec:
+              quant: str | None = None, trainable_layers: int | None = None,
+              freeze_vision: bool = True) -> FinetuneSpec:
         """A method with its published defaults, each overridable.
 
         qlora: NF4 with double quantization, 16-bit adapters, paged 8-bit AdamW, and the
@@ -129,11 +137,12 @@ class FinetuneSpec:
             return FinetuneSpec(method="qlora", lora_rank=rank or QLORA_RANK, lora_alpha=alpha or QLORA_ALPHA,
                                 lora_targets=targets or ("all-linear",), lora_dropout=dropout or 0.0,
                                 quant=quant or "nf4", double_quant=True, adapter_bits=16,
-                                paged_8bit_optimizer=True)
+                                paged_8bit_optimizer=True, freeze_vision=freeze_vision)
         return FinetuneSpec(method=method, lora_rank=rank or LORA_RANK, lora_alpha=alpha or LORA_ALPHA,
                             lora_targets=targets or (), lora_dropout=dropout or 0.0,
                             quant=quant or "none",
-                            trainable_layers=trainable_layers or FREEZE_TRAINABLE_LAYERS)
+                            trainable_layers=trainable_layers or FREEZE_TRAINABLE_LAYERS,
+                            freeze_vision=freeze_vision)
 
     @property
     def is_full(self) -> bool:
@@ -255,7 +264,7 @@ def trainable_count(m: ModelSpec, spec: FinetuneSpec, pc: ParamCount | None = No
     if spec.method == "full":
         expert = pc.expert_per_layer * pc.n_experts
         return TrainableCount(dense_per_layer=pc.per_layer - expert, expert_per_layer=expert,
-                              n_layers=m.n_layers, outside=pc.embedding + pc.final)
+                              n_layers=m.n_layers, outside=pc.embedding + pc.final - frozen_vision_params(m, spec))
     if spec.method == "freeze":
         expert = pc.expert_per_layer * pc.n_experts
         return TrainableCount(dense_per_layer=pc.per_layer - expert, expert_per_layer=expert,
@@ -272,6 +281,13 @@ def trainable_count(m: ModelSpec, spec: FinetuneSpec, pc: ParamCount | None = No
     n_l = m.n_layers
     return TrainableCount(dense_per_layer=dense // n_l, expert_per_layer=expert // n_l, n_layers=n_l,
                           outside=outside, remainder=dense % n_l + expert % n_l)
+
+
+def frozen_vision_params(m: ModelSpec, spec: FinetuneSpec) -> int:
+    """The image side's parameters (vision encoder and projector) that full training leaves
+    frozen: all of them under ``spec.freeze_vision`` (the default), else 0; 0 for a text model.
+    (LoRA, QLoRA and freeze keep every parameter outside their adapters or blocks frozen.)"""
+    return m.vision.params if m.vision is not None and spec.freeze_vision else 0
 
 
 def n_trainable_params(m: ModelSpec, spec: FinetuneSpec, pc: ParamCount | None = None) -> int:
@@ -366,22 +382,24 @@ class RankSplit:
 
 def rank_split(m: ModelSpec, pc: ParamCount, spec: FinetuneSpec, lay: Layout, dense: int, expert: int,
                root: int, n_layers: int, n_trainable_layers: int, last_stage: bool,
-               weight_bytes: int, full_largest: int) -> RankSplit:
+               weight_bytes: int, full_largest: int, first_stage: bool = False) -> RankSplit:
     """Split one rank's parameters (``dense`` incl. ``root`` = embedding/head, ``expert``;
     after tensor, pipeline and expert splitting, before ZeRO sharding) by ``spec``.
 
     Adapters split like the layers they adapt (by tp; experts by ep x etp, as memory.params
     splits their weights). ``freeze`` trains ``n_trainable_layers`` of the stage's ``n_layers``
-    blocks.
+    blocks. A vision-language model's frozen image side (frozen_vision_params) sits in the
+    first stage's ``root``: there it keeps weights only under full training too.
     """
     tp, ep, etp = lay.tp, lay.ep, lay.expert_tp
     layer_dense = (dense - root) // n_layers if n_layers else 0
     layer_expert = expert // n_layers if n_layers else 0
     block = layer_dense + layer_expert
     if spec.method == "full":
-        return RankSplit(trainable_dense=dense, trainable_expert=expert, frozen_dense_bytes=0,
-                         frozen_expert_bytes=0, block_trainable=block, block_frozen_bytes=0,
-                         largest_trainable=full_largest)
+        frozen = frozen_vision_params(m, spec) if first_stage else 0
+        return RankSplit(trainable_dense=dense - frozen, trainable_expert=expert,
+                         frozen_dense_bytes=frozen * weight_bytes, frozen_expert_bytes=0,
+                         block_trainable=block, block_frozen_bytes=0, largest_trainable=full_largest)
     if spec.method == "freeze":
         k = n_trainable_layers
         frozen_dense = dense - k * layer_dense

@@ -302,6 +302,9 @@ class TrainingSetup:
     # Megatron-Core's token dispatcher (training.moe_runtime.DISPATCHERS): "alltoall", or "flex"
     # (DeepEP / HybridEP: a token sent once per remote node)
     moe_dispatcher: str = "alltoall"
+    # A vision-language model's images in each sequence (training.images): 0 is text-only data
+    # (the image side's weights are still held); their tokens count within seq_len
+    images_per_sample: int = 0
 
     @property
     def recomputed_share(self) -> float:

@@ -81,14 +81,18 @@ def read_cached(cfg: dict[str, Any]) -> GenericProfile | None:
 
 
 def write_cached(cfg: dict[str, Any], profile: GenericProfile) -> Path | None:
-    """Write the profile atomically (a temporary file renamed into place); None if the
-    directory cannot be written."""
-    path = cache_path(cfg)
+    """Write the profile (write_json); None if the directory cannot be written."""
+    return write_json(cache_path(cfg), profile.to_json())
+
+
+def write_json(path: Path, data: dict[str, Any]) -> Path | None:
+    """Write ``data`` as JSON atomically (a temporary file renamed into place); None if the
+    directory cannot be written (not an error: the next plan measures again)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
         with os.fdopen(fd, "w") as f:
-            json.dump(profile.to_json(), f, indent=1)
+            json.dump(data, f, indent=1)
         os.replace(tmp, path)
     except OSError:
         return None
