@@ -35,3 +35,33 @@ def saved_bytes(model: Any, batch: int, seq: int, counts: Callable[[int], bool])
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         model(input_ids=torch.randint(0, model.config.vocab_size, (batch, seq)))
     return sum(seen.values())
+
+
+def transformers_cache_bytes(hf: dict, batch: int, seq: int) -> int:
+    """Bytes of transformers' own inference cache after one forward with use_cache of the causal
+    LM a config.json's keys build (bf16, seed 0, random token ids below 512), each storage
+    counted once: what the tests of the inference cache hold the planner's kv_cache_bytes to."""
+    torch = require("torch")
+    transformers = require("transformers")
+    transformers.logging.set_verbosity_error()
+    cfg = dict(hf)
+    config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16).eval()
+    with torch.no_grad():
+        cache = model(input_ids=torch.randint(0, 512, (batch, seq)), use_cache=True).past_key_values
+    seen: dict[int, int] = {}
+
+    def walk(o: Any, depth: int = 0) -> None:
+        if isinstance(o, torch.Tensor):
+            seen[o.untyped_storage().data_ptr()] = o.untyped_storage().nbytes()
+            return
+        if depth > 4:
+            return
+        items = o if isinstance(o, (list, tuple)) else o.values() if isinstance(o, dict) else (
+            vars(o).values() if hasattr(o, "__dict__") else ())
+        for x in items:
+            walk(x, depth + 1)
+
+    walk(cache)
+    return sum(seen.values())

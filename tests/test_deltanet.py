@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import require
+from saved_tensors import transformers_cache_bytes
 
 from planner.models.families import spec_from_hf_config
 from planner.models.load import load_model, preset_config
@@ -209,33 +210,10 @@ def test_inference_cache_is_transformers_cache():
     # transformers' own cache after a forward with use_cache (Qwen3-Next: keys and values of the
     # attention layer, a conv state of W positions and an fp32 recurrent state per gated DeltaNet
     # layer), each storage once: 77,312 bytes for 2 sequences of 64 tokens of TINY (seen)
-    torch = require("torch")
-    transformers = require("transformers")
     from planner.memory.inference import kv_cache_bytes
 
-    transformers.logging.set_verbosity_error()
-    rest = dict(TINY)
-    config = transformers.AutoConfig.for_model(rest.pop("model_type"), **rest)
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16).eval()
-    with torch.no_grad():
-        cache = model(input_ids=torch.randint(0, 512, (2, 64)), use_cache=True).past_key_values
-    seen: dict[int, int] = {}
-
-    def walk(o, depth=0):
-        if isinstance(o, torch.Tensor):
-            seen[o.untyped_storage().data_ptr()] = o.untyped_storage().nbytes()
-            return
-        if depth > 4:
-            return
-        items = o if isinstance(o, (list, tuple)) else o.values() if isinstance(o, dict) else (
-            vars(o).values() if hasattr(o, "__dict__") else ())
-        for x in items:
-            walk(x, depth + 1)
-
-    walk(cache)
     m = spec_from_hf_config(dict(TINY), "tiny", "test")
-    assert kv_cache_bytes(m, 2, 64) == sum(seen.values()) == 77_312
+    assert kv_cache_bytes(m, 2, 64) == transformers_cache_bytes(TINY, 2, 64) == 77_312
 
 
 def test_tensor_and_expert_parallel_plans_and_refusals(tmp_path):

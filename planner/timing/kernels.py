@@ -478,7 +478,7 @@ def frozen_block_extra_s(m: ModelSpec, ft: FinetuneSpec, key: Layout, r: Rates, 
     for int8 and int4 bases.
     """
     tp, ep = key.tp, key.ep
-    tokens = key.micro_batch * key.seq_len / key.cp
+    tokens = key.tokens_per_rank
     mm, hbm = r.matmul_flops_per_s, r.hbm_bytes_per_s
     k = m.n_experts_per_token if m.is_moe else 1
     adapters = 0.0
