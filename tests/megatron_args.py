@@ -45,6 +45,18 @@ class Many:
     choices: tuple[str, ...]
 
 
+def moe_freq_type(x: str) -> int | list[int]:
+    """Megatron-LM's moe_freq_type (arguments.py, same commit): an integer, or a Python list
+    expression of digits, commas, brackets, parentheses, + and * evaluated to a list."""
+    import re
+
+    if "[" not in x:
+        return int(x)
+    if re.search(r"[^,\d\[\]\(\)\+\*]", x):
+        raise ValueError(f"Invalid pattern: {x}")
+    return list(eval(x))  # noqa: S307 -- Megatron-LM's own evaluation of the checked expression
+
+
 ARGUMENTS: dict[str, object] = {
     # _add_network_size_args
     "--num-layers": int, "--hidden-size": int, "--ffn-hidden-size": int, "--num-attention-heads": int,
@@ -142,6 +154,21 @@ ARGUMENTS: dict[str, object] = {
     "--hybrid-override-pattern": str, "--is-hybrid-model": FLAG, "--mamba-state-dim": int,
     "--mamba-head-dim": int, "--mamba-num-groups": int, "--mamba-num-heads": int,
     "--moe-ffn-hidden-size": int, "--moe-shared-expert-intermediate-size": int, "--moe-latent-size": int,
+    # Gated DeltaNet hybrids (Qwen3-Next), run by pretrain_gpt.py. From Megatron-LM's arguments.py:
+    # --apply-layernorm-1p (_add_network_size_args, action='store_true'), --moe-layer-freq
+    # (type=moe_freq_type: an integer or a Python list expression such as "[1,0,1]"; the function
+    # is at the commit above). Not from the commit: megatron-core 0.16.1 TransformerConfig's fields
+    # (transformer_config.py: qk_layernorm bool, attention_output_gate bool,
+    # experimental_attention_variant Literal['gated_delta_net', 'dsa'],
+    # linear_attention_freq Optional[Union[int, List[int]]], linear_conv_kernel_dim,
+    # linear_key_head_dim, linear_value_head_dim, linear_num_key_heads, linear_num_value_heads
+    # Optional[int]; moe_shared_expert_gate bool) under the argparse names Megatron-LM's own
+    # scripts give them (examples/mimo/scripts/run_qwen35_vlm_train.sh: --linear-attention-freq 4)
+    "--apply-layernorm-1p": FLAG, "--qk-layernorm": FLAG, "--attention-output-gate": FLAG,
+    "--experimental-attention-variant": ["gated_delta_net", "dsa"],
+    "--linear-attention-freq": moe_freq_type, "--moe-layer-freq": moe_freq_type,
+    "--linear-conv-kernel-dim": int, "--linear-key-head-dim": int, "--linear-value-head-dim": int,
+    "--linear-num-key-heads": int, "--linear-num-value-heads": int, "--moe-shared-expert-gate": FLAG,
 }
 
 # Defaults of the flags the rules read, as the parser sets them (same file and commit).

@@ -107,6 +107,10 @@ def _rope_args(m: ModelSpec) -> list[str]:
 
 
 def _model_args(m: ModelSpec, seq_len: int, tp: int = 1) -> list[str]:
+    from planner.emit.megatron_deltanet import deltanet_model_args, is_deltanet_model
+
+    if is_deltanet_model(m):
+        return deltanet_model_args(m, seq_len, tp)
     if m.is_hybrid:
         return hybrid_model_args(m, seq_len, tp)
     why = _unsupported(m)
@@ -170,10 +174,13 @@ MEGATRON_MAMBA_CHUNK = 128
 
 def megatron_script(m: ModelSpec) -> str:
     """Megatron-LM's training script for ``m``: pretrain_bert.py, pretrain_mamba.py for hybrid
-    Mamba models (megatron-core's MambaModel), else pretrain_gpt.py."""
+    Mamba models (megatron-core's MambaModel), else pretrain_gpt.py (gated DeltaNet hybrids
+    too: a GPTModel, planner.emit.megatron_deltanet)."""
+    from planner.emit.megatron_deltanet import is_deltanet_model
+
     if m.model_type == "bert":
         return "pretrain_bert.py"
-    return "pretrain_mamba.py" if m.is_hybrid else "pretrain_gpt.py"
+    return "pretrain_mamba.py" if m.is_hybrid and not is_deltanet_model(m) else "pretrain_gpt.py"
 
 
 def _hybrid_unsupported(m: ModelSpec) -> str | None:
@@ -399,12 +406,19 @@ def to_megatron_args(r: PlanResult, opts: EmitOptions = EmitOptions()) -> list[s
     args = _model_args(r.model, lay.seq_len, lay.tp)
     if m.is_hybrid and (why := hybrid_layout_refusal(lay, m, s)) is not None:
         raise UserError(f"{m.name}: {why}; no Megatron files written")
+    from planner.emit.megatron_deltanet import decoder_layers, deltanet_layout_refusal, is_deltanet_model
+
+    n_layers = m.n_layers
+    if is_deltanet_model(m):
+        if (why := deltanet_layout_refusal(lay, m)) is not None:
+            raise UserError(f"{m.name}: {why}; no Megatron files written")
+        n_layers = decoder_layers(m)
     if m.is_moe and (m.mlp_bias or m.out_bias) and lay.expert_tp > 1:
         # megatron-core 0.16.1 transformer/transformer_config.py lines 1588-1591: "Bias in Moe
         # is only supported when ETP==1"
         raise UserError(f"Megatron builds {m.name}'s biased experts only with expert tensor-parallel size 1, "
                         f"not {lay.expert_tp}; no Megatron files written (plan with --etp 1)")
-    args += _parallel_args(lay, r.model.n_layers, s.pp_balance)
+    args += _parallel_args(lay, n_layers, s.pp_balance)
     args += _microbatch_group_args(lay, s.pp_microbatch_group)
     args += ["--micro-batch-size", str(lay.micro_batch), "--global-batch-size", str(lay.global_batch)]
     args += _sharding_args(lay, r.model, s.precision)

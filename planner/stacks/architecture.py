@@ -34,6 +34,7 @@ class Architecture:
     rope_scaling: RopeScaling | None
     norm_eps: float
     router_aux_loss_coef: float | None   # Mixtral's load-balancing loss weight
+    rotary_fraction: float = 1.0          # partial_rotary_factor: the share of head_dim rotated (Qwen3-Next 0.25)
 
 
 def _hf_config(m: ModelSpec) -> dict[str, Any]:
@@ -44,6 +45,15 @@ def _hf_config(m: ModelSpec) -> dict[str, Any]:
     if m.source:
         return load_hf_config(m.source)
     return {}
+
+
+def _rotary_default(m: ModelSpec) -> float:
+    """partial_rotary_factor where a config.json leaves it out: 0.25 for Qwen3-Next and Qwen3.5's
+    text models (transformers 5.x Qwen3NextConfig, Qwen3_5TextConfig and Qwen3_5MoeTextConfig
+    defaults), else 1 (every dimension of head_dim rotated)."""
+    from planner.models.deltanet import DELTANET_MODEL_TYPES
+
+    return 0.25 if m.model_type in DELTANET_MODEL_TYPES else 1.0
 
 
 def architecture(m: ModelSpec) -> Architecture:
@@ -59,7 +69,12 @@ def architecture(m: ModelSpec) -> Architecture:
                               original_max_positions=int(rs.get("original_max_position_embeddings", 8192)))
     eps_default = 1e-6 if m.norm == "rmsnorm" else 1e-5
     eps = next((float(cfg[k]) for k in NORM_EPS_KEYS if k in cfg), eps_default)
-    theta = float(cfg.get("rope_theta", 10000.0))
+    # transformers 5 writes rope_theta and partial_rotary_factor inside rope_parameters
+    given = cfg.get("rope_parameters")
+    rope: dict[str, Any] = given if isinstance(given, dict) else {}
+    theta = float(cfg.get("rope_theta", rope.get("rope_theta", 10000.0)))
+    fraction = float(cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", _rotary_default(m))))
     aux = cfg.get("router_aux_loss_coef")
     return Architecture(rope_theta=theta, rope_scaling=scaling, norm_eps=eps,
-                        router_aux_loss_coef=float(aux) if m.is_moe and aux is not None else None)
+                        router_aux_loss_coef=float(aux) if m.is_moe and aux is not None else None,
+                        rotary_fraction=fraction)
