@@ -31,6 +31,11 @@ def default_config(model_type: str) -> dict[str, Any]:
     from transformers import AutoConfig
 
     full = AutoConfig.for_model(model_type).to_dict()
+    if "num_experts_per_tok" in full and full["num_experts_per_tok"] is None and full.get("n_routed_experts"):
+        # DeepseekV2Config's default routes to no expert (the planner refuses it: probe.unset_router);
+        # transformers' own tests run every causal LM with 2 (tests/causal_lm_tester.py,
+        # CausalLMModelTester num_experts_per_tok=2). Top-k changes no parameter
+        full["num_experts_per_tok"] = 2
     n = full.get("num_hidden_layers")
     if not isinstance(n, int) or n <= SHRUNK_LAYERS:
         return full
@@ -63,3 +68,30 @@ def transformers_count(cfg: dict[str, Any]) -> int:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     return sum(p.numel() for p in model.parameters())
+
+
+def family_row(model_type: str) -> dict[str, Any]:
+    """Build, count and plan one family's default config: its outcome ("written", "generic",
+    "refused" or "skipped"), transformers' count and the planner's, whether a plan came back,
+    and for the last two outcomes why (the exception's first line)."""
+    from planner import api
+    from planner.errors import UserError
+    from planner.hardware.gpus import get_gpu
+    from planner.models.families import spec_from_hf_config
+    from planner.models.spec import count_params
+    from planner.training.setup import TrainingSetup
+
+    cfg = default_config(model_type)
+    try:
+        ref = transformers_count(cfg)
+    except Exception as e:  # noqa: BLE001 -- the family does not build on the meta device
+        return {"status": "skipped", "why": f"{type(e).__name__}: {str(e)[:120]}"}
+    try:
+        m = spec_from_hf_config(dict(cfg), model_type, f"default {model_type}")
+    except UserError as e:
+        return {"status": "refused", "why": str(e)[:160]}
+    # 1,024 tokens, or a learned position table's length where shorter (BERT's 512)
+    seq_len = min(1024, m.max_positions) if m.position == "learned" and m.max_positions else 1024
+    r = api.plan(m, get_gpu("h100"), TrainingSetup(seq_len=seq_len, global_batch=64))
+    return {"status": "generic" if m.is_generic else "written", "transformers": ref,
+            "planner": count_params(m).total, "planned": r.best is not None}

@@ -26,7 +26,7 @@ torch = require("torch")
 transformers = require("transformers")
 
 sys.path.insert(0, str(Path(__file__).parent))
-from causal_families import causal_lm_types, default_config, transformers_count  # noqa: E402
+from causal_families import causal_lm_types, family_row, transformers_count  # noqa: E402
 
 # A tiny Nemotron-H in Megatron's pattern syntax: Mamba-2, MoE, attention, MLP blocks
 TINY_NEMOTRON_H = {
@@ -167,32 +167,12 @@ def test_presets_on_the_generic_path_ship_their_profiles():
 
 # ----------------------------------------------------------------- every family (slow)
 
-def _family_row(mt: str) -> dict:
-    """Build, count and plan one family's default config: written, generic, refused or skipped."""
-    from planner import api
-    from planner.hardware.gpus import get_gpu
-    from planner.training.setup import TrainingSetup
-
-    cfg = default_config(mt)
-    try:
-        ref = transformers_count(cfg)
-    except Exception as e:  # noqa: BLE001 -- the family does not build on the meta device
-        return {"status": "skipped", "why": f"{type(e).__name__}: {str(e)[:120]}"}
-    try:
-        m = spec_from_hf_config(dict(cfg), mt, f"default {mt}")
-    except UserError as e:
-        return {"status": "refused", "why": str(e)[:160]}
-    r = api.plan(m, get_gpu("h100"), TrainingSetup(seq_len=1024, global_batch=64))
-    return {"status": "generic" if m.is_generic else "written", "transformers": ref,
-            "planner": count_params(m).total, "planned": r.best is not None}
-
-
 @pytest.mark.slow
 def test_every_causal_lm_family_is_planned_with_transformers_count(request):
     # 196 families, tens of minutes on 2 cores: only when asked for by name (-m slow)
     if "slow" not in (request.config.getoption("-m") or "") or "not slow" in request.config.getoption("-m"):
         pytest.skip("the every-family referee runs only under -m slow (tens of minutes)")
-    rows = {mt: _family_row(mt) for mt in causal_lm_types()}
+    rows = {mt: family_row(mt) for mt in causal_lm_types()}
     counted = {mt: r for mt, r in rows.items() if r["status"] in ("written", "generic")}
     wrong = {mt: r for mt, r in counted.items() if r["planner"] != r["transformers"] or not r["planned"]}
     assert not wrong, wrong
@@ -244,3 +224,82 @@ def test_kernel_times_run_at_the_measured_work():
     m = _generic(TINY_NEMOTRON_H)
     gemm_flops = sum(mm.flops_per_token() for mm in block_matmuls(m))
     assert gemm_flops == pytest.approx(m.profile.mean_block("fwd_flops_per_token"), rel=1e-3)
+
+
+# ----------------------------------------------------------------- families once refused
+
+# Tiny configs of three families the every-family run once refused (docs/models.md)
+TINY_DEEPSEEK_V2 = {"model_type": "deepseek_v2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                    "num_key_value_heads": 4, "intermediate_size": 96, "moe_intermediate_size": 32,
+                    "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2, "kv_lora_rank": 16,
+                    "q_lora_rank": 32, "qk_rope_head_dim": 8, "v_head_dim": 16, "qk_nope_head_dim": 16,
+                    "first_k_dense_replace": 1, "vocab_size": 256}
+TINY_JETMOE = {"model_type": "jetmoe", "hidden_size": 64, "num_hidden_layers": 2, "num_key_value_heads": 2,
+               "kv_channels": 16, "intermediate_size": 96, "num_local_experts": 4, "num_experts_per_tok": 2,
+               "vocab_size": 256}
+TINY_GEMMA3N_TEXT = {"model_type": "gemma3n_text", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+                     "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": [96, 96, 128, 128],
+                     "vocab_size": 256, "vocab_size_per_layer_input": 256, "hidden_size_per_layer_input": 8,
+                     "laurel_rank": 8, "num_kv_shared_layers": 0, "activation_sparsity_pattern": [0.95, 0.95, 0.0, 0.0],
+                     "layer_types": ["sliding_attention"] * 3 + ["full_attention"]}
+
+
+def test_a_router_without_top_k_is_refused_naming_the_key():
+    # DeepseekV2Config's default num_experts_per_tok is None: transformers' router then stops in
+    # torch.topk ("k must be int, not NoneType"); the planner names the key and the way out
+    with pytest.raises(UserError, match="num_experts_per_tok is null.*give num_experts_per_tok in config.json"):
+        spec_from_hf_config({**TINY_DEEPSEEK_V2, "num_experts_per_tok": None}, "x", "test")
+    # given (transformers' own tests run it with 2: tests/causal_lm_tester.py), it plans with
+    # transformers' count
+    m = spec_from_hf_config(dict(TINY_DEEPSEEK_V2), "x", "test")
+    assert m.is_generic and count_params(m).total == transformers_count(TINY_DEEPSEEK_V2)
+
+
+def test_the_real_copy_measures_what_fake_tensors_measure():
+    # The fall-back for data-dependent models (probe._measure_real_copy: real tensors, random
+    # weights, a copy cut to the first two blocks of each kind) gives the per-block saved bytes and
+    # FLOPs fake tensors give on a model both run: a tiny Llama of two blocks alike (copied whole)
+    from planner.models.generic.probe import (
+        _block_signature,
+        _measure_blocks,
+        _measure_real_copy,
+        block_list,
+        build_meta,
+        hf_config,
+    )
+
+    cfg = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128}
+    config = hf_config(cfg)
+    path, blocks = block_list(build_meta(config))
+    sigs = [_block_signature(b) for b in blocks]
+    fake = _measure_blocks(config)
+    real = _measure_real_copy(config, path, sigs, "test", RuntimeError("stand-in"))
+    for s in fake:
+        for key in ("saved", "fwd", "bwd", "outside_fwd"):
+            assert real[s][key] == pytest.approx(fake[s][key], rel=1e-9), (s, key)
+
+
+def test_a_data_dependent_family_is_planned_from_a_real_copy(monkeypatch):
+    # JetMoE's mixture of attention heads turns routing counts into Python ints (.item()):
+    # fake tensors stop there (DataDependentOutputException); the one-block real copy measures it
+    from planner.models.generic import probe
+
+    m = spec_from_hf_config(dict(TINY_JETMOE), "x", "test")
+    assert m.is_generic and count_params(m).total == transformers_count(TINY_JETMOE)
+    assert all(b.fwd_flops_per_token > 0 and b.saved_bytes_per_token > 0 for b in m.profile.blocks)
+    # a copy over the cap is refused in one line that says why
+    monkeypatch.setattr(probe, "REAL_COPY_MAX_PARAMS", 1000)
+    with pytest.raises(UserError, match="data-dependent output.*to measure with real tensors"):
+        spec_from_hf_config({**TINY_JETMOE, "hidden_size": 32}, "x", "test")
+
+
+def test_per_layer_widths_pass_the_generic_checks_not_the_written_ones():
+    # Gemma 3n's intermediate_size is a list per layer, which transformers builds; the generic
+    # path checks its widest entry and plans with transformers' count. A written family's
+    # translator reads one width: a list there is still refused
+    m = spec_from_hf_config(dict(TINY_GEMMA3N_TEXT), "x", "test")
+    assert m.is_generic and count_params(m).total == transformers_count(TINY_GEMMA3N_TEXT)
+    with pytest.raises(UserError, match="intermediate_size"):
+        spec_from_hf_config({"model_type": "llama", "hidden_size": 64, "intermediate_size": [96, 96],
+                             "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 128}, "x", "test")

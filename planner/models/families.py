@@ -24,6 +24,16 @@ SUPPORTED_MODEL_TYPES = (
 )
 
 
+def _per_layer_as_widest(cfg: dict[str, Any]) -> dict[str, Any]:
+    """``cfg`` with each non-empty list of integers (a per-layer width, e.g. Gemma 3n's
+    intermediate_size, which transformers accepts) replaced by its largest element, so the
+    generic path's type and range checks read the widest layer; the config the model is built
+    from keeps its lists."""
+    return {k: (max(v) if isinstance(v, list) and v and all(isinstance(x, int) and not isinstance(x, bool)
+                                                              for x in v) else v)
+            for k, v in cfg.items()}
+
+
 def spec_from_hf_config(cfg: dict[str, Any], name: str, where: str, source: str = "", mtp: bool = False) -> ModelSpec:
     """Translate a Hugging Face config.json dict into a ModelSpec.
 
@@ -44,7 +54,8 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str, where: str, source: str 
         )
     if mt in VLM_MODEL_TYPES:
         return vlm_spec(cfg, name, where, source)
-    bad = check_config_types(cfg, where) or config_class_refusal(cfg, mt, where)
+    bad = check_config_types(cfg if mt in SUPPORTED_MODEL_TYPES else _per_layer_as_widest(cfg), where) or \
+        config_class_refusal(cfg, mt, where)
     if bad:
         raise UserError(bad)
     if mt not in SUPPORTED_MODEL_TYPES:

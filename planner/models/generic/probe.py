@@ -88,6 +88,21 @@ def hf_config(cfg: dict[str, Any]) -> Any:
     return config
 
 
+def unset_router(cfg: dict[str, Any]) -> str | None:
+    """Why a config's routed experts cannot run, or None: experts but ``num_experts_per_tok``
+    null (transformers 5.x DeepseekV2Config's default: its router's torch.topk then fails with
+    "k must be int, not NoneType"; transformers' own tests set 2, tests/causal_lm_tester.py
+    CausalLMModelTester). Read from the config class, so its defaults count."""
+    config = hf_config(cfg)
+    experts = any(isinstance(getattr(config, k, None), int) and getattr(config, k) > 0
+                  for k in ("n_routed_experts", "num_experts", "num_local_experts"))
+    if experts and hasattr(config, "num_experts_per_tok") and config.num_experts_per_tok is None:
+        return (f"num_experts_per_tok is null, so the router of transformers' {cfg.get('model_type')} model "
+                "picks no experts (its config class's default); give num_experts_per_tok in config.json "
+                "(the routed experts each token visits)")
+    return None
+
+
 def build_meta(config: Any) -> Any:
     """The causal LM on the meta device (no memory, no weights). ``torch.device("meta")``, not
     accelerate's ``init_empty_weights``: under the latter transformers 5.24's BioGPT came out
@@ -141,6 +156,8 @@ def profile_config(cfg: dict[str, Any], where: str) -> GenericProfile:
     import transformers
 
     transformers.logging.set_verbosity_error()     # "falling back to its reference PyTorch implementation"
+    if (why := unset_router(cfg)) is not None:
+        raise UserError(f"{where}: {why}")
     try:
         config = hf_config(cfg)
         meta = build_meta(config)
@@ -171,9 +188,12 @@ def profile_config(cfg: dict[str, Any], where: str) -> GenericProfile:
     try:
         measured = _measure_blocks(config)
     except Exception as e:  # noqa: BLE001 -- any failure of transformers' forward under fake tensors
-        raise UserError(f"{where}: transformers' {cfg.get('model_type')} model does not run one training step "
-                        f"under fake tensors ({type(e).__name__}: {_one_line(e)}), so the generic path cannot "
-                        "measure its activations and FLOPs; a written family is needed") from None
+        if is_data_dependent(e):
+            measured = _measure_real_copy(config, blocks_path, sigs, where, e)
+        else:
+            raise UserError(f"{where}: transformers' {cfg.get('model_type')} model does not run one training step "
+                            f"under fake tensors ({type(e).__name__}: {_one_line(e)}), so the generic path cannot "
+                            "measure its activations and FLOPs; a written family is needed") from None
     out: list[BlockProfile] = []
     for sig, idx in groups.items():
         first = idx[0]
@@ -244,6 +264,77 @@ def _fit(per_token: list[float]) -> tuple[float, float]:
     if b < 0:
         return y2, 0.0
     return y1 - b * s1, b
+
+
+# The largest one-block copy measured with real tensors when fake tensors cannot run the model
+# (is_data_dependent): its bf16 parameters, gradients and two short sequences' activations stay
+# within a few GiB of the shared 2-core, 24 GiB machines the project is built on
+REAL_COPY_MAX_PARAMS = 1_000_000_000
+
+
+def is_data_dependent(e: BaseException) -> bool:
+    """Whether fake tensors failed on an output that depends on the data (``.item()``,
+    ``nonzero``: routing counts, masks turned into indices), which real tensors run."""
+    names = {type(x).__name__ for x in (e, e.__cause__, e.__context__) if x is not None}
+    return bool(names & {"DataDependentOutputException", "DynamicOutputShapeException",
+                         "GuardOnDataDependentSymNode"})
+
+
+def _measure_real_copy(config: Any, blocks_path: str, sigs: list[tuple[Any, ...]], where: str,
+                       fake_error: BaseException) -> dict[int, dict[str, list[float]]]:
+    """The per-block terms of a model fake tensors cannot run (a data-dependent output),
+    measured with real tensors (random weights, bf16, on the CPU) on a copy of the same widths
+    cut to the shortest run of first blocks that holds every block kind twice where the model
+    has it twice (two blocks where all are alike). The copy's blocks, at the full model's
+    ``blocks_path``, must have the full model's signatures (class and parameter shapes); each
+    block past the copy takes the mean of its kind's blocks after the first. Refused past
+    REAL_COPY_MAX_PARAMS parameters in the copy."""
+    import copy
+
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    why = f"fake tensors stop at a data-dependent output ({type(fake_error).__name__}: {_one_line(fake_error)})"
+    # each kind's second block where it has one: the first block is charged the storages all
+    # blocks share (the rotary cos/sin, saved once), which the later ones are not
+    occurrences = {sig: [i for i, x in enumerate(sigs) if x == sig] for sig in set(sigs)}
+    depth = max(occ[1] if len(occ) > 1 else occ[0] for occ in occurrences.values()) + 1
+    small = copy.deepcopy(config)
+    small.num_hidden_layers = depth
+    try:
+        meta = build_meta(small)
+        meta_blocks = meta.get_submodule(blocks_path)     # the full model's list, at the same path
+        ok = [_block_signature(b) for b in meta_blocks] == sigs[:depth]
+        n_params = sum(p.numel() for p in meta.parameters())
+    except Exception as e:  # noqa: BLE001 -- a config class that needs its full depth
+        ok, n_params = False, 0
+        why += f"; a {depth}-block copy does not build ({type(e).__name__})"
+    if not ok or n_params > REAL_COPY_MAX_PARAMS:
+        size = (f"its {depth}-block copy holds {n_params:,} parameters (over {REAL_COPY_MAX_PARAMS:,})" if ok
+                else f"no {depth}-block copy with the same blocks")
+        raise UserError(f"{where}: {why}, and {size} to measure with real tensors; the generic path cannot "
+                        "measure its activations and FLOPs; a written family is needed") from None
+    old_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_config(small, attn_implementation="eager")
+        model.train()
+        blocks = model.get_submodule(blocks_path)
+        result: dict[int, dict[str, list[float]]] = {}
+        for s in SEQ_LENS:
+            one = _one_step(model, blocks_path, blocks, s, torch, FlopCounterMode)
+            later = {sig: [i for i in range(1, depth) if sigs[i] == sig] for sig in set(sigs)}
+            result[s] = {k: [one[k][i] if i < depth else sum(one[k][j] for j in later[sig]) / len(later[sig])
+                             for i, sig in enumerate(sigs)] for k in ("saved", "fwd", "bwd")}
+            result[s]["outside_fwd"] = one["outside_fwd"]
+        return result
+    except Exception as e:  # noqa: BLE001 -- the real run fails too
+        raise UserError(f"{where}: {why}, and the {depth}-block copy with real tensors fails too "
+                        f"({type(e).__name__}: {_one_line(e)}); a written family is needed") from None
+    finally:
+        torch.set_default_dtype(old_dtype)
 
 
 def _measure_blocks(config: Any) -> dict[int, dict[str, list[float]]]:
