@@ -1,7 +1,7 @@
 """Every causal-LM family of the installed transformers, counted and planned: the table of
 docs/models.md ("Every causal-LM family").
 
-    python bench/generic_families.py [--limit-s 150] [MODEL_TYPE...]
+    python bench/generic_families.py [--limit-s 150] [--jobs N] [MODEL_TYPE...]
 
 Each family of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` runs tests/causal_families.family_row in
 a fresh Python process (its default config, shrunk to 4 blocks where the config class allows;
@@ -108,6 +108,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model_types", nargs="*", help="re-run only these (default: every family not yet in the rows)")
     ap.add_argument("--limit-s", type=float, default=150.0, help="CPU-time limit per family (s)")
+    ap.add_argument("--jobs", type=int, default=1, help="families measured at once, each its own process")
     ap.add_argument("--doc-only", action="store_true", help="rewrite the docs/models.md table from the rows")
     args = ap.parse_args()
     sys.path.insert(0, str(REPO / "tests"))
@@ -119,10 +120,20 @@ def main() -> None:
         data = {"transformers": transformers.__version__, "rows": {}}
     rows = data["rows"]
     todo = [] if args.doc_only else (args.model_types or [mt for mt in causal_lm_types() if mt not in rows])
-    for mt in todo:
-        rows[mt] = run_family(mt, args.limit_s)
-        print(f"{mt}: {rows[mt]['status']} ({rows[mt]['seconds']} s) {rows[mt].get('why', '')[:100]}", flush=True)
-        ROWS.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    lock = threading.Lock()
+
+    def one(mt: str) -> None:
+        row = run_family(mt, args.limit_s)
+        with lock:
+            rows[mt] = row
+            print(f"{mt}: {row['status']} ({row['seconds']} s) {row.get('why', '')[:100]}", flush=True)
+            ROWS.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        list(pool.map(one, todo))
     write_doc(rows, data["transformers"])
 
 

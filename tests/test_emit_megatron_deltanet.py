@@ -344,3 +344,12 @@ def test_cli_writes_the_qwen3_next_files(tmp_path):
     assert res.exit_code == 0, res.output
     assert "pretrain_gpt.py" in (out / "launch.sh").read_text()
     assert "gated_delta_net" in (out / "megatron_args.txt").read_text()
+
+
+def test_layouts_left_unwritten_are_refused_for_their_own_reason(tmp_path):
+    # the layouts MambaModel cannot run are kept out of --stack megatron for gated DeltaNet
+    # hybrids too (the search and --out agree), but the refusal no longer blames MambaModel:
+    # Megatron runs Qwen3-Next as a GPTModel, for which the planner writes no such arguments
+    res = CliRunner().invoke(cli, ["--model", "qwen3-next-80b-a3b", "--gpus", "h200", "--n-gpus", "16",
+                                   "--stack", "megatron", "--recompute", "full"], prog_name="plan")
+    assert res.exit_code == 2 and "MambaModel" not in res.output and "gated DeltaNet" in res.output, res.output

@@ -213,7 +213,7 @@ def profile_config(cfg: dict[str, Any], where: str) -> GenericProfile:
                           head_fwd_flops_per_token=head_fwd, seq_lens=SEQ_LENS)
 
 
-def _one_line(e: Exception) -> str:
+def _one_line(e: BaseException) -> str:
     """An exception's message on one line, cut to 160 characters."""
     return " ".join(str(e).split())[:160]
 
