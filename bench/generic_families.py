@@ -3,13 +3,15 @@ docs/models.md ("Every causal-LM family").
 
     python bench/generic_families.py [--limit-s 150] [--jobs N] [MODEL_TYPE...]
 
-Each family of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` runs tests/causal_families.family_row in
-a fresh Python process (its default config, shrunk to 4 blocks where the config class allows;
-transformers' count on the meta device; the planner's spec, measured into an empty cache; one
-plan on H100) with a CPU-time limit, so one slow reference scan cannot hold up the rest: a
-family over the limit is a "timeout" row. Rows are kept in docs/generic-families.json (one per
-model_type, with the seconds it took); naming model types re-runs only those. The table
-between the markers in docs/models.md is rewritten from every row of that file.
+Each family of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` runs tests/causal_families.family_row
+(its default config, shrunk to 4 blocks where the config class allows; transformers' count on
+the meta device; the planner's spec, measured into an empty cache; one plan on H100) in a child
+Python process that measures families one after another (torch and transformers imported
+once), with a CPU-time limit per family, so one slow reference scan cannot hold up the rest: a
+family over the limit is a "timeout" row and a new child takes the families after it. Rows are
+kept in docs/generic-families.json (one per model_type, with the seconds it took); naming model
+types re-runs only those. The table between the markers in docs/models.md is rewritten from
+every row of that file.
 """
 
 from __future__ import annotations
@@ -19,8 +21,7 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,42 +30,61 @@ DOC = REPO / "docs" / "models.md"
 BEGIN, END = "<!-- generic-families table: bench/generic_families.py -->", "<!-- end generic-families table -->"
 OUTCOMES = ("written", "generic", "refused", "skipped", "timeout")
 
+# A child measures families one after another, each in an empty planner cache, and stops itself
+# (exit 3) when one family passes its CPU-time limit
 _CHILD = """
-import json, sys
+import json, os, resource, sys, tempfile, threading, time
 sys.path.insert(0, {tests!r})
 from causal_families import family_row
-print("ROW " + json.dumps(family_row({mt!r})))
+limit = {limit!r}
+state = {{"mt": None, "t0": 0.0}}
+
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+def watch():
+    while True:
+        time.sleep(1)
+        mt = state["mt"]
+        if mt is not None and cpu() - state["t0"] > limit:
+            print("ROW " + json.dumps({{"mt": mt, "status": "timeout", "why": "over %d s of CPU time" % limit,
+                                       "seconds": limit}}), flush=True)
+            os._exit(3)
+
+threading.Thread(target=watch, daemon=True).start()
+for mt in {families!r}:
+    with tempfile.TemporaryDirectory() as cache:
+        os.environ["PLANNER_CACHE_DIR"] = cache
+        state["t0"], state["mt"] = cpu(), mt
+        t0 = time.monotonic()
+        try:
+            row = family_row(mt)
+        except Exception as e:
+            row = {{"status": "error", "why": (type(e).__name__ + ": " + " ".join(str(e).split()))[:160]}}
+        state["mt"] = None
+    print("ROW " + json.dumps({{"mt": mt, **row, "seconds": round(time.monotonic() - t0, 1)}}), flush=True)
 """
 
 
-def run_family(mt: str, limit_s: float) -> dict:
-    """One family's row from a fresh process (empty planner cache), or a timeout row: over
-    ``limit_s`` seconds of CPU time (RLIMIT_CPU, so a loaded shared machine does not turn slow
-    families into timeouts), or over six times that of wall-clock time."""
-    import resource
-    import signal
-
-    def cpu_limit() -> None:
-        resource.setrlimit(resource.RLIMIT_CPU, (int(limit_s), int(limit_s) + 5))
-
-    t0 = time.monotonic()
-    over = {"status": "timeout", "why": f"over {limit_s:.0f} s of CPU time", "seconds": round(limit_s)}
-    with tempfile.TemporaryDirectory() as cache:
-        env = {**os.environ, "PLANNER_CACHE_DIR": cache, "DS_ACCELERATOR": "cpu"}
-        try:
-            out = subprocess.run([sys.executable, "-c", _CHILD.format(tests=str(REPO / "tests"), mt=mt)],
-                                 capture_output=True, text=True, timeout=6 * limit_s, env=env, cwd=REPO,
-                                 preexec_fn=cpu_limit)
-        except subprocess.TimeoutExpired:
-            return {**over, "why": f"over {6 * limit_s:.0f} s of wall-clock time"}
-    if out.returncode in (-signal.SIGXCPU, -signal.SIGKILL):
-        return over
-    seconds = round(time.monotonic() - t0, 1)
-    for line in out.stdout.splitlines():
-        if line.startswith("ROW "):
-            return {**json.loads(line[4:]), "seconds": seconds}
-    tail = (out.stderr.strip().splitlines() or ["no output"])[-1][:160]
-    return {"status": "error", "why": tail, "seconds": seconds}
+def run_families(families: list[str], limit_s: float, done: Callable[[str, dict], None]) -> None:
+    """Rows of ``families`` from child processes (see _CHILD), each given to ``done`` as it
+    comes; after a child stops on a family over the limit, a new one takes the rest."""
+    todo = list(families)
+    while todo:
+        env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+        code = _CHILD.format(tests=str(REPO / "tests"), limit=limit_s, families=todo)
+        child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                 text=True, env=env, cwd=REPO)
+        assert child.stdout is not None
+        for line in child.stdout:
+            if line.startswith("ROW "):
+                row = json.loads(line[4:])
+                mt = row.pop("mt")
+                todo.remove(mt)
+                done(mt, row)
+        if child.wait() not in (0, 3) and todo:       # ended without a row: the family it was on
+            done(todo.pop(0), {"status": "error", "why": f"the process ended ({child.returncode})", "seconds": 0})
 
 
 def reason(why: str) -> str:
@@ -79,8 +99,8 @@ def reason(why: str) -> str:
 def table(rows: dict[str, dict], transformers_version: str) -> str:
     """The markdown table and the list of reasons, from every row."""
     by = {k: sorted(mt for mt, r in rows.items() if r["status"] == k) for k in (*OUTCOMES, "error")}
-    lines = [f"Measured with transformers {transformers_version}: {len(rows)} model types, each in its own",
-             "process (`python bench/generic_families.py`, rows in docs/generic-families.json).", "",
+    lines = [f"Measured with transformers {transformers_version}: {len(rows)} model types, each with an empty "
+             "planner cache", "(`python bench/generic_families.py`, rows in docs/generic-families.json).", "",
              "| outcome | families | which |", "|---|---|---|"]
     for k in (*OUTCOMES, "error"):
         if not by[k]:
@@ -108,7 +128,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model_types", nargs="*", help="re-run only these (default: every family not yet in the rows)")
     ap.add_argument("--limit-s", type=float, default=150.0, help="CPU-time limit per family (s)")
-    ap.add_argument("--jobs", type=int, default=1, help="families measured at once, each its own process")
+    ap.add_argument("--jobs", type=int, default=1, help="child processes measuring at once")
     ap.add_argument("--doc-only", action="store_true", help="rewrite the docs/models.md table from the rows")
     args = ap.parse_args()
     sys.path.insert(0, str(REPO / "tests"))
@@ -125,15 +145,15 @@ def main() -> None:
 
     lock = threading.Lock()
 
-    def one(mt: str) -> None:
-        row = run_family(mt, args.limit_s)
+    def done(mt: str, row: dict) -> None:
         with lock:
             rows[mt] = row
             print(f"{mt}: {row['status']} ({row['seconds']} s) {row.get('why', '')[:100]}", flush=True)
             ROWS.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
+    shares = [todo[i::args.jobs] for i in range(args.jobs)]
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        list(pool.map(one, todo))
+        list(pool.map(lambda share: run_families(share, args.limit_s, done), shares))
     write_doc(rows, data["transformers"])
 
 
