@@ -15,6 +15,7 @@ and ep groups the same links as the first, only the Q rows whose links change ar
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -94,71 +95,129 @@ def slowest_stages(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Ef
     return SlowestStages(vals=vals, slot=slot_p, p2p_bytes=p2p_bytes, p2p_positive=p2p_positive)
 
 
+class _Block(NamedTuple):
+    """The block table's columns (degrees.block_row) for some Q rows: one block's forward,
+    backward and attention seconds, its tp all-reduce bytes and count, cp K/V bytes and passes,
+    ep all-to-all bytes and count and hidden share, what the last stage adds to the forward and
+    backward, the bytes of the tp all-reduce at each pipeline edge, and of a pipeline send."""
+
+    fwd_s: np.ndarray
+    bwd_s: np.ndarray
+    attn_s: np.ndarray
+    tp_bytes: np.ndarray
+    tp_collectives: np.ndarray
+    cp_bytes: np.ndarray
+    cp_passes: np.ndarray
+    ep_bytes: np.ndarray
+    ep_all_to_alls: np.ndarray
+    ep_hidden_share: np.ndarray
+    head_fwd_s: np.ndarray
+    head_bwd_s: np.ndarray
+    edge_bytes: np.ndarray
+    p2p_bytes: np.ndarray
+
+
+class _Comm(NamedTuple):
+    """Communication seconds of one block (or stage): exposed and hidden under compute."""
+
+    exposed_s: np.ndarray
+    hidden_s: np.ndarray
+
+
+def _tp_comm(blk: _Block, ring_tp: Ring, eff: Efficiency) -> tuple[np.ndarray, _Comm]:
+    """A block's tensor-parallel all-reduces (or their reduce-scatter and all-gather under sp),
+    all of them, and split by Efficiency.tp_overlap (Megatron-Core's TP communication overlap)."""
+    tp_all = blk.tp_collectives * ring_tp.time_s(blk.tp_bytes)
+    return tp_all, _Comm(tp_all * (1 - eff.tp_overlap), tp_all * eff.tp_overlap)
+
+
+def _cp_comm(blk: _Block, cp: np.ndarray, lk: np.ndarray, d: np.ndarray, bus: float, eff: Efficiency) -> _Comm:
+    """A block's context-parallel ring: cp - 1 K/V sends per pass, hidden under the attention
+    of that pass up to Efficiency.cp_overlap (Liu et al. 2023, Ring Attention)."""
+    cp_all = blk.cp_passes * (cp - 1) * send_s(blk.cp_bytes, lk[2][d], lk[3][d], bus)
+    return _Comm(*hide(cp_all, blk.attn_s * blk.cp_passes, eff.cp_overlap))
+
+
+def _ep_comm(blk: _Block, ep: np.ndarray, lk: np.ndarray, d: np.ndarray, bus: float) -> _Comm:
+    """A block's expert-parallel all-to-alls, hidden by the block's own share
+    (Efficiency.ep_overlap where the block overlaps them)."""
+    ep_all = blk.ep_all_to_alls * Ring.of(ep, lk[A2A_BW], lk[A2A_LAT], bus, 1).take(d).time_s(blk.ep_bytes)
+    return _Comm(ep_all * (1 - blk.ep_hidden_share), ep_all * blk.ep_hidden_share)
+
+
+def _pick_slowest(t: np.ndarray, fwd: np.ndarray, bwd: np.ndarray, comm: np.ndarray, hidden: np.ndarray | None,
+                  n_slots: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """The slot of the slowest stage per column, as max() over (time, fwd, bwd, comm, hidden,
+    stage) picks it: the longest time, ties to the longer forward, backward, exposed and hidden
+    communication, then the later stage; and ``hidden`` (zeros where it was None and a tie
+    needed it)."""
+    width = t.shape[1]
+    slot = t.argmax(axis=0)
+    t_max = np.take(t, slot * width + np.arange(width))
+    if (t == t_max).sum(axis=0).max() <= 1:
+        return slot, hidden
+    if hidden is None:
+        hidden = np.zeros_like(t)
+    cols = np.arange(width)
+    slot = np.zeros(width, dtype=np.int64)       # equal in all, the later stage wins
+    for j in range(1, n_slots):
+        b = slot, cols
+        win = (t[j] > t[b]) | (t[j] == t[b]) & ((fwd[j] > fwd[b]) | (fwd[j] == fwd[b]) & (
+            (bwd[j] > bwd[b]) | (bwd[j] == bwd[b]) & ((comm[j] > comm[b]) | (comm[j] == comm[b])
+                                                      & (hidden[j] >= hidden[b]))))
+        slot = np.where(win, j, slot)
+    return slot, hidden
+
+
 def _fill_slowest(memo: SlowestMemo, at_miss: np.ndarray, qd: np.ndarray, q_blocks: np.ndarray, deg: Degrees,
                   tp: np.ndarray, cp: np.ndarray, ep: np.ndarray, bus: float, eff: Efficiency) -> None:
     """Work out the slowest stage of the Q rows not worked out before (their places
     ``at_miss`` in ``memo``; ``qd``: a D standing for each, ``q_blocks``: its block's
     row of the block table) on each set of tp, cp and ep links, into ``memo``."""
     links, n_slots = deg.links, deg.n_slots
-    (lt_fwd, lt_bwd, lt_attn, lt_tp_bytes, lt_tp_coll, lt_cp_bytes, lt_cp_passes, lt_ep_bytes, lt_ep_a2a,
-     lt_ep_hidden, head_fwd_add, head_bwd_add, edge_bytes, _) = q_blocks
+    blocks = _Block(*q_blocks)
     qcp = cp[qd]
     per_slot = np.take(deg.per_slot, qd, axis=1)
     layers_p, edges_p, last_p, absent_p, bwd_layers_p = (per_slot[i * n_slots:(i + 1) * n_slots] for i in range(5))
     use_cp, use_ep = bool((cp > 1).any()), bool((ep > 1).any())
     # the stages' compute does not depend on the links
-    stage_fwd = layers_p * lt_fwd + last_p * head_fwd_add       # + 0.0 where not the last stage: exact
-    stage_bwd = bwd_layers_p * lt_bwd + last_p * head_bwd_add
+    stage_fwd = layers_p * blocks.fwd_s + last_p * blocks.head_fwd_s    # + 0.0 where not the last stage: exact
+    stage_bwd = bwd_layers_p * blocks.bwd_s + last_p * blocks.head_bwd_s
 
     def slowest(lk: np.ndarray, sel: np.ndarray | slice) -> tuple[np.ndarray, ...]:
-        """(t, fwd, bwd, hidden, slot) of the slowest stage of the Q rows ``sel`` (all of
-        them first, then a subset), before the pipeline sends, as the max()
-        over (time, fwd, bwd, comm, hidden, stage) picks it."""
+        """(t, fwd, bwd, hidden, comm, one block's exposed cp, and ep, slot) of the slowest
+        stage of the Q rows ``sel`` (all of them first, then a subset), before the pipeline
+        sends."""
         d = qd[sel]
+        blk = _Block(*(x[sel] for x in blocks))
         ring_tp = Ring.of(tp, lk[0], lk[1], bus, 2).take(d)
-        tp_all = lt_tp_coll[sel] * ring_tp.time_s(lt_tp_bytes[sel])
-        comm_b, hidden_b = tp_all * (1 - eff.tp_overlap), tp_all * eff.tp_overlap
-        width = len(comm_b)
+        tp_all, block = _tp_comm(blk, ring_tp, eff)
+        width = len(tp_all)
         cp_b = ep_b = np.zeros(width)
         if use_cp:
-            passes = lt_cp_passes[sel]
-            cp_all = passes * (qcp[sel] - 1) * send_s(lt_cp_bytes[sel], lk[2][d], lk[3][d], bus)
-            cp_block, cp_hidden = hide(cp_all, lt_attn[sel] * passes, eff.cp_overlap)
-            comm_b, hidden_b = comm_b + cp_block, hidden_b + cp_hidden
-            cp_b = cp_block
+            cp_c = _cp_comm(blk, qcp[sel], lk, d, bus, eff)
+            block = _Comm(block.exposed_s + cp_c.exposed_s, block.hidden_s + cp_c.hidden_s)
+            cp_b = cp_c.exposed_s
         if use_ep:
-            ep_all = lt_ep_a2a[sel] * Ring.of(ep, lk[A2A_BW], lk[A2A_LAT], bus, 1).take(d).time_s(lt_ep_bytes[sel])
-            ep_share = lt_ep_hidden[sel]        # Efficiency.ep_overlap where the block overlaps them
-            ep_b = ep_all * (1 - ep_share)
-            comm_b, hidden_b = comm_b + ep_b, hidden_b + ep_all * ep_share
-        edge_all = ring_tp.time_s(edge_bytes[sel])
+            ep_c = _ep_comm(blk, ep, lk, d, bus)
+            block = _Comm(block.exposed_s + ep_c.exposed_s, block.hidden_s + ep_c.hidden_s)
+            ep_b = ep_c.exposed_s
+        # the stage: its blocks' communication and the tp all-reduces at its pipeline edges
+        edge_all = ring_tp.time_s(blk.edge_bytes)
         layers, edges = layers_p[:, sel], edges_p[:, sel]
         fwd, bwd = stage_fwd[:, sel], stage_bwd[:, sel]
+        hidden: np.ndarray | None
         if eff.tp_overlap == 0.0:       # x * 1.0 is x; with finite times, x * 0.0 is 0.0 throughout
-            comm = layers * comm_b + edges * edge_all
+            comm = layers * block.exposed_s + edges * edge_all
             hidden = None if not (use_cp or use_ep) and np.isfinite(tp_all).all() and np.isfinite(edge_all).all() \
-                else layers * hidden_b + edges * edge_all * eff.tp_overlap
+                else layers * block.hidden_s + edges * edge_all * eff.tp_overlap
         else:
-            comm = layers * comm_b + edges * (edge_all * (1 - eff.tp_overlap))
-            hidden = layers * hidden_b + edges * edge_all * eff.tp_overlap
+            comm = layers * block.exposed_s + edges * (edge_all * (1 - eff.tp_overlap))
+            hidden = layers * block.hidden_s + edges * edge_all * eff.tp_overlap
         t = fwd + bwd + comm + absent_p[:, sel]
-        slot = t.argmax(axis=0)
+        slot, hidden = _pick_slowest(t, fwd, bwd, comm, hidden, n_slots)
         at = slot * width + np.arange(width)                # (slot, column) in the flattened tables
-        t_max = np.take(t, at)
-        if (t == t_max).sum(axis=0).max() > 1:          # tied times: the next fields decide,
-            if hidden is None:
-                hidden = np.zeros_like(t)
-            cols = np.arange(width)
-            slot = np.zeros(width, dtype=np.int64)       # equal in all, the later stage wins
-            for j in range(1, n_slots):
-                b = slot, cols
-                win = (t[j] > t[b]) | (t[j] == t[b]) & ((fwd[j] > fwd[b]) | (fwd[j] == fwd[b]) & (
-                    (bwd[j] > bwd[b]) | (bwd[j] == bwd[b]) & ((comm[j] > comm[b]) | (comm[j] == comm[b])
-                                                              & (hidden[j] >= hidden[b]))))
-                slot = np.where(win, j, slot)
-            at = slot * width + np.arange(width)
-            t_max = np.take(t, at)
-        return (t_max, np.take(fwd, at), np.take(bwd, at),
+        return (np.take(t, at), np.take(fwd, at), np.take(bwd, at),
                 np.zeros(width) if hidden is None else np.take(hidden, at), np.take(comm, at), cp_b, ep_b, slot)
 
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
