@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.hardware.topology import AXES as PLACEMENT_AXES
+from planner.hardware.axes import AXES as PLACEMENT_AXES
 from planner.timing.efficiency import Efficiency
 from planner.timing.step import StepTime
 
