@@ -303,3 +303,14 @@ def test_per_layer_widths_pass_the_generic_checks_not_the_written_ones():
     with pytest.raises(UserError, match="intermediate_size"):
         spec_from_hf_config({"model_type": "llama", "hidden_size": 64, "intermediate_size": [96, 96],
                              "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 128}, "x", "test")
+
+
+def test_a_model_built_on_meta_then_faked_measures_as_one_built_fake():
+    # Models whose __init__ converts a submodule's dtype (hy_v4, inkling_text: "Couldn't swap
+    # Conv1d.weight" under the fake mode) are built on the meta device and given fake tensors
+    # (probe._fake_from_meta); on a tiny Llama both builds measure the same bytes and FLOPs
+    from planner.models.generic.probe import _measure_blocks, hf_config
+
+    config = hf_config({"model_type": "llama", "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2,
+                        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128})
+    assert _measure_blocks(config, from_meta=True) == _measure_blocks(config)

@@ -337,9 +337,11 @@ def _measure_real_copy(config: Any, blocks_path: str, sigs: list[tuple[Any, ...]
         torch.set_default_dtype(old_dtype)
 
 
-def _measure_blocks(config: Any) -> dict[int, dict[str, list[float]]]:
+def _measure_blocks(config: Any, from_meta: bool = False) -> dict[int, dict[str, list[float]]]:
     """Per sequence length: per block, saved bytes and forward and backward FLOPs per token,
-    plus the forward FLOPs per token outside the blocks (``outside_fwd``)."""
+    plus the forward FLOPs per token outside the blocks (``outside_fwd``). The model is built
+    under the fake mode, else (its __init__ converts a dtype, or ``from_meta``) on the meta
+    device and given fake tensors (_fake_from_meta)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
@@ -350,7 +352,13 @@ def _measure_blocks(config: Any) -> dict[int, dict[str, list[float]]]:
         with FakeTensorMode(allow_non_fake_inputs=True):
             from transformers import AutoModelForCausalLM
 
-            model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+            try:
+                model = (_fake_from_meta(config, torch) if from_meta
+                         else AutoModelForCausalLM.from_config(config, attn_implementation="eager"))
+            except RuntimeError as e:
+                if "Couldn't swap" not in str(e):
+                    raise
+                model = _fake_from_meta(config, torch)
             model.train()
             blocks_path, blocks = block_list(model)
             result: dict[int, dict[str, list[float]]] = {}
@@ -359,6 +367,28 @@ def _measure_blocks(config: Any) -> dict[int, dict[str, list[float]]]:
         return result
     finally:
         torch.set_default_dtype(old_dtype)
+
+
+def _fake_from_meta(config: Any, torch: Any) -> Any:
+    """The causal LM with fake CPU tensors, for a model whose __init__ converts a submodule's
+    dtype (``.float()``, ``.to(...)``): fake parameters cannot be swapped by Module._apply
+    ("Couldn't swap", FACTS.md). Built on the meta device outside the fake mode (the
+    conversions run there), then each parameter and buffer replaced by an empty fake CPU tensor
+    of its shape and dtype (tied tensors stay tied; no values: fake tensors hold none)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from transformers import AutoModelForCausalLM
+
+    with unset_fake_temporarily(), torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    new: dict[int, Any] = {}
+    for module in model.modules():
+        for table, make in ((module._parameters, lambda t: torch.nn.Parameter(
+                torch.empty(t.shape, dtype=t.dtype, device="cpu"), requires_grad=t.requires_grad)),
+                (module._buffers, lambda t: torch.empty(t.shape, dtype=t.dtype, device="cpu"))):
+            for name, t in list(table.items()):
+                if t is not None:
+                    table[name] = new.setdefault(id(t), make(t))
+    return model
 
 
 def _one_step(model: Any, blocks_path: str, blocks: Any, s: int, torch: Any,
