@@ -314,3 +314,16 @@ def test_a_model_built_on_meta_then_faked_measures_as_one_built_fake():
     config = hf_config({"model_type": "llama", "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2,
                         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128})
     assert _measure_blocks(config, from_meta=True) == _measure_blocks(config)
+
+
+def test_xmod_runs_its_first_language_adapter():
+    # XmodConfig's default_language is None and X-MOD's forward stops without one
+    # ("Input language unknown"); its adapters share one shape, so the probe runs the first of
+    # `languages` and the count stays transformers'
+    from planner.models.generic.probe import hf_config
+
+    cfg = {"model_type": "xmod", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+           "intermediate_size": 64, "vocab_size": 128, "languages": ["de_DE", "en_XX"], "is_decoder": True}
+    assert hf_config(cfg).default_language == "de_DE"
+    m = spec_from_hf_config(dict(cfg), "x", "test")
+    assert m.is_generic and count_params(m).total == transformers_count(cfg)

@@ -85,6 +85,11 @@ def hf_config(cfg: dict[str, Any]) -> Any:
         cfg.pop(key, None)
     config = AutoConfig.for_model(model_type, **cfg)
     config.use_cache = False
+    if getattr(config, "default_language", "") is None and getattr(config, "languages", None):
+        # X-MOD runs one language adapter per input and stops without a language
+        # (XmodPreTrainedModel.set_default_language); its adapters all have one shape, so the
+        # profile runs the first of ``languages``
+        config.default_language = list(config.languages)[0]
     return config
 
 
