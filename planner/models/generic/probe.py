@@ -93,16 +93,15 @@ def hf_config(cfg: dict[str, Any]) -> Any:
     return config
 
 
-def unset_router(cfg: dict[str, Any]) -> str | None:
+def unset_router(config: Any) -> str | None:
     """Why a config's routed experts cannot run, or None: experts but ``num_experts_per_tok``
     null (transformers 5.x DeepseekV2Config's default: its router's torch.topk then fails with
     "k must be int, not NoneType"; transformers' own tests set 2, tests/causal_lm_tester.py
-    CausalLMModelTester). Read from the config class, so its defaults count."""
-    config = hf_config(cfg)
+    CausalLMModelTester). Read from the config object, so its class's defaults count."""
     experts = any(isinstance(getattr(config, k, None), int) and getattr(config, k) > 0
                   for k in ("n_routed_experts", "num_experts", "num_local_experts"))
     if experts and hasattr(config, "num_experts_per_tok") and config.num_experts_per_tok is None:
-        return (f"num_experts_per_tok is null, so the router of transformers' {cfg.get('model_type')} model "
+        return (f"num_experts_per_tok is null, so the router of transformers' {config.model_type} model "
                 "picks no experts (its config class's default); give num_experts_per_tok in config.json "
                 "(the routed experts each token visits)")
     return None
@@ -161,15 +160,16 @@ def profile_config(cfg: dict[str, Any], where: str) -> GenericProfile:
     import transformers
 
     transformers.logging.set_verbosity_error()     # "falling back to its reference PyTorch implementation"
-    if (why := unset_router(cfg)) is not None:
-        raise UserError(f"{where}: {why}")
     try:
         config = hf_config(cfg)
-        meta = build_meta(config)
+        why = unset_router(config)
+        meta = build_meta(config) if why is None else None
     except Exception as e:  # noqa: BLE001 -- transformers raises many kinds for a config it cannot build
         raise UserError(f"{where}: transformers {transformers.__version__} cannot build model_type "
                         f"{cfg.get('model_type')!r} as a causal LM ({type(e).__name__}: {_one_line(e)}); "
                         "pass a config.json of a family it builds, or `plan models` for the written ones") from None
+    if why is not None:
+        raise UserError(f"{where}: {why}")
     blocks_path, blocks = block_list(meta)
     seen: set[int] = set()
     kinds_of_block: list[dict[str, int]] = []
