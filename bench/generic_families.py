@@ -87,13 +87,11 @@ def run_families(families: list[str], limit_s: float, done: Callable[[str, dict]
             done(todo.pop(0), {"status": "error", "why": f"the process ended ({child.returncode})", "seconds": 0})
 
 
-def reason(why: str) -> str:
-    """The exception inside the planner's refusal line ("... (Type: message) ..."), else the line."""
-    if "(" in why and ": " in why.split("(", 1)[1]:
-        inner = why.split("(", 1)[1]
-        if inner[:1].isupper():
-            return inner.rsplit(")", 1)[0] if ")" in inner else inner
-    return why
+def reason(why: str, model_type: str) -> str:
+    """A row's reason on one line: the planner's refusal without its "default <model_type>: "
+    prefix, else the exception, cut to 240 characters."""
+    why = " ".join(why.split()).removeprefix(f"default {model_type}: ")
+    return why if len(why) <= 240 else why[:239] + "..."
 
 
 def table(rows: dict[str, dict], transformers_version: str) -> str:
@@ -113,7 +111,7 @@ def table(rows: dict[str, dict], transformers_version: str) -> str:
     lines += ["", f"Families planned whose count differs from transformers' or that got no plan: "
               f"{', '.join(wrong) if wrong else 'none'}.", ""]
     for k in ("refused", "skipped", "timeout", "error"):
-        lines += [f"- `{mt}` ({k}): {reason(rows[mt].get('why', ''))}" for mt in by[k]]
+        lines += [f"- `{mt}` ({k}): {reason(rows[mt].get('why', ''), mt)}" for mt in by[k]]
     return "\n".join(lines)
 
 

@@ -58,8 +58,9 @@ def default_config(model_type: str) -> dict[str, Any]:
     return shrunk
 
 
-def transformers_count(cfg: dict[str, Any]) -> int:
-    """transformers' own count: the causal LM built on the meta device, each tensor once."""
+def transformers_causal_lm(cfg: dict[str, Any]) -> tuple[int, str]:
+    """transformers' own count, the causal LM built on the meta device (each tensor once), and
+    the class it builds."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -67,7 +68,12 @@ def transformers_count(cfg: dict[str, Any]) -> int:
     config = AutoConfig.for_model(rest.pop("model_type"), **rest)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    return sum(p.numel() for p in model.parameters())
+    return sum(p.numel() for p in model.parameters()), type(model).__name__
+
+
+def transformers_count(cfg: dict[str, Any]) -> int:
+    """transformers' own count: the causal LM built on the meta device, each tensor once."""
+    return transformers_causal_lm(cfg)[0]
 
 
 def family_row(model_type: str) -> dict[str, Any]:
@@ -81,17 +87,23 @@ def family_row(model_type: str) -> dict[str, Any]:
     from planner.models.spec import count_params
     from planner.training.setup import TrainingSetup
 
-    cfg = default_config(model_type)
     try:
-        ref = transformers_count(cfg)
-    except Exception as e:  # noqa: BLE001 -- the family does not build on the meta device
-        return {"status": "skipped", "why": f"{type(e).__name__}: {str(e)[:120]}"}
+        cfg = default_config(model_type)
+        ref, built = transformers_causal_lm(cfg)
+    except Exception as e:  # noqa: BLE001 -- the family's default config or model does not build
+        return {"status": "skipped", "why": f"{type(e).__name__}: {' '.join(str(e).split())[:160]}"}
     try:
         m = spec_from_hf_config(dict(cfg), model_type, f"default {model_type}")
     except UserError as e:
-        return {"status": "refused", "why": str(e)[:160]}
+        return {"status": "refused", "why": str(e)[:400]}
     # 1,024 tokens, or a learned position table's length where shorter (BERT's 512)
     seq_len = min(1024, m.max_positions) if m.position == "learned" and m.max_positions else 1024
     r = api.plan(m, get_gpu("h100"), TrainingSetup(seq_len=seq_len, global_batch=64))
-    return {"status": "generic" if m.is_generic else "written", "transformers": ref,
-            "planner": count_params(m).total, "planned": r.best is not None}
+    row = {"status": "generic" if m.is_generic else "written", "transformers": ref,
+           "planner": count_params(m).total, "planned": r.best is not None}
+    if m.vision is not None and not built.endswith("ForConditionalGeneration"):
+        # the causal LM of llama4, qwen3_5 and qwen3_5_moe is the text model alone (Llama4ForCausalLM,
+        # Qwen3_5ForCausalLM, ...): the planner's count of that part is compared, the image side
+        # (checked against transformers' whole model in tests/test_vision.py) kept beside it
+        row["planner"], row["image_side"] = row["planner"] - m.vision.params, m.vision.params
+    return row
