@@ -32,23 +32,19 @@ import sys
 import pytest
 from click.testing import CliRunner
 from conftest import require
-from megatron_args import LaunchEnv, env_from_script, megatron_args_errors, padded_vocab_size, parse_args
+from megatron_args import megatron_args_errors, padded_vocab_size, parse_args
 from megatron_groups import GROUP_STUBS
+from megatron_plans import PARAM_COUNTS, TINY_LAYOUTS, launch_env, plan_layout
 
-from planner import api
 from planner.cli.main import cli
 from planner.emit import EmitOptions
 from planner.emit.launch import to_launch_script
 from planner.emit.megatron import to_megatron_args
 from planner.emit.megatron_deltanet import freq_arg
 from planner.errors import UserError
-from planner.hardware.gpus import get_gpu
-from planner.layouts.layout import Layout
 from planner.memory.params import rank_params
 from planner.models.load import load_model
 from planner.models.spec import count_params
-from planner.stacks.megatron import device_arch_major
-from planner.training.setup import TrainingSetup
 
 # A tiny Qwen3-Next: 8 decoder layers, gated attention on every 4th, MoE with a gated shared
 # expert but dense MLPs on layers 1 and 5 (mlp_only_layers), tp 2 dividing every head count
@@ -73,31 +69,11 @@ def _tiny(**extra):
     return load_model(str(path))
 
 
-def _plan(m, kw: dict, gpu: str = "h100", seq_len: int = 1024, **setup_kw):
-    lay = Layout(seq_len=seq_len, **kw)
-    setup = TrainingSetup(seq_len=seq_len, global_batch=lay.global_batch, stack="megatron", **setup_kw)
-    r = api.evaluate_layout(m, get_gpu(gpu), setup, lay)
-    assert r.best is not None, f"test layout must be planned: {m.name} {lay.describe()}"
-    return r
-
-
-def _env(r) -> LaunchEnv:
-    exported = env_from_script(to_launch_script(r, EmitOptions(), "megatron"))
-    return LaunchEnv(world_size=r.best.layout.n_gpus,
-                     cuda_device_max_connections=exported.get("CUDA_DEVICE_MAX_CONNECTIONS"),
-                     device_arch_major=device_arch_major(r.gpu.name))
-
-
-TINY_LAYOUTS = [dict(dp=2, tp=2, zero_stage=1, sp=True, micro_batch=1, grad_accum=4),
-                dict(dp=1, tp=2, pp=2, ep=2, zero_stage=1, sp=True, micro_batch=1, grad_accum=8,
-                     recompute="selective")]
-
-
 @pytest.mark.parametrize("kw", TINY_LAYOUTS)
 def test_written_arguments_parse_and_pass_validate_args(kw):
-    r = _plan(_tiny(), kw)
+    r = plan_layout(_tiny(), kw)
     args = to_megatron_args(r)
-    assert megatron_args_errors(args, _env(r)) == []
+    assert megatron_args_errors(args, launch_env(r)) == []
     a = parse_args(args)
     # 16 letters, 8 decoder layers; megatron-core's int rule N = 4: layer i is attention where
     # (i + 1) % 4 == 0 (get_linear_attention_pattern), transformers' full_attention_interval
@@ -126,7 +102,7 @@ def test_frequency_arguments_read_back_as_megatron_cores_patterns():
 
 # megatron-core's GPTModel from the parsed arguments (as core_transformer_config_from_args maps
 # them), on one rank; the stubs stay in the subprocess
-_SCRIPT = GROUP_STUBS + r'''
+_SCRIPT = GROUP_STUBS + PARAM_COUNTS + r'''
 import dataclasses
 import torch, torch.nn as nn, torch.nn.functional as F
 a = json.loads(sys.argv[1])
@@ -188,9 +164,7 @@ def config(tp, ep):
 
 
 def build(tp, ep):
-    world[0] = tp * ep
-    ps.destroy_model_parallel()
-    ps.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep)
+    model_parallel(tp, ep)
     config(tp, ep)                                   # megatron-core's checks with the written flags
     # torch's norm stand-ins take neither zero-centred gamma nor sequence parallelism; neither
     # changes a parameter
@@ -204,14 +178,10 @@ def build(tp, ep):
 
 model = build(1, 1)
 layers = model.decoder.layers
-rank = build(*a["tp_ep"])        # rank 0 of tp x ep; megatron-core marks expert parameters allreduce = False
-print(json.dumps({
-    "rank_dense": sum(p.numel() for p in rank.parameters() if getattr(p, "allreduce", True)),
-    "rank_expert": sum(p.numel() for p in rank.parameters() if not getattr(p, "allreduce", True)),
+rank = build(*a["tp_ep"])        # rank 0 of tp x ep
+print(json.dumps({**param_counts(model, rank),
     "mixers": [type(x.self_attention).__name__ for x in layers],
-    "mlps": [type(x.mlp).__name__ for x in layers],
-    "per_layer": [sum(p.numel() for p in x.parameters()) for x in layers],
-    "total": sum(p.numel() for p in model.parameters())}))
+    "mlps": [type(x.mlp).__name__ for x in layers]}))
 '''
 
 # the rank built beside the whole model: tp 2 (whole key and value heads, megatron-core's
@@ -229,7 +199,7 @@ _FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size"
 
 def _megatron_model(m) -> dict:
     require("megatron.core")
-    r = _plan(m, TINY_LAYOUTS[0])
+    r = plan_layout(m, TINY_LAYOUTS[0])
     a = parse_args(to_megatron_args(r))
     fields = {k: getattr(a, k, None) for k in _FIELDS}
     fields["moe_layer_freq"] = fields["moe_layer_freq"] or 1          # Megatron-LM's default
@@ -281,7 +251,7 @@ def test_one_ranks_parameters_are_megatron_cores(gpt_model):
     q/k layernorms (head_dim each); the mean letter's ceil adds at most one per letter. Within
     rank_params' stated error (at most d_model per layer)."""
     m = _tiny()
-    lay = _plan(m, RANK_LAYOUT).best.layout
+    lay = plan_layout(m, RANK_LAYOUT).best.layout
     rp = rank_params(m, count_params(m), lay, 0, m.n_layers)
     assert rp.expert == gpt_model["rank_expert"]
     tp = lay.tp
@@ -297,7 +267,7 @@ def test_irregular_attention_layers_and_tied_embeddings_build_alike():
     # the output layer (no --untie-embeddings-and-output-weights)
     types = ["linear_attention", "full_attention", "linear_attention", "linear_attention"] * 2
     m = _tiny(layer_types=types, tie_word_embeddings=True, mlp_only_layers=[])
-    a = parse_args(to_megatron_args(_plan(m, TINY_LAYOUTS[0])))
+    a = parse_args(to_megatron_args(plan_layout(m, TINY_LAYOUTS[0])))
     assert a.linear_attention_freq == [1, 0, 1, 1, 1, 0, 1, 1] and a.moe_layer_freq is None
     assert not a.untie_embeddings_and_output_weights
     built = _megatron_model(m)
@@ -310,7 +280,7 @@ def test_qwen3_next_preset_writes_megatron_bridges_shape():
     # conv 4, 512 experts of 512 top-10, a gated shared expert of 512, rotary on a quarter of
     # head_dim 256, base 10,000,000
     m = load_model("qwen3-next-80b-a3b")
-    r = _plan(m, dict(dp=2, tp=2, sp=True, ep=8, zero_stage=1, micro_batch=1, grad_accum=8), gpu="h200",
+    r = plan_layout(m, dict(dp=2, tp=2, sp=True, ep=8, zero_stage=1, micro_batch=1, grad_accum=8), gpu="h200",
               seq_len=4096)
     args = to_megatron_args(r)
     a = parse_args(args)
@@ -320,19 +290,19 @@ def test_qwen3_next_preset_writes_megatron_bridges_shape():
     assert (a.num_experts, a.moe_ffn_hidden_size, a.moe_router_topk, a.moe_shared_expert_intermediate_size,
             a.moe_layer_freq) == (512, 512, 10, 512, None)
     assert (a.rotary_percent, a.rotary_base, a.kv_channels, a.num_query_groups) == (0.25, 10000000, 256, 2)
-    assert megatron_args_errors(args, _env(r)) == []
+    assert megatron_args_errors(args, launch_env(r)) == []
 
 
 def test_what_megatron_cannot_build_or_split_is_refused():
     # attention_bias biases q/k/v/o_proj in transformers; Megatron's --add-qkv-bias leaves the
     # output projection without one
     with pytest.raises(UserError, match="attention biases"):
-        to_megatron_args(_plan(_tiny(attention_bias=True), TINY_LAYOUTS[0]))
+        to_megatron_args(plan_layout(_tiny(attention_bias=True), TINY_LAYOUTS[0]))
     # 10 decoder layers (20 letters) over pp 4: the planner's stages of [5, 5, 5, 5] letters would
     # cut decoder layers in two; Megatron splits whole layers ([3, 3, 2, 2])
     m = _tiny(num_hidden_layers=10, mlp_only_layers=[])
     with pytest.raises(UserError, match="split a decoder layer"):
-        to_megatron_args(_plan(m, dict(dp=1, tp=1, pp=4, zero_stage=1, micro_batch=1, grad_accum=8)))
+        to_megatron_args(plan_layout(m, dict(dp=1, tp=1, pp=4, zero_stage=1, micro_batch=1, grad_accum=8)))
 
 
 def test_cli_writes_the_qwen3_next_files(tmp_path):

@@ -22,23 +22,19 @@ import sys
 import pytest
 from click.testing import CliRunner
 from conftest import require
-from megatron_args import LaunchEnv, env_from_script, megatron_args_errors, padded_vocab_size, parse_args
+from megatron_args import megatron_args_errors, padded_vocab_size, parse_args
 from megatron_groups import GROUP_STUBS
+from megatron_plans import PARAM_COUNTS, TINY_LAYOUTS, launch_env, plan_layout
 
-from planner import api
 from planner.cli.main import cli
 from planner.emit import EmitOptions
 from planner.emit.launch import to_launch_script
 from planner.emit.megatron import to_megatron_args
 from planner.errors import UserError
-from planner.hardware.gpus import get_gpu
-from planner.layouts.layout import Layout
 from planner.memory.params import rank_params
 from planner.models.families import spec_from_hf_config
 from planner.models.load import load_model
 from planner.models.spec import count_params
-from planner.stacks.megatron import device_arch_major
-from planner.training.setup import TrainingSetup
 
 # A tiny Nemotron-H with every letter of Megatron's pattern, at the mixer sizes megatron-core's
 # MambaLayer builds (conv kernel 4, chunk 128: NemotronHConfig's defaults too)
@@ -55,31 +51,11 @@ def _tiny():
     return spec_from_hf_config(dict(TINY), "tiny-nemotron-h", "test")
 
 
-def _plan(m, kw: dict, gpu: str = "h100", seq_len: int = 1024, **setup_kw):
-    lay = Layout(seq_len=seq_len, **kw)
-    setup = TrainingSetup(seq_len=seq_len, global_batch=lay.global_batch, stack="megatron", **setup_kw)
-    r = api.evaluate_layout(m, get_gpu(gpu), setup, lay)
-    assert r.best is not None, f"test layout must be planned: {m.name} {lay.describe()}"
-    return r
-
-
-def _env(r) -> LaunchEnv:
-    exported = env_from_script(to_launch_script(r, EmitOptions(), "megatron"))
-    return LaunchEnv(world_size=r.best.layout.n_gpus,
-                     cuda_device_max_connections=exported.get("CUDA_DEVICE_MAX_CONNECTIONS"),
-                     device_arch_major=device_arch_major(r.gpu.name))
-
-
-TINY_LAYOUTS = [dict(dp=2, tp=2, zero_stage=1, sp=True, micro_batch=1, grad_accum=4),
-                dict(dp=1, tp=2, pp=2, ep=2, zero_stage=1, sp=True, micro_batch=1, grad_accum=8,
-                     recompute="selective")]
-
-
 @pytest.mark.parametrize("kw", TINY_LAYOUTS)
 def test_written_arguments_parse_and_pass_validate_args(kw):
-    r = _plan(_tiny(), kw)
+    r = plan_layout(_tiny(), kw)
     args = to_megatron_args(r)
-    assert megatron_args_errors(args, _env(r)) == []
+    assert megatron_args_errors(args, launch_env(r)) == []
     a = parse_args(args)
     m = r.model
     assert a.is_hybrid_model and a.squared_relu and a.hybrid_override_pattern == m.layer_pattern == "ME*-ME*-"
@@ -93,7 +69,7 @@ def test_written_arguments_parse_and_pass_validate_args(kw):
 
 # megatron-core's MambaModel from the parsed arguments (as core_transformer_config_from_args
 # maps them), on one rank; the stubs stay in the subprocess
-_SCRIPT = GROUP_STUBS + r'''
+_SCRIPT = GROUP_STUBS + PARAM_COUNTS + r'''
 import torch, torch.nn as nn
 a = json.loads(sys.argv[1])
 torch.cuda.current_device = lambda: "cpu"      # MambaMixer allocates its conv and SSM parameters there
@@ -163,9 +139,7 @@ spec = ModuleSpec(module=MambaStack, submodules=MambaStackSubmodules(
 
 
 def build(tp, ep):
-    world[0] = tp * ep
-    ps.destroy_model_parallel()
-    ps.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep)
+    model_parallel(tp, ep)
     cfg = TransformerConfig(
         num_layers=a["num_layers"], hidden_size=a["hidden_size"], num_attention_heads=a["num_attention_heads"],
         ffn_hidden_size=a["ffn_hidden_size"], kv_channels=a["kv_channels"],
@@ -188,14 +162,10 @@ def build(tp, ep):
 
 model = build(1, 1)
 layers = model.decoder.layers
-rank = build(*a["tp_ep"])        # rank 0 of tp x ep; megatron-core marks expert parameters allreduce = False
-print(json.dumps({
-    "rank_dense": sum(p.numel() for p in rank.parameters() if getattr(p, "allreduce", True)),
-    "rank_expert": sum(p.numel() for p in rank.parameters() if not getattr(p, "allreduce", True)),
+rank = build(*a["tp_ep"])        # rank 0 of tp x ep
+print(json.dumps({**param_counts(model, rank),
     "allocated": "".join(allocate_layers(a["num_layers"], 0.0, 0.0, a["hybrid_override_pattern"])),
-    "kinds": model.decoder.layer_type_list, "classes": [type(x).__name__ for x in layers],
-    "per_layer": [sum(p.numel() for p in x.parameters()) for x in layers],
-    "total": sum(p.numel() for p in model.parameters())}))
+    "kinds": model.decoder.layer_type_list, "classes": [type(x).__name__ for x in layers]}))
 '''
 
 
@@ -208,7 +178,7 @@ RANK_LAYOUT = dict(dp=1, tp=2, ep=2, zero_stage=1, micro_batch=1, grad_accum=4)
 def mamba_model() -> dict:
     require("megatron.core")
     require("einops")
-    r = _plan(_tiny(), TINY_LAYOUTS[0])
+    r = plan_layout(_tiny(), TINY_LAYOUTS[0])
     a = parse_args(to_megatron_args(r))
     fields = {k: getattr(a, k) for k in (
         "num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "kv_channels", "num_query_groups",
@@ -252,7 +222,7 @@ def test_one_ranks_parameters_are_megatron_cores(mamba_model):
     expert parameters (memory.params.rank_params): Mamba in_proj/out_proj, conv1d, dt_bias, A_log,
     D and the gated norm split over tp, layer norms and the router replicated, experts over ep."""
     m = _tiny()
-    lay = _plan(m, RANK_LAYOUT).best.layout
+    lay = plan_layout(m, RANK_LAYOUT).best.layout
     rp = rank_params(m, count_params(m), lay, 0, m.n_layers)
     assert (rp.dense, rp.expert) == (mamba_model["rank_dense"], mamba_model["rank_expert"])
 
@@ -262,17 +232,17 @@ def test_nemotron_3_presets_write_their_shapes():
     MEMEM*EMEMEM*..., 64 Mamba heads of 64, 128 experts of 1856, shared 3712) and the latent
     MoE width of Super."""
     # the layout `plan --model nemotron-3-nano --gpus h100 --stack megatron --recompute selective` picks
-    nano = _plan(load_model("nemotron-3-nano"), dict(dp=1, tp=2, sp=True, ep=4, zero_stage=1, micro_batch=1,
+    nano = plan_layout(load_model("nemotron-3-nano"), dict(dp=1, tp=2, sp=True, ep=4, zero_stage=1, micro_batch=1,
                                                      grad_accum=8, recompute="selective"), seq_len=4096)
     a = parse_args(to_megatron_args(nano))
     assert a.hybrid_override_pattern == "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"
     assert (a.mamba_num_heads, a.mamba_head_dim, a.num_experts, a.moe_ffn_hidden_size,
             a.moe_shared_expert_intermediate_size, a.moe_latent_size) == (64, 64, 128, 1856, 3712, None)
-    assert megatron_args_errors(to_megatron_args(nano), _env(nano)) == []
+    assert megatron_args_errors(to_megatron_args(nano), launch_env(nano)) == []
     # MambaModel has no build_schedule_plan, which the all-to-all overlap's schedule calls
     assert a.moe_token_dispatcher_type == "alltoall" and not a.overlap_moe_expert_parallel_comm
     sup = load_model("nemotron-3-super")
-    r = _plan(sup, dict(dp=1, tp=8, sp=True, ep=4, zero_stage=1, micro_batch=1, grad_accum=8,
+    r = plan_layout(sup, dict(dp=1, tp=8, sp=True, ep=4, zero_stage=1, micro_batch=1, grad_accum=8,
                         recompute="selective"), seq_len=4096)
     a = parse_args(to_megatron_args(r))
     assert a.moe_latent_size == sup.moe_latent > 0
@@ -293,7 +263,7 @@ def test_what_mamba_stack_cannot_run_is_refused(kw, setup_kw, why):
     # (a layout the rules table's --stack megatron refusals name is refused when it is planned
     # under --stack megatron; full recomputation when the Megatron files are written)
     with pytest.raises(UserError, match=why):
-        to_megatron_args(_plan(_tiny(), kw, **setup_kw))
+        to_megatron_args(plan_layout(_tiny(), kw, **setup_kw))
 
 
 def test_mamba_mixer_megatron_cannot_build_is_refused():
@@ -301,7 +271,7 @@ def test_mamba_mixer_megatron_cannot_build_is_refused():
     for extra, why in (({"use_bias": True}, "biased"), ({"conv_kernel": 3}, "conv kernel"),
                        ({"chunk_size": 64}, "SSD chunk")):
         m = spec_from_hf_config({**TINY, **extra}, "odd", "test")
-        r = _plan(m, TINY_LAYOUTS[0])
+        r = plan_layout(m, TINY_LAYOUTS[0])
         with pytest.raises(UserError, match=why):
             to_megatron_args(r)
 
