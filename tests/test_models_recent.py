@@ -72,6 +72,22 @@ TINY: dict[str, dict[str, Any]] = {
                  "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128, "pad_token_id": 0},
     "olmo2": {"model_type": "olmo2", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
                   "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128, "pad_token_id": 0},
+    # GLM-4.5's switches: QK norm, q/k/v bias (o_proj none), head_dim apart from h / heads, two
+    # dense blocks first, two shared experts, grouped routing; then GLM-4.5-Air's (no QK norm,
+    # one dense block, Glm4MoeConfig's defaults for the rest) and a config whose blocks are all dense
+    "glm4_moe-qk-norm-bias": {"model_type": "glm4_moe", "hidden_size": 64, "intermediate_size": 96,
+                              "moe_intermediate_size": 32, "n_routed_experts": 4, "n_shared_experts": 2,
+                              "num_experts_per_tok": 2, "num_hidden_layers": 4, "num_attention_heads": 4,
+                              "num_key_value_heads": 2, "head_dim": 24, "vocab_size": 128,
+                              "first_k_dense_replace": 2, "n_group": 2, "topk_group": 1, "use_qk_norm": True,
+                              "attention_bias": True, "partial_rotary_factor": 0.5},
+    "glm4_moe-air": {"model_type": "glm4_moe", "hidden_size": 64, "intermediate_size": 96,
+                     "moe_intermediate_size": 32, "n_routed_experts": 4, "num_experts_per_tok": 2,
+                     "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+                     "vocab_size": 128},
+    "glm4_moe-all-dense": {"model_type": "glm4_moe", "hidden_size": 64, "intermediate_size": 96,
+                           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                           "vocab_size": 128, "first_k_dense_replace": 2, "attention_bias": True},
 }
 
 
@@ -176,6 +192,8 @@ LORA_CASES = [
     ("gpt-oss-20b", 2, ("all-linear",), "all-linear"),            # experts and router are not nn.Linear
     ("phi-4", 2, ("all-linear",), "all-linear"),                  # fused qkv_proj and gate_up_proj
     ("olmo2-7b", 2, ("attention",), ["q_proj", "k_proj", "v_proj", "o_proj"]),
+    ("glm-4.5", 4, ("all-linear",), "all-linear"),                # 3 dense + 1 MoE block; biased q/k/v
+    ("glm-4.5", 4, ("mlp",), ["gate_proj", "up_proj", "down_proj"]),     # routed experts only
 ]
 
 

@@ -11,6 +11,10 @@ from planner.models.deltanet import DELTANET_MODEL_TYPES
 from planner.models.spec import ModelSpec
 
 LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2", "qwen3", "gemma3_text", "olmo2")
+# The written families whose experts transformers 5 converts by its "qwen2_moe" pattern
+# (transformers/conversion_mapping.py: qwen3_moe, deepseek_v3 and glm4_moe map to it), so that
+# PEFT adapts gate_proj + up_proj as the experts' one fused gate_up_proj (_qwen2_moe_pattern)
+QWEN2_MOE_CONVERSION_TYPES = ("qwen3_moe", "deepseek_v3", "glm4_moe")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -90,6 +94,11 @@ def _recent_linears(m: ModelSpec) -> tuple[Linear, ...]:
         if not m.is_moe:
             return qkvo(m.qkv_bias) + mlp("mlp", f, 0)
         return qkvo(m.qkv_bias) + _qwen2_moe_pattern(m, n_dense, n_moe, mlp)
+    if t == "glm4_moe":         # Glm4MoeAttention (o_proj never biased), Glm4MoeMLP, Glm4MoeMoE.shared_experts
+        att = qkvo(m.qkv_bias)[:3] + (Linear(name="self_attn.o_proj", d_in=q, d_out=h, group="attention"),)
+        if not m.is_moe:
+            return att + mlp("mlp", f, 0)
+        return att + _qwen2_moe_pattern(m, n_dense, n_moe, mlp)
     if t == "llama4_text":      # Llama4TextDecoderLayer.feed_forward: Llama4TextMLP or Llama4TextMoe
         if not m.is_moe:
             return qkvo(m.qkv_bias) + mlp("feed_forward", f, 0)
@@ -138,7 +147,7 @@ def block_linears(m: ModelSpec) -> tuple[Linear, ...]:
     """The linear layers of one block of ``m``, with transformers' module names."""
     h, q, kv, f = m.d_model, m.q_dim, m.kv_dim, m.d_ff
     t = m.model_type
-    if t in ("deepseek_v3", "qwen3_moe", "llama4_text", "gpt_oss", "phi3"):
+    if t in ("deepseek_v3", "qwen3_moe", "llama4_text", "gpt_oss", "phi3", "glm4_moe"):
         return _recent_linears(m)
     if t in DELTANET_MODEL_TYPES:
         return _deltanet_linears(m)

@@ -1,0 +1,100 @@
+"""GLM-4.5 / 4.6 (model_type glm4_moe), a written family (planner.models.recent): tensor, expert
+and pipeline parallel plans and the step time, checked against outside code.
+
+Referees: transformers 5.x's Glm4MoeForCausalLM on the meta device (parameter counts; the MTP
+module as one more Glm4MoeDecoderLayer), FSDPMemTracker running transformers' model under fake
+tensors (`plan measure`, through planner.measure.accuracy.compare). The per-block saved tensors
+are checked in tests/test_memory_moe_blocks.py, the FLOPs in tests/test_model_flops.py and the
+LoRA counts against PEFT in tests/test_models_recent.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import require
+
+from planner.cli.main import cli
+from planner.models.families import spec_from_hf_config
+from planner.models.load import load_model, preset_config
+from planner.models.spec import count_params
+
+CONFIGS = Path(__file__).resolve().parent.parent / "bench" / "configs"
+
+
+def _transformers_total(cfg: dict) -> int:
+    torch = require("torch")
+    transformers = require("transformers")
+    rest = {k: v for k, v in cfg.items() if k not in ("architectures", "torch_dtype")}
+    config = transformers.AutoConfig.for_model(rest.pop("model_type"), **rest)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_glm_presets_are_written_not_generic():
+    # GLM-4.5: 92 blocks = 3 dense (intermediate_size 12288) + 89 MoE (160 experts of 1536, top-8,
+    # one shared expert of 1536), 96 query / 8 KV heads of 128 with q/k/v bias and QK norm
+    # (planner/presets/models/glm-4.5.json; THUDM/slime scripts/models/glm4.5-355B-A32B.sh)
+    m = load_model("glm-4.5")
+    assert not m.is_generic
+    assert (m.n_layers, m.n_dense_layers, m.n_moe_layers, m.dense_d_ff) == (92, 3, 89, 12288)
+    assert (m.n_experts, m.n_experts_per_token, m.d_ff, m.shared_d_ff) == (160, 8, 1536, 1536)
+    assert (m.n_heads, m.n_kv_heads, m.head_dim, m.qk_norm) == (96, 8, 128, "head")
+    assert m.qkv_bias and not m.out_bias
+    air = load_model("glm-4.5-air")
+    assert (air.n_dense_layers, air.qk_norm) == (1, "")
+
+
+@pytest.mark.slow
+def test_mtp_module_is_one_more_transformers_block_with_its_projection():
+    """GLM-4.5's MTP layer (num_nextn_predict_layers 1; arXiv:2508.06471 Sec. 2.1), which
+    transformers does not build, as DeepSeek-V3's (enorm, hnorm, eh_proj 2h x h, one MoE
+    block, shared_head.norm; the embedding and head are the main model's): counted with
+    mtp=True only. The block is transformers' own: the model with one more MoE layer, less it."""
+    cfg = json.loads((CONFIGS / "tiny-glm4-moe.json").read_text())
+    plain = count_params(spec_from_hf_config(dict(cfg), "g", "g"))
+    with_mtp = count_params(spec_from_hf_config({**cfg, "num_nextn_predict_layers": 1}, "g", "g", mtp=True))
+    h = cfg["hidden_size"]
+    one_block = (_transformers_total({**cfg, "num_hidden_layers": cfg["num_hidden_layers"] + 1})
+                 - _transformers_total(cfg))
+    assert plain.total == _transformers_total(cfg)
+    assert with_mtp.total - plain.total == one_block + 3 * h + 2 * h * h
+    assert count_params(load_model("glm-4.5")).total == 352_797_814_784     # no MTP, as transformers
+
+
+@pytest.mark.slow
+def test_plan_measure_tiny_glm_within_ten_percent():
+    """`plan measure` on a tiny GLM-4.5 (bench/configs/tiny-glm4-moe.json: its QK norm, biases,
+    one dense and two MoE blocks at hidden 256), FSDP over 8 fake ranks, bf16 mixed precision,
+    sequence 512: the predicted total within 10% of FSDPMemTracker's (seen: -3.1%, activations
+    -3.0%, as tiny-deepseek-v3's -3.4% in docs/accuracy.md)."""
+    require("torch")
+    require("transformers")
+    from planner.layouts.layout import Layout
+    from planner.measure.accuracy import compare
+    from planner.training.setup import TrainingSetup
+
+    cfg = json.loads((CONFIGS / "tiny-glm4-moe.json").read_text())
+    m = spec_from_hf_config(dict(cfg), "tiny-glm4-moe", "tiny-glm4-moe")
+    lay = Layout(dp=8, zero_stage=3, sharding="fsdp-full", micro_batch=2, seq_len=512, recompute="none")
+    setup = TrainingSetup(seq_len=512, global_batch=16, precision="bf16-mixed")
+    rows = {r.category: r for r in compare(m, cfg, setup, lay, in_process=True).rows}
+    assert rows["total"].error == pytest.approx(0.0, abs=0.10)
+    assert rows["activations"].error == pytest.approx(0.0, abs=0.10)
+
+
+def _plan(*args: str):
+    return CliRunner().invoke(cli, ["--model", "glm-4.5", "--gpus", "h100", *args], prog_name="plan",
+                              env={"NO_COLOR": "1", "COLUMNS": "120"})
+
+
+def test_glm_plans_with_tensor_and_expert_parallelism():
+    # the generic path refused tp and ep; written, GLM-4.5 plans them (96 heads and 8 KV heads
+    # split 8 ways, 160 experts over 8 ranks)
+    r = _plan("--tp", "8", "--ep", "8", "--stack", "megatron")
+    assert r.exit_code == 0, r.output
+    assert "tp=8" in r.output and "ep=8" in r.output and "generic path" not in r.output
