@@ -19,7 +19,7 @@ from conftest import require
 
 from planner.cli.main import cli
 from planner.models.families import spec_from_hf_config
-from planner.models.load import load_model, preset_config
+from planner.models.load import load_model
 from planner.models.spec import count_params
 
 CONFIGS = Path(__file__).resolve().parent.parent / "bench" / "configs"
