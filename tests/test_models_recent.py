@@ -85,6 +85,15 @@ TINY: dict[str, dict[str, Any]] = {
                      "moe_intermediate_size": 32, "n_routed_experts": 4, "num_experts_per_tok": 2,
                      "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
                      "vocab_size": 128},
+    # MiniMax-M2's: QK norm over the whole q/k widths, no biases (attention_bias and
+    # shared_intermediate_size are not read), the experts' count by its num_experts alias
+    "minimax_m2": {"model_type": "minimax_m2", "hidden_size": 64, "intermediate_size": 32, "num_local_experts": 4,
+                   "num_experts_per_tok": 2, "num_hidden_layers": 2, "num_attention_heads": 4,
+                   "num_key_value_heads": 2, "head_dim": 24, "rotary_dim": 12, "vocab_size": 128,
+                   "attention_bias": True, "shared_intermediate_size": 48},
+    "minimax_m2-num-experts": {"model_type": "minimax_m2", "hidden_size": 64, "intermediate_size": 32,
+                               "num_experts": 6, "num_experts_per_tok": 3, "num_hidden_layers": 2,
+                               "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 128},
     "glm4_moe-all-dense": {"model_type": "glm4_moe", "hidden_size": 64, "intermediate_size": 96,
                            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
                            "vocab_size": 128, "first_k_dense_replace": 2, "attention_bias": True},
@@ -194,6 +203,8 @@ LORA_CASES = [
     ("olmo2-7b", 2, ("attention",), ["q_proj", "k_proj", "v_proj", "o_proj"]),
     ("glm-4.5", 4, ("all-linear",), "all-linear"),                # 3 dense + 1 MoE block; biased q/k/v
     ("glm-4.5", 4, ("mlp",), ["gate_proj", "up_proj", "down_proj"]),     # routed experts only
+    ("minimax-m2", 2, ("all-linear",), "all-linear"),             # router + fused experts, as Mixtral's
+    ("minimax-m2", 2, ("mlp",), ["w1", "w3", "w2"]),              # the "mixtral" conversion's names
 ]
 
 

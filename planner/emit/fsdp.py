@@ -41,6 +41,7 @@ DECODER_LAYER_CLASS = {
     "phi3": "Phi3DecoderLayer",
     "olmo2": "Olmo2DecoderLayer",
     "glm4_moe": "Glm4MoeDecoderLayer",          # transformers/models/glm4_moe/modeling_glm4_moe.py
+    "minimax_m2": "MiniMaxM2DecoderLayer",      # transformers/models/minimax_m2/modeling_minimax_m2.py
     "nemotron_h": "NemotronHBlock",             # transformers/models/nemotron_h/modeling_nemotron_h.py
     "qwen3_next": "Qwen3NextDecoderLayer",      # transformers/models/qwen3_next/modeling_qwen3_next.py
     "qwen3_5_text": "Qwen3_5DecoderLayer",      # transformers/models/qwen3_5/modeling_qwen3_5.py

@@ -1,5 +1,5 @@
 """The families of 2024-2026: Qwen3 (dense and MoE), DeepSeek-V3 (and Kimi K2), Llama 4,
-Gemma 3, gpt-oss, Phi-3, OLMo 2 and GLM-4.5/4.6, from their Hugging Face config.json.
+Gemma 3, gpt-oss, Phi-3, OLMo 2, GLM-4.5/4.6 and MiniMax-M2, from their Hugging Face config.json.
 
 Each translator reads the keys transformers' configuration class reads and takes that
 class's default for a missing key (transformers 5.x, ``models/<type>/configuration_<type>.py``);
@@ -16,7 +16,7 @@ from planner.models.cfg import float_key, int_key, int_list, opt_int, str_list
 from planner.models.spec import ModelSpec
 
 RECENT_MODEL_TYPES = ("qwen3", "qwen3_moe", "deepseek_v3", "llama4_text", "gemma3_text", "gpt_oss", "phi3", "olmo2",
-                      "glm4_moe")
+                      "glm4_moe", "minimax_m2")
 
 
 def _attention(cfg: dict[str, Any], where: str, head_dim_default: int | None) -> dict[str, Any]:
@@ -142,6 +142,22 @@ def recent_spec(cfg: dict[str, Any], mt: str, common: dict[str, Any], where: str
         return ModelSpec(**{**base, "qkv_bias": bias, "out_bias": False}, **att,
                          qk_norm="head" if cfg.get("use_qk_norm", False) else "",
                          **_deepseek_moe(cfg, where, n_layers, GLM4_MOE_MOE, mtp))
+    if mt == "minimax_m2":
+        # MiniMaxM2Config (transformers 5.x configuration_minimax_m2.py; modeling_minimax_m2.py):
+        # GQA without biases (48 heads / 8 KV of head_dim 128); q_norm and k_norm are RMSNorms over
+        # the whole q and k widths (n_heads x head_dim, n_kv x head_dim), built on every block
+        # whatever use_qk_norm / qk_norm_type say (qk_norm_type "per_layer" names this norm);
+        # rotary on rotary_dim (64) of head_dim, no parameter and no matmul. MiniMaxM2SparseMoeBlock
+        # on every block: num_local_experts (256) of intermediate_size (1536), top-8 by a sigmoid
+        # router (E x h, no bias) plus the e_score_correction_bias buffer; no shared expert
+        # (shared_intermediate_size is not read). The checkpoint's 3 MTP modules are not built by
+        # transformers and not counted.
+        att = _attention(cfg, where, 128)
+        return ModelSpec(**{**base, "qkv_bias": False, "out_bias": False}, **att, qk_norm="full",
+                         d_ff=opt_int(cfg, "intermediate_size", where, 1536, minimum=1),
+                         n_experts=opt_int(cfg, "num_local_experts", where,
+                                           opt_int(cfg, "num_experts", where, 256), minimum=1),
+                         n_experts_per_token=opt_int(cfg, "num_experts_per_tok", where, 8))
     if mt == "llama4_text":
         # Llama4TextConfig: experts of intermediate_size 8192 plus one shared expert of the same
         # width, dense blocks of intermediate_size_mlp 16384; moe_layers default

@@ -10,7 +10,10 @@ from typing import Any
 from planner.models.deltanet import DELTANET_MODEL_TYPES
 from planner.models.spec import ModelSpec
 
-LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2", "qwen3", "gemma3_text", "olmo2")
+# minimax_m2: q/k/v/o_proj, mlp.gate (MiniMaxM2TopKRouter) and mlp.experts as Mixtral's, which
+# transformers 5 converts by the same "mixtral" pattern (w1 + w3 -> gate_up_proj, w2 -> down_proj)
+LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2", "qwen3", "gemma3_text", "olmo2",
+              "minimax_m2")
 # The written families whose experts transformers 5 converts by its "qwen2_moe" pattern
 # (transformers/conversion_mapping.py: qwen3_moe, deepseek_v3 and glm4_moe map to it), so that
 # PEFT adapts gate_proj + up_proj as the experts' one fused gate_up_proj (_qwen2_moe_pattern)

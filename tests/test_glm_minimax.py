@@ -1,5 +1,6 @@
-"""GLM-4.5 / 4.6 (model_type glm4_moe), a written family (planner.models.recent): tensor, expert
-and pipeline parallel plans and the step time, checked against outside code.
+"""GLM-4.5 / 4.6 (model_type glm4_moe) and MiniMax-M2 (minimax_m2), written families
+(planner.models.recent): tensor, expert and pipeline parallel plans and the step time, checked
+against outside code.
 
 Referees: transformers 5.x's Glm4MoeForCausalLM on the meta device (parameter counts; the MTP
 module as one more Glm4MoeDecoderLayer), FSDPMemTracker running transformers' model under fake
@@ -47,6 +48,12 @@ def test_glm_presets_are_written_not_generic():
     assert m.qkv_bias and not m.out_bias
     air = load_model("glm-4.5-air")
     assert (air.n_dense_layers, air.qk_norm) == (1, "")
+    # MiniMax-M2: 62 MoE blocks of 256 experts of 1536, top-8, no shared expert, 48 / 8 heads of
+    # 128 with QK RMSNorm over the whole q and k widths (planner/presets/models/minimax-m2.json)
+    mm = load_model("minimax-m2")
+    assert not mm.is_generic
+    assert (mm.n_layers, mm.n_moe_layers, mm.n_experts, mm.n_experts_per_token, mm.d_ff) == (62, 62, 256, 8, 1536)
+    assert (mm.n_heads, mm.n_kv_heads, mm.head_dim, mm.qk_norm, mm.shared_d_ff) == (48, 8, 128, "full", 0)
 
 
 @pytest.mark.slow
@@ -67,19 +74,21 @@ def test_mtp_module_is_one_more_transformers_block_with_its_projection():
 
 
 @pytest.mark.slow
-def test_plan_measure_tiny_glm_within_ten_percent():
+@pytest.mark.parametrize("name", ["tiny-glm4-moe", "tiny-minimax-m2"])
+def test_plan_measure_tiny_config_within_ten_percent(name):
     """`plan measure` on a tiny GLM-4.5 (bench/configs/tiny-glm4-moe.json: its QK norm, biases,
-    one dense and two MoE blocks at hidden 256), FSDP over 8 fake ranks, bf16 mixed precision,
-    sequence 512: the predicted total within 10% of FSDPMemTracker's (seen: -3.1%, activations
-    -3.0%, as tiny-deepseek-v3's -3.4% in docs/accuracy.md)."""
+    one dense and two MoE blocks at hidden 256) and a tiny MiniMax-M2 (tiny-minimax-m2.json: the
+    full-width QK norm, 2 MoE blocks), FSDP over 8 fake ranks, bf16 mixed precision, sequence
+    512: the predicted total within 10% of FSDPMemTracker's (seen: GLM -3.1%, activations -3.0%;
+    MiniMax -2.5%, activations -2.9%; tiny-deepseek-v3 is -3.4% in docs/accuracy.md)."""
     require("torch")
     require("transformers")
     from planner.layouts.layout import Layout
     from planner.measure.accuracy import compare
     from planner.training.setup import TrainingSetup
 
-    cfg = json.loads((CONFIGS / "tiny-glm4-moe.json").read_text())
-    m = spec_from_hf_config(dict(cfg), "tiny-glm4-moe", "tiny-glm4-moe")
+    cfg = json.loads((CONFIGS / f"{name}.json").read_text())
+    m = spec_from_hf_config(dict(cfg), name, name)
     lay = Layout(dp=8, zero_stage=3, sharding="fsdp-full", micro_batch=2, seq_len=512, recompute="none")
     setup = TrainingSetup(seq_len=512, global_batch=16, precision="bf16-mixed")
     rows = {r.category: r for r in compare(m, cfg, setup, lay, in_process=True).rows}
@@ -87,14 +96,15 @@ def test_plan_measure_tiny_glm_within_ten_percent():
     assert rows["activations"].error == pytest.approx(0.0, abs=0.10)
 
 
-def _plan(*args: str):
-    return CliRunner().invoke(cli, ["--model", "glm-4.5", "--gpus", "h100", *args], prog_name="plan",
+def _plan(model: str, *args: str):
+    return CliRunner().invoke(cli, ["--model", model, "--gpus", "h100", *args], prog_name="plan",
                               env={"NO_COLOR": "1", "COLUMNS": "120"})
 
 
-def test_glm_plans_with_tensor_and_expert_parallelism():
-    # the generic path refused tp and ep; written, GLM-4.5 plans them (96 heads and 8 KV heads
-    # split 8 ways, 160 experts over 8 ranks)
-    r = _plan("--tp", "8", "--ep", "8", "--stack", "megatron")
+@pytest.mark.parametrize("model", ["glm-4.5", "minimax-m2"])
+def test_plans_with_tensor_and_expert_parallelism(model):
+    # the generic path refused tp and ep; written, both plan them (GLM-4.5's 96 heads and 8 KV
+    # heads and MiniMax-M2's 48 and 8 split 8 ways, 160 or 256 experts over 8 ranks)
+    r = _plan(model, "--tp", "8", "--ep", "8", "--stack", "megatron")
     assert r.exit_code == 0, r.output
     assert "tp=8" in r.output and "ep=8" in r.output and "generic path" not in r.output
