@@ -1,5 +1,6 @@
 """The families of 2024-2026: Qwen3 (dense and MoE), DeepSeek-V3 (and Kimi K2), Llama 4,
-Gemma 3, gpt-oss, Phi-3, OLMo 2, GLM-4.5/4.6 and MiniMax-M2, from their Hugging Face config.json.
+Gemma 3, gpt-oss, Phi-3, OLMo 2, GLM-4.5/4.6, MiniMax-M2 and DeepSeek-V3.2 (DeepSeek Sparse
+Attention, planner.models.dsa), from their Hugging Face config.json.
 
 Each translator reads the keys transformers' configuration class reads and takes that
 class's default for a missing key (transformers 5.x, ``models/<type>/configuration_<type>.py``);
@@ -16,7 +17,7 @@ from planner.models.cfg import float_key, int_key, int_list, opt_int, str_list
 from planner.models.spec import ModelSpec
 
 RECENT_MODEL_TYPES = ("qwen3", "qwen3_moe", "deepseek_v3", "llama4_text", "gemma3_text", "gpt_oss", "phi3", "olmo2",
-                      "glm4_moe", "minimax_m2")
+                      "glm4_moe", "minimax_m2", "deepseek_v32")
 
 
 def _attention(cfg: dict[str, Any], where: str, head_dim_default: int | None) -> dict[str, Any]:
@@ -72,6 +73,19 @@ def _deepseek_moe(cfg: dict[str, Any], where: str, n_layers: int, defaults: tupl
     }
 
 
+def _dense_first(cfg: dict[str, Any], where: str, n_layers: int) -> int:
+    """DeepseekV32Config's dense blocks: mlp_layer_types ("dense" / "sparse" per layer) when
+    given, else the first first_k_dense_replace (3). A pattern whose dense blocks are not all
+    first is refused: the ModelSpec places them first."""
+    types = str_list(cfg, "mlp_layer_types", where, n_layers)
+    if types is None:
+        return opt_int(cfg, "first_k_dense_replace", where, 3)
+    n_dense = types.count("dense")
+    if types != ["dense"] * n_dense + ["sparse"] * (n_layers - n_dense):
+        raise UserError(f"{where}: mlp_layer_types must list its 'dense' layers first, then 'sparse' ones")
+    return n_dense
+
+
 def recent_spec(cfg: dict[str, Any], mt: str, common: dict[str, Any], where: str, mtp: bool = False) -> ModelSpec:
     """The ModelSpec of a config of one of RECENT_MODEL_TYPES (``cfg`` without nulls)."""
     n_layers = int_key(cfg, "num_hidden_layers", where)
@@ -109,7 +123,7 @@ def recent_spec(cfg: dict[str, Any], mt: str, common: dict[str, Any], where: str
                          qk_norm="head", n_experts=n_exp, n_experts_per_token=opt_int(cfg, "num_experts_per_tok",
                                                                                       where, 8),
                          n_dense_layers=moe.count(False), dense_d_ff=dense_ff)
-    if mt == "deepseek_v3":
+    if mt in ("deepseek_v3", "deepseek_v32"):
         # DeepseekV3Config defaults (the 671B model): MLA with q_lora_rank 1536, kv_lora_rank
         # 512, rope 64 + nope 128 per head, v 128; 256 routed + 1 shared experts of 2048, top-8;
         # the first 3 blocks dense (intermediate_size 18432)
@@ -119,9 +133,18 @@ def recent_spec(cfg: dict[str, Any], mt: str, common: dict[str, Any], where: str
         nope = opt_int(cfg, "qk_nope_head_dim", where, 128)
         if rope + nope < 1:
             raise UserError(f"{where}: qk_rope_head_dim + qk_nope_head_dim must be at least 1")
+        # DeepseekV32Config (configuration_deepseek_v32.py): DeepSeek-V3's defaults, and its lightning
+        # indexer: index_n_heads 64 of index_head_dim 128 picking index_topk 2048 keys per query;
+        # DeepseekV32Attention always has the query bottleneck (its indexer reads the latent)
+        dsa: dict[str, Any] = {}
+        if mt == "deepseek_v32":
+            dsa = {"index_n_heads": opt_int(cfg, "index_n_heads", where, 64, minimum=1),
+                   "index_head_dim": opt_int(cfg, "index_head_dim", where, 128, minimum=1),
+                   "index_topk": opt_int(cfg, "index_topk", where, 2048, minimum=1)}
+            cfg = {**cfg, "first_k_dense_replace": _dense_first(cfg, where, n_layers)}
         return ModelSpec(
-            **base, d_model=h, n_heads=n_heads, n_kv_heads=n_heads, head_dim=rope + nope,
-            q_lora_rank=opt_int(cfg, "q_lora_rank", where, 1536),
+            **base, d_model=h, n_heads=n_heads, n_kv_heads=n_heads, head_dim=rope + nope, **dsa,
+            q_lora_rank=opt_int(cfg, "q_lora_rank", where, 1536, minimum=1 if dsa else 0),
             kv_lora_rank=opt_int(cfg, "kv_lora_rank", where, 512, minimum=1),
             qk_rope_head_dim=rope, v_head_dim=opt_int(cfg, "v_head_dim", where, 128, minimum=1),
             **_deepseek_moe(cfg, where, n_layers, DEEPSEEK_V3_MOE, mtp),
