@@ -37,12 +37,17 @@ by head dim, efficiency.TENSOR_FLOPS_PER_EXP, FlashAttention-4).
 
 Each is fitted by a coordinate grid search minimising the mean absolute log error, in sample
 (every expressible row) and out of fold: leave one model family out (the family's rows
-predicted with values fitted on the others) and leave one GPU type out. The 80% intervals are
-the 10th-90th percentiles of the other folds' rows' OUT-OF-FOLD residuals in the held-out row's
-regime (precision class, dense or MoE, GPU generation; pooled where a regime has fewer than 8
-such rows): the spread of errors on families (GPU types) a fit has not seen. Those residuals
-come from fits that saw the held-out fold's rows, which the interval's width, not the
-held-out prediction, depends on. Coverage is counted on the held-out rows.
+predicted with values fitted on the others) and leave one GPU type out.
+
+The 80% interval of a held-out row is nested: it rests only on residuals (log published /
+predicted) that never saw the row's fold. For a held-out fold F, every other fold G is
+predicted with values fitted without F and without G (one fit per pair of folds), and the
+interval is the 10th-90th percentiles of those residuals in the row's regime (precision class,
+dense or MoE, GPU generation). A regime with fewer than MIN_REGIME_ROWS such residuals takes
+its precision x dense/MoE class's, and a class with fewer takes every residual (interval()).
+Coverage is counted on the held-out rows' own out-of-fold errors, which no interval saw. The
+intervals `plan` prints (planner/timing/megatron_bridge_intervals.json) are the same rule over
+every row's leave-one-family-out residual.
 
     python bench/megatron_bridge.py           # fit, print, rewrite docs/megatron-bridge.md and .json
     python bench/megatron_bridge.py --stored  # predict with the stored fits and rewrite (no refit)
@@ -60,7 +65,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -77,7 +82,9 @@ INTERVALS = ROOT / "planner" / "timing" / "megatron_bridge_intervals.json"
 
 
 MAX_SWEEPS = 4
-MIN_REGIME_ROWS = 8     # a regime with fewer rows takes the pooled residuals' interval
+# an interval rests on at least this many residuals: a regime with fewer takes its precision x
+# dense/MoE class's, a class with fewer takes every residual (interval())
+MIN_REGIME_ROWS = 8
 
 
 @dataclass(frozen=True)
@@ -130,10 +137,18 @@ def predict(cases: Sequence[Case], values: dict[str, float]) -> list[dict[str, f
     return out
 
 
+# log errors already predicted, by fitted values and row id: the fits over the many subsets of
+# the rows (every fold, every pair of folds) start alike and revisit the same values
+_ERRORS: dict[tuple[tuple[str, float], ...], dict[str, float]] = {}
+
+
 def log_errors(cases: Sequence[Case], values: dict[str, float]) -> list[float]:
-    """log(predicted / published) of each case."""
-    return [math.log(p["tokens_per_s_per_gpu"] / c.row.published_tokens_per_s_per_gpu)
-            for c, p in zip(cases, predict(cases, values))]
+    """log(predicted / published) of each case (each row predicted once per set of values)."""
+    seen = _ERRORS.setdefault(tuple(sorted(values.items())), {})
+    todo = [c for c in cases if c.row.id not in seen]
+    for c, p in zip(todo, predict(todo, values) if todo else []):
+        seen[c.row.id] = math.log(p["tokens_per_s_per_gpu"] / c.row.published_tokens_per_s_per_gpu)
+    return [seen[c.row.id] for c in cases]
 
 
 def fit(cases: Sequence[Case]) -> dict[str, float]:
@@ -165,20 +180,34 @@ def folds(cases: Sequence[Case], key: Callable[[Case], str]) -> dict[str, list[i
     return out
 
 
-def interval(train: Sequence[Case], residuals: Sequence[float], regime: tuple[str, str, str]) -> tuple[float, float]:
-    """The 10th and 90th percentiles (exclusive method: wider on few rows) of the residuals (log
-    published / predicted) in ``regime``, pooled where the regime has fewer than MIN_REGIME_ROWS."""
-    own = [r for c, r in zip(train, residuals) if c.regime == regime]
-    pool = own if len(own) >= MIN_REGIME_ROWS else list(residuals)
-    q = statistics.quantiles(pool, n=10, method="exclusive")
-    return q[0], q[-1]
+def interval(regimes: Sequence[tuple[str, str, str]], residuals: Sequence[float],
+             regime: tuple[str, str, str]) -> tuple[float, float, str, int]:
+    """(10th percentile, 90th percentile, the pool they rest on, its size) of the residuals (log published /
+    predicted), each in the regime given beside it, for a row of ``regime``: the residuals of its
+    own regime where there are at least MIN_REGIME_ROWS, else those of its precision x dense/MoE
+    class, else every residual. Percentiles by the exclusive method (wider on few residuals)."""
+    for depth in (3, 2, 0):
+        pool = [r for g, r in zip(regimes, residuals) if g[:depth] == regime[:depth]]
+        if len(pool) >= MIN_REGIME_ROWS or depth == 0:
+            q = statistics.quantiles(pool, n=10, method="exclusive")
+            return q[0], q[-1], "/".join(regime[:depth]) or "all", len(pool)
+    raise AssertionError("unreachable")
+
+
+def pair_name(a: str, b: str) -> str:
+    """The key of the fit that saw neither fold a nor fold b."""
+    return "|".join(sorted((a, b)))
 
 
 def out_of_fold(cases: Sequence[Case], key: Callable[[Case], str], stored: dict[str, dict[str, float]] | None,
-                unseen: dict[str, float] | None = None) -> tuple[dict[str, dict[str, float]], list[float], list[bool]]:
-    """(fitted values per fold, each case's out-of-fold log error, whether its 80% interval covers it).
+                unseen: dict[str, float] | None = None, stored_pairs: dict[str, dict[str, float]] | None = None,
+                ) -> tuple[dict[str, dict[str, float]], list[float], list[bool], dict[str, dict[str, float]]]:
+    """(fitted values per fold, each case's out-of-fold log error, whether its nested 80% interval
+    covers it, the fits per pair of folds the intervals rest on).
     With stored fits, a fold the stored fits have no values for (a family added since the last
-    refit) takes ``unseen``, the stored in-sample fit, which never saw its rows either."""
+    refit) takes ``unseen``, the stored in-sample fit, which never saw its rows either; a pair of
+    folds with no stored fit takes the held-out fold's own fit (it never saw the held-out fold,
+    though it saw the other one: a narrower interval until the next refit)."""
     fitted: dict[str, dict[str, float]] = {}
     err = [math.nan] * len(cases)
     groups = folds(cases, key)
@@ -191,14 +220,26 @@ def out_of_fold(cases: Sequence[Case], key: Callable[[Case], str], stored: dict[
         fitted[name] = values
         for i, e in zip(held, log_errors([cases[i] for i in held], values)):
             err[i] = e
+    pairs: dict[str, dict[str, float]] = {}
     covered = [False] * len(cases)
-    for held in groups.values():
-        others = [i for i in range(len(cases)) if i not in held]
-        train, res = [cases[i] for i in others], [-err[i] for i in others]
+    for f, held in sorted(groups.items()):
+        regimes: list[tuple[str, str, str]] = []
+        res: list[float] = []
+        for g, other in sorted(groups.items()):
+            if g == f:
+                continue
+            k = pair_name(f, g)
+            if k not in pairs:
+                if stored_pairs is not None:
+                    pairs[k] = stored_pairs.get(k, fitted[f])
+                else:
+                    pairs[k] = fit([c for i, c in enumerate(cases) if i not in held and i not in other])
+            regimes += [cases[i].regime for i in other]
+            res += [-e for e in log_errors([cases[i] for i in other], pairs[k])]
         for i in held:
-            lo, hi = interval(train, res, cases[i].regime)
+            lo, hi, _, _ = interval(regimes, res, cases[i].regime)
             covered[i] = lo <= -err[i] <= hi
-    return fitted, err, covered
+    return fitted, err, covered, pairs
 
 
 def pct(log_err: float) -> float:
@@ -219,10 +260,13 @@ def study(stored: dict[str, Any] | None) -> dict[str, Any]:
     preds = predict(cases, values)
     ins = log_errors(cases, values)
     res = [-e for e in ins]
-    ins_cov = [lo <= r <= hi for r, (lo, hi) in zip(res, (interval(cases, res, c.regime) for c in cases))]
+    regimes = [c.regime for c in cases]
+    ins_cov = [lo <= r <= hi for r, (lo, hi, _, _) in zip(res, (interval(regimes, res, g) for g in regimes))]
     shipped = log_errors(cases, {p.name: p.start for p in PARAMS})
-    lofo = out_of_fold(cases, lambda c: c.row.family, stored["fit"]["family"] if stored else None, values)
-    logo = out_of_fold(cases, lambda c: c.row.gpu, stored["fit"]["gpu"] if stored else None, values)
+    sf = stored["fit"] if stored else {}
+    lofo = out_of_fold(cases, lambda c: c.row.family, sf.get("family"), values,
+                       sf.get("family_pairs", {}) if stored else None)
+    logo = out_of_fold(cases, lambda c: c.row.gpu, sf.get("gpu"), values, sf.get("gpu_pairs", {}) if stored else None)
     per_row = []
     for i, (c, p) in enumerate(zip(cases, preds)):
         per_row.append({
@@ -240,6 +284,7 @@ def study(stored: dict[str, Any] | None) -> dict[str, Any]:
     return {
         "n_rows": len(mbr.load_rows()), "n_latest": len(rows), "n_predicted": len(cases),
         "fit": {"in_sample": values, "family": lofo[0], "gpu": logo[0],
+                "family_pairs": lofo[3], "gpu_pairs": logo[3],
                 "shipped": {p.name: p.start for p in PARAMS}},
         "headline": {"before_fit": headline(shipped), "in_sample": headline(ins),
                      "family_out": headline(lofo[1]), "gpu_out": headline(logo[1])},
@@ -256,21 +301,24 @@ def interval_table(s: dict[str, Any]) -> str:
     by: dict[str, list[dict[str, Any]]] = {}
     for r in s["rows"]:
         by.setdefault(r["regime"], []).append(r)
-    pooled = [math.log1p(r["error_family_out"]) for r in s["rows"]]
+    regimes_of = [cast(tuple[str, str, str], tuple(r["regime"].split("/"))) for r in s["rows"]]
+    residuals = [-math.log1p(r["error_family_out"]) for r in s["rows"]]
     regimes = {}
     for g, rs in sorted(by.items()):
-        errs = [math.log1p(r["error_family_out"]) for r in rs]
-        pool = errs if len(errs) >= MIN_REGIME_ROWS else pooled
-        q = statistics.quantiles(pool, n=10, method="exclusive")
-        regimes[g] = {"log_error_low": round(q[0], 4), "log_error_high": round(q[-1], 4), "rows": len(rs),
-                      "pooled": len(errs) < MIN_REGIME_ROWS,
+        lo, hi, pool, n = interval(regimes_of, residuals, cast(tuple[str, str, str], tuple(g.split("/"))))
+        # the table holds log(predicted / published), the residual's negative
+        regimes[g] = {"log_error_low": round(-hi, 4), "log_error_high": round(-lo, 4), "rows": len(rs),
+                      "pool": pool, "pool_rows": n,
                       "coverage_family_out": round(sum(r["covered_family_out"] for r in rs) / len(rs), 3)}
     return json.dumps({
         "about": "80% step-time intervals of --stack megatron plans by regime (precision/dense-or-moe/GPU "
                  "generation): the 10th and 90th percentiles of log(predicted / published tokens/s per GPU) "
                  "leaving one model family out, over the latest release of each published Megatron-Bridge "
-                 "configuration (pooled over every row where a regime has fewer than "
-                 f"{MIN_REGIME_ROWS}). Do not edit by hand: python bench/megatron_bridge.py writes it.",
+                 f"configuration; a regime with fewer than {MIN_REGIME_ROWS} rows takes the residuals of its "
+                 "precision/dense-or-moe class ('pool'), a class with fewer every row's. Coverage: the share of "
+                 "the regime's rows inside the interval built from the other families' residuals, each from a "
+                 "fit that saw neither family (nested). Do not edit by hand: python bench/megatron_bridge.py "
+                 "writes it.",
         "residuals": "out of fold, leave one model family out (Megatron-Bridge runs)",
         "generated": "bench/megatron_bridge.py", "level": "0.80", "regimes": regimes}, indent=1) + "\n"
 
@@ -301,7 +349,12 @@ def render(s: dict[str, Any]) -> str:
         "docs/megatron-bridge-terms.md), and seven fitted efficiencies (fitted values below). "
         "Errors are predicted over published tokens/s per GPU (negative: the planner is too slow). "
         "Out of fold: each model family's rows predicted with values fitted on the other families; each GPU "
-        "type's with values fitted on the other GPU types. The terms added for the largest misses, each one's "
+        "type's with values fitted on the other GPU types. A held-out row's 80% interval is nested: the 10th-90th "
+        "percentiles of the residuals of the other folds' rows, each predicted by a fit that saw neither that fold "
+        f"nor the held-out one, in the row's regime (a regime with fewer than {MIN_REGIME_ROWS} such residuals takes "
+        "its precision x dense/MoE class's, a class with fewer every residual); the intervals `plan` prints "
+        "(planner/timing/megatron_bridge_intervals.json) are the same rule over every row's family-out residual. "
+        "The terms added for the largest misses, each one's "
         "effect on these figures, and what was tried and dropped: docs/megatron-bridge-terms.md.",
         "",
         f"## Headline ({s['n_predicted']} predicted of {s['n_latest']} latest configurations; "

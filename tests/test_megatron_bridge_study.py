@@ -90,6 +90,43 @@ def test_megatron_plans_read_their_regime_interval():
     assert time_band(0.80, "") == time_band(0.80)
 
 
+def test_an_interval_rests_on_at_least_the_stated_count_of_residuals():
+    """bench/megatron_bridge.interval: a regime with fewer than MIN_REGIME_ROWS residuals takes
+    its precision x dense/MoE class's, a class with fewer every residual (made-up residuals: the
+    rule, not a number of the model)."""
+    import megatron_bridge as mb
+
+    n = mb.MIN_REGIME_ROWS
+    hopper, blackwell = ("low-precision", "moe", "hopper"), ("low-precision", "moe", "blackwell")
+    dense = ("bf16", "dense", "hopper")
+    regimes = [hopper] * (n - 1) + [blackwell] * (n - 1) + [dense] * 2
+    residuals = [0.0] * (n - 1) + [1.0] * (n - 1) + [5.0] * 2
+    assert mb.interval(regimes, residuals, hopper)[2:] == ("low-precision/moe", 2 * n - 2)
+    assert mb.interval(regimes, residuals, dense)[2:] == ("all", 2 * n)
+    lo, hi, pool, count = mb.interval(regimes + [hopper], residuals + [0.0], hopper)
+    assert (lo, hi, pool, count) == (0.0, 0.0, "low-precision/moe/hopper", n)
+
+
+def test_held_out_intervals_are_nested_and_every_pair_of_folds_was_fitted():
+    """The coverage the study reports is of nested intervals: each held-out fold's interval rests
+    on the other folds' residuals predicted by fits that saw neither fold, one stored fit per pair
+    of folds (docs/megatron-bridge.json), so none falls back to a fit that saw the held-out rows'
+    neighbours of the other fold; the shipped intervals name the pool they rest on and it is at
+    least MIN_REGIME_ROWS rows."""
+    import megatron_bridge as mb
+
+    data = json.loads((ROOT / "docs" / "megatron-bridge.json").read_text())
+    for key, fit in (("family", "family_pairs"), ("gpu", "gpu_pairs")):
+        names = sorted({r[key] for r in data["rows"]})
+        want = {mb.pair_name(a, b) for a in names for b in names if a < b}
+        assert set(data["fit"][fit]) == want, key
+    shipped = json.loads((ROOT / "planner" / "timing" / "megatron_bridge_intervals.json").read_text())
+    for regime, row in shipped["regimes"].items():
+        assert row["pool"] == "all" or regime.startswith(row["pool"]), regime
+        assert row["pool_rows"] >= mb.MIN_REGIME_ROWS, regime
+        assert row["log_error_low"] < 0 < row["log_error_high"], regime
+
+
 def _same_layout_pairs(system_a: str, system_b: str, max_gpus: int) -> list[float]:
     """Published tokens/s per GPU on system_b over system_a where one release trained the same
     model, precision and layout on both, on at most max_gpus GPUs (NVIDIA's Megatron-Bridge
