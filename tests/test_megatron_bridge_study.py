@@ -107,6 +107,21 @@ def test_an_interval_rests_on_at_least_the_stated_count_of_residuals():
     assert (lo, hi, pool, count) == (0.0, 0.0, "low-precision/moe/hopper", n)
 
 
+def test_the_share_an_interval_is_read_at_is_calibrated_on_other_folds():
+    """calibrated_share: the smallest central share at which each fold's rows fall inside the
+    interval read from the other folds' residuals for at least COVERAGE of the rows (made-up
+    residuals: the rule, not a number of the model)."""
+    import megatron_bridge as mb
+
+    regime = ("low-precision", "dense", "hopper")
+    same = ([regime] * 10, [float(x) for x in range(10)])
+    # two other copies of 0..9: the 10th-90th percentiles (0.1, 8.9) hold 1..8, 80% of the rows
+    assert mb.calibrated_share([same, same, same]) == 0.80
+    far = ([regime] * 10, [100.0 + x for x in range(10)])
+    # rows no share of the others' residuals reaches: the widest share
+    assert mb.calibrated_share([same, far]) == mb.SHARES[-1]
+
+
 def test_held_out_intervals_are_nested_and_every_pair_of_folds_was_fitted():
     """The coverage the study reports is of nested intervals: each held-out fold's interval rests
     on the other folds' residuals predicted by fits that saw neither fold, one stored fit per pair
@@ -120,7 +135,11 @@ def test_held_out_intervals_are_nested_and_every_pair_of_folds_was_fitted():
         names = sorted({r[key] for r in data["rows"]})
         want = {mb.pair_name(a, b) for a in names for b in names if a < b}
         assert set(data["fit"][fit]) == want, key
+    for key in ("family", "gpu"):
+        assert set(data["interval_share"][key]) == {r[key] for r in data["rows"]}
+        assert set(data["interval_share"][key].values()) <= set(mb.SHARES)
     shipped = json.loads((ROOT / "planner" / "timing" / "megatron_bridge_intervals.json").read_text())
+    assert shipped["quantile_share"] in mb.SHARES
     for regime, row in shipped["regimes"].items():
         assert row["pool"] == "all" or regime.startswith(row["pool"]), regime
         assert row["pool_rows"] >= mb.MIN_REGIME_ROWS, regime
