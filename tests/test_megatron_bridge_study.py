@@ -88,6 +88,13 @@ def test_megatron_plans_read_their_regime_interval():
     assert time_band(0.80, regime).time_high_factor == pytest.approx(math.exp(row["log_error_high"]))
     assert regime_of(m, replace(setup, stack="auto"), gpu) == ""
     assert time_band(0.80, "") == time_band(0.80)
+    # a regime with too few rows of its own says whose residuals its interval is read from
+    from planner.timing.intervals import provenance
+
+    pooled = {g: r for g, r in regime_data()["regimes"].items() if r["pool"] != g}
+    assert pooled
+    for g, r in pooled.items():
+        assert f"pooled over the {r['pool_rows']} runs of {r['pool']}" in provenance(g)
 
 
 def test_an_interval_rests_on_at_least_the_stated_count_of_residuals():
