@@ -89,6 +89,21 @@ def test_plan_measure_tiny_deepseek_v32_within_ten_percent():
     assert rows["total"].error == pytest.approx(0.0, abs=0.10)
 
 
+@pytest.mark.slow
+def test_inference_cache_holds_the_indexer_keys_as_transformers_does():
+    # transformers' cache after one forward of the tiny model (bf16): per layer and token the
+    # latent (kv_lora_rank 64 + rope 16) and the indexer's key (index_head_dim 32)
+    require("torch")
+    require("transformers")
+    from saved_tensors import transformers_cache_bytes
+
+    from planner.memory.inference import kv_cache_bytes
+
+    cfg = json.loads((CONFIGS / "tiny-deepseek-v32.json").read_text())
+    m = spec_from_hf_config(dict(cfg), "t", "t")
+    assert kv_cache_bytes(m, 2, 100) == transformers_cache_bytes(cfg, 2, 100) == 3 * (64 + 16 + 32) * 2 * 100 * 2
+
+
 def test_deepseek_v32_plans_expert_parallel_on_h200():
     r = CliRunner().invoke(cli, ["--model", "deepseek-v3.2", "--gpus", "h200", "--ep", "8"], prog_name="plan",
                            env={"NO_COLOR": "1", "COLUMNS": "120"})
