@@ -87,6 +87,7 @@ class Options:
     cp: int | None = None
     ep: int | None = None
     etp: int | None = None
+    optimizer_instances: int = 1      # megatron-core's num_distributed_optimizer_instances
     zero: int | None = None
     fsdp: str | None = None
     # the defaults of the training set-up's options are TrainingSetup's (training.setup.DEFAULT_SETUP)
@@ -237,6 +238,9 @@ def layout_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--etp", type=click.IntRange(1, MAX_GPUS), default=None,
                      help="Expert tensor-parallel size, dividing --tp (Megatron's "
                           "--expert-tensor-parallel-size; default: equal to tp)."),
+        click.option("--optimizer-instances", type=click.IntRange(1, MAX_GPUS), default=1, show_default=True,
+                     help="HSDP over distributed-optimizer instances (--stack megatron, --zero 1 or --fsdp full; "
+                          "megatron-core's num_distributed_optimizer_instances): docs/options.md."),
         click.option("--zero", type=click.IntRange(0, 3), default=None, help="Fix the ZeRO stage (0-3)."),
         click.option("--fsdp", type=click.Choice([s.removeprefix("fsdp-") for s in FSDP_STAGE]), default=None,
                      help="Shard with PyTorch FSDP instead of ZeRO."),

@@ -181,8 +181,10 @@ def state_terms(m: ModelSpec, setup: TrainingSetup, sa: LayoutArrays, pc: ParamC
     if setup.stack == "megatron":
         # Megatron FSDP (ZeRO-3 sharding) keeps the low-precision weights in its sharded buffer
         # and gathers them per module (Megatron-Bridge's FP8/MXFP8 recipes set fp8_param_gather,
-        # training/mixed_precision.py): the copies are sharded like the weights, not cached whole
-        fp8_w = np.where(sa.zero_stage == 3, -(-fp8_w // np.maximum(dense_deg, 1)), fp8_w)
+        # training/mixed_precision.py): the copies are sharded like the weights, not cached whole; over several
+        # distributed-optimizer instances, over one instance's ranks (LayoutArrays.hybrid_shard)
+        over = np.where(sa.instances > 1, hybrid, dense_deg)
+        fp8_w = np.where(sa.zero_stage == 3, -(-fp8_w // np.maximum(over, 1)), fp8_w)
     weights = off.weights + ms.unsharded_weights + root_gathered + fp8_w
     step_transient = np.where(off.step_on_host, 0,
                               optimizer_step_transient_bytes(m, setup, sa, kern, rp, hybrid, split))

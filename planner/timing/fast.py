@@ -342,6 +342,17 @@ def batch_etp(a: LayoutArrays) -> int:
     return first
 
 
+def batch_instances(a: LayoutArrays) -> int:
+    """The distributed-optimizer instances the batch shares (Layout.optimizer_instances, fixed by
+    the search: SearchSpace.optimizer_instances). Raises Unsupported for a batch that mixes them."""
+    inst = a.instances
+    if not len(inst):
+        return 1
+    if (inst != inst[0]).any():
+        raise Unsupported("layouts with different distributed-optimizer instances in one batch")
+    return int(inst[0])
+
+
 def batch_fold(a: LayoutArrays) -> int:
     """Whether the batch's ep is folded over tp x cp x dp (Layout.ep_fold): 0 or 1 for every
     layout alike (a folded layout is evaluated as given, never searched beside others).
@@ -375,7 +386,7 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
     any_hybrid = any(k % len(SHARDINGS) == SHARDINGS.index("fsdp-hybrid") for k in pairs.tolist())
     etp = batch_etp(a)
     deg = degree_tables(m, pc, setup, cluster, eff, orders, g.degrees, g.degrees_key, any_hybrid, etp,
-                        batch_fold(a))
+                        batch_fold(a), batch_instances(a))
     links, optimizer_s, c0, c1, c2 = deg.links, deg.optimizer_s, deg.c0, deg.c1, deg.c2
 
     # ---- per P: a block (timing.layer_time) and the head, per distinct block shape
