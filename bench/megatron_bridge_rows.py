@@ -6,10 +6,10 @@ trained. This module reads them once and gives each row:
 - ``cli_args``: the row as a Megatron-Bridge user would ask the planner for it: ``--stack
   megatron``, the printed layout (tp, pp, cp, vp, ep, GPUs, global and micro-batch, sequence),
   and its recipe's settings read from the row's ``notes`` (distributed optimizer or Megatron
-  FSDP and its distributed-optimizer instances, recomputation, CPU activation offload, expert tensor parallelism, MTP, the pipeline
-  split that counts embedding and loss, LoRA). It names what ran, not what the planner can do
-  today: a row whose request the planner refuses is ``expressible = False`` with the planner's
-  own message as ``reason``.
+  FSDP and its distributed-optimizer instances, recomputation, CPU activation offload, expert
+  tensor parallelism, MTP, the pipeline split that counts embedding and loss, LoRA). It names
+  what ran, not what the planner can do today: a row whose request the planner refuses is
+  ``expressible = False`` with the planner's own message as ``reason``.
 - ``latest``: whether the row is the latest release of its configuration (same model, system,
   precision, task and layout columns); older releases of the same configuration stay with
   ``latest = False`` (the corpus's caveat: software drift, median 5%, up to 73%).
