@@ -540,7 +540,7 @@ def space_refusal(space: Any) -> str | None:
 
     if not isinstance(space, SearchSpace):
         return f"the search space must be a SearchSpace, not {type(space).__name__}"
-    for field in (*AXIS_NAMES, "etp", "vp", "max_tp"):
+    for field in (*AXIS_NAMES, "etp", "vp", "max_tp", "optimizer_instances"):
         value = getattr(space, field)
         if value is not None and not is_int_in(value, 1, MAX_GPUS):
             return f"--{field.replace('_', '-')} {value!r} ({field}) must be a whole number from 1 to {MAX_GPUS:,}"
