@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from planner.hardware.axes import AxisSizes
 from planner.hardware.placement import AxisLink, Cluster, axis_links
 from planner.layouts.layout import Layout
 from planner.memory.model import rank_params, stage_layers
@@ -74,5 +75,5 @@ def instance_links(cluster: Cluster, tp: int, instance_ranks: int, instances: in
     instances are at stride tp x instance_ranks: the dp and pp axes of a grid (tp, 1, 1,
     instance_ranks, instances) placed in that order (placement.axis_links; the grid leaves out
     the pipeline stages, which run the same groups side by side)."""
-    links = axis_links(cluster, (tp, 1, 1, instance_ranks, instances))
+    links = axis_links(cluster, AxisSizes(tp=tp, dp=instance_ranks, pp=instances))
     return links["dp"], links["pp"]
