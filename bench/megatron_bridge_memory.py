@@ -93,16 +93,19 @@ def _ultra_section(results: list[Result]) -> list[str]:
             f"`{ULTRA}` runs Megatron FSDP as HSDP with {n} distributed-optimizer instances (its recipe flags; "
             "Megatron-Bridge perf_recipes/nemotronh/common.py _apply_nemotron_3_ultra_fsdp_hsdp at the corpus's "
             "commit 020041f: num_distributed_optimizer_instances = GPUs / 64, outer_dp_sharding_strategy 'optim' "
-            f"where there is more than one), planned with `--optimizer-instances {n}`: the weights and gradients "
-            f"over one instance's dp x cp / {n} = 32 ranks (the experts' over expert data-parallel 4 / {n} = 1; "
-            "megatron-core 0.16.1 parallel_state.py intra_partial_data_parallel_size and "
-            "intra_partial_expert_data_parallel_size), the optimizer's moments over all 128 (the outer 'optim'): "
+            f"where there is more than one), planned with `--optimizer-instances {n}`: the gradients and the FP8 "
+            f"model weights over one instance's dp x cp / {n} = 32 ranks (the experts' over expert data-parallel "
+            f"4 / {n} = 1; megatron-core 0.16.1 parallel_state.py intra_partial_data_parallel_size and "
+            "intra_partial_expert_data_parallel_size), the fp32 main weights and the optimizer's moments over all "
+            "128 and the experts' over 4 (the outer 'optim': megatron_fsdp/param_and_grad_buffer.py's main weight "
+            "buffer over the whole data-parallel group): "
             f"**{_g(x.total_bytes)} of {_g(cap)} GiB, {'fits' if x.fits else 'does not fit'}**. Beside it, "
             f"megatron-core's default outer strategy 'no_shard' (every state over one instance: what the same "
             f"layout holds on {row.n_gpus // n} GPUs) would hold {_g(bound)} GiB, "
             f"{'fits' if bound <= cap else 'does not fit'}; Megatron FSDP over every data-parallel rank, without "
             f"instances, {_g(wide)} GiB. The recipe's fine-grained offload of the fused grouped MLP's input "
-            "(offload_modules) is not modelled (counted on the GPU), which makes each figure larger.", ""]
+            "(offload_modules) is not modelled (counted on the GPU), and the gradients are counted in fp32 where the "
+            "recipe keeps bf16 main gradients (megatron_fsdp_main_grads_dtype), which make each figure larger.", ""]
 
 
 def _replanned_section(results: list[Result]) -> list[str]:

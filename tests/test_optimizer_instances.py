@@ -7,9 +7,9 @@ num_distributed_optimizer_instances), refereed by megatron-core's own group arit
    intra-partial expert data-parallel group, the replicas its inter-instance group; a count that
    does not divide is refused by both.
 2. The model states of one rank divide the rank's parameters by those megatron-core group sizes:
-   the distributed optimizer's states over the instance; Megatron FSDP's weights and gradients over
-   the instance and, with outer_dp_sharding_strategy 'optim', its optimizer moments over the whole
-   data-parallel group (megatron-core's main-weight buffer group).
+   the distributed optimizer's states over the instance; Megatron FSDP's model weights and gradients
+   over the instance and, with outer_dp_sharding_strategy 'optim', its fp32 main weights and
+   optimizer moments over the whole data-parallel group (megatron-core's main-weight buffer group).
 3. The CLI: Nemotron 3 Ultra's published row as its recipe ran it plans and fits; bad values exit 2
    with one line; --out megatron writes the count, which Megatron-LM's parser and megatron-core's
    DistributedDataParallelConfig accept.
@@ -108,10 +108,10 @@ def test_instance_groups_are_megatron_cores(megatron):
 def test_states_divide_by_megatron_cores_groups(megatron, shape):
     """The rank's optimizer states, gradients and (FSDP) weights over megatron-core's group sizes:
     the distributed optimizer (ZeRO-1) keeps fp32 master + Adam moments over the instance
-    (intra-partial groups); Megatron FSDP with the outer strategy 'optim' its gradients and
-    weights over the instance, its moments over the whole data-parallel groups
-    (megatron_fsdp/param_and_grad_buffer.py: the main buffers span the whole group, the HSDP
-    buffers the instance's)."""
+    (intra-partial groups); Megatron FSDP with the outer strategy 'optim' its gradients and 16-bit
+    model weights over the instance, its fp32 main weights and moments over the whole data-parallel
+    groups (megatron_fsdp/param_and_grad_buffer.py: the main weight buffer spans the whole group,
+    the HSDP model-weight and gradient buffers the instance's)."""
     world, tp, ep, etp, n, name = shape
     dp_cp, part, edp, part_e, _ = megatron["groups"][SHAPES.index(shape)]
     m = load_model(name)
@@ -130,7 +130,9 @@ def test_states_divide_by_megatron_cores_groups(megatron, shape):
     assert int(zero1.optimizer[0]) == over(prec.master_bytes + k, part, part_e)
     fsdp = states(zero_stage=3, sharding="fsdp-full")
     assert int(fsdp.optimizer[0]) == over(k, dp_cp, edp)
-    assert int(fsdp.gradients[0]) == over(4, part, part_e) and int(fsdp.weights[0]) == over(4, part, part_e)
+    assert int(fsdp.gradients[0]) == over(4, part, part_e)
+    # fp32 main weights over the whole groups, the 16-bit model weights over the instance's
+    assert int(fsdp.weights[0]) == over(4, dp_cp, edp) + over(prec.weight_bytes, part, part_e)
 
 
 # Nemotron 3 Ultra's published 256-GB200 MXFP8 row as Megatron-Bridge's recipe ran it

@@ -118,7 +118,7 @@ def expert_padding(m: ModelSpec, a: LayoutArrays, hybrid: np.ndarray) -> np.ndar
 def model_state_bytes(n_dense: np.ndarray, n_expert: np.ndarray, precision: Precision,
                       optimizer_bytes_per_param: float, a: LayoutArrays, hybrid: np.ndarray,
                       amp: np.ndarray | bool = False, expert_padding: np.ndarray | float = 1.0,
-                      grad_sync: str = "step") -> ModelStates:
+                      grad_sync: str = "step", instance_weight_bytes: int = 2) -> ModelStates:
     """Weights, gradients and optimizer state of one rank (ZeRO paper, Sec. 5).
 
     ZeRO-1 shards the optimizer states (with the fp32 master copy) over the data ranks,
@@ -133,6 +133,8 @@ def model_state_bytes(n_dense: np.ndarray, n_expert: np.ndarray, precision: Prec
     torch.autocast runs with fp32 parameters (they are the master copy), fp32 gradients,
     and 16-bit copies of the weights made per forward (counted with the activations).
     ``grad_sync``: TrainingSetup.fsdp_pipeline_grad_sync (no_sync_gradient_bytes).
+    ``instance_weight_bytes``: Megatron FSDP over distributed-optimizer instances, the bytes per
+    parameter of the model weights an instance holds beside the fp32 main weights (below).
     """
     d_dense, d_expert = shard_degrees(a, hybrid)
     stage = a.zero_stage
@@ -157,15 +159,17 @@ def model_state_bytes(n_dense: np.ndarray, n_expert: np.ndarray, precision: Prec
     outer = fsdp & (a.instances > 1)
     if np.any(outer):
         # Megatron FSDP over several distributed-optimizer instances, with outer_dp_sharding_strategy
-        # 'optim' as Megatron-Bridge's Nemotron 3 Ultra recipe sets it: the optimizer's states are
-        # sharded over every data-parallel rank, the weights and gradients over the instance's
-        # (megatron-core 0.16.1 distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py lines
-        # 1900-2095: with outer sharding the main (fp32) weight buffer spans the whole data-parallel
-        # group, the HSDP weight and gradient buffers the instance's shard group). The weights stay
-        # counted as FSDP's fp32 shard over the instance (not megatron's fp32 main weights over every
-        # rank beside a 16-bit copy over the instance): larger by 4 B/param x (1/instance - 1/all)
-        # less the 16-bit copy's share
+        # 'optim' as Megatron-Bridge's Nemotron 3 Ultra recipe sets it (megatron-core 0.16.1
+        # distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py lines 1900-2095 and 2130-2150):
+        # the main (fp32) weight buffer, and with it the optimizer's states, is sharded over every
+        # data-parallel rank; the model-weight and gradient buffers over the instance's ranks (the
+        # HSDP buffers, of which the whole group's shards are views). The instance's model weights are
+        # ``instance_weight_bytes`` per parameter: the 16-bit ones, or 0 where the low-precision
+        # copies hold them instead (fp8_param_gather: memory.fp8, counted by state_terms)
         over_all = (a.dense_shard_degree, a.expert_shard_degree)
+        main = shard(n_dense * stored, padded * stored, True, over_all)
+        model = shard(n_dense * instance_weight_bytes, padded * instance_weight_bytes, True)
+        f_weights = np.where(outer, main + model, f_weights)
         f_opt = np.where(outer, shard(n_dense * opt_pp, padded * opt_pp, True, over_all), f_opt)
     # ZeRO: K = the master copy + the optimizer's states
     z_opt_pp = precision.master_bytes + opt_pp
