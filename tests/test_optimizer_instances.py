@@ -194,3 +194,21 @@ def test_megatron_args_carry_the_instances_and_megatron_accepts_them():
     cfg = DistributedDataParallelConfig(use_distributed_optimizer=a.use_distributed_optimizer,
                                         num_distributed_optimizer_instances=a.num_distributed_optimizer_instances)
     assert cfg.num_distributed_optimizer_instances == 2
+
+
+def test_the_distributed_optimizer_updates_one_instances_shard():
+    """ZeRO-1 over N instances: each rank updates 1/(dp x cp / N) of the parameters (megatron-core's
+    intra-partial group, test_instance_groups_are_megatron_cores), N times the whole group's shard;
+    Megatron FSDP's outer 'optim' keeps the update over the whole group."""
+    def step(*extra: str) -> dict:
+        r = CliRunner().invoke(cli, ["--model", "llama3.1-8b", "--gpus", "h100", "--stack", "megatron",
+                                     "--n-gpus", "64", "--tp", "1", "--pp", "1", "--cp", "1", "--dp", "64", "--micro-batch", "1",
+                                     "--global-batch", "512", "--seq-len", "4096", "--recompute", "full", *extra,
+                                     "--json"], prog_name="plan")
+        assert r.exit_code == 0, r.output[-2000:]
+        return json.loads(r.output)["plan"]["time"]
+
+    whole, inst = step("--zero", "1"), step("--zero", "1", "--optimizer-instances", "8")
+    assert inst["optimizer_s"] == pytest.approx(8 * whole["optimizer_s"], rel=1e-6)
+    assert step("--fsdp", "full", "--optimizer-instances", "8")["optimizer_s"] == pytest.approx(
+        step("--fsdp", "full")["optimizer_s"], rel=1e-6)

@@ -228,7 +228,7 @@ class Degrees(NamedTuple):
 
     stage: np.ndarray          # (SLOTS, D): the stages a pipeline's slowest can be, -1: none
     links: list[np.ndarray]    # per placement order (10, D): bus bandwidth, hop latency of each axis
-    optimizer_s: np.ndarray    # (2 x SLOTS x D): the optimizer update unsharded, sharded
+    optimizer_s: np.ndarray    # (3 x SLOTS x D): the optimizer update unsharded, sharded, sharded over an instance
     # (orders x 5 branches x SLOTS x D): the data-parallel collectives' three terms (parts.DP_TERMS)
     c0: np.ndarray
     c1: np.ndarray
@@ -364,8 +364,11 @@ def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
     per_param = optimizer_update_bytes_per_param(m, setup)
     unsharded = dense + expert if moe else dense
     sharded = dense / nd_f + expert / ne_f if moe else dense / nd_f
-    optimizer_s = np.concatenate([(unsharded * per_param / r.hbm_bytes_per_s).ravel(),
-                                  (sharded * per_param / r.hbm_bytes_per_s).ravel()])
+    # the distributed optimizer over several instances updates one instance's shard
+    # (instance_shard_size; Megatron FSDP's outer 'optim' shards the update over the whole group)
+    in_inst = (dense / instance_shard_size(nd_f, instances)
+               + (expert / np.maximum(instance_shard_size(ne_f, instances), 1) if moe else 0.0))
+    optimizer_s = np.concatenate([(x * per_param / r.hbm_bytes_per_s).ravel() for x in (unsharded, sharded, in_inst)])
     g_b, w_b = eff.grad_reduce_bytes or prec.grad_bytes, prec.weight_bytes
     has_frozen = bool(frozen_dense.any() or frozen_expert.any())
     inst = None
