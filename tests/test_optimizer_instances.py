@@ -202,9 +202,9 @@ def test_the_distributed_optimizer_updates_one_instances_shard():
     Megatron FSDP's outer 'optim' keeps the update over the whole group."""
     def step(*extra: str) -> dict:
         r = CliRunner().invoke(cli, ["--model", "llama3.1-8b", "--gpus", "h100", "--stack", "megatron",
-                                     "--n-gpus", "64", "--tp", "1", "--pp", "1", "--cp", "1", "--dp", "64", "--micro-batch", "1",
-                                     "--global-batch", "512", "--seq-len", "4096", "--recompute", "full", *extra,
-                                     "--json"], prog_name="plan")
+                                     "--n-gpus", "64", "--tp", "1", "--pp", "1", "--cp", "1", "--dp", "64",
+                                     "--micro-batch", "1", "--global-batch", "512", "--seq-len", "4096",
+                                     "--recompute", "full", *extra, "--json"], prog_name="plan")
         assert r.exit_code == 0, r.output[-2000:]
         return json.loads(r.output)["plan"]["time"]
 
