@@ -59,6 +59,8 @@ def layout_json(lay: Layout) -> dict[str, Any]:
         out["etp"] = lay.expert_tp
     if lay.ep_fold:                 # only where ep is folded over tp x cp x dp
         out["ep_fold"] = True
+    if lay.optimizer_instances > 1:     # only over several distributed-optimizer instances
+        out["optimizer_instances"] = lay.optimizer_instances
     return out
 
 
