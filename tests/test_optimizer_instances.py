@@ -170,6 +170,18 @@ def test_instances_are_megatrons_alone(stack):
     assert len(lines) == 1 and "add --stack megatron" in lines[0] and "Traceback" not in r.output
 
 
+def test_out_refuses_megatron_fsdp_instances_megatron_lm_cannot_state(tmp_path):
+    """The plan sizes Megatron FSDP's instances with outer_dp_sharding_strategy 'optim' (the Ultra
+    recipe's); Megatron-LM's arguments cannot set it and its default 'no_shard' holds more, so --out
+    writes nothing rather than files that would run another memory."""
+    out = tmp_path / "run"
+    r = CliRunner().invoke(cli, ULTRA + ["--optimizer-instances", "4", "--out", str(out)], prog_name="plan")
+    assert r.exit_code == 2, r.output[-2000:]
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and "outer_dp_sharding_strategy" in lines[0] and "Traceback" not in r.output
+    assert not out.exists()
+
+
 def test_instances_need_the_distributed_optimizer_or_megatron_fsdp():
     lay = _layout(64, 2, 4, 1, 2, zero_stage=2)
     why = reject_reason(load_model("mixtral-8x7b"), SETUP, lay, 8)

@@ -330,8 +330,14 @@ def _sharding_args(lay: Layout, m: ModelSpec, precision: str) -> list[str]:
     if lay.optimizer_instances > 1:
         # DistributedDataParallelConfig.num_distributed_optimizer_instances. Megatron FSDP's outer
         # sharding (outer_dp_sharding_strategy 'optim', which the plan's memory assumes:
-        # memory.states.model_state_bytes) has no argument in Megatron-LM at the pinned commit
-        # (its default 'no_shard' keeps the optimizer's states over one instance): docs/options.md
+        # memory.states.model_state_bytes) has no argument in Megatron-LM at the pinned commit, and
+        # its default 'no_shard' keeps the optimizer's states over one instance: files that would
+        # run another memory than the plan sized are not written (docs/options.md)
+        if lay.zero_stage >= 2:
+            raise UserError(f"--optimizer-instances {lay.optimizer_instances} with Megatron FSDP is sized with "
+                            "outer_dp_sharding_strategy 'optim', which Megatron-LM's arguments cannot set (its "
+                            "default 'no_shard' holds more); no Megatron files written (plan --zero 1, or set "
+                            "the strategy in Megatron-Bridge's DDP config)")
         args += ["--num-distributed-optimizer-instances", str(lay.optimizer_instances)]
     return args
 
