@@ -110,3 +110,13 @@ def test_deepseek_v32_plans_expert_parallel_on_h200():
     assert r.exit_code == 0, r.output
     assert "ep=8" in r.output and "generic path" not in r.output
     assert not load_model("deepseek-v3.2").is_generic
+
+
+def test_dense_blocks_after_moe_blocks_are_refused_in_one_line(tmp_path):
+    # DeepseekV32Config's mlp_layer_types may place a dense block anywhere; the planner's blocks
+    # are dense first (first_k_dense_replace), so another order is refused, exit 2, one line
+    cfg = json.loads((CONFIGS / "tiny-deepseek-v32.json").read_text())
+    path = tmp_path / "v32.json"
+    path.write_text(json.dumps({**cfg, "mlp_layer_types": ["sparse", "dense", "sparse"]}))
+    r = CliRunner().invoke(cli, ["--model", str(path), "--gpus", "h100"], prog_name="plan")
+    assert r.exit_code == 2 and "mlp_layer_types" in r.output and len(r.output.strip().splitlines()) == 1, r.output
