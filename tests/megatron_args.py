@@ -92,6 +92,7 @@ ARGUMENTS: dict[str, object] = {
     "--overlap-param-gather": FLAG, "--use-distributed-optimizer": FLAG, "--use-megatron-fsdp": FLAG,
     "--data-parallel-sharding-strategy": ["no_shard", "optim", "optim_grads", "optim_grads_params"],
     "--use-torch-fsdp2": FLAG, "--torch-fsdp2-no-reshard-after-forward": FLAG, "--context-parallel-size": int,
+    "--num-distributed-optimizer-instances": int,
     # _add_data_args, _add_tokenizer_args
     "--seq-length": int, "--vocab-size": int,
     # _add_moe_args
@@ -154,19 +155,28 @@ ARGUMENTS: dict[str, object] = {
     "--hybrid-override-pattern": str, "--is-hybrid-model": FLAG, "--mamba-state-dim": int,
     "--mamba-head-dim": int, "--mamba-num-groups": int, "--mamba-num-heads": int,
     "--moe-ffn-hidden-size": int, "--moe-shared-expert-intermediate-size": int, "--moe-latent-size": int,
+    # The DeepSeek-V3-style MoE block and attention of GLM-4.5 (not from the commit above): the fields
+    # of megatron-core 0.16.1's TransformerConfig under their argparse names (Megatron-LM builds
+    # its parser from them): qk_layernorm bool (transformer_config.py line 208), moe_layer_freq
+    # Union[int, List[int]] (line 556; Megatron-LM's moe_freq_type evaluates a "([0]*3+[1]*89)"
+    # string into the list), moe_router_num_groups / moe_router_group_topk Optional[int] (598,
+    # 614), moe_router_topk_scaling_factor Optional[float] (622), moe_router_score_function
+    # Literal['softmax', 'sigmoid'] (626), moe_router_enable_expert_bias bool (634)
+    "--qk-layernorm": FLAG, "--moe-layer-freq": str, "--moe-router-num-groups": int,
+    "--moe-router-group-topk": int, "--moe-router-topk-scaling-factor": float,
+    "--moe-router-score-function": ["softmax", "sigmoid"], "--moe-router-enable-expert-bias": FLAG,
     # Gated DeltaNet hybrids (Qwen3-Next), run by pretrain_gpt.py. From Megatron-LM's arguments.py:
-    # --apply-layernorm-1p (_add_network_size_args, action='store_true'), --moe-layer-freq
-    # (type=moe_freq_type: an integer or a Python list expression such as "[1,0,1]"; the function
-    # is at the commit above). Not from the commit: megatron-core 0.16.1 TransformerConfig's fields
-    # (transformer_config.py: qk_layernorm bool, attention_output_gate bool,
+    # --apply-layernorm-1p (_add_network_size_args, action='store_true'). Not from the commit:
+    # megatron-core 0.16.1 TransformerConfig's fields (transformer_config.py: attention_output_gate bool,
     # experimental_attention_variant Literal['gated_delta_net', 'dsa'],
     # linear_attention_freq Optional[Union[int, List[int]]], linear_conv_kernel_dim,
     # linear_key_head_dim, linear_value_head_dim, linear_num_key_heads, linear_num_value_heads
     # Optional[int]; moe_shared_expert_gate bool) under the argparse names Megatron-LM's own
-    # scripts give them (examples/mimo/scripts/run_qwen35_vlm_train.sh: --linear-attention-freq 4)
-    "--apply-layernorm-1p": FLAG, "--qk-layernorm": FLAG, "--attention-output-gate": FLAG,
-    "--experimental-attention-variant": ["gated_delta_net", "dsa"],
-    "--linear-attention-freq": moe_freq_type, "--moe-layer-freq": moe_freq_type,
+    # scripts give them (examples/mimo/scripts/run_qwen35_vlm_train.sh: --linear-attention-freq 4),
+    # --linear-attention-freq read as Megatron-LM reads --moe-layer-freq (moe_freq_type, at the
+    # commit above: an integer or a Python list expression such as "[1,0,1]")
+    "--apply-layernorm-1p": FLAG, "--attention-output-gate": FLAG,
+    "--experimental-attention-variant": ["gated_delta_net", "dsa"], "--linear-attention-freq": moe_freq_type,
     "--linear-conv-kernel-dim": int, "--linear-key-head-dim": int, "--linear-value-head-dim": int,
     "--linear-num-key-heads": int, "--linear-num-value-heads": int, "--moe-shared-expert-gate": FLAG,
 }

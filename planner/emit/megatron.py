@@ -33,6 +33,9 @@ if TYPE_CHECKING:
     from planner.training.setup import TrainingSetup
 
 POSITION = {"rope": "rope", "learned": "learned_absolute", "alibi": "none"}
+# The MoE families whose dense blocks are the first n_dense_layers (first_k_dense_replace), the
+# layout --moe-layer-freq's list writes (transformers' DeepseekV3DecoderLayer, Glm4MoeDecoderLayer)
+DENSE_FIRST_TYPES = ("deepseek_v3", "glm4_moe")
 # ZeRO stage -> Megatron's data-parallel sharding: the distributed optimizer shards
 # optimizer states (ZeRO-1); Megatron FSDP shards gradients too, or everything
 MEGATRON_FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
@@ -66,6 +69,12 @@ def _unsupported(m: ModelSpec) -> str | None:
         return "ALiBi position biases"
     if m.gated_mlp and m.activation not in ("silu", "swish"):
         return f"a gated MLP with {m.activation} (Megatron's gated MLP is SwiGLU)"
+    if m.is_mla:
+        return "multi-latent attention (its --multi-latent-attention ranks are not written here)"
+    if m.qk_norm == "full":
+        return "a QK RMSNorm over the whole q and k widths (megatron-core's --qk-layernorm normalises each head)"
+    if m.n_dense_layers and m.model_type not in DENSE_FIRST_TYPES:
+        return "dense blocks placed among the MoE blocks (--moe-layer-freq is written for first-k-dense models)"
     return None
 
 
@@ -96,6 +105,8 @@ def _rope_args(m: ModelSpec) -> list[str]:
     if theta != int(theta):
         raise UserError(f"Megatron-LM's --rotary-base is an integer; {m.name} has rope_theta {theta}")
     args = ["--rotary-base", str(int(theta))]
+    if arch.rotary_fraction != 1.0:     # GPTModel(rotary_percent=args.rotary_percent)
+        args += ["--rotary-percent", repr(arch.rotary_fraction)]
     sc = arch.rope_scaling
     if sc is not None:
         if sc.rope_type != "llama3" or (sc.low_freq_factor, sc.high_freq_factor,
@@ -121,8 +132,9 @@ def _model_args(m: ModelSpec, seq_len: int, tp: int = 1) -> list[str]:
         raise UserError(f"{m.name} has {m.max_positions} learned positions; a sequence of {seq_len} tokens "
                         f"does not fit them (give --seq-len {m.max_positions} or less)")
     div = vocab_divisor(m.vocab_size, tp)
+    dense_ff = (m.dense_d_ff or m.d_ff) if m.n_dense_layers else m.d_ff     # the dense blocks' MLP width
     args = ["--num-layers", str(m.n_layers), "--hidden-size", str(m.d_model),
-            "--ffn-hidden-size", str(m.d_ff), "--num-attention-heads", str(m.n_heads),
+            "--ffn-hidden-size", str(dense_ff), "--num-attention-heads", str(m.n_heads),
             "--seq-length", str(seq_len),
             "--max-position-embeddings", str(max(m.max_positions, seq_len)),
             "--position-embedding-type", POSITION.get(m.position, "none"),
@@ -136,6 +148,8 @@ def _model_args(m: ModelSpec, seq_len: int, tp: int = 1) -> list[str]:
         args += ["--group-query-attention", "--num-query-groups", str(m.n_kv_heads)]
     if m.head_dim * m.n_heads != m.d_model:
         args += ["--kv-channels", str(m.head_dim)]
+    if m.qk_norm == "head":     # TransformerConfig.qk_layernorm: q_layernorm and k_layernorm over each head
+        args += ["--qk-layernorm"]
     if m.gated_mlp:
         args += ["--swiglu"]
     elif m.activation in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
@@ -154,9 +168,24 @@ def _moe_args(m: ModelSpec) -> list[str]:
     if not m.is_moe:
         return []
     args = ["--num-experts", str(m.n_experts), "--moe-router-topk", str(m.n_experts_per_token)]
-    aux = architecture(m).router_aux_loss_coef
+    arch = architecture(m)
+    aux = arch.router_aux_loss_coef
     if aux is not None:
         args += ["--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff", repr(aux)]
+    if m.n_dense_layers:
+        # TransformerConfig.moe_layer_freq as a list, 0 a dense block and 1 a MoE block; the
+        # experts' width apart from --ffn-hidden-size (the dense blocks')
+        args += ["--moe-layer-freq", f"([0]*{m.n_dense_layers}+[1]*{m.n_moe_layers})",
+                 "--moe-ffn-hidden-size", str(m.d_ff)]
+    if m.shared_d_ff:           # SharedExpertMLP beside the routed experts, of the shared experts' total width
+        args += ["--moe-shared-expert-intermediate-size", str(m.shared_d_ff)]
+    if arch.sigmoid_router:     # TopKRouter: sigmoid scores, expert bias, the top-k weights scaled
+        args += ["--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias"]
+        if arch.router_scaling != 1.0:
+            args += ["--moe-router-topk-scaling-factor", repr(arch.router_scaling)]
+    if 0 < m.routing_group_limit < m.routing_groups:    # group-limited routing
+        args += ["--moe-router-num-groups", str(m.routing_groups),
+                 "--moe-router-group-topk", str(m.routing_group_limit)]
     return args
 
 
@@ -310,7 +339,7 @@ def uses_torch_fsdp2(lay: Layout, m: ModelSpec, precision: str) -> bool:
     """FSDP layouts run under --use-torch-fsdp2 where validate_args allows it (pp = ep = 1,
     untied embeddings, no fp16); elsewhere under Megatron FSDP, which shards the same way."""
     return (lay.is_fsdp and lay.pp == 1 and lay.ep == 1 and not m.tied_embeddings
-            and precision != "fp16-mixed")
+            and precision != "fp16-mixed" and lay.optimizer_instances == 1)
 
 
 def uses_fsdp(lay: Layout) -> bool:
@@ -334,6 +363,18 @@ def _sharding_args(lay: Layout, m: ModelSpec, precision: str) -> list[str]:
         stage = 2 if lay.sharding == "fsdp-grad-op" else lay.zero_stage
         args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", MEGATRON_FSDP_STRATEGY[stage],
                  "--no-gradient-accumulation-fusion", "--ckpt-format", "fsdp_dtensor"]
+    if lay.optimizer_instances > 1:
+        # DistributedDataParallelConfig.num_distributed_optimizer_instances. Megatron FSDP's outer
+        # sharding (outer_dp_sharding_strategy 'optim', which the plan's memory assumes:
+        # memory.states.model_state_bytes) has no argument in Megatron-LM at the pinned commit, and
+        # its default 'no_shard' keeps the optimizer's states over one instance: files that would
+        # run another memory than the plan sized are not written (docs/options.md)
+        if lay.zero_stage >= 2:
+            raise UserError(f"--optimizer-instances {lay.optimizer_instances} with Megatron FSDP is sized with "
+                            "outer_dp_sharding_strategy 'optim', which Megatron-LM's arguments cannot set (its "
+                            "default 'no_shard' holds more); no Megatron files written (plan --zero 1, or set "
+                            "the strategy in Megatron-Bridge's DDP config)")
+        args += ["--num-distributed-optimizer-instances", str(lay.optimizer_instances)]
     return args
 
 

@@ -1,4 +1,5 @@
-"""Architecture facts a stack's config needs beyond ModelSpec: rope base and scaling, norm epsilon.
+"""Architecture facts a stack's config needs beyond ModelSpec: rope base, scaling and rotary
+share, norm epsilon, the router's scoring.
 
 Read from the model's Hugging Face config.json (the preset's shipped file, or the user's
 path). Defaults are transformers' own when a key is absent: rope_theta 10000.0
@@ -34,7 +35,40 @@ class Architecture:
     rope_scaling: RopeScaling | None
     norm_eps: float
     router_aux_loss_coef: float | None   # Mixtral's load-balancing loss weight
-    rotary_fraction: float = 1.0          # partial_rotary_factor: the share of head_dim rotated (Qwen3-Next 0.25)
+    rotary_fraction: float = 1.0         # the share of head_dim rotary embeddings turn (GLM-4.5: 0.5)
+    sigmoid_router: bool = False         # sigmoid scores with a correction bias choose the top-k
+    router_scaling: float = 1.0          # routed_scaling_factor on the top-k weights (GLM-4.5: 2.5)
+
+
+# The families whose router scores experts by a sigmoid and picks the top-k by score plus a
+# per-expert correction bias (a buffer the aux-loss-free balancing updates; DeepSeek-V3,
+# arXiv:2412.19437, Sec. 2.1.2), then normalises the k weights: transformers 5.x
+# Glm4MoeTopkRouter (modeling_glm4_moe.py) and MiniMaxM2TopKRouter with its block's
+# e_score_correction_bias (modeling_minimax_m2.py)
+SIGMOID_ROUTER_TYPES = ("glm4_moe", "minimax_m2")
+
+
+def _rope_parameters(cfg: dict[str, Any]) -> dict[str, Any]:
+    """transformers 5's rope_parameters (it writes rope_theta and partial_rotary_factor there)."""
+    given = cfg.get("rope_parameters")
+    return given if isinstance(given, dict) else {}
+
+
+def rotary_fraction(cfg: dict[str, Any], model_type: str) -> float:
+    """The share of head_dim that rotary embeddings turn: config.json's partial_rotary_factor
+    (at the top or in rope_parameters; Glm4MoeConfig.__post_init__ defaults it to 0.5;
+    Qwen3NextConfig, Qwen3_5TextConfig and Qwen3_5MoeTextConfig to 0.25), or MiniMax-M2's
+    rotary_dim / head_dim (MiniMaxM2Config.convert_rope_params_to_dict); 1.0 elsewhere."""
+    from planner.models.deltanet import DELTANET_MODEL_TYPES
+
+    given = cfg.get("partial_rotary_factor", _rope_parameters(cfg).get("partial_rotary_factor"))
+    if given is not None:
+        return float(given)
+    if model_type == "minimax_m2" and cfg.get("rotary_dim"):
+        return float(cfg["rotary_dim"]) / float(cfg.get("head_dim") or 128)
+    if model_type in DELTANET_MODEL_TYPES:
+        return 0.25
+    return 0.5 if model_type == "glm4_moe" else 1.0
 
 
 def _hf_config(m: ModelSpec) -> dict[str, Any]:
@@ -45,15 +79,6 @@ def _hf_config(m: ModelSpec) -> dict[str, Any]:
     if m.source:
         return load_hf_config(m.source)
     return {}
-
-
-def _rotary_default(m: ModelSpec) -> float:
-    """partial_rotary_factor where a config.json leaves it out: 0.25 for Qwen3-Next and Qwen3.5's
-    text models (transformers 5.x Qwen3NextConfig, Qwen3_5TextConfig and Qwen3_5MoeTextConfig
-    defaults), else 1 (every dimension of head_dim rotated)."""
-    from planner.models.deltanet import DELTANET_MODEL_TYPES
-
-    return 0.25 if m.model_type in DELTANET_MODEL_TYPES else 1.0
 
 
 def architecture(m: ModelSpec) -> Architecture:
@@ -69,12 +94,10 @@ def architecture(m: ModelSpec) -> Architecture:
                               original_max_positions=int(rs.get("original_max_position_embeddings", 8192)))
     eps_default = 1e-6 if m.norm == "rmsnorm" else 1e-5
     eps = next((float(cfg[k]) for k in NORM_EPS_KEYS if k in cfg), eps_default)
-    # transformers 5 writes rope_theta and partial_rotary_factor inside rope_parameters
-    given = cfg.get("rope_parameters")
-    rope: dict[str, Any] = given if isinstance(given, dict) else {}
-    theta = float(cfg.get("rope_theta", rope.get("rope_theta", 10000.0)))
-    fraction = float(cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", _rotary_default(m))))
+    theta = float(cfg.get("rope_theta", _rope_parameters(cfg).get("rope_theta", 10000.0)))
     aux = cfg.get("router_aux_loss_coef")
+    sigmoid = m.is_moe and m.model_type in SIGMOID_ROUTER_TYPES
     return Architecture(rope_theta=theta, rope_scaling=scaling, norm_eps=eps,
                         router_aux_loss_coef=float(aux) if m.is_moe and aux is not None else None,
-                        rotary_fraction=fraction)
+                        rotary_fraction=rotary_fraction(cfg, m.model_type), sigmoid_router=sigmoid,
+                        router_scaling=float(cfg.get("routed_scaling_factor", 1.0)) if sigmoid else 1.0)
