@@ -32,7 +32,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 from conftest import require
-from megatron_args import megatron_args_errors, padded_vocab_size, parse_args
+from megatron_args import megatron_args_errors, moe_freq_type, padded_vocab_size, parse_args
 from megatron_groups import GROUP_STUBS
 from megatron_plans import PARAM_COUNTS, TINY_LAYOUTS, launch_env, plan_layout
 
@@ -79,7 +79,7 @@ def test_written_arguments_parse_and_pass_validate_args(kw):
     # (i + 1) % 4 == 0 (get_linear_attention_pattern), transformers' full_attention_interval
     assert r.model.layer_pattern == "GEG-GE*EGEG-GE*E" and a.num_layers == 8
     assert a.experimental_attention_variant == "gated_delta_net" and a.linear_attention_freq == 4
-    assert a.moe_layer_freq == [1, 0, 1, 1, 1, 0, 1, 1]
+    assert moe_freq_type(a.moe_layer_freq) == [1, 0, 1, 1, 1, 0, 1, 1]
     assert (a.linear_num_key_heads, a.linear_num_value_heads, a.linear_key_head_dim, a.linear_value_head_dim,
             a.linear_conv_kernel_dim) == (2, 4, 16, 16, 4)
     assert a.attention_output_gate and a.qk_layernorm and a.apply_layernorm_1p and a.moe_shared_expert_gate
@@ -202,7 +202,8 @@ def _megatron_model(m) -> dict:
     r = plan_layout(m, TINY_LAYOUTS[0])
     a = parse_args(to_megatron_args(r))
     fields = {k: getattr(a, k, None) for k in _FIELDS}
-    fields["moe_layer_freq"] = fields["moe_layer_freq"] or 1          # Megatron-LM's default
+    # Megatron-LM's moe_freq_type reads the list; 1 (every layer) is its default
+    fields["moe_layer_freq"] = moe_freq_type(fields["moe_layer_freq"]) if fields["moe_layer_freq"] else 1
     fields["padded_vocab"] = padded_vocab_size(a.vocab_size, a.tensor_model_parallel_size,
                                                a.make_vocab_size_divisible_by)
     fields["tp_ep"] = [RANK_LAYOUT["tp"], RANK_LAYOUT["ep"]]

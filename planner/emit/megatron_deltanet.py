@@ -91,7 +91,7 @@ def deltanet_model_args(m: ModelSpec, seq_len: int, tp: int = 1) -> list[str]:
             "--ffn-hidden-size", str(m.dense_d_ff), "--num-attention-heads", str(m.n_heads),
             "--kv-channels", str(m.head_dim), "--seq-length", str(seq_len),
             "--max-position-embeddings", str(max(m.max_positions, seq_len)),
-            "--position-embedding-type", "rope", "--rotary-percent", repr(arch.rotary_fraction), *_rope_args(m),
+            "--position-embedding-type", "rope", *_rope_args(m),     # base, and the rotated share of head_dim
             "--normalization", "RMSNorm", "--apply-layernorm-1p", "--norm-epsilon", repr(arch.norm_eps),
             "--vocab-size", str(m.vocab_size), "--make-vocab-size-divisible-by", str(vocab_divisor(m.vocab_size, tp)),
             "--attention-dropout", repr(m.attention_dropout), "--hidden-dropout", repr(m.hidden_dropout),
@@ -106,13 +106,12 @@ def deltanet_model_args(m: ModelSpec, seq_len: int, tp: int = 1) -> list[str]:
     if not m.tied_embeddings:
         args += ["--untie-embeddings-and-output-weights"]
     if m.is_moe:
-        args += _moe_args(m) + ["--moe-ffn-hidden-size", str(m.d_ff)]
-        if not all(moe):
+        args += _moe_args(m)       # experts, router, shared expert's width (the GPT path's)
+        args += [] if "--moe-ffn-hidden-size" in args else ["--moe-ffn-hidden-size", str(m.d_ff)]
+        if not all(moe) and "--moe-layer-freq" not in args:
             args += ["--moe-layer-freq", freq_arg(moe, every_nth=1)]
-        if m.n_shared_experts:
-            args += ["--moe-shared-expert-intermediate-size", str(m.n_shared_experts * m.shared_d_ff)]
-            if m.shared_expert_gate:
-                args += ["--moe-shared-expert-gate"]
+        if m.n_shared_experts and m.shared_expert_gate:
+            args += ["--moe-shared-expert-gate"]
     return args
 
 
