@@ -327,3 +327,22 @@ def test_xmod_runs_its_first_language_adapter():
     assert hf_config(cfg).default_language == "de_DE"
     m = spec_from_hf_config(dict(cfg), "x", "test")
     assert m.is_generic and count_params(m).total == transformers_count(cfg)
+
+
+def test_the_every_family_table_is_the_rows_it_names():
+    # docs/models.md's table is bench/generic_families.py's rendering of docs/generic-families.json
+    # (edited by hand it would drift); and every family planned there has transformers' count
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "generic_families.py"
+    spec = importlib.util.spec_from_file_location("generic_families_bench", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    data = json.loads(bench.ROWS.read_text())
+    doc = bench.DOC.read_text()
+    assert f"{bench.BEGIN}\n{bench.table(data['rows'], data['transformers'])}\n{bench.END}" in doc
+    if data["transformers"] == transformers.__version__:     # every family of this transformers
+        assert set(data["rows"]) == set(causal_lm_types())
+    planned = [r for r in data["rows"].values() if r["status"] in ("written", "generic")]
+    assert planned and all(r["planner"] == r["transformers"] and r["planned"] for r in planned)
