@@ -138,8 +138,9 @@ def _mla_args(m: ModelSpec) -> list[str]:
     q_lora_rank), --kv-lora-rank, the heads' non-rotary and rotary query/key widths and the
     value width; --qk-layernorm builds the latents' RMSNorms (q_layernorm over q_lora_rank,
     kv_layernorm over kv_lora_rank: transformers' q_a_layernorm and kv_a_layernorm);
-    --kv-channels the value width, which the core attention reshapes its output by
-    (transformer/dot_product_attention.py: kv_channels x heads). MLA's rotary key is always
+    --kv-channels the value width (MLASelfAttention hands its core attention the key and
+    value widths itself, k_channels and v_channels; kv_channels would else default to
+    hidden / heads). MLA's rotary key is always
     de-interleaved (models/common/embeddings/rope_utils.py, multi_latent_attention), as
     transformers' rope_interleave (its default) reads the weights."""
     if not architecture(m).mla_rope_interleave:
