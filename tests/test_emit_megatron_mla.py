@@ -12,27 +12,22 @@ DeepseekV3ForCausalLM built on the meta device counts the parameters they must m
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from causal_families import transformers_count
 from conftest import require
-from megatron_args import LaunchEnv, env_from_script, megatron_args_errors, padded_vocab_size, parse_args
+from megatron_args import LaunchEnv, env_from_script, megatron_args_errors, parse_args
 from megatron_groups import GROUP_STUBS
+from megatron_model import GPT_CONFIG_KW, GPT_FIELDS, plan_layout, run_model_script
 
-from planner import api
 from planner.emit import EmitOptions
 from planner.emit.launch import to_launch_script
 from planner.emit.megatron import to_megatron_args
 from planner.errors import UserError
-from planner.hardware.gpus import get_gpu
-from planner.layouts.layout import Layout
 from planner.models.families import spec_from_hf_config
 from planner.models.load import load_model
 from planner.stacks.megatron import device_arch_major
-from planner.training.setup import TrainingSetup
 
 CONFIGS = Path(__file__).resolve().parent.parent / "bench" / "configs"
 TINY = dict(dp=1, tp=2, pp=1, ep=2, zero_stage=1, sp=True, micro_batch=1, grad_accum=8)
@@ -43,11 +38,7 @@ DEEPSEEK_LAYOUT = dict(dp=16, tp=2, pp=8, ep=32, etp=1, zero_stage=1, sp=True, m
 
 
 def _plan(m, kw: dict = TINY, seq_len: int = 1024):
-    lay = Layout(seq_len=seq_len, **kw)
-    setup = TrainingSetup(seq_len=seq_len, global_batch=lay.global_batch, stack="megatron")
-    r = api.evaluate_layout(m, get_gpu("h100"), setup, lay)
-    assert r.best is not None, f"test layout must be planned: {m.name} {lay.describe()}"
-    return r
+    return plan_layout(m, kw, seq_len)
 
 
 def _tiny_cfg(**changes) -> dict:
@@ -102,7 +93,7 @@ def test_deepseek_v3_arguments_carry_its_attention_and_router():
 # megatron-core's GPTModel from the parsed arguments (as core_transformer_config_from_args maps
 # them: MLATransformerConfig under --multi-latent-attention, rope_type left to its default when
 # the argument is absent), on one rank, with megatron-core's local decoder block spec
-_SCRIPT = GROUP_STUBS + r'''
+_SCRIPT = GROUP_STUBS + GPT_CONFIG_KW + r'''
 import torch
 import torch.nn.functional as F
 a = json.loads(sys.argv[1])
@@ -112,23 +103,13 @@ from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 from megatron.core.transformer.transformer_config import MLATransformerConfig
 ps.initialize_model_parallel()
 kw = dict(
-    num_layers=a["num_layers"], hidden_size=a["hidden_size"], num_attention_heads=a["num_attention_heads"],
-    ffn_hidden_size=a["ffn_hidden_size"], kv_channels=a["kv_channels"], num_query_groups=None,
-    normalization=a["normalization"], layernorm_epsilon=a["norm_epsilon"], add_bias_linear=a["add_bias_linear"],
-    add_qkv_bias=a["add_qkv_bias"], qk_layernorm=a["qk_layernorm"], gated_linear_unit=a["swiglu"],
-    activation_func=F.silu, num_moe_experts=a["num_experts"], moe_router_topk=a["moe_router_topk"],
-    moe_ffn_hidden_size=a["moe_ffn_hidden_size"], moe_layer_freq=eval(a["moe_layer_freq"]),
-    moe_shared_expert_intermediate_size=a["moe_shared_expert_intermediate_size"],
-    moe_router_score_function=a["moe_router_score_function"],
-    moe_router_enable_expert_bias=a["moe_router_enable_expert_bias"],
-    moe_router_topk_scaling_factor=a["moe_router_topk_scaling_factor"],
+    gpt_config_kw(a), num_query_groups=None,
     moe_router_num_groups=a["moe_router_num_groups"], moe_router_group_topk=a["moe_router_group_topk"],
     multi_latent_attention=a["multi_latent_attention"], q_lora_rank=a["q_lora_rank"],
     kv_lora_rank=a["kv_lora_rank"], qk_head_dim=a["qk_head_dim"], qk_pos_emb_head_dim=a["qk_pos_emb_head_dim"],
     v_head_dim=a["v_head_dim"], rotary_base=a["rotary_base"], rotary_percent=a["rotary_percent"],
     rotary_scaling_factor=a["rotary_scaling_factor"], mscale=a["mscale"], mscale_all_dim=a["mscale_all_dim"],
-    apply_rope_fusion=False,     # the fused kernel is CUDA's; the choice is checked in the parent
-    use_cpu_initialization=True, perform_initialization=False, params_dtype=torch.float32)
+    apply_rope_fusion=False)     # the fused kernel is CUDA's; the choice is checked in the parent
 if a["rope_type"] is not None:
     kw["rope_type"] = a["rope_type"]
 cfg = MLATransformerConfig(**kw)
@@ -158,27 +139,14 @@ print(json.dumps({"total": sum(p.numel() for p in model.parameters()),
                   "softmax_scale": att.softmax_scale}))
 '''
 
-_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "kv_channels", "normalization",
-           "norm_epsilon", "add_bias_linear", "add_qkv_bias", "qk_layernorm", "swiglu", "num_experts",
-           "moe_router_topk", "moe_ffn_hidden_size", "moe_layer_freq", "moe_shared_expert_intermediate_size",
-           "moe_router_score_function", "moe_router_enable_expert_bias", "moe_router_topk_scaling_factor",
-           "moe_router_num_groups", "moe_router_group_topk", "multi_latent_attention", "q_lora_rank", "kv_lora_rank",
-           "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "rope_type", "rotary_base", "rotary_percent",
-           "rotary_scaling_factor", "mscale", "mscale_all_dim", "apply_rope_fusion", "max_position_embeddings",
-           "position_embedding_type", "untie_embeddings_and_output_weights")
+_FIELDS = (*GPT_FIELDS, "moe_router_num_groups", "moe_router_group_topk", "multi_latent_attention", "q_lora_rank",
+           "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "rope_type", "rotary_base",
+           "rotary_percent", "rotary_scaling_factor", "mscale", "mscale_all_dim", "apply_rope_fusion",
+           "max_position_embeddings", "position_embedding_type", "untie_embeddings_and_output_weights")
 
 
 def _megatron_model(args: list[str]) -> dict:
-    a = parse_args(args)
-    fields = {k: getattr(a, k) for k in _FIELDS}
-    fields["padded_vocab"] = padded_vocab_size(a.vocab_size, a.tensor_model_parallel_size,
-                                               a.make_vocab_size_divisible_by)
-    done = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(fields)], capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads(done.stdout.strip().splitlines()[-1])
-    got["pad"] = fields["padded_vocab"] - a.vocab_size
-    return got
+    return run_model_script(_SCRIPT, parse_args(args), _FIELDS)
 
 
 # tiny-deepseek-v3.json (bench/configs): 3 layers, first_k_dense_replace 1, q_lora_rank 96,

@@ -131,18 +131,15 @@ def _rope_args(m: ModelSpec) -> list[str]:
 
 def _mla_args(m: ModelSpec) -> list[str]:
     """Multi-latent attention (DeepSeek-V2/V3, Kimi K2; arXiv:2412.19437 Sec. 2.1.1) as
-    megatron-core 0.16.1 builds it (transformer/multi_latent_attention.py MLASelfAttention,
-    MLATransformerConfig, which Megatron-LM's core_transformer_config_from_args picks under
+    megatron-core 0.16.1 builds it (transformer/multi_latent_attention.py MLASelfAttention;
+    MLATransformerConfig, which core_transformer_config_from_args picks under
     --multi-latent-attention): --q-lora-rank only with a query bottleneck (absent, the
-    parser's None builds one full linear_q_proj, as transformers' q_proj without
-    q_lora_rank), --kv-lora-rank, the heads' non-rotary and rotary query/key widths and the
-    value width; --qk-layernorm builds the latents' RMSNorms (q_layernorm over q_lora_rank,
-    kv_layernorm over kv_lora_rank: transformers' q_a_layernorm and kv_a_layernorm);
-    --kv-channels the value width (MLASelfAttention hands its core attention the key and
-    value widths itself, k_channels and v_channels; kv_channels would else default to
-    hidden / heads). MLA's rotary key is always
-    de-interleaved (models/common/embeddings/rope_utils.py, multi_latent_attention), as
-    transformers' rope_interleave (its default) reads the weights."""
+    parser's None builds one full linear_q_proj, transformers' q_proj), --kv-lora-rank, the
+    non-rotary and rotary query/key widths per head and the value width; --qk-layernorm builds
+    the latents' RMSNorms (transformers' q_a_layernorm and kv_a_layernorm); --kv-channels the
+    value width (MLA hands its core attention k_channels and v_channels itself). MLA's rotary
+    dims are always read interleaved (models/common/embeddings/rope_utils.py), as transformers'
+    default rope_interleave stores them."""
     if not architecture(m).mla_rope_interleave:
         raise UserError(f"megatron-core's multi-latent attention reads rotary dims interleaved; {m.name} has "
                         "rope_interleave false: no Megatron arguments written (use --stack hf)")
@@ -162,14 +159,14 @@ MEGATRON_YARN_FIXED = (4096, 32.0, 1.0)
 
 
 def _mla_rope_args(m: ModelSpec) -> list[str]:
-    """MLA's rotary key: --rope-type yarn with --rotary-scaling-factor, --mscale and
-    --mscale-all-dim (Megatron-LM _add_mla_args; megatron-core's YarnRotaryEmbedding scales
-    cos/sin by mscale(factor, mscale) / mscale(factor, mscale_all_dim) and MLASelfAttention the
-    softmax by mscale(factor, mscale_all_dim)^2), the same two numbers transformers 5.x reads
-    (modeling_rope_utils._compute_yarn_parameters: the ratio when mscale and mscale_all_dim
-    are both set, else mscale(factor, 1); DeepseekV3Attention yarn_apply_mscale: the square
-    when mscale_all_dim is set). Without scaling, --rope-type rope and --no-rope-fusion
-    (MLATransformerConfig.__post_init__: rope fusion for MLA is YaRN's only)."""
+    """MLA's rotary key: --rope-type yarn, --rotary-scaling-factor, --mscale, --mscale-all-dim
+    (Megatron-LM _add_mla_args; megatron-core's YarnRotaryEmbedding scales cos/sin by
+    mscale(factor, mscale) / mscale(factor, mscale_all_dim), MLASelfAttention the softmax by
+    mscale(factor, mscale_all_dim)^2), as transformers 5.x reads them
+    (modeling_rope_utils._compute_yarn_parameters: that ratio when both are set, else
+    mscale(factor, 1); DeepseekV3Attention's yarn_apply_mscale: the square when mscale_all_dim
+    is set). Without scaling, --rope-type rope --no-rope-fusion (MLATransformerConfig fuses
+    MLA's rope for YaRN only)."""
     args = _rotary_base_args(m)
     sc = architecture(m).rope_scaling
     if sc is None:
