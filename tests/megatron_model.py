@@ -31,15 +31,16 @@ def gpt_config_kw(a):
 '''
 
 
-def plan_layout(m, kw: dict, seq_len: int = 1024):
-    """``m`` planned on H100s with the Megatron stack in exactly the layout ``kw``."""
+def plan_layout(m, kw: dict, seq_len: int = 1024, **setup_kw):
+    """``m`` planned on H100s with the Megatron stack in exactly the layout ``kw`` (and the
+    TrainingSetup fields ``setup_kw``)."""
     from planner import api
     from planner.hardware.gpus import get_gpu
     from planner.layouts.layout import Layout
     from planner.training.setup import TrainingSetup
 
     lay = Layout(seq_len=seq_len, **kw)
-    setup = TrainingSetup(seq_len=seq_len, global_batch=lay.global_batch, stack="megatron")
+    setup = TrainingSetup(seq_len=seq_len, global_batch=lay.global_batch, stack="megatron", **setup_kw)
     r = api.evaluate_layout(m, get_gpu("h100"), setup, lay)
     assert r.best is not None, f"test layout must be planned: {m.name} {lay.describe()}"
     return r

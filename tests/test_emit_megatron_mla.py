@@ -12,6 +12,7 @@ DeepseekV3ForCausalLM built on the meta device counts the parameters they must m
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,7 @@ from planner.emit.megatron import to_megatron_args
 from planner.errors import UserError
 from planner.models.families import spec_from_hf_config
 from planner.models.load import load_model
+from planner.models.spec import count_params
 from planner.stacks.megatron import device_arch_major
 
 CONFIGS = Path(__file__).resolve().parent.parent / "bench" / "configs"
@@ -112,6 +114,8 @@ kw = dict(
     apply_rope_fusion=False)     # the fused kernel is CUDA's; the choice is checked in the parent
 if a["rope_type"] is not None:
     kw["rope_type"] = a["rope_type"]
+if a["mtp_num_layers"]:
+    kw["mtp_num_layers"] = a["mtp_num_layers"]
 cfg = MLATransformerConfig(**kw)
 spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False)
 # megatron-core 0.16.1's local DotProductAttention does not take the k_channels/v_channels
@@ -127,9 +131,14 @@ for layer in spec.layer_specs:
 # isinstance(self.linear_proj, TELinear) cannot take: a class that nothing is an instance of
 import megatron.core.transformer.multi_latent_attention as mla
 mla.TELinear = type("TELinear", (), {})
+mtp = None
+if a["mtp_num_layers"]:     # the MTP block of the last layer's spec (a MoE block here)
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_mtp_block_spec
+    mtp = get_gpt_mtp_block_spec(cfg, spec.layer_specs[-1], use_transformer_engine=False)
 model = GPTModel(cfg, spec, vocab_size=a["padded_vocab"], max_sequence_length=a["max_position_embeddings"],
                  position_embedding_type=a["position_embedding_type"], rotary_percent=a["rotary_percent"],
-                 share_embeddings_and_output_weights=not a["untie_embeddings_and_output_weights"])
+                 share_embeddings_and_output_weights=not a["untie_embeddings_and_output_weights"],
+                 mtp_block_spec=mtp)
 att = model.decoder.layers[0].self_attention
 print(json.dumps({"total": sum(p.numel() for p in model.parameters()),
                   "classes": [type(x.mlp).__name__ for x in model.decoder.layers],
@@ -142,7 +151,8 @@ print(json.dumps({"total": sum(p.numel() for p in model.parameters()),
 _FIELDS = (*GPT_FIELDS, "moe_router_num_groups", "moe_router_group_topk", "multi_latent_attention", "q_lora_rank",
            "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "rope_type", "rotary_base",
            "rotary_percent", "rotary_scaling_factor", "mscale", "mscale_all_dim", "apply_rope_fusion",
-           "max_position_embeddings", "position_embedding_type", "untie_embeddings_and_output_weights")
+           "max_position_embeddings", "position_embedding_type", "untie_embeddings_and_output_weights",
+           "mtp_num_layers")
 
 
 def _megatron_model(args: list[str]) -> dict:
@@ -175,6 +185,20 @@ def test_megatron_cores_gpt_model_has_transformers_parameters(tmp_path, name, ch
     a = parse_args(args)
     # MLATransformerConfig.__post_init__: rope fusion for MLA is YaRN's only
     assert a.apply_rope_fusion == (a.rope_type == "yarn")
+
+
+@pytest.mark.slow
+def test_megatron_cores_mtp_module_has_the_planners_parameters():
+    # --mtp 1 writes --mtp-num-layers 1; megatron-core's MTP block (enorm, hnorm, eh_proj 2h x h,
+    # one layer of the last block's kind, its final norm; embedding and head shared) must hold what
+    # the planner counts for one DeepSeek-V3 MTP module (arXiv:2412.19437 Sec. 2.2; ModelSpec
+    # n_mtp_modules), which transformers' DeepseekV3ForCausalLM does not build
+    require("megatron.core")
+    m = load_model(str(CONFIGS / "tiny-deepseek-v3.json"))
+    args = to_megatron_args(plan_layout(m, TINY, 1024, mtp_layers=1))
+    assert parse_args(args).mtp_num_layers == 1
+    got = _megatron_model(args)
+    assert got["total"] == count_params(replace(m, n_mtp_modules=1)).total + 2 * got["pad"] * m.d_model
 
 
 @pytest.mark.slow
