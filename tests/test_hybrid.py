@@ -196,11 +196,12 @@ def test_nemotron_rows_of_the_megatron_bridge_corpus_are_expressible():
 
     rows = [r for r in mbr.load_rows() if r.model.startswith("Nemotron") and r.latest]
     assert len(rows) == 9 and sum(r.model.startswith("Nemotron_3_Ultra") for r in rows) == 1
-    # Ultra's request is accepted; its recipe's HSDP over 4 distributed-optimizer instances has no
-    # planner option, so the row is not counted as expressible (docs/megatron-bridge-memory.md)
+    # Ultra states its recipe's HSDP over 4 distributed-optimizer instances (Megatron-Bridge
+    # perf_recipes/nemotronh/common.py, num_distributed_optimizer_instances = GPUs // 64)
     ultra = next(r for r in rows if r.model.startswith("Nemotron_3_Ultra"))
-    assert "num_distributed_optimizer_instances" in ultra.reason and mbr._check(ultra.cli_args) == ""
-    assert all(r.expressible for r in rows if r is not ultra), [r.reason for r in rows if not r.expressible]
+    i = ultra.cli_args.index("--optimizer-instances")
+    assert ultra.cli_args[i + 1] == "4" and mbr._check(ultra.cli_args) == ""
+    assert all(r.expressible for r in rows), [r.reason for r in rows if not r.expressible]
 
 
 def test_inference_cache_is_transformers_cache():
