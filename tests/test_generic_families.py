@@ -67,7 +67,8 @@ def _generic(cfg: dict):
                         "test", SUPPORTED_MODEL_TYPES)
 
 
-@pytest.mark.parametrize("cfg", [TINY_NEMOTRON_H, TINY_QWEN3_NEXT], ids=["nemotron_h", "qwen3_next"])
+@pytest.mark.parametrize("cfg", [TINY_NEMOTRON_H, pytest.param(TINY_QWEN3_NEXT, marks=pytest.mark.slow)],
+                         ids=["nemotron_h", "qwen3_next"])
 def test_generic_count_is_transformers_count_and_blocks_are_told_apart(cfg):
     m = _generic(cfg)
     assert m.is_generic
@@ -100,6 +101,7 @@ def test_the_probe_counts_a_written_family_as_its_formulas_do():
     assert block.saved_bytes_per_token_per_seq == 4 * (4 + 2)
 
 
+@pytest.mark.slow   # the fast tier: test_deltanet.py::test_expert_flops_follow_top_k
 def test_routed_experts_count_their_flops():
     # FlopCounterMode has no formula for aten._grouped_mm (FACTS.md): without the probe's, the
     # routed experts would count 0 FLOPs and top-k would not change the count. Each extra
