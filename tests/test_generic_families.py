@@ -218,7 +218,8 @@ MEASURED_HYBRIDS = {   # the rows of docs/accuracy-generic.md
 }
 
 
-@pytest.mark.parametrize("mt", ["nemotron_h", pytest.param("qwen3_next", marks=pytest.mark.slow)])
+@pytest.mark.slow   # the fast tier measures under the tracker in test_accuracy.py (a tiny Qwen3, about a second)
+@pytest.mark.parametrize("mt", ["nemotron_h", "qwen3_next"])
 def test_plan_measure_on_a_tiny_hybrid_is_within_ten_percent(mt, tmp_path):
     # the referee: PyTorch's FSDPMemTracker running transformers' model (8 fake ranks, FSDP full,
     # bf16 mixed precision, sequence 1024) under fake tensors; docs/accuracy-generic.md lists the rows
