@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from planner.errors import UserError
+from planner.hardware.axes import AXES
 from planner.hardware.graph import _check_gpu, _max_flow_bytes_per_s, ring_bandwidth_bytes_per_s
 from planner.hardware.placement import _axis_groups
-from planner.hardware.topology import AXES
 
 
 def place_groups(n_gpus: int, *, tp: int = 1, cp: int = 1, ep: int = 1, dp: int = 1, pp: int = 1,

@@ -22,7 +22,7 @@ from conftest import require
 from megatron_groups import GROUP_STUBS
 
 from planner.cli.main import cli
-from planner.hardware.topology import AXES as PLACEMENT_AXES
+from planner.hardware.axes import AXES as PLACEMENT_AXES
 from planner.layouts.batch import LayoutArrays
 from planner.layouts.layout import AXES, AXIS_NAMES, Layout, SearchSpace, ep_folds, reject_reason
 from planner.layouts.rules import RULES, option_refusal

@@ -101,16 +101,17 @@ def test_each_default_is_read_from_its_one_place():
 
 
 def test_the_choices_spelt_in_the_cli_agree_with_their_home():
-    # cli.options spells SOLVERS so that `plan --help` loads no pulp; cost.solve owns them
-    from planner.cli import options
+    # cli.cost_options spells SOLVERS so that `plan --help` loads no pulp; cost.solve owns them
+    from planner.cli import cost_options, training_options
     from planner.cost import solve
     from planner.report.intervals import memory_data
     from planner.timing.intervals import levels
 
-    assert options.SOLVERS == solve.SOLVERS
+    assert cost_options.SOLVERS == solve.SOLVERS
     # --fit-confidence and --time-confidence (plan and plan buy) take the levels both interval tables hold
-    assert tuple(float(x) for x in options.CONFIDENCE_LEVELS) == levels()
-    assert sorted(float(x) for x in options.CONFIDENCE_LEVELS) == sorted(float(x) for x in memory_data()["levels"])
+    assert tuple(float(x) for x in training_options.CONFIDENCE_LEVELS) == levels()
+    levels_in_cli = sorted(float(x) for x in training_options.CONFIDENCE_LEVELS)
+    assert levels_in_cli == sorted(float(x) for x in memory_data()["levels"])
 
 
 def test_an_option_of_one_kind_of_post_training_needs_its_kind():

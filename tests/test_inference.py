@@ -182,7 +182,7 @@ def test_cli_mla_cache_refusals():
 
 
 def test_the_cli_offers_the_cache_layouts_the_model_knows():
-    from planner.cli import options
+    from planner.cli import task_options
     from planner.memory import inference
 
-    assert options.MLA_CACHES == inference.MLA_CACHES
+    assert task_options.MLA_CACHES == inference.MLA_CACHES

@@ -20,7 +20,7 @@ from conftest import require
 from planner.layouts.batch import LayoutArrays
 from planner.layouts.layout import Layout
 from planner.memory.states import no_sync_gradient_bytes
-from planner.timing.fast import dp_times
+from planner.timing.dp_overlap import dp_times
 from planner.timing.parts import FSDP_GRAD_OP, SHARD_3
 from planner.training.setup import Precision
 

@@ -1,6 +1,6 @@
 """Issue 18: under a 1F1B pipeline a micro-batch's FSDP reduce-scatter (Llama 3's sharded
 gradients, fsdp_pipeline_grad_sync "micro-batch") runs on its own stream under the next
-forward as well as its own backward (timing.fast.steady_reduce: Narayanan et al. 2021 Sec.
+forward as well as its own backward (timing.dp_overlap.steady_reduce: Narayanan et al. 2021 Sec.
 2.2.1; torch 2.13 pipelining Schedule1F1B and fully_shard's reduce_scatter_stream)."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from planner.hardware.gpus import get_gpu
 from planner.layouts.batch import LayoutArrays
 from planner.layouts.layout import Layout
 from planner.models.spec import count_params, load_preset
+from planner.timing.dp_overlap import steady_reduce
 from planner.timing.efficiency import MEGATRON_CORE
-from planner.timing.fast import steady_reduce, step_arrays
+from planner.timing.fast import step_arrays
 from planner.timing.model import cluster_for
 from planner.timing.parts import ALL_REDUCE, FSDP_GRAD_OP, SHARD_3
 from planner.training.setup import TrainingSetup

@@ -15,9 +15,10 @@ from graph_groups import place_groups
 
 from planner import api
 from planner.cli.main import cli
+from planner.hardware.axes import AXES
 from planner.hardware.gpus import get_gpu
 from planner.hardware.graph import build_graph, ring_bandwidth_bytes_per_s
-from planner.hardware.topology import AXES, load_topology
+from planner.hardware.topology import load_topology
 from planner.layouts.layout import Layout, SearchSpace
 from planner.models.spec import ModelSpec, load_model
 from planner.timing.model import (

@@ -11,7 +11,9 @@ import click
 
 from planner.cli.common import note, progress, run_safely, show
 from planner.cli.complete import complete_gpus
-from planner.cli.options import calibration_option, confidence_option, prices_option, quiet_option, solver_option
+from planner.cli.cost_options import calibration_option, prices_option, solver_option
+from planner.cli.output_options import quiet_option
+from planner.cli.training_options import confidence_option
 from planner.cli.types import Dollars, OutputPath
 from planner.errors import UserError
 from planner.training.setup import MAX_GPUS

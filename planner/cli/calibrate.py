@@ -13,8 +13,11 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from planner.cli.common import run_safely
-from planner.cli.options import Options, layout_options, method_options, stack_options
+from planner.cli.layout_options import layout_options
+from planner.cli.options import Options
 from planner.cli.request import build_request
+from planner.cli.task_options import method_options
+from planner.cli.training_options import stack_options
 from planner.cli.types import OutputPath
 from planner.errors import UserError
 

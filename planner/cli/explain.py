@@ -8,15 +8,12 @@ from typing import Any
 import click
 
 from planner.cli.common import run_safely
-from planner.cli.options import (
-    Options,
-    layout_options,
-    method_options,
-    offload_options,
-    stack_options,
-    time_options,
-)
+from planner.cli.cost_options import time_options
+from planner.cli.layout_options import layout_options
+from planner.cli.options import Options
 from planner.cli.request import build_request, timing, within_topology
+from planner.cli.task_options import method_options
+from planner.cli.training_options import offload_options, stack_options
 from planner.errors import UserError
 
 

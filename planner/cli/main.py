@@ -22,21 +22,15 @@ from planner.cli.buy import buy_cmd
 from planner.cli.calibrate import calibrate_cmd
 from planner.cli.catalogs import SHELLS, completion_cmd, gpus_cmd, models_cmd, topologies_cmd
 from planner.cli.common import guarded_stdout, reader_left, run_safely
+from planner.cli.cost_options import cost_options, time_options
 from planner.cli.explain import explain_cmd
 from planner.cli.helptopics import help_command
+from planner.cli.layout_options import layout_options
 from planner.cli.measure import measure_cmd
-from planner.cli.options import (
-    Options,
-    cost_options,
-    layout_options,
-    method_options,
-    output_options,
-    posttrain_options,
-    quiet_option,
-    task_options,
-    time_options,
-)
+from planner.cli.options import Options
+from planner.cli.output_options import output_options, quiet_option
 from planner.cli.plan import plan
+from planner.cli.task_options import method_options, posttrain_options, task_options
 from planner.errors import UserError
 
 

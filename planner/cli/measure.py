@@ -10,8 +10,11 @@ from typing import Any
 import click
 
 from planner.cli.common import check_quiet, note, progress, run_safely, show
-from planner.cli.options import Options, distill_options, layout_options, method_options, quiet_option
+from planner.cli.layout_options import layout_options
+from planner.cli.options import Options
+from planner.cli.output_options import quiet_option
 from planner.cli.request import build_request
+from planner.cli.task_options import distill_options, method_options
 from planner.cli.types import OutputPath
 from planner.errors import UserError
 

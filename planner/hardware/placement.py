@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from planner.errors import UserError
+from planner.hardware.axes import AXES
 from planner.hardware.gpus import GpuSpec
 from planner.hardware.graph import build_graph, ring_bandwidth_bytes_per_s
 from planner.hardware.rings import (
@@ -28,7 +29,7 @@ from planner.hardware.rings import (
     ring_bound_bytes_per_s,
     scale_up_gpu_bytes_per_s,
 )
-from planner.hardware.topology import AXES, ClusterTopology, hash_once, load_topology, stored_hash, unpickle_hashed
+from planner.hardware.topology import ClusterTopology, hash_once, load_topology, stored_hash, unpickle_hashed
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -30,7 +30,6 @@ from planner.limits import (
 from planner.units import GB, GiB
 
 US = 1e-6               # microseconds -> seconds
-AXES = ("tp", "cp", "ep", "dp", "pp")
 FABRICS = ("nvswitch", "mesh", "pcie")
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, NamedTuple
 
+from planner.hardware.axes import AxisSizes
 from planner.models.spec import ModelSpec
 from planner.training.setup import TrainingSetup
 
@@ -137,6 +138,11 @@ class Layout:
     def expert_shard_degree(self) -> int:
         """The expert data-parallel group (megatron-core's EDP): dp*cp*tp/etp."""
         return expert_data_parallel_size(self.dp, self.tp, self.cp, self.ep, self.expert_tp, self.ep_fold)
+
+    @property
+    def axis_sizes(self) -> AxisSizes:
+        """The degrees as the placement reads them (hardware.axes.AxisSizes: tp, cp, ep, dp, pp)."""
+        return AxisSizes(tp=self.tp, cp=self.cp, ep=self.ep, dp=self.dp, pp=self.pp)
 
     def hybrid_shard(self, gpus_per_node: int) -> int:
         """FSDP hybrid's (HSDP) shard group (hybrid_shard_ranks), 0 where the sharding is not hybrid."""

@@ -50,6 +50,7 @@ from planner.memory.peak import (
     MOMENT_PARTS,
     MOMENTS,
     MemoryBatch,
+    StageMemory,
     memory_batch,
     pick_terms,
 )
@@ -182,13 +183,6 @@ class MemoryTerms:
             tracked=int(self.of_batch("tracked")), fragmentation=int(self.of_batch("fragmentation")))  # type: ignore[call-overload]
 
 
-_STAGE_TERMS = ("n_act_layers", "held", "layer_act", "full_layer", "block_acts", "embed_acts", "image_acts",
-                "dropout_embed",
-                "amp_copies", "working", "score_grad", "last_block", "fsdp_end", "fsdp_forward", "step_transient",
-                "grad_unit", "head_grad", "step_freed", "fsdp_done", "root_gathered", "fp8_weights", "logits",
-                "buffers", "expert_padding")
-
-
 def _fields(x: Any) -> dict[str, Any]:
     return {f.name: getattr(x, f.name) for f in fields(x)}
 
@@ -270,6 +264,15 @@ class RankTerms:
     persistent_grads: bool
     distributed: bool
     fixed_overhead: int
+
+
+# RankTerms' fields that are the stage's terms (StageMemory) as they are, at the row: every field of
+# both but those view() converts and the batch's per-layout facts (MemoryBatch, read by of_batch).
+# The names are StageMemory's: a new stage term is a field there and here, and nothing else.
+_CONVERTED = ("stage", "rank_params", "split", "states", "offload", "end_grad_params")
+_STAGE_TERMS = tuple(f.name for f in fields(RankTerms)
+                     if f.name in {g.name for g in fields(StageMemory)} - {g.name for g in fields(MemoryBatch)}
+                     and f.name not in _CONVERTED)
 
 
 def _scalar(x: object, row: int) -> object:

@@ -186,7 +186,7 @@ def no_sync_gradient_bytes(n_dense: np.ndarray, n_expert: np.ndarray, precision:
     reduce-scatter once, after the last micro-batch (torch 2.13
     torch/distributed/pipelining/stage.py lines 844-847, backward_maybe_with_nosync's
     FSDPModule branch; lines 1164-1195, perform_reduce_grad), which is what
-    timing.fast.dp_times assumes for shard-grad-op. Without the reduce, FSDP2 keeps
+    timing.dp_overlap.dp_times assumes for shard-grad-op. Without the reduce, FSDP2 keeps
     each parameter's unsharded gradient and, when the reduce dtype differs from the
     parameter's (mixed precision: bf16 compute, fp32 reduce), upcasts it to an fp32
     ``unsharded_accumulated_grad`` that later micro-batches add into

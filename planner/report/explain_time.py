@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from planner.hardware.axes import AXES as PLACEMENT_AXES
 from planner.hardware.gpus import sustained_rate
 from planner.hardware.placement import Cluster
-from planner.hardware.topology import AXES as PLACEMENT_AXES
 from planner.layouts.batch import LayoutArrays
 from planner.layouts.layout import Layout
 from planner.memory.params import optimizer_state_bytes
@@ -99,7 +99,7 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
     lt = layer_time(m, setup, layer_key(lay), layout_kernels(setup, lay), gpu, eff)
     # the ep line times all-to-alls: their link (placement.all_to_all_link), not the ep ring's;
     # a folded ep on megatron-core's expert grid (timing.degrees.layout_links)
-    rings, a2a = layout_links(cluster, tuple(getattr(lay, a) for a in PLACEMENT_AXES), st.placement, lay.etp,
+    rings, a2a = layout_links(cluster, lay.axis_sizes, st.placement, lay.etp,
                               int(lay.ep_fold), dedup_routing(m, setup.moe_dispatcher))
     links = {**rings, "ep": a2a}
     fwd_mb, bwd_mb, t_mb = float(parts.fwd_mb_s[0]), float(parts.bwd_mb_s[0]), float(parts.micro_batch_s[0])

@@ -15,8 +15,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from planner.hardware.axes import AXES, AxisSizes
 from planner.hardware.placement import FALLBACK_INTRA_LATENCY_S, AxisLink, Cluster, all_to_all_link, axis_links
-from planner.hardware.topology import AXES
 from planner.layouts.batch import RECOMPUTES, Unsupported
 from planner.layouts.groups import Rows as _Rows
 from planner.layouts.groups import TableCache
@@ -259,10 +259,10 @@ def layout_links(cluster: Cluster, sizes: tuple[int, ...], order: tuple[str, ...
     token once per remote node (training.moe_runtime.dedup_routing)."""
     tp, cp, ep, dp, pp = sizes
     e_tp = expert_tp_size(etp, tp)
-    expert_grid = (e_tp, 1, ep, expert_data_parallel_size(dp, tp, cp, ep, e_tp, ep_fold), pp)
+    expert_grid = AxisSizes(tp=e_tp, ep=ep, dp=expert_data_parallel_size(dp, tp, cp, ep, e_tp, ep_fold), pp=pp)
     if not ep_fold:
         return axis_links(cluster, sizes, order), all_to_all_link(cluster, expert_grid, order, routing)
-    attention = axis_links(cluster, (tp, cp, 1, dp, pp), order)
+    attention = axis_links(cluster, AxisSizes(tp=tp, cp=cp, dp=dp, pp=pp), order)
     return ({**attention, "ep": axis_links(cluster, expert_grid, order)["ep"]},
             all_to_all_link(cluster, expert_grid, order, routing))
 

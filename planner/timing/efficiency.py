@@ -7,8 +7,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from planner.hardware.axes import AXES
 from planner.hardware.gpus import GpuSpec, list_gpus, sustained_rate
-from planner.hardware.topology import AXES
 
 # Sustained matmul FLOP/s of large BF16/FP16 GEMMs, as a fraction of the dense peak.
 # H100/H200: 0.711 = MSMF (maximum *sustainable* matmul FLOPS, power-saturated near TDP)

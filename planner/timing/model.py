@@ -19,8 +19,9 @@ exclude recomputation (MFU, Chowdhery et al. 2022, PaLM, App. B; Korthikanti et 
 
 The model lives in planner/timing/ by concern: flops.py, efficiency.py, kernels.py (block and
 head times per shape), dp.py (what a rank trains, the optimizer's bytes), degrees.py (the tables per
-distinct degrees and block shape), fast.py (the step of a batch of layouts: pipeline, data
-parallelism, each layout's fastest placement),
+distinct degrees and block shape), stage.py (the slowest stage of a micro-batch), terms.py (the
+time terms of a micro-batch and their combination), dp_overlap.py (the data-parallel collectives
+exposed and hidden), fast.py (the step of a batch of layouts: each layout's fastest placement),
 parts.py (its named terms as arrays, StepArrays) and step.py (StepTime, a row of them);
 step_time() is the batch of one. This module gathers their public names, the ones the rest
 of the planner imports.

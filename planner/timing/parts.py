@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.hardware.topology import AXES as PLACEMENT_AXES
+from planner.hardware.axes import AXES as PLACEMENT_AXES
 from planner.timing.efficiency import Efficiency
 from planner.timing.step import StepTime
 
@@ -69,7 +69,7 @@ class StepArrays:
     n_slow_bwd: np.ndarray        # int64: its blocks with a backward pass (kernels.backward_layers)
     grad_accum: np.ndarray        # int64: micro-batches per step
     dp_branch: np.ndarray         # int64: the branch of DP_TERMS
-    dp_times: np.ndarray          # int64: occurrences of the per-micro-batch gather (fast.dp_times' first)
+    dp_times: np.ndarray          # int64: occurrences of the per-micro-batch gather (dp_overlap.dp_times' first)
     dp_each: np.ndarray           # (seconds, exposed, hidden) x DP_TERMS' term x layout, per occurrence
     efficiency: Efficiency
     tokens_per_step: np.ndarray   # int64
@@ -79,9 +79,9 @@ class StepArrays:
     peak_flops_per_s: float
     fp8_peak_flops_per_s: float | None = None    # under an FP8 recipe: the FP8 dense peak (MFU beside)
     regime: str = ""              # the error-bar regime of the plan (timing.intervals.regime_of)
-    # int64: occurrences of the term under the backward (fast.dp_times' second; None: dp_times)
+    # int64: occurrences of the term under the backward (dp_overlap.dp_times' second; None: dp_times)
     dp_reduce_times: np.ndarray | None = None
-    # bool: term 2 hides under a forward and a backward of the 1F1B steady state (fast.steady_reduce)
+    # bool: term 2 hides under a forward and a backward of the 1F1B steady state (dp_overlap.steady_reduce)
     dp_reduce_steady: np.ndarray | None = None
 
     def __len__(self) -> int:

@@ -17,9 +17,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from planner.hardware.axes import AXES as PLACEMENT_AXES
+from planner.hardware.axes import AxisSizes
 from planner.hardware.gpus import GpuSpec
 from planner.hardware.placement import Cluster, axis_links, cluster_for
-from planner.hardware.topology import AXES as PLACEMENT_AXES
 from planner.layouts.layout import Layout
 from planner.memory.inference import kv_cache_bytes, mamba_state_bytes
 from planner.memory.rollout import VLLM_BLOCK_SIZE, VLLM_MAX_NUM_SEQS, EngineBudget
@@ -85,7 +86,7 @@ def decode_collective_s(m: ModelSpec, batch: int, engine_tp: int, cluster: Clust
     latency, paid on the critical path of every step (nothing else runs beside them). Seconds."""
     if engine_tp <= 1:
         return 0.0
-    link = axis_links(cluster, (engine_tp, 1, 1, 1, 1))["tp"]
+    link = axis_links(cluster, AxisSizes(tp=engine_tp))["tp"]
     return 2 * m.n_layers * all_reduce_s(2 * batch * m.d_model, engine_tp, link, eff)
 
 
@@ -123,7 +124,7 @@ def fsdp_gather_s(weight_bytes: int, dp: int, cluster: Cluster, eff: Efficiency)
     sharded teacher for each forward, or of the policy for the weight resync), seconds."""
     if dp <= 1:
         return 0.0
-    link = axis_links(cluster, (1, 1, 1, dp, 1))["dp"]
+    link = axis_links(cluster, AxisSizes(dp=dp))["dp"]
     return gather_s(weight_bytes, dp, link, eff)
 
 
@@ -224,7 +225,7 @@ def resync_s(m: ModelSpec, lay: Layout, engine_tp: int, colocated: bool, cluster
     if not colocated:
         return weights / cluster.gpu.inter_node_bytes_per_s
     dp_shard = lay.dp if lay.zero_stage >= 3 else 1
-    sizes = (lay.tp, 1, lay.ep, dp_shard, lay.pp)
+    sizes = AxisSizes(tp=lay.tp, ep=lay.ep, dp=dp_shard, pp=lay.pp)
     n = math.prod(sizes)
     copy_s = 2 * ceil_div(weights, engine_tp) / r.hbm_bytes_per_s
     if n <= 1:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from planner.hardware.topology import AXES
+from planner.hardware.axes import AXES
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
