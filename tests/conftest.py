@@ -72,7 +72,9 @@ def plan_in_process(*args: str, env: dict[str, str] | None = None) -> subprocess
     would answer it: exit status, stdout, stderr. For a test that checks the CLI's answer, not
     the process (a fresh interpreter costs a second on a busy 2-core machine); a test about the
     process itself (what it imports, a closed stdout) keeps its subprocess. ``env`` is set on
-    top of this process's environment for the call, as ``env={**os.environ, ...}`` would."""
+    top of this process's environment for the call, as ``env={**os.environ, ...}`` would.
+    Set COLUMNS where the test reads wrapped text: without it, a subprocess of pytest drew
+    80 columns and this call 100 (tests/test_tiers.py)."""
     from click.testing import CliRunner
 
     from planner.cli.main import cli
