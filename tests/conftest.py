@@ -4,7 +4,11 @@ Tiers (markers registered in pyproject.toml):
 
 - ``slow``: a test that takes seconds (a fake-tensor measurement, a search over many GPU
   counts, a bench script's check). ``python -m pytest -m "not slow"`` is the fast tier for
-  development; ``python -m pytest`` (CI, the README's command) runs everything.
+  development; ``python -m pytest`` (CI, the README's command) runs everything. A concern
+  keeps one representative in the fast tier (fast_one: one case of a parametrization over
+  families or files; a slow test names its fast stand-in where it is another test's), and a
+  test of the CLI's answer runs it in process (plan_in_process) rather than in a fresh
+  interpreter.
 - ``referee``: a test that checks the planner against an outside package's own code
   (transformers, DeepSpeed, megatron-core, torchtitan, PEFT, accelerate, bitsandbytes, TRL).
   Marked here, at collection, for every test of a module that asks for one (require()).
