@@ -37,12 +37,20 @@ by head dim, efficiency.TENSOR_FLOPS_PER_EXP, FlashAttention-4).
 
 Each is fitted by a coordinate grid search minimising the mean absolute log error, in sample
 (every expressible row) and out of fold: leave one model family out (the family's rows
-predicted with values fitted on the others) and leave one GPU type out. The 80% intervals are
-the 10th-90th percentiles of the other folds' rows' OUT-OF-FOLD residuals in the held-out row's
-regime (precision class, dense or MoE, GPU generation; pooled where a regime has fewer than 8
-such rows): the spread of errors on families (GPU types) a fit has not seen. Those residuals
-come from fits that saw the held-out fold's rows, which the interval's width, not the
-held-out prediction, depends on. Coverage is counted on the held-out rows.
+predicted with values fitted on the others) and leave one GPU type out.
+
+The 80% interval of a held-out row is nested: it rests only on residuals (log published /
+predicted) that never saw the row's fold. For a held-out fold F, every other fold G is
+predicted with values fitted without F and without G (one fit per pair of folds), and the
+interval is the central share of those residuals in the row's regime (precision class, dense
+or MoE, GPU generation). A regime with fewer than MIN_REGIME_ROWS such residuals takes its
+precision x dense/MoE class's, and a class with fewer takes every residual (interval()). The
+share (80% to 95%, SHARES) is the smallest at which the other folds' rows, each fold against
+the rest, lie inside at least COVERAGE of the time (calibrated_share): chosen without the
+held-out fold, as planner/timing/step_intervals.json's quantile level is.
+Coverage is counted on the held-out rows' own out-of-fold errors, which no interval saw. The
+intervals `plan` prints (planner/timing/megatron_bridge_intervals.json) are the same rule over
+every row's leave-one-family-out residual.
 
     python bench/megatron_bridge.py           # fit, print, rewrite docs/megatron-bridge.md and .json
     python bench/megatron_bridge.py --stored  # predict with the stored fits and rewrite (no refit)
@@ -60,7 +68,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -77,7 +85,16 @@ INTERVALS = ROOT / "planner" / "timing" / "megatron_bridge_intervals.json"
 
 
 MAX_SWEEPS = 4
-MIN_REGIME_ROWS = 8     # a regime with fewer rows takes the pooled residuals' interval
+# an interval rests on at least this many residuals: a regime with fewer takes its precision x
+# dense/MoE class's, a class with fewer takes every residual (interval())
+MIN_REGIME_ROWS = 8
+# the central shares of the residuals an interval may be read at: the smallest whose intervals
+# cover at least COVERAGE of the rows of folds they were not read from (calibrated_share)
+SHARES = (0.80, 0.85, 0.90, 0.95)
+COVERAGE = 0.80
+
+Regime = tuple[str, str, str]
+Residuals = tuple[list[Regime], list[float]]      # one fold's rows: their regimes and residuals
 
 
 @dataclass(frozen=True)
@@ -130,10 +147,18 @@ def predict(cases: Sequence[Case], values: dict[str, float]) -> list[dict[str, f
     return out
 
 
+# log errors already predicted, by fitted values and row id: the fits over the many subsets of
+# the rows (every fold, every pair of folds) start alike and revisit the same values
+_ERRORS: dict[tuple[tuple[str, float], ...], dict[str, float]] = {}
+
+
 def log_errors(cases: Sequence[Case], values: dict[str, float]) -> list[float]:
-    """log(predicted / published) of each case."""
-    return [math.log(p["tokens_per_s_per_gpu"] / c.row.published_tokens_per_s_per_gpu)
-            for c, p in zip(cases, predict(cases, values))]
+    """log(predicted / published) of each case (each row predicted once per set of values)."""
+    seen = _ERRORS.setdefault(tuple(sorted(values.items())), {})
+    todo = [c for c in cases if c.row.id not in seen]
+    for c, p in zip(todo, predict(todo, values) if todo else []):
+        seen[c.row.id] = math.log(p["tokens_per_s_per_gpu"] / c.row.published_tokens_per_s_per_gpu)
+    return [seen[c.row.id] for c in cases]
 
 
 def fit(cases: Sequence[Case]) -> dict[str, float]:
@@ -165,20 +190,56 @@ def folds(cases: Sequence[Case], key: Callable[[Case], str]) -> dict[str, list[i
     return out
 
 
-def interval(train: Sequence[Case], residuals: Sequence[float], regime: tuple[str, str, str]) -> tuple[float, float]:
-    """The 10th and 90th percentiles (exclusive method: wider on few rows) of the residuals (log
-    published / predicted) in ``regime``, pooled where the regime has fewer than MIN_REGIME_ROWS."""
-    own = [r for c, r in zip(train, residuals) if c.regime == regime]
-    pool = own if len(own) >= MIN_REGIME_ROWS else list(residuals)
-    q = statistics.quantiles(pool, n=10, method="exclusive")
-    return q[0], q[-1]
+def interval(regimes: Sequence[Regime], residuals: Sequence[float], regime: Regime,
+             share: float = SHARES[0]) -> tuple[float, float, str, int]:
+    """(low, high, the pool they rest on, its size): the central ``share`` of the residuals (log
+    published / predicted; 0.80: the 10th and 90th percentiles), each in the regime given beside
+    it, for a row of ``regime``: the residuals of its own regime where there are at least
+    MIN_REGIME_ROWS, else those of its precision x dense/MoE class, else every residual.
+    Percentiles by the exclusive method (wider on few residuals)."""
+    k = round((1 - share) / 2 * 40)          # the share's lower tail in 2.5% steps
+    for depth in (3, 2, 0):
+        pool = [r for g, r in zip(regimes, residuals) if g[:depth] == regime[:depth]]
+        if len(pool) >= MIN_REGIME_ROWS or depth == 0:
+            q = statistics.quantiles(pool, n=40, method="exclusive")
+            return q[k - 1], q[-k], "/".join(regime[:depth]) or "all", len(pool)
+    raise AssertionError("unreachable")
+
+
+def calibrated_share(by_fold: Sequence[Residuals]) -> float:
+    """The smallest of SHARES at which the intervals cover at least COVERAGE of the rows, each
+    fold's rows in turn against the interval read from the other folds' residuals (the largest
+    share where none does). The folds given are the ones an interval is read from, never the rows
+    it is for: the held-out fold's share is chosen without it."""
+    for share in SHARES:
+        hit = n = 0
+        for j, (regimes, res) in enumerate(by_fold):
+            other_g = [g for i, (gs, _) in enumerate(by_fold) if i != j for g in gs]
+            other_r = [r for i, (_, rs) in enumerate(by_fold) if i != j for r in rs]
+            for g, r in zip(regimes, res):
+                lo, hi, _, _ = interval(other_g, other_r, g, share)
+                hit, n = hit + (lo <= r <= hi), n + 1
+        if n and hit / n >= COVERAGE:
+            return share
+    return SHARES[-1]
+
+
+def pair_name(a: str, b: str) -> str:
+    """The key of the fit that saw neither fold a nor fold b."""
+    return "|".join(sorted((a, b)))
 
 
 def out_of_fold(cases: Sequence[Case], key: Callable[[Case], str], stored: dict[str, dict[str, float]] | None,
-                unseen: dict[str, float] | None = None) -> tuple[dict[str, dict[str, float]], list[float], list[bool]]:
-    """(fitted values per fold, each case's out-of-fold log error, whether its 80% interval covers it).
+                unseen: dict[str, float] | None = None, stored_pairs: dict[str, dict[str, float]] | None = None,
+                ) -> tuple[dict[str, dict[str, float]], list[float], list[bool], dict[str, dict[str, float]],
+                           dict[str, float]]:
+    """(fitted values per fold, each case's out-of-fold log error, whether its nested 80% interval
+    covers it, the fits per pair of folds the intervals rest on, the central share each held-out
+    fold's interval is read at: calibrated_share over the other folds' residuals alone).
     With stored fits, a fold the stored fits have no values for (a family added since the last
-    refit) takes ``unseen``, the stored in-sample fit, which never saw its rows either."""
+    refit) takes ``unseen``, the stored in-sample fit, which never saw its rows either; a pair of
+    folds with no stored fit takes the held-out fold's own fit (it never saw the held-out fold,
+    though it saw the other one: a narrower interval until the next refit)."""
     fitted: dict[str, dict[str, float]] = {}
     err = [math.nan] * len(cases)
     groups = folds(cases, key)
@@ -191,14 +252,29 @@ def out_of_fold(cases: Sequence[Case], key: Callable[[Case], str], stored: dict[
         fitted[name] = values
         for i, e in zip(held, log_errors([cases[i] for i in held], values)):
             err[i] = e
+    pairs: dict[str, dict[str, float]] = {}
     covered = [False] * len(cases)
-    for held in groups.values():
-        others = [i for i in range(len(cases)) if i not in held]
-        train, res = [cases[i] for i in others], [-err[i] for i in others]
+    shares: dict[str, float] = {}
+    for f, held in sorted(groups.items()):
+        by_fold: list[Residuals] = []
+        for g, other in sorted(groups.items()):
+            if g == f:
+                continue
+            k = pair_name(f, g)
+            if k not in pairs:
+                if stored_pairs is not None:
+                    pairs[k] = stored_pairs.get(k, fitted[f])
+                else:
+                    pairs[k] = fit([c for i, c in enumerate(cases) if i not in held and i not in other])
+            by_fold.append(([cases[i].regime for i in other],
+                            [-e for e in log_errors([cases[i] for i in other], pairs[k])]))
+        shares[f] = calibrated_share(by_fold)
+        regimes = [g for gs, _ in by_fold for g in gs]
+        res = [r for _, rs in by_fold for r in rs]
         for i in held:
-            lo, hi = interval(train, res, cases[i].regime)
+            lo, hi, _, _ = interval(regimes, res, cases[i].regime, shares[f])
             covered[i] = lo <= -err[i] <= hi
-    return fitted, err, covered
+    return fitted, err, covered, pairs, shares
 
 
 def pct(log_err: float) -> float:
@@ -219,10 +295,13 @@ def study(stored: dict[str, Any] | None) -> dict[str, Any]:
     preds = predict(cases, values)
     ins = log_errors(cases, values)
     res = [-e for e in ins]
-    ins_cov = [lo <= r <= hi for r, (lo, hi) in zip(res, (interval(cases, res, c.regime) for c in cases))]
+    regimes = [c.regime for c in cases]
+    ins_cov = [lo <= r <= hi for r, (lo, hi, _, _) in zip(res, (interval(regimes, res, g) for g in regimes))]
     shipped = log_errors(cases, {p.name: p.start for p in PARAMS})
-    lofo = out_of_fold(cases, lambda c: c.row.family, stored["fit"]["family"] if stored else None, values)
-    logo = out_of_fold(cases, lambda c: c.row.gpu, stored["fit"]["gpu"] if stored else None, values)
+    sf = stored["fit"] if stored else {}
+    lofo = out_of_fold(cases, lambda c: c.row.family, sf.get("family"), values,
+                       sf.get("family_pairs", {}) if stored else None)
+    logo = out_of_fold(cases, lambda c: c.row.gpu, sf.get("gpu"), values, sf.get("gpu_pairs", {}) if stored else None)
     per_row = []
     for i, (c, p) in enumerate(zip(cases, preds)):
         per_row.append({
@@ -240,11 +319,13 @@ def study(stored: dict[str, Any] | None) -> dict[str, Any]:
     return {
         "n_rows": len(mbr.load_rows()), "n_latest": len(rows), "n_predicted": len(cases),
         "fit": {"in_sample": values, "family": lofo[0], "gpu": logo[0],
+                "family_pairs": lofo[3], "gpu_pairs": logo[3],
                 "shipped": {p.name: p.start for p in PARAMS}},
         "headline": {"before_fit": headline(shipped), "in_sample": headline(ins),
                      "family_out": headline(lofo[1]), "gpu_out": headline(logo[1])},
         "coverage_80": {"in_sample": sum(ins_cov) / len(cases), "family_out": sum(lofo[2]) / len(cases),
                         "gpu_out": sum(logo[2]) / len(cases)},
+        "interval_share": {"family": lofo[4], "gpu": logo[4]},
         "rows": per_row, "left_out": left_out,
     }
 
@@ -252,27 +333,40 @@ def study(stored: dict[str, Any] | None) -> dict[str, Any]:
 def interval_table(s: dict[str, Any]) -> str:
     """planner/timing/megatron_bridge_intervals.json: each regime's 80% interval of the log error
     log(predicted / published tokens/s) leaving one model family out (timing.intervals reads it
-    for --stack megatron plans), with the rows it rests on and their out-of-fold coverage."""
+    for --stack megatron plans), read at the central share calibrated_share finds over the
+    families (each family's rows against the others' residuals), with the rows it rests on and
+    their nested out-of-fold coverage."""
     by: dict[str, list[dict[str, Any]]] = {}
+    fams: dict[str, Residuals] = {}
     for r in s["rows"]:
         by.setdefault(r["regime"], []).append(r)
-    pooled = [math.log1p(r["error_family_out"]) for r in s["rows"]]
+        gs, rs = fams.setdefault(r["family"], ([], []))
+        gs.append(cast(Regime, tuple(r["regime"].split("/"))))
+        rs.append(-math.log1p(r["error_family_out"]))
+    share = calibrated_share(list(fams.values()))
+    regimes_of = [g for gs, _ in fams.values() for g in gs]
+    residuals = [x for _, rs in fams.values() for x in rs]
     regimes = {}
-    for g, rs in sorted(by.items()):
-        errs = [math.log1p(r["error_family_out"]) for r in rs]
-        pool = errs if len(errs) >= MIN_REGIME_ROWS else pooled
-        q = statistics.quantiles(pool, n=10, method="exclusive")
-        regimes[g] = {"log_error_low": round(q[0], 4), "log_error_high": round(q[-1], 4), "rows": len(rs),
-                      "pooled": len(errs) < MIN_REGIME_ROWS,
-                      "coverage_family_out": round(sum(r["covered_family_out"] for r in rs) / len(rs), 3)}
+    for g, rows in sorted(by.items()):
+        lo, hi, pool, n = interval(regimes_of, residuals, cast(Regime, tuple(g.split("/"))), share)
+        # the table holds log(predicted / published), the residual's negative
+        regimes[g] = {"log_error_low": round(-hi, 4), "log_error_high": round(-lo, 4), "rows": len(rows),
+                      "pool": pool, "pool_rows": n,
+                      "coverage_family_out": round(sum(r["covered_family_out"] for r in rows) / len(rows), 3)}
     return json.dumps({
         "about": "80% step-time intervals of --stack megatron plans by regime (precision/dense-or-moe/GPU "
-                 "generation): the 10th and 90th percentiles of log(predicted / published tokens/s per GPU) "
-                 "leaving one model family out, over the latest release of each published Megatron-Bridge "
-                 "configuration (pooled over every row where a regime has fewer than "
-                 f"{MIN_REGIME_ROWS}). Do not edit by hand: python bench/megatron_bridge.py writes it.",
+                 "generation) from log(predicted / published tokens/s per GPU) leaving one model family out, "
+                 "over the latest release of each published Megatron-Bridge configuration: the central "
+                 "'quantile_share' of those residuals, the smallest share at which each family's rows fall inside "
+                 f"the interval read from the other families' residuals for at least {COVERAGE:.0%} of the rows. "
+                 f"A regime with fewer than {MIN_REGIME_ROWS} rows takes the residuals of its "
+                 "precision/dense-or-moe class ('pool'), a class with fewer every row's. Coverage: the share of "
+                 "the regime's rows inside the interval built from the other families' residuals, each from a "
+                 "fit that saw neither family (nested). Do not edit by hand: python bench/megatron_bridge.py "
+                 "writes it.",
         "residuals": "out of fold, leave one model family out (Megatron-Bridge runs)",
-        "generated": "bench/megatron_bridge.py", "level": "0.80", "regimes": regimes}, indent=1) + "\n"
+        "generated": "bench/megatron_bridge.py", "level": "0.80", "quantile_share": share,
+        "regimes": regimes}, indent=1) + "\n"
 
 
 def _f(x: float) -> str:
@@ -301,7 +395,14 @@ def render(s: dict[str, Any]) -> str:
         "docs/megatron-bridge-terms.md), and seven fitted efficiencies (fitted values below). "
         "Errors are predicted over published tokens/s per GPU (negative: the planner is too slow). "
         "Out of fold: each model family's rows predicted with values fitted on the other families; each GPU "
-        "type's with values fitted on the other GPU types. The terms added for the largest misses, each one's "
+        "type's with values fitted on the other GPU types. A held-out row's 80% interval is nested: the 10th-90th "
+        "percentiles of the residuals of the other folds' rows, each predicted by a fit that saw neither that fold "
+        f"nor the held-out one, in the row's regime (a regime with fewer than {MIN_REGIME_ROWS} such residuals takes "
+        "its precision x dense/MoE class's, a class with fewer every residual), read at the central share of "
+        f"them (80% to 95%) at which the other folds' rows, each against the rest, are covered at least {COVERAGE:.0%} "
+        "of the time: chosen without the held-out fold. The intervals `plan` prints "
+        "(planner/timing/megatron_bridge_intervals.json) are the same rule over every row's family-out residual. "
+        "The terms added for the largest misses, each one's "
         "effect on these figures, and what was tried and dropped: docs/megatron-bridge-terms.md.",
         "",
         f"## Headline ({s['n_predicted']} predicted of {s['n_latest']} latest configurations; "
@@ -328,7 +429,10 @@ def render(s: dict[str, Any]) -> str:
         a = [abs(r["error_family_out"]) for r in rs]
         lines.append(f"| {g} | {len(rs)} | {statistics.median(a):.1%} | {sum(x <= 0.2 for x in a) / len(a):.0%} | "
                      f"{sum(r['covered_family_out'] for r in rs) / len(rs):.0%} |")
-    lines += ["", "## Fitted values", "",
+    lines += ["", "The central share of the residuals each held-out fold's interval is read at (calibrated on the "
+              "other folds alone): " + "; ".join(f"{k} {v:.0%}" for k, v in {**s["interval_share"]["family"],
+                                                                          **s["interval_share"]["gpu"]}.items()) + ".",
+              "", "## Fitted values", "",
               "| fold | " + " | ".join(p.name for p in PARAMS) + " |",
               "|---|" + "---|" * len(PARAMS)]
 
@@ -363,6 +467,9 @@ def render(s: dict[str, Any]) -> str:
               "the planner explains the gap.", ""]
     lines += [f"- {r['id']}: published {r['published']:,.0f}, predicted {r['predicted_in_sample']:,.0f} "
               f"tokens/s per GPU ({_f(r['error_family_out'])} family out)" for r in far]
+    beyond = sum(abs(r["error_family_out"]) > 0.2 for r in s["rows"])
+    lines += ["", f"All {beyond} rows more than 20% off leaving one family out, grouped with what explains each group "
+              "and why no term was added for it: docs/megatron-bridge-terms.md, \"The rows beyond 20% out of fold\"."]
     lines += ["", f"## Not expressible ({len(s['left_out'])} latest configurations)", "",
               "| row | reason |", "|---|---|"]
     for r in s["left_out"]:

@@ -47,25 +47,29 @@ EXPLAINED: dict[str, str] = {}
 
 
 # Nemotron 3 Ultra's recipe runs Megatron FSDP as HSDP (Megatron-Bridge perf_recipes/nemotronh/
-# common.py _apply_nemotron_3_ultra_fsdp_hsdp: 256 GPUs / 64 = 4 distributed-optimizer instances),
-# which the planner cannot state (megatron_bridge_rows.unstated_reason). One instance at megatron-core's default
-# outer_dp_sharding_strategy 'no_shard' (0.16.1 distributed_data_parallel_config.py) shards the
-# dense states over dp x cp / 4 = 32 ranks and the experts' over their expert data-parallel
-# group / 4 = 1 (parallel_state.py: intra_partial_data_parallel_size,
-# intra_partial_expert_data_parallel_size): exactly what the same layout on 256 / 4 GPUs holds
-# (dense dp 32, ep 64 folded over tp x dp, expert data-parallel 1), planned here as the bound.
+# common.py _apply_nemotron_3_ultra_fsdp_hsdp at the corpus's commit 020041f: 256 GPUs / 64 = 4
+# distributed-optimizer instances, outer_dp_sharding_strategy "optim" where there is more than one),
+# which the row states with --optimizer-instances 4 (megatron_bridge_rows.args_of). Beside it, the
+# bound megatron-core's default outer strategy 'no_shard' (0.16.1 distributed_data_parallel_config.py)
+# would give: every state over one instance, dense dp x cp / 4 = 32 ranks, the experts' expert
+# data-parallel 4 / 4 = 1 (parallel_state.py: intra_partial_data_parallel_size,
+# intra_partial_expert_data_parallel_size), exactly what the same layout on 256 / 4 GPUs holds
+# (dense dp 32, ep 64 folded over tp x dp, expert data-parallel 1).
 ULTRA = "mbridge-26.08-nemotron-3-ultra-gb200-mxfp8-256gpu"
 ULTRA_INSTANCES = 4
 
 
+def _without(args: list[str], flag: str) -> list[str]:
+    i = args.index(flag)
+    return args[:i] + args[i + 2:]
+
+
 def ultra_hsdp_bound(row: Row) -> tuple[int, int, int, int]:
     """(predicted bytes, optimizer-state bytes, tracked tensor bytes, capacity bytes) of one HSDP
-    instance of the Ultra row under outer_dp_sharding_strategy 'no_shard': the row's request on
-    n_gpus / ULTRA_INSTANCES GPUs with the global batch cut alike and dp left to follow."""
+    instance of the Ultra row under outer_dp_sharding_strategy 'no_shard': the row's request without
+    its instances on n_gpus / ULTRA_INSTANCES GPUs, the global batch cut alike and dp left to follow."""
     from planner import api
-    args = list(row.cli_args)
-    i = args.index("--dp")
-    del args[i:i + 2]
+    args = _without(_without(list(row.cli_args), "--dp"), "--optimizer-instances")
     for flag in ("--n-gpus", "--global-batch"):
         j = args.index(flag) + 1
         args[j] = str(int(args[j]) // ULTRA_INSTANCES)
@@ -77,35 +81,31 @@ def ultra_hsdp_bound(row: Row) -> tuple[int, int, int, int]:
 
 def _ultra_section(results: list[Result]) -> list[str]:
     from planner import api
-    from planner.training.setup import Overheads
 
-    row = next((x.row for x in results if x.row.id == ULTRA), None)
-    if row is None:
+    x = next((x for x in results if x.row.id == ULTRA), None)
+    if x is None:
         return []
-    total, opt, tracked, cap = ultra_hsdp_bound(row)
-    n = ULTRA_INSTANCES
-    o = Overheads()
-    fixed = total - tracked - o.fragmentation_bytes(tracked)
-    tracked_optim = tracked - opt + opt // n       # 'optim': optimizer states sharded over the instances too
-    total_optim = tracked_optim + fixed + o.fragmentation_bytes(tracked_optim)
-    m, gpu, setup, lay, kw = request(row.cli_args)
+    row, n = x.row, ULTRA_INSTANCES
+    bound, _opt, _tracked, cap = ultra_hsdp_bound(row)
+    m, gpu, setup, lay, kw = request(_without(list(row.cli_args), "--optimizer-instances"))
     wide = api.evaluate_layout(m, gpu, setup, lay, **kw).best.memory.total
-    return ["## Nemotron 3 Ultra: HSDP, bounded", "",
+    return ["## Nemotron 3 Ultra: HSDP over distributed-optimizer instances", "",
             f"`{ULTRA}` runs Megatron FSDP as HSDP with {n} distributed-optimizer instances (its recipe flags; "
-            "Megatron-Bridge perf_recipes/nemotronh/common.py _apply_nemotron_3_ultra_fsdp_hsdp), with "
-            "recompute_modules ['moe_act'], which its request states. The planner has no instance count, so "
-            "the row is listed as not expressible yet: its request, Megatron FSDP over every data-parallel "
-            f"rank, shards the states {n}x wider than one instance does ({_g(wide)} GiB; over 128 ranks its "
-            "gathers would also leave the NVL72 domain that HSDP keeps them in). One instance at megatron-core's "
-            "default outer_dp_sharding_strategy 'no_shard' "
-            f"(dense states over dp x cp / {n} = 32 ranks, the experts' over expert data-parallel 4 / {n} = 1; "
-            "0.16.1 parallel_state.py intra_partial_data_parallel_size and intra_partial_expert_data_parallel_size) "
-            f"holds what the same layout holds on {row.n_gpus // n} GPUs: **{_g(total)} of {_g(cap)} GiB, "
-            f"{'fits' if total <= cap else 'does not fit'}**. With the optimizer states sharded over the instances "
-            f"too (outer_dp_sharding_strategy 'optim'): {_g(total_optim)} GiB, "
-            f"{'fits' if total_optim <= cap else 'does not fit'}. The corpus's recipe flags do not record the "
-            "outer sharding strategy; the recipe's fine-grained offload of the fused grouped MLP's input "
-            "(offload_modules) is not modelled (counted on the GPU), which makes both bounds larger.", ""]
+            "Megatron-Bridge perf_recipes/nemotronh/common.py _apply_nemotron_3_ultra_fsdp_hsdp at the corpus's "
+            "commit 020041f: num_distributed_optimizer_instances = GPUs / 64, outer_dp_sharding_strategy 'optim' "
+            f"where there is more than one), planned with `--optimizer-instances {n}`: the gradients and the FP8 "
+            f"model weights over one instance's dp x cp / {n} = 32 ranks (the experts' over expert data-parallel "
+            f"4 / {n} = 1; megatron-core 0.16.1 parallel_state.py intra_partial_data_parallel_size and "
+            "intra_partial_expert_data_parallel_size), the fp32 main weights and the optimizer's moments over all "
+            "128 and the experts' over 4 (the outer 'optim': megatron_fsdp/param_and_grad_buffer.py's main weight "
+            "buffer over the whole data-parallel group): "
+            f"**{_g(x.total_bytes)} of {_g(cap)} GiB, {'fits' if x.fits else 'does not fit'}**. Beside it, "
+            f"megatron-core's default outer strategy 'no_shard' (every state over one instance: what the same "
+            f"layout holds on {row.n_gpus // n} GPUs) would hold {_g(bound)} GiB, "
+            f"{'fits' if bound <= cap else 'does not fit'}; Megatron FSDP over every data-parallel rank, without "
+            f"instances, {_g(wide)} GiB. The recipe's fine-grained offload of the fused grouped MLP's input "
+            "(offload_modules) is not modelled (counted on the GPU), and the gradients are counted in fp32 where the "
+            "recipe keeps bf16 main gradients (megatron_fsdp_main_grads_dtype), which make each figure larger.", ""]
 
 
 def _replanned_section(results: list[Result]) -> list[str]:

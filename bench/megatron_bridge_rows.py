@@ -6,10 +6,10 @@ trained. This module reads them once and gives each row:
 - ``cli_args``: the row as a Megatron-Bridge user would ask the planner for it: ``--stack
   megatron``, the printed layout (tp, pp, cp, vp, ep, GPUs, global and micro-batch, sequence),
   and its recipe's settings read from the row's ``notes`` (distributed optimizer or Megatron
-  FSDP, recomputation, CPU activation offload, expert tensor parallelism, MTP, the pipeline
-  split that counts embedding and loss, LoRA). It names what ran, not what the planner can do
-  today: a row whose request the planner refuses is ``expressible = False`` with the planner's
-  own message as ``reason``.
+  FSDP and its distributed-optimizer instances, recomputation, CPU activation offload, expert
+  tensor parallelism, MTP, the pipeline split that counts embedding and loss, LoRA). It names
+  what ran, not what the planner can do today: a row whose request the planner refuses is
+  ``expressible = False`` with the planner's own message as ``reason``.
 - ``latest``: whether the row is the latest release of its configuration (same model, system,
   precision, task and layout columns); older releases of the same configuration stay with
   ``latest = False`` (the corpus's caveat: software drift, median 5%, up to 73%).
@@ -165,6 +165,13 @@ def args_of(row: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
     flags = recipe_other(row)
     fsdp = fsdp_of(row) or bool(flags.get("use_megatron_fsdp"))
     args += ["--fsdp", "full"] if fsdp else ["--zero", "1"]
+    instances = flags.get("num_distributed_optimizer_instances", 1)
+    if instances > 1:
+        # Megatron FSDP as HSDP (Nemotron 3 Ultra: Megatron-Bridge perf_recipes/nemotronh/common.py
+        # _apply_nemotron_3_ultra_fsdp_hsdp at the corpus's commit 020041f: 256 GPUs / 64 = 4
+        # instances, outer_dp_sharding_strategy "optim" where there is more than one, which the
+        # planner models under --fsdp full)
+        args += ["--optimizer-instances", str(instances)]
     # precision
     prec = precision_of(row)
     # Megatron-Bridge's bf16_with_fp8_current_scaling_mixed and bf16_with_mxfp8_mixed set
@@ -244,20 +251,6 @@ def recipe_other(row: dict) -> dict[str, Any]:
     use_megatron_fsdp, num_distributed_optimizer_instances, fine_grained_activation_offloading,
     ...), as the corpus read them from the Megatron-Bridge recipe; {} where there are none."""
     return (row.get("recipe_flags") or {}).get("other") or {}
-
-
-def unstated_reason(row: dict) -> str:
-    """Why the row's recipe cannot be stated as plan options although the planner accepts its
-    request ("" where it can): Megatron FSDP as HSDP over several distributed-optimizer instances
-    (megatron-core num_distributed_optimizer_instances: each instance shards the states over
-    1/N of the data-parallel ranks and the instances replicate them), for which the planner has
-    no option; its request (Megatron FSDP over every rank) shards the states N times wider."""
-    n = recipe_other(row).get("num_distributed_optimizer_instances", 1)
-    if n > 1:
-        return (f"Megatron FSDP as HSDP over {n} distributed-optimizer instances (megatron-core "
-                "num_distributed_optimizer_instances) has no planner option; planned as Megatron FSDP over every "
-                f"data-parallel rank it would shard the states {n}x wider than ran")
-    return ""
 
 
 def micro_batch_of(row: dict) -> tuple[int, str]:
@@ -395,7 +388,7 @@ def load_rows(path: Path = CORPUS, check: bool = True) -> tuple[Row, ...]:
         if not family:
             reason = f"model {s['model']} is not known to the planner yet (issue on 2025-2026 models)"
         else:
-            reason = (_check(args) if check else "") or unstated_reason(r)
+            reason = _check(args) if check else ""
             if "megatron-core: world size not divisible" in reason:
                 # the planner's rule ep-fold-divides, megatron-core's own check: as printed, the
                 # layout could not have run (etp 1 x ep x pp exceeds the GPUs), so a misprint

@@ -13,7 +13,7 @@ catalog (issue 32's targets for those), under 2 GiB each.
 
 The inputs are generated into a temporary directory: the 256-job file of 16 presets and 4
 methods (full, lora, qlora, freeze), the 16-job file of the report, its 128 jobs of distinct
-global batches, 32 70B jobs a day apart (H5's), a log line of 280 KB,
+global batches, 32 70B jobs a day apart (H5's) and the same 32 all on day 0, a log line of 280 KB,
 config.json files of 10,000 and 10,000,000 layers. Exit status 1 when a case fails its goal.
 """
 
@@ -62,6 +62,9 @@ def write_inputs(d: Path) -> None:
     lines = ["jobs:"] + [f"  - {{name: j{i}, model: llama3.1-70b, tokens: 100B, deadline: 30d, start: {i}d}}"
                          for i in range(32)]
     (d / "staggered70b.yaml").write_text("\n".join(lines) + "\n")
+    lines = ["jobs:"] + [f"  - {{name: j{i}, model: llama3.1-70b, tokens: 100B, deadline: 30d, start: 0d}}"
+                         for i in range(32)]
+    (d / "same70b.yaml").write_text("\n".join(lines) + "\n")
     (d / "redos.log").write_text("step: 1 loss: " * 20000 + "\n")
     (d / "megatron.log").write_text("iteration 1/ 1 |" * 20000 + "\n")
     for name, preset, layers in (("l10k", "llama3.1-8b", 10_000), ("q10m", "qwen2.5-0.5b", 10_000_000)):
@@ -80,6 +83,8 @@ def cases(d: Path) -> dict[str, tuple[str, list[str]]]:
                            ["buy", str(d / "gb128.yaml"), "-q", "--horizon", "400d"]),
         "buy32-70b": ("`plan buy`, 32 jobs of Llama 3.1 70B a day apart (H5; the purchase ILP)",
                       ["buy", str(d / "staggered70b.yaml"), "-q", "--horizon", "400d"]),
+        "buy32-70b-same": ("`plan buy`, the same 32 jobs all on day 0 (identical jobs: a symmetric ILP)",
+                           ["buy", str(d / "same70b.yaml"), "-q", "--horizon", "400d"]),
         "tokens-kimi": ("`plan --model kimi-k2 --tokens 15T --deadline 90d` over the 23 GPU types (H4)",
                         ["--model", "kimi-k2", "--gpus", CATALOG, "--tokens", "15T", "--deadline", "90d", "-q"]),
         "tokens-deepseek": ("the same for deepseek-v3 (H4)",
@@ -146,7 +151,7 @@ def main() -> int:
             rows.append({"case": name, **m, "goal_cpu_s": goal_s, "ok": ok})
             mib = m["peak_bytes"] / 1024**2
             print(f"| {name} | {what} | {m['wall_s']:.1f} s | {m['cpu_s']:.1f} s | {mib:,.0f} MiB | {m['rc']} | "
-                  f"{'pass' if ok else 'FAIL'} ({goal_s:g} s) | {m['answer'][:80].replace('|', '/')} |", flush=True)
+                  f"{'pass' if ok else 'FAIL'} ({goal_s:g} s) | {m['answer'][:160].replace('|', '/')} |", flush=True)
     load = os.getloadavg()
     print(f"\nload average at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
     if args.json is not None:

@@ -310,5 +310,6 @@ def fixed_layout(space: SearchSpace, setup: TrainingSetup, n_gpus: int | None) -
         sharding, stage = "zero", s.zero_stage
     return Layout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero_stage=stage, sharding=sharding,
                   sp=s.sp if s.sp is not None else tp > 1 and sp_by_default(setup), vp=s.vp or 1, micro_batch=mb,
-                  grad_accum=ga, seq_len=setup.seq_len, recompute=s.recomputes[0], etp=s.etp or 0, ep_fold=fold)
+                  grad_accum=ga, seq_len=setup.seq_len, recompute=s.recomputes[0], etp=s.etp or 0, ep_fold=fold,
+                  optimizer_instances=s.optimizer_instances)
 

@@ -80,6 +80,7 @@ ARGUMENTS: dict[str, object] = {
     "--overlap-param-gather": FLAG, "--use-distributed-optimizer": FLAG, "--use-megatron-fsdp": FLAG,
     "--data-parallel-sharding-strategy": ["no_shard", "optim", "optim_grads", "optim_grads_params"],
     "--use-torch-fsdp2": FLAG, "--torch-fsdp2-no-reshard-after-forward": FLAG, "--context-parallel-size": int,
+    "--num-distributed-optimizer-instances": int,
     # _add_data_args, _add_tokenizer_args
     "--seq-length": int, "--vocab-size": int,
     # _add_moe_args

@@ -40,18 +40,15 @@ def test_every_row_is_mapped_and_each_configuration_has_one_latest_release():
         assert r.cli_args[:2] == ("--model", r.family or r.model.split(" (")[0])
         assert r.expressible == (r.reason == "")
     # every row of a model the planner knows is expressible (EP folded over tp x cp included: the
-    # Qwen3-235B rows on 256 H100 and 64 GB200) except one printed layout megatron-core cannot build
-    # (etp 1 x ep 64 x pp 8 on 256 GPUs: parallel_state.initialize_model_parallel raises) and
-    # Nemotron 3 Ultra's HSDP over 4 distributed-optimizer instances (its recipe flags), which the
-    # planner has no option for
+    # Qwen3-235B rows on 256 H100 and 64 GB200; Nemotron 3 Ultra's HSDP over 4 distributed-optimizer
+    # instances with --optimizer-instances) except one printed layout megatron-core cannot build
+    # (etp 1 x ep 64 x pp 8 on 256 GPUs: parallel_state.initialize_model_parallel raises)
     refused = [r for r in all_rows if r.family and not r.expressible]
-    assert [r.id for r in refused] == ["mbridge-26.08-nemotron-3-ultra-gb200-mxfp8-256gpu",
-                                       "mbridge-25.09-deepseekv3-tokendrop-gb200-fp8-mx-256gpu"]
-    assert "num_distributed_optimizer_instances" in refused[0].reason
-    assert "megatron-core: world size not divisible" in refused[1].reason
-    # 144 rows, and the 25 of Nemotron 3 Nano, Super and 3.5 Lightning since the hybrid family is
-    # written (planner.models.hybrid); DeepSeek-V4 is not known
-    assert sum(r.expressible for r in all_rows) == 169
+    assert [r.id for r in refused] == ["mbridge-25.09-deepseekv3-tokendrop-gb200-fp8-mx-256gpu"]
+    assert "megatron-core: world size not divisible" in refused[0].reason
+    # 144 rows, the 25 of Nemotron 3 Nano, Super and 3.5 Lightning since the hybrid family is
+    # written (planner.models.hybrid), and Ultra's; DeepSeek-V4 is not known
+    assert sum(r.expressible for r in all_rows) == 170
     assert sorted(r.model for r in all_rows if not r.family) == ["DeepSeekV4 Flash"]
 
 
@@ -60,8 +57,8 @@ def test_every_planned_row_fits_or_is_named_with_its_term():
     assert study.unexplained(results) == []
     planned = [x for x in results if x.row.expressible]
     # none rejected at default settings since the rows' recipe flags are planned (Nemotron 3
-    # Ultra's HSDP bounds are beside it in docs/megatron-bridge-memory.md)
-    assert sum(not x.fits for x in planned) == 0
+    # Ultra's HSDP over its distributed-optimizer instances included)
+    assert sum(not x.fits for x in planned) == 0 and any(x.row.id == study.ULTRA for x in planned)
     # the Llama 3.1 405B rows on GB200 (tp 4, pp 16, vp 4/8, FP8/MXFP8/NVFP4) all fit: TE keeps
     # FP8 inputs and, with fp8_param_gather, no 16-bit weight copy
     assert all(x.fits for x in planned if "llama3.1-405b-gb200" in x.row.id)
@@ -69,19 +66,20 @@ def test_every_planned_row_fits_or_is_named_with_its_term():
 
 def test_rows_without_a_recipe_note_plan_their_recipe_flags():
     """Nemotron 3 Ultra's recipe flags (Megatron-Bridge perf_recipes/nemotronh, as the corpus read
-    them): Megatron FSDP, recompute_modules ['moe_act'], fine-grained offload, HSDP (not stated:
-    the row is not expressible, its bounds are in the study's doc); Nemotron 3 Nano's
+    them): Megatron FSDP, recompute_modules ['moe_act'], fine-grained offload (not modelled: an
+    approximation), HSDP over 4 distributed-optimizer instances; Nemotron 3 Nano's
     on H100 list megatron-core's 'moe' module, which the planner does not model and leaves out."""
     by_id = {r.id: r for r in rows.load_rows()}
     ultra = by_id[study.ULTRA]
     cmd = " ".join(ultra.cli_args)
-    assert "--fsdp full" in cmd and "--recompute selective --recompute-modules moe_act" in cmd
-    assert not ultra.expressible and "HSDP over 4 distributed-optimizer instances" in ultra.reason
+    assert "--fsdp full --optimizer-instances 4" in cmd and "--recompute selective --recompute-modules moe_act" in cmd
+    assert ultra.expressible
     assert any("fused_group_mlp" in a for a in ultra.approximations)
     nano = by_id["mbridge-26.06-nemotron-3-nano-h100-fp8-16gpu"]
     assert "--recompute-modules layernorm,core_attn,moe_act" in " ".join(nano.cli_args) and nano.expressible
     assert any(a.startswith("recompute module(s) moe ") for a in nano.approximations)
-    # one HSDP instance at outer_dp_sharding_strategy 'no_shard' does not fit: the bound is shown
+    # one HSDP instance at megatron-core's default outer_dp_sharding_strategy 'no_shard' would not
+    # fit: the bound shown beside the row, which runs 'optim'
     total, _opt, _tracked, cap = study.ultra_hsdp_bound(ultra)
     assert total > cap
 

@@ -88,6 +88,69 @@ def test_megatron_plans_read_their_regime_interval():
     assert time_band(0.80, regime).time_high_factor == pytest.approx(math.exp(row["log_error_high"]))
     assert regime_of(m, replace(setup, stack="auto"), gpu) == ""
     assert time_band(0.80, "") == time_band(0.80)
+    # a regime with too few rows of its own says whose residuals its interval is read from
+    from planner.timing.intervals import provenance
+
+    pooled = {g: r for g, r in regime_data()["regimes"].items() if r["pool"] != g}
+    assert pooled
+    for g, r in pooled.items():
+        assert f"pooled over the {r['pool_rows']} runs of {r['pool']}" in provenance(g)
+
+
+def test_an_interval_rests_on_at_least_the_stated_count_of_residuals():
+    """bench/megatron_bridge.interval: a regime with fewer than MIN_REGIME_ROWS residuals takes
+    its precision x dense/MoE class's, a class with fewer every residual (made-up residuals: the
+    rule, not a number of the model)."""
+    import megatron_bridge as mb
+
+    n = mb.MIN_REGIME_ROWS
+    hopper, blackwell = ("low-precision", "moe", "hopper"), ("low-precision", "moe", "blackwell")
+    dense = ("bf16", "dense", "hopper")
+    regimes = [hopper] * (n - 1) + [blackwell] * (n - 1) + [dense] * 2
+    residuals = [0.0] * (n - 1) + [1.0] * (n - 1) + [5.0] * 2
+    assert mb.interval(regimes, residuals, hopper)[2:] == ("low-precision/moe", 2 * n - 2)
+    assert mb.interval(regimes, residuals, dense)[2:] == ("all", 2 * n)
+    lo, hi, pool, count = mb.interval(regimes + [hopper], residuals + [0.0], hopper)
+    assert (lo, hi, pool, count) == (0.0, 0.0, "low-precision/moe/hopper", n)
+
+
+def test_the_share_an_interval_is_read_at_is_calibrated_on_other_folds():
+    """calibrated_share: the smallest central share at which each fold's rows fall inside the
+    interval read from the other folds' residuals for at least COVERAGE of the rows (made-up
+    residuals: the rule, not a number of the model)."""
+    import megatron_bridge as mb
+
+    regime = ("low-precision", "dense", "hopper")
+    same = ([regime] * 10, [float(x) for x in range(10)])
+    # two other copies of 0..9: the 10th-90th percentiles (0.1, 8.9) hold 1..8, 80% of the rows
+    assert mb.calibrated_share([same, same, same]) == 0.80
+    far = ([regime] * 10, [100.0 + x for x in range(10)])
+    # rows no share of the others' residuals reaches: the widest share
+    assert mb.calibrated_share([same, far]) == mb.SHARES[-1]
+
+
+def test_held_out_intervals_are_nested_and_every_pair_of_folds_was_fitted():
+    """The coverage the study reports is of nested intervals: each held-out fold's interval rests
+    on the other folds' residuals predicted by fits that saw neither fold, one stored fit per pair
+    of folds (docs/megatron-bridge.json), so none falls back to a fit that saw the held-out rows'
+    neighbours of the other fold; the shipped intervals name the pool they rest on and it is at
+    least MIN_REGIME_ROWS rows."""
+    import megatron_bridge as mb
+
+    data = json.loads((ROOT / "docs" / "megatron-bridge.json").read_text())
+    for key, fit in (("family", "family_pairs"), ("gpu", "gpu_pairs")):
+        names = sorted({r[key] for r in data["rows"]})
+        want = {mb.pair_name(a, b) for a in names for b in names if a < b}
+        assert set(data["fit"][fit]) == want, key
+    for key in ("family", "gpu"):
+        assert set(data["interval_share"][key]) == {r[key] for r in data["rows"]}
+        assert set(data["interval_share"][key].values()) <= set(mb.SHARES)
+    shipped = json.loads((ROOT / "planner" / "timing" / "megatron_bridge_intervals.json").read_text())
+    assert shipped["quantile_share"] in mb.SHARES
+    for regime, row in shipped["regimes"].items():
+        assert row["pool"] == "all" or regime.startswith(row["pool"]), regime
+        assert row["pool_rows"] >= mb.MIN_REGIME_ROWS, regime
+        assert row["log_error_low"] < 0 < row["log_error_high"], regime
 
 
 def _same_layout_pairs(system_a: str, system_b: str, max_gpus: int) -> list[float]:

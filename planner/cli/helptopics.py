@@ -21,6 +21,7 @@ MAIN = ("--model", "--gpus", "--n-gpus", "--max-gpus", "--tokens", "--deadline",
 TOPICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "layouts": ("parallel degrees, sharding, batch, recomputation",
                 ("--n-gpus", "--max-gpus", *(a.flag for a in AXES), "--etp", "--zero", "--fsdp",
+                 "--optimizer-instances",
                  "--fsdp-pipeline-grad-sync", "--pp-balance", "--vp", "--sp", "--micro-batch", "--seq-len",
                  "--global-batch", "--global-batch-tokens", "--grad-accum", "--recompute", "--recompute-every",
                  "--recompute-method", "--recompute-num-layers", "--recompute-modules", "--ds-checkpointing",

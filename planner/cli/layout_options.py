@@ -54,6 +54,9 @@ def placement_options() -> list[Decorator]:
         click.option("--etp", type=click.IntRange(1, MAX_GPUS), default=None,
                      help="Expert tensor-parallel size, dividing --tp (Megatron's "
                           "--expert-tensor-parallel-size; default: equal to tp)."),
+        click.option("--optimizer-instances", type=click.IntRange(1, MAX_GPUS), default=1, show_default=True,
+                     help="HSDP over distributed-optimizer instances (--stack megatron, --zero 1 or --fsdp full; "
+                          "megatron-core's num_distributed_optimizer_instances): docs/options.md."),
         click.option("--zero", type=click.IntRange(0, 3), default=None, help="Fix the ZeRO stage (0-3)."),
         click.option("--fsdp", type=click.Choice([s.removeprefix("fsdp-") for s in FSDP_STAGE]), default=None,
                      help="Shard with PyTorch FSDP instead of ZeRO."),

@@ -52,6 +52,7 @@ class Options:
     cp: int | None = None
     ep: int | None = None
     etp: int | None = None
+    optimizer_instances: int = 1      # megatron-core's num_distributed_optimizer_instances
     zero: int | None = None
     fsdp: str | None = None
     # the defaults of the training set-up's options are TrainingSetup's (training.setup.DEFAULT_SETUP)

@@ -136,6 +136,9 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
         raise UserError(refusal)
     if o.etp is not None and o.stack in ETP_REFUSAL:
         raise UserError(ETP_REFUSAL[o.stack])
+    if o.optimizer_instances > 1 and o.stack != "megatron":
+        raise UserError(f"--optimizer-instances {o.optimizer_instances} is megatron-core's "
+                        "num_distributed_optimizer_instances: add --stack megatron")
     o = replace(o, seq_len=o.seq_len or default_seq_len(m))
     global_batch = global_batch_from(o.as_mapping(), MAX_GLOBAL_BATCH)
     if o.grad_accum is not None:
@@ -189,7 +192,7 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
                         "use --recompute none")
     degrees: dict[str, Any] = {a.name: getattr(o, a.name) for a in AXES}
     space = SearchSpace(
-        **degrees, etp=o.etp, zero_stage=o.zero,
+        **degrees, etp=o.etp, zero_stage=o.zero, optimizer_instances=o.optimizer_instances,
         fsdp=o.fsdp, vp=o.vp, sp=o.sp,
         micro_batches=(o.micro_batch,) if o.micro_batch else SearchSpace().micro_batches,
         recomputes=(o.recompute,) if o.recompute else ("none",) if o.offload_activations

@@ -404,7 +404,10 @@ def solve_purchase(pools: Sequence[Pool], jobs: Sequence[JobWindow], options: Se
     if len(set(names)) != len(names):
         raise ValueError("job names must be unique")
     pool_of = {p.gpu: p for p in pools}
-    by_job = {j.name: [o for o in options if o.job == j.name and o.gpu in pool_of] for j in jobs}
+    by_job: dict[str, list[JobOption]] = {j.name: [] for j in jobs}    # one pass, in the options' order
+    for o in options:
+        if o.job in by_job and o.gpu in pool_of:
+            by_job[o.job].append(o)
     if not jobs or any(not by_job[j.name] for j in jobs):
         return PurchaseSolution(nodes={p.gpu: 0 for p in pools}, choices={}, cost_usd=None if jobs else 0.0,
                                 solver=_no_model(solver, time_limit_s, gap_rel))

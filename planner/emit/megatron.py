@@ -303,7 +303,7 @@ def uses_torch_fsdp2(lay: Layout, m: ModelSpec, precision: str) -> bool:
     """FSDP layouts run under --use-torch-fsdp2 where validate_args allows it (pp = ep = 1,
     untied embeddings, no fp16); elsewhere under Megatron FSDP, which shards the same way."""
     return (lay.is_fsdp and lay.pp == 1 and lay.ep == 1 and not m.tied_embeddings
-            and precision != "fp16-mixed")
+            and precision != "fp16-mixed" and lay.optimizer_instances == 1)
 
 
 def uses_fsdp(lay: Layout) -> bool:
@@ -327,6 +327,18 @@ def _sharding_args(lay: Layout, m: ModelSpec, precision: str) -> list[str]:
         stage = 2 if lay.sharding == "fsdp-grad-op" else lay.zero_stage
         args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", MEGATRON_FSDP_STRATEGY[stage],
                  "--no-gradient-accumulation-fusion", "--ckpt-format", "fsdp_dtensor"]
+    if lay.optimizer_instances > 1:
+        # DistributedDataParallelConfig.num_distributed_optimizer_instances. Megatron FSDP's outer
+        # sharding (outer_dp_sharding_strategy 'optim', which the plan's memory assumes:
+        # memory.states.model_state_bytes) has no argument in Megatron-LM at the pinned commit, and
+        # its default 'no_shard' keeps the optimizer's states over one instance: files that would
+        # run another memory than the plan sized are not written (docs/options.md)
+        if lay.zero_stage >= 2:
+            raise UserError(f"--optimizer-instances {lay.optimizer_instances} with Megatron FSDP is sized with "
+                            "outer_dp_sharding_strategy 'optim', which Megatron-LM's arguments cannot set (its "
+                            "default 'no_shard' holds more); no Megatron files written (plan --zero 1, or set "
+                            "the strategy in Megatron-Bridge's DDP config)")
+        args += ["--num-distributed-optimizer-instances", str(lay.optimizer_instances)]
     return args
 
 

@@ -26,6 +26,7 @@ from planner.layouts.layout import (
     expert_tp_size,
     hybrid_replicas,
     hybrid_shard_ranks,
+    instance_shard_size,
     model_parallel_size,
     seq_len_per_rank,
     shardings_of,
@@ -62,6 +63,7 @@ class LayoutArrays:
     recompute: np.ndarray
     etp: np.ndarray | None = None   # expert tensor-parallel size, 0 or None: equal to tp
     ep_fold: np.ndarray | None = None   # 1: ep folded over tp x cp x dp (Layout.ep_fold); None: 0
+    optimizer_instances: np.ndarray | None = None   # Layout.optimizer_instances; None (or 0): 1
 
     FIELDS: ClassVar[tuple[str, ...]] = ()      # every field, in the dataclass's order (set below)
 
@@ -100,11 +102,18 @@ class LayoutArrays:
             return self.tp
         return expert_tp_size(self.etp, self.tp)
 
+    @property
+    def instances(self) -> np.ndarray:
+        """Distributed-optimizer instances per layout (Layout.optimizer_instances), at least 1."""
+        return np.maximum(self.field("optimizer_instances"), 1)
+
     def hybrid_shard(self, gpus_per_node: int) -> np.ndarray:
-        """FSDP hybrid's (HSDP) shard group per layout (Layout.hybrid_shard: hybrid_shard_ranks),
-        0 where the sharding is not hybrid; the rule runs once per distinct (degree, tp)."""
-        out = np.zeros(len(self), dtype=np.int64)
-        rows = np.flatnonzero(self.sharding == SHARDINGS.index("fsdp-hybrid"))
+        """The HSDP shard group per layout (Layout.hybrid_shard): one distributed-optimizer
+        instance's ranks (instance_shard_size) where there are several, FSDP hybrid's node group
+        (hybrid_shard_ranks), 0 elsewhere; the node rule runs once per distinct (degree, tp)."""
+        inst = self.instances
+        out = np.where(inst > 1, instance_shard_size(self.dense_shard_degree, inst), 0).astype(np.int64)
+        rows = np.flatnonzero((self.sharding == SHARDINGS.index("fsdp-hybrid")) & (inst <= 1))
         if not len(rows):
             return out
         keys = np.stack([self.dense_shard_degree[rows], self.tp[rows]], axis=1)
@@ -153,7 +162,8 @@ class LayoutArrays:
                       micro_batch=int(self.micro_batch[i]), grad_accum=int(self.grad_accum[i]),
                       seq_len=seq_len, recompute=RECOMPUTES[int(self.recompute[i])],
                       etp=0 if self.etp is None else int(self.etp[i]),
-                      ep_fold=False if self.ep_fold is None else bool(self.ep_fold[i]))
+                      ep_fold=False if self.ep_fold is None else bool(self.ep_fold[i]),
+                      optimizer_instances=int(self.instances[i]))
 
 LayoutArrays.FIELDS = tuple(f.name for f in fields(LayoutArrays))
 
@@ -183,7 +193,7 @@ def _grid(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node: int,
     ga = np.where(setup.global_batch % per_step == 0, setup.global_batch // per_step, 1)   # grad_accum_for, or 1
     view = RuleView(m=m, setup=setup, gpus_per_node=gpus_per_node, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep,
                     zero_stage=zero, sharding=sharding, sp=sp, vp=vp, micro_batch=mb, grad_accum=ga, enumerated=1,
-                    etp=space.etp or 0)
+                    etp=space.etp or 0, optimizer_instances=space.optimizer_instances)
     # enumerate_layouts visits vp 1 and 2 where pp > 1, vp 1 only otherwise (or the fixed vp)
     visited = (vp == 1) | (pp > 1) if space.vp is None else np.ones((1, 1, 1, 1), dtype=bool)
     return view, visited, shapes, vps, rcs
@@ -198,7 +208,8 @@ def _cells(view: RuleView, shape: tuple[int, ...], i_s: np.ndarray, i_k: np.ndar
     return LayoutArrays(**degrees, zero_stage=at(view.zero_stage), sharding=at(view.sharding), sp=at(view.sp),
                         vp=at(view.vp), micro_batch=at(view.micro_batch), grad_accum=at(view.grad_accum),
                         recompute=np.array(rcs, dtype=np.int64)[i_r],
-                        etp=np.full(len(i_s), int(view.etp), dtype=np.int64))
+                        etp=np.full(len(i_s), int(view.etp), dtype=np.int64),
+                        optimizer_instances=np.full(len(i_s), int(view.optimizer_instances), dtype=np.int64))
 
 
 def valid_layouts(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node: int,

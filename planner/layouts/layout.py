@@ -91,6 +91,7 @@ class Layout:
     recompute: str = "none"     # none | selective | full
     etp: int = 0                # expert tensor-parallel size; 0: equal to tp (megatron-core's default)
     ep_fold: bool = False       # ep folded over tp x cp x dp (Megatron-Core MoE parallel folding): dp is DP
+    optimizer_instances: int = 1    # megatron-core's num_distributed_optimizer_instances (HSDP when > 1)
 
     def degrees(self) -> dict[str, int]:
         """The degree of each parallel axis (AXES), by name."""
@@ -145,7 +146,11 @@ class Layout:
         return AxisSizes(tp=self.tp, cp=self.cp, ep=self.ep, dp=self.dp, pp=self.pp)
 
     def hybrid_shard(self, gpus_per_node: int) -> int:
-        """FSDP hybrid's (HSDP) shard group (hybrid_shard_ranks), 0 where the sharding is not hybrid."""
+        """The HSDP shard group of a dense weight: one distributed-optimizer instance's ranks
+        (instance_shard_size) where there are several, FSDP hybrid's node group
+        (hybrid_shard_ranks); 0 where the states are not sharded that way."""
+        if self.optimizer_instances > 1:
+            return int(instance_shard_size(self.dense_shard_degree, self.optimizer_instances))
         if self.sharding != "fsdp-hybrid":
             return 0
         return hybrid_shard_ranks(self.dense_shard_degree, self.tp, gpus_per_node)
@@ -196,11 +201,14 @@ class Layout:
         degrees = "_".join(f"{name}{d}" + ("_sp" if marked and name == "tp" else "")
                            for name, d, marked in self.shown_degrees())
         fold = "_fold" if self.ep_fold else ""
-        return f"{degrees}{fold}_{shard}_mb{self.micro_batch}_ga{self.grad_accum}_r{self.recompute}"
+        inst = f"_inst{self.optimizer_instances}" if self.optimizer_instances > 1 else ""
+        return f"{degrees}{fold}_{shard}{inst}_mb{self.micro_batch}_ga{self.grad_accum}_r{self.recompute}"
 
     def describe(self) -> str:
         parts = self.degree_words()
         parts.append(f"ZeRO-{self.zero_stage}" if self.sharding == "zero" else f"FSDP {self.sharding[5:]}")
+        if self.optimizer_instances > 1:
+            parts[-1] += f" over {self.optimizer_instances} optimizer instances"
         parts += [f"micro-batch {self.micro_batch}", f"grad-accum {self.grad_accum}",
                   f"recompute {self.recompute}"]
         return ", ".join(parts)
@@ -299,6 +307,18 @@ def weight_shard_size(dense_shard_degree: Any, hybrid_shard: Any) -> Any:
     return hybrid_shard + dense_shard_degree * (hybrid_shard <= 0)
 
 
+def instance_shard_size(shard_degree: Any, instances: Any) -> Any:
+    """The ranks of one distributed-optimizer instance that shard a weight's states: the data-
+    parallel (x cp) group, or the expert data-parallel group, over the instances (0 or 1: one
+    instance, the whole group). megatron-core 0.16.1 parallel_state.py lines 834-841
+    (intra_partial_data_parallel_size = dp x cp / num_distributed_optimizer_instances) and
+    1263-1268 (intra_partial_expert_data_parallel_size = edp / instances); the instances
+    replicate each other, and the gradients are all-reduced across them
+    (distributed/param_and_grad_buffer.py, inter_distributed_optimizer_instance_group). Ints or
+    numpy arrays."""
+    return shard_degree // (instances + (instances < 1))
+
+
 def hybrid_replicas(dense_shard_degree: Any, shard_ranks: Any) -> Any:
     """The replicas of an FSDP hybrid (HSDP) shard group across nodes: the dense shard degree
     over the shard group (hybrid_shard_ranks), which divides it. Ints or numpy arrays."""
@@ -371,6 +391,7 @@ class SearchSpace:
     recomputes: tuple[str, ...] = ("none", "selective", "full")
     max_tp: int | None = None     # default: the GPUs of one node
     max_cp: int = 8
+    optimizer_instances: int = 1  # megatron-core's num_distributed_optimizer_instances (not searched)
 
     def fixed_degrees(self) -> dict[str, int]:
         """The degrees the space fixes (not None), by axis name in AXES order."""
@@ -450,7 +471,8 @@ def _shape_layouts(m: ModelSpec, setup: TrainingSetup, gpus_per_node: int, space
                         lay = Layout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep,
                                      zero_stage=stage, sharding=sharding, sp=sp,
                                      vp=vp, micro_batch=mb, grad_accum=ga or 1,
-                                     seq_len=setup.seq_len, recompute=rc, etp=space.etp or 0, ep_fold=fold)
+                                     seq_len=setup.seq_len, recompute=rc, etp=space.etp or 0, ep_fold=fold,
+                                     optimizer_instances=space.optimizer_instances)
                         view = RuleView.of(m, setup, lay, gpus_per_node, enumerated=True)
                         rule = first_failing(view)
                         yield lay, None if rule is None else rule.message(view)

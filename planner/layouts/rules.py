@@ -27,6 +27,7 @@ from planner.layouts.layout import (
     Layout,
     data_parallel_size,
     dense_shard_size,
+    expert_data_parallel_size,
     expert_tp_size,
     node_data_ranks,
 )
@@ -64,6 +65,7 @@ class RuleView:
     sharding_name: str = ""
     etp: Any = 0            # expert tensor-parallel size; 0: equal to tp
     ep_fold: Any = 0        # 1: ep folded over tp x cp x dp (Layout.ep_fold), dp is Megatron's DP
+    optimizer_instances: Any = 1    # Layout.optimizer_instances
 
     @property
     def expert_tp(self) -> Any:
@@ -88,6 +90,11 @@ class RuleView:
         return dense_shard_size(self.dp, self.cp, self.ep, self.ep_fold)
 
     @property
+    def expert_shard_degree(self) -> Any:
+        """The expert data-parallel group (layouts.layout.expert_data_parallel_size)."""
+        return expert_data_parallel_size(self.dp, self.tp, self.cp, self.ep, self.expert_tp, self.ep_fold)
+
+    @property
     def seq_len(self) -> int:
         return self.setup.seq_len
 
@@ -102,7 +109,8 @@ class RuleView:
         return RuleView(m=m, setup=setup, gpus_per_node=gpus_per_node, **lay.degrees(),
                         zero_stage=lay.zero_stage, sharding=sharding, sp=int(lay.sp), vp=lay.vp,
                         micro_batch=lay.micro_batch, grad_accum=lay.grad_accum, enumerated=int(enumerated),
-                        sharding_name=lay.sharding, etp=lay.etp, ep_fold=int(lay.ep_fold))
+                        sharding_name=lay.sharding, etp=lay.etp, ep_fold=int(lay.ep_fold),
+                        optimizer_instances=lay.optimizer_instances)
 
 
 @dataclass(frozen=True, slots=True)
@@ -437,6 +445,25 @@ RULES: tuple[Rule, ...] = (
     Rule("hybrid-nodes",
          lambda v: (v.sharding == HYBRID) & (v.dense_shard_degree <= node_data_ranks(v.gpus_per_node, v.tp)),
          lambda v: "hybrid sharding needs data-parallel ranks on more than one node"),
+    # megatron-core's num_distributed_optimizer_instances (Layout.optimizer_instances): a
+    # DistributedDataParallelConfig field, which the distributed optimizer (ZeRO-1) and Megatron
+    # FSDP read; the planner models Megatron FSDP's instances with outer_dp_sharding_strategy
+    # 'optim' (memory.states.model_state_bytes), so only full sharding
+    Rule("instances-stack", lambda v: (v.optimizer_instances > 1) & (v.setup.stack != "megatron"),
+         lambda v: (f"--optimizer-instances {v.optimizer_instances} is megatron-core's "
+                    "num_distributed_optimizer_instances: add --stack megatron")),
+    Rule("instances-sharding",
+         lambda v: (v.optimizer_instances > 1) & ~(((v.sharding == 0) & (v.zero_stage == 1)) | (v.sharding == FULL)),
+         lambda v: (f"--optimizer-instances {v.optimizer_instances} needs Megatron's distributed optimizer "
+                    "(--zero 1) or Megatron FSDP (--fsdp full)")),
+    # megatron-core 0.16.1 parallel_state.py lines 834-838 and 1263-1266: "Data parallel size
+    # should be divisible by partial DistOpt shard factor", and the expert data-parallel size
+    Rule("instances-divide",
+         lambda v: (v.optimizer_instances > 1) & ((v.dense_shard_degree % v.optimizer_instances != 0)
+                                                  | (v.expert_shard_degree % v.optimizer_instances != 0)),
+         lambda v: (f"--optimizer-instances {v.optimizer_instances} does not divide the data-parallel x cp ranks "
+                    f"{v.dense_shard_degree} and the expert data-parallel ranks {v.expert_shard_degree} "
+                    "(megatron-core: data parallel size should be divisible by partial DistOpt shard factor)")),
     Rule("global-batch",
          lambda v: (v.enumerated <= 0) & (_per_step(v) * v.grad_accum != v.setup.global_batch),
          lambda v: (f"global batch {v.setup.global_batch} is not micro-batch {v.micro_batch} x "
@@ -513,7 +540,7 @@ def space_refusal(space: Any) -> str | None:
 
     if not isinstance(space, SearchSpace):
         return f"the search space must be a SearchSpace, not {type(space).__name__}"
-    for field in (*AXIS_NAMES, "etp", "vp", "max_tp"):
+    for field in (*AXIS_NAMES, "etp", "vp", "max_tp", "optimizer_instances"):
         value = getattr(space, field)
         if value is not None and not is_int_in(value, 1, MAX_GPUS):
             return f"--{field.replace('_', '-')} {value!r} ({field}) must be a whole number from 1 to {MAX_GPUS:,}"

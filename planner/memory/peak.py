@@ -236,7 +236,8 @@ def _per_state(x: Any) -> Any:
 
 # what a layout's model states, buffers and optimizer temporaries depend on (its "state"):
 # everything but the micro-batch, the accumulation, the virtual stages and recomputation
-STATE_FIELDS = ("tp", "cp", "ep", "dp", "pp", "sharding", "zero_stage", "sp", "etp", "ep_fold")
+STATE_FIELDS = ("tp", "cp", "ep", "dp", "pp", "sharding", "zero_stage", "sp", "etp", "ep_fold",
+                "optimizer_instances")
 
 
 @dataclass(frozen=True, slots=True)

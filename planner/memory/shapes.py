@@ -36,7 +36,7 @@ from planner.memory.recompute import module_recompute_delta_bytes
 from planner.models.spec import ModelSpec, ParamCount
 from planner.training.finetune import activation_layers, rank_split
 from planner.training.kernels import AMP, EAGER, FUSED, KERNELS, TITAN
-from planner.training.setup import TrainingSetup
+from planner.training.setup import TrainingSetup, block_table_setup
 from planner.units import ceil_div
 
 MAX_SLOTS = 4   # the first and last stage, and the earliest middle one of each of two layer counts
@@ -229,7 +229,7 @@ def activation_figures(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_
         cols += [a.zero_stage, a.sharding]
     if imbalanced:
         cols += [a.ep]
-    out = _gather(cols, figures, _table("act", m, setup, seq_len), 5)
+    out = _gather(cols, figures, _table("act", m, block_table_setup(setup), seq_len), 5)
     return ActivationFigures(*out)
 
 

@@ -152,8 +152,11 @@ def state_terms(m: ModelSpec, setup: TrainingSetup, sa: LayoutArrays, pc: ParamC
     rp, split = st.rank_params, st.split
     last = stage == sa.pp - 1
     pad = expert_padding(m, sa, hybrid)
+    # Megatron FSDP over distributed-optimizer instances holds its model weights in 16 bits, or as
+    # the FP8 copies of fp8_param_gather (fp8_w below)
     ms = model_state_bytes(split.trainable_dense, split.trainable_expert, state_prec, opt_pp, sa, hybrid,
-                           amp=amp_states, expert_padding=pad, grad_sync=setup.fsdp_pipeline_grad_sync)
+                           amp=amp_states, expert_padding=pad, grad_sync=setup.fsdp_pipeline_grad_sync,
+                           instance_weight_bytes=0 if setup.fp8_param_gather else prec.weight_bytes)
     fp32_grads = fp32_accumulated_gradients(setup, sa)
     if fp32_grads.any():    # DeepSpeed's BF16_Optimizer: 4-byte gradients, unsharded (ZeRO-0/1)
         ms = replace(ms, gradients=np.where(fp32_grads, ms.gradients * 4 // max(state_prec.grad_bytes, 1),
@@ -181,8 +184,10 @@ def state_terms(m: ModelSpec, setup: TrainingSetup, sa: LayoutArrays, pc: ParamC
     if setup.stack == "megatron":
         # Megatron FSDP (ZeRO-3 sharding) keeps the low-precision weights in its sharded buffer
         # and gathers them per module (Megatron-Bridge's FP8/MXFP8 recipes set fp8_param_gather,
-        # training/mixed_precision.py): the copies are sharded like the weights, not cached whole
-        fp8_w = np.where(sa.zero_stage == 3, -(-fp8_w // np.maximum(dense_deg, 1)), fp8_w)
+        # training/mixed_precision.py): the copies are sharded like the weights, not cached whole; over several
+        # distributed-optimizer instances, over one instance's ranks (LayoutArrays.hybrid_shard)
+        over = np.where(sa.instances > 1, hybrid, dense_deg)
+        fp8_w = np.where(sa.zero_stage == 3, -(-fp8_w // np.maximum(over, 1)), fp8_w)
     weights = off.weights + ms.unsharded_weights + root_gathered + fp8_w
     step_transient = np.where(off.step_on_host, 0,
                               optimizer_step_transient_bytes(m, setup, sa, kern, rp, hybrid, split))

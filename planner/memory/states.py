@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from planner.layouts.batch import LayoutArrays
-from planner.layouts.layout import SHARDINGS, weight_shard_size
+from planner.layouts.layout import SHARDINGS, instance_shard_size, weight_shard_size
 from planner.models.spec import ModelSpec
 from planner.training.setup import Precision, TrainingSetup
 
@@ -81,10 +81,17 @@ def shard_degrees(a: LayoutArrays, hybrid: np.ndarray) -> tuple[np.ndarray, np.n
     group (at most the EDP for experts).
     Megatron's distributed optimizer shards expert parameters over the expert data-parallel
     group (megatron-core 0.16.1 distributed/distributed_data_parallel.py lines 295-301: the
-    expert parameters' buffers are allocated over intra_expt_dp_group)."""
+    expert parameters' buffers are allocated over intra_expt_dp_group). Over several
+    distributed-optimizer instances (Layout.optimizer_instances), both groups are one
+    instance's: ``hybrid`` is then LayoutArrays.hybrid_shard's instance group."""
     dense_deg, expert_deg = a.dense_shard_degree, a.expert_shard_degree
     d_dense = weight_shard_size(dense_deg, hybrid)
     d_expert = np.maximum(1, np.where(hybrid > 0, np.minimum(expert_deg, hybrid), expert_deg))
+    inst = a.instances
+    if np.any(inst > 1):
+        # several distributed-optimizer instances: one instance's expert data-parallel ranks
+        # (megatron-core intra_partial_expert_data_parallel_size, layout.instance_shard_size)
+        d_expert = np.where(inst > 1, np.maximum(1, instance_shard_size(expert_deg, inst)), d_expert)
     return d_dense, d_expert
 
 
@@ -111,7 +118,7 @@ def expert_padding(m: ModelSpec, a: LayoutArrays, hybrid: np.ndarray) -> np.ndar
 def model_state_bytes(n_dense: np.ndarray, n_expert: np.ndarray, precision: Precision,
                       optimizer_bytes_per_param: float, a: LayoutArrays, hybrid: np.ndarray,
                       amp: np.ndarray | bool = False, expert_padding: np.ndarray | float = 1.0,
-                      grad_sync: str = "step") -> ModelStates:
+                      grad_sync: str = "step", instance_weight_bytes: int = 2) -> ModelStates:
     """Weights, gradients and optimizer state of one rank (ZeRO paper, Sec. 5).
 
     ZeRO-1 shards the optimizer states (with the fp32 master copy) over the data ranks,
@@ -126,13 +133,17 @@ def model_state_bytes(n_dense: np.ndarray, n_expert: np.ndarray, precision: Prec
     torch.autocast runs with fp32 parameters (they are the master copy), fp32 gradients,
     and 16-bit copies of the weights made per forward (counted with the activations).
     ``grad_sync``: TrainingSetup.fsdp_pipeline_grad_sync (no_sync_gradient_bytes).
+    ``instance_weight_bytes``: Megatron FSDP over distributed-optimizer instances, the bytes per
+    parameter of the model weights an instance holds beside the fp32 main weights (below).
     """
     d_dense, d_expert = shard_degrees(a, hybrid)
     stage = a.zero_stage
     fsdp = a.sharding > 0
 
-    def shard(nd_bytes: np.ndarray, ne_bytes: np.ndarray, sharded: np.ndarray | bool) -> np.ndarray:
-        split = ceil_div(trunc(nd_bytes), d_dense) + ceil_div(trunc(ne_bytes), d_expert)
+    def shard(nd_bytes: np.ndarray, ne_bytes: np.ndarray, sharded: np.ndarray | bool,
+              over: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+        d_d, d_e = over or (d_dense, d_expert)
+        split = ceil_div(trunc(nd_bytes), np.maximum(d_d, 1)) + ceil_div(trunc(ne_bytes), np.maximum(d_e, 1))
         return np.where(sharded, split, trunc(nd_bytes + ne_bytes))
 
     # FSDP: the sharded parameter keeps the dtype it was built in, fp32 under mixed precision
@@ -145,6 +156,21 @@ def model_state_bytes(n_dense: np.ndarray, n_expert: np.ndarray, precision: Prec
     f_weights = shard(n_dense * stored, padded * stored, True)
     f_grads = shard(n_dense * grad, padded * grad, True)
     f_opt = shard(n_dense * opt_pp, padded * opt_pp, True)
+    outer = fsdp & (a.instances > 1)
+    if np.any(outer):
+        # Megatron FSDP over several distributed-optimizer instances, with outer_dp_sharding_strategy
+        # 'optim' as Megatron-Bridge's Nemotron 3 Ultra recipe sets it (megatron-core 0.16.1
+        # distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py lines 1900-2095 and 2130-2150):
+        # the main (fp32) weight buffer, and with it the optimizer's states, is sharded over every
+        # data-parallel rank; the model-weight and gradient buffers over the instance's ranks (the
+        # HSDP buffers, of which the whole group's shards are views). The instance's model weights are
+        # ``instance_weight_bytes`` per parameter: the 16-bit ones, or 0 where the low-precision
+        # copies hold them instead (fp8_param_gather: memory.fp8, counted by state_terms)
+        over_all = (a.dense_shard_degree, a.expert_shard_degree)
+        main = shard(n_dense * stored, padded * stored, True, over_all)
+        model = shard(n_dense * instance_weight_bytes, padded * instance_weight_bytes, True)
+        f_weights = np.where(outer, main + model, f_weights)
+        f_opt = np.where(outer, shard(n_dense * opt_pp, padded * opt_pp, True, over_all), f_opt)
     # ZeRO: K = the master copy + the optimizer's states
     z_opt_pp = precision.master_bytes + opt_pp
     weights = shard(n_dense * precision.weight_bytes, n_expert * precision.weight_bytes, stage >= 3)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from planner.layouts.batch import LayoutArrays
-from planner.layouts.layout import Layout
+from planner.layouts.layout import Layout, instance_shard_size
 from planner.memory.attention import mla_saved_delta_bytes
 from planner.memory.buffers import has_reduce_bucket
 from planner.memory.fp8 import saved_input_delta_bytes
@@ -52,6 +52,9 @@ def _mem(category: str, name: str, formula: str, value: int, source: str, summed
                 source=source, summed=summed)
 
 
+MEGATRON_HSDP = ("megatron-core 0.16.1 distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py (main weight "
+                 "buffer over the whole data-parallel group, HSDP model-weight buffer over the instance); "
+                 "Megatron-Bridge perf_recipes/nemotronh/common.py _apply_nemotron_3_ultra_fsdp_hsdp (outer 'optim')")
 TITAN_LOSS = "planner/memory/loss.py chunked_loss_bytes; torchtitan/components/loss.py, ChunkedLossWrapper (0.3.0)"
 
 
@@ -69,6 +72,8 @@ def memory_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, pc: ParamCount
     prec, sprec = setup.precision_spec, tr.state_precision
     d_dense = tr.hybrid or lay.dense_shard_degree
     d_expert = lay.expert_shard_degree
+    if lay.optimizer_instances > 1:     # one instance's expert ranks (memory.states.shard_degrees)
+        d_expert = max(1, instance_shard_size(d_expert, lay.optimizer_instances))
     fsdp = lay.is_fsdp
     amp = tr.amp_states and not fsdp
     w_bytes = 4 if (fsdp and prec.is_mixed) or amp else sprec.weight_bytes
@@ -92,12 +97,26 @@ def memory_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, pc: ParamCount
 
     shard: dict[str, Any] = {"N_d": d_dense, **({"N_e": d_expert} if split.trainable_expert else {}),
              **({"expert padding": pad} if pad > 1 else {})} if lay.n_gpus > 1 else {}
+    # Megatron FSDP over distributed-optimizer instances, outer 'optim': the main weights and the
+    # optimizer's states over every data-parallel rank (memory.states.model_state_bytes)
+    opt_shard_all: dict[str, Any] = {"N_d_all": lay.dense_shard_degree,
+                                     **({"N_e_all": lay.expert_shard_degree} if split.trainable_expert else {})}
+    opt_shard = {**shard, "N_d": lay.dense_shard_degree, **({"N_e": lay.expert_shard_degree}
+                                                             if split.trainable_expert else {})} \
+        if fsdp and lay.optimizer_instances > 1 else shard
     out: list[Term] = []
     frozen = off.weights - ms.weights
     if off.weights == 0 and setup.offload_params != "none":
         out.append(_mem("weights", f"weights: offloaded to {setup.offload_params}",
                         "0 on the GPU; the gathered working set is counted with the buffers",
                         0, OFFLOAD, host_bytes_per_rank=off.host_bytes, nvme_bytes_per_rank=off.nvme_bytes))
+    elif fsdp and lay.optimizer_instances > 1:
+        held = 0 if setup.fp8_param_gather else prec.weight_bytes      # memory.state_terms
+        out.append(_mem("weights", "weights: fp32 main weights over every data-parallel rank, the model "
+                        "weights over the instance (Megatron FSDP, outer_dp_sharding_strategy 'optim')",
+                        "Psi x 4 / N_d_all + Psi x model bytes / N_d (+ Psi_e x bytes / N_e_all and / N_e "
+                        "for experts)", ms.weights, MEGATRON_HSDP, **params, model_bytes_per_weight=held,
+                        **opt_shard_all, **shard))
     else:
         out.append(_mem("weights", "weights" + (" (trainable)" if frozen else ""),
                         f"Psi x bytes per weight{div(w_sharded)}", ms.weights, states_src,
@@ -176,7 +195,7 @@ def memory_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, pc: ParamCount
                         f"Psi x (master bytes + optimizer bytes per param){div(o_sharded)}", off.optimizer,
                         states_src + "; Kingma & Ba 2015 (Adam: m and v in fp32)", **params,
                         master_bytes=master, optimizer_bytes_per_param=tr.optimizer_bytes_per_param,
-                        **(shard if o_sharded else {})))
+                        **(opt_shard if o_sharded else {})))
     if transient:
         out.append(_mem("optimizer", "optimizer step temporaries", "fp32 copy of the local trainable params "
                         "(foreach) or 2 x fp32 largest tensor", transient, OPT_STEP,

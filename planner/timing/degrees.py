@@ -30,11 +30,12 @@ from planner.layouts.layout import (
     expert_tp_size,
     hybrid_replicas,
     hybrid_shard_ranks,
+    instance_shard_size,
 )
 from planner.memory.model import stage_layers
 from planner.models.spec import ModelSpec, ParamCount
 from planner.timing.collectives import Ring
-from planner.timing.dp import optimizer_update_bytes_per_param, trained_split
+from planner.timing.dp import instance_links, optimizer_update_bytes_per_param, trained_split
 from planner.timing.efficiency import (
     CROSS_ENTROPY_BYTES_PER_LOGIT,
     CROSS_ENTROPY_FORWARD_SHARE,
@@ -227,7 +228,7 @@ class Degrees(NamedTuple):
 
     stage: np.ndarray          # (SLOTS, D): the stages a pipeline's slowest can be, -1: none
     links: list[np.ndarray]    # per placement order (10, D): bus bandwidth, hop latency of each axis
-    optimizer_s: np.ndarray    # (2 x SLOTS x D): the optimizer update unsharded, sharded
+    optimizer_s: np.ndarray    # (3 x SLOTS x D): the optimizer update unsharded, sharded, sharded over an instance
     # (orders x 5 branches x SLOTS x D): the data-parallel collectives' three terms (parts.DP_TERMS)
     c0: np.ndarray
     c1: np.ndarray
@@ -276,22 +277,23 @@ DEGREE_CACHE = TableCache(max_entries=32, max_bytes=64 * 2**20)
 
 def degree_tables(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: Cluster, eff: Efficiency,
                    orders: list[tuple[str, ...]], degrees: tuple[np.ndarray, ...], degrees_key: bytes,
-                   any_hybrid: bool, etp: int = 0, ep_fold: int = 0) -> Degrees:
+                   any_hybrid: bool, etp: int = 0, ep_fold: int = 0, instances: int = 1) -> Degrees:
     """build_degrees(), or its answer for the same arguments from an earlier call
     (``degrees_key``: LayoutGroups.degrees_key; ``etp``: the batch's expert tensor-parallel
-    setting, fast.batch_etp; ``ep_fold``: whether its ep is folded, fast.batch_fold)."""
-    key = (m, pc, setup, cluster, eff, tuple(orders), any_hybrid, degrees_key, etp, ep_fold)
+    setting, fast.batch_etp; ``ep_fold``: whether its ep is folded, fast.batch_fold;
+    ``instances``: its distributed-optimizer instances, fast.batch_instances)."""
+    key = (m, pc, setup, cluster, eff, tuple(orders), any_hybrid, degrees_key, etp, ep_fold, instances)
     hit = DEGREE_CACHE.get(key)
     if hit is not None:
         return hit
-    out = build_degrees(m, pc, setup, cluster, eff, orders, degrees, any_hybrid, etp, ep_fold)
+    out = build_degrees(m, pc, setup, cluster, eff, orders, degrees, any_hybrid, etp, ep_fold, instances)
     DEGREE_CACHE.put(key, out)
     return out
 
 
 def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: Cluster, eff: Efficiency,
                    orders: list[tuple[str, ...]], degrees: tuple[np.ndarray, ...], any_hybrid: bool,
-                   etp: int = 0, ep_fold: int = 0) -> Degrees:
+                   etp: int = 0, ep_fold: int = 0, instances: int = 1) -> Degrees:
     """Per distinct degrees: the stages that can be the slowest and their ranks'
     parameters, each axis's links on each placement order, the optimizer update and the
     data-parallel collectives of every sharding. Raises Unsupported for parameter bytes
@@ -299,7 +301,10 @@ def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
     split over ep x etp and their gradients reduced over the expert data-parallel group
     dp x cp x tp / etp (layouts.layout's notes), on the links of the data-parallel axis.
     ``ep_fold``: ep folded over tp x cp x dp (Layout.ep_fold; dp is Megatron's DP), its
-    all-to-all on the expert grid's links (layout_links)."""
+    all-to-all on the expert grid's links (layout_links). ``instances`` > 1: megatron-core's
+    distributed-optimizer instances (Layout.optimizer_instances), whose gathers and
+    reduce-scatters run inside one instance and whose gradients are all-reduced across them
+    (dp.instance_links)."""
     tp, cp, ep, dp, pp = degrees
     n_d = len(tp)
     gpu, prec = cluster.gpu, setup.precision_spec
@@ -359,10 +364,21 @@ def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
     per_param = optimizer_update_bytes_per_param(m, setup)
     unsharded = dense + expert if moe else dense
     sharded = dense / nd_f + expert / ne_f if moe else dense / nd_f
-    optimizer_s = np.concatenate([(unsharded * per_param / r.hbm_bytes_per_s).ravel(),
-                                  (sharded * per_param / r.hbm_bytes_per_s).ravel()])
+    # the distributed optimizer over several instances updates one instance's shard
+    # (instance_shard_size; Megatron FSDP's outer 'optim' shards the update over the whole group)
+    in_inst = (dense / instance_shard_size(nd_f, instances)
+               + (expert / np.maximum(instance_shard_size(ne_f, instances), 1) if moe else 0.0))
+    optimizer_s = np.concatenate([(x * per_param / r.hbm_bytes_per_s).ravel() for x in (unsharded, sharded, in_inst)])
     g_b, w_b = eff.grad_reduce_bytes or prec.grad_bytes, prec.weight_bytes
     has_frozen = bool(frozen_dense.any() or frozen_expert.any())
+    inst = None
+    if instances > 1:
+        # each rank's gathers and reduce-scatters inside its instance (instance_shard_size ranks),
+        # then its shard's gradients all-reduced across the instances
+        in_d, in_e = instance_shard_size(n_dense, instances), np.maximum(instance_shard_size(n_expert, instances), 1)
+        lk_in, lk_x = zip(*(instance_links(cluster, int(t), int(i), instances) for t, i in zip(tp, in_d)))
+        inst = (in_d, in_e, *(np.array([getattr(lk, f) for lk in lks]) for lks in (lk_in, lk_x)
+                              for f in ("bus_bytes_per_s", "latency_s")))
     hybrid = None
     if any_hybrid:
         (inside,) = distinct_rows([tp, n_dense], _rows(1, np.int64, "hybrid", gpu.gpus_per_node),
@@ -377,6 +393,14 @@ def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
         bw = np.stack([lk[pick, cols] for lk in links])[:, None, :]          # (orders, 1, D)
         lat = np.stack([lk[pick + 1, cols] for lk in links])[:, None, :]
         ring_d = Ring.of(n_dense, bw, lat, bus, 1)
+        across = None
+        if inst is not None:
+            in_d, in_e, in_bw, in_lat, x_bw, x_lat = inst
+            in_bw, in_lat = np.broadcast_to(in_bw, bw.shape), np.broadcast_to(in_lat, lat.shape)   # every order
+            ring_d = Ring.of(in_d, in_bw, in_lat, bus, 1)
+            shard_bytes = dense * g_b / in_d + (expert * g_b / in_e if moe else 0.0)
+            across = np.broadcast_to(Ring.of(np.full(len(tp), instances), x_bw, x_lat, bus, 2).time_s(shard_bytes),
+                                     (len(links),) + shard_bytes.shape)
 
         def over_dp(ring: Ring, ring_e: Ring | None, per: int, frozen: bool = False) -> np.ndarray:
             """Trainable parameters x ``per`` bytes, plus the frozen base's bytes."""
@@ -386,6 +410,8 @@ def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
             return out + ring_e.time_s(frozen_expert + expert * per if frozen else expert * per)
 
         ring_e = Ring.of(n_expert, bw, lat, bus, 1) if moe else None
+        if inst is not None and moe:
+            ring_e = Ring.of(inst[1], np.broadcast_to(inst[2], bw.shape), np.broadcast_to(inst[3], lat.shape), bus, 1)
         ag = over_dp(ring_d, ring_e, w_b)                   # the trainable weights (ZeRO-1/2)
         ag_all = over_dp(ring_d, ring_e, w_b, True) if has_frozen else ag   # and the frozen (ZeRO-3, FSDP)
         if prec.gather_bytes != w_b:     # FSDP2 float8 all-gather (training.fp8, tensorwise)
@@ -394,6 +420,8 @@ def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
         ar = over_dp(Ring.of(n_dense, bw, lat, bus, 2), Ring.of(n_expert, bw, lat, bus, 2) if moe else None, g_b)
         zero = np.zeros_like(ag)
         c0, c1, c2 = [ar, rs, zero, zero, zero], [zero, ag, ag_all, ag_all, zero], [zero, zero, rs, ag_all + rs, zero]
+        if across is not None:      # the distributed optimizer after its reduce-scatter; FSDP under the backward
+            c0[ZERO_12], c2[SHARD_3] = c0[ZERO_12] + across, c2[SHARD_3] + across
         if hybrid is not None:
             inside_f, across, intra = hybrid          # hybrid_shard_ranks inside, replicas across
             total = dense + expert

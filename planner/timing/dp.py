@@ -1,11 +1,14 @@
 """What the data-parallel part of a step (timing.fast) reads per distinct shape: the parameters a
 rank trains and the frozen bytes it gathers (trained_split), the HBM bytes of the optimizer
-update per trainable parameter."""
+update per trainable parameter, and the links of distributed-optimizer instances
+(instance_links)."""
 
 from __future__ import annotations
 
 from functools import lru_cache
 
+from planner.hardware.axes import AxisSizes
+from planner.hardware.placement import AxisLink, Cluster, axis_links
 from planner.layouts.layout import Layout
 from planner.memory.model import rank_params, stage_layers
 from planner.memory.params import optimizer_state_bytes
@@ -58,3 +61,19 @@ def optimizer_update_bytes_per_param(m: ModelSpec, setup: TrainingSetup) -> floa
     state = prec.master_bytes + optimizer_state_bytes(m, setup)
     return 2 * state + prec.grad_bytes + prec.weight_bytes
 
+
+
+@lru_cache(maxsize=4096)
+def instance_links(cluster: Cluster, tp: int, instance_ranks: int, instances: int) -> tuple[AxisLink, AxisLink]:
+    """(the ring inside one distributed-optimizer instance, the ring across the instances) for
+    ``instances`` instances of ``instance_ranks`` data-parallel ranks each (Layout.hybrid_shard):
+    the one place the step time reads the HSDP groups of megatron-core's
+    num_distributed_optimizer_instances. megatron-core 0.16.1 parallel_state.py lines 878-895 cuts
+    each data-parallel (x cp) group's rank list into consecutive instances and joins the ranks at
+    the same place of each into an inter-instance group; with tp innermost (the default order
+    tp-cp-ep-dp-pp) an instance is ``instance_ranks`` ranks at stride tp and the ranks across
+    instances are at stride tp x instance_ranks: the dp and pp axes of a grid (tp, 1, 1,
+    instance_ranks, instances) placed in that order (placement.axis_links; the grid leaves out
+    the pipeline stages, which run the same groups side by side)."""
+    links = axis_links(cluster, AxisSizes(tp=tp, dp=instance_ranks, pp=instances))
+    return links["dp"], links["pp"]

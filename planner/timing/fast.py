@@ -99,7 +99,7 @@ from planner.timing.efficiency import (
 )
 from planner.timing.flops import flops_per_step
 from planner.timing.intervals import regime_of
-from planner.timing.parts import StepArrays
+from planner.timing.parts import ZERO_12, StepArrays
 from planner.timing.stage import slowest_stages
 from planner.timing.step import StepTime
 from planner.timing.terms import MicroBatchTerms, floored_s, micro_batch_s, micro_batch_terms, pipeline_s, step_s
@@ -164,6 +164,17 @@ def batch_etp(a: LayoutArrays) -> int:
     return first
 
 
+def batch_instances(a: LayoutArrays) -> int:
+    """The distributed-optimizer instances the batch shares (Layout.optimizer_instances, fixed by
+    the search: SearchSpace.optimizer_instances). Raises Unsupported for a batch that mixes them."""
+    inst = a.instances
+    if not len(inst):
+        return 1
+    if (inst != inst[0]).any():
+        raise Unsupported("layouts with different distributed-optimizer instances in one batch")
+    return int(inst[0])
+
+
 def batch_fold(a: LayoutArrays) -> int:
     """Whether the batch's ep is folded over tp x cp x dp (Layout.ep_fold): 0 or 1 for every
     layout alike (a folded layout is evaluated as given, never searched beside others).
@@ -190,7 +201,7 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
     kinds = DpKinds.of(g.pair, g.p_inv, len(g.p_d))
     etp = batch_etp(a)
     deg = degree_tables(m, pc, setup, cluster, eff, orders, g.degrees, g.degrees_key, kinds.any_hybrid, etp,
-                        batch_fold(a))
+                        batch_fold(a), batch_instances(a))
     t = micro_batch_terms(m, setup, cluster, eff, g, deg, slowest_stages(m, setup, cluster, eff, g, deg, etp))
     t_mb = micro_batch_s(t, eff)
     table = _kind_table(setup, eff, g, deg, kinds, t, pipeline_s(t, t_mb), parts)
@@ -238,14 +249,20 @@ def _kind_table(setup: TrainingSetup, eff: Efficiency, g: LayoutGroups, deg: Deg
     dp_exposed, dp_slow, opt_kind = (np.zeros_like(best) for _ in range(3)) if parts else (best, best, best)
     dp_each = np.zeros((3, 3, *best.shape)) if parts else best     # (seconds, exposed, hidden) x term
     terms: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] | None = [] if parts else None
-    opt = {sharded: deg.optimizer_s[at + sharded * (SLOTS * n_d)]
-           for (_, sharded), sel in zip(kinds.kinds, kinds.rows_of) if sel is None}
+    def update(branch: int, sharded: int) -> int:
+        """The optimizer update's block of Degrees.optimizer_s: ZeRO-1/2's distributed optimizer
+        updates one distributed-optimizer instance's shard (the same as the whole group's at one)."""
+        return 2 if sharded and branch == ZERO_12 else sharded
+
+    opt = {update(b, sharded): deg.optimizer_s[at + update(b, sharded) * (SLOTS * n_d)]
+           for (b, sharded), sel in zip(kinds.kinds, kinds.rows_of) if sel is None}
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         for row, (branch, sharded) in enumerate(kinds.kinds):
             sel = kinds.rows_of[row]
             cols: slice | np.ndarray = slice(None) if sel is None else sel
             at_s = at[:, cols]
-            opt_s = opt[sharded] if sel is None else deg.optimizer_s[at_s + sharded * (SLOTS * n_d)]
+            u = update(branch, sharded)
+            opt_s = opt[u] if sel is None else deg.optimizer_s[at_s + u * (SLOTS * n_d)]
             exposed, slow = dp_exposure(branch, at_s + (order_at + branch * (SLOTS * n_d)), deg.c0, deg.c1, deg.c2,
                                         t.fwd_compute_s[:, cols], t.bwd_compute_s[:, cols],
                                         dp_times(branch, ppp[cols], t.micro_batches[cols], sync), eff, terms,

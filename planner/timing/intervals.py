@@ -119,8 +119,10 @@ def upper_factor(confidence: float) -> float:
 def provenance(regime: str = "") -> str:
     if regime in regime_data()["regimes"]:
         r = regime_data()
-        return (f"{r['residuals']}, regime {regime}: {r['regimes'][regime]['rows']} runs "
-                f"(bench/megatron_bridge.py, {r['generated']})")
+        row = r["regimes"][regime]
+        pool = "" if row["pool"] == regime else f", pooled over the {row['pool_rows']} runs of {row['pool']}"
+        return (f"{r['residuals']}, regime {regime}: {row['rows']} runs{pool}, the central "
+                f"{r['quantile_share']:.0%} of the residuals ({r['generated']})")
     d = interval_data()
     return (f"{d['residuals']}: {d['runs']} runs, {len(d['sources'])} sources "
             f"(bench/out_of_sample.py, {d['generated']})")

@@ -35,7 +35,7 @@ from planner.timing.degrees import (
 )
 from planner.timing.efficiency import Efficiency
 from planner.training.kernels import KERNELS, block_kernel_codes
-from planner.training.setup import TrainingSetup
+from planner.training.setup import TrainingSetup, block_table_setup
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +66,7 @@ def slowest_stages(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Ef
     kern_d = block_kernel_codes(setup, tp, pp, cp, False)
     b_inv, b_first = g.b_inv, g.b_rep
     b_d = pd[b_first]
-    block_rows = _rows(14, np.float64, "block", m, setup, cluster, eff, etp)
+    block_rows = _rows(14, np.float64, "block", m, block_table_setup(setup), cluster, eff, etp)
     b_row, blocks_t = block_rows.columns_of(
         (tp[b_d], sp_p[b_first], cp[b_d], ep[b_d], mb_p[b_first], rc_p[b_first], kern_d[b_d]),
         lambda tp_, sp_, cp_, ep_, mb_, rc_, k_: block_row(m, setup, cluster, eff, kernel_names[k_], tp_, sp_, cp_,

@@ -6,7 +6,7 @@ with a default and its source, so a report can print it and a user can change it
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
@@ -325,6 +325,17 @@ class TrainingSetup:
 # TrainingSetup's defaults as one object: the command line's defaults and help, the default
 # sequence length (training.checks.default_seq_len) and the batch rule (training.batch) read them
 DEFAULT_SETUP = TrainingSetup()
+
+
+def block_table_setup(setup: TrainingSetup) -> TrainingSetup:
+    """``setup`` as the per-block-shape tables key it (memory.shapes' activation figures,
+    timing.stage's block rows): with the default global batch, since no memory or step-time
+    model reads the global batch (a layout carries its micro-batch and accumulation;
+    tests/test_block_tables.py checks that nothing under planner/memory or planner/timing reads
+    it). Set-ups that differ only in it then share one table: `plan buy` of 128 Llama 3.1 8B
+    jobs, each its own global batch (issue 32, H1), built 384 tables of the same blocks."""
+    return setup if setup.global_batch == DEFAULT_SETUP.global_batch else replace(
+        setup, global_batch=DEFAULT_SETUP.global_batch)
 
 MAX_SEQ_LEN = 4 * 1024 * 1024
 MAX_GPUS = 1 << 17
