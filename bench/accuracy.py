@@ -76,6 +76,11 @@ GRID = [
     ("bench/configs/tiny-gpt-oss.json", 8, 3, "bf16-mixed", 512, 2, "none"),
     ("bench/configs/tiny-phi3.json", 1, 0, "bf16-mixed", 512, 2, "none"),
     ("bench/configs/tiny-olmo2.json", 8, 3, "bf16-mixed", 512, 2, "none"),
+    # GLM-4.5, MiniMax-M2 and DeepSeek-V3.2, written families (planner.models.recent, .dsa): tiny
+    # configs of each preset's architecture; DeepSeek-V3.2's indexer picks 128 of 1,024 keys
+    ("bench/configs/tiny-glm4-moe.json", 8, 3, "bf16-mixed", 512, 2, "none"),
+    ("bench/configs/tiny-minimax-m2.json", 8, 3, "bf16-mixed", 512, 2, "none"),
+    ("bench/configs/tiny-deepseek-v32.json", 8, 3, "bf16-mixed", 1024, 2, "none"),
     # Qwen3-Next, written in the hybrid layer pattern (planner.models.deltanet): 3 gated DeltaNet
     # layers and 1 gated attention layer, all MoE, on transformers' torch delta rule
     ("bench/configs/tiny-qwen3-next.json", 8, 3, "bf16-mixed", 512, 2, "none"),

@@ -143,6 +143,16 @@ ARGUMENTS: dict[str, object] = {
     "--hybrid-override-pattern": str, "--is-hybrid-model": FLAG, "--mamba-state-dim": int,
     "--mamba-head-dim": int, "--mamba-num-groups": int, "--mamba-num-heads": int,
     "--moe-ffn-hidden-size": int, "--moe-shared-expert-intermediate-size": int, "--moe-latent-size": int,
+    # The DeepSeek-V3-style MoE block and attention of GLM-4.5 (not from the commit above): the fields
+    # of megatron-core 0.16.1's TransformerConfig under their argparse names (Megatron-LM builds
+    # its parser from them): qk_layernorm bool (transformer_config.py line 208), moe_layer_freq
+    # Union[int, List[int]] (line 556; Megatron-LM's moe_freq_type evaluates a "([0]*3+[1]*89)"
+    # string into the list), moe_router_num_groups / moe_router_group_topk Optional[int] (598,
+    # 614), moe_router_topk_scaling_factor Optional[float] (622), moe_router_score_function
+    # Literal['softmax', 'sigmoid'] (626), moe_router_enable_expert_bias bool (634)
+    "--qk-layernorm": FLAG, "--moe-layer-freq": str, "--moe-router-num-groups": int,
+    "--moe-router-group-topk": int, "--moe-router-topk-scaling-factor": float,
+    "--moe-router-score-function": ["softmax", "sigmoid"], "--moe-router-enable-expert-bias": FLAG,
 }
 
 # Defaults of the flags the rules read, as the parser sets them (same file and commit).

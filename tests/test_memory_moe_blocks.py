@@ -33,7 +33,8 @@ def _mlp_saved_bytes(name: str) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-gpt-oss", "tiny-llama4-text"])
+@pytest.mark.parametrize("name", ["tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-gpt-oss", "tiny-llama4-text",
+                                  "tiny-glm4-moe", "tiny-minimax-m2"])
 def test_moe_blocks_keep_what_transformers_keeps(name):
     m = load_model(str(CONFIGS / f"{name}.json"))
     setup = TrainingSetup(seq_len=SEQ, global_batch=MB, precision="bf16")

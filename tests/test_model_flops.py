@@ -66,8 +66,8 @@ def _family_presets() -> dict[str, str]:
 # .deltanet), are checked on their forward pass in tests/test_hybrid.py and tests/test_deltanet.py
 # (FlopCounterMode counted 15-17x the planner's forward and backward on Qwen3.5's tiny configs).
 # Kimi Linear's KDA (whose linear_attn_config layer lists this shrink does not cut) is on the
-# generic path. DeepSeek-V3.2's lightning indexer runs no backward in transformers' model;
-# test_deepseek_v32_counts_the_indexer_backward below checks the difference it makes.
+# generic path. DeepSeek-V3.2 (written, planner.models.dsa): its lightning indexer runs no backward
+# in transformers' model; test_deepseek_v32_counts_the_indexer_backward below checks the difference.
 GENERIC_FAMILIES = ("nemotron_h", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "kimi_linear", "deepseek_v32")
 FAMILIES = {k: v for k, v in _family_presets().items() if k not in GENERIC_FAMILIES}
 
@@ -140,7 +140,7 @@ def test_model_flops_match_flop_counter(family):
 
 @pytest.mark.slow
 def test_deepseek_v32_counts_the_indexer_backward():
-    """DeepSeek-V3.2 on the generic path counts backward as twice forward, the indexer's too;
+    """DeepSeek-V3.2 (planner.models.dsa) counts backward as twice forward, the indexer's too;
     transformers' model takes no gradient through the indexer (its top-k indices carry none;
     DeepSeek trains it on a separate KL loss, arXiv:2512.02556 Sec. 2), so FlopCounterMode's
     forward and backward fall short of the planner's by twice the indexer's forward: per

@@ -72,6 +72,39 @@ TINY: dict[str, dict[str, Any]] = {
                  "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128, "pad_token_id": 0},
     "olmo2": {"model_type": "olmo2", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
                   "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128, "pad_token_id": 0},
+    # GLM-4.5's switches: QK norm, q/k/v bias (o_proj none), head_dim apart from h / heads, two
+    # dense blocks first, two shared experts, grouped routing; then GLM-4.5-Air's (no QK norm,
+    # one dense block, Glm4MoeConfig's defaults for the rest) and a config whose blocks are all dense
+    "glm4_moe-qk-norm-bias": {"model_type": "glm4_moe", "hidden_size": 64, "intermediate_size": 96,
+                              "moe_intermediate_size": 32, "n_routed_experts": 4, "n_shared_experts": 2,
+                              "num_experts_per_tok": 2, "num_hidden_layers": 4, "num_attention_heads": 4,
+                              "num_key_value_heads": 2, "head_dim": 24, "vocab_size": 128,
+                              "first_k_dense_replace": 2, "n_group": 2, "topk_group": 1, "use_qk_norm": True,
+                              "attention_bias": True, "partial_rotary_factor": 0.5},
+    "glm4_moe-air": {"model_type": "glm4_moe", "hidden_size": 64, "intermediate_size": 96,
+                     "moe_intermediate_size": 32, "n_routed_experts": 4, "num_experts_per_tok": 2,
+                     "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+                     "vocab_size": 128},
+    # MiniMax-M2's: QK norm over the whole q/k widths, no biases (attention_bias and
+    # shared_intermediate_size are not read), the experts' count by its num_experts alias
+    "minimax_m2": {"model_type": "minimax_m2", "hidden_size": 64, "intermediate_size": 32, "num_local_experts": 4,
+                   "num_experts_per_tok": 2, "num_hidden_layers": 2, "num_attention_heads": 4,
+                   "num_key_value_heads": 2, "head_dim": 24, "rotary_dim": 12, "vocab_size": 128,
+                   "attention_bias": True, "shared_intermediate_size": 48},
+    "minimax_m2-num-experts": {"model_type": "minimax_m2", "hidden_size": 64, "intermediate_size": 32,
+                               "num_experts": 6, "num_experts_per_tok": 3, "num_hidden_layers": 2,
+                               "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 128},
+    # DeepSeek-V3.2: V3's MLA and MoE with the lightning indexer; mlp_layer_types places the dense block
+    "deepseek_v32": {"model_type": "deepseek_v32", "hidden_size": 64, "intermediate_size": 96,
+                     "moe_intermediate_size": 32, "n_routed_experts": 4, "n_shared_experts": 1,
+                     "num_experts_per_tok": 2, "num_hidden_layers": 3, "num_attention_heads": 4,
+                     "num_key_value_heads": 4, "vocab_size": 128, "q_lora_rank": 24, "kv_lora_rank": 16,
+                     "qk_rope_head_dim": 8, "qk_nope_head_dim": 12, "v_head_dim": 10, "n_group": 2,
+                     "topk_group": 1, "index_n_heads": 3, "index_head_dim": 16, "index_topk": 32,
+                     "mlp_layer_types": ["dense", "sparse", "sparse"], "attention_bias": True},
+    "glm4_moe-all-dense": {"model_type": "glm4_moe", "hidden_size": 64, "intermediate_size": 96,
+                           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                           "vocab_size": 128, "first_k_dense_replace": 2, "attention_bias": True},
 }
 
 
@@ -176,6 +209,11 @@ LORA_CASES = [
     ("gpt-oss-20b", 2, ("all-linear",), "all-linear"),            # experts and router are not nn.Linear
     ("phi-4", 2, ("all-linear",), "all-linear"),                  # fused qkv_proj and gate_up_proj
     ("olmo2-7b", 2, ("attention",), ["q_proj", "k_proj", "v_proj", "o_proj"]),
+    ("glm-4.5", 4, ("all-linear",), "all-linear"),                # 3 dense + 1 MoE block; biased q/k/v
+    ("glm-4.5", 4, ("mlp",), ["gate_proj", "up_proj", "down_proj"]),     # routed experts only
+    ("minimax-m2", 2, ("all-linear",), "all-linear"),             # router + fused experts, as Mixtral's
+    ("minimax-m2", 2, ("mlp",), ["w1", "w3", "w2"]),              # the "mixtral" conversion's names
+    ("deepseek-v3.2", 4, ("all-linear",), "all-linear"),          # the indexer's wq_b, wk, weights_proj too
 ]
 
 

@@ -40,6 +40,9 @@ DECODER_LAYER_CLASS = {
     "gpt_oss": "GptOssDecoderLayer",
     "phi3": "Phi3DecoderLayer",
     "olmo2": "Olmo2DecoderLayer",
+    "glm4_moe": "Glm4MoeDecoderLayer",          # transformers/models/glm4_moe/modeling_glm4_moe.py
+    "minimax_m2": "MiniMaxM2DecoderLayer",      # transformers/models/minimax_m2/modeling_minimax_m2.py
+    "deepseek_v32": "DeepseekV32DecoderLayer",  # transformers/models/deepseek_v32/modeling_deepseek_v32.py
     "nemotron_h": "NemotronHBlock",             # transformers/models/nemotron_h/modeling_nemotron_h.py
     "qwen3_next": "Qwen3NextDecoderLayer",      # transformers/models/qwen3_next/modeling_qwen3_next.py
     "qwen3_5_text": "Qwen3_5DecoderLayer",      # transformers/models/qwen3_5/modeling_qwen3_5.py

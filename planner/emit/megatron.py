@@ -33,6 +33,9 @@ if TYPE_CHECKING:
     from planner.training.setup import TrainingSetup
 
 POSITION = {"rope": "rope", "learned": "learned_absolute", "alibi": "none"}
+# The MoE families whose dense blocks are the first n_dense_layers (first_k_dense_replace), the
+# layout --moe-layer-freq's list writes (transformers' DeepseekV3DecoderLayer, Glm4MoeDecoderLayer)
+DENSE_FIRST_TYPES = ("deepseek_v3", "glm4_moe")
 # ZeRO stage -> Megatron's data-parallel sharding: the distributed optimizer shards
 # optimizer states (ZeRO-1); Megatron FSDP shards gradients too, or everything
 MEGATRON_FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
@@ -66,6 +69,12 @@ def _unsupported(m: ModelSpec) -> str | None:
         return "ALiBi position biases"
     if m.gated_mlp and m.activation not in ("silu", "swish"):
         return f"a gated MLP with {m.activation} (Megatron's gated MLP is SwiGLU)"
+    if m.is_mla:
+        return "multi-latent attention (its --multi-latent-attention ranks are not written here)"
+    if m.qk_norm == "full":
+        return "a QK RMSNorm over the whole q and k widths (megatron-core's --qk-layernorm normalises each head)"
+    if m.n_dense_layers and m.model_type not in DENSE_FIRST_TYPES:
+        return "dense blocks placed among the MoE blocks (--moe-layer-freq is written for first-k-dense models)"
     return None
 
 
@@ -96,6 +105,8 @@ def _rope_args(m: ModelSpec) -> list[str]:
     if theta != int(theta):
         raise UserError(f"Megatron-LM's --rotary-base is an integer; {m.name} has rope_theta {theta}")
     args = ["--rotary-base", str(int(theta))]
+    if arch.rotary_fraction != 1.0:     # GPTModel(rotary_percent=args.rotary_percent)
+        args += ["--rotary-percent", repr(arch.rotary_fraction)]
     sc = arch.rope_scaling
     if sc is not None:
         if sc.rope_type != "llama3" or (sc.low_freq_factor, sc.high_freq_factor,
@@ -117,8 +128,9 @@ def _model_args(m: ModelSpec, seq_len: int, tp: int = 1) -> list[str]:
         raise UserError(f"{m.name} has {m.max_positions} learned positions; a sequence of {seq_len} tokens "
                         f"does not fit them (give --seq-len {m.max_positions} or less)")
     div = vocab_divisor(m.vocab_size, tp)
+    dense_ff = (m.dense_d_ff or m.d_ff) if m.n_dense_layers else m.d_ff     # the dense blocks' MLP width
     args = ["--num-layers", str(m.n_layers), "--hidden-size", str(m.d_model),
-            "--ffn-hidden-size", str(m.d_ff), "--num-attention-heads", str(m.n_heads),
+            "--ffn-hidden-size", str(dense_ff), "--num-attention-heads", str(m.n_heads),
             "--seq-length", str(seq_len),
             "--max-position-embeddings", str(max(m.max_positions, seq_len)),
             "--position-embedding-type", POSITION.get(m.position, "none"),
@@ -132,6 +144,8 @@ def _model_args(m: ModelSpec, seq_len: int, tp: int = 1) -> list[str]:
         args += ["--group-query-attention", "--num-query-groups", str(m.n_kv_heads)]
     if m.head_dim * m.n_heads != m.d_model:
         args += ["--kv-channels", str(m.head_dim)]
+    if m.qk_norm == "head":     # TransformerConfig.qk_layernorm: q_layernorm and k_layernorm over each head
+        args += ["--qk-layernorm"]
     if m.gated_mlp:
         args += ["--swiglu"]
     elif m.activation in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
@@ -150,9 +164,24 @@ def _moe_args(m: ModelSpec) -> list[str]:
     if not m.is_moe:
         return []
     args = ["--num-experts", str(m.n_experts), "--moe-router-topk", str(m.n_experts_per_token)]
-    aux = architecture(m).router_aux_loss_coef
+    arch = architecture(m)
+    aux = arch.router_aux_loss_coef
     if aux is not None:
         args += ["--moe-router-load-balancing-type", "aux_loss", "--moe-aux-loss-coeff", repr(aux)]
+    if m.n_dense_layers:
+        # TransformerConfig.moe_layer_freq as a list, 0 a dense block and 1 a MoE block; the
+        # experts' width apart from --ffn-hidden-size (the dense blocks')
+        args += ["--moe-layer-freq", f"([0]*{m.n_dense_layers}+[1]*{m.n_moe_layers})",
+                 "--moe-ffn-hidden-size", str(m.d_ff)]
+    if m.shared_d_ff:           # SharedExpertMLP beside the routed experts, of the shared experts' total width
+        args += ["--moe-shared-expert-intermediate-size", str(m.shared_d_ff)]
+    if arch.sigmoid_router:     # TopKRouter: sigmoid scores, expert bias, the top-k weights scaled
+        args += ["--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias"]
+        if arch.router_scaling != 1.0:
+            args += ["--moe-router-topk-scaling-factor", repr(arch.router_scaling)]
+    if 0 < m.routing_group_limit < m.routing_groups:    # group-limited routing
+        args += ["--moe-router-num-groups", str(m.routing_groups),
+                 "--moe-router-group-topk", str(m.routing_group_limit)]
     return args
 
 

@@ -9,6 +9,7 @@ from functools import lru_cache
 import numpy as np
 
 from planner.layouts.layout import Layout
+from planner.models.dsa import indexer_working_bytes_per_token
 from planner.models.spec import ModelSpec
 from planner.training.finetune import lora_activation_terms
 from planner.training.setup import TrainingSetup
@@ -359,7 +360,18 @@ def backward_working_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kern
     gradients (eager_score_gradient_bytes) and, for torchtitan's block, its sequence-parallel
     gradient and reduce-scatter copies (titan_backward_working_bytes)."""
     titan = titan_backward_working_bytes(m, setup, lay) if kernels == "torchtitan" else 0
-    return eager_score_gradient_bytes(m, setup, lay, kernels) + titan
+    return eager_score_gradient_bytes(m, setup, lay, kernels) + titan + indexer_working_bytes(m, lay, kernels)
+
+
+def indexer_working_bytes(m: ModelSpec, lay: Layout, kernels: str) -> int:
+    """DeepSeek-V3.2's indexer scores while its block runs (models.dsa.indexer_working_bytes_per_token),
+    per micro-batch on one rank, unsplit by tp; 0 without DSA. They live in the block's forward (and
+    in its recomputation under recompute full); placed here, in the last block's working set, they
+    sit on top of nearly every activation, as in the last block's forward (APPROXIMATION: the two
+    moments differ by part of one block's activations)."""
+    if not m.index_n_heads:
+        return 0
+    return int(lay.tokens_per_rank * indexer_working_bytes_per_token(m, lay.seq_len, fused=kernels == "fused"))
 
 
 def activation_key(lay: Layout, sharded_dtype: bool = False) -> Layout:

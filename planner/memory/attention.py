@@ -1,7 +1,7 @@
 """Attention's saved tensors where the architecture differs from the generic multi-head /
 grouped-query block of memory.activations (per shape, gathered in memory.shapes): DeepSeek's
-multi-head latent attention (MLA), the RMSNorms on queries and keys (QK norm) of Qwen3,
-OLMo 2 and Gemma 3, and gpt-oss's eager attention with sinks.
+multi-head latent attention (MLA) and DeepSeek-V3.2's indexer beside it, the RMSNorms on
+queries and keys (QK norm) of Qwen3, OLMo 2 and Gemma 3, and gpt-oss's eager attention with sinks.
 
 MLA (DeepSeek-V2/V3, arXiv:2412.19437, Sec. 2.1.1; transformers' DeepseekV3Attention): the
 query goes through a q_lora_rank bottleneck (q_a_proj, q_a_layernorm, q_b_proj), keys and
@@ -41,6 +41,7 @@ from dataclasses import replace
 from planner.layouts.layout import Layout
 from planner.memory.activations import layer_activation_terms, norm_saved_bytes
 from planner.memory.norms import FP32_NORM_BYTES, keeps_fp32_normalised
+from planner.models.dsa import indexer_saved_bytes_per_token
 from planner.models.spec import ModelSpec
 from planner.training.setup import TrainingSetup
 
@@ -104,7 +105,20 @@ def attention_saved_delta_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout,
     narrower values, and the QK norms' saved tensors (bytes per block, per micro-batch, on
     one rank). memory.shapes can call it where it calls mla_saved_delta_bytes, for every
     model with ``m.is_mla or m.qk_norm``."""
-    return mla_saved_delta_bytes(m, setup, lay, kernels) + qk_norm_saved_bytes(m, setup, lay, kernels)
+    return (mla_saved_delta_bytes(m, setup, lay, kernels) + qk_norm_saved_bytes(m, setup, lay, kernels)
+            + indexer_saved_bytes(m, setup, lay, kernels))
+
+
+def indexer_saved_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) -> int:
+    """Bytes one block's DeepSeek-V3.2 indexer keeps for backward, per micro-batch on one rank
+    (planner.models.dsa.indexer_saved_bytes_per_token: fused kernels only, ASSUMED; transformers'
+    eager model keeps none). The indexer runs unsplit on every tp rank, over the rank's cp share
+    of the tokens; nothing under full recomputation or for frozen blocks."""
+    if not m.index_n_heads or lay.recompute == "full" or setup.finetune.freezes_base:
+        return 0
+    per_token = indexer_saved_bytes_per_token(m, lay.seq_len, setup.precision_spec.activation_bytes,
+                                              fused=kernels == "fused")
+    return int(lay.tokens_per_rank * per_token)
 
 
 def attention_saved_delta_full_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) -> int:

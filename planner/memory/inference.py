@@ -130,13 +130,15 @@ MLA_CACHES = ("latent", "per-head")
 def kv_elements_per_token(m: ModelSpec, tp: int = 1, mla_cache: str = "latent") -> int:
     """Cached elements per token and block on one tensor-parallel rank (module docstring):
     2 x ceil(kv_heads / tp) x head_dim; MLA's latent plus rotary key (kv_lora_rank +
-    qk_rope_head_dim, whole on every rank), or its per-head K and V."""
+    qk_rope_head_dim, whole on every rank), or its per-head K and V; DeepSeek-V3.2 adds its
+    indexer's one key of index_head_dim per token (transformers' DynamicIndexedLayer keeps it
+    beside the latent; every query's indexer scores all of them, arXiv:2512.02556 Sec. 2.1)."""
     if m.is_mla:
         if mla_cache not in MLA_CACHES:
             raise ValueError(f"unknown MLA cache layout {mla_cache!r}; choose one of {', '.join(MLA_CACHES)}")
         if mla_cache == "latent":
-            return m.kv_lora_rank + m.qk_rope_head_dim
-        return ceil_div(m.n_heads, tp) * (m.head_dim + m.value_head_dim)
+            return m.kv_lora_rank + m.qk_rope_head_dim + m.index_head_dim
+        return ceil_div(m.n_heads, tp) * (m.head_dim + m.value_head_dim) + m.index_head_dim
     return 2 * ceil_div(m.n_kv_heads, tp) * m.head_dim
 
 

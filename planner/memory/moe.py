@@ -87,8 +87,10 @@ def is_routed_term(name: str) -> bool:
     expert MLP, the permuted tokens, the router's probabilities), not the MLP's input."""
     return name.startswith(ROUTED_PREFIXES) and not name.startswith(MLP_INPUT)
 HF_KERNELS = ("eager", "amp")
-GROUPED_GEMM_TYPES = ("qwen3_moe", "deepseek_v3", "gpt_oss", "qwen3_next", "qwen3_5_moe_text")
-FP32_ROUTER_INPUT_TYPES = ("deepseek_v3",)
+GROUPED_GEMM_TYPES = ("qwen3_moe", "deepseek_v3", "gpt_oss", "qwen3_next", "qwen3_5_moe_text", "glm4_moe",
+                      "minimax_m2", "deepseek_v32")
+# Glm4MoeTopkRouter (modeling_glm4_moe.py) casts its input to fp32 as DeepseekV3TopkRouter does
+FP32_ROUTER_INPUT_TYPES = ("deepseek_v3", "glm4_moe", "deepseek_v32")
 ALL_EXPERTS_TYPES = ("llama4_text", "llama4")
 CLAMPED_SWIGLU_TYPES = ("gpt_oss",)
 

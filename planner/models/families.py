@@ -200,7 +200,8 @@ HEADS_DIVIDE_WIDTH = {"gpt2": ("n_embd", "n_head"), "bert": ("hidden_size", "num
 # config places an MoE block (MixtralSparseMoeBlock, DeepseekV3MoE, Llama4TextMoe: a top-k over
 # zero experts fails); Qwen3-MoE builds dense blocks when num_experts is 0, so it is not here
 ROUTED_EXPERTS = {"mixtral": ("num_local_experts", 2), "deepseek_v3": ("n_routed_experts", 8),
-                  "llama4_text": ("num_local_experts", 1)}
+                  "llama4_text": ("num_local_experts", 1), "glm4_moe": ("n_routed_experts", 8),
+                  "minimax_m2": ("num_local_experts", 8), "deepseek_v32": ("n_routed_experts", 8)}
 
 
 def config_class_refusal(cfg: dict[str, Any], mt: str, where: str) -> str | None:

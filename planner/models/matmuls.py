@@ -48,7 +48,8 @@ def _attention_matmuls(m: ModelSpec) -> tuple[Matmul, ...]:
     """Attention projections. MLA (DeepSeek-V2 arXiv:2405.04434 Sec. 2.1, transformers'
     DeepseekV3Attention): q_a (h -> q_lora) then q_b (q_lora -> n_heads x 192), or a full q_proj;
     kv_a (h -> kv_lora + rope 64), kv_b (kv_lora -> n_heads x (nope 128 + v 128)); o (n_heads x
-    v -> h). Others: one fused QKV (h -> q + 2 kv, GQA/MQA narrowing kv) and o (q -> h)."""
+    v -> h), and DeepSeek-V3.2's indexer projections (_indexer_matmuls). Others: one fused QKV
+    (h -> q + 2 kv, GQA/MQA narrowing kv) and o (q -> h)."""
     h = m.d_model
     if m.is_mla:
         qk, v, heads = m.head_dim, m.value_head_dim, m.n_heads
@@ -63,10 +64,22 @@ def _attention_matmuls(m: ModelSpec) -> tuple[Matmul, ...]:
                    split="none"),
             Matmul(name="kv_up", d_in=m.kv_lora_rank, d_out=heads * (qk - m.qk_rope_head_dim + v),
                    kind="attention", split="column"),
-            Matmul(name="o", d_in=heads * v, d_out=h, kind="attention", split="row"))
+            Matmul(name="o", d_in=heads * v, d_out=h, kind="attention", split="row")) + _indexer_matmuls(m)
     q_out = 2 * m.q_dim if m.attention_gate else m.q_dim      # Qwen3NextAttention's q_proj: queries and gate
     return (Matmul(name="qkv", d_in=h, d_out=q_out + 2 * m.kv_dim, kind="attention", split="column"),
             Matmul(name="o", d_in=m.q_dim, d_out=h, kind="attention", split="row"))
+
+
+def _indexer_matmuls(m: ModelSpec) -> tuple[Matmul, ...]:
+    """DeepSeek-V3.2's lightning indexer (planner.models.dsa): wq_b (q_lora -> H^I D^I), wk
+    (h -> D^I), weights_proj (h -> H^I); every tp rank runs them whole (ASSUMED: one key head
+    and a sum over the index heads, as MLA's down-projections stay unsplit). None without DSA."""
+    if not m.index_n_heads:
+        return ()
+    heads, dim = m.index_n_heads, m.index_head_dim
+    return (Matmul(name="indexer_q", d_in=m.q_lora_rank, d_out=heads * dim, kind="attention", split="none"),
+            Matmul(name="indexer_k", d_in=m.d_model, d_out=dim, kind="attention", split="none"),
+            Matmul(name="indexer_weights", d_in=m.d_model, d_out=heads, kind="attention", split="none"))
 
 
 def _mlp(name: str, m: ModelSpec, width: int, kind: str, visits: int = 1, n_blocks: int = 0) -> tuple[Matmul, ...]:

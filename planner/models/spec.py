@@ -94,6 +94,11 @@ class ModelSpec:
     n_mtp_modules: int = 0          # DeepSeek-V3 multi-token prediction modules counted (0: as transformers)
     routing_groups: int = 0         # group-limited routing: the routed experts in this many groups (0: none)
     routing_group_limit: int = 0    # each token's experts in at most this many of them (DeepSeek-V3: 4 of 8)
+    # ---- DeepSeek Sparse Attention (DeepSeek-V3.2, planner.models.dsa): MLA plus a lightning
+    # indexer of index_n_heads heads of index_head_dim that picks index_topk keys per query
+    index_n_heads: int = 0          # 0: no indexer, dense attention
+    index_head_dim: int = 0
+    index_topk: int = 0
     # ---- hybrid Mamba-2 models (Nemotron-H, Nemotron 3; planner.models.hybrid): the layer
     # pattern in Megatron-Core's hybrid syntax, one letter per layer (M: a Mamba-2 mixer,
     # *: self-attention, E: an MoE MLP, -: a dense MLP; each layer one norm and one mixer)
@@ -290,7 +295,8 @@ def attention_params(m: ModelSpec) -> int:
     q_b_proj q_lora x n_heads (nope + rope) (or q_proj h x n_heads (nope + rope) without a
     query bottleneck); kv_a_proj_with_mqa h x (kv_lora + rope), kv_a_layernorm kv_lora,
     kv_b_proj kv_lora x n_heads (nope + v); o_proj n_heads v x h. The a-projections and
-    o_proj carry attention_bias, the b-projections never do.
+    o_proj carry attention_bias, the b-projections never do. DeepSeek-V3.2 adds its lightning
+    indexer (planner.models.dsa.indexer_params).
     """
     h = m.d_model
     if m.is_mla:
@@ -302,7 +308,9 @@ def attention_params(m: ModelSpec) -> int:
             q = _linear(h, m.n_heads * qk, False)
         kv = (_linear(h, m.kv_lora_rank + m.qk_rope_head_dim, bias) + m.kv_lora_rank
               + m.kv_lora_rank * m.n_heads * (qk - m.qk_rope_head_dim + v))
-        return q + kv + _linear(m.n_heads * v, h, m.out_bias)
+        from planner.models.dsa import indexer_params
+
+        return q + kv + _linear(m.n_heads * v, h, m.out_bias) + indexer_params(m)
     q, kv = m.q_dim, m.kv_dim
     out = _linear(h, q, m.qkv_bias) + 2 * _linear(h, kv, m.qkv_bias) + _linear(q, h, m.out_bias)
     if m.attention_gate:    # Qwen3NextAttention: q_proj is h x 2 q (queries and their output gate)

@@ -487,8 +487,10 @@ def _activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, tr: RankT
     if phase in ("block-backward", "backward-end"):
         out.append(_mem("activations", "working set of the block in backward",
                         "recomputed tensors (full block - kept) + eager score gradients "
-                        "+ torchtitan's sequence-parallel copies (memory.activations.backward_working_bytes)",
-                        tr.working, KORTHIKANTI + "; MemTracker on a Llama model (8.4 B per score)",
+                        "+ torchtitan's sequence-parallel copies + DeepSeek-V3.2's indexer scores "
+                        "(memory.activations.backward_working_bytes)",
+                        tr.working, KORTHIKANTI + "; MemTracker on a Llama model (8.4 B per score); "
+                        "indexer: planner.models.dsa.indexer_working_bytes_per_token",
                         full_block_bytes=tr.full_layer, kept_block_bytes=tr.layer_act,
                         score_gradient_bytes=tr.score_grad))
     if phase == "backward-end" and tr.fsdp_end[1]:

@@ -1,4 +1,5 @@
-"""Architecture facts a stack's config needs beyond ModelSpec: rope base and scaling, norm epsilon.
+"""Architecture facts a stack's config needs beyond ModelSpec: rope base, scaling and rotary
+share, norm epsilon, the router's scoring.
 
 Read from the model's Hugging Face config.json (the preset's shipped file, or the user's
 path). Defaults are transformers' own when a key is absent: rope_theta 10000.0
@@ -34,6 +35,28 @@ class Architecture:
     rope_scaling: RopeScaling | None
     norm_eps: float
     router_aux_loss_coef: float | None   # Mixtral's load-balancing loss weight
+    rotary_fraction: float = 1.0         # the share of head_dim rotary embeddings turn (GLM-4.5: 0.5)
+    sigmoid_router: bool = False         # sigmoid scores with a correction bias choose the top-k
+    router_scaling: float = 1.0          # routed_scaling_factor on the top-k weights (GLM-4.5: 2.5)
+
+
+# The families whose router scores experts by a sigmoid and picks the top-k by score plus a
+# per-expert correction bias (a buffer the aux-loss-free balancing updates; DeepSeek-V3,
+# arXiv:2412.19437, Sec. 2.1.2), then normalises the k weights: transformers 5.x
+# Glm4MoeTopkRouter (modeling_glm4_moe.py) and MiniMaxM2TopKRouter with its block's
+# e_score_correction_bias (modeling_minimax_m2.py)
+SIGMOID_ROUTER_TYPES = ("glm4_moe", "minimax_m2")
+
+
+def rotary_fraction(cfg: dict[str, Any], model_type: str) -> float:
+    """The share of head_dim that rotary embeddings turn: config.json's partial_rotary_factor
+    (Glm4MoeConfig.__post_init__ defaults it to 0.5), or MiniMax-M2's rotary_dim / head_dim
+    (MiniMaxM2Config.convert_rope_params_to_dict); 1.0 elsewhere."""
+    if "partial_rotary_factor" in cfg:
+        return float(cfg["partial_rotary_factor"])
+    if model_type == "minimax_m2" and cfg.get("rotary_dim"):
+        return float(cfg["rotary_dim"]) / float(cfg.get("head_dim") or 128)
+    return 0.5 if model_type == "glm4_moe" else 1.0
 
 
 def _hf_config(m: ModelSpec) -> dict[str, Any]:
@@ -61,5 +84,8 @@ def architecture(m: ModelSpec) -> Architecture:
     eps = next((float(cfg[k]) for k in NORM_EPS_KEYS if k in cfg), eps_default)
     theta = float(cfg.get("rope_theta", 10000.0))
     aux = cfg.get("router_aux_loss_coef")
+    sigmoid = m.is_moe and m.model_type in SIGMOID_ROUTER_TYPES
     return Architecture(rope_theta=theta, rope_scaling=scaling, norm_eps=eps,
-                        router_aux_loss_coef=float(aux) if m.is_moe and aux is not None else None)
+                        router_aux_loss_coef=float(aux) if m.is_moe and aux is not None else None,
+                        rotary_fraction=rotary_fraction(cfg, m.model_type), sigmoid_router=sigmoid,
+                        router_scaling=float(cfg.get("routed_scaling_factor", 1.0)) if sigmoid else 1.0)

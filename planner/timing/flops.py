@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from planner.models.deltanet import delta_rule_flops_per_token, deltanet_conv_flops_per_token
+from planner.models.dsa import attended_keys, indexer_score_flops_per_token
 from planner.models.generic.profile import GenericProfile
 from planner.models.hybrid import conv_flops_per_token, ssd_scan_flops_per_token
 from planner.models.matmuls import block_matmuls, mean_block_share
@@ -30,7 +31,9 @@ class LayerFlops:
     dense blocks' MLP in its share of blocks. scores: Q K^T over the query/key head dim and
     the attention-weighted V over the value head dim, 2 s n_heads (d_qk + d_v), over the full
     s x s (Megatron's and FlopCounterMode's convention: causal masking and sliding windows are
-    masks, the kernels' saving is timing.kernels.local_attention_share).
+    masks, the kernels' saving is timing.kernels.local_attention_share); under DeepSeek Sparse
+    Attention over min(s, index_topk) keys, plus the indexer's scores over all s keys
+    (planner.models.dsa).
     A hybrid's (planner.models.hybrid) scores are its attention layers' share of them, and
     ``mamba`` its Mamba-2 layers' share of in_proj, out_proj, the conv1d and the SSD scan
     (hybrid.ssd_scan_flops_per_token: the fused kernel's chunked matmuls), and its gated
@@ -58,7 +61,7 @@ def layer_flops(m: ModelSpec, seq_len: int) -> LayerFlops:
         part = mm.kind if mm.kind == "mamba" else (
             "mlp" if mm.kind != "attention" else ("out" if mm.name == "o" else "qkv"))
         parts[part] += mm.flops_per_token() * mean_block_share(m, mm)
-    scores = 2.0 * seq_len * m.n_heads * (m.head_dim + m.value_head_dim)
+    scores = score_flops_per_token(m, seq_len)
     if m.layer_pattern:         # a hybrid's attention layers only
         scores *= m.n_attention_layers / m.n_layers
     if m.n_mamba_layers:
@@ -68,6 +71,14 @@ def layer_flops(m: ModelSpec, seq_len: int) -> LayerFlops:
         rule = delta_rule_flops_per_token(m) + deltanet_conv_flops_per_token(m)
         parts["mamba"] += rule * m.n_deltanet_layers / m.n_layers
     return LayerFlops(qkv=parts["qkv"], scores=scores, out=parts["out"], mlp=parts["mlp"], mamba=parts["mamba"])
+
+
+def score_flops_per_token(m: ModelSpec, seq_len: int) -> float:
+    """Forward FLOPs per token of one attention block's scores (LayerFlops.scores): 2 keys
+    n_heads (d_qk + d_v), keys the full s (dsa.attended_keys: min(s, index_topk) under DSA),
+    plus DeepSeek-V3.2's indexer scores over all s keys."""
+    keys = attended_keys(m, seq_len)
+    return 2.0 * keys * m.n_heads * (m.head_dim + m.value_head_dim) + indexer_score_flops_per_token(m, seq_len)
 
 
 def generic_layer_flops(p: GenericProfile, seq_len: int) -> LayerFlops:
@@ -97,7 +108,7 @@ def mtp_flops(m: ModelSpec, seq_len: int) -> float:
     if not m.n_mtp_modules:
         return 0.0
     block = sum(mm.flops_per_token() for mm in block_matmuls(m) if not mm.name.startswith("dense_mlp"))
-    scores = 2.0 * seq_len * m.n_heads * (m.head_dim + m.value_head_dim)
+    scores = score_flops_per_token(m, seq_len)
     return m.n_mtp_modules * (2.0 * 2 * m.d_model * m.d_model + block + scores + head_flops(m))
 
 

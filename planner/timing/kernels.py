@@ -9,6 +9,7 @@ from functools import lru_cache
 
 from planner.hardware.gpus import GpuSpec
 from planner.layouts.layout import Layout
+from planner.models.dsa import indexer_score_flops_per_token, sparse_attention_share
 from planner.models.matmuls import block_matmuls, mean_block_share
 from planner.models.spec import ModelSpec
 from planner.timing.deltanet import deltanet_scan_time_s
@@ -285,7 +286,7 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
     dv = m.value_head_dim
     heads = m.n_heads / tp
     if setup.attention == "flash":
-        causal = local_attention_share(m, s) if m.local_attention else (0.5 if m.causal else 1.0)
+        causal = local_attention_share(m, s) if (m.local_attention or m.index_topk) else (0.5 if m.causal else 1.0)
         attn_flops = 2 * key.micro_batch * (s / cp) * s * (d + dv) * heads * causal
         fp8_att = fp8_attention_speedup(gpu, setup)
         attn_bwd = 2.5 * attn_flops / (r.flash_flops_per_s * fp8_att)
@@ -294,6 +295,9 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
         batch = key.micro_batch * heads
         attn_fwd = gemm(s / cp, s, d, batch) + gemm(s / cp, dv, s, batch)
         attn_bwd = 2 * attn_fwd
+    if m.index_n_heads:     # DSA's indexer scores over the causal prefix, unsplit by tp (planner.models.dsa)
+        index_fwd = key.micro_batch * (s / cp) * 0.5 * indexer_score_flops_per_token(m, s) / mm
+        attn_fwd, attn_bwd = attn_fwd + index_fwd, attn_bwd + 2 * index_fwd
     attn_fwd, attn_bwd = attn_fwd * attention_share(m), attn_bwd * attention_share(m)
     a_bytes = prec.activation_bytes
     factor = 1.0 if runs_fused_elementwise(setup, kernels) else eff.unfused_elementwise_factor
@@ -394,9 +398,12 @@ def local_attention_share(m: ModelSpec, seq_len: int) -> float:
     """The share of the s x s scores a fused attention kernel computes, averaged over the
     blocks: causal full attention half of them; a sliding window of w keys (Gemma 3,
     gpt-oss; FlashAttention's window_size) w - w (w - 1) / (2 s) per query for w <= s; a
-    causal chunk of c tokens (Llama 4's chunked attention) (c + 1) / 2 per query. Each
-    query's key count over s gives the share. Eager attention computes every score and
-    masks the rest (transformers' eager path), so only fused kernels skip them."""
+    causal chunk of c tokens (Llama 4's chunked attention) (c + 1) / 2 per query; DeepSeek
+    Sparse Attention's min(p, index_topk) selected keys per query p (dsa.sparse_attention_share,
+    every block). Each query's key count over s gives the share. Eager attention computes every
+    score and masks the rest (transformers' eager path), so only fused kernels skip them."""
+    if m.index_topk:
+        return sparse_attention_share(m, seq_len)
     s, w = seq_len, min(m.attention_window, seq_len)
     full = 0.5
     if m.local_attention == "sliding":

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from planner.errors import UserError
 from planner.models.spec import ModelSpec, ParamCount, count_params
-from planner.training.linears import Linear, block_linears, blocks_with, outside_linears
+from planner.training.linears import QWEN2_MOE_CONVERSION_TYPES, Linear, block_linears, blocks_with, outside_linears
 from planner.units import ceil_div
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ PEFT_DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
     "gpt2": ("c_attn",), "bert": ("query", "value"), "falcon": ("query_key_value",),
     "bloom": ("query_key_value",), "gpt_neox": ("query_key_value",),
     "qwen3": ("q_proj", "v_proj"), "gemma3_text": ("q_proj", "v_proj"),
-    # PEFT 0.21 has no default for qwen3_moe, deepseek_v3, llama4_text, gpt_oss, phi3, olmo2:
+    # PEFT 0.21 has no default for qwen3_moe, deepseek_v3, llama4_text, gpt_oss, phi3, olmo2, glm4_moe:
     # get_peft_model asks for target_modules, and so does the planner
 }
 
@@ -223,7 +223,7 @@ def resolve_targets(m: ModelSpec, spec: FinetuneSpec, option: str = "--lora-targ
 def _check_fused(m: ModelSpec, targets: tuple[str, ...], picked: list[Linear]) -> None:
     """PEFT refuses w1 without w3 (or the reverse), and on the qwen2_moe pattern gate_proj
     without up_proj: transformers 5 fuses them."""
-    pair = ("gate_proj", "up_proj") if m.model_type in ("qwen3_moe", "deepseek_v3") and m.is_moe else ("w1", "w3")
+    pair = ("gate_proj", "up_proj") if m.model_type in QWEN2_MOE_CONVERSION_TYPES and m.is_moe else ("w1", "w3")
     named = {t for t in targets if t in pair}
     if len(named) == 1:
         missing = (set(pair) - named).pop()

@@ -10,7 +10,14 @@ from typing import Any
 from planner.models.deltanet import DELTANET_MODEL_TYPES
 from planner.models.spec import ModelSpec
 
-LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2", "qwen3", "gemma3_text", "olmo2")
+# minimax_m2: q/k/v/o_proj, mlp.gate (MiniMaxM2TopKRouter) and mlp.experts as Mixtral's, which
+# transformers 5 converts by the same "mixtral" pattern (w1 + w3 -> gate_up_proj, w2 -> down_proj)
+LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2", "qwen3", "gemma3_text", "olmo2",
+              "minimax_m2")
+# The written families whose experts transformers 5 converts by its "qwen2_moe" pattern
+# (transformers/conversion_mapping.py: qwen3_moe, deepseek_v3 and glm4_moe map to it), so that
+# PEFT adapts gate_proj + up_proj as the experts' one fused gate_up_proj (_qwen2_moe_pattern)
+QWEN2_MOE_CONVERSION_TYPES = ("qwen3_moe", "deepseek_v3", "glm4_moe", "deepseek_v32")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -70,7 +77,7 @@ def _recent_linears(m: ModelSpec) -> tuple[Linear, ...]:
                 Linear(name="self_attn.v_proj", d_in=h, d_out=kv, group="attention", bias=bias),
                 Linear(name="self_attn.o_proj", d_in=q, d_out=h, group="attention", bias=bias))
 
-    if t == "deepseek_v3":      # DeepseekV3Attention, DeepseekV3MLP, DeepseekV3MoE.shared_experts
+    if t in ("deepseek_v3", "deepseek_v32"):    # DeepseekV3Attention (V3.2: its indexer), MLP, MoE.shared_experts
         qk, v, b = m.head_dim, m.value_head_dim, m.qkv_bias
         if m.q_lora_rank:
             att: tuple[Linear, ...] = (
@@ -83,6 +90,11 @@ def _recent_linears(m: ModelSpec) -> tuple[Linear, ...]:
                 Linear(name="self_attn.kv_b_proj", d_in=m.kv_lora_rank,
                        d_out=m.n_heads * (qk - m.qk_rope_head_dim + v), group="attention"),
                 Linear(name="self_attn.o_proj", d_in=m.n_heads * v, d_out=h, group="attention", bias=m.out_bias))
+        if m.index_n_heads:     # DeepseekV32Indexer's nn.Linear modules (planner.models.dsa)
+            att += (Linear(name="self_attn.indexer.wq_b", d_in=m.q_lora_rank, d_out=m.index_n_heads * m.index_head_dim,
+                           group="attention"),
+                    Linear(name="self_attn.indexer.wk", d_in=h, d_out=m.index_head_dim, group="attention"),
+                    Linear(name="self_attn.indexer.weights_proj", d_in=h, d_out=m.index_n_heads, group="attention"))
         if not m.is_moe:
             return att + mlp("mlp", f, 0)
         return att + _qwen2_moe_pattern(m, n_dense, n_moe, mlp)
@@ -90,6 +102,11 @@ def _recent_linears(m: ModelSpec) -> tuple[Linear, ...]:
         if not m.is_moe:
             return qkvo(m.qkv_bias) + mlp("mlp", f, 0)
         return qkvo(m.qkv_bias) + _qwen2_moe_pattern(m, n_dense, n_moe, mlp)
+    if t == "glm4_moe":         # Glm4MoeAttention (o_proj never biased), Glm4MoeMLP, Glm4MoeMoE.shared_experts
+        att = qkvo(m.qkv_bias)[:3] + (Linear(name="self_attn.o_proj", d_in=q, d_out=h, group="attention"),)
+        if not m.is_moe:
+            return att + mlp("mlp", f, 0)
+        return att + _qwen2_moe_pattern(m, n_dense, n_moe, mlp)
     if t == "llama4_text":      # Llama4TextDecoderLayer.feed_forward: Llama4TextMLP or Llama4TextMoe
         if not m.is_moe:
             return qkvo(m.qkv_bias) + mlp("feed_forward", f, 0)
@@ -138,7 +155,7 @@ def block_linears(m: ModelSpec) -> tuple[Linear, ...]:
     """The linear layers of one block of ``m``, with transformers' module names."""
     h, q, kv, f = m.d_model, m.q_dim, m.kv_dim, m.d_ff
     t = m.model_type
-    if t in ("deepseek_v3", "qwen3_moe", "llama4_text", "gpt_oss", "phi3"):
+    if t in ("deepseek_v3", "qwen3_moe", "llama4_text", "gpt_oss", "phi3", "glm4_moe", "deepseek_v32"):
         return _recent_linears(m)
     if t in DELTANET_MODEL_TYPES:
         return _deltanet_linears(m)
