@@ -87,7 +87,7 @@ def _counted_forward_flops_per_token(cfg: dict, seq: int) -> float:
     return counter.get_total_flops() / seq
 
 
-@pytest.mark.parametrize("name", ["pattern", "latent-moe-and-biases"])
+@pytest.mark.parametrize("name", ["pattern", pytest.param("latent-moe-and-biases", marks=pytest.mark.slow)])
 def test_forward_flops_match_flop_counter(name):
     # FlopCounterMode on transformers' model (real CPU tensors: the eager experts' nonzero()),
     # 128 tokens = 4 chunks of 32. On the CPU the Mamba layers run transformers' torch scan,
@@ -105,6 +105,7 @@ def test_forward_flops_match_flop_counter(name):
     assert fallback < 0.05 * planner_fwd
 
 
+@pytest.mark.slow   # the fast tier: test_deltanet.py::test_expert_flops_follow_top_k
 def test_expert_flops_follow_top_k():
     # FlopCounterMode's count grows with top-k (the eager experts' matmuls are counted), and
     # the planner's by as much: 2 more routed experts per token in each of the 2 MoE layers
