@@ -4,7 +4,11 @@ Tiers (markers registered in pyproject.toml):
 
 - ``slow``: a test that takes seconds (a fake-tensor measurement, a search over many GPU
   counts, a bench script's check). ``python -m pytest -m "not slow"`` is the fast tier for
-  development; ``python -m pytest`` (CI, the README's command) runs everything.
+  development; ``python -m pytest`` (CI, the README's command) runs everything. A concern
+  keeps one representative in the fast tier (fast_one: one case of a parametrization over
+  families or files; a slow test names its fast stand-in where it is another test's), and a
+  test of the CLI's answer runs it in process (plan_in_process) rather than in a fresh
+  interpreter.
 - ``referee``: a test that checks the planner against an outside package's own code
   (transformers, DeepSpeed, megatron-core, torchtitan, PEFT, accelerate, bitsandbytes, TRL).
   Marked here, at collection, for every test of a module that asks for one (require()).
@@ -19,7 +23,10 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import subprocess
+from collections.abc import Iterable
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -46,6 +53,40 @@ def require(module: str, reason: str | None = None) -> ModuleType:
                         f"package is an error there, not a skip", pytrace=False)
         pytest.skip(why, allow_module_level=True)
         raise   # unreachable: pytest.skip raises
+
+
+def fast_one(cases: Iterable[Any], *fast: Any, unpack: bool = False) -> list[Any]:
+    """A parametrization's cases with every case but the ``fast`` ones marked ``slow``: the fast
+    tier keeps a representative of the concern, the full suite (CI) runs every case, under the
+    same test ids. A case is fast when it, or its first element, equals one of ``fast``.
+    ``unpack``: the cases are tuples spread over several argument names."""
+    out: list[Any] = []
+    for case in cases:
+        head = case[0] if isinstance(case, tuple) and case else case
+        if case in fast or head in fast:
+            out.append(case)
+        else:
+            out.append(pytest.param(*case, marks=pytest.mark.slow) if unpack else
+                       pytest.param(case, marks=pytest.mark.slow))
+    return out
+
+
+def plan_in_process(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m planner ARGS`` run in this process (click's CliRunner), as the subprocess
+    would answer it: exit status, stdout, stderr. For a test that checks the CLI's answer, not
+    the process (a fresh interpreter costs a second on a busy 2-core machine); a test about the
+    process itself (what it imports, a closed stdout) keeps its subprocess. ``env`` is set on
+    top of this process's environment for the call, as ``env={**os.environ, ...}`` would.
+    Set COLUMNS where the test reads wrapped text: without it, a subprocess of pytest drew
+    80 columns and this call 100 (tests/test_tiers.py)."""
+    from click.testing import CliRunner
+
+    from planner.cli.main import cli
+
+    r = CliRunner().invoke(cli, list(args), prog_name="plan", env=env)
+    if r.exception is not None and not isinstance(r.exception, SystemExit):
+        raise r.exception
+    return subprocess.CompletedProcess(["plan", *args], r.exit_code, r.stdout, r.stderr)
 
 
 def _referees_of(path: str, cache: dict[str, bool]) -> bool:

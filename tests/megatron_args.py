@@ -165,6 +165,16 @@ ARGUMENTS: dict[str, object] = {
     "--qk-layernorm": FLAG, "--moe-layer-freq": str, "--moe-router-num-groups": int,
     "--moe-router-group-topk": int, "--moe-router-topk-scaling-factor": float,
     "--moe-router-score-function": ["softmax", "sigmoid"], "--moe-router-enable-expert-bias": FLAG,
+    # Multi-latent attention, from the commit above: --multi-latent-attention
+    # (_add_network_size_args, action='store_true'), _add_mla_args (--q-lora-rank int default
+    # None, --kv-lora-rank 32, --qk-head-dim 128, --qk-pos-emb-head-dim 64, --v-head-dim 128,
+    # --rotary-scaling-factor float 1.0, --mscale 1.0, --mscale-all-dim 0.0), --no-rope-fusion
+    # (_add_training_args, store_false into apply_rope_fusion) and --rope-type (choices rope,
+    # yarn, default None, which core_transformer_config_from_args pops so that
+    # MLATransformerConfig's default 'yarn' holds)
+    "--multi-latent-attention": FLAG, "--q-lora-rank": int, "--kv-lora-rank": int, "--qk-head-dim": int,
+    "--qk-pos-emb-head-dim": int, "--v-head-dim": int, "--rotary-scaling-factor": float, "--mscale": float,
+    "--mscale-all-dim": float, "--rope-type": ["rope", "yarn"], "--no-rope-fusion": NotFlag("apply_rope_fusion"),
     # Gated DeltaNet hybrids (Qwen3-Next), run by pretrain_gpt.py. From Megatron-LM's arguments.py:
     # --apply-layernorm-1p (_add_network_size_args, action='store_true'). Not from the commit:
     # megatron-core 0.16.1 TransformerConfig's fields (transformer_config.py: attention_output_gate bool,
@@ -187,7 +197,9 @@ _DEFAULTS = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
              "rope_scaling_factor": 8.0, "norm_epsilon": 1e-5, "make_vocab_size_divisible_by": 128,
              "rotary_percent": 1.0, "position_embedding_type": "learned_absolute", "normalization": "LayerNorm",
              "lr_warmup_samples": 0, "lr_warmup_iters": 0, "hybrid_attention_ratio": 0.0,
-             "hybrid_mlp_ratio": 0.0, "mamba_state_dim": 128, "mamba_head_dim": 64, "mamba_num_groups": 8}
+             "hybrid_mlp_ratio": 0.0, "mamba_state_dim": 128, "mamba_head_dim": 64, "mamba_num_groups": 8,
+             "kv_lora_rank": 32, "qk_head_dim": 128, "qk_pos_emb_head_dim": 64, "v_head_dim": 128,
+             "rotary_scaling_factor": 1.0, "mscale": 1.0, "mscale_all_dim": 0.0}
 
 
 def parser() -> argparse.ArgumentParser:

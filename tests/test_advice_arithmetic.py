@@ -16,7 +16,6 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
                           check=False, capture_output=True, text=True, timeout=60)
 
 
-@pytest.mark.slow
 def test_batch_not_divisible_names_rule_and_neighbours() -> None:
     p = run("--global-batch", "100", "--dp", "8", "--n-gpus", "8")
     assert p.returncode == 2

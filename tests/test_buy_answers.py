@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import fast_one
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -61,7 +62,7 @@ def without_choices(d: dict) -> dict:
     return {**d, "jobs": [{k: v for k, v in j.items() if k not in CHOICE} for j in d["jobs"]]}
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", fast_one(sorted(CASES), "example"))   # the fast tier: one jobs file
 def test_buy_answer_unchanged(name: str) -> None:
     expected = json.loads((DATA / f"{name}.json").read_text())
     got = answer(CASES[name])
@@ -120,6 +121,7 @@ def test_dropping_dominated_runs_keeps_the_cheapest_purchase(instance):
     assert cheapest(pools, jobs, kept) == cheapest(pools, jobs, every)
 
 
+@pytest.mark.slow
 def test_the_sweeps_stop_keeps_every_option_the_filter_keeps(monkeypatch):
     """plan_purchase stops a job's sweep once its fastest run leaves no other job's start
     inside it (solve.shorter_run_may_help); sweeping every count instead and filtering
@@ -140,6 +142,7 @@ def test_the_sweeps_stop_keeps_every_option_the_filter_keeps(monkeypatch):
 
 
 
+@pytest.mark.slow
 def test_timing_stopped_searches_ahead_changes_no_answer(monkeypatch):
     """The first sweep times a stopped job's GPU type on the counts its node size is sized on
     anyway, where the second sweep will go on (cost.plan.sweep_counts_until's ``more``): the

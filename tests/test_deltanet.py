@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import require
+from conftest import fast_one, require
 from saved_tensors import transformers_cache_bytes
 
 from planner.models.families import spec_from_hf_config
@@ -112,7 +112,8 @@ def _counted_forward_flops_per_token(cfg: dict, seq: int) -> float:
     return counter.get_total_flops() / seq
 
 
-@pytest.mark.parametrize("name", ["moe", "dense-layer-and-bias", "qwen3_5_text", "qwen3_5_moe_text"])
+@pytest.mark.parametrize("name", fast_one(["moe", "dense-layer-and-bias", "qwen3_5_text", "qwen3_5_moe_text"],
+                                          "qwen3_5_text"))
 def test_forward_flops_match_flop_counter(name):
     # FlopCounterMode on transformers' model (real CPU tensors: the eager experts' nonzero()),
     # 128 tokens = 2 chunks of 64. On the CPU the gated DeltaNet layers run transformers' torch
@@ -148,8 +149,8 @@ SAVED = {"model_type": "qwen3_next", "hidden_size": 512, "num_hidden_layers": 4,
          "num_experts": 0, "vocab_size": 8192}
 
 
-@pytest.mark.parametrize("mt, moe", [("qwen3_next", False), ("qwen3_next", True), ("qwen3_5_text", False),
-                                     ("qwen3_5_moe_text", True)])
+@pytest.mark.parametrize("mt, moe", fast_one([("qwen3_next", False), ("qwen3_next", True), ("qwen3_5_text", False),
+                                              ("qwen3_5_moe_text", True)], ("qwen3_5_moe_text", True), unpack=True))
 def test_saved_tensors_match_autograd(mt, moe):
     # Each decoder layer's saved tensors (two letters: its token mixer and its MLP or MoE, with
     # their norms) against the generic probe's measurement (autograd's saved_tensors_hooks on

@@ -11,38 +11,29 @@ transformers' Glm4MoeForCausalLM's (the planner's count, tests/test_models_recen
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from conftest import require
-from megatron_args import LaunchEnv, env_from_script, megatron_args_errors, padded_vocab_size, parse_args
+from megatron_args import LaunchEnv, env_from_script, megatron_args_errors, parse_args
 from megatron_groups import GROUP_STUBS
+from megatron_model import GPT_CONFIG_KW, GPT_FIELDS, plan_layout, run_model_script
 
-from planner import api
 from planner.emit import EmitOptions
 from planner.emit.launch import to_launch_script
 from planner.emit.megatron import to_megatron_args
 from planner.errors import UserError
-from planner.hardware.gpus import get_gpu
-from planner.layouts.layout import Layout
 from planner.models.families import spec_from_hf_config
 from planner.models.load import load_model
 from planner.models.spec import count_params
 from planner.stacks.megatron import device_arch_major
-from planner.training.setup import TrainingSetup
 
 CONFIGS = Path(__file__).resolve().parent.parent / "bench" / "configs"
 LAYOUT = dict(dp=1, tp=2, pp=1, ep=2, zero_stage=1, sp=True, micro_batch=1, grad_accum=8)
 
 
 def _plan(m, kw: dict = LAYOUT, seq_len: int = 1024):
-    lay = Layout(seq_len=seq_len, **kw)
-    setup = TrainingSetup(seq_len=seq_len, global_batch=lay.global_batch, stack="megatron")
-    r = api.evaluate_layout(m, get_gpu("h100"), setup, lay)
-    assert r.best is not None, f"test layout must be planned: {m.name} {lay.describe()}"
-    return r
+    return plan_layout(m, kw, seq_len)
 
 
 def _tiny_glm():
@@ -73,7 +64,7 @@ def test_glm_45_arguments_carry_its_architecture():
 
 # megatron-core's GPTModel from the parsed arguments (as core_transformer_config_from_args maps
 # them), on one rank, with megatron-core's local decoder block spec; stubs stay in the subprocess
-_SCRIPT = GROUP_STUBS + r'''
+_SCRIPT = GROUP_STUBS + GPT_CONFIG_KW + r'''
 import torch
 import torch.nn.functional as F
 a = json.loads(sys.argv[1])
@@ -82,19 +73,8 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 from megatron.core.transformer.transformer_config import TransformerConfig
 ps.initialize_model_parallel()
-cfg = TransformerConfig(
-    num_layers=a["num_layers"], hidden_size=a["hidden_size"], num_attention_heads=a["num_attention_heads"],
-    ffn_hidden_size=a["ffn_hidden_size"], kv_channels=a["kv_channels"],
-    num_query_groups=a["num_query_groups"] if a["group_query_attention"] else None,
-    normalization=a["normalization"], layernorm_epsilon=a["norm_epsilon"], add_bias_linear=a["add_bias_linear"],
-    add_qkv_bias=a["add_qkv_bias"], qk_layernorm=a["qk_layernorm"], gated_linear_unit=a["swiglu"],
-    activation_func=F.silu, num_moe_experts=a["num_experts"], moe_router_topk=a["moe_router_topk"],
-    moe_ffn_hidden_size=a["moe_ffn_hidden_size"], moe_layer_freq=eval(a["moe_layer_freq"]),
-    moe_shared_expert_intermediate_size=a["moe_shared_expert_intermediate_size"],
-    moe_router_score_function=a["moe_router_score_function"],
-    moe_router_enable_expert_bias=a["moe_router_enable_expert_bias"],
-    moe_router_topk_scaling_factor=a["moe_router_topk_scaling_factor"],
-    use_cpu_initialization=True, perform_initialization=False, params_dtype=torch.float32)
+cfg = TransformerConfig(**gpt_config_kw(a),
+                        num_query_groups=a["num_query_groups"] if a["group_query_attention"] else None)
 spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False)
 model = GPTModel(cfg, spec, vocab_size=a["padded_vocab"], max_sequence_length=a["max_position_embeddings"],
                  position_embedding_type=a["position_embedding_type"], rotary_percent=a["rotary_percent"],
@@ -109,22 +89,11 @@ def test_megatron_cores_gpt_model_has_the_planners_parameters():
     require("megatron.core")
     m = _tiny_glm()
     a = parse_args(to_megatron_args(_plan(m)))
-    fields = {k: getattr(a, k) for k in (
-        "num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "kv_channels", "num_query_groups",
-        "group_query_attention", "normalization", "norm_epsilon", "add_bias_linear", "add_qkv_bias",
-        "qk_layernorm", "swiglu", "num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_layer_freq",
-        "moe_shared_expert_intermediate_size", "moe_router_score_function", "moe_router_enable_expert_bias",
-        "moe_router_topk_scaling_factor", "max_position_embeddings", "position_embedding_type", "rotary_percent",
-        "untie_embeddings_and_output_weights")}
-    fields["padded_vocab"] = padded_vocab_size(a.vocab_size, a.tensor_model_parallel_size,
-                                               a.make_vocab_size_divisible_by)
-    done = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(fields)], capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads(done.stdout.strip().splitlines()[-1])
+    got = run_model_script(_SCRIPT, a, (*GPT_FIELDS, "num_query_groups", "group_query_attention",
+                                        "max_position_embeddings", "position_embedding_type", "rotary_percent",
+                                        "untie_embeddings_and_output_weights"))
     assert got["classes"] == ["MLP"] + ["MoELayer"] * (m.n_layers - 1)     # first_k_dense_replace 1
-    pad = fields["padded_vocab"] - m.vocab_size
-    assert got["total"] == count_params(m).total + 2 * pad * m.d_model     # untied: embedding and head padded
+    assert got["total"] == count_params(m).total + 2 * got["pad"] * m.d_model     # untied: embedding and head padded
 
 
 def test_megatron_refuses_what_it_cannot_build():

@@ -67,7 +67,8 @@ def _generic(cfg: dict):
                         "test", SUPPORTED_MODEL_TYPES)
 
 
-@pytest.mark.parametrize("cfg", [TINY_NEMOTRON_H, TINY_QWEN3_NEXT], ids=["nemotron_h", "qwen3_next"])
+@pytest.mark.parametrize("cfg", [TINY_NEMOTRON_H, pytest.param(TINY_QWEN3_NEXT, marks=pytest.mark.slow)],
+                         ids=["nemotron_h", "qwen3_next"])
 def test_generic_count_is_transformers_count_and_blocks_are_told_apart(cfg):
     m = _generic(cfg)
     assert m.is_generic
@@ -100,6 +101,7 @@ def test_the_probe_counts_a_written_family_as_its_formulas_do():
     assert block.saved_bytes_per_token_per_seq == 4 * (4 + 2)
 
 
+@pytest.mark.slow   # the fast tier: test_deltanet.py::test_expert_flops_follow_top_k
 def test_routed_experts_count_their_flops():
     # FlopCounterMode has no formula for aten._grouped_mm (FACTS.md): without the probe's, the
     # routed experts would count 0 FLOPs and top-k would not change the count. Each extra
@@ -196,7 +198,8 @@ MEASURED_HYBRIDS = {   # the rows of docs/accuracy-generic.md
 }
 
 
-@pytest.mark.parametrize("mt", ["nemotron_h", pytest.param("qwen3_next", marks=pytest.mark.slow)])
+@pytest.mark.slow   # the fast tier measures under the tracker in test_accuracy.py (a tiny Qwen3, about a second)
+@pytest.mark.parametrize("mt", ["nemotron_h", "qwen3_next"])
 def test_plan_measure_on_a_tiny_hybrid_is_within_ten_percent(mt, tmp_path):
     # the referee: PyTorch's FSDPMemTracker running transformers' model (8 fake ranks, FSDP full,
     # bf16 mixed precision, sequence 1024) under fake tensors; docs/accuracy-generic.md lists the rows

@@ -20,7 +20,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from conftest import require
+from conftest import fast_one, require
 
 from planner.models.families import spec_from_hf_config
 from planner.models.load import load_model
@@ -129,13 +129,16 @@ def _planner_flops_per_token(name: str, top_k: int = 2, as_transformers_runs: bo
     return model_flops_per_token(m, SEQ)
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+# the fast tier counts one family (routed experts: tests/test_deltanet.py::test_expert_flops_follow_top_k);
+# the full suite every family
+@pytest.mark.parametrize("family", fast_one(sorted(FAMILIES), "llama"))
 def test_model_flops_match_flop_counter(family):
     name = FAMILIES[family]
     counted = _counted_flops_per_token(name)
     assert _planner_flops_per_token(name, as_transformers_runs=True) == pytest.approx(counted, rel=0.05)
 
 
+@pytest.mark.slow
 def test_deepseek_v32_counts_the_indexer_backward():
     """DeepSeek-V3.2 (planner.models.dsa) counts backward as twice forward, the indexer's too;
     transformers' model takes no gradient through the indexer (its top-k indices carry none;
@@ -152,6 +155,7 @@ def test_deepseek_v32_counts_the_indexer_backward():
     assert missing == pytest.approx(2 * n * indexer_fwd, rel=0.05)
 
 
+@pytest.mark.slow
 def test_expert_flops_follow_top_k():
     """The routed experts are counted: FlopCounterMode's count grows with top-k and the
     planner's follows it."""
@@ -198,6 +202,7 @@ def _deepseek_v3_counted(n_layers: int, seq: int) -> float:
     return c.get_total_flops() / seq
 
 
+@pytest.mark.slow
 def test_plan_explain_deepseek_v3_flops_per_token():
     """`plan explain --model deepseek-v3` prints model FLOPs per token within 5% of
     FlopCounterMode's count of the transformers model at full width: counted with 4 and 5

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
-from conftest import require
+from conftest import plan_in_process, require
 
 from planner.hardware.gpus import get_gpu
 from planner.layouts.layout import Layout
@@ -37,7 +36,8 @@ QWEN3_TEACHER = dict(QWEN3_STUDENT, hidden_size=256, intermediate_size=768, num_
 
 
 def _plan(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "planner", *args], capture_output=True, text=True, timeout=120)
+    """``plan ARGS``: exit status, stdout and stderr, in this process (conftest.plan_in_process)."""
+    return plan_in_process(*args)
 
 
 @pytest.mark.slow

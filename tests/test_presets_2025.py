@@ -107,6 +107,7 @@ def test_preset_counts_what_transformers_counts_and_the_card_publishes(name):
     assert _transformers_active(cfg) / 1e9 == pytest.approx(card_active, rel=ACTIVE_TOLERANCE)
 
 
+@pytest.mark.slow   # the fast tier: test_generic_families.py::test_a_cached_profile_plans_without_torch
 def test_presets_plan_on_an_h100_without_torch():
     # each preset's plain plan answers (exit 0) from its shipped profile, torch never imported
     names = sorted(PUBLISHED)
@@ -168,7 +169,7 @@ def test_plan_models_keeps_its_columns_with_long_names():
         assert line[:end].endswith(line.split()[1]), line
 
 
-@pytest.mark.parametrize("name,n_gpus", [("olmo2-7b", "1"), ("glm-4.5", "64")])
+@pytest.mark.parametrize("name,n_gpus", [("olmo2-7b", "1"), pytest.param("glm-4.5", "64", marks=pytest.mark.slow)])
 def test_a_plan_that_does_not_fit_advises_instead_of_asking_for_lora_targets(name, n_gpus):
     # the advice re-plans with --method lora / qlora; for a model_type PEFT has no default
     # targets for (olmo2, glm4_moe, every generic family) that re-plan raised UserError, which

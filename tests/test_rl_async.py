@@ -11,11 +11,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from conftest import plan_in_process
 
 from planner.timing.rollout import rl_step_s
 
@@ -24,7 +24,8 @@ GRPO = ["--model", "qwen3-8b", "--task", "grpo", "--gpus", "h100", "--n-gpus", "
 
 
 def _plan(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "planner", *args], capture_output=True, text=True, timeout=120)
+    """``plan ARGS``: exit status, stdout and stderr, in this process (conftest.plan_in_process)."""
+    return plan_in_process(*args)
 
 
 def _json(*args: str) -> dict:

@@ -1,15 +1,16 @@
 """train.py, written by `plan --out` for the DeepSpeed and Hugging Face stacks, trains on the CPU.
 
 A tiny Llama config (2 layers, width 64, vocabulary 256) is planned, written with --out and
-its train.py run for two optimizer steps on random tokens: alone in one process (the fast
-test), under accelerate's own launcher
+its train.py run for two optimizer steps on random tokens: alone in one process (the
+quickest), under accelerate's own launcher
 with the written accelerate_config.yaml (--cpu and --mixed_precision no are the only
 overrides; on a CPU accelerate runs FSDP's config in one process, so this checks the script
 and the config's loading, not the sharding), and under DeepSpeed
 with the written ds_config.json (one process; DeepSpeed builds its CPU communication op the
-first time, about two minutes on a 2-core machine). The launcher runs are marked `slow`
-(30-40 s each on a loaded 2-core machine). The referee is the stacks'
-own code running the script: a step that does not run fails the test.
+first time, about two minutes on a 2-core machine). All three are marked `slow` (the
+launcher runs take 30-40 s each on a loaded 2-core machine, the plain one 5-15 s; the fast
+tier parses one plan's train.py arguments, tests/test_emit_examples.py). The referee is the stacks' own
+code running the script: a step that does not run fails the test.
 """
 
 from __future__ import annotations
@@ -54,8 +55,9 @@ def trains_two_steps(cmd: list[str], cwd: Path, env: dict[str, str] = ENV, timeo
     assert [w.split()[1] for w in steps_run(r.stdout)] == ["1/2", "2/2"], r.stdout
 
 
+@pytest.mark.slow
 def test_hf_train_script_runs_two_steps_on_the_cpu(tmp_path):
-    """The fast one: train.py alone in one process (accelerate's Accelerator without a launcher)."""
+    """The quickest: train.py alone in one process (accelerate's Accelerator without a launcher)."""
     require("accelerate")
     require("transformers")
     out = write_plan(tmp_path, "--n-gpus", "2", "--stack", "hf", "--fsdp", "full")

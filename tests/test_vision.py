@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import require
+from conftest import fast_one, plan_in_process, require
 
 from planner.errors import UserError
 from planner.models.families import spec_from_hf_config
@@ -38,7 +38,7 @@ def _transformers_total(cfg: dict) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-@pytest.mark.parametrize("mt", VLM_MODEL_TYPES)
+@pytest.mark.parametrize("mt", fast_one(VLM_MODEL_TYPES, "gemma3"))   # fast tier: one wrapper
 def test_total_equals_transformers(mt: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # transformers 5.24's defaults, e.g. qwen3_vl 12,616,410,352 = text 12,049,461,248 + vision 566,949,104
     monkeypatch.setenv("PLANNER_CACHE_DIR", str(tmp_path))
@@ -49,6 +49,7 @@ def test_total_equals_transformers(mt: str, tmp_path: Path, monkeypatch: pytest.
     assert list((tmp_path / "vision").glob("*.json"))        # cached for the next plan
 
 
+@pytest.mark.slow   # the fast tier checks a cached profile in a fresh process in test_generic_families
 def test_cached_plan_imports_no_torch(tmp_path: Path) -> None:
     """Once counted, a config is planned without torch or transformers."""
     cfg_path = tmp_path / "config.json"
@@ -71,9 +72,8 @@ def test_text_config_missing_is_one_line(tmp_path: Path, monkeypatch: pytest.Mon
 def test_cli_plans_a_vlm(tmp_path: Path) -> None:
     cfg_path = tmp_path / "config.json"
     cfg_path.write_text(json.dumps(_default("gemma3")))
-    env = {**os.environ, "PLANNER_CACHE_DIR": str(tmp_path / "cache")}
-    out = subprocess.run([sys.executable, "-m", "planner", "--model", str(cfg_path), "--gpus", "h100", "--json"],
-                         env=env, capture_output=True, text=True)
+    out = plan_in_process("--model", str(cfg_path), "--gpus", "h100", "--json",
+                          env={"PLANNER_CACHE_DIR": str(tmp_path / "cache")})
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["model"]["n_params"] == 2723312896      # transformers' gemma3 default
 
@@ -154,10 +154,9 @@ def test_image_profile_matches_real_tensors(cfg: dict, tmp_path: Path, monkeypat
 def _plan(cfg: dict, tmp_path: Path, *args: str) -> dict:
     path = tmp_path / f"{cfg['model_type']}.json"
     path.write_text(json.dumps(cfg))
-    env = {**os.environ, "PLANNER_CACHE_DIR": str(tmp_path / "cache")}
-    out = subprocess.run([sys.executable, "-m", "planner", "--model", str(path), "--gpus", "h100", "--n-gpus", "1",
-                          "--seq-len", "256", "--global-batch", "8", "--micro-batch", "2", "--json", *args],
-                         env=env, capture_output=True, text=True)
+    out = plan_in_process("--model", str(path), "--gpus", "h100", "--n-gpus", "1", "--seq-len", "256",
+                          "--global-batch", "8", "--micro-batch", "2", "--json", *args,
+                          env={"PLANNER_CACHE_DIR": str(tmp_path / "cache")})
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -192,17 +191,16 @@ def test_images_join_memory_and_time(tmp_path: Path, monkeypatch: pytest.MonkeyP
 def test_images_refused_in_one_line(tmp_path: Path) -> None:
     path = tmp_path / "q.json"
     path.write_text(json.dumps(TINY_QWEN3_VL))
-    env = {**os.environ, "PLANNER_CACHE_DIR": str(tmp_path / "cache")}
+    env = {"PLANNER_CACHE_DIR": str(tmp_path / "cache")}
     for args, says in ((["--images-per-sample", "16", "--seq-len", "256"], "fill the sequence"),
                        (["--method", "lora", "--train-vision"], "--method full")):
-        out = subprocess.run([sys.executable, "-m", "planner", "--model", str(path), "--gpus", "h100", *args],
-                             env=env, capture_output=True, text=True)
+        out = plan_in_process("--model", str(path), "--gpus", "h100", *args, env=env)
         assert out.returncode == 2 and says in out.stderr and len(out.stderr.strip().splitlines()) == 1
-    out = subprocess.run([sys.executable, "-m", "planner", "--model", "llama3.1-8b", "--gpus", "h100",
-                          "--images-per-sample", "1"], env=env, capture_output=True, text=True)
+    out = plan_in_process("--model", "llama3.1-8b", "--gpus", "h100", "--images-per-sample", "1", env=env)
     assert out.returncode == 2 and "text model" in out.stderr
 
 
+@pytest.mark.slow
 def test_measure_runs_a_tiny_vlm_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """plan measure's comparison on the tiny Qwen3-VL with images: transformers' whole model,
     a dummy image batch, real CPU tensors. Weights and optimizer states equal the tracker's,

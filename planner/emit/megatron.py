@@ -69,8 +69,16 @@ def _unsupported(m: ModelSpec) -> str | None:
         return "ALiBi position biases"
     if m.gated_mlp and m.activation not in ("silu", "swish"):
         return f"a gated MLP with {m.activation} (Megatron's gated MLP is SwiGLU)"
-    if m.is_mla:
-        return "multi-latent attention (its --multi-latent-attention ranks are not written here)"
+    if m.index_n_heads:
+        # megatron-core 0.16.1's TransformerConfig has experimental_attention_variant 'dsa' and
+        # dsa_indexer_* fields; the arguments here (tests/megatron_args.py's pinned parser) do not
+        return "DeepSeek Sparse Attention's indexer, whose Megatron arguments are not written here"
+    if m.is_mla and m.position != "rope":
+        return f"multi-latent attention with {m.position} positions"
+    if m.is_moe and m.n_experts_per_token > 1 and not architecture(m).router_normalised:
+        # megatron-core 0.16.1 moe_utils.topk_routing_with_score_function: sigmoid top-k weights
+        # are always divided by their sum when top-k > 1
+        return "un-normalised top-k router weights (norm_topk_prob false; Megatron's sigmoid router normalises)"
     if m.qk_norm == "full":
         return "a QK RMSNorm over the whole q and k widths (megatron-core's --qk-layernorm normalises each head)"
     if m.n_dense_layers and m.model_type not in DENSE_FIRST_TYPES:
@@ -99,12 +107,16 @@ def pipeline_layout(n_layers: int, pp: int, vp: int) -> str:
     return "|".join(parts)
 
 
-def _rope_args(m: ModelSpec) -> list[str]:
-    arch = architecture(m)
-    theta = arch.rope_theta
+def _rotary_base_args(m: ModelSpec) -> list[str]:
+    theta = architecture(m).rope_theta
     if theta != int(theta):
         raise UserError(f"Megatron-LM's --rotary-base is an integer; {m.name} has rope_theta {theta}")
-    args = ["--rotary-base", str(int(theta))]
+    return ["--rotary-base", str(int(theta))]
+
+
+def _rope_args(m: ModelSpec) -> list[str]:
+    arch = architecture(m)
+    args = _rotary_base_args(m)
     if arch.rotary_fraction != 1.0:     # GPTModel(rotary_percent=args.rotary_percent)
         args += ["--rotary-percent", repr(arch.rotary_fraction)]
     sc = arch.rope_scaling
@@ -115,6 +127,67 @@ def _rope_args(m: ModelSpec) -> list[str]:
                             f"rope_scaling {sc.rope_type!r}: no Megatron arguments written")
         args += ["--use-rope-scaling", "--rope-scaling-factor", repr(sc.factor)]
     return args
+
+
+def _mla_args(m: ModelSpec) -> list[str]:
+    """Multi-latent attention (DeepSeek-V2/V3, Kimi K2; arXiv:2412.19437 Sec. 2.1.1) as
+    megatron-core 0.16.1 builds it (transformer/multi_latent_attention.py MLASelfAttention;
+    MLATransformerConfig, which core_transformer_config_from_args picks under
+    --multi-latent-attention): --q-lora-rank only with a query bottleneck (absent, the
+    parser's None builds one full linear_q_proj, transformers' q_proj), --kv-lora-rank, the
+    non-rotary and rotary query/key widths per head and the value width; --qk-layernorm builds
+    the latents' RMSNorms (transformers' q_a_layernorm and kv_a_layernorm); --kv-channels the
+    value width (MLA hands its core attention k_channels and v_channels itself). MLA's rotary
+    dims are always read interleaved (models/common/embeddings/rope_utils.py), as transformers'
+    default rope_interleave stores them."""
+    if not architecture(m).mla_rope_interleave:
+        raise UserError(f"megatron-core's multi-latent attention reads rotary dims interleaved; {m.name} has "
+                        "rope_interleave false: no Megatron arguments written (use --stack hf)")
+    args = ["--multi-latent-attention", "--kv-lora-rank", str(m.kv_lora_rank),
+            "--qk-head-dim", str(m.head_dim - m.qk_rope_head_dim), "--qk-pos-emb-head-dim", str(m.qk_rope_head_dim),
+            "--v-head-dim", str(m.value_head_dim), "--kv-channels", str(m.value_head_dim), "--qk-layernorm"]
+    if m.q_lora_rank:
+        args += ["--q-lora-rank", str(m.q_lora_rank)]
+    return args + _mla_rope_args(m)
+
+
+# What megatron-core 0.16.1's MLATransformerConfig sets of YaRN that Megatron-LM's arguments
+# do not (transformer_config.py: original_max_position_embeddings 4096, beta_fast 32,
+# beta_slow 1; YarnRotaryEmbedding's correction_range_round_to_int True): a model whose
+# rope_scaling differs is refused rather than written with these
+MEGATRON_YARN_FIXED = (4096, 32.0, 1.0)
+
+
+def _mla_rope_args(m: ModelSpec) -> list[str]:
+    """MLA's rotary key: --rope-type yarn, --rotary-scaling-factor, --mscale, --mscale-all-dim
+    (Megatron-LM _add_mla_args; megatron-core's YarnRotaryEmbedding scales cos/sin by
+    mscale(factor, mscale) / mscale(factor, mscale_all_dim), MLASelfAttention the softmax by
+    mscale(factor, mscale_all_dim)^2), as transformers 5.x reads them
+    (modeling_rope_utils._compute_yarn_parameters: that ratio when both are set, else
+    mscale(factor, 1); DeepseekV3Attention's yarn_apply_mscale: the square when mscale_all_dim
+    is set). Without scaling, --rope-type rope --no-rope-fusion (MLATransformerConfig fuses
+    MLA's rope for YaRN only)."""
+    args = _rotary_base_args(m)
+    sc = architecture(m).rope_scaling
+    if sc is None:
+        return args + ["--rope-type", "rope", "--no-rope-fusion"]
+    fixed = (sc.original_max_positions, sc.beta_fast, sc.beta_slow)
+    why = ""
+    if sc.rope_type != "yarn":
+        why = f"rope_scaling {sc.rope_type!r} (Megatron's multi-latent attention takes YaRN or none)"
+    elif fixed != MEGATRON_YARN_FIXED or not sc.truncate or sc.attention_factor is not None:
+        why = (f"YaRN with original_max_position_embeddings {sc.original_max_positions}, beta_fast {sc.beta_fast:g}, "
+               f"beta_slow {sc.beta_slow:g}{'' if sc.truncate else ', truncate false'}"
+               f"{'' if sc.attention_factor is None else ', attention_factor'}; Megatron-LM's arguments leave "
+               "megatron-core's 4096, 32, 1")
+    elif sc.mscale_all_dim and not sc.mscale:
+        why = "YaRN with mscale_all_dim but no mscale (transformers then scales cos/sin by mscale(factor) alone)"
+    if why:
+        raise UserError(f"Megatron-LM's arguments cannot express {m.name}'s rotary embedding ({why}); "
+                        "no Megatron files written (use --stack hf)")
+    mscale, mscale_all_dim = (sc.mscale, sc.mscale_all_dim) if sc.mscale and sc.mscale_all_dim else (1.0, 0.0)
+    return args + ["--rope-type", "yarn", "--rotary-scaling-factor", repr(sc.factor), "--mscale", repr(mscale),
+                   "--mscale-all-dim", repr(mscale_all_dim)]
 
 
 def _model_args(m: ModelSpec, seq_len: int, tp: int = 1) -> list[str]:
@@ -142,14 +215,17 @@ def _model_args(m: ModelSpec, seq_len: int, tp: int = 1) -> list[str]:
             "--norm-epsilon", repr(architecture(m).norm_eps),
             "--vocab-size", str(m.vocab_size), "--make-vocab-size-divisible-by", str(div),
             "--attention-dropout", repr(m.attention_dropout), "--hidden-dropout", repr(m.hidden_dropout)]
-    if m.position == "rope":
-        args += _rope_args(m)
-    if m.n_kv_heads != m.n_heads:
-        args += ["--group-query-attention", "--num-query-groups", str(m.n_kv_heads)]
-    if m.head_dim * m.n_heads != m.d_model:
-        args += ["--kv-channels", str(m.head_dim)]
-    if m.qk_norm == "head":     # TransformerConfig.qk_layernorm: q_layernorm and k_layernorm over each head
-        args += ["--qk-layernorm"]
+    if m.is_mla:                # its heads, latents, norms and rotary key
+        args += _mla_args(m)
+    else:
+        if m.position == "rope":
+            args += _rope_args(m)
+        if m.n_kv_heads != m.n_heads:
+            args += ["--group-query-attention", "--num-query-groups", str(m.n_kv_heads)]
+        if m.head_dim * m.n_heads != m.d_model:
+            args += ["--kv-channels", str(m.head_dim)]
+        if m.qk_norm == "head":     # TransformerConfig.qk_layernorm: q_layernorm and k_layernorm over each head
+            args += ["--qk-layernorm"]
     if m.gated_mlp:
         args += ["--swiglu"]
     elif m.activation in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
