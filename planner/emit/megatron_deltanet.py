@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from planner.emit.megatron import _moe_args, _rope_args, vocab_divisor
+from planner.emit.megatron import moe_args, rope_args, vocab_divisor
 from planner.errors import UserError
 from planner.memory.model import stage_layers
 from planner.models.deltanet import DELTANET_MODEL_TYPES
@@ -91,7 +91,7 @@ def deltanet_model_args(m: ModelSpec, seq_len: int, tp: int = 1) -> list[str]:
             "--ffn-hidden-size", str(m.dense_d_ff), "--num-attention-heads", str(m.n_heads),
             "--kv-channels", str(m.head_dim), "--seq-length", str(seq_len),
             "--max-position-embeddings", str(max(m.max_positions, seq_len)),
-            "--position-embedding-type", "rope", *_rope_args(m),     # base, and the rotated share of head_dim
+            "--position-embedding-type", "rope", *rope_args(m),     # base, and the rotated share of head_dim
             "--normalization", "RMSNorm", "--apply-layernorm-1p", "--norm-epsilon", repr(arch.norm_eps),
             "--vocab-size", str(m.vocab_size), "--make-vocab-size-divisible-by", str(vocab_divisor(m.vocab_size, tp)),
             "--attention-dropout", repr(m.attention_dropout), "--hidden-dropout", repr(m.hidden_dropout),
@@ -106,7 +106,7 @@ def deltanet_model_args(m: ModelSpec, seq_len: int, tp: int = 1) -> list[str]:
     if not m.tied_embeddings:
         args += ["--untie-embeddings-and-output-weights"]
     if m.is_moe:
-        args += _moe_args(m)       # experts, router, shared expert's width (the GPT path's)
+        args += moe_args(m)       # experts, router, shared expert's width (the GPT path's)
         args += [] if "--moe-ffn-hidden-size" in args else ["--moe-ffn-hidden-size", str(m.d_ff)]
         if not all(moe) and "--moe-layer-freq" not in args:
             args += ["--moe-layer-freq", freq_arg(moe, every_nth=1)]
