@@ -137,8 +137,15 @@ def qwen3_next_spec(cfg: dict[str, Any], common: dict[str, Any], where: str) -> 
 def deltanet_params(m: ModelSpec) -> int:
     """One gated DeltaNet mixer's parameters (Qwen3NextGatedDeltaNet): in_proj_qkvz h x (2K + 2V),
     in_proj_ba h x 2 Hv, conv1d (2K + V) x W without bias, dt_bias and A_log (Hv each), the gated
-    RMSNorm's weight (dv, shared by the heads), out_proj V x h; no biases."""
+    RMSNorm's weight (dv, shared by the heads), out_proj V x h; no biases. Kimi Delta Attention
+    (KimiLinearDeltaAttention, kda_gate_rank r): q/k/v_proj h x (2K + V), conv1d (2K + V) x W,
+    f_a_proj h x r, f_b_proj r x K, dt_bias K, A_log Hv, b_proj h x Hv, g_a_proj h x r, g_b_proj
+    r x V, o_norm dv, o_proj V x h; no biases."""
     h, v, hv = m.d_model, m.gdn_value_width, m.gdn_value_heads
+    if m.kda_gate_rank:     # Kimi Delta Attention (planner.models.kimi's docstring)
+        r, k = m.kda_gate_rank, m.gdn_key_width
+        return (h * (2 * k + v) + m.gdn_conv_dim * m.conv_kernel + h * r + r * k + k + hv + h * hv
+                + h * r + r * v + m.gdn_value_dim + v * h)
     return (h * (2 * m.gdn_key_width + 2 * v) + h * 2 * hv + m.gdn_conv_dim * m.conv_kernel
             + 2 * hv + m.gdn_value_dim + v * h)
 
@@ -169,7 +176,13 @@ def deltanet_torch_gap_flops_per_token(m: ModelSpec, seq_len: int) -> float:
     whole chunks: the torch path forms w and u by two torch.linalg.solve_triangular calls,
     which FlopCounterMode has no formula for (-(2 C dk + 2 C dv) per value head); its
     F.conv1d pads W - 1 on both sides and computes W - 1 outputs per sequence that the fused
-    causal_conv1d does not (+2 W (2K + V)(W - 1) / s)."""
+    causal_conv1d does not (+2 W (2K + V)(W - 1) / s). Kimi Delta Attention's torch path
+    (chunk_kimi_delta_attention of modeling_kimi_linear.py) forms the decayed k_beta k^T and,
+    per chunk, the decayed q k^T as broadcast products and sums, which FlopCounterMode does not
+    count (-4 C dk per head; its matmuls attn v_beta, attn (k_beta exp g), (q exp g) S, k_cumdecay
+    S, attn_intra v_new and k^T v_new are counted), and its conv pads as above."""
     c, dk, dv = m.ssm_chunk, m.gdn_key_dim, m.gdn_value_dim
     conv_pad = 2.0 * m.conv_kernel * m.gdn_conv_dim * (m.conv_kernel - 1) / seq_len
+    if m.kda_gate_rank:     # KDA's two channel-decayed C x C x dk products are element-wise
+        return m.gdn_value_heads * 4.0 * c * dk - conv_pad
     return m.gdn_value_heads * (2.0 * c * dk + 2.0 * c * dv) - conv_pad

@@ -14,6 +14,7 @@ from planner.limits import MAX_PARAMS, check_config_types
 from planner.models.cfg import float_key, int_key, opt_int
 from planner.models.deltanet import DELTANET_MODEL_TYPES, qwen3_next_spec
 from planner.models.hybrid import HYBRID_MODEL_TYPES, nemotron_h_spec
+from planner.models.kimi import KIMI_MODEL_TYPES, kimi_linear_spec
 from planner.models.recent import RECENT_MODEL_TYPES, recent_spec
 from planner.models.spec import ModelSpec, count_params
 from planner.models.vision.load import VLM_MODEL_TYPES, text_config, vision_profile
@@ -76,6 +77,8 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str, where: str, source: str 
 
     if mt in DELTANET_MODEL_TYPES:
         spec = qwen3_next_spec(cfg, common, where)
+    elif mt in KIMI_MODEL_TYPES:
+        spec = kimi_linear_spec(cfg, common, where)
     elif mt in HYBRID_MODEL_TYPES:
         spec = nemotron_h_spec(cfg, {k: v for k, v in common.items() if k != "activation"}, where)
     elif mt in RECENT_MODEL_TYPES:

@@ -20,9 +20,10 @@ from typing import Any
 from planner.errors import UserError
 from planner.models.cfg import float_key, int_key, opt_int
 from planner.models.deltanet import DELTANET_MODEL_TYPES, deltanet_params
+from planner.models.kimi import KIMI_MODEL_TYPES
 from planner.models.spec import BlockKind, ModelSpec, ParamCount, attention_params, mlp_params
 
-HYBRID_MODEL_TYPES = ("nemotron_h", *DELTANET_MODEL_TYPES)
+HYBRID_MODEL_TYPES = ("nemotron_h", *DELTANET_MODEL_TYPES, *KIMI_MODEL_TYPES)
 
 # transformers' layers_block_type names -> Megatron's pattern letters (NemotronHConfig._pattern_to_list)
 _LETTERS = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*", "moe": "E", "mlp": "-"}

@@ -131,13 +131,20 @@ def _hybrid_matmuls(m: ModelSpec) -> tuple[Matmul, ...]:
     DeltaNet's in_proj_qkvz and in_proj_ba (h -> 2K + 2V + 2 Hv) and out_proj (V -> h);
     megatron-core 0.16.1's GatedDeltaNet builds one column-parallel in_proj of that width and a
     row-parallel out_proj (ssm/gated_delta_net.py, in_proj_dim, lines 139-160 and 209), every
-    head split by tp. The scans and the convs are not GEMMs (hybrid.ssd_scan_flops_per_token,
+    head split by tp. Kimi Delta Attention (planner.models.kimi): q/k/v_proj, b_proj, f_a_proj and
+    g_a_proj (h -> 2K + V + Hv + 2 r) and f_b_proj and g_b_proj (r -> K + V), ASSUMED split by
+    columns as gated DeltaNet's in_proj (megatron-core 0.16.1 has no KDA; the r-wide a-projections
+    would be replicated), o_proj row split. The scans and the convs are not GEMMs (hybrid.ssd_scan_flops_per_token,
     deltanet.delta_rule_flops_per_token)."""
     h, n_moe = m.d_model, m.n_moe_layers
     in_proj = 2 * m.mamba_inner + 2 * m.ssm_groups * m.ssm_state + m.mamba_heads
     out: tuple[Matmul, ...] = ()
     if m.n_deltanet_layers:
         gdn_in = 2 * m.gdn_key_width + 2 * m.gdn_value_width + 2 * m.gdn_value_heads
+        if m.kda_gate_rank:     # KDA: q, k, v, b and the gates' low-rank a-projections, then their b-projections
+            gdn_in = m.gdn_conv_dim + m.gdn_value_heads + 2 * m.kda_gate_rank
+            out += (Matmul(name="kda_gates", d_in=m.kda_gate_rank, d_out=m.gdn_key_width + m.gdn_value_width,
+                           kind="mamba", split="column", n_blocks=m.n_deltanet_layers),)
         out += (Matmul(name="deltanet_in", d_in=h, d_out=gdn_in, kind="mamba", split="column",
                        n_blocks=m.n_deltanet_layers),
                 Matmul(name="deltanet_out", d_in=m.gdn_value_width, d_out=h, kind="mamba", split="row",

@@ -44,7 +44,7 @@ DEEPSEEK_V3_MOE = (256, 2048, 3, 1, 8, 8, 4, 1)     # DeepseekV3Config
 GLM4_MOE_MOE = (128, 1408, 1, 1, 8, 1, 1, 1)        # Glm4MoeConfig
 
 
-def _deepseek_moe(cfg: dict[str, Any], where: str, n_layers: int, defaults: tuple[int, ...],
+def deepseek_moe(cfg: dict[str, Any], where: str, n_layers: int, defaults: tuple[int, ...],
                   mtp: bool) -> dict[str, Any]:
     """The ModelSpec fields of a DeepSeek-V3-style MLP side (DeepseekV3MoE, Glm4MoeMoE): routed
     experts of moe_intermediate_size with a sigmoid router, n_shared_experts beside them as one
@@ -147,7 +147,7 @@ def recent_spec(cfg: dict[str, Any], mt: str, common: dict[str, Any], where: str
             q_lora_rank=opt_int(cfg, "q_lora_rank", where, 1536, minimum=1 if dsa else 0),
             kv_lora_rank=opt_int(cfg, "kv_lora_rank", where, 512, minimum=1),
             qk_rope_head_dim=rope, v_head_dim=opt_int(cfg, "v_head_dim", where, 128, minimum=1),
-            **_deepseek_moe(cfg, where, n_layers, DEEPSEEK_V3_MOE, mtp),
+            **deepseek_moe(cfg, where, n_layers, DEEPSEEK_V3_MOE, mtp),
         )
     if mt == "glm4_moe":
         # Glm4MoeConfig (transformers 5.x configuration_glm4_moe.py; modeling_glm4_moe.py):
@@ -164,7 +164,7 @@ def recent_spec(cfg: dict[str, Any], mt: str, common: dict[str, Any], where: str
         bias = bool(cfg.get("attention_bias", False))
         return ModelSpec(**{**base, "qkv_bias": bias, "out_bias": False}, **att,
                          qk_norm="head" if cfg.get("use_qk_norm", False) else "",
-                         **_deepseek_moe(cfg, where, n_layers, GLM4_MOE_MOE, mtp))
+                         **deepseek_moe(cfg, where, n_layers, GLM4_MOE_MOE, mtp))
     if mt == "minimax_m2":
         # MiniMaxM2Config (transformers 5.x configuration_minimax_m2.py; modeling_minimax_m2.py):
         # GQA without biases (48 heads / 8 KV of head_dim 128); q_norm and k_norm are RMSNorms over

@@ -119,6 +119,8 @@ class ModelSpec:
     gdn_value_heads: int = 0
     gdn_key_dim: int = 0
     gdn_value_dim: int = 0
+    kda_gate_rank: int = 0          # Kimi Delta Attention (planner.models.kimi): the low-rank width of its forget
+    #                                 gate (f_a/f_b) and output gate (g_a/g_b); 0 for gated DeltaNet
     attention_gate: bool = False    # Qwen3-Next's gated attention: q_proj also yields a sigmoid output gate
     letters_per_block: int = 1      # pattern letters in one layer module of the model's code (the unit FSDP
     #                                 wraps): 2 for a Qwen3NextDecoderLayer (token mixer and MLP), 1 for NemotronHBlock

@@ -1,0 +1,127 @@
+"""Kimi Linear as a written family (planner.models.kimi: Kimi Delta Attention in the gated
+DeltaNet letter G, MLA in *, DeepSeek-V3's MoE): referees are transformers 5.x's
+KimiLinearForCausalLM (parameters on the meta device, FLOPs under torch's FlopCounterMode)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import fast_one, require
+
+from planner.models.families import spec_from_hf_config
+from planner.models.load import load_model, preset_config
+from planner.models.spec import count_params
+
+sys.path.insert(0, str(Path(__file__).parent))
+from causal_families import transformers_count  # noqa: E402
+
+# A tiny Kimi Linear: 4 layers, the default layer types (full attention at i = 4, so one MLA layer
+# needs 5 layers: here layer_types names it), layer 0 dense (first_k_dense_replace 1); KDA heads
+# of 16 beside MLA heads of 24 + 8 and v 20, so a formula that swapped widths would show
+TINY = {
+    "model_type": "kimi_linear", "hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+    "num_key_value_heads": 4, "qk_nope_head_dim": 24, "qk_rope_head_dim": 8, "v_head_dim": 20, "kv_lora_rank": 32,
+    "intermediate_size": 192, "moe_intermediate_size": 48, "num_local_experts": 8, "num_experts_per_tok": 2,
+    "n_shared_experts": 1, "linear_head_dim": 16, "linear_num_heads": 4, "vocab_size": 512, "pad_token_id": 0,
+    "bos_token_id": 1, "eos_token_id": 2,
+    "layer_types": ["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+}
+VARIANTS = {
+    "moe": TINY,
+    "default-layer-types": {k: v for k, v in TINY.items() if k != "layer_types"} | {"num_hidden_layers": 5},
+    # the checkpoint's spelling: linear_attn_config (1-indexed layers), the attribute-map names
+    "checkpoint-keys": {**{k: v for k, v in TINY.items() if k not in ("layer_types", "linear_head_dim",
+                                                                      "linear_num_heads", "num_local_experts",
+                                                                      "num_experts_per_tok", "n_shared_experts")},
+                        "linear_attn_config": {"full_attn_layers": [2, 4], "kda_layers": [1, 3], "head_dim": 16,
+                                               "num_heads": 4, "short_conv_kernel_size": 3},
+                        "num_experts": 8, "num_experts_per_token": 2, "num_shared_experts": 2,
+                        "first_k_dense_replace": 2},
+    "q-lora-bias-tied": {**TINY, "q_lora_rank": 48, "attention_bias": True, "tie_word_embeddings": True},
+    "mlp_layer_types": {**TINY, "mlp_layer_types": ["sparse", "dense", "sparse", "dense"]},
+}
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_parameter_count_is_transformers_count(name):
+    require("torch")
+    require("transformers")
+    cfg = VARIANTS[name]
+    m = spec_from_hf_config(dict(cfg), name, "test")
+    assert not m.is_generic and m.is_hybrid and m.n_deltanet_layers and m.kda_gate_rank
+    assert count_params(m).total == transformers_count(cfg)
+
+
+def test_default_config_count_is_transformers_count():
+    # KimiLinearConfig's own defaults (AutoConfig.for_model, shrunk to 4 layers as
+    # tests/causal_families.py does): the translator's defaults are the class's
+    require("torch")
+    require("transformers")
+    from causal_families import default_config
+
+    cfg = default_config("kimi_linear")
+    m = spec_from_hf_config(dict(cfg), "kimi_linear", "test")
+    assert not m.is_generic and count_params(m).total == transformers_count(cfg)
+
+
+def test_pattern_is_two_letters_per_decoder_layer():
+    # KimiLinearConfig.__post_init__: layer_types, else linear_attn_config's 1-indexed lists, else
+    # full attention at i > 0, i % 4 == 0; mlp_layer_types, else dense below first_k_dense_replace
+    def pattern(cfg: dict) -> str:
+        return spec_from_hf_config(dict(cfg), "x", "test").layer_pattern
+
+    assert pattern(TINY) == "G-GE*EGE"
+    assert pattern(VARIANTS["default-layer-types"]) == "G-GEGEGE*E"
+    assert pattern(VARIANTS["checkpoint-keys"]) == "G-*-GE*E"
+    assert pattern(VARIANTS["mlp_layer_types"]) == "GEG-*EG-"
+
+
+def test_preset():
+    # transformers' count of the shipped config.json on the meta device (49,122,675,072, the
+    # generic path's measured count too); MoonshotAI's model card and arXiv:2510.26692: "48B
+    # total, 3B activated" (the 3.48B here hold the 0.38B embedding and the 0.38B untied head)
+    m = load_model("kimi-linear-48b-a3b")
+    assert not m.is_generic and m.n_deltanet_layers == 20 and m.n_attention_layers == 7 and m.n_moe_layers == 26
+    c = count_params(m)
+    assert (c.total, c.active) == (49_122_675_072, 3_484_453_248)
+    require("torch")
+    require("transformers")
+    assert transformers_count(preset_config("kimi-linear-48b-a3b")) == c.total
+
+
+def _counted_forward_flops_per_token(cfg: dict, seq: int) -> float:
+    torch = require("torch")
+    transformers = require("transformers")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    transformers.logging.set_verbosity_error()      # "falling back to its reference PyTorch implementation"
+    rest = dict(cfg)
+    config = transformers.AutoConfig.for_model(rest.pop("model_type"), **rest)
+    config._experts_implementation = "eager"    # FlopCounterMode counts no FLOPs for grouped_mm (FACTS.md)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    ids = torch.randint(0, cfg["vocab_size"], (1, seq))
+    with FlopCounterMode(display=False) as counter:
+        model(input_ids=ids)
+    return counter.get_total_flops() / seq
+
+
+@pytest.mark.parametrize("name", fast_one(["moe", "checkpoint-keys", "q-lora-bias-tied"], "moe"))
+def test_forward_flops_match_flop_counter(name):
+    # FlopCounterMode on transformers' model (real CPU tensors), 128 tokens = 2 chunks of 64. On
+    # the CPU the KDA layers run transformers' torch chunk_kimi_delta_attention, which forms the
+    # channel-decayed k_beta k^T and q k^T as broadcast products and sums (no FlopCounterMode
+    # count) where fla's chunk_kda multiplies, and F.conv1d computes W - 1 padded outputs more:
+    # deltanet_torch_gap_flops_per_token names that difference, and the rest agrees to the FLOP
+    from planner.models.deltanet import deltanet_torch_gap_flops_per_token
+    from planner.timing.flops import head_flops, layer_flops
+
+    cfg, seq = VARIANTS[name], 128
+    m = spec_from_hf_config(dict(cfg), name, "test")
+    planner_fwd = m.n_layers * layer_flops(m, seq).total + head_flops(m)
+    gap = m.n_deltanet_layers * deltanet_torch_gap_flops_per_token(m, seq)
+    assert planner_fwd - gap == pytest.approx(_counted_forward_flops_per_token(cfg, seq), rel=1e-9)
+    assert 0 < gap < 0.1 * planner_fwd
