@@ -62,7 +62,7 @@ TOTAL_TOLERANCE = 0.05
 # counts the embedding in "active", docs/models.md.)
 ACTIVE_TOLERANCE = 0.10
 # The model_types of PUBLISHED planned by a written translator (tp, cp, ep), not a shipped profile
-WRITTEN_FAMILIES = ("qwen3_5_text", "qwen3_5_moe_text", "glm4_moe", "minimax_m2", "deepseek_v32")
+WRITTEN_FAMILIES = ("qwen3_5_text", "qwen3_5_moe_text", "glm4_moe", "minimax_m2", "deepseek_v32", "kimi_linear")
 
 
 def _experts_and_topk(cfg: dict) -> tuple[int, int]:
@@ -119,11 +119,12 @@ def test_presets_plan_on_an_h100_without_torch():
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'heavy import'\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    # the Qwen3.5 presets (planner.models.deltanet), GLM-4.5/4.6, MiniMax-M2 and DeepSeek-V3.2
-    # (planner.models.recent, .dsa) are written families; the others generic
+    # the Qwen3.5 presets (planner.models.deltanet), GLM-4.5/4.6, MiniMax-M2, DeepSeek-V3.2 and Kimi
+    # Linear (planner.models.recent, .dsa, .kimi) are written families; the others generic
     generic = [n for n in names if load_model(n).is_generic]
-    assert sorted(set(names) - set(generic)) == ["deepseek-v3.2", "glm-4.5", "glm-4.5-air", "glm-4.6", "minimax-m2",
-                                                 "qwen3.5-27b", "qwen3.5-35b-a3b", "qwen3.5-397b-a17b"]
+    assert sorted(set(names) - set(generic)) == ["deepseek-v3.2", "glm-4.5", "glm-4.5-air", "glm-4.6",
+                                                 "kimi-linear-48b-a3b", "minimax-m2", "qwen3.5-27b", "qwen3.5-35b-a3b",
+                                                 "qwen3.5-397b-a17b"]
     assert out.stdout.count("generic path") >= len(generic)
 
 

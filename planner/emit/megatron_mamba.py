@@ -29,6 +29,8 @@ MEGATRON_MAMBA_CHUNK = 128
 
 def _hybrid_unsupported(m: ModelSpec) -> str | None:
     """What megatron-core 0.16.1's MambaModel cannot build of a hybrid ModelSpec, or None."""
+    if m.kda_gate_rank:     # no module of megatron-core 0.16.1 names Kimi Delta Attention
+        return "Kimi Delta Attention layers (megatron-core 0.16.1 has no KDA layer)"
     if m.mamba_bias:
         return "biased Mamba in_proj/out_proj (megatron-core's MambaMixer asserts no bias)"
     if not m.conv_bias:
