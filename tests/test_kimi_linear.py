@@ -125,3 +125,38 @@ def test_forward_flops_match_flop_counter(name):
     gap = m.n_deltanet_layers * deltanet_torch_gap_flops_per_token(m, seq)
     assert planner_fwd - gap == pytest.approx(_counted_forward_flops_per_token(cfg, seq), rel=1e-9)
     assert 0 < gap < 0.1 * planner_fwd
+
+
+@pytest.mark.parametrize("ours, peft_targets", [
+    # PEFT 0.21's all-linear on Kimi Linear: no weight conversion for kimi_linear, so the nn.Linear
+    # modules only (KDA's projections and gates, MLA, the dense and shared experts' MLPs), not the
+    # routed experts' 3-D parameters nor the router's plain weight
+    (("all-linear",), "all-linear"),
+    (("q_proj", "o_proj"), ["q_proj", "o_proj"]),
+    (("f_a_proj", "g_b_proj", "kv_b_proj"), ["f_a_proj", "g_b_proj", "kv_b_proj"]),
+    (("mlp",), ["gate_proj", "up_proj", "down_proj"]),
+])
+@pytest.mark.parametrize("name", fast_one(["moe", "q-lora-bias-tied"], "moe"))
+def test_lora_count_equals_peft(name, ours, peft_targets):
+    require("torch")
+    transformers = require("transformers")
+    require("peft")
+    import warnings
+
+    from peft import LoraConfig, get_peft_model
+
+    from planner.training.finetune import n_trainable_params
+    from planner.training.setup import FinetuneSpec
+
+    cfg = VARIANTS[name]
+    rest = dict(cfg)
+    config = transformers.AutoConfig.for_model(rest.pop("model_type"), **rest)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    present = peft_targets if isinstance(peft_targets, str) else [
+        t for t in peft_targets if any(n.endswith("." + t) for n, _ in model.named_modules())]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        peft_model = get_peft_model(model, LoraConfig(r=8, target_modules=present))
+    peft = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    m = spec_from_hf_config(dict(cfg), name, "test")
+    assert n_trainable_params(m, FinetuneSpec(method="lora", lora_rank=8, lora_targets=ours)) == peft

@@ -78,18 +78,7 @@ def _recent_linears(m: ModelSpec) -> tuple[Linear, ...]:
                 Linear(name="self_attn.o_proj", d_in=q, d_out=h, group="attention", bias=bias))
 
     if t in ("deepseek_v3", "deepseek_v32"):    # DeepseekV3Attention (V3.2: its indexer), MLP, MoE.shared_experts
-        qk, v, b = m.head_dim, m.value_head_dim, m.qkv_bias
-        if m.q_lora_rank:
-            att: tuple[Linear, ...] = (
-                Linear(name="self_attn.q_a_proj", d_in=h, d_out=m.q_lora_rank, group="attention", bias=b),
-                Linear(name="self_attn.q_b_proj", d_in=m.q_lora_rank, d_out=m.n_heads * qk, group="attention"))
-        else:
-            att = (Linear(name="self_attn.q_proj", d_in=h, d_out=m.n_heads * qk, group="attention"),)
-        att += (Linear(name="self_attn.kv_a_proj_with_mqa", d_in=h, d_out=m.kv_lora_rank + m.qk_rope_head_dim,
-                       group="attention", bias=b),
-                Linear(name="self_attn.kv_b_proj", d_in=m.kv_lora_rank,
-                       d_out=m.n_heads * (qk - m.qk_rope_head_dim + v), group="attention"),
-                Linear(name="self_attn.o_proj", d_in=m.n_heads * v, d_out=h, group="attention", bias=m.out_bias))
+        att = _mla_linears(m, 0)
         if m.index_n_heads:     # DeepseekV32Indexer's nn.Linear modules (planner.models.dsa)
             att += (Linear(name="self_attn.indexer.wq_b", d_in=m.q_lora_rank, d_out=m.index_n_heads * m.index_head_dim,
                            group="attention"),
@@ -159,6 +148,8 @@ def block_linears(m: ModelSpec) -> tuple[Linear, ...]:
         return _recent_linears(m)
     if t in DELTANET_MODEL_TYPES:
         return _deltanet_linears(m)
+    if m.kda_gate_rank:
+        return _kimi_linears(m)
     if m.layer_pattern:
         return _hybrid_linears(m)
     if t in LLAMA_LIKE:
@@ -246,6 +237,54 @@ def _hybrid_linears(m: ModelSpec) -> tuple[Linear, ...]:
                            n_blocks=n),
                     Linear(name="mixer.fc2_latent_proj", d_in=m.moe_latent, d_out=h, group="mlp", bias=mb,
                            n_blocks=n))
+    return out
+
+
+def _mla_linears(m: ModelSpec, n_blocks: int) -> tuple[Linear, ...]:
+    """Multi-head latent attention's nn.Linear modules (DeepseekV3Attention, KimiLinearAttention)
+    in ``n_blocks`` blocks (0: every block): q_proj, or q_a_proj and q_b_proj under a query
+    bottleneck; kv_a_proj_with_mqa, kv_b_proj, o_proj; the a-projections and o_proj biased with
+    attention_bias."""
+    h, qk, v, b, n = m.d_model, m.head_dim, m.value_head_dim, m.qkv_bias, n_blocks
+    if m.q_lora_rank:
+        att: tuple[Linear, ...] = (
+            Linear(name="self_attn.q_a_proj", d_in=h, d_out=m.q_lora_rank, group="attention", bias=b, n_blocks=n),
+            Linear(name="self_attn.q_b_proj", d_in=m.q_lora_rank, d_out=m.n_heads * qk, group="attention",
+                   n_blocks=n))
+    else:
+        att = (Linear(name="self_attn.q_proj", d_in=h, d_out=m.n_heads * qk, group="attention", n_blocks=n),)
+    return att + (
+        Linear(name="self_attn.kv_a_proj_with_mqa", d_in=h, d_out=m.kv_lora_rank + m.qk_rope_head_dim,
+               group="attention", bias=b, n_blocks=n),
+        Linear(name="self_attn.kv_b_proj", d_in=m.kv_lora_rank, d_out=m.n_heads * (qk - m.qk_rope_head_dim + v),
+               group="attention", n_blocks=n),
+        Linear(name="self_attn.o_proj", d_in=m.n_heads * v, d_out=h, group="attention", bias=m.out_bias, n_blocks=n))
+
+
+def _kimi_linears(m: ModelSpec) -> tuple[Linear, ...]:
+    """The nn.Linear modules of a Kimi Linear model's layers (transformers 5.x
+    modeling_kimi_linear.py; planner.models.kimi), each in the letters of its kind. G
+    (KimiLinearDeltaAttention, group "mixer"): self_attn.q/k/v_proj, b_proj, g_a_proj, g_b_proj,
+    o_proj and forget_gate.f_a_proj, f_b_proj. *: MLA (_mla_linears). -: mlp.gate/up/down_proj.
+    E: the shared experts' MLP; PEFT 0.21 has no weight conversion for kimi_linear, so the routed
+    experts (3-D parameters) and the router (a plain weight) are not nn.Linear and not listed, as
+    for _hybrid_linears. Checked against get_peft_model in tests/test_kimi_linear.py."""
+    h = m.d_model
+    out: tuple[Linear, ...] = ()
+    if m.n_deltanet_layers:
+        n, k, v, r = m.n_deltanet_layers, m.gdn_key_width, m.gdn_value_width, m.kda_gate_rank
+        out += tuple(Linear(name=f"self_attn.{name}", d_in=d_in, d_out=d_out, group="mixer", n_blocks=n)
+                     for name, d_in, d_out in (("q_proj", h, k), ("k_proj", h, k), ("v_proj", h, v),
+                                               ("b_proj", h, m.gdn_value_heads), ("g_a_proj", h, r),
+                                               ("g_b_proj", r, v), ("o_proj", v, h), ("forget_gate.f_a_proj", h, r),
+                                               ("forget_gate.f_b_proj", r, k)))
+    if m.n_attention_layers:
+        out += _mla_linears(m, m.n_attention_layers)
+    for prefix, f, n in (("mlp", m.dense_d_ff, m.n_mlp_layers), ("mlp.shared_experts", m.shared_d_ff, m.n_moe_layers)):
+        if n and f:
+            out += (Linear(name=f"{prefix}.gate_proj", d_in=h, d_out=f, group="mlp", n_blocks=n),
+                    Linear(name=f"{prefix}.up_proj", d_in=h, d_out=f, group="mlp", n_blocks=n),
+                    Linear(name=f"{prefix}.down_proj", d_in=f, d_out=h, group="mlp", n_blocks=n))
     return out
 
 
