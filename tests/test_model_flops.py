@@ -65,7 +65,8 @@ def _family_presets() -> dict[str, str]:
 # quantity. Nemotron-H, Qwen3-Next and Qwen3.5, written families (planner.models.hybrid,
 # .deltanet), are checked on their forward pass in tests/test_hybrid.py and tests/test_deltanet.py
 # (FlopCounterMode counted 15-17x the planner's forward and backward on Qwen3.5's tiny configs).
-# Kimi Linear (written, planner.models.kimi) likewise, in tests/test_kimi_linear.py. DeepSeek-V3.2 (written, planner.models.dsa): its lightning indexer runs no backward
+# Kimi Linear (written, planner.models.kimi) likewise, in tests/test_kimi_linear.py.
+# DeepSeek-V3.2 (written, planner.models.dsa): its lightning indexer runs no backward
 # in transformers' model; test_deepseek_v32_counts_the_indexer_backward below checks the difference.
 GENERIC_FAMILIES = ("nemotron_h", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "kimi_linear", "deepseek_v32")
 FAMILIES = {k: v for k, v in _family_presets().items() if k not in GENERIC_FAMILIES}
