@@ -102,7 +102,11 @@ def torch_deltanet_bytes_per_token(m: ModelSpec, seq_len: int, a: int) -> float:
     v, conv = m.gdn_value_width, m.gdn_conv_dim
     s = max(seq_len, 1)
     c = -(-s // q)
-    return (a * conv + a * conv * (s + m.conv_kernel - 1) / s + a * hv + 8 * hv + 12 * hv + 12 * hv + 4 * hv
+    # Kimi Delta Attention's torch path (chunk_kimi_delta_attention): its channel-wise decays make
+    # the pairwise decay, the k_beta k products and each chunk's q k products C x C x dk fp32
+    # tensors (3 of C dk per head), and its triangular loop's clones about C^2 / 3 per head
+    kda = 4 * hv * (3 * q * dk + q * q / 3) if m.kda_gate_rank else 0.0
+    return kda + (a * conv + a * conv * (s + m.conv_kernel - 1) / s + a * hv + 8 * hv + 12 * hv + 12 * hv + 4 * hv
             + 4 * hv * (8 * dk + 5 * q + 3 * dv) + 4 * hv * dk * dv * c / s
             + 12 * v + 2 * a * v + a * v + (q * q + 8 * hv + 4 * hv * c) / s)
 
@@ -114,9 +118,14 @@ def fused_deltanet_bytes_per_token(m: ModelSpec, a: int) -> float:
     beta and the fp32 UT inverse A of C per value head, fla/ops/gated_delta_rule/chunk.py; the
     gated norm keeps its input and gate, out_proj its input), MODELLED from those sources, no GPU
     tracker here: the conv's input a D and output a (2K + V), z a V, rstd 8 Hv, g 4 Hv, beta a Hv,
-    A 4 Hv C, the rule's output (the norm's input) a V, the norm's rstd 4 Hv, out_proj's input a V."""
+    A 4 Hv C, the rule's output (the norm's input) a V, the norm's rstd 4 Hv, out_proj's input a V.
+    Kimi Delta Attention (kda_gate_rank r; planner.models.kimi) as fla's chunk_kda would keep the
+    same tensors, ASSUMED: its decay g is per channel (KimiLinearForgetGate returns fp32 of K, so
+    4 K in place of 4 Hv), the output gate (g_b_proj's output) a V in place of z, and the two
+    low-rank gates' r-wide inputs of f_b_proj and g_b_proj 2 a r."""
     hv, v = m.gdn_value_heads, m.gdn_value_width
-    return (a * m.gdn_conv_dim + a * (2 * m.gdn_key_width + v) + a * v + 8 * hv + 4 * hv + a * hv
+    g = 4 * m.gdn_key_width + 2 * a * m.kda_gate_rank if m.kda_gate_rank else 4 * hv
+    return (a * m.gdn_conv_dim + a * (2 * m.gdn_key_width + v) + a * v + 8 * hv + g + a * hv
             + 4 * hv * m.ssm_chunk + a * v + 4 * hv + a * v)
 
 
