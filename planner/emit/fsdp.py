@@ -47,6 +47,7 @@ DECODER_LAYER_CLASS = {
     "qwen3_next": "Qwen3NextDecoderLayer",      # transformers/models/qwen3_next/modeling_qwen3_next.py
     "qwen3_5_text": "Qwen3_5DecoderLayer",      # transformers/models/qwen3_5/modeling_qwen3_5.py
     "qwen3_5_moe_text": "Qwen3_5MoeDecoderLayer",   # transformers/models/qwen3_5_moe/modeling_qwen3_5_moe.py
+    "kimi_linear": "KimiLinearDecoderLayer",    # transformers/models/kimi_linear/modeling_kimi_linear.py
 }
 # accelerate's mixed_precision per planner precision; pure bf16 builds the model in bf16
 # (from_pretrained(torch_dtype=torch.bfloat16)) and needs no autocast or cast policy

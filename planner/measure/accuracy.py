@@ -31,7 +31,7 @@ from planner.training.setup import TrainingSetup
 MEASURABLE_TYPES = ("llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2", "gpt2", "bert", "gpt_neox",
                     "qwen3", "qwen3_moe", "deepseek_v3", "llama4_text", "gemma3_text", "gpt_oss", "phi3", "olmo2",
                     "nemotron_h", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "glm4_moe", "minimax_m2",
-                    "deepseek_v32")
+                    "deepseek_v32", "kimi_linear")
 # A vision-language model's step runs real tensors (planner.measure.images): tiny configs only
 MAX_MEASURED_VLM_PARAMS = 200_000_000
 ROWS = ("weights", "gradients", "optimizer", "activations", "buffers", "total")

@@ -128,3 +128,14 @@ def kimi_linear_spec(cfg: dict[str, Any], common: dict[str, Any], where: str) ->
         conv_kernel=kernel, ssm_chunk=DELTA_RULE_CHUNK, gdn_key_heads=heads, gdn_value_heads=heads,
         gdn_key_dim=d, gdn_value_dim=d, kda_gate_rank=d,
     )
+
+
+def kda_torch_backward_working_bytes_per_token(m: ModelSpec) -> float:
+    """Bytes per token one Kimi Delta Attention layer's backward holds beyond its saved tensors
+    under transformers' torch path (chunk_kimi_delta_attention), MODELLED from its code: the
+    gradient of the pairwise decay tensor (fp32, C x C x dk per chunk and head), accumulated
+    over the chunks, beside the gradient of one broadcast C x C x dk product: 2 x 4 Hv C dk.
+    0 for gated DeltaNet (its torch path's C x C tensors are dk times smaller)."""
+    if not m.kda_gate_rank:
+        return 0.0
+    return 2 * 4.0 * m.gdn_value_heads * m.ssm_chunk * m.gdn_key_dim
