@@ -234,3 +234,22 @@ def test_plan_measure_tiny_config_within_ten_percent():
     rows = {r.category: r for r in compare(m, cfg, setup, lay, in_process=True).rows}
     assert rows["total"].error == pytest.approx(0.0, abs=0.10)
     assert rows["activations"].error == pytest.approx(0.0, abs=0.10)
+
+
+def test_tensor_and_expert_parallel_plans_and_refusals(tmp_path):
+    # the generic path refused tp and ep; written, the preset plans tp 2 ep 8; cp > 1 is refused as
+    # for gated DeltaNet, and --stack megatron in one line (megatron-core 0.16.1 has no KDA layer)
+    from click.testing import CliRunner
+
+    from planner.cli.main import cli
+
+    def run(*args: str):
+        return CliRunner().invoke(cli, ["--model", "kimi-linear-48b-a3b", "--gpus", "h100", *args], prog_name="plan")
+
+    r = run("--tp", "2", "--ep", "8")
+    assert r.exit_code == 0 and "tp=2" in r.output and "ep=8" in r.output and "generic path" not in r.output, r.output
+    r = run("--tp", "2", "--ep", "8", "--cp", "2")
+    assert r.exit_code == 2 and "cp=2" in r.output and "Traceback" not in r.output, r.output
+    out = tmp_path / "out"
+    r = run("--tp", "2", "--ep", "8", "--out", str(out), "--stack", "megatron")
+    assert r.exit_code == 2 and "KDA" in r.output and "Traceback" not in r.output and not out.exists(), r.output
