@@ -107,3 +107,25 @@ def family_row(model_type: str) -> dict[str, Any]:
         # (checked against transformers' whole model in tests/test_vision.py) kept beside it
         row["planner"], row["image_side"] = row["planner"] - m.vision.params, m.vision.params
     return row
+
+
+def counted_forward_flops_per_token(cfg: dict[str, Any], seq: int) -> float:
+    """FlopCounterMode's count of one forward pass of transformers' causal LM built from ``cfg``
+    (real CPU tensors, eager experts and attention), per token of one sequence of ``seq``."""
+    from conftest import require
+
+    torch = require("torch")
+    transformers = require("transformers")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    transformers.logging.set_verbosity_error()      # "falling back to its reference PyTorch implementation"
+    rest = dict(cfg)
+    config = transformers.AutoConfig.for_model(rest.pop("model_type"), **rest)
+    config._experts_implementation = "eager"    # FlopCounterMode counts no FLOPs for grouped_mm (FACTS.md)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    ids = torch.randint(0, cfg["vocab_size"], (1, seq))
+    with FlopCounterMode(display=False) as counter:
+        model(input_ids=ids)
+    return counter.get_total_flops() / seq

@@ -19,7 +19,7 @@ from planner.models.load import load_model, preset_config
 from planner.models.spec import count_params
 
 sys.path.insert(0, str(Path(__file__).parent))
-from causal_families import transformers_count  # noqa: E402
+from causal_families import counted_forward_flops_per_token, transformers_count  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,22 +70,6 @@ def test_presets(preset, total, active):
     assert transformers_count(preset_config(preset)) == total
 
 
-def _counted_forward_flops_per_token(cfg: dict, seq: int) -> float:
-    torch = require("torch")
-    transformers = require("transformers")
-    from torch.utils.flop_counter import FlopCounterMode
-
-    rest = dict(cfg)
-    config = transformers.AutoConfig.for_model(rest.pop("model_type"), **rest)
-    config._experts_implementation = "eager"    # FlopCounterMode counts no FLOPs for grouped_mm (FACTS.md)
-    config._attn_implementation = "eager"
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config)
-    ids = torch.randint(0, cfg["vocab_size"], (1, seq))
-    with FlopCounterMode(display=False) as counter:
-        model(input_ids=ids)
-    return counter.get_total_flops() / seq
-
 
 @pytest.mark.parametrize("name", ["pattern", pytest.param("latent-moe-and-biases", marks=pytest.mark.slow)])
 def test_forward_flops_match_flop_counter(name):
@@ -101,7 +85,7 @@ def test_forward_flops_match_flop_counter(name):
     m = spec_from_hf_config(dict(cfg), name, "test")
     planner_fwd = m.n_layers * layer_flops(m, seq).total + head_flops(m)
     fallback = m.n_mamba_layers * torch_fallback_extra_flops_per_token(m, seq)
-    assert planner_fwd + fallback == pytest.approx(_counted_forward_flops_per_token(cfg, seq), rel=1e-9)
+    assert planner_fwd + fallback == pytest.approx(counted_forward_flops_per_token(cfg, seq), rel=1e-9)
     assert fallback < 0.05 * planner_fwd
 
 
@@ -112,7 +96,7 @@ def test_expert_flops_follow_top_k():
     from planner.timing.flops import layer_flops
 
     k4_cfg = {**TINY, "num_experts_per_tok": 4}
-    counted = _counted_forward_flops_per_token(k4_cfg, 128) - _counted_forward_flops_per_token(TINY, 128)
+    counted = counted_forward_flops_per_token(k4_cfg, 128) - counted_forward_flops_per_token(TINY, 128)
     k2, k4 = (spec_from_hf_config(dict(c), "k", "test") for c in (TINY, k4_cfg))
     ours = k4.n_layers * (layer_flops(k4, 128).total - layer_flops(k2, 128).total)
     assert counted > 0 and ours == pytest.approx(counted, rel=1e-9)

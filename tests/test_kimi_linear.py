@@ -15,7 +15,7 @@ from planner.models.load import load_model, preset_config
 from planner.models.spec import count_params
 
 sys.path.insert(0, str(Path(__file__).parent))
-from causal_families import transformers_count  # noqa: E402
+from causal_families import counted_forward_flops_per_token, transformers_count  # noqa: E402
 
 # A tiny Kimi Linear: 4 layers, the default layer types (full attention at i = 4, so one MLA layer
 # needs 5 layers: here layer_types names it), layer 0 dense (first_k_dense_replace 1); KDA heads
@@ -91,23 +91,6 @@ def test_preset():
     assert transformers_count(preset_config("kimi-linear-48b-a3b")) == c.total
 
 
-def _counted_forward_flops_per_token(cfg: dict, seq: int) -> float:
-    torch = require("torch")
-    transformers = require("transformers")
-    from torch.utils.flop_counter import FlopCounterMode
-
-    transformers.logging.set_verbosity_error()      # "falling back to its reference PyTorch implementation"
-    rest = dict(cfg)
-    config = transformers.AutoConfig.for_model(rest.pop("model_type"), **rest)
-    config._experts_implementation = "eager"    # FlopCounterMode counts no FLOPs for grouped_mm (FACTS.md)
-    config._attn_implementation = "eager"
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config)
-    ids = torch.randint(0, cfg["vocab_size"], (1, seq))
-    with FlopCounterMode(display=False) as counter:
-        model(input_ids=ids)
-    return counter.get_total_flops() / seq
-
 
 @pytest.mark.parametrize("name", fast_one(["moe", "checkpoint-keys", "q-lora-bias-tied"], "moe"))
 def test_forward_flops_match_flop_counter(name):
@@ -123,7 +106,7 @@ def test_forward_flops_match_flop_counter(name):
     m = spec_from_hf_config(dict(cfg), name, "test")
     planner_fwd = m.n_layers * layer_flops(m, seq).total + head_flops(m)
     gap = m.n_deltanet_layers * deltanet_torch_gap_flops_per_token(m, seq)
-    assert planner_fwd - gap == pytest.approx(_counted_forward_flops_per_token(cfg, seq), rel=1e-9)
+    assert planner_fwd - gap == pytest.approx(counted_forward_flops_per_token(cfg, seq), rel=1e-9)
     assert 0 < gap < 0.1 * planner_fwd
 
 
