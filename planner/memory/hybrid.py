@@ -120,12 +120,12 @@ def fused_deltanet_bytes_per_token(m: ModelSpec, a: int) -> float:
     tracker here: the conv's input a D and output a (2K + V), z a V, rstd 8 Hv, g 4 Hv, beta a Hv,
     A 4 Hv C, the rule's output (the norm's input) a V, the norm's rstd 4 Hv, out_proj's input a V.
     Kimi Delta Attention (kda_gate_rank r; planner.models.kimi) as fla's chunk_kda would keep the
-    same tensors, ASSUMED: its decay g is per channel (KimiLinearForgetGate returns fp32 of K, so
-    4 K in place of 4 Hv), the output gate (g_b_proj's output) a V in place of z, and the two
+    same tensors, ASSUMED: its decay g is per channel (ModelSpec.gdn_decay_width: 4 K in place of
+    4 Hv), the output gate (g_b_proj's output) a V in place of z, and the two
     low-rank gates' r-wide inputs of f_b_proj and g_b_proj 2 a r."""
     hv, v = m.gdn_value_heads, m.gdn_value_width
-    g = 4 * m.gdn_key_width + 2 * a * m.kda_gate_rank if m.kda_gate_rank else 4 * hv
-    return (a * m.gdn_conv_dim + a * (2 * m.gdn_key_width + v) + a * v + 8 * hv + g + a * hv
+    return (a * m.gdn_conv_dim + a * (2 * m.gdn_key_width + v) + a * v + 8 * hv + 4 * m.gdn_decay_width
+            + 2 * a * m.kda_gate_rank + a * hv
             + 4 * hv * m.ssm_chunk + a * v + 4 * hv + a * v)
 
 

@@ -198,6 +198,12 @@ class ModelSpec:
         return self.gdn_value_heads * self.gdn_value_dim
 
     @property
+    def gdn_decay_width(self) -> int:
+        """Decays per token of a gated DeltaNet layer: one per value head, or one per key channel
+        under Kimi Delta Attention (kda_gate_rank > 0; KimiLinearForgetGate returns H x d)."""
+        return self.gdn_key_width if self.kda_gate_rank else self.gdn_value_heads
+
+    @property
     def gdn_conv_dim(self) -> int:
         """Channels of gated DeltaNet's conv1d: q, k and v (2 key widths + the value width)."""
         return 2 * self.gdn_key_width + self.gdn_value_width

@@ -7,7 +7,8 @@ every other block GEMM (models.matmuls, split by tp as megatron-core's GatedDelt
   rate, ASSUMED (fla's Triton kernels run them on tensor cores in bf16 with fp32 accumulation; no
   kernel measurement here), plus its HBM traffic, ASSUMED one pass of each tensor: forward reads
   the in_proj output (a (2K + 2V + 2 Hv)) and writes the conv output (a D, D = 2K + V), the rule
-  reads q, k, v (a D) and writes its output (a V), g in fp32 (4 Hv), and writes and reads the
+  reads q, k, v (a D) and writes its output (a V), g in fp32 (4 Hv; Kimi Delta Attention's
+  per-channel decay 4 K, ModelSpec.gdn_decay_width), and writes and reads the
   chunk states (fp32, 4 Hv dk dv per chunk of C: 8 Hv dk dv / C per token); the gated norm reads
   the output and z and writes its result (3 a V);
 * the depthwise conv1d (2 W FLOPs per channel and token) is inside that traffic.
@@ -30,7 +31,7 @@ def deltanet_scan_time_s(m: ModelSpec, tokens: float, tp: int, flops_per_s: floa
     for ``tokens`` tokens (module docstring); every head-wide tensor is split by tp."""
     hv, k, v, d = m.gdn_value_heads, m.gdn_key_width, m.gdn_value_width, m.gdn_conv_dim
     flops = tokens * (delta_rule_flops_per_token(m) + deltanet_conv_flops_per_token(m)) / tp
-    traffic = tokens * (a * (2 * k + 2 * v + 2 * hv) + 2 * a * d + a * v + 4 * hv
+    traffic = tokens * (a * (2 * k + 2 * v + 2 * hv) + 2 * a * d + a * v + 4 * m.gdn_decay_width
                         + 8 * hv * m.gdn_key_dim * m.gdn_value_dim / m.ssm_chunk + 3 * a * v) / tp
     fwd = flops / flops_per_s + traffic / hbm_bytes_per_s
     bwd = 2 * fwd + tokens * 2 * a * d / tp / hbm_bytes_per_s
