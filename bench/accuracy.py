@@ -81,6 +81,9 @@ GRID = [
     ("bench/configs/tiny-glm4-moe.json", 8, 3, "bf16-mixed", 512, 2, "none"),
     ("bench/configs/tiny-minimax-m2.json", 8, 3, "bf16-mixed", 512, 2, "none"),
     ("bench/configs/tiny-deepseek-v32.json", 8, 3, "bf16-mixed", 1024, 2, "none"),
+    # Kimi Linear, written in the hybrid layer pattern (planner.models.kimi): Kimi Delta Attention
+    # layers on transformers' torch path, one MLA layer, DeepSeek-V3's MoE
+    ("bench/configs/tiny-kimi-linear.json", 8, 3, "bf16-mixed", 1024, 1, "none"),
     # Qwen3-Next, written in the hybrid layer pattern (planner.models.deltanet): 3 gated DeltaNet
     # layers and 1 gated attention layer, all MoE, on transformers' torch delta rule
     ("bench/configs/tiny-qwen3-next.json", 8, 3, "bf16-mixed", 512, 2, "none"),
