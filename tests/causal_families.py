@@ -129,3 +129,21 @@ def counted_forward_flops_per_token(cfg: dict[str, Any], seq: int) -> float:
     with FlopCounterMode(display=False) as counter:
         model(input_ids=ids)
     return counter.get_total_flops() / seq
+
+
+def assert_deltanet_forward_flops(cfg: dict[str, Any], name: str, seq: int = 128) -> None:
+    """The planner's forward FLOPs per token of a gated DeltaNet or Kimi Delta Attention hybrid
+    equal FlopCounterMode's count of transformers' model (counted_forward_flops_per_token) once the
+    products transformers' torch path forms without a counted matmul, and F.conv1d's W - 1 padded
+    outputs, are taken out (deltanet_torch_gap_flops_per_token, a share under 10%)."""
+    import pytest
+
+    from planner.models.deltanet import deltanet_torch_gap_flops_per_token
+    from planner.models.families import spec_from_hf_config
+    from planner.timing.flops import head_flops, layer_flops
+
+    m = spec_from_hf_config(dict(cfg), name, "test")
+    planner_fwd = m.n_layers * layer_flops(m, seq).total + head_flops(m)
+    gap = m.n_deltanet_layers * deltanet_torch_gap_flops_per_token(m, seq)
+    assert planner_fwd - gap == pytest.approx(counted_forward_flops_per_token(cfg, seq), rel=1e-9)
+    assert 0 < gap < 0.1 * planner_fwd

@@ -18,7 +18,11 @@ from planner.models.load import load_model, preset_config
 from planner.models.spec import count_params
 
 sys.path.insert(0, str(Path(__file__).parent))
-from causal_families import counted_forward_flops_per_token, transformers_count  # noqa: E402
+from causal_families import (  # noqa: E402
+    assert_deltanet_forward_flops,
+    counted_forward_flops_per_token,
+    transformers_count,
+)
 
 # A tiny Qwen3-Next: 3 gated DeltaNet layers and one gated attention layer (every 4th), MoE
 # everywhere; key and value head dims differ, so a formula that swapped them would show
@@ -103,15 +107,7 @@ def test_forward_flops_match_flop_counter(name):
     # delta rule, which forms w and u by torch.linalg.solve_triangular (no FlopCounterMode
     # formula) where fla's kernels multiply, and F.conv1d computes W - 1 padded outputs more:
     # deltanet_torch_gap_flops_per_token names that difference, and the rest agrees to the FLOP
-    from planner.models.deltanet import deltanet_torch_gap_flops_per_token
-    from planner.timing.flops import head_flops, layer_flops
-
-    cfg, seq = VARIANTS[name], 128
-    m = spec_from_hf_config(dict(cfg), name, "test")
-    planner_fwd = m.n_layers * layer_flops(m, seq).total + head_flops(m)
-    gap = m.n_deltanet_layers * deltanet_torch_gap_flops_per_token(m, seq)
-    assert planner_fwd - gap == pytest.approx(counted_forward_flops_per_token(cfg, seq), rel=1e-9)
-    assert 0 < gap < 0.1 * planner_fwd
+    assert_deltanet_forward_flops(VARIANTS[name], name)
 
 
 def test_expert_flops_follow_top_k():

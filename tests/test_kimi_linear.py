@@ -15,7 +15,10 @@ from planner.models.load import load_model, preset_config
 from planner.models.spec import count_params
 
 sys.path.insert(0, str(Path(__file__).parent))
-from causal_families import counted_forward_flops_per_token, transformers_count  # noqa: E402
+from causal_families import (  # noqa: E402
+    assert_deltanet_forward_flops,
+    transformers_count,
+)
 
 # A tiny Kimi Linear: 4 layers, the default layer types (full attention at i = 4, so one MLA layer
 # needs 5 layers: here layer_types names it), layer 0 dense (first_k_dense_replace 1); KDA heads
@@ -99,15 +102,7 @@ def test_forward_flops_match_flop_counter(name):
     # channel-decayed k_beta k^T and q k^T as broadcast products and sums (no FlopCounterMode
     # count) where fla's chunk_kda multiplies, and F.conv1d computes W - 1 padded outputs more:
     # deltanet_torch_gap_flops_per_token names that difference, and the rest agrees to the FLOP
-    from planner.models.deltanet import deltanet_torch_gap_flops_per_token
-    from planner.timing.flops import head_flops, layer_flops
-
-    cfg, seq = VARIANTS[name], 128
-    m = spec_from_hf_config(dict(cfg), name, "test")
-    planner_fwd = m.n_layers * layer_flops(m, seq).total + head_flops(m)
-    gap = m.n_deltanet_layers * deltanet_torch_gap_flops_per_token(m, seq)
-    assert planner_fwd - gap == pytest.approx(counted_forward_flops_per_token(cfg, seq), rel=1e-9)
-    assert 0 < gap < 0.1 * planner_fwd
+    assert_deltanet_forward_flops(VARIANTS[name], name)
 
 
 @pytest.mark.parametrize("ours, peft_targets", [
