@@ -281,6 +281,14 @@ def norm_saved_bytes(m: ModelSpec, a: int, kernels: str, frozen: bool = False) -
     return stream
 
 
+@lru_cache(maxsize=4096)
+def block_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) -> tuple[ActivationTerm, ...]:
+    """layer_activation_terms, kept per distinct arguments for the per-shape sizing: the block's
+    bytes and the MoE deltas (memory.moe) read the same block's terms (issue 32: 53,393 calls in
+    the 256-job `plan buy`)."""
+    return tuple(layer_activation_terms(m, setup, lay, kernels))
+
+
 def layer_activation_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) -> int:
     """Bytes one block keeps for backward, per micro-batch, under ``lay.recompute``.
 
@@ -304,8 +312,7 @@ def layer_activation_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kern
         # one checkpointed input per layer module: a Qwen3-Next decoder layer holds two letters
         # of the mean block (ModelSpec.letters_per_block), so each letter keeps half an input
         return ceil_div(lay.tokens_per_rank * m.d_model * a, split * m.letters_per_block)
-    terms = layer_activation_terms(m, setup, lay, kernels)
-    return sum(t.bytes for t in terms if t.kept(lay.recompute))
+    return sum(t.bytes for t in block_terms(m, setup, lay, kernels) if t.kept(lay.recompute))
 
 
 def eager_score_gradient_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) -> int:
@@ -396,8 +403,10 @@ def block_activations(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: 
     the mean block; memory.shapes scales the latter to the unit a recomputation reruns,
     recompute_unit_bytes)."""
     kept = layer_activation_bytes(m, setup, key, kernels)
-    full = kept if key.recompute == "none" else layer_activation_bytes(
-        m, setup, replace(key, recompute="none"), kernels)
+    # without recomputation: this function's own answer for that key, whose first figure is its
+    # layer_activation_bytes (kept in the cache: a sweep asks for each shape under each recomputation)
+    full = kept if key.recompute == "none" else block_activations(m, setup, replace(key, recompute="none"),
+                                                                  kernels)[0]
     every = setup.recompute_every
     if every > 1 and key.recompute != "none":
         # one block in ``every`` checkpointed, the others keep everything (torchtitan <= 0.2

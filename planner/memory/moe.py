@@ -7,9 +7,10 @@ tokens the most loaded expert-parallel rank's experts receive and keep for backw
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 
 from planner.layouts.layout import Layout
-from planner.memory.activations import layer_activation_terms
+from planner.memory.activations import block_terms
 from planner.models.spec import ModelSpec
 from planner.training.setup import TrainingSetup
 
@@ -25,7 +26,7 @@ def expert_side_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: 
     under full recomputation (the block keeps its input only)."""
     if not m.is_moe or lay.recompute == "full":
         return 0
-    return sum(t.bytes for t in layer_activation_terms(m, setup, lay, kernels)
+    return sum(t.bytes for t in block_terms(m, setup, lay, kernels)
                if t.name.startswith(EXPERT_SIDE_PREFIXES) and not t.name.startswith(MLP_INPUT))
 
 
@@ -104,11 +105,18 @@ def grouped_experts_bytes_per_token(m: ModelSpec, a: int) -> int:
 
 def _mlp_term_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str, copies: int) -> int:
     """The generic MLP term (memory.activations) at ``copies`` experts per token."""
-    per_copy = sum(t.bytes for t in layer_activation_terms(m, setup, lay, kernels)
+    per_copy = sum(t.bytes for t in block_terms(m, setup, lay, kernels)
                    if t.name.startswith("MLP ") and not t.name.startswith(MLP_INPUT))
     return per_copy * copies // max(1, m.n_experts_per_token)
 
 
+@lru_cache(maxsize=64)
+def _with_d_ff(m: ModelSpec, d_ff: int) -> ModelSpec:
+    """``m`` with MLP width ``d_ff`` (a shared expert's, a dense block's): one copy per width."""
+    return replace(m, d_ff=d_ff)
+
+
+@lru_cache(maxsize=4096)
 def moe_block_delta_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) -> int:
     """Bytes a MoE model's mean block keeps beyond memory.activations' generic MoE block, per
     micro-batch on one rank (see the comment above): its dense blocks, shared experts and
@@ -120,10 +128,10 @@ def moe_block_delta_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kerne
     a = setup.precision_spec.activation_bytes
     tokens = lay.tokens_per_rank
     k, n_experts = m.n_experts_per_token, m.n_experts
-    generic = sum(t.bytes for t in layer_activation_terms(m, setup, lay, kernels) if is_routed_term(t.name))
+    generic = sum(t.bytes for t in block_terms(m, setup, lay, kernels) if is_routed_term(t.name))
     extra_moe = 0
     if m.shared_d_ff:
-        extra_moe += _mlp_term_bytes(replace(m, d_ff=m.shared_d_ff), setup, lay, kernels, 1)
+        extra_moe += _mlp_term_bytes(_with_d_ff(m, m.shared_d_ff), setup, lay, kernels, 1)
     if kernels in HF_KERNELS:
         if m.model_type in ALL_EXPERTS_TYPES:
             routed_all = _mlp_term_bytes(m, setup, lay, kernels, n_experts) - _mlp_term_bytes(m, setup, lay, kernels, k)
@@ -134,7 +142,7 @@ def moe_block_delta_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kerne
             extra_moe += tokens * k * 3 * m.d_ff * a // lay.tp
         if m.model_type in FP32_ROUTER_INPUT_TYPES:
             extra_moe += tokens * m.d_model * 4 // (lay.tp if lay.sp else 1)
-    dense_block = _mlp_term_bytes(replace(m, d_ff=m.dense_d_ff or m.d_ff), setup, lay, kernels, 1)
+    dense_block = _mlp_term_bytes(_with_d_ff(m, m.dense_d_ff or m.d_ff), setup, lay, kernels, 1)
     n_moe, n_dense = m.n_moe_layers, m.n_dense_layers
     total = n_moe * extra_moe + n_dense * (dense_block - generic)
     return int(total / m.n_layers)

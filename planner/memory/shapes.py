@@ -191,35 +191,55 @@ def activation_figures(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_
     fp8 = setup.precision_spec.fp8 is not None
     imbalanced = m.is_moe and setup.moe_imbalance != 1.0
 
+    # a block's bytes without recomputation, per block shape but its recomputation: the same for
+    # the shape under none, selective and full (three rows of the table for one of these)
+    unrecomputed_bytes = _table("act-none", m, block_table_setup(setup), seq_len)
+
+    def full_bytes(lay: Layout, s_: TrainingSetup, kern: str, full: int) -> int:
+        """The block's bytes without recomputation: block_activations' ``full`` and the
+        families' additions on the unrecomputed layout."""
+        unrecomputed = replace(lay, recompute="none")
+        if m.is_mla or m.qk_norm:   # MLA's latents and narrower values, QK norms' saved tensors (memory.attention)
+            full += attention_saved_delta_bytes(m, s_, unrecomputed, kern)
+        if m.attention_sinks:       # gpt-oss's eager sink softmax in place of the generic fp32 one
+            full += sink_eager_delta_bytes(m, s_, unrecomputed, kern)
+        # Gemma 3's and OLMo 2's RMSNorms keep an fp32 normalised tensor (memory.norms)
+        full += block_norm_delta_bytes(m, s_, unrecomputed, kern)
+        if m.is_moe:    # dense blocks, shared experts, transformers' MoE tensors (memory.moe)
+            full += moe_block_delta_bytes(m, s_, unrecomputed, kern)
+        if fp8:     # the FP8 recipe's saved linear inputs (memory.fp8)
+            full += saved_input_delta_bytes(m, setup, unrecomputed)
+        if imbalanced:  # the most loaded expert-parallel rank's extra routed tokens (memory.moe)
+            full += imbalance_extra_bytes(m, s_, unrecomputed, kern)
+        return full
+
     def figures(tp: int, sp: int, cp: int, mb: int, rc: int, k: int, f32: int, piped: int, zero: int = 0,
                 sharding: int = 0, ep: int = 1) -> tuple[int, ...]:
         lay = Layout(tp=tp, sp=bool(sp), cp=cp, micro_batch=mb, seq_len=seq_len, recompute=RECOMPUTES[rc],
                      zero_stage=zero, sharding=SHARDINGS[sharding], pp=1 + piped, ep=ep)
         kern = KERNELS[k]
-        kept, full = block_activations(m, fp32 if f32 else setup, activation_key(lay, lora), kern)
         s_ = fp32 if f32 else setup
-        unrecomputed = replace(lay, recompute="none")
-        if m.is_mla or m.qk_norm:   # MLA's latents and narrower values, QK norms' saved tensors (memory.attention)
-            kept += attention_saved_delta_bytes(m, s_, lay, kern)
-            full += attention_saved_delta_bytes(m, s_, unrecomputed, kern)
-        if m.attention_sinks:       # gpt-oss's eager sink softmax in place of the generic fp32 one
-            if lay.recompute == "none":
-                kept += sink_eager_delta_bytes(m, s_, lay, kern)
-            full += sink_eager_delta_bytes(m, s_, unrecomputed, kern)
-        # Gemma 3's and OLMo 2's RMSNorms keep an fp32 normalised tensor (memory.norms)
-        kept += block_norm_delta_bytes(m, s_, lay, kern)
-        full += block_norm_delta_bytes(m, s_, unrecomputed, kern)
-        if m.is_moe:    # dense blocks, shared experts, transformers' MoE tensors (memory.moe)
-            kept += moe_block_delta_bytes(m, s_, lay, kern)
-            full += moe_block_delta_bytes(m, s_, unrecomputed, kern)
+        kept, full = block_activations(m, s_, activation_key(lay, lora), kern)
+        shape = (tp, sp, cp, mb, k, f32, piped, zero, sharding, ep)
+        hit = unrecomputed_bytes.get(shape)
+        if hit is None:
+            hit = unrecomputed_bytes[shape] = (full_bytes(lay, s_, kern, full),)
+        full = hit[0]
+        # the same additions on the layout itself (integers: in any order, the same sum)
+        if lay.recompute == "none":     # every addition is full's
+            kept = full
+        else:
+            if m.is_mla or m.qk_norm:
+                kept += attention_saved_delta_bytes(m, s_, lay, kern)
+            kept += block_norm_delta_bytes(m, s_, lay, kern)
+            if m.is_moe:
+                kept += moe_block_delta_bytes(m, s_, lay, kern)
+            if fp8:
+                kept += saved_input_delta_bytes(m, setup, lay)
+            if imbalanced:
+                kept += imbalance_extra_bytes(m, s_, lay, kern)
         if setup.recompute_modules:     # Megatron-Core's selective recomputation by module
             kept += module_recompute_delta_bytes(m, s_, lay, kern)
-        if fp8:     # the FP8 recipe's saved linear inputs (memory.fp8)
-            kept += saved_input_delta_bytes(m, setup, lay)
-            full += saved_input_delta_bytes(m, setup, replace(lay, recompute="none"))
-        if imbalanced:  # the most loaded expert-parallel rank's extra routed tokens (memory.moe)
-            kept += imbalance_extra_bytes(m, s_, lay, kern)
-            full += imbalance_extra_bytes(m, s_, replace(lay, recompute="none"), kern)
         return (kept, recompute_unit_bytes(m, s_, lay, kern, full), backward_working_bytes(m, setup, lay, kern),
                 logits_bytes(m, setup, lay, kern), pipeline_buffer_bytes(m, setup, lay))
 

@@ -246,13 +246,87 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
     backward). Under freeze a block either trains in full or runs no backward at all
     (timing.fast counts which: backward_layers()), so its times are full training's.
     """
+    fwd, bwd, attn_fwd, elem_fwd, mm8, hbm, e8 = _unrecomputed_block_s(m, setup, key, kernels, gpu, eff)
+    prec = setup.precision_spec
+    tp, cp, ep, etp = key.tp, key.cp, key.ep, key.expert_tp
+    tokens = key.micro_batch * key.seq_len / cp
+    h, q, kv, f = m.d_model, m.q_dim, m.kv_dim, m.d_ff
+
+    def gemm(rows: float, cols: float, inner: float) -> float:
+        """A block linear layer's GEMM: at the FP8 rate under an FP8 recipe (timing.kernels.fp8_matmul)."""
+        return gemm_time_s(rows, cols, inner, mm8, hbm, e8)
+
+    if key.recompute == "full":
+        bwd += fwd * setup.recomputed_share     # Megatron's block method reruns N layers of each stage
+    elif key.recompute == "selective" and selective_policy(kernels, eff.selective_policy) == "torchtitan-op" \
+            and not m.is_moe:
+        # every second mm of the block's forward order (wq wk wv wo, then w1 w3 w2 or fc1 fc2)
+        # and the element-wise ops (Efficiency.selective_policy)
+        second = [gemm(tokens, kv / tp, h), gemm(tokens, h, q / tp)]
+        second.append(gemm(tokens, f / tp, h) if m.gated_mlp else gemm(tokens, h, f / tp))
+        bwd += sum(second) + elem_fwd
+    elif key.recompute == "selective":
+        bwd += attn_fwd
+    # tp: 2 all-reduces (or all-gather + reduce-scatter pairs with sp) in forward, 2 in
+    # backward, 2 more when full recomputation reruns the forward (Shoeybi et al. 2019, Sec. 3).
+    n_tp = tp_collectives_per_layer(m)      # a hybrid's layer holds one mixer: half a block's
+    tp_coll = (n_tp + (n_tp / 2 * setup.recomputed_share if key.recompute == "full" else 0)) if tp > 1 else 0
+    if m.is_moe and etp != tp and tp > 1:
+        # half of them are the MLP's (Shoeybi et al. 2019, Sec. 3): under etp they run on the
+        # expert tensor-parallel group, inside the tp group (layouts.rules: etp divides tp) and so
+        # on its links, counted in tp-ring equivalents: a ring's time is (n-1)/n of the bytes
+        # over the bus rate (timing.collectives.Ring), (etp-1)/etp against (tp-1)/tp
+        tp_coll *= (1 + ((etp - 1) / etp) / ((tp - 1) / tp)) / 2
+    a = prec.activation_bytes
+    cp_bytes = tokens * 2 * kv * a / tp * attention_share(m) if cp > 1 else 0.0
+    k_ = m.n_experts_per_token if m.is_moe else 1
+    ep_a = prec.fp8.ep_dispatch_bytes if prec.fp8 is not None else a    # DeepSeek-V3: FP8 dispatch
+    # the all-to-all ends when the most loaded rank has received its tokens (setup.moe_imbalance)
+    ep_bytes = (tokens * k_ * dispatch_width(m) * ep_a * setup.moe_imbalance / (tp if key.sp else 1)
+                * moe_share(m) if (m.is_moe and ep > 1) else 0.0)
+    return LayerTime(fwd_s=fwd, bwd_s=bwd, attention_fwd_s=attn_fwd,
+                     tp_bytes=tokens * h * a, tp_collectives=tp_coll,
+                     cp_bytes=cp_bytes, cp_passes=(3 + (1 if key.recompute == "full" else 0)) if cp > 1 else 0,
+                     ep_bytes=ep_bytes,
+                     ep_all_to_alls=(4 + (2 if key.recompute == "full" else 0)) if ep_bytes else 0,
+                     ep_hidden_share=eff.ep_overlap if a2a_overlapped(setup.moe_a2a_overlap, key.recompute,
+                                                                      setup.mtp_layers) else 0.0)
+
+
+# The part of a block's time that its recomputation does not change, per (model, set-up,
+# block shape but its recomputation, kernels, GPU, efficiencies): a sweep asks layer_time for
+# each block shape under none, selective and full recomputation (37,943 block shapes of the
+# 256-job `plan buy` of issue 32, 16,722 of them without the recomputation). Cleared when full.
+_UNRECOMPUTED: dict[tuple[object, ...], tuple[float, float, float, float, float, float, int]] = {}
+MAX_UNRECOMPUTED = 16384
+
+
+def _unrecomputed_block_s(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gpu: GpuSpec,
+                          eff: Efficiency) -> tuple[float, float, float, float, float, float, int]:
+    """layer_time's (forward, backward before recomputation, attention forward, element-wise
+    forward seconds, and the block GEMMs' FLOP/s, HBM bytes/s and operand bytes) of the block
+    shape ``key``, which read every field of layer_key but the recomputation: worked out once
+    per distinct one (_block_compute_s)."""
+    ck = (m, setup, kernels, gpu, eff, key.tp, key.sp, key.cp, key.ep, key.micro_batch, key.seq_len, key.etp)
+    hit = _UNRECOMPUTED.get(ck)
+    if hit is None:
+        if len(_UNRECOMPUTED) >= MAX_UNRECOMPUTED:
+            _UNRECOMPUTED.clear()
+        hit = _UNRECOMPUTED[ck] = _block_compute_s(m, setup, key, kernels, gpu, eff)
+    return hit
+
+
+def _block_compute_s(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gpu: GpuSpec,
+                     eff: Efficiency) -> tuple[float, float, float, float, float, float, int]:
+    """_unrecomputed_block_s's figures (layer_time's docstring says what they hold); reads no
+    ``key.recompute``."""
     r = rates(gpu, setup.precision_spec.compute_dtype, eff)
     prec = setup.precision_spec
     e = prec.weight_bytes
     tp, cp, ep, etp = key.tp, key.cp, key.ep, key.expert_tp
     s = key.seq_len
     tokens = key.micro_batch * s / cp
-    h, q, kv, f, d = m.d_model, m.q_dim, m.kv_dim, m.d_ff, m.head_dim
+    d = m.head_dim
     mm, hbm = r.matmul_flops_per_s, r.hbm_bytes_per_s
 
     mm8, e8 = fp8_matmul(gpu, prec, mm, e, fp8_fraction_of(gpu, eff, prec.fp8))
@@ -333,41 +407,7 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
         adapter_fwd, dequant = frozen_block_extra_s(m, setup.finetune, key, r, e)
         fwd = gemm_fwd + attn_fwd + elem_fwd + adapter_fwd + dequant
         bwd = gemm_fwd + attn_bwd + elem_bwd + 2 * adapter_fwd + dequant
-    if key.recompute == "full":
-        bwd += fwd * setup.recomputed_share     # Megatron's block method reruns N layers of each stage
-    elif key.recompute == "selective" and selective_policy(kernels, eff.selective_policy) == "torchtitan-op" \
-            and not m.is_moe:
-        # every second mm of the block's forward order (wq wk wv wo, then w1 w3 w2 or fc1 fc2)
-        # and the element-wise ops (Efficiency.selective_policy)
-        second = [gemm(tokens, kv / tp, h), gemm(tokens, h, q / tp)]
-        second.append(gemm(tokens, f / tp, h) if m.gated_mlp else gemm(tokens, h, f / tp))
-        bwd += sum(second) + elem_fwd
-    elif key.recompute == "selective":
-        bwd += attn_fwd
-    # tp: 2 all-reduces (or all-gather + reduce-scatter pairs with sp) in forward, 2 in
-    # backward, 2 more when full recomputation reruns the forward (Shoeybi et al. 2019, Sec. 3).
-    n_tp = tp_collectives_per_layer(m)      # a hybrid's layer holds one mixer: half a block's
-    tp_coll = (n_tp + (n_tp / 2 * setup.recomputed_share if key.recompute == "full" else 0)) if tp > 1 else 0
-    if m.is_moe and etp != tp and tp > 1:
-        # half of them are the MLP's (Shoeybi et al. 2019, Sec. 3): under etp they run on the
-        # expert tensor-parallel group, inside the tp group (layouts.rules: etp divides tp) and so
-        # on its links, counted in tp-ring equivalents: a ring's time is (n-1)/n of the bytes
-        # over the bus rate (timing.collectives.Ring), (etp-1)/etp against (tp-1)/tp
-        tp_coll *= (1 + ((etp - 1) / etp) / ((tp - 1) / tp)) / 2
-    a = prec.activation_bytes
-    cp_bytes = tokens * 2 * kv * a / tp * attention_share(m) if cp > 1 else 0.0
-    k_ = m.n_experts_per_token if m.is_moe else 1
-    ep_a = prec.fp8.ep_dispatch_bytes if prec.fp8 is not None else a    # DeepSeek-V3: FP8 dispatch
-    # the all-to-all ends when the most loaded rank has received its tokens (setup.moe_imbalance)
-    ep_bytes = (tokens * k_ * dispatch_width(m) * ep_a * setup.moe_imbalance / (tp if key.sp else 1)
-                * moe_share(m) if (m.is_moe and ep > 1) else 0.0)
-    return LayerTime(fwd_s=fwd, bwd_s=bwd, attention_fwd_s=attn_fwd,
-                     tp_bytes=tokens * h * a, tp_collectives=tp_coll,
-                     cp_bytes=cp_bytes, cp_passes=(3 + (1 if key.recompute == "full" else 0)) if cp > 1 else 0,
-                     ep_bytes=ep_bytes,
-                     ep_all_to_alls=(4 + (2 if key.recompute == "full" else 0)) if ep_bytes else 0,
-                     ep_hidden_share=eff.ep_overlap if a2a_overlapped(setup.moe_a2a_overlap, key.recompute,
-                                                                      setup.mtp_layers) else 0.0)
+    return fwd, bwd, attn_fwd, elem_fwd, mm8, hbm, e8
 
 
 def attention_rate(gpu: GpuSpec, r: Rates, d_qk: int, d_v: int, tensor_speedup: float = 1.0) -> float:
