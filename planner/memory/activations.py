@@ -281,12 +281,25 @@ def norm_saved_bytes(m: ModelSpec, a: int, kernels: str, frozen: bool = False) -
     return stream
 
 
-@lru_cache(maxsize=4096)
 def block_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) -> tuple[ActivationTerm, ...]:
-    """layer_activation_terms, kept per distinct arguments for the per-shape sizing: the block's
-    bytes and the MoE deltas (memory.moe) read the same block's terms (issue 32: 53,393 calls in
-    the 256-job `plan buy`)."""
-    return tuple(layer_activation_terms(m, setup, lay, kernels))
+    """layer_activation_terms, kept per distinct model, set-up, terms_key(lay) and kernels for the
+    per-shape sizing: a block's bytes under each recomputation and the MoE deltas (memory.moe)
+    read the same block's terms (issue 32: 53,393 calls in the 256-job `plan buy`)."""
+    return _block_terms(m, setup, terms_key(lay), kernels)
+
+
+@lru_cache(maxsize=16384)
+def _block_terms(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str) -> tuple[ActivationTerm, ...]:
+    return tuple(layer_activation_terms(m, setup, key, kernels))
+
+
+def terms_key(lay: Layout) -> Layout:
+    """The fields of ``lay`` that layer_activation_terms reads (tp, sp, cp, micro-batch, sequence,
+    and for LoRA's cast copies the ZeRO stage and sharding: lora_cast_bytes; memory.hybrid's
+    mean layer the same), recomputation left out: it picks which terms a block keeps
+    (ActivationTerm.kept), not the terms."""
+    return Layout(tp=lay.tp, sp=lay.sp, cp=lay.cp, micro_batch=lay.micro_batch, seq_len=lay.seq_len,
+                  zero_stage=lay.zero_stage, sharding=lay.sharding)
 
 
 def layer_activation_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) -> int:

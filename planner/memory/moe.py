@@ -116,7 +116,6 @@ def _with_d_ff(m: ModelSpec, d_ff: int) -> ModelSpec:
     return replace(m, d_ff=d_ff)
 
 
-@lru_cache(maxsize=4096)
 def moe_block_delta_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str) -> int:
     """Bytes a MoE model's mean block keeps beyond memory.activations' generic MoE block, per
     micro-batch on one rank (see the comment above): its dense blocks, shared experts and

@@ -1,0 +1,102 @@
+"""The per-block-shape caches of issue 32's fifth pass give the answers of a cold computation.
+
+A sweep asks for each block shape under none, selective and full recomputation; the part of a
+block's time and bytes that its recomputation does not change is now worked out once per shape
+(timing.kernels._unrecomputed_block_s, memory.shapes' bytes without recomputation) and a block's
+saved-tensor terms once per the fields they read (memory.activations.block_terms). The referee of
+each test is the same model with every cache emptied before each call: the caches must change
+no figure, whichever shape or recomputation is asked first."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from planner.hardware.gpus import get_gpu
+from planner.layouts.batch import LayoutArrays, valid_layouts
+from planner.layouts.layout import Layout
+from planner.memory import activations, shapes
+from planner.memory.activations import block_terms, layer_activation_terms, terms_key
+from planner.memory.peak import memory_batch
+from planner.models.spec import count_params, load_model
+from planner.timing import kernels
+from planner.timing.kernels import layer_time
+from planner.timing.model import DEFAULT_EFFICIENCY
+from planner.training.finetune import FinetuneSpec
+from planner.training.setup import TrainingSetup
+
+MODELS = ("llama3.1-8b", "deepseek-v3", "mixtral-8x7b", "gpt-oss-20b", "qwen3-next-80b-a3b", "nemotron-3-nano",
+          "gemma3-1b", "gpt2")
+SETUPS = {
+    "full": TrainingSetup(seq_len=2048),
+    "lora": TrainingSetup(seq_len=2048, finetune=FinetuneSpec.named("lora", rank=16, targets=("attention",))),
+    "qlora": TrainingSetup(seq_len=2048, finetune=FinetuneSpec.named("qlora", rank=16)),
+    "fp8, imbalanced": TrainingSetup(seq_len=2048, precision="fp8", moe_imbalance=1.3),
+    "torchtitan": TrainingSetup(seq_len=2048, stack="torchtitan"),
+    "eager": TrainingSetup(seq_len=2048, attention="eager"),
+}
+RECOMPUTES = ("none", "selective", "full")
+
+
+def _forget() -> None:
+    kernels.layer_time.cache_clear()
+    kernels._UNRECOMPUTED.clear()
+    activations.block_activations.cache_clear()
+    activations._block_terms.cache_clear()
+    shapes.forget_tables()
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_a_block_time_does_not_depend_on_the_recomputation_asked_before(name: str) -> None:
+    m, gpu = load_model(name), get_gpu("h100")
+    for setup, kern in itertools.product(SETUPS.values(), ("fused", "eager", "torchtitan")):
+        base = dict(tp=2, sp=False, cp=1, ep=2, micro_batch=1, etp=0)
+        variants = [base] + [{**base, k: v} for k, v in (("tp", 1), ("tp", 4), ("sp", True), ("cp", 2), ("ep", 1),
+                                                        ("ep", 8), ("micro_batch", 2), ("etp", 1))]
+        shapes_ = [Layout(seq_len=setup.seq_len, **v) for v in variants]     # each differs from one other in one field
+        cold = {}
+        for lay, rc in itertools.product(shapes_, RECOMPUTES):
+            _forget()
+            cold[lay, rc] = layer_time(m, setup, replace(lay, recompute=rc), kern, gpu, DEFAULT_EFFICIENCY)
+        _forget()
+        for lay, rc in itertools.product(shapes_, reversed(RECOMPUTES)):    # full first: the cache's first entry
+            assert layer_time(m, setup, replace(lay, recompute=rc), kern, gpu, DEFAULT_EFFICIENCY) == cold[lay, rc]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_block_terms_read_only_their_key(name: str) -> None:
+    # terms_key drops the recomputation, pp, dp, ep, vp, etp and the accumulation: the terms
+    # of a layout must be those of its key (layer_activation_terms reads none of the others)
+    m = load_model(name)
+    for setup, kern in itertools.product(SETUPS.values(), ("fused", "eager", "amp", "torchtitan")):
+        for rc, zero, sharding, tp, cp in itertools.product(RECOMPUTES, (0, 3), ("zero", "fsdp"), (1, 2), (1, 2)):
+            lay = Layout(tp=tp, sp=tp > 1, cp=cp, ep=2, pp=4, dp=8, vp=2, etp=1, grad_accum=4, micro_batch=2,
+                         seq_len=setup.seq_len, recompute=rc, zero_stage=zero, sharding=sharding)
+            assert layer_activation_terms(m, setup, lay, kern) == layer_activation_terms(m, setup, terms_key(lay),
+                                                                                           kern)
+            assert block_terms(m, setup, lay, kern) == tuple(layer_activation_terms(m, setup, lay, kern))
+
+
+@pytest.mark.parametrize("name", ("llama3.1-8b", "deepseek-v3", "gpt-oss-20b", "qwen3-next-80b-a3b"))
+def test_sizing_a_batch_equals_sizing_each_layout_alone(name: str) -> None:
+    # every layout of a count sized as one batch (its selective and full rows read the bytes
+    # without recomputation that another row of their shape worked out), against layouts
+    # sized alone with empty tables: rows of every recomputation, ep, tp, cp and micro-batch
+    m = load_model(name)
+    pc = count_params(m)
+    for setup in (SETUPS["full"], SETUPS["lora"], SETUPS["fp8, imbalanced"]):
+        a = valid_layouts(m, setup, 64, 8)
+        assert len(a), "no layout: the comparison would check nothing"
+        _forget()
+        batch = memory_batch(m, setup, a, pc, 8).total
+        picks = {0, len(a) - 1}
+        for col in (a.recompute, a.ep, a.tp, a.cp, a.micro_batch, a.sp):
+            for v in np.unique(col):
+                picks.add(int(np.flatnonzero(col == v)[-1]))    # the last row of each value
+        for i in sorted(picks):
+            _forget()
+            alone = memory_batch(m, setup, LayoutArrays(*(a.field(f)[[i]] for f in LayoutArrays.FIELDS)), pc, 8)
+            assert alone.total[0] == batch[i], (name, i)
