@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -53,7 +54,7 @@ def _forget() -> None:
 def test_a_block_time_does_not_depend_on_the_recomputation_asked_before(name: str) -> None:
     m, gpu = load_model(name), get_gpu("h100")
     for setup, kern in itertools.product(SETUPS.values(), ("fused", "eager", "torchtitan")):
-        base = dict(tp=2, sp=False, cp=1, ep=2, micro_batch=1, etp=0)
+        base: dict[str, Any] = dict(tp=2, sp=False, cp=1, ep=2, micro_batch=1, etp=0)
         variants = [base] + [{**base, k: v} for k, v in (("tp", 1), ("tp", 4), ("sp", True), ("cp", 2), ("ep", 1),
                                                         ("ep", 8), ("micro_batch", 2), ("etp", 1))]
         shapes_ = [Layout(seq_len=setup.seq_len, **v) for v in variants]     # each differs from one other in one field
