@@ -117,3 +117,30 @@ def test_rank_order_is_the_full_sort():
                                        a.vp, headroom)[::-1]).tolist()
         for keep in (1, 2, 3, n, n + 1):
             assert list(_rank_order(a, times, headroom, keep)) == full
+
+
+@pytest.mark.parametrize("model, gpu_name, n, setup", [
+    ("70b", "h100", 64, TrainingSetup()),
+    ("deepseek-v3", "h200", 256, TrainingSetup(seq_len=4096)),
+    ("8b", "a100", 8, TrainingSetup(finetune=FinetuneSpec.named("qlora"))),
+    ("qwen3-next-80b-a3b", "b200", 32, TrainingSetup(seq_len=4096)),
+])
+def test_the_picked_rows_are_the_step_times_of_those_layouts_alone(model, gpu_name, n, setup):
+    # step_times_picked reads the StepTime of the rows it is asked for off the batch it timed;
+    # the referee is timing.step_times of those layouts as a batch of their own, as the sweep
+    # did before (issue 32): equal in every field, and the times equal step_times_s's
+    import numpy as np
+
+    from planner.layouts.batch import valid_layouts
+    from planner.timing.fast import step_times, step_times_picked, step_times_s
+    from planner.timing.model import DEFAULT_EFFICIENCY
+
+    m, gpu = load_model(model), get_gpu(gpu_name)
+    cluster = cluster_for(gpu)
+    a = valid_layouts(m, setup, n, gpu.gpus_per_node)
+    assert len(a)
+    picked = [0, len(a) - 1, len(a) // 2, len(a) // 3]
+    times, rows = step_times_picked(m, setup, a, cluster, DEFAULT_EFFICIENCY, None, lambda t: picked)
+    assert np.array_equal(times, step_times_s(m, setup, a, cluster), equal_nan=True)
+    alone = step_times(m, setup, [a.layout(i, setup.seq_len) for i in picked], cluster)
+    assert rows == alone

@@ -7,9 +7,10 @@ so it can never be the cheapest nor the fastest plan under any deadline, budget 
 sweep() keeps the ``keep`` fastest per count. On each count it enumerates the valid
 layouts as one batch (planner.layouts.batch), sizes them as one batch where the memory
 model can (_batch_totals) and times every one of them as one batch
-(planner.timing.fast.step_times_s); it then walks the layouts that fit in order of step
-time, builds memory breakdowns only for the few it keeps and reads their StepTime off one
-batch of every count's kept layouts (planner.timing.fast.step_times).
+(planner.timing.fast.step_times_picked); it then walks the layouts that fit in order of step
+time, builds memory breakdowns only for the few it keeps and reads their StepTime off the
+same batch (a layout's StepTime does not depend on the batch: each is the one its count was
+ranked by).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from planner.memory.model import min_model_state_bytes_per_param, rank_memories
 from planner.memory.peak import MemoryBatch, memory_batch
 from planner.models.spec import ModelSpec, ParamCount, count_params
 from planner.search.search import RECOMPUTE_COST, Candidate, rank_columns
-from planner.timing.fast import step_times, step_times_s
+from planner.timing.fast import step_times_picked
 from planner.timing.model import DEFAULT_EFFICIENCY, Efficiency
 from planner.training.setup import TrainingSetup
 
@@ -84,23 +85,31 @@ def _fastest_on_count(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, n: i
     if not len(may_fit):
         return CountBest(n_gpus=n, fastest=(), n_shapes=len(arrays))
     arrays_fit = LayoutArrays(*(arrays.field(f)[may_fit] for f in LayoutArrays.FIELDS))
-    times = step_times_s(m, setup, arrays_fit, cluster, eff, pc)
     headroom = capacity_bytes - totals[may_fit]
     best: list[Candidate] = []
+    rows: list[int] = []
     sized = 0
-    for i in _rank_order(arrays_fit, times, headroom, keep):
-        lay = arrays_fit.layout(i, setup.seq_len)
-        (mem,) = rank_memories(batch, [int(may_fit[i])])      # the batch's row: sized once
-        c = Candidate(layout=lay, memory=mem, capacity_bytes=capacity_bytes,
-                      host_capacity_bytes=host_capacity_bytes, nvme_capacity_bytes=nvme_capacity_bytes)
-        sized += 1
-        if c.fits:          # (the host's and NVMe's capacity: the GPU's is in may_fit)
-            best.append(c)
-            if len(best) == keep:
-                break
-    # (their StepTime: sweep() reads it off one batch of every count's kept layouts)
-    return CountBest(n_gpus=n, fastest=tuple(best), n_shapes=len(arrays), n_timed=len(arrays_fit),
-                     n_sized=sized)
+
+    def keep_fastest(times: np.ndarray) -> list[int]:
+        """The rows of the ``keep`` fastest layouts that fit, in rank order."""
+        nonlocal sized
+        for i in _rank_order(arrays_fit, times, headroom, keep):
+            lay = arrays_fit.layout(i, setup.seq_len)
+            (mem,) = rank_memories(batch, [int(may_fit[i])])      # the batch's row: sized once
+            c = Candidate(layout=lay, memory=mem, capacity_bytes=capacity_bytes,
+                          host_capacity_bytes=host_capacity_bytes, nvme_capacity_bytes=nvme_capacity_bytes)
+            sized += 1
+            if c.fits:          # (the host's and NVMe's capacity: the GPU's is in may_fit)
+                best.append(c)
+                rows.append(i)
+                if len(best) == keep:
+                    break
+        return rows
+
+    # every fitting layout timed as one batch, and the StepTime of the kept ones read off it
+    _, kept_times = step_times_picked(m, setup, arrays_fit, cluster, eff, pc, keep_fastest)
+    return CountBest(n_gpus=n, fastest=tuple(replace(c, time=t) for c, t in zip(best, kept_times)),
+                     n_shapes=len(arrays), n_timed=len(arrays_fit), n_sized=sized)
 
 
 def _rank_order(a: LayoutArrays, times: np.ndarray, headroom: np.ndarray, keep: int) -> Iterator[int]:
@@ -141,7 +150,4 @@ def sweep(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, counts: Iterable
             continue
         out.append(_fastest_on_count(m, setup, cluster, n, capacity_bytes, space, eff, keep, pc,
                                      host_capacity_bytes, nvme_capacity_bytes))
-    # the kept layouts' StepTime, as rows of one batch (a row does not depend on the batch:
-    # each step time is the one the count was ranked by)
-    times = iter(step_times(m, setup, [c.layout for cb in out for c in cb.fastest], cluster, eff, pc))
-    return [replace(cb, fastest=tuple(replace(c, time=next(times)) for c in cb.fastest)) for cb in out]
+    return out

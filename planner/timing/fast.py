@@ -68,8 +68,9 @@ Of the offloads only Megatron-Core's activation offload enters (degrees.block_ro
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -118,10 +119,37 @@ def step_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: C
     per_order = order_times_s(m, setup, a, cluster, eff, pc, orders, groups)
     if per_order.shape[1] == 0:
         return np.zeros(0)
+    return _fastest(per_order)
+
+
+def _fastest(per_order: np.ndarray) -> np.ndarray:
+    """Each layout's step time on the fastest placement order, from (orders, layouts) times."""
     fastest = per_order[0]
     for o in range(1, len(per_order)):
         fastest = np.minimum(fastest, per_order[o])
     return fastest
+
+
+def step_times_picked(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Cluster,
+                      eff: Efficiency, pc: ParamCount | None, pick: Callable[[np.ndarray], Sequence[int]],
+                      orders: Sequence[tuple[str, ...]] = PLACEMENT_ORDERS) -> tuple[np.ndarray, list[StepTime]]:
+    """(step_times_s() of every layout of ``a``, the StepTime of the layouts ``pick`` returns
+    given those times, as row numbers): one evaluation, whose named parts are read for the
+    picked rows only (a layout's terms do not depend on the batch, so each is the row
+    step_arrays() gives it in any batch). search.sweep keeps a count's fastest few this way:
+    a second batch of them worked out its own degree tables and slowest stages (issue 32: 0.7 s
+    of 1,270 such batches in the 256-job `plan buy`). Raises Unsupported as step_times_s()."""
+    if len(a) == 0:
+        return np.zeros(0), []
+    ev = _evaluate(m, setup, a, cluster, eff, pc, [tuple(o) for o in orders], None, False)
+    assert isinstance(ev, _Evaluation)
+    times = _fastest(ev.floored)
+    rows = np.asarray(pick(times), dtype=np.int64)
+    if not len(rows):
+        return times, []
+    # the data-parallel terms by name: the kind table again with its parts (the same step_s)
+    table = _kind_table(setup, eff, ev.g, ev.deg, ev.kinds, ev.t, pipeline_s(ev.t, ev.t_mb), True)
+    return times, _named_parts(*ev._replace(table=table), rows=rows).rows()
 
 
 def order_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Cluster,
@@ -134,8 +162,8 @@ def order_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: 
     if len(a) == 0:
         return np.zeros((len(orders), 0))
     out = _evaluate(m, setup, a, cluster, eff, pc, orders, groups, False)
-    assert isinstance(out, np.ndarray)
-    return out
+    assert isinstance(out, _Evaluation)
+    return out.floored
 
 
 def step_arrays(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Cluster,
@@ -188,8 +216,9 @@ def batch_fold(a: LayoutArrays) -> int:
 
 def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Cluster, eff: Efficiency,
               pc: ParamCount | None, orders: Sequence[tuple[str, ...]], groups: LayoutGroups | None,
-              parts: bool) -> np.ndarray | StepArrays:
-    """order_times_s(), or with ``parts`` step_arrays(): the slowest stage of each pipeline shape
+              parts: bool) -> _Evaluation | StepArrays:
+    """The batch's _Evaluation (order_times_s() reads its floored times), or with ``parts``
+    step_arrays(): the slowest stage of each pipeline shape
     (stage.slowest_stages) and its terms (terms.micro_batch_terms), the data-parallel terms of each
     kind of sharding (_kind_table), combined (terms.micro_batch_s, pipeline_s, step_s, floored_s)
     on every placement order, and read off per layout."""
@@ -214,10 +243,32 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
     peak = cluster.gpu.peak_flops_per_s(setup.precision_spec.compute_dtype)
     ceiling = mfu_ceiling(eff, cluster.gpu, setup.precision_spec.fp8 is not None)
     floored = floored_s(step_o, flops[0], a.n_gpus, peak, ceiling, eff)
-    if not parts:
-        return floored
-    return _named_parts(m, setup, cluster, eff, a, g, deg, kinds, t, t_mb, table, step_o, floored, orders, n_seq,
-                        flops, peak)
+    ev = _Evaluation(m, setup, cluster, eff, a, g, deg, kinds, t, t_mb, table, step_o, floored, orders, n_seq, flops,
+                     peak)
+    return _named_parts(*ev) if parts else ev
+
+
+class _Evaluation(NamedTuple):
+    """What _evaluate() works out for a batch, _named_parts()'s arguments: ``floored`` the
+    step time of each (placement order, layout)."""
+
+    m: ModelSpec
+    setup: TrainingSetup
+    cluster: Cluster
+    eff: Efficiency
+    a: LayoutArrays
+    g: LayoutGroups
+    deg: Degrees
+    kinds: DpKinds
+    t: MicroBatchTerms
+    t_mb: np.ndarray
+    table: _KindTable
+    unfloored: np.ndarray
+    floored: np.ndarray
+    orders: list[tuple[str, ...]]
+    n_seq: np.ndarray
+    flops: np.ndarray
+    peak: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,11 +335,16 @@ def _kind_table(setup: TrainingSetup, eff: Efficiency, g: LayoutGroups, deg: Deg
 def _named_parts(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Efficiency, a: LayoutArrays,
                  g: LayoutGroups, deg: Degrees, kinds: DpKinds, t: MicroBatchTerms, t_mb: np.ndarray,
                  table: _KindTable, unfloored: np.ndarray, step_o: np.ndarray, orders: list[tuple[str, ...]],
-                 n_seq: np.ndarray, flops: np.ndarray, peak: float) -> StepArrays:
+                 n_seq: np.ndarray, flops: np.ndarray, peak: float, rows: np.ndarray | None = None) -> StepArrays:
     """Each layout on its fastest order (the first of equals, as step_time() keeps the
-    earlier): the named parts of parts.StepArrays."""
+    earlier): the named parts of parts.StepArrays; of the layouts ``rows`` only, where given
+    (the same elements: every part is read off per layout)."""
     n_o, n_p = len(deg.links), len(g.p_d)
-    p_inv, pd, at_kind = g.p_inv, g.p_d, kinds.at_kind
+    p_inv, pd, at_kind, pair = g.p_inv, g.p_d, kinds.at_kind, g.pair
+    if rows is not None:
+        a = LayoutArrays(*(a.field(f)[rows] for f in LayoutArrays.FIELDS))
+        p_inv, at_kind, pair = p_inv[rows], at_kind[rows], pair[rows]
+        unfloored, step_o, n_seq, flops = unfloored[:, rows], step_o[:, rows], n_seq[rows], flops[:, rows]
     idx = np.argmin(step_o, axis=0)
     cols = np.arange(len(a))
 
@@ -313,7 +369,7 @@ def _named_parts(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Effi
         # the time the sustained-rate ceiling (and step_time_factor) adds counts as compute
         # (inf - inf where a link has no bandwidth: such a layout is left unpriced by the caller)
         compute = compute + (step_o[idx, cols] - unfloored[idx, cols])
-    branch = BRANCH[g.pair]
+    branch = BRANCH[pair]
     sync = setup.fsdp_pipeline_grad_sync
     times = dp_times(branch, a.pp, a.grad_accum, sync)
     return StepArrays(orders=tuple(orders), order=idx, step_time_s=step_o[idx, cols], compute_s=compute,
