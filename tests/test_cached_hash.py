@@ -37,3 +37,36 @@ def test_a_pickle_from_another_hash_seed_hashes_as_here(tmp_path):
         here = cluster_for(c.gpu)
         assert c == here and hash(c) == hash(here) and hash(c.topology) == hash(here.topology)
         assert {here: 1}[c] == 1
+
+
+def test_models_and_setups_hash_as_equal_objects_do():
+    # ModelSpec and TrainingSetup keep their hash too (issue 32, fifth pass: the per-shape
+    # caches of the memory and step-time models look them up hundreds of thousands of times)
+    from planner.models.spec import load_model
+    from planner.training.finetune import FinetuneSpec
+    from planner.training.setup import TrainingSetup
+
+    for name in ("llama3.1-8b", "deepseek-v3", "qwen3-next-80b-a3b"):
+        m = load_model(name)
+        assert m == load_model(name) and hash(m) == hash(load_model(name))
+        wider = replace(m, d_ff=m.d_ff + 1)
+        assert wider != m and replace(wider, d_ff=m.d_ff) == m and hash(replace(wider, d_ff=m.d_ff)) == hash(m)
+        assert hash(copy.deepcopy(m)) == hash(m) and {m: 1}[pickle.loads(pickle.dumps(m))] == 1
+    s = TrainingSetup(finetune=FinetuneSpec.named("qlora"), seq_len=2048)
+    assert hash(s) == hash(TrainingSetup(finetune=FinetuneSpec.named("qlora"), seq_len=2048))
+    assert hash(replace(replace(s, global_batch=7), global_batch=s.global_batch)) == hash(s)
+    assert {s: 1}[copy.deepcopy(s)] == 1 and "_hash" not in s.as_dict() and "_hash" not in repr(s)
+
+
+def test_a_model_pickled_under_another_hash_seed_hashes_as_here(tmp_path):
+    from planner.models.spec import load_model
+    from planner.training.setup import TrainingSetup
+
+    path = tmp_path / "m.pkl"
+    code = ("import pickle, sys; from planner.models.spec import load_model; "
+            "from planner.training.setup import TrainingSetup; "
+            "open(sys.argv[1], 'wb').write(pickle.dumps((load_model('mixtral-8x7b'), TrainingSetup(precision='fp8'))))")
+    seed = "1" if os.environ.get("PYTHONHASHSEED") != "1" else "2"
+    subprocess.run([sys.executable, "-c", code, str(path)], check=True, env={**os.environ, "PYTHONHASHSEED": seed})
+    m, s = pickle.loads(path.read_bytes())
+    assert {load_model("mixtral-8x7b"): 1}[m] == 1 and {TrainingSetup(precision="fp8"): 1}[s] == 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import importlib.resources
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,34 +27,14 @@ from planner.limits import (
     parse_toml,
     read_input_file,
 )
-from planner.units import GB, GiB
+from planner.units import GB, GiB, hash_once, stored_hash, unpickle_hashed
 
 US = 1e-6               # microseconds -> seconds
 FABRICS = ("nvswitch", "mesh", "pcie")
 
 
-# ---------------------------------------------------------------------------------------------
-# A hash worked out once, for frozen dataclasses looked up in caches many times per plan
-# (issue 32): each holds ``_hash: int = field(init=False, repr=False, compare=False,
-# default=0)`` and takes these three as its __post_init__, __hash__ and __setstate__ (in its
-# own body, where dataclass() leaves them).
-
-
-def hash_once(obj: Any) -> None:
-    """Keep the hash of ``obj``'s compared fields (the one dataclass() would work out on every call)."""
-    object.__setattr__(obj, "_hash", hash(tuple(getattr(obj, f.name) for f in fields(obj) if f.compare)))
-
-
-def stored_hash(obj: Any) -> int:
-    return int(obj._hash)
-
-
-def unpickle_hashed(obj: Any, state: list[object]) -> None:
-    """Unpickled: the fields, then the hash worked out again (another process hashes strings
-    with another seed)."""
-    for f, value in zip(fields(obj), state):
-        object.__setattr__(obj, f.name, value)
-    hash_once(obj)
+# A hash worked out once (planner.units.hash_once): ClusterTopology and placement.Cluster
+# hold it, as do ModelSpec and TrainingSetup.
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

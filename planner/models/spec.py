@@ -12,11 +12,12 @@ the modules written before the split.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from planner.models.generic.profile import GenericProfile
 from planner.models.vision.profile import VisionProfile
+from planner.units import hash_once, stored_hash, unpickle_hashed
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -131,6 +132,15 @@ class ModelSpec:
     # ---- a vision-language model (planner.models.vision): the text tower above, plus the image
     # side's exact parameters (vision encoder and projector), held on the first pipeline stage
     vision: VisionProfile | None = None
+    # the hash of every field, worked out once (planner.units.hash_once): the per-shape caches of
+    # the memory and step-time models look a model up hundreds of thousands of times per `plan buy`
+    # (issue 32), and a dataclass's own hash hashes every field each time (about 0.9 us)
+    _hash: int = field(init=False, repr=False, compare=False, default=0)
+
+    __hash__, __setstate__ = stored_hash, unpickle_hashed
+
+    def __post_init__(self) -> None:
+        hash_once(self)
 
     @property
     def is_generic(self) -> bool:

@@ -12,7 +12,7 @@ from typing import Any
 
 from planner.training.finetune import FinetuneSpec
 from planner.training.fp8 import Fp8Recipe, recipe
-from planner.units import MiB
+from planner.units import MiB, hash_once, stored_hash, unpickle_hashed
 
 PRECISIONS = ("bf16-mixed", "fp16-mixed", "fp32", "bf16", "fp8", "nvfp4")
 OPTIMIZERS = ("adamw", "sgd", "adafactor", "adam8bit", "adamw-bf16-states")
@@ -305,6 +305,15 @@ class TrainingSetup:
     # A vision-language model's images in each sequence (training.images): 0 is text-only data
     # (the image side's weights are still held); their tokens count within seq_len
     images_per_sample: int = 0
+    # the hash of every field, worked out once (planner.units.hash_once): the per-shape caches of
+    # the memory and step-time models look a set-up up hundreds of thousands of times per `plan buy`
+    # (issue 32), and a dataclass's own hash hashes every field each time (about 0.9 us)
+    _hash: int = field(init=False, repr=False, compare=False, default=0)
+
+    __hash__, __setstate__ = stored_hash, unpickle_hashed
+
+    def __post_init__(self) -> None:
+        hash_once(self)
 
     @property
     def recomputed_share(self) -> float:
@@ -319,7 +328,7 @@ class TrainingSetup:
         return Precision.named(self.precision, self.fp8_recipe, self.stack)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "_hash"}
 
 
 # TrainingSetup's defaults as one object: the command line's defaults and help, the default
