@@ -147,9 +147,11 @@ def step_times_picked(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, clust
     rows = np.asarray(pick(times), dtype=np.int64)
     if not len(rows):
         return times, []
-    # the data-parallel terms by name: the kind table again with its parts (the same step_s)
-    table = _kind_table(setup, eff, ev.g, ev.deg, ev.kinds, ev.t, pipeline_s(ev.t, ev.t_mb), True)
-    return times, _named_parts(*ev._replace(table=table), rows=rows).rows()
+    # the data-parallel terms by name: the kind table again with its parts, on the picked rows'
+    # pipeline shapes only (the same cells)
+    only_p = np.unique(ev.g.p_inv[rows])
+    table = _kind_table(setup, eff, ev.g, ev.deg, ev.kinds, ev.t, pipeline_s(ev.t, ev.t_mb), True, only_p)
+    return times, _named_parts(*ev._replace(table=table), rows=rows, only_p=only_p).rows()
 
 
 def order_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Cluster,
@@ -286,17 +288,22 @@ class _KindTable:
 
 
 def _kind_table(setup: TrainingSetup, eff: Efficiency, g: LayoutGroups, deg: Degrees, kinds: DpKinds,
-                t: MicroBatchTerms, pipeline: np.ndarray, parts: bool) -> _KindTable:
+                t: MicroBatchTerms, pipeline: np.ndarray, parts: bool, only_p: np.ndarray | None = None
+                ) -> _KindTable:
     """The step of each (order, kind, P): the pipeline plus the data-parallel collectives of the
     kind's branch, hidden under the slowest stage's forward or backward or not
     (dp_overlap.dp_exposure), and the optimizer update of its shard (terms.step_s). Within a
-    pipeline shape the layouts differ only in their kind, so each layout is read off this table."""
+    pipeline shape the layouts differ only in their kind, so each layout is read off this table.
+    ``only_p`` (sorted, distinct): the P columns to work out, alone, as the table's columns in
+    that order (every cell is worked out from its own column alone; a few columns of thousands
+    are far cheaper in a table of their own: writing into a large fresh array faulted its
+    pages in, up to 60 ms a table)."""
     n_o, n_p, n_d = len(deg.links), len(g.p_d), len(g.d_rep)
     ppp = g.degrees[4][g.p_d]
     sync = setup.fsdp_pipeline_grad_sync
     at = t.stage_at
     order_at = np.arange(n_o)[:, None] * (5 * SLOTS * n_d)
-    best = np.zeros((n_o, len(kinds.kinds), n_p))    # (0.0 where a P has no layout of the kind)
+    best = np.zeros((n_o, len(kinds.kinds), n_p if only_p is None else len(only_p)))   # (0.0: no layout of the kind)
     dp_exposed, dp_slow, opt_kind = (np.zeros_like(best) for _ in range(3)) if parts else (best, best, best)
     dp_each = np.zeros((3, 3, *best.shape)) if parts else best     # (seconds, exposed, hidden) x term
     terms: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] | None = [] if parts else None
@@ -306,11 +313,18 @@ def _kind_table(setup: TrainingSetup, eff: Efficiency, g: LayoutGroups, deg: Deg
         return 2 if sharded and branch == ZERO_12 else sharded
 
     opt = {update(b, sharded): deg.optimizer_s[at + update(b, sharded) * (SLOTS * n_d)]
-           for (b, sharded), sel in zip(kinds.kinds, kinds.rows_of) if sel is None}
+           for (b, sharded), sel in zip(kinds.kinds, kinds.rows_of) if sel is None and only_p is None}
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         for row, (branch, sharded) in enumerate(kinds.kinds):
             sel = kinds.rows_of[row]
+            if only_p is not None:
+                sel = only_p if sel is None else np.intersect1d(sel, only_p, assume_unique=True)
+                if not len(sel):
+                    continue
             cols: slice | np.ndarray = slice(None) if sel is None else sel
+            out: slice | np.ndarray = cols      # where the kind's columns go in the table
+            if only_p is not None and sel is not None:
+                out = np.searchsorted(only_p, sel)
             at_s = at[:, cols]
             u = update(branch, sharded)
             opt_s = opt[u] if sel is None else deg.optimizer_s[at_s + u * (SLOTS * n_d)]
@@ -318,7 +332,7 @@ def _kind_table(setup: TrainingSetup, eff: Efficiency, g: LayoutGroups, deg: Deg
                                         t.fwd_compute_s[:, cols], t.bwd_compute_s[:, cols],
                                         dp_times(branch, ppp[cols], t.micro_batches[cols], sync), eff, terms,
                                         steady_reduce(branch, ppp[cols], sync))
-            where = (slice(None), row, cols)
+            where = (slice(None), row, out)
             best[where] = step_s(pipeline[:, cols], exposed, slow, opt_s)
             if terms is not None:
                 dp_exposed[where], opt_kind[where] = exposed, opt_s
@@ -335,16 +349,20 @@ def _kind_table(setup: TrainingSetup, eff: Efficiency, g: LayoutGroups, deg: Deg
 def _named_parts(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Efficiency, a: LayoutArrays,
                  g: LayoutGroups, deg: Degrees, kinds: DpKinds, t: MicroBatchTerms, t_mb: np.ndarray,
                  table: _KindTable, unfloored: np.ndarray, step_o: np.ndarray, orders: list[tuple[str, ...]],
-                 n_seq: np.ndarray, flops: np.ndarray, peak: float, rows: np.ndarray | None = None) -> StepArrays:
+                 n_seq: np.ndarray, flops: np.ndarray, peak: float, rows: np.ndarray | None = None,
+                 only_p: np.ndarray | None = None) -> StepArrays:
     """Each layout on its fastest order (the first of equals, as step_time() keeps the
     earlier): the named parts of parts.StepArrays; of the layouts ``rows`` only, where given
-    (the same elements: every part is read off per layout)."""
+    (the same elements: every part is read off per layout). ``only_p``: the P columns of
+    ``table``, where it holds those alone (_kind_table)."""
     n_o, n_p = len(deg.links), len(g.p_d)
     p_inv, pd, at_kind, pair = g.p_inv, g.p_d, kinds.at_kind, g.pair
     if rows is not None:
         a = LayoutArrays(*(a.field(f)[rows] for f in LayoutArrays.FIELDS))
         p_inv, at_kind, pair = p_inv[rows], at_kind[rows], pair[rows]
         unfloored, step_o, n_seq, flops = unfloored[:, rows], step_o[:, rows], n_seq[rows], flops[:, rows]
+    if only_p is not None:      # each layout's (kind, P) place in a table of those P columns alone
+        at_kind = at_kind // n_p * len(only_p) + np.searchsorted(only_p, at_kind % n_p)
     idx = np.argmin(step_o, axis=0)
     cols = np.arange(len(a))
 
