@@ -30,16 +30,28 @@ import pulp
 from planner.errors import UserError
 
 SOLVERS = ("auto", "highs", "cbc")
+# The time limit is a backstop only: HiGHS stops at its work limit (MIP_MAX_NODES) first on every
+# jobs file measured within the README's limits, so the answer does not depend on the machine's
+# load or speed (issue 32, H5: 32 staggered 70B jobs stopped at the 20 s time limit and their
+# answer and bound moved with the load). An ILP whose root node alone outlasts it (thousands of
+# variables on a slow or busy machine) is the one case a time limit still ends.
 TIME_LIMIT_S = 20.0
 GAP_REL = 1e-6
-# A purchase ILP above LARGE_VARIABLES variables is given LARGE_TIME_LIMIT_S: measured on the
-# 256-job bench file (bench/limits_timing.py, 10,758 variables), HiGHS does not prove the optimum
-# in 20 s (one branch-and-bound node; its best bound $20.01M, its answer $21.88M, gap 8.5%),
-# and its answer there is the one the greedy start of solve_purchase (_greedy_purchase) finds
-# in 0.4 s; after 2-3 s its bound is $19.87M. The answer then says how far from that bound
-# it may be (SolverInfo.gap_found).
+# HiGHS's branch-and-bound stops after this many nodes (its option mip_max_nodes: counted, not
+# timed, so deterministic), with one thread (threads=1: HiGHS's concurrent search otherwise uses
+# as many workers as the machine has cores, and another count of workers takes another path).
+# Measured on the purchase ILPs of bench/resources.py (2 cores, one thread): the 256-job file is
+# proved optimal after 55 nodes; H5 (32 Llama 3.1 70B jobs a day apart) keeps the same answer
+# (54 x b200) with its bound at 95.2% of it after 1,000 nodes, 4.4 s of CPU, and 95.5% after
+# 25,000 (30 s); 24 such jobs are proved after about 2,000 nodes.
+MIP_MAX_NODES = 1000
+# A purchase ILP above LARGE_VARIABLES variables is given LARGE_MAX_NODES: its root node alone
+# takes seconds (256 Llama 3.1 70B jobs a day apart, 3,738 variables: 8.6 s of CPU at the root,
+# 20 s for 100 nodes, with the root's answer unchanged), and where the solver stops without
+# proving the optimum the greedy start competes with its answer (_greedy_purchase) and the
+# answer says how far from the solver's bound it may be (SolverInfo.gap_found).
 LARGE_VARIABLES = 5000
-LARGE_TIME_LIMIT_S = 2.0
+LARGE_MAX_NODES = 1
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -55,6 +67,7 @@ class SolverInfo:
     time_limit_s: float
     gap_rel: float
     constraint_names: tuple[str, ...] = ()
+    max_nodes: int | None = None    # HiGHS's work limit (branch-and-bound nodes); None: none (CBC)
     # when optimality was not proved: (answer - the solver's best lower bound) / answer, HiGHS's
     # relative MIP gap (the optimum costs at least 1 - gap_found of the answer); None when
     # unknown or proved
@@ -70,11 +83,45 @@ class SolverInfo:
         return out
 
 
-def _solver(name: str, time_limit_s: float, gap_rel: float) -> tuple[str, pulp.LpSolver]:
+class _HiGHS(pulp.HiGHS):     # type: ignore[misc, name-defined]
+    """PuLP's HiGHS, reading a stop at the node limit as it reads one at the time limit
+    (PuLP 3.3 maps no solution status for HiGHS's kSolutionLimit and raises KeyError):
+    the best solution found, when there is one, without a proof of optimality."""
+
+    def findSolutionValues(self, lp: pulp.LpProblem) -> tuple[int, int]:
+        model = lp.solverModel
+        if model.getModelStatus().name != "kSolutionLimit":
+            return super().findSolutionValues(lp)
+        lp.solverModel = _StoppedByLimit(model)
+        try:
+            return super().findSolutionValues(lp)
+        finally:
+            lp.solverModel = model
+
+
+class _StoppedByLimit:
+    """A highspy model that reports its node-limit stop as an iteration-limit one (_HiGHS)."""
+
+    def __init__(self, model: object) -> None:
+        self._model = model
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._model, name)
+
+    def getModelStatus(self) -> object:
+        status = self._model.getModelStatus()  # type: ignore[attr-defined]
+        return type(status).kIterationLimit
+
+
+def _solver(name: str, time_limit_s: float, gap_rel: float,
+            max_nodes: int = MIP_MAX_NODES) -> tuple[str, pulp.LpSolver]:
+    """The solver and its name: HiGHS on one thread with a node limit (MIP_MAX_NODES), so that
+    one input gets one answer on any machine at any load; CBC (PuLP's bundled binary, one
+    thread by default) under the time limit alone."""
     if name not in SOLVERS:
         raise UserError(f"--solver {name!r}: choose one of {', '.join(SOLVERS)}")
     if name in ("auto", "highs"):
-        highs = pulp.HiGHS(msg=False, timeLimit=time_limit_s, gapRel=gap_rel)
+        highs = _HiGHS(msg=False, timeLimit=time_limit_s, gapRel=gap_rel, threads=1, mip_max_nodes=max_nodes)
         if highs.available():
             return "HiGHS", highs
         if name == "highs":
@@ -122,8 +169,9 @@ def _quiet() -> Iterator[None]:
             os.close(devnull)           # closed before, closed again
 
 
-def _run(prob: pulp.LpProblem, solver: str, time_limit_s: float, gap_rel: float) -> SolverInfo:
-    name, s = _solver(solver, time_limit_s, gap_rel)
+def _run(prob: pulp.LpProblem, solver: str, time_limit_s: float, gap_rel: float,
+         max_nodes: int = MIP_MAX_NODES) -> SolverInfo:
+    name, s = _solver(solver, time_limit_s, gap_rel, max_nodes)
     t0 = time.perf_counter()
     with _quiet():
         prob.solve(s)
@@ -131,7 +179,8 @@ def _run(prob: pulp.LpProblem, solver: str, time_limit_s: float, gap_rel: float)
     return SolverInfo(name=name, status=pulp.LpStatus[prob.status],
                       optimal=prob.sol_status == pulp.LpSolutionOptimal, solve_s=time.perf_counter() - t0,
                       n_variables=len(prob.variables()), n_constraints=len(names),
-                      time_limit_s=time_limit_s, gap_rel=gap_rel, constraint_names=names)
+                      time_limit_s=time_limit_s, gap_rel=gap_rel, constraint_names=names,
+                      max_nodes=max_nodes if name == "HiGHS" else None)
 
 
 def _dual_bound(prob: pulp.LpProblem) -> float | None:
@@ -415,6 +464,9 @@ def solve_purchase(pools: Sequence[Pool], jobs: Sequence[JobWindow], options: Se
     nodes = {p.gpu: _variable(prob, f"nodes_{ascii_name(p.gpu)}", pulp.LpInteger, low=0) for p in pools}
     run = {(o.job, o.key): _variable(prob, f"run_{i}_{ascii_name(o.job)}_{ascii_name(o.key)}", pulp.LpBinary)
            for i, o in enumerate(o for j in jobs for o in by_job[j.name])}
+    dropped = dominated_pools(pools, jobs, by_job)   # their options fixed at 0: HiGHS's presolve removes them
+    for o in (o for mine in by_job.values() for o in mine if o.gpu in dropped):
+        run[o.job, o.key].upBound = 0
     total = pulp.lpSum(p.node_usd * nodes[p.gpu] for p in pools)
     prob += total, "total_cost_of_ownership_usd"
     for ji, j in enumerate(jobs):
@@ -431,8 +483,8 @@ def solve_purchase(pools: Sequence[Pool], jobs: Sequence[JobWindow], options: Se
             prob += (use <= p.gpus_per_node * nodes[p.gpu], f"gpus_{ascii_name(p.gpu)}_at_{ti}_{ascii_name(t.name)}")
     if budget_usd is not None:
         prob += total <= budget_usd, "budget_usd"
-    limit_s = time_limit_s if len(run) + len(pools) <= LARGE_VARIABLES else min(time_limit_s, LARGE_TIME_LIMIT_S)
-    info = _run(prob, solver, limit_s, gap_rel)
+    max_nodes = MIP_MAX_NODES if len(run) + len(pools) <= LARGE_VARIABLES else LARGE_MAX_NODES
+    info = _run(prob, solver, time_limit_s, gap_rel, max_nodes)
     found: list[dict[str, JobOption]] = []
     if _found(prob):
         choices = {j.name: next(o for o in by_job[j.name] if (run[j.name, o.key].value() or 0) > 0.5) for j in jobs}
@@ -458,6 +510,56 @@ def solve_purchase(pools: Sequence[Pool], jobs: Sequence[JobWindow], options: Se
     if bound is not None and cost > 0:
         info = dataclasses.replace(info, gap_found=max(0.0, (cost - bound) / cost))
     return PurchaseSolution(nodes=bought, choices=choices, cost_usd=cost, solver=info)
+
+
+def dominated_pools(pools: Sequence[Pool], jobs: Sequence[JobWindow],
+                    by_job: dict[str, list[JobOption]]) -> set[str]:
+    """The pools no cheapest purchase needs (issue 32, H5: Llama 3.1 70B runs as fast on h200
+    as on h100 in the step-time model, on the same counts, and h200 nodes cost more, so the
+    ILP carried a second copy of every h100 option and HiGHS branched on both).
+
+    Pool B is dominated by pool A when both have the same GPUs per node, A's node costs no
+    more (and, at an equal cost, A is listed first), and every option on B that a job can
+    pick (it fits in memory and meets the deadline) has a counterpart on A that the job can
+    pick, on no more GPUs and busy at no more capacity checks (busy_checks over the distinct
+    job starts; both runs start at the job's start, so its checks are a subset). Moving every
+    job on B to its counterpart on A then adds at most B's GPUs in use to A's at each check,
+    so A needs at most its nodes plus B's (ceil(a + b) <= ceil(a) + ceil(b) per node size),
+    at no more cost per node: no purchase gets dearer, and none that the budget allows is
+    lost. A dominated pool is dominated by an undominated one (the relation is transitive
+    and follows a strict order), and its options can be left out of the ILP (solve_purchase
+    fixes them at 0, so the model and its size stay as written). None is left out where
+    that would leave a job without options (the ILP then says it is infeasible, as before)."""
+    starts = sorted({j.start_s for j in jobs})
+    window = {j.name: j for j in jobs}
+
+    def usable(o: JobOption) -> tuple[int, int] | None:
+        j = window[o.job]
+        if not o.fits or j.start_s + o.duration_s > j.deadline_s:
+            return None
+        return o.n_gpus, busy_checks(j.start_s, o.duration_s, starts)
+
+    runs: dict[tuple[str, str], list[tuple[int, int]]] = {}
+    for name, mine in by_job.items():
+        for o in mine:
+            r = usable(o)
+            if r is not None:
+                runs.setdefault((o.gpu, name), []).append(r)
+    order = sorted(range(len(pools)), key=lambda i: (pools[i].node_usd, i))
+    dropped: set[str] = set()
+    for bi, b in enumerate(order):
+        pb = pools[b]
+        for a in order[:bi]:
+            pa = pools[a]
+            if pa.gpus_per_node != pb.gpus_per_node:
+                continue
+            if all(any(na <= nb and ca <= cb for na, ca in runs.get((pa.gpu, name), ()))
+                   for name in by_job for nb, cb in runs.get((pb.gpu, name), ())):
+                dropped.add(pb.gpu)
+                break
+    if any(all(o.gpu in dropped for o in mine) for mine in by_job.values()):
+        return set()
+    return dropped
 
 
 def undominated(start_s: float, deadline_s: float, runs: Sequence[tuple[int, float]],
