@@ -45,13 +45,9 @@ GAP_REL = 1e-6
 # (54 x b200) with its bound at 95.2% of it after 1,000 nodes, 4.4 s of CPU, and 95.5% after
 # 25,000 (30 s); 24 such jobs are proved after about 2,000 nodes.
 MIP_MAX_NODES = 1000
-# A purchase ILP above LARGE_VARIABLES variables is given LARGE_MAX_NODES: its root node alone
-# takes seconds (256 Llama 3.1 70B jobs a day apart, 3,738 variables: 8.6 s of CPU at the root,
-# 20 s for 100 nodes, with the root's answer unchanged), and where the solver stops without
-# proving the optimum the greedy start competes with its answer (_greedy_purchase) and the
-# answer says how far from the solver's bound it may be (SolverInfo.gap_found).
+# A purchase ILP above LARGE_VARIABLES variables is not branched on: its LP relaxation gives
+# the bound and the greedy start the answer (solve_purchase, _relaxed_purchase).
 LARGE_VARIABLES = 5000
-LARGE_MAX_NODES = 1
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -113,22 +109,24 @@ class _StoppedByLimit:
         return type(status).kIterationLimit
 
 
-def _solver(name: str, time_limit_s: float, gap_rel: float,
-            max_nodes: int = MIP_MAX_NODES) -> tuple[str, pulp.LpSolver]:
+def _solver(name: str, time_limit_s: float, gap_rel: float, max_nodes: int | None = None,
+            mip: bool = True) -> tuple[str, pulp.LpSolver]:
     """The solver and its name: HiGHS on one thread with a node limit (MIP_MAX_NODES), so that
     one input gets one answer on any machine at any load; CBC (PuLP's bundled binary, one
-    thread by default) under the time limit alone."""
+    thread by default) under the time limit alone. ``max_nodes`` None: MIP_MAX_NODES;
+    ``mip`` False: the LP relaxation."""
     if name not in SOLVERS:
         raise UserError(f"--solver {name!r}: choose one of {', '.join(SOLVERS)}")
     if name in ("auto", "highs"):
-        highs = _HiGHS(msg=False, timeLimit=time_limit_s, gapRel=gap_rel, threads=1, mip_max_nodes=max_nodes)
+        highs = _HiGHS(mip=mip, msg=False, timeLimit=time_limit_s, gapRel=gap_rel, threads=1,
+                       mip_max_nodes=MIP_MAX_NODES if max_nodes is None else max_nodes)
         if highs.available():
             return "HiGHS", highs
         if name == "highs":
             raise UserError("--solver highs needs highspy: pip install highspy (or use --solver cbc)")
     with warnings.catch_warnings():     # PuLP 3.3 deprecates its bundled CBC for 4.0; it still ships
         warnings.simplefilter("ignore", DeprecationWarning)
-        return "CBC", pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=gap_rel)
+        return "CBC", pulp.PULP_CBC_CMD(mip=mip, msg=False, timeLimit=time_limit_s, gapRel=gap_rel)
 
 
 @contextlib.contextmanager
@@ -170,8 +168,8 @@ def _quiet() -> Iterator[None]:
 
 
 def _run(prob: pulp.LpProblem, solver: str, time_limit_s: float, gap_rel: float,
-         max_nodes: int = MIP_MAX_NODES) -> SolverInfo:
-    name, s = _solver(solver, time_limit_s, gap_rel, max_nodes)
+         max_nodes: int | None = None, mip: bool = True) -> SolverInfo:
+    name, s = _solver(solver, time_limit_s, gap_rel, max_nodes, mip)
     t0 = time.perf_counter()
     with _quiet():
         prob.solve(s)
@@ -180,7 +178,7 @@ def _run(prob: pulp.LpProblem, solver: str, time_limit_s: float, gap_rel: float,
                       optimal=prob.sol_status == pulp.LpSolutionOptimal, solve_s=time.perf_counter() - t0,
                       n_variables=len(prob.variables()), n_constraints=len(names),
                       time_limit_s=time_limit_s, gap_rel=gap_rel, constraint_names=names,
-                      max_nodes=max_nodes if name == "HiGHS" else None)
+                      max_nodes=(MIP_MAX_NODES if max_nodes is None else max_nodes) if name == "HiGHS" else None)
 
 
 def _dual_bound(prob: pulp.LpProblem) -> float | None:
@@ -483,8 +481,9 @@ def solve_purchase(pools: Sequence[Pool], jobs: Sequence[JobWindow], options: Se
             prob += (use <= p.gpus_per_node * nodes[p.gpu], f"gpus_{ascii_name(p.gpu)}_at_{ti}_{ascii_name(t.name)}")
     if budget_usd is not None:
         prob += total <= budget_usd, "budget_usd"
-    max_nodes = MIP_MAX_NODES if len(run) + len(pools) <= LARGE_VARIABLES else LARGE_MAX_NODES
-    info = _run(prob, solver, time_limit_s, gap_rel, max_nodes)
+    if len(run) + len(pools) > LARGE_VARIABLES:
+        return _relaxed_purchase(prob, pools, jobs, by_job, budget_usd, solver, time_limit_s, gap_rel)
+    info = _run(prob, solver, time_limit_s, gap_rel)
     found: list[dict[str, JobOption]] = []
     if _found(prob):
         choices = {j.name: next(o for o in by_job[j.name] if (run[j.name, o.key].value() or 0) > 0.5) for j in jobs}
@@ -493,11 +492,36 @@ def solve_purchase(pools: Sequence[Pool], jobs: Sequence[JobWindow], options: Se
             cost = sum(pool_of[g].node_usd * n for g, n in bought.items())
             return PurchaseSolution(nodes=bought, choices=choices, cost_usd=cost, solver=info)
         found.append(choices)
-    if not info.optimal:
-        # stopped by its limit: the greedy start may be cheaper; say how far from the bound
-        greedy = _greedy_purchase(pools, jobs, by_job)
-        if greedy is not None:
-            found.append(greedy[1])
+    # stopped by its limit: the greedy start may be cheaper; say how far from the bound
+    return _best_found(pools, jobs, by_job, found, budget_usd, info, _dual_bound(prob))
+
+
+def _relaxed_purchase(prob: pulp.LpProblem, pools: Sequence[Pool], jobs: Sequence[JobWindow],
+                      by_job: dict[str, list[JobOption]], budget_usd: float | None, solver: str,
+                      time_limit_s: float, gap_rel: float) -> PurchaseSolution:
+    """A purchase ILP above LARGE_VARIABLES variables: its LP relaxation alone (a bound on the
+    optimum) and the greedy start (_greedy_purchase) as the answer, with the gap between them
+    said. HiGHS's root node of such an ILP takes seconds to tens of seconds (256 Llama 3.1 70B
+    jobs a day apart, 5,228 variables: 14 s of CPU for the root alone, past the 20 s time
+    limit at a load of 2), and only a time limit would end it; the LP takes a fraction of a
+    second and gives the same answer at any load. That ILP's answer is the greedy start's
+    either way (69 x b200 nodes, within 1.9% of the LP's bound)."""
+    info = _run(prob, solver, time_limit_s, gap_rel, mip=False)
+    bound = pulp.value(prob.objective) if prob.sol_status == pulp.LpSolutionOptimal else None
+    info = dataclasses.replace(info, optimal=False, max_nodes=0 if info.name == "HiGHS" else None)
+    return _best_found(pools, jobs, by_job, [], budget_usd, info, bound)
+
+
+def _best_found(pools: Sequence[Pool], jobs: Sequence[JobWindow], by_job: dict[str, list[JobOption]],
+                found: list[dict[str, JobOption]], budget_usd: float | None, info: SolverInfo,
+                bound: float | None) -> PurchaseSolution:
+    """Where the optimum was not proved: the cheapest of the solver's choices (``found``) and
+    the greedy start, each on the fewest nodes that hold it, within the budget, with the gap
+    to the solver's lower bound (``bound``) said."""
+    greedy = _greedy_purchase(pools, jobs, by_job)
+    if greedy is not None:
+        found = [*found, greedy[1]]
+    pool_of = {p.gpu: p for p in pools}
     priced = []
     for choices in found:      # the fewest nodes that hold the choices (no more than the ILP bought)
         need = nodes_needed(pools, jobs, choices)
@@ -506,7 +530,6 @@ def solve_purchase(pools: Sequence[Pool], jobs: Sequence[JobWindow], options: Se
     if not priced:
         return PurchaseSolution(nodes={p.gpu: 0 for p in pools}, choices={}, cost_usd=None, solver=info)
     cost, bought, choices = min(priced, key=lambda f: f[0])      # the ILP's answer on a tie (listed first)
-    bound = _dual_bound(prob)
     if bound is not None and cost > 0:
         info = dataclasses.replace(info, gap_found=max(0.0, (cost - bound) / cost))
     return PurchaseSolution(nodes=bought, choices=choices, cost_usd=cost, solver=info)
@@ -591,23 +614,36 @@ def undominated(start_s: float, deadline_s: float, runs: Sequence[tuple[int, flo
 def _greedy_purchase(pools: Sequence[Pool], jobs: Sequence[JobWindow],
                      by_job: dict[str, list[JobOption]]) -> tuple[float, dict[str, JobOption]] | None:
     """A feasible purchase found without the ILP, or None: every job on one pool, each with
-    its option of fewest GPU-seconds (then fewest GPUs) among those that fit and meet the
-    deadline, and the fewest nodes that hold them (nodes_needed); the cheapest pool. A
-    heuristic (fewer GPU-seconds leave more room at every instant on average, not at each),
-    used only where the ILP stopped at its limit: its cost is an upper bound on the optimum."""
+    its option of fewest GPU-seconds, or of fewest GPUs summed over the capacity checks it is
+    busy at (busy_checks: what it adds to the ILP's rows), then fewest GPUs, among those that
+    fit and meet the deadline, and the fewest nodes that hold them (nodes_needed); the
+    cheapest of these. A heuristic (less area leaves more room at every instant on average,
+    not at each), used only where the ILP was not solved to its end: its cost is an upper
+    bound on the optimum. (GPU-seconds alone put 256 jobs of H5 on 256 b200s for 2.1 days,
+    busy at 3 job starts each, 96 nodes; GPU-checks on 24 for 22.8 days, busy at 23, 69.)"""
+    starts = sorted({j.start_s for j in jobs})
+
+    def seconds(j: JobWindow, o: JobOption) -> tuple[float, ...]:
+        return (o.n_gpus * o.duration_s, o.n_gpus)
+
+    def checks(j: JobWindow, o: JobOption) -> tuple[float, ...]:
+        return (o.n_gpus * busy_checks(j.start_s, o.duration_s, starts), o.n_gpus * o.duration_s, o.n_gpus)
+
     best: tuple[float, dict[str, JobOption]] | None = None
     for p in pools:
-        choices = {}
-        for j in jobs:
-            ok = [o for o in by_job[j.name] if o.gpu == p.gpu and o.fits and j.start_s + o.duration_s <= j.deadline_s]
-            if not ok:
-                break
-            choices[j.name] = min(ok, key=lambda o: (o.n_gpus * o.duration_s, o.n_gpus))
-        else:
-            need = nodes_needed(pools, jobs, choices)
-            cost = sum(q.node_usd * need[q.gpu] for q in pools)
-            if best is None or cost < best[0]:
-                best = (cost, choices)
+        for key in (seconds, checks):
+            choices = {}
+            for j in jobs:
+                ok = [o for o in by_job[j.name]
+                      if o.gpu == p.gpu and o.fits and j.start_s + o.duration_s <= j.deadline_s]
+                if not ok:
+                    break
+                choices[j.name] = min(ok, key=lambda o, j=j: key(j, o))   # type: ignore[misc]
+            else:
+                need = nodes_needed(pools, jobs, choices)
+                cost = sum(q.node_usd * need[q.gpu] for q in pools)
+                if best is None or cost < best[0]:
+                    best = (cost, choices)
     return best
 
 
