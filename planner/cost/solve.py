@@ -76,10 +76,12 @@ class SolverInfo:
             "time_limit_s": self.time_limit_s, "gap_rel": self.gap_rel}
         if self.gap_found is not None:
             out["gap_found"] = self.gap_found
+        if not self.optimal and self.max_nodes is not None:
+            out["max_nodes"] = self.max_nodes
         return out
 
 
-class _HiGHS(pulp.HiGHS):     # type: ignore[misc, name-defined]
+class _HiGHS(pulp.HiGHS):
     """PuLP's HiGHS, reading a stop at the node limit as it reads one at the time limit
     (PuLP 3.3 maps no solution status for HiGHS's kSolutionLimit and raises KeyError):
     the best solution found, when there is one, without a proof of optimality."""
