@@ -33,17 +33,18 @@ SOLVERS = ("auto", "highs", "cbc")
 # The time limit is a backstop only: HiGHS stops at its work limit (MIP_MAX_NODES) first on every
 # jobs file measured within the README's limits, so the answer does not depend on the machine's
 # load or speed (issue 32, H5: 32 staggered 70B jobs stopped at the 20 s time limit and their
-# answer and bound moved with the load). An ILP whose root node alone outlasts it (thousands of
-# variables on a slow or busy machine) is the one case a time limit still ends.
+# answer and bound moved with the load). It still ends a solve whose nodes take more than 20 s
+# of wall time: H5's 1,000 take about 4 s of CPU, so a machine four times slower or busier.
 TIME_LIMIT_S = 20.0
 GAP_REL = 1e-6
 # HiGHS's branch-and-bound stops after this many nodes (its option mip_max_nodes: counted, not
 # timed, so deterministic), with one thread (threads=1: HiGHS's concurrent search otherwise uses
 # as many workers as the machine has cores, and another count of workers takes another path).
-# Measured on the purchase ILPs of bench/resources.py (2 cores, one thread): the 256-job file is
-# proved optimal after 55 nodes; H5 (32 Llama 3.1 70B jobs a day apart) keeps the same answer
-# (54 x b200) with its bound at 95.2% of it after 1,000 nodes, 4.4 s of CPU, and 95.5% after
-# 25,000 (30 s); 24 such jobs are proved after about 2,000 nodes.
+# Measured on the purchase ILPs of bench/resources.py (2 cores, one thread; docs/performance.md,
+# "The purchase ILP (H5)"): the 256-job file is proved optimal after 55 nodes (1.8 s of CPU);
+# H5 (32 Llama 3.1 70B jobs a day apart) answers 54 x b200 with its bound at 95.2% of it after
+# 1,000 nodes (4.7 s), as 20 s of search did (96.0%); 24 such jobs give the optimum (48 x b200)
+# with a 2.5% gap in 3.4 s, and need about 2,500 nodes (4.8 s) for the proof.
 MIP_MAX_NODES = 1000
 # A purchase ILP above LARGE_VARIABLES variables is not branched on: its LP relaxation gives
 # the bound and the greedy start the answer (solve_purchase, _relaxed_purchase).
