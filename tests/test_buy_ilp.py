@@ -171,6 +171,7 @@ def _answer(sol):
             sol.solver.gap_found)
 
 
+@pytest.mark.slow
 def test_a_stopped_solve_gives_one_answer_at_any_load(monkeypatch):
     """H5 cut to 16 jobs, stopped after 5 branch-and-bound nodes (HiGHS proves this one
     in about 0.6 s without a limit): the same purchase, choices and bound alone and while two processes
