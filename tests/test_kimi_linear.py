@@ -189,6 +189,32 @@ def test_saved_tensors_match_autograd():
     assert attention == pytest.approx(measured["attention"], rel=0.04)
 
 
+def test_fsdp_block_backward_holds_the_gathered_block():
+    """The planner's peak for bench/configs/tiny-kimi-linear.json (FSDP full over 8 ranks,
+    bf16-mixed, 1024 tokens, micro-batch 1) is inside a block's backward, where FSDP2 has
+    gathered that block again. FSDPMemTracker's snapshot at its peak (block 2's backward,
+    `python bench/accuracy.py --modules tiny-kimi-linear`, torch 2.13, transformers 5.24):
+    Sharded Param 12,517,632 B (the fp32 shards, 25,035,096 parameters over 8, dim 0 padded) +
+    Unsharded Param 26,247,424 B = the root unit in bf16 (embedding, final norm, LM head:
+    16,778,240 B) + block 2 in bf16 (9,469,184 B; block 3, the MLA layer, is 8,825,088 B in its
+    own backward). The planner had counted the root unit only: weights -24.4%."""
+    from planner.layouts.layout import Layout
+    from planner.measure import accuracy
+    from planner.training.setup import TrainingSetup
+
+    m = load_model(str(Path(__file__).parents[1] / "bench" / "configs" / "tiny-kimi-linear.json"))
+    setup = TrainingSetup(seq_len=1024, global_batch=8, precision="bf16-mixed")
+    lay = Layout(dp=8, zero_stage=3, micro_batch=1, grad_accum=1, seq_len=1024, recompute="none")
+    rows, phase = accuracy.predict(m, setup, lay)
+    assert phase == "block-backward"
+    sharded_and_root = 12_517_632 + 16_778_240
+    # one mean KimiLinearDecoderLayer gathered in bf16: transformers' meta-device counts of
+    # model.layers.0-3 are 2,764,360, 4,734,536, 4,734,536 and 4,412,544 (mean 4,161,494)
+    assert rows["weights"] - sharded_and_root == pytest.approx(2 * 4_161_494, abs=100)
+    # against the tracker's 38,765,056 B: the mean layer is the KDA layer's 4,734,592 less 13%
+    assert rows["weights"] == pytest.approx(38_765_056, rel=0.035)
+
+
 @pytest.mark.slow
 def test_plan_measure_tiny_config_within_ten_percent():
     """`plan measure` on a tiny Kimi Linear (bench/configs/tiny-kimi-linear.json: 3 KDA layers, one
