@@ -122,6 +122,7 @@ class StageMemory:
     step_transient: np.ndarray
     fsdp_end: tuple[np.ndarray, np.ndarray, np.ndarray]      # weights, activations, buffers
     fsdp_forward: tuple[np.ndarray, np.ndarray]               # weights, buffers
+    fsdp_block: tuple[np.ndarray, np.ndarray]                 # weights, activations (the last block's backward)
     fsdp_done: np.ndarray
     head_grad: np.ndarray
     step_freed: np.ndarray
@@ -360,6 +361,7 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
         buffers=t.buffers, root_gathered=ps(s.root_gathered), fp8_weights=ps(s.fp8_weights),
         step_transient=ps(s.step_transient), fsdp_end=t.fsdp_end,
         fsdp_forward=(ps(s.fsdp.forward_weights), ps(s.fsdp.forward_buffers)), fsdp_done=t.fsdp_done,
+        fsdp_block=(ps(s.fsdp.last_weights), ps(s.fsdp.last_activations)),
         head_grad=ps(s.fsdp.head_grad), step_freed=ps(s.step_freed), end_grad_params=t.end_grad_params,
         moments=moments, weights=ps(s.weights), moment_sums=sums, tracked=tracked_slots,
         checkpoint_host=t.checkpoint_host)
