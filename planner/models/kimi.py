@@ -141,9 +141,11 @@ def kda_torch_backward_working_bytes(m: ModelSpec, micro_batch: int, seq_len: in
     accumulated over the chunk loop (each ``decay_mask[:, :, i]`` read gives back a full-size
     gradient) and, in the backward of ``k_beta.unsqueeze(-2) * key.unsqueeze(-3) * decay_mask``,
     sits beside that product's gradient and the new decay gradient: three full-size C x C x dk
-    fp32 tensors, 3 x 4 H C dk bytes per token over the sequence padded to whole chunks; with
-    six fp32 H x dk gradients per token (q, k, v, g and their scaled copies), and one chunk's
-    broadcast q_i k_i product gradient, 4 H C (C + 5) dk per sequence, whatever the length.
+    fp32 tensors, 3 x 4 H C dk bytes per token over the sequence padded to whole chunks (read
+    from the code; the measured slope agrees). FITTED to the measurements below, not traced
+    tensor by tensor: 6 x 4 H dk more per token (six fp32 H x dk tensors, the size of the
+    inputs' gradients), and 4 H C (C + 5) dk per sequence whatever its length (one chunk's
+    broadcast q_i k_i product gradient, C x C x dk per head, and 5 C x dk more).
     MEASURED: MemTracker's "Temp" at the peak of the function's backward under fake tensors
     (torch 2.13, transformers 5.24; H 8, dk 64, C 64): 112,852,992, 216,662,016, 424,280,064 and
     839,516,160 B at 256, 512, 1,024 and 2,048 tokens, this formula to the byte; H 4 halves it;
