@@ -77,7 +77,7 @@ class SolverInfo:
             "time_limit_s": self.time_limit_s, "gap_rel": self.gap_rel}
         if self.gap_found is not None:
             out["gap_found"] = self.gap_found
-        if not self.optimal and self.max_nodes is not None:
+        if self.gap_found is not None and self.max_nodes is not None:     # stopped at it with an answer
             out["max_nodes"] = self.max_nodes
         return out
 
