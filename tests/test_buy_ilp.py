@@ -203,8 +203,9 @@ def test_a_stopped_solve_gives_one_answer_at_any_load(monkeypatch):
 @pytest.mark.slow
 def test_h5_answer_and_bound():
     """H5 itself (32 jobs, 521 options): 54 x b200 nodes, not proved at the node limit, with
-    the optimum at least 94% of it (95.2% measured); the same twice. (54 b200 nodes is the optimum on b200
-    alone, proved by HiGHS in about 30 s without a node limit; docs/performance.md.)"""
+    the optimum at least 94% of it (95.2% measured); the same twice. (54 b200 nodes is the
+    optimum on b200 alone, proved by HiGHS in about 30 s without a node limit;
+    docs/performance.md.)"""
     jobs, options = h5(32)
     first = solve_purchase(H5_POOLS, jobs, options, solver="highs")
     assert first.nodes == {"h100": 0, "h200": 0, "b200": 54}
