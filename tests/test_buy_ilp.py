@@ -1,5 +1,5 @@
 """The purchase ILP of `plan buy` as issue 32's H5 left it: pools whose every option has a
-cheaper counterpart are fixed out of it (solve.dominated_pools) without changing the
+cheaper counterpart are fixed out of it (purchase.dominated_pools) without changing the
 cheapest purchase, and its solve stops at a node limit on one thread, so that one input
 gets one answer however loaded the machine is, with the gap to the solver's bound said.
 
