@@ -3,8 +3,9 @@ one job, and which nodes to buy for a set of jobs.
 
 Both are solved by HiGHS when highspy is installed, else by the CBC that ships with PuLP,
 always under a time limit and a relative gap. What a solver says is reported as it is:
-``status`` (PuLP's LpStatus) and ``optimal``, true only when the solver proved the optimum
-within the gap (PuLP's sol_status; after a time limit LpStatus can still read "Optimal").
+``status`` (PuLP's LpStatus, or "Solution Found" where a solver stopped at its limit with an
+answer it did not prove: LpStatus then still reads "Optimal") and ``optimal``, true only when
+the solver proved the optimum within the gap (PuLP's sol_status).
 
 Inputs and outputs are small frozen records, so tests can build random instances and
 check the optimum against brute force (tests/test_solve.py).
@@ -185,11 +186,20 @@ def _run(prob: pulp.LpProblem, solver: str, time_limit_s: float, gap_rel: float,
     with _quiet():
         prob.solve(s)
     names = _constraint_names(prob)
-    return SolverInfo(name=name, status=pulp.LpStatus[prob.status],
+    return SolverInfo(name=name, status=_status(prob),
                       optimal=prob.sol_status == pulp.LpSolutionOptimal, solve_s=time.perf_counter() - t0,
                       n_variables=len(prob.variables()), n_constraints=len(names),
                       time_limit_s=time_limit_s, gap_rel=gap_rel, constraint_names=names,
                       max_nodes=(MIP_MAX_NODES if max_nodes is None else max_nodes) if name == "HiGHS" else None)
+
+
+def _status(prob: pulp.LpProblem) -> str:
+    """What the solver says of its answer: PuLP's LpStatus, except where a solver stopped at a
+    time or node limit with a solution it did not prove optimal, for which LpStatus still reads
+    "Optimal": then PuLP's own name of the solution's status (LpSolution, "Solution Found")."""
+    if prob.status == pulp.LpStatusOptimal and prob.sol_status != pulp.LpSolutionOptimal:
+        return str(pulp.LpSolution[prob.sol_status])
+    return str(pulp.LpStatus[prob.status])
 
 
 def _dual_bound(prob: pulp.LpProblem) -> float | None:
