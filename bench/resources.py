@@ -14,6 +14,7 @@ catalog (issue 32's targets for those), under 2 GiB each.
 The inputs are generated into a temporary directory: the 256-job file of 16 presets and 4
 methods (full, lora, qlora, freeze), the 16-job file of the report, its 128 jobs of distinct
 global batches, 32 70B jobs a day apart (H5's) and the same 32 all on day 0, a log line of 280 KB,
+a valid Megatron-LM log of 255 MiB (H6),
 config.json files of 10,000 and 10,000,000 layers. Exit status 1 when a case fails its goal.
 """
 
@@ -66,10 +67,33 @@ def write_inputs(d: Path) -> None:
                          for i in range(32)]
     (d / "same70b.yaml").write_text("\n".join(lines) + "\n")
     (d / "redos.log").write_text("step: 1 loss: " * 20000 + "\n")
+    write_big_megatron_log(d / "big-megatron.log")
     (d / "megatron.log").write_text("iteration 1/ 1 |" * 20000 + "\n")
     for name, preset, layers in (("l10k", "llama3.1-8b", 10_000), ("q10m", "qwen2.5-0.5b", 10_000_000)):
         cfg = json.loads((PRESETS / f"{preset}.json").read_text()) | {"num_hidden_layers": layers}
         (d / f"{name}.json").write_text(json.dumps(cfg))
+
+
+def write_big_megatron_log(path: Path) -> None:
+    """A valid Megatron-LM log just under planner.measure.logs.MAX_LOG_BYTES (256 MiB): about
+    745,000 iteration lines in the format of examples/calibrate/megatron_llama2-7b_h100x8.log,
+    a memory line every 50 iterations (H6: 50 MiB took 3.3 s and 231 MB in the report)."""
+    step = (" [2026-11-30 11:20:14] iteration {i:8d}/ 9999999 | consumed samples: {s:12d} | elapsed time per "
+            "iteration (ms): 7203.5 | throughput per GPU (TFLOP/s/GPU): 421.6 | learning rate: 3.000000E-07 | "
+            "global batch size:   128 | lm loss: 1.020000E+01 | loss scale: 1.0 | grad norm: 2.000 | number of "
+            "skipped iterations:   0 | number of nan iterations:   0 |\n")
+    mem = ("[Rank 0] (after {i} iterations) memory (MB) | allocated: 21873.42 | max allocated: 33961.17 | "
+           "reserved: 36204.00 | max reserved: 36204.00\n")
+    limit = 255 * 2**20
+    with path.open("w") as f:
+        f.write("using world size: 8, data-parallel size: 4, context-parallel size: 1, tensor-model-parallel "
+                "size: 2, pipeline-model-parallel size: 1\n")
+        n, i = 0, 1
+        while n < limit:
+            chunk = "".join(step.format(i=k, s=128 * k) + (mem.format(i=k) if k % 50 == 1 else "")
+                            for k in range(i, i + 1000))
+            f.write(chunk)
+            n, i = n + len(chunk), i + 1000
 
 
 def cases(d: Path) -> dict[str, tuple[str, list[str]]]:
@@ -94,6 +118,9 @@ def cases(d: Path) -> dict[str, tuple[str, list[str]]]:
                                  ["calibrate", str(d / "redos.log"), *CALIBRATE, "--out", str(d / "c1.toml")]),
         "calibrate-megatron-line": ("`plan calibrate` on a 320 KB line of 'iteration 1/ 1 |' (H2; exit 2)",
                                     ["calibrate", str(d / "megatron.log"), *CALIBRATE, "--out", str(d / "c2.toml")]),
+        "calibrate-256mib-log": ("`plan calibrate` on a valid Megatron-LM log of 255 MiB, the size limit (H6)",
+                                 ["calibrate", str(d / "big-megatron.log"), *CALIBRATE, "--seq-len", "4096",
+                                  "--out", str(d / "c3.toml")]),
         "load-10k-layers": ("`plan --task load`, Llama 3.1 8B with 10,000 layers (H3)",
                             ["--model", str(d / "l10k.json"), "--gpus", "h100", "--task", "load", "-q"]),
         "load-10m-layers": ("`plan --task load`, Qwen2.5 0.5B with 10,000,000 layers (H3)",

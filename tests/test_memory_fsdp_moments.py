@@ -103,3 +103,17 @@ def test_dense_blocks_with_large_activations_peak_in_the_second_block_in_backwar
     assert got["total"] == pytest.approx(12.230, rel=0.01)
     assert got["gradients"] == pytest.approx(0.0127, rel=0.01)
     assert got["buffers"] == pytest.approx(1.219, rel=0.005)
+
+
+def test_hybrid_blocks_done_are_decoder_layers_not_pattern_letters():
+    # Qwen3-Next-80B-A3B cut to 4 decoder layers (bench/configs/qwen3-next-80b-a3b-4l.json: 8 letters
+    # of the pattern, 2 per Qwen3NextDecoderLayer, the unit measure.build.shard wraps), 8 ranks,
+    # bf16-mixed, 1024 tokens: FSDPMemTracker peaks in block 1's backward with blocks 2 and 3 done,
+    # their sharded fp32 gradients 1,645,318,496 B (docs/accuracy.json). Counting letters as blocks
+    # had taken 8 - 2 = 6 letters (three decoder layers) done: 2,470,376,856 B, +50%, and the
+    # activations of three layers freed (4.09 GiB against the tracker's 4.59).
+    got, phase = predict("qwen3-next-80b-a3b-4l")
+    assert phase == "backward-end"
+    assert got["gradients"] == pytest.approx(1_645_318_496 / GiB, rel=0.005)
+    assert got["activations"] == pytest.approx(4_929_063_432 / GiB, rel=0.02)
+    assert got["total"] == pytest.approx(31_822_505_424 / GiB, rel=0.005)

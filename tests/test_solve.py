@@ -234,12 +234,12 @@ def stop_early(monkeypatch, mode):
 
     real = solve_module._run
 
-    def run(prob, solver, time_limit_s, gap_rel):
+    def run(prob, solver, time_limit_s, gap_rel, *limits, **how):
         if mode == "nothing":
             return solve_module.SolverInfo(name="HiGHS", status="Not Solved", optimal=False, solve_s=0.0,
                                            n_variables=0, n_constraints=0, time_limit_s=time_limit_s,
                                            gap_rel=gap_rel)
-        return dataclasses.replace(real(prob, solver, time_limit_s, gap_rel), optimal=False)
+        return dataclasses.replace(real(prob, solver, time_limit_s, gap_rel, *limits, **how), optimal=False)
 
     monkeypatch.setattr(solve_module, "_run", run)
 

@@ -3,8 +3,9 @@ one job, and which nodes to buy for a set of jobs.
 
 Both are solved by HiGHS when highspy is installed, else by the CBC that ships with PuLP,
 always under a time limit and a relative gap. What a solver says is reported as it is:
-``status`` (PuLP's LpStatus) and ``optimal``, true only when the solver proved the optimum
-within the gap (PuLP's sol_status; after a time limit LpStatus can still read "Optimal").
+``status`` (PuLP's LpStatus, or "Solution Found" where a solver stopped at its limit with an
+answer it did not prove: LpStatus then still reads "Optimal") and ``optimal``, true only when
+the solver proved the optimum within the gap (PuLP's sol_status).
 
 Inputs and outputs are small frozen records, so tests can build random instances and
 check the optimum against brute force (tests/test_solve.py).
@@ -12,7 +13,6 @@ check the optimum against brute force (tests/test_solve.py).
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import dataclasses
 import math
@@ -27,19 +27,37 @@ from dataclasses import dataclass
 import numpy as np
 import pulp
 
+from planner.cost.purchase import JobOption as JobOption
+from planner.cost.purchase import JobWindow as JobWindow
+from planner.cost.purchase import Pool as Pool
+from planner.cost.purchase import busy_at as busy_at
+from planner.cost.purchase import busy_checks as busy_checks
+from planner.cost.purchase import dominated_pools, greedy_purchase
+from planner.cost.purchase import nodes_needed as nodes_needed
+from planner.cost.purchase import shorter_run_may_help as shorter_run_may_help
+from planner.cost.purchase import undominated as undominated
 from planner.errors import UserError
 
 SOLVERS = ("auto", "highs", "cbc")
+# The time limit is a backstop only: HiGHS stops at its work limit (MIP_MAX_NODES) first on every
+# jobs file measured within the README's limits, so the answer does not depend on the machine's
+# load or speed (issue 32, H5: 32 staggered 70B jobs stopped at the 20 s time limit and their
+# answer and bound moved with the load). It still ends a solve whose nodes take more than 20 s
+# of wall time: H5's 1,000 take about 4 s of CPU, so a machine four times slower or busier.
 TIME_LIMIT_S = 20.0
 GAP_REL = 1e-6
-# A purchase ILP above LARGE_VARIABLES variables is given LARGE_TIME_LIMIT_S: measured on the
-# 256-job bench file (bench/limits_timing.py, 10,758 variables), HiGHS does not prove the optimum
-# in 20 s (one branch-and-bound node; its best bound $20.01M, its answer $21.88M, gap 8.5%),
-# and its answer there is the one the greedy start of solve_purchase (_greedy_purchase) finds
-# in 0.4 s; after 2-3 s its bound is $19.87M. The answer then says how far from that bound
-# it may be (SolverInfo.gap_found).
+# HiGHS's branch-and-bound stops after this many nodes (its option mip_max_nodes: counted, not
+# timed, so deterministic), with one thread (threads=1: HiGHS's concurrent search otherwise uses
+# as many workers as the machine has cores, and another count of workers takes another path).
+# Measured on the purchase ILPs of bench/resources.py (2 cores, one thread; docs/performance.md,
+# "The purchase ILP (H5)"): the 256-job file is proved optimal after 55 nodes (1.8 s of CPU);
+# H5 (32 Llama 3.1 70B jobs a day apart) answers 54 x b200 with its bound at 95.2% of it after
+# 1,000 nodes (4.7 s), as 20 s of search did (96.0%); 24 such jobs give the optimum (48 x b200)
+# with a 2.5% gap in 3.4 s, and need about 2,500 nodes (4.8 s) for the proof.
+MIP_MAX_NODES = 1000
+# A purchase ILP above LARGE_VARIABLES variables is not branched on: its LP relaxation gives
+# the bound and the greedy start the answer (solve_purchase, _relaxed_purchase).
 LARGE_VARIABLES = 5000
-LARGE_TIME_LIMIT_S = 2.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -55,6 +73,7 @@ class SolverInfo:
     time_limit_s: float
     gap_rel: float
     constraint_names: tuple[str, ...] = ()
+    max_nodes: int | None = None    # HiGHS's work limit (branch-and-bound nodes); None: none (CBC)
     # when optimality was not proved: (answer - the solver's best lower bound) / answer, HiGHS's
     # relative MIP gap (the optimum costs at least 1 - gap_found of the answer); None when
     # unknown or proved
@@ -67,21 +86,59 @@ class SolverInfo:
             "time_limit_s": self.time_limit_s, "gap_rel": self.gap_rel}
         if self.gap_found is not None:
             out["gap_found"] = self.gap_found
+        if self.gap_found is not None and self.max_nodes is not None:     # stopped at it with an answer
+            out["max_nodes"] = self.max_nodes
         return out
 
 
-def _solver(name: str, time_limit_s: float, gap_rel: float) -> tuple[str, pulp.LpSolver]:
+class _HiGHS(pulp.HiGHS):
+    """PuLP's HiGHS, reading a stop at the node limit as it reads one at the time limit
+    (PuLP 3.3 maps no solution status for HiGHS's kSolutionLimit and raises KeyError):
+    the best solution found, when there is one, without a proof of optimality."""
+
+    def findSolutionValues(self, lp: pulp.LpProblem) -> tuple[int, int]:
+        model = lp.solverModel
+        if model.getModelStatus().name != "kSolutionLimit":
+            return super().findSolutionValues(lp)
+        lp.solverModel = _StoppedByLimit(model)
+        try:
+            return super().findSolutionValues(lp)
+        finally:
+            lp.solverModel = model
+
+
+class _StoppedByLimit:
+    """A highspy model that reports its node-limit stop as an iteration-limit one (_HiGHS)."""
+
+    def __init__(self, model: object) -> None:
+        self._model = model
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._model, name)
+
+    def getModelStatus(self) -> object:
+        status = self._model.getModelStatus()  # type: ignore[attr-defined]
+        return type(status).kIterationLimit
+
+
+def _solver(name: str, time_limit_s: float, gap_rel: float, max_nodes: int | None = None,
+            mip: bool = True) -> tuple[str, pulp.LpSolver]:
+    """The solver and its name: HiGHS on one thread with a node limit (MIP_MAX_NODES), so that
+    one input gets one answer on any machine at any load; CBC (PuLP's bundled binary, one
+    thread by default) under the time limit alone. ``max_nodes`` None: MIP_MAX_NODES;
+    ``mip`` False: the LP relaxation."""
     if name not in SOLVERS:
         raise UserError(f"--solver {name!r}: choose one of {', '.join(SOLVERS)}")
     if name in ("auto", "highs"):
-        highs = pulp.HiGHS(msg=False, timeLimit=time_limit_s, gapRel=gap_rel)
+        highs = _HiGHS(mip=mip, msg=False, timeLimit=time_limit_s, gapRel=gap_rel, threads=1,
+                       mip_max_nodes=MIP_MAX_NODES if max_nodes is None else max_nodes)
         if highs.available():
             return "HiGHS", highs
         if name == "highs":
             raise UserError("--solver highs needs highspy: pip install highspy (or use --solver cbc)")
     with warnings.catch_warnings():     # PuLP 3.3 deprecates its bundled CBC for 4.0; it still ships
         warnings.simplefilter("ignore", DeprecationWarning)
-        return "CBC", pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=gap_rel)
+        return "CBC", pulp.PULP_CBC_CMD(mip=mip, msg=False, timeLimit=time_limit_s, gapRel=gap_rel)
 
 
 @contextlib.contextmanager
@@ -122,16 +179,27 @@ def _quiet() -> Iterator[None]:
             os.close(devnull)           # closed before, closed again
 
 
-def _run(prob: pulp.LpProblem, solver: str, time_limit_s: float, gap_rel: float) -> SolverInfo:
-    name, s = _solver(solver, time_limit_s, gap_rel)
+def _run(prob: pulp.LpProblem, solver: str, time_limit_s: float, gap_rel: float,
+         max_nodes: int | None = None, mip: bool = True) -> SolverInfo:
+    name, s = _solver(solver, time_limit_s, gap_rel, max_nodes, mip)
     t0 = time.perf_counter()
     with _quiet():
         prob.solve(s)
     names = _constraint_names(prob)
-    return SolverInfo(name=name, status=pulp.LpStatus[prob.status],
+    return SolverInfo(name=name, status=_status(prob),
                       optimal=prob.sol_status == pulp.LpSolutionOptimal, solve_s=time.perf_counter() - t0,
                       n_variables=len(prob.variables()), n_constraints=len(names),
-                      time_limit_s=time_limit_s, gap_rel=gap_rel, constraint_names=names)
+                      time_limit_s=time_limit_s, gap_rel=gap_rel, constraint_names=names,
+                      max_nodes=(MIP_MAX_NODES if max_nodes is None else max_nodes) if name == "HiGHS" else None)
+
+
+def _status(prob: pulp.LpProblem) -> str:
+    """What the solver says of its answer: PuLP's LpStatus, except where a solver stopped at a
+    time or node limit with a solution it did not prove optimal, for which LpStatus still reads
+    "Optimal": then PuLP's own name of the solution's status (LpSolution, "Solution Found")."""
+    if prob.status == pulp.LpStatusOptimal and prob.sol_status != pulp.LpSolutionOptimal:
+        return str(pulp.LpSolution[prob.sol_status])
+    return str(pulp.LpStatus[prob.status])
 
 
 def _dual_bound(prob: pulp.LpProblem) -> float | None:
@@ -310,78 +378,11 @@ def solve_one_job(options: Sequence[Option], objective: str = "cost", limits: Li
 # ------------------------------------------------------------------ cluster purchase
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Pool:
-    """A GPU type one may buy nodes of, and what one node costs over the horizon."""
-
-    gpu: str
-    gpus_per_node: int
-    capex_usd: float              # one node's purchase
-    opex_usd: float               # one node's power over the horizon
-
-    @property
-    def node_usd(self) -> float:
-        return self.capex_usd + self.opex_usd
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class JobWindow:
-    """When a job may run: it starts at ``start_s`` and must end by ``deadline_s``."""
-
-    name: str
-    start_s: float
-    deadline_s: float
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class JobOption:
-    """One way to run a job: a layout on ``n_gpus`` GPUs of pool ``gpu``, taking ``duration_s``."""
-
-    job: str
-    gpu: str
-    n_gpus: int
-    duration_s: float
-    key: str                      # ASCII, unique within the job
-    memory_bytes: int = 0         # per rank; must be within capacity_bytes
-    capacity_bytes: float = math.inf
-
-    @property
-    def fits(self) -> bool:
-        return self.memory_bytes <= self.capacity_bytes
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
 class PurchaseSolution:
     nodes: dict[str, int]         # nodes to buy per GPU type (every pool, 0 included)
     choices: dict[str, JobOption] # per job; empty when infeasible
     cost_usd: float | None        # total cost of ownership; None when infeasible
     solver: SolverInfo
-
-
-def busy_at(start_s: float, duration_s: float, t: float) -> bool:
-    """A job started at ``start_s`` running ``duration_s`` holds its GPUs at time ``t``."""
-    return start_s <= t < start_s + duration_s
-
-
-def busy_checks(start_s: float, duration_s: float, starts_s: Sequence[float]) -> int:
-    """How many of the capacity checks at ``starts_s`` (the distinct job starts, where
-    solve_purchase checks the GPUs in use) a run from ``start_s`` taking ``duration_s``
-    is busy at (busy_at). A shorter run of the same job is busy at a subset of them."""
-    starts = sorted(starts_s)       # the checks from start_s on, before start_s + duration_s
-    return bisect.bisect_left(starts, start_s + duration_s) - bisect.bisect_left(starts, start_s)
-
-
-def shorter_run_may_help(start_s: float, duration_s: float, starts_s: Sequence[float]) -> bool:
-    """Whether running a job (started at ``start_s``, taking ``duration_s`` on its option)
-    shorter, on more GPUs of the same type, can ever lower the purchase: only when it is
-    busy at another job's start (``starts_s``: the distinct job starts), so that a shorter
-    run is busy at fewer capacity checks.
-
-    solve_purchase checks the GPUs in use at the job starts only. A run of more GPUs of the
-    same type busy at the same checks (busy_checks) as one of fewer, both meeting the
-    deadline in memory, is dominated: every purchase that holds it holds the other, so no
-    optimum needs it (issue 32: `plan buy` swept such counts for every job)."""
-    starts = sorted(starts_s)       # a check after start_s, before start_s + duration_s
-    return bisect.bisect_left(starts, start_s + duration_s) > bisect.bisect_right(starts, start_s)
 
 
 def solve_purchase(pools: Sequence[Pool], jobs: Sequence[JobWindow], options: Sequence[JobOption],
@@ -415,6 +416,9 @@ def solve_purchase(pools: Sequence[Pool], jobs: Sequence[JobWindow], options: Se
     nodes = {p.gpu: _variable(prob, f"nodes_{ascii_name(p.gpu)}", pulp.LpInteger, low=0) for p in pools}
     run = {(o.job, o.key): _variable(prob, f"run_{i}_{ascii_name(o.job)}_{ascii_name(o.key)}", pulp.LpBinary)
            for i, o in enumerate(o for j in jobs for o in by_job[j.name])}
+    dropped = dominated_pools(pools, jobs, by_job)   # their options fixed at 0: HiGHS's presolve removes them
+    for o in (o for mine in by_job.values() for o in mine if o.gpu in dropped):
+        run[o.job, o.key].upBound = 0
     total = pulp.lpSum(p.node_usd * nodes[p.gpu] for p in pools)
     prob += total, "total_cost_of_ownership_usd"
     for ji, j in enumerate(jobs):
@@ -431,8 +435,9 @@ def solve_purchase(pools: Sequence[Pool], jobs: Sequence[JobWindow], options: Se
             prob += (use <= p.gpus_per_node * nodes[p.gpu], f"gpus_{ascii_name(p.gpu)}_at_{ti}_{ascii_name(t.name)}")
     if budget_usd is not None:
         prob += total <= budget_usd, "budget_usd"
-    limit_s = time_limit_s if len(run) + len(pools) <= LARGE_VARIABLES else min(time_limit_s, LARGE_TIME_LIMIT_S)
-    info = _run(prob, solver, limit_s, gap_rel)
+    if len(run) + len(pools) > LARGE_VARIABLES:
+        return _relaxed_purchase(prob, pools, jobs, by_job, budget_usd, solver, time_limit_s, gap_rel)
+    info = _run(prob, solver, time_limit_s, gap_rel)
     found: list[dict[str, JobOption]] = []
     if _found(prob):
         choices = {j.name: next(o for o in by_job[j.name] if (run[j.name, o.key].value() or 0) > 0.5) for j in jobs}
@@ -441,11 +446,36 @@ def solve_purchase(pools: Sequence[Pool], jobs: Sequence[JobWindow], options: Se
             cost = sum(pool_of[g].node_usd * n for g, n in bought.items())
             return PurchaseSolution(nodes=bought, choices=choices, cost_usd=cost, solver=info)
         found.append(choices)
-    if not info.optimal:
-        # stopped by its limit: the greedy start may be cheaper; say how far from the bound
-        greedy = _greedy_purchase(pools, jobs, by_job)
-        if greedy is not None:
-            found.append(greedy[1])
+    # stopped by its limit: the greedy start may be cheaper; say how far from the bound
+    return _best_found(pools, jobs, by_job, found, budget_usd, info, _dual_bound(prob))
+
+
+def _relaxed_purchase(prob: pulp.LpProblem, pools: Sequence[Pool], jobs: Sequence[JobWindow],
+                      by_job: dict[str, list[JobOption]], budget_usd: float | None, solver: str,
+                      time_limit_s: float, gap_rel: float) -> PurchaseSolution:
+    """A purchase ILP above LARGE_VARIABLES variables: its LP relaxation alone (a bound on the
+    optimum) and the greedy start (greedy_purchase) as the answer, with the gap between them
+    said. HiGHS's root node of such an ILP takes seconds to tens of seconds (256 Llama 3.1 70B
+    jobs a day apart, 5,228 variables: 14 s of CPU for the root alone, past the 20 s time
+    limit at a load of 2), and only a time limit would end it; the LP takes a fraction of a
+    second and gives the same answer at any load. That ILP's answer is the greedy start's
+    either way (69 x b200 nodes, within 1.9% of the LP's bound)."""
+    info = _run(prob, solver, time_limit_s, gap_rel, mip=False)
+    bound = pulp.value(prob.objective) if prob.sol_status == pulp.LpSolutionOptimal else None
+    info = dataclasses.replace(info, optimal=False, max_nodes=0 if info.name == "HiGHS" else None)
+    return _best_found(pools, jobs, by_job, [], budget_usd, info, bound)
+
+
+def _best_found(pools: Sequence[Pool], jobs: Sequence[JobWindow], by_job: dict[str, list[JobOption]],
+                found: list[dict[str, JobOption]], budget_usd: float | None, info: SolverInfo,
+                bound: float | None) -> PurchaseSolution:
+    """Where the optimum was not proved: the cheapest of the solver's choices (``found``) and
+    the greedy start, each on the fewest nodes that hold it, within the budget, with the gap
+    to the solver's lower bound (``bound``) said."""
+    greedy = greedy_purchase(pools, jobs, by_job)
+    if greedy is not None:
+        found = [*found, greedy[1]]
+    pool_of = {p.gpu: p for p in pools}
     priced = []
     for choices in found:      # the fewest nodes that hold the choices (no more than the ILP bought)
         need = nodes_needed(pools, jobs, choices)
@@ -454,59 +484,9 @@ def solve_purchase(pools: Sequence[Pool], jobs: Sequence[JobWindow], options: Se
     if not priced:
         return PurchaseSolution(nodes={p.gpu: 0 for p in pools}, choices={}, cost_usd=None, solver=info)
     cost, bought, choices = min(priced, key=lambda f: f[0])      # the ILP's answer on a tie (listed first)
-    bound = _dual_bound(prob)
     if bound is not None and cost > 0:
         info = dataclasses.replace(info, gap_found=max(0.0, (cost - bound) / cost))
     return PurchaseSolution(nodes=bought, choices=choices, cost_usd=cost, solver=info)
-
-
-def undominated(start_s: float, deadline_s: float, runs: Sequence[tuple[int, float]],
-                starts_s: Sequence[float]) -> list[int]:
-    """The indices of the runs (GPU count, duration), of one job on one GPU type, in
-    increasing GPU count, that a cheapest purchase may need: each finishes sooner than every
-    run on fewer GPUs (more GPUs for no less time is never better), and among those that
-    meet the deadline each is busy at fewer capacity checks (busy_checks over ``starts_s``,
-    the distinct job starts) than every one on fewer GPUs: a run on more GPUs busy at the
-    same checks is dominated (shorter_run_may_help). Runs that miss the deadline can never
-    be picked and are dropped, unless no run meets it (the ILP then says it is infeasible,
-    its deadline row binding)."""
-    kept: list[int] = []
-    best_s, checks = math.inf, math.inf
-    for i, (_, d) in enumerate(runs):
-        if d >= best_s:
-            continue
-        best_s = d
-        if start_s + d <= deadline_s:
-            busy = busy_checks(start_s, d, starts_s)
-            if busy >= checks:
-                continue
-            checks = busy
-        kept.append(i)
-    in_time = [i for i in kept if start_s + runs[i][1] <= deadline_s]
-    return in_time or kept
-
-
-def _greedy_purchase(pools: Sequence[Pool], jobs: Sequence[JobWindow],
-                     by_job: dict[str, list[JobOption]]) -> tuple[float, dict[str, JobOption]] | None:
-    """A feasible purchase found without the ILP, or None: every job on one pool, each with
-    its option of fewest GPU-seconds (then fewest GPUs) among those that fit and meet the
-    deadline, and the fewest nodes that hold them (nodes_needed); the cheapest pool. A
-    heuristic (fewer GPU-seconds leave more room at every instant on average, not at each),
-    used only where the ILP stopped at its limit: its cost is an upper bound on the optimum."""
-    best: tuple[float, dict[str, JobOption]] | None = None
-    for p in pools:
-        choices = {}
-        for j in jobs:
-            ok = [o for o in by_job[j.name] if o.gpu == p.gpu and o.fits and j.start_s + o.duration_s <= j.deadline_s]
-            if not ok:
-                break
-            choices[j.name] = min(ok, key=lambda o: (o.n_gpus * o.duration_s, o.n_gpus))
-        else:
-            need = nodes_needed(pools, jobs, choices)
-            cost = sum(q.node_usd * need[q.gpu] for q in pools)
-            if best is None or cost < best[0]:
-                best = (cost, choices)
-    return best
 
 
 def _capacity_checks(jobs: Sequence[JobWindow], by_job: dict[str, list[JobOption]],
@@ -530,16 +510,3 @@ def _capacity_checks(jobs: Sequence[JobWindow], by_job: dict[str, list[JobOption
         if not any(row[3] <= k[3] for k in kept):
             kept.append(row)
     return [(ti, t, busy) for ti, t, busy, _ in sorted(kept, key=lambda r: r[0])]
-
-
-def nodes_needed(pools: Sequence[Pool], jobs: Sequence[JobWindow], choices: dict[str, JobOption]) -> dict[str, int]:
-    """The fewest nodes per pool that hold ``choices`` (the peak GPUs in use, at some job's start)."""
-    out = {}
-    for p in pools:
-        peak = 0
-        for t in jobs:
-            peak = max(peak, sum(choices[j.name].n_gpus for j in jobs
-                                 if choices[j.name].gpu == p.gpu
-                                 and busy_at(j.start_s, choices[j.name].duration_s, t.start_s)))
-        out[p.gpu] = math.ceil(peak / p.gpus_per_node)
-    return out

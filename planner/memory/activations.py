@@ -10,7 +10,7 @@ import numpy as np
 
 from planner.layouts.layout import Layout
 from planner.models.dsa import indexer_working_bytes_per_token
-from planner.models.kimi import kda_torch_backward_working_bytes_per_token
+from planner.models.kimi import kda_torch_backward_working_bytes
 from planner.models.spec import ModelSpec
 from planner.training.finetune import lora_activation_terms
 from planner.training.setup import TrainingSetup
@@ -380,11 +380,11 @@ def backward_working_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kern
     """The last block's backward working set beyond its recomputed tensors: eager attention's score
     gradients (eager_score_gradient_bytes) and, for torchtitan's block, its sequence-parallel
     gradient and reduce-scatter copies (titan_backward_working_bytes); under transformers' torch
-    path a Kimi Delta Attention layer's decay gradients (kimi.kda_torch_backward_working_bytes_per_token)."""
+    path a Kimi Delta Attention layer's decay gradients (kimi.kda_torch_backward_working_bytes)."""
     titan = titan_backward_working_bytes(m, setup, lay) if kernels == "torchtitan" else 0
     # Kimi Delta Attention's torch path (models.kimi); fla's kernels (fused) hold no such tensor
-    kda = 0 if kernels == "fused" else int(lay.tokens_per_rank * kda_torch_backward_working_bytes_per_token(m)
-                                           / lay.tp)
+    kda = 0 if kernels == "fused" else ceil_div(kda_torch_backward_working_bytes(m, lay.micro_batch,
+                                                                                 lay.seq_len_per_rank), lay.tp)
     return eager_score_gradient_bytes(m, setup, lay, kernels) + titan + indexer_working_bytes(m, lay, kernels) + kda
 
 

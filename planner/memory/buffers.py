@@ -86,6 +86,35 @@ def gathered_block_bytes(rp: ParamsArrays, prec: Precision, split: SplitArrays) 
                     rp.block_unit * prec.gather_bytes)
 
 
+def block_gradient_bytes(prec: Precision, split: SplitArrays, grad_unit: np.ndarray) -> np.ndarray:
+    """One block's unsharded 16-bit gradients inside its backward under FSDP2, before its
+    reduce-scatter: ``grad_unit`` parameters (the block unpadded: autograd makes gradients of
+    the parameters' own shapes), or with a frozen base its trainable ones only."""
+    return np.where(split.frozen_bytes != 0, split.block_trainable, grad_unit) * prec.weight_bytes
+
+
+def fsdp_block_backward_bytes(a: LayoutArrays, rp: ParamsArrays, prec: Precision, split: SplitArrays,
+                              grad_unit: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """FSDP2 inside the last block's backward, no block done yet (peak.block_backward_moment):
+    (weights, activations) beyond the states; zeros where the sharding is not FSDP's.
+
+    Full shard: the block is gathered again for its backward (FSDP2's pre-backward hook
+    unshards it; torch 2.13 _fsdp_state.py _pre_backward -> FSDPParamGroup.pre_backward ->
+    unshard), in 16 bits; the block before it is prefetched, the all-gather buffer
+    buffer_bytes already counts. Shard-grad-op: every block stays gathered from forward,
+    which the states count. Both: the block's unsharded 16-bit gradients (counted with
+    activations, as fsdp_backward_end_bytes does); no reduce-scatter input yet (no block is
+    reduced). Measured with FSDPMemTracker on bench/configs/tiny-kimi-linear.json (8 ranks,
+    bf16-mixed): in every block's backward "Unsharded Param" is the root unit and that block
+    in bf16 (the MLA block's 4,412,544 parameters in block 3's, 8,825,088 B beyond the root's
+    16,778,240), where this moment had counted the root unit only (weights -24.4%).
+    """
+    fsdp = a.sharding > 0
+    gathered = np.where(a.zero_stage == 3, gathered_block_bytes(rp, prec, split), 0)
+    grads = block_gradient_bytes(prec, split, grad_unit)
+    return np.where(fsdp, gathered, 0), np.where(fsdp, grads, 0)
+
+
 def fsdp_backward_end_bytes(a: LayoutArrays, rp: ParamsArrays, prec: Precision, split: SplitArrays,
                             grad_unit: np.ndarray, n_blocks: np.ndarray | None = None,
                             largest_share: float = 1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -111,7 +140,7 @@ def fsdp_backward_end_bytes(a: LayoutArrays, rp: ParamsArrays, prec: Precision, 
     fsdp = a.sharding > 0
     frozen = split.frozen_bytes != 0
     unit = np.where(frozen, split.block_trainable, rp.block_unit)
-    grads = np.where(frozen, split.block_trainable, grad_unit) * prec.weight_bytes
+    grads = block_gradient_bytes(prec, split, grad_unit)
     reduce_bytes = 4 if prec.is_mixed else prec.grad_bytes
     block_bytes = gathered_block_bytes(rp, prec, split)
     z3 = a.zero_stage == 3

@@ -242,6 +242,7 @@ class RankTerms:
     last_block: int
     fsdp_end: tuple[int, int, int]
     fsdp_forward: tuple[int, int]
+    fsdp_block: tuple[int, int]     # FSDP2 in the last block's backward: (gathered weights, its 16-bit gradients)
     step_transient: int
     grad_unit: int
     head_grad: int

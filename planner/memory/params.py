@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from planner.layouts.layout import Layout
 from planner.models.spec import ModelSpec, ParamCount
@@ -114,6 +115,15 @@ def rank_params(m: ModelSpec, pc: ParamCount, lay: Layout, stage: int, n_layers:
     largest_module = max(block, ceil_div(m.vocab_size * h, tp) if (first or last) else 0)
     return RankParams(dense=dense, expert=n_layers * expert_layer, block_unit=block,
                       root_unit=root, largest_module=largest_module)
+
+
+def block_units(m: ModelSpec, n_letters: Any) -> Any:
+    """The blocks FSDP2 wraps (one layer module of the model's code, rank_params' block_unit)
+    among ``n_letters`` letters of the layer pattern: ``m.letters_per_block`` letters each (a
+    Qwen3NextDecoderLayer or KimiLinearDecoderLayer is its token mixer and its MLP, two
+    letters; measure.build.shard wraps each of transformers' decoder layers). An int or an
+    array, rounded up."""
+    return -(-n_letters // m.letters_per_block)
 
 
 def largest_tensor(m: ModelSpec, lay: Layout) -> int:

@@ -122,6 +122,7 @@ class StageMemory:
     step_transient: np.ndarray
     fsdp_end: tuple[np.ndarray, np.ndarray, np.ndarray]      # weights, activations, buffers
     fsdp_forward: tuple[np.ndarray, np.ndarray]               # weights, buffers
+    fsdp_block: tuple[np.ndarray, np.ndarray]                 # weights, activations (the last block's backward)
     fsdp_done: np.ndarray
     head_grad: np.ndarray
     step_freed: np.ndarray
@@ -270,7 +271,8 @@ class StepTerms:
     image_acts: np.ndarray | int        # a trained image side's saved tensors in flight (training.images)
     activations: np.ndarray             # every activation in flight (blocks, autocast copies, embedding)
     working: np.ndarray                 # inside the last block's backward: recomputed tensors, score gradients
-    block_working: np.ndarray           # and FSDP2's LM head gradient
+    block_working: np.ndarray           # and FSDP2's LM head gradient and the block's 16-bit gradients
+    block_weights: np.ndarray | int     # FSDP2 full shard: the block gathered for its backward
     last_block: np.ndarray
     logits: np.ndarray
     buffers: np.ndarray
@@ -301,8 +303,9 @@ def backward_start_moment(t: StepTerms) -> Moment:
 
 
 def block_backward_moment(t: StepTerms) -> Moment:
-    """Inside the last block's backward: its working set on top of every activation."""
-    return Moment(0, t.held_gradients, t.activations + t.block_working, 0, t.buffers, 0)
+    """Inside the last block's backward: its working set on top of every activation (FSDP2:
+    the block gathered, its 16-bit gradients, buffers.fsdp_block_backward_bytes)."""
+    return Moment(t.block_weights, t.held_gradients, t.activations + t.block_working, 0, t.buffers, 0)
 
 
 def backward_end_moment(t: StepTerms) -> Moment:
@@ -358,6 +361,7 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
         buffers=t.buffers, root_gathered=ps(s.root_gathered), fp8_weights=ps(s.fp8_weights),
         step_transient=ps(s.step_transient), fsdp_end=t.fsdp_end,
         fsdp_forward=(ps(s.fsdp.forward_weights), ps(s.fsdp.forward_buffers)), fsdp_done=t.fsdp_done,
+        fsdp_block=(ps(s.fsdp.last_weights), ps(s.fsdp.last_activations)),
         head_grad=ps(s.fsdp.head_grad), step_freed=ps(s.step_freed), end_grad_params=t.end_grad_params,
         moments=moments, weights=ps(s.weights), moment_sums=sums, tracked=tracked_slots,
         checkpoint_host=t.checkpoint_host)
@@ -438,22 +442,25 @@ def step_terms(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq: int, s:
     f = s.fsdp
     ps = _per_state
     if not s.is_fsdp.any():
-        return StepTerms(**common, block_working=working,
+        return StepTerms(**common, block_working=working, block_weights=0,
                          backward_end=Held(0, grads, last_block, buffers),
                          forward_end=Held(0, np.full(stage_l.shape, ABSENT), 0, 0),   # no such moment
                          fsdp_end=(ps(f.end_weights), ps(f.end_activations), ps(f.end_buffers)),
                          fsdp_done=ps(f.done), end_grad_params=(-1, -1))
-    return _fsdp_step_terms(s, common, g, ft.is_full)
+    return _fsdp_step_terms(s, common, g, ft.is_full, m.letters_per_block)
 
 
-def _fsdp_step_terms(s: StateTerms, common: dict[str, Any], g: Any, full_training: bool) -> StepTerms:
+def _fsdp_step_terms(s: StateTerms, common: dict[str, Any], g: Any, full_training: bool,
+                     letters_per_block: int) -> StepTerms:
     """StepTerms where some layout of the batch is FSDP: FSDP2's end of backward (inside one
     block's backward, or the first block's post-backward where that holds more) and end of
-    forward, per layout; the other layouts' as step_terms gives them."""
+    forward, per layout; the other layouts' as step_terms gives them. A block done frees
+    the activations of the unit FSDP2 wraps: ``letters_per_block`` mean letters of a hybrid's
+    pattern (params.block_units)."""
     f = s.fsdp
     acts, grads, g_held = common["activations"], common["gradients"], common["held_gradients"]
     buffers = common["buffers"]
-    layer_act, working, last_block = common["layer_act"], common["working"], common["last_block"]
+    layer_act, working, last_block = common["layer_act"] * letters_per_block, common["working"], common["last_block"]
     fsdp_l, head_l, end_a_l = g(f.moment), g(f.head_grad), g(f.end_activations)
     # full shard over three blocks or more: the second block in backward (one done) where a
     # block's activations outweigh its sharded gradients, else block 1 (fsdp_blocks_done)
@@ -494,7 +501,8 @@ def _fsdp_step_terms(s: StateTerms, common: dict[str, Any], g: Any, full_trainin
         fsdp_end = (end_w_l, end_a_l, g(f.end_buffers) + (g(f.post_buffers) - g(f.end_buffers)) * post)
     fwd = Held(g(f.forward_weights), ABSENT + (g_held - ABSENT) * fsdp_l, acts - layer_act,
                np.maximum(buffers, g(f.forward_buffers)))
-    return StepTerms(**common, block_working=working + head_l, backward_end=Held(end_w_l, end_grads, end_acts, end_b_l),
+    return StepTerms(**common, block_working=working + head_l + g(f.last_activations),
+                     block_weights=g(f.last_weights), backward_end=Held(end_w_l, end_grads, end_acts, end_b_l),
                      forward_end=fwd, fsdp_end=fsdp_end, fsdp_done=done_l,
                      end_grad_params=((np.where(counted, done_dense_l, -1), np.where(counted, done_expert_l, -1))
                                       if counted is not None else (-1, -1)))

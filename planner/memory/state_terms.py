@@ -19,11 +19,12 @@ from planner.memory import shapes as sh
 from planner.memory.buffers import (
     buffer_bytes,
     fsdp_backward_end_bytes,
+    fsdp_block_backward_bytes,
     fsdp_forward_bytes,
     fsdp_post_backward_bytes,
 )
 from planner.memory.fp8 import fp8_weight_bytes
-from planner.memory.params import optimizer_state_bytes
+from planner.memory.params import block_units, optimizer_state_bytes
 from planner.memory.states import (
     ModelStates,
     OffloadSplit,
@@ -47,7 +48,8 @@ class FsdpStateTerms:
     (``done_grads``) and parameters (``done_dense``, ``done_expert``); ``block_*``: one
     block's; ``end_*``: the moment inside a block's backward (buffers.fsdp_backward_end_bytes),
     ``post_*``: the first block's post-backward, the other candidate for mixed block kinds
-    (buffers.fsdp_post_backward_bytes); ``forward_*``: the last block's all-gather in forward."""
+    (buffers.fsdp_post_backward_bytes); ``forward_*``: the last block's all-gather in forward;
+    ``last_*``: inside the last block's backward, none done (buffers.fsdp_block_backward_bytes)."""
 
     moment: np.ndarray              # bool: FSDP and the stage keeps activations
     head_grad: np.ndarray | int     # the LM head's unsharded gradient, held through backward
@@ -68,6 +70,8 @@ class FsdpStateTerms:
     post_buffers: np.ndarray
     forward_weights: np.ndarray
     forward_buffers: np.ndarray
+    last_weights: np.ndarray
+    last_activations: np.ndarray
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +169,7 @@ def state_terms(m: ModelSpec, setup: TrainingSetup, sa: LayoutArrays, pc: ParamC
     if m.is_moe:
         # gathered blocks carry the padded experts too
         padded = (pad > 1) & (n_layers > 0)
-        extra = (rp.expert / np.maximum(n_layers, 1) * (pad - 1)).astype(np.int64)
+        extra = (rp.expert / np.maximum(block_units(m, n_layers), 1) * (pad - 1)).astype(np.int64)
         rp = rp.replace(block_unit=np.where(padded, rp.block_unit + extra, rp.block_unit))
     vocab_shard = -(-(m.vocab_size * m.d_model) // sa.tp)
     if ft.is_full:
@@ -225,15 +229,17 @@ def _fsdp_state_terms(m: ModelSpec, setup: TrainingSetup, sa: LayoutArrays, pc: 
     # FSDP2's moment is inside one block's backward (fsdp_blocks_done): the blocks done
     # have freed their activations, and only they have reduced (sharded) gradients
     fsdp_moment = fsdp & has_act
-    done = np.where(fsdp_moment, fsdp_blocks_done(sa, n_act), 0)
-    n_l = np.maximum(n_layers, 1)
+    # counted in the blocks FSDP2 wraps, not in the pattern's letters (params.block_units: a
+    # Qwen3-Next or Kimi Linear decoder layer is two letters)
+    n_units, n_l = block_units(m, n_act), np.maximum(block_units(m, n_layers), 1)
+    done = np.where(fsdp_moment, fsdp_blocks_done(sa, n_units), 0)
     block_dense, block_expert = (rp.dense - rp.root_unit) // n_l, rp.expert // n_l
     # (two-block stages: the moment's blocks by kind, buffers.fsdp_two_block_bytes)
     share = largest_block_share(pc, m)
-    end_w, end_a, end_b, done_share = fsdp_backward_end_bytes(sa, rp, prec, split, grad_unit, n_act, share)
+    end_w, end_a, end_b, done_share = fsdp_backward_end_bytes(sa, rp, prec, split, grad_unit, n_units, share)
     end_w, end_a, end_b = (np.where(has_act, x, 0) for x in (end_w, end_a, end_b))
     # the first block's post-backward, the other candidate for the backward-end moment
-    post_w, post_a, post_b, post_ok = fsdp_post_backward_bytes(sa, rp, prec, split, grad_unit, n_act, share)
+    post_w, post_a, post_b, post_ok = fsdp_post_backward_bytes(sa, rp, prec, split, grad_unit, n_units, share)
     # (with blocks alike it holds less than the moment above: a gathered block and one block's
     # sharded gradients less, buffers.fsdp_post_backward_bytes; so only for mixed block kinds)
     post_ok = post_ok & fsdp_moment & (share != 1.0) if ft.is_full else post_ok & False
@@ -241,18 +247,19 @@ def _fsdp_state_terms(m: ModelSpec, setup: TrainingSetup, sa: LayoutArrays, pc: 
     # activations (fsdp_blocks_done), an early one otherwise
     block_sharded = model_state_bytes(block_dense, block_expert, state_prec, opt_pp, sa, hybrid,
                                       expert_padding=pad).gradients
-    may_be_early = fsdp_moment & (sa.zero_stage == 3) & (n_act >= 3)
+    may_be_early = fsdp_moment & (sa.zero_stage == 3) & (n_units >= 3)
     done_dense = (done * block_dense * done_share).astype(np.int64)
     done_expert = (done * block_expert * done_share).astype(np.int64)
     done_grads = model_state_bytes(done_dense, done_expert, state_prec, opt_pp, sa, hybrid,
                                    expert_padding=pad).gradients
     fwd_w, fwd_b = (np.where(fsdp_moment, x, 0) for x in fsdp_forward_bytes(sa, rp, prec, split))
+    last_w, last_a = (np.where(fsdp_moment, x, 0) for x in fsdp_block_backward_bytes(sa, rp, prec, split, grad_unit))
     return FsdpStateTerms(
         moment=fsdp_moment, head_grad=head_grad, done=done, done_grads=done_grads, done_dense=done_dense,
         done_expert=done_expert, may_be_early=may_be_early, block_sharded_grads=block_sharded,
         block_dense=block_dense, block_expert=block_expert, end_weights=end_w, end_activations=end_a,
         end_buffers=end_b, post_ok=post_ok, post_weights=post_w, post_activations=post_a, post_buffers=post_b,
-        forward_weights=fwd_w, forward_buffers=fwd_b)
+        forward_weights=fwd_w, forward_buffers=fwd_b, last_weights=last_w, last_activations=last_a)
 
 
 def fsdp_blocks_done(a: LayoutArrays, n_blocks: np.ndarray) -> np.ndarray:

@@ -210,13 +210,25 @@ def buy_json(r: Any) -> dict[str, Any]:
 
 
 
+def _limit(s: Any) -> str:
+    """The solver's limits as the answer states them: the node limit where it gave an answer
+    short of a proof (cost.solve.MIP_MAX_NODES; 0 nodes: the LP relaxation alone), else the
+    time limit."""
+    nodes = getattr(s, "max_nodes", None)
+    if getattr(s, "gap_found", None) is None or nodes is None:
+        return f"{s.time_limit_s:g} s"
+    if nodes == 0:
+        return f"LP relaxation only, {s.time_limit_s:g} s"
+    return f"{nodes:,} branch-and-bound nodes or {s.time_limit_s:g} s"
+
+
 def buy_solver_lines(r: Any) -> list[str]:
     """`plan buy`: the solver, the ILP's size, its status and times."""
     s = r.solver
     proved = "optimality proved" if s.optimal else "optimality NOT proved"
     return [f"{s.name} on an ILP of {s.n_variables} variables ({r.n_options} job options, integer nodes per type)",
             f"and {s.n_constraints} named constraints",
-            f"status {s.status}, {proved} (gap {s.gap_rel:g}, limit {s.time_limit_s:g} s), {s.solve_s:.3f} s; "
+            f"status {s.status}, {proved} (gap {s.gap_rel:g}, limit {_limit(s)}), {s.solve_s:.3f} s; "
             f"search {r.search_s:.1f} s"] + (
         [f"gap to the solver's lower bound {s.gap_found:.1%} of the answer: the optimum costs at least "
          f"{1 - s.gap_found:.1%} of it"]

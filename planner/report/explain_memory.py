@@ -25,10 +25,12 @@ from planner.report.terms import (
     FSDP2_BLOCKS,
     FSDP2_FORWARD,
     FSDP2_HEAD,
+    FSDP2_PRE_BACKWARD,
     FSDP2_REDUCE,
     FSDP2_STEP,
     KORTHIKANTI,
     LOGITS,
+    MEASURED_BLOCK,
     MEASURED_END,
     MEASURED_FORWARD,
     MEASURED_GRAD,
@@ -315,6 +317,9 @@ def _moment_weight_terms(lay: Layout, tr: RankTerms, phase: str, w_extra: int,
     if phase == "backward-end":
         return [_mem("weights", "minus the first block in backward, resharded after it (freed, shard-grad-op)",
                      "- " + _block_formula(tr), w_extra, f"{FSDP2_BLOCKS}; {MEASURED_END}", **block)]
+    if phase == "block-backward":
+        return [_mem("weights", "the block in backward, gathered again for it (full shard)", _block_formula(tr),
+                     w_extra, f"{FSDP2_PRE_BACKWARD}; {MEASURED_BLOCK}", **block)]
     if phase == "forward-end":
         return [_mem("weights", "the block before the last, gathered for its forward (full shard)", _block_formula(tr),
                      w_extra, f"{FSDP2_FORWARD}; {MEASURED_FORWARD}", **block)]
@@ -402,7 +407,7 @@ def _activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, tr: RankT
                         "one block without recomputation", tr.last_block, KORTHIKANTI,
                         full_block_bytes=tr.full_layer))
         if tr.fsdp_end[1]:
-            out.append(_block_gradient_term(setup, tr))
+            out.append(_block_gradient_term(setup, tr, tr.fsdp_end[1]))
         return out
     method = megatron_method(setup, lay)
     if method:
@@ -488,13 +493,17 @@ def _activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, tr: RankT
         out.append(_mem("activations", "working set of the block in backward",
                         "recomputed tensors (full block - kept) + eager score gradients "
                         "+ torchtitan's sequence-parallel copies + DeepSeek-V3.2's indexer scores "
+                        "+ Kimi Delta Attention's torch-path decay gradients "
                         "(memory.activations.backward_working_bytes)",
                         tr.working, KORTHIKANTI + "; MemTracker on a Llama model (8.4 B per score); "
-                        "indexer: planner.models.dsa.indexer_working_bytes_per_token",
+                        "indexer: planner.models.dsa.indexer_working_bytes_per_token; "
+                        "KDA: planner.models.kimi.kda_torch_backward_working_bytes",
                         full_block_bytes=tr.full_layer, kept_block_bytes=tr.layer_act,
                         score_gradient_bytes=tr.score_grad))
     if phase == "backward-end" and tr.fsdp_end[1]:
-        out.append(_block_gradient_term(setup, tr))
+        out.append(_block_gradient_term(setup, tr, tr.fsdp_end[1]))
+    if phase == "block-backward" and tr.fsdp_block[1]:
+        out.append(_block_gradient_term(setup, tr, tr.fsdp_block[1]))
     if phase in ("block-backward", "backward-end") and tr.head_grad:
         out.append(_mem("activations", "the LM head's unsharded gradient, held through backward (FSDP2)",
                         "V / t x h x 16-bit bytes (the weights' compute dtype)", tr.head_grad, FSDP2_HEAD,
@@ -503,15 +512,16 @@ def _activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, tr: RankT
     return out
 
 
-def _block_gradient_term(setup: TrainingSetup, tr: RankTerms) -> Term:
-    """FSDP2: the block in backward's unsharded gradients, before its reduce-scatter."""
+def _block_gradient_term(setup: TrainingSetup, tr: RankTerms, value: int) -> Term:
+    """FSDP2: the block in backward's unsharded gradients, before its reduce-scatter (``value``
+    bytes: the moment's, fsdp_end's or fsdp_block's)."""
     split = tr.split
     if split.frozen_bytes:
         label, params = "block trainable params", split.block_trainable
     else:
         label, params = "block params (their own shapes: experts unpadded)", tr.grad_unit
     return _mem("activations", "the block's 16-bit gradients before its reduce-scatter", f"{label} x 16-bit bytes",
-                tr.fsdp_end[1], f"{FSDP2_REDUCE}; {MEASURED_GRAD}", **{label: params},  # type: ignore[arg-type]
+                value, f"{FSDP2_REDUCE}; {MEASURED_GRAD}", **{label: params},  # type: ignore[arg-type]
                 bytes_per_weight=setup.precision_spec.weight_bytes)
 
 

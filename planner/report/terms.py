@@ -28,6 +28,11 @@ FSDP2_STEP = ("PyTorch FSDP2 (torch.distributed.fsdp fully_shard, reshard_after_
 MEASURED_END = ("docs/accuracy.md (FSDPMemTracker on Mixtral-8x7B): full shard on 64 ranks peaks in block 1's "
                 "backward with 30 of 32 blocks' sharded gradients; shard-grad-op on 8 ranks in block 30's, one "
                 "block's gradients made and one block's gathered weights freed")
+FSDP2_PRE_BACKWARD = ("PyTorch FSDP2 (torch.distributed.fsdp fully_shard; _fsdp_state.py _pre_backward -> "
+                      "FSDPParamGroup.pre_backward -> unshard): a block is gathered again for its backward "
+                      "(planner.memory.buffers.fsdp_block_backward_bytes)")
+MEASURED_BLOCK = ("docs/accuracy.md (FSDPMemTracker on bench/configs/tiny-kimi-linear.json, 8 ranks): in every "
+                  "block's backward the unsharded parameters are the root unit and that block in 16 bits")
 MEASURED_FORWARD = ("docs/accuracy.md (FSDPMemTracker on Mixtral-8x7B, 64 ranks, shard-grad-op, micro-batch 2): "
                     "the peak is in the last block's forward, two 21.1 GiB all-gather outputs beside every "
                     "gathered block")

@@ -1,0 +1,204 @@
+"""The purchase ILP's records and the rules about them that need no solver (issue 32): when
+a job's run holds its GPUs (busy_at, busy_checks), which runs and pools no cheapest purchase
+needs (shorter_run_may_help, undominated, dominated_pools), the fewest nodes that hold a set
+of choices (nodes_needed), and a purchase found without the ILP (greedy_purchase).
+planner.cost.solve builds and solves the ILP over them."""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Pool:
+    """A GPU type one may buy nodes of, and what one node costs over the horizon."""
+
+    gpu: str
+    gpus_per_node: int
+    capex_usd: float              # one node's purchase
+    opex_usd: float               # one node's power over the horizon
+
+    @property
+    def node_usd(self) -> float:
+        return self.capex_usd + self.opex_usd
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobWindow:
+    """When a job may run: it starts at ``start_s`` and must end by ``deadline_s``."""
+
+    name: str
+    start_s: float
+    deadline_s: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobOption:
+    """One way to run a job: a layout on ``n_gpus`` GPUs of pool ``gpu``, taking ``duration_s``."""
+
+    job: str
+    gpu: str
+    n_gpus: int
+    duration_s: float
+    key: str                      # ASCII, unique within the job
+    memory_bytes: int = 0         # per rank; must be within capacity_bytes
+    capacity_bytes: float = math.inf
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_bytes <= self.capacity_bytes
+
+
+def busy_at(start_s: float, duration_s: float, t: float) -> bool:
+    """A job started at ``start_s`` running ``duration_s`` holds its GPUs at time ``t``."""
+    return start_s <= t < start_s + duration_s
+
+
+def busy_checks(start_s: float, duration_s: float, starts_s: Sequence[float]) -> int:
+    """How many of the capacity checks at ``starts_s`` (the distinct job starts, where
+    solve_purchase checks the GPUs in use) a run from ``start_s`` taking ``duration_s``
+    is busy at (busy_at). A shorter run of the same job is busy at a subset of them."""
+    starts = sorted(starts_s)       # the checks from start_s on, before start_s + duration_s
+    return bisect.bisect_left(starts, start_s + duration_s) - bisect.bisect_left(starts, start_s)
+
+
+def shorter_run_may_help(start_s: float, duration_s: float, starts_s: Sequence[float]) -> bool:
+    """Whether running a job (started at ``start_s``, taking ``duration_s`` on its option)
+    shorter, on more GPUs of the same type, can ever lower the purchase: only when it is
+    busy at another job's start (``starts_s``: the distinct job starts), so that a shorter
+    run is busy at fewer capacity checks.
+
+    solve_purchase checks the GPUs in use at the job starts only. A run of more GPUs of the
+    same type busy at the same checks (busy_checks) as one of fewer, both meeting the
+    deadline in memory, is dominated: every purchase that holds it holds the other, so no
+    optimum needs it (issue 32: `plan buy` swept such counts for every job)."""
+    starts = sorted(starts_s)       # a check after start_s, before start_s + duration_s
+    return bisect.bisect_left(starts, start_s + duration_s) > bisect.bisect_right(starts, start_s)
+
+
+def dominated_pools(pools: Sequence[Pool], jobs: Sequence[JobWindow],
+                    by_job: dict[str, list[JobOption]]) -> set[str]:
+    """The pools no cheapest purchase needs (issue 32, H5: Llama 3.1 70B runs as fast on h200
+    as on h100 in the step-time model, on the same counts, and h200 nodes cost more, so the
+    ILP carried a second copy of every h100 option and HiGHS branched on both).
+
+    Pool B is dominated by pool A when both have the same GPUs per node, A's node costs no
+    more (and, at an equal cost, A is listed first), and every option on B that a job can
+    pick (it fits in memory and meets the deadline) has a counterpart on A that the job can
+    pick, on no more GPUs and busy at no more capacity checks (busy_checks over the distinct
+    job starts; both runs start at the job's start, so its checks are a subset). Moving every
+    job on B to its counterpart on A then adds at most B's GPUs in use to A's at each check,
+    so A needs at most its nodes plus B's (ceil(a + b) <= ceil(a) + ceil(b) per node size),
+    at no more cost per node: no purchase gets dearer, and none that the budget allows is
+    lost. A dominated pool is dominated by an undominated one (the relation is transitive
+    and follows a strict order), and its options can be left out of the ILP (solve_purchase
+    fixes them at 0, so the model and its size stay as written). None is left out where
+    that would leave a job without options (the ILP then says it is infeasible, as before)."""
+    starts = sorted({j.start_s for j in jobs})
+    window = {j.name: j for j in jobs}
+
+    def usable(o: JobOption) -> tuple[int, int] | None:
+        j = window[o.job]
+        if not o.fits or j.start_s + o.duration_s > j.deadline_s:
+            return None
+        return o.n_gpus, busy_checks(j.start_s, o.duration_s, starts)
+
+    runs: dict[tuple[str, str], list[tuple[int, int]]] = {}
+    for name, mine in by_job.items():
+        for o in mine:
+            r = usable(o)
+            if r is not None:
+                runs.setdefault((o.gpu, name), []).append(r)
+    order = sorted(range(len(pools)), key=lambda i: (pools[i].node_usd, i))
+    dropped: set[str] = set()
+    for bi, b in enumerate(order):
+        pb = pools[b]
+        for a in order[:bi]:
+            pa = pools[a]
+            if pa.gpus_per_node != pb.gpus_per_node:
+                continue
+            if all(any(na <= nb and ca <= cb for na, ca in runs.get((pa.gpu, name), ()))
+                   for name in by_job for nb, cb in runs.get((pb.gpu, name), ())):
+                dropped.add(pb.gpu)
+                break
+    if any(all(o.gpu in dropped for o in mine) for mine in by_job.values()):
+        return set()
+    return dropped
+
+
+def undominated(start_s: float, deadline_s: float, runs: Sequence[tuple[int, float]],
+                starts_s: Sequence[float]) -> list[int]:
+    """The indices of the runs (GPU count, duration), of one job on one GPU type, in
+    increasing GPU count, that a cheapest purchase may need: each finishes sooner than every
+    run on fewer GPUs (more GPUs for no less time is never better), and among those that
+    meet the deadline each is busy at fewer capacity checks (busy_checks over ``starts_s``,
+    the distinct job starts) than every one on fewer GPUs: a run on more GPUs busy at the
+    same checks is dominated (shorter_run_may_help). Runs that miss the deadline can never
+    be picked and are dropped, unless no run meets it (the ILP then says it is infeasible,
+    its deadline row binding)."""
+    kept: list[int] = []
+    best_s, checks = math.inf, math.inf
+    for i, (_, d) in enumerate(runs):
+        if d >= best_s:
+            continue
+        best_s = d
+        if start_s + d <= deadline_s:
+            busy = busy_checks(start_s, d, starts_s)
+            if busy >= checks:
+                continue
+            checks = busy
+        kept.append(i)
+    in_time = [i for i in kept if start_s + runs[i][1] <= deadline_s]
+    return in_time or kept
+
+
+def greedy_purchase(pools: Sequence[Pool], jobs: Sequence[JobWindow],
+                     by_job: dict[str, list[JobOption]]) -> tuple[float, dict[str, JobOption]] | None:
+    """A feasible purchase found without the ILP, or None: every job on one pool, each with
+    its option of fewest GPU-seconds, or of fewest GPUs summed over the capacity checks it is
+    busy at (busy_checks: what it adds to the ILP's rows), then fewest GPUs, among those that
+    fit and meet the deadline, and the fewest nodes that hold them (nodes_needed); the
+    cheapest of these. A heuristic (less area leaves more room at every instant on average,
+    not at each), used only where the ILP was not solved to its end: its cost is an upper
+    bound on the optimum. (GPU-seconds alone put 256 jobs of H5 on 256 b200s for 2.1 days,
+    busy at 3 job starts each, 96 nodes; GPU-checks on 24 for 22.8 days, busy at 23, 69.)"""
+    starts = sorted({j.start_s for j in jobs})
+
+    def seconds(j: JobWindow, o: JobOption) -> tuple[float, ...]:
+        return (o.n_gpus * o.duration_s, o.n_gpus)
+
+    def checks(j: JobWindow, o: JobOption) -> tuple[float, ...]:
+        return (o.n_gpus * busy_checks(j.start_s, o.duration_s, starts), o.n_gpus * o.duration_s, o.n_gpus)
+
+    best: tuple[float, dict[str, JobOption]] | None = None
+    for p in pools:
+        for key in (seconds, checks):
+            choices = {}
+            for j in jobs:
+                ok = [o for o in by_job[j.name]
+                      if o.gpu == p.gpu and o.fits and j.start_s + o.duration_s <= j.deadline_s]
+                if not ok:
+                    break
+                choices[j.name] = min(ok, key=lambda o, j=j: key(j, o))   # type: ignore[misc]
+            else:
+                need = nodes_needed(pools, jobs, choices)
+                cost = sum(q.node_usd * need[q.gpu] for q in pools)
+                if best is None or cost < best[0]:
+                    best = (cost, choices)
+    return best
+
+
+def nodes_needed(pools: Sequence[Pool], jobs: Sequence[JobWindow], choices: dict[str, JobOption]) -> dict[str, int]:
+    """The fewest nodes per pool that hold ``choices`` (the peak GPUs in use, at some job's start)."""
+    out = {}
+    for p in pools:
+        peak = 0
+        for t in jobs:
+            peak = max(peak, sum(choices[j.name].n_gpus for j in jobs
+                                 if choices[j.name].gpu == p.gpu
+                                 and busy_at(j.start_s, choices[j.name].duration_s, t.start_s)))
+        out[p.gpu] = math.ceil(peak / p.gpus_per_node)
+    return out
