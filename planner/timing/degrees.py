@@ -43,10 +43,11 @@ from planner.timing.efficiency import (
 )
 from planner.timing.host_link import activation_offload_exposed_s
 from planner.timing.kernels import (
+    LAYER_TIME_FIELDS,
     backward_layers,
     gemm_time_s,
     head_backward_gemms,
-    layer_time,
+    layer_time_values,
     rates,
 )
 from planner.timing.parts import (
@@ -176,8 +177,7 @@ def stage_slots(n_layers: int, pp: int, balance: str = "none") -> tuple[tuple[in
 
 # ------------------------------------------------------------------------ the step
 
-BLOCK_FIELDS = ("fwd_s", "bwd_s", "attention_fwd_s", "tp_bytes", "tp_collectives", "cp_bytes", "cp_passes",
-                 "ep_bytes", "ep_all_to_alls", "ep_hidden_share")
+BLOCK_FIELDS = LAYER_TIME_FIELDS    # a block row's first fields: fwd_s, bwd_s, attention_fwd_s, tp_bytes, ...
 
 
 def block_row(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Efficiency, kernels: str, tp: int,
@@ -199,7 +199,7 @@ def block_row(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Efficie
     seq, h, a = setup.seq_len, m.d_model, prec.activation_bytes
     key = Layout(tp=tp, sp=bool(sp), cp=cp, ep=ep, micro_batch=mb, seq_len=seq, recompute=RECOMPUTES[rc],
                  etp=etp)
-    lt = layer_time(m, setup, key, kernels, gpu, eff)
+    lt = layer_time_values(m, setup, key, kernels, gpu, eff)       # LayerTime's fields (BLOCK_FIELDS)
     r = rates(gpu, prec.compute_dtype, eff)
     tokens = mb * seq / cp
     head_fwd = gemm_time_s(tokens, m.vocab_size / tp, h, r.matmul_flops_per_s, r.hbm_bytes_per_s, prec.weight_bytes)
@@ -208,11 +208,10 @@ def block_row(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Efficie
     last_fwd = head_fwd + loss_s * CROSS_ENTROPY_FORWARD_SHARE
     last_bwd = head_bwd * head_fwd + loss_s * (1 - CROSS_ENTROPY_FORWARD_SHARE)
     if setup.offload_activations:
-        off_fwd, off_bwd = activation_offload_exposed_s(m, setup, key, kernels, gpu, float(lt.fwd_s),
-                                                        float(lt.bwd_s), m.n_layers)
+        off_fwd, off_bwd = activation_offload_exposed_s(m, setup, key, kernels, gpu, float(lt[0]), float(lt[1]),
+                                                        m.n_layers)
         last_fwd, last_bwd = last_fwd + off_fwd, last_bwd + off_bwd
-    return (*(float(getattr(lt, f)) for f in BLOCK_FIELDS), last_fwd, last_bwd,
-            tokens * h * a, tokens * h * a / tp)
+    return (*map(float, lt), last_fwd, last_bwd, tokens * h * a, tokens * h * a / tp)
 
 
 # the rows of each order's link table: bus bandwidth and hop latency of tp, cp, ep, dp, pp (AXES),

@@ -4,7 +4,7 @@ LoRA/QLoRA adapters and dequantization; which blocks run a backward pass."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import lru_cache
 
 from planner.hardware.gpus import GpuSpec
@@ -130,6 +130,9 @@ class LayerTime:
     ep_hidden_share: float         # the share of them hidden under compute (training.moe_runtime)
 
 
+LAYER_TIME_FIELDS = tuple(f.name for f in fields(LayerTime))
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ElementwiseBytes:
     """HBM bytes of one block's element-wise kernels per token on one rank."""
@@ -246,6 +249,14 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
     backward). Under freeze a block either trains in full or runs no backward at all
     (timing.fast counts which: backward_layers()), so its times are full training's.
     """
+    return LayerTime(**dict(zip(LAYER_TIME_FIELDS, layer_time_values(m, setup, key, kernels, gpu, eff))))
+
+
+def layer_time_values(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gpu: GpuSpec,
+                      eff: Efficiency) -> tuple[float, ...]:
+    """layer_time's fields, in LayerTime's order (LAYER_TIME_FIELDS), uncached: what the block
+    tables read (timing.degrees.block_row, one call per block shape; a LayerTime and a cache
+    entry per shape cost a third of a row there, issue 32)."""
     fwd, bwd, attn_fwd, elem_fwd, mm8, hbm, e8 = _unrecomputed_block_s(m, setup, key, kernels, gpu, eff)
     prec = setup.precision_spec
     tp, cp, ep, etp = key.tp, key.cp, key.ep, key.expert_tp
@@ -284,13 +295,10 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
     # the all-to-all ends when the most loaded rank has received its tokens (setup.moe_imbalance)
     ep_bytes = (tokens * k_ * dispatch_width(m) * ep_a * setup.moe_imbalance / (tp if key.sp else 1)
                 * moe_share(m) if (m.is_moe and ep > 1) else 0.0)
-    return LayerTime(fwd_s=fwd, bwd_s=bwd, attention_fwd_s=attn_fwd,
-                     tp_bytes=tokens * h * a, tp_collectives=tp_coll,
-                     cp_bytes=cp_bytes, cp_passes=(3 + (1 if key.recompute == "full" else 0)) if cp > 1 else 0,
-                     ep_bytes=ep_bytes,
-                     ep_all_to_alls=(4 + (2 if key.recompute == "full" else 0)) if ep_bytes else 0,
-                     ep_hidden_share=eff.ep_overlap if a2a_overlapped(setup.moe_a2a_overlap, key.recompute,
-                                                                      setup.mtp_layers) else 0.0)
+    return (fwd, bwd, attn_fwd, tokens * h * a, tp_coll, cp_bytes,
+            (3 + (1 if key.recompute == "full" else 0)) if cp > 1 else 0, ep_bytes,
+            (4 + (2 if key.recompute == "full" else 0)) if ep_bytes else 0,
+            eff.ep_overlap if a2a_overlapped(setup.moe_a2a_overlap, key.recompute, setup.mtp_layers) else 0.0)
 
 
 # The part of a block's time that its recomputation does not change, per (model, set-up,
