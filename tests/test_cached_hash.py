@@ -11,6 +11,7 @@ import pickle
 import subprocess
 import sys
 from dataclasses import replace
+from typing import Any
 
 from planner.hardware.gpus import get_gpu
 from planner.hardware.placement import Cluster, cluster_for
@@ -26,14 +27,21 @@ def test_equal_clusters_hash_equal():
     assert hash(copy.deepcopy(a)) == hash(a) and {a: 1}[copy.deepcopy(a)] == 1
 
 
-def test_a_pickle_from_another_hash_seed_hashes_as_here(tmp_path):
-    path = tmp_path / "c.pkl"
-    code = ("import pickle, sys; from planner.hardware.placement import cluster_for; "
-            "from planner.hardware.gpus import get_gpu; "
-            "open(sys.argv[1], 'wb').write(pickle.dumps([cluster_for(get_gpu(g)) for g in ('h100', 'l40s')]))")
+def _pickled_under_another_seed(tmp_path, imports: str, objects: str) -> Any:
+    """``objects`` (an expression after ``imports``) pickled in a process with another hash
+    seed, and loaded here."""
+    path = tmp_path / "o.pkl"
+    code = f"import pickle, sys; {imports}; open(sys.argv[1], 'wb').write(pickle.dumps({objects}))"
     seed = "1" if os.environ.get("PYTHONHASHSEED") != "1" else "2"
     subprocess.run([sys.executable, "-c", code, str(path)], check=True, env={**os.environ, "PYTHONHASHSEED": seed})
-    for c in pickle.loads(path.read_bytes()):
+    return pickle.loads(path.read_bytes())
+
+
+def test_a_pickle_from_another_hash_seed_hashes_as_here(tmp_path):
+    clusters = _pickled_under_another_seed(
+        tmp_path, "from planner.hardware.placement import cluster_for; from planner.hardware.gpus import get_gpu",
+        "[cluster_for(get_gpu(g)) for g in ('h100', 'l40s')]")
+    for c in clusters:
         here = cluster_for(c.gpu)
         assert c == here and hash(c) == hash(here) and hash(c.topology) == hash(here.topology)
         assert {here: 1}[c] == 1
@@ -62,11 +70,7 @@ def test_a_model_pickled_under_another_hash_seed_hashes_as_here(tmp_path):
     from planner.models.spec import load_model
     from planner.training.setup import TrainingSetup
 
-    path = tmp_path / "m.pkl"
-    code = ("import pickle, sys; from planner.models.spec import load_model; "
-            "from planner.training.setup import TrainingSetup; "
-            "open(sys.argv[1], 'wb').write(pickle.dumps((load_model('mixtral-8x7b'), TrainingSetup(precision='fp8'))))")
-    seed = "1" if os.environ.get("PYTHONHASHSEED") != "1" else "2"
-    subprocess.run([sys.executable, "-c", code, str(path)], check=True, env={**os.environ, "PYTHONHASHSEED": seed})
-    m, s = pickle.loads(path.read_bytes())
+    m, s = _pickled_under_another_seed(
+        tmp_path, "from planner.models.spec import load_model; from planner.training.setup import TrainingSetup",
+        "(load_model('mixtral-8x7b'), TrainingSetup(precision='fp8'))")
     assert {load_model("mixtral-8x7b"): 1}[m] == 1 and {TrainingSetup(precision="fp8"): 1}[s] == 1
