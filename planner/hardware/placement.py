@@ -277,6 +277,9 @@ def remote_share_deduplicated(k: int, domains: int, groups: int = 0, group_limit
     return min(1.0, distinct / k)
 
 
+# kept per arguments: --tokens over the catalog with DeepSeek-V3 asked 59,450 times for 19,386
+# distinct ones (degree tuples of one expert grid, issue 32)
+@lru_cache(maxsize=32768)
 def all_to_all_link(cluster: Cluster, sizes: tuple[int, ...], order: tuple[str, ...] = AXES,
                     routing: tuple[int, int, int] | None = None) -> AxisLink:
     """The expert-parallel all-to-all's link, as the bus bandwidth the ring time
