@@ -131,6 +131,8 @@ import os, signal, sys
 from pathlib import Path
 from planner.emit import write
 signal.signal(signal.SIGINT, signal.default_int_handler)   # as in a foreground shell, also in a background job
+if signal.{sig} != signal.SIGINT:      # nohup starts the suite with SIGHUP ignored: delivered, as in a terminal
+    signal.signal(signal.{sig}, signal.SIG_DFL)
 real = {{name: getattr(os, name) for name in ("link", "replace")}}
 def hit(name):
     def f(*a, **k):
