@@ -129,7 +129,8 @@ def category_notes(moment: str, predicted: Mapping[str, int], measured: Mapping[
                       "otherwise"))
     if root > 0 and moment != "optimizer-step":
         notes.append(({"weights"},
-                      f"root unit: the planner keeps FSDP2's root unit gathered at every moment ({_gib(root)}: "
+                      f"weights, the root unit: the planner keeps FSDP2's root unit gathered at every moment "
+                      f"({_gib(root)}: "
                       "embedding, final norm and LM head in 16 bits, as a transformers model is wrapped); "
                       "torchtitan 0.3.0 wraps the embedding and [norm, lm_head] as units of their own "
                       "(distributed/fsdp.py, apply_fsdp_to_decoder), gathered around their use: the tracker holds "
