@@ -13,8 +13,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from planner.fmt import amount, days, duration, gib, params, plural, usd
-from planner.measure.titan_moments import SHORT as MOMENT_NAMES
-from planner.memory.inference import mla_cache_description
 from planner.memory.model import CATEGORIES
 from planner.report import costs
 from planner.report import text as report
@@ -444,6 +442,8 @@ def jobs_table(r: Any) -> Any:
 
 def comparison_view(m: Any, gpu: Any, cmp: Any) -> list[Any]:
     """`plan measure`: the prediction beside the measurement, per category."""
+    from planner.measure.titan_moments import SHORT as MOMENT_NAMES  # here: 10 ms of import `plan` does not need
+
     meas = cmp.measured
     how = "fake tensors on the CPU, fake process group" if meas.get("fake") else f"real run on {meas.get('device')}"
     ft = cmp.setup.finetune
@@ -498,6 +498,8 @@ def comparison_view(m: Any, gpu: Any, cmp: Any) -> list[Any]:
 
 def load_view(r: Any) -> list[Any]:
     """`plan --task load`: the split and the memory of the most loaded GPU, with bars."""
+    from planner.memory.inference import mla_cache_description  # here: `plan` and `plan buy` need none of it
+
     s, m = r.setup, r.model
     fmt = {"none": f"{8 * s.weight_bytes}-bit", "int8": "int8 (LLM.int8)", "int4": "int4 (group 128)",
            "nf4": "NF4 (4-bit, double-quantized constants)"}[s.quant]
