@@ -141,10 +141,11 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
         pools.append(Pool(gpu=g.name, gpus_per_node=g.gpus_per_node, capex_usd=nc.capex_usd, opex_usd=nc.opex_usd))
     pool_of = {p.gpu: p for p in pools}
     models = {j.name: load_model(j.model) for j in jobs}
+    setups = {j.name: job_setup(j, base_setup, models[j.name]) for j in jobs}    # once: search() asks ~15x a job
     searches: dict[tuple, SearchPool] = {}
 
     def search(job, gpu: GpuSpec) -> SearchPool:
-        setup = job_setup(job, base_setup, models[job.name])
+        setup = setups[job.name]
         key = (models[job.name], setup, gpu.name)
         if key not in searches:
             m = models[job.name]
