@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import os
 import re
@@ -242,6 +243,7 @@ def _found(prob: pulp.LpProblem) -> bool:
     return prob.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
 
 
+@functools.lru_cache(maxsize=4096)     # a purchase names each job and option key in several rows
 def ascii_name(text: str) -> str:
     """A name PuLP and the LP file format accept: letters, digits and underscores."""
     return re.sub(r"[^A-Za-z0-9_]", "_", text)[:60] or "_"
@@ -421,18 +423,19 @@ def solve_purchase(pools: Sequence[Pool], jobs: Sequence[JobWindow], options: Se
         run[o.job, o.key].upBound = 0
     total = pulp.lpSum(p.node_usd * nodes[p.gpu] for p in pools)
     prob += total, "total_cost_of_ownership_usd"
-    for ji, j in enumerate(jobs):
+    for ji, j in enumerate(jobs):     # each row's terms listed at once (lpSum builds one expression a term)
         tag = f"{ji}_{ascii_name(j.name)}"
-        mine = by_job[j.name]
-        prob += pulp.lpSum(run[j.name, o.key] for o in mine) == 1, f"one_option_{tag}"
-        if any(not o.fits for o in mine):
-            prob += pulp.lpSum(run[j.name, o.key] for o in mine if not o.fits) == 0, f"fits_memory_{tag}"
-        prob += (pulp.lpSum((j.start_s + o.duration_s) * run[j.name, o.key] for o in mine) <= j.deadline_s,
+        mine = [(o, run[j.name, o.key]) for o in by_job[j.name]]
+        prob += pulp.LpAffineExpression([(x, 1) for _, x in mine]) == 1, f"one_option_{tag}"
+        if any(not o.fits for o, _ in mine):
+            prob += pulp.LpAffineExpression([(x, 1) for o, x in mine if not o.fits]) == 0, f"fits_memory_{tag}"
+        prob += (pulp.LpAffineExpression([(x, j.start_s + o.duration_s) for o, x in mine]) <= j.deadline_s,
                  f"deadline_{tag}")
     for p in pools:
         for ti, t, busy in _capacity_checks(jobs, by_job, p.gpu):
-            use = pulp.LpAffineExpression([(run[j.name, o.key], o.n_gpus) for j, o in busy])
-            prob += (use <= p.gpus_per_node * nodes[p.gpu], f"gpus_{ascii_name(p.gpu)}_at_{ti}_{ascii_name(t.name)}")
+            use = [(run[j.name, o.key], o.n_gpus) for j, o in busy]     # GPUs in use - GPUs bought <= 0
+            prob += (pulp.LpAffineExpression([*use, (nodes[p.gpu], -p.gpus_per_node)]) <= 0,
+                     f"gpus_{ascii_name(p.gpu)}_at_{ti}_{ascii_name(t.name)}")
     if budget_usd is not None:
         prob += total <= budget_usd, "budget_usd"
     if len(run) + len(pools) > LARGE_VARIABLES:
@@ -502,10 +505,10 @@ def _capacity_checks(jobs: Sequence[JobWindow], by_job: dict[str, list[JobOption
     begin = np.array([j.start_s for j, _ in runs], dtype=np.float64)
     end = np.array([j.start_s + o.duration_s for j, o in runs], dtype=np.float64)   # busy_at's sum
     for ti, t in enumerate(jobs):
-        busy = [runs[i] for i in np.flatnonzero((begin <= t.start_s) & (t.start_s < end)).tolist()]   # busy_at
-        if busy:
-            rows.append((ti, t, busy, frozenset((j.name, o.key) for j, o in busy)))
-    kept: list[tuple[int, JobWindow, list[tuple[JobWindow, JobOption]], frozenset]] = []
+        at = np.flatnonzero((begin <= t.start_s) & (t.start_s < end)).tolist()   # busy_at
+        if at:      # the running set as indices into runs: one (job, option) each
+            rows.append((ti, t, [runs[i] for i in at], frozenset(at)))
+    kept: list[tuple[int, JobWindow, list[tuple[JobWindow, JobOption]], frozenset[int]]] = []
     for row in sorted(rows, key=lambda r: (-len(r[3]), r[0])):
         if not any(row[3] <= k[3] for k in kept):
             kept.append(row)
