@@ -214,3 +214,50 @@ def test_h5_answer_and_bound():
     assert first.nodes == {"h100": 0, "h200": 0, "b200": 54}
     assert not first.solver.optimal and first.solver.gap_found < 0.06     # 4.8% with HiGHS 1.16
     assert _answer(solve_purchase(H5_POOLS, jobs, options, solver="highs")) == _answer(first)
+
+
+def test_the_model_handed_to_the_solver_is_the_documented_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The purchase ILP of a two-job instance, row by row, against its formulation written out by
+    hand from solve_purchase's docstring (docs/performance.md, seventh pass: the rows are built in
+    bulk; this pins what the solver is given, names, coefficients and right-hand sides).
+
+    Pools a (8 GPUs a node, $12) and b (4, $8); job j1 from t=0 to 100 on a_n8 (60) or b_n4 (90);
+    j2 from t=50 to 200 on a_n8 (100, does not fit in memory) or a_n16 (40). Pool a's check at
+    j1's start holds a subset of the runs of its check at j2's start, and pool b's check at j2's
+    start the same runs as at j1's: each is implied and left out (_capacity_checks). Optimum by
+    hand: j1 on 1 b node, j2 on 2 a nodes, $32 (j1 on a instead needs 3 a nodes, $36)."""
+    pools = [Pool(gpu="a", gpus_per_node=8, capex_usd=10.0, opex_usd=2.0),
+             Pool(gpu="b", gpus_per_node=4, capex_usd=7.0, opex_usd=1.0)]
+    jobs = [JobWindow(name="j1", start_s=0.0, deadline_s=100.0), JobWindow(name="j2", start_s=50.0, deadline_s=200.0)]
+    options = [JobOption(job="j1", gpu="a", n_gpus=8, duration_s=60.0, key="a_n8"),
+               JobOption(job="j1", gpu="b", n_gpus=4, duration_s=90.0, key="b_n4"),
+               JobOption(job="j2", gpu="a", n_gpus=8, duration_s=100.0, key="a_n8", memory_bytes=2, capacity_bytes=1),
+               JobOption(job="j2", gpu="a", n_gpus=16, duration_s=40.0, key="a_n16")]
+    seen = []
+    real_run = solve._run
+
+    def run(prob, *args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(prob)
+        return real_run(prob, *args, **kwargs)
+
+    monkeypatch.setattr(solve, "_run", run)
+    sol = solve_purchase(pools, jobs, options)
+    (prob,) = seen
+    cons = prob.constraints
+    rows = {c.name: ({v.name: x for v, x in c.items()}, c.sense, -c.constant)
+            for c in (cons() if callable(cons) else cons.values())}
+    le, eq = -1, 0      # PuLP's senses (LpConstraintLE, LpConstraintEQ)
+    r0, r1, r2, r3 = "run_0_j1_a_n8", "run_1_j1_b_n4", "run_2_j2_a_n8", "run_3_j2_a_n16"
+    assert rows == {
+        "one_option_0_j1": ({r0: 1, r1: 1}, eq, 1),
+        "deadline_0_j1": ({r0: 60.0, r1: 90.0}, le, 100.0),
+        "one_option_1_j2": ({r2: 1, r3: 1}, eq, 1),
+        "fits_memory_1_j2": ({r2: 1}, eq, 0),
+        "deadline_1_j2": ({r2: 150.0, r3: 90.0}, le, 200.0),
+        "gpus_a_at_1_j2": ({r0: 8, r2: 8, r3: 16, "nodes_a": -8}, le, 0),
+        "gpus_b_at_0_j1": ({r1: 4, "nodes_b": -4}, le, 0),
+    }
+    assert {v.name: x for v, x in prob.objective.items()} == {"nodes_a": 12.0, "nodes_b": 8.0}
+    assert [v.name for v in prob.variables()] == ["nodes_a", "nodes_b", r0, r1, r2, r3]
+    assert sol.solver.optimal and sol.cost_usd == 32.0 and sol.nodes == {"a": 2, "b": 1}
+    assert {j: o.key for j, o in sol.choices.items()} == {"j1": "b_n4", "j2": "a_n16"}
