@@ -10,7 +10,7 @@ from functools import lru_cache
 from planner.hardware.gpus import GpuSpec
 from planner.layouts.layout import Layout
 from planner.models.dsa import indexer_score_flops_per_token, sparse_attention_share
-from planner.models.matmuls import block_matmuls, mean_block_share
+from planner.models.matmuls import Matmul, block_matmuls, mean_block_share
 from planner.models.spec import ModelSpec
 from planner.timing.deltanet import deltanet_scan_time_s
 from planner.timing.efficiency import (
@@ -324,6 +324,14 @@ def _unrecomputed_block_s(m: ModelSpec, setup: TrainingSetup, key: Layout, kerne
     return hit
 
 
+@lru_cache(maxsize=64)
+def _block_gemms(m: ModelSpec) -> tuple[tuple[Matmul, float], ...]:
+    """models.matmuls.block_matmuls(m), each with its mean_block_share: the same for every block
+    shape of ``m``, kept per model (issue 32: 14,677 block shapes in the 256-job `plan buy`, at
+    up to 20 us a list for DeepSeek-V3)."""
+    return tuple((mat, mean_block_share(m, mat)) for mat in block_matmuls(m))
+
+
 def _block_compute_s(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gpu: GpuSpec,
                      eff: Efficiency) -> tuple[float, float, float, float, float, float, int]:
     """_unrecomputed_block_s's figures (layer_time's docstring says what they hold); reads no
@@ -344,8 +352,7 @@ def _block_compute_s(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: s
         return gemm_time_s(rows, cols, inner, mm8, hbm, e8, batch)
 
     dense = mlp = 0.0
-    for mat in block_matmuls(m):
-        share = mean_block_share(m, mat)
+    for mat, share in _block_gemms(m):
         if mat.kind == "expert":
             k = m.n_experts_per_token
             local = m.n_experts / ep
