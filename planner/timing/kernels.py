@@ -89,9 +89,25 @@ def fp8_fraction_of(gpu: GpuSpec, eff: Efficiency, recipe: Fp8Recipe | None = No
     return eff.fp8_matmul_ratio * matmul_fraction_of(gpu, eff) * penalty
 
 
+# rates' last answer with its arguments: a block table asks for the same GPU, dtype and
+# efficiencies once per block row (issue 32: 53,406 times in the 256-job `plan buy`); matched by
+# identity (both are frozen, and held here), which costs less than hashing them
+_LAST_RATES: tuple[GpuSpec, str, Efficiency, Rates] | None = None
+
+
 def rates(gpu: GpuSpec, dtype: str, eff: Efficiency) -> Rates:
     """Achievable rates: dense peak (at the GPU's sustained clock, efficiency.sustained_clock_share)
     x matmul fraction, x flash fraction, HBM x hbm fraction."""
+    global _LAST_RATES
+    last = _LAST_RATES
+    if last is not None and last[0] is gpu and last[2] is eff and last[1] == dtype:
+        return last[3]
+    out = _rates(gpu, dtype, eff)
+    _LAST_RATES = (gpu, dtype, eff, out)
+    return out
+
+
+def _rates(gpu: GpuSpec, dtype: str, eff: Efficiency) -> Rates:
     peak = gpu.peak_flops_per_s(dtype) * sustained_clock_share(gpu)
     mm = matmul_fraction_of(gpu, eff)
     fl = eff.flash_fraction if eff.flash_fraction is not None else FLASH_FRACTION.get(
