@@ -218,7 +218,7 @@ def test_h5_answer_and_bound():
 
 def test_the_model_handed_to_the_solver_is_the_documented_one(monkeypatch: pytest.MonkeyPatch) -> None:
     """The purchase ILP of a two-job instance, row by row, against its formulation written out by
-    hand from solve_purchase's docstring (docs/performance.md, seventh pass: the rows are built in
+    hand from solve_purchase's docstring (docs/performance.md, eighth pass: the rows are built in
     bulk; this pins what the solver is given, names, coefficients and right-hand sides).
 
     Pools a (8 GPUs a node, $12) and b (4, $8); job j1 from t=0 to 100 on a_n8 (60) or b_n4 (90);

@@ -128,7 +128,7 @@ def test_python_m_planner_and_no_heavy_imports():
             # on a shipped topology links and NVLink domain come from presets/links.json
             "assert 'networkx' not in sys.modules, 'graph built'\n"
             # the terminal report imports what only `plan measure` and `--task load` draw inside those
-            # views (docs/performance.md, seventh pass: about 15 ms of a plain plan's start-up)
+            # views (docs/performance.md, eighth pass: about 15 ms of a plain plan's start-up)
             "assert 'planner.measure.titan_moments' not in sys.modules, 'plan measure view'\n"
             "assert 'planner.memory.inference' not in sys.modules, '--task load view'")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

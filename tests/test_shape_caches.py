@@ -24,6 +24,7 @@ from planner.memory.activations import block_terms, layer_activation_terms, term
 from planner.memory.peak import memory_batch
 from planner.models.spec import count_params, load_model
 from planner.timing import kernels
+from planner.timing.flops import block_adapters
 from planner.timing.kernels import layer_time
 from planner.timing.model import DEFAULT_EFFICIENCY
 from planner.training.finetune import FinetuneSpec
@@ -48,6 +49,9 @@ def _forget() -> None:
     activations.block_activations.cache_clear()
     activations._block_terms.cache_clear()
     shapes.forget_tables()
+    kernels._block_gemms.cache_clear()
+    kernels._LAST_RATES = None
+    block_adapters.cache_clear()
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -101,3 +105,41 @@ def test_sizing_a_batch_equals_sizing_each_layout_alone(name: str) -> None:
             _forget()
             alone = memory_batch(m, setup, LayoutArrays(*(a.field(f)[[i]] for f in LayoutArrays.FIELDS)), pc, 8)
             assert alone.total[0] == batch[i], (name, i)
+
+
+# the seventh pass (issue 32): rates' last answer, a block's GEMMs per model, the adapters per
+# (model, fine-tuning) and the unrecomputed key built without dataclasses.replace
+
+
+def test_rates_follow_every_argument_after_an_earlier_call() -> None:
+    """Each argument changed after a call gives the answer of the uncached computation
+    (kernels._rates), never the last one's."""
+    h100, h200 = get_gpu("h100"), get_gpu("h200")
+    slower = replace(DEFAULT_EFFICIENCY, hbm_fraction=DEFAULT_EFFICIENCY.hbm_fraction / 2)
+    asked = [(h100, "bf16", DEFAULT_EFFICIENCY), (h200, "bf16", DEFAULT_EFFICIENCY), (h200, "fp8", DEFAULT_EFFICIENCY),
+             (h200, "fp8", slower), (h100, "fp8", slower), (h100, "bf16", DEFAULT_EFFICIENCY)]
+    answers = [kernels.rates(*a) for a in asked]
+    assert answers == [kernels._rates(*a) for a in asked]
+    assert len(set(answers)) == len(answers) - 1 and answers[0] == answers[-1]    # each change changes them
+
+
+def test_block_adapters_are_kept_per_fine_tuning() -> None:
+    """The adapter list of one model under two LoRA ranks and targets: each its own (PEFT's
+    rank r on every adapted linear layer, Hu et al. 2021 Sec. 4.1)."""
+    m = load_model("llama3.1-8b")
+    narrow = FinetuneSpec.named("lora", rank=16, targets=("attention",))
+    wide = FinetuneSpec.named("lora", rank=64, targets=("attention", "mlp"))
+    a, b = block_adapters(m, narrow), block_adapters(m, wide)
+    assert {x.rank for x in a} == {16} and {x.rank for x in b} == {64}
+    assert len(b) > len(a) == 4           # q, k, v, o; then the MLP's gate, up and down too
+    assert block_adapters(m, FinetuneSpec.named("full")) == ()
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_the_unrecomputed_key_is_the_key_without_its_recomputation(sharded: bool) -> None:
+    """block_activations' key for its bytes without recomputation equals dataclasses.replace's
+    (the cache entry it reads is the one the shape under none wrote)."""
+    lay = Layout(tp=4, sp=True, cp=2, micro_batch=2, seq_len=4096, zero_stage=3, sharding="fsdp", pp=4, ep=2)
+    for rc in RECOMPUTES:
+        key = activations.activation_key(replace(lay, recompute=rc), sharded)
+        assert activations.activation_key(key, True, "none") == replace(key, recompute="none")

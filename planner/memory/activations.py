@@ -3,7 +3,7 @@ the batched model computes it once per distinct block shape and kernels)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -399,15 +399,15 @@ def indexer_working_bytes(m: ModelSpec, lay: Layout, kernels: str) -> int:
     return int(lay.tokens_per_rank * indexer_working_bytes_per_token(m, lay.seq_len, fused=kernels == "fused"))
 
 
-def activation_key(lay: Layout, sharded_dtype: bool = False) -> Layout:
+def activation_key(lay: Layout, sharded_dtype: bool = False, recompute: str | None = None) -> Layout:
     """The fields of a layout that block activations depend on (a cache key). With
     ``sharded_dtype`` (LoRA: whether the engine casts the adapters to 16 bits) also the
-    sharding (planner.memory.model.lora_cast_bytes)."""
+    sharding (planner.memory.model.lora_cast_bytes). ``recompute``: in place of the layout's."""
+    rc = lay.recompute if recompute is None else recompute
     if sharded_dtype:
         return Layout(tp=lay.tp, sp=lay.sp, cp=lay.cp, micro_batch=lay.micro_batch, seq_len=lay.seq_len,
-                      recompute=lay.recompute, zero_stage=lay.zero_stage, sharding=lay.sharding)
-    return Layout(tp=lay.tp, sp=lay.sp, cp=lay.cp, micro_batch=lay.micro_batch,
-                  seq_len=lay.seq_len, recompute=lay.recompute)
+                      recompute=rc, zero_stage=lay.zero_stage, sharding=lay.sharding)
+    return Layout(tp=lay.tp, sp=lay.sp, cp=lay.cp, micro_batch=lay.micro_batch, seq_len=lay.seq_len, recompute=rc)
 
 
 @lru_cache(maxsize=4096)
@@ -418,8 +418,10 @@ def block_activations(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: 
     kept = layer_activation_bytes(m, setup, key, kernels)
     # without recomputation: this function's own answer for that key, whose first figure is its
     # layer_activation_bytes (kept in the cache: a sweep asks for each shape under each recomputation)
-    full = kept if key.recompute == "none" else block_activations(m, setup, replace(key, recompute="none"),
-                                                                  kernels)[0]
+    # (the key without recomputation: an activation_key keeps the ZeRO stage and sharding it was
+    # given, the defaults unless LoRA's; built directly, dataclasses.replace costs twice as much)
+    full = kept if key.recompute == "none" else block_activations(
+        m, setup, activation_key(key, sharded_dtype=True, recompute="none"), kernels)[0]
     every = setup.recompute_every
     if every > 1 and key.recompute != "none":
         # one block in ``every`` checkpointed, the others keep everything (torchtitan <= 0.2

@@ -198,7 +198,7 @@ def activation_figures(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_
     def full_bytes(lay: Layout, s_: TrainingSetup, kern: str, full: int) -> int:
         """The block's bytes without recomputation: block_activations' ``full`` and the
         families' additions on the unrecomputed layout."""
-        unrecomputed = replace(lay, recompute="none")
+        unrecomputed = lay if lay.recompute == "none" else replace(lay, recompute="none")
         if m.is_mla or m.qk_norm:   # MLA's latents and narrower values, QK norms' saved tensors (memory.attention)
             full += attention_saved_delta_bytes(m, s_, unrecomputed, kern)
         if m.attention_sinks:       # gpt-oss's eager sink softmax in place of the generic fp32 one

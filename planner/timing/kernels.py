@@ -10,7 +10,7 @@ from functools import lru_cache
 from planner.hardware.gpus import GpuSpec
 from planner.layouts.layout import Layout
 from planner.models.dsa import indexer_score_flops_per_token, sparse_attention_share
-from planner.models.matmuls import block_matmuls, mean_block_share
+from planner.models.matmuls import Matmul, block_matmuls, mean_block_share
 from planner.models.spec import ModelSpec
 from planner.timing.deltanet import deltanet_scan_time_s
 from planner.timing.efficiency import (
@@ -89,9 +89,25 @@ def fp8_fraction_of(gpu: GpuSpec, eff: Efficiency, recipe: Fp8Recipe | None = No
     return eff.fp8_matmul_ratio * matmul_fraction_of(gpu, eff) * penalty
 
 
+# rates' last answer with its arguments: a block table asks for the same GPU, dtype and
+# efficiencies once per block row (issue 32: 53,406 times in the 256-job `plan buy`); matched by
+# identity (both are frozen, and held here), which costs less than hashing them
+_LAST_RATES: tuple[GpuSpec, str, Efficiency, Rates] | None = None
+
+
 def rates(gpu: GpuSpec, dtype: str, eff: Efficiency) -> Rates:
     """Achievable rates: dense peak (at the GPU's sustained clock, efficiency.sustained_clock_share)
     x matmul fraction, x flash fraction, HBM x hbm fraction."""
+    global _LAST_RATES
+    last = _LAST_RATES
+    if last is not None and last[0] is gpu and last[2] is eff and last[1] == dtype:
+        return last[3]
+    out = _rates(gpu, dtype, eff)
+    _LAST_RATES = (gpu, dtype, eff, out)
+    return out
+
+
+def _rates(gpu: GpuSpec, dtype: str, eff: Efficiency) -> Rates:
     peak = gpu.peak_flops_per_s(dtype) * sustained_clock_share(gpu)
     mm = matmul_fraction_of(gpu, eff)
     fl = eff.flash_fraction if eff.flash_fraction is not None else FLASH_FRACTION.get(
@@ -324,6 +340,14 @@ def _unrecomputed_block_s(m: ModelSpec, setup: TrainingSetup, key: Layout, kerne
     return hit
 
 
+@lru_cache(maxsize=64)
+def _block_gemms(m: ModelSpec) -> tuple[tuple[Matmul, float], ...]:
+    """models.matmuls.block_matmuls(m), each with its mean_block_share: the same for every block
+    shape of ``m``, kept per model (issue 32: 14,677 block shapes in the 256-job `plan buy`, at
+    up to 20 us a list for DeepSeek-V3)."""
+    return tuple((mat, mean_block_share(m, mat)) for mat in block_matmuls(m))
+
+
 def _block_compute_s(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gpu: GpuSpec,
                      eff: Efficiency) -> tuple[float, float, float, float, float, float, int]:
     """_unrecomputed_block_s's figures (layer_time's docstring says what they hold); reads no
@@ -344,8 +368,7 @@ def _block_compute_s(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: s
         return gemm_time_s(rows, cols, inner, mm8, hbm, e8, batch)
 
     dense = mlp = 0.0
-    for mat in block_matmuls(m):
-        share = mean_block_share(m, mat)
+    for mat, share in _block_gemms(m):
         if mat.kind == "expert":
             k = m.n_experts_per_token
             local = m.n_experts / ep
