@@ -147,3 +147,42 @@ def assert_deltanet_forward_flops(cfg: dict[str, Any], name: str, seq: int = 128
     gap = m.n_deltanet_layers * deltanet_torch_gap_flops_per_token(m, seq)
     assert planner_fwd - gap == pytest.approx(counted_forward_flops_per_token(cfg, seq), rel=1e-9)
     assert 0 < gap < 0.1 * planner_fwd
+
+
+def hybrid_layer_saved_bytes(cfg: dict[str, Any], seq: int, mixer: str,
+                             moe: bool = False) -> tuple[dict[str, float], dict[str, float]]:
+    """Saved tensors per token of a gated DeltaNet / Kimi Delta Attention hybrid's two kinds of
+    decoder layer, (planner, measured), each keyed "mixer" and "attention". Measured: the generic
+    probe (autograd's saved_tensors_hooks on transformers' own layers under fake tensors, bf16,
+    each storage once) at ``seq`` tokens; layer 3 is the attention layer (the probe names blocks by
+    their classes' kinds, which read Qwen3_5Moe* as experts throughout, so the layer index tells
+    them apart). Planner: the per-letter terms of memory.activations.layer_activation_terms, a
+    decoder layer being two letters (its token mixer ``mixer``'s, or attention's, and its MLP or
+    MoE), each with its own norm and the fp32 normalised tensor memory.norms adds per letter."""
+    from planner.layouts.layout import Layout
+    from planner.memory.activations import layer_activation_terms
+    from planner.memory.attention import attention_saved_delta_bytes
+    from planner.memory.norms import block_norm_delta_bytes
+    from planner.models.families import spec_from_hf_config
+    from planner.models.generic.probe import profile_config
+    from planner.training.setup import TrainingSetup
+
+    measured = {("attention" if "(layers 3)" in b.name else "mixer"):
+                b.saved_bytes_per_token + b.saved_bytes_per_token_per_seq * seq
+                for b in profile_config(cfg, "test").blocks}
+    m = spec_from_hf_config(dict(cfg), "x", "test")
+    lay = Layout(seq_len=seq, micro_batch=1, recompute="none")
+    setup = TrainingSetup(seq_len=seq, attention="eager")
+    terms = layer_activation_terms(m, setup, lay, "eager")
+    n = m.n_layers
+
+    def letter(label: str, n_letters: int) -> float:
+        return sum(t.bytes for t in terms if f"[{label}:" in t.name) * n / n_letters / seq
+
+    norm = 2 * (sum(t.bytes for t in terms if "[every layer" in t.name)
+                + block_norm_delta_bytes(m, setup, lay, "eager")) / seq
+    mlp = letter("MoE", m.n_moe_layers) if moe else letter("MLP", m.n_mlp_layers)
+    qk = attention_saved_delta_bytes(m, setup, lay, "eager") * n / m.n_attention_layers / seq
+    planner = {"mixer": norm + letter(mixer, m.n_deltanet_layers) + mlp,
+               "attention": norm + letter("attention", m.n_attention_layers) + qk + mlp}
+    return planner, measured

@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from causal_families import (  # noqa: E402
     assert_deltanet_forward_flops,
     counted_forward_flops_per_token,
+    hybrid_layer_saved_bytes,
     transformers_count,
 )
 
@@ -139,41 +140,12 @@ def test_saved_tensors_match_autograd(mt, moe):
     # out: per sequence, the norms' fp32 weights, A_log's copies; the rotary cos/sin tables
     require("torch")
     require("transformers")
-    from planner.layouts.layout import Layout
-    from planner.memory.activations import layer_activation_terms
-    from planner.memory.attention import attention_saved_delta_bytes
-    from planner.memory.norms import block_norm_delta_bytes
-    from planner.models.generic.probe import profile_config
-    from planner.training.setup import TrainingSetup
-
     cfg = {**SAVED, "model_type": mt}
     if moe:
         cfg.update(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256, shared_expert_intermediate_size=512)
-    s = 256
-    # layer 3 is the attention layer (the probe names blocks by their classes' kinds, which read
-    # Qwen3_5Moe* as experts throughout, so the layer index tells them apart)
-    measured = {("attention" if "(layers 3)" in b.name else "deltanet"):
-                b.saved_bytes_per_token + b.saved_bytes_per_token_per_seq * s
-                for b in profile_config(cfg, "test").blocks}
-    m = spec_from_hf_config(dict(cfg), "x", "test")
-    lay = Layout(seq_len=s, micro_batch=1, recompute="none")
-    setup = TrainingSetup(seq_len=s, attention="eager")
-    terms = layer_activation_terms(m, setup, lay, "eager")
-    n = m.n_layers
-
-    def letter(label: str, n_letters: int) -> float:
-        return sum(t.bytes for t in terms if f"[{label}:" in t.name) * n / n_letters / s
-
-    # a decoder layer's two norms: one per letter (each letter's own, and the fp32 normalised
-    # tensor memory.norms adds per letter)
-    norm = 2 * (sum(t.bytes for t in terms if "[every layer" in t.name) + block_norm_delta_bytes(m, setup, lay, "eager")
-                ) / s
-    mlp = letter("MoE", m.n_moe_layers) if moe else letter("MLP", m.n_mlp_layers)
-    deltanet = norm + letter("DeltaNet", m.n_deltanet_layers) + mlp
-    qk = attention_saved_delta_bytes(m, setup, lay, "eager") * n / m.n_attention_layers / s
-    attention = norm + letter("attention", m.n_attention_layers) + qk + mlp
-    assert deltanet == pytest.approx(measured["deltanet"], rel=0.005)
-    assert attention == pytest.approx(measured["attention"], rel=0.005)
+    planner, measured = hybrid_layer_saved_bytes(cfg, 256, "DeltaNet", moe=moe)
+    assert planner["mixer"] == pytest.approx(measured["mixer"], rel=0.005)
+    assert planner["attention"] == pytest.approx(measured["attention"], rel=0.005)
 
 
 def test_deltanet_mixer_bytes_are_its_tensors():

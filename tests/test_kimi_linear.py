@@ -17,6 +17,7 @@ from planner.models.spec import count_params
 sys.path.insert(0, str(Path(__file__).parent))
 from causal_families import (  # noqa: E402
     assert_deltanet_forward_flops,
+    hybrid_layer_saved_bytes,
     transformers_count,
 )
 
@@ -159,34 +160,9 @@ def test_saved_tensors_match_autograd():
     # re-itemised for KDA. MLA layer 34,816 / 35,852, -2.9% (the MLA latents not itemised here).
     require("torch")
     require("transformers")
-    from planner.layouts.layout import Layout
-    from planner.memory.activations import layer_activation_terms
-    from planner.memory.attention import attention_saved_delta_bytes
-    from planner.memory.norms import block_norm_delta_bytes
-    from planner.models.generic.probe import profile_config
-    from planner.training.setup import TrainingSetup
-
-    s = 256
-    measured = {("attention" if "(layers 3)" in b.name else "kda"):
-                b.saved_bytes_per_token + b.saved_bytes_per_token_per_seq * s
-                for b in profile_config(SAVED, "test").blocks}
-    m = spec_from_hf_config(dict(SAVED), "x", "test")
-    lay = Layout(seq_len=s, micro_batch=1, recompute="none")
-    setup = TrainingSetup(seq_len=s, attention="eager")
-    terms = layer_activation_terms(m, setup, lay, "eager")
-    n = m.n_layers
-
-    def letter(label: str, n_letters: int) -> float:
-        return sum(t.bytes for t in terms if f"[{label}:" in t.name) * n / n_letters / s
-
-    norm = 2 * (sum(t.bytes for t in terms if "[every layer" in t.name) + block_norm_delta_bytes(m, setup, lay, "eager")
-                ) / s
-    mlp = letter("MLP", m.n_mlp_layers)
-    kda = norm + letter("DeltaNet", m.n_deltanet_layers) + mlp
-    qk = attention_saved_delta_bytes(m, setup, lay, "eager") * n / m.n_attention_layers / s
-    attention = norm + letter("attention", m.n_attention_layers) + qk + mlp
-    assert kda == pytest.approx(measured["kda"], rel=0.03)
-    assert attention == pytest.approx(measured["attention"], rel=0.04)
+    planner, measured = hybrid_layer_saved_bytes(dict(SAVED), 256, "DeltaNet")
+    assert planner["mixer"] == pytest.approx(measured["mixer"], rel=0.03)
+    assert planner["attention"] == pytest.approx(measured["attention"], rel=0.04)
 
 
 def test_fsdp_block_backward_holds_the_gathered_block():
