@@ -15,8 +15,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from planner.hardware.axes import AXES, AxisSizes
-from planner.hardware.placement import FALLBACK_INTRA_LATENCY_S, AxisLink, Cluster, all_to_all_link, axis_links
+from planner.hardware.axes import AXES
+from planner.hardware.placement import (
+    FALLBACK_INTRA_LATENCY_S,
+    AxisLink,
+    Cluster,
+    all_to_all_table,
+    axis_link_table,
+)
 from planner.layouts.batch import RECOMPUTES, Unsupported
 from planner.layouts.groups import Rows as _Rows
 from planner.layouts.groups import TableCache
@@ -247,7 +253,20 @@ def layout_links(cluster: Cluster, sizes: tuple[int, ...], order: tuple[str, ...
                  ep_fold: int = 0, routing: tuple[int, int, int] | None = None
                  ) -> tuple[dict[str, AxisLink], AxisLink]:
     """(each axis's ring links, the ep all-to-all's link) for a layout of degrees ``sizes``
-    (tp, cp, ep, dp, pp, as placement.axis_links and placement.all_to_all_link read them).
+    (tp, cp, ep, dp, pp): layout_link_table's column of it."""
+    col = layout_link_table(cluster, np.array(sizes, dtype=np.int64)[:, None], order, etp, ep_fold,
+                            routing)[:, 0].tolist()
+    rings = {ax: AxisLink(bus_bytes_per_s=col[2 * AXES.index(ax)], latency_s=col[2 * AXES.index(ax) + 1])
+             for ax in order}
+    return rings, AxisLink(bus_bytes_per_s=col[A2A_BW], latency_s=col[A2A_LAT])
+
+
+def layout_link_table(cluster: Cluster, sizes: np.ndarray, order: tuple[str, ...] = AXES, etp: int = 0,
+                      ep_fold: int = 0, routing: tuple[int, int, int] | None = None) -> np.ndarray:
+    """Each axis's ring links, then the ep all-to-all's link, for layouts of degrees ``sizes``
+    (int64, (5, N): tp, cp, ep, dp, pp rows, as placement.axis_link_table and
+    placement.all_to_all_table read them), as a (LINK_ROWS, N) array: bus bandwidth and hop
+    latency of tp, cp, ep, dp, pp, then of the all-to-all.
     The ep groups lie on the expert grid etp x ep x edp x pp: megatron-core 0.16.1 builds it
     over the same GPUs with the same rank order, cp left out and etp innermost
     (parallel_state.py lines 797-805: RankGenerator(tp=etp, ep=ep, dp=edp, pp=pp, cp=1,
@@ -259,12 +278,33 @@ def layout_links(cluster: Cluster, sizes: tuple[int, ...], order: tuple[str, ...
     token once per remote node (training.moe_runtime.dedup_routing)."""
     tp, cp, ep, dp, pp = sizes
     e_tp = expert_tp_size(etp, tp)
-    expert_grid = AxisSizes(tp=e_tp, ep=ep, dp=expert_data_parallel_size(dp, tp, cp, ep, e_tp, ep_fold), pp=pp)
+    ones = np.ones_like(tp)
+    expert_grid = np.stack([e_tp, ones, ep, expert_data_parallel_size(dp, tp, cp, ep, e_tp, ep_fold), pp])
+    a2a = all_to_all_table(cluster, expert_grid, order, routing)
     if not ep_fold:
-        return axis_links(cluster, sizes, order), all_to_all_link(cluster, expert_grid, order, routing)
-    attention = axis_links(cluster, AxisSizes(tp=tp, cp=cp, dp=dp, pp=pp), order)
-    return ({**attention, "ep": axis_links(cluster, expert_grid, order)["ep"]},
-            all_to_all_link(cluster, expert_grid, order, routing))
+        return np.concatenate([axis_link_table(cluster, sizes, order), a2a])
+    rings = axis_link_table(cluster, np.stack([tp, cp, ones, dp, pp]), order)
+    ep_row = 2 * AXES.index("ep")
+    rings[ep_row:ep_row + 2] = axis_link_table(cluster, expert_grid, order)[ep_row:ep_row + 2]
+    return np.concatenate([rings, a2a])
+
+
+# Link tables kept across calls, per (cluster, placement orders, distinct degrees, etp, ep
+# folding, routing): they read no model, so the searches of several models on one cluster share
+# them (the 256-job `plan buy` of issue 32). Least recently used first out.
+LINK_CACHE = TableCache(max_entries=256, max_bytes=16 * 2**20)
+
+
+def link_tables(cluster: Cluster, orders: tuple[tuple[str, ...], ...], sizes: np.ndarray, etp: int = 0,
+                ep_fold: int = 0, routing: tuple[int, int, int] | None = None) -> list[np.ndarray]:
+    """layout_link_table of the degrees ``sizes`` ((5, D): tp, cp, ep, dp, pp) on each
+    placement order, or its answer for the same arguments from an earlier call."""
+    key = (cluster, orders, sizes.tobytes(), etp, ep_fold, routing)
+    hit = LINK_CACHE.get(key)
+    if hit is None:
+        hit = [layout_link_table(cluster, sizes, order, etp, ep_fold, routing) for order in orders]
+        LINK_CACHE.put(key, hit)
+    return hit
 
 
 # Degree tables kept across calls, per (model, set-up, cluster, efficiencies, placement
@@ -339,20 +379,8 @@ def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
 
     routing = dedup_routing(m, setup.moe_dispatcher)
 
-    def links_of(*sizes: int) -> tuple[float, ...]:
-        out: list[float] = []
-        for order in orders:
-            lk, a2a = layout_links(cluster, sizes, order, etp, ep_fold, routing)
-            out += [x for ax in AXES for x in (lk[ax].bus_bytes_per_s, lk[ax].latency_s)]
-            out += [a2a.bus_bytes_per_s, a2a.latency_s]
-        return tuple(out)
-
-    keys = list(zip(tp.tolist(), cp.tolist(), ep.tolist(), dp.tolist(), pp.tolist()))
-    links_key = (cluster, tuple(orders), etp, ep_fold, routing)
-    every = np.ascontiguousarray(_rows(LINK_ROWS * len(orders), np.float64, "links", *links_key)
-                                 .lookup(keys, links_of).T)
     # per order: bw, lat of each axis, then of the ep all-to-all (placement.all_to_all_link)
-    links = [every[LINK_ROWS * i:LINK_ROWS * (i + 1)] for i in range(len(orders))]
+    links = link_tables(cluster, tuple(orders), np.stack(degrees), etp, ep_fold, routing)
 
     # ---- per D: the optimizer update unsharded and sharded (timing.optimizer_time_s), as
     # (2, slots, D) flattened
