@@ -2,7 +2,7 @@
 which planner.timing.fast reads for a batch of layouts: each axis's links on each placement
 order, the stages that can be the slowest and their ranks' trainable and frozen parameters,
 the data-parallel collectives of every sharding and the optimizer update (Degrees, kept
-across calls in DEGREE_CACHE), one block shape's times and volumes (block_row), and the
+across calls in DEGREE_CACHE), and the
 memo of slowest stages per block shape (SlowestMemo). See planner.timing.fast for the model.
 """
 
@@ -23,7 +23,7 @@ from planner.hardware.placement import (
     all_to_all_table,
     axis_link_table,
 )
-from planner.layouts.batch import RECOMPUTES, Unsupported
+from planner.layouts.batch import Unsupported
 from planner.layouts.groups import Rows as _Rows
 from planner.layouts.groups import TableCache
 from planner.layouts.groups import group as _group
@@ -43,17 +43,10 @@ from planner.models.spec import ModelSpec, ParamCount
 from planner.timing.collectives import Ring
 from planner.timing.dp import instance_links, optimizer_update_bytes_per_param, trained_split
 from planner.timing.efficiency import (
-    CROSS_ENTROPY_BYTES_PER_LOGIT,
-    CROSS_ENTROPY_FORWARD_SHARE,
     Efficiency,
 )
-from planner.timing.host_link import activation_offload_exposed_s
 from planner.timing.kernels import (
-    LAYER_TIME_FIELDS,
     backward_layers,
-    gemm_time_s,
-    head_backward_gemms,
-    layer_time_values,
     rates,
 )
 from planner.timing.parts import (
@@ -183,43 +176,6 @@ def stage_slots(n_layers: int, pp: int, balance: str = "none") -> tuple[tuple[in
 
 # ------------------------------------------------------------------------ the step
 
-BLOCK_FIELDS = LAYER_TIME_FIELDS    # a block row's first fields: fwd_s, bwd_s, attention_fwd_s, tp_bytes, ...
-
-
-def block_row(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Efficiency, kernels: str, tp: int,
-               sp: int, cp: int, ep: int, mb: int, rc: int, etp: int = 0) -> tuple[float, ...]:
-    """One block shape's LayerTime fields, then what the pipeline derives from the
-    micro-batch alone: what the last stage adds to its forward and backward, the bytes of the
-    tp all-reduce at each pipeline edge and of a pipeline send.
-
-    The last stage adds the LM head and loss. Under Megatron-Core's CPU activation offload,
-    which needs pp = 1 (layouts.rules), the one stage also adds the copies compute does not
-    hide (host_link.activation_offload_exposed_s). MTP modules (TrainingSetup.mtp_layers) are
-    not timed: megatron-core 0.16.1 runs them on the last stage, but the runs that train them
-    give that stage fewer blocks (Megatron-Bridge's DeepSeek-V3 pipeline layouts end "tmL":
-    one block, the MTP module and the loss), a split the planner's stage_layers cannot state;
-    timed on top of the planner's split they lengthened the predicted step of every such run by
-    13% to 49% and worsened the study out of fold (docs/megatron-bridge-terms.md). Their FLOPs
-    count (timing.flops.with_mtp)."""
-    gpu, prec = cluster.gpu, setup.precision_spec
-    seq, h, a = setup.seq_len, m.d_model, prec.activation_bytes
-    key = Layout(tp=tp, sp=bool(sp), cp=cp, ep=ep, micro_batch=mb, seq_len=seq, recompute=RECOMPUTES[rc],
-                 etp=etp)
-    lt = layer_time_values(m, setup, key, kernels, gpu, eff)       # LayerTime's fields (BLOCK_FIELDS)
-    r = rates(gpu, prec.compute_dtype, eff)
-    tokens = mb * seq / cp
-    head_fwd = gemm_time_s(tokens, m.vocab_size / tp, h, r.matmul_flops_per_s, r.hbm_bytes_per_s, prec.weight_bytes)
-    loss_s = tokens * m.vocab_size / tp * CROSS_ENTROPY_BYTES_PER_LOGIT / r.hbm_bytes_per_s
-    head_bwd = head_backward_gemms(setup.finetune)
-    last_fwd = head_fwd + loss_s * CROSS_ENTROPY_FORWARD_SHARE
-    last_bwd = head_bwd * head_fwd + loss_s * (1 - CROSS_ENTROPY_FORWARD_SHARE)
-    if setup.offload_activations:
-        off_fwd, off_bwd = activation_offload_exposed_s(m, setup, key, kernels, gpu, float(lt[0]), float(lt[1]),
-                                                        m.n_layers)
-        last_fwd, last_bwd = last_fwd + off_fwd, last_bwd + off_bwd
-    return (*map(float, lt), last_fwd, last_bwd, tokens * h * a, tokens * h * a / tp)
-
-
 # the rows of each order's link table: bus bandwidth and hop latency of tp, cp, ep, dp, pp (AXES),
 # then the ep all-to-all's; a stage's time reads tp, cp, ep and the all-to-all's (INNER_ROWS)
 LINK_ROWS = 12
@@ -289,22 +245,18 @@ def layout_link_table(cluster: Cluster, sizes: np.ndarray, order: tuple[str, ...
     return np.concatenate([rings, a2a])
 
 
-# Link tables kept across calls, per (cluster, placement orders, distinct degrees, etp, ep
-# folding, routing): they read no model, so the searches of several models on one cluster share
-# them (the 256-job `plan buy` of issue 32). Least recently used first out.
-LINK_CACHE = TableCache(max_entries=256, max_bytes=16 * 2**20)
-
-
 def link_tables(cluster: Cluster, orders: tuple[tuple[str, ...], ...], sizes: np.ndarray, etp: int = 0,
                 ep_fold: int = 0, routing: tuple[int, int, int] | None = None) -> list[np.ndarray]:
-    """layout_link_table of the degrees ``sizes`` ((5, D): tp, cp, ep, dp, pp) on each
-    placement order, or its answer for the same arguments from an earlier call."""
-    key = (cluster, orders, sizes.tobytes(), etp, ep_fold, routing)
-    hit = LINK_CACHE.get(key)
-    if hit is None:
-        hit = [layout_link_table(cluster, sizes, order, etp, ep_fold, routing) for order in orders]
-        LINK_CACHE.put(key, hit)
-    return hit
+    """layout_link_table of the degrees ``sizes`` ((5, D): tp, cp, ep, dp, pp) on each placement
+    order, each degree tuple's rows kept across calls per cluster, orders, etp, folding and
+    routing: they read no model, so the searches of several models on one cluster share them
+    (the 256-job `plan buy` of issue 32); new tuples are worked out together."""
+    rows = _rows(LINK_ROWS * len(orders), np.float64, "links", cluster, orders, etp, ep_fold, routing)
+    keys = list(zip(*sizes.tolist()))
+    ids = rows.ids(keys, many=lambda new: np.concatenate(
+        [layout_link_table(cluster, new, order, etp, ep_fold, routing) for order in orders]).T)
+    every = np.ascontiguousarray(rows.table[ids].T)
+    return [every[LINK_ROWS * i:LINK_ROWS * (i + 1)] for i in range(len(orders))]
 
 
 # Degree tables kept across calls, per (model, set-up, cluster, efficiencies, placement

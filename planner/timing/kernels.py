@@ -4,7 +4,7 @@ LoRA/QLoRA adapters and dequantization; which blocks run a backward pass."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from functools import lru_cache
 
 from planner.hardware.gpus import GpuSpec
@@ -27,8 +27,6 @@ from planner.timing.mamba import (
     attention_share,
     dispatch_width,
     mamba_scan_time_s,
-    moe_share,
-    tp_collectives_per_layer,
 )
 from planner.training.finetune import (
     FinetuneSpec,
@@ -37,9 +35,9 @@ from planner.training.finetune import (
 )
 from planner.training.fp8 import Fp8Recipe
 from planner.training.images import image_flops_per_sequence
-from planner.training.kernels import runs_fused_elementwise, selective_policy
+from planner.training.kernels import runs_fused_elementwise
 from planner.training.linears import block_linears
-from planner.training.moe_runtime import a2a_overlapped, host_sync_per_moe_block
+from planner.training.moe_runtime import host_sync_per_moe_block
 from planner.training.setup import (
     Precision,
     TrainingSetup,
@@ -130,26 +128,6 @@ def image_time_s(m: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, eff: Efficien
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class LayerTime:
-    """One block, one micro-batch, one rank: compute seconds (forward, backward with its
-    recomputation) and the bytes each tensor-, context- and expert-parallel collective moves."""
-
-    fwd_s: float
-    bwd_s: float
-    attention_fwd_s: float         # the part of fwd_s that ring attention can hide K/V sends under
-    tp_bytes: float                # one activation (tokens x d_model) the tp collectives move
-    tp_collectives: float          # all-reduce equivalents per micro-batch, forward+backward+recompute
-    cp_bytes: float                # K and V of the local chunk, sent cp-1 times per pass
-    cp_passes: float
-    ep_bytes: float                # tokens routed out by one all-to-all
-    ep_all_to_alls: float
-    ep_hidden_share: float         # the share of them hidden under compute (training.moe_runtime)
-
-
-LAYER_TIME_FIELDS = tuple(f.name for f in fields(LayerTime))
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
 class ElementwiseBytes:
     """HBM bytes of one block's element-wise kernels per token on one rank."""
 
@@ -234,89 +212,6 @@ def _hybrid_elementwise(m: ModelSpec, lay: Layout, setup: TrainingSetup, a: int,
     return ElementwiseBytes(fwd=rep_f / h_div + split_f / tp, bwd=rep_b / h_div + split_b / tp)
 
 
-@lru_cache(maxsize=8192)
-def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gpu: GpuSpec,
-               eff: Efficiency) -> LayerTime:
-    """Compute time of one block for one micro-batch on one rank, and its collective volumes.
-
-    GEMMs (per rank, T = micro-batch x seq/cp tokens): QKV T x h x (q+2kv)/tp, output
-    T x q/tp x h, MLP T x h x f/tp (x2 gated) and T x f/tp x h; MoE experts see T k ep / E
-    tokens each, E/ep of them per rank. With expert tensor parallelism etp (Layout.expert_tp,
-    tp by default) megatron-core 0.16.1's MoEAlltoAllTokenDispatcher all-to-alls each rank's
-    T/tp sequence-parallel tokens over ep and all-gathers them over the etp group only
-    (transformer/moe/token_dispatcher.py: token_dispatch's all_to_all on ep_group, line 666,
-    then dispatch_postprocess's gather_from_sequence_parallel_region on self.tp_group, line
-    696, which is pg_collection.expt_tp, line 73); the all-to-all bytes do not change with
-    etp. Each local expert sees
-    T k ep etp / (E tp) tokens with f/etp columns, the same FLOPs per rank at any etp, in
-    wider GEMMs. Backward runs two GEMMs per forward GEMM (input and
-    weight gradients). Attention: fused (flash) at the flash rate on the causal half, backward
-    2.5x forward (Dao 2023, Sec. 3.1: backward recomputes the scores); eager as two batched
-    GEMMs per head with k = head_dim and k = s. Element-wise kernels at HBM bandwidth
-    (elementwise_bytes_per_token; eager kernels x Efficiency.unfused_elementwise_factor).
-    ``kernels``: what the block runs (training.kernels.block_kernel_codes, the rule the memory
-    model reads too): fused, eager, amp or torchtitan (its per-op SelectiveAC under selective).
-    Recomputation adds forward work: full the whole block, selective the
-    attention core (Korthikanti et al. 2022, Sec. 4.2-4.3).
-
-    Fine-tuning (setup.finetune, see frozen_block_extra_s): under LoRA and QLoRA the base
-    weights are frozen, so each base GEMM runs one backward GEMM (the input gradient)
-    instead of two, and the adapters add their own GEMMs (forward, and twice that in
-    backward). Under freeze a block either trains in full or runs no backward at all
-    (timing.fast counts which: backward_layers()), so its times are full training's.
-    """
-    return LayerTime(**dict(zip(LAYER_TIME_FIELDS, layer_time_values(m, setup, key, kernels, gpu, eff))))
-
-
-def layer_time_values(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gpu: GpuSpec,
-                      eff: Efficiency) -> tuple[float, ...]:
-    """layer_time's fields, in LayerTime's order (LAYER_TIME_FIELDS), uncached: what the block
-    tables read (timing.degrees.block_row, one call per block shape; a LayerTime and a cache
-    entry per shape cost a third of a row there, issue 32)."""
-    fwd, bwd, attn_fwd, elem_fwd, mm8, hbm, e8 = _unrecomputed_block_s(m, setup, key, kernels, gpu, eff)
-    prec = setup.precision_spec
-    tp, cp, ep, etp = key.tp, key.cp, key.ep, key.expert_tp
-    tokens = key.micro_batch * key.seq_len / cp
-    h, q, kv, f = m.d_model, m.q_dim, m.kv_dim, m.d_ff
-
-    def gemm(rows: float, cols: float, inner: float) -> float:
-        """A block linear layer's GEMM: at the FP8 rate under an FP8 recipe (timing.kernels.fp8_matmul)."""
-        return gemm_time_s(rows, cols, inner, mm8, hbm, e8)
-
-    if key.recompute == "full":
-        bwd += fwd * setup.recomputed_share     # Megatron's block method reruns N layers of each stage
-    elif key.recompute == "selective" and selective_policy(kernels, eff.selective_policy) == "torchtitan-op" \
-            and not m.is_moe:
-        # every second mm of the block's forward order (wq wk wv wo, then w1 w3 w2 or fc1 fc2)
-        # and the element-wise ops (Efficiency.selective_policy)
-        second = [gemm(tokens, kv / tp, h), gemm(tokens, h, q / tp)]
-        second.append(gemm(tokens, f / tp, h) if m.gated_mlp else gemm(tokens, h, f / tp))
-        bwd += sum(second) + elem_fwd
-    elif key.recompute == "selective":
-        bwd += attn_fwd
-    # tp: 2 all-reduces (or all-gather + reduce-scatter pairs with sp) in forward, 2 in
-    # backward, 2 more when full recomputation reruns the forward (Shoeybi et al. 2019, Sec. 3).
-    n_tp = tp_collectives_per_layer(m)      # a hybrid's layer holds one mixer: half a block's
-    tp_coll = (n_tp + (n_tp / 2 * setup.recomputed_share if key.recompute == "full" else 0)) if tp > 1 else 0
-    if m.is_moe and etp != tp and tp > 1:
-        # half of them are the MLP's (Shoeybi et al. 2019, Sec. 3): under etp they run on the
-        # expert tensor-parallel group, inside the tp group (layouts.rules: etp divides tp) and so
-        # on its links, counted in tp-ring equivalents: a ring's time is (n-1)/n of the bytes
-        # over the bus rate (timing.collectives.Ring), (etp-1)/etp against (tp-1)/tp
-        tp_coll *= (1 + ((etp - 1) / etp) / ((tp - 1) / tp)) / 2
-    a = prec.activation_bytes
-    cp_bytes = tokens * 2 * kv * a / tp * attention_share(m) if cp > 1 else 0.0
-    k_ = m.n_experts_per_token if m.is_moe else 1
-    ep_a = prec.fp8.ep_dispatch_bytes if prec.fp8 is not None else a    # DeepSeek-V3: FP8 dispatch
-    # the all-to-all ends when the most loaded rank has received its tokens (setup.moe_imbalance)
-    ep_bytes = (tokens * k_ * dispatch_width(m) * ep_a * setup.moe_imbalance / (tp if key.sp else 1)
-                * moe_share(m) if (m.is_moe and ep > 1) else 0.0)
-    return (fwd, bwd, attn_fwd, tokens * h * a, tp_coll, cp_bytes,
-            (3 + (1 if key.recompute == "full" else 0)) if cp > 1 else 0, ep_bytes,
-            (4 + (2 if key.recompute == "full" else 0)) if ep_bytes else 0,
-            eff.ep_overlap if a2a_overlapped(setup.moe_a2a_overlap, key.recompute, setup.mtp_layers) else 0.0)
-
-
 # The part of a block's time that its recomputation does not change, per (model, set-up,
 # block shape but its recomputation, kernels, GPU, efficiencies): a sweep asks layer_time for
 # each block shape under none, selective and full recomputation (37,943 block shapes of the
@@ -325,7 +220,7 @@ _UNRECOMPUTED: dict[tuple[object, ...], tuple[float, float, float, float, float,
 MAX_UNRECOMPUTED = 16384
 
 
-def _unrecomputed_block_s(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gpu: GpuSpec,
+def unrecomputed_block_s(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gpu: GpuSpec,
                           eff: Efficiency) -> tuple[float, float, float, float, float, float, int]:
     """layer_time's (forward, backward before recomputation, attention forward, element-wise
     forward seconds, and the block GEMMs' FLOP/s, HBM bytes/s and operand bytes) of the block
@@ -350,7 +245,7 @@ def _block_gemms(m: ModelSpec) -> tuple[tuple[Matmul, float], ...]:
 
 def _block_compute_s(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gpu: GpuSpec,
                      eff: Efficiency) -> tuple[float, float, float, float, float, float, int]:
-    """_unrecomputed_block_s's figures (layer_time's docstring says what they hold); reads no
+    """unrecomputed_block_s's figures (layer_time's docstring says what they hold); reads no
     ``key.recompute``."""
     r = rates(gpu, setup.precision_spec.compute_dtype, eff)
     prec = setup.precision_spec
@@ -590,10 +485,3 @@ def backward_layers(ft: FinetuneSpec, n_layers_total: int, first_layer: int, n_l
     activations either (finetune.activation_layers, which this is). LoRA adapters sit in
     every block, so every block runs backward."""
     return activation_layers(ft, n_layers_total, first_layer, n_layers)
-
-
-def layer_key(lay: Layout) -> Layout:
-    """The fields of ``lay`` a block's time depends on (layer_time's cache key)."""
-    return Layout(tp=lay.tp, sp=lay.sp, cp=lay.cp, ep=lay.ep, micro_batch=lay.micro_batch,
-                  seq_len=lay.seq_len, recompute=lay.recompute, etp=lay.etp)
-
