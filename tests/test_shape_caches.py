@@ -2,7 +2,7 @@
 
 A sweep asks for each block shape under none, selective and full recomputation; the part of a
 block's time and bytes that its recomputation does not change is now worked out once per shape
-(timing.kernels.unrecomputed_block_s, memory.shapes' bytes without recomputation) and a block's
+(timing.layer.layer_time_table's kernels.block_compute_s, memory.shapes' bytes without recomputation) and a block's
 saved-tensor terms once per the fields they read (memory.activations.block_terms). The referee of
 each test is the same model with every cache emptied before each call: the caches must change
 no figure, whichever shape or recomputation is asked first."""
@@ -45,7 +45,6 @@ RECOMPUTES = ("none", "selective", "full")
 
 def _forget() -> None:
     layer_time.cache_clear()
-    kernels._UNRECOMPUTED.clear()
     activations.block_activations.cache_clear()
     activations._block_terms.cache_clear()
     shapes.forget_tables()

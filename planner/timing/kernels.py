@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from planner.hardware.gpus import GpuSpec
-from planner.layouts.layout import Layout
+from planner.layouts.layout import Layout, seq_len_per_rank
 from planner.models.dsa import indexer_score_flops_per_token, sparse_attention_share
 from planner.models.matmuls import Matmul, block_matmuls, mean_block_share
 from planner.models.spec import ModelSpec
@@ -44,9 +47,9 @@ from planner.training.setup import (
 )
 
 
-def gemm_time_s(m_rows: float, n_cols: float, k_inner: float, flops_per_s: float, bytes_per_s: float,
-                elem_bytes: int, batch: float = 1.0) -> float:
-    """Time of ``batch`` (m x k) @ (k x n) matrix multiplies: the math at the achievable
+def gemm_time_s(m_rows: Any, n_cols: Any, k_inner: Any, flops_per_s: Any, bytes_per_s: float,
+                elem_bytes: Any, batch: Any = 1.0) -> Any:
+    """Time of ``batch`` (m x k) @ (k x n) matrix multiplies (floats, or arrays of them): the math at the achievable
     matmul rate plus one pass of the operands and the result through HBM.
 
     A tiled GEMM reads A and B and writes C at least once (NVIDIA, "Matrix Multiplication
@@ -135,7 +138,7 @@ class ElementwiseBytes:
     bwd: float
 
 
-def elementwise_bytes_per_token(m: ModelSpec, lay: Layout, setup: TrainingSetup) -> ElementwiseBytes:
+def elementwise_bytes_per_token(m: ModelSpec, lay: Layout | BlockShapes, setup: TrainingSetup) -> ElementwiseBytes:
     """HBM bytes the element-wise kernels of one block move per token, on one rank, for
     fused kernels (Megatron-LM / Apex / Transformer Engine); a = activation bytes.
 
@@ -162,7 +165,7 @@ def elementwise_bytes_per_token(m: ModelSpec, lay: Layout, setup: TrainingSetup)
     a = setup.precision_spec.activation_bytes
     h, q, kv, f = m.d_model, m.q_dim, m.kv_dim, m.d_ff
     tp = lay.tp
-    h_div = tp if lay.sp else 1
+    h_div = sp_divisor(tp, lay.sp)
     k = m.n_experts_per_token if m.is_moe else 1
     mask = h if m.hidden_dropout > 0 else 0
     n_residual = 1 if m.parallel_block or m.layer_pattern else 2
@@ -188,7 +191,7 @@ def elementwise_bytes_per_token(m: ModelSpec, lay: Layout, setup: TrainingSetup)
     return ElementwiseBytes(fwd=rep_f / h_div + split_f / tp, bwd=rep_b / h_div + split_b / tp)
 
 
-def _hybrid_elementwise(m: ModelSpec, lay: Layout, setup: TrainingSetup, a: int, h_div: int,
+def _hybrid_elementwise(m: ModelSpec, lay: Layout | BlockShapes, setup: TrainingSetup, a: int, h_div: Any,
                         mask: int) -> ElementwiseBytes:
     """elementwise_bytes_per_token's table for a hybrid's mean layer: one norm and one residual
     per layer; the MLP activation (relu2: read, write f; backward read x, dy, write dx; a gated
@@ -212,29 +215,6 @@ def _hybrid_elementwise(m: ModelSpec, lay: Layout, setup: TrainingSetup, a: int,
     return ElementwiseBytes(fwd=rep_f / h_div + split_f / tp, bwd=rep_b / h_div + split_b / tp)
 
 
-# The part of a block's time that its recomputation does not change, per (model, set-up,
-# block shape but its recomputation, kernels, GPU, efficiencies): a sweep asks layer_time for
-# each block shape under none, selective and full recomputation (37,943 block shapes of the
-# 256-job `plan buy` of issue 32, 16,722 of them without the recomputation). Cleared when full.
-_UNRECOMPUTED: dict[tuple[object, ...], tuple[float, float, float, float, float, float, int]] = {}
-MAX_UNRECOMPUTED = 16384
-
-
-def unrecomputed_block_s(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gpu: GpuSpec,
-                          eff: Efficiency) -> tuple[float, float, float, float, float, float, int]:
-    """layer_time's (forward, backward before recomputation, attention forward, element-wise
-    forward seconds, and the block GEMMs' FLOP/s, HBM bytes/s and operand bytes) of the block
-    shape ``key``, which read every field of layer_key but the recomputation: worked out once
-    per distinct one (_block_compute_s)."""
-    ck = (m, setup, kernels, gpu, eff, key.tp, key.sp, key.cp, key.ep, key.micro_batch, key.seq_len, key.etp)
-    hit = _UNRECOMPUTED.get(ck)
-    if hit is None:
-        if len(_UNRECOMPUTED) >= MAX_UNRECOMPUTED:
-            _UNRECOMPUTED.clear()
-        hit = _UNRECOMPUTED[ck] = _block_compute_s(m, setup, key, kernels, gpu, eff)
-    return hit
-
-
 @lru_cache(maxsize=64)
 def _block_gemms(m: ModelSpec) -> tuple[tuple[Matmul, float], ...]:
     """models.matmuls.block_matmuls(m), each with its mean_block_share: the same for every block
@@ -243,10 +223,37 @@ def _block_gemms(m: ModelSpec) -> tuple[tuple[Matmul, float], ...]:
     return tuple((mat, mean_block_share(m, mat)) for mat in block_matmuls(m))
 
 
-def _block_compute_s(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gpu: GpuSpec,
-                     eff: Efficiency) -> tuple[float, float, float, float, float, float, int]:
-    """unrecomputed_block_s's figures (layer_time's docstring says what they hold); reads no
-    ``key.recompute``."""
+class BlockShapes(NamedTuple):
+    """Block shapes as int64 arrays (sp 0 or 1; one sequence length), named as the Layout
+    fields and properties a block's compute time reads, so that the per-block functions below
+    take a Layout (one shape) or these (many)."""
+
+    tp: np.ndarray
+    sp: np.ndarray
+    cp: np.ndarray
+    ep: np.ndarray
+    micro_batch: np.ndarray
+    seq_len: int
+    expert_tp: np.ndarray
+
+    @property
+    def tokens_per_rank(self) -> np.ndarray:
+        """Layout.tokens_per_rank of each shape."""
+        return self.micro_batch * seq_len_per_rank(self.seq_len, self.cp)
+
+
+def sp_divisor(tp: Any, sp: Any) -> Any:
+    """What an h-wide tensor is split by: tp under sequence parallelism, else 1 (sp 0 or 1;
+    ints or arrays)."""
+    return tp * sp + (1 - sp)
+
+
+def block_compute_s(m: ModelSpec, setup: TrainingSetup, key: BlockShapes, kernels: str, gpu: GpuSpec,
+                    eff: Efficiency) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float, float, int]:
+    """layer_time's (forward, backward before recomputation, attention forward, element-wise
+    forward seconds) of each block shape of ``key`` (arrays), and the block GEMMs' FLOP/s, HBM
+    bytes/s and operand bytes (one each); what the recomputation adds follows in
+    timing.layer.layer_time_table (layer_time's docstring says what these hold)."""
     r = rates(gpu, setup.precision_spec.compute_dtype, eff)
     prec = setup.precision_spec
     e = prec.weight_bytes
@@ -258,31 +265,33 @@ def _block_compute_s(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: s
 
     mm8, e8 = fp8_matmul(gpu, prec, mm, e, fp8_fraction_of(gpu, eff, prec.fp8))
 
-    def gemm(rows: float, cols: float, inner: float, batch: float = 1.0) -> float:
+    def gemm(rows: Any, cols: Any, inner: Any, batch: Any = 1.0) -> Any:
         """A block linear layer's GEMM: at the FP8 rate under an FP8 recipe (timing.kernels.fp8_matmul)."""
         return gemm_time_s(rows, cols, inner, mm8, hbm, e8, batch)
 
-    dense = mlp = 0.0
+    dense: Any = 0.0
+    mlp: Any = 0.0
     for mat, share in _block_gemms(m):
         if mat.kind == "expert":
             k = m.n_experts_per_token
             local = m.n_experts / ep
             rows = tokens * k / local * etp / tp     # tokens routed to each local expert (balanced)
-            if ep > 1:      # the most loaded ep rank's experts, which the others wait for (setup.moe_imbalance)
-                rows *= setup.moe_imbalance
+            # the most loaded ep rank's experts, which the others wait for (setup.moe_imbalance)
+            rows = np.where(ep > 1, rows * setup.moe_imbalance, rows)
             cols, inner = (mat.d_out / etp, mat.d_in) if mat.split == "column" else (mat.d_out, mat.d_in / etp)
             # a grouped GEMM with few rows per expert runs below the dense rate (Efficiency.expert_gemm_half_rows)
-            mlp += share * gemm(rows, cols, inner, local) * (1 + eff.expert_gemm_half_rows / rows)
+            mlp = mlp + share * gemm(rows, cols, inner, local) * (1 + eff.expert_gemm_half_rows / rows)
             continue
         if mat.kind == "router":        # the router stays 16-bit
-            dense += share * gemm_time_s(tokens, mat.d_out, mat.d_in, mm, hbm, e)
+            dense = dense + share * gemm_time_s(tokens, mat.d_out, mat.d_in, mm, hbm, e)
             continue
-        div_out, div_in = {"column": (tp, 1), "row": (1, tp), "none": (1, 1)}[mat.split]
+        splits: dict[str, tuple[Any, Any]] = {"column": (tp, 1), "row": (1, tp), "none": (1, 1)}
+        div_out, div_in = splits[mat.split]
         t = share * gemm(tokens, mat.d_out / div_out, mat.d_in / div_in)
         if mat.kind == "attention":
-            dense += t
+            dense = dense + t
         else:
-            mlp += t
+            mlp = mlp + t
     dv = m.value_head_dim
     heads = m.n_heads / tp
     if setup.attention == "flash":
@@ -305,35 +314,37 @@ def _block_compute_s(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: s
     elem_fwd, elem_bwd = (tokens * factor / hbm * x for x in (elem.fwd, elem.bwd))
     if prec.fp8 is not None:
         cast = fp8_cast_bytes(m, key, prec.fp8, tokens)
-        elem_fwd += cast[0] / hbm
-        elem_bwd += cast[1] / hbm
+        elem_fwd = elem_fwd + cast[0] / hbm
+        elem_bwd = elem_bwd + cast[1] / hbm
     gemm_fwd = dense + mlp
     if m.is_moe and eff.moe_token_passes:       # the dispatcher's unfused passes (Efficiency.moe_token_passes)
         routed = (tokens * eff.moe_token_passes * m.n_experts_per_token * dispatch_width(m) * a_bytes
-                  / (tp if key.sp else 1))
-        elem_fwd += routed * m.n_moe_layers / m.n_layers / hbm
-        elem_bwd += 2 * routed * m.n_moe_layers / m.n_layers / hbm
+                  / sp_divisor(tp, key.sp))
+        elem_fwd = elem_fwd + routed * m.n_moe_layers / m.n_layers / hbm
+        elem_bwd = elem_bwd + 2 * routed * m.n_moe_layers / m.n_layers / hbm
     if m.is_moe and host_sync_per_moe_block(setup.cuda_graphs):
         # the mean block's share of the MoE blocks' fixed cost: the block's (host sync, router,
         # permutation) and its local experts' (Efficiency.moe_expert_launch_s)
         fixed = eff.moe_block_overhead_s + eff.moe_expert_launch_s * m.n_experts / ep
-        elem_fwd += fixed * m.n_moe_layers / m.n_layers
-        elem_bwd += 2 * fixed * m.n_moe_layers / m.n_layers
+        elem_fwd = elem_fwd + fixed * m.n_moe_layers / m.n_layers
+        elem_bwd = elem_bwd + 2 * fixed * m.n_moe_layers / m.n_layers
     if m.n_deltanet_layers:     # the mean block's share of the gated DeltaNet layers' rule and conv
-        rule_f, rule_b = deltanet_scan_time_s(m, tokens, tp, mm, hbm, prec.activation_bytes)
-        elem_fwd += rule_f * m.n_deltanet_layers / m.n_layers
-        elem_bwd += rule_b * m.n_deltanet_layers / m.n_layers
+        rule_f, rule_b = deltanet_scan_time_s(m, tokens, tp, mm, hbm, prec.activation_bytes)   # type: ignore[arg-type]
+        elem_fwd = elem_fwd + rule_f * m.n_deltanet_layers / m.n_layers
+        elem_bwd = elem_bwd + rule_b * m.n_deltanet_layers / m.n_layers
     if m.n_mamba_layers:        # the mean block's share of the Mamba layers' scan and conv (timing.mamba)
-        scan_f, scan_b = mamba_scan_time_s(m, tokens, s, tp, mm, hbm, prec.activation_bytes)
-        elem_fwd += scan_f * m.n_mamba_layers / m.n_layers
-        elem_bwd += scan_b * m.n_mamba_layers / m.n_layers
+        scan_f, scan_b = mamba_scan_time_s(m, tokens, s, tp, mm, hbm, prec.activation_bytes)   # type: ignore[arg-type]
+        elem_fwd = elem_fwd + scan_f * m.n_mamba_layers / m.n_layers
+        elem_bwd = elem_bwd + scan_b * m.n_mamba_layers / m.n_layers
     fwd = gemm_fwd + attn_fwd + elem_fwd
     bwd = 2 * gemm_fwd + attn_bwd + elem_bwd
     if setup.finetune.freezes_base:
         adapter_fwd, dequant = frozen_block_extra_s(m, setup.finetune, key, r, e)
         fwd = gemm_fwd + attn_fwd + elem_fwd + adapter_fwd + dequant
         bwd = gemm_fwd + attn_bwd + elem_bwd + 2 * adapter_fwd + dequant
-    return fwd, bwd, attn_fwd, elem_fwd, mm8, hbm, e8
+    n = len(tp)
+    return (np.broadcast_to(fwd, n), np.broadcast_to(bwd, n), np.broadcast_to(attn_fwd, n),
+            np.broadcast_to(elem_fwd, n), mm8, hbm, e8)
 
 
 def attention_rate(gpu: GpuSpec, r: Rates, d_qk: int, d_v: int, tensor_speedup: float = 1.0) -> float:
@@ -395,7 +406,7 @@ def fp8_matmul(gpu: GpuSpec, prec: Precision, mm_flops_per_s: float, elem_bytes:
     return gpu.fp8_flops_per_s * sustained_clock_share(gpu) * r.matmul_fraction(gpu.name, fraction), 1
 
 
-def fp8_cast_bytes(m: ModelSpec, key: Layout, r: Fp8Recipe, tokens: float) -> tuple[float, float]:
+def fp8_cast_bytes(m: ModelSpec, key: Layout | BlockShapes, r: Fp8Recipe, tokens: Any) -> tuple[Any, Any]:
     """HBM bytes (forward, backward) of one block's casts to FP8, for one micro-batch on one rank.
 
     Per token, each FP8 linear layer casts its input (forward: the attention input h, the
@@ -410,7 +421,7 @@ def fp8_cast_bytes(m: ModelSpec, key: Layout, r: Fp8Recipe, tokens: float) -> tu
     their fp8 weights across the micro-batches of a step (not counted). h-wide
     tensors are split by tp under sequence parallelism."""
     tp = key.tp
-    h_div = tp if key.sp else 1
+    h_div = sp_divisor(tp, key.sp)
     h, q, kv, f = m.d_model, m.q_dim, m.kv_dim, m.d_ff
     k = m.n_experts_per_token if m.is_moe else 1
     mats_in = 2 if m.gated_mlp else 1
@@ -426,8 +437,8 @@ def fp8_cast_bytes(m: ModelSpec, key: Layout, r: Fp8Recipe, tokens: float) -> tu
     return fwd, bwd
 
 
-def frozen_block_extra_s(m: ModelSpec, ft: FinetuneSpec, key: Layout, r: Rates, elem_bytes: int
-                         ) -> tuple[float, float]:
+def frozen_block_extra_s(m: ModelSpec, ft: FinetuneSpec, key: Layout | BlockShapes, r: Rates, elem_bytes: int
+                         ) -> tuple[Any, Any]:
     """(adapter GEMMs' forward, one dequantization pass) of one block under LoRA/QLoRA, for
     one micro-batch on one rank, in seconds.
 
@@ -454,21 +465,21 @@ def frozen_block_extra_s(m: ModelSpec, ft: FinetuneSpec, key: Layout, r: Rates, 
     tokens = key.tokens_per_rank
     mm, hbm = r.matmul_flops_per_s, r.hbm_bytes_per_s
     k = m.n_experts_per_token if m.is_moe else 1
-    adapters = 0.0
+    adapters: Any = 0.0
     for ad in block_adapters(m, ft):
         local = ad.n_copies / ep if ad.expert else 1
         rows = tokens * k / (m.n_experts / ep) if ad.expert else tokens
         share = ad.n_blocks / m.n_layers       # the average block: a layer some blocks hold only
         adapters += share * (gemm_time_s(rows, ad.rank, ad.d_in / tp, mm, hbm, elem_bytes, local)
                              + gemm_time_s(rows, ad.d_out / tp, ad.rank, mm, hbm, elem_bytes, local))
-    dequant = 0.0
+    dequant: Any = 0.0
     if ft.quant != "none":
         for lin in block_linears(m):
             if lin.group == "router":       # not quantized (finetune.frozen_block_bytes)
                 continue
             stored = linear_weight_bytes(lin, ft.quant, elem_bytes, ft.double_quant)
-            share = tp * (ep if lin.expert else 1)
-            dequant += (stored + lin.weight_numel * elem_bytes) / share / hbm
+            split = tp * (ep if lin.expert else 1)
+            dequant += (stored + lin.weight_numel * elem_bytes) / split / hbm
     return adapters, dequant
 
 

@@ -2,7 +2,7 @@
 and its collective volumes (LayerTime), over arrays of block shapes (layer_time_table, which
 the block tables of timing.stage read once per batch of new shapes, block_table) and for one
 shape (layer_time, layer_time_values: a column of the same table). The part of a block's time
-that its recomputation does not change is kernels.unrecomputed_block_s's, once per shape."""
+that its recomputation does not change is kernels.block_compute_s's, once per shape."""
 
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ import numpy as np
 from planner.hardware.gpus import GpuSpec
 from planner.hardware.placement import Cluster
 from planner.layouts.batch import RECOMPUTES
+from planner.layouts.groups import group
 from planner.layouts.layout import Layout, expert_tp_size
 from planner.models.spec import ModelSpec
 from planner.timing.efficiency import CROSS_ENTROPY_BYTES_PER_LOGIT, CROSS_ENTROPY_FORWARD_SHARE, Efficiency
 from planner.timing.host_link import activation_offload_exposed_s
-from planner.timing.kernels import gemm_time_s, head_backward_gemms, rates, unrecomputed_block_s
+from planner.timing.kernels import BlockShapes, block_compute_s, gemm_time_s, head_backward_gemms, rates
 from planner.timing.mamba import attention_share, dispatch_width, moe_share, tp_collectives_per_layer
 from planner.training.kernels import selective_policy
 from planner.training.moe_runtime import a2a_overlapped
@@ -100,20 +101,15 @@ def layer_time_table(m: ModelSpec, setup: TrainingSetup, kernels: str, gpu: GpuS
                      rc: np.ndarray) -> np.ndarray:
     """layer_time's fields (LAYER_TIME_FIELDS rows) of each block shape (int64 arrays: tp, sp,
     cp, ep, micro-batch, recomputation as RECOMPUTES' index; one sequence length and etp), as a
-    (10, N) float array: the block's time without recomputation from kernels.unrecomputed_block_s
+    (10, N) float array: the block's time without recomputation from kernels.block_compute_s
     (once per distinct shape), then what the recomputation adds and the collectives' volumes,
     element by element in the order of layer_time's formulas (layer_time says what they are)."""
-    known: dict[tuple[int, ...], tuple[float, ...]] = {}
-    base = []
-    for shape in zip(tp.tolist(), sp.tolist(), cp.tolist(), ep.tolist(), mb.tolist(), rc.tolist()):
-        hit = known.get(shape[:5])
-        if hit is None:
-            tp_, sp_, cp_, ep_, mb_, rc_ = shape
-            key = Layout(tp=tp_, sp=bool(sp_), cp=cp_, ep=ep_, micro_batch=mb_, seq_len=seq_len,
-                         recompute=RECOMPUTES[rc_], etp=etp)
-            hit = known[shape[:5]] = unrecomputed_block_s(m, setup, key, kernels, gpu, eff)
-        base.append(hit)
-    fwd, bwd, attn_fwd, elem_fwd, mm8, hbm, e8 = np.array(base, dtype=np.float64).reshape(-1, 7).T
+    # the block's time without recomputation, once per distinct shape but its recomputation
+    inverse, first = group([tp, sp, cp, ep, mb])
+    shapes = BlockShapes(tp=tp[first], sp=sp[first], cp=cp[first], ep=ep[first], micro_batch=mb[first],
+                         seq_len=seq_len, expert_tp=expert_tp_size(etp, tp[first]))
+    fwd, bwd, attn_fwd, elem_fwd, mm8, hbm, e8 = block_compute_s(m, setup, shapes, kernels, gpu, eff)
+    fwd, bwd, attn_fwd, elem_fwd = fwd[inverse], bwd[inverse], attn_fwd[inverse], elem_fwd[inverse]
     prec = setup.precision_spec
     tokens = mb * seq_len / cp
     h, q, kv, f = m.d_model, m.q_dim, m.kv_dim, m.d_ff
@@ -121,7 +117,7 @@ def layer_time_table(m: ModelSpec, setup: TrainingSetup, kernels: str, gpu: GpuS
 
     def gemm(rows: np.ndarray, cols: np.ndarray | int, inner: np.ndarray | int) -> np.ndarray:
         """A block linear layer's GEMM: at the FP8 rate under an FP8 recipe (timing.kernels.fp8_matmul)."""
-        return gemm_time_s(rows, cols, inner, mm8, hbm, e8)     # type: ignore[arg-type,return-value]
+        return gemm_time_s(rows, cols, inner, mm8, hbm, e8)
 
     # Megatron's block method reruns N layers of each stage under full recomputation
     bwd = np.where(full, bwd + fwd * setup.recomputed_share, bwd)
@@ -190,7 +186,7 @@ def block_table(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Effic
     lt = layer_time_table(m, setup, kernels, gpu, eff, seq, etp, tp, sp, cp, ep, mb, rc)
     r = rates(gpu, prec.compute_dtype, eff)
     tokens = mb * seq / cp
-    head_fwd = gemm_time_s(tokens, m.vocab_size / tp, h, r.matmul_flops_per_s, r.hbm_bytes_per_s,  # type: ignore[arg-type]
+    head_fwd = gemm_time_s(tokens, m.vocab_size / tp, h, r.matmul_flops_per_s, r.hbm_bytes_per_s,
                            prec.weight_bytes)
     loss_s = tokens * m.vocab_size / tp * CROSS_ENTROPY_BYTES_PER_LOGIT / r.hbm_bytes_per_s
     head_bwd = head_backward_gemms(setup.finetune)
