@@ -216,6 +216,19 @@ def test_h5_answer_and_bound():
     assert _answer(solve_purchase(H5_POOLS, jobs, options, solver="highs")) == _answer(first)
 
 
+def _problems_solved(monkeypatch: pytest.MonkeyPatch) -> list:
+    """The PuLP problems solve._run is given from now on, in order, each solved as before."""
+    seen = []
+    real_run = solve._run
+
+    def run(prob, *args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(prob)
+        return real_run(prob, *args, **kwargs)
+
+    monkeypatch.setattr(solve, "_run", run)
+    return seen
+
+
 def test_the_model_handed_to_the_solver_is_the_documented_one(monkeypatch: pytest.MonkeyPatch) -> None:
     """The purchase ILP of a two-job instance, row by row, against its formulation written out by
     hand from solve_purchase's docstring (docs/performance.md, eighth pass: the rows are built in
@@ -236,14 +249,7 @@ def test_the_model_handed_to_the_solver_is_the_documented_one(monkeypatch: pytes
                JobOption(job="j1", gpu="b", n_gpus=2, duration_s=150.0, key="b_n2"),
                JobOption(job="j2", gpu="a", n_gpus=8, duration_s=100.0, key="a_n8", memory_bytes=2, capacity_bytes=1),
                JobOption(job="j2", gpu="a", n_gpus=16, duration_s=40.0, key="a_n16")]
-    seen = []
-    real_run = solve._run
-
-    def run(prob, *args, **kwargs):  # type: ignore[no-untyped-def]
-        seen.append(prob)
-        return real_run(prob, *args, **kwargs)
-
-    monkeypatch.setattr(solve, "_run", run)
+    seen = _problems_solved(monkeypatch)
     sol = solve_purchase(pools, jobs, options)
     (prob,) = seen
     cons = prob.constraints
@@ -289,14 +295,7 @@ def test_the_purchase_ilp_runs_highs_without_rens_and_restart(monkeypatch):
     """HiGHS solves the purchase ILP with PURCHASE_HIGHS_OPTIONS (no RENS sub-MIP, no root
     restart: docs/performance.md, the purchase ILP) beside one thread and the node limit, read
     back from the highspy model PuLP solved; the one-job ILP keeps HiGHS's defaults."""
-    seen = []
-    real_run = solve._run
-
-    def run(prob, *args, **kwargs):  # type: ignore[no-untyped-def]
-        seen.append(prob)
-        return real_run(prob, *args, **kwargs)
-
-    monkeypatch.setattr(solve, "_run", run)
+    seen = _problems_solved(monkeypatch)
     jobs, options = h5(4)
     assert solve_purchase(H5_POOLS, jobs, options, solver="highs").solver.optimal
     solve.solve_one_job([solve.Option(key="x", gpu="a", n_gpus=1, cost_usd=1.0, time_s=1.0)], solver="highs")
