@@ -57,7 +57,7 @@ from planner.timing.parts import (
     ZERO_12,
 )
 from planner.training.moe_runtime import dedup_routing
-from planner.training.setup import TrainingSetup
+from planner.training.setup import TrainingSetup, block_table_setup
 
 EXACT_INT = 2**53          # integers below this convert to float64 exactly
 SLOTS = 3                  # the stages a pipeline's slowest can be: first, last, fullest
@@ -262,8 +262,12 @@ def link_tables(cluster: Cluster, orders: tuple[tuple[str, ...], ...], sizes: np
 # Degree tables kept across calls, per (model, set-up, cluster, efficiencies, placement
 # orders, distinct degrees): a search or a sweep scores the same GPU counts' layouts again
 # and again (other micro-batches, recomputation, ZeRO stages), and these tables are most
-# of a call's fixed cost. Least recently used first out.
+# of a call's fixed cost. Least recently used first out. The set-up is keyed without its
+# global batch (training.setup.block_table_setup: no step-time model reads it), so that jobs
+# that differ only in it share the tables and their slowest stages (issue 32, H1's 128 jobs of
+# distinct global batches built 2,803 of them).
 DEGREE_CACHE = TableCache(max_entries=32, max_bytes=64 * 2**20)
+_table_setup = lru_cache(maxsize=256)(block_table_setup)
 
 
 def degree_tables(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: Cluster, eff: Efficiency,
@@ -273,6 +277,7 @@ def degree_tables(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
     (``degrees_key``: LayoutGroups.degrees_key; ``etp``: the batch's expert tensor-parallel
     setting, fast.batch_etp; ``ep_fold``: whether its ep is folded, fast.batch_fold;
     ``instances``: its distributed-optimizer instances, fast.batch_instances)."""
+    setup = _table_setup(setup)
     key = (m, pc, setup, cluster, eff, tuple(orders), any_hybrid, degrees_key, etp, ep_fold, instances)
     hit = DEGREE_CACHE.get(key)
     if hit is not None:
