@@ -85,8 +85,9 @@ def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gp
 def layer_time_values(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gpu: GpuSpec,
                       eff: Efficiency) -> tuple[float, ...]:
     """layer_time's fields, in LayerTime's order (LAYER_TIME_FIELDS): layer_time_table's column
-    of ``key``, with the counts (tp collectives where no share scales them, cp passes, ep
-    all-to-alls) as the integers they are."""
+    of ``key``, with the counts (tp collectives, cp passes, ep all-to-alls) as ints where they
+    are whole numbers (the types the per-shape code gave, but for a recomputed share that makes
+    the tp collectives whole: an int now, a float before; the same value)."""
     one = [np.array([x], dtype=np.int64) for x in (key.tp, key.sp, key.cp, key.ep, key.micro_batch,
                                                    RECOMPUTES.index(key.recompute))]
     vals = layer_time_table(m, setup, kernels, gpu, eff, key.seq_len, key.etp, *one)[:, 0].tolist()
