@@ -21,7 +21,13 @@ from planner.layouts.batch import LayoutArrays, valid_layouts
 from planner.layouts.layout import Layout
 from planner.memory import activations, shapes
 from planner.memory.activations import block_terms, layer_activation_terms, terms_key
+from planner.memory.attention import attention_saved_delta_bytes, sink_eager_delta_bytes
+from planner.memory.fp8 import saved_input_delta_bytes
+from planner.memory.loss import logits_bytes
+from planner.memory.moe import imbalance_extra_bytes, moe_block_delta_bytes
+from planner.memory.norms import block_norm_delta_bytes
 from planner.memory.peak import memory_batch
+from planner.memory.recompute import module_recompute_delta_bytes
 from planner.models.spec import count_params, load_model
 from planner.timing import kernels
 from planner.timing.flops import block_adapters
@@ -98,7 +104,7 @@ def test_sizing_a_batch_equals_sizing_each_layout_alone(name: str) -> None:
         _forget()
         batch = memory_batch(m, setup, a, pc, 8).total
         picks = {0, len(a) - 1}
-        for col in (a.recompute, a.ep, a.tp, a.cp, a.micro_batch, a.sp):
+        for col in (a.recompute, a.ep, a.tp, a.cp, a.micro_batch, a.sp, a.pp):
             for v in np.unique(col):
                 picks.add(int(np.flatnonzero(col == v)[-1]))    # the last row of each value
         for i in sorted(picks):
@@ -143,3 +149,29 @@ def test_the_unrecomputed_key_is_the_key_without_its_recomputation(sharded: bool
     for rc in RECOMPUTES:
         key = activations.activation_key(replace(lay, recompute=rc), sharded)
         assert activations.activation_key(key, True, "none") == replace(key, recompute="none")
+
+
+# the ninth pass (issue 32): memory.shapes sizes a block shape once for the layouts with and
+# without a pipeline; each function it calls per shape must then give the same bytes at pp 1 and 4
+SHAPE_FUNCTIONS = (attention_saved_delta_bytes, sink_eager_delta_bytes, block_norm_delta_bytes, moe_block_delta_bytes,
+                   imbalance_extra_bytes, module_recompute_delta_bytes, activations.backward_working_bytes,
+                   logits_bytes)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_a_block_shape_reads_no_pipeline_degree(name: str) -> None:
+    m = load_model(name)
+    setups = [*SETUPS.values(), TrainingSetup(seq_len=2048, recompute_modules=("core_attn",))]
+    for setup, kern in itertools.product(setups, ("fused", "eager", "amp", "torchtitan")):
+        for rc, zero, tp, cp in itertools.product(RECOMPUTES, (0, 3), (1, 2), (1, 2)):
+            lay = Layout(tp=tp, sp=tp > 1, cp=cp, ep=2, micro_batch=2, seq_len=setup.seq_len, recompute=rc,
+                         zero_stage=zero, sharding="fsdp-full" if zero == 3 else "zero")
+            piped = replace(lay, pp=4)
+            for f in SHAPE_FUNCTIONS:
+                assert f(m, setup, piped, kern) == f(m, setup, lay, kern), (f.__name__, setup, kern, lay)
+            assert saved_input_delta_bytes(m, setup, piped) == saved_input_delta_bytes(m, setup, lay)
+            key = activations.activation_key(lay, setup.finetune.is_lora)
+            assert activations.activation_key(piped, setup.finetune.is_lora) == key
+            full = activations.block_activations(m, setup, key, kern)[1]
+            assert (activations.recompute_unit_bytes(m, setup, piped, kern, full)
+                    == activations.recompute_unit_bytes(m, setup, lay, kern, full))
