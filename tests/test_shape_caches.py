@@ -33,7 +33,7 @@ from planner.timing import kernels
 from planner.timing.flops import block_adapters
 from planner.timing.kernels import layer_time
 from planner.timing.model import DEFAULT_EFFICIENCY
-from planner.training.finetune import FinetuneSpec
+from planner.training.finetune import FinetuneSpec, lora_activation_terms
 from planner.training.setup import TrainingSetup
 
 MODELS = ("llama3.1-8b", "deepseek-v3", "mixtral-8x7b", "gpt-oss-20b", "qwen3-next-80b-a3b", "nemotron-3-nano",
@@ -58,6 +58,7 @@ def _forget() -> None:
     kernels._block_gemms.cache_clear()
     kernels._LAST_RATES = None
     block_adapters.cache_clear()
+    lora_activation_terms.cache_clear()
 
 
 @pytest.mark.parametrize("name", MODELS)

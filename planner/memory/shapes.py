@@ -197,7 +197,8 @@ def activation_figures(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_
 
     # a block's bytes without recomputation, per block shape but its recomputation: the same for
     # the shape under none, selective and full (three rows of the table for one of these)
-    unrecomputed_bytes = _table("act-none", m, block_table_setup(setup), seq_len)
+    table_setup = block_table_setup(setup)
+    unrecomputed_bytes = _table("act-none", m, table_setup, seq_len)
 
     def full_bytes(lay: Layout, s_: TrainingSetup, kern: str, full: int) -> int:
         """The block's bytes without recomputation: block_activations' ``full`` and the
@@ -256,11 +257,11 @@ def activation_figures(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_
         cols += [a.zero_stage, a.sharding]
     if imbalanced:
         cols += [a.ep]
-    out = _gather(cols, figures, _table("act", m, block_table_setup(setup), seq_len), 4)
+    out = _gather(cols, figures, _table("act", m, table_setup, seq_len), 4)
     piped = (a.pp > 1).astype(np.int64)
-    buf = _gather([a.tp, a.sp, a.cp, a.micro_batch, piped], buffers, _table("pipe", m, block_table_setup(setup),
-                                                                            seq_len), 1)
-    return ActivationFigures(*out, buf[0])
+    buf = _gather([a.tp, a.sp, a.cp, a.micro_batch, piped], buffers, _table("pipe", m, table_setup, seq_len), 1)
+    return ActivationFigures(layer_act=out[0], full_layer=out[1], score_grad=out[2], logits=out[3],
+                             pipeline_buffers=buf[0])
 
 
 @dataclass(frozen=True, slots=True)
