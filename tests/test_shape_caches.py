@@ -154,6 +154,7 @@ def test_the_unrecomputed_key_is_the_key_without_its_recomputation(sharded: bool
 
 # the ninth pass (issue 32): memory.shapes sizes a block shape once for the layouts with and
 # without a pipeline; each function it calls per shape must then give the same bytes at pp 1 and 4
+# (and the loss, kept once per shape without its recomputation, the same under each)
 SHAPE_FUNCTIONS = (attention_saved_delta_bytes, sink_eager_delta_bytes, block_norm_delta_bytes, moe_block_delta_bytes,
                    imbalance_extra_bytes, module_recompute_delta_bytes, activations.backward_working_bytes,
                    logits_bytes)
@@ -173,6 +174,9 @@ def test_a_block_shape_reads_no_pipeline_degree(name: str) -> None:
             assert saved_input_delta_bytes(m, setup, piped) == saved_input_delta_bytes(m, setup, lay)
             key = activations.activation_key(lay, setup.finetune.is_lora)
             assert activations.activation_key(piped, setup.finetune.is_lora) == key
+            # the loss's bytes, kept beside a shape's bytes without recomputation, read no recomputation
+            assert {logits_bytes(m, setup, replace(lay, recompute=r), kern) for r in RECOMPUTES} == {
+                logits_bytes(m, setup, lay, kern)}
             full = activations.block_activations(m, setup, key, kern)[1]
             assert (activations.recompute_unit_bytes(m, setup, piped, kern, full)
                     == activations.recompute_unit_bytes(m, setup, lay, kern, full))

@@ -196,7 +196,8 @@ def activation_figures(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_
     imbalanced = m.is_moe and setup.moe_imbalance != 1.0
 
     # a block's bytes without recomputation, per block shape but its recomputation: the same for
-    # the shape under none, selective and full (three rows of the table for one of these)
+    # the shape under none, selective and full (three rows of the table for one of these); beside
+    # them the loss's bytes, which do not read the recomputation (tests/test_shape_caches.py)
     table_setup = block_table_setup(setup)
     unrecomputed_bytes = _table("act-none", m, table_setup, seq_len)
 
@@ -228,8 +229,8 @@ def activation_figures(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_
         shape = (tp, sp, cp, mb, k, f32, zero, sharding, ep)
         hit = unrecomputed_bytes.get(shape)
         if hit is None:
-            hit = unrecomputed_bytes[shape] = (full_bytes(lay, s_, kern, full),)
-        full = hit[0]
+            hit = unrecomputed_bytes[shape] = (full_bytes(lay, s_, kern, full), logits_bytes(m, setup, lay, kern))
+        full, logits = hit
         # the same additions on the layout itself (integers: in any order, the same sum)
         if lay.recompute == "none":     # every addition is full's
             kept = full
@@ -246,7 +247,7 @@ def activation_figures(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_
         if setup.recompute_modules:     # Megatron-Core's selective recomputation by module
             kept += module_recompute_delta_bytes(m, s_, lay, kern)
         return (kept, recompute_unit_bytes(m, s_, lay, kern, full), backward_working_bytes(m, setup, lay, kern),
-                logits_bytes(m, setup, lay, kern))
+                logits)
 
     def buffers(tp: int, sp: int, cp: int, mb: int, piped: int) -> tuple[int]:
         return (pipeline_buffer_bytes(m, setup, Layout(tp=tp, sp=bool(sp), cp=cp, micro_batch=mb, seq_len=seq_len,
