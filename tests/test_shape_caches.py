@@ -22,6 +22,7 @@ from planner.layouts.layout import Layout
 from planner.memory import activations, shapes
 from planner.memory.activations import block_terms, layer_activation_terms, terms_key
 from planner.memory.attention import attention_saved_delta_bytes, sink_eager_delta_bytes
+from planner.memory.buffers import pipeline_buffer_bytes
 from planner.memory.fp8 import saved_input_delta_bytes
 from planner.memory.loss import logits_bytes
 from planner.memory.moe import imbalance_extra_bytes, moe_block_delta_bytes
@@ -180,3 +181,17 @@ def test_a_block_shape_reads_no_pipeline_degree(name: str) -> None:
             full = activations.block_activations(m, setup, key, kern)[1]
             assert (activations.recompute_unit_bytes(m, setup, piped, kern, full)
                     == activations.recompute_unit_bytes(m, setup, lay, kern, full))
+
+
+def test_pipeline_buffers_are_megatron_cores_p2p_tensors() -> None:
+    """buffers.pipeline_buffer_bytes, now per layout over arrays: a send and a receive buffer of
+    megatron-core's p2p tensor shape (pipeline_parallel/schedules.py, get_tensor_shapes: seq_length
+    // cp, // tp under sequence parallelism, x micro_batch_size x hidden_size) in bf16; none at pp 1.
+    Llama 3.1 8B (hidden 4096), sequence 8192."""
+    m, setup = load_model("llama3.1-8b"), TrainingSetup(seq_len=8192)
+    lays = [Layout(tp=2, sp=True, pp=2, micro_batch=1, seq_len=8192), Layout(tp=2, sp=False, pp=4, micro_batch=2,
+                                                                           seq_len=8192, cp=2),
+            Layout(tp=4, sp=True, pp=1, micro_batch=4, seq_len=8192)]
+    expected = [2 * (8192 // 2) * 1 * 4096 * 2, 2 * (8192 // 2) * 2 * 4096 * 2, 0]
+    got = pipeline_buffer_bytes(m, setup, LayoutArrays.from_layouts(lays), 8192)
+    assert got.tolist() == expected and got.dtype == np.int64

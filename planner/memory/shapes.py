@@ -148,7 +148,7 @@ def forget_tables() -> None:
 
 
 def _table(*key: object) -> dict[tuple[int, ...], tuple[int, ...]]:
-    if len(_TABLES) > 512:
+    if len(_TABLES) > 256:
         _TABLES.clear()
     return _TABLES.setdefault(key, {})
 
@@ -182,9 +182,8 @@ class ActivationFigures:
 def activation_figures(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_len: int, kernels: np.ndarray,
                        act_fp32: np.ndarray) -> ActivationFigures:
     """activations.block_activations, backward_working_bytes and loss.logits_bytes per distinct
-    block shape, and buffers.pipeline_buffer_bytes per distinct (tp, sp, cp, micro-batch, whether
-    there is a pipeline); ``act_fp32``: where the trainable blocks run in fp32 (freeze on
-    replicated ranks), which sizes the blocks' activations in fp32. LoRA's blocks also
+    block shape, and buffers.pipeline_buffer_bytes per layout; ``act_fp32``: where the trainable
+    blocks run in fp32 (freeze on replicated ranks), which sizes the blocks' activations in fp32. LoRA's blocks also
     depend on the sharding (activations.lora_cast_bytes). A block shape leaves out the
     pipeline: no function of the block's bytes, its backward's working set or the loss reads
     the pipeline's degree (tests/test_shape_caches.py asks each with pp 1 and 4), so a shape
@@ -249,20 +248,14 @@ def activation_figures(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_
         return (kept, recompute_unit_bytes(m, s_, lay, kern, full), backward_working_bytes(m, setup, lay, kern),
                 logits)
 
-    def buffers(tp: int, sp: int, cp: int, mb: int, piped: int) -> tuple[int]:
-        return (pipeline_buffer_bytes(m, setup, Layout(tp=tp, sp=bool(sp), cp=cp, micro_batch=mb, seq_len=seq_len,
-                                                       pp=1 + piped)),)
-
     cols = [a.tp, a.sp, a.cp, a.micro_batch, a.recompute, kernels, act_fp32.astype(np.int64)]
     if lora or imbalanced:
         cols += [a.zero_stage, a.sharding]
     if imbalanced:
         cols += [a.ep]
     out = _gather(cols, figures, _table("act", m, table_setup, seq_len), 4)
-    piped = (a.pp > 1).astype(np.int64)
-    buf = _gather([a.tp, a.sp, a.cp, a.micro_batch, piped], buffers, _table("pipe", m, table_setup, seq_len), 1)
     return ActivationFigures(layer_act=out[0], full_layer=out[1], score_grad=out[2], logits=out[3],
-                             pipeline_buffers=buf[0])
+                             pipeline_buffers=pipeline_buffer_bytes(m, setup, a, seq_len))
 
 
 @dataclass(frozen=True, slots=True)
