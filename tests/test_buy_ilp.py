@@ -206,33 +206,18 @@ def test_a_stopped_solve_gives_one_answer_at_any_load(monkeypatch):
 @pytest.mark.slow
 def test_h5_answer_and_bound():
     """H5 itself (32 jobs, 521 options): 54 x b200 nodes, not proved at the node limit, with
-    the optimum at least 94% of it (95.2% measured); the same twice. (54 b200 nodes is the
+    the optimum at least 94% of it (95.3% measured); the same twice. (54 b200 nodes is the
     optimum on b200 alone, proved by HiGHS in about 30 s without a node limit;
     docs/performance.md.)"""
     jobs, options = h5(32)
     first = solve_purchase(H5_POOLS, jobs, options, solver="highs")
     assert first.nodes == {"h100": 0, "h200": 0, "b200": 54}
-    assert not first.solver.optimal and first.solver.gap_found < 0.06     # 4.8% with HiGHS 1.16
+    assert not first.solver.optimal and first.solver.gap_found < 0.06     # 4.7% with HiGHS 1.16
     assert _answer(solve_purchase(H5_POOLS, jobs, options, solver="highs")) == _answer(first)
 
 
-def test_the_model_handed_to_the_solver_is_the_documented_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The purchase ILP of a two-job instance, row by row, against its formulation written out by
-    hand from solve_purchase's docstring (docs/performance.md, eighth pass: the rows are built in
-    bulk; this pins what the solver is given, names, coefficients and right-hand sides).
-
-    Pools a (8 GPUs a node, $12) and b (4, $8); job j1 from t=0 to 100 on a_n8 (60) or b_n4 (90);
-    j2 from t=50 to 200 on a_n8 (100, does not fit in memory) or a_n16 (40). Pool a's check at
-    j1's start holds a subset of the runs of its check at j2's start, and pool b's check at j2's
-    start the same runs as at j1's: each is implied and left out (_capacity_checks). Optimum by
-    hand: j1 on 1 b node, j2 on 2 a nodes, $32 (j1 on a instead needs 3 a nodes, $36)."""
-    pools = [Pool(gpu="a", gpus_per_node=8, capex_usd=10.0, opex_usd=2.0),
-             Pool(gpu="b", gpus_per_node=4, capex_usd=7.0, opex_usd=1.0)]
-    jobs = [JobWindow(name="j1", start_s=0.0, deadline_s=100.0), JobWindow(name="j2", start_s=50.0, deadline_s=200.0)]
-    options = [JobOption(job="j1", gpu="a", n_gpus=8, duration_s=60.0, key="a_n8"),
-               JobOption(job="j1", gpu="b", n_gpus=4, duration_s=90.0, key="b_n4"),
-               JobOption(job="j2", gpu="a", n_gpus=8, duration_s=100.0, key="a_n8", memory_bytes=2, capacity_bytes=1),
-               JobOption(job="j2", gpu="a", n_gpus=16, duration_s=40.0, key="a_n16")]
+def _problems_solved(monkeypatch: pytest.MonkeyPatch) -> list:
+    """The PuLP problems solve._run is given from now on, in order, each solved as before."""
     seen = []
     real_run = solve._run
 
@@ -241,23 +226,85 @@ def test_the_model_handed_to_the_solver_is_the_documented_one(monkeypatch: pytes
         return real_run(prob, *args, **kwargs)
 
     monkeypatch.setattr(solve, "_run", run)
+    return seen
+
+
+def test_the_model_handed_to_the_solver_is_the_documented_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The purchase ILP of a two-job instance, row by row, against its formulation written out by
+    hand from solve_purchase's docstring (docs/performance.md, eighth pass: the rows are built in
+    bulk; this pins what the solver is given, names, coefficients and right-hand sides).
+
+    Pools a (8 GPUs a node, $12) and b (4, $8); job j1 from t=0 to 100 on a_n8 (60), b_n4 (90) or
+    b_n2 (150, past its deadline: the only term of its deadline row, which is empty for j2);
+    j2 from t=50 to 200 on a_n8 (100, does not fit in memory) or a_n16 (40). Pool a's check at
+    j1's start holds a subset of the runs of its check at j2's start, and pool b's check at j2's
+    start the same runs as at j1's: each is implied and left out (_capacity_checks). Optimum by
+    hand: j1 on 1 b node, j2 on 2 a nodes, $32 (j1 on a instead needs 3 a nodes, $36; b_n2
+    would need only 2 b GPUs but ends late)."""
+    pools = [Pool(gpu="a", gpus_per_node=8, capex_usd=10.0, opex_usd=2.0),
+             Pool(gpu="b", gpus_per_node=4, capex_usd=7.0, opex_usd=1.0)]
+    jobs = [JobWindow(name="j1", start_s=0.0, deadline_s=100.0), JobWindow(name="j2", start_s=50.0, deadline_s=200.0)]
+    options = [JobOption(job="j1", gpu="a", n_gpus=8, duration_s=60.0, key="a_n8"),
+               JobOption(job="j1", gpu="b", n_gpus=4, duration_s=90.0, key="b_n4"),
+               JobOption(job="j1", gpu="b", n_gpus=2, duration_s=150.0, key="b_n2"),
+               JobOption(job="j2", gpu="a", n_gpus=8, duration_s=100.0, key="a_n8", memory_bytes=2, capacity_bytes=1),
+               JobOption(job="j2", gpu="a", n_gpus=16, duration_s=40.0, key="a_n16")]
+    seen = _problems_solved(monkeypatch)
     sol = solve_purchase(pools, jobs, options)
     (prob,) = seen
     cons = prob.constraints
     rows = {c.name: ({v.name: x for v, x in c.items()}, c.sense, -c.constant)
             for c in (cons() if callable(cons) else cons.values())}
     le, eq = -1, 0      # PuLP's senses (LpConstraintLE, LpConstraintEQ)
-    r0, r1, r2, r3 = "run_0_j1_a_n8", "run_1_j1_b_n4", "run_2_j2_a_n8", "run_3_j2_a_n16"
+    r0, r1, late, r2, r3 = "run_0_j1_a_n8", "run_1_j1_b_n4", "run_2_j1_b_n2", "run_3_j2_a_n8", "run_4_j2_a_n16"
     assert rows == {
-        "one_option_0_j1": ({r0: 1, r1: 1}, eq, 1),
-        "deadline_0_j1": ({r0: 60.0, r1: 90.0}, le, 100.0),
+        "one_option_0_j1": ({r0: 1, r1: 1, late: 1}, eq, 1),
+        "deadline_0_j1": ({late: 1}, le, 0),
         "one_option_1_j2": ({r2: 1, r3: 1}, eq, 1),
         "fits_memory_1_j2": ({r2: 1}, eq, 0),
-        "deadline_1_j2": ({r2: 150.0, r3: 90.0}, le, 200.0),
+        "deadline_1_j2": ({}, le, 0),
         "gpus_a_at_1_j2": ({r0: 8, r2: 8, r3: 16, "nodes_a": -8}, le, 0),
-        "gpus_b_at_0_j1": ({r1: 4, "nodes_b": -4}, le, 0),
+        "gpus_b_at_0_j1": ({r1: 4, late: 2, "nodes_b": -4}, le, 0),
     }
     assert {v.name: x for v, x in prob.objective.items()} == {"nodes_a": 12.0, "nodes_b": 8.0}
-    assert [v.name for v in prob.variables()] == ["nodes_a", "nodes_b", r0, r1, r2, r3]
+    assert [v.name for v in prob.variables()] == ["nodes_a", "nodes_b", r0, r1, late, r2, r3]
     assert sol.solver.optimal and sol.cost_usd == 32.0 and sol.nodes == {"a": 2, "b": 1}
     assert {j: o.key for j, o in sol.choices.items()} == {"j1": "b_n4", "j2": "a_n16"}
+
+
+# ------------------------------------------------------------- the deadline rows and HiGHS's options
+
+def test_the_deadline_row_leaves_the_lp_relaxation_no_late_share(monkeypatch):
+    """One job due at t=100 on pool a (8 GPUs a node, $1 each): a_n8 ends at 50, a_n1 at 200,
+    late. A row over every option's finish time (200 x_late + 50 x_in_time <= 100, the form
+    before) let the LP relaxation run a third of the job late on one GPU, for (8 x 2/3 + 1/3) / 8
+    = 17/24 of a node (by hand); the row over the late options holds x_late at 0 in the LP too,
+    so the LP's bound is the integer optimum, 1 node, and the answer from the LP relaxation
+    (every ILP past LARGE_VARIABLES, here 0) states no gap."""
+    pools = [Pool(gpu="a", gpus_per_node=8, capex_usd=1.0, opex_usd=0.0)]
+    jobs = [JobWindow(name="j", start_s=0.0, deadline_s=100.0)]
+    options = [JobOption(job="j", gpu="a", n_gpus=8, duration_s=50.0, key="a_n8"),
+               JobOption(job="j", gpu="a", n_gpus=1, duration_s=200.0, key="a_n1")]
+    monkeypatch.setattr(solve, "LARGE_VARIABLES", 0)
+    sol = solve_purchase(pools, jobs, options, solver="highs")
+    assert sol.nodes == {"a": 1} and sol.choices["j"].key == "a_n8"
+    assert sol.solver.gap_found == pytest.approx(0.0, abs=1e-9)
+
+
+def test_the_purchase_ilp_runs_highs_without_rens_and_restart(monkeypatch):
+    """HiGHS solves the purchase ILP with PURCHASE_HIGHS_OPTIONS (no RENS sub-MIP, no root
+    restart: docs/performance.md, the purchase ILP) beside one thread and the node limit, read
+    back from the highspy model PuLP solved; the one-job ILP keeps HiGHS's defaults."""
+    seen = _problems_solved(monkeypatch)
+    jobs, options = h5(4)
+    assert solve_purchase(H5_POOLS, jobs, options, solver="highs").solver.optimal
+    solve.solve_one_job([solve.Option(key="x", gpu="a", n_gpus=1, cost_usd=1.0, time_s=1.0)], solver="highs")
+    purchase, one_job = seen[0].solverModel, seen[1].solverModel    # one_job: its first of several solves
+
+    def option(model, name):  # type: ignore[no-untyped-def]
+        value = model.getOptionValue(name)      # highspy 1.16: (status, value)
+        return value[1] if isinstance(value, tuple) else value
+
+    assert option(purchase, "mip_heuristic_run_rens") is False and option(purchase, "mip_allow_restart") is False
+    assert option(purchase, "threads") == 1 and option(purchase, "mip_max_nodes") == solve.MIP_MAX_NODES
+    assert option(one_job, "mip_heuristic_run_rens") is True and option(one_job, "mip_allow_restart") is True

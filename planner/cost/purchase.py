@@ -1,7 +1,8 @@
 """The purchase ILP's records and the rules about them that need no solver (issue 32): when
-a job's run holds its GPUs (busy_at, busy_checks), which runs and pools no cheapest purchase
-needs (shorter_run_may_help, undominated, dominated_pools), the fewest nodes that hold a set
-of choices (nodes_needed), and a purchase found without the ILP (greedy_purchase).
+a job's run ends in time (finishes_by) and holds its GPUs (busy_at, busy_checks), which runs
+and pools no cheapest purchase needs (shorter_run_may_help, undominated, dominated_pools), the
+fewest nodes that hold a set of choices (nodes_needed), and a purchase found without the ILP
+(greedy_purchase).
 planner.cost.solve builds and solves the ILP over them."""
 
 from __future__ import annotations
@@ -50,6 +51,12 @@ class JobOption:
     @property
     def fits(self) -> bool:
         return self.memory_bytes <= self.capacity_bytes
+
+
+def finishes_by(start_s: float, duration_s: float, deadline_s: float) -> bool:
+    """A run from ``start_s`` taking ``duration_s`` ends by ``deadline_s`` (the one test of a
+    deadline in the purchase ILP: its options, its deadline rows and its greedy start)."""
+    return start_s + duration_s <= deadline_s
 
 
 def busy_at(start_s: float, duration_s: float, t: float) -> bool:
@@ -102,7 +109,7 @@ def dominated_pools(pools: Sequence[Pool], jobs: Sequence[JobWindow],
 
     def usable(o: JobOption) -> tuple[int, int] | None:
         j = window[o.job]
-        if not o.fits or j.start_s + o.duration_s > j.deadline_s:
+        if not o.fits or not finishes_by(j.start_s, o.duration_s, j.deadline_s):
             return None
         return o.n_gpus, busy_checks(j.start_s, o.duration_s, starts)
 
@@ -145,13 +152,13 @@ def undominated(start_s: float, deadline_s: float, runs: Sequence[tuple[int, flo
         if d >= best_s:
             continue
         best_s = d
-        if start_s + d <= deadline_s:
+        if finishes_by(start_s, d, deadline_s):
             busy = busy_checks(start_s, d, starts_s)
             if busy >= checks:
                 continue
             checks = busy
         kept.append(i)
-    in_time = [i for i in kept if start_s + runs[i][1] <= deadline_s]
+    in_time = [i for i in kept if finishes_by(start_s, runs[i][1], deadline_s)]
     return in_time or kept
 
 
@@ -179,7 +186,7 @@ def greedy_purchase(pools: Sequence[Pool], jobs: Sequence[JobWindow],
             choices = {}
             for j in jobs:
                 ok = [o for o in by_job[j.name]
-                      if o.gpu == p.gpu and o.fits and j.start_s + o.duration_s <= j.deadline_s]
+                      if o.gpu == p.gpu and o.fits and finishes_by(j.start_s, o.duration_s, j.deadline_s)]
                 if not ok:
                     break
                 choices[j.name] = min(ok, key=lambda o, j=j: key(j, o))   # type: ignore[misc]

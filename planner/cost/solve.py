@@ -33,7 +33,7 @@ from planner.cost.purchase import JobWindow as JobWindow
 from planner.cost.purchase import Pool as Pool
 from planner.cost.purchase import busy_at as busy_at
 from planner.cost.purchase import busy_checks as busy_checks
-from planner.cost.purchase import dominated_pools, greedy_purchase
+from planner.cost.purchase import dominated_pools, finishes_by, greedy_purchase
 from planner.cost.purchase import nodes_needed as nodes_needed
 from planner.cost.purchase import shorter_run_may_help as shorter_run_may_help
 from planner.cost.purchase import undominated as undominated
@@ -51,11 +51,24 @@ GAP_REL = 1e-6
 # timed, so deterministic), with one thread (threads=1: HiGHS's concurrent search otherwise uses
 # as many workers as the machine has cores, and another count of workers takes another path).
 # Measured on the purchase ILPs of bench/resources.py (2 cores, one thread; docs/performance.md,
-# "The purchase ILP (H5)"): the 256-job file is proved optimal after 55 nodes (1.8 s of CPU);
-# H5 (32 Llama 3.1 70B jobs a day apart) answers 54 x b200 with its bound at 95.2% of it after
-# 1,000 nodes (4.7 s), as 20 s of search did (96.0%); 24 such jobs give the optimum (48 x b200)
-# with a 2.5% gap in 3.4 s, and need about 2,500 nodes (4.8 s) for the proof.
+# "The purchase ILP (H5)"; with solve_purchase's deadline rows and PURCHASE_HIGHS_OPTIONS): the
+# 256-job file is proved optimal after 70 nodes (0.6 s of CPU); H5 (32 Llama 3.1 70B jobs a day
+# apart) answers 54 x b200 with its bound at 95.3% of it after 1,000 nodes (3.6 s), as 20 s of
+# search did (96.0%); 24 such jobs give the optimum (48 x b200) with a 2.7% gap in 2.8 s, and
+# need about 2,200 nodes (5.2 s) for the proof.
 MIP_MAX_NODES = 1000
+# HiGHS's options for the purchase ILP beside its defaults (HiGHS 1.16; solve_purchase): no RENS
+# sub-MIP (its neighbourhood fixes the columns the LP relaxation leaves integral, and this LP
+# splits most jobs over several options, so each RENS sub-MIP is nearly the whole problem again,
+# and it rarely pays: on the 256-job file three sub-MIPs took 0.5 s of the 1.8 s) and no restart
+# of the root after reduced-cost fixing (the 256-job file's restart fixed 1.7% of the columns
+# and then separated its cuts a second time: 4,776 LP iterations of cuts, 2,001 without it).
+# Both only change the search's path: a proved optimum is the optimum, and the node limit and
+# one thread keep one answer per input. Measured on 15 purchases captured from `plan buy`, on
+# solve_purchase's model, against HiGHS's defaults (CPU in HiGHS): none slower (the 256-job file
+# 2.1 -> 0.65 s, H5 5.4 -> 3.9 s), the same purchases, and H5's bound after its 1,000 nodes at
+# 95.3% of the answer against 95.4% (the finish-time deadline rows with the defaults: 95.2%).
+PURCHASE_HIGHS_OPTIONS: dict[str, object] = {"mip_heuristic_run_rens": False, "mip_allow_restart": False}
 # A purchase ILP above LARGE_VARIABLES variables is not branched on: its LP relaxation gives
 # the bound and the greedy start the answer (solve_purchase, _relaxed_purchase).
 LARGE_VARIABLES = 5000
@@ -123,16 +136,17 @@ class _StoppedByLimit:
 
 
 def _solver(name: str, time_limit_s: float, gap_rel: float, max_nodes: int | None = None,
-            mip: bool = True) -> tuple[str, pulp.LpSolver]:
+            mip: bool = True, highs_options: dict[str, object] | None = None) -> tuple[str, pulp.LpSolver]:
     """The solver and its name: HiGHS on one thread with a node limit (MIP_MAX_NODES), so that
     one input gets one answer on any machine at any load; CBC (PuLP's bundled binary, one
     thread by default) under the time limit alone. ``max_nodes`` None: MIP_MAX_NODES;
-    ``mip`` False: the LP relaxation."""
+    ``mip`` False: the LP relaxation; ``highs_options``: HiGHS options beside those (CBC
+    takes none of them)."""
     if name not in SOLVERS:
         raise UserError(f"--solver {name!r}: choose one of {', '.join(SOLVERS)}")
     if name in ("auto", "highs"):
         highs = _HiGHS(mip=mip, msg=False, timeLimit=time_limit_s, gapRel=gap_rel, threads=1,
-                       mip_max_nodes=MIP_MAX_NODES if max_nodes is None else max_nodes)
+                       mip_max_nodes=MIP_MAX_NODES if max_nodes is None else max_nodes, **(highs_options or {}))
         if highs.available():
             return "HiGHS", highs
         if name == "highs":
@@ -181,8 +195,8 @@ def _quiet() -> Iterator[None]:
 
 
 def _run(prob: pulp.LpProblem, solver: str, time_limit_s: float, gap_rel: float,
-         max_nodes: int | None = None, mip: bool = True) -> SolverInfo:
-    name, s = _solver(solver, time_limit_s, gap_rel, max_nodes, mip)
+         max_nodes: int | None = None, mip: bool = True, highs_options: dict[str, object] | None = None) -> SolverInfo:
+    name, s = _solver(solver, time_limit_s, gap_rel, max_nodes, mip, highs_options)
     t0 = time.perf_counter()
     with _quiet():
         prob.solve(s)
@@ -396,12 +410,28 @@ def solve_purchase(pools: Sequence[Pool], jobs: Sequence[JobWindow], options: Se
     Variables: nodes[g] (integer >= 0) per pool; run[j, o] (binary) per job option.
     Constraints, each named: every job picks exactly one option (``one_option_<job>``) that
     fits in memory (``fits_memory_<job>``); it finishes by its deadline (``deadline_<job>``:
-    start + the option's duration); at the start of every job, on every pool, the GPUs of
+    the options whose start + duration passes the deadline sum to 0; no term where every
+    option is in time); at the start of every job, on every pool, the GPUs of
     the jobs running then fit in what is bought (``gpus_<pool>_at_<job>``: a job runs from
     its start for its option's duration, and the GPUs in use only rise when a job starts,
     so checking at the starts suffices);
     the budget, when given (``budget_usd``). Objective: the nodes' purchase plus their power
     over the horizon.
+
+    The deadline row names the options that miss the deadline rather than summing every
+    option's finish time (sum (start + duration) x <= deadline, as it read before): with
+    exactly one option picked, each binary, both say "no late option is picked", so they admit
+    the same purchases and the optimum is the same; the sum over late options is also tight in
+    the LP relaxation (the finish-time sum lets the LP mix a late run with one in time), and
+    where every option is in time (every job of `plan buy` that can meet its deadline: its
+    options leave out late runs, purchase.undominated) it is empty, kept so that the rows and
+    their count stay as named.
+    The finish-time form put coefficients of up to 2e7 seconds in HiGHS's LP (its log: "badly
+    scaled"), which its presolve does not see are implied by one_option (it removed 119 of the
+    256-job file's 1,280 rows). Measured on purchases captured from `plan buy` (CPU in HiGHS,
+    one thread): the rows alone take the 128 8B jobs of distinct batches from 0.40 to 0.18 s
+    and raise H5's bound after its 1,000 nodes from 95.2% to 95.4% of the answer, and leave the
+    256-job file at 1.8-2.0 s; with PURCHASE_HIGHS_OPTIONS beside them it takes 0.6 s.
     """
     names = [j.name for j in jobs]
     if len(set(names)) != len(names):
@@ -429,8 +459,9 @@ def solve_purchase(pools: Sequence[Pool], jobs: Sequence[JobWindow], options: Se
         prob += pulp.LpAffineExpression([(x, 1) for _, x in mine]) == 1, f"one_option_{tag}"
         if any(not o.fits for o, _ in mine):
             prob += pulp.LpAffineExpression([(x, 1) for o, x in mine if not o.fits]) == 0, f"fits_memory_{tag}"
-        prob += (pulp.LpAffineExpression([(x, j.start_s + o.duration_s) for o, x in mine]) <= j.deadline_s,
-                 f"deadline_{tag}")
+        prob += (pulp.LpAffineExpression([(x, 1) for o, x in mine
+                                          if not finishes_by(j.start_s, o.duration_s, j.deadline_s)]) <= 0,
+                 f"deadline_{tag}")       # why this form: the docstring
     for p in pools:
         for ti, t, busy in _capacity_checks(jobs, by_job, p.gpu):
             use = [(run[j.name, o.key], o.n_gpus) for j, o in busy]     # GPUs in use - GPUs bought <= 0
@@ -440,7 +471,7 @@ def solve_purchase(pools: Sequence[Pool], jobs: Sequence[JobWindow], options: Se
         prob += total <= budget_usd, "budget_usd"
     if len(run) + len(pools) > LARGE_VARIABLES:
         return _relaxed_purchase(prob, pools, jobs, by_job, budget_usd, solver, time_limit_s, gap_rel)
-    info = _run(prob, solver, time_limit_s, gap_rel)
+    info = _run(prob, solver, time_limit_s, gap_rel, highs_options=PURCHASE_HIGHS_OPTIONS)
     found: list[dict[str, JobOption]] = []
     if _found(prob):
         choices = {j.name: next(o for o in by_job[j.name] if (run[j.name, o.key].value() or 0) > 0.5) for j in jobs}
