@@ -250,5 +250,5 @@ def test_kept_state_terms_are_read_only_and_follow_the_set_up() -> None:
     assert np.array_equal(again.total, first.total) and not np.array_equal(lora.total, first.total)
     _forget()
     assert np.array_equal(memory_batch(m, SETUPS["lora"], a, pc, 8).total, lora.total)
-    kept = next(iter(peak._KEPT.values()))
+    kept = next(iter(peak._KEPT.values()))[0]
     assert not kept.base.flags.writeable

@@ -241,10 +241,12 @@ STATE_FIELDS = ("tp", "cp", "ep", "dp", "pp", "sharding", "zero_stage", "sp", "e
                 "optimizer_instances")
 
 
-# state_terms of the last batches, at most KEPT_BATCHES of at most KEPT_STATES states each
-_KEPT: dict[tuple[object, ...], StateTerms] = {}
+# state_terms of the last batches, at most KEPT_BATCHES of at most KEPT_STATES states each and
+# KEPT_BYTES of arrays in all (with their sizes)
+_KEPT: dict[tuple[object, ...], tuple[StateTerms, int]] = {}
 KEPT_BATCHES = 16
 KEPT_STATES = 4096
+KEPT_BYTES = 16 * 2**20
 
 
 def forget_states() -> None:
@@ -265,24 +267,27 @@ def _kept_state_terms(m: ModelSpec, setup: TrainingSetup, sa: LayoutArrays, pc: 
     key = (m, block_table_setup(setup), pc, gpus_per_node, len(sa),
            *(sa.field(f).astype(np.int64).tobytes() for f in STATE_FIELDS))
     hit = _KEPT.get(key)
-    if hit is None:
-        if len(_KEPT) >= KEPT_BATCHES:
-            del _KEPT[next(iter(_KEPT))]        # the oldest
-        hit = _KEPT[key] = state_terms(m, setup, sa, pc, gpus_per_node)
-        _read_only(hit)
-    return hit
+    if hit is not None:
+        return hit[0]
+    terms = state_terms(m, setup, sa, pc, gpus_per_node)
+    size = _read_only(terms)
+    while _KEPT and (len(_KEPT) >= KEPT_BATCHES or sum(n for _, n in _KEPT.values()) + size > KEPT_BYTES):
+        del _KEPT[next(iter(_KEPT))]        # the oldest
+    if size <= KEPT_BYTES:
+        _KEPT[key] = (terms, size)
+    return terms
 
 
-def _read_only(x: Any) -> None:
-    """Mark every array in ``x`` (a dataclass of arrays, tuples and dataclasses) read-only."""
+def _read_only(x: Any) -> int:
+    """Mark every array in ``x`` (a dataclass of arrays, tuples and dataclasses) read-only; their bytes."""
     if isinstance(x, np.ndarray):
         x.flags.writeable = False
-    elif isinstance(x, tuple):
-        for v in x:
-            _read_only(v)
-    elif hasattr(x, "__dataclass_fields__"):
-        for f in fields(x):
-            _read_only(getattr(x, f.name))
+        return int(x.nbytes)
+    if isinstance(x, tuple):
+        return sum(_read_only(v) for v in x)
+    if hasattr(x, "__dataclass_fields__"):
+        return sum(_read_only(getattr(x, f.name)) for f in fields(x))
+    return 0
 
 
 @dataclass(frozen=True, slots=True)
