@@ -63,7 +63,7 @@ from planner.hardware.placement import Cluster, scale_up_domain_gpus
 from planner.layouts.batch import LayoutArrays, valid_layouts
 from planner.layouts.layout import Layout, SearchSpace, enumerate_layouts
 from planner.memory.model import per_rank_memory
-from planner.memory.peak import memory_batch
+from planner.memory.peak import forget_states, memory_batch
 from planner.memory.shapes import forget_tables as forget_memory_tables
 from planner.models.spec import ModelSpec, ParamCount, count_params, load_model
 from planner.search.search import gpu_counts
@@ -95,6 +95,7 @@ def forget_tables() -> None:
     """Drop the degree and state tables the batched models keep across calls."""
     forget_time_tables()
     forget_memory_tables()
+    forget_states()
 
 
 CPU_TIMES: list[float] = []     # CPU seconds of the last best_of's best run (this process and children)

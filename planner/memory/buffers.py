@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from planner.layouts.batch import LayoutArrays
-from planner.layouts.layout import Layout
 from planner.models.spec import ModelSpec
 from planner.training.kernels import megatron_core_profile
 from planner.training.setup import Precision, TrainingSetup
@@ -225,11 +224,11 @@ def fsdp_forward_bytes(a: LayoutArrays, rp: ParamsArrays, prec: Precision,
     return np.where(fsdp & (a.zero_stage == 3), block_bytes, 0), np.where(fsdp, 2 * block_bytes, 0)
 
 
-def pipeline_buffer_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> int:
-    """Pipeline stages' send and receive buffers: one activation tensor each (one
-    micro-batch, b s h a), split by tp under sequence parallelism; 0 without a pipeline
-    (per shape: planner.memory.shapes)."""
-    if lay.pp == 1:
-        return 0
-    act = lay.tokens_per_rank * m.d_model * setup.precision_spec.activation_bytes
-    return 2 * -(-act // (lay.tp if lay.sp else 1))
+def pipeline_buffer_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_len: int) -> np.ndarray:
+    """Pipeline stages' send and receive buffers, per layout of ``a`` (sequence ``seq_len``):
+    one activation tensor each (one micro-batch, b s h a), split by tp under sequence
+    parallelism; 0 without a pipeline. In int64, exact at the input limits: 2 x 4,096 x 4M
+    positions x 10^7 wide x 4 bytes (training.setup.MAX_MICRO_BATCH, MAX_SEQ_LEN; limits.MAX_MODEL_DIM) is
+    1.4e18 < 2^63."""
+    act = a.micro_batch * a.seq_len_per_rank(seq_len) * m.d_model * setup.precision_spec.activation_bytes
+    return np.where(a.pp > 1, 2 * -(-act // np.where(a.sp, a.tp, 1)), 0)

@@ -181,19 +181,24 @@ class ActivationFigures:
 
 def activation_figures(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_len: int, kernels: np.ndarray,
                        act_fp32: np.ndarray) -> ActivationFigures:
-    """activations.block_activations, backward_working_bytes, loss.logits_bytes and
-    buffers.pipeline_buffer_bytes per distinct block shape; ``act_fp32``: where the trainable
-    blocks run in fp32 (freeze on
-    replicated ranks), which sizes the blocks' activations in fp32. LoRA's blocks also
-    depend on the sharding (activations.lora_cast_bytes)."""
+    """activations.block_activations, backward_working_bytes and loss.logits_bytes per distinct
+    block shape, and buffers.pipeline_buffer_bytes per layout; ``act_fp32``: where the trainable
+    blocks run in fp32 (freeze on replicated ranks), which sizes the blocks' activations in fp32. LoRA's blocks also
+    depend on the sharding (activations.lora_cast_bytes). A block shape leaves out the
+    pipeline: no function of the block's bytes, its backward's working set or the loss reads
+    the pipeline's degree (tests/test_shape_caches.py asks each with pp 1 and 4), so a shape
+    with and without a pipeline is sized once (issue 32: 36,963 -> 23,883 shapes in the
+    256-job `plan buy`)."""
     lora = setup.finetune.is_lora
     fp32 = replace(setup, precision="fp32") if act_fp32.any() else setup
     fp8 = setup.precision_spec.fp8 is not None
     imbalanced = m.is_moe and setup.moe_imbalance != 1.0
 
     # a block's bytes without recomputation, per block shape but its recomputation: the same for
-    # the shape under none, selective and full (three rows of the table for one of these)
-    unrecomputed_bytes = _table("act-none", m, block_table_setup(setup), seq_len)
+    # the shape under none, selective and full (three rows of the table for one of these); beside
+    # them the loss's bytes, which do not read the recomputation (tests/test_shape_caches.py)
+    table_setup = block_table_setup(setup)
+    unrecomputed_bytes = _table("act-none", m, table_setup, seq_len)
 
     def full_bytes(lay: Layout, s_: TrainingSetup, kern: str, full: int) -> int:
         """The block's bytes without recomputation: block_activations' ``full`` and the
@@ -213,18 +218,18 @@ def activation_figures(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_
             full += imbalance_extra_bytes(m, s_, unrecomputed, kern)
         return full
 
-    def figures(tp: int, sp: int, cp: int, mb: int, rc: int, k: int, f32: int, piped: int, zero: int = 0,
+    def figures(tp: int, sp: int, cp: int, mb: int, rc: int, k: int, f32: int, zero: int = 0,
                 sharding: int = 0, ep: int = 1) -> tuple[int, ...]:
         lay = Layout(tp=tp, sp=bool(sp), cp=cp, micro_batch=mb, seq_len=seq_len, recompute=RECOMPUTES[rc],
-                     zero_stage=zero, sharding=SHARDINGS[sharding], pp=1 + piped, ep=ep)
+                     zero_stage=zero, sharding=SHARDINGS[sharding], ep=ep)
         kern = KERNELS[k]
         s_ = fp32 if f32 else setup
         kept, full = block_activations(m, s_, activation_key(lay, lora), kern)
-        shape = (tp, sp, cp, mb, k, f32, piped, zero, sharding, ep)
+        shape = (tp, sp, cp, mb, k, f32, zero, sharding, ep)
         hit = unrecomputed_bytes.get(shape)
         if hit is None:
-            hit = unrecomputed_bytes[shape] = (full_bytes(lay, s_, kern, full),)
-        full = hit[0]
+            hit = unrecomputed_bytes[shape] = (full_bytes(lay, s_, kern, full), logits_bytes(m, setup, lay, kern))
+        full, logits = hit
         # the same additions on the layout itself (integers: in any order, the same sum)
         if lay.recompute == "none":     # every addition is full's
             kept = full
@@ -241,16 +246,16 @@ def activation_figures(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_
         if setup.recompute_modules:     # Megatron-Core's selective recomputation by module
             kept += module_recompute_delta_bytes(m, s_, lay, kern)
         return (kept, recompute_unit_bytes(m, s_, lay, kern, full), backward_working_bytes(m, setup, lay, kern),
-                logits_bytes(m, setup, lay, kern), pipeline_buffer_bytes(m, setup, lay))
+                logits)
 
-    cols = [a.tp, a.sp, a.cp, a.micro_batch, a.recompute, kernels, act_fp32.astype(np.int64),
-            (a.pp > 1).astype(np.int64)]
+    cols = [a.tp, a.sp, a.cp, a.micro_batch, a.recompute, kernels, act_fp32.astype(np.int64)]
     if lora or imbalanced:
         cols += [a.zero_stage, a.sharding]
     if imbalanced:
         cols += [a.ep]
-    out = _gather(cols, figures, _table("act", m, block_table_setup(setup), seq_len), 5)
-    return ActivationFigures(*out)
+    out = _gather(cols, figures, _table("act", m, table_setup, seq_len), 4)
+    return ActivationFigures(layer_act=out[0], full_layer=out[1], score_grad=out[2], logits=out[3],
+                             pipeline_buffers=pipeline_buffer_bytes(m, setup, a, seq_len))
 
 
 @dataclass(frozen=True, slots=True)
