@@ -22,11 +22,17 @@ from planner.hardware import placement
 from planner.hardware.graph import nvlink_domain_size
 from planner.hardware.topology import ClusterTopology
 
+CATALOG = ("h100,h100-pcie,h100-nvl,h200,h20,gh200,b200,gb200,b300,gb300,a100,a100-40gb,l40s,l4,a10g,a6000,"
+           "rtx6000-ada,rtx-pro-6000,4090,5090,mi300x,mi325x,mi355x")       # bench/resources.py's
 COMMANDS = [
     ["--model", "405b", "--gpus", "h100,h200,b200,a100,mi300x", "--tokens", "15T", "--deadline", "90d"],
     ["buy", "examples/jobs.yaml"],
     ["--model", "70b", "--gpus", "h100"],
     ["--model", "8b", "--gpus", "a100"],
+    # the MoE plans over the GPU catalog of bench/resources.py (issue 32's H4): their PCIe and
+    # mesh topologies' links were solved on every run
+    ["--model", "deepseek-v3", "--gpus", CATALOG, "--tokens", "15T", "--deadline", "90d"],
+    ["--model", "kimi-k2", "--gpus", CATALOG, "--tokens", "15T", "--deadline", "90d"],
 ]
 
 

@@ -74,7 +74,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import megatron_bridge_rows as mbr
 
-from planner.timing import fast, kernels
+from planner.timing import fast, layer
 from planner.timing.efficiency import MEGATRON_BRIDGE, Efficiency
 from planner.timing.model import step_time
 
@@ -134,7 +134,7 @@ def efficiency(values: dict[str, float]) -> Efficiency:
 
 def predict(cases: Sequence[Case], values: dict[str, float]) -> list[dict[str, float]]:
     """tokens/s per GPU and MFU (against the BF16 and the low-precision peak) of each case."""
-    kernels.layer_time.cache_clear()
+    layer.layer_time.cache_clear()
     fast.forget_tables()
     eff = efficiency(values)
     out = []

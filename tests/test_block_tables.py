@@ -1,9 +1,9 @@
 """The per-block-shape tables (memory.shapes' activation figures, timing.stage's block rows)
-are keyed on the set-up without its global batch (training.setup.block_table_setup), so
-set-ups that differ only in it share them (issue 32, H1: 128 jobs of distinct global
-batches). That is exact only while no memory or step-time model reads the global batch:
-the first test holds the source to it, the second compares a sweep on shared tables with
-the same sweep in a fresh process."""
+and timing.degrees' degree tables (with their slowest stages) are keyed on the set-up without
+its global batch (training.setup.block_table_setup), so set-ups that differ only in it share
+them (issue 32, H1: 128 jobs of distinct global batches). That is exact only while no memory
+or step-time model reads the global batch: the first test holds the source to it, the second
+compares a sweep on shared tables with the same sweep in a fresh process."""
 
 from __future__ import annotations
 

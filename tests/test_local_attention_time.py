@@ -9,7 +9,8 @@ import pytest
 from planner.hardware.gpus import get_gpu
 from planner.layouts.layout import Layout
 from planner.models.spec import load_model
-from planner.timing.kernels import layer_time, local_attention_share
+from planner.timing.kernels import local_attention_share
+from planner.timing.layer import layer_time
 from planner.timing.model import DEFAULT_EFFICIENCY
 from planner.training.setup import TrainingSetup
 

@@ -13,7 +13,7 @@ from planner.layouts.layout import Layout
 from planner.memory.model import per_rank_memory
 from planner.memory.moe import expert_side_bytes
 from planner.models.spec import load_model
-from planner.timing.kernels import layer_time
+from planner.timing.layer import layer_time
 from planner.timing.model import DEFAULT_EFFICIENCY, cluster_for, step_time
 from planner.training.setup import TrainingSetup
 

@@ -2,7 +2,7 @@
 
 A sweep asks for each block shape under none, selective and full recomputation; the part of a
 block's time and bytes that its recomputation does not change is now worked out once per shape
-(timing.kernels._unrecomputed_block_s, memory.shapes' bytes without recomputation) and a block's
+(timing.layer.layer_time_table's kernels.block_compute_s, memory.shapes' bytes without recomputation) and a block's
 saved-tensor terms once per the fields they read (memory.activations.block_terms). The referee of
 each test is the same model with every cache emptied before each call: the caches must change
 no figure, whichever shape or recomputation is asked first."""
@@ -32,7 +32,7 @@ from planner.memory.recompute import module_recompute_delta_bytes
 from planner.models.spec import count_params, load_model
 from planner.timing import kernels
 from planner.timing.flops import block_adapters
-from planner.timing.kernels import layer_time
+from planner.timing.layer import layer_time
 from planner.timing.model import DEFAULT_EFFICIENCY
 from planner.training.finetune import FinetuneSpec, lora_activation_terms
 from planner.training.setup import TrainingSetup
@@ -51,8 +51,7 @@ RECOMPUTES = ("none", "selective", "full")
 
 
 def _forget() -> None:
-    kernels.layer_time.cache_clear()
-    kernels._UNRECOMPUTED.clear()
+    layer_time.cache_clear()
     activations.block_activations.cache_clear()
     activations._block_terms.cache_clear()
     shapes.forget_tables()

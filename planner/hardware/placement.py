@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+import numpy as np
+
 from planner.errors import UserError
 from planner.hardware.axes import AXES
 from planner.hardware.gpus import GpuSpec
@@ -182,24 +184,72 @@ def _closed_link(fabric: Fabric, stride: int, size: int, n_gpus: int) -> tuple[f
     return ring_bound_bytes_per_s(fabric, groups, n_gpus), one_island
 
 
-def _fallback_links(gpu: GpuSpec, sizes: dict[str, int], order: Sequence[str]) -> dict[str, AxisLink]:
-    """Group bandwidths from the GpuSpec alone: inside a node the intra-node link; a ring
+def _fallback_table(gpu: GpuSpec, sizes: np.ndarray, order: Sequence[str]) -> np.ndarray:
+    """Group bandwidths from the GpuSpec alone, per column of ``sizes`` (AXES rows), as
+    axis_link_table's (bandwidth, latency) rows: inside a node the intra-node link; a ring
     that leaves a node shares the node's NICs (gpus_per_node x per-GPU NIC bandwidth) with
     the other groups of the same axis that leave it."""
     gpn = gpu.gpus_per_node
-    links, stride = {}, 1
+    out = np.empty((2 * len(AXES), sizes.shape[1]))
+    stride = np.ones(sizes.shape[1], dtype=np.int64)
+    with np.errstate(divide="ignore"):
+        for axis in order:
+            i = AXES.index(axis)
+            n = sizes[i]
+            inside = stride * n <= gpn
+            crossing = np.minimum(stride, gpn)          # groups of this axis leaving each node
+            bw = np.minimum(gpu.intra_node_bytes_per_s, gpn * gpu.inter_node_bytes_per_s / crossing)
+            out[2 * i] = np.where(n == 1, math.inf, np.where(inside, gpu.intra_node_bytes_per_s, bw))
+            out[2 * i + 1] = np.where(n == 1, 0.0, np.where(inside, FALLBACK_INTRA_LATENCY_S,
+                                                            FALLBACK_INTER_LATENCY_S))
+            stride = stride * n
+    return out
+
+
+def _distinct_columns(columns: np.ndarray) -> tuple[list[list[int]], np.ndarray]:
+    """(the distinct columns of ``columns`` (non-negative int64 rows) as lists of ints, each
+    column's number among them), through one packed int64 key where the rows fit in one."""
+    key, scale = np.zeros(columns.shape[1], dtype=np.int64), 1
+    for row in columns:
+        span = int(row.max()) + 1
+        if scale * span >= 2**62:
+            distinct, inverse = np.unique(columns, axis=1, return_inverse=True)
+            return distinct.T.tolist(), inverse.reshape(-1)
+        key, scale = key + row * scale, scale * span
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    return columns[:, first].T.tolist(), inverse.reshape(-1)
+
+
+def axis_link_table(cluster: Cluster, sizes: np.ndarray, order: tuple[str, ...] = AXES) -> np.ndarray:
+    """axis_links of each column of ``sizes`` (int64, (5, N): tp, cp, ep, dp, pp rows, AXES
+    order) as a (10, N) array: each axis's bus bandwidth and hop latency, in AXES order.
+    The layouts of one GPU count share their axes' strides and sizes far more often than all
+    five degrees, so each axis's link is looked up once per distinct (stride, size, GPUs)
+    (issue 32: 59,000 axis_links calls in one --tokens plan over the catalog)."""
+    top = cluster.topology
+    if top is None:
+        return _fallback_table(cluster.gpu, sizes, order)
+    n_cols = sizes.shape[1]
+    n_gpus = np.prod(sizes, axis=0)
+    out = np.empty((2 * len(AXES), n_cols))
+    falls_back = np.zeros(n_cols, dtype=bool)
+    stride = np.ones(n_cols, dtype=np.int64)
     for axis in order:
-        n = sizes[axis]
-        if n == 1:
-            links[axis] = AxisLink(bus_bytes_per_s=math.inf, latency_s=0.0)
-        elif stride * n <= gpn:
-            links[axis] = AxisLink(bus_bytes_per_s=gpu.intra_node_bytes_per_s, latency_s=FALLBACK_INTRA_LATENCY_S)
-        else:
-            crossing = min(stride, gpn)          # groups of this axis leaving each node
-            bw = min(gpu.intra_node_bytes_per_s, gpn * gpu.inter_node_bytes_per_s / crossing)
-            links[axis] = AxisLink(bus_bytes_per_s=bw, latency_s=FALLBACK_INTER_LATENCY_S)
-        stride *= n
-    return links
+        i = AXES.index(axis)
+        n = sizes[i]
+        out[2 * i], out[2 * i + 1] = math.inf, 0.0
+        split = np.flatnonzero((n != 1) & ~falls_back)    # a layout that falls back asks no further
+        if len(split):
+            distinct, inverse = _distinct_columns(np.stack([stride[split], n[split], n_gpus[split]]))
+            links = [_topology_axis_link(top, st, k, g) for st, k, g in distinct]
+            none = np.array([lk is None for lk in links])
+            out[2 * i, split] = np.array([math.nan if lk is None else lk.bus_bytes_per_s for lk in links])[inverse]
+            out[2 * i + 1, split] = np.array([math.nan if lk is None else lk.latency_s for lk in links])[inverse]
+            falls_back[split] |= none[inverse]
+        stride = stride * n
+    if falls_back.any():
+        out[:, falls_back] = _fallback_table(cluster.gpu, sizes[:, falls_back], order)
+    return out
 
 
 @lru_cache(maxsize=16384)
@@ -212,25 +262,11 @@ def axis_links(cluster: Cluster, sizes: tuple[int, ...], order: tuple[str, ...] 
     of that axis running at once (graph.ring_bandwidth_bytes_per_s), on a folded
     placement (_fold_axis). Clusters larger than one scalable unit of the topology are
     taken as several units under a non-blocking spine; when even the folded placement
-    needs more nodes than the topology holds, the GpuSpec model (_fallback_links) answers.
+    needs more nodes than the topology holds, the GpuSpec model (_fallback_table) answers.
     """
-    named = dict(zip(AXES, sizes))
-    top = cluster.topology
-    if top is None:
-        return _fallback_links(cluster.gpu, named, order)
-    n_gpus = math.prod(sizes)
-    links, stride = {}, 1
-    for axis in order:
-        n = named[axis]
-        if n == 1:
-            links[axis] = AxisLink(bus_bytes_per_s=math.inf, latency_s=0.0)
-            continue
-        link = _topology_axis_link(top, stride, n, n_gpus)
-        if link is None:
-            return _fallback_links(cluster.gpu, named, order)
-        links[axis] = link
-        stride *= n
-    return links
+    table = axis_link_table(cluster, np.array(sizes, dtype=np.int64)[:, None], order)[:, 0].tolist()
+    return {ax: AxisLink(bus_bytes_per_s=table[2 * AXES.index(ax)], latency_s=table[2 * AXES.index(ax) + 1])
+            for ax in order}
 
 
 @lru_cache(maxsize=65536)
@@ -298,12 +334,22 @@ def all_to_all_link(cluster: Cluster, sizes: tuple[int, ...], order: tuple[str, 
     Without a topology, the GpuSpec's intra- and inter-node rates over a node's GPUs.
     ``routing`` (k, groups, group limit) where the dispatcher sends a token once per remote domain
     (training.moe_runtime.dedup_routing): the remote part scaled by remote_share_deduplicated."""
-    named = dict(zip(AXES, sizes))
-    ring = axis_links(cluster, sizes, order)["ep"]
-    n = named["ep"]
-    if n == 1:
+    bw, lat = all_to_all_table(cluster, np.array(sizes, dtype=np.int64)[:, None], order, routing)[:, 0].tolist()
+    return AxisLink(bus_bytes_per_s=bw, latency_s=lat)
+
+
+def all_to_all_table(cluster: Cluster, sizes: np.ndarray, order: tuple[str, ...] = AXES,
+                     routing: tuple[int, int, int] | None = None) -> np.ndarray:
+    """all_to_all_link of each column of ``sizes`` (int64, (5, N), AXES rows) as a (2, N) array:
+    bus bandwidth and latency."""
+    ep_row = 2 * AXES.index("ep")
+    ring = axis_link_table(cluster, sizes, order)[ep_row:ep_row + 2]
+    n = sizes[AXES.index("ep")]
+    if (n == 1).all():
         return ring
-    stride = math.prod(named[a] for a in order[:order.index("ep")])
+    stride = np.ones(sizes.shape[1], dtype=np.int64)
+    for a in order[:order.index("ep")]:
+        stride = stride * sizes[AXES.index(a)]
     top = cluster.topology
     if top is None:
         domain, up, nic = cluster.gpu.gpus_per_node, cluster.gpu.intra_node_bytes_per_s, \
@@ -316,14 +362,23 @@ def all_to_all_link(cluster: Cluster, sizes: tuple[int, ...], order: tuple[str, 
         up = scale_up_gpu_bytes_per_s(top.intra_node)
         nic = top.network.nics_per_node * top.network.nic_bytes_per_s / top.gpus_per_node
         latency = top.network.latency_s + top.pcie.latency_s
-    g = 1 if stride >= domain else min(n, domain // stride)
-    if g >= n:
+    g = np.where(stride >= domain, 1, np.minimum(n, domain // stride))
+    leaves = (n != 1) & (g < n)
+    if not leaves.any():
         return ring
-    if top is not None and top.intra_node.fabric == "mesh":
-        up *= max(1, g - 1)               # a link to each peer of the node, all at once
-    remote = remote_share_deduplicated(routing[0], -(-n // g), routing[1], routing[2]) if routing else 1.0
-    per_byte_s = max((g - 1) / n / up, (n - g) / n * remote / nic)
-    return AxisLink(bus_bytes_per_s=min(ring.bus_bytes_per_s, (n - 1) / n / per_byte_s), latency_s=latency)
+    # on a mesh, a link to each peer of the node, all at once
+    up_g = up * np.maximum(1, g - 1) if top is not None and top.intra_node.fabric == "mesh" else up
+    remote: np.ndarray | float = 1.0
+    if routing:
+        pairs, inverse = _distinct_columns(np.stack([n[leaves], g[leaves]]))
+        shares = np.array([remote_share_deduplicated(routing[0], -(-n_ // g_), routing[1], routing[2])
+                           for n_, g_ in pairs])
+        remote = np.ones(len(n))
+        remote[leaves] = shares[inverse]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_byte_s = np.maximum((g - 1) / n / up_g, (n - g) / n * remote / nic)
+        bus = np.minimum(ring[0], (n - 1) / n / per_byte_s)
+    return np.stack([np.where(leaves, bus, ring[0]), np.where(leaves, latency, ring[1])])
 
 
 # ------------------------------------------------------------------ clusters

@@ -44,22 +44,24 @@ class Rows:
 
     def __init__(self, width: int, dtype: type) -> None:
         self.index: dict[tuple, int] = {}
-        self.rows: list[tuple] = []
         self.table: np.ndarray = np.zeros((0, width), dtype=dtype)
         self.dtype = dtype
         self.known: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}   # columns_of()'s answers
 
-    def columns_of(self, columns: Sequence[np.ndarray], fn: Callable[..., tuple]) -> tuple[np.ndarray, np.ndarray]:
+    def columns_of(self, columns: Sequence[np.ndarray], fn: Callable[..., tuple] | None = None,
+                   many: Callable[[np.ndarray], np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(ids, rows): ids() of the keys whose fields are ``columns`` (int64 arrays of
         equal length), and their rows as a (width, keys) array, remembered per column
-        contents (rows are never renumbered): a search asks for the same block shapes again."""
+        contents (rows are never renumbered): a search asks for the same block shapes again.
+        New keys' rows come from fn(*key) each, or from many(keys as a (fields, new keys) int64
+        array) all at once, as a (new keys, width) array."""
         packed = np.stack(columns)
         blob = packed.tobytes() + bytes([len(columns)])
         hit = self.known.get(blob)
         if hit is None:
             if len(self.known) > 256:
                 self.known.clear()
-            ids = self.ids(list(zip(*packed.tolist())), fn)
+            ids = self.ids(list(zip(*packed.tolist())), fn, many)
             rows = np.ascontiguousarray(self.table[ids].T)
             ids.flags.writeable = rows.flags.writeable = False
             hit = self.known[blob] = (ids, rows)
@@ -67,22 +69,27 @@ class Rows:
 
     def lookup(self, keys: list[tuple], fn: Callable[..., tuple]) -> np.ndarray:
         """The rows of ``keys`` (len(keys) x width), computing fn(*key) for new keys."""
-        idx = self.ids(keys, fn)        # (builds the table anew for new keys)
+        idx = self.ids(keys, fn)        # (grows the table for new keys)
         return self.table[idx]
 
-    def ids(self, keys: list[tuple], fn: Callable[..., tuple]) -> np.ndarray:
-        """The row numbers of ``keys`` in ``table``, computing fn(*key) for new keys."""
+    def ids(self, keys: list[tuple], fn: Callable[..., tuple] | None = None,
+            many: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
+        """The row numbers of ``keys`` in ``table``, computing fn(*key) (or many(), as
+        columns_of) for new keys, numbered in the order they first occur."""
         get = self.index.get
         idx = [get(k) for k in keys]
         if None in idx:
-            for i, k in enumerate(keys):
-                if idx[i] is None:
-                    j = get(k)
-                    if j is None:
-                        j = self.index[k] = len(self.rows)
-                        self.rows.append(fn(*k))
-                    idx[i] = j
-            self.table = np.array(self.rows, dtype=self.dtype).reshape(len(self.rows), -1)
+            new = list(dict.fromkeys(k for k, i in zip(keys, idx) if i is None))
+            if many is not None:
+                rows = np.asarray(many(np.array(new, dtype=np.int64).T), dtype=self.dtype)
+            else:
+                assert fn is not None
+                rows = np.array([fn(*k) for k in new], dtype=self.dtype)
+            first = len(self.index)
+            for j, k in enumerate(new):
+                self.index[k] = first + j
+            self.table = np.concatenate([self.table, rows.reshape(len(new), self.table.shape[1])])
+            idx = [get(k) for k in keys]
         return np.array(idx, dtype=np.int64)
 
 

@@ -2,7 +2,7 @@
 which planner.timing.fast reads for a batch of layouts: each axis's links on each placement
 order, the stages that can be the slowest and their ranks' trainable and frozen parameters,
 the data-parallel collectives of every sharding and the optimizer update (Degrees, kept
-across calls in DEGREE_CACHE), one block shape's times and volumes (block_row), and the
+across calls in DEGREE_CACHE), and the
 memo of slowest stages per block shape (SlowestMemo). See planner.timing.fast for the model.
 """
 
@@ -15,9 +15,15 @@ from typing import NamedTuple
 
 import numpy as np
 
-from planner.hardware.axes import AXES, AxisSizes
-from planner.hardware.placement import FALLBACK_INTRA_LATENCY_S, AxisLink, Cluster, all_to_all_link, axis_links
-from planner.layouts.batch import RECOMPUTES, Unsupported
+from planner.hardware.axes import AXES
+from planner.hardware.placement import (
+    FALLBACK_INTRA_LATENCY_S,
+    AxisLink,
+    Cluster,
+    all_to_all_table,
+    axis_link_table,
+)
+from planner.layouts.batch import Unsupported
 from planner.layouts.groups import Rows as _Rows
 from planner.layouts.groups import TableCache
 from planner.layouts.groups import group as _group
@@ -37,17 +43,10 @@ from planner.models.spec import ModelSpec, ParamCount
 from planner.timing.collectives import Ring
 from planner.timing.dp import instance_links, optimizer_update_bytes_per_param, trained_split
 from planner.timing.efficiency import (
-    CROSS_ENTROPY_BYTES_PER_LOGIT,
-    CROSS_ENTROPY_FORWARD_SHARE,
     Efficiency,
 )
-from planner.timing.host_link import activation_offload_exposed_s
 from planner.timing.kernels import (
-    LAYER_TIME_FIELDS,
     backward_layers,
-    gemm_time_s,
-    head_backward_gemms,
-    layer_time_values,
     rates,
 )
 from planner.timing.parts import (
@@ -58,7 +57,7 @@ from planner.timing.parts import (
     ZERO_12,
 )
 from planner.training.moe_runtime import dedup_routing
-from planner.training.setup import TrainingSetup
+from planner.training.setup import TrainingSetup, block_table_setup
 
 EXACT_INT = 2**53          # integers below this convert to float64 exactly
 SLOTS = 3                  # the stages a pipeline's slowest can be: first, last, fullest
@@ -177,43 +176,6 @@ def stage_slots(n_layers: int, pp: int, balance: str = "none") -> tuple[tuple[in
 
 # ------------------------------------------------------------------------ the step
 
-BLOCK_FIELDS = LAYER_TIME_FIELDS    # a block row's first fields: fwd_s, bwd_s, attention_fwd_s, tp_bytes, ...
-
-
-def block_row(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Efficiency, kernels: str, tp: int,
-               sp: int, cp: int, ep: int, mb: int, rc: int, etp: int = 0) -> tuple[float, ...]:
-    """One block shape's LayerTime fields, then what the pipeline derives from the
-    micro-batch alone: what the last stage adds to its forward and backward, the bytes of the
-    tp all-reduce at each pipeline edge and of a pipeline send.
-
-    The last stage adds the LM head and loss. Under Megatron-Core's CPU activation offload,
-    which needs pp = 1 (layouts.rules), the one stage also adds the copies compute does not
-    hide (host_link.activation_offload_exposed_s). MTP modules (TrainingSetup.mtp_layers) are
-    not timed: megatron-core 0.16.1 runs them on the last stage, but the runs that train them
-    give that stage fewer blocks (Megatron-Bridge's DeepSeek-V3 pipeline layouts end "tmL":
-    one block, the MTP module and the loss), a split the planner's stage_layers cannot state;
-    timed on top of the planner's split they lengthened the predicted step of every such run by
-    13% to 49% and worsened the study out of fold (docs/megatron-bridge-terms.md). Their FLOPs
-    count (timing.flops.with_mtp)."""
-    gpu, prec = cluster.gpu, setup.precision_spec
-    seq, h, a = setup.seq_len, m.d_model, prec.activation_bytes
-    key = Layout(tp=tp, sp=bool(sp), cp=cp, ep=ep, micro_batch=mb, seq_len=seq, recompute=RECOMPUTES[rc],
-                 etp=etp)
-    lt = layer_time_values(m, setup, key, kernels, gpu, eff)       # LayerTime's fields (BLOCK_FIELDS)
-    r = rates(gpu, prec.compute_dtype, eff)
-    tokens = mb * seq / cp
-    head_fwd = gemm_time_s(tokens, m.vocab_size / tp, h, r.matmul_flops_per_s, r.hbm_bytes_per_s, prec.weight_bytes)
-    loss_s = tokens * m.vocab_size / tp * CROSS_ENTROPY_BYTES_PER_LOGIT / r.hbm_bytes_per_s
-    head_bwd = head_backward_gemms(setup.finetune)
-    last_fwd = head_fwd + loss_s * CROSS_ENTROPY_FORWARD_SHARE
-    last_bwd = head_bwd * head_fwd + loss_s * (1 - CROSS_ENTROPY_FORWARD_SHARE)
-    if setup.offload_activations:
-        off_fwd, off_bwd = activation_offload_exposed_s(m, setup, key, kernels, gpu, float(lt[0]), float(lt[1]),
-                                                        m.n_layers)
-        last_fwd, last_bwd = last_fwd + off_fwd, last_bwd + off_bwd
-    return (*map(float, lt), last_fwd, last_bwd, tokens * h * a, tokens * h * a / tp)
-
-
 # the rows of each order's link table: bus bandwidth and hop latency of tp, cp, ep, dp, pp (AXES),
 # then the ep all-to-all's; a stage's time reads tp, cp, ep and the all-to-all's (INNER_ROWS)
 LINK_ROWS = 12
@@ -247,7 +209,20 @@ def layout_links(cluster: Cluster, sizes: tuple[int, ...], order: tuple[str, ...
                  ep_fold: int = 0, routing: tuple[int, int, int] | None = None
                  ) -> tuple[dict[str, AxisLink], AxisLink]:
     """(each axis's ring links, the ep all-to-all's link) for a layout of degrees ``sizes``
-    (tp, cp, ep, dp, pp, as placement.axis_links and placement.all_to_all_link read them).
+    (tp, cp, ep, dp, pp): layout_link_table's column of it."""
+    col = layout_link_table(cluster, np.array(sizes, dtype=np.int64)[:, None], order, etp, ep_fold,
+                            routing)[:, 0].tolist()
+    rings = {ax: AxisLink(bus_bytes_per_s=col[2 * AXES.index(ax)], latency_s=col[2 * AXES.index(ax) + 1])
+             for ax in order}
+    return rings, AxisLink(bus_bytes_per_s=col[A2A_BW], latency_s=col[A2A_LAT])
+
+
+def layout_link_table(cluster: Cluster, sizes: np.ndarray, order: tuple[str, ...] = AXES, etp: int = 0,
+                      ep_fold: int = 0, routing: tuple[int, int, int] | None = None) -> np.ndarray:
+    """Each axis's ring links, then the ep all-to-all's link, for layouts of degrees ``sizes``
+    (int64, (5, N): tp, cp, ep, dp, pp rows, as placement.axis_link_table and
+    placement.all_to_all_table read them), as a (LINK_ROWS, N) array: bus bandwidth and hop
+    latency of tp, cp, ep, dp, pp, then of the all-to-all.
     The ep groups lie on the expert grid etp x ep x edp x pp: megatron-core 0.16.1 builds it
     over the same GPUs with the same rank order, cp left out and etp innermost
     (parallel_state.py lines 797-805: RankGenerator(tp=etp, ep=ep, dp=edp, pp=pp, cp=1,
@@ -259,19 +234,40 @@ def layout_links(cluster: Cluster, sizes: tuple[int, ...], order: tuple[str, ...
     token once per remote node (training.moe_runtime.dedup_routing)."""
     tp, cp, ep, dp, pp = sizes
     e_tp = expert_tp_size(etp, tp)
-    expert_grid = AxisSizes(tp=e_tp, ep=ep, dp=expert_data_parallel_size(dp, tp, cp, ep, e_tp, ep_fold), pp=pp)
+    ones = np.ones_like(tp)
+    expert_grid = np.stack([e_tp, ones, ep, expert_data_parallel_size(dp, tp, cp, ep, e_tp, ep_fold), pp])
+    a2a = all_to_all_table(cluster, expert_grid, order, routing)
     if not ep_fold:
-        return axis_links(cluster, sizes, order), all_to_all_link(cluster, expert_grid, order, routing)
-    attention = axis_links(cluster, AxisSizes(tp=tp, cp=cp, dp=dp, pp=pp), order)
-    return ({**attention, "ep": axis_links(cluster, expert_grid, order)["ep"]},
-            all_to_all_link(cluster, expert_grid, order, routing))
+        return np.concatenate([axis_link_table(cluster, sizes, order), a2a])
+    rings = axis_link_table(cluster, np.stack([tp, cp, ones, dp, pp]), order)
+    ep_row = 2 * AXES.index("ep")
+    rings[ep_row:ep_row + 2] = axis_link_table(cluster, expert_grid, order)[ep_row:ep_row + 2]
+    return np.concatenate([rings, a2a])
+
+
+def link_tables(cluster: Cluster, orders: tuple[tuple[str, ...], ...], sizes: np.ndarray, etp: int = 0,
+                ep_fold: int = 0, routing: tuple[int, int, int] | None = None) -> list[np.ndarray]:
+    """layout_link_table of the degrees ``sizes`` ((5, D): tp, cp, ep, dp, pp) on each placement
+    order, each degree tuple's rows kept across calls per cluster, orders, etp, folding and
+    routing: they read no model, so the searches of several models on one cluster share them
+    (the 256-job `plan buy` of issue 32); new tuples are worked out together."""
+    rows = _rows(LINK_ROWS * len(orders), np.float64, "links", cluster, orders, etp, ep_fold, routing)
+    keys = list(zip(*sizes.tolist()))
+    ids = rows.ids(keys, many=lambda new: np.concatenate(
+        [layout_link_table(cluster, new, order, etp, ep_fold, routing) for order in orders]).T)
+    every = np.ascontiguousarray(rows.table[ids].T)
+    return [every[LINK_ROWS * i:LINK_ROWS * (i + 1)] for i in range(len(orders))]
 
 
 # Degree tables kept across calls, per (model, set-up, cluster, efficiencies, placement
 # orders, distinct degrees): a search or a sweep scores the same GPU counts' layouts again
 # and again (other micro-batches, recomputation, ZeRO stages), and these tables are most
-# of a call's fixed cost. Least recently used first out.
+# of a call's fixed cost. Least recently used first out. The set-up is keyed without its
+# global batch (training.setup.block_table_setup: no step-time model reads it), so that jobs
+# that differ only in it share the tables and their slowest stages (issue 32, H1's 128 jobs of
+# distinct global batches built 2,803 of them).
 DEGREE_CACHE = TableCache(max_entries=32, max_bytes=64 * 2**20)
+_table_setup = lru_cache(maxsize=256)(block_table_setup)
 
 
 def degree_tables(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: Cluster, eff: Efficiency,
@@ -281,6 +277,7 @@ def degree_tables(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
     (``degrees_key``: LayoutGroups.degrees_key; ``etp``: the batch's expert tensor-parallel
     setting, fast.batch_etp; ``ep_fold``: whether its ep is folded, fast.batch_fold;
     ``instances``: its distributed-optimizer instances, fast.batch_instances)."""
+    setup = _table_setup(setup)
     key = (m, pc, setup, cluster, eff, tuple(orders), any_hybrid, degrees_key, etp, ep_fold, instances)
     hit = DEGREE_CACHE.get(key)
     if hit is not None:
@@ -339,20 +336,8 @@ def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
 
     routing = dedup_routing(m, setup.moe_dispatcher)
 
-    def links_of(*sizes: int) -> tuple[float, ...]:
-        out: list[float] = []
-        for order in orders:
-            lk, a2a = layout_links(cluster, sizes, order, etp, ep_fold, routing)
-            out += [x for ax in AXES for x in (lk[ax].bus_bytes_per_s, lk[ax].latency_s)]
-            out += [a2a.bus_bytes_per_s, a2a.latency_s]
-        return tuple(out)
-
-    keys = list(zip(tp.tolist(), cp.tolist(), ep.tolist(), dp.tolist(), pp.tolist()))
-    links_key = (cluster, tuple(orders), etp, ep_fold, routing)
-    every = np.ascontiguousarray(_rows(LINK_ROWS * len(orders), np.float64, "links", *links_key)
-                                 .lookup(keys, links_of).T)
     # per order: bw, lat of each axis, then of the ep all-to-all (placement.all_to_all_link)
-    links = [every[LINK_ROWS * i:LINK_ROWS * (i + 1)] for i in range(len(orders))]
+    links = link_tables(cluster, tuple(orders), np.stack(degrees), etp, ep_fold, routing)
 
     # ---- per D: the optimizer update unsharded and sharded (timing.optimizer_time_s), as
     # (2, slots, D) flattened

@@ -63,7 +63,7 @@ adapters, dequantization), backward_layers (freeze's blocks without backward),
 trained_split (the trainable parameters the gradient reductions and the optimizer cover,
 the frozen bytes ZeRO-3/FSDP gathers: QLoRA's NF4 base at its stored bytes, before the
 forward and again before the backward), optimizer_update_bytes_per_param and head_backward_gemms.
-Of the offloads only Megatron-Core's activation offload enters (degrees.block_row).
+Of the offloads only Megatron-Core's activation offload enters (layer.block_table).
 """
 
 from __future__ import annotations

@@ -4,11 +4,14 @@ LoRA/QLoRA adapters and dequantization; which blocks run a backward pass."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from planner.hardware.gpus import GpuSpec
-from planner.layouts.layout import Layout
+from planner.layouts.layout import Layout, seq_len_per_rank
 from planner.models.dsa import indexer_score_flops_per_token, sparse_attention_share
 from planner.models.matmuls import Matmul, block_matmuls, mean_block_share
 from planner.models.spec import ModelSpec
@@ -27,8 +30,6 @@ from planner.timing.mamba import (
     attention_share,
     dispatch_width,
     mamba_scan_time_s,
-    moe_share,
-    tp_collectives_per_layer,
 )
 from planner.training.finetune import (
     FinetuneSpec,
@@ -37,18 +38,18 @@ from planner.training.finetune import (
 )
 from planner.training.fp8 import Fp8Recipe
 from planner.training.images import image_flops_per_sequence
-from planner.training.kernels import runs_fused_elementwise, selective_policy
+from planner.training.kernels import runs_fused_elementwise
 from planner.training.linears import block_linears
-from planner.training.moe_runtime import a2a_overlapped, host_sync_per_moe_block
+from planner.training.moe_runtime import host_sync_per_moe_block
 from planner.training.setup import (
     Precision,
     TrainingSetup,
 )
 
 
-def gemm_time_s(m_rows: float, n_cols: float, k_inner: float, flops_per_s: float, bytes_per_s: float,
-                elem_bytes: int, batch: float = 1.0) -> float:
-    """Time of ``batch`` (m x k) @ (k x n) matrix multiplies: the math at the achievable
+def gemm_time_s(m_rows: Any, n_cols: Any, k_inner: Any, flops_per_s: Any, bytes_per_s: float,
+                elem_bytes: Any, batch: Any = 1.0) -> Any:
+    """Time of ``batch`` (m x k) @ (k x n) matrix multiplies (floats, or arrays of them): the math at the achievable
     matmul rate plus one pass of the operands and the result through HBM.
 
     A tiled GEMM reads A and B and writes C at least once (NVIDIA, "Matrix Multiplication
@@ -130,26 +131,6 @@ def image_time_s(m: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, eff: Efficien
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class LayerTime:
-    """One block, one micro-batch, one rank: compute seconds (forward, backward with its
-    recomputation) and the bytes each tensor-, context- and expert-parallel collective moves."""
-
-    fwd_s: float
-    bwd_s: float
-    attention_fwd_s: float         # the part of fwd_s that ring attention can hide K/V sends under
-    tp_bytes: float                # one activation (tokens x d_model) the tp collectives move
-    tp_collectives: float          # all-reduce equivalents per micro-batch, forward+backward+recompute
-    cp_bytes: float                # K and V of the local chunk, sent cp-1 times per pass
-    cp_passes: float
-    ep_bytes: float                # tokens routed out by one all-to-all
-    ep_all_to_alls: float
-    ep_hidden_share: float         # the share of them hidden under compute (training.moe_runtime)
-
-
-LAYER_TIME_FIELDS = tuple(f.name for f in fields(LayerTime))
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
 class ElementwiseBytes:
     """HBM bytes of one block's element-wise kernels per token on one rank."""
 
@@ -157,7 +138,7 @@ class ElementwiseBytes:
     bwd: float
 
 
-def elementwise_bytes_per_token(m: ModelSpec, lay: Layout, setup: TrainingSetup) -> ElementwiseBytes:
+def elementwise_bytes_per_token(m: ModelSpec, lay: Layout | BlockShapes, setup: TrainingSetup) -> ElementwiseBytes:
     """HBM bytes the element-wise kernels of one block move per token, on one rank, for
     fused kernels (Megatron-LM / Apex / Transformer Engine); a = activation bytes.
 
@@ -184,7 +165,7 @@ def elementwise_bytes_per_token(m: ModelSpec, lay: Layout, setup: TrainingSetup)
     a = setup.precision_spec.activation_bytes
     h, q, kv, f = m.d_model, m.q_dim, m.kv_dim, m.d_ff
     tp = lay.tp
-    h_div = tp if lay.sp else 1
+    h_div = sp_divisor(tp, lay.sp)
     k = m.n_experts_per_token if m.is_moe else 1
     mask = h if m.hidden_dropout > 0 else 0
     n_residual = 1 if m.parallel_block or m.layer_pattern else 2
@@ -210,7 +191,7 @@ def elementwise_bytes_per_token(m: ModelSpec, lay: Layout, setup: TrainingSetup)
     return ElementwiseBytes(fwd=rep_f / h_div + split_f / tp, bwd=rep_b / h_div + split_b / tp)
 
 
-def _hybrid_elementwise(m: ModelSpec, lay: Layout, setup: TrainingSetup, a: int, h_div: int,
+def _hybrid_elementwise(m: ModelSpec, lay: Layout | BlockShapes, setup: TrainingSetup, a: int, h_div: Any,
                         mask: int) -> ElementwiseBytes:
     """elementwise_bytes_per_token's table for a hybrid's mean layer: one norm and one residual
     per layer; the MLP activation (relu2: read, write f; backward read x, dy, write dx; a gated
@@ -234,112 +215,6 @@ def _hybrid_elementwise(m: ModelSpec, lay: Layout, setup: TrainingSetup, a: int,
     return ElementwiseBytes(fwd=rep_f / h_div + split_f / tp, bwd=rep_b / h_div + split_b / tp)
 
 
-@lru_cache(maxsize=8192)
-def layer_time(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gpu: GpuSpec,
-               eff: Efficiency) -> LayerTime:
-    """Compute time of one block for one micro-batch on one rank, and its collective volumes.
-
-    GEMMs (per rank, T = micro-batch x seq/cp tokens): QKV T x h x (q+2kv)/tp, output
-    T x q/tp x h, MLP T x h x f/tp (x2 gated) and T x f/tp x h; MoE experts see T k ep / E
-    tokens each, E/ep of them per rank. With expert tensor parallelism etp (Layout.expert_tp,
-    tp by default) megatron-core 0.16.1's MoEAlltoAllTokenDispatcher all-to-alls each rank's
-    T/tp sequence-parallel tokens over ep and all-gathers them over the etp group only
-    (transformer/moe/token_dispatcher.py: token_dispatch's all_to_all on ep_group, line 666,
-    then dispatch_postprocess's gather_from_sequence_parallel_region on self.tp_group, line
-    696, which is pg_collection.expt_tp, line 73); the all-to-all bytes do not change with
-    etp. Each local expert sees
-    T k ep etp / (E tp) tokens with f/etp columns, the same FLOPs per rank at any etp, in
-    wider GEMMs. Backward runs two GEMMs per forward GEMM (input and
-    weight gradients). Attention: fused (flash) at the flash rate on the causal half, backward
-    2.5x forward (Dao 2023, Sec. 3.1: backward recomputes the scores); eager as two batched
-    GEMMs per head with k = head_dim and k = s. Element-wise kernels at HBM bandwidth
-    (elementwise_bytes_per_token; eager kernels x Efficiency.unfused_elementwise_factor).
-    ``kernels``: what the block runs (training.kernels.block_kernel_codes, the rule the memory
-    model reads too): fused, eager, amp or torchtitan (its per-op SelectiveAC under selective).
-    Recomputation adds forward work: full the whole block, selective the
-    attention core (Korthikanti et al. 2022, Sec. 4.2-4.3).
-
-    Fine-tuning (setup.finetune, see frozen_block_extra_s): under LoRA and QLoRA the base
-    weights are frozen, so each base GEMM runs one backward GEMM (the input gradient)
-    instead of two, and the adapters add their own GEMMs (forward, and twice that in
-    backward). Under freeze a block either trains in full or runs no backward at all
-    (timing.fast counts which: backward_layers()), so its times are full training's.
-    """
-    return LayerTime(**dict(zip(LAYER_TIME_FIELDS, layer_time_values(m, setup, key, kernels, gpu, eff))))
-
-
-def layer_time_values(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gpu: GpuSpec,
-                      eff: Efficiency) -> tuple[float, ...]:
-    """layer_time's fields, in LayerTime's order (LAYER_TIME_FIELDS), uncached: what the block
-    tables read (timing.degrees.block_row, one call per block shape; a LayerTime and a cache
-    entry per shape cost a third of a row there, issue 32)."""
-    fwd, bwd, attn_fwd, elem_fwd, mm8, hbm, e8 = _unrecomputed_block_s(m, setup, key, kernels, gpu, eff)
-    prec = setup.precision_spec
-    tp, cp, ep, etp = key.tp, key.cp, key.ep, key.expert_tp
-    tokens = key.micro_batch * key.seq_len / cp
-    h, q, kv, f = m.d_model, m.q_dim, m.kv_dim, m.d_ff
-
-    def gemm(rows: float, cols: float, inner: float) -> float:
-        """A block linear layer's GEMM: at the FP8 rate under an FP8 recipe (timing.kernels.fp8_matmul)."""
-        return gemm_time_s(rows, cols, inner, mm8, hbm, e8)
-
-    if key.recompute == "full":
-        bwd += fwd * setup.recomputed_share     # Megatron's block method reruns N layers of each stage
-    elif key.recompute == "selective" and selective_policy(kernels, eff.selective_policy) == "torchtitan-op" \
-            and not m.is_moe:
-        # every second mm of the block's forward order (wq wk wv wo, then w1 w3 w2 or fc1 fc2)
-        # and the element-wise ops (Efficiency.selective_policy)
-        second = [gemm(tokens, kv / tp, h), gemm(tokens, h, q / tp)]
-        second.append(gemm(tokens, f / tp, h) if m.gated_mlp else gemm(tokens, h, f / tp))
-        bwd += sum(second) + elem_fwd
-    elif key.recompute == "selective":
-        bwd += attn_fwd
-    # tp: 2 all-reduces (or all-gather + reduce-scatter pairs with sp) in forward, 2 in
-    # backward, 2 more when full recomputation reruns the forward (Shoeybi et al. 2019, Sec. 3).
-    n_tp = tp_collectives_per_layer(m)      # a hybrid's layer holds one mixer: half a block's
-    tp_coll = (n_tp + (n_tp / 2 * setup.recomputed_share if key.recompute == "full" else 0)) if tp > 1 else 0
-    if m.is_moe and etp != tp and tp > 1:
-        # half of them are the MLP's (Shoeybi et al. 2019, Sec. 3): under etp they run on the
-        # expert tensor-parallel group, inside the tp group (layouts.rules: etp divides tp) and so
-        # on its links, counted in tp-ring equivalents: a ring's time is (n-1)/n of the bytes
-        # over the bus rate (timing.collectives.Ring), (etp-1)/etp against (tp-1)/tp
-        tp_coll *= (1 + ((etp - 1) / etp) / ((tp - 1) / tp)) / 2
-    a = prec.activation_bytes
-    cp_bytes = tokens * 2 * kv * a / tp * attention_share(m) if cp > 1 else 0.0
-    k_ = m.n_experts_per_token if m.is_moe else 1
-    ep_a = prec.fp8.ep_dispatch_bytes if prec.fp8 is not None else a    # DeepSeek-V3: FP8 dispatch
-    # the all-to-all ends when the most loaded rank has received its tokens (setup.moe_imbalance)
-    ep_bytes = (tokens * k_ * dispatch_width(m) * ep_a * setup.moe_imbalance / (tp if key.sp else 1)
-                * moe_share(m) if (m.is_moe and ep > 1) else 0.0)
-    return (fwd, bwd, attn_fwd, tokens * h * a, tp_coll, cp_bytes,
-            (3 + (1 if key.recompute == "full" else 0)) if cp > 1 else 0, ep_bytes,
-            (4 + (2 if key.recompute == "full" else 0)) if ep_bytes else 0,
-            eff.ep_overlap if a2a_overlapped(setup.moe_a2a_overlap, key.recompute, setup.mtp_layers) else 0.0)
-
-
-# The part of a block's time that its recomputation does not change, per (model, set-up,
-# block shape but its recomputation, kernels, GPU, efficiencies): a sweep asks layer_time for
-# each block shape under none, selective and full recomputation (37,943 block shapes of the
-# 256-job `plan buy` of issue 32, 16,722 of them without the recomputation). Cleared when full.
-_UNRECOMPUTED: dict[tuple[object, ...], tuple[float, float, float, float, float, float, int]] = {}
-MAX_UNRECOMPUTED = 16384
-
-
-def _unrecomputed_block_s(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gpu: GpuSpec,
-                          eff: Efficiency) -> tuple[float, float, float, float, float, float, int]:
-    """layer_time's (forward, backward before recomputation, attention forward, element-wise
-    forward seconds, and the block GEMMs' FLOP/s, HBM bytes/s and operand bytes) of the block
-    shape ``key``, which read every field of layer_key but the recomputation: worked out once
-    per distinct one (_block_compute_s)."""
-    ck = (m, setup, kernels, gpu, eff, key.tp, key.sp, key.cp, key.ep, key.micro_batch, key.seq_len, key.etp)
-    hit = _UNRECOMPUTED.get(ck)
-    if hit is None:
-        if len(_UNRECOMPUTED) >= MAX_UNRECOMPUTED:
-            _UNRECOMPUTED.clear()
-        hit = _UNRECOMPUTED[ck] = _block_compute_s(m, setup, key, kernels, gpu, eff)
-    return hit
-
-
 @lru_cache(maxsize=64)
 def _block_gemms(m: ModelSpec) -> tuple[tuple[Matmul, float], ...]:
     """models.matmuls.block_matmuls(m), each with its mean_block_share: the same for every block
@@ -348,10 +223,37 @@ def _block_gemms(m: ModelSpec) -> tuple[tuple[Matmul, float], ...]:
     return tuple((mat, mean_block_share(m, mat)) for mat in block_matmuls(m))
 
 
-def _block_compute_s(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: str, gpu: GpuSpec,
-                     eff: Efficiency) -> tuple[float, float, float, float, float, float, int]:
-    """_unrecomputed_block_s's figures (layer_time's docstring says what they hold); reads no
-    ``key.recompute``."""
+class BlockShapes(NamedTuple):
+    """Block shapes as int64 arrays (sp 0 or 1; one sequence length), named as the Layout
+    fields and properties a block's compute time reads, so that the per-block functions below
+    take a Layout (one shape) or these (many)."""
+
+    tp: np.ndarray
+    sp: np.ndarray
+    cp: np.ndarray
+    ep: np.ndarray
+    micro_batch: np.ndarray
+    seq_len: int
+    expert_tp: np.ndarray
+
+    @property
+    def tokens_per_rank(self) -> np.ndarray:
+        """Layout.tokens_per_rank of each shape."""
+        return self.micro_batch * seq_len_per_rank(self.seq_len, self.cp)
+
+
+def sp_divisor(tp: Any, sp: Any) -> Any:
+    """What an h-wide tensor is split by: tp under sequence parallelism, else 1 (sp 0 or 1;
+    ints or arrays)."""
+    return tp * sp + (1 - sp)
+
+
+def block_compute_s(m: ModelSpec, setup: TrainingSetup, key: BlockShapes, kernels: str, gpu: GpuSpec,
+                    eff: Efficiency) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float, float, int]:
+    """layer_time's (forward, backward before recomputation, attention forward, element-wise
+    forward seconds) of each block shape of ``key`` (arrays), and the block GEMMs' FLOP/s, HBM
+    bytes/s and operand bytes (one each); what the recomputation adds follows in
+    timing.layer.layer_time_table (layer_time's docstring says what these hold)."""
     r = rates(gpu, setup.precision_spec.compute_dtype, eff)
     prec = setup.precision_spec
     e = prec.weight_bytes
@@ -363,31 +265,33 @@ def _block_compute_s(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: s
 
     mm8, e8 = fp8_matmul(gpu, prec, mm, e, fp8_fraction_of(gpu, eff, prec.fp8))
 
-    def gemm(rows: float, cols: float, inner: float, batch: float = 1.0) -> float:
+    def gemm(rows: Any, cols: Any, inner: Any, batch: Any = 1.0) -> Any:
         """A block linear layer's GEMM: at the FP8 rate under an FP8 recipe (timing.kernels.fp8_matmul)."""
         return gemm_time_s(rows, cols, inner, mm8, hbm, e8, batch)
 
-    dense = mlp = 0.0
+    dense: Any = 0.0
+    mlp: Any = 0.0
     for mat, share in _block_gemms(m):
         if mat.kind == "expert":
             k = m.n_experts_per_token
             local = m.n_experts / ep
             rows = tokens * k / local * etp / tp     # tokens routed to each local expert (balanced)
-            if ep > 1:      # the most loaded ep rank's experts, which the others wait for (setup.moe_imbalance)
-                rows *= setup.moe_imbalance
+            # the most loaded ep rank's experts, which the others wait for (setup.moe_imbalance)
+            rows = np.where(ep > 1, rows * setup.moe_imbalance, rows)
             cols, inner = (mat.d_out / etp, mat.d_in) if mat.split == "column" else (mat.d_out, mat.d_in / etp)
             # a grouped GEMM with few rows per expert runs below the dense rate (Efficiency.expert_gemm_half_rows)
-            mlp += share * gemm(rows, cols, inner, local) * (1 + eff.expert_gemm_half_rows / rows)
+            mlp = mlp + share * gemm(rows, cols, inner, local) * (1 + eff.expert_gemm_half_rows / rows)
             continue
         if mat.kind == "router":        # the router stays 16-bit
-            dense += share * gemm_time_s(tokens, mat.d_out, mat.d_in, mm, hbm, e)
+            dense = dense + share * gemm_time_s(tokens, mat.d_out, mat.d_in, mm, hbm, e)
             continue
-        div_out, div_in = {"column": (tp, 1), "row": (1, tp), "none": (1, 1)}[mat.split]
+        splits: dict[str, tuple[Any, Any]] = {"column": (tp, 1), "row": (1, tp), "none": (1, 1)}
+        div_out, div_in = splits[mat.split]
         t = share * gemm(tokens, mat.d_out / div_out, mat.d_in / div_in)
         if mat.kind == "attention":
-            dense += t
+            dense = dense + t
         else:
-            mlp += t
+            mlp = mlp + t
     dv = m.value_head_dim
     heads = m.n_heads / tp
     if setup.attention == "flash":
@@ -410,35 +314,37 @@ def _block_compute_s(m: ModelSpec, setup: TrainingSetup, key: Layout, kernels: s
     elem_fwd, elem_bwd = (tokens * factor / hbm * x for x in (elem.fwd, elem.bwd))
     if prec.fp8 is not None:
         cast = fp8_cast_bytes(m, key, prec.fp8, tokens)
-        elem_fwd += cast[0] / hbm
-        elem_bwd += cast[1] / hbm
+        elem_fwd = elem_fwd + cast[0] / hbm
+        elem_bwd = elem_bwd + cast[1] / hbm
     gemm_fwd = dense + mlp
     if m.is_moe and eff.moe_token_passes:       # the dispatcher's unfused passes (Efficiency.moe_token_passes)
         routed = (tokens * eff.moe_token_passes * m.n_experts_per_token * dispatch_width(m) * a_bytes
-                  / (tp if key.sp else 1))
-        elem_fwd += routed * m.n_moe_layers / m.n_layers / hbm
-        elem_bwd += 2 * routed * m.n_moe_layers / m.n_layers / hbm
+                  / sp_divisor(tp, key.sp))
+        elem_fwd = elem_fwd + routed * m.n_moe_layers / m.n_layers / hbm
+        elem_bwd = elem_bwd + 2 * routed * m.n_moe_layers / m.n_layers / hbm
     if m.is_moe and host_sync_per_moe_block(setup.cuda_graphs):
         # the mean block's share of the MoE blocks' fixed cost: the block's (host sync, router,
         # permutation) and its local experts' (Efficiency.moe_expert_launch_s)
         fixed = eff.moe_block_overhead_s + eff.moe_expert_launch_s * m.n_experts / ep
-        elem_fwd += fixed * m.n_moe_layers / m.n_layers
-        elem_bwd += 2 * fixed * m.n_moe_layers / m.n_layers
+        elem_fwd = elem_fwd + fixed * m.n_moe_layers / m.n_layers
+        elem_bwd = elem_bwd + 2 * fixed * m.n_moe_layers / m.n_layers
     if m.n_deltanet_layers:     # the mean block's share of the gated DeltaNet layers' rule and conv
-        rule_f, rule_b = deltanet_scan_time_s(m, tokens, tp, mm, hbm, prec.activation_bytes)
-        elem_fwd += rule_f * m.n_deltanet_layers / m.n_layers
-        elem_bwd += rule_b * m.n_deltanet_layers / m.n_layers
+        rule_f, rule_b = deltanet_scan_time_s(m, tokens, tp, mm, hbm, prec.activation_bytes)   # type: ignore[arg-type]
+        elem_fwd = elem_fwd + rule_f * m.n_deltanet_layers / m.n_layers
+        elem_bwd = elem_bwd + rule_b * m.n_deltanet_layers / m.n_layers
     if m.n_mamba_layers:        # the mean block's share of the Mamba layers' scan and conv (timing.mamba)
-        scan_f, scan_b = mamba_scan_time_s(m, tokens, s, tp, mm, hbm, prec.activation_bytes)
-        elem_fwd += scan_f * m.n_mamba_layers / m.n_layers
-        elem_bwd += scan_b * m.n_mamba_layers / m.n_layers
+        scan_f, scan_b = mamba_scan_time_s(m, tokens, s, tp, mm, hbm, prec.activation_bytes)   # type: ignore[arg-type]
+        elem_fwd = elem_fwd + scan_f * m.n_mamba_layers / m.n_layers
+        elem_bwd = elem_bwd + scan_b * m.n_mamba_layers / m.n_layers
     fwd = gemm_fwd + attn_fwd + elem_fwd
     bwd = 2 * gemm_fwd + attn_bwd + elem_bwd
     if setup.finetune.freezes_base:
         adapter_fwd, dequant = frozen_block_extra_s(m, setup.finetune, key, r, e)
         fwd = gemm_fwd + attn_fwd + elem_fwd + adapter_fwd + dequant
         bwd = gemm_fwd + attn_bwd + elem_bwd + 2 * adapter_fwd + dequant
-    return fwd, bwd, attn_fwd, elem_fwd, mm8, hbm, e8
+    n = len(tp)
+    return (np.broadcast_to(fwd, n), np.broadcast_to(bwd, n), np.broadcast_to(attn_fwd, n),
+            np.broadcast_to(elem_fwd, n), mm8, hbm, e8)
 
 
 def attention_rate(gpu: GpuSpec, r: Rates, d_qk: int, d_v: int, tensor_speedup: float = 1.0) -> float:
@@ -500,7 +406,7 @@ def fp8_matmul(gpu: GpuSpec, prec: Precision, mm_flops_per_s: float, elem_bytes:
     return gpu.fp8_flops_per_s * sustained_clock_share(gpu) * r.matmul_fraction(gpu.name, fraction), 1
 
 
-def fp8_cast_bytes(m: ModelSpec, key: Layout, r: Fp8Recipe, tokens: float) -> tuple[float, float]:
+def fp8_cast_bytes(m: ModelSpec, key: Layout | BlockShapes, r: Fp8Recipe, tokens: Any) -> tuple[Any, Any]:
     """HBM bytes (forward, backward) of one block's casts to FP8, for one micro-batch on one rank.
 
     Per token, each FP8 linear layer casts its input (forward: the attention input h, the
@@ -515,7 +421,7 @@ def fp8_cast_bytes(m: ModelSpec, key: Layout, r: Fp8Recipe, tokens: float) -> tu
     their fp8 weights across the micro-batches of a step (not counted). h-wide
     tensors are split by tp under sequence parallelism."""
     tp = key.tp
-    h_div = tp if key.sp else 1
+    h_div = sp_divisor(tp, key.sp)
     h, q, kv, f = m.d_model, m.q_dim, m.kv_dim, m.d_ff
     k = m.n_experts_per_token if m.is_moe else 1
     mats_in = 2 if m.gated_mlp else 1
@@ -531,8 +437,8 @@ def fp8_cast_bytes(m: ModelSpec, key: Layout, r: Fp8Recipe, tokens: float) -> tu
     return fwd, bwd
 
 
-def frozen_block_extra_s(m: ModelSpec, ft: FinetuneSpec, key: Layout, r: Rates, elem_bytes: int
-                         ) -> tuple[float, float]:
+def frozen_block_extra_s(m: ModelSpec, ft: FinetuneSpec, key: Layout | BlockShapes, r: Rates, elem_bytes: int
+                         ) -> tuple[Any, Any]:
     """(adapter GEMMs' forward, one dequantization pass) of one block under LoRA/QLoRA, for
     one micro-batch on one rank, in seconds.
 
@@ -559,21 +465,21 @@ def frozen_block_extra_s(m: ModelSpec, ft: FinetuneSpec, key: Layout, r: Rates, 
     tokens = key.tokens_per_rank
     mm, hbm = r.matmul_flops_per_s, r.hbm_bytes_per_s
     k = m.n_experts_per_token if m.is_moe else 1
-    adapters = 0.0
+    adapters: Any = 0.0
     for ad in block_adapters(m, ft):
         local = ad.n_copies / ep if ad.expert else 1
         rows = tokens * k / (m.n_experts / ep) if ad.expert else tokens
         share = ad.n_blocks / m.n_layers       # the average block: a layer some blocks hold only
         adapters += share * (gemm_time_s(rows, ad.rank, ad.d_in / tp, mm, hbm, elem_bytes, local)
                              + gemm_time_s(rows, ad.d_out / tp, ad.rank, mm, hbm, elem_bytes, local))
-    dequant = 0.0
+    dequant: Any = 0.0
     if ft.quant != "none":
         for lin in block_linears(m):
             if lin.group == "router":       # not quantized (finetune.frozen_block_bytes)
                 continue
             stored = linear_weight_bytes(lin, ft.quant, elem_bytes, ft.double_quant)
-            share = tp * (ep if lin.expert else 1)
-            dequant += (stored + lin.weight_numel * elem_bytes) / share / hbm
+            split = tp * (ep if lin.expert else 1)
+            dequant += (stored + lin.weight_numel * elem_bytes) / split / hbm
     return adapters, dequant
 
 
@@ -590,10 +496,3 @@ def backward_layers(ft: FinetuneSpec, n_layers_total: int, first_layer: int, n_l
     activations either (finetune.activation_layers, which this is). LoRA adapters sit in
     every block, so every block runs backward."""
     return activation_layers(ft, n_layers_total, first_layer, n_layers)
-
-
-def layer_key(lay: Layout) -> Layout:
-    """The fields of ``lay`` a block's time depends on (layer_time's cache key)."""
-    return Layout(tp=lay.tp, sp=lay.sp, cp=lay.cp, ep=lay.ep, micro_batch=lay.micro_batch,
-                  seq_len=lay.seq_len, recompute=lay.recompute, etp=lay.etp)
-

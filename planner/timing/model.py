@@ -69,17 +69,15 @@ from planner.timing.flops import (
 )
 from planner.timing.kernels import (
     ElementwiseBytes,
-    LayerTime,
     Rates,
     backward_layers,
     elementwise_bytes_per_token,
     frozen_block_extra_s,
     gemm_time_s,
     head_backward_gemms,
-    layer_key,
-    layer_time,
     rates,
 )
+from planner.timing.layer import LayerTime, layer_key, layer_time
 from planner.timing.parts import DpCollective, StepArrays
 from planner.timing.step import StepTime
 

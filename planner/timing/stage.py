@@ -1,7 +1,7 @@
 """The slowest pipeline stage of one micro-batch, per pipeline shape and placement order (timing.fast).
 
 Per block shape (LayoutGroups' B: tp, cp, ep, kernels, sp, micro-batch, recomputation) one
-block's compute time and collective volumes (kernels.layer_time via degrees.block_row, once per
+block's compute time and collective volumes (layer.block_table, once per
 block shape); per pipeline depth with the same tp, cp and ep links (Degrees.q_d, with the block
 shape: a Q) the stages that can be the slowest (the first, the last and the fullest) with their
 blocks' forward and backward, the LM head and loss on the last, and the exposed
@@ -31,9 +31,9 @@ from planner.timing.degrees import (
     N_VALS,
     Degrees,
     SlowestMemo,
-    block_row,
 )
 from planner.timing.efficiency import Efficiency
+from planner.timing.layer import BLOCK_ROWS, block_table
 from planner.training.kernels import KERNELS, block_kernel_codes
 from planner.training.setup import TrainingSetup, block_table_setup
 
@@ -66,11 +66,19 @@ def slowest_stages(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Ef
     kern_d = block_kernel_codes(setup, tp, pp, cp, False)
     b_inv, b_first = g.b_inv, g.b_rep
     b_d = pd[b_first]
-    block_rows = _rows(14, np.float64, "block", m, block_table_setup(setup), cluster, eff, etp)
+    block_rows = _rows(BLOCK_ROWS, np.float64, "block", m, block_table_setup(setup), cluster, eff, etp)
+
+    def new_rows(shapes: np.ndarray) -> np.ndarray:
+        """layer.block_table of new block shapes ((7, N): tp, sp, cp, ep, micro-batch, recomputation,
+        kernels), one call per kernel set, as (N, BLOCK_ROWS) rows."""
+        out = np.empty((shapes.shape[1], BLOCK_ROWS))
+        for k in np.unique(shapes[6]).tolist():
+            at = np.flatnonzero(shapes[6] == k)
+            out[at] = block_table(m, setup, cluster, eff, kernel_names[k], etp, *shapes[:6, at]).T
+        return out
+
     b_row, blocks_t = block_rows.columns_of(
-        (tp[b_d], sp_p[b_first], cp[b_d], ep[b_d], mb_p[b_first], rc_p[b_first], kern_d[b_d]),
-        lambda tp_, sp_, cp_, ep_, mb_, rc_, k_: block_row(m, setup, cluster, eff, kernel_names[k_], tp_, sp_, cp_,
-                                                          ep_, mb_, rc_, etp))
+        (tp[b_d], sp_p[b_first], cp[b_d], ep[b_d], mb_p[b_first], rc_p[b_first], kern_d[b_d]), many=new_rows)
     p2p_bytes = blocks_t[13][b_inv]
     p2p_positive = bool((blocks_t[13] > 0).all() and np.isfinite(blocks_t[13]).all())
     # ---- per Q: the P rows with the same block shape, pipeline depth and tp, cp and ep
@@ -96,7 +104,7 @@ def slowest_stages(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Ef
 
 
 class _Block(NamedTuple):
-    """The block table's columns (degrees.block_row) for some Q rows: one block's forward,
+    """The block table's columns (layer.block_table) for some Q rows: one block's forward,
     backward and attention seconds, its tp all-reduce bytes and count, cp K/V bytes and passes,
     ep all-to-all bytes and count and hidden share, what the last stage adds to the forward and
     backward, the bytes of the tp all-reduce at each pipeline edge, and of a pipeline send."""
