@@ -372,11 +372,11 @@ def _named_parts(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Effi
     idx = np.argmin(step_o, axis=0)
     cols = np.arange(len(a))
 
-    def of_kind(x: np.ndarray) -> np.ndarray:
-        return np.take(x.reshape(n_o, -1), at_kind, axis=1)[idx, cols]
+    def of_kind(x: np.ndarray) -> np.ndarray:      # each layout's cell on its order: one gather
+        return x.reshape(n_o, -1)[idx, at_kind]
 
     def of_p(x: np.ndarray) -> np.ndarray:
-        return np.broadcast_to(x, (n_o, n_p))[:, p_inv][idx, cols]
+        return np.broadcast_to(x, (n_o, n_p))[idx, p_inv]
 
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         n_slow = deg.per_slot[t.slot, pd]                      # the slowest stage's blocks, (order, P)
