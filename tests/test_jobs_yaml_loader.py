@@ -41,3 +41,19 @@ def test_aliases_and_errors_in_the_pure_loaders_words(text, words, libyaml, monk
     with pytest.raises(yaml.YAMLError) as e:
         jobs._load_yaml(text)
     assert words in str(e.value)
+
+
+@pytest.mark.parametrize("text", ["- " * 3000 + "x\n", "[" * 400_000 + "]" * 400_000, 'x: "\\x01"\n', "a:\n\tb: 1\n"])
+def test_hostile_files_fail_as_in_the_pure_loader(text, monkeypatch):
+    # deep nesting and special characters: the same exception and words as PyYAML's pure-Python
+    # loader alone (with libyaml taken away), never a crash of the C parser
+    def failure() -> tuple[str, str]:
+        try:
+            jobs._load_yaml(text)
+        except Exception as e:  # noqa: BLE001 - RecursionError or a YAMLError, compared below
+            return type(e).__name__, str(e).splitlines()[0]
+        raise AssertionError("accepted")
+
+    with_libyaml = failure()
+    monkeypatch.delattr(yaml, "CSafeLoader", raising=False)
+    assert with_libyaml == failure()
