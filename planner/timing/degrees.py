@@ -267,7 +267,8 @@ def link_tables(cluster: Cluster, orders: tuple[tuple[str, ...], ...], sizes: np
 # that differ only in it share the tables and their slowest stages (issue 32, H1's 128 jobs of
 # distinct global batches built 2,803 of them).
 DEGREE_CACHE = TableCache(max_entries=32, max_bytes=64 * 2**20)
-_table_setup = lru_cache(maxsize=256)(block_table_setup)
+# (kept per set-up: the slowest stages key their block rows by it too, once per batch)
+table_setup = lru_cache(maxsize=256)(block_table_setup)
 
 
 def degree_tables(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: Cluster, eff: Efficiency,
@@ -277,7 +278,7 @@ def degree_tables(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
     (``degrees_key``: LayoutGroups.degrees_key; ``etp``: the batch's expert tensor-parallel
     setting, fast.batch_etp; ``ep_fold``: whether its ep is folded, fast.batch_fold;
     ``instances``: its distributed-optimizer instances, fast.batch_instances)."""
-    setup = _table_setup(setup)
+    setup = table_setup(setup)
     key = (m, pc, setup, cluster, eff, tuple(orders), any_hybrid, degrees_key, etp, ep_fold, instances)
     hit = DEGREE_CACHE.get(key)
     if hit is not None:

@@ -150,7 +150,8 @@ def step_times_picked(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, clust
     # the data-parallel terms by name: the kind table again with its parts, on the picked rows'
     # pipeline shapes only (the same cells)
     only_p = np.unique(ev.g.p_inv[rows])
-    table = _kind_table(setup, eff, ev.g, ev.deg, ev.kinds, ev.t, pipeline_s(ev.t, ev.t_mb), True, only_p)
+    table = _kind_table(setup, eff, ev.g, ev.deg, ev.kinds, ev.t, pipeline_s(ev.t, ev.t_mb), True, only_p,
+                        ev.kinds.at_kind[rows])
     return times, _named_parts(*ev._replace(table=table), rows=rows, only_p=only_p).rows()
 
 
@@ -288,8 +289,8 @@ class _KindTable:
 
 
 def _kind_table(setup: TrainingSetup, eff: Efficiency, g: LayoutGroups, deg: Degrees, kinds: DpKinds,
-                t: MicroBatchTerms, pipeline: np.ndarray, parts: bool, only_p: np.ndarray | None = None
-                ) -> _KindTable:
+                t: MicroBatchTerms, pipeline: np.ndarray, parts: bool, only_p: np.ndarray | None = None,
+                picked: np.ndarray | None = None) -> _KindTable:
     """The step of each (order, kind, P): the pipeline plus the data-parallel collectives of the
     kind's branch, hidden under the slowest stage's forward or backward or not
     (dp_overlap.dp_exposure), and the optimizer update of its shard (terms.step_s). Within a
@@ -297,7 +298,10 @@ def _kind_table(setup: TrainingSetup, eff: Efficiency, g: LayoutGroups, deg: Deg
     ``only_p`` (sorted, distinct): the P columns to work out, alone, as the table's columns in
     that order (every cell is worked out from its own column alone; a few columns of thousands
     are far cheaper in a table of their own: writing into a large fresh array faulted its
-    pages in, up to 60 ms a table)."""
+    pages in, up to 60 ms a table). ``picked`` (with ``only_p``): the (kind, P) places
+    (DpKinds.at_kind) of the layouts whose cells are read; the other cells are left 0.0 (a
+    count's few kept layouts are of one or two kinds of the batch's several: 0.12 of 0.25 s
+    of these tables in issue 32's 256-job `plan buy` went to kinds no kept layout has)."""
     n_o, n_p, n_d = len(deg.links), len(g.p_d), len(g.d_rep)
     ppp = g.degrees[4][g.p_d]
     sync = setup.fsdp_pipeline_grad_sync
@@ -317,10 +321,12 @@ def _kind_table(setup: TrainingSetup, eff: Efficiency, g: LayoutGroups, deg: Deg
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         for row, (branch, sharded) in enumerate(kinds.kinds):
             sel = kinds.rows_of[row]
-            if only_p is not None:
+            if picked is not None:      # the P columns of the picked layouts of this kind
+                sel = np.unique(picked[picked // n_p == row] % n_p)
+            elif only_p is not None:
                 sel = only_p if sel is None else np.intersect1d(sel, only_p, assume_unique=True)
-                if not len(sel):
-                    continue
+            if sel is not None and not len(sel):
+                continue
             cols: slice | np.ndarray = slice(None) if sel is None else sel
             out: slice | np.ndarray = cols      # where the kind's columns go in the table
             if only_p is not None and sel is not None:
@@ -366,11 +372,11 @@ def _named_parts(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Effi
     idx = np.argmin(step_o, axis=0)
     cols = np.arange(len(a))
 
-    def of_kind(x: np.ndarray) -> np.ndarray:
-        return np.take(x.reshape(n_o, -1), at_kind, axis=1)[idx, cols]
+    def of_kind(x: np.ndarray) -> np.ndarray:      # each layout's cell on its order: one gather
+        return x.reshape(n_o, -1)[idx, at_kind]
 
     def of_p(x: np.ndarray) -> np.ndarray:
-        return np.broadcast_to(x, (n_o, n_p))[:, p_inv][idx, cols]
+        return np.broadcast_to(x, (n_o, n_p))[idx, p_inv]
 
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         n_slow = deg.per_slot[t.slot, pd]                      # the slowest stage's blocks, (order, P)

@@ -31,11 +31,12 @@ from planner.timing.degrees import (
     N_VALS,
     Degrees,
     SlowestMemo,
+    table_setup,
 )
 from planner.timing.efficiency import Efficiency
 from planner.timing.layer import BLOCK_ROWS, block_table
 from planner.training.kernels import KERNELS, block_kernel_codes
-from planner.training.setup import TrainingSetup, block_table_setup
+from planner.training.setup import TrainingSetup
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +67,7 @@ def slowest_stages(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Ef
     kern_d = block_kernel_codes(setup, tp, pp, cp, False)
     b_inv, b_first = g.b_inv, g.b_rep
     b_d = pd[b_first]
-    block_rows = _rows(BLOCK_ROWS, np.float64, "block", m, block_table_setup(setup), cluster, eff, etp)
+    block_rows = _rows(BLOCK_ROWS, np.float64, "block", m, table_setup(setup), cluster, eff, etp)
 
     def new_rows(shapes: np.ndarray) -> np.ndarray:
         """layer.block_table of new block shapes ((7, N): tp, sp, cp, ep, micro-batch, recomputation,
