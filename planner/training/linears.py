@@ -5,6 +5,7 @@ reads them). Each family's pattern follows its transformers modeling file (names
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from planner.models.deltanet import DELTANET_MODEL_TYPES
@@ -140,8 +141,10 @@ def _qwen2_moe_pattern(m: ModelSpec, n_dense: int, n_moe: int, mlp: Any,
                               n_blocks=lin.n_blocks, adaptable=False) for lin in frozen)
 
 
+@lru_cache(maxsize=256)
 def block_linears(m: ModelSpec) -> tuple[Linear, ...]:
-    """The linear layers of one block of ``m``, with transformers' module names."""
+    """The linear layers of one block of ``m``, with transformers' module names (a tuple of
+    frozen Linears, kept per model: memory's and timing's per-shape code ask it again)."""
     h, q, kv, f = m.d_model, m.q_dim, m.kv_dim, m.d_ff
     t = m.model_type
     if t in ("deepseek_v3", "qwen3_moe", "llama4_text", "gpt_oss", "phi3", "glm4_moe", "deepseek_v32"):
