@@ -328,8 +328,14 @@ class BlockBytes:
 
 def frozen_block_bytes(m: ModelSpec, spec: FinetuneSpec, weight_bytes: int, pc: ParamCount | None = None) -> BlockBytes:
     """Bytes per parameter of a frozen block: quantized linear weights where ``spec.quant``
-    says so, everything else (norms, biases, the router) at ``weight_bytes``."""
-    pc = pc or count_params(m)
+    says so, everything else (norms, biases, the router) at ``weight_bytes``. Kept per
+    arguments (none is a layout's: rank_split asked 4,000 times per stage shape in the
+    256-job `plan buy`, issue 32)."""
+    return _frozen_block_bytes(m, spec, weight_bytes, pc or count_params(m))
+
+
+@lru_cache(maxsize=1024)
+def _frozen_block_bytes(m: ModelSpec, spec: FinetuneSpec, weight_bytes: int, pc: ParamCount) -> BlockBytes:
     expert_params = pc.expert_per_layer * pc.n_experts
     dense_params = pc.per_layer - expert_params
     dense_b = float(dense_params * weight_bytes)

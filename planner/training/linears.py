@@ -144,8 +144,8 @@ def _qwen2_moe_pattern(m: ModelSpec, n_dense: int, n_moe: int, mlp: Any,
 @lru_cache(maxsize=256)
 def block_linears(m: ModelSpec) -> tuple[Linear, ...]:
     """The linear layers of one block of ``m``, with transformers' module names (a tuple of
-    frozen Linears, kept per model: the step time's stage splits ask for them per degree tuple,
-    4,000 times in issue 32's 256-job `plan buy`)."""
+    frozen Linears, kept per model: the step time's stage splits and memory's per-shape code ask
+    for them again, 4,000 times in issue 32's 256-job `plan buy`)."""
     h, q, kv, f = m.d_model, m.q_dim, m.kv_dim, m.d_ff
     t = m.model_type
     if t in ("deepseek_v3", "qwen3_moe", "llama4_text", "gpt_oss", "phi3", "glm4_moe", "deepseek_v32"):
