@@ -14,9 +14,6 @@ from planner.layouts.batch import RECOMPUTES, LayoutArrays, Unsupported
 from planner.layouts.layout import SHARDINGS
 from planner.training.kernels import auto_fuses
 
-SAFE_BYTES = 2**58          # every table value below this keeps int64 sums exact
-
-
 # glibc gives freed heap memory back to the OS whenever more than 128 KiB lie free at the
 # top of the heap, so a call that holds a few MiB of temporaries faults every page of
 # them in again, call after call: about half the time of sizing ten thousand layouts.
@@ -266,27 +263,6 @@ def block_degrees(degrees: np.ndarray, degrees_key: bytes) -> tuple[np.ndarray, 
         hit = _BLOCK_DEGREES[degrees_key] = (fused, d_block, len(d_block_rep))
     return hit
 
-
-def per_unique(columns: Sequence[np.ndarray], fn: Callable[..., tuple[int, ...]], n_out: int,
-                memo: dict[tuple, tuple[int, ...]] | None = None,
-                bounds: Sequence[tuple[int, int] | None] | None = None) -> list[np.ndarray]:
-    """fn(*row) for each distinct row of ``columns``, spread back over every element:
-    the expensive per-shape work runs once per shape, in planner.memory.model's own code
-    (and once per model and set-up with ``memo``). ``bounds``: as for group()."""
-    inverse, first = group(columns, bounds)
-    rows = np.stack([col[first] for col in columns], axis=1).tolist()
-    if memo is None:
-        memo = {}
-    out = []
-    for row in rows:
-        t = tuple(row)
-        if t not in memo:
-            memo[t] = fn(*row)
-        out.append(memo[t])
-    if out and max(max(row) for row in out) >= SAFE_BYTES:
-        raise Unsupported("a per-shape figure is too large for exact int64 arithmetic")
-    table = np.array(out, dtype=np.int64).reshape(len(rows), n_out)
-    return list(np.take(np.ascontiguousarray(table.T), inverse, axis=1))
 
 class TableCache:
     """Tables kept across calls, least recently used first out: at most ``max_entries``
