@@ -375,8 +375,8 @@ def _named_parts(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Effi
     def of_kind(x: np.ndarray) -> np.ndarray:      # each layout's cell on its order: one gather
         return x.reshape(n_o, -1)[idx, at_kind]
 
-    def of_p(x: np.ndarray) -> np.ndarray:
-        return np.broadcast_to(x, (n_o, n_p))[idx, p_inv]
+    def of_p(x: np.ndarray) -> np.ndarray:       # (most are (order, P) already: no broadcast view)
+        return (x if x.shape == (n_o, n_p) else np.broadcast_to(x, (n_o, n_p)))[idx, p_inv]
 
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         n_slow = deg.per_slot[t.slot, pd]                      # the slowest stage's blocks, (order, P)
