@@ -191,7 +191,7 @@ def activation_figures(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_
     block shape, and buffers.pipeline_buffer_bytes per layout; ``act_fp32``: where the trainable
     blocks run in fp32 (freeze on replicated ranks), which sizes the blocks' activations in fp32. LoRA's blocks also
     depend on whether the engine runs the adapters in 16 bits (activations.adapters_in_16_bits, of the
-    ZeRO stage and sharding; 23,883 -> 10,767 shapes in the 256-job `plan buy`). A block shape leaves out the
+    ZeRO stage and sharding; 23,883 -> 10,599 shapes in the 256-job `plan buy`). A block shape leaves out the
     pipeline: no function of the block's bytes, its backward's working set or the loss reads
     the pipeline's degree (tests/test_shape_caches.py asks each with pp 1 and 4), so a shape
     with and without a pipeline is sized once (issue 32: 36,963 -> 23,883 shapes in the
