@@ -85,3 +85,34 @@ def test_a_second_plan_in_one_process_is_the_plan_alone(tmp_path: Path) -> None:
                            capture_output=True, text=True, check=True, timeout=300)
     assert answers[1] == json.loads(alone.stdout)
     assert answers[0] != answers[1]
+
+
+def test_a_rewritten_calibration_file_is_the_file_alone(tmp_path: Path) -> None:
+    # `plan calibrate` on the Megatron sample log, then the plan with its file and with the file
+    # rewritten to other values (the same path), in one process; the second against a fresh one
+    from click.testing import CliRunner
+
+    from planner.cli.main import cli
+
+    examples = Path(__file__).resolve().parent.parent / "examples" / "calibrate"
+    first, path = tmp_path / "first.toml", tmp_path / "cal.toml"
+    made = CliRunner().invoke(cli, ["calibrate", str(examples / "megatron_llama2-7b_h100x8.log"), "--model",
+                                    "llama2-7b", "--gpus", "h100", "--dp", "4", "--tp", "2", "--pp", "1", "--cp", "1",
+                                    "--zero", "1", "--micro-batch", "1", "--seq-len", "4096", "--recompute",
+                                    "selective", "--out", str(first), "--force"])
+    assert made.exit_code == 0, made.output
+    text = first.read_text()
+    other = "\n".join("matmul_fraction = 0.31" if line.startswith("matmul_fraction =") else
+                      "fragmentation = 0.45" if line.startswith("fragmentation =") else line
+                      for line in text.splitlines()) + "\n"
+    args = ["--model", "llama2-7b", "--gpus", "h100", "--json", "--calibration", str(path)]
+    answers = []
+    for t in (text, other):
+        path.write_text(t)
+        r = CliRunner().invoke(cli, args, prog_name="plan")
+        assert r.exit_code == 0, r.output
+        answers.append({k: v for k, v in json.loads(r.output).items() if k != "search_s"})
+    alone = subprocess.run([sys.executable, "-m", "planner", *args], capture_output=True, text=True, check=True,
+                           timeout=300)
+    assert answers[1] == {k: v for k, v in json.loads(alone.stdout).items() if k != "search_s"}
+    assert answers[0] != answers[1]
