@@ -48,3 +48,16 @@ def test_saturated_bytes_never_casts_out_of_range() -> None:
 
 def test_keep_freed_memory_answers() -> None:
     assert isinstance(keep_freed_memory(), bool)
+
+
+def test_group_of_columns_whose_distinct_counts_overflow_a_key():
+    # six columns of ~3,000 distinct values each: their product (~2**69) does not fit an int64
+    # key, which group must code afresh on the way; against np.unique over the rows, order too
+    rng = np.random.default_rng(1)
+    cols = [rng.integers(0, 3000, 4000) for _ in range(6)] + [rng.integers(0, 2, 4000)]
+    cols[3][:2000] = cols[3][2000:]      # (repeated rows as well)
+    for c in cols:
+        c[:2000] = c[2000:]
+    inv, first = group(cols)
+    uniq, first_np, inv_np = np.unique(np.stack(cols, axis=1), axis=0, return_index=True, return_inverse=True)
+    assert inv.tolist() == inv_np.reshape(-1).tolist() and first.tolist() == first_np.tolist()

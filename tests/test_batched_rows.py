@@ -124,3 +124,21 @@ def test_rows_number_new_keys_in_order_either_way():
     more = [(2, 2), (7, 7)]
     assert one.ids(more, lambda a, b: (a * 10.0, b / 3)).tolist() == many.ids(
         more, many=lambda new: np.stack([new[0] * 10.0, new[1] / 3]).T).tolist() == [2, 4]
+
+
+def test_spread_keeps_a_bounded_number_of_last_answers():
+    """groups.Rows.spread: each element's row is fn of its columns (computed here element by
+    element), whether the answer is fresh or a table's kept last one; and only
+    groups.SPREAD_HOLDERS tables keep one, however many are asked (each answer is a batch's size)."""
+    from planner.layouts import groups
+
+    rng = np.random.default_rng(7)
+    tables = [Rows(2, np.int64) for _ in range(3 * groups.SPREAD_HOLDERS)]
+    for i, t in enumerate(tables):
+        cols = [rng.integers(0, 5, 300), rng.integers(1, 4, 300)]
+        for _ in range(2):      # the second ask: the kept answer
+            out = t.spread(cols, lambda a, b, i=i: (a * b + i, a - b))
+            assert out.tolist() == [[int(a * b + i) for a, b in zip(*cols)], [int(a - b) for a, b in zip(*cols)]]
+            assert not out.flags.writeable
+    assert sum(t.last_spread is not None for t in tables) == groups.SPREAD_HOLDERS
+    assert all(t.last_spread is not None for t in tables[-groups.SPREAD_HOLDERS:])   # the most recently asked

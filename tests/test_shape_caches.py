@@ -213,6 +213,26 @@ def test_a_lora_shape_reads_the_sharding_only_through_the_adapters_dtype(name: s
     assert differ > 0
 
 
+@pytest.mark.parametrize("name", ("deepseek-v3", "mixtral-8x7b", "gpt-oss-20b"))
+def test_an_imbalanced_moe_shape_reads_no_zero_stage_nor_sharding(name: str) -> None:
+    # 165d8af stopped keying imbalanced MoE block shapes (memory.shapes) on the ZeRO stage and
+    # sharding: outside LoRA, each per-shape function gives the same bytes under every stage and
+    # sharding as under ZeRO-0 unsharded, and the imbalance does add bytes somewhere (not vacuous)
+    m = load_model(name)
+    added = 0
+    for precision, kern in itertools.product(("bf16-mixed", "fp8", "fp32"), ("fused", "eager", "amp", "torchtitan")):
+        setup = TrainingSetup(seq_len=2048, precision=precision, moe_imbalance=1.3)
+        for rc, zero, sharding, ep in itertools.product(RECOMPUTES, (0, 1, 2, 3), ("zero", "fsdp-full", "fsdp-grad-op",
+                                                                                   "fsdp-hybrid"), (1, 4)):
+            lay = Layout(tp=2, sp=True, cp=1, ep=ep, micro_batch=2, seq_len=2048, recompute=rc, zero_stage=zero,
+                         sharding=sharding)
+            stand_in = replace(lay, zero_stage=0, sharding="zero")
+            for f in (*SHAPE_FUNCTIONS, activations.layer_activation_terms):
+                assert f(m, setup, stand_in, kern) == f(m, setup, lay, kern), (f.__name__, setup, kern, lay)
+            added += imbalance_extra_bytes(m, setup, lay, kern) > 0
+    assert added > 0
+
+
 def test_pipeline_buffers_are_megatron_cores_p2p_tensors() -> None:
     """buffers.pipeline_buffer_bytes, now per layout over arrays: a send and a receive buffer of
     megatron-core's p2p tensor shape (pipeline_parallel/schedules.py, get_tensor_shapes: seq_length

@@ -187,19 +187,26 @@ def is_gpu_file(name: str) -> bool:
     return name.strip().lower().endswith(".toml") or ("/" in name and Path(name).exists())
 
 
-@functools.cache
 def load_gpu_file(path_text: str) -> GpuSpec:
     """A user's own GPU: a TOML file with one [[gpu]] table of the catalog's schema (the keys
     and units at the top of presets/gpus.toml), checked like a topology file: a regular
     UTF-8 file of at most MAX_CONFIG_BYTES, unknown keys refused, every value typed and in
-    range; each failure is one line naming the file."""
+    range; each failure is one line naming the file. The file is read at every call (a
+    Python API caller may rewrite it between two plans); only the parse is kept, per text."""
     check_label(path_text, "--gpus")
     path = Path(path_text)
     if not path.is_file():
         raise UserError(not_found("GPU file", path_text, "pass a GPU name (`plan gpus`) or a TOML file with one "
                                                          "[[gpu]] table"))
     what = f"GPU file {path_text!r}"
-    text = decode_text(read_input_file(path, what, MAX_CONFIG_BYTES), what, "TOML")
+    return _parse_gpu_file(decode_text(read_input_file(path, what, MAX_CONFIG_BYTES), what, "TOML"), path_text)
+
+
+@functools.lru_cache(maxsize=8)
+def _parse_gpu_file(text: str, path_text: str) -> GpuSpec:
+    """The one GPU of a GPU file's ``text`` (load_gpu_file), kept per text and path: the same
+    file asked for again gives the same object (8 texts of at most MAX_CONFIG_BYTES: 128 MiB
+    at worst)."""
     gpus = parse_gpus(text, path_text)
     if len(gpus) != 1:
         raise UserError(f"GPU file {path_text!r}: expected exactly one [[gpu]] table, found {len(gpus)}")

@@ -73,9 +73,12 @@ class Rows:
         changed): the purchase sweep times each count on its GPU types in turn, and they ask
         for the same degrees (issue 32: 400 of the 788 stage tables of the 256-job `plan buy`).
         Only the last: the per-layout answers of a batch are large (more kept cost 8 MiB of
-        peak memory there for 60 more hits). ``bounds``: as for group()."""
+        peak memory there for 60 more hits), and only in the SPREAD_HOLDERS tables asked most
+        recently. ``bounds``: as for group()."""
         blob = tuple((col.dtype.str, col.tobytes()) for col in columns)
         last = self.last_spread
+        _SPREAD_HOLDERS[id(self)] = self        # (held: its id stays its own)
+        _SPREAD_HOLDERS.move_to_end(id(self))
         if last is not None and last[0] == blob:
             return last[1]
         inverse, first = group(columns, bounds)
@@ -83,6 +86,8 @@ class Rows:
         out = np.take(np.ascontiguousarray(self.lookup(keys, fn).T), inverse, axis=1)
         out.flags.writeable = False
         self.last_spread = (blob, out)
+        while len(_SPREAD_HOLDERS) > SPREAD_HOLDERS:    # the least recently asked table lets go of its answer
+            _SPREAD_HOLDERS.popitem(last=False)[1].last_spread = None
         return out
 
     def lookup(self, keys: list[tuple], fn: Callable[..., tuple]) -> np.ndarray:
@@ -112,6 +117,13 @@ class Rows:
 
 
 ROWS: dict[tuple, Rows] = {}
+# the tables that hold a spread() answer, least recently asked first: each answer is as large as its
+# batch (with the batch's columns as its key), and up to 513 tables live (rows()), one per model,
+# set-up and kind: unbounded, 129 of them held 5.7 MiB in the 256-job `plan buy` (issue 32), a
+# size that grows with the jobs. 16 hold 0.9 MiB there and keep 580 of its 587 hits (the GPU types
+# of one count ask one model's stage and FLOPs tables in turn; 128 keep all 587).
+SPREAD_HOLDERS = 16
+_SPREAD_HOLDERS: OrderedDict[int, Rows] = OrderedDict()      # id -> table, least recently asked first
 
 
 def rows(width: int, dtype: type, *key: object) -> Rows:

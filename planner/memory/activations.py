@@ -14,6 +14,7 @@ from planner.models.dsa import indexer_working_bytes_per_token
 from planner.models.kimi import kda_torch_backward_working_bytes
 from planner.models.spec import ModelSpec
 from planner.training.finetune import lora_activation_terms
+from planner.training.kernels import replicated_ranks
 from planner.training.setup import TrainingSetup
 from planner.units import ceil_div
 
@@ -240,8 +241,8 @@ def adapters_in_16_bits(setup: TrainingSetup, zero_stage: Any, fsdp: Any) -> Any
     QLoRA's 16-bit adapters, and the engines that run the whole model in 16 bits, DeepSpeed ZeRO >= 1
     and FSDP's mixed precision. The only fields of a layout a LoRA block's saved tensors read beyond
     its shape (memory.shapes sizes a LoRA shape once for the ZeRO stages and shardings that agree
-    here). Scalars (a bool) or arrays (a bool array)."""
-    return (zero_stage > 0) | fsdp | (setup.finetune.adapter_bits == 16)
+    here). Scalars or arrays (numpy bools)."""
+    return np.logical_not(replicated_ranks(zero_stage, fsdp)) | setup.finetune.has_16_bit_adapters
 
 
 def lora_cast_bytes(setup: TrainingSetup, lay: Layout, kernels: str) -> int | None:

@@ -140,7 +140,7 @@ def fsdp_backward_end_bytes(a: LayoutArrays, rp: ParamsArrays, prec: Precision, 
     frozen = split.frozen_bytes != 0
     unit = np.where(frozen, split.block_trainable, rp.block_unit)
     grads = block_gradient_bytes(prec, split, grad_unit)
-    reduce_bytes = 4 if prec.is_mixed else prec.grad_bytes
+    reduce_bytes = prec.fsdp_grad_bytes
     block_bytes = gathered_block_bytes(rp, prec, split)
     z3 = a.zero_stage == 3
     gathered = np.where(z3, block_bytes, -block_bytes)     # grad-op: resharded after its backward
@@ -197,7 +197,7 @@ def fsdp_post_backward_bytes(a: LayoutArrays, rp: ParamsArrays, prec: Precision,
     """
     frozen = split.frozen_bytes != 0
     ok = (a.sharding > 0) & (a.zero_stage == 3) & (n_blocks >= 2) & ~frozen
-    reduce_bytes = 4 if prec.is_mixed else prec.grad_bytes
+    reduce_bytes = prec.fsdp_grad_bytes
     fo = (n_blocks - largest_share) / np.maximum(n_blocks - 1, 1)
     block_bytes = gathered_block_bytes(rp, prec, split)
     grads = (grad_unit * prec.weight_bytes * largest_share).astype(np.int64)

@@ -132,6 +132,9 @@ def group(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     for c in columns:
         code, k = _codes(c)
         if code is not None:
+            if size * k >= 2**62:      # the key so far coded by rank first: no int64 overflow (size, k <= n)
+                packed, size = _codes(key)
+                key = np.zeros(n, dtype=np.int64) if packed is None else packed
             key, size = key * k + code, size * k
     if n == 0 or size > 4 * n:
         _, first, inv = np.unique(key, return_index=True, return_inverse=True)

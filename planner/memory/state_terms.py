@@ -38,7 +38,7 @@ from planner.memory.states import (
     sharded_frozen_bytes,
 )
 from planner.models.spec import ModelSpec, ParamCount
-from planner.training.kernels import block_kernel_codes
+from planner.training.kernels import block_kernel_codes, replicated_ranks
 from planner.training.setup import Precision, TrainingSetup
 
 
@@ -122,21 +122,22 @@ def state_terms(m: ModelSpec, setup: TrainingSetup, sa: LayoutArrays, pc: ParamC
     accumulation, virtual stages and recomputation are not read)."""
     prec = setup.precision_spec
     ft = setup.finetune
-    lora16 = ft.is_lora and ft.adapter_bits == 16
+    lora16 = ft.has_16_bit_adapters
     fsdp = sa.sharding > 0
     full_shard = fsdp & (sa.zero_stage == 3)
     dense_deg = sa.dense_shard_degree
     n_gpus = sa.n_gpus
     # the kernels each layout's blocks run: the stack's, or --kernels' (training.kernels, the
     # rule the step time reads too)
-    kern = block_kernel_codes(setup, sa.tp, sa.pp, sa.cp, (sa.sharding == 0) & (sa.zero_stage == 0))
+    whole = replicated_ranks(sa.zero_stage, fsdp)
+    kern = block_kernel_codes(setup, sa.tp, sa.pp, sa.cp, whole)
     autocast = kern == sh.AMP
     # trainable parameters kept in fp32 with fp32 gradients: everything under autocast; and
     # with a frozen base on replicated ranks, PEFT's adapters (autocast_adapter_dtype) and
     # freeze's trainable blocks (upcast, as LLaMA-Factory does) whatever the precision.
     # QLoRA's adapters are 16-bit. A frozen base loaded in 16 bits gives a 16-bit residual
     # stream, so its activations are those of eager kernels.
-    replicated = (sa.sharding == 0) & (sa.zero_stage == 0) & (kern != sh.FUSED)
+    replicated = whole & (kern != sh.FUSED)
     fp32_trainables = replicated & (not ft.is_full and not lora16)
     amp_states = (autocast & (not lora16)) | fp32_trainables
     kernels = np.where(autocast, sh.EAGER, kern) if not ft.is_full else kern

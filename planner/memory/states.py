@@ -191,7 +191,7 @@ def gradient_bytes(n_dense: np.ndarray, n_expert: np.ndarray, precision: Precisi
     block or of the blocks done (state_terms), which read nothing else of the states (issue 32: two
     of model_state_bytes' three calls per batch). ``degrees``: shard_degrees(a, hybrid), if known."""
     d = degrees or shard_degrees(a, hybrid)
-    grad = 4 if precision.is_mixed else precision.grad_bytes
+    grad = precision.fsdp_grad_bytes
     padded = trunc(n_expert * expert_padding)
     f_grads = _shard(n_dense * grad, padded * grad, True, d)
     grads = _shard(n_dense * precision.grad_bytes, n_expert * precision.grad_bytes, a.zero_stage >= 2, d)
@@ -246,7 +246,7 @@ def no_sync_gradient_bytes(n_dense: np.ndarray, n_expert: np.ndarray, precision:
     2,094,336 parameters, 8 ranks, shard-grad-op, one no-sync micro-batch before the synced
     one): 8,377,344 B = 4 B x every parameter, in bf16-mixed and in fp32, held through the
     second micro-batch's forward."""
-    grad = 4 if precision.is_mixed else precision.grad_bytes
+    grad = precision.fsdp_grad_bytes
     held = (a.sharding > 0) & (a.pp > 1) & (grad_sync == "step")
     return np.where(held, trunc((n_dense + n_expert) * grad), 0)
 

@@ -560,7 +560,7 @@ def _buffer_terms(setup: TrainingSetup, lay: Layout, tr: RankTerms, phase: str, 
         params = rp.block_unit
     out.append(_mem("buffers", "the previous block's reduce-scatter input", f"{label} x reduce bytes{larger}",
                     buf_at - prefetch, f"{FSDP2_REDUCE}; {MEASURED_END}",
-                    **{label: params, "reduce bytes per param": 4 if prec.is_mixed else prec.grad_bytes}))  # type: ignore[arg-type]
+                    **{label: params, "reduce bytes per param": prec.fsdp_grad_bytes}))  # type: ignore[arg-type]
     return out
 
 

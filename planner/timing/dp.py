@@ -56,7 +56,7 @@ def optimizer_update_bytes_per_param(m: ModelSpec, setup: TrainingSetup) -> floa
     2 x (2 + 8/2048) + 2 + 2 = 8.0 bytes."""
     ft = setup.finetune
     prec = setup.precision_spec
-    if ft.is_lora and ft.adapter_bits == 16:
+    if ft.has_16_bit_adapters:
         prec = Precision.named("bf16")
     state = prec.master_bytes + optimizer_state_bytes(m, setup)
     return 2 * state + prec.grad_bytes + prec.weight_bytes

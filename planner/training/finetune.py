@@ -153,6 +153,12 @@ class FinetuneSpec:
         return self.method in ("lora", "qlora")
 
     @property
+    def has_16_bit_adapters(self) -> bool:
+        """LoRA adapters kept in 16 bits (QLoRA's, adapter_bits 16): no fp32 master copy, no
+        cast of their input (Dettmers et al. 2023, arXiv:2305.14314, Sec. 3)."""
+        return self.is_lora and self.adapter_bits == 16
+
+    @property
     def freezes_base(self) -> bool:
         """Every block's base weights are frozen (LoRA, QLoRA)."""
         return self.is_lora

@@ -30,12 +30,21 @@ def auto_fuses(tp: np.ndarray | int, pp: np.ndarray | int, cp: np.ndarray | int)
     return (np.asarray(tp) > 1) | (np.asarray(pp) > 1) | (np.asarray(cp) > 1)
 
 
+def replicated_ranks(zero_stage: np.ndarray | int, fsdp: np.ndarray | bool) -> np.ndarray:
+    """Where a layout keeps whole parameters on every data-parallel rank: ZeRO-0 without FSDP
+    (bool, per layout for arrays). Elsewhere the engine holds the model in 16 bits (DeepSpeed
+    ZeRO >= 1's fp16/bf16 module, FSDP2's MixedPrecisionPolicy); here mixed precision is
+    torch.autocast over fp32 parameters (block_kernel_codes' "amp", PEFT's adapter casts:
+    memory.activations.adapters_in_16_bits)."""
+    return (np.asarray(zero_stage) == 0) & np.logical_not(fsdp)
+
+
 def block_kernel_codes(setup: TrainingSetup, tp: np.ndarray | int, pp: np.ndarray | int, cp: np.ndarray | int,
                        replicated: np.ndarray | bool) -> np.ndarray:
     """The kernels (a KERNELS code, int64 per layout) each layout's blocks run under ``setup``.
 
-    ``replicated``: the layout keeps whole parameters on every data-parallel rank (no FSDP,
-    ZeRO-0), where eager ops under mixed precision are autocast ones ("amp"). The step time
+    ``replicated``: the layout keeps whole parameters on every data-parallel rank
+    (replicated_ranks), where eager ops under mixed precision are autocast ones ("amp"). The step time
     passes False where it does not know the sharding: it times amp as eager
     (runs_fused_elementwise)."""
     shape = np.broadcast(np.asarray(tp), np.asarray(pp), np.asarray(cp), np.asarray(replicated)).shape
@@ -63,7 +72,7 @@ def megatron_core_profile(setup: TrainingSetup, kernels: np.ndarray | int) -> np
 
 def layout_kernels(setup: TrainingSetup, lay: Layout) -> str:
     """The kernels ``lay``'s blocks run under ``setup`` (block_kernel_codes for one layout)."""
-    replicated = lay.sharding == "zero" and lay.zero_stage == 0
+    replicated = replicated_ranks(lay.zero_stage, lay.is_fsdp)
     return KERNELS[int(block_kernel_codes(setup, lay.tp, lay.pp, lay.cp, replicated))]
 
 

@@ -87,6 +87,14 @@ class Precision:
     fp8: Fp8Recipe | None = None   # the FP8 recipe of the blocks' linear layers (precision fp8)
 
     @property
+    def fsdp_grad_bytes(self) -> int:
+        """Bytes per element of FSDP2's gradients (the sharded ones and the unsharded ones it
+        reduces and accumulates): fp32 under mixed precision, where MixedPrecisionPolicy keeps the
+        parameters in the fp32 they were built in and the gradients in their dtype
+        (torch/distributed/fsdp/_fully_shard/_fsdp_param.py), else the precision's own."""
+        return 4 if self.is_mixed else self.grad_bytes
+
+    @property
     def gather_bytes(self) -> int:
         """Bytes per parameter a ZeRO-3/FSDP all-gather moves (fp8 all-gather: 1)."""
         return self.fp8.gather_bytes if self.fp8 is not None else self.weight_bytes
