@@ -455,7 +455,8 @@ def reading(outcomes: Sequence[Outcome], bridges: dict[str, Bridge]) -> list[str
     launch = by["(3) no ceiling, launch overhead per micro-batch-layer"]
     launch_cap, tiles, straggle = by["(3) under the shipped ceiling"], by[TILES_ROW], by[STRAGGLE_ROW]
     met = [o for o in outcomes[1:] if meets_62_run_rule(o, base)]
-    lines = ["Reading. No row is kept."]
+    kept_rows = [o.name for o in outcomes[1:] if kept(o, base, bridges)]
+    lines = ["Reading. " + (f"Kept: {', '.join(kept_rows)}." if kept_rows else "No row is kept.")]
     for o in met:
         zero = all(v == 0 for v in o.term_values)
         lines.append(
@@ -495,9 +496,16 @@ def _ceil(c: float | None) -> str:
     return "-" if c is None or math.isinf(c) else f"{c:.1%}"
 
 
-def _kept(o: Outcome, base: Outcome) -> str:
+def kept(o: Outcome, base: Outcome, bridges: dict[str, Bridge]) -> bool:
+    """Issue 28's whole rule: the 62-run rule, and the Megatron-Bridge study no worse out of fold."""
+    return meets_62_run_rule(o, base) and _worse(bridges[o.tiles], bridges[""]) == "is no worse"
+
+
+def _kept(o: Outcome, base: Outcome, bridges: dict[str, Bridge]) -> str:
     if o is base:
         return "(shipped)"
+    if kept(o, base, bridges):
+        return "yes"
     if meets_62_run_rule(o, base):
         return "no: meets the 62-run rule; see the reading below"
     return "no: " + why_not(o, base)
@@ -552,7 +560,7 @@ def report(outcomes: Sequence[Outcome], bridges: dict[str, Bridge]) -> str:
                      f"{o.in_sample_fit} | "
                      + " / ".join(_ceil(c) for c in o.plan_ceilings) + " | "
                      + " / ".join(f"{v:.1%}" for v in o.plan_mfu)
-                     + f" | {_kept(o, base)} |")
+                     + f" | {_kept(o, base, bridges)} |")
     lines += ["", *reading(outcomes, bridges)]
     lines += [
         "",
