@@ -483,11 +483,11 @@ def reading(outcomes: Sequence[Outcome], bridges: dict[str, Bridge]) -> list[str
         f"The shipped row's plan MFUs here ({' / '.join(f'{v:.1%}' for v in base.plan_mfu)}) already differ: the "
         f"study's in-sample H100 ceiling is the highest MFU of its H100 training runs under this planner's FLOP count "
         f"({base.best_h100:.1%}, Megatron-Core r0.8 16B), above all three, with matmul (A100 / H100) and bus "
-        f"fractions {base.in_sample_fit}. `plan` prints 46.5% for all three because the catalog's H100 ceiling is the "
-        "462B run's 0.465 (presets/gpus.toml; that table's 16B and 314B runs published 489.1 and 474.4 TFLOP/s, "
-        "0.494 and 0.479 of the peak), below all three plans' bottom-up MFU at the catalog's efficiencies "
-        f"(matmul 0.711, bus 0.80: {' / '.join(f'{v:.1%}' for v in catalog_plan_mfu())} without the ceiling): "
-        "the flat MFU comes from that number, not from having one number per GPU.",
+        f"fractions {base.in_sample_fit}. `plan` prints 46.5% for all three because at the catalog's efficiencies "
+        f"(matmul 0.711, bus 0.80) their layouts' bottom-up MFU, {' / '.join(f'{v:.1%}' for v in catalog_plan_mfu())} "
+        "without a ceiling, is above the catalog's H100 ceiling, the 462B run's 0.465 (presets/gpus.toml; the "
+        "same table's 16B and 314B runs published 489.1 and 474.4 TFLOP/s, 0.494 and 0.479 of the peak), so "
+        "the ceiling binds all three.",
     ]
     return lines
 
