@@ -9,7 +9,7 @@ from planner.limits import MAX_MODELLED_BYTES, saturated_bytes
 from planner.memory.shapes import group
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(12))
 def test_group_equals_numpy_unique(seed: int) -> None:
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 3000))
@@ -17,6 +17,8 @@ def test_group_equals_numpy_unique(seed: int) -> None:
     cols = [rng.integers(0, t, n) for t in tops]
     if seed % 2:
         cols.append(rng.random(n) > 0.5)                     # a bool column
+    if seed % 3:    # columns of one value (a constant, a zero, an all-true bool), which group skips
+        cols[1:1] = [np.full(n, 7, np.int64), np.zeros(n, np.int64), np.ones(n, bool)][: seed % 3 + 1]
     inv, first = group(cols)
     rows = np.stack([c.astype(np.int64) for c in cols], axis=1)
     uniq, first_np, inv_np = np.unique(rows, axis=0, return_index=True, return_inverse=True)
@@ -28,6 +30,12 @@ def test_group_equals_numpy_unique(seed: int) -> None:
 def test_group_of_nothing() -> None:
     inv, first = group([np.zeros(0, np.int64), np.zeros(0, np.int64)])
     assert len(inv) == 0 and len(first) == 0
+
+
+def test_group_of_one_row_value() -> None:
+    # every column of one value: one group, its first row 0 (np.unique's answer)
+    inv, first = group([np.full(5, 3, np.int64), np.ones(5, bool)])
+    assert inv.tolist() == [0] * 5 and first.tolist() == [0]
 
 
 def test_saturated_bytes_never_casts_out_of_range() -> None:

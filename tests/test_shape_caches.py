@@ -183,6 +183,36 @@ def test_a_block_shape_reads_no_pipeline_degree(name: str) -> None:
                     == activations.recompute_unit_bytes(m, setup, lay, kern, full))
 
 
+# the eleventh pass (issue 32): memory.shapes sizes a LoRA block shape once for every ZeRO stage and
+# sharding that agree on activations.adapters_in_16_bits (at ZeRO-1 where they do, ZeRO-0 where not):
+# each per-shape function must give the same bytes on the layout and on that stand-in
+LORA_SETUPS = [TrainingSetup(seq_len=2048, precision=p,
+                             finetune=FinetuneSpec.named(method, rank=16, targets=("attention",)))
+               for p, method in itertools.product(("bf16-mixed", "bf16", "fp32"), ("lora", "qlora"))]
+
+
+@pytest.mark.parametrize("name", ("llama3.1-8b", "deepseek-v3", "gpt-oss-20b", "qwen3-next-80b-a3b", "gpt2"))
+def test_a_lora_shape_reads_the_sharding_only_through_the_adapters_dtype(name: str) -> None:
+    m = load_model(name)
+    differ = 0
+    for setup, kern in itertools.product(LORA_SETUPS, ("fused", "eager", "amp", "torchtitan")):
+        for rc, zero, sharding, tp in itertools.product(RECOMPUTES, (0, 1, 2, 3), ("zero", "fsdp-full",
+                                                                                   "fsdp-grad-op", "fsdp-hybrid"),
+                                                        (1, 2)):
+            lay = Layout(tp=tp, sp=tp > 1, cp=1, ep=2, micro_batch=2, seq_len=setup.seq_len, recompute=rc,
+                         zero_stage=zero, sharding=sharding)
+            cast = activations.adapters_in_16_bits(setup, zero, lay.is_fsdp)
+            stand_in = replace(lay, zero_stage=int(cast), sharding="zero")
+            for f in (*SHAPE_FUNCTIONS, activations.layer_activation_terms):
+                assert f(m, setup, stand_in, kern) == f(m, setup, lay, kern), (f.__name__, setup, kern, lay)
+            assert (activations.block_activations(m, setup, activations.activation_key(lay, True), kern)
+                    == activations.block_activations(m, setup, activations.activation_key(stand_in, True), kern))
+            # the test can tell: somewhere the two classes keep different tensors (PEFT's cast copies)
+            other = replace(lay, zero_stage=0 if cast else 1, sharding="zero")
+            differ += layer_activation_terms(m, setup, other, kern) != layer_activation_terms(m, setup, lay, kern)
+    assert differ > 0
+
+
 def test_pipeline_buffers_are_megatron_cores_p2p_tensors() -> None:
     """buffers.pipeline_buffer_bytes, now per layout over arrays: a send and a receive buffer of
     megatron-core's p2p tensor shape (pipeline_parallel/schedules.py, get_tensor_shapes: seq_length

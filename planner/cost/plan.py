@@ -218,15 +218,25 @@ def sweep_counts_until(tasks: Sequence[Task], more: Sequence[Callable[[CountBest
     for i, (pool, ns, done) in enumerate(tasks):
         groups.setdefault(_sizing_key(pool), []).append([pool, set(ns), done, True, more[i] if more else None])
     for group in groups.values():
-        for n in sorted(set().union(*(t[1] for t in group))):
-            if not any(t[3] is True and n in t[1] for t in group):
+        asking: dict[int, list[list]] = {}      # per count, the group's tasks that list it, in group order
+        for t in group:
+            for n in t[1]:
+                asking.setdefault(n, []).append(t)
+        # the tasks not stopped: once none is, no count is swept (a "more" task goes on only
+        # beside a live one), and the larger counts are not walked
+        live = len(group)
+        for n in sorted(asking):
+            if not live:
+                break
+            if not any(t[3] is True for t in asking[n]):
                 continue
-            for t in group:
-                if t[3] is True and n in t[1]:
+            for t in asking[n]:
+                if t[3] is True:
                     (cb,) = t[0].at([n])
                     if t[2](cb):
                         t[3] = "more" if t[4] is not None and t[4](cb) else False
-                elif t[3] == "more" and n in t[1]:
+                        live -= 1
+                elif t[3] == "more":
                     t[0].at([n])
 
 

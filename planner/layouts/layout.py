@@ -484,14 +484,23 @@ def degree_shapes(m: ModelSpec, n_gpus: int, gpus_per_node: int,
     order: tp up to ``space.max_tp`` (default: a node), cp up to ``space.max_cp``, ep up to
     the number of experts, pp up to the number of layers; a fixed degree is taken as
     given. Shared by enumerate_layouts, batch.valid_layouts and sweep's floors, so
-    that the three walk the same shapes."""
+    that the three walk the same shapes. Kept per count, node size, caps and space
+    (_degree_shapes): the searches of one model's methods walk the same counts (the 256-job
+    `plan buy` of issue 32: 371 walks of 127 distinct model and count pairs)."""
+    return iter(_degree_shapes(n_gpus, gpus_per_node, m.n_experts if m.is_moe else 1, m.n_layers, space))
+
+
+@lru_cache(maxsize=128)
+def _degree_shapes(n_gpus: int, gpus_per_node: int, ep_cap: int, n_layers: int, space: SearchSpace
+                   ) -> tuple[DegreeShape, ...]:
     max_tp = space.max_tp or gpus_per_node
-    ep_cap = m.n_experts if m.is_moe else 1
+    out = []
     for tp in _degrees(space.tp, n_gpus, max_tp if space.tp is None else n_gpus):
         for cp in _degrees(space.cp, n_gpus // tp, space.max_cp if space.cp is None else n_gpus):
             for ep in _degrees(space.ep, n_gpus // (tp * cp), ep_cap if space.ep is None else n_gpus):
-                for pp in _degrees(space.pp, n_gpus // (tp * cp * ep), m.n_layers if space.pp is None else n_gpus):
+                for pp in _degrees(space.pp, n_gpus // (tp * cp * ep), n_layers if space.pp is None else n_gpus):
                     dp = n_gpus // (tp * cp * ep * pp)
                     if space.dp is None or space.dp == dp:
-                        yield DegreeShape(tp, cp, ep, pp, dp)
+                        out.append(DegreeShape(tp, cp, ep, pp, dp))
+    return tuple(out)
 

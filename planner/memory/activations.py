@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -234,6 +235,15 @@ def titan_block_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> list[A
     return terms
 
 
+def adapters_in_16_bits(setup: TrainingSetup, zero_stage: Any, fsdp: Any) -> Any:
+    """Where the adapters compute in 16 bits whatever the kernels (lora_cast_bytes: no cast copy):
+    QLoRA's 16-bit adapters, and the engines that run the whole model in 16 bits, DeepSpeed ZeRO >= 1
+    and FSDP's mixed precision. The only fields of a layout a LoRA block's saved tensors read beyond
+    its shape (memory.shapes sizes a LoRA shape once for the ZeRO stages and shardings that agree
+    here). Scalars (a bool) or arrays (a bool array)."""
+    return (zero_stage > 0) | fsdp | (setup.finetune.adapter_bits == 16)
+
+
 def lora_cast_bytes(setup: TrainingSetup, lay: Layout, kernels: str) -> int | None:
     """Bytes per element of the copy of its input each adapted layer keeps, or None when
     the adapters compute in the activations' dtype and layers reading one tensor share it.
@@ -244,8 +254,8 @@ def lora_cast_bytes(setup: TrainingSetup, lay: Layout, kernels: str) -> int | No
     training an fp32 copy. DeepSpeed ZeRO >= 1, FSDP's mixed precision and Megatron run the
     whole model in 16 bits, QLoRA's adapters are 16-bit, and fp32 needs no cast: no copy.
     """
-    ft, p = setup.finetune, setup.precision_spec
-    if ft.adapter_bits == 16 or lay.zero_stage > 0 or lay.is_fsdp or kernels == "fused":
+    p = setup.precision_spec
+    if adapters_in_16_bits(setup, lay.zero_stage, lay.is_fsdp) or kernels == "fused":
         return None
     if p.activation_bytes == 4:
         return None

@@ -11,9 +11,10 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 
 from planner.layouts.batch import RECOMPUTES, LayoutArrays
-from planner.layouts.layout import SHARDINGS, Layout
+from planner.layouts.layout import Layout
 from planner.memory.activations import (
     activation_key,
+    adapters_in_16_bits,
     backward_working_bytes,
     block_activations,
     recompute_unit_bytes,
@@ -102,12 +103,15 @@ class SplitArrays:
 DENSE_CODES = 1 << 20     # a column whose values are below this is coded through a lookup table
 
 
-def _codes(c: np.ndarray) -> tuple[np.ndarray, int]:
+def _codes(c: np.ndarray) -> tuple[np.ndarray | None, int]:
     """The rank of each value of a non-negative int column among its distinct values, and
-    how many there are: a lookup table for small values (no sort), np.unique otherwise."""
+    how many there are: a lookup table for small values (no sort), np.unique otherwise; None
+    for a column of one value (every rank 0)."""
     if c.dtype == bool:
         c = c.astype(np.int64)
     top = int(c.max(initial=0))
+    if top == int(c.min(initial=0)):
+        return None, 1
     if top < DENSE_CODES:
         present = np.zeros(top + 1, dtype=bool)
         present[c] = True
@@ -120,14 +124,16 @@ def _codes(c: np.ndarray) -> tuple[np.ndarray, int]:
 def group(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """(inverse, first row) of the distinct rows of non-negative int columns, the distinct
     rows in lexicographic order (as np.unique orders them). Each column is first coded by
-    rank; where the product of the columns' distinct counts is small the rows are told
-    apart through a table instead of a sort."""
+    rank (a column of one value adds nothing: 43% of them in the 256-job `plan buy`); where
+    the product of the columns' distinct counts is at most 4 per row the rows are told apart
+    through a table instead of a sort (a larger table costs more than the sort: issue 32)."""
     n = len(columns[0])
     key, size = np.zeros(n, dtype=np.int64), 1
     for c in columns:
         code, k = _codes(c)
-        key, size = key * k + code, size * k
-    if n == 0 or size > max(4 * n, DENSE_CODES):
+        if code is not None:
+            key, size = key * k + code, size * k
+    if n == 0 or size > 4 * n:
         _, first, inv = np.unique(key, return_index=True, return_inverse=True)
         return inv.reshape(-1), first
     present = np.zeros(size, dtype=bool)
@@ -184,7 +190,8 @@ def activation_figures(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_
     """activations.block_activations, backward_working_bytes and loss.logits_bytes per distinct
     block shape, and buffers.pipeline_buffer_bytes per layout; ``act_fp32``: where the trainable
     blocks run in fp32 (freeze on replicated ranks), which sizes the blocks' activations in fp32. LoRA's blocks also
-    depend on the sharding (activations.lora_cast_bytes). A block shape leaves out the
+    depend on whether the engine runs the adapters in 16 bits (activations.adapters_in_16_bits, of the
+    ZeRO stage and sharding; 23,883 -> 10,599 shapes in the 256-job `plan buy`). A block shape leaves out the
     pipeline: no function of the block's bytes, its backward's working set or the loss reads
     the pipeline's degree (tests/test_shape_caches.py asks each with pp 1 and 4), so a shape
     with and without a pipeline is sized once (issue 32: 36,963 -> 23,883 shapes in the
@@ -218,14 +225,18 @@ def activation_figures(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_
             full += imbalance_extra_bytes(m, s_, unrecomputed, kern)
         return full
 
-    def figures(tp: int, sp: int, cp: int, mb: int, rc: int, k: int, f32: int, zero: int = 0,
-                sharding: int = 0, ep: int = 1) -> tuple[int, ...]:
+    def figures(tp: int, sp: int, cp: int, mb: int, rc: int, k: int, f32: int, *more: int) -> tuple[int, ...]:
+        # LoRA: whether the adapters run in 16 bits (activations.adapters_in_16_bits), the one thing a
+        # block's tensors read of the ZeRO stage and sharding: a shape stands for every stage and
+        # sharding that agree there, sized at ZeRO-1 (in 16 bits) or ZeRO-0 without sharding (not)
+        in_16_bits = more[0] if lora else 0
+        ep = more[-1] if imbalanced else 1
         lay = Layout(tp=tp, sp=bool(sp), cp=cp, micro_batch=mb, seq_len=seq_len, recompute=RECOMPUTES[rc],
-                     zero_stage=zero, sharding=SHARDINGS[sharding], ep=ep)
+                     zero_stage=in_16_bits, ep=ep)
         kern = KERNELS[k]
         s_ = fp32 if f32 else setup
         kept, full = block_activations(m, s_, activation_key(lay, lora), kern)
-        shape = (tp, sp, cp, mb, k, f32, zero, sharding, ep)
+        shape = (tp, sp, cp, mb, k, f32, in_16_bits, ep)
         hit = unrecomputed_bytes.get(shape)
         if hit is None:
             hit = unrecomputed_bytes[shape] = (full_bytes(lay, s_, kern, full), logits_bytes(m, setup, lay, kern))
@@ -249,8 +260,8 @@ def activation_figures(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_
                 logits)
 
     cols = [a.tp, a.sp, a.cp, a.micro_batch, a.recompute, kernels, act_fp32.astype(np.int64)]
-    if lora or imbalanced:
-        cols += [a.zero_stage, a.sharding]
+    if lora:
+        cols += [adapters_in_16_bits(setup, a.zero_stage, a.sharding > 0).astype(np.int64)]
     if imbalanced:
         cols += [a.ep]
     out = _gather(cols, figures, _table("act", m, table_setup, seq_len), 4)

@@ -30,9 +30,11 @@ from planner.memory.states import (
     OffloadSplit,
     expert_padding,
     fp32_accumulated_gradients,
+    gradient_bytes,
     model_state_bytes,
     offload_bytes,
     optimizer_step_transient_bytes,
+    shard_degrees,
     sharded_frozen_bytes,
 )
 from planner.models.spec import ModelSpec, ParamCount
@@ -199,7 +201,7 @@ def state_terms(m: ModelSpec, setup: TrainingSetup, sa: LayoutArrays, pc: ParamC
     # too (reshard_after_backward): no gathered weights are left at the optimizer step
     step_freed = np.where(fsdp, ms.unsharded_weights + root_gathered, 0)
     fsdp_terms = _fsdp_state_terms(m, setup, sa, pc, st, rp, split, grad_unit, has_act, last, vocab_shard,
-                                   state_prec, opt_pp, hybrid, pad)
+                                   state_prec, hybrid, pad)
     return StateTerms(
         valid=st.valid, stage=stage, n_layers=n_layers, n_act_layers=n_act, last=last, has_act=has_act,
         rank_params=rp, split=split, states=ms, offload=off, expert_padding=pad, grad_unit=grad_unit,
@@ -213,7 +215,7 @@ def state_terms(m: ModelSpec, setup: TrainingSetup, sa: LayoutArrays, pc: ParamC
 
 def _fsdp_state_terms(m: ModelSpec, setup: TrainingSetup, sa: LayoutArrays, pc: ParamCount, st: sh.StageFigures,
                       rp: sh.ParamsArrays, split: sh.SplitArrays, grad_unit: np.ndarray, has_act: np.ndarray,
-                      last: np.ndarray, vocab_shard: np.ndarray, state_prec: Precision, opt_pp: float,
+                      last: np.ndarray, vocab_shard: np.ndarray, state_prec: Precision,
                       hybrid: np.ndarray, pad: np.ndarray) -> FsdpStateTerms:
     """FSDP2's pieces of its end-of-backward and end-of-forward moments (FsdpStateTerms)."""
     prec = setup.precision_spec
@@ -245,13 +247,14 @@ def _fsdp_state_terms(m: ModelSpec, setup: TrainingSetup, sa: LayoutArrays, pc: 
     post_ok = post_ok & fsdp_moment & (share != 1.0) if ft.is_full else post_ok & False
     # one block's sharded gradients: a later block's backward holds more where they outweigh its
     # activations (fsdp_blocks_done), an early one otherwise
-    block_sharded = model_state_bytes(block_dense, block_expert, state_prec, opt_pp, sa, hybrid,
-                                      expert_padding=pad).gradients
+    degrees = shard_degrees(sa, hybrid)
+    block_sharded = gradient_bytes(block_dense, block_expert, state_prec, sa, hybrid, expert_padding=pad,
+                                   degrees=degrees)
     may_be_early = fsdp_moment & (sa.zero_stage == 3) & (n_units >= 3)
     done_dense = (done * block_dense * done_share).astype(np.int64)
     done_expert = (done * block_expert * done_share).astype(np.int64)
-    done_grads = model_state_bytes(done_dense, done_expert, state_prec, opt_pp, sa, hybrid,
-                                   expert_padding=pad).gradients
+    done_grads = gradient_bytes(done_dense, done_expert, state_prec, sa, hybrid, expert_padding=pad,
+                                degrees=degrees)
     fwd_w, fwd_b = (np.where(fsdp_moment, x, 0) for x in fsdp_forward_bytes(sa, rp, prec, split))
     last_w, last_a = (np.where(fsdp_moment, x, 0) for x in fsdp_block_backward_bytes(sa, rp, prec, split, grad_unit))
     return FsdpStateTerms(

@@ -136,25 +136,21 @@ def model_state_bytes(n_dense: np.ndarray, n_expert: np.ndarray, precision: Prec
     ``instance_weight_bytes``: Megatron FSDP over distributed-optimizer instances, the bytes per
     parameter of the model weights an instance holds beside the fp32 main weights (below).
     """
-    d_dense, d_expert = shard_degrees(a, hybrid)
+    degrees = shard_degrees(a, hybrid)
     stage = a.zero_stage
     fsdp = a.sharding > 0
 
     def shard(nd_bytes: np.ndarray, ne_bytes: np.ndarray, sharded: np.ndarray | bool,
               over: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
-        d_d, d_e = over or (d_dense, d_expert)
-        split = ceil_div(trunc(nd_bytes), np.maximum(d_d, 1)) + ceil_div(trunc(ne_bytes), np.maximum(d_e, 1))
-        return np.where(sharded, split, trunc(nd_bytes + ne_bytes))
+        return _shard(nd_bytes, ne_bytes, sharded, over or degrees)
 
     # FSDP: the sharded parameter keeps the dtype it was built in, fp32 under mixed precision
     stored = 4 if precision.is_mixed else precision.weight_bytes
-    grad = 4 if precision.is_mixed else precision.grad_bytes
     opt_pp = optimizer_bytes_per_param
     padded = trunc(n_expert * expert_padding)
     f_unsharded = np.where(a.sharding == GRAD_OP,
                            trunc((n_dense + n_expert * expert_padding) * precision.weight_bytes), 0)
     f_weights = shard(n_dense * stored, padded * stored, True)
-    f_grads = shard(n_dense * grad, padded * grad, True)
     f_opt = shard(n_dense * opt_pp, padded * opt_pp, True)
     outer = fsdp & (a.instances > 1)
     if np.any(outer):
@@ -174,16 +170,42 @@ def model_state_bytes(n_dense: np.ndarray, n_expert: np.ndarray, precision: Prec
     # ZeRO: K = the master copy + the optimizer's states
     z_opt_pp = precision.master_bytes + opt_pp
     weights = shard(n_dense * precision.weight_bytes, n_expert * precision.weight_bytes, stage >= 3)
-    grads = shard(n_dense * precision.grad_bytes, n_expert * precision.grad_bytes, stage >= 2)
     opt = shard(n_dense * z_opt_pp, n_expert * z_opt_pp, stage >= 1)
     if np.any(amp):
         amp_w = (n_dense + n_expert) * 4
         weights = np.where(amp, amp_w, weights)
-        grads = np.where(amp, amp_w, grads)
         opt = np.where(amp, trunc((n_dense + n_expert) * opt_pp), opt)
-    return ModelStates(weights=np.where(fsdp, f_weights, weights), gradients=np.where(fsdp, f_grads, grads),
+    gradients = gradient_bytes(n_dense, n_expert, precision, a, hybrid, amp, expert_padding, degrees)
+    return ModelStates(weights=np.where(fsdp, f_weights, weights), gradients=gradients,
                        optimizer=np.where(fsdp, f_opt, opt), unsharded_weights=np.where(fsdp, f_unsharded, 0),
                        accumulated_gradients=no_sync_gradient_bytes(n_dense, n_expert, precision, a, grad_sync))
+
+
+def gradient_bytes(n_dense: np.ndarray, n_expert: np.ndarray, precision: Precision, a: LayoutArrays,
+                   hybrid: np.ndarray, amp: np.ndarray | bool = False, expert_padding: np.ndarray | float = 1.0,
+                   degrees: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """The gradients of one rank (model_state_bytes' ``gradients``, which reads them here): ZeRO-2
+    and ZeRO-3 shard them over the data ranks (Rajbhandari et al. 2019, Fig. 1); FSDP2 keeps them in
+    fp32 under mixed precision, sharded, its expert shards padded (expert_padding); fp32 where
+    ``amp`` (torch.autocast's fp32 parameters). Alone for the FSDP moments' sharded gradients of one
+    block or of the blocks done (state_terms), which read nothing else of the states (issue 32: two
+    of model_state_bytes' three calls per batch). ``degrees``: shard_degrees(a, hybrid), if known."""
+    d = degrees or shard_degrees(a, hybrid)
+    grad = 4 if precision.is_mixed else precision.grad_bytes
+    padded = trunc(n_expert * expert_padding)
+    f_grads = _shard(n_dense * grad, padded * grad, True, d)
+    grads = _shard(n_dense * precision.grad_bytes, n_expert * precision.grad_bytes, a.zero_stage >= 2, d)
+    if np.any(amp):
+        grads = np.where(amp, (n_dense + n_expert) * 4, grads)
+    return np.where(a.sharding > 0, f_grads, grads)
+
+
+def _shard(nd_bytes: np.ndarray, ne_bytes: np.ndarray, sharded: np.ndarray | bool,
+           over: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """Dense and expert bytes split over ``over``'s (dense, expert) ranks where ``sharded``, else whole."""
+    d_d, d_e = over
+    split = ceil_div(trunc(nd_bytes), np.maximum(d_d, 1)) + ceil_div(trunc(ne_bytes), np.maximum(d_e, 1))
+    return np.where(sharded, split, trunc(nd_bytes + ne_bytes))
 
 
 def fp32_accumulated_gradients(setup: TrainingSetup, a: LayoutArrays) -> np.ndarray:

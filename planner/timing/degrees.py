@@ -26,7 +26,6 @@ from planner.hardware.placement import (
 from planner.layouts.batch import Unsupported
 from planner.layouts.groups import Rows as _Rows
 from planner.layouts.groups import TableCache
-from planner.layouts.groups import group as _group
 from planner.layouts.groups import rows as _rows
 from planner.layouts.layout import (
     SHARDINGS,
@@ -135,6 +134,14 @@ class SlowestMemo:
         """The place in ``vals``, ``slot`` and ``known`` of each (row ``block_rows`` of the
         block table ``blocks``, ``q_d``) pair, giving new pairs a place (not known yet)."""
         key = self.numbers(blocks, block_rows) * self.n_q_d + q_d
+        if not self.n_places:       # the first call: every pair is new, placed in key order as below
+            self.keys, at = np.unique(key, return_inverse=True)
+            self.n_places = len(self.keys)
+            self.key_place = np.arange(self.n_places)
+            self.known = np.zeros(self.n_places, dtype=bool)
+            self.vals = np.zeros((self.n_sets, N_VALS, self.n_places))
+            self.slot = np.zeros((self.n_sets, self.n_places), dtype=np.int64)
+            return at.reshape(-1)
         at = np.searchsorted(self.keys, key)
         found = at < len(self.keys)
         found[found] = self.keys[at[found]] == key[found]
@@ -158,10 +165,9 @@ class SlowestMemo:
 def distinct_rows(columns: Sequence[np.ndarray], rows: _Rows, fn: Callable[..., tuple],
                    bounds: Sequence[tuple[int, int] | None] | None = None) -> np.ndarray:
     """rows.lookup() of each distinct row of ``columns``, spread over every element, as a
-    (width, elements) array whose rows are contiguous. ``bounds``: as for planner.layouts.groups.group()."""
-    inverse, first = _group(columns, bounds)
-    keys = list(zip(*(col[first].tolist() for col in columns)))
-    return np.take(np.ascontiguousarray(rows.lookup(keys, fn).T), inverse, axis=1)
+    (width, elements) array whose rows are contiguous (read-only: groups.Rows.spread keeps it per
+    column contents). ``bounds``: as for planner.layouts.groups.group()."""
+    return rows.spread(columns, fn, bounds)
 
 
 @lru_cache(maxsize=4096)
@@ -419,8 +425,11 @@ def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
             # replicas per shard rank; nccl-tests doc/PERFORMANCE.md: bus bandwidth per NIC)
             c0[FSDP_HYBRID] = Ring.of(across, bw / inside_f, lat, bus, 2).time_s(total * g_b / inside_f)
             c1[FSDP_HYBRID], c2[FSDP_HYBRID] = ag_h, ag_h + rs_h
-        return tuple(np.stack([np.broadcast_to(x, ag.shape) for x in c], axis=1).ravel()  # type: ignore[return-value]
-                     for c in (c0, c1, c2))
+        out = np.empty((3, ag.shape[0], len(c0), *ag.shape[1:]))      # (c0, c1, c2) x (order, branch, slot, D)
+        for j, c in enumerate((c0, c1, c2)):
+            for b, x in enumerate(c):
+                out[j, :, b] = x          # (broadcast over the orders)
+        return out[0].ravel(), out[1].ravel(), out[2].ravel()
 
     # each stage slot's layers, pipeline edges (embedding, LM head), whether it is the last
     # stage, -inf for a slot the pipeline does not have, and its blocks with a backward pass

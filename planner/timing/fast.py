@@ -375,8 +375,8 @@ def _named_parts(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Effi
     def of_kind(x: np.ndarray) -> np.ndarray:      # each layout's cell on its order: one gather
         return x.reshape(n_o, -1)[idx, at_kind]
 
-    def of_p(x: np.ndarray) -> np.ndarray:
-        return np.broadcast_to(x, (n_o, n_p))[idx, p_inv]
+    def of_p(x: np.ndarray) -> np.ndarray:       # (most are (order, P) already: no broadcast view)
+        return (x if x.shape == (n_o, n_p) else np.broadcast_to(x, (n_o, n_p)))[idx, p_inv]
 
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         n_slow = deg.per_slot[t.slot, pd]                      # the slowest stage's blocks, (order, P)
@@ -405,8 +405,7 @@ def _named_parts(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Effi
                       grad_accum=a.grad_accum, dp_branch=branch,
                       dp_times=times[0].astype(np.int64), dp_reduce_times=times[1].astype(np.int64),
                       dp_reduce_steady=steady_reduce(branch, a.pp, sync),
-                      dp_each=np.stack([np.stack([of_kind(table.dp_each[k, i]) for i in range(3)])
-                                        for k in range(3)]),
+                      dp_each=table.dp_each.reshape(9, n_o, -1)[:, idx, at_kind].reshape(3, 3, -1),
                       efficiency=eff, tokens_per_step=n_seq * setup.seq_len, n_gpus=a.n_gpus,
                       model_flops=flops[0], hardware_flops=flops[1], peak_flops_per_s=peak,
                       fp8_peak_flops_per_s=low_precision_peak(cluster.gpu, setup),
