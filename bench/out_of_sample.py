@@ -211,11 +211,18 @@ def prepare(case: dict) -> Prepared:
                     fits_memory=bool(fitting))
 
 
-def efficiency(p: Prepared, matmul_fraction: float | None, bus_fraction: float) -> Efficiency:
+# A change of every engine's efficiencies a grid is built under (bench/ceiling_alternatives.py: the
+# GEMM tile model switched on); None: the engines as they are
+EngineChange = Callable[[Efficiency], Efficiency]
+
+
+def efficiency(p: Prepared, matmul_fraction: float | None, bus_fraction: float,
+               change: EngineChange | None = None) -> Efficiency:
     """The engine's efficiencies with the fitted parameters put in (None: the catalog's value),
-    without the sustained-rate MFU ceiling (each fit applies its own: capped())."""
-    return dataclasses.replace(ALL_ENGINES[p.case["engine"]], matmul_fraction=matmul_fraction,
-                               bus_fraction=bus_fraction, mfu_ceiling=NO_CEILING)
+    without the sustained-rate MFU ceiling (each fit applies its own: capped()), after ``change``."""
+    eff = dataclasses.replace(ALL_ENGINES[p.case["engine"]], matmul_fraction=matmul_fraction,
+                              bus_fraction=bus_fraction, mfu_ceiling=NO_CEILING)
+    return change(eff) if change is not None else eff
 
 
 def metric_of(case: dict, t: StepTime) -> float:
@@ -251,10 +258,12 @@ def best_time(p: Prepared, eff: Efficiency) -> tuple[Layout, StepTime]:
     return best
 
 
-def predict(p: Prepared, matmul_fraction: float | None, bus_fraction: float) -> tuple[float, float]:
-    """The case's metric, predicted with these parameters, and the predicted MFU."""
-    t = best_time(p, efficiency(p, matmul_fraction, bus_fraction))[1]
-    return metric_of(p.case, t), t.mfu
+def predict(p: Prepared, matmul_fraction: float | None, bus_fraction: float,
+            change: EngineChange | None = None) -> tuple[float, float, float, int]:
+    """The case's metric, predicted with these parameters, the predicted MFU, step seconds and the
+    index of the fastest layout in p.layouts."""
+    lay, t = best_time(p, efficiency(p, matmul_fraction, bus_fraction, change))
+    return metric_of(p.case, t), t.mfu, t.step_time_s, p.layouts.index(lay)
 
 
 # ------------------------------------------------------------------------ the grid and the fit
@@ -268,6 +277,10 @@ class Grid:
     log_ratio: dict[str, np.ndarray]      # case id -> (1 + len(MATMUL_GRID), len(BUS_GRID))
     mfu: dict[str, np.ndarray]            # case id -> the predicted MFU there (no ceiling)
     shipped: dict[str, float]             # case id -> prediction with the planner's shipped efficiencies
+    # case id -> the predicted step seconds and the index of the fastest of p.layouts at each grid point
+    # (no ceiling): what bench/ceiling_alternatives.py adds its time terms to
+    step_s: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    layout_at: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
     def reported_mfu(self, case_id: str) -> float:
         """The run's MFU as published (its speed over the prediction's, times the prediction's MFU,
@@ -288,21 +301,28 @@ class Grid:
 MATMUL_AXIS: tuple[float | None, ...] = (None, *MATMUL_GRID)
 
 
-def build_grid(cases: Sequence[dict]) -> Grid:
+def build_grid(cases: Sequence[dict], change: EngineChange | None = None) -> Grid:
+    """The grid of every case (``change``: every engine's efficiencies changed so, the shipped
+    prediction included)."""
     prepared = tuple(prepare(c) for c in cases)
     table: dict[str, np.ndarray] = {}
     mfus: dict[str, np.ndarray] = {}
+    steps: dict[str, np.ndarray] = {}
+    at: dict[str, np.ndarray] = {}
     shipped: dict[str, float] = {}
     for p in prepared:
         arr = np.empty((len(MATMUL_AXIS), len(BUS_GRID)))
-        mfu = np.empty_like(arr)
+        mfu, step = np.empty_like(arr), np.empty_like(arr)
+        idx = np.empty(arr.shape, dtype=np.int64)
         for i, mm in enumerate(MATMUL_AXIS):
             for j, bus in enumerate(BUS_GRID):
-                value, mfu[i, j] = predict(p, mm, bus)
+                value, mfu[i, j], step[i, j], idx[i, j] = predict(p, mm, bus, change)
                 arr[i, j] = math.log(speed_ratio(p.case, value))
-        table[p.case["id"]], mfus[p.case["id"]] = arr, mfu
-        shipped[p.case["id"]] = metric_of(p.case, best_time(p, ALL_ENGINES[p.case["engine"]])[1])
-    return Grid(cases=prepared, log_ratio=table, mfu=mfus, shipped=shipped)
+        cid = p.case["id"]
+        table[cid], mfus[cid], steps[cid], at[cid] = arr, mfu, step, idx
+        engine = ALL_ENGINES[p.case["engine"]]
+        shipped[cid] = metric_of(p.case, best_time(p, change(engine) if change is not None else engine)[1])
+    return Grid(cases=prepared, log_ratio=table, mfu=mfus, shipped=shipped, step_s=steps, layout_at=at)
 
 
 # How a fold sets the MFU ceiling of each case from the training runs of its GPU family: given the

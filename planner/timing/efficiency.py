@@ -74,6 +74,41 @@ FLASH_FRACTION_DEFAULT = 0.40       # ASSUMPTION: FlashAttention-2 on other GPUs
 TENSOR_FLOPS_PER_EXP = {"h100": 256, "h200": 256, "h100-nvl": 256, "gh200": 256, "b200": 512, "gb200": 512}
 
 
+# The GEMM tile model (Efficiency.gemm_tile_model; off in every shipped engine: measured as a row
+# of bench/ceiling_alternatives.py, docs/mfu-ceiling-alternatives.md, and not kept).
+# Streaming multiprocessors a GEMM's output tiles are spread over, from the data sheets: A100 108
+# (NVIDIA A100 Tensor Core GPU Architecture whitepaper, Table 2), H100 SXM5 and H200 132 (H100
+# whitepaper, Table 3: "132 SMs"; H200 is the same GH100 die), B200 and GB200 148 (NVIDIA
+# Blackwell architecture technical brief). GPUs not listed: no tile model.
+SM_COUNT = {"a100": 108, "a100-40gb": 108, "h100": 132, "h200": 132, "b200": 148, "gb200": 148}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GemmTile:
+    """The output tile (tile_m x tile_n) one SM computes at a time, the K slice (tile_k) of each
+    main-loop step and the pipeline's stages, of which stages - 1 K slices are loaded before the
+    first multiply of each tile (the prologue of CUTLASS's multistage main loop,
+    include/cutlass/gemm/threadblock/mma_multistage.h)."""
+
+    tile_m: int
+    tile_n: int
+    tile_k: int
+    stages: int
+
+
+GEMM_TILE_MODELS = ("", "waves", "waves+fill")      # Efficiency.gemm_tile_model: off, quantisation, and fill
+# CUTLASS's default tensor-op GEMM on Ampere: threadblock 128 x 256 x 64, 3 stages
+# (include/cutlass/gemm/device/default_gemm_configuration.h, DefaultGemmConfiguration<OpClassTensorOp,
+# Sm80, ...>). Hopper and Blackwell: ASSUMED the same 128 x 256 x 64 tile (one of cuBLAS's large
+# BF16 tiles; CUTLASS 3's collective builder takes the tile from its caller) with 4 stages, what
+# CUTLASS 3's StageCountAuto fits in 227 KB of shared memory at (128 + 256) x 64 x 2 bytes a stage.
+GEMM_TILE = {
+    "a100": GemmTile(tile_m=128, tile_n=256, tile_k=64, stages=3),
+    "a100-40gb": GemmTile(tile_m=128, tile_n=256, tile_k=64, stages=3),
+    **{g: GemmTile(tile_m=128, tile_n=256, tile_k=64, stages=4) for g in ("h100", "h200", "b200", "gb200")},
+}
+
+
 def sustained_clock_share(gpu: GpuSpec) -> float:
     """The share of its data-sheet peaks a GPU's tensor cores run at before any kernel fraction
     (SUSTAINED_CLOCK_SHARE, source there); 1 where the GPU's own sustained rate was measured or
@@ -169,6 +204,10 @@ class Efficiency:
     16 elements, Fp8Recipe.block_scaled) over a per-tensor-scaled FP8 GEMM's, under
     fp8_matmul_ratio: the scale factors are loaded with each tile and applied in the MMA
     (Blackwell's block-scaled tcgen05.mma; OCP Microscaling Formats spec v1.0, Sec. 5).
+    gemm_tile_model: each GEMM's math at the matmul rate times its tile share
+    (timing.kernels.gemm_tile_share): "waves", tile and wave quantisation of its output tiles
+    over the GPU's SMs (SM_COUNT, GEMM_TILE); "waves+fill", and the K loop's pipeline fill;
+    "" (every shipped engine): the matmul rate alone (GEMM_TILE_MODELS).
     mfu_ceiling: the highest MFU a step may reach (None: the GPU's sustained rate,
     hardware.gpus.sustained_rate, measured or ASSUMED).
     grad_accum_bytes_per_param: HBM bytes per trainable parameter of a stage that a pass after
@@ -216,6 +255,7 @@ class Efficiency:
     moe_token_passes: float = 0.0
     fp8_matmul_ratio: float | None = None
     block_scaled_gemm_penalty: float = 1.0
+    gemm_tile_model: str = ""
     mfu_ceiling: float | None = None
     step_time_factor: float = 1.0
     selective_policy: str = "megatron"

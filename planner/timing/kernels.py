@@ -19,10 +19,13 @@ from planner.timing.deltanet import deltanet_scan_time_s
 from planner.timing.efficiency import (
     FLASH_FRACTION,
     FLASH_FRACTION_DEFAULT,
+    GEMM_TILE,
     MATMUL_FRACTION,
     MATMUL_FRACTION_DEFAULT,
+    SM_COUNT,
     TENSOR_FLOPS_PER_EXP,
     Efficiency,
+    GemmTile,
     sustained_clock_share,
 )
 from planner.timing.flops import block_adapters
@@ -48,9 +51,10 @@ from planner.training.setup import (
 
 
 def gemm_time_s(m_rows: Any, n_cols: Any, k_inner: Any, flops_per_s: Any, bytes_per_s: float,
-                elem_bytes: Any, batch: Any = 1.0) -> Any:
+                elem_bytes: Any, batch: Any = 1.0, tiles: Tiles | None = None) -> Any:
     """Time of ``batch`` (m x k) @ (k x n) matrix multiplies (floats, or arrays of them): the math at the achievable
-    matmul rate plus one pass of the operands and the result through HBM.
+    matmul rate (times gemm_tile_share under ``tiles``) plus one pass of the operands and the
+    result through HBM.
 
     A tiled GEMM reads A and B and writes C at least once (NVIDIA, "Matrix Multiplication
     Background User's Guide", Math and Memory Bounds); the two are added rather than
@@ -61,7 +65,44 @@ def gemm_time_s(m_rows: Any, n_cols: Any, k_inner: Any, flops_per_s: Any, bytes_
     """
     flops = 2 * batch * m_rows * n_cols * k_inner
     traffic = elem_bytes * batch * (m_rows * k_inner + k_inner * n_cols + m_rows * n_cols)
-    return flops / flops_per_s + traffic / bytes_per_s
+    math_s = flops / flops_per_s
+    if tiles is not None:
+        math_s = math_s / gemm_tile_share(m_rows, n_cols, k_inner, batch, tiles)
+    return math_s + traffic / bytes_per_s
+
+
+class Tiles(NamedTuple):
+    """A GPU's SMs and its GEMM kernel's tile (efficiency.SM_COUNT, GEMM_TILE); fill: whether each
+    tile waits for its pipeline's fill (Efficiency.gemm_tile_model "waves+fill")."""
+
+    sms: int
+    tile: GemmTile
+    fill: bool = True
+
+
+def gemm_tile_share(m_rows: Any, n_cols: Any, k_inner: Any, batch: Any, tiles: Tiles) -> Any:
+    """The share of the matmul rate ``batch`` (m x k) @ (k x n) GEMMs reach on their tiles: the
+    useful share of the padded output tiles (tile quantisation), of the SM slots of the last wave
+    (wave quantisation: ceil(m / tm) ceil(n / tn) batch tiles run in waves of one tile per SM) and
+    of the K loop (k / tk slices after the stages - 1 slices of each tile's pipeline fill, where
+    tiles.fill) (NVIDIA, "Matrix Multiplication Background User's Guide", Tile and Wave
+    Quantization). Floats or arrays."""
+    t = tiles.tile
+    m_tiles, n_tiles = np.ceil(m_rows / t.tile_m), np.ceil(n_cols / t.tile_n)
+    padded = m_rows * n_cols / (m_tiles * t.tile_m * n_tiles * t.tile_n)
+    n_out = batch * m_tiles * n_tiles
+    waves = n_out / (np.ceil(n_out / tiles.sms) * tiles.sms)
+    k_slices = k_inner / t.tile_k
+    return padded * waves * k_slices / (np.ceil(k_slices) + (t.stages - 1 if tiles.fill else 0))
+
+
+def gemm_tiles(gpu: GpuSpec, eff: Efficiency) -> Tiles | None:
+    """The tile model of ``gpu``'s GEMMs where eff.gemm_tile_model asks for it and the GPU's SMs
+    and tile are known; else None."""
+    tile = GEMM_TILE.get(gpu.name)
+    if not eff.gemm_tile_model or tile is None:
+        return None
+    return Tiles(sms=SM_COUNT[gpu.name], tile=tile, fill=eff.gemm_tile_model == "waves+fill")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -69,6 +110,7 @@ class Rates:
     matmul_flops_per_s: float
     flash_flops_per_s: float
     hbm_bytes_per_s: float
+    tiles: Tiles | None = None      # the GEMMs' tile model (gemm_tiles), None: off
 
 
 def matmul_fraction_of(gpu: GpuSpec, eff: Efficiency) -> float:
@@ -114,7 +156,7 @@ def _rates(gpu: GpuSpec, dtype: str, eff: Efficiency) -> Rates:
     fl = eff.flash_fraction if eff.flash_fraction is not None else FLASH_FRACTION.get(
         gpu.name, FLASH_FRACTION_DEFAULT)
     return Rates(matmul_flops_per_s=peak * mm, flash_flops_per_s=peak * fl,
-                 hbm_bytes_per_s=gpu.hbm_bytes_per_s * eff.hbm_fraction)
+                 hbm_bytes_per_s=gpu.hbm_bytes_per_s * eff.hbm_fraction, tiles=gemm_tiles(gpu, eff))
 
 
 def image_time_s(m: ModelSpec, setup: TrainingSetup, gpu: GpuSpec, eff: Efficiency) -> tuple[float, float]:
@@ -267,7 +309,7 @@ def block_compute_s(m: ModelSpec, setup: TrainingSetup, key: BlockShapes, kernel
 
     def gemm(rows: Any, cols: Any, inner: Any, batch: Any = 1.0) -> Any:
         """A block linear layer's GEMM: at the FP8 rate under an FP8 recipe (timing.kernels.fp8_matmul)."""
-        return gemm_time_s(rows, cols, inner, mm8, hbm, e8, batch)
+        return gemm_time_s(rows, cols, inner, mm8, hbm, e8, batch, r.tiles)
 
     dense: Any = 0.0
     mlp: Any = 0.0
@@ -283,7 +325,7 @@ def block_compute_s(m: ModelSpec, setup: TrainingSetup, key: BlockShapes, kernel
             mlp = mlp + share * gemm(rows, cols, inner, local) * (1 + eff.expert_gemm_half_rows / rows)
             continue
         if mat.kind == "router":        # the router stays 16-bit
-            dense = dense + share * gemm_time_s(tokens, mat.d_out, mat.d_in, mm, hbm, e)
+            dense = dense + share * gemm_time_s(tokens, mat.d_out, mat.d_in, mm, hbm, e, tiles=r.tiles)
             continue
         splits: dict[str, tuple[Any, Any]] = {"column": (tp, 1), "row": (1, tp), "none": (1, 1)}
         div_out, div_in = splits[mat.split]
@@ -470,8 +512,8 @@ def frozen_block_extra_s(m: ModelSpec, ft: FinetuneSpec, key: Layout | BlockShap
         local = ad.n_copies / ep if ad.expert else 1
         rows = tokens * k / (m.n_experts / ep) if ad.expert else tokens
         share = ad.n_blocks / m.n_layers       # the average block: a layer some blocks hold only
-        adapters += share * (gemm_time_s(rows, ad.rank, ad.d_in / tp, mm, hbm, elem_bytes, local)
-                             + gemm_time_s(rows, ad.d_out / tp, ad.rank, mm, hbm, elem_bytes, local))
+        adapters += share * (gemm_time_s(rows, ad.rank, ad.d_in / tp, mm, hbm, elem_bytes, local, r.tiles)
+                             + gemm_time_s(rows, ad.d_out / tp, ad.rank, mm, hbm, elem_bytes, local, r.tiles))
     dequant: Any = 0.0
     if ft.quant != "none":
         for lin in block_linears(m):

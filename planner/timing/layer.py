@@ -110,6 +110,7 @@ def layer_time_table(m: ModelSpec, setup: TrainingSetup, kernels: str, gpu: GpuS
     shapes = BlockShapes(tp=tp[first], sp=sp[first], cp=cp[first], ep=ep[first], micro_batch=mb[first],
                          seq_len=seq_len, expert_tp=expert_tp_size(etp, tp[first]))
     fwd, bwd, attn_fwd, elem_fwd, mm8, hbm, e8 = block_compute_s(m, setup, shapes, kernels, gpu, eff)
+    tiles = rates(gpu, setup.precision_spec.compute_dtype, eff).tiles
     fwd, bwd, attn_fwd, elem_fwd = fwd[inverse], bwd[inverse], attn_fwd[inverse], elem_fwd[inverse]
     prec = setup.precision_spec
     tokens = mb * seq_len / cp
@@ -118,7 +119,7 @@ def layer_time_table(m: ModelSpec, setup: TrainingSetup, kernels: str, gpu: GpuS
 
     def gemm(rows: np.ndarray, cols: np.ndarray | int, inner: np.ndarray | int) -> np.ndarray:
         """A block linear layer's GEMM: at the FP8 rate under an FP8 recipe (timing.kernels.fp8_matmul)."""
-        return gemm_time_s(rows, cols, inner, mm8, hbm, e8)
+        return gemm_time_s(rows, cols, inner, mm8, hbm, e8, tiles=tiles)
 
     # Megatron's block method reruns N layers of each stage under full recomputation
     bwd = np.where(full, bwd + fwd * setup.recomputed_share, bwd)
@@ -188,7 +189,7 @@ def block_table(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Effic
     r = rates(gpu, prec.compute_dtype, eff)
     tokens = mb * seq / cp
     head_fwd = gemm_time_s(tokens, m.vocab_size / tp, h, r.matmul_flops_per_s, r.hbm_bytes_per_s,
-                           prec.weight_bytes)
+                           prec.weight_bytes, tiles=r.tiles)
     loss_s = tokens * m.vocab_size / tp * CROSS_ENTROPY_BYTES_PER_LOGIT / r.hbm_bytes_per_s
     head_bwd = head_backward_gemms(setup.finetune)
     last_fwd = head_fwd + loss_s * CROSS_ENTROPY_FORWARD_SHARE
