@@ -101,6 +101,7 @@ def test_doc_is_current(grid):
     grids = {m: (grid if not m else oos.build_grid(oos.load_all(), change=alt.tiled(m)))
              for m in sorted({r.tiles for r in alt.ROWS})}
     outcomes = [alt.measure(grids, row) for row in alt.ROWS]
-    text = alt.report(outcomes, alt.bridge_checks(outcomes))
+    # the tile models' Megatron-Bridge refits (about 4 minutes each) as the bench last stored them
+    text = alt.report(outcomes, alt.bridge_checks(outcomes, stored=True))
     assert (ROOT / "docs" / "mfu-ceiling-alternatives.md").read_text() == text, \
         "docs/mfu-ceiling-alternatives.md is stale: run python bench/ceiling_alternatives.py"
