@@ -117,6 +117,11 @@ def test_data_parallel_gradients_are_the_adapters():
     (ar,) = step_arrays(m, setup, LayoutArrays.from_layouts([lay]), cluster_for(gpu), EFF, pc).dp_collectives(0)
     assert ar.window == "bwd" and ar.times == 1
     assert ar.seconds == all_reduce_s(sp.trainable * prec.grad_bytes, 8, links["dp"], EFF)
+    # step arrays worked out without each collective (timing.fast.step_times_picked's rows: a
+    # StepTime does not read them) refuse to give the collectives rather than give wrong ones
+    parts = step_arrays(m, setup, LayoutArrays.from_layouts([lay]), cluster_for(gpu), EFF, pc)
+    with pytest.raises(ValueError, match="without each data-parallel collective"):
+        replace(parts, dp_each=None).dp_collectives(0)
 
 
 def test_zero3_gathers_the_4bit_base():

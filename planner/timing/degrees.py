@@ -29,7 +29,6 @@ from planner.layouts.groups import TableCache
 from planner.layouts.groups import rows as _rows
 from planner.layouts.layout import (
     SHARDINGS,
-    Layout,
     dense_shard_size,
     expert_data_parallel_size,
     expert_tp_size,
@@ -40,7 +39,7 @@ from planner.layouts.layout import (
 from planner.memory.model import stage_layers
 from planner.models.spec import ModelSpec, ParamCount
 from planner.timing.collectives import Ring
-from planner.timing.dp import instance_links, optimizer_update_bytes_per_param, trained_split
+from planner.timing.dp import degrees_split, instance_links, optimizer_update_bytes_per_param
 from planner.timing.efficiency import (
     Efficiency,
 )
@@ -322,11 +321,11 @@ def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
     def stages_of(tp_: int, ep_: int, pp_: int) -> tuple[int, ...]:
         """Per slot: the stage (-1: none), its layers, its blocks with a backward pass, its
         rank's trainable dense and expert parameters, and its frozen dense and expert bytes
-        (timing.trained_split)."""
+        (dp.trained_split)."""
         out = [-1] * SLOTS + [0] * (6 * SLOTS)
         counts = stage_layers(m.n_layers, pp_, balance)
         for j, (s, c) in enumerate(stage_slots(m.n_layers, pp_, balance)):
-            sp = trained_split(m, pc, setup, Layout(tp=tp_, ep=ep_, pp=pp_, etp=etp), s, c)
+            sp = degrees_split(m, pc, setup, tp_, ep_, pp_, etp, s, c)
             n_bwd = backward_layers(ft, m.n_layers, sum(counts[:s]), c)
             for i, x in enumerate((s, c, n_bwd, sp.trainable_dense, sp.trainable_expert, sp.frozen_dense_bytes,
                                    sp.frozen_expert_bytes)):

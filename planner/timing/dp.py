@@ -40,8 +40,15 @@ def trained_split(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, lay: Layou
     gradient reductions and the optimizer update cover the trainable ones; ZeRO-3/FSDP
     gathers the frozen base too, at its stored bytes (4-bit under QLoRA). Full training:
     every parameter trains, nothing is frozen."""
-    return _rank_split(m, pc, setup.finetune, lay.tp, lay.ep, lay.pp, stage, n_layers,
-                       setup.precision_spec.weight_bytes, lay.etp, setup.pp_balance)
+    return degrees_split(m, pc, setup, lay.tp, lay.ep, lay.pp, lay.etp, stage, n_layers)
+
+
+def degrees_split(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, tp: int, ep: int, pp: int, etp: int,
+                  stage: int, n_layers: int) -> RankSplit:
+    """trained_split() of a layout of these degrees, the only fields it reads (the step time's
+    per-degree tables ask it per (tp, ep, pp) row without building a Layout for it)."""
+    return _rank_split(m, pc, setup.finetune, tp, ep, pp, stage, n_layers, setup.precision_spec.weight_bytes, etp,
+                       setup.pp_balance)
 
 
 def optimizer_update_bytes_per_param(m: ModelSpec, setup: TrainingSetup) -> float:

@@ -141,18 +141,15 @@ def step_times_picked(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, clust
     of 1,270 such batches in the 256-job `plan buy`). Raises Unsupported as step_times_s()."""
     if len(a) == 0:
         return np.zeros(0), []
-    ev = _evaluate(m, setup, a, cluster, eff, pc, [tuple(o) for o in orders], None, False)
+    ev = _evaluate(m, setup, a, cluster, eff, pc, [tuple(o) for o in orders], None, False, cells=True)
     assert isinstance(ev, _Evaluation)
     times = _fastest(ev.floored)
     rows = np.asarray(pick(times), dtype=np.int64)
     if not len(rows):
         return times, []
-    # the data-parallel terms by name: the kind table again with its parts, on the picked rows'
-    # pipeline shapes only (the same cells)
-    only_p = np.unique(ev.g.p_inv[rows])
-    table = _kind_table(setup, eff, ev.g, ev.deg, ev.kinds, ev.t, pipeline_s(ev.t, ev.t_mb), True, only_p,
-                        ev.kinds.at_kind[rows])
-    return times, _named_parts(*ev._replace(table=table), rows=rows, only_p=only_p).rows()
+    # the data-parallel cells a StepTime reads (exposed seconds, optimizer update) are the kind
+    # table's own: no second table (issue 32: about 0.1 s of the 256-job `plan buy`)
+    return times, _named_parts(*ev, rows=rows).rows()
 
 
 def order_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Cluster,
@@ -219,8 +216,9 @@ def batch_fold(a: LayoutArrays) -> int:
 
 def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Cluster, eff: Efficiency,
               pc: ParamCount | None, orders: Sequence[tuple[str, ...]], groups: LayoutGroups | None,
-              parts: bool) -> _Evaluation | StepArrays:
-    """The batch's _Evaluation (order_times_s() reads its floored times), or with ``parts``
+              parts: bool, cells: bool = False) -> _Evaluation | StepArrays:
+    """The batch's _Evaluation (order_times_s() reads its floored times; with ``cells`` its kind
+    table keeps the data-parallel cells a StepTime reads, for _named_parts()), or with ``parts``
     step_arrays(): the slowest stage of each pipeline shape
     (stage.slowest_stages) and its terms (terms.micro_batch_terms), the data-parallel terms of each
     kind of sharding (_kind_table), combined (terms.micro_batch_s, pipeline_s, step_s, floored_s)
@@ -236,7 +234,7 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
                         batch_fold(a), batch_instances(a))
     t = micro_batch_terms(m, setup, cluster, eff, g, deg, slowest_stages(m, setup, cluster, eff, g, deg, etp))
     t_mb = micro_batch_s(t, eff)
-    table = _kind_table(setup, eff, g, deg, kinds, t, pipeline_s(t, t_mb), parts)
+    table = _kind_table(setup, eff, g, deg, kinds, t, pipeline_s(t, t_mb), parts or cells, each=parts)
     step_o = np.take(table.step_s.reshape(len(deg.links), -1), kinds.at_kind, axis=1)
     n_seq = a.micro_batch * a.grad_accum * a.data_parallel
     flops = distinct_rows([n_seq, a.recompute], _rows(2, np.float64, "flops", m, setup.seq_len, setup.finetune,
@@ -278,59 +276,48 @@ class _Evaluation(NamedTuple):
 class _KindTable:
     """Per placement order, kind of data-parallel step (DpKinds) and pipeline shape: the step
     (0.0 where a P has no layout of the kind) and, for the named parts, its data-parallel
-    seconds exposed, their slowdown, the optimizer update and each collective's (seconds,
-    exposed, hidden) x parts.DP_TERMS' term (dp_each; without the parts these alias step_s)."""
+    seconds exposed, their slowdown, the optimizer update (without the parts these alias step_s)
+    and each collective's (seconds, exposed, hidden) x parts.DP_TERMS' term (dp_each; None
+    where not asked for)."""
 
     step_s: np.ndarray
     dp_exposed_s: np.ndarray
     dp_slowdown_s: np.ndarray
     optimizer_s: np.ndarray
-    dp_each: np.ndarray
+    dp_each: np.ndarray | None
 
 
 def _kind_table(setup: TrainingSetup, eff: Efficiency, g: LayoutGroups, deg: Degrees, kinds: DpKinds,
-                t: MicroBatchTerms, pipeline: np.ndarray, parts: bool, only_p: np.ndarray | None = None,
-                picked: np.ndarray | None = None) -> _KindTable:
+                t: MicroBatchTerms, pipeline: np.ndarray, parts: bool, each: bool = True) -> _KindTable:
     """The step of each (order, kind, P): the pipeline plus the data-parallel collectives of the
     kind's branch, hidden under the slowest stage's forward or backward or not
     (dp_overlap.dp_exposure), and the optimizer update of its shard (terms.step_s). Within a
     pipeline shape the layouts differ only in their kind, so each layout is read off this table.
-    ``only_p`` (sorted, distinct): the P columns to work out, alone, as the table's columns in
-    that order (every cell is worked out from its own column alone; a few columns of thousands
-    are far cheaper in a table of their own: writing into a large fresh array faulted its
-    pages in, up to 60 ms a table). ``picked`` (with ``only_p``): the (kind, P) places
-    (DpKinds.at_kind) of the layouts whose cells are read; the other cells are left 0.0 (a
-    count's few kept layouts are of one or two kinds of the batch's several: 0.12 of 0.25 s
-    of these tables in issue 32's 256-job `plan buy` went to kinds no kept layout has)."""
+    ``parts``: the table keeps the data-parallel cells, and with ``each`` each collective's
+    seconds too (dp_each, which StepArrays.dp_collectives reads and a StepTime does not)."""
     n_o, n_p, n_d = len(deg.links), len(g.p_d), len(g.d_rep)
     ppp = g.degrees[4][g.p_d]
     sync = setup.fsdp_pipeline_grad_sync
     at = t.stage_at
     order_at = np.arange(n_o)[:, None] * (5 * SLOTS * n_d)
-    best = np.zeros((n_o, len(kinds.kinds), n_p if only_p is None else len(only_p)))   # (0.0: no layout of the kind)
-    dp_exposed, dp_slow, opt_kind = (np.zeros_like(best) for _ in range(3)) if parts else (best, best, best)
-    dp_each = np.zeros((3, 3, *best.shape)) if parts else best     # (seconds, exposed, hidden) x term
-    terms: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] | None = [] if parts else None
+    shape = (n_o, len(kinds.kinds), n_p)
+    if parts:       # (0.0: no layout of the kind; one allocation)
+        best, dp_exposed, dp_slow, opt_kind = np.zeros((4, *shape))
+    else:
+        best = dp_exposed = dp_slow = opt_kind = np.zeros(shape)
+    dp_each = np.zeros((3, 3, *best.shape)) if parts and each else None     # (seconds, exposed, hidden) x term
+    terms: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] | None = [] if parts and each else None
     def update(branch: int, sharded: int) -> int:
         """The optimizer update's block of Degrees.optimizer_s: ZeRO-1/2's distributed optimizer
         updates one distributed-optimizer instance's shard (the same as the whole group's at one)."""
         return 2 if sharded and branch == ZERO_12 else sharded
 
     opt = {update(b, sharded): deg.optimizer_s[at + update(b, sharded) * (SLOTS * n_d)]
-           for (b, sharded), sel in zip(kinds.kinds, kinds.rows_of) if sel is None and only_p is None}
+           for (b, sharded), sel in zip(kinds.kinds, kinds.rows_of) if sel is None}
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         for row, (branch, sharded) in enumerate(kinds.kinds):
             sel = kinds.rows_of[row]
-            if picked is not None:      # the P columns of the picked layouts of this kind
-                sel = np.unique(picked[picked // n_p == row] % n_p)
-            elif only_p is not None:
-                sel = only_p if sel is None else np.intersect1d(sel, only_p, assume_unique=True)
-            if sel is not None and not len(sel):
-                continue
             cols: slice | np.ndarray = slice(None) if sel is None else sel
-            out: slice | np.ndarray = cols      # where the kind's columns go in the table
-            if only_p is not None and sel is not None:
-                out = np.searchsorted(only_p, sel)
             at_s = at[:, cols]
             u = update(branch, sharded)
             opt_s = opt[u] if sel is None else deg.optimizer_s[at_s + u * (SLOTS * n_d)]
@@ -338,14 +325,16 @@ def _kind_table(setup: TrainingSetup, eff: Efficiency, g: LayoutGroups, deg: Deg
                                         t.fwd_compute_s[:, cols], t.bwd_compute_s[:, cols],
                                         dp_times(branch, ppp[cols], t.micro_batches[cols], sync), eff, terms,
                                         steady_reduce(branch, ppp[cols], sync))
-            where = (slice(None), row, out)
+            where = (slice(None), row, cols)
             best[where] = step_s(pipeline[:, cols], exposed, slow, opt_s)
-            if terms is not None:
+            if parts:
                 dp_exposed[where], opt_kind[where] = exposed, opt_s
                 if slow is not None:
                     dp_slow[where] = slow
-                for t_i, *each in terms:
-                    for what, x in enumerate(each):
+            if terms is not None:
+                assert dp_each is not None
+                for t_i, *per in terms:
+                    for what, x in enumerate(per):
                         dp_each[what, t_i][where] = x
                 terms.clear()
     return _KindTable(step_s=best, dp_exposed_s=dp_exposed, dp_slowdown_s=dp_slow, optimizer_s=opt_kind,
@@ -355,20 +344,17 @@ def _kind_table(setup: TrainingSetup, eff: Efficiency, g: LayoutGroups, deg: Deg
 def _named_parts(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Efficiency, a: LayoutArrays,
                  g: LayoutGroups, deg: Degrees, kinds: DpKinds, t: MicroBatchTerms, t_mb: np.ndarray,
                  table: _KindTable, unfloored: np.ndarray, step_o: np.ndarray, orders: list[tuple[str, ...]],
-                 n_seq: np.ndarray, flops: np.ndarray, peak: float, rows: np.ndarray | None = None,
-                 only_p: np.ndarray | None = None) -> StepArrays:
+                 n_seq: np.ndarray, flops: np.ndarray, peak: float, rows: np.ndarray | None = None
+                 ) -> StepArrays:
     """Each layout on its fastest order (the first of equals, as step_time() keeps the
     earlier): the named parts of parts.StepArrays; of the layouts ``rows`` only, where given
-    (the same elements: every part is read off per layout). ``only_p``: the P columns of
-    ``table``, where it holds those alone (_kind_table)."""
+    (the same elements: every part is read off per layout)."""
     n_o, n_p = len(deg.links), len(g.p_d)
     p_inv, pd, at_kind, pair = g.p_inv, g.p_d, kinds.at_kind, g.pair
     if rows is not None:
         a = LayoutArrays(*(a.field(f)[rows] for f in LayoutArrays.FIELDS))
         p_inv, at_kind, pair = p_inv[rows], at_kind[rows], pair[rows]
         unfloored, step_o, n_seq, flops = unfloored[:, rows], step_o[:, rows], n_seq[rows], flops[:, rows]
-    if only_p is not None:      # each layout's (kind, P) place in a table of those P columns alone
-        at_kind = at_kind // n_p * len(only_p) + np.searchsorted(only_p, at_kind % n_p)
     idx = np.argmin(step_o, axis=0)
     cols = np.arange(len(a))
 
@@ -405,7 +391,8 @@ def _named_parts(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Effi
                       grad_accum=a.grad_accum, dp_branch=branch,
                       dp_times=times[0].astype(np.int64), dp_reduce_times=times[1].astype(np.int64),
                       dp_reduce_steady=steady_reduce(branch, a.pp, sync),
-                      dp_each=table.dp_each.reshape(9, n_o, -1)[:, idx, at_kind].reshape(3, 3, -1),
+                      dp_each=None if table.dp_each is None else
+                      table.dp_each.reshape(9, n_o, -1)[:, idx, at_kind].reshape(3, 3, -1),
                       efficiency=eff, tokens_per_step=n_seq * setup.seq_len, n_gpus=a.n_gpus,
                       model_flops=flops[0], hardware_flops=flops[1], peak_flops_per_s=peak,
                       fp8_peak_flops_per_s=low_precision_peak(cluster.gpu, setup),

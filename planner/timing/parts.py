@@ -70,7 +70,9 @@ class StepArrays:
     grad_accum: np.ndarray        # int64: micro-batches per step
     dp_branch: np.ndarray         # int64: the branch of DP_TERMS
     dp_times: np.ndarray          # int64: occurrences of the per-micro-batch gather (dp_overlap.dp_times' first)
-    dp_each: np.ndarray           # (seconds, exposed, hidden) x DP_TERMS' term x layout, per occurrence
+    # (seconds, exposed, hidden) x DP_TERMS' term x layout, per occurrence (None: not itemized,
+    # timing.fast.step_times_picked's rows, whose StepTime does not read it)
+    dp_each: np.ndarray | None
     efficiency: Efficiency
     tokens_per_step: np.ndarray   # int64
     n_gpus: np.ndarray            # int64
@@ -106,7 +108,9 @@ class StepArrays:
 
     def dp_collectives(self, i: int) -> tuple[DpCollective, ...]:
         """The data-parallel collectives of layout ``i``'s step, in DP_TERMS' order."""
-        branch, eff = int(self.dp_branch[i]), self.efficiency
+        branch, eff, each = int(self.dp_branch[i]), self.efficiency, self.dp_each
+        if each is None:
+            raise ValueError("these step arrays were worked out without each data-parallel collective")
         per_mb = branch >= FSDP_GRAD_OP
         out = []
         for term in DP_TERMS[branch]:
@@ -116,10 +120,9 @@ class StepArrays:
                                ("fwd+bwd" if steady else "bwd", eff.zero3_overlap))[term]
             every = term == 2 or term == 1 and per_mb
             times = self.dp_times if term != 2 or self.dp_reduce_times is None else self.dp_reduce_times
-            out.append(DpCollective(seconds=float(self.dp_each[0, term, i]), window=window, overlap=overlap,
+            out.append(DpCollective(seconds=float(each[0, term, i]), window=window, overlap=overlap,
                                     per_micro_batch=every, times=int(times[i]) if every else 1,
-                                    exposed_s=float(self.dp_each[1, term, i]),
-                                    hidden_s=float(self.dp_each[2, term, i])))
+                                    exposed_s=float(each[1, term, i]), hidden_s=float(each[2, term, i])))
         return tuple(out)
 
     def rows(self, which: Sequence[int] | None = None) -> list[StepTime]:
