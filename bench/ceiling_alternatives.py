@@ -57,8 +57,10 @@ from planner.training.setup import TrainingSetup
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "mfu-ceiling-alternatives.md"
-# the tile models' Megatron-Bridge refits, as the last full run measured them (bridge_checks)
-BRIDGES = ROOT / "docs" / "mfu-ceiling-alternatives.json"
+# what the last full run measured that the doc test reads instead of remeasuring (to keep the suite's
+# time): the tile models' Megatron-Bridge refits (bridge_checks, about 4 minutes each) and the
+# outcomes of the costly rows (outcomes: a tile model's grid, or two terms per fold); --check compares it
+STORED = ROOT / "docs" / "mfu-ceiling-alternatives.json"
 
 # Narayanan et al. 2021 (SC21, arXiv:2104.04473), Table 1: achieved TFLOP/s per A100 rises from
 # 137 (44% of the 312 peak) for the 1.7B model (hidden 2304) to 163 (52%) for the 1T model
@@ -428,16 +430,19 @@ def bridge_check(tiles: str) -> Bridge:
                   gpu_out=(h["gpu_out"]["median_abs"], h["gpu_out"]["within_20"]))
 
 
-def bridge_checks(outcomes: Sequence[Outcome], stored: bool = False) -> dict[str, Bridge]:
-    """bridge_check as shipped ("") and for the tile model of each row that meets the 62-run rule.
-    ``stored``: the tile models' refits are read from BRIDGES (what the last full run of this
-    script wrote) instead of refitted (about 4 minutes each): the doc test reads them so, to keep
-    the suite's time; the bench itself always refits and rewrites them."""
+def _stored() -> dict:
     import json
 
+    return json.loads(STORED.read_text()) if STORED.exists() else {}
+
+
+def bridge_checks(outcomes: Sequence[Outcome], stored: bool = False) -> dict[str, Bridge]:
+    """bridge_check as shipped ("") and for the tile model of each row that meets the 62-run rule.
+    ``stored``: the tile models' refits are read from STORED (what the last full run of this
+    script wrote) instead of refitted; the bench itself always refits and rewrites them."""
     base = outcomes[0]
     tiles = sorted({o.tiles for o in outcomes[1:] if meets_62_run_rule(o, base)})
-    saved = json.loads(BRIDGES.read_text()) if stored and BRIDGES.exists() else {}
+    saved = _stored().get("bridges", {}) if stored else {}
     out = {"": bridge_check("")}
     for t in tiles:
         out[t] = (Bridge(tiles=t, family_out=tuple(saved[t]["family_out"]), gpu_out=tuple(saved[t]["gpu_out"]))
@@ -445,13 +450,34 @@ def bridge_checks(outcomes: Sequence[Outcome], stored: bool = False) -> dict[str
     return out
 
 
-def write_bridges(bridges: dict[str, Bridge]) -> str:
-    """BRIDGES' text: the tile models' refitted Megatron-Bridge headlines (shipped "" left out: its
-    fits are docs/megatron-bridge.json's)."""
-    import json
+def costly(row: Row) -> bool:
+    """Whether the row's measurement is a costly one: a grid rebuilt with a GEMM tile model (about
+    18 s each) or two terms fitted per fold (a grid search over both, about 25 s)."""
+    return bool(row.tiles) or len(row.terms) > 1
 
-    return json.dumps({t: {"family_out": list(b.family_out), "gpu_out": list(b.gpu_out)}
-                       for t, b in sorted(bridges.items()) if t}, indent=1) + "\n"
+
+def outcomes(grids: dict[str, Grid], stored: bool = False) -> list[Outcome]:
+    """measure for every row; ``stored``: the costly rows read from STORED instead, as the last
+    full run measured them (``grids`` then needs only the grid without a tile model)."""
+    saved = _stored().get("outcomes", {}) if stored else {}
+    return [_outcome(saved[r.name]) if costly(r) and r.name in saved else measure(grids, r) for r in ROWS]
+
+
+def _outcome(d: dict) -> Outcome:
+    return Outcome(**{**d, "plan_ceilings": tuple(d["plan_ceilings"]), "plan_mfu": tuple(d["plan_mfu"]),
+                      "outside": tuple((i, e) for i, e in d["outside"]), "term_values": tuple(d["term_values"])})
+
+
+def stored_text(bridges: dict[str, Bridge], outs: Sequence[Outcome]) -> str:
+    """STORED's text: the tile models' refitted Megatron-Bridge headlines (shipped "" left out: its
+    fits are docs/megatron-bridge.json's) and the two-term rows' outcomes."""
+    import json
+    from dataclasses import asdict
+
+    rows = {r.name: costly(r) for r in ROWS}
+    return json.dumps({"bridges": {t: {"family_out": list(b.family_out), "gpu_out": list(b.gpu_out)}
+                                   for t, b in sorted(bridges.items()) if t},
+                       "outcomes": {o.name: asdict(o) for o in outs if rows[o.name]}}, indent=1) + "\n"
 
 
 def _worse(b: Bridge, shipped: Bridge) -> str:
@@ -608,15 +634,15 @@ def main(argv: list[str] | None = None) -> int:
     cases = load_all()
     grids = {model: build_grid(cases, change=tiled(model) if model else None)
              for model in sorted({r.tiles for r in ROWS})}
-    outcomes = [measure(grids, row) for row in ROWS]
-    bridges = bridge_checks(outcomes)
-    text = report(outcomes, bridges)
+    outs = outcomes(grids)
+    bridges = bridge_checks(outs)
+    text, kept_text = report(outs, bridges), stored_text(bridges, outs)
     print(text)
     if args.check:
-        return 0 if DOC.exists() and DOC.read_text() == text and BRIDGES.exists() \
-            and BRIDGES.read_text() == write_bridges(bridges) else 1
+        return 0 if DOC.exists() and DOC.read_text() == text and STORED.exists() \
+            and STORED.read_text() == kept_text else 1
     DOC.write_text(text)
-    BRIDGES.write_text(write_bridges(bridges))
+    STORED.write_text(kept_text)
     return 0
 
 
