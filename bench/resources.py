@@ -13,7 +13,8 @@ catalog (issue 32's targets for those), under 2 GiB each.
 
 The inputs are generated into a temporary directory: the 256-job file of 16 presets and 4
 methods (full, lora, qlora, freeze), the 16-job file of the report, its 128 jobs of distinct
-global batches, 32 70B jobs a day apart (H5's) and the same 32 all on day 0, a log line of 280 KB,
+global batches, 256 such jobs of one model and of 8 models, 256 jobs that are 256 distinct
+searches, 32 70B jobs a day apart (H5's) and the same 32 all on day 0, a log line of 280 KB,
 a valid Megatron-LM log of 255 MiB (H6),
 config.json files of 10,000 and 10,000,000 layers. Exit status 1 when a case fails its goal.
 """
@@ -39,6 +40,8 @@ GOAL_BYTES = 2 * 1024**3        # "under 2 GB"
 MODELS16 = ("llama3.1-8b llama3.1-70b llama3.1-405b mixtral-8x7b qwen2.5-7b gpt2 deepseek-v3 qwen3-30b-a3b "
             "gemma2-27b bert-base kimi-k2 llama4-maverick gpt-oss-120b qwen3-235b-a22b falcon-40b "
             "bloom-176b").split()
+# the 2-core worst cases at MAX_JOBS found on 2026-12-06: many searches that differ in batch only
+MODELS8 = "llama3.1-8b llama3.1-70b qwen2.5-7b qwen3-30b-a3b mixtral-8x7b gemma3-27b deepseek-v3 kimi-k2".split()
 CATALOG = ("h100,h100-pcie,h100-nvl,h200,h20,gh200,b200,gb200,b300,gb300,a100,a100-40gb,l40s,l4,a10g,a6000,"
            "rtx6000-ada,rtx-pro-6000,4090,5090,mi300x,mi325x,mi355x")
 CALIBRATE = ("--model", "llama2-7b", "--gpus", "h100", "--dp", "4", "--tp", "2", "--pp", "1", "--cp", "1",
@@ -61,6 +64,19 @@ def write_inputs(d: Path) -> None:
     lines = ["jobs:"] + [f"  - {{name: j{i}, model: llama3.1-8b, tokens: 100B, deadline: 30d, start: {2 * i}d, "
                          f"global_batch: {1024 + 8 * i}}}" for i in range(128)]
     (d / "gb128.yaml").write_text("\n".join(lines) + "\n")
+    lines = ["jobs:"] + [f"  - {{name: j{i}, model: llama3.1-8b, tokens: 100B, deadline: 30d, start: {i}d, "
+                         f"global_batch: {1024 + 8 * i}}}" for i in range(256)]
+    (d / "gb256.yaml").write_text("\n".join(lines) + "\n")
+    lines = ["jobs:"] + [f"  - {{name: j{i}, model: {MODELS8[i % 8]}, tokens: 100B, deadline: 30d, start: {i}d, "
+                         f"global_batch: {1024 + 8 * (i // 8)}}}" for i in range(256)]
+    (d / "gbmix256.yaml").write_text("\n".join(lines) + "\n")
+    lines = ["horizon: 400d", "jobs:"]
+    for i in range(256):        # 16 models x 4 methods x 4 global batches: 256 distinct searches
+        m, method, batch = MODELS16[i % 16], methods[(i // 16) % 4], (512, 768, 1024, 1536)[i // 64]
+        targets = ", lora_targets: attention" if method == "lora" else ""
+        lines.append(f"  - {{name: j{i}, model: {m}, method: {method}{targets}, tokens: 10B, deadline: 30d, "
+                     f"start: {i}d, global_batch: {batch}}}")
+    (d / "setups256.yaml").write_text("\n".join(lines) + "\n")
     lines = ["jobs:"] + [f"  - {{name: j{i}, model: llama3.1-70b, tokens: 100B, deadline: 30d, start: {i}d}}"
                          for i in range(32)]
     (d / "staggered70b.yaml").write_text("\n".join(lines) + "\n")
@@ -106,6 +122,12 @@ def cases(d: Path) -> dict[str, tuple[str, list[str]]]:
                                                                          "--horizon", "400d"]),
         "buy128-batches": ("`plan buy`, 128 jobs of Llama 3.1 8B, each its own global batch (H1's generator)",
                            ["buy", str(d / "gb128.yaml"), "-q", "--horizon", "400d"]),
+        "buy256-batches": ("`plan buy`, 256 jobs of Llama 3.1 8B, each its own global batch",
+                           ["buy", str(d / "gb256.yaml"), "-q", "--horizon", "400d"]),
+        "buy256-mixed-batches": ("`plan buy`, 256 jobs of 8 models (dense and MoE), 32 global batches each",
+                                 ["buy", str(d / "gbmix256.yaml"), "-q", "--horizon", "400d"]),
+        "buy256-setups": ("`plan buy`, 256 jobs, 16 models x 4 methods x 4 global batches: 256 distinct searches",
+                          ["buy", str(d / "setups256.yaml"), "-q"]),
         "buy32-70b": ("`plan buy`, 32 jobs of Llama 3.1 70B a day apart (H5; the purchase ILP)",
                       ["buy", str(d / "staggered70b.yaml"), "-q", "--horizon", "400d"]),
         "buy32-70b-same": ("`plan buy`, the same 32 jobs all on day 0 (identical jobs: a symmetric ILP)",
