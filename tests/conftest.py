@@ -16,6 +16,13 @@ Tiers (markers registered in pyproject.toml):
 A referee package that is missing skips its tests on a developer's machine, and FAILS them
 under CI (the CI environment variable set, as CI services and .ci/run set it): a referee that
 silently skips checks nothing.
+
+Workers: a run of more than one test file (the README's two commands, a folder, several
+files) runs on pytest-xdist's workers, one per core (``-n auto``; pytest_cmdline_main below),
+with ``--dist loadgroup``: tests marked ``xdist_group`` share a worker, one after another. A
+run of one file (``python -m pytest tests/test_x.py -k y``) stays in this process, where a
+worker's start would cost more than it saves. ``-n 0`` or ``-p no:xdist`` runs serially;
+``-n N`` picks the count.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import importlib
 import os
 import re
 import subprocess
+from pathlib import Path
 from collections.abc import Iterable
 from types import ModuleType
 from typing import Any
@@ -87,6 +95,67 @@ def plan_in_process(*args: str, env: dict[str, str] | None = None) -> subprocess
     if r.exception is not None and not isinstance(r.exception, SystemExit):
         raise r.exception
     return subprocess.CompletedProcess(["plan", *args], r.exit_code, r.stdout, r.stderr)
+
+
+# the most workers a default run starts: each imports torch, transformers and DeepSpeed
+# (peak RSS per worker, measured in the README's run: see pytest_cmdline_main)
+MAX_WORKERS = 4
+
+
+def _files_named(args: list[str]) -> int | None:
+    """How many test files a run names, or None where it names a folder (a whole tier)."""
+    files = set()
+    for arg in args:
+        path = Path(arg.split("::")[0])
+        if not path.is_file():
+            return None
+        files.add(path.resolve())
+    return len(files)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """Run on pytest-xdist's workers (``-n auto --dist loadgroup``, at most MAX_WORKERS) unless
+    the command says how (``-n``, ``--dist``, ``-p no:xdist``, ``--pdb``) or names one test
+    file. Here, not in pyproject's addopts: there ``-n`` would break ``-p no:xdist`` and a run
+    without the plugin installed. Runs before xdist's own pytest_cmdline_main (tryfirst, and an
+    initial conftest registers after the plugin), which turns ``auto`` into a count."""
+    if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
+        return
+    opt = config.option
+    if opt.numprocesses is not None or opt.dist != "no" or opt.tx or opt.usepdb or opt.collectonly:
+        return
+    named = _files_named([str(a) for a in config.args])
+    if named is not None and named <= 1:
+        return
+    opt.numprocesses = "auto"
+    opt.maxprocesses = opt.maxprocesses or MAX_WORKERS
+    opt.dist = "loadgroup"
+
+
+# what a worker's environment must hold as the controller's: an xdist worker (pytest-xdist
+# 3.8, execnet 2.1) starts with COLUMNS=80 and LINES=24 that the controller does not have (seen
+# by a test printing os.environ), and the report's width follows COLUMNS: tests that read
+# wrapped text expect the controller's (unset: 100 columns; tests/test_errors.py, test_intervals.py)
+_TERMINAL_ENV = ("COLUMNS", "LINES")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist, in the controller: hand each worker the controller's terminal variables."""
+    node.workerinput["terminal_env"] = {k: os.environ.get(k) for k in _TERMINAL_ENV}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In an xdist worker: the controller's COLUMNS and LINES, set or unset (_TERMINAL_ENV)."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None:
+        return
+    for key, value in workerinput.get("terminal_env", {}).items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 def _referees_of(path: str, cache: dict[str, bool]) -> bool:
