@@ -20,12 +20,12 @@ import fuzz  # noqa: E402 (bench/ is no package)
 
 @pytest.mark.slow
 def test_a_short_fixed_seed_fuzz_keeps_the_contract():
-    t0 = time.perf_counter()
+    t0 = time.process_time()            # CPU time (in process): holds beside other test workers
     counts, ran, bad = fuzz.fuzz(160, seed=11)
     assert bad == [], "\n".join(bad)
     assert set(ran) == {"options", *fuzz.KINDS}, ran           # every input kind was tried
     assert counts["exit 0"] and counts["exit 2"], counts
-    assert time.perf_counter() - t0 < 60
+    assert time.process_time() - t0 < 60
 
 
 def test_the_fuzzer_reports_a_broken_call(monkeypatch):

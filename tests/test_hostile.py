@@ -102,9 +102,11 @@ def test_tokens_outside_1_to_1e18(tmp_path, tokens):
 
 
 def test_a_token_count_of_5000_digits_is_refused_at_once():
-    t0 = time.perf_counter()
+    # CPU time of this process (the check runs in it): the bound holds however many test
+    # workers and other jobs share the cores, which wall-clock time does not
+    t0 = time.process_time()
     one_line_error(run("--model", "gpt2", "--gpus", "h100", "--tokens", HUGE), "--tokens")
-    assert time.perf_counter() - t0 < 5
+    assert time.process_time() - t0 < 5
 
 
 # ------------------------------------------------------------------------ structure
@@ -131,9 +133,9 @@ def test_a_yaml_alias_bomb_is_refused_fast(tmp_path):
     f = tmp_path / "bomb.yaml"
     f.write_text("\n".join(levels) + "\njobs:\n  - name: *h\n    model: gpt2\n    tokens: 1e9\n    deadline: 30d\n")
     assert f.stat().st_size < 1024
-    t0 = time.perf_counter()
+    t0 = time.process_time()                    # CPU time: see the 5000-digit test
     one_line_error(run("buy", f), "aliases", "not allowed")
-    assert time.perf_counter() - t0 < 5
+    assert time.process_time() - t0 < 5
 
 
 def test_a_12_mb_jobs_list_is_refused_before_parsing(tmp_path):
@@ -141,9 +143,9 @@ def test_a_12_mb_jobs_list_is_refused_before_parsing(tmp_path):
     f.write_text("jobs:\n" + "".join(f"  - name: j{i}\n    model: gpt2\n    tokens: 1e9\n    deadline: 30d\n"
                                      for i in range(200_000)))
     assert f.stat().st_size > 12 * 10**6
-    t0 = time.perf_counter()
+    t0 = time.process_time()                    # CPU time: see the 5000-digit test
     one_line_error(run("buy", f), "bytes, more than the 1,048,576")
-    assert time.perf_counter() - t0 < 2
+    assert time.process_time() - t0 < 2
 
 
 @pytest.mark.parametrize("kind", ["jobs", "prices"])

@@ -291,9 +291,9 @@ def test_the_log_parsers_are_linear_in_the_line_length(line):
     from planner.measure.logs import PARSERS
 
     for parser in PARSERS.values():
-        t0 = time.perf_counter()
+        t0 = time.process_time()        # CPU time: the bound holds beside other test workers
         parser([line])
-        assert time.perf_counter() - t0 < 0.5, parser.__name__
+        assert time.process_time() - t0 < 0.5, parser.__name__
 
 
 # ------------------------------------------------------------ E3, U9: a --calibration file
@@ -492,10 +492,10 @@ def test_task_load_is_not_quadratic_in_the_layer_count(tmp_path):
     cfg = json.loads((PRESETS / "llama3.1-8b.json").read_text()) | {"num_hidden_layers": 10_000}
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
-    t0 = time.perf_counter()
+    t0 = time.process_time()            # CPU time: the bound holds beside other test workers
     r = run("--model", path, "--gpus", "h100", "--task", "load", "-q")
     assert r.exit_code == 0, r.output
-    assert time.perf_counter() - t0 < 10
+    assert time.process_time() - t0 < 10
 
 
 def test_the_stage_split_keeps_its_order():

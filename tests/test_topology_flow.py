@@ -112,9 +112,9 @@ def test_a_group_at_the_topology_limits_answers_in_seconds():
     # cut 2,570 blocks, each a networkx max flow of seconds, before the closed form (the
     # whole `plan --tokens` over 16,384 GPUs ran past 10 minutes; 5.8 s after)
     top = load_topology(EDGE)
-    start = time.perf_counter()
+    start = time.process_time()         # CPU time: the bound holds beside other test workers
     link = placement.graph_link(top, 2, 1024, 2048, 8)
-    assert time.perf_counter() - start < 10
+    assert time.process_time() - start < 10
     assert link.bus_bytes_per_s == pytest.approx(450e9)      # the GPU's NVLink share: NVLink-bound
 
 
