@@ -31,8 +31,8 @@ import importlib
 import os
 import re
 import subprocess
-from pathlib import Path
 from collections.abc import Iterable
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
