@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import fast_one
 
 from planner.hardware.gpus import get_gpu
 from planner.layouts.batch import LayoutArrays, valid_layouts
@@ -48,6 +49,9 @@ SETUPS = {
     "eager": TrainingSetup(seq_len=2048, attention="eager"),
 }
 RECOMPUTES = ("none", "selective", "full")
+# the fast tier's case of each test parametrized over models (tests/conftest.py, fast_one): an MoE
+# model with MLA, the richest of the cheap ones; the other models run in the full suite
+FAST = "deepseek-v3"
 
 
 def _forget() -> None:
@@ -62,7 +66,7 @@ def _forget() -> None:
     lora_activation_terms.cache_clear()
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", fast_one(MODELS, FAST))
 def test_a_block_time_does_not_depend_on_the_recomputation_asked_before(name: str) -> None:
     m, gpu = load_model(name), get_gpu("h100")
     for setup, kern in itertools.product(SETUPS.values(), ("fused", "eager", "torchtitan")):
@@ -79,7 +83,7 @@ def test_a_block_time_does_not_depend_on_the_recomputation_asked_before(name: st
             assert layer_time(m, setup, replace(lay, recompute=rc), kern, gpu, DEFAULT_EFFICIENCY) == cold[lay, rc]
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", fast_one(MODELS, FAST))
 def test_block_terms_read_only_their_key(name: str) -> None:
     # terms_key drops the recomputation, pp, dp, ep, vp, etp and the accumulation: the terms
     # of a layout must be those of its key (layer_activation_terms reads none of the others)
@@ -93,7 +97,7 @@ def test_block_terms_read_only_their_key(name: str) -> None:
             assert block_terms(m, setup, lay, kern) == tuple(layer_activation_terms(m, setup, lay, kern))
 
 
-@pytest.mark.parametrize("name", ("llama3.1-8b", "deepseek-v3", "gpt-oss-20b", "qwen3-next-80b-a3b"))
+@pytest.mark.parametrize("name", fast_one(("llama3.1-8b", "deepseek-v3", "gpt-oss-20b", "qwen3-next-80b-a3b"), FAST))
 def test_sizing_a_batch_equals_sizing_each_layout_alone(name: str) -> None:
     # every layout of a count sized as one batch (its selective and full rows read the bytes
     # without recomputation that another row of their shape worked out), against layouts
@@ -161,7 +165,7 @@ SHAPE_FUNCTIONS = (attention_saved_delta_bytes, sink_eager_delta_bytes, block_no
                    logits_bytes)
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", fast_one(MODELS, FAST))
 def test_a_block_shape_reads_no_pipeline_degree(name: str) -> None:
     m = load_model(name)
     setups = [*SETUPS.values(), TrainingSetup(seq_len=2048, recompute_modules=("core_attn",))]
@@ -191,7 +195,8 @@ LORA_SETUPS = [TrainingSetup(seq_len=2048, precision=p,
                for p, method in itertools.product(("bf16-mixed", "bf16", "fp32"), ("lora", "qlora"))]
 
 
-@pytest.mark.parametrize("name", ("llama3.1-8b", "deepseek-v3", "gpt-oss-20b", "qwen3-next-80b-a3b", "gpt2"))
+@pytest.mark.parametrize("name", fast_one(("llama3.1-8b", "deepseek-v3", "gpt-oss-20b", "qwen3-next-80b-a3b", "gpt2"),
+                                         FAST))
 def test_a_lora_shape_reads_the_sharding_only_through_the_adapters_dtype(name: str) -> None:
     m = load_model(name)
     differ = 0
@@ -213,7 +218,7 @@ def test_a_lora_shape_reads_the_sharding_only_through_the_adapters_dtype(name: s
     assert differ > 0
 
 
-@pytest.mark.parametrize("name", ("deepseek-v3", "mixtral-8x7b", "gpt-oss-20b"))
+@pytest.mark.parametrize("name", fast_one(("deepseek-v3", "mixtral-8x7b", "gpt-oss-20b"), FAST))
 def test_an_imbalanced_moe_shape_reads_no_zero_stage_nor_sharding(name: str) -> None:
     # 165d8af stopped keying imbalanced MoE block shapes (memory.shapes) on the ZeRO stage and
     # sharding: outside LoRA, each per-shape function gives the same bytes under every stage and
@@ -248,7 +253,7 @@ def test_pipeline_buffers_are_megatron_cores_p2p_tensors() -> None:
 
 
 
-@pytest.mark.parametrize("name", ("llama3.1-8b", "deepseek-v3", "mixtral-8x7b", "qwen3-next-80b-a3b"))
+@pytest.mark.parametrize("name", fast_one(("llama3.1-8b", "deepseek-v3", "mixtral-8x7b", "qwen3-next-80b-a3b"), FAST))
 def test_state_terms_read_only_the_state_fields(name: str) -> None:
     # memory.peak keeps a batch's state terms per its states' STATE_FIELDS (the ninth pass):
     # each state sized through its first layout and through its last (another micro-batch,
