@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import fast_one, plan_in_process, require
@@ -66,3 +67,17 @@ def test_plan_in_process_answers_as_the_subprocess_does(args: list[str]) -> None
     ran = subprocess.run([sys.executable, "-m", "planner", *args], capture_output=True, text=True,
                          env={**os.environ, **width})
     assert (got.returncode, got.stdout, got.stderr) == (ran.returncode, ran.stdout, ran.stderr)
+
+
+def test_one_file_runs_in_process_and_a_folder_or_files_on_workers(tmp_path: Path) -> None:
+    """conftest.pytest_cmdline_main's rule: a run naming one test file (node ids inside it
+    included) stays in process; a folder (the README's commands name none: testpaths is
+    tests/) or several files start pytest-xdist's workers."""
+    from conftest import _files_named
+
+    one, two = tmp_path / "test_a.py", tmp_path / "test_b.py"
+    one.write_text("")
+    two.write_text("")
+    assert _files_named([str(tmp_path)]) is None
+    assert _files_named([str(one), f"{one}::test_x", f"{one}::test_y[1]"]) == 1
+    assert _files_named([str(one), str(two)]) == 2
