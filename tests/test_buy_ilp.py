@@ -132,18 +132,24 @@ def test_h5_h200_is_dominated_by_h100():
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(purchase_instances())
-def test_a_large_ilp_answers_from_its_lp_bound_and_the_greedy_start(instance):
-    """Above LARGE_VARIABLES (here every instance) the ILP is not branched on: the answer,
-    when there is one, is feasible, no cheaper than brute force's optimum and within the gap
-    it states of it (the LP relaxation's bound), and never claims to be proved."""
+def test_a_large_ilp_answers_from_its_node_integral_bound_and_a_restricted_ilp(instance):
+    """Above LARGE_VARIABLES (here every instance) the ILP is not branched on as a whole: the
+    answer, when there is one, is feasible, no cheaper than brute force's optimum and within
+    the gap it states of it (the bound of the relaxation with integer nodes); where it claims
+    a proof (it costs what that bound says), it is brute force's optimum."""
     import unittest.mock
 
     with unittest.mock.patch.object(solve, "LARGE_VARIABLES", 0):
         check_stopped_purchase(*instance)
         sol = solve_purchase(*instance, solver="highs")
-    assert not sol.solver.optimal
     if sol.cost_usd:
-        assert sol.solver.gap_found is not None and sol.solver.max_nodes == 0
+        assert sol.solver.max_nodes == 0
+        if sol.solver.optimal:
+            best = brute_purchase(*instance)
+            assert sol.solver.gap_found is None and sol.solver.status == "Optimal"
+            assert best is not None and sol.cost_usd <= best * (1 + 1e-6)
+        else:
+            assert sol.solver.gap_found is not None
 
 
 def test_h5_at_256_jobs_is_answered_from_the_lp_bound():
@@ -238,7 +244,7 @@ def test_the_model_handed_to_the_solver_is_the_documented_one(monkeypatch: pytes
     b_n2 (150, past its deadline: the only term of its deadline row, which is empty for j2);
     j2 from t=50 to 200 on a_n8 (100, does not fit in memory) or a_n16 (40). Pool a's check at
     j1's start holds a subset of the runs of its check at j2's start, and pool b's check at j2's
-    start the same runs as at j1's: each is implied and left out (_capacity_checks). Optimum by
+    start the same runs as at j1's: each is implied and left out (purchase.capacity_checks). Optimum by
     hand: j1 on 1 b node, j2 on 2 a nodes, $32 (j1 on a instead needs 3 a nodes, $36; b_n2
     would need only 2 b GPUs but ends late)."""
     pools = [Pool(gpu="a", gpus_per_node=8, capex_usd=10.0, opex_usd=2.0),
@@ -279,8 +285,8 @@ def test_the_deadline_row_leaves_the_lp_relaxation_no_late_share(monkeypatch):
     late. A row over every option's finish time (200 x_late + 50 x_in_time <= 100, the form
     before) let the LP relaxation run a third of the job late on one GPU, for (8 x 2/3 + 1/3) / 8
     = 17/24 of a node (by hand); the row over the late options holds x_late at 0 in the LP too,
-    so the LP's bound is the integer optimum, 1 node, and the answer from the LP relaxation
-    (every ILP past LARGE_VARIABLES, here 0) states no gap."""
+    so the LP's bound is the integer optimum, 1 node, and the answer of an ILP past
+    LARGE_VARIABLES (here 0) is proved optimal."""
     pools = [Pool(gpu="a", gpus_per_node=8, capex_usd=1.0, opex_usd=0.0)]
     jobs = [JobWindow(name="j", start_s=0.0, deadline_s=100.0)]
     options = [JobOption(job="j", gpu="a", n_gpus=8, duration_s=50.0, key="a_n8"),
@@ -288,7 +294,9 @@ def test_the_deadline_row_leaves_the_lp_relaxation_no_late_share(monkeypatch):
     monkeypatch.setattr(solve, "LARGE_VARIABLES", 0)
     sol = solve_purchase(pools, jobs, options, solver="highs")
     assert sol.nodes == {"a": 1} and sol.choices["j"].key == "a_n8"
-    assert sol.solver.gap_found == pytest.approx(0.0, abs=1e-9)
+    # past LARGE_VARIABLES the bound is the relaxation with integer nodes, which rounds 17/24
+    # of a node up as well: the answer is proved optimal (no gap said)
+    assert sol.solver.optimal and sol.solver.gap_found is None
 
 
 def test_the_purchase_ilp_runs_highs_without_rens_and_restart(monkeypatch):
