@@ -316,3 +316,18 @@ def test_the_purchase_ilp_runs_highs_without_rens_and_restart(monkeypatch):
     assert option(purchase, "mip_heuristic_run_rens") is False and option(purchase, "mip_allow_restart") is False
     assert option(purchase, "threads") == 1 and option(purchase, "mip_max_nodes") == solve.MIP_MAX_NODES
     assert option(one_job, "mip_heuristic_run_rens") is True and option(one_job, "mip_allow_restart") is True
+
+
+def test_past_large_variables_integer_nodes_prove_what_the_lp_bound_cannot(monkeypatch):
+    """Two jobs at once, each on 5 GPUs of one pool of 8-GPU nodes at $1 a node (by hand: 10
+    GPUs in use need 2 nodes, $2). The LP relaxation buys 10/8 of a node ($1.25, a gap of 37.5%
+    that it said before); the relaxation with integer nodes buys 2, what the greedy start costs,
+    so the answer past LARGE_VARIABLES (here 0) is proved optimal, and brute force agrees."""
+    pools = [Pool(gpu="a", gpus_per_node=8, capex_usd=1.0, opex_usd=0.0)]
+    jobs = [JobWindow(name=n, start_s=0.0, deadline_s=100.0) for n in ("x", "y")]
+    options = [JobOption(job=n, gpu="a", n_gpus=5, duration_s=50.0, key="a_n5") for n in ("x", "y")]
+    assert brute_purchase(pools, jobs, options, None) == pytest.approx(2.0)
+    monkeypatch.setattr(solve, "LARGE_VARIABLES", 0)
+    sol = solve_purchase(pools, jobs, options, solver="highs")
+    assert sol.nodes == {"a": 2} and sol.solver.optimal and sol.solver.gap_found is None
+    assert sol.solver.status == "Optimal" and sol.solver.max_nodes == 0
