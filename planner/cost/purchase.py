@@ -180,7 +180,7 @@ def greedy_purchase(pools: Sequence[Pool], jobs: Sequence[JobWindow],
         return (o.n_gpus * o.duration_s, o.n_gpus)
 
     def checks(j: JobWindow, o: JobOption) -> tuple[float, ...]:
-        return (o.n_gpus * busy_checks(j.start_s, o.duration_s, starts), o.n_gpus * o.duration_s, o.n_gpus)
+        return gpu_checks_key(j, o, starts)
 
     best: tuple[float, dict[str, JobOption]] | None = None
     for p in pools:
@@ -198,6 +198,15 @@ def greedy_purchase(pools: Sequence[Pool], jobs: Sequence[JobWindow],
                 if best is None or cost < best[0]:
                     best = (cost, choices)
     return best
+
+
+def gpu_checks_key(job: JobWindow, option: JobOption, starts_s: Sequence[float]) -> tuple[float, float, int]:
+    """The order in which the greedy start (greedy_purchase) and the ILP over a relaxation's runs
+    (solve._relaxed_purchase) prefer a job's options: fewest GPUs summed over the capacity checks
+    at ``starts_s`` (the distinct job starts) it is busy at (busy_checks: what it adds to the
+    ILP's rows), then fewest GPU-seconds, then fewest GPUs."""
+    o = option
+    return (o.n_gpus * busy_checks(job.start_s, o.duration_s, starts_s), o.n_gpus * o.duration_s, o.n_gpus)
 
 
 def nodes_needed(pools: Sequence[Pool], jobs: Sequence[JobWindow], choices: dict[str, JobOption]) -> dict[str, int]:
