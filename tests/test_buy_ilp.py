@@ -13,6 +13,7 @@ import math
 import multiprocessing
 import time
 
+import pulp
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -257,7 +258,10 @@ def test_the_model_handed_to_the_solver_is_the_documented_one(monkeypatch: pytes
                JobOption(job="j2", gpu="a", n_gpus=16, duration_s=40.0, key="a_n16")]
     seen = _problems_solved(monkeypatch)
     sol = solve_purchase(pools, jobs, options)
-    (prob,) = seen
+    # one problem, solved twice: first with its runs relaxed (the bound of the relaxation with
+    # integer nodes; the greedy start, one pool for all, does not meet it), then as the ILP
+    prob, again = seen
+    assert prob is again
     cons = prob.constraints
     rows = {c.name: ({v.name: x for v, x in c.items()}, c.sense, -c.constant)
             for c in (cons() if callable(cons) else cons.values())}
@@ -303,11 +307,20 @@ def test_the_purchase_ilp_runs_highs_without_rens_and_restart(monkeypatch):
     """HiGHS solves the purchase ILP with PURCHASE_HIGHS_OPTIONS (no RENS sub-MIP, no root
     restart: docs/performance.md, the purchase ILP) beside one thread and the node limit, read
     back from the highspy model PuLP solved; the one-job ILP keeps HiGHS's defaults."""
-    seen = _problems_solved(monkeypatch)
-    jobs, options = h5(4)
+    models = []     # (highspy model, whether it solved an ILP: every variable integer)
+    real_run = solve._run
+
+    def run(prob, *args, **kwargs):  # type: ignore[no-untyped-def]
+        info = real_run(prob, *args, **kwargs)
+        models.append((prob.solverModel, all(v.cat == pulp.LpInteger for v in prob.variables())))
+        return info
+
+    monkeypatch.setattr(solve, "_run", run)
+    jobs, options = h5(8)       # the greedy start does not meet the relaxation's bound: the ILP runs
     assert solve_purchase(H5_POOLS, jobs, options, solver="highs").solver.optimal
+    purchase = next(m for m, ilp in models if ilp)      # after its relaxation with integer nodes
     solve.solve_one_job([solve.Option(key="x", gpu="a", n_gpus=1, cost_usd=1.0, time_s=1.0)], solver="highs")
-    purchase, one_job = seen[0].solverModel, seen[1].solverModel    # one_job: its first of several solves
+    one_job = models[-1][0]     # one_job: its last of several solves
 
     def option(model, name):  # type: ignore[no-untyped-def]
         value = model.getOptionValue(name)      # highspy 1.16: (status, value)

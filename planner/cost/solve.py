@@ -66,6 +66,13 @@ MIP_MAX_NODES = 1000
 # 2.1 -> 0.65 s, H5 5.4 -> 3.9 s), the same purchases, and H5's bound after its 1,000 nodes at
 # 95.3% of the answer against 95.4% (the finish-time deadline rows with the defaults: 95.2%).
 PURCHASE_HIGHS_OPTIONS: dict[str, object] = {"mip_heuristic_run_rens": False, "mip_allow_restart": False}
+# A purchase ILP with more nonzeros than H5's (5,086 in its rows: 32 jobs, 521 options) gets
+# fewer nodes than MIP_MAX_NODES, so that nodes x nonzeros stays at H5's (purchase_node_limit):
+# a node's LP costs about its nonzeros, and 1,000 nodes of H5 take about 4 s of CPU. Measured
+# (one thread, 2 cores): 64 jobs of Llama 3.1 8B of distinct batches (8,268 nonzeros) took 9.8 s
+# of CPU for 1,000 nodes, their bound still the root's after them; 128 jobs of 8 models (20,457)
+# ran into the 20 s time limit, so that the load decided the answer.
+REFERENCE_NONZEROS = 5086
 # A purchase ILP above LARGE_VARIABLES variables is not branched on as a whole: the relaxation
 # with integer nodes gives the bound, and an ILP over the runs it uses and the greedy start the
 # answer (solve_purchase, _relaxed_purchase). Measured on the purchases of bench/resources.py
@@ -201,6 +208,12 @@ def _constraint_names(prob: pulp.LpProblem) -> tuple[str, ...]:
     if callable(cons):
         return tuple(c.name for c in cons())
     return tuple(cons)
+
+
+def _nonzeros(prob: pulp.LpProblem) -> int:
+    """The terms in the constraints of ``prob`` (PuLP 3.3 returns them from prob.constraints())."""
+    cons = prob.constraints
+    return sum(len(c) for c in (cons() if callable(cons) else cons.values()))
 
 
 def _variable(prob: pulp.LpProblem, name: str, cat: str, low: float | None = None) -> pulp.LpVariable:
@@ -435,9 +448,20 @@ def solve_purchase(pools: Sequence[Pool], jobs: Sequence[JobWindow], options: Se
                      f"gpus_{ascii_name(p.gpu)}_at_{ti}_{ascii_name(t.name)}")
     if budget_usd is not None:
         prob += total <= budget_usd, "budget_usd"
+    # first the bound of the relaxation with integer nodes: where the greedy start meets it, that
+    # is the optimum, proved without branching (256 jobs of distinct batches, cut to 160: 0.5 s of
+    # CPU; HiGHS's root node of the ILP ran into the 20 s time limit)
+    bound, relaxed, used = _node_integral_relaxation(prob, list(run.values()), solver, time_limit_s, gap_rel)
+    first = _best_found(pools, jobs, by_job, [], budget_usd, _unproved(relaxed, relaxed.solve_s, used), bound,
+                        gap_rel)
+    if first.solver.optimal:
+        return first
     if len(run) + len(pools) > LARGE_VARIABLES:
-        return _relaxed_purchase(prob, run, pools, jobs, by_job, budget_usd, solver, time_limit_s, gap_rel)
-    info = _run(prob, solver, time_limit_s, gap_rel, highs_options=PURCHASE_HIGHS_OPTIONS)
+        return _relaxed_purchase(prob, run, pools, jobs, by_job, budget_usd, solver, time_limit_s, gap_rel,
+                                 (bound, relaxed, used))
+    info = _run(prob, solver, time_limit_s, gap_rel, purchase_node_limit(_nonzeros(prob)),
+                highs_options=PURCHASE_HIGHS_OPTIONS)
+    info = dataclasses.replace(info, solve_s=info.solve_s + relaxed.solve_s)
     found: list[dict[str, JobOption]] = []
     if _found(prob):
         choices = _choices(run, jobs, by_job)
@@ -447,12 +471,20 @@ def solve_purchase(pools: Sequence[Pool], jobs: Sequence[JobWindow], options: Se
             return PurchaseSolution(nodes=bought, choices=choices, cost_usd=cost, solver=info)
         found.append(choices)
     # stopped by its limit: the greedy start may be cheaper; say how far from the bound
-    return _best_found(pools, jobs, by_job, found, budget_usd, info, _dual_bound(prob), gap_rel)
+    bounds = [b for b in (_dual_bound(prob), bound) if b is not None]
+    return _best_found(pools, jobs, by_job, found, budget_usd, info, max(bounds, default=None), gap_rel)
+
+
+def purchase_node_limit(nonzeros: int) -> int:
+    """HiGHS's node limit for a purchase ILP of ``nonzeros`` in its rows: MIP_MAX_NODES, scaled
+    down past REFERENCE_NONZEROS so that nodes x nonzeros stays within H5's (at least one node)."""
+    return max(1, min(MIP_MAX_NODES, MIP_MAX_NODES * REFERENCE_NONZEROS // max(nonzeros, 1)))
 
 
 def _relaxed_purchase(prob: pulp.LpProblem, run: dict[tuple[str, str], pulp.LpVariable], pools: Sequence[Pool],
                       jobs: Sequence[JobWindow], by_job: dict[str, list[JobOption]], budget_usd: float | None,
-                      solver: str, time_limit_s: float, gap_rel: float) -> PurchaseSolution:
+                      solver: str, time_limit_s: float, gap_rel: float,
+                      relaxation: tuple[float | None, SolverInfo, set[str] | None]) -> PurchaseSolution:
     """A purchase ILP above LARGE_VARIABLES variables, not branched on as a whole (HiGHS's root
     node of such an ILP alone takes seconds to minutes, and only a time limit would end it).
 
@@ -471,7 +503,7 @@ def _relaxed_purchase(prob: pulp.LpProblem, run: dict[tuple[str, str], pulp.LpVa
     8 x b200, as their greedy start costs what the bound says; before, HiGHS's root node ran
     into the 20 s time limit at a load of 2."""
     runs = list(run.values())
-    bound, info, used = _node_integral_relaxation(prob, runs, solver, time_limit_s, gap_rel)
+    bound, info, used = relaxation        # _node_integral_relaxation's, which solve_purchase ran
     found: list[dict[str, JobOption]] = []
     solve_s = info.solve_s
     if used is not None:
@@ -486,12 +518,17 @@ def _relaxed_purchase(prob: pulp.LpProblem, run: dict[tuple[str, str], pulp.LpVa
             found.append(_choices(run, jobs, by_job))
         for v in runs:
             v.upBound = upper[v.name]
-    # not proved until _best_found finds an answer at the bound; "Solution Found": PuLP's name
-    # (LpSolution) of the status of an answer without a proof, as after a stop at the node limit
-    info = dataclasses.replace(info, solve_s=solve_s, optimal=False, max_nodes=0 if info.name == "HiGHS" else None,
+    return _best_found(pools, jobs, by_job, found, budget_usd, _unproved(info, solve_s, used), bound, gap_rel)
+
+
+def _unproved(info: SolverInfo, solve_s: float, used: set[str] | None) -> SolverInfo:
+    """The record of a purchase answered from the relaxation with integer nodes (its ``info``),
+    not proved until _best_found finds an answer at its bound; "Solution Found": PuLP's name
+    (LpSolution) of the status of an answer without a proof, as after a stop at the node limit;
+    max_nodes 0: the ILP was not branched on as a whole."""
+    return dataclasses.replace(info, solve_s=solve_s, optimal=False, max_nodes=0 if info.name == "HiGHS" else None,
                                status=str(pulp.LpSolution[pulp.LpSolutionIntegerFeasible]) if used is not None
                                else info.status)
-    return _best_found(pools, jobs, by_job, found, budget_usd, info, bound, gap_rel)
 
 
 def _fewest_checks_runs(run: dict[tuple[str, str], pulp.LpVariable], jobs: Sequence[JobWindow],
@@ -524,6 +561,8 @@ def _node_integral_relaxation(prob: pulp.LpProblem, runs: Sequence[pulp.LpVariab
     for v in runs:
         v.cat = pulp.LpContinuous
     try:
+        # HiGHS's defaults: PURCHASE_HIGHS_OPTIONS make this relaxation slower (256 8B jobs of
+        # distinct batches: 1.56 s of CPU against 0.91 s, 3 nodes against 1)
         info = _run(prob, solver, time_limit_s, gap_rel)
     finally:
         for v in runs:
