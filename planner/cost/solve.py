@@ -29,7 +29,7 @@ from planner.cost.purchase import JobWindow as JobWindow
 from planner.cost.purchase import Pool as Pool
 from planner.cost.purchase import busy_at as busy_at
 from planner.cost.purchase import busy_checks as busy_checks
-from planner.cost.purchase import capacity_checks, dominated_pools, finishes_by, gpu_checks_key, greedy_purchase
+from planner.cost.purchase import capacity_checks, dominated_pools, fewest_checks_runs, finishes_by, greedy_purchase
 from planner.cost.purchase import nodes_needed as nodes_needed
 from planner.cost.purchase import shorter_run_may_help as shorter_run_may_help
 from planner.cost.purchase import undominated as undominated
@@ -489,25 +489,27 @@ def _relaxed_purchase(prob: pulp.LpProblem, run: dict[tuple[str, str], pulp.LpVa
     node of such an ILP alone takes seconds to minutes, and only a time limit would end it).
 
     1. The bound: the relaxation that keeps the nodes bought integer and lets the runs be
-       fractional (_node_integral_relaxation). It bounds the optimum from below, at least as
-       high as the LP relaxation (it is the LP with the node counts' integrality restored),
-       and HiGHS solves it in about a second: its integer variables are one per pool.
-    2. The answers: an ILP over the runs that relaxation uses (every other run fixed at 0;
-       a few hundred of the thousands, so HiGHS solves it within its node limit in well
-       under a second), and the greedy start (greedy_purchase); the cheaper, on the fewest
-       nodes that hold it (_best_found).
+       fractional (``relaxation``: _node_integral_relaxation's, which solve_purchase solves
+       first for every purchase ILP). It bounds the optimum from below, at least as high as the
+       LP relaxation (it is the LP with the node counts' integrality restored), and HiGHS
+       solves it in about a second: its integer variables are one per pool.
+    2. The answers: an ILP over the runs that relaxation uses, widened by purchase.fewest_checks_runs
+       (every other run fixed at 0; hundreds of the thousands, so HiGHS solves it within its
+       node limit in seconds), and the greedy start (greedy_purchase); the cheaper, on the
+       fewest nodes that hold it (_best_found).
     Where the answer costs no more than the bound (within ``gap_rel``) it is proved optimal;
     else the gap is said. Every step stops at a count (MIP_MAX_NODES), none at a time, so one
-    input gets one answer at any load. Measured (docs/performance.md, "The purchase ILP"):
-    256 Llama 3.1 8B jobs of distinct global batches (4,516 variables) are proved optimal at
-    8 x b200, as their greedy start costs what the bound says; before, HiGHS's root node ran
-    into the 20 s time limit at a load of 2."""
+    input gets one answer at any load. Measured (bench/resources.py's buy256-mixed-batches:
+    256 jobs of 8 models, 4,666 variables): $20.2M, the optimum at least 93.3% of it, in about
+    3.5 s of CPU; before, HiGHS's root node ran into the 20 s time limit at a load of 2 and
+    answered $20.7M (92.7%), another answer at another load."""
     runs = list(run.values())
     bound, info, used = relaxation        # _node_integral_relaxation's, which solve_purchase ran
     found: list[dict[str, JobOption]] = []
     solve_s = info.solve_s
     if used is not None:
-        used |= _fewest_checks_runs(run, jobs, by_job, used)
+        names = {key: v.name for key, v in run.items()}
+        used |= {names[k] for k in fewest_checks_runs(jobs, by_job, {k for k, n in names.items() if n in used})}
         upper = {v.name: v.upBound for v in runs}
         for v in runs:
             if v.name not in used:
@@ -529,25 +531,6 @@ def _unproved(info: SolverInfo, solve_s: float, used: set[str] | None) -> Solver
     return dataclasses.replace(info, solve_s=solve_s, optimal=False, max_nodes=0 if info.name == "HiGHS" else None,
                                status=str(pulp.LpSolution[pulp.LpSolutionIntegerFeasible]) if used is not None
                                else info.status)
-
-
-def _fewest_checks_runs(run: dict[tuple[str, str], pulp.LpVariable], jobs: Sequence[JobWindow],
-                        by_job: dict[str, list[JobOption]], used: set[str]) -> set[str]:
-    """The names of the runs that widen the ILP over a relaxation's runs (_relaxed_purchase):
-    for each job and each pool that the relaxation runs it on, its run of fewest GPUs over the
-    capacity checks (purchase.gpu_checks_key) that fits and meets the deadline. Measured on 256
-    jobs of 8 models (docs/performance.md): the relaxation's 587 runs alone gave $22.8M, with
-    these (780 runs) $20.2M in 1.8 s of CPU, below the $20.7M that 20 s of the full ILP found."""
-    starts = sorted({j.start_s for j in jobs})
-    out = set()
-    for j in jobs:
-        for gpu in {o.gpu for o in by_job[j.name] if run[j.name, o.key].name in used}:
-            ok = [o for o in by_job[j.name]
-                  if o.gpu == gpu and o.fits and finishes_by(j.start_s, o.duration_s, j.deadline_s)]
-            if ok:
-                best = min(ok, key=lambda o, j=j: gpu_checks_key(j, o, starts))     # type: ignore[misc]
-                out.add(run[j.name, best.key].name)
-    return out
 
 
 def _node_integral_relaxation(prob: pulp.LpProblem, runs: Sequence[pulp.LpVariable], solver: str,
