@@ -218,7 +218,7 @@ def _limit(s: Any) -> str:
     if getattr(s, "gap_found", None) is None or nodes is None:
         return f"{s.time_limit_s:g} s"
     if nodes == 0:
-        return f"bound from the relaxation with integer nodes, {s.time_limit_s:g} s"
+        return f"relaxation with integer nodes and an ILP over its runs, {s.time_limit_s:g} s"
     return f"{nodes:,} branch-and-bound nodes or {s.time_limit_s:g} s"
 
 
