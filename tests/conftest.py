@@ -99,8 +99,9 @@ def plan_in_process(*args: str, env: dict[str, str] | None = None) -> subprocess
     return subprocess.CompletedProcess(["plan", *args], r.exit_code, r.stdout, r.stderr)
 
 
-# the most workers a default run starts: each imports torch, transformers and DeepSpeed
-# (peak RSS per worker, measured in the README's run: see pytest_cmdline_main)
+# the most workers a default run starts: each imports torch, transformers, DeepSpeed and
+# megatron-core (seen on 2 cores, sampled every 2 s: the fast tier peaked at 2.1 GB of RSS for
+# the controller and two workers, the whole suite at 4.2 GB with the measurement subprocesses)
 MAX_WORKERS = 4
 
 
