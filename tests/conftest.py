@@ -101,7 +101,7 @@ def plan_in_process(*args: str, env: dict[str, str] | None = None) -> subprocess
 
 # the most workers a default run starts: each imports torch, transformers, DeepSpeed and
 # megatron-core (seen on 2 cores, sampled every 2 s: the fast tier peaked at 2.1 GB of RSS for
-# the controller and two workers, the whole suite at 4.2 GB with the measurement subprocesses)
+# the controller and two workers, the whole suite at 9.2 GB with the measurement subprocesses, of 24 GiB)
 MAX_WORKERS = 4
 
 
