@@ -41,7 +41,7 @@ SOLVERS = ("auto", "highs", "cbc")
 # purchase_node_limit) first on bench/resources.py's jobs files, so the answer does not depend on
 # the machine's load or speed (issue 32, H5: 32 staggered 70B jobs stopped at the 20 s time limit
 # and their answer and bound moved with the load). It still ends a solve whose nodes take more
-# than 20 s of wall time: the costliest full ILP measured (FULL_ILP_WORK) takes about 5 s of CPU.
+# than 20 s of wall time: the costliest full ILP measured (FULL_ILP_WORK) takes about 6 s of CPU.
 TIME_LIMIT_S = 20.0
 GAP_REL = 1e-6
 # HiGHS's branch-and-bound stops after this many nodes (its option mip_max_nodes: counted, not
@@ -67,28 +67,29 @@ MIP_MAX_NODES = 1000
 # 95.3% of the answer against 95.4% (the finish-time deadline rows with the defaults: 95.2%).
 PURCHASE_HIGHS_OPTIONS: dict[str, object] = {"mip_heuristic_run_rens": False, "mip_allow_restart": False}
 # A purchase ILP with more nonzeros than H5's (5,086: 32 jobs, 521 options) gets fewer nodes than
-# MIP_MAX_NODES, so that nodes x nonzeros**2 stays at H5's (purchase_node_limit): a simplex
-# iteration costs about the nonzeros, and a node's iterations grow with the model too. Measured
-# (HiGHS 1.16, one thread, 2 cores; the first k jobs of bench/resources.py's files): H5's 1,000
-# nodes take 3.9 s of CPU; with nodes x nonzeros held instead, the first 64 and 96 jobs of the
-# 8-model file (9,770 and 15,113 nonzeros) took 5.8 s (520 nodes) and 13.3 s (336 nodes, 28 s of
-# wall time at a load of 8); with nonzeros**2, 4.7 s (270) and 7.5 s (113). The 256-job file
-# (16,714 nonzeros: 92 nodes) and its 256 distinct searches (17,274: 86) are still proved, in 70, 78.
+# MIP_MAX_NODES: nodes x nonzeros**2 stays at H5's, to no fewer than MIN_PURCHASE_NODES
+# (purchase_node_limit; a simplex iteration costs about the nonzeros, and a node's iterations grow
+# with the model too). Measured (HiGHS 1.16, one thread, 2 cores; the first k jobs of the files of
+# bench/resources.py): H5's 1,000 nodes take 3.9 s of CPU; with nodes x nonzeros held instead,
+# 64 and 96 jobs of the 8-model file (9,770 and 15,113 nonzeros) took 5.8 s (520 nodes) and 13.3 s
+# (336 nodes; 28 s of wall time at a load of 8); with nonzeros**2, 4.7 s (270) and 7.5 s (113).
+# The floor: the sparse ILPs of the 16-model file and of its 256 distinct searches need up to 134
+# nodes to prove their optimum (the latter cut to 248 jobs, 16,934 nonzeros: 0.8 s in all), and a
+# dense one (25-30 nonzeros a row) under FULL_ILP_WORK has under 10,000 nonzeros: 260 nodes or more.
 REFERENCE_NONZEROS = 5086
+MIN_PURCHASE_NODES = 200
 # A purchase ILP above LARGE_VARIABLES variables is not branched on as a whole (full_ilp_first,
-# _relaxed_purchase). Measured (2 cores, one thread): its root node alone (cuts, sub-MIPs) ran past
-# the 20 s time limit above it (256 Llama 3.1 8B jobs of distinct batches, 4,516 variables; 256
-# jobs of 8 models, 4,666): HiGHS has no option that counts the root's work (highs.dev, "Options").
+# _relaxed_purchase): its root node alone (cuts, sub-MIPs) ran past the 20 s time limit (256 8B
+# jobs of distinct batches, 4,516 variables; 256 jobs of 8 models, 4,666), and HiGHS has no option
+# that counts the root's work (highs.dev, "Options"). Nor one whose nonzeros x their mean per row
+# (nonzeros**2 / rows) pass FULL_ILP_WORK: ILPs of equal size differ tenfold in a node's LP work,
+# and dense rows (many jobs' runs in each capacity check) make the costly ones. Measured (as above;
+# nonzeros / rows, that measure, the full ILP's CPU): H5 5,086 / 156, 166k, 3.9 s; the 16-model
+# file 16,714 / 1,280, 218k, proved in 0.7 s; its distinct searches 17,274 / 1,280, 233k, proved
+# in 0.9 s; 64 8B jobs 8,268 / 318, 215k, 5.3 s; 48 of the 8-model file 7,100 / 240, 210k, 4.3 s.
+# Past it: 96 8B jobs 338k, 5.5 s; 64, 96, 128 of the 8-model file 298k, 476k, 654k: 4.7, 7.5,
+# 5.9 s (50-60 ms a node; the 128 reached the 20 s time limit before).
 LARGE_VARIABLES = 4000
-# A purchase ILP is branched on as a whole (full_ilp_first) only where nonzeros x their mean per
-# row (nonzeros**2 / rows) is at most FULL_ILP_WORK: ILPs of equal size differ tenfold in a node's
-# LP work, and dense rows (many jobs' runs in each capacity check) make the costly ones. Measured
-# (as above; nonzeros / rows, that measure, the full ILP under purchase_node_limit): H5 5,086 / 156,
-# 166k, 3.9 s; the 256-job file 16,714 / 1,280, 218k, proved in 0.7 s (3 ms a node); its 256
-# distinct searches 17,274 / 1,280, 233k, proved in 0.9 s; the first 64 8B jobs of distinct
-# batches 8,268 / 318, 215k, 5.3 s; the first 48 of the 8-model file 7,100 / 240, 210k, 4.3 s.
-# Past it: the first 96 8B jobs 338k, 5.5 s; the first 64, 96, 128 of the 8-model file 298k,
-# 476k, 654k: 4.7, 7.5, 5.9 s (50-60 ms a node; the 128 reached the 20 s time limit before).
 FULL_ILP_WORK = 260_000
 
 
@@ -485,8 +486,10 @@ def full_ilp_first(n_variables: int, nonzeros: int, rows: int) -> bool:
 
 def purchase_node_limit(nonzeros: int) -> int:
     """HiGHS's node limit for a purchase ILP of ``nonzeros`` in its rows: MIP_MAX_NODES, scaled
-    down past REFERENCE_NONZEROS so that nodes x nonzeros**2 stays within H5's (at least one node)."""
-    return max(1, min(MIP_MAX_NODES, MIP_MAX_NODES * REFERENCE_NONZEROS**2 // max(nonzeros, 1) ** 2))
+    down past REFERENCE_NONZEROS so that nodes x nonzeros**2 stays within H5's, to no fewer than
+    MIN_PURCHASE_NODES (nor more than MIP_MAX_NODES, where that is fewer)."""
+    scaled = MIP_MAX_NODES * REFERENCE_NONZEROS**2 // max(nonzeros, 1) ** 2
+    return min(MIP_MAX_NODES, max(MIN_PURCHASE_NODES, scaled))
 
 
 def _relaxed_purchase(prob: pulp.LpProblem, run: dict[tuple[str, str], pulp.LpVariable], pools: Sequence[Pool],
@@ -496,19 +499,16 @@ def _relaxed_purchase(prob: pulp.LpProblem, run: dict[tuple[str, str], pulp.LpVa
     seconds to minutes, or its nodes tens of milliseconds each).
 
     1. The bound: the relaxation that keeps the nodes bought integer and lets the runs be
-       fractional (_node_integral_relaxation). It bounds the optimum from below, at least as
-       high as the LP relaxation (it is the LP with the node counts' integrality restored), and
-       HiGHS solves it in about a second (one integer variable per pool). Where the greedy
+       fractional (_node_integral_relaxation): a lower bound, at least the LP relaxation's (the
+       LP with the node counts' integrality restored), solved in about a second. Where the greedy
        start costs what it says, that is the optimum, proved without branching (256 8B jobs of
        distinct batches, cut to 160: 0.5 s of CPU; the ILP's root reached the time limit).
-    2. Else the answers: an ILP over the runs that relaxation uses, widened by purchase.fewest_checks_runs
-       (every other run fixed at 0; hundreds of the thousands, so HiGHS solves it within its
-       node limit in seconds), and the greedy start (greedy_purchase); the cheaper, on the
-       fewest nodes that hold it (_best_found).
-    Where the answer costs no more than the bound (within ``gap_rel``) it is proved optimal;
-    else the gap is said. Every step stops at a count (MIP_MAX_NODES), none at a time. Measured
-    (buy256-mixed-batches of bench/resources.py, 4,666 variables): $20.2M, at least 93.3%, in
-    3.5 s of CPU (before: the 20 s time limit, $20.7M, 92.7%, another answer at another load)."""
+    2. Else the answers: an ILP over the runs that relaxation uses, widened by
+       purchase.fewest_checks_runs (hundreds of the thousands; every other run fixed at 0), and the
+       greedy start; the cheaper, on the fewest nodes that hold it (_best_found).
+    Proved optimal where the answer costs no more than the bound (within ``gap_rel``), else
+    the gap is said. Every step stops at a count, none at a time. Measured (buy256-mixed-batches
+    of bench/resources.py): $20.2M, at least 93.3%, in 3.5 s of CPU (before: the time limit)."""
     runs = list(run.values())
     bound, info, used = _node_integral_relaxation(prob, runs, solver, time_limit_s, gap_rel)
     first = _best_found(pools, jobs, by_job, [], budget_usd, _unproved(info, info.solve_s, used), bound, gap_rel)
