@@ -31,10 +31,12 @@ def test_every_case_reads_a_generated_input(tmp_path: Path) -> None:
 def test_jobs_files_have_the_reported_sizes(tmp_path: Path) -> None:
     bench = _bench()
     bench.write_inputs(tmp_path)
-    sizes = {"jobs256.yaml": 256, "jobs16.yaml": 16, "gb128.yaml": 128, "staggered70b.yaml": 32, "same70b.yaml": 32}
+    sizes = {"jobs256.yaml": 256, "jobs16.yaml": 16, "gb128.yaml": 128, "staggered70b.yaml": 32, "same70b.yaml": 32,
+             "gbmix256.yaml": 256, "gbmix128.yaml": 128}
     for f, n in sizes.items():
         jobs = load_jobs(tmp_path / f).jobs
         assert len(jobs) == n, f
+    assert load_jobs(tmp_path / "gbmix128.yaml").jobs == load_jobs(tmp_path / "gbmix256.yaml").jobs[:128]  # its cut
     assert {j.start_s for j in load_jobs(tmp_path / "same70b.yaml").jobs} == {0.0}      # identical jobs
     assert len({j.start_s for j in load_jobs(tmp_path / "staggered70b.yaml").jobs}) == 32    # H5: a day apart
     methods = {j.method for j in load_jobs(tmp_path / "jobs256.yaml").jobs}
