@@ -35,6 +35,7 @@ from planner.hardware.gpus import get_gpu
 from planner.limits import (
     MAX_JOBS,
     MAX_JOBS_FILE_BYTES,
+    check_gpu_type_count,
     check_label,
     check_name,
     check_tree,
@@ -259,6 +260,7 @@ def load_jobs(path: str | Path, today: datetime | None = None) -> JobsFile:
         gpus = [str(g) if isinstance(g, int) and not isinstance(g, bool) else g for g in gpus]
     if not isinstance(gpus, (list, tuple)) or not all(isinstance(g, str) for g in gpus):
         raise UserError(f"{where}: gpus must be a list of GPU names (`plan gpus`), e.g. [h100, h200]")
+    check_gpu_type_count(gpus, f"{where}: gpus")
     twice = next((g for i, g in enumerate(gpus) if g in gpus[:i]), None)
     if twice is not None:
         raise UserError(f"{where}: gpus lists {twice} twice; give each GPU type once")
