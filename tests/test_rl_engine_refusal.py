@@ -58,3 +58,22 @@ def test_the_search_finds_nothing_where_it_refuses() -> None:
 def test_dpo_generates_nothing_and_is_not_refused() -> None:
     out = plan_in_process("--model", "mixtral-8x7b", "--gpus", "h100", "--task", "dpo", "-q")
     assert out.returncode == 0, out.stderr
+
+
+def test_an_engine_that_leaves_less_than_the_fixed_costs_is_refused() -> None:
+    """`--rollout-memory-fraction 0.99` of an H100 (0.99 x 81,559 MiB = 78.85 GiB) and the 1 GiB of
+    CUDA context and workspaces every rank holds (Overheads.fixed_bytes, ASSUMED there) pass its
+    79.65 GiB: no GPU count fits (the sweep took over 120 s of CPU); 0.98 plans."""
+    m, gpu = load_model("llama3.1-8b"), get_gpu("h100")
+    rl = RLSetup(task="grpo", engine_memory_fraction=0.99)
+    assert not plan_rl(m, gpu, TrainingSetup(), rl, n_gpus=2).fits
+    out = plan_in_process("--model", "8b", "--gpus", "h100", "--task", "grpo", "--rollout-memory-fraction", "0.99")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert f"{0.99 * 81_559 * MiB / GiB:.2f} GiB" in out.stderr
+    assert "--rollout-memory-fraction 0.98 or less" in out.stderr
+    out = plan_in_process("--model", "8b", "--gpus", "h100", "--task", "grpo", "--rollout-memory-fraction", "0.98",
+                          "-q")
+    assert out.returncode == 0, out.stderr
+    out = plan_in_process("--model", "8b", "--gpus", "h100", "--task", "grpo", "--rollout-memory-fraction", "1",
+                          "--rollout", "separate", "-q")
+    assert out.returncode == 0, out.stderr

@@ -146,7 +146,7 @@ def rl(o: Options, m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, space: Sear
                   prompts_per_step=o.prompts_per_step, placement=o.rollout, engine_tp=o.rollout_tp,
                   engine_memory_fraction=o.rollout_memory_fraction, offload_train_states=o.offload_train_states,
                   off_policy_steps=o.rl_async)
-    refusal = engine_refusal(m, gpu, rls)
+    refusal = engine_refusal(m, gpu, rls) or colocated_refusal(gpu, setup, rls)
     if refusal:
         raise UserError(refusal)
     return plan_rl(m, gpu, setup, rls, space, n_gpus=n_gpus, max_gpus=o.max_gpus,
@@ -190,6 +190,35 @@ def engine_refusal(m: ModelSpec, gpu: GpuSpec, rl: RLSetup) -> str | None:
             f"sampler leave {gib(budget.kv_bytes)} of the {gib(budget.reserved_bytes)} it may take "
             f"(--rollout-memory-fraction {rl.engine_memory_fraction:g} of {gpu.name}) for the KV cache, on any "
             f"GPU count; {way_out}")
+
+
+def colocated_refusal(gpu: GpuSpec, setup: TrainingSetup, rl: RLSetup) -> str | None:
+    """The refusal of a colocated RL plan whose engine leaves less of each GPU than the fixed
+    costs every rank holds beyond its tensors, or None.
+
+    In the generation phase a training GPU holds the engine's --rollout-memory-fraction, the
+    training states it keeps and their untracked bytes (memory.rollout.phase_memory); the
+    states shrink as the GPU count grows, the fixed costs (Overheads.fixed_bytes: the CUDA
+    context and library workspaces, NCCL when distributed) do not. When the engine and the
+    smaller fixed cost already pass the plan's memory (--usable-memory of the GPU), no GPU
+    count fits (search.posttrain.plan_rl's peak <= capacity), and the plan is refused at once.
+    Issue 32's hunt: `plan --model 8b --gpus h100 --task grpo --rollout-memory-fraction 1`
+    swept every GPU count to 16,384 for over 120 s of CPU."""
+    from planner.fmt import gib
+
+    if not rl.generates or rl.placement != "colocated":
+        return None
+    cap = int(gpu.memory_bytes * setup.usable_memory_fraction)
+    fixed = min(setup.overheads.fixed_bytes(False), setup.overheads.fixed_bytes(True))
+    reserved = int(rl.engine_memory_fraction * gpu.memory_bytes)
+    if reserved + fixed <= cap:
+        return None
+    most = (cap - fixed) / gpu.memory_bytes
+    way_out = (f"give --rollout-memory-fraction {math.floor(most * 100) / 100:g} or less, or --rollout separate"
+               if most >= 0.05 else "give --rollout separate")
+    return (f"--rollout-memory-fraction {rl.engine_memory_fraction:g} gives the colocated engine {gib(reserved)} of "
+            f"each {gpu.name}, and every rank holds at least {gib(fixed)} beyond its tensors (CUDA context, library "
+            f"workspaces): more than the {gib(cap)} a plan may use, on any GPU count; {way_out}")
 
 
 def measure_teacher(o: Options, m: Any, hf_config: dict[str, Any], setup: Any, lay: Any) -> None:
