@@ -157,6 +157,7 @@ GPU_KEY_RULES: dict[str, tuple[str, float, float]] = {
     "hbm_gb_per_s": (_NUM, 1e-3, 1e6), "intra_node_gb_per_s": (_NUM, 1e-3, 1e6),
     "inter_node_gbit_per_s": (_NUM, 1e-3, 1e7), "tdp_w": (_NUM, 1, 1e5),
     "gpus_per_node": (_INT, 1, 1024),
+    "sms": (_INT, 1, 100_000),      # B200: 148 SMs; MI300X: 304 compute units
 }
 
 
