@@ -77,3 +77,9 @@ def test_an_engine_that_leaves_less_than_the_fixed_costs_is_refused() -> None:
     out = plan_in_process("--model", "8b", "--gpus", "h100", "--task", "grpo", "--rollout-memory-fraction", "1",
                           "--rollout", "separate", "-q")
     assert out.returncode == 0, out.stderr
+
+
+def test_a_distillation_with_tokens_over_several_gpus_says_why_it_takes_one() -> None:
+    """--teacher with --tokens and a GPU list was told to "give --tokens N", which it had given."""
+    out = plan_in_process("--model", "70b", "--gpus", "h100,a100", "--teacher", "405b", "--tokens", "1T")
+    assert out.returncode == 2 and "with --teacher" in out.stderr and "give --tokens" not in out.stderr

@@ -118,6 +118,9 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
     if not o.gpu_name:
         raise UserError("missing --gpus; pass a GPU type (`plan gpus`), e.g. --gpus h100")
     if "," in o.gpu_name:
+        if o.tokens is not None:    # a distillation's length (--teacher): the one mode with --tokens here
+            raise UserError("--gpus takes one GPU type with --teacher (--tokens sets the distillation's length, "
+                            "not a choice of GPUs); plan each GPU type in its own run")
         raise UserError("--gpus takes one GPU type without --tokens; give --tokens N to let the planner "
                         "choose among several (--gpus h100,a100) by cost")
     clash = contradicting_options(o.as_mapping())
