@@ -45,7 +45,7 @@ from planner.limits import (
     parse_toml,
     read_input_file,
 )
-from planner.models.spec import load_model
+from planner.models.spec import ModelSpec, load_model
 from planner.training.checks import check_setup, default_seq_len, tokens_refusal
 from planner.training.setup import MAX_GLOBAL_BATCH, MAX_SEQ_LEN, TrainingSetup
 
@@ -276,6 +276,7 @@ def load_jobs(path: str | Path, today: datetime | None = None) -> JobsFile:
         raise UserError(f"{where}: {len(entries)} jobs; the planner sizes at most {MAX_JOBS} in one purchase "
                         f"(group similar runs into one job, or split the file)")
     jobs: list[JobSpec] = []
+    models: dict[str, ModelSpec] = {}
     for i, e in enumerate(entries):
         at = f"{where}, job #{i + 1}"
         if not isinstance(e, dict):
@@ -307,8 +308,8 @@ def load_jobs(path: str | Path, today: datetime | None = None) -> JobsFile:
         local = path.parent / model
         if (model.endswith(".json") or "/" in model) and local.exists():
             model = str(local)
-        try:
-            m = load_model(model)            # an unknown name or a bad config.json: say which job
+        try:    # an unknown name or a bad config.json: say which job; each model read once per file
+            m = models[model] if model in models else models.setdefault(model, load_model(model))
         except UserError as err:
             raise UserError(f"{at}: model {e['model']!r}: {err}") from None
         method = str(e.get("method", "full"))
