@@ -16,8 +16,9 @@ methods (full, lora, qlora, freeze), the 16-job file of the report, its 128 jobs
 global batches, 256 such jobs of one model and of 8 models, 256 jobs that are 256 distinct
 searches, 32 70B jobs a day apart (H5's) and the same 32 all on day 0, a log line of 280 KB,
 a valid Megatron-LM log of 255 MiB (H6),
-config.json files of 10,000 and 10,000,000 layers, 16 jobs of the 8 largest presets and 9 GPU
-files (the H100's entry under other names). Exit status 1 when a case fails its goal.
+config.json files of 10,000 and 10,000,000 layers and one of 15.5 MiB with 256 jobs naming
+it, 16 jobs of the 8 largest presets and 9 GPU files (the H100's entry under other names).
+Exit status 1 when a case fails its goal.
 """
 
 from __future__ import annotations
@@ -97,6 +98,14 @@ def write_inputs(d: Path) -> None:
         f"  - {{name: j{i}, model: {LARGEST8[i % 8]}, tokens: 15T, deadline: 365d, start: {200 * i}d, "
         f"global_batch: {1024 * (1 + i // 8)}}}" for i in range(16)]
     (d / "big16.yaml").write_text("\n".join(lines) + "\n")
+    # a config.json near MAX_CONFIG_BYTES (Llama 3.1 8B and 140,000 keys of padding: 15.5 MiB), named by
+    # 256 jobs (each config was parsed twice per job: 512 parses)
+    cfg = json.loads((PRESETS / "llama3.1-8b.json").read_text())
+    cfg["padding_note"] = {f"k{i:07d}": "x" * 100 for i in range(140_000)}
+    (d / "fat.json").write_text(json.dumps(cfg))
+    lines = ["horizon: 400d", "jobs:"] + [f"  - {{name: j{i}, model: fat.json, tokens: 10B, deadline: 30d, "
+                                          f"start: {i}d}}" for i in range(256)]
+    (d / "fat256.yaml").write_text("\n".join(lines) + "\n")
     # GPU files: the H100's catalog entry under other names, without its aliases and topology
     block = (ROOT / "planner" / "presets" / "gpus.toml").read_text().split("\n[[gpu]]")[1]
     block = re.sub(r"\naliases = .*|\ndefault_topology = .*", "", block)
@@ -185,6 +194,8 @@ def cases(d: Path) -> dict[str, tuple[str, list[str]]]:
                                "(4 such took 19 s; now exit 2)",
                                ["calibrate", str(d / "big-megatron.log"), str(d / "big-megatron.log"), *CALIBRATE,
                                 "--seq-len", "4096", "--out", str(d / "c4.toml")]),
+        "buy256-16mib-config": ("`plan buy`, 256 jobs of one 15.5 MiB config.json (was over 120 s: 512 parses)",
+                                ["buy", str(d / "fat256.yaml"), "-q"]),
         "buy256-plot": ("`plan buy` of buy256's 256 jobs with --plot (the drawing's share)",
                         ["buy", str(d / "jobs256.yaml"), "-q", "--plot", str(d / "buy256.png")]),
         "load-10k-layers": ("`plan --task load`, Llama 3.1 8B with 10,000 layers (H3)",

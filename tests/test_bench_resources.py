@@ -32,8 +32,8 @@ def test_every_case_reads_a_generated_input(tmp_path: Path) -> None:
 def test_jobs_files_have_the_reported_sizes(tmp_path: Path) -> None:
     bench = _bench()
     bench.write_inputs(tmp_path)
-    sizes = {"jobs256.yaml": 256, "jobs16.yaml": 16, "big16.yaml": 16, "gb128.yaml": 128, "staggered70b.yaml": 32,
-             "same70b.yaml": 32}
+    sizes = {"jobs256.yaml": 256, "jobs16.yaml": 16, "big16.yaml": 16, "fat256.yaml": 256, "gb128.yaml": 128,
+             "staggered70b.yaml": 32, "same70b.yaml": 32}
     for f, n in sizes.items():
         jobs = load_jobs(tmp_path / f).jobs
         assert len(jobs) == n, f
@@ -57,3 +57,10 @@ def test_the_gpu_list_case_names_the_most_gpu_types_allowed(tmp_path: Path) -> N
     own = [get_gpu(n) for n in names if n.endswith(".toml")]
     assert {g.name for g in own} == {f"own{i}" for i in range(bench.OWN_GPUS)}
     assert all(g.memory_bytes == get_gpu("h100").memory_bytes for g in own)
+
+
+def test_the_large_config_is_within_its_limit(tmp_path: Path) -> None:
+    from planner.limits import MAX_CONFIG_BYTES
+
+    _bench().write_inputs(tmp_path)
+    assert 15 * 2**20 < (tmp_path / "fat.json").stat().st_size <= MAX_CONFIG_BYTES
