@@ -12,8 +12,10 @@ plan where the refusal says none exists.
 
 from __future__ import annotations
 
+import pytest
 from conftest import plan_in_process
 
+from planner.errors import UserError
 from planner.hardware.gpus import get_gpu
 from planner.models.spec import load_model
 from planner.search.posttrain import plan_rl
@@ -49,7 +51,8 @@ def test_the_search_finds_nothing_where_it_refuses() -> None:
     tp 1 (46,702,792,704 parameters, transformers' count) hold no sequence on any layout of 8 H100s."""
     m, gpu = load_model("mixtral-8x7b"), get_gpu("h100")
     rl = RLSetup(task="grpo")
-    assert not plan_rl(m, gpu, TrainingSetup(), rl, n_gpus=8).fits
+    with pytest.raises(UserError, match="cannot hold one sequence"):     # the Python API too, before any sweep
+        plan_rl(m, gpu, TrainingSetup(), rl, n_gpus=8)
     out = plan_in_process("--model", "mixtral-8x7b", "--gpus", "h100", "--task", "grpo", "--n-gpus", "8")
     assert out.returncode == 2 and "cannot hold one sequence" in out.stderr
     assert "--rollout-tp 2" in out.stderr
@@ -66,7 +69,8 @@ def test_an_engine_that_leaves_less_than_the_fixed_costs_is_refused() -> None:
     79.65 GiB: no GPU count fits (the sweep took over 120 s of CPU); 0.98 plans."""
     m, gpu = load_model("llama3.1-8b"), get_gpu("h100")
     rl = RLSetup(task="grpo", engine_memory_fraction=0.99)
-    assert not plan_rl(m, gpu, TrainingSetup(), rl, n_gpus=2).fits
+    with pytest.raises(UserError, match="0.98 or less"):
+        plan_rl(m, gpu, TrainingSetup(), rl, n_gpus=2)
     out = plan_in_process("--model", "8b", "--gpus", "h100", "--task", "grpo", "--rollout-memory-fraction", "0.99")
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert f"{0.99 * 81_559 * MiB / GiB:.2f} GiB" in out.stderr
