@@ -15,7 +15,7 @@ ranked by).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -27,6 +27,7 @@ from planner.memory.model import min_model_state_bytes_per_param, rank_memories
 from planner.memory.peak import MemoryBatch, memory_batch
 from planner.models.spec import ModelSpec, ParamCount, count_params
 from planner.search.search import RECOMPUTE_COST, Candidate, rank_columns
+from planner.timing.degrees import table_setup
 from planner.timing.fast import step_times_picked
 from planner.timing.model import DEFAULT_EFFICIENCY, Efficiency
 from planner.training.setup import TrainingSetup
@@ -74,42 +75,108 @@ def sized_layouts(m: ModelSpec, setup: TrainingSetup, n: int, gpus_per_node: int
     return hit
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Ask:
+    """One search's request for a count's fastest layouts (sweep's arguments beside the model,
+    the space and the count): its set-up, the GPUs it times on and what fits on them."""
+
+    setup: TrainingSetup
+    cluster: Cluster
+    capacity_bytes: int
+    eff: Efficiency = DEFAULT_EFFICIENCY
+    keep: int = 3
+    host_capacity_bytes: int | None = None
+    nvme_capacity_bytes: int | None = None
+
+
 def _fastest_on_count(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, n: int, capacity_bytes: int,
                       space: SearchSpace, eff: Efficiency, keep: int, pc: ParamCount,
                       host_capacity_bytes: int | None, nvme_capacity_bytes: int | None) -> CountBest:
     arrays, batch = sized_layouts(m, setup, n, cluster.gpu.gpus_per_node, space, pc)
-    if batch is None:
-        return CountBest(n_gpus=n, fastest=())
-    totals = batch.total
-    may_fit = np.flatnonzero(totals <= capacity_bytes)
-    if not len(may_fit):
-        return CountBest(n_gpus=n, fastest=(), n_shapes=len(arrays))
+    ask = Ask(setup=setup, cluster=cluster, capacity_bytes=capacity_bytes, eff=eff, keep=keep,
+              host_capacity_bytes=host_capacity_bytes, nvme_capacity_bytes=nvme_capacity_bytes)
+    (cb,) = _fastest_of(m, pc, n, arrays, batch, [(ask, 0, len(arrays))], keep_terms=True)
+    return cb
+
+
+def _fastest_of(m: ModelSpec, pc: ParamCount, n: int, arrays: LayoutArrays, batch: MemoryBatch | None,
+                segments: Sequence[tuple[Ask, int, int]], keep_terms: bool) -> list[CountBest]:
+    """Per segment (ask, first row, end row) of ``arrays`` (valid layouts on ``n`` GPUs, sized
+    as ``batch``): the ask's fastest layouts that fit among its rows. The segments that time
+    on one cluster with one set of efficiencies are timed as one batch, whose rows
+    step_times_picked() reads apart (a layout's time does not depend on what else is in the
+    batch); each segment's rows are ranked on their own (_rank_order). ``keep_terms``: each
+    candidate keeps its memory terms (they hold the whole ``batch``)."""
+    out: list[CountBest | None] = [None] * len(segments)
+    timed: dict[tuple, list[int]] = {}          # (cluster, eff) -> segments timed together
+    fits: list[np.ndarray] = []                 # per segment: its rows that may fit
+    for k, (ask, lo, hi) in enumerate(segments):
+        fits.append(np.zeros(0, dtype=np.int64))
+        if batch is None or hi == lo:
+            out[k] = CountBest(n_gpus=n, fastest=())
+            continue
+        fits[k] = lo + np.flatnonzero(batch.total[lo:hi] <= ask.capacity_bytes)
+        if not len(fits[k]):
+            out[k] = CountBest(n_gpus=n, fastest=(), n_shapes=hi - lo)
+            continue
+        timed.setdefault((ask.cluster, ask.eff), []).append(k)
+    for (cluster, eff), ks in timed.items():
+        assert batch is not None
+        for k, cb in zip(ks, _timed_together(m, pc, n, arrays, batch, [segments[k] for k in ks],
+                                             [fits[k] for k in ks], cluster, eff, keep_terms)):
+            out[k] = cb
+    assert all(cb is not None for cb in out)
+    return out  # type: ignore[return-value]
+
+
+def _timed_together(m: ModelSpec, pc: ParamCount, n: int, arrays: LayoutArrays, batch: MemoryBatch,
+                    segments: Sequence[tuple[Ask, int, int]], fits: Sequence[np.ndarray], cluster: Cluster,
+                    eff: Efficiency, keep_terms: bool) -> list[CountBest]:
+    """_fastest_of for segments that time on one cluster with one set of efficiencies, each
+    with its rows that may fit (``fits``, rows of ``arrays``): every such row timed as one batch
+    (step_times_picked), and each segment's fastest that fit walked in its own rank order."""
+    may_fit = np.concatenate(fits) if len(fits) > 1 else fits[0]
     arrays_fit = LayoutArrays(*(arrays.field(f)[may_fit] for f in LayoutArrays.FIELDS))
-    headroom = capacity_bytes - totals[may_fit]
-    best: list[Candidate] = []
-    rows: list[int] = []
-    sized = 0
+    headroom = np.concatenate([ask.capacity_bytes - batch.total[f] for (ask, _, _), f in zip(segments, fits)])
+    starts: list[int] = np.cumsum([0] + [len(f) for f in fits]).tolist()
+    best: list[list[Candidate]] = [[] for _ in segments]
+    sized = [0] * len(segments)
 
     def keep_fastest(times: np.ndarray) -> list[int]:
-        """The rows of the ``keep`` fastest layouts that fit, in rank order."""
-        nonlocal sized
-        for i in _rank_order(arrays_fit, times, headroom, keep):
-            lay = arrays_fit.layout(i, setup.seq_len)
-            (mem,) = rank_memories(batch, [int(may_fit[i])])      # the batch's row: sized once
-            c = Candidate(layout=lay, memory=mem, capacity_bytes=capacity_bytes,
-                          host_capacity_bytes=host_capacity_bytes, nvme_capacity_bytes=nvme_capacity_bytes)
-            sized += 1
-            if c.fits:          # (the host's and NVMe's capacity: the GPU's is in may_fit)
-                best.append(c)
-                rows.append(i)
-                if len(best) == keep:
-                    break
+        """Per segment, the rows of its ``keep`` fastest layouts that fit, in rank order: each
+        segment's fastest first, their memory read off the batch in one call."""
+        walks = [_rank_order(LayoutArrays(*(arrays_fit.field(f)[lo:hi] for f in LayoutArrays.FIELDS)),
+                             times[lo:hi], headroom[lo:hi], ask.keep)
+                 for (ask, _, _), lo, hi in zip(segments, starts, starts[1:])]
+        heads = [next(w, None) for w in walks]
+        at = [lo + i for lo, i in zip(starts, heads) if i is not None]
+        mems = iter(rank_memories(batch, may_fit[at].tolist(), keep_terms))    # the batch's rows: sized once
+        rows: list[int] = []
+        for j, ((ask, _, _), lo, walk, head) in enumerate(zip(segments, starts, walks, heads)):
+            i = head
+            while i is not None:
+                mem = next(mems) if i == head else rank_memories(batch, [int(may_fit[lo + i])], keep_terms)[0]
+                c = Candidate(layout=arrays_fit.layout(lo + i, ask.setup.seq_len), memory=mem,
+                              capacity_bytes=ask.capacity_bytes, host_capacity_bytes=ask.host_capacity_bytes,
+                              nvme_capacity_bytes=ask.nvme_capacity_bytes)
+                sized[j] += 1
+                if c.fits:          # (the host's and NVMe's capacity: the GPU's is in may_fit)
+                    best[j].append(c)
+                    rows.append(lo + i)
+                    if len(best[j]) == ask.keep:
+                        break
+                i = next(walk, None)
         return rows
 
     # every fitting layout timed as one batch, and the StepTime of the kept ones read off it
-    _, kept_times = step_times_picked(m, setup, arrays_fit, cluster, eff, pc, keep_fastest)
-    return CountBest(n_gpus=n, fastest=tuple(replace(c, time=t) for c, t in zip(best, kept_times)),
-                     n_shapes=len(arrays), n_timed=len(arrays_fit), n_sized=sized)
+    _, kept_times = step_times_picked(m, segments[0][0].setup, arrays_fit, cluster, eff, pc, keep_fastest)
+    out, at = [], 0
+    for (_, lo, hi), f, kept, n_sized in zip(segments, fits, best, sized):
+        ts = kept_times[at:at + len(kept)]
+        at += len(kept)
+        out.append(CountBest(n_gpus=n, fastest=tuple(replace(c, time=t) for c, t in zip(kept, ts)),
+                             n_shapes=hi - lo, n_timed=len(f), n_sized=n_sized))
+    return out
 
 
 def _rank_order(a: LayoutArrays, times: np.ndarray, headroom: np.ndarray, keep: int) -> Iterator[int]:
@@ -142,12 +209,73 @@ def sweep(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, counts: Iterable
     (rank_key orders by step time first). Counts on which the model states alone cannot
     fit are skipped, as in search()."""
     pc = count_params(m)
-    floor_per_param = min_model_state_bytes_per_param(setup)
+    ask = Ask(setup=setup, cluster=cluster, capacity_bytes=capacity_bytes, eff=eff, keep=keep,
+              host_capacity_bytes=host_capacity_bytes, nvme_capacity_bytes=nvme_capacity_bytes)
     out = []
     for n in counts:
-        if floor_per_param * pc.total / n > capacity_bytes:
+        if not _may_fit(ask, pc, n):
             out.append(CountBest(n_gpus=n, fastest=()))
             continue
         out.append(_fastest_on_count(m, setup, cluster, n, capacity_bytes, space, eff, keep, pc,
                                      host_capacity_bytes, nvme_capacity_bytes))
     return out
+
+
+def _may_fit(ask: Ask, pc: ParamCount, n: int) -> bool:
+    """Whether the model states alone can fit on ``n`` GPUs of the ask's capacity (sweep skips
+    the counts where they cannot, as search() does)."""
+    return not min_model_state_bytes_per_param(ask.setup) * pc.total / n > ask.capacity_bytes
+
+
+SHARED_ROWS = 1 << 17       # the most valid layouts sweep_shared() sizes and times in one batch
+
+
+def sweep_shared(m: ModelSpec, space: SearchSpace, n: int, gpus_per_node: int, asks: Sequence[Ask]
+                 ) -> list[CountBest]:
+    """sweep(m, ask.setup, ask.cluster, [n], ...)[0] for each ask, without memory terms
+    (rank_memories' keep_terms=False), the asks' set-ups differing in nothing but the global
+    batch (training.setup.block_table_setup) and their GPUs sharing ``gpus_per_node``.
+
+    Each distinct set-up's valid layouts on ``n`` (count_layouts: the global batch decides
+    which are valid and their accumulation) are sized as one batch with the others' (no
+    memory model reads the global batch: a layout carries its micro-batch and accumulation,
+    tests/test_block_tables.py), at most SHARED_ROWS layouts at a time, and the asks that time
+    on one cluster are timed as one batch (_fastest_of). `plan buy` of 256 jobs of one model,
+    each its own global batch, swept 7,405 counts one set-up at a time (issue 32)."""
+    if not asks:
+        return []
+    base = table_setup(asks[0].setup)
+    if any(table_setup(a.setup) != base for a in asks):
+        raise ValueError("sweep_shared: set-ups that differ in more than the global batch")
+    pc = count_params(m)
+    out: list[CountBest | None] = [None if _may_fit(a, pc, n) else CountBest(n_gpus=n, fastest=()) for a in asks]
+    by_setup: dict[TrainingSetup, list[int]] = {}       # the asks left, per distinct set-up
+    for k, a in enumerate(asks):
+        if out[k] is None:
+            by_setup.setdefault(a.setup, []).append(k)
+    chunk: list[tuple[TrainingSetup, LayoutArrays]] = []
+
+    def flush() -> None:
+        """Size and time the set-ups of ``chunk``, for every ask of them."""
+        arrays = LayoutArrays.concat([x for _, x in chunk])
+        batch = memory_batch(m, chunk[0][0], arrays, pc, gpus_per_node) if len(arrays) else None
+        segments, ks, lo = [], [], 0
+        for setup, x in chunk:
+            segments += [(asks[k], lo, lo + len(x)) for k in by_setup[setup]]
+            ks += by_setup[setup]
+            lo += len(x)
+        for k, cb in zip(ks, _fastest_of(m, pc, n, arrays, batch, segments, keep_terms=False)):
+            out[k] = cb
+        chunk.clear()
+
+    rows = 0
+    for setup in by_setup:
+        x = count_layouts(m, setup, n, gpus_per_node, space)
+        if chunk and rows + len(x) > SHARED_ROWS:
+            flush()
+            rows = 0
+        chunk.append((setup, x))
+        rows += len(x)
+    if chunk:
+        flush()
+    return [cb for cb in out if cb is not None]
