@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from planner.hardware.placement import Cluster
-from planner.layouts.batch import RECOMPUTES, LayoutArrays, valid_layouts
+from planner.layouts.batch import RECOMPUTES, LayoutArrays, valid_layouts_of_batches
 from planner.layouts.layout import SearchSpace, enumerate_folded
 from planner.memory.model import min_model_state_bytes_per_param, rank_memories
 from planner.memory.peak import MemoryBatch, memory_batch
@@ -51,9 +51,23 @@ def count_layouts(m: ModelSpec, setup: TrainingSetup, n: int, gpus_per_node: int
     """The valid layouts on ``n`` GPUs, in enumerate_layouts' order, as arrays (the rules
     table, planner.layouts.rules, over a grid; every set-up), then the valid folded ones where
     the space folds ep on ``n`` (layouts.layout.enumerate_folded, as search.size_count adds them)."""
-    arrays = valid_layouts(m, setup, n, gpus_per_node, space)
-    folded = [lay for lay, why in enumerate_folded(m, setup, n, gpus_per_node, space) if why is None]
-    return LayoutArrays.concat([arrays, LayoutArrays.from_layouts(folded)]) if folded else arrays
+    (arrays,) = count_layouts_of(m, [setup], n, gpus_per_node, space)
+    return arrays
+
+
+def count_layouts_of(m: ModelSpec, setups: Sequence[TrainingSetup], n: int, gpus_per_node: int,
+                     space: SearchSpace) -> list[LayoutArrays]:
+    """count_layouts() of each of ``setups``, set-ups that differ only in the global batch: one
+    grid of the rules over their batches (layouts.batch.valid_layouts_of_batches)."""
+    arrays, starts = valid_layouts_of_batches(m, setups[0], [s.global_batch for s in setups], n, gpus_per_node,
+                                              space)
+    out = []
+    for setup, lo, hi in zip(setups, starts, starts[1:]):
+        part = arrays if (lo, hi) == (0, len(arrays)) else \
+            LayoutArrays(*(arrays.field(f)[lo:hi] for f in LayoutArrays.FIELDS))
+        folded = [lay for lay, why in enumerate_folded(m, setup, n, gpus_per_node, space) if why is None]
+        out.append(LayoutArrays.concat([part, LayoutArrays.from_layouts(folded)]) if folded else part)
+    return out
 
 
 _LAST_SIZED: dict[tuple, tuple[LayoutArrays, MemoryBatch | None]] = {}
@@ -136,7 +150,10 @@ def _timed_together(m: ModelSpec, pc: ParamCount, n: int, arrays: LayoutArrays, 
     with its rows that may fit (``fits``, rows of ``arrays``): every such row timed as one batch
     (step_times_picked), and each segment's fastest that fit walked in its own rank order."""
     may_fit = np.concatenate(fits) if len(fits) > 1 else fits[0]
-    arrays_fit = LayoutArrays(*(arrays.field(f)[may_fit] for f in LayoutArrays.FIELDS))
+    if len(may_fit) == len(arrays) and np.array_equal(may_fit, np.arange(len(arrays))):
+        arrays_fit = arrays         # every row (the same arrays, not a copy)
+    else:
+        arrays_fit = LayoutArrays(*(arrays.field(f)[may_fit] for f in LayoutArrays.FIELDS))
     headroom = np.concatenate([ask.capacity_bytes - batch.total[f] for (ask, _, _), f in zip(segments, fits)])
     starts: list[int] = np.cumsum([0] + [len(f) for f in fits]).tolist()
     best: list[list[Candidate]] = [[] for _ in segments]
@@ -269,8 +286,7 @@ def sweep_shared(m: ModelSpec, space: SearchSpace, n: int, gpus_per_node: int, a
         chunk.clear()
 
     rows = 0
-    for setup in by_setup:
-        x = count_layouts(m, setup, n, gpus_per_node, space)
+    for setup, x in zip(by_setup, count_layouts_of(m, list(by_setup), n, gpus_per_node, space)):
         if chunk and rows + len(x) > SHARED_ROWS:
             flush()
             rows = 0
