@@ -151,6 +151,12 @@ class LayoutArrays:
         a = np.array(rows, dtype=np.int64).reshape(-1, width)
         return LayoutArrays(*(a[:, i].copy() for i in range(width)))
 
+    def take(self, rows: slice | np.ndarray) -> LayoutArrays:
+        """The layouts at ``rows`` (a slice: views); a field not given stays not given (field()
+        would build its zeros at the full length: 3.4 s of 21,384 zeros of `plan buy` of 256
+        jobs of distinct global batches)."""
+        return LayoutArrays(*(None if (x := getattr(self, f)) is None else x[rows] for f in self.FIELDS))  # type: ignore[arg-type]
+
     @staticmethod
     def concat(parts: Sequence[LayoutArrays]) -> LayoutArrays:
         if not parts:

@@ -21,10 +21,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from planner.hardware.placement import Cluster
-from planner.layouts.batch import RECOMPUTES, LayoutArrays, valid_layouts_of_batches
+from planner.layouts.batch import RECOMPUTES, LayoutArrays, Unsupported, valid_layouts_of_batches
+from planner.layouts.groups import group
 from planner.layouts.layout import SearchSpace, enumerate_folded
 from planner.memory.model import min_model_state_bytes_per_param, rank_memories
 from planner.memory.peak import MemoryBatch, memory_batch
+from planner.memory.shapes import memory_grad_accum
 from planner.models.spec import ModelSpec, ParamCount, count_params
 from planner.search.search import RECOMPUTE_COST, Candidate, rank_columns
 from planner.timing.degrees import table_setup
@@ -51,23 +53,26 @@ def count_layouts(m: ModelSpec, setup: TrainingSetup, n: int, gpus_per_node: int
     """The valid layouts on ``n`` GPUs, in enumerate_layouts' order, as arrays (the rules
     table, planner.layouts.rules, over a grid; every set-up), then the valid folded ones where
     the space folds ep on ``n`` (layouts.layout.enumerate_folded, as search.size_count adds them)."""
-    (arrays,) = count_layouts_of(m, [setup], n, gpus_per_node, space)
+    arrays, _ = count_layouts_of(m, [setup], n, gpus_per_node, space)
     return arrays
 
 
 def count_layouts_of(m: ModelSpec, setups: Sequence[TrainingSetup], n: int, gpus_per_node: int,
-                     space: SearchSpace) -> list[LayoutArrays]:
-    """count_layouts() of each of ``setups``, set-ups that differ only in the global batch: one
-    grid of the rules over their batches (layouts.batch.valid_layouts_of_batches)."""
+                     space: SearchSpace) -> tuple[LayoutArrays, list[int]]:
+    """count_layouts() of each of ``setups`` (set-ups that differ only in the global batch), one
+    after another as one LayoutArrays, and where each set-up's layouts start (and the last
+    end): one grid of the rules over their batches (layouts.batch.valid_layouts_of_batches)."""
     arrays, starts = valid_layouts_of_batches(m, setups[0], [s.global_batch for s in setups], n, gpus_per_node,
                                               space)
-    out = []
-    for setup, lo, hi in zip(setups, starts, starts[1:]):
-        part = arrays if (lo, hi) == (0, len(arrays)) else \
-            LayoutArrays(*(arrays.field(f)[lo:hi] for f in LayoutArrays.FIELDS))
-        folded = [lay for lay, why in enumerate_folded(m, setup, n, gpus_per_node, space) if why is None]
-        out.append(LayoutArrays.concat([part, LayoutArrays.from_layouts(folded)]) if folded else part)
-    return out
+    folded = [[lay for lay, why in enumerate_folded(m, setup, n, gpus_per_node, space) if why is None]
+              for setup in setups]
+    if not any(folded):
+        return arrays, starts
+    parts = []
+    for lo, hi, lays in zip(starts, starts[1:], folded):
+        parts += [arrays.take(slice(lo, hi))] + ([LayoutArrays.from_layouts(lays)] if lays else [])
+    return LayoutArrays.concat(parts), np.cumsum([0] + [hi - lo + len(lays) for lo, hi, lays
+                                                        in zip(starts, starts[1:], folded)]).tolist()
 
 
 _LAST_SIZED: dict[tuple, tuple[LayoutArrays, MemoryBatch | None]] = {}
@@ -90,6 +95,42 @@ def sized_layouts(m: ModelSpec, setup: TrainingSetup, n: int, gpus_per_node: int
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class Sized:
+    """Layouts' memory: a MemoryBatch, the row of it each layout reads (None: its own row)
+    and each layout's total bytes."""
+
+    batch: MemoryBatch
+    row: np.ndarray | None
+    total: np.ndarray
+
+    def rows(self, layouts: np.ndarray) -> list[int]:
+        """The batch's rows of ``layouts`` (layout numbers)."""
+        return (layouts if self.row is None else self.row[layouts]).tolist()
+
+
+def sized_once(m: ModelSpec, setup: TrainingSetup, arrays: LayoutArrays, pc: ParamCount,
+               gpus_per_node: int) -> Sized | None:
+    """The memory of ``arrays`` (valid layouts of ``setup``), each distinct layout as the memory
+    model reads it sized once: layouts that differ only in an accumulation count the model
+    does not tell apart (memory.shapes.memory_grad_accum) share a row. Set-ups that differ
+    only in the global batch give the same layouts but for the accumulation (1,024 + 8 i
+    sequences at dp 8: 128 + i micro-batches), whose memory saturates at pp micro-batches in
+    flight. None where there are no layouts."""
+    if not len(arrays):
+        return None
+    key = replace(arrays, grad_accum=memory_grad_accum(arrays, setup))
+    try:
+        row, first = group([key.field(f) for f in LayoutArrays.FIELDS])
+    except Unsupported:         # columns too wide to pack: each layout its own row
+        row, first = np.arange(len(arrays)), np.arange(len(arrays))
+    if len(first) == len(arrays):
+        batch = memory_batch(m, setup, arrays, pc, gpus_per_node)
+        return Sized(batch=batch, row=None, total=batch.total)
+    batch = memory_batch(m, setup, key.take(first), pc, gpus_per_node)
+    return Sized(batch=batch, row=row, total=batch.total[row])
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Ask:
     """One search's request for a count's fastest layouts (sweep's arguments beside the model,
     the space and the count): its set-up, the GPUs it times on and what fits on them."""
@@ -109,11 +150,12 @@ def _fastest_on_count(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, n: i
     arrays, batch = sized_layouts(m, setup, n, cluster.gpu.gpus_per_node, space, pc)
     ask = Ask(setup=setup, cluster=cluster, capacity_bytes=capacity_bytes, eff=eff, keep=keep,
               host_capacity_bytes=host_capacity_bytes, nvme_capacity_bytes=nvme_capacity_bytes)
-    (cb,) = _fastest_of(m, pc, n, arrays, batch, [(ask, 0, len(arrays))], keep_terms=True)
+    sized = None if batch is None else Sized(batch=batch, row=None, total=batch.total)
+    (cb,) = _fastest_of(m, pc, n, arrays, sized, [(ask, 0, len(arrays))], keep_terms=True)
     return cb
 
 
-def _fastest_of(m: ModelSpec, pc: ParamCount, n: int, arrays: LayoutArrays, batch: MemoryBatch | None,
+def _fastest_of(m: ModelSpec, pc: ParamCount, n: int, arrays: LayoutArrays, batch: Sized | None,
                 segments: Sequence[tuple[Ask, int, int]], keep_terms: bool) -> list[CountBest]:
     """Per segment (ask, first row, end row) of ``arrays`` (valid layouts on ``n`` GPUs, sized
     as ``batch``): the ask's fastest layouts that fit among its rows. The segments that time
@@ -143,7 +185,7 @@ def _fastest_of(m: ModelSpec, pc: ParamCount, n: int, arrays: LayoutArrays, batc
     return out  # type: ignore[return-value]
 
 
-def _timed_together(m: ModelSpec, pc: ParamCount, n: int, arrays: LayoutArrays, batch: MemoryBatch,
+def _timed_together(m: ModelSpec, pc: ParamCount, n: int, arrays: LayoutArrays, batch: Sized,
                     segments: Sequence[tuple[Ask, int, int]], fits: Sequence[np.ndarray], cluster: Cluster,
                     eff: Efficiency, keep_terms: bool) -> list[CountBest]:
     """_fastest_of for segments that time on one cluster with one set of efficiencies, each
@@ -153,7 +195,7 @@ def _timed_together(m: ModelSpec, pc: ParamCount, n: int, arrays: LayoutArrays, 
     if len(may_fit) == len(arrays) and np.array_equal(may_fit, np.arange(len(arrays))):
         arrays_fit = arrays         # every row (the same arrays, not a copy)
     else:
-        arrays_fit = LayoutArrays(*(arrays.field(f)[may_fit] for f in LayoutArrays.FIELDS))
+        arrays_fit = arrays.take(may_fit)
     headroom = np.concatenate([ask.capacity_bytes - batch.total[f] for (ask, _, _), f in zip(segments, fits)])
     starts: list[int] = np.cumsum([0] + [len(f) for f in fits]).tolist()
     best: list[list[Candidate]] = [[] for _ in segments]
@@ -162,17 +204,17 @@ def _timed_together(m: ModelSpec, pc: ParamCount, n: int, arrays: LayoutArrays, 
     def keep_fastest(times: np.ndarray) -> list[int]:
         """Per segment, the rows of its ``keep`` fastest layouts that fit, in rank order: each
         segment's fastest first, their memory read off the batch in one call."""
-        walks = [_rank_order(LayoutArrays(*(arrays_fit.field(f)[lo:hi] for f in LayoutArrays.FIELDS)),
-                             times[lo:hi], headroom[lo:hi], ask.keep)
+        walks = [_rank_order(arrays_fit, times[lo:hi], headroom[lo:hi], ask.keep, lo)
                  for (ask, _, _), lo, hi in zip(segments, starts, starts[1:])]
         heads = [next(w, None) for w in walks]
         at = [lo + i for lo, i in zip(starts, heads) if i is not None]
-        mems = iter(rank_memories(batch, may_fit[at].tolist(), keep_terms))    # the batch's rows: sized once
+        mems = iter(rank_memories(batch.batch, batch.rows(may_fit[at]), keep_terms))    # sized once
         rows: list[int] = []
         for j, ((ask, _, _), lo, walk, head) in enumerate(zip(segments, starts, walks, heads)):
             i = head
             while i is not None:
-                mem = next(mems) if i == head else rank_memories(batch, [int(may_fit[lo + i])], keep_terms)[0]
+                mem = next(mems) if i == head else rank_memories(batch.batch, batch.rows(may_fit[lo + i:lo + i + 1]),
+                                                                 keep_terms)[0]
                 c = Candidate(layout=arrays_fit.layout(lo + i, ask.setup.seq_len), memory=mem,
                               capacity_bytes=ask.capacity_bytes, host_capacity_bytes=ask.host_capacity_bytes,
                               nvme_capacity_bytes=ask.nvme_capacity_bytes)
@@ -196,9 +238,10 @@ def _timed_together(m: ModelSpec, pc: ParamCount, n: int, arrays: LayoutArrays, 
     return out
 
 
-def _rank_order(a: LayoutArrays, times: np.ndarray, headroom: np.ndarray, keep: int) -> Iterator[int]:
-    """The rows of ``a`` in rank_key's order (np.lexsort: the last key first; stable, so full
-    ties keep enumeration order; many layouts tie on step time where the GPU's sustained-rate
+def _rank_order(a: LayoutArrays, times: np.ndarray, headroom: np.ndarray, keep: int, lo: int = 0) -> Iterator[int]:
+    """The rows of ``a`` from ``lo`` on, as many as ``times`` and ``headroom`` have, numbered
+    from 0, in rank_key's order (np.lexsort: the last key first; stable, so full ties keep
+    enumeration order; many layouts tie on step time where the GPU's sustained-rate
     floor binds, so the other fields are sorted as arrays rather than walked one by one).
     Step time is the first key, so the rows no slower than the ``keep``-th fastest come first
     in that order: they are sorted and given first, and the others only if the walk asks for
@@ -210,8 +253,9 @@ def _rank_order(a: LayoutArrays, times: np.ndarray, headroom: np.ndarray, keep: 
         first = times <= np.partition(times, keep - 1)[keep - 1]     # False throughout for a NaN
     for part in (first, ~first) if first.any() else (~first,):
         rows = np.flatnonzero(part)
-        order = np.lexsort(rank_columns(times[rows], rc_cost[a.recompute[rows]], a.pp[rows], a.cp[rows], a.tp[rows],
-                                        a.zero_stage[rows], a.sharding[rows] > 0, a.micro_batch[rows], a.vp[rows],
+        at = rows + lo
+        order = np.lexsort(rank_columns(times[rows], rc_cost[a.recompute[at]], a.pp[at], a.cp[at], a.tp[at],
+                                        a.zero_stage[at], a.sharding[at] > 0, a.micro_batch[at], a.vp[at],
                                         headroom[rows])[::-1])
         yield from rows[order].tolist()
 
@@ -270,28 +314,22 @@ def sweep_shared(m: ModelSpec, space: SearchSpace, n: int, gpus_per_node: int, a
     for k, a in enumerate(asks):
         if out[k] is None:
             by_setup.setdefault(a.setup, []).append(k)
-    chunk: list[tuple[TrainingSetup, LayoutArrays]] = []
-
-    def flush() -> None:
-        """Size and time the set-ups of ``chunk``, for every ask of them."""
-        arrays = LayoutArrays.concat([x for _, x in chunk])
-        batch = memory_batch(m, chunk[0][0], arrays, pc, gpus_per_node) if len(arrays) else None
-        segments, ks, lo = [], [], 0
-        for setup, x in chunk:
-            segments += [(asks[k], lo, lo + len(x)) for k in by_setup[setup]]
-            ks += by_setup[setup]
-            lo += len(x)
-        for k, cb in zip(ks, _fastest_of(m, pc, n, arrays, batch, segments, keep_terms=False)):
+    setups = list(by_setup)
+    if not setups:
+        return out  # type: ignore[return-value]
+    arrays, starts = count_layouts_of(m, setups, n, gpus_per_node, space)
+    first = 0       # the first set-up of the next chunk: chunks of at most SHARED_ROWS layouts
+    while first < len(setups):
+        last = first + 1
+        while last < len(setups) and starts[last + 1] - starts[first] <= SHARED_ROWS:
+            last += 1
+        lo, hi = starts[first], starts[last]
+        part = arrays if (lo, hi) == (0, len(arrays)) else arrays.take(slice(lo, hi))
+        segments = [(asks[k], starts[j] - lo, starts[j + 1] - lo) for j in range(first, last)
+                    for k in by_setup[setups[j]]]
+        ks = [k for j in range(first, last) for k in by_setup[setups[j]]]
+        for k, cb in zip(ks, _fastest_of(m, pc, n, part, sized_once(m, setups[first], part, pc, gpus_per_node),
+                                         segments, keep_terms=False)):
             out[k] = cb
-        chunk.clear()
-
-    rows = 0
-    for setup, x in zip(by_setup, count_layouts_of(m, list(by_setup), n, gpus_per_node, space)):
-        if chunk and rows + len(x) > SHARED_ROWS:
-            flush()
-            rows = 0
-        chunk.append((setup, x))
-        rows += len(x)
-    if chunk:
-        flush()
+        first = last
     return [cb for cb in out if cb is not None]
