@@ -22,7 +22,7 @@ import pytest
 from planner import api
 from planner.cost.plan import without_terms
 from planner.hardware.gpus import get_gpu
-from planner.layouts.batch import LayoutArrays, valid_layouts_of_batches
+from planner.layouts.batch import LayoutArrays, rejected_layouts, valid_layouts_of_batches
 from planner.layouts.layout import SearchSpace, enumerate_layouts
 from planner.memory.peak import memory_batch
 from planner.memory.shapes import memory_grad_accum
@@ -53,6 +53,17 @@ def test_the_grid_of_batches_is_each_batch_enumerated(model, n, space):
         expected = LayoutArrays.from_layouts([lay for lay, why in enumerate_layouts(m, setup, n, 8, space)
                                               if why is None and not lay.ep_fold])
         assert _rows(arrays.take(slice(lo, hi))) == _rows(expected), b
+
+
+@pytest.mark.parametrize("limit", [1, 2, 7, 10_000])
+def test_the_rejected_layouts_are_enumerations_rejects(limit):
+    """layouts.batch.rejected_layouts (the grid's cells, each once per recomputation mode, cut
+    at ``limit``) against enumerate_layouts' rejects and reasons, in its order."""
+    m, setup = load_model("mixtral-8x7b"), TrainingSetup(global_batch=100)
+    got = rejected_layouts(m, setup, 24, 8, SearchSpace(), limit)
+    expected = [(lay, why) for lay, why in enumerate_layouts(m, setup, 24, 8, SearchSpace())
+                if why is not None and not lay.ep_fold][:limit]
+    assert [(lay.key, why) for lay, why in got] == [(lay.key, why) for lay, why in expected]
 
 
 def _leaves(x, path=""):

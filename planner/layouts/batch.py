@@ -217,26 +217,32 @@ def _grid(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node: int,
     return view, visited, shapes, vps, rcs
 
 
-def _cells(view: RuleView, shape: tuple[int, ...], at_cells: tuple[np.ndarray, ...], i_r: np.ndarray,
-           rcs: list[int]) -> LayoutArrays:
-    """The layouts of the grid's cells ``at_cells`` (indices along G, S, K, V, M), each with
-    the recomputation mode ``i_r`` indexes in ``rcs``."""
-    n = len(i_r)
+def _cells(view: RuleView, shape: tuple[int, ...], at_cells: tuple[np.ndarray, ...], rcs: list[int],
+           limit: int | None = None) -> LayoutArrays:
+    """The layouts of the grid's cells ``at_cells`` (indices along G, S, K, V, M), each cell
+    once per recomputation mode of ``rcs`` (the innermost axis of enumeration); the first
+    ``limit`` of them where given."""
+    per = len(rcs)
+    if limit is not None:
+        at_cells = tuple(c[:-(-limit // per)] for c in at_cells)
+    n = len(at_cells[0]) * per
 
     def at(x: np.ndarray) -> np.ndarray:
-        """x broadcast over the grid, at the cells: indexed along its own axes only (along all
-        five, 428,334 cells of 128 batches took 14 ms a field)."""
+        """x broadcast over the grid, at the cells, each repeated per recomputation mode:
+        indexed along its own axes only (along all five and the modes', 428,334 layouts of 128
+        batches took 14 ms a field)."""
         x = np.asarray(x).reshape((1,) * (len(shape) - np.ndim(x)) + np.shape(x))
         if x.size == 1:
-            return np.full(n, x.reshape(()), dtype=x.dtype)
-        return x[tuple(c if d > 1 else 0 for c, d in zip(at_cells, x.shape))]
+            return np.full(n, x.reshape(()), dtype=x.dtype)[:limit]
+        return np.repeat(x[tuple(c if d > 1 else 0 for c, d in zip(at_cells, x.shape))], per)[:limit]
 
     degrees: dict[str, Any] = {a: at(getattr(view, a)) for a in AXIS_NAMES}
+    k = n if limit is None else min(n, limit)
     return LayoutArrays(**degrees, zero_stage=at(view.zero_stage), sharding=at(view.sharding), sp=at(view.sp),
                         vp=at(view.vp), micro_batch=at(view.micro_batch), grad_accum=at(view.grad_accum),
-                        recompute=np.array(rcs, dtype=np.int64)[i_r],
-                        etp=np.full(n, int(view.etp), dtype=np.int64),
-                        optimizer_instances=np.full(n, int(view.optimizer_instances), dtype=np.int64))
+                        recompute=np.tile(np.array(rcs, dtype=np.int64), len(at_cells[0]))[:limit],
+                        etp=np.full(k, int(view.etp), dtype=np.int64),
+                        optimizer_instances=np.full(k, int(view.optimizer_instances), dtype=np.int64))
 
 
 def _grid_shape(view: RuleView, shapes: list[DegreeShape], vps: list[int]) -> tuple[int, ...]:
@@ -265,10 +271,9 @@ def valid_layouts_of_batches(m: ModelSpec, setup: TrainingSetup, batches: Sequen
         return LayoutArrays.from_layouts([]), [0] * (len(batches) + 1)
     view, visited, shapes, vps, rcs = grid
     shape = _grid_shape(view, shapes, vps)
-    ok = np.broadcast_to(valid_mask(view) & visited, shape)                         # (G,S,K,V,M)
-    *at_cells, i_r = np.nonzero(np.broadcast_to(ok[..., None], shape + (len(rcs),)))
-    starts = np.searchsorted(at_cells[0], np.arange(len(batches) + 1)).tolist()
-    return _cells(view, shape, tuple(at_cells), i_r, rcs), starts
+    at_cells = np.nonzero(np.broadcast_to(valid_mask(view) & visited, shape))       # (G,S,K,V,M)
+    starts = (np.searchsorted(at_cells[0], np.arange(len(batches) + 1)) * len(rcs)).tolist()
+    return _cells(view, shape, at_cells, rcs), starts
 
 
 def rejected_layouts(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node: int,
@@ -282,9 +287,9 @@ def rejected_layouts(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_n
     shape = _grid_shape(view, shapes, vps)
     first = np.broadcast_to(first_failing_index(view), shape)
     bad = np.broadcast_to((first < len(RULES)) & visited, shape)
-    *at_cells, i_r = (x[:limit] for x in np.nonzero(np.broadcast_to(bad[..., None], shape + (len(rcs),))))
-    cells = _cells(view, shape, tuple(at_cells), i_r, rcs)
-    rule_i = first[tuple(at_cells)]
+    at_cells = np.nonzero(bad)
+    cells = _cells(view, shape, at_cells, rcs, limit)
+    rule_i = np.repeat(first[at_cells][:-(-limit // len(rcs))], len(rcs))[:limit]
     out = []
     for j in range(len(cells)):
         lay = cells.layout(j, setup.seq_len)

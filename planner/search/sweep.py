@@ -204,17 +204,15 @@ def _timed_together(m: ModelSpec, pc: ParamCount, n: int, arrays: LayoutArrays, 
     def keep_fastest(times: np.ndarray) -> list[int]:
         """Per segment, the rows of its ``keep`` fastest layouts that fit, in rank order: each
         segment's fastest first, their memory read off the batch in one call."""
-        walks = [_rank_order(arrays_fit, times[lo:hi], headroom[lo:hi], ask.keep, lo)
-                 for (ask, _, _), lo, hi in zip(segments, starts, starts[1:])]
-        heads = [next(w, None) for w in walks]
+        heads = _heads(arrays_fit, times, headroom, starts)
         at = [lo + i for lo, i in zip(starts, heads) if i is not None]
         mems = iter(rank_memories(batch.batch, batch.rows(may_fit[at]), keep_terms))    # sized once
         rows: list[int] = []
-        for j, ((ask, _, _), lo, walk, head) in enumerate(zip(segments, starts, walks, heads)):
-            i = head
+        for j, ((ask, _, _), lo, hi, head) in enumerate(zip(segments, starts, starts[1:], heads)):
+            i, walk = head, None
             while i is not None:
-                mem = next(mems) if i == head else rank_memories(batch.batch, batch.rows(may_fit[lo + i:lo + i + 1]),
-                                                                 keep_terms)[0]
+                mem = next(mems) if walk is None else rank_memories(batch.batch, batch.rows(may_fit[lo + i:lo + i + 1]),
+                                                                    keep_terms)[0]
                 c = Candidate(layout=arrays_fit.layout(lo + i, ask.setup.seq_len), memory=mem,
                               capacity_bytes=ask.capacity_bytes, host_capacity_bytes=ask.host_capacity_bytes,
                               nvme_capacity_bytes=ask.nvme_capacity_bytes)
@@ -224,6 +222,9 @@ def _timed_together(m: ModelSpec, pc: ParamCount, n: int, arrays: LayoutArrays, 
                     rows.append(lo + i)
                     if len(best[j]) == ask.keep:
                         break
+                if walk is None:    # past the head: the segment's own walk, from its second row
+                    walk = _rank_order(arrays_fit, times[lo:hi], headroom[lo:hi], ask.keep, lo)
+                    assert next(walk) == head
                 i = next(walk, None)
         return rows
 
@@ -238,6 +239,38 @@ def _timed_together(m: ModelSpec, pc: ParamCount, n: int, arrays: LayoutArrays, 
     return out
 
 
+_RECOMPUTE_COST = np.array([RECOMPUTE_COST[r] for r in RECOMPUTES])     # per RECOMPUTES index
+
+
+def _heads(a: LayoutArrays, times: np.ndarray, headroom: np.ndarray, starts: list[int]) -> list[int | None]:
+    """The first row of each segment (rows ``starts[j]`` to ``starts[j + 1]`` of ``a``, numbered
+    from the segment's start; None for an empty one) in _rank_order's order, whatever its
+    ``keep``: the least in rank_columns' order, NaN times last, the first of full ties. Taken
+    for every segment at once among the rows at their segment's least time (the sweep of a
+    count for 256 set-ups walked 7,149 segments one by one, issue 32); a segment whose times
+    are all NaN is walked on its own."""
+    lo, hi = np.array(starts[:-1], dtype=np.int64), np.array(starts[1:], dtype=np.int64)
+    full = np.flatnonzero(hi > lo)
+    seg = np.repeat(np.arange(len(lo)), hi - lo)
+    least = np.full(len(lo), np.nan)
+    if len(full):
+        least[full] = np.fmin.reduceat(times, lo[full])    # the segments cover the rows: no gaps
+    rows = np.flatnonzero(times <= least[seg])             # False where the least is NaN
+    cols = rank_columns(times[rows], _RECOMPUTE_COST[a.recompute[rows]], a.pp[rows], a.cp[rows], a.tp[rows],
+                        a.zero_stage[rows], a.sharding[rows] > 0, a.micro_batch[rows], a.vp[rows], headroom[rows])
+    order = rows[np.lexsort((*cols[::-1], seg[rows]))]    # the segment first, then rank_columns
+    first = order[np.r_[True, seg[order][1:] != seg[order][:-1]]] if len(order) else order
+    out: list[int | None] = [None] * len(lo)
+    for r in first.tolist():
+        j = int(seg[r])
+        out[j] = r - starts[j]
+    for j in full.tolist():
+        if out[j] is None:
+            out[j] = next(_rank_order(a, times[starts[j]:starts[j + 1]], headroom[starts[j]:starts[j + 1]], 1,
+                                      starts[j]))
+    return out
+
+
 def _rank_order(a: LayoutArrays, times: np.ndarray, headroom: np.ndarray, keep: int, lo: int = 0) -> Iterator[int]:
     """The rows of ``a`` from ``lo`` on, as many as ``times`` and ``headroom`` have, numbered
     from 0, in rank_key's order (np.lexsort: the last key first; stable, so full ties keep
@@ -247,14 +280,13 @@ def _rank_order(a: LayoutArrays, times: np.ndarray, headroom: np.ndarray, keep: 
     in that order: they are sorted and given first, and the others only if the walk asks for
     more (a fast layout that overflows the host's memory). Sorting all of a count's layouts
     took 0.46 of 5 s of CPU of `--tokens` over the catalog with DeepSeek-V3 (issue 32)."""
-    rc_cost = np.array([RECOMPUTE_COST[r] for r in RECOMPUTES])
     first = np.zeros(len(times), dtype=bool)
     if keep < len(times):
         first = times <= np.partition(times, keep - 1)[keep - 1]     # False throughout for a NaN
     for part in (first, ~first) if first.any() else (~first,):
         rows = np.flatnonzero(part)
         at = rows + lo
-        order = np.lexsort(rank_columns(times[rows], rc_cost[a.recompute[at]], a.pp[at], a.cp[at], a.tp[at],
+        order = np.lexsort(rank_columns(times[rows], _RECOMPUTE_COST[a.recompute[at]], a.pp[at], a.cp[at], a.tp[at],
                                         a.zero_stage[at], a.sharding[at] > 0, a.micro_batch[at], a.vp[at],
                                         headroom[rows])[::-1])
         yield from rows[order].tolist()
