@@ -109,15 +109,20 @@ class Sized:
 
 
 def sized_once(m: ModelSpec, setup: TrainingSetup, arrays: LayoutArrays, pc: ParamCount,
-               gpus_per_node: int) -> Sized | None:
+               gpus_per_node: int, n_batches: int) -> Sized | None:
     """The memory of ``arrays`` (valid layouts of ``setup``), each distinct layout as the memory
     model reads it sized once: layouts that differ only in an accumulation count the model
     does not tell apart (memory.shapes.memory_grad_accum) share a row. Set-ups that differ
     only in the global batch give the same layouts but for the accumulation (1,024 + 8 i
     sequences at dp 8: 128 + i micro-batches), whose memory saturates at pp micro-batches in
-    flight. None where there are no layouts."""
+    flight. ``n_batches``: how many global batches the layouts are of; of one, no two share a
+    row (the accumulation follows from the micro-batch and the degrees): none is looked for.
+    None where there are no layouts."""
     if not len(arrays):
         return None
+    if n_batches == 1:
+        batch = memory_batch(m, setup, arrays, pc, gpus_per_node)
+        return Sized(batch=batch, row=None, total=batch.total)
     key = replace(arrays, grad_accum=memory_grad_accum(arrays, setup))
     try:
         row, first = group([key.field(f) for f in LayoutArrays.FIELDS])
@@ -360,8 +365,8 @@ def sweep_shared(m: ModelSpec, space: SearchSpace, n: int, gpus_per_node: int, a
         segments = [(asks[k], starts[j] - lo, starts[j + 1] - lo) for j in range(first, last)
                     for k in by_setup[setups[j]]]
         ks = [k for j in range(first, last) for k in by_setup[setups[j]]]
-        for k, cb in zip(ks, _fastest_of(m, pc, n, part, sized_once(m, setups[first], part, pc, gpus_per_node),
-                                         segments, keep_terms=False)):
+        sized = sized_once(m, setups[first], part, pc, gpus_per_node, last - first)
+        for k, cb in zip(ks, _fastest_of(m, pc, n, part, sized, segments, keep_terms=False)):
             out[k] = cb
         first = last
     return [cb for cb in out if cb is not None]
