@@ -33,7 +33,8 @@ def plain_walk(tasks, more=None) -> None:
     """The walk before the eleventh pass (a reference, not the planner's code)."""
     groups: dict[tuple, list[list]] = {}
     for i, (pool, ns, done) in enumerate(tasks):
-        groups.setdefault((pool.gpu.gpus_per_node, pool.setup), []).append([pool, set(ns), done, True, more[i] if more else None])
+        groups.setdefault((pool.gpu.gpus_per_node, pool.setup), []).append(
+            [pool, set(ns), done, True, more[i] if more else None])
     for group in groups.values():
         for n in sorted(set().union(*(t[1] for t in group))):
             if not any(t[3] is True and n in t[1] for t in group):
