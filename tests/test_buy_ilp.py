@@ -13,6 +13,7 @@ import math
 import multiprocessing
 import time
 
+import pulp
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -132,18 +133,24 @@ def test_h5_h200_is_dominated_by_h100():
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(purchase_instances())
-def test_a_large_ilp_answers_from_its_lp_bound_and_the_greedy_start(instance):
-    """Above LARGE_VARIABLES (here every instance) the ILP is not branched on: the answer,
-    when there is one, is feasible, no cheaper than brute force's optimum and within the gap
-    it states of it (the LP relaxation's bound), and never claims to be proved."""
+def test_a_large_ilp_answers_from_its_node_integral_bound_and_a_restricted_ilp(instance):
+    """Above LARGE_VARIABLES (here every instance) the ILP is not branched on as a whole: the
+    answer, when there is one, is feasible, no cheaper than brute force's optimum and within
+    the gap it states of it (the bound of the relaxation with integer nodes); where it claims
+    a proof (it costs what that bound says), it is brute force's optimum."""
     import unittest.mock
 
     with unittest.mock.patch.object(solve, "LARGE_VARIABLES", 0):
         check_stopped_purchase(*instance)
         sol = solve_purchase(*instance, solver="highs")
-    assert not sol.solver.optimal
     if sol.cost_usd:
-        assert sol.solver.gap_found is not None and sol.solver.max_nodes == 0
+        assert sol.solver.max_nodes == 0
+        if sol.solver.optimal:
+            best = brute_purchase(*instance)
+            assert sol.solver.gap_found is None and sol.solver.status == "Optimal"
+            assert best is not None and sol.cost_usd <= best * (1 + 1e-6)
+        else:
+            assert sol.solver.gap_found is not None
 
 
 def test_h5_at_256_jobs_is_answered_from_the_lp_bound():
@@ -238,7 +245,7 @@ def test_the_model_handed_to_the_solver_is_the_documented_one(monkeypatch: pytes
     b_n2 (150, past its deadline: the only term of its deadline row, which is empty for j2);
     j2 from t=50 to 200 on a_n8 (100, does not fit in memory) or a_n16 (40). Pool a's check at
     j1's start holds a subset of the runs of its check at j2's start, and pool b's check at j2's
-    start the same runs as at j1's: each is implied and left out (_capacity_checks). Optimum by
+    start the same runs as at j1's: each is implied and left out (purchase.capacity_checks). Optimum by
     hand: j1 on 1 b node, j2 on 2 a nodes, $32 (j1 on a instead needs 3 a nodes, $36; b_n2
     would need only 2 b GPUs but ends late)."""
     pools = [Pool(gpu="a", gpus_per_node=8, capex_usd=10.0, opex_usd=2.0),
@@ -251,7 +258,10 @@ def test_the_model_handed_to_the_solver_is_the_documented_one(monkeypatch: pytes
                JobOption(job="j2", gpu="a", n_gpus=16, duration_s=40.0, key="a_n16")]
     seen = _problems_solved(monkeypatch)
     sol = solve_purchase(pools, jobs, options)
-    (prob,) = seen
+    # one problem, solved twice: first with its runs relaxed (the bound of the relaxation with
+    # integer nodes; the greedy start, one pool for all, does not meet it), then as the ILP
+    prob, again = seen
+    assert prob is again
     cons = prob.constraints
     rows = {c.name: ({v.name: x for v, x in c.items()}, c.sense, -c.constant)
             for c in (cons() if callable(cons) else cons.values())}
@@ -279,8 +289,8 @@ def test_the_deadline_row_leaves_the_lp_relaxation_no_late_share(monkeypatch):
     late. A row over every option's finish time (200 x_late + 50 x_in_time <= 100, the form
     before) let the LP relaxation run a third of the job late on one GPU, for (8 x 2/3 + 1/3) / 8
     = 17/24 of a node (by hand); the row over the late options holds x_late at 0 in the LP too,
-    so the LP's bound is the integer optimum, 1 node, and the answer from the LP relaxation
-    (every ILP past LARGE_VARIABLES, here 0) states no gap."""
+    so the LP's bound is the integer optimum, 1 node, and the answer of an ILP past
+    LARGE_VARIABLES (here 0) is proved optimal."""
     pools = [Pool(gpu="a", gpus_per_node=8, capex_usd=1.0, opex_usd=0.0)]
     jobs = [JobWindow(name="j", start_s=0.0, deadline_s=100.0)]
     options = [JobOption(job="j", gpu="a", n_gpus=8, duration_s=50.0, key="a_n8"),
@@ -288,18 +298,29 @@ def test_the_deadline_row_leaves_the_lp_relaxation_no_late_share(monkeypatch):
     monkeypatch.setattr(solve, "LARGE_VARIABLES", 0)
     sol = solve_purchase(pools, jobs, options, solver="highs")
     assert sol.nodes == {"a": 1} and sol.choices["j"].key == "a_n8"
-    assert sol.solver.gap_found == pytest.approx(0.0, abs=1e-9)
+    # past LARGE_VARIABLES the bound is the relaxation with integer nodes, which rounds 17/24
+    # of a node up as well: the answer is proved optimal (no gap said)
+    assert sol.solver.optimal and sol.solver.gap_found is None
 
 
 def test_the_purchase_ilp_runs_highs_without_rens_and_restart(monkeypatch):
     """HiGHS solves the purchase ILP with PURCHASE_HIGHS_OPTIONS (no RENS sub-MIP, no root
     restart: docs/performance.md, the purchase ILP) beside one thread and the node limit, read
     back from the highspy model PuLP solved; the one-job ILP keeps HiGHS's defaults."""
-    seen = _problems_solved(monkeypatch)
-    jobs, options = h5(4)
+    models = []     # (highspy model, whether it solved an ILP: every variable integer)
+    real_run = solve._run
+
+    def run(prob, *args, **kwargs):  # type: ignore[no-untyped-def]
+        info = real_run(prob, *args, **kwargs)
+        models.append((prob.solverModel, all(v.cat == pulp.LpInteger for v in prob.variables())))
+        return info
+
+    monkeypatch.setattr(solve, "_run", run)
+    jobs, options = h5(8)       # the greedy start does not meet the relaxation's bound: the ILP runs
     assert solve_purchase(H5_POOLS, jobs, options, solver="highs").solver.optimal
+    purchase = next(m for m, ilp in models if ilp)      # after its relaxation with integer nodes
     solve.solve_one_job([solve.Option(key="x", gpu="a", n_gpus=1, cost_usd=1.0, time_s=1.0)], solver="highs")
-    purchase, one_job = seen[0].solverModel, seen[1].solverModel    # one_job: its first of several solves
+    one_job = models[-1][0]     # one_job: its last of several solves
 
     def option(model, name):  # type: ignore[no-untyped-def]
         value = model.getOptionValue(name)      # highspy 1.16: (status, value)
@@ -308,3 +329,18 @@ def test_the_purchase_ilp_runs_highs_without_rens_and_restart(monkeypatch):
     assert option(purchase, "mip_heuristic_run_rens") is False and option(purchase, "mip_allow_restart") is False
     assert option(purchase, "threads") == 1 and option(purchase, "mip_max_nodes") == solve.MIP_MAX_NODES
     assert option(one_job, "mip_heuristic_run_rens") is True and option(one_job, "mip_allow_restart") is True
+
+
+def test_past_large_variables_integer_nodes_prove_what_the_lp_bound_cannot(monkeypatch):
+    """Two jobs at once, each on 5 GPUs of one pool of 8-GPU nodes at $1 a node (by hand: 10
+    GPUs in use need 2 nodes, $2). The LP relaxation buys 10/8 of a node ($1.25, a gap of 37.5%
+    that it said before); the relaxation with integer nodes buys 2, what the greedy start costs,
+    so the answer past LARGE_VARIABLES (here 0) is proved optimal, and brute force agrees."""
+    pools = [Pool(gpu="a", gpus_per_node=8, capex_usd=1.0, opex_usd=0.0)]
+    jobs = [JobWindow(name=n, start_s=0.0, deadline_s=100.0) for n in ("x", "y")]
+    options = [JobOption(job=n, gpu="a", n_gpus=5, duration_s=50.0, key="a_n5") for n in ("x", "y")]
+    assert brute_purchase(pools, jobs, options, None) == pytest.approx(2.0)
+    monkeypatch.setattr(solve, "LARGE_VARIABLES", 0)
+    sol = solve_purchase(pools, jobs, options, solver="highs")
+    assert sol.nodes == {"a": 2} and sol.solver.optimal and sol.solver.gap_found is None
+    assert sol.solver.status == "Optimal" and sol.solver.max_nodes == 0

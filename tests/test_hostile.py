@@ -190,10 +190,10 @@ def test_a_closed_stdout_is_one_line(args):
 
 
 def test_the_solvers_quiet_wrapper_survives_a_missing_stdout(monkeypatch):
-    from planner.cost import solve
+    from planner.cost.quiet import solver_output_silenced
 
     monkeypatch.setattr(sys, "stdout", None)
-    with solve._quiet():           # was: AttributeError: 'NoneType' object has no attribute 'flush'
+    with solver_output_silenced():           # was: AttributeError: 'NoneType' object has no attribute 'flush'
         pass
 
 

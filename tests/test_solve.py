@@ -281,7 +281,8 @@ def test_stopped_purchase_is_feasible_and_within_its_gap(monkeypatch, mode):
 def test_stopped_purchase_takes_the_greedy_start(monkeypatch):
     """Two jobs, one pool: the greedy start (fewest GPU-seconds each) is the optimum here
     (brute force: 2 nodes of 8 GPUs, $220), and a solver stopped before any solution still
-    answers with it; with its incumbent it reports its gap to its bound (0 here)."""
+    answers with it; with its incumbent at its bound (a gap of 0), the answer is proved
+    optimal, as the solver's own gap test (mip_rel_gap) proves it."""
     pools = [Pool(gpu="h100", gpus_per_node=8, capex_usd=100, opex_usd=10)]
     jobs = [JobWindow(name="x", start_s=0, deadline_s=100), JobWindow(name="y", start_s=0, deadline_s=100)]
     opts = [JobOption(job=n, gpu="h100", n_gpus=g, duration_s=d, key=f"n{g}")
@@ -293,7 +294,7 @@ def test_stopped_purchase_takes_the_greedy_start(monkeypatch):
     monkeypatch.undo()
     stop_early(monkeypatch, "incumbent")
     sol = solve_purchase(pools, jobs, opts, solver="highs")
-    assert (sol.cost_usd, sol.nodes, sol.solver.gap_found) == (220, {"h100": 2}, 0.0)
+    assert (sol.cost_usd, sol.nodes, sol.solver.gap_found, sol.solver.optimal) == (220, {"h100": 2}, None, True)
 
 
 def test_start_counts_by_bisection_are_the_busy_at_definition():
@@ -314,11 +315,11 @@ def test_start_counts_by_bisection_are_the_busy_at_definition():
 
 
 def test_capacity_rows_are_the_options_busy_at_each_start():
-    # _capacity_checks finds each start's running options as one array comparison; the
+    # capacity_checks finds each start's running options as one array comparison; the
     # referee: every (job, option) of the pool tested with busy_at, start by start
     import random
 
-    from planner.cost.solve import _capacity_checks, busy_at
+    from planner.cost.purchase import busy_at, capacity_checks
 
     rng = random.Random(7)
     for _ in range(50):
@@ -326,7 +327,7 @@ def test_capacity_rows_are_the_options_busy_at_each_start():
         by_job = {j.name: [JobOption(job=j.name, gpu=rng.choice(["a", "b"]), n_gpus=8, key=f"k{k}",
                                      duration_s=float(rng.randrange(0, 8))) for k in range(3)] for j in jobs}
         for gpu in ("a", "b"):
-            rows = {ti: busy for ti, _, busy in _capacity_checks(jobs, by_job, gpu)}
+            rows = {ti: busy for ti, _, busy in capacity_checks(jobs, by_job, gpu)}
             for ti, t in enumerate(jobs):
                 want = [(j, o) for j in jobs for o in by_job[j.name]
                         if o.gpu == gpu and busy_at(j.start_s, o.duration_s, t.start_s)]

@@ -13,19 +13,15 @@ check the optimum against brute force (tests/test_solve.py).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import math
-import os
 import re
-import sys
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import pulp
 
 from planner.cost.purchase import JobOption as JobOption
@@ -33,18 +29,21 @@ from planner.cost.purchase import JobWindow as JobWindow
 from planner.cost.purchase import Pool as Pool
 from planner.cost.purchase import busy_at as busy_at
 from planner.cost.purchase import busy_checks as busy_checks
-from planner.cost.purchase import dominated_pools, finishes_by, greedy_purchase
+from planner.cost.purchase import capacity_checks, dominated_pools, fewest_checks_runs, finishes_by, greedy_purchase
 from planner.cost.purchase import nodes_needed as nodes_needed
 from planner.cost.purchase import shorter_run_may_help as shorter_run_may_help
 from planner.cost.purchase import undominated as undominated
+from planner.cost.quiet import solver_output_silenced
 from planner.errors import UserError
 
 SOLVERS = ("auto", "highs", "cbc")
-# The time limit is a backstop only: HiGHS stops at its work limit (MIP_MAX_NODES) first on every
-# jobs file measured within the README's limits, so the answer does not depend on the machine's
-# load or speed (issue 32, H5: 32 staggered 70B jobs stopped at the 20 s time limit and their
-# answer and bound moved with the load). It still ends a solve whose nodes take more than 20 s
-# of wall time: H5's 1,000 take about 4 s of CPU, so a machine four times slower or busier.
+# The time limit is meant as a backstop only: HiGHS stops at its work limit (MIP_MAX_NODES,
+# purchase_node_limit) first on bench/resources.py's jobs files, so the answer does not depend on
+# the machine's load or speed (issue 32, H5: 32 staggered 70B jobs stopped at the 20 s time limit
+# and their answer and bound moved with the load). It still ends a solve whose nodes take more
+# than 20 s of wall time: H5's 1,000 take about 4 s of CPU, so a machine four times slower or
+# busier. Known exception: 128 jobs of bench/resources.py's 8-model file (2,377 variables, under
+# LARGE_VARIABLES) take about 10 s of CPU in HiGHS's root and first nodes, and reach it at a load of 2.
 TIME_LIMIT_S = 20.0
 GAP_REL = 1e-6
 # HiGHS's branch-and-bound stops after this many nodes (its option mip_max_nodes: counted, not
@@ -69,9 +68,23 @@ MIP_MAX_NODES = 1000
 # 2.1 -> 0.65 s, H5 5.4 -> 3.9 s), the same purchases, and H5's bound after its 1,000 nodes at
 # 95.3% of the answer against 95.4% (the finish-time deadline rows with the defaults: 95.2%).
 PURCHASE_HIGHS_OPTIONS: dict[str, object] = {"mip_heuristic_run_rens": False, "mip_allow_restart": False}
-# A purchase ILP above LARGE_VARIABLES variables is not branched on: its LP relaxation gives
-# the bound and the greedy start the answer (solve_purchase, _relaxed_purchase).
-LARGE_VARIABLES = 5000
+# A purchase ILP with more nonzeros than H5's (5,086 in its rows: 32 jobs, 521 options) gets
+# fewer nodes than MIP_MAX_NODES, so that nodes x nonzeros stays at H5's (purchase_node_limit):
+# a node's LP costs about its nonzeros, and 1,000 nodes of H5 take about 4 s of CPU. Measured
+# (one thread, 2 cores): 64 jobs of Llama 3.1 8B of distinct batches (8,268 nonzeros) took 9.8 s
+# of CPU for 1,000 nodes, their bound still the root's after them; 128 jobs of 8 models (20,457)
+# ran into the 20 s time limit, so that the load decided the answer.
+REFERENCE_NONZEROS = 5086
+# A purchase ILP above LARGE_VARIABLES variables is not branched on as a whole: the relaxation
+# with integer nodes gives the bound, and an ILP over the runs it uses and the greedy start the
+# answer (solve_purchase, _relaxed_purchase). Measured on the purchases of bench/resources.py
+# (2 cores, one thread): the full ILP is fast below it (the 256-job file, 2,745 variables:
+# proved optimal in 0.6 s of CPU; 256 jobs that are 256 distinct searches, 2,861: 0.9 s), and
+# its root node alone (cuts, sub-MIPs) ran past the 20 s time limit above it (256 Llama 3.1 8B
+# jobs of distinct global batches, 4,516 variables; 256 jobs of 8 models, 4,666), so that the
+# time limit, i.e. the machine's load, decided the answer: HiGHS has no option that counts the
+# root's work (its options: highs.dev, "Options"; mip_max_nodes counts nodes after the root).
+LARGE_VARIABLES = 4000
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -156,49 +169,11 @@ def _solver(name: str, time_limit_s: float, gap_rel: float, max_nodes: int | Non
         return "CBC", pulp.PULP_CBC_CMD(mip=mip, msg=False, timeLimit=time_limit_s, gapRel=gap_rel)
 
 
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """Silence what solver libraries print from C (HiGHS prints a banner on stdout even with
-    msg=False), so --json output stays one JSON object. A closed stdout or stderr (None in
-    sys, or a closed descriptor: `plan buy >&-`) stays closed and is left alone."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            if stream is not None:
-                stream.flush()
-        except (OSError, ValueError):   # a full or closed stream: the CLI reports it when it prints
-            pass
-    saved: list[tuple[int, int]] = []
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-    except OSError:             # no devnull (an embedding host): print through
-        devnull = -1
-    if devnull >= 0:
-        for fd in (1, 2):
-            if fd == devnull:
-                continue                # the descriptor was closed; devnull took its number
-            try:
-                copy = os.dup(fd)
-            except OSError:             # closed: nothing can print there
-                continue
-            os.dup2(devnull, fd)
-            saved.append((fd, copy))
-        if devnull > 2:
-            os.close(devnull)
-    try:
-        yield
-    finally:
-        for fd, copy in saved:
-            os.dup2(copy, fd)
-            os.close(copy)
-        if 0 <= devnull <= 2:
-            os.close(devnull)           # closed before, closed again
-
-
 def _run(prob: pulp.LpProblem, solver: str, time_limit_s: float, gap_rel: float,
          max_nodes: int | None = None, mip: bool = True, highs_options: dict[str, object] | None = None) -> SolverInfo:
     name, s = _solver(solver, time_limit_s, gap_rel, max_nodes, mip, highs_options)
     t0 = time.perf_counter()
-    with _quiet():
+    with solver_output_silenced():
         prob.solve(s)
     names = _constraint_names(prob)
     return SolverInfo(name=name, status=_status(prob),
@@ -235,6 +210,12 @@ def _constraint_names(prob: pulp.LpProblem) -> tuple[str, ...]:
     if callable(cons):
         return tuple(c.name for c in cons())
     return tuple(cons)
+
+
+def _nonzeros(prob: pulp.LpProblem) -> int:
+    """The terms in the constraints of ``prob`` (PuLP 3.3 returns them from prob.constraints())."""
+    cons = prob.constraints
+    return sum(len(c) for c in (cons() if callable(cons) else cons.values()))
 
 
 def _variable(prob: pulp.LpProblem, name: str, cat: str, low: float | None = None) -> pulp.LpVariable:
@@ -463,49 +444,136 @@ def solve_purchase(pools: Sequence[Pool], jobs: Sequence[JobWindow], options: Se
                                           if not finishes_by(j.start_s, o.duration_s, j.deadline_s)]) <= 0,
                  f"deadline_{tag}")       # why this form: the docstring
     for p in pools:
-        for ti, t, busy in _capacity_checks(jobs, by_job, p.gpu):
+        for ti, t, busy in capacity_checks(jobs, by_job, p.gpu):
             use = [(run[j.name, o.key], o.n_gpus) for j, o in busy]     # GPUs in use - GPUs bought <= 0
             prob += (pulp.LpAffineExpression([*use, (nodes[p.gpu], -p.gpus_per_node)]) <= 0,
                      f"gpus_{ascii_name(p.gpu)}_at_{ti}_{ascii_name(t.name)}")
     if budget_usd is not None:
         prob += total <= budget_usd, "budget_usd"
+    # first the bound of the relaxation with integer nodes: where the greedy start meets it, that
+    # is the optimum, proved without branching (256 jobs of distinct batches, cut to 160: 0.5 s of
+    # CPU; HiGHS's root node of the ILP ran into the 20 s time limit)
+    bound, relaxed, used = _node_integral_relaxation(prob, list(run.values()), solver, time_limit_s, gap_rel)
+    first = _best_found(pools, jobs, by_job, [], budget_usd, _unproved(relaxed, relaxed.solve_s, used), bound,
+                        gap_rel)
+    if first.solver.optimal:
+        return first
     if len(run) + len(pools) > LARGE_VARIABLES:
-        return _relaxed_purchase(prob, pools, jobs, by_job, budget_usd, solver, time_limit_s, gap_rel)
-    info = _run(prob, solver, time_limit_s, gap_rel, highs_options=PURCHASE_HIGHS_OPTIONS)
+        return _relaxed_purchase(prob, run, pools, jobs, by_job, budget_usd, solver, time_limit_s, gap_rel,
+                                 (bound, relaxed, used))
+    info = _run(prob, solver, time_limit_s, gap_rel, purchase_node_limit(_nonzeros(prob)),
+                highs_options=PURCHASE_HIGHS_OPTIONS)
+    info = dataclasses.replace(info, solve_s=info.solve_s + relaxed.solve_s)
     found: list[dict[str, JobOption]] = []
     if _found(prob):
-        choices = {j.name: next(o for o in by_job[j.name] if (run[j.name, o.key].value() or 0) > 0.5) for j in jobs}
+        choices = _choices(run, jobs, by_job)
         bought = {p.gpu: int(round(nodes[p.gpu].value() or 0)) for p in pools}
         if info.optimal:
             cost = sum(pool_of[g].node_usd * n for g, n in bought.items())
             return PurchaseSolution(nodes=bought, choices=choices, cost_usd=cost, solver=info)
         found.append(choices)
     # stopped by its limit: the greedy start may be cheaper; say how far from the bound
-    return _best_found(pools, jobs, by_job, found, budget_usd, info, _dual_bound(prob))
+    bounds = [b for b in (_dual_bound(prob), bound) if b is not None]
+    return _best_found(pools, jobs, by_job, found, budget_usd, info, max(bounds, default=None), gap_rel)
 
 
-def _relaxed_purchase(prob: pulp.LpProblem, pools: Sequence[Pool], jobs: Sequence[JobWindow],
-                      by_job: dict[str, list[JobOption]], budget_usd: float | None, solver: str,
-                      time_limit_s: float, gap_rel: float) -> PurchaseSolution:
-    """A purchase ILP above LARGE_VARIABLES variables: its LP relaxation alone (a bound on the
-    optimum) and the greedy start (greedy_purchase) as the answer, with the gap between them
-    said. HiGHS's root node of such an ILP takes seconds to tens of seconds (256 Llama 3.1 70B
-    jobs a day apart, 5,228 variables: 14 s of CPU for the root alone, past the 20 s time
-    limit at a load of 2), and only a time limit would end it; the LP takes a fraction of a
-    second and gives the same answer at any load. That ILP's answer is the greedy start's
-    either way (69 x b200 nodes, within 1.9% of the LP's bound)."""
-    info = _run(prob, solver, time_limit_s, gap_rel, mip=False)
-    bound = pulp.value(prob.objective) if prob.sol_status == pulp.LpSolutionOptimal else None
-    info = dataclasses.replace(info, optimal=False, max_nodes=0 if info.name == "HiGHS" else None)
-    return _best_found(pools, jobs, by_job, [], budget_usd, info, bound)
+def purchase_node_limit(nonzeros: int) -> int:
+    """HiGHS's node limit for a purchase ILP of ``nonzeros`` in its rows: MIP_MAX_NODES, scaled
+    down past REFERENCE_NONZEROS so that nodes x nonzeros stays within H5's (at least one node)."""
+    return max(1, min(MIP_MAX_NODES, MIP_MAX_NODES * REFERENCE_NONZEROS // max(nonzeros, 1)))
+
+
+def _relaxed_purchase(prob: pulp.LpProblem, run: dict[tuple[str, str], pulp.LpVariable], pools: Sequence[Pool],
+                      jobs: Sequence[JobWindow], by_job: dict[str, list[JobOption]], budget_usd: float | None,
+                      solver: str, time_limit_s: float, gap_rel: float,
+                      relaxation: tuple[float | None, SolverInfo, set[str] | None]) -> PurchaseSolution:
+    """A purchase ILP above LARGE_VARIABLES variables, not branched on as a whole (HiGHS's root
+    node of such an ILP alone takes seconds to minutes, and only a time limit would end it).
+
+    1. The bound: the relaxation that keeps the nodes bought integer and lets the runs be
+       fractional (``relaxation``: _node_integral_relaxation's, which solve_purchase solves
+       first for every purchase ILP). It bounds the optimum from below, at least as high as the
+       LP relaxation (it is the LP with the node counts' integrality restored), and HiGHS
+       solves it in about a second: its integer variables are one per pool.
+    2. The answers: an ILP over the runs that relaxation uses, widened by purchase.fewest_checks_runs
+       (every other run fixed at 0; hundreds of the thousands, so HiGHS solves it within its
+       node limit in seconds), and the greedy start (greedy_purchase); the cheaper, on the
+       fewest nodes that hold it (_best_found).
+    Where the answer costs no more than the bound (within ``gap_rel``) it is proved optimal;
+    else the gap is said. Every step stops at a count (MIP_MAX_NODES), none at a time, so one
+    input gets one answer at any load. Measured (bench/resources.py's buy256-mixed-batches:
+    256 jobs of 8 models, 4,666 variables): $20.2M, the optimum at least 93.3% of it, in about
+    3.5 s of CPU; before, HiGHS's root node ran into the 20 s time limit at a load of 2 and
+    answered $20.7M (92.7%), another answer at another load."""
+    runs = list(run.values())
+    bound, info, used = relaxation        # _node_integral_relaxation's, which solve_purchase ran
+    found: list[dict[str, JobOption]] = []
+    solve_s = info.solve_s
+    if used is not None:
+        names = {key: v.name for key, v in run.items()}
+        used |= {names[k] for k in fewest_checks_runs(jobs, by_job, {k for k, n in names.items() if n in used})}
+        upper = {v.name: v.upBound for v in runs}
+        for v in runs:
+            if v.name not in used:
+                v.upBound = 0
+        sub = _run(prob, solver, time_limit_s, gap_rel, highs_options=PURCHASE_HIGHS_OPTIONS)
+        solve_s += sub.solve_s
+        if _found(prob):
+            found.append(_choices(run, jobs, by_job))
+        for v in runs:
+            v.upBound = upper[v.name]
+    return _best_found(pools, jobs, by_job, found, budget_usd, _unproved(info, solve_s, used), bound, gap_rel)
+
+
+def _unproved(info: SolverInfo, solve_s: float, used: set[str] | None) -> SolverInfo:
+    """The record of a purchase answered from the relaxation with integer nodes (its ``info``),
+    not proved until _best_found finds an answer at its bound; "Solution Found": PuLP's name
+    (LpSolution) of the status of an answer without a proof, as after a stop at the node limit;
+    max_nodes 0: the ILP was not branched on as a whole."""
+    return dataclasses.replace(info, solve_s=solve_s, optimal=False, max_nodes=0 if info.name == "HiGHS" else None,
+                               status=str(pulp.LpSolution[pulp.LpSolutionIntegerFeasible]) if used is not None
+                               else info.status)
+
+
+def _node_integral_relaxation(prob: pulp.LpProblem, runs: Sequence[pulp.LpVariable], solver: str,
+                              time_limit_s: float, gap_rel: float
+                              ) -> tuple[float | None, SolverInfo, set[str] | None]:
+    """The purchase ILP ``prob`` with its run binaries relaxed to [0, 1] and its node counts
+    kept integer: (a lower bound on the ILP's optimum, or None; the solver's record; the names
+    of the runs its solution uses, or None when it found none). The bound is HiGHS's dual
+    bound (mip_dual_bound: valid where its node limit stopped it too), else the proved
+    optimum. ``runs`` are binary again on return."""
+    for v in runs:
+        v.cat = pulp.LpContinuous
+    try:
+        # HiGHS's defaults: PURCHASE_HIGHS_OPTIONS make this relaxation slower (256 8B jobs of
+        # distinct batches: 1.56 s of CPU against 0.91 s, 3 nodes against 1)
+        info = _run(prob, solver, time_limit_s, gap_rel)
+    finally:
+        for v in runs:
+            v.cat = pulp.LpInteger
+    bound = _dual_bound(prob)
+    if bound is None and prob.sol_status == pulp.LpSolutionOptimal:
+        bound = pulp.value(prob.objective)
+    if not _found(prob):
+        return bound, info, None
+    return bound, info, {v.name for v in runs if (v.value() or 0) > 1e-6}
+
+
+def _choices(run: dict[tuple[str, str], pulp.LpVariable], jobs: Sequence[JobWindow],
+             by_job: dict[str, list[JobOption]]) -> dict[str, JobOption]:
+    """Each job's option in the solution of solve_purchase's ILP (``run``: its binaries)."""
+    return {j.name: next(o for o in by_job[j.name] if (run[j.name, o.key].value() or 0) > 0.5) for j in jobs}
 
 
 def _best_found(pools: Sequence[Pool], jobs: Sequence[JobWindow], by_job: dict[str, list[JobOption]],
                 found: list[dict[str, JobOption]], budget_usd: float | None, info: SolverInfo,
-                bound: float | None) -> PurchaseSolution:
-    """Where the optimum was not proved: the cheapest of the solver's choices (``found``) and
+                bound: float | None, gap_rel: float) -> PurchaseSolution:
+    """Where the solver did not prove the optimum: the cheapest of its choices (``found``) and
     the greedy start, each on the fewest nodes that hold it, within the budget, with the gap
-    to the solver's lower bound (``bound``) said."""
+    to the lower bound (``bound``) said; proved optimal (status "Optimal", no gap) where it
+    costs no more than the bound, within ``gap_rel`` of it (the solver's own test, HiGHS's
+    mip_rel_gap: (answer - bound) / answer)."""
     greedy = greedy_purchase(pools, jobs, by_job)
     if greedy is not None:
         found = [*found, greedy[1]]
@@ -519,28 +587,7 @@ def _best_found(pools: Sequence[Pool], jobs: Sequence[JobWindow], by_job: dict[s
         return PurchaseSolution(nodes={p.gpu: 0 for p in pools}, choices={}, cost_usd=None, solver=info)
     cost, bought, choices = min(priced, key=lambda f: f[0])      # the ILP's answer on a tie (listed first)
     if bound is not None and cost > 0:
-        info = dataclasses.replace(info, gap_found=max(0.0, (cost - bound) / cost))
+        gap = max(0.0, (cost - bound) / cost)
+        info = (dataclasses.replace(info, status="Optimal", optimal=True, gap_found=None) if gap <= gap_rel
+                else dataclasses.replace(info, gap_found=gap))
     return PurchaseSolution(nodes=bought, choices=choices, cost_usd=cost, solver=info)
-
-
-def _capacity_checks(jobs: Sequence[JobWindow], by_job: dict[str, list[JobOption]],
-                     gpu: str) -> list[tuple[int, JobWindow, list[tuple[JobWindow, JobOption]]]]:
-    """The GPU-capacity rows of solve_purchase for one pool: (index, job, options running at
-    that job's start) for each job start whose running set is not contained in another's.
-    A row over a subset of another row's options, with the same nonnegative coefficients
-    and the same right-hand side, is implied by it, so dropping it leaves the feasible set
-    (and the optimum) unchanged; so does dropping a repeated start. With 256 jobs this
-    keeps a few dozen of the 256 rows per pool and the model builds several times faster."""
-    rows = []
-    runs = [(j, o) for j in jobs for o in by_job[j.name] if o.gpu == gpu]
-    begin = np.array([j.start_s for j, _ in runs], dtype=np.float64)
-    end = np.array([j.start_s + o.duration_s for j, o in runs], dtype=np.float64)   # busy_at's sum
-    for ti, t in enumerate(jobs):
-        at = np.flatnonzero((begin <= t.start_s) & (t.start_s < end)).tolist()   # busy_at
-        if at:      # the running set as indices into runs: one (job, option) each
-            rows.append((ti, t, [runs[i] for i in at], frozenset(at)))
-    kept: list[tuple[int, JobWindow, list[tuple[JobWindow, JobOption]], frozenset[int]]] = []
-    for row in sorted(rows, key=lambda r: (-len(r[3]), r[0])):
-        if not any(row[3] <= k[3] for k in kept):
-            kept.append(row)
-    return [(ti, t, busy) for ti, t, busy, _ in sorted(kept, key=lambda r: r[0])]

@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.layouts.layout import Layout
-from planner.memory.inference import LoadSetup, load_memory, prefill_activation_bytes
+from planner.memory.inference import LoadSetup, load_weight_bytes, prefill_activation_bytes
 from planner.memory.params import optimizer_state_bytes
 from planner.models.spec import ModelSpec
 from planner.training.kernels import layout_kernels
@@ -150,8 +150,8 @@ def teacher_weight_bytes(teacher: ModelSpec, d: DistillSetup, lay: Layout, shard
     gathers FSDP_GATHERED_BLOCKS blocks at a time."""
     setup = LoadSetup(weight_bytes=d.teacher_weight_bytes, quant=d.teacher_quant)
     if sharding == "tp":
-        return load_memory(teacher, setup, tp=lay.tp, pp=lay.pp).weights, 0
-    whole = load_memory(teacher, setup).weights
+        return load_weight_bytes(teacher, setup, tp=lay.tp, pp=lay.pp), 0
+    whole = load_weight_bytes(teacher, setup)
     if sharding == "fsdp":
         block = ceil_div(whole, teacher.n_layers)
         return ceil_div(whole, lay.dense_shard_degree), FSDP_GATHERED_BLOCKS * block

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from planner.hardware.gpus import GpuSpec
 from planner.layouts.layout import Layout
-from planner.memory.inference import LoadSetup, kv_elements_per_token, load_memory, prefill_activation_bytes
+from planner.memory.inference import LoadSetup, kv_elements_per_token, load_weight_bytes, prefill_activation_bytes
 from planner.memory.model import RankMemory
 from planner.models.spec import ModelSpec
 from planner.training.posttrain import RLSetup
@@ -62,7 +62,7 @@ def engine_budget(m: ModelSpec, gpu: GpuSpec, rl: RLSetup) -> EngineBudget:
     """vLLM's KV-cache blocks on one engine rank for sequences of prompt_len + response_len."""
     tp = rl.engine_tp
     reserved = int(rl.engine_memory_fraction * gpu.memory_bytes)
-    weights = load_memory(m, LoadSetup(), tp=tp).weights
+    weights = load_weight_bytes(m, LoadSetup(), tp=tp)
     profile = prefill_activation_bytes(m, LoadSetup(batch=1, context=VLLM_MAX_NUM_BATCHED_TOKENS), tp, last_stage=False)
     sampler = 2 * VLLM_MAX_NUM_SEQS * m.vocab_size * 4      # logits and probabilities, fp32
     available = max(0, reserved - weights - profile - sampler)
@@ -112,7 +112,7 @@ def frozen_copy_bytes(m: ModelSpec, lay: Layout, gpus_per_node: int = 8) -> int:
     tp x pp, and where the policy's weights are sharded (ZeRO-3 / FSDP) sharded over the same
     ranks as its dense weights (Layout.weight_shard_ranks: dp x cp x ep, or FSDP hybrid's
     shard group), bytes."""
-    w = load_memory(m, LoadSetup(), tp=lay.tp, pp=lay.pp).weights
+    w = load_weight_bytes(m, LoadSetup(), tp=lay.tp, pp=lay.pp)
     return ceil_div(w, lay.weight_shard_ranks(gpus_per_node)) if lay.zero_stage >= 3 else w
 
 

@@ -212,13 +212,13 @@ def buy_json(r: Any) -> dict[str, Any]:
 
 def _limit(s: Any) -> str:
     """The solver's limits as the answer states them: the node limit where it gave an answer
-    short of a proof (cost.solve.MIP_MAX_NODES; 0 nodes: the LP relaxation alone), else the
-    time limit."""
+    short of a proof (cost.solve.MIP_MAX_NODES; 0 nodes: the ILP was not branched on as a whole,
+    cost.solve._relaxed_purchase), else the time limit."""
     nodes = getattr(s, "max_nodes", None)
     if getattr(s, "gap_found", None) is None or nodes is None:
         return f"{s.time_limit_s:g} s"
     if nodes == 0:
-        return f"LP relaxation only, {s.time_limit_s:g} s"
+        return f"relaxation with integer nodes and an ILP over its runs, {s.time_limit_s:g} s"
     return f"{nodes:,} branch-and-bound nodes or {s.time_limit_s:g} s"
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from planner.hardware.axes import AXES as PLACEMENT_AXES
 from planner.hardware.axes import AxisSizes
@@ -90,9 +91,11 @@ def decode_collective_s(m: ModelSpec, batch: int, engine_tp: int, cluster: Clust
     return 2 * m.n_layers * all_reduce_s(2 * batch * m.d_model, engine_tp, link, eff)
 
 
+@lru_cache(maxsize=64)
 def forward_flops_per_token(m: ModelSpec, seq_len: int) -> float:
     """Forward FLOPs per token of the whole model (blocks and LM head), the convention of
-    planner.timing.flops (full s x s scores)."""
+    planner.timing.flops (full s x s scores). Kept per (model, length): post-training searches
+    ask it twice per candidate layout (40,148 times for Kimi K2 distilled on 16,384 H100)."""
     return m.n_layers * layer_flops(m, seq_len).total + head_flops(m)
 
 
