@@ -13,10 +13,12 @@ catalog (issue 32's targets for those), under 2 GiB each.
 
 The inputs are generated into a temporary directory: the 256-job file of 16 presets and 4
 methods (full, lora, qlora, freeze), the 16-job file of the report, its 128 jobs of distinct
-global batches, 256 such jobs of one model and of 8 models, 256 jobs that are 256 distinct
-searches, 32 70B jobs a day apart (H5's) and the same 32 all on day 0, a log line of 280 KB,
-a valid Megatron-LM log of 255 MiB (H6),
-config.json files of 10,000 and 10,000,000 layers. Exit status 1 when a case fails its goal.
+global batches, 256 such jobs of one model and of 8 models (and the first 128 of the latter),
+256 jobs that are 256 distinct searches, 32 70B jobs a day apart (H5's) and the same 32 all
+on day 0, a log line of 280 KB, a valid Megatron-LM log of 255 MiB (H6),
+config.json files of 10,000 and 10,000,000 layers and one of 15.5 MiB with 256 jobs naming
+it, 16 jobs of the 8 largest presets and 9 GPU files (the H100's entry under other names).
+Exit status 1 when a case fails its goal.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -42,6 +45,10 @@ MODELS16 = ("llama3.1-8b llama3.1-70b llama3.1-405b mixtral-8x7b qwen2.5-7b gpt2
             "bloom-176b").split()
 # the 2-core worst cases at MAX_JOBS found on 2026-12-06: many searches that differ in batch only
 MODELS8 = "llama3.1-8b llama3.1-70b qwen2.5-7b qwen3-30b-a3b mixtral-8x7b gemma3-27b deepseek-v3 kimi-k2".split()
+# the largest presets (dense and MoE), for `plan buy` of few jobs that are each a large search
+LARGEST8 = ("kimi-k2 deepseek-v3 llama3.1-405b llama4-maverick qwen3-235b-a22b glm-4.5 nemotron-3-ultra "
+            "deepseek-v3.2").split()
+OWN_GPUS = 9        # GPU files beside the 23 types of CATALOG: 32, planner.limits.MAX_GPU_TYPES
 CATALOG = ("h100,h100-pcie,h100-nvl,h200,h20,gh200,b200,gb200,b300,gb300,a100,a100-40gb,l40s,l4,a10g,a6000,"
            "rtx6000-ada,rtx-pro-6000,4090,5090,mi300x,mi325x,mi355x")
 CALIBRATE = ("--model", "llama2-7b", "--gpus", "h100", "--dp", "4", "--tp", "2", "--pp", "1", "--cp", "1",
@@ -70,6 +77,7 @@ def write_inputs(d: Path) -> None:
     lines = ["jobs:"] + [f"  - {{name: j{i}, model: {MODELS8[i % 8]}, tokens: 100B, deadline: 30d, start: {i}d, "
                          f"global_batch: {1024 + 8 * (i // 8)}}}" for i in range(256)]
     (d / "gbmix256.yaml").write_text("\n".join(lines) + "\n")
+    (d / "gbmix128.yaml").write_text("\n".join(lines[:129]) + "\n")     # its first 128 jobs
     lines = ["horizon: 400d", "jobs:"]
     for i in range(256):        # 16 models x 4 methods x 4 global batches: 256 distinct searches
         m, method, batch = MODELS16[i % 16], methods[(i // 16) % 4], (512, 768, 1024, 1536)[i // 64]
@@ -86,6 +94,24 @@ def write_inputs(d: Path) -> None:
     (d / "redos.log").write_text("step: 1 loss: " * 20000 + "\n")
     write_big_megatron_log(d / "big-megatron.log")
     (d / "megatron.log").write_text("iteration 1/ 1 |" * 20000 + "\n")
+    # 16 jobs of the 8 largest presets over 10 years, two global batches each (16 distinct searches)
+    lines = ["horizon: 3650d", "jobs:"] + [
+        f"  - {{name: j{i}, model: {LARGEST8[i % 8]}, tokens: 15T, deadline: 365d, start: {200 * i}d, "
+        f"global_batch: {1024 * (1 + i // 8)}}}" for i in range(16)]
+    (d / "big16.yaml").write_text("\n".join(lines) + "\n")
+    # a config.json near MAX_CONFIG_BYTES (Llama 3.1 8B and 140,000 keys of padding: 15.5 MiB), named by
+    # 256 jobs (each config was parsed twice per job: 512 parses)
+    cfg = json.loads((PRESETS / "llama3.1-8b.json").read_text())
+    cfg["padding_note"] = {f"k{i:07d}": "x" * 100 for i in range(140_000)}
+    (d / "fat.json").write_text(json.dumps(cfg))
+    lines = ["horizon: 400d", "jobs:"] + [f"  - {{name: j{i}, model: fat.json, tokens: 10B, deadline: 30d, "
+                                          f"start: {i}d}}" for i in range(256)]
+    (d / "fat256.yaml").write_text("\n".join(lines) + "\n")
+    # GPU files: the H100's catalog entry under other names, without its aliases and topology
+    block = (ROOT / "planner" / "presets" / "gpus.toml").read_text().split("\n[[gpu]]")[1]
+    block = re.sub(r"\naliases = .*|\ndefault_topology = .*", "", block)
+    for i in range(OWN_GPUS):
+        (d / f"own{i}.toml").write_text("[[gpu]]" + block.replace('name = "h100"', f'name = "own{i}"', 1))
     for name, preset, layers in (("l10k", "llama3.1-8b", 10_000), ("q10m", "qwen2.5-0.5b", 10_000_000)):
         cfg = json.loads((PRESETS / f"{preset}.json").read_text()) | {"num_hidden_layers": layers}
         (d / f"{name}.json").write_text(json.dumps(cfg))
@@ -126,6 +152,8 @@ def cases(d: Path) -> dict[str, tuple[str, list[str]]]:
                            ["buy", str(d / "gb256.yaml"), "-q", "--horizon", "400d"]),
         "buy256-mixed-batches": ("`plan buy`, 256 jobs of 8 models (dense and MoE), 32 global batches each",
                                  ["buy", str(d / "gbmix256.yaml"), "-q", "--horizon", "400d"]),
+        "buy128-mixed-batches": ("`plan buy`, the first 128 of those jobs (its full ILP reached the 20 s time limit)",
+                                 ["buy", str(d / "gbmix128.yaml"), "-q", "--horizon", "400d"]),
         "buy256-setups": ("`plan buy`, 256 jobs, 16 models x 4 methods x 4 global batches: 256 distinct searches",
                           ["buy", str(d / "setups256.yaml"), "-q"]),
         "buy32-70b": ("`plan buy`, 32 jobs of Llama 3.1 70B a day apart (H5; the purchase ILP)",
@@ -144,6 +172,35 @@ def cases(d: Path) -> dict[str, tuple[str, list[str]]]:
         "calibrate-256mib-log": ("`plan calibrate` on a valid Megatron-LM log of 255 MiB, the size limit (H6)",
                                  ["calibrate", str(d / "big-megatron.log"), *CALIBRATE, "--seq-len", "4096",
                                   "--out", str(d / "c3.toml")]),
+        "grpo-70b": ("`plan --model 70b --gpus h100 --task grpo`: the engine cannot hold one sequence at "
+                     "--rollout-tp 1 on any count (was ~100 s to say nothing fits; now exit 2)",
+                     ["--model", "70b", "--gpus", "h100", "--task", "grpo", "-q"]),
+        "grpo-8b-engine-0.99": ("`plan --model 8b --gpus h100 --task grpo --rollout-memory-fraction 0.99`: no count "
+                                "fits (was over 120 s; now exit 2)",
+                                ["--model", "8b", "--gpus", "h100", "--task", "grpo", "--rollout-memory-fraction",
+                                 "0.99", "-q"]),
+        "grpo-deepseek-16k": ("`plan --task grpo`, DeepSeek-V3 on 16,384 H100, --rollout-tp 32: every fitting "
+                              "layout's phases",
+                              ["--model", "deepseek-v3", "--gpus", "h100", "--task", "grpo", "--rollout-tp", "32",
+                               "--n-gpus", "16384", "-q"]),
+        "distill-kimi-16k": ("`plan --teacher`, Kimi K2 distilled from itself on 16,384 H100",
+                             ["--model", "kimi-k2", "--gpus", "h100", "--teacher", "kimi-k2", "--n-gpus", "16384",
+                              "-q"]),
+        "buy16-largest": ("`plan buy`, 16 jobs of the 8 largest presets over the 23 GPU types, --max-gpus 131072",
+                          ["buy", str(d / "big16.yaml"), "--gpus", CATALOG, "--max-gpus", "131072", "-q"]),
+        "tokens-deepseek-32-types": ("DeepSeek-V3 `--tokens 15T --deadline 90d` over 32 GPU types (MAX_GPU_TYPES: "
+                                     "the 23 and 9 GPU files; --objective time, the files have no price)",
+                                     ["--model", "deepseek-v3", "--gpus",
+                                      ",".join([CATALOG, *(str(d / f"own{i}.toml") for i in range(OWN_GPUS))]),
+                                      "--tokens", "15T", "--deadline", "90d", "--objective", "time", "-q"]),
+        "calibrate-2x255mib": ("`plan calibrate` on the 255 MiB log given twice: past the 256 MiB of logs in all "
+                               "(4 such took 19 s; now exit 2)",
+                               ["calibrate", str(d / "big-megatron.log"), str(d / "big-megatron.log"), *CALIBRATE,
+                                "--seq-len", "4096", "--out", str(d / "c4.toml")]),
+        "buy256-16mib-config": ("`plan buy`, 256 jobs of one 15.5 MiB config.json (was over 120 s: 512 parses)",
+                                ["buy", str(d / "fat256.yaml"), "-q"]),
+        "buy256-plot": ("`plan buy` of buy256's 256 jobs with --plot (the drawing's share)",
+                        ["buy", str(d / "jobs256.yaml"), "-q", "--plot", str(d / "buy256.png")]),
         "load-10k-layers": ("`plan --task load`, Llama 3.1 8B with 10,000 layers (H3)",
                             ["--model", str(d / "l10k.json"), "--gpus", "h100", "--task", "load", "-q"]),
         "load-10m-layers": ("`plan --task load`, Qwen2.5 0.5B with 10,000,000 layers (H3)",

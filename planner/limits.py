@@ -11,7 +11,7 @@ next to their options in planner.training.setup and planner.api.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 # A model's widths and counts (config.json): hidden size, MLP width, vocabulary, heads,
@@ -27,6 +27,12 @@ MAX_CONFIG_BYTES = 16 * 2**20
 # Jobs in one `plan buy` file: each is searched on every GPU type and count (about a second
 # each) and adds options to the purchase ILP.
 MAX_JOBS = 256
+
+# GPU types one `plan --tokens` or `plan buy` chooses among (--gpus h100,b200,..., a jobs file's
+# gpus): each is a search of its own, so the time grows with the list (issue 32's hunt:
+# DeepSeek-V3 --tokens 15T over 64 types, the 23-type catalog and 41 GPU files, took 8.8 s of
+# CPU on 2 cores, and nothing bounded the list). The catalog's 24 and 8 of a user's own.
+MAX_GPU_TYPES = 32
 
 # config.json keys the loader reads, by the type each must have (None: use the default).
 CONFIG_INT_KEYS = (
@@ -151,6 +157,7 @@ GPU_KEY_RULES: dict[str, tuple[str, float, float]] = {
     "hbm_gb_per_s": (_NUM, 1e-3, 1e6), "intra_node_gb_per_s": (_NUM, 1e-3, 1e6),
     "inter_node_gbit_per_s": (_NUM, 1e-3, 1e7), "tdp_w": (_NUM, 1, 1e5),
     "gpus_per_node": (_INT, 1, 1024),
+    "sms": (_INT, 1, 100_000),      # B200: 148 SMs; MI300X: 304 compute units
 }
 
 
@@ -161,6 +168,16 @@ def check_gpu_types(table: Mapping[str, Any], where: str) -> str | None:
     if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases) or len(aliases) > 64:
         return f"{where}: aliases must be a list of strings, got {_show(aliases)}"
     return check_topology_types({k: v for k, v in table.items() if k in GPU_KEY_RULES}, where, GPU_KEY_RULES)
+
+
+def check_gpu_type_count(names: Sequence[str], what: str) -> None:
+    """Refuse (UserError) a list of more than MAX_GPU_TYPES GPU types to choose among
+    (``what`` names the input: --gpus, a jobs file's gpus)."""
+    from planner.errors import UserError
+
+    if len(names) > MAX_GPU_TYPES:
+        raise UserError(f"{what} names {len(names):,} GPU types; at most {MAX_GPU_TYPES} are compared at once "
+                        f"(each is a search of its own): give the ones you would buy or rent")
 
 
 def _show(v: Any) -> str:

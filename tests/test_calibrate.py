@@ -370,3 +370,24 @@ def test_a_log_is_sized_under_the_memory_profile_of_the_stack_that_wrote_it(tmp_
 
     default, titan, hf = tracked(), tracked("--stack", "torchtitan"), tracked("--stack", "hf")
     assert default == titan != hf
+
+
+def test_logs_past_their_total_are_refused_before_any_is_read(tmp_path: Path):
+    """Issue 32's hunt: 64 logs (MAX_LOGS) of 255 MiB each passed both per-log limits and read
+    16 GB (4 of them: 19 s of CPU and 1.4 GB on 2 cores). Two sparse logs (no disk used) of
+    129 MiB are refused from their sizes, in one line, as are 65 logs that do not exist."""
+    from planner.cli.calibrate import MAX_LOGS, MAX_LOGS_TOTAL_BYTES
+
+    lay = ("--model", "llama2-7b", "--gpus", "h100", "--dp", "8", "--tp", "1", "--pp", "1", "--cp", "1",
+           "--zero", "3", "--micro-batch", "2", "--global-batch", "64", "--recompute", "full", "--out",
+           tmp_path / "x.toml")
+    logs = []
+    for i in range(2):
+        logs.append(tmp_path / f"half{i}.log")
+        with open(logs[-1], "wb") as f:
+            f.truncate(MAX_LOGS_TOTAL_BYTES // 2 + 2**20)
+    r = run("calibrate", *logs, *lay)
+    assert r.exit_code == 2 and "258 MiB in all" in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    r = run("calibrate", *(tmp_path / f"missing{i}.log" for i in range(MAX_LOGS + 1)), *lay)
+    assert r.exit_code == 2 and f"{MAX_LOGS + 1} logs given" in r.output, r.output
+    assert not (tmp_path / "x.toml").exists()

@@ -4,6 +4,7 @@ row of bench/ceiling_alternatives.py and off in every shipped engine."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -11,10 +12,12 @@ from planner.hardware.gpus import get_gpu
 from planner.hardware.topology import load_topology
 from planner.layouts.layout import Layout
 from planner.models.spec import count_params, load_preset
-from planner.timing.efficiency import GEMM_TILE, SM_COUNT
-from planner.timing.kernels import Tiles, gemm_tile_share, gemm_time_s
+from planner.timing.efficiency import GEMM_TILE
+from planner.timing.kernels import Tiles, gemm_tile_share, gemm_tiles, gemm_time_s
 from planner.timing.model import Cluster, Efficiency, step_time
 from planner.training.setup import TrainingSetup
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("gpu,clock_hz,flops_per_sm_clock", [
@@ -22,8 +25,36 @@ from planner.training.setup import TrainingSetup
     ("a100", 1.41e9, 2048),     # A100 whitepaper: 312 TFLOP/s dense BF16 = 108 SMs x 1,410 MHz x 2,048
 ])
 def test_sm_counts_give_the_data_sheet_peaks(gpu, clock_hz, flops_per_sm_clock):
-    assert SM_COUNT[gpu] * clock_hz * flops_per_sm_clock == pytest.approx(get_gpu(gpu).peak_flops_per_s("bf16"),
-                                                                          rel=0.002)
+    sms = get_gpu(gpu).sms      # presets/gpus.toml's `sms`
+    assert sms is not None
+    assert sms * clock_hz * flops_per_sm_clock == pytest.approx(get_gpu(gpu).peak_flops_per_s("bf16"), rel=0.002)
+
+
+def test_every_gpu_with_a_gemm_tile_has_its_sms_in_the_catalog():
+    # the tile model needs both: a GPU of GEMM_TILE without `sms` would silently lose it
+    for name in GEMM_TILE:
+        tiles = gemm_tiles(get_gpu(name), Efficiency(gemm_tile_model="waves"))
+        assert tiles is not None and tiles.sms == get_gpu(name).sms, name
+
+
+def test_a_gpu_file_may_give_sms_or_leave_them_out(tmp_path):
+    # a user's GPU: no GEMM_TILE entry for its name, so no tile model either way (as before the
+    # SM counts moved into the catalog); `sms` is read, typed and bounded like every key
+    import re
+
+    from planner.errors import UserError
+
+    block = (ROOT / "planner" / "presets" / "gpus.toml").read_text().split("\n[[gpu]]")[1]
+    block = re.sub(r'\naliases = .*|\ndefault_topology = .*', "", block).replace('name = "h100"', 'name = "mine"', 1)
+    f = tmp_path / "mine.toml"
+    f.write_text("[[gpu]]" + block)
+    assert get_gpu(str(f)).sms == 132
+    assert gemm_tiles(get_gpu(str(f)), Efficiency(gemm_tile_model="waves")) is None
+    f.write_text("[[gpu]]" + re.sub(r"\nsms = .*", "", block))
+    assert get_gpu(str(f)).sms is None
+    f.write_text("[[gpu]]" + block.replace("sms = 132", "sms = 13.2"))
+    with pytest.raises(UserError, match="sms must be an integer"):
+        get_gpu(str(f))
 
 
 def test_one_tile_past_a_full_wave_runs_a_second_wave():

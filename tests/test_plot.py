@@ -146,6 +146,25 @@ def test_buy_figure_panels(bought):
         bought.nodes[p.gpu] * p.gpus_per_node for p in bought.pools]
 
 
+def test_buy_figure_labels_at_most_labelled_jobs_rows(bought):
+    """Every job's run is drawn; past plot.LABELLED_JOBS jobs one row in ceil(jobs / LABELLED_JOBS)
+    is labelled, the first job's (the top row) among them (issue 32's hunt: the labels of 256 jobs
+    overlapped on the panel and took about 3 s of CPU to draw)."""
+    from dataclasses import replace
+
+    many = replace(bought, plans=tuple(bought.plans) * 14)
+    n = len(many.plans)
+    assert n > plot.LABELLED_JOBS
+    jobs = plot.buy_figure(many).axes[2]
+    every = -(-n // plot.LABELLED_JOBS)
+    assert len(jobs.patches) == n
+    ticks = list(jobs.get_yticks())
+    assert len(ticks) == len(range(0, n, every)) <= plot.LABELLED_JOBS and n - 1 in ticks
+    assert len(jobs.texts) == len(ticks)
+    few = plot.buy_figure(bought).axes[2]         # up to LABELLED_JOBS: every row labelled
+    assert len(few.get_yticks()) == len(few.texts) == len(bought.plans)
+
+
 # ------------------------------------------------------------------------ files
 
 @pytest.mark.slow

@@ -60,6 +60,7 @@ def buy(jobs_path: Path, gpu_names: str | None, budget: float | None, horizon: s
     from planner.cost.buy import plan_purchase
     from planner.cost.jobs import load_jobs, parse_duration_s
     from planner.cost.prices import DAY_S, load_prices
+    from planner.limits import check_gpu_type_count
     from planner.report import costs
     from planner.report import text as report
 
@@ -73,6 +74,7 @@ def buy(jobs_path: Path, gpu_names: str | None, budget: float | None, horizon: s
     jobs = load_jobs(jobs_path)
     names = [g.strip() for g in gpu_names.split(",") if g.strip()] if gpu_names else list(jobs.gpus)
     names = names or ["h100", "h200", "b200"]
+    check_gpu_type_count(names, "--gpus")
     horizon_s = (parse_duration_s(horizon, "--horizon") if horizon is not None
                  else jobs.horizon_s if jobs.horizon_s is not None else 365 * DAY_S)
     extra: dict[str, Any] = {}

@@ -5,6 +5,8 @@ planner.timing.calibrate fits), and write the file `--calibration FILE` applies.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,6 +28,10 @@ if TYPE_CHECKING:
     from planner.timing.calibrate import Calibration, Observation
 
 MAX_LOGS = 64
+# The logs of one calibration, in all: one long run's log (planner.measure.logs.MAX_LOG_BYTES, 256
+# MiB, about 5 s of CPU and 1 GB to parse on 2 cores). Issue 32's hunt: 64 logs of 255 MiB each,
+# within both per-log limits, read 16 GB (4 of them: 19 s of CPU, 1.4 GB; each parsed log is kept).
+MAX_LOGS_TOTAL_BYTES = 256 * 2**20
 
 
 @click.command("calibrate")
@@ -78,11 +84,15 @@ def calibrate(paths: tuple[Path, ...], o: Options, out_file: Path, force: bool, 
         raise UserError("plan calibrate needs a log: give LOG... with the layout it ran, or --runs FILE")
     check_out(out_file, force)
     skip = WARMUP_RECORDS if warmup is None else warmup
-    runs: list[Run] = [(read_log(p, skip), o) for p in paths]
+    if len(paths) > MAX_LOGS:       # refused before any log is read
+        raise UserError(f"{len(paths)} logs given; plan calibrate takes at most {MAX_LOGS}")
+    sources: list[tuple[Path, Options]] = [(p, o) for p in paths]
     if runs_file is not None:
-        runs += read_runs(runs_file, o, skip)
-    if len(runs) > MAX_LOGS:
-        raise UserError(f"{len(runs)} logs given; plan calibrate takes at most {MAX_LOGS}")
+        sources += read_runs(runs_file, o)
+    if len(sources) > MAX_LOGS:
+        raise UserError(f"{len(sources)} logs given; plan calibrate takes at most {MAX_LOGS}")
+    check_total_bytes([p for p, _ in sources])
+    runs: list[Run] = [(read_log(p, skip), opts) for p, opts in sources]
     obs = [observation(lg, opts) for lg, opts in runs]
     created = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     c = fit(obs, Efficiency(), __version__, created)
@@ -136,20 +146,39 @@ def observation(lg: TrainingLog, o: Options) -> Observation:
 MAX_RUNS_BYTES = 1 << 20
 
 
-def read_runs(path: Path, o: Options, warmup: int) -> list[Run]:
+def check_total_bytes(paths: list[Path]) -> None:
+    """Refuse (UserError) logs of more than MAX_LOGS_TOTAL_BYTES in all, from their sizes on
+    disk, before any is read (a path that is no regular file, or one log past its own limit, is
+    left to read_log's message)."""
+    from planner.measure.logs import MAX_LOG_BYTES
+
+    total = 0
+    for p in paths:
+        try:
+            st = os.stat(p)
+        except (OSError, ValueError):
+            continue
+        if stat.S_ISREG(st.st_mode) and st.st_size <= MAX_LOG_BYTES:
+            total += st.st_size
+    if total > MAX_LOGS_TOTAL_BYTES:
+        raise UserError(f"the {len(paths)} logs hold {total / 2**20:,.0f} MiB in all; plan calibrate reads at most "
+                        f"{MAX_LOGS_TOTAL_BYTES // 2**20} MiB of logs at once: give fewer or shorter logs")
+
+
+def read_runs(path: Path, o: Options) -> list[tuple[Path, Options]]:
     """--runs FILE: [[run]] tables of ``log`` (a path, relative to the file) and ``options``
-    (plan's layout options as one string); --gpus and --topology default to the command line's."""
+    (plan's layout options as one string); --gpus and --topology default to the command line's.
+    Each log's path with its options; the logs are read by the caller."""
     import shlex
 
     from planner.limits import decode_text, parse_toml, read_input_file
-    from planner.measure.logs import read_log
 
     what = f"--runs {path}"
     d = parse_toml(decode_text(read_input_file(path, what, MAX_RUNS_BYTES), what, "a runs TOML"), what)
     entries = d.get("run")
     if set(d) - {"run"} or not isinstance(entries, list) or not entries:
         raise UserError(f"{what}: expected [[run]] tables, each with log = PATH and options = \"--model ...\"")
-    out: list[Run] = []
+    out: list[tuple[Path, Options]] = []
     for i, e in enumerate(entries, start=1):
         if not isinstance(e, dict) or set(e) != {"log", "options"} or not all(isinstance(v, str) for v in e.values()):
             raise UserError(f"{what}: run {i} needs exactly log = PATH and options = \"...\" (strings)")
@@ -161,7 +190,7 @@ def read_runs(path: Path, o: Options, warmup: int) -> list[Run]:
             if flag not in args and value is not None:
                 args += [flag, value]
         opts = run_options(args, f"{what}: run {i}")
-        out.append((read_log(path.parent / e["log"], warmup), opts))
+        out.append((path.parent / e["log"], opts))
     return out
 
 

@@ -187,6 +187,7 @@ def cheapest(o: Options) -> Answer:
     from planner.cost.solve import Limits
     from planner.hardware.gpus import get_gpu
     from planner.layouts.layout import reject_reason
+    from planner.limits import check_gpu_type_count
     from planner.report import costs
     from planner.report import text as report
 
@@ -196,6 +197,7 @@ def cheapest(o: Options) -> Answer:
     names = [g.strip() for g in (o.gpu_name or "").split(",") if g.strip()]
     if not names:
         raise UserError("missing --gpus; pass one GPU type or several (--gpus h100,a100), see `plan gpus`")
+    check_gpu_type_count(names, "--gpus")
     gpus = [get_gpu(n) for n in names]
     if len({g.name for g in gpus}) != len(gpus):
         raise UserError(f"--gpus {o.gpu_name} names a GPU type twice")

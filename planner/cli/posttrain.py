@@ -133,10 +133,10 @@ def distill(o: Options, m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, space:
 
 def rl(o: Options, m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, space: SearchSpace, n_gpus: int | None,
        t: dict[str, Any]) -> PosttrainPlan:
-    from planner.search.posttrain import plan_rl
+    from planner.search.posttrain import plan_rl, splits_kv_heads
     from planner.training.posttrain import RLSetup
 
-    if m.n_kv_heads % o.rollout_tp and o.rollout_tp % m.n_kv_heads:
+    if not splits_kv_heads(m, o.rollout_tp):
         raise UserError(f"--rollout-tp {o.rollout_tp} does not split the {m.n_kv_heads} KV heads of {m.name} evenly")
     if n_gpus is not None and n_gpus % o.rollout_tp:
         raise UserError(f"--rollout-tp {o.rollout_tp} does not divide --n-gpus {n_gpus}")

@@ -58,7 +58,10 @@ def check_names(o: Options) -> None:
     and a config.json --model whose numbers Python can read, before any file is touched."""
     from planner.limits import check_name
 
-    for what, value in (("--model", o.model_name), ("--gpus", o.gpu_name), ("--topology", o.topology),
+    # --gpus is a list (--tokens): each GPU name or file is a name of its own (a list of GPU files
+    # in the working directory was refused as one name of more than 255 bytes)
+    gpus = o.gpu_name.split(",") if o.gpu_name is not None else []
+    for what, value in (("--model", o.model_name), *(("--gpus", g) for g in gpus), ("--topology", o.topology),
                         ("--prices", o.prices_path), ("--out", o.out), ("--plot", o.plot),
                         ("--calibration", o.calibration)):
         if value is not None:
@@ -115,6 +118,9 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
     if not o.gpu_name:
         raise UserError("missing --gpus; pass a GPU type (`plan gpus`), e.g. --gpus h100")
     if "," in o.gpu_name:
+        if o.tokens is not None:    # a distillation's length (--teacher): the one mode with --tokens here
+            raise UserError("--gpus takes one GPU type with --teacher (--tokens sets the distillation's length, "
+                            "not a choice of GPUs); plan each GPU type in its own run")
         raise UserError("--gpus takes one GPU type without --tokens; give --tokens N to let the planner "
                         "choose among several (--gpus h100,a100) by cost")
     clash = contradicting_options(o.as_mapping())

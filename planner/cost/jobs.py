@@ -35,6 +35,7 @@ from planner.hardware.gpus import get_gpu
 from planner.limits import (
     MAX_JOBS,
     MAX_JOBS_FILE_BYTES,
+    check_gpu_type_count,
     check_label,
     check_name,
     check_tree,
@@ -44,7 +45,7 @@ from planner.limits import (
     parse_toml,
     read_input_file,
 )
-from planner.models.spec import load_model
+from planner.models.spec import ModelSpec, load_model
 from planner.training.checks import check_setup, default_seq_len, tokens_refusal
 from planner.training.setup import MAX_GLOBAL_BATCH, MAX_SEQ_LEN, TrainingSetup
 
@@ -259,6 +260,7 @@ def load_jobs(path: str | Path, today: datetime | None = None) -> JobsFile:
         gpus = [str(g) if isinstance(g, int) and not isinstance(g, bool) else g for g in gpus]
     if not isinstance(gpus, (list, tuple)) or not all(isinstance(g, str) for g in gpus):
         raise UserError(f"{where}: gpus must be a list of GPU names (`plan gpus`), e.g. [h100, h200]")
+    check_gpu_type_count(gpus, f"{where}: gpus")
     twice = next((g for i, g in enumerate(gpus) if g in gpus[:i]), None)
     if twice is not None:
         raise UserError(f"{where}: gpus lists {twice} twice; give each GPU type once")
@@ -274,6 +276,7 @@ def load_jobs(path: str | Path, today: datetime | None = None) -> JobsFile:
         raise UserError(f"{where}: {len(entries)} jobs; the planner sizes at most {MAX_JOBS} in one purchase "
                         f"(group similar runs into one job, or split the file)")
     jobs: list[JobSpec] = []
+    models: dict[str, ModelSpec] = {}
     for i, e in enumerate(entries):
         at = f"{where}, job #{i + 1}"
         if not isinstance(e, dict):
@@ -305,8 +308,8 @@ def load_jobs(path: str | Path, today: datetime | None = None) -> JobsFile:
         local = path.parent / model
         if (model.endswith(".json") or "/" in model) and local.exists():
             model = str(local)
-        try:
-            m = load_model(model)            # an unknown name or a bad config.json: say which job
+        try:    # an unknown name or a bad config.json: say which job; each model read once per file
+            m = models[model] if model in models else models.setdefault(model, load_model(model))
         except UserError as err:
             raise UserError(f"{at}: model {e['model']!r}: {err}") from None
         method = str(e.get("method", "full"))

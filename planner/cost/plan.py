@@ -34,7 +34,8 @@ from planner.hardware.gpus import GpuSpec
 from planner.layouts.layout import SearchSpace
 from planner.models.spec import ModelSpec, count_params
 from planner.search.search import Candidate, SearchResult, gpu_counts
-from planner.search.sweep import CountBest, sweep
+from planner.search.sweep import Ask, CountBest, sweep, sweep_shared
+from planner.timing.degrees import table_setup
 from planner.timing.model import (
     DEFAULT_EFFICIENCY,
     Cluster,
@@ -159,12 +160,38 @@ class SearchPool:
     def at(self, counts: Sequence[int]) -> list[CountBest]:
         todo = [n for n in counts if n not in self.found]
         if todo:
-            host, nvme = host_capacities(self.cluster)
-            for cb in sweep(self.m, self.setup, self.cluster, todo, capacity_bytes(self.gpu, self.setup),
-                            self.space, self.eff, keep=self.keep, host_capacity_bytes=host,
-                            nvme_capacity_bytes=nvme):
+            ask = self.ask()
+            for cb in sweep(self.m, self.setup, self.cluster, todo, ask.capacity_bytes, self.space, self.eff,
+                            keep=self.keep, host_capacity_bytes=ask.host_capacity_bytes,
+                            nvme_capacity_bytes=ask.nvme_capacity_bytes):
                 self.found[cb.n_gpus] = without_terms(cb)
         return [self.found[n] for n in counts]
+
+    def ask(self) -> Ask:
+        """What a sweep of this pool asks of a count (search.sweep.Ask)."""
+        host, nvme = host_capacities(self.cluster)
+        return Ask(setup=self.setup, cluster=self.cluster, capacity_bytes=capacity_bytes(self.gpu, self.setup),
+                   eff=self.eff, keep=self.keep, host_capacity_bytes=host, nvme_capacity_bytes=nvme)
+
+
+def sweep_together(pools: Sequence[SearchPool], n: int) -> None:
+    """Sweep count ``n`` of each of ``pools`` that has not swept it, keeping what they find:
+    pools of one model, space and node size whose set-ups differ only in the global batch
+    share one sizing and, per GPU type, one timing of the count (search.sweep.sweep_shared:
+    `plan buy` of 256 jobs of Llama 3.1 8B, each its own global batch, swept 7,405 counts one
+    pool at a time, issue 32). Objects other than SearchPools (tests' stand-ins) are left to
+    their own ``at``."""
+    groups: dict[tuple, list[SearchPool]] = {}
+    for p in pools:
+        if isinstance(p, SearchPool) and n not in p.found:
+            groups.setdefault(_shared_key(p), []).append(p)
+    for group in groups.values():
+        if len(group) == 1:
+            continue        # SearchPool.at keeps the sizing for another GPU type of its set-up
+        group = list({id(p): p for p in group}.values())
+        p0 = group[0]
+        for p, cb in zip(group, sweep_shared(p0.m, p0.space, n, p0.gpu.gpus_per_node, [p.ask() for p in group])):
+            p.found[n] = without_terms(cb)
 
 
 def without_terms(cb: CountBest) -> CountBest:
@@ -199,6 +226,12 @@ def _sizing_key(pool: SearchPool) -> tuple:
     return (pool.m, pool.setup, pool.space, pool.gpu.gpus_per_node)
 
 
+def _shared_key(pool: SearchPool) -> tuple:
+    """What pools that sweep a count together share (search.sweep.sweep_shared): _sizing_key
+    but for the global batch."""
+    return (pool.m, table_setup(pool.setup), pool.space, pool.gpu.gpus_per_node)
+
+
 Task = tuple[SearchPool, Sequence[int], Callable[[CountBest], bool]]
 
 
@@ -206,38 +239,66 @@ def sweep_counts_until(tasks: Sequence[Task], more: Sequence[Callable[[CountBest
     """Sweep each task's counts of its pool in increasing order, handing each count's
     CountBest to the task's ``done`` and stopping the task once it returns True. The tasks
     of pools of one model and set-up on one node size take turns count by count, so that
-    GPU types of one node size share each count's sizing (search.sweep.sized_layouts keeps
-    the last one); a count no live task asks for is not swept.
+    GPU types of one node size share each count's sizing; a count no live task asks for is
+    not swept. Such groups whose set-ups differ only in the global batch walk their counts
+    side by side, each count swept for all of them at once (sweep_together), each group
+    asking for the counts it would ask for alone.
 
     ``more`` (one per task): where a stopped task's pool will be asked for larger counts
     later (the last count's CountBest tells), it goes on with the counts its group sizes
     anyway for other live tasks, timing them on its GPU type while their sizing is at hand,
     for that later sweep to find (plan buy's second sweep: 71 of 391 sizings of the 256-job
     file were repeated for it, issue 32). Only what pools keep changes, not what a task sees."""
-    groups: dict[tuple, list[list]] = {}
+    shared: dict[tuple, dict[tuple, list[list]]] = {}
     for i, (pool, ns, done) in enumerate(tasks):
-        groups.setdefault(_sizing_key(pool), []).append([pool, set(ns), done, True, more[i] if more else None])
-    for group in groups.values():
-        asking: dict[int, list[list]] = {}      # per count, the group's tasks that list it, in group order
+        shared.setdefault(_shared_key(pool), {}).setdefault(_sizing_key(pool), []).append(
+            [pool, set(ns), done, True, more[i] if more else None])
+    for groups in shared.values():
+        walks = [_Walk(group) for group in groups.values()]
+        for n in sorted(set().union(*(w.asking for w in walks))):
+            pools = [p for w in walks for p in w.pools_at(n)]
+            if not pools:
+                if not any(w.live for w in walks):
+                    break
+                continue
+            sweep_together(pools, n)
+            for w in walks:
+                w.step(n)
+
+
+class _Walk:
+    """One group's walk of sweep_counts_until (tasks of one model, set-up and node size):
+    which pools it sweeps at each count, and its tasks' answers."""
+
+    def __init__(self, group: list[list]) -> None:
+        self.asking: dict[int, list[list]] = {}     # per count, the group's tasks that list it, in group order
         for t in group:
             for n in t[1]:
-                asking.setdefault(n, []).append(t)
+                self.asking.setdefault(n, []).append(t)
         # the tasks not stopped: once none is, no count is swept (a "more" task goes on only
         # beside a live one), and the larger counts are not walked
-        live = len(group)
-        for n in sorted(asking):
-            if not live:
-                break
-            if not any(t[3] is True for t in asking[n]):
-                continue
-            for t in asking[n]:
-                if t[3] is True:
-                    (cb,) = t[0].at([n])
-                    if t[2](cb):
-                        t[3] = "more" if t[4] is not None and t[4](cb) else False
-                        live -= 1
-                elif t[3] == "more":
-                    t[0].at([n])
+        self.live = len(group)
+
+    def pools_at(self, n: int) -> list:
+        """The pools the group sweeps at count ``n``: none when no task listing it is live."""
+        ts = self.asking.get(n, ())
+        if not self.live or not any(t[3] is True for t in ts):
+            return []
+        return [t[0] for t in ts if t[3] is True or t[3] == "more"]
+
+    def step(self, n: int) -> None:
+        """Count ``n`` for each of the group's tasks, in group order (its pools have swept it)."""
+        ts = self.asking.get(n, ())
+        if not self.live or not any(t[3] is True for t in ts):
+            return
+        for t in ts:
+            if t[3] is True:
+                (cb,) = t[0].at([n])
+                if t[2](cb):
+                    t[3] = "more" if t[4] is not None and t[4](cb) else False
+                    self.live -= 1
+            elif t[3] == "more":
+                t[0].at([n])
 
 
 def search_pools(m: ModelSpec, gpus: Sequence[GpuSpec], setup: TrainingSetup, space: SearchSpace,

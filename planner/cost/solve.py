@@ -41,9 +41,7 @@ SOLVERS = ("auto", "highs", "cbc")
 # purchase_node_limit) first on bench/resources.py's jobs files, so the answer does not depend on
 # the machine's load or speed (issue 32, H5: 32 staggered 70B jobs stopped at the 20 s time limit
 # and their answer and bound moved with the load). It still ends a solve whose nodes take more
-# than 20 s of wall time: H5's 1,000 take about 4 s of CPU, so a machine four times slower or
-# busier. Known exception: 128 jobs of bench/resources.py's 8-model file (2,377 variables, under
-# LARGE_VARIABLES) take about 10 s of CPU in HiGHS's root and first nodes, and reach it at a load of 2.
+# than 20 s of wall time: the costliest full ILP measured (FULL_ILP_WORK) takes about 6 s of CPU.
 TIME_LIMIT_S = 20.0
 GAP_REL = 1e-6
 # HiGHS's branch-and-bound stops after this many nodes (its option mip_max_nodes: counted, not
@@ -68,23 +66,31 @@ MIP_MAX_NODES = 1000
 # 2.1 -> 0.65 s, H5 5.4 -> 3.9 s), the same purchases, and H5's bound after its 1,000 nodes at
 # 95.3% of the answer against 95.4% (the finish-time deadline rows with the defaults: 95.2%).
 PURCHASE_HIGHS_OPTIONS: dict[str, object] = {"mip_heuristic_run_rens": False, "mip_allow_restart": False}
-# A purchase ILP with more nonzeros than H5's (5,086 in its rows: 32 jobs, 521 options) gets
-# fewer nodes than MIP_MAX_NODES, so that nodes x nonzeros stays at H5's (purchase_node_limit):
-# a node's LP costs about its nonzeros, and 1,000 nodes of H5 take about 4 s of CPU. Measured
-# (one thread, 2 cores): 64 jobs of Llama 3.1 8B of distinct batches (8,268 nonzeros) took 9.8 s
-# of CPU for 1,000 nodes, their bound still the root's after them; 128 jobs of 8 models (20,457)
-# ran into the 20 s time limit, so that the load decided the answer.
+# A purchase ILP with more nonzeros than H5's (5,086: 32 jobs, 521 options) gets fewer nodes than
+# MIP_MAX_NODES: nodes x nonzeros**2 stays at H5's, to no fewer than MIN_PURCHASE_NODES
+# (purchase_node_limit; a simplex iteration costs about the nonzeros, and a node's iterations grow
+# with the model too). Measured (HiGHS 1.16, one thread, 2 cores; the first k jobs of the files of
+# bench/resources.py): H5's 1,000 nodes take 3.9 s of CPU; with nodes x nonzeros held instead,
+# 64 and 96 jobs of the 8-model file (9,770 and 15,113 nonzeros) took 5.8 s (520 nodes) and 13.3 s
+# (336 nodes; 28 s of wall time at a load of 8); with nonzeros**2, 4.7 s (270) and 7.5 s (113).
+# The floor: the sparse ILPs of the 16-model file and of its 256 distinct searches need up to 134
+# nodes to prove their optimum (the latter cut to 248 jobs, 16,934 nonzeros: 0.8 s in all), and a
+# dense one (25-30 nonzeros a row) under FULL_ILP_WORK has under 10,000 nonzeros: 260 nodes or more.
 REFERENCE_NONZEROS = 5086
-# A purchase ILP above LARGE_VARIABLES variables is not branched on as a whole: the relaxation
-# with integer nodes gives the bound, and an ILP over the runs it uses and the greedy start the
-# answer (solve_purchase, _relaxed_purchase). Measured on the purchases of bench/resources.py
-# (2 cores, one thread): the full ILP is fast below it (the 256-job file, 2,745 variables:
-# proved optimal in 0.6 s of CPU; 256 jobs that are 256 distinct searches, 2,861: 0.9 s), and
-# its root node alone (cuts, sub-MIPs) ran past the 20 s time limit above it (256 Llama 3.1 8B
-# jobs of distinct global batches, 4,516 variables; 256 jobs of 8 models, 4,666), so that the
-# time limit, i.e. the machine's load, decided the answer: HiGHS has no option that counts the
-# root's work (its options: highs.dev, "Options"; mip_max_nodes counts nodes after the root).
+MIN_PURCHASE_NODES = 200
+# A purchase ILP above LARGE_VARIABLES variables is not branched on as a whole (full_ilp_first,
+# _relaxed_purchase): its root node alone (cuts, sub-MIPs) ran past the 20 s time limit (256 8B
+# jobs of distinct batches, 4,516 variables; 256 jobs of 8 models, 4,666), and HiGHS has no option
+# that counts the root's work (highs.dev, "Options"). Nor one whose nonzeros x their mean per row
+# (nonzeros**2 / rows) pass FULL_ILP_WORK: ILPs of equal size differ tenfold in a node's LP work,
+# and dense rows (many jobs' runs in each capacity check) make the costly ones. Measured (as above;
+# nonzeros / rows, that measure, the full ILP's CPU): H5 5,086 / 156, 166k, 3.9 s; the 16-model
+# file 16,714 / 1,280, 218k, proved in 0.7 s; its distinct searches 17,274 / 1,280, 233k, proved
+# in 0.9 s; 64 8B jobs 8,268 / 318, 215k, 5.3 s; 48 of the 8-model file 7,100 / 240, 210k, 4.3 s.
+# Past it: 96 8B jobs 338k, 5.5 s; 64, 96, 128 of the 8-model file 298k, 476k, 654k: 4.7, 7.5,
+# 5.9 s (50-60 ms a node; the 128 reached the 20 s time limit before).
 LARGE_VARIABLES = 4000
+FULL_ILP_WORK = 260_000
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -450,20 +456,11 @@ def solve_purchase(pools: Sequence[Pool], jobs: Sequence[JobWindow], options: Se
                      f"gpus_{ascii_name(p.gpu)}_at_{ti}_{ascii_name(t.name)}")
     if budget_usd is not None:
         prob += total <= budget_usd, "budget_usd"
-    # first the bound of the relaxation with integer nodes: where the greedy start meets it, that
-    # is the optimum, proved without branching (256 jobs of distinct batches, cut to 160: 0.5 s of
-    # CPU; HiGHS's root node of the ILP ran into the 20 s time limit)
-    bound, relaxed, used = _node_integral_relaxation(prob, list(run.values()), solver, time_limit_s, gap_rel)
-    first = _best_found(pools, jobs, by_job, [], budget_usd, _unproved(relaxed, relaxed.solve_s, used), bound,
-                        gap_rel)
-    if first.solver.optimal:
-        return first
-    if len(run) + len(pools) > LARGE_VARIABLES:
-        return _relaxed_purchase(prob, run, pools, jobs, by_job, budget_usd, solver, time_limit_s, gap_rel,
-                                 (bound, relaxed, used))
-    info = _run(prob, solver, time_limit_s, gap_rel, purchase_node_limit(_nonzeros(prob)),
+    nonzeros = _nonzeros(prob)
+    if not full_ilp_first(len(run) + len(pools), nonzeros, len(_constraint_names(prob))):
+        return _relaxed_purchase(prob, run, pools, jobs, by_job, budget_usd, solver, time_limit_s, gap_rel)
+    info = _run(prob, solver, time_limit_s, gap_rel, purchase_node_limit(nonzeros),
                 highs_options=PURCHASE_HIGHS_OPTIONS)
-    info = dataclasses.replace(info, solve_s=info.solve_s + relaxed.solve_s)
     found: list[dict[str, JobOption]] = []
     if _found(prob):
         choices = _choices(run, jobs, by_job)
@@ -472,41 +469,51 @@ def solve_purchase(pools: Sequence[Pool], jobs: Sequence[JobWindow], options: Se
             cost = sum(pool_of[g].node_usd * n for g, n in bought.items())
             return PurchaseSolution(nodes=bought, choices=choices, cost_usd=cost, solver=info)
         found.append(choices)
-    # stopped by its limit: the greedy start may be cheaper; say how far from the bound
-    bounds = [b for b in (_dual_bound(prob), bound) if b is not None]
+    dual = _dual_bound(prob)    # stopped by its node limit: read before the relaxation re-solves it
+    bound, relaxed, _ = _node_integral_relaxation(prob, list(run.values()), solver, time_limit_s, gap_rel)
+    info = dataclasses.replace(info, solve_s=info.solve_s + relaxed.solve_s)
+    bounds = [b for b in (dual, bound) if b is not None]
     return _best_found(pools, jobs, by_job, found, budget_usd, info, max(bounds, default=None), gap_rel)
+
+
+def full_ilp_first(n_variables: int, nonzeros: int, rows: int) -> bool:
+    """Whether solve_purchase branches on the whole purchase ILP (under purchase_node_limit),
+    rather than answering from the relaxation with integer nodes and an ILP over its runs
+    (_relaxed_purchase): at most LARGE_VARIABLES variables, and nonzeros x their mean per row
+    at most FULL_ILP_WORK (their measured reasons: at the constants)."""
+    return n_variables <= LARGE_VARIABLES and nonzeros * nonzeros <= FULL_ILP_WORK * max(rows, 1)
 
 
 def purchase_node_limit(nonzeros: int) -> int:
     """HiGHS's node limit for a purchase ILP of ``nonzeros`` in its rows: MIP_MAX_NODES, scaled
-    down past REFERENCE_NONZEROS so that nodes x nonzeros stays within H5's (at least one node)."""
-    return max(1, min(MIP_MAX_NODES, MIP_MAX_NODES * REFERENCE_NONZEROS // max(nonzeros, 1)))
+    down past REFERENCE_NONZEROS so that nodes x nonzeros**2 stays within H5's, to no fewer than
+    MIN_PURCHASE_NODES (nor more than MIP_MAX_NODES, where that is fewer)."""
+    scaled = MIP_MAX_NODES * REFERENCE_NONZEROS**2 // max(nonzeros, 1) ** 2
+    return min(MIP_MAX_NODES, max(MIN_PURCHASE_NODES, scaled))
 
 
 def _relaxed_purchase(prob: pulp.LpProblem, run: dict[tuple[str, str], pulp.LpVariable], pools: Sequence[Pool],
                       jobs: Sequence[JobWindow], by_job: dict[str, list[JobOption]], budget_usd: float | None,
-                      solver: str, time_limit_s: float, gap_rel: float,
-                      relaxation: tuple[float | None, SolverInfo, set[str] | None]) -> PurchaseSolution:
-    """A purchase ILP above LARGE_VARIABLES variables, not branched on as a whole (HiGHS's root
-    node of such an ILP alone takes seconds to minutes, and only a time limit would end it).
+                      solver: str, time_limit_s: float, gap_rel: float) -> PurchaseSolution:
+    """A purchase ILP not branched on as a whole (full_ilp_first: its root node alone takes
+    seconds to minutes, or its nodes tens of milliseconds each).
 
     1. The bound: the relaxation that keeps the nodes bought integer and lets the runs be
-       fractional (``relaxation``: _node_integral_relaxation's, which solve_purchase solves
-       first for every purchase ILP). It bounds the optimum from below, at least as high as the
-       LP relaxation (it is the LP with the node counts' integrality restored), and HiGHS
-       solves it in about a second: its integer variables are one per pool.
-    2. The answers: an ILP over the runs that relaxation uses, widened by purchase.fewest_checks_runs
-       (every other run fixed at 0; hundreds of the thousands, so HiGHS solves it within its
-       node limit in seconds), and the greedy start (greedy_purchase); the cheaper, on the
-       fewest nodes that hold it (_best_found).
-    Where the answer costs no more than the bound (within ``gap_rel``) it is proved optimal;
-    else the gap is said. Every step stops at a count (MIP_MAX_NODES), none at a time, so one
-    input gets one answer at any load. Measured (bench/resources.py's buy256-mixed-batches:
-    256 jobs of 8 models, 4,666 variables): $20.2M, the optimum at least 93.3% of it, in about
-    3.5 s of CPU; before, HiGHS's root node ran into the 20 s time limit at a load of 2 and
-    answered $20.7M (92.7%), another answer at another load."""
+       fractional (_node_integral_relaxation): a lower bound, at least the LP relaxation's (the
+       LP with the node counts' integrality restored), solved in about a second. Where the greedy
+       start costs what it says, that is the optimum, proved without branching (256 8B jobs of
+       distinct batches, cut to 160: 0.5 s of CPU; the ILP's root reached the time limit).
+    2. Else the answers: an ILP over the runs that relaxation uses, widened by
+       purchase.fewest_checks_runs (hundreds of the thousands; every other run fixed at 0), and the
+       greedy start; the cheaper, on the fewest nodes that hold it (_best_found).
+    Proved optimal where the answer costs no more than the bound (within ``gap_rel``), else
+    the gap is said. Every step stops at a count, none at a time. Measured (buy256-mixed-batches
+    of bench/resources.py): $20.2M, at least 93.3%, in 3.5 s of CPU (before: the time limit)."""
     runs = list(run.values())
-    bound, info, used = relaxation        # _node_integral_relaxation's, which solve_purchase ran
+    bound, info, used = _node_integral_relaxation(prob, runs, solver, time_limit_s, gap_rel)
+    first = _best_found(pools, jobs, by_job, [], budget_usd, _unproved(info, info.solve_s, used), bound, gap_rel)
+    if first.solver.optimal:
+        return first
     found: list[dict[str, JobOption]] = []
     solve_s = info.solve_s
     if used is not None:

@@ -67,6 +67,9 @@ class GpuSpec:
     training_mfu_ceiling: float | None = None
     training_mfu_ceiling_basis: str = "assumed"        # "measured" or "assumed"
     training_mfu_ceiling_source: str | None = None
+    # streaming multiprocessors, where the file gives them (the GEMM tile model's SMs:
+    # timing.kernels.gemm_tiles); None: no tile model on this GPU
+    sms: int | None = None
 
     def peak_flops_per_s(self, dtype: str) -> float:
         """Dense peak FLOP/s for 'bf16', 'fp16', 'fp8', 'tf32' or 'fp32'."""
@@ -85,7 +88,7 @@ _REQUIRED = {
 }
 _OPTIONAL = {"aliases", "memory_mib", "memory_gib", "memory_gb", "bf16_tflops", "fp8_tflops", "tf32_tflops",
              "default_topology", "architecture", "training_mfu_ceiling", "training_mfu_ceiling_basis",
-             "training_mfu_ceiling_source"}
+             "training_mfu_ceiling_source", "sms"}
 CEILING_BASES = ("measured", "assumed")
 _MEMORY_UNITS = {"memory_mib": MiB, "memory_gib": GiB, "memory_gb": GB}
 
@@ -140,6 +143,7 @@ def _parse_gpu(entry: dict[str, Any], where: str) -> GpuSpec:
         training_mfu_ceiling=entry.get("training_mfu_ceiling"),
         training_mfu_ceiling_basis=basis,
         training_mfu_ceiling_source=" ".join(ceiling_source.split()) if ceiling_source is not None else None,
+        sms=entry.get("sms"),
     )
 
 

@@ -66,10 +66,16 @@ class RuleView:
     etp: Any = 0            # expert tensor-parallel size; 0: equal to tp
     ep_fold: Any = 0        # 1: ep folded over tp x cp x dp (Layout.ep_fold), dp is Megatron's DP
     optimizer_instances: Any = 1    # Layout.optimizer_instances
+    global_batch: Any = None        # the global batch (an array over a grid of batches); None: the set-up's
 
     @property
     def expert_tp(self) -> Any:
         return expert_tp_size(self.etp, self.tp)
+
+    @property
+    def batch(self) -> Any:
+        """The global batch the rules check (``global_batch``, or the set-up's)."""
+        return self.setup.global_batch if self.global_batch is None else self.global_batch
 
     @property
     def fsdp(self) -> Any:
@@ -306,8 +312,8 @@ def _balance_hint(v: RuleView) -> str:
 
 RULES: tuple[Rule, ...] = (
     Rule("batch-divides",   # enumeration: no accumulation count makes the global batch
-         lambda v: (v.enumerated > 0) & (v.setup.global_batch % _per_step(v) != 0),
-         lambda v: (f"global batch {v.setup.global_batch} is not a multiple of micro-batch {v.micro_batch} "
+         lambda v: (v.enumerated > 0) & (v.batch % _per_step(v) != 0),
+         lambda v: (f"global batch {v.batch} is not a multiple of micro-batch {v.micro_batch} "
                     f"x data-parallel {v.data_parallel}")),
     Rule("positive", lambda v: _below_one(v, *AXIS_NAMES, "vp", "micro_batch", "grad_accum"),
          lambda v: "every degree, the micro-batch and the accumulation steps must be >= 1"),
@@ -478,8 +484,8 @@ RULES: tuple[Rule, ...] = (
                     f"{v.dense_shard_degree} and the expert data-parallel ranks {v.expert_shard_degree} "
                     "(megatron-core: data parallel size should be divisible by partial DistOpt shard factor)")),
     Rule("global-batch",
-         lambda v: (v.enumerated <= 0) & (_per_step(v) * v.grad_accum != v.setup.global_batch),
-         lambda v: (f"global batch {v.setup.global_batch} is not micro-batch {v.micro_batch} x "
+         lambda v: (v.enumerated <= 0) & (_per_step(v) * v.grad_accum != v.batch),
+         lambda v: (f"global batch {v.batch} is not micro-batch {v.micro_batch} x "
                     f"accumulation x data-parallel {v.data_parallel}")),
 )
 
@@ -522,13 +528,20 @@ def first_failing(v: RuleView) -> Rule | None:
 
 
 def valid_mask(v: RuleView) -> Any:
-    """Where no rule fails (a batch's views: a bool array, broadcast over the fields' shapes)."""
+    """Where no rule fails (a batch's views: a bool array, broadcast over the fields' shapes).
+    The rules' answers are joined per shape first, then broadcast together: over a grid of
+    global batches (layouts.batch.valid_layouts_of_batches) only the few rules that read the
+    batch span its axis."""
     import numpy as np
 
-    ok: Any = True
+    fails: dict[tuple[int, ...], Any] = {}
     for rule in RULES:
-        ok = ok & ~np.asarray(rule.fails(v), dtype=bool)
-    return ok
+        f = np.asarray(rule.fails(v), dtype=bool)
+        fails[f.shape] = fails[f.shape] | f if f.shape in fails else f
+    bad: Any = False
+    for f in fails.values():
+        bad = bad | f
+    return ~np.asarray(bad, dtype=bool)
 
 
 def first_failing_index(v: RuleView) -> Any:

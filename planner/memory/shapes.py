@@ -340,6 +340,21 @@ def stage_figures(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, a: LayoutA
                         split=split)
 
 
+def memory_grad_accum(a: LayoutArrays, setup: TrainingSetup) -> np.ndarray:
+    """The accumulation count of each layout as the memory model tells it apart: a layout's
+    memory is the same with this count as with its own. The model reads the count in two
+    places: whether gradients persist between micro-batches (peak.step_terms: more than one)
+    and the micro-batches a stage holds (in_flight_microbatches: min(pp - stage, count), the
+    stages 0 to pp - 1), except where it reads the exact interleaved schedule (vp > 1 and pp >
+    1 under --pp-balance embedding-loss, or a micro-batch group other than pp), whose warm-up
+    and last group depend on the count. So min(count, max(pp, 2)), and the count itself where
+    the schedule is read (tests/test_sweep_shared.py checks every term of both)."""
+    ga = a.grad_accum
+    group = setup.pp_microbatch_group
+    exact = (a.vp > 1) & (a.pp > 1) & ((setup.pp_balance != "none") | ((group > 0) & (a.pp != group)))
+    return np.where(exact, ga, np.minimum(ga, np.maximum(a.pp, 2)))
+
+
 def in_flight_microbatches(a: LayoutArrays, stage: np.ndarray, n_layers: int = 0, balance: str = "none",
                            stage_layer_counts: np.ndarray | None = None, group: int = 0) -> np.ndarray:
     """Micro-batches whose activations a pipeline stage holds at once (float).

@@ -236,25 +236,45 @@ def hub_config_path(repo_id: str) -> Path:
                         f"({type(e).__name__}); {fix}") from None
 
 
+# The specs of the last config.json files read, by (path, name): the file's bytes and its spec.
+# The file is read at every call (a Python API caller may rewrite it between two plans) and
+# parsed again only when its bytes differ: a `plan buy` file of 256 jobs naming one 16 MiB
+# config.json parsed it 512 times (issue 32's hunt: over 120 s of CPU). At most
+# _CONFIG_CACHE_SIZE files of at most MAX_CONFIG_BYTES each (128 MiB at worst).
+_CONFIG_CACHE: dict[tuple[str, str], tuple[bytes, ModelSpec]] = {}
+_CONFIG_CACHE_SIZE = 8
+
+
 def load_config_file(path: Path, name: str | None = None) -> ModelSpec:
-    """Read a Hugging Face config.json (or a directory holding one)."""
+    """Read a Hugging Face config.json (or a directory holding one); the same bytes at the same
+    path give the same spec without a second parse (_CONFIG_CACHE)."""
     check_label(str(path), "model file")
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
         raise UserError(not_found("model file", path, "pass a preset name (`plan models`) or a config.json path"))
+    if name is None:
+        name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
     try:
         if path.stat().st_size > MAX_CONFIG_BYTES:
             raise UserError(f"{path}: {path.stat().st_size:,} bytes is too large for a config.json "
                             f"(limit {MAX_CONFIG_BYTES:,}); pass the model's config.json, not its weights")
         raw = path.read_bytes()
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror})") from None
+    key = (str(path), name)
+    kept = _CONFIG_CACHE.get(key)
+    if kept is not None and kept[0] == raw:
+        return kept[1]
+    try:
         cfg = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         why = "nested too deeply" if isinstance(e, RecursionError) else str(e)
         raise UserError(f"{path}: not valid JSON ({why}); expected a Hugging Face config.json") from None
-    except OSError as e:
-        raise UserError(f"{path}: cannot read ({e.strerror})") from None
-    if name is None:
-        name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
     check_label(name, "model name")
-    return spec_from_hf_config(cfg, name, str(path), source=str(path))
+    spec = spec_from_hf_config(cfg, name, str(path), source=str(path))
+    _CONFIG_CACHE.pop(key, None)
+    while len(_CONFIG_CACHE) >= _CONFIG_CACHE_SIZE:
+        del _CONFIG_CACHE[next(iter(_CONFIG_CACHE))]        # the oldest
+    _CONFIG_CACHE[key] = (raw, spec)
+    return spec

@@ -50,6 +50,11 @@ COLORS = {    # one colour per category, the same in every plot
     "buffers": "#64B5CD",
     "overhead": "#8C8C8C",
 }
+# `plan buy --plot`: the jobs whose rows are labelled (name and model, GPUs and days); past it one row
+# in ceil(jobs / LABELLED_JOBS), the first job's included. Two-line 8 pt labels of more rows overlap
+# on the panel's ~4 inches, and each costs text layout: 256 jobs' labels took about 3 s of CPU to
+# draw (issue 32's hunt: plan buy of 256 jobs 5.7 s, with --plot 8.6 s)
+LABELLED_JOBS = 16
 GPU_COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B2", "#937860", "#DA8BC3")
 CHOSEN = "#D62728"
 
@@ -401,19 +406,22 @@ def buy_figure(r: BuyResult) -> Figure:
         dollars.set_title("Cost per GPU type")
         rows = list(reversed(r.plans))     # the first job on top
         y = list(range(len(rows)))
+        every = -(-len(rows) // LABELLED_JOBS)     # label one row in ``every``: all of them up to LABELLED_JOBS
+        labelled = [i for i in y if (len(rows) - 1 - i) % every == 0]     # from the top: the first job's row
         for i, j in zip(y, rows):
             start, length = j.start_s / DAY_S, (j.finish_s - j.start_s) / DAY_S
             jobs.barh(i, length, 0.5, left=start, color=colors[j.gpu.name])
             jobs.plot([j.deadline_s / DAY_S] * 2, [i - 0.35, i + 0.35], color="black", lw=2)
-            jobs.text(max(j.finish_s, j.deadline_s) / DAY_S, i, f"  {j.n_gpus} x {j.gpu.name}, {length:,.1f} days",
-                      va="center", fontsize=8)
+            if (len(rows) - 1 - i) % every == 0:
+                jobs.text(max(j.finish_s, j.deadline_s) / DAY_S, i,
+                          f"  {j.n_gpus} x {j.gpu.name}, {length:,.1f} days", va="center", fontsize=8)
         from matplotlib.artist import Artist
         from matplotlib.lines import Line2D
         from matplotlib.patches import Patch
         keys: list[Artist] = [Line2D([], [], color="black", lw=2, label="deadline")]
         keys += [Patch(color=colors[g], label=f"on {g}") for g in names if any(j.gpu.name == g for j in rows)]
         jobs.legend(handles=keys, fontsize=8, loc="lower right")
-        jobs.set_yticks(y, [f"{j.name}\n{j.model.name}" for j in rows], fontsize=8)
+        jobs.set_yticks(labelled, [f"{rows[i].name}\n{rows[i].model.name}" for i in labelled], fontsize=8)
         end = max(max(j.deadline_s, j.finish_s) for j in rows) / DAY_S
         jobs.set_xlim(0, end * 1.35)
         jobs.set_ylim(-0.7, len(rows) - 0.3)

@@ -11,9 +11,12 @@ wins, with its fastest such layout. The teacher's sharding is searched per layou
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from planner.errors import UserError
+from planner.fmt import gib
 from planner.hardware.gpus import GpuSpec
 from planner.layouts.layout import Layout, SearchSpace
 from planner.memory.distill import DistillMemory, best_distill_memory
@@ -217,11 +220,79 @@ def rl_choice(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, rl: RLSetup, c: 
                     overlapped=rl.overlapped)
 
 
+def splits_kv_heads(m: ModelSpec, engine_tp: int) -> bool:
+    """An engine tensor-parallel size vLLM takes for ``m``: it divides the KV heads, or they divide it
+    (each rank then holds a replica of one head)."""
+    return m.n_kv_heads % engine_tp == 0 or engine_tp % m.n_kv_heads == 0
+
+
+def engine_refusal(m: ModelSpec, gpu: GpuSpec, rl: RLSetup) -> str | None:
+    """The refusal of an RL plan whose rollout engine cannot hold one sequence, or None.
+
+    The engine's share of a GPU does not depend on the policy's layout or GPU count
+    (memory.rollout.engine_budget: its weights at --rollout-tp, the profile run and the
+    sampler within --rollout-memory-fraction of one GPU), and search.posttrain.plan_rl keeps
+    only layouts whose engine holds at least one sequence (EngineBudget.max_sequences >= 1).
+    When it holds none, no GPU count can, so the plan is refused at once, naming the way
+    out: the smallest larger --rollout-tp (a power of two up to the option's 64 that splits the
+    KV heads) whose engine holds one.
+    plan_rl asks it first. Issue 32's hunt: `plan --model 70b --gpus h100 --task
+    grpo` took about 100 s of CPU to sweep 33 GPU counts and print "nothing fits on up to
+    16384 x h100", advising more GPUs (Llama 3.1 70B's 16-bit weights on one engine GPU are
+    131 GiB)."""
+    if not rl.generates:
+        return None
+    budget = engine_budget(m, gpu, rl)
+    if budget.max_sequences >= 1:
+        return None
+    wider = next((tp for tp in (2**k for k in range(1, 7)) if tp > rl.engine_tp and splits_kv_heads(m, tp)
+                  and engine_budget(m, gpu, replace(rl, engine_tp=tp)).max_sequences >= 1), None)
+    way_out = (f"give --rollout-tp {wider} (or more)" if wider is not None else
+               "no --rollout-tp up to 64 holds one: give a GPU with more memory or shorter --prompt-len / "
+               "--response-len")
+    return (f"the rollout engine cannot hold one sequence of {rl.seq_len:,} tokens at --rollout-tp {rl.engine_tp}: "
+            f"its {gib(budget.weights_bytes)} of weights and {gib(budget.profile_bytes)} of profile run and "
+            f"sampler leave {gib(budget.kv_bytes)} of the {gib(budget.reserved_bytes)} it may take "
+            f"(--rollout-memory-fraction {rl.engine_memory_fraction:g} of {gpu.name}) for the KV cache, on any "
+            f"GPU count; {way_out}")
+
+
+def colocated_refusal(gpu: GpuSpec, setup: TrainingSetup, rl: RLSetup) -> str | None:
+    """The refusal of a colocated RL plan whose engine leaves less of each GPU than the fixed
+    costs every rank holds beyond its tensors, or None.
+
+    In the generation phase a training GPU holds the engine's --rollout-memory-fraction, the
+    training states it keeps and their untracked bytes (memory.rollout.phase_memory); the
+    states shrink as the GPU count grows, the fixed costs (Overheads.fixed_bytes: the CUDA
+    context and library workspaces, NCCL when distributed) do not. When the engine and the
+    smaller fixed cost already pass the plan's memory (--usable-memory of the GPU), no GPU
+    count fits (search.posttrain.plan_rl's peak <= capacity), and the plan is refused at once.
+    plan_rl asks it first. Issue 32's hunt: `plan --model 8b --gpus h100 --task grpo
+    --rollout-memory-fraction 1` swept every GPU count to 16,384 for over 120 s of CPU."""
+    if not rl.generates or rl.placement != "colocated":
+        return None
+    cap = int(gpu.memory_bytes * setup.usable_memory_fraction)
+    fixed = min(setup.overheads.fixed_bytes(False), setup.overheads.fixed_bytes(True))
+    reserved = int(rl.engine_memory_fraction * gpu.memory_bytes)
+    if reserved + fixed <= cap:
+        return None
+    most = (cap - fixed) / gpu.memory_bytes
+    way_out = (f"give --rollout-memory-fraction {math.floor(most * 100) / 100:g} or less, or --rollout separate"
+               if most >= 0.05 else "give --rollout separate")
+    return (f"--rollout-memory-fraction {rl.engine_memory_fraction:g} gives the colocated engine {gib(reserved)} of "
+            f"each {gpu.name}, and every rank holds at least {gib(fixed)} beyond its tensors (CUDA context, library "
+            f"workspaces): more than the {gib(cap)} a plan may use, on any GPU count; {way_out}")
+
+
 def plan_rl(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, rl: RLSetup, space: SearchSpace = SearchSpace(),  # noqa: B008
             n_gpus: int | None = None, max_gpus: int = 16_384, cluster: Cluster | None = None,
             efficiency: Efficiency = Efficiency()) -> PosttrainPlan:
     """An RL step on the fewest GPUs whose every phase fits (the engine's KV cache holding at
-    least one sequence), the fastest layout by the sum of the phases' times."""
+    least one sequence), the fastest layout by the sum of the phases' times. Refused at once
+    (UserError) where no GPU count can fit: engine_refusal, colocated_refusal."""
+    refusal = engine_refusal(m, gpu, rl) or colocated_refusal(gpu, setup, rl)
+    if refusal:
+        raise UserError(refusal)
     cluster = cluster or cluster_for(gpu)
     cap = int(gpu.memory_bytes * setup.usable_memory_fraction)
     space = _space(space, gpu, cluster)

@@ -15,18 +15,21 @@ ranked by).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from planner.hardware.placement import Cluster
-from planner.layouts.batch import RECOMPUTES, LayoutArrays, valid_layouts
+from planner.layouts.batch import RECOMPUTES, LayoutArrays, Unsupported, valid_layouts_of_batches
+from planner.layouts.groups import group
 from planner.layouts.layout import SearchSpace, enumerate_folded
 from planner.memory.model import min_model_state_bytes_per_param, rank_memories
 from planner.memory.peak import MemoryBatch, memory_batch
+from planner.memory.shapes import memory_grad_accum
 from planner.models.spec import ModelSpec, ParamCount, count_params
 from planner.search.search import RECOMPUTE_COST, Candidate, rank_columns
+from planner.timing.degrees import table_setup
 from planner.timing.fast import step_times_picked
 from planner.timing.model import DEFAULT_EFFICIENCY, Efficiency
 from planner.training.setup import TrainingSetup
@@ -50,9 +53,26 @@ def count_layouts(m: ModelSpec, setup: TrainingSetup, n: int, gpus_per_node: int
     """The valid layouts on ``n`` GPUs, in enumerate_layouts' order, as arrays (the rules
     table, planner.layouts.rules, over a grid; every set-up), then the valid folded ones where
     the space folds ep on ``n`` (layouts.layout.enumerate_folded, as search.size_count adds them)."""
-    arrays = valid_layouts(m, setup, n, gpus_per_node, space)
-    folded = [lay for lay, why in enumerate_folded(m, setup, n, gpus_per_node, space) if why is None]
-    return LayoutArrays.concat([arrays, LayoutArrays.from_layouts(folded)]) if folded else arrays
+    arrays, _ = count_layouts_of(m, [setup], n, gpus_per_node, space)
+    return arrays
+
+
+def count_layouts_of(m: ModelSpec, setups: Sequence[TrainingSetup], n: int, gpus_per_node: int,
+                     space: SearchSpace) -> tuple[LayoutArrays, list[int]]:
+    """count_layouts() of each of ``setups`` (set-ups that differ only in the global batch), one
+    after another as one LayoutArrays, and where each set-up's layouts start (and the last
+    end): one grid of the rules over their batches (layouts.batch.valid_layouts_of_batches)."""
+    arrays, starts = valid_layouts_of_batches(m, setups[0], [s.global_batch for s in setups], n, gpus_per_node,
+                                              space)
+    folded = [[lay for lay, why in enumerate_folded(m, setup, n, gpus_per_node, space) if why is None]
+              for setup in setups]
+    if not any(folded):
+        return arrays, starts
+    parts = []
+    for lo, hi, lays in zip(starts, starts[1:], folded):
+        parts += [arrays.take(slice(lo, hi))] + ([LayoutArrays.from_layouts(lays)] if lays else [])
+    return LayoutArrays.concat(parts), np.cumsum([0] + [hi - lo + len(lays) for lo, hi, lays
+                                                        in zip(starts, starts[1:], folded)]).tolist()
 
 
 _LAST_SIZED: dict[tuple, tuple[LayoutArrays, MemoryBatch | None]] = {}
@@ -74,60 +94,205 @@ def sized_layouts(m: ModelSpec, setup: TrainingSetup, n: int, gpus_per_node: int
     return hit
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Sized:
+    """Layouts' memory: a MemoryBatch, the row of it each layout reads (None: its own row)
+    and each layout's total bytes."""
+
+    batch: MemoryBatch
+    row: np.ndarray | None
+    total: np.ndarray
+
+    def rows(self, layouts: np.ndarray) -> list[int]:
+        """The batch's rows of ``layouts`` (layout numbers)."""
+        return (layouts if self.row is None else self.row[layouts]).tolist()
+
+
+def sized_once(m: ModelSpec, setup: TrainingSetup, arrays: LayoutArrays, pc: ParamCount,
+               gpus_per_node: int, n_batches: int) -> Sized | None:
+    """The memory of ``arrays`` (valid layouts of ``setup``), each distinct layout as the memory
+    model reads it sized once: layouts that differ only in an accumulation count the model
+    does not tell apart (memory.shapes.memory_grad_accum) share a row. Set-ups that differ
+    only in the global batch give the same layouts but for the accumulation (1,024 + 8 i
+    sequences at dp 8: 128 + i micro-batches), whose memory saturates at pp micro-batches in
+    flight. ``n_batches``: how many global batches the layouts are of; of one, no two share a
+    row (the accumulation follows from the micro-batch and the degrees): none is looked for.
+    None where there are no layouts."""
+    if not len(arrays):
+        return None
+    if n_batches == 1:
+        batch = memory_batch(m, setup, arrays, pc, gpus_per_node)
+        return Sized(batch=batch, row=None, total=batch.total)
+    key = replace(arrays, grad_accum=memory_grad_accum(arrays, setup))
+    try:
+        row, first = group([key.field(f) for f in LayoutArrays.FIELDS])
+    except Unsupported:         # columns too wide to pack: each layout its own row
+        row, first = np.arange(len(arrays)), np.arange(len(arrays))
+    if len(first) == len(arrays):
+        batch = memory_batch(m, setup, arrays, pc, gpus_per_node)
+        return Sized(batch=batch, row=None, total=batch.total)
+    batch = memory_batch(m, setup, key.take(first), pc, gpus_per_node)
+    return Sized(batch=batch, row=row, total=batch.total[row])
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Ask:
+    """One search's request for a count's fastest layouts (sweep's arguments beside the model,
+    the space and the count): its set-up, the GPUs it times on and what fits on them."""
+
+    setup: TrainingSetup
+    cluster: Cluster
+    capacity_bytes: int
+    eff: Efficiency = DEFAULT_EFFICIENCY
+    keep: int = 3
+    host_capacity_bytes: int | None = None
+    nvme_capacity_bytes: int | None = None
+
+
 def _fastest_on_count(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, n: int, capacity_bytes: int,
                       space: SearchSpace, eff: Efficiency, keep: int, pc: ParamCount,
                       host_capacity_bytes: int | None, nvme_capacity_bytes: int | None) -> CountBest:
     arrays, batch = sized_layouts(m, setup, n, cluster.gpu.gpus_per_node, space, pc)
-    if batch is None:
-        return CountBest(n_gpus=n, fastest=())
-    totals = batch.total
-    may_fit = np.flatnonzero(totals <= capacity_bytes)
-    if not len(may_fit):
-        return CountBest(n_gpus=n, fastest=(), n_shapes=len(arrays))
-    arrays_fit = LayoutArrays(*(arrays.field(f)[may_fit] for f in LayoutArrays.FIELDS))
-    headroom = capacity_bytes - totals[may_fit]
-    best: list[Candidate] = []
-    rows: list[int] = []
-    sized = 0
+    ask = Ask(setup=setup, cluster=cluster, capacity_bytes=capacity_bytes, eff=eff, keep=keep,
+              host_capacity_bytes=host_capacity_bytes, nvme_capacity_bytes=nvme_capacity_bytes)
+    sized = None if batch is None else Sized(batch=batch, row=None, total=batch.total)
+    (cb,) = _fastest_of(m, pc, n, arrays, sized, [(ask, 0, len(arrays))], keep_terms=True)
+    return cb
+
+
+def _fastest_of(m: ModelSpec, pc: ParamCount, n: int, arrays: LayoutArrays, batch: Sized | None,
+                segments: Sequence[tuple[Ask, int, int]], keep_terms: bool) -> list[CountBest]:
+    """Per segment (ask, first row, end row) of ``arrays`` (valid layouts on ``n`` GPUs, sized
+    as ``batch``): the ask's fastest layouts that fit among its rows. The segments that time
+    on one cluster with one set of efficiencies are timed as one batch, whose rows
+    step_times_picked() reads apart (a layout's time does not depend on what else is in the
+    batch); each segment's rows are ranked on their own (_rank_order). ``keep_terms``: each
+    candidate keeps its memory terms (they hold the whole ``batch``)."""
+    out: list[CountBest | None] = [None] * len(segments)
+    timed: dict[tuple, list[int]] = {}          # (cluster, eff) -> segments timed together
+    fits: list[np.ndarray] = []                 # per segment: its rows that may fit
+    for k, (ask, lo, hi) in enumerate(segments):
+        fits.append(np.zeros(0, dtype=np.int64))
+        if batch is None or hi == lo:
+            out[k] = CountBest(n_gpus=n, fastest=())
+            continue
+        fits[k] = lo + np.flatnonzero(batch.total[lo:hi] <= ask.capacity_bytes)
+        if not len(fits[k]):
+            out[k] = CountBest(n_gpus=n, fastest=(), n_shapes=hi - lo)
+            continue
+        timed.setdefault((ask.cluster, ask.eff), []).append(k)
+    for (cluster, eff), ks in timed.items():
+        assert batch is not None
+        for k, cb in zip(ks, _timed_together(m, pc, n, arrays, batch, [segments[k] for k in ks],
+                                             [fits[k] for k in ks], cluster, eff, keep_terms)):
+            out[k] = cb
+    assert all(cb is not None for cb in out)
+    return out  # type: ignore[return-value]
+
+
+def _timed_together(m: ModelSpec, pc: ParamCount, n: int, arrays: LayoutArrays, batch: Sized,
+                    segments: Sequence[tuple[Ask, int, int]], fits: Sequence[np.ndarray], cluster: Cluster,
+                    eff: Efficiency, keep_terms: bool) -> list[CountBest]:
+    """_fastest_of for segments that time on one cluster with one set of efficiencies, each
+    with its rows that may fit (``fits``, rows of ``arrays``): every such row timed as one batch
+    (step_times_picked), and each segment's fastest that fit walked in its own rank order."""
+    may_fit = np.concatenate(fits) if len(fits) > 1 else fits[0]
+    if len(may_fit) == len(arrays) and np.array_equal(may_fit, np.arange(len(arrays))):
+        arrays_fit = arrays         # every row (the same arrays, not a copy)
+    else:
+        arrays_fit = arrays.take(may_fit)
+    headroom = np.concatenate([ask.capacity_bytes - batch.total[f] for (ask, _, _), f in zip(segments, fits)])
+    starts: list[int] = np.cumsum([0] + [len(f) for f in fits]).tolist()
+    best: list[list[Candidate]] = [[] for _ in segments]
+    sized = [0] * len(segments)
 
     def keep_fastest(times: np.ndarray) -> list[int]:
-        """The rows of the ``keep`` fastest layouts that fit, in rank order."""
-        nonlocal sized
-        for i in _rank_order(arrays_fit, times, headroom, keep):
-            lay = arrays_fit.layout(i, setup.seq_len)
-            (mem,) = rank_memories(batch, [int(may_fit[i])])      # the batch's row: sized once
-            c = Candidate(layout=lay, memory=mem, capacity_bytes=capacity_bytes,
-                          host_capacity_bytes=host_capacity_bytes, nvme_capacity_bytes=nvme_capacity_bytes)
-            sized += 1
-            if c.fits:          # (the host's and NVMe's capacity: the GPU's is in may_fit)
-                best.append(c)
-                rows.append(i)
-                if len(best) == keep:
-                    break
+        """Per segment, the rows of its ``keep`` fastest layouts that fit, in rank order: each
+        segment's fastest first, their memory read off the batch in one call."""
+        heads = _heads(arrays_fit, times, headroom, starts)
+        at = [lo + i for lo, i in zip(starts, heads) if i is not None]
+        mems = iter(rank_memories(batch.batch, batch.rows(may_fit[at]), keep_terms))    # sized once
+        rows: list[int] = []
+        for j, ((ask, _, _), lo, hi, head) in enumerate(zip(segments, starts, starts[1:], heads)):
+            i, walk = head, None
+            while i is not None:
+                mem = next(mems) if walk is None else rank_memories(batch.batch, batch.rows(may_fit[lo + i:lo + i + 1]),
+                                                                    keep_terms)[0]
+                c = Candidate(layout=arrays_fit.layout(lo + i, ask.setup.seq_len), memory=mem,
+                              capacity_bytes=ask.capacity_bytes, host_capacity_bytes=ask.host_capacity_bytes,
+                              nvme_capacity_bytes=ask.nvme_capacity_bytes)
+                sized[j] += 1
+                if c.fits:          # (the host's and NVMe's capacity: the GPU's is in may_fit)
+                    best[j].append(c)
+                    rows.append(lo + i)
+                    if len(best[j]) == ask.keep:
+                        break
+                if walk is None:    # past the head: the segment's own walk, from its second row
+                    walk = _rank_order(arrays_fit, times[lo:hi], headroom[lo:hi], ask.keep, lo)
+                    assert next(walk) == head
+                i = next(walk, None)
         return rows
 
     # every fitting layout timed as one batch, and the StepTime of the kept ones read off it
-    _, kept_times = step_times_picked(m, setup, arrays_fit, cluster, eff, pc, keep_fastest)
-    return CountBest(n_gpus=n, fastest=tuple(replace(c, time=t) for c, t in zip(best, kept_times)),
-                     n_shapes=len(arrays), n_timed=len(arrays_fit), n_sized=sized)
+    _, kept_times = step_times_picked(m, segments[0][0].setup, arrays_fit, cluster, eff, pc, keep_fastest)
+    out, at = [], 0
+    for (_, lo, hi), f, kept, n_sized in zip(segments, fits, best, sized):
+        ts = kept_times[at:at + len(kept)]
+        at += len(kept)
+        out.append(CountBest(n_gpus=n, fastest=tuple(replace(c, time=t) for c, t in zip(kept, ts)),
+                             n_shapes=hi - lo, n_timed=len(f), n_sized=n_sized))
+    return out
 
 
-def _rank_order(a: LayoutArrays, times: np.ndarray, headroom: np.ndarray, keep: int) -> Iterator[int]:
-    """The rows of ``a`` in rank_key's order (np.lexsort: the last key first; stable, so full
-    ties keep enumeration order; many layouts tie on step time where the GPU's sustained-rate
+_RECOMPUTE_COST = np.array([RECOMPUTE_COST[r] for r in RECOMPUTES])     # per RECOMPUTES index
+
+
+def _heads(a: LayoutArrays, times: np.ndarray, headroom: np.ndarray, starts: list[int]) -> list[int | None]:
+    """The first row of each segment (rows ``starts[j]`` to ``starts[j + 1]`` of ``a``, numbered
+    from the segment's start; None for an empty one) in _rank_order's order, whatever its
+    ``keep``: the least in rank_columns' order, NaN times last, the first of full ties. Taken
+    for every segment at once among the rows at their segment's least time (the sweep of a
+    count for 256 set-ups walked 7,149 segments one by one, issue 32); a segment whose times
+    are all NaN is walked on its own."""
+    lo, hi = np.array(starts[:-1], dtype=np.int64), np.array(starts[1:], dtype=np.int64)
+    full = np.flatnonzero(hi > lo)
+    seg = np.repeat(np.arange(len(lo)), hi - lo)
+    least = np.full(len(lo), np.nan)
+    if len(full):
+        least[full] = np.fmin.reduceat(times, lo[full])    # the segments cover the rows: no gaps
+    rows = np.flatnonzero(times <= least[seg])             # False where the least is NaN
+    cols = rank_columns(times[rows], _RECOMPUTE_COST[a.recompute[rows]], a.pp[rows], a.cp[rows], a.tp[rows],
+                        a.zero_stage[rows], a.sharding[rows] > 0, a.micro_batch[rows], a.vp[rows], headroom[rows])
+    order = rows[np.lexsort((*cols[::-1], seg[rows]))]    # the segment first, then rank_columns
+    first = order[np.r_[True, seg[order][1:] != seg[order][:-1]]] if len(order) else order
+    out: list[int | None] = [None] * len(lo)
+    for r in first.tolist():
+        j = int(seg[r])
+        out[j] = r - starts[j]
+    for j in full.tolist():
+        if out[j] is None:
+            out[j] = next(_rank_order(a, times[starts[j]:starts[j + 1]], headroom[starts[j]:starts[j + 1]], 1,
+                                      starts[j]))
+    return out
+
+
+def _rank_order(a: LayoutArrays, times: np.ndarray, headroom: np.ndarray, keep: int, lo: int = 0) -> Iterator[int]:
+    """The rows of ``a`` from ``lo`` on, as many as ``times`` and ``headroom`` have, numbered
+    from 0, in rank_key's order (np.lexsort: the last key first; stable, so full ties keep
+    enumeration order; many layouts tie on step time where the GPU's sustained-rate
     floor binds, so the other fields are sorted as arrays rather than walked one by one).
     Step time is the first key, so the rows no slower than the ``keep``-th fastest come first
     in that order: they are sorted and given first, and the others only if the walk asks for
     more (a fast layout that overflows the host's memory). Sorting all of a count's layouts
     took 0.46 of 5 s of CPU of `--tokens` over the catalog with DeepSeek-V3 (issue 32)."""
-    rc_cost = np.array([RECOMPUTE_COST[r] for r in RECOMPUTES])
     first = np.zeros(len(times), dtype=bool)
     if keep < len(times):
         first = times <= np.partition(times, keep - 1)[keep - 1]     # False throughout for a NaN
     for part in (first, ~first) if first.any() else (~first,):
         rows = np.flatnonzero(part)
-        order = np.lexsort(rank_columns(times[rows], rc_cost[a.recompute[rows]], a.pp[rows], a.cp[rows], a.tp[rows],
-                                        a.zero_stage[rows], a.sharding[rows] > 0, a.micro_batch[rows], a.vp[rows],
+        at = rows + lo
+        order = np.lexsort(rank_columns(times[rows], _RECOMPUTE_COST[a.recompute[at]], a.pp[at], a.cp[at], a.tp[at],
+                                        a.zero_stage[at], a.sharding[at] > 0, a.micro_batch[at], a.vp[at],
                                         headroom[rows])[::-1])
         yield from rows[order].tolist()
 
@@ -142,12 +307,66 @@ def sweep(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, counts: Iterable
     (rank_key orders by step time first). Counts on which the model states alone cannot
     fit are skipped, as in search()."""
     pc = count_params(m)
-    floor_per_param = min_model_state_bytes_per_param(setup)
+    ask = Ask(setup=setup, cluster=cluster, capacity_bytes=capacity_bytes, eff=eff, keep=keep,
+              host_capacity_bytes=host_capacity_bytes, nvme_capacity_bytes=nvme_capacity_bytes)
     out = []
     for n in counts:
-        if floor_per_param * pc.total / n > capacity_bytes:
+        if not _may_fit(ask, pc, n):
             out.append(CountBest(n_gpus=n, fastest=()))
             continue
         out.append(_fastest_on_count(m, setup, cluster, n, capacity_bytes, space, eff, keep, pc,
                                      host_capacity_bytes, nvme_capacity_bytes))
     return out
+
+
+def _may_fit(ask: Ask, pc: ParamCount, n: int) -> bool:
+    """Whether the model states alone can fit on ``n`` GPUs of the ask's capacity (sweep skips
+    the counts where they cannot, as search() does)."""
+    return not min_model_state_bytes_per_param(ask.setup) * pc.total / n > ask.capacity_bytes
+
+
+SHARED_ROWS = 1 << 17       # the most valid layouts sweep_shared() sizes and times in one batch
+
+
+def sweep_shared(m: ModelSpec, space: SearchSpace, n: int, gpus_per_node: int, asks: Sequence[Ask]
+                 ) -> list[CountBest]:
+    """sweep(m, ask.setup, ask.cluster, [n], ...)[0] for each ask, without memory terms
+    (rank_memories' keep_terms=False), the asks' set-ups differing in nothing but the global
+    batch (training.setup.block_table_setup) and their GPUs sharing ``gpus_per_node``.
+
+    Each distinct set-up's valid layouts on ``n`` (count_layouts: the global batch decides
+    which are valid and their accumulation) are sized as one batch with the others' (no
+    memory model reads the global batch: a layout carries its micro-batch and accumulation,
+    tests/test_block_tables.py), at most SHARED_ROWS layouts at a time, and the asks that time
+    on one cluster are timed as one batch (_fastest_of). `plan buy` of 256 jobs of one model,
+    each its own global batch, swept 7,405 counts one set-up at a time (issue 32)."""
+    if not asks:
+        return []
+    base = table_setup(asks[0].setup)
+    if any(table_setup(a.setup) != base for a in asks):
+        raise ValueError("sweep_shared: set-ups that differ in more than the global batch")
+    pc = count_params(m)
+    out: list[CountBest | None] = [None if _may_fit(a, pc, n) else CountBest(n_gpus=n, fastest=()) for a in asks]
+    by_setup: dict[TrainingSetup, list[int]] = {}       # the asks left, per distinct set-up
+    for k, a in enumerate(asks):
+        if out[k] is None:
+            by_setup.setdefault(a.setup, []).append(k)
+    setups = list(by_setup)
+    if not setups:
+        return out  # type: ignore[return-value]
+    arrays, starts = count_layouts_of(m, setups, n, gpus_per_node, space)
+    first = 0       # the first set-up of the next chunk: chunks of at most SHARED_ROWS layouts
+    while first < len(setups):
+        last = first + 1
+        while last < len(setups) and starts[last + 1] - starts[first] <= SHARED_ROWS:
+            last += 1
+        lo, hi = starts[first], starts[last]
+        part = arrays if (lo, hi) == (0, len(arrays)) else arrays.take(slice(lo, hi))
+        segments = [(asks[k], starts[j] - lo, starts[j + 1] - lo) for j in range(first, last)
+                    for k in by_setup[setups[j]]]
+        ks = [k for j in range(first, last) for k in by_setup[setups[j]]]
+        sized = sized_once(m, setups[first], part, pc, gpus_per_node, last - first)
+        for k, cb in zip(ks, _fastest_of(m, pc, n, part, sized, segments, keep_terms=False)):
+            out[k] = cb
+        first = last
+    return [cb for cb in out if cb is not None]

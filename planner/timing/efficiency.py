@@ -75,12 +75,9 @@ TENSOR_FLOPS_PER_EXP = {"h100": 256, "h200": 256, "h100-nvl": 256, "gh200": 256,
 
 
 # The GEMM tile model (Efficiency.gemm_tile_model; off in every shipped engine: measured as a row
-# of bench/ceiling_alternatives.py, docs/mfu-ceiling-alternatives.md, and not kept).
-# Streaming multiprocessors a GEMM's output tiles are spread over, from the data sheets: A100 108
-# (NVIDIA A100 Tensor Core GPU Architecture whitepaper, Table 2), H100 SXM5 and H200 132 (H100
-# whitepaper, Table 3: "132 SMs"; H200 is the same GH100 die), B200 and GB200 148 (NVIDIA
-# Blackwell architecture technical brief). GPUs not listed: no tile model.
-SM_COUNT = {"a100": 108, "a100-40gb": 108, "h100": 132, "h200": 132, "b200": 148, "gb200": 148}
+# of bench/ceiling_alternatives.py, docs/mfu-ceiling-alternatives.md, and not kept). The streaming
+# multiprocessors a GEMM's output tiles are spread over are the GPU's own data (presets/gpus.toml
+# `sms`, each with its source; GpuSpec.sms); a GPU without them, or without a tile here, has none.
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -206,7 +203,7 @@ class Efficiency:
     (Blackwell's block-scaled tcgen05.mma; OCP Microscaling Formats spec v1.0, Sec. 5).
     gemm_tile_model: each GEMM's math at the matmul rate times its tile share
     (timing.kernels.gemm_tile_share): "waves", tile and wave quantisation of its output tiles
-    over the GPU's SMs (SM_COUNT, GEMM_TILE); "waves+fill", and the K loop's pipeline fill;
+    over the GPU's SMs (GpuSpec.sms, GEMM_TILE); "waves+fill", and the K loop's pipeline fill;
     "" (every shipped engine): the matmul rate alone (GEMM_TILE_MODELS).
     mfu_ceiling: the highest MFU a step may reach (None: the GPU's sustained rate,
     hardware.gpus.sustained_rate, measured or ASSUMED).

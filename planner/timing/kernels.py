@@ -22,7 +22,6 @@ from planner.timing.efficiency import (
     GEMM_TILE,
     MATMUL_FRACTION,
     MATMUL_FRACTION_DEFAULT,
-    SM_COUNT,
     TENSOR_FLOPS_PER_EXP,
     Efficiency,
     GemmTile,
@@ -72,7 +71,7 @@ def gemm_time_s(m_rows: Any, n_cols: Any, k_inner: Any, flops_per_s: Any, bytes_
 
 
 class Tiles(NamedTuple):
-    """A GPU's SMs and its GEMM kernel's tile (efficiency.SM_COUNT, GEMM_TILE); fill: whether each
+    """A GPU's SMs and its GEMM kernel's tile (GpuSpec.sms, efficiency.GEMM_TILE); fill: whether each
     tile waits for its pipeline's fill (Efficiency.gemm_tile_model "waves+fill")."""
 
     sms: int
@@ -98,11 +97,11 @@ def gemm_tile_share(m_rows: Any, n_cols: Any, k_inner: Any, batch: Any, tiles: T
 
 def gemm_tiles(gpu: GpuSpec, eff: Efficiency) -> Tiles | None:
     """The tile model of ``gpu``'s GEMMs where eff.gemm_tile_model asks for it and the GPU's SMs
-    and tile are known; else None."""
+    (GpuSpec.sms, from its catalog entry or file) and tile are known; else None."""
     tile = GEMM_TILE.get(gpu.name)
-    if not eff.gemm_tile_model or tile is None:
+    if not eff.gemm_tile_model or tile is None or gpu.sms is None:
         return None
-    return Tiles(sms=SM_COUNT[gpu.name], tile=tile, fill=eff.gemm_tile_model == "waves+fill")
+    return Tiles(sms=gpu.sms, tile=tile, fill=eff.gemm_tile_model == "waves+fill")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
