@@ -230,14 +230,19 @@ def fewest_checks_runs(jobs: Sequence[JobWindow], by_job: dict[str, list[JobOpti
 
 
 def nodes_needed(pools: Sequence[Pool], jobs: Sequence[JobWindow], choices: dict[str, JobOption]) -> dict[str, int]:
-    """The fewest nodes per pool that hold ``choices`` (the peak GPUs in use, at some job's start)."""
+    """The fewest nodes per pool that hold ``choices`` (the peak GPUs in use, at some job's start).
+    busy_at's test, for every job start at once (the float sums and comparisons are busy_at's, the
+    GPU sums integers: the answer is the loop's; a per-start loop in Python took 0.6 s of the 16
+    calls of `plan buy` of 256 jobs)."""
     out = {}
+    at = np.array([t.start_s for t in jobs], dtype=np.float64)[:, None]     # one row per check
+    chosen = [(j, choices[j.name]) for j in jobs]
     for p in pools:
-        peak = 0
-        for t in jobs:
-            peak = max(peak, sum(choices[j.name].n_gpus for j in jobs
-                                 if choices[j.name].gpu == p.gpu
-                                 and busy_at(j.start_s, choices[j.name].duration_s, t.start_s)))
+        mine = [(j, o) for j, o in chosen if o.gpu == p.gpu]
+        begin = np.array([j.start_s for j, _ in mine], dtype=np.float64)
+        end = np.array([j.start_s + o.duration_s for j, o in mine], dtype=np.float64)    # busy_at's sum
+        gpus = np.array([o.n_gpus for _, o in mine], dtype=np.int64)
+        peak = int(np.where((begin <= at) & (at < end), gpus, 0).sum(axis=1).max()) if mine else 0
         out[p.gpu] = math.ceil(peak / p.gpus_per_node)
     return out
 
