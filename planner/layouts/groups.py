@@ -263,7 +263,10 @@ class LayoutGroups:
                               [(0, len(d_rep) - 1), (0, 1), (1, None), (1, None), (0, len(RECOMPUTES) - 1)])
         p_ga = a.grad_accum[p_rep]
         if not np.array_equal(p_ga[p_inv], a.grad_accum):   # valid layouts: ga = B / (mb dp ep)
-            p_inv, p_rep = group([d_inv, *p_cols_of, a.grad_accum])
+            # group([d_inv, *p_cols_of, a.grad_accum])'s groups in its order: p_inv numbers the
+            # shapes in their packed key's order, the accumulation the most significant column
+            # either way (it grouped P twice over all its columns: a batch grid of 32 global batches)
+            p_inv, p_rep = group([p_inv, a.grad_accum], [(0, len(p_rep) - 1), None])
             p_ga = a.grad_accum[p_rep]
         degrees = np.stack([a.tp[d_rep], a.cp[d_rep], a.ep[d_rep], a.dp[d_rep], a.pp[d_rep]])
         degrees_key = degrees.tobytes()
