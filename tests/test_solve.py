@@ -336,3 +336,26 @@ def test_capacity_rows_are_the_options_busy_at_each_start():
                 else:       # left out: empty, or its running set within a kept row's
                     assert not want or any({(j.name, o.key) for j, o in want} <= {(j.name, o.key) for j, o in r}
                                            for r in rows.values())
+
+
+def test_nodes_needed_is_the_peak_of_busy_at_over_the_job_starts():
+    """nodes_needed against busy_at's definition read job start by job start (the loop it was
+    before issue 32's b40m pass): runs that end exactly at another job's start (not busy then),
+    fractional seconds, a pool nobody runs on, and random instances."""
+    import random
+
+    from planner.cost.purchase import busy_at
+    pools = [Pool(gpu="a", gpus_per_node=8, capex_usd=1.0, opex_usd=0.0),
+             Pool(gpu="b", gpus_per_node=4, capex_usd=2.0, opex_usd=0.0),
+             Pool(gpu="c", gpus_per_node=8, capex_usd=3.0, opex_usd=0.0)]
+    rng = random.Random(7)
+    for case in range(200):
+        jobs = [JobWindow(name=f"j{i}", start_s=float(rng.choice([0, 10, 10.5, 20, 30]) + (i % 3) * 0.1),
+                          deadline_s=1e9) for i in range(rng.randint(1, 12))]
+        choices = {j.name: JobOption(job=j.name, gpu=rng.choice("ab"), n_gpus=rng.choice([1, 3, 8, 16]),
+                                     duration_s=rng.choice([0.1, 9.9, 10.0, 10.5, 25.0]), key="k")
+                   for j in jobs}
+        expected = {p.gpu: math.ceil(max(sum(o.n_gpus for j in jobs if (o := choices[j.name]).gpu == p.gpu
+                                             and busy_at(j.start_s, o.duration_s, t.start_s)) for t in jobs)
+                                     / p.gpus_per_node) for p in pools}
+        assert nodes_needed(pools, jobs, choices) == expected, case
