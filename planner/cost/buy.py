@@ -140,7 +140,8 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
         nc = node_cost(g.name, horizon_s, prices)
         pools.append(Pool(gpu=g.name, gpus_per_node=g.gpus_per_node, capex_usd=nc.capex_usd, opex_usd=nc.opex_usd))
     pool_of = {p.gpu: p for p in pools}
-    models = {j.name: load_model(j.model) for j in jobs}
+    by_name = {name: load_model(name) for name in dict.fromkeys(j.model for j in jobs)}    # each model once
+    models = {j.name: by_name[j.model] for j in jobs}
     setups = {j.name: job_setup(j, base_setup, models[j.name]) for j in jobs}    # once: search() asks ~15x a job
     searches: dict[tuple, SearchPool] = {}
 
