@@ -12,6 +12,7 @@ import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -62,9 +63,10 @@ def finishes_by(start_s: float, duration_s: float, deadline_s: float) -> bool:
     return start_s + duration_s <= deadline_s
 
 
-def busy_at(start_s: float, duration_s: float, t: float) -> bool:
-    """A job started at ``start_s`` running ``duration_s`` holds its GPUs at time ``t``."""
-    return start_s <= t < start_s + duration_s
+def busy_at(start_s: Any, duration_s: Any, t: Any) -> Any:
+    """A job started at ``start_s`` running ``duration_s`` holds its GPUs at time ``t``
+    (floats, or numpy arrays that broadcast: elementwise)."""
+    return (start_s <= t) & (t < start_s + duration_s)
 
 
 def busy_checks(start_s: float, duration_s: float, starts_s: Sequence[float]) -> int:
@@ -231,8 +233,8 @@ def fewest_checks_runs(jobs: Sequence[JobWindow], by_job: dict[str, list[JobOpti
 
 def nodes_needed(pools: Sequence[Pool], jobs: Sequence[JobWindow], choices: dict[str, JobOption]) -> dict[str, int]:
     """The fewest nodes per pool that hold ``choices`` (the peak GPUs in use, at some job's start).
-    busy_at's test, for every job start at once (the float sums and comparisons are busy_at's, the
-    GPU sums integers: the answer is the loop's; a per-start loop in Python took 0.6 s of the 16
+    busy_at's test, for every job start at once (busy_at over arrays; the GPU sums integers:
+    the answer is the loop's; a per-start loop in Python took 0.6 s of the 16
     calls of `plan buy` of 256 jobs)."""
     out = {}
     at = np.array([t.start_s for t in jobs], dtype=np.float64)[:, None]     # one row per check
@@ -240,9 +242,9 @@ def nodes_needed(pools: Sequence[Pool], jobs: Sequence[JobWindow], choices: dict
     for p in pools:
         mine = [(j, o) for j, o in chosen if o.gpu == p.gpu]
         begin = np.array([j.start_s for j, _ in mine], dtype=np.float64)
-        end = np.array([j.start_s + o.duration_s for j, o in mine], dtype=np.float64)    # busy_at's sum
+        duration = np.array([o.duration_s for _, o in mine], dtype=np.float64)
         gpus = np.array([o.n_gpus for _, o in mine], dtype=np.int64)
-        peak = int(np.where((begin <= at) & (at < end), gpus, 0).sum(axis=1).max()) if mine else 0
+        peak = int(np.where(busy_at(begin, duration, at), gpus, 0).sum(axis=1).max()) if mine else 0
         out[p.gpu] = math.ceil(peak / p.gpus_per_node)
     return out
 
@@ -258,9 +260,9 @@ def capacity_checks(jobs: Sequence[JobWindow], by_job: dict[str, list[JobOption]
     rows = []
     runs = [(j, o) for j in jobs for o in by_job[j.name] if o.gpu == gpu]
     begin = np.array([j.start_s for j, _ in runs], dtype=np.float64)
-    end = np.array([j.start_s + o.duration_s for j, o in runs], dtype=np.float64)   # busy_at's sum
+    duration = np.array([o.duration_s for _, o in runs], dtype=np.float64)
     for ti, t in enumerate(jobs):
-        at = np.flatnonzero((begin <= t.start_s) & (t.start_s < end)).tolist()   # busy_at
+        at = np.flatnonzero(busy_at(begin, duration, t.start_s)).tolist()
         if at:      # the running set as indices into runs: one (job, option) each
             rows.append((ti, t, [runs[i] for i in at], frozenset(at)))
     kept: list[tuple[int, JobWindow, list[tuple[JobWindow, JobOption]], frozenset[int]]] = []
