@@ -141,15 +141,10 @@ def step_times_picked(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, clust
     of 1,270 such batches in the 256-job `plan buy`). Raises Unsupported as step_times_s()."""
     if len(a) == 0:
         return np.zeros(0), []
-    ev = _evaluate(m, setup, a, cluster, eff, pc, [tuple(o) for o in orders], None, False, cells=True)
-    assert isinstance(ev, _Evaluation)
-    times = _fastest(ev.floored)
-    rows = np.asarray(pick(times), dtype=np.int64)
-    if not len(rows):
-        return times, []
     # the data-parallel cells a StepTime reads (exposed seconds, optimizer update) are the kind
     # table's own: no second table (issue 32: about 0.1 s of the 256-job `plan buy`)
-    return times, _named_parts(*ev, rows=rows).rows()
+    bounds = BoundedTimes(p=_pipelines(m, setup, a, cluster, eff, pc, orders, None), lower_p_s=np.zeros(0))
+    return bounds.picked(None, pick)
 
 
 def order_times_s(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Cluster,
@@ -219,33 +214,15 @@ def _evaluate(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Clus
               parts: bool, cells: bool = False) -> _Evaluation | StepArrays:
     """The batch's _Evaluation (order_times_s() reads its floored times; with ``cells`` its kind
     table keeps the data-parallel cells a StepTime reads, for _named_parts()), or with ``parts``
-    step_arrays(): the slowest stage of each pipeline shape
-    (stage.slowest_stages) and its terms (terms.micro_batch_terms), the data-parallel terms of each
-    kind of sharding (_kind_table), combined (terms.micro_batch_s, pipeline_s, step_s, floored_s)
-    on every placement order, and read off per layout."""
-    pc = pc or count_params(m)
-    if pc.total * 8 >= EXACT_INT:
-        raise Unsupported("parameter bytes too large for exact float conversion")
-    orders = [tuple(o) for o in orders]
-    g = groups or LayoutGroups.of(a)
-    kinds = DpKinds.of(g.pair, g.p_inv, len(g.p_d))
-    etp = batch_etp(a)
-    deg = degree_tables(m, pc, setup, cluster, eff, orders, g.degrees, g.degrees_key, kinds.any_hybrid, etp,
-                        batch_fold(a), batch_instances(a))
-    t = micro_batch_terms(m, setup, cluster, eff, g, deg, slowest_stages(m, setup, cluster, eff, g, deg, etp))
-    t_mb = micro_batch_s(t, eff)
-    table = _kind_table(setup, eff, g, deg, kinds, t, pipeline_s(t, t_mb), parts or cells, each=parts)
-    step_o = np.take(table.step_s.reshape(len(deg.links), -1), kinds.at_kind, axis=1)
-    n_seq = a.micro_batch * a.grad_accum * a.data_parallel
-    flops = distinct_rows([n_seq, a.recompute], _rows(2, np.float64, "flops", m, setup.seq_len, setup.finetune,
-                                                           setup.recomputed_share, setup.mtp_layers,
-                                                           setup.images_per_sample),
-                           lambda n_, rc_: _flops_row(m, setup.seq_len, n_, rc_, setup))
-    peak = cluster.gpu.peak_flops_per_s(setup.precision_spec.compute_dtype)
-    ceiling = mfu_ceiling(eff, cluster.gpu, setup.precision_spec.fp8 is not None)
-    floored = floored_s(step_o, flops[0], a.n_gpus, peak, ceiling, eff)
-    ev = _Evaluation(m, setup, cluster, eff, a, g, deg, kinds, t, t_mb, table, step_o, floored, orders, n_seq, flops,
-                     peak)
+    step_arrays(): the pipeline of each pipeline shape (_pipelines), the data-parallel terms of
+    each kind of sharding (_kind_table), combined (terms.step_s, floored_s) on every placement
+    order, and read off per layout."""
+    p = _pipelines(m, setup, a, cluster, eff, pc, orders, groups)
+    table = _kind_table(setup, eff, p.g, p.deg, p.kinds, p.t, p.pipeline, parts or cells, each=parts)
+    step_o = np.take(table.step_s.reshape(len(p.deg.links), -1), p.kinds.at_kind, axis=1)
+    floored = floored_s(step_o, p.flops[0], p.n_gpus, p.peak, p.ceiling, eff)
+    ev = _Evaluation(m, setup, cluster, eff, a, p.g, p.deg, p.kinds, p.t, p.t_mb, table, step_o, floored, p.orders,
+                     p.n_seq, p.flops, p.peak)
     return _named_parts(*ev) if parts else ev
 
 
@@ -270,6 +247,171 @@ class _Evaluation(NamedTuple):
     n_seq: np.ndarray
     flops: np.ndarray
     peak: float
+
+
+class _Pipelines(NamedTuple):
+    """What a batch's step times share before the data-parallel terms (_pipelines()): the
+    groups, kinds, degree tables, micro-batch terms, t_mb and m t_mb + bubble (``pipeline``,
+    (order, P)) of every pipeline shape, and per layout its sequences per step, (model,
+    hardware) FLOPs and GPUs."""
+
+    m: ModelSpec
+    setup: TrainingSetup
+    cluster: Cluster
+    eff: Efficiency
+    a: LayoutArrays
+    g: LayoutGroups
+    deg: Degrees
+    kinds: DpKinds
+    t: MicroBatchTerms
+    t_mb: np.ndarray
+    pipeline: np.ndarray
+    orders: list[tuple[str, ...]]
+    n_seq: np.ndarray
+    flops: np.ndarray
+    peak: float
+    ceiling: float | None
+    n_gpus: np.ndarray
+
+
+class LayoutContext(NamedTuple):
+    """What a batch's step times read of its layouts alone, on any GPUs (layout_context()): its
+    groups and kinds of data-parallel step, the expert tensor-parallel setting, folding and
+    optimizer instances it shares, and per layout its sequences per step, (model, hardware)
+    FLOPs and GPUs. Several GPU types of one count time the same layouts from one context
+    (search.sweep, issue 32)."""
+
+    m: ModelSpec
+    setup: TrainingSetup
+    a: LayoutArrays
+    pc: ParamCount
+    g: LayoutGroups
+    kinds: DpKinds
+    etp: int
+    fold: int
+    instances: int
+    n_seq: np.ndarray
+    flops: np.ndarray
+    n_gpus: np.ndarray
+
+
+def layout_context(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamCount | None = None,
+                   groups: LayoutGroups | None = None) -> LayoutContext:
+    """The LayoutContext of the layouts of ``a``. Raises Unsupported as step_times_s()."""
+    pc = pc or count_params(m)
+    if pc.total * 8 >= EXACT_INT:
+        raise Unsupported("parameter bytes too large for exact float conversion")
+    g = groups or LayoutGroups.of(a)
+    n_seq = a.micro_batch * a.grad_accum * a.data_parallel
+    flops = distinct_rows([n_seq, a.recompute], _rows(2, np.float64, "flops", m, setup.seq_len, setup.finetune,
+                                                           setup.recomputed_share, setup.mtp_layers,
+                                                           setup.images_per_sample),
+                           lambda n_, rc_: _flops_row(m, setup.seq_len, n_, rc_, setup))
+    return LayoutContext(m, setup, a, pc, g, DpKinds.of(g.pair, g.p_inv, len(g.p_d)), batch_etp(a), batch_fold(a),
+                         batch_instances(a), n_seq, flops, a.n_gpus)
+
+
+def _pipelines(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, cluster: Cluster, eff: Efficiency,
+               pc: ParamCount | None, orders: Sequence[tuple[str, ...]], groups: LayoutGroups | None,
+               context: LayoutContext | None = None) -> _Pipelines:
+    """The batch's _Pipelines (``context``: its LayoutContext, where the caller has it): the
+    slowest stage of each pipeline shape (stage.slowest_stages) and its terms
+    (terms.micro_batch_terms), combined (terms.micro_batch_s, pipeline_s) on every placement
+    order."""
+    c = context or layout_context(m, setup, a, pc, groups)
+    orders = [tuple(o) for o in orders]
+    g, kinds = c.g, c.kinds
+    deg = degree_tables(c.m, c.pc, c.setup, cluster, eff, orders, g.degrees, g.degrees_key, kinds.any_hybrid, c.etp,
+                        c.fold, c.instances)
+    t = micro_batch_terms(c.m, c.setup, cluster, eff, g, deg, slowest_stages(c.m, c.setup, cluster, eff, g, deg, c.etp))
+    t_mb = micro_batch_s(t, eff)
+    peak = cluster.gpu.peak_flops_per_s(c.setup.precision_spec.compute_dtype)
+    ceiling = mfu_ceiling(eff, cluster.gpu, c.setup.precision_spec.fp8 is not None)
+    return _Pipelines(c.m, c.setup, cluster, eff, c.a, g, deg, kinds, t, t_mb, pipeline_s(t, t_mb), orders, c.n_seq,
+                      c.flops, peak, ceiling, c.n_gpus)
+
+
+@dataclass(frozen=True, slots=True)
+class BoundedTimes:
+    """A batch's step times worked out as far as the pipeline (_Pipelines), with a lower
+    bound on each layout's step time, ``lower_s``, and the exact step_times_s() and StepTime of
+    any layouts asked for (times_s, step_times): the same floats as the whole batch's, each
+    layout's data-parallel terms worked out for the pipeline shapes of the layouts asked for
+    alone. A search that needs the fastest few of many layouts times exactly only those whose
+    bound is below a time some layout reaches (search.sweep: the 8-model `plan buy`, issue 32).
+
+    The bound is the pipeline, m t_mb + (p-1)/v t_mb, floored as the step is (floored_s) on the
+    fastest order: a step adds to the pipeline the data-parallel seconds exposed, the slowdown
+    of those hidden and the optimizer update (terms.step_s), each a sum of non-negative
+    seconds (collectives.hide splits non-negative seconds; the update is bytes over a rate),
+    and adding a non-negative float never rounds below the sum's first term; the floor, a
+    positive step_time_factor and the minimum over the orders keep the order. Where the
+    efficiencies make a term negative (overlap_slowdown below 0, step_time_factor not above 0)
+    the bound is -inf."""
+
+    p: _Pipelines
+    lower_p_s: np.ndarray       # per pipeline shape (LayoutGroups' P): its layouts' bound
+
+    def lower_s(self, rows: np.ndarray) -> np.ndarray:
+        """The lower bound of the step time of each of the layouts ``rows``."""
+        return self.lower_p_s[self.p.g.p_inv[rows]]
+
+    def times_s(self, rows: np.ndarray) -> np.ndarray:
+        """step_times_s() of the layouts ``rows`` (row numbers of the batch)."""
+        step_o, _ = self._steps(rows, False)
+        return _fastest(floored_s(step_o, self.p.flops[0][rows], self.p.n_gpus[rows], self.p.peak, self.p.ceiling,
+                                  self.p.eff))
+
+    def picked(self, rows: np.ndarray | None, pick: Callable[[np.ndarray], Sequence[int]]
+               ) -> tuple[np.ndarray, list[StepTime]]:
+        """(times_s(rows), the StepTime of the layouts ``rows[i]`` for each i that ``pick``
+        returns given those times), from one kind table; ``rows`` None: every layout."""
+        p = self.p
+        step_o, table = self._steps(rows, True)
+        if rows is None:
+            floored = floored_s(step_o, p.flops[0], p.n_gpus, p.peak, p.ceiling, p.eff)
+        else:
+            floored = floored_s(step_o, p.flops[0][rows], p.n_gpus[rows], p.peak, p.ceiling, p.eff)
+        times = _fastest(floored)
+        at = np.asarray(pick(times), dtype=np.int64)
+        if not len(at):
+            return times, []
+        if rows is not None:        # the batch's columns, of which _named_parts reads those picked
+            step_o, floored, at = _columns(step_o, rows, at, len(p.a)), _columns(floored, rows, at, len(p.a)), rows[at]
+        return times, _named_parts(p.m, p.setup, p.cluster, p.eff, p.a, p.g, p.deg, p.kinds, p.t, p.t_mb, table,
+                                   step_o, floored, p.orders, p.n_seq, p.flops, p.peak, rows=at).rows()
+
+    def _steps(self, rows: np.ndarray | None, cells: bool) -> tuple[np.ndarray, _KindTable]:
+        """The unfloored step of ``rows`` (None: every layout) on each order, from the kind
+        table of their pipeline shapes alone (_kind_table; ``cells``: with the cells a StepTime
+        reads)."""
+        p = self.p
+        kinds = p.kinds if rows is None else p.kinds.of_layouts(rows, len(p.g.p_d))
+        table = _kind_table(p.setup, p.eff, p.g, p.deg, kinds, p.t, p.pipeline, cells, each=False)
+        at_kind = kinds.at_kind if rows is None else kinds.at_kind[rows]
+        return np.take(table.step_s.reshape(len(p.deg.links), -1), at_kind, axis=1), table
+
+
+def step_time_bounds(c: LayoutContext, cluster: Cluster, eff: Efficiency,
+                     orders: Sequence[tuple[str, ...]] = PLACEMENT_ORDERS) -> BoundedTimes:
+    """The BoundedTimes of the layouts of ``c`` (not empty) on ``cluster``. The bound is worked
+    out once per pipeline shape, whose layouts share their pipeline, sequences per step (the
+    micro-batch, the accumulation and dp) and GPUs, so it is their bound to the bit."""
+    p = _pipelines(c.m, c.setup, c.a, cluster, eff, c.pc, orders, None, c)
+    if eff.overlap_slowdown >= 0.0 and eff.step_time_factor > 0.0:
+        rep = p.g.p_rep
+        lower = _fastest(floored_s(p.pipeline, p.flops[0][rep], p.n_gpus[rep], p.peak, p.ceiling, eff))
+    else:
+        lower = np.full(len(p.g.p_rep), -np.inf)
+    return BoundedTimes(p=p, lower_p_s=lower)
+
+
+def _columns(x: np.ndarray, rows: np.ndarray, at: np.ndarray, n: int) -> np.ndarray:
+    """An (orders, n) array whose columns ``rows[at]`` are those ``at`` of ``x`` (the others
+    are never read)."""
+    out = np.empty((x.shape[0], n))
+    out[:, rows[at]] = x[:, at]
+    return out
 
 
 @dataclass(frozen=True, slots=True)
