@@ -95,23 +95,10 @@ class DpKinds:
         for k, kind in zip(pairs, kinds):
             kind_of[k] = kind_list.index(kind)
         at_kind = kind_of[pair] * n_p + p_inv              # each layout's place in the (kind, P) table
-        return DpKinds(kinds=kind_list, at_kind=at_kind, rows_of=_rows_of(at_kind, len(kind_list), n_p),
-                       any_hybrid=any_hybrid)
-
-    def of_layouts(self, layouts: np.ndarray, n_p: int) -> DpKinds:
-        """These kinds with each kind's P rows those of the layouts ``layouts`` alone (row
-        numbers of the batch; ``n_p``: its pipeline shapes): a kind table of them works out
-        only the cells those layouts read (timing.fast.BoundedTimes)."""
-        return DpKinds(kinds=self.kinds, at_kind=self.at_kind,
-                       rows_of=_rows_of(self.at_kind[layouts], len(self.kinds), n_p), any_hybrid=self.any_hybrid)
-
-
-def _rows_of(at_kind: np.ndarray, n_kinds: int, n_p: int) -> list[np.ndarray | None]:
-    """Per kind, the P rows that layouts at ``at_kind`` (places in the (kind, P) table) have,
-    or None where more than half of the P rows do (DpKinds.rows_of)."""
-    has = np.zeros(n_kinds * n_p, dtype=bool)
-    has[at_kind] = True
-    return [None if 2 * int(np.count_nonzero(h)) > n_p else np.flatnonzero(h) for h in has.reshape(-1, n_p)]
+        has = np.zeros(len(kind_list) * n_p, dtype=bool)
+        has[at_kind] = True
+        rows_of = [None if 2 * int(np.count_nonzero(h)) > n_p else np.flatnonzero(h) for h in has.reshape(-1, n_p)]
+        return DpKinds(kinds=kind_list, at_kind=at_kind, rows_of=rows_of, any_hybrid=any_hybrid)
 
 
 def dp_exposure(branch: int, at: np.ndarray, c0: np.ndarray, c1: np.ndarray, c2: np.ndarray, fwd: np.ndarray,

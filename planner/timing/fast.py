@@ -69,8 +69,8 @@ Of the offloads only Megatron-Core's activation offload enters (layer.block_tabl
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import NamedTuple
+from dataclasses import dataclass, fields, replace
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -235,7 +235,7 @@ class _Evaluation(NamedTuple):
     cluster: Cluster
     eff: Efficiency
     a: LayoutArrays
-    g: LayoutGroups
+    g: LayoutGroups | _Shapes
     deg: Degrees
     kinds: DpKinds
     t: MicroBatchTerms
@@ -260,7 +260,7 @@ class _Pipelines(NamedTuple):
     cluster: Cluster
     eff: Efficiency
     a: LayoutArrays
-    g: LayoutGroups
+    g: LayoutGroups | _Shapes      # (_Shapes: _restricted)
     deg: Degrees
     kinds: DpKinds
     t: MicroBatchTerms
@@ -358,7 +358,7 @@ class BoundedTimes:
 
     def times_s(self, rows: np.ndarray) -> np.ndarray:
         """step_times_s() of the layouts ``rows`` (row numbers of the batch)."""
-        step_o, _ = self._steps(rows, False)
+        step_o, _, _ = self._steps(rows, False)
         return _fastest(floored_s(step_o, self.p.flops[0][rows], self.p.n_gpus[rows], self.p.peak, self.p.ceiling,
                                   self.p.eff))
 
@@ -366,8 +366,7 @@ class BoundedTimes:
                ) -> tuple[np.ndarray, list[StepTime]]:
         """(times_s(rows), the StepTime of the layouts ``rows[i]`` for each i that ``pick``
         returns given those times), from one kind table; ``rows`` None: every layout."""
-        p = self.p
-        step_o, table = self._steps(rows, True)
+        step_o, table, p = self._steps(rows, True)
         if rows is None:
             floored = floored_s(step_o, p.flops[0], p.n_gpus, p.peak, p.ceiling, p.eff)
         else:
@@ -381,15 +380,46 @@ class BoundedTimes:
         return times, _named_parts(p.m, p.setup, p.cluster, p.eff, p.a, p.g, p.deg, p.kinds, p.t, p.t_mb, table,
                                    step_o, floored, p.orders, p.n_seq, p.flops, p.peak, rows=at).rows()
 
-    def _steps(self, rows: np.ndarray | None, cells: bool) -> tuple[np.ndarray, _KindTable]:
+    def _steps(self, rows: np.ndarray | None, cells: bool) -> tuple[np.ndarray, _KindTable, _Pipelines]:
         """The unfloored step of ``rows`` (None: every layout) on each order, from the kind
-        table of their pipeline shapes alone (_kind_table; ``cells``: with the cells a StepTime
-        reads)."""
-        p = self.p
-        kinds = p.kinds if rows is None else p.kinds.of_layouts(rows, len(p.g.p_d))
-        table = _kind_table(p.setup, p.eff, p.g, p.deg, kinds, p.t, p.pipeline, cells, each=False)
-        at_kind = kinds.at_kind if rows is None else kinds.at_kind[rows]
-        return np.take(table.step_s.reshape(len(p.deg.links), -1), at_kind, axis=1), table
+        table of their pipeline shapes alone (_kind_table, of _restricted(); ``cells``: with the
+        cells a StepTime reads), the table and the _Pipelines it is of."""
+        p = self.p if rows is None else _restricted(self.p, rows)
+        table = _kind_table(p.setup, p.eff, p.g, p.deg, p.kinds, p.t, p.pipeline, cells, each=False)
+        at_kind = p.kinds.at_kind if rows is None else p.kinds.at_kind[rows]
+        return np.take(table.step_s.reshape(len(p.deg.links), -1), at_kind, axis=1), table, p
+
+
+class _Shapes(NamedTuple):
+    """What the kind table and the named parts read of LayoutGroups, for the pipeline shapes
+    of some of a batch's layouts (_restricted): each layout's P (read at those layouts only),
+    each P's D, each layout's ZeRO stage and sharding, and the batch's D."""
+
+    p_inv: np.ndarray
+    p_d: np.ndarray
+    pair: np.ndarray
+    d_rep: np.ndarray
+    degrees: tuple[np.ndarray, ...]
+
+
+def _restricted(p: _Pipelines, rows: np.ndarray) -> _Pipelines:
+    """``p`` with only the pipeline shapes of the layouts ``rows``, numbered afresh (their micro-
+    batch terms, t_mb and pipeline taken; their kinds, DpKinds.of those layouts'), read at those
+    layouts alone: a kind table of it works out the cells they read and no others, each the
+    float of the whole batch's table (its terms are elementwise per cell)."""
+    g, n = p.g, len(p.a)
+    number = np.zeros(len(g.p_d), dtype=np.int64)
+    number[g.p_inv[rows]] = 1
+    keep = np.flatnonzero(number)
+    number[keep] = np.arange(len(keep))
+    inv = number[g.p_inv[rows]]
+    kinds = DpKinds.of(g.pair[rows], inv, len(keep))
+    p_inv, at_kind = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)     # read at ``rows`` only
+    p_inv[rows], at_kind[rows] = inv, kinds.at_kind
+    taken: dict[str, Any] = {f.name: None if (x := getattr(p.t, f.name)) is None else x[..., keep] for f in fields(p.t)}
+    t = MicroBatchTerms(**taken)
+    return p._replace(g=_Shapes(p_inv, g.p_d[keep], g.pair, g.d_rep, g.degrees),
+                      kinds=replace(kinds, at_kind=at_kind), t=t, t_mb=p.t_mb[:, keep], pipeline=p.pipeline[:, keep])
 
 
 def step_time_bounds(c: LayoutContext, cluster: Cluster, eff: Efficiency,
@@ -399,10 +429,10 @@ def step_time_bounds(c: LayoutContext, cluster: Cluster, eff: Efficiency,
     micro-batch, the accumulation and dp) and GPUs, so it is their bound to the bit."""
     p = _pipelines(c.m, c.setup, c.a, cluster, eff, c.pc, orders, None, c)
     if eff.overlap_slowdown >= 0.0 and eff.step_time_factor > 0.0:
-        rep = p.g.p_rep
+        rep = c.g.p_rep
         lower = _fastest(floored_s(p.pipeline, p.flops[0][rep], p.n_gpus[rep], p.peak, p.ceiling, eff))
     else:
-        lower = np.full(len(p.g.p_rep), -np.inf)
+        lower = np.full(len(c.g.p_rep), -np.inf)
     return BoundedTimes(p=p, lower_p_s=lower)
 
 
@@ -429,7 +459,7 @@ class _KindTable:
     dp_each: np.ndarray | None
 
 
-def _kind_table(setup: TrainingSetup, eff: Efficiency, g: LayoutGroups, deg: Degrees, kinds: DpKinds,
+def _kind_table(setup: TrainingSetup, eff: Efficiency, g: LayoutGroups | _Shapes, deg: Degrees, kinds: DpKinds,
                 t: MicroBatchTerms, pipeline: np.ndarray, parts: bool, each: bool = True) -> _KindTable:
     """The step of each (order, kind, P): the pipeline plus the data-parallel collectives of the
     kind's branch, hidden under the slowest stage's forward or backward or not
@@ -484,7 +514,7 @@ def _kind_table(setup: TrainingSetup, eff: Efficiency, g: LayoutGroups, deg: Deg
 
 
 def _named_parts(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Efficiency, a: LayoutArrays,
-                 g: LayoutGroups, deg: Degrees, kinds: DpKinds, t: MicroBatchTerms, t_mb: np.ndarray,
+                 g: LayoutGroups | _Shapes, deg: Degrees, kinds: DpKinds, t: MicroBatchTerms, t_mb: np.ndarray,
                  table: _KindTable, unfloored: np.ndarray, step_o: np.ndarray, orders: list[tuple[str, ...]],
                  n_seq: np.ndarray, flops: np.ndarray, peak: float, rows: np.ndarray | None = None
                  ) -> StepArrays:
