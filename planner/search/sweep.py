@@ -190,8 +190,12 @@ def _fastest_of(m: ModelSpec, pc: ParamCount, n: int, arrays: LayoutArrays, batc
             for k in ks:
                 place[fits[k]] = 1
         union = np.flatnonzero(place)
-        place[union] = np.arange(len(union))
-        arrays_u = arrays if len(union) == len(arrays) else arrays.take(union)
+        if 4 * len(union) >= 3 * len(arrays):      # most rows: all of them, not a copy (the others add shapes)
+            union = place = np.arange(len(arrays))
+            arrays_u = arrays
+        else:
+            place[union] = np.arange(len(union))
+            arrays_u = arrays.take(union)
         context = layout_context(m, segments[next(iter(timed.values()))[0]][0].setup, arrays_u, pc)
         for (cluster, eff), ks in timed.items():
             for k, cb in zip(ks, _timed_together(n, context, union, batch, [segments[k] for k in ks],
