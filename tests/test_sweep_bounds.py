@@ -1,0 +1,122 @@
+"""The sweep times exactly only the layouts whose lower bound is within their segment's limit
+(search.sweep._timed_together, timing.fast.BoundedTimes; issue 32: the 8-model `plan buy`):
+
+- the bound (the pipeline, floored) is at most the step time the whole batch gives each layout
+  (timing.fast.step_times_s, the batch evaluated whole, as the sweep did before), and the exact
+  times and StepTimes BoundedTimes gives any rows are those of the whole batch, to the bit;
+- a sweep that prunes by the bound keeps what the sweep that times every layout keeps (the same
+  layouts, memory and StepTime, compared with ==), with one and several layouts kept, where a
+  fast layout overflows the host's memory (the walk passes the limit and the segment is walked
+  again over all its rows), and where the efficiencies make the bound -inf.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from planner import api
+from planner.cost.plan import without_terms
+from planner.hardware.gpus import get_gpu
+from planner.layouts.layout import SearchSpace
+from planner.models.spec import count_params, load_model
+from planner.search import sweep as sw
+from planner.timing.efficiency import DEFAULT_EFFICIENCY
+from planner.timing.fast import layout_context, step_time_bounds, step_times, step_times_s
+from planner.timing.model import cluster_for
+from planner.training.finetune import FinetuneSpec
+from planner.training.setup import TrainingSetup
+
+BATCHES = (96, 1024, 1032, 1536)
+
+
+@pytest.mark.parametrize("model, n, setup, space, gpu", [
+    ("llama3.1-8b", 64, TrainingSetup(), SearchSpace(ep=1), "h100"),
+    ("llama3.1-70b", 32, TrainingSetup(pp_balance="embedding-loss"), SearchSpace(ep=1), "b200"),
+    ("mixtral-8x7b", 32, TrainingSetup(), SearchSpace(), "h200"),
+    ("llama3.1-8b", 16, TrainingSetup(finetune=FinetuneSpec.named("lora")), SearchSpace(ep=1), "a100"),
+    ("llama3.1-8b", 16, TrainingSetup(offload_optimizer="cpu"), SearchSpace(ep=1), "h100"),
+])
+def test_the_bound_is_below_the_whole_batchs_step_time(model, n, setup, space, gpu):
+    m = load_model(model)
+    cluster = cluster_for(get_gpu(gpu))
+    a = sw.count_layouts(m, setup, n, 8, space)
+    whole = step_times_s(m, setup, a, cluster)          # the batch evaluated whole
+    bounds = step_time_bounds(layout_context(m, setup, a, count_params(m)), cluster, DEFAULT_EFFICIENCY)
+    rows = np.arange(len(a))
+    lower = bounds.lower_s(rows)
+    assert ((lower <= whole) | np.isnan(whole)).all()
+    assert (lower > 0).all() and (lower == whole).any()
+    some = np.random.default_rng(0).choice(len(a), size=min(300, len(a)), replace=False)
+    some.sort()
+    assert np.array_equal(bounds.times_s(some), whole[some], equal_nan=True)
+    picked = some[:5]
+    times, kept = bounds.picked(some, lambda t: list(range(5)))
+    assert np.array_equal(times, whole[some], equal_nan=True)
+    assert kept == step_times(m, setup, [a.layout(i, setup.seq_len) for i in picked], cluster)
+
+
+def _asks(setups, gpus, keep, host=None):
+    out = []
+    for setup in setups:
+        for g in gpus:
+            gpu = get_gpu(g)
+            cluster = cluster_for(gpu)
+            host_bytes, nvme = api.host_capacities(cluster)
+            out.append(sw.Ask(setup=setup, cluster=cluster, capacity_bytes=api.capacity_bytes(gpu, setup), keep=keep,
+                              host_capacity_bytes=host_bytes if host is None else host, nvme_capacity_bytes=nvme))
+    return out
+
+
+def _swept(monkeypatch, m, space, n, asks, prune_rows):
+    monkeypatch.setattr(sw, "PRUNE_ROWS", prune_rows)
+    return [without_terms(cb) for cb in sw.sweep_shared(m, space, n, 8, asks)]
+
+
+@pytest.mark.parametrize("model, n, base, space, keep", [
+    ("llama3.1-8b", 64, TrainingSetup(), SearchSpace(ep=1), 1),
+    ("llama3.1-8b", 32, TrainingSetup(), SearchSpace(ep=1), 3),
+    ("mixtral-8x7b", 16, TrainingSetup(), SearchSpace(), 2),
+])
+def test_a_pruned_sweep_keeps_what_the_whole_sweep_keeps(monkeypatch, model, n, base, space, keep):
+    m = load_model(model)
+    asks = _asks([replace(base, global_batch=b) for b in BATCHES], ("h100", "b200"), keep)
+    whole = _swept(monkeypatch, m, space, n, asks, 10**9)
+    pruned = _swept(monkeypatch, m, space, n, asks, 0)
+    assert pruned == whole
+    assert sum(len(cb.fastest) for cb in whole) >= len(asks)
+
+
+def test_a_layout_over_the_hosts_memory_walks_its_segment_again(monkeypatch):
+    """Optimizer states offloaded to a host of 200 GB per node: the fastest layouts that fit the
+    GPU overflow the host, the walk passes its limit, and the segment is walked over all rows."""
+    m = load_model("llama3.1-8b")
+    setups = [TrainingSetup(offload_optimizer="cpu", global_batch=b) for b in BATCHES]
+    asks = _asks(setups, ("h100",), 1, host=200 * 10**9)
+    again = []
+    whole_walk = sw._timed_together
+
+    def counted(*args, **kw):
+        if args[-1] is False:
+            again.append(len(args[4]))
+        return whole_walk(*args, **kw)
+
+    whole = _swept(monkeypatch, m, SearchSpace(ep=1), 8, asks, 10**9)
+    monkeypatch.setattr(sw, "_timed_together", counted)
+    pruned = _swept(monkeypatch, m, SearchSpace(ep=1), 8, asks, 0)
+    assert pruned == whole
+    assert again, "no segment walked past its limit"
+    assert all(cb.fastest for cb in whole)
+
+
+def test_efficiencies_that_void_the_bound_prune_nothing(monkeypatch):
+    m = load_model("llama3.1-8b")
+    eff = replace(DEFAULT_EFFICIENCY, overlap_slowdown=-0.1)
+    asks = [replace(a, eff=eff) for a in _asks([TrainingSetup(global_batch=b) for b in BATCHES], ("h100",), 1)]
+    a = sw.count_layouts(m, asks[0].setup, 32, 8, SearchSpace(ep=1))
+    bounds = step_time_bounds(layout_context(m, asks[0].setup, a), asks[0].cluster, eff)
+    assert (bounds.lower_s(np.arange(len(a))) == -np.inf).all()
+    assert _swept(monkeypatch, m, SearchSpace(ep=1), 32, asks, 0) == \
+        _swept(monkeypatch, m, SearchSpace(ep=1), 32, asks, 10**9)
