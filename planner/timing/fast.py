@@ -382,9 +382,10 @@ class BoundedTimes:
 
     def _steps(self, rows: np.ndarray | None, cells: bool) -> tuple[np.ndarray, _KindTable, _Pipelines]:
         """The unfloored step of ``rows`` (None: every layout) on each order, from the kind
-        table of their pipeline shapes alone (_kind_table, of _restricted(); ``cells``: with the
-        cells a StepTime reads), the table and the _Pipelines it is of."""
-        p = self.p if rows is None else _restricted(self.p, rows)
+        table (_kind_table; ``cells``: with the cells a StepTime reads) of their pipeline shapes
+        alone (_restricted()) where they are fewer than half the batch, else of the batch's
+        (the same cells: fewer calls), the table and the _Pipelines it is of."""
+        p = self.p if rows is None or 2 * len(rows) >= len(self.p.a) else _restricted(self.p, rows)
         table = _kind_table(p.setup, p.eff, p.g, p.deg, p.kinds, p.t, p.pipeline, cells, each=False)
         at_kind = p.kinds.at_kind if rows is None else p.kinds.at_kind[rows]
         return np.take(table.step_s.reshape(len(p.deg.links), -1), at_kind, axis=1), table, p
