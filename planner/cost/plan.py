@@ -34,7 +34,7 @@ from planner.hardware.gpus import GpuSpec
 from planner.layouts.layout import SearchSpace
 from planner.models.spec import ModelSpec, count_params
 from planner.search.search import Candidate, SearchResult, gpu_counts
-from planner.search.sweep import Ask, CountBest, sweep, sweep_shared
+from planner.search.sweep import Ask, CountBest, sweep, sweep_shared_counts
 from planner.timing.degrees import table_setup
 from planner.timing.model import (
     DEFAULT_EFFICIENCY,
@@ -174,13 +174,14 @@ class SearchPool:
                    eff=self.eff, keep=self.keep, host_capacity_bytes=host, nvme_capacity_bytes=nvme)
 
 
-def sweep_together(pools: Sequence[SearchPool], n: int) -> None:
+def sweep_together(pools: Sequence[SearchPool], n: int, ahead: Sequence[int] = ()) -> None:
     """Sweep count ``n`` of each of ``pools`` that has not swept it, keeping what they find:
     pools of one model, space and node size whose set-ups differ only in the global batch
     share one sizing and, per GPU type, one timing of the count (search.sweep.sweep_shared:
     `plan buy` of 256 jobs of Llama 3.1 8B, each its own global batch, swept 7,405 counts one
     pool at a time, issue 32). Objects other than SearchPools (tests' stand-ins) are left to
-    their own ``at``."""
+    their own ``at``. ``ahead``: counts such a group sweeps with ``n`` (in the same sizing and
+    timing, search.sweep.sweep_shared_counts) where none of its pools has swept them."""
     groups: dict[tuple, list[SearchPool]] = {}
     for p in pools:
         if isinstance(p, SearchPool) and n not in p.found:
@@ -190,8 +191,11 @@ def sweep_together(pools: Sequence[SearchPool], n: int) -> None:
             continue        # SearchPool.at keeps the sizing for another GPU type of its set-up
         group = list({id(p): p for p in group}.values())
         p0 = group[0]
-        for p, cb in zip(group, sweep_shared(p0.m, p0.space, n, p0.gpu.gpus_per_node, [p.ask() for p in group])):
-            p.found[n] = without_terms(cb)
+        ns = [n] + [c for c in ahead if all(c not in p.found for p in group)]
+        for c, cbs in zip(ns, sweep_shared_counts(p0.m, p0.space, ns, p0.gpu.gpus_per_node,
+                                                  [p.ask() for p in group])):
+            for p, cb in zip(group, cbs):
+                p.found[c] = without_terms(cb)
 
 
 def without_terms(cb: CountBest) -> CountBest:
@@ -255,15 +259,31 @@ def sweep_counts_until(tasks: Sequence[Task], more: Sequence[Callable[[CountBest
             [pool, set(ns), done, True, more[i] if more else None])
     for groups in shared.values():
         walks = [_Walk(group) for group in groups.values()]
-        for n in sorted(set().union(*(w.asking for w in walks))):
+        order = sorted(set().union(*(w.asking for w in walks)))
+        for at, n in enumerate(order):
             pools = [p for w in walks for p in w.pools_at(n)]
             if not pools:
                 if not any(w.live for w in walks):
                     break
                 continue
-            sweep_together(pools, n)
+            sweep_together(pools, n, _ahead(walks, order[at + 1:], pools))
             for w in walks:
                 w.step(n)
+
+
+def _ahead(walks: Sequence[_Walk], later: Sequence[int], pools: list) -> list[int]:
+    """The counts below a node after the one ``pools`` sweep now that the walks would sweep
+    next with the same pools if no task stopped: swept with it (sweep_together's ``ahead``).
+    A count swept ahead that a stopped task never asks for is kept and not used; what a task
+    sees is the same. Below a node a count's layouts are few and the models' fixed cost per
+    call most of its cost (`plan buy` of 256 jobs: 176 calls at 1, 2 and 4 GPUs, issue 32)."""
+    gpus_per_node = next((p.gpu.gpus_per_node for p in pools if isinstance(p, SearchPool)), 0)
+    out = []
+    for c in later:
+        if c >= gpus_per_node or [p for w in walks for p in w.pools_at(c)] != pools:
+            break
+        out.append(c)
+    return out
 
 
 class _Walk:

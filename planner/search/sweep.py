@@ -15,6 +15,7 @@ ranked by).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
@@ -156,13 +157,13 @@ def _fastest_on_count(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, n: i
     ask = Ask(setup=setup, cluster=cluster, capacity_bytes=capacity_bytes, eff=eff, keep=keep,
               host_capacity_bytes=host_capacity_bytes, nvme_capacity_bytes=nvme_capacity_bytes)
     sized = None if batch is None else Sized(batch=batch, row=None, total=batch.total)
-    (cb,) = _fastest_of(m, pc, n, arrays, sized, [(ask, 0, len(arrays))], keep_terms=True)
+    (cb,) = _fastest_of(m, pc, [n], arrays, sized, [(ask, 0, len(arrays))], keep_terms=True)
     return cb
 
 
-def _fastest_of(m: ModelSpec, pc: ParamCount, n: int, arrays: LayoutArrays, batch: Sized | None,
+def _fastest_of(m: ModelSpec, pc: ParamCount, ns: Sequence[int], arrays: LayoutArrays, batch: Sized | None,
                 segments: Sequence[tuple[Ask, int, int]], keep_terms: bool) -> list[CountBest]:
-    """Per segment (ask, first row, end row) of ``arrays`` (valid layouts on ``n`` GPUs, sized
+    """Per segment (ask, first row, end row) of ``arrays`` (valid layouts on ``ns[j]`` GPUs, sized
     as ``batch``): the ask's fastest layouts that fit among its rows. The segments that time
     on one cluster with one set of efficiencies are timed as one batch, whose rows
     step_times_picked() reads apart (a layout's time does not depend on what else is in the
@@ -171,7 +172,7 @@ def _fastest_of(m: ModelSpec, pc: ParamCount, n: int, arrays: LayoutArrays, batc
     out: list[CountBest | None] = [None] * len(segments)
     timed: dict[tuple, list[int]] = {}          # (cluster, eff) -> segments timed together
     fits: list[np.ndarray] = []                 # per segment: its rows that may fit
-    for k, (ask, lo, hi) in enumerate(segments):
+    for k, ((ask, lo, hi), n) in enumerate(zip(segments, ns)):
         fits.append(np.zeros(0, dtype=np.int64))
         if batch is None or hi == lo:
             out[k] = CountBest(n_gpus=n, fastest=())
@@ -198,7 +199,7 @@ def _fastest_of(m: ModelSpec, pc: ParamCount, n: int, arrays: LayoutArrays, batc
             arrays_u = arrays.take(union)
         context = layout_context(m, segments[next(iter(timed.values()))[0]][0].setup, arrays_u, pc)
         for (cluster, eff), ks in timed.items():
-            for k, cb in zip(ks, _timed_together(n, context, union, batch, [segments[k] for k in ks],
+            for k, cb in zip(ks, _timed_together([ns[k] for k in ks], context, union, batch, [segments[k] for k in ks],
                                                  [place[fits[k]] for k in ks], cluster, eff,
                                                  keep_terms)):
                 out[k] = cb
@@ -209,7 +210,7 @@ def _fastest_of(m: ModelSpec, pc: ParamCount, n: int, arrays: LayoutArrays, batc
 PRUNE_ROWS = 4096      # a batch of fewer layouts that may fit is timed whole (its bounds would spare little)
 
 
-def _timed_together(n: int, context: LayoutContext, union: np.ndarray, batch: Sized,
+def _timed_together(ns: Sequence[int], context: LayoutContext, union: np.ndarray, batch: Sized,
                     segments: Sequence[tuple[Ask, int, int]], fits: Sequence[np.ndarray], cluster: Cluster,
                     eff: Efficiency, keep_terms: bool, prune: bool = True) -> list[CountBest]:
     """_fastest_of for segments that time on one cluster with one set of efficiencies, each
@@ -280,7 +281,7 @@ def _timed_together(n: int, context: LayoutContext, union: np.ndarray, batch: Si
     if limit is not None and bool((times < bounds.lower_s(may_fit)).any()):
         raise AssertionError("a step time below its lower bound (timing.fast.BoundedTimes)")
     out, at = [], 0
-    for (_, lo, hi), f, kept, n_sized in zip(segments, fits, best, sized):
+    for (_, lo, hi), n, f, kept, n_sized in zip(segments, ns, fits, best, sized):
         ts = kept_times[at:at + len(kept)]
         at += len(kept)
         out.append(CountBest(n_gpus=n, fastest=tuple(replace(c, time=t) for c, t in zip(kept, ts)),
@@ -289,7 +290,8 @@ def _timed_together(n: int, context: LayoutContext, union: np.ndarray, batch: Si
         again = [j for j, (ask, _, _) in enumerate(segments) if limit[j] < np.inf and
                  (len(best[j]) < ask.keep or not max(best_s[j]) <= limit[j])]
         if again:
-            for j, cb in zip(again, _timed_together(n, context, union, batch, [segments[j] for j in again],
+            for j, cb in zip(again, _timed_together([ns[j] for j in again], context, union, batch,
+                                                    [segments[j] for j in again],
                                                     [fits[j] for j in again], cluster, eff, keep_terms, False)):
                 out[j] = cb
     return out
@@ -428,33 +430,53 @@ def sweep_shared(m: ModelSpec, space: SearchSpace, n: int, gpus_per_node: int, a
     tests/test_block_tables.py), at most SHARED_ROWS layouts at a time, and the asks that time
     on one cluster are timed as one batch (_fastest_of). `plan buy` of 256 jobs of one model,
     each its own global batch, swept 7,405 counts one set-up at a time (issue 32)."""
+    return sweep_shared_counts(m, space, [n], gpus_per_node, asks)[0]
+
+
+def sweep_shared_counts(m: ModelSpec, space: SearchSpace, ns: Sequence[int], gpus_per_node: int,
+                        asks: Sequence[Ask]) -> list[list[CountBest]]:
+    """sweep_shared() on each count of ``ns`` (per count, per ask), the counts' layouts sized
+    and timed together as sweep_shared() sizes and times several set-ups' (a layout's memory and
+    time do not depend on the batch it is in): the models' fixed cost per call is most of a
+    small count's (`plan buy` of 256 jobs swept 176 counts below a node one at a time, 2.9 to
+    5.7 ms each, issue 32)."""
     if not asks:
-        return []
+        return [[] for _ in ns]
     base = table_setup(asks[0].setup)
     if any(table_setup(a.setup) != base for a in asks):
         raise ValueError("sweep_shared: set-ups that differ in more than the global batch")
     pc = count_params(m)
-    out: list[CountBest | None] = [None if _may_fit(a, pc, n) else CountBest(n_gpus=n, fastest=()) for a in asks]
-    by_setup: dict[TrainingSetup, list[int]] = {}       # the asks left, per distinct set-up
-    for k, a in enumerate(asks):
-        if out[k] is None:
-            by_setup.setdefault(a.setup, []).append(k)
-    setups = list(by_setup)
-    if not setups:
+    out: list[list[CountBest | None]] = [[None if _may_fit(a, pc, n) else CountBest(n_gpus=n, fastest=())
+                                          for a in asks] for n in ns]
+    blocks: list[tuple[int, list[int]]] = []      # (count, the asks left of one distinct set-up)
+    parts, starts = [], [0]                         # each count's layouts, and where each block's start
+    for i, n in enumerate(ns):
+        by_setup: dict[TrainingSetup, list[int]] = {}
+        for k, a in enumerate(asks):
+            if out[i][k] is None:
+                by_setup.setdefault(a.setup, []).append(k)
+        if by_setup:
+            arrays_n, starts_n = count_layouts_of(m, list(by_setup), n, gpus_per_node, space)
+            parts.append(arrays_n)
+            starts += [starts[-1] + x for x in starts_n[1:]]
+            blocks += [(i, ks) for ks in by_setup.values()]
+    if not blocks:
         return out  # type: ignore[return-value]
-    arrays, starts = count_layouts_of(m, setups, n, gpus_per_node, space)
-    first = 0       # the first set-up of the next chunk: chunks of at most SHARED_ROWS layouts
-    while first < len(setups):
+    arrays = parts[0] if len(parts) == 1 else LayoutArrays.concat(parts)
+    first = 0       # the first block of the next chunk: chunks of at most SHARED_ROWS layouts
+    while first < len(blocks):
         last = first + 1
-        while last < len(setups) and starts[last + 1] - starts[first] <= SHARED_ROWS:
+        while last < len(blocks) and starts[last + 1] - starts[first] <= SHARED_ROWS:
             last += 1
         lo, hi = starts[first], starts[last]
         part = arrays if (lo, hi) == (0, len(arrays)) else arrays.take(slice(lo, hi))
-        segments = [(asks[k], starts[j] - lo, starts[j + 1] - lo) for j in range(first, last)
-                    for k in by_setup[setups[j]]]
-        ks = [k for j in range(first, last) for k in by_setup[setups[j]]]
-        sized = sized_once(m, setups[first], part, pc, gpus_per_node, last - first)
-        for k, cb in zip(ks, _fastest_of(m, pc, n, part, sized, segments, keep_terms=False)):
-            out[k] = cb
+        segments = [(asks[k], starts[j] - lo, starts[j + 1] - lo) for j in range(first, last) for k in blocks[j][1]]
+        at = [(blocks[j][0], k) for j in range(first, last) for k in blocks[j][1]]
+        # set-ups of one count share memory rows (sized_once); layouts of two counts never do
+        n_batches = max(Counter(blocks[j][0] for j in range(first, last)).values())
+        sized = sized_once(m, asks[blocks[first][1][0]].setup, part, pc, gpus_per_node, n_batches)
+        for (i, k), cb in zip(at, _fastest_of(m, pc, [ns[i] for i, _ in at], part, sized, segments,
+                                              keep_terms=False)):
+            out[i][k] = cb
         first = last
-    return [cb for cb in out if cb is not None]
+    return out  # type: ignore[return-value]
