@@ -120,3 +120,19 @@ def test_efficiencies_that_void_the_bound_prune_nothing(monkeypatch):
     assert (bounds.lower_s(np.arange(len(a))) == -np.inf).all()
     assert _swept(monkeypatch, m, SearchSpace(ep=1), 32, asks, 0) == \
         _swept(monkeypatch, m, SearchSpace(ep=1), 32, asks, 10**9)
+
+
+@pytest.mark.parametrize("model, ns, space", [
+    ("llama3.1-8b", (1, 2, 4, 8, 16), SearchSpace(ep=1)),
+    ("mixtral-8x7b", (8, 16, 32), SearchSpace()),
+])
+def test_several_counts_swept_together_give_each_what_it_finds_alone(model, ns, space):
+    """search.sweep.sweep_shared_counts (cost.plan.sweep_counts_until's counts swept ahead)
+    against sweep_shared of each count on its own, compared with ==."""
+    m = load_model(model)
+    asks = _asks([TrainingSetup(global_batch=b) for b in (96, 1024)], ("h100", "h200"), 1)
+    together = sw.sweep_shared_counts(m, space, list(ns), 8, asks)
+    for n, cbs in zip(ns, together):
+        assert [without_terms(cb) for cb in cbs] == [without_terms(cb) for cb in sw.sweep_shared(m, space, n, 8, asks)]
+        assert all(cb.n_gpus == n for cb in cbs)
+    assert any(cb.fastest for cbs in together for cb in cbs)
