@@ -30,7 +30,7 @@ def fp8_linears_per_block(m: ModelSpec, ep: int) -> float:
 
 
 def fp8_weight_bytes(m: ModelSpec, prec: Precision, block_params: np.ndarray, n_layers: np.ndarray,
-                     ep: np.ndarray, param_gather: bool = False) -> np.ndarray:
+                     ep: np.ndarray, param_gather: bool = False, n_bf16_layers: np.ndarray | int = 0) -> np.ndarray:
     """Persistent FP8 state of a rank's blocks: ``block_params`` (the rank's block
     parameters, after tp, pp and ep; not sharded by ZeRO, as te.Linear caches its fp8
     weights in each module) x the recipe's fp8 weight-copy bytes, plus the amax histories
@@ -39,11 +39,22 @@ def fp8_weight_bytes(m: ModelSpec, prec: Precision, block_params: np.ndarray, n_
     With ``param_gather`` (Megatron-LM --fp8-param-gather, TrainingSetup.fp8_param_gather) the
     low-precision copies replace the 16-bit weights the state holds (megatron-core
     TransformerConfig.fp8_param: "keep the parameters in fp8 precision"), so the term is the
-    copies less prec.weight_bytes per parameter (<= 0 where they take less)."""
+    copies less prec.weight_bytes per parameter (<= 0 where they take less).
+
+    ``n_bf16_layers`` of the rank's ``n_layers`` layers are kept in BF16 (TrainingSetup.bf16_layers,
+    training.layer_precision.stage_bf16_layers): they run outside the recipe's context
+    (megatron-core fp8_utils.get_fp8_context / fp4_utils.get_fp4_context give them a null
+    context), so they keep neither low-precision copies nor amax histories, and their 16-bit
+    weights stay under --fp8-param-gather: the term covers the other layers' share of
+    ``block_params``, each layer taken as the stage's mean."""
     r = prec.fp8
     if r is None:
         return np.zeros(np.broadcast_shapes(block_params.shape, ep.shape), dtype=np.int64)
     per_param = r.fp8_weight_copy_bytes - (prec.weight_bytes if param_gather else 0)
+    if np.any(n_bf16_layers):
+        low = n_layers - n_bf16_layers      # the layers the recipe runs
+        block_params = np.where(n_layers > 0, block_params * low / np.maximum(n_layers, 1), block_params)
+        n_layers = low
     copies = (block_params * per_param).astype(np.int64)
     if not r.amax_bytes_per_linear:
         return copies
