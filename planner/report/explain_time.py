@@ -174,7 +174,7 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
     # layers kept in BF16 on the slowest stage (training.layer_precision), each adding the BF16
     # block's time over the low-precision block's
     n_bf16 = int(stage_bf16_layers(slow_stage, lay.pp, n_slow, setup.bf16_layers))
-    bf16: dict[str, float] = {}
+    bf16: dict[str, Any] = {}
     if n_bf16:
         lt16 = layer_time(m, bf16_layer_setup(setup), layer_key(lay), layout_kernels(setup, lay), gpu, eff)
         bf16 = {"bf16_blocks_on_slowest_stage": n_bf16, "bf16_block_extra_forward_s": lt16.fwd_s - lt.fwd_s,
