@@ -47,7 +47,9 @@ def fp8_label(s: TrainingSetup) -> str:
     p = s.precision_spec
     if p.fp8 is None:
         return s.precision
-    return f"fp8 recipe {p.fp8.name} ({p.fp8.stack}; {p.fp8.scaling})"
+    start, end = s.bf16_layers
+    kept = f"; the first {start} and the last {end} layers in BF16" if start or end else ""
+    return f"fp8 recipe {p.fp8.name} ({p.fp8.stack}; {p.fp8.scaling}{kept})"
 
 def layout_json(lay: Layout) -> dict[str, Any]:
     out: dict[str, Any] = {
