@@ -31,8 +31,6 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
-
 from planner.training.setup import TrainingSetup
 
 # the one recipe megatron-core refuses them under (TransformerConfig.__post_init__)
@@ -62,16 +60,16 @@ def bf16_layer_refusal(setup: TrainingSetup, n_layers: int) -> str | None:
 
 
 def stage_bf16_layers(stage: Any, pp: Any, n_stage_layers: Any, bf16_layers: tuple[int, int]) -> Any:
-    """BF16 layers a pipeline stage holds (ints or arrays alike): the start layers on stage 0,
-    the end layers on stage pp - 1, at most the stage's ``n_stage_layers`` (with pp = 1 the one
-    stage holds both ends; they overlap only where start + end exceed its layers)."""
+    """BF16 layers a pipeline stage holds (ints or numpy arrays alike; 0 where none are kept): the
+    start layers on stage 0, the end layers on stage pp - 1, at most the stage's
+    ``n_stage_layers`` (with pp = 1 the one stage holds both ends; they overlap only where
+    start + end exceed its layers). Written with operators only, so that `plan --help`, which
+    imports the set-up rules, does not import numpy."""
     start, end = bf16_layers
     if not start and not end:
-        return np.zeros(np.broadcast_shapes(np.shape(stage), np.shape(pp), np.shape(n_stage_layers)),
-                        dtype=np.int64) if np.ndim(stage) or np.ndim(n_stage_layers) else 0
-    held = np.where(np.equal(stage, 0), start, 0) + np.where(np.equal(stage, np.subtract(pp, 1)), end, 0)
-    out = np.minimum(held, n_stage_layers)
-    return out if np.ndim(out) else int(out)
+        return 0
+    held = (stage == 0) * start + (stage == pp - 1) * end
+    return held - (held > n_stage_layers) * (held - n_stage_layers)
 
 
 def bf16_layer_setup(setup: TrainingSetup) -> TrainingSetup:
