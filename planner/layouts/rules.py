@@ -372,10 +372,11 @@ RULES: tuple[Rule, ...] = (
          lambda v: ("--pp-balance embedding-loss is megatron-core's split; torchtitan splits its own way "
                     "(use --stack megatron or --pp-balance none)")),
     # megatron-core 0.16.1 TransformerConfig.__post_init__ (transformer/transformer_config.py, under
-    # fp8): num_layers_at_start_in_bf16 and num_layers_at_end_in_bf16 at most num_layers // pp; the
-    # planner holds them on the first and the last stage (training.layer_precision), so at most
-    # the layers of those stages (memory.params.stage_layers: n_layers // pp each, or under
-    # --pp-balance embedding-loss (n_layers + 2) / pp less the embedding's or the loss's one)
+    # fp8; under fp4 it checks nothing, and the planner applies the same bound):
+    # num_layers_at_start_in_bf16 and num_layers_at_end_in_bf16 at most num_layers // pp; the planner
+    # holds them on the first and the last stage (training.layer_precision), so at most the layers
+    # of those stages (memory.params.stage_layers: n_layers // pp each, or under --pp-balance
+    # embedding-loss (n_layers + 2) / pp less the embedding's or the loss's one)
     Rule("bf16-layers-stage", lambda v: max(v.setup.bf16_layers) > _end_stage_layers(v),
          lambda v: (f"--bf16-layers {v.setup.bf16_layers[0]},{v.setup.bf16_layers[1]}: pp={v.pp} leaves "
                     f"{_end_stage_layers(v)} layers on the first and the last stage, fewer than the BF16 layers "
