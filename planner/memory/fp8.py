@@ -7,12 +7,15 @@ memory.shapes)."""
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
+from planner.layouts.batch import RECOMPUTES, LayoutArrays
 from planner.layouts.layout import Layout
 from planner.models.spec import ModelSpec
 from planner.training.finetune import block_linears
+from planner.training.layer_precision import stage_bf16_layers
 from planner.training.setup import Precision, TrainingSetup
 
 
@@ -76,15 +79,35 @@ def saved_input_delta_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> 
     the down projection's input (k d_ff wide, split by tp). h-wide tensors are split by tp
     only under sequence parallelism. Full recomputation keeps only the block's input, so
     nothing changes; first dense layers of a MoE model are counted as MoE ones."""
-    r = setup.precision_spec.fp8
-    if r is None or lay.recompute == "full":
+    if lay.recompute == "full":
         return 0
-    a = setup.precision_spec.activation_bytes
-    delta = r.saved_input_bytes - a
+    return int(_saved_input_delta(m, setup, lay.tokens_per_rank, lay.tp, lay.sp))
+
+
+def _saved_input_delta(m: ModelSpec, setup: TrainingSetup, tokens: Any, tp: Any, sp: Any) -> Any:
+    """saved_input_delta_bytes' figure before its recomputation check, as a float (or an array of
+    them over layouts: ``tokens``, ``tp``, ``sp`` arrays); 0 where the recipe saves no fewer bytes."""
+    r = setup.precision_spec.fp8
+    if r is None:
+        return 0
+    delta = r.saved_input_bytes - setup.precision_spec.activation_bytes
     if delta >= 0:
         return 0
-    tokens = lay.tokens_per_rank
     k = m.n_experts_per_token if m.is_moe else 1
-    h_div = lay.tp if lay.sp else 1
-    elems = tokens * (m.d_model / h_div + m.q_dim / lay.tp + k * m.d_model / h_div + k * m.d_ff / lay.tp)
-    return int(elems * delta)
+    h_div = np.where(sp, tp, 1)
+    return tokens * (m.d_model / h_div + m.q_dim / tp + k * m.d_model / h_div + k * m.d_ff / tp) * delta
+
+
+def bf16_layer_input_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_len: int, stage: np.ndarray,
+                           n_layers: np.ndarray) -> np.ndarray | int:
+    """Bytes per micro-batch the layers a stage keeps in BF16 (TrainingSetup.bf16_layers,
+    training.layer_precision.stage_bf16_layers) save beyond the recipe's figure, per layout (float;
+    0 without them): they run outside the FP8/FP4 context, so their linear inputs are kept in 16
+    bits, the bytes saved_input_delta_bytes takes off a low-precision block (none under full
+    recomputation, which keeps only the block's input)."""
+    n_bf16 = stage_bf16_layers(stage, a.pp, n_layers, setup.bf16_layers)
+    if not np.any(n_bf16):
+        return 0
+    tokens = a.micro_batch * a.seq_len_per_rank(seq_len)
+    per_layer = -_saved_input_delta(m, setup, tokens, a.tp, a.sp)
+    return np.where(a.recompute == RECOMPUTES.index("full"), 0.0, n_bf16 * per_layer)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from planner.layouts.batch import LayoutArrays
@@ -435,6 +436,12 @@ def _activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, tr: RankT
                     blocks_keeping_activations=tr.n_act_layers, per_block_bytes=tr.layer_act,
                     in_flight_micro_batches=tr.held, recompute=lay.recompute, pp=lay.pp, vp=lay.vp,
                     grad_accum_m=lay.grad_accum, **dims))
+    n_bf16 = int(stage_bf16_layers(tr.stage, lay.pp, tr.n_act_layers, setup.bf16_layers))
+    if n_bf16 and lay.recompute != "full":
+        out[-1] = replace(out[-1], formula=out[-1].formula + "; + the BF16 layers' 16-bit linear inputs "
+                          "(memory.fp8.bf16_layer_input_bytes)",
+                          inputs={**out[-1].inputs, _label("bf16_layers_on_stage"): n_bf16,
+                                  _label("bf16_layer_extra_bytes"): -saved_input_delta_bytes(m, setup, lay)})
     if method:
         out[-1] = _mem("activations", f"transformer blocks ({tr.n_act_layers} on the stage)",
                        f"per micro-batch in flight: {method}", tr.block_acts, MEGATRON_RECOMPUTE,
