@@ -147,6 +147,7 @@ def memory_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, pc: ParamCount
         r = prec.fp8
         # layers kept in BF16 hold no copy (training.layer_precision, memory.fp8.fp8_weight_bytes)
         n_bf16 = int(stage_bf16_layers(tr.stage, lay.pp, mem.n_layers_on_stage, setup.bf16_layers))
+        in_bf16: dict[str, Any] = {"bf16_layers_on_stage": n_bf16, "layers_on_stage": mem.n_layers_on_stage}
         out.append(_mem("weights", f"FP8 weight copies and amax histories ({r.name}: {r.stack})",
                         "block params x fp8 copy bytes + fp8 linears x 5 tensors x (history + 2) x 4 B"
                         + (" (the layers in BF16 left out)" if n_bf16 else ""),
@@ -155,8 +156,7 @@ def memory_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, pc: ParamCount
                         amax_history_len=r.amax_history_len,
                         saved_linear_input_bytes_per_element=r.saved_input_bytes,
                         all_gather_bytes_per_param=r.gather_bytes,
-                        **({"bf16_layers_on_stage": n_bf16, "layers_on_stage": mem.n_layers_on_stage}
-                           if n_bf16 else {})))
+                        **(in_bf16 if n_bf16 else {})))
     out += _moment_weight_terms(lay, tr, phase, w_extra, prec.weight_bytes)
 
     moment = phase.replace("-", " ")
