@@ -175,3 +175,34 @@ def test_default_is_none_and_unchanged():
     same = _plan((0, 0))
     assert base.best.time.step_time_s == same.best.time.step_time_s
     assert replace(base.setup, bf16_layers=(0, 0)) == base.setup
+
+
+def test_bf16_layers_keep_their_linear_inputs_in_16_bits():
+    """Memory: the layers kept in BF16 save their linear inputs at 16 bits, not the recipe's size; all
+    24 layers in BF16 on one stage hold the activations of the BF16 plan of the same layout."""
+    acts = [_plan(b, pp=1).best.memory.breakdown.activations for b in ((0, 0), (3, 3), (12, 12))]
+    assert acts[0] < acts[1] < acts[2]
+    assert acts[2] == _plan(precision="bf16-mixed", pp=1).best.memory.breakdown.activations
+
+
+def test_corpus_rows_keep_the_layers_their_recipe_keeps():
+    """Megatron-Bridge src/megatron/bridge/training/mixed_precision.py: nemotron_3_super_bf16_with_nvfp4_mixed
+    sets first_last_layers_bf16 and num_layers_at_end_in_bf16 = 14 (start at its default, 0); the Llama NVFP4
+    recipes take bf16_with_nvfp4_mixed (none); the FP8 current-scaling and MXFP8 perf precisions none."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import megatron_bridge_rows as mbr
+
+    seen = set()
+    for r in mbr.load_rows():
+        if not r.expressible:
+            continue
+        args = list(r.cli_args)
+        kept = args[args.index("--bf16-layers") + 1] if "--bf16-layers" in args else None
+        if r.precision == "NVFP4" and r.family == "nemotron-3-super":
+            assert kept == "0,14", r.id
+            seen.add(r.id)
+        else:
+            assert kept is None, r.id
+    assert len(seen) == 7
