@@ -206,3 +206,28 @@ def test_corpus_rows_keep_the_layers_their_recipe_keeps():
         else:
             assert kept is None, r.id
     assert len(seen) == 7
+
+
+def test_super_nvfp4_args_build_megatron_cores_fp4_config():
+    """The Nemotron 3 Super NVFP4 recipe's plan (pretrain_mamba.py arguments): --fp4-format e2m1 with
+    the last 14 of 88 layers in BF16, accepted by megatron-core's TransformerConfig, whose own
+    is_first_last_bf16_layer then keeps layers 74..87 in BF16."""
+    require("megatron.core")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.fp8_utils import is_first_last_bf16_layer
+    r = plan_in_process("--model", "nemotron-3-super", "--gpus", "gb200", "--stack", "megatron", "--n-gpus", "64",
+                        "--tp", "2", "--pp", "1", "--ep", "64", "--etp", "1", "--seq-len", "8192", "--micro-batch", "1",
+                        "--global-batch", "512", "--zero", "1", "--precision", "nvfp4", "--bf16-layers", "0,14",
+                        "--recompute", "none", "--quiet")
+    assert r.returncode == 0, r.stderr
+    m, gpu = load_model("nemotron-3-super"), get_gpu("gb200")
+    lay = Layout(tp=2, sp=True, pp=1, dp=32, ep=64, etp=1, ep_fold=True, zero_stage=1, micro_batch=1, grad_accum=16,
+                 seq_len=8192)
+    setup = TrainingSetup(seq_len=8192, global_batch=512, precision="nvfp4", stack="megatron", bf16_layers=(0, 14))
+    a = parse_args(to_megatron_args(api.evaluate_layout(m, gpu, setup, lay)))
+    assert (a.fp4_format, a.first_last_layers_bf16, a.num_layers_at_start_in_bf16, a.num_layers_at_end_in_bf16) == \
+        ("e2m1", True, 0, 14)
+    cfg = _config(num_layers=a.num_layers, fp4=a.fp4_format, fp4_recipe=a.fp4_recipe,
+                  first_last_layers_bf16=True, num_layers_at_start_in_bf16=0, num_layers_at_end_in_bf16=14)
+    assert [i for i in range(88) if is_first_last_bf16_layer(cfg, i)] == list(range(74, 88))
