@@ -65,6 +65,10 @@ MIP_MAX_NODES = 1000
 # 2.1 -> 0.65 s, H5 5.4 -> 3.9 s), the same purchases, and H5's bound after its 1,000 nodes at
 # 95.3% of the answer against 95.4% (the finish-time deadline rows with the defaults: 95.2%).
 PURCHASE_HIGHS_OPTIONS: dict[str, object] = {"mip_heuristic_run_rens": False, "mip_allow_restart": False}
+# The relaxation with integer nodes (_node_integral_relaxation): no RINS (with three integers its
+# sub-MIPs are nearly the whole LP: 256 jobs of 8 models 1.44 -> 1.20 s of CPU, the same bound and
+# runs used); PURCHASE_HIGHS_OPTIONS slow it (256 8B jobs: 1.56 s against 0.91 s).
+RELAXATION_HIGHS_OPTIONS: dict[str, object] = {"mip_heuristic_run_rins": False}
 # A purchase ILP with more nonzeros than H5's (5,086: 32 jobs, 521 options) gets fewer nodes than
 # MIP_MAX_NODES: nodes x nonzeros**2 stays at H5's, to no fewer than MIN_PURCHASE_NODES
 # (purchase_node_limit; a simplex iteration costs about the nonzeros, and a node's iterations grow
@@ -206,9 +210,8 @@ def _status(prob: pulp.LpProblem) -> str:
 
 
 def _dual_bound(prob: pulp.LpProblem) -> float | None:
-    """The solver's best lower bound on a minimisation after it stopped (HiGHS's
-    mip_dual_bound, read through highspy's Highs object that PuLP keeps as prob.solverModel);
-    None for solvers that do not expose it (CBC through PuLP)."""
+    """The solver's best lower bound on a minimisation after it stopped (HiGHS's mip_dual_bound,
+    from the highspy model PuLP keeps as prob.solverModel); None where not exposed (CBC)."""
     model = getattr(prob, "solverModel", None)
     try:
         bound = float(model.getInfo().mip_dual_bound)  # type: ignore[union-attr]
@@ -546,16 +549,13 @@ def _node_integral_relaxation(prob: pulp.LpProblem, runs: Sequence[pulp.LpVariab
                               time_limit_s: float, gap_rel: float
                               ) -> tuple[float | None, SolverInfo, set[str] | None]:
     """The purchase ILP ``prob`` with its run binaries relaxed to [0, 1] and its node counts
-    kept integer: (a lower bound on the ILP's optimum, or None; the solver's record; the names
-    of the runs its solution uses, or None when it found none). The bound is HiGHS's dual
-    bound (mip_dual_bound: valid where its node limit stopped it too), else the proved
-    optimum. ``runs`` are binary again on return."""
+    kept integer: (a lower bound on the ILP's optimum, or None; the solver's record; the runs
+    its solution uses, or None when it found none). The bound is HiGHS's dual bound (valid
+    where a limit stopped it too), else the proved optimum. ``runs`` are binary again on return."""
     for v in runs:
         v.cat = pulp.LpContinuous
     try:
-        # HiGHS's defaults: PURCHASE_HIGHS_OPTIONS make this relaxation slower (256 8B jobs of
-        # distinct batches: 1.56 s of CPU against 0.91 s, 3 nodes against 1)
-        info = _run(prob, solver, time_limit_s, gap_rel)
+        info = _run(prob, solver, time_limit_s, gap_rel, highs_options=RELAXATION_HIGHS_OPTIONS)
     finally:
         for v in runs:
             v.cat = pulp.LpInteger
