@@ -40,7 +40,7 @@ SOLVERS = ("auto", "highs", "cbc")
 # Backstops only: HiGHS stops at its node limit (purchase_node_limit) first on bench/resources.py's
 # files, so the answer does not depend on the load (issue 32, H5: 32 70B jobs stopped at a 20 s
 # wall-clock limit, and their answer moved with the load). TIME_LIMIT_S: seconds of the process's
-# CPU (quiet.cpu_time_interrupt; CBC: its own limit); the costliest full ILP measured takes ~6 s.
+# CPU (quiet.cpu_time_interrupt; CBC: its timeMode cpu); the costliest full ILP measured takes ~6 s.
 # WALL_LIMIT_S (HiGHS's time_limit; at least 6 x TIME_LIMIT_S) fires first only where the process
 # gets under a sixth of a core. Either firing is said (SolverInfo.stopped_by).
 TIME_LIMIT_S = 20.0
@@ -166,7 +166,7 @@ def _solver(name: str, time_limit_s: float, gap_rel: float, max_nodes: int | Non
     """The solver and its name: HiGHS on one thread with a node limit (``max_nodes``, None:
     MIP_MAX_NODES), one answer per input at any load, with ``time_limit_s`` of CPU from now
     (quiet.cpu_time_interrupt) and WALL_LIMIT_S of wall time as backstops; CBC (PuLP's, one
-    thread) under its time limit. ``mip`` False: the LP relaxation; ``highs_options``: HiGHS's
+    thread) under its CPU-time limit. ``mip`` False: the LP relaxation; ``highs_options``: HiGHS's
     beside those."""
     if name not in SOLVERS:
         raise UserError(f"--solver {name!r}: choose one of {', '.join(SOLVERS)}")
@@ -181,7 +181,7 @@ def _solver(name: str, time_limit_s: float, gap_rel: float, max_nodes: int | Non
             raise UserError("--solver highs needs highspy: pip install highspy (or use --solver cbc)")
     with warnings.catch_warnings():     # PuLP 3.3 deprecates its bundled CBC for 4.0; it still ships
         warnings.simplefilter("ignore", DeprecationWarning)
-        return "CBC", pulp.PULP_CBC_CMD(mip=mip, msg=False, timeLimit=time_limit_s, gapRel=gap_rel)
+        return "CBC", pulp.PULP_CBC_CMD(mip=mip, msg=False, timeLimit=time_limit_s, gapRel=gap_rel, timeMode="cpu")
 
 
 def _run(prob: pulp.LpProblem, solver: str, time_limit_s: float, gap_rel: float,
