@@ -73,3 +73,36 @@ def test_a_time_limited_stop_is_said(monkeypatch: pytest.MonkeyPatch, limit: str
     quiet, lines = _said(sol)
     assert f"the solver's {said} ended its search" in quiet
     assert any(x.startswith(f"stopped by its {said}") for x in lines)
+
+
+@pytest.mark.slow
+def test_a_starved_process_gets_the_node_limited_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process that waits for a core (simulated: HiGHS's callback sleeps 20 ms a call, so the
+    wall time passes while the CPU time does not) under a 1 s limit gets the same answer as
+    alone, stopped by the node limit (H5 cut to 16 jobs, 5 nodes: 124 calls in the ILP, 14 in
+    its relaxation, about 0.6 s of CPU in all); under a wall-clock limit of the same 1 s (the
+    kind HiGHS had before) the wait ends its search, and the answer says so. About 5 s."""
+    jobs, options = h5(16)
+    monkeypatch.setattr(solve, "MIP_MAX_NODES", 5)
+    alone = solve_purchase(H5_POOLS, jobs, options, solver="highs", time_limit_s=1.0)
+    assert alone.solver.stopped_by is None and alone.solver.max_nodes == 5
+    real = solve.cpu_time_interrupt
+
+    def starved(limit_s: float):  # type: ignore[no-untyped-def]
+        interrupt = real(limit_s)
+
+        def call(*args):  # type: ignore[no-untyped-def]
+            time.sleep(0.02)
+            interrupt(*args)
+        return call
+
+    monkeypatch.setattr(solve, "cpu_time_interrupt", starved)
+    t0 = time.perf_counter()
+    waited = solve_purchase(H5_POOLS, jobs, options, solver="highs", time_limit_s=1.0)
+    assert time.perf_counter() - t0 > 1.0       # the wall time passed the limit
+    assert waited.solver.stopped_by is None
+    assert (waited.cost_usd, waited.nodes, waited.choices, waited.solver.gap_found) == (
+        alone.cost_usd, alone.nodes, alone.choices, alone.solver.gap_found)
+    monkeypatch.setattr(solve, "WALL_LIMIT_S", 1.0)
+    assert solve_purchase(H5_POOLS, jobs, options, solver="highs", time_limit_s=1.0).solver.stopped_by == \
+        "wall-clock limit"
