@@ -300,6 +300,13 @@ def _distributed_optimizer_noop(v: RuleView) -> Any:
     return np.asarray((v.sharding == 0) & (v.zero_stage == 1) & (v.setup.stack == "megatron"), dtype=bool)
 
 
+def _end_stage_layers(v: RuleView) -> Any:
+    """The layers of the first pipeline stage, which the last holds at least: memory.params.stage_layers'
+    n_layers // pp, or (n_layers + 2) // pp - 1 where the embedding and the loss count as layers."""
+    extra = _balance_layers(v)
+    return (v.m.n_layers + extra) // v.pp - (1 if extra else 0) * (v.pp > 1)
+
+
 def _balance_hint(v: RuleView) -> str:
     """The way out where pp x vp chunks exceed the layers but divide the layers + 2: count the
     embedding and the loss as layers (megatron-core's account_for_embedding/loss_in_pipeline_split)."""
@@ -364,6 +371,17 @@ RULES: tuple[Rule, ...] = (
     Rule("pp-balance-stack", lambda v: (_balance_layers(v) > 0) & (v.pp > 1) & (v.setup.stack == "torchtitan"),
          lambda v: ("--pp-balance embedding-loss is megatron-core's split; torchtitan splits its own way "
                     "(use --stack megatron or --pp-balance none)")),
+    # megatron-core 0.16.1 TransformerConfig.__post_init__ (transformer/transformer_config.py, under
+    # fp8; under fp4 it checks nothing, and the planner applies the same bound):
+    # num_layers_at_start_in_bf16 and num_layers_at_end_in_bf16 at most num_layers // pp; the planner
+    # holds them on the first and the last stage (training.layer_precision), so at most the layers
+    # of those stages (memory.params.stage_layers: n_layers // pp each, or under --pp-balance
+    # embedding-loss (n_layers + 2) / pp less the embedding's or the loss's one)
+    Rule("bf16-layers-stage", lambda v: max(v.setup.bf16_layers) > _end_stage_layers(v),
+         lambda v: (f"--bf16-layers {v.setup.bf16_layers[0]},{v.setup.bf16_layers[1]}: pp={v.pp} leaves "
+                    f"{_end_stage_layers(v)} layers on the first and the last stage, fewer than the BF16 layers "
+                    "each must hold (megatron-core: at most num_layers // pp at either end); give a smaller pp "
+                    "or fewer BF16 layers")),
     Rule("vp-micro-batches", lambda v: (v.vp > 1) & (v.grad_accum % v.pp != 0),
          lambda v: (f"the interleaved schedule needs the {v.grad_accum} micro-batches per step "
                     f"to be a multiple of pp={v.pp} (Megatron-LM)")),

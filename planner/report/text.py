@@ -47,7 +47,9 @@ def fp8_label(s: TrainingSetup) -> str:
     p = s.precision_spec
     if p.fp8 is None:
         return s.precision
-    return f"fp8 recipe {p.fp8.name} ({p.fp8.stack}; {p.fp8.scaling})"
+    start, end = s.bf16_layers
+    kept = f"; the first {start} and the last {end} layers in BF16" if start or end else ""
+    return f"fp8 recipe {p.fp8.name} ({p.fp8.stack}; {p.fp8.scaling}{kept})"
 
 def layout_json(lay: Layout) -> dict[str, Any]:
     out: dict[str, Any] = {
@@ -143,6 +145,7 @@ def assumptions(r: PlanResult) -> dict[str, Any]:
         **({"moe_a2a_overlap": s.moe_a2a_overlap} if s.moe_a2a_overlap != "auto" else {}),
         **({"cuda_graphs": s.cuda_graphs} if s.cuda_graphs != "none" else {}),
         **({"fp8_attention": True} if s.fp8_attention else {}),
+        **({"bf16_layers": {"start": s.bf16_layers[0], "end": s.bf16_layers[1]}} if s.bf16_layers != (0, 0) else {}),
         **({"moe_dispatcher": s.moe_dispatcher} if s.moe_dispatcher != "alltoall" else {}),
         "usable_memory_fraction": s.usable_memory_fraction,
         "overheads": asdict(s.overheads),
