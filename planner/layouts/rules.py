@@ -29,6 +29,7 @@ from planner.layouts.layout import (
     dense_shard_size,
     expert_data_parallel_size,
     expert_tp_size,
+    fold_indivisible,
     node_data_ranks,
 )
 from planner.models.spec import ModelSpec
@@ -421,7 +422,7 @@ RULES: tuple[Rule, ...] = (
     # folding: megatron-core 0.16.1 parallel_state.initialize_model_parallel (lines 788-795) raises
     # "world_size is not divisible by expert_tensor_model_pipeline_parallel size" unless etp x ep x pp
     # divides the world, i.e. etp x ep divides tp x cp x DP; the planner folds for Megatron-Core only
-    Rule("ep-fold-divides", lambda v: (v.ep_fold > 0) & ((v.tp * v.cp * v.dp) % (v.expert_tp * v.ep) != 0),
+    Rule("ep-fold-divides", lambda v: (v.ep_fold > 0) & fold_indivisible(v.tp, v.cp, v.dp, v.expert_tp, v.ep),
          lambda v: (f"etp {v.expert_tp} x ep {v.ep} = {v.expert_tp * v.ep} does not divide tp x cp x dp = "
                     f"{v.tp * v.cp * v.dp} (megatron-core: world size not divisible by etp x ep x pp); "
                     "give an --ep (or --etp) whose product divides the GPUs of a pipeline stage")),
