@@ -452,6 +452,9 @@ def buy_quiet_line(r: Any) -> str:
         return "no purchase satisfies the constraints" + (f": {r.lines[0]}" if r.lines else "")
     bought = ", ".join(f"{n} x {g}" for g, n in r.nodes.items() if n)
     line = f"buy {bought} nodes: total {usd(r.tco_usd)} (capex {usd(r.capex_usd)}, opex {usd(r.opex_usd)})"
+    stopped = getattr(r.solver, "stopped_by", None)    # a time limit: cost.solve.TIME_LIMIT_S
+    if stopped is not None:
+        line += f"; the solver's {stopped} ended its search: another machine or load may answer otherwise"
     if r.solver.optimal:
         return line
     gap = getattr(r.solver, "gap_found", None)
