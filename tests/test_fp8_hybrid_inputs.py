@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import require
+from test_hybrid import TINY as HYBRID_TINY
 
 from planner.layouts.layout import Layout
 from planner.memory.activations import layer_activation_bytes
@@ -18,14 +19,8 @@ from planner.models.families import spec_from_hf_config
 from planner.models.load import load_model
 from planner.training.setup import TrainingSetup
 
-# A tiny Nemotron-H with every letter; q (4 x 48), d_inner (8 x 32) and h (128) all differ
-TINY = {
-    "model_type": "nemotron_h", "hidden_size": 128, "hybrid_override_pattern": "ME*-MEM",
-    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 48, "intermediate_size": 192,
-    "mamba_num_heads": 8, "mamba_head_dim": 32, "n_groups": 2, "ssm_state_size": 16, "chunk_size": 32,
-    "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
-    "moe_shared_expert_intermediate_size": 96, "vocab_size": 512, "tie_word_embeddings": False,
-}
+# test_hybrid's tiny Nemotron-H with every letter, q (4 x 48), d_inner (8 x 32) and h (128) made to differ
+TINY = {**HYBRID_TINY, "hybrid_override_pattern": "ME*-MEM", "head_dim": 48, "mamba_head_dim": 32}
 VARIANTS = {"plain": TINY, "latent-moe": {**TINY, "moe_latent_size": 48}}
 
 
