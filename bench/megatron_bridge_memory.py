@@ -43,22 +43,7 @@ _FRAGMENTATION = ("The planner's 10% allocator-fragmentation allowance (training
                   "layers' activations offloaded, over by 1.2 GiB before, fit (0.99 of capacity) once their loss is "
                   "planned as the recipe runs it, Transformer Engine's cross entropy (--cross-entropy te), not by a "
                   "looser allowance.")
-# Since the FP8/NVFP4 saved linear inputs of a hybrid are counted per kind of layer (memory.fp8
-# hybrid_saved_input_widths), the latent-MoE rows below carry the BF16 activation model's
-# overstatement of the routed tokens: memory.hybrid sizes the MoE layers' "tokens permuted to their
-# experts" k x d_model wide, where Nemotron 3's latent MoE dispatches them k x moe_latent wide
-# (transformers' NemotronHMoE: fc1_latent_proj before the experts, whose up_proj takes the latent
-# width; megatron-core's moe_latent_size). Before, the per-block FP8 figure took 22 routed copies of
-# d_model off every layer and hid it.
-_LATENT = ("memory.hybrid's BF16 term 'tokens permuted to their experts' is k x d_model wide where "
-           "Nemotron 3's latent MoE dispatches k x moe_latent (d_model {h}, latent {latent}): {over} GiB "
-           "of its activations before the 10% allowance, so it would fit at about {fit} of capacity. Not "
-           "fixed here (a change of the BF16 hybrid MoE terms, memory.hybrid, to come); shown since the "
-           "FP8 saved-input figure no longer hides it.")
-EXPLAINED: dict[str, str] = {
-    "nemotron-3-ultra-gb200-mxfp8-256gpu": _LATENT.format(h=8192, latent=2048, over="49.5", fit="0.94"),
-    "nemotron-3-super-b200-mxfp8-64gpu": _LATENT.format(h=4096, latent=1024, over="41.3", fit="0.86"),
-}
+EXPLAINED: dict[str, str] = {}
 
 
 # Nemotron 3 Ultra's recipe runs Megatron FSDP as HSDP (Megatron-Bridge perf_recipes/nemotronh/

@@ -13,7 +13,7 @@ from conftest import require
 from test_hybrid import TINY as HYBRID_TINY
 
 from planner.layouts.layout import Layout
-from planner.memory.activations import layer_activation_bytes
+from planner.memory.activations import layer_activation_bytes, layer_activation_terms
 from planner.memory.fp8 import hybrid_saved_input_widths, saved_input_delta_bytes
 from planner.models.families import spec_from_hf_config
 from planner.models.load import load_model
@@ -91,3 +91,26 @@ def test_delta_never_exceeds_what_the_layer_keeps(precision, recipe):
     saved = setup.precision_spec.fp8.saved_input_bytes
     assert delta < 0
     assert -delta <= (1 - saved / 2) * bf16
+
+
+def test_latent_moe_routes_latent_wide_tokens():
+    # transformers' NemotronHMoE.forward runs fc1_latent_proj before self.experts, whose up_proj
+    # takes the latent width (its (E, out, in) weight), and fc2_latent_proj after them; megatron-core
+    # 0.16.1 MoELayer.preprocess projects before dispatch_preprocess: each MoE layer keeps k routed
+    # copies of experts.up_proj's in width and fc2_latent_proj's input, 2 bytes each in bf16
+    require("torch")
+    import torch
+    import transformers
+
+    cfg = VARIANTS["latent-moe"]
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg))
+    moe = next(layer.mixer for layer in model.model.layers if type(layer.mixer).__name__ == "NemotronHMoE")
+    m = spec_from_hf_config(dict(cfg), "latent-moe", "test")
+    lay = Layout(tp=1, micro_batch=1, seq_len=64, recompute="none")
+    terms = layer_activation_terms(m, TrainingSetup(stack="megatron"), lay, "fused")
+    n, n_moe, k = m.n_layers, m.n_moe_layers, cfg["num_experts_per_tok"]
+    routed = sum(t.bytes for t in terms if t.name.startswith("tokens permuted"))
+    combined = sum(t.bytes for t in terms if "fc2_latent_proj input" in t.name)
+    assert routed == 64 * k * moe.experts.up_proj.shape[2] * 2 * n_moe // n
+    assert combined == 64 * moe.fc2_latent_proj.in_features * 2 * n_moe // n
