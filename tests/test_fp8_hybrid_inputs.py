@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import require
+from test_deltanet import TINY as DELTANET_TINY
 from test_hybrid import TINY as HYBRID_TINY
 
 from planner.layouts.layout import Layout
@@ -21,14 +22,28 @@ from planner.training.setup import TrainingSetup
 
 # test_hybrid's tiny Nemotron-H with every letter, q (4 x 48), d_inner (8 x 32) and h (128) made to differ
 TINY = {**HYBRID_TINY, "hybrid_override_pattern": "ME*-MEM", "head_dim": 48, "mamba_head_dim": 32}
-VARIANTS = {"plain": TINY, "latent-moe": {**TINY, "moe_latent_size": 48}}
+VARIANTS = {"plain": TINY, "latent-moe": {**TINY, "moe_latent_size": 48},
+            # test_deltanet's tiny Qwen3-Next (gated DeltaNet, gated attention, MoE with a shared
+            # expert and its sigmoid gate), one layer a dense MLP
+            "qwen3-next": {**DELTANET_TINY, "mlp_only_layers": [1]}}
+
+
+def _mixers(model):
+    """Each layer's token mixer and MLP side (NemotronHBlock: one mixer; Qwen3NextDecoderLayer: both)."""
+    for layer in model.model.layers:
+        if hasattr(layer, "mixer"):
+            yield layer.mixer
+        else:
+            yield getattr(layer, "linear_attn", None) or layer.self_attn
+            yield layer.mlp
 
 
 def _transformers_inputs(cfg: dict) -> tuple[float, float]:
     """Per token, summed over the layers of transformers' model: (inputs of the column-parallel
     side, inputs of the row-parallel side). Megatron-core 0.16.1 builds out_proj, linear_proj,
-    linear_fc2 and the experts' fc2 as row-parallel (ssm/mamba_mixer.py, transformer/attention.py,
-    transformer/mlp.py); their inputs are the tensor-parallel region's (split by tp)."""
+    linear_fc2 and the experts' fc2 as row-parallel (ssm/mamba_mixer.py, ssm/gated_delta_net.py,
+    transformer/attention.py, transformer/mlp.py); their inputs are the tensor-parallel region's
+    (split by tp)."""
     import torch
     import transformers
 
@@ -37,27 +52,35 @@ def _transformers_inputs(cfg: dict) -> tuple[float, float]:
         model = transformers.AutoModelForCausalLM.from_config(config)
     k = cfg["num_experts_per_tok"]
     col = row = 0.0
-    for layer in model.model.layers:
-        mix = layer.mixer
+    for mix in _mixers(model):
         kind = type(mix).__name__
         if kind == "NemotronHMamba2Mixer":
             col += mix.in_proj.in_features
             row += mix.out_proj.in_features
-        elif kind == "NemotronHAttention":
-            # q, k and v_proj read the same hidden_states (NemotronHAttention.forward): one tensor
+        elif kind == "Qwen3NextGatedDeltaNet":
+            # in_proj_qkvz and in_proj_ba read the same hidden_states: one tensor
+            assert mix.in_proj_qkvz.in_features == mix.in_proj_ba.in_features
+            col += mix.in_proj_qkvz.in_features
+            row += mix.out_proj.in_features
+        elif kind in ("NemotronHAttention", "Qwen3NextAttention"):
+            # q, k and v_proj read the same hidden_states (the attention's forward): one tensor
             assert mix.q_proj.in_features == mix.k_proj.in_features == mix.v_proj.in_features
             col += mix.q_proj.in_features
             row += mix.o_proj.in_features
-        elif kind == "NemotronHMLP":
-            col += mix.up_proj.in_features
+        elif kind in ("NemotronHMLP", "Qwen3NextMLP"):
+            col += mix.up_proj.in_features      # Qwen3NextMLP's gate_proj reads the same tensor
             row += mix.down_proj.in_features
         else:
-            assert kind == "NemotronHMoE", kind
-            # the routed experts' weights are (E, out, in): each token's k copies enter up_proj
-            # at its in width and down_proj at the expert width; the router, shared_experts.up_proj
-            # and fc1_latent_proj read the layer's norm output, which the 16-bit router keeps
-            col += k * mix.experts.up_proj.shape[2]
-            row += k * mix.experts.down_proj.shape[2] + mix.shared_experts.down_proj.in_features
+            assert kind in ("NemotronHMoE", "Qwen3NextSparseMoeBlock"), kind
+            # the routed experts' weights are (E, out, in): each token's k copies enter the first
+            # at its in width and down_proj at the expert width; the router, the shared expert's
+            # first projection(s), its sigmoid gate and fc1_latent_proj read the layer's norm
+            # output, which the 16-bit router keeps
+            first = getattr(mix.experts, "up_proj", None)
+            first = mix.experts.gate_up_proj if first is None else first
+            shared = getattr(mix, "shared_experts", None) or mix.shared_expert
+            col += k * first.shape[2]
+            row += k * mix.experts.down_proj.shape[2] + shared.down_proj.in_features
             if isinstance(getattr(mix, "fc2_latent_proj", None), torch.nn.Linear):    # else nn.Identity
                 row += mix.fc2_latent_proj.in_features
     return col, row
@@ -70,7 +93,7 @@ def test_saved_linear_inputs_per_kind_are_transformers_modules(name):
     cfg = VARIANTS[name]
     m = spec_from_hf_config(dict(cfg), name, "test")
     col, row = _transformers_inputs(cfg)
-    n = len(cfg["hybrid_override_pattern"])
+    n = m.n_layers      # the mean layer is one letter (a Qwen3-Next decoder layer holds two)
     split_by_sp, split_by_tp = hybrid_saved_input_widths(m)
     # the mean layer's widths, each kind weighted by its share of the layers
     assert split_by_sp == pytest.approx(col / n, rel=1e-12)
