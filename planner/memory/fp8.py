@@ -7,12 +7,16 @@ memory.shapes)."""
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
+from planner.layouts.batch import RECOMPUTES, LayoutArrays
 from planner.layouts.layout import Layout
+from planner.models.matmuls import block_matmuls, mean_block_share
 from planner.models.spec import ModelSpec
 from planner.training.finetune import block_linears
+from planner.training.layer_precision import stage_bf16_layers
 from planner.training.setup import Precision, TrainingSetup
 
 
@@ -30,7 +34,7 @@ def fp8_linears_per_block(m: ModelSpec, ep: int) -> float:
 
 
 def fp8_weight_bytes(m: ModelSpec, prec: Precision, block_params: np.ndarray, n_layers: np.ndarray,
-                     ep: np.ndarray, param_gather: bool = False) -> np.ndarray:
+                     ep: np.ndarray, param_gather: bool = False, n_bf16_layers: np.ndarray | int = 0) -> np.ndarray:
     """Persistent FP8 state of a rank's blocks: ``block_params`` (the rank's block
     parameters, after tp, pp and ep; not sharded by ZeRO, as te.Linear caches its fp8
     weights in each module) x the recipe's fp8 weight-copy bytes, plus the amax histories
@@ -39,11 +43,22 @@ def fp8_weight_bytes(m: ModelSpec, prec: Precision, block_params: np.ndarray, n_
     With ``param_gather`` (Megatron-LM --fp8-param-gather, TrainingSetup.fp8_param_gather) the
     low-precision copies replace the 16-bit weights the state holds (megatron-core
     TransformerConfig.fp8_param: "keep the parameters in fp8 precision"), so the term is the
-    copies less prec.weight_bytes per parameter (<= 0 where they take less)."""
+    copies less prec.weight_bytes per parameter (<= 0 where they take less).
+
+    ``n_bf16_layers`` of the rank's ``n_layers`` layers are kept in BF16 (TrainingSetup.bf16_layers,
+    training.layer_precision.stage_bf16_layers): they run outside the recipe's context
+    (megatron-core fp8_utils.get_fp8_context / fp4_utils.get_fp4_context give them a null
+    context), so they keep neither low-precision copies nor amax histories, and their 16-bit
+    weights stay under --fp8-param-gather: the term covers the other layers' share of
+    ``block_params``, each layer taken as the stage's mean."""
     r = prec.fp8
     if r is None:
         return np.zeros(np.broadcast_shapes(block_params.shape, ep.shape), dtype=np.int64)
     per_param = r.fp8_weight_copy_bytes - (prec.weight_bytes if param_gather else 0)
+    if np.any(n_bf16_layers):
+        low = n_layers - n_bf16_layers      # the layers the recipe runs
+        block_params = np.where(n_layers > 0, block_params * low / np.maximum(n_layers, 1), block_params)
+        n_layers = low
     copies = (block_params * per_param).astype(np.int64)
     if not r.amax_bytes_per_linear:
         return copies
@@ -64,16 +79,80 @@ def saved_input_delta_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> 
     (q wide, split by tp), the MLP input (h wide; under MoE the k routed copies, k h) and
     the down projection's input (k d_ff wide, split by tp). h-wide tensors are split by tp
     only under sequence parallelism. Full recomputation keeps only the block's input, so
-    nothing changes; first dense layers of a MoE model are counted as MoE ones."""
-    r = setup.precision_spec.fp8
-    if r is None or lay.recompute == "full":
+    nothing changes; first dense layers of a MoE model are counted as MoE ones. A hybrid's mean
+    layer (a layer pattern: Mamba, DeltaNet, attention, MoE, MLP layers) saves each letter's own
+    linear inputs, weighted by its share of the layers (hybrid_saved_input_widths)."""
+    if lay.recompute == "full":
         return 0
-    a = setup.precision_spec.activation_bytes
-    delta = r.saved_input_bytes - a
+    return int(_saved_input_delta(m, setup, lay.tokens_per_rank, lay.tp, lay.sp))
+
+
+def _saved_input_delta(m: ModelSpec, setup: TrainingSetup, tokens: Any, tp: Any, sp: Any) -> Any:
+    """saved_input_delta_bytes' figure before its recomputation check, as a float (or an array of
+    them over layouts: ``tokens``, ``tp``, ``sp`` arrays); 0 where the recipe saves no fewer bytes."""
+    r = setup.precision_spec.fp8
+    if r is None:
+        return 0
+    delta = r.saved_input_bytes - setup.precision_spec.activation_bytes
     if delta >= 0:
         return 0
-    tokens = lay.tokens_per_rank
+    h_div = np.where(sp, tp, 1)
+    if m.layer_pattern:
+        split_by_sp, split_by_tp = hybrid_saved_input_widths(m)
+        return tokens * (split_by_sp / h_div + split_by_tp / tp) * delta
     k = m.n_experts_per_token if m.is_moe else 1
-    h_div = lay.tp if lay.sp else 1
-    elems = tokens * (m.d_model / h_div + m.q_dim / lay.tp + k * m.d_model / h_div + k * m.d_ff / lay.tp)
-    return int(elems * delta)
+    return tokens * (m.d_model / h_div + m.q_dim / tp + k * m.d_model / h_div + k * m.d_ff / tp) * delta
+
+
+# GEMMs of a MoE layer that read the layer's norm output, which its router (kept in 16 bits by
+# every recipe) also saves: models.matmuls names them; the 16-bit tensor stays
+_ROUTER_HELD_INPUTS = ("shared_in", "latent_in")
+
+
+@lru_cache(maxsize=64)
+def hybrid_saved_input_widths(m: ModelSpec) -> tuple[float, float]:
+    """Elements per token of the linear inputs a hybrid's mean layer saves for backward, read off
+    its GEMMs per letter (models.matmuls.block_matmuls, each weighted by mean_block_share): (those
+    split by tp only under sequence parallelism: a column-parallel or unsplit GEMM's input; those
+    split by tp: a row-parallel GEMM's input, the other side of the tensor-parallel region).
+
+    Each GEMM keeps its input once per visit (k for the routed experts, in the latent width under
+    latent MoE); GEMMs of one kind of layer reading the same tensor (MLA's two down-projections)
+    count it once. Left out: the routers' inputs (16 bits under every recipe, as
+    fp8_linears_per_block) and the MoE layer's shared-expert and latent fc1 inputs, the norm output
+    the router keeps in 16 bits. MODELLED: Transformer Engine's linears save their quantized input
+    for the weight gradient, one per module (megatron-core 0.16.1 builds the Mamba in_proj/out_proj,
+    attention linear_qkv/linear_proj, MLP and grouped-expert fc1/fc2 from TE modules in its hybrid
+    layer specs). Not counted: the low-precision copies TE keeps of the router-held input beside the
+    16-bit one (about a d_model per MoE layer)."""
+    seen: set[tuple[str, int, int, bool, int]] = set()
+    split_by_sp = split_by_tp = 0.0
+    for mm in block_matmuls(m):
+        if mm.kind == "router" or mm.name in _ROUTER_HELD_INPUTS:
+            continue
+        row = mm.split == "row"
+        key = (mm.kind, mm.n_blocks, mm.d_in, row, mm.visits)
+        if key in seen:
+            continue
+        seen.add(key)
+        width = mm.d_in * mm.visits * mean_block_share(m, mm)
+        if row:
+            split_by_tp += width
+        else:
+            split_by_sp += width
+    return split_by_sp, split_by_tp
+
+
+def bf16_layer_input_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_len: int, stage: np.ndarray,
+                           n_layers: np.ndarray) -> np.ndarray | int:
+    """Bytes per micro-batch the layers a stage keeps in BF16 (TrainingSetup.bf16_layers,
+    training.layer_precision.stage_bf16_layers) save beyond the recipe's figure, per layout (float;
+    0 without them): they run outside the FP8/FP4 context, so their linear inputs are kept in 16
+    bits, the bytes saved_input_delta_bytes takes off a low-precision block (none under full
+    recomputation, which keeps only the block's input)."""
+    n_bf16 = stage_bf16_layers(stage, a.pp, n_layers, setup.bf16_layers)
+    if not np.any(n_bf16):
+        return 0
+    tokens = a.micro_batch * a.seq_len_per_rank(seq_len)
+    per_layer = -_saved_input_delta(m, setup, tokens, a.tp, a.sp)
+    return np.where(a.recompute == RECOMPUTES.index("full"), 0.0, n_bf16 * per_layer)
