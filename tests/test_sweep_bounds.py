@@ -23,8 +23,9 @@ from planner.hardware.gpus import get_gpu
 from planner.layouts.layout import SearchSpace
 from planner.models.spec import count_params, load_model
 from planner.search import sweep as sw
+from planner.timing.context import layout_context
 from planner.timing.efficiency import DEFAULT_EFFICIENCY
-from planner.timing.fast import layout_context, step_time_bounds, step_times, step_times_s
+from planner.timing.fast import step_time_bounds, step_times, step_times_s
 from planner.timing.model import cluster_for
 from planner.training.finetune import FinetuneSpec
 from planner.training.setup import TrainingSetup

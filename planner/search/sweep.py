@@ -30,8 +30,9 @@ from planner.memory.peak import MemoryBatch, memory_batch
 from planner.memory.shapes import memory_grad_accum
 from planner.models.spec import ModelSpec, ParamCount, count_params
 from planner.search.search import RECOMPUTE_COST, Candidate, rank_columns
+from planner.timing.context import LayoutContext, layout_context
 from planner.timing.degrees import table_setup
-from planner.timing.fast import BoundedTimes, LayoutContext, layout_context, step_time_bounds
+from planner.timing.fast import BoundedTimes, step_time_bounds
 from planner.timing.model import DEFAULT_EFFICIENCY, Efficiency
 from planner.training.setup import TrainingSetup
 
@@ -185,7 +186,7 @@ def _fastest_of(m: ModelSpec, pc: ParamCount, ns: Sequence[int], arrays: LayoutA
     if timed:
         assert batch is not None
         # the rows any cluster may fit, taken once: their groups, FLOPs and GPUs are every
-        # cluster's (timing.fast.LayoutContext)
+        # cluster's (timing.context.LayoutContext)
         place = np.zeros(len(arrays), dtype=np.int64)          # 1 for those rows, then their places
         for ks in timed.values():
             for k in ks:

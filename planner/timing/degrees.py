@@ -283,8 +283,8 @@ def degree_tables(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
                    any_hybrid: bool, etp: int = 0, ep_fold: int = 0, instances: int = 1) -> Degrees:
     """build_degrees(), or its answer for the same arguments from an earlier call
     (``degrees_key``: LayoutGroups.degrees_key; ``etp``: the batch's expert tensor-parallel
-    setting, fast.batch_etp; ``ep_fold``: whether its ep is folded, fast.batch_fold;
-    ``instances``: its distributed-optimizer instances, fast.batch_instances)."""
+    setting, context.batch_etp; ``ep_fold``: whether its ep is folded, context.batch_fold;
+    ``instances``: its distributed-optimizer instances, context.batch_instances)."""
     setup = table_setup(setup)
     key = (m, pc, setup, cluster, eff, tuple(orders), any_hybrid, degrees_key, etp, ep_fold, instances)
     hit = DEGREE_CACHE.get(key)
