@@ -16,8 +16,8 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from test_sweep_shared import _asks  # an Ask per set-up and GPU type
 
-from planner import api
 from planner.cost.plan import without_terms
 from planner.hardware.gpus import get_gpu
 from planner.layouts.layout import SearchSpace
@@ -59,18 +59,6 @@ def test_the_bound_is_below_the_whole_batchs_step_time(model, n, setup, space, g
     assert kept == step_times(m, setup, [a.layout(i, setup.seq_len) for i in picked], cluster)
 
 
-def _asks(setups, gpus, keep, host=None):
-    out = []
-    for setup in setups:
-        for g in gpus:
-            gpu = get_gpu(g)
-            cluster = cluster_for(gpu)
-            host_bytes, nvme = api.host_capacities(cluster)
-            out.append(sw.Ask(setup=setup, cluster=cluster, capacity_bytes=api.capacity_bytes(gpu, setup), keep=keep,
-                              host_capacity_bytes=host_bytes if host is None else host, nvme_capacity_bytes=nvme))
-    return out
-
-
 def _swept(monkeypatch, m, space, n, asks, prune_rows):
     monkeypatch.setattr(sw, "PRUNE_ROWS", prune_rows)
     return [without_terms(cb) for cb in sw.sweep_shared(m, space, n, 8, asks)]
@@ -95,7 +83,7 @@ def test_a_layout_over_the_hosts_memory_walks_its_segment_again(monkeypatch):
     GPU overflow the host, the walk passes its limit, and the segment is walked over all rows."""
     m = load_model("llama3.1-8b")
     setups = [TrainingSetup(offload_optimizer="cpu", global_batch=b) for b in BATCHES]
-    asks = _asks(setups, ("h100",), 1, host=200 * 10**9)
+    asks = _asks(setups, ("h100",), 1, host_bytes=200 * 10**9)
     again = []
     whole_walk = sw._timed_together
 

@@ -109,7 +109,8 @@ def test_memory_is_the_same_at_the_accumulation_memory_reads(setup):
             assert a[k] == b[k], k
 
 
-def _asks(setups, gpus, keep):
+def _asks(setups, gpus, keep, host_bytes=None):
+    """An Ask per set-up and GPU type (``host_bytes``: a node's host memory instead of the topology's)."""
     out = []
     for setup in setups:
         for g in gpus:
@@ -117,7 +118,7 @@ def _asks(setups, gpus, keep):
             cluster = cluster_for(gpu)
             host, nvme = api.host_capacities(cluster)
             out.append(sw.Ask(setup=setup, cluster=cluster, capacity_bytes=api.capacity_bytes(gpu, setup), keep=keep,
-                              host_capacity_bytes=host, nvme_capacity_bytes=nvme))
+                              host_capacity_bytes=host if host_bytes is None else host_bytes, nvme_capacity_bytes=nvme))
     return out
 
 
