@@ -185,24 +185,32 @@ def _fastest_of(m: ModelSpec, pc: ParamCount, ns: Sequence[int], arrays: LayoutA
         timed.setdefault((ask.cluster, ask.eff), []).append(k)
     if timed:
         assert batch is not None
-        # the rows any cluster may fit, taken once: their groups, FLOPs and GPUs are every
-        # cluster's (timing.context.LayoutContext)
-        place = np.zeros(len(arrays), dtype=np.int64)          # 1 for those rows, then their places
-        for ks in timed.values():
-            for k in ks:
-                place[fits[k]] = 1
-        union = np.flatnonzero(place)
-        if 4 * len(union) >= 3 * len(arrays):      # most rows: all of them, not a copy (the others add shapes)
-            union = place = np.arange(len(arrays))
-            arrays_u = arrays
-        else:
-            place[union] = np.arange(len(union))
-            arrays_u = arrays.take(union)
-        context = layout_context(m, segments[next(iter(timed.values()))[0]][0].setup, arrays_u, pc)
-        for (cluster, eff), ks in timed.items():
+        setup = segments[next(iter(timed.values()))[0]][0].setup
+        fitting = {key: sum(len(fits[k]) for k in ks) for key, ks in timed.items()}
+        # clusters that fit half the layouts or more, two or more of them, or one that fits
+        # three quarters: timed from one context of every layout, not a copy (their groups, FLOPs
+        # and GPUs are every cluster's, timing.context.LayoutContext; the rows none fits add
+        # shapes only); any other from one of the rows it may fit (a GPU type with little memory
+        # fits few: buy16-largest's 23 types)
+        share = [key for key, f in fitting.items() if 2 * f >= len(arrays)]
+        if len(share) < 2:
+            share = [key for key in share if 4 * fitting[key] >= 3 * len(arrays)]
+        whole = layout_context(m, setup, arrays, pc) if share else None
+        every = np.arange(len(arrays))
+        for key, ks in timed.items():
+            if whole is not None and key in share:
+                context, union, local = whole, every, [fits[k] for k in ks]
+            else:
+                place = np.zeros(len(arrays), dtype=np.int64)      # 1 for its rows, then their places
+                for k in ks:
+                    place[fits[k]] = 1
+                union = np.flatnonzero(place)
+                place[union] = np.arange(len(union))
+                context = layout_context(m, setup, arrays if len(union) == len(arrays) else arrays.take(union), pc)
+                local = [place[fits[k]] for k in ks]
+            cluster, eff = key
             for k, cb in zip(ks, _timed_together([ns[k] for k in ks], context, union, batch, [segments[k] for k in ks],
-                                                 [place[fits[k]] for k in ks], cluster, eff,
-                                                 keep_terms)):
+                                                 local, cluster, eff, keep_terms)):
                 out[k] = cb
     assert all(cb is not None for cb in out)
     return out  # type: ignore[return-value]
@@ -230,9 +238,10 @@ def _timed_together(ns: Sequence[int], context: LayoutContext, union: np.ndarray
     may_fit = np.concatenate(fits) if len(fits) > 1 else fits[0]
     headroom = np.concatenate([ask.capacity_bytes - batch.total[union[f]] for (ask, _, _), f in zip(segments, fits)])
     starts: list[int] = np.cumsum([0] + [len(f) for f in fits]).tolist()
-    bounds = step_time_bounds(context, cluster, eff)
+    pruned = prune and len(may_fit) >= PRUNE_ROWS
+    bounds = step_time_bounds(context, cluster, eff, bounded=pruned)
     limit = None
-    if prune and len(may_fit) >= PRUNE_ROWS:
+    if pruned:
         limit = _limits(bounds, may_fit, starts, [ask.keep for ask, _, _ in segments])
         seg = np.repeat(np.arange(len(segments)), np.diff(starts))
         within = np.flatnonzero(~(bounds.lower_s(may_fit) > limit[seg]))       # (a NaN bound is kept)
@@ -241,8 +250,8 @@ def _timed_together(ns: Sequence[int], context: LayoutContext, union: np.ndarray
             starts = np.searchsorted(within, starts).tolist()
         else:
             limit = None
-    walked = context.a if len(may_fit) == len(context.a) and np.array_equal(may_fit, np.arange(len(context.a))) \
-        else context.a.take(may_fit)
+    whole = len(may_fit) == len(context.a) and np.array_equal(may_fit, np.arange(len(context.a)))
+    walked = context.a if whole else context.a.take(may_fit)
     at_batch = union[may_fit]           # the rows' memory in the batch
     best: list[list[Candidate]] = [[] for _ in segments]
     best_s: list[list[float]] = [[] for _ in segments]
@@ -278,7 +287,7 @@ def _timed_together(ns: Sequence[int], context: LayoutContext, union: np.ndarray
 
     # every fitting layout timed as one batch (or those within their limit), and the StepTime
     # of the kept ones read off it
-    times, kept_times = bounds.picked(may_fit, keep_fastest)
+    times, kept_times = bounds.picked(None if whole else may_fit, keep_fastest)
     if limit is not None and bool((times < bounds.lower_s(may_fit)).any()):
         raise AssertionError("a step time below its lower bound (timing.fast.BoundedTimes)")
     out, at = [], 0

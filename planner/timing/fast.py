@@ -349,12 +349,13 @@ def _restricted(p: _Pipelines, rows: np.ndarray) -> _Pipelines:
 
 
 def step_time_bounds(c: LayoutContext, cluster: Cluster, eff: Efficiency,
-                     orders: Sequence[tuple[str, ...]] = PLACEMENT_ORDERS) -> BoundedTimes:
+                     orders: Sequence[tuple[str, ...]] = PLACEMENT_ORDERS, bounded: bool = True) -> BoundedTimes:
     """The BoundedTimes of the layouts of ``c`` (not empty) on ``cluster``. The bound is worked
     out once per pipeline shape, whose layouts share their pipeline, sequences per step (the
-    micro-batch, the accumulation and dp) and GPUs, so it is their bound to the bit."""
+    micro-batch, the accumulation and dp) and GPUs, so it is their bound to the bit; without
+    ``bounded`` it is -inf (a caller that times every layout)."""
     p = _pipelines(c.m, c.setup, c.a, cluster, eff, c.pc, orders, None, c)
-    if eff.overlap_slowdown >= 0.0 and eff.step_time_factor > 0.0:
+    if bounded and eff.overlap_slowdown >= 0.0 and eff.step_time_factor > 0.0:
         rep = c.g.p_rep
         lower = _fastest(floored_s(p.pipeline, p.flops[0][rep], p.n_gpus[rep], p.peak, p.ceiling, eff))
     else:
