@@ -13,6 +13,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from planner.layouts.distinct import Unsupported as Unsupported  # (where the batched models raise it)
+from planner.layouts.distinct import group
 from planner.layouts.layout import (
     AXIS_NAMES,
     SHARDINGS,
@@ -38,10 +40,6 @@ from planner.models.spec import ModelSpec
 from planner.training.setup import TrainingSetup
 
 RECOMPUTES = ("none", "selective", "full")
-
-
-class Unsupported(Exception):
-    """The set-up or the numbers are outside what the batched models cover."""
 
 
 def at_least_one_instance(x: Any) -> Any:
@@ -123,10 +121,10 @@ class LayoutArrays:
         rows = np.flatnonzero((self.sharding == SHARDINGS.index("fsdp-hybrid")) & (inst <= 1))
         if not len(rows):
             return out
-        keys = np.stack([self.dense_shard_degree[rows], self.tp[rows]], axis=1)
-        uniq, inv = np.unique(keys, axis=0, return_inverse=True)
-        degs = [hybrid_shard_ranks(d_all, t, gpus_per_node) for d_all, t in uniq.tolist()]
-        out[rows] = np.array(degs, dtype=np.int64)[inv.reshape(-1)]
+        keys = (self.dense_shard_degree[rows], self.tp[rows])
+        inv, first = group(keys)
+        degs = [hybrid_shard_ranks(d_all, t, gpus_per_node) for d_all, t in zip(*(k[first].tolist() for k in keys))]
+        out[rows] = np.array(degs, dtype=np.int64)[inv]
         return out
 
     def hybrid_replicate(self, gpus_per_node: int) -> np.ndarray:

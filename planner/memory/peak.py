@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from planner.layouts.batch import RECOMPUTES, LayoutArrays
+from planner.layouts.groups import group
 from planner.layouts.layout import SHARDINGS
 from planner.limits import saturated_bytes
 from planner.memory import shapes as sh
@@ -383,7 +384,7 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     pc = pc or count_params(m)
     seq = setup.seq_len if seq_len is None else seq_len
     n = len(a)
-    inv, first = sh.group([a.field(f) for f in STATE_FIELDS]) if n else (np.zeros(0, np.int64),) * 2
+    inv, first = group([a.field(f) for f in STATE_FIELDS])
     s = _kept_state_terms(m, setup, LayoutArrays(*(a.field(f)[first] for f in LayoutArrays.FIELDS)), pc,
                           gpus_per_node)
     t = step_terms(m, setup, a, seq, s, inv)
