@@ -267,9 +267,10 @@ def test_state_terms_read_only_the_state_fields(name: str) -> None:
         if not len(a):      # (torchtitan's stack runs no MoE model here)
             continue
         checked += 1
-        inv, first = group([a.field(f) for f in peak.STATE_FIELDS])
-        last = np.zeros_like(first)
-        last[inv] = np.arange(len(inv))                   # the last write of a repeated index stands
+        inv, rep = group([a.field(f) for f in peak.STATE_FIELDS])
+        first, last = np.full_like(rep, len(inv)), np.zeros_like(rep)
+        np.minimum.at(first, inv, np.arange(len(inv)))
+        np.maximum.at(last, inv, np.arange(len(inv)))
         differs = sum(int((a.field(f)[first] != a.field(f)[last]).any())
                       for f in ("micro_batch", "grad_accum", "vp", "recompute"))
         assert differs, "each state's first and last layouts alike: the comparison would check nothing"

@@ -38,8 +38,9 @@ _KEY_LIMIT = 2**62      # a packed key's range stays below this (int64, with roo
 
 def group(columns: Sequence[np.ndarray], bounds: Sequence[tuple[int, int | None] | None] | None = None
           ) -> tuple[np.ndarray, np.ndarray]:
-    """(inverse, first): the group of each row by its values in ``columns`` (integer or
-    bool arrays of equal length), and the first row of each group. Groups are numbered in
+    """(inverse, representatives): the group of each row by its values in ``columns`` (integer
+    or bool arrays of equal length), and a row of each group (its first or its last: every row
+    of a group holds its values, all a caller reads there). Groups are numbered in
     increasing order of the rows read from the LAST column to the first (the last column
     most significant: np.unique(np.stack(columns[::-1], axis=1), axis=0)'s order). The one
     answer to "the distinct rows of these columns, and ids back" of the batched models
@@ -104,16 +105,16 @@ def group(columns: Sequence[np.ndarray], bounds: Sequence[tuple[int, int | None]
 
 def group_packed(key: np.ndarray, span: int) -> tuple[np.ndarray, np.ndarray]:
     """group() of one column already packed into 0 <= key < span, for a span small
-    enough for a lookup table: (inverse, first), in increasing key order. One pass writes
-    each row's number into the table at its key, from the last row to the first (the first
-    row of a group is written last and stands), which marks the keys present and gives
-    each group's first row; the table then numbers the groups."""
+    enough for a lookup table: (inverse, representatives), in increasing key order. One
+    pass writes each row's number into the table at its key (the last row of a group is
+    written last and stands: writing from the first row down costs a fifth more), which marks
+    the keys present and gives the representatives; the table then numbers the groups."""
     table = np.full(span, -1, dtype=np.int64)
-    table[key[::-1]] = arange(len(key))[::-1]
+    table[key] = arange(len(key))
     present = np.flatnonzero(table >= 0)
-    first = table[present]
+    rep = table[present]
     table[present] = arange(len(present))
-    return table[key], first
+    return table[key], rep
 
 
 _ARANGE = np.arange(0)
