@@ -72,6 +72,11 @@ class LayoutArrays:
 
     FIELDS: ClassVar[tuple[str, ...]] = ()      # every field, in the dataclass's order (set below)
 
+    @property
+    def folds(self) -> np.ndarray | int:
+        """ep_fold per layout, or 0 for all where not given (no array of zeros built)."""
+        return 0 if self.ep_fold is None else self.ep_fold
+
     def seq_len_per_rank(self, seq_len: int) -> np.ndarray:
         """The sequence positions one rank holds per layout (layout.seq_len_per_rank)."""
         return seq_len_per_rank(seq_len, self.cp)
@@ -79,17 +84,17 @@ class LayoutArrays:
     @property
     def data_parallel(self) -> np.ndarray:
         """Megatron's data-parallel size (Layout.data_parallel)."""
-        return data_parallel_size(self.dp, self.ep, self.field("ep_fold"))
+        return data_parallel_size(self.dp, self.ep, self.folds)
 
     @property
     def dense_shard_degree(self) -> np.ndarray:
         """Ranks that hold replicas of a dense weight (Layout.dense_shard_degree)."""
-        return dense_shard_size(self.dp, self.cp, self.ep, self.field("ep_fold"))
+        return dense_shard_size(self.dp, self.cp, self.ep, self.folds)
 
     @property
     def expert_shard_degree(self) -> np.ndarray:
         """The expert data-parallel group (Layout.expert_shard_degree)."""
-        return expert_data_parallel_size(self.dp, self.tp, self.cp, self.ep, self.expert_tp, self.field("ep_fold"))
+        return expert_data_parallel_size(self.dp, self.tp, self.cp, self.ep, self.expert_tp, self.folds)
 
     @property
     def model_parallel(self) -> np.ndarray:
@@ -98,7 +103,7 @@ class LayoutArrays:
 
     @property
     def n_gpus(self) -> np.ndarray:
-        return world_size(self.dp, self.tp, self.pp, self.cp, self.ep, self.field("ep_fold"))
+        return world_size(self.dp, self.tp, self.pp, self.cp, self.ep, self.folds)
 
     @property
     def expert_tp(self) -> np.ndarray:
@@ -225,13 +230,23 @@ def _cells(view: RuleView, shape: tuple[int, ...], at_cells: tuple[np.ndarray, .
         at_cells = tuple(c[:-(-limit // per)] for c in at_cells)
     n = len(at_cells[0]) * per
 
+    repeated: dict[int, np.ndarray] = {}     # axis -> the cells' index along it, repeated per mode
+
     def at(x: np.ndarray) -> np.ndarray:
         """x broadcast over the grid, at the cells, each repeated per recomputation mode:
         indexed along its own axes only (along all five and the modes', 428,334 layouts of 128
-        batches took 14 ms a field)."""
+        batches took 14 ms a field). A field along one axis (the degrees, sharding, vp,
+        micro-batch) is taken at that axis's repeated index, shared by the fields (issue 32:
+        half the time of indexing and repeating each)."""
         x = np.asarray(x).reshape((1,) * (len(shape) - np.ndim(x)) + np.shape(x))
         if x.size == 1:
             return np.full(n, x.reshape(()), dtype=x.dtype)[:limit]
+        axes = [i for i, d in enumerate(x.shape) if d > 1]
+        if len(axes) == 1:
+            (axis,) = axes
+            if axis not in repeated:
+                repeated[axis] = np.repeat(at_cells[axis], per)[:limit]
+            return x.reshape(-1).take(repeated[axis])
         return np.repeat(x[tuple(c if d > 1 else 0 for c, d in zip(at_cells, x.shape))], per)[:limit]
 
     degrees: dict[str, Any] = {a: at(getattr(view, a)) for a in AXIS_NAMES}
