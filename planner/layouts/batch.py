@@ -254,8 +254,16 @@ def _cells(view: RuleView, shape: tuple[int, ...], at_cells: tuple[np.ndarray, .
     return LayoutArrays(**degrees, zero_stage=at(view.zero_stage), sharding=at(view.sharding), sp=at(view.sp),
                         vp=at(view.vp), micro_batch=at(view.micro_batch), grad_accum=at(view.grad_accum),
                         recompute=np.tile(np.array(rcs, dtype=np.int64), len(at_cells[0]))[:limit],
-                        etp=np.full(k, int(view.etp), dtype=np.int64),
-                        optimizer_instances=np.full(k, int(view.optimizer_instances), dtype=np.int64))
+                        etp=_constant(k, int(view.etp), 0),
+                        optimizer_instances=_constant(k, int(view.optimizer_instances), 1))
+
+
+def _constant(n: int, value: int, unset: int) -> np.ndarray | None:
+    """A field of one value over ``n`` layouts: None (not given) where the value means what an
+    absent field means (etp 0: tp; one distributed-optimizer instance), which every reader of
+    the field takes as that value (LayoutArrays.field, expert_tp, instances) and take() and the
+    groups pass over no array of it; else the array."""
+    return None if value <= unset else np.full(n, value, dtype=np.int64)
 
 
 def _grid_shape(view: RuleView, shapes: list[DegreeShape], vps: list[int]) -> tuple[int, ...]:
