@@ -107,13 +107,24 @@ def group_packed(key: np.ndarray, span: int) -> tuple[np.ndarray, np.ndarray]:
     """group() of one column already packed into 0 <= key < span, for a span small
     enough for a lookup table: (inverse, representatives), in increasing key order. One
     pass writes each row's number into the table at its key (the last row of a group is
-    written last and stands: writing from the first row down costs a fifth more), which marks
-    the keys present and gives the representatives; the table then numbers the groups."""
-    table = np.full(span, -1, dtype=np.int64)
-    table[key] = arange(len(key))
-    present = np.flatnonzero(table >= 0)
-    rep = table[present]
-    table[present] = arange(len(present))
+    written last and stands), which gives the representatives; the table then numbers the
+    groups. The keys present are marked in the table itself (initialised to -1) or, where the
+    table is more than twice as long as the column (a few thousand layouts against the
+    smallest table, 65,536 entries: most calls of the 256-job `plan buy`), in a table of
+    bools, which spares filling and reading the long table (44 -> 19 us at 3,000 rows)."""
+    n = len(key)
+    if span > 2 * n:
+        present = np.zeros(span, dtype=bool)
+        present[key] = True
+        keys = np.flatnonzero(present)
+        table = np.empty(span, dtype=np.int64)
+        table[key] = arange(n)
+    else:
+        table = np.full(span, -1, dtype=np.int64)
+        table[key] = arange(n)
+        keys = np.flatnonzero(table >= 0)
+    rep = table[keys]
+    table[keys] = arange(len(keys))
     return table[key], rep
 
 
