@@ -266,7 +266,7 @@ def _kept_state_terms(m: ModelSpec, setup: TrainingSetup, sa: LayoutArrays, pc: 
     if len(sa) > KEPT_STATES:
         return state_terms(m, setup, sa, pc, gpus_per_node)
     key = (m, block_table_setup(setup), pc, gpus_per_node, len(sa),
-           *(sa.field(f).astype(np.int64).tobytes() for f in STATE_FIELDS))
+           *(sa.field(f).astype(np.int64, copy=False).tobytes() for f in STATE_FIELDS))
     hit = _KEPT.get(key)
     if hit is not None:
         return hit[0]
@@ -385,7 +385,7 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     seq = setup.seq_len if seq_len is None else seq_len
     n = len(a)
     inv, first = group([a.field(f) for f in STATE_FIELDS])
-    s = _kept_state_terms(m, setup, LayoutArrays(*(a.field(f)[first] for f in LayoutArrays.FIELDS)), pc,
+    s = _kept_state_terms(m, setup, a.take(first), pc,
                           gpus_per_node)
     t = step_terms(m, setup, a, seq, s, inv)
 

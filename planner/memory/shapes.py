@@ -303,8 +303,11 @@ def memory_grad_accum(a: LayoutArrays, setup: TrainingSetup) -> np.ndarray:
     the schedule is read (tests/test_sweep_shared.py checks every term of both)."""
     ga = a.grad_accum
     group = setup.pp_microbatch_group
+    saturated = np.minimum(ga, np.maximum(a.pp, 2))
+    if setup.pp_balance == "none" and group <= 0:      # no layout reads the exact schedule
+        return saturated
     exact = (a.vp > 1) & (a.pp > 1) & ((setup.pp_balance != "none") | ((group > 0) & (a.pp != group)))
-    return np.where(exact, ga, np.minimum(ga, np.maximum(a.pp, 2)))
+    return np.where(exact, ga, saturated)
 
 
 def in_flight_microbatches(a: LayoutArrays, stage: np.ndarray, n_layers: int = 0, balance: str = "none",
