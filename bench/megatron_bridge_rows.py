@@ -182,6 +182,7 @@ def args_of(row: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
         args += ["--precision", "fp8", "--fp8-recipe", "mxfp8", "--fp8-param-gather"]
     elif prec == "NVFP4":
         args += ["--precision", "nvfp4"]
+        args += bf16_layers_of(s["model"])
     else:
         args += ["--precision", "bf16-mixed"]
     # recomputation
@@ -239,6 +240,25 @@ def args_of(row: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
     elif s["task"] == "sft":
         approx.append("SFT on packed sequences planned as full training")
     return tuple(args), tuple(approx)
+
+
+# Layers each row's precision recipe keeps in BF16 (megatron-core's first_last_layers_bf16, planned
+# as --bf16-layers START,END; Megatron-Bridge src/megatron/bridge/training/mixed_precision.py):
+# the Nemotron 3 Super NVFP4 perf recipes take nemotron_3_super_bf16_with_nvfp4_mixed
+# (first_last_layers_bf16 True, num_layers_at_end_in_bf16 14, the start left at the config's 0:
+# the last 14 of 88 layers), in perf_recipes/nemotronh (_nemotron_3_super_precision, at the corpus's
+# commit 020041f) and in scripts/performance/configs/nemotronh/nemotron_3_llm_pretrain.py
+# (set_nemotron_3_super_common_configs) of the 26.x releases; the Llama NVFP4 recipes take
+# bf16_with_nvfp4_mixed (none kept); the FP8 current-scaling perf precision turns them off
+# (perf_recipes/_common.py and scripts/performance/utils/precision.py: get_precision_config("fp8_cs")
+# sets first_last_layers_bf16 = False); bf16_with_mxfp8_mixed keeps none.
+BF16_LAYERS_NVFP4 = {"Nemotron_3_Super": (0, 14)}
+
+
+def bf16_layers_of(model: str) -> list[str]:
+    """--bf16-layers for an NVFP4 row of ``model``, as its recipe keeps them (BF16_LAYERS_NVFP4), or []."""
+    kept = BF16_LAYERS_NVFP4.get(model.split(" (")[0])
+    return ["--bf16-layers", f"{kept[0]},{kept[1]}"] if kept else []
 
 
 def _says_no_recompute(notes: str) -> bool:

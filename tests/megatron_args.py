@@ -114,6 +114,9 @@ ARGUMENTS: dict[str, object] = {
     # cpu_offloading_num_layers; TransformerConfig mtp_num_layers (megatron-core 0.16.1)
     "--fp8-param-gather": FLAG, "--fp4-format": ["e2m1"], "--fp4-recipe": ["nvfp4", "custom"],
     "--cpu-offloading": FLAG, "--cpu-offloading-num-layers": int, "--mtp-num-layers": int,
+    # TransformerConfig first_last_layers_bf16 (bool), num_layers_at_start_in_bf16 and
+    # num_layers_at_end_in_bf16 (int) (megatron-core 0.16.1 transformer_config.py)
+    "--first-last-layers-bf16": FLAG, "--num-layers-at-start-in-bf16": int, "--num-layers-at-end-in-bf16": int,
     # TransformerConfig recompute_modules (nargs '+', megatron-core 0.16.1) and moe_grouped_gemm
     "--moe-grouped-gemm": FLAG,
     "--recompute-modules": Many(("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",

@@ -294,3 +294,30 @@ def test_dp_given_as_megatron_s_data_parallel_size_is_answered_with_the_way_out(
                                    "--tp", "2", "--pp", "8", "--ep", "32", "--etp", "1"], prog_name="plan")
     assert res.exit_code == 2 and "Traceback" not in res.output
     assert "drop --dp 16 to fold ep over tp x cp x dp" in res.output
+
+
+SUPER = ["--model", "nemotron-3-super", "--gpus", "gb200", "--stack", "megatron", "--n-gpus", "64", "--tp", "2",
+         "--ep", "64", "--etp", "1", "--seq-len", "8192", "--global-batch", "512", "--precision", "nvfp4", "--json"]
+
+
+def test_a_published_folded_layout_is_found_with_the_pipeline_left_open():
+    """Megatron-Bridge trained Nemotron 3 Super on 64 GB200 at TP 2, PP 1, EP 64, GBS 512, sequence 8192, NVFP4
+    (tests/data/megatron_bridge_runs.json, mbridge-26.08-nemotron-3-super-gb200-nvfp4-64gpu): ep 64 folded over
+    tp 2 x dp 32. Given its tp and ep with --pp left open, the search walks the folded shapes too
+    (layouts.layout.folded_shapes); before, a fold was searched only with --tp, --pp and --ep all given, and this
+    was answered "no layout fits on 64 x gb200, it fits from 128"."""
+    res = CliRunner().invoke(cli, SUPER, prog_name="plan")
+    assert res.exit_code == 0, res.output
+    found = json.loads(res.output)["plan"]
+    lay = found["layout"]
+    assert found["fits"] and lay["ep_fold"] and (lay["tp"], lay["ep"], lay["etp"]) == (2, 64, 1)
+    assert lay["dp"] * lay["tp"] * lay["pp"] == 64
+    # the search's choice planned with every degree given scores the same
+    fixed = SUPER + ["--pp", str(lay["pp"]), "--micro-batch", str(lay["micro_batch"]), "--recompute",
+                     lay["recompute"], "--vp", str(lay["vp"])]
+    fixed += ["--zero", str(lay["zero_stage"])] if lay["sharding"] == "zero" else ["--fsdp", lay["sharding"][5:]]
+    res = CliRunner().invoke(cli, fixed, prog_name="plan")
+    assert res.exit_code == 0, res.output
+    again = json.loads(res.output)["plan"]
+    assert again["memory_bytes"] == found["memory_bytes"]
+    assert again["step_time_s"] == pytest.approx(found["step_time_s"], rel=1e-12)

@@ -6,8 +6,8 @@ quickest), under accelerate's own launcher
 with the written accelerate_config.yaml (--cpu and --mixed_precision no are the only
 overrides; on a CPU accelerate runs FSDP's config in one process, so this checks the script
 and the config's loading, not the sharding), and under DeepSpeed
-with the written ds_config.json (one process; DeepSpeed builds its CPU communication op the
-first time, about two minutes on a 2-core machine). All three are marked `slow` (the
+with the written ds_config.json (one process; DeepSpeed JIT-builds two C++ ops the first time,
+about 150 s of CPU on a 2-core machine: ds_extensions_dir keeps them between runs). All three are marked `slow` (the
 launcher runs take 30-40 s each on a loaded 2-core machine, the plain one 5-15 s; the fast
 tier parses one plan's train.py arguments, tests/test_emit_examples.py). The referee is the stacks' own
 code running the script: a step that does not run fails the test.
@@ -15,11 +15,13 @@ code running the script: a step that does not run fails the test.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from click.testing import CliRunner
@@ -75,11 +77,38 @@ def test_hf_train_script_runs_two_steps_under_accelerate_launch(tmp_path):
     trains_two_steps(cmd, tmp_path)
 
 
+def ds_extensions_dir(deepspeed: ModuleType, torch_version: str) -> str:
+    """Where DeepSpeed's JIT-built ops (torch.utils.cpp_extension.load, through its op builders)
+    are kept for this test: the user's TORCH_EXTENSIONS_DIR where set, else a folder of the
+    user's cache keyed by this DeepSpeed installation (its folder and version), torch's version
+    and Python's.
+
+    Why: on the CPU accelerator the script builds two ops, deepspeed_shm_comm (the CPU
+    communication op, deepspeed/comm/torch.py build_shm_op, at init_distributed) and fused_adam
+    (FusedAdam, which DeepSpeed's engine picks for the config's AdamW: runtime/engine.py
+    get_optimizer_configuration; its CPU builder compiles csrc/cpu/adam/fused_adam.cpp and
+    csrc/adam/cpu_adam_impl.cpp), about 150 s of CPU in all. torch keeps them in one folder per
+    Python and device (~/.cache/torch_extensions/py311_cpu) whatever the installation, and its
+    build.ninja names each source and include path absolutely: a run from another virtual
+    environment rewrites build.ninja, ninja sees new commands and builds both ops again, and the
+    next run from the first environment builds them once more. Keyed by the installation, each
+    environment builds once and later runs load the built ops (ninja finds nothing to do)."""
+    own = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if own:
+        return own
+    key = "|".join((os.path.dirname(os.path.abspath(str(deepspeed.__file__))), str(deepspeed.__version__),
+                    torch_version, sys.version))
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return str(cache / "torch_extensions" / f"planner-tests-{hashlib.sha256(key.encode()).hexdigest()[:12]}")
+
+
 @pytest.mark.slow
 def test_deepspeed_train_script_runs_two_steps_with_the_written_config(tmp_path):
-    require("deepspeed")
+    deepspeed = require("deepspeed")
     require("transformers")
+    torch = require("torch")
     out = write_plan(tmp_path, "--n-gpus", "1", "--stack", "deepspeed", "--zero", "0")
     cmd = [sys.executable, str(out / "train.py"), "--deepspeed", "--deepspeed_config", str(out / "ds_config.json"),
            "--steps", "2"]
-    trains_two_steps(cmd, tmp_path, {**ENV, "MASTER_PORT": "29532"}, timeout_s=420)
+    env = {**ENV, "MASTER_PORT": "29532", "TORCH_EXTENSIONS_DIR": ds_extensions_dir(deepspeed, torch.__version__)}
+    trains_two_steps(cmd, tmp_path, env, timeout_s=420)

@@ -27,7 +27,7 @@ TOPICS: dict[str, tuple[str, tuple[str, ...]]] = {
                  "--recompute-method", "--recompute-num-layers", "--recompute-modules", "--ds-checkpointing",
                  "--offload-activations", "--pp-microbatch-group")),
     "training": ("precision, optimizer, kernels, memory allowances",
-                 ("--stack", "--compile", "--precision", "--fp8-recipe", "--fp8-param-gather", "--mtp",
+                 ("--stack", "--compile", "--precision", "--fp8-recipe", "--fp8-param-gather", "--bf16-layers", "--mtp",
                   "--moe-imbalance", "--optimizer", "--cross-entropy",
                   "--moe-a2a-overlap", "--cuda-graphs", "--fp8-attention", "--moe-dispatcher",
                   "--attention", "--kernels", "--fragmentation", "--usable-memory", "--fit-confidence",

@@ -83,6 +83,7 @@ class Options:
     precision: str = _S.precision
     fp8_recipe: str = "auto"          # the --stack's recipe (training.fp8.resolve_recipe)
     fp8_param_gather: bool = _S.fp8_param_gather
+    bf16_layers: tuple[int, int] = _S.bf16_layers   # Megatron-Core's first/last layers in BF16 (START, END)
     moe_imbalance: float = _S.moe_imbalance
     optimizer: str = _S.optimizer
     attention: str = _S.attention

@@ -159,7 +159,7 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
     setup = TrainingSetup(seq_len=o.seq_len, global_batch=global_batch or DEFAULT_SETUP.global_batch,
                           precision=o.precision, optimizer=o.optimizer,
                           fp8_recipe=resolve_recipe(o.fp8_recipe, o.stack), moe_imbalance=o.moe_imbalance,
-                          fp8_param_gather=o.fp8_param_gather,
+                          fp8_param_gather=o.fp8_param_gather, bf16_layers=o.bf16_layers,
                           attention=o.attention, kernels=o.kernels, stack=o.stack or "auto",
                           fsdp_pipeline_grad_sync=o.fsdp_pipeline_grad_sync, pp_balance=o.pp_balance,
                           pp_microbatch_group=o.pp_microbatch_group, cross_entropy=o.cross_entropy,

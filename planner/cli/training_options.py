@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from planner.cli.options import Decorator, apply_options, default_of
-from planner.cli.types import FiniteFloatRange
+from planner.cli.types import FiniteFloatRange, LayerPair
 from planner.training.checks import MAX_MOE_IMBALANCE, MIN_USABLE_MEMORY
 from planner.training.fp8 import FP8_RECIPE_CHOICES
 from planner.training.moe_runtime import A2A_OVERLAPS, CUDA_GRAPHS, DISPATCHERS
@@ -91,6 +91,10 @@ def setup_options() -> list[Decorator]:
         click.option("--fp8-param-gather", is_flag=True, default=default_of("fp8_param_gather"),
                      help="--stack megatron, --precision fp8: keep the blocks' linear weights in FP8 only, no "
                           "16-bit copy (Megatron-LM --fp8-param-gather; Megatron-Bridge's FP8 recipes set it)."),
+        click.option("--bf16-layers", type=LayerPair(), default=default_of("bf16_layers"), metavar="START,END",
+                     help="Under --precision fp8 or nvfp4: keep the first START and the last END layers in BF16 "
+                          "(their GEMMs at the BF16 rate, no casts, no low-precision weight copy; Megatron-Core's "
+                          "first_last_layers_bf16; Nemotron 3 Super's NVFP4 recipe: 0,14)  [default: 0,0: none]."),
         click.option("--moe-imbalance", type=FiniteFloatRange(1.0, MAX_MOE_IMBALANCE),
                      default=default_of("moe_imbalance"), show_default=True,
                      help="MoE routing: tokens the most loaded expert-parallel rank receives over its balanced "

@@ -31,6 +31,22 @@ class FiniteFloatRange(click.FloatRange):
         return out
 
 
+class LayerPair(click.ParamType):
+    """Two whole numbers of layers, START,END (--bf16-layers 0,14): each 0 to 4096."""
+
+    name = "START,END"
+    UPPER = 4096
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> tuple[int, int]:
+        if isinstance(value, tuple):
+            return value
+        parts = str(value).replace(" ", "").split(",")
+        if len(parts) != 2 or not all(p.isdigit() and len(p) <= 4 and int(p) <= self.UPPER for p in parts):
+            self.fail(f"{value!r} is not START,END: two whole numbers of layers from 0 to {self.UPPER} "
+                      "(e.g. 0,14 for the last 14; 1,1 for the first and the last)", param, ctx)
+        return int(parts[0]), int(parts[1])
+
+
 class ScaledNumber(click.ParamType):
     """A positive number with an optional suffix (SUFFIXES), between LOWER (inclusive) and
     UPPER (exclusive); subclasses name it and say what a good value looks like."""

@@ -1,12 +1,13 @@
-"""Silence what solver libraries print from C while they run (planner.cost.solve), so that
-`plan buy --json` stays one JSON object."""
+"""What runs around a solver library while it solves (planner.cost.solve): what it prints from
+C silenced, so that `plan buy --json` stays one JSON object; a limit on the CPU time it spends."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 
 @contextlib.contextmanager
@@ -45,3 +46,26 @@ def solver_output_silenced() -> Iterator[None]:
             os.close(copy)
         if 0 <= devnull <= 2:
             os.close(devnull)           # closed before, closed again
+
+# HiGHS's model status where a time limit ended a solve -> that limit, as cost.solve's
+# SolverInfo.stopped_by says it (kInterrupt: only cpu_time_interrupt interrupts)
+STOPPED_BY = {"kInterrupt": "CPU-time limit", "kTimeLimit": "wall-clock limit"}
+
+
+def cpu_time_interrupt(limit_s: float) -> Callable[..., None]:
+    """HiGHS's interrupt callback (kCallbackMipInterrupt, highspy's signature: type, message,
+    data out, data in, user data) that stops a MIP once this process has spent ``limit_s``
+    seconds of CPU time (time.process_time) since this call: HiGHS's own time_limit counts wall
+    time, which a loaded machine stretches, so a solve stopped by it answers by the load.
+
+    HiGHS asks at its limit checks (each node, the root's cut rounds and sub-MIPs), up to
+    seconds apart in a costly root (issue 32, b39h: 66 calls in 16 s), so it stops that much
+    after the limit at most. A stop is HiGHS's status kInterrupt (cost.solve reads it as this
+    limit's)."""
+    start_s = time.process_time()
+
+    def interrupt(_type: int, _message: str, _out: object, data_in: object, _user: object) -> None:
+        if time.process_time() - start_s > limit_s:
+            data_in.user_interrupt = True  # type: ignore[attr-defined]
+
+    return interrupt

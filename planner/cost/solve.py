@@ -33,26 +33,25 @@ from planner.cost.purchase import capacity_checks, dominated_pools, fewest_check
 from planner.cost.purchase import nodes_needed as nodes_needed
 from planner.cost.purchase import shorter_run_may_help as shorter_run_may_help
 from planner.cost.purchase import undominated as undominated
-from planner.cost.quiet import solver_output_silenced
+from planner.cost.quiet import STOPPED_BY, cpu_time_interrupt, solver_output_silenced
 from planner.errors import UserError
 
 SOLVERS = ("auto", "highs", "cbc")
-# The time limit is meant as a backstop only: HiGHS stops at its work limit (MIP_MAX_NODES,
-# purchase_node_limit) first on bench/resources.py's jobs files, so the answer does not depend on
-# the machine's load or speed (issue 32, H5: 32 staggered 70B jobs stopped at the 20 s time limit
-# and their answer and bound moved with the load). It still ends a solve whose nodes take more
-# than 20 s of wall time: the costliest full ILP measured (FULL_ILP_WORK) takes about 6 s of CPU.
+# Backstops only: HiGHS stops at its node limit (purchase_node_limit) first on bench/resources.py's
+# files, so the answer does not depend on the load (issue 32, H5: 32 70B jobs stopped at a 20 s
+# wall-clock limit, and their answer moved with the load). TIME_LIMIT_S: seconds of the process's
+# CPU (quiet.cpu_time_interrupt; CBC: its timeMode cpu); the costliest full ILP measured takes ~6 s.
+# WALL_LIMIT_S (HiGHS's time_limit; at least 6 x TIME_LIMIT_S) fires first only where the process
+# gets under a sixth of a core. Either firing is said (SolverInfo.stopped_by).
 TIME_LIMIT_S = 20.0
+WALL_LIMIT_S = 120.0
 GAP_REL = 1e-6
-# HiGHS's branch-and-bound stops after this many nodes (its option mip_max_nodes: counted, not
-# timed, so deterministic), with one thread (threads=1: HiGHS's concurrent search otherwise uses
-# as many workers as the machine has cores, and another count of workers takes another path).
-# Measured on the purchase ILPs of bench/resources.py (2 cores, one thread; docs/performance.md,
-# "The purchase ILP (H5)"; with solve_purchase's deadline rows and PURCHASE_HIGHS_OPTIONS): the
-# 256-job file is proved optimal after 70 nodes (0.6 s of CPU); H5 (32 Llama 3.1 70B jobs a day
-# apart) answers 54 x b200 with its bound at 95.3% of it after 1,000 nodes (3.6 s), as 20 s of
-# search did (96.0%); 24 such jobs give the optimum (48 x b200) with a 2.7% gap in 2.8 s, and
-# need about 2,200 nodes (5.2 s) for the proof.
+# HiGHS's branch-and-bound stops after this many nodes (mip_max_nodes: counted, so deterministic),
+# on one thread (threads=1: another count of workers takes another path). Measured on the purchase
+# ILPs of bench/resources.py (docs/performance.md, "The purchase ILP (H5)"): the 256-job file is
+# proved optimal after 70 nodes (0.6 s of CPU); H5 (32 Llama 3.1 70B jobs a day apart) answers
+# 54 x b200 with its bound at 95.3% of it after 1,000 nodes (3.6 s), as 20 s of search did (96.0%);
+# 24 such jobs: the optimum (48 x b200), 2.7% gap, 2.8 s; their proof needs ~2,200 nodes (5.2 s).
 MIP_MAX_NODES = 1000
 # HiGHS's options for the purchase ILP beside its defaults (HiGHS 1.16; solve_purchase): no RENS
 # sub-MIP (its neighbourhood fixes the columns the LP relaxation leaves integral, and this LP
@@ -66,6 +65,10 @@ MIP_MAX_NODES = 1000
 # 2.1 -> 0.65 s, H5 5.4 -> 3.9 s), the same purchases, and H5's bound after its 1,000 nodes at
 # 95.3% of the answer against 95.4% (the finish-time deadline rows with the defaults: 95.2%).
 PURCHASE_HIGHS_OPTIONS: dict[str, object] = {"mip_heuristic_run_rens": False, "mip_allow_restart": False}
+# The relaxation with integer nodes (_node_integral_relaxation): no RINS (with three integers its
+# sub-MIPs are nearly the whole LP: 256 jobs of 8 models 1.44 -> 1.20 s of CPU, the same bound and
+# runs used); PURCHASE_HIGHS_OPTIONS slow it (256 8B jobs: 1.56 s against 0.91 s).
+RELAXATION_HIGHS_OPTIONS: dict[str, object] = {"mip_heuristic_run_rins": False}
 # A purchase ILP with more nonzeros than H5's (5,086: 32 jobs, 521 options) gets fewer nodes than
 # MIP_MAX_NODES: nodes x nonzeros**2 stays at H5's, to no fewer than MIN_PURCHASE_NODES
 # (purchase_node_limit; a simplex iteration costs about the nonzeros, and a node's iterations grow
@@ -107,10 +110,11 @@ class SolverInfo:
     gap_rel: float
     constraint_names: tuple[str, ...] = ()
     max_nodes: int | None = None    # HiGHS's work limit (branch-and-bound nodes); None: none (CBC)
-    # when optimality was not proved: (answer - the solver's best lower bound) / answer, HiGHS's
-    # relative MIP gap (the optimum costs at least 1 - gap_found of the answer); None when
-    # unknown or proved
+    # unproved: (answer - the solver's best lower bound) / answer, HiGHS's relative MIP gap (the
+    # optimum costs at least 1 - gap_found of the answer); None when unknown or proved
     gap_found: float | None = None
+    # a time limit that ended a solve (quiet.STOPPED_BY): the answer may depend on the machine
+    stopped_by: str | None = None
 
     def as_dict(self) -> dict[str, object]:
         out: dict[str, object] = {
@@ -119,19 +123,21 @@ class SolverInfo:
             "time_limit_s": self.time_limit_s, "gap_rel": self.gap_rel}
         if self.gap_found is not None:
             out["gap_found"] = self.gap_found
-        if self.gap_found is not None and self.max_nodes is not None:     # stopped at it with an answer
+        if self.stopped_by is not None:
+            out["stopped_by"] = self.stopped_by
+        elif self.gap_found is not None and self.max_nodes is not None:     # stopped at it with an answer
             out["max_nodes"] = self.max_nodes
         return out
 
 
 class _HiGHS(pulp.HiGHS):
-    """PuLP's HiGHS, reading a stop at the node limit as it reads one at the time limit
-    (PuLP 3.3 maps no solution status for HiGHS's kSolutionLimit and raises KeyError):
-    the best solution found, when there is one, without a proof of optimality."""
+    """PuLP's HiGHS, reading a stop at the node or CPU-time limit as one at its time limit (PuLP
+    3.3 raises KeyError on kSolutionLimit, and reads kInterrupt as a solution found even where
+    there is none): the best solution found, if any, without a proof of optimality."""
 
     def findSolutionValues(self, lp: pulp.LpProblem) -> tuple[int, int]:
         model = lp.solverModel
-        if model.getModelStatus().name != "kSolutionLimit":
+        if model.getModelStatus().name not in ("kSolutionLimit", "kInterrupt"):
             return super().findSolutionValues(lp)
         lp.solverModel = _StoppedByLimit(model)
         try:
@@ -141,7 +147,8 @@ class _HiGHS(pulp.HiGHS):
 
 
 class _StoppedByLimit:
-    """A highspy model that reports its node-limit stop as an iteration-limit one (_HiGHS)."""
+    """A highspy model that reports its stop at a node or CPU-time limit as one at an
+    iteration limit (_HiGHS)."""
 
     def __init__(self, model: object) -> None:
         self._model = model
@@ -156,15 +163,17 @@ class _StoppedByLimit:
 
 def _solver(name: str, time_limit_s: float, gap_rel: float, max_nodes: int | None = None,
             mip: bool = True, highs_options: dict[str, object] | None = None) -> tuple[str, pulp.LpSolver]:
-    """The solver and its name: HiGHS on one thread with a node limit (MIP_MAX_NODES), so that
-    one input gets one answer on any machine at any load; CBC (PuLP's bundled binary, one
-    thread by default) under the time limit alone. ``max_nodes`` None: MIP_MAX_NODES;
-    ``mip`` False: the LP relaxation; ``highs_options``: HiGHS options beside those (CBC
-    takes none of them)."""
+    """The solver and its name: HiGHS on one thread with a node limit (``max_nodes``, None:
+    MIP_MAX_NODES), one answer per input at any load, with ``time_limit_s`` of CPU from now
+    (quiet.cpu_time_interrupt) and WALL_LIMIT_S of wall time as backstops; CBC (PuLP's, one
+    thread) under its CPU-time limit. ``mip`` False: the LP relaxation; ``highs_options``: HiGHS's
+    beside those."""
     if name not in SOLVERS:
         raise UserError(f"--solver {name!r}: choose one of {', '.join(SOLVERS)}")
     if name in ("auto", "highs"):
-        highs = _HiGHS(mip=mip, msg=False, timeLimit=time_limit_s, gapRel=gap_rel, threads=1,
+        highs = _HiGHS(mip=mip, msg=False, timeLimit=WALL_LIMIT_S, gapRel=gap_rel, threads=1,
+                       callbackTuple=(cpu_time_interrupt(time_limit_s), None),
+                       callbacksToActivate=[pulp.HiGHS.hscb.HighsCallbackType.kCallbackMipInterrupt],
                        mip_max_nodes=MIP_MAX_NODES if max_nodes is None else max_nodes, **(highs_options or {}))
         if highs.available():
             return "HiGHS", highs
@@ -172,7 +181,7 @@ def _solver(name: str, time_limit_s: float, gap_rel: float, max_nodes: int | Non
             raise UserError("--solver highs needs highspy: pip install highspy (or use --solver cbc)")
     with warnings.catch_warnings():     # PuLP 3.3 deprecates its bundled CBC for 4.0; it still ships
         warnings.simplefilter("ignore", DeprecationWarning)
-        return "CBC", pulp.PULP_CBC_CMD(mip=mip, msg=False, timeLimit=time_limit_s, gapRel=gap_rel)
+        return "CBC", pulp.PULP_CBC_CMD(mip=mip, msg=False, timeLimit=time_limit_s, gapRel=gap_rel, timeMode="cpu")
 
 
 def _run(prob: pulp.LpProblem, solver: str, time_limit_s: float, gap_rel: float,
@@ -182,11 +191,13 @@ def _run(prob: pulp.LpProblem, solver: str, time_limit_s: float, gap_rel: float,
     with solver_output_silenced():
         prob.solve(s)
     names = _constraint_names(prob)
+    stop = getattr(getattr(prob, "solverModel", None), "getModelStatus", None) if name == "HiGHS" else None
     return SolverInfo(name=name, status=_status(prob),
                       optimal=prob.sol_status == pulp.LpSolutionOptimal, solve_s=time.perf_counter() - t0,
                       n_variables=len(prob.variables()), n_constraints=len(names),
                       time_limit_s=time_limit_s, gap_rel=gap_rel, constraint_names=names,
-                      max_nodes=(MIP_MAX_NODES if max_nodes is None else max_nodes) if name == "HiGHS" else None)
+                      max_nodes=(MIP_MAX_NODES if max_nodes is None else max_nodes) if name == "HiGHS" else None,
+                      stopped_by=STOPPED_BY.get(stop().name) if stop is not None else None)
 
 
 def _status(prob: pulp.LpProblem) -> str:
@@ -199,9 +210,8 @@ def _status(prob: pulp.LpProblem) -> str:
 
 
 def _dual_bound(prob: pulp.LpProblem) -> float | None:
-    """The solver's best lower bound on a minimisation after it stopped (HiGHS's
-    mip_dual_bound, read through highspy's Highs object that PuLP keeps as prob.solverModel);
-    None for solvers that do not expose it (CBC through PuLP)."""
+    """The solver's best lower bound on a minimisation after it stopped (HiGHS's mip_dual_bound,
+    from the highspy model PuLP keeps as prob.solverModel); None where not exposed (CBC)."""
     model = getattr(prob, "solverModel", None)
     try:
         bound = float(model.getInfo().mip_dual_bound)  # type: ignore[union-attr]
@@ -374,7 +384,7 @@ def solve_one_job(options: Sequence[Option], objective: str = "cost", limits: Li
         info = SolverInfo(name=info.name, status=info.status, optimal=info.optimal and info2.optimal,
                           solve_s=info.solve_s + info2.solve_s, n_variables=info.n_variables,
                           n_constraints=info.n_constraints, time_limit_s=time_limit_s, gap_rel=gap_rel,
-                          constraint_names=info.constraint_names)
+                          constraint_names=info.constraint_names, stopped_by=info.stopped_by or info2.stopped_by)
     return OneJobSolution(choice=chosen, solver=info)
 
 
@@ -406,19 +416,13 @@ def solve_purchase(pools: Sequence[Pool], jobs: Sequence[JobWindow], options: Se
     over the horizon.
 
     The deadline row names the options that miss the deadline rather than summing every
-    option's finish time (sum (start + duration) x <= deadline, as it read before): with
-    exactly one option picked, each binary, both say "no late option is picked", so they admit
-    the same purchases and the optimum is the same; the sum over late options is also tight in
-    the LP relaxation (the finish-time sum lets the LP mix a late run with one in time), and
-    where every option is in time (every job of `plan buy` that can meet its deadline: its
-    options leave out late runs, purchase.undominated) it is empty, kept so that the rows and
-    their count stay as named.
-    The finish-time form put coefficients of up to 2e7 seconds in HiGHS's LP (its log: "badly
-    scaled"), which its presolve does not see are implied by one_option (it removed 119 of the
-    256-job file's 1,280 rows). Measured on purchases captured from `plan buy` (CPU in HiGHS,
-    one thread): the rows alone take the 128 8B jobs of distinct batches from 0.40 to 0.18 s
-    and raise H5's bound after its 1,000 nodes from 95.2% to 95.4% of the answer, and leave the
-    256-job file at 1.8-2.0 s; with PURCHASE_HIGHS_OPTIONS beside them it takes 0.6 s.
+    option's finish time (sum (start + duration) x <= deadline, as before): with one binary
+    picked both admit the same purchases, the sum over late options is tight in the LP
+    relaxation too, and where every option is in time (purchase.undominated leaves out late
+    runs) it is empty, kept so that the rows stay as named. The finish-time form put
+    coefficients of up to 2e7 s in HiGHS's LP ("badly scaled"). Measured on purchases captured
+    from `plan buy` (CPU in HiGHS, one thread): the 128 8B jobs of distinct batches 0.40 ->
+    0.18 s, H5's bound after its 1,000 nodes 95.2% -> 95.4% of the answer.
     """
     names = [j.name for j in jobs]
     if len(set(names)) != len(names):
@@ -471,7 +475,8 @@ def solve_purchase(pools: Sequence[Pool], jobs: Sequence[JobWindow], options: Se
         found.append(choices)
     dual = _dual_bound(prob)    # stopped by its node limit: read before the relaxation re-solves it
     bound, relaxed, _ = _node_integral_relaxation(prob, list(run.values()), solver, time_limit_s, gap_rel)
-    info = dataclasses.replace(info, solve_s=info.solve_s + relaxed.solve_s)
+    info = dataclasses.replace(info, solve_s=info.solve_s + relaxed.solve_s,
+                               stopped_by=info.stopped_by or relaxed.stopped_by)
     bounds = [b for b in (dual, bound) if b is not None]
     return _best_found(pools, jobs, by_job, found, budget_usd, info, max(bounds, default=None), gap_rel)
 
@@ -498,17 +503,15 @@ def _relaxed_purchase(prob: pulp.LpProblem, run: dict[tuple[str, str], pulp.LpVa
     """A purchase ILP not branched on as a whole (full_ilp_first: its root node alone takes
     seconds to minutes, or its nodes tens of milliseconds each).
 
-    1. The bound: the relaxation that keeps the nodes bought integer and lets the runs be
-       fractional (_node_integral_relaxation): a lower bound, at least the LP relaxation's (the
-       LP with the node counts' integrality restored), solved in about a second. Where the greedy
-       start costs what it says, that is the optimum, proved without branching (256 8B jobs of
-       distinct batches, cut to 160: 0.5 s of CPU; the ILP's root reached the time limit).
-    2. Else the answers: an ILP over the runs that relaxation uses, widened by
-       purchase.fewest_checks_runs (hundreds of the thousands; every other run fixed at 0), and the
-       greedy start; the cheaper, on the fewest nodes that hold it (_best_found).
-    Proved optimal where the answer costs no more than the bound (within ``gap_rel``), else
-    the gap is said. Every step stops at a count, none at a time. Measured (buy256-mixed-batches
-    of bench/resources.py): $20.2M, at least 93.3%, in 3.5 s of CPU (before: the time limit)."""
+    1. The bound: the relaxation with the nodes bought integer and the runs fractional
+       (_node_integral_relaxation), at least the LP relaxation's, in about a second. Where the
+       greedy start costs what it says, that is the optimum, proved without branching (256 8B
+       jobs of distinct batches cut to 160: 0.5 s of CPU; the ILP's root reached the time limit).
+    2. Else an ILP over the runs that relaxation uses, widened by purchase.fewest_checks_runs
+       (every other run fixed at 0), and the greedy start: the cheaper, on the fewest nodes that
+       hold it (_best_found), proved optimal where it costs no more than the bound (within
+       ``gap_rel``), else the gap is said. Every step stops at a count. Measured
+       (buy256-mixed-batches of bench/resources.py): $20.2M, at least 93.3%, 3.5 s of CPU."""
     runs = list(run.values())
     bound, info, used = _node_integral_relaxation(prob, runs, solver, time_limit_s, gap_rel)
     first = _best_found(pools, jobs, by_job, [], budget_usd, _unproved(info, info.solve_s, used), bound, gap_rel)
@@ -525,6 +528,7 @@ def _relaxed_purchase(prob: pulp.LpProblem, run: dict[tuple[str, str], pulp.LpVa
                 v.upBound = 0
         sub = _run(prob, solver, time_limit_s, gap_rel, highs_options=PURCHASE_HIGHS_OPTIONS)
         solve_s += sub.solve_s
+        info = dataclasses.replace(info, stopped_by=info.stopped_by or sub.stopped_by)
         if _found(prob):
             found.append(_choices(run, jobs, by_job))
         for v in runs:
@@ -533,10 +537,9 @@ def _relaxed_purchase(prob: pulp.LpProblem, run: dict[tuple[str, str], pulp.LpVa
 
 
 def _unproved(info: SolverInfo, solve_s: float, used: set[str] | None) -> SolverInfo:
-    """The record of a purchase answered from the relaxation with integer nodes (its ``info``),
-    not proved until _best_found finds an answer at its bound; "Solution Found": PuLP's name
-    (LpSolution) of the status of an answer without a proof, as after a stop at the node limit;
-    max_nodes 0: the ILP was not branched on as a whole."""
+    """The record of a purchase answered from the relaxation with integer nodes (``info``), not
+    proved until _best_found finds an answer at its bound; "Solution Found": PuLP's name of an
+    answer without a proof; max_nodes 0: the ILP was not branched on as a whole."""
     return dataclasses.replace(info, solve_s=solve_s, optimal=False, max_nodes=0 if info.name == "HiGHS" else None,
                                status=str(pulp.LpSolution[pulp.LpSolutionIntegerFeasible]) if used is not None
                                else info.status)
@@ -546,16 +549,13 @@ def _node_integral_relaxation(prob: pulp.LpProblem, runs: Sequence[pulp.LpVariab
                               time_limit_s: float, gap_rel: float
                               ) -> tuple[float | None, SolverInfo, set[str] | None]:
     """The purchase ILP ``prob`` with its run binaries relaxed to [0, 1] and its node counts
-    kept integer: (a lower bound on the ILP's optimum, or None; the solver's record; the names
-    of the runs its solution uses, or None when it found none). The bound is HiGHS's dual
-    bound (mip_dual_bound: valid where its node limit stopped it too), else the proved
-    optimum. ``runs`` are binary again on return."""
+    kept integer: (a lower bound on the ILP's optimum, or None; the solver's record; the runs
+    its solution uses, or None when it found none). The bound is HiGHS's dual bound (valid
+    where a limit stopped it too), else the proved optimum. ``runs`` are binary again on return."""
     for v in runs:
         v.cat = pulp.LpContinuous
     try:
-        # HiGHS's defaults: PURCHASE_HIGHS_OPTIONS make this relaxation slower (256 8B jobs of
-        # distinct batches: 1.56 s of CPU against 0.91 s, 3 nodes against 1)
-        info = _run(prob, solver, time_limit_s, gap_rel)
+        info = _run(prob, solver, time_limit_s, gap_rel, highs_options=RELAXATION_HIGHS_OPTIONS)
     finally:
         for v in runs:
             v.cat = pulp.LpInteger

@@ -181,6 +181,10 @@ def check_options(r: PlanResult, opts: EmitOptions) -> None:
     if r.setup.precision in ("fp8", "nvfp4"):
         fp8 = r.setup.precision_spec.fp8
         check_fp8(eng, fp8.name if fp8 is not None else "")
+        if eng != "megatron" and r.setup.bf16_layers != (0, 0):
+            raise UserError("--bf16-layers is written as Megatron-Core's first_last_layers_bf16 only (the torchtitan "
+                            "float8 config written here keeps every block's linears in FP8); add --stack megatron "
+                            "or drop --bf16-layers")
     if eng == "megatron" and r.setup.precision == "bf16":
         raise UserError("Megatron-LM keeps fp32 main weights under --bf16; plan with --precision bf16-mixed")
     if eng == "torchtitan" and r.setup.precision not in ("bf16-mixed", "fp32", "fp8"):

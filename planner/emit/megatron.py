@@ -497,6 +497,18 @@ def schedule_args(sch: Schedule) -> list[str]:
             "--lr-decay-samples", str(sch.samples)]
 
 
+def bf16_layer_args(s: TrainingSetup) -> list[str]:
+    """The layers kept in BF16 (TrainingSetup.bf16_layers, training.layer_precision): megatron-core
+    0.16.1 TransformerConfig first_last_layers_bf16 (bool), num_layers_at_start_in_bf16 and
+    num_layers_at_end_in_bf16 (ints, each 1 by default, so both are written), under their
+    argparse names. Empty where none are kept."""
+    start, end = s.bf16_layers
+    if not start and not end:
+        return []
+    return ["--first-last-layers-bf16", "--num-layers-at-start-in-bf16", str(start),
+            "--num-layers-at-end-in-bf16", str(end)]
+
+
 def fp8_args(s: TrainingSetup) -> list[str]:
     """Megatron-LM's FP8 flags for the plan's recipe (planner.training.fp8): Transformer Engine
     with ``--fp8-format hybrid`` (e4m3 forward, e5m2 gradients: the format the planner's
@@ -509,11 +521,11 @@ def fp8_args(s: TrainingSetup) -> list[str]:
     if r is None:
         return []
     if r.name == "nvfp4":       # TransformerConfig fp4 ('e2m1', --fp4-format) and fp4_recipe 'nvfp4'
-        return ["--fp4-format", "e2m1", "--fp4-recipe", "nvfp4"]
+        return ["--fp4-format", "e2m1", "--fp4-recipe", "nvfp4"] + bf16_layer_args(s)
     if r.name == "mxfp8":       # e4m3 throughout, as Megatron-Bridge's bf16_with_mxfp8_mixed sets it
         return ["--fp8-format", "e4m3", "--fp8-recipe", "mxfp8"] + (["--fp8-param-gather"] if s.fp8_param_gather
-                                                                     else [])
-    args = ["--fp8-format", "hybrid", "--fp8-recipe", r.name]
+                                                                     else []) + bf16_layer_args(s)
+    args = ["--fp8-format", "hybrid", "--fp8-recipe", r.name] + bf16_layer_args(s)
     if s.fp8_param_gather:
         args += ["--fp8-param-gather"]
     if r.name == "delayed":

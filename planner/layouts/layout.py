@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any, NamedTuple
 
@@ -279,6 +279,15 @@ def ep_folds(n_gpus: int, tp: int, pp: int, cp: int, ep: int) -> bool:
     return (n_gpus // replica) % ep != 0
 
 
+def fold_indivisible(tp: Any, cp: Any, dp: Any, etp: Any, ep: Any) -> Any:
+    """Whether a folded layout's expert grid cannot tile its stage: etp x ep does not divide
+    tp x cp x DP (megatron-core 0.16.1 parallel_state.initialize_model_parallel, lines 788-795,
+    raises "world_size is not divisible by expert_tensor_model_pipeline_parallel size" unless
+    etp x ep x pp divides the world). ``etp`` is the expert tensor-parallel size itself
+    (expert_tp_size). Ints or numpy arrays."""
+    return (tp * cp * dp) % (etp * ep) != 0
+
+
 def node_data_ranks(gpus_per_node: Any, tp: Any) -> Any:
     """The data-parallel (dp x cp x ep) ranks of one pipeline stage that share a node: the node's
     GPUs over tp. The pipeline is the outermost axis of the rank order (megatron-core
@@ -449,13 +458,31 @@ def folded_shape(space: SearchSpace, n_gpus: int) -> DegreeShape | None:
     return DegreeShape(s.tp, cp, s.ep, s.pp, n_gpus // model_parallel_size(s.tp, cp, s.pp))
 
 
+def folded_shapes(m: ModelSpec, space: SearchSpace, n_gpus: int, gpus_per_node: int) -> tuple[DegreeShape, ...]:
+    """(tp, cp, ep, pp, dp) of the folded layouts on ``n_gpus`` where the space fixes ep and
+    leaves dp open: every (tp, pp) the search walks (degree_shapes, over the tp and pp the space
+    leaves open; cp: 1 when open) on which ep folds (ep_folds; dp is Megatron's DP). With tp and
+    pp fixed this is folded_shape's one shape. Before, a fold was searched only with --tp, --pp and
+    --ep all given, so `--tp 2 --ep 64` on 64 GPUs (ep 64 folded over tp 2 x dp 32, the layout
+    Megatron-Bridge trains Nemotron 3 Super with) was reported as not fitting below 128 GPUs."""
+    s = space
+    if s.dp is not None or s.ep is None or s.ep <= 1:
+        return ()
+    flat = replace(s, ep=1, cp=s.cp or 1)
+    shapes = [DegreeShape(d.tp, d.cp, s.ep, d.pp, d.dp) for d in degree_shapes(m, n_gpus, gpus_per_node, flat)
+              if ep_folds(n_gpus, d.tp, d.pp, d.cp, s.ep)]
+    # searched: only the shapes megatron-core can tile (all given: its rule says why not)
+    if s.tp is None or s.pp is None:
+        shapes = [d for d in shapes if not fold_indivisible(d.tp, d.cp, d.dp, expert_tp_size(s.etp or 0, d.tp), d.ep)]
+    return tuple(shapes)
+
+
 def enumerate_folded(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node: int,
                      space: SearchSpace = SearchSpace()) -> Iterator[tuple[Layout, str | None]]:
-    """The folded candidates on ``n_gpus`` (folded_shape) over the choices the space leaves
+    """The folded candidates on ``n_gpus`` (folded_shapes) over the choices the space leaves
     open, each with None or the reason it cannot run: what enumerate_layouts yields for the
-    shapes it walks, for the one folded shape (never searched unless the options fold)."""
-    shape = folded_shape(space, n_gpus)
-    if shape is not None:
+    shapes it walks, for the folded shapes (never searched unless the options give ep)."""
+    for shape in folded_shapes(m, space, n_gpus, gpus_per_node):
         yield from _shape_layouts(m, setup, gpus_per_node, space, shape, True)
 
 

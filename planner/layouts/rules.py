@@ -29,6 +29,7 @@ from planner.layouts.layout import (
     dense_shard_size,
     expert_data_parallel_size,
     expert_tp_size,
+    fold_indivisible,
     node_data_ranks,
 )
 from planner.models.spec import ModelSpec
@@ -159,17 +160,14 @@ def _etp(v: RuleView) -> Any:
     return v.expert_tp != v.tp
 
 
-# What each stack cannot run, as (fails, message for one layout), in the order
-# planner.stacks.stack_refusal names them (the first that fails); the "stack-runs" rule
-# refuses where any fails. torchtitan 0.3.0 builds Llama-architecture models only
-# (planner.stacks.torchtitan_builds), shards with FSDP2 only (ZeRO-0 is its DDP) and its
-# Llama 3 has no experts; DeepSpeed runs ZeRO data parallelism, and tp and pp as Megatron-DeepSpeed
-# under ZeRO-0/1 without experts (no FSDP2, no cp);
-# Hugging Face (accelerate) runs FSDP2 without pipeline stages. Expert tensor parallelism
-# (Layout.etp) is Megatron's alone among them: torchtitan 0.3.0's Parallelism has
-# expert_parallel_degree and no expert tensor-parallel degree, its experts' region being (pp,
-# dp_replicate, efsdp, ep) (config/configs.py lines 279-287, distributed/parallel_dims.py line
-# 239); transformers and DeepSpeed's ZeRO split no expert.
+# What each stack cannot run, as (fails, message for one layout), in the order planner.stacks.stack_refusal names them
+# (the first that fails); the "stack-runs" rule refuses where any fails. torchtitan 0.3.0 builds Llama-architecture
+# models only (planner.stacks.torchtitan_builds), shards with FSDP2 only (ZeRO-0 is its DDP) and its Llama 3 has no
+# experts; DeepSpeed runs ZeRO data parallelism, and tp and pp as Megatron-DeepSpeed under ZeRO-0/1 without experts
+# (no FSDP2, no cp); Hugging Face (accelerate) runs FSDP2 without pipeline stages. Expert tensor parallelism
+# (Layout.etp) is Megatron's alone among them: torchtitan 0.3.0's Parallelism has expert_parallel_degree and no expert
+# tensor-parallel degree, its experts' region being (pp, dp_replicate, efsdp, ep) (config/configs.py lines 279-287,
+# distributed/parallel_dims.py line 239); transformers and DeepSpeed's ZeRO split no expert.
 ETP_REFUSAL = {     # the stacks that split no expert over tensor-parallel ranks (--etp, cli.request too)
     "torchtitan": ("--stack torchtitan: 0.3.0 has no expert tensor-parallel setting (its experts split over "
                    "ep and efsdp only): drop --etp or use --stack megatron"),
@@ -300,6 +298,12 @@ def _distributed_optimizer_noop(v: RuleView) -> Any:
     return np.asarray((v.sharding == 0) & (v.zero_stage == 1) & (v.setup.stack == "megatron"), dtype=bool)
 
 
+def _end_stage_layers(v: RuleView) -> Any:
+    """The first stage's layers (the last holds at least as many), as memory.params.stage_layers counts them."""
+    extra = _balance_layers(v)
+    return (v.m.n_layers + extra) // v.pp - (1 if extra else 0) * (v.pp > 1)
+
+
 def _balance_hint(v: RuleView) -> str:
     """The way out where pp x vp chunks exceed the layers but divide the layers + 2: count the
     embedding and the loss as layers (megatron-core's account_for_embedding/loss_in_pipeline_split)."""
@@ -364,6 +368,13 @@ RULES: tuple[Rule, ...] = (
     Rule("pp-balance-stack", lambda v: (_balance_layers(v) > 0) & (v.pp > 1) & (v.setup.stack == "torchtitan"),
          lambda v: ("--pp-balance embedding-loss is megatron-core's split; torchtitan splits its own way "
                     "(use --stack megatron or --pp-balance none)")),
+    # megatron-core 0.16.1 TransformerConfig.__post_init__ (under fp8; fp4: no check, the same bound applied):
+    # num_layers_at_start/end_in_bf16 at most num_layers // pp; held on the end stages (training.layer_precision)
+    Rule("bf16-layers-stage", lambda v: max(v.setup.bf16_layers) > _end_stage_layers(v),
+         lambda v: (f"--bf16-layers {v.setup.bf16_layers[0]},{v.setup.bf16_layers[1]}: pp={v.pp} leaves "
+                    f"{_end_stage_layers(v)} layers on the first and the last stage, fewer than the BF16 layers "
+                    "each must hold (megatron-core: at most num_layers // pp at either end); give a smaller pp "
+                    "or fewer BF16 layers")),
     Rule("vp-micro-batches", lambda v: (v.vp > 1) & (v.grad_accum % v.pp != 0),
          lambda v: (f"the interleaved schedule needs the {v.grad_accum} micro-batches per step "
                     f"to be a multiple of pp={v.pp} (Megatron-LM)")),
@@ -400,10 +411,9 @@ RULES: tuple[Rule, ...] = (
     Rule("etp-divides-tp", lambda v: (v.expert_tp < 1) | (v.tp % v.expert_tp != 0),
          lambda v: f"etp={v.expert_tp} does not divide tp={v.tp} (use an --etp that divides --tp)",
          lambda v: f"--etp {v.etp} does not divide --tp {v.tp}; use an --etp that divides --tp"),
-    # folding: megatron-core 0.16.1 parallel_state.initialize_model_parallel (lines 788-795) raises
-    # "world_size is not divisible by expert_tensor_model_pipeline_parallel size" unless etp x ep x pp
-    # divides the world, i.e. etp x ep divides tp x cp x DP; the planner folds for Megatron-Core only
-    Rule("ep-fold-divides", lambda v: (v.ep_fold > 0) & ((v.tp * v.cp * v.dp) % (v.expert_tp * v.ep) != 0),
+    # folding: megatron-core's etp x ep x pp must divide the world (layouts.layout.fold_indivisible, its source there);
+    # the planner folds for Megatron-Core only
+    Rule("ep-fold-divides", lambda v: (v.ep_fold > 0) & fold_indivisible(v.tp, v.cp, v.dp, v.expert_tp, v.ep),
          lambda v: (f"etp {v.expert_tp} x ep {v.ep} = {v.expert_tp * v.ep} does not divide tp x cp x dp = "
                     f"{v.tp * v.cp * v.dp} (megatron-core: world size not divisible by etp x ep x pp); "
                     "give an --ep (or --etp) whose product divides the GPUs of a pipeline stage")),

@@ -7,12 +7,15 @@ memory.shapes)."""
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
+from planner.layouts.batch import RECOMPUTES, LayoutArrays
 from planner.layouts.layout import Layout
 from planner.models.spec import ModelSpec
 from planner.training.finetune import block_linears
+from planner.training.layer_precision import stage_bf16_layers
 from planner.training.setup import Precision, TrainingSetup
 
 
@@ -30,7 +33,7 @@ def fp8_linears_per_block(m: ModelSpec, ep: int) -> float:
 
 
 def fp8_weight_bytes(m: ModelSpec, prec: Precision, block_params: np.ndarray, n_layers: np.ndarray,
-                     ep: np.ndarray, param_gather: bool = False) -> np.ndarray:
+                     ep: np.ndarray, param_gather: bool = False, n_bf16_layers: np.ndarray | int = 0) -> np.ndarray:
     """Persistent FP8 state of a rank's blocks: ``block_params`` (the rank's block
     parameters, after tp, pp and ep; not sharded by ZeRO, as te.Linear caches its fp8
     weights in each module) x the recipe's fp8 weight-copy bytes, plus the amax histories
@@ -39,11 +42,22 @@ def fp8_weight_bytes(m: ModelSpec, prec: Precision, block_params: np.ndarray, n_
     With ``param_gather`` (Megatron-LM --fp8-param-gather, TrainingSetup.fp8_param_gather) the
     low-precision copies replace the 16-bit weights the state holds (megatron-core
     TransformerConfig.fp8_param: "keep the parameters in fp8 precision"), so the term is the
-    copies less prec.weight_bytes per parameter (<= 0 where they take less)."""
+    copies less prec.weight_bytes per parameter (<= 0 where they take less).
+
+    ``n_bf16_layers`` of the rank's ``n_layers`` layers are kept in BF16 (TrainingSetup.bf16_layers,
+    training.layer_precision.stage_bf16_layers): they run outside the recipe's context
+    (megatron-core fp8_utils.get_fp8_context / fp4_utils.get_fp4_context give them a null
+    context), so they keep neither low-precision copies nor amax histories, and their 16-bit
+    weights stay under --fp8-param-gather: the term covers the other layers' share of
+    ``block_params``, each layer taken as the stage's mean."""
     r = prec.fp8
     if r is None:
         return np.zeros(np.broadcast_shapes(block_params.shape, ep.shape), dtype=np.int64)
     per_param = r.fp8_weight_copy_bytes - (prec.weight_bytes if param_gather else 0)
+    if np.any(n_bf16_layers):
+        low = n_layers - n_bf16_layers      # the layers the recipe runs
+        block_params = np.where(n_layers > 0, block_params * low / np.maximum(n_layers, 1), block_params)
+        n_layers = low
     copies = (block_params * per_param).astype(np.int64)
     if not r.amax_bytes_per_linear:
         return copies
@@ -65,15 +79,35 @@ def saved_input_delta_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> 
     the down projection's input (k d_ff wide, split by tp). h-wide tensors are split by tp
     only under sequence parallelism. Full recomputation keeps only the block's input, so
     nothing changes; first dense layers of a MoE model are counted as MoE ones."""
-    r = setup.precision_spec.fp8
-    if r is None or lay.recompute == "full":
+    if lay.recompute == "full":
         return 0
-    a = setup.precision_spec.activation_bytes
-    delta = r.saved_input_bytes - a
+    return int(_saved_input_delta(m, setup, lay.tokens_per_rank, lay.tp, lay.sp))
+
+
+def _saved_input_delta(m: ModelSpec, setup: TrainingSetup, tokens: Any, tp: Any, sp: Any) -> Any:
+    """saved_input_delta_bytes' figure before its recomputation check, as a float (or an array of
+    them over layouts: ``tokens``, ``tp``, ``sp`` arrays); 0 where the recipe saves no fewer bytes."""
+    r = setup.precision_spec.fp8
+    if r is None:
+        return 0
+    delta = r.saved_input_bytes - setup.precision_spec.activation_bytes
     if delta >= 0:
         return 0
-    tokens = lay.tokens_per_rank
     k = m.n_experts_per_token if m.is_moe else 1
-    h_div = lay.tp if lay.sp else 1
-    elems = tokens * (m.d_model / h_div + m.q_dim / lay.tp + k * m.d_model / h_div + k * m.d_ff / lay.tp)
-    return int(elems * delta)
+    h_div = np.where(sp, tp, 1)
+    return tokens * (m.d_model / h_div + m.q_dim / tp + k * m.d_model / h_div + k * m.d_ff / tp) * delta
+
+
+def bf16_layer_input_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_len: int, stage: np.ndarray,
+                           n_layers: np.ndarray) -> np.ndarray | int:
+    """Bytes per micro-batch the layers a stage keeps in BF16 (TrainingSetup.bf16_layers,
+    training.layer_precision.stage_bf16_layers) save beyond the recipe's figure, per layout (float;
+    0 without them): they run outside the FP8/FP4 context, so their linear inputs are kept in 16
+    bits, the bytes saved_input_delta_bytes takes off a low-precision block (none under full
+    recomputation, which keeps only the block's input)."""
+    n_bf16 = stage_bf16_layers(stage, a.pp, n_layers, setup.bf16_layers)
+    if not np.any(n_bf16):
+        return 0
+    tokens = a.micro_batch * a.seq_len_per_rank(seq_len)
+    per_layer = -_saved_input_delta(m, setup, tokens, a.tp, a.sp)
+    return np.where(a.recompute == RECOMPUTES.index("full"), 0.0, n_bf16 * per_layer)

@@ -50,6 +50,7 @@ from planner.layouts.layout import SHARDINGS
 from planner.limits import saturated_bytes
 from planner.memory import shapes as sh
 from planner.memory.activations import host_checkpoint_bytes, offloaded_block_bytes, stage_block_bytes
+from planner.memory.fp8 import bf16_layer_input_bytes
 from planner.memory.state_terms import StateTerms, fsdp_blocks_done, largest_block_share, state_terms
 from planner.memory.states import ModelStates, OffloadSplit
 from planner.models.spec import ModelSpec, ParamCount, count_params
@@ -456,6 +457,8 @@ def step_terms(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq: int, s:
     stage_acts, recomputed = stage_block_bytes(setup, n_act_l, a.vp, full_rc, act.layer_act, act.full_layer)
     # Megatron-Core's CPU activation offload: the offloaded layers' tensors on the host line
     stage_acts, offloaded = offloaded_block_bytes(setup, n_act_l, stage_acts, act.layer_act)
+    if setup.bf16_layers != (0, 0):     # layers kept in BF16 save their linear inputs in 16 bits (memory.fp8)
+        stage_acts = stage_acts + bf16_layer_input_bytes(m, setup, a, seq, stage_l, g(s.n_layers))
     block_acts = saturated_bytes(stage_acts * held)
     # DeepSpeed's cpu_checkpointing: the host copy (the host line) and the input it keeps on the GPU
     ckpt_host: np.ndarray | int = saturated_bytes(offloaded * held) if setup.offload_activations > 0 else 0

@@ -39,6 +39,7 @@ from planner.memory.states import (
 )
 from planner.models.spec import ModelSpec, ParamCount
 from planner.training.kernels import block_kernel_codes, replicated_ranks
+from planner.training.layer_precision import stage_bf16_layers
 from planner.training.setup import Precision, TrainingSetup
 
 
@@ -187,7 +188,8 @@ def state_terms(m: ModelSpec, setup: TrainingSetup, sa: LayoutArrays, pc: ParamC
     # FSDP2 keeps the root unit gathered
     root_gathered = np.where(full_shard, rp.root_unit * prec.weight_bytes, 0)
     # the FP8 recipe's fp8 weight copies and amax histories (memory.fp8)
-    fp8_w = fp8_weight_bytes(m, prec, rp.total - rp.root_unit, n_layers, sa.ep, setup.fp8_param_gather)
+    fp8_w = fp8_weight_bytes(m, prec, rp.total - rp.root_unit, n_layers, sa.ep, setup.fp8_param_gather,
+                             stage_bf16_layers(stage, sa.pp, n_layers, setup.bf16_layers))
     if setup.stack == "megatron":
         # Megatron FSDP (ZeRO-3 sharding) keeps the low-precision weights in its sharded buffer
         # and gathers them per module (Megatron-Bridge's FP8/MXFP8 recipes set fp8_param_gather,

@@ -232,7 +232,9 @@ def buy_solver_lines(r: Any) -> list[str]:
             f"search {r.search_s:.1f} s"] + (
         [f"gap to the solver's lower bound {s.gap_found:.1%} of the answer: the optimum costs at least "
          f"{1 - s.gap_found:.1%} of it"]
-        if getattr(s, "gap_found", None) is not None else [])
+        if getattr(s, "gap_found", None) is not None else []) + (
+        [f"stopped by its {s.stopped_by}, not by a count of work: another machine or load may answer otherwise"]
+        if getattr(s, "stopped_by", None) is not None else [])
 
 
 def gpu_price_cells(p: Any) -> str:

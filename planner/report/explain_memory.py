@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from planner.layouts.batch import LayoutArrays
@@ -43,6 +44,7 @@ from planner.report.terms import (
 )
 from planner.report.terms import label as _label
 from planner.training.kernels import KERNELS, layout_kernels
+from planner.training.layer_precision import stage_bf16_layers
 from planner.training.setup import TrainingSetup
 
 # --------------------------------------------------------------------------- memory
@@ -143,13 +145,18 @@ def memory_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, pc: ParamCount
                         root_params=rp.root_unit, bytes_per_weight=prec.weight_bytes))
     if prec.fp8 is not None:
         r = prec.fp8
+        # layers kept in BF16 hold no copy (training.layer_precision, memory.fp8.fp8_weight_bytes)
+        n_bf16 = int(stage_bf16_layers(tr.stage, lay.pp, mem.n_layers_on_stage, setup.bf16_layers))
+        in_bf16: dict[str, Any] = {"bf16_layers_on_stage": n_bf16, "layers_on_stage": mem.n_layers_on_stage}
         out.append(_mem("weights", f"FP8 weight copies and amax histories ({r.name}: {r.stack})",
-                        "block params x fp8 copy bytes + fp8 linears x 5 tensors x (history + 2) x 4 B",
+                        "block params x fp8 copy bytes + fp8 linears x 5 tensors x (history + 2) x 4 B"
+                        + (" (the layers in BF16 left out)" if n_bf16 else ""),
                         tr.fp8_weights, "planner.training.fp8 (torchao float8_linear.py / TE DelayedScaling / "
                         "DeepSeek-V3 arXiv:2412.19437 Sec. 3.3)", fp8_copy_bytes_per_param=r.fp8_weight_copy_bytes,
                         amax_history_len=r.amax_history_len,
                         saved_linear_input_bytes_per_element=r.saved_input_bytes,
-                        all_gather_bytes_per_param=r.gather_bytes))
+                        all_gather_bytes_per_param=r.gather_bytes,
+                        **(in_bf16 if n_bf16 else {})))
     out += _moment_weight_terms(lay, tr, phase, w_extra, prec.weight_bytes)
 
     moment = phase.replace("-", " ")
@@ -429,6 +436,12 @@ def _activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, tr: RankT
                     blocks_keeping_activations=tr.n_act_layers, per_block_bytes=tr.layer_act,
                     in_flight_micro_batches=tr.held, recompute=lay.recompute, pp=lay.pp, vp=lay.vp,
                     grad_accum_m=lay.grad_accum, **dims))
+    n_bf16 = int(stage_bf16_layers(tr.stage, lay.pp, tr.n_act_layers, setup.bf16_layers))
+    if n_bf16 and lay.recompute != "full":
+        out[-1] = replace(out[-1], formula=out[-1].formula + "; + the BF16 layers' 16-bit linear inputs "
+                          "(memory.fp8.bf16_layer_input_bytes)",
+                          inputs={**out[-1].inputs, _label("bf16_layers_on_stage"): n_bf16,
+                                  _label("bf16_layer_extra_bytes"): -saved_input_delta_bytes(m, setup, lay)})
     if method:
         out[-1] = _mem("activations", f"transformer blocks ({tr.n_act_layers} on the stage)",
                        f"per micro-batch in flight: {method}", tr.block_acts, MEGATRON_RECOMPUTE,

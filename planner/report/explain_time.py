@@ -48,6 +48,7 @@ from planner.timing.model import (
     trained_split,
 )
 from planner.training.kernels import layout_kernels
+from planner.training.layer_precision import bf16_layer_setup, stage_bf16_layers
 from planner.training.moe_runtime import dedup_routing
 from planner.training.setup import TrainingSetup
 
@@ -170,15 +171,29 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
                              placement="-".join(st.placement)))
 
     # the step: m (t_mb) + bubble + dp + optimizer
-    head = fwd_mb - n_slow * lt.fwd_s
-    out.append(_time("compute", "forward compute", "m x (L_stage x block forward + LM head and loss on the last stage)",
+    # layers kept in BF16 on the slowest stage (training.layer_precision), each adding the BF16
+    # block's time over the low-precision block's
+    n_bf16 = int(stage_bf16_layers(slow_stage, lay.pp, n_slow, setup.bf16_layers))
+    bf16: dict[str, Any] = {}
+    if n_bf16:
+        lt16 = layer_time(m, bf16_layer_setup(setup), layer_key(lay), layout_kernels(setup, lay), gpu, eff)
+        bf16 = {"bf16_blocks_on_slowest_stage": n_bf16, "bf16_block_extra_forward_s": lt16.fwd_s - lt.fwd_s,
+                "bf16_block_extra_backward_s": lt16.bwd_s - lt.bwd_s}
+    extra_f, extra_b = n_bf16 * bf16.get("bf16_block_extra_forward_s", 0.0), \
+        n_bf16 * bf16.get("bf16_block_extra_backward_s", 0.0)
+    head = fwd_mb - n_slow * lt.fwd_s - extra_f
+    with_bf16 = " + BF16 layers x their extra" if n_bf16 else ""
+    out.append(_time("compute", "forward compute",
+                     f"m x (L_stage x block forward{with_bf16} + LM head and loss on the last stage)",
                      n_mb * fwd_mb, LAYER_TIME, micro_batches_m=n_mb, blocks_on_slowest_stage=n_slow,
-                     block_forward_s=lt.fwd_s, head_and_loss_forward_s=head, slowest_stage=slow_stage))
+                     block_forward_s=lt.fwd_s, head_and_loss_forward_s=head, slowest_stage=slow_stage,
+                     **{k: v for k, v in bf16.items() if "backward" not in k}))
     out.append(_time("compute", f"backward compute (recompute {lay.recompute})",
-                     "m x (L_backward x block backward + LM head and loss backward)", n_mb * bwd_mb, LAYER_TIME,
-                     micro_batches_m=n_mb, blocks_with_backward=n_slow_bwd, block_backward_s=lt.bwd_s,
+                     f"m x (L_backward x block backward{with_bf16} + LM head and loss backward)", n_mb * bwd_mb,
+                     LAYER_TIME, micro_batches_m=n_mb, blocks_with_backward=n_slow_bwd, block_backward_s=lt.bwd_s,
                      head_backward_gemms=head_backward_gemms(setup.finetune),
-                     head_and_loss_backward_s=bwd_mb - n_slow_bwd * lt.bwd_s))
+                     head_and_loss_backward_s=bwd_mb - n_slow_bwd * lt.bwd_s - extra_b,
+                     **{k: v for k, v in bf16.items() if "forward" not in k}))
     ar = "AR(S, n) = 2(n-1) alpha + 2(n-1)/n x S / (B x bus fraction)"
     if lay.tp > 1:
         out.append(_time("communication", "tensor-parallel all-reduces, exposed",

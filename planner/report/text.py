@@ -47,7 +47,9 @@ def fp8_label(s: TrainingSetup) -> str:
     p = s.precision_spec
     if p.fp8 is None:
         return s.precision
-    return f"fp8 recipe {p.fp8.name} ({p.fp8.stack}; {p.fp8.scaling})"
+    start, end = s.bf16_layers
+    kept = f"; the first {start} and the last {end} layers in BF16" if start or end else ""
+    return f"fp8 recipe {p.fp8.name} ({p.fp8.stack}; {p.fp8.scaling}{kept})"
 
 def layout_json(lay: Layout) -> dict[str, Any]:
     out: dict[str, Any] = {
@@ -143,6 +145,7 @@ def assumptions(r: PlanResult) -> dict[str, Any]:
         **({"moe_a2a_overlap": s.moe_a2a_overlap} if s.moe_a2a_overlap != "auto" else {}),
         **({"cuda_graphs": s.cuda_graphs} if s.cuda_graphs != "none" else {}),
         **({"fp8_attention": True} if s.fp8_attention else {}),
+        **({"bf16_layers": {"start": s.bf16_layers[0], "end": s.bf16_layers[1]}} if s.bf16_layers != (0, 0) else {}),
         **({"moe_dispatcher": s.moe_dispatcher} if s.moe_dispatcher != "alltoall" else {}),
         "usable_memory_fraction": s.usable_memory_fraction,
         "overheads": asdict(s.overheads),
@@ -449,6 +452,9 @@ def buy_quiet_line(r: Any) -> str:
         return "no purchase satisfies the constraints" + (f": {r.lines[0]}" if r.lines else "")
     bought = ", ".join(f"{n} x {g}" for g, n in r.nodes.items() if n)
     line = f"buy {bought} nodes: total {usd(r.tco_usd)} (capex {usd(r.capex_usd)}, opex {usd(r.opex_usd)})"
+    stopped = getattr(r.solver, "stopped_by", None)    # a time limit: cost.solve.TIME_LIMIT_S
+    if stopped is not None:
+        line += f"; the solver's {stopped} ended its search: another machine or load may answer otherwise"
     if r.solver.optimal:
         return line
     gap = getattr(r.solver, "gap_found", None)

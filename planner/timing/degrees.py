@@ -54,6 +54,7 @@ from planner.timing.parts import (
     SHARD_3,
     ZERO_12,
 )
+from planner.training.layer_precision import stage_bf16_layers
 from planner.training.moe_runtime import dedup_routing
 from planner.training.setup import TrainingSetup, block_table_setup
 
@@ -200,7 +201,8 @@ class Degrees(NamedTuple):
     c1: np.ndarray
     c2: np.ndarray
     n_slots: int               # the slots some pipeline has
-    per_slot: np.ndarray       # (5 x n_slots, D): layers, pipeline edges, last stage, -inf if absent, backward layers
+    per_slot: np.ndarray       # (6 x n_slots, D): layers, pipeline edges, last stage, -inf if absent, backward layers,
+                               # layers kept in BF16
     q_d: np.ndarray            # per D: its pipeline depth and tp, cp, ep links on every order, numbered 0, 1, ...
     n_q_d: int
     inner_of: tuple[int, ...]  # per order: its set of tp, cp, ep links (the first order with the same ones)
@@ -320,20 +322,22 @@ def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
 
     def stages_of(tp_: int, ep_: int, pp_: int) -> tuple[int, ...]:
         """Per slot: the stage (-1: none), its layers, its blocks with a backward pass, its
-        rank's trainable dense and expert parameters, and its frozen dense and expert bytes
-        (dp.trained_split)."""
-        out = [-1] * SLOTS + [0] * (6 * SLOTS)
+        rank's trainable dense and expert parameters, its frozen dense and expert bytes
+        (dp.trained_split), and its layers kept in BF16 (training.layer_precision)."""
+        out = [-1] * SLOTS + [0] * (7 * SLOTS)
         counts = stage_layers(m.n_layers, pp_, balance)
         for j, (s, c) in enumerate(stage_slots(m.n_layers, pp_, balance)):
             sp = degrees_split(m, pc, setup, tp_, ep_, pp_, etp, s, c)
             n_bwd = backward_layers(ft, m.n_layers, sum(counts[:s]), c)
             for i, x in enumerate((s, c, n_bwd, sp.trainable_dense, sp.trainable_expert, sp.frozen_dense_bytes,
-                                   sp.frozen_expert_bytes)):
+                                   sp.frozen_expert_bytes, stage_bf16_layers(s, pp_, c, bf16))):
                 out[i * SLOTS + j] = x
         return tuple(out)
 
-    stage_d, layers_d, bwd_layers_d, dense, expert, frozen_dense, frozen_expert = np.split(
-        distinct_rows([tp, ep, pp], _rows(7 * SLOTS, np.int64, "stages", m, pc, ft, wb, etp, balance), stages_of), 7)
+    bf16 = setup.bf16_layers
+    stage_d, layers_d, bwd_layers_d, dense, expert, frozen_dense, frozen_expert, bf16_d = np.split(
+        distinct_rows([tp, ep, pp], _rows(8 * SLOTS, np.int64, "stages", m, pc, ft, wb, etp, balance, bf16),
+                      stages_of), 8)
     if max(int(dense.max()), int(expert.max())) * 8 >= EXACT_INT or \
             max(int(frozen_dense.max()), int(frozen_expert.max())) * 2 >= EXACT_INT:
         raise Unsupported("a stage's parameter bytes are too large for exact float conversion")
@@ -437,7 +441,7 @@ def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
     per_slot = np.concatenate([layers_d[:n_slots].astype(np.float64),
                                (stage_d[:n_slots] == 0) + last.astype(np.float64), last.astype(np.float64),
                                np.where(stage_d[:n_slots] >= 0, 0.0, -np.inf),
-                               bwd_layers_d[:n_slots].astype(np.float64)])
+                               bwd_layers_d[:n_slots].astype(np.float64), bf16_d[:n_slots].astype(np.float64)])
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         c0, c1, c2 = dp_tables()
     # the degrees that give a stage the same time for the same block: the same depth (the

@@ -22,6 +22,7 @@ from planner.timing.host_link import activation_offload_exposed_s
 from planner.timing.kernels import BlockShapes, block_compute_s, gemm_time_s, head_backward_gemms, rates
 from planner.timing.mamba import attention_share, dispatch_width, moe_share, tp_collectives_per_layer
 from planner.training.kernels import selective_policy
+from planner.training.layer_precision import bf16_layer_setup
 from planner.training.moe_runtime import a2a_overlapped
 from planner.training.setup import TrainingSetup
 
@@ -162,8 +163,9 @@ def layer_time_table(m: ModelSpec, setup: TrainingSetup, kernels: str, gpu: GpuS
                      ep_bytes, np.where(ep_bytes != 0, np.where(full, 6.0, 4.0), 0.0), hidden[rc]])
 
 
-BLOCK_ROWS = 14     # a block row: LAYER_TIME_FIELDS, then the last stage's forward and backward additions,
-                    # the bytes of the tp all-reduce at each pipeline edge and of a pipeline send
+BLOCK_ROWS = 16     # a block row: LAYER_TIME_FIELDS, then the last stage's forward and backward additions,
+                    # the bytes of the tp all-reduce at each pipeline edge and of a pipeline send, and
+                    # what a layer kept in BF16 adds to the block's forward and backward
 
 
 def block_table(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Efficiency, kernels: str, etp: int,
@@ -182,7 +184,13 @@ def block_table(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Effic
     one block, the MTP module and the loss), a split the planner's stage_layers cannot state;
     timed on top of the planner's split they lengthened the predicted step of every such run by
     13% to 49% and worsened the study out of fold (docs/megatron-bridge-terms.md). Their FLOPs
-    count (timing.flops.with_mtp)."""
+    count (timing.flops.with_mtp).
+
+    A layer kept in BF16 under the low-precision recipe (TrainingSetup.bf16_layers,
+    training.layer_precision) runs the block at bf16 mixed precision: the last two rows are its
+    forward and backward less the low-precision block's (its GEMMs at the BF16 rate, without the
+    recipe's casts), which the stages holding such layers add per layer (timing.stage); 0.0
+    without them."""
     gpu, prec = cluster.gpu, setup.precision_spec
     seq, h, a = setup.seq_len, m.d_model, prec.activation_bytes
     lt = layer_time_table(m, setup, kernels, gpu, eff, seq, etp, tp, sp, cp, ep, mb, rc)
@@ -202,7 +210,12 @@ def block_table(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Effic
             off_fwd, off_bwd = activation_offload_exposed_s(m, setup, key, kernels, gpu, float(lt[0, i]),
                                                             float(lt[1, i]), m.n_layers)
             last_fwd[i], last_bwd[i] = last_fwd[i] + off_fwd, last_bwd[i] + off_bwd
-    return np.concatenate([lt, np.stack([last_fwd, last_bwd, tokens * h * a, tokens * h * a / tp])])
+    extra_fwd = extra_bwd = np.zeros(len(tp))
+    if setup.bf16_layers != (0, 0):
+        bf16 = layer_time_table(m, bf16_layer_setup(setup), kernels, gpu, eff, seq, etp, tp, sp, cp, ep, mb, rc)
+        extra_fwd, extra_bwd = bf16[0] - lt[0], bf16[1] - lt[1]
+    return np.concatenate([lt, np.stack([last_fwd, last_bwd, tokens * h * a, tokens * h * a / tp, extra_fwd,
+                                         extra_bwd])])
 
 
 def layer_key(lay: Layout) -> Layout:

@@ -28,6 +28,7 @@ from planner.models.spec import ModelSpec
 from planner.training.finetune import METHODS
 from planner.training.fp8 import FP4_GPUS, RECIPES
 from planner.training.images import image_refusal
+from planner.training.layer_precision import bf16_layer_refusal
 from planner.training.moe_runtime import A2A_OVERLAPS, CUDA_GRAPHS, DISPATCHERS
 from planner.training.setup import (
     ATTENTION,
@@ -142,6 +143,8 @@ SETUP_RULES: tuple[SetupRule, ...] = (
                             "Megatron-Core's settings: add --stack megatron")),
     SetupRule("fp8-attention-precision", lambda m, s: s.fp8_attention and s.precision_spec.fp8 is None,
               lambda m, s: "--fp8-attention runs under an FP8 recipe: add --precision fp8 (or drop --fp8-attention)"),
+    SetupRule("bf16-layers", lambda m, s: bf16_layer_refusal(s, m.n_layers) is not None,
+              lambda m, s: str(bf16_layer_refusal(s, m.n_layers))),
     SetupRule("moe-imbalance-dense", lambda m, s: s.moe_imbalance != 1.0 and not m.is_moe,
               lambda m, s: f"--moe-imbalance needs a mixture-of-experts model; {m.name} is dense"),
     SetupRule("recompute-every", lambda m, s: not is_int_in(s.recompute_every, 1, MAX_RECOMPUTE_EVERY),

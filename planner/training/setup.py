@@ -289,6 +289,10 @@ class TrainingSetup:
     # optimizer gathers them so; Megatron-Bridge's FP8 current-scaling, delayed and MXFP8 recipes
     # set it (src/megatron/bridge/training/mixed_precision.py, fp8_param_gather = True)
     fp8_param_gather: bool = False
+    # layers kept in BF16 under the low-precision recipe, (first N, last M) of the model
+    # (megatron-core TransformerConfig first_last_layers_bf16, num_layers_at_start_in_bf16,
+    # num_layers_at_end_in_bf16; planner.training.layer_precision); (0, 0): none
+    bf16_layers: tuple[int, int] = (0, 0)
     # MoE routing imbalance: tokens the most loaded expert-parallel rank receives over its
     # balanced share (k T / ep of every rank's tokens). It scales that rank's expert-side
     # saved tensors (memory.moe), its expert GEMMs and its all-to-all bytes (timing.kernels).
