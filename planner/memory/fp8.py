@@ -13,6 +13,7 @@ import numpy as np
 
 from planner.layouts.batch import RECOMPUTES, LayoutArrays
 from planner.layouts.layout import Layout
+from planner.models.matmuls import block_matmuls, mean_block_share
 from planner.models.spec import ModelSpec
 from planner.training.finetune import block_linears
 from planner.training.layer_precision import stage_bf16_layers
@@ -78,7 +79,9 @@ def saved_input_delta_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> 
     (q wide, split by tp), the MLP input (h wide; under MoE the k routed copies, k h) and
     the down projection's input (k d_ff wide, split by tp). h-wide tensors are split by tp
     only under sequence parallelism. Full recomputation keeps only the block's input, so
-    nothing changes; first dense layers of a MoE model are counted as MoE ones."""
+    nothing changes; first dense layers of a MoE model are counted as MoE ones. A hybrid's mean
+    layer (a layer pattern: Mamba, DeltaNet, attention, MoE, MLP layers) saves each letter's own
+    linear inputs, weighted by its share of the layers (hybrid_saved_input_widths)."""
     if lay.recompute == "full":
         return 0
     return int(_saved_input_delta(m, setup, lay.tokens_per_rank, lay.tp, lay.sp))
@@ -93,9 +96,51 @@ def _saved_input_delta(m: ModelSpec, setup: TrainingSetup, tokens: Any, tp: Any,
     delta = r.saved_input_bytes - setup.precision_spec.activation_bytes
     if delta >= 0:
         return 0
-    k = m.n_experts_per_token if m.is_moe else 1
     h_div = np.where(sp, tp, 1)
+    if m.layer_pattern:
+        split_by_sp, split_by_tp = hybrid_saved_input_widths(m)
+        return tokens * (split_by_sp / h_div + split_by_tp / tp) * delta
+    k = m.n_experts_per_token if m.is_moe else 1
     return tokens * (m.d_model / h_div + m.q_dim / tp + k * m.d_model / h_div + k * m.d_ff / tp) * delta
+
+
+# GEMMs of a MoE layer that read the layer's norm output, which its router (kept in 16 bits by
+# every recipe) also saves: models.matmuls names them; the 16-bit tensor stays
+_ROUTER_HELD_INPUTS = ("shared_in", "latent_in")
+
+
+@lru_cache(maxsize=64)
+def hybrid_saved_input_widths(m: ModelSpec) -> tuple[float, float]:
+    """Elements per token of the linear inputs a hybrid's mean layer saves for backward, read off
+    its GEMMs per letter (models.matmuls.block_matmuls, each weighted by mean_block_share): (those
+    split by tp only under sequence parallelism: a column-parallel or unsplit GEMM's input; those
+    split by tp: a row-parallel GEMM's input, the other side of the tensor-parallel region).
+
+    Each GEMM keeps its input once per visit (k for the routed experts, in the latent width under
+    latent MoE); GEMMs of one kind of layer reading the same tensor (MLA's two down-projections)
+    count it once. Left out: the routers' inputs (16 bits under every recipe, as
+    fp8_linears_per_block) and the MoE layer's shared-expert and latent fc1 inputs, the norm output
+    the router keeps in 16 bits. MODELLED: Transformer Engine's linears save their quantized input
+    for the weight gradient, one per module (megatron-core 0.16.1 builds the Mamba in_proj/out_proj,
+    attention linear_qkv/linear_proj, MLP and grouped-expert fc1/fc2 from TE modules in its hybrid
+    layer specs). Not counted: the low-precision copies TE keeps of the router-held input beside the
+    16-bit one (about a d_model per MoE layer)."""
+    seen: set[tuple[str, int, int, bool, int]] = set()
+    split_by_sp = split_by_tp = 0.0
+    for mm in block_matmuls(m):
+        if mm.kind == "router" or mm.name in _ROUTER_HELD_INPUTS:
+            continue
+        row = mm.split == "row"
+        key = (mm.kind, mm.n_blocks, mm.d_in, row, mm.visits)
+        if key in seen:
+            continue
+        seen.add(key)
+        width = mm.d_in * mm.visits * mean_block_share(m, mm)
+        if row:
+            split_by_tp += width
+        else:
+            split_by_sp += width
+    return split_by_sp, split_by_tp
 
 
 def bf16_layer_input_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq_len: int, stage: np.ndarray,

@@ -137,6 +137,17 @@ def fused_mamba_bytes_per_token(m: ModelSpec, a: int) -> float:
     return a * (2 * d + 2 * g * n + m.mamba_heads) + 3 * a * d + 4 * g
 
 
+def _latent_routed(m: ModelSpec, t: ActivationTerm) -> ActivationTerm:
+    """``t``, the block's routed tokens sized in the latent width under latent MoE: the tokens are
+    projected to moe_latent before they are dispatched (megatron-core 0.16.1
+    transformer/moe/moe_layer.py MoELayer.preprocess: fc1_latent_proj, then
+    token_dispatcher.dispatch_preprocess; transformers' NemotronHMoE.forward: fc1_latent_proj, then
+    self.experts), so the permuted copies are k x moe_latent wide, not k x d_model."""
+    if not m.moe_latent or not t.name.startswith("tokens permuted"):
+        return t
+    return replace(t, name=f"{t.name} (latent width)", bytes=t.bytes * m.moe_latent // m.d_model)
+
+
 def hybrid_block_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels: str,
                        block_terms: object) -> list[ActivationTerm]:
     """The mean layer's saved tensors (module docstring). ``block_terms``: memory.activations'
@@ -166,7 +177,10 @@ def hybrid_block_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, kernels:
     if m.n_moe_layers:
         for t in base:
             if _half(t.name) == "mlp":
-                share(t, m.n_moe_layers, "MoE")
+                share(_latent_routed(m, t), m.n_moe_layers, "MoE")
+        if m.moe_latent:
+            add("latent MoE: fc2_latent_proj input (the combined experts' output)", a * m.moe_latent, sp_div,
+                m.n_moe_layers, "MoE")
         shared = replace(flat, n_experts=0, n_experts_per_token=0, d_ff=m.shared_d_ff)
         for t in block_terms(shared, setup, lay, kernels):      # type: ignore[operator]
             if _half(t.name) == "mlp" and not t.name.startswith("MLP input"):
