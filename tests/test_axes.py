@@ -165,3 +165,19 @@ def test_expert_adapters_split_as_the_experts_they_adapt():
     assert split(8, 1).trainable_expert == split(1, 1).trainable_expert == split(4, 1).trainable_expert
     assert split(8, 8).trainable_expert < split(8, 1).trainable_expert
     assert split(8, 1).trainable_dense == split(8, 8).trainable_dense
+
+
+def test_a_batch_without_ep_fold_derives_the_sizes_of_its_layouts():
+    # a batch that leaves ep_fold absent (the search's grid: no layout folds) takes the shortcut
+    # of layouts.data_parallel_size for an int fold; its derived sizes are each layout's own
+    # (Layout's, the same functions Megatron-Core's groups check in the referee test above)
+    lays = [_layout(*s) for s in SHAPES]
+    lays = [lay for lay in lays if not lay.ep_fold]
+    assert len(lays) >= 3, "no unfolded shape: the comparison would check nothing"
+    full = LayoutArrays.from_layouts(lays)
+    absent = dataclasses.replace(full, ep_fold=None)
+    for a in (full, absent):
+        assert a.data_parallel.tolist() == [lay.data_parallel for lay in lays]
+        assert a.dense_shard_degree.tolist() == [lay.dense_shard_degree for lay in lays]
+        assert a.expert_shard_degree.tolist() == [lay.expert_shard_degree for lay in lays]
+        assert a.n_gpus.tolist() == [lay.n_gpus for lay in lays]

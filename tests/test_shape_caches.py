@@ -19,6 +19,7 @@ from conftest import fast_one
 
 from planner.hardware.gpus import get_gpu
 from planner.layouts.batch import LayoutArrays, valid_layouts
+from planner.layouts.distinct import group
 from planner.layouts.layout import Layout
 from planner.memory import activations, peak, shapes
 from planner.memory.activations import block_terms, layer_activation_terms, terms_key
@@ -266,9 +267,10 @@ def test_state_terms_read_only_the_state_fields(name: str) -> None:
         if not len(a):      # (torchtitan's stack runs no MoE model here)
             continue
         checked += 1
-        inv, first = shapes.group([a.field(f) for f in peak.STATE_FIELDS])
-        last = np.zeros_like(first)
-        last[inv] = np.arange(len(inv))                   # the last write of a repeated index stands
+        inv, rep = group([a.field(f) for f in peak.STATE_FIELDS])
+        first, last = np.full_like(rep, len(inv)), np.zeros_like(rep)
+        np.minimum.at(first, inv, np.arange(len(inv)))
+        np.maximum.at(last, inv, np.arange(len(inv)))
         differs = sum(int((a.field(f)[first] != a.field(f)[last]).any())
                       for f in ("micro_batch", "grad_accum", "vp", "recompute"))
         assert differs, "each state's first and last layouts alike: the comparison would check nothing"

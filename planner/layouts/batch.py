@@ -13,6 +13,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from planner.layouts.distinct import Unsupported as Unsupported  # (where the batched models raise it)
+from planner.layouts.distinct import group
 from planner.layouts.layout import (
     AXIS_NAMES,
     SHARDINGS,
@@ -38,10 +40,6 @@ from planner.models.spec import ModelSpec
 from planner.training.setup import TrainingSetup
 
 RECOMPUTES = ("none", "selective", "full")
-
-
-class Unsupported(Exception):
-    """The set-up or the numbers are outside what the batched models cover."""
 
 
 def at_least_one_instance(x: Any) -> Any:
@@ -74,6 +72,11 @@ class LayoutArrays:
 
     FIELDS: ClassVar[tuple[str, ...]] = ()      # every field, in the dataclass's order (set below)
 
+    @property
+    def folds(self) -> np.ndarray | int:
+        """ep_fold per layout, or 0 for all where not given (no array of zeros built)."""
+        return 0 if self.ep_fold is None else self.ep_fold
+
     def seq_len_per_rank(self, seq_len: int) -> np.ndarray:
         """The sequence positions one rank holds per layout (layout.seq_len_per_rank)."""
         return seq_len_per_rank(seq_len, self.cp)
@@ -81,17 +84,17 @@ class LayoutArrays:
     @property
     def data_parallel(self) -> np.ndarray:
         """Megatron's data-parallel size (Layout.data_parallel)."""
-        return data_parallel_size(self.dp, self.ep, self.field("ep_fold"))
+        return data_parallel_size(self.dp, self.ep, self.folds)
 
     @property
     def dense_shard_degree(self) -> np.ndarray:
         """Ranks that hold replicas of a dense weight (Layout.dense_shard_degree)."""
-        return dense_shard_size(self.dp, self.cp, self.ep, self.field("ep_fold"))
+        return dense_shard_size(self.dp, self.cp, self.ep, self.folds)
 
     @property
     def expert_shard_degree(self) -> np.ndarray:
         """The expert data-parallel group (Layout.expert_shard_degree)."""
-        return expert_data_parallel_size(self.dp, self.tp, self.cp, self.ep, self.expert_tp, self.field("ep_fold"))
+        return expert_data_parallel_size(self.dp, self.tp, self.cp, self.ep, self.expert_tp, self.folds)
 
     @property
     def model_parallel(self) -> np.ndarray:
@@ -100,7 +103,7 @@ class LayoutArrays:
 
     @property
     def n_gpus(self) -> np.ndarray:
-        return world_size(self.dp, self.tp, self.pp, self.cp, self.ep, self.field("ep_fold"))
+        return world_size(self.dp, self.tp, self.pp, self.cp, self.ep, self.folds)
 
     @property
     def expert_tp(self) -> np.ndarray:
@@ -123,10 +126,10 @@ class LayoutArrays:
         rows = np.flatnonzero((self.sharding == SHARDINGS.index("fsdp-hybrid")) & (inst <= 1))
         if not len(rows):
             return out
-        keys = np.stack([self.dense_shard_degree[rows], self.tp[rows]], axis=1)
-        uniq, inv = np.unique(keys, axis=0, return_inverse=True)
-        degs = [hybrid_shard_ranks(d_all, t, gpus_per_node) for d_all, t in uniq.tolist()]
-        out[rows] = np.array(degs, dtype=np.int64)[inv.reshape(-1)]
+        keys = (self.dense_shard_degree[rows], self.tp[rows])
+        inv, first = group(keys)
+        degs = [hybrid_shard_ranks(d_all, t, gpus_per_node) for d_all, t in zip(*(k[first].tolist() for k in keys))]
+        out[rows] = np.array(degs, dtype=np.int64)[inv]
         return out
 
     def hybrid_replicate(self, gpus_per_node: int) -> np.ndarray:
@@ -227,13 +230,23 @@ def _cells(view: RuleView, shape: tuple[int, ...], at_cells: tuple[np.ndarray, .
         at_cells = tuple(c[:-(-limit // per)] for c in at_cells)
     n = len(at_cells[0]) * per
 
+    repeated: dict[int, np.ndarray] = {}     # axis -> the cells' index along it, repeated per mode
+
     def at(x: np.ndarray) -> np.ndarray:
         """x broadcast over the grid, at the cells, each repeated per recomputation mode:
         indexed along its own axes only (along all five and the modes', 428,334 layouts of 128
-        batches took 14 ms a field)."""
+        batches took 14 ms a field). A field along one axis (the degrees, sharding, vp,
+        micro-batch) is taken at that axis's repeated index, shared by the fields (issue 32:
+        half the time of indexing and repeating each)."""
         x = np.asarray(x).reshape((1,) * (len(shape) - np.ndim(x)) + np.shape(x))
         if x.size == 1:
             return np.full(n, x.reshape(()), dtype=x.dtype)[:limit]
+        axes = [i for i, d in enumerate(x.shape) if d > 1]
+        if len(axes) == 1:
+            (axis,) = axes
+            if axis not in repeated:
+                repeated[axis] = np.repeat(at_cells[axis], per)[:limit]
+            return x.reshape(-1).take(repeated[axis])
         return np.repeat(x[tuple(c if d > 1 else 0 for c, d in zip(at_cells, x.shape))], per)[:limit]
 
     degrees: dict[str, Any] = {a: at(getattr(view, a)) for a in AXIS_NAMES}
@@ -241,8 +254,16 @@ def _cells(view: RuleView, shape: tuple[int, ...], at_cells: tuple[np.ndarray, .
     return LayoutArrays(**degrees, zero_stage=at(view.zero_stage), sharding=at(view.sharding), sp=at(view.sp),
                         vp=at(view.vp), micro_batch=at(view.micro_batch), grad_accum=at(view.grad_accum),
                         recompute=np.tile(np.array(rcs, dtype=np.int64), len(at_cells[0]))[:limit],
-                        etp=np.full(k, int(view.etp), dtype=np.int64),
-                        optimizer_instances=np.full(k, int(view.optimizer_instances), dtype=np.int64))
+                        etp=_constant(k, int(view.etp), 0),
+                        optimizer_instances=_constant(k, int(view.optimizer_instances), 1))
+
+
+def _constant(n: int, value: int, unset: int) -> np.ndarray | None:
+    """A field of one value over ``n`` layouts: None (not given) where the value means what an
+    absent field means (etp 0: tp; one distributed-optimizer instance), which every reader of
+    the field takes as that value (LayoutArrays.field, expert_tp, instances) and take() and the
+    groups pass over no array of it; else the array."""
+    return None if value <= unset else np.full(n, value, dtype=np.int64)
 
 
 def _grid_shape(view: RuleView, shapes: list[DegreeShape], vps: list[int]) -> tuple[int, ...]:

@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from planner.layouts.batch import RECOMPUTES, LayoutArrays, Unsupported
+from planner.layouts.batch import RECOMPUTES, LayoutArrays
+from planner.layouts.distinct import group
 from planner.layouts.layout import SHARDINGS
 from planner.training.kernels import auto_fuses
 
@@ -133,96 +134,6 @@ def rows(width: int, dtype: type, *key: object) -> Rows:
     if rows is None:
         rows = ROWS[key] = Rows(width, dtype)
     return rows
-
-
-def renumber(values: np.ndarray, span: int) -> tuple[np.ndarray, int]:
-    """The distinct values of ``values`` (0 <= values < span) numbered 0, 1, ... in
-    increasing order, through a lookup table of ``span`` entries: (numbers, how many)."""
-    present = np.zeros(span, dtype=bool)
-    present[values] = True
-    distinct = np.flatnonzero(present)
-    number = np.empty(span, dtype=np.int64)
-    number[distinct] = np.arange(len(distinct))
-    return number[values], len(distinct)
-
-
-def group(columns: Sequence[np.ndarray], bounds: Sequence[tuple[int, int | None] | None] | None = None
-           ) -> tuple[np.ndarray, np.ndarray]:
-    """(inverse, representatives): the group of each row by its values in ``columns``
-    (groups in increasing order of the packed key), and one row index per group.
-    ``bounds``: (lowest, highest) possible value of each column where known (None
-    where not), which spares a pass over it for its minimum and maximum; (lowest, None)
-    spares the pass for the minimum (a column whose largest value is the lowest possible is
-    constant, and one with a positive lowest value is packed from 0 rather than shifted).
-
-    The columns are packed into one int64 key (mixed radix, the first column least
-    significant; a column with one value is left out). A wide column (a dp of up to
-    16,384) has its values numbered first, and the columns packed so far are numbered by
-    their distinct values whenever the key range would outgrow a lookup table; both keep
-    the order of the keys. A small key range is grouped through a lookup table, with no
-    sort."""
-    n = len(columns[0])
-    limit = max(1 << 16, 4 * n)
-    key, scale = None, 1
-    for i, col in enumerate(columns):
-        bound = bounds[i] if bounds is not None else None
-        if bound is None:
-            lo, hi = int(col.min()), int(col.max())
-        elif bound[1] is None:      # only the lowest possible value known: a column at it is
-            lo, hi = bound[0], int(col.max())      # constant, else it is packed from 0 up
-            if hi == lo:
-                continue
-            lo = min(lo, 0)
-        else:
-            lo, hi = bound[0], int(bound[1])
-        span = hi - lo + 1
-        if span == 1:
-            continue
-        if lo:
-            col = col - lo
-        if 64 < span <= limit and (key is None and span > 1024 or scale * span > limit):
-            col, span = renumber(col, span)
-        if key is None:
-            key, scale = col, span
-            continue
-        if scale * span > limit and scale <= limit:
-            key, scale = renumber(key, scale)
-        if scale * span >= 2**62:
-            raise Unsupported("shape columns too wide to pack into one key")
-        key = key + col * scale
-        scale *= span
-    if key is None:
-        return np.zeros(n, dtype=np.int64), np.zeros(1, dtype=np.int64)
-    if scale <= limit:
-        return group_packed(key, scale)
-    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-    return inverse.reshape(-1), first
-
-
-def group_packed(key: np.ndarray, span: int) -> tuple[np.ndarray, np.ndarray]:
-    """group() of one column already packed into 0 <= key < span, for a span small
-    enough for a lookup table: (inverse, representatives), in increasing key order. One
-    pass writes each row's number into the table at its key (any row of a group stands
-    for it: they agree), which marks the keys present and gives the representatives; the
-    table then numbers the groups."""
-    table = np.full(span, -1, dtype=np.int64)
-    table[key] = arange(len(key))
-    present = np.flatnonzero(table >= 0)
-    rep = table[present]
-    table[present] = arange(len(present))
-    return table[key], rep
-
-
-_ARANGE = np.arange(0)
-
-
-def arange(n: int) -> np.ndarray:
-    """np.arange(n), read-only, from one array kept across calls."""
-    global _ARANGE
-    if n > len(_ARANGE):
-        _ARANGE = np.arange(max(n, 2 * len(_ARANGE)))
-        _ARANGE.flags.writeable = False
-    return _ARANGE[:n]
 
 
 @dataclass(frozen=True, slots=True)

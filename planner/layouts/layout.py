@@ -225,7 +225,11 @@ def seq_len_per_rank(seq_len: Any, cp: Any) -> Any:
 def data_parallel_size(dp: Any, ep: Any, ep_fold: Any) -> Any:
     """Megatron's data-parallel size world / (tp x cp x pp) (megatron-core 0.16.1
     parallel_state.py line 743): dp x ep, where the ep ranks read different data beside dp;
-    dp itself where ep is folded over tp x cp x dp (Layout.ep_fold). Ints or numpy arrays."""
+    dp itself where ep is folded over tp x cp x dp (Layout.ep_fold). Ints or numpy arrays
+    (``ep_fold`` an int or bool for every layout at once: a batch none of whose layouts folds
+    multiplies dp by ep alone, without the masks' passes over it)."""
+    if isinstance(ep_fold, int):
+        return dp * ep if ep_fold <= 0 else dp * 1
     return dp * (ep * (ep_fold <= 0) + (ep_fold > 0))
 
 

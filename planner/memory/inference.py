@@ -54,6 +54,7 @@ import numpy as np
 
 from planner.hardware.gpus import GpuSpec
 from planner.layouts.batch import LayoutArrays
+from planner.layouts.distinct import group
 from planner.layouts.layout import divisors
 from planner.layouts.rules import split_refusal
 from planner.memory.shapes import stage_figures
@@ -255,8 +256,9 @@ class LoadBatch:
 
 def _per_value(fn: Callable[[int], int], x: np.ndarray) -> np.ndarray:
     """fn of each element of an int array, called once per distinct value."""
-    values, inv = np.unique(x, return_inverse=True)
-    return np.array([fn(v) for v in values.tolist()], dtype=np.int64)[inv.reshape(x.shape)]
+    flat = x.ravel()
+    inv, first = group([flat])
+    return np.array([fn(v) for v in flat[first].tolist()], dtype=np.int64)[inv.reshape(x.shape)]
 
 
 def load_memory_batch(m: ModelSpec, setup: LoadSetup, tp: np.ndarray, pp: np.ndarray,

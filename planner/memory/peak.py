@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from planner.layouts.batch import RECOMPUTES, LayoutArrays
+from planner.layouts.groups import group
 from planner.layouts.layout import SHARDINGS
 from planner.limits import saturated_bytes
 from planner.memory import shapes as sh
@@ -266,7 +267,7 @@ def _kept_state_terms(m: ModelSpec, setup: TrainingSetup, sa: LayoutArrays, pc: 
     if len(sa) > KEPT_STATES:
         return state_terms(m, setup, sa, pc, gpus_per_node)
     key = (m, block_table_setup(setup), pc, gpus_per_node, len(sa),
-           *(sa.field(f).astype(np.int64).tobytes() for f in STATE_FIELDS))
+           *(sa.field(f).astype(np.int64, copy=False).tobytes() for f in STATE_FIELDS))
     hit = _KEPT.get(key)
     if hit is not None:
         return hit[0]
@@ -384,8 +385,8 @@ def memory_batch(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: ParamC
     pc = pc or count_params(m)
     seq = setup.seq_len if seq_len is None else seq_len
     n = len(a)
-    inv, first = sh.group([a.field(f) for f in STATE_FIELDS]) if n else (np.zeros(0, np.int64),) * 2
-    s = _kept_state_terms(m, setup, LayoutArrays(*(a.field(f)[first] for f in LayoutArrays.FIELDS)), pc,
+    inv, first = group([a.field(f) for f in STATE_FIELDS])
+    s = _kept_state_terms(m, setup, a.take(first), pc,
                           gpus_per_node)
     t = step_terms(m, setup, a, seq, s, inv)
 
@@ -521,10 +522,11 @@ def _fsdp_step_terms(s: StateTerms, common: dict[str, Any], g: Any, full_trainin
     done_l, done_g, done_dense_l, done_expert_l = g(f.done), g(f.done_grads), g(f.done_dense), g(f.done_expert)
     if f.may_be_early.any():
         # (gradients that persist, or a frozen base's, are held whatever is done: 0 added)
-        added = g(f.block_sharded_grads) if counted is None else g(f.block_sharded_grads) * counted
+        sharded_l = g(f.block_sharded_grads)
+        added = sharded_l if counted is None else sharded_l * counted
         early = g(f.may_be_early) & (layer_act > added)
         done_l = done_l + (1 - done_l) * early
-        done_g = done_g + (g(f.block_sharded_grads) - done_g) * early
+        done_g = done_g + (sharded_l - done_g) * early
         done_dense_l = done_dense_l + (g(f.block_dense) - done_dense_l) * early
         done_expert_l = done_expert_l + (g(f.block_expert) - done_expert_l) * early
     # (masks select by multiplying: x * mask, or y + (x - y) * mask, is np.where(mask, x, y)
@@ -532,7 +534,8 @@ def _fsdp_step_terms(s: StateTerms, common: dict[str, Any], g: Any, full_trainin
     done_acts = saturated_bytes(np.multiply(done_l, layer_act, dtype=np.float64))
     end_acts = last_block + (acts - done_acts + working + head_l - last_block) * fsdp_l + end_a_l
     end_grads = grads if counted is None else grads + (done_g - grads) * counted
-    end_w_l, end_b_l = g(f.end_weights), np.maximum(buffers, g(f.end_buffers))
+    end_buf_l = g(f.end_buffers)
+    end_w_l, end_b_l = g(f.end_weights), np.maximum(buffers, end_buf_l)
     fsdp_end = (_per_state(f.end_weights), _per_state(f.end_activations), _per_state(f.end_buffers))
     if f.post_ok.any():
         # the first block's post-backward where it holds more (buffers.fsdp_post_backward_bytes):
@@ -540,10 +543,11 @@ def _fsdp_step_terms(s: StateTerms, common: dict[str, Any], g: Any, full_trainin
         post_a_l = g(f.post_activations)
         post_acts = acts - layer_act + head_l + post_a_l
         post_grads = grads if counted is None else grads - grads * counted
-        post_b_l = np.maximum(buffers, g(f.post_buffers))
-        post = g(f.post_ok) & (g(f.post_weights) + post_grads + post_acts + post_b_l
+        post_w_l, post_buf_l = g(f.post_weights), g(f.post_buffers)
+        post_b_l = np.maximum(buffers, post_buf_l)
+        post = g(f.post_ok) & (post_w_l + post_grads + post_acts + post_b_l
                                > end_w_l + end_grads + end_acts + end_b_l)
-        end_w_l = end_w_l + (g(f.post_weights) - end_w_l) * post
+        end_w_l = end_w_l + (post_w_l - end_w_l) * post
         end_grads = end_grads + (post_grads - end_grads) * post
         end_acts = end_acts + (post_acts - end_acts) * post
         end_b_l = end_b_l + (post_b_l - end_b_l) * post
@@ -551,7 +555,7 @@ def _fsdp_step_terms(s: StateTerms, common: dict[str, Any], g: Any, full_trainin
         done_l = done_l + (1 - done_l) * post
         if counted is not None:
             counted = counted & ~post
-        fsdp_end = (end_w_l, end_a_l, g(f.end_buffers) + (g(f.post_buffers) - g(f.end_buffers)) * post)
+        fsdp_end = (end_w_l, end_a_l, end_buf_l + (post_buf_l - end_buf_l) * post)
     fwd = Held(g(f.forward_weights), ABSENT + (g_held - ABSENT) * fsdp_l, acts - layer_act,
                np.maximum(buffers, g(f.forward_buffers)))
     return StepTerms(**common, block_working=working + head_l + g(f.last_activations),

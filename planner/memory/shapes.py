@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
+from planner.layouts import distinct
 from planner.layouts.batch import RECOMPUTES, LayoutArrays
 from planner.layouts.layout import Layout
 from planner.memory.activations import (
@@ -53,7 +54,6 @@ __all__ = [
     "SplitArrays",
     "StageFigures",
     "activation_figures",
-    "group",
     "in_flight_microbatches",
     "optimizer_bytes_per_param",
     "stage_figures",
@@ -100,54 +100,6 @@ class SplitArrays:
         return self.frozen_dense_bytes + self.frozen_expert_bytes
 
 
-DENSE_CODES = 1 << 20     # a column whose values are below this is coded through a lookup table
-
-
-def _codes(c: np.ndarray) -> tuple[np.ndarray | None, int]:
-    """The rank of each value of a non-negative int column among its distinct values, and
-    how many there are: a lookup table for small values (no sort), np.unique otherwise; None
-    for a column of one value (every rank 0)."""
-    if c.dtype == bool:
-        c = c.astype(np.int64)
-    top = int(c.max(initial=0))
-    if top == int(c.min(initial=0)):
-        return None, 1
-    if top < DENSE_CODES:
-        present = np.zeros(top + 1, dtype=bool)
-        present[c] = True
-        rank = np.cumsum(present) - 1
-        return rank[c], int(rank[-1]) + 1
-    _, inv = np.unique(c, return_inverse=True)
-    return inv.reshape(-1), int(inv.max(initial=-1)) + 1
-
-
-def group(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """(inverse, first row) of the distinct rows of non-negative int columns, the distinct
-    rows in lexicographic order (as np.unique orders them). Each column is first coded by
-    rank (a column of one value adds nothing: 43% of them in the 256-job `plan buy`); where
-    the product of the columns' distinct counts is at most 4 per row the rows are told apart
-    through a table instead of a sort (a larger table costs more than the sort: issue 32)."""
-    n = len(columns[0])
-    key, size = np.zeros(n, dtype=np.int64), 1
-    for c in columns:
-        code, k = _codes(c)
-        if code is not None:
-            if size * k >= 2**62:      # the key so far coded by rank first: no int64 overflow (size, k <= n)
-                packed, size = _codes(key)
-                key = np.zeros(n, dtype=np.int64) if packed is None else packed
-            key, size = key * k + code, size * k
-    if n == 0 or size > 4 * n:
-        _, first, inv = np.unique(key, return_index=True, return_inverse=True)
-        return inv.reshape(-1), first
-    present = np.zeros(size, dtype=bool)
-    present[key] = True
-    rank = np.cumsum(present) - 1
-    inv = rank[key]
-    first = np.empty(int(rank[-1]) + 1, dtype=np.int64)
-    first[inv[::-1]] = np.arange(n - 1, -1, -1)      # the last write of a repeated index stands
-    return inv, first
-
-
 _TABLES: dict[tuple[object, ...], dict[tuple[int, ...], tuple[int, ...]]] = {}
 
 
@@ -165,7 +117,7 @@ def _table(*key: object) -> dict[tuple[int, ...], tuple[int, ...]]:
 def _gather(columns: list[np.ndarray], fn: object, memo: dict[tuple[int, ...], tuple[int, ...]],
             width: int) -> np.ndarray:
     """fn(*row) for each distinct row of ``columns``, as a (width, batch) int64 array."""
-    inv, first = group(columns)
+    inv, first = distinct.group(columns)
     rows = []
     for key in zip(*(c[first].tolist() for c in columns)):
         hit = memo.get(key)
@@ -351,8 +303,11 @@ def memory_grad_accum(a: LayoutArrays, setup: TrainingSetup) -> np.ndarray:
     the schedule is read (tests/test_sweep_shared.py checks every term of both)."""
     ga = a.grad_accum
     group = setup.pp_microbatch_group
+    saturated = np.minimum(ga, np.maximum(a.pp, 2))
+    if setup.pp_balance == "none" and group <= 0:      # no layout reads the exact schedule
+        return saturated
     exact = (a.vp > 1) & (a.pp > 1) & ((setup.pp_balance != "none") | ((group > 0) & (a.pp != group)))
-    return np.where(exact, ga, np.minimum(ga, np.maximum(a.pp, 2)))
+    return np.where(exact, ga, saturated)
 
 
 def in_flight_microbatches(a: LayoutArrays, stage: np.ndarray, n_layers: int = 0, balance: str = "none",
@@ -394,9 +349,9 @@ def _interleaved_held(a: LayoutArrays, stage: np.ndarray, n_layers: int, balance
     pick = (cols[1] > 1) & (cols[0] > 1) & (cols[3] >= 0) & (cols[3] < cols[0]) & (cols[4] > 0)
     if not pick.any():
         return held
-    keys = np.stack([c[pick] for c in cols[:4]], axis=1)
-    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
-    vals = np.array([held_layer_micro_batches(n_layers, int(p), int(v), int(m), int(s), balance, group)
-                     for p, v, m, s in uniq.tolist()], dtype=np.float64)
-    out[pick] = vals[inv.ravel()] / cols[4][pick]
+    keys = [c[pick] for c in cols[:4]]
+    inv, first = distinct.group(keys)
+    vals = np.array([held_layer_micro_batches(n_layers, p, v, m, s, balance, group)
+                     for p, v, m, s in zip(*(k[first].tolist() for k in keys))], dtype=np.float64)
+    out[pick] = vals[inv] / cols[4][pick]
     return out.reshape(shape)

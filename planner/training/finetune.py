@@ -265,8 +265,14 @@ class TrainableCount:
 
 def trainable_count(m: ModelSpec, spec: FinetuneSpec, pc: ParamCount | None = None) -> TrainableCount:
     """How many parameters train under ``spec``: all of them (full), the adapters (LoRA,
-    QLoRA: equal to PEFT's ``print_trainable_parameters``), or the last blocks (freeze)."""
-    pc = pc or count_params(m)
+    QLoRA: equal to PEFT's ``print_trainable_parameters``), or the last blocks (freeze). Kept
+    per arguments (none is a layout's: rank_split asks it per stage shape, 2,167 times in the
+    256-job `plan buy`, issue 32)."""
+    return _trainable_count(m, spec, pc or count_params(m))
+
+
+@lru_cache(maxsize=1024)
+def _trainable_count(m: ModelSpec, spec: FinetuneSpec, pc: ParamCount) -> TrainableCount:
     if spec.method == "full":
         expert = pc.expert_per_layer * pc.n_experts
         return TrainableCount(dense_per_layer=pc.per_layer - expert, expert_per_layer=expert,
@@ -430,9 +436,7 @@ def rank_split(m: ModelSpec, pc: ParamCount, spec: FinetuneSpec, lay: Layout, de
     outside = count.outside if last_stage else 0
     frozen_dense = int((dense - root) * bb.dense_bytes_per_param) + root * weight_bytes
     frozen_expert = int(expert * bb.expert_bytes_per_param)
-    targets = resolve_targets(m, spec)
-    largest = max((spec.lora_rank * lin.rank_factor * lin.n_copies * max(lin.d_in, lin.d_out) for lin in targets),
-                  default=0)
+    largest = largest_adapter_numel(m, spec)
     dequant = ceil_div(bb.largest_linear_numel, tp) * 2 if spec.quant != "none" and n_layers else 0
     return RankSplit(trainable_dense=n_layers * a_dense + outside, trainable_expert=n_layers * a_expert,
                      frozen_dense_bytes=frozen_dense, frozen_expert_bytes=frozen_expert,
@@ -440,6 +444,14 @@ def rank_split(m: ModelSpec, pc: ParamCount, spec: FinetuneSpec, lay: Layout, de
                      block_frozen_bytes=int(layer_dense * bb.dense_bytes_per_param
                                             + layer_expert * bb.expert_bytes_per_param),
                      largest_trainable=ceil_div(largest, tp), dequant_bytes=dequant)
+
+
+@lru_cache(maxsize=1024)
+def largest_adapter_numel(m: ModelSpec, spec: FinetuneSpec) -> int:
+    """Elements of the largest adapter tensor of one block, before tp (r x the wider side of
+    its linear, every copy); kept per arguments (rank_split asks it per stage shape)."""
+    return max((spec.lora_rank * lin.rank_factor * lin.n_copies * max(lin.d_in, lin.d_out)
+                for lin in resolve_targets(m, spec)), default=0)
 
 
 # ------------------------------------------------------------------------- activations
