@@ -187,12 +187,12 @@ def _fastest_of(m: ModelSpec, pc: ParamCount, ns: Sequence[int], arrays: LayoutA
         assert batch is not None
         setup = segments[next(iter(timed.values()))[0]][0].setup
         fitting = {key: sum(len(fits[k]) for k in ks) for key, ks in timed.items()}
-        # clusters that fit half the layouts or more, two or more of them, or one that fits
-        # three quarters: timed from one context of every layout, not a copy (their groups, FLOPs
-        # and GPUs are every cluster's, timing.context.LayoutContext; the rows none fits add
-        # shapes only); any other from one of the rows it may fit (a GPU type with little memory
-        # fits few: buy16-largest's 23 types)
-        share = [key for key, f in fitting.items() if 2 * f >= len(arrays)]
+        # of at most SHARE_TYPES clusters, those that fit half the layouts or more, two or more
+        # of them, or one that fits three quarters: timed from one context of every layout, not
+        # a copy (their groups, FLOPs and GPUs are every cluster's, timing.context.LayoutContext;
+        # the rows a cluster does not fit add pipeline shapes and degrees it works out for
+        # nothing); any other from one of the rows it may fit
+        share = [key for key, f in fitting.items() if 2 * f >= len(arrays)] if len(timed) <= SHARE_TYPES else []
         if len(share) < 2:
             share = [key for key in share if 4 * fitting[key] >= 3 * len(arrays)]
         whole = layout_context(m, setup, arrays, pc) if share else None
@@ -216,6 +216,10 @@ def _fastest_of(m: ModelSpec, pc: ParamCount, ns: Sequence[int], arrays: LayoutA
     return out  # type: ignore[return-value]
 
 
+# the most GPU types a count times on for them to share one context of its layouts: the 8-model
+# `plan buy` (3 types) spent 0.45 s less of CPU with it, the 16 jobs of the largest models over
+# 23 types 0.4-0.8 s more (each type works out the shapes and degrees of every layout)
+SHARE_TYPES = 4
 PRUNE_ROWS = 4096      # a batch of fewer layouts that may fit is timed whole (its bounds would spare little)
 
 
