@@ -87,19 +87,31 @@ def contradicting_options(kw: Mapping[str, Any]) -> str | None:
                 # --dp given as Megatron's data-parallel size, which the planner counts beside ep
                 hint = (f" (the planner's --dp counts data-parallel ranks beside ep; drop --dp {fixed['dp']} "
                         f"to fold ep over tp x cp x dp, as Megatron-Core does)")
+            elif kw.get("etp") is None and folds_on({**kw, "etp": 1}, n_gpus):
+                # megatron-core sets etp to tp unless given: the fold tiles only with etp 1
+                hint = f" (ep folds over tp x cp x dp with --etp 1, not the default etp = tp = {kw.get('tp') or 1})"
             return f"--n-gpus {n_gpus} is not a multiple of {names} = {prod}; change --n-gpus or the degrees{hint}"
     return None
 
 
 def folds_on(kw: Mapping[str, Any], n_gpus: int) -> bool:
     """Whether the options' --ep folds over tp x cp x dp on ``n_gpus`` (no --dp given;
-    layouts.layout.ep_folds, the rule api.fixed_layout builds the layout with)."""
-    from planner.layouts.layout import ep_folds
+    layouts.layout.ep_folds, the rule api.fixed_layout builds the layout with) into a grid
+    megatron-core tiles (layouts.layout.fold_indivisible; a tp, pp or cp left open counts as 1,
+    the largest stage, which any other choice's stage divides). With tp and pp both given, the
+    layout's own rule "ep-fold-divides" says why (layouts.rules); with either open the search
+    skips such folds (layouts.layout.folded_shapes), so `--ep 8 --n-gpus 12` was explained as a
+    memory limit."""
+    from planner.layouts.layout import ep_folds, expert_tp_size, fold_indivisible
 
     if kw.get("dp") is not None or kw.get("ep") is None:
         return False
     tp, pp, cp = (kw.get(a) or 1 for a in ("tp", "pp", "cp"))
-    return ep_folds(n_gpus, tp, pp, cp, kw["ep"])
+    if not ep_folds(n_gpus, tp, pp, cp, kw["ep"]):
+        return False
+    if kw.get("tp") is not None and kw.get("pp") is not None:
+        return True
+    return not fold_indivisible(tp, cp, n_gpus // (tp * cp * pp), expert_tp_size(kw.get("etp") or 0, tp), kw["ep"])
 
 
 def degrees_past_limit(kw: Mapping[str, Any]) -> str | None:

@@ -1,0 +1,42 @@
+"""Hostile inputs on the ninth stop's new surfaces (issue 32): --ep given with tp or pp left open,
+--bf16-layers, and `plan buy` jobs no layout can run. Each case is a command that gave a wrong
+reason (a memory limit, a way out that fails) before its fix."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from planner.cli.main import cli
+
+
+def _plan(*args: str) -> tuple[int, str]:
+    res = CliRunner().invoke(cli, list(args), prog_name="plan")
+    return res.exit_code, res.output
+
+
+@pytest.mark.parametrize("degrees, product", [(("--ep", "8"), "--ep 8 = 8"),
+                                              (("--ep", "8", "--tp", "2"), "--tp 2 x --ep 8 = 16"),
+                                              (("--ep", "8", "--pp", "3"), "--pp 3 x --ep 8 = 24")])
+def test_an_ep_that_neither_divides_nor_folds_the_gpus_is_refused_as_such(degrees, product):
+    """megatron-core 0.16.1 parallel_state.initialize_model_parallel (lines 788-795) needs etp x ep x pp
+    to divide the world: on 12 GPUs ep 8 (etp 1 or tp) times any pp dividing 12 does not, and 12 / (tp pp)
+    is no multiple of 8 either, so no layout runs. It was answered "No layout fits on 12 x h100 ...
+    weights alone take 695.93 GiB ... it fits from 16: raise --max-gpus", a memory limit."""
+    code, out = _plan("--model", "mixtral-8x7b", "--gpus", "h100", "--n-gpus", "12", *degrees)
+    assert code == 2 and len(out.strip().splitlines()) == 1
+    assert f"--n-gpus 12 is not a multiple of {product}" in out and "fits" not in out
+
+
+def test_a_fold_that_tiles_only_with_etp_1_names_it():
+    """Megatron-Bridge's Nemotron 3 Super layout (tests/data/megatron_bridge_runs.json: 64 GPUs, TP 2, EP 64,
+    ETP 1) without --etp: megatron-core defaults etp to tp (model_parallel_config.py lines 413-414), and
+    etp 2 x ep 64 = 128 does not divide 64 GPUs; with --etp 1 it plans (test_ep_fold). It was answered
+    "no layout fits on 64 x h100"."""
+    code, out = _plan("--model", "nemotron-3-super", "--gpus", "h100", "--n-gpus", "64", "--tp", "2", "--ep", "64",
+                      "-q")
+    assert code == 2 and len(out.strip().splitlines()) == 1
+    assert "with --etp 1, not the default etp = tp = 2" in out
+    code, _ = _plan("--model", "nemotron-3-super", "--gpus", "h100", "--n-gpus", "64", "--tp", "2", "--ep", "64",
+                    "--etp", "1", "-q")
+    assert code == 0
