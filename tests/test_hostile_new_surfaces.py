@@ -40,3 +40,21 @@ def test_a_fold_that_tiles_only_with_etp_1_names_it():
     code, _ = _plan("--model", "nemotron-3-super", "--gpus", "h100", "--n-gpus", "64", "--tp", "2", "--ep", "64",
                     "--etp", "1", "-q")
     assert code == 0
+
+
+def test_a_buy_job_no_layout_can_run_is_not_called_a_memory_limit(tmp_path):
+    """A QLoRA job of Nemotron 3 Super with global batch 17: `plan` answers "no layout can run ... (not a
+    memory limit): global batch 17 is not a multiple of ..." (quantized weights run under data parallelism
+    only, training.finetune), while `plan buy` said "no layout fits in memory on up to 4096 GPUs"."""
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text("jobs:\n  - name: q\n    model: nemotron-3-super\n    method: qlora\n"
+                    "    lora_targets: all-linear\n    tokens: 1B\n    deadline: 30d\n    global_batch: 17\n")
+    code, out = _plan("buy", str(jobs), "--gpus", "h100", "--max-gpus", "64")
+    assert code == 2 and "Traceback" not in out
+    assert "no layout fits in memory or can run on up to 64 GPUs of h100" in " ".join(out.split())
+    hint = ("`plan --model nemotron-3-super --gpus h100 --method qlora --seq-len 4096 --global-batch 17 "
+            "--lora-targets all-linear` says why")
+    assert hint in " ".join(out.replace("│", " ").split())
+    code, out = _plan("--model", "nemotron-3-super", "--gpus", "h100", "--method", "qlora", "--seq-len", "4096",
+                      "--global-batch", "17", "--lora-targets", "all-linear")
+    assert code == 2 and "not a memory limit" in out

@@ -182,8 +182,11 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
         if not any((job.name, g.name) in first_ok for g in gpus):
             slowest = [(g, n, c) for g in gpus for n, c in seen[job.name, g.name]]
             if not slowest:
-                lines.append(f"job {job.name!r}: no layout fits in memory on up to {max_gpus} GPUs of "
-                             f"{', '.join(g.name for g in gpus)}")
+                # memory or the layout rules (a global batch no data-parallel size divides): the
+                # sweep does not tell them apart (a count its memory bound rules out is never laid out)
+                lines.append(f"job {job.name!r}: no layout fits in memory or can run on up to {max_gpus} GPUs of "
+                             f"{', '.join(g.name for g in gpus)}; `{_job_plan_command(job, gpus[0].name)}` "
+                             "says why")
             else:
                 g, n, c = min(slowest, key=lambda r: r[2].time.train_time_s(job.tokens))  # type: ignore[union-attr]
                 lines.append(f"job {job.name!r} cannot meet its deadline: it has {days(job.deadline_s - job.start_s)}, "
@@ -241,6 +244,19 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
                      pools=tuple(pools), nodes=sol.nodes, capex_usd=capex, opex_usd=opex, plans=tuple(plans),
                      solver=sol.solver, n_options=len(options), budget_usd=budget_usd, prices=prices,
                      lines=tuple(lines), search_s=time.perf_counter() - t0, left_out=left_out)
+
+
+def _job_plan_command(job: Any, gpu_name: str) -> str:
+    """The `plan` command that plans ``job`` alone on ``gpu_name`` (its model, method, sequence
+    length and global batch, the options a jobs file sets), shell-quoted."""
+    import shlex
+
+    words = ["plan", "--model", job.model, "--gpus", gpu_name, "--method", job.method, "--seq-len", str(job.seq_len)]
+    if job.global_batch is not None:
+        words += ["--global-batch", str(job.global_batch)]
+    if job.lora_targets:
+        words += ["--lora-targets", ",".join(job.lora_targets)]
+    return shlex.join(words)
 
 
 def _until_dominated(job: Any, rows: list[tuple[int, Candidate]], first_ok: int,
