@@ -22,8 +22,24 @@ def ceil_div(n: int, d: int) -> int:
 
 
 def hash_once(obj: Any) -> None:
-    """Keep the hash of ``obj``'s compared fields (the one dataclass() would work out on every call)."""
-    object.__setattr__(obj, "_hash", hash(tuple(getattr(obj, f.name) for f in fields(obj) if f.compare)))
+    """Keep the hash of ``obj``'s compared fields (the one dataclass() would work out on every call).
+    A field given an unhashable value (a list where a tuple belongs, from the Python API:
+    TrainingSetup(bf16_layers=[1, 1]) raised "TypeError: unhashable type: 'list'", issue 32) is
+    refused in one line naming it."""
+    values = tuple(getattr(obj, f.name) for f in fields(obj) if f.compare)
+    try:
+        object.__setattr__(obj, "_hash", hash(values))
+    except TypeError:
+        from planner.errors import UserError
+
+        for f in fields(obj):
+            value = getattr(obj, f.name)
+            try:
+                hash(value)
+            except TypeError:
+                raise UserError(f"{type(obj).__name__}.{f.name} {value!r} must be a tuple (or another value "
+                                f"that does not change), not a {type(value).__name__}") from None
+        raise
 
 
 def stored_hash(obj: Any) -> int:

@@ -58,3 +58,15 @@ def test_a_buy_job_no_layout_can_run_is_not_called_a_memory_limit(tmp_path):
     code, out = _plan("--model", "nemotron-3-super", "--gpus", "h100", "--method", "qlora", "--seq-len", "4096",
                       "--global-batch", "17", "--lora-targets", "all-linear")
     assert code == 2 and "not a memory limit" in out
+
+
+@pytest.mark.parametrize("value", [[1, 1], {"start": 1}])
+def test_a_list_for_bf16_layers_from_the_python_api_is_refused_in_one_line(value):
+    """TrainingSetup(bf16_layers=[1, 1]) raised "TypeError: unhashable type: 'list'" from the set-up's hash
+    (units.hash_once) before any check; (-1, 0), (1.5, 1), None and the like were already refused as UserError
+    by training.layer_precision.bf16_layer_refusal."""
+    from planner.errors import UserError
+    from planner.training.setup import TrainingSetup
+
+    with pytest.raises(UserError, match="TrainingSetup.bf16_layers .* must be a tuple"):
+        TrainingSetup(precision="fp8", bf16_layers=value)
