@@ -70,3 +70,31 @@ def test_a_list_for_bf16_layers_from_the_python_api_is_refused_in_one_line(value
 
     with pytest.raises(UserError, match="TrainingSetup.bf16_layers .* must be a tuple"):
         TrainingSetup(precision="fp8", bf16_layers=value)
+
+
+@pytest.mark.parametrize("n", [48, 120])
+def test_the_cost_sweep_times_folded_and_unfolded_layouts_of_one_count_as_the_search_does(n):
+    """`plan --model deepseek-v3 --ep 64 --etp 1 --gpus h100 --tokens 1T` exited 1 ("Unsupported: folded and
+    unfolded expert parallelism in one batch"): with tp or pp open a count holds both kinds (ep 8 folds over
+    tp 2 x dp 4 at pp 15 on 120 GPUs, and runs unfolded at tp 1, pp 15), and the --tokens / `plan buy` sweep
+    timed them as one batch. Its three fastest now equal the plain search's on the count (search.size_count,
+    whose folded timing tests/test_ep_fold.py referees against megatron-core's groups): on 48 GPUs an
+    unfolded layout wins, on 120 a folded one."""
+    from planner import api
+    from planner.cost.plan import capacity_bytes
+    from planner.hardware.gpus import get_gpu
+    from planner.layouts.layout import SearchSpace
+    from planner.models.spec import load_model
+    from planner.search.sweep import count_layouts, sweep
+    from planner.timing.model import cluster_for
+    from planner.training.setup import TrainingSetup
+
+    m, gpu, setup, space = load_model("qwen3-30b-a3b"), get_gpu("h100"), TrainingSetup(global_batch=512), \
+        SearchSpace(ep=8, etp=1)
+    folds = count_layouts(m, setup, n, gpu.gpus_per_node, space).ep_fold
+    assert folds is not None and folds.any() and not folds.all()
+    (cb,) = sweep(m, setup, cluster_for(gpu), [n], capacity_bytes(gpu, setup), space)
+    searched = api.plan(m, gpu, setup, space, n_gpus=n).result.fitting[:3]
+    assert [(c.layout, c.time.step_time_s) for c in cb.fastest] == [(c.layout, c.time.step_time_s) for c in searched]
+    code, out = _plan("--model", "deepseek-v3", "--ep", "64", "--etp", "1", "--gpus", "h100", "--tokens", "1T", "-q")
+    assert code == 0, out

@@ -163,13 +163,17 @@ def _fastest_on_count(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, n: i
 
 
 def _fastest_of(m: ModelSpec, pc: ParamCount, ns: Sequence[int], arrays: LayoutArrays, batch: Sized | None,
-                segments: Sequence[tuple[Ask, int, int]], keep_terms: bool) -> list[CountBest]:
+                segments: Sequence[tuple[Ask, int, int]], keep_terms: bool, split: bool = False) -> list[CountBest]:
     """Per segment (ask, first row, end row) of ``arrays`` (valid layouts on ``ns[j]`` GPUs, sized
     as ``batch``): the ask's fastest layouts that fit among its rows. The segments that time
     on one cluster with one set of efficiencies are timed as one batch, whose rows
     step_times_picked() reads apart (a layout's time does not depend on what else is in the
     batch); each segment's rows are ranked on their own (_rank_order). ``keep_terms``: each
-    candidate keeps its memory terms (they hold the whole ``batch``)."""
+    candidate keeps its memory terms (they hold the whole ``batch``). ``split``: the segments
+    hold folded or unfolded layouts only (_fastest_by_fold), though ``arrays`` may hold both."""
+    mixed = arrays.ep_fold is not None and bool(arrays.ep_fold.any()) and not bool(arrays.ep_fold.all())
+    if mixed and not split:
+        return _fastest_by_fold(m, pc, ns, arrays, batch, segments, keep_terms)
     out: list[CountBest | None] = [None] * len(segments)
     timed: dict[tuple, list[int]] = {}          # (cluster, eff) -> segments timed together
     fits: list[np.ndarray] = []                 # per segment: its rows that may fit
@@ -193,6 +197,7 @@ def _fastest_of(m: ModelSpec, pc: ParamCount, ns: Sequence[int], arrays: LayoutA
         # the rows a cluster does not fit add pipeline shapes and degrees it works out for
         # nothing); any other from one of the rows it may fit
         share = [key for key, f in fitting.items() if 2 * f >= len(arrays)] if len(timed) <= SHARE_TYPES else []
+        share = [] if mixed else share      # a context of every layout would mix foldings
         if len(share) < 2:
             share = [key for key in share if 4 * fitting[key] >= 3 * len(arrays)]
         whole = layout_context(m, setup, arrays, pc) if share else None
@@ -214,6 +219,30 @@ def _fastest_of(m: ModelSpec, pc: ParamCount, ns: Sequence[int], arrays: LayoutA
                 out[k] = cb
     assert all(cb is not None for cb in out)
     return out  # type: ignore[return-value]
+
+
+def _fastest_by_fold(m: ModelSpec, pc: ParamCount, ns: Sequence[int], arrays: LayoutArrays, batch: Sized | None,
+                     segments: Sequence[tuple[Ask, int, int]], keep_terms: bool) -> list[CountBest]:
+    """_fastest_of where ``arrays`` hold folded layouts (Layout.ep_fold) beside unfolded ones: one
+    batch's step times take one folding (timing.context.batch_fold raised Unsupported, exit 1 of
+    `plan --model deepseek-v3 --ep 64 --etp 1 --gpus h100 --tokens 1T`, issue 32), so each
+    segment's unfolded rows and its folded ones (count_layouts_of puts them after) are timed apart
+    and their fastest merged in rank_key's order (stable: on a full tie the unfolded first, the
+    enumeration order search.size_count ranks them in)."""
+    from planner.search.search import rank_key
+
+    folds = arrays.ep_fold
+    assert folds is not None
+    halves = []
+    for ask, lo, hi in segments:
+        mid = lo + int((folds[lo:hi] == 0).sum())
+        assert not folds[lo:mid].any() and folds[mid:hi].all(), "folded layouts follow a segment's unfolded ones"
+        halves.append(((ask, lo, mid), (ask, mid, hi)))
+    plain = _fastest_of(m, pc, ns, arrays, batch, [h for h, _ in halves], keep_terms, split=True)
+    folded = _fastest_of(m, pc, ns, arrays, batch, [h for _, h in halves], keep_terms, split=True)
+    return [CountBest(n_gpus=a.n_gpus, fastest=tuple(sorted(a.fastest + b.fastest, key=rank_key)[:ask.keep]),
+                      n_shapes=a.n_shapes + b.n_shapes, n_timed=a.n_timed + b.n_timed, n_sized=a.n_sized + b.n_sized)
+            for (ask, _, _), a, b in zip(segments, plain, folded)]
 
 
 # the most GPU types a count times on for them to share one context of its layouts: the 8-model
