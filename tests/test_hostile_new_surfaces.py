@@ -98,3 +98,17 @@ def test_the_cost_sweep_times_folded_and_unfolded_layouts_of_one_count_as_the_se
     assert [(c.layout, c.time.step_time_s) for c in cb.fastest] == [(c.layout, c.time.step_time_s) for c in searched]
     code, out = _plan("--model", "deepseek-v3", "--ep", "64", "--etp", "1", "--gpus", "h100", "--tokens", "1T", "-q")
     assert code == 0, out
+
+
+@pytest.mark.parametrize("task, precision", [(("--task", "grpo"), ("--precision", "fp8", "--fp8-recipe", "tensorwise",
+                                                                 "--bf16-layers", "2,3")),
+                                             (("--teacher", "llama3.1-70b"), ("--precision", "fp32"))])
+def test_a_trl_config_is_not_written_for_a_plan_at_another_precision(tmp_path, task, precision):
+    """TRL's GRPOConfig and DistillationConfig are written with "bf16": true (TrainingArguments' bf16 mixed
+    precision); an FP8 plan with BF16 layers (sized and timed at FP8 rates) or an fp32 one was written so,
+    silently. Refused in one line, nothing written."""
+    out_dir = tmp_path / "o"
+    code, out = _plan("--model", "llama3.1-8b", "--gpus", "h100", *task, *precision, "--tp", "1", "--pp", "1",
+                      "--cp", "1", "--out", str(out_dir), "-q")
+    assert code == 2 and len(out.strip().splitlines()) == 1
+    assert f"--precision {precision[1]}: the config --out writes for TRL's" in out and not out_dir.exists()

@@ -30,7 +30,16 @@ def _data_parallel_only(lay: Layout, what: str) -> None:
                         f"{lay.describe()}; run it with --tp 1 --pp 1 --cp 1 to write its config")
 
 
-def _batch(lay: Layout) -> dict[str, Any]:
+def _batch(plan: PosttrainPlan, lay: Layout, what: str) -> dict[str, Any]:
+    """The batch and precision keys TRL's configs share (TrainingArguments'). They write bf16
+    mixed precision only: a plan timed and sized at another precision (--precision fp8 with
+    --bf16-layers, fp32) was written as "bf16": true; it is refused."""
+    _data_parallel_only(lay, what)
+    precision = plan.setup.precision
+    if precision != "bf16-mixed":
+        raise UserError(f"--precision {precision}: the config --out writes for {what} runs bf16 mixed precision "
+                        "(TrainingArguments bf16), not this plan's; plan with --precision bf16-mixed to write it, "
+                        "or drop --out")
     return {"per_device_train_batch_size": lay.micro_batch, "gradient_accumulation_steps": lay.grad_accum,
             "bf16": True, "gradient_checkpointing": lay.recompute != "none"}
 
@@ -40,12 +49,12 @@ def to_trl_grpo(plan: PosttrainPlan) -> dict[str, Any]:
     r, rl = plan.rl, plan.rl_setup
     assert r is not None and rl is not None
     lay = r.candidate.layout
-    _data_parallel_only(lay, "TRL's GRPOTrainer")
+    batch = _batch(plan, lay, "TRL's GRPOTrainer")
     if rl.overlapped:   # GRPOConfig (trl 1.16) has no asynchronous mode: its steps would take turns
         raise UserError(f"--rl-async {rl.off_policy_steps}: TRL's GRPOTrainer trains on-policy (GRPOConfig has no "
                         "asynchronous mode), so its config would not run this plan; drop --rl-async to write it, "
                         "or drop --out")
-    return _batch(lay) | {
+    return batch | {
         "num_generations": rl.group_size,
         "steps_per_generation": lay.grad_accum,
         "max_completion_length": rl.response_len,
@@ -62,9 +71,8 @@ def to_trl_distillation(plan: PosttrainPlan) -> dict[str, Any]:
     """DistillationConfig keyword arguments of a distillation plan."""
     d, t = plan.distill, plan.teacher
     assert d is not None and t is not None
-    lay = d.candidate.layout
-    _data_parallel_only(lay, "TRL's DistillationTrainer")
-    return _batch(lay) | {"teacher_model_name_or_path": t.source or t.name, "beta": 0.0, "temperature": 1.0}
+    return _batch(plan, d.candidate.layout, "TRL's DistillationTrainer") | {
+        "teacher_model_name_or_path": t.source or t.name, "beta": 0.0, "temperature": 1.0}
 
 
 # every file a post-training --out may write (emit.write.write_files' ``owned``)
