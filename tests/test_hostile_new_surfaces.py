@@ -112,3 +112,19 @@ def test_a_trl_config_is_not_written_for_a_plan_at_another_precision(tmp_path, t
                       "--cp", "1", "--out", str(out_dir), "-q")
     assert code == 2 and len(out.strip().splitlines()) == 1
     assert f"--precision {precision[1]}: the config --out writes for TRL's" in out and not out_dir.exists()
+
+
+@pytest.mark.parametrize("args, fold", [(("--model", "mixtral-8x7b", "--n-gpus", "12", "--ep", "8", "--tp", "1", "--pp",
+                                          "1"), "etp 1 x ep 8 = 8 does not divide tp x cp x dp = 12"),
+                                        (("--model", "qwen3-235b-a22b", "--n-gpus", "256", "--tp", "2", "--pp", "8",
+                                          "--ep", "64", "--etp", "1", "--global-batch", "1000"),
+                                         "etp 1 x ep 64 = 64 does not divide tp x cp x dp = 32")])
+def test_a_batch_way_out_that_runs_nothing_either_is_not_given(args, fold):
+    """The global batch rule is checked first (layouts.rules), so these were answered "global batch 1024 (1000) is
+    not a multiple of ... x data-parallel 12 (16); global batches that divide: 1020 or 1032 (992 or 1008)", and
+    each of those batches met megatron-core's refusal of the fold (parallel_state.initialize_model_parallel,
+    lines 788-795: etp x ep x pp must divide the world; 256 GPUs at pp 8 leave 32 per stage, BAD of
+    tests/test_ep_fold.py). The fold's reason is given instead."""
+    code, out = _plan(*args, "--gpus", "h100", "-q")
+    assert code == 2 and len(out.strip().splitlines()) == 1
+    assert fold in out and "global batch" not in out

@@ -311,11 +311,14 @@ def degree_conflict(m: Any, setup: Any, kw: Mapping[str, Any]) -> str | None:
 
 
 def no_valid_layout(m: ModelSpec, setup: TrainingSetup, space: SearchSpace, counts: Sequence[int],
-                    gpus_per_node: int) -> str | None:
+                    gpus_per_node: int, batch_hint: bool = True) -> str | None:
     """When no candidate layout on ``counts`` GPUs can run at all (an arithmetic rule, not
     memory, rejects every one), one line naming the most common reject reason and the nearest
     values that work; None when some layout is valid (issue 20: "no layout fits (memory)" was
-    reported for batches that do not divide)."""
+    reported for batches that do not divide). A global batch that does not divide is checked
+    first (layouts.rules), so where the batches it advises run nothing either, the reason they
+    meet is given instead (issue 32: `--ep 8 --tp 1 --pp 1 --n-gpus 12` advised --global-batch 1020,
+    which megatron-core's fold rule refuses too). ``batch_hint`` False: that check's own call."""
     from itertools import chain
 
     from planner.layouts.layout import enumerate_folded, enumerate_layouts
@@ -341,6 +344,10 @@ def no_valid_layout(m: ModelSpec, setup: TrainingSetup, space: SearchSpace, coun
         step = min(steps)
         gb = setup.global_batch
         near = sorted({max(step, gb - gb % step), gb - gb % step + step})
+        if batch_hint:
+            why = no_valid_layout(m, _replace(setup, global_batch=near[0]), space, counts, gpus_per_node, False)
+            if why is not None and "(not a memory limit): global batch" not in why:
+                return why
         line += f"; global batches that divide: {' or '.join(str(b) for b in near)} (--global-batch)"
         dpep = min(steps_dp)
         if gb % dpep == 0:
