@@ -292,8 +292,8 @@ def _timed_together(ns: Sequence[int], context: LayoutContext, union: np.ndarray
     # every fitting layout timed as one batch (or those within their limit), and the StepTime
     # of the kept ones read off it
     times, kept_times = bounds.picked(None if whole else may_fit, keep_fastest)
-    if limit is not None and bool((times < bounds.lower_s(may_fit)).any()):
-        raise AssertionError("a step time below its lower bound (timing.fast.BoundedTimes)")
+    if limit is not None:
+        _check_bound(times, bounds.lower_s(may_fit))
     out, at = [], 0
     for (_, lo, hi), n, f, kept, n_sized in zip(segments, ns, fits, best, sized):
         ts = kept_times[at:at + len(kept)]
@@ -341,11 +341,20 @@ def _limits(bounds: BoundedTimes, rows: np.ndarray, starts: list[int], keeps: Se
         return limit
     seeds = np.sort(np.concatenate(picked))
     t = bounds.times_s(rows[seeds])
+    _check_bound(t, bounds.lower_s(rows[seeds]))     # (past it, a segment's rows could all be pruned)
     t[np.isnan(t)] = np.inf
     slowest = np.full(len(full), -np.inf)
     np.maximum.at(slowest, seg[seeds], t)
     limit[full] = np.where(n_seeds == want, slowest, np.inf)
     return limit
+
+
+def _check_bound(times_s: np.ndarray, lower_s: np.ndarray) -> None:
+    """Raise where a step time is below its lower bound (timing.fast.BoundedTimes): pruning by such
+    a bound could pass over layouts that win. An internal error (`plan` exits 1), never an answer;
+    an explicit raise, kept under `python -O`."""
+    if bool((times_s < lower_s).any()):
+        raise AssertionError("a step time below its lower bound (timing.fast.BoundedTimes)")
 
 
 _RECOMPUTE_COST = np.array([RECOMPUTE_COST[r] for r in RECOMPUTES])     # per RECOMPUTES index
