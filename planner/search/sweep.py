@@ -220,7 +220,10 @@ def _fastest_of(m: ModelSpec, pc: ParamCount, ns: Sequence[int], arrays: LayoutA
 # `plan buy` (3 types) spent 0.45 s less of CPU with it, the 16 jobs of the largest models over
 # 23 types 0.4-0.8 s more (each type works out the shapes and degrees of every layout)
 SHARE_TYPES = 4
-PRUNE_ROWS = 4096      # a batch of fewer layouts that may fit is timed whole (its bounds would spare little)
+# the fewest layouts that may fit, over the segments one GPU type times together (_timed_together), for the
+# sweep to prune by the bound: fewer are timed whole, where the bound's limit and a second walk would spare
+# little (a chosen figure, not a measured optimum; raising it was tried and dropped: docs/performance.md)
+PRUNE_ROWS = 4096
 
 
 def _timed_together(ns: Sequence[int], context: LayoutContext, union: np.ndarray, batch: Sized,
