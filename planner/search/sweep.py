@@ -247,16 +247,16 @@ def _timed_together(ns: Sequence[int], context: LayoutContext, union: np.ndarray
     starts: list[int] = np.cumsum([0] + [len(f) for f in fits]).tolist()
     pruned = prune and len(may_fit) >= PRUNE_ROWS
     bounds = step_time_bounds(context, cluster, eff, bounded=pruned)
-    limit = None
+    limit_s = None
     if pruned:
-        limit = _limits(bounds, may_fit, starts, [ask.keep for ask, _, _ in segments])
+        limit_s = _limits(bounds, may_fit, starts, [ask.keep for ask, _, _ in segments])
         seg = np.repeat(np.arange(len(segments)), np.diff(starts))
-        within = np.flatnonzero(~(bounds.lower_s(may_fit) > limit[seg]))       # (a NaN bound is kept)
+        within = np.flatnonzero(~(bounds.lower_s(may_fit) > limit_s[seg]))       # (a NaN bound is kept)
         if len(within) < len(may_fit):
             may_fit, headroom = may_fit[within], headroom[within]
             starts = np.searchsorted(within, starts).tolist()
         else:
-            limit = None
+            limit_s = None
     whole = len(may_fit) == len(context.a) and np.array_equal(may_fit, np.arange(len(context.a)))
     walked = context.a if whole else context.a.take(may_fit)
     at_batch = union[may_fit]           # the rows' memory in the batch
@@ -264,10 +264,10 @@ def _timed_together(ns: Sequence[int], context: LayoutContext, union: np.ndarray
     best_s: list[list[float]] = [[] for _ in segments]
     sized = [0] * len(segments)
 
-    def keep_fastest(times: np.ndarray) -> list[int]:
+    def keep_fastest(times_s: np.ndarray) -> list[int]:
         """Per segment, the rows of its ``keep`` fastest layouts that fit, in rank order: each
         segment's fastest first, their memory read off the batch in one call."""
-        heads = _heads(walked, times, headroom, starts)
+        heads = _heads(walked, times_s, headroom, starts)
         at = [lo + i for lo, i in zip(starts, heads) if i is not None]
         mems = iter(rank_memories(batch.batch, batch.rows(at_batch[at]), keep_terms))    # sized once
         out: list[int] = []
@@ -282,30 +282,30 @@ def _timed_together(ns: Sequence[int], context: LayoutContext, union: np.ndarray
                 sized[j] += 1
                 if c.fits:          # (the host's and NVMe's capacity: the GPU's is in may_fit)
                     best[j].append(c)
-                    best_s[j].append(float(times[lo + i]))
+                    best_s[j].append(float(times_s[lo + i]))
                     out.append(lo + i)
                     if len(best[j]) == ask.keep:
                         break
                 if walk is None:    # past the head: the segment's own walk, from its second row
-                    walk = _rank_order(walked, times[lo:hi], headroom[lo:hi], ask.keep, lo)
+                    walk = _rank_order(walked, times_s[lo:hi], headroom[lo:hi], ask.keep, lo)
                     assert next(walk) == head
                 i = next(walk, None)
         return out
 
     # every fitting layout timed as one batch (or those within their limit), and the StepTime
     # of the kept ones read off it
-    times, kept_times = bounds.picked(None if whole else may_fit, keep_fastest)
-    if limit is not None:
-        _check_bound(times, bounds.lower_s(may_fit))
+    times_s, kept_times_s = bounds.picked(None if whole else may_fit, keep_fastest)
+    if limit_s is not None:
+        _check_bound(times_s, bounds.lower_s(may_fit))
     out, at = [], 0
     for (_, lo, hi), n, f, kept, n_sized in zip(segments, ns, fits, best, sized):
-        ts = kept_times[at:at + len(kept)]
+        ts = kept_times_s[at:at + len(kept)]
         at += len(kept)
         out.append(CountBest(n_gpus=n, fastest=tuple(replace(c, time=t) for c, t in zip(kept, ts)),
                              n_shapes=hi - lo, n_timed=len(f), n_sized=n_sized))
-    if limit is not None:       # segments whose walk went past their limit: walked over all their rows
-        again = [j for j, (ask, _, _) in enumerate(segments) if limit[j] < np.inf and
-                 (len(best[j]) < ask.keep or not max(best_s[j]) <= limit[j])]
+    if limit_s is not None:       # segments whose walk went past their limit: walked over all their rows
+        again = [j for j, (ask, _, _) in enumerate(segments) if limit_s[j] < np.inf and
+                 (len(best[j]) < ask.keep or not max(best_s[j]) <= limit_s[j])]
         if again:
             for j, cb in zip(again, _timed_together([ns[j] for j in again], context, union, batch,
                                                     [segments[j] for j in again],
