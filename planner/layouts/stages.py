@@ -48,9 +48,12 @@ def end_stage_layers(n_layers: int, pp: Any, balance: str = "none") -> Any:
     sit (training.layer_precision)."""
     import numpy as np
 
-    pps, at = np.unique(np.asarray(pp), return_inverse=True)
-    ends = np.zeros(len(pps), dtype=np.int64)
-    for i, p in enumerate(pps.tolist()):
+    from planner.layouts.distinct import group
+
+    flat = np.asarray(pp, dtype=np.int64).ravel()
+    at, first = group([flat])
+    ends = np.zeros(len(first), dtype=np.int64)
+    for i, p in enumerate(flat[first].tolist()):
         if p >= 1:
             counts = stage_layers(n_layers, p, balance)
             ends[i] = min(counts[0], counts[-1])
