@@ -146,3 +146,23 @@ def test_a_step_time_below_its_bound_is_an_internal_error_not_passed_over(monkey
     err = capsys.readouterr().err
     assert stop.value.code == 1
     assert err.startswith("internal error: AssertionError: a step time below its lower bound") and err.count("\n") == 1
+
+
+def test_under_python_O_a_segment_keeps_each_layout_once():
+    """The walk past a segment's head skipped the head with `assert next(walk) == head`, which
+    `python -O` drops: the fastest layout was then kept twice (3 kept, 2 distinct, for 32 GPUs of
+    Llama 3.1 8B with keep 3). Run here under -O, each kept layout is distinct."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from test_sweep_shared import _asks; "
+            "from planner.layouts.layout import SearchSpace; from planner.models.spec import load_model; "
+            "from planner.search import sweep as sw; from planner.training.setup import TrainingSetup; "
+            "asks = _asks([TrainingSetup(global_batch=b) for b in (96, 1024)], ('h100',), 3); "
+            "kept = [[repr(c.layout) for c in cb.fastest] for cb in "
+            "sw.sweep_shared(load_model('llama3.1-8b'), SearchSpace(ep=1), 32, 8, asks)]; "
+            "print(all(len(k) == 3 == len(set(k)) for k in kept))")
+    out = subprocess.run([sys.executable, "-O", "-c", code, str(Path(__file__).parent)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.stdout.strip() == "True", out.stdout + out.stderr

@@ -288,7 +288,8 @@ def _timed_together(ns: Sequence[int], context: LayoutContext, union: np.ndarray
                         break
                 if walk is None:    # past the head: the segment's own walk, from its second row
                     walk = _rank_order(walked, times_s[lo:hi], headroom[lo:hi], ask.keep, lo)
-                    assert next(walk) == head
+                    if next(walk) != head:      # (not an assert: `python -O` would skip the head)
+                        raise AssertionError("a segment's walk does not start at its head (search.sweep._heads)")
                 i = next(walk, None)
         return out
 
