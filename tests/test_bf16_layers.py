@@ -94,6 +94,37 @@ def test_more_bf16_layers_than_a_stage_holds_refused_as_megatron_core_refuses_it
         api.evaluate_layout(m, gpu, TrainingSetup(**FP8_CS, global_batch=8, bf16_layers=(5, 4)), lay)
 
 
+def test_the_stage_rule_over_a_batch_of_pp_refuses_what_megatron_core_refuses():
+    """The rule on a batch's view (an array of pp, each answered from layouts.stages.stage_layers
+    once per distinct pp) against megatron-core's TransformerConfig, asked per pp that divides its
+    32 layers, at num_layers // pp and one more at the end."""
+    import numpy as np
+
+    from planner.layouts.rules import RULES, RuleView
+
+    m = load_model(M8B)         # 32 layers, as _config's model
+    rule = next(r for r in RULES if r.name == "bf16-layers-stage")
+    pps = np.array([1, 2, 4, 8, 16, 32])
+    seen = set()
+    for extra in (0, 1):
+        for pp in pps.tolist():
+            end = 32 // pp + extra
+            if pp == 1 and extra:
+                continue        # (33 layers of 32: the set-up check refuses it first)
+            setup = TrainingSetup(**FP8_CS, bf16_layers=(0, end))
+            v = RuleView(m=m, setup=setup, gpus_per_node=8, dp=1, tp=1, pp=pps, cp=1, ep=1, zero_stage=0,
+                         sharding=0, sp=0, vp=1, micro_batch=1, grad_accum=32)
+            try:
+                _config(fp8="hybrid", fp8_recipe="tensorwise", first_last_layers_bf16=True,
+                        pipeline_model_parallel_size=pp, num_layers_at_start_in_bf16=0, num_layers_at_end_in_bf16=end)
+                refused = False
+            except ValueError:
+                refused = True
+            assert bool(rule.fails(v)[pps.tolist().index(pp)]) == refused, (pp, end)
+            seen.add(refused)
+    assert seen == {False, True}
+
+
 @pytest.mark.parametrize("args, says", [
     (["--bf16-layers", "1,1"], "needs --precision fp8 or nvfp4"),
     (["--precision", "fp8", "--bf16-layers", "1"], "is not START,END"),

@@ -320,32 +320,43 @@ def test_the_deadline_row_leaves_the_lp_relaxation_no_late_share(monkeypatch):
     assert sol.solver.optimal and sol.solver.gap_found is None
 
 
-def test_the_purchase_ilp_runs_highs_without_rens_and_restart(monkeypatch):
-    """HiGHS solves the purchase ILP with PURCHASE_HIGHS_OPTIONS (no RENS sub-MIP, no root
-    restart: docs/performance.md, the purchase ILP) beside one thread and the node limit, read
-    back from the highspy model PuLP solved; the one-job ILP keeps HiGHS's defaults."""
-    models = []     # (highspy model, whether it solved an ILP: every variable integer)
+def _solved_models(monkeypatch, read):  # type: ignore[no-untyped-def]
+    """A list that each solve PuLP runs through cost.solve._run appends to, from then on: the
+    highspy model it solved and ``read(problem)`` beside it."""
+    models = []
     real_run = solve._run
 
     def run(prob, *args, **kwargs):  # type: ignore[no-untyped-def]
         info = real_run(prob, *args, **kwargs)
-        models.append((prob.solverModel, all(v.cat == pulp.LpInteger for v in prob.variables())))
+        models.append((prob.solverModel, read(prob)))
         return info
 
     monkeypatch.setattr(solve, "_run", run)
+    return models
+
+
+def _highs_option(model, name):  # type: ignore[no-untyped-def]
+    """A HiGHS option's value as the highspy model holds it (highspy 1.16: (status, value))."""
+    value = model.getOptionValue(name)
+    return value[1] if isinstance(value, tuple) else value
+
+
+def test_the_purchase_ilp_runs_highs_without_rens_and_restart(monkeypatch):
+    """HiGHS solves the purchase ILP with PURCHASE_HIGHS_OPTIONS (no RENS sub-MIP, no root
+    restart: docs/performance.md, the purchase ILP) beside one thread and the node limit, read
+    back from the highspy model PuLP solved; the one-job ILP keeps HiGHS's defaults."""
+    # (highspy model, whether it solved an ILP: every variable integer)
+    models = _solved_models(monkeypatch, lambda prob: all(v.cat == pulp.LpInteger for v in prob.variables()))
     jobs, options = h5(8)       # the greedy start does not meet the relaxation's bound: the ILP runs
     assert solve_purchase(H5_POOLS, jobs, options, solver="highs").solver.optimal
     purchase = next(m for m, ilp in models if ilp)      # after its relaxation with integer nodes
     solve.solve_one_job([solve.Option(key="x", gpu="a", n_gpus=1, cost_usd=1.0, time_s=1.0)], solver="highs")
     one_job = models[-1][0]     # one_job: its last of several solves
-
-    def option(model, name):  # type: ignore[no-untyped-def]
-        value = model.getOptionValue(name)      # highspy 1.16: (status, value)
-        return value[1] if isinstance(value, tuple) else value
-
-    assert option(purchase, "mip_heuristic_run_rens") is False and option(purchase, "mip_allow_restart") is False
-    assert option(purchase, "threads") == 1 and option(purchase, "mip_max_nodes") == solve.MIP_MAX_NODES
-    assert option(one_job, "mip_heuristic_run_rens") is True and option(one_job, "mip_allow_restart") is True
+    assert _highs_option(purchase, "mip_heuristic_run_rens") is False
+    assert _highs_option(purchase, "mip_allow_restart") is False
+    assert _highs_option(purchase, "threads") == 1 and _highs_option(purchase, "mip_max_nodes") == solve.MIP_MAX_NODES
+    assert _highs_option(one_job, "mip_heuristic_run_rens") is True
+    assert _highs_option(one_job, "mip_allow_restart") is True
 
 
 def test_past_large_variables_integer_nodes_prove_what_the_lp_bound_cannot(monkeypatch):
@@ -371,21 +382,12 @@ def test_the_relaxation_without_rins_gives_what_highs_defaults_give(monkeypatch)
     give: 48 of H5's jobs (the relaxation path) and 256 of them, both ways. An option changes
     HiGHS's path, so this holds where checked (these and bench/resources.py's nine purchases,
     b41s), not for every input: another of several equally cheap answers may come out."""
-    models = []
-    real_run = solve._run
-
-    def run(prob, *args, **kwargs):  # type: ignore[no-untyped-def]
-        info = real_run(prob, *args, **kwargs)
-        models.append((prob.solverModel, sum(v.cat == pulp.LpInteger for v in prob.variables())))
-        return info
-
-    monkeypatch.setattr(solve, "_run", run)
+    models = _solved_models(monkeypatch, lambda prob: sum(v.cat == pulp.LpInteger for v in prob.variables()))
     for n_jobs in (48, 256):
         jobs, options = h5(n_jobs)
         without = _answer(solve_purchase(H5_POOLS, jobs, options, solver="highs"))
         relaxation = next(m for m, n_int in models if n_int == len(H5_POOLS))
-        value = relaxation.getOptionValue("mip_heuristic_run_rins")
-        assert (value[1] if isinstance(value, tuple) else value) is False
+        assert _highs_option(relaxation, "mip_heuristic_run_rins") is False
         monkeypatch.setattr(solve, "RELAXATION_HIGHS_OPTIONS", {})
         assert _answer(solve_purchase(H5_POOLS, jobs, options, solver="highs")) == without
         monkeypatch.setattr(solve, "RELAXATION_HIGHS_OPTIONS", {"mip_heuristic_run_rins": False})

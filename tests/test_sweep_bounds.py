@@ -125,3 +125,44 @@ def test_several_counts_swept_together_give_each_what_it_finds_alone(model, ns, 
         assert [without_terms(cb) for cb in cbs] == [without_terms(cb) for cb in sw.sweep_shared(m, space, n, 8, asks)]
         assert all(cb.n_gpus == n for cb in cbs)
     assert any(cb.fastest for cbs in together for cb in cbs)
+
+
+def test_a_step_time_below_its_bound_is_an_internal_error_not_passed_over(monkeypatch, capsys):
+    """A bound above a timed row's step time (here every bound doubled) would prune layouts that
+    can win: the sweep raises, with `python -O` too (no bare assert), and under the CLI's guard
+    (cli.common.run_safely) that ends on one line "internal error: ..." with status 1, never an
+    answer that skipped them."""
+    from planner.cli.common import run_safely
+    from planner.timing.fast import BoundedTimes
+
+    lower_s = BoundedTimes.lower_s
+    monkeypatch.setattr(BoundedTimes, "lower_s", lambda self, rows: 2 * lower_s(self, rows))
+    m = load_model("llama3.1-8b")
+    asks = _asks([TrainingSetup(global_batch=b) for b in BATCHES], ("h100",), 1)
+    with pytest.raises(AssertionError, match="a step time below its lower bound"):
+        _swept(monkeypatch, m, SearchSpace(ep=1), 32, asks, 0)
+    with pytest.raises(SystemExit) as stop:
+        run_safely(lambda: _swept(monkeypatch, m, SearchSpace(ep=1), 32, asks, 0))
+    err = capsys.readouterr().err
+    assert stop.value.code == 1
+    assert err.startswith("internal error: AssertionError: a step time below its lower bound") and err.count("\n") == 1
+
+
+def test_under_python_O_a_segment_keeps_each_layout_once():
+    """The walk past a segment's head skipped the head with `assert next(walk) == head`, which
+    `python -O` drops: the fastest layout was then kept twice (3 kept, 2 distinct, for 32 GPUs of
+    Llama 3.1 8B with keep 3). Run here under -O, each kept layout is distinct."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from test_sweep_shared import _asks; "
+            "from planner.layouts.layout import SearchSpace; from planner.models.spec import load_model; "
+            "from planner.search import sweep as sw; from planner.training.setup import TrainingSetup; "
+            "asks = _asks([TrainingSetup(global_batch=b) for b in (96, 1024)], ('h100',), 3); "
+            "kept = [[repr(c.layout) for c in cb.fastest] for cb in "
+            "sw.sweep_shared(load_model('llama3.1-8b'), SearchSpace(ep=1), 32, 8, asks)]; "
+            "print(all(len(k) == 3 == len(set(k)) for k in kept))")
+    out = subprocess.run([sys.executable, "-O", "-c", code, str(Path(__file__).parent)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.stdout.strip() == "True", out.stdout + out.stderr

@@ -271,8 +271,11 @@ def sweep_counts_until(tasks: Sequence[Task], more: Sequence[Callable[[CountBest
                 w.step(n)
 
 
+AHEAD_NODES = 2     # counts up to this many nodes are swept ahead together (_ahead says what it saved)
+
+
 def _ahead(walks: Sequence[_Walk], later: Sequence[int], pools: list) -> list[int]:
-    """The counts of up to two nodes after the one ``pools`` sweep now that the walks would
+    """The counts of up to AHEAD_NODES nodes after the one ``pools`` sweep now that the walks would
     sweep next with the same pools if no task stopped: swept with it (sweep_together's
     ``ahead``). A count swept ahead that a stopped task never asks for is kept and not used;
     what a task sees is the same. On so few GPUs a count's layouts are few and the models'
@@ -282,7 +285,7 @@ def _ahead(walks: Sequence[_Walk], later: Sequence[int], pools: list) -> list[in
     gpus_per_node = next((p.gpu.gpus_per_node for p in pools if isinstance(p, SearchPool)), 0)
     out = []
     for c in later:
-        if c > 2 * gpus_per_node or [p for w in walks for p in w.pools_at(c)] != pools:
+        if c > AHEAD_NODES * gpus_per_node or [p for w in walks for p in w.pools_at(c)] != pools:
             break
         out.append(c)
     return out

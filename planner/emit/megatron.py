@@ -92,7 +92,7 @@ def pipeline_layout(n_layers: int, pp: int, vp: int) -> str:
     Stages are separated by "|", "E" is the embedding, "t" a transformer layer, "L" the
     loss; with virtual stages the list runs over virtual stage first, then pipeline rank
     (megatron/core/transformer/pipeline_parallel_layer_layout.py). Each rank's layers
-    (memory.stage_layers) are split evenly over its vp chunks, extra layers first.
+    (layouts.stages.stage_layers) are split evenly over its vp chunks, extra layers first.
     """
     per_rank = stage_layers(n_layers, pp)
     chunks = []

@@ -32,6 +32,7 @@ from planner.layouts.layout import (
     fold_indivisible,
     node_data_ranks,
 )
+from planner.layouts.stages import end_stage_layers
 from planner.models.spec import ModelSpec
 from planner.stacks import torchtitan_builds
 from planner.training.moe_runtime import a2a_overlap_refused
@@ -298,12 +299,6 @@ def _distributed_optimizer_noop(v: RuleView) -> Any:
     return np.asarray((v.sharding == 0) & (v.zero_stage == 1) & (v.setup.stack == "megatron"), dtype=bool)
 
 
-def _end_stage_layers(v: RuleView) -> Any:
-    """The first stage's layers (the last holds at least as many), as memory.params.stage_layers counts them."""
-    extra = _balance_layers(v)
-    return (v.m.n_layers + extra) // v.pp - (1 if extra else 0) * (v.pp > 1)
-
-
 def _balance_hint(v: RuleView) -> str:
     """The way out where pp x vp chunks exceed the layers but divide the layers + 2: count the
     embedding and the loss as layers (megatron-core's account_for_embedding/loss_in_pipeline_split)."""
@@ -370,11 +365,12 @@ RULES: tuple[Rule, ...] = (
                     "(use --stack megatron or --pp-balance none)")),
     # megatron-core 0.16.1 TransformerConfig.__post_init__ (under fp8; fp4: no check, the same bound applied):
     # num_layers_at_start/end_in_bf16 at most num_layers // pp; held on the end stages (training.layer_precision)
-    Rule("bf16-layers-stage", lambda v: max(v.setup.bf16_layers) > _end_stage_layers(v),
+    Rule("bf16-layers-stage", lambda v: max(v.setup.bf16_layers) > 0     # (none kept: no stage counted)
+         and max(v.setup.bf16_layers) > end_stage_layers(v.m.n_layers, v.pp, v.setup.pp_balance),
          lambda v: (f"--bf16-layers {v.setup.bf16_layers[0]},{v.setup.bf16_layers[1]}: pp={v.pp} leaves "
-                    f"{_end_stage_layers(v)} layers on the first and the last stage, fewer than the BF16 layers "
-                    "each must hold (megatron-core: at most num_layers // pp at either end); give a smaller pp "
-                    "or fewer BF16 layers")),
+                    f"{end_stage_layers(v.m.n_layers, v.pp, v.setup.pp_balance)} layers on the first and the last "
+                    "stage, fewer than the BF16 layers each must hold (megatron-core: at most num_layers // pp "
+                    "at either end); give a smaller pp or fewer BF16 layers")),
     Rule("vp-micro-batches", lambda v: (v.vp > 1) & (v.grad_accum % v.pp != 0),
          lambda v: (f"the interleaved schedule needs the {v.grad_accum} micro-batches per step "
                     f"to be a multiple of pp={v.pp} (Megatron-LM)")),

@@ -84,10 +84,10 @@ def saved_input_delta_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> 
     linear inputs, weighted by its share of the layers (hybrid_saved_input_widths)."""
     if lay.recompute == "full":
         return 0
-    return int(_saved_input_delta(m, setup, lay.tokens_per_rank, lay.tp, lay.sp))
+    return int(_saved_input_delta_bytes(m, setup, lay.tokens_per_rank, lay.tp, lay.sp))
 
 
-def _saved_input_delta(m: ModelSpec, setup: TrainingSetup, tokens: Any, tp: Any, sp: Any) -> Any:
+def _saved_input_delta_bytes(m: ModelSpec, setup: TrainingSetup, tokens: Any, tp: Any, sp: Any) -> Any:
     """saved_input_delta_bytes' figure before its recomputation check, as a float (or an array of
     them over layouts: ``tokens``, ``tp``, ``sp`` arrays); 0 where the recipe saves no fewer bytes."""
     r = setup.precision_spec.fp8
@@ -154,5 +154,5 @@ def bf16_layer_input_bytes(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, 
     if not np.any(n_bf16):
         return 0
     tokens = a.micro_batch * a.seq_len_per_rank(seq_len)
-    per_layer = -_saved_input_delta(m, setup, tokens, a.tp, a.sp)
-    return np.where(a.recompute == RECOMPUTES.index("full"), 0.0, n_bf16 * per_layer)
+    per_layer_bytes = -_saved_input_delta_bytes(m, setup, tokens, a.tp, a.sp)
+    return np.where(a.recompute == RECOMPUTES.index("full"), 0.0, n_bf16 * per_layer_bytes)

@@ -8,43 +8,10 @@ from functools import lru_cache
 from typing import Any
 
 from planner.layouts.layout import Layout
+from planner.layouts.stages import stage_layers  # noqa: F401 - memory.model's name for it
 from planner.models.spec import ModelSpec, ParamCount
 from planner.training.setup import TrainingSetup, optimizer_state_bytes_per_param
 from planner.units import ceil_div
-
-
-def stage_layers(n_layers: int, pp: int, balance: str = "none") -> list[int]:
-    """Layers per pipeline stage. Uneven splits put the extra layers on the middle
-    stages first: the first stage holds the most in-flight activations and the
-    embedding, the last one the LM head (picotron and torchtitan split unevenly too).
-
-    ``balance`` "embedding-loss" (TrainingSetup.pp_balance): the embedding and the loss each
-    count as one layer, so n_layers + 2 are split (megatron-core 0.16.1
-    transformer/transformer_block.py get_num_layers_to_build, lines 176-202: num_layers + 1
-    for each of account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split,
-    divided by pp, less one on the first and on the last stage); megatron-core asserts that pp
-    divides n_layers + 2 (layouts.rules refuses the others); here the uneven split of
-    n_layers + 2 stands in for them."""
-    return list(_stage_layers(n_layers, pp, balance))
-
-
-@lru_cache(maxsize=4096)
-def _stage_layers(n_layers: int, pp: int, balance: str = "none") -> tuple[int, ...]:
-    """stage_layers, kept per (n_layers, pp, balance)."""
-    if balance == "embedding-loss" and pp > 1:
-        counts = list(_stage_layers(n_layers + 2, pp))
-        counts[0] -= 1
-        counts[-1] -= 1
-        return tuple(counts)
-    base, extra = divmod(n_layers, pp)
-    counts = [base] * pp
-    # the middle stages from the last one down, then the last stage, then the first: the order
-    # sorted(range(pp), key=lambda i: (i == 0, i == pp - 1, -i)) gives, built without a sort,
-    # which made sizing every pp up to the layer count quadratic (issue 32, H3)
-    order = [*range(pp - 2, 0, -1), *([pp - 1] if pp > 1 else []), 0]
-    for i in order[:extra]:
-        counts[i] += 1
-    return tuple(counts)
 
 
 def stages_to_check(counts: list[int]) -> list[int]:

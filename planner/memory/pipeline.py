@@ -31,7 +31,7 @@ from planner.memory.params import stage_layers
 @lru_cache(maxsize=4096)
 def chunk_layers(n_layers: int, pp: int, vp: int, balance: str = "none") -> tuple[tuple[int, ...], ...]:
     """Transformer layers per model chunk, per pipeline rank: rank r's chunk c holds virtual
-    stage c x pp + r. Each rank's layers (params.stage_layers) are split evenly over its vp
+    stage c x pp + r. Each rank's layers (layouts.stages.stage_layers) are split evenly over its vp
     chunks, extra layers first (as emit.megatron.pipeline_layout writes them). Under
     ``balance`` "embedding-loss" the embedding and the loss count as one layer each of the
     first chunk of rank 0 and the last chunk of rank pp - 1 (megatron-core 0.16.1

@@ -249,7 +249,10 @@ def _fastest_by_fold(m: ModelSpec, pc: ParamCount, ns: Sequence[int], arrays: La
 # `plan buy` (3 types) spent 0.45 s less of CPU with it, the 16 jobs of the largest models over
 # 23 types 0.4-0.8 s more (each type works out the shapes and degrees of every layout)
 SHARE_TYPES = 4
-PRUNE_ROWS = 4096      # a batch of fewer layouts that may fit is timed whole (its bounds would spare little)
+# the fewest layouts that may fit, over the segments one GPU type times together (_timed_together), for the
+# sweep to prune by the bound: fewer are timed whole, where the bound's limit and a second walk would spare
+# little (a chosen figure, not a measured optimum; raising it was tried and dropped: docs/performance.md)
+PRUNE_ROWS = 4096
 
 
 def _timed_together(ns: Sequence[int], context: LayoutContext, union: np.ndarray, batch: Sized,
@@ -273,16 +276,16 @@ def _timed_together(ns: Sequence[int], context: LayoutContext, union: np.ndarray
     starts: list[int] = np.cumsum([0] + [len(f) for f in fits]).tolist()
     pruned = prune and len(may_fit) >= PRUNE_ROWS
     bounds = step_time_bounds(context, cluster, eff, bounded=pruned)
-    limit = None
+    limit_s = None
     if pruned:
-        limit = _limits(bounds, may_fit, starts, [ask.keep for ask, _, _ in segments])
+        limit_s = _limits(bounds, may_fit, starts, [ask.keep for ask, _, _ in segments])
         seg = np.repeat(np.arange(len(segments)), np.diff(starts))
-        within = np.flatnonzero(~(bounds.lower_s(may_fit) > limit[seg]))       # (a NaN bound is kept)
+        within = np.flatnonzero(~(bounds.lower_s(may_fit) > limit_s[seg]))       # (a NaN bound is kept)
         if len(within) < len(may_fit):
             may_fit, headroom = may_fit[within], headroom[within]
             starts = np.searchsorted(within, starts).tolist()
         else:
-            limit = None
+            limit_s = None
     whole = len(may_fit) == len(context.a) and np.array_equal(may_fit, np.arange(len(context.a)))
     walked = context.a if whole else context.a.take(may_fit)
     at_batch = union[may_fit]           # the rows' memory in the batch
@@ -290,10 +293,10 @@ def _timed_together(ns: Sequence[int], context: LayoutContext, union: np.ndarray
     best_s: list[list[float]] = [[] for _ in segments]
     sized = [0] * len(segments)
 
-    def keep_fastest(times: np.ndarray) -> list[int]:
+    def keep_fastest(times_s: np.ndarray) -> list[int]:
         """Per segment, the rows of its ``keep`` fastest layouts that fit, in rank order: each
         segment's fastest first, their memory read off the batch in one call."""
-        heads = _heads(walked, times, headroom, starts)
+        heads = _heads(walked, times_s, headroom, starts)
         at = [lo + i for lo, i in zip(starts, heads) if i is not None]
         mems = iter(rank_memories(batch.batch, batch.rows(at_batch[at]), keep_terms))    # sized once
         out: list[int] = []
@@ -308,30 +311,31 @@ def _timed_together(ns: Sequence[int], context: LayoutContext, union: np.ndarray
                 sized[j] += 1
                 if c.fits:          # (the host's and NVMe's capacity: the GPU's is in may_fit)
                     best[j].append(c)
-                    best_s[j].append(float(times[lo + i]))
+                    best_s[j].append(float(times_s[lo + i]))
                     out.append(lo + i)
                     if len(best[j]) == ask.keep:
                         break
                 if walk is None:    # past the head: the segment's own walk, from its second row
-                    walk = _rank_order(walked, times[lo:hi], headroom[lo:hi], ask.keep, lo)
-                    assert next(walk) == head
+                    walk = _rank_order(walked, times_s[lo:hi], headroom[lo:hi], ask.keep, lo)
+                    if next(walk) != head:      # (not an assert: `python -O` would skip the head)
+                        raise AssertionError("a segment's walk does not start at its head (search.sweep._heads)")
                 i = next(walk, None)
         return out
 
     # every fitting layout timed as one batch (or those within their limit), and the StepTime
     # of the kept ones read off it
-    times, kept_times = bounds.picked(None if whole else may_fit, keep_fastest)
-    if limit is not None and bool((times < bounds.lower_s(may_fit)).any()):
-        raise AssertionError("a step time below its lower bound (timing.fast.BoundedTimes)")
+    times_s, kept_times_s = bounds.picked(None if whole else may_fit, keep_fastest)
+    if limit_s is not None:
+        _check_bound(times_s, bounds.lower_s(may_fit))
     out, at = [], 0
     for (_, lo, hi), n, f, kept, n_sized in zip(segments, ns, fits, best, sized):
-        ts = kept_times[at:at + len(kept)]
+        ts = kept_times_s[at:at + len(kept)]
         at += len(kept)
         out.append(CountBest(n_gpus=n, fastest=tuple(replace(c, time=t) for c, t in zip(kept, ts)),
                              n_shapes=hi - lo, n_timed=len(f), n_sized=n_sized))
-    if limit is not None:       # segments whose walk went past their limit: walked over all their rows
-        again = [j for j, (ask, _, _) in enumerate(segments) if limit[j] < np.inf and
-                 (len(best[j]) < ask.keep or not max(best_s[j]) <= limit[j])]
+    if limit_s is not None:       # segments whose walk went past their limit: walked over all their rows
+        again = [j for j, (ask, _, _) in enumerate(segments) if limit_s[j] < np.inf and
+                 (len(best[j]) < ask.keep or not max(best_s[j]) <= limit_s[j])]
         if again:
             for j, cb in zip(again, _timed_together([ns[j] for j in again], context, union, batch,
                                                     [segments[j] for j in again],
@@ -370,11 +374,20 @@ def _limits(bounds: BoundedTimes, rows: np.ndarray, starts: list[int], keeps: Se
         return limit
     seeds = np.sort(np.concatenate(picked))
     t = bounds.times_s(rows[seeds])
+    _check_bound(t, bounds.lower_s(rows[seeds]))     # (past it, a segment's rows could all be pruned)
     t[np.isnan(t)] = np.inf
     slowest = np.full(len(full), -np.inf)
     np.maximum.at(slowest, seg[seeds], t)
     limit[full] = np.where(n_seeds == want, slowest, np.inf)
     return limit
+
+
+def _check_bound(times_s: np.ndarray, lower_s: np.ndarray) -> None:
+    """Raise where a step time is below its lower bound (timing.fast.BoundedTimes): pruning by such
+    a bound could pass over layouts that win. An internal error (`plan` exits 1), never an answer;
+    an explicit raise, kept under `python -O`."""
+    if bool((times_s < lower_s).any()):
+        raise AssertionError("a step time below its lower bound (timing.fast.BoundedTimes)")
 
 
 _RECOMPUTE_COST = np.array([RECOMPUTE_COST[r] for r in RECOMPUTES])     # per RECOMPUTES index

@@ -93,6 +93,9 @@ def layout_context(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, pc: Para
 
 def _flops_row(m: ModelSpec, seq_len: int, n_sequences: int, recompute: int, setup: TrainingSetup
                ) -> tuple[float, float]:
+    """(model FLOPs, hardware FLOPs) of one step of ``n_sequences`` sequences under recomputation mode
+    ``recompute`` (an index of RECOMPUTES): timing.flops.flops_per_step plus the images' (training.images), one row of
+    layout_context's distinct rows."""
     f = flops_per_step(m, seq_len, n_sequences, RECOMPUTES[recompute], setup.finetune, setup.recomputed_share,
                        setup.mtp_layers)
     image = n_sequences * sum(image_flops_per_sequence(m, setup.finetune, setup.images_per_sample))

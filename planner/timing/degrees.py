@@ -173,7 +173,7 @@ def distinct_rows(columns: Sequence[np.ndarray], rows: _Rows, fn: Callable[..., 
 @lru_cache(maxsize=4096)
 def stage_slots(n_layers: int, pp: int, balance: str = "none") -> tuple[tuple[int, int], ...]:
     """(stage, layers) of the stages a pipeline's slowest can be, in increasing stage order
-    (``balance``: TrainingSetup.pp_balance, memory.stage_layers)."""
+    (``balance``: TrainingSetup.pp_balance, layouts.stages.stage_layers)."""
     counts = stage_layers(n_layers, pp, balance)
     return tuple((s, counts[s]) for s in sorted({0, len(counts) - 1, counts.index(max(counts))}))
 

@@ -11,7 +11,7 @@ slowest of the first, the last and the fullest stage: its blocks' forward and ba
 all-reduces (two per pipeline edge besides the blocks'), context-parallel K/V ring sends
 (what the attention time does not hide) and expert-parallel all-to-alls, 2 v pipeline sends,
 and overlap slowdown x whatever of those is hidden. The stages' layers follow the set-up's
-pipeline split (TrainingSetup.pp_balance, memory.stage_layers: under "embedding-loss" the first
+pipeline split (TrainingSetup.pp_balance, layouts.stages.stage_layers: under "embedding-loss" the first
 and the last stage hold one block fewer, megatron-core's account_for_embedding/loss_in_pipeline_split).
 Under interleaving the bubble (p-1)/v t_mb is p-1 of the slowest stage's chunks (Narayanan et
 al. 2021, Sec. 2.2.2); with that split the slowest stage is a middle one, all of whose chunks

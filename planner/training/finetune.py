@@ -273,6 +273,7 @@ def trainable_count(m: ModelSpec, spec: FinetuneSpec, pc: ParamCount | None = No
 
 @lru_cache(maxsize=1024)
 def _trainable_count(m: ModelSpec, spec: FinetuneSpec, pc: ParamCount) -> TrainableCount:
+    """trainable_count() with its parameter count given, kept per arguments."""
     if spec.method == "full":
         expert = pc.expert_per_layer * pc.n_experts
         return TrainableCount(dense_per_layer=pc.per_layer - expert, expert_per_layer=expert,

@@ -39,7 +39,7 @@ DS_CHECKPOINTING = ("none", "partitioned", "cpu", "partitioned-cpu")
 # with the gradients reduce-scattered across the data-parallel workers in FSDP)
 FSDP_PIPELINE_GRAD_SYNCS = ("step", "micro-batch")
 # How the pipeline's layers are split over its stages (TrainingSetup.pp_balance): "none": the
-# planner's even split, extra layers on the middle stages first (memory.params.stage_layers);
+# planner's even split, extra layers on the middle stages first (layouts.stages.stage_layers);
 # "embedding-loss": the embedding and the loss each count as one layer of the split, so the first
 # and the last stage hold one transformer layer fewer, and under interleaving the first model
 # chunk of the first stage holds only the embedding and the last chunk of the last stage only
