@@ -128,3 +128,13 @@ def test_a_batch_way_out_that_runs_nothing_either_is_not_given(args, fold):
     code, out = _plan(*args, "--gpus", "h100", "-q")
     assert code == 2 and len(out.strip().splitlines()) == 1
     assert fold in out and "global batch" not in out
+
+
+@pytest.mark.parametrize("method, says", [(("--method", "freeze"), "not --method freeze: use --method full or lora"),
+                                          (("--method", "qlora"), "not --method qlora: use --method full or lora"),
+                                          (("--method", "lora", "--quant", "nf4"), "not --quant nf4: drop --quant")])
+def test_low_precision_refusal_names_what_was_given(method, says):
+    """`--method freeze --precision fp8` was told to "drop --quant or use --method full or lora": no --quant was
+    given. The way out names the method or the --quant the command holds."""
+    code, out = _plan("--model", "llama3.1-8b", "--gpus", "h100", "--precision", "fp8", *method, "-q")
+    assert code == 2 and len(out.strip().splitlines()) == 1 and says in out

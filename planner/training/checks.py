@@ -104,6 +104,14 @@ def positions_refusal(m: ModelSpec, seq_len: int) -> str | None:
             f"give --seq-len {table} or less")
 
 
+def _low_precision_way_out(ft: Any) -> str:
+    """What low-precision training cannot run and the way out, naming what the user gave: --method
+    qlora or freeze (a --method freeze was told to "drop --quant", which it had not given) or --quant."""
+    if ft.method in ("qlora", "freeze"):
+        return f"--method {ft.method}: use --method full or lora, or --precision bf16-mixed"
+    return f"--quant {ft.quant}: drop --quant, or use --precision bf16-mixed"
+
+
 SETUP_RULES: tuple[SetupRule, ...] = (
     SetupRule("seq-len", lambda m, s: not is_int_in(s.seq_len, 1, MAX_SEQ_LEN),
               lambda m, s: f"--seq-len {s.seq_len!r} (seq_len) must be a whole number from 1 to {MAX_SEQ_LEN:,}"),
@@ -160,7 +168,7 @@ SETUP_RULES: tuple[SetupRule, ...] = (
     SetupRule("low-precision-methods", lambda m, s: s.precision in LOW_PRECISIONS
               and (s.finetune.method in ("qlora", "freeze") or s.finetune.quant != "none"),
               lambda m, s: (f"--precision {s.precision} is modelled for full training and LoRA (a 16-bit base whose "
-                            "linear layers run the low-precision GEMMs); drop --quant or use --method full or lora")),
+                            "linear layers run the low-precision GEMMs), not " + _low_precision_way_out(s.finetune))),
     SetupRule("trainable-layers",
               lambda m, s: s.finetune.method == "freeze" and s.finetune.trainable_layers > m.n_layers,
               lambda m, s: (f"--trainable-layers {s.finetune.trainable_layers} is more than the {m.n_layers} "
