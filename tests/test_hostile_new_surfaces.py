@@ -138,3 +138,17 @@ def test_low_precision_refusal_names_what_was_given(method, says):
     given. The way out names the method or the --quant the command holds."""
     code, out = _plan("--model", "llama3.1-8b", "--gpus", "h100", "--precision", "fp8", *method, "-q")
     assert code == 2 and len(out.strip().splitlines()) == 1 and says in out
+
+
+def test_a_buy_job_its_batch_keeps_on_few_gpus_is_not_told_to_raise_max_gpus(tmp_path):
+    """A QLoRA job (quantized base weights run under data parallelism only, training.finetune) with global batch
+    250: data-parallel counts divide 250 (1, 2, 5, 10, 25, ...), and a node holds 8 H100s, so no count past 2 runs
+    it; `plan buy` advised "raise --max-gpus", which runs nothing more."""
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text("jobs:\n  - name: q\n    model: llama3.1-8b\n    method: qlora\n    tokens: 100B\n"
+                    "    deadline: 3d\n    global_batch: 250\n")
+    code, out = _plan("buy", str(jobs), "--gpus", "h100", "--max-gpus", "64")
+    text = " ".join(out.replace("│", " ").split())
+    assert code == 2 and "Traceback" not in out
+    assert "no plan exists on more than 2 x h100 (the global batch 250 and the model's degrees split no further)" \
+        in text and "raise --max-gpus" not in text

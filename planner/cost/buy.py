@@ -189,10 +189,16 @@ def plan_purchase(jobs_file, gpu_names: Sequence[str], prices: Prices, horizon_s
                              "says why")
             else:
                 g, n, c = min(slowest, key=lambda r: r[2].time.train_time_s(job.tokens))  # type: ignore[union-attr]
+                # every count was swept (none in time): where the largest counts of every GPU type ran no
+                # layout, more GPUs would not either (a global batch 250 of a QLoRA job splits over 2 GPUs)
+                top = max(n for n, _ in seen[job.name, g.name])
+                stuck = all(max((k for k, _ in seen[job.name, t.name]), default=0) < counts[t.name][-1] for t in gpus)
+                way = (f"no plan exists on more than {top} x {g.name} (the global batch {c.layout.global_batch} "
+                       "and the model's degrees split no further): move the deadline or give a larger global_batch"
+                       if stuck else "move the deadline, raise --max-gpus or add a faster GPU type")
                 lines.append(f"job {job.name!r} cannot meet its deadline: it has {days(job.deadline_s - job.start_s)}, "
                              f"the fastest plan on up to {max_gpus} GPUs takes "
-                             f"{days(c.time.train_time_s(job.tokens))} ({n} x {g.name}); move the deadline, "  # type: ignore[union-attr]
-                             f"raise --max-gpus or add a faster GPU type")
+                             f"{days(c.time.train_time_s(job.tokens))} ({n} x {g.name}); {way}")  # type: ignore[union-attr]
     if not lines:
         c0 = sum(min(math.ceil(first_ok[j.name, g.name] / g.gpus_per_node) * pool_of[g.name].node_usd
                      for g in gpus if (j.name, g.name) in first_ok) for j in jobs)
