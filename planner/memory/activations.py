@@ -18,6 +18,10 @@ from planner.training.kernels import replicated_ranks
 from planner.training.setup import TrainingSetup
 from planner.units import ceil_div
 
+# the name every term of a block's routed tokens starts with: memory.moe and memory.hybrid tell the
+# expert side and the latent width by it
+PERMUTED_TOKENS = "tokens permuted"
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ActivationTerm:
@@ -146,7 +150,7 @@ def layer_activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, kern
         if extra:
             add(f"{m.activation} written in Python ops: its saved intermediates", k * extra * f * a, tp)
     if m.is_moe and not frozen:
-        add("tokens permuted to their experts", k * h * a, sp_div)
+        add(f"{PERMUTED_TOKENS} to their experts", k * h * a, sp_div)
         add("router probabilities (fp32)", m.n_experts * 4, 1)
     if m.hidden_dropout > 0:
         add("dropout mask after the MLP", h * 1, sp_div)

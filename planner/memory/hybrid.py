@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from planner.layouts.layout import Layout
-from planner.memory.activations import ActivationTerm
+from planner.memory.activations import PERMUTED_TOKENS, ActivationTerm
 from planner.memory.moe import grouped_experts_bytes_per_token
 from planner.models.spec import ModelSpec
 from planner.training.setup import TrainingSetup
@@ -38,7 +38,7 @@ from planner.units import ceil_div
 
 # memory.activations' term names, by the half of the block that keeps them
 _NORM = "norm inputs"
-_MLP_HALF = ("MLP", "tokens permuted", "router probabilities", "dropout mask after the MLP")
+_MLP_HALF = ("MLP", PERMUTED_TOKENS, "router probabilities", "dropout mask after the MLP")
 
 
 def _half(name: str) -> str:
@@ -143,7 +143,7 @@ def _latent_routed(m: ModelSpec, t: ActivationTerm) -> ActivationTerm:
     transformer/moe/moe_layer.py MoELayer.preprocess: fc1_latent_proj, then
     token_dispatcher.dispatch_preprocess; transformers' NemotronHMoE.forward: fc1_latent_proj, then
     self.experts), so the permuted copies are k x moe_latent wide, not k x d_model."""
-    if not m.moe_latent or not t.name.startswith("tokens permuted"):
+    if not m.moe_latent or not t.name.startswith(PERMUTED_TOKENS):
         return t
     return replace(t, name=f"{t.name} (latent width)", bytes=t.bytes * m.moe_latent // m.d_model)
 

@@ -10,13 +10,13 @@ from dataclasses import replace
 from functools import lru_cache
 
 from planner.layouts.layout import Layout
-from planner.memory.activations import block_terms
+from planner.memory.activations import PERMUTED_TOKENS, block_terms
 from planner.models.spec import ModelSpec
 from planner.training.setup import TrainingSetup
 
 # the saved tensors of a MoE block that live on the experts' side of the dispatch: the
 # expert MLP's tensors and the tokens the dispatch permuted to them (memory.activations)
-EXPERT_SIDE_PREFIXES = ("MLP ", "tokens permuted", "silu written", "gelu")
+EXPERT_SIDE_PREFIXES = ("MLP ", PERMUTED_TOKENS, "silu written", "gelu")
 MLP_INPUT = "MLP input"     # the norm's output: the MLP's input, on the tokens' side of the dispatch
 
 
@@ -80,7 +80,7 @@ def imbalance_extra_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout, kerne
 # the dispatched-token sizing; torchtitan's block terms (memory.activations.titan_block_terms)
 # are its own: no change there. Checked against autograd's saved tensors of each transformers
 # block in tests/test_memory_moe_blocks.py.
-ROUTED_PREFIXES = ("MLP ", "tokens permuted", "router probabilities")
+ROUTED_PREFIXES = ("MLP ", PERMUTED_TOKENS, "router probabilities")
 
 
 def is_routed_term(name: str) -> bool:
