@@ -83,7 +83,8 @@ ALL_ENGINES: dict[str, Efficiency] = {
 }
 
 # The matmul fraction is a property of the die: the 40 GB A100 shares the a100's.
-FAMILY = {"a100": "a100", "a100-40gb": "a100", "h100": "h100", "h200": "h100"}
+FAMILY = {"a100": "a100", "a100-40gb": "a100", "h100": "h100", "h200": "h100",
+          "h100-hbm2e-500w": "h100"}      # the GPU file of torchtitan's Grand Teton H100 (case gpu_file)
 # 0.50 .. 0.95, and each fitted family's measured maximum (MATMUL_FRACTION_MAX), the highest a fit may take
 MATMUL_MAX: dict[str, float] = {f: MATMUL_FRACTION_MAX[f] for f in sorted(set(FAMILY.values()))}
 MATMUL_GRID: tuple[float, ...] = tuple(sorted({round(0.50 + 0.025 * i, 3) for i in range(19)}
@@ -196,11 +197,14 @@ class Prepared:
 
 def prepare(case: dict) -> Prepared:
     m, setup = model_of(case), setup_of(case)
-    gpu = get_gpu(case["gpu"])
-    # a case may name a shipped topology whose network matches its cluster's (a proxy: see its note)
+    # a case on a GPU the catalog lacks names a GPU file of the catalog's schema (tests/data/gpus)
+    gpu = get_gpu(str(ROOT / case["gpu_file"])) if "gpu_file" in case else get_gpu(case["gpu"])
+    assert gpu.name == case["gpu"], (case["id"], gpu.name)
+    # a case may name a shipped topology whose network matches its cluster's (a proxy: see its note);
+    # a GPU file has none: its groups take the file's NVLink and NIC rates (hardware.placement.Cluster)
     topology = case.get("topology") or gpu.default_topology
-    assert topology is not None, case["gpu"]
-    cluster = Cluster(gpu=gpu, topology=load_topology(topology))
+    assert topology is not None or "gpu_file" in case, case["gpu"]
+    cluster = Cluster(gpu=gpu, topology=load_topology(topology) if topology is not None else None)
     pc = count_params(m)
     valid = [lay for lay in variants(case, m) if not reject_reason(m, setup, lay, gpu.gpus_per_node)]
     if not valid:

@@ -153,7 +153,8 @@ def table(preds: list[Prediction]) -> str:
         "",
         "These 23 runs set the catalog's efficiencies, so 'error' is in sample. Beside it, from",
         "[the leave-one-source-out study](published-runs-out-of-sample.md) (`python bench/out_of_sample.py`,",
-        "62 runs of 9 sources): 'fit, all' refits the efficiencies on every source; 'out of sample' predicts",
+        f"{len(runs)} runs of {oos['sources']} sources): 'fit, all' refits the efficiencies on every source; "
+        "'out of sample' predicts",
         "each run with efficiencies fitted on the other sources only.",
         "",
         "| case | GPUs | layout | metric | predicted | reported | error | fit, all | out of sample | step (s) "

@@ -196,3 +196,15 @@ def test_per_run_errors_file_is_what_the_bench_writes_and_feeds_published_runs(s
         row = data["runs"][c["id"]]
         assert row["out_of_sample"] == pytest.approx(math.expm1(study.out_of_sample_error(c["id"])), abs=1e-4)
     assert data["within_20_percent"] == sum(abs(r["out_of_sample"]) <= 0.20 for r in data["runs"].values())
+
+
+@pytest.mark.slow
+def test_torchtitan_h100_runs_are_predicted_on_their_own_card(study):
+    # torchtitan's H100 runs ran on a 96 GB HBM2e card at 500 W (tests/data/gpus/h100-hbm2e-500w.toml):
+    # planned on the 700 W HBM3 H100 they were +31% and +35%. Its peak is ASSUMED, so they stay out
+    # of the fits (their note says why) and in the every-run headline
+    runs = [p for p in study.grid.cases if "500w" in p.case["id"]]
+    assert len(runs) == 2
+    for p in runs:
+        assert not p.case["fit"] and p.cluster.gpu.name == "h100-hbm2e-500w" and p.family == "h100", p.case["id"]
+        assert abs(math.expm1(study.out_of_sample_error(p.case["id"]))) <= 0.20, p.case["id"]
