@@ -1,12 +1,16 @@
-"""The linear inputs a hybrid (Nemotron-H / Nemotron 3) layer saves for backward under a
-low-precision recipe, per kind of layer (memory.fp8.hybrid_saved_input_widths), against the
-modules of transformers 5.x's NemotronHForCausalLM built on the meta device: each nn.Linear's
+"""The linear inputs a layer saves for backward under a low-precision recipe, per kind of layer
+(memory.fp8.saved_input_widths: hybrids, and MLA with dense first layers), against the modules
+of transformers 5.x's NemotronHForCausalLM, Qwen3NextForCausalLM and DeepseekV3ForCausalLM built
+on the meta device: each nn.Linear's
 in_features and the routed experts' 3-D weights (modeling_nemotron_h.py: NemotronHMamba2Mixer
 in_proj/out_proj, NemotronHAttention q/k/v/o_proj, NemotronHMLP up/down_proj, NemotronHMoE with
 its experts, shared_experts and fc1/fc2_latent_proj). Before the fix every layer, Mamba ones
 included, was charged an attention + MoE block's inputs."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 from conftest import require
@@ -15,17 +19,23 @@ from test_hybrid import TINY as HYBRID_TINY
 
 from planner.layouts.layout import Layout
 from planner.memory.activations import layer_activation_bytes, layer_activation_terms
-from planner.memory.fp8 import hybrid_saved_input_widths, saved_input_delta_bytes
+from planner.memory.fp8 import saved_input_widths, saved_input_delta_bytes
 from planner.models.families import spec_from_hf_config
 from planner.models.load import load_model
 from planner.training.setup import TrainingSetup
 
+ROOT = Path(__file__).resolve().parent.parent
 # test_hybrid's tiny Nemotron-H with every letter, q (4 x 48), d_inner (8 x 32) and h (128) made to differ
 TINY = {**HYBRID_TINY, "hybrid_override_pattern": "ME*-MEM", "head_dim": 48, "mamba_head_dim": 32}
 VARIANTS = {"plain": TINY, "latent-moe": {**TINY, "moe_latent_size": 48},
             # test_deltanet's tiny Qwen3-Next (gated DeltaNet, gated attention, MoE with a shared
             # expert and its sigmoid gate), one layer a dense MLP
-            "qwen3-next": {**DELTANET_TINY, "mlp_only_layers": [1]}}
+            "qwen3-next": {**DELTANET_TINY, "mlp_only_layers": [1]},
+            # bench/configs' tiny DeepSeek-V3: MLA (q and kv latents 96 and 64 wide, v heads 32 against
+            # q heads 48), one dense first layer, routed and shared experts. The figure these widths
+            # replaced for every non-hybrid model counted the output projection's input q_dim wide and
+            # no latent, the dense layer as a MoE one
+            "deepseek-v3": json.loads((ROOT / "bench" / "configs" / "tiny-deepseek-v3.json").read_text())}
 
 
 def _mixers(model):
@@ -67,11 +77,17 @@ def _transformers_inputs(cfg: dict) -> tuple[float, float]:
             assert mix.q_proj.in_features == mix.k_proj.in_features == mix.v_proj.in_features
             col += mix.q_proj.in_features
             row += mix.o_proj.in_features
-        elif kind in ("NemotronHMLP", "Qwen3NextMLP"):
+        elif kind == "DeepseekV3Attention":
+            # q_a_proj and kv_a_proj_with_mqa read the same hidden_states; q_b_proj and kv_b_proj
+            # the two latents after their norms; o_proj the heads' values (n_heads x v_head_dim)
+            assert mix.q_a_proj.in_features == mix.kv_a_proj_with_mqa.in_features
+            col += mix.q_a_proj.in_features + mix.q_b_proj.in_features + mix.kv_b_proj.in_features
+            row += mix.o_proj.in_features
+        elif kind in ("NemotronHMLP", "Qwen3NextMLP", "DeepseekV3MLP"):
             col += mix.up_proj.in_features      # Qwen3NextMLP's gate_proj reads the same tensor
             row += mix.down_proj.in_features
         else:
-            assert kind in ("NemotronHMoE", "Qwen3NextSparseMoeBlock"), kind
+            assert kind in ("NemotronHMoE", "Qwen3NextSparseMoeBlock", "DeepseekV3MoE"), kind
             # the routed experts' weights are (E, out, in): each token's k copies enter the first
             # at its in width and down_proj at the expert width; the router, the shared expert's
             # first projection(s), its sigmoid gate and fc1_latent_proj read the layer's norm
@@ -94,7 +110,7 @@ def test_saved_linear_inputs_per_kind_are_transformers_modules(name):
     m = spec_from_hf_config(dict(cfg), name, "test")
     col, row = _transformers_inputs(cfg)
     n = m.n_layers      # the mean layer is one letter (a Qwen3-Next decoder layer holds two)
-    split_by_sp, split_by_tp = hybrid_saved_input_widths(m)
+    split_by_sp, split_by_tp = saved_input_widths(m)
     # the mean layer's widths, each kind weighted by its share of the layers
     assert split_by_sp == pytest.approx(col / n, rel=1e-12)
     assert split_by_tp == pytest.approx(row / n, rel=1e-12)

@@ -74,14 +74,14 @@ def saved_input_delta_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout) -> 
     (TE delayed scaling, DeepSeek-V3's block-wise recipe, Sec. 3.3.4) store
     ``saved_input_bytes`` per element where 16-bit training stores 2.
 
-    The saved linear inputs of a block (Korthikanti et al. 2022, Sec. 4.1): the attention
-    input (the norm's output, h wide, shared by Q, K and V), the output projection's input
-    (q wide, split by tp), the MLP input (h wide; under MoE the k routed copies, k h) and
-    the down projection's input (k d_ff wide, split by tp). h-wide tensors are split by tp
-    only under sequence parallelism. Full recomputation keeps only the block's input, so
-    nothing changes; first dense layers of a MoE model are counted as MoE ones. A hybrid's mean
-    layer (a layer pattern: Mamba, DeltaNet, attention, MoE, MLP layers) saves each letter's own
-    linear inputs, weighted by its share of the layers (hybrid_saved_input_widths)."""
+    The saved linear inputs of the mean block (Korthikanti et al. 2022, Sec. 4.1), read off its
+    GEMMs (saved_input_widths): for a GPT block the attention input (the norm's output, h wide,
+    shared by Q, K and V), the output projection's input (q wide, split by tp), the MLP input (h
+    wide; under MoE the k routed copies, k h) and the down projection's input (k d_ff wide, split
+    by tp); h-wide tensors are split by tp only under sequence parallelism. MLA's low-rank
+    projections, the dense first layers of a MoE model and a hybrid's kinds of layer (Mamba,
+    DeltaNet, attention, MoE, MLP) each count their own inputs, weighted by their share of the
+    layers. Full recomputation keeps only the block's input, so nothing changes."""
     if lay.recompute == "full":
         return 0
     return int(_saved_input_delta_bytes(m, setup, lay.tokens_per_rank, lay.tp, lay.sp))
@@ -97,11 +97,8 @@ def _saved_input_delta_bytes(m: ModelSpec, setup: TrainingSetup, tokens: Any, tp
     if delta >= 0:
         return 0
     h_div = np.where(sp, tp, 1)
-    if m.layer_pattern:
-        split_by_sp, split_by_tp = hybrid_saved_input_widths(m)
-        return tokens * (split_by_sp / h_div + split_by_tp / tp) * delta
-    k = m.n_experts_per_token if m.is_moe else 1
-    return tokens * (m.d_model / h_div + m.q_dim / tp + k * m.d_model / h_div + k * m.d_ff / tp) * delta
+    split_by_sp, split_by_tp = saved_input_widths(m)
+    return tokens * (split_by_sp / h_div + split_by_tp / tp) * delta
 
 
 # GEMMs of a MoE layer that read the layer's norm output, which its router (kept in 16 bits by
@@ -110,9 +107,10 @@ _ROUTER_HELD_INPUTS = ("shared_in", "latent_in")
 
 
 @lru_cache(maxsize=64)
-def hybrid_saved_input_widths(m: ModelSpec) -> tuple[float, float]:
-    """Elements per token of the linear inputs a hybrid's mean layer saves for backward, read off
-    its GEMMs per letter (models.matmuls.block_matmuls, each weighted by mean_block_share): (those
+def saved_input_widths(m: ModelSpec) -> tuple[float, float]:
+    """Elements per token of the linear inputs the mean block saves for backward, read off its
+    GEMMs (models.matmuls.block_matmuls, each weighted by mean_block_share: a hybrid's per kind of
+    layer, a MoE model's dense first layers by their share): (those
     split by tp only under sequence parallelism: a column-parallel or unsplit GEMM's input; those
     split by tp: a row-parallel GEMM's input, the other side of the tensor-parallel region).
 
@@ -125,6 +123,12 @@ def hybrid_saved_input_widths(m: ModelSpec) -> tuple[float, float]:
     attention linear_qkv/linear_proj, MLP and grouped-expert fc1/fc2 from TE modules in its hybrid
     layer specs). Not counted: the low-precision copies TE keeps of the router-held input beside the
     16-bit one (about a d_model per MoE layer)."""
+    if m.profile is not None:
+        # a generic model's GEMMs are not known one by one (block_matmuls gives one GEMM of its
+        # measured FLOPs): ASSUMED a GPT block's, the attention and MLP inputs (h wide, split by tp
+        # under sp) and the output and down projections' (q and k d_ff wide, split by tp)
+        k = m.n_experts_per_token if m.is_moe else 1
+        return float(m.d_model + k * m.d_model), float(m.q_dim + k * m.d_ff)
     seen: set[tuple[str, int, int, bool, int]] = set()
     split_by_sp = split_by_tp = 0.0
     for mm in block_matmuls(m):
