@@ -19,7 +19,7 @@ from test_hybrid import TINY as HYBRID_TINY
 
 from planner.layouts.layout import Layout
 from planner.memory.activations import layer_activation_bytes, layer_activation_terms
-from planner.memory.fp8 import saved_input_widths, saved_input_delta_bytes
+from planner.memory.fp8 import saved_input_delta_bytes, saved_input_widths
 from planner.models.families import spec_from_hf_config
 from planner.models.load import load_model
 from planner.training.setup import TrainingSetup

@@ -288,6 +288,16 @@ def fold_indivisible(tp: Any, cp: Any, dp: Any, etp: Any, ep: Any) -> Any:
     return (tp * cp * dp) % (etp * ep) != 0
 
 
+def fold_searched(tp: int, cp: int, dp: int, etp: int | None, ep: int, tp_pp_given: bool) -> bool:
+    """Whether the search walks a fold of ep over tp x cp x dp (one ep_folds allows): any, with
+    --tp and --pp both given (the layout's own rule "ep-fold-divides" then says why it cannot
+    run, layouts.rules); with either left open only one megatron-core can tile
+    (fold_indivisible), so that an open degree never becomes a reason. The one rule
+    folded_shapes searches by and report.advice.folds_on explains with. ``etp``: the option
+    (None or 0: tp's, expert_tp_size)."""
+    return tp_pp_given or not fold_indivisible(tp, cp, dp, expert_tp_size(etp or 0, tp), ep)
+
+
 def node_data_ranks(gpus_per_node: Any, tp: Any) -> Any:
     """The data-parallel (dp x cp x ep) ranks of one pipeline stage that share a node: the node's
     GPUs over tp. The pipeline is the outermost axis of the rank order (megatron-core
@@ -471,10 +481,8 @@ def folded_shapes(m: ModelSpec, space: SearchSpace, n_gpus: int, gpus_per_node: 
     flat = replace(s, ep=1, cp=s.cp or 1)
     shapes = [DegreeShape(d.tp, d.cp, s.ep, d.pp, d.dp) for d in degree_shapes(m, n_gpus, gpus_per_node, flat)
               if ep_folds(n_gpus, d.tp, d.pp, d.cp, s.ep)]
-    # searched: only the shapes megatron-core can tile (all given: its rule says why not)
-    if s.tp is None or s.pp is None:
-        shapes = [d for d in shapes if not fold_indivisible(d.tp, d.cp, d.dp, expert_tp_size(s.etp or 0, d.tp), d.ep)]
-    return tuple(shapes)
+    given = s.tp is not None and s.pp is not None
+    return tuple(d for d in shapes if fold_searched(d.tp, d.cp, d.dp, s.etp, d.ep, given))
 
 
 def enumerate_folded(m: ModelSpec, setup: TrainingSetup, n_gpus: int, gpus_per_node: int,

@@ -97,21 +97,17 @@ def contradicting_options(kw: Mapping[str, Any]) -> str | None:
 def folds_on(kw: Mapping[str, Any], n_gpus: int) -> bool:
     """Whether the options' --ep folds over tp x cp x dp on ``n_gpus`` (no --dp given;
     layouts.layout.ep_folds, the rule api.fixed_layout builds the layout with) into a grid
-    megatron-core tiles (layouts.layout.fold_indivisible; a tp, pp or cp left open counts as 1,
-    the largest stage, which any other choice's stage divides). With tp and pp both given, the
-    layout's own rule "ep-fold-divides" says why (layouts.rules); with either open the search
-    skips such folds (layouts.layout.folded_shapes), so `--ep 8 --n-gpus 12` was explained as a
-    memory limit."""
-    from planner.layouts.layout import ep_folds, expert_tp_size, fold_indivisible
+    the search walks (layouts.layout.fold_searched, the rule folded_shapes searches by; a tp, pp
+    or cp left open counts as 1, the largest stage, which any other choice's stage divides), so
+    that `--ep 8 --n-gpus 12` is not explained as a memory limit."""
+    from planner.layouts.layout import ep_folds, fold_searched
 
     if kw.get("dp") is not None or kw.get("ep") is None:
         return False
     tp, pp, cp = (kw.get(a) or 1 for a in ("tp", "pp", "cp"))
-    if not ep_folds(n_gpus, tp, pp, cp, kw["ep"]):
-        return False
-    if kw.get("tp") is not None and kw.get("pp") is not None:
-        return True
-    return not fold_indivisible(tp, cp, n_gpus // (tp * cp * pp), expert_tp_size(kw.get("etp") or 0, tp), kw["ep"])
+    given = kw.get("tp") is not None and kw.get("pp") is not None
+    return bool(ep_folds(n_gpus, tp, pp, cp, kw["ep"])) and fold_searched(
+        tp, cp, n_gpus // (tp * cp * pp), kw.get("etp"), kw["ep"], given)
 
 
 def degrees_past_limit(kw: Mapping[str, Any]) -> str | None:
