@@ -1,4 +1,4 @@
-"""Alternatives to the one-number-per-GPU MFU ceiling, each measured by the 62-run study.
+"""Alternatives to the one-number-per-GPU MFU ceiling, each measured by the 2021-2024 published-run study.
 
 The planner caps every BF16 step at the GPU's sustained MFU (planner.timing.efficiency.mfu_ceiling:
 H100 0.465), so its cheapest Llama 3.1 8B, 70B and 405B plans on H100 all sit on the same MFU.
@@ -358,7 +358,7 @@ def measure(grids: dict[str, Grid], row: Row) -> Outcome:
                    errors={p.case["id"]: math.expm1(e) for p, e in zip(fitted, oe)})
 
 
-def meets_62_run_rule(o: Outcome, base: Outcome) -> bool:
+def meets_published_run_rule(o: Outcome, base: Outcome) -> bool:
     """Issue 28's rule on this study: out of sample, the median no worse and no fewer runs within
     20% than shipped, and the three plans' MFU apart (more than half a point between the highest
     and the lowest). A row that meets it is then put to the Megatron-Bridge study (bridge_check)."""
@@ -437,11 +437,11 @@ def _stored() -> dict:
 
 
 def bridge_checks(outcomes: Sequence[Outcome], stored: bool = False) -> dict[str, Bridge]:
-    """bridge_check as shipped ("") and for the tile model of each row that meets the 62-run rule.
+    """bridge_check as shipped ("") and for the tile model of each row that meets the published-run rule.
     ``stored``: the tile models' refits are read from STORED (what the last full run of this
     script wrote) instead of refitted; the bench itself always refits and rewrites them."""
     base = outcomes[0]
-    tiles = sorted({o.tiles for o in outcomes[1:] if meets_62_run_rule(o, base)})
+    tiles = sorted({o.tiles for o in outcomes[1:] if meets_published_run_rule(o, base)})
     saved = _stored().get("bridges", {}) if stored else {}
     out = {"": bridge_check("")}
     for t in tiles:
@@ -502,16 +502,16 @@ def reading(outcomes: Sequence[Outcome], bridges: dict[str, Bridge]) -> list[str
     by = {o.name: o for o in outcomes}
     launch = by["(3) no ceiling, launch overhead per micro-batch-layer"]
     launch_cap, tiles, straggle = by["(3) under the shipped ceiling"], by[TILES_ROW], by[STRAGGLE_ROW]
-    met = [o for o in outcomes[1:] if meets_62_run_rule(o, base)]
+    met = [o for o in outcomes[1:] if meets_published_run_rule(o, base)]
     kept_rows = [o.name for o in outcomes[1:] if kept(o, base, bridges)]
     lines = ["Reading. " + (f"Kept: {', '.join(kept_rows)}." if kept_rows else "No row is kept.")]
     for o in met:
         zero = all(v == 0 for v in o.term_values)
         lines.append(
-            f"{o.name} meets the 62-run rule ({o.out_of_sample:.2%} out of sample, {o.within_20} of {o.runs} within "
-            f"20%), but " + ("its in-sample fit takes every term at 0, so what it would ship is the GEMM tile model "
-                             "alone under the ceiling, the row that has a run outside 20%; "
-                             if zero else "")
+            f"{o.name} meets the published-run rule ({o.out_of_sample:.2%} out of sample, {o.within_20} of {o.runs} "
+            f"within 20%), but "
+            + ("its in-sample fit takes every term at 0, so what it would ship is the GEMM tile model "
+               "alone under the ceiling, the row that has a run outside 20%; " if zero else "")
             + f"with its tile model the Megatron-Bridge study {_worse(bridges[o.tiles], bridges[''])}: "
             f"{_bridge(bridges[o.tiles])}, against {_bridge(bridges[''])} as shipped (each refitted).")
     lines += [
@@ -545,8 +545,8 @@ def _ceil(c: float | None) -> str:
 
 
 def kept(o: Outcome, base: Outcome, bridges: dict[str, Bridge]) -> bool:
-    """Issue 28's whole rule: the 62-run rule, and the Megatron-Bridge study no worse out of fold."""
-    return meets_62_run_rule(o, base) and _worse(bridges[o.tiles], bridges[""]) == "is no worse"
+    """Issue 28's whole rule: the published-run rule, and the Megatron-Bridge study no worse out of fold."""
+    return meets_published_run_rule(o, base) and _worse(bridges[o.tiles], bridges[""]) == "is no worse"
 
 
 def _kept(o: Outcome, base: Outcome, bridges: dict[str, Bridge]) -> str:
@@ -554,8 +554,8 @@ def _kept(o: Outcome, base: Outcome, bridges: dict[str, Bridge]) -> str:
         return "(shipped)"
     if kept(o, base, bridges):
         return "yes"
-    if meets_62_run_rule(o, base):
-        return "no: meets the 62-run rule; see the reading below"
+    if meets_published_run_rule(o, base):
+        return "no: meets the published-run rule; see the reading below"
     return "no: " + why_not(o, base)
 
 
