@@ -143,10 +143,11 @@ def memory_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, pc: ParamCount
         out.append(_mem("weights", "root unit kept gathered (embedding, final norm, LM head)",
                         "root params x 16-bit bytes", tr.root_gathered, FSDP2,
                         root_params=rp.root_unit, bytes_per_weight=prec.weight_bytes))
+    # the layers the stage keeps in BF16 (training.layer_precision), counted over its layers as the
+    # memory model counts them (memory.fp8: no low-precision copy, 16-bit saved inputs)
+    n_bf16 = int(stage_bf16_layers(tr.stage, lay.pp, mem.n_layers_on_stage, setup.bf16_layers))
     if prec.fp8 is not None:
         r = prec.fp8
-        # layers kept in BF16 hold no copy (training.layer_precision, memory.fp8.fp8_weight_bytes)
-        n_bf16 = int(stage_bf16_layers(tr.stage, lay.pp, mem.n_layers_on_stage, setup.bf16_layers))
         in_bf16: dict[str, Any] = {"bf16_layers_on_stage": n_bf16, "layers_on_stage": mem.n_layers_on_stage}
         out.append(_mem("weights", f"FP8 weight copies and amax histories ({r.name}: {r.stack})",
                         "block params x fp8 copy bytes + fp8 linears x 5 tensors x (history + 2) x 4 B"
@@ -210,7 +211,7 @@ def memory_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, pc: ParamCount
                         "(foreach) or 2 x fp32 largest tensor", transient, OPT_STEP,
                         trainable_params_on_the_rank=split.trainable, shard_degree=d_dense))
 
-    out += _activation_terms(m, setup, lay, tr, phase, act_at)
+    out += _activation_terms(m, setup, lay, tr, phase, act_at, n_bf16)
     if logits_at:
         eager = tr.kernels != "fused"
         titan = tr.kernels == "torchtitan"
@@ -399,7 +400,7 @@ def _ds_host_copy(m: ModelSpec, setup: TrainingSetup, lay: Layout, tr: RankTerms
 
 
 def _activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, tr: RankTerms, phase: str,
-                      act_at: int) -> list[Term]:
+                      act_at: int, n_bf16: int) -> list[Term]:
     out: list[Term] = []
     a = tr.act_setup.precision_spec.activation_bytes
     fsdp_moment = lay.is_fsdp and tr.n_act_layers     # FSDP2's backward-end frees as it goes
@@ -436,7 +437,6 @@ def _activation_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, tr: RankT
                     blocks_keeping_activations=tr.n_act_layers, per_block_bytes=tr.layer_act,
                     in_flight_micro_batches=tr.held, recompute=lay.recompute, pp=lay.pp, vp=lay.vp,
                     grad_accum_m=lay.grad_accum, **dims))
-    n_bf16 = int(stage_bf16_layers(tr.stage, lay.pp, tr.n_act_layers, setup.bf16_layers))
     if n_bf16 and lay.recompute != "full":
         out[-1] = replace(out[-1], formula=out[-1].formula + "; + the BF16 layers' 16-bit linear inputs "
                           "(memory.fp8.bf16_layer_input_bytes)",
