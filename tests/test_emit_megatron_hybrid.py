@@ -261,7 +261,8 @@ def test_what_mamba_stack_cannot_run_is_refused(kw, setup_kw, why):
     # recomputation); _select_layers_for_pipeline_parallel asserts no virtual stages and takes
     # num_layers // pp layers per rank; MambaModel takes no MTP block
     # (a layout the rules table's --stack megatron refusals name is refused when it is planned
-    # under --stack megatron; full recomputation when the Megatron files are written)
+    # under --stack megatron; full recomputation and MTP layers, which later megatron-core builds
+    # and the plan times, when the Megatron files are written)
     with pytest.raises(UserError, match=why):
         to_megatron_args(plan_layout(_tiny(), kw, **setup_kw))
 

@@ -153,7 +153,7 @@ STACK_LIMITS = {
                   "(BLOOM, MT-NLG): no FSDP, cp, ZeRO-2/3 or experts with tp/pp (use --zero 0 or 1)"),
     "hf": "--stack hf runs FSDP2 (accelerate) without pipeline stages: use --fsdp full and pp 1",
     "megatron": ("--stack megatron runs hybrid models as Megatron's MambaModel: no virtual pipeline stages, a pp "
-                 "dividing the layers, no embedding or loss in the split and no MTP (use --vp 1)"),
+                 "dividing the layers and no embedding or loss in the split (use --vp 1)"),
 }
 
 
@@ -178,8 +178,10 @@ ETP_REFUSAL = {     # the stacks that split no expert over tensor-parallel ranks
 # Megatron runs a hybrid Mamba model (ModelSpec.is_hybrid) as megatron-core 0.16.1's MambaModel
 # (pretrain_mamba.py): MambaStack's pipeline split (ssm/mamba_block.py
 # _select_layers_for_pipeline_parallel) asserts no virtual stages and takes num_layers // pp
-# layers per rank (no embedding or loss counted in the split), MambaModel builds no MTP layers,
-# and MambaStack.forward checkpoints no layer (no full recomputation: mamba_stack_refusal).
+# layers per rank (no embedding or loss counted in the split), and MambaStack.forward checkpoints
+# no layer (no full recomputation: mamba_stack_refusal). Its MambaModel builds no MTP layers, which
+# later megatron-core builds for hybrids and Megatron-Bridge's Nemotron 3 recipes train: a plan
+# times them (timing.layer), and only --out refuses them (emit.megatron_mamba.hybrid_layout_refusal).
 _MAMBA_STACK = "--stack megatron runs hybrid models as Megatron's MambaModel, which cannot run"
 
 
@@ -247,8 +249,6 @@ STACK_REFUSALS: dict[str, tuple[tuple[Callable[[RuleView], Any], Callable[[RuleV
         (lambda v: (v.pp > 1) & (v.setup.pp_balance == "embedding-loss") & v.m.is_hybrid,
          lambda v, lay: (_hybrid_cannot(v.m, "the embedding and loss counted in the pipeline split",
                                         "MambaStack splits layers alone") + ": drop --pp-balance embedding-loss")),
-        (lambda v: (v.tp < 0) | ((v.setup.mtp_layers > 0) & v.m.is_hybrid),
-         lambda v, lay: _hybrid_cannot(v.m, "MTP layers", "MambaModel builds none") + ": drop --mtp"),
     ),
     "deepspeed": (      # Megatron-DeepSpeed: tp and pp under ZeRO-0/1 (stacks.runs_megatron_deepspeed)
         (_etp, lambda v, lay: ETP_REFUSAL["deepspeed"]),

@@ -15,6 +15,7 @@ RMSNorm over d_inner and out_proj back to h; per head dt_bias, A_log and D.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from planner.errors import UserError
@@ -88,6 +89,22 @@ def nemotron_h_spec(cfg: dict[str, Any], common: dict[str, Any], where: str) -> 
     if spec.mamba_heads % spec.ssm_groups:
         raise UserError(f"{where}: n_groups ({spec.ssm_groups}) must divide mamba_num_heads ({spec.mamba_heads})")
     return spec
+
+
+# The layers of one multi-token-prediction depth of a hybrid model: an attention and a MoE layer
+# (Megatron-Bridge's Nemotron 3.5 Lightning defaults, perf_recipes/nemotronh: mtp_hybrid_override_pattern
+# "*E"; transformers-side NemotronH MTP drafts use the same pattern). ASSUMED for Nemotron 3 Super and
+# Ultra, whose shipped config.json files name no pattern.
+MTP_LAYER_PATTERN = "*E"
+
+
+def mtp_depth(m: ModelSpec) -> ModelSpec | None:
+    """The layers one MTP depth of hybrid ``m`` runs, as a model of MTP_LAYER_PATTERN's layers
+    (its mean layer is theirs); None for a model without a layer pattern, whose MTP module runs
+    one block of its own (timing.flops.mtp_flops)."""
+    if not m.layer_pattern:
+        return None
+    return replace(m, layer_pattern=MTP_LAYER_PATTERN, n_layers=len(MTP_LAYER_PATTERN), n_mtp_modules=0)
 
 
 def mamba_params(m: ModelSpec) -> int:

@@ -29,6 +29,7 @@ from planner.report.terms import (
 from planner.report.terms import label as _label
 from planner.timing.degrees import layout_links
 from planner.timing.efficiency import sustained_clock_share
+from planner.timing.flops import with_mtp
 from planner.timing.kernels import fp8_fraction_of
 from planner.timing.model import (
     FLASH_FRACTION,
@@ -183,16 +184,23 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
         n_bf16 * bf16.get("bf16_block_extra_backward_s", 0.0)
     head = fwd_mb - n_slow * lt.fwd_s - extra_f
     with_bf16 = " + BF16 layers x their extra" if n_bf16 else ""
+    # the MTP modules, timed on the last stage where it is the only one (timing.layer.block_table)
+    n_mtp = with_mtp(m, setup.mtp_layers).n_mtp_modules if lay.pp == 1 else 0
+    if n_mtp:
+        with_bf16 += " + MTP modules (eh_proj, their layers, the head and loss)"
+        bf16 = {**bf16, "mtp_modules": n_mtp}
     out.append(_time("compute", "forward compute",
                      f"m x (L_stage x block forward{with_bf16} + LM head and loss on the last stage)",
                      n_mb * fwd_mb, LAYER_TIME, micro_batches_m=n_mb, blocks_on_slowest_stage=n_slow,
-                     block_forward_s=lt.fwd_s, head_and_loss_forward_s=head, slowest_stage=slow_stage,
+                     block_forward_s=lt.fwd_s, **{("head_loss_and_mtp_forward_s" if n_mtp else
+                                                       "head_and_loss_forward_s"): head}, slowest_stage=slow_stage,
                      **{k: v for k, v in bf16.items() if "backward" not in k}))
     out.append(_time("compute", f"backward compute (recompute {lay.recompute})",
                      f"m x (L_backward x block backward{with_bf16} + LM head and loss backward)", n_mb * bwd_mb,
                      LAYER_TIME, micro_batches_m=n_mb, blocks_with_backward=n_slow_bwd, block_backward_s=lt.bwd_s,
                      head_backward_gemms=head_backward_gemms(setup.finetune),
-                     head_and_loss_backward_s=bwd_mb - n_slow_bwd * lt.bwd_s - extra_b,
+                     **{("head_loss_and_mtp_backward_s" if n_mtp else "head_and_loss_backward_s"):
+                        bwd_mb - n_slow_bwd * lt.bwd_s - extra_b},
                      **{k: v for k, v in bf16.items() if "forward" not in k}))
     ar = "AR(S, n) = 2(n-1) alpha + 2(n-1)/n x S / (B x bus fraction)"
     if lay.tp > 1:

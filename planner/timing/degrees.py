@@ -201,8 +201,8 @@ class Degrees(NamedTuple):
     c1: np.ndarray
     c2: np.ndarray
     n_slots: int               # the slots some pipeline has
-    per_slot: np.ndarray       # (6 x n_slots, D): layers, pipeline edges, last stage, -inf if absent, backward layers,
-                               # layers kept in BF16
+    per_slot: np.ndarray       # (7 x n_slots, D): layers, pipeline edges, last stage, -inf if absent, backward layers,
+                               # layers kept in BF16, 1 where the stage is the pipeline's only one (its MTP modules)
     q_d: np.ndarray            # per D: its pipeline depth and tp, cp, ep links on every order, numbered 0, 1, ...
     n_q_d: int
     inner_of: tuple[int, ...]  # per order: its set of tp, cp, ep links (the first order with the same ones)
@@ -441,7 +441,8 @@ def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
     per_slot = np.concatenate([layers_d[:n_slots].astype(np.float64),
                                (stage_d[:n_slots] == 0) + last.astype(np.float64), last.astype(np.float64),
                                np.where(stage_d[:n_slots] >= 0, 0.0, -np.inf),
-                               bwd_layers_d[:n_slots].astype(np.float64), bf16_d[:n_slots].astype(np.float64)])
+                               bwd_layers_d[:n_slots].astype(np.float64), bf16_d[:n_slots].astype(np.float64),
+                               (last & (pp == 1)).astype(np.float64)])
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         c0, c1, c2 = dp_tables()
     # the degrees that give a stage the same time for the same block: the same depth (the

@@ -14,7 +14,7 @@ from functools import lru_cache
 from planner.models.deltanet import delta_rule_flops_per_token, deltanet_conv_flops_per_token
 from planner.models.dsa import attended_keys, indexer_score_flops_per_token
 from planner.models.generic.profile import GenericProfile
-from planner.models.hybrid import conv_flops_per_token, ssd_scan_flops_per_token
+from planner.models.hybrid import conv_flops_per_token, mtp_depth, ssd_scan_flops_per_token
 from planner.models.matmuls import block_matmuls, mean_block_share
 from planner.models.spec import ModelSpec
 from planner.training.finetune import FinetuneSpec, resolve_targets
@@ -102,15 +102,21 @@ def head_flops(m: ModelSpec) -> float:
 
 
 def mtp_flops(m: ModelSpec, seq_len: int) -> float:
-    """Forward FLOPs per token of DeepSeek-V3's multi-token prediction modules (DeepSeek-V3,
-    arXiv:2412.19437, Sec. 2.2): each runs eh_proj (2h -> h), one MoE block (attention, router,
-    routed and shared experts) and the shared output head (2 h V). 0 where the model has none
+    """Forward FLOPs per token of the multi-token prediction modules (DeepSeek-V3,
+    arXiv:2412.19437, Sec. 2.2; megatron-core's MultiTokenPredictionBlock): each runs eh_proj
+    (2h -> h), its layers and the shared output head (2 h V). DeepSeek-V3's layers are one MoE
+    block (attention, router, routed and shared experts); a hybrid's are its MTP pattern's
+    (models.hybrid.mtp_depth: an attention and a MoE layer). 0 where the model has none
     (transformers does not build them; ModelSpec.n_mtp_modules)."""
     if not m.n_mtp_modules:
         return 0.0
-    block = sum(mm.flops_per_token() for mm in block_matmuls(m) if not mm.name.startswith("dense_mlp"))
-    scores = score_flops_per_token(m, seq_len)
-    return m.n_mtp_modules * (2.0 * 2 * m.d_model * m.d_model + block + scores + head_flops(m))
+    depth = mtp_depth(m)
+    if depth is not None:
+        layers = depth.n_layers * layer_flops(depth, seq_len).total
+    else:
+        layers = sum(mm.flops_per_token() for mm in block_matmuls(m) if not mm.name.startswith("dense_mlp")) \
+            + score_flops_per_token(m, seq_len)
+    return m.n_mtp_modules * (2.0 * 2 * m.d_model * m.d_model + layers + head_flops(m))
 
 
 def model_flops_per_token(m: ModelSpec, seq_len: int) -> float:

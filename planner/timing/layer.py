@@ -16,8 +16,10 @@ from planner.hardware.placement import Cluster
 from planner.layouts.batch import RECOMPUTES
 from planner.layouts.groups import group
 from planner.layouts.layout import Layout, expert_tp_size
+from planner.models.hybrid import mtp_depth
 from planner.models.spec import ModelSpec
 from planner.timing.efficiency import CROSS_ENTROPY_BYTES_PER_LOGIT, CROSS_ENTROPY_FORWARD_SHARE, Efficiency
+from planner.timing.flops import with_mtp
 from planner.timing.host_link import activation_offload_exposed_s
 from planner.timing.kernels import BlockShapes, block_compute_s, gemm_time_s, head_backward_gemms, rates
 from planner.timing.mamba import attention_share, dispatch_width, moe_share, tp_collectives_per_layer
@@ -163,9 +165,10 @@ def layer_time_table(m: ModelSpec, setup: TrainingSetup, kernels: str, gpu: GpuS
                      ep_bytes, np.where(ep_bytes != 0, np.where(full, 6.0, 4.0), 0.0), hidden[rc]])
 
 
-BLOCK_ROWS = 16     # a block row: LAYER_TIME_FIELDS, then the last stage's forward and backward additions,
-                    # the bytes of the tp all-reduce at each pipeline edge and of a pipeline send, and
-                    # what a layer kept in BF16 adds to the block's forward and backward
+BLOCK_ROWS = 18     # a block row: LAYER_TIME_FIELDS, then the last stage's forward and backward additions,
+                    # the bytes of the tp all-reduce at each pipeline edge and of a pipeline send, what a
+                    # layer kept in BF16 adds to the block's forward and backward, and the MTP modules'
+                    # forward and backward where the last stage is the only one
 
 
 def block_table(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Efficiency, kernels: str, etp: int,
@@ -178,13 +181,18 @@ def block_table(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Effic
 
     The last stage adds the LM head and loss. Under Megatron-Core's CPU activation offload,
     which needs pp = 1 (layouts.rules), the one stage also adds the copies compute does not
-    hide (host_link.activation_offload_exposed_s). MTP modules (TrainingSetup.mtp_layers) are
-    not timed: megatron-core 0.16.1 runs them on the last stage, but the runs that train them
-    give that stage fewer blocks (Megatron-Bridge's DeepSeek-V3 pipeline layouts end "tmL":
-    one block, the MTP module and the loss), a split the planner's stage_layers cannot state;
-    timed on top of the planner's split they lengthened the predicted step of every such run by
-    13% to 49% and worsened the study out of fold (docs/megatron-bridge-terms.md). Their FLOPs
-    count (timing.flops.with_mtp).
+    hide (host_link.activation_offload_exposed_s).
+
+    MTP modules (TrainingSetup.mtp_layers; megatron-core's MultiTokenPredictionBlock on the last
+    stage): the last two rows are their forward and backward, each module its eh_proj (2h -> h),
+    its layers and the shared head and loss, which a stage adds where it is the only one (pp = 1,
+    timing.stage). A hybrid's layers are its MTP pattern's (models.hybrid.mtp_depth) in BF16, as
+    the Nemotron 3 recipes keep them (keep_mtp_spec_in_bf16); a DeepSeek-V3 module's the mean block
+    at the run's precision. With pp > 1 they are not timed: the runs that train them give the last
+    stage fewer blocks (Megatron-Bridge's DeepSeek-V3 pipeline layouts end "tmL": one block, the
+    MTP module and the loss), a split the planner's stage_layers cannot state; timed on top of the
+    planner's split they lengthened the predicted step of every such run by 13% to 49% and worsened
+    the study out of fold (docs/megatron-bridge-terms.md). Their FLOPs count (timing.flops.with_mtp).
 
     A layer kept in BF16 under the low-precision recipe (TrainingSetup.bf16_layers,
     training.layer_precision) runs the block at bf16 mixed precision: the last two rows are its
@@ -214,8 +222,37 @@ def block_table(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Effic
     if setup.bf16_layers != (0, 0):
         bf16 = layer_time_table(m, bf16_layer_setup(setup), kernels, gpu, eff, seq, etp, tp, sp, cp, ep, mb, rc)
         extra_fwd, extra_bwd = bf16[0] - lt[0], bf16[1] - lt[1]
+    mtp_fwd, mtp_bwd = _mtp_s(m, setup, kernels, gpu, eff, etp, lt, tp, sp, cp, ep, mb, rc, head_fwd, head_bwd,
+                              loss_s)
     return np.concatenate([lt, np.stack([last_fwd, last_bwd, tokens * h * a, tokens * h * a / tp, extra_fwd,
-                                         extra_bwd])])
+                                         extra_bwd, mtp_fwd, mtp_bwd])])
+
+
+def _mtp_s(m: ModelSpec, setup: TrainingSetup, kernels: str, gpu: GpuSpec, eff: Efficiency, etp: int,
+           lt: np.ndarray, tp: np.ndarray, sp: np.ndarray, cp: np.ndarray, ep: np.ndarray, mb: np.ndarray,
+           rc: np.ndarray, head_fwd: np.ndarray, head_bwd: float, loss_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The MTP modules' forward and backward seconds per micro-batch (block_table's docstring):
+    per module the eh_proj GEMM (tokens x 2h -> h, split by tp), its layers and the shared head
+    and loss, as the last stage runs its own; zeros without MTP modules."""
+    n_mtp = with_mtp(m, setup.mtp_layers).n_mtp_modules
+    if not n_mtp:
+        zero = np.zeros(len(tp))
+        return zero, zero
+    depth = mtp_depth(m)
+    if depth is not None:
+        rows = layer_time_table(depth, bf16_layer_setup(setup), kernels, gpu, eff, setup.seq_len, etp, tp, sp, cp,
+                                ep, mb, rc)
+        layers_fwd, layers_bwd = depth.n_layers * rows[0], depth.n_layers * rows[1]
+        r = rates(gpu, "bf16", eff)
+    else:
+        layers_fwd, layers_bwd = lt[0], lt[1]
+        r = rates(gpu, setup.precision_spec.compute_dtype, eff)
+    tokens = mb * setup.seq_len / cp
+    eh = gemm_time_s(tokens, m.d_model / tp, 2 * m.d_model, r.matmul_flops_per_s, r.hbm_bytes_per_s,
+                     setup.precision_spec.weight_bytes, tiles=r.tiles)
+    fwd = eh + layers_fwd + head_fwd + loss_s * CROSS_ENTROPY_FORWARD_SHARE
+    bwd = 2 * eh + layers_bwd + head_bwd * head_fwd + loss_s * (1 - CROSS_ENTROPY_FORWARD_SHARE)
+    return n_mtp * fwd, n_mtp * bwd
 
 
 def layer_key(lay: Layout) -> Layout:
