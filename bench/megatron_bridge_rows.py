@@ -46,8 +46,8 @@ MODELS = {
     "Qwen3_30B_a3B": "qwen3-30b-a3b", "Qwen3_235B_a22B": "qwen3-235b-a22b",
     # Nemotron 3 (planner.models.hybrid). Nemotron 3.5 Lightning 30B-A3B shares Nano's
     # architecture (NVIDIA NeMo Customizer's model reference: "the Nemotron 3 Nano checkpoint,
-    # which shares this architecture"; 30B total, 128 experts top-6, 262,144 positions) plus one
-    # MTP layer, which the Nano preset does not hold (nemotron_approximations)
+    # which shares this architecture"; 30B total, 128 experts top-6, 262,144 positions); its
+    # recipe's MTP depths are planned with --mtp (nemotron_mtp_depths)
     "Nemotron_3_Nano": "nemotron-3-nano", "Nemotron_3_Super": "nemotron-3-super",
     "Nemotron_3_5_Lightning": "nemotron-3-nano", "Nemotron_3_Ultra": "nemotron-3-ultra",
 }
@@ -224,6 +224,8 @@ def args_of(row: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
                           f"that divides {layers} layers into {chunks} chunks")
     if "one MTP module" in notes:
         args += ["--mtp", "1"]
+    elif depths := nemotron_mtp_depths(row):
+        args += ["--mtp", str(depths)]
     args += runtime_args(row, ep, prec)
     if "tokendrop" in s["model"] or "token-dropping" in notes:
         approx.append("token-dropping routing planned as dropless (balanced routing drops nothing)")
@@ -296,18 +298,35 @@ def micro_batch_of(row: dict) -> tuple[int, str]:
                     f"{dp} x ga {ga}); planned at the recipe's micro-batch {recipe}")
 
 
+# The MTP depths Nemotron 3 Super's perf runs train: its base recipe, which
+# perf_recipes/nemotronh/common.py imports as nemotron_3_super_pretrain_config and whose MTP settings
+# no perf recipe overrides (Megatron-Bridge recipes/nemotronh/h100/nemotron_3_super.py, a stored
+# version at 0cabbd5: mtp_num_layers 2, mtp_use_repeated_layer, keep_mtp_spec_in_bf16). Lightning's
+# and Ultra's rows carry theirs in the corpus (recipe_flags.other.mtp_num_layers: 2).
+SUPER_MTP_DEPTHS = 2
+
+
+def nemotron_mtp_depths(row: dict) -> int:
+    """The MTP depths a Nemotron 3 row's recipe trains (--mtp): the corpus's recipe flag, else
+    Super's base recipe's (SUPER_MTP_DEPTHS); 0 for the other rows (Nano's recipes train none)."""
+    depths = recipe_other(row).get("mtp_num_layers")
+    if depths:
+        return int(depths)
+    return SUPER_MTP_DEPTHS if row["settings"]["model"].startswith("Nemotron_3_Super") else 0
+
+
 def nemotron_approximations(model: str) -> list[str]:
     """What a Nemotron row's request leaves out: Lightning's own checkpoint (planned as Nano's
-    architecture, its MTP layer not counted) and Super's MTP layer. (The corpus matched no
-    recipe for these rows: recomputation assumed none is named by args_of.)"""
+    architecture) and the MTP depths' shared weights (planned as Megatron-Core places MTP
+    modules, each its own layers' memory). (The corpus matched no recipe for these rows:
+    recomputation assumed none is named by args_of.)"""
     out = []
     if model.startswith("Nemotron_3_5_Lightning"):
         out.append("Nemotron 3.5 Lightning planned as Nemotron 3 Nano's architecture (NVIDIA's model "
-                   "reference); its one MTP layer not counted")
-    if model.startswith("Nemotron_3_Super"):
-        out.append("Nemotron 3 Super's MTP layer not counted (transformers does not build it)")
-    if model.startswith("Nemotron_3_Ultra"):
-        out.append("Nemotron 3 Ultra's MTP layers (2, shared weights) not counted (transformers does not build them)")
+                   "reference) with its recipe's two MTP depths")
+    if model.startswith(("Nemotron_3_5_Lightning", "Nemotron_3_Super", "Nemotron_3_Ultra")):
+        out.append("the two MTP depths share one layer's weights (mtp_use_repeated_layer); the memory "
+                   "model holds a mean layer per depth")
     return out
 
 

@@ -1,0 +1,92 @@
+"""The MTP depths of hybrid models (Nemotron 3), planned as Megatron-Bridge's recipes train them:
+counted in the model FLOPs (timing.flops.mtp_flops: eh_proj, the "*E" pattern's attention and MoE
+layers, the shared head) and timed where the last stage is the only one (timing.layer.block_table).
+
+Referees: NVIDIA's own FLOPs count of each run (the published TFLOP/s per GPU over tokens/s per
+GPU of tests/data/megatron_bridge_runs.json), which includes the recipes' two MTP depths: the
+planner's count without them is 6-22% under it for Ultra, Super and Lightning, and within 1.2% for
+Nano, which trains none; and the published throughput of Nemotron 3.5 Lightning against Nemotron 3
+Nano, which share an architecture and a GB200 layout and differ by Lightning's two depths."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from planner.cli.main import cli
+from planner.timing.efficiency import MEGATRON_BRIDGE
+from planner.timing.model import step_time
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+import megatron_bridge_rows as mbr  # noqa: E402
+
+ROWS = {r.id: r for r in mbr.load_rows()}
+LIGHTNING = "mbridge-26.08-nemotron-3-5-lightning-gb200-mxfp8-8gpu"
+NANO = "mbridge-26.06.01-nemotron-3-nano-gb200-mxfp8-8gpu"
+NEMOTRON_GB200 = (LIGHTNING, NANO, "mbridge-26.08-nemotron-3-super-gb200-mxfp8-64gpu",
+                  "mbridge-26.08-nemotron-3-super-gb200-nvfp4-64gpu",
+                  "mbridge-26.08-nemotron-3-ultra-gb200-mxfp8-256gpu")
+
+
+def _time(row_id: str, mtp: int | None = None):
+    m, _, setup, lay, kw = mbr.request(ROWS[row_id].cli_args)
+    if mtp is not None:
+        setup = replace(setup, mtp_layers=mtp)
+    return step_time(m, setup, lay, kw["cluster"], MEGATRON_BRIDGE)
+
+
+CORPUS = {r["id"]: r for r in json.loads(mbr.CORPUS.read_text())["rows"]}
+
+
+def _published_gflop(row_id: str) -> float:
+    row = CORPUS[row_id]
+    return row["published"]["tflops_per_gpu"] * 1e3 / row["published"]["tokens_per_s_per_gpu"]
+
+
+@pytest.mark.parametrize("row_id", NEMOTRON_GB200)
+def test_model_flops_with_the_recipes_mtp_depths_are_nvidias(row_id):
+    st = _time(row_id)
+    ours = st.model_flops / st.tokens_per_step / 1e9
+    assert ours == pytest.approx(_published_gflop(row_id), rel=0.03)
+    if "--mtp" in ROWS[row_id].cli_args:
+        # without the depths the count falls well short of NVIDIA's
+        without = _time(row_id, mtp=0)
+        assert without.model_flops / without.tokens_per_step / 1e9 < 0.95 * _published_gflop(row_id)
+
+
+def test_lightning_against_nano_on_one_layout():
+    # the same GB200 layout: Lightning (Nano's architecture and two MTP depths) ran 28,672 tokens/s
+    # per GPU, Nano 34,816 (x1.21); before the depths were timed the planner gave both one figure
+    nano, lightning = _time(NANO), _time(LIGHTNING)
+    published = _published_gflop(LIGHTNING) / _published_gflop(NANO)       # not the ratio checked: FLOPs
+    assert published > 1.2
+    ratio = lightning.step_time_s / nano.step_time_s
+    assert 1.12 <= ratio <= 1.35, ratio
+    assert abs(ratio - 34816 / 28672) < 0.10
+
+
+def test_mtp_time_only_where_the_last_stage_is_the_only_one():
+    # pp 1: the depths are on the step's critical path; pp > 1 (DeepSeek-V3's recipes give the last
+    # stage fewer blocks, a split the planner cannot state): not timed, only counted
+    assert _time(LIGHTNING).step_time_s > 1.2 * _time(LIGHTNING, mtp=0).step_time_s
+    v3 = "mbridge-25.11-deepseekv3-w-mtp-b200-fp8-mx-256gpu"
+    assert "--pp" in ROWS[v3].cli_args and "--mtp" in ROWS[v3].cli_args
+    assert _time(v3).step_time_s == _time(v3, mtp=0).step_time_s
+    assert _time(v3).model_flops > _time(v3, mtp=0).model_flops
+
+
+def test_cli_plans_hybrid_mtp_and_out_refuses_it(tmp_path):
+    args = ["--model", "nemotron-3-nano", "--gpus", "gb200", "--stack", "megatron", "--n-gpus", "8", "--tp", "1",
+            "--pp", "1", "--ep", "8", "--mtp", "2"]
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "out"
+    r = CliRunner().invoke(cli, [*args, "--out", str(out)])
+    assert r.exit_code == 2 and "MTP" in r.output and "drop --mtp" in r.output
+    assert len(r.output.strip().splitlines()) == 1
+    assert not out.exists() or not any(out.iterdir())
