@@ -99,7 +99,7 @@ def hybrid_layout_refusal(lay: Layout, m: ModelSpec, setup: TrainingSetup) -> st
     (layouts.rules.mamba_stack_refusal), read here as the search reads them."""
     from dataclasses import replace as _replace
 
-    from planner.layouts.rules import STACK_REFUSALS, RuleView, _hybrid_cannot, mamba_stack_refusal
+    from planner.layouts.rules import STACK_REFUSALS, RuleView, hybrid_cannot, mamba_stack_refusal
 
     why = mamba_stack_refusal(m, lay.recompute)
     if why is not None:
@@ -108,7 +108,7 @@ def hybrid_layout_refusal(lay: Layout, m: ModelSpec, setup: TrainingSetup) -> st
         # planned (and timed) as Megatron-Bridge's Nemotron 3 recipes train them, on a later
         # megatron-core whose MultiTokenPredictionLayer builds hybrid patterns; the files written
         # here are 0.16.1's, whose MambaModel has none
-        return _hybrid_cannot(m, "MTP layers", "megatron-core 0.16.1's MambaModel builds none") + ": drop --mtp"
+        return hybrid_cannot(m, "MTP layers", "megatron-core 0.16.1's MambaModel builds none") + ": drop --mtp"
     v = RuleView.of(m, _replace(setup, stack="megatron"), lay, gpus_per_node=1)
     for fails, message in STACK_REFUSALS["megatron"]:
         if bool(fails(v)):

@@ -185,7 +185,7 @@ ETP_REFUSAL = {     # the stacks that split no expert over tensor-parallel ranks
 _MAMBA_STACK = "--stack megatron runs hybrid models as Megatron's MambaModel, which cannot run"
 
 
-def _hybrid_cannot(m: ModelSpec, what: str, mamba_reason: str) -> str:
+def hybrid_cannot(m: ModelSpec, what: str, mamba_reason: str) -> str:
     """The refusal of ``what`` under --stack megatron for the hybrid ``m``: MambaModel's reason
     for Mamba hybrids; for gated DeltaNet hybrids (Megatron's GPTModel, planner.emit.megatron_deltanet)
     the planner writes no such arguments, the same layouts kept out as for Mamba hybrids."""
@@ -217,7 +217,7 @@ def mamba_stack_refusal(m: ModelSpec, recompute: str) -> str | None:
     setting it refuses that no layout rule reads), or None: MambaStack.forward runs its layers
     without activation checkpointing (ssm/mamba_block.py), so no full recomputation."""
     if m.is_hybrid and recompute == "full":
-        return (_hybrid_cannot(m, "full recomputation", "MambaStack checkpoints no layer")
+        return (hybrid_cannot(m, "full recomputation", "MambaStack checkpoints no layer")
                 + ": plan with --recompute selective or none")
     return None
 
@@ -241,13 +241,13 @@ STACK_REFUSALS: dict[str, tuple[tuple[Callable[[RuleView], Any], Callable[[RuleV
     ),
     "megatron": (       # hybrid models only (the MambaStack comment above)
         (lambda v: (v.vp > 1) & v.m.is_hybrid,
-         lambda v, lay: (_hybrid_cannot(v.m, "virtual pipeline stages", "MambaStack asserts none")
+         lambda v, lay: (hybrid_cannot(v.m, "virtual pipeline stages", "MambaStack asserts none")
                          + ": plan with --vp 1")),
         (lambda v: _mamba_uneven(v) & v.m.is_hybrid,
-         lambda v, lay: (_hybrid_cannot(v.m, f"{v.m.n_layers} layers over pp={lay.pp} unevenly",
+         lambda v, lay: (hybrid_cannot(v.m, f"{v.m.n_layers} layers over pp={lay.pp} unevenly",
                                         "MambaStack splits them evenly") + ": give a pp dividing them")),
         (lambda v: (v.pp > 1) & (v.setup.pp_balance == "embedding-loss") & v.m.is_hybrid,
-         lambda v, lay: (_hybrid_cannot(v.m, "the embedding and loss counted in the pipeline split",
+         lambda v, lay: (hybrid_cannot(v.m, "the embedding and loss counted in the pipeline split",
                                         "MambaStack splits layers alone") + ": drop --pp-balance embedding-loss")),
     ),
     "deepspeed": (      # Megatron-DeepSpeed: tp and pp under ZeRO-0/1 (stacks.runs_megatron_deepspeed)
