@@ -35,6 +35,7 @@ from planner.memory.params import (
 )
 from planner.memory.pipeline import held_layer_micro_batches
 from planner.memory.recompute import module_recompute_delta_bytes
+from planner.models.matmuls import mtp_eh_proj
 from planner.models.spec import ModelSpec, ParamCount
 from planner.training.finetune import activation_layers, rank_split
 from planner.training.kernels import AMP, EAGER, FUSED, KERNELS, TITAN
@@ -266,8 +267,9 @@ def stage_figures(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, a: LayoutA
         for s in stages_to_check(counts):
             n_layers = counts[s]
             rp = rank_params(m, pc, lay, s, n_layers)
-            if mtp and s == pp - 1:     # each module's 2h x h projection and two norms, split by tp
-                extra = mtp * (ceil_div(2 * m.d_model * m.d_model, tp) + 2 * m.d_model)
+            if mtp and s == pp - 1:     # each module's eh_proj (models.matmuls) and two norms, split by tp
+                eh = mtp_eh_proj(m)
+                extra = mtp * (ceil_div(eh.d_in * eh.d_out, tp) + 2 * m.d_model)
                 rp = replace(rp, dense=rp.dense + extra)
             if untie and tp > 1 and s == pp - 1 and pp == 1:
                 head = ceil_div(m.vocab_size * m.d_model, tp)

@@ -44,6 +44,15 @@ class Matmul:
         return 2.0 * self.d_in * self.d_out * self.visits
 
 
+def mtp_eh_proj(m: ModelSpec) -> Matmul:
+    """The projection each MTP module runs before its layers: the normed hidden state and the
+    next token's embedding concatenated (2h) down to h (DeepSeek-V3, arXiv:2412.19437, Sec. 2.2,
+    M_k; megatron-core's MultiTokenPredictionLayer eh_proj), split by tp over its output. The one
+    shape the MTP modules' FLOPs (timing.flops.mtp_flops), time (timing.layer) and parameters
+    (memory.shapes) read."""
+    return Matmul(name="mtp_eh_proj", d_in=2 * m.d_model, d_out=m.d_model, kind="mlp", split="column")
+
+
 def _attention_matmuls(m: ModelSpec) -> tuple[Matmul, ...]:
     """Attention projections. MLA (DeepSeek-V2 arXiv:2405.04434 Sec. 2.1, transformers'
     DeepseekV3Attention): q_a (h -> q_lora) then q_b (q_lora -> n_heads x 192), or a full q_proj;

@@ -47,6 +47,7 @@ from planner.timing.kernels import (
     backward_layers,
     rates,
 )
+from planner.timing.layer import mtp_timed
 from planner.timing.parts import (
     ALL_REDUCE,
     FSDP_GRAD_OP,
@@ -442,7 +443,7 @@ def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
                                (stage_d[:n_slots] == 0) + last.astype(np.float64), last.astype(np.float64),
                                np.where(stage_d[:n_slots] >= 0, 0.0, -np.inf),
                                bwd_layers_d[:n_slots].astype(np.float64), bf16_d[:n_slots].astype(np.float64),
-                               (last & (pp == 1)).astype(np.float64)])
+                               (last & mtp_timed(pp)).astype(np.float64)])
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         c0, c1, c2 = dp_tables()
     # the degrees that give a stage the same time for the same block: the same depth (the

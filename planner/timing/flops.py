@@ -15,7 +15,7 @@ from planner.models.deltanet import delta_rule_flops_per_token, deltanet_conv_fl
 from planner.models.dsa import attended_keys, indexer_score_flops_per_token
 from planner.models.generic.profile import GenericProfile
 from planner.models.hybrid import conv_flops_per_token, mtp_depth, ssd_scan_flops_per_token
-from planner.models.matmuls import block_matmuls, mean_block_share
+from planner.models.matmuls import block_matmuls, mean_block_share, mtp_eh_proj
 from planner.models.spec import ModelSpec
 from planner.training.finetune import FinetuneSpec, resolve_targets
 from planner.training.linears import blocks_with
@@ -116,7 +116,7 @@ def mtp_flops(m: ModelSpec, seq_len: int) -> float:
     else:
         layers = sum(mm.flops_per_token() for mm in block_matmuls(m) if not mm.name.startswith("dense_mlp")) \
             + score_flops_per_token(m, seq_len)
-    return m.n_mtp_modules * (2.0 * 2 * m.d_model * m.d_model + layers + head_flops(m))
+    return m.n_mtp_modules * (mtp_eh_proj(m).flops_per_token() + layers + head_flops(m))
 
 
 def model_flops_per_token(m: ModelSpec, seq_len: int) -> float:

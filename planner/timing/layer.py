@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -17,6 +18,7 @@ from planner.layouts.batch import RECOMPUTES
 from planner.layouts.groups import group
 from planner.layouts.layout import Layout, expert_tp_size
 from planner.models.hybrid import mtp_depth
+from planner.models.matmuls import mtp_eh_proj
 from planner.models.spec import ModelSpec
 from planner.timing.efficiency import CROSS_ENTROPY_BYTES_PER_LOGIT, CROSS_ENTROPY_FORWARD_SHARE, Efficiency
 from planner.timing.flops import with_mtp
@@ -228,6 +230,13 @@ def block_table(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Effic
                                          extra_bwd, mtp_fwd, mtp_bwd])])
 
 
+def mtp_timed(pp: Any) -> Any:
+    """Whether a pipeline of ``pp`` stages times its MTP modules (on the last stage): only where
+    that stage is the only one (block_table's docstring says why not with pp > 1). Ints or numpy
+    arrays; read by timing.degrees (each stage slot) and report.explain_time."""
+    return pp == 1
+
+
 def _mtp_s(m: ModelSpec, setup: TrainingSetup, kernels: str, gpu: GpuSpec, eff: Efficiency, etp: int,
            lt: np.ndarray, tp: np.ndarray, sp: np.ndarray, cp: np.ndarray, ep: np.ndarray, mb: np.ndarray,
            rc: np.ndarray, head_fwd: np.ndarray, head_bwd: float, loss_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -248,7 +257,8 @@ def _mtp_s(m: ModelSpec, setup: TrainingSetup, kernels: str, gpu: GpuSpec, eff: 
         layers_fwd, layers_bwd = lt[0], lt[1]
         r = rates(gpu, setup.precision_spec.compute_dtype, eff)
     tokens = mb * setup.seq_len / cp
-    eh = gemm_time_s(tokens, m.d_model / tp, 2 * m.d_model, r.matmul_flops_per_s, r.hbm_bytes_per_s,
+    proj = mtp_eh_proj(m)
+    eh = gemm_time_s(tokens, proj.d_out / tp, proj.d_in, r.matmul_flops_per_s, r.hbm_bytes_per_s,
                      setup.precision_spec.weight_bytes, tiles=r.tiles)
     fwd = eh + layers_fwd + head_fwd + loss_s * CROSS_ENTROPY_FORWARD_SHARE
     bwd = 2 * eh + layers_bwd + head_bwd * head_fwd + loss_s * (1 - CROSS_ENTROPY_FORWARD_SHARE)
