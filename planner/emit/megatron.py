@@ -86,14 +86,17 @@ def _unsupported(m: ModelSpec) -> str | None:
     return None
 
 
-def pipeline_layout(n_layers: int, pp: int, vp: int) -> str:
+def pipeline_layout(n_layers: int, pp: int, vp: int, mtp: int = 0) -> str:
     """Megatron's --pipeline-model-parallel-layout for the planner's uneven split.
 
-    Stages are separated by "|", "E" is the embedding, "t" a transformer layer, "L" the
-    loss; with virtual stages the list runs over virtual stage first, then pipeline rank
-    (megatron/core/transformer/pipeline_parallel_layer_layout.py). Each rank's layers
-    (layouts.stages.stage_layers) are split evenly over its vp chunks, extra layers first.
-    """
+    Stages are separated by "|", "E" is the embedding, "t" a transformer layer, "m" an MTP
+    module, "L" the loss; with virtual stages the list runs over virtual stage first, then
+    pipeline rank (megatron/core/transformer/pipeline_parallel_layer_layout.py). Each rank's
+    layers (layouts.stages.stage_layers) are split evenly over its vp chunks, extra layers
+    first. The ``mtp`` MTP modules (TrainingSetup.mtp_layers) sit before the loss in the last
+    virtual stage, where the memory and step-time models place them: megatron-core 0.16.1's
+    validate_layer_layout wants the layout's "m" count to equal mtp_num_layers, every one in
+    the last virtual stage of its rank, after every decoder layer."""
     per_rank = stage_layers(n_layers, pp)
     chunks = []
     for v in range(vp):
@@ -103,7 +106,7 @@ def pipeline_layout(n_layers: int, pp: int, vp: int) -> str:
     parts = []
     for i, c in enumerate(chunks):
         text = ("E" if i == 0 else "") + (f"t*{c}" if c > 1 else "t" * c)
-        parts.append(text + ("L" if i == len(chunks) - 1 else ""))
+        parts.append(text + ("m" * mtp + "L" if i == len(chunks) - 1 else ""))
     return "|".join(parts)
 
 
@@ -277,7 +280,7 @@ def megatron_script(m: ModelSpec) -> str:
     return "pretrain_mamba.py" if m.is_hybrid and not is_deltanet_model(m) else "pretrain_gpt.py"
 
 
-def _parallel_args(lay: Layout, n_layers: int, balance: str = "none") -> list[str]:
+def _parallel_args(lay: Layout, n_layers: int, balance: str = "none", mtp: int = 0) -> list[str]:
     args = [x for a in AXES if a.megatron is not None and (a.megatron_at_one or getattr(lay, a.name) > 1)
             for x in (a.megatron, str(getattr(lay, a.name)))]
     if lay.expert_tp != lay.tp:   # megatron-core's default is tp (model_parallel_config.py lines 413-414)
@@ -294,7 +297,7 @@ def _parallel_args(lay: Layout, n_layers: int, balance: str = "none") -> list[st
         if lay.vp > 1:
             args += ["--num-virtual-stages-per-pipeline-rank", str(lay.vp)]
     elif lay.pp > 1 and not even:
-        args += ["--pipeline-model-parallel-layout", pipeline_layout(n_layers, lay.pp, lay.vp)]
+        args += ["--pipeline-model-parallel-layout", pipeline_layout(n_layers, lay.pp, lay.vp, mtp)]
     elif lay.vp > 1:
         args += ["--num-layers-per-virtual-pipeline-stage", str(n_layers // (lay.pp * lay.vp))]
     if lay.vp > 1 and lay.pp <= 2:
@@ -444,7 +447,7 @@ def to_megatron_args(r: PlanResult, opts: EmitOptions = EmitOptions()) -> list[s
         # is only supported when ETP==1"
         raise UserError(f"Megatron builds {m.name}'s biased experts only with expert tensor-parallel size 1, "
                         f"not {lay.expert_tp}; no Megatron files written (plan with --etp 1)")
-    args += _parallel_args(lay, n_layers, s.pp_balance)
+    args += _parallel_args(lay, n_layers, s.pp_balance, s.mtp_layers)
     args += _microbatch_group_args(lay, s.pp_microbatch_group)
     args += ["--micro-batch-size", str(lay.micro_batch), "--global-batch-size", str(lay.global_batch)]
     args += _sharding_args(lay, r.model, s.precision)

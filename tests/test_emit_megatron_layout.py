@@ -1,0 +1,60 @@
+"""The pipeline layout `plan --out megatron` writes for an uneven split, refereed by
+megatron-core 0.16.1's own parser and validator of --pipeline-model-parallel-layout
+(megatron/core/transformer/pipeline_parallel_layer_layout.py, PipelineParallelLayerLayout:
+its parse into layers per pipeline rank and virtual stage, and validate_layer_layout; its
+get_num_layers_to_build reads the same table but needs an initialised parallel state): the
+layout holds every decoder layer and every MTP module, and each rank builds the layers the
+planner's memory and step-time models put on it (layouts.stages.stage_layers; the MTP modules
+on the last stage, memory.shapes)."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+from conftest import plan_in_process
+
+from planner.emit.megatron import pipeline_layout
+from planner.layouts.stages import stage_layers
+
+
+def _layout(text: str, pp: int):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.transformer.enums import LayerType
+        from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+    return PipelineParallelLayerLayout(text, pp), LayerType
+
+
+@pytest.mark.referee
+@pytest.mark.parametrize("n_layers, pp, vp, mtp", [
+    (61, 8, 4, 1),      # DeepSeek-V3 with its MTP module on 8 x 4 virtual stages
+    (61, 16, 1, 1),
+    (61, 4, 2, 2),
+    (24, 5, 1, 0),
+    (30, 4, 3, 1),
+])
+def test_megatron_core_accepts_the_layout_and_builds_the_planners_split(n_layers, pp, vp, mtp):
+    layout, kind = _layout(pipeline_layout(n_layers, pp, vp, mtp), pp)
+    layout.validate_layer_layout(n_layers, mtp or None)      # raises on a layout megatron-core refuses
+    built = [sum(layout.layout[r][c].count(kind.decoder) for c in range(vp)) for r in range(pp)]
+    assert built == stage_layers(n_layers, pp)
+    mtp_at = [(r, c) for r in range(pp) for c in range(vp)
+              if kind.mtp in layout.layout[r][c]]
+    assert mtp_at == ([(pp - 1, vp - 1)] if mtp else [])
+
+
+@pytest.mark.referee
+def test_deepseek_v3_with_mtp_writes_a_layout_megatron_core_accepts(tmp_path: Path):
+    """Before, the layout of an uneven split held no "m", and megatron-core's validator refused
+    it ("Number of mtp layers in layout must match mtp_num_layers")."""
+    out = tmp_path / "out"
+    r = plan_in_process("--model", "deepseek-v3", "--gpus", "h100", "--n-gpus", "1024", "--stack", "megatron",
+                        "--tp", "2", "--pp", "8", "--vp", "4", "--ep", "64", "--mtp", "1", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    argv = (out / "megatron_args.txt").read_text().split()
+    text = argv[argv.index("--pipeline-model-parallel-layout") + 1]
+    assert argv[argv.index("--mtp-num-layers") + 1] == "1"
+    layout, _ = _layout(text, 8)
+    layout.validate_layer_layout(61, 1)
