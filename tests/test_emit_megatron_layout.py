@@ -58,3 +58,43 @@ def test_deepseek_v3_with_mtp_writes_a_layout_megatron_core_accepts(tmp_path: Pa
     assert argv[argv.index("--mtp-num-layers") + 1] == "1"
     layout, _ = _layout(text, 8)
     layout.validate_layer_layout(61, 1)
+
+
+CORPUS = Path(__file__).resolve().parent / "data" / "megatron_bridge_runs.json"
+
+
+@pytest.mark.referee
+def test_the_mtp_balance_writes_the_layout_nvidia_trained_deepseek_v3_with(tmp_path: Path):
+    """--pp-balance embedding-loss-mtp counts the embedding, the loss and the MTP module as layers
+    of the split: on DeepSeek-V3 at pp 8, vp 4 it writes the layout the corpus prints for
+    Megatron-Bridge's 25.09 H100 run ("Et|(tt|)*30mL"), as megatron-core parses both, and the
+    planner's memory and step time put on each rank the decoder layers that layout builds."""
+    import json
+
+    row = next(r for r in json.loads(CORPUS.read_text())["rows"]
+               if r["id"] == "mbridge-25.09-deepseekv3-dropless-h100-fp8-cs-1024gpu")
+    printed = row["recipe_flags"]["other"]["pp_layout"]
+    out = tmp_path / "out"
+    r = plan_in_process("--model", "deepseek-v3", "--gpus", "h100", "--n-gpus", "1024", "--stack", "megatron",
+                        "--tp", "2", "--pp", "8", "--vp", "4", "--ep", "64", "--etp", "1", "--mtp", "1",
+                        "--pp-balance", "embedding-loss-mtp", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    argv = (out / "megatron_args.txt").read_text().split()
+    written, kind = _layout(argv[argv.index("--pipeline-model-parallel-layout") + 1], 8)
+    nvidia, _ = _layout(printed, 8)
+    assert written.layout == nvidia.layout
+    written.validate_layer_layout(61, 1)
+    built = [sum(written.layout[r][c].count(kind.decoder) for c in range(4)) for r in range(8)]
+    assert built == stage_layers(61, 8, "embedding-loss-mtp", 1)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("--model", "llama3.1-8b", "--gpus", "h100", "--n-gpus", "16", "--stack", "torchtitan", "--pp", "2"),
+     "--pp-balance embedding-loss-mtp is megatron-core's split"),
+    (("--model", "nemotron-3-nano", "--gpus", "h100", "--n-gpus", "16", "--stack", "megatron", "--pp", "2"),
+     "drop --pp-balance embedding-loss-mtp"),
+])
+def test_the_mtp_balance_is_refused_where_megatron_core_does_not_split_so(args, needle):
+    r = plan_in_process(*args, "--pp-balance", "embedding-loss-mtp")
+    assert r.returncode == 2 and needle in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

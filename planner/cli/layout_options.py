@@ -71,7 +71,10 @@ def placement_options() -> list[Decorator]:
                      help="The pipeline's layer split: 'embedding-loss' counts the embedding and the loss as one "
                           "layer each, so the first and last stages hold one block fewer (Llama 3's balance; "
                           "Megatron-LM's --account-for-embedding/loss-in-pipeline-split). Needs pp x vp to divide "
-                          "the layers + 2."),
+                          "the layers + 2. 'embedding-loss-mtp' counts each --mtp module as a layer too, on the "
+                          "last stage (Megatron-Bridge's DeepSeek-V3 layouts; --out megatron writes it as "
+                          "--pipeline-model-parallel-layout, no divisibility needed). Without it the MTP modules "
+                          "sit on the last stage on top of its layers."),
         click.option("--pp-microbatch-group", type=click.IntRange(0, MAX_GLOBAL_BATCH),
                      default=default_of("pp_microbatch_group"),
                      help="Interleaved 1F1B (vp > 1): micro-batches run through one model chunk before the next "

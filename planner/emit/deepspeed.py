@@ -53,7 +53,7 @@ def largest_module_params(r: PlanResult) -> int:
     """Parameters of the largest module ZeRO-3 gathers on the most loaded stage (a block
     or the tp-split word embedding), as memory.buffer_bytes counts it."""
     lay = r.best.layout  # type: ignore[union-attr]
-    counts = stage_layers(r.model.n_layers, lay.pp, r.setup.pp_balance)
+    counts = stage_layers(r.model.n_layers, lay.pp, r.setup.pp_balance, r.setup.mtp_layers)
     return max(rank_params(r.model, r.params, lay, s, counts[s]).largest_module for s in range(lay.pp))
 
 

@@ -21,7 +21,7 @@ from planner.emit import EmitOptions, check_options, chosen
 from planner.emit.schedule import Schedule, training_schedule
 from planner.errors import UserError
 from planner.layouts.layout import AXES
-from planner.memory.model import stage_layers
+from planner.memory.pipeline import chunk_layers
 from planner.stacks.architecture import architecture
 from planner.stacks.megatron import device_arch_major, needs_one_connection
 from planner.training.moe_runtime import a2a_overlap_written
@@ -86,23 +86,21 @@ def _unsupported(m: ModelSpec) -> str | None:
     return None
 
 
-def pipeline_layout(n_layers: int, pp: int, vp: int, mtp: int = 0) -> str:
+def pipeline_layout(n_layers: int, pp: int, vp: int, mtp: int = 0, balance: str = "none") -> str:
     """Megatron's --pipeline-model-parallel-layout for the planner's uneven split.
 
     Stages are separated by "|", "E" is the embedding, "t" a transformer layer, "m" an MTP
     module, "L" the loss; with virtual stages the list runs over virtual stage first, then
     pipeline rank (megatron/core/transformer/pipeline_parallel_layer_layout.py). Each rank's
-    layers (layouts.stages.stage_layers) are split evenly over its vp chunks, extra layers
-    first. The ``mtp`` MTP modules (TrainingSetup.mtp_layers) sit before the loss in the last
-    virtual stage, where the memory and step-time models place them: megatron-core 0.16.1's
-    validate_layer_layout wants the layout's "m" count to equal mtp_num_layers, every one in
-    the last virtual stage of its rank, after every decoder layer."""
-    per_rank = stage_layers(n_layers, pp)
-    chunks = []
-    for v in range(vp):
-        for s in range(pp):
-            base, extra = divmod(per_rank[s], vp)
-            chunks.append(base + (1 if v < extra else 0))
+    layers are its chunks' (memory.pipeline.chunk_layers: layouts.stages.stage_layers under
+    ``balance``, split evenly over the vp chunks, extra layers first; under
+    "embedding-loss-mtp" the first and the last chunk hold fewer). The ``mtp`` MTP modules
+    (TrainingSetup.mtp_layers) sit before the loss in the last virtual stage, where the memory
+    and step-time models place them: megatron-core 0.16.1's validate_layer_layout wants the
+    layout's "m" count to equal mtp_num_layers, every one in the last virtual stage of its
+    rank, after every decoder layer."""
+    per_rank = chunk_layers(n_layers, pp, vp, balance, mtp)
+    chunks = [per_rank[s][v] for v in range(vp) for s in range(pp)]
     parts = []
     for i, c in enumerate(chunks):
         text = ("E" if i == 0 else "") + (f"t*{c}" if c > 1 else "t" * c)
@@ -288,7 +286,11 @@ def _parallel_args(lay: Layout, n_layers: int, balance: str = "none", mtp: int =
     if lay.sp:
         args += ["--sequence-parallel"]
     even = n_layers % lay.pp == 0 and (n_layers // lay.pp) % lay.vp == 0
-    if balance == "embedding-loss" and lay.pp > 1:
+    if balance == "embedding-loss-mtp" and lay.pp > 1:
+        # the embedding, the loss and the MTP modules counted as layers of the split
+        # (TrainingSetup.pp_balance): megatron-core has no flag for it, only the layout
+        args += ["--pipeline-model-parallel-layout", pipeline_layout(n_layers, lay.pp, lay.vp, mtp, balance)]
+    elif balance == "embedding-loss" and lay.pp > 1:
         # the Llama 3 balance (TrainingSetup.pp_balance): the embedding and the loss count as one
         # layer each of the split (megatron-core 0.16.1 TransformerConfig
         # account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split, which

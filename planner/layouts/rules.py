@@ -32,7 +32,7 @@ from planner.layouts.layout import (
     fold_indivisible,
     node_data_ranks,
 )
-from planner.layouts.stages import end_stage_layers
+from planner.layouts.stages import end_stage_layers, split_extras
 from planner.models.spec import ModelSpec
 from planner.stacks import torchtitan_builds
 from planner.training.moe_runtime import a2a_overlap_refused
@@ -246,9 +246,10 @@ STACK_REFUSALS: dict[str, tuple[tuple[Callable[[RuleView], Any], Callable[[RuleV
         (lambda v: _mamba_uneven(v) & v.m.is_hybrid,
          lambda v, lay: (hybrid_cannot(v.m, f"{v.m.n_layers} layers over pp={lay.pp} unevenly",
                                         "MambaStack splits them evenly") + ": give a pp dividing them")),
-        (lambda v: (v.pp > 1) & (v.setup.pp_balance == "embedding-loss") & v.m.is_hybrid,
+        (lambda v: (v.pp > 1) & (v.setup.pp_balance != "none") & v.m.is_hybrid,
          lambda v, lay: (hybrid_cannot(v.m, "the embedding and loss counted in the pipeline split",
-                                        "MambaStack splits layers alone") + ": drop --pp-balance embedding-loss")),
+                                        "MambaStack splits layers alone")
+                         + f": drop --pp-balance {v.setup.pp_balance}")),
     ),
     "deepspeed": (      # Megatron-DeepSpeed: tp and pp under ZeRO-0/1 (stacks.runs_megatron_deepspeed)
         (_etp, lambda v, lay: ETP_REFUSAL["deepspeed"]),
@@ -284,9 +285,10 @@ def _below_one(v: RuleView, *names: str) -> Any:
 
 
 def _balance_layers(v: RuleView) -> int:
-    """2 where the embedding and the loss count as layers of the pipeline split
-    (TrainingSetup.pp_balance "embedding-loss"), else 0."""
-    return 2 if v.setup.pp_balance == "embedding-loss" else 0
+    """What the pipeline split counts as layers besides the transformer layers
+    (layouts.stages.split_extras, at a pipeline): 2 for the embedding and the loss under
+    "embedding-loss", 2 + the MTP modules under "embedding-loss-mtp", else 0."""
+    return sum(split_extras(v.setup.pp_balance, 2, v.setup.mtp_layers))
 
 
 def _distributed_optimizer_noop(v: RuleView) -> Any:
@@ -351,24 +353,37 @@ RULES: tuple[Rule, ...] = (
          lambda v: "an interleaved schedule (vp > 1) needs pp > 1"),
     Rule("chunks-layers", lambda v: v.pp * v.vp > v.m.n_layers + _balance_layers(v),
          lambda v: f"pp x vp = {v.pp * v.vp} model chunks exceed the {v.m.n_layers} layers"
-                   + (" + embedding + loss" if _balance_layers(v) else _balance_hint(v))),
+                   + ((" + embedding + loss" + (" + MTP modules" if v.setup.pp_balance == "embedding-loss-mtp" else ""))
+                      if _balance_layers(v) else _balance_hint(v))),
     # megatron-core 0.16.1 TransformerConfig.__post_init__ (transformer/transformer_config.py lines
     # 1436-1480): with account_for_embedding/loss_in_pipeline_split, pp must divide num_layers + 2,
     # and vp the layers per rank
-    Rule("pp-balance-divides", lambda v: (_balance_layers(v) > 0) & (v.pp > 1)
+    Rule("pp-balance-divides", lambda v: (v.setup.pp_balance == "embedding-loss") & (v.pp > 1)
          & ((v.m.n_layers + 2) % (v.pp * v.vp) != 0),
          lambda v: (f"--pp-balance embedding-loss needs pp x vp = {v.pp * v.vp} to divide the "
                     f"{v.m.n_layers} layers + 2 (megatron-core's account_for_embedding/loss_in_pipeline_split); "
                     "give another pp or vp, or --pp-balance none")),
-    Rule("pp-balance-stack", lambda v: (_balance_layers(v) > 0) & (v.pp > 1) & (v.setup.stack == "torchtitan"),
-         lambda v: ("--pp-balance embedding-loss is megatron-core's split; torchtitan splits its own way "
-                    "(use --stack megatron or --pp-balance none)")),
+    Rule("pp-balance-stack", lambda v: (_balance_layers(v) > 0) & (v.pp > 1) & (
+        (v.setup.stack == "torchtitan")
+        | ((v.setup.pp_balance == "embedding-loss-mtp") & (v.setup.stack not in ("megatron", "auto")))),
+         lambda v: (f"--pp-balance {v.setup.pp_balance} is megatron-core's split; --stack {v.setup.stack} splits "
+                    "its own way (use --stack megatron or --pp-balance none)")),
+    # the last stage holds the loss and the MTP modules in place of 1 + mtp layers: at least one
+    # unit of the split each (megatron-core's layout may leave a virtual stage without a decoder
+    # layer, "mL", not a rank without room for what it holds)
+    Rule("pp-balance-mtp-room", lambda v: (v.setup.pp_balance == "embedding-loss-mtp") & (v.pp > 1)
+         & ((v.m.n_layers + 2 + v.setup.mtp_layers) // v.pp < 1 + v.setup.mtp_layers),
+         lambda v: (f"--pp-balance embedding-loss-mtp: pp={v.pp} gives each stage "
+                    f"{(v.m.n_layers + 2 + v.setup.mtp_layers) // v.pp} of the {v.m.n_layers} layers + embedding + "
+                    f"loss + {v.setup.mtp_layers} MTP modules, fewer than the loss and the MTP modules the last stage "
+                    "holds; give a smaller pp or --pp-balance none")),
     # megatron-core 0.16.1 TransformerConfig.__post_init__ (under fp8; fp4: no check, the same bound applied):
     # num_layers_at_start/end_in_bf16 at most num_layers // pp; held on the end stages (training.layer_precision)
     Rule("bf16-layers-stage", lambda v: max(v.setup.bf16_layers) > 0     # (none kept: no stage counted)
-         and max(v.setup.bf16_layers) > end_stage_layers(v.m.n_layers, v.pp, v.setup.pp_balance),
+         and max(v.setup.bf16_layers) > end_stage_layers(v.m.n_layers, v.pp, v.setup.pp_balance, v.setup.mtp_layers),
          lambda v: (f"--bf16-layers {v.setup.bf16_layers[0]},{v.setup.bf16_layers[1]}: pp={v.pp} leaves "
-                    f"{end_stage_layers(v.m.n_layers, v.pp, v.setup.pp_balance)} layers on the first and the last "
+                    f"{end_stage_layers(v.m.n_layers, v.pp, v.setup.pp_balance, v.setup.mtp_layers)} layers on "
+                    "the first and the last "
                     "stage, fewer than the BF16 layers each must hold (megatron-core: at most num_layers // pp "
                     "at either end); give a smaller pp or fewer BF16 layers")),
     Rule("vp-micro-batches", lambda v: (v.vp > 1) & (v.grad_accum % v.pp != 0),

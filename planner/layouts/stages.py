@@ -7,8 +7,18 @@ from functools import lru_cache
 from typing import Any
 
 
-def stage_layers(n_layers: int, pp: int, balance: str = "none") -> list[int]:
-    """Layers per pipeline stage. Uneven splits put the extra layers on the middle
+def split_extras(balance: str, pp: int, mtp: int = 0) -> tuple[int, int]:
+    """What the split counts as layers besides the transformer layers, on the first and on the
+    last stage (TrainingSetup.pp_balance): none without a pipeline or under "none"; the
+    embedding and the loss under "embedding-loss"; and under "embedding-loss-mtp" each of the
+    ``mtp`` MTP modules too, on the last stage, where megatron-core builds them."""
+    if pp <= 1 or balance == "none":
+        return 0, 0
+    return 1, 1 + (mtp if balance == "embedding-loss-mtp" else 0)
+
+
+def stage_layers(n_layers: int, pp: int, balance: str = "none", mtp: int = 0) -> list[int]:
+    """Transformer layers per pipeline stage. Uneven splits put the extra layers on the middle
     stages first: the first stage holds the most in-flight activations and the
     embedding, the last one the LM head (picotron and torchtitan split unevenly too).
 
@@ -18,17 +28,23 @@ def stage_layers(n_layers: int, pp: int, balance: str = "none") -> list[int]:
     for each of account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split,
     divided by pp, less one on the first and on the last stage); megatron-core asserts that pp
     divides n_layers + 2 (layouts.rules refuses the others); here the uneven split of
-    n_layers + 2 stands in for them."""
-    return list(_stage_layers(n_layers, pp, balance))
+    n_layers + 2 stands in for them. "embedding-loss-mtp": the ``mtp`` MTP modules count as one
+    layer each too, so n_layers + 2 + mtp are split and the last stage holds 1 + mtp layers
+    fewer, as Megatron-Bridge's DeepSeek-V3 layouts place them ("Et|(tt|)*30mL" at pp 8, vp 4:
+    megatron-core's --pipeline-model-parallel-layout, which emit.megatron writes; no
+    divisibility asked). Under "none" and "embedding-loss" the MTP modules sit on the last stage
+    on top of its layers (megatron-core's placement without a layout)."""
+    return list(_stage_layers(n_layers, pp, balance, mtp if balance == "embedding-loss-mtp" else 0))
 
 
 @lru_cache(maxsize=4096)
-def _stage_layers(n_layers: int, pp: int, balance: str = "none") -> tuple[int, ...]:
-    """stage_layers, kept per (n_layers, pp, balance)."""
-    if balance == "embedding-loss" and pp > 1:
-        counts = list(_stage_layers(n_layers + 2, pp))
-        counts[0] -= 1
-        counts[-1] -= 1
+def _stage_layers(n_layers: int, pp: int, balance: str = "none", mtp: int = 0) -> tuple[int, ...]:
+    """stage_layers, kept per (n_layers, pp, balance, MTP modules the split counts)."""
+    first, last = split_extras(balance, pp, mtp)
+    if first or last:
+        counts = list(_stage_layers(n_layers + first + last, pp))
+        counts[0] -= first
+        counts[-1] -= last
         return tuple(counts)
     base, extra = divmod(n_layers, pp)
     counts = [base] * pp
@@ -41,7 +57,7 @@ def _stage_layers(n_layers: int, pp: int, balance: str = "none") -> tuple[int, .
     return tuple(counts)
 
 
-def end_stage_layers(n_layers: int, pp: Any, balance: str = "none") -> Any:
+def end_stage_layers(n_layers: int, pp: Any, balance: str = "none", mtp: int = 0) -> Any:
     """Per pipeline degree of ``pp`` (an int or an array of them): the layers of the end stage
     (first or last) that holds fewer, by stage_layers, worked out once per distinct pp; 0 where
     pp < 1 (layouts.rules refuses those first). Where megatron-core's first/last BF16 layers
@@ -55,7 +71,7 @@ def end_stage_layers(n_layers: int, pp: Any, balance: str = "none") -> Any:
     ends = np.zeros(len(first), dtype=np.int64)
     for i, p in enumerate(flat[first].tolist()):
         if p >= 1:
-            counts = stage_layers(n_layers, p, balance)
+            counts = stage_layers(n_layers, p, balance, mtp)
             ends[i] = min(counts[0], counts[-1])
     out = ends[at].reshape(np.shape(pp))
     return out if out.ndim else int(out)

@@ -69,18 +69,18 @@ def held_activation_floor_bytes(m: ModelSpec, setup: TrainingSetup, lay: Layout)
     if kernels == "amp" and not ft.is_full:
         kernels = "eager"
     layer_act, _ = block_activations(m, setup, activation_key(lay), kernels)
-    balance = setup.pp_balance
-    counts = stage_layers(m.n_layers, lay.pp, balance)
+    balance, mtp = setup.pp_balance, setup.mtp_layers
+    counts = stage_layers(m.n_layers, lay.pp, balance, mtp)
     return max(int(n_act * layer_act * float(in_flight_microbatches(
-        lay, s, m.n_layers, balance, np.int64(counts[s]), setup.pp_microbatch_group)))  # type: ignore[arg-type]
-        for s, n_act in _activation_stages(m.n_layers, lay.pp, ft, balance))
+        lay, s, m.n_layers, balance, np.int64(counts[s]), setup.pp_microbatch_group, mtp)))  # type: ignore[arg-type]
+        for s, n_act in _activation_stages(m.n_layers, lay.pp, ft, balance, mtp))
 
 
 @lru_cache(maxsize=1024)
-def _activation_stages(n_layers: int, pp: int, ft: FinetuneSpec, balance: str = "none"
+def _activation_stages(n_layers: int, pp: int, ft: FinetuneSpec, balance: str = "none", mtp: int = 0
                        ) -> tuple[tuple[int, int], ...]:
     """(stage, blocks that keep activations) of the stages per_rank_memory checks."""
-    counts = stage_layers(n_layers, pp, balance)
+    counts = stage_layers(n_layers, pp, balance, mtp)
     return tuple((s, activation_layers(ft, n_layers, sum(counts[:s]), counts[s])) for s in stages_to_check(counts))
 
 
@@ -141,7 +141,7 @@ def _model_state_floors(m: ModelSpec, setup: TrainingSetup, lays: tuple[Layout, 
             plain_rows.append(i)
             continue
         per_param = min_model_state_bytes_per_param(setup)
-        counts = stage_layers(m.n_layers, lay.pp, setup.pp_balance)
+        counts = stage_layers(m.n_layers, lay.pp, setup.pp_balance, setup.mtp_layers)
         rps = [(s, rank_params(m, pc, lay, s, counts[s])) for s in stages_to_check(counts)]
         out[i] = StateFloor(at_step=max(int((rp.dense - frozen_off(s)) * per_param / lay.dense_shard_degree
                                             + rp.expert * per_param / lay.expert_shard_degree) for s, rp in rps),
@@ -154,7 +154,7 @@ def _model_state_floors(m: ModelSpec, setup: TrainingSetup, lays: tuple[Layout, 
         # (slot, layout): the parameters of each stage that can be the most loaded
         stage_params = []
         for lay in plain:
-            counts = stage_layers(m.n_layers, lay.pp, setup.pp_balance)
+            counts = stage_layers(m.n_layers, lay.pp, setup.pp_balance, setup.mtp_layers)
             stage_params.append([(s, rank_params(m, pc, lay, s, counts[s])) for s in stages_to_check(counts)])
         n_slots = max(len(p) for p in stage_params)
         dense = np.zeros((n_slots, len(plain)), dtype=np.int64)

@@ -449,7 +449,7 @@ def step_terms(m: ModelSpec, setup: TrainingSetup, a: LayoutArrays, seq: int, s:
     persistent = (a.grad_accum > 1) | (a.pp > 1) | g(~s.is_fsdp & (s.dense_shard_degree > 1))
     stage_l, has_act_l, last_l = g(s.stage), g(s.has_act), g(s.last)
     held = sh.in_flight_microbatches(a, stage_l, m.n_layers, setup.pp_balance, g(s.n_layers),
-                                     setup.pp_microbatch_group)
+                                     setup.pp_microbatch_group, setup.mtp_layers)
     # in float: layers x bytes per layer passes int64 at the option limits (limits.saturated_bytes)
     # Megatron's full recomputation by method (memory.activations.stage_block_bytes)
     full_rc = a.recompute == RECOMPUTES.index("full")

@@ -25,24 +25,28 @@ from functools import lru_cache
 
 import numpy as np
 
+from planner.layouts.stages import split_extras
 from planner.memory.params import stage_layers
 
 
 @lru_cache(maxsize=4096)
-def chunk_layers(n_layers: int, pp: int, vp: int, balance: str = "none") -> tuple[tuple[int, ...], ...]:
+def chunk_layers(n_layers: int, pp: int, vp: int, balance: str = "none", mtp: int = 0
+                 ) -> tuple[tuple[int, ...], ...]:
     """Transformer layers per model chunk, per pipeline rank: rank r's chunk c holds virtual
     stage c x pp + r. Each rank's layers (layouts.stages.stage_layers) are split evenly over its vp
     chunks, extra layers first (as emit.megatron.pipeline_layout writes them). Under
     ``balance`` "embedding-loss" the embedding and the loss count as one layer each of the
     first chunk of rank 0 and the last chunk of rank pp - 1 (megatron-core 0.16.1
     transformer_block.py get_num_layers_to_build, lines 196-202: one layer fewer to build in
-    that chunk), so those chunks hold one block fewer."""
-    counts = stage_layers(n_layers, pp, balance)
-    balanced = balance == "embedding-loss" and pp > 1
+    that chunk), so those chunks hold one block fewer; under "embedding-loss-mtp" the last
+    chunk of rank pp - 1 holds the ``mtp`` MTP modules too, and 1 + mtp blocks fewer
+    (layouts.stages.split_extras)."""
+    counts = stage_layers(n_layers, pp, balance, mtp)
+    first, last = split_extras(balance, pp, mtp)
     out = []
     for r, n in enumerate(counts):
-        extra_first = int(balanced and r == 0)
-        extra_last = int(balanced and r == pp - 1)
+        extra_first = first if r == 0 else 0
+        extra_last = last if r == pp - 1 else 0
         base, extra = divmod(n + extra_first + extra_last, vp)
         chunks = [base + (1 if c < extra else 0) for c in range(vp)]
         chunks[0] -= extra_first
@@ -79,14 +83,14 @@ def warmup_chunks(pp: int, vp: int, n_micro: int, stage: int, group: int = 0) ->
 
 @lru_cache(maxsize=8192)
 def held_layer_micro_batches(n_layers: int, pp: int, vp: int, n_micro: int, stage: int, balance: str = "none",
-                             group: int = 0) -> int:
+                             group: int = 0, mtp: int = 0) -> int:
     """The most blocks' activations of one micro-batch each that ``stage`` keeps at once under
     the interleaved schedule (vp > 1) with ``n_micro`` micro-batches per step: the peak over
     the schedule of the forward chunks' layers less the backward chunks' (see the module's
     notes). Under 1F1B (vp 1): min(pp - stage, n_micro) micro-batches of the stage's layers
     (Narayanan et al. 2021, Sec. 2.2.1; schedules.py num_warmup_microbatches = pp - rank - 1,
     then one forward before each backward)."""
-    layers = chunk_layers(n_layers, pp, vp, balance)[stage]
+    layers = chunk_layers(n_layers, pp, vp, balance, mtp)[stage]
     if vp == 1 or pp == 1:
         return min(pp - stage, n_micro) * layers[0]
     n = group or pp

@@ -259,8 +259,8 @@ def stage_figures(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, a: LayoutA
 
     def figures(tp: int, ep: int, pp: int, etp: int) -> tuple[int, ...]:
         lay = Layout(tp=tp, ep=ep, pp=pp, etp=etp)
-        counts = stage_layers(m.n_layers, pp, setup.pp_balance)
         mtp = setup.mtp_layers
+        counts = stage_layers(m.n_layers, pp, setup.pp_balance, mtp)
         if mtp:     # the MTP modules' blocks live on the last stage (TrainingSetup.mtp_layers)
             counts = [*counts[:-1], counts[-1] + mtp]
         row: tuple[int, ...] = ()
@@ -313,7 +313,7 @@ def memory_grad_accum(a: LayoutArrays, setup: TrainingSetup) -> np.ndarray:
 
 
 def in_flight_microbatches(a: LayoutArrays, stage: np.ndarray, n_layers: int = 0, balance: str = "none",
-                           stage_layer_counts: np.ndarray | None = None, group: int = 0) -> np.ndarray:
+                           stage_layer_counts: np.ndarray | None = None, group: int = 0, mtp: int = 0) -> np.ndarray:
     """Micro-batches whose activations a pipeline stage holds at once (float).
 
     1F1B: stage i (from 0) holds min(pp - i, m) (Narayanan et al. 2021, Sec. 2.2.1).
@@ -334,15 +334,15 @@ def in_flight_microbatches(a: LayoutArrays, stage: np.ndarray, n_layers: int = 0
     if np.any(a.vp > 1):
         held *= np.where(a.vp > 1, 1 + (a.pp - 1) / (a.pp * a.vp), 1.0)
         if balance != "none" and stage_layer_counts is not None:
-            held = _interleaved_held(a, stage, n_layers, balance, stage_layer_counts, held, group)
+            held = _interleaved_held(a, stage, n_layers, balance, stage_layer_counts, held, group, mtp)
         elif group > 0 and stage_layer_counts is not None:   # N = pp keeps the default's closed form
-            exact = _interleaved_held(a, stage, n_layers, balance, stage_layer_counts, held, group)
+            exact = _interleaved_held(a, stage, n_layers, balance, stage_layer_counts, held, group, mtp)
             held = np.where(a.pp == group, held, exact)
     return held
 
 
 def _interleaved_held(a: LayoutArrays, stage: np.ndarray, n_layers: int, balance: str, counts: np.ndarray,
-                      held: np.ndarray, group: int = 0) -> np.ndarray:
+                      held: np.ndarray, group: int = 0, mtp: int = 0) -> np.ndarray:
     """held, with the interleaved layouts' (vp > 1, pp > 1) elements replaced by the exact
     schedule's layer-micro-batches over the stage's layers, once per distinct shape."""
     shape = np.broadcast_shapes(np.shape(stage), np.shape(a.vp))
@@ -353,7 +353,7 @@ def _interleaved_held(a: LayoutArrays, stage: np.ndarray, n_layers: int, balance
         return held
     keys = [c[pick] for c in cols[:4]]
     inv, first = distinct.group(keys)
-    vals = np.array([held_layer_micro_batches(n_layers, p, v, m, s, balance, group)
+    vals = np.array([held_layer_micro_batches(n_layers, p, v, m, s, balance, group, mtp)
                      for p, v, m, s in zip(*(k[first].tolist() for k in keys))], dtype=np.float64)
     out[pick] = vals[inv] / cols[4][pick]
     return out.reshape(shape)

@@ -31,7 +31,6 @@ from planner.timing.degrees import layout_links
 from planner.timing.efficiency import sustained_clock_share
 from planner.timing.flops import with_mtp
 from planner.timing.kernels import fp8_fraction_of
-from planner.timing.layer import mtp_timed
 from planner.timing.model import (
     FLASH_FRACTION,
     FLASH_FRACTION_DEFAULT,
@@ -185,8 +184,8 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
         n_bf16 * bf16.get("bf16_block_extra_backward_s", 0.0)
     head = fwd_mb - n_slow * lt.fwd_s - extra_f
     with_bf16 = " + BF16 layers x their extra" if n_bf16 else ""
-    # the MTP modules, timed on the last stage where it is the only one (timing.layer.block_table)
-    n_mtp = with_mtp(m, setup.mtp_layers).n_mtp_modules if mtp_timed(lay.pp) else 0
+    # the MTP modules, timed on the last stage (timing.layer.block_table), where it is the slowest
+    n_mtp = with_mtp(m, setup.mtp_layers).n_mtp_modules if slow_stage == lay.pp - 1 else 0
     if n_mtp:
         with_bf16 += " + MTP modules (eh_proj, their layers, the head and loss)"
         bf16 = {**bf16, "mtp_modules": n_mtp}

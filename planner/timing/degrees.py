@@ -47,7 +47,6 @@ from planner.timing.kernels import (
     backward_layers,
     rates,
 )
-from planner.timing.layer import mtp_timed
 from planner.timing.parts import (
     ALL_REDUCE,
     FSDP_GRAD_OP,
@@ -172,10 +171,11 @@ def distinct_rows(columns: Sequence[np.ndarray], rows: _Rows, fn: Callable[..., 
 
 
 @lru_cache(maxsize=4096)
-def stage_slots(n_layers: int, pp: int, balance: str = "none") -> tuple[tuple[int, int], ...]:
+def stage_slots(n_layers: int, pp: int, balance: str = "none", mtp: int = 0) -> tuple[tuple[int, int], ...]:
     """(stage, layers) of the stages a pipeline's slowest can be, in increasing stage order
-    (``balance``: TrainingSetup.pp_balance, layouts.stages.stage_layers)."""
-    counts = stage_layers(n_layers, pp, balance)
+    (``balance``, ``mtp``: TrainingSetup.pp_balance and mtp_layers, layouts.stages.stage_layers).
+    The last stage is always one: it holds the LM head, and the MTP modules where there are any."""
+    counts = stage_layers(n_layers, pp, balance, mtp)
     return tuple((s, counts[s]) for s in sorted({0, len(counts) - 1, counts.index(max(counts))}))
 
 
@@ -202,8 +202,8 @@ class Degrees(NamedTuple):
     c1: np.ndarray
     c2: np.ndarray
     n_slots: int               # the slots some pipeline has
-    per_slot: np.ndarray       # (7 x n_slots, D): layers, pipeline edges, last stage, -inf if absent, backward layers,
-                               # layers kept in BF16, 1 where the stage is the pipeline's only one (its MTP modules)
+    per_slot: np.ndarray       # (6 x n_slots, D): layers, pipeline edges, last stage (its LM head and MTP modules),
+                               # -inf if absent, backward layers, layers kept in BF16
     q_d: np.ndarray            # per D: its pipeline depth and tp, cp, ep links on every order, numbered 0, 1, ...
     n_q_d: int
     inner_of: tuple[int, ...]  # per order: its set of tp, cp, ep links (the first order with the same ones)
@@ -319,15 +319,15 @@ def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
     # (slots, D) tables
     ft = setup.finetune
     wb = prec.weight_bytes
-    balance = setup.pp_balance
+    balance, mtp = setup.pp_balance, setup.mtp_layers
 
     def stages_of(tp_: int, ep_: int, pp_: int) -> tuple[int, ...]:
         """Per slot: the stage (-1: none), its layers, its blocks with a backward pass, its
         rank's trainable dense and expert parameters, its frozen dense and expert bytes
         (dp.trained_split), and its layers kept in BF16 (training.layer_precision)."""
         out = [-1] * SLOTS + [0] * (7 * SLOTS)
-        counts = stage_layers(m.n_layers, pp_, balance)
-        for j, (s, c) in enumerate(stage_slots(m.n_layers, pp_, balance)):
+        counts = stage_layers(m.n_layers, pp_, balance, mtp)
+        for j, (s, c) in enumerate(stage_slots(m.n_layers, pp_, balance, mtp)):
             sp = degrees_split(m, pc, setup, tp_, ep_, pp_, etp, s, c)
             n_bwd = backward_layers(ft, m.n_layers, sum(counts[:s]), c)
             for i, x in enumerate((s, c, n_bwd, sp.trainable_dense, sp.trainable_expert, sp.frozen_dense_bytes,
@@ -337,7 +337,7 @@ def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
 
     bf16 = setup.bf16_layers
     stage_d, layers_d, bwd_layers_d, dense, expert, frozen_dense, frozen_expert, bf16_d = np.split(
-        distinct_rows([tp, ep, pp], _rows(8 * SLOTS, np.int64, "stages", m, pc, ft, wb, etp, balance, bf16),
+        distinct_rows([tp, ep, pp], _rows(8 * SLOTS, np.int64, "stages", m, pc, ft, wb, etp, balance, bf16, mtp),
                       stages_of), 8)
     if max(int(dense.max()), int(expert.max())) * 8 >= EXACT_INT or \
             max(int(frozen_dense.max()), int(frozen_expert.max())) * 2 >= EXACT_INT:
@@ -442,8 +442,7 @@ def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
     per_slot = np.concatenate([layers_d[:n_slots].astype(np.float64),
                                (stage_d[:n_slots] == 0) + last.astype(np.float64), last.astype(np.float64),
                                np.where(stage_d[:n_slots] >= 0, 0.0, -np.inf),
-                               bwd_layers_d[:n_slots].astype(np.float64), bf16_d[:n_slots].astype(np.float64),
-                               (last & mtp_timed(pp)).astype(np.float64)])
+                               bwd_layers_d[:n_slots].astype(np.float64), bf16_d[:n_slots].astype(np.float64)])
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         c0, c1, c2 = dp_tables()
     # the degrees that give a stage the same time for the same block: the same depth (the

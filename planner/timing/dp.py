@@ -24,10 +24,10 @@ from planner.training.setup import Precision, TrainingSetup
 
 @lru_cache(maxsize=4096)
 def _rank_split(m: ModelSpec, pc: ParamCount, ft: FinetuneSpec, tp: int, ep: int, pp: int, stage: int,
-                n_layers: int, weight_bytes: int, etp: int = 0, balance: str = "none") -> RankSplit:
+                n_layers: int, weight_bytes: int, etp: int = 0, balance: str = "none", mtp: int = 0) -> RankSplit:
     lay = Layout(tp=tp, ep=ep, pp=pp, etp=etp)
     rp = rank_params(m, pc, lay, stage, n_layers)
-    first = sum(stage_layers(m.n_layers, pp, balance)[:stage])
+    first = sum(stage_layers(m.n_layers, pp, balance, mtp)[:stage])
     return rank_split(m, pc, ft, lay, rp.dense, rp.expert, rp.root_unit, n_layers,
                       backward_layers(ft, m.n_layers, first, n_layers), stage == pp - 1, weight_bytes, 0,
                       first_stage=stage == 0)
@@ -48,7 +48,7 @@ def degrees_split(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, tp: int, e
     """trained_split() of a layout of these degrees, the only fields it reads (the step time's
     per-degree tables ask it per (tp, ep, pp) row without building a Layout for it)."""
     return _rank_split(m, pc, setup.finetune, tp, ep, pp, stage, n_layers, setup.precision_spec.weight_bytes, etp,
-                       setup.pp_balance)
+                       setup.pp_balance, setup.mtp_layers)
 
 
 def optimizer_update_bytes_per_param(m: ModelSpec, setup: TrainingSetup) -> float:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from functools import lru_cache
-from typing import Any
 
 import numpy as np
 
@@ -170,7 +169,7 @@ def layer_time_table(m: ModelSpec, setup: TrainingSetup, kernels: str, gpu: GpuS
 BLOCK_ROWS = 18     # a block row: LAYER_TIME_FIELDS, then the last stage's forward and backward additions,
                     # the bytes of the tp all-reduce at each pipeline edge and of a pipeline send, what a
                     # layer kept in BF16 adds to the block's forward and backward, and the MTP modules'
-                    # forward and backward where the last stage is the only one
+                    # forward and backward, which the last stage adds
 
 
 def block_table(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Efficiency, kernels: str, etp: int,
@@ -187,14 +186,13 @@ def block_table(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Effic
 
     MTP modules (TrainingSetup.mtp_layers; megatron-core's MultiTokenPredictionBlock on the last
     stage): the last two rows are their forward and backward, each module its eh_proj (2h -> h),
-    its layers and the shared head and loss, which a stage adds where it is the only one (pp = 1,
-    timing.stage). A hybrid's layers are its MTP pattern's (models.hybrid.mtp_depth) in BF16, as
-    the Nemotron 3 recipes keep them (keep_mtp_spec_in_bf16); a DeepSeek-V3 module's the mean block
-    at the run's precision. With pp > 1 they are not timed: the runs that train them give the last
-    stage fewer blocks (Megatron-Bridge's DeepSeek-V3 pipeline layouts end "tmL": one block, the
-    MTP module and the loss), a split the planner's stage_layers cannot state; timed on top of the
-    planner's split they lengthened the predicted step of every such run by 13% to 49% and worsened
-    the study out of fold (docs/megatron-bridge-terms.md). Their FLOPs count (timing.flops.with_mtp).
+    its layers and the shared head and loss, which the last stage adds (timing.stage). A hybrid's
+    layers are its MTP pattern's (models.hybrid.mtp_depth) in BF16, as the Nemotron 3 recipes keep
+    them (keep_mtp_spec_in_bf16); a DeepSeek-V3 module's the mean block at the run's precision.
+    With pp > 1 the last stage holds them on top of its layers (megatron-core's placement without a
+    pipeline layout), or in place of 1 + mtp of them under --pp-balance embedding-loss-mtp, as
+    Megatron-Bridge's DeepSeek-V3 layouts place them ("Et|(tt|)*30mL": layouts.stages.stage_layers).
+    Their FLOPs count (timing.flops.with_mtp).
 
     A layer kept in BF16 under the low-precision recipe (TrainingSetup.bf16_layers,
     training.layer_precision) runs the block at bf16 mixed precision: the last two rows are its
@@ -228,13 +226,6 @@ def block_table(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Effic
                               loss_s)
     return np.concatenate([lt, np.stack([last_fwd, last_bwd, tokens * h * a, tokens * h * a / tp, extra_fwd,
                                          extra_bwd, mtp_fwd, mtp_bwd])])
-
-
-def mtp_timed(pp: Any) -> Any:
-    """Whether a pipeline of ``pp`` stages times its MTP modules (on the last stage): only where
-    that stage is the only one (block_table's docstring says why not with pp > 1). Ints or numpy
-    arrays; read by timing.degrees (each stage slot) and report.explain_time."""
-    return pp == 1
 
 
 def _mtp_s(m: ModelSpec, setup: TrainingSetup, kernels: str, gpu: GpuSpec, eff: Efficiency, etp: int,

@@ -110,7 +110,7 @@ class _Block(NamedTuple):
     ep all-to-all bytes and count and hidden share, what the last stage adds to the forward and
     backward, the bytes of the tp all-reduce at each pipeline edge, and of a pipeline send,
     what a layer kept in BF16 adds to the forward and backward (TrainingSetup.bf16_layers), and
-    the MTP modules' forward and backward, which only a pipeline's one stage adds."""
+    the MTP modules' forward and backward, which the last stage adds."""
 
     fwd_s: np.ndarray
     bwd_s: np.ndarray
@@ -193,8 +193,8 @@ def _fill_slowest(memo: SlowestMemo, at_miss: np.ndarray, qd: np.ndarray, q_bloc
     blocks = _Block(*q_blocks)
     qcp = cp[qd]
     per_slot = np.take(deg.per_slot, qd, axis=1)
-    layers_p, edges_p, last_p, absent_p, bwd_layers_p, bf16_p, mtp_p = (per_slot[i * n_slots:(i + 1) * n_slots]
-                                                                         for i in range(7))
+    layers_p, edges_p, last_p, absent_p, bwd_layers_p, bf16_p = (per_slot[i * n_slots:(i + 1) * n_slots]
+                                                                  for i in range(6))
     use_cp, use_ep = bool((cp > 1).any()), bool((ep > 1).any())
     # the stages' compute does not depend on the links
     stage_fwd = layers_p * blocks.fwd_s + last_p * blocks.head_fwd_s    # + 0.0 where not the last stage: exact
@@ -204,10 +204,10 @@ def _fill_slowest(memo: SlowestMemo, at_miss: np.ndarray, qd: np.ndarray, q_bloc
         # low-precision recipe refuses freezing, so each runs its backward)
         stage_fwd = stage_fwd + bf16_p * blocks.bf16_fwd_s
         stage_bwd = stage_bwd + bf16_p * blocks.bf16_bwd_s
-    if mtp_p.any():
-        # the MTP modules, on the last stage where it is the only one (layer.block_table)
-        stage_fwd = stage_fwd + mtp_p * blocks.mtp_fwd_s
-        stage_bwd = stage_bwd + mtp_p * blocks.mtp_bwd_s
+    if blocks.mtp_fwd_s.any():
+        # the MTP modules, on the last stage (layer.block_table)
+        stage_fwd = stage_fwd + last_p * blocks.mtp_fwd_s
+        stage_bwd = stage_bwd + last_p * blocks.mtp_bwd_s
 
     def slowest(lk: np.ndarray, sel: np.ndarray | slice) -> tuple[np.ndarray, ...]:
         """(t, fwd, bwd, hidden, comm, one block's exposed cp, and ep, slot) of the slowest

@@ -48,7 +48,12 @@ FSDP_PIPELINE_GRAD_SYNCS = ("step", "micro-batch")
 # megatron-core 0.16.1's account_for_embedding_in_pipeline_split and
 # account_for_loss_in_pipeline_split (transformer/transformer_config.py lines 96-102;
 # transformer/transformer_block.py get_num_layers_to_build, lines 75-202)
-PP_BALANCES = ("none", "embedding-loss")
+# "embedding-loss-mtp": the embedding, the loss and each MTP module (TrainingSetup.mtp_layers) count
+# as one layer of the split, the MTP modules on the last stage: Megatron-Bridge's DeepSeek-V3
+# layouts ("Et|(tt|)*30mL" at pp 8, vp 4; megatron-core's own example "Et*3|(tt|)*29,m|L"), written
+# as megatron-core's --pipeline-model-parallel-layout (docs/source/api-guide/pipeline_parallel_layout.md;
+# transformer/pipeline_parallel_layer_layout.py), which asks no divisibility
+PP_BALANCES = ("none", "embedding-loss", "embedding-loss-mtp")
 # Megatron-Core's cross entropy (TrainingSetup.cross_entropy; megatron-core 0.16.1
 # ModelParallelConfig cross_entropy_loss_fusion and cross_entropy_fusion_impl,
 # model_parallel_config.py lines 241-249; language_module.py compute_language_model_loss):
