@@ -224,6 +224,14 @@ def args_of(row: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
                           f"that divides {layers} layers into {chunks} chunks")
     if "one MTP module" in notes:
         args += ["--mtp", "1"]
+        if pp > 1 and "--pp-balance" not in args:
+            # Megatron-Bridge's DeepSeek-V3 pipeline layouts give the MTP module and the loss a share of
+            # the split ("Et|(tt|)*30mL" at pp 8, vp 4: the corpus's printed layouts, and the recipes'
+            # set_deepseek_v3_pipeline_model_parallel_layout defaults)
+            args += ["--pp-balance", "embedding-loss-mtp"]
+            if not flags.get("pp_layout") or "default" in str(flags.get("pp_layout")):
+                approx.append("pipeline layout not printed: the embedding, the loss and the MTP module counted "
+                              "as layers of the split (--pp-balance embedding-loss-mtp), as the printed ones do")
     elif depths := nemotron_mtp_depths(row):
         args += ["--mtp", str(depths)]
     args += runtime_args(row, ep, prec)

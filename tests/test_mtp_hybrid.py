@@ -1,6 +1,6 @@
 """The MTP depths of hybrid models (Nemotron 3), planned as Megatron-Bridge's recipes train them:
 counted in the model FLOPs (timing.flops.mtp_flops: eh_proj, the "*E" pattern's attention and MoE
-layers, the shared head) and timed where the last stage is the only one (timing.layer.block_table).
+layers, the shared head) and timed on the last stage (timing.layer.block_table).
 
 Referees: NVIDIA's own FLOPs count of each run (the published TFLOP/s per GPU over tokens/s per
 GPU of tests/data/megatron_bridge_runs.json), which includes the recipes' two MTP depths: the
@@ -72,13 +72,22 @@ def test_lightning_against_nano_on_one_layout():
     assert abs(ratio - published) < 0.10, (ratio, published)
 
 
-def test_mtp_time_only_where_the_last_stage_is_the_only_one():
-    # pp 1: the depths are on the step's critical path; pp > 1 (DeepSeek-V3's recipes give the last
-    # stage fewer blocks, a split the planner cannot state): not timed, only counted
+def test_mtp_time_on_the_last_stage():
+    # pp 1: the depths are on the step's critical path; pp > 1: on the last stage, on top of its
+    # layers (megatron-core's placement without a layout) or, as DeepSeek-V3's recipe rows are
+    # mapped (--pp-balance embedding-loss-mtp), in place of 1 + mtp of its layers
     assert _time(LIGHTNING).step_time_s > 1.2 * _time(LIGHTNING, mtp=0).step_time_s
     v3 = "mbridge-25.11-deepseekv3-w-mtp-b200-fp8-mx-256gpu"
     assert "--pp" in ROWS[v3].cli_args and "--mtp" in ROWS[v3].cli_args
-    assert _time(v3).step_time_s == _time(v3, mtp=0).step_time_s
+    m, _, setup, lay, kw = mbr.request(ROWS[v3].cli_args)
+    assert setup.pp_balance == "embedding-loss-mtp" and lay.pp == 16
+
+    def step(**change):
+        return step_time(m, replace(setup, **change), lay, kw["cluster"], MEGATRON_BRIDGE).step_time_s
+
+    on_top, balanced, without = step(pp_balance="none"), step(), step(mtp_layers=0, pp_balance="none")
+    assert on_top > 1.2 * without           # one MoE block, eh_proj and a second LM head on a 4-block stage
+    assert without <= balanced < on_top     # the layout moves layers off the last stage
     assert _time(v3).model_flops > _time(v3, mtp=0).model_flops
 
 
