@@ -93,6 +93,9 @@ def test_the_mtp_balance_writes_the_layout_nvidia_trained_deepseek_v3_with(tmp_p
      "--pp-balance embedding-loss-mtp is megatron-core's split"),
     (("--model", "nemotron-3-nano", "--gpus", "h100", "--n-gpus", "16", "--stack", "megatron", "--pp", "2"),
      "drop --pp-balance embedding-loss-mtp"),
+    # 26 layers + embedding + loss + 1 MTP module over 26 stages: no room for the loss and the module
+    (("--model", "gemma3-1b", "--gpus", "h100", "--n-gpus", "26", "--stack", "megatron", "--pp", "26", "--mtp", "1"),
+     "leaves the last stage less room than its loss and 1 MTP modules take"),
 ])
 def test_the_mtp_balance_is_refused_where_megatron_core_does_not_split_so(args, needle):
     r = plan_in_process(*args, "--pp-balance", "embedding-loss-mtp")

@@ -247,9 +247,8 @@ STACK_REFUSALS: dict[str, tuple[tuple[Callable[[RuleView], Any], Callable[[RuleV
          lambda v, lay: (hybrid_cannot(v.m, f"{v.m.n_layers} layers over pp={lay.pp} unevenly",
                                         "MambaStack splits them evenly") + ": give a pp dividing them")),
         (lambda v: (v.pp > 1) & (v.setup.pp_balance != "none") & v.m.is_hybrid,
-         lambda v, lay: (hybrid_cannot(v.m, "the embedding and loss counted in the pipeline split",
-                                        "MambaStack splits layers alone")
-                         + f": drop --pp-balance {v.setup.pp_balance}")),
+         lambda v, lay: (hybrid_cannot(v.m, "the embedding and loss counted in the pipeline split", "MambaStack "
+                                        "splits layers alone") + f": drop --pp-balance {v.setup.pp_balance}")),
     ),
     "deepspeed": (      # Megatron-DeepSpeed: tp and pp under ZeRO-0/1 (stacks.runs_megatron_deepspeed)
         (_etp, lambda v, lay: ETP_REFUSAL["deepspeed"]),
@@ -285,9 +284,8 @@ def _below_one(v: RuleView, *names: str) -> Any:
 
 
 def _balance_layers(v: RuleView) -> int:
-    """What the pipeline split counts as layers besides the transformer layers
-    (layouts.stages.split_extras, at a pipeline): 2 for the embedding and the loss under
-    "embedding-loss", 2 + the MTP modules under "embedding-loss-mtp", else 0."""
+    """What a pipeline's split counts as layers besides the transformer layers (layouts.stages.split_extras):
+    2 for the embedding and the loss under "embedding-loss", 2 + the MTP modules under "embedding-loss-mtp"."""
     return sum(split_extras(v.setup.pp_balance, 2, v.setup.mtp_layers))
 
 
@@ -301,14 +299,23 @@ def _distributed_optimizer_noop(v: RuleView) -> Any:
     return np.asarray((v.sharding == 0) & (v.zero_stage == 1) & (v.setup.stack == "megatron"), dtype=bool)
 
 
-def _balance_hint(v: RuleView) -> str:
-    """The way out where pp x vp chunks exceed the layers but divide the layers + 2: count the
-    embedding and the loss as layers (megatron-core's account_for_embedding/loss_in_pipeline_split)."""
-    chunks = int(v.pp * v.vp)
-    if chunks <= v.m.n_layers + 2 and (v.m.n_layers + 2) % chunks == 0:
-        return (f"; counting the embedding and the loss as layers, {chunks} chunks divide the "
-                f"{v.m.n_layers} + 2: add --pp-balance embedding-loss")
-    return ""
+def _end_layers(v: RuleView) -> Any:
+    """layouts.stages.end_stage_layers per pp (below 0: no room for the loss and MTP modules)."""
+    return end_stage_layers(v.m.n_layers, v.pp, v.setup.pp_balance, v.setup.mtp_layers)
+
+
+def _chunks_message(v: RuleView) -> str:
+    """Why the chunks-layers rule fails; where pp x vp chunks divide the layers + 2, the way out: count
+    the embedding and the loss as layers (megatron-core's account_for_embedding/loss_in_pipeline_split)."""
+    chunks, n, extra = int(v.pp * v.vp), v.m.n_layers, _balance_layers(v)
+    if chunks <= n + extra:     # the last stage is what is short (embedding-loss-mtp)
+        return (f"--pp-balance {v.setup.pp_balance}: pp={v.pp} leaves the last stage less room than its loss and "
+                f"{v.setup.mtp_layers} MTP modules take; give a smaller pp or --pp-balance none")
+    out = f"pp x vp = {chunks} model chunks exceed the {n} layers" + " + embedding + loss" * bool(extra)
+    if extra or chunks > n + 2 or (n + 2) % chunks:
+        return out + " + MTP modules" * (extra > 2)
+    return out + f"; counting the embedding and the loss as layers, {chunks} chunks divide the {n} + 2: add " \
+        "--pp-balance embedding-loss"
 
 
 RULES: tuple[Rule, ...] = (
@@ -349,12 +356,9 @@ RULES: tuple[Rule, ...] = (
          lambda v: "sequence parallelism needs tp > 1"),
     Rule("pp-layers", lambda v: v.pp > v.m.n_layers,
          lambda v: f"pp={v.pp} exceeds the {v.m.n_layers} layers"),
-    Rule("vp-needs-pp", lambda v: (v.vp > 1) & (v.pp == 1),
-         lambda v: "an interleaved schedule (vp > 1) needs pp > 1"),
-    Rule("chunks-layers", lambda v: v.pp * v.vp > v.m.n_layers + _balance_layers(v),
-         lambda v: f"pp x vp = {v.pp * v.vp} model chunks exceed the {v.m.n_layers} layers"
-                   + ((" + embedding + loss" + (" + MTP modules" if v.setup.pp_balance == "embedding-loss-mtp" else ""))
-                      if _balance_layers(v) else _balance_hint(v))),
+    Rule("vp-needs-pp", lambda v: (v.vp > 1) & (v.pp == 1), lambda v: "an interleaved schedule (vp > 1) needs pp > 1"),
+    Rule("chunks-layers", lambda v: (v.pp * v.vp > v.m.n_layers + _balance_layers(v)) | (_end_layers(v) < 0),
+         _chunks_message),
     # megatron-core 0.16.1 TransformerConfig.__post_init__ (transformer/transformer_config.py lines
     # 1436-1480): with account_for_embedding/loss_in_pipeline_split, pp must divide num_layers + 2,
     # and vp the layers per rank
@@ -363,29 +367,15 @@ RULES: tuple[Rule, ...] = (
          lambda v: (f"--pp-balance embedding-loss needs pp x vp = {v.pp * v.vp} to divide the "
                     f"{v.m.n_layers} layers + 2 (megatron-core's account_for_embedding/loss_in_pipeline_split); "
                     "give another pp or vp, or --pp-balance none")),
-    Rule("pp-balance-stack", lambda v: (_balance_layers(v) > 0) & (v.pp > 1) & (
-        (v.setup.stack == "torchtitan")
-        | ((v.setup.pp_balance == "embedding-loss-mtp") & (v.setup.stack not in ("megatron", "auto")))),
+    Rule("pp-balance-stack", lambda v: (_balance_layers(v) > 0) & (v.pp > 1) & (v.setup.stack == "torchtitan"),
          lambda v: (f"--pp-balance {v.setup.pp_balance} is megatron-core's split; --stack {v.setup.stack} splits "
                     "its own way (use --stack megatron or --pp-balance none)")),
-    # the last stage holds the loss and the MTP modules in place of 1 + mtp layers: at least one
-    # unit of the split each (megatron-core's layout may leave a virtual stage without a decoder
-    # layer, "mL", not a rank without room for what it holds)
-    Rule("pp-balance-mtp-room", lambda v: (v.setup.pp_balance == "embedding-loss-mtp") & (v.pp > 1)
-         & ((v.m.n_layers + 2 + v.setup.mtp_layers) // v.pp < 1 + v.setup.mtp_layers),
-         lambda v: (f"--pp-balance embedding-loss-mtp: pp={v.pp} gives each stage "
-                    f"{(v.m.n_layers + 2 + v.setup.mtp_layers) // v.pp} of the {v.m.n_layers} layers + embedding + "
-                    f"loss + {v.setup.mtp_layers} MTP modules, fewer than the loss and the MTP modules the last stage "
-                    "holds; give a smaller pp or --pp-balance none")),
     # megatron-core 0.16.1 TransformerConfig.__post_init__ (under fp8; fp4: no check, the same bound applied):
     # num_layers_at_start/end_in_bf16 at most num_layers // pp; held on the end stages (training.layer_precision)
-    Rule("bf16-layers-stage", lambda v: max(v.setup.bf16_layers) > 0     # (none kept: no stage counted)
-         and max(v.setup.bf16_layers) > end_stage_layers(v.m.n_layers, v.pp, v.setup.pp_balance, v.setup.mtp_layers),
-         lambda v: (f"--bf16-layers {v.setup.bf16_layers[0]},{v.setup.bf16_layers[1]}: pp={v.pp} leaves "
-                    f"{end_stage_layers(v.m.n_layers, v.pp, v.setup.pp_balance, v.setup.mtp_layers)} layers on "
-                    "the first and the last "
-                    "stage, fewer than the BF16 layers each must hold (megatron-core: at most num_layers // pp "
-                    "at either end); give a smaller pp or fewer BF16 layers")),
+    Rule("bf16-layers-stage", lambda v: 0 < max(v.setup.bf16_layers) > _end_layers(v),   # (none kept: none counted)
+         lambda v: ("--bf16-layers {},{}: pp={} leaves {} layers on the first and the last stage, fewer than the BF16 "
+                    "layers each must hold (megatron-core: at most num_layers // pp at either end); give a smaller pp "
+                    "or fewer BF16 layers".format(*v.setup.bf16_layers, v.pp, _end_layers(v)))),
     Rule("vp-micro-batches", lambda v: (v.vp > 1) & (v.grad_accum % v.pp != 0),
          lambda v: (f"the interleaved schedule needs the {v.grad_accum} micro-batches per step "
                     f"to be a multiple of pp={v.pp} (Megatron-LM)")),
