@@ -93,11 +93,22 @@ def test_the_mtp_balance_writes_the_layout_nvidia_trained_deepseek_v3_with(tmp_p
      "--pp-balance embedding-loss-mtp is megatron-core's split"),
     (("--model", "nemotron-3-nano", "--gpus", "h100", "--n-gpus", "16", "--stack", "megatron", "--pp", "2"),
      "drop --pp-balance embedding-loss-mtp"),
+    (("--model", "llama3.1-8b", "--gpus", "h100", "--n-gpus", "16", "--stack", "deepspeed", "--pp", "4",
+      "--zero", "1"), "deepspeed"),
     # 26 layers + embedding + loss + 1 MTP module over 26 stages: no room for the loss and the module
     (("--model", "gemma3-1b", "--gpus", "h100", "--n-gpus", "26", "--stack", "megatron", "--pp", "26", "--mtp", "1"),
      "leaves the last stage less room than its loss and 1 MTP modules take"),
 ])
 def test_the_mtp_balance_is_refused_where_megatron_core_does_not_split_so(args, needle):
+    """One line, exit 2: on a stack that splits its own way, a hybrid, and a split that leaves the
+    last stage no room; and a degree probe (report.advice.degree_conflict) that counts the MTP
+    modules the split counts, so DeepSeek-V3's 64 units at pp 8 x vp 8 are not refused."""
     r = plan_in_process(*args, "--pp-balance", "embedding-loss-mtp")
     assert r.returncode == 2 and needle in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_deepseek_v3_fills_64_chunks_with_its_mtp_module():
+    r = plan_in_process("--model", "deepseek-v3", "--gpus", "h100", "--n-gpus", "1024", "--stack", "megatron",
+                        "--pp", "8", "--vp", "8", "--mtp", "1", "--pp-balance", "embedding-loss-mtp")
+    assert r.returncode == 0, r.stderr

@@ -299,8 +299,7 @@ def _distributed_optimizer_noop(v: RuleView) -> Any:
     return np.asarray((v.sharding == 0) & (v.zero_stage == 1) & (v.setup.stack == "megatron"), dtype=bool)
 
 
-def _end_layers(v: RuleView) -> Any:
-    """layouts.stages.end_stage_layers per pp (below 0: no room for the loss and MTP modules)."""
+def _end_layers(v: RuleView) -> Any:   # layouts.stages.end_stage_layers per pp (< 0: no room for loss and MTP)
     return end_stage_layers(v.m.n_layers, v.pp, v.setup.pp_balance, v.setup.mtp_layers)
 
 
@@ -367,9 +366,10 @@ RULES: tuple[Rule, ...] = (
          lambda v: (f"--pp-balance embedding-loss needs pp x vp = {v.pp * v.vp} to divide the "
                     f"{v.m.n_layers} layers + 2 (megatron-core's account_for_embedding/loss_in_pipeline_split); "
                     "give another pp or vp, or --pp-balance none")),
-    Rule("pp-balance-stack", lambda v: (_balance_layers(v) > 0) & (v.pp > 1) & (v.setup.stack == "torchtitan"),
-         lambda v: (f"--pp-balance {v.setup.pp_balance} is megatron-core's split; --stack {v.setup.stack} splits "
-                    "its own way (use --stack megatron or --pp-balance none)")),
+    Rule("pp-balance-stack", lambda v: (v.pp > 1) & ((v.setup.stack == "torchtitan") & (_balance_layers(v) > 0) | (
+        (v.setup.pp_balance == "embedding-loss-mtp") & (v.setup.stack not in ("megatron", "auto")))), lambda v: (
+        f"--pp-balance {v.setup.pp_balance} is megatron-core's split; --stack {v.setup.stack} splits its own way "
+        "(use --stack megatron or --pp-balance none)")),
     # megatron-core 0.16.1 TransformerConfig.__post_init__ (under fp8; fp4: no check, the same bound applied):
     # num_layers_at_start/end_in_bf16 at most num_layers // pp; held on the end stages (training.layer_precision)
     Rule("bf16-layers-stage", lambda v: 0 < max(v.setup.bf16_layers) > _end_layers(v),   # (none kept: none counted)

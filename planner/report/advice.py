@@ -295,9 +295,12 @@ def degree_conflict(m: Any, setup: Any, kw: Mapping[str, Any]) -> str | None:
     sp = kw["sp"] if kw.get("sp") is not None and "tp" in fixed else tp > 1
     probe = Layout(tp=tp, pp=pp, cp=fixed.get("cp", 1), ep=ep, vp=fixed.get("vp", 1), sp=sp,
                    micro_batch=1, grad_accum=pp, seq_len=setup.seq_len)
+    # degrees only: the stack is checked per layout, but for the MTP modules the split counts
+    # (--pp-balance embedding-loss-mtp, megatron-core's layout: layouts.stages.stage_layers)
+    mtp_split = setup.pp_balance == "embedding-loss-mtp"
     plain = replace(setup, global_batch=probe.global_batch, offload_optimizer="none", offload_params="none",
-                    finetune=FinetuneSpec(), stack="auto",    # degrees only: the stack is checked per layout
-                    offload_activations=0, mtp_layers=0, pp_microbatch_group=0,
+                    finetune=FinetuneSpec(), stack="megatron" if mtp_split else "auto",
+                    offload_activations=0, mtp_layers=setup.mtp_layers if mtp_split else 0, pp_microbatch_group=0,
                     cross_entropy="native")
     reason = reject_reason(m, plain, probe, 1 << 20)
     if reason is None:
