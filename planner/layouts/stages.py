@@ -33,7 +33,8 @@ def stage_layers(n_layers: int, pp: int, balance: str = "none", mtp: int = 0) ->
     fewer, as Megatron-Bridge's DeepSeek-V3 layouts place them ("Et|(tt|)*30mL" at pp 8, vp 4:
     megatron-core's --pipeline-model-parallel-layout, which emit.megatron writes; no
     divisibility asked). Under "none" and "embedding-loss" the MTP modules sit on the last stage
-    on top of its layers (megatron-core's placement without a layout)."""
+    on top of its layers (megatron-core 0.16.1 transformer/multi_token_prediction.py,
+    mtp_on_this_rank: without a layout, every MTP layer on the last pipeline stage)."""
     return list(_stage_layers(n_layers, pp, balance, mtp if balance == "embedding-loss-mtp" else 0))
 
 
