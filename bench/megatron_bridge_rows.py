@@ -229,9 +229,13 @@ def args_of(row: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
             # the split ("Et|(tt|)*30mL" at pp 8, vp 4: the corpus's printed layouts, and the recipes'
             # set_deepseek_v3_pipeline_model_parallel_layout defaults)
             args += ["--pp-balance", "embedding-loss-mtp"]
-            if not flags.get("pp_layout") or "default" in str(flags.get("pp_layout")):
+            printed = str(flags.get("pp_layout") or "")
+            if not printed or "default" in printed:
                 approx.append("pipeline layout not printed: the embedding, the loss and the MTP module counted "
                               "as layers of the split (--pp-balance embedding-loss-mtp), as the printed ones do")
+            else:       # the rule's split, which may differ from the printed one (docs/megatron-bridge-terms.md)
+                approx.append(f"pipeline layout printed as {printed}; planned with --pp-balance embedding-loss-mtp's "
+                              "split (the embedding, the loss and the MTP module one layer each)")
     elif depths := nemotron_mtp_depths(row):
         args += ["--mtp", str(depths)]
     args += runtime_args(row, ep, prec)
