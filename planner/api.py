@@ -94,11 +94,11 @@ def check_request(m: ModelSpec, gpu: GpuSpec, setup: TrainingSetup, space: Searc
                   n_gpus: int | None = None, max_gpus: int | None = None, tokens: float | None = None) -> None:
     """UserError (one line) for arguments the command line would have refused: the set-up
     by planner.training.checks' table, the GPU against the precision (precision_refusal), the
-    search space by planner.layouts.rules.space_refusal,
+    search space by planner.layouts.layout.space_refusal,
     the GPU counts and the tokens by their options' ranges (issue 32, W11)."""
     import math
 
-    from planner.layouts.rules import space_refusal
+    from planner.layouts.layout import space_refusal
     from planner.training.checks import check_setup, is_int_in, precision_refusal
 
     check_setup(m, setup)

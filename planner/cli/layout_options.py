@@ -75,6 +75,11 @@ def placement_options() -> list[Decorator]:
                           "last stage (Megatron-Bridge's DeepSeek-V3 layouts; --out megatron writes it as "
                           "--pipeline-model-parallel-layout, no divisibility needed). Without it the MTP modules "
                           "sit on the last stage on top of its layers."),
+        click.option("--pp-layout", metavar="LAYOUT", default=None,
+                     help="The pipeline's split stated layer by layer in megatron-core's syntax, e.g. "
+                          "'Et*4|(t*4|)*14tmL' (E embedding, t layer, m MTP module, L loss, '|' ends a virtual "
+                          "stage): --pipeline-model-parallel-layout as Megatron-Bridge's recipes set it. Needs "
+                          "--pp and --stack megatron; vp is its virtual stages / pp. --out megatron writes it."),
         click.option("--pp-microbatch-group", type=click.IntRange(0, MAX_GLOBAL_BATCH),
                      default=default_of("pp_microbatch_group"),
                      help="Interleaved 1F1B (vp > 1): micro-batches run through one model chunk before the next "

@@ -58,6 +58,7 @@ class Options:
     # the defaults of the training set-up's options are TrainingSetup's (training.setup.DEFAULT_SETUP)
     fsdp_pipeline_grad_sync: str = _S.fsdp_pipeline_grad_sync   # FSDP under pp: reduce-scatter when
     pp_balance: str = _S.pp_balance        # the pipeline split: even, or embedding and loss counted as layers
+    pp_layout: str | None = None           # the split stated in megatron-core's layout syntax (held in pp_balance)
     pp_microbatch_group: int = _S.pp_microbatch_group   # interleaved 1F1B's micro-batch group N (0: pp)
     cross_entropy: str = _S.cross_entropy  # Megatron-Core's loss kernel: native, or Transformer Engine's
     moe_a2a_overlap: str = _S.moe_a2a_overlap   # Megatron-Core's expert-parallel all-to-all overlap

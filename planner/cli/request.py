@@ -126,6 +126,7 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
     clash = contradicting_options(o.as_mapping())
     if clash:
         raise UserError(clash)
+    o = stated_layout(o)
     m = load_model(o.model_name)
     gpu = get_gpu(o.gpu_name)
     refusal = precision_refusal(gpu, o.precision)
@@ -432,3 +433,31 @@ def unread_option(o: Options, mode: str) -> str | None:
             return flag_of(f.name)
     return None
 
+
+def stated_layout(o: Options) -> Options:
+    """--pp-layout into the set-up's split (TrainingSetup.pp_balance holds it) and vp, the
+    layout's virtual stages / --pp (megatron-core infers vp so: PipelineParallelLayerLayout);
+    one line where it contradicts --pp-balance or --vp, lacks --pp, or is no layout."""
+    if o.pp_layout is None:
+        return o
+    from planner.training.pp_layout import LayoutError, is_layout, stage_refusal, stages
+    from planner.training.setup import DEFAULT_SETUP
+
+    text = o.pp_layout
+    try:
+        n = len(stages(text))
+    except LayoutError as e:
+        raise UserError(f"--pp-layout {text!r} {e}") from None
+    if not is_layout(text):
+        raise UserError(f"--pp-layout {text!r} has no embedding 'E'; a layout begins with it: 'Et*4|(t*4|)*14tmL'")
+    if o.stack not in (None, "auto", "megatron"):
+        raise UserError(f"--pp-layout is megatron-core's syntax; --stack {o.stack} splits its own way: "
+                        "use --stack megatron")
+    if o.pp_balance != DEFAULT_SETUP.pp_balance:
+        raise UserError(f"--pp-layout states the split itself: drop --pp-balance {o.pp_balance}")
+    if o.pp is None:
+        raise UserError(f"--pp-layout needs --pp (its {n} virtual stages are pp ranks x vp stages each)")
+    vp = o.vp if o.vp is not None else max(n // o.pp, 1)
+    if n != o.pp * vp:
+        raise UserError(str(stage_refusal(text, o.pp, vp)))
+    return replace(o, pp_balance=text, vp=vp)

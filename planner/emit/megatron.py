@@ -25,6 +25,7 @@ from planner.memory.pipeline import chunk_layers
 from planner.stacks.architecture import architecture
 from planner.stacks.megatron import device_arch_major, needs_one_connection
 from planner.training.moe_runtime import a2a_overlap_written
+from planner.training.pp_layout import is_layout
 
 if TYPE_CHECKING:
     from planner.api import PlanResult
@@ -286,9 +287,10 @@ def _parallel_args(lay: Layout, n_layers: int, balance: str = "none", mtp: int =
     if lay.sp:
         args += ["--sequence-parallel"]
     even = n_layers % lay.pp == 0 and (n_layers // lay.pp) % lay.vp == 0
-    if balance == "embedding-loss-mtp" and lay.pp > 1:
-        # the embedding, the loss and the MTP modules counted as layers of the split
-        # (TrainingSetup.pp_balance): megatron-core has no flag for it, only the layout
+    if (balance == "embedding-loss-mtp" or is_layout(balance)) and lay.pp > 1:
+        # the embedding, the loss and the MTP modules counted as layers of the split, or a layout
+        # stated with --pp-layout, written back from its chunks (TrainingSetup.pp_balance):
+        # megatron-core has no flag for either, only the layout
         args += ["--pipeline-model-parallel-layout", pipeline_layout(n_layers, lay.pp, lay.vp, mtp, balance)]
     elif balance == "embedding-loss" and lay.pp > 1:
         # the Llama 3 balance (TrainingSetup.pp_balance): the embedding and the loss count as one

@@ -543,3 +543,35 @@ def _degree_shapes(n_gpus: int, gpus_per_node: int, ep_cap: int, n_layers: int, 
                         out.append(DegreeShape(tp, cp, ep, pp, dp))
     return tuple(out)
 
+
+def space_refusal(space: Any) -> str | None:
+    """Why a SearchSpace cannot be searched, in one line naming the field (and its option),
+    or None: each fixed degree a whole number from 1 to MAX_GPUS, ZeRO 0 to 3, a known FSDP
+    sharding, micro-batches and recomputations from their ranges (issue 32, W11: SearchSpace(tp=-1)
+    raised TypeError, fsdp="bogus" KeyError, recomputes=("bogus",) ValueError)."""
+    from planner.training.checks import is_int_in
+    from planner.training.setup import MAX_GPUS, MAX_MICRO_BATCH, RECOMPUTE
+
+    if not isinstance(space, SearchSpace):
+        return f"the search space must be a SearchSpace, not {type(space).__name__}"
+    for field in (*AXIS_NAMES, "etp", "vp", "max_tp", "optimizer_instances"):
+        value = getattr(space, field)
+        if value is not None and not is_int_in(value, 1, MAX_GPUS):
+            return f"--{field.replace('_', '-')} {value!r} ({field}) must be a whole number from 1 to {MAX_GPUS:,}"
+    if not is_int_in(space.max_cp, 1, MAX_GPUS):
+        return f"max_cp {space.max_cp!r} must be a whole number from 1 to {MAX_GPUS:,}"
+    if space.zero_stage is not None and not is_int_in(space.zero_stage, 0, 3):
+        return f"--zero {space.zero_stage!r} (zero_stage): ZeRO stages are 0 to 3"
+    fsdp = tuple(s[5:] for s in SHARDINGS if s.startswith("fsdp-"))
+    if space.fsdp is not None and space.fsdp not in fsdp:
+        return f"--fsdp {space.fsdp!r} (fsdp) is not one of {', '.join(fsdp)}"
+    if space.sp is not None and not isinstance(space.sp, bool):
+        return f"--sp {space.sp!r} (sp) must be True, False or None"
+    if (not isinstance(space.micro_batches, tuple) or not space.micro_batches
+            or not all(is_int_in(b, 1, MAX_MICRO_BATCH) for b in space.micro_batches)):
+        return (f"--micro-batch {space.micro_batches!r} (micro_batches) must be a non-empty tuple of whole "
+                f"numbers from 1 to {MAX_MICRO_BATCH}")
+    if (not isinstance(space.recomputes, tuple) or not space.recomputes
+            or not all(r in RECOMPUTE for r in space.recomputes)):
+        return f"--recompute {space.recomputes!r} (recomputes) must be a non-empty tuple of {', '.join(RECOMPUTE)}"
+    return None

@@ -32,10 +32,11 @@ from planner.layouts.layout import (
     fold_indivisible,
     node_data_ranks,
 )
-from planner.layouts.stages import end_stage_layers, split_extras
+from planner.layouts.stages import end_stage_layers, layout_refusal, split_extras
 from planner.models.spec import ModelSpec
 from planner.stacks import torchtitan_builds
 from planner.training.moe_runtime import a2a_overlap_refused
+from planner.training.pp_layout import split_option
 from planner.training.setup import TrainingSetup
 
 FULL, GRAD_OP, HYBRID = (SHARDINGS.index(x) for x in ("fsdp-full", "fsdp-grad-op", "fsdp-hybrid"))
@@ -248,7 +249,7 @@ STACK_REFUSALS: dict[str, tuple[tuple[Callable[[RuleView], Any], Callable[[RuleV
                                         "MambaStack splits them evenly") + ": give a pp dividing them")),
         (lambda v: (v.pp > 1) & (v.setup.pp_balance != "none") & v.m.is_hybrid,
          lambda v, lay: (hybrid_cannot(v.m, "the embedding and loss counted in the pipeline split", "MambaStack "
-                                        "splits layers alone") + f": drop --pp-balance {v.setup.pp_balance}")),
+                                        "splits layers alone") + f": drop {split_option(v.setup.pp_balance)}")),
     ),
     "deepspeed": (      # Megatron-DeepSpeed: tp and pp under ZeRO-0/1 (stacks.runs_megatron_deepspeed)
         (_etp, lambda v, lay: ETP_REFUSAL["deepspeed"]),
@@ -283,10 +284,12 @@ def _below_one(v: RuleView, *names: str) -> Any:
     return out
 
 
-def _balance_layers(v: RuleView) -> int:
-    """What a pipeline's split counts as layers besides the transformer layers (layouts.stages.split_extras):
-    2 for the embedding and the loss under "embedding-loss", 2 + the MTP modules under "embedding-loss-mtp"."""
+def _balance_layers(v: RuleView) -> int:   # the split's layers besides the transformer's (stages.split_extras)
     return sum(split_extras(v.setup.pp_balance, 2, v.setup.mtp_layers))
+
+
+def _layout_why(v: RuleView) -> Any:    # why a layout stated with --pp-layout cannot run ("": it can)
+    return layout_refusal(v.setup.pp_balance, v.setup.stack, v.pp, v.vp)
 
 
 def _distributed_optimizer_noop(v: RuleView) -> Any:
@@ -370,6 +373,7 @@ RULES: tuple[Rule, ...] = (
         (v.setup.pp_balance == "embedding-loss-mtp") & (v.setup.stack not in ("megatron", "auto")))), lambda v: (
         f"--pp-balance {v.setup.pp_balance} is megatron-core's split; --stack {v.setup.stack} splits its own way "
         "(use --stack megatron or --pp-balance none)")),
+    Rule("pp-layout", lambda v: _layout_why(v) != "", lambda v: str(_layout_why(v))),
     # megatron-core 0.16.1 TransformerConfig.__post_init__ (under fp8; fp4: no check, the same bound applied):
     # num_layers_at_start/end_in_bf16 at most num_layers // pp; held on the end stages (training.layer_precision)
     Rule("bf16-layers-stage", lambda v: 0 < max(v.setup.bf16_layers) > _end_layers(v),   # (none kept: none counted)
@@ -565,36 +569,3 @@ def first_failing_index(v: RuleView) -> Any:
         idx = np.where(np.asarray(RULES[i].fails(v), dtype=bool), i, idx)
     return idx
 
-
-def space_refusal(space: Any) -> str | None:
-    """Why a SearchSpace cannot be searched, in one line naming the field (and its option),
-    or None: each fixed degree a whole number from 1 to MAX_GPUS, ZeRO 0 to 3, a known FSDP
-    sharding, micro-batches and recomputations from their ranges (issue 32, W11: SearchSpace(tp=-1)
-    raised TypeError, fsdp="bogus" KeyError, recomputes=("bogus",) ValueError)."""
-    from planner.layouts.layout import SearchSpace
-    from planner.training.checks import is_int_in
-    from planner.training.setup import MAX_GPUS, MAX_MICRO_BATCH, RECOMPUTE
-
-    if not isinstance(space, SearchSpace):
-        return f"the search space must be a SearchSpace, not {type(space).__name__}"
-    for field in (*AXIS_NAMES, "etp", "vp", "max_tp", "optimizer_instances"):
-        value = getattr(space, field)
-        if value is not None and not is_int_in(value, 1, MAX_GPUS):
-            return f"--{field.replace('_', '-')} {value!r} ({field}) must be a whole number from 1 to {MAX_GPUS:,}"
-    if not is_int_in(space.max_cp, 1, MAX_GPUS):
-        return f"max_cp {space.max_cp!r} must be a whole number from 1 to {MAX_GPUS:,}"
-    if space.zero_stage is not None and not is_int_in(space.zero_stage, 0, 3):
-        return f"--zero {space.zero_stage!r} (zero_stage): ZeRO stages are 0 to 3"
-    fsdp = tuple(s[5:] for s in SHARDINGS if s.startswith("fsdp-"))
-    if space.fsdp is not None and space.fsdp not in fsdp:
-        return f"--fsdp {space.fsdp!r} (fsdp) is not one of {', '.join(fsdp)}"
-    if space.sp is not None and not isinstance(space.sp, bool):
-        return f"--sp {space.sp!r} (sp) must be True, False or None"
-    if (not isinstance(space.micro_batches, tuple) or not space.micro_batches
-            or not all(is_int_in(b, 1, MAX_MICRO_BATCH) for b in space.micro_batches)):
-        return (f"--micro-batch {space.micro_batches!r} (micro_batches) must be a non-empty tuple of whole "
-                f"numbers from 1 to {MAX_MICRO_BATCH}")
-    if (not isinstance(space.recomputes, tuple) or not space.recomputes
-            or not all(r in RECOMPUTE for r in space.recomputes)):
-        return f"--recompute {space.recomputes!r} (recomputes) must be a non-empty tuple of {', '.join(RECOMPUTE)}"
-    return None

@@ -6,6 +6,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
+from planner.training.pp_layout import is_layout, rank_chunks, stages
+
 
 def split_extras(balance: str, pp: int, mtp: int = 0) -> tuple[int, int]:
     """What the split counts as layers besides the transformer layers, on the first and on the
@@ -34,7 +36,13 @@ def stage_layers(n_layers: int, pp: int, balance: str = "none", mtp: int = 0) ->
     megatron-core's --pipeline-model-parallel-layout, which emit.megatron writes; no
     divisibility asked). Under "none" and "embedding-loss" the MTP modules sit on the last stage
     on top of its layers (megatron-core 0.16.1 transformer/multi_token_prediction.py,
-    mtp_on_this_rank: without a layout, every MTP layer on the last pipeline stage)."""
+    mtp_on_this_rank: without a layout, every MTP layer on the last pipeline stage). A layout
+    stated with --pp-layout (training.pp_layout) gives each rank the layers of its virtual
+    stages; where pp does not divide them (a layout the rules refuse) the even split stands in."""
+    if is_layout(balance):
+        if pp >= 1 and len(stages(balance)) % pp == 0:
+            return [sum(c) for c in rank_chunks(balance, pp)]
+        balance = "none"
     return list(_stage_layers(n_layers, pp, balance, mtp if balance == "embedding-loss-mtp" else 0))
 
 
@@ -76,3 +84,25 @@ def end_stage_layers(n_layers: int, pp: Any, balance: str = "none", mtp: int = 0
             ends[i] = min(counts[0], counts[-1])
     out = ends[at].reshape(np.shape(pp))
     return out if out.ndim else int(out)
+
+
+def layout_refusal(balance: str, stack: str, pp: Any, vp: Any) -> Any:
+    """Per (pp, vp) of a batch (ints or arrays): why a layout stated with --pp-layout cannot run
+    there (training.pp_layout.stage_refusal; megatron-core's syntax, so --stack megatron), or ""
+    where it can and where the split is a rule's. Worked out once per distinct (pp, vp)."""
+    import numpy as np
+
+    from planner.layouts.distinct import group
+    from planner.training.pp_layout import stage_refusal
+
+    pairs = np.broadcast_arrays(np.asarray(pp, dtype=np.int64), np.asarray(vp, dtype=np.int64))
+    out = np.full(pairs[0].shape, "", dtype=object)
+    if not is_layout(balance):
+        return out if out.ndim else ""
+    flat = [a.ravel() for a in pairs]
+    at, first = group(flat)
+    why = [("--pp-layout is megatron-core's syntax; --stack " + stack + " splits its own way: use --stack megatron"
+            if stack not in ("megatron", "auto") and p > 1 else stage_refusal(balance, max(p, 1), max(q, 1)) or "")
+           for p, q in zip(flat[0][first].tolist(), flat[1][first].tolist())]
+    out = np.asarray(why, dtype=object)[at].reshape(pairs[0].shape)
+    return out if out.ndim else str(out)

@@ -27,6 +27,7 @@ import numpy as np
 
 from planner.layouts.stages import split_extras
 from planner.memory.params import stage_layers
+from planner.training.pp_layout import is_layout, rank_chunks, stages
 
 
 @lru_cache(maxsize=4096)
@@ -40,7 +41,12 @@ def chunk_layers(n_layers: int, pp: int, vp: int, balance: str = "none", mtp: in
     transformer_block.py get_num_layers_to_build, lines 196-202: one layer fewer to build in
     that chunk), so those chunks hold one block fewer; under "embedding-loss-mtp" the last
     chunk of rank pp - 1 holds the ``mtp`` MTP modules too, and 1 + mtp blocks fewer
-    (layouts.stages.split_extras)."""
+    (layouts.stages.split_extras). A layout stated with --pp-layout gives each chunk its own
+    virtual stage's layers (training.pp_layout.rank_chunks), where it has pp x vp of them."""
+    if is_layout(balance):
+        if pp >= 1 and len(stages(balance)) == pp * vp:
+            return rank_chunks(balance, pp)
+        balance = "none"
     counts = stage_layers(n_layers, pp, balance, mtp)
     first, last = split_extras(balance, pp, mtp)
     out = []

@@ -285,6 +285,7 @@ def degree_conflict(m: Any, setup: Any, kw: Mapping[str, Any]) -> str | None:
 
     from planner.layouts.layout import Layout, reject_reason
     from planner.training.finetune import FinetuneSpec
+    from planner.training.pp_layout import is_layout
 
     fixed = {a: kw[a] for a in AXIS_NAMES if a != "dp" and kw.get(a) is not None}
     if kw.get("vp") is not None and "pp" in fixed:     # vp and sp are read with the degree they split
@@ -296,8 +297,8 @@ def degree_conflict(m: Any, setup: Any, kw: Mapping[str, Any]) -> str | None:
     probe = Layout(tp=tp, pp=pp, cp=fixed.get("cp", 1), ep=ep, vp=fixed.get("vp", 1), sp=sp,
                    micro_batch=1, grad_accum=pp, seq_len=setup.seq_len)
     # degrees only: the stack is checked per layout, but for the MTP modules the split counts
-    # (--pp-balance embedding-loss-mtp, megatron-core's layout: layouts.stages.stage_layers)
-    mtp_split = setup.pp_balance == "embedding-loss-mtp"
+    # (--pp-balance embedding-loss-mtp, or a --pp-layout, megatron-core's layout: layouts.stages.stage_layers)
+    mtp_split = setup.pp_balance == "embedding-loss-mtp" or is_layout(setup.pp_balance)
     plain = replace(setup, global_batch=probe.global_batch, offload_optimizer="none", offload_params="none",
                     finetune=FinetuneSpec(), stack="megatron" if mtp_split else "auto",
                     offload_activations=0, mtp_layers=setup.mtp_layers if mtp_split else 0, pp_microbatch_group=0,

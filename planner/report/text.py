@@ -23,6 +23,7 @@ from planner.measure.crosscheck import Crosscheck, crosscheck_json
 from planner.report.intervals import memory_interval_json, time_interval_json
 from planner.search.search import Candidate
 from planner.timing.model import StepTime
+from planner.training.pp_layout import is_layout
 from planner.training.setup import TrainingSetup
 
 LABELS = {
@@ -139,7 +140,7 @@ def assumptions(r: PlanResult) -> dict[str, Any]:
         "attention": s.attention,
         "kernels": s.kernels,
         "fsdp_pipeline_grad_sync": s.fsdp_pipeline_grad_sync,
-        **({"pp_balance": s.pp_balance} if s.pp_balance != "none" else {}),
+        **({"pp_layout" if is_layout(s.pp_balance) else "pp_balance": s.pp_balance} if s.pp_balance != "none" else {}),
         **({"pp_microbatch_group": s.pp_microbatch_group} if s.pp_microbatch_group else {}),
         **({"cross_entropy": s.cross_entropy} if s.cross_entropy != "native" else {}),
         **({"moe_a2a_overlap": s.moe_a2a_overlap} if s.moe_a2a_overlap != "auto" else {}),

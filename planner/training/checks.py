@@ -30,6 +30,7 @@ from planner.training.fp8 import FP4_GPUS, RECIPES
 from planner.training.images import image_refusal
 from planner.training.layer_precision import bf16_layer_refusal
 from planner.training.moe_runtime import A2A_OVERLAPS, CUDA_GRAPHS, DISPATCHERS
+from planner.training.pp_layout import LayoutError, check, is_layout
 from planner.training.setup import (
     ATTENTION,
     DEFAULT_SETUP,
@@ -81,6 +82,19 @@ def _choice(field: str, option: str, choices: tuple[str, ...]) -> SetupRule:
                                    f"{', '.join(choices)}"))
 
 
+def _split_refusal(m: ModelSpec, s: TrainingSetup) -> str | None:
+    """Why the pipeline split (pp_balance: a rule's name, or a layout stated with --pp-layout) cannot
+    be planned for ``m``, or None (training.pp_layout.check: megatron-core's validate_layer_layout)."""
+    if not isinstance(s.pp_balance, str) or not is_layout(s.pp_balance):
+        return None if s.pp_balance in PP_BALANCES else (
+            f"--pp-balance {s.pp_balance!r} (pp_balance) is not one of {', '.join(PP_BALANCES)}")
+    try:
+        check(s.pp_balance, m.n_layers, s.mtp_layers)
+    except LayoutError as e:
+        return f"--pp-layout {s.pp_balance!r} {e}"
+    return None
+
+
 def learned_positions(m: ModelSpec) -> int:
     """The rows of the model's learned position table (GPT-2's n_positions, BERT's
     max_position_embeddings), or 0 where positions are not learned (rotary, ALiBi)."""
@@ -127,7 +141,7 @@ SETUP_RULES: tuple[SetupRule, ...] = (
     _choice("offload_params", "--offload-params", OFFLOAD),
     _choice("ds_checkpointing", "--ds-checkpointing", DS_CHECKPOINTING),
     _choice("fsdp_pipeline_grad_sync", "--fsdp-pipeline-grad-sync", FSDP_PIPELINE_GRAD_SYNCS),
-    _choice("pp_balance", "--pp-balance", PP_BALANCES),
+    SetupRule("pp-split", lambda m, s: _split_refusal(m, s) is not None, lambda m, s: str(_split_refusal(m, s))),
     _choice("recompute_method", "--recompute-method", RECOMPUTE_METHODS),
     _choice("fp8_recipe", "--fp8-recipe", (*RECIPES, "nvfp4")),
     SetupRule("method-known", lambda m, s: s.finetune.method not in METHODS,
