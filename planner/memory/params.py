@@ -93,6 +93,22 @@ def block_units(m: ModelSpec, n_letters: Any) -> Any:
     return -(-n_letters // m.letters_per_block)
 
 
+
+def with_mtp_params(m: ModelSpec, rp: RankParams, tp: int, mtp: int) -> RankParams:
+    """``rp`` (the last stage's rank_params, its ``mtp`` MTP blocks counted among its layers) with
+    each MTP module's own parameters besides its block: the 2h x h eh_proj (models.matmuls),
+    split by tp, and its two RMSNorms (DeepSeek-V3, arXiv:2412.19437, Sec. 2.2); the one count
+    memory (memory.shapes) and the step time's data-parallel part (timing.dp) read."""
+    if not mtp:
+        return rp
+    from dataclasses import replace
+
+    from planner.models.matmuls import mtp_eh_proj
+
+    eh = mtp_eh_proj(m)
+    return replace(rp, dense=rp.dense + mtp * (ceil_div(eh.d_in * eh.d_out, tp) + 2 * m.d_model))
+
+
 def largest_tensor(m: ModelSpec, lay: Layout) -> int:
     """Elements of the largest local tensor: the word embedding (or LM head) or an MLP matrix."""
     return max(ceil_div(m.vocab_size * m.d_model, lay.tp), ceil_div(m.d_ff * m.d_model, lay.tp))

@@ -32,10 +32,10 @@ from planner.memory.params import (
     rank_params,
     stage_layers,
     stages_to_check,
+    with_mtp_params,
 )
 from planner.memory.pipeline import held_layer_micro_batches
 from planner.memory.recompute import module_recompute_delta_bytes
-from planner.models.matmuls import mtp_eh_proj
 from planner.models.spec import ModelSpec, ParamCount
 from planner.training.finetune import activation_layers, rank_split
 from planner.training.kernels import AMP, EAGER, FUSED, KERNELS, TITAN
@@ -266,11 +266,7 @@ def stage_figures(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, a: LayoutA
         row: tuple[int, ...] = ()
         for s in stages_to_check(counts):
             n_layers = counts[s]
-            rp = rank_params(m, pc, lay, s, n_layers)
-            if mtp and s == pp - 1:     # each module's eh_proj (models.matmuls) and two norms, split by tp
-                eh = mtp_eh_proj(m)
-                extra = mtp * (ceil_div(eh.d_in * eh.d_out, tp) + 2 * m.d_model)
-                rp = replace(rp, dense=rp.dense + extra)
+            rp = with_mtp_params(m, rank_params(m, pc, lay, s, n_layers), tp, mtp if s == pp - 1 else 0)
             if untie and tp > 1 and s == pp - 1 and pp == 1:
                 head = ceil_div(m.vocab_size * m.d_model, tp)
                 rp = replace(rp, dense=rp.dense + head, root_unit=rp.root_unit + head)

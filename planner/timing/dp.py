@@ -11,7 +11,7 @@ from planner.hardware.axes import AxisSizes
 from planner.hardware.placement import AxisLink, Cluster, axis_links
 from planner.layouts.layout import Layout
 from planner.memory.model import rank_params, stage_layers
-from planner.memory.params import optimizer_state_bytes
+from planner.memory.params import optimizer_state_bytes, with_mtp_params
 from planner.models.spec import ModelSpec, ParamCount
 from planner.timing.kernels import backward_layers
 from planner.training.finetune import (
@@ -26,10 +26,13 @@ from planner.training.setup import Precision, TrainingSetup
 def _rank_split(m: ModelSpec, pc: ParamCount, ft: FinetuneSpec, tp: int, ep: int, pp: int, stage: int,
                 n_layers: int, weight_bytes: int, etp: int = 0, balance: str = "none", mtp: int = 0) -> RankSplit:
     lay = Layout(tp=tp, ep=ep, pp=pp, etp=etp)
-    rp = rank_params(m, pc, lay, stage, n_layers)
+    # the last stage's MTP modules train too: their blocks and own parameters, as memory counts them
+    # (memory.shapes; with_mtp_params), reduced and updated with the stage's
+    held = mtp if stage == pp - 1 else 0
+    rp = with_mtp_params(m, rank_params(m, pc, lay, stage, n_layers + held), tp, held)
     first = sum(stage_layers(m.n_layers, pp, balance, mtp)[:stage])
-    return rank_split(m, pc, ft, lay, rp.dense, rp.expert, rp.root_unit, n_layers,
-                      backward_layers(ft, m.n_layers, first, n_layers), stage == pp - 1, weight_bytes, 0,
+    return rank_split(m, pc, ft, lay, rp.dense, rp.expert, rp.root_unit, n_layers + held,
+                      backward_layers(ft, m.n_layers, first, n_layers + held), stage == pp - 1, weight_bytes, 0,
                       first_stage=stage == 0)
 
 
