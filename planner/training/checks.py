@@ -30,7 +30,7 @@ from planner.training.fp8 import FP4_GPUS, RECIPES
 from planner.training.images import image_refusal
 from planner.training.layer_precision import bf16_layer_refusal
 from planner.training.moe_runtime import A2A_OVERLAPS, CUDA_GRAPHS, DISPATCHERS
-from planner.training.pp_layout import LayoutError, check, is_layout
+from planner.training.pp_layout import LayoutError, check, is_layout, shown
 from planner.training.setup import (
     ATTENTION,
     DEFAULT_SETUP,
@@ -91,7 +91,7 @@ def _split_refusal(m: ModelSpec, s: TrainingSetup) -> str | None:
     try:
         check(s.pp_balance, m.n_layers, s.mtp_layers)
     except LayoutError as e:
-        return f"--pp-layout {s.pp_balance!r} {e}"
+        return f"--pp-layout {shown(s.pp_balance)} {e}"
     return None
 
 

@@ -105,6 +105,11 @@ def rank_chunks(text: str, pp: int) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(counts[c * pp + r] for c in range(vp)) for r in range(pp))
 
 
+def shown(text: str) -> str:
+    """A layout as a message quotes it: its repr, cut at 60 characters."""
+    return repr(text) if len(text) <= 60 else repr(text[:57]) + "..."
+
+
 def split_option(balance: str) -> str:
     """The option that set TrainingSetup.pp_balance, as a refusal names it."""
-    return f"--pp-layout {balance}" if is_layout(balance) else f"--pp-balance {balance}"
+    return f"--pp-layout {shown(balance)}" if is_layout(balance) else f"--pp-balance {balance}"
