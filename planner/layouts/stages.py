@@ -95,10 +95,9 @@ def layout_refusal(balance: str, stack: str, pp: Any, vp: Any) -> Any:
     from planner.layouts.distinct import group
     from planner.training.pp_layout import stage_refusal
 
-    pairs = np.broadcast_arrays(np.asarray(pp, dtype=np.int64), np.asarray(vp, dtype=np.int64))
-    out = np.full(pairs[0].shape, "", dtype=object)
     if not is_layout(balance):
-        return out if out.ndim else ""
+        return ""       # a rule's split: nothing to refuse here, one answer for the whole batch
+    pairs = np.broadcast_arrays(np.asarray(pp, dtype=np.int64), np.asarray(vp, dtype=np.int64))
     flat = [a.ravel() for a in pairs]
     at, first = group(flat)
     why = [("--pp-layout is megatron-core's syntax; --stack " + stack + " splits its own way: use --stack megatron"
