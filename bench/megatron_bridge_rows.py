@@ -7,7 +7,8 @@ trained. This module reads them once and gives each row:
   megatron``, the printed layout (tp, pp, cp, vp, ep, GPUs, global and micro-batch, sequence),
   and its recipe's settings read from the row's ``notes`` (distributed optimizer or Megatron
   FSDP and its distributed-optimizer instances, recomputation, CPU activation offload, expert
-  tensor parallelism, MTP, the pipeline split that counts embedding and loss, LoRA). It names
+  tensor parallelism, MTP, the pipeline split that counts embedding and loss or the pipeline layout
+  the recipe sets (DEEPSEEK_V3_LAYOUTS), LoRA). It names
   what ran, not what the planner can do today: a row whose request the planner refuses is
   ``expressible = False`` with the planner's own message as ``reason``.
 - ``latest``: whether the row is the latest release of its configuration (same model, system,
@@ -82,6 +83,21 @@ class Row:
     @property
     def command(self) -> str:
         return "plan " + " ".join(self.cli_args)
+
+
+# Megatron-Bridge's DeepSeek-V3 pipeline layouts with its one MTP module, per (pp, vp), which the
+# performance recipes set where their workload config gives none (src/megatron/bridge/recipes/deepseek/
+# deepseek_v3.py, layout_map: stored versions at 05d003fb and later, set_deepseek_v3_pipeline_model_
+# parallel_layout; perf configs call it after setting pp and vp): the embedding costs no layer, the MTP
+# module and the loss three. The 26.04.01 B200 row prints the (8, 2) one.
+DEEPSEEK_V3_LAYOUTS = {
+    (4, 1): "Et*16|t*16|t*16|t*13mL",
+    (8, 1): "Et*8|(t*8|)*6t*5mL",
+    (4, 2): "Et*8|(t*8|)*6t*5mL",
+    (16, 1): "Et*4|(t*4|)*14tmL",
+    (8, 2): "Et*4|(t*4|)*14tmL",
+    (4, 4): "Et*4|(t*4|)*14tmL",
+}
 
 
 def release_of(row_id: str) -> tuple[int, ...]:
@@ -225,17 +241,17 @@ def args_of(row: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
     if "one MTP module" in notes:
         args += ["--mtp", "1"]
         if pp > 1 and "--pp-balance" not in args:
-            # Megatron-Bridge's DeepSeek-V3 pipeline layouts give the MTP module and the loss a share of
-            # the split ("Et|(tt|)*30mL" at pp 8, vp 4: the corpus's printed layouts, and the recipes'
-            # set_deepseek_v3_pipeline_model_parallel_layout defaults)
-            args += ["--pp-balance", "embedding-loss-mtp"]
             printed = str(flags.get("pp_layout") or "")
-            if not printed or "default" in printed:
-                approx.append("pipeline layout not printed: the embedding, the loss and the MTP module counted "
-                              "as layers of the split (--pp-balance embedding-loss-mtp), as the printed ones do")
-            else:       # the rule's split, which may differ from the printed one (docs/megatron-bridge-terms.md)
-                approx.append(f"pipeline layout printed as {printed}; planned with --pp-balance embedding-loss-mtp's "
-                              "split (the embedding, the loss and the MTP module one layer each)")
+            if printed and "default" not in printed:
+                args += ["--pp-layout", printed]        # as printed, verbatim
+            elif (pp, vp) in DEEPSEEK_V3_LAYOUTS:
+                args += ["--pp-layout", DEEPSEEK_V3_LAYOUTS[pp, vp]]
+                approx.append(f"pipeline layout not printed: Megatron-Bridge's DeepSeek-V3 default for pp {pp}, vp "
+                              f"{vp}, {DEEPSEEK_V3_LAYOUTS[pp, vp]} (set_deepseek_v3_pipeline_model_parallel_layout)")
+            else:
+                args += ["--pp-balance", "embedding-loss-mtp"]
+                approx.append("pipeline layout not printed and no recipe default: the embedding, the loss and the "
+                              "MTP module counted as layers of the split (--pp-balance embedding-loss-mtp)")
     elif depths := nemotron_mtp_depths(row):
         args += ["--mtp", str(depths)]
     args += runtime_args(row, ep, prec)

@@ -333,7 +333,7 @@ MEGATRON_BRIDGE = Efficiency(tp_overlap=0.75, pp_overlap=1.0, dp_overlap=1.0, pa
                              grad_reduce_bytes=2, flash_fraction=0.55,
                              # fitted, in sample (docs/megatron-bridge.md, "Fitted values")
                              fp8_matmul_ratio=0.85, ep_overlap=0.75, expert_gemm_half_rows=256.0,
-                             moe_block_overhead_s=0.001, moe_expert_launch_s=1e-5, moe_token_passes=0.0,
+                             moe_block_overhead_s=0.001, moe_expert_launch_s=2e-5, moe_token_passes=0.0,
                              block_scaled_gemm_penalty=0.95,
                              name="megatron-core 2025-2026 (Megatron-Bridge runs: overlaps, FA3-rate attention, "
                                   "fitted FP8 and MoE efficiencies)")
