@@ -101,6 +101,23 @@ def test_deepseek_v3_plans_and_writes_its_layout(tmp_path: Path):
     written.validate_layer_layout(61, 1)
 
 
+@pytest.mark.referee
+def test_empty_virtual_stages_plan_as_megatron_core_builds_them():
+    """More virtual stages than layers, three of them empty: megatron-core's validator accepts the
+    layout, and the planner plans it (the rule that refuses more chunks than layers is for the
+    split rules' even chunks)."""
+    text = "E(t|)*60(|)*3tmL"
+    ref, kind = _megatron(text, 8)
+    ref.validate_layer_layout(61, 1)
+    r = plan_in_process("--model", "deepseek-v3", "--gpus", "b200", "--n-gpus", "256", "--stack", "megatron",
+                        "--tp", "1", "--pp", "8", "--ep", "32", "--mtp", "1", "--pp-layout", text,
+                        "--micro-batch", "1", "--global-batch", "4096")
+    assert r.returncode == 0, r.stderr
+    assert chunk_layers(61, 8, 8, text, 1) == tuple(tuple(ref.layout[r][c].count(kind.decoder) for c in range(8))
+                                                    for r in range(8))
+    assert chunk_layers(61, 8, 8, text, 1)[4][-1] == 0
+
+
 def test_a_stated_layout_equal_to_the_rule_plans_the_same():
     """The 25.09 H100 layout stated with --pp-layout is the one --pp-balance embedding-loss-mtp
     splits by (the test above's sibling in test_emit_megatron_layout.py): the same plan."""

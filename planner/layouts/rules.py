@@ -36,7 +36,7 @@ from planner.layouts.stages import end_stage_layers, layout_refusal, split_extra
 from planner.models.spec import ModelSpec
 from planner.stacks import torchtitan_builds
 from planner.training.moe_runtime import a2a_overlap_refused
-from planner.training.pp_layout import split_option
+from planner.training.pp_layout import is_layout, split_option
 from planner.training.setup import TrainingSetup
 
 FULL, GRAD_OP, HYBRID = (SHARDINGS.index(x) for x in ("fsdp-full", "fsdp-grad-op", "fsdp-hybrid"))
@@ -288,6 +288,10 @@ def _balance_layers(v: RuleView) -> int:   # the split's layers besides the tran
     return sum(split_extras(v.setup.pp_balance, 2, v.setup.mtp_layers))
 
 
+def _rule_split(v: RuleView) -> bool:     # the split is a rule's (--pp-balance), not a stated layout
+    return not is_layout(v.setup.pp_balance)
+
+
 def _layout_why(v: RuleView) -> Any:    # why a layout stated with --pp-layout cannot run ("": it can)
     return layout_refusal(v.setup.pp_balance, v.setup.stack, v.pp, v.vp)
 
@@ -359,8 +363,9 @@ RULES: tuple[Rule, ...] = (
     Rule("pp-layers", lambda v: v.pp > v.m.n_layers,
          lambda v: f"pp={v.pp} exceeds the {v.m.n_layers} layers"),
     Rule("vp-needs-pp", lambda v: (v.vp > 1) & (v.pp == 1), lambda v: "an interleaved schedule (vp > 1) needs pp > 1"),
-    Rule("chunks-layers", lambda v: (v.pp * v.vp > v.m.n_layers + _balance_layers(v)) | (_end_layers(v) < 0),
-         _chunks_message),
+    # (a layout stated with --pp-layout places every layer itself, empty virtual stages included: the pp-layout rule)
+    Rule("chunks-layers", lambda v: ((v.pp * v.vp > v.m.n_layers + _balance_layers(v)) & _rule_split(v))
+         | (_end_layers(v) < 0), _chunks_message),
     # megatron-core 0.16.1 TransformerConfig.__post_init__ (transformer/transformer_config.py lines
     # 1436-1480): with account_for_embedding/loss_in_pipeline_split, pp must divide num_layers + 2,
     # and vp the layers per rank
