@@ -115,6 +115,7 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
     if not o.model_name:
         raise UserError("missing --model; pass a preset name (`plan models`) or a config.json path")
     check_names(o)
+    o = stated_layout(o)
     if not o.gpu_name:
         raise UserError("missing --gpus; pass a GPU type (`plan gpus`), e.g. --gpus h100")
     if "," in o.gpu_name:
@@ -126,7 +127,6 @@ def build_request(o: Options) -> tuple[ModelSpec, GpuSpec, TrainingSetup, Search
     clash = contradicting_options(o.as_mapping())
     if clash:
         raise UserError(clash)
-    o = stated_layout(o)
     m = load_model(o.model_name)
     gpu = get_gpu(o.gpu_name)
     refusal = precision_refusal(gpu, o.precision)
