@@ -440,7 +440,7 @@ def stated_layout(o: Options) -> Options:
     one line where it contradicts --pp-balance or --vp, lacks --pp, or is no layout."""
     if o.pp_layout is None:
         return o
-    from planner.training.pp_layout import LayoutError, is_layout, shown, stage_refusal, stages
+    from planner.training.pp_layout import LayoutError, is_layout, shown, stack_refusal, stage_refusal, stages
     from planner.training.setup import DEFAULT_SETUP
 
     text = o.pp_layout
@@ -450,9 +450,8 @@ def stated_layout(o: Options) -> Options:
         raise UserError(f"--pp-layout {shown(text)} {e}") from None
     if not is_layout(text):
         raise UserError(f"--pp-layout {shown(text)} has no embedding 'E'; a layout begins with it: 'Et*4|(t*4|)*14tmL'")
-    if o.stack not in (None, "auto", "megatron"):
-        raise UserError(f"--pp-layout is megatron-core's syntax; --stack {o.stack} splits its own way: "
-                        "use --stack megatron")
+    if (why := stack_refusal(o.stack)) is not None:
+        raise UserError(why)
     if o.pp_balance != DEFAULT_SETUP.pp_balance:
         raise UserError(f"--pp-layout states the split itself: drop --pp-balance {o.pp_balance}")
     if o.pp is None:

@@ -93,15 +93,15 @@ def layout_refusal(balance: str, stack: str, pp: Any, vp: Any) -> Any:
     import numpy as np
 
     from planner.layouts.distinct import group
-    from planner.training.pp_layout import stage_refusal
+    from planner.training.pp_layout import stack_refusal, stage_refusal
 
     if not is_layout(balance):
         return ""       # a rule's split: nothing to refuse here, one answer for the whole batch
     pairs = np.broadcast_arrays(np.asarray(pp, dtype=np.int64), np.asarray(vp, dtype=np.int64))
     flat = [a.ravel() for a in pairs]
     at, first = group(flat)
-    why = [("--pp-layout is megatron-core's syntax; --stack " + stack + " splits its own way: use --stack megatron"
-            if stack not in ("megatron", "auto") and p > 1 else stage_refusal(balance, max(p, 1), max(q, 1)) or "")
+    on_stack = stack_refusal(stack)
+    why = [(on_stack if on_stack and p > 1 else stage_refusal(balance, max(p, 1), max(q, 1)) or "")
            for p, q in zip(flat[0][first].tolist(), flat[1][first].tolist())]
     out = np.asarray(why, dtype=object)[at].reshape(pairs[0].shape)
     return out if out.ndim else str(out)

@@ -93,7 +93,6 @@ def block_units(m: ModelSpec, n_letters: Any) -> Any:
     return -(-n_letters // m.letters_per_block)
 
 
-
 def with_mtp_params(m: ModelSpec, rp: RankParams, tp: int, mtp: int) -> RankParams:
     """``rp`` (the last stage's rank_params, its ``mtp`` MTP blocks counted among its layers) with
     each MTP module's own parameters besides its block: the 2h x h eh_proj (models.matmuls),

@@ -110,6 +110,13 @@ def shown(text: str) -> str:
     return repr(text) if len(text) <= 60 else repr(text[:57]) + "..."
 
 
+def stack_refusal(stack: str | None) -> str | None:
+    """Why a stated layout cannot run on ``stack``, or None: the syntax is megatron-core's."""
+    if stack in (None, "auto", "megatron"):
+        return None
+    return f"--pp-layout is megatron-core's syntax; --stack {stack} splits its own way: use --stack megatron"
+
+
 def split_option(balance: str) -> str:
     """The option that set TrainingSetup.pp_balance, as a refusal names it."""
     return f"--pp-layout {shown(balance)}" if is_layout(balance) else f"--pp-balance {balance}"

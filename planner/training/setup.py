@@ -275,7 +275,8 @@ class TrainingSetup:
     mtp_layers: int = 0
     # FSDP under a pipeline: reduce-scatter once a step or every micro-batch (FSDP_PIPELINE_GRAD_SYNCS)
     fsdp_pipeline_grad_sync: str = "step"
-    # the pipeline's layer split (PP_BALANCES): "none", or the embedding and the loss counted as layers
+    # the pipeline's layer split (PP_BALANCES): "none", or the embedding and the loss counted as layers;
+    # or a layout stated in megatron-core's syntax (--pp-layout, training.pp_layout), which holds an "E"
     pp_balance: str = "none"
     # interleaved 1F1B's micro-batch group: how many micro-batches run through one model chunk
     # before the next chunk (megatron-core 0.16.1 ModelParallelConfig
