@@ -174,23 +174,9 @@ def _referees_of(path: str, cache: dict[str, bool]) -> bool:
     return cache[path]
 
 
-# The suite's longest tests, each a few minutes of real CPU tensors on two cores (pytest
-# --durations on the twelfth stop's clean run: 225 s, 172 s, 157 s; none shares a module fixture).
-# xdist's worksteal hands each worker a contiguous half of the collection and an idle worker steals
-# from the other's tail, so a long test late in the order ran alone at the end of the run: first,
-# they start at once on one worker while the other works through the rest.
-LONGEST_FIRST = (
-    "tests/test_vision.py::test_measured_rows_within_ten_percent",
-    "tests/test_train_script.py::test_deepspeed_train_script_runs_two_steps_with_the_written_config",
-    "tests/test_megatron_core_memory.py::test_dense_at_llama3_70b_proportions_within_ten_percent",
-)
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark ``referee`` every test of a module that requires a referee package; run the
-    LONGEST_FIRST tests first (a stable sort: every other test keeps its place)."""
+    """Mark ``referee`` every test of a module that requires a referee package."""
     cache: dict[str, bool] = {}
     for item in items:
         if _referees_of(str(item.path), cache):
             item.add_marker(pytest.mark.referee)
-    items.sort(key=lambda item: item.nodeid not in LONGEST_FIRST)
