@@ -341,6 +341,8 @@ OPTIONS: dict[str, list[str] | None] = {
     "--objective": ["cost", "time", "x"], "--solver": ["auto", "highs", "cbc", "x"],
     "--prices": ["/nonexistent.toml", "/dev/null"],
     "--force": None, "--bogus-option": None,
+    "--pp-layout": ["Et*16|t*16L", "Et*4|(t*4|)*14tmL", "E(t|)*3L", "E|L", "(", "Et*99999999L", "t;rm", "",
+                    "E((t|)*2)*2L", "L" * 3000],
 }
 MODELS = ["8b", "70b", "405b", "mixtral-8x7b", "gpt2", "bert-base", "falcon-40b", "gemma2-9b", "qwen2.5-0.5b",
           "x", "ℵ", "/dev/null", "/nonexistent/config.json", "", "-1", "x" * 300, "/dev/zero", "a/" + "b" * 300]
