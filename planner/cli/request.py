@@ -457,6 +457,6 @@ def stated_layout(o: Options) -> Options:
     if o.pp is None:
         raise UserError(f"--pp-layout needs --pp (its {n} virtual stages are pp ranks x vp stages each)")
     vp = o.vp if o.vp is not None else max(n // o.pp, 1)
-    if n != o.pp * vp:
-        raise UserError(str(stage_refusal(text, o.pp, vp)))
+    if (why := stage_refusal(text, o.pp, vp)) is not None:
+        raise UserError(why)
     return replace(o, pp_balance=text, vp=vp)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from planner.training.pp_layout import is_layout, rank_chunks, stages
+from planner.training.pp_layout import is_layout, rank_chunks, stack_refusal, stage_refusal, stages
 
 
 def split_extras(balance: str, pp: int, mtp: int = 0) -> tuple[int, int]:
@@ -93,7 +93,6 @@ def layout_refusal(balance: str, stack: str, pp: Any, vp: Any) -> Any:
     import numpy as np
 
     from planner.layouts.distinct import group
-    from planner.training.pp_layout import stack_refusal, stage_refusal
 
     if not is_layout(balance):
         return ""       # a rule's split: nothing to refuse here, one answer for the whole batch
