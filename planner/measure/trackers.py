@@ -114,6 +114,7 @@ from planner.measure.build import (
     checkpoint_blocks,
     shard,
 )
+from planner.measure.cpu_matmul import float32_cpu_matmuls
 from planner.measure.fakes import separate_dtensor_propagation, stub_scalars
 from planner.measure.images import check_measurable, image_batch, is_vlm
 from planner.measure.readout import MeasuredMemory, make_tracker, tracker_result
@@ -339,8 +340,10 @@ def _measure_rank(setup: MeasureSetup, device: Any, *, mesh: Any, rank: int, ddp
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     fake_mode = FakeTensorMode() if setup.fake else contextlib.nullcontext()
+    # the fp32 products sit beneath the tracker's mode, entered further in (cpu_matmul's doc)
     with (fake_mode, _unpacked_sequences(), separate_dtensor_propagation(setup.fake),
-          _gpu_dropout_kernels(device, fake=setup.fake)):
+          _gpu_dropout_kernels(device, fake=setup.fake),
+          float32_cpu_matmuls(enabled=not setup.fake and device.type == "cpu")):
         model = build_model(setup, device) if setup.method == "full" else build_finetuned(setup, device)
         n_params = sum(p.numel() for p in model.parameters())
         vocab_size = model.config.get_text_config().vocab_size
