@@ -5,8 +5,9 @@ product PyTorch's own bf16 kernel gives (both accumulate in fp32)."""
 from __future__ import annotations
 
 import pytest
+from conftest import require
 
-torch = pytest.importorskip("torch")
+torch = require("torch")
 
 from planner.measure.cpu_matmul import float32_cpu_matmuls  # noqa: E402
 
