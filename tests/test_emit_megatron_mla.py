@@ -26,10 +26,16 @@ from planner.emit import EmitOptions
 from planner.emit.launch import to_launch_script
 from planner.emit.megatron import to_megatron_args
 from planner.errors import UserError
+from planner.hardware.gpus import get_gpu
+from planner.hardware.placement import cluster_for
+from planner.layouts.layout import Layout
 from planner.models.families import spec_from_hf_config
 from planner.models.load import load_model
 from planner.models.spec import count_params
 from planner.stacks.megatron import device_arch_major
+from planner.timing.flops import mtp_blocks
+from planner.timing.model import step_time
+from planner.training.setup import TrainingSetup
 
 CONFIGS = Path(__file__).resolve().parent.parent / "bench" / "configs"
 TINY = dict(dp=1, tp=2, pp=1, ep=2, zero_stage=1, sp=True, micro_batch=1, grad_accum=8)
@@ -145,7 +151,11 @@ print(json.dumps({"total": sum(p.numel() for p in model.parameters()),
                   "attention": type(att).__name__, "rope": type(att.rotary_pos_emb).__name__,
                   "q_proj": sorted(n for n in ("linear_q_proj", "linear_q_down_proj", "q_layernorm")
                                    if hasattr(att, n)),
-                  "softmax_scale": att.softmax_scale}))
+                  "softmax_scale": att.softmax_scale,
+                  # the MTP modules' layers that route tokens (an MoE with a token dispatcher: its
+                  # all-to-alls), megatron-core's MultiTokenPredictionLayer.transformer_layer
+                  "mtp_dispatching": sum(hasattr(getattr(x.transformer_layer, "mlp", None), "token_dispatcher")
+                                         for x in (model.mtp.layers if mtp is not None else []))}))
 '''
 
 _FIELDS = (*GPT_FIELDS, "moe_router_num_groups", "moe_router_group_topk", "multi_latent_attention", "q_lora_rank",
@@ -199,6 +209,14 @@ def test_megatron_cores_mtp_module_has_the_planners_parameters():
     assert parse_args(args).mtp_num_layers == 1
     got = _megatron_model(args)
     assert got["total"] == count_params(replace(m, n_mtp_modules=1)).total + 2 * got["pad"] * m.d_model
+    # the module's layer routes its tokens as the model's MoE blocks do: the step time gives the
+    # stage holding it that layer's all-to-alls (timing.flops.mtp_blocks, timing.stage)
+    assert got["mtp_dispatching"] == mtp_blocks(m, 1) == 1
+    lay = Layout(ep=4, dp=4, micro_batch=1, grad_accum=2, seq_len=1024, zero_stage=1)
+    setup = TrainingSetup(seq_len=1024, global_batch=8, stack="megatron")
+    cluster = cluster_for(get_gpu("h100"))
+    ep = [step_time(m, replace(setup, mtp_layers=k), lay, cluster).comm_s["ep"] for k in (0, 1)]
+    assert ep[0] > 0 and ep[1] == pytest.approx(ep[0] * (m.n_layers + 1) / m.n_layers, rel=1e-9)
 
 
 @pytest.mark.slow

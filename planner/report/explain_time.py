@@ -106,6 +106,9 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
     links = {**rings, "ep": a2a}
     fwd_mb, bwd_mb, t_mb = float(parts.fwd_mb_s[0]), float(parts.bwd_mb_s[0]), float(parts.micro_batch_s[0])
     n_slow, n_slow_bwd, slow_stage = int(parts.n_slow[0]), int(parts.n_slow_bwd[0]), int(parts.slow_stage[0])
+    n_comm = int(parts.n_comm[0])        # its blocks' communication, its MTP modules' layers' too
+    in_mtp: dict[str, Any] = {"mtp_layers": n_comm - n_slow} if n_comm != n_slow else {}
+    with_mtp_comm = " (+ the MTP modules' layers, each the mean block's)" if in_mtp else ""
     comm_s = {ax: float(parts.comm(ax)[0]) for ax in _NOT_DP}
     n_mb = lay.grad_accum
     r = rates(gpu, prec.compute_dtype, eff)
@@ -205,21 +208,22 @@ def time_terms(m: ModelSpec, setup: TrainingSetup, lay: Layout, cluster: Cluster
     ar = "AR(S, n) = 2(n-1) alpha + 2(n-1)/n x S / (B x bus fraction)"
     if lay.tp > 1:
         out.append(_time("communication", "tensor-parallel all-reduces, exposed",
-                         f"m x (L_stage x k + edges) x AR(S, tp) x (1 - tp overlap); {ar}", comm_s["tp"],
-                         f"{TP_COMM}; {RING}; {link_src}", micro_batches_m=n_mb, blocks=n_slow,
+                         f"m x (L_stage x k + edges) x AR(S, tp) x (1 - tp overlap){with_mtp_comm}; {ar}",
+                         comm_s["tp"], f"{TP_COMM}; {RING}; {link_src}", micro_batches_m=n_mb, blocks=n_comm, **in_mtp,
                          collectives_per_block_k=lt.tp_collectives, bytes_per_collective_S=lt.tp_bytes, tp=lay.tp,
                          bus_fraction=eff.bus_fraction, tp_overlap=eff.tp_overlap, **_link(links, "tp")))
     if lay.cp > 1:
         out.append(_time("communication", "context-parallel K/V ring sends, exposed",
-                         "m x L_stage x max(0, passes x (cp-1) x send(S) - cp overlap x attention time); "
-                         "send(S) = alpha + S / (B x bus fraction)", comm_s["cp"],
+                         "m x L_stage x max(0, passes x (cp-1) x send(S) - cp overlap x attention time)"
+                         f"{with_mtp_comm}; send(S) = alpha + S / (B x bus fraction)", comm_s["cp"],
                          f"Liu et al. 2023, Ring Attention, arXiv:2310.01889; {link_src}", micro_batches_m=n_mb,
-                         blocks=n_slow, bytes_per_send_S=lt.cp_bytes, passes=lt.cp_passes, cp=lay.cp,
+                         blocks=n_comm, **in_mtp, bytes_per_send_S=lt.cp_bytes, passes=lt.cp_passes, cp=lay.cp,
                          cp_overlap=eff.cp_overlap, **_link(links, "cp")))
     if lt.ep_bytes:
         out.append(_time("communication", "expert-parallel all-to-alls, exposed",
-                         "m x L_stage x k x AG(S, ep) x (1 - ep overlap); AG(S, n) = (n-1) alpha + (n-1)/n S/(B f)",
-                         comm_s["ep"], f"{RING}; {link_src}", micro_batches_m=n_mb, blocks=n_slow,
+                         f"m x L_stage x k x AG(S, ep) x (1 - ep overlap){with_mtp_comm}; "
+                         "AG(S, n) = (n-1) alpha + (n-1)/n S/(B f)",
+                         comm_s["ep"], f"{RING}; {link_src}", micro_batches_m=n_mb, blocks=n_comm, **in_mtp,
                          all_to_alls_per_block_k=lt.ep_all_to_alls, bytes_S=lt.ep_bytes, ep=lay.ep,
                          ep_overlap=lt.ep_hidden_share, **_link(links, "ep")))
     if lay.pp > 1:

@@ -43,6 +43,7 @@ from planner.timing.dp import degrees_split, instance_links, optimizer_update_by
 from planner.timing.efficiency import (
     Efficiency,
 )
+from planner.timing.flops import mtp_blocks
 from planner.timing.kernels import (
     backward_layers,
     rates,
@@ -60,6 +61,7 @@ from planner.training.setup import TrainingSetup, block_table_setup
 
 EXACT_INT = 2**53          # integers below this convert to float64 exactly
 SLOTS = 3                  # the stages a pipeline's slowest can be: first, last, fullest
+PER_SLOT = 7               # the rows of Degrees.per_slot per slot
 N_VALS = 7                 # what SlowestMemo keeps of a slowest stage: t, fwd, bwd, hidden, comm, and
                            # one block's exposed cp and ep seconds
 
@@ -202,8 +204,8 @@ class Degrees(NamedTuple):
     c1: np.ndarray
     c2: np.ndarray
     n_slots: int               # the slots some pipeline has
-    per_slot: np.ndarray       # (6 x n_slots, D): layers, pipeline edges, last stage (its LM head and MTP modules),
-                               # -inf if absent, backward layers, layers kept in BF16
+    per_slot: np.ndarray       # (PER_SLOT x n_slots, D): layers, pipeline edges, last stage (its LM head and MTP
+                               # modules), -inf if absent, backward layers, layers kept in BF16, communicating blocks
     q_d: np.ndarray            # per D: its pipeline depth and tp, cp, ep links on every order, numbered 0, 1, ...
     n_q_d: int
     inner_of: tuple[int, ...]  # per order: its set of tp, cp, ep links (the first order with the same ones)
@@ -436,13 +438,17 @@ def build_degrees(m: ModelSpec, pc: ParamCount, setup: TrainingSetup, cluster: C
         return out[0].ravel(), out[1].ravel(), out[2].ravel()
 
     # each stage slot's layers, pipeline edges (embedding, LM head), whether it is the last
-    # stage, -inf for a slot the pipeline does not have, and its blocks with a backward pass
+    # stage, -inf for a slot the pipeline does not have, its blocks with a backward pass, its
+    # layers kept in BF16, and the blocks whose tp, cp and ep communication it runs: its layers,
+    # and on the last stage the MTP modules' layers too (flops.mtp_blocks)
     n_slots = int((stage_d >= 0).any(axis=1).sum())
     last = stage_d[:n_slots] == pp - 1
-    per_slot = np.concatenate([layers_d[:n_slots].astype(np.float64),
+    layers_f = layers_d[:n_slots].astype(np.float64)
+    per_slot = np.concatenate([layers_f,
                                (stage_d[:n_slots] == 0) + last.astype(np.float64), last.astype(np.float64),
                                np.where(stage_d[:n_slots] >= 0, 0.0, -np.inf),
-                               bwd_layers_d[:n_slots].astype(np.float64), bf16_d[:n_slots].astype(np.float64)])
+                               bwd_layers_d[:n_slots].astype(np.float64), bf16_d[:n_slots].astype(np.float64),
+                               layers_f + last * float(mtp_blocks(m, mtp))])
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         c0, c1, c2 = dp_tables()
     # the degrees that give a stage the same time for the same block: the same depth (the

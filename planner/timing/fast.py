@@ -466,10 +466,12 @@ def _named_parts(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Effi
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         n_slow = deg.per_slot[t.slot, pd]                      # the slowest stage's blocks, (order, P)
         n_slow_bwd = deg.per_slot[4 * deg.n_slots + t.slot, pd]   # those with a backward pass
+        n_comm = deg.per_slot[6 * deg.n_slots + t.slot, pd]       # those communicating: its MTP layers too
         ga = t.micro_batches[p_inv]
         n_slow_l, cp_l, ep_l = of_p(n_slow), of_p(t.cp_comm_block_s), of_p(t.ep_comm_block_s)
+        n_comm_l = of_p(n_comm)
         fwd_l, bwd_l, t_mb_l = of_p(t.fwd_compute_s), of_p(t.bwd_compute_s), of_p(t_mb)
-        comm_tp = ga * (of_p(t.tp_cp_ep_comm_s) - n_slow_l * (cp_l + ep_l))
+        comm_tp = ga * (of_p(t.tp_cp_ep_comm_s) - n_comm_l * (cp_l + ep_l))
         comm_pp = ga * of_p(t.pp_comm_s)
         compute = ga * (fwd_l + bwd_l)
         if t.grad_accum_pass_s is not None:
@@ -482,11 +484,12 @@ def _named_parts(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Effi
     sync = setup.fsdp_pipeline_grad_sync
     times = dp_times(branch, a.pp, a.grad_accum, sync)
     return StepArrays(orders=tuple(orders), order=idx, step_time_s=step_o[idx, cols], compute_s=compute,
-                      comm_tp_s=comm_tp, comm_cp_s=(ga * n_slow_l) * cp_l, comm_ep_s=(ga * n_slow_l) * ep_l,
+                      comm_tp_s=comm_tp, comm_cp_s=(ga * n_comm_l) * cp_l, comm_ep_s=(ga * n_comm_l) * ep_l,
                       comm_dp_s=of_kind(table.dp_exposed_s), comm_pp_s=comm_pp, bubble_s=bubble,
                       optimizer_s=of_kind(table.optimizer_s), dp_slowdown_s=of_kind(table.dp_slowdown_s),
                       micro_batch_s=t_mb_l, fwd_mb_s=fwd_l, bwd_mb_s=bwd_l, slow_stage=of_p(deg.stage[t.slot, pd]),
                       n_slow=n_slow_l.astype(np.int64), n_slow_bwd=of_p(n_slow_bwd).astype(np.int64),
+                      n_comm=n_comm_l.astype(np.int64),
                       grad_accum=a.grad_accum, dp_branch=branch,
                       dp_times=times[0].astype(np.int64), dp_reduce_times=times[1].astype(np.int64),
                       dp_reduce_steady=steady_reduce(branch, a.pp, sync),

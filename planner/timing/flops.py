@@ -232,6 +232,17 @@ def with_mtp(m: ModelSpec, mtp_layers: int) -> ModelSpec:
     return replace(m, n_mtp_modules=mtp_layers)
 
 
+def mtp_blocks(m: ModelSpec, mtp_layers: int) -> int:
+    """The layers the run's MTP modules (with_mtp) add to the stage that holds them: each
+    module's transformer layer (DeepSeek-V3's MTP block, megatron-core's
+    MultiTokenPredictionLayer), or a hybrid's MTP pattern's layers per depth (models.hybrid.
+    mtp_depth); 0 without MTP modules. The step time gives each the communication of the model's
+    mean block (timing.stage)."""
+    n = with_mtp(m, mtp_layers).n_mtp_modules
+    depth = mtp_depth(m)
+    return n * (depth.n_layers if depth is not None else 1)
+
+
 def flops_per_step(m: ModelSpec, seq_len: int, n_sequences: int, recompute: str = "none",
                    ft: FinetuneSpec | None = None, recomputed_share: float = 1.0, mtp_layers: int = 0) -> StepFlops:
     """FLOPs of one optimizer step over ``n_sequences`` sequences of ``seq_len`` tokens.

@@ -67,6 +67,7 @@ class StepArrays:
     slow_stage: np.ndarray        # int64: the slowest stage
     n_slow: np.ndarray            # int64: its blocks
     n_slow_bwd: np.ndarray        # int64: its blocks with a backward pass (kernels.backward_layers)
+    n_comm: np.ndarray            # int64: its blocks' tp/cp/ep communication, the last stage's MTP layers' too
     grad_accum: np.ndarray        # int64: micro-batches per step
     dp_branch: np.ndarray         # int64: the branch of DP_TERMS
     dp_times: np.ndarray          # int64: occurrences of the per-micro-batch gather (dp_overlap.dp_times' first)

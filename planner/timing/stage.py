@@ -29,6 +29,7 @@ from planner.timing.degrees import (
     A2A_LAT,
     INNER_ROWS,
     N_VALS,
+    PER_SLOT,
     Degrees,
     SlowestMemo,
     table_setup,
@@ -193,8 +194,8 @@ def _fill_slowest(memo: SlowestMemo, at_miss: np.ndarray, qd: np.ndarray, q_bloc
     blocks = _Block(*q_blocks)
     qcp = cp[qd]
     per_slot = np.take(deg.per_slot, qd, axis=1)
-    layers_p, edges_p, last_p, absent_p, bwd_layers_p, bf16_p = (per_slot[i * n_slots:(i + 1) * n_slots]
-                                                                  for i in range(6))
+    layers_p, edges_p, last_p, absent_p, bwd_layers_p, bf16_p, comm_layers_p = (
+        per_slot[i * n_slots:(i + 1) * n_slots] for i in range(PER_SLOT))
     use_cp, use_ep = bool((cp > 1).any()), bool((ep > 1).any())
     # the stages' compute does not depend on the links
     stage_fwd = layers_p * blocks.fwd_s + last_p * blocks.head_fwd_s    # + 0.0 where not the last stage: exact
@@ -227,9 +228,10 @@ def _fill_slowest(memo: SlowestMemo, at_miss: np.ndarray, qd: np.ndarray, q_bloc
             ep_c = _ep_comm(blk, ep, lk, d, bus)
             block = _Comm(block.exposed_s + ep_c.exposed_s, block.hidden_s + ep_c.hidden_s)
             ep_b = ep_c.exposed_s
-        # the stage: its blocks' communication and the tp all-reduces at its pipeline edges
+        # the stage: its blocks' communication (the MTP modules' layers' too, each the mean
+        # block's: degrees.build_degrees) and the tp all-reduces at its pipeline edges
         edge_all = ring_tp.time_s(blk.edge_bytes)
-        layers, edges = layers_p[:, sel], edges_p[:, sel]
+        layers, edges = comm_layers_p[:, sel], edges_p[:, sel]
         fwd, bwd = stage_fwd[:, sel], stage_bwd[:, sel]
         hidden: np.ndarray | None
         if eff.tp_overlap == 0.0:       # x * 1.0 is x; with finite times, x * 0.0 is 0.0 throughout
