@@ -192,7 +192,8 @@ def block_table(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Effic
     With pp > 1 the last stage holds them on top of its layers (megatron-core's placement without a
     pipeline layout), or in place of 1 + mtp of them under --pp-balance embedding-loss-mtp, as
     Megatron-Bridge's DeepSeek-V3 layouts place them ("Et|(tt|)*30mL": layouts.stages.stage_layers).
-    Their FLOPs count (timing.flops.with_mtp).
+    Their FLOPs count (timing.flops.with_mtp); their layers' tp, cp and ep communication is the
+    stage's (timing.flops.mtp_blocks, timing.degrees' per-slot communicating blocks).
 
     A layer kept in BF16 under the low-precision recipe (TrainingSetup.bf16_layers,
     training.layer_precision) runs the block at bf16 mixed precision: the last two rows are its
