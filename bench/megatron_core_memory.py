@@ -337,9 +337,7 @@ s, b = c["seq_len"], c["micro_batch"]
 held = []
 # bf16 products in fp32 on the CPU: the same tensors, saved and returned, in a tenth of the time
 from planner.measure.cpu_matmul import float32_cpu_matmuls
-fast = float32_cpu_matmuls()
-fast.__enter__()
-with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+with float32_cpu_matmuls(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
     for _ in range(c["pp"] - c["stage"]):       # 1F1B: warm-up + the first steady forward
         ids = torch.randint(0, c["vocab"], (b, s))
         pos = torch.arange(s).unsqueeze(0)
@@ -357,9 +355,9 @@ for p, ref in live:
         sizes[t.untyped_storage().data_ptr()] = (p, t.untyped_storage().nbytes())
 for k in ("activations", "logits"):
     out[k] = sum(n for p, n in sizes.values() if p == k)
-for y in held:
-    (y.float().sum() if y.dtype != torch.float32 else y.sum()).backward()
-fast.__exit__(None, None, None)
+with float32_cpu_matmuls():
+    for y in held:
+        (y.float().sum() if y.dtype != torch.float32 else y.sum()).backward()
 out["held"] = c["pp"] - c["stage"]
 print(json.dumps(out))
 '''

@@ -46,8 +46,8 @@ def test_autograd_saves_the_same_tensors():
         kept: list[tuple] = []
         with float32_cpu_matmuls(enabled=fast), torch.autograd.graph.saved_tensors_hooks(
                 lambda t: kept.append((tuple(t.shape), t.dtype, t.untyped_storage().nbytes())) or t, lambda t: t):
-            y = torch.bmm(x.unsqueeze(0), w.t().unsqueeze(0)) + torch.mm(x, w.t())
-            y = torch.addmm(torch.zeros(48, dtype=torch.bfloat16), x, w.t())
+            y = (torch.bmm(x.unsqueeze(0), w.t().unsqueeze(0)).squeeze(0) + torch.mm(x, w.t())
+                 + torch.addmm(torch.zeros(48, dtype=torch.bfloat16), x, w.t()))
         y.float().sum().backward()
         return kept
 
