@@ -19,7 +19,7 @@ DEEPSPEED_PIPE_BF16; FSDP1 stacks PYTORCH_FSDP1_BF16; torchtitan's FSDP2 Efficie
 defaults). A GPU family with no run in the training sources keeps the catalog's matmul fraction:
 that is the planner's honest out-of-sample prediction for it.
 
-Every prediction goes through the public API: planner.timing.model.step_time on the published
+Every prediction goes through the public API: planner.timing.model.step_times on the published
 layout with an Efficiency(matmul_fraction=..., bus_fraction=...). Choices a source leaves open
 (micro-batch, virtual stages, recomputation) are the planner's fastest that fit in memory, as in
 bench/published_runs.py; where no variant fits (the memory model disagrees with a run that was
@@ -61,7 +61,7 @@ from planner.timing.model import (
     Cluster,
     Efficiency,
     StepTime,
-    step_time,
+    step_times,
 )
 from planner.training.setup import TrainingSetup
 
@@ -252,14 +252,10 @@ def speed_ratio(case: dict, predicted: float) -> float:
 
 def best_time(p: Prepared, eff: Efficiency) -> tuple[Layout, StepTime]:
     """The fastest of the case's layouts under ``eff`` (the public step_time) and its time."""
-    best: tuple[Layout, StepTime] | None = None
-    pc = count_params(p.model)
-    for lay in p.layouts:
-        t = step_time(p.model, p.setup, lay, p.cluster, eff, pc)
-        if best is None or t.step_time_s < best[1].step_time_s:
-            best = (lay, t)
-    assert best is not None
-    return best
+    # one batched call (each row of a batch is that layout's own step_time: tests/test_fasttime.py)
+    times = step_times(p.model, p.setup, p.layouts, p.cluster, eff, count_params(p.model))
+    i = min(range(len(times)), key=lambda k: times[k].step_time_s)     # the first of equal times
+    return p.layouts[i], times[i]
 
 
 def predict(p: Prepared, matmul_fraction: float | None, bus_fraction: float,
@@ -388,21 +384,25 @@ def fit(grid: Grid, train_ids: Sequence[str], families: Sequence[str], bounded: 
     best: tuple[float, float, tuple[int, ...], int] | None = None
     rows = {p.case["id"]: grid.capped(p.case["id"], ceiling_at(p) if ceiling_at else ceiling[p.family])
             for p in train}
-    fam_pos = {f: k for k, f in enumerate(present)}
+    combos = list(itertools.product(*choices))
+    picks = np.array(combos, dtype=np.int64).reshape(len(combos), len(present))
     for j in range(len(BUS_GRID)):
-        # per family, the |log error| of its runs at every matmul index: shape (n_runs, n_matmul)
-        per_family = {f: np.abs(np.array([rows[p.case["id"]][:, j] for p in train if p.family == f])) for f in present}
-        for combo in itertools.product(*choices):
-            errs = np.concatenate([per_family[f][:, combo[fam_pos[f]]] for f in present])
-            key = (float(np.median(errs)), float(np.mean(errs)), combo, j)
-            if best is None or key[:2] < best[:2]:
-                best = key
+        # per family, the |log error| of its runs at every matmul index: shape (n_runs, n_matmul);
+        # then every combination's errors at once, one row each, the runs family by family along
+        # the (contiguous) last axis, reduced as one array each would be
+        per_family = [np.abs(np.array([rows[p.case["id"]][:, j] for p in train if p.family == f])) for f in present]
+        errs = np.ascontiguousarray(np.concatenate([per_family[k][:, picks[:, k]] for k in range(len(present))]).T)
+        med, mean = np.median(errs, axis=1), np.mean(errs, axis=1)
+        first = int(np.lexsort((mean, med))[0])       # the lowest median, then mean; the first of equals
+        key = (float(med[first]), float(mean[first]), combos[first], j)
+        if best is None or key[:2] < best[:2]:
+            best = key
     assert best is not None
-    med, _, combo, j = best
+    med_best, _, combo, j = best
     matmul: dict[str, float | None] = {f: None for f in families}
     for f, k in zip(present, combo):
         matmul[f] = MATMUL_AXIS[k]
-    return Fit(train_ids=tuple(train_ids), matmul=matmul, bus_fraction=BUS_GRID[j], train_median_abs_log=med,
+    return Fit(train_ids=tuple(train_ids), matmul=matmul, bus_fraction=BUS_GRID[j], train_median_abs_log=med_best,
                ceiling=ceiling, ceiling_at=ceiling_at)
 
 
