@@ -17,8 +17,9 @@ quantisation over the GPU's SMs and the K loop's pipeline fill: Efficiency.gemm_
 timing.kernels.gemm_tile_share), on a grid rebuilt with it; (3) a fixed launch and element-wise
 overhead per micro-batch and layer on the critical path; (4) a straggler cost per step that grows
 with the data-parallel group, sigma sqrt(2 ln n) of the step (the expected maximum of n ranks'
-normally spread step times); and their combination. For each it prints the MFU the in-sample fit
-gives the shipped 8B / 70B / 405B H100 plans' layouts.
+normally spread step times); and their combination; (5) the shipped ceiling on the compute-bound
+time alone, so that exposed communication adds to a capped step. For each it prints the MFU the
+in-sample fit gives the shipped 8B / 70B / 405B H100 plans' layouts.
 
 It also times LoRA against full training on 8 H100 with and without the ceiling (the public
 step_time), to answer which ceiling applies to LoRA.
@@ -35,16 +36,16 @@ import math
 import statistics
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from types import SimpleNamespace
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from out_of_sample import CeilingRule, Fit, Grid, Prepared, Study, build_grid, load_all, run_study
+from out_of_sample import BUS_GRID, CeilingRule, Fit, Grid, Prepared, Study, build_grid, load_all, run_study
 
 from planner.hardware.gpus import GpuSpec, get_gpu
 from planner.hardware.topology import load_topology
@@ -113,6 +114,44 @@ def envelope_rule(grid: Grid, runs: Sequence[Prepared]) -> Callable[[Prepared], 
     return lambda p: float(np.interp(math.log(p.model.d_model), xs, ys))
 
 
+@dataclass(frozen=True)
+class ComputeBoundGrid(Grid):
+    """(5) The grid read with the ceiling on the compute-bound time alone: the sustained rate bounds
+    the kernels (compute and the pipeline bubble, which idles for micro-batches of compute), and
+    what a step exposes besides (communication, the optimizer update) adds to it, so that a layout
+    with more exposed communication is slower than one with less even where both reach the
+    ceiling. A case's compute MFU is its model FLOPs over its compute-bound seconds (MFU x step /
+    (compute + bubble)); a published run's is read with the step it published less the seconds the
+    model exposes besides compute, at the catalog's matmul and bus fractions (Efficiency())."""
+
+    def reported_mfu(self, case_id: str) -> float:
+        i, j = 0, BUS_GRID.index(Efficiency().bus_fraction)
+        step, busy = float(self.step_s[case_id][i, j]), float(self.busy_s[case_id][i, j])
+        published_step = step * math.exp(float(self.log_ratio[case_id][i, j]))
+        compute = published_step - (step - busy)
+        mfu = float(self.mfu[case_id][i, j]) * step
+        return mfu / compute if compute > 0 else math.inf
+
+    def capped(self, case_id: str, ceiling: float | None) -> np.ndarray:
+        lr = self.log_ratio[case_id]
+        if ceiling is None:
+            return lr
+        return lr - np.log(compute_bound_scale(self.step_s[case_id], self.busy_s[case_id], self.mfu[case_id],
+                                               ceiling))
+
+
+def compute_bound_scale(step_s: Any, busy_s: Any, mfu: Any, ceiling: float) -> Any:
+    """How much longer the step is with its compute-bound seconds no faster than ``ceiling``
+    compute MFU: (step + busy (r - 1)) / step, r = max(1, compute MFU / ceiling)."""
+    r = np.maximum(1.0, mfu * step_s / busy_s / ceiling)
+    return (step_s + busy_s * (r - 1.0)) / step_s
+
+
+def compute_bound(grid: Grid) -> Grid:
+    """The grid as ComputeBoundGrid reads it."""
+    return ComputeBoundGrid(**{f.name: getattr(grid, f.name) for f in fields(grid)})
+
+
 def no_ceiling(grid: Grid, runs: Sequence[Prepared]) -> Callable[[Prepared], float]:
     """(1) No ceiling: every step at its bottom-up time."""
     return lambda _p: math.inf
@@ -176,6 +215,7 @@ class Row:
     rule: CeilingRule | None
     tiles: str = ""                 # Efficiency.gemm_tile_model of the grid ("": off)
     terms: tuple[Term, ...] = ()
+    compute_bound: bool = False     # the ceiling on the compute-bound time alone (ComputeBoundGrid)
 
 
 ROWS: tuple[Row, ...] = (
@@ -201,6 +241,7 @@ ROWS: tuple[Row, ...] = (
     Row("(3) under the shipped ceiling", None, terms=(LAUNCH,)),
     Row("(2')+(3) under the shipped ceiling", None, tiles="waves", terms=(LAUNCH,)),
     Row("(2)+(3)+(4) under the shipped ceiling", None, tiles="waves+fill", terms=(LAUNCH, STRAGGLE_DP)),
+    Row("(5) the ceiling on compute and bubble only", None, compute_bound=True),
 )
 
 # The shipped Llama 3.1 plans on H100 (`plan --model 8b|70b|405b --gpus h100 --tokens 15T --deadline 90d`,
@@ -281,6 +322,9 @@ def plan_mfu(grid: Grid, st: Study, row: Row, values: Sequence[float]) -> tuple[
             added += v * term.feature(probe, lay, t.step_time_s)
         mfu = t.mfu * t.step_time_s / (t.step_time_s + added)
         ceiling = fit_.case_ceiling(_plan_case(grid, preset, lay.tp))
+        if ceiling is not None and row.compute_bound:
+            out.append(mfu / compute_bound_scale(t.step_time_s, t.compute_s + t.bubble_s, t.mfu, ceiling))
+            continue
         out.append(mfu if ceiling is None else min(mfu, ceiling))
     return tuple(out)
 
@@ -325,7 +369,7 @@ def catalog_plan_mfu() -> tuple[float, ...]:
 
 def measure(grids: dict[str, Grid], row: Row) -> Outcome:
     """The row through the study (pick_terms), on the grid of its tile model."""
-    grid = grids[row.tiles]
+    grid = compute_bound(grids[row.tiles]) if row.compute_bound else grids[row.tiles]
     picked = pick_terms(grid, row)
     studies, combos, best_in, by_source = picked.studies, picked.combos, picked.in_sample, picked.by_source
     base = studies[0]
@@ -589,7 +633,10 @@ def report(outcomes: Sequence[Outcome], bridges: dict[str, Bridge]) -> str:
         f"layers / pp of them a step ({', '.join(f'{v * 1e6:.0f}' for v in LAUNCH_GRID)} us);",
         "(4) a straggler wait per step, sigma sqrt(2 ln n) of the step for n data-parallel ranks (4': every",
         f"rank) (sigma {', '.join(f'{v:.2%}' for v in SIGMA_GRID)}; Llama 3, arXiv:2407.21783 Sec. 3.3.4;",
-        "MegaScale, Jiang et al. 2024). 'Plan MFU' is the MFU the in-sample fit gives the layouts of the",
+        "MegaScale, Jiang et al. 2024); (5) the shipped rule's one number per GPU family, set and applied to",
+        "the compute-bound time alone (compute and the pipeline bubble; what a step exposes besides adds to",
+        "it), each run's compute MFU read with the seconds the model exposes at the catalog's matmul and",
+        "bus fractions (ComputeBoundGrid). 'Plan MFU' is the MFU the in-sample fit gives the layouts of the",
         "shipped `plan --model 8b|70b|405b --gpus h100 --tokens 15T --deadline 90d` (8B dp256 mb1 ga16;",
         "70B dp1024 tp2+sp ZeRO-3 mb1 ga8; 405B dp256 tp8+sp pp8 vp2 mb1 ga64; 4,096-token sequences);",
         "'plan ceilings' the in-sample ceiling at their hidden size and tp. A row is kept only if, out of",

@@ -259,11 +259,12 @@ def best_time(p: Prepared, eff: Efficiency) -> tuple[Layout, StepTime]:
 
 
 def predict(p: Prepared, matmul_fraction: float | None, bus_fraction: float,
-            change: EngineChange | None = None) -> tuple[float, float, float, int]:
-    """The case's metric, predicted with these parameters, the predicted MFU, step seconds and the
-    index of the fastest layout in p.layouts."""
+            change: EngineChange | None = None) -> tuple[float, float, float, int, float]:
+    """The case's metric, predicted with these parameters, the predicted MFU, step seconds, the
+    index of the fastest layout in p.layouts and its compute-bound seconds (compute and the
+    pipeline bubble, which idles for micro-batches of compute)."""
     lay, t = best_time(p, efficiency(p, matmul_fraction, bus_fraction, change))
-    return metric_of(p.case, t), t.mfu, t.step_time_s, p.layouts.index(lay)
+    return metric_of(p.case, t), t.mfu, t.step_time_s, p.layouts.index(lay), t.compute_s + t.bubble_s
 
 
 # ------------------------------------------------------------------------ the grid and the fit
@@ -281,6 +282,7 @@ class Grid:
     # (no ceiling): what bench/ceiling_alternatives.py adds its time terms to
     step_s: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
     layout_at: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    busy_s: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)    # compute and bubble seconds there
 
     def reported_mfu(self, case_id: str) -> float:
         """The run's MFU as published (its speed over the prediction's, times the prediction's MFU,
@@ -309,20 +311,21 @@ def build_grid(cases: Sequence[dict], change: EngineChange | None = None) -> Gri
     mfus: dict[str, np.ndarray] = {}
     steps: dict[str, np.ndarray] = {}
     at: dict[str, np.ndarray] = {}
+    busy: dict[str, np.ndarray] = {}
     shipped: dict[str, float] = {}
     for p in prepared:
         arr = np.empty((len(MATMUL_AXIS), len(BUS_GRID)))
-        mfu, step = np.empty_like(arr), np.empty_like(arr)
+        mfu, step, compute = np.empty_like(arr), np.empty_like(arr), np.empty_like(arr)
         idx = np.empty(arr.shape, dtype=np.int64)
         for i, mm in enumerate(MATMUL_AXIS):
             for j, bus in enumerate(BUS_GRID):
-                value, mfu[i, j], step[i, j], idx[i, j] = predict(p, mm, bus, change)
+                value, mfu[i, j], step[i, j], idx[i, j], compute[i, j] = predict(p, mm, bus, change)
                 arr[i, j] = math.log(speed_ratio(p.case, value))
         cid = p.case["id"]
-        table[cid], mfus[cid], steps[cid], at[cid] = arr, mfu, step, idx
+        table[cid], mfus[cid], steps[cid], at[cid], busy[cid] = arr, mfu, step, idx, compute
         engine = ALL_ENGINES[p.case["engine"]]
         shipped[cid] = metric_of(p.case, best_time(p, change(engine) if change is not None else engine)[1])
-    return Grid(cases=prepared, log_ratio=table, mfu=mfus, shipped=shipped, step_s=steps, layout_at=at)
+    return Grid(cases=prepared, log_ratio=table, mfu=mfus, shipped=shipped, step_s=steps, layout_at=at, busy_s=busy)
 
 
 # How a fold sets the MFU ceiling of each case from the training runs of its GPU family: given the

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -109,3 +110,25 @@ def test_doc_is_current(grid):
     text = alt.report(outs, alt.bridge_checks(outs, stored=True))
     assert (ROOT / "docs" / "mfu-ceiling-alternatives.md").read_text() == text, \
         "docs/mfu-ceiling-alternatives.md is stale: run python bench/ceiling_alternatives.py"
+
+
+@pytest.mark.slow
+def test_a_ceiling_on_compute_alone_still_charges_what_the_step_exposes(grid):
+    # (5): the compute-bound seconds are part of the step, so a run's compute MFU is at least its
+    # MFU; at one ceiling value a step capped on its compute alone is never faster than one capped
+    # as a whole, and where the whole step's cap binds it is longer by exactly the seconds the
+    # step exposes besides compute (its floor is the same model FLOPs at the same rate)
+    cg = alt.compute_bound(grid)
+    for p in grid.cases:
+        cid = p.case["id"]
+        step, busy, mfu = grid.step_s[cid], grid.busy_s[cid], grid.mfu[cid]
+        assert (busy <= step * (1 + 1e-12)).all(), cid
+        assert cg.reported_mfu(cid) >= grid.reported_mfu(cid) * (1 - 1e-12), cid
+        for ceiling in (0.3, 0.465, 0.6):
+            assert (cg.capped(cid, ceiling) <= grid.capped(cid, ceiling) + 1e-12).all(), cid
+            binds = mfu * step / busy > ceiling
+            floor = step * mfu / ceiling
+            expected = np.log(step / (floor + step - busy))
+            got = cg.capped(cid, ceiling) - grid.log_ratio[cid]
+            assert np.allclose(got[binds], expected[binds], rtol=0, atol=1e-12), cid
+        assert (cg.capped(cid, math.inf) == grid.log_ratio[cid]).all(), cid
