@@ -104,6 +104,7 @@ def cost_json(r: Any, crosscheck: Crosscheck | None = None) -> dict[str, Any]:
     out["gpus_left_out"] = [{"gpu": name, "reason": why} for name, why in r.left_out]
     out["by_gpu_count"] = [{"gpu": p.gpu.name, "n_gpus": p.n_gpus, **_cost_fields(p),
                             "step_time_s": p.candidate.time.step_time_s, "mfu": p.candidate.time.mfu,
+                            "at_mfu_ceiling": p.candidate.time.at_mfu_ceiling,
                             "layout": layout_json(p.candidate.layout), "breaks": broken_limits(r, p),
                             "chosen": r.chosen is not None and p.candidate is r.chosen.candidate}
                            for p in r.by_count]

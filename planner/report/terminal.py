@@ -142,10 +142,16 @@ def memory_table(c: Candidate, title: str = "Memory per rank") -> list[Any]:
 
 # ------------------------------------------------------------------------------- time
 
+CEILING_MARK = "^"
+CEILING_NOTE = (f"{CEILING_MARK} at the GPU's sustained MFU ceiling (presets/gpus.toml): the step is the model's FLOPs "
+                "at that rate on any layout, so its cost does not change with the GPU count")
+
+
 def step_line(t: StepTime) -> str:
     return (f"{duration(t.step_time_s)}, {t.tokens_per_s:,.0f} tokens/s, "
             f"{t.model_flops_per_s_per_gpu / 1e12:,.0f} TFLOP/s per GPU, MFU {t.mfu:.1%}"
-            + ("" if t.mfu_fp8 is None else f" of the BF16 peak, {t.mfu_fp8:.1%} of the low-precision peak"))
+            + ("" if t.mfu_fp8 is None else f" of the BF16 peak, {t.mfu_fp8:.1%} of the low-precision peak")
+            + (" (the sustained ceiling)" if t.at_mfu_ceiling else ""))
 
 
 def time_table(t: StepTime) -> Any:
@@ -288,8 +294,9 @@ def cost_table(r: Any) -> Any:
 
     dated = ", ".join(f"{g.name} {costs.rent_date(r, g.name)}" for g in r.gpus
                       if r.prices.for_gpu(g.name).rent_usd_per_gpu_hour is not None)
+    capped = any(p.candidate.time.at_mfu_ceiling for p in r.by_count)
     t = _table("The fastest layout at each GPU count, its cost and time (* chosen"
-               + (f"; rental prices of {dated}" if dated else "") + "):")
+               + (f"; rental prices of {dated}" if dated else "") + "):", CEILING_NOTE if capped else None)
     for name, just in (("", "left"), ("gpu", "left"), ("GPUs", "right"), ("cost", "right"), ("time", "right"),
                        ("GPU-hours", "right"), ("MFU", "right")):
         t.add_column(name, justify=just, no_wrap=True)   # type: ignore[arg-type]
@@ -300,7 +307,8 @@ def cost_table(r: Any) -> Any:
         note = f" (over {' and '.join(broken)})" if broken else ""
         t.add_row("*" if chosen else "", p.gpu.name, f"{p.n_gpus:,}",
                   usd(p.cost_usd) if p.cost_usd is not None else "-", duration(p.train_time_s),
-                  f"{p.gpu_hours:,.0f}", f"{p.candidate.time.mfu:.1%}",
+                  f"{p.gpu_hours:,.0f}",
+                  f"{p.candidate.time.mfu:.1%}{CEILING_MARK if p.candidate.time.at_mfu_ceiling else ''}",
                   _text(report.layout_compact(p.candidate.layout), (note, BAD)),
                   style=f"bold {OK}" if chosen else (DIM if broken else None))
     return t

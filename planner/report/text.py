@@ -70,11 +70,13 @@ def layout_json(lay: Layout) -> dict[str, Any]:
 def time_json(t: StepTime | None, tokens: float | None = None) -> dict[str, Any]:
     """Step-time fields of a candidate (None when it was not timed: it does not fit)."""
     if t is None:
-        out: dict[str, Any] = {"step_time_s": None, "tokens_per_s": None, "tflops_per_gpu": None, "mfu": None}
+        out: dict[str, Any] = {"step_time_s": None, "tokens_per_s": None, "tflops_per_gpu": None, "mfu": None,
+                               "at_mfu_ceiling": None}
     else:
         out = {"step_time_s": t.step_time_s, "tokens_per_s": t.tokens_per_s,
                "tflops_per_gpu": t.model_flops_per_s_per_gpu / 1e12, "mfu": t.mfu,
                **({} if t.mfu_fp8 is None else {"mfu_fp8_peak": t.mfu_fp8}),
+               "at_mfu_ceiling": t.at_mfu_ceiling,
                "time": {"compute_s": t.compute_s, "comm_s": dict(t.comm_s), "bubble_s": t.bubble_s,
                         "optimizer_s": t.optimizer_s, "hardware_tflops_per_gpu": t.hardware_flops_per_s_per_gpu / 1e12,
                         "placement": list(t.placement)}}

@@ -498,7 +498,8 @@ def _named_parts(m: ModelSpec, setup: TrainingSetup, cluster: Cluster, eff: Effi
                       efficiency=eff, tokens_per_step=n_seq * setup.seq_len, n_gpus=a.n_gpus,
                       model_flops=flops[0], hardware_flops=flops[1], peak_flops_per_s=peak,
                       fp8_peak_flops_per_s=low_precision_peak(cluster.gpu, setup),
-                      regime=regime_of(m, setup, cluster.gpu))
+                      regime=regime_of(m, setup, cluster.gpu),
+                      mfu_ceiling=mfu_ceiling(eff, cluster.gpu, setup.precision_spec.fp8 is not None))
 
 
 def low_precision_peak(gpu: GpuSpec, setup: TrainingSetup) -> float | None:

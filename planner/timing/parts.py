@@ -86,6 +86,7 @@ class StepArrays:
     dp_reduce_times: np.ndarray | None = None
     # bool: term 2 hides under a forward and a backward of the 1F1B steady state (dp_overlap.steady_reduce)
     dp_reduce_steady: np.ndarray | None = None
+    mfu_ceiling: float | None = None    # the sustained MFU ceiling the steps obey (StepTime.mfu_ceiling)
 
     def __len__(self) -> int:
         return len(self.step_time_s)
@@ -105,7 +106,8 @@ class StepArrays:
                         model_flops=float(self.model_flops[i]), hardware_flops=float(self.hardware_flops[i]),
                         peak_flops_per_s=self.peak_flops_per_s, placement=self.orders[int(self.order[i])],
                         fp8_peak_flops_per_s=self.fp8_peak_flops_per_s,
-                        step_time_factor=self.efficiency.step_time_factor, regime=self.regime)
+                        step_time_factor=self.efficiency.step_time_factor, regime=self.regime,
+                        mfu_ceiling=self.mfu_ceiling)
 
     def dp_collectives(self, i: int) -> tuple[DpCollective, ...]:
         """The data-parallel collectives of layout ``i``'s step, in DP_TERMS' order."""

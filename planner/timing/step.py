@@ -39,6 +39,8 @@ class StepTime:
     step_time_factor: float = 1.0
     # the regime whose measured error bars apply (timing.intervals.regime_of; "": the default ones)
     regime: str = ""
+    # the sustained MFU ceiling the step obeys (timing.efficiency.mfu_ceiling; None: none applies)
+    mfu_ceiling: float | None = None
 
     @property
     def predicted_step_time_s(self) -> float:
@@ -75,6 +77,13 @@ class StepTime:
     @property
     def hfu(self) -> float:
         return self.hardware_flops_per_s_per_gpu / self.peak_flops_per_s
+
+    @property
+    def at_mfu_ceiling(self) -> bool:
+        """Whether the sustained MFU ceiling sets the step: its MFU before any --time-confidence
+        margin is the ceiling (timing.terms.floored_s). Such a step is the model FLOPs at that rate
+        on any layout, so a plan there costs the same GPU-hours at any GPU count."""
+        return self.mfu_ceiling is not None and self.mfu * self.step_time_factor >= self.mfu_ceiling * (1 - 1e-9)
 
     def train_time_s(self, tokens: float) -> float:
         """Time to train on ``tokens`` tokens at this step time (Narayanan et al. Eq. 4)."""
