@@ -251,7 +251,7 @@ def speed_ratio(case: dict, predicted: float) -> float:
 
 
 def best_time(p: Prepared, eff: Efficiency) -> tuple[Layout, StepTime]:
-    """The fastest of the case's layouts under ``eff`` (the public step_time) and its time."""
+    """The fastest of the case's layouts under ``eff`` (the public step_times) and its time."""
     # one batched call (each row of a batch is that layout's own step_time: tests/test_fasttime.py)
     times = step_times(p.model, p.setup, p.layouts, p.cluster, eff, count_params(p.model))
     i = min(range(len(times)), key=lambda k: times[k].step_time_s)     # the first of equal times
