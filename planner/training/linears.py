@@ -114,17 +114,17 @@ def _recent_linears(m: ModelSpec) -> tuple[Linear, ...]:
 
 def _qwen2_moe_pattern(m: ModelSpec, n_dense: int, n_moe: int, mlp: Any,
                        shared: str = "mlp.shared_experts") -> tuple[Linear, ...]:
-    """The MLP side of qwen3_moe, deepseek_v3 and qwen3_next blocks as PEFT 0.21 adapts it
+    """The MLP side of qwen3_moe, deepseek_v3 and qwen3_next blocks as PEFT 0.22 adapts it
     (``shared``: the shared experts' module path).
 
     Both follow transformers 5's "qwen2_moe" conversion pattern (transformers/conversion_mapping.py),
     and PEFT's conversion for it (peft/utils/transformers_weight_conversion.py,
-    _MOE_TARGET_MODULE_MAPPING["qwen2_moe"], _MOE_FUSED_TARGETS) turns the targets gate_proj +
-    up_proj, down_proj and gate into the routed experts' fused 3-D parameters (gate_up_proj at
-    rank 2r) and the router's weight, and drops them as module targets: the dense blocks' MLP
-    and the shared experts, though nn.Linear modules of the same names, get no adapter (checked
-    against get_peft_model in tests/test_models_recent.py). They stay listed, not adaptable,
-    for quantization.
+    _MOE_TARGET_MODULE_MAPPING["qwen2_moe"], _MOE_FUSED_TARGETS) adds to the targets gate_proj +
+    up_proj, down_proj and gate the routed experts' fused 3-D parameters (gate_up_proj at rank 2r)
+    and the router's weight. PEFT 0.22 keeps the module targets too, so the dense blocks' MLP and
+    the shared experts, nn.Linear modules of the same names, get their adapters as well; PEFT 0.21
+    dropped them (no adapter there), which this function followed until PEFT 0.22 (checked against
+    get_peft_model in tests/test_models_recent.py and tests/test_deltanet.py).
     """
     h, f, e = m.d_model, m.d_ff, m.n_experts
     out: tuple[Linear, ...] = (
@@ -134,11 +134,10 @@ def _qwen2_moe_pattern(m: ModelSpec, n_dense: int, n_moe: int, mlp: Any,
         Linear(name="mlp.experts.down_proj", d_in=f, d_out=h, group="mlp", n_copies=e, aliases=("down_proj",),
                expert=True, n_blocks=n_moe),
     )
-    frozen: tuple[Linear, ...] = mlp("mlp", m.dense_d_ff, n_dense) if n_dense else ()
+    dense: tuple[Linear, ...] = mlp("mlp", m.dense_d_ff, n_dense) if n_dense else ()
     if m.shared_d_ff:
-        frozen += mlp(shared, m.shared_d_ff, n_moe)
-    return out + tuple(Linear(name=lin.name, d_in=lin.d_in, d_out=lin.d_out, group=lin.group,
-                              n_blocks=lin.n_blocks, adaptable=False) for lin in frozen)
+        dense += mlp(shared, m.shared_d_ff, n_moe)
+    return out + dense
 
 
 @lru_cache(maxsize=256)
@@ -301,8 +300,8 @@ def _deltanet_linears(m: ModelSpec) -> tuple[Linear, ...]:
     in_proj_a) and out_proj, group "mixer" (PEFT 0.21 refuses out_proj and conv1d only for its
     Mamba model types, not these). *: self_attn.q_proj (queries and their output gate, 2 q wide),
     k/v/o_proj. The MLP side as PEFT adapts transformers 5's "qwen2_moe" conversion pattern
-    (_qwen2_moe_pattern: the router and the routed experts' 3-D parameters adapted, the dense and
-    shared-expert MLPs listed but not adapted); Qwen3.5's MoE text model, which PEFT does not
+    (_qwen2_moe_pattern: the router, the routed experts' 3-D parameters and, since PEFT 0.22, the
+    dense and shared-expert MLPs adapted); Qwen3.5's MoE text model, which PEFT does not
     convert: the shared expert's MLP adapted, the routed experts and router not listed; and
     mlp.shared_expert_gate (h -> 1, an nn.Linear that all-linear adapts). A model without
     experts: its dense MLPs, adaptable. Checked against get_peft_model in tests/test_deltanet.py.
