@@ -129,8 +129,8 @@ class ComputeBoundGrid(Grid):
         step, busy = float(self.step_s[case_id][i, j]), float(self.busy_s[case_id][i, j])
         published_step = step * math.exp(float(self.log_ratio[case_id][i, j]))
         compute = published_step - (step - busy)
-        mfu = float(self.mfu[case_id][i, j]) * step
-        return mfu / compute if compute > 0 else math.inf
+        mfu_s = float(self.mfu[case_id][i, j]) * step       # MFU x step seconds: model FLOPs / (GPUs x peak)
+        return mfu_s / compute if compute > 0 else math.inf
 
     def capped(self, case_id: str, ceiling: float | None) -> np.ndarray:
         lr = self.log_ratio[case_id]
