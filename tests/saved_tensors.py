@@ -40,7 +40,9 @@ def saved_bytes(model: Any, batch: int, seq: int, counts: Callable[[int], bool])
 def transformers_cache_bytes(hf: dict, batch: int, seq: int) -> int:
     """Bytes of transformers' own inference cache after one forward with use_cache of the causal
     LM a config.json's keys build (bf16, seed 0, random token ids below 512), each storage
-    counted once: what the tests of the inference cache hold the planner's kv_cache_bytes to."""
+    counted once: what the tests of the inference cache hold the planner's kv_cache_bytes to.
+    Zero-dimensional tensors are bookkeeping, not state: transformers 5.25 keeps a scalar int64
+    token count per linear-attention layer (``cumulative_length_linear``), and they are skipped."""
     torch = require("torch")
     transformers = require("transformers")
     transformers.logging.set_verbosity_error()
@@ -54,6 +56,8 @@ def transformers_cache_bytes(hf: dict, batch: int, seq: int) -> int:
 
     def walk(o: Any, depth: int = 0) -> None:
         if isinstance(o, torch.Tensor):
+            if o.dim() == 0:
+                return
             seen[o.untyped_storage().data_ptr()] = o.untyped_storage().nbytes()
             return
         if depth > 4:
