@@ -118,6 +118,7 @@ def test_no_way_out_is_one_the_set_up_rules_refuse():
     assert refused.exit_code == 2 and "--precision nvfp4 is modelled for full training and LoRA" in refused.output
 
 
+@pytest.mark.slow   # 2 s; the fast tier keeps test_cost's topology cap
 def test_a_count_the_topology_caps_is_named_as_such():
     """QLoRA of 70B on 4090s fits from 16 GPUs, but the 4090's default topology is one 4-GPU
     workstation: --max-gpus 16 gave the same answer and the same advice (issue 33). The advice

@@ -7,6 +7,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 from planner.cost.jobs import load_jobs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,6 +31,7 @@ def test_every_case_reads_a_generated_input(tmp_path: Path) -> None:
         assert all(Path(f).exists() for f in files if not f.endswith(outputs)), name
 
 
+@pytest.mark.slow   # 3 s; the fast tier keeps every_case_reads_a_generated_input
 def test_jobs_files_have_the_reported_sizes(tmp_path: Path) -> None:
     bench = _bench()
     bench.write_inputs(tmp_path)
@@ -44,6 +47,7 @@ def test_jobs_files_have_the_reported_sizes(tmp_path: Path) -> None:
     assert methods == {"full", "lora", "qlora", "freeze"}
 
 
+@pytest.mark.slow   # 3 s; the fast tier keeps every_case_reads_a_generated_input
 def test_the_gpu_list_case_names_the_most_gpu_types_allowed(tmp_path: Path) -> None:
     """tokens-deepseek-32-types: the 23 catalog types and the GPU files, MAX_GPU_TYPES in all, each
     file a valid GPU of its own name (the H100's entry; the case measures the search, not a refusal)."""
@@ -60,6 +64,7 @@ def test_the_gpu_list_case_names_the_most_gpu_types_allowed(tmp_path: Path) -> N
     assert all(g.memory_bytes == get_gpu("h100").memory_bytes for g in own)
 
 
+@pytest.mark.slow   # 3 s; the fast tier keeps every_case_reads_a_generated_input
 def test_the_large_config_is_within_its_limit(tmp_path: Path) -> None:
     from planner.limits import MAX_CONFIG_BYTES
 

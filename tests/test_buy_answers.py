@@ -106,6 +106,7 @@ def cheapest(pools, jobs, options):
     return best
 
 
+@pytest.mark.slow   # 300 examples; the fast tier keeps test_buy_ilp's brute-force equality
 @settings(max_examples=300, deadline=None)
 @given(instances())
 def test_dropping_dominated_runs_keeps_the_cheapest_purchase(instance):

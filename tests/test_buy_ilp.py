@@ -87,6 +87,7 @@ def _by_job(jobs, options):
     return by_job
 
 
+@pytest.mark.slow   # 400 examples; the fast tier keeps the brute-force equality
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(instances_with_copies())
 def test_leaving_out_dominated_pools_keeps_the_cheapest_purchase(instance):
@@ -153,6 +154,7 @@ def test_a_large_ilp_answers_from_its_node_integral_bound_and_a_restricted_ilp(i
             assert sol.solver.gap_found is not None
 
 
+@pytest.mark.slow   # 2 s; the fast tier keeps the brute-force equality
 def test_h5_at_256_jobs_is_answered_from_the_lp_bound():
     """256 of H5's jobs (5,228 variables, past LARGE_VARIABLES): the greedy start's 69 x b200
     nodes (each job on 24 GPUs; 23 of them overlap) within 2% of the LP relaxation's bound,
@@ -165,6 +167,7 @@ def test_h5_at_256_jobs_is_answered_from_the_lp_bound():
     assert 0 < sol.solver.gap_found < 0.02
 
 
+@pytest.mark.slow   # 6 s; the fast tier keeps the brute-force equality
 def test_a_dense_ilp_under_large_variables_is_not_branched_on_as_a_whole():
     """48 of H5's jobs: 860 variables, under LARGE_VARIABLES, but 9,022 nonzeros in 236 rows
     (nonzeros**2 / rows 344,900, past FULL_ILP_WORK: the 8-model file of bench/resources.py cut to

@@ -67,8 +67,8 @@ def _generic(cfg: dict):
                         "test", SUPPORTED_MODEL_TYPES)
 
 
-@pytest.mark.parametrize("cfg", [TINY_NEMOTRON_H, pytest.param(TINY_QWEN3_NEXT, marks=pytest.mark.slow)],
-                         ids=["nemotron_h", "qwen3_next"])
+@pytest.mark.slow   # 3 s; the fast tier keeps the probe's count of a written family
+@pytest.mark.parametrize("cfg", [TINY_NEMOTRON_H, TINY_QWEN3_NEXT], ids=["nemotron_h", "qwen3_next"])
 def test_generic_count_is_transformers_count_and_blocks_are_told_apart(cfg):
     m = _generic(cfg)
     assert m.is_generic
@@ -128,6 +128,7 @@ def test_a_cached_profile_plans_without_torch(tmp_path):
     assert "generic path" in out.stdout and "data parallel, ZeRO/FSDP and pipeline stages only" in out.stdout
 
 
+@pytest.mark.slow   # a subprocess, 2 s; the fast tier keeps the in-process refusals
 def test_generic_layouts_refuse_tp_and_name_the_way_out(tmp_path):
     from click.testing import CliRunner
 
@@ -219,6 +220,7 @@ def test_plan_measure_on_a_tiny_hybrid_is_within_ten_percent(mt, tmp_path):
     assert abs(float(total.group(3))) <= 10.0, r.output
 
 
+@pytest.mark.slow   # 1 s
 def test_kernel_times_run_at_the_measured_work():
     # the step time's GEMMs (models.matmuls.block_matmuls) carry the mean block's measured
     # forward FLOPs, not a dense block guessed from hidden_size and intermediate_size
@@ -247,6 +249,7 @@ TINY_GEMMA3N_TEXT = {"model_type": "gemma3n_text", "hidden_size": 64, "num_hidde
                      "layer_types": ["sliding_attention"] * 3 + ["full_attention"]}
 
 
+@pytest.mark.slow   # 2 s
 def test_a_router_without_top_k_is_refused_naming_the_key():
     # DeepseekV2Config's default num_experts_per_tok is None: transformers' router then stops in
     # torch.topk ("k must be int, not NoneType"); the planner names the key and the way out
@@ -283,6 +286,7 @@ def test_the_real_copy_measures_what_fake_tensors_measure():
             assert real[s][key] == pytest.approx(fake[s][key], rel=1e-9), (s, key)
 
 
+@pytest.mark.slow   # 2 s; the fast tier keeps the real copy's measurement
 def test_a_data_dependent_family_is_planned_from_a_real_copy(monkeypatch):
     # JetMoE's mixture of attention heads turns routing counts into Python ints (.item()):
     # fake tensors stop there (DataDependentOutputException); the one-block real copy measures it
@@ -297,6 +301,7 @@ def test_a_data_dependent_family_is_planned_from_a_real_copy(monkeypatch):
         spec_from_hf_config({**TINY_JETMOE, "hidden_size": 32}, "x", "test")
 
 
+@pytest.mark.slow   # 5 s
 def test_per_layer_widths_pass_the_generic_checks_not_the_written_ones():
     # Gemma 3n's intermediate_size is a list per layer, which transformers builds; the generic
     # path checks its widest entry and plans with transformers' count. A written family's
@@ -319,6 +324,7 @@ def test_a_model_built_on_meta_then_faked_measures_as_one_built_fake():
     assert _measure_blocks(config, from_meta=True) == _measure_blocks(config)
 
 
+@pytest.mark.slow   # 1 s
 def test_xmod_runs_its_first_language_adapter():
     # XmodConfig's default_language is None and X-MOD's forward stops without one
     # ("Input language unknown"); its adapters share one shape, so the probe runs the first of

@@ -19,8 +19,13 @@ from conftest import require
 from planner.errors import UserError
 from planner.measure import torchtitan as titan  # imports no torch or torchtitan itself
 
-require("triton", reason="torchtitan's models import triton (pip install triton)")
-require("torchtitan.models.llama3", reason="torchtitan is not installed (pip install torchtitan)")
+
+def needs_torchtitan() -> None:
+    """Import torchtitan's Llama 3 for a test that builds it (seconds: called in the tests, so
+    that collecting the fast tier imports neither torchtitan nor triton)."""
+    require("triton", reason="torchtitan's models import triton (pip install triton)")
+    require("torchtitan.models.llama3", reason="torchtitan is not installed (pip install torchtitan)")
+
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,6 +49,7 @@ def hf_param_count(cfg: dict) -> int:
 
 
 def run(cfg: dict = TINY, **kw: object) -> titan.TitanMeasurement:
+    needs_torchtitan()
     return titan.measure(titan.TitanSetup(hf_config=cfg, seq_len=SEQ, **kw))  # type: ignore[arg-type]
 
 
@@ -101,7 +107,9 @@ def test_the_chunked_loss_leaks_nothing_from_step_to_step() -> None:
     assert three.peak_bytes == two.peak_bytes
 
 
+@pytest.mark.slow   # imports torchtitan's models (5 s); the fast tier keeps the refusals and the doc's predictions
 def test_llama3_8b_parameter_count_matches_transformers() -> None:
+    needs_torchtitan()
     import torch
 
     from planner.models.spec import load_hf_config
@@ -146,6 +154,7 @@ def test_docs_table_predictions_are_current() -> None:
 @pytest.mark.slow
 def test_docs_table_measurement_is_current_for_one_row() -> None:
     """Re-measure the cheapest stored row (Llama 3.2 1B, dp 8, full recomputation)."""
+    needs_torchtitan()
     rows = json.loads((ROOT / "docs" / "accuracy-torchtitan.json").read_text())
     r = next(r for r in rows if r["model"] == "llama3.2-1b" and r["tp"] == 1 and r["recompute"] == "full")
     from planner.models.spec import load_hf_config
@@ -183,6 +192,7 @@ def test_plan_measure_reads_every_category_at_the_trackers_peak_moment(monkeypat
     peak bucket and the planner's same moment), the moment is named, every category over 10% apart is
     given a reason, and the moments' totals, each against torchtitan's own step under the tracker,
     agree where the two are the same moment (the loss, the last block's backward, the optimizer step)."""
+    needs_torchtitan()
     from click.testing import CliRunner
 
     from planner.cli.main import cli

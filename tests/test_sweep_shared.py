@@ -18,6 +18,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from conftest import fast_one
 
 from planner import api
 from planner.cost.plan import without_terms
@@ -42,11 +43,11 @@ def _rows(a: LayoutArrays) -> list[tuple[int, ...]]:
                       for f in LayoutArrays.FIELDS)))
 
 
-@pytest.mark.parametrize("model, n, space", [
+@pytest.mark.parametrize("model, n, space", fast_one([
     ("llama3.1-8b", 16, SearchSpace(ep=1)),
     ("mixtral-8x7b", 32, SearchSpace()),
     ("llama3.1-70b", 64, SearchSpace(ep=1, micro_batches=(1, 2))),
-])
+], "llama3.1-8b", unpack=True))
 def test_the_grid_of_batches_is_each_batch_enumerated(model, n, space):
     m = load_model(model)
     arrays, starts = valid_layouts_of_batches(m, TrainingSetup(), BATCHES, n, 8, space)
@@ -58,7 +59,7 @@ def test_the_grid_of_batches_is_each_batch_enumerated(model, n, space):
         assert _rows(arrays.take(slice(lo, hi))) == _rows(expected), b
 
 
-@pytest.mark.parametrize("limit", [1, 2, 7, 10_000])
+@pytest.mark.parametrize("limit", fast_one([1, 2, 7, 10_000], 1, 10_000))
 def test_the_rejected_layouts_are_enumerations_rejects(limit):
     """layouts.batch.rejected_layouts (the grid's cells, each once per recomputation mode, cut
     at ``limit``) against enumerate_layouts' rejects and reasons, in its order."""
