@@ -77,3 +77,19 @@ def test_calibrate_readme_quotes_the_example_output():
         assert line in output, line
     for pct in re.findall(r"allocator overhead \(fragmentation\): ([\d.]+%)", readme):
         assert f"allocator overhead (fragmentation): {pct}" in output
+
+
+def test_readme_zero3_limit_quotes_the_plans():
+    """README's known limit on ZeRO-3 at scale quotes the three fixed layouts' TFLOP/s per GPU."""
+    import json
+
+    text = " ".join(doc("README.md").split())
+    m = re.search(r"on 384, 768 and 1,536 A100s; [^)]*\): (\d+), (\d+) and (\d+) TFLOP/s per GPU", text)
+    assert m, "README no longer quotes the ZeRO-3 figures"
+    got = []
+    for n in (384, 768, 1536):
+        out = run("--model", "gpt3-175b", "--gpus", "a100", "--n-gpus", str(n), "--dp", str(n), "--zero", "3",
+                  "--seq-len", "2048", "--global-batch", "1536", "--micro-batch", str(1536 // n),
+                  "--recompute", "full", "--stack", "deepspeed", "--json")
+        got.append(str(round(json.loads(out)["plan"]["tflops_per_gpu"])))
+    assert got == [m[1], m[2], m[3]]
