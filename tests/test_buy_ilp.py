@@ -154,7 +154,7 @@ def test_a_large_ilp_answers_from_its_node_integral_bound_and_a_restricted_ilp(i
             assert sol.solver.gap_found is not None
 
 
-@pytest.mark.slow   # 2 s; the fast tier keeps the brute-force equality
+@pytest.mark.slow   # 2 s; fast: test_a_large_ilp_answers_from_its_node_integral_bound_and_a_restricted_ilp
 def test_h5_at_256_jobs_is_answered_from_the_lp_bound():
     """256 of H5's jobs (5,228 variables, past LARGE_VARIABLES): the greedy start's 69 x b200
     nodes (each job on 24 GPUs; 23 of them overlap) within 2% of the LP relaxation's bound,
@@ -167,7 +167,7 @@ def test_h5_at_256_jobs_is_answered_from_the_lp_bound():
     assert 0 < sol.solver.gap_found < 0.02
 
 
-@pytest.mark.slow   # 6 s; the fast tier keeps the brute-force equality
+@pytest.mark.slow   # 6 s; fast: test_a_large_ilp_answers_from_its_node_integral_bound_and_a_restricted_ilp
 def test_a_dense_ilp_under_large_variables_is_not_branched_on_as_a_whole():
     """48 of H5's jobs: 860 variables, under LARGE_VARIABLES, but 9,022 nonzeros in 236 rows
     (nonzeros**2 / rows 344,900, past FULL_ILP_WORK: the 8-model file of bench/resources.py cut to

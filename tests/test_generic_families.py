@@ -220,7 +220,6 @@ def test_plan_measure_on_a_tiny_hybrid_is_within_ten_percent(mt, tmp_path):
     assert abs(float(total.group(3))) <= 10.0, r.output
 
 
-@pytest.mark.slow   # 1 s
 def test_kernel_times_run_at_the_measured_work():
     # the step time's GEMMs (models.matmuls.block_matmuls) carry the mean block's measured
     # forward FLOPs, not a dense block guessed from hidden_size and intermediate_size
@@ -249,7 +248,6 @@ TINY_GEMMA3N_TEXT = {"model_type": "gemma3n_text", "hidden_size": 64, "num_hidde
                      "layer_types": ["sliding_attention"] * 3 + ["full_attention"]}
 
 
-@pytest.mark.slow   # 2 s
 def test_a_router_without_top_k_is_refused_naming_the_key():
     # DeepseekV2Config's default num_experts_per_tok is None: transformers' router then stops in
     # torch.topk ("k must be int, not NoneType"); the planner names the key and the way out
@@ -301,7 +299,6 @@ def test_a_data_dependent_family_is_planned_from_a_real_copy(monkeypatch):
         spec_from_hf_config({**TINY_JETMOE, "hidden_size": 32}, "x", "test")
 
 
-@pytest.mark.slow   # 5 s
 def test_per_layer_widths_pass_the_generic_checks_not_the_written_ones():
     # Gemma 3n's intermediate_size is a list per layer, which transformers builds; the generic
     # path checks its widest entry and plans with transformers' count. A written family's
@@ -324,7 +321,6 @@ def test_a_model_built_on_meta_then_faked_measures_as_one_built_fake():
     assert _measure_blocks(config, from_meta=True) == _measure_blocks(config)
 
 
-@pytest.mark.slow   # 1 s
 def test_xmod_runs_its_first_language_adapter():
     # XmodConfig's default_language is None and X-MOD's forward stops without one
     # ("Input language unknown"); its adapters share one shape, so the probe runs the first of

@@ -148,7 +148,7 @@ def test_a_step_time_below_its_bound_is_an_internal_error_not_passed_over(monkey
     assert err.startswith("internal error: AssertionError: a step time below its lower bound") and err.count("\n") == 1
 
 
-@pytest.mark.slow   # a subprocess under python -O, 2 s
+@pytest.mark.slow   # python -O subprocess, 2 s; fast: test_a_pruned_sweep_keeps_what_the_whole_sweep_keeps
 def test_under_python_O_a_segment_keeps_each_layout_once():
     """The walk past a segment's head skipped the head with `assert next(walk) == head`, which
     `python -O` drops: the fastest layout was then kept twice (3 kept, 2 distinct, for 32 GPUs of
