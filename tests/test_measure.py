@@ -70,6 +70,33 @@ def test_fake_equals_real(kw):
     assert fake.raw == real.raw  # in practice byte for byte
 
 
+@pytest.mark.parametrize("kw", [
+    {},                                                          # MemTracker, replicated
+    pytest.param({"sharding": "full", "dp": 4, "recompute": "full", "n_steps": 3},   # FSDPMemTracker,
+                 marks=pytest.mark.slow),                        # recompute; the fast tier keeps kw0
+])
+def test_skipping_unchanged_updates_gives_torchs_tracker_result(kw, monkeypatch):
+    """The tracker skips MemTracker's after-every-op update when nothing it reads changed
+    (planner.measure.readout); with torch's update after every op the result is the same, to
+    the byte, module peaks included."""
+    import dataclasses
+
+    import planner.measure.trackers as trackers
+
+    skipped = dataclasses.asdict(measure(tiny(**kw)))
+    made = trackers.make_tracker
+
+    def every_op(*args, **kwargs):
+        tracker = made(*args, **kwargs)
+        tracker.skip_unchanged = False
+        return tracker
+
+    monkeypatch.setattr(trackers, "make_tracker", every_op)
+    full = dataclasses.asdict(measure(tiny(**kw)))
+    skipped.pop("wall_s"), full.pop("wall_s")
+    assert skipped == full
+
+
 @pytest.mark.slow
 def test_categories_sum_to_peak_and_bound_maxima():
     for setup in (tiny(), tiny(sharding="full", dp=4)):

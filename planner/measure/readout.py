@@ -107,6 +107,9 @@ def make_tracker(model: Any, optimizer: Any, ids: Any, *, sharded: bool, mixins:
             self.peak_step = 0
             self.peak_phase = ""
             self.peak_module = ""
+            self.skip_unchanged = True   # False: MemTracker's update after every op, as torch has it
+            self._snap_changed = True
+            self._peak_key: tuple[Any, frozenset[str]] | None = None
 
         def _track_module_params_and_buffers(self, module: Any, install_grad_hooks: bool = True) -> Any:
             # frozen parameters (LoRA's base, freeze) never get a gradient, and
@@ -116,7 +119,21 @@ def make_tracker(model: Any, optimizer: Any, ids: Any, *, sharded: bool, mixins:
                     self._param_to_grad_hook_handles[p] = (_NoHandle(), _NoHandle())
             return super()._track_module_params_and_buffers(module, install_grad_hooks)
 
+        def _update_snap(self, *args: Any, **kwargs: Any) -> None:  # every change of the live bytes
+            self._snap_changed = True
+            super()._update_snap(*args, **kwargs)
+
         def _update_peak_stats(self, peak_state: Any) -> None:  # called after every op
+            # MemTracker's update walks every module seen so far after every op. It reads only
+            # the live bytes, the active modules and the phase, and the module hooks leave each
+            # entered module's peak at the live total: with none of the three changed since the
+            # last call it would change nothing, so it is skipped (most ops allocate nothing the
+            # tracker counts: views, in-place ops, fake collectives' waits)
+            key = (peak_state, frozenset(self._mod_tracker.parents))
+            if self.skip_unchanged and not self._snap_changed and key == self._peak_key:
+                return
+            self._snap_changed = False
+            self._peak_key = key
             peak_before = dict(self._peak_mem)
             super()._update_peak_stats(peak_state)
             if self._peak_mem != peak_before:  # a new peak: note where the step was
