@@ -229,8 +229,8 @@ def test_lora_memory_matches_the_tracker(precision, ft):
     """PEFT's LoRA (and frozen blocks) on a real transformers Llama under FakeTensorMode and
     MemTracker (planner.measure.trackers): the planner's total within 10% of the tracker's peak.
     Seen: +1.0%, +0.7%, +2.0%; more cases (pure bf16, ZeRO-2/3 via FSDP2, recompute) in
-    docs/rules-of-thumb.md's measured table. MemTracker inspects every live tensor after
-    every operation, so these take seconds even on a small model."""
+    docs/rules-of-thumb.md's measured table. Every operation passes through FakeTensorMode and
+    the tracker's dispatch, so these take seconds even on a small model."""
     require("torch")
     require("peft")
     from planner.measure import accuracy
