@@ -269,8 +269,8 @@ def table(results: list[Result]) -> str:
         "workspaces, NCCL, 10% fragmentation).",
         "",
         f"- Rows: {len(results)}; planned: {len(planned)}; not expressible yet: {len(refused)} (named below); "
-        f"models the planner does not know yet: {len(unknown)} "
-        "(DeepSeek-V4).",
+        f"models with no written family: {len(unknown)} "
+        "(DeepSeek-V4: the generic path plans its config.json but refuses the row's expert parallelism).",
         f"- **Rejected at default settings: {len(rejected)} of {len(planned)} planned rows** "
         f"({sum(not x.fits for x in latest)} of {len(latest)} latest releases of their configuration); "
         "each is named below with the term responsible.",
@@ -297,7 +297,7 @@ def table(results: list[Result]) -> str:
     lines += ["## Rows not expressible yet", ""]
     for x in refused:
         lines.append(f"- `{x.row.id}`: {x.row.reason}")
-    lines += ["", "## Rows of models the planner does not know yet", ""]
+    lines += ["", "## Rows of models with no written family", ""]
     lines.append(", ".join(f"`{x.row.id}`" for x in unknown) + ".")
     lines += ["", "## How each row is read", "",
               "The request of every row (its `plan` command) and what it leaves out are in",

@@ -124,7 +124,18 @@ def test_the_option_checks_are_the_rules_the_layouts_are_held_to():
         assert reject_reason(m, setup, lay, 8) is not None
     assert option_refusal(moe, 8, 8, 2) is None and option_refusal(moe, None, 8, 2) is None
     assert option_refusal(dense, 8, None, None) is None
-    assert [r.name for r in RULES if r.option_message is not None] == ["ep-dense", "etp-dense", "etp-divides-tp"]
+    assert [r.name for r in RULES if r.option_message is not None] == [
+        "generic-layouts", "ep-dense", "etp-dense", "etp-divides-tp"]
+
+
+def test_expert_options_on_the_generic_path_name_the_path_not_a_dense_model():
+    # the generic path's spec holds no expert count: an MoE family planned there (DeepSeek-V4 in
+    # transformers 5.24) was refused --ep as "dense"; the generic path's rule comes first
+    generic = load_model("olmo3-7b")          # a shipped profile: no torch
+    assert generic.is_generic
+    for tp, ep, etp in ((None, 2, None), (None, None, 1), (2, None, None), (None, 8, 2)):
+        why = option_refusal(generic, tp, ep, etp)
+        assert why is not None and "generic path" in why and "dense" not in why and "--ep" in why, why
 
 
 def test_etp_on_a_dense_model_is_refused_by_the_api_as_by_the_cli():

@@ -128,6 +128,34 @@ def test_a_cached_profile_plans_without_torch(tmp_path):
     assert "generic path" in out.stdout and "data parallel, ZeRO/FSDP and pipeline stages only" in out.stdout
 
 
+# A tiny DeepSeek-V4 (transformers 5.24's deepseek_v4: compressed sparse attention, hash-routed
+# and top-k experts, hyper-connections), a mixture of experts planned on the generic path
+TINY_DEEPSEEK_V4 = {
+    "model_type": "deepseek_v4", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+    "num_key_value_heads": 1, "head_dim": 32, "q_lora_rank": 32, "o_groups": 2, "o_lora_rank": 32,
+    "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "n_shared_experts": 1,
+    "vocab_size": 256, "index_n_heads": 2, "index_head_dim": 16, "index_topk": 8, "sliding_window": 16,
+    "hc_mult": 2, "hc_sinkhorn_iters": 2, "mlp_layer_types": ["hash_moe", "moe", "moe", "moe"],
+}
+
+
+@pytest.mark.slow   # 5-10 s (the probe); the fast tier keeps test_axes' rule-order check on a shipped profile
+def test_an_moe_family_on_the_generic_path_is_refused_ep_as_generic_not_dense(tmp_path):
+    from click.testing import CliRunner
+
+    from planner.cli.main import cli
+
+    path = tmp_path / "tiny-deepseek-v4.json"
+    path.write_text(json.dumps(TINY_DEEPSEEK_V4))
+    m = spec_from_hf_config(dict(TINY_DEEPSEEK_V4), "x", "test")
+    assert m.is_generic and count_params(m).total == transformers_count(TINY_DEEPSEEK_V4)
+    for opts in (["--ep", "2"], ["--etp", "1"]):
+        r = CliRunner().invoke(cli, ["--model", str(path), "--gpus", "h100", *opts], prog_name="plan")
+        assert r.exit_code == 2 and "generic path" in r.output and "dense" not in r.output, r.output
+    r = CliRunner().invoke(cli, ["--model", str(path), "--gpus", "h100"], prog_name="plan")
+    assert r.exit_code == 0 and "generic path" in r.output, r.output
+
+
 @pytest.mark.slow   # a subprocess, 2 s; the fast tier keeps the in-process refusals
 def test_generic_layouts_refuse_tp_and_name_the_way_out(tmp_path):
     from click.testing import CliRunner

@@ -335,10 +335,15 @@ RULES: tuple[Rule, ...] = (
          lambda v: (f"--stack torchtitan: {torchtitan_builds(v.m)}"
                     if v.setup.stack == "torchtitan" and torchtitan_builds(v.m) is not None
                     else _mamba_stack_message(v) or STACK_LIMITS.get(v.setup.stack, ""))),
-    Rule("generic-layouts", lambda v: v.m.is_generic & ((v.tp > 1) | (v.cp > 1) | (v.ep > 1)),
+    # (before ep-dense and etp-dense: the generic path's spec holds no expert count, so an MoE
+    # family planned there would be called dense)
+    Rule("generic-layouts", lambda v: v.m.is_generic & ((v.tp > 1) | (v.cp > 1) | (v.ep > 1) | (v.etp > 0)),
          lambda v: (f"{v.m.model_type} is planned on the generic path (measured on transformers' model): "
                     "data parallel, ZeRO/FSDP and pipeline stages only; tp, cp and ep need a written family "
-                    "(docs/models.md)")),
+                    "(docs/models.md)"),
+         lambda v: (f"{v.m.name} ({v.m.model_type}) is planned on the generic path (measured on transformers' "
+                    "model): data parallel, ZeRO/FSDP and pipeline stages only; drop --tp, --ep and --etp, or "
+                    "plan a written family (docs/models.md)")),
     Rule("tp-heads", lambda v: v.m.n_heads % v.tp != 0,
          lambda v: f"tp={v.tp} does not divide the {v.m.n_heads} attention heads"),
     Rule("tp-kv-heads", lambda v: (v.m.n_kv_heads % v.tp != 0) & (v.tp % v.m.n_kv_heads != 0),
