@@ -52,10 +52,13 @@ MODELS = {
     "Nemotron_3_Nano": "nemotron-3-nano", "Nemotron_3_Super": "nemotron-3-super",
     "Nemotron_3_5_Lightning": "nemotron-3-nano", "Nemotron_3_Ultra": "nemotron-3-ultra",
 }
-# Models with no written family (issue on 2025-2026 models: DeepSeek-V4). A DeepSeek-V4 config.json
-# is planned on the generic path (transformers >= 5.24's deepseek_v4 measured), which refuses ep; no
-# DeepSeek-V4 Flash config ships (planner/presets/models: none can be fetched where it is built).
-UNKNOWN_MODEL_PREFIXES = ("DeepSeekV4",)
+# What the planner can do with a corpus model that has no written family (issue on 2025-2026
+# models), by the model name's prefix. A DeepSeek-V4 config.json is planned on the generic path
+# (transformers >= 5.24's deepseek_v4, measured), which refuses ep (layouts.rules, generic-layouts);
+# no DeepSeek-V4 Flash config ships (none can be fetched where the project is built).
+UNWRITTEN_MODELS = {
+    "DeepSeekV4": "a DeepSeek-V4 config.json is planned on the generic path, which refuses the row's ep {ep}",
+}
 GPUS = {"DGX-H100": "h100", "DGX-B200": "b200", "DGX-GB200": "gb200"}
 
 
@@ -455,8 +458,9 @@ def load_rows(path: Path = CORPUS, check: bool = True) -> tuple[Row, ...]:
         family = family_of(s["model"])
         args, approx = args_of(r)
         if not family:
-            reason = (f"model {s['model']} has no written family and no preset (issue on 2025-2026 models); "
-                      f"a DeepSeek-V4 config.json is planned on the generic path, which refuses the row's ep {s['ep']}")
+            reason = f"model {s['model']} has no written family and no preset (issue on 2025-2026 models)"
+            reason += "".join(f"; {why.format(ep=s['ep'])}" for prefix, why in UNWRITTEN_MODELS.items()
+                              if s["model"].replace(" ", "").startswith(prefix))
         else:
             reason = _check(args) if check else ""
             if "megatron-core: world size not divisible" in reason:

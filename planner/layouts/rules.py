@@ -339,7 +339,7 @@ RULES: tuple[Rule, ...] = (
     # family planned there would be called dense)
     Rule("generic-layouts", lambda v: v.m.is_generic & ((v.tp > 1) | (v.cp > 1) | (v.ep > 1) | (v.etp > 0)),
          lambda v: (f"{v.m.model_type} is planned on the generic path (measured on transformers' model): "
-                    "data parallel, ZeRO/FSDP and pipeline stages only; tp, cp and ep need a written family "
+                    "data parallel, ZeRO/FSDP and pipeline stages only; tp, cp, ep and etp need a written family "
                     "(docs/models.md)"),
          lambda v: (f"{v.m.name} ({v.m.model_type}) is planned on the generic path (measured on transformers' "
                     "model): data parallel, ZeRO/FSDP and pipeline stages only; drop --tp, --ep and --etp, or "
