@@ -298,6 +298,7 @@ def test_the_real_copy_measures_what_fake_tensors_measure():
         block_list,
         build_meta,
         hf_config,
+        probe_kinds,
     )
 
     cfg = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2,
@@ -306,10 +307,94 @@ def test_the_real_copy_measures_what_fake_tensors_measure():
     path, blocks = block_list(build_meta(config))
     sigs = [_block_signature(b) for b in blocks]
     fake = _measure_blocks(config)
-    real = _measure_real_copy(config, path, sigs, "test", RuntimeError("stand-in"))
+    real = _measure_real_copy(config, path, sigs, probe_kinds(config, sigs), "test", RuntimeError("stand-in"))
     for s in fake:
         for key in ("saved", "fwd", "bwd", "outside_fwd"):
             assert real[s][key] == pytest.approx(fake[s][key], rel=1e-9), (s, key)
+
+
+def _probe_both_ways(cfg, monkeypatch):
+    """(the profile measured on a cut copy, on the whole model, the per-block terms of each fake
+    run of both measurements, by its block count)."""
+    from planner.models.generic import probe
+
+    runs: list[tuple[int, dict]] = []
+    measure = probe._measure_blocks
+
+    def kept(config, from_meta=False):
+        runs.append((config.num_hidden_layers, measure(config, from_meta)))
+        return runs[-1][1]
+
+    monkeypatch.setattr(probe, "_measure_blocks", kept)
+    return probe.profile_config(dict(cfg), "test"), probe.profile_config(dict(cfg), "test", whole_model=True), runs
+
+
+def test_a_copy_keeps_each_kind_twice_and_later_blocks_take_their_kinds_terms():
+    # A block's kind is its signature and its entry in each per-layer list of the config; the copy
+    # runs to each kind's second block, and a later block takes the mean of its kind's blocks in the
+    # copy after the kind's first (which is charged what the kind's blocks share)
+    from types import SimpleNamespace
+
+    from planner.models.generic.probe import copy_depth, probe_kinds, spread
+
+    sigs = [("Block",)] * 8
+    config = SimpleNamespace(layer_types=["a", "c", "b", "a", "b", "a", "b", "a"], rope=[1, 2, 3], _cache=[0] * 8)
+    kinds = probe_kinds(config, sigs)
+    assert kinds[0] == kinds[3] != kinds[2] and len(set(kinds)) == 3
+    assert copy_depth(kinds) == 5                     # a at 0 and 3, c at 1, b at 2 and 4
+    one = {"saved": [10.0, 20.0, 30.0, 11.0, 31.0], "fwd": [1.0] * 5, "bwd": [2.0] * 5, "outside_fwd": [7.0]}
+    assert spread(one, kinds, 5)["saved"] == [10.0, 20.0, 30.0, 11.0, 31.0, 11.0, 31.0, 11.0]
+    assert spread(one, kinds, 5)["outside_fwd"] == [7.0]
+
+
+def test_a_copy_cut_to_the_first_blocks_measures_what_the_whole_model_does(monkeypatch):
+    # The probe runs a copy with each kind of block twice (here 2 of 6 alike Llama blocks) and
+    # gives each later block its kind's terms: the profile equals the whole model's, measured
+    # block by block on transformers' model
+    cfg = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 6,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128}
+    cut, whole, runs = _probe_both_ways(cfg, monkeypatch)
+    assert [n for n, _ in runs] == [2, 6] and cut == whole
+
+
+@pytest.mark.slow   # 20-40 s (two probes); the fast tier keeps a Llama cut from 6 blocks to 2
+def test_deepseek_v4_blocks_of_one_shape_are_kept_apart_and_save_alike_bytes(monkeypatch):
+    # DeepSeek-V4's blocks all have one class and one set of shapes, but its config's per-layer
+    # lists make four kinds (compressed sparse and heavily compressed attention in turn, hash
+    # routing in the first two, learned routing after): the copy keeps each kind twice where the
+    # model has it twice (6 of 12 blocks), and the profile equals the whole model's.
+    # Its compressed sparse attention computes index scores, keeps their top-k indices and drops
+    # the scores' graph, whose saved tensors are freed in the forward and their addresses given to
+    # later tensors. Counted at the save by address, blocks of one kind measured different bytes
+    # (whichever later tensor took a freed address was missed); counted when the forward ends
+    # (probe.held_bytes), every block of a kind after its first holds the same (the first is also
+    # charged what its kind's blocks share, saved once)
+    kinds = [(a, m) for a, m in zip(["compressed_sparse_attention", "heavily_compressed_attention"] * 6,
+                                    ["hash_moe"] * 2 + ["moe"] * 10, strict=True)]
+    cfg = {**TINY_DEEPSEEK_V4, "num_hidden_layers": 12, "layer_types": [a for a, _ in kinds],
+           "mlp_layer_types": [m for _, m in kinds]}
+    cut, whole, runs = _probe_both_ways(cfg, monkeypatch)
+    assert [n for n, _ in runs] == [6, 12] and cut == whole
+    for s, terms in runs[1][1].items():
+        by_kind: dict[tuple[str, str], list[float]] = {}
+        for kind, b in zip(kinds, terms["saved"], strict=True):
+            by_kind.setdefault(kind, []).append(b)
+        assert all(len(set(v[1:])) <= 1 for v in by_kind.values()), (s, by_kind)
+        assert len(by_kind[kinds[2]]) == 5 and len(by_kind[kinds[3]]) == 5
+
+
+@pytest.mark.slow   # 10-20 s (three probes); the fast tier keeps a Llama cut from 6 blocks to 2
+def test_a_model_that_loops_over_its_blocks_is_measured_whole(monkeypatch):
+    # Dory runs its middle blocks n_recurrent_loops times, which no block's shapes or per-layer
+    # entry tells: one forward of the whole model (probe._whole_forward) finds blocks run twice
+    # and FLOPs the copy does not spread, so the whole model is measured after the copy
+    cfg = {"model_type": "dory", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 128, "num_hidden_layers": 8,
+           "n_input_layers": 2, "n_recurrent_layers": 4, "n_output_layers": 2, "n_recurrent_loops": 2,
+           "sliding_window": 16, "layer_types": ["sliding_attention", "mlp"] * 4}
+    cut, whole, runs = _probe_both_ways(cfg, monkeypatch)
+    depths = [n for n, _ in runs]
+    assert len(depths) == 3 and depths[0] < depths[1] == depths[2] and cut == whole
 
 
 @pytest.mark.slow   # 2 s; the fast tier keeps the real copy's measurement
@@ -379,3 +464,19 @@ def test_the_every_family_table_is_the_rows_it_names():
         assert set(data["rows"]) == set(causal_lm_types())
     planned = [r for r in data["rows"].values() if r["status"] in ("written", "generic")]
     assert planned and all(r["planner"] == r["transformers"] and r["planned"] for r in planned)
+
+
+def test_the_copy_table_is_the_rows_it_names():
+    # docs/generic-probe-copy.md is bench/generic_probe_copy.py's rendering of its JSON rows; every
+    # row measured there either gives the whole model's profile or is named with the fields that
+    # differ
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "generic_probe_copy.py"
+    spec = importlib.util.spec_from_file_location("generic_probe_copy_bench", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    data = json.loads(bench.ROWS.read_text())
+    assert bench.DOC.read_text() == bench.table(data)
+    assert all(r["outcome"] == "equal" or f"`{mt}`" in bench.DOC.read_text() for mt, r in data["rows"].items())

@@ -7,17 +7,21 @@ once, as ``Module.parameters()`` does) and split by module kind from the classes
 and its path (see classify).
 
 Saved tensors and FLOPs: the same config built under FakeTensorMode in bf16 (no memory, no
-arithmetic), one forward and backward of one sequence at each of two lengths. Saved tensors
-are read with ``torch.autograd.graph.saved_tensors_hooks`` (each storage once, parameters
-excluded) and charged to the block running when autograd saved them; FLOPs with
-``torch.utils.flop_counter.FlopCounterMode`` per module. FlopCounterMode has no formula for
+arithmetic), one forward and backward of one sequence at each of two lengths, on a copy cut to
+its first blocks where one holds every kind of block twice (_measure_fake_copy; each later block
+takes its kind's measured terms). Saved tensors are read with
+``torch.autograd.graph.saved_tensors_hooks``, those still held when the forward ends (each
+storage once, parameters excluded: held_bytes), and charged to the block running when autograd
+saved them; FLOPs with ``torch.utils.flop_counter.FlopCounterMode`` per module. FlopCounterMode has no formula for
 ``aten._grouped_mm``, the routed experts' kernel of transformers 5.x, so its routed experts
 would count 0 FLOPs (FACTS.md); grouped_mm_flops is registered for it here.
 """
 
 from __future__ import annotations
 
+import gc
 import re
+import weakref
 from collections import defaultdict
 from typing import Any
 
@@ -155,8 +159,10 @@ def grouped_mm_flops(a_shape: Any, b_shape: Any, *args: Any, out_shape: Any = No
     return 2 * m * a_shape[-1] * b_shape[-1]
 
 
-def profile_config(cfg: dict[str, Any], where: str) -> GenericProfile:
-    """Measure ``cfg`` (a config.json dict) on transformers' causal LM (see the module doc)."""
+def profile_config(cfg: dict[str, Any], where: str, whole_model: bool = False) -> GenericProfile:
+    """Measure ``cfg`` (a config.json dict) on transformers' causal LM (see the module doc): on
+    a copy cut to its first blocks (_measure_fake_copy) where one builds with the same blocks,
+    else (or with ``whole_model``) on every block."""
     import transformers
 
     transformers.logging.set_verbosity_error()     # "falling back to its reference PyTorch implementation"
@@ -190,11 +196,14 @@ def profile_config(cfg: dict[str, Any], where: str) -> GenericProfile:
     groups: dict[tuple[Any, ...], list[int]] = {}
     for i, sig in enumerate(sigs):
         groups.setdefault(sig, []).append(i)
+    kinds = probe_kinds(config, sigs)
+    measured = None if whole_model else _measure_fake_copy(config, blocks_path, sigs, kinds)
     try:
-        measured = _measure_blocks(config)
+        if measured is None:
+            measured = _measure_blocks(config)
     except Exception as e:  # noqa: BLE001 -- any failure of transformers' forward under fake tensors
         if is_data_dependent(e):
-            measured = _measure_real_copy(config, blocks_path, sigs, where, e)
+            measured = _measure_real_copy(config, blocks_path, sigs, kinds, where, e)
         else:
             raise UserError(f"{where}: transformers' {cfg.get('model_type')} model does not run one training step "
                             f"under fake tensors ({type(e).__name__}: {_one_line(e)}), so the generic path cannot "
@@ -285,35 +294,120 @@ def is_data_dependent(e: BaseException) -> bool:
                          "GuardOnDataDependentSymNode"})
 
 
-def _measure_real_copy(config: Any, blocks_path: str, sigs: list[tuple[Any, ...]], where: str,
-                       fake_error: BaseException) -> dict[int, dict[str, list[float]]]:
-    """The per-block terms of a model fake tensors cannot run (a data-dependent output),
-    measured with real tensors (random weights, bf16, on the CPU) on a copy of the same widths
-    cut to the shortest run of first blocks that holds every block kind twice where the model
-    has it twice (two blocks where all are alike). The copy's blocks, at the full model's
-    ``blocks_path``, must have the full model's signatures (class and parameter shapes); each
-    block past the copy takes the mean of its kind's blocks after the first. Refused past
-    REAL_COPY_MAX_PARAMS parameters in the copy."""
+def probe_kinds(config: Any, sigs: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """Each block's kind for cutting a copy: its signature (class and parameter shapes) and its
+    entry in every per-layer list of the config (a list as long as the blocks: transformers 5's
+    ``layer_types``, ``mlp_layer_types``...), so that blocks alike in shapes but run
+    differently (sliding-window against full attention, hash against learned routing) are not
+    taken for one another."""
+    n = len(sigs)
+    lists = sorted((k, v) for k, v in vars(config).items()
+                   if isinstance(v, (list, tuple)) and len(v) == n and not k.startswith("_"))
+    return [sig + tuple((k, _hashable(v[i])) for k, v in lists) for i, sig in enumerate(sigs)]
+
+
+def _hashable(x: Any) -> Any:
+    return tuple(_hashable(y) for y in x) if isinstance(x, (list, tuple)) else x if isinstance(
+        x, (str, int, float, bool, type(None))) else repr(x)
+
+
+def copy_depth(kinds: list[tuple[Any, ...]]) -> int:
+    """The blocks a cut copy keeps: the shortest run of first blocks that holds each kind twice
+    where the model has it twice (each kind's second block stands for the later ones: the first
+    block is charged the storages every block shares, the rotary cos/sin saved once)."""
+    occurrences = {k: [i for i, x in enumerate(kinds) if x == k] for k in set(kinds)}
+    return max(occ[1] if len(occ) > 1 else occ[0] for occ in occurrences.values()) + 1
+
+
+def cut_config(config: Any, depth: int, n: int) -> Any:
+    """A copy of ``config`` with its first ``depth`` of ``n`` blocks: ``num_hidden_layers`` and
+    every per-layer list cut to ``depth``."""
     import copy
 
+    small = copy.deepcopy(config)
+    for k, v in list(vars(small).items()):
+        if isinstance(v, (list, tuple)) and len(v) == n and not k.startswith("_"):
+            setattr(small, k, type(v)(v[:depth]))
+    small.num_hidden_layers = depth
+    return small
+
+
+def _cut_copy(config: Any, blocks_path: str, sigs: list[tuple[Any, ...]], depth: int) -> tuple[Any, int, str]:
+    """(the config cut to ``depth`` blocks, or None where it does not build with the full model's
+    first blocks at ``blocks_path``; its parameters; why not)."""
+    try:
+        small = cut_config(config, depth, len(sigs))
+        meta = build_meta(small)
+        meta_blocks = meta.get_submodule(blocks_path)     # the full model's list, at the same path
+        ok = [_block_signature(b) for b in meta_blocks] == sigs[:depth]
+        return (small if ok else None), sum(p.numel() for p in meta.parameters()), "" if ok else "other blocks"
+    except Exception as e:  # noqa: BLE001 -- a config class that needs its full depth (ProphetNet's refuses it)
+        return None, 0, type(e).__name__
+
+
+def spread(one: dict[str, list[float]], kinds: list[tuple[Any, ...]], depth: int) -> dict[str, list[float]]:
+    """Per-block terms of the whole model from a copy's first ``depth`` blocks: each block the
+    copy holds keeps its own; each block past it takes the mean of its kind's blocks in the
+    copy after the kind's first (which is also charged what the kind's blocks share: Bailing's
+    first attention block holds the rotary tables)."""
+    later = {k: [i for i in range(depth) if kinds[i] == k][1:] for k in set(kinds)}
+    out = {key: [one[key][i] if i < depth else _mean([one[key][j] for j in later[k]])
+                 for i, k in enumerate(kinds)] for key in ("saved", "fwd", "bwd")}
+    out["outside_fwd"] = one["outside_fwd"]
+    return out
+
+
+def _mean(xs: list[float]) -> float:
+    """The mean, exact where every value is one (a sum divided back can round off)."""
+    return xs[0] if all(x == xs[0] for x in xs) else sum(xs) / len(xs)
+
+
+def _measure_fake_copy(config: Any, blocks_path: str, sigs: list[tuple[Any, ...]],
+                       kinds: list[tuple[Any, ...]]) -> dict[int, dict[str, list[float]]] | None:
+    """The per-block terms under fake tensors measured on a copy cut to copy_depth blocks,
+    spread over the whole model (the run's cost grows with the blocks run, so a deep model's
+    first plan takes a fraction of the time). Held to one forward of the whole model, without
+    the backward (_whole_forward): each block runs once and every block's forward FLOPs and
+    saved bytes are the ones spread from the copy; the FLOPs outside the blocks are that
+    forward's. None where the
+    copy would hold more than half the blocks, does not build with the full model's first blocks,
+    does not run or does not agree (the caller then runs the whole model, and meets its errors
+    there)."""
+    n, depth = len(kinds), copy_depth(kinds)
+    if 2 * depth > n:
+        return None     # with the whole model's forward on top, a copy of more than half saves nothing
+    small = _cut_copy(config, blocks_path, sigs, depth)[0]
+    if small is None:
+        return None
+    try:
+        measured = {s: spread(one, kinds, depth) for s, one in _measure_blocks(small).items()}
+        whole = _whole_forward(config)
+    except Exception:  # noqa: BLE001 -- the whole model is run instead, and its error reported
+        return None
+    first = measured[SEQ_LENS[0]]
+    if whole["calls"] != [1.0] * n or whole["fwd"] != first["fwd"] or whole["saved"] != first["saved"]:
+        return None     # Dory loops over its middle blocks; Gemma 4's first block saves an input for every layer
+    first["outside_fwd"] = whole["outside_fwd"]     # Gemma 4 projects an input per layer there
+    return measured
+
+
+def _measure_real_copy(config: Any, blocks_path: str, sigs: list[tuple[Any, ...]], kinds: list[tuple[Any, ...]],
+                       where: str, fake_error: BaseException) -> dict[int, dict[str, list[float]]]:
+    """The per-block terms of a model fake tensors cannot run (a data-dependent output),
+    measured with real tensors (random weights, bf16, on the CPU) on a copy of the same widths
+    cut to copy_depth blocks (two blocks where all are alike) and spread over the whole model
+    (spread). The copy's blocks, at the full model's ``blocks_path``, must have the full
+    model's signatures (class and parameter shapes). Refused past REAL_COPY_MAX_PARAMS
+    parameters in the copy."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
     why = f"fake tensors stop at a data-dependent output ({type(fake_error).__name__}: {_one_line(fake_error)})"
-    # each kind's second block where it has one: the first block is charged the storages all
-    # blocks share (the rotary cos/sin, saved once), which the later ones are not
-    occurrences = {sig: [i for i, x in enumerate(sigs) if x == sig] for sig in set(sigs)}
-    depth = max(occ[1] if len(occ) > 1 else occ[0] for occ in occurrences.values()) + 1
-    small = copy.deepcopy(config)
-    small.num_hidden_layers = depth
-    try:
-        meta = build_meta(small)
-        meta_blocks = meta.get_submodule(blocks_path)     # the full model's list, at the same path
-        ok = [_block_signature(b) for b in meta_blocks] == sigs[:depth]
-        n_params = sum(p.numel() for p in meta.parameters())
-    except Exception as e:  # noqa: BLE001 -- a config class that needs its full depth
-        ok, n_params = False, 0
-        why += f"; a {depth}-block copy does not build ({type(e).__name__})"
+    depth = copy_depth(kinds)
+    small, n_params, failure = _cut_copy(config, blocks_path, sigs, depth)
+    ok = small is not None
+    if not ok and failure != "other blocks":
+        why += f"; a {depth}-block copy does not build ({failure})"
     if not ok or n_params > REAL_COPY_MAX_PARAMS:
         size = (f"its {depth}-block copy holds {n_params:,} parameters (over {REAL_COPY_MAX_PARAMS:,})" if ok
                 else f"no {depth}-block copy with the same blocks")
@@ -327,14 +421,8 @@ def _measure_real_copy(config: Any, blocks_path: str, sigs: list[tuple[Any, ...]
         model = AutoModelForCausalLM.from_config(small, attn_implementation="eager")
         model.train()
         blocks = model.get_submodule(blocks_path)
-        result: dict[int, dict[str, list[float]]] = {}
-        for s in SEQ_LENS:
-            one = _one_step(model, blocks_path, blocks, s, torch, FlopCounterMode)
-            later = {sig: [i for i in range(1, depth) if sigs[i] == sig] for sig in set(sigs)}
-            result[s] = {k: [one[k][i] if i < depth else sum(one[k][j] for j in later[sig]) / len(later[sig])
-                             for i, sig in enumerate(sigs)] for k in ("saved", "fwd", "bwd")}
-            result[s]["outside_fwd"] = one["outside_fwd"]
-        return result
+        return {s: spread(_one_step(model, blocks_path, blocks, s, torch, FlopCounterMode), kinds, depth)
+                for s in SEQ_LENS}
     except Exception as e:  # noqa: BLE001 -- the real run fails too
         raise UserError(f"{where}: {why}, and the {depth}-block copy with real tensors fails too "
                         f"({type(e).__name__}: {_one_line(e)}); a written family is needed") from None
@@ -355,21 +443,44 @@ def _measure_blocks(config: Any, from_meta: bool = False) -> dict[int, dict[str,
     torch.set_default_dtype(torch.bfloat16)
     try:
         with FakeTensorMode(allow_non_fake_inputs=True):
-            from transformers import AutoModelForCausalLM
-
-            try:
-                model = (_fake_from_meta(config, torch) if from_meta
-                         else AutoModelForCausalLM.from_config(config, attn_implementation="eager"))
-            except RuntimeError as e:
-                if "Couldn't swap" not in str(e):
-                    raise
-                model = _fake_from_meta(config, torch)
-            model.train()
+            model = _fake_model(config, from_meta, torch)
             blocks_path, blocks = block_list(model)
             result: dict[int, dict[str, list[float]]] = {}
             for s in SEQ_LENS:
                 result[s] = _one_step(model, blocks_path, blocks, s, torch, FlopCounterMode)
         return result
+    finally:
+        torch.set_default_dtype(old_dtype)
+
+
+def _fake_model(config: Any, from_meta: bool, torch: Any) -> Any:
+    """The causal LM under the caller's fake mode, in training mode (see _measure_blocks)."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = (_fake_from_meta(config, torch) if from_meta
+                 else AutoModelForCausalLM.from_config(config, attn_implementation="eager"))
+    except RuntimeError as e:
+        if "Couldn't swap" not in str(e):
+            raise
+        model = _fake_from_meta(config, torch)
+    return model.train()
+
+
+def _whole_forward(config: Any) -> dict[str, list[float]]:
+    """_one_step of the whole model under fake tensors at the first of SEQ_LENS, stopped after
+    the forward: what _measure_fake_copy holds a cut copy to."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    old_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            model = _fake_model(config, False, torch)
+            blocks_path, blocks = block_list(model)
+            return _one_step(model, blocks_path, blocks, SEQ_LENS[0], torch, FlopCounterMode, backward=False)
     finally:
         torch.set_default_dtype(old_dtype)
 
@@ -397,17 +508,20 @@ def _fake_from_meta(config: Any, torch: Any) -> Any:
 
 
 def _one_step(model: Any, blocks_path: str, blocks: Any, s: int, torch: Any,
-              flop_counter: Any) -> dict[str, list[float]]:
+              flop_counter: Any, backward: bool = True) -> dict[str, list[float]]:
+    """Per block, per token of one sequence of ``s`` tokens: saved bytes (held_bytes), forward
+    and backward FLOPs, the times the block ran (``calls``); and the forward FLOPs outside the
+    blocks. Without ``backward`` the step stops after the forward (backward FLOPs 0)."""
     n = len(blocks)
     params = {p.untyped_storage()._cdata for p in model.parameters()}
-    saved = [0.0] * n
-    seen: set[int] = set()
     current: list[int] = []
+    calls = [0.0] * n
     handles = []
 
     def enter(i: int) -> Any:
         def hook(mod: Any, args: Any) -> None:
             current.append(i)
+            calls[i] += 1
         return hook
 
     def leave(mod: Any, args: Any, out: Any) -> None:
@@ -418,12 +532,11 @@ def _one_step(model: Any, blocks_path: str, blocks: Any, s: int, torch: Any,
         handles.append(block.register_forward_pre_hook(enter(i)))
         handles.append(block.register_forward_hook(leave))
 
+    packed: list[tuple[Any, int]] = []      # (a weak reference to a saved tensor, the block saving it)
+
     def pack(t: Any) -> Any:
-        st = t.untyped_storage()
-        key = st._cdata
-        if key not in params and key not in seen and current:
-            seen.add(key)
-            saved[current[-1]] += st.nbytes()
+        if current:
+            packed.append((weakref.ref(t), current[-1]))
         return t
 
     mapping = {torch.ops.aten._grouped_mm: grouped_mm_flops}
@@ -437,7 +550,10 @@ def _one_step(model: Any, blocks_path: str, blocks: Any, s: int, torch: Any,
                 out = model(input_ids=ids)
                 logits = out.logits if hasattr(out, "logits") else out[0]
                 loss = logits.float().mean()
-            loss.backward()
+            saved = held_bytes(packed, params, n)
+            del packed[:]
+            if backward:
+                loss.backward()
     finally:
         for h in handles:
             h.remove()
@@ -446,8 +562,31 @@ def _one_step(model: Any, blocks_path: str, blocks: Any, s: int, torch: Any,
     fwd_blocks, both_blocks = _per_block(fwd, prefix, n), _per_block(both, prefix, n)
     bwd_blocks = [b - f for f, b in zip(fwd_blocks, both_blocks, strict=True)]
     return {"saved": [b / s for b in saved], "fwd": [f / s for f in fwd_blocks],
-            "bwd": [f / s for f in bwd_blocks],
+            "bwd": [f / s for f in bwd_blocks], "calls": calls,
             "outside_fwd": [(fwd.get_total_flops() - sum(fwd_blocks)) / s]}
+
+
+def held_bytes(packed: list[tuple[Any, int]], params: set[int], n: int) -> list[float]:
+    """Bytes per block of the storages autograd still holds for the backward when the forward
+    ends: each saved tensor still alive, its storage counted once (parameters excluded), charged
+    to the first block whose saved tensor of it is alive. A tensor saved by a branch whose output is dropped (an
+    indexer's scores once its top-k indices are taken) is freed before then and not counted.
+    Read at the end, not at each save: a freed storage's address goes to a later tensor, so
+    telling storages apart by address at the save missed some and counted freed ones. A dropped
+    branch caught in a reference cycle is collected first (gc.collect), so that what is counted
+    does not hang on when the collector last ran."""
+    gc.collect()
+    saved = [0.0] * n
+    seen: set[int] = set()
+    for ref, block in packed:
+        t = ref()
+        if t is None:
+            continue
+        st = t.untyped_storage()
+        if st._cdata not in params and st._cdata not in seen:
+            seen.add(st._cdata)
+            saved[block] += st.nbytes()
+    return saved
 
 
 def _per_block(counter: Any, prefix: str, n: int) -> list[float]:

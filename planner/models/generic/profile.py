@@ -14,7 +14,9 @@ from typing import Any
 
 # Bumped whenever what the probe measures or how it classifies parameters changes: a cached
 # profile of another version is measured again.
-PROFILE_VERSION = 1
+# 2: saved tensors are those still held when the forward ends (probe.held_bytes), where 1
+# counted each storage at its save, by address, and so missed some after a freed branch
+PROFILE_VERSION = 2
 
 PARAM_KINDS = ("attention", "mixer", "mlp", "experts", "norms", "other")
 

@@ -12,11 +12,12 @@ the planner counts by its written family; the vision tower (``visual``, ``vision
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any
 
 from planner.errors import UserError
 from planner.models.generic.cache import transformers_version
-from planner.models.generic.probe import hf_config
+from planner.models.generic.probe import held_bytes, hf_config
 from planner.models.vision.profile import VisionProfile
 
 TEXT_PARTS = frozenset({"language_model", "lm_head"})
@@ -140,14 +141,10 @@ def _one_image(config: Any, attention: str, shape: tuple[int, ...], kwargs: dict
         pixels = torch.randn(shape)
     inner = getattr(model, "model", model)
     params = {p.untyped_storage()._cdata for p in model.parameters()}
-    seen: set[int] = set()
-    saved = [0]
+    packed: list[tuple[Any, int]] = []
 
     def pack(t: Any) -> Any:
-        st = t.untyped_storage()
-        if st._cdata not in params and st._cdata not in seen:
-            seen.add(st._cdata)
-            saved[0] += st.nbytes()
+        packed.append((weakref.ref(t), 0))
         return t
 
     fwd, both = FlopCounterMode(display=False), FlopCounterMode(display=False)
@@ -157,7 +154,8 @@ def _one_image(config: Any, attention: str, shape: tuple[int, ...], kwargs: dict
         feats = getattr(out, "pooler_output", None)
         feats = getattr(out, "last_hidden_state", out) if feats is None else feats
         feats = list(feats) if isinstance(feats, (list, tuple)) else [feats]
+        saved = held_bytes(packed, params, 1)[0]      # what autograd holds when the forward ends
         sum(t.float().mean() for t in feats).backward()
     n_tokens = sum(t.numel() // t.shape[-1] for t in feats)
     fwd_flops = float(fwd.get_total_flops())
-    return float(saved[0]), n_tokens, fwd_flops, float(both.get_total_flops()) - fwd_flops
+    return saved, n_tokens, fwd_flops, float(both.get_total_flops()) - fwd_flops

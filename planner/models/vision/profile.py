@@ -7,7 +7,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 # Bumped whenever what the probe counts changes: a cached profile of another version is read again.
-VISION_VERSION = 1
+# 2: saved tensors are those autograd still holds when the forward ends (generic.probe.held_bytes)
+VISION_VERSION = 2
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
