@@ -324,6 +324,11 @@ def _chunks_message(v: RuleView) -> str:
         "--pp-balance embedding-loss"
 
 
+# The layouts the generic path plans (planner/models/generic: no family says how its modules
+# split); the rule below and the plan's assumptions (report.text.generic_lines) print it
+GENERIC_LAYOUTS = ("data parallel, ZeRO/FSDP and pipeline stages only; tp, cp, ep and etp need a written family "
+                   "(docs/models.md)")
+
 RULES: tuple[Rule, ...] = (
     Rule("batch-divides",   # enumeration: no accumulation count makes the global batch
          lambda v: (v.enumerated > 0) & (v.batch % _per_step(v) != 0),
@@ -339,8 +344,7 @@ RULES: tuple[Rule, ...] = (
     # family planned there would be called dense)
     Rule("generic-layouts", lambda v: v.m.is_generic & ((v.tp > 1) | (v.cp > 1) | (v.ep > 1) | (v.etp > 0)),
          lambda v: (f"{v.m.model_type} is planned on the generic path (measured on transformers' model): "
-                    "data parallel, ZeRO/FSDP and pipeline stages only; tp, cp, ep and etp need a written family "
-                    "(docs/models.md)"),
+                    f"{GENERIC_LAYOUTS}"),
          lambda v: (f"{v.m.name} ({v.m.model_type}) is planned on the generic path (measured on transformers' "
                     "model): data parallel, ZeRO/FSDP and pipeline stages only; drop --tp, --ep and --etp, or "
                     "plan a written family (docs/models.md)")),

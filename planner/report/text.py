@@ -19,6 +19,7 @@ from planner.fmt import (
 )
 from planner.hardware.gpus import sustained_rate
 from planner.layouts.layout import Layout
+from planner.layouts.rules import GENERIC_LAYOUTS
 from planner.measure.crosscheck import Crosscheck, crosscheck_json
 from planner.report.intervals import memory_interval_json, time_interval_json
 from planner.search.search import Candidate
@@ -293,8 +294,7 @@ def generic_lines(r: PlanResult) -> list[str]:
     return [f"  model: generic path, {r.model.model_type} measured on transformers {p.transformers_version}'s "
             f"own model (parameters exact; saved tensors and FLOPs per token of each block kind under fake "
             f"tensors, its eager reference kernels); blocks: {kinds}",
-            "  layouts: data parallel, ZeRO/FSDP and pipeline stages only; tp, cp and ep need a written "
-            "family (docs/models.md)"]
+            f"  layouts: {GENERIC_LAYOUTS}"]
 
 
 def stack_lines(r: PlanResult) -> list[str]:
