@@ -12,9 +12,10 @@ its first blocks where one holds every kind of block twice (_measure_fake_copy; 
 takes its kind's measured terms). Saved tensors are read with
 ``torch.autograd.graph.saved_tensors_hooks``, those still held when the forward ends (each
 storage once, parameters excluded: held_bytes), and charged to the block running when autograd
-saved them; FLOPs with ``torch.utils.flop_counter.FlopCounterMode`` per module. FlopCounterMode has no formula for
-``aten._grouped_mm``, the routed experts' kernel of transformers 5.x, so its routed experts
-would count 0 FLOPs (FACTS.md); grouped_mm_flops is registered for it here.
+saved them; FLOPs with ``torch.utils.flop_counter.FlopCounterMode`` per module.
+FlopCounterMode has no formula for ``aten._grouped_mm``, the routed experts' kernel of
+transformers 5.x, so its routed experts would count 0 FLOPs (FACTS.md); grouped_mm_flops is
+registered for it here.
 """
 
 from __future__ import annotations
@@ -161,8 +162,8 @@ def grouped_mm_flops(a_shape: Any, b_shape: Any, *args: Any, out_shape: Any = No
 
 def profile_config(cfg: dict[str, Any], where: str, whole_model: bool = False) -> GenericProfile:
     """Measure ``cfg`` (a config.json dict) on transformers' causal LM (see the module doc): on
-    a copy cut to its first blocks (_measure_fake_copy) where one builds with the same blocks,
-    else (or with ``whole_model``) on every block."""
+    a copy cut to its first blocks where one builds with the same blocks and agrees with the
+    whole model's forward (_measure_fake_copy), else (or with ``whole_model``) on every block."""
     import transformers
 
     transformers.logging.set_verbosity_error()     # "falling back to its reference PyTorch implementation"
@@ -369,10 +370,9 @@ def _measure_fake_copy(config: Any, blocks_path: str, sigs: list[tuple[Any, ...]
     first plan takes a fraction of the time). Held to one forward of the whole model, without
     the backward (_whole_forward): each block runs once and every block's forward FLOPs and
     saved bytes are the ones spread from the copy; the FLOPs outside the blocks are that
-    forward's. None where the
-    copy would hold more than half the blocks, does not build with the full model's first blocks,
-    does not run or does not agree (the caller then runs the whole model, and meets its errors
-    there)."""
+    forward's. None where the copy would hold more than half the blocks, does not build with the
+    full model's first blocks, does not run or does not agree (the caller then runs the whole
+    model, and meets its errors there)."""
     n, depth = len(kinds), copy_depth(kinds)
     if 2 * depth > n:
         return None     # with the whole model's forward on top, a copy of more than half saves nothing
@@ -569,8 +569,9 @@ def _one_step(model: Any, blocks_path: str, blocks: Any, s: int, torch: Any,
 def held_bytes(packed: list[tuple[Any, int]], params: set[int], n: int) -> list[float]:
     """Bytes per block of the storages autograd still holds for the backward when the forward
     ends: each saved tensor still alive, its storage counted once (parameters excluded), charged
-    to the first block whose saved tensor of it is alive. A tensor saved by a branch whose output is dropped (an
-    indexer's scores once its top-k indices are taken) is freed before then and not counted.
+    to the first block whose saved tensor of it is alive. A tensor saved by a branch whose
+    output is dropped (an indexer's scores once its top-k indices are taken) is freed before
+    then and not counted.
     Read at the end, not at each save: a freed storage's address goes to a later tensor, so
     telling storages apart by address at the save missed some and counted freed ones. A dropped
     branch caught in a reference cycle is collected first (gc.collect), so that what is counted
