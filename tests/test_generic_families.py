@@ -321,9 +321,11 @@ def _probe_both_ways(cfg, monkeypatch):
     runs: list[tuple[int, dict]] = []
     measure = probe._measure_blocks
 
-    def kept(config, from_meta=False):
-        runs.append((config.num_hidden_layers, measure(config, from_meta)))
-        return runs[-1][1]
+    def kept(config, from_meta=False, **kw):
+        got = measure(config, from_meta, **kw)
+        if kw.get("backward", True):        # not the whole model's forward the copy is held to
+            runs.append((config.num_hidden_layers, got))
+        return got
 
     monkeypatch.setattr(probe, "_measure_blocks", kept)
     return probe.profile_config(dict(cfg), "test"), probe.profile_config(dict(cfg), "test", whole_model=True), runs
@@ -386,7 +388,7 @@ def test_deepseek_v4_blocks_of_one_shape_are_kept_apart_and_save_alike_bytes(mon
 @pytest.mark.slow   # 10-20 s (three probes); the fast tier keeps a Llama cut from 6 blocks to 2
 def test_a_model_that_loops_over_its_blocks_is_measured_whole(monkeypatch):
     # Dory runs its middle blocks n_recurrent_loops times, which no block's shapes or per-layer
-    # entry tells: one forward of the whole model (probe._whole_forward) finds blocks run twice
+    # entry tells: one forward of the whole model (probe._measure_fake_copy) finds blocks run twice
     # and FLOPs the copy does not spread, so the whole model is measured after the copy
     cfg = {"model_type": "dory", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
            "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 128, "num_hidden_layers": 8,

@@ -367,8 +367,8 @@ def _measure_fake_copy(config: Any, blocks_path: str, sigs: list[tuple[Any, ...]
                        kinds: list[tuple[Any, ...]]) -> dict[int, dict[str, list[float]]] | None:
     """The per-block terms under fake tensors measured on a copy cut to copy_depth blocks,
     spread over the whole model (the run's cost grows with the blocks run, so a deep model's
-    first plan takes a fraction of the time). Held to one forward of the whole model, without
-    the backward (_whole_forward): each block runs once and every block's forward FLOPs and
+    first plan takes a fraction of the time). Held to one forward of the whole model at the
+    first of SEQ_LENS, without the backward: each block runs once and every block's forward FLOPs and
     saved bytes are the ones spread from the copy; the FLOPs outside the blocks are that
     forward's. None where the copy would hold more than half the blocks, does not build with the
     full model's first blocks, does not run or does not agree (the caller then runs the whole
@@ -381,7 +381,7 @@ def _measure_fake_copy(config: Any, blocks_path: str, sigs: list[tuple[Any, ...]
         return None
     try:
         measured = {s: spread(one, kinds, depth) for s, one in _measure_blocks(small).items()}
-        whole = _whole_forward(config)
+        whole = _measure_blocks(config, seq_lens=SEQ_LENS[:1], backward=False)[SEQ_LENS[0]]
     except Exception:  # noqa: BLE001 -- the whole model is run instead, and its error reported
         return None
     first = measured[SEQ_LENS[0]]
@@ -430,11 +430,13 @@ def _measure_real_copy(config: Any, blocks_path: str, sigs: list[tuple[Any, ...]
         torch.set_default_dtype(old_dtype)
 
 
-def _measure_blocks(config: Any, from_meta: bool = False) -> dict[int, dict[str, list[float]]]:
-    """Per sequence length: per block, saved bytes and forward and backward FLOPs per token,
-    plus the forward FLOPs per token outside the blocks (``outside_fwd``). The model is built
-    under the fake mode, else (its __init__ converts a dtype, or ``from_meta``) on the meta
-    device and given fake tensors (_fake_from_meta)."""
+def _measure_blocks(config: Any, from_meta: bool = False, seq_lens: tuple[int, ...] = SEQ_LENS,
+                    backward: bool = True) -> dict[int, dict[str, list[float]]]:
+    """Per sequence length: _one_step's terms per block (saved bytes and forward and backward
+    FLOPs per token, the times each block ran) and the forward FLOPs per token outside the
+    blocks (``outside_fwd``). The model is built under the fake mode, else (its __init__
+    converts a dtype, or ``from_meta``) on the meta device and given fake tensors
+    (_fake_from_meta). Without ``backward`` each step stops after the forward."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
@@ -445,10 +447,7 @@ def _measure_blocks(config: Any, from_meta: bool = False) -> dict[int, dict[str,
         with FakeTensorMode(allow_non_fake_inputs=True):
             model = _fake_model(config, from_meta, torch)
             blocks_path, blocks = block_list(model)
-            result: dict[int, dict[str, list[float]]] = {}
-            for s in SEQ_LENS:
-                result[s] = _one_step(model, blocks_path, blocks, s, torch, FlopCounterMode)
-        return result
+            return {s: _one_step(model, blocks_path, blocks, s, torch, FlopCounterMode, backward) for s in seq_lens}
     finally:
         torch.set_default_dtype(old_dtype)
 
@@ -465,24 +464,6 @@ def _fake_model(config: Any, from_meta: bool, torch: Any) -> Any:
             raise
         model = _fake_from_meta(config, torch)
     return model.train()
-
-
-def _whole_forward(config: Any) -> dict[str, list[float]]:
-    """_one_step of the whole model under fake tensors at the first of SEQ_LENS, stopped after
-    the forward: what _measure_fake_copy holds a cut copy to."""
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.utils.flop_counter import FlopCounterMode
-
-    old_dtype = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with FakeTensorMode(allow_non_fake_inputs=True):
-            model = _fake_model(config, False, torch)
-            blocks_path, blocks = block_list(model)
-            return _one_step(model, blocks_path, blocks, SEQ_LENS[0], torch, FlopCounterMode, backward=False)
-    finally:
-        torch.set_default_dtype(old_dtype)
 
 
 def _fake_from_meta(config: Any, torch: Any) -> Any:
