@@ -449,16 +449,22 @@ def test_xmod_runs_its_first_language_adapter():
     assert m.is_generic and count_params(m).total == transformers_count(cfg)
 
 
-def test_the_every_family_table_is_the_rows_it_names():
-    # docs/models.md's table is bench/generic_families.py's rendering of docs/generic-families.json
-    # (edited by hand it would drift); and every family planned there has transformers' count
+def _bench(name: str):
+    """The module bench/<name>.py, loaded from its file (bench/ is not a package)."""
     import importlib.util
 
-    path = Path(__file__).resolve().parents[1] / "bench" / "generic_families.py"
-    spec = importlib.util.spec_from_file_location("generic_families_bench", path)
+    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"{name}_bench", path)
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_the_every_family_table_is_the_rows_it_names():
+    # docs/models.md's table is bench/generic_families.py's rendering of docs/generic-families.json
+    # (edited by hand it would drift); and every family planned there has transformers' count
+    bench = _bench("generic_families")
     data = json.loads(bench.ROWS.read_text())
     doc = bench.DOC.read_text()
     assert f"{bench.BEGIN}\n{bench.table(data['rows'], data['transformers'])}\n{bench.END}" in doc
@@ -472,13 +478,8 @@ def test_the_copy_table_is_the_rows_it_names():
     # docs/generic-probe-copy.md is bench/generic_probe_copy.py's rendering of its JSON rows; every
     # row measured there either gives the whole model's profile or is named with the fields that
     # differ
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "bench" / "generic_probe_copy.py"
-    spec = importlib.util.spec_from_file_location("generic_probe_copy_bench", path)
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _bench("generic_probe_copy")
     data = json.loads(bench.ROWS.read_text())
-    assert bench.DOC.read_text() == bench.table(data)
-    assert all(r["outcome"] == "equal" or f"`{mt}`" in bench.DOC.read_text() for mt, r in data["rows"].items())
+    doc = bench.DOC.read_text()
+    assert doc == bench.table(data)
+    assert all(r["outcome"] == "equal" or f"`{mt}`" in doc for mt, r in data["rows"].items())
